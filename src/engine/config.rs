@@ -1,0 +1,215 @@
+//! Model and generation configs from HF's `config.json` / `generation_config.json`, and the
+//! capability predicates that gate the KV-only prefix cache and swap.
+//!
+//! The predicates are decided by architecture in one table ([`ARCHITECTURES`]): a model whose
+//! per-sequence state lives only in the attention KV can have its KV blocks shared, evicted and
+//! swapped; hybrids with linear-attention/SSM state cannot.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// One row of the architecture table.
+#[derive(Debug, Clone, Copy)]
+pub struct Architecture {
+    /// HF `model_type`.
+    pub model_type: &'static str,
+    /// Whether this crate can run it.
+    pub supported: bool,
+    /// All per-sequence state is in the attention KV (no recurrent/SSM state).
+    pub state_is_kv_only: bool,
+    /// Why the state is not KV-only, for the warning.
+    pub note: &'static str,
+}
+
+/// Known architectures. Only `qwen3` runs today; the others are listed so that the cache and
+/// swap gates answer correctly (and say why) when they are added.
+pub const ARCHITECTURES: &[Architecture] = &[
+    Architecture { model_type: "qwen3", supported: true, state_is_kv_only: true, note: "" },
+    Architecture { model_type: "qwen3_moe", supported: false, state_is_kv_only: true, note: "" },
+    Architecture { model_type: "qwen3_next", supported: false, state_is_kv_only: false, note: "its gated-DeltaNet linear-attention layers keep recurrent state outside the KV cache" },
+    Architecture { model_type: "jamba", supported: false, state_is_kv_only: false, note: "its Mamba layers keep SSM state outside the KV cache" },
+    Architecture { model_type: "falcon_h1", supported: false, state_is_kv_only: false, note: "its Mamba-2 heads keep SSM state outside the KV cache" },
+    Architecture { model_type: "mamba", supported: false, state_is_kv_only: false, note: "it is a state-space model with no KV cache" },
+];
+
+/// A Qwen3 `config.json`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ModelConfig {
+    /// HF `model_type`.
+    pub model_type: String,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Hidden size.
+    pub hidden_size: usize,
+    /// MLP inner size.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_hidden_layers: usize,
+    /// Query heads.
+    pub num_attention_heads: usize,
+    /// KV heads (GQA).
+    pub num_key_value_heads: usize,
+    /// Per-head dimension.
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    /// Max positions.
+    #[serde(default = "default_max_pos")]
+    pub max_position_embeddings: usize,
+    /// RoPE base.
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+    /// RMSNorm epsilon.
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    /// lm_head shares the embedding matrix.
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// q/k/v projections carry a bias.
+    #[serde(default)]
+    pub attention_bias: bool,
+    /// Activation (`silu`).
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    /// Checkpoint dtype (`bfloat16`, ...), if given.
+    #[serde(default)]
+    pub torch_dtype: Option<String>,
+    /// `eos_token_id` of the config (int or list).
+    #[serde(default)]
+    pub eos_token_id: Option<Value>,
+}
+
+fn default_max_pos() -> usize {
+    40_960
+}
+fn default_rope_theta() -> f64 {
+    1_000_000.0
+}
+fn default_eps() -> f64 {
+    1e-6
+}
+fn default_act() -> String {
+    "silu".into()
+}
+
+impl ModelConfig {
+    /// Reads and checks a `config.json`; an unsupported `model_type` is refused with the list
+    /// of supported ones.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::file(path, e))?;
+        Self::from_json(&text).map_err(|e| match e {
+            Error::InvalidInput(r) => Error::file(path, r),
+            other => other,
+        })
+    }
+
+    /// Parses and checks a `config.json` text.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let raw: Value = serde_json::from_str(text)
+            .map_err(|e| Error::InvalidInput(format!("config.json is not valid JSON: {e}")))?;
+        let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or("");
+        let supported: Vec<&str> = ARCHITECTURES.iter().filter(|a| a.supported).map(|a| a.model_type).collect();
+        if !supported.contains(&model_type) {
+            return Err(Error::Unsupported(format!(
+                "model_type `{model_type}` is not supported; supported: {}",
+                supported.join(", ")
+            )));
+        }
+        let cfg: Self = serde_json::from_value(raw)
+            .map_err(|e| Error::InvalidInput(format!("config.json does not describe a Qwen3 model: {e}")))?;
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    fn check(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidInput(format!("config.json: {m}")));
+        if self.num_attention_heads == 0 || self.num_key_value_heads == 0 || self.num_hidden_layers == 0 {
+            return bad("head and layer counts must be positive".into());
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return bad(format!(
+                "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
+                self.num_attention_heads, self.num_key_value_heads
+            ));
+        }
+        if self.hidden_act != "silu" {
+            return bad(format!("hidden_act `{}` is not supported (only silu)", self.hidden_act));
+        }
+        if self.head_dim() % 2 != 0 {
+            return bad(format!("head_dim {} must be even for RoPE", self.head_dim()));
+        }
+        Ok(())
+    }
+
+    /// Per-head dimension (`head_dim`, else hidden/heads).
+    pub fn head_dim(&self) -> usize {
+        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    fn architecture(&self) -> Option<&'static Architecture> {
+        ARCHITECTURES.iter().find(|a| a.model_type == self.model_type)
+    }
+
+    /// True when every per-sequence state lives in the attention KV, so cached KV blocks of a
+    /// prefix can be shared between sequences.
+    pub fn kv_only_prefix_cache_is_safe(&self) -> bool {
+        self.architecture().is_some_and(|a| a.state_is_kv_only)
+    }
+
+    /// True when swapping a sequence's KV blocks out to host memory and back restores it fully.
+    pub fn kv_only_swap_out_is_safe(&self) -> bool {
+        self.architecture().is_some_and(|a| a.state_is_kv_only)
+    }
+
+    /// Why the KV-only predicates are false (empty when they hold).
+    pub fn kv_only_reason(&self) -> &'static str {
+        self.architecture().map(|a| a.note).unwrap_or("unknown architecture")
+    }
+
+    /// Bytes of KV per token per layer-set (K and V, all layers) at `dtype_bytes`.
+    pub fn kv_bytes_per_token(&self, dtype_bytes: usize) -> usize {
+        2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim() * dtype_bytes
+    }
+}
+
+/// Sampling defaults of a model (`generation_config.json`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GenerationConfig {
+    /// Default temperature (`None`: greedy unless asked).
+    pub temperature: Option<f32>,
+    /// Default top-k.
+    pub top_k: Option<usize>,
+    /// Default top-p.
+    pub top_p: Option<f32>,
+    /// Whether sampling is on by default.
+    pub do_sample: bool,
+    /// Token ids that end generation.
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl GenerationConfig {
+    /// Reads a `generation_config.json`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::file(path, e))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| Error::file(path, format!("not valid JSON: {e}")))?;
+        Ok(Self {
+            temperature: v.get("temperature").and_then(Value::as_f64).map(|t| t as f32),
+            top_k: v.get("top_k").and_then(Value::as_u64).map(|k| k as usize),
+            top_p: v.get("top_p").and_then(Value::as_f64).map(|p| p as f32),
+            do_sample: v.get("do_sample").and_then(Value::as_bool).unwrap_or(false),
+            eos_token_ids: token_ids(v.get("eos_token_id")),
+        })
+    }
+}
+
+/// `eos_token_id` as HF writes it: an int or a list of ints.
+pub fn token_ids(v: Option<&Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|n| n as u32).collect(),
+        _ => vec![],
+    }
+}

@@ -1,0 +1,288 @@
+//! The engine: one per loaded model, shared through a cheap `Clone` handle.
+//!
+//! [`Engine::generate`] may be called from many threads at once (and [`Engine::submit`]
+//! awaited from async hosts). A scheduler thread owns the model and the KV memory and runs
+//! continuous batching: admit, chunked prefill, one batched decode step for every running
+//! sequence, sample, stop, release. A request that fails, fails alone.
+
+pub mod config;
+mod device;
+mod handle;
+pub mod qwen3;
+pub mod sampling;
+mod scheduler;
+pub mod weights;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use candle_core::{DType, Device};
+use parking_lot::Mutex;
+use serde::Serialize;
+use tokenizers::Tokenizer;
+
+pub use config::{GenerationConfig, ModelConfig};
+pub use device::{DTypeChoice, DeviceChoice, KvBudget};
+pub use handle::Pending;
+pub use sampling::SamplingParams;
+
+use crate::error::{Error, Result};
+use scheduler::{Command, Scheduler};
+
+/// How an engine is built and how it batches.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineOptions {
+    /// Where to run (`Auto`: CUDA if available, else CPU).
+    pub device: DeviceChoice,
+    /// Compute dtype (`Auto`: the checkpoint's on CUDA, f32 on CPU).
+    pub dtype: DTypeChoice,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Memory for KV blocks.
+    pub kv_budget: KvBudget,
+    /// Most sequences decoding at once.
+    pub max_running: usize,
+    /// Most tokens in one forward (decode tokens + prefill chunks).
+    pub max_batched_tokens: usize,
+    /// Largest prefill chunk of one sequence per step.
+    pub prefill_chunk: usize,
+    /// Default cap on generated tokens when a request gives none.
+    pub default_max_new_tokens: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            device: DeviceChoice::Auto,
+            dtype: DTypeChoice::Auto,
+            block_size: 16,
+            kv_budget: KvBudget::default(),
+            max_running: 64,
+            max_batched_tokens: 2048,
+            prefill_chunk: 512,
+            default_max_new_tokens: 512,
+        }
+    }
+}
+
+/// One generation request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationRequest {
+    /// Prompt token ids (already rendered and tokenized).
+    pub prompt: Vec<u32>,
+    /// Cap on generated tokens (`None`: the engine default).
+    pub max_new_tokens: Option<usize>,
+    /// Sampling.
+    pub sampling: SamplingParams,
+    /// Stop strings: generation ends when the text contains one (it is cut from the text).
+    pub stop: Vec<String>,
+}
+
+impl GenerationRequest {
+    /// A greedy request for these prompt tokens.
+    pub fn new(prompt: Vec<u32>) -> Self {
+        Self { prompt, max_new_tokens: None, sampling: SamplingParams::greedy(), stop: vec![] }
+    }
+
+    /// Sets the cap on generated tokens.
+    pub fn max_new_tokens(mut self, n: usize) -> Self {
+        self.max_new_tokens = Some(n);
+        self
+    }
+
+    /// Sets sampling.
+    pub fn sampling(mut self, s: SamplingParams) -> Self {
+        self.sampling = s;
+        self
+    }
+}
+
+/// Why generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-sequence token (`<|im_end|>`, `<|endoftext|>`).
+    Eos,
+    /// A stop string.
+    Stop,
+    /// The token cap.
+    Length,
+}
+
+/// A finished generation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Generation {
+    /// Generated token ids (the EOS token included when it ended the generation).
+    pub tokens: Vec<u32>,
+    /// Generated text (EOS excluded, cut before a stop string).
+    pub text: String,
+    /// Why it stopped.
+    pub finish_reason: FinishReason,
+    /// Prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub cached_prompt_tokens: usize,
+    /// Tokens generated.
+    pub generated_tokens: usize,
+    /// Time waiting before admission.
+    pub queue_time: Duration,
+    /// Time from submission to the first generated token.
+    pub time_to_first_token: Duration,
+    /// Time from submission to the end.
+    pub total_time: Duration,
+}
+
+/// Counters of an engine.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct EngineStats {
+    /// Requests finished (successfully or not).
+    pub requests_finished: u64,
+    /// Requests failed.
+    pub requests_failed: u64,
+    /// Sequences running now.
+    pub running: usize,
+    /// Requests waiting for admission.
+    pub waiting: usize,
+    /// Forward steps run.
+    pub steps: u64,
+    /// Prompt tokens computed by prefill.
+    pub prefill_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Sequences preempted (requeued and recomputed) for lack of KV blocks.
+    pub preemptions: u64,
+    /// KV blocks in total.
+    pub blocks_total: usize,
+    /// KV blocks free.
+    pub blocks_free: usize,
+}
+
+struct Inner {
+    tx: Mutex<mpsc::Sender<Command>>,
+    stats: Arc<Mutex<EngineStats>>,
+    tokenizer: Arc<Tokenizer>,
+    info: EngineInfo,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let _ = self.tx.lock().send(Command::Shutdown);
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Facts about an engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineInfo {
+    /// The model's key.
+    pub key: String,
+    /// `cpu` or `cuda:N`.
+    pub device: String,
+    /// Compute dtype.
+    pub dtype: DType,
+    /// KV blocks.
+    pub num_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Longest context.
+    pub max_context: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+}
+
+/// A cheap, clonable handle to a model's scheduler thread.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("info", &self.inner.info).finish()
+    }
+}
+
+impl Engine {
+    /// Loads weights and starts the scheduler thread.
+    pub fn load(
+        key: &str,
+        cfg: &ModelConfig,
+        weights: &[PathBuf],
+        tokenizer: Arc<Tokenizer>,
+        eos_token_ids: &[u32],
+        options: &EngineOptions,
+    ) -> Result<Self> {
+        let device = device::select(options.device)?;
+        let sched = Scheduler::new(key, cfg, weights, &device, eos_token_ids, tokenizer.clone(), options)?;
+        let info = EngineInfo {
+            key: key.to_string(),
+            device: device::name(&device),
+            dtype: sched.dtype(),
+            num_blocks: sched.num_blocks(),
+            block_size: options.block_size,
+            max_context: cfg.max_position_embeddings,
+            vocab_size: cfg.vocab_size,
+        };
+        tracing::info!(model = key, device = %info.device, dtype = ?info.dtype, kv_blocks = info.num_blocks, block_size = info.block_size, "engine ready");
+        let stats = sched.stats_handle();
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("policy-serve-{key}"))
+            .spawn(move || sched.run(rx))
+            .map_err(|e| Error::Engine(format!("cannot start the scheduler thread: {e}")))?;
+        Ok(Self {
+            inner: Arc::new(Inner { tx: Mutex::new(tx), stats, tokenizer, info, thread: Mutex::new(Some(thread)) }),
+        })
+    }
+
+    /// Facts about this engine.
+    pub fn info(&self) -> &EngineInfo {
+        &self.inner.info
+    }
+
+    /// The model's tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.inner.tokenizer
+    }
+
+    /// Tokenizes text as HF does for a rendered chat prompt (no added special tokens).
+    pub fn tokenize(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self.inner.tokenizer.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Submits a request; the returned [`Pending`] can be waited on or awaited.
+    pub fn submit(&self, request: GenerationRequest) -> Pending<Generation> {
+        let (reply, pending) = handle::channel();
+        let _ = self.inner.tx.lock().send(Command::Generate { request, reply });
+        pending
+    }
+
+    /// Generates, blocking this thread until done. Safe to call from many threads at once.
+    pub fn generate(&self, request: GenerationRequest) -> Result<Generation> {
+        self.submit(request).wait()
+    }
+
+    /// Logits (f32) of every position of `tokens`: row i is the next-token distribution after
+    /// `tokens[..=i]`.
+    pub fn logits(&self, tokens: Vec<u32>) -> Result<Vec<Vec<f32>>> {
+        let (reply, pending) = handle::channel();
+        let _ = self.inner.tx.lock().send(Command::Score { tokens, reply });
+        pending.wait()
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> EngineStats {
+        self.inner.stats.lock().clone()
+    }
+}
+
+/// The device of `choice`, for callers that build models themselves (benchmarks, tests).
+pub fn select_device(choice: DeviceChoice) -> Result<Device> {
+    device::select(choice)
+}

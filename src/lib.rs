@@ -1,0 +1,48 @@
+//! # policy-serve
+//!
+//! An embeddable engine that serves tool-calling LLM policies (Qwen3 family) to host
+//! programs: RL and evaluation harnesses, app backends, agents.
+//!
+//! A [`ModelRegistry`] lists selectable models (a scripted demo first and default) and loads
+//! each at most once per process; [`ModelRegistry::get_policy`] returns a fresh per-episode
+//! [`Policy`]. Every formatting decision (tool schema, chat template, `<tool_call>` parsing)
+//! goes through [`policy::format`], byte-identical to Hugging Face `transformers`. Model
+//! policies generate on a shared [`Engine`] (candle, CUDA or CPU) that batches concurrent
+//! episodes over a paged KV cache.
+//!
+//! ```
+//! use policy_serve::{Action, EpisodeConfig, ModelRegistry, ToolDefinition};
+//!
+//! let registry = ModelRegistry::with_defaults();
+//! let tools = vec![
+//!     ToolDefinition::new("query", "Run a SQL query").param("sql", "string", "The query", true),
+//!     ToolDefinition::new("answer", "Submit the answer").param("value", "string", "The answer", true),
+//! ];
+//! let episode = EpisodeConfig::with_tools(tools).system("You answer questions about a database.");
+//! // The demo policy needs no download; use "qwen3-0.6b" for the real model.
+//! let mut policy = registry.get_policy(registry.default_key(), episode)?;
+//! let mut observation = "How many users are there?".to_string();
+//! for _ in 0..5 {
+//!     let step = policy.act(observation.as_str().into())?;
+//!     match step.action {
+//!         Action::Call { calls, .. } if calls[0].name == "answer" => break,
+//!         Action::Call { calls, .. } => observation = format!("ran {}", calls[0].name),
+//!         Action::Reply { .. } | Action::Invalid { .. } => break,
+//!     }
+//! }
+//! # Ok::<(), policy_serve::Error>(())
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod cache;
+pub mod engine;
+mod error;
+pub mod policy;
+pub mod registry;
+
+pub use engine::{Engine, EngineOptions, Generation, GenerationRequest, SamplingParams};
+pub use error::{Error, Result};
+pub use policy::format::{ChatTemplate, Message, RenderOptions, ToolCall, ToolDefinition, parse_output};
+pub use policy::{Action, DemoPolicy, EpisodeConfig, ModelPolicy, Observation, Policy, Step, StepCost};
+pub use registry::{LoadedModel, ModelRegistry, ModelSource, ModelSpec};

@@ -1,0 +1,55 @@
+//! The format: the single source of truth for every formatting decision.
+//!
+//! System prompt, tool definitions (OpenAI/TRL function schema), chat-template rendering and
+//! the tool-call parser live here and nowhere else. Policies, the CLI, the HTTP example and the
+//! tests all go through this module, so what the engine sees is byte-identical to what HF
+//! `transformers` renders for the same conversation.
+
+mod messages;
+mod parser;
+mod template;
+mod tools;
+
+pub use messages::{FunctionCall, Message, MessageToolCall};
+pub use parser::{
+    ParsedOutput, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolCall, format_tool_calls, parse_output,
+};
+pub use template::{ChatTemplate, RenderOptions};
+pub(crate) use template::special_tokens as special_tokens_of;
+pub use tools::{FunctionDefinition, ToolDefinition, example_arguments};
+
+use super::Action;
+
+impl ParsedOutput {
+    /// Turns a parse into the policy's action: an error makes `Invalid` (never a guess),
+    /// calls make `Call`, plain text makes `Reply`.
+    pub fn into_action(self, raw: &str) -> Action {
+        if let Some(error) = self.error {
+            Action::Invalid {
+                raw: raw.to_string(),
+                error,
+            }
+        } else if !self.calls.is_empty() {
+            Action::Call {
+                calls: self.calls,
+                content: self.content,
+            }
+        } else if self.content.is_empty() {
+            Action::Invalid {
+                raw: raw.to_string(),
+                error: "the output holds neither a tool call nor any text".into(),
+            }
+        } else {
+            Action::Reply {
+                content: self.content,
+            }
+        }
+    }
+}
+
+impl ToolCall {
+    /// The same call as an assistant message's `tool_calls` entry (object arguments).
+    pub fn to_message_call(&self) -> MessageToolCall {
+        MessageToolCall::new(self.name.clone(), self.arguments.clone())
+    }
+}

@@ -1,0 +1,191 @@
+//! Policies: what a host steps through an episode.
+//!
+//! A [`Policy`] receives observations (first the task, then tool results) and returns a
+//! [`Step`] per call: the [`Action`] it takes, the raw text behind it, and its costs. Every
+//! policy formats through [`format`], the single source of truth.
+
+mod demo;
+mod model;
+pub mod format;
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+pub use demo::DemoPolicy;
+pub use model::ModelPolicy;
+pub use format::{Message, ToolCall, ToolDefinition};
+
+use crate::error::Result;
+
+/// What the policy does this step.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Action {
+    /// Call one or more tools; `content` is any text the model wrote around the calls.
+    Call {
+        /// The calls, in order.
+        calls: Vec<ToolCall>,
+        /// Text outside the calls (often empty).
+        content: String,
+    },
+    /// A plain reply with no tool call (the episode usually ends here).
+    Reply {
+        /// The reply text.
+        content: String,
+    },
+    /// The model's output was not a valid action; `error` says why in words.
+    Invalid {
+        /// The raw output.
+        raw: String,
+        /// Why it is invalid.
+        error: String,
+    },
+}
+
+impl Action {
+    /// The calls of a `Call` action; empty otherwise.
+    pub fn calls(&self) -> &[ToolCall] {
+        match self {
+            Action::Call { calls, .. } => calls,
+            _ => &[],
+        }
+    }
+}
+
+/// What the environment answers: the task on the first step, later the tool results.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Observation {
+    /// One text: the task, a single tool result, or feedback after a reply.
+    Text(String),
+    /// One result per call of the previous multi-call action, in order.
+    ToolResults(Vec<String>),
+}
+
+impl From<&str> for Observation {
+    fn from(s: &str) -> Self {
+        Observation::Text(s.to_string())
+    }
+}
+
+impl From<String> for Observation {
+    fn from(s: String) -> Self {
+        Observation::Text(s)
+    }
+}
+
+impl From<Vec<String>> for Observation {
+    fn from(v: Vec<String>) -> Self {
+        Observation::ToolResults(v)
+    }
+}
+
+impl Observation {
+    fn into_texts(self) -> Vec<String> {
+        match self {
+            Observation::Text(t) => vec![t],
+            Observation::ToolResults(v) => v,
+        }
+    }
+}
+
+/// What one step cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct StepCost {
+    /// Tokens in the prompt of this step (0 for the demo, which has no tokenizer).
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache instead of being computed.
+    pub cached_prompt_tokens: usize,
+    /// Tokens generated.
+    pub generated_tokens: usize,
+    /// Wall time of the step.
+    pub latency: Duration,
+}
+
+/// One step of an episode.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Step {
+    /// The action taken.
+    pub action: Action,
+    /// The raw text the policy produced.
+    pub raw: String,
+    /// What it cost.
+    pub cost: StepCost,
+}
+
+/// How an episode is set up: the system prompt and the tools the policy may call.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EpisodeConfig {
+    /// Optional system prompt (rendered first, before the tool block as the template does).
+    pub system_prompt: Option<String>,
+    /// Tools offered to the model.
+    pub tools: Vec<ToolDefinition>,
+    /// Maximum tokens generated per step (`None`: the engine's default).
+    pub max_new_tokens: Option<usize>,
+    /// Sampling temperature (`None`: the model's generation_config; `Some(0.0)`: greedy).
+    pub temperature: Option<f32>,
+    /// Sampling seed for reproducible episodes.
+    pub seed: Option<u64>,
+}
+
+impl EpisodeConfig {
+    /// An episode with these tools and no system prompt.
+    pub fn with_tools(tools: Vec<ToolDefinition>) -> Self {
+        Self {
+            tools,
+            ..Self::default()
+        }
+    }
+
+    /// Sets the system prompt.
+    pub fn system(mut self, prompt: impl Into<String>) -> Self {
+        self.system_prompt = Some(prompt.into());
+        self
+    }
+}
+
+/// A per-episode policy. Get a fresh one per episode from
+/// [`ModelRegistry::get_policy`](crate::ModelRegistry::get_policy).
+///
+/// The first observation is the task (rendered as a user message). After a `Call` action,
+/// observations are the tool results (rendered as `tool` messages, one per call); after a
+/// `Reply` or `Invalid` action, the observation is rendered as a user message.
+pub trait Policy: Send {
+    /// Takes one observation and returns the next step.
+    fn act(&mut self, observation: Observation) -> Result<Step>;
+    /// The conversation so far, as the template renders it.
+    fn transcript(&self) -> &[Message];
+    /// The registry key of the model behind this policy.
+    fn model_key(&self) -> &str;
+}
+
+/// Appends an observation to a transcript the way every policy does (see [`Policy`]).
+pub(crate) fn push_observation(
+    transcript: &mut Vec<Message>,
+    last: Option<&Action>,
+    observation: Observation,
+) {
+    match last {
+        Some(Action::Call { .. }) => {
+            for text in observation.into_texts() {
+                transcript.push(Message::tool(text));
+            }
+        }
+        _ => {
+            let text = observation.into_texts().join("\n");
+            transcript.push(Message::user(text));
+        }
+    }
+}
+
+/// The assistant message for an action (calls as `tool_calls`, so the template re-renders them).
+pub(crate) fn assistant_message(action: &Action) -> Message {
+    match action {
+        Action::Call { calls, content } => Message::assistant_with_calls(
+            content.clone(),
+            calls.iter().map(ToolCall::to_message_call).collect(),
+        ),
+        Action::Reply { content } => Message::assistant(content.clone()),
+        Action::Invalid { raw, .. } => Message::assistant(raw.clone()),
+    }
+}

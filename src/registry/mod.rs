@@ -1,0 +1,206 @@
+//! The model registry: an ordered set of selectable models (the demo first and default), each
+//! loaded at most once per process, handing out a fresh policy per episode.
+//!
+//! Invariants: one `OnceCell` per key, so concurrent first calls wait for a single load; a
+//! failed load is not cached (the next call tries again); `get_policy` is cheap after the load.
+
+mod loaded;
+mod source;
+mod spec;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use once_cell::sync::OnceCell;
+
+pub use loaded::LoadedModel;
+pub use source::{ModelFiles, resolve as resolve_files, shard_names};
+pub use spec::{ModelSource, ModelSpec};
+
+use crate::engine::EngineOptions;
+use crate::error::{Error, Result};
+use crate::policy::{DemoPolicy, EpisodeConfig, ModelPolicy, Policy};
+
+struct Entry {
+    spec: ModelSpec,
+    cell: OnceCell<Arc<LoadedModel>>,
+    load_attempts: AtomicUsize,
+}
+
+/// The set of selectable models. Share it (`Arc<ModelRegistry>`) across threads.
+pub struct ModelRegistry {
+    entries: Vec<Entry>,
+    options: EngineOptions,
+}
+
+impl std::fmt::Debug for ModelRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.entries.iter().map(|e| &e.spec.key)).finish()
+    }
+}
+
+/// Suffix of an unavailable model's label in [`ModelRegistry::choices`].
+pub const COMING_SOON: &str = " — coming soon";
+
+impl ModelRegistry {
+    /// A registry of these specs, in order; the first is the default. Keys must be unique
+    /// and non-empty.
+    pub fn new(specs: Vec<ModelSpec>) -> Result<Self> {
+        let mut entries: Vec<Entry> = Vec::with_capacity(specs.len());
+        for spec in specs {
+            if spec.key.trim().is_empty() {
+                return Err(Error::InvalidInput("a model spec has an empty key".into()));
+            }
+            if entries.iter().any(|e| e.spec.key == spec.key) {
+                return Err(Error::InvalidInput(format!("model key `{}` is listed twice", spec.key)));
+            }
+            entries.push(Entry {
+                spec,
+                cell: OnceCell::new(),
+                load_attempts: AtomicUsize::new(0),
+            });
+        }
+        if entries.is_empty() {
+            return Err(Error::InvalidInput("a registry needs at least one model".into()));
+        }
+        Ok(Self {
+            entries,
+            options: EngineOptions::default(),
+        })
+    }
+
+    /// The reference registry: the demo (default), Qwen3-0.6B, Qwen3-1.7B and the fine-tuned
+    /// Qwen3-1.7B SQL agent, all with `enable_thinking = false`.
+    pub fn with_defaults() -> Self {
+        Self::new(vec![
+            ModelSpec::demo(),
+            ModelSpec::hub("qwen3-0.6b", "Qwen3 0.6B", "Qwen/Qwen3-0.6B", "main"),
+            ModelSpec::hub("qwen3-1.7b", "Qwen3 1.7B", "Qwen/Qwen3-1.7B", "main"),
+            ModelSpec::hub(
+                "sqlenv-qwen3-1.7b-grpo",
+                "Qwen3 1.7B SQL agent (GRPO fine-tune)",
+                "hjerpe/sqlenv-qwen3-1.7b-grpo-v2",
+                "main",
+            ),
+        ])
+        .expect("the default specs are valid")
+    }
+
+    /// Sets how models are loaded and served (device, dtype, batching, cache). Applies to
+    /// models loaded after this call.
+    pub fn with_options(mut self, options: EngineOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Adds a spec at the end, or replaces the one with the same key (keeping its position).
+    pub fn with_model(mut self, spec: ModelSpec) -> Self {
+        let entry = Entry {
+            spec,
+            cell: OnceCell::new(),
+            load_attempts: AtomicUsize::new(0),
+        };
+        match self.entries.iter().position(|e| e.spec.key == entry.spec.key) {
+            Some(i) => self.entries[i] = entry,
+            None => self.entries.push(entry),
+        }
+        self
+    }
+
+    /// Points an existing key at a local directory (for example after downloading by hand).
+    pub fn with_local_dir(self, key: &str, dir: impl Into<PathBuf>) -> Result<Self> {
+        let mut spec = self.spec(key)?.clone();
+        spec.source = ModelSource::Local(dir.into());
+        Ok(self.with_model(spec))
+    }
+
+    /// The default key (the first spec, the demo in the reference registry).
+    pub fn default_key(&self) -> &str {
+        &self.entries[0].spec.key
+    }
+
+    /// Every spec, in order.
+    pub fn specs(&self) -> impl Iterator<Item = &ModelSpec> {
+        self.entries.iter().map(|e| &e.spec)
+    }
+
+    /// (label, key) pairs for a picker, unavailable ones suffixed " — coming soon".
+    pub fn choices(&self) -> Vec<(String, String)> {
+        self.specs()
+            .map(|s| {
+                let label = if s.available { s.label.clone() } else { format!("{}{COMING_SOON}", s.label) };
+                (label, s.key.clone())
+            })
+            .collect()
+    }
+
+    fn entry(&self, key: &str) -> Result<&Entry> {
+        self.entries.iter().find(|e| e.spec.key == key).ok_or_else(|| Error::UnknownModel {
+            key: key.to_string(),
+            known: self.entries.iter().map(|e| e.spec.key.as_str()).collect::<Vec<_>>().join(", "),
+        })
+    }
+
+    /// The spec of a key.
+    pub fn spec(&self, key: &str) -> Result<&ModelSpec> {
+        self.entry(key).map(|e| &e.spec)
+    }
+
+    /// The loaded model of a key, loading it on first use (at most once per process; a
+    /// failure is returned and not cached).
+    pub fn model(&self, key: &str) -> Result<Arc<LoadedModel>> {
+        let entry = self.entry(key)?;
+        let spec = &entry.spec;
+        if spec.is_demo() {
+            return Err(Error::DemoMisuse { key: key.to_string(), what: "weights or tokenizer" });
+        }
+        if !spec.available {
+            return Err(Error::ModelUnavailable { key: key.to_string(), label: spec.label.clone() });
+        }
+        entry
+            .cell
+            .get_or_try_init(|| {
+                entry.load_attempts.fetch_add(1, Ordering::SeqCst);
+                tracing::info!(model = key, source = %spec.source, "loading model");
+                LoadedModel::load(spec, &self.options).map(Arc::new)
+            })
+            .cloned()
+    }
+
+    /// Whether a key's model is loaded.
+    pub fn is_loaded(&self, key: &str) -> bool {
+        self.entry(key).map(|e| e.cell.get().is_some()).unwrap_or(false)
+    }
+
+    /// How many times loading a key was attempted (successful or not) in this process.
+    pub fn load_attempts(&self, key: &str) -> usize {
+        self.entry(key).map(|e| e.load_attempts.load(Ordering::SeqCst)).unwrap_or(0)
+    }
+
+    /// A fresh policy for one episode of `key`: the demo, or a model policy sharing the
+    /// model's weights and engine (loaded on first use).
+    pub fn get_policy(&self, key: &str, episode: EpisodeConfig) -> Result<Box<dyn Policy>> {
+        let spec = self.spec(key)?;
+        if !spec.available {
+            return Err(Error::ModelUnavailable { key: key.to_string(), label: spec.label.clone() });
+        }
+        if spec.is_demo() {
+            return Ok(Box::new(DemoPolicy::new(key, &episode)));
+        }
+        let model = self.model(key)?;
+        Ok(Box::new(ModelPolicy::new(model, episode)?))
+    }
+
+    /// Loads every available model, logging and skipping failures; returns the keys loaded.
+    pub fn preload_available(&self) -> Vec<String> {
+        let mut loaded = Vec::new();
+        for spec in self.specs().filter(|s| s.available && !s.is_demo()) {
+            match self.model(&spec.key) {
+                Ok(_) => loaded.push(spec.key.clone()),
+                Err(e) => tracing::warn!(model = %spec.key, error = %e, "preload failed; skipping"),
+            }
+        }
+        loaded
+    }
+}
