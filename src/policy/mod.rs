@@ -150,7 +150,7 @@ impl EpisodeConfig {
 /// The first observation is the task (rendered as a user message). After a `Call` action,
 /// observations are the tool results (rendered as `tool` messages, one per call); after a
 /// `Reply` or `Invalid` action, the observation is rendered as a user message.
-pub trait Policy: Send {
+pub trait Policy: Send + std::fmt::Debug {
     /// Takes one observation and returns the next step.
     fn act(&mut self, observation: Observation) -> Result<Step>;
     /// The conversation so far, as the template renders it.
