@@ -13,7 +13,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// `get_policy`/`spec` was asked for a key the registry does not hold.
-    #[error("unknown model key `{key}`; known keys: {known}. List them with `policy-serve models`.")]
+    #[error(
+        "unknown model key `{key}`; known keys: {known}. List them with `policy-serve models`."
+    )]
     UnknownModel {
         /// The key that was asked for.
         key: String,
@@ -21,7 +23,9 @@ pub enum Error {
         known: String,
     },
     /// The model is listed but marked as not yet available ("coming soon").
-    #[error("model `{key}` ({label}) is listed as coming soon and cannot be loaded yet; pick another with `policy-serve models`")]
+    #[error(
+        "model `{key}` ({label}) is listed as coming soon and cannot be loaded yet; pick another with `policy-serve models`"
+    )]
     ModelUnavailable {
         /// The model's key.
         key: String,
@@ -45,7 +49,9 @@ pub enum Error {
         reason: String,
     },
     /// Downloading from the Hugging Face hub failed.
-    #[error("could not fetch `{file}` of `{repo}` (revision `{revision}`) from the Hugging Face hub: {reason}. If the files are on disk, point the spec at them with `ModelSource::Local(dir)` (CLI: `--model-dir DIR`); for the hub cache alone set HF_HUB_OFFLINE=1")]
+    #[error(
+        "could not fetch `{file}` of `{repo}` (revision `{revision}`) from the Hugging Face hub: {reason}. If the files are on disk, point the spec at them with `ModelSource::Local(dir)` (CLI: `--model-dir DIR`); for the hub cache alone set HF_HUB_OFFLINE=1"
+    )]
     Download {
         /// The hub repository.
         repo: String,

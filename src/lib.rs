@@ -35,6 +35,11 @@
 
 #![warn(missing_docs)]
 
+/// The README's library example, compiled and run as a doc-test.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 pub mod cache;
 pub mod engine;
 mod error;
@@ -43,6 +48,10 @@ pub mod registry;
 
 pub use engine::{Engine, EngineOptions, Generation, GenerationRequest, SamplingParams};
 pub use error::{Error, Result};
-pub use policy::format::{ChatTemplate, Message, RenderOptions, ToolCall, ToolDefinition, parse_output};
-pub use policy::{Action, DemoPolicy, EpisodeConfig, ModelPolicy, Observation, Policy, Step, StepCost};
+pub use policy::format::{
+    ChatTemplate, Message, RenderOptions, ToolCall, ToolDefinition, parse_output,
+};
+pub use policy::{
+    Action, DemoPolicy, EpisodeConfig, ModelPolicy, Observation, Policy, Step, StepCost,
+};
 pub use registry::{LoadedModel, ModelRegistry, ModelSource, ModelSpec};

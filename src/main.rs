@@ -1,1 +1,403 @@
-fn main() {}
+//! `policy-serve`: a thin CLI over the library. Output formats are a contract other tools
+//! rely on: `render` prints exactly the prompt, `parse` one JSON object. Exit code 0 on
+//! success, 2 on bad usage or bad input (reason on stderr), 1 when running failed.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use policy_serve::engine::{DTypeChoice, DeviceChoice};
+use policy_serve::policy::format::{
+    ChatTemplate, Message, RenderOptions, ToolDefinition, parse_output,
+};
+use policy_serve::{
+    Action, EngineOptions, EpisodeConfig, Error, GenerationRequest, ModelRegistry, ModelSpec,
+    Observation, SamplingParams,
+};
+
+#[derive(Parser)]
+#[command(
+    name = "policy-serve",
+    version,
+    about = "Serve tool-calling Qwen3 policies: list models, render prompts, parse tool calls, run episodes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Clone)]
+struct EngineArgs {
+    /// Device: auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Compute dtype: auto, f32, bf16, f16.
+    #[arg(long, default_value = "auto")]
+    dtype: String,
+}
+
+impl EngineArgs {
+    fn options(&self) -> Result<EngineOptions, Error> {
+        Ok(EngineOptions {
+            device: self.device.parse::<DeviceChoice>()?,
+            dtype: self.dtype.parse::<DTypeChoice>()?,
+            ..EngineOptions::default()
+        })
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List the registry's models (demo first).
+    Models {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Render a conversation with a model's own chat template; prints exactly the prompt.
+    Render {
+        /// Model directory holding tokenizer_config.json (or chat_template.jinja).
+        #[arg(long)]
+        model_dir: PathBuf,
+        /// JSON list of messages, as HF takes them.
+        #[arg(long)]
+        messages: PathBuf,
+        /// JSON list of tools (OpenAI/TRL function schema).
+        #[arg(long)]
+        tools: Option<PathBuf>,
+        /// Pass enable_thinking (alone: true; `--enable-thinking false`: false; absent: undefined, as HF).
+        #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+        enable_thinking: Option<bool>,
+        /// Leave out the assistant header at the end.
+        #[arg(long)]
+        no_generation_prompt: bool,
+    },
+    /// Parse raw model output from stdin; prints {"calls", "content", "error"}.
+    Parse {
+        /// JSON list of tools to validate the calls against.
+        #[arg(long)]
+        tools: Option<PathBuf>,
+    },
+    /// Run one episode against a built-in echo environment and print each step.
+    Episode {
+        /// Model key (see `models`); the demo needs no download.
+        #[arg(long, default_value = "demo")]
+        model: String,
+        /// The task (first user message).
+        #[arg(long)]
+        task: String,
+        /// JSON list of tools.
+        #[arg(long)]
+        tools: PathBuf,
+        /// System prompt.
+        #[arg(long)]
+        system: Option<String>,
+        /// Use this local directory for the model key.
+        #[arg(long)]
+        model_dir: Option<PathBuf>,
+        /// Most steps.
+        #[arg(long, default_value_t = 8)]
+        max_steps: usize,
+        /// Most tokens per step.
+        #[arg(long, default_value_t = 256)]
+        max_new_tokens: usize,
+        /// Sampling temperature (0: greedy).
+        #[arg(long)]
+        temperature: Option<f32>,
+        /// Sampling seed.
+        #[arg(long)]
+        seed: Option<u64>,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// Generate from a raw prompt with a local model directory.
+    Generate {
+        /// Model directory (HF layout).
+        #[arg(long)]
+        model_dir: PathBuf,
+        /// Prompt text (used as is; render it first for chat).
+        #[arg(long)]
+        prompt: String,
+        /// Most new tokens.
+        #[arg(long, default_value_t = 64)]
+        max_new_tokens: usize,
+        /// Temperature (0: greedy).
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+        /// Seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// Write f32 logits of every position of a token list as a .npy file [len, vocab].
+    Logits {
+        /// Model directory (HF layout).
+        #[arg(long)]
+        model_dir: PathBuf,
+        /// Comma-separated token ids.
+        #[arg(long, value_delimiter = ',')]
+        ids: Vec<u32>,
+        /// Output .npy path.
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            match e {
+                Error::Engine(_) | Error::EngineStopped | Error::Candle(_) => ExitCode::from(1),
+                _ => ExitCode::from(2),
+            }
+        }
+    }
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<T, Error> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::InvalidInput(format!("{}: {e}", path.display())))?;
+    serde_json::from_str(&text)
+        .map_err(|e| Error::InvalidInput(format!("{}: not a valid {what}: {e}", path.display())))
+}
+
+fn read_tools(path: &Path) -> Result<Vec<ToolDefinition>, Error> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::InvalidInput(format!("{}: {e}", path.display())))?;
+    ToolDefinition::list_from_json(&text)
+        .map_err(|e| Error::InvalidInput(format!("{}: {e}", path.display())))
+}
+
+fn local_registry(dir: &Path, engine: &EngineArgs) -> Result<ModelRegistry, Error> {
+    Ok(
+        ModelRegistry::new(vec![ModelSpec::local("local", "Local model", dir)])?
+            .with_options(engine.options()?),
+    )
+}
+
+fn run(command: Command) -> Result<(), Error> {
+    match command {
+        Command::Models { json } => {
+            let r = ModelRegistry::with_defaults();
+            if json {
+                let list: Vec<_> = r
+                    .specs()
+                    .map(|s| serde_json::json!({"key": s.key, "label": s.label, "source": s.source.to_string(), "thinking": s.enable_thinking, "available": s.available}))
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                println!(
+                    "{:<24} {:<40} {:<40} {:<8} AVAILABLE",
+                    "KEY", "LABEL", "SOURCE", "THINKING"
+                );
+                for s in r.specs() {
+                    println!(
+                        "{:<24} {:<40} {:<40} {:<8} {}",
+                        s.key,
+                        s.label,
+                        s.source.to_string(),
+                        s.enable_thinking,
+                        if s.available { "yes" } else { "coming soon" }
+                    );
+                }
+            }
+        }
+        Command::Render {
+            model_dir,
+            messages,
+            tools,
+            enable_thinking,
+            no_generation_prompt,
+        } => {
+            let template = ChatTemplate::from_model_dir(&model_dir)?;
+            let messages: Vec<Message> = read_json(&messages, "JSON list of messages")?;
+            let tools = tools.as_deref().map(read_tools).transpose()?;
+            let opts = RenderOptions {
+                add_generation_prompt: !no_generation_prompt,
+                enable_thinking,
+            };
+            print!("{}", template.render(&messages, tools.as_deref(), opts)?);
+        }
+        Command::Parse { tools } => {
+            let tools = tools.as_deref().map(read_tools).transpose()?;
+            let mut raw = String::new();
+            std::io::stdin()
+                .read_to_string(&mut raw)
+                .map_err(|e| Error::InvalidInput(format!("stdin is not UTF-8 text: {e}")))?;
+            let p = parse_output(&raw, tools.as_deref());
+            println!(
+                "{}",
+                serde_json::json!({"calls": p.calls, "content": p.content, "error": p.error})
+            );
+        }
+        Command::Episode {
+            model,
+            task,
+            tools,
+            system,
+            model_dir,
+            max_steps,
+            max_new_tokens,
+            temperature,
+            seed,
+            engine,
+        } => {
+            let tools = read_tools(&tools)?;
+            let mut registry = ModelRegistry::with_defaults().with_options(engine.options()?);
+            if let Some(dir) = model_dir {
+                registry = registry.with_local_dir(&model, dir)?;
+            }
+            let episode = EpisodeConfig {
+                system_prompt: system,
+                tools,
+                max_new_tokens: Some(max_new_tokens),
+                temperature,
+                seed,
+            };
+            let mut policy = registry.get_policy(&model, episode)?;
+            let mut observation: Observation = task.into();
+            for i in 1..=max_steps {
+                let step = policy.act(observation)?;
+                let c = step.cost;
+                println!(
+                    "step {i}: {}  [prompt {} tok, cached {}, generated {}, {:.1} ms]",
+                    serde_json::to_string(&step.action)?,
+                    c.prompt_tokens,
+                    c.cached_prompt_tokens,
+                    c.generated_tokens,
+                    c.latency.as_secs_f64() * 1e3
+                );
+                observation = match &step.action {
+                    Action::Call { calls, .. } => {
+                        let results: Vec<String> = calls
+                            .iter()
+                            .map(|c| {
+                                format!(
+                                    "echo: {}({})",
+                                    c.name,
+                                    serde_json::Value::Object(c.arguments.clone())
+                                )
+                            })
+                            .collect();
+                        for r in &results {
+                            println!("  tool -> {r}");
+                        }
+                        if calls.iter().any(|c| {
+                            ["answer", "finish", "submit", "final", "done"]
+                                .iter()
+                                .any(|w| c.name.to_lowercase().contains(w))
+                        }) {
+                            println!("episode finished: the policy called a finishing tool");
+                            return Ok(());
+                        }
+                        Observation::ToolResults(results)
+                    }
+                    Action::Reply { .. } => {
+                        println!("episode finished: the policy replied");
+                        return Ok(());
+                    }
+                    Action::Invalid { error, .. } => {
+                        format!("Your last output was not a valid tool call: {error}").into()
+                    }
+                };
+            }
+            println!("episode stopped after {max_steps} steps");
+            if let Ok(m) = registry.model(&model) {
+                println!("engine: {}", serde_json::to_string(&m.engine().stats())?);
+            }
+        }
+        Command::Generate {
+            model_dir,
+            prompt,
+            max_new_tokens,
+            temperature,
+            seed,
+            engine,
+        } => {
+            let registry = local_registry(&model_dir, &engine)?;
+            let model = registry.model("local")?;
+            let e = model.engine();
+            let ids = e.tokenize(&prompt)?;
+            let sampling = SamplingParams {
+                temperature,
+                top_k: None,
+                top_p: None,
+                seed,
+            };
+            let g = e.generate(
+                GenerationRequest::new(ids)
+                    .max_new_tokens(max_new_tokens)
+                    .sampling(sampling),
+            )?;
+            println!("{}", g.text);
+            eprintln!(
+                "[{:?}; prompt {} tok, generated {} tok in {:.1} ms; first token {:.1} ms] engine: {}",
+                g.finish_reason,
+                g.prompt_tokens,
+                g.generated_tokens,
+                g.total_time.as_secs_f64() * 1e3,
+                g.time_to_first_token.as_secs_f64() * 1e3,
+                serde_json::to_string(&e.stats())?
+            );
+        }
+        Command::Logits {
+            model_dir,
+            ids,
+            out,
+            engine,
+        } => {
+            if ids.is_empty() {
+                return Err(Error::InvalidInput(
+                    "--ids needs at least one token id".into(),
+                ));
+            }
+            let registry = local_registry(&model_dir, &engine)?;
+            let model = registry.model("local")?;
+            let rows = model.engine().logits(ids)?;
+            write_npy(&out, &rows)?;
+            eprintln!(
+                "wrote {} x {} f32 logits to {}",
+                rows.len(),
+                rows.first().map_or(0, Vec::len),
+                out.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Writes a 2-D f32 little-endian .npy (format version 1.0).
+fn write_npy(path: &Path, rows: &[Vec<f32>]) -> Result<(), Error> {
+    let cols = rows.first().map_or(0, Vec::len);
+    let mut header = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {}), }}",
+        rows.len(),
+        cols
+    );
+    let unpadded = 10 + header.len() + 1;
+    header.push_str(&" ".repeat(unpadded.next_multiple_of(64) - unpadded));
+    header.push('\n');
+    let mut bytes = Vec::with_capacity(10 + header.len() + rows.len() * cols * 4);
+    bytes.extend_from_slice(b"\x93NUMPY\x01\x00");
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    for r in rows {
+        for v in r {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    std::fs::write(path, bytes).map_err(|e| Error::InvalidInput(format!("{}: {e}", path.display())))
+}

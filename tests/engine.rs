@@ -9,44 +9,80 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::qwen3;
 use policy_serve::engine::{DeviceChoice, FinishReason, KvBudget};
-use policy_serve::{EngineOptions, Error, GenerationRequest, ModelRegistry, ModelSpec, SamplingParams};
+use policy_serve::{
+    EngineOptions, Error, GenerationRequest, ModelRegistry, ModelSpec, SamplingParams,
+};
 
 fn options() -> EngineOptions {
-    EngineOptions { device: DeviceChoice::Cpu, ..EngineOptions::default() }
+    EngineOptions {
+        device: DeviceChoice::Cpu,
+        ..EngineOptions::default()
+    }
 }
 
 fn registry_with(opts: EngineOptions) -> ModelRegistry {
-    ModelRegistry::new(vec![ModelSpec::local("tiny", "Tiny", common::shared_tiny_model())]).unwrap().with_options(opts)
+    ModelRegistry::new(vec![ModelSpec::local(
+        "tiny",
+        "Tiny",
+        common::shared_tiny_model(),
+    )])
+    .unwrap()
+    .with_options(opts)
 }
 
 /// Reference logits of every position from candle-transformers' qwen3 on the same checkpoint.
 fn reference_logits(tokens: &[u32]) -> Vec<Vec<f32>> {
     let dir = common::shared_tiny_model();
-    let cfg: qwen3::Config = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let cfg: qwen3::Config =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     let files = [dir.join("model.safetensors")];
     // SAFETY: the test owns the file and does not modify it while mapped.
-    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, DType::F32, &Device::Cpu).unwrap() };
-    let embed = vb.get((cfg.vocab_size, cfg.hidden_size), "model.embed_tokens.weight").unwrap();
+    let vb =
+        unsafe { VarBuilder::from_mmaped_safetensors(&files, DType::F32, &Device::Cpu).unwrap() };
+    let embed = vb
+        .get(
+            (cfg.vocab_size, cfg.hidden_size),
+            "model.embed_tokens.weight",
+        )
+        .unwrap();
     let mut model = qwen3::Model::new(&cfg, vb).unwrap();
-    let input = Tensor::new(tokens, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+    let input = Tensor::new(tokens, &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
     let hidden = model.forward(&input, 0).unwrap().squeeze(0).unwrap();
-    hidden.matmul(&embed.t().unwrap()).unwrap().to_vec2().unwrap()
+    hidden
+        .matmul(&embed.t().unwrap())
+        .unwrap()
+        .to_vec2()
+        .unwrap()
 }
 
 /// Reference step-by-step decode: feed the tokens one at a time through the contiguous cache.
 fn reference_decode_logits(tokens: &[u32]) -> Vec<Vec<f32>> {
     let dir = common::shared_tiny_model();
-    let cfg: qwen3::Config = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let cfg: qwen3::Config =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     let files = [dir.join("model.safetensors")];
     // SAFETY: as above.
-    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, DType::F32, &Device::Cpu).unwrap() };
+    let vb =
+        unsafe { VarBuilder::from_mmaped_safetensors(&files, DType::F32, &Device::Cpu).unwrap() };
     let mut model = qwen3::ModelForCausalLM::new(&cfg, vb).unwrap();
     tokens
         .iter()
         .enumerate()
         .map(|(i, &t)| {
-            let input = Tensor::new(&[t], &Device::Cpu).unwrap().unsqueeze(0).unwrap();
-            model.forward(&input, i).unwrap().flatten_all().unwrap().to_vec1().unwrap()
+            let input = Tensor::new(&[t], &Device::Cpu)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap();
+            model
+                .forward(&input, i)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap()
         })
         .collect()
 }
@@ -64,7 +100,9 @@ fn max_rel_err(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 }
 
 fn prompt(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| (i * 7919 + salt * 104_729) % 150_000).collect()
+    (0..n as u32)
+        .map(|i| (i * 7919 + salt * 104_729) % 150_000)
+        .collect()
 }
 
 #[test]
@@ -83,7 +121,10 @@ fn prefill_logits_equal_candle_transformers_qwen3() {
 
 #[test]
 fn chunked_prefill_and_step_by_step_decode_logits_equal_candle_transformers() {
-    let opts = EngineOptions { prefill_chunk: 5, ..options() };
+    let opts = EngineOptions {
+        prefill_chunk: 5,
+        ..options()
+    };
     let r = registry_with(opts);
     let engine = r.model("tiny").unwrap().engine().clone();
     let tokens = prompt(23, 3);
@@ -98,13 +139,20 @@ fn greedy_generation_follows_the_reference_argmax() {
     let r = registry_with(options());
     let engine = r.model("tiny").unwrap().engine().clone();
     let p = prompt(11, 4);
-    let g = engine.generate(GenerationRequest::new(p.clone()).max_new_tokens(6)).unwrap();
+    let g = engine
+        .generate(GenerationRequest::new(p.clone()).max_new_tokens(6))
+        .unwrap();
     assert_eq!(g.prompt_tokens, 11);
     let mut seq = p.clone();
     for &t in &g.tokens {
         let logits = reference_logits(&seq);
         let last = logits.last().unwrap();
-        let argmax = last.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32;
+        let argmax = last
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap()
+            .0 as u32;
         assert_eq!(t, argmax);
         seq.push(t);
     }
@@ -115,10 +163,23 @@ fn eight_sequences_batched_give_the_same_greedy_tokens_as_each_alone() {
     let r = registry_with(options());
     let engine = r.model("tiny").unwrap().engine().clone();
     let prompts: Vec<Vec<u32>> = (0..8).map(|i| prompt(5 + i * 9, i as u32 + 10)).collect();
-    let alone: Vec<Vec<u32>> =
-        prompts.iter().map(|p| engine.generate(GenerationRequest::new(p.clone()).max_new_tokens(12)).unwrap().tokens).collect();
-    let pending: Vec<_> = prompts.iter().map(|p| engine.submit(GenerationRequest::new(p.clone()).max_new_tokens(12))).collect();
-    let batched: Vec<Vec<u32>> = pending.into_iter().map(|p| p.wait().unwrap().tokens).collect();
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            engine
+                .generate(GenerationRequest::new(p.clone()).max_new_tokens(12))
+                .unwrap()
+                .tokens
+        })
+        .collect();
+    let pending: Vec<_> = prompts
+        .iter()
+        .map(|p| engine.submit(GenerationRequest::new(p.clone()).max_new_tokens(12)))
+        .collect();
+    let batched: Vec<Vec<u32>> = pending
+        .into_iter()
+        .map(|p| p.wait().unwrap().tokens)
+        .collect();
     assert_eq!(alone, batched);
     assert!(engine.stats().steps > 0);
 }
@@ -128,10 +189,17 @@ fn requests_arriving_mid_generation_change_nothing() {
     let r = registry_with(options());
     let engine = r.model("tiny").unwrap().engine().clone();
     let long = prompt(30, 20);
-    let want = engine.generate(GenerationRequest::new(long.clone()).max_new_tokens(40)).unwrap().tokens;
+    let want = engine
+        .generate(GenerationRequest::new(long.clone()).max_new_tokens(40))
+        .unwrap()
+        .tokens;
     let first = engine.submit(GenerationRequest::new(long).max_new_tokens(40));
     std::thread::sleep(std::time::Duration::from_millis(5));
-    let late: Vec<_> = (0..4).map(|i| engine.submit(GenerationRequest::new(prompt(20 + i, 30 + i as u32)).max_new_tokens(8))).collect();
+    let late: Vec<_> = (0..4)
+        .map(|i| {
+            engine.submit(GenerationRequest::new(prompt(20 + i, 30 + i as u32)).max_new_tokens(8))
+        })
+        .collect();
     assert_eq!(first.wait().unwrap().tokens, want);
     for p in late {
         assert_eq!(p.wait().unwrap().generated_tokens, 8);
@@ -145,12 +213,17 @@ fn thirty_two_threads_generating_at_once_all_finish() {
     let handles: Vec<_> = (0..32)
         .map(|i| {
             let e = engine.clone();
-            std::thread::spawn(move || e.generate(GenerationRequest::new(prompt(3 + i % 7, i as u32)).max_new_tokens(5)))
+            std::thread::spawn(move || {
+                e.generate(GenerationRequest::new(prompt(3 + i % 7, i as u32)).max_new_tokens(5))
+            })
         })
         .collect();
     for h in handles {
         let g = h.join().unwrap().unwrap();
-        assert_eq!((g.generated_tokens, g.finish_reason), (5, FinishReason::Length));
+        assert_eq!(
+            (g.generated_tokens, g.finish_reason),
+            (5, FinishReason::Length)
+        );
     }
     assert_eq!(engine.stats().requests_finished, 32);
 }
@@ -162,7 +235,12 @@ fn same_seed_same_sample_and_another_seed_differs() {
     let req = |seed| {
         GenerationRequest::new(prompt(9, 50))
             .max_new_tokens(16)
-            .sampling(SamplingParams { temperature: 1.5, top_k: Some(50), top_p: Some(0.95), seed })
+            .sampling(SamplingParams {
+                temperature: 1.5,
+                top_k: Some(50),
+                top_p: Some(0.95),
+                seed,
+            })
     };
     let a = engine.generate(req(1)).unwrap().tokens;
     // Sampled in a batch with others: the seed alone decides.
@@ -179,9 +257,14 @@ fn stop_strings_and_eos_end_generation() {
     let r = registry_with(options());
     let model = r.model("tiny").unwrap();
     let engine = model.engine().clone();
-    let free = engine.generate(GenerationRequest::new(prompt(8, 60)).max_new_tokens(10)).unwrap();
+    let free = engine
+        .generate(GenerationRequest::new(prompt(8, 60)).max_new_tokens(10))
+        .unwrap();
     // Use the text of the 3rd generated token as a stop string: generation stops there.
-    let piece = engine.tokenizer().decode(&free.tokens[2..3], false).unwrap();
+    let piece = engine
+        .tokenizer()
+        .decode(&free.tokens[2..3], false)
+        .unwrap();
     if !piece.is_empty() {
         let mut req = GenerationRequest::new(prompt(8, 60)).max_new_tokens(10);
         req.stop = vec![piece.clone()];
@@ -190,21 +273,36 @@ fn stop_strings_and_eos_end_generation() {
         assert!(g.generated_tokens <= 3);
         assert!(!g.text.contains(&piece));
     }
-    assert!(model.eos_token_ids().contains(&151645), "<|im_end|> ends generation");
+    assert!(
+        model.eos_token_ids().contains(&151645),
+        "<|im_end|> ends generation"
+    );
 }
 
 #[test]
 fn bad_requests_fail_alone_with_clear_errors() {
-    let opts = EngineOptions { kv_budget: KvBudget { blocks: Some(8), ..KvBudget::default() }, ..options() };
+    let opts = EngineOptions {
+        kv_budget: KvBudget {
+            blocks: Some(8),
+            ..KvBudget::default()
+        },
+        ..options()
+    };
     let r = registry_with(opts);
     let engine = r.model("tiny").unwrap().engine().clone();
     let ok = engine.submit(GenerationRequest::new(prompt(10, 70)).max_new_tokens(4));
-    let too_big = engine.generate(GenerationRequest::new(prompt(100, 71)).max_new_tokens(100)).unwrap_err();
+    let too_big = engine
+        .generate(GenerationRequest::new(prompt(100, 71)).max_new_tokens(100))
+        .unwrap_err();
     assert!(matches!(too_big, Error::TooLarge(_)), "{too_big}");
     assert!(too_big.to_string().contains("8 blocks"), "{too_big}");
-    let bad_token = engine.generate(GenerationRequest::new(vec![999_999]).max_new_tokens(1)).unwrap_err();
+    let bad_token = engine
+        .generate(GenerationRequest::new(vec![999_999]).max_new_tokens(1))
+        .unwrap_err();
     assert!(bad_token.to_string().contains("outside the vocabulary"));
-    let empty = engine.generate(GenerationRequest::new(vec![]).max_new_tokens(1)).unwrap_err();
+    let empty = engine
+        .generate(GenerationRequest::new(vec![]).max_new_tokens(1))
+        .unwrap_err();
     assert!(empty.to_string().contains("empty"));
     assert_eq!(ok.wait().unwrap().generated_tokens, 4);
 }
@@ -215,16 +313,34 @@ fn a_tiny_kv_pool_preempts_and_still_gives_identical_outputs() {
     let run = |opts: EngineOptions| {
         let r = registry_with(opts);
         let engine = r.model("tiny").unwrap().engine().clone();
-        let pending: Vec<_> = prompts.iter().map(|p| engine.submit(GenerationRequest::new(p.clone()).max_new_tokens(24))).collect();
-        let out: Vec<Vec<u32>> = pending.into_iter().map(|p| p.wait().unwrap().tokens).collect();
+        let pending: Vec<_> = prompts
+            .iter()
+            .map(|p| engine.submit(GenerationRequest::new(p.clone()).max_new_tokens(24)))
+            .collect();
+        let out: Vec<Vec<u32>> = pending
+            .into_iter()
+            .map(|p| p.wait().unwrap().tokens)
+            .collect();
         (out, engine.stats())
     };
     let (free, _) = run(options());
-    let small = EngineOptions { kv_budget: KvBudget { blocks: Some(10), ..KvBudget::default() }, ..options() };
+    let small = EngineOptions {
+        kv_budget: KvBudget {
+            blocks: Some(10),
+            ..KvBudget::default()
+        },
+        ..options()
+    };
     let (tight, stats) = run(small);
     assert_eq!(free, tight);
-    assert!(stats.preemptions > 0, "the pool was small enough to force preemption: {stats:?}");
-    assert_eq!(stats.blocks_free, stats.blocks_total, "every block came back");
+    assert!(
+        stats.preemptions > 0,
+        "the pool was small enough to force preemption: {stats:?}"
+    );
+    assert_eq!(
+        stats.blocks_free, stats.blocks_total,
+        "every block came back"
+    );
 }
 
 #[test]
@@ -234,14 +350,24 @@ fn a_broken_checkpoint_names_the_tensor_and_file() {
     let mut tensors = common::random_tensors(&common::tiny_config(), 5);
     tensors.remove("model.layers.1.mlp.up_proj.weight");
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
-    let r = ModelRegistry::new(vec![ModelSpec::local("b", "B", &dir)]).unwrap().with_options(options());
+    let r = ModelRegistry::new(vec![ModelSpec::local("b", "B", &dir)])
+        .unwrap()
+        .with_options(options());
     let err = r.model("b").unwrap_err().to_string();
-    assert!(err.contains("model.layers.1.mlp.up_proj.weight") && err.contains("model.safetensors") && err.contains("missing"), "{err}");
+    assert!(
+        err.contains("model.layers.1.mlp.up_proj.weight")
+            && err.contains("model.safetensors")
+            && err.contains("missing"),
+        "{err}"
+    );
 
     let mut cfg = common::tiny_config();
     cfg["intermediate_size"] = 48.into();
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
-    tensors.insert("model.layers.1.mlp.up_proj.weight".into(), Tensor::zeros((48, 32), DType::F32, &Device::Cpu).unwrap());
+    tensors.insert(
+        "model.layers.1.mlp.up_proj.weight".into(),
+        Tensor::zeros((48, 32), DType::F32, &Device::Cpu).unwrap(),
+    );
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
     let err = r.model("b").unwrap_err().to_string();
     assert!(err.contains("shape [64, 32], expected [48, 32]"), "{err}");
@@ -249,5 +375,8 @@ fn a_broken_checkpoint_names_the_tensor_and_file() {
     cfg["model_type"] = "mamba".into();
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
     let err = r.model("b").unwrap_err().to_string();
-    assert!(err.contains("`mamba` is not supported") && err.contains("qwen3"), "{err}");
+    assert!(
+        err.contains("`mamba` is not supported") && err.contains("qwen3"),
+        "{err}"
+    );
 }

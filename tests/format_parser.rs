@@ -1,10 +1,10 @@
 //! The tool-call parser: accepted shapes, readable errors, validation against tool schemas,
 //! round trip with the template, and no panic on any input.
 
+use policy_serve::Action;
 use policy_serve::policy::format::{
     ChatTemplate, Message, RenderOptions, ToolCall, ToolDefinition, format_tool_calls, parse_output,
 };
-use policy_serve::Action;
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -23,7 +23,10 @@ fn tools() -> Vec<ToolDefinition> {
 
 #[test]
 fn a_single_call_with_object_arguments_parses() {
-    let p = parse_output("<tool_call>\n{\"name\": \"query\", \"arguments\": {\"sql\": \"SELECT 1\"}}\n</tool_call>", Some(&tools()));
+    let p = parse_output(
+        "<tool_call>\n{\"name\": \"query\", \"arguments\": {\"sql\": \"SELECT 1\"}}\n</tool_call>",
+        Some(&tools()),
+    );
     assert_eq!(p.error, None);
     assert_eq!(p.calls.len(), 1);
     assert_eq!(p.calls[0].name, "query");
@@ -33,7 +36,10 @@ fn a_single_call_with_object_arguments_parses() {
 
 #[test]
 fn arguments_as_a_json_string_are_decoded() {
-    let p = parse_output(r#"<tool_call>{"name": "query", "arguments": "{\"sql\": \"SELECT 2\", \"limit\": 3}"}</tool_call>"#, Some(&tools()));
+    let p = parse_output(
+        r#"<tool_call>{"name": "query", "arguments": "{\"sql\": \"SELECT 2\", \"limit\": 3}"}</tool_call>"#,
+        Some(&tools()),
+    );
     assert_eq!(p.error, None);
     assert_eq!(p.calls[0].arguments["limit"], 3);
 }
@@ -43,20 +49,32 @@ fn several_calls_and_surrounding_text_are_kept() {
     let raw = "Let me check.\n<tool_call>\n{\"name\": \"query\", \"arguments\": {\"sql\": \"a\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"query\", \"arguments\": {\"sql\": \"b\"}}\n</tool_call>\nDone.";
     let p = parse_output(raw, Some(&tools()));
     assert_eq!(p.error, None);
-    assert_eq!(p.calls.iter().map(|c| c.arguments["sql"].as_str().unwrap()).collect::<Vec<_>>(), ["a", "b"]);
+    assert_eq!(
+        p.calls
+            .iter()
+            .map(|c| c.arguments["sql"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["a", "b"]
+    );
     assert_eq!(p.content, "Let me check.\nDone.");
 }
 
 #[test]
 fn an_unclosed_trailing_call_and_whitespace_variants_parse() {
-    let p = parse_output("<tool_call>  \n\t{\"name\":\"query\",\"arguments\":{\"sql\":\"x\"}}   ", Some(&tools()));
+    let p = parse_output(
+        "<tool_call>  \n\t{\"name\":\"query\",\"arguments\":{\"sql\":\"x\"}}   ",
+        Some(&tools()),
+    );
     assert_eq!(p.error, None, "{p:?}");
     assert_eq!(p.calls[0].name, "query");
 }
 
 #[test]
 fn a_think_block_is_split_off_as_reasoning() {
-    let p = parse_output("<think>\nI should query.\n</think>\n\n<tool_call>\n{\"name\": \"query\", \"arguments\": {\"sql\": \"x\"}}\n</tool_call>", None);
+    let p = parse_output(
+        "<think>\nI should query.\n</think>\n\n<tool_call>\n{\"name\": \"query\", \"arguments\": {\"sql\": \"x\"}}\n</tool_call>",
+        None,
+    );
     assert_eq!(p.reasoning.as_deref(), Some("I should query."));
     assert_eq!(p.calls.len(), 1);
     let unclosed = parse_output("<think>\nstill thinking", None);
@@ -66,26 +84,62 @@ fn a_think_block_is_split_off_as_reasoning() {
 #[test]
 fn malformed_output_becomes_invalid_with_a_readable_reason() {
     let cases = [
-        ("<tool_call>\n{\"name\": \"query\", \"arguments\": {\"sql\": }\n</tool_call>", "not valid JSON"),
-        ("<tool_call>\n[1, 2]\n</tool_call>", "expected a JSON object"),
-        ("<tool_call>\n{\"arguments\": {}}\n</tool_call>", "missing \"name\""),
-        ("<tool_call>\n{\"name\": \"query\"}\n</tool_call>", "no \"arguments\""),
-        ("<tool_call>\n{\"name\": \"query\", \"arguments\": \"[1]\"}\n</tool_call>", "not an object"),
+        (
+            "<tool_call>\n{\"name\": \"query\", \"arguments\": {\"sql\": }\n</tool_call>",
+            "not valid JSON",
+        ),
+        (
+            "<tool_call>\n[1, 2]\n</tool_call>",
+            "expected a JSON object",
+        ),
+        (
+            "<tool_call>\n{\"arguments\": {}}\n</tool_call>",
+            "missing \"name\"",
+        ),
+        (
+            "<tool_call>\n{\"name\": \"query\"}\n</tool_call>",
+            "no \"arguments\"",
+        ),
+        (
+            "<tool_call>\n{\"name\": \"query\", \"arguments\": \"[1]\"}\n</tool_call>",
+            "not an object",
+        ),
         ("<tool_call>\n</tool_call>", "empty <tool_call>"),
         ("text </tool_call>", "without a matching"),
-        ("<tool_call>\n{\"name\": \"drop_db\", \"arguments\": {}}\n</tool_call>", "unknown tool `drop_db`"),
-        ("<tool_call>\n{\"name\": \"query\", \"arguments\": {}}\n</tool_call>", "misses required argument `sql`"),
-        ("<tool_call>\n{\"name\": \"query\", \"arguments\": {\"sql\": 5}}\n</tool_call>", "expected string, got number"),
-        ("<tool_call>\n{\"name\": \"query\", \"arguments\": {\"sql\": \"x\", \"limit\": 1.5}}\n</tool_call>", "expected integer"),
-        ("<tool_call>\n{\"name\": \"answer\", \"arguments\": {\"value\": \"x\", \"unit\": \"mi\"}}\n</tool_call>", "is not one of"),
-        ("<tool_call>\n{\"name\": \"answer\", \"arguments\": {\"value\": \"x\", \"extra\": 1}}\n</tool_call>", "unknown argument `extra`"),
+        (
+            "<tool_call>\n{\"name\": \"drop_db\", \"arguments\": {}}\n</tool_call>",
+            "unknown tool `drop_db`",
+        ),
+        (
+            "<tool_call>\n{\"name\": \"query\", \"arguments\": {}}\n</tool_call>",
+            "misses required argument `sql`",
+        ),
+        (
+            "<tool_call>\n{\"name\": \"query\", \"arguments\": {\"sql\": 5}}\n</tool_call>",
+            "expected string, got number",
+        ),
+        (
+            "<tool_call>\n{\"name\": \"query\", \"arguments\": {\"sql\": \"x\", \"limit\": 1.5}}\n</tool_call>",
+            "expected integer",
+        ),
+        (
+            "<tool_call>\n{\"name\": \"answer\", \"arguments\": {\"value\": \"x\", \"unit\": \"mi\"}}\n</tool_call>",
+            "is not one of",
+        ),
+        (
+            "<tool_call>\n{\"name\": \"answer\", \"arguments\": {\"value\": \"x\", \"extra\": 1}}\n</tool_call>",
+            "unknown argument `extra`",
+        ),
     ];
     for (raw, reason) in cases {
         let action = parse_output(raw, Some(&tools())).into_action(raw);
         match action {
             Action::Invalid { raw: r, error } => {
                 assert_eq!(r, raw);
-                assert!(error.contains(reason), "{raw:?}: {error:?} should mention {reason:?}");
+                assert!(
+                    error.contains(reason),
+                    "{raw:?}: {error:?} should mention {reason:?}"
+                );
             }
             other => panic!("{raw:?} should be invalid, got {other:?}"),
         }
@@ -94,21 +148,56 @@ fn malformed_output_becomes_invalid_with_a_readable_reason() {
 
 #[test]
 fn plain_text_is_a_reply_and_empty_output_is_invalid() {
-    assert_eq!(parse_output("The answer is 4.", None).into_action("The answer is 4."), Action::Reply { content: "The answer is 4.".into() });
-    assert!(matches!(parse_output("  ", None).into_action("  "), Action::Invalid { .. }));
+    assert_eq!(
+        parse_output("The answer is 4.", None).into_action("The answer is 4."),
+        Action::Reply {
+            content: "The answer is 4.".into()
+        }
+    );
+    assert!(matches!(
+        parse_output("  ", None).into_action("  "),
+        Action::Invalid { .. }
+    ));
 }
 
 #[test]
 fn what_the_template_renders_for_a_tool_call_parses_back_to_the_same_call() {
-    let template = ChatTemplate::from_model_dir(&std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3")).unwrap();
-    let call = ToolCall { name: "query".into(), arguments: json!({"sql": "SELECT \"x\" — ü", "limit": 2, "opts": {"a": [1.5, null]}}).as_object().unwrap().clone() };
-    let msgs = [Message::user("q"), Message::assistant_with_calls("", vec![call.to_message_call()])];
-    let rendered = template.render(&msgs, None, RenderOptions { add_generation_prompt: false, enable_thinking: None }).unwrap();
+    let template = ChatTemplate::from_model_dir(
+        &std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3"),
+    )
+    .unwrap();
+    let call = ToolCall {
+        name: "query".into(),
+        arguments: json!({"sql": "SELECT \"x\" — ü", "limit": 2, "opts": {"a": [1.5, null]}})
+            .as_object()
+            .unwrap()
+            .clone(),
+    };
+    let msgs = [
+        Message::user("q"),
+        Message::assistant_with_calls("", vec![call.to_message_call()]),
+    ];
+    let rendered = template
+        .render(
+            &msgs,
+            None,
+            RenderOptions {
+                add_generation_prompt: false,
+                enable_thinking: None,
+            },
+        )
+        .unwrap();
     let start = rendered.find("<|im_start|>assistant\n").unwrap() + "<|im_start|>assistant\n".len();
     let end = rendered.rfind("<|im_end|>").unwrap();
     let body = &rendered[start..end];
     // The last assistant turn after the query carries Qwen3's empty think block first.
-    assert_eq!(body, format!("<think>\n\n</think>\n\n{}", format_tool_calls(std::slice::from_ref(&call))));
+    assert_eq!(
+        body,
+        format!(
+            "<think>\n\n</think>\n\n{}",
+            format_tool_calls(std::slice::from_ref(&call))
+        )
+    );
     let parsed = parse_output(body, None);
     assert_eq!(parsed.error, None);
     assert_eq!(parsed.calls, vec![call]);

@@ -8,14 +8,20 @@ use std::sync::Arc;
 use policy_serve::{EngineOptions, EpisodeConfig, Error, ModelRegistry, ModelSpec};
 
 fn cpu_options() -> EngineOptions {
-    EngineOptions { device: policy_serve::engine::DeviceChoice::Cpu, ..EngineOptions::default() }
+    EngineOptions {
+        device: policy_serve::engine::DeviceChoice::Cpu,
+        ..EngineOptions::default()
+    }
 }
 
 #[test]
 fn the_default_registry_lists_the_demo_first_and_the_three_qwen3_models() {
     let r = ModelRegistry::with_defaults();
     let keys: Vec<String> = r.specs().map(|s| s.key.clone()).collect();
-    assert_eq!(keys, ["demo", "qwen3-0.6b", "qwen3-1.7b", "sqlenv-qwen3-1.7b-grpo"]);
+    assert_eq!(
+        keys,
+        ["demo", "qwen3-0.6b", "qwen3-1.7b", "sqlenv-qwen3-1.7b-grpo"]
+    );
     assert_eq!(r.default_key(), "demo");
     assert!(r.specs().all(|s| !s.enable_thinking));
     let choices = r.choices();
@@ -25,10 +31,17 @@ fn the_default_registry_lists_the_demo_first_and_the_three_qwen3_models() {
 
 #[test]
 fn unavailable_models_are_listed_as_coming_soon_and_refused() {
-    let r = ModelRegistry::new(vec![ModelSpec::demo(), ModelSpec::hub("big", "Big Model", "org/big", "main").coming_soon()]).unwrap();
+    let r = ModelRegistry::new(vec![
+        ModelSpec::demo(),
+        ModelSpec::hub("big", "Big Model", "org/big", "main").coming_soon(),
+    ])
+    .unwrap();
     assert_eq!(r.choices()[1].0, "Big Model — coming soon");
     let err = r.get_policy("big", EpisodeConfig::default()).unwrap_err();
-    assert!(matches!(err, Error::ModelUnavailable { ref key, .. } if key == "big"), "{err}");
+    assert!(
+        matches!(err, Error::ModelUnavailable { ref key, .. } if key == "big"),
+        "{err}"
+    );
     assert!(err.to_string().contains("Big Model"));
 }
 
@@ -48,7 +61,10 @@ fn an_unknown_key_is_a_typed_error_listing_the_known_keys() {
 #[test]
 fn asking_the_demo_for_weights_is_a_demo_misuse_error() {
     let r = ModelRegistry::with_defaults();
-    assert!(matches!(r.model("demo").unwrap_err(), Error::DemoMisuse { .. }));
+    assert!(matches!(
+        r.model("demo").unwrap_err(),
+        Error::DemoMisuse { .. }
+    ));
 }
 
 #[test]
@@ -66,25 +82,44 @@ fn the_hub_offline_without_a_cache_fails_with_the_repo_and_how_to_use_a_local_di
         std::env::set_var("HF_HOME", cache.path());
     }
     let r = ModelRegistry::with_defaults().with_options(cpu_options());
-    let err = r.get_policy("qwen3-0.6b", EpisodeConfig::default()).unwrap_err();
+    let err = r
+        .get_policy("qwen3-0.6b", EpisodeConfig::default())
+        .unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, Error::Download { .. }), "{msg}");
-    assert!(msg.contains("Qwen/Qwen3-0.6B") && msg.contains("--model-dir"), "{msg}");
+    assert!(
+        msg.contains("Qwen/Qwen3-0.6B") && msg.contains("--model-dir"),
+        "{msg}"
+    );
     assert_eq!(r.load_attempts("qwen3-0.6b"), 1);
 }
 
 #[test]
 fn eight_threads_asking_for_one_model_load_it_once_and_get_fresh_policies() {
     let dir = common::shared_tiny_model();
-    let r = Arc::new(ModelRegistry::new(vec![ModelSpec::demo(), ModelSpec::local("tiny", "Tiny", &dir)]).unwrap().with_options(cpu_options()));
+    let r = Arc::new(
+        ModelRegistry::new(vec![
+            ModelSpec::demo(),
+            ModelSpec::local("tiny", "Tiny", &dir),
+        ])
+        .unwrap()
+        .with_options(cpu_options()),
+    );
     let handles: Vec<_> = (0..8)
         .map(|_| {
             let r = r.clone();
-            std::thread::spawn(move || r.get_policy("tiny", EpisodeConfig::default()).map(|p| p.transcript().len()))
+            std::thread::spawn(move || {
+                r.get_policy("tiny", EpisodeConfig::default())
+                    .map(|p| p.transcript().len())
+            })
         })
         .collect();
     for h in handles {
-        assert_eq!(h.join().unwrap().unwrap(), 0, "each policy starts with an empty transcript");
+        assert_eq!(
+            h.join().unwrap().unwrap(),
+            0,
+            "each policy starts with an empty transcript"
+        );
     }
     assert_eq!(r.load_attempts("tiny"), 1);
     assert!(r.is_loaded("tiny"));
@@ -98,7 +133,9 @@ fn a_failed_load_is_not_cached_and_the_next_call_retries() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("model");
     std::fs::create_dir_all(&dir).unwrap();
-    let r = ModelRegistry::new(vec![ModelSpec::local("m", "M", &dir)]).unwrap().with_options(cpu_options());
+    let r = ModelRegistry::new(vec![ModelSpec::local("m", "M", &dir)])
+        .unwrap()
+        .with_options(cpu_options());
     let err = r.model("m").unwrap_err();
     assert!(matches!(err, Error::Load { .. }), "{err}");
     assert!(err.to_string().contains("model.safetensors"), "{err}");
@@ -129,7 +166,10 @@ fn preload_loads_what_it_can_and_skips_failures() {
 #[test]
 fn a_spec_can_be_pointed_at_a_local_dir() {
     let dir = common::shared_tiny_model();
-    let r = ModelRegistry::with_defaults().with_options(cpu_options()).with_local_dir("qwen3-0.6b", &dir).unwrap();
+    let r = ModelRegistry::with_defaults()
+        .with_options(cpu_options())
+        .with_local_dir("qwen3-0.6b", &dir)
+        .unwrap();
     assert_eq!(r.specs().nth(1).unwrap().key, "qwen3-0.6b", "position kept");
     r.model("qwen3-0.6b").unwrap();
 }

@@ -15,7 +15,10 @@ pub struct BlockPool {
 impl BlockPool {
     /// A pool with every block free.
     pub fn new(num_blocks: usize) -> Self {
-        Self { refs: vec![0; num_blocks], free: (0..num_blocks as u32).rev().collect() }
+        Self {
+            refs: vec![0; num_blocks],
+            free: (0..num_blocks as u32).rev().collect(),
+        }
     }
 
     /// Total blocks.
@@ -50,7 +53,11 @@ impl BlockPool {
         for &b in blocks {
             match self.refs.get_mut(b as usize) {
                 Some(r) if *r > 0 => *r += 1,
-                _ => return Err(Error::Engine(format!("retain of block {b} that is not in use"))),
+                _ => {
+                    return Err(Error::Engine(format!(
+                        "retain of block {b} that is not in use"
+                    )));
+                }
             }
         }
         Ok(())
@@ -66,7 +73,11 @@ impl BlockPool {
                         self.free.push(b);
                     }
                 }
-                _ => return Err(Error::Engine(format!("release of block {b} whose refcount is already 0"))),
+                _ => {
+                    return Err(Error::Engine(format!(
+                        "release of block {b} whose refcount is already 0"
+                    )));
+                }
             }
         }
         Ok(())

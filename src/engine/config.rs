@@ -28,12 +28,42 @@ pub struct Architecture {
 /// Known architectures. Only `qwen3` runs today; the others are listed so that the cache and
 /// swap gates answer correctly (and say why) when they are added.
 pub const ARCHITECTURES: &[Architecture] = &[
-    Architecture { model_type: "qwen3", supported: true, state_is_kv_only: true, note: "" },
-    Architecture { model_type: "qwen3_moe", supported: false, state_is_kv_only: true, note: "" },
-    Architecture { model_type: "qwen3_next", supported: false, state_is_kv_only: false, note: "its gated-DeltaNet linear-attention layers keep recurrent state outside the KV cache" },
-    Architecture { model_type: "jamba", supported: false, state_is_kv_only: false, note: "its Mamba layers keep SSM state outside the KV cache" },
-    Architecture { model_type: "falcon_h1", supported: false, state_is_kv_only: false, note: "its Mamba-2 heads keep SSM state outside the KV cache" },
-    Architecture { model_type: "mamba", supported: false, state_is_kv_only: false, note: "it is a state-space model with no KV cache" },
+    Architecture {
+        model_type: "qwen3",
+        supported: true,
+        state_is_kv_only: true,
+        note: "",
+    },
+    Architecture {
+        model_type: "qwen3_moe",
+        supported: false,
+        state_is_kv_only: true,
+        note: "",
+    },
+    Architecture {
+        model_type: "qwen3_next",
+        supported: false,
+        state_is_kv_only: false,
+        note: "its gated-DeltaNet linear-attention layers keep recurrent state outside the KV cache",
+    },
+    Architecture {
+        model_type: "jamba",
+        supported: false,
+        state_is_kv_only: false,
+        note: "its Mamba layers keep SSM state outside the KV cache",
+    },
+    Architecture {
+        model_type: "falcon_h1",
+        supported: false,
+        state_is_kv_only: false,
+        note: "its Mamba-2 heads keep SSM state outside the KV cache",
+    },
+    Architecture {
+        model_type: "mamba",
+        supported: false,
+        state_is_kv_only: false,
+        note: "it is a state-space model with no KV cache",
+    },
 ];
 
 /// A Qwen3 `config.json`.
@@ -111,22 +141,30 @@ impl ModelConfig {
         let raw: Value = serde_json::from_str(text)
             .map_err(|e| Error::InvalidInput(format!("config.json is not valid JSON: {e}")))?;
         let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or("");
-        let supported: Vec<&str> = ARCHITECTURES.iter().filter(|a| a.supported).map(|a| a.model_type).collect();
+        let supported: Vec<&str> = ARCHITECTURES
+            .iter()
+            .filter(|a| a.supported)
+            .map(|a| a.model_type)
+            .collect();
         if !supported.contains(&model_type) {
             return Err(Error::Unsupported(format!(
                 "model_type `{model_type}` is not supported; supported: {}",
                 supported.join(", ")
             )));
         }
-        let cfg: Self = serde_json::from_value(raw)
-            .map_err(|e| Error::InvalidInput(format!("config.json does not describe a Qwen3 model: {e}")))?;
+        let cfg: Self = serde_json::from_value(raw).map_err(|e| {
+            Error::InvalidInput(format!("config.json does not describe a Qwen3 model: {e}"))
+        })?;
         cfg.check()?;
         Ok(cfg)
     }
 
     fn check(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidInput(format!("config.json: {m}")));
-        if self.num_attention_heads == 0 || self.num_key_value_heads == 0 || self.num_hidden_layers == 0 {
+        if self.num_attention_heads == 0
+            || self.num_key_value_heads == 0
+            || self.num_hidden_layers == 0
+        {
             return bad("head and layer counts must be positive".into());
         }
         if self.num_attention_heads % self.num_key_value_heads != 0 {
@@ -136,21 +174,30 @@ impl ModelConfig {
             ));
         }
         if self.hidden_act != "silu" {
-            return bad(format!("hidden_act `{}` is not supported (only silu)", self.hidden_act));
+            return bad(format!(
+                "hidden_act `{}` is not supported (only silu)",
+                self.hidden_act
+            ));
         }
         if self.head_dim() % 2 != 0 {
-            return bad(format!("head_dim {} must be even for RoPE", self.head_dim()));
+            return bad(format!(
+                "head_dim {} must be even for RoPE",
+                self.head_dim()
+            ));
         }
         Ok(())
     }
 
     /// Per-head dimension (`head_dim`, else hidden/heads).
     pub fn head_dim(&self) -> usize {
-        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
     }
 
     fn architecture(&self) -> Option<&'static Architecture> {
-        ARCHITECTURES.iter().find(|a| a.model_type == self.model_type)
+        ARCHITECTURES
+            .iter()
+            .find(|a| a.model_type == self.model_type)
     }
 
     /// True when every per-sequence state lives in the attention KV, so cached KV blocks of a
@@ -166,7 +213,9 @@ impl ModelConfig {
 
     /// Why the KV-only predicates are false (empty when they hold).
     pub fn kv_only_reason(&self) -> &'static str {
-        self.architecture().map(|a| a.note).unwrap_or("unknown architecture")
+        self.architecture()
+            .map(|a| a.note)
+            .unwrap_or("unknown architecture")
     }
 
     /// Bytes of KV per token per layer-set (K and V, all layers) at `dtype_bytes`.
@@ -194,9 +243,13 @@ impl GenerationConfig {
     /// Reads a `generation_config.json`.
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::file(path, e))?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| Error::file(path, format!("not valid JSON: {e}")))?;
+        let v: Value = serde_json::from_str(&text)
+            .map_err(|e| Error::file(path, format!("not valid JSON: {e}")))?;
         Ok(Self {
-            temperature: v.get("temperature").and_then(Value::as_f64).map(|t| t as f32),
+            temperature: v
+                .get("temperature")
+                .and_then(Value::as_f64)
+                .map(|t| t as f32),
             top_k: v.get("top_k").and_then(Value::as_u64).map(|k| k as usize),
             top_p: v.get("top_p").and_then(Value::as_f64).map(|p| p as f32),
             do_sample: v.get("do_sample").and_then(Value::as_bool).unwrap_or(false),
@@ -209,7 +262,11 @@ impl GenerationConfig {
 pub fn token_ids(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|n| n as u32).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|n| n as u32)
+            .collect(),
         _ => vec![],
     }
 }

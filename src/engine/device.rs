@@ -27,7 +27,9 @@ impl std::str::FromStr for DeviceChoice {
                 .strip_prefix("cuda:")
                 .and_then(|n| n.parse().ok())
                 .map(Self::Cuda)
-                .ok_or_else(|| Error::InvalidInput(format!("device `{s}`: use auto, cpu, cuda or cuda:N"))),
+                .ok_or_else(|| {
+                    Error::InvalidInput(format!("device `{s}`: use auto, cpu, cuda or cuda:N"))
+                }),
         }
     }
 }
@@ -54,7 +56,9 @@ impl std::str::FromStr for DTypeChoice {
             "f32" | "float32" => Ok(Self::F32),
             "bf16" | "bfloat16" => Ok(Self::BF16),
             "f16" | "float16" => Ok(Self::F16),
-            s => Err(Error::InvalidInput(format!("dtype `{s}`: use auto, f32, bf16 or f16"))),
+            s => Err(Error::InvalidInput(format!(
+                "dtype `{s}`: use auto, f32, bf16 or f16"
+            ))),
         }
     }
 }
@@ -85,7 +89,11 @@ pub struct KvBudget {
 
 impl Default for KvBudget {
     fn default() -> Self {
-        Self { gpu_fraction: 0.8, cpu_gib: 1.0, blocks: None }
+        Self {
+            gpu_fraction: 0.8,
+            cpu_gib: 1.0,
+            blocks: None,
+        }
     }
 }
 
@@ -95,14 +103,20 @@ impl KvBudget {
         if let Some(b) = self.blocks {
             return Ok(b);
         }
-        let bytes = if device.is_cpu() { self.cpu_gib * (1u64 << 30) as f64 } else { free_gpu_bytes(device)? as f64 * self.gpu_fraction };
+        let bytes = if device.is_cpu() {
+            self.cpu_gib * (1u64 << 30) as f64
+        } else {
+            free_gpu_bytes(device)? as f64 * self.gpu_fraction
+        };
         Ok((bytes / block_bytes as f64) as usize)
     }
 }
 
 #[cfg(feature = "cuda")]
 fn free_gpu_bytes(device: &Device) -> Result<usize> {
-    let Device::Cuda(dev) = device else { return Ok(0) };
+    let Device::Cuda(dev) = device else {
+        return Ok(0);
+    };
     dev.synchronize()?;
     let (free, _total) = candle_core::cuda_backend::cudarc::driver::result::mem_get_info()
         .map_err(|e| Error::Engine(format!("cannot read free GPU memory: {e:?}")))?;

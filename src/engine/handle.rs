@@ -32,10 +32,19 @@ pub(crate) struct Replier<T> {
 
 pub(crate) fn channel<T>() -> (Replier<T>, Pending<T>) {
     let slot = Arc::new(Slot {
-        state: Mutex::new(State { value: None, closed: false, waker: None }),
+        state: Mutex::new(State {
+            value: None,
+            closed: false,
+            waker: None,
+        }),
         ready: Condvar::new(),
     });
-    (Replier { slot: Some(slot.clone()) }, Pending { slot })
+    (
+        Replier {
+            slot: Some(slot.clone()),
+        },
+        Pending { slot },
+    )
 }
 
 impl<T> Replier<T> {

@@ -78,12 +78,20 @@ pub struct GenerationRequest {
     pub sampling: SamplingParams,
     /// Stop strings: generation ends when the text contains one (it is cut from the text).
     pub stop: Vec<String>,
+    /// Keep generating past EOS tokens (benchmarks).
+    pub ignore_eos: bool,
 }
 
 impl GenerationRequest {
     /// A greedy request for these prompt tokens.
     pub fn new(prompt: Vec<u32>) -> Self {
-        Self { prompt, max_new_tokens: None, sampling: SamplingParams::greedy(), stop: vec![] }
+        Self {
+            prompt,
+            max_new_tokens: None,
+            sampling: SamplingParams::greedy(),
+            stop: vec![],
+            ignore_eos: false,
+        }
     }
 
     /// Sets the cap on generated tokens.
@@ -203,7 +211,9 @@ pub struct Engine {
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").field("info", &self.inner.info).finish()
+        f.debug_struct("Engine")
+            .field("info", &self.inner.info)
+            .finish()
     }
 }
 
@@ -218,7 +228,15 @@ impl Engine {
         options: &EngineOptions,
     ) -> Result<Self> {
         let device = device::select(options.device)?;
-        let sched = Scheduler::new(key, cfg, weights, &device, eos_token_ids, tokenizer.clone(), options)?;
+        let sched = Scheduler::new(
+            key,
+            cfg,
+            weights,
+            &device,
+            eos_token_ids,
+            tokenizer.clone(),
+            options,
+        )?;
         let info = EngineInfo {
             key: key.to_string(),
             device: device::name(&device),
@@ -236,7 +254,13 @@ impl Engine {
             .spawn(move || sched.run(rx))
             .map_err(|e| Error::Engine(format!("cannot start the scheduler thread: {e}")))?;
         Ok(Self {
-            inner: Arc::new(Inner { tx: Mutex::new(tx), stats, tokenizer, info, thread: Mutex::new(Some(thread)) }),
+            inner: Arc::new(Inner {
+                tx: Mutex::new(tx),
+                stats,
+                tokenizer,
+                info,
+                thread: Mutex::new(Some(thread)),
+            }),
         })
     }
 
@@ -252,14 +276,22 @@ impl Engine {
 
     /// Tokenizes text as HF does for a rendered chat prompt (no added special tokens).
     pub fn tokenize(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self.inner.tokenizer.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let enc = self
+            .inner
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Submits a request; the returned [`Pending`] can be waited on or awaited.
     pub fn submit(&self, request: GenerationRequest) -> Pending<Generation> {
         let (reply, pending) = handle::channel();
-        let _ = self.inner.tx.lock().send(Command::Generate { request, reply });
+        let _ = self
+            .inner
+            .tx
+            .lock()
+            .send(Command::Generate { request, reply });
         pending
     }
 

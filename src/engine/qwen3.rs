@@ -52,7 +52,13 @@ pub struct PagedKvCache {
 
 impl PagedKvCache {
     /// Allocates `num_blocks` blocks of `block_size` tokens for every layer.
-    pub fn new(cfg: &ModelConfig, num_blocks: usize, block_size: usize, dtype: DType, device: &Device) -> Result<Self> {
+    pub fn new(
+        cfg: &ModelConfig,
+        num_blocks: usize,
+        block_size: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
         let width = cfg.num_key_value_heads * cfg.head_dim();
         let slots = num_blocks * block_size;
         let mut k = Vec::with_capacity(cfg.num_hidden_layers);
@@ -61,7 +67,12 @@ impl PagedKvCache {
             k.push(Tensor::zeros((slots, width), dtype, device)?);
             v.push(Tensor::zeros((slots, width), dtype, device)?);
         }
-        Ok(Self { k, v, block_size, num_blocks })
+        Ok(Self {
+            k,
+            v,
+            block_size,
+            num_blocks,
+        })
     }
 
     /// Tokens per block.
@@ -81,7 +92,12 @@ impl PagedKvCache {
         self.k
             .iter()
             .zip(&self.v)
-            .map(|(k, v)| Ok((k.index_select(&idx, 0)?.to_device(&host)?, v.index_select(&idx, 0)?.to_device(&host)?)))
+            .map(|(k, v)| {
+                Ok((
+                    k.index_select(&idx, 0)?.to_device(&host)?,
+                    v.index_select(&idx, 0)?.to_device(&host)?,
+                ))
+            })
             .collect()
     }
 
@@ -98,7 +114,10 @@ impl PagedKvCache {
 
     fn block_slots(&self, blocks: &[u32]) -> Result<Tensor> {
         let bs = self.block_size as u32;
-        let slots: Vec<u32> = blocks.iter().flat_map(|b| (0..bs).map(move |o| b * bs + o)).collect();
+        let slots: Vec<u32> = blocks
+            .iter()
+            .flat_map(|b| (0..bs).map(move |o| b * bs + o))
+            .collect();
         let dev = self.k[0].device();
         Ok(Tensor::new(slots.as_slice(), dev)?)
     }
@@ -107,7 +126,10 @@ impl PagedKvCache {
 /// Writes `src` rows into `dst` rows named by `idx` (u32 `[n]`), in place.
 fn scatter_rows(dst: &Tensor, idx: &Tensor, src: &Tensor) -> Result<()> {
     let (n, width) = src.dims2()?;
-    let idx = idx.reshape((n, 1))?.broadcast_as((n, width))?.contiguous()?;
+    let idx = idx
+        .reshape((n, 1))?
+        .broadcast_as((n, width))?
+        .contiguous()?;
     dst.scatter_set(&idx, &src.contiguous()?, 0)?;
     Ok(())
 }
@@ -146,9 +168,19 @@ fn rms(ck: &Checkpoint, name: &str, size: usize, eps: f64) -> Result<RmsNorm> {
 impl Qwen3 {
     /// Loads the weights of `cfg` from a checkpoint (HF tensor names), fusing q/k/v and
     /// gate/up into one matmul each. `progress` is called after each layer.
-    pub fn load(cfg: &ModelConfig, ck: &Checkpoint, dtype: DType, device: &Device, mut progress: impl FnMut()) -> Result<Self> {
+    pub fn load(
+        cfg: &ModelConfig,
+        ck: &Checkpoint,
+        dtype: DType,
+        device: &Device,
+        mut progress: impl FnMut(),
+    ) -> Result<Self> {
         let (h, hd) = (cfg.hidden_size, cfg.head_dim());
-        let (nh, nkv, inter) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size);
+        let (nh, nkv, inter) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.intermediate_size,
+        );
         let eps = cfg.rms_norm_eps;
         let embed = ck.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
@@ -159,11 +191,14 @@ impl Qwen3 {
             let k = w("self_attn.k_proj.weight", &[nkv * hd, h])?;
             let v = w("self_attn.v_proj.weight", &[nkv * hd, h])?;
             let qkv_bias = if cfg.attention_bias {
-                Some(Tensor::cat(&[
-                    w("self_attn.q_proj.bias", &[nh * hd])?,
-                    w("self_attn.k_proj.bias", &[nkv * hd])?,
-                    w("self_attn.v_proj.bias", &[nkv * hd])?,
-                ], 0)?)
+                Some(Tensor::cat(
+                    &[
+                        w("self_attn.q_proj.bias", &[nh * hd])?,
+                        w("self_attn.k_proj.bias", &[nkv * hd])?,
+                        w("self_attn.v_proj.bias", &[nkv * hd])?,
+                    ],
+                    0,
+                )?)
             } else {
                 None
             };
@@ -217,17 +252,32 @@ impl Qwen3 {
     /// Runs one varlen batch. `tokens` holds every sequence's new tokens back to back, in the
     /// order of `seqs`. Returns the requested logits rows (f32, `[rows, vocab]`) in order, or
     /// `None` when no sequence asked for any.
-    pub fn forward(&self, tokens: &[u32], seqs: &[SeqInput<'_>], cache: &PagedKvCache) -> Result<Option<Tensor>> {
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        seqs: &[SeqInput<'_>],
+        cache: &PagedKvCache,
+    ) -> Result<Option<Tensor>> {
         let total: usize = seqs.iter().map(|s| s.q_len).sum();
         if total != tokens.len() || total == 0 {
-            return Err(candle_core::Error::msg(format!("batch has {} tokens but its sequences hold {total}", tokens.len())).into());
+            return Err(candle_core::Error::msg(format!(
+                "batch has {} tokens but its sequences hold {total}",
+                tokens.len()
+            ))
+            .into());
         }
         let bs = cache.block_size;
         let mut positions = Vec::with_capacity(total);
         let mut write_slots = Vec::with_capacity(total);
         for s in seqs {
             if s.q_len == 0 || s.context_len < s.q_len || s.block_table.len() * bs < s.context_len {
-                return Err(candle_core::Error::msg(format!("bad sequence in batch: q_len {} context {} blocks {}", s.q_len, s.context_len, s.block_table.len())).into());
+                return Err(candle_core::Error::msg(format!(
+                    "bad sequence in batch: q_len {} context {} blocks {}",
+                    s.q_len,
+                    s.context_len,
+                    s.block_table.len()
+                ))
+                .into());
             }
             for p in s.context_len - s.q_len..s.context_len {
                 positions.push(p as u32);
@@ -239,7 +289,10 @@ impl Qwen3 {
         let pos = Tensor::new(positions.as_slice(), dev)?;
         let slot_t = Tensor::new(write_slots.as_slice(), dev)?;
         let kv_width = self.num_kv_heads * self.head_dim;
-        let slot_idx = slot_t.reshape((total, 1))?.broadcast_as((total, kv_width))?.contiguous()?;
+        let slot_idx = slot_t
+            .reshape((total, 1))?
+            .broadcast_as((total, kv_width))?
+            .contiguous()?;
         let cos = self.cos.index_select(&pos, 0)?.unsqueeze(1)?; // [T, 1, D/2]
         let sin = self.sin.index_select(&pos, 0)?.unsqueeze(1)?;
         let plan = AttnPlan::new(seqs, bs, dev, self.dtype)?;
@@ -251,13 +304,17 @@ impl Qwen3 {
             let qkv = layer.qkv.forward(&hcur)?;
             let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
             let q = qkv.narrow(1, 0, nh * hd)?.reshape((total, nh, hd))?;
-            let k = qkv.narrow(1, nh * hd, nkv * hd)?.reshape((total, nkv, hd))?;
+            let k = qkv
+                .narrow(1, nh * hd, nkv * hd)?
+                .reshape((total, nkv, hd))?;
             let v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd)?;
             let q = layer.q_norm.forward(&q.contiguous()?)?;
             let k = layer.k_norm.forward(&k.contiguous()?)?;
             // RoPE per token: treat tokens as the batch, one "time step" each.
-            let q = candle_nn::rotary_emb::rope(&q.unsqueeze(2)?.contiguous()?, &cos, &sin)?.squeeze(2)?;
-            let k = candle_nn::rotary_emb::rope(&k.unsqueeze(2)?.contiguous()?, &cos, &sin)?.reshape((total, kv_width))?;
+            let q = candle_nn::rotary_emb::rope(&q.unsqueeze(2)?.contiguous()?, &cos, &sin)?
+                .squeeze(2)?;
+            let k = candle_nn::rotary_emb::rope(&k.unsqueeze(2)?.contiguous()?, &cos, &sin)?
+                .reshape((total, kv_width))?;
             cache.k[li].scatter_set(&slot_idx, &k, 0)?;
             cache.v[li].scatter_set(&slot_idx, &v.contiguous()?, 0)?;
             let attn = attend(&q, &cache.k[li], &cache.v[li], &plan, nh, nkv, hd)?;
@@ -265,7 +322,8 @@ impl Qwen3 {
             let residual = x.clone();
             let hcur = layer.post_norm.forward(&x)?;
             let gu = layer.gate_up.forward(&hcur)?;
-            let act = (candle_nn::ops::silu(&gu.narrow(1, 0, self.intermediate)?)? * gu.narrow(1, self.intermediate, self.intermediate)?)?;
+            let act = (candle_nn::ops::silu(&gu.narrow(1, 0, self.intermediate)?)?
+                * gu.narrow(1, self.intermediate, self.intermediate)?)?;
             x = (layer.down.forward(&act)? + residual)?;
         }
         let mut rows: Vec<u32> = Vec::new();
@@ -291,9 +349,14 @@ impl Qwen3 {
 fn rope_tables(cfg: &ModelConfig, dtype: DType, dev: &Device) -> Result<(Tensor, Tensor)> {
     let dim = cfg.head_dim();
     let max = cfg.max_position_embeddings;
-    let inv: Vec<f32> = (0..dim).step_by(2).map(|i| 1f32 / cfg.rope_theta.powf(i as f64 / dim as f64) as f32).collect();
+    let inv: Vec<f32> = (0..dim)
+        .step_by(2)
+        .map(|i| 1f32 / cfg.rope_theta.powf(i as f64 / dim as f64) as f32)
+        .collect();
     let inv = Tensor::from_vec(inv, (1, dim / 2), dev)?;
-    let t = Tensor::arange(0u32, max as u32, dev)?.to_dtype(DType::F32)?.reshape((max, 1))?;
+    let t = Tensor::arange(0u32, max as u32, dev)?
+        .to_dtype(DType::F32)?
+        .reshape((max, 1))?;
     let freqs = t.matmul(&inv)?;
     Ok((freqs.cos()?.to_dtype(dtype)?, freqs.sin()?.to_dtype(dtype)?))
 }
@@ -306,9 +369,19 @@ struct AttnPlan {
 
 enum AttnGroup {
     /// `n` consecutive one-token sequences; `idx` `[n * max_ctx]` slot indices, `mask` `[n, 1, 1, max_ctx]`.
-    Decode { n: usize, max_ctx: usize, idx: Tensor, mask: Tensor },
+    Decode {
+        n: usize,
+        max_ctx: usize,
+        idx: Tensor,
+        mask: Tensor,
+    },
     /// One sequence with `q_len` new tokens over `ctx` context tokens; `mask` `[q_len, ctx]`.
-    Prefill { q_len: usize, ctx: usize, idx: Tensor, mask: Option<Tensor> },
+    Prefill {
+        q_len: usize,
+        ctx: usize,
+        idx: Tensor,
+        mask: Option<Tensor>,
+    },
 }
 
 impl AttnPlan {
@@ -341,7 +414,8 @@ impl AttnPlan {
                     n: run.len(),
                     max_ctx,
                     idx: Tensor::new(idx.as_slice(), dev)?,
-                    mask: Tensor::from_vec(mask, (run.len(), 1, 1, max_ctx), dev)?.to_dtype(dtype)?,
+                    mask: Tensor::from_vec(mask, (run.len(), 1, 1, max_ctx), dev)?
+                        .to_dtype(dtype)?,
                 });
                 i = j;
             } else {
@@ -350,13 +424,23 @@ impl AttnPlan {
                 slots_of(s, &mut idx);
                 let start = s.context_len - s.q_len;
                 let mask: Vec<f32> = (0..s.q_len)
-                    .flat_map(|qi| (0..s.context_len).map(move |kj| if kj <= start + qi { 0.0 } else { f32::NEG_INFINITY }))
+                    .flat_map(|qi| {
+                        (0..s.context_len).map(move |kj| {
+                            if kj <= start + qi {
+                                0.0
+                            } else {
+                                f32::NEG_INFINITY
+                            }
+                        })
+                    })
                     .collect();
                 groups.push(AttnGroup::Prefill {
                     q_len: s.q_len,
                     ctx: s.context_len,
                     idx: Tensor::new(idx.as_slice(), dev)?,
-                    mask: Some(Tensor::from_vec(mask, (s.q_len, s.context_len), dev)?.to_dtype(dtype)?),
+                    mask: Some(
+                        Tensor::from_vec(mask, (s.q_len, s.context_len), dev)?.to_dtype(dtype)?,
+                    ),
                 });
                 i += 1;
             }
@@ -367,19 +451,40 @@ impl AttnPlan {
 
 /// The gather path of paged attention: `q` `[T, heads, hd]` (post-RoPE) attends to the cached
 /// K/V named by the plan. Returns `[T, heads * hd]`.
-fn attend(q: &Tensor, kc: &Tensor, vc: &Tensor, plan: &AttnPlan, nh: usize, nkv: usize, hd: usize) -> Result<Tensor> {
+fn attend(
+    q: &Tensor,
+    kc: &Tensor,
+    vc: &Tensor,
+    plan: &AttnPlan,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+) -> Result<Tensor> {
     let g = nh / nkv;
     let scale = 1.0 / (hd as f64).sqrt();
     let mut outs = Vec::with_capacity(plan.groups.len());
     let mut t0 = 0;
     for group in &plan.groups {
         match group {
-            AttnGroup::Decode { n, max_ctx, idx, mask } => {
+            AttnGroup::Decode {
+                n,
+                max_ctx,
+                idx,
+                mask,
+            } => {
                 let (n, l) = (*n, *max_ctx);
                 // One query token: the G query heads of a KV head become the "query length".
                 let qg = q.narrow(0, t0, n)?.reshape((n, nkv, g, hd))?;
-                let k = kc.index_select(idx, 0)?.reshape((n, l, nkv, hd))?.transpose(1, 2)?.contiguous()?;
-                let v = vc.index_select(idx, 0)?.reshape((n, l, nkv, hd))?.transpose(1, 2)?.contiguous()?;
+                let k = kc
+                    .index_select(idx, 0)?
+                    .reshape((n, l, nkv, hd))?
+                    .transpose(1, 2)?
+                    .contiguous()?;
+                let v = vc
+                    .index_select(idx, 0)?
+                    .reshape((n, l, nkv, hd))?
+                    .transpose(1, 2)?
+                    .contiguous()?;
                 let scores = (qg.matmul(&k.transpose(2, 3)?)? * scale)?; // [n, nkv, g, l]
                 let scores = scores.broadcast_add(mask)?;
                 let p = candle_nn::ops::softmax_last_dim(&scores)?;
@@ -387,11 +492,28 @@ fn attend(q: &Tensor, kc: &Tensor, vc: &Tensor, plan: &AttnPlan, nh: usize, nkv:
                 outs.push(o.reshape((n, nh * hd))?);
                 t0 += n;
             }
-            AttnGroup::Prefill { q_len, ctx, idx, mask } => {
+            AttnGroup::Prefill {
+                q_len,
+                ctx,
+                idx,
+                mask,
+            } => {
                 let (n, c) = (*q_len, *ctx);
-                let qs = q.narrow(0, t0, n)?.transpose(0, 1)?.contiguous()?.reshape((nkv, g * n, hd))?; // [nkv, g*n, hd]
-                let k = kc.index_select(idx, 0)?.reshape((c, nkv, hd))?.transpose(0, 1)?.contiguous()?; // [nkv, c, hd]
-                let v = vc.index_select(idx, 0)?.reshape((c, nkv, hd))?.transpose(0, 1)?.contiguous()?;
+                let qs = q
+                    .narrow(0, t0, n)?
+                    .transpose(0, 1)?
+                    .contiguous()?
+                    .reshape((nkv, g * n, hd))?; // [nkv, g*n, hd]
+                let k = kc
+                    .index_select(idx, 0)?
+                    .reshape((c, nkv, hd))?
+                    .transpose(0, 1)?
+                    .contiguous()?; // [nkv, c, hd]
+                let v = vc
+                    .index_select(idx, 0)?
+                    .reshape((c, nkv, hd))?
+                    .transpose(0, 1)?
+                    .contiguous()?;
                 let scores = (qs.matmul(&k.transpose(1, 2)?)? * scale)?.reshape((nkv, g, n, c))?;
                 let scores = match mask {
                     Some(m) => scores.broadcast_add(m)?,
@@ -404,6 +526,10 @@ fn attend(q: &Tensor, kc: &Tensor, vc: &Tensor, plan: &AttnPlan, nh: usize, nkv:
             }
         }
     }
-    let out = if outs.len() == 1 { outs.pop().expect("one group") } else { Tensor::cat(&outs, 0)? };
+    let out = if outs.len() == 1 {
+        outs.pop().expect("one group")
+    } else {
+        Tensor::cat(&outs, 0)?
+    };
     Ok(out)
 }

@@ -27,7 +27,12 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Always the most likely token.
     pub fn greedy() -> Self {
-        Self { temperature: 0.0, top_k: None, top_p: None, seed: 0 }
+        Self {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+            seed: 0,
+        }
     }
 
     /// Whether this is greedy decoding.
@@ -74,7 +79,12 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
         return argmax(logits);
     }
     let t = params.temperature;
-    let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().filter(|(_, v)| v.is_finite()).map(|(i, &v)| (i as u32, v / t)).collect();
+    let mut cand: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.is_finite())
+        .map(|(i, &v)| (i as u32, v / t))
+        .collect();
     if cand.is_empty() {
         return argmax(logits);
     }
@@ -120,16 +130,30 @@ mod tests {
     #[test]
     fn greedy_picks_the_max_and_first_on_ties() {
         assert_eq!(argmax(&[0.1, 3.0, 3.0, -1.0]), 1);
-        assert_eq!(sample(&[0.1, 3.0, 2.0], &SamplingParams::greedy(), &mut Rng::new(1)), 1);
+        assert_eq!(
+            sample(
+                &[0.1, 3.0, 2.0],
+                &SamplingParams::greedy(),
+                &mut Rng::new(1)
+            ),
+            1
+        );
     }
 
     #[test]
     fn same_seed_same_samples_and_top_k_restricts() {
         let logits: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin()).collect();
-        let p = SamplingParams { temperature: 1.0, top_k: Some(5), top_p: Some(0.9), seed: 7 };
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_k: Some(5),
+            top_p: Some(0.9),
+            seed: 7,
+        };
         let run = |seed| {
             let mut rng = Rng::new(seed);
-            (0..50).map(|_| sample(&logits, &p, &mut rng)).collect::<Vec<_>>()
+            (0..50)
+                .map(|_| sample(&logits, &p, &mut rng))
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(7), run(7));
         assert_ne!(run(7), run(8));

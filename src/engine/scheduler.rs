@@ -29,8 +29,14 @@ use crate::cache::BlockPool;
 use crate::error::{Error, Result};
 
 pub(crate) enum Command {
-    Generate { request: GenerationRequest, reply: Replier<Generation> },
-    Score { tokens: Vec<u32>, reply: Replier<Vec<Vec<f32>>> },
+    Generate {
+        request: GenerationRequest,
+        reply: Replier<Generation>,
+    },
+    Score {
+        tokens: Vec<u32>,
+        reply: Replier<Vec<Vec<f32>>>,
+    },
     Shutdown,
 }
 
@@ -74,7 +80,10 @@ pub(crate) struct Scheduler {
 }
 
 fn progress_bar(len: u64, msg: String) -> indicatif::ProgressBar {
-    let pb = indicatif::ProgressBar::with_draw_target(Some(len), indicatif::ProgressDrawTarget::stderr());
+    let pb = indicatif::ProgressBar::with_draw_target(
+        Some(len),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
     pb.set_style(
         indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} layers ({elapsed})")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
@@ -93,8 +102,15 @@ impl Scheduler {
         tokenizer: Arc<Tokenizer>,
         opts: &EngineOptions,
     ) -> Result<Self> {
-        if opts.block_size == 0 || opts.max_running == 0 || opts.max_batched_tokens == 0 || opts.prefill_chunk == 0 {
-            return Err(Error::InvalidInput("block_size, max_running, max_batched_tokens and prefill_chunk must be positive".into()));
+        if opts.block_size == 0
+            || opts.max_running == 0
+            || opts.max_batched_tokens == 0
+            || opts.prefill_chunk == 0
+        {
+            return Err(Error::InvalidInput(
+                "block_size, max_running, max_batched_tokens and prefill_chunk must be positive"
+                    .into(),
+            ));
         }
         let probe = Checkpoint::open(weights, DType::F32, device)?;
         let dtype = opts.dtype.resolve(device, probe.stored_dtype());
@@ -103,21 +119,33 @@ impl Scheduler {
         let pb = progress_bar(cfg.num_hidden_layers as u64, format!("loading {key}"));
         let model = Qwen3::load(cfg, &ck, dtype, device, || pb.inc(1)).map_err(|e| match e {
             e @ Error::Checkpoint { .. } => e,
-            other => Error::Load { key: key.into(), reason: other.to_string() },
+            other => Error::Load {
+                key: key.into(),
+                reason: other.to_string(),
+            },
         })?;
         pb.finish_and_clear();
         drop(ck);
         let block_bytes = cfg.kv_bytes_per_token(dtype.size_in_bytes()) * opts.block_size;
         let max_useful = opts.max_running * cfg.max_position_embeddings.div_ceil(opts.block_size);
-        let num_blocks = opts.kv_budget.blocks_for(device, block_bytes)?.min(max_useful);
+        let num_blocks = opts
+            .kv_budget
+            .blocks_for(device, block_bytes)?
+            .min(max_useful);
         if num_blocks == 0 {
             return Err(Error::Load {
                 key: key.into(),
-                reason: format!("the KV budget holds no block of {block_bytes} bytes; raise the KV budget"),
+                reason: format!(
+                    "the KV budget holds no block of {block_bytes} bytes; raise the KV budget"
+                ),
             });
         }
         let cache = PagedKvCache::new(cfg, num_blocks, opts.block_size, dtype, device)?;
-        let stats = EngineStats { blocks_total: num_blocks, blocks_free: num_blocks, ..Default::default() };
+        let stats = EngineStats {
+            blocks_total: num_blocks,
+            blocks_free: num_blocks,
+            ..Default::default()
+        };
         Ok(Self {
             model,
             cache,
@@ -161,7 +189,10 @@ impl Scheduler {
                 }
             };
             let mut shutdown = false;
-            for cmd in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+            for cmd in first
+                .into_iter()
+                .chain(std::iter::from_fn(|| rx.try_recv().ok()))
+            {
                 match cmd {
                     Command::Generate { request, reply } => self.enqueue(request, reply),
                     Command::Score { tokens, reply } => reply.send(self.score(&tokens)),
@@ -188,7 +219,9 @@ impl Scheduler {
     }
 
     fn enqueue(&mut self, request: GenerationRequest, reply: Replier<Generation>) {
-        let max_new = request.max_new_tokens.unwrap_or(self.opts.default_max_new_tokens);
+        let max_new = request
+            .max_new_tokens
+            .unwrap_or(self.opts.default_max_new_tokens);
         if let Err(e) = self.check_request(&request, max_new) {
             self.stats.lock().requests_failed += 1;
             reply.send(Err(e));
@@ -215,10 +248,15 @@ impl Scheduler {
             return Err(Error::InvalidInput("the prompt is empty".into()));
         }
         if let Some(bad) = r.prompt.iter().find(|&&t| t as usize >= self.vocab) {
-            return Err(Error::InvalidInput(format!("token id {bad} is outside the vocabulary (size {})", self.vocab)));
+            return Err(Error::InvalidInput(format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                self.vocab
+            )));
         }
         if max_new == 0 {
-            return Err(Error::InvalidInput("max_new_tokens must be at least 1".into()));
+            return Err(Error::InvalidInput(
+                "max_new_tokens must be at least 1".into(),
+            ));
         }
         let need = r.prompt.len() + max_new;
         if need > self.max_context {
@@ -247,7 +285,9 @@ impl Scheduler {
     /// Admits waiting requests (FIFO) while there is room for their whole current context.
     fn admit(&mut self) {
         while self.running.len() < self.opts.max_running {
-            let Some(seq) = self.waiting.front() else { break };
+            let Some(seq) = self.waiting.front() else {
+                break;
+            };
             let need = self.blocks_for(seq.tokens.len() + 1);
             if need > self.pool.num_free() {
                 break;
@@ -264,7 +304,9 @@ impl Scheduler {
     /// Returns false if `running[i]` itself had to be preempted.
     fn grow(&mut self, i: usize, tokens: usize) -> bool {
         loop {
-            let need = self.blocks_for(tokens).saturating_sub(self.running[i].blocks.len());
+            let need = self
+                .blocks_for(tokens)
+                .saturating_sub(self.running[i].blocks.len());
             if need == 0 {
                 return true;
             }
@@ -274,7 +316,12 @@ impl Scheduler {
             }
             // Victim: fewest generated tokens, latest admitted on ties; may be `i` itself.
             let victim = (0..self.running.len())
-                .min_by_key(|&j| (self.running[j].generated(), std::cmp::Reverse(self.running[j].admitted)))
+                .min_by_key(|&j| {
+                    (
+                        self.running[j].generated(),
+                        std::cmp::Reverse(self.running[j].admitted),
+                    )
+                })
                 .expect("running is not empty");
             self.preempt(victim);
             if victim == i {
@@ -290,7 +337,10 @@ impl Scheduler {
         }
         seq.blocks.clear();
         seq.computed = 0;
-        tracing::debug!(generated = seq.generated(), "preempting a sequence (requeue and recompute)");
+        tracing::debug!(
+            generated = seq.generated(),
+            "preempting a sequence (requeue and recompute)"
+        );
         self.stats.lock().preemptions += 1;
         self.waiting.push_front(seq);
     }
@@ -298,14 +348,19 @@ impl Scheduler {
     /// Builds and runs one step over the running sequences.
     fn step(&mut self) {
         // Order: decode sequences first (batched attention), then prefill chunks.
-        self.running.sort_by_key(|s| s.tokens.len() - s.computed != 1);
+        self.running
+            .sort_by_key(|s| s.tokens.len() - s.computed != 1);
         let mut budget = self.opts.max_batched_tokens;
         let mut plan: Vec<(usize, usize)> = Vec::new(); // (index into running, q_len)
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let s = &self.running[i];
             let todo = s.tokens.len() - s.computed;
-            let q = todo.min(budget).min(if todo == 1 { 1 } else { self.opts.prefill_chunk });
+            let q = todo.min(budget).min(if todo == 1 {
+                1
+            } else {
+                self.opts.prefill_chunk
+            });
             let target = self.running[i].computed + q;
             let before = self.running.len();
             if !self.grow(i, target) {
@@ -361,7 +416,11 @@ impl Scheduler {
                 q_len: q,
                 context_len: s.computed + q,
                 block_table: &s.blocks,
-                logits: if ends { LogitRows::Last } else { LogitRows::None },
+                logits: if ends {
+                    LogitRows::Last
+                } else {
+                    LogitRows::None
+                },
             });
         }
         let logits = self.model.forward(&tokens, &inputs, &self.cache)?;
@@ -369,7 +428,11 @@ impl Scheduler {
         drop(inputs);
         let mut out = vec![None; plan.len()];
         let Some(logits) = logits else { return Ok(out) };
-        let all_greedy = plan.iter().zip(&wants).filter(|(_, w)| **w).all(|((i, _), _)| self.running[*i].request.sampling.is_greedy());
+        let all_greedy = plan
+            .iter()
+            .zip(&wants)
+            .filter(|(_, w)| **w)
+            .all(|((i, _), _)| self.running[*i].request.sampling.is_greedy());
         let greedy: Vec<u32> = logits.argmax(D::Minus1)?.to_vec1()?;
         let mut row = 0;
         for (k, &(i, _)) in plan.iter().enumerate() {
@@ -429,7 +492,7 @@ impl Scheduler {
             let mut reason = None;
             if fresh {
                 let last = *s.tokens.last().expect("generated a token");
-                if self.eos.contains(&last) {
+                if !s.request.ignore_eos && self.eos.contains(&last) {
                     reason = Some(FinishReason::Eos);
                 } else if !s.request.stop.is_empty() && self.hits_stop(s) {
                     reason = Some(FinishReason::Stop);
@@ -459,7 +522,10 @@ impl Scheduler {
 
     fn hits_stop(&self, s: &Seq) -> bool {
         let text = self.generated_text(s);
-        s.request.stop.iter().any(|st| !st.is_empty() && text.contains(st.as_str()))
+        s.request
+            .stop
+            .iter()
+            .any(|st| !st.is_empty() && text.contains(st.as_str()))
     }
 
     fn finish(&mut self, s: Seq, reason: FinishReason) {
@@ -468,7 +534,13 @@ impl Scheduler {
         }
         let mut text = self.generated_text(&s);
         if reason == FinishReason::Stop
-            && let Some(cut) = s.request.stop.iter().filter(|st| !st.is_empty()).filter_map(|st| text.find(st.as_str())).min()
+            && let Some(cut) = s
+                .request
+                .stop
+                .iter()
+                .filter(|st| !st.is_empty())
+                .filter_map(|st| text.find(st.as_str()))
+                .min()
         {
             text.truncate(cut);
         }
@@ -495,22 +567,41 @@ impl Scheduler {
             return Err(Error::InvalidInput("no tokens to score".into()));
         }
         if let Some(bad) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
-            return Err(Error::InvalidInput(format!("token id {bad} is outside the vocabulary (size {})", self.vocab)));
+            return Err(Error::InvalidInput(format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                self.vocab
+            )));
         }
         if tokens.len() > self.max_context {
-            return Err(Error::TooLarge(format!("{} tokens exceed the model's context of {}", tokens.len(), self.max_context)));
+            return Err(Error::TooLarge(format!(
+                "{} tokens exceed the model's context of {}",
+                tokens.len(),
+                self.max_context
+            )));
         }
         let need = self.blocks_for(tokens.len());
         let blocks = self.pool.allocate(need).ok_or_else(|| {
-            Error::TooLarge(format!("{} tokens need {need} KV blocks; {} are free now", tokens.len(), self.pool.num_free()))
+            Error::TooLarge(format!(
+                "{} tokens need {need} KV blocks; {} are free now",
+                tokens.len(),
+                self.pool.num_free()
+            ))
         })?;
         let mut rows = Vec::with_capacity(tokens.len());
         let mut done = 0;
         let res: Result<()> = (|| {
             while done < tokens.len() {
                 let q = (tokens.len() - done).min(self.opts.prefill_chunk);
-                let input = [SeqInput { q_len: q, context_len: done + q, block_table: &blocks, logits: LogitRows::All }];
-                let l = self.model.forward(&tokens[done..done + q], &input, &self.cache)?.expect("asked for logits");
+                let input = [SeqInput {
+                    q_len: q,
+                    context_len: done + q,
+                    block_table: &blocks,
+                    logits: LogitRows::All,
+                }];
+                let l = self
+                    .model
+                    .forward(&tokens[done..done + q], &input, &self.cache)?
+                    .expect("asked for logits");
                 rows.extend(l.to_vec2::<f32>()?);
                 done += q;
             }

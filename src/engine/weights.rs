@@ -27,13 +27,23 @@ impl Checkpoint {
             let (_, meta) = safetensors::SafeTensors::read_metadata(&mmap)
                 .map_err(|e| Error::file(f, format!("not a valid safetensors file: {e}")))?;
             for (name, info) in meta.tensors() {
-                index.insert(name.to_string(), (f.clone(), info.shape.clone(), info.dtype));
+                index.insert(
+                    name.to_string(),
+                    (f.clone(), info.shape.clone(), info.dtype),
+                );
             }
         }
         // SAFETY: as above; candle keeps the maps alive as long as `st`.
-        let st = unsafe { MmapedSafetensors::multi(files) }
-            .map_err(|e| Error::Load { key: String::new(), reason: e.to_string() })?;
-        Ok(Self { st, index, dtype, device: device.clone() })
+        let st = unsafe { MmapedSafetensors::multi(files) }.map_err(|e| Error::Load {
+            key: String::new(),
+            reason: e.to_string(),
+        })?;
+        Ok(Self {
+            st,
+            index,
+            dtype,
+            device: device.clone(),
+        })
     }
 
     /// Whether a tensor exists.
@@ -47,7 +57,11 @@ impl Checkpoint {
             .map(|(f, _, _)| f.display().to_string())
             .unwrap_or_else(|| {
                 let files: Vec<String> = {
-                    let mut v: Vec<String> = self.index.values().map(|(f, _, _)| f.display().to_string()).collect();
+                    let mut v: Vec<String> = self
+                        .index
+                        .values()
+                        .map(|(f, _, _)| f.display().to_string())
+                        .collect();
                     v.sort();
                     v.dedup();
                     v
@@ -67,13 +81,20 @@ impl Checkpoint {
             return Err(bad("missing (the checkpoint does not hold it)".into()));
         };
         if got_shape.as_slice() != shape {
-            return Err(bad(format!("shape {got_shape:?}, expected {shape:?} from config.json")));
+            return Err(bad(format!(
+                "shape {got_shape:?}, expected {shape:?} from config.json"
+            )));
         }
         use safetensors::Dtype as S;
         if !matches!(got_dtype, S::F32 | S::F16 | S::BF16 | S::F64) {
-            return Err(bad(format!("dtype {got_dtype:?}, expected a float type (bf16, f16, f32)")));
+            return Err(bad(format!(
+                "dtype {got_dtype:?}, expected a float type (bf16, f16, f32)"
+            )));
         }
-        let t = self.st.load(name, &self.device).map_err(|e| bad(e.to_string()))?;
+        let t = self
+            .st
+            .load(name, &self.device)
+            .map_err(|e| bad(e.to_string()))?;
         t.to_dtype(self.dtype).map_err(|e| bad(e.to_string()))
     }
 
@@ -89,11 +110,14 @@ impl Checkpoint {
             };
             *counts.entry(k).or_default() += 1;
         }
-        counts.into_iter().max_by_key(|(_, c)| *c).map(|(k, _)| match k {
-            "bf16" => DType::BF16,
-            "f16" => DType::F16,
-            _ => DType::F32,
-        })
+        counts
+            .into_iter()
+            .max_by_key(|(_, c)| *c)
+            .map(|(k, _)| match k {
+                "bf16" => DType::BF16,
+                "f16" => DType::F16,
+                _ => DType::F32,
+            })
     }
 }
 

@@ -5,16 +5,16 @@
 //! policy formats through [`format`], the single source of truth.
 
 mod demo;
-mod model;
 pub mod format;
+mod model;
 
 use std::time::Duration;
 
 use serde::Serialize;
 
 pub use demo::DemoPolicy;
-pub use model::ModelPolicy;
 pub use format::{Message, ToolCall, ToolDefinition};
+pub use model::ModelPolicy;
 
 use crate::error::Result;
 

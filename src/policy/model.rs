@@ -5,7 +5,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::format::{RenderOptions, parse_output};
-use super::{Action, EpisodeConfig, Message, Observation, Policy, Step, StepCost, assistant_message, push_observation};
+use super::{
+    Action, EpisodeConfig, Message, Observation, Policy, Step, StepCost, assistant_message,
+    push_observation,
+};
 use crate::engine::{GenerationRequest, SamplingParams};
 use crate::error::Result;
 use crate::registry::LoadedModel;
@@ -23,7 +26,10 @@ pub struct ModelPolicy {
 
 impl std::fmt::Debug for ModelPolicy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ModelPolicy").field("model", &self.model.spec().key).field("steps", &self.steps).finish()
+        f.debug_struct("ModelPolicy")
+            .field("model", &self.model.spec().key)
+            .field("steps", &self.steps)
+            .finish()
     }
 }
 
@@ -40,7 +46,15 @@ impl ModelPolicy {
             h.write_u128(Instant::now().elapsed().as_nanos());
             h.finish()
         });
-        Ok(Self { model, episode, transcript, last: None, last_prompt: None, seed, steps: 0 })
+        Ok(Self {
+            model,
+            episode,
+            transcript,
+            last: None,
+            last_prompt: None,
+            seed,
+            steps: 0,
+        })
     }
 
     /// The prompt text of the last step, exactly as rendered by the template.
@@ -52,14 +66,26 @@ impl ModelPolicy {
     /// model's generation_config defaults (greedy when it does not sample).
     fn sampling(&self, step: u64) -> SamplingParams {
         let g = self.model.generation_config();
-        let temperature = self.episode.temperature.unwrap_or(if g.do_sample { g.temperature.unwrap_or(1.0) } else { 0.0 });
-        SamplingParams { temperature, top_k: g.top_k, top_p: g.top_p, seed: self.seed.wrapping_add(step) }
+        let temperature = self.episode.temperature.unwrap_or(if g.do_sample {
+            g.temperature.unwrap_or(1.0)
+        } else {
+            0.0
+        });
+        SamplingParams {
+            temperature,
+            top_k: g.top_k,
+            top_p: g.top_p,
+            seed: self.seed.wrapping_add(step),
+        }
     }
 
     /// Renders the current transcript as the next prompt.
     pub fn render(&self) -> Result<String> {
         let tools = (!self.episode.tools.is_empty()).then_some(self.episode.tools.as_slice());
-        let opts = RenderOptions { add_generation_prompt: true, enable_thinking: Some(self.model.spec().enable_thinking) };
+        let opts = RenderOptions {
+            add_generation_prompt: true,
+            enable_thinking: Some(self.model.spec().enable_thinking),
+        };
         self.model.template().render(&self.transcript, tools, opts)
     }
 }

@@ -51,7 +51,10 @@ impl LoadedModel {
         };
         let tokenizer = Tokenizer::from_file(&files.tokenizer).map_err(|e| Error::Load {
             key: key.to_string(),
-            reason: format!("{}: not a valid tokenizer.json: {e}", files.tokenizer.display()),
+            reason: format!(
+                "{}: not a valid tokenizer.json: {e}",
+                files.tokenizer.display()
+            ),
         })?;
         let template = ChatTemplate::from_model_dir(&files.dir)
             .or_else(|_| {
@@ -62,10 +65,20 @@ impl LoadedModel {
             .map_err(wrap)?;
         let eos_token_ids = eos_ids(&generation, &config, &files, &tokenizer);
         if eos_token_ids.is_empty() {
-            tracing::warn!(model = key, "no EOS token found; generation stops only on length or stop strings");
+            tracing::warn!(
+                model = key,
+                "no EOS token found; generation stops only on length or stop strings"
+            );
         }
         let tokenizer = Arc::new(tokenizer);
-        let engine = Engine::load(key, &config, &files.weights, tokenizer.clone(), &eos_token_ids, options)?;
+        let engine = Engine::load(
+            key,
+            &config,
+            &files.weights,
+            tokenizer.clone(),
+            &eos_token_ids,
+            options,
+        )?;
         tracing::info!(model = key, dir = %files.dir.display(), secs = started.elapsed().as_secs_f32(), "model loaded");
         Ok(Self {
             spec: spec.clone(),
@@ -113,7 +126,12 @@ impl LoadedModel {
     }
 }
 
-fn eos_ids(gen_cfg: &GenerationConfig, config: &ModelConfig, files: &ModelFiles, tok: &Tokenizer) -> Vec<u32> {
+fn eos_ids(
+    gen_cfg: &GenerationConfig,
+    config: &ModelConfig,
+    files: &ModelFiles,
+    tok: &Tokenizer,
+) -> Vec<u32> {
     let mut ids = gen_cfg.eos_token_ids.clone();
     ids.extend(token_ids(config.eos_token_id.as_ref()));
     if let Ok(text) = std::fs::read_to_string(&files.tokenizer_config)

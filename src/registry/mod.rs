@@ -36,7 +36,9 @@ pub struct ModelRegistry {
 
 impl std::fmt::Debug for ModelRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.entries.iter().map(|e| &e.spec.key)).finish()
+        f.debug_list()
+            .entries(self.entries.iter().map(|e| &e.spec.key))
+            .finish()
     }
 }
 
@@ -53,7 +55,10 @@ impl ModelRegistry {
                 return Err(Error::InvalidInput("a model spec has an empty key".into()));
             }
             if entries.iter().any(|e| e.spec.key == spec.key) {
-                return Err(Error::InvalidInput(format!("model key `{}` is listed twice", spec.key)));
+                return Err(Error::InvalidInput(format!(
+                    "model key `{}` is listed twice",
+                    spec.key
+                )));
             }
             entries.push(Entry {
                 spec,
@@ -62,7 +67,9 @@ impl ModelRegistry {
             });
         }
         if entries.is_empty() {
-            return Err(Error::InvalidInput("a registry needs at least one model".into()));
+            return Err(Error::InvalidInput(
+                "a registry needs at least one model".into(),
+            ));
         }
         Ok(Self {
             entries,
@@ -101,7 +108,11 @@ impl ModelRegistry {
             cell: OnceCell::new(),
             load_attempts: AtomicUsize::new(0),
         };
-        match self.entries.iter().position(|e| e.spec.key == entry.spec.key) {
+        match self
+            .entries
+            .iter()
+            .position(|e| e.spec.key == entry.spec.key)
+        {
             Some(i) => self.entries[i] = entry,
             None => self.entries.push(entry),
         }
@@ -129,17 +140,29 @@ impl ModelRegistry {
     pub fn choices(&self) -> Vec<(String, String)> {
         self.specs()
             .map(|s| {
-                let label = if s.available { s.label.clone() } else { format!("{}{COMING_SOON}", s.label) };
+                let label = if s.available {
+                    s.label.clone()
+                } else {
+                    format!("{}{COMING_SOON}", s.label)
+                };
                 (label, s.key.clone())
             })
             .collect()
     }
 
     fn entry(&self, key: &str) -> Result<&Entry> {
-        self.entries.iter().find(|e| e.spec.key == key).ok_or_else(|| Error::UnknownModel {
-            key: key.to_string(),
-            known: self.entries.iter().map(|e| e.spec.key.as_str()).collect::<Vec<_>>().join(", "),
-        })
+        self.entries
+            .iter()
+            .find(|e| e.spec.key == key)
+            .ok_or_else(|| Error::UnknownModel {
+                key: key.to_string(),
+                known: self
+                    .entries
+                    .iter()
+                    .map(|e| e.spec.key.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
     }
 
     /// The spec of a key.
@@ -153,10 +176,16 @@ impl ModelRegistry {
         let entry = self.entry(key)?;
         let spec = &entry.spec;
         if spec.is_demo() {
-            return Err(Error::DemoMisuse { key: key.to_string(), what: "weights or tokenizer" });
+            return Err(Error::DemoMisuse {
+                key: key.to_string(),
+                what: "weights or tokenizer",
+            });
         }
         if !spec.available {
-            return Err(Error::ModelUnavailable { key: key.to_string(), label: spec.label.clone() });
+            return Err(Error::ModelUnavailable {
+                key: key.to_string(),
+                label: spec.label.clone(),
+            });
         }
         entry
             .cell
@@ -170,12 +199,16 @@ impl ModelRegistry {
 
     /// Whether a key's model is loaded.
     pub fn is_loaded(&self, key: &str) -> bool {
-        self.entry(key).map(|e| e.cell.get().is_some()).unwrap_or(false)
+        self.entry(key)
+            .map(|e| e.cell.get().is_some())
+            .unwrap_or(false)
     }
 
     /// How many times loading a key was attempted (successful or not) in this process.
     pub fn load_attempts(&self, key: &str) -> usize {
-        self.entry(key).map(|e| e.load_attempts.load(Ordering::SeqCst)).unwrap_or(0)
+        self.entry(key)
+            .map(|e| e.load_attempts.load(Ordering::SeqCst))
+            .unwrap_or(0)
     }
 
     /// A fresh policy for one episode of `key`: the demo, or a model policy sharing the
@@ -183,7 +216,10 @@ impl ModelRegistry {
     pub fn get_policy(&self, key: &str, episode: EpisodeConfig) -> Result<Box<dyn Policy>> {
         let spec = self.spec(key)?;
         if !spec.available {
-            return Err(Error::ModelUnavailable { key: key.to_string(), label: spec.label.clone() });
+            return Err(Error::ModelUnavailable {
+                key: key.to_string(),
+                label: spec.label.clone(),
+            });
         }
         if spec.is_demo() {
             return Ok(Box::new(DemoPolicy::new(key, &episode)));

@@ -51,7 +51,10 @@ fn resolve_local(key: &str, dir: &Path) -> Result<ModelFiles> {
     if !dir.is_dir() {
         return Err(load_err(
             key,
-            format!("model directory {} does not exist; pass a directory holding config.json, *.safetensors and the tokenizer files", dir.display()),
+            format!(
+                "model directory {} does not exist; pass a directory holding config.json, *.safetensors and the tokenizer files",
+                dir.display()
+            ),
         ));
     }
     let need = |name: &str| -> Result<PathBuf> {
@@ -59,7 +62,13 @@ fn resolve_local(key: &str, dir: &Path) -> Result<ModelFiles> {
         if p.is_file() {
             Ok(p)
         } else {
-            Err(load_err(key, format!("{} is missing `{name}` (a model directory in the Hugging Face layout is needed)", dir.display())))
+            Err(load_err(
+                key,
+                format!(
+                    "{} is missing `{name}` (a model directory in the Hugging Face layout is needed)",
+                    dir.display()
+                ),
+            ))
         }
     };
     let maybe = |name: &str| Some(dir.join(name)).filter(|p| p.is_file());
@@ -73,7 +82,10 @@ fn resolve_local(key: &str, dir: &Path) -> Result<ModelFiles> {
     } else {
         return Err(load_err(
             key,
-            format!("{} has no model.safetensors nor model.safetensors.index.json", dir.display()),
+            format!(
+                "{} has no model.safetensors nor model.safetensors.index.json",
+                dir.display()
+            ),
         ));
     };
     Ok(ModelFiles {
@@ -90,7 +102,8 @@ fn resolve_local(key: &str, dir: &Path) -> Result<ModelFiles> {
 /// The distinct shard file names of a `model.safetensors.index.json`, in first-seen order.
 pub fn shard_names(index: &Path) -> Result<Vec<String>> {
     let text = std::fs::read_to_string(index).map_err(|e| Error::file(index, e))?;
-    let v: Value = serde_json::from_str(&text).map_err(|e| Error::file(index, format!("not valid JSON: {e}")))?;
+    let v: Value = serde_json::from_str(&text)
+        .map_err(|e| Error::file(index, format!("not valid JSON: {e}")))?;
     let map = v
         .get("weight_map")
         .and_then(Value::as_object)
@@ -109,9 +122,16 @@ pub fn shard_names(index: &Path) -> Result<Vec<String>> {
 
 fn offline() -> bool {
     std::env::var("HF_HUB_OFFLINE")
-        .map(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
+        .map(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "1" | "true" | "yes" | "on"
+            )
+        })
         .unwrap_or(false)
 }
+
+type Fetch<'a> = dyn Fn(&str) -> Result<PathBuf> + 'a;
 
 fn resolve_hub(repo_id: &str, revision: &str) -> Result<ModelFiles> {
     use hf_hub::{Repo, RepoType};
@@ -122,11 +142,14 @@ fn resolve_hub(repo_id: &str, revision: &str) -> Result<ModelFiles> {
         file: file.into(),
         reason,
     };
-    let fetch: Box<dyn Fn(&str) -> Result<PathBuf>> = if offline() {
+    let fetch: Box<Fetch<'_>> = if offline() {
         let cache = hf_hub::Cache::from_env().repo(repo.clone());
         Box::new(move |file: &str| {
             cache.get(file).ok_or_else(|| {
-                dl_err(file, "HF_HUB_OFFLINE is set and the file is not in the local hub cache".into())
+                dl_err(
+                    file,
+                    "HF_HUB_OFFLINE is set and the file is not in the local hub cache".into(),
+                )
             })
         })
     } else {
@@ -136,7 +159,12 @@ fn resolve_hub(repo_id: &str, revision: &str) -> Result<ModelFiles> {
             .map_err(|e| dl_err("(api)", e.to_string()))?;
         let api_repo = api.repo(repo.clone());
         Box::new(move |file: &str| {
-            tracing::info!(repo = repo_id, revision, file, "fetching from the Hugging Face hub");
+            tracing::info!(
+                repo = repo_id,
+                revision,
+                file,
+                "fetching from the Hugging Face hub"
+            );
             api_repo.get(file).map_err(|e| dl_err(file, e.to_string()))
         })
     };

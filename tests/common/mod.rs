@@ -68,22 +68,52 @@ impl Gauss {
 pub fn random_tensors(cfg: &Value, seed: u64) -> HashMap<String, Tensor> {
     let mut r = Gauss(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let g = |k: &str| cfg[k].as_u64().unwrap() as usize;
-    let (v, h, i, l) = (g("vocab_size"), g("hidden_size"), g("intermediate_size"), g("num_hidden_layers"));
-    let (nh, nkv, hd) = (g("num_attention_heads"), g("num_key_value_heads"), g("head_dim"));
+    let (v, h, i, l) = (
+        g("vocab_size"),
+        g("hidden_size"),
+        g("intermediate_size"),
+        g("num_hidden_layers"),
+    );
+    let (nh, nkv, hd) = (
+        g("num_attention_heads"),
+        g("num_key_value_heads"),
+        g("head_dim"),
+    );
     let mut t = HashMap::new();
-    t.insert("model.embed_tokens.weight".into(), r.tensor((v, h), 0.0, 1.0));
+    t.insert(
+        "model.embed_tokens.weight".into(),
+        r.tensor((v, h), 0.0, 1.0),
+    );
     for li in 0..l {
         let p = format!("model.layers.{li}");
         let s = 1.0 / (h as f64).sqrt();
-        t.insert(format!("{p}.self_attn.q_proj.weight"), r.tensor((nh * hd, h), 0.0, s));
-        t.insert(format!("{p}.self_attn.k_proj.weight"), r.tensor((nkv * hd, h), 0.0, s));
-        t.insert(format!("{p}.self_attn.v_proj.weight"), r.tensor((nkv * hd, h), 0.0, s));
-        t.insert(format!("{p}.self_attn.o_proj.weight"), r.tensor((h, nh * hd), 0.0, 1.0 / ((nh * hd) as f64).sqrt()));
+        t.insert(
+            format!("{p}.self_attn.q_proj.weight"),
+            r.tensor((nh * hd, h), 0.0, s),
+        );
+        t.insert(
+            format!("{p}.self_attn.k_proj.weight"),
+            r.tensor((nkv * hd, h), 0.0, s),
+        );
+        t.insert(
+            format!("{p}.self_attn.v_proj.weight"),
+            r.tensor((nkv * hd, h), 0.0, s),
+        );
+        t.insert(
+            format!("{p}.self_attn.o_proj.weight"),
+            r.tensor((h, nh * hd), 0.0, 1.0 / ((nh * hd) as f64).sqrt()),
+        );
         t.insert(format!("{p}.self_attn.q_norm.weight"), r.norm(hd));
         t.insert(format!("{p}.self_attn.k_norm.weight"), r.norm(hd));
-        t.insert(format!("{p}.mlp.gate_proj.weight"), r.tensor((i, h), 0.0, s));
+        t.insert(
+            format!("{p}.mlp.gate_proj.weight"),
+            r.tensor((i, h), 0.0, s),
+        );
         t.insert(format!("{p}.mlp.up_proj.weight"), r.tensor((i, h), 0.0, s));
-        t.insert(format!("{p}.mlp.down_proj.weight"), r.tensor((h, i), 0.0, 1.0 / (i as f64).sqrt()));
+        t.insert(
+            format!("{p}.mlp.down_proj.weight"),
+            r.tensor((h, i), 0.0, 1.0 / (i as f64).sqrt()),
+        );
         t.insert(format!("{p}.input_layernorm.weight"), r.norm(h));
         t.insert(format!("{p}.post_attention_layernorm.weight"), r.norm(h));
     }
@@ -100,10 +130,18 @@ pub fn write_tiny_model(dir: &Path, seed: u64) -> PathBuf {
 /// Writes a model directory for `cfg`.
 pub fn write_model(dir: &Path, cfg: &Value, seed: u64) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(cfg).unwrap()).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(cfg).unwrap(),
+    )
+    .unwrap();
     let tensors = random_tensors(cfg, seed);
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
-    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
         std::fs::copy(fixtures().join("qwen3").join(f), dir.join(f)).unwrap();
     }
     dir.to_path_buf()

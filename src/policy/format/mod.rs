@@ -14,8 +14,8 @@ pub use messages::{FunctionCall, Message, MessageToolCall};
 pub use parser::{
     ParsedOutput, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolCall, format_tool_calls, parse_output,
 };
-pub use template::{ChatTemplate, RenderOptions};
 pub(crate) use template::special_tokens as special_tokens_of;
+pub use template::{ChatTemplate, RenderOptions};
 pub use tools::{FunctionDefinition, ToolDefinition, example_arguments};
 
 use super::Action;

@@ -47,7 +47,10 @@ pub fn parse_output(raw: &str, tools: Option<&[ToolDefinition]>) -> ParsedOutput
     let mut rest = raw;
     if let Some(end) = raw.find("</think>") {
         let head = &raw[..end];
-        let think = head.rfind("<think>").map(|i| &head[i + "<think>".len()..]).unwrap_or(head);
+        let think = head
+            .rfind("<think>")
+            .map(|i| &head[i + "<think>".len()..])
+            .unwrap_or(head);
         out.reasoning = Some(think.trim().to_string());
         rest = &raw[end + "</think>".len()..];
     } else if raw.trim_start().starts_with("<think>") {
@@ -61,12 +64,16 @@ pub fn parse_output(raw: &str, tools: Option<&[ToolDefinition]>) -> ParsedOutput
     while let Some(open) = cursor.find(TOOL_CALL_OPEN) {
         let before = &cursor[..open];
         if before.contains(TOOL_CALL_CLOSE) {
-            out.error.get_or_insert_with(|| "found </tool_call> without a matching <tool_call>".into());
+            out.error
+                .get_or_insert_with(|| "found </tool_call> without a matching <tool_call>".into());
         }
         push_text(&mut content, before);
         let body_start = &cursor[open + TOOL_CALL_OPEN.len()..];
         let (body, next) = match body_start.find(TOOL_CALL_CLOSE) {
-            Some(close) => (&body_start[..close], &body_start[close + TOOL_CALL_CLOSE.len()..]),
+            Some(close) => (
+                &body_start[..close],
+                &body_start[close + TOOL_CALL_CLOSE.len()..],
+            ),
             None => (body_start, ""), // unclosed trailing call: the body runs to the end
         };
         if body.contains(TOOL_CALL_OPEN) {
@@ -78,13 +85,15 @@ pub fn parse_output(raw: &str, tools: Option<&[ToolDefinition]>) -> ParsedOutput
         match parse_call(body) {
             Ok(call) => out.calls.push(call),
             Err(e) => {
-                out.error.get_or_insert_with(|| format!("tool call {idx}: {e}"));
+                out.error
+                    .get_or_insert_with(|| format!("tool call {idx}: {e}"));
             }
         }
         cursor = next;
     }
     if cursor.contains(TOOL_CALL_CLOSE) {
-        out.error.get_or_insert_with(|| "found </tool_call> without a matching <tool_call>".into());
+        out.error
+            .get_or_insert_with(|| "found </tool_call> without a matching <tool_call>".into());
     }
     push_text(&mut content, cursor);
     out.content = content.trim().to_string();
@@ -131,11 +140,13 @@ fn parse_call(body: &str) -> Result<ToolCall, String> {
     if body.is_empty() {
         return Err("empty <tool_call> block".into());
     }
-    let value: Value = serde_json::from_str(body).map_err(|e| {
-        format!("not valid JSON ({e}): {}", preview(body))
-    })?;
+    let value: Value = serde_json::from_str(body)
+        .map_err(|e| format!("not valid JSON ({e}): {}", preview(body)))?;
     let Value::Object(mut obj) = value else {
-        return Err(format!("expected a JSON object with \"name\" and \"arguments\", got {}", preview(body)));
+        return Err(format!(
+            "expected a JSON object with \"name\" and \"arguments\", got {}",
+            preview(body)
+        ));
     };
     let name = match obj.remove("name") {
         Some(Value::String(n)) if !n.trim().is_empty() => n,
@@ -148,14 +159,24 @@ fn parse_call(body: &str) -> Result<ToolCall, String> {
         Some(Value::String(s)) => match serde_json::from_str::<Value>(&s) {
             Ok(Value::Object(a)) => a,
             Ok(other) => {
-                return Err(format!("\"arguments\" of `{name}` is a string that holds {other}, not an object"));
+                return Err(format!(
+                    "\"arguments\" of `{name}` is a string that holds {other}, not an object"
+                ));
             }
             Err(e) => {
-                return Err(format!("\"arguments\" of `{name}` is a string that is not JSON ({e})"));
+                return Err(format!(
+                    "\"arguments\" of `{name}` is a string that is not JSON ({e})"
+                ));
             }
         },
-        Some(Value::Null) | None => return Err(format!("call to `{name}` has no \"arguments\" object")),
-        Some(other) => return Err(format!("\"arguments\" of `{name}` must be an object, got {other}")),
+        Some(Value::Null) | None => {
+            return Err(format!("call to `{name}` has no \"arguments\" object"));
+        }
+        Some(other) => {
+            return Err(format!(
+                "\"arguments\" of `{name}` must be an object, got {other}"
+            ));
+        }
     };
     Ok(ToolCall { name, arguments })
 }

@@ -107,14 +107,17 @@ impl ChatTemplate {
             Some(Value::String(s)) => s.clone(),
             Some(Value::Array(list)) => {
                 let pick = |n: &str| {
-                    list.iter().find(|t| t.get("name").and_then(Value::as_str) == Some(n))
+                    list.iter()
+                        .find(|t| t.get("name").and_then(Value::as_str) == Some(n))
                 };
                 pick("tool_use")
                     .or_else(|| pick("default"))
                     .or(list.first())
                     .and_then(|t| t.get("template"))
                     .and_then(Value::as_str)
-                    .ok_or_else(|| Error::file(&cfg_path, "`chat_template` list has no usable template"))?
+                    .ok_or_else(|| {
+                        Error::file(&cfg_path, "`chat_template` list has no usable template")
+                    })?
                     .to_string()
             }
             _ => {
@@ -140,7 +143,9 @@ impl ChatTemplate {
         opts: RenderOptions,
     ) -> Result<String> {
         if messages.is_empty() {
-            return Err(Error::InvalidInput("cannot render an empty conversation".into()));
+            return Err(Error::InvalidInput(
+                "cannot render an empty conversation".into(),
+            ));
         }
         let ctx = Context {
             messages,
@@ -197,8 +202,18 @@ fn strftime_now(fmt: String) -> String {
     let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
     let sod = secs.rem_euclid(86_400);
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September",
-        "October", "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
     let mut out = String::new();
     let mut chars = fmt.chars();
@@ -248,9 +263,8 @@ fn tojson_filter(value: &JValue, kwargs: Kwargs) -> std::result::Result<JValue, 
     let separators: Option<JValue> = kwargs.get("separators")?;
     let _: Option<bool> = kwargs.get("ensure_ascii")?;
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(value).map_err(|e| {
-        minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}"))
-    })?;
+    let json = serde_json::to_value(value)
+        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let indent = match indent {
         None => None,
         Some(v) if v.is_none() => None,
@@ -386,7 +400,11 @@ fn py_float(f: f64) -> String {
         return "NaN".into();
     }
     if f.is_infinite() {
-        return if f > 0.0 { "Infinity".into() } else { "-Infinity".into() };
+        return if f > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
     }
     let sci = format!("{f:e}"); // shortest round-trip, e.g. "-1.25e-5"
     let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
@@ -403,7 +421,11 @@ fn py_float(f: f64) -> String {
         } else if point as usize >= digits.len() {
             format!("{}{}.0", digits, "0".repeat(point as usize - digits.len()))
         } else {
-            format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
+            format!(
+                "{}.{}",
+                &digits[..point as usize],
+                &digits[point as usize..]
+            )
         };
         format!("{sign}{body}")
     } else {

@@ -58,7 +58,11 @@ impl ToolDefinition {
 
     /// Adds a parameter with a JSON type (`"string"`, `"integer"`, ...) and a description.
     pub fn param(mut self, name: &str, json_type: &str, description: &str, required: bool) -> Self {
-        let params = self.function.parameters.as_object_mut().expect("object schema");
+        let params = self
+            .function
+            .parameters
+            .as_object_mut()
+            .expect("object schema");
         let props = params
             .entry("properties")
             .or_insert_with(|| Value::Object(Map::new()));
@@ -148,13 +152,12 @@ impl ToolDefinition {
         let name = self.name();
         for req in self.required() {
             if !args.contains_key(req) {
-                return Err(format!(
-                    "call to `{name}` misses required argument `{req}`"
-                ));
+                return Err(format!("call to `{name}` misses required argument `{req}`"));
             }
         }
         let props = self.properties();
-        let closed = self.function.parameters.get("additionalProperties") == Some(&Value::Bool(false));
+        let closed =
+            self.function.parameters.get("additionalProperties") == Some(&Value::Bool(false));
         for (key, value) in args {
             match props.and_then(|p| p.get(key)) {
                 Some(schema) => check_value(schema, value)
@@ -175,7 +178,10 @@ fn check_value(schema: &Value, value: &Value) -> std::result::Result<(), String>
     if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
         && !allowed.contains(value)
     {
-        return Err(format!("{value} is not one of {}", Value::Array(allowed.clone())));
+        return Err(format!(
+            "{value} is not one of {}",
+            Value::Array(allowed.clone())
+        ));
     }
     let types: Vec<&str> = match schema.get("type") {
         Some(Value::String(t)) => vec![t.as_str()],
@@ -183,7 +189,11 @@ fn check_value(schema: &Value, value: &Value) -> std::result::Result<(), String>
         _ => return Ok(()),
     };
     if !types.iter().any(|t| type_matches(t, value)) {
-        return Err(format!("expected {}, got {}", types.join(" or "), json_type_name(value)));
+        return Err(format!(
+            "expected {}, got {}",
+            types.join(" or "),
+            json_type_name(value)
+        ));
     }
     match value {
         Value::Array(items) => {
@@ -217,7 +227,11 @@ fn check_value(schema: &Value, value: &Value) -> std::result::Result<(), String>
 fn type_matches(t: &str, v: &Value) -> bool {
     match t {
         "string" => v.is_string(),
-        "integer" => v.as_i64().is_some() || v.as_u64().is_some() || v.as_f64().is_some_and(|f| f.fract() == 0.0),
+        "integer" => {
+            v.as_i64().is_some()
+                || v.as_u64().is_some()
+                || v.as_f64().is_some_and(|f| f.fract() == 0.0)
+        }
         "number" => v.is_number(),
         "boolean" => v.is_boolean(),
         "object" => v.is_object(),
@@ -252,12 +266,20 @@ pub fn example_arguments(tool: &ToolDefinition) -> Map<String, Value> {
 }
 
 fn example_value(schema: &Value, name: &str) -> Value {
-    if let Some(first) = schema.get("enum").and_then(Value::as_array).and_then(|a| a.first()) {
+    if let Some(first) = schema
+        .get("enum")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+    {
         return first.clone();
     }
     let t = match schema.get("type") {
         Some(Value::String(t)) => t.as_str(),
-        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).next().unwrap_or("string"),
+        Some(Value::Array(ts)) => ts
+            .iter()
+            .filter_map(Value::as_str)
+            .next()
+            .unwrap_or("string"),
         _ => "string",
     };
     match t {

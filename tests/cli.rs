@@ -1,0 +1,215 @@
+//! The CLI contract: outputs other tools parse, exit codes 0 / 2.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_policy-serve"))
+}
+
+fn fixture(p: &str) -> std::path::PathBuf {
+    common::fixtures().join(p)
+}
+
+#[test]
+fn models_json_lists_the_demo_first_with_all_fields() {
+    let out = bin().args(["models", "--json"]).output().unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["key"], "demo");
+    assert_eq!(v.as_array().unwrap().len(), 4);
+    for m in v.as_array().unwrap() {
+        for k in ["key", "label", "source", "thinking", "available"] {
+            assert!(m.get(k).is_some(), "{k} missing in {m}");
+        }
+    }
+}
+
+#[test]
+fn render_prints_exactly_the_golden_prompt() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: Vec<serde_json::Value> = serde_json::from_str(
+        &std::fs::read_to_string(fixture("chat_template/cases.json")).unwrap(),
+    )
+    .unwrap();
+    for name in [
+        "05_tool_call_object_args",
+        "10_thinking_disabled",
+        "14_no_generation_prompt",
+    ] {
+        let case = cases.iter().find(|c| c["name"] == name).unwrap();
+        let msgs = tmp.path().join("m.json");
+        std::fs::write(&msgs, case["messages"].to_string()).unwrap();
+        let mut cmd = bin();
+        cmd.arg("render")
+            .arg("--model-dir")
+            .arg(fixture("qwen3"))
+            .arg("--messages")
+            .arg(&msgs);
+        if let Some(tools) = case.get("tools") {
+            let t = tmp.path().join("t.json");
+            std::fs::write(&t, tools.to_string()).unwrap();
+            cmd.arg("--tools").arg(t);
+        }
+        if let Some(b) = case.get("enable_thinking").and_then(|b| b.as_bool()) {
+            cmd.arg("--enable-thinking").arg(b.to_string());
+        }
+        if case.get("add_generation_prompt") == Some(&serde_json::Value::Bool(false)) {
+            cmd.arg("--no-generation-prompt");
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let want = std::fs::read_to_string(fixture(&format!("chat_template/{name}.txt"))).unwrap();
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), want, "{name}");
+    }
+}
+
+fn parse(stdin: &str, tools: bool) -> (i32, serde_json::Value) {
+    let mut cmd = bin();
+    cmd.arg("parse");
+    if tools {
+        cmd.arg("--tools")
+            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/data/tools.json"));
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap(),
+        serde_json::from_slice(&out.stdout).unwrap(),
+    )
+}
+
+#[test]
+fn parse_prints_calls_content_and_error() {
+    let (code, v) = parse(
+        "Sure.\n<tool_call>\n{\"name\": \"query\", \"arguments\": {\"sql\": \"SELECT 1\"}}\n</tool_call>",
+        true,
+    );
+    assert_eq!(code, 0);
+    assert_eq!(
+        v,
+        serde_json::json!({"calls": [{"name": "query", "arguments": {"sql": "SELECT 1"}}], "content": "Sure.", "error": null})
+    );
+    let (_, v) = parse(
+        "<tool_call>\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call>",
+        true,
+    );
+    assert!(v["error"].as_str().unwrap().contains("unknown tool `nope`"));
+}
+
+#[test]
+fn the_demo_episode_runs_to_the_answer_tool() {
+    let out = bin()
+        .args(["episode", "--task", "How many users?", "--tools"])
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/data/tools.json"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("step 1: {\"type\":\"call\",\"calls\":[{\"name\":\"query\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("\"name\":\"answer\"") && text.contains("finishing tool"),
+        "{text}"
+    );
+}
+
+#[test]
+fn bad_usage_and_bad_input_exit_2_with_the_reason_on_stderr() {
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["no-such-command"],
+        vec![
+            "episode",
+            "--model",
+            "nope",
+            "--task",
+            "x",
+            "--tools",
+            "examples/data/tools.json",
+        ],
+        vec![
+            "render",
+            "--model-dir",
+            "/nonexistent",
+            "--messages",
+            "/nonexistent.json",
+        ],
+        vec!["episode", "--task", "x", "--tools", "Cargo.toml"],
+    ];
+    for args in cases {
+        let out = bin()
+            .args(&args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(!out.stderr.is_empty(), "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
+
+#[test]
+fn generate_and_logits_run_on_the_tiny_checkpoint() {
+    let dir = common::shared_tiny_model();
+    let out = bin()
+        .arg("generate")
+        .arg("--model-dir")
+        .arg(&dir)
+        .args([
+            "--prompt",
+            "Hello there",
+            "--max-new-tokens",
+            "4",
+            "--device",
+            "cpu",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("generated 4 tok"));
+
+    let tmp = tempfile::tempdir().unwrap();
+    let npy = tmp.path().join("l.npy");
+    let out = bin()
+        .arg("logits")
+        .arg("--model-dir")
+        .arg(&dir)
+        .args(["--ids", "1,2,3", "--device", "cpu", "--out"])
+        .arg(&npy)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bytes = std::fs::read(&npy).unwrap();
+    assert_eq!(&bytes[..6], b"\x93NUMPY");
+    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let header = std::str::from_utf8(&bytes[10..10 + hlen]).unwrap();
+    assert!(header.contains("'shape': (3, 151936)"), "{header}");
+    assert_eq!((10 + hlen) % 64, 0);
+    assert_eq!(bytes.len(), 10 + hlen + 3 * 151_936 * 4);
+}
