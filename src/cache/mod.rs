@@ -1,6 +1,8 @@
-//! KV memory: the block pool with refcounts (and, later, the radix prefix cache and the host
-//! swap tier). Nothing here knows about models or requests.
+//! KV memory: the block pool with refcounts and the radix-tree prefix cache. Nothing here
+//! knows about models or requests.
 
 mod block_pool;
+mod radix;
 
 pub use block_pool::BlockPool;
+pub use radix::{CacheStats, PrefixMatch, RadixCache};

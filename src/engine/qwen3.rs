@@ -3,7 +3,7 @@
 //! One forward takes a flat varlen batch: the new tokens of every sequence back to back, each
 //! sequence with its position offset and block table. KV of the new tokens is written into the
 //! cache slots its block table names, then attention reads the whole context back through the
-//! block table. Attention goes through [`attend`], the gather path: it gathers each
+//! block table. Attention goes through `attend`, the gather path: it gathers each
 //! sequence's K/V by slot index. A fused paged-attention kernel can replace `attend` without
 //! changing the batch format or the scheduler.
 //!

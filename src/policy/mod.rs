@@ -2,7 +2,7 @@
 //!
 //! A [`Policy`] receives observations (first the task, then tool results) and returns a
 //! [`Step`] per call: the [`Action`] it takes, the raw text behind it, and its costs. Every
-//! policy formats through [`format`], the single source of truth.
+//! policy formats through [`format`](mod@format), the single source of truth.
 
 mod demo;
 pub mod format;
