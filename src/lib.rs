@@ -53,5 +53,6 @@ pub use policy::format::{
 };
 pub use policy::{
     Action, DemoPolicy, EpisodeConfig, ModelPolicy, Observation, Policy, Step, StepCost,
+    TranscriptMode,
 };
 pub use registry::{LoadedModel, ModelRegistry, ModelSource, ModelSpec};

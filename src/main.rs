@@ -13,7 +13,7 @@ use policy_serve::policy::format::{
 };
 use policy_serve::{
     Action, EngineOptions, EpisodeConfig, Error, GenerationRequest, ModelRegistry, ModelSpec,
-    Observation, SamplingParams,
+    Observation, Policy, SamplingParams, TranscriptMode,
 };
 
 #[derive(Parser)]
@@ -35,6 +35,9 @@ struct EngineArgs {
     /// Compute dtype: auto, f32, bf16, f16.
     #[arg(long, default_value = "auto")]
     dtype: String,
+    /// Turn the radix prefix cache off.
+    #[arg(long)]
+    no_prefix_cache: bool,
 }
 
 impl EngineArgs {
@@ -42,6 +45,7 @@ impl EngineArgs {
         Ok(EngineOptions {
             device: self.device.parse::<DeviceChoice>()?,
             dtype: self.dtype.parse::<DTypeChoice>()?,
+            prefix_cache: !self.no_prefix_cache,
             ..EngineOptions::default()
         })
     }
@@ -108,6 +112,9 @@ enum Command {
         /// Sampling seed.
         #[arg(long)]
         seed: Option<u64>,
+        /// Append-only transcript: reuse every earlier token from the prefix cache.
+        #[arg(long)]
+        append_only: bool,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -253,6 +260,7 @@ fn run(command: Command) -> Result<(), Error> {
             max_new_tokens,
             temperature,
             seed,
+            append_only,
             engine,
         } => {
             let tools = read_tools(&tools)?;
@@ -266,58 +274,18 @@ fn run(command: Command) -> Result<(), Error> {
                 max_new_tokens: Some(max_new_tokens),
                 temperature,
                 seed,
+                transcript_mode: if append_only {
+                    TranscriptMode::AppendOnly
+                } else {
+                    TranscriptMode::Template
+                },
             };
             let mut policy = registry.get_policy(&model, episode)?;
-            let mut observation: Observation = task.into();
-            for i in 1..=max_steps {
-                let step = policy.act(observation)?;
-                let c = step.cost;
-                println!(
-                    "step {i}: {}  [prompt {} tok, cached {}, generated {}, {:.1} ms]",
-                    serde_json::to_string(&step.action)?,
-                    c.prompt_tokens,
-                    c.cached_prompt_tokens,
-                    c.generated_tokens,
-                    c.latency.as_secs_f64() * 1e3
-                );
-                observation = match &step.action {
-                    Action::Call { calls, .. } => {
-                        let results: Vec<String> = calls
-                            .iter()
-                            .map(|c| {
-                                format!(
-                                    "echo: {}({})",
-                                    c.name,
-                                    serde_json::Value::Object(c.arguments.clone())
-                                )
-                            })
-                            .collect();
-                        for r in &results {
-                            println!("  tool -> {r}");
-                        }
-                        if calls.iter().any(|c| {
-                            ["answer", "finish", "submit", "final", "done"]
-                                .iter()
-                                .any(|w| c.name.to_lowercase().contains(w))
-                        }) {
-                            println!("episode finished: the policy called a finishing tool");
-                            return Ok(());
-                        }
-                        Observation::ToolResults(results)
-                    }
-                    Action::Reply { .. } => {
-                        println!("episode finished: the policy replied");
-                        return Ok(());
-                    }
-                    Action::Invalid { error, .. } => {
-                        format!("Your last output was not a valid tool call: {error}").into()
-                    }
-                };
-            }
-            println!("episode stopped after {max_steps} steps");
+            let outcome = run_episode(policy.as_mut(), task, max_steps);
             if let Ok(m) = registry.model(&model) {
                 println!("engine: {}", serde_json::to_string(&m.engine().stats())?);
             }
+            outcome?;
         }
         Command::Generate {
             model_dir,
@@ -376,6 +344,59 @@ fn run(command: Command) -> Result<(), Error> {
             );
         }
     }
+    Ok(())
+}
+
+/// Steps a policy against the echo environment: each tool call is answered with its own
+/// name and arguments; a finishing tool or a reply ends the episode.
+fn run_episode(policy: &mut dyn Policy, task: String, max_steps: usize) -> Result<(), Error> {
+    let mut observation: Observation = task.into();
+    for i in 1..=max_steps {
+        let step = policy.act(observation)?;
+        let c = step.cost;
+        println!(
+            "step {i}: {}  [prompt {} tok, cached {}, generated {}, {:.1} ms]",
+            serde_json::to_string(&step.action)?,
+            c.prompt_tokens,
+            c.cached_prompt_tokens,
+            c.generated_tokens,
+            c.latency.as_secs_f64() * 1e3
+        );
+        observation = match &step.action {
+            Action::Call { calls, .. } => {
+                let results: Vec<String> = calls
+                    .iter()
+                    .map(|c| {
+                        format!(
+                            "echo: {}({})",
+                            c.name,
+                            serde_json::Value::Object(c.arguments.clone())
+                        )
+                    })
+                    .collect();
+                for r in &results {
+                    println!("  tool -> {r}");
+                }
+                if calls.iter().any(|c| {
+                    ["answer", "finish", "submit", "final", "done"]
+                        .iter()
+                        .any(|w| c.name.to_lowercase().contains(w))
+                }) {
+                    println!("episode finished: the policy called a finishing tool");
+                    return Ok(());
+                }
+                Observation::ToolResults(results)
+            }
+            Action::Reply { .. } => {
+                println!("episode finished: the policy replied");
+                return Ok(());
+            }
+            Action::Invalid { error, .. } => {
+                format!("Your last output was not a valid tool call: {error}").into()
+            }
+        };
+    }
+    println!("episode stopped after {max_steps} steps");
     Ok(())
 }
 

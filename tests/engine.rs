@@ -324,23 +324,33 @@ fn a_tiny_kv_pool_preempts_and_still_gives_identical_outputs() {
         (out, engine.stats())
     };
     let (free, _) = run(options());
-    let small = EngineOptions {
-        kv_budget: KvBudget {
-            blocks: Some(10),
-            ..KvBudget::default()
-        },
-        ..options()
-    };
-    let (tight, stats) = run(small);
-    assert_eq!(free, tight);
-    assert!(
-        stats.preemptions > 0,
-        "the pool was small enough to force preemption: {stats:?}"
-    );
-    assert_eq!(
-        stats.blocks_free, stats.blocks_total,
-        "every block came back"
-    );
+    for (prefix_cache, swap_gib) in [(true, 1.0), (true, 0.0), (false, 0.0), (false, 1.0)] {
+        let small = EngineOptions {
+            kv_budget: KvBudget {
+                blocks: Some(10),
+                ..KvBudget::default()
+            },
+            prefix_cache,
+            swap_gib,
+            ..options()
+        };
+        let (tight, stats) = run(small);
+        assert_eq!(
+            free, tight,
+            "prefix cache {prefix_cache}, swap {swap_gib} GiB"
+        );
+        assert!(
+            stats.preemptions > 0,
+            "the pool was small enough to force preemption: {stats:?}"
+        );
+        assert_eq!(stats.swap_outs > 0, swap_gib > 0.0, "{stats:?}");
+        assert_eq!(stats.swap_ins, stats.swap_outs);
+        assert_eq!(
+            stats.blocks_free + stats.cached_blocks,
+            stats.blocks_total,
+            "every block came back: {stats:?}"
+        );
+    }
 }
 
 #[test]

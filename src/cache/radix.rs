@@ -206,6 +206,15 @@ impl RadixCache {
         }
     }
 
+    /// Releases a lookup that was not used (the request could not be admitted) and takes it
+    /// back out of the counters.
+    pub fn forget_lookup(&mut self, m: &PrefixMatch, looked_up_tokens: usize) {
+        self.release(m.node);
+        self.stats.lookups -= 1;
+        self.stats.lookup_tokens -= looked_up_tokens as u64;
+        self.stats.hit_tokens -= m.tokens as u64;
+    }
+
     /// Unpins a match (every node from `node` to the root).
     pub fn release(&mut self, node: usize) {
         let mut id = node;

@@ -50,6 +50,11 @@ pub struct EngineOptions {
     pub prefill_chunk: usize,
     /// Default cap on generated tokens when a request gives none.
     pub default_max_new_tokens: usize,
+    /// Reuse the KV of cached prefixes (radix tree). On by default; disabled with a warning
+    /// for architectures whose state is not all in the KV.
+    pub prefix_cache: bool,
+    /// Host memory (GiB) for KV swapped out on preemption; 0 preempts by recompute.
+    pub swap_gib: f64,
 }
 
 impl Default for EngineOptions {
@@ -63,6 +68,8 @@ impl Default for EngineOptions {
             max_batched_tokens: 2048,
             prefill_chunk: 512,
             default_max_new_tokens: 512,
+            prefix_cache: true,
+            swap_gib: 4.0,
         }
     }
 }
@@ -165,6 +172,26 @@ pub struct EngineStats {
     pub blocks_total: usize,
     /// KV blocks free.
     pub blocks_free: usize,
+    /// Whether the prefix cache is on.
+    pub prefix_cache: bool,
+    /// Prefix-cache lookups.
+    pub cache_lookups: u64,
+    /// Prompt tokens looked up.
+    pub cache_lookup_tokens: u64,
+    /// Prompt tokens found in the cache.
+    pub cache_hit_tokens: u64,
+    /// `cache_hit_tokens / cache_lookup_tokens`.
+    pub cache_hit_rate: f64,
+    /// Blocks evicted from the prefix cache.
+    pub evicted_blocks: u64,
+    /// Blocks held by the prefix cache.
+    pub cached_blocks: usize,
+    /// Sequences swapped out to host memory.
+    pub swap_outs: u64,
+    /// Sequences swapped back in.
+    pub swap_ins: u64,
+    /// Host bytes holding swapped KV now.
+    pub swap_used_bytes: usize,
 }
 
 struct Inner {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use candle_core::{D, DType, Device};
+use candle_core::{D, DType, Device, Tensor};
 use parking_lot::Mutex;
 use tokenizers::Tokenizer;
 
@@ -25,7 +25,7 @@ use super::qwen3::{LogitRows, PagedKvCache, Qwen3, SeqInput};
 use super::sampling::{Rng, sample};
 use super::weights::Checkpoint;
 use super::{EngineOptions, EngineStats, FinishReason, Generation, GenerationRequest};
-use crate::cache::BlockPool;
+use crate::cache::{BlockPool, RadixCache};
 use crate::error::{Error, Result};
 
 pub(crate) enum Command {
@@ -54,6 +54,10 @@ struct Seq {
     admitted: Option<Instant>,
     first_token: Option<Instant>,
     cached_prompt_tokens: usize,
+    /// The radix node pinned for this sequence's cached prefix.
+    pin: Option<usize>,
+    /// KV of the computed tokens, swapped out to host memory (per layer K, V).
+    swapped: Option<Vec<(Tensor, Tensor)>>,
 }
 
 impl Seq {
@@ -77,6 +81,12 @@ pub(crate) struct Scheduler {
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
     stats: Arc<Mutex<EngineStats>>,
+    /// The prefix cache (None when disabled or unsafe for the architecture).
+    radix: Option<RadixCache>,
+    /// Host memory for swapped-out KV (0: preempt by recompute).
+    swap_budget: usize,
+    swap_used: usize,
+    block_bytes: usize,
 }
 
 fn progress_bar(len: u64, msg: String) -> indicatif::ProgressBar {
@@ -141,9 +151,26 @@ impl Scheduler {
             });
         }
         let cache = PagedKvCache::new(cfg, num_blocks, opts.block_size, dtype, device)?;
+        let prefix_cache = opts.prefix_cache
+            && {
+                let safe = cfg.kv_only_prefix_cache_is_safe();
+                if !safe {
+                    tracing::warn!(model = key, model_type = %cfg.model_type, reason = cfg.kv_only_reason(), "prefix cache requested but disabled: cached KV alone cannot restore this architecture's state");
+                }
+                safe
+            };
+        let swap = opts.swap_gib > 0.0
+            && {
+                let safe = cfg.kv_only_swap_out_is_safe();
+                if !safe {
+                    tracing::warn!(model = key, model_type = %cfg.model_type, reason = cfg.kv_only_reason(), "KV swap requested but disabled; preemption falls back to recompute");
+                }
+                safe
+            };
         let stats = EngineStats {
             blocks_total: num_blocks,
             blocks_free: num_blocks,
+            prefix_cache,
             ..Default::default()
         };
         Ok(Self {
@@ -158,6 +185,14 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             stats: Arc::new(Mutex::new(stats)),
+            radix: prefix_cache.then(|| RadixCache::new(opts.block_size)),
+            swap_budget: if swap {
+                (opts.swap_gib * (1u64 << 30) as f64) as usize
+            } else {
+                0
+            },
+            swap_used: 0,
+            block_bytes,
         })
     }
 
@@ -216,6 +251,16 @@ impl Scheduler {
         s.running = self.running.len();
         s.waiting = self.waiting.len();
         s.blocks_free = self.pool.num_free();
+        if let Some(r) = &self.radix {
+            let c = r.stats();
+            s.cache_lookups = c.lookups;
+            s.cache_lookup_tokens = c.lookup_tokens;
+            s.cache_hit_tokens = c.hit_tokens;
+            s.cache_hit_rate = c.hit_rate();
+            s.evicted_blocks = c.evicted_blocks;
+            s.cached_blocks = c.cached_blocks;
+        }
+        s.swap_used_bytes = self.swap_used;
     }
 
     fn enqueue(&mut self, request: GenerationRequest, reply: Replier<Generation>) {
@@ -240,6 +285,8 @@ impl Scheduler {
             admitted: None,
             first_token: None,
             cached_prompt_tokens: 0,
+            pin: None,
+            swapped: None,
         });
     }
 
@@ -282,22 +329,96 @@ impl Scheduler {
         tokens.div_ceil(self.opts.block_size)
     }
 
-    /// Admits waiting requests (FIFO) while there is room for their whole current context.
+    /// Takes `n` free blocks, evicting unpinned cached prefixes if needed.
+    fn take_blocks(&mut self, n: usize) -> Option<Vec<u32>> {
+        if n > self.pool.num_free()
+            && let Some(r) = &mut self.radix
+        {
+            let short = n - self.pool.num_free();
+            if let Err(e) = r.evict(short, &mut self.pool) {
+                tracing::error!(error = %e, "block accounting error while evicting");
+            }
+        }
+        self.pool.allocate(n)
+    }
+
+    /// Admits waiting requests (FIFO) while there is room for their whole current context:
+    /// swapped-out sequences get their KV back; others reuse their longest cached prefix.
     fn admit(&mut self) {
         while self.running.len() < self.opts.max_running {
             let Some(seq) = self.waiting.front() else {
                 break;
             };
-            let need = self.blocks_for(seq.tokens.len() + 1);
-            if need > self.pool.num_free() {
-                break;
+            if seq.swapped.is_some() {
+                let n = self.blocks_for(seq.tokens.len() + 1);
+                let Some(blocks) = self.take_blocks(n) else {
+                    break;
+                };
+                let mut seq = self.waiting.pop_front().expect("front exists");
+                let data = seq.swapped.take().expect("swapped");
+                let kv_blocks = self.blocks_for(seq.computed);
+                self.swap_used -= kv_blocks * self.block_bytes;
+                if let Err(e) = self.cache.write_blocks(&blocks[..kv_blocks], &data) {
+                    tracing::warn!(error = %e, "swap-in failed; recomputing the sequence");
+                    seq.computed = 0;
+                }
+                seq.blocks = blocks;
+                self.stats.lock().swap_ins += 1;
+                self.running.push(seq);
+                continue;
             }
+            let tokens = seq.tokens.clone();
+            let first_admission = seq.admitted.is_none();
+            let hit = self
+                .radix
+                .as_mut()
+                .map(|r| r.lookup(&tokens[..tokens.len() - 1]));
+            let (cached_blocks, cached_tokens) = hit
+                .as_ref()
+                .map(|m| (m.blocks.clone(), m.tokens))
+                .unwrap_or_default();
+            let need = self.blocks_for(tokens.len() + 1) - cached_blocks.len();
+            let defer = self.radix.is_some()
+                && self.prefix_in_flight(&tokens[..tokens.len() - 1], cached_tokens);
+            let fresh = if defer { None } else { self.take_blocks(need) };
+            let Some(fresh) = fresh else {
+                if let (Some(r), Some(m)) = (&mut self.radix, hit) {
+                    r.forget_lookup(&m, tokens.len() - 1);
+                }
+                break;
+            };
             let mut seq = self.waiting.pop_front().expect("front exists");
-            seq.blocks = self.pool.allocate(need).expect("checked free blocks");
-            seq.computed = 0;
+            if let Err(e) = self.pool.retain(&cached_blocks) {
+                tracing::error!(error = %e, "block accounting error while reusing a prefix");
+            }
+            seq.blocks = cached_blocks;
+            seq.blocks.extend(fresh);
+            seq.computed = cached_tokens;
+            seq.pin = hit.map(|m| m.node);
+            if first_admission {
+                seq.cached_prompt_tokens = cached_tokens.min(seq.prompt_len());
+            }
             seq.admitted.get_or_insert_with(Instant::now);
             self.running.push(seq);
         }
+    }
+
+    /// Gives back what a leaving sequence holds: its whole computed blocks go into the prefix
+    /// cache (so a later turn or a recompute hits them), its pin and block references are dropped.
+    fn release_seq(&mut self, seq: &mut Seq) {
+        if let Some(r) = &mut self.radix {
+            let computed = seq.computed.min(seq.tokens.len());
+            if let Err(e) = r.insert(&seq.tokens[..computed], &seq.blocks, &mut self.pool) {
+                tracing::error!(error = %e, "block accounting error while caching a prefix");
+            }
+            if let Some(node) = seq.pin.take() {
+                r.release(node);
+            }
+        }
+        if let Err(e) = self.pool.release(&seq.blocks) {
+            tracing::error!(error = %e, "block accounting error while releasing a sequence");
+        }
+        seq.blocks.clear();
     }
 
     /// Makes sure `running[i]` has blocks for `tokens` tokens, preempting others if needed.
@@ -310,7 +431,7 @@ impl Scheduler {
             if need == 0 {
                 return true;
             }
-            if let Some(new) = self.pool.allocate(need) {
+            if let Some(new) = self.take_blocks(need) {
                 self.running[i].blocks.extend(new);
                 return true;
             }
@@ -330,17 +451,51 @@ impl Scheduler {
         }
     }
 
+    /// Preempts `running[j]`: swaps its KV out to host memory when the swap budget allows,
+    /// else requeues it for recompute (its computed prefix stays in the prefix cache, evictable).
     fn preempt(&mut self, j: usize) {
         let mut seq = self.running.remove(j);
-        if let Err(e) = self.pool.release(&seq.blocks) {
-            tracing::error!(error = %e, "block accounting error while preempting");
+        let kv_blocks = self.blocks_for(seq.computed);
+        let bytes = kv_blocks * self.block_bytes;
+        let swapped = if self.swap_budget > 0
+            && self.swap_used + bytes <= self.swap_budget
+            && seq.computed > 0
+        {
+            match self.cache.read_blocks(&seq.blocks[..kv_blocks]) {
+                Ok(data) => {
+                    self.swap_used += bytes;
+                    Some(data)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "swap-out failed; preempting by recompute");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        if let Some(data) = swapped {
+            if let (Some(r), Some(node)) = (&mut self.radix, seq.pin.take()) {
+                r.release(node);
+            }
+            if let Err(e) = self.pool.release(&seq.blocks) {
+                tracing::error!(error = %e, "block accounting error while swapping out");
+            }
+            seq.blocks.clear();
+            seq.swapped = Some(data);
+            self.stats.lock().swap_outs += 1;
+            tracing::debug!(
+                generated = seq.generated(),
+                "preempting a sequence (swap to host)"
+            );
+        } else {
+            self.release_seq(&mut seq);
+            seq.computed = 0;
+            tracing::debug!(
+                generated = seq.generated(),
+                "preempting a sequence (requeue and recompute)"
+            );
         }
-        seq.blocks.clear();
-        seq.computed = 0;
-        tracing::debug!(
-            generated = seq.generated(),
-            "preempting a sequence (requeue and recompute)"
-        );
         self.stats.lock().preemptions += 1;
         self.waiting.push_front(seq);
     }
@@ -457,7 +612,8 @@ impl Scheduler {
         stats.steps += 1;
         for (&(i, q), tok) in plan.iter().zip(next) {
             let s = &mut self.running[i];
-            if s.computed < s.prompt_len() {
+            let in_prompt = s.computed < s.prompt_len();
+            if in_prompt {
                 stats.prefill_tokens += q.min(s.prompt_len() - s.computed) as u64;
             }
             s.computed += q;
@@ -466,18 +622,52 @@ impl Scheduler {
                 s.first_token.get_or_insert(now);
                 stats.generated_tokens += 1;
             }
+            // Publish a finished prompt to the prefix cache at once, so that requests sharing
+            // it (other episodes of the task) reuse it while this one is still decoding.
+            if in_prompt
+                && s.computed >= s.prompt_len()
+                && let Some(r) = &mut self.radix
+                && let Err(e) = r.insert(&s.tokens[..s.prompt_len()], &s.blocks, &mut self.pool)
+            {
+                tracing::error!(error = %e, "block accounting error while caching a prompt");
+            }
         }
+    }
+
+    /// Whether `tokens` shares more than `cached` tokens (by whole blocks) with the prompt of
+    /// a running sequence still in prefill: admitting it now would compute that prefix twice;
+    /// a step later it is in the prefix cache.
+    fn prefix_in_flight(&self, tokens: &[u32], cached: usize) -> bool {
+        let bs = self.opts.block_size;
+        self.running
+            .iter()
+            .filter(|s| s.computed < s.prompt_len())
+            .any(|s| {
+                let common = s
+                    .request
+                    .prompt
+                    .iter()
+                    .zip(tokens)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                common / bs * bs > cached
+            })
     }
 
     fn fail(&mut self, mut failed: Vec<(usize, Error)>) {
         failed.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
         for (i, e) in failed {
-            let s = self.running.remove(i);
+            let mut s = self.running.remove(i);
             tracing::warn!(error = %e, "request failed; the others go on");
+            // Its KV may be half-written: drop it without caching.
+            if let (Some(r), Some(node)) = (&mut self.radix, s.pin.take()) {
+                r.release(node);
+            }
             if let Err(e) = self.pool.release(&s.blocks) {
                 tracing::error!(error = %e, "block accounting error");
             }
             self.stats.lock().requests_failed += 1;
+            self.publish_stats();
             s.reply.send(Err(Error::Engine(e.to_string())));
         }
     }
@@ -528,10 +718,8 @@ impl Scheduler {
             .any(|st| !st.is_empty() && text.contains(st.as_str()))
     }
 
-    fn finish(&mut self, s: Seq, reason: FinishReason) {
-        if let Err(e) = self.pool.release(&s.blocks) {
-            tracing::error!(error = %e, "block accounting error");
-        }
+    fn finish(&mut self, mut s: Seq, reason: FinishReason) {
+        self.release_seq(&mut s);
         let mut text = self.generated_text(&s);
         if reason == FinishReason::Stop
             && let Some(cut) = s
@@ -558,6 +746,7 @@ impl Scheduler {
             total_time: now - s.submitted,
         };
         self.stats.lock().requests_finished += 1;
+        self.publish_stats();
         s.reply.send(Ok(g));
     }
 

@@ -126,6 +126,26 @@ pub struct EpisodeConfig {
     pub temperature: Option<f32>,
     /// Sampling seed for reproducible episodes.
     pub seed: Option<u64>,
+    /// How the prompt of each turn is built (see [`TranscriptMode`]).
+    pub transcript_mode: TranscriptMode,
+}
+
+/// How a model policy builds the prompt of each turn.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TranscriptMode {
+    /// Re-render the whole transcript through the chat template every turn: prompts are
+    /// exactly what the template (and HF) produce, as in training. Qwen3's template renders
+    /// earlier assistant turns without the empty `<think></think>` the generation prompt had,
+    /// so the prefix cache reuses everything up to the last assistant turn, not the turn itself.
+    #[default]
+    Template,
+    /// Append only: the next prompt is the previous prompt's tokens, the generated tokens
+    /// as generated (ending in `<|im_end|>`), then the template's rendering of the new
+    /// observation. Every earlier token is reused from the prefix cache. What changes: the
+    /// model sees its own earlier turns exactly as it produced them (with the empty think
+    /// block and its own whitespace) instead of the template's re-rendering. For ChatML
+    /// templates (Qwen3); other templates fall back to `Template` with a warning.
+    AppendOnly,
 }
 
 impl EpisodeConfig {

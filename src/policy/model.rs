@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::TranscriptMode;
 use super::format::{RenderOptions, parse_output};
 use super::{
     Action, EpisodeConfig, Message, Observation, Policy, Step, StepCost, assistant_message,
@@ -20,6 +21,8 @@ pub struct ModelPolicy {
     transcript: Vec<Message>,
     last: Option<Action>,
     last_prompt: Option<String>,
+    /// Append-only mode: the previous prompt's tokens plus what was generated.
+    context_ids: Option<Vec<u32>>,
     seed: u64,
     steps: u64,
 }
@@ -52,6 +55,7 @@ impl ModelPolicy {
             transcript,
             last: None,
             last_prompt: None,
+            context_ids: None,
             seed,
             steps: 0,
         })
@@ -79,6 +83,39 @@ impl ModelPolicy {
         }
     }
 
+    /// The prompt tokens of this turn: the rendered prompt tokenized (template mode), or the
+    /// previous context plus the rendered tail after the last assistant turn (append-only).
+    fn prompt_ids(&self, prompt: &str) -> Result<Vec<u32>> {
+        let engine = self.model.engine();
+        let Some(prev) = self
+            .context_ids
+            .as_ref()
+            .filter(|_| self.episode.transcript_mode == TranscriptMode::AppendOnly)
+        else {
+            return engine.tokenize(prompt);
+        };
+        const START: &str = "<|im_start|>assistant";
+        const END: &str = "<|im_end|>";
+        let tail = prompt
+            .rfind(START)
+            .and_then(|gen_at| prompt[..gen_at].rfind(START))
+            .and_then(|a| prompt[a..].find(END).map(|e| a + e + END.len()))
+            .map(|at| &prompt[at..]);
+        let Some(tail) = tail else {
+            tracing::warn!(
+                "append-only transcript needs a ChatML template; using the full rendering"
+            );
+            return engine.tokenize(prompt);
+        };
+        let mut ids = prev.clone();
+        let im_end = engine.tokenizer().token_to_id(END);
+        if im_end.is_some() && ids.last().copied() != im_end {
+            ids.extend(engine.tokenize(END)?);
+        }
+        ids.extend(engine.tokenize(tail)?);
+        Ok(ids)
+    }
+
     /// Renders the current transcript as the next prompt.
     pub fn render(&self) -> Result<String> {
         let tools = (!self.episode.tools.is_empty()).then_some(self.episode.tools.as_slice());
@@ -96,10 +133,16 @@ impl Policy for ModelPolicy {
         push_observation(&mut self.transcript, self.last.as_ref(), observation);
         let prompt = self.render()?;
         let engine = self.model.engine();
-        let ids = engine.tokenize(&prompt)?;
+        let ids = self.prompt_ids(&prompt)?;
+        let ids_for_context = ids.clone();
         let mut request = GenerationRequest::new(ids).sampling(self.sampling(self.steps));
         request.max_new_tokens = self.episode.max_new_tokens;
         let generation = engine.generate(request)?;
+        if self.episode.transcript_mode == TranscriptMode::AppendOnly {
+            let mut ctx = ids_for_context;
+            ctx.extend_from_slice(&generation.tokens);
+            self.context_ids = Some(ctx);
+        }
         let raw = generation.text.clone();
         let tools = (!self.episode.tools.is_empty()).then_some(self.episode.tools.as_slice());
         let action = parse_output(&raw, tools).into_action(&raw);
