@@ -114,10 +114,10 @@ impl KvBudget {
 
 #[cfg(feature = "cuda")]
 fn free_gpu_bytes(device: &Device) -> Result<usize> {
-    let Device::Cuda(dev) = device else {
+    if !matches!(device, Device::Cuda(_)) {
         return Ok(0);
-    };
-    dev.synchronize()?;
+    }
+    device.synchronize()?;
     let (free, _total) = candle_core::cuda_backend::cudarc::driver::result::mem_get_info()
         .map_err(|e| Error::Engine(format!("cannot read free GPU memory: {e:?}")))?;
     Ok(free)
