@@ -42,7 +42,8 @@ pub enum LogitRows {
     All,
 }
 
-/// The KV memory: per layer one K and one V tensor of `[num_blocks * block_size, kv_heads * head_dim]`.
+/// The KV memory: per layer one K and one V tensor, head-major: `[kv_heads, num_blocks * block_size, head_dim]`,
+/// so that gathering a sequence's slots yields per-head contiguous matrices.
 pub struct PagedKvCache {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
@@ -59,13 +60,16 @@ impl PagedKvCache {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        let width = cfg.num_key_value_heads * cfg.head_dim();
-        let slots = num_blocks * block_size;
+        let shape = (
+            cfg.num_key_value_heads,
+            num_blocks * block_size,
+            cfg.head_dim(),
+        );
         let mut k = Vec::with_capacity(cfg.num_hidden_layers);
         let mut v = Vec::with_capacity(cfg.num_hidden_layers);
         for _ in 0..cfg.num_hidden_layers {
-            k.push(Tensor::zeros((slots, width), dtype, device)?);
-            v.push(Tensor::zeros((slots, width), dtype, device)?);
+            k.push(Tensor::zeros(shape, dtype, device)?);
+            v.push(Tensor::zeros(shape, dtype, device)?);
         }
         Ok(Self {
             k,
@@ -94,8 +98,8 @@ impl PagedKvCache {
             .zip(&self.v)
             .map(|(k, v)| {
                 Ok((
-                    k.index_select(&idx, 0)?.to_device(&host)?,
-                    v.index_select(&idx, 0)?.to_device(&host)?,
+                    k.index_select(&idx, 1)?.to_device(&host)?,
+                    v.index_select(&idx, 1)?.to_device(&host)?,
                 ))
             })
             .collect()
@@ -123,14 +127,15 @@ impl PagedKvCache {
     }
 }
 
-/// Writes `src` rows into `dst` rows named by `idx` (u32 `[n]`), in place.
+/// Writes `src` (`[kv_heads, n, head_dim]`) into the slots `idx` (u32 `[n]`) of a head-major
+/// cache tensor (`[kv_heads, slots, head_dim]`), in place.
 fn scatter_rows(dst: &Tensor, idx: &Tensor, src: &Tensor) -> Result<()> {
-    let (n, width) = src.dims2()?;
+    let (heads, n, hd) = src.dims3()?;
     let idx = idx
-        .reshape((n, 1))?
-        .broadcast_as((n, width))?
+        .reshape((1, n, 1))?
+        .broadcast_as((heads, n, hd))?
         .contiguous()?;
-    dst.scatter_set(&idx, &src.contiguous()?, 0)?;
+    dst.scatter_set(&idx, &src.contiguous()?, 1)?;
     Ok(())
 }
 
@@ -288,10 +293,10 @@ impl Qwen3 {
         let ids = Tensor::new(tokens, dev)?;
         let pos = Tensor::new(positions.as_slice(), dev)?;
         let slot_t = Tensor::new(write_slots.as_slice(), dev)?;
-        let kv_width = self.num_kv_heads * self.head_dim;
+        let (nkv, hd) = (self.num_kv_heads, self.head_dim);
         let slot_idx = slot_t
-            .reshape((total, 1))?
-            .broadcast_as((total, kv_width))?
+            .reshape((1, total, 1))?
+            .broadcast_as((nkv, total, hd))?
             .contiguous()?;
         let cos = self.cos.index_select(&pos, 0)?.unsqueeze(1)?; // [T, 1, D/2]
         let sin = self.sin.index_select(&pos, 0)?.unsqueeze(1)?;
@@ -307,16 +312,19 @@ impl Qwen3 {
             let k = qkv
                 .narrow(1, nh * hd, nkv * hd)?
                 .reshape((total, nkv, hd))?;
-            let v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd)?;
+            let v = qkv
+                .narrow(1, (nh + nkv) * hd, nkv * hd)?
+                .reshape((total, nkv, hd))?;
             let q = layer.q_norm.forward(&q.contiguous()?)?;
             let k = layer.k_norm.forward(&k.contiguous()?)?;
             // RoPE per token: treat tokens as the batch, one "time step" each.
             let q = candle_nn::rotary_emb::rope(&q.unsqueeze(2)?.contiguous()?, &cos, &sin)?
                 .squeeze(2)?;
             let k = candle_nn::rotary_emb::rope(&k.unsqueeze(2)?.contiguous()?, &cos, &sin)?
-                .reshape((total, kv_width))?;
-            cache.k[li].scatter_set(&slot_idx, &k, 0)?;
-            cache.v[li].scatter_set(&slot_idx, &v.contiguous()?, 0)?;
+                .squeeze(2)?;
+            // Head-major cache: [kv_heads, slots, head_dim].
+            cache.k[li].scatter_set(&slot_idx, &k.transpose(0, 1)?.contiguous()?, 1)?;
+            cache.v[li].scatter_set(&slot_idx, &v.transpose(0, 1)?.contiguous()?, 1)?;
             let attn = attend(&q, &cache.k[li], &cache.v[li], &plan, nh, nkv, hd)?;
             x = (layer.o_proj.forward(&attn)? + residual)?;
             let residual = x.clone();
@@ -368,7 +376,7 @@ struct AttnPlan {
 }
 
 enum AttnGroup {
-    /// `n` consecutive one-token sequences; `idx` `[n * max_ctx]` slot indices, `mask` `[n, 1, 1, max_ctx]`.
+    /// `n` consecutive one-token sequences; `idx` `[n * max_ctx]` slot indices, `mask` `[1, n, 1, max_ctx]`.
     Decode {
         n: usize,
         max_ctx: usize,
@@ -414,7 +422,7 @@ impl AttnPlan {
                     n: run.len(),
                     max_ctx,
                     idx: Tensor::new(idx.as_slice(), dev)?,
-                    mask: Tensor::from_vec(mask, (run.len(), 1, 1, max_ctx), dev)?
+                    mask: Tensor::from_vec(mask, (1, run.len(), 1, max_ctx), dev)?
                         .to_dtype(dtype)?,
                 });
                 i = j;
@@ -474,21 +482,18 @@ fn attend(
             } => {
                 let (n, l) = (*n, *max_ctx);
                 // One query token: the G query heads of a KV head become the "query length".
-                let qg = q.narrow(0, t0, n)?.reshape((n, nkv, g, hd))?;
-                let k = kc
-                    .index_select(idx, 0)?
-                    .reshape((n, l, nkv, hd))?
-                    .transpose(1, 2)?
-                    .contiguous()?;
-                let v = vc
-                    .index_select(idx, 0)?
-                    .reshape((n, l, nkv, hd))?
-                    .transpose(1, 2)?
-                    .contiguous()?;
-                let scores = (qg.matmul(&k.transpose(2, 3)?)? * scale)?; // [n, nkv, g, l]
+                let qg = q
+                    .narrow(0, t0, n)?
+                    .reshape((n, nkv, g, hd))?
+                    .transpose(0, 1)?
+                    .contiguous()?; // [nkv, n, g, hd]
+                // The head-major cache gathers straight into [nkv, n, l, hd]: no transpose.
+                let k = kc.index_select(idx, 1)?.reshape((nkv, n, l, hd))?;
+                let v = vc.index_select(idx, 1)?.reshape((nkv, n, l, hd))?;
+                let scores = (qg.matmul(&k.transpose(2, 3)?)? * scale)?; // [nkv, n, g, l]
                 let scores = scores.broadcast_add(mask)?;
                 let p = candle_nn::ops::softmax_last_dim(&scores)?;
-                let o = p.matmul(&v)?; // [n, nkv, g, hd]
+                let o = p.matmul(&v)?.transpose(0, 1)?.contiguous()?; // [n, nkv, g, hd]
                 outs.push(o.reshape((n, nh * hd))?);
                 t0 += n;
             }
@@ -504,16 +509,8 @@ fn attend(
                     .transpose(0, 1)?
                     .contiguous()?
                     .reshape((nkv, g * n, hd))?; // [nkv, g*n, hd]
-                let k = kc
-                    .index_select(idx, 0)?
-                    .reshape((c, nkv, hd))?
-                    .transpose(0, 1)?
-                    .contiguous()?; // [nkv, c, hd]
-                let v = vc
-                    .index_select(idx, 0)?
-                    .reshape((c, nkv, hd))?
-                    .transpose(0, 1)?
-                    .contiguous()?;
+                let k = kc.index_select(idx, 1)?; // [nkv, c, hd]
+                let v = vc.index_select(idx, 1)?;
                 let scores = (qs.matmul(&k.transpose(1, 2)?)? * scale)?.reshape((nkv, g, n, c))?;
                 let scores = match mask {
                     Some(m) => scores.broadcast_add(m)?,

@@ -1,0 +1,74 @@
+//! Hot CPU paths of the prefix cache: lookup and insert on a tree of 10k cached sequences.
+//!
+//!     cargo bench --bench radix
+
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use policy_serve::cache::{BlockPool, RadixCache};
+
+const BS: usize = 16;
+
+/// 10k agent-like sequences: 100 tasks share a 704-token system+tools prefix each task's
+/// 100 episodes branch off after it with their own ~320 tokens.
+fn sequences() -> Vec<Vec<u32>> {
+    let mut out = Vec::with_capacity(10_000);
+    for task in 0..100u32 {
+        let prefix: Vec<u32> = (0..704).map(|i| (i * 31 + task * 7919) % 151_000).collect();
+        for ep in 0..100u32 {
+            let mut s = prefix.clone();
+            s.extend((0..320).map(|i| (i * 17 + ep * 104_729 + task) % 151_000));
+            out.push(s);
+        }
+    }
+    out
+}
+
+fn build(seqs: &[Vec<u32>]) -> (RadixCache, BlockPool) {
+    let mut pool = BlockPool::new(1 << 20);
+    let mut tree = RadixCache::new(BS);
+    for s in seqs {
+        let blocks = pool.allocate(s.len() / BS).expect("pool is large");
+        tree.insert(s, &blocks, &mut pool).expect("insert");
+        pool.release(&blocks).expect("release");
+    }
+    (tree, pool)
+}
+
+fn bench(c: &mut Criterion) {
+    let seqs = sequences();
+    let (mut tree, mut pool) = build(&seqs);
+    let mut i = 0;
+    c.bench_function("radix lookup+release (1024 tokens, 10k-seq tree)", |b| {
+        b.iter(|| {
+            let m = tree.lookup(black_box(&seqs[i % seqs.len()]));
+            tree.release(m.node);
+            i += 7;
+        })
+    });
+    let mut j = 0u32;
+    c.bench_function(
+        "radix insert new branch (320 tokens after a shared 704)",
+        |b| {
+            b.iter(|| {
+                let mut s = seqs[(j as usize * 13) % seqs.len()][..704].to_vec();
+                s.extend((0..320).map(|k| (k * 3 + j * 999_983) % 151_000));
+                let blocks = pool.allocate(s.len() / BS).expect("pool");
+                tree.insert(black_box(&s), &blocks, &mut pool)
+                    .expect("insert");
+                pool.release(&blocks).expect("release");
+                j += 1;
+            })
+        },
+    );
+    c.bench_function("radix build 10k sequences", |b| {
+        b.iter(|| build(black_box(&seqs[..10_000])))
+    });
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(20);
+    targets = bench
+}
+criterion_main!(benches);
