@@ -167,7 +167,7 @@ impl ModelConfig {
         {
             return bad("head and layer counts must be positive".into());
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return bad(format!(
                 "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
                 self.num_attention_heads, self.num_key_value_heads
@@ -179,7 +179,7 @@ impl ModelConfig {
                 self.hidden_act
             ));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return bad(format!(
                 "head_dim {} must be even for RoPE",
                 self.head_dim()
