@@ -77,7 +77,7 @@ proptest! {
                 }
                 Op::Lookup(s) => {
                     let m = tree.lookup(&s);
-                    prop_assert!(m.tokens <= s.len() && m.tokens % bs == 0);
+                    prop_assert!(m.tokens <= s.len() && m.tokens.is_multiple_of(bs));
                     tree.release(m.node);
                 }
                 Op::Evict(n) => {
