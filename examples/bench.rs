@@ -167,22 +167,22 @@ fn agent_workload(
     let tools = vec![
         ToolDefinition::new(
             "list_tables",
-            &long("List every table in the database with its row count"),
+            long("List every table in the database with its row count"),
         ),
         ToolDefinition::new(
             "describe",
-            &long("Describe the columns, types and foreign keys of one table"),
+            long("Describe the columns, types and foreign keys of one table"),
         )
         .param("table", "string", "The table name", true),
         ToolDefinition::new(
             "query",
-            &long("Run one read-only SQL query (SQLite dialect) against the database"),
+            long("Run one read-only SQL query (SQLite dialect) against the database"),
         )
         .param("sql", "string", "The SQL query", true)
         .param("limit", "integer", "Maximum rows to return", false),
         ToolDefinition::new(
             "answer",
-            &long("Submit the final answer to the question; the episode ends"),
+            long("Submit the final answer to the question; the episode ends"),
         )
         .param("value", "string", "The answer", true),
     ];
