@@ -390,3 +390,25 @@ fn a_broken_checkpoint_names_the_tensor_and_file() {
         "{err}"
     );
 }
+
+#[test]
+fn a_caller_that_goes_away_frees_its_sequence() {
+    let r = registry_with(options());
+    let engine = r.model("tiny").unwrap().engine().clone();
+    let pending = engine.submit(GenerationRequest::new(prompt(40, 90)).max_new_tokens(2000));
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    drop(pending);
+    let t = std::time::Instant::now();
+    loop {
+        let s = engine.stats();
+        if s.requests_cancelled == 1 {
+            assert_eq!(s.running, 0);
+            assert_eq!(s.blocks_free + s.cached_blocks, s.blocks_total);
+            break;
+        }
+        assert!(t.elapsed().as_secs() < 20, "the abandoned request kept running: {s:?}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // The engine still serves others.
+    assert_eq!(engine.generate(GenerationRequest::new(prompt(5, 91)).max_new_tokens(3)).unwrap().generated_tokens, 3);
+}

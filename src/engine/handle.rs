@@ -48,6 +48,12 @@ pub(crate) fn channel<T>() -> (Replier<T>, Pending<T>) {
 }
 
 impl<T> Replier<T> {
+    /// Whether the caller dropped its [`Pending`] (a disconnected client): nobody will read
+    /// the result, so the work can stop.
+    pub(crate) fn is_abandoned(&self) -> bool {
+        self.slot.as_ref().is_none_or(|s| Arc::strong_count(s) == 1)
+    }
+
     pub(crate) fn send(mut self, value: Result<T>) {
         if let Some(slot) = self.slot.take() {
             let mut st = slot.state.lock();

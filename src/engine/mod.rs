@@ -156,6 +156,8 @@ pub struct EngineStats {
     pub requests_finished: u64,
     /// Requests failed.
     pub requests_failed: u64,
+    /// Requests dropped because their caller went away.
+    pub requests_cancelled: u64,
     /// Sequences running now.
     pub running: usize,
     /// Requests waiting for admission.

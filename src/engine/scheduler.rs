@@ -87,6 +87,7 @@ pub(crate) struct Scheduler {
     swap_budget: usize,
     swap_used: usize,
     block_bytes: usize,
+    cancelled: u64,
 }
 
 fn progress_bar(len: u64, msg: String) -> indicatif::ProgressBar {
@@ -193,6 +194,7 @@ impl Scheduler {
             },
             swap_used: 0,
             block_bytes,
+            cancelled: 0,
         })
     }
 
@@ -237,6 +239,7 @@ impl Scheduler {
             if shutdown {
                 break;
             }
+            self.drop_abandoned();
             self.admit();
             if !self.running.is_empty() {
                 self.step();
@@ -246,11 +249,35 @@ impl Scheduler {
         tracing::debug!("scheduler stopped");
     }
 
+    /// Stops the work of callers that went away (dropped their `Pending`): their blocks are
+    /// released (and their computed prefix cached) at once.
+    fn drop_abandoned(&mut self) {
+        let before = self.waiting.len();
+        self.waiting.retain(|s| !s.reply.is_abandoned());
+        let mut cancelled = before - self.waiting.len();
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].reply.is_abandoned() {
+                let mut s = self.running.remove(i);
+                self.release_seq(&mut s);
+                cancelled += 1;
+            } else {
+                i += 1;
+            }
+        }
+        if cancelled > 0 {
+            tracing::debug!(cancelled, "dropped requests whose callers went away");
+            self.cancelled += cancelled as u64;
+            self.publish_stats();
+        }
+    }
+
     fn publish_stats(&self) {
         let mut s = self.stats.lock();
         s.running = self.running.len();
         s.waiting = self.waiting.len();
         s.blocks_free = self.pool.num_free();
+        s.requests_cancelled = self.cancelled;
         if let Some(r) = &self.radix {
             let c = r.stats();
             s.cache_lookups = c.lookups;
