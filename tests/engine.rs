@@ -406,9 +406,18 @@ fn a_caller_that_goes_away_frees_its_sequence() {
             assert_eq!(s.blocks_free + s.cached_blocks, s.blocks_total);
             break;
         }
-        assert!(t.elapsed().as_secs() < 20, "the abandoned request kept running: {s:?}");
+        assert!(
+            t.elapsed().as_secs() < 20,
+            "the abandoned request kept running: {s:?}"
+        );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     // The engine still serves others.
-    assert_eq!(engine.generate(GenerationRequest::new(prompt(5, 91)).max_new_tokens(3)).unwrap().generated_tokens, 3);
+    assert_eq!(
+        engine
+            .generate(GenerationRequest::new(prompt(5, 91)).max_new_tokens(3))
+            .unwrap()
+            .generated_tokens,
+        3
+    );
 }

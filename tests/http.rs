@@ -1,0 +1,441 @@
+//! examples/serve.rs on an ephemeral loopback port, driven with reqwest and with the official
+//! `openai` Python client.
+
+mod common;
+
+#[path = "../examples/serve.rs"]
+#[allow(clippy::all, unused)]
+mod serve;
+
+use std::sync::Arc;
+
+use clap::Parser;
+use serde_json::{Value, json};
+
+struct Server {
+    base: String,
+    state: Arc<serve::AppState>,
+}
+
+async fn start(extra: &[&str]) -> Server {
+    let dir = common::shared_tiny_model();
+    let tiny = format!("tiny={}", dir.display());
+    let mut args = vec![
+        "serve",
+        "--addr",
+        "127.0.0.1:0",
+        "--device",
+        "cpu",
+        "--model-dir",
+        tiny.as_str(),
+        "--max-body-bytes",
+        "65536",
+    ];
+    if !extra.contains(&"--max-tokens-cap") {
+        args.extend_from_slice(&["--max-tokens-cap", "64"]);
+    }
+    args.extend_from_slice(extra);
+    let cfg = serve::Config::parse_from(args);
+    let state = serve::AppState::new(cfg).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = serve::app(state.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Server { base, state }
+}
+
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "query", "description": "Run SQL", "parameters": {"type": "object", "properties": {"sql": {"type": "string"}}, "required": ["sql"]}}},
+        {"type": "function", "function": {"name": "answer", "description": "Answer", "parameters": {"type": "object", "properties": {"value": {"type": "string"}}, "required": ["value"]}}}
+    ])
+}
+
+async fn post(s: &Server, path: &str, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{}{path}", s.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn models_lists_the_demo_first_and_health_answers() {
+    let s = start(&[]).await;
+    let v: Value = reqwest::get(format!("{}/v1/models", s.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], "demo");
+    assert!(
+        v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["id"] == "tiny")
+    );
+    let h: Value = reqwest::get(format!("{}/health", s.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(h["status"], "ok");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chat_with_tools_on_the_demo_returns_openai_tool_calls() {
+    let s = start(&[]).await;
+    let (code, v) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"model": "demo", "messages": [{"role": "user", "content": "hi"}], "tools": tools()}),
+    )
+    .await;
+    assert_eq!(code, 200, "{v}");
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls");
+    assert_eq!(c["message"]["role"], "assistant");
+    let call = &c["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "query");
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["sql"].is_string());
+    assert!(v["usage"]["prompt_tokens_details"]["cached_tokens"].is_number());
+    // After one assistant turn the demo moves on to the next tool.
+    let (_, v2) = post(&s, "/v1/chat/completions", json!({"model": "demo", "tools": tools(), "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "query", "arguments": "{\"sql\": \"x\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "3"}]})).await;
+    assert_eq!(
+        v2["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "answer"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chat_on_the_tiny_qwen3_reports_usage_and_cached_tokens() {
+    let s = start(&[]).await;
+    let body = json!({"model": "tiny", "messages": [{"role": "system", "content": "Use the tools well and answer precisely."}, {"role": "user", "content": "Count the users"}], "tools": tools(), "max_tokens": 8, "temperature": 0});
+    let (code, a) = post(&s, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(code, 200, "{a}");
+    let (_, b) = post(&s, "/v1/chat/completions", body).await;
+    assert!(a["usage"]["prompt_tokens"].as_u64().unwrap() > 100);
+    assert!(a["usage"]["completion_tokens"].as_u64().unwrap() >= 1);
+    assert_eq!(
+        a["choices"][0]["message"], b["choices"][0]["message"],
+        "greedy is deterministic"
+    );
+    assert!(
+        b["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 100,
+        "{b}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn streaming_sends_sse_chunks_ending_with_done() {
+    let s = start(&[]).await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&json!({"model": "demo", "messages": [{"role": "user", "content": "hi"}], "tools": tools(), "stream": true, "stream_options": {"include_usage": true}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let text = r.text().await.unwrap();
+    let data: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(*data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk")
+    );
+    assert!(
+        chunks
+            .iter()
+            .any(|c| c["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == "query")
+    );
+    assert!(
+        chunks
+            .iter()
+            .any(|c| c["choices"][0]["finish_reason"] == "tool_calls")
+    );
+    assert!(chunks.last().unwrap()["usage"].is_object());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_episode_lives_acts_and_is_deleted() {
+    let s = start(&[]).await;
+    for model in ["demo", "tiny"] {
+        let (code, v) = post(&s, "/v1/episodes", json!({"model": model, "system_prompt": "Be brief.", "tools": tools(), "max_tokens": 6, "temperature": 0})).await;
+        assert_eq!(code, 201, "{v}");
+        let id = v["id"].as_str().unwrap().to_string();
+        let (code, step) = post(
+            &s,
+            &format!("/v1/episodes/{id}/act"),
+            json!({"observation": "How many users?"}),
+        )
+        .await;
+        assert_eq!(code, 200, "{step}");
+        assert!(step["action"]["type"].is_string() && step["raw"].is_string());
+        assert!(step["cost"]["latency_ms"].is_number());
+        let (code, _) = post(
+            &s,
+            &format!("/v1/episodes/{id}/act"),
+            json!({"observation": ["result one"]}),
+        )
+        .await;
+        assert_eq!(code, 200);
+        let r = reqwest::Client::new()
+            .delete(format!("{}/v1/episodes/{id}", s.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 204);
+        let (code, err) = post(
+            &s,
+            &format!("/v1/episodes/{id}/act"),
+            json!({"observation": "x"}),
+        )
+        .await;
+        assert_eq!(code, 404);
+        assert!(err["error"]["message"].as_str().unwrap().contains(&id));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_requests_get_openai_style_errors_and_do_not_affect_others() {
+    let s = start(&["--model-dir", "broken=/nonexistent/model"]).await;
+    let good = {
+        let s_base = s.base.clone();
+        tokio::spawn(async move {
+            reqwest::Client::new().post(format!("{s_base}/v1/chat/completions")).json(&json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})).send().await.unwrap().status().as_u16()
+        })
+    };
+    let client = reqwest::Client::new();
+    let raw = client
+        .post(format!("{}/v1/chat/completions", s.base))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 400);
+    let v: Value = raw.json().await.unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON")
+    );
+    let cases = [
+        (
+            json!({"messages": [{"role": "user", "content": "x"}]}),
+            400,
+            "`model` is required",
+        ),
+        (
+            json!({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}),
+            404,
+            "not offered",
+        ),
+        (json!({"model": "tiny", "messages": []}), 400, "non-empty"),
+        (
+            json!({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}),
+            400,
+            "unknown role",
+        ),
+        (
+            json!({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}),
+            400,
+            "between 1 and 64",
+        ),
+        (
+            json!({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}),
+            400,
+            "tools",
+        ),
+        (
+            json!({"model": "broken", "messages": [{"role": "user", "content": "x"}]}),
+            503,
+            "does not exist",
+        ),
+    ];
+    for (body, status, needle) in cases {
+        let (code, v) = post(&s, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(code, status, "{body} -> {v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(needle), "{msg:?} should contain {needle:?}");
+        assert!(v["error"]["type"].is_string());
+    }
+    let big = "x".repeat(70_000);
+    let r = client
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&json!({"model": "demo", "messages": [{"role": "user", "content": big}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    assert_eq!(
+        good.await.unwrap(),
+        200,
+        "the good request was not affected"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bearer_token_guards_every_route_but_health() {
+    let s = start(&["--token", "s3cret"]).await;
+    let c = reqwest::Client::new();
+    assert_eq!(
+        c.get(format!("{}/v1/models", s.base))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    assert_eq!(
+        c.get(format!("{}/v1/models", s.base))
+            .bearer_auth("wrong")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    assert_eq!(
+        c.get(format!("{}/v1/models", s.base))
+            .bearer_auth("s3cret")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        c.get(format!("{}/metrics", s.base))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    assert_eq!(
+        c.get(format!("{}/health", s.base))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_are_prometheus_text_with_requests_tokens_cache_queue_and_episodes() {
+    let s = start(&[]).await;
+    post(
+        &s,
+        "/v1/chat/completions",
+        json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+    )
+    .await;
+    let text = reqwest::get(format!("{}/metrics", s.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in [
+        "policy_serve_requests_total{route=\"chat_completions\"} 1",
+        "policy_serve_tokens_total{kind=\"prompt\"}",
+        "policy_serve_cache_hit_rate{model=\"tiny\"}",
+        "policy_serve_queue_depth{model=\"tiny\"}",
+        "policy_serve_episodes_open 0",
+    ] {
+        assert!(text.contains(name), "missing {name} in\n{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_disconnects_frees_its_sequence() {
+    let s = start(&["--max-tokens-cap", "3000"]).await;
+    let model = s.state.registry().model("tiny").unwrap();
+    let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "write forever"}], "max_tokens": 3000});
+    let fut = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&body)
+        .send();
+    // Give up long before 64 tokens are generated.
+    let _ = tokio::time::timeout(std::time::Duration::from_millis(30), fut).await;
+    let t = std::time::Instant::now();
+    loop {
+        let st = model.engine().stats();
+        assert_eq!(st.requests_finished, 0, "3000 tokens cannot be done yet");
+        if st.requests_cancelled == 1 && st.running == 0 {
+            assert_eq!(st.blocks_free + st.cached_blocks, st.blocks_total);
+            break;
+        }
+        assert!(t.elapsed().as_secs() < 30, "{st:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_official_openai_python_client_parses_our_responses() {
+    let s = start(&[]).await;
+    let has_openai = std::process::Command::new("python3")
+        .args(["-c", "import openai"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !has_openai {
+        let ok = std::process::Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "openai"])
+            .status()
+            .expect("python3 is needed for this test");
+        assert!(ok.success(), "`python3 -m pip install openai` failed");
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let base = s.base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .arg(script)
+            .arg(base)
+            .args(["demo", "tiny"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("openai client ok: demo, tiny"));
+}
