@@ -57,8 +57,22 @@ fn bench(c: &mut Criterion) {
                 tree.insert(black_box(&s), &blocks, &mut pool)
                     .expect("insert");
                 pool.release(&blocks).expect("release");
+                if pool.num_free() < 100_000 {
+                    // Keep the tree bounded: LRU eviction is part of steady-state insert cost.
+                    tree.evict(200_000, &mut pool).expect("evict");
+                }
                 j += 1;
             })
+        },
+    );
+    c.bench_function(
+        "radix evict 1000 blocks (LRU leaves of a 2k-seq tree)",
+        |b| {
+            b.iter_batched(
+                || build(&seqs[..2_000]),
+                |(mut t, mut p)| t.evict(black_box(1_000), &mut p).expect("evict"),
+                criterion::BatchSize::LargeInput,
+            )
         },
     );
     c.bench_function("radix build 10k sequences", |b| {
