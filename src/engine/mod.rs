@@ -5,12 +5,14 @@
 //! continuous batching: admit, chunked prefill, one batched decode step for every running
 //! sequence, sample, stop, release. A request that fails, fails alone.
 
+pub mod comm;
 pub mod config;
 mod device;
 mod handle;
 pub mod qwen3;
 pub mod sampling;
 mod scheduler;
+mod tp;
 pub mod weights;
 
 use std::path::PathBuf;
@@ -26,7 +28,9 @@ use tokenizers::Tokenizer;
 pub use config::{GenerationConfig, ModelConfig};
 pub use device::{DTypeChoice, DeviceChoice, KvBudget};
 pub use handle::Pending;
+pub use comm::{CommBackend, CommHandle, InProcessComm, RankSettings, WorkerCommand};
 pub use sampling::SamplingParams;
+pub use tp::{WorkerOptions, WorkerReport, run_worker};
 
 use crate::error::{Error, Result};
 use scheduler::{Command, Scheduler};
@@ -54,7 +58,16 @@ pub struct EngineOptions {
     /// for architectures whose state is not all in the KV.
     pub prefix_cache: bool,
     /// Host memory (GiB) for KV swapped out on preemption; 0 preempts by recompute.
+    /// (Off under tensor parallelism: preemption recomputes.)
     pub swap_gib: f64,
+    /// Tensor parallelism: this process's link to the other ranks (it must be rank 0; the
+    /// others run [`run_worker`]). `None`: one rank.
+    pub tensor_parallel: Option<CommHandle>,
+    /// How long the head waits for workers to acknowledge a step.
+    pub worker_timeout: Duration,
+    /// Speculative draft tokens per step. Not implemented: must be 0; it is part of the
+    /// settings a worker must mirror.
+    pub speculative_tokens: usize,
 }
 
 impl Default for EngineOptions {
@@ -70,6 +83,9 @@ impl Default for EngineOptions {
             default_max_new_tokens: 512,
             prefix_cache: true,
             swap_gib: 4.0,
+            tensor_parallel: None,
+            worker_timeout: Duration::from_secs(120),
+            speculative_tokens: 0,
         }
     }
 }

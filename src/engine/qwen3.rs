@@ -14,6 +14,7 @@
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Linear, RmsNorm};
 
+use super::comm::CommBackend;
 use super::config::ModelConfig;
 use super::weights::Checkpoint;
 use crate::error::Result;
@@ -53,15 +54,17 @@ pub struct PagedKvCache {
 
 impl PagedKvCache {
     /// Allocates `num_blocks` blocks of `block_size` tokens for every layer.
+    /// `kv_heads` is the number of KV heads this rank holds.
     pub fn new(
         cfg: &ModelConfig,
+        kv_heads: usize,
         num_blocks: usize,
         block_size: usize,
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
         let shape = (
-            cfg.num_key_value_heads,
+            kv_heads,
             num_blocks * block_size,
             cfg.head_dim(),
         );
@@ -150,6 +153,50 @@ struct Layer {
     down: Linear,
 }
 
+/// Which part of the model this rank holds (tensor parallelism; `Shard::FULL` for one rank).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world: usize,
+}
+
+impl Shard {
+    /// The whole model on one rank.
+    pub const FULL: Shard = Shard { rank: 0, world: 1 };
+
+    /// Checks that `world` divides every split dimension of `cfg`.
+    pub fn check(&self, cfg: &ModelConfig) -> Result<()> {
+        let w = self.world;
+        let bad = [
+            ("num_attention_heads", cfg.num_attention_heads),
+            ("num_key_value_heads", cfg.num_key_value_heads),
+            ("intermediate_size", cfg.intermediate_size),
+        ]
+        .into_iter()
+        .filter(|(_, n)| w == 0 || n % w != 0)
+        .map(|(name, n)| format!("{name} = {n}"))
+        .collect::<Vec<_>>();
+        if !bad.is_empty() {
+            return Err(crate::error::Error::Unsupported(format!(
+                "tensor-parallel world size {w} does not divide {}; use a world size that divides the head counts and the MLP size",
+                bad.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// This rank's rows `[rank * n / world, (rank + 1) * n / world)` of dimension `dim`.
+    fn slice(&self, t: Tensor, dim: usize) -> Result<Tensor> {
+        if self.world == 1 {
+            return Ok(t);
+        }
+        let n = t.dim(dim)? / self.world;
+        Ok(t.narrow(dim, self.rank * n, n)?.contiguous()?)
+    }
+}
+
 /// Qwen3 weights plus RoPE tables.
 pub struct Qwen3 {
     embed: Tensor,
@@ -164,6 +211,7 @@ pub struct Qwen3 {
     intermediate: usize,
     device: Device,
     dtype: DType,
+    shard: Shard,
 }
 
 fn rms(ck: &Checkpoint, name: &str, size: usize, eps: f64) -> Result<RmsNorm> {
@@ -171,15 +219,19 @@ fn rms(ck: &Checkpoint, name: &str, size: usize, eps: f64) -> Result<RmsNorm> {
 }
 
 impl Qwen3 {
-    /// Loads the weights of `cfg` from a checkpoint (HF tensor names), fusing q/k/v and
-    /// gate/up into one matmul each. `progress` is called after each layer.
+    /// Loads this rank's shard of the weights of `cfg` from a checkpoint (HF tensor names),
+    /// fusing q/k/v and gate/up into one matmul each: q/k/v and gate/up are split by output
+    /// rows (column-parallel), o_proj and down by input columns (row-parallel, all-reduced in
+    /// `forward`). Embedding, norms and lm_head are replicated. `progress` runs per layer.
     pub fn load(
         cfg: &ModelConfig,
         ck: &Checkpoint,
         dtype: DType,
         device: &Device,
+        shard: Shard,
         mut progress: impl FnMut(),
     ) -> Result<Self> {
+        shard.check(cfg)?;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim());
         let (nh, nkv, inter) = (
             cfg.num_attention_heads,
@@ -192,32 +244,35 @@ impl Qwen3 {
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
             let w = |n: &str, shape: &[usize]| ck.get(&format!("{p}.{n}"), shape);
-            let q = w("self_attn.q_proj.weight", &[nh * hd, h])?;
-            let k = w("self_attn.k_proj.weight", &[nkv * hd, h])?;
-            let v = w("self_attn.v_proj.weight", &[nkv * hd, h])?;
+            let rows = |n: &str, shape: &[usize]| shard.slice(w(n, shape)?, 0);
+            let q = rows("self_attn.q_proj.weight", &[nh * hd, h])?;
+            let k = rows("self_attn.k_proj.weight", &[nkv * hd, h])?;
+            let v = rows("self_attn.v_proj.weight", &[nkv * hd, h])?;
             let qkv_bias = if cfg.attention_bias {
                 Some(Tensor::cat(
                     &[
-                        w("self_attn.q_proj.bias", &[nh * hd])?,
-                        w("self_attn.k_proj.bias", &[nkv * hd])?,
-                        w("self_attn.v_proj.bias", &[nkv * hd])?,
+                        rows("self_attn.q_proj.bias", &[nh * hd])?,
+                        rows("self_attn.k_proj.bias", &[nkv * hd])?,
+                        rows("self_attn.v_proj.bias", &[nkv * hd])?,
                     ],
                     0,
                 )?)
             } else {
                 None
             };
-            let gate = w("mlp.gate_proj.weight", &[inter, h])?;
-            let up = w("mlp.up_proj.weight", &[inter, h])?;
+            let gate = rows("mlp.gate_proj.weight", &[inter, h])?;
+            let up = rows("mlp.up_proj.weight", &[inter, h])?;
+            let o_proj = shard.slice(w("self_attn.o_proj.weight", &[h, nh * hd])?, 1)?;
+            let down = shard.slice(w("mlp.down_proj.weight", &[h, inter])?, 1)?;
             layers.push(Layer {
                 input_norm: rms(ck, &format!("{p}.input_layernorm.weight"), h, eps)?,
                 qkv: Linear::new(Tensor::cat(&[q, k, v], 0)?, qkv_bias),
                 q_norm: rms(ck, &format!("{p}.self_attn.q_norm.weight"), hd, eps)?,
                 k_norm: rms(ck, &format!("{p}.self_attn.k_norm.weight"), hd, eps)?,
-                o_proj: Linear::new(w("self_attn.o_proj.weight", &[h, nh * hd])?, None),
+                o_proj: Linear::new(o_proj, None),
                 post_norm: rms(ck, &format!("{p}.post_attention_layernorm.weight"), h, eps)?,
                 gate_up: Linear::new(Tensor::cat(&[gate, up], 0)?, None),
-                down: Linear::new(w("mlp.down_proj.weight", &[h, inter])?, None),
+                down: Linear::new(down, None),
             });
             progress();
         }
@@ -235,12 +290,13 @@ impl Qwen3 {
             lm_head,
             cos,
             sin,
-            num_heads: nh,
-            num_kv_heads: nkv,
+            num_heads: nh / shard.world,
+            num_kv_heads: nkv / shard.world,
             head_dim: hd,
-            intermediate: inter,
+            intermediate: inter / shard.world,
             device: device.clone(),
             dtype,
+            shard,
         })
     }
 
@@ -254,14 +310,28 @@ impl Qwen3 {
         self.dtype
     }
 
+    /// The KV heads this rank holds.
+    pub fn local_kv_heads(&self) -> usize {
+        self.num_kv_heads
+    }
+
+    /// This rank's shard.
+    pub fn shard(&self) -> Shard {
+        self.shard
+    }
+
     /// Runs one varlen batch. `tokens` holds every sequence's new tokens back to back, in the
     /// order of `seqs`. Returns the requested logits rows (f32, `[rows, vocab]`) in order, or
     /// `None` when no sequence asked for any.
+    ///
+    /// With tensor parallelism every rank calls this with the same batch and `comm`; the
+    /// row-parallel outputs are all-reduced; only rank 0 computes logits.
     pub fn forward(
         &self,
         tokens: &[u32],
         seqs: &[SeqInput<'_>],
         cache: &PagedKvCache,
+        comm: Option<&dyn CommBackend>,
     ) -> Result<Option<Tensor>> {
         let total: usize = seqs.iter().map(|s| s.q_len).sum();
         if total != tokens.len() || total == 0 {
@@ -326,13 +396,13 @@ impl Qwen3 {
             cache.k[li].scatter_set(&slot_idx, &k.transpose(0, 1)?.contiguous()?, 1)?;
             cache.v[li].scatter_set(&slot_idx, &v.transpose(0, 1)?.contiguous()?, 1)?;
             let attn = attend(&q, &cache.k[li], &cache.v[li], &plan, nh, nkv, hd)?;
-            x = (layer.o_proj.forward(&attn)? + residual)?;
+            x = (reduce(layer.o_proj.forward(&attn)?, comm)? + residual)?;
             let residual = x.clone();
             let hcur = layer.post_norm.forward(&x)?;
             let gu = layer.gate_up.forward(&hcur)?;
             let act = (candle_nn::ops::silu(&gu.narrow(1, 0, self.intermediate)?)?
                 * gu.narrow(1, self.intermediate, self.intermediate)?)?;
-            x = (layer.down.forward(&act)? + residual)?;
+            x = (reduce(layer.down.forward(&act)?, comm)? + residual)?;
         }
         let mut rows: Vec<u32> = Vec::new();
         let mut start = 0u32;
@@ -345,12 +415,20 @@ impl Qwen3 {
             }
             start += n;
         }
-        if rows.is_empty() {
+        if rows.is_empty() || self.shard.rank != 0 {
             return Ok(None);
         }
         let sel = x.index_select(&Tensor::new(rows.as_slice(), dev)?, 0)?;
         let logits = self.lm_head.forward(&self.norm.forward(&sel)?)?;
         Ok(Some(logits.to_dtype(DType::F32)?))
+    }
+}
+
+/// Sums a row-parallel partial output over the ranks (no-op on one rank).
+fn reduce(partial: Tensor, comm: Option<&dyn CommBackend>) -> Result<Tensor> {
+    match comm {
+        Some(c) if c.world_size() > 1 => c.all_reduce_sum(&partial),
+        _ => Ok(partial),
     }
 }
 

@@ -1,0 +1,305 @@
+//! `CommBackend`: how the ranks of one tensor-parallel model talk. The head (rank 0) sends
+//! commands to the workers; all ranks meet in collectives (all-reduce, all-gather, barrier).
+//!
+//! Backends: [`InProcessComm`] (threads in one process; CPU tests and CPU runs) and, behind the
+//! `nccl` feature, NCCL for tensors with a TCP link for commands (`super::nccl`).
+//! Invariant: every rank calls the collectives in the same order with the same shapes; a
+//! command that fails on a worker is caught before the first collective of its step (the
+//! ranks agree on a status flag first), so a failure never leaves a rank waiting forever.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::time::Duration;
+
+use candle_core::{Device, Tensor};
+use parking_lot::{Condvar, Mutex};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// One sequence of a forward command (the wire form of `qwen3::SeqInput`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeqCommand {
+    /// New tokens of the sequence in this step.
+    pub q_len: usize,
+    /// Context length after the step.
+    pub context_len: usize,
+    /// The sequence's KV blocks.
+    pub block_table: Vec<u32>,
+}
+
+/// What the head tells the workers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum WorkerCommand {
+    /// First message: the settings every rank must share.
+    Hello(RankSettings),
+    /// Run one forward step (prefill chunks and decode tokens) on these sequences.
+    Forward {
+        /// Step number (for logs).
+        step: u64,
+        /// Every sequence's new tokens, back to back.
+        tokens: Vec<u32>,
+        /// The sequences.
+        seqs: Vec<SeqCommand>,
+    },
+    /// Stop serving: synchronize and tear down.
+    Shutdown,
+}
+
+/// Settings that must be equal on every rank; a worker whose own differ refuses to start.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankSettings {
+    /// Tokens per KV block (`--block-size`).
+    pub block_size: usize,
+    /// KV blocks (decided by the head).
+    pub num_blocks: usize,
+    /// Compute dtype (`--dtype`).
+    pub dtype: String,
+    /// Speculative draft tokens per step (`--speculative-tokens`; 0: off).
+    pub speculative_tokens: usize,
+    /// `model_type`, layers and hidden size of the checkpoint (same model on every rank).
+    pub model: String,
+}
+
+impl RankSettings {
+    /// Checks a worker's own settings against the head's; the error names the flag to mirror.
+    pub fn check_against_head(&self, head: &RankSettings) -> Result<()> {
+        let flag = |name: &str, mine: &dyn std::fmt::Display, theirs: &dyn std::fmt::Display| {
+            Err(Error::InvalidInput(format!(
+                "this worker's {name} is {mine} but the head's is {theirs}; start the worker with {name} {theirs}"
+            )))
+        };
+        if self.speculative_tokens != head.speculative_tokens {
+            return flag("--speculative-tokens", &self.speculative_tokens, &head.speculative_tokens);
+        }
+        if self.block_size != head.block_size {
+            return flag("--block-size", &self.block_size, &head.block_size);
+        }
+        if self.dtype != head.dtype {
+            return flag("--dtype", &self.dtype, &head.dtype);
+        }
+        if self.model != head.model {
+            return flag("--model", &self.model, &head.model);
+        }
+        Ok(())
+    }
+}
+
+/// The link between the ranks of one model.
+pub trait CommBackend: Send + Sync + std::fmt::Debug {
+    /// This rank (0: the head).
+    fn rank(&self) -> usize;
+    /// Number of ranks.
+    fn world_size(&self) -> usize;
+    /// Head: sends a command to every worker and collects each worker's acknowledgement
+    /// (`Err(reason)` when the worker could not take the command). Fails if a worker is gone
+    /// or does not answer within `timeout`.
+    fn send_command(&self, cmd: &WorkerCommand, timeout: Duration) -> Result<Vec<std::result::Result<(), String>>>;
+    /// Worker: the next command; an error means the link is gone (the loop ends).
+    fn recv_command(&self) -> Result<WorkerCommand>;
+    /// Worker: acknowledges the last command (`Err(reason)`: it could not take it).
+    fn ack(&self, status: std::result::Result<(), String>) -> Result<()>;
+    /// Element-wise sum over all ranks; every rank gets the result.
+    fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor>;
+    /// Concatenation over all ranks along `dim`, in rank order.
+    fn all_gather(&self, t: &Tensor, dim: usize) -> Result<Tensor>;
+    /// Waits until every rank is here.
+    fn barrier(&self) -> Result<()>;
+    /// Whether the link looks alive.
+    fn health(&self) -> Result<()>;
+}
+
+/// A shared handle to a backend, usable in [`EngineOptions`](super::EngineOptions).
+#[derive(Clone)]
+pub struct CommHandle(pub Arc<dyn CommBackend>);
+
+impl std::fmt::Debug for CommHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CommHandle(rank {} of {})", self.0.rank(), self.0.world_size())
+    }
+}
+
+impl PartialEq for CommHandle {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// The meeting point of one collective: each rank deposits, the last one in computes.
+#[derive(Debug, Default)]
+struct Meeting {
+    generation: u64,
+    deposits: Vec<Option<Tensor>>,
+    result: Vec<Option<Tensor>>,
+    arrived: usize,
+    taken: usize,
+    broken: bool,
+}
+
+#[derive(Debug)]
+struct Shared {
+    world: usize,
+    meeting: Mutex<Meeting>,
+    cv: Condvar,
+    timeout: Duration,
+}
+
+/// In-process backend: one handle per rank, ranks are threads.
+#[derive(Debug)]
+pub struct InProcessComm {
+    rank: usize,
+    shared: Arc<Shared>,
+    /// Head: one command link and one ack link per worker.
+    to_workers: Mutex<Vec<(Sender<WorkerCommand>, Receiver<Ack>)>>,
+    /// Worker: the command link from the head and the ack link back.
+    from_head: Option<Mutex<(Receiver<WorkerCommand>, Sender<Ack>)>>,
+}
+
+type Ack = std::result::Result<(), String>;
+
+impl InProcessComm {
+    /// Handles for ranks `0..world`; collectives give up after `timeout` (a rank that died).
+    pub fn group(world: usize, timeout: Duration) -> Vec<InProcessComm> {
+        let shared = Arc::new(Shared {
+            world,
+            meeting: Mutex::new(Meeting { deposits: vec![None; world], result: vec![None; world], ..Default::default() }),
+            cv: Condvar::new(),
+            timeout,
+        });
+        let mut senders = Vec::new();
+        let mut handles = Vec::new();
+        for rank in 1..world {
+            let (tx, rx) = channel();
+            let (ack_tx, ack_rx) = channel();
+            senders.push((tx, ack_rx));
+            handles.push(InProcessComm {
+                rank,
+                shared: shared.clone(),
+                to_workers: Mutex::new(vec![]),
+                from_head: Some(Mutex::new((rx, ack_tx))),
+            });
+        }
+        let head = InProcessComm { rank: 0, shared, to_workers: Mutex::new(senders), from_head: None };
+        std::iter::once(head).chain(handles).collect()
+    }
+
+    /// Head only: drops the command links (workers see the link gone and end their loops).
+    pub fn close_links(&self) {
+        self.to_workers.lock().clear();
+    }
+
+    /// Runs one collective: deposit `t`, wait for all, take this rank's share of `combine`.
+    fn meet(&self, t: &Tensor, combine: impl Fn(&[Tensor]) -> Result<Vec<Tensor>>) -> Result<Tensor> {
+        let sh = &self.shared;
+        let dev = t.device().clone();
+        let mut m = sh.meeting.lock();
+        // Wait for the previous collective to be fully taken.
+        while m.taken != 0 && !m.broken {
+            if sh.cv.wait_for(&mut m, sh.timeout).timed_out() {
+                m.broken = true;
+            }
+        }
+        if m.broken {
+            return Err(Error::Engine("a collective was broken by a rank that did not arrive".into()));
+        }
+        let generation = m.generation;
+        m.deposits[self.rank] = Some(t.to_device(&Device::Cpu)?);
+        m.arrived += 1;
+        if m.arrived == sh.world {
+            let inputs: Vec<Tensor> = m.deposits.iter_mut().map(|d| d.take().expect("every rank deposited")).collect();
+            let outs = combine(&inputs)?;
+            m.result = outs.into_iter().map(Some).collect();
+            m.arrived = 0;
+            m.generation += 1;
+            sh.cv.notify_all();
+        } else {
+            while m.generation == generation && !m.broken {
+                if sh.cv.wait_for(&mut m, sh.timeout).timed_out() {
+                    m.broken = true;
+                    sh.cv.notify_all();
+                    return Err(Error::Engine(format!(
+                        "rank {}: a collective timed out after {:?}; a rank is gone",
+                        self.rank, sh.timeout
+                    )));
+                }
+            }
+            if m.broken {
+                return Err(Error::Engine("a collective was broken by a rank that did not arrive".into()));
+            }
+        }
+        let out = m.result[self.rank].take().expect("result for this rank");
+        m.taken += 1;
+        if m.taken == sh.world {
+            m.taken = 0;
+            sh.cv.notify_all();
+        }
+        Ok(out.to_device(&dev)?)
+    }
+}
+
+impl CommBackend for InProcessComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.shared.world
+    }
+
+    fn send_command(&self, cmd: &WorkerCommand, timeout: Duration) -> Result<Vec<Ack>> {
+        let links = self.to_workers.lock();
+        if links.len() + 1 != self.shared.world {
+            return Err(Error::Engine("the command links to the workers are closed".into()));
+        }
+        for (i, (tx, _)) in links.iter().enumerate() {
+            tx.send(cmd.clone()).map_err(|_| Error::Engine(format!("worker rank {} is gone (its command link is closed)", i + 1)))?;
+        }
+        links
+            .iter()
+            .enumerate()
+            .map(|(i, (_, acks))| {
+                acks.recv_timeout(timeout).map_err(|e| {
+                    Error::Engine(format!("worker rank {} did not acknowledge the command ({e}); it is gone or stuck", i + 1))
+                })
+            })
+            .collect()
+    }
+
+    fn recv_command(&self) -> Result<WorkerCommand> {
+        let link = self.from_head.as_ref().ok_or_else(|| Error::Engine("the head does not receive commands".into()))?;
+        link.lock().0.recv().map_err(|_| Error::Engine("the link to the head is gone".into()))
+    }
+
+    fn ack(&self, status: Ack) -> Result<()> {
+        let link = self.from_head.as_ref().ok_or_else(|| Error::Engine("the head does not acknowledge".into()))?;
+        link.lock().1.send(status).map_err(|_| Error::Engine("the link to the head is gone".into()))
+    }
+
+    fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor> {
+        self.meet(t, |all| {
+            let mut sum = all[0].clone();
+            for x in &all[1..] {
+                sum = (sum + x)?;
+            }
+            Ok(vec![sum; all.len()])
+        })
+    }
+
+    fn all_gather(&self, t: &Tensor, dim: usize) -> Result<Tensor> {
+        self.meet(t, |all| {
+            let cat = Tensor::cat(all, dim)?;
+            Ok(vec![cat; all.len()])
+        })
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.meet(&Tensor::zeros(1, candle_core::DType::F32, &Device::Cpu)?, |all| Ok(all.to_vec())).map(|_| ())
+    }
+
+    fn health(&self) -> Result<()> {
+        if self.shared.meeting.lock().broken {
+            return Err(Error::Engine("a collective was broken".into()));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,159 @@
+//! The rank worker loop: what ranks above 0 run instead of serving.
+//!
+//! A worker loads its shard, waits for the head's `Hello` (refusing to start when its own
+//! settings differ, naming the flag to mirror), allocates every KV block up front (block `i`
+//! on every rank is the head's block `i`), then runs one step per command. A command that was
+//! received and failed is logged and the worker stays up (the head fails that step, and the
+//! request alone after its per-sequence retry); an error in receiving (link gone) ends the loop;
+//! then the device is synchronized and everything torn down.
+
+use std::sync::Arc;
+
+use candle_core::DType;
+
+use super::comm::{CommBackend, RankSettings, WorkerCommand};
+use super::config::ModelConfig;
+use super::qwen3::{LogitRows, PagedKvCache, Qwen3, SeqInput, Shard};
+use super::scheduler::{agree, rank_settings};
+use super::weights::Checkpoint;
+use super::{EngineOptions, device};
+use crate::error::{Error, Result};
+use crate::registry::ModelFiles;
+
+/// A hook that makes a worker fail chosen commands (fault-injection tests).
+pub type FailHook = Arc<dyn Fn(&WorkerCommand) -> bool + Send + Sync>;
+
+/// How a worker runs.
+#[derive(Clone, Default)]
+pub struct WorkerOptions {
+    /// Device, dtype, block size, speculative tokens: as on the head.
+    pub engine: EngineOptions,
+    /// Fault injection: commands for which this returns true fail on this worker.
+    pub fail_command: Option<FailHook>,
+}
+
+impl std::fmt::Debug for WorkerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerOptions").field("engine", &self.engine).field("fail_command", &self.fail_command.is_some()).finish()
+    }
+}
+
+/// What a worker did before its loop ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerReport {
+    /// Forward commands received.
+    pub commands: u64,
+    /// Of those, the ones that failed (on this rank or another).
+    pub failed: u64,
+    /// Whether the loop ended on a `Shutdown` (else: the link went away).
+    pub clean_shutdown: bool,
+}
+
+/// Runs rank `comm.rank()` (> 0) of a tensor-parallel model until the head shuts it down or
+/// the link goes away.
+pub fn run_worker(files: &ModelFiles, options: &WorkerOptions, comm: Arc<dyn CommBackend>) -> Result<WorkerReport> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    if rank == 0 {
+        return Err(Error::InvalidInput("rank 0 is the head: it serves through an Engine, not run_worker".into()));
+    }
+    let opts = &options.engine;
+    let device = device::select(opts.device)?;
+    let cfg = ModelConfig::from_file(&files.config)?;
+    let probe = Checkpoint::open(&files.weights, DType::F32, &device)?;
+    let dtype = opts.dtype.resolve(&device, probe.stored_dtype());
+    drop(probe);
+    let ck = Checkpoint::open(&files.weights, dtype, &device)?;
+    let model = Qwen3::load(&cfg, &ck, dtype, &device, Shard { rank, world }, || {})?;
+    drop(ck);
+    tracing::info!(rank, world, "worker loaded its shard; waiting for the head");
+
+    let head = match comm.recv_command()? {
+        WorkerCommand::Hello(h) => h,
+        other => {
+            let msg = format!("expected Hello from the head, got {other:?}");
+            let _ = comm.ack(Err(msg.clone()));
+            return Err(Error::Engine(msg));
+        }
+    };
+    let mine: RankSettings = rank_settings(&cfg, opts, dtype, head.num_blocks);
+    if let Err(e) = mine.check_against_head(&head) {
+        let _ = comm.ack(Err(e.to_string()));
+        tracing::error!(rank, error = %e, "refusing to start");
+        return Err(e);
+    }
+    // Every block up front, in index order: block i here is the head's block i.
+    let cache = PagedKvCache::new(&cfg, model.local_kv_heads(), head.num_blocks, head.block_size, dtype, &device)?;
+    comm.ack(Ok(()))?;
+
+    let mut report = WorkerReport::default();
+    loop {
+        let cmd = match comm.recv_command() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::info!(rank, error = %e, "link to the head gone; worker loop ends");
+                break;
+            }
+        };
+        match &cmd {
+            WorkerCommand::Shutdown => {
+                let _ = comm.ack(Ok(()));
+                report.clean_shutdown = true;
+                break;
+            }
+            WorkerCommand::Hello(_) => {
+                if comm.ack(Err("unexpected second Hello".into())).is_err() {
+                    break;
+                }
+            }
+            WorkerCommand::Forward { step, tokens, seqs } => {
+                report.commands += 1;
+                let status = if options.fail_command.as_ref().is_some_and(|f| f(&cmd)) {
+                    Err(format!("injected failure of step {step}"))
+                } else {
+                    check_seqs(seqs, &cache)
+                };
+                if let Err(e) = &status {
+                    tracing::warn!(rank, step, error = %e, "command failed on this worker; staying up");
+                }
+                if comm.ack(status.clone()).is_err() {
+                    break;
+                }
+                match agree(comm.as_ref(), status.is_ok(), &device) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        report.failed += 1;
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::info!(rank, error = %e, "collective failed; worker loop ends");
+                        break;
+                    }
+                }
+                let inputs: Vec<SeqInput<'_>> = seqs
+                    .iter()
+                    .map(|s| SeqInput { q_len: s.q_len, context_len: s.context_len, block_table: &s.block_table, logits: LogitRows::None })
+                    .collect();
+                if let Err(e) = model.forward(tokens, &inputs, &cache, Some(comm.as_ref())) {
+                    report.failed += 1;
+                    tracing::error!(rank, step, error = %e, "forward failed on this worker; staying up");
+                }
+            }
+        }
+    }
+    device.synchronize()?;
+    tracing::info!(rank, ?report, "worker stopped");
+    Ok(report)
+}
+
+/// Checks a step's sequences against this rank's KV geometry before any collective.
+fn check_seqs(seqs: &[super::comm::SeqCommand], cache: &PagedKvCache) -> std::result::Result<(), String> {
+    for s in seqs {
+        if s.q_len == 0 || s.context_len < s.q_len || s.block_table.len() * cache.block_size() < s.context_len {
+            return Err(format!("bad sequence: q_len {} context {} blocks {}", s.q_len, s.context_len, s.block_table.len()));
+        }
+        if let Some(b) = s.block_table.iter().find(|&&b| b as usize >= cache.num_blocks()) {
+            return Err(format!("block {b} is outside this rank's {} blocks", cache.num_blocks()));
+        }
+    }
+    Ok(())
+}

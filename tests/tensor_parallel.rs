@@ -1,0 +1,181 @@
+//! Tensor-parallel Qwen3 over the in-process backend (threads): world sizes 1, 2, 4 agree with
+//! one rank; a failed command fails one request only; links and shutdown end the workers.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use policy_serve::engine::{CommBackend, CommHandle, DeviceChoice, InProcessComm, WorkerCommand, WorkerOptions, WorkerReport, run_worker};
+use policy_serve::registry::resolve_files;
+use policy_serve::{EngineOptions, Error, GenerationRequest, ModelRegistry, ModelSource, ModelSpec};
+
+/// A tiny config whose head counts and MLP size divide by 4.
+fn tp_model() -> std::path::PathBuf {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let mut cfg = common::tiny_config();
+        cfg["num_attention_heads"] = 8.into();
+        cfg["num_key_value_heads"] = 4.into();
+        cfg["head_dim"] = 8.into();
+        let dir = std::env::temp_dir().join(format!("policy-serve-tp-{}", std::process::id()));
+        common::write_model(&dir, &cfg, 7)
+    })
+    .clone()
+}
+
+fn options() -> EngineOptions {
+    EngineOptions { device: DeviceChoice::Cpu, worker_timeout: Duration::from_secs(20), ..EngineOptions::default() }
+}
+
+struct Group {
+    registry: ModelRegistry,
+    head: Arc<InProcessComm>,
+    workers: Vec<std::thread::JoinHandle<policy_serve::Result<WorkerReport>>>,
+}
+
+fn group(world: usize, worker_opts: impl Fn(usize) -> WorkerOptions) -> Group {
+    let dir = tp_model();
+    let mut comms: Vec<Arc<InProcessComm>> = InProcessComm::group(world, Duration::from_secs(5)).into_iter().map(Arc::new).collect();
+    let head = comms.remove(0);
+    let files = resolve_files("tp", &ModelSource::Local(dir.clone())).unwrap();
+    let workers = comms
+        .into_iter()
+        .map(|c| {
+            let files = files.clone();
+            let o = worker_opts(c.rank());
+            std::thread::spawn(move || run_worker(&files, &o, c))
+        })
+        .collect();
+    let opts = EngineOptions { tensor_parallel: Some(CommHandle(head.clone())), ..options() };
+    let registry = ModelRegistry::new(vec![ModelSpec::local("tp", "TP", &dir)]).unwrap().with_options(opts);
+    Group { registry, head, workers }
+}
+
+fn plain_worker(_: usize) -> WorkerOptions {
+    WorkerOptions { engine: options(), fail_command: None }
+}
+
+fn prompt(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 7919 + salt * 104_729) % 150_000).collect()
+}
+
+fn run_all(registry: &ModelRegistry) -> (Vec<Vec<f32>>, Vec<Vec<u32>>) {
+    let engine = registry.model("tp").unwrap().engine().clone();
+    let logits = engine.logits(prompt(21, 1)).unwrap();
+    let pending: Vec<_> = (0..4).map(|i| engine.submit(GenerationRequest::new(prompt(5 + 7 * i, 2 + i as u32)).max_new_tokens(10))).collect();
+    let tokens = pending.into_iter().map(|p| p.wait().unwrap().tokens).collect();
+    (logits, tokens)
+}
+
+#[test]
+fn world_sizes_1_2_and_4_give_the_same_logits_and_greedy_tokens() {
+    let one = ModelRegistry::new(vec![ModelSpec::local("tp", "TP", tp_model())]).unwrap().with_options(options());
+    let (ref_logits, ref_tokens) = run_all(&one);
+    for world in [1, 2, 4] {
+        let g = group(world, plain_worker);
+        let (logits, tokens) = run_all(&g.registry);
+        assert_eq!(tokens, ref_tokens, "world {world}");
+        let mut worst = 0f32;
+        for (a, b) in logits.iter().zip(&ref_logits) {
+            let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (x, y) in a.iter().zip(b) {
+                worst = worst.max((x - y).abs() / scale);
+            }
+        }
+        assert!(worst <= 1e-4, "world {world}: relative logits error {worst}");
+        drop(g.registry);
+        for w in g.workers {
+            let report = w.join().unwrap().unwrap();
+            assert!(report.clean_shutdown, "head shutdown stops every worker");
+            assert!(report.commands > 0);
+        }
+    }
+}
+
+#[test]
+fn a_command_that_fails_on_one_worker_fails_that_request_only() {
+    const POISON: u32 = 149_999;
+    let g = group(2, |_| WorkerOptions {
+        engine: options(),
+        fail_command: Some(Arc::new(|c: &WorkerCommand| matches!(c, WorkerCommand::Forward { tokens, .. } if tokens.contains(&POISON)))),
+    });
+    let engine = g.registry.model("tp").unwrap().engine().clone();
+    let mut bad = prompt(12, 3);
+    bad[5] = POISON;
+    let good = engine.submit(GenerationRequest::new(prompt(9, 4)).max_new_tokens(6));
+    let err = engine.generate(GenerationRequest::new(bad).max_new_tokens(6)).unwrap_err();
+    assert!(matches!(err, Error::Engine(_)) && err.to_string().contains("injected failure"), "{err}");
+    assert_eq!(good.wait().unwrap().generated_tokens, 6, "the other request is unaffected");
+    assert_eq!(engine.generate(GenerationRequest::new(prompt(7, 5)).max_new_tokens(4)).unwrap().generated_tokens, 4, "the next request succeeds");
+    drop(engine);
+    drop(g.registry);
+    for w in g.workers {
+        let r = w.join().unwrap().unwrap();
+        assert!(r.failed >= 1 && r.clean_shutdown, "{r:?}");
+    }
+}
+
+#[test]
+fn a_closed_link_ends_the_worker_loop_within_a_bounded_time() {
+    let g = group(2, plain_worker);
+    let engine = g.registry.model("tp").unwrap().engine().clone();
+    assert_eq!(engine.generate(GenerationRequest::new(prompt(6, 6)).max_new_tokens(3)).unwrap().generated_tokens, 3);
+    let t = Instant::now();
+    g.head.close_links();
+    for w in g.workers {
+        let r = w.join().unwrap().unwrap();
+        assert!(!r.clean_shutdown, "the loop ended because the link went away");
+    }
+    assert!(t.elapsed() < Duration::from_secs(10));
+    // The head now fails requests with a clear error instead of hanging.
+    let err = engine.generate(GenerationRequest::new(prompt(6, 7)).max_new_tokens(3)).unwrap_err();
+    assert!(err.to_string().contains("closed"), "{err}");
+}
+
+#[test]
+fn a_dead_worker_makes_the_head_fail_requests_instead_of_hanging() {
+    const CRASH: u32 = 149_998;
+    let g = group(2, |_| WorkerOptions {
+        engine: options(),
+        // Simulates a worker process dying mid-run: its thread unwinds and drops its links.
+        fail_command: Some(Arc::new(|c: &WorkerCommand| {
+            if matches!(c, WorkerCommand::Forward { tokens, .. } if tokens.contains(&CRASH)) {
+                panic!("simulated worker crash");
+            }
+            false
+        })),
+    });
+    let engine = g.registry.model("tp").unwrap().engine().clone();
+    assert_eq!(engine.generate(GenerationRequest::new(prompt(6, 8)).max_new_tokens(3)).unwrap().generated_tokens, 3);
+    let t = Instant::now();
+    let mut crash = prompt(6, 9);
+    crash[2] = CRASH;
+    let err = engine.generate(GenerationRequest::new(crash).max_new_tokens(3)).unwrap_err();
+    assert!(err.to_string().contains("worker rank 1"), "{err}");
+    let err = engine.generate(GenerationRequest::new(prompt(6, 10)).max_new_tokens(3)).unwrap_err();
+    assert!(err.to_string().contains("worker rank 1"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(15), "failed fast, no hang");
+    for w in g.workers {
+        assert!(w.join().is_err(), "the worker thread crashed");
+    }
+}
+
+#[test]
+fn world_sizes_that_do_not_divide_the_heads_are_refused_clearly() {
+    let comms: Vec<Arc<InProcessComm>> = InProcessComm::group(3, Duration::from_secs(2)).into_iter().map(Arc::new).collect();
+    let opts = EngineOptions { tensor_parallel: Some(CommHandle(comms[0].clone())), ..options() };
+    let r = ModelRegistry::new(vec![ModelSpec::local("tp", "TP", tp_model())]).unwrap().with_options(opts);
+    let err = r.model("tp").unwrap_err().to_string();
+    assert!(err.contains("world size 3 does not divide") && err.contains("num_attention_heads = 8"), "{err}");
+}
+
+#[test]
+fn a_worker_with_other_settings_refuses_to_start_and_names_the_flag() {
+    let g = group(2, |_| WorkerOptions { engine: EngineOptions { block_size: 32, ..options() }, fail_command: None });
+    let err = g.registry.model("tp").unwrap_err().to_string();
+    assert!(err.contains("refused to start") && err.contains("--block-size 16"), "{err}");
+    for w in g.workers {
+        assert!(w.join().unwrap().is_err());
+    }
+}
