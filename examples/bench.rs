@@ -33,6 +33,20 @@ struct Args {
     agent_only: bool,
     /// Keep the random model in this directory.
     keep: Option<PathBuf>,
+    /// Write the random model to this directory and exit.
+    write_model: Option<PathBuf>,
+    /// Use the model in this directory instead of writing one.
+    model_dir: Option<PathBuf>,
+    /// Tensor-parallel ranks (this process is rank 0; workers: `policy-serve worker`).
+    world_size: usize,
+    /// Rendezvous of the tensor-parallel group.
+    rendezvous: Option<std::net::SocketAddr>,
+    /// Print the greedy tokens of a fixed batch of prompts (to compare runs).
+    greedy_check: bool,
+    /// At the end: wait for the file /tmp/policy-serve-killed, then try one request.
+    kill_test: bool,
+    /// Check the NCCL backend with a group of one on this GPU.
+    nccl_selftest: bool,
 }
 
 fn args() -> Args {
@@ -48,6 +62,13 @@ fn args() -> Args {
         agent: None,
         agent_only: false,
         keep: None,
+        write_model: None,
+        model_dir: None,
+        world_size: 1,
+        rendezvous: None,
+        greedy_check: false,
+        kill_test: false,
+        nccl_selftest: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -68,6 +89,13 @@ fn args() -> Args {
             "--no-peer" => a.peer = false,
             "--agent-only" => a.agent_only = true,
             "--keep" => a.keep = Some(val().into()),
+            "--write-model" => a.write_model = Some(val().into()),
+            "--model-dir" => a.model_dir = Some(val().into()),
+            "--world-size" => a.world_size = val().parse().expect("world size"),
+            "--rendezvous" => a.rendezvous = Some(val().parse().expect("HOST:PORT")),
+            "--greedy-check" => a.greedy_check = true,
+            "--kill-test" => a.kill_test = true,
+            "--nccl-selftest" => a.nccl_selftest = true,
             "--agent" => {
                 let v: Vec<usize> = val().split(',').map(|s| s.parse().expect("N,T")).collect();
                 a.agent = Some((v[0], v[1]));
@@ -260,18 +288,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         cfg["num_hidden_layers"] = l.into();
     }
     let dtype = a.dtype.resolve(&dev, Some(DType::BF16));
-    let dir = std::env::temp_dir().join(format!("policy-serve-bench-{}", std::process::id()));
-    let t0 = Instant::now();
-    write_random_model(&dir, &cfg, dtype, &dev)?;
-    println!(
-        "# random {} weights ({:?}) written in {:.1}s to {}",
-        a.config.display(),
-        dtype,
-        t0.elapsed().as_secs_f64(),
-        dir.display()
-    );
+    if let Some(out) = &a.write_model {
+        let t0 = Instant::now();
+        write_random_model(out, &cfg, dtype, &dev)?;
+        println!("# random {} weights ({:?}) written in {:.1}s to {}", a.config.display(), dtype, t0.elapsed().as_secs_f64(), out.display());
+        return Ok(());
+    }
+    let owned_dir = a.model_dir.is_none();
+    let dir = match &a.model_dir {
+        Some(d) => {
+            cfg = serde_json::from_str(&std::fs::read_to_string(d.join("config.json"))?)?;
+            d.clone()
+        }
+        None => {
+            let dir = std::env::temp_dir().join(format!("policy-serve-bench-{}", std::process::id()));
+            let t0 = Instant::now();
+            write_random_model(&dir, &cfg, dtype, &dev)?;
+            println!("# random {} weights ({:?}) written in {:.1}s to {}", a.config.display(), dtype, t0.elapsed().as_secs_f64(), dir.display());
+            dir
+        }
+    };
+    if a.nccl_selftest {
+        nccl_selftest(&dir, &cfg, dtype, &dev)?;
+    }
 
-    let opts = EngineOptions {
+    #[allow(unused_mut)]
+    let mut opts = EngineOptions {
         device: a.device,
         dtype: a.dtype,
         max_running: a.batches.iter().copied().max().unwrap_or(1).max(1),
@@ -279,6 +321,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         prefill_chunk: 2048,
         ..EngineOptions::default()
     };
+    if a.world_size > 1 {
+        opts.tensor_parallel = Some(tp_link(&a, &dev)?);
+        println!("# tensor-parallel: rank 0 of {}", a.world_size);
+    }
     if a.agent_only {
         if let Some((n, t)) = a.agent {
             for cache in [true, false] {
@@ -352,6 +398,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         rows.push((b, tps));
     }
 
+    if a.greedy_check {
+        let pending: Vec<_> = (0..8).map(|i| engine.submit(one(prompt(100 + 37 * i, 5000 + i), 24))).collect();
+        for (i, p) in pending.into_iter().enumerate() {
+            println!("greedy prompt {i}: {:?}", p.wait()?.tokens);
+        }
+        let l = engine.logits(prompt(64, 7))?;
+        let path = std::env::temp_dir().join(format!("policy-serve-logits-ws{}.bin", a.world_size));
+        let bytes: Vec<u8> = l.iter().flatten().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(&path, bytes)?;
+        println!("# logits of 64 positions written to {}", path.display());
+    }
+    if a.kill_test {
+        println!("READY_FOR_KILL");
+        let flag = Path::new("/tmp/policy-serve-killed");
+        let t = Instant::now();
+        while !flag.exists() && t.elapsed().as_secs() < 120 {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let t = Instant::now();
+        let r = engine.generate(one(prompt(32, 77), 8));
+        println!("after kill: {:?} in {:.2}s", r.map(|g| g.generated_tokens), t.elapsed().as_secs_f64());
+        let r = engine.generate(one(prompt(32, 78), 8));
+        println!("after kill, next request: {:?}", r.map(|g| g.generated_tokens));
+        return Ok(());
+    }
+    if a.world_size > 1 {
+        return Ok(());
+    }
     // Logits check vs candle-transformers on the same weights.
     let qcfg: qwen3::Config = serde_json::from_value(cfg.clone())?;
     let files = [dir.join("model.safetensors")];
@@ -431,6 +505,53 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         println!("# model kept in {}", keep.display());
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    if owned_dir {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     Ok(())
+}
+
+#[cfg(feature = "nccl")]
+fn tp_link(a: &Args, dev: &Device) -> Result<policy_serve::engine::CommHandle, Box<dyn std::error::Error>> {
+    let addr = a.rendezvous.ok_or("--world-size > 1 needs --rendezvous")?;
+    let comm = policy_serve::engine::nccl::NcclComm::connect(0, a.world_size, addr, dev, std::time::Duration::from_secs(300))?;
+    Ok(policy_serve::engine::CommHandle(std::sync::Arc::new(comm)))
+}
+
+#[cfg(not(feature = "nccl"))]
+fn tp_link(_: &Args, _: &Device) -> Result<policy_serve::engine::CommHandle, Box<dyn std::error::Error>> {
+    Err("tensor parallelism across processes needs --features nccl".into())
+}
+
+/// The NCCL backend in a group of one: all-reduce and all-gather return their input, and a
+/// Qwen3 forward through the NCCL all-reduce path equals the plain forward.
+#[cfg(feature = "nccl")]
+fn nccl_selftest(dir: &Path, cfg: &serde_json::Value, dtype: DType, dev: &Device) -> Result<(), Box<dyn std::error::Error>> {
+    use policy_serve::engine::CommBackend;
+    use policy_serve::engine::qwen3::{LogitRows, PagedKvCache, Qwen3, SeqInput, Shard};
+    use policy_serve::engine::weights::Checkpoint;
+    let comm = policy_serve::engine::nccl::NcclComm::connect(0, 1, "127.0.0.1:1".parse()?, dev, std::time::Duration::from_secs(10))?;
+    let x = Tensor::randn(0f32, 1.0, (4, 1024), dev)?.to_dtype(dtype)?;
+    let r = comm.all_reduce_sum(&x)?;
+    let g = comm.all_gather(&x, 1)?;
+    let d1 = (r.to_dtype(DType::F32)? - x.to_dtype(DType::F32)?)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    let d2 = (g.to_dtype(DType::F32)? - x.to_dtype(DType::F32)?)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    comm.barrier()?;
+    let mcfg = policy_serve::engine::ModelConfig::from_json(&cfg.to_string())?;
+    let ck = Checkpoint::open(&[dir.join("model.safetensors")], dtype, dev)?;
+    let model = Qwen3::load(&mcfg, &ck, dtype, dev, Shard::FULL, || {})?;
+    let cache = PagedKvCache::new(&mcfg, model.local_kv_heads(), 8, 16, dtype, dev)?;
+    let tokens = prompt(100, 3);
+    let table: Vec<u32> = (0..8).collect();
+    let seqs = [SeqInput { q_len: 100, context_len: 100, block_table: &table, logits: LogitRows::All }];
+    let plain = model.forward(&tokens, &seqs, &cache, None)?.ok_or("logits")?;
+    let via = model.forward(&tokens, &seqs, &cache, Some(&comm))?.ok_or("logits")?;
+    let d3 = (plain - via)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    println!("nccl-selftest world 1: all_reduce max diff {d1}, all_gather max diff {d2}, barrier ok, forward via NCCL vs plain max diff {d3}");
+    Ok(())
+}
+
+#[cfg(not(feature = "nccl"))]
+fn nccl_selftest(_: &Path, _: &serde_json::Value, _: DType, _: &Device) -> Result<(), Box<dyn std::error::Error>> {
+    Err("--nccl-selftest needs --features nccl".into())
 }

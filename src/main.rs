@@ -7,13 +7,14 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use policy_serve::engine::{DTypeChoice, DeviceChoice};
+use policy_serve::engine::{CommHandle, DTypeChoice, DeviceChoice, WorkerOptions, run_worker, spawn_in_process_workers};
+use policy_serve::registry::resolve_files;
 use policy_serve::policy::format::{
     ChatTemplate, Message, RenderOptions, ToolDefinition, parse_output,
 };
 use policy_serve::{
-    Action, EngineOptions, EpisodeConfig, Error, GenerationRequest, ModelRegistry, ModelSpec,
-    Observation, Policy, SamplingParams, TranscriptMode,
+    Action, EngineOptions, EpisodeConfig, Error, GenerationRequest, ModelRegistry, ModelSource,
+    ModelSpec, Observation, Policy, SamplingParams, TranscriptMode,
 };
 
 #[derive(Parser)]
@@ -38,14 +39,66 @@ struct EngineArgs {
     /// Turn the radix prefix cache off.
     #[arg(long)]
     no_prefix_cache: bool,
+    /// Tokens per KV block (workers must use the same).
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// Tensor-parallel ranks (this process is rank 0). Without --rendezvous the other ranks
+    /// run as threads of this process (in-process backend).
+    #[arg(long, default_value_t = 1)]
+    world_size: usize,
+    /// HOST:PORT where rank 0 meets the `policy-serve worker` ranks (NCCL backend).
+    #[arg(long)]
+    rendezvous: Option<std::net::SocketAddr>,
+    /// Seconds to wait for every rank to arrive at the rendezvous.
+    #[arg(long, default_value_t = 300)]
+    rendezvous_timeout: u64,
 }
 
 impl EngineArgs {
+    /// Options plus, for `--world-size > 1`, the head's link to its workers.
+    fn options_for(&self, key: &str, source: &ModelSource) -> Result<EngineOptions, Error> {
+        let mut opts = self.options()?;
+        if self.world_size <= 1 {
+            return Ok(opts);
+        }
+        match self.rendezvous {
+            None => {
+                let files = resolve_files(key, source)?;
+                let (head, workers) = spawn_in_process_workers(&files, self.world_size, &opts)?;
+                drop(workers); // the worker threads end when the head shuts down
+                opts.tensor_parallel = Some(head);
+            }
+            Some(addr) => opts.tensor_parallel = Some(self.nccl_link(0, addr)?),
+        }
+        Ok(opts)
+    }
+
+    #[cfg(feature = "nccl")]
+    fn nccl_link(&self, rank: usize, addr: std::net::SocketAddr) -> Result<CommHandle, Error> {
+        let device = policy_serve::engine::select_device(self.device.parse()?)?;
+        let comm = policy_serve::engine::nccl::NcclComm::connect(
+            rank,
+            self.world_size,
+            addr,
+            &device,
+            std::time::Duration::from_secs(self.rendezvous_timeout),
+        )?;
+        Ok(CommHandle(std::sync::Arc::new(comm)))
+    }
+
+    #[cfg(not(feature = "nccl"))]
+    fn nccl_link(&self, _rank: usize, _addr: std::net::SocketAddr) -> Result<CommHandle, Error> {
+        Err(Error::InvalidInput(
+            "--rendezvous needs the NCCL backend: rebuild with `--features nccl` (or leave out --rendezvous to run the ranks as threads)".into(),
+        ))
+    }
+
     fn options(&self) -> Result<EngineOptions, Error> {
         Ok(EngineOptions {
             device: self.device.parse::<DeviceChoice>()?,
             dtype: self.dtype.parse::<DTypeChoice>()?,
             prefix_cache: !self.no_prefix_cache,
+            block_size: self.block_size,
             ..EngineOptions::default()
         })
     }
@@ -138,6 +191,23 @@ enum Command {
         #[command(flatten)]
         engine: EngineArgs,
     },
+    /// Run rank N (> 0) of a tensor-parallel model, driven by the head over NCCL.
+    Worker {
+        /// This rank (1..world-size).
+        #[arg(long)]
+        rank: usize,
+        /// Model key (see `models`).
+        #[arg(long)]
+        model: String,
+        /// Use this local directory for the model key.
+        #[arg(long)]
+        model_dir: Option<PathBuf>,
+        /// Speculative draft tokens (must mirror the head; not implemented, so 0).
+        #[arg(long, default_value_t = 0)]
+        speculative_tokens: usize,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
     /// Write f32 logits of every position of a token list as a .npy file [len, vocab].
     Logits {
         /// Model directory (HF layout).
@@ -189,10 +259,8 @@ fn read_tools(path: &Path) -> Result<Vec<ToolDefinition>, Error> {
 }
 
 fn local_registry(dir: &Path, engine: &EngineArgs) -> Result<ModelRegistry, Error> {
-    Ok(
-        ModelRegistry::new(vec![ModelSpec::local("local", "Local model", dir)])?
-            .with_options(engine.options()?),
-    )
+    let opts = engine.options_for("local", &ModelSource::Local(dir.to_path_buf()))?;
+    Ok(ModelRegistry::new(vec![ModelSpec::local("local", "Local model", dir)])?.with_options(opts))
 }
 
 fn run(command: Command) -> Result<(), Error> {
@@ -264,9 +332,13 @@ fn run(command: Command) -> Result<(), Error> {
             engine,
         } => {
             let tools = read_tools(&tools)?;
-            let mut registry = ModelRegistry::with_defaults().with_options(engine.options()?);
+            let mut registry = ModelRegistry::with_defaults();
             if let Some(dir) = model_dir {
                 registry = registry.with_local_dir(&model, dir)?;
+            }
+            let spec = registry.spec(&model)?.clone();
+            if !spec.is_demo() {
+                registry = registry.with_options(engine.options_for(&model, &spec.source)?);
             }
             let episode = EpisodeConfig {
                 system_prompt: system,
@@ -286,6 +358,21 @@ fn run(command: Command) -> Result<(), Error> {
                 println!("engine: {}", serde_json::to_string(&m.engine().stats())?);
             }
             outcome?;
+        }
+        Command::Worker { rank, model, model_dir, speculative_tokens, engine } => {
+            let addr = engine.rendezvous.ok_or_else(|| Error::InvalidInput("a worker needs --rendezvous HOST:PORT (the head's)".into()))?;
+            if rank == 0 || rank >= engine.world_size {
+                return Err(Error::InvalidInput(format!("--rank {rank}: workers are ranks 1..{} (rank 0 is the head)", engine.world_size)));
+            }
+            let mut registry = ModelRegistry::with_defaults();
+            if let Some(dir) = model_dir {
+                registry = registry.with_local_dir(&model, dir)?;
+            }
+            let files = resolve_files(&model, &registry.spec(&model)?.source)?;
+            let link = engine.nccl_link(rank, addr)?;
+            let opts = WorkerOptions { engine: EngineOptions { speculative_tokens, ..engine.options()? }, fail_command: None };
+            let report = run_worker(&files, &opts, link.0)?;
+            eprintln!("worker rank {rank} stopped: {report:?}");
         }
         Command::Generate {
             model_dir,

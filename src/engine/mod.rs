@@ -9,6 +9,8 @@ pub mod comm;
 pub mod config;
 mod device;
 mod handle;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod qwen3;
 pub mod sampling;
 mod scheduler;
@@ -30,7 +32,7 @@ pub use device::{DTypeChoice, DeviceChoice, KvBudget};
 pub use handle::Pending;
 pub use comm::{CommBackend, CommHandle, InProcessComm, RankSettings, WorkerCommand};
 pub use sampling::SamplingParams;
-pub use tp::{WorkerOptions, WorkerReport, run_worker};
+pub use tp::{FailHook, WorkerOptions, WorkerReport, run_worker, spawn_in_process_workers};
 
 use crate::error::{Error, Result};
 use scheduler::{Command, Scheduler};

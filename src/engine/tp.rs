@@ -157,3 +157,31 @@ fn check_seqs(seqs: &[super::comm::SeqCommand], cache: &PagedKvCache) -> std::re
     }
     Ok(())
 }
+
+/// Starts ranks `1..world` of a tensor-parallel model as threads of this process (the
+/// in-process backend: CPU runs and tests) and returns the head's link for
+/// [`EngineOptions::tensor_parallel`] plus the worker threads.
+pub fn spawn_in_process_workers(
+    files: &ModelFiles,
+    world: usize,
+    options: &EngineOptions,
+) -> Result<(super::comm::CommHandle, Vec<std::thread::JoinHandle<Result<WorkerReport>>>)> {
+    if world < 2 {
+        return Err(Error::InvalidInput("an in-process tensor-parallel group needs world size >= 2".into()));
+    }
+    let mut comms: Vec<Arc<super::comm::InProcessComm>> =
+        super::comm::InProcessComm::group(world, options.worker_timeout).into_iter().map(Arc::new).collect();
+    let head = comms.remove(0);
+    let workers = comms
+        .into_iter()
+        .map(|c| {
+            let files = files.clone();
+            let o = WorkerOptions { engine: options.clone(), fail_command: None };
+            std::thread::Builder::new()
+                .name(format!("policy-serve-rank-{}", c.rank()))
+                .spawn(move || run_worker(&files, &o, c))
+                .map_err(|e| Error::Engine(format!("cannot start a worker thread: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((super::comm::CommHandle(head), workers))
+}
