@@ -46,9 +46,13 @@ fn io_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Engine(format!("{what}: {e}"))
 }
 
+/// One length-prefixed frame, written with a single `write_all` (with `TCP_NODELAY` set on
+/// every link, a step's command and ack each cost one round trip, not a Nagle delay).
 fn write_frame(s: &mut TcpStream, bytes: &[u8]) -> std::io::Result<()> {
-    s.write_all(&(bytes.len() as u32).to_le_bytes())?;
-    s.write_all(bytes)?;
+    let mut frame = Vec::with_capacity(4 + bytes.len());
+    frame.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    frame.extend_from_slice(bytes);
+    s.write_all(&frame)?;
     s.flush()
 }
 
@@ -88,6 +92,7 @@ impl NcclComm {
                 match listener.accept() {
                     Ok((mut s, _)) => {
                         s.set_nonblocking(false).map_err(|e| io_err("link", e))?;
+                        s.set_nodelay(true).map_err(|e| io_err("link", e))?;
                         s.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| io_err("link", e))?;
                         let hello = read_frame(&mut s).map_err(|e| io_err("rendezvous", e))?;
                         let r: usize = serde_json::from_slice(&hello).map_err(|e| io_err("rendezvous", e))?;
@@ -124,6 +129,7 @@ impl NcclComm {
                     Err(_) => std::thread::sleep(Duration::from_millis(200)),
                 }
             };
+            s.set_nodelay(true).map_err(|e| io_err("link", e))?;
             write_frame(&mut s, &serde_json::to_vec(&rank)?).map_err(|e| io_err("rendezvous", e))?;
             let bytes = read_frame(&mut s).map_err(|e| io_err("rendezvous", e))?;
             if bytes.len() != 128 {
