@@ -291,7 +291,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(out) = &a.write_model {
         let t0 = Instant::now();
         write_random_model(out, &cfg, dtype, &dev)?;
-        println!("# random {} weights ({:?}) written in {:.1}s to {}", a.config.display(), dtype, t0.elapsed().as_secs_f64(), out.display());
+        println!(
+            "# random {} weights ({:?}) written in {:.1}s to {}",
+            a.config.display(),
+            dtype,
+            t0.elapsed().as_secs_f64(),
+            out.display()
+        );
         return Ok(());
     }
     let owned_dir = a.model_dir.is_none();
@@ -301,10 +307,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             d.clone()
         }
         None => {
-            let dir = std::env::temp_dir().join(format!("policy-serve-bench-{}", std::process::id()));
+            let dir =
+                std::env::temp_dir().join(format!("policy-serve-bench-{}", std::process::id()));
             let t0 = Instant::now();
             write_random_model(&dir, &cfg, dtype, &dev)?;
-            println!("# random {} weights ({:?}) written in {:.1}s to {}", a.config.display(), dtype, t0.elapsed().as_secs_f64(), dir.display());
+            println!(
+                "# random {} weights ({:?}) written in {:.1}s to {}",
+                a.config.display(),
+                dtype,
+                t0.elapsed().as_secs_f64(),
+                dir.display()
+            );
             dir
         }
     };
@@ -399,7 +412,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     if a.greedy_check {
-        let pending: Vec<_> = (0..8).map(|i| engine.submit(one(prompt(100 + 37 * i, 5000 + i), 24))).collect();
+        let pending: Vec<_> = (0..8)
+            .map(|i| engine.submit(one(prompt(100 + 37 * i, 5000 + i), 24)))
+            .collect();
         for (i, p) in pending.into_iter().enumerate() {
             println!("greedy prompt {i}: {:?}", p.wait()?.tokens);
         }
@@ -418,9 +433,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let t = Instant::now();
         let r = engine.generate(one(prompt(32, 77), 8));
-        println!("after kill: {:?} in {:.2}s", r.map(|g| g.generated_tokens), t.elapsed().as_secs_f64());
+        println!(
+            "after kill: {:?} in {:.2}s",
+            r.map(|g| g.generated_tokens),
+            t.elapsed().as_secs_f64()
+        );
         let r = engine.generate(one(prompt(32, 78), 8));
-        println!("after kill, next request: {:?}", r.map(|g| g.generated_tokens));
+        println!(
+            "after kill, next request: {:?}",
+            r.map(|g| g.generated_tokens)
+        );
         return Ok(());
     }
     if a.world_size > 1 {
@@ -512,30 +534,59 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 #[cfg(feature = "nccl")]
-fn tp_link(a: &Args, dev: &Device) -> Result<policy_serve::engine::CommHandle, Box<dyn std::error::Error>> {
+fn tp_link(
+    a: &Args,
+    dev: &Device,
+) -> Result<policy_serve::engine::CommHandle, Box<dyn std::error::Error>> {
     let addr = a.rendezvous.ok_or("--world-size > 1 needs --rendezvous")?;
-    let comm = policy_serve::engine::nccl::NcclComm::connect(0, a.world_size, addr, dev, std::time::Duration::from_secs(300))?;
+    let comm = policy_serve::engine::nccl::NcclComm::connect(
+        0,
+        a.world_size,
+        addr,
+        dev,
+        std::time::Duration::from_secs(300),
+    )?;
     Ok(policy_serve::engine::CommHandle(std::sync::Arc::new(comm)))
 }
 
 #[cfg(not(feature = "nccl"))]
-fn tp_link(_: &Args, _: &Device) -> Result<policy_serve::engine::CommHandle, Box<dyn std::error::Error>> {
+fn tp_link(
+    _: &Args,
+    _: &Device,
+) -> Result<policy_serve::engine::CommHandle, Box<dyn std::error::Error>> {
     Err("tensor parallelism across processes needs --features nccl".into())
 }
 
 /// The NCCL backend in a group of one: all-reduce and all-gather return their input, and a
 /// Qwen3 forward through the NCCL all-reduce path equals the plain forward.
 #[cfg(feature = "nccl")]
-fn nccl_selftest(dir: &Path, cfg: &serde_json::Value, dtype: DType, dev: &Device) -> Result<(), Box<dyn std::error::Error>> {
+fn nccl_selftest(
+    dir: &Path,
+    cfg: &serde_json::Value,
+    dtype: DType,
+    dev: &Device,
+) -> Result<(), Box<dyn std::error::Error>> {
     use policy_serve::engine::CommBackend;
     use policy_serve::engine::qwen3::{LogitRows, PagedKvCache, Qwen3, SeqInput, Shard};
     use policy_serve::engine::weights::Checkpoint;
-    let comm = policy_serve::engine::nccl::NcclComm::connect(0, 1, "127.0.0.1:1".parse()?, dev, std::time::Duration::from_secs(10))?;
+    let comm = policy_serve::engine::nccl::NcclComm::connect(
+        0,
+        1,
+        "127.0.0.1:1".parse()?,
+        dev,
+        std::time::Duration::from_secs(10),
+    )?;
     let x = Tensor::randn(0f32, 1.0, (4, 1024), dev)?.to_dtype(dtype)?;
     let r = comm.all_reduce_sum(&x)?;
     let g = comm.all_gather(&x, 1)?;
-    let d1 = (r.to_dtype(DType::F32)? - x.to_dtype(DType::F32)?)?.abs()?.max_all()?.to_scalar::<f32>()?;
-    let d2 = (g.to_dtype(DType::F32)? - x.to_dtype(DType::F32)?)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    let d1 = (r.to_dtype(DType::F32)? - x.to_dtype(DType::F32)?)?
+        .abs()?
+        .max_all()?
+        .to_scalar::<f32>()?;
+    let d2 = (g.to_dtype(DType::F32)? - x.to_dtype(DType::F32)?)?
+        .abs()?
+        .max_all()?
+        .to_scalar::<f32>()?;
     comm.barrier()?;
     let mcfg = policy_serve::engine::ModelConfig::from_json(&cfg.to_string())?;
     let ck = Checkpoint::open(&[dir.join("model.safetensors")], dtype, dev)?;
@@ -543,15 +594,31 @@ fn nccl_selftest(dir: &Path, cfg: &serde_json::Value, dtype: DType, dev: &Device
     let cache = PagedKvCache::new(&mcfg, model.local_kv_heads(), 8, 16, dtype, dev)?;
     let tokens = prompt(100, 3);
     let table: Vec<u32> = (0..8).collect();
-    let seqs = [SeqInput { q_len: 100, context_len: 100, block_table: &table, logits: LogitRows::All }];
-    let plain = model.forward(&tokens, &seqs, &cache, None)?.ok_or("logits")?;
-    let via = model.forward(&tokens, &seqs, &cache, Some(&comm))?.ok_or("logits")?;
+    let seqs = [SeqInput {
+        q_len: 100,
+        context_len: 100,
+        block_table: &table,
+        logits: LogitRows::All,
+    }];
+    let plain = model
+        .forward(&tokens, &seqs, &cache, None)?
+        .ok_or("logits")?;
+    let via = model
+        .forward(&tokens, &seqs, &cache, Some(&comm))?
+        .ok_or("logits")?;
     let d3 = (plain - via)?.abs()?.max_all()?.to_scalar::<f32>()?;
-    println!("nccl-selftest world 1: all_reduce max diff {d1}, all_gather max diff {d2}, barrier ok, forward via NCCL vs plain max diff {d3}");
+    println!(
+        "nccl-selftest world 1: all_reduce max diff {d1}, all_gather max diff {d2}, barrier ok, forward via NCCL vs plain max diff {d3}"
+    );
     Ok(())
 }
 
 #[cfg(not(feature = "nccl"))]
-fn nccl_selftest(_: &Path, _: &serde_json::Value, _: DType, _: &Device) -> Result<(), Box<dyn std::error::Error>> {
+fn nccl_selftest(
+    _: &Path,
+    _: &serde_json::Value,
+    _: DType,
+    _: &Device,
+) -> Result<(), Box<dyn std::error::Error>> {
     Err("--nccl-selftest needs --features nccl".into())
 }

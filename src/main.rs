@@ -7,11 +7,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use policy_serve::engine::{CommHandle, DTypeChoice, DeviceChoice, WorkerOptions, run_worker, spawn_in_process_workers};
-use policy_serve::registry::resolve_files;
+use policy_serve::engine::{
+    CommHandle, DTypeChoice, DeviceChoice, WorkerOptions, run_worker, spawn_in_process_workers,
+};
 use policy_serve::policy::format::{
     ChatTemplate, Message, RenderOptions, ToolDefinition, parse_output,
 };
+use policy_serve::registry::resolve_files;
 use policy_serve::{
     Action, EngineOptions, EpisodeConfig, Error, GenerationRequest, ModelRegistry, ModelSource,
     ModelSpec, Observation, Policy, SamplingParams, TranscriptMode,
@@ -359,10 +361,21 @@ fn run(command: Command) -> Result<(), Error> {
             }
             outcome?;
         }
-        Command::Worker { rank, model, model_dir, speculative_tokens, engine } => {
-            let addr = engine.rendezvous.ok_or_else(|| Error::InvalidInput("a worker needs --rendezvous HOST:PORT (the head's)".into()))?;
+        Command::Worker {
+            rank,
+            model,
+            model_dir,
+            speculative_tokens,
+            engine,
+        } => {
+            let addr = engine.rendezvous.ok_or_else(|| {
+                Error::InvalidInput("a worker needs --rendezvous HOST:PORT (the head's)".into())
+            })?;
             if rank == 0 || rank >= engine.world_size {
-                return Err(Error::InvalidInput(format!("--rank {rank}: workers are ranks 1..{} (rank 0 is the head)", engine.world_size)));
+                return Err(Error::InvalidInput(format!(
+                    "--rank {rank}: workers are ranks 1..{} (rank 0 is the head)",
+                    engine.world_size
+                )));
             }
             let mut registry = ModelRegistry::with_defaults();
             if let Some(dir) = model_dir {
@@ -370,7 +383,13 @@ fn run(command: Command) -> Result<(), Error> {
             }
             let files = resolve_files(&model, &registry.spec(&model)?.source)?;
             let link = engine.nccl_link(rank, addr)?;
-            let opts = WorkerOptions { engine: EngineOptions { speculative_tokens, ..engine.options()? }, fail_command: None };
+            let opts = WorkerOptions {
+                engine: EngineOptions {
+                    speculative_tokens,
+                    ..engine.options()?
+                },
+                fail_command: None,
+            };
             let report = run_worker(&files, &opts, link.0)?;
             eprintln!("worker rank {rank} stopped: {report:?}");
         }

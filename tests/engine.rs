@@ -421,3 +421,96 @@ fn a_caller_that_goes_away_frees_its_sequence() {
         3
     );
 }
+
+#[test]
+fn a_sharded_checkpoint_loads_and_gives_the_same_logits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = common::write_tiny_model(tmp.path(), 42);
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    let tensors = common::random_tensors(&common::tiny_config(), 42);
+    let (mut a, mut b) = (
+        std::collections::HashMap::new(),
+        std::collections::HashMap::new(),
+    );
+    let mut map = serde_json::Map::new();
+    for (i, (name, t)) in tensors.into_iter().enumerate() {
+        let file = if i % 2 == 0 {
+            "model-00001-of-00002.safetensors"
+        } else {
+            "model-00002-of-00002.safetensors"
+        };
+        map.insert(name.clone(), file.into());
+        if i % 2 == 0 {
+            a.insert(name, t)
+        } else {
+            b.insert(name, t)
+        };
+    }
+    candle_core::safetensors::save(&a, dir.join("model-00001-of-00002.safetensors")).unwrap();
+    candle_core::safetensors::save(&b, dir.join("model-00002-of-00002.safetensors")).unwrap();
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
+    )
+    .unwrap();
+    let sharded = ModelRegistry::new(vec![ModelSpec::local("s", "S", &dir)])
+        .unwrap()
+        .with_options(options());
+    let tokens = prompt(19, 11);
+    let ours = sharded
+        .model("s")
+        .unwrap()
+        .engine()
+        .logits(tokens.clone())
+        .unwrap();
+    let single = registry_with(options())
+        .model("tiny")
+        .unwrap()
+        .engine()
+        .logits(tokens)
+        .unwrap();
+    assert!(max_rel_err(&ours, &single) <= 1e-6);
+    assert_eq!(sharded.model("s").unwrap().files().weights.len(), 2);
+}
+
+#[test]
+fn a_tensor_of_the_wrong_dtype_is_named_with_its_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = common::write_tiny_model(tmp.path(), 3);
+    let mut tensors = common::random_tensors(&common::tiny_config(), 3);
+    tensors.insert(
+        "model.norm.weight".into(),
+        Tensor::zeros(32, DType::I64, &Device::Cpu).unwrap(),
+    );
+    candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
+    let r = ModelRegistry::new(vec![ModelSpec::local("d", "D", &dir)])
+        .unwrap()
+        .with_options(options());
+    let err = r.model("d").unwrap_err().to_string();
+    assert!(
+        err.contains("model.norm.weight")
+            && err.contains("dtype I64")
+            && err.contains("model.safetensors"),
+        "{err}"
+    );
+}
+
+#[test]
+fn kv_only_predicates_follow_the_architecture_table() {
+    let mut cfg =
+        policy_serve::engine::ModelConfig::from_json(&common::tiny_config().to_string()).unwrap();
+    assert!(cfg.kv_only_prefix_cache_is_safe() && cfg.kv_only_swap_out_is_safe());
+    for hybrid in ["qwen3_next", "jamba", "falcon_h1", "mamba"] {
+        cfg.model_type = hybrid.into();
+        assert!(
+            !cfg.kv_only_prefix_cache_is_safe() && !cfg.kv_only_swap_out_is_safe(),
+            "{hybrid}"
+        );
+        assert!(!cfg.kv_only_reason().is_empty());
+    }
+    cfg.model_type = "something_new".into();
+    assert!(
+        !cfg.kv_only_prefix_cache_is_safe(),
+        "unknown architectures are not assumed safe"
+    );
+}

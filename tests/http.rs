@@ -439,3 +439,32 @@ async fn the_official_openai_python_client_parses_our_responses() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("openai client ok: demo, tiny"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_episodes_expire_and_the_episode_cap_is_enforced() {
+    let s = start(&["--episode-ttl-secs", "1", "--max-episodes", "1"]).await;
+    let (code, v) = post(
+        &s,
+        "/v1/episodes",
+        json!({"model": "demo", "tools": tools()}),
+    )
+    .await;
+    assert_eq!(code, 201);
+    let id = v["id"].as_str().unwrap().to_string();
+    let (code, err) = post(
+        &s,
+        "/v1/episodes",
+        json!({"model": "demo", "tools": tools()}),
+    )
+    .await;
+    assert_eq!(code, 429, "{err}");
+    assert!(err["error"]["message"].as_str().unwrap().contains("DELETE"));
+    tokio::time::sleep(std::time::Duration::from_millis(1300)).await;
+    let (code, _) = post(
+        &s,
+        &format!("/v1/episodes/{id}/act"),
+        json!({"observation": "x"}),
+    )
+    .await;
+    assert_eq!(code, 404, "the idle episode expired");
+}

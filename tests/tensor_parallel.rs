@@ -6,9 +6,14 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use policy_serve::engine::{CommBackend, CommHandle, DeviceChoice, InProcessComm, WorkerCommand, WorkerOptions, WorkerReport, run_worker};
+use policy_serve::engine::{
+    CommBackend, CommHandle, DeviceChoice, InProcessComm, WorkerCommand, WorkerOptions,
+    WorkerReport, run_worker,
+};
 use policy_serve::registry::resolve_files;
-use policy_serve::{EngineOptions, Error, GenerationRequest, ModelRegistry, ModelSource, ModelSpec};
+use policy_serve::{
+    EngineOptions, Error, GenerationRequest, ModelRegistry, ModelSource, ModelSpec,
+};
 
 /// A tiny config whose head counts and MLP size divide by 4.
 fn tp_model() -> std::path::PathBuf {
@@ -18,14 +23,17 @@ fn tp_model() -> std::path::PathBuf {
         cfg["num_attention_heads"] = 8.into();
         cfg["num_key_value_heads"] = 4.into();
         cfg["head_dim"] = 8.into();
-        let dir = std::env::temp_dir().join(format!("policy-serve-tp-{}", std::process::id()));
-        common::write_model(&dir, &cfg, 7)
+        common::cached_model("tp-v1-seed7", &cfg, 7)
     })
     .clone()
 }
 
 fn options() -> EngineOptions {
-    EngineOptions { device: DeviceChoice::Cpu, worker_timeout: Duration::from_secs(20), ..EngineOptions::default() }
+    EngineOptions {
+        device: DeviceChoice::Cpu,
+        worker_timeout: Duration::from_secs(20),
+        ..EngineOptions::default()
+    }
 }
 
 struct Group {
@@ -36,7 +44,10 @@ struct Group {
 
 fn group(world: usize, worker_opts: impl Fn(usize) -> WorkerOptions) -> Group {
     let dir = tp_model();
-    let mut comms: Vec<Arc<InProcessComm>> = InProcessComm::group(world, Duration::from_secs(5)).into_iter().map(Arc::new).collect();
+    let mut comms: Vec<Arc<InProcessComm>> = InProcessComm::group(world, Duration::from_secs(5))
+        .into_iter()
+        .map(Arc::new)
+        .collect();
     let head = comms.remove(0);
     let files = resolve_files("tp", &ModelSource::Local(dir.clone())).unwrap();
     let workers = comms
@@ -47,30 +58,66 @@ fn group(world: usize, worker_opts: impl Fn(usize) -> WorkerOptions) -> Group {
             std::thread::spawn(move || run_worker(&files, &o, c))
         })
         .collect();
-    let opts = EngineOptions { tensor_parallel: Some(CommHandle(head.clone())), ..options() };
-    let registry = ModelRegistry::new(vec![ModelSpec::local("tp", "TP", &dir)]).unwrap().with_options(opts);
-    Group { registry, head, workers }
+    let opts = EngineOptions {
+        tensor_parallel: Some(CommHandle(head.clone())),
+        ..options()
+    };
+    let registry = ModelRegistry::new(vec![ModelSpec::local("tp", "TP", &dir)])
+        .unwrap()
+        .with_options(opts);
+    Group {
+        registry,
+        head,
+        workers,
+    }
 }
 
 fn plain_worker(_: usize) -> WorkerOptions {
-    WorkerOptions { engine: options(), fail_command: None }
+    WorkerOptions {
+        engine: options(),
+        fail_command: None,
+    }
 }
 
 fn prompt(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| (i * 7919 + salt * 104_729) % 150_000).collect()
+    (0..n as u32)
+        .map(|i| (i * 7919 + salt * 104_729) % 150_000)
+        .collect()
 }
 
 fn run_all(registry: &ModelRegistry) -> (Vec<Vec<f32>>, Vec<Vec<u32>>) {
     let engine = registry.model("tp").unwrap().engine().clone();
     let logits = engine.logits(prompt(21, 1)).unwrap();
-    let pending: Vec<_> = (0..4).map(|i| engine.submit(GenerationRequest::new(prompt(5 + 7 * i, 2 + i as u32)).max_new_tokens(10))).collect();
-    let tokens = pending.into_iter().map(|p| p.wait().unwrap().tokens).collect();
+    let pending: Vec<_> = (0..4)
+        .map(|i| {
+            engine
+                .submit(GenerationRequest::new(prompt(5 + 7 * i, 2 + i as u32)).max_new_tokens(10))
+        })
+        .collect();
+    let mut tokens: Vec<Vec<u32>> = pending
+        .into_iter()
+        .map(|p| p.wait().unwrap().tokens)
+        .collect();
+    // A request sharing a 32-token prefix with an earlier one reuses its cached blocks: the
+    // head's block tables travel with each step, so every rank reads the same slots.
+    let mut shared = prompt(5 + 7 * 3, 5)[..].to_vec();
+    shared.extend(prompt(40, 9));
+    let g = engine
+        .generate(GenerationRequest::new(shared).max_new_tokens(10))
+        .unwrap();
+    assert!(
+        g.cached_prompt_tokens >= 16,
+        "the shared prefix came from the cache: {g:?}"
+    );
+    tokens.push(g.tokens);
     (logits, tokens)
 }
 
 #[test]
 fn world_sizes_1_2_and_4_give_the_same_logits_and_greedy_tokens() {
-    let one = ModelRegistry::new(vec![ModelSpec::local("tp", "TP", tp_model())]).unwrap().with_options(options());
+    let one = ModelRegistry::new(vec![ModelSpec::local("tp", "TP", tp_model())])
+        .unwrap()
+        .with_options(options());
     let (ref_logits, ref_tokens) = run_all(&one);
     for world in [1, 2, 4] {
         let g = group(world, plain_worker);
@@ -83,7 +130,10 @@ fn world_sizes_1_2_and_4_give_the_same_logits_and_greedy_tokens() {
                 worst = worst.max((x - y).abs() / scale);
             }
         }
-        assert!(worst <= 1e-4, "world {world}: relative logits error {worst}");
+        assert!(
+            worst <= 1e-4,
+            "world {world}: relative logits error {worst}"
+        );
         drop(g.registry);
         for w in g.workers {
             let report = w.join().unwrap().unwrap();
@@ -98,16 +148,34 @@ fn a_command_that_fails_on_one_worker_fails_that_request_only() {
     const POISON: u32 = 149_999;
     let g = group(2, |_| WorkerOptions {
         engine: options(),
-        fail_command: Some(Arc::new(|c: &WorkerCommand| matches!(c, WorkerCommand::Forward { tokens, .. } if tokens.contains(&POISON)))),
+        fail_command: Some(Arc::new(
+            |c: &WorkerCommand| matches!(c, WorkerCommand::Forward { tokens, .. } if tokens.contains(&POISON)),
+        )),
     });
     let engine = g.registry.model("tp").unwrap().engine().clone();
     let mut bad = prompt(12, 3);
     bad[5] = POISON;
     let good = engine.submit(GenerationRequest::new(prompt(9, 4)).max_new_tokens(6));
-    let err = engine.generate(GenerationRequest::new(bad).max_new_tokens(6)).unwrap_err();
-    assert!(matches!(err, Error::Engine(_)) && err.to_string().contains("injected failure"), "{err}");
-    assert_eq!(good.wait().unwrap().generated_tokens, 6, "the other request is unaffected");
-    assert_eq!(engine.generate(GenerationRequest::new(prompt(7, 5)).max_new_tokens(4)).unwrap().generated_tokens, 4, "the next request succeeds");
+    let err = engine
+        .generate(GenerationRequest::new(bad).max_new_tokens(6))
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Engine(_)) && err.to_string().contains("injected failure"),
+        "{err}"
+    );
+    assert_eq!(
+        good.wait().unwrap().generated_tokens,
+        6,
+        "the other request is unaffected"
+    );
+    assert_eq!(
+        engine
+            .generate(GenerationRequest::new(prompt(7, 5)).max_new_tokens(4))
+            .unwrap()
+            .generated_tokens,
+        4,
+        "the next request succeeds"
+    );
     drop(engine);
     drop(g.registry);
     for w in g.workers {
@@ -120,16 +188,27 @@ fn a_command_that_fails_on_one_worker_fails_that_request_only() {
 fn a_closed_link_ends_the_worker_loop_within_a_bounded_time() {
     let g = group(2, plain_worker);
     let engine = g.registry.model("tp").unwrap().engine().clone();
-    assert_eq!(engine.generate(GenerationRequest::new(prompt(6, 6)).max_new_tokens(3)).unwrap().generated_tokens, 3);
+    assert_eq!(
+        engine
+            .generate(GenerationRequest::new(prompt(6, 6)).max_new_tokens(3))
+            .unwrap()
+            .generated_tokens,
+        3
+    );
     let t = Instant::now();
     g.head.close_links();
     for w in g.workers {
         let r = w.join().unwrap().unwrap();
-        assert!(!r.clean_shutdown, "the loop ended because the link went away");
+        assert!(
+            !r.clean_shutdown,
+            "the loop ended because the link went away"
+        );
     }
     assert!(t.elapsed() < Duration::from_secs(10));
     // The head now fails requests with a clear error instead of hanging.
-    let err = engine.generate(GenerationRequest::new(prompt(6, 7)).max_new_tokens(3)).unwrap_err();
+    let err = engine
+        .generate(GenerationRequest::new(prompt(6, 7)).max_new_tokens(3))
+        .unwrap_err();
     assert!(err.to_string().contains("closed"), "{err}");
 }
 
@@ -147,15 +226,28 @@ fn a_dead_worker_makes_the_head_fail_requests_instead_of_hanging() {
         })),
     });
     let engine = g.registry.model("tp").unwrap().engine().clone();
-    assert_eq!(engine.generate(GenerationRequest::new(prompt(6, 8)).max_new_tokens(3)).unwrap().generated_tokens, 3);
+    assert_eq!(
+        engine
+            .generate(GenerationRequest::new(prompt(6, 8)).max_new_tokens(3))
+            .unwrap()
+            .generated_tokens,
+        3
+    );
     let t = Instant::now();
     let mut crash = prompt(6, 9);
     crash[2] = CRASH;
-    let err = engine.generate(GenerationRequest::new(crash).max_new_tokens(3)).unwrap_err();
+    let err = engine
+        .generate(GenerationRequest::new(crash).max_new_tokens(3))
+        .unwrap_err();
     assert!(err.to_string().contains("worker rank 1"), "{err}");
-    let err = engine.generate(GenerationRequest::new(prompt(6, 10)).max_new_tokens(3)).unwrap_err();
+    let err = engine
+        .generate(GenerationRequest::new(prompt(6, 10)).max_new_tokens(3))
+        .unwrap_err();
     assert!(err.to_string().contains("worker rank 1"), "{err}");
-    assert!(t.elapsed() < Duration::from_secs(15), "failed fast, no hang");
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "failed fast, no hang"
+    );
     for w in g.workers {
         assert!(w.join().is_err(), "the worker thread crashed");
     }
@@ -163,18 +255,38 @@ fn a_dead_worker_makes_the_head_fail_requests_instead_of_hanging() {
 
 #[test]
 fn world_sizes_that_do_not_divide_the_heads_are_refused_clearly() {
-    let comms: Vec<Arc<InProcessComm>> = InProcessComm::group(3, Duration::from_secs(2)).into_iter().map(Arc::new).collect();
-    let opts = EngineOptions { tensor_parallel: Some(CommHandle(comms[0].clone())), ..options() };
-    let r = ModelRegistry::new(vec![ModelSpec::local("tp", "TP", tp_model())]).unwrap().with_options(opts);
+    let comms: Vec<Arc<InProcessComm>> = InProcessComm::group(3, Duration::from_secs(2))
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    let opts = EngineOptions {
+        tensor_parallel: Some(CommHandle(comms[0].clone())),
+        ..options()
+    };
+    let r = ModelRegistry::new(vec![ModelSpec::local("tp", "TP", tp_model())])
+        .unwrap()
+        .with_options(opts);
     let err = r.model("tp").unwrap_err().to_string();
-    assert!(err.contains("world size 3 does not divide") && err.contains("num_attention_heads = 8"), "{err}");
+    assert!(
+        err.contains("world size 3 does not divide") && err.contains("num_attention_heads = 8"),
+        "{err}"
+    );
 }
 
 #[test]
 fn a_worker_with_other_settings_refuses_to_start_and_names_the_flag() {
-    let g = group(2, |_| WorkerOptions { engine: EngineOptions { block_size: 32, ..options() }, fail_command: None });
+    let g = group(2, |_| WorkerOptions {
+        engine: EngineOptions {
+            block_size: 32,
+            ..options()
+        },
+        fail_command: None,
+    });
     let err = g.registry.model("tp").unwrap_err().to_string();
-    assert!(err.contains("refused to start") && err.contains("--block-size 16"), "{err}");
+    assert!(
+        err.contains("refused to start") && err.contains("--block-size 16"),
+        "{err}"
+    );
     for w in g.workers {
         assert!(w.join().unwrap().is_err());
     }

@@ -70,7 +70,11 @@ impl RankSettings {
             )))
         };
         if self.speculative_tokens != head.speculative_tokens {
-            return flag("--speculative-tokens", &self.speculative_tokens, &head.speculative_tokens);
+            return flag(
+                "--speculative-tokens",
+                &self.speculative_tokens,
+                &head.speculative_tokens,
+            );
         }
         if self.block_size != head.block_size {
             return flag("--block-size", &self.block_size, &head.block_size);
@@ -94,7 +98,11 @@ pub trait CommBackend: Send + Sync + std::fmt::Debug {
     /// Head: sends a command to every worker and collects each worker's acknowledgement
     /// (`Err(reason)` when the worker could not take the command). Fails if a worker is gone
     /// or does not answer within `timeout`.
-    fn send_command(&self, cmd: &WorkerCommand, timeout: Duration) -> Result<Vec<std::result::Result<(), String>>>;
+    fn send_command(
+        &self,
+        cmd: &WorkerCommand,
+        timeout: Duration,
+    ) -> Result<Vec<std::result::Result<(), String>>>;
     /// Worker: the next command; an error means the link is gone (the loop ends).
     fn recv_command(&self) -> Result<WorkerCommand>;
     /// Worker: acknowledges the last command (`Err(reason)`: it could not take it).
@@ -115,7 +123,12 @@ pub struct CommHandle(pub Arc<dyn CommBackend>);
 
 impl std::fmt::Debug for CommHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CommHandle(rank {} of {})", self.0.rank(), self.0.world_size())
+        write!(
+            f,
+            "CommHandle(rank {} of {})",
+            self.0.rank(),
+            self.0.world_size()
+        )
     }
 }
 
@@ -162,7 +175,11 @@ impl InProcessComm {
     pub fn group(world: usize, timeout: Duration) -> Vec<InProcessComm> {
         let shared = Arc::new(Shared {
             world,
-            meeting: Mutex::new(Meeting { deposits: vec![None; world], result: vec![None; world], ..Default::default() }),
+            meeting: Mutex::new(Meeting {
+                deposits: vec![None; world],
+                result: vec![None; world],
+                ..Default::default()
+            }),
             cv: Condvar::new(),
             timeout,
         });
@@ -179,7 +196,12 @@ impl InProcessComm {
                 from_head: Some(Mutex::new((rx, ack_tx))),
             });
         }
-        let head = InProcessComm { rank: 0, shared, to_workers: Mutex::new(senders), from_head: None };
+        let head = InProcessComm {
+            rank: 0,
+            shared,
+            to_workers: Mutex::new(senders),
+            from_head: None,
+        };
         std::iter::once(head).chain(handles).collect()
     }
 
@@ -189,7 +211,11 @@ impl InProcessComm {
     }
 
     /// Runs one collective: deposit `t`, wait for all, take this rank's share of `combine`.
-    fn meet(&self, t: &Tensor, combine: impl Fn(&[Tensor]) -> Result<Vec<Tensor>>) -> Result<Tensor> {
+    fn meet(
+        &self,
+        t: &Tensor,
+        combine: impl Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+    ) -> Result<Tensor> {
         let sh = &self.shared;
         let dev = t.device().clone();
         let mut m = sh.meeting.lock();
@@ -200,13 +226,19 @@ impl InProcessComm {
             }
         }
         if m.broken {
-            return Err(Error::Engine("a collective was broken by a rank that did not arrive".into()));
+            return Err(Error::Engine(
+                "a collective was broken by a rank that did not arrive".into(),
+            ));
         }
         let generation = m.generation;
         m.deposits[self.rank] = Some(t.to_device(&Device::Cpu)?);
         m.arrived += 1;
         if m.arrived == sh.world {
-            let inputs: Vec<Tensor> = m.deposits.iter_mut().map(|d| d.take().expect("every rank deposited")).collect();
+            let inputs: Vec<Tensor> = m
+                .deposits
+                .iter_mut()
+                .map(|d| d.take().expect("every rank deposited"))
+                .collect();
             let outs = combine(&inputs)?;
             m.result = outs.into_iter().map(Some).collect();
             m.arrived = 0;
@@ -224,7 +256,9 @@ impl InProcessComm {
                 }
             }
             if m.broken {
-                return Err(Error::Engine("a collective was broken by a rank that did not arrive".into()));
+                return Err(Error::Engine(
+                    "a collective was broken by a rank that did not arrive".into(),
+                ));
             }
         }
         let out = m.result[self.rank].take().expect("result for this rank");
@@ -249,30 +283,52 @@ impl CommBackend for InProcessComm {
     fn send_command(&self, cmd: &WorkerCommand, timeout: Duration) -> Result<Vec<Ack>> {
         let links = self.to_workers.lock();
         if links.len() + 1 != self.shared.world {
-            return Err(Error::Engine("the command links to the workers are closed".into()));
+            return Err(Error::Engine(
+                "the command links to the workers are closed".into(),
+            ));
         }
         for (i, (tx, _)) in links.iter().enumerate() {
-            tx.send(cmd.clone()).map_err(|_| Error::Engine(format!("worker rank {} is gone (its command link is closed)", i + 1)))?;
+            tx.send(cmd.clone()).map_err(|_| {
+                Error::Engine(format!(
+                    "worker rank {} is gone (its command link is closed)",
+                    i + 1
+                ))
+            })?;
         }
         links
             .iter()
             .enumerate()
             .map(|(i, (_, acks))| {
                 acks.recv_timeout(timeout).map_err(|e| {
-                    Error::Engine(format!("worker rank {} did not acknowledge the command ({e}); it is gone or stuck", i + 1))
+                    Error::Engine(format!(
+                        "worker rank {} did not acknowledge the command ({e}); it is gone or stuck",
+                        i + 1
+                    ))
                 })
             })
             .collect()
     }
 
     fn recv_command(&self) -> Result<WorkerCommand> {
-        let link = self.from_head.as_ref().ok_or_else(|| Error::Engine("the head does not receive commands".into()))?;
-        link.lock().0.recv().map_err(|_| Error::Engine("the link to the head is gone".into()))
+        let link = self
+            .from_head
+            .as_ref()
+            .ok_or_else(|| Error::Engine("the head does not receive commands".into()))?;
+        link.lock()
+            .0
+            .recv()
+            .map_err(|_| Error::Engine("the link to the head is gone".into()))
     }
 
     fn ack(&self, status: Ack) -> Result<()> {
-        let link = self.from_head.as_ref().ok_or_else(|| Error::Engine("the head does not acknowledge".into()))?;
-        link.lock().1.send(status).map_err(|_| Error::Engine("the link to the head is gone".into()))
+        let link = self
+            .from_head
+            .as_ref()
+            .ok_or_else(|| Error::Engine("the head does not acknowledge".into()))?;
+        link.lock()
+            .1
+            .send(status)
+            .map_err(|_| Error::Engine("the link to the head is gone".into()))
     }
 
     fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor> {
@@ -293,7 +349,11 @@ impl CommBackend for InProcessComm {
     }
 
     fn barrier(&self) -> Result<()> {
-        self.meet(&Tensor::zeros(1, candle_core::DType::F32, &Device::Cpu)?, |all| Ok(all.to_vec())).map(|_| ())
+        self.meet(
+            &Tensor::zeros(1, candle_core::DType::F32, &Device::Cpu)?,
+            |all| Ok(all.to_vec()),
+        )
+        .map(|_| ())
     }
 
     fn health(&self) -> Result<()> {

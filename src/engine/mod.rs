@@ -27,10 +27,10 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use tokenizers::Tokenizer;
 
+pub use comm::{CommBackend, CommHandle, InProcessComm, RankSettings, WorkerCommand};
 pub use config::{GenerationConfig, ModelConfig};
 pub use device::{DTypeChoice, DeviceChoice, KvBudget};
 pub use handle::Pending;
-pub use comm::{CommBackend, CommHandle, InProcessComm, RankSettings, WorkerCommand};
 pub use sampling::SamplingParams;
 pub use tp::{FailHook, WorkerOptions, WorkerReport, run_worker, spawn_in_process_workers};
 

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::nccl::safe::{Comm, Id, ReduceOp};
 use candle_core::cuda_backend::CudaStorage;
+use candle_core::cuda_backend::cudarc::nccl::safe::{Comm, Id, ReduceOp};
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 use parking_lot::Mutex;
 
@@ -61,7 +61,10 @@ fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     s.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len) as usize;
     if len > 256 << 20 {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "frame too large"));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "frame too large",
+        ));
     }
     let mut buf = vec![0u8; len];
     s.read_exact(&mut buf)?;
@@ -72,30 +75,49 @@ impl NcclComm {
     /// Joins the group: rank 0 listens at `rendezvous` and waits for every other rank (up to
     /// `timeout`); the others connect to it (retrying until `timeout`). Then NCCL is set up on
     /// `device` (a CUDA device).
-    pub fn connect(rank: usize, world: usize, rendezvous: SocketAddr, device: &Device, timeout: Duration) -> Result<Self> {
+    pub fn connect(
+        rank: usize,
+        world: usize,
+        rendezvous: SocketAddr,
+        device: &Device,
+        timeout: Duration,
+    ) -> Result<Self> {
         let Device::Cuda(cuda) = device else {
-            return Err(Error::InvalidInput("the NCCL backend needs a CUDA device (--device cuda:N)".into()));
+            return Err(Error::InvalidInput(
+                "the NCCL backend needs a CUDA device (--device cuda:N)".into(),
+            ));
         };
         if world == 0 || rank >= world {
-            return Err(Error::InvalidInput(format!("rank {rank} of world size {world}: need 0 <= rank < world")));
+            return Err(Error::InvalidInput(format!(
+                "rank {rank} of world size {world}: need 0 <= rank < world"
+            )));
         }
         let deadline = Instant::now() + timeout;
         let (id, links) = if world == 1 {
             // A group of one (checks the NCCL path on a single GPU): no rendezvous.
-            (Id::new().map_err(|e| io_err("cannot create the NCCL id", format!("{e:?}")))?, vec![])
+            (
+                Id::new().map_err(|e| io_err("cannot create the NCCL id", format!("{e:?}")))?,
+                vec![],
+            )
         } else if rank == 0 {
-            let id = Id::new().map_err(|e| io_err("cannot create the NCCL id", format!("{e:?}")))?;
-            let listener = TcpListener::bind(rendezvous).map_err(|e| io_err(&format!("cannot listen at {rendezvous}"), e))?;
-            listener.set_nonblocking(true).map_err(|e| io_err("listener", e))?;
+            let id =
+                Id::new().map_err(|e| io_err("cannot create the NCCL id", format!("{e:?}")))?;
+            let listener = TcpListener::bind(rendezvous)
+                .map_err(|e| io_err(&format!("cannot listen at {rendezvous}"), e))?;
+            listener
+                .set_nonblocking(true)
+                .map_err(|e| io_err("listener", e))?;
             let mut links: Vec<Option<TcpStream>> = (1..world).map(|_| None).collect();
             while links.iter().any(Option::is_none) {
                 match listener.accept() {
                     Ok((mut s, _)) => {
                         s.set_nonblocking(false).map_err(|e| io_err("link", e))?;
                         s.set_nodelay(true).map_err(|e| io_err("link", e))?;
-                        s.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| io_err("link", e))?;
+                        s.set_read_timeout(Some(Duration::from_secs(30)))
+                            .map_err(|e| io_err("link", e))?;
                         let hello = read_frame(&mut s).map_err(|e| io_err("rendezvous", e))?;
-                        let r: usize = serde_json::from_slice(&hello).map_err(|e| io_err("rendezvous", e))?;
+                        let r: usize =
+                            serde_json::from_slice(&hello).map_err(|e| io_err("rendezvous", e))?;
                         if r == 0 || r >= world || links[r - 1].is_some() {
                             return Err(Error::Engine(format!("rendezvous: unexpected rank {r}")));
                         }
@@ -106,8 +128,12 @@ impl NcclComm {
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         if Instant::now() > deadline {
-                            let missing: Vec<String> =
-                                links.iter().enumerate().filter(|(_, l)| l.is_none()).map(|(i, _)| (i + 1).to_string()).collect();
+                            let missing: Vec<String> = links
+                                .iter()
+                                .enumerate()
+                                .filter(|(_, l)| l.is_none())
+                                .map(|(i, _)| (i + 1).to_string())
+                                .collect();
                             return Err(Error::Engine(format!(
                                 "rank(s) {} never arrived at the rendezvous {rendezvous} within {timeout:?}; start them with `policy-serve worker --rank N --world-size {world} --rendezvous {rendezvous}`",
                                 missing.join(", ")
@@ -118,22 +144,32 @@ impl NcclComm {
                     Err(e) => return Err(io_err("rendezvous accept", e)),
                 }
             }
-            (id, links.into_iter().map(|l| l.expect("all arrived")).collect())
+            (
+                id,
+                links.into_iter().map(|l| l.expect("all arrived")).collect(),
+            )
         } else {
             let mut s = loop {
                 match TcpStream::connect_timeout(&rendezvous, Duration::from_secs(2)) {
                     Ok(s) => break s,
                     Err(e) if Instant::now() > deadline => {
-                        return Err(io_err(&format!("could not reach the head at {rendezvous} within {timeout:?}"), e));
+                        return Err(io_err(
+                            &format!("could not reach the head at {rendezvous} within {timeout:?}"),
+                            e,
+                        ));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(200)),
                 }
             };
             s.set_nodelay(true).map_err(|e| io_err("link", e))?;
-            write_frame(&mut s, &serde_json::to_vec(&rank)?).map_err(|e| io_err("rendezvous", e))?;
+            write_frame(&mut s, &serde_json::to_vec(&rank)?)
+                .map_err(|e| io_err("rendezvous", e))?;
             let bytes = read_frame(&mut s).map_err(|e| io_err("rendezvous", e))?;
             if bytes.len() != 128 {
-                return Err(Error::Engine(format!("rendezvous: NCCL id of {} bytes, expected 128", bytes.len())));
+                return Err(Error::Engine(format!(
+                    "rendezvous: NCCL id of {} bytes, expected 128",
+                    bytes.len()
+                )));
             }
             let mut internal = [0 as std::ffi::c_char; 128];
             for (d, b) in internal.iter_mut().zip(&bytes) {
@@ -141,9 +177,16 @@ impl NcclComm {
             }
             (Id::uninit(internal), vec![s])
         };
-        let comm = Comm::from_rank(cuda.cuda_stream(), rank, world, id).map_err(|e| io_err("NCCL init failed", format!("{e:?}")))?;
+        let comm = Comm::from_rank(cuda.cuda_stream(), rank, world, id)
+            .map_err(|e| io_err("NCCL init failed", format!("{e:?}")))?;
         tracing::info!(rank, world, %rendezvous, "NCCL group ready");
-        Ok(Self { rank, world, comm: Arc::new(SharedComm(Mutex::new(comm))), device: device.clone(), links: Mutex::new(links) })
+        Ok(Self {
+            rank,
+            world,
+            comm: Arc::new(SharedComm(Mutex::new(comm))),
+            device: device.clone(),
+            links: Mutex::new(links),
+        })
     }
 }
 
@@ -171,7 +214,8 @@ impl CustomOp1 for AllReduceSum {
                 let src = s.as_cuda_slice::<$t>()?.slice(start..end);
                 // SAFETY: every element is written by the all-reduce before it is read.
                 let mut dst = unsafe { dev.alloc::<$t>(n) }?;
-                comm.all_reduce(&src, &mut dst, &ReduceOp::Sum).map_err(|e| candle_core::Error::msg(format!("NCCL all-reduce: {e:?}")))?;
+                comm.all_reduce(&src, &mut dst, &ReduceOp::Sum)
+                    .map_err(|e| candle_core::Error::msg(format!("NCCL all-reduce: {e:?}")))?;
                 CudaStorage::wrap_cuda_slice(dst, dev.clone())
             }};
         }
@@ -211,7 +255,8 @@ impl CustomOp1 for AllGather0 {
                 let src = s.as_cuda_slice::<$t>()?.slice(start..end);
                 // SAFETY: the all-gather writes every element.
                 let mut dst = unsafe { dev.alloc::<$t>(n * self.1) }?;
-                comm.all_gather(&src, &mut dst).map_err(|e| candle_core::Error::msg(format!("NCCL all-gather: {e:?}")))?;
+                comm.all_gather(&src, &mut dst)
+                    .map_err(|e| candle_core::Error::msg(format!("NCCL all-gather: {e:?}")))?;
                 CudaStorage::wrap_cuda_slice(dst, dev.clone())
             }};
         }
@@ -234,18 +279,29 @@ impl CommBackend for NcclComm {
         self.world
     }
 
-    fn send_command(&self, cmd: &WorkerCommand, timeout: Duration) -> Result<Vec<std::result::Result<(), String>>> {
+    fn send_command(
+        &self,
+        cmd: &WorkerCommand,
+        timeout: Duration,
+    ) -> Result<Vec<std::result::Result<(), String>>> {
         let bytes = serde_json::to_vec(cmd)?;
         let mut links = self.links.lock();
         for (i, s) in links.iter_mut().enumerate() {
-            write_frame(s, &bytes).map_err(|e| io_err(&format!("worker rank {} is gone", i + 1), e))?;
+            write_frame(s, &bytes)
+                .map_err(|e| io_err(&format!("worker rank {} is gone", i + 1), e))?;
         }
         links
             .iter_mut()
             .enumerate()
             .map(|(i, s)| {
-                s.set_read_timeout(Some(timeout)).map_err(|e| io_err("link", e))?;
-                let ack = read_frame(s).map_err(|e| io_err(&format!("worker rank {} did not acknowledge (gone or stuck)", i + 1), e))?;
+                s.set_read_timeout(Some(timeout))
+                    .map_err(|e| io_err("link", e))?;
+                let ack = read_frame(s).map_err(|e| {
+                    io_err(
+                        &format!("worker rank {} did not acknowledge (gone or stuck)", i + 1),
+                        e,
+                    )
+                })?;
                 Ok(serde_json::from_slice(&ack)?)
             })
             .collect()
@@ -253,19 +309,25 @@ impl CommBackend for NcclComm {
 
     fn recv_command(&self) -> Result<WorkerCommand> {
         let mut links = self.links.lock();
-        let s = links.first_mut().ok_or_else(|| Error::Engine("no link to the head".into()))?;
+        let s = links
+            .first_mut()
+            .ok_or_else(|| Error::Engine("no link to the head".into()))?;
         let bytes = read_frame(s).map_err(|e| io_err("the link to the head is gone", e))?;
         Ok(serde_json::from_slice(&bytes)?)
     }
 
     fn ack(&self, status: std::result::Result<(), String>) -> Result<()> {
         let mut links = self.links.lock();
-        let s = links.first_mut().ok_or_else(|| Error::Engine("no link to the head".into()))?;
-        write_frame(s, &serde_json::to_vec(&status)?).map_err(|e| io_err("the link to the head is gone", e))
+        let s = links
+            .first_mut()
+            .ok_or_else(|| Error::Engine("no link to the head".into()))?;
+        write_frame(s, &serde_json::to_vec(&status)?)
+            .map_err(|e| io_err("the link to the head is gone", e))
     }
 
     fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor> {
-        Ok(t.contiguous()?.apply_op1_no_bwd(&AllReduceSum(self.comm.clone()))?)
+        Ok(t.contiguous()?
+            .apply_op1_no_bwd(&AllReduceSum(self.comm.clone()))?)
     }
 
     fn all_gather(&self, t: &Tensor, dim: usize) -> Result<Tensor> {

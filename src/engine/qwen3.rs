@@ -63,11 +63,7 @@ impl PagedKvCache {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        let shape = (
-            kv_heads,
-            num_blocks * block_size,
-            cfg.head_dim(),
-        );
+        let shape = (kv_heads, num_blocks * block_size, cfg.head_dim());
         let mut k = Vec::with_capacity(cfg.num_hidden_layers);
         let mut v = Vec::with_capacity(cfg.num_hidden_layers);
         for _ in 0..cfg.num_hidden_layers {

@@ -19,9 +19,9 @@ use candle_core::{D, DType, Device, Tensor};
 use parking_lot::Mutex;
 use tokenizers::Tokenizer;
 
+use super::comm::{CommBackend, RankSettings, SeqCommand, WorkerCommand};
 use super::config::ModelConfig;
 use super::handle::Replier;
-use super::comm::{CommBackend, RankSettings, SeqCommand, WorkerCommand};
 use super::qwen3::{LogitRows, PagedKvCache, Qwen3, SeqInput, Shard};
 use super::sampling::{Rng, sample};
 use super::weights::Checkpoint;
@@ -97,13 +97,21 @@ pub(crate) struct Scheduler {
 const HELLO_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// The settings the head sends its workers (they must have the same).
-pub(crate) fn rank_settings(cfg: &ModelConfig, opts: &EngineOptions, dtype: DType, num_blocks: usize) -> RankSettings {
+pub(crate) fn rank_settings(
+    cfg: &ModelConfig,
+    opts: &EngineOptions,
+    dtype: DType,
+    num_blocks: usize,
+) -> RankSettings {
     RankSettings {
         block_size: opts.block_size,
         num_blocks,
         dtype: format!("{dtype:?}").to_lowercase(),
         speculative_tokens: opts.speculative_tokens,
-        model: format!("{}:{}x{}", cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size),
+        model: format!(
+            "{}:{}x{}",
+            cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size
+        ),
     }
 }
 
@@ -111,7 +119,10 @@ pub(crate) fn rank_settings(cfg: &ModelConfig, opts: &EngineOptions, dtype: DTyp
 /// skip it, so no rank waits in a collective for one that will not come.
 pub(crate) fn agree(comm: &dyn CommBackend, ok: bool, device: &Device) -> Result<bool> {
     let flag = candle_core::Tensor::new(&[if ok { 0f32 } else { 1f32 }], device)?;
-    let total: Vec<f32> = comm.all_reduce_sum(&flag)?.to_dtype(DType::F32)?.to_vec1()?;
+    let total: Vec<f32> = comm
+        .all_reduce_sum(&flag)?
+        .to_dtype(DType::F32)?
+        .to_vec1()?;
     Ok(total[0] == 0.0)
 }
 
@@ -153,27 +164,41 @@ impl Scheduler {
         drop(probe);
         let ck = Checkpoint::open(weights, dtype, device)?;
         let pb = progress_bar(cfg.num_hidden_layers as u64, format!("loading {key}"));
-        let comm = opts.tensor_parallel.as_ref().map(|c| c.0.clone()).filter(|c| c.world_size() > 1);
+        let comm = opts
+            .tensor_parallel
+            .as_ref()
+            .map(|c| c.0.clone())
+            .filter(|c| c.world_size() > 1);
         let shard = match &comm {
             Some(c) if c.rank() != 0 => {
-                return Err(Error::InvalidInput(format!("rank {} runs `run_worker`, not an engine; only rank 0 serves", c.rank())));
+                return Err(Error::InvalidInput(format!(
+                    "rank {} runs `run_worker`, not an engine; only rank 0 serves",
+                    c.rank()
+                )));
             }
-            Some(c) => Shard { rank: 0, world: c.world_size() },
+            Some(c) => Shard {
+                rank: 0,
+                world: c.world_size(),
+            },
             None => Shard::FULL,
         };
         if opts.speculative_tokens != 0 {
-            return Err(Error::Unsupported("speculative decoding is not implemented; set speculative_tokens to 0".into()));
+            return Err(Error::Unsupported(
+                "speculative decoding is not implemented; set speculative_tokens to 0".into(),
+            ));
         }
-        let model = Qwen3::load(cfg, &ck, dtype, device, shard, || pb.inc(1)).map_err(|e| match e {
-            e @ (Error::Checkpoint { .. } | Error::Unsupported(_)) => e,
-            other => Error::Load {
-                key: key.into(),
-                reason: other.to_string(),
-            },
-        })?;
+        let model =
+            Qwen3::load(cfg, &ck, dtype, device, shard, || pb.inc(1)).map_err(|e| match e {
+                e @ (Error::Checkpoint { .. } | Error::Unsupported(_)) => e,
+                other => Error::Load {
+                    key: key.into(),
+                    reason: other.to_string(),
+                },
+            })?;
         pb.finish_and_clear();
         drop(ck);
-        let block_bytes = cfg.kv_bytes_per_token(dtype.size_in_bytes()) * opts.block_size / shard.world;
+        let block_bytes =
+            cfg.kv_bytes_per_token(dtype.size_in_bytes()) * opts.block_size / shard.world;
         let max_useful = opts.max_running * cfg.max_position_embeddings.div_ceil(opts.block_size);
         let num_blocks = opts
             .kv_budget
@@ -187,15 +212,32 @@ impl Scheduler {
                 ),
             });
         }
-        let cache = PagedKvCache::new(cfg, model.local_kv_heads(), num_blocks, opts.block_size, dtype, device)?;
+        let cache = PagedKvCache::new(
+            cfg,
+            model.local_kv_heads(),
+            num_blocks,
+            opts.block_size,
+            dtype,
+            device,
+        )?;
         if let Some(c) = &comm {
             // Every worker allocates the same blocks up front; the block tables of each step
             // travel with its command, so the ranks agree on slots and cached prefixes.
             let hello = WorkerCommand::Hello(rank_settings(cfg, opts, dtype, num_blocks));
-            for (i, ack) in c.send_command(&hello, HELLO_TIMEOUT)?.into_iter().enumerate() {
-                ack.map_err(|e| Error::Engine(format!("worker rank {} refused to start: {e}", i + 1)))?;
+            for (i, ack) in c
+                .send_command(&hello, HELLO_TIMEOUT)?
+                .into_iter()
+                .enumerate()
+            {
+                ack.map_err(|e| {
+                    Error::Engine(format!("worker rank {} refused to start: {e}", i + 1))
+                })?;
             }
-            tracing::info!(model = key, world = c.world_size(), "tensor-parallel workers ready");
+            tracing::info!(
+                model = key,
+                world = c.world_size(),
+                "tensor-parallel workers ready"
+            );
         }
         let prefix_cache = opts.prefix_cache
             && {
@@ -248,7 +290,11 @@ impl Scheduler {
 
     /// One forward over the model: on a tensor-parallel head, the command goes to every worker
     /// first and the ranks agree that all of them took it before the first collective.
-    fn forward(&mut self, tokens: &[u32], inputs: &[SeqInput<'_>]) -> Result<Option<candle_core::Tensor>> {
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        inputs: &[SeqInput<'_>],
+    ) -> Result<Option<candle_core::Tensor>> {
         let Some(comm) = self.comm.clone() else {
             return self.model.forward(tokens, inputs, &self.cache, None);
         };
@@ -258,17 +304,28 @@ impl Scheduler {
             tokens: tokens.to_vec(),
             seqs: inputs
                 .iter()
-                .map(|s| SeqCommand { q_len: s.q_len, context_len: s.context_len, block_table: s.block_table.to_vec() })
+                .map(|s| SeqCommand {
+                    q_len: s.q_len,
+                    context_len: s.context_len,
+                    block_table: s.block_table.to_vec(),
+                })
                 .collect(),
         };
         let acks = comm.send_command(&cmd, self.opts.worker_timeout)?;
-        let refused: Vec<String> =
-            acks.into_iter().enumerate().filter_map(|(i, a)| a.err().map(|e| format!("rank {}: {e}", i + 1))).collect();
+        let refused: Vec<String> = acks
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, a)| a.err().map(|e| format!("rank {}: {e}", i + 1)))
+            .collect();
         agree(comm.as_ref(), refused.is_empty(), self.model.device())?;
         if !refused.is_empty() {
-            return Err(Error::Engine(format!("a worker failed this step ({})", refused.join("; "))));
+            return Err(Error::Engine(format!(
+                "a worker failed this step ({})",
+                refused.join("; ")
+            )));
         }
-        self.model.forward(tokens, inputs, &self.cache, Some(comm.as_ref()))
+        self.model
+            .forward(tokens, inputs, &self.cache, Some(comm.as_ref()))
     }
 
     pub(crate) fn dtype(&self) -> DType {
@@ -686,15 +743,28 @@ impl Scheduler {
         }
         let logits = {
             // Owned copies: `forward` needs `&mut self` (tensor-parallel commands).
-            let owned: Vec<(usize, usize, Vec<u32>, LogitRows)> =
-                inputs.iter().map(|s| (s.q_len, s.context_len, s.block_table.to_vec(), s.logits)).collect();
+            let owned: Vec<(usize, usize, Vec<u32>, LogitRows)> = inputs
+                .iter()
+                .map(|s| (s.q_len, s.context_len, s.block_table.to_vec(), s.logits))
+                .collect();
             drop(inputs);
             let inputs: Vec<SeqInput<'_>> = owned
                 .iter()
-                .map(|(q, c, b, l)| SeqInput { q_len: *q, context_len: *c, block_table: b, logits: *l })
+                .map(|(q, c, b, l)| SeqInput {
+                    q_len: *q,
+                    context_len: *c,
+                    block_table: b,
+                    logits: *l,
+                })
                 .collect();
             let out = self.forward(&tokens, &inputs)?;
-            (out, inputs.iter().map(|s| s.logits == LogitRows::Last).collect::<Vec<bool>>())
+            (
+                out,
+                inputs
+                    .iter()
+                    .map(|s| s.logits == LogitRows::Last)
+                    .collect::<Vec<bool>>(),
+            )
         };
         let (logits, wants) = logits;
         let mut out = vec![None; plan.len()];
@@ -903,7 +973,9 @@ impl Scheduler {
                     block_table: &blocks,
                     logits: LogitRows::All,
                 }];
-                let l = self.forward(&tokens[done..done + q], &input)?.expect("asked for logits");
+                let l = self
+                    .forward(&tokens[done..done + q], &input)?
+                    .expect("asked for logits");
                 rows.extend(l.to_vec2::<f32>()?);
                 done += q;
             }

@@ -34,7 +34,10 @@ pub struct WorkerOptions {
 
 impl std::fmt::Debug for WorkerOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WorkerOptions").field("engine", &self.engine).field("fail_command", &self.fail_command.is_some()).finish()
+        f.debug_struct("WorkerOptions")
+            .field("engine", &self.engine)
+            .field("fail_command", &self.fail_command.is_some())
+            .finish()
     }
 }
 
@@ -51,10 +54,16 @@ pub struct WorkerReport {
 
 /// Runs rank `comm.rank()` (> 0) of a tensor-parallel model until the head shuts it down or
 /// the link goes away.
-pub fn run_worker(files: &ModelFiles, options: &WorkerOptions, comm: Arc<dyn CommBackend>) -> Result<WorkerReport> {
+pub fn run_worker(
+    files: &ModelFiles,
+    options: &WorkerOptions,
+    comm: Arc<dyn CommBackend>,
+) -> Result<WorkerReport> {
     let (rank, world) = (comm.rank(), comm.world_size());
     if rank == 0 {
-        return Err(Error::InvalidInput("rank 0 is the head: it serves through an Engine, not run_worker".into()));
+        return Err(Error::InvalidInput(
+            "rank 0 is the head: it serves through an Engine, not run_worker".into(),
+        ));
     }
     let opts = &options.engine;
     let device = device::select(opts.device)?;
@@ -82,7 +91,14 @@ pub fn run_worker(files: &ModelFiles, options: &WorkerOptions, comm: Arc<dyn Com
         return Err(e);
     }
     // Every block up front, in index order: block i here is the head's block i.
-    let cache = PagedKvCache::new(&cfg, model.local_kv_heads(), head.num_blocks, head.block_size, dtype, &device)?;
+    let cache = PagedKvCache::new(
+        &cfg,
+        model.local_kv_heads(),
+        head.num_blocks,
+        head.block_size,
+        dtype,
+        &device,
+    )?;
     comm.ack(Ok(()))?;
 
     let mut report = WorkerReport::default();
@@ -131,7 +147,12 @@ pub fn run_worker(files: &ModelFiles, options: &WorkerOptions, comm: Arc<dyn Com
                 }
                 let inputs: Vec<SeqInput<'_>> = seqs
                     .iter()
-                    .map(|s| SeqInput { q_len: s.q_len, context_len: s.context_len, block_table: &s.block_table, logits: LogitRows::None })
+                    .map(|s| SeqInput {
+                        q_len: s.q_len,
+                        context_len: s.context_len,
+                        block_table: &s.block_table,
+                        logits: LogitRows::None,
+                    })
                     .collect();
                 if let Err(e) = model.forward(tokens, &inputs, &cache, Some(comm.as_ref())) {
                     report.failed += 1;
@@ -146,13 +167,31 @@ pub fn run_worker(files: &ModelFiles, options: &WorkerOptions, comm: Arc<dyn Com
 }
 
 /// Checks a step's sequences against this rank's KV geometry before any collective.
-fn check_seqs(seqs: &[super::comm::SeqCommand], cache: &PagedKvCache) -> std::result::Result<(), String> {
+fn check_seqs(
+    seqs: &[super::comm::SeqCommand],
+    cache: &PagedKvCache,
+) -> std::result::Result<(), String> {
     for s in seqs {
-        if s.q_len == 0 || s.context_len < s.q_len || s.block_table.len() * cache.block_size() < s.context_len {
-            return Err(format!("bad sequence: q_len {} context {} blocks {}", s.q_len, s.context_len, s.block_table.len()));
+        if s.q_len == 0
+            || s.context_len < s.q_len
+            || s.block_table.len() * cache.block_size() < s.context_len
+        {
+            return Err(format!(
+                "bad sequence: q_len {} context {} blocks {}",
+                s.q_len,
+                s.context_len,
+                s.block_table.len()
+            ));
         }
-        if let Some(b) = s.block_table.iter().find(|&&b| b as usize >= cache.num_blocks()) {
-            return Err(format!("block {b} is outside this rank's {} blocks", cache.num_blocks()));
+        if let Some(b) = s
+            .block_table
+            .iter()
+            .find(|&&b| b as usize >= cache.num_blocks())
+        {
+            return Err(format!(
+                "block {b} is outside this rank's {} blocks",
+                cache.num_blocks()
+            ));
         }
     }
     Ok(())
@@ -165,18 +204,29 @@ pub fn spawn_in_process_workers(
     files: &ModelFiles,
     world: usize,
     options: &EngineOptions,
-) -> Result<(super::comm::CommHandle, Vec<std::thread::JoinHandle<Result<WorkerReport>>>)> {
+) -> Result<(
+    super::comm::CommHandle,
+    Vec<std::thread::JoinHandle<Result<WorkerReport>>>,
+)> {
     if world < 2 {
-        return Err(Error::InvalidInput("an in-process tensor-parallel group needs world size >= 2".into()));
+        return Err(Error::InvalidInput(
+            "an in-process tensor-parallel group needs world size >= 2".into(),
+        ));
     }
     let mut comms: Vec<Arc<super::comm::InProcessComm>> =
-        super::comm::InProcessComm::group(world, options.worker_timeout).into_iter().map(Arc::new).collect();
+        super::comm::InProcessComm::group(world, options.worker_timeout)
+            .into_iter()
+            .map(Arc::new)
+            .collect();
     let head = comms.remove(0);
     let workers = comms
         .into_iter()
         .map(|c| {
             let files = files.clone();
-            let o = WorkerOptions { engine: options.clone(), fail_command: None };
+            let o = WorkerOptions {
+                engine: options.clone(),
+                fail_command: None,
+            };
             std::thread::Builder::new()
                 .name(format!("policy-serve-rank-{}", c.rank()))
                 .spawn(move || run_worker(&files, &o, c))

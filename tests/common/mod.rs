@@ -147,12 +147,26 @@ pub fn write_model(dir: &Path, cfg: &Value, seed: u64) -> PathBuf {
     dir.to_path_buf()
 }
 
-/// A shared tiny model directory, written once per test binary.
+/// A shared tiny model directory: written once (atomically, by rename) under the temp dir
+/// and reused by every test binary and run; its name carries the layout version and seed.
 pub fn shared_tiny_model() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("policy-serve-tiny-{}", std::process::id()));
-        write_tiny_model(&dir, 42)
-    })
-    .clone()
+    DIR.get_or_init(|| cached_model("tiny-v1-seed42", &tiny_config(), 42))
+        .clone()
+}
+
+/// A model directory for `cfg` and `seed`, written once under the temp dir as `name`.
+pub fn cached_model(name: &str, cfg: &Value, seed: u64) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("policy-serve-{name}"));
+    if dir.join("model.safetensors").is_file() {
+        return dir;
+    }
+    let staging =
+        std::env::temp_dir().join(format!("policy-serve-{name}.{}.tmp", std::process::id()));
+    write_model(&staging, cfg, seed);
+    if std::fs::rename(&staging, &dir).is_err() {
+        // Another process got there first; theirs is identical.
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    dir
 }
