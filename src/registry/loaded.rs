@@ -56,13 +56,9 @@ impl LoadedModel {
                 files.tokenizer.display()
             ),
         })?;
-        let template = ChatTemplate::from_model_dir(&files.dir)
-            .or_else(|_| {
-                // Hub snapshots keep each file in the snapshot dir; fall back to the config's dir.
-                let dir = files.tokenizer_config.parent().unwrap_or(&files.dir);
-                ChatTemplate::from_model_dir(dir)
-            })
-            .map_err(wrap)?;
+        // The template sits beside tokenizer_config.json (a hub snapshot keeps every file there).
+        let template_dir = files.tokenizer_config.parent().unwrap_or(&files.dir);
+        let template = ChatTemplate::from_model_dir(template_dir).map_err(wrap)?;
         let eos_token_ids = eos_ids(&generation, &config, &files, &tokenizer);
         if eos_token_ids.is_empty() {
             tracing::warn!(

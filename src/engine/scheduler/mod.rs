@@ -9,6 +9,12 @@
 //! recomputed from its tokens (same output). A step that fails is retried sequence by
 //! sequence, so only the failing request fails.
 
+mod memory;
+mod tp;
+
+use tp::HELLO_TIMEOUT;
+pub(crate) use tp::{agree, rank_settings};
+
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,7 +25,7 @@ use candle_core::{D, DType, Device, Tensor};
 use parking_lot::Mutex;
 use tokenizers::Tokenizer;
 
-use super::comm::{CommBackend, RankSettings, SeqCommand, WorkerCommand};
+use super::comm::{CommBackend, WorkerCommand};
 use super::config::ModelConfig;
 use super::handle::Replier;
 use super::qwen3::{LogitRows, PagedKvCache, Qwen3, SeqInput, Shard};
@@ -91,39 +97,7 @@ pub(crate) struct Scheduler {
     cancelled: u64,
     /// The link to the tensor-parallel workers (None on one rank).
     comm: Option<Arc<dyn CommBackend>>,
-    steps_sent: u64,
-}
-
-const HELLO_TIMEOUT: Duration = Duration::from_secs(900);
-
-/// The settings the head sends its workers (they must have the same).
-pub(crate) fn rank_settings(
-    cfg: &ModelConfig,
-    opts: &EngineOptions,
-    dtype: DType,
-    num_blocks: usize,
-) -> RankSettings {
-    RankSettings {
-        block_size: opts.block_size,
-        num_blocks,
-        dtype: format!("{dtype:?}").to_lowercase(),
-        speculative_tokens: opts.speculative_tokens,
-        model: format!(
-            "{}:{}x{}",
-            cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size
-        ),
-    }
-}
-
-/// All ranks agree whether every one of them can run the step: a failure anywhere makes all
-/// skip it, so no rank waits in a collective for one that will not come.
-pub(crate) fn agree(comm: &dyn CommBackend, ok: bool, device: &Device) -> Result<bool> {
-    let flag = candle_core::Tensor::new(&[if ok { 0f32 } else { 1f32 }], device)?;
-    let total: Vec<f32> = comm
-        .all_reduce_sum(&flag)?
-        .to_dtype(DType::F32)?
-        .to_vec1()?;
-    Ok(total[0] == 0.0)
+    steps_sent: std::cell::Cell<u64>,
 }
 
 fn progress_bar(len: u64, msg: String) -> indicatif::ProgressBar {
@@ -284,48 +258,8 @@ impl Scheduler {
             block_bytes,
             cancelled: 0,
             comm,
-            steps_sent: 0,
+            steps_sent: std::cell::Cell::new(0),
         })
-    }
-
-    /// One forward over the model: on a tensor-parallel head, the command goes to every worker
-    /// first and the ranks agree that all of them took it before the first collective.
-    fn forward(
-        &mut self,
-        tokens: &[u32],
-        inputs: &[SeqInput<'_>],
-    ) -> Result<Option<candle_core::Tensor>> {
-        let Some(comm) = self.comm.clone() else {
-            return self.model.forward(tokens, inputs, &self.cache, None);
-        };
-        self.steps_sent += 1;
-        let cmd = WorkerCommand::Forward {
-            step: self.steps_sent,
-            tokens: tokens.to_vec(),
-            seqs: inputs
-                .iter()
-                .map(|s| SeqCommand {
-                    q_len: s.q_len,
-                    context_len: s.context_len,
-                    block_table: s.block_table.to_vec(),
-                })
-                .collect(),
-        };
-        let acks = comm.send_command(&cmd, self.opts.worker_timeout)?;
-        let refused: Vec<String> = acks
-            .into_iter()
-            .enumerate()
-            .filter_map(|(i, a)| a.err().map(|e| format!("rank {}: {e}", i + 1)))
-            .collect();
-        agree(comm.as_ref(), refused.is_empty(), self.model.device())?;
-        if !refused.is_empty() {
-            return Err(Error::Engine(format!(
-                "a worker failed this step ({})",
-                refused.join("; ")
-            )));
-        }
-        self.model
-            .forward(tokens, inputs, &self.cache, Some(comm.as_ref()))
     }
 
     pub(crate) fn dtype(&self) -> DType {
@@ -383,29 +317,6 @@ impl Scheduler {
             }
         }
         tracing::debug!("scheduler stopped");
-    }
-
-    /// Stops the work of callers that went away (dropped their `Pending`): their blocks are
-    /// released (and their computed prefix cached) at once.
-    fn drop_abandoned(&mut self) {
-        let before = self.waiting.len();
-        self.waiting.retain(|s| !s.reply.is_abandoned());
-        let mut cancelled = before - self.waiting.len();
-        let mut i = 0;
-        while i < self.running.len() {
-            if self.running[i].reply.is_abandoned() {
-                let mut s = self.running.remove(i);
-                self.release_seq(&mut s);
-                cancelled += 1;
-            } else {
-                i += 1;
-            }
-        }
-        if cancelled > 0 {
-            tracing::debug!(cancelled, "dropped requests whose callers went away");
-            self.cancelled += cancelled as u64;
-            self.publish_stats();
-        }
     }
 
     fn publish_stats(&self) {
@@ -492,177 +403,6 @@ impl Scheduler {
         tokens.div_ceil(self.opts.block_size)
     }
 
-    /// Takes `n` free blocks, evicting unpinned cached prefixes if needed.
-    fn take_blocks(&mut self, n: usize) -> Option<Vec<u32>> {
-        if n > self.pool.num_free()
-            && let Some(r) = &mut self.radix
-        {
-            let short = n - self.pool.num_free();
-            if let Err(e) = r.evict(short, &mut self.pool) {
-                tracing::error!(error = %e, "block accounting error while evicting");
-            }
-        }
-        self.pool.allocate(n)
-    }
-
-    /// Admits waiting requests (FIFO) while there is room for their whole current context:
-    /// swapped-out sequences get their KV back; others reuse their longest cached prefix.
-    fn admit(&mut self) {
-        while self.running.len() < self.opts.max_running {
-            let Some(seq) = self.waiting.front() else {
-                break;
-            };
-            if seq.swapped.is_some() {
-                let n = self.blocks_for(seq.tokens.len() + 1);
-                let Some(blocks) = self.take_blocks(n) else {
-                    break;
-                };
-                let mut seq = self.waiting.pop_front().expect("front exists");
-                let data = seq.swapped.take().expect("swapped");
-                let kv_blocks = self.blocks_for(seq.computed);
-                self.swap_used -= kv_blocks * self.block_bytes;
-                if let Err(e) = self.cache.write_blocks(&blocks[..kv_blocks], &data) {
-                    tracing::warn!(error = %e, "swap-in failed; recomputing the sequence");
-                    seq.computed = 0;
-                }
-                seq.blocks = blocks;
-                self.stats.lock().swap_ins += 1;
-                self.running.push(seq);
-                continue;
-            }
-            let tokens = seq.tokens.clone();
-            let first_admission = seq.admitted.is_none();
-            let hit = self
-                .radix
-                .as_mut()
-                .map(|r| r.lookup(&tokens[..tokens.len() - 1]));
-            let (cached_blocks, cached_tokens) = hit
-                .as_ref()
-                .map(|m| (m.blocks.clone(), m.tokens))
-                .unwrap_or_default();
-            let need = self.blocks_for(tokens.len() + 1) - cached_blocks.len();
-            let defer = self.radix.is_some()
-                && self.prefix_in_flight(&tokens[..tokens.len() - 1], cached_tokens);
-            let fresh = if defer { None } else { self.take_blocks(need) };
-            let Some(fresh) = fresh else {
-                if let (Some(r), Some(m)) = (&mut self.radix, hit) {
-                    r.forget_lookup(&m, tokens.len() - 1);
-                }
-                break;
-            };
-            let mut seq = self.waiting.pop_front().expect("front exists");
-            if let Err(e) = self.pool.retain(&cached_blocks) {
-                tracing::error!(error = %e, "block accounting error while reusing a prefix");
-            }
-            seq.blocks = cached_blocks;
-            seq.blocks.extend(fresh);
-            seq.computed = cached_tokens;
-            seq.pin = hit.map(|m| m.node);
-            if first_admission {
-                seq.cached_prompt_tokens = cached_tokens.min(seq.prompt_len());
-            }
-            seq.admitted.get_or_insert_with(Instant::now);
-            self.running.push(seq);
-        }
-    }
-
-    /// Gives back what a leaving sequence holds: its whole computed blocks go into the prefix
-    /// cache (so a later turn or a recompute hits them), its pin and block references are dropped.
-    fn release_seq(&mut self, seq: &mut Seq) {
-        if let Some(r) = &mut self.radix {
-            let computed = seq.computed.min(seq.tokens.len());
-            if let Err(e) = r.insert(&seq.tokens[..computed], &seq.blocks, &mut self.pool) {
-                tracing::error!(error = %e, "block accounting error while caching a prefix");
-            }
-            if let Some(node) = seq.pin.take() {
-                r.release(node);
-            }
-        }
-        if let Err(e) = self.pool.release(&seq.blocks) {
-            tracing::error!(error = %e, "block accounting error while releasing a sequence");
-        }
-        seq.blocks.clear();
-    }
-
-    /// Makes sure `running[i]` has blocks for `tokens` tokens, preempting others if needed.
-    /// Returns false if `running[i]` itself had to be preempted.
-    fn grow(&mut self, i: usize, tokens: usize) -> bool {
-        loop {
-            let need = self
-                .blocks_for(tokens)
-                .saturating_sub(self.running[i].blocks.len());
-            if need == 0 {
-                return true;
-            }
-            if let Some(new) = self.take_blocks(need) {
-                self.running[i].blocks.extend(new);
-                return true;
-            }
-            // Victim: fewest generated tokens, latest admitted on ties; may be `i` itself.
-            let victim = (0..self.running.len())
-                .min_by_key(|&j| {
-                    (
-                        self.running[j].generated(),
-                        std::cmp::Reverse(self.running[j].admitted),
-                    )
-                })
-                .expect("running is not empty");
-            self.preempt(victim);
-            if victim == i {
-                return false;
-            }
-        }
-    }
-
-    /// Preempts `running[j]`: swaps its KV out to host memory when the swap budget allows,
-    /// else requeues it for recompute (its computed prefix stays in the prefix cache, evictable).
-    fn preempt(&mut self, j: usize) {
-        let mut seq = self.running.remove(j);
-        let kv_blocks = self.blocks_for(seq.computed);
-        let bytes = kv_blocks * self.block_bytes;
-        let swapped = if self.swap_budget > 0
-            && self.swap_used + bytes <= self.swap_budget
-            && seq.computed > 0
-        {
-            match self.cache.read_blocks(&seq.blocks[..kv_blocks]) {
-                Ok(data) => {
-                    self.swap_used += bytes;
-                    Some(data)
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "swap-out failed; preempting by recompute");
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        if let Some(data) = swapped {
-            if let (Some(r), Some(node)) = (&mut self.radix, seq.pin.take()) {
-                r.release(node);
-            }
-            if let Err(e) = self.pool.release(&seq.blocks) {
-                tracing::error!(error = %e, "block accounting error while swapping out");
-            }
-            seq.blocks.clear();
-            seq.swapped = Some(data);
-            self.stats.lock().swap_outs += 1;
-            tracing::debug!(
-                generated = seq.generated(),
-                "preempting a sequence (swap to host)"
-            );
-        } else {
-            self.release_seq(&mut seq);
-            seq.computed = 0;
-            tracing::debug!(
-                generated = seq.generated(),
-                "preempting a sequence (requeue and recompute)"
-            );
-        }
-        self.stats.lock().preemptions += 1;
-        self.waiting.push_front(seq);
-    }
-
     /// Builds and runs one step over the running sequences.
     fn step(&mut self) {
         // Order: decode sequences first (batched attention), then prefill chunks.
@@ -741,32 +481,9 @@ impl Scheduler {
                 },
             });
         }
-        let logits = {
-            // Owned copies: `forward` needs `&mut self` (tensor-parallel commands).
-            let owned: Vec<(usize, usize, Vec<u32>, LogitRows)> = inputs
-                .iter()
-                .map(|s| (s.q_len, s.context_len, s.block_table.to_vec(), s.logits))
-                .collect();
-            drop(inputs);
-            let inputs: Vec<SeqInput<'_>> = owned
-                .iter()
-                .map(|(q, c, b, l)| SeqInput {
-                    q_len: *q,
-                    context_len: *c,
-                    block_table: b,
-                    logits: *l,
-                })
-                .collect();
-            let out = self.forward(&tokens, &inputs)?;
-            (
-                out,
-                inputs
-                    .iter()
-                    .map(|s| s.logits == LogitRows::Last)
-                    .collect::<Vec<bool>>(),
-            )
-        };
-        let (logits, wants) = logits;
+        let wants: Vec<bool> = inputs.iter().map(|s| s.logits == LogitRows::Last).collect();
+        let logits = self.forward(&tokens, &inputs)?;
+        drop(inputs);
         let mut out = vec![None; plan.len()];
         let Some(logits) = logits else { return Ok(out) };
         let all_greedy = plan
@@ -818,26 +535,6 @@ impl Scheduler {
                 tracing::error!(error = %e, "block accounting error while caching a prompt");
             }
         }
-    }
-
-    /// Whether `tokens` shares more than `cached` tokens (by whole blocks) with the prompt of
-    /// a running sequence still in prefill: admitting it now would compute that prefix twice;
-    /// a step later it is in the prefix cache.
-    fn prefix_in_flight(&self, tokens: &[u32], cached: usize) -> bool {
-        let bs = self.opts.block_size;
-        self.running
-            .iter()
-            .filter(|s| s.computed < s.prompt_len())
-            .any(|s| {
-                let common = s
-                    .request
-                    .prompt
-                    .iter()
-                    .zip(tokens)
-                    .take_while(|(a, b)| a == b)
-                    .count();
-                common / bs * bs > cached
-            })
     }
 
     fn fail(&mut self, mut failed: Vec<(usize, Error)>) {
