@@ -309,49 +309,18 @@ async fn bad_requests_get_openai_style_errors_and_do_not_affect_others() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_bearer_token_guards_every_route_but_health() {
     let s = start(&["--token", "s3cret"]).await;
-    let c = reqwest::Client::new();
-    assert_eq!(
-        c.get(format!("{}/v1/models", s.base))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        401
-    );
-    assert_eq!(
-        c.get(format!("{}/v1/models", s.base))
-            .bearer_auth("wrong")
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        401
-    );
-    assert_eq!(
-        c.get(format!("{}/v1/models", s.base))
-            .bearer_auth("s3cret")
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert_eq!(
-        c.get(format!("{}/metrics", s.base))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        401
-    );
-    assert_eq!(
-        c.get(format!("{}/health", s.base))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    let status = |path: &'static str, token: Option<&'static str>| {
+        let mut req = reqwest::Client::new().get(format!("{}{path}", s.base));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(status("/v1/models", None).await, 401);
+    assert_eq!(status("/v1/models", Some("wrong")).await, 401);
+    assert_eq!(status("/v1/models", Some("s3cret")).await, 200);
+    assert_eq!(status("/metrics", None).await, 401);
+    assert_eq!(status("/health", None).await, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
