@@ -43,10 +43,16 @@ impl ModelPolicy {
         if let Some(sys) = &episode.system_prompt {
             transcript.push(Message::system(sys.clone()));
         }
+        // No seed given: a fresh one per episode (RandomState carries per-instance random keys).
         let seed = episode.seed.unwrap_or_else(|| {
             use std::hash::{BuildHasher, Hasher};
             let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(Instant::now().elapsed().as_nanos());
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0),
+            );
             h.finish()
         });
         Ok(Self {
