@@ -396,7 +396,45 @@ struct Completion {
     cached_tokens: usize,
 }
 
-async fn complete(st: &Arc<AppState>, body: &Value) -> ApiResult<(String, Completion)> {
+/// A chat request ready to run: answered already (the demo), or a generation to submit.
+enum Prepared {
+    Done(String, Completion),
+    Model {
+        key: String,
+        engine: policy_serve::Engine,
+        request: GenerationRequest,
+        tools: Vec<ToolDefinition>,
+    },
+}
+
+/// Turns a finished generation into the OpenAI view: tool calls when the output parses into
+/// valid calls, the raw text otherwise.
+fn to_completion(g: &policy_serve::Generation, tools: &[ToolDefinition]) -> Completion {
+    let t = (!tools.is_empty()).then_some(tools);
+    let parsed = parse_output(&g.text, t);
+    let (content, calls) = if parsed.error.is_none() && !parsed.calls.is_empty() {
+        (parsed.content, parsed.calls)
+    } else {
+        (g.text.clone(), vec![])
+    };
+    let finish = if !calls.is_empty() {
+        "tool_calls"
+    } else if g.finish_reason == FinishReason::Length {
+        "length"
+    } else {
+        "stop"
+    };
+    Completion {
+        content,
+        calls,
+        finish,
+        prompt_tokens: g.prompt_tokens,
+        completion_tokens: g.generated_tokens,
+        cached_tokens: g.cached_prompt_tokens,
+    }
+}
+
+async fn prepare(st: &Arc<AppState>, body: &Value) -> ApiResult<Prepared> {
     let key = body
         .get("model")
         .and_then(Value::as_str)
@@ -461,7 +499,7 @@ async fn complete(st: &Arc<AppState>, body: &Value) -> ApiResult<(String, Comple
         } else {
             "tool_calls"
         };
-        return Ok((
+        return Ok(Prepared::Done(
             key,
             Completion {
                 content,
@@ -540,32 +578,12 @@ async fn complete(st: &Arc<AppState>, body: &Value) -> ApiResult<(String, Comple
             seed,
         });
     req.stop = stop;
-    // Awaiting the engine: if the client goes away this future is dropped, and so is the request.
-    let gen_ = engine.submit(req).await?;
-    let parsed = parse_output(&gen_.text, t);
-    let (content, calls) = if parsed.error.is_none() && !parsed.calls.is_empty() {
-        (parsed.content, parsed.calls)
-    } else {
-        (gen_.text.clone(), vec![])
-    };
-    let finish = if !calls.is_empty() {
-        "tool_calls"
-    } else if gen_.finish_reason == FinishReason::Length {
-        "length"
-    } else {
-        "stop"
-    };
-    Ok((
+    Ok(Prepared::Model {
         key,
-        Completion {
-            content,
-            calls,
-            finish,
-            prompt_tokens: gen_.prompt_tokens,
-            completion_tokens: gen_.generated_tokens,
-            cached_tokens: gen_.cached_prompt_tokens,
-        },
-    ))
+        engine,
+        request: req,
+        tools,
+    })
 }
 
 fn tool_calls_json(st: &AppState, calls: &[policy_serve::ToolCall]) -> Vec<Value> {
@@ -580,14 +598,45 @@ fn usage(c: &Completion) -> Value {
     json!({"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens, "total_tokens": c.prompt_tokens + c.completion_tokens, "prompt_tokens_details": {"cached_tokens": c.cached_tokens}})
 }
 
-async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
-    st.counters.chat.fetch_add(1, Ordering::Relaxed);
-    let body = parse_body(&body)?;
-    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let result = complete(&st, &body).await;
-    let (key, c) = result.inspect_err(|_| {
-        st.counters.errors.fetch_add(1, Ordering::Relaxed);
-    })?;
+/// What every chunk of one streamed completion shares.
+#[derive(Clone)]
+struct ChunkMeta {
+    id: String,
+    created: u64,
+    key: String,
+    include_usage: bool,
+}
+
+impl ChunkMeta {
+    fn chunk(&self, delta: Value, finish: Value) -> String {
+        json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.key,
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null}]})
+        .to_string()
+    }
+
+    /// The closing chunks of a completion: tool calls or the rest of the content, the finish
+    /// reason, usage when asked for, `[DONE]`.
+    fn closing(&self, st: &AppState, c: &Completion, rest_of_content: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        if !rest_of_content.is_empty() {
+            out.push(self.chunk(json!({"content": rest_of_content}), Value::Null));
+        }
+        if !c.calls.is_empty() {
+            out.push(self.chunk(
+                json!({"tool_calls": tool_calls_json(st, &c.calls)}),
+                Value::Null,
+            ));
+        }
+        out.push(self.chunk(json!({}), Value::String(c.finish.into())));
+        if self.include_usage {
+            out.push(json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.key, "choices": [], "usage": usage(c)}).to_string());
+        }
+        out.push("[DONE]".into());
+        out
+    }
+}
+
+fn count(st: &AppState, c: &Completion) {
     st.counters
         .prompt_tokens
         .fetch_add(c.prompt_tokens as u64, Ordering::Relaxed);
@@ -597,60 +646,179 @@ async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> ApiResult<Respons
     st.counters
         .cached_tokens
         .fetch_add(c.cached_tokens as u64, Ordering::Relaxed);
-    let id = st.id("chatcmpl");
-    let created = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+}
+
+/// How much of the text so far may go out as content: everything before a `<tool_call>`, and
+/// not a trailing piece that could still grow into one.
+fn visible_content(text: &str) -> usize {
+    const OPEN: &str = policy_serve::policy::format::TOOL_CALL_OPEN;
+    if let Some(at) = text.find(OPEN) {
+        return text[..at].trim_end().len();
+    }
+    let mut keep = text.len();
+    for k in (1..OPEN.len()).rev() {
+        if text.len() >= k
+            && text.is_char_boundary(text.len() - k)
+            && OPEN.starts_with(&text[text.len() - k..])
+        {
+            keep = text.len() - k;
+            break;
+        }
+    }
+    keep
+}
+
+struct Streaming {
+    st: Arc<AppState>,
+    meta: ChunkMeta,
+    pending: Option<policy_serve::engine::Pending<policy_serve::Generation>>,
+    stream: policy_serve::engine::TokenStream,
+    tools: Vec<ToolDefinition>,
+    text: String,
+    emitted: usize,
+    queue: std::collections::VecDeque<String>,
+}
+
+/// Token-by-token SSE for a model: content deltas as the text arrives (held back from the first
+/// `<tool_call>`), then the parsed tool calls, the finish reason and usage. Dropping the
+/// response (client gone) drops the pending generation, which cancels it in the engine.
+fn stream_model(
+    st: Arc<AppState>,
+    meta: ChunkMeta,
+    engine: policy_serve::Engine,
+    request: GenerationRequest,
+    tools: Vec<ToolDefinition>,
+) -> Response {
+    let (pending, stream) = engine.submit_streaming(request);
+    let mut queue = std::collections::VecDeque::new();
+    queue.push_back(meta.chunk(json!({"role": "assistant", "content": ""}), Value::Null));
+    let state = Streaming {
+        st,
+        meta,
+        pending: Some(pending),
+        stream,
+        tools,
+        text: String::new(),
+        emitted: 0,
+        queue,
+    };
+    let events = futures_util::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(data) = s.queue.pop_front() {
+                return Some((Ok::<_, Infallible>(Event::default().data(data)), s));
+            }
+            s.pending.as_ref()?;
+            match s.stream.next_chunk().await {
+                Some(chunk) => {
+                    s.text.push_str(&chunk);
+                    let vis = visible_content(&s.text).max(s.emitted);
+                    if vis > s.emitted {
+                        s.queue.push_back(
+                            s.meta
+                                .chunk(json!({"content": &s.text[s.emitted..vis]}), Value::Null),
+                        );
+                        s.emitted = vis;
+                    }
+                }
+                None => {
+                    let pending = s.pending.take().expect("checked above");
+                    match pending.await {
+                        Ok(g) => {
+                            let c = to_completion(&g, &s.tools);
+                            count(&s.st, &c);
+                            // With tool calls, content is the text around them (already sent up
+                            // to the first call); without, the whole text.
+                            let rest = if c.calls.is_empty() {
+                                g.text.get(s.emitted..).unwrap_or("").to_string()
+                            } else {
+                                String::new()
+                            };
+                            s.queue.extend(s.meta.closing(&s.st, &c, &rest));
+                        }
+                        Err(e) => {
+                            s.st.counters.errors.fetch_add(1, Ordering::Relaxed);
+                            s.queue.push_back(json!({"error": {"message": e.to_string(), "type": "server_error"}}).to_string());
+                            s.queue.push_back("[DONE]".into());
+                        }
+                    }
+                }
+            }
+        }
+    });
+    Sse::new(events).into_response()
+}
+
+async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
+    st.counters.chat.fetch_add(1, Ordering::Relaxed);
+    let body = parse_body(&body)?;
+    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let prepared = prepare(&st, &body).await.inspect_err(|_| {
+        st.counters.errors.fetch_add(1, Ordering::Relaxed);
+    })?;
+    let meta = ChunkMeta {
+        id: st.id("chatcmpl"),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        key: match &prepared {
+            Prepared::Done(k, _) | Prepared::Model { key: k, .. } => k.clone(),
+        },
+        include_usage: body
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+    };
+    let c = match prepared {
+        Prepared::Model {
+            engine,
+            request,
+            tools,
+            ..
+        } if stream => return Ok(stream_model(st.clone(), meta, engine, request, tools)),
+        Prepared::Done(_, c) => c,
+        Prepared::Model {
+            engine,
+            request,
+            tools,
+            ..
+        } => {
+            let g = engine.submit(request).await.inspect_err(|_| {
+                st.counters.errors.fetch_add(1, Ordering::Relaxed);
+            })?;
+            to_completion(&g, &tools)
+        }
+    };
+    count(&st, &c);
+    if stream {
+        let mut events = vec![meta.chunk(json!({"role": "assistant", "content": ""}), Value::Null)];
+        events.extend(meta.closing(&st, &c, &c.content));
+        let sse: Vec<Result<Event, Infallible>> = events
+            .into_iter()
+            .map(|e| Ok(Event::default().data(e)))
+            .collect();
+        return Ok(Sse::new(futures_util::stream::iter(sse)).into_response());
+    }
     let calls = tool_calls_json(&st, &c.calls);
     let content = if c.content.is_empty() && !calls.is_empty() {
         Value::Null
     } else {
         Value::String(c.content.clone())
     };
-    if !stream {
-        let mut message = json!({"role": "assistant", "content": content});
-        if !calls.is_empty() {
-            message["tool_calls"] = Value::Array(
-                calls
-                    .iter()
-                    .map(|c| {
-                        let mut c = c.clone();
-                        c.as_object_mut().map(|o| o.remove("index"));
-                        c
-                    })
-                    .collect(),
-            );
-        }
-        let resp = json!({"id": id, "object": "chat.completion", "created": created, "model": key,
-            "choices": [{"index": 0, "message": message, "finish_reason": c.finish, "logprobs": null}], "usage": usage(&c)});
-        return Ok(Json(resp).into_response());
-    }
-    let include_usage = body
-        .pointer("/stream_options/include_usage")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let chunk = |delta: Value, finish: Value| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": key, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null}]});
-    let mut events = vec![chunk(
-        json!({"role": "assistant", "content": ""}),
-        Value::Null,
-    )];
-    if !c.content.is_empty() {
-        events.push(chunk(json!({"content": c.content}), Value::Null));
-    }
+    let mut message = json!({"role": "assistant", "content": content});
     if !calls.is_empty() {
-        events.push(chunk(json!({"tool_calls": calls}), Value::Null));
+        let without_index: Vec<Value> = calls
+            .into_iter()
+            .map(|mut c| {
+                c.as_object_mut().map(|o| o.remove("index"));
+                c
+            })
+            .collect();
+        message["tool_calls"] = Value::Array(without_index);
     }
-    events.push(chunk(json!({}), Value::String(c.finish.into())));
-    if include_usage {
-        events.push(json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": key, "choices": [], "usage": usage(&c)}));
-    }
-    let mut sse: Vec<Result<Event, Infallible>> = events
-        .into_iter()
-        .map(|e| Ok(Event::default().data(e.to_string())))
-        .collect();
-    sse.push(Ok(Event::default().data("[DONE]")));
-    Ok(Sse::new(futures_util::stream::iter(sse)).into_response())
+    let resp = json!({"id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.key,
+        "choices": [{"index": 0, "message": message, "finish_reason": c.finish, "logprobs": null}], "usage": usage(&c)});
+    Ok(Json(resp).into_response())
 }
 
 async fn create_episode(

@@ -514,3 +514,43 @@ fn kv_only_predicates_follow_the_architecture_table() {
         "unknown architectures are not assumed safe"
     );
 }
+
+#[test]
+fn streamed_chunks_add_up_to_the_final_text_and_never_show_a_stop_string() {
+    let r = registry_with(options());
+    let engine = r.model("tiny").unwrap().engine().clone();
+    let (pending, mut stream) =
+        engine.submit_streaming(GenerationRequest::new(prompt(12, 120)).max_new_tokens(20));
+    let mut chunks = Vec::new();
+    while let Some(c) = stream.next_blocking() {
+        chunks.push(c);
+    }
+    let g = pending.wait().unwrap();
+    assert!(
+        chunks.len() > 1,
+        "text arrived in several chunks: {chunks:?}"
+    );
+    assert_eq!(chunks.concat(), g.text);
+
+    // A stop string from the middle of that text: the chunks stop before it.
+    let cut = g
+        .text
+        .char_indices()
+        .map(|(i, _)| i)
+        .find(|&i| i >= g.text.len() / 2)
+        .unwrap();
+    let stop: String = g.text[cut..].chars().take(3).collect();
+    let mut req = GenerationRequest::new(prompt(12, 120)).max_new_tokens(20);
+    req.stop = vec![stop.clone()];
+    let (pending, mut stream) = engine.submit_streaming(req);
+    let mut streamed = String::new();
+    while let Some(c) = stream.next_blocking() {
+        streamed.push_str(&c);
+    }
+    let g2 = pending.wait().unwrap();
+    assert_eq!(streamed, g2.text);
+    assert!(
+        !streamed.contains(&stop),
+        "{streamed:?} shows the stop string {stop:?}"
+    );
+}

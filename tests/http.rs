@@ -437,3 +437,75 @@ async fn idle_episodes_expire_and_the_episode_cap_is_enforced() {
     .await;
     assert_eq!(code, 404, "the idle episode expired");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn streaming_a_model_sends_content_token_by_token_equal_to_the_whole_answer() {
+    let s = start(&[]).await;
+    let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 24, "temperature": 0});
+    let (_, whole) = post(&s, "/v1/chat/completions", body.clone()).await;
+    let mut streamed_body = body.clone();
+    streamed_body["stream"] = json!(true);
+    let text = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&streamed_body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let data: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(*data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let pieces: Vec<&str> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .filter(|p| !p.is_empty())
+        .collect();
+    if whole["choices"][0]["message"]["tool_calls"].is_null() {
+        assert!(pieces.len() > 2, "content arrived in pieces: {pieces:?}");
+        assert_eq!(
+            pieces.concat(),
+            whole["choices"][0]["message"]["content"].as_str().unwrap()
+        );
+    }
+    assert_eq!(
+        chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["finish_reason"].as_str())
+            .next_back(),
+        whole["choices"][0]["finish_reason"].as_str()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_disconnects_mid_stream_frees_its_sequence() {
+    let s = start(&["--max-tokens-cap", "3000"]).await;
+    let model = s.state.registry().model("tiny").unwrap();
+    let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "write forever"}], "max_tokens": 3000, "stream": true});
+    let mut resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let first = resp.chunk().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("chat.completion.chunk"));
+    drop(resp);
+    let t = std::time::Instant::now();
+    loop {
+        let st = model.engine().stats();
+        assert_eq!(st.requests_finished, 0, "3000 tokens cannot be done yet");
+        if st.requests_cancelled == 1 && st.running == 0 {
+            break;
+        }
+        assert!(t.elapsed().as_secs() < 30, "{st:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}

@@ -108,3 +108,105 @@ impl<T> Future for Pending<T> {
         Poll::Pending
     }
 }
+
+struct StreamState {
+    chunks: std::collections::VecDeque<String>,
+    closed: bool,
+    waker: Option<Waker>,
+}
+
+struct StreamSlot {
+    state: Mutex<StreamState>,
+    ready: Condvar,
+}
+
+/// Text of a generation as it is produced, chunk by chunk (see
+/// [`Engine::submit_streaming`](super::Engine::submit_streaming)). Ends when the generation
+/// ends; the final [`Generation`](super::Generation) comes from the `Pending` as usual.
+pub struct TokenStream {
+    slot: Arc<StreamSlot>,
+}
+
+/// The scheduler's side of a [`TokenStream`]; dropping it ends the stream.
+pub(crate) struct StreamSender {
+    slot: Arc<StreamSlot>,
+}
+
+pub(crate) fn stream() -> (StreamSender, TokenStream) {
+    let slot = Arc::new(StreamSlot {
+        state: Mutex::new(StreamState {
+            chunks: Default::default(),
+            closed: false,
+            waker: None,
+        }),
+        ready: Condvar::new(),
+    });
+    (StreamSender { slot: slot.clone() }, TokenStream { slot })
+}
+
+impl StreamSender {
+    pub(crate) fn send(&self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        let mut st = self.slot.state.lock();
+        st.chunks.push_back(text.to_string());
+        if let Some(w) = st.waker.take() {
+            w.wake();
+        }
+        self.slot.ready.notify_all();
+    }
+}
+
+impl Drop for StreamSender {
+    fn drop(&mut self) {
+        let mut st = self.slot.state.lock();
+        st.closed = true;
+        if let Some(w) = st.waker.take() {
+            w.wake();
+        }
+        self.slot.ready.notify_all();
+    }
+}
+
+impl TokenStream {
+    /// Blocks for the next chunk; `None` when the generation ended.
+    pub fn next_blocking(&mut self) -> Option<String> {
+        let mut st = self.slot.state.lock();
+        loop {
+            if let Some(c) = st.chunks.pop_front() {
+                return Some(c);
+            }
+            if st.closed {
+                return None;
+            }
+            self.slot.ready.wait(&mut st);
+        }
+    }
+
+    /// Awaits the next chunk; `None` when the generation ended.
+    pub fn next_chunk(&mut self) -> NextChunk<'_> {
+        NextChunk { stream: self }
+    }
+}
+
+/// The future of [`TokenStream::next`].
+pub struct NextChunk<'a> {
+    stream: &'a mut TokenStream,
+}
+
+impl Future for NextChunk<'_> {
+    type Output = Option<String>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut st = self.stream.slot.state.lock();
+        if let Some(c) = st.chunks.pop_front() {
+            return Poll::Ready(Some(c));
+        }
+        if st.closed {
+            return Poll::Ready(None);
+        }
+        st.waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}

@@ -30,7 +30,7 @@ use tokenizers::Tokenizer;
 pub use comm::{CommBackend, CommHandle, InProcessComm, RankSettings, WorkerCommand};
 pub use config::{GenerationConfig, ModelConfig};
 pub use device::{DTypeChoice, DeviceChoice, KvBudget};
-pub use handle::Pending;
+pub use handle::{NextChunk, Pending, TokenStream};
 pub use sampling::SamplingParams;
 pub use tp::{FailHook, WorkerOptions, WorkerReport, run_worker, spawn_in_process_workers};
 
@@ -340,6 +340,23 @@ impl Engine {
             .lock()
             .send(Command::Generate { request, reply });
         pending
+    }
+
+    /// Submits a request whose text also arrives chunk by chunk on the returned
+    /// [`TokenStream`] (text held back while it could still become a stop string). Dropping
+    /// the `Pending` cancels the request.
+    pub fn submit_streaming(
+        &self,
+        request: GenerationRequest,
+    ) -> (Pending<Generation>, TokenStream) {
+        let (reply, pending) = handle::channel();
+        let (sender, stream) = handle::stream();
+        let _ = self.inner.tx.lock().send(Command::GenerateStreaming {
+            request,
+            reply,
+            stream: sender,
+        });
+        (pending, stream)
     }
 
     /// Generates, blocking this thread until done. Safe to call from many threads at once.

@@ -27,7 +27,7 @@ use tokenizers::Tokenizer;
 
 use super::comm::{CommBackend, WorkerCommand};
 use super::config::ModelConfig;
-use super::handle::Replier;
+use super::handle::{Replier, StreamSender};
 use super::qwen3::{LogitRows, PagedKvCache, Qwen3, SeqInput, Shard};
 use super::sampling::{Rng, sample};
 use super::weights::Checkpoint;
@@ -39,6 +39,11 @@ pub(crate) enum Command {
     Generate {
         request: GenerationRequest,
         reply: Replier<Generation>,
+    },
+    GenerateStreaming {
+        request: GenerationRequest,
+        reply: Replier<Generation>,
+        stream: StreamSender,
     },
     Score {
         tokens: Vec<u32>,
@@ -65,6 +70,8 @@ struct Seq {
     pin: Option<usize>,
     /// KV of the computed tokens, swapped out to host memory (per layer K, V).
     swapped: Option<Vec<(Tensor, Tensor)>>,
+    /// Where the text goes as it is generated, and how many bytes of it went.
+    stream: Option<(StreamSender, usize)>,
 }
 
 impl Seq {
@@ -295,7 +302,12 @@ impl Scheduler {
                 .chain(std::iter::from_fn(|| rx.try_recv().ok()))
             {
                 match cmd {
-                    Command::Generate { request, reply } => self.enqueue(request, reply),
+                    Command::Generate { request, reply } => self.enqueue(request, reply, None),
+                    Command::GenerateStreaming {
+                        request,
+                        reply,
+                        stream,
+                    } => self.enqueue(request, reply, Some(stream)),
                     Command::Score { tokens, reply } => reply.send(self.score(&tokens)),
                     Command::Shutdown => shutdown = true,
                 }
@@ -337,7 +349,12 @@ impl Scheduler {
         s.swap_used_bytes = self.swap_used;
     }
 
-    fn enqueue(&mut self, request: GenerationRequest, reply: Replier<Generation>) {
+    fn enqueue(
+        &mut self,
+        request: GenerationRequest,
+        reply: Replier<Generation>,
+        stream: Option<StreamSender>,
+    ) {
         let max_new = request
             .max_new_tokens
             .unwrap_or(self.opts.default_max_new_tokens);
@@ -361,6 +378,7 @@ impl Scheduler {
             cached_prompt_tokens: 0,
             pin: None,
             swapped: None,
+            stream: stream.map(|s| (s, 0)),
         });
     }
 
@@ -573,6 +591,9 @@ impl Scheduler {
                     reason = Some(FinishReason::Length);
                 }
             }
+            if fresh && reason.is_none() && self.running[i].stream.is_some() {
+                self.stream_delta(i);
+            }
             match reason {
                 Some(r) => {
                     let s = self.running.remove(i);
@@ -580,6 +601,34 @@ impl Scheduler {
                 }
                 None => i += 1,
             }
+        }
+    }
+
+    /// Sends the text generated since the last chunk, holding back what could still become a
+    /// stop string and an incomplete UTF-8 character.
+    fn stream_delta(&mut self, i: usize) {
+        let text = self.generated_text(&self.running[i]);
+        let s = &mut self.running[i];
+        let hold = s
+            .request
+            .stop
+            .iter()
+            .map(String::len)
+            .max()
+            .unwrap_or(1)
+            .saturating_sub(1);
+        let mut safe = text.len().saturating_sub(hold);
+        if text.ends_with('\u{FFFD}') {
+            safe = safe.min(text.len() - '\u{FFFD}'.len_utf8());
+        }
+        while !text.is_char_boundary(safe) {
+            safe -= 1;
+        }
+        if let Some((sender, sent)) = &mut s.stream
+            && safe > *sent
+        {
+            sender.send(&text[*sent..safe]);
+            *sent = safe;
         }
     }
 
@@ -614,6 +663,12 @@ impl Scheduler {
                 .min()
         {
             text.truncate(cut);
+        }
+        if let Some((sender, sent)) = s.stream.take()
+            && text.len() > sent
+            && text.is_char_boundary(sent)
+        {
+            sender.send(&text[sent..]);
         }
         let now = Instant::now();
         let generated = s.generated();
