@@ -288,16 +288,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         cfg["num_hidden_layers"] = l.into();
     }
     let dtype = a.dtype.resolve(&dev, Some(DType::BF16));
-    if let Some(out) = &a.write_model {
+    let write = |dir: &Path| -> Result<(), Box<dyn std::error::Error>> {
         let t0 = Instant::now();
-        write_random_model(out, &cfg, dtype, &dev)?;
+        write_random_model(dir, &cfg, dtype, &dev)?;
+        let secs = t0.elapsed().as_secs_f64();
         println!(
-            "# random {} weights ({:?}) written in {:.1}s to {}",
+            "# random {} weights ({dtype:?}) written in {secs:.1}s to {}",
             a.config.display(),
-            dtype,
-            t0.elapsed().as_secs_f64(),
-            out.display()
+            dir.display()
         );
+        Ok(())
+    };
+    if let Some(out) = &a.write_model {
+        write(out)?;
         return Ok(());
     }
     let owned_dir = a.model_dir.is_none();
@@ -309,15 +312,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => {
             let dir =
                 std::env::temp_dir().join(format!("policy-serve-bench-{}", std::process::id()));
-            let t0 = Instant::now();
-            write_random_model(&dir, &cfg, dtype, &dev)?;
-            println!(
-                "# random {} weights ({:?}) written in {:.1}s to {}",
-                a.config.display(),
-                dtype,
-                t0.elapsed().as_secs_f64(),
-                dir.display()
-            );
+            write(&dir)?;
             dir
         }
     };

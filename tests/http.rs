@@ -44,6 +44,19 @@ async fn start(extra: &[&str]) -> Server {
     Server { base, state }
 }
 
+/// The JSON chunks of an SSE body, checking that it ends with `[DONE]`.
+fn sse_chunks(text: &str) -> Vec<Value> {
+    let data: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(*data.last().unwrap(), "[DONE]");
+    data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
 fn tools() -> Value {
     json!([
         {"type": "function", "function": {"name": "query", "description": "Run SQL", "parameters": {"type": "object", "properties": {"sql": {"type": "string"}}, "required": ["sql"]}}},
@@ -159,15 +172,7 @@ async fn streaming_sends_sse_chunks_ending_with_done() {
             .starts_with("text/event-stream")
     );
     let text = r.text().await.unwrap();
-    let data: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .collect();
-    assert_eq!(*data.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = data[..data.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let chunks = sse_chunks(&text);
     assert!(
         chunks
             .iter()
@@ -454,15 +459,7 @@ async fn streaming_a_model_sends_content_token_by_token_equal_to_the_whole_answe
         .text()
         .await
         .unwrap();
-    let data: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .collect();
-    assert_eq!(*data.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = data[..data.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let chunks = sse_chunks(&text);
     let pieces: Vec<&str> = chunks
         .iter()
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
