@@ -47,6 +47,8 @@ struct Args {
     kill_test: bool,
     /// Check the NCCL backend with a group of one on this GPU.
     nccl_selftest: bool,
+    /// Time bare model decode steps (no scheduler) at each batch size.
+    profile_step: bool,
 }
 
 fn args() -> Args {
@@ -69,6 +71,7 @@ fn args() -> Args {
         greedy_check: false,
         kill_test: false,
         nccl_selftest: false,
+        profile_step: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -96,6 +99,7 @@ fn args() -> Args {
             "--greedy-check" => a.greedy_check = true,
             "--kill-test" => a.kill_test = true,
             "--nccl-selftest" => a.nccl_selftest = true,
+            "--profile-step" => a.profile_step = true,
             "--agent" => {
                 let v: Vec<usize> = val().split(',').map(|s| s.parse().expect("N,T")).collect();
                 a.agent = Some((v[0], v[1]));
@@ -318,6 +322,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     if a.nccl_selftest {
         nccl_selftest(&dir, &cfg, dtype, &dev)?;
+    }
+    if a.profile_step {
+        profile_steps(&dir, &cfg, dtype, &dev, &a)?;
     }
 
     #[allow(unused_mut)]
@@ -616,4 +623,68 @@ fn nccl_selftest(
     _: &Device,
 ) -> Result<(), Box<dyn std::error::Error>> {
     Err("--nccl-selftest needs --features nccl".into())
+}
+
+/// Bare model decode steps (no scheduler, no sampling beyond a device argmax): what the
+/// forward itself costs per step at each batch size, to compare with the engine's ms/step.
+fn profile_steps(
+    dir: &Path,
+    cfg: &serde_json::Value,
+    dtype: DType,
+    dev: &Device,
+    a: &Args,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use policy_serve::engine::qwen3::{LogitRows, PagedKvCache, Qwen3, SeqInput, Shard};
+    use policy_serve::engine::weights::Checkpoint;
+    let mcfg = policy_serve::engine::ModelConfig::from_json(&cfg.to_string())?;
+    let ck = Checkpoint::open(&[dir.join("model.safetensors")], dtype, dev)?;
+    let model = Qwen3::load(&mcfg, &ck, dtype, dev, Shard::FULL, || {})?;
+    for &b in &a.batches {
+        let per_seq = (a.prompt + a.new_tokens).div_ceil(16);
+        let cache = PagedKvCache::new(&mcfg, model.local_kv_heads(), b * per_seq, 16, dtype, dev)?;
+        let tables: Vec<Vec<u32>> = (0..b)
+            .map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect())
+            .collect();
+        for (i, t) in tables.iter().enumerate() {
+            let seqs = [SeqInput {
+                q_len: a.prompt,
+                context_len: a.prompt,
+                block_table: t,
+                logits: LogitRows::Last,
+            }];
+            model.forward(&prompt(a.prompt, i), &seqs, &cache, None)?;
+        }
+        let steps = 50.min(a.new_tokens);
+        let mut ctx = a.prompt;
+        let mut tokens: Vec<u32> = vec![1; b];
+        let run = |ctx: usize, tokens: &[u32]| -> Result<Vec<u32>, Box<dyn std::error::Error>> {
+            let seqs: Vec<SeqInput<'_>> = tables
+                .iter()
+                .map(|t| SeqInput {
+                    q_len: 1,
+                    context_len: ctx + 1,
+                    block_table: t,
+                    logits: LogitRows::Last,
+                })
+                .collect();
+            let l = model
+                .forward(tokens, &seqs, &cache, None)?
+                .ok_or("logits")?;
+            Ok(l.argmax(candle_core::D::Minus1)?.to_vec1::<u32>()?)
+        };
+        tokens = run(ctx, &tokens)?; // warm-up
+        ctx += 1;
+        sync(dev);
+        let t = Instant::now();
+        for _ in 0..steps {
+            tokens = run(ctx, &tokens)?;
+            ctx += 1;
+        }
+        let ms = t.elapsed().as_secs_f64() * 1e3 / steps as f64;
+        println!(
+            "profile bare decode batch {b}: {ms:.2} ms/step ({:.0} tok/s)",
+            b as f64 * 1e3 / ms
+        );
+    }
+    Ok(())
 }

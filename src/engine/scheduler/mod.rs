@@ -83,6 +83,54 @@ impl Seq {
     }
 }
 
+/// Where a step's wall time goes, summed over `every` steps, then printed to stderr.
+#[derive(Debug, Default)]
+struct StepProfile {
+    every: u64,
+    steps: u64,
+    intake: Duration,
+    step: Duration,
+    launch: Duration,
+    sync: Duration,
+    post: Duration,
+}
+
+impl StepProfile {
+    fn from_env() -> Option<Self> {
+        let every: u64 = std::env::var("POLICY_SERVE_PROFILE_STEPS")
+            .ok()?
+            .parse()
+            .ok()?;
+        (every > 0).then(|| Self {
+            every,
+            ..Self::default()
+        })
+    }
+
+    fn record(&mut self, intake: Duration, step: Duration, post: Duration, running: usize) {
+        self.intake += intake;
+        self.step += step;
+        self.post += post;
+        self.steps += 1;
+        if self.steps == self.every {
+            let ms = |d: Duration| d.as_secs_f64() * 1e3 / self.every as f64;
+            eprintln!(
+                "step profile (running {running}, ms/step over {} steps): intake {:.3} step {:.3} [forward launch {:.3}, argmax sync {:.3}] post {:.3}",
+                self.every,
+                ms(self.intake),
+                ms(self.step),
+                ms(self.launch),
+                ms(self.sync),
+                ms(self.post)
+            );
+            *self = Self {
+                every: self.every,
+                ..Self::default()
+            };
+        }
+    }
+}
+
 pub(crate) struct Scheduler {
     model: Qwen3,
     cache: PagedKvCache,
@@ -102,6 +150,8 @@ pub(crate) struct Scheduler {
     swap_used: usize,
     block_bytes: usize,
     cancelled: u64,
+    /// Per-phase step timings (env `POLICY_SERVE_PROFILE_STEPS=N`: print every N steps).
+    profile: Option<StepProfile>,
     /// The link to the tensor-parallel workers (None on one rank).
     comm: Option<Arc<dyn CommBackend>>,
     steps_sent: std::cell::Cell<u64>,
@@ -264,6 +314,7 @@ impl Scheduler {
             swap_used: 0,
             block_bytes,
             cancelled: 0,
+            profile: StepProfile::from_env(),
             comm,
             steps_sent: std::cell::Cell::new(0),
         })
@@ -284,6 +335,7 @@ impl Scheduler {
     pub(crate) fn run(mut self, rx: Receiver<Command>) {
         loop {
             let idle = self.running.is_empty() && self.waiting.is_empty();
+            let t_top = Instant::now();
             let first = if idle {
                 match rx.recv() {
                     Ok(c) => Some(c),
@@ -317,10 +369,18 @@ impl Scheduler {
             }
             self.drop_abandoned();
             self.admit();
-            if !self.running.is_empty() {
+            let t_step = Instant::now();
+            let running = self.running.len();
+            if running > 0 {
                 self.step();
             }
+            let t_post = Instant::now();
             self.publish_stats();
+            if running > 0
+                && let Some(p) = &mut self.profile
+            {
+                p.record(t_step - t_top, t_post - t_step, t_post.elapsed(), running);
+            }
         }
         if let Some(c) = &self.comm {
             // Head shutdown stops every worker.
@@ -500,8 +560,10 @@ impl Scheduler {
             });
         }
         let wants: Vec<bool> = inputs.iter().map(|s| s.logits == LogitRows::Last).collect();
+        let t_launch = Instant::now();
         let logits = self.forward(&tokens, &inputs)?;
         drop(inputs);
+        let t_sync = Instant::now();
         let mut out = vec![None; plan.len()];
         let Some(logits) = logits else { return Ok(out) };
         let all_greedy = plan
@@ -510,6 +572,10 @@ impl Scheduler {
             .filter(|(_, w)| **w)
             .all(|((i, _), _)| self.running[*i].request.sampling.is_greedy());
         let greedy: Vec<u32> = logits.argmax(D::Minus1)?.to_vec1()?;
+        if let Some(p) = &mut self.profile {
+            p.launch += t_sync - t_launch;
+            p.sync += t_sync.elapsed();
+        }
         let mut row = 0;
         for (k, &(i, _)) in plan.iter().enumerate() {
             if !wants[k] {
