@@ -98,10 +98,7 @@ impl DemoPolicy {
 impl Policy for DemoPolicy {
     fn act(&mut self, observation: Observation) -> Result<Step> {
         let start = Instant::now();
-        let text = match &observation {
-            Observation::Text(t) => t.clone(),
-            Observation::ToolResults(v) => v.join("\n"),
-        };
+        let text = observation.joined();
         push_observation(&mut self.transcript, self.last.as_ref(), observation);
         let action = self.next_action(&text);
         let raw = match &action {

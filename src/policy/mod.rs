@@ -87,6 +87,14 @@ impl Observation {
             Observation::ToolResults(v) => v,
         }
     }
+
+    /// All of it as one text (several tool results joined by newlines).
+    fn joined(&self) -> String {
+        match self {
+            Observation::Text(t) => t.clone(),
+            Observation::ToolResults(v) => v.join("\n"),
+        }
+    }
 }
 
 /// What one step cost.
@@ -192,7 +200,7 @@ pub(crate) fn push_observation(
             }
         }
         _ => {
-            let text = observation.into_texts().join("\n");
+            let text = observation.joined();
             transcript.push(Message::user(text));
         }
     }

@@ -446,12 +446,7 @@ impl Scheduler {
         if r.prompt.is_empty() {
             return Err(Error::InvalidInput("the prompt is empty".into()));
         }
-        if let Some(bad) = r.prompt.iter().find(|&&t| t as usize >= self.vocab) {
-            return Err(Error::InvalidInput(format!(
-                "token id {bad} is outside the vocabulary (size {})",
-                self.vocab
-            )));
-        }
+        self.check_vocab(&r.prompt)?;
         if max_new == 0 {
             return Err(Error::InvalidInput(
                 "max_new_tokens must be at least 1".into(),
@@ -475,6 +470,17 @@ impl Scheduler {
             )));
         }
         Ok(())
+    }
+
+    /// Every token id must index the embedding.
+    fn check_vocab(&self, tokens: &[u32]) -> Result<()> {
+        match tokens.iter().find(|&&t| t as usize >= self.vocab) {
+            Some(bad) => Err(Error::InvalidInput(format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                self.vocab
+            ))),
+            None => Ok(()),
+        }
     }
 
     fn blocks_for(&self, tokens: usize) -> usize {
@@ -759,12 +765,7 @@ impl Scheduler {
         if tokens.is_empty() {
             return Err(Error::InvalidInput("no tokens to score".into()));
         }
-        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
-            return Err(Error::InvalidInput(format!(
-                "token id {bad} is outside the vocabulary (size {})",
-                self.vocab
-            )));
-        }
+        self.check_vocab(tokens)?;
         if tokens.len() > self.max_context {
             return Err(Error::TooLarge(format!(
                 "{} tokens exceed the model's context of {}",
