@@ -15,99 +15,80 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::qwen3;
+use clap::Parser;
 use policy_serve::engine::{DTypeChoice, DeviceChoice, select_device};
+use policy_serve::testing::{TensorRole, qwen3_tensor_specs};
 use policy_serve::{EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
 
+/// Engine benchmark with random weights in a real Qwen3 shape.
+#[derive(Parser, Debug)]
+#[command(name = "bench")]
 struct Args {
+    /// A Qwen3 config.json (the shape of the random model).
+    #[arg(long, default_value = "tests/fixtures/qwen3/config-0.6b.json")]
     config: PathBuf,
+    /// Decode batch sizes.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64,256")]
     batches: Vec<usize>,
+    /// Prompt tokens per sequence.
+    #[arg(long, default_value_t = 512)]
     prompt: usize,
+    /// New tokens per sequence.
+    #[arg(long = "new", default_value_t = 128)]
     new_tokens: usize,
+    /// Device: auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
     device: DeviceChoice,
+    /// Compute dtype: auto, f32, bf16, f16.
+    #[arg(long, default_value = "auto")]
     dtype: DTypeChoice,
-    peer: bool,
+    /// Skip the candle-transformers peer.
+    #[arg(long)]
+    no_peer: bool,
+    /// Override the number of layers.
+    #[arg(long)]
     layers: Option<usize>,
-    /// Agent workload: (episodes, turns).
+    /// Agent workload: EPISODES,TURNS.
+    #[arg(long, value_parser = parse_pair)]
     agent: Option<(usize, usize)>,
     /// Skip the decode/prefill/peer part.
+    #[arg(long)]
     agent_only: bool,
     /// Keep the random model in this directory.
+    #[arg(long)]
     keep: Option<PathBuf>,
     /// Write the random model to this directory and exit.
+    #[arg(long)]
     write_model: Option<PathBuf>,
     /// Use the model in this directory instead of writing one.
+    #[arg(long)]
     model_dir: Option<PathBuf>,
     /// Tensor-parallel ranks (this process is rank 0; workers: `policy-serve worker`).
+    #[arg(long, default_value_t = 1)]
     world_size: usize,
     /// Rendezvous of the tensor-parallel group.
+    #[arg(long)]
     rendezvous: Option<std::net::SocketAddr>,
     /// Print the greedy tokens of a fixed batch of prompts (to compare runs).
+    #[arg(long)]
     greedy_check: bool,
     /// At the end: wait for the file /tmp/policy-serve-killed, then try one request.
+    #[arg(long)]
     kill_test: bool,
     /// Check the NCCL backend with a group of one on this GPU.
+    #[arg(long)]
     nccl_selftest: bool,
     /// Time bare model decode steps (no scheduler) at each batch size.
+    #[arg(long)]
     profile_step: bool,
 }
 
-fn args() -> Args {
-    let mut a = Args {
-        config: "tests/fixtures/qwen3/config-0.6b.json".into(),
-        batches: vec![1, 8, 64],
-        prompt: 512,
-        new_tokens: 128,
-        device: DeviceChoice::Auto,
-        dtype: DTypeChoice::Auto,
-        peer: true,
-        layers: None,
-        agent: None,
-        agent_only: false,
-        keep: None,
-        write_model: None,
-        model_dir: None,
-        world_size: 1,
-        rendezvous: None,
-        greedy_check: false,
-        kill_test: false,
-        nccl_selftest: false,
-        profile_step: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut val = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
-        match flag.as_str() {
-            "--config" => a.config = val().into(),
-            "--batches" => {
-                a.batches = val()
-                    .split(',')
-                    .map(|s| s.parse().expect("batch size"))
-                    .collect()
-            }
-            "--prompt" => a.prompt = val().parse().expect("prompt length"),
-            "--new" => a.new_tokens = val().parse().expect("new tokens"),
-            "--device" => a.device = val().parse().expect("device"),
-            "--dtype" => a.dtype = val().parse().expect("dtype"),
-            "--layers" => a.layers = Some(val().parse().expect("layers")),
-            "--no-peer" => a.peer = false,
-            "--agent-only" => a.agent_only = true,
-            "--keep" => a.keep = Some(val().into()),
-            "--write-model" => a.write_model = Some(val().into()),
-            "--model-dir" => a.model_dir = Some(val().into()),
-            "--world-size" => a.world_size = val().parse().expect("world size"),
-            "--rendezvous" => a.rendezvous = Some(val().parse().expect("HOST:PORT")),
-            "--greedy-check" => a.greedy_check = true,
-            "--kill-test" => a.kill_test = true,
-            "--nccl-selftest" => a.nccl_selftest = true,
-            "--profile-step" => a.profile_step = true,
-            "--agent" => {
-                let v: Vec<usize> = val().split(',').map(|s| s.parse().expect("N,T")).collect();
-                a.agent = Some((v[0], v[1]));
-            }
-            other => panic!("unknown flag {other}"),
-        }
-    }
-    a
+fn parse_pair(s: &str) -> Result<(usize, usize), String> {
+    let (a, b) = s.split_once(',').ok_or("expected N,T")?;
+    Ok((
+        a.parse().map_err(|e| format!("{e}"))?,
+        b.parse().map_err(|e| format!("{e}"))?,
+    ))
 }
 
 fn sync(dev: &Device) {
@@ -130,44 +111,20 @@ fn write_random_model(
     ] {
         std::fs::copy(Path::new("tests/fixtures/qwen3").join(f), dir.join(f))?;
     }
-    let g = |k: &str| cfg[k].as_u64().unwrap() as usize;
-    let (v, h, i, l) = (
-        g("vocab_size"),
-        g("hidden_size"),
-        g("intermediate_size"),
-        g("num_hidden_layers"),
-    );
-    let (nh, nkv, hd) = (
-        g("num_attention_heads"),
-        g("num_key_value_heads"),
-        g("head_dim"),
-    );
-    let rnd = |shape: (usize, usize)| -> candle_core::Result<Tensor> {
-        Tensor::randn(0f32, 0.02, shape, dev)?
-            .to_dtype(dtype)?
-            .to_device(&Device::Cpu)
-    };
-    let one = |n: usize| -> candle_core::Result<Tensor> { Tensor::ones(n, dtype, &Device::Cpu) };
+    let mcfg = policy_serve::engine::ModelConfig::from_json(&cfg.to_string())
+        .map_err(|e| candle_core::Error::msg(e.to_string()))?;
+    let h = mcfg.hidden_size;
     let mut t: HashMap<String, Tensor> = HashMap::new();
-    t.insert(
-        "model.embed_tokens.weight".into(),
-        (rnd((v, h))? * (h as f64).sqrt())?,
-    );
-    for li in 0..l {
-        let p = format!("model.layers.{li}");
-        t.insert(format!("{p}.self_attn.q_proj.weight"), rnd((nh * hd, h))?);
-        t.insert(format!("{p}.self_attn.k_proj.weight"), rnd((nkv * hd, h))?);
-        t.insert(format!("{p}.self_attn.v_proj.weight"), rnd((nkv * hd, h))?);
-        t.insert(format!("{p}.self_attn.o_proj.weight"), rnd((h, nh * hd))?);
-        t.insert(format!("{p}.self_attn.q_norm.weight"), one(hd)?);
-        t.insert(format!("{p}.self_attn.k_norm.weight"), one(hd)?);
-        t.insert(format!("{p}.mlp.gate_proj.weight"), rnd((i, h))?);
-        t.insert(format!("{p}.mlp.up_proj.weight"), rnd((i, h))?);
-        t.insert(format!("{p}.mlp.down_proj.weight"), rnd((h, i))?);
-        t.insert(format!("{p}.input_layernorm.weight"), one(h)?);
-        t.insert(format!("{p}.post_attention_layernorm.weight"), one(h)?);
+    for spec in qwen3_tensor_specs(&mcfg) {
+        let tensor = match spec.role {
+            TensorRole::Embedding => {
+                (Tensor::randn(0f32, 0.02, spec.shape, dev)? * (h as f64).sqrt())?
+            }
+            TensorRole::Matrix => Tensor::randn(0f32, 0.02, spec.shape, dev)?,
+            TensorRole::Norm => Tensor::ones(spec.shape, DType::F32, dev)?,
+        };
+        t.insert(spec.name, tensor.to_dtype(dtype)?.to_device(&Device::Cpu)?);
     }
-    t.insert("model.norm.weight".into(), one(h)?);
     candle_core::safetensors::save(&t, dir.join("model.safetensors"))
 }
 
@@ -279,13 +236,12 @@ fn agent_workload(
 }
 
 fn prompt(n: usize, salt: usize) -> Vec<u32> {
-    (0..n)
-        .map(|i| ((i * 7919 + salt * 104_729) % 150_000) as u32)
-        .collect()
+    policy_serve::testing::synthetic_prompt(n, salt)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let a = args();
+    policy_serve::init_logging("warn");
+    let a = Args::parse();
     let dev = select_device(a.device)?;
     let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&a.config)?)?;
     if let Some(l) = a.layers {
@@ -380,6 +336,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         g.time_to_first_token.as_secs_f64() * 1e3,
         prefill_tps
     );
+    // Batched prefill: 8 prompts of P tokens in one step (after a warm-up of the same shape).
+    for round in 0..2 {
+        let t = Instant::now();
+        let pending: Vec<_> = (0..8)
+            .map(|i| engine.submit(one(prompt(a.prompt, 10 * round + 20 + i), 1)))
+            .collect();
+        for p in pending {
+            p.wait()?;
+        }
+        if round == 1 {
+            let s = t.elapsed().as_secs_f64();
+            println!(
+                "ours batched_prefill 8xP={} ms {:.1} prefill_tok_s {:.0}",
+                a.prompt,
+                s * 1e3,
+                (8 * a.prompt) as f64 / s
+            );
+        }
+    }
 
     let mut rows = Vec::new();
     for &b in &a.batches {
@@ -492,7 +467,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     drop(base);
 
-    if a.peer {
+    if !a.no_peer {
         let mut peer = qwen3::ModelForCausalLM::new(&qcfg, vb)?;
         for &b in &a.batches {
             peer.clear_kv_cache();
@@ -569,8 +544,9 @@ fn nccl_selftest(
     dev: &Device,
 ) -> Result<(), Box<dyn std::error::Error>> {
     use policy_serve::engine::CommBackend;
-    use policy_serve::engine::qwen3::{LogitRows, PagedKvCache, Qwen3, SeqInput, Shard};
-    use policy_serve::engine::weights::Checkpoint;
+    use policy_serve::engine::kv_cache::PagedKvCache;
+    use policy_serve::engine::loader::load_shard;
+    use policy_serve::engine::qwen3::{LogitRows, SeqInput, Shard};
     let comm = policy_serve::engine::nccl::NcclComm::connect(
         0,
         1,
@@ -591,8 +567,15 @@ fn nccl_selftest(
         .to_scalar::<f32>()?;
     comm.barrier()?;
     let mcfg = policy_serve::engine::ModelConfig::from_json(&cfg.to_string())?;
-    let ck = Checkpoint::open(&[dir.join("model.safetensors")], dtype, dev)?;
-    let model = Qwen3::load(&mcfg, &ck, dtype, dev, Shard::FULL, || {})?;
+    let model = load_shard(
+        "bench",
+        &mcfg,
+        &[dir.join("model.safetensors")],
+        choice(dtype),
+        dev,
+        Shard::FULL,
+        || {},
+    )?;
     let cache = PagedKvCache::new(&mcfg, model.local_kv_heads(), 8, 16, dtype, dev)?;
     let tokens = prompt(100, 3);
     let table: Vec<u32> = (0..8).collect();
@@ -634,11 +617,19 @@ fn profile_steps(
     dev: &Device,
     a: &Args,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    use policy_serve::engine::qwen3::{LogitRows, PagedKvCache, Qwen3, SeqInput, Shard};
-    use policy_serve::engine::weights::Checkpoint;
+    use policy_serve::engine::kv_cache::PagedKvCache;
+    use policy_serve::engine::loader::load_shard;
+    use policy_serve::engine::qwen3::{LogitRows, SeqInput, Shard};
     let mcfg = policy_serve::engine::ModelConfig::from_json(&cfg.to_string())?;
-    let ck = Checkpoint::open(&[dir.join("model.safetensors")], dtype, dev)?;
-    let model = Qwen3::load(&mcfg, &ck, dtype, dev, Shard::FULL, || {})?;
+    let model = load_shard(
+        "bench",
+        &mcfg,
+        &[dir.join("model.safetensors")],
+        choice(dtype),
+        dev,
+        Shard::FULL,
+        || {},
+    )?;
     for &b in &a.batches {
         let per_seq = (a.prompt + a.new_tokens).div_ceil(16);
         let cache = PagedKvCache::new(&mcfg, model.local_kv_heads(), b * per_seq, 16, dtype, dev)?;
@@ -687,4 +678,13 @@ fn profile_steps(
         );
     }
     Ok(())
+}
+
+/// The dtype choice that resolves to `d`.
+fn choice(d: DType) -> DTypeChoice {
+    match d {
+        DType::BF16 => DTypeChoice::BF16,
+        DType::F16 => DTypeChoice::F16,
+        _ => DTypeChoice::F32,
+    }
 }

@@ -45,6 +45,9 @@ pub mod engine;
 mod error;
 pub mod policy;
 pub mod registry;
+#[cfg(feature = "server")]
+pub mod server;
+pub mod testing;
 
 pub use engine::{Engine, EngineOptions, Generation, GenerationRequest, SamplingParams};
 pub use error::{Error, Result};
@@ -56,3 +59,17 @@ pub use policy::{
     TranscriptMode,
 };
 pub use registry::{LoadedModel, ModelRegistry, ModelSource, ModelSpec};
+
+/// Sends `tracing` logs to stderr, filtered by `RUST_LOG` (else `default_filter`, e.g. "info"),
+/// with colour codes only when stderr is a terminal (a log file stays plain text). Does
+/// nothing if a global subscriber is already set (a host app's own wins).
+pub fn init_logging(default_filter: &str) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}

@@ -6,17 +6,18 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod cli;
+
 use clap::{Parser, Subcommand};
-use policy_serve::engine::{
-    CommHandle, DTypeChoice, DeviceChoice, WorkerOptions, run_worker, spawn_in_process_workers,
-};
+use cli::{EngineArgs, run_episode, write_npy};
+use policy_serve::engine::{WorkerOptions, run_worker};
 use policy_serve::policy::format::{
     ChatTemplate, Message, RenderOptions, ToolDefinition, parse_output,
 };
 use policy_serve::registry::resolve_files;
 use policy_serve::{
-    Action, EngineOptions, EpisodeConfig, Error, GenerationRequest, ModelRegistry, ModelSource,
-    ModelSpec, Observation, Policy, SamplingParams, TranscriptMode,
+    EpisodeConfig, Error, GenerationRequest, ModelRegistry, ModelSource, ModelSpec, SamplingParams,
+    TranscriptMode,
 };
 
 #[derive(Parser)]
@@ -28,82 +29,6 @@ use policy_serve::{
 struct Cli {
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(clap::Args, Clone)]
-struct EngineArgs {
-    /// Device: auto, cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
-    device: String,
-    /// Compute dtype: auto, f32, bf16, f16.
-    #[arg(long, default_value = "auto")]
-    dtype: String,
-    /// Turn the radix prefix cache off.
-    #[arg(long)]
-    no_prefix_cache: bool,
-    /// Tokens per KV block (workers must use the same).
-    #[arg(long, default_value_t = 16)]
-    block_size: usize,
-    /// Tensor-parallel ranks (this process is rank 0). Without --rendezvous the other ranks
-    /// run as threads of this process (in-process backend).
-    #[arg(long, default_value_t = 1)]
-    world_size: usize,
-    /// HOST:PORT where rank 0 meets the `policy-serve worker` ranks (NCCL backend).
-    #[arg(long)]
-    rendezvous: Option<std::net::SocketAddr>,
-    /// Seconds to wait for every rank to arrive at the rendezvous.
-    #[arg(long, default_value_t = 300)]
-    rendezvous_timeout: u64,
-}
-
-impl EngineArgs {
-    /// Options plus, for `--world-size > 1`, the head's link to its workers.
-    fn options_for(&self, key: &str, source: &ModelSource) -> Result<EngineOptions, Error> {
-        let mut opts = self.options()?;
-        if self.world_size <= 1 {
-            return Ok(opts);
-        }
-        match self.rendezvous {
-            None => {
-                let files = resolve_files(key, source)?;
-                let (head, workers) = spawn_in_process_workers(&files, self.world_size, &opts)?;
-                drop(workers); // the worker threads end when the head shuts down
-                opts.tensor_parallel = Some(head);
-            }
-            Some(addr) => opts.tensor_parallel = Some(self.nccl_link(0, addr)?),
-        }
-        Ok(opts)
-    }
-
-    #[cfg(feature = "nccl")]
-    fn nccl_link(&self, rank: usize, addr: std::net::SocketAddr) -> Result<CommHandle, Error> {
-        let device = policy_serve::engine::select_device(self.device.parse()?)?;
-        let comm = policy_serve::engine::nccl::NcclComm::connect(
-            rank,
-            self.world_size,
-            addr,
-            &device,
-            std::time::Duration::from_secs(self.rendezvous_timeout),
-        )?;
-        Ok(CommHandle(std::sync::Arc::new(comm)))
-    }
-
-    #[cfg(not(feature = "nccl"))]
-    fn nccl_link(&self, _rank: usize, _addr: std::net::SocketAddr) -> Result<CommHandle, Error> {
-        Err(Error::InvalidInput(
-            "--rendezvous needs the NCCL backend: rebuild with `--features nccl` (or leave out --rendezvous to run the ranks as threads)".into(),
-        ))
-    }
-
-    fn options(&self) -> Result<EngineOptions, Error> {
-        Ok(EngineOptions {
-            device: self.device.parse::<DeviceChoice>()?,
-            dtype: self.dtype.parse::<DTypeChoice>()?,
-            prefix_cache: !self.no_prefix_cache,
-            block_size: self.block_size,
-            ..EngineOptions::default()
-        })
-    }
 }
 
 #[derive(Subcommand)]
@@ -204,9 +129,6 @@ enum Command {
         /// Use this local directory for the model key.
         #[arg(long)]
         model_dir: Option<PathBuf>,
-        /// Speculative draft tokens (must mirror the head; not implemented, so 0).
-        #[arg(long, default_value_t = 0)]
-        speculative_tokens: usize,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -227,12 +149,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    policy_serve::init_logging("warn");
     let cli = Cli::parse();
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
@@ -347,6 +264,7 @@ fn run(command: Command) -> Result<(), Error> {
                 tools,
                 max_new_tokens: Some(max_new_tokens),
                 temperature,
+                top_p: None,
                 seed,
                 transcript_mode: if append_only {
                     TranscriptMode::AppendOnly
@@ -365,7 +283,6 @@ fn run(command: Command) -> Result<(), Error> {
             rank,
             model,
             model_dir,
-            speculative_tokens,
             engine,
         } => {
             let addr = engine.rendezvous.ok_or_else(|| {
@@ -384,10 +301,7 @@ fn run(command: Command) -> Result<(), Error> {
             let files = resolve_files(&model, &registry.spec(&model)?.source)?;
             let link = engine.nccl_link(rank, addr)?;
             let opts = WorkerOptions {
-                engine: EngineOptions {
-                    speculative_tokens,
-                    ..engine.options()?
-                },
+                engine: engine.options()?,
                 fail_command: None,
             };
             let report = run_worker(&files, &opts, link.0)?;
@@ -451,80 +365,4 @@ fn run(command: Command) -> Result<(), Error> {
         }
     }
     Ok(())
-}
-
-/// Steps a policy against the echo environment: each tool call is answered with its own
-/// name and arguments; a finishing tool or a reply ends the episode.
-fn run_episode(policy: &mut dyn Policy, task: String, max_steps: usize) -> Result<(), Error> {
-    let mut observation: Observation = task.into();
-    for i in 1..=max_steps {
-        let step = policy.act(observation)?;
-        let c = step.cost;
-        println!(
-            "step {i}: {}  [prompt {} tok, cached {}, generated {}, {:.1} ms]",
-            serde_json::to_string(&step.action)?,
-            c.prompt_tokens,
-            c.cached_prompt_tokens,
-            c.generated_tokens,
-            c.latency.as_secs_f64() * 1e3
-        );
-        observation = match &step.action {
-            Action::Call { calls, .. } => {
-                let results: Vec<String> = calls
-                    .iter()
-                    .map(|c| {
-                        format!(
-                            "echo: {}({})",
-                            c.name,
-                            serde_json::Value::Object(c.arguments.clone())
-                        )
-                    })
-                    .collect();
-                for r in &results {
-                    println!("  tool -> {r}");
-                }
-                if calls.iter().any(|c| {
-                    ["answer", "finish", "submit", "final", "done"]
-                        .iter()
-                        .any(|w| c.name.to_lowercase().contains(w))
-                }) {
-                    println!("episode finished: the policy called a finishing tool");
-                    return Ok(());
-                }
-                Observation::ToolResults(results)
-            }
-            Action::Reply { .. } => {
-                println!("episode finished: the policy replied");
-                return Ok(());
-            }
-            Action::Invalid { error, .. } => {
-                format!("Your last output was not a valid tool call: {error}").into()
-            }
-        };
-    }
-    println!("episode stopped after {max_steps} steps");
-    Ok(())
-}
-
-/// Writes a 2-D f32 little-endian .npy (format version 1.0).
-fn write_npy(path: &Path, rows: &[Vec<f32>]) -> Result<(), Error> {
-    let cols = rows.first().map_or(0, Vec::len);
-    let mut header = format!(
-        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {}), }}",
-        rows.len(),
-        cols
-    );
-    let unpadded = 10 + header.len() + 1;
-    header.push_str(&" ".repeat(unpadded.next_multiple_of(64) - unpadded));
-    header.push('\n');
-    let mut bytes = Vec::with_capacity(10 + header.len() + rows.len() * cols * 4);
-    bytes.extend_from_slice(b"\x93NUMPY\x01\x00");
-    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    bytes.extend_from_slice(header.as_bytes());
-    for r in rows {
-        for v in r {
-            bytes.extend_from_slice(&v.to_le_bytes());
-        }
-    }
-    std::fs::write(path, bytes).map_err(|e| Error::InvalidInput(format!("{}: {e}", path.display())))
 }

@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::prompt;
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
@@ -97,12 +98,6 @@ fn max_rel_err(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
         }
     }
     worst
-}
-
-fn prompt(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i * 7919 + salt * 104_729) % 150_000)
-        .collect()
 }
 
 #[test]

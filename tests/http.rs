@@ -1,15 +1,12 @@
-//! examples/serve.rs on an ephemeral loopback port, driven with reqwest and with the official
-//! `openai` Python client.
+//! The library's HTTP host (`policy_serve::server`) on an ephemeral loopback port, driven with
+//! reqwest and with the official `openai` Python client.
 
 mod common;
-
-#[path = "../examples/serve.rs"]
-#[allow(clippy::all, unused)]
-mod serve;
 
 use std::sync::Arc;
 
 use clap::Parser;
+use policy_serve::server as serve;
 use serde_json::{Value, json};
 
 struct Server {
@@ -39,7 +36,7 @@ async fn start(extra: &[&str]) -> Server {
     let state = serve::AppState::new(cfg).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = serve::app(state.clone());
+    let app = serve::router(state.clone());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     Server { base, state }
 }
@@ -505,4 +502,90 @@ async fn a_client_that_disconnects_mid_stream_frees_its_sequence() {
         assert!(t.elapsed().as_secs() < 30, "{st:?}");
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
+}
+
+/// A copy of the tiny model whose generation_config samples but names no temperature.
+fn sampling_model_without_temperature() -> std::path::PathBuf {
+    let src = common::shared_tiny_model();
+    let dir = tempfile::tempdir().unwrap().keep();
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+    }
+    std::fs::write(
+        dir.join("generation_config.json"),
+        r#"{"do_sample": true, "top_k": 20, "eos_token_id": [151645, 151643]}"#,
+    )
+    .unwrap();
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chat_and_episodes_apply_the_same_sampling_defaults() {
+    let dir = sampling_model_without_temperature();
+    let s = start(&["--model-dir", &format!("sampler={}", dir.display())]).await;
+    let system = "Use the tools well and answer precisely.";
+    let user = "Count the users";
+    let chat = |seed: u64| {
+        json!({"model": "sampler", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+               "tools": tools(), "max_tokens": 12, "seed": seed})
+    };
+    let (code, a) = post(&s, "/v1/chat/completions", chat(7)).await;
+    assert_eq!(code, 200, "{a}");
+    let (code, ep) = post(&s, "/v1/episodes", json!({"model": "sampler", "system_prompt": system, "tools": tools(), "max_tokens": 12, "seed": 7})).await;
+    assert_eq!(code, 201, "{ep}");
+    let id = ep["id"].as_str().unwrap();
+    let (code, step) = post(
+        &s,
+        &format!("/v1/episodes/{id}/act"),
+        json!({"observation": user}),
+    )
+    .await;
+    assert_eq!(code, 200, "{step}");
+    // Same prompt, same seed, same defaults: the same text (the chat's content holds the raw
+    // text when it is no valid tool call).
+    let chat_text = a["choices"][0]["message"]["content"].as_str().unwrap_or("");
+    let raw = step["raw"].as_str().unwrap();
+    if a["choices"][0]["message"]["tool_calls"].is_null() {
+        assert_eq!(chat_text, raw);
+    } else {
+        assert!(raw.contains("<tool_call>"), "{raw}");
+    }
+    // Positive control: the chat really samples (HF's temperature 1.0 when do_sample names
+    // none, not greedy): its output changes with the seed.
+    let mut outputs = std::collections::HashSet::new();
+    for seed in [7u64, 8, 9, 10] {
+        let (_, v) = post(&s, "/v1/chat/completions", chat(seed)).await;
+        outputs.insert(v["choices"][0]["message"].to_string());
+    }
+    assert!(outputs.len() > 1, "seeds made no difference: {outputs:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chat_and_episodes_refuse_the_same_bad_fields_naming_them() {
+    let s = start(&[]).await;
+    let cases = [
+        ("max_tokens", json!("abc")),
+        ("max_tokens", json!(-5)),
+        ("max_tokens", json!(1.5)),
+        ("max_tokens", json!(0)),
+        ("temperature", json!(-1)),
+        ("temperature", json!("hot")),
+        ("top_p", json!(5)),
+        ("seed", json!("x")),
+    ];
+    for (field, value) in cases {
+        let mut chat = json!({"model": "tiny", "messages": [{"role": "user", "content": "x"}]});
+        chat[field] = value.clone();
+        let mut episode = json!({"model": "tiny", "tools": tools()});
+        episode[field] = value.clone();
+        let (c1, v1) = post(&s, "/v1/chat/completions", chat).await;
+        let (c2, v2) = post(&s, "/v1/episodes", episode).await;
+        assert_eq!((c1, c2), (400, 400), "{field}={value}: {v1} / {v2}");
+        assert_eq!(v1["error"]["param"], field, "{v1}");
+        assert_eq!(v1["error"], v2["error"], "{field}={value}");
+    }
+    // Positive control: valid values pass on both routes.
+    let (c, v) = post(&s, "/v1/episodes", json!({"model": "tiny", "tools": tools(), "max_tokens": 4, "temperature": 0.5, "top_p": 0.9, "seed": 3})).await;
+    assert_eq!(c, 201, "{v}");
 }

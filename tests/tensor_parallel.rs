@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::prompt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -77,12 +78,6 @@ fn plain_worker(_: usize) -> WorkerOptions {
         engine: options(),
         fail_command: None,
     }
-}
-
-fn prompt(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i * 7919 + salt * 104_729) % 150_000)
-        .collect()
 }
 
 fn run_all(registry: &ModelRegistry) -> (Vec<Vec<f32>>, Vec<Vec<u32>>) {

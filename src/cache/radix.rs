@@ -159,7 +159,8 @@ impl RadixCache {
     }
 
     /// Finds the longest cached prefix of `tokens` (whole blocks), pins it and returns its
-    /// blocks. Release the match with [`RadixCache::release`].
+    /// blocks. Release the match with [`RadixCache::release`]; count it with
+    /// [`RadixCache::record_lookup`] when it is used.
     pub fn lookup(&mut self, tokens: &[u32]) -> PrefixMatch {
         self.clock += 1;
         let now = self.clock;
@@ -196,9 +197,6 @@ impl RadixCache {
             }
             id = nd.parent;
         }
-        self.stats.lookups += 1;
-        self.stats.lookup_tokens += tokens.len() as u64;
-        self.stats.hit_tokens += pos as u64;
         PrefixMatch {
             node,
             blocks,
@@ -206,13 +204,12 @@ impl RadixCache {
         }
     }
 
-    /// Releases a lookup that was not used (the request could not be admitted) and takes it
-    /// back out of the counters.
-    pub fn forget_lookup(&mut self, m: &PrefixMatch, looked_up_tokens: usize) {
-        self.release(m.node);
-        self.stats.lookups -= 1;
-        self.stats.lookup_tokens -= looked_up_tokens as u64;
-        self.stats.hit_tokens -= m.tokens as u64;
+    /// Counts one lookup that was used: `looked_up` tokens asked for, `hit` found. A lookup
+    /// counts only when its request is admitted, so a request that waits is counted once.
+    pub fn record_lookup(&mut self, looked_up: usize, hit: usize) {
+        self.stats.lookups += 1;
+        self.stats.lookup_tokens += looked_up as u64;
+        self.stats.hit_tokens += hit as u64;
     }
 
     /// Unpins a match (every node from `node` to the root).

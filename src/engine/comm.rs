@@ -55,13 +55,29 @@ pub struct RankSettings {
     pub num_blocks: usize,
     /// Compute dtype (`--dtype`).
     pub dtype: String,
-    /// Speculative draft tokens per step (`--speculative-tokens`; 0: off).
-    pub speculative_tokens: usize,
     /// `model_type`, layers and hidden size of the checkpoint (same model on every rank).
     pub model: String,
 }
 
 impl RankSettings {
+    /// The settings of a rank serving `cfg` with `opts` in `dtype` over `num_blocks` blocks.
+    pub fn new(
+        cfg: &super::ModelConfig,
+        opts: &super::EngineOptions,
+        dtype: candle_core::DType,
+        num_blocks: usize,
+    ) -> Self {
+        Self {
+            block_size: opts.block_size,
+            num_blocks,
+            dtype: format!("{dtype:?}").to_lowercase(),
+            model: format!(
+                "{}:{}x{}",
+                cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size
+            ),
+        }
+    }
+
     /// Checks a worker's own settings against the head's; the error names the flag to mirror.
     pub fn check_against_head(&self, head: &RankSettings) -> Result<()> {
         let flag = |name: &str, mine: &dyn std::fmt::Display, theirs: &dyn std::fmt::Display| {
@@ -69,13 +85,6 @@ impl RankSettings {
                 "this worker's {name} is {mine} but the head's is {theirs}; start the worker with {name} {theirs}"
             )))
         };
-        if self.speculative_tokens != head.speculative_tokens {
-            return flag(
-                "--speculative-tokens",
-                &self.speculative_tokens,
-                &head.speculative_tokens,
-            );
-        }
         if self.block_size != head.block_size {
             return flag("--block-size", &self.block_size, &head.block_size);
         }
@@ -113,8 +122,6 @@ pub trait CommBackend: Send + Sync + std::fmt::Debug {
     fn all_gather(&self, t: &Tensor, dim: usize) -> Result<Tensor>;
     /// Waits until every rank is here.
     fn barrier(&self) -> Result<()>;
-    /// Whether the link looks alive.
-    fn health(&self) -> Result<()>;
 }
 
 /// A shared handle to a backend, usable in [`EngineOptions`](super::EngineOptions).
@@ -355,11 +362,15 @@ impl CommBackend for InProcessComm {
         )
         .map(|_| ())
     }
+}
 
-    fn health(&self) -> Result<()> {
-        if self.shared.meeting.lock().broken {
-            return Err(Error::Engine("a collective was broken".into()));
-        }
-        Ok(())
-    }
+/// All ranks agree whether every one of them can run the step: a failure anywhere makes all
+/// skip it, so no rank waits in a collective for one that will not come.
+pub fn agree(comm: &dyn CommBackend, ok: bool, device: &Device) -> Result<bool> {
+    let flag = Tensor::new(&[if ok { 0f32 } else { 1f32 }], device)?;
+    let total: Vec<f32> = comm
+        .all_reduce_sum(&flag)?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1()?;
+    Ok(total[0] == 0.0)
 }

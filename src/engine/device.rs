@@ -128,8 +128,21 @@ fn free_gpu_bytes(_device: &Device) -> Result<usize> {
     Ok(0)
 }
 
-/// Picks the device.
+/// Picks the device. On CUDA, cudarc's per-allocation event tracking is turned off: the
+/// engine runs everything on the device's one stream, where stream order already orders every
+/// use of a buffer, so the events only cost time (two event creations per allocation).
 pub fn select(choice: DeviceChoice) -> Result<Device> {
+    let device = pick(choice)?;
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = &device {
+        // SAFETY: the engine uses this device's one stream only (no second stream is created),
+        // so no tensor is used on another stream before or after its allocation.
+        unsafe { d.disable_event_tracking() };
+    }
+    Ok(device)
+}
+
+fn pick(choice: DeviceChoice) -> Result<Device> {
     match choice {
         DeviceChoice::Cpu => Ok(Device::Cpu),
         DeviceChoice::Cuda(i) => Device::new_cuda(i).map_err(|e| {
@@ -151,7 +164,9 @@ pub fn select(choice: DeviceChoice) -> Result<Device> {
 pub fn name(device: &Device) -> String {
     match device {
         Device::Cpu => "cpu".into(),
-        Device::Cuda(_) => "cuda".into(),
-        _ => "other".into(),
+        d => match d.location() {
+            candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+            other => format!("{other:?}").to_lowercase(),
+        },
     }
 }

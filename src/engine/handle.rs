@@ -190,7 +190,7 @@ impl TokenStream {
     }
 }
 
-/// The future of [`TokenStream::next`].
+/// The future of [`TokenStream::next_chunk`].
 pub struct NextChunk<'a> {
     stream: &'a mut TokenStream,
 }

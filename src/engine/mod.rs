@@ -5,17 +5,25 @@
 //! continuous batching: admit, chunked prefill, one batched decode step for every running
 //! sequence, sample, stop, release. A request that fails, fails alone.
 
+mod attention;
 pub mod comm;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod device;
+pub mod files;
 mod handle;
+pub mod kv_cache;
+pub mod loader;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod qwen3;
+mod runner;
 pub mod sampling;
 mod scheduler;
-mod tp;
+mod shard;
 pub mod weights;
+mod worker;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,12 +35,13 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use tokenizers::Tokenizer;
 
-pub use comm::{CommBackend, CommHandle, InProcessComm, RankSettings, WorkerCommand};
+pub use comm::{CommBackend, CommHandle, InProcessComm, RankSettings, WorkerCommand, agree};
 pub use config::{GenerationConfig, ModelConfig};
 pub use device::{DTypeChoice, DeviceChoice, KvBudget};
+pub use files::ModelFiles;
 pub use handle::{NextChunk, Pending, TokenStream};
 pub use sampling::SamplingParams;
-pub use tp::{FailHook, WorkerOptions, WorkerReport, run_worker, spawn_in_process_workers};
+pub use worker::{FailHook, WorkerOptions, WorkerReport, run_worker, spawn_in_process_workers};
 
 use crate::error::{Error, Result};
 use scheduler::{Command, Scheduler};
@@ -67,9 +76,6 @@ pub struct EngineOptions {
     pub tensor_parallel: Option<CommHandle>,
     /// How long the head waits for workers to acknowledge a step.
     pub worker_timeout: Duration,
-    /// Speculative draft tokens per step. Not implemented: must be 0; it is part of the
-    /// settings a worker must mirror.
-    pub speculative_tokens: usize,
 }
 
 impl Default for EngineOptions {
@@ -87,7 +93,6 @@ impl Default for EngineOptions {
             swap_gib: 4.0,
             tensor_parallel: None,
             worker_timeout: Duration::from_secs(120),
-            speculative_tokens: 0,
         }
     }
 }
@@ -186,7 +191,7 @@ pub struct EngineStats {
     pub prefill_tokens: u64,
     /// Tokens generated.
     pub generated_tokens: u64,
-    /// Sequences preempted (requeued and recomputed) for lack of KV blocks.
+    /// Sequences preempted for lack of KV blocks (swapped out, or requeued and recomputed).
     pub preemptions: u64,
     /// KV blocks in total.
     pub blocks_total: usize,
@@ -248,6 +253,56 @@ pub struct EngineInfo {
     pub max_context: usize,
     /// Vocabulary size.
     pub vocab_size: usize,
+    /// Cap on generated tokens of a request that gives none.
+    pub default_max_new_tokens: usize,
+}
+
+impl EngineInfo {
+    /// Checks a request against this engine (prompt not empty, token ids in the vocabulary,
+    /// prompt + max new tokens within the context and the KV pool) without submitting it, so
+    /// a host can refuse it before answering (e.g. before an SSE response starts). The engine
+    /// runs the same check on submission.
+    pub fn check(&self, r: &GenerationRequest) -> Result<()> {
+        let max_new = r.max_new_tokens.unwrap_or(self.default_max_new_tokens);
+        if r.prompt.is_empty() {
+            return Err(Error::InvalidInput("the prompt is empty".into()));
+        }
+        self.check_vocab(&r.prompt)?;
+        if max_new == 0 {
+            return Err(Error::InvalidInput(
+                "max_new_tokens must be at least 1".into(),
+            ));
+        }
+        let need = r.prompt.len() + max_new;
+        if need > self.max_context {
+            return Err(Error::TooLarge(format!(
+                "prompt ({} tokens) + max_new_tokens ({max_new}) = {need} exceeds the model's context of {} tokens; shorten the prompt or lower max_new_tokens",
+                r.prompt.len(),
+                self.max_context
+            )));
+        }
+        let cap = self.num_blocks * self.block_size;
+        if need > cap {
+            return Err(Error::TooLarge(format!(
+                "prompt ({} tokens) + max_new_tokens ({max_new}) = {need} tokens can never fit the KV pool of {} blocks x {} = {cap} tokens; raise the KV budget or lower max_new_tokens",
+                r.prompt.len(),
+                self.num_blocks,
+                self.block_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// Every token id must index the embedding.
+    pub fn check_vocab(&self, tokens: &[u32]) -> Result<()> {
+        match tokens.iter().find(|&&t| t as usize >= self.vocab_size) {
+            Some(bad) => Err(Error::InvalidInput(format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                self.vocab_size
+            ))),
+            None => Ok(()),
+        }
+    }
 }
 
 /// A cheap, clonable handle to a model's scheduler thread.
@@ -284,15 +339,7 @@ impl Engine {
             tokenizer.clone(),
             options,
         )?;
-        let info = EngineInfo {
-            key: key.to_string(),
-            device: device::name(&device),
-            dtype: sched.dtype(),
-            num_blocks: sched.num_blocks(),
-            block_size: options.block_size,
-            max_context: cfg.max_position_embeddings,
-            vocab_size: cfg.vocab_size,
-        };
+        let info = sched.info().clone();
         tracing::info!(model = key, device = %info.device, dtype = ?info.dtype, kv_blocks = info.num_blocks, block_size = info.block_size, "engine ready");
         let stats = sched.stats_handle();
         let (tx, rx) = mpsc::channel();
@@ -314,6 +361,11 @@ impl Engine {
     /// Facts about this engine.
     pub fn info(&self) -> &EngineInfo {
         &self.inner.info
+    }
+
+    /// Checks a request without submitting it (see [`EngineInfo::check`]).
+    pub fn check(&self, request: &GenerationRequest) -> Result<()> {
+        self.inner.info.check(request)
     }
 
     /// The model's tokenizer.

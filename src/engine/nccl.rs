@@ -342,8 +342,4 @@ impl CommBackend for NcclComm {
         self.device.synchronize()?;
         Ok(())
     }
-
-    fn health(&self) -> Result<()> {
-        Ok(())
-    }
 }

@@ -35,6 +35,29 @@ impl SamplingParams {
         }
     }
 
+    /// The sampling of one request: the request's own `temperature`/`top_p` where given, else
+    /// the model's `generation_config.json` defaults (greedy when it does not sample; HF's
+    /// temperature 1.0 when it samples and names none). The one place where defaults are
+    /// decided, for the HTTP host and the model policy alike.
+    pub fn resolve(
+        defaults: &super::GenerationConfig,
+        temperature: Option<f32>,
+        top_p: Option<f32>,
+        seed: u64,
+    ) -> Self {
+        let default_temperature = if defaults.do_sample {
+            defaults.temperature.unwrap_or(1.0)
+        } else {
+            0.0
+        };
+        Self {
+            temperature: temperature.unwrap_or(default_temperature),
+            top_k: defaults.top_k,
+            top_p: top_p.or(defaults.top_p),
+            seed,
+        }
+    }
+
     /// Whether this is greedy decoding.
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0 || self.top_k == Some(1)

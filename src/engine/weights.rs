@@ -17,8 +17,9 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Mmaps the files and reads their headers. Tensors are converted to `dtype` on `device`.
-    pub fn open(files: &[PathBuf], dtype: DType, device: &Device) -> Result<Self> {
+    /// Mmaps the files of model `key` and reads their headers. Tensors are converted to
+    /// `dtype` on `device`.
+    pub fn open(key: &str, files: &[PathBuf], dtype: DType, device: &Device) -> Result<Self> {
         let mut index = HashMap::new();
         for f in files {
             let data = std::fs::File::open(f).map_err(|e| Error::file(f, e))?;
@@ -35,7 +36,7 @@ impl Checkpoint {
         }
         // SAFETY: as above; candle keeps the maps alive as long as `st`.
         let st = unsafe { MmapedSafetensors::multi(files) }.map_err(|e| Error::Load {
-            key: String::new(),
+            key: key.to_string(),
             reason: e.to_string(),
         })?;
         Ok(Self {

@@ -50,6 +50,13 @@ impl DemoPolicy {
         self
     }
 
+    /// Starts as if `step` steps were already taken (a stateless host replaying a
+    /// conversation asks for the action of its step `step` directly, in one act).
+    pub fn at_step(mut self, step: usize) -> Self {
+        self.step = step;
+        self
+    }
+
     fn finish_tool(&self) -> Option<&ToolDefinition> {
         self.tools.iter().find(|t| {
             let n = t.name().to_ascii_lowercase();

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 pub use demo::DemoPolicy;
 pub use format::{Message, ToolCall, ToolDefinition};
-pub use model::ModelPolicy;
+pub use model::{ModelPolicy, PolicyModel};
 
 use crate::error::Result;
 
@@ -132,6 +132,8 @@ pub struct EpisodeConfig {
     pub max_new_tokens: Option<usize>,
     /// Sampling temperature (`None`: the model's generation_config; `Some(0.0)`: greedy).
     pub temperature: Option<f32>,
+    /// Nucleus sampling mass (`None`: the model's generation_config).
+    pub top_p: Option<f32>,
     /// Sampling seed for reproducible episodes.
     pub seed: Option<u64>,
     /// How the prompt of each turn is built (see [`TranscriptMode`]).

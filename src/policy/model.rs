@@ -5,18 +5,35 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::TranscriptMode;
+use super::format::ChatTemplate;
 use super::format::{RenderOptions, parse_output};
 use super::{
     Action, EpisodeConfig, Message, Observation, Policy, Step, StepCost, assistant_message,
     push_observation,
 };
-use crate::engine::{GenerationRequest, SamplingParams};
+use crate::engine::{Engine, GenerationConfig, GenerationRequest, SamplingParams};
 use crate::error::Result;
-use crate::registry::LoadedModel;
+
+/// What a [`ModelPolicy`] needs of a loaded model: its engine, its own chat template, its
+/// sampling defaults and how it was trained to think. Cheap to clone; the registry builds one
+/// per loaded model (`From<Arc<LoadedModel>>`).
+#[derive(Debug, Clone)]
+pub struct PolicyModel {
+    /// The model's key.
+    pub key: String,
+    /// The shared engine.
+    pub engine: Engine,
+    /// The model's chat template.
+    pub template: ChatTemplate,
+    /// Its `generation_config.json` defaults.
+    pub generation: GenerationConfig,
+    /// `enable_thinking` as the model was trained.
+    pub enable_thinking: bool,
+}
 
 /// A policy over a loaded model; one per episode, all sharing the model's engine.
 pub struct ModelPolicy {
-    model: Arc<LoadedModel>,
+    model: Arc<PolicyModel>,
     episode: EpisodeConfig,
     transcript: Vec<Message>,
     last: Option<Action>,
@@ -30,7 +47,7 @@ pub struct ModelPolicy {
 impl std::fmt::Debug for ModelPolicy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ModelPolicy")
-            .field("model", &self.model.spec().key)
+            .field("model", &self.model.key)
             .field("steps", &self.steps)
             .finish()
     }
@@ -38,7 +55,8 @@ impl std::fmt::Debug for ModelPolicy {
 
 impl ModelPolicy {
     /// A fresh episode on `model`.
-    pub fn new(model: Arc<LoadedModel>, episode: EpisodeConfig) -> Result<Self> {
+    pub fn new(model: impl Into<PolicyModel>, episode: EpisodeConfig) -> Result<Self> {
+        let model = Arc::new(model.into());
         let mut transcript = Vec::new();
         if let Some(sys) = &episode.system_prompt {
             transcript.push(Message::system(sys.clone()));
@@ -75,24 +93,18 @@ impl ModelPolicy {
     /// The sampling this policy uses for step `step`: the episode's temperature, else the
     /// model's generation_config defaults (greedy when it does not sample).
     fn sampling(&self, step: u64) -> SamplingParams {
-        let g = self.model.generation_config();
-        let temperature = self.episode.temperature.unwrap_or(if g.do_sample {
-            g.temperature.unwrap_or(1.0)
-        } else {
-            0.0
-        });
-        SamplingParams {
-            temperature,
-            top_k: g.top_k,
-            top_p: g.top_p,
-            seed: self.seed.wrapping_add(step),
-        }
+        SamplingParams::resolve(
+            &self.model.generation,
+            self.episode.temperature,
+            self.episode.top_p,
+            self.seed.wrapping_add(step),
+        )
     }
 
     /// The prompt tokens of this turn: the rendered prompt tokenized (template mode), or the
     /// previous context plus the rendered tail after the last assistant turn (append-only).
     fn prompt_ids(&self, prompt: &str) -> Result<Vec<u32>> {
-        let engine = self.model.engine();
+        let engine = &self.model.engine;
         let Some(prev) = self
             .context_ids
             .as_ref()
@@ -127,9 +139,9 @@ impl ModelPolicy {
         let tools = (!self.episode.tools.is_empty()).then_some(self.episode.tools.as_slice());
         let opts = RenderOptions {
             add_generation_prompt: true,
-            enable_thinking: Some(self.model.spec().enable_thinking),
+            enable_thinking: Some(self.model.enable_thinking),
         };
-        self.model.template().render(&self.transcript, tools, opts)
+        self.model.template.render(&self.transcript, tools, opts)
     }
 }
 
@@ -138,7 +150,7 @@ impl Policy for ModelPolicy {
         let start = Instant::now();
         push_observation(&mut self.transcript, self.last.as_ref(), observation);
         let prompt = self.render()?;
-        let engine = self.model.engine();
+        let engine = &self.model.engine;
         let ids = self.prompt_ids(&prompt)?;
         let ids_for_context = ids.clone();
         let mut request = GenerationRequest::new(ids).sampling(self.sampling(self.steps));
@@ -173,6 +185,6 @@ impl Policy for ModelPolicy {
     }
 
     fn model_key(&self) -> &str {
-        &self.model.spec().key
+        &self.model.key
     }
 }

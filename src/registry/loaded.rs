@@ -6,8 +6,9 @@ use std::time::Instant;
 
 use tokenizers::Tokenizer;
 
-use super::source::{self, ModelFiles};
+use super::source;
 use super::spec::ModelSpec;
+use crate::engine::files::ModelFiles;
 use crate::engine::{Engine, EngineOptions, GenerationConfig, ModelConfig, config::token_ids};
 use crate::error::{Error, Result};
 use crate::policy::format::ChatTemplate;
@@ -150,4 +151,22 @@ fn eos_ids(
         new
     });
     ids
+}
+
+impl From<Arc<LoadedModel>> for crate::policy::PolicyModel {
+    fn from(m: Arc<LoadedModel>) -> Self {
+        Self::from(m.as_ref())
+    }
+}
+
+impl From<&LoadedModel> for crate::policy::PolicyModel {
+    fn from(m: &LoadedModel) -> Self {
+        Self {
+            key: m.spec.key.clone(),
+            engine: m.engine.clone(),
+            template: m.template.clone(),
+            generation: m.generation.clone(),
+            enable_thinking: m.spec.enable_thinking,
+        }
+    }
 }

@@ -14,8 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use once_cell::sync::OnceCell;
 
+pub use crate::engine::files::{ModelFiles, shard_names};
 pub use loaded::LoadedModel;
-pub use source::{ModelFiles, resolve as resolve_files, shard_names};
+pub use source::resolve as resolve_files;
 pub use spec::{ModelSource, ModelSpec};
 
 use crate::engine::EngineOptions;

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
+use policy_serve::testing::TensorRole;
 use serde_json::{Value, json};
 
 /// The repo's fixture directory.
@@ -64,61 +65,32 @@ impl Gauss {
     }
 }
 
-/// The tensors of a Qwen3 checkpoint for `cfg`, random with a fixed seed.
+/// The tensors of a Qwen3 checkpoint for `cfg`, random with a fixed seed: embedding N(0, 1),
+/// projections N(0, 1/fan_in), norms N(1, 0.1).
 pub fn random_tensors(cfg: &Value, seed: u64) -> HashMap<String, Tensor> {
     let mut r = Gauss(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let g = |k: &str| cfg[k].as_u64().unwrap() as usize;
-    let (v, h, i, l) = (
-        g("vocab_size"),
-        g("hidden_size"),
-        g("intermediate_size"),
-        g("num_hidden_layers"),
-    );
-    let (nh, nkv, hd) = (
-        g("num_attention_heads"),
-        g("num_key_value_heads"),
-        g("head_dim"),
-    );
-    let mut t = HashMap::new();
-    t.insert(
-        "model.embed_tokens.weight".into(),
-        r.tensor((v, h), 0.0, 1.0),
-    );
-    for li in 0..l {
-        let p = format!("model.layers.{li}");
-        let s = 1.0 / (h as f64).sqrt();
-        t.insert(
-            format!("{p}.self_attn.q_proj.weight"),
-            r.tensor((nh * hd, h), 0.0, s),
-        );
-        t.insert(
-            format!("{p}.self_attn.k_proj.weight"),
-            r.tensor((nkv * hd, h), 0.0, s),
-        );
-        t.insert(
-            format!("{p}.self_attn.v_proj.weight"),
-            r.tensor((nkv * hd, h), 0.0, s),
-        );
-        t.insert(
-            format!("{p}.self_attn.o_proj.weight"),
-            r.tensor((h, nh * hd), 0.0, 1.0 / ((nh * hd) as f64).sqrt()),
-        );
-        t.insert(format!("{p}.self_attn.q_norm.weight"), r.norm(hd));
-        t.insert(format!("{p}.self_attn.k_norm.weight"), r.norm(hd));
-        t.insert(
-            format!("{p}.mlp.gate_proj.weight"),
-            r.tensor((i, h), 0.0, s),
-        );
-        t.insert(format!("{p}.mlp.up_proj.weight"), r.tensor((i, h), 0.0, s));
-        t.insert(
-            format!("{p}.mlp.down_proj.weight"),
-            r.tensor((h, i), 0.0, 1.0 / (i as f64).sqrt()),
-        );
-        t.insert(format!("{p}.input_layernorm.weight"), r.norm(h));
-        t.insert(format!("{p}.post_attention_layernorm.weight"), r.norm(h));
-    }
-    t.insert("model.norm.weight".into(), r.norm(h));
-    t
+    let mcfg: policy_serve::engine::ModelConfig =
+        serde_json::from_value(cfg.clone()).expect("a Qwen3 config");
+    policy_serve::testing::qwen3_tensor_specs(&mcfg)
+        .into_iter()
+        .map(|t| {
+            let tensor = match t.role {
+                TensorRole::Embedding => r.tensor((t.shape[0], t.shape[1]), 0.0, 1.0),
+                TensorRole::Matrix => r.tensor(
+                    (t.shape[0], t.shape[1]),
+                    0.0,
+                    1.0 / (t.shape[1] as f64).sqrt(),
+                ),
+                TensorRole::Norm => r.norm(t.shape[0]),
+            };
+            (t.name, tensor)
+        })
+        .collect()
+}
+
+/// A deterministic synthetic prompt (see `policy_serve::testing::synthetic_prompt`).
+pub fn prompt(n: usize, salt: u32) -> Vec<u32> {
+    policy_serve::testing::synthetic_prompt(n, salt as usize)
 }
 
 /// Writes a tiny random Qwen3 model directory: config.json, model.safetensors, the Qwen3

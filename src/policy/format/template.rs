@@ -93,7 +93,7 @@ impl ChatTemplate {
 
     /// Reads the template of a model directory as HF does: `chat_template.jinja` if present,
     /// else `chat_template` of `tokenizer_config.json` (a string, or a list of named templates
-    /// of which `tool_use` is taken when `prefer_tool_use`, else `default`).
+    /// of which `tool_use` is taken when present, else `default`, else the first).
     pub fn from_model_dir(dir: &Path) -> Result<Self> {
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: Value = read_json(&cfg_path)?;

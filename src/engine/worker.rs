@@ -9,16 +9,14 @@
 
 use std::sync::Arc;
 
-use candle_core::DType;
-
-use super::comm::{CommBackend, RankSettings, WorkerCommand};
+use super::comm::{CommBackend, RankSettings, WorkerCommand, agree};
 use super::config::ModelConfig;
-use super::qwen3::{LogitRows, PagedKvCache, Qwen3, SeqInput, Shard};
-use super::scheduler::{agree, rank_settings};
-use super::weights::Checkpoint;
+use super::files::ModelFiles;
+use super::kv_cache::PagedKvCache;
+use super::loader::load_shard;
+use super::qwen3::{LogitRows, SeqInput, Shard};
 use super::{EngineOptions, device};
 use crate::error::{Error, Result};
-use crate::registry::ModelFiles;
 
 /// A hook that makes a worker fail chosen commands (fault-injection tests).
 pub type FailHook = Arc<dyn Fn(&WorkerCommand) -> bool + Send + Sync>;
@@ -26,7 +24,7 @@ pub type FailHook = Arc<dyn Fn(&WorkerCommand) -> bool + Send + Sync>;
 /// How a worker runs.
 #[derive(Clone, Default)]
 pub struct WorkerOptions {
-    /// Device, dtype, block size, speculative tokens: as on the head.
+    /// Device, dtype, block size: as on the head.
     pub engine: EngineOptions,
     /// Fault injection: commands for which this returns true fail on this worker.
     pub fail_command: Option<FailHook>,
@@ -68,12 +66,17 @@ pub fn run_worker(
     let opts = &options.engine;
     let device = device::select(opts.device)?;
     let cfg = ModelConfig::from_file(&files.config)?;
-    let probe = Checkpoint::open(&files.weights, DType::F32, &device)?;
-    let dtype = opts.dtype.resolve(&device, probe.stored_dtype());
-    drop(probe);
-    let ck = Checkpoint::open(&files.weights, dtype, &device)?;
-    let model = Qwen3::load(&cfg, &ck, dtype, &device, Shard { rank, world }, || {})?;
-    drop(ck);
+    let key = format!("rank {rank}");
+    let model = load_shard(
+        &key,
+        &cfg,
+        &files.weights,
+        opts.dtype,
+        &device,
+        Shard { rank, world },
+        || {},
+    )?;
+    let dtype = model.dtype();
     tracing::info!(rank, world, "worker loaded its shard; waiting for the head");
 
     let head = match comm.recv_command()? {
@@ -84,7 +87,7 @@ pub fn run_worker(
             return Err(Error::Engine(msg));
         }
     };
-    let mine: RankSettings = rank_settings(&cfg, opts, dtype, head.num_blocks);
+    let mine = RankSettings::new(&cfg, opts, dtype, head.num_blocks);
     if let Err(e) = mine.check_against_head(&head) {
         let _ = comm.ack(Err(e.to_string()));
         tracing::error!(rank, error = %e, "refusing to start");

@@ -1,0 +1,67 @@
+//! Builds the engine's own CUDA kernels (`kernels/*.cu`) when the `cuda` feature is on: nvcc
+//! compiles each file to a fatbin holding machine code for sm_80 (A100) and sm_90 (H100/H200)
+//! plus PTX for newer GPUs; the fatbins are embedded in the binary (`include_bytes!`) and
+//! loaded from memory at run time, so a supported GPU runs them with no JIT.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const KERNELS: &[&str] = &["attention", "layer_ops"];
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    for k in KERNELS {
+        println!("cargo:rerun-if-changed=kernels/{k}.cu");
+    }
+    println!("cargo:rerun-if-env-changed=CUDA_ROOT");
+    println!("cargo:rerun-if-env-changed=NVCC");
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
+        return;
+    }
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let nvcc = find_nvcc().unwrap_or_else(|| {
+        panic!(
+            "the `cuda` feature needs nvcc from the CUDA 13.0 toolkit, and none was found \
+             (looked at $NVCC, $CUDA_ROOT/bin/nvcc, $CUDA_PATH/bin/nvcc and PATH). Install it \
+             with `bash ../shared/cuda/install-toolkit.sh && source ../shared/cuda/env.sh`, \
+             or build without `--features cuda`."
+        )
+    });
+    for k in KERNELS {
+        let src = Path::new("kernels").join(format!("{k}.cu"));
+        let dst = out.join(format!("{k}.fatbin"));
+        let status = Command::new(&nvcc)
+            .args(["-O3", "-std=c++17", "-fatbin", "-lineinfo"])
+            .args(["-gencode", "arch=compute_80,code=sm_80"])
+            .args(["-gencode", "arch=compute_90,code=sm_90"])
+            .args(["-gencode", "arch=compute_90,code=compute_90"])
+            .arg("-o")
+            .arg(&dst)
+            .arg(&src)
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
+        assert!(
+            status.success(),
+            "nvcc failed on {} (see the errors above)",
+            src.display()
+        );
+    }
+}
+
+fn find_nvcc() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("NVCC") {
+        return Some(p.into());
+    }
+    for var in ["CUDA_ROOT", "CUDA_PATH", "CUDA_HOME"] {
+        if let Some(root) = std::env::var_os(var) {
+            let p = Path::new(&root).join("bin/nvcc");
+            if p.is_file() {
+                return Some(p);
+            }
+        }
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("nvcc"))
+        .find(|p| p.is_file())
+}

@@ -1,0 +1,438 @@
+//! On the GPU: every kernel of `kernels/` against a candle reference on random inputs of many
+//! shapes, then the whole model (kernels vs the candle path, same weights), then greedy tokens
+//! of two engines (kernels vs candle path) over 64 steps for 8 ragged prompts. Prints a table
+//! of max relative errors (max |ours - ref| / max |ref|) and exits non-zero on a failure.
+//!
+//!     cargo build --release --features cuda --example kernel_check
+//!     .gpu/bench --write-model /tmp/m && .gpu/kernel_check --model-dir /tmp/m
+
+use std::path::PathBuf;
+
+use candle_core::{D, DType, Device, IndexOp, Tensor};
+use clap::Parser;
+use policy_serve::engine::cuda::CudaKernels;
+use policy_serve::engine::kv_cache::PagedKvCache;
+use policy_serve::engine::loader::load_shard;
+use policy_serve::engine::qwen3::{LogitRows, SeqInput, Shard};
+use policy_serve::engine::{DTypeChoice, DeviceChoice, ModelConfig, select_device};
+use policy_serve::testing::synthetic_prompt;
+use policy_serve::{EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+#[derive(Parser)]
+struct Args {
+    /// A model directory (written by `bench --write-model`) for the model-level checks.
+    #[arg(long)]
+    model_dir: PathBuf,
+}
+
+struct Table {
+    rows: Vec<(String, f32, f32)>,
+}
+
+impl Table {
+    fn check(&mut self, name: String, err: f32, tol: f32) {
+        let ok = err.is_finite() && err <= tol;
+        println!(
+            "{:<60} rel_err {err:>9.2e} (tol {tol:.0e}) {}",
+            name,
+            if ok { "ok" } else { "FAIL" }
+        );
+        self.rows.push((name, err, tol));
+    }
+}
+
+fn rel(a: &Tensor, b: &Tensor) -> Res<f32> {
+    let a = a.to_dtype(DType::F32)?.flatten_all()?;
+    let b = b.to_dtype(DType::F32)?.flatten_all()?;
+    let d = (a - &b)?.abs()?.max(0)?.to_scalar::<f32>()?;
+    let s = b.abs()?.max(0)?.to_scalar::<f32>()?;
+    Ok(d / s.max(1e-6))
+}
+
+fn randn(shape: &[usize], dt: DType, dev: &Device) -> Res<Tensor> {
+    Ok(Tensor::randn(0f32, 1.0, shape, dev)?.to_dtype(dt)?)
+}
+
+fn tol(dt: DType) -> f32 {
+    if dt == DType::F32 { 1e-4 } else { 2e-2 }
+}
+
+fn op_checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
+    let k = CudaKernels::new(dev, dt)?.ok_or("no kernels")?;
+    for &(rows, n) in &[(1usize, 1024usize), (7, 2048), (300, 1024)] {
+        let (x, r) = (randn(&[rows, n], dt, dev)?, randn(&[rows, n], dt, dev)?);
+        let w = (randn(&[n], dt, dev)? * 0.1 + 1.0)?.to_dtype(dt)?;
+        let (out, res) = k.add_rmsnorm(Some(&x), &r, &w, 1e-6)?;
+        let s = (&r + &x)?;
+        let reference =
+            candle_nn::ops::rms_norm(&s.to_dtype(DType::F32)?, &w.to_dtype(DType::F32)?, 1e-6)?;
+        t.check(
+            format!("add_rmsnorm {dt:?} rows {rows} n {n} (sum)"),
+            rel(&res, &s)?,
+            tol(dt),
+        );
+        t.check(
+            format!("add_rmsnorm {dt:?} rows {rows} n {n} (norm)"),
+            rel(&out, &reference)?,
+            tol(dt),
+        );
+    }
+    for &(rows, inter) in &[(1usize, 3072usize), (64, 3072), (513, 6144)] {
+        let gu = randn(&[rows, 2 * inter], dt, dev)?;
+        let out = k.silu_mul(&gu)?;
+        let g = gu.narrow(1, 0, inter)?.to_dtype(DType::F32)?;
+        let u = gu.narrow(1, inter, inter)?.to_dtype(DType::F32)?;
+        let reference = (candle_nn::ops::silu(&g)? * u)?;
+        t.check(
+            format!("silu_mul {dt:?} rows {rows} inter {inter}"),
+            rel(&out, &reference)?,
+            tol(dt),
+        );
+    }
+    for &rows in &[1usize, 64, 256] {
+        let l = randn(&[rows, 151_936], DType::F32, dev)?;
+        let ours: Vec<u32> = k.argmax(&l)?.to_vec1()?;
+        let theirs: Vec<u32> = l.argmax(D::Minus1)?.to_vec1()?;
+        let wrong = ours.iter().zip(&theirs).filter(|(a, b)| a != b).count();
+        t.check(
+            format!("argmax f32 rows {rows} x 151936 (rows wrong)"),
+            wrong as f32,
+            0.0,
+        );
+    }
+    qk_rope_checks(&k, dev, dt, t)?;
+    for &(nh, nkv) in &[(16usize, 8usize), (32, 8), (16, 16), (8, 1)] {
+        for (b, max_ctx, name) in [
+            (1usize, 1usize, "ctx 1"),
+            (1, 17, "ctx 17"),
+            (1, 8000, "ctx 8000 (many splits)"),
+            (3, 48, "block boundaries"),
+            (8, 600, "ragged"),
+            (64, 1024, "ragged"),
+            (256, 600, "ragged"),
+        ] {
+            if (nh, nkv) != (16, 8) && b > 8 {
+                continue;
+            }
+            let e = decode_check(&k, dev, dt, b, max_ctx, nh, nkv)?;
+            t.check(
+                format!("paged_decode {dt:?} B {b} {name} nh {nh} nkv {nkv}"),
+                e,
+                tol(dt),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn qk_rope_checks(k: &CudaKernels, dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
+    let (nh, nkv, hd, theta) = (16usize, 8usize, 128usize, 1_000_000f64);
+    let inv: Vec<f32> = (0..hd)
+        .step_by(2)
+        .map(|i| 1f32 / theta.powf(i as f64 / hd as f64) as f32)
+        .collect();
+    let inv_t = Tensor::new(inv.as_slice(), dev)?;
+    for &tokens in &[1usize, 17, 512] {
+        let slots_total = 4096;
+        let qkv = randn(&[tokens, (nh + 2 * nkv) * hd], dt, dev)?;
+        let qw = (randn(&[hd], dt, dev)? * 0.1 + 1.0)?.to_dtype(dt)?;
+        let kw = (randn(&[hd], dt, dev)? * 0.1 + 1.0)?.to_dtype(dt)?;
+        let positions: Vec<u32> = (0..tokens as u32).map(|i| (i * 37 + 5) % 8000).collect();
+        let slots: Vec<u32> = (0..tokens as u32)
+            .map(|i| (i * 7 + 3) % slots_total as u32)
+            .collect();
+        let kc = Tensor::zeros((nkv, slots_total, hd), dt, dev)?;
+        let vc = Tensor::zeros((nkv, slots_total, hd), dt, dev)?;
+        let q = k.qk_norm_rope_kv_write(
+            &qkv,
+            &qw,
+            &kw,
+            &inv_t,
+            &Tensor::new(positions.as_slice(), dev)?,
+            &Tensor::new(slots.as_slice(), dev)?,
+            &kc,
+            &vc,
+            (nh, nkv, hd),
+            1e-6,
+        )?;
+        // Reference in f32: rms_norm, then rotate-half RoPE with f32 cos/sin.
+        let f = |x: &Tensor| x.to_dtype(DType::F32);
+        let pos_f: Vec<f32> = positions.iter().map(|&p| p as f32).collect();
+        let freqs = Tensor::new(pos_f.as_slice(), dev)?
+            .reshape((tokens, 1))?
+            .matmul(&inv_t.reshape((1, hd / 2))?)?;
+        let (cos, sin) = (freqs.cos()?, freqs.sin()?);
+        let rope = |x: &Tensor, heads: usize, w: &Tensor| -> Res<Tensor> {
+            let x = candle_nn::ops::rms_norm(
+                &x.reshape((tokens, heads, hd))?.contiguous()?,
+                &f(w)?,
+                1e-6,
+            )?;
+            Ok(candle_nn::rotary_emb::rope(
+                &x.unsqueeze(2)?.contiguous()?,
+                &cos.unsqueeze(1)?.contiguous()?,
+                &sin.unsqueeze(1)?.contiguous()?,
+            )?
+            .squeeze(2)?)
+        };
+        let qkv32 = f(&qkv)?;
+        let q_ref = rope(&qkv32.narrow(1, 0, nh * hd)?, nh, &qw)?;
+        let k_ref = rope(&qkv32.narrow(1, nh * hd, nkv * hd)?, nkv, &kw)?;
+        let v_ref = qkv32
+            .narrow(1, (nh + nkv) * hd, nkv * hd)?
+            .reshape((tokens, nkv, hd))?;
+        let idx = Tensor::new(slots.as_slice(), dev)?;
+        let k_got = kc.index_select(&idx, 1)?.transpose(0, 1)?;
+        let v_got = vc.index_select(&idx, 1)?.transpose(0, 1)?;
+        t.check(
+            format!("qk_norm_rope {dt:?} T {tokens} (q)"),
+            rel(&q, &q_ref)?,
+            tol(dt),
+        );
+        t.check(
+            format!("qk_norm_rope {dt:?} T {tokens} (k in cache)"),
+            rel(&k_got, &k_ref)?,
+            tol(dt),
+        );
+        t.check(
+            format!("qk_norm_rope {dt:?} T {tokens} (v in cache)"),
+            rel(&v_got, &v_ref)?,
+            0.0,
+        );
+    }
+    Ok(())
+}
+
+/// Ragged contexts in [1, max_ctx] (the first sequence gets max_ctx), shuffled blocks.
+fn decode_check(
+    k: &CudaKernels,
+    dev: &Device,
+    dt: DType,
+    b: usize,
+    max_ctx: usize,
+    nh: usize,
+    nkv: usize,
+) -> Res<f32> {
+    let (hd, bs) = (128usize, 16usize);
+    let ctx: Vec<usize> = (0..b)
+        .map(|i| {
+            if i == 0 {
+                max_ctx
+            } else {
+                1 + (i * 7919 + 13) % max_ctx
+            }
+        })
+        .collect();
+    let need: Vec<usize> = ctx.iter().map(|c| c.div_ceil(bs)).collect();
+    let total: usize = need.iter().sum::<usize>() + 3;
+    // A permutation of the blocks (a multiplicative walk), so tables are not contiguous.
+    let perm: Vec<u32> = (0..total).map(|i| ((i * 7 + 1) % total) as u32).collect();
+    let mut tables = Vec::new();
+    let mut next = 0;
+    for n in &need {
+        tables.push(perm[next..next + n].to_vec());
+        next += n;
+    }
+    let w = need.iter().copied().max().unwrap_or(1);
+    let mut flat = Vec::new();
+    for tb in &tables {
+        flat.extend_from_slice(tb);
+        flat.extend(std::iter::repeat_n(0u32, w - tb.len()));
+    }
+    let kc = randn(&[nkv, total * bs, hd], dt, dev)?;
+    let vc = randn(&[nkv, total * bs, hd], dt, dev)?;
+    let q = (randn(&[b, nh, hd], dt, dev)? * (1.0 / (hd as f64).sqrt()))?.to_dtype(dt)?;
+    let ctx_u: Vec<u32> = ctx.iter().map(|&c| c as u32).collect();
+    let out = k.paged_decode(
+        &q,
+        &kc,
+        &vc,
+        &Tensor::from_vec(flat, (b, w), dev)?,
+        &Tensor::new(ctx_u.as_slice(), dev)?,
+        bs,
+    )?;
+    let g = nh / nkv;
+    let mut worst = 0f32;
+    for i in 0..b {
+        let slots: Vec<u32> = (0..ctx[i])
+            .map(|p| tables[i][p / bs] * bs as u32 + (p % bs) as u32)
+            .collect();
+        let idx = Tensor::new(slots.as_slice(), dev)?;
+        let kk = kc.index_select(&idx, 1)?.to_dtype(DType::F32)?; // [nkv, c, hd]
+        let vv = vc.index_select(&idx, 1)?.to_dtype(DType::F32)?;
+        let qi = q.i(i)?.to_dtype(DType::F32)?.reshape((nkv, g, hd))?;
+        let p = candle_nn::ops::softmax_last_dim(&qi.matmul(&kk.transpose(1, 2)?)?)?;
+        let o = p.matmul(&vv)?.reshape(nh * hd)?;
+        worst = worst.max(rel(&out.i(i)?, &o)?);
+    }
+    Ok(worst)
+}
+
+/// The whole model with kernels vs the candle path on the same weights: a 300-token prefill,
+/// a 200-token chunk over that cached prefix, then one decode step of 8 ragged sequences.
+fn model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
+    let cfg = ModelConfig::from_file(&a.model_dir.join("config.json"))?;
+    let weights = [a.model_dir.join("model.safetensors")];
+    let choice = if dt == DType::F32 {
+        DTypeChoice::F32
+    } else {
+        DTypeChoice::BF16
+    };
+    let fast = load_shard("check", &cfg, &weights, choice, dev, Shard::FULL, || {})?;
+    if !fast.uses_kernels() {
+        return Err("the model did not load its kernels".into());
+    }
+    let mut slow = load_shard("check", &cfg, &weights, choice, dev, Shard::FULL, || {})?;
+    slow.disable_kernels();
+    let bs = 16;
+    let caches = [
+        PagedKvCache::new(&cfg, fast.local_kv_heads(), 512, bs, dt, dev)?,
+        PagedKvCache::new(&cfg, slow.local_kv_heads(), 512, bs, dt, dev)?,
+    ];
+    let table: Vec<u32> = (0..40).map(|i| (i * 3 + 1) as u32).collect();
+    let prompt = synthetic_prompt(500, 1);
+    let mut logits = Vec::new();
+    for (m, c) in [(&fast, &caches[0]), (&slow, &caches[1])] {
+        let first = [SeqInput {
+            q_len: 300,
+            context_len: 300,
+            block_table: &table,
+            logits: LogitRows::All,
+        }];
+        let l1 = m
+            .forward(&prompt[..300], &first, c, None)?
+            .ok_or("logits")?;
+        let second = [SeqInput {
+            q_len: 200,
+            context_len: 500,
+            block_table: &table,
+            logits: LogitRows::All,
+        }];
+        let l2 = m
+            .forward(&prompt[300..], &second, c, None)?
+            .ok_or("logits")?;
+        // 8 ragged decode sequences (prompts written first), then one decode step.
+        let mut tables = Vec::new();
+        for i in 0..8usize {
+            tables.push(
+                (0..20u32)
+                    .map(|j| 200 + (i as u32) * 20 + j)
+                    .collect::<Vec<u32>>(),
+            );
+        }
+        let lens: Vec<usize> = (0..8).map(|i| 10 + i * 37).collect();
+        for i in 0..8 {
+            let p = synthetic_prompt(lens[i], 10 + i);
+            let s = [SeqInput {
+                q_len: lens[i],
+                context_len: lens[i],
+                block_table: &tables[i],
+                logits: LogitRows::None,
+            }];
+            m.forward(&p, &s, c, None)?;
+        }
+        let seqs: Vec<SeqInput<'_>> = (0..8)
+            .map(|i| SeqInput {
+                q_len: 1,
+                context_len: lens[i] + 1,
+                block_table: &tables[i],
+                logits: LogitRows::Last,
+            })
+            .collect();
+        let toks: Vec<u32> = (0..8).map(|i| 1000 + i as u32).collect();
+        let l3 = m.forward(&toks, &seqs, c, None)?.ok_or("logits")?;
+        logits.push((l1, l2, l3));
+    }
+    let tl = if dt == DType::F32 { 1e-4 } else { 3e-2 };
+    t.check(
+        format!("model {dt:?}: prefill 300 (all rows)"),
+        rel(&logits[0].0, &logits[1].0)?,
+        tl,
+    );
+    t.check(
+        format!("model {dt:?}: chunk 200 over cached 300"),
+        rel(&logits[0].1, &logits[1].1)?,
+        tl,
+    );
+    t.check(
+        format!("model {dt:?}: decode 8 ragged"),
+        rel(&logits[0].2, &logits[1].2)?,
+        tl,
+    );
+    Ok(())
+}
+
+/// Greedy tokens of two engines (kernels, candle path) for 8 ragged prompts over 64 steps.
+fn greedy_check(a: &Args, t: &mut Table) -> Res<()> {
+    let opts = EngineOptions {
+        device: DeviceChoice::Cuda(0),
+        dtype: DTypeChoice::BF16,
+        ..EngineOptions::default()
+    };
+    let run = |kernels: bool| -> Res<Vec<Vec<u32>>> {
+        // SAFETY: set before the engine (and its threads) starts; nothing else reads it now.
+        unsafe { std::env::set_var("POLICY_SERVE_KERNELS", if kernels { "1" } else { "0" }) };
+        let r = ModelRegistry::new(vec![ModelSpec::local("m", "m", &a.model_dir)])?
+            .with_options(opts.clone());
+        let e = r.model("m")?.engine().clone();
+        let pending: Vec<_> = (0..8)
+            .map(|i| {
+                let mut req = GenerationRequest::new(synthetic_prompt(20 + i * 61, 500 + i))
+                    .max_new_tokens(64);
+                req.ignore_eos = true;
+                e.submit(req)
+            })
+            .collect();
+        Ok(pending
+            .into_iter()
+            .map(|p| p.wait().map(|g| g.tokens))
+            .collect::<Result<_, _>>()?)
+    };
+    let fast = run(true)?;
+    let slow = run(false)?;
+    let mut min_equal = 64usize;
+    for (i, (f, s)) in fast.iter().zip(&slow).enumerate() {
+        let eq = f.iter().zip(s).take_while(|(x, y)| x == y).count();
+        println!("greedy seq {i}: {eq} of 64 tokens equal before the first divergence");
+        min_equal = min_equal.min(eq);
+    }
+    // bf16 rounding may make greedy paths diverge; the bar is 32 equal tokens first.
+    t.check(
+        "greedy 8 ragged x 64: fewest equal leading tokens < 32 ?".into(),
+        if min_equal >= 32 { 0.0 } else { 1.0 },
+        0.0,
+    );
+    Ok(())
+}
+
+fn main() -> Res<()> {
+    policy_serve::init_logging("warn");
+    let a = Args::parse();
+    let dev = select_device(DeviceChoice::Cuda(0))?;
+    let mut t = Table { rows: Vec::new() };
+    for dt in [DType::BF16, DType::F32] {
+        op_checks(&dev, dt, &mut t)?;
+        model_checks(&a, &dev, dt, &mut t)?;
+    }
+    greedy_check(&a, &mut t)?;
+    let failed: Vec<_> = t
+        .rows
+        .iter()
+        .filter(|(_, e, tl)| !(e.is_finite() && e <= tl))
+        .collect();
+    println!(
+        "kernel-check: {} checks, {} failed",
+        t.rows.len(),
+        failed.len()
+    );
+    for (n, e, tl) in &failed {
+        println!("FAILED {n}: {e:.3e} > {tl:.0e}");
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err("kernel checks failed".into())
+    }
+}

@@ -1,0 +1,184 @@
+// Paged attention for decode steps (one query token per sequence), flash-decoding style.
+//
+// q [B, nh, hd] (already scaled by 1/sqrt(hd)); the K/V caches are head-major
+// [nkv, num_slots, hd]; sequence b's token p sits in slot
+// block_tables[b * W + p / block_size] * block_size + p % block_size.
+//
+// Grid (B, nkv, splits): a block takes one sequence, one KV head and one partition of PART
+// context tokens, and serves every query head of that KV head's group (GQA: each K/V row is
+// read once for the G query heads). Inside, each half-warp takes one token at a time (a lane
+// holds 8 of the 128 dims, a 16-byte load), with an online softmax in f32 per query head;
+// the 8 half-warps are merged through shared memory. With one partition the block writes the
+// output; otherwise it writes its max, sum and unnormalized accumulator and a second kernel
+// merges the partitions. The number of partitions follows the block-table width, not the
+// context lengths, so the launch shape is fixed for a fixed table width (graph capture).
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int HD = 128;
+constexpr int LANES = 16;          // lanes per token
+constexpr int PER = HD / LANES;    // dims per lane (8)
+constexpr int THREADS = 128;
+constexpr int GROUPS = THREADS / LANES;  // half-warps per block (8)
+
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float* out) {
+  uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 f = __bfloat1622float2(h[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ void load8(const float* p, float* out) {
+  float4 a = reinterpret_cast<const float4*>(p)[0];
+  float4 b = reinterpret_cast<const float4*>(p)[1];
+  out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+  out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+}
+
+template <typename T, int G>
+__device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ k_cache,
+                             const T* __restrict__ v_cache,
+                             const uint32_t* __restrict__ block_tables,
+                             const uint32_t* __restrict__ ctx_lens, T* __restrict__ out,
+                             float* __restrict__ part_acc, float* __restrict__ part_ml, int W,
+                             int block_size, long long num_slots, int nkv, int part) {
+  const int b = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  const int nh = nkv * G;
+  const int ctx = (int)ctx_lens[b];
+  const int start = split * part;
+  const int end = min(ctx, start + part);
+  const int grp = threadIdx.x / LANES, lane = threadIdx.x % LANES;
+
+  float qv[G][PER];
+#pragma unroll
+  for (int g = 0; g < G; ++g) load8(q + ((size_t)b * nh + kh * G + g) * HD + lane * PER, qv[g]);
+
+  float m[G], l[G], acc[G][PER];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) acc[g][i] = 0.f;
+  }
+  const uint32_t* table = block_tables + (size_t)b * W;
+  const size_t head_base = (size_t)kh * num_slots;
+  for (int p = start + grp; p < end; p += GROUPS) {
+    size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
+    size_t off = (head_base + slot) * HD + lane * PER;
+    float kv[PER];
+    load8(k_cache + off, kv);
+    float s[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float d = 0.f;
+#pragma unroll
+      for (int i = 0; i < PER; ++i) d += qv[g][i] * kv[i];
+#pragma unroll
+      for (int o = LANES / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o, LANES);
+      s[g] = d;
+    }
+    load8(v_cache + off, kv);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float mn = fmaxf(m[g], s[g]);
+      float scale = __expf(m[g] - mn);
+      float e = __expf(s[g] - mn);
+      l[g] = l[g] * scale + e;
+#pragma unroll
+      for (int i = 0; i < PER; ++i) acc[g][i] = acc[g][i] * scale + e * kv[i];
+      m[g] = mn;
+    }
+  }
+
+  // Merge the half-warps: [GROUPS][G] max/sum, [GROUPS][G][HD] accumulators.
+  __shared__ float sm[GROUPS][G], sl[GROUPS][G];
+  __shared__ float sacc[GROUPS][G][HD];
+  if (lane == 0) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) { sm[grp][g] = m[g]; sl[grp][g] = l[g]; }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int i = 0; i < PER; ++i) sacc[grp][g][lane * PER + i] = acc[g][i];
+  __syncthreads();
+  // Thread t merges dim t % HD of head t / HD (G * HD outputs, THREADS threads).
+  for (int idx = threadIdx.x; idx < G * HD; idx += THREADS) {
+    int g = idx / HD, d = idx % HD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < GROUPS; ++k) M = fmaxf(M, sm[k][g]);
+    float L = 0.f, A = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int k = 0; k < GROUPS; ++k) {
+        float w = __expf(sm[k][g] - M);
+        L += sl[k][g] * w;
+        A += sacc[k][g][d] * w;
+      }
+    }
+    int h = kh * G + g;
+    if (splits == 1) {
+      T* o = out + ((size_t)b * nh + h) * HD + d;
+      float v = L > 0.f ? A / L : 0.f;
+      *o = (T)v;
+    } else {
+      size_t pi = ((size_t)b * nh + h) * splits + split;
+      part_acc[pi * HD + d] = A;
+      if (d == 0) { part_ml[pi * 2] = M; part_ml[pi * 2 + 1] = L; }
+    }
+  }
+}
+
+// Merges the partitions of paged_decode: grid (B, nh), HD threads.
+template <typename T>
+__device__ void paged_decode_reduce(const float* __restrict__ part_acc,
+                                    const float* __restrict__ part_ml, T* __restrict__ out,
+                                    int splits) {
+  const int b = blockIdx.x, h = blockIdx.y, nh = gridDim.y, d = threadIdx.x;
+  size_t base = ((size_t)b * nh + h) * splits;
+  float M = -INFINITY;
+  for (int s = 0; s < splits; ++s) M = fmaxf(M, part_ml[(base + s) * 2]);
+  float L = 0.f, A = 0.f;
+  if (M != -INFINITY) {
+    for (int s = 0; s < splits; ++s) {
+      float w = __expf(part_ml[(base + s) * 2] - M);
+      L += part_ml[(base + s) * 2 + 1] * w;
+      A += part_acc[(base + s) * HD + d] * w;
+    }
+  }
+  out[((size_t)b * nh + h) * HD + d] = (T)(L > 0.f ? A / L : 0.f);
+}
+
+}  // namespace
+
+#define PS_DECODE(T, NAME, G)                                                                    \
+  extern "C" __global__ void __launch_bounds__(THREADS) paged_decode_g##G##_##NAME(            \
+      const T* q, const T* k_cache, const T* v_cache, const uint32_t* block_tables,             \
+      const uint32_t* ctx_lens, T* out, float* part_acc, float* part_ml, int W, int block_size, \
+      long long num_slots, int nkv, int part) {                                                 \
+    paged_decode<T, G>(q, k_cache, v_cache, block_tables, ctx_lens, out, part_acc, part_ml, W,  \
+                       block_size, num_slots, nkv, part);                                       \
+  }
+
+#define PS_ATTENTION(T, NAME)                                                                    \
+  PS_DECODE(T, NAME, 1)                                                                          \
+  PS_DECODE(T, NAME, 2)                                                                          \
+  PS_DECODE(T, NAME, 4)                                                                          \
+  PS_DECODE(T, NAME, 8)                                                                          \
+  extern "C" __global__ void paged_decode_reduce_##NAME(const float* part_acc,                  \
+                                                        const float* part_ml, T* out,           \
+                                                        int splits) {                           \
+    paged_decode_reduce<T>(part_acc, part_ml, out, splits);                                     \
+  }
+
+PS_ATTENTION(__nv_bfloat16, bf16)
+PS_ATTENTION(float, f32)

@@ -1,0 +1,211 @@
+// Fused per-layer ops of the Qwen3 forward, for bf16 and f32 activations.
+//
+//  * add_rmsnorm:   residual += x (optional), out = rmsnorm(residual) * w      (one pass)
+//  * qk_norm_rope_kv_write: q/k RMSNorm, RoPE (rotate-half), q out, k/v into the paged cache
+//  * silu_mul:      out = silu(gate) * up over a [rows, 2I] gate|up matrix
+//  * argmax_rows:   index of the largest value of each row (greedy sampling on the device)
+//
+// Every reduction accumulates in f32. Each kernel reads only device memory it is given and
+// needs no host synchronization, so a decode forward built from them can be graph-captured.
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace {
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
+  return __float2bfloat16(x);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over a block of up to 1024 threads (every thread gets the result).
+__device__ float block_sum(float v) {
+  __shared__ float part[32];
+  __shared__ float total;
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    int nw = (blockDim.x + 31) >> 5;
+    float s = lane < nw ? part[lane] : 0.f;
+    s = warp_sum(s);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  return total;
+}
+
+// One block per row. If `add`, res_out[row] = res_in[row] + x[row] (rounded to T, as the
+// residual stream is stored), else the residual is res_in; then
+// out[row] = residual * rsqrt(mean(residual^2) + eps) * w.
+template <typename T>
+__device__ void add_rmsnorm(const T* __restrict__ x, const T* res_in, T* res_out,
+                            const T* __restrict__ w, T* __restrict__ out, int n, float eps,
+                            int add) {
+  size_t row = blockIdx.x;
+  const T* r = res_in + row * n;
+  const T* xr = x + row * n;
+  T* ro = res_out + row * n;
+  T* o = out + row * n;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    float v = to_f(r[i]);
+    if (add) {
+      T s = from_f<T>(v + to_f(xr[i]));
+      ro[i] = s;
+      v = to_f(s);
+    }
+    ss += v * v;
+  }
+  float inv = rsqrtf(block_sum(ss) / n + eps);
+  const T* rr = add ? ro : r;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    o[i] = from_f<T>(to_f(rr[i]) * inv * to_f(w[i]));
+  }
+}
+
+// One block per token, one warp per head: warps [0, nh) take the query heads, warps
+// [nh, nh + nkv) the key heads (and copy the value head). Lane l holds elements l + 32*j of
+// the head (head_dim = 32 * PER), so rotate-half pairs (i, i + hd/2) sit in one lane.
+// q is written [T, nh, hd]; k and v go to slot slots[t] of the head-major caches
+// [nkv, num_slots, hd]. cos/sin are computed in f32 from inv_freq [hd/2] and the position.
+template <typename T, int PER>
+__device__ void qk_norm_rope_kv_write(const T* __restrict__ qkv, const T* __restrict__ q_w,
+                                      const T* __restrict__ k_w, const float* __restrict__ inv_freq,
+                                      const uint32_t* __restrict__ positions,
+                                      const uint32_t* __restrict__ slots, T* __restrict__ q_out,
+                                      T* __restrict__ k_cache, T* __restrict__ v_cache, int nh,
+                                      int nkv, long long num_slots, float eps) {
+  constexpr int HD = 32 * PER;
+  int t = blockIdx.x;
+  int head = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (head >= nh + nkv) return;
+  const T* row = qkv + (size_t)t * (nh + 2 * nkv) * HD;
+  bool is_q = head < nh;
+  const T* src = row + (size_t)head * HD;  // q heads, then k heads
+  const T* w = is_q ? q_w : k_w;
+  float v[PER];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    v[j] = to_f(src[lane + 32 * j]);
+    ss += v[j] * v[j];
+  }
+  float inv = rsqrtf(warp_sum(ss) / HD + eps);
+#pragma unroll
+  for (int j = 0; j < PER; ++j) v[j] = v[j] * inv * to_f(w[lane + 32 * j]);
+  float pos = (float)positions[t];
+  float o[PER];
+#pragma unroll
+  for (int j = 0; j < PER / 2; ++j) {
+    int i = lane + 32 * j;  // i < hd/2; its partner is i + hd/2 = element j + PER/2
+    float s, c;
+    sincosf(pos * inv_freq[i], &s, &c);
+    float a = v[j], b = v[j + PER / 2];
+    o[j] = a * c - b * s;
+    o[j + PER / 2] = b * c + a * s;
+  }
+  if (is_q) {
+    T* dst = q_out + ((size_t)t * nh + head) * HD;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) dst[lane + 32 * j] = from_f<T>(o[j]);
+  } else {
+    int kh = head - nh;
+    size_t off = ((size_t)kh * num_slots + slots[t]) * HD;
+    const T* vsrc = row + (size_t)(nh + nkv + kh) * HD;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      k_cache[off + lane + 32 * j] = from_f<T>(o[j]);
+      v_cache[off + lane + 32 * j] = vsrc[lane + 32 * j];
+    }
+  }
+}
+
+template <typename T>
+__device__ void silu_mul(const T* __restrict__ gu, T* __restrict__ out, long long rows, int inter) {
+  long long n = rows * inter;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    long long r = i / inter;
+    int c = (int)(i - r * inter);
+    float g = to_f(gu[r * 2 * inter + c]);
+    float u = to_f(gu[r * 2 * inter + inter + c]);
+    out[i] = from_f<T>(g / (1.f + __expf(-g)) * u);
+  }
+}
+
+// One block per row; ties go to the lowest index (as torch and candle do).
+template <typename T>
+__device__ void argmax_rows(const T* __restrict__ x, uint32_t* __restrict__ out, int n) {
+  const T* r = x + (size_t)blockIdx.x * n;
+  float best = -INFINITY;
+  int idx = 0x7fffffff;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    float v = to_f(r[i]);
+    if (v > best) { best = v; idx = i; }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (ob > best || (ob == best && oi < idx)) { best = ob; idx = oi; }
+  }
+  __shared__ float sb[32];
+  __shared__ int si[32];
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) { sb[warp] = best; si[warp] = idx; }
+  __syncthreads();
+  if (warp == 0) {
+    int nw = blockDim.x >> 5;
+    best = lane < nw ? sb[lane] : -INFINITY;
+    idx = lane < nw ? si[lane] : 0x7fffffff;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+      if (ob > best || (ob == best && oi < idx)) { best = ob; idx = oi; }
+    }
+    if (lane == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
+  }
+}
+
+}  // namespace
+
+#define PS_LAYER_OPS(T, NAME)                                                                   \
+  extern "C" __global__ void add_rmsnorm_##NAME(const T* x, const T* res_in, T* res_out,      \
+                                                const T* w, T* out, int n, float eps, int add) { \
+    add_rmsnorm<T>(x, res_in, res_out, w, out, n, eps, add);                                    \
+  }                                                                                             \
+  extern "C" __global__ void qk_norm_rope_kv_write_hd128_##NAME(                                \
+      const T* qkv, const T* q_w, const T* k_w, const float* inv_freq, const uint32_t* pos,     \
+      const uint32_t* slots, T* q_out, T* k_cache, T* v_cache, int nh, int nkv,                 \
+      long long num_slots, float eps) {                                                         \
+    qk_norm_rope_kv_write<T, 4>(qkv, q_w, k_w, inv_freq, pos, slots, q_out, k_cache, v_cache,   \
+                                nh, nkv, num_slots, eps);                                       \
+  }                                                                                             \
+  extern "C" __global__ void qk_norm_rope_kv_write_hd64_##NAME(                                 \
+      const T* qkv, const T* q_w, const T* k_w, const float* inv_freq, const uint32_t* pos,     \
+      const uint32_t* slots, T* q_out, T* k_cache, T* v_cache, int nh, int nkv,                 \
+      long long num_slots, float eps) {                                                         \
+    qk_norm_rope_kv_write<T, 2>(qkv, q_w, k_w, inv_freq, pos, slots, q_out, k_cache, v_cache,   \
+                                nh, nkv, num_slots, eps);                                       \
+  }                                                                                             \
+  extern "C" __global__ void silu_mul_##NAME(const T* gu, T* out, long long rows, int inter) { \
+    silu_mul<T>(gu, out, rows, inter);                                                          \
+  }                                                                                             \
+  extern "C" __global__ void argmax_rows_##NAME(const T* x, uint32_t* out, int n) {            \
+    argmax_rows<T>(x, out, n);                                                                  \
+  }
+
+PS_LAYER_OPS(__nv_bfloat16, bf16)
+PS_LAYER_OPS(float, f32)

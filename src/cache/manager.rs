@@ -1,0 +1,207 @@
+//! `KvManager`: the one type the scheduler talks to about KV memory. It owns the block pool,
+//! the radix prefix cache (optional) and the swap accounting; it knows nothing of models,
+//! tensors or requests, so it is tested without a model.
+//!
+//! Invariants: every block a sequence holds is one pool reference, given back exactly once
+//! (`release`, `release_uncached` or `swap_out`); the radix tree holds its own references; a
+//! prefix lookup is counted in the cache statistics only when its request is admitted; swap
+//! bytes in use never exceed the budget.
+
+use serde::Serialize;
+
+use super::{BlockPool, CacheStats, RadixCache};
+
+/// What a sequence holds after admission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admitted {
+    /// Its blocks: the cached prefix's first, then fresh ones.
+    pub blocks: Vec<u32>,
+    /// Tokens whose KV is already in `blocks` (from the prefix cache).
+    pub cached_tokens: usize,
+    /// The pinned radix node of the cached prefix (give it back through `release`).
+    pub pin: Option<usize>,
+}
+
+/// Counters of the KV memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct KvStats {
+    /// Blocks in total.
+    pub blocks_total: usize,
+    /// Blocks free now.
+    pub blocks_free: usize,
+    /// The prefix cache's counters (None when it is off).
+    pub cache: Option<CacheStats>,
+    /// Host bytes holding swapped-out KV now.
+    pub swap_used_bytes: usize,
+}
+
+/// Block pool + prefix cache + swap accounting.
+#[derive(Debug)]
+pub struct KvManager {
+    pool: BlockPool,
+    radix: Option<RadixCache>,
+    block_size: usize,
+    block_bytes: usize,
+    swap_budget: usize,
+    swap_used: usize,
+}
+
+impl KvManager {
+    /// `num_blocks` blocks of `block_size` tokens, each `block_bytes` of KV; a prefix cache when
+    /// `prefix_cache`; up to `swap_budget` host bytes for swapped-out KV (0: no swap).
+    pub fn new(
+        num_blocks: usize,
+        block_size: usize,
+        block_bytes: usize,
+        prefix_cache: bool,
+        swap_budget: usize,
+    ) -> Self {
+        let block_size = block_size.max(1);
+        Self {
+            pool: BlockPool::new(num_blocks),
+            radix: prefix_cache.then(|| RadixCache::new(block_size)),
+            block_size,
+            block_bytes,
+            swap_budget,
+            swap_used: 0,
+        }
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Blocks in total.
+    pub fn capacity(&self) -> usize {
+        self.pool.capacity()
+    }
+
+    /// Blocks free now (cached-but-unpinned blocks are not free until evicted).
+    pub fn num_free(&self) -> usize {
+        self.pool.num_free()
+    }
+
+    /// Blocks that hold `tokens` tokens.
+    pub fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.block_size)
+    }
+
+    /// Whether the prefix cache is on.
+    pub fn prefix_cache(&self) -> bool {
+        self.radix.is_some()
+    }
+
+    /// Whether swapping out is possible at all.
+    pub fn can_swap(&self) -> bool {
+        self.swap_budget > 0
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> KvStats {
+        KvStats {
+            blocks_total: self.pool.capacity(),
+            blocks_free: self.pool.num_free(),
+            cache: self.radix.as_ref().map(RadixCache::stats),
+            swap_used_bytes: self.swap_used,
+        }
+    }
+
+    /// Takes `n` free blocks (one reference each), evicting unpinned cached prefixes if needed;
+    /// `None` (taking nothing) when even eviction cannot free enough.
+    pub fn allocate(&mut self, n: usize) -> Option<Vec<u32>> {
+        if n > self.pool.num_free()
+            && let Some(r) = &mut self.radix
+        {
+            let short = n - self.pool.num_free();
+            if let Err(e) = r.evict(short, &mut self.pool) {
+                tracing::error!(error = %e, "block accounting error while evicting");
+            }
+        }
+        self.pool.allocate(n)
+    }
+
+    /// Admits a sequence of `tokens`, needing blocks for `total_tokens`: reuses the longest
+    /// cached prefix of `tokens` and allocates the rest. `defer(cached_tokens)` may still say
+    /// no (e.g. the rest of the prefix is being computed by another request). All or nothing:
+    /// `None` leaves the memory and the counters as they were.
+    pub fn admit(
+        &mut self,
+        tokens: &[u32],
+        total_tokens: usize,
+        defer: impl FnOnce(usize) -> bool,
+    ) -> Option<Admitted> {
+        let hit = self.radix.as_mut().map(|r| r.lookup(tokens));
+        let (cached, cached_tokens) = hit
+            .as_ref()
+            .map(|m| (m.blocks.clone(), m.tokens))
+            .unwrap_or_default();
+        let need = self.blocks_for(total_tokens).saturating_sub(cached.len());
+        let fresh = if defer(cached_tokens) {
+            None
+        } else {
+            self.allocate(need)
+        };
+        let Some(fresh) = fresh else {
+            if let (Some(r), Some(m)) = (&mut self.radix, hit) {
+                r.release(m.node);
+            }
+            return None;
+        };
+        if let Err(e) = self.pool.retain(&cached) {
+            tracing::error!(error = %e, "block accounting error while reusing a prefix");
+        }
+        if let Some(r) = &mut self.radix {
+            r.record_lookup(tokens.len(), cached_tokens);
+        }
+        let mut blocks = cached;
+        blocks.extend(fresh);
+        Some(Admitted {
+            blocks,
+            cached_tokens,
+            pin: hit.map(|m| m.node),
+        })
+    }
+
+    /// Publishes the KV of `tokens` (held in `blocks`) to the prefix cache, so that other
+    /// requests reuse it while its owner still runs.
+    pub fn publish(&mut self, tokens: &[u32], blocks: &[u32]) {
+        if let Some(r) = &mut self.radix
+            && let Err(e) = r.insert(tokens, blocks, &mut self.pool)
+        {
+            tracing::error!(error = %e, "block accounting error while caching a prefix");
+        }
+    }
+
+    /// A leaving sequence: its computed `tokens` go into the prefix cache, then its pin and
+    /// its block references are dropped.
+    pub fn release(&mut self, tokens: &[u32], blocks: &[u32], pin: Option<usize>) {
+        self.publish(tokens, blocks);
+        self.release_uncached(blocks, pin);
+    }
+
+    /// A leaving sequence whose KV must not be cached (failed mid-write, or swapped out).
+    pub fn release_uncached(&mut self, blocks: &[u32], pin: Option<usize>) {
+        if let (Some(r), Some(node)) = (&mut self.radix, pin) {
+            r.release(node);
+        }
+        if let Err(e) = self.pool.release(blocks) {
+            tracing::error!(error = %e, "block accounting error while releasing blocks");
+        }
+    }
+
+    /// Reserves host memory for the KV of `blocks` blocks; false when the budget is short.
+    pub fn reserve_swap(&mut self, blocks: usize) -> bool {
+        let bytes = blocks * self.block_bytes;
+        if self.swap_budget == 0 || self.swap_used + bytes > self.swap_budget {
+            return false;
+        }
+        self.swap_used += bytes;
+        true
+    }
+
+    /// Gives back host memory reserved for `blocks` blocks (swap-in done, or swap-out failed).
+    pub fn unreserve_swap(&mut self, blocks: usize) {
+        self.swap_used = self.swap_used.saturating_sub(blocks * self.block_bytes);
+    }
+}

@@ -1,0 +1,399 @@
+//! The engine's own CUDA kernels (`kernels/*.cu`, compiled by `build.rs` to fatbins with
+//! sm_80/sm_90 machine code and embedded here) and their launches on candle tensors.
+//!
+//! Invariants: every launch goes on the device's one stream (candle's), reads and writes only
+//! contiguous tensors it is given, allocates only its outputs, and never synchronizes with the
+//! host, so a decode forward made of these launches and cuBLAS matmuls can be graph-captured.
+//! Only bf16 and f32 activations and head_dim 64/128 are served; other models use the candle
+//! path.
+
+mod forward;
+
+use std::sync::Arc;
+
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaModule, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
+use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
+use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
+use candle_core::op::BackpropOp;
+use candle_core::{CudaDevice, CudaStorage, DType, Device, Shape, Storage, Tensor};
+
+use crate::error::{Error, Result};
+
+static ATTENTION: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/attention.fatbin"));
+static LAYER_OPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/layer_ops.fatbin"));
+
+/// Context tokens one decode-attention block takes (a partition of flash-decoding).
+const DECODE_PARTITION: usize = 256;
+
+fn kernel_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Engine(format!("CUDA kernel {what}: {e}"))
+}
+
+/// The kernels of one dtype, loaded on one device.
+pub struct CudaKernels {
+    device: CudaDevice,
+    stream: Arc<CudaStream>,
+    dtype: DType,
+    _modules: [Arc<CudaModule>; 2],
+    add_rmsnorm: CudaFunction,
+    qk_rope_hd128: CudaFunction,
+    qk_rope_hd64: CudaFunction,
+    silu_mul: CudaFunction,
+    argmax_f32: CudaFunction,
+    decode: [CudaFunction; 4],
+    decode_reduce: CudaFunction,
+}
+
+impl std::fmt::Debug for CudaKernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaKernels")
+            .field("dtype", &self.dtype)
+            .finish()
+    }
+}
+
+impl CudaKernels {
+    /// Loads the kernels for `dtype` on `device`; `None` on the CPU or for a dtype the kernels
+    /// do not serve (f16).
+    pub fn new(device: &Device, dtype: DType) -> Result<Option<Self>> {
+        let Device::Cuda(dev) = device else {
+            return Ok(None);
+        };
+        let suffix = match dtype {
+            DType::BF16 => "bf16",
+            DType::F32 => "f32",
+            _ => return Ok(None),
+        };
+        let stream = dev.cuda_stream();
+        let ctx = stream.context().clone();
+        let load = |bytes: &[u8], name: &str| {
+            ctx.load_module(Ptx::from_binary(bytes.to_vec()))
+                .map_err(|e| kernel_err(&format!("module {name}"), e))
+        };
+        let attention = load(ATTENTION, "attention")?;
+        let layer_ops = load(LAYER_OPS, "layer_ops")?;
+        let f = |m: &Arc<CudaModule>, name: &str| {
+            m.load_function(name)
+                .map_err(|e| kernel_err(&format!("function {name}"), e))
+        };
+        let s = suffix;
+        Ok(Some(Self {
+            device: dev.clone(),
+            dtype,
+            add_rmsnorm: f(&layer_ops, &format!("add_rmsnorm_{s}"))?,
+            qk_rope_hd128: f(&layer_ops, &format!("qk_norm_rope_kv_write_hd128_{s}"))?,
+            qk_rope_hd64: f(&layer_ops, &format!("qk_norm_rope_kv_write_hd64_{s}"))?,
+            silu_mul: f(&layer_ops, &format!("silu_mul_{s}"))?,
+            argmax_f32: f(&layer_ops, "argmax_rows_f32")?,
+            decode: [
+                f(&attention, &format!("paged_decode_g1_{s}"))?,
+                f(&attention, &format!("paged_decode_g2_{s}"))?,
+                f(&attention, &format!("paged_decode_g4_{s}"))?,
+                f(&attention, &format!("paged_decode_g8_{s}"))?,
+            ],
+            decode_reduce: f(&attention, &format!("paged_decode_reduce_{s}"))?,
+            stream,
+            _modules: [attention, layer_ops],
+        }))
+    }
+
+    /// The activation dtype these kernels serve.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device pointer of a contiguous CUDA tensor's first element.
+    fn ptr(&self, t: &Tensor) -> Result<u64> {
+        let (storage, layout) = t.storage_and_layout();
+        if !layout.is_contiguous() {
+            return Err(kernel_err("input", "a tensor is not contiguous"));
+        }
+        let Storage::Cuda(cs) = &*storage else {
+            return Err(kernel_err("input", "a tensor is not on the GPU"));
+        };
+        let (base, size) = match &cs.slice {
+            CudaStorageSlice::BF16(s) => (s.device_ptr(&self.stream).0, 2),
+            CudaStorageSlice::F16(s) => (s.device_ptr(&self.stream).0, 2),
+            CudaStorageSlice::F32(s) => (s.device_ptr(&self.stream).0, 4),
+            CudaStorageSlice::U32(s) => (s.device_ptr(&self.stream).0, 4),
+            _ => return Err(kernel_err("input", "unsupported dtype")),
+        };
+        Ok(base + (layout.start_offset() * size) as u64)
+    }
+
+    /// An uninitialized tensor (every element is written by the kernel that gets it).
+    fn alloc(&self, shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
+        let shape = shape.into();
+        let n = shape.elem_count().max(1);
+        // SAFETY: the memory is written by the kernel it is allocated for before any read.
+        let slice = unsafe {
+            match dtype {
+                DType::BF16 => CudaStorageSlice::BF16(self.device.alloc::<half::bf16>(n)?),
+                DType::F32 => CudaStorageSlice::F32(self.device.alloc::<f32>(n)?),
+                DType::U32 => CudaStorageSlice::U32(self.device.alloc::<u32>(n)?),
+                other => return Err(kernel_err("alloc", format!("dtype {other:?}"))),
+            }
+        };
+        let storage = CudaStorage {
+            slice,
+            device: self.device.clone(),
+        };
+        Ok(Tensor::from_storage(
+            Storage::Cuda(storage),
+            shape,
+            BackpropOp::none(),
+            false,
+        ))
+    }
+
+    fn check_dtype(&self, t: &Tensor) -> Result<()> {
+        if t.dtype() != self.dtype {
+            return Err(kernel_err(
+                "input",
+                format!("dtype {:?}, kernels loaded for {:?}", t.dtype(), self.dtype),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `residual + x` (when `x` is given) and its RMSNorm times `w`, rows of `residual`'s last
+    /// dimension: returns (normed, new residual). Without `x`, the residual is returned as is.
+    pub fn add_rmsnorm(
+        &self,
+        x: Option<&Tensor>,
+        residual: &Tensor,
+        w: &Tensor,
+        eps: f64,
+    ) -> Result<(Tensor, Tensor)> {
+        self.check_dtype(residual)?;
+        let n = residual.dim(candle_core::D::Minus1)?;
+        let rows = residual.elem_count() / n.max(1);
+        let out = self.alloc(residual.shape().clone(), self.dtype)?;
+        let new_res = match x {
+            Some(_) => self.alloc(residual.shape().clone(), self.dtype)?,
+            None => residual.clone(),
+        };
+        let (px, add) = match x {
+            Some(x) => (self.ptr(x)?, 1i32),
+            None => (self.ptr(residual)?, 0i32),
+        };
+        let (pr, pnr, pw, po) = (
+            self.ptr(residual)?,
+            self.ptr(&new_res)?,
+            self.ptr(w)?,
+            self.ptr(&out)?,
+        );
+        let (n32, eps32) = (n as i32, eps as f32);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (n.clamp(32, 1024).next_multiple_of(32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.add_rmsnorm);
+        b.arg(&px).arg(&pr).arg(&pnr).arg(&pw).arg(&po);
+        b.arg(&n32).arg(&eps32).arg(&add);
+        // SAFETY: argument types match the kernel's signature; buffers are sized above.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok((out, new_res))
+    }
+
+    /// q/k RMSNorm + RoPE for every token of `qkv` (`[T, (nh + 2 nkv) * hd]`); writes k and v
+    /// into the caches' slots `slots` (u32 `[T]`) and returns q `[T, nh, hd]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qk_norm_rope_kv_write(
+        &self,
+        qkv: &Tensor,
+        q_w: &Tensor,
+        k_w: &Tensor,
+        inv_freq: &Tensor,
+        positions: &Tensor,
+        slots: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        (nh, nkv, hd): (usize, usize, usize),
+        eps: f64,
+    ) -> Result<Tensor> {
+        self.check_dtype(qkv)?;
+        let t = qkv.dim(0)?;
+        let func = match hd {
+            128 => &self.qk_rope_hd128,
+            64 => &self.qk_rope_hd64,
+            other => return Err(kernel_err("qk_norm_rope", format!("head_dim {other}"))),
+        };
+        let q = self.alloc((t, nh, hd), self.dtype)?;
+        let num_slots = k_cache.dim(1)? as i64;
+        let ptrs = [
+            self.ptr(qkv)?,
+            self.ptr(q_w)?,
+            self.ptr(k_w)?,
+            self.ptr(inv_freq)?,
+            self.ptr(positions)?,
+            self.ptr(slots)?,
+            self.ptr(&q)?,
+            self.ptr(k_cache)?,
+            self.ptr(v_cache)?,
+        ];
+        let (nh32, nkv32, eps32) = (nh as i32, nkv as i32, eps as f32);
+        let cfg = LaunchConfig {
+            grid_dim: (t as u32, 1, 1),
+            block_dim: (32 * (nh + nkv) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(func);
+        for p in &ptrs {
+            b.arg(p);
+        }
+        b.arg(&nh32).arg(&nkv32).arg(&num_slots).arg(&eps32);
+        // SAFETY: argument types match the kernel's signature; buffers are sized above.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(q)
+    }
+
+    /// `silu(gate) * up` of a `[rows, 2 * inter]` gate|up matrix: `[rows, inter]`.
+    pub fn silu_mul(&self, gu: &Tensor) -> Result<Tensor> {
+        self.check_dtype(gu)?;
+        let (rows, two_i) = gu.dims2()?;
+        let inter = two_i / 2;
+        let out = self.alloc((rows, inter), self.dtype)?;
+        let (pg, po) = (self.ptr(gu)?, self.ptr(&out)?);
+        let (rows64, inter32) = (rows as i64, inter as i32);
+        let n = rows * inter;
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.silu_mul);
+        b.arg(&pg).arg(&po).arg(&rows64).arg(&inter32);
+        // SAFETY: argument types match the kernel's signature; buffers are sized above.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(out)
+    }
+
+    /// The index of the largest value of each row of f32 `[rows, n]` logits (ties: lowest).
+    pub fn argmax(&self, logits: &Tensor) -> Result<Tensor> {
+        if logits.dtype() != DType::F32 {
+            return Err(kernel_err("argmax", "logits must be f32"));
+        }
+        let (rows, n) = logits.dims2()?;
+        let out = self.alloc(rows, DType::U32)?;
+        let (pl, po, n32) = (self.ptr(logits)?, self.ptr(&out)?, n as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.argmax_f32);
+        b.arg(&pl).arg(&po).arg(&n32);
+        // SAFETY: argument types match the kernel's signature; buffers are sized above.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(out)
+    }
+
+    /// Decode attention over the paged caches: q `[B, nh, 128]` (pre-scaled), block tables
+    /// u32 `[B, W]`, context lengths u32 `[B]`. Returns `[B, nh * 128]`.
+    pub fn paged_decode(
+        &self,
+        q: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        block_tables: &Tensor,
+        ctx_lens: &Tensor,
+        block_size: usize,
+    ) -> Result<Tensor> {
+        self.check_dtype(q)?;
+        let (b, nh, hd) = q.dims3()?;
+        let (nkv, num_slots, _) = k_cache.dims3()?;
+        let w = block_tables.dim(1)?;
+        if hd != 128 || nkv == 0 || nh % nkv != 0 {
+            return Err(kernel_err(
+                "paged_decode",
+                format!("nh {nh} nkv {nkv} hd {hd}"),
+            ));
+        }
+        let func = match nh / nkv {
+            1 => &self.decode[0],
+            2 => &self.decode[1],
+            4 => &self.decode[2],
+            8 => &self.decode[3],
+            g => return Err(kernel_err("paged_decode", format!("GQA group {g}"))),
+        };
+        let splits = (w * block_size).div_ceil(DECODE_PARTITION).max(1);
+        let out = self.alloc((b, nh * hd), self.dtype)?;
+        let (acc, ml) = if splits > 1 {
+            (
+                self.alloc((b, nh, splits, hd), DType::F32)?,
+                self.alloc((b, nh, splits, 2), DType::F32)?,
+            )
+        } else {
+            (out.clone(), out.clone())
+        };
+        let ptrs = [
+            self.ptr(q)?,
+            self.ptr(k_cache)?,
+            self.ptr(v_cache)?,
+            self.ptr(block_tables)?,
+            self.ptr(ctx_lens)?,
+            self.ptr(&out)?,
+            self.ptr(&acc)?,
+            self.ptr(&ml)?,
+        ];
+        let (w32, bs32, slots64, nkv32, part32) = (
+            w as i32,
+            block_size as i32,
+            num_slots as i64,
+            nkv as i32,
+            DECODE_PARTITION as i32,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (b as u32, nkv as u32, splits as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut lb = self.stream.launch_builder(func);
+        for p in &ptrs {
+            lb.arg(p);
+        }
+        lb.arg(&w32)
+            .arg(&bs32)
+            .arg(&slots64)
+            .arg(&nkv32)
+            .arg(&part32);
+        // SAFETY: argument types match the kernel's signature; buffers are sized above.
+        unsafe { lb.launch(cfg) }.w()?;
+        if splits > 1 {
+            let (pa, pm, po, s32) = (ptrs[6], ptrs[7], ptrs[5], splits as i32);
+            let cfg = LaunchConfig {
+                grid_dim: (b as u32, nh as u32, 1),
+                block_dim: (hd as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut rb = self.stream.launch_builder(&self.decode_reduce);
+            rb.arg(&pa).arg(&pm).arg(&po).arg(&s32);
+            // SAFETY: as above.
+            unsafe { rb.launch(cfg) }.w()?;
+        }
+        Ok(out)
+    }
+}
+
+impl CudaKernels {
+    /// The kernels for a model, or `None` where the candle path serves it: not on CUDA, a
+    /// dtype other than bf16/f32, a head_dim other than 128, or `POLICY_SERVE_KERNELS=0`.
+    pub fn for_model(
+        cfg: &super::ModelConfig,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Option<Self>> {
+        if std::env::var("POLICY_SERVE_KERNELS").is_ok_and(|v| v == "0") {
+            tracing::info!("POLICY_SERVE_KERNELS=0: the forward runs candle ops");
+            return Ok(None);
+        }
+        if cfg.head_dim() != 128 {
+            return Ok(None);
+        }
+        Self::new(device, dtype)
+    }
+}

@@ -1,0 +1,120 @@
+//! `PagedKvCache`: the KV tensors of every layer, in fixed-size blocks addressed by slot
+//! (`block * block_size + offset`). Head-major per layer: `[kv_heads, num_blocks * block_size,
+//! head_dim]`, so a sequence's slots of one head are rows of one matrix.
+//!
+//! Invariant: a slot is written only by the sequence whose block table holds its block; the
+//! cache itself does no accounting (that is `cache::KvManager`'s job).
+
+use candle_core::{DType, Device, Tensor};
+
+use super::config::ModelConfig;
+use crate::error::Result;
+
+/// The KV memory: per layer one K and one V tensor, head-major: `[kv_heads, num_blocks * block_size, head_dim]`,
+/// so that gathering a sequence's slots yields per-head contiguous matrices.
+pub struct PagedKvCache {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    block_size: usize,
+    num_blocks: usize,
+}
+
+impl PagedKvCache {
+    /// Allocates `num_blocks` blocks of `block_size` tokens for every layer.
+    /// `kv_heads` is the number of KV heads this rank holds.
+    pub fn new(
+        cfg: &ModelConfig,
+        kv_heads: usize,
+        num_blocks: usize,
+        block_size: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let shape = (kv_heads, num_blocks * block_size, cfg.head_dim());
+        let mut k = Vec::with_capacity(cfg.num_hidden_layers);
+        let mut v = Vec::with_capacity(cfg.num_hidden_layers);
+        for _ in 0..cfg.num_hidden_layers {
+            k.push(Tensor::zeros(shape, dtype, device)?);
+            v.push(Tensor::zeros(shape, dtype, device)?);
+        }
+        Ok(Self {
+            k,
+            v,
+            block_size,
+            num_blocks,
+        })
+    }
+
+    /// Writes the new tokens' K and V (`[tokens, kv_heads, head_dim]`) of layer `layer` into
+    /// their slots; `slot_idx` is u32 `[kv_heads, tokens, head_dim]` (the slot of each token,
+    /// broadcast), built once per step.
+    pub fn write(&self, layer: usize, k: &Tensor, v: &Tensor, slot_idx: &Tensor) -> Result<()> {
+        self.k[layer].scatter_set(slot_idx, &k.transpose(0, 1)?.contiguous()?, 1)?;
+        self.v[layer].scatter_set(slot_idx, &v.transpose(0, 1)?.contiguous()?, 1)?;
+        Ok(())
+    }
+
+    /// Layer `layer`'s K and V tensors.
+    pub fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
+        (&self.k[layer], &self.v[layer])
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Number of blocks.
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// Copies the KV of `blocks` to host memory (for swap-out), one tensor per layer and K/V.
+    pub fn read_blocks(&self, blocks: &[u32]) -> Result<Vec<(Tensor, Tensor)>> {
+        let idx = self.block_slots(blocks)?;
+        let host = Device::Cpu;
+        self.k
+            .iter()
+            .zip(&self.v)
+            .map(|(k, v)| {
+                Ok((
+                    k.index_select(&idx, 1)?.to_device(&host)?,
+                    v.index_select(&idx, 1)?.to_device(&host)?,
+                ))
+            })
+            .collect()
+    }
+
+    /// Writes KV read by [`PagedKvCache::read_blocks`] into `blocks` (for swap-in).
+    pub fn write_blocks(&self, blocks: &[u32], data: &[(Tensor, Tensor)]) -> Result<()> {
+        let idx = self.block_slots(blocks)?;
+        for ((k, v), (hk, hv)) in self.k.iter().zip(&self.v).zip(data) {
+            let dev = k.device();
+            scatter_rows(k, &idx, &hk.to_device(dev)?)?;
+            scatter_rows(v, &idx, &hv.to_device(dev)?)?;
+        }
+        Ok(())
+    }
+
+    fn block_slots(&self, blocks: &[u32]) -> Result<Tensor> {
+        let bs = self.block_size as u32;
+        let slots: Vec<u32> = blocks
+            .iter()
+            .flat_map(|b| (0..bs).map(move |o| b * bs + o))
+            .collect();
+        let dev = self.k[0].device();
+        Ok(Tensor::new(slots.as_slice(), dev)?)
+    }
+}
+
+/// Writes `src` (`[kv_heads, n, head_dim]`) into the slots `idx` (u32 `[n]`) of a head-major
+/// cache tensor (`[kv_heads, slots, head_dim]`), in place.
+fn scatter_rows(dst: &Tensor, idx: &Tensor, src: &Tensor) -> Result<()> {
+    let (heads, n, hd) = src.dims3()?;
+    let idx = idx
+        .reshape((1, n, 1))?
+        .broadcast_as((heads, n, hd))?
+        .contiguous()?;
+    dst.scatter_set(&idx, &src.contiguous()?, 1)?;
+    Ok(())
+}

@@ -1,0 +1,102 @@
+//! `ModelRunner`: runs steps. It owns the model, the KV tensors and the link to the
+//! tensor-parallel workers; the scheduler hands it a batch and gets logits back.
+//!
+//! Invariant (tensor parallel): each step's command goes to every worker first and all ranks
+//! agree that every one of them took it before the first collective, so a worker that refuses a
+//! step never leaves another rank waiting in a collective.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use candle_core::Tensor;
+
+use super::comm::{CommBackend, SeqCommand, WorkerCommand, agree};
+use super::kv_cache::PagedKvCache;
+use super::qwen3::{Qwen3, SeqInput};
+use crate::error::{Error, Result};
+
+/// The model, its KV tensors and (on a tensor-parallel head) the link to the workers.
+pub(crate) struct ModelRunner {
+    model: Qwen3,
+    cache: PagedKvCache,
+    comm: Option<Arc<dyn CommBackend>>,
+    worker_timeout: Duration,
+    steps_sent: u64,
+}
+
+impl ModelRunner {
+    pub(crate) fn new(
+        model: Qwen3,
+        cache: PagedKvCache,
+        comm: Option<Arc<dyn CommBackend>>,
+        worker_timeout: Duration,
+    ) -> Self {
+        Self {
+            model,
+            cache,
+            comm,
+            worker_timeout,
+            steps_sent: 0,
+        }
+    }
+
+    /// Whether the model spans several ranks.
+    pub(crate) fn comm(&self) -> Option<&Arc<dyn CommBackend>> {
+        self.comm.as_ref()
+    }
+
+    /// The greedy token of each row of f32 logits (argmax on the device).
+    pub(crate) fn greedy(&self, logits: &Tensor) -> Result<Vec<u32>> {
+        self.model.greedy(logits)
+    }
+
+    /// Copies the KV of `blocks` to host memory (swap-out).
+    pub(crate) fn swap_out(&self, blocks: &[u32]) -> Result<Vec<(Tensor, Tensor)>> {
+        self.cache.read_blocks(blocks)
+    }
+
+    /// Writes KV read by [`ModelRunner::swap_out`] into `blocks` (swap-in).
+    pub(crate) fn swap_in(&self, blocks: &[u32], data: &[(Tensor, Tensor)]) -> Result<()> {
+        self.cache.write_blocks(blocks, data)
+    }
+
+    /// One forward over the model: on a tensor-parallel head, the command goes to every worker
+    /// first and the ranks agree that all of them took it before the first collective.
+    pub(crate) fn forward(
+        &mut self,
+        tokens: &[u32],
+        inputs: &[SeqInput<'_>],
+    ) -> Result<Option<Tensor>> {
+        let Some(comm) = self.comm.clone() else {
+            return self.model.forward(tokens, inputs, &self.cache, None);
+        };
+        self.steps_sent += 1;
+        let cmd = WorkerCommand::Forward {
+            step: self.steps_sent,
+            tokens: tokens.to_vec(),
+            seqs: inputs
+                .iter()
+                .map(|s| SeqCommand {
+                    q_len: s.q_len,
+                    context_len: s.context_len,
+                    block_table: s.block_table.to_vec(),
+                })
+                .collect(),
+        };
+        let acks = comm.send_command(&cmd, self.worker_timeout)?;
+        let refused: Vec<String> = acks
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, a)| a.err().map(|e| format!("rank {}: {e}", i + 1)))
+            .collect();
+        agree(comm.as_ref(), refused.is_empty(), self.model.device())?;
+        if !refused.is_empty() {
+            return Err(Error::Engine(format!(
+                "a worker failed this step ({})",
+                refused.join("; ")
+            )));
+        }
+        self.model
+            .forward(tokens, inputs, &self.cache, Some(comm.as_ref()))
+    }
+}

@@ -1,0 +1,174 @@
+//! Output processing of a step: sampled tokens join their sequences, new text is decoded
+//! incrementally, stop conditions (EOS, stop strings, the token cap) end sequences, streams get
+//! their text, finished and failed requests get their replies.
+//!
+//! Invariants: a stop string is searched only in the text the newest token can have completed
+//! (the new piece plus the longest stop string's length before it); a streamed chunk never holds
+//! text that could still become a stop string, nor half a UTF-8 character; the chunks of a
+//! stream add up to the final text.
+
+use std::time::Instant;
+
+use super::plan::Planned;
+use super::{Scheduler, Seq};
+use crate::engine::{FinishReason, Generation};
+use crate::error::Error;
+
+impl Scheduler {
+    /// Applies a step's sampled tokens: advance each sequence, publish finished prompts to the
+    /// prefix cache, decode new text.
+    pub(super) fn apply(&mut self, plan: &[Planned], next: Vec<Option<u32>>) {
+        let now = Instant::now();
+        let mut stats = self.stats.lock();
+        stats.steps += 1;
+        for (p, tok) in plan.iter().zip(next) {
+            let s = &mut self.running[p.index];
+            let in_prompt = s.computed < s.prompt_len();
+            if in_prompt {
+                stats.prefill_tokens += p.q_len.min(s.prompt_len() - s.computed) as u64;
+            }
+            s.computed += p.q_len;
+            if let Some(t) = tok {
+                s.tokens.push(t);
+                s.first_token.get_or_insert(now);
+                stats.generated_tokens += 1;
+                // EOS ends the text (it is not part of it); everything else is decoded now.
+                if s.request.ignore_eos || !self.eos.contains(&t) {
+                    s.detok.push(&self.tokenizer, t);
+                }
+            }
+            // Publish a finished prompt to the prefix cache at once, so that requests sharing
+            // it (other episodes of the task) reuse it while this one is still decoding.
+            if in_prompt && s.computed >= s.prompt_len() {
+                self.kv
+                    .publish(&s.tokens[..s.prompt_len()], &s.blocks.clone());
+            }
+        }
+    }
+
+    /// Fails the sequences at these `running` indices (their KV may be half-written: it is
+    /// released without caching); the others go on.
+    pub(super) fn fail(&mut self, mut failed: Vec<(usize, Error)>) {
+        failed.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
+        for (i, e) in failed {
+            let mut s = self.running.remove(i);
+            tracing::warn!(error = %e, "request failed; the others go on");
+            self.kv.release_uncached(&s.blocks, s.pin.take());
+            s.blocks.clear();
+            self.stats.lock().requests_failed += 1;
+            self.publish_stats();
+            s.reply.send(Err(Error::Engine(e.to_string())));
+        }
+    }
+
+    /// Finishes sequences that hit EOS, a stop string or their cap; streams the others' text.
+    pub(super) fn finish_done(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            let s = &self.running[i];
+            let generated = s.generated();
+            let fresh = s.computed + 1 == s.tokens.len() && generated > 0;
+            let mut reason = None;
+            if fresh {
+                let last = *s.tokens.last().expect("generated a token");
+                if !s.request.ignore_eos && self.eos.contains(&last) {
+                    reason = Some(FinishReason::Eos);
+                } else if stop_at(s).is_some() {
+                    reason = Some(FinishReason::Stop);
+                } else if generated >= s.max_new {
+                    reason = Some(FinishReason::Length);
+                }
+            }
+            if fresh && reason.is_none() {
+                let s = &mut self.running[i];
+                s.stop_checked = s.detok.text().len();
+                stream_delta(s);
+            }
+            match reason {
+                Some(r) => {
+                    let s = self.running.remove(i);
+                    self.finish(s, r);
+                }
+                None => i += 1,
+            }
+        }
+    }
+
+    fn finish(&mut self, mut s: Seq, reason: FinishReason) {
+        self.release_seq(&mut s);
+        s.detok.finish(&self.tokenizer);
+        let mut text = s.detok.text().to_string();
+        if reason == FinishReason::Stop
+            && let Some(cut) = stop_at(&s)
+        {
+            text.truncate(cut);
+        }
+        if let Some((sender, sent)) = s.stream.take()
+            && text.len() > sent
+            && text.is_char_boundary(sent)
+        {
+            sender.send(&text[sent..]);
+        }
+        let now = Instant::now();
+        let generated = s.generated();
+        let g = Generation {
+            tokens: s.tokens[s.prompt_len()..].to_vec(),
+            text,
+            finish_reason: reason,
+            prompt_tokens: s.prompt_len(),
+            cached_prompt_tokens: s.cached_prompt_tokens,
+            generated_tokens: generated,
+            queue_time: s.admitted.map(|a| a - s.submitted).unwrap_or_default(),
+            time_to_first_token: s.first_token.map(|f| f - s.submitted).unwrap_or_default(),
+            total_time: now - s.submitted,
+        };
+        self.stats.lock().requests_finished += 1;
+        self.publish_stats();
+        s.reply.send(Ok(g));
+    }
+}
+
+/// The longest stop string of a request, in bytes.
+fn longest_stop(s: &Seq) -> usize {
+    s.request.stop.iter().map(String::len).max().unwrap_or(0)
+}
+
+/// Where the earliest stop string starts in the text, searching only the part the newest
+/// token can have completed (earlier tokens were checked when they came).
+fn stop_at(s: &Seq) -> Option<usize> {
+    if s.request.stop.is_empty() {
+        return None;
+    }
+    let text = s.detok.text();
+    // No stop string ended in the checked text; one may start up to its length before it.
+    let mut from = s
+        .stop_checked
+        .min(text.len())
+        .saturating_sub(longest_stop(s));
+    while !text.is_char_boundary(from) {
+        from -= 1;
+    }
+    s.request
+        .stop
+        .iter()
+        .filter(|st| !st.is_empty())
+        .filter_map(|st| text[from..].find(st.as_str()).map(|at| from + at))
+        .min()
+}
+
+/// Sends the text generated since the last chunk, holding back what could still become a
+/// stop string.
+fn stream_delta(s: &mut Seq) {
+    let hold = longest_stop(s).saturating_sub(1);
+    let text = s.detok.text();
+    let mut safe = text.len().saturating_sub(hold);
+    while !text.is_char_boundary(safe) {
+        safe -= 1;
+    }
+    if let Some((sender, sent)) = &mut s.stream
+        && safe > *sent
+    {
+        sender.send(&text[*sent..safe]);
+        *sent = safe;
+    }
+}

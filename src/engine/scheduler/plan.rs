@@ -1,0 +1,182 @@
+//! Planning and running one step: which running sequences take part with how many new tokens
+//! ([`StepPlan`], plain data), the forward on the runner, and sampling its logits.
+//!
+//! Invariants: decode sequences come first (they batch into one attention group), then prefill
+//! chunks, within `max_batched_tokens`; every planned sequence has blocks for its tokens
+//! before the forward runs; a failed batched step is retried sequence by sequence.
+
+use std::time::Instant;
+
+use super::Scheduler;
+use crate::engine::qwen3::{LogitRows, SeqInput};
+use crate::engine::sampling::sample;
+use crate::error::{Error, Result};
+
+/// One planned sequence: its index in `running` and its new tokens this step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Planned {
+    pub(super) index: usize,
+    pub(super) q_len: usize,
+}
+
+/// What one step runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct StepPlan {
+    pub(super) seqs: Vec<Planned>,
+}
+
+impl Scheduler {
+    /// Plans the step over the running sequences, growing their blocks (which may preempt).
+    fn plan_step(&mut self) -> StepPlan {
+        self.running
+            .sort_by_key(|s| s.tokens.len() - s.computed != 1);
+        let mut budget = self.opts.max_batched_tokens;
+        let mut plan = StepPlan::default();
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let s = &self.running[i];
+            let todo = s.tokens.len() - s.computed;
+            let chunk = if todo == 1 {
+                1
+            } else {
+                self.opts.prefill_chunk
+            };
+            let q = todo.min(budget).min(chunk);
+            let target = s.computed + q;
+            let before = self.running.len();
+            if !self.grow(i, target) {
+                // `i` itself was preempted; indices after it shifted down by one.
+                continue;
+            }
+            if self.running.len() < before {
+                // Someone else was preempted; restart planning (indices shifted).
+                plan.seqs.clear();
+                budget = self.opts.max_batched_tokens;
+                i = 0;
+                continue;
+            }
+            plan.seqs.push(Planned { index: i, q_len: q });
+            budget -= q;
+            i += 1;
+        }
+        plan
+    }
+
+    /// Plans, runs and processes one step.
+    pub(super) fn step(&mut self) {
+        let plan = self.plan_step();
+        if plan.seqs.is_empty() {
+            return;
+        }
+        match self.run_plan(&plan.seqs) {
+            Ok(next) => self.apply(&plan.seqs, next),
+            Err(e) if plan.seqs.len() > 1 => {
+                tracing::warn!(error = %e, "batched step failed; retrying sequence by sequence");
+                let mut failed = Vec::new();
+                for &p in &plan.seqs {
+                    match self.run_plan(&[p]) {
+                        Ok(next) => self.apply(&[p], next),
+                        Err(e) => failed.push((p.index, e)),
+                    }
+                }
+                self.fail(failed);
+            }
+            Err(e) => self.fail(vec![(plan.seqs[0].index, e)]),
+        }
+        self.finish_done();
+    }
+
+    /// Runs the forward for `plan`; returns the sampled next token per planned sequence
+    /// (None for prefill chunks that do not end the prompt).
+    fn run_plan(&mut self, plan: &[Planned]) -> Result<Vec<Option<u32>>> {
+        let mut tokens = Vec::new();
+        let mut inputs = Vec::with_capacity(plan.len());
+        for p in plan {
+            let s = &self.running[p.index];
+            tokens.extend_from_slice(&s.tokens[s.computed..s.computed + p.q_len]);
+            let ends = s.computed + p.q_len == s.tokens.len();
+            inputs.push(SeqInput {
+                q_len: p.q_len,
+                context_len: s.computed + p.q_len,
+                block_table: &s.blocks,
+                logits: if ends {
+                    LogitRows::Last
+                } else {
+                    LogitRows::None
+                },
+            });
+        }
+        let wants: Vec<bool> = inputs.iter().map(|s| s.logits == LogitRows::Last).collect();
+        let t_launch = Instant::now();
+        let logits = self.runner.forward(&tokens, &inputs)?;
+        drop(inputs);
+        let t_sync = Instant::now();
+        let mut out = vec![None; plan.len()];
+        let Some(logits) = logits else { return Ok(out) };
+        let greedy = self.runner.greedy(&logits)?;
+        if let Some(prof) = &mut self.profile {
+            prof.launch += t_sync - t_launch;
+            prof.sync += t_sync.elapsed();
+        }
+        let mut row = 0;
+        for (k, p) in plan.iter().enumerate() {
+            if !wants[k] {
+                continue;
+            }
+            let s = &mut self.running[p.index];
+            out[k] = Some(if s.request.sampling.is_greedy() {
+                greedy[row]
+            } else {
+                let l: Vec<f32> = logits.get(row)?.to_vec1()?;
+                sample(&l, &s.request.sampling, &mut s.rng)
+            });
+            row += 1;
+        }
+        Ok(out)
+    }
+
+    /// Logits of every position of `tokens`, computed in prefill chunks on temporary blocks.
+    pub(super) fn score(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        if tokens.is_empty() {
+            return Err(Error::InvalidInput("no tokens to score".into()));
+        }
+        self.info.check_vocab(tokens)?;
+        if tokens.len() > self.max_context {
+            return Err(Error::TooLarge(format!(
+                "{} tokens exceed the model's context of {}",
+                tokens.len(),
+                self.max_context
+            )));
+        }
+        let need = self.kv.blocks_for(tokens.len());
+        let blocks = self.kv.allocate(need).ok_or_else(|| {
+            Error::TooLarge(format!(
+                "{} tokens need {need} KV blocks; {} are free now",
+                tokens.len(),
+                self.kv.num_free()
+            ))
+        })?;
+        let mut rows = Vec::with_capacity(tokens.len());
+        let mut done = 0;
+        let res: Result<()> = (|| {
+            while done < tokens.len() {
+                let q = (tokens.len() - done).min(self.opts.prefill_chunk);
+                let input = [SeqInput {
+                    q_len: q,
+                    context_len: done + q,
+                    block_table: &blocks,
+                    logits: LogitRows::All,
+                }];
+                let l = self
+                    .runner
+                    .forward(&tokens[done..done + q], &input)?
+                    .ok_or_else(|| Error::Engine("the model returned no logits".into()))?;
+                rows.extend(l.to_vec2::<f32>()?);
+                done += q;
+            }
+            Ok(())
+        })();
+        self.kv.release_uncached(&blocks, None);
+        res.map(|_| rows)
+    }
+}

@@ -1,0 +1,141 @@
+//! The episodes API for harnesses: `POST /v1/episodes` opens an episode (a fresh policy),
+//! `POST /v1/episodes/{id}/act` steps it, `DELETE /v1/episodes/{id}` closes it.
+//!
+//! Invariants: fields are validated by the same path as chat completions
+//! ([`GenerationFields::validate`](super::openai::GenerationFields::validate)); the episode
+//! cap holds; an idle episode expires after the TTL; a step runs off the async executor.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+
+use super::openai::{ActRequest, EpisodeRequest, parse, parse_tools, require_model};
+use super::{ApiError, ApiResult, AppState, Episode, blocking};
+use crate::policy::{EpisodeConfig, Observation, TranscriptMode};
+
+pub(super) async fn create(
+    State(st): State<Arc<AppState>>,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let req: EpisodeRequest = parse(&body)?;
+    let key = require_model(&req.model)?;
+    let g = req.generation.validate(st.cfg.max_tokens_cap)?;
+    st.check_model(&key)?;
+    let episode = EpisodeConfig {
+        system_prompt: req.system_prompt,
+        tools: parse_tools(req.tools.as_ref())?,
+        max_new_tokens: g.max_tokens,
+        temperature: g.temperature,
+        top_p: g.top_p,
+        seed: g.seed,
+        transcript_mode: match req.transcript_mode.as_deref() {
+            Some("append_only") => TranscriptMode::AppendOnly,
+            None | Some("template") => TranscriptMode::Template,
+            Some(other) => {
+                return Err(ApiError::field(
+                    "transcript_mode",
+                    format!("`transcript_mode` `{other}`: use \"template\" or \"append_only\""),
+                ));
+            }
+        },
+    };
+    if st.episodes.lock().len() >= st.cfg.max_episodes {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_episodes",
+            format!(
+                "{} episodes are open; DELETE finished ones",
+                st.cfg.max_episodes
+            ),
+        ));
+    }
+    let policy = {
+        let st = st.clone();
+        let key = key.clone();
+        blocking(move || st.registry.get_policy(&key, episode)).await?
+    };
+    let id = st.id("ep");
+    st.episodes.lock().insert(
+        id.clone(),
+        Episode {
+            policy: Arc::new(Mutex::new(policy)),
+            last_used: Instant::now(),
+        },
+    );
+    Ok((StatusCode::CREATED, Json(json!({"id": id, "model": key}))))
+}
+
+fn observation(v: Value) -> ApiResult<Observation> {
+    match v {
+        Value::String(s) => Ok(Observation::Text(s)),
+        Value::Array(a) => Ok(Observation::ToolResults(
+            a.into_iter()
+                .map(|v| match v {
+                    Value::String(s) => s,
+                    other => other.to_string(),
+                })
+                .collect(),
+        )),
+        _ => Err(ApiError::field(
+            "observation",
+            "`observation` must be a string or a list of strings (one per tool call)",
+        )),
+    }
+}
+
+pub(super) async fn act(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    st.counters.acts.fetch_add(1, Ordering::Relaxed);
+    let req: ActRequest = parse(&body)?;
+    let observation = observation(req.observation)?;
+    let policy = {
+        let mut eps = st.episodes.lock();
+        let ttl = Duration::from_secs(st.cfg.episode_ttl_secs);
+        let e = eps
+            .get_mut(&id)
+            .filter(|e| e.last_used.elapsed() < ttl)
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "episode_not_found",
+                    format!("episode `{id}` does not exist or expired"),
+                )
+            })?;
+        e.last_used = Instant::now();
+        e.policy.clone()
+    };
+    let step = blocking(move || policy.lock().act(observation)).await?;
+    let c = &step.cost;
+    st.counters
+        .tokens(c.prompt_tokens, c.generated_tokens, c.cached_prompt_tokens);
+    Ok(Json(json!({
+        "action": step.action,
+        "raw": step.raw,
+        "cost": {"prompt_tokens": c.prompt_tokens, "cached_prompt_tokens": c.cached_prompt_tokens,
+                 "generated_tokens": c.generated_tokens, "latency_ms": c.latency.as_secs_f64() * 1e3}
+    })))
+}
+
+pub(super) async fn delete(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    match st.episodes.lock().remove(&id) {
+        Some(_) => Ok(StatusCode::NO_CONTENT),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "episode_not_found",
+            format!("episode `{id}` does not exist"),
+        )),
+    }
+}

@@ -1,0 +1,86 @@
+//! `GET /metrics`: Prometheus text: requests by route, errors, tokens by kind, open episodes,
+//! and per loaded model the prefix-cache hit rate, queue depth and running sequences.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+
+use super::AppState;
+
+pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let c = &st.counters;
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, rows: Vec<(String, f64)>| {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+        for (labels, v) in rows {
+            out.push_str(&format!("{name}{labels} {v}\n"));
+        }
+    };
+    let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+    metric(
+        "policy_serve_requests_total",
+        "counter",
+        "Requests by route.",
+        vec![
+            ("{route=\"chat_completions\"}".into(), get(&c.chat)),
+            ("{route=\"episode_act\"}".into(), get(&c.acts)),
+        ],
+    );
+    metric(
+        "policy_serve_request_errors_total",
+        "counter",
+        "Chat requests that failed.",
+        vec![(String::new(), get(&c.errors))],
+    );
+    metric(
+        "policy_serve_tokens_total",
+        "counter",
+        "Tokens by kind.",
+        vec![
+            ("{kind=\"prompt\"}".into(), get(&c.prompt_tokens)),
+            ("{kind=\"completion\"}".into(), get(&c.completion_tokens)),
+            ("{kind=\"cached_prompt\"}".into(), get(&c.cached_tokens)),
+        ],
+    );
+    metric(
+        "policy_serve_episodes_open",
+        "gauge",
+        "Open episodes.",
+        vec![(String::new(), st.episodes.lock().len() as f64)],
+    );
+    let mut hit = vec![];
+    let mut queue = vec![];
+    let mut running = vec![];
+    for key in &st.offered {
+        if st.registry.is_loaded(key)
+            && let Ok(m) = st.registry.model(key)
+        {
+            let s = m.engine().stats();
+            hit.push((format!("{{model=\"{key}\"}}"), s.cache_hit_rate));
+            queue.push((format!("{{model=\"{key}\"}}"), s.waiting as f64));
+            running.push((format!("{{model=\"{key}\"}}"), s.running as f64));
+        }
+    }
+    metric(
+        "policy_serve_cache_hit_rate",
+        "gauge",
+        "Prefix-cache hit rate (prompt tokens).",
+        hit,
+    );
+    metric(
+        "policy_serve_queue_depth",
+        "gauge",
+        "Requests waiting for admission.",
+        queue,
+    );
+    metric(
+        "policy_serve_running_sequences",
+        "gauge",
+        "Sequences decoding.",
+        running,
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}

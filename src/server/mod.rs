@@ -1,0 +1,341 @@
+//! The HTTP host (feature `server`): OpenAI-compatible chat completions with tools (and SSE
+//! streaming), an episodes API for harnesses, health and Prometheus metrics, over a
+//! [`ModelRegistry`].
+//!
+//! Run it with [`serve`], or mount [`router`] in a host app's own axum app:
+//!
+//! ```no_run
+//! use clap::Parser;
+//! use policy_serve::server::{AppState, Config, router};
+//!
+//! # async fn host() -> Result<(), Box<dyn std::error::Error>> {
+//! let state = AppState::new(Config::parse_from(["serve", "--models", "demo"]))?;
+//! let app = axum::Router::new().nest("/policy", router(state));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! axum::serve(listener, app).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Invariants: every error is an OpenAI-style JSON body with the right status; a malformed
+//! request never affects another; a client that disconnects drops its pending generation,
+//! which frees its sequence in the engine; CPU-heavy work (loading, rendering, tokenizing)
+//! runs off the async executor. Loopback by default; with a token set, every route but
+//! `/health` needs `Authorization: Bearer <token>`.
+
+mod chat;
+mod episodes;
+pub mod error;
+mod metrics;
+pub mod openai;
+mod stream;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use parking_lot::Mutex;
+use serde_json::json;
+
+pub use error::{ApiError, ApiResult};
+
+use crate::engine::EngineOptions;
+use crate::error::Error;
+use crate::policy::Policy;
+use crate::registry::{ModelRegistry, ModelSpec};
+
+/// Server settings (also the flags of `examples/serve.rs`).
+#[derive(clap::Parser, Debug, Clone)]
+#[command(
+    name = "serve",
+    about = "HTTP host for policy-serve: OpenAI chat completions + episodes API"
+)]
+pub struct Config {
+    /// Address to listen on (env POLICY_SERVE_ADDR).
+    #[arg(long, env = "POLICY_SERVE_ADDR", default_value = "127.0.0.1:8080")]
+    pub addr: SocketAddr,
+    /// Model keys to offer (default: every key of the registry).
+    #[arg(long, value_delimiter = ',')]
+    pub models: Vec<String>,
+    /// Point a key at a local model directory: KEY=DIR (repeatable).
+    #[arg(long = "model-dir", value_parser = parse_key_dir)]
+    pub model_dirs: Vec<(String, PathBuf)>,
+    /// Load the offered models at start-up (requests for a model still loading get 503).
+    #[arg(long)]
+    pub preload: bool,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_body_bytes: usize,
+    /// Most open episodes.
+    #[arg(long, default_value_t = 1024)]
+    pub max_episodes: usize,
+    /// Largest max_tokens a request may ask for.
+    #[arg(long, default_value_t = 4096)]
+    pub max_tokens_cap: usize,
+    /// Idle episodes expire after this many seconds.
+    #[arg(long, default_value_t = 900)]
+    pub episode_ttl_secs: u64,
+    /// Device: auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// Bearer token required on every route but /health (env POLICY_SERVE_TOKEN).
+    #[arg(long, env = "POLICY_SERVE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+fn parse_key_dir(s: &str) -> Result<(String, PathBuf), String> {
+    let (k, d) = s.split_once('=').ok_or("expected KEY=DIR")?;
+    Ok((k.to_string(), d.into()))
+}
+
+struct Episode {
+    policy: Arc<Mutex<Box<dyn Policy>>>,
+    last_used: Instant,
+}
+
+#[derive(Default)]
+struct Counters {
+    chat: AtomicU64,
+    acts: AtomicU64,
+    errors: AtomicU64,
+    prompt_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
+}
+
+impl Counters {
+    fn tokens(&self, prompt: usize, completion: usize, cached: usize) {
+        self.prompt_tokens
+            .fetch_add(prompt as u64, Ordering::Relaxed);
+        self.completion_tokens
+            .fetch_add(completion as u64, Ordering::Relaxed);
+        self.cached_tokens
+            .fetch_add(cached as u64, Ordering::Relaxed);
+    }
+}
+
+/// Shared server state: the registry, the open episodes, the counters.
+pub struct AppState {
+    registry: ModelRegistry,
+    offered: Vec<String>,
+    cfg: Config,
+    episodes: Mutex<HashMap<String, Episode>>,
+    loading: Mutex<Vec<String>>,
+    counters: Counters,
+    next_id: AtomicU64,
+}
+
+impl AppState {
+    /// Builds the state: the default registry, re-pointed and filtered as configured.
+    pub fn new(cfg: Config) -> Result<Arc<Self>, Error> {
+        let options = EngineOptions {
+            device: cfg.device.parse()?,
+            ..EngineOptions::default()
+        };
+        let mut registry = ModelRegistry::with_defaults().with_options(options);
+        for (k, d) in &cfg.model_dirs {
+            registry = match registry.spec(k) {
+                Ok(_) => registry.with_local_dir(k, d)?,
+                Err(_) => registry.with_model(ModelSpec::local(k, k, d)),
+            };
+        }
+        let offered: Vec<String> = if cfg.models.is_empty() {
+            registry.specs().map(|s| s.key.clone()).collect()
+        } else {
+            for k in &cfg.models {
+                registry.spec(k)?;
+            }
+            cfg.models.clone()
+        };
+        Ok(Arc::new(Self {
+            registry,
+            offered,
+            cfg,
+            episodes: Mutex::new(HashMap::new()),
+            loading: Mutex::new(Vec::new()),
+            counters: Counters::default(),
+            next_id: AtomicU64::new(1),
+        }))
+    }
+
+    /// The registry behind the server.
+    pub fn registry(&self) -> &ModelRegistry {
+        &self.registry
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    fn id(&self, prefix: &str) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        format!("{prefix}-{:x}{n:x}", t & 0xffff_ffff)
+    }
+
+    /// A fresh sampling seed for a request that gives none.
+    fn fresh_seed(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The spec of `key` if it is offered, available and not loading; a typed error otherwise.
+    fn check_model(&self, key: &str) -> ApiResult<ModelSpec> {
+        if !self.offered.iter().any(|k| k == key) {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "model_not_found",
+                format!("model `{key}` is not offered here; GET /v1/models lists them"),
+            ));
+        }
+        let spec = self.registry.spec(key)?;
+        if !spec.available {
+            return Err(Error::ModelUnavailable {
+                key: key.into(),
+                label: spec.label.clone(),
+            }
+            .into());
+        }
+        if self.loading.lock().iter().any(|k| k == key) {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "model_loading",
+                format!("model `{key}` is still loading; retry shortly"),
+            ));
+        }
+        Ok(spec.clone())
+    }
+}
+
+/// Runs blocking work (loading, rendering, tokenizing, a policy step) off the async executor.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> ApiResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("a worker task failed: {e}")))?
+        .map_err(ApiError::from)
+}
+
+/// The router with every route and limit; mount it in a host app's axum app if you like.
+pub fn router(state: Arc<AppState>) -> Router {
+    let protected = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat::chat))
+        .route("/v1/episodes", post(episodes::create))
+        .route("/v1/episodes/{id}/act", post(episodes::act))
+        .route("/v1/episodes/{id}", delete(episodes::delete))
+        .route("/metrics", get(metrics::metrics))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .merge(protected)
+        .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))
+        .with_state(state)
+}
+
+async fn auth(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    req: Request,
+    next: Next,
+) -> Response {
+    if let Some(token) = &st.cfg.token {
+        let ok = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|t| t == token);
+        if !ok {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_api_key",
+                "missing or wrong bearer token (Authorization: Bearer <token>)",
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let data: Vec<serde_json::Value> = st
+        .registry
+        .specs()
+        .filter(|s| st.offered.contains(&s.key))
+        .map(|s| json!({"id": s.key, "object": "model", "created": 0, "owned_by": "policy-serve", "label": s.label, "available": s.available, "loaded": s.is_demo() || st.registry.is_loaded(&s.key)}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+/// Starts loading the offered models in the background; requests for them get 503 meanwhile.
+pub fn preload(state: &Arc<AppState>) {
+    for key in state.offered.clone() {
+        if state
+            .registry
+            .spec(&key)
+            .map(|s| s.is_demo() || !s.available)
+            .unwrap_or(true)
+        {
+            continue;
+        }
+        state.loading.lock().push(key.clone());
+        let st = state.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = st.registry.model(&key) {
+                tracing::warn!(model = %key, error = %e, "preload failed");
+            }
+            st.loading.lock().retain(|k| k != &key);
+        });
+    }
+}
+
+/// Drops episodes idle for longer than the TTL, every quarter TTL.
+pub fn spawn_sweeper(state: &Arc<AppState>) {
+    let st = state.clone();
+    tokio::spawn(async move {
+        let ttl = Duration::from_secs(st.cfg.episode_ttl_secs.max(1));
+        loop {
+            tokio::time::sleep(ttl / 4).await;
+            st.episodes
+                .lock()
+                .retain(|_, e| e.last_used.elapsed() < ttl);
+        }
+    });
+}
+
+/// Binds `cfg.addr` and serves until Ctrl-C.
+pub async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
+    if !cfg.addr.ip().is_loopback() {
+        tracing::warn!(addr = %cfg.addr, token = cfg.token.is_some(), "listening beyond loopback");
+    }
+    let state = AppState::new(cfg.clone())?;
+    if cfg.preload {
+        preload(&state);
+    }
+    spawn_sweeper(&state);
+    let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
+    println!(
+        "policy-serve listening on http://{} (models: {})",
+        listener.local_addr()?,
+        state.offered.join(", ")
+    );
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}
