@@ -63,7 +63,7 @@ fn op_checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
     let k = CudaKernels::new(dev, dt)?.ok_or("no kernels")?;
     for &(rows, n) in &[(1usize, 1024usize), (7, 2048), (300, 1024)] {
         let (x, r) = (randn(&[rows, n], dt, dev)?, randn(&[rows, n], dt, dev)?);
-        let w = (randn(&[n], dt, dev)? * 0.1 + 1.0)?.to_dtype(dt)?;
+        let w = randn(&[n], dt, dev)?.affine(0.1, 1.0)?;
         let (out, res) = k.add_rmsnorm(Some(&x), &r, &w, 1e-6)?;
         let s = (&r + &x)?;
         let reference =
@@ -137,8 +137,8 @@ fn qk_rope_checks(k: &CudaKernels, dev: &Device, dt: DType, t: &mut Table) -> Re
     for &tokens in &[1usize, 17, 512] {
         let slots_total = 4096;
         let qkv = randn(&[tokens, (nh + 2 * nkv) * hd], dt, dev)?;
-        let qw = (randn(&[hd], dt, dev)? * 0.1 + 1.0)?.to_dtype(dt)?;
-        let kw = (randn(&[hd], dt, dev)? * 0.1 + 1.0)?.to_dtype(dt)?;
+        let qw = randn(&[hd], dt, dev)?.affine(0.1, 1.0)?;
+        let kw = randn(&[hd], dt, dev)?.affine(0.1, 1.0)?;
         let positions: Vec<u32> = (0..tokens as u32).map(|i| (i * 37 + 5) % 8000).collect();
         let slots: Vec<u32> = (0..tokens as u32)
             .map(|i| (i * 7 + 3) % slots_total as u32)

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Compare our logits (.npy from `policy-serve logits`) with HF transformers' Qwen3 on the same
-checkpoint. Runs on the GPU machine (torch + transformers there).
+"""Our logits (.npy files from `policy-serve logits`) against HF transformers' Qwen3 on the same
+checkpoint. The reference is torch in f32 math on the checkpoint's (bf16) weights; torch's own
+bf16 inference is measured against the same reference, so the two errors sit side by side.
+Runs on the GPU machine (torch + transformers there).
 
-    python3 scripts/hf_logits_check.py MODEL_DIR IDS OURS.npy DTYPE   # DTYPE: float32 | bfloat16
+    python3 scripts/hf_logits_check.py MODEL_DIR IDS NAME=OURS.npy [NAME=OURS.npy ...]
 """
 import sys
 
@@ -10,14 +12,28 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
-model_dir, ids, ours_path, dtype = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-ids = [int(x) for x in ids.split(",")]
-model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=getattr(torch, dtype)).cuda().eval()
-with torch.no_grad():
-    ref = model(torch.tensor([ids]).cuda()).logits[0].float().cpu().numpy()
-ours = np.load(ours_path)
-assert ours.shape == ref.shape, (ours.shape, ref.shape)
-diff = np.abs(ours - ref)
+model_dir, ids = sys.argv[1], [int(x) for x in sys.argv[2].split(",")]
+ours = dict(a.split("=", 1) for a in sys.argv[3:])
+
+
+def logits(dtype):
+    m = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dtype).cuda().eval()
+    with torch.no_grad():
+        out = m(torch.tensor([ids]).cuda()).logits[0].float().cpu().numpy()
+    del m
+    torch.cuda.empty_cache()
+    return out
+
+
+ref = logits(torch.float32)
+runs = {"torch-bf16": logits(torch.bfloat16)}
+for name, path in ours.items():
+    runs[name] = np.load(path)
 scale = np.abs(ref).max()
-agree = (ours.argmax(-1) == ref.argmax(-1)).mean()
-print(f"hf-check {dtype}: positions {len(ids)} max_abs_diff {diff.max():.5f} max|logit| {scale:.2f} rel {diff.max() / scale:.2e} mean_abs_diff {diff.mean():.5f} argmax_agree {agree:.3f}")
+for name, x in runs.items():
+    assert x.shape == ref.shape, (name, x.shape, ref.shape)
+    d = np.abs(x - ref)
+    agree = (x.argmax(-1) == ref.argmax(-1)).mean()
+    agree_t = (x.argmax(-1) == runs["torch-bf16"].argmax(-1)).mean()
+    print(f"hf-check {name:>10} vs torch-f32: positions {len(ids)} rel {d.max() / scale:.2e} "
+          f"mean_abs {d.mean():.5f} argmax_agree {agree:.3f} (vs torch-bf16 {agree_t:.3f})")
