@@ -70,11 +70,21 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ k_ca
   }
   const uint32_t* table = block_tables + (size_t)b * W;
   const size_t head_base = (size_t)kh * num_slots;
-  for (int p = start + grp; p < end; p += GROUPS) {
-    size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
-    size_t off = (head_base + slot) * HD + lane * PER;
+  // Both half-warps of a warp run the same number of iterations (the shuffles below need the
+  // whole warp); a half-warp past the end computes nothing and keeps its state.
+  for (int base = start + (grp & ~1); base < end; base += GROUPS) {
+    const int p = base + (grp & 1);
+    const bool valid = p < end;
     float kv[PER];
-    load8(k_cache + off, kv);
+    size_t off = 0;
+    if (valid) {
+      size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
+      off = (head_base + slot) * HD + lane * PER;
+      load8(k_cache + off, kv);
+    } else {
+#pragma unroll
+      for (int i = 0; i < PER; ++i) kv[i] = 0.f;
+    }
     float s[G];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -85,6 +95,7 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ k_ca
       for (int o = LANES / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o, LANES);
       s[g] = d;
     }
+    if (!valid) continue;
     load8(v_cache + off, kv);
 #pragma unroll
     for (int g = 0; g < G; ++g) {
