@@ -545,8 +545,7 @@ fn nccl_selftest(
 ) -> Result<(), Box<dyn std::error::Error>> {
     use policy_serve::engine::CommBackend;
     use policy_serve::engine::kv_cache::PagedKvCache;
-    use policy_serve::engine::loader::load_shard;
-    use policy_serve::engine::qwen3::{LogitRows, SeqInput, Shard};
+    use policy_serve::engine::qwen3::{LogitRows, SeqInput};
     let comm = policy_serve::engine::nccl::NcclComm::connect(
         0,
         1,
@@ -566,16 +565,7 @@ fn nccl_selftest(
         .max_all()?
         .to_scalar::<f32>()?;
     comm.barrier()?;
-    let mcfg = policy_serve::engine::ModelConfig::from_json(&cfg.to_string())?;
-    let model = load_shard(
-        "bench",
-        &mcfg,
-        &[dir.join("model.safetensors")],
-        choice(dtype),
-        dev,
-        Shard::FULL,
-        || {},
-    )?;
+    let (mcfg, model) = load_bare(dir, cfg, dtype, dev)?;
     let cache = PagedKvCache::new(&mcfg, model.local_kv_heads(), 8, 16, dtype, dev)?;
     let tokens = prompt(100, 3);
     let table: Vec<u32> = (0..8).collect();
@@ -618,18 +608,8 @@ fn profile_steps(
     a: &Args,
 ) -> Result<(), Box<dyn std::error::Error>> {
     use policy_serve::engine::kv_cache::PagedKvCache;
-    use policy_serve::engine::loader::load_shard;
-    use policy_serve::engine::qwen3::{LogitRows, SeqInput, Shard};
-    let mcfg = policy_serve::engine::ModelConfig::from_json(&cfg.to_string())?;
-    let model = load_shard(
-        "bench",
-        &mcfg,
-        &[dir.join("model.safetensors")],
-        choice(dtype),
-        dev,
-        Shard::FULL,
-        || {},
-    )?;
+    use policy_serve::engine::qwen3::{LogitRows, SeqInput};
+    let (mcfg, model) = load_bare(dir, cfg, dtype, dev)?;
     for &b in &a.batches {
         let per_seq = (a.prompt + a.new_tokens).div_ceil(16);
         let cache = PagedKvCache::new(&mcfg, model.local_kv_heads(), b * per_seq, 16, dtype, dev)?;
@@ -687,4 +667,30 @@ fn choice(d: DType) -> DTypeChoice {
         DType::F16 => DTypeChoice::F16,
         _ => DTypeChoice::F32,
     }
+}
+
+/// The bench model as a bare `Qwen3` (no engine), for step timing and the NCCL self-test.
+fn load_bare(
+    dir: &Path,
+    cfg: &serde_json::Value,
+    dtype: DType,
+    dev: &Device,
+) -> Result<
+    (
+        policy_serve::engine::ModelConfig,
+        policy_serve::engine::qwen3::Qwen3,
+    ),
+    Box<dyn std::error::Error>,
+> {
+    let mcfg = policy_serve::engine::ModelConfig::from_json(&cfg.to_string())?;
+    let model = policy_serve::engine::loader::load_shard(
+        "bench",
+        &mcfg,
+        &[dir.join("model.safetensors")],
+        choice(dtype),
+        dev,
+        policy_serve::engine::qwen3::Shard::FULL,
+        || {},
+    )?;
+    Ok((mcfg, model))
 }
