@@ -124,7 +124,77 @@ fn op_checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
             );
         }
     }
+    for &(nh, nkv) in &[(16usize, 8usize), (32, 8), (16, 16)] {
+        for (specs, name) in [
+            (vec![(2usize, 2usize)], "one 2-token prompt"),
+            (vec![(512, 512)], "512 prompt"),
+            (vec![(200, 700)], "200 over cached 500"),
+            (vec![(17, 17), (64, 64), (33, 300), (512, 512), (5, 1029)], "5 ragged, cached prefixes"),
+            (vec![(2048, 2048)], "2048 prompt"),
+        ] {
+            if (nh, nkv) != (16, 8) && specs.len() > 1 {
+                continue;
+            }
+            let e = prefill_check(&k, dev, dt, &specs, nh, nkv)?;
+            t.check(format!("paged_prefill {dt:?} {name} nh {nh} nkv {nkv}"), e, tol(dt));
+        }
+    }
     Ok(())
+}
+
+/// Prefill chunks `(q_len, ctx)` of several sequences in one launch against a per-token f32
+/// reference (causal over the cached prefix plus the chunk).
+fn prefill_check(k: &CudaKernels, dev: &Device, dt: DType, specs: &[(usize, usize)], nh: usize, nkv: usize) -> Res<f32> {
+    let (hd, bs, tile) = (128usize, 16usize, 16usize);
+    let total_blocks: usize = specs.iter().map(|(_, c)| c.div_ceil(bs)).sum::<usize>() + 1;
+    let kc = randn(&[nkv, total_blocks * bs, hd], dt, dev)?;
+    let vc = randn(&[nkv, total_blocks * bs, hd], dt, dev)?;
+    let t: usize = specs.iter().map(|(q, _)| q).sum();
+    let q = (randn(&[t, nh, hd], dt, dev)? * (1.0 / (hd as f64).sqrt()))?.to_dtype(dt)?;
+    let (mut tiles, mut meta, mut tables, mut per_seq) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut row, mut next_block) = (0usize, 0usize);
+    for (si, &(ql, ctx)) in specs.iter().enumerate() {
+        let n = ctx.div_ceil(bs);
+        // Blocks in reverse order, so the table is not the identity.
+        let table: Vec<u32> = (0..n).rev().map(|b| (next_block + b) as u32).collect();
+        next_block += n;
+        for q0 in (0..ql).step_by(tile) {
+            tiles.extend([si as u32, q0 as u32]);
+        }
+        meta.extend([row as u32, ql as u32, ctx as u32, tables.len() as u32]);
+        tables.extend_from_slice(&table);
+        per_seq.push((row, ql, ctx, table));
+        row += ql;
+    }
+    let out = Tensor::zeros((t, nh * hd), dt, dev)?;
+    k.paged_prefill_into(
+        &q, &kc, &vc,
+        &Tensor::new(tiles.as_slice(), dev)?,
+        &Tensor::new(meta.as_slice(), dev)?,
+        &Tensor::new(tables.as_slice(), dev)?,
+        bs, &out,
+    )?;
+    let g = nh / nkv;
+    let mut worst = 0f32;
+    for (row, ql, ctx, table) in per_seq {
+        let slots: Vec<u32> = (0..ctx).map(|p| table[p / bs] * bs as u32 + (p % bs) as u32).collect();
+        let idx = Tensor::new(slots.as_slice(), dev)?;
+        let kk = kc.index_select(&idx, 1)?.to_dtype(DType::F32)?; // [nkv, ctx, hd]
+        let vv = vc.index_select(&idx, 1)?.to_dtype(DType::F32)?;
+        // [nkv, g * ql, hd] queries; causal mask: query i sees keys <= ctx - ql + i.
+        let qs = q.narrow(0, row, ql)?.to_dtype(DType::F32)?.transpose(0, 1)?.contiguous()?.reshape((nkv, g * ql, hd))?;
+        let mask: Vec<f32> = (0..g * ql)
+            .flat_map(|r| {
+                let i = r % ql;
+                (0..ctx).map(move |j| if j <= ctx - ql + i { 0.0 } else { f32::NEG_INFINITY })
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, (g * ql, ctx), dev)?;
+        let p = candle_nn::ops::softmax_last_dim(&qs.matmul(&kk.transpose(1, 2)?)?.broadcast_add(&mask)?)?;
+        let o = p.matmul(&vv)?.reshape((nh, ql, hd))?.transpose(0, 1)?.reshape((ql, nh * hd))?;
+        worst = worst.max(rel(&out.narrow(0, row, ql)?, &o)?);
+    }
+    Ok(worst)
 }
 
 fn qk_rope_checks(k: &CudaKernels, dev: &Device, dt: DType, t: &mut Table) -> Res<()> {

@@ -169,6 +169,102 @@ __device__ void paged_decode_reduce(const float* __restrict__ part_acc,
   out[((size_t)b * nh + h) * HD + d] = (T)(L > 0.f ? A / L : 0.f);
 }
 
+
+// Varlen causal attention of prefill chunks over the paged caches (CUDA cores, f32 math).
+// A block takes BQ query tokens of one sequence and one KV head, i.e. BQ * G query rows, and
+// walks the keys of the sequence up to its last query token in chunks of BK tokens staged in
+// shared memory (read through the block table), with an online softmax per row: no score
+// matrix is stored, so memory stays bounded for any prompt length. TPR = THREADS / (BQ * G)
+// threads share a row, each holding HD / TPR dims.
+//   tiles    [num_tiles * 2]: (prefill sequence, first query token of the tile)
+//   seq_meta [S * 4]: (first row of the sequence in q/out, new tokens, context length,
+//                      offset of its block table in `tables`)
+constexpr int BQ = 16;
+constexpr int BK = 32;
+
+template <typename T, int G>
+__device__ void paged_prefill(const T* __restrict__ q, const T* __restrict__ k_cache,
+                              const T* __restrict__ v_cache, const uint32_t* __restrict__ tiles,
+                              const uint32_t* __restrict__ seq_meta,
+                              const uint32_t* __restrict__ tables, T* __restrict__ out,
+                              int block_size, long long num_slots, int nkv) {
+  constexpr int ROWS = BQ * G;
+  constexpr int TPR = THREADS / ROWS;
+  constexpr int DPT = HD / TPR;
+  const int tile = blockIdx.x, kh = blockIdx.y, nh = nkv * G;
+  const uint32_t seq = tiles[2 * tile], q_off = tiles[2 * tile + 1];
+  const uint32_t row0 = seq_meta[4 * seq], q_len = seq_meta[4 * seq + 1];
+  const uint32_t ctx = seq_meta[4 * seq + 2];
+  const uint32_t* table = tables + seq_meta[4 * seq + 3];
+  const int r = threadIdx.x / TPR, part = threadIdx.x % TPR;
+  const int i = r / G, g = r % G;
+  const bool valid = q_off + i < q_len;
+  const int q_pos = (int)(ctx - q_len + q_off + i);  // absolute position of this query
+  const int h = kh * G + g;
+  const int d0 = part * DPT;
+  float qv[DPT], acc[DPT];
+  if (valid) {
+    const T* qp = q + ((size_t)(row0 + q_off + i) * nh + h) * HD + d0;
+#pragma unroll
+    for (int d = 0; d < DPT; d += PER) load8(qp + d, qv + d);
+  } else {
+#pragma unroll
+    for (int d = 0; d < DPT; ++d) qv[d] = 0.f;
+  }
+#pragma unroll
+  for (int d = 0; d < DPT; ++d) acc[d] = 0.f;
+  float m = -INFINITY, l = 0.f;
+  const int last = min((int)q_len, (int)q_off + BQ) - 1;
+  const int kend = (int)(ctx - q_len) + last + 1;  // keys this tile needs
+  __shared__ __align__(16) T ks[BK][HD];
+  __shared__ __align__(16) T vs[BK][HD];
+  const size_t head_base = (size_t)kh * num_slots;
+  for (int c0 = 0; c0 < kend; c0 += BK) {
+    const int n = min(BK, kend - c0);
+    // Stage K/V rows c0 .. c0 + n: 8 elements (16 bytes for bf16) per thread and step.
+    for (int e = threadIdx.x; e < n * (HD / PER); e += THREADS) {
+      int j = e / (HD / PER), d = (e % (HD / PER)) * PER;
+      int p = c0 + j;
+      size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
+      size_t off = (head_base + slot) * HD + d;
+      if (sizeof(T) == 2) {
+        *reinterpret_cast<uint4*>(&ks[j][d]) = *reinterpret_cast<const uint4*>(k_cache + off);
+        *reinterpret_cast<uint4*>(&vs[j][d]) = *reinterpret_cast<const uint4*>(v_cache + off);
+      } else {
+#pragma unroll
+        for (int x = 0; x < PER; ++x) {
+          ks[j][d + x] = k_cache[off + x];
+          vs[j][d + x] = v_cache[off + x];
+        }
+      }
+    }
+    __syncthreads();
+    for (int j = 0; j < n; ++j) {
+      float s = 0.f;
+#pragma unroll
+      for (int d = 0; d < DPT; ++d) s += qv[d] * (float)ks[j][d0 + d];
+#pragma unroll
+      for (int o = TPR / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o, TPR);
+      if (valid && c0 + j <= q_pos) {
+        float mn = fmaxf(m, s);
+        float scale = __expf(m - mn);
+        float e = __expf(s - mn);
+        l = l * scale + e;
+#pragma unroll
+        for (int d = 0; d < DPT; ++d) acc[d] = acc[d] * scale + e * (float)vs[j][d0 + d];
+        m = mn;
+      }
+    }
+    __syncthreads();
+  }
+  if (valid) {
+    T* op = out + ((size_t)(row0 + q_off + i) * nh + h) * HD + d0;
+    float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+    for (int d = 0; d < DPT; ++d) op[d] = (T)(acc[d] * inv);
+  }
+}
+
 }  // namespace
 
 #define PS_DECODE(T, NAME, G)                                                                    \
@@ -180,7 +276,19 @@ __device__ void paged_decode_reduce(const float* __restrict__ part_acc,
                        block_size, num_slots, nkv, part);                                       \
   }
 
+#define PS_PREFILL(T, NAME, G)                                                                   \
+  extern "C" __global__ void __launch_bounds__(THREADS) paged_prefill_g##G##_##NAME(           \
+      const T* q, const T* k_cache, const T* v_cache, const uint32_t* tiles,                    \
+      const uint32_t* seq_meta, const uint32_t* tables, T* out, int block_size,                 \
+      long long num_slots, int nkv) {                                                           \
+    paged_prefill<T, G>(q, k_cache, v_cache, tiles, seq_meta, tables, out, block_size,          \
+                        num_slots, nkv);                                                        \
+  }
+
 #define PS_ATTENTION(T, NAME)                                                                    \
+  PS_PREFILL(T, NAME, 1)                                                                         \
+  PS_PREFILL(T, NAME, 2)                                                                         \
+  PS_PREFILL(T, NAME, 4)                                                                         \
   PS_DECODE(T, NAME, 1)                                                                          \
   PS_DECODE(T, NAME, 2)                                                                          \
   PS_DECODE(T, NAME, 4)                                                                          \

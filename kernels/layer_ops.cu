@@ -179,6 +179,33 @@ __device__ void argmax_rows(const T* __restrict__ x, uint32_t* __restrict__ out,
   }
 }
 
+
+// out[t] = table[ids[t]]: one block per token.
+template <typename T>
+__device__ void embedding(const T* __restrict__ table, const uint32_t* __restrict__ ids,
+                          T* __restrict__ out, int n) {
+  const T* src = table + (size_t)ids[blockIdx.x] * n;
+  T* dst = out + (size_t)blockIdx.x * n;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+
+// out[r] = x[rows[r]]: one block per output row.
+template <typename T>
+__device__ void gather_rows(const T* __restrict__ x, const uint32_t* __restrict__ rows,
+                            T* __restrict__ out, int n) {
+  const T* src = x + (size_t)rows[blockIdx.x] * n;
+  T* dst = out + (size_t)blockIdx.x * n;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+
+// f32 copy of x (logits for the host and for sampling).
+template <typename T>
+__device__ void to_f32(const T* __restrict__ x, float* __restrict__ out, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x)
+    out[i] = to_f(x[i]);
+}
+
 }  // namespace
 
 #define PS_LAYER_OPS(T, NAME)                                                                   \
@@ -205,6 +232,17 @@ __device__ void argmax_rows(const T* __restrict__ x, uint32_t* __restrict__ out,
   }                                                                                             \
   extern "C" __global__ void argmax_rows_##NAME(const T* x, uint32_t* out, int n) {            \
     argmax_rows<T>(x, out, n);                                                                  \
+  }                                                                                             \
+  extern "C" __global__ void embedding_##NAME(const T* table, const uint32_t* ids, T* out,      \
+                                              int n) {                                          \
+    embedding<T>(table, ids, out, n);                                                           \
+  }                                                                                             \
+  extern "C" __global__ void gather_rows_##NAME(const T* x, const uint32_t* rows, T* out,       \
+                                                int n) {                                        \
+    gather_rows<T>(x, rows, out, n);                                                            \
+  }                                                                                             \
+  extern "C" __global__ void to_f32_##NAME(const T* x, float* out, long long n) {              \
+    to_f32<T>(x, out, n);                                                                       \
   }
 
 PS_LAYER_OPS(__nv_bfloat16, bf16)

@@ -22,6 +22,8 @@ pub(crate) enum AttnGroup {
     /// of the first among the batch's one-token sequences (its row of the kernel's tables).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     KernelDecode { n: usize, first: usize },
+    /// One sequence with `q_len` new tokens that the prefill kernel serves.
+    KernelPrefill { q_len: usize },
     /// `n` consecutive one-token sequences; `idx` `[n * max_ctx]` slot indices, `mask` `[1, n, 1, max_ctx]`.
     Decode {
         n: usize,
@@ -40,13 +42,15 @@ pub(crate) enum AttnGroup {
 
 impl AttnPlan {
     /// The plan of a batch; with `decode_by_kernel`, runs of one-token sequences become
-    /// [`AttnGroup::KernelDecode`] (no gather indices are built for them).
+    /// [`AttnGroup::KernelDecode`], and with `prefill_by_kernel` other sequences become
+    /// [`AttnGroup::KernelPrefill`] (no gather indices or masks are built for them).
     pub(crate) fn new(
         seqs: &[SeqInput<'_>],
         bs: usize,
         dev: &Device,
         dtype: DType,
         decode_by_kernel: bool,
+        prefill_by_kernel: bool,
     ) -> Result<Self> {
         let slots_of = |s: &SeqInput<'_>, out: &mut Vec<u32>| {
             for p in 0..s.context_len {
@@ -97,6 +101,11 @@ impl AttnPlan {
                     },
                 });
                 i = j;
+            } else if prefill_by_kernel {
+                groups.push(AttnGroup::KernelPrefill {
+                    q_len: seqs[i].q_len,
+                });
+                i += 1;
             } else {
                 let s = &seqs[i];
                 let mut idx = Vec::with_capacity(s.context_len);
@@ -165,7 +174,7 @@ impl AttnGroup {
     pub(crate) fn tokens(&self) -> usize {
         match self {
             Self::KernelDecode { n, .. } | Self::Decode { n, .. } => *n,
-            Self::Prefill { q_len, .. } => *q_len,
+            Self::Prefill { q_len, .. } | Self::KernelPrefill { q_len } => *q_len,
         }
     }
 }
@@ -182,9 +191,9 @@ pub(crate) fn attend_group(
 ) -> Result<Tensor> {
     let g = nh / nkv;
     match group {
-        AttnGroup::KernelDecode { .. } => Err(crate::error::Error::Engine(
-            "a kernel decode group reached the gather path".into(),
-        )),
+        AttnGroup::KernelDecode { .. } | AttnGroup::KernelPrefill { .. } => Err(
+            crate::error::Error::Engine("a kernel group reached the gather path".into()),
+        ),
         AttnGroup::Decode {
             n,
             max_ctx,

@@ -77,6 +77,24 @@ impl Norm {
     }
 }
 
+/// The kernels available while loading (stacking weights by device copies).
+#[cfg(feature = "cuda")]
+type Kx<'a> = Option<&'a super::cuda::CudaKernels>;
+/// The kernels available while loading (none without the `cuda` feature).
+#[cfg(not(feature = "cuda"))]
+type Kx<'a> = Option<&'a std::convert::Infallible>;
+
+/// Stacks weights along dim 0; on CUDA with the kernels by device copies, so that loading
+/// compiles no candle kernel (cold start).
+fn cat0(parts: &[Tensor], kx: Kx<'_>) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if let Some(k) = kx {
+        return k.cat_rows(parts);
+    }
+    let _ = kx;
+    Ok(Tensor::cat(parts, 0)?)
+}
+
 fn rms(ck: &Checkpoint, name: &str, size: usize, eps: f64) -> Result<Norm> {
     Ok(Norm::new(ck.get(name, &[size])?, eps))
 }
@@ -95,7 +113,7 @@ pub struct Attention {
 impl Attention {
     /// Loads layer `p`'s attention (this rank's heads: q/k/v by output rows, o_proj by input
     /// columns).
-    fn load(cfg: &ModelConfig, ck: &Checkpoint, p: &str, shard: Shard) -> Result<Self> {
+    fn load(cfg: &ModelConfig, ck: &Checkpoint, p: &str, shard: Shard, kx: Kx<'_>) -> Result<Self> {
         let (h, hd) = (cfg.hidden_size, cfg.head_dim());
         let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
         let eps = cfg.rms_norm_eps;
@@ -105,23 +123,25 @@ impl Attention {
         let k = rows("k_proj.weight", &[nkv * hd, h])?;
         let v = rows("v_proj.weight", &[nkv * hd, h])?;
         let bias = if cfg.attention_bias {
-            Some(Tensor::cat(
+            Some(cat0(
                 &[
                     rows("q_proj.bias", &[nh * hd])?,
                     rows("k_proj.bias", &[nkv * hd])?,
                     rows("v_proj.bias", &[nkv * hd])?,
                 ],
-                0,
+                kx,
             )?)
         } else {
             None
         };
         Ok(Self {
-            qkv: Linear::new(Tensor::cat(&[q, k, v], 0)?, bias),
+            qkv: Linear::new(cat0(&[q, k, v], kx)?, bias),
             // The attention scale 1/sqrt(head_dim) is folded into q_norm's weight (RoPE is
             // linear), which saves one op per layer and step.
             q_norm: Norm::new(
-                (w("q_norm.weight", &[hd])? * (1.0 / (hd as f64).sqrt()))?,
+                (ck.get_on(&format!("{p}.self_attn.q_norm.weight"), &[hd], &Device::Cpu)?
+                    * (1.0 / (hd as f64).sqrt()))?
+                .to_device(ck.device())?,
                 eps,
             ),
             k_norm: rms(ck, &format!("{p}.self_attn.k_norm.weight"), hd, eps)?,
@@ -166,13 +186,13 @@ pub struct Mlp {
 
 impl Mlp {
     /// Loads layer `p`'s MLP (gate/up by output rows, down by input columns).
-    fn load(cfg: &ModelConfig, ck: &Checkpoint, p: &str, shard: Shard) -> Result<Self> {
+    fn load(cfg: &ModelConfig, ck: &Checkpoint, p: &str, shard: Shard, kx: Kx<'_>) -> Result<Self> {
         let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
         let w = |n: &str, shape: &[usize]| ck.get(&format!("{p}.mlp.{n}"), shape);
         let gate = shard.slice(w("gate_proj.weight", &[inter, h])?, 0)?;
         let up = shard.slice(w("up_proj.weight", &[inter, h])?, 0)?;
         Ok(Self {
-            gate_up: Linear::new(Tensor::cat(&[gate, up], 0)?, None),
+            gate_up: Linear::new(cat0(&[gate, up], kx)?, None),
             down: Linear::new(shard.slice(w("down_proj.weight", &[h, inter])?, 1)?, None),
             intermediate: inter / shard.world,
         })
@@ -196,14 +216,14 @@ pub(crate) struct Layer {
 }
 
 impl Layer {
-    fn load(cfg: &ModelConfig, ck: &Checkpoint, i: usize, shard: Shard) -> Result<Self> {
+    fn load(cfg: &ModelConfig, ck: &Checkpoint, i: usize, shard: Shard, kx: Kx<'_>) -> Result<Self> {
         let p = format!("model.layers.{i}");
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         Ok(Self {
             input_norm: rms(ck, &format!("{p}.input_layernorm.weight"), h, eps)?,
-            attn: Attention::load(cfg, ck, &p, shard)?,
+            attn: Attention::load(cfg, ck, &p, shard, kx)?,
             post_norm: rms(ck, &format!("{p}.post_attention_layernorm.weight"), h, eps)?,
-            mlp: Mlp::load(cfg, ck, &p, shard)?,
+            mlp: Mlp::load(cfg, ck, &p, shard, kx)?,
         })
     }
 
@@ -253,9 +273,15 @@ impl Qwen3 {
         shard.check(cfg)?;
         let h = cfg.hidden_size;
         let embed = ck.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
+        #[cfg(feature = "cuda")]
+        let kernels = super::cuda::CudaKernels::for_model(cfg, device, dtype)?;
+        #[cfg(feature = "cuda")]
+        let kx = kernels.as_ref();
+        #[cfg(not(feature = "cuda"))]
+        let kx = None;
         let mut layers = Vec::new();
         for i in 0..cfg.num_hidden_layers {
-            layers.push(Layer::load(cfg, ck, i, shard)?);
+            layers.push(Layer::load(cfg, ck, i, shard, kx)?);
             progress();
         }
         let norm = rms(ck, "model.norm.weight", h, cfg.rms_norm_eps)?;
@@ -275,7 +301,7 @@ impl Qwen3 {
             sin,
             inv_freq,
             #[cfg(feature = "cuda")]
-            kernels: super::cuda::CudaKernels::for_model(cfg, device, dtype)?,
+            kernels,
             num_kv_heads: cfg.num_key_value_heads / shard.world,
             head_dim: cfg.head_dim(),
             device: device.clone(),
@@ -419,7 +445,7 @@ impl Qwen3 {
                 .reshape((1, total, 1))?
                 .broadcast_as((nkv, total, hd))?
                 .contiguous()?,
-            plan: AttnPlan::new(seqs, bs, dev, self.dtype, false)?,
+            plan: AttnPlan::new(seqs, bs, dev, self.dtype, false, false)?,
             cache,
             comm,
         };
@@ -464,10 +490,20 @@ fn rope_tables(
     let dim = cfg.head_dim();
     let max = max.max(1);
     let inv = inv_freq(cfg);
-    let inv = Tensor::from_vec(inv, (1, dim / 2), dev)?;
-    let t = Tensor::arange(0u32, max as u32, dev)?
-        .to_dtype(DType::F32)?
-        .reshape((max, 1))?;
-    let freqs = t.matmul(&inv)?;
-    Ok((freqs.cos()?.to_dtype(dtype)?, freqs.sin()?.to_dtype(dtype)?))
+    // On the host, then one upload each (no device kernel to compile at load).
+    let mut cos = Vec::with_capacity(max * dim / 2);
+    let mut sin = Vec::with_capacity(max * dim / 2);
+    for p in 0..max {
+        for f in &inv {
+            let (s, c) = (p as f32 * f).sin_cos();
+            cos.push(c);
+            sin.push(s);
+        }
+    }
+    let table = |v: Vec<f32>| -> Result<Tensor> {
+        Ok(Tensor::from_vec(v, (max, dim / 2), &Device::Cpu)?
+            .to_dtype(dtype)?
+            .to_device(dev)?)
+    };
+    Ok((table(cos)?, table(sin)?))
 }

@@ -71,8 +71,18 @@ impl Checkpoint {
             })
     }
 
+    /// The device tensors are loaded onto.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     /// Loads one tensor, checking it exists with this shape and a float dtype.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.get_on(name, shape, &self.device)
+    }
+
+    /// [`Checkpoint::get`] onto another device (e.g. the CPU, to adjust a small tensor first).
+    pub fn get_on(&self, name: &str, shape: &[usize], device: &Device) -> Result<Tensor> {
         let bad = |reason: String| Error::Checkpoint {
             tensor: name.to_string(),
             file: self.file_of(name),
@@ -94,7 +104,7 @@ impl Checkpoint {
         }
         let t = self
             .st
-            .load(name, &self.device)
+            .load(name, device)
             .map_err(|e| bad(e.to_string()))?;
         t.to_dtype(self.dtype).map_err(|e| bad(e.to_string()))
     }

@@ -9,7 +9,7 @@
 
 use candle_core::{Module, Tensor};
 
-use super::CudaKernels;
+use super::{CudaKernels, PREFILL_TILE};
 use crate::engine::attention::{AttnGroup, AttnPlan, attend_group};
 use crate::engine::comm::CommBackend;
 use crate::engine::kv_cache::PagedKvCache;
@@ -37,13 +37,17 @@ impl Qwen3 {
         let bs = cache.block_size();
         let (positions, slots) = self.batch_slots(tokens, seqs, bs)?;
         let t = tokens.len();
+        let first = self.layers.first().map(|l| &l.attn);
+        let group = first.map_or(1, |a| a.num_heads / a.num_kv_heads.max(1));
+        let prefill_kernel = CudaKernels::prefill_supports(group);
         let decode: Vec<&SeqInput<'_>> = seqs.iter().filter(|s| s.q_len == 1).collect();
         let width = decode
             .iter()
             .map(|s| s.context_len.div_ceil(bs))
             .max()
             .unwrap_or(0);
-        // One upload: ids | positions | slots | decode context lengths | decode block tables.
+        // One upload: ids | positions | slots | decode context lengths | decode block tables |
+        // prefill tiles | prefill sequence metadata | prefill block tables.
         let mut packed = Vec::with_capacity(3 * t + decode.len() * (1 + width));
         packed.extend_from_slice(tokens);
         packed.extend_from_slice(&positions);
@@ -54,6 +58,26 @@ impl Qwen3 {
             packed.extend_from_slice(&s.block_table[..used]);
             packed.extend(std::iter::repeat_n(0u32, width - used));
         }
+        let (mut tiles, mut meta, mut ptables) = (Vec::new(), Vec::new(), Vec::new());
+        if prefill_kernel {
+            let mut row = 0u32;
+            for s in seqs {
+                if s.q_len > 1 {
+                    let idx = (meta.len() / 4) as u32;
+                    for q0 in (0..s.q_len).step_by(PREFILL_TILE) {
+                        tiles.extend([idx, q0 as u32]);
+                    }
+                    let used = s.context_len.div_ceil(bs);
+                    meta.extend([row, s.q_len as u32, s.context_len as u32, ptables.len() as u32]);
+                    ptables.extend_from_slice(&s.block_table[..used]);
+                }
+                row += s.q_len as u32;
+            }
+        }
+        let pre_at = packed.len();
+        packed.extend_from_slice(&tiles);
+        packed.extend_from_slice(&meta);
+        packed.extend_from_slice(&ptables);
         let dev = self.device();
         let packed = Tensor::new(packed.as_slice(), dev)?;
         let ids = packed.narrow(0, 0, t)?;
@@ -63,16 +87,23 @@ impl Qwen3 {
         let (ctx_lens, tables) = if nd > 0 {
             (
                 packed.narrow(0, 3 * t, nd)?,
-                packed
-                    .narrow(0, 3 * t + nd, nd * width)?
-                    .reshape((nd, width))?,
+                packed.narrow(0, 3 * t + nd, nd * width)?.reshape((nd, width))?,
             )
         } else {
             (ids.clone(), ids.clone())
         };
-        let plan = AttnPlan::new(seqs, bs, dev, self.dtype(), true)?;
+        let (tiles_t, meta_t, ptables_t) = if tiles.is_empty() {
+            (ids.clone(), ids.clone(), ids.clone())
+        } else {
+            (
+                packed.narrow(0, pre_at, tiles.len())?,
+                packed.narrow(0, pre_at + tiles.len(), meta.len())?,
+                packed.narrow(0, pre_at + tiles.len() + meta.len(), ptables.len())?,
+            )
+        };
+        let plan = AttnPlan::new(seqs, bs, dev, self.dtype(), true, prefill_kernel)?;
 
-        let mut residual = self.embed.index_select(&ids, 0)?; // [T, hidden]
+        let mut residual = k.embedding(&self.embed, &ids)?; // [T, hidden]
         let mut delta: Option<Tensor> = None;
         for (li, layer) in self.layers.iter().enumerate() {
             let a = &layer.attn;
@@ -97,31 +128,15 @@ impl Qwen3 {
                 (a.num_heads, a.num_kv_heads, a.head_dim),
                 a.q_norm.eps,
             )?;
-            let mut outs = Vec::with_capacity(plan.groups.len());
-            let mut t0 = 0;
-            for g in &plan.groups {
-                let n = g.tokens();
-                let qg = q.narrow(0, t0, n)?;
-                outs.push(match g {
-                    AttnGroup::KernelDecode { n, first } => k.paged_decode(
-                        &qg,
-                        kc,
-                        vc,
-                        &tables.narrow(0, *first, *n)?,
-                        &ctx_lens.narrow(0, *first, *n)?,
-                        bs,
-                    )?,
-                    other => {
-                        attend_group(&qg, kc, vc, other, a.num_heads, a.num_kv_heads, a.head_dim)?
-                    }
-                });
-                t0 += n;
-            }
-            let attn = if outs.len() == 1 {
-                outs.pop().expect("one group")
-            } else {
-                Tensor::cat(&outs, 0)?
-            };
+            let attn = self.attend_kernels(
+                k,
+                &q,
+                (kc, vc),
+                &plan,
+                (&tables, &ctx_lens),
+                (&tiles_t, &meta_t, &ptables_t),
+                bs,
+            )?;
             let o = reduce(a.o_proj.forward(&attn)?, comm)?;
             let (h, r) = k.add_rmsnorm(
                 Some(&o),
@@ -142,9 +157,81 @@ impl Qwen3 {
         let sel = if rows.len() == t {
             hn
         } else {
-            hn.index_select(&Tensor::new(rows.as_slice(), dev)?, 0)?
+            k.gather_rows(&hn, &Tensor::new(rows.as_slice(), dev)?)?
         };
         let logits = self.lm_head.forward(&sel)?;
-        Ok(Some(logits.to_dtype(candle_core::DType::F32)?))
+        Ok(Some(k.to_f32(&logits)?))
+    }
+
+    /// One layer's attention on the kernels: every group writes its rows of one `[T, nh * hd]`
+    /// output (decode runs through the decode kernel, all prefill chunks through one prefill
+    /// launch); groups the kernels do not serve go through the gather path.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_kernels(
+        &self,
+        k: &CudaKernels,
+        q: &Tensor,
+        (kc, vc): (&Tensor, &Tensor),
+        plan: &AttnPlan,
+        (tables, ctx_lens): (&Tensor, &Tensor),
+        (tiles, meta, ptables): (&Tensor, &Tensor, &Tensor),
+        bs: usize,
+    ) -> Result<Tensor> {
+        let (t, nh, hd) = q.dims3()?;
+        let all_kernel = plan.groups.iter().all(|g| {
+            matches!(
+                g,
+                AttnGroup::KernelDecode { .. } | AttnGroup::KernelPrefill { .. }
+            )
+        });
+        if all_kernel {
+            let out = k.alloc_out((t, nh * hd))?;
+            let mut t0 = 0;
+            let mut prefill = false;
+            for g in &plan.groups {
+                let n = g.tokens();
+                match g {
+                    AttnGroup::KernelDecode { n, first } => k.paged_decode_into(
+                        &q.narrow(0, t0, *n)?,
+                        kc,
+                        vc,
+                        &tables.narrow(0, *first, *n)?,
+                        &ctx_lens.narrow(0, *first, *n)?,
+                        bs,
+                        &out.narrow(0, t0, *n)?,
+                    )?,
+                    _ => prefill = true,
+                }
+                t0 += n;
+            }
+            if prefill {
+                k.paged_prefill_into(q, kc, vc, tiles, meta, ptables, bs, &out)?;
+            }
+            return Ok(out);
+        }
+        let a = &self.layers[0].attn;
+        let mut outs = Vec::with_capacity(plan.groups.len());
+        let mut t0 = 0;
+        for g in &plan.groups {
+            let n = g.tokens();
+            let qg = q.narrow(0, t0, n)?;
+            outs.push(match g {
+                AttnGroup::KernelDecode { n, first } => k.paged_decode(
+                    &qg,
+                    kc,
+                    vc,
+                    &tables.narrow(0, *first, *n)?,
+                    &ctx_lens.narrow(0, *first, *n)?,
+                    bs,
+                )?,
+                other => attend_group(&qg, kc, vc, other, nh, a.num_kv_heads, hd)?,
+            });
+            t0 += n;
+        }
+        Ok(if outs.len() == 1 {
+            outs.pop().expect("one group")
+        } else {
+            Tensor::cat(&outs, 0)?
+        })
     }
 }

@@ -27,6 +27,9 @@ static LAYER_OPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/layer_ops.fa
 /// Context tokens one decode-attention block takes (a partition of flash-decoding).
 const DECODE_PARTITION: usize = 256;
 
+/// Query tokens one prefill-attention block takes (`BQ` in `kernels/attention.cu`).
+pub(crate) const PREFILL_TILE: usize = 16;
+
 fn kernel_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Engine(format!("CUDA kernel {what}: {e}"))
 }
@@ -42,8 +45,12 @@ pub struct CudaKernels {
     qk_rope_hd64: CudaFunction,
     silu_mul: CudaFunction,
     argmax_f32: CudaFunction,
+    embedding: CudaFunction,
+    gather_rows: CudaFunction,
+    to_f32: CudaFunction,
     decode: [CudaFunction; 4],
     decode_reduce: CudaFunction,
+    prefill: [CudaFunction; 3],
 }
 
 impl std::fmt::Debug for CudaKernels {
@@ -87,6 +94,14 @@ impl CudaKernels {
             qk_rope_hd64: f(&layer_ops, &format!("qk_norm_rope_kv_write_hd64_{s}"))?,
             silu_mul: f(&layer_ops, &format!("silu_mul_{s}"))?,
             argmax_f32: f(&layer_ops, "argmax_rows_f32")?,
+            embedding: f(&layer_ops, &format!("embedding_{s}"))?,
+            gather_rows: f(&layer_ops, &format!("gather_rows_{s}"))?,
+            to_f32: f(&layer_ops, &format!("to_f32_{s}"))?,
+            prefill: [
+                f(&attention, &format!("paged_prefill_g1_{s}"))?,
+                f(&attention, &format!("paged_prefill_g2_{s}"))?,
+                f(&attention, &format!("paged_prefill_g4_{s}"))?,
+            ],
             decode: [
                 f(&attention, &format!("paged_decode_g1_{s}"))?,
                 f(&attention, &format!("paged_decode_g2_{s}"))?,
@@ -133,6 +148,7 @@ impl CudaKernels {
                 DType::BF16 => CudaStorageSlice::BF16(self.device.alloc::<half::bf16>(n)?),
                 DType::F32 => CudaStorageSlice::F32(self.device.alloc::<f32>(n)?),
                 DType::U32 => CudaStorageSlice::U32(self.device.alloc::<u32>(n)?),
+                DType::F16 => CudaStorageSlice::F16(self.device.alloc::<half::f16>(n)?),
                 other => return Err(kernel_err("alloc", format!("dtype {other:?}"))),
             }
         };
@@ -146,6 +162,11 @@ impl CudaKernels {
             BackpropOp::none(),
             false,
         ))
+    }
+
+    /// An output buffer of the activation dtype whose every element a kernel writes.
+    pub(crate) fn alloc_out(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        self.alloc(shape, self.dtype)
     }
 
     fn check_dtype(&self, t: &Tensor) -> Result<()> {
@@ -303,6 +324,24 @@ impl CudaKernels {
         ctx_lens: &Tensor,
         block_size: usize,
     ) -> Result<Tensor> {
+        let (b, nh, hd) = q.dims3()?;
+        let out = self.alloc((b, nh * hd), self.dtype)?;
+        self.paged_decode_into(q, k_cache, v_cache, block_tables, ctx_lens, block_size, &out)?;
+        Ok(out)
+    }
+
+    /// [`CudaKernels::paged_decode`] writing into `out` (a contiguous `[B, nh * 128]` view).
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_decode_into(
+        &self,
+        q: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        block_tables: &Tensor,
+        ctx_lens: &Tensor,
+        block_size: usize,
+        out: &Tensor,
+    ) -> Result<()> {
         self.check_dtype(q)?;
         let (b, nh, hd) = q.dims3()?;
         let (nkv, num_slots, _) = k_cache.dims3()?;
@@ -321,7 +360,6 @@ impl CudaKernels {
             g => return Err(kernel_err("paged_decode", format!("GQA group {g}"))),
         };
         let splits = (w * block_size).div_ceil(DECODE_PARTITION).max(1);
-        let out = self.alloc((b, nh * hd), self.dtype)?;
         let (acc, ml) = if splits > 1 {
             (
                 self.alloc((b, nh, splits, hd), DType::F32)?,
@@ -336,7 +374,7 @@ impl CudaKernels {
             self.ptr(v_cache)?,
             self.ptr(block_tables)?,
             self.ptr(ctx_lens)?,
-            self.ptr(&out)?,
+            self.ptr(out)?,
             self.ptr(&acc)?,
             self.ptr(&ml)?,
         ];
@@ -374,6 +412,146 @@ impl CudaKernels {
             rb.arg(&pa).arg(&pm).arg(&po).arg(&s32);
             // SAFETY: as above.
             unsafe { rb.launch(cfg) }.w()?;
+        }
+        Ok(())
+    }
+
+    /// Whether the prefill kernel serves a GQA group of `g` query heads per KV head.
+    pub fn prefill_supports(g: usize) -> bool {
+        matches!(g, 1 | 2 | 4)
+    }
+
+    /// Causal varlen attention of prefill chunks over the paged caches, written into the rows
+    /// of `out` (`[T, nh * 128]`) that `seq_meta` names. `tiles` u32 `[num_tiles * 2]` and
+    /// `seq_meta` u32 `[S * 4]` are laid out as `kernels/attention.cu` says; `tables` holds
+    /// the sequences' block tables back to back.
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_prefill_into(
+        &self,
+        q: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        tiles: &Tensor,
+        seq_meta: &Tensor,
+        tables: &Tensor,
+        block_size: usize,
+        out: &Tensor,
+    ) -> Result<()> {
+        self.check_dtype(q)?;
+        let (_, nh, hd) = q.dims3()?;
+        let (nkv, num_slots, _) = k_cache.dims3()?;
+        let func = match (hd, nkv > 0 && nh % nkv == 0, nh / nkv.max(1)) {
+            (128, true, 1) => &self.prefill[0],
+            (128, true, 2) => &self.prefill[1],
+            (128, true, 4) => &self.prefill[2],
+            _ => return Err(kernel_err("paged_prefill", format!("nh {nh} nkv {nkv} hd {hd}"))),
+        };
+        let num_tiles = tiles.elem_count() / 2;
+        if num_tiles == 0 {
+            return Ok(());
+        }
+        let ptrs = [
+            self.ptr(q)?,
+            self.ptr(k_cache)?,
+            self.ptr(v_cache)?,
+            self.ptr(tiles)?,
+            self.ptr(seq_meta)?,
+            self.ptr(tables)?,
+            self.ptr(out)?,
+        ];
+        let (bs32, slots64, nkv32) = (block_size as i32, num_slots as i64, nkv as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (num_tiles as u32, nkv as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(func);
+        for p in &ptrs {
+            b.arg(p);
+        }
+        b.arg(&bs32).arg(&slots64).arg(&nkv32);
+        // SAFETY: argument types match the kernel's signature; the metadata was built for
+        // these caches and `out`.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(())
+    }
+
+    /// Rows `ids` (u32 `[T]`) of an embedding table `[V, H]`: `[T, H]`.
+    pub fn embedding(&self, table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+        self.rows_of(&self.embedding, table, ids)
+    }
+
+    /// Rows `rows` (u32 `[R]`) of a `[T, H]` matrix: `[R, H]`.
+    pub fn gather_rows(&self, x: &Tensor, rows: &Tensor) -> Result<Tensor> {
+        self.rows_of(&self.gather_rows, x, rows)
+    }
+
+    fn rows_of(&self, func: &CudaFunction, x: &Tensor, rows: &Tensor) -> Result<Tensor> {
+        self.check_dtype(x)?;
+        let (_, n) = x.dims2()?;
+        let r = rows.elem_count();
+        let out = self.alloc((r, n), self.dtype)?;
+        if r == 0 {
+            return Ok(out);
+        }
+        let (px, pr, po, n32) = (self.ptr(x)?, self.ptr(rows)?, self.ptr(&out)?, n as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (r as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(func);
+        b.arg(&px).arg(&pr).arg(&po).arg(&n32);
+        // SAFETY: argument types match the kernel's signature; row ids are checked by the
+        // caller (token ids against the vocabulary, row ids against the batch).
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(out)
+    }
+
+    /// An f32 copy of `x` (same shape).
+    pub fn to_f32(&self, x: &Tensor) -> Result<Tensor> {
+        if x.dtype() == DType::F32 {
+            return Ok(x.clone());
+        }
+        self.check_dtype(x)?;
+        let n = x.elem_count();
+        let out = self.alloc(x.shape().clone(), DType::F32)?;
+        let (px, po, n64) = (self.ptr(x)?, self.ptr(&out)?, n as i64);
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.to_f32);
+        b.arg(&px).arg(&po).arg(&n64);
+        // SAFETY: argument types match the kernel's signature.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(out)
+    }
+
+    /// `parts` (contiguous, same dtype and trailing shape) stacked along dim 0, by device
+    /// copies (no kernel to compile).
+    pub fn cat_rows(&self, parts: &[Tensor]) -> Result<Tensor> {
+        let first = parts.first().ok_or_else(|| kernel_err("cat_rows", "no parts"))?;
+        let dtype = first.dtype();
+        let mut dims = first.dims().to_vec();
+        dims[0] = parts.iter().map(|p| p.dim(0)).sum::<candle_core::Result<usize>>()?;
+        let out = self.alloc(dims, dtype)?;
+        let mut at = self.ptr(&out)?;
+        for p in parts {
+            let bytes = p.elem_count() * dtype.size_in_bytes();
+            let src = self.ptr(p)?;
+            // SAFETY: `out` holds the sum of the parts' sizes; the copies do not overlap.
+            unsafe {
+                candle_core::cuda_backend::cudarc::driver::result::memcpy_dtod_async(
+                    at,
+                    src,
+                    bytes,
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(|e| kernel_err("cat_rows", e))?;
+            at += bytes as u64;
         }
         Ok(out)
     }
