@@ -103,17 +103,19 @@ impl Qwen3 {
         };
         let plan = AttnPlan::new(seqs, bs, dev, self.dtype(), true, prefill_kernel)?;
 
-        let mut residual = k.embedding(&self.embed, &ids)?; // [T, hidden]
+        // The residual stream: one buffer of this forward's own, updated in place.
+        let residual = k.embedding(&self.embed, &ids)?; // [T, hidden]
+        let nh = self.layers.first().map_or(0, |l| l.attn.num_heads);
+        let scratch = k.decode_scratch(nd, nh, width, bs)?;
         let mut delta: Option<Tensor> = None;
         for (li, layer) in self.layers.iter().enumerate() {
             let a = &layer.attn;
-            let (h, r) = k.add_rmsnorm(
+            let h = k.add_rmsnorm(
                 delta.as_ref(),
                 &residual,
                 &layer.input_norm.weight,
                 layer.input_norm.eps,
             )?;
-            residual = r;
             let qkv = a.qkv.forward(&h)?;
             let (kc, vc) = cache.layer(li);
             let q = k.qk_norm_rope_kv_write(
@@ -133,18 +135,17 @@ impl Qwen3 {
                 &q,
                 (kc, vc),
                 &plan,
-                (&tables, &ctx_lens),
+                (&tables, &ctx_lens, scratch.as_ref()),
                 (&tiles_t, &meta_t, &ptables_t),
                 bs,
             )?;
             let o = reduce(a.o_proj.forward(&attn)?, comm)?;
-            let (h, r) = k.add_rmsnorm(
+            let h = k.add_rmsnorm(
                 Some(&o),
                 &residual,
                 &layer.post_norm.weight,
                 layer.post_norm.eps,
             )?;
-            residual = r;
             let gu = layer.mlp.gate_up.forward(&h)?;
             let act = k.silu_mul(&gu)?;
             delta = Some(reduce(layer.mlp.down.forward(&act)?, comm)?);
@@ -153,7 +154,7 @@ impl Qwen3 {
         if rows.is_empty() || self.shard().rank != 0 {
             return Ok(None);
         }
-        let (hn, _) = k.add_rmsnorm(delta.as_ref(), &residual, &self.norm.weight, self.norm.eps)?;
+        let hn = k.add_rmsnorm(delta.as_ref(), &residual, &self.norm.weight, self.norm.eps)?;
         let sel = if rows.len() == t {
             hn
         } else {
@@ -173,7 +174,7 @@ impl Qwen3 {
         q: &Tensor,
         (kc, vc): (&Tensor, &Tensor),
         plan: &AttnPlan,
-        (tables, ctx_lens): (&Tensor, &Tensor),
+        (tables, ctx_lens, scratch): (&Tensor, &Tensor, Option<&(Tensor, Tensor)>),
         (tiles, meta, ptables): (&Tensor, &Tensor, &Tensor),
         bs: usize,
     ) -> Result<Tensor> {
@@ -199,6 +200,7 @@ impl Qwen3 {
                         &ctx_lens.narrow(0, *first, *n)?,
                         bs,
                         &out.narrow(0, t0, *n)?,
+                        scratch,
                     )?,
                     _ => prefill = true,
                 }

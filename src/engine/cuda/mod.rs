@@ -179,33 +179,26 @@ impl CudaKernels {
         Ok(())
     }
 
-    /// `residual + x` (when `x` is given) and its RMSNorm times `w`, rows of `residual`'s last
-    /// dimension: returns (normed, new residual). Without `x`, the residual is returned as is.
+    /// Adds `x` (when given) to `residual` in place, and returns the RMSNorm of the sum times
+    /// `w`, over `residual`'s last dimension. `residual` must be a buffer no other tensor
+    /// shares (the forward's own residual stream).
     pub fn add_rmsnorm(
         &self,
         x: Option<&Tensor>,
         residual: &Tensor,
         w: &Tensor,
         eps: f64,
-    ) -> Result<(Tensor, Tensor)> {
+    ) -> Result<Tensor> {
         self.check_dtype(residual)?;
         let n = residual.dim(candle_core::D::Minus1)?;
         let rows = residual.elem_count() / n.max(1);
         let out = self.alloc(residual.shape().clone(), self.dtype)?;
-        let new_res = match x {
-            Some(_) => self.alloc(residual.shape().clone(), self.dtype)?,
-            None => residual.clone(),
-        };
+        let pr = self.ptr(residual)?;
         let (px, add) = match x {
             Some(x) => (self.ptr(x)?, 1i32),
-            None => (self.ptr(residual)?, 0i32),
+            None => (pr, 0i32),
         };
-        let (pr, pnr, pw, po) = (
-            self.ptr(residual)?,
-            self.ptr(&new_res)?,
-            self.ptr(w)?,
-            self.ptr(&out)?,
-        );
+        let (pw, po) = (self.ptr(w)?, self.ptr(&out)?);
         let (n32, eps32) = (n as i32, eps as f32);
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
@@ -213,11 +206,33 @@ impl CudaKernels {
             shared_mem_bytes: 0,
         };
         let mut b = self.stream.launch_builder(&self.add_rmsnorm);
-        b.arg(&px).arg(&pr).arg(&pnr).arg(&pw).arg(&po);
+        // res_in and res_out are the same buffer: each element is read, then written, by the
+        // same thread.
+        b.arg(&px).arg(&pr).arg(&pr).arg(&pw).arg(&po);
         b.arg(&n32).arg(&eps32).arg(&add);
         // SAFETY: argument types match the kernel's signature; buffers are sized above.
         unsafe { b.launch(cfg) }.w()?;
-        Ok((out, new_res))
+        Ok(out)
+    }
+
+    /// Scratch for [`CudaKernels::paged_decode_into`]: partial results of `b` sequences over
+    /// block tables `w` blocks wide (`None` when one partition covers them). One per forward,
+    /// reused by every layer (launches on one stream do not overlap).
+    pub fn decode_scratch(
+        &self,
+        b: usize,
+        nh: usize,
+        w: usize,
+        block_size: usize,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        let splits = (w * block_size).div_ceil(DECODE_PARTITION).max(1);
+        if splits == 1 || b == 0 {
+            return Ok(None);
+        }
+        Ok(Some((
+            self.alloc((b, nh, splits, 128), DType::F32)?,
+            self.alloc((b, nh, splits, 2), DType::F32)?,
+        )))
     }
 
     /// q/k RMSNorm + RoPE for every token of `qkv` (`[T, (nh + 2 nkv) * hd]`); writes k and v
@@ -326,11 +341,24 @@ impl CudaKernels {
     ) -> Result<Tensor> {
         let (b, nh, hd) = q.dims3()?;
         let out = self.alloc((b, nh * hd), self.dtype)?;
-        self.paged_decode_into(q, k_cache, v_cache, block_tables, ctx_lens, block_size, &out)?;
+        let w = block_tables.dim(1)?;
+        let scratch = self.decode_scratch(b, nh, w, block_size)?;
+        self.paged_decode_into(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            ctx_lens,
+            block_size,
+            &out,
+            scratch.as_ref(),
+        )?;
         Ok(out)
     }
 
-    /// [`CudaKernels::paged_decode`] writing into `out` (a contiguous `[B, nh * 128]` view).
+    /// [`CudaKernels::paged_decode`] writing into `out` (a contiguous `[B, nh * 128]` view),
+    /// with partials in `scratch` (from [`CudaKernels::decode_scratch`] for at least `B`
+    /// sequences and this table width).
     #[allow(clippy::too_many_arguments)]
     pub fn paged_decode_into(
         &self,
@@ -341,6 +369,7 @@ impl CudaKernels {
         ctx_lens: &Tensor,
         block_size: usize,
         out: &Tensor,
+        scratch: Option<&(Tensor, Tensor)>,
     ) -> Result<()> {
         self.check_dtype(q)?;
         let (b, nh, hd) = q.dims3()?;
@@ -360,13 +389,10 @@ impl CudaKernels {
             g => return Err(kernel_err("paged_decode", format!("GQA group {g}"))),
         };
         let splits = (w * block_size).div_ceil(DECODE_PARTITION).max(1);
-        let (acc, ml) = if splits > 1 {
-            (
-                self.alloc((b, nh, splits, hd), DType::F32)?,
-                self.alloc((b, nh, splits, 2), DType::F32)?,
-            )
-        } else {
-            (out.clone(), out.clone())
+        let (acc, ml) = match scratch {
+            _ if splits == 1 => (out.clone(), out.clone()),
+            Some((a, m)) if a.elem_count() >= b * nh * splits * hd => (a.clone(), m.clone()),
+            _ => return Err(kernel_err("paged_decode", "scratch missing or too small")),
         };
         let ptrs = [
             self.ptr(q)?,
