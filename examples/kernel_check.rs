@@ -103,6 +103,33 @@ fn op_checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
             0.0,
         );
     }
+    for &(rows, kk) in &[(1usize, 20usize), (64, 20), (8, 64)] {
+        // Logits with many exact ties (rounded to 0.25) to test the order on ties.
+        let l = (randn(&[rows, 151_936], DType::F32, dev)? * 4.0)?
+            .round()?
+            .affine(0.25, 0.0)?;
+        let (vals, ids) = k.topk(&l, kk)?;
+        let (vals, ids): (Vec<Vec<f32>>, Vec<Vec<u32>>) = (vals.to_vec2()?, ids.to_vec2()?);
+        let host: Vec<Vec<f32>> = l.to_vec2()?;
+        let mut wrong = 0;
+        for (r, row) in host.iter().enumerate() {
+            let mut order: Vec<u32> = (0..row.len() as u32).collect();
+            order.sort_by(|a, b| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b)));
+            if ids[r] != order[..kk]
+                || vals[r]
+                    .iter()
+                    .zip(&order[..kk])
+                    .any(|(v, i)| *v != row[*i as usize])
+            {
+                wrong += 1;
+            }
+        }
+        t.check(
+            format!("topk f32 rows {rows} k {kk} with ties (rows wrong)"),
+            wrong as f32,
+            0.0,
+        );
+    }
     qk_rope_checks(&k, dev, dt, t)?;
     for &(nh, nkv) in &[(16usize, 8usize), (32, 8), (16, 16), (8, 1)] {
         for (b, max_ctx, name) in [
@@ -125,19 +152,29 @@ fn op_checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
             );
         }
     }
-    for &(nh, nkv) in &[(16usize, 8usize), (32, 8), (16, 16)] {
+    for &(nh, nkv) in &[(16usize, 8usize), (32, 8), (16, 16), (32, 4)] {
+        if !k.prefill_supports(nh / nkv) {
+            continue;
+        }
         for (specs, name) in [
             (vec![(2usize, 2usize)], "one 2-token prompt"),
             (vec![(512, 512)], "512 prompt"),
             (vec![(200, 700)], "200 over cached 500"),
-            (vec![(17, 17), (64, 64), (33, 300), (512, 512), (5, 1029)], "5 ragged, cached prefixes"),
+            (
+                vec![(17, 17), (64, 64), (33, 300), (512, 512), (5, 1029)],
+                "5 ragged, cached prefixes",
+            ),
             (vec![(2048, 2048)], "2048 prompt"),
         ] {
             if (nh, nkv) != (16, 8) && specs.len() > 1 {
                 continue;
             }
             let e = prefill_check(&k, dev, dt, &specs, nh, nkv)?;
-            t.check(format!("paged_prefill {dt:?} {name} nh {nh} nkv {nkv}"), e, tol(dt));
+            t.check(
+                format!("paged_prefill {dt:?} {name} nh {nh} nkv {nkv}"),
+                e,
+                tol(dt),
+            );
         }
     }
     Ok(())
@@ -145,14 +182,22 @@ fn op_checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
 
 /// Prefill chunks `(q_len, ctx)` of several sequences in one launch against a per-token f32
 /// reference (causal over the cached prefix plus the chunk).
-fn prefill_check(k: &CudaKernels, dev: &Device, dt: DType, specs: &[(usize, usize)], nh: usize, nkv: usize) -> Res<f32> {
-    let (hd, bs, tile) = (128usize, 16usize, 16usize);
+fn prefill_check(
+    k: &CudaKernels,
+    dev: &Device,
+    dt: DType,
+    specs: &[(usize, usize)],
+    nh: usize,
+    nkv: usize,
+) -> Res<f32> {
+    let (hd, bs, tile) = (128usize, 16usize, k.prefill_tile(nh / nkv));
     let total_blocks: usize = specs.iter().map(|(_, c)| c.div_ceil(bs)).sum::<usize>() + 1;
     let kc = randn(&[nkv, total_blocks * bs, hd], dt, dev)?;
     let vc = randn(&[nkv, total_blocks * bs, hd], dt, dev)?;
     let t: usize = specs.iter().map(|(q, _)| q).sum();
     let q = (randn(&[t, nh, hd], dt, dev)? * (1.0 / (hd as f64).sqrt()))?.to_dtype(dt)?;
-    let (mut tiles, mut meta, mut tables, mut per_seq) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut tiles, mut meta, mut tables, mut per_seq) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut row, mut next_block) = (0usize, 0usize);
     for (si, &(ql, ctx)) in specs.iter().enumerate() {
         let n = ctx.div_ceil(bs);
@@ -169,30 +214,52 @@ fn prefill_check(k: &CudaKernels, dev: &Device, dt: DType, specs: &[(usize, usiz
     }
     let out = Tensor::zeros((t, nh * hd), dt, dev)?;
     k.paged_prefill_into(
-        &q, &kc, &vc,
+        &q,
+        &kc,
+        &vc,
         &Tensor::new(tiles.as_slice(), dev)?,
         &Tensor::new(meta.as_slice(), dev)?,
         &Tensor::new(tables.as_slice(), dev)?,
-        bs, &out,
+        bs,
+        &out,
     )?;
     let g = nh / nkv;
     let mut worst = 0f32;
     for (row, ql, ctx, table) in per_seq {
-        let slots: Vec<u32> = (0..ctx).map(|p| table[p / bs] * bs as u32 + (p % bs) as u32).collect();
+        let slots: Vec<u32> = (0..ctx)
+            .map(|p| table[p / bs] * bs as u32 + (p % bs) as u32)
+            .collect();
         let idx = Tensor::new(slots.as_slice(), dev)?;
         let kk = kc.index_select(&idx, 1)?.to_dtype(DType::F32)?; // [nkv, ctx, hd]
         let vv = vc.index_select(&idx, 1)?.to_dtype(DType::F32)?;
         // [nkv, g * ql, hd] queries; causal mask: query i sees keys <= ctx - ql + i.
-        let qs = q.narrow(0, row, ql)?.to_dtype(DType::F32)?.transpose(0, 1)?.contiguous()?.reshape((nkv, g * ql, hd))?;
+        let qs = q
+            .narrow(0, row, ql)?
+            .to_dtype(DType::F32)?
+            .transpose(0, 1)?
+            .contiguous()?
+            .reshape((nkv, g * ql, hd))?;
         let mask: Vec<f32> = (0..g * ql)
             .flat_map(|r| {
                 let i = r % ql;
-                (0..ctx).map(move |j| if j <= ctx - ql + i { 0.0 } else { f32::NEG_INFINITY })
+                (0..ctx).map(move |j| {
+                    if j <= ctx - ql + i {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
             })
             .collect();
         let mask = Tensor::from_vec(mask, (g * ql, ctx), dev)?;
-        let p = candle_nn::ops::softmax_last_dim(&qs.matmul(&kk.transpose(1, 2)?)?.broadcast_add(&mask)?)?;
-        let o = p.matmul(&vv)?.reshape((nh, ql, hd))?.transpose(0, 1)?.reshape((ql, nh * hd))?;
+        let p = candle_nn::ops::softmax_last_dim(
+            &qs.matmul(&kk.transpose(1, 2)?)?.broadcast_add(&mask)?,
+        )?;
+        let o = p
+            .matmul(&vv)?
+            .reshape((nh, ql, hd))?
+            .transpose(0, 1)?
+            .reshape((ql, nh * hd))?;
         worst = worst.max(rel(&out.narrow(0, row, ql)?, &o)?);
     }
     Ok(worst)
@@ -442,7 +509,7 @@ fn greedy_check(a: &Args, t: &mut Table) -> Res<()> {
         dtype: DTypeChoice::BF16,
         ..EngineOptions::default()
     };
-    let run = |kernels: bool| -> Res<Vec<Vec<u32>>> {
+    let run = |kernels: bool, sampled: bool| -> Res<Vec<Vec<u32>>> {
         // SAFETY: set before the engine (and its threads) starts; nothing else reads it now.
         unsafe { std::env::set_var("POLICY_SERVE_KERNELS", if kernels { "1" } else { "0" }) };
         let r = ModelRegistry::new(vec![ModelSpec::local("m", "m", &a.model_dir)])?
@@ -453,6 +520,14 @@ fn greedy_check(a: &Args, t: &mut Table) -> Res<()> {
                 let mut req = GenerationRequest::new(synthetic_prompt(20 + i * 61, 500 + i))
                     .max_new_tokens(64);
                 req.ignore_eos = true;
+                if sampled {
+                    req.sampling = policy_serve::SamplingParams {
+                        temperature: 0.8,
+                        top_k: Some(20),
+                        top_p: Some(0.95),
+                        seed: 100 + i as u64,
+                    };
+                }
                 e.submit(req)
             })
             .collect();
@@ -461,20 +536,27 @@ fn greedy_check(a: &Args, t: &mut Table) -> Res<()> {
             .map(|p| p.wait().map(|g| g.tokens))
             .collect::<Result<_, _>>()?)
     };
-    let fast = run(true)?;
-    let slow = run(false)?;
-    let mut min_equal = 64usize;
-    for (i, (f, s)) in fast.iter().zip(&slow).enumerate() {
-        let eq = f.iter().zip(s).take_while(|(x, y)| x == y).count();
-        println!("greedy seq {i}: {eq} of 64 tokens equal before the first divergence");
-        min_equal = min_equal.min(eq);
+    for sampled in [false, true] {
+        let what = if sampled {
+            "sampled (seeded, top-k 20 on the device)"
+        } else {
+            "greedy"
+        };
+        let fast = run(true, sampled)?;
+        let slow = run(false, sampled)?;
+        let mut min_equal = 64usize;
+        for (i, (f, s)) in fast.iter().zip(&slow).enumerate() {
+            let eq = f.iter().zip(s).take_while(|(x, y)| x == y).count();
+            println!("{what} seq {i}: {eq} of 64 tokens equal before the first divergence");
+            min_equal = min_equal.min(eq);
+        }
+        // bf16 rounding may make the paths diverge; the bar is 32 equal tokens first.
+        t.check(
+            format!("{what} 8 ragged x 64: fewest equal leading tokens < 32 ?"),
+            if min_equal >= 32 { 0.0 } else { 1.0 },
+            0.0,
+        );
     }
-    // bf16 rounding may make greedy paths diverge; the bar is 32 equal tokens first.
-    t.check(
-        "greedy 8 ragged x 64: fewest equal leading tokens < 32 ?".into(),
-        if min_equal >= 32 { 0.0 } else { 1.0 },
-        0.0,
-    );
     Ok(())
 }
 

@@ -206,6 +206,62 @@ __device__ void to_f32(const T* __restrict__ x, float* __restrict__ out, long lo
     out[i] = to_f(x[i]);
 }
 
+
+// The k largest values of each f32 row with their indices, in order (value descending, index
+// ascending on ties): k rounds of a block-wide arg-max over the elements that come after the
+// previous round's pick in that order. One block per row; k is small (sampling's top-k).
+__device__ __forceinline__ bool before(float v, int i, float bv, int bi) {
+  return v > bv || (v == bv && i < bi);
+}
+
+__device__ void topk_rows(const float* __restrict__ x, int n, int k, float* __restrict__ vals,
+                          uint32_t* __restrict__ idx) {
+  const float* r = x + (size_t)blockIdx.x * n;
+  __shared__ float sb[32];
+  __shared__ int si[32];
+  __shared__ float prev_v;
+  __shared__ int prev_i;
+  if (threadIdx.x == 0) { prev_v = INFINITY; prev_i = -1; }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int round = 0; round < k; ++round) {
+    const float pv = prev_v;
+    const int pi = prev_i;
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      float v = r[i];
+      if (v != v) continue;  // NaN is never a candidate
+      if (before(pv, pi, v, i) && before(v, i, best, bi)) { best = v; bi = i; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (before(ob, oi, best, bi)) { best = ob; bi = oi; }
+    }
+    if (lane == 0) { sb[warp] = best; si[warp] = bi; }
+    __syncthreads();
+    if (warp == 0) {
+      best = lane < nw ? sb[lane] : -INFINITY;
+      bi = lane < nw ? si[lane] : 0x7fffffff;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (before(ob, oi, best, bi)) { best = ob; bi = oi; }
+      }
+      if (lane == 0) {
+        vals[(size_t)blockIdx.x * k + round] = best;
+        idx[(size_t)blockIdx.x * k + round] = bi == 0x7fffffff ? 0u : (uint32_t)bi;
+        prev_v = best;
+        prev_i = bi;
+      }
+    }
+    __syncthreads();
+  }
+}
+
 }  // namespace
 
 #define PS_LAYER_OPS(T, NAME)                                                                   \
@@ -247,3 +303,7 @@ __device__ void to_f32(const T* __restrict__ x, float* __restrict__ out, long lo
 
 PS_LAYER_OPS(__nv_bfloat16, bf16)
 PS_LAYER_OPS(float, f32)
+
+extern "C" __global__ void topk_rows_f32(const float* x, int n, int k, float* vals, uint32_t* idx) {
+  topk_rows(x, n, k, vals, idx);
+}

@@ -216,7 +216,13 @@ pub(crate) struct Layer {
 }
 
 impl Layer {
-    fn load(cfg: &ModelConfig, ck: &Checkpoint, i: usize, shard: Shard, kx: Kx<'_>) -> Result<Self> {
+    fn load(
+        cfg: &ModelConfig,
+        ck: &Checkpoint,
+        i: usize,
+        shard: Shard,
+        kx: Kx<'_>,
+    ) -> Result<Self> {
         let p = format!("model.layers.{i}");
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         Ok(Self {
@@ -354,6 +360,29 @@ impl Qwen3 {
             return Ok(k.argmax(logits)?.to_vec1()?);
         }
         Ok(logits.argmax(candle_core::D::Minus1)?.to_vec1()?)
+    }
+
+    /// The `k` largest logits of each row as `(token, logit)` candidates, computed on the
+    /// device (only `k` pairs per row cross to the host); `None` without the kernels.
+    pub fn top_candidates(
+        &self,
+        logits: &Tensor,
+        k: usize,
+    ) -> Result<Option<super::sampling::Candidates>> {
+        #[cfg(feature = "cuda")]
+        if let Some(kern) = &self.kernels {
+            let (vals, ids) = kern.topk(logits, k)?;
+            let vals: Vec<Vec<f32>> = vals.to_vec2()?;
+            let ids: Vec<Vec<u32>> = ids.to_vec2()?;
+            return Ok(Some(
+                ids.into_iter()
+                    .zip(vals)
+                    .map(|(i, v)| i.into_iter().zip(v).collect())
+                    .collect(),
+            ));
+        }
+        let _ = (logits, k);
+        Ok(None)
     }
 
     /// Checks a batch against the cache and returns each new token's position and cache slot.

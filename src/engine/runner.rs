@@ -50,6 +50,15 @@ impl ModelRunner {
         self.model.greedy(logits)
     }
 
+    /// Device top-k candidates of each row (see `Qwen3::top_candidates`).
+    pub(crate) fn top_candidates(
+        &self,
+        logits: &Tensor,
+        k: usize,
+    ) -> Result<Option<super::sampling::Candidates>> {
+        self.model.top_candidates(logits, k)
+    }
+
     /// Copies the KV of `blocks` to host memory (swap-out).
     pub(crate) fn swap_out(&self, blocks: &[u32]) -> Result<Vec<(Tensor, Tensor)>> {
         self.cache.read_blocks(blocks)

@@ -96,20 +96,44 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// Per row, `(token, logit)` candidates for [`sample_candidates`].
+pub type Candidates = Vec<Vec<(u32, f32)>>;
+
+/// The largest `top_k` a device may hand [`sample_candidates`] instead of a whole row.
+pub const MAX_DEVICE_TOP_K: usize = 64;
+
 /// Samples one token from `logits` under `params`, drawing from `rng`.
 pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
     if params.is_greedy() || logits.is_empty() {
         return argmax(logits);
     }
-    let t = params.temperature;
-    let mut cand: Vec<(u32, f32)> = logits
+    let cand: Vec<(u32, f32)> = logits
         .iter()
         .enumerate()
         .filter(|(_, v)| v.is_finite())
-        .map(|(i, &v)| (i as u32, v / t))
+        .map(|(i, &v)| (i as u32, v))
         .collect();
     if cand.is_empty() {
         return argmax(logits);
+    }
+    sample_candidates(cand, params, rng)
+}
+
+/// [`sample`] over candidate `(token, logit)` pairs instead of a whole row: the same draw
+/// when the candidates hold the row's `top_k` largest logits (a device hands over only those).
+pub fn sample_candidates(cand: Vec<(u32, f32)>, params: &SamplingParams, rng: &mut Rng) -> u32 {
+    let t = params.temperature;
+    let mut cand: Vec<(u32, f32)> = cand
+        .into_iter()
+        .filter(|(_, v)| v.is_finite())
+        .map(|(i, v)| (i, v / t))
+        .collect();
+    if cand.is_empty() {
+        return 0;
+    }
+    if params.is_greedy() {
+        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        return cand[0].0;
     }
     let k = params.top_k.filter(|&k| k > 0 && k < cand.len());
     if let Some(k) = k {
@@ -184,5 +208,37 @@ mod tests {
         top5.sort_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]));
         let top5 = &top5[..5];
         assert!(run(7).iter().all(|t| top5.contains(t)));
+    }
+
+    #[test]
+    fn sampling_from_the_top_k_candidates_equals_sampling_from_the_row() {
+        let logits: Vec<f32> = (0..500)
+            .map(|i| ((i * 7919) % 1000) as f32 * 0.01)
+            .collect();
+        for (k, p) in [(20, None), (5, Some(0.8)), (64, Some(0.95))] {
+            let params = SamplingParams {
+                temperature: 0.7,
+                top_k: Some(k),
+                top_p: p,
+                seed: 3,
+            };
+            let mut order: Vec<u32> = (0..500).collect();
+            order.sort_by(|a, b| {
+                logits[*b as usize]
+                    .total_cmp(&logits[*a as usize])
+                    .then(a.cmp(b))
+            });
+            let cand: Vec<(u32, f32)> = order[..64]
+                .iter()
+                .map(|&i| (i, logits[i as usize]))
+                .collect();
+            let (mut r1, mut r2) = (Rng::new(9), Rng::new(9));
+            for _ in 0..200 {
+                assert_eq!(
+                    sample(&logits, &params, &mut r1),
+                    sample_candidates(cand.clone(), &params, &mut r2)
+                );
+            }
+        }
     }
 }

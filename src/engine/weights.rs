@@ -102,10 +102,7 @@ impl Checkpoint {
                 "dtype {got_dtype:?}, expected a float type (bf16, f16, f32)"
             )));
         }
-        let t = self
-            .st
-            .load(name, device)
-            .map_err(|e| bad(e.to_string()))?;
+        let t = self.st.load(name, device).map_err(|e| bad(e.to_string()))?;
         t.to_dtype(self.dtype).map_err(|e| bad(e.to_string()))
     }
 

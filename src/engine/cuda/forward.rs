@@ -9,7 +9,7 @@
 
 use candle_core::{Module, Tensor};
 
-use super::{CudaKernels, PREFILL_TILE};
+use super::CudaKernels;
 use crate::engine::attention::{AttnGroup, AttnPlan, attend_group};
 use crate::engine::comm::CommBackend;
 use crate::engine::kv_cache::PagedKvCache;
@@ -39,7 +39,8 @@ impl Qwen3 {
         let t = tokens.len();
         let first = self.layers.first().map(|l| &l.attn);
         let group = first.map_or(1, |a| a.num_heads / a.num_kv_heads.max(1));
-        let prefill_kernel = CudaKernels::prefill_supports(group);
+        let prefill_kernel = k.prefill_supports(group);
+        let tile = k.prefill_tile(group);
         let decode: Vec<&SeqInput<'_>> = seqs.iter().filter(|s| s.q_len == 1).collect();
         let width = decode
             .iter()
@@ -64,11 +65,16 @@ impl Qwen3 {
             for s in seqs {
                 if s.q_len > 1 {
                     let idx = (meta.len() / 4) as u32;
-                    for q0 in (0..s.q_len).step_by(PREFILL_TILE) {
+                    for q0 in (0..s.q_len).step_by(tile) {
                         tiles.extend([idx, q0 as u32]);
                     }
                     let used = s.context_len.div_ceil(bs);
-                    meta.extend([row, s.q_len as u32, s.context_len as u32, ptables.len() as u32]);
+                    meta.extend([
+                        row,
+                        s.q_len as u32,
+                        s.context_len as u32,
+                        ptables.len() as u32,
+                    ]);
                     ptables.extend_from_slice(&s.block_table[..used]);
                 }
                 row += s.q_len as u32;
@@ -87,7 +93,9 @@ impl Qwen3 {
         let (ctx_lens, tables) = if nd > 0 {
             (
                 packed.narrow(0, 3 * t, nd)?,
-                packed.narrow(0, 3 * t + nd, nd * width)?.reshape((nd, width))?,
+                packed
+                    .narrow(0, 3 * t + nd, nd * width)?
+                    .reshape((nd, width))?,
             )
         } else {
             (ids.clone(), ids.clone())

@@ -27,8 +27,8 @@ static LAYER_OPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/layer_ops.fa
 /// Context tokens one decode-attention block takes (a partition of flash-decoding).
 const DECODE_PARTITION: usize = 256;
 
-/// Query tokens one prefill-attention block takes (`BQ` in `kernels/attention.cu`).
-pub(crate) const PREFILL_TILE: usize = 16;
+/// Query tokens one CUDA-core prefill-attention block takes (`BQ` in `kernels/attention.cu`).
+const PREFILL_TILE: usize = 16;
 
 fn kernel_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Engine(format!("CUDA kernel {what}: {e}"))
@@ -45,12 +45,15 @@ pub struct CudaKernels {
     qk_rope_hd64: CudaFunction,
     silu_mul: CudaFunction,
     argmax_f32: CudaFunction,
+    topk_f32: CudaFunction,
     embedding: CudaFunction,
     gather_rows: CudaFunction,
     to_f32: CudaFunction,
     decode: [CudaFunction; 4],
     decode_reduce: CudaFunction,
     prefill: [CudaFunction; 3],
+    /// The tensor-core prefill kernels (bf16 only), for GQA groups 1, 2, 4, 8.
+    prefill_tc: Option<[CudaFunction; 4]>,
 }
 
 impl std::fmt::Debug for CudaKernels {
@@ -94,6 +97,7 @@ impl CudaKernels {
             qk_rope_hd64: f(&layer_ops, &format!("qk_norm_rope_kv_write_hd64_{s}"))?,
             silu_mul: f(&layer_ops, &format!("silu_mul_{s}"))?,
             argmax_f32: f(&layer_ops, "argmax_rows_f32")?,
+            topk_f32: f(&layer_ops, "topk_rows_f32")?,
             embedding: f(&layer_ops, &format!("embedding_{s}"))?,
             gather_rows: f(&layer_ops, &format!("gather_rows_{s}"))?,
             to_f32: f(&layer_ops, &format!("to_f32_{s}"))?,
@@ -102,6 +106,16 @@ impl CudaKernels {
                 f(&attention, &format!("paged_prefill_g2_{s}"))?,
                 f(&attention, &format!("paged_prefill_g4_{s}"))?,
             ],
+            prefill_tc: if dtype == DType::BF16 {
+                Some([
+                    f(&attention, "paged_prefill_tc_g1_bf16")?,
+                    f(&attention, "paged_prefill_tc_g2_bf16")?,
+                    f(&attention, "paged_prefill_tc_g4_bf16")?,
+                    f(&attention, "paged_prefill_tc_g8_bf16")?,
+                ])
+            } else {
+                None
+            },
             decode: [
                 f(&attention, &format!("paged_decode_g1_{s}"))?,
                 f(&attention, &format!("paged_decode_g2_{s}"))?,
@@ -328,6 +342,30 @@ impl CudaKernels {
         Ok(out)
     }
 
+    /// The `k` largest logits of each row of f32 `[rows, n]` logits and their token ids, in
+    /// order (value descending, id ascending on ties): (`[rows, k]` f32, `[rows, k]` u32).
+    pub fn topk(&self, logits: &Tensor, k: usize) -> Result<(Tensor, Tensor)> {
+        if logits.dtype() != DType::F32 {
+            return Err(kernel_err("topk", "logits must be f32"));
+        }
+        let (rows, n) = logits.dims2()?;
+        let k = k.clamp(1, n.max(1));
+        let vals = self.alloc((rows, k), DType::F32)?;
+        let ids = self.alloc((rows, k), DType::U32)?;
+        let (pl, pv, pi) = (self.ptr(logits)?, self.ptr(&vals)?, self.ptr(&ids)?);
+        let (n32, k32) = (n as i32, k as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.topk_f32);
+        b.arg(&pl).arg(&n32).arg(&k32).arg(&pv).arg(&pi);
+        // SAFETY: argument types match the kernel's signature; buffers are sized above.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok((vals, ids))
+    }
+
     /// Decode attention over the paged caches: q `[B, nh, 128]` (pre-scaled), block tables
     /// u32 `[B, W]`, context lengths u32 `[B]`. Returns `[B, nh * 128]`.
     pub fn paged_decode(
@@ -442,13 +480,26 @@ impl CudaKernels {
         Ok(())
     }
 
-    /// Whether the prefill kernel serves a GQA group of `g` query heads per KV head.
-    pub fn prefill_supports(g: usize) -> bool {
-        matches!(g, 1 | 2 | 4)
+    /// Whether a prefill kernel serves a GQA group of `g` query heads per KV head.
+    pub fn prefill_supports(&self, g: usize) -> bool {
+        match self.prefill_tc {
+            Some(_) => matches!(g, 1 | 2 | 4 | 8),
+            None => matches!(g, 1 | 2 | 4),
+        }
+    }
+
+    /// Query tokens per prefill tile for a GQA group of `g` (the `tiles` the prefill kernel
+    /// takes step by this): 64 query rows per block on tensor cores, 16 tokens otherwise.
+    pub fn prefill_tile(&self, g: usize) -> usize {
+        match self.prefill_tc {
+            Some(_) => (64 / g.max(1)).max(1),
+            None => PREFILL_TILE,
+        }
     }
 
     /// Causal varlen attention of prefill chunks over the paged caches, written into the rows
-    /// of `out` (`[T, nh * 128]`) that `seq_meta` names. `tiles` u32 `[num_tiles * 2]` and
+    /// of `out` (`[T, nh * 128]`) that `seq_meta` names; on tensor cores for bf16. Tiles step
+    /// by [`CudaKernels::prefill_tile`] query tokens. `tiles` u32 `[num_tiles * 2]` and
     /// `seq_meta` u32 `[S * 4]` are laid out as `kernels/attention.cu` says; `tables` holds
     /// the sequences' block tables back to back.
     #[allow(clippy::too_many_arguments)]
@@ -466,11 +517,21 @@ impl CudaKernels {
         self.check_dtype(q)?;
         let (_, nh, hd) = q.dims3()?;
         let (nkv, num_slots, _) = k_cache.dims3()?;
-        let func = match (hd, nkv > 0 && nh % nkv == 0, nh / nkv.max(1)) {
-            (128, true, 1) => &self.prefill[0],
-            (128, true, 2) => &self.prefill[1],
-            (128, true, 4) => &self.prefill[2],
-            _ => return Err(kernel_err("paged_prefill", format!("nh {nh} nkv {nkv} hd {hd}"))),
+        let g = nh / nkv.max(1);
+        let func = match (&self.prefill_tc, hd, nkv > 0 && nh % nkv == 0, g) {
+            (Some(tc), 128, true, 1) => &tc[0],
+            (Some(tc), 128, true, 2) => &tc[1],
+            (Some(tc), 128, true, 4) => &tc[2],
+            (Some(tc), 128, true, 8) => &tc[3],
+            (None, 128, true, 1) => &self.prefill[0],
+            (None, 128, true, 2) => &self.prefill[1],
+            (None, 128, true, 4) => &self.prefill[2],
+            _ => {
+                return Err(kernel_err(
+                    "paged_prefill",
+                    format!("nh {nh} nkv {nkv} hd {hd}"),
+                ));
+            }
         };
         let num_tiles = tiles.elem_count() / 2;
         if num_tiles == 0 {
@@ -558,10 +619,15 @@ impl CudaKernels {
     /// `parts` (contiguous, same dtype and trailing shape) stacked along dim 0, by device
     /// copies (no kernel to compile).
     pub fn cat_rows(&self, parts: &[Tensor]) -> Result<Tensor> {
-        let first = parts.first().ok_or_else(|| kernel_err("cat_rows", "no parts"))?;
+        let first = parts
+            .first()
+            .ok_or_else(|| kernel_err("cat_rows", "no parts"))?;
         let dtype = first.dtype();
         let mut dims = first.dims().to_vec();
-        dims[0] = parts.iter().map(|p| p.dim(0)).sum::<candle_core::Result<usize>>()?;
+        dims[0] = parts
+            .iter()
+            .map(|p| p.dim(0))
+            .sum::<candle_core::Result<usize>>()?;
         let out = self.alloc(dims, dtype)?;
         let mut at = self.ptr(&out)?;
         for p in parts {

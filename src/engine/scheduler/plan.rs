@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::Scheduler;
 use crate::engine::qwen3::{LogitRows, SeqInput};
-use crate::engine::sampling::sample;
+use crate::engine::sampling::{MAX_DEVICE_TOP_K, sample, sample_candidates};
 use crate::error::{Error, Result};
 
 /// One planned sequence: its index in `running` and its new tokens this step.
@@ -114,6 +114,23 @@ impl Scheduler {
         let mut out = vec![None; plan.len()];
         let Some(logits) = logits else { return Ok(out) };
         let greedy = self.runner.greedy(&logits)?;
+        // Sampled rows whose top_k the device can serve get only their top-k candidates.
+        let sampled: Vec<&crate::engine::SamplingParams> = plan
+            .iter()
+            .zip(&wants)
+            .filter(|(_, w)| **w)
+            .map(|(p, _)| &self.running[p.index].request.sampling)
+            .filter(|s| !s.is_greedy())
+            .collect();
+        let device_k = sampled
+            .iter()
+            .map(|s| s.top_k.filter(|&k| (1..=MAX_DEVICE_TOP_K).contains(&k)))
+            .collect::<Option<Vec<usize>>>()
+            .and_then(|ks| ks.into_iter().max());
+        let mut cands = match device_k {
+            Some(k) => self.runner.top_candidates(&logits, k)?,
+            None => None,
+        };
         if let Some(prof) = &mut self.profile {
             prof.launch += t_sync - t_launch;
             prof.sync += t_sync.elapsed();
@@ -126,6 +143,8 @@ impl Scheduler {
             let s = &mut self.running[p.index];
             out[k] = Some(if s.request.sampling.is_greedy() {
                 greedy[row]
+            } else if let Some(c) = cands.as_mut() {
+                sample_candidates(std::mem::take(&mut c[row]), &s.request.sampling, &mut s.rng)
             } else {
                 let l: Vec<f32> = logits.get(row)?.to_vec1()?;
                 sample(&l, &s.request.sampling, &mut s.rng)
