@@ -382,20 +382,36 @@ __device__ void paged_prefill_tc(const __nv_bfloat16* __restrict__ q,
     stage(c0, n, true);
     __syncthreads();
     scores();
-    for (int j = half * 16; j < half * 16 + 16; ++j) {
+    // P = P_hi + P_lo, both bf16: two products keep ~16 bits of P (torch's bf16 attention
+    // keeps 8), so the output is as accurate as an f32 P V.
+    float lo[16];
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj) {
+      int j = half * 16 + jj;
       bool ok = rvalid && j < n && c0 + j <= qpos;
-      ps[warp][row][j] = __float2bfloat16(ok ? __expf(ss[warp][row][j] - m) * inv_l : 0.f);
+      float p = ok ? __expf(ss[warp][row][j] - m) * inv_l : 0.f;
+      __nv_bfloat16 hi = __float2bfloat16(p);
+      ps[warp][row][j] = hi;
+      lo[jj] = p - __bfloat162float(hi);
     }
-    __syncwarp();
 #pragma unroll
-    for (int kk = 0; kk < TC_BK / 16; ++kk) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-      wmma::load_matrix_sync(a, &ps[warp][0][kk * 16], TC_BK);
+    for (int part = 0; part < 2; ++part) {
+      __syncwarp();
 #pragma unroll
-      for (int nf = 0; nf < HD / 16; ++nf) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
-        wmma::load_matrix_sync(b, &vs[kk * 16][nf * 16], HD);
-        wmma::mma_sync(o[nf], a, b, o[nf]);
+      for (int kk = 0; kk < TC_BK / 16; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+        wmma::load_matrix_sync(a, &ps[warp][0][kk * 16], TC_BK);
+#pragma unroll
+        for (int nf = 0; nf < HD / 16; ++nf) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
+          wmma::load_matrix_sync(b, &vs[kk * 16][nf * 16], HD);
+          wmma::mma_sync(o[nf], a, b, o[nf]);
+        }
+      }
+      __syncwarp();
+      if (part == 0) {
+#pragma unroll
+        for (int jj = 0; jj < 16; ++jj) ps[warp][row][half * 16 + jj] = __float2bfloat16(lo[jj]);
       }
     }
     __syncthreads();

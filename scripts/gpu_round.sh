@@ -20,12 +20,13 @@ if [ "${SKIP_CHECK:-0}" != 1 ]; then
   timeout 120 bash scripts/gpu_check.sh /tmp/m-0.6b /tmp/m-1.7b > "$OUT/hf.log" 2>&1
 fi
 # Cold start: a fresh process with the driver's JIT cache disabled, then with it on.
-for mode in disabled fresh; do
-  if [ $mode = disabled ]; then export CUDA_CACHE_DISABLE=1; else unset CUDA_CACHE_DISABLE; export CUDA_CACHE_PATH=/tmp/jit-$RANDOM; fi
+export CUDA_CACHE_PATH=/tmp/jit-$$
+for mode in disabled fresh warm; do
+  if [ $mode = disabled ]; then export CUDA_CACHE_DISABLE=1; else unset CUDA_CACHE_DISABLE; fi
   t0=$(date +%s.%N)
   timeout 120 .gpu/policy-serve generate --model-dir /tmp/m-0.6b --prompt "hello there" --max-new-tokens 1 --device cuda > "$OUT/cold-$mode.log" 2>&1
   t1=$(date +%s.%N)
-  echo "cold start ($mode JIT cache): process start to first token $(python3 -c "print(f'{$t1-$t0:.2f}')") s; $(tail -1 "$OUT/cold-$mode.log" | cut -c1-120)" | tee -a "$S"
+  echo "start ($mode JIT cache): process start to first token $(python3 -c "print(f'{$t1-$t0:.2f}')") s; $(tail -1 "$OUT/cold-$mode.log" | cut -c1-120)" | tee -a "$S"
 done
 unset CUDA_CACHE_DISABLE
 for c in ${CONFIGS:-0.6b 1.7b}; do

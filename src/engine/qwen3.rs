@@ -181,7 +181,7 @@ impl Attention {
 pub struct Mlp {
     pub(crate) gate_up: Linear,
     pub(crate) down: Linear,
-    intermediate: usize,
+    pub(crate) intermediate: usize,
 }
 
 impl Mlp {

@@ -111,34 +111,42 @@ impl Qwen3 {
         };
         let plan = AttnPlan::new(seqs, bs, dev, self.dtype(), true, prefill_kernel)?;
 
-        // The residual stream: one buffer of this forward's own, updated in place.
+        // The residual stream: one buffer of this forward's own, updated in place. The
+        // activations get one buffer each per forward, reused by every layer: on one stream a
+        // layer's writes come after the previous layer's reads of the same buffer.
         let residual = k.embedding(&self.embed, &ids)?; // [T, hidden]
-        let nh = self.layers.first().map_or(0, |l| l.attn.num_heads);
+        let Some(l0) = self.layers.first() else {
+            return Err(crate::error::Error::Engine("a model without layers".into()));
+        };
+        let (nh, nkv, hd) = (l0.attn.num_heads, l0.attn.num_kv_heads, l0.attn.head_dim);
         let scratch = k.decode_scratch(nd, nh, width, bs)?;
+        let h = k.alloc_out(residual.shape().clone())?;
+        let q = k.alloc_out((t, nh, hd))?;
+        let attn = k.alloc_out((t, nh * hd))?;
+        let act = k.alloc_out((t, l0.mlp.intermediate))?;
         let mut delta: Option<Tensor> = None;
         for (li, layer) in self.layers.iter().enumerate() {
             let a = &layer.attn;
-            let h = k.add_rmsnorm(
+            k.add_rmsnorm_into(
                 delta.as_ref(),
                 &residual,
                 &layer.input_norm.weight,
                 layer.input_norm.eps,
+                &h,
             )?;
             let qkv = a.qkv.forward(&h)?;
             let (kc, vc) = cache.layer(li);
-            let q = k.qk_norm_rope_kv_write(
+            k.qk_norm_rope_kv_write_into(
                 &qkv,
-                &a.q_norm.weight,
-                &a.k_norm.weight,
+                (&a.q_norm.weight, &a.k_norm.weight),
                 &self.inv_freq,
-                &pos,
-                &slot_t,
-                kc,
-                vc,
-                (a.num_heads, a.num_kv_heads, a.head_dim),
+                (&pos, &slot_t),
+                (kc, vc),
+                (nh, nkv, hd),
                 a.q_norm.eps,
+                &q,
             )?;
-            let attn = self.attend_kernels(
+            let out = self.attend_kernels(
                 k,
                 &q,
                 (kc, vc),
@@ -146,16 +154,18 @@ impl Qwen3 {
                 (&tables, &ctx_lens, scratch.as_ref()),
                 (&tiles_t, &meta_t, &ptables_t),
                 bs,
+                &attn,
             )?;
-            let o = reduce(a.o_proj.forward(&attn)?, comm)?;
-            let h = k.add_rmsnorm(
+            let o = reduce(a.o_proj.forward(&out)?, comm)?;
+            k.add_rmsnorm_into(
                 Some(&o),
                 &residual,
                 &layer.post_norm.weight,
                 layer.post_norm.eps,
+                &h,
             )?;
             let gu = layer.mlp.gate_up.forward(&h)?;
-            let act = k.silu_mul(&gu)?;
+            k.silu_mul_into(&gu, &act)?;
             delta = Some(reduce(layer.mlp.down.forward(&act)?, comm)?);
         }
         let rows = Self::logit_rows(seqs);
@@ -185,6 +195,7 @@ impl Qwen3 {
         (tables, ctx_lens, scratch): (&Tensor, &Tensor, Option<&(Tensor, Tensor)>),
         (tiles, meta, ptables): (&Tensor, &Tensor, &Tensor),
         bs: usize,
+        out: &Tensor,
     ) -> Result<Tensor> {
         let (t, nh, hd) = q.dims3()?;
         let all_kernel = plan.groups.iter().all(|g| {
@@ -194,7 +205,7 @@ impl Qwen3 {
             )
         });
         if all_kernel {
-            let out = k.alloc_out((t, nh * hd))?;
+            let _ = (t, nh, hd);
             let mut t0 = 0;
             let mut prefill = false;
             for g in &plan.groups {
@@ -215,9 +226,9 @@ impl Qwen3 {
                 t0 += n;
             }
             if prefill {
-                k.paged_prefill_into(q, kc, vc, tiles, meta, ptables, bs, &out)?;
+                k.paged_prefill_into(q, kc, vc, tiles, meta, ptables, bs, out)?;
             }
-            return Ok(out);
+            return Ok(out.clone());
         }
         let a = &self.layers[0].attn;
         let mut outs = Vec::with_capacity(plan.groups.len());

@@ -203,16 +203,32 @@ impl CudaKernels {
         w: &Tensor,
         eps: f64,
     ) -> Result<Tensor> {
+        let out = self.alloc(residual.shape().clone(), self.dtype)?;
+        self.add_rmsnorm_into(x, residual, w, eps, &out)?;
+        Ok(out)
+    }
+
+    /// [`CudaKernels::add_rmsnorm`] writing the normed rows into `out` (residual's shape).
+    pub fn add_rmsnorm_into(
+        &self,
+        x: Option<&Tensor>,
+        residual: &Tensor,
+        w: &Tensor,
+        eps: f64,
+        out: &Tensor,
+    ) -> Result<()> {
         self.check_dtype(residual)?;
         let n = residual.dim(candle_core::D::Minus1)?;
         let rows = residual.elem_count() / n.max(1);
-        let out = self.alloc(residual.shape().clone(), self.dtype)?;
+        if out.elem_count() != residual.elem_count() {
+            return Err(kernel_err("add_rmsnorm", "output of the wrong size"));
+        }
         let pr = self.ptr(residual)?;
         let (px, add) = match x {
             Some(x) => (self.ptr(x)?, 1i32),
             None => (pr, 0i32),
         };
-        let (pw, po) = (self.ptr(w)?, self.ptr(&out)?);
+        let (pw, po) = (self.ptr(w)?, self.ptr(out)?);
         let (n32, eps32) = (n as i32, eps as f32);
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
@@ -226,7 +242,7 @@ impl CudaKernels {
         b.arg(&n32).arg(&eps32).arg(&add);
         // SAFETY: argument types match the kernel's signature; buffers are sized above.
         unsafe { b.launch(cfg) }.w()?;
-        Ok(out)
+        Ok(())
     }
 
     /// Scratch for [`CudaKernels::paged_decode_into`]: partial results of `b` sequences over
@@ -265,14 +281,43 @@ impl CudaKernels {
         (nh, nkv, hd): (usize, usize, usize),
         eps: f64,
     ) -> Result<Tensor> {
+        let q = self.alloc((qkv.dim(0)?, nh, hd), self.dtype)?;
+        self.qk_norm_rope_kv_write_into(
+            qkv,
+            (q_w, k_w),
+            inv_freq,
+            (positions, slots),
+            (k_cache, v_cache),
+            (nh, nkv, hd),
+            eps,
+            &q,
+        )?;
+        Ok(q)
+    }
+
+    /// [`CudaKernels::qk_norm_rope_kv_write`] writing q into `q` (`[T, nh, hd]`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn qk_norm_rope_kv_write_into(
+        &self,
+        qkv: &Tensor,
+        (q_w, k_w): (&Tensor, &Tensor),
+        inv_freq: &Tensor,
+        (positions, slots): (&Tensor, &Tensor),
+        (k_cache, v_cache): (&Tensor, &Tensor),
+        (nh, nkv, hd): (usize, usize, usize),
+        eps: f64,
+        q: &Tensor,
+    ) -> Result<()> {
         self.check_dtype(qkv)?;
         let t = qkv.dim(0)?;
+        if q.elem_count() != t * nh * hd {
+            return Err(kernel_err("qk_norm_rope", "q output of the wrong size"));
+        }
         let func = match hd {
             128 => &self.qk_rope_hd128,
             64 => &self.qk_rope_hd64,
             other => return Err(kernel_err("qk_norm_rope", format!("head_dim {other}"))),
         };
-        let q = self.alloc((t, nh, hd), self.dtype)?;
         let num_slots = k_cache.dim(1)? as i64;
         let ptrs = [
             self.ptr(qkv)?,
@@ -281,7 +326,7 @@ impl CudaKernels {
             self.ptr(inv_freq)?,
             self.ptr(positions)?,
             self.ptr(slots)?,
-            self.ptr(&q)?,
+            self.ptr(q)?,
             self.ptr(k_cache)?,
             self.ptr(v_cache)?,
         ];
@@ -298,16 +343,26 @@ impl CudaKernels {
         b.arg(&nh32).arg(&nkv32).arg(&num_slots).arg(&eps32);
         // SAFETY: argument types match the kernel's signature; buffers are sized above.
         unsafe { b.launch(cfg) }.w()?;
-        Ok(q)
+        Ok(())
     }
 
     /// `silu(gate) * up` of a `[rows, 2 * inter]` gate|up matrix: `[rows, inter]`.
     pub fn silu_mul(&self, gu: &Tensor) -> Result<Tensor> {
+        let (rows, two_i) = gu.dims2()?;
+        let out = self.alloc((rows, two_i / 2), self.dtype)?;
+        self.silu_mul_into(gu, &out)?;
+        Ok(out)
+    }
+
+    /// [`CudaKernels::silu_mul`] writing into `out` (`[rows, inter]`).
+    pub fn silu_mul_into(&self, gu: &Tensor, out: &Tensor) -> Result<()> {
         self.check_dtype(gu)?;
         let (rows, two_i) = gu.dims2()?;
         let inter = two_i / 2;
-        let out = self.alloc((rows, inter), self.dtype)?;
-        let (pg, po) = (self.ptr(gu)?, self.ptr(&out)?);
+        if out.elem_count() != rows * inter {
+            return Err(kernel_err("silu_mul", "output of the wrong size"));
+        }
+        let (pg, po) = (self.ptr(gu)?, self.ptr(out)?);
         let (rows64, inter32) = (rows as i64, inter as i32);
         let n = rows * inter;
         let cfg = LaunchConfig {
@@ -319,7 +374,7 @@ impl CudaKernels {
         b.arg(&pg).arg(&po).arg(&rows64).arg(&inter32);
         // SAFETY: argument types match the kernel's signature; buffers are sized above.
         unsafe { b.launch(cfg) }.w()?;
-        Ok(out)
+        Ok(())
     }
 
     /// The index of the largest value of each row of f32 `[rows, n]` logits (ties: lowest).
