@@ -6,6 +6,7 @@
 //! sequence, sample, stop, release. A request that fails, fails alone.
 
 mod attention;
+mod blocks;
 pub mod comm;
 pub mod config;
 #[cfg(feature = "cuda")]
