@@ -265,6 +265,7 @@ fn run(command: Command) -> Result<(), Error> {
                 max_new_tokens: Some(max_new_tokens),
                 temperature,
                 top_p: None,
+                max_transcript_tokens: None,
                 seed,
                 transcript_mode: if append_only {
                     TranscriptMode::AppendOnly

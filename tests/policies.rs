@@ -158,3 +158,71 @@ fn a_model_policy_runs_a_full_episode_and_its_prompts_equal_the_template() {
         first.act("How many users?".into()).unwrap().raw
     );
 }
+
+/// One shared tiny-model registry for the transaction tests.
+fn tiny_registry() -> &'static ModelRegistry {
+    static R: std::sync::OnceLock<ModelRegistry> = std::sync::OnceLock::new();
+    R.get_or_init(|| {
+        let dir = common::shared_tiny_model();
+        ModelRegistry::new(vec![ModelSpec::local("tiny", "Tiny", &dir)])
+            .unwrap()
+            .with_options(EngineOptions {
+                device: DeviceChoice::Cpu,
+                ..EngineOptions::default()
+            })
+    })
+}
+
+fn capped_episode() -> EpisodeConfig {
+    EpisodeConfig {
+        max_new_tokens: Some(3),
+        temperature: Some(0.0),
+        max_transcript_tokens: Some(600),
+        ..EpisodeConfig::with_tools(tools()).system("You are a SQL agent.")
+    }
+}
+
+#[test]
+fn a_failed_act_leaves_the_transcript_as_it_was_and_the_episode_usable() {
+    let mut p = tiny_registry()
+        .get_policy("tiny", capped_episode())
+        .unwrap();
+    p.act("How many users?".into()).unwrap();
+    let before = p.transcript().to_vec();
+    let huge = "word ".repeat(2000);
+    let err = p.act(huge.as_str().into()).unwrap_err();
+    assert!(err.to_string().contains("max_transcript_tokens"), "{err}");
+    assert_eq!(
+        p.transcript(),
+        before.as_slice(),
+        "the failed act left no trace"
+    );
+    // The episode goes on.
+    p.act("Count them again.".into()).unwrap();
+    assert_eq!(p.transcript().len(), before.len() + 2);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 6, ..Default::default() })]
+
+    /// Random sequences of valid and invalid (over the cap) acts give the transcript of the
+    /// valid acts alone.
+    #[test]
+    fn invalid_acts_never_change_the_transcript(acts in proptest::collection::vec(proptest::bool::ANY, 1..5)) {
+        let r = tiny_registry();
+        let mut p = r.get_policy("tiny", capped_episode()).unwrap();
+        let mut reference = r.get_policy("tiny", capped_episode()).unwrap();
+        let huge = "word ".repeat(2000);
+        for (i, valid) in acts.iter().enumerate() {
+            if *valid {
+                let obs = format!("observation {i}");
+                let a = p.act(obs.as_str().into()).unwrap();
+                let b = reference.act(obs.as_str().into()).unwrap();
+                proptest::prop_assert_eq!(a.raw, b.raw);
+            } else {
+                proptest::prop_assert!(p.act(huge.as_str().into()).is_err());
+            }
+            proptest::prop_assert_eq!(p.transcript(), reference.transcript());
+        }
+    }
+}

@@ -134,6 +134,9 @@ pub struct EpisodeConfig {
     pub temperature: Option<f32>,
     /// Nucleus sampling mass (`None`: the model's generation_config).
     pub top_p: Option<f32>,
+    /// Cap on a step's prompt (the rendered transcript) in tokens; a step over it fails with
+    /// `Error::TooLarge` and leaves the transcript as it was (`None`: the model's context).
+    pub max_transcript_tokens: Option<usize>,
     /// Sampling seed for reproducible episodes.
     pub seed: Option<u64>,
     /// How the prompt of each turn is built (see [`TranscriptMode`]).

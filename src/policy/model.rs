@@ -147,11 +147,42 @@ impl ModelPolicy {
 
 impl Policy for ModelPolicy {
     fn act(&mut self, observation: Observation) -> Result<Step> {
-        let start = Instant::now();
+        // An act is a transaction: on any error the transcript is exactly as before (a
+        // retrying harness does not duplicate observations).
+        let mark = self.transcript.len();
         push_observation(&mut self.transcript, self.last.as_ref(), observation);
+        let result = self.step();
+        if result.is_err() {
+            self.transcript.truncate(mark);
+        }
+        result
+    }
+
+    fn transcript(&self) -> &[Message] {
+        &self.transcript
+    }
+
+    fn model_key(&self) -> &str {
+        &self.model.key
+    }
+}
+
+impl ModelPolicy {
+    /// Renders, generates and parses one step over the transcript (the observation is in it).
+    /// Nothing but the transcript's tail changes before the generation succeeded.
+    fn step(&mut self) -> Result<Step> {
+        let start = Instant::now();
         let prompt = self.render()?;
         let engine = &self.model.engine;
         let ids = self.prompt_ids(&prompt)?;
+        if let Some(cap) = self.episode.max_transcript_tokens
+            && ids.len() > cap
+        {
+            return Err(crate::error::Error::TooLarge(format!(
+                "the episode's prompt is {} tokens, over its cap of {cap} (max_transcript_tokens); start a new episode",
+                ids.len()
+            )));
+        }
         let ids_for_context = ids.clone();
         let mut request = GenerationRequest::new(ids).sampling(self.sampling(self.steps));
         request.max_new_tokens = self.episode.max_new_tokens;
@@ -178,13 +209,5 @@ impl Policy for ModelPolicy {
                 latency: start.elapsed(),
             },
         })
-    }
-
-    fn transcript(&self) -> &[Message] {
-        &self.transcript
-    }
-
-    fn model_key(&self) -> &str {
-        &self.model.key
     }
 }

@@ -34,6 +34,7 @@ pub(super) async fn create(
         max_new_tokens: g.max_tokens,
         temperature: g.temperature,
         top_p: g.top_p,
+        max_transcript_tokens: st.cfg.max_transcript_tokens,
         seed: g.seed,
         transcript_mode: match req.transcript_mode.as_deref() {
             Some("append_only") => TranscriptMode::AppendOnly,

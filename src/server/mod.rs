@@ -81,9 +81,13 @@ pub struct Config {
     /// Largest max_tokens a request may ask for.
     #[arg(long, default_value_t = 4096)]
     pub max_tokens_cap: usize,
-    /// Idle episodes expire after this many seconds.
-    #[arg(long, default_value_t = 900)]
+    /// Idle episodes expire after this many seconds (at least 1).
+    #[arg(long, default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..))]
     pub episode_ttl_secs: u64,
+    /// Cap on an episode's prompt in tokens (a step over it is a 400; the episode stays as it
+    /// was). Default: the model's context.
+    #[arg(long)]
+    pub max_transcript_tokens: Option<usize>,
     /// Device: auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
     pub device: String,
