@@ -589,3 +589,141 @@ async fn chat_and_episodes_refuse_the_same_bad_fields_naming_them() {
     let (c, v) = post(&s, "/v1/episodes", json!({"model": "tiny", "tools": tools(), "max_tokens": 4, "temperature": 0.5, "top_p": 0.9, "seed": 3})).await;
     assert_eq!(c, 201, "{v}");
 }
+
+/// A copy of the tiny model whose model.safetensors is cut short.
+fn truncated_model() -> std::path::PathBuf {
+    let src = common::shared_tiny_model();
+    let dir = tempfile::tempdir().unwrap().keep();
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+    }
+    let w = dir.join("model.safetensors");
+    let bytes = std::fs::read(&w).unwrap();
+    std::fs::write(&w, &bytes[..bytes.len() / 3]).unwrap();
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broken_checkpoint_is_a_503_naming_the_model_without_paths_and_loads_once() {
+    let dir = truncated_model();
+    let s = start(&["--model-dir", &format!("broken={}", dir.display())]).await;
+    let body = json!({"model": "broken", "messages": [{"role": "user", "content": "hi"}]});
+    let client = reqwest::Client::new();
+    let sends: Vec<_> = (0..20)
+        .map(|_| {
+            client
+                .post(format!("{}/v1/chat/completions", s.base))
+                .json(&body)
+                .send()
+        })
+        .collect();
+    for r in futures_util::future::join_all(sends).await {
+        let r = r.unwrap();
+        assert_eq!(r.status(), 503);
+        assert!(r.headers().contains_key("retry-after"));
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["type"], "model_load_failed", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("`broken`") && msg.contains("model.safetensors"),
+            "{msg}"
+        );
+        assert!(
+            !msg.contains(dir.to_str().unwrap()),
+            "no server path: {msg}"
+        );
+    }
+    assert_eq!(
+        s.state.registry().load_attempts("broken"),
+        1,
+        "one load, then the back-off"
+    );
+    // The server and its other models are fine.
+    let (code, _) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"model": "demo", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(code, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_episode_cap_holds_for_concurrent_creates_while_the_model_loads() {
+    let s = start(&["--max-episodes", "3"]).await;
+    let client = reqwest::Client::new();
+    let sends: Vec<_> = (0..24)
+        .map(|_| {
+            client
+                .post(format!("{}/v1/episodes", s.base))
+                .json(&json!({"model": "tiny", "tools": tools()}))
+                .send()
+        })
+        .collect();
+    let mut codes: Vec<u16> = Vec::new();
+    for r in futures_util::future::join_all(sends).await {
+        codes.push(r.unwrap().status().as_u16());
+    }
+    assert_eq!(codes.iter().filter(|c| **c == 201).count(), 3, "{codes:?}");
+    assert_eq!(codes.iter().filter(|c| **c == 429).count(), 21, "{codes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_error_has_the_openai_shape_and_its_headers() {
+    let s = start(&["--token", "s3cret", "--max-episodes", "1"]).await;
+    let client = reqwest::Client::new();
+    let auth = |r: reqwest::RequestBuilder| r.bearer_auth("s3cret");
+    let check = |v: &Value| {
+        assert!(v["error"]["message"].is_string(), "{v}");
+        assert!(v["error"]["type"].is_string(), "{v}");
+        assert!(
+            v["error"].get("param").is_some() && v["error"].get("code").is_some(),
+            "{v}"
+        );
+    };
+    let r = auth(client.get(format!("{}/no/such/route", s.base)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    check(&r.json().await.unwrap());
+    let r = auth(client.get(format!("{}/v1/chat/completions", s.base)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    check(&r.json().await.unwrap());
+    let r = client
+        .get(format!("{}/v1/models", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()["www-authenticate"], "Bearer");
+    check(&r.json().await.unwrap());
+    // A declared length over the limit is refused before the body is read.
+    let r = auth(client.post(format!("{}/v1/chat/completions", s.base)))
+        .header("content-type", "application/json")
+        .body("x".repeat(70_000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    check(&r.json().await.unwrap());
+    let create = || {
+        auth(client.post(format!("{}/v1/episodes", s.base)))
+            .json(&json!({"model": "demo", "tools": tools()}))
+            .send()
+    };
+    let first: Value = create().await.unwrap().json().await.unwrap();
+    let id = first["id"].as_str().unwrap();
+    assert!(
+        id.len() == 3 + 32 && id.starts_with("ep-"),
+        "128 random bits: {id}"
+    );
+    let r = create().await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+    check(&r.json().await.unwrap());
+}

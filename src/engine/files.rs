@@ -101,6 +101,17 @@ pub fn shard_names(index: &Path) -> Result<Vec<String>> {
         .ok_or_else(|| Error::file(index, "no `weight_map` object"))?;
     let mut names: Vec<String> = Vec::new();
     for f in map.values().filter_map(Value::as_str) {
+        let plain = !f.is_empty()
+            && !f.contains(['/', '\\'])
+            && f != ".."
+            && f != "."
+            && !Path::new(f).is_absolute();
+        if !plain {
+            return Err(Error::file(
+                index,
+                format!("shard `{f}` is not a file name inside the model directory"),
+            ));
+        }
         if !names.iter().any(|n| n == f) {
             names.push(f.to_string());
         }

@@ -27,12 +27,15 @@ struct Entry {
     spec: ModelSpec,
     cell: OnceCell<Arc<LoadedModel>>,
     load_attempts: AtomicUsize,
+    /// The last failed load: when, and the error's text.
+    last_failure: parking_lot::Mutex<Option<(std::time::Instant, String)>>,
 }
 
 /// The set of selectable models. Share it (`Arc<ModelRegistry>`) across threads.
 pub struct ModelRegistry {
     entries: Vec<Entry>,
     options: EngineOptions,
+    load_backoff: std::time::Duration,
 }
 
 impl std::fmt::Debug for ModelRegistry {
@@ -65,6 +68,7 @@ impl ModelRegistry {
                 spec,
                 cell: OnceCell::new(),
                 load_attempts: AtomicUsize::new(0),
+                last_failure: parking_lot::Mutex::new(None),
             });
         }
         if entries.is_empty() {
@@ -75,6 +79,7 @@ impl ModelRegistry {
         Ok(Self {
             entries,
             options: EngineOptions::default(),
+            load_backoff: std::time::Duration::ZERO,
         })
     }
 
@@ -102,12 +107,21 @@ impl ModelRegistry {
         self
     }
 
+    /// After a failed load, calls within `backoff` fail at once with the same reason instead
+    /// of loading again (a broken checkpoint under load does not reload per request). Zero (the
+    /// default): every call after a failure tries again.
+    pub fn with_load_backoff(mut self, backoff: std::time::Duration) -> Self {
+        self.load_backoff = backoff;
+        self
+    }
+
     /// Adds a spec at the end, or replaces the one with the same key (keeping its position).
     pub fn with_model(mut self, spec: ModelSpec) -> Self {
         let entry = Entry {
             spec,
             cell: OnceCell::new(),
             load_attempts: AtomicUsize::new(0),
+            last_failure: parking_lot::Mutex::new(None),
         };
         match self
             .entries
@@ -188,12 +202,37 @@ impl ModelRegistry {
                 label: spec.label.clone(),
             });
         }
+        let recent_failure = || {
+            let last = entry.last_failure.lock();
+            last.as_ref()
+                .filter(|(at, _)| at.elapsed() < self.load_backoff)
+                .map(|(at, reason)| Error::Load {
+                    key: key.to_string(),
+                    reason: format!(
+                        "{reason} (failed {:.0} s ago; the next attempt comes after a back-off of {} s)",
+                        at.elapsed().as_secs_f64(),
+                        self.load_backoff.as_secs()
+                    ),
+                })
+        };
+        if let Some(e) = recent_failure() {
+            return Err(e);
+        }
         entry
             .cell
             .get_or_try_init(|| {
+                // Callers that waited for a load that failed see its failure, not a new load.
+                if let Some(e) = recent_failure() {
+                    return Err(e);
+                }
                 entry.load_attempts.fetch_add(1, Ordering::SeqCst);
                 tracing::info!(model = key, source = %spec.source, "loading model");
-                LoadedModel::load(spec, &self.options).map(Arc::new)
+                LoadedModel::load(spec, &self.options)
+                    .map(Arc::new)
+                    .inspect_err(|e| {
+                        *entry.last_failure.lock() =
+                            Some((std::time::Instant::now(), e.to_string()));
+                    })
             })
             .cloned()
     }

@@ -20,6 +20,15 @@ use super::openai::{ActRequest, EpisodeRequest, parse, parse_tools, require_mode
 use super::{ApiError, ApiResult, AppState, Episode, blocking};
 use crate::policy::{EpisodeConfig, Observation, TranscriptMode};
 
+/// A reserved episode slot, given back when the create ends (inserted or failed).
+struct Reservation(Arc<AppState>);
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.0.reserved_episodes.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 pub(super) async fn create(
     State(st): State<Arc<AppState>>,
     body: Bytes,
@@ -47,23 +56,33 @@ pub(super) async fn create(
             }
         },
     };
-    if st.episodes.lock().len() >= st.cfg.max_episodes {
-        return Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "too_many_episodes",
-            format!(
-                "{} episodes are open; DELETE finished ones",
-                st.cfg.max_episodes
-            ),
-        ));
+    // The slot is reserved before the (maybe long) load, under the same lock as the count, so
+    // concurrent creates cannot pass the cap together.
+    {
+        let eps = st.episodes.lock();
+        let reserved = st.reserved_episodes.load(Ordering::SeqCst);
+        if eps.len() + reserved >= st.cfg.max_episodes {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_episodes",
+                format!(
+                    "{} episodes are open; DELETE finished ones",
+                    st.cfg.max_episodes
+                ),
+            ));
+        }
+        st.reserved_episodes.fetch_add(1, Ordering::SeqCst);
     }
+    let reservation = Reservation(st.clone());
     let policy = {
         let st = st.clone();
         let key = key.clone();
         blocking(move || st.registry.get_policy(&key, episode)).await?
     };
-    let id = st.id("ep");
-    st.episodes.lock().insert(
+    let id = super::random_id("ep");
+    let mut eps = st.episodes.lock();
+    drop(reservation);
+    eps.insert(
         id.clone(),
         Episode {
             policy: Arc::new(Mutex::new(policy)),

@@ -4,7 +4,7 @@
 //! Invariant: a 500 carries a request id to find it in the logs, not internals.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
@@ -21,16 +21,23 @@ pub struct ApiError {
     pub param: Option<&'static str>,
     /// What went wrong and what to do.
     pub message: String,
+    /// Seconds after which a retry may succeed (the `Retry-After` header of 429/503).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
     /// An error with this status and type.
     pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        let retry_after = match status {
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => Some(5),
+            _ => None,
+        };
         Self {
             status,
             kind,
             param: None,
             message: message.into(),
+            retry_after,
         }
     }
 
@@ -58,12 +65,17 @@ impl From<Error> for ApiError {
         let msg = e.to_string();
         match e {
             Error::UnknownModel { .. } => Self::new(StatusCode::NOT_FOUND, "model_not_found", msg),
-            Error::ModelUnavailable { .. }
-            | Error::Load { .. }
-            | Error::Download { .. }
-            | Error::Checkpoint { .. }
-            | Error::Unsupported(_) => {
-                Self::new(StatusCode::SERVICE_UNAVAILABLE, "model_unavailable", msg)
+            Error::Load { .. } | Error::Checkpoint { .. } | Error::File { .. } => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "model_load_failed",
+                redact_paths(&msg),
+            ),
+            Error::ModelUnavailable { .. } | Error::Download { .. } | Error::Unsupported(_) => {
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "model_unavailable",
+                    redact_paths(&msg),
+                )
             }
             Error::InvalidInput(_)
             | Error::TooLarge(_)
@@ -90,9 +102,68 @@ impl IntoResponse for ApiError {
             message = format!("{message} (request id {id})");
         }
         let body = json!({"error": {"message": message, "type": self.kind, "param": self.param, "code": self.kind}});
-        (self.status, Json(body)).into_response()
+        let mut resp = (self.status, Json(body)).into_response();
+        if let Some(s) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
     }
+}
+
+/// Replaces every absolute path in `msg` by its file name: clients learn which file of the
+/// model is wrong, not where the server keeps it.
+pub fn redact_paths(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    while let Some(at) = rest.find('/') {
+        let starts_word = at == 0
+            || rest[..at]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_whitespace() || "`'\"(=:".contains(c));
+        if !starts_word {
+            out.push_str(&rest[..=at]);
+            rest = &rest[at + 1..];
+            continue;
+        }
+        out.push_str(&rest[..at]);
+        let end = rest[at..]
+            .find(|c: char| c.is_whitespace() || "`'\",;)".contains(c))
+            .map_or(rest.len(), |e| at + e);
+        let path = rest[at..end].trim_end_matches(':');
+        let name = path.rsplit('/').find(|p| !p.is_empty()).unwrap_or("");
+        out.push_str(name);
+        out.push_str(&rest[at + path.len()..end]);
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Results of handlers.
 pub type ApiResult<T> = std::result::Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::redact_paths;
+
+    #[test]
+    fn absolute_paths_become_file_names_and_the_rest_stays() {
+        assert_eq!(
+            redact_paths(
+                "failed to load model `m`: /srv/models/m/model.safetensors: not a valid safetensors file"
+            ),
+            "failed to load model `m`: model.safetensors: not a valid safetensors file"
+        );
+        assert_eq!(
+            redact_paths("tensor `a` in file `/x/y/shard-1.safetensors` (b/c stays)"),
+            "tensor `a` in file `shard-1.safetensors` (b/c stays)"
+        );
+        assert_eq!(redact_paths("no path here, 3/4"), "no path here, 3/4");
+    }
+}

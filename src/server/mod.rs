@@ -91,6 +91,10 @@ pub struct Config {
     /// Device: auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
     pub device: String,
+    /// After a model fails to load, requests for it fail at once (503 `model_load_failed`)
+    /// for this many seconds instead of reloading.
+    #[arg(long, default_value_t = 30)]
+    pub load_backoff_secs: u64,
     /// Bearer token required on every route but /health (env POLICY_SERVE_TOKEN).
     #[arg(long, env = "POLICY_SERVE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -133,6 +137,8 @@ pub struct AppState {
     offered: Vec<String>,
     cfg: Config,
     episodes: Mutex<HashMap<String, Episode>>,
+    /// Episode slots reserved by creates still loading (counted against the cap).
+    reserved_episodes: std::sync::atomic::AtomicUsize,
     loading: Mutex<Vec<String>>,
     counters: Counters,
     next_id: AtomicU64,
@@ -145,7 +151,9 @@ impl AppState {
             device: cfg.device.parse()?,
             ..EngineOptions::default()
         };
-        let mut registry = ModelRegistry::with_defaults().with_options(options);
+        let mut registry = ModelRegistry::with_defaults()
+            .with_options(options)
+            .with_load_backoff(Duration::from_secs(cfg.load_backoff_secs));
         for (k, d) in &cfg.model_dirs {
             registry = match registry.spec(k) {
                 Ok(_) => registry.with_local_dir(k, d)?,
@@ -165,6 +173,7 @@ impl AppState {
             offered,
             cfg,
             episodes: Mutex::new(HashMap::new()),
+            reserved_episodes: std::sync::atomic::AtomicUsize::new(0),
             loading: Mutex::new(Vec::new()),
             counters: Counters::default(),
             next_id: AtomicU64::new(1),
@@ -223,13 +232,39 @@ impl AppState {
     }
 }
 
+/// An unguessable id: `prefix-` and 128 random bits (SipHash under per-process random keys).
+fn random_id(prefix: &str) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let word = || {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+        h.finish()
+    };
+    format!("{prefix}-{:016x}{:016x}", word(), word())
+}
+
+/// Equality of two secrets in time that does not depend on where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= (x ^ y) as usize;
+    }
+    diff == 0
+}
+
 /// Runs blocking work (loading, rendering, tokenizing, a policy step) off the async executor.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, Error> + Send + 'static,
 ) -> ApiResult<T> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| ApiError::internal(format!("a worker task failed: {e}")))?
+        .map_err(|e| {
+            tracing::error!(error = %e, "a blocking task failed");
+            ApiError::internal("an internal task failed")
+        })?
         .map_err(ApiError::from)
 }
 
@@ -246,8 +281,68 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .merge(protected)
+        .fallback(|| async {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such route; see GET /v1/models, POST /v1/chat/completions, /v1/episodes",
+            )
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method",
+            )
+        })
         .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            body_limit,
+        ))
         .with_state(state)
+}
+
+/// Refuses a declared body over the limit before reading it, and gives the body-limit
+/// rejection (a plain-text 413 from the extractor) the OpenAI error shape.
+async fn body_limit(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let limit = st.cfg.max_body_bytes;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            format!("the request body is over the limit of {limit} bytes"),
+        )
+        .into_response()
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u128>().ok());
+    if declared.is_some_and(|n| n > limit as u128) {
+        return too_large();
+    }
+    let resp = next.run(req).await;
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    match resp.status() {
+        StatusCode::PAYLOAD_TOO_LARGE if !is_json => too_large(),
+        s if (s.is_client_error() || s.is_server_error()) && !is_json => ApiError::new(
+            s,
+            if s.is_server_error() {
+                "server_error"
+            } else {
+                "invalid_request_error"
+            },
+            s.canonical_reason().unwrap_or("error"),
+        )
+        .into_response(),
+        _ => resp,
+    }
 }
 
 async fn auth(
@@ -261,7 +356,7 @@ async fn auth(
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|t| t == token);
+            .is_some_and(|t| constant_time_eq(t.as_bytes(), token.as_bytes()));
         if !ok {
             return ApiError::new(
                 StatusCode::UNAUTHORIZED,
