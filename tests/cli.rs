@@ -213,3 +213,68 @@ fn generate_and_logits_run_on_the_tiny_checkpoint() {
     assert_eq!((10 + hlen) % 64, 0);
     assert_eq!(bytes.len(), 10 + hlen + 3 * 151_936 * 4);
 }
+
+/// A copy of the tiny model with some `config.json` fields overwritten.
+fn tiny_with_config(fields: serde_json::Value) -> std::path::PathBuf {
+    let src = common::shared_tiny_model();
+    let dir = tempfile::tempdir().unwrap().keep();
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+    }
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    for (k, v) in fields.as_object().unwrap() {
+        cfg[k] = v.clone();
+    }
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn absurd_config_dimensions_exit_2_with_the_reason_and_allocate_nothing() {
+    let cases = [
+        (
+            serde_json::json!({"num_hidden_layers": 1_000_000_000u64}),
+            "num_hidden_layers",
+        ),
+        (
+            serde_json::json!({"num_hidden_layers": 1u64 << 62}),
+            "num_hidden_layers",
+        ),
+        (
+            serde_json::json!({"num_attention_heads": 1u64 << 40}),
+            "num_attention_heads",
+        ),
+        (
+            serde_json::json!({"num_hidden_layers": 3}),
+            "checkpoint holds 2 layers",
+        ),
+    ];
+    for (fields, needle) in cases {
+        let dir = tiny_with_config(fields.clone());
+        let out = bin()
+            .args(["generate", "--model-dir"])
+            .arg(&dir)
+            .args(["--prompt", "hi", "--max-new-tokens", "1", "--device", "cpu"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{fields}: {err}");
+        assert!(err.contains(needle), "{fields}: {err}");
+    }
+    // A huge max_position_embeddings is served: the RoPE tables follow the served context.
+    let dir = tiny_with_config(serde_json::json!({"max_position_embeddings": 1_000_000_000u64}));
+    let out = bin()
+        .args(["generate", "--model-dir"])
+        .arg(&dir)
+        .args(["--prompt", "hi", "--max-new-tokens", "1", "--device", "cpu"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

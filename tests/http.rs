@@ -727,3 +727,70 @@ async fn every_error_has_the_openai_shape_and_its_headers() {
     assert!(r.headers().contains_key("retry-after"));
     check(&r.json().await.unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_absurd_config_is_a_clear_error_and_the_server_stays_up() {
+    let src = common::shared_tiny_model();
+    let dir = tempfile::tempdir().unwrap().keep();
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+    }
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    cfg["num_hidden_layers"] = json!(1_000_000_000u64);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let s = start(&["--model-dir", &format!("huge={}", dir.display())]).await;
+    let (code, ep) = post(
+        &s,
+        "/v1/episodes",
+        json!({"model": "tiny", "tools": tools()}),
+    )
+    .await;
+    assert_eq!(code, 201);
+    let (code, v) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"model": "huge", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(code, 503, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("num_hidden_layers"),
+        "{v}"
+    );
+    // The open episode on another model still works.
+    let id = ep["id"].as_str().unwrap();
+    let (code, _) = post(
+        &s,
+        &format!("/v1/episodes/{id}/act"),
+        json!({"observation": "hi"}),
+    )
+    .await;
+    assert_eq!(code, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_streamed_request_over_the_context_is_refused_before_the_stream_starts() {
+    let s = start(&[]).await;
+    let long = "word ".repeat(5000);
+    let body = |stream: bool| json!({"model": "tiny", "messages": [{"role": "user", "content": long}], "max_tokens": 8, "stream": stream});
+    let (plain, pv) = post(&s, "/v1/chat/completions", body(false)).await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&body(true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain, 400, "{pv}");
+    assert_eq!(
+        r.status().as_u16(),
+        400,
+        "the same status as without streaming"
+    );
+    let sv: Value = r.json().await.unwrap();
+    assert_eq!(sv["error"], pv["error"]);
+}

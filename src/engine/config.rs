@@ -161,6 +161,30 @@ impl ModelConfig {
 
     fn check(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidInput(format!("config.json: {m}")));
+        // Sane bounds before anything is sized from the config (no allocation, no overflow).
+        for (name, value, max) in [
+            ("vocab_size", self.vocab_size, 1usize << 24),
+            ("hidden_size", self.hidden_size, 1 << 17),
+            ("intermediate_size", self.intermediate_size, 1 << 20),
+            ("num_hidden_layers", self.num_hidden_layers, 1 << 12),
+            ("num_attention_heads", self.num_attention_heads, 1 << 12),
+            ("num_key_value_heads", self.num_key_value_heads, 1 << 12),
+            ("head_dim", self.head_dim.unwrap_or(1), 1 << 12),
+        ] {
+            if value == 0 || value > max {
+                return bad(format!(
+                    "{name} = {value} is outside 1..={max}; this is not a checkpoint this engine can serve"
+                ));
+            }
+        }
+        if self.max_position_embeddings == 0 {
+            return bad("max_position_embeddings must be positive".into());
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0)
+            || !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0)
+        {
+            return bad("rope_theta and rms_norm_eps must be positive numbers".into());
+        }
         if self.num_attention_heads == 0
             || self.num_key_value_heads == 0
             || self.num_hidden_layers == 0

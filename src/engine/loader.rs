@@ -42,7 +42,17 @@ pub fn load_shard(
     };
     let probe = Checkpoint::open(key, weights, DType::F32, device).map_err(wrap)?;
     let dtype = dtype.resolve(device, probe.stored_dtype());
+    let layers = probe.layer_count();
     drop(probe);
+    if layers != cfg.num_hidden_layers {
+        return Err(Error::Load {
+            key: key.into(),
+            reason: format!(
+                "config.json says num_hidden_layers = {} but the checkpoint holds {layers} layers; the config does not belong to these weights",
+                cfg.num_hidden_layers
+            ),
+        });
+    }
     let ck = Checkpoint::open(key, weights, dtype, device).map_err(wrap)?;
     Qwen3::load(
         cfg,

@@ -47,6 +47,21 @@ impl Checkpoint {
         })
     }
 
+    /// Decoder layers the checkpoint holds (`model.layers.N.*`, highest N + 1).
+    pub fn layer_count(&self) -> usize {
+        self.index
+            .keys()
+            .filter_map(|n| {
+                n.strip_prefix("model.layers.")?
+                    .split('.')
+                    .next()?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .max()
+            .map_or(0, |n| n + 1)
+    }
+
     /// Whether a tensor exists.
     pub fn has(&self, name: &str) -> bool {
         self.index.contains_key(name)
