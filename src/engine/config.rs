@@ -180,9 +180,8 @@ impl ModelConfig {
         if self.max_position_embeddings == 0 {
             return bad("max_position_embeddings must be positive".into());
         }
-        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0)
-            || !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0)
-        {
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        if !positive(self.rope_theta) || !positive(self.rms_norm_eps) {
             return bad("rope_theta and rms_norm_eps must be positive numbers".into());
         }
         if self.num_attention_heads == 0
