@@ -230,3 +230,26 @@ proptest! {
         prop_assert_eq!(p.calls, vec![call.clone(), call]);
     }
 }
+
+#[test]
+fn a_closing_tag_inside_a_json_string_belongs_to_the_arguments() {
+    let raw = "<tool_call>\n{\"name\": \"query\", \"arguments\": {\"sql\": \"SELECT '</tool_call>' AS x\"}}\n</tool_call>";
+    let p = parse_output(raw, None);
+    assert_eq!(p.error, None, "{p:?}");
+    assert_eq!(p.calls.len(), 1);
+    assert_eq!(p.calls[0].arguments["sql"], "SELECT '</tool_call>' AS x");
+    // Two calls, the first holding the tag in a string with escaped quotes.
+    let raw = "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"t\": \"x \\\"</tool_call>\\\" y\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": {}}\n</tool_call>";
+    let p = parse_output(raw, None);
+    assert_eq!(p.error, None, "{p:?}");
+    assert_eq!(
+        p.calls.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    // Malformed JSON still fails clearly (no guess).
+    let p = parse_output(
+        "<tool_call>\n{\"name\": \"a\", \"arguments\": {\n</tool_call>",
+        None,
+    );
+    assert!(p.error.is_some());
+}

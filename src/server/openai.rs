@@ -222,11 +222,21 @@ pub fn convert_messages(v: &Value) -> ApiResult<Vec<Message>> {
     for (i, m) in list.iter().enumerate() {
         let mut m = m.clone();
         if let Some(parts) = m.get("content").and_then(Value::as_array) {
-            let text: String = parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect::<Vec<_>>()
-                .join("");
+            let mut text = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                    (Some("text") | None, Some(Value::String(t))) => text.push_str(t),
+                    (kind, _) => {
+                        return Err(ApiError::field(
+                            "messages",
+                            format!(
+                                "messages[{i}].content[{j}]: only text parts are supported, got type {}",
+                                kind.unwrap_or("(none)")
+                            ),
+                        ));
+                    }
+                }
+            }
             m["content"] = Value::String(text);
         }
         if let Some(calls) = m.get_mut("tool_calls").and_then(Value::as_array_mut) {

@@ -40,6 +40,51 @@ pub struct ParsedOutput {
     pub error: Option<String>,
 }
 
+/// Where the `</tool_call>` closing this call's body is: after the end of the JSON object the
+/// body starts with (a `</tool_call>` inside a JSON string belongs to the arguments), else the
+/// first one.
+fn close_tag(body: &str) -> Option<usize> {
+    let lead = body.len() - body.trim_start().len();
+    if let Some(end) = json_object_end(&body[lead..]) {
+        return body[lead + end..]
+            .find(TOOL_CALL_CLOSE)
+            .map(|p| lead + end + p);
+    }
+    body.find(TOOL_CALL_CLOSE)
+}
+
+/// The byte length of the JSON object at the start of `s` (up to its matching `}`), tracking
+/// strings and escapes; `None` when `s` does not start with `{` or the object never closes.
+fn json_object_end(s: &str) -> Option<usize> {
+    if !s.starts_with('{') {
+        return None;
+    }
+    let (mut depth, mut in_str, mut escaped) = (0usize, false, false);
+    for (i, c) in s.char_indices() {
+        if in_str {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_str = true,
+            '{' | '[' => depth += 1,
+            '}' | ']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(i + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 /// Parses model output. With `tools`, each call is also validated against them (known name,
 /// required arguments, JSON types).
 pub fn parse_output(raw: &str, tools: Option<&[ToolDefinition]>) -> ParsedOutput {
@@ -69,7 +114,7 @@ pub fn parse_output(raw: &str, tools: Option<&[ToolDefinition]>) -> ParsedOutput
         }
         push_text(&mut content, before);
         let body_start = &cursor[open + TOOL_CALL_OPEN.len()..];
-        let (body, next) = match body_start.find(TOOL_CALL_CLOSE) {
+        let (body, next) = match close_tag(body_start) {
             Some(close) => (
                 &body_start[..close],
                 &body_start[close + TOOL_CALL_CLOSE.len()..],

@@ -8,14 +8,52 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 
-/// One tool the policy may call: `{"type": "function", "function": {...}}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One tool the policy may call: `{"type": "function", "function": {...}}`, or a bare
+/// function schema `{"name", "description", "parameters"}` (HF's templates take any dict).
+///
+/// A tool parsed from JSON renders exactly as it was given (shape and key order), as HF's
+/// `apply_chat_template` renders it; a tool built in code renders in the wrapped shape.
+#[derive(Debug, Clone)]
 pub struct ToolDefinition {
     /// Always `"function"`.
-    #[serde(rename = "type", default = "function_type")]
     pub kind: String,
     /// The function's name, description and JSON-schema parameters.
     pub function: FunctionDefinition,
+    /// The JSON the tool was parsed from (rendered as is); `None` for a tool built in code.
+    source: Option<Value>,
+}
+
+impl PartialEq for ToolDefinition {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind && self.function == other.function
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Wrapped<F> {
+    #[serde(rename = "type", default = "function_type")]
+    kind: String,
+    function: F,
+}
+
+impl Serialize for ToolDefinition {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match &self.source {
+            Some(v) => v.serialize(s),
+            None => Wrapped {
+                kind: self.kind.clone(),
+                function: &self.function,
+            }
+            .serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ToolDefinition {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let v = Value::deserialize(d)?;
+        Self::from_value(v).map_err(serde::de::Error::custom)
+    }
 }
 
 fn function_type() -> String {
@@ -53,11 +91,41 @@ impl ToolDefinition {
                 parameters: empty_object_schema(),
                 extra: Map::new(),
             },
+            source: None,
         }
+    }
+
+    /// A tool from its JSON: wrapped (`{"type": "function", "function": {..}}`) or bare
+    /// (`{"name", ..}`); it renders as given.
+    fn from_value(v: Value) -> std::result::Result<Self, String> {
+        let obj = v
+            .as_object()
+            .ok_or_else(|| format!("a tool must be a JSON object, got {v}"))?;
+        let (kind, function) = if obj.contains_key("function") {
+            let w: Wrapped<FunctionDefinition> =
+                serde_json::from_value(v.clone()).map_err(|e| e.to_string())?;
+            (w.kind, w.function)
+        } else if obj.contains_key("name") {
+            let f: FunctionDefinition =
+                serde_json::from_value(v.clone()).map_err(|e| e.to_string())?;
+            (function_type(), f)
+        } else {
+            return Err(
+                "a tool is {\"type\": \"function\", \"function\": {..}} or a bare function schema {\"name\", \"description\", \"parameters\"}"
+                    .into(),
+            );
+        };
+        Ok(Self {
+            kind,
+            function,
+            source: Some(v),
+        })
     }
 
     /// Adds a parameter with a JSON type (`"string"`, `"integer"`, ...) and a description.
     pub fn param(mut self, name: &str, json_type: &str, description: &str, required: bool) -> Self {
+        // Changed in code: it renders from its fields from now on.
+        self.source = None;
         let params = self
             .function
             .parameters
@@ -95,7 +163,7 @@ impl ToolDefinition {
     pub fn list_from_json(json: &str) -> Result<Vec<Self>> {
         let tools: Vec<Self> = serde_json::from_str(json).map_err(|e| {
             Error::InvalidInput(format!(
-                "tools must be a JSON list of {{\"type\": \"function\", \"function\": {{..}}}}: {e}"
+                "tools must be a JSON list of {{\"type\": \"function\", \"function\": {{..}}}} or of bare function schemas: {e}"
             ))
         })?;
         for t in &tools {
