@@ -25,9 +25,10 @@ async fn start(extra: &[&str]) -> Server {
         "cpu",
         "--model-dir",
         tiny.as_str(),
-        "--max-body-bytes",
-        "65536",
     ];
+    if !extra.contains(&"--max-body-bytes") {
+        args.extend_from_slice(&["--max-body-bytes", "65536"]);
+    }
     if !extra.contains(&"--max-tokens-cap") {
         args.extend_from_slice(&["--max-tokens-cap", "64"]);
     }
@@ -36,8 +37,12 @@ async fn start(extra: &[&str]) -> Server {
     let state = serve::AppState::new(cfg).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = serve::router(state.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let st = state.clone();
+    tokio::spawn(async move {
+        serve::serve_on(listener, st, std::future::pending())
+            .await
+            .unwrap()
+    });
     Server { base, state }
 }
 
@@ -808,4 +813,76 @@ async fn a_streamed_request_over_the_context_is_refused_before_the_stream_starts
     );
     let sv: Value = r.json().await.unwrap();
     assert_eq!(sv["error"], pv["error"]);
+}
+
+/// Sends `head` on a raw connection, waits `wait`, and returns what the server sent back
+/// (empty when it closed the connection without an answer).
+async fn raw_exchange(s: &Server, head: &str, wait: std::time::Duration) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = s.base.trim_start_matches("http://");
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    c.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(wait).await;
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), c.read_to_end(&mut buf)).await;
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_clients_are_cut_off_by_the_header_and_body_timeouts() {
+    let s = start(&["--header-timeout-secs", "1", "--body-timeout-secs", "1"]).await;
+    // Half-sent headers: the connection is closed (at most a 408, never left open).
+    let got = raw_exchange(
+        &s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n",
+        std::time::Duration::from_millis(1500),
+    )
+    .await;
+    assert!(got.is_empty() || got.starts_with("HTTP/1.1 408"), "{got:?}");
+    // A stalled body: a 408 in the OpenAI shape.
+    let got = raw_exchange(
+        &s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":",
+        std::time::Duration::from_millis(1500),
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 408"), "{got:?}");
+    assert!(got.contains("request_timeout"), "{got:?}");
+    // The server still answers others.
+    let h = reqwest::get(format!("{}/health", s.base)).await.unwrap();
+    assert_eq!(h.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_demo_conversation_is_answered_for_its_step() {
+    let s = start(&["--max-body-bytes", "4000000"]).await;
+    // 8,000 assistant turns and a 200k-character last message: the demo answers as at step
+    // 8,000 (past its tools: a reply quoting the last message), in one act.
+    let mut messages = vec![json!({"role": "user", "content": "start"})];
+    for i in 0..8000 {
+        messages.push(json!({"role": "assistant", "content": format!("turn {i}")}));
+        messages.push(json!({"role": "user", "content": "next"}));
+    }
+    messages.push(json!({"role": "user", "content": "y".repeat(200_000)}));
+    let (code, v) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"model": "demo", "messages": messages, "tools": tools()}),
+    )
+    .await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert!(
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("yyyy")
+    );
+    // With one assistant turn the demo is at step 1: its second tool.
+    let (_, v) = post(&s, "/v1/chat/completions", json!({"model": "demo", "tools": tools(), "messages": [
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]})).await;
+    assert_eq!(
+        v["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "answer"
+    );
 }

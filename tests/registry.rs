@@ -173,3 +173,30 @@ fn a_spec_can_be_pointed_at_a_local_dir() {
     assert_eq!(r.specs().nth(1).unwrap().key, "qwen3-0.6b", "position kept");
     r.model("qwen3-0.6b").unwrap();
 }
+
+#[test]
+fn shard_names_must_stay_inside_the_model_directory() {
+    let src = common::shared_tiny_model();
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    for name in [
+        "../outside.safetensors",
+        "/etc/passwd",
+        "sub/../../x.safetensors",
+    ] {
+        let index = serde_json::json!({"weight_map": {"model.embed_tokens.weight": name}});
+        std::fs::write(
+            dir.path().join("model.safetensors.index.json"),
+            index.to_string(),
+        )
+        .unwrap();
+        let r = ModelRegistry::new(vec![ModelSpec::local("m", "M", dir.path())]).unwrap();
+        let err = r.model("m").unwrap_err().to_string();
+        assert!(
+            err.contains("not a file name inside the model directory"),
+            "{name}: {err}"
+        );
+    }
+}

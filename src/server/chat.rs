@@ -121,7 +121,12 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest) -> ApiResult<Prepared> {
         }
     }
     let spec = st.check_model(&key)?;
-    let messages = convert_messages(&req.messages)?;
+    // Converting (and for the demo, answering) a long conversation is CPU work: off the
+    // executor, like rendering and tokenizing below.
+    let raw_messages = req.messages;
+    let messages = tokio::task::spawn_blocking(move || convert_messages(&raw_messages))
+        .await
+        .map_err(|_| ApiError::internal("an internal task failed"))??;
     let mut tools = parse_tools(req.tools.as_ref())?;
     match req.tool_choice.as_ref() {
         None | Some(Value::Null) => {}
@@ -136,7 +141,10 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest) -> ApiResult<Prepared> {
     }
     let stop = parse_stop(req.stop.as_ref())?;
     if spec.is_demo() {
-        return Ok(Prepared::Done(demo_answer(&key, &messages, tools)?));
+        return tokio::task::spawn_blocking(move || demo_answer(&key, &messages, tools))
+            .await
+            .map_err(|_| ApiError::internal("an internal task failed"))?
+            .map(Prepared::Done);
     }
     let fresh_seed = st.fresh_seed();
     let max_tokens = gen_fields

@@ -95,6 +95,15 @@ pub struct Config {
     /// for this many seconds instead of reloading.
     #[arg(long, default_value_t = 30)]
     pub load_backoff_secs: u64,
+    /// Seconds a client has to send a request's headers (slow clients are disconnected).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout_secs: u64,
+    /// Seconds a client has to send a request's body (a stalled body gets a 408).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_timeout_secs: u64,
+    /// Most open connections; further ones wait to be accepted.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: u64,
     /// Bearer token required on every route but /health (env POLICY_SERVE_TOKEN).
     #[arg(long, env = "POLICY_SERVE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -323,6 +332,26 @@ async fn body_limit(State(st): State<Arc<AppState>>, req: Request, next: Next) -
     if declared.is_some_and(|n| n > limit as u128) {
         return too_large();
     }
+    // The body is read here, within the body timeout and the limit, so that a client that
+    // stalls mid-body gets a 408 instead of holding the connection forever.
+    let (parts, body) = req.into_parts();
+    let timeout = Duration::from_secs(st.cfg.body_timeout_secs);
+    let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Err(_) => {
+            return ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                format!(
+                    "the request body did not arrive within {} s",
+                    st.cfg.body_timeout_secs
+                ),
+            )
+            .into_response();
+        }
+        Ok(Err(_)) => return too_large(),
+        Ok(Ok(b)) => b,
+    };
+    let req = Request::from_parts(parts, axum::body::Body::from(bytes));
     let resp = next.run(req).await;
     let is_json = resp
         .headers()
@@ -431,10 +460,53 @@ pub async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
         listener.local_addr()?,
         state.offered.join(", ")
     );
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
+    serve_on(listener, state, async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await?;
     Ok(())
+}
+
+/// Serves the router of `state` on `listener` until `shutdown` resolves: HTTP/1.1 with a
+/// header-read timeout per connection (`--header-timeout-secs`) and at most
+/// `--max-connections` connections at once (more wait to be accepted).
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    let app = router(state.clone());
+    let permits = Arc::new(tokio::sync::Semaphore::new(
+        state.cfg.max_connections.min(1 << 20) as usize,
+    ));
+    let header_timeout = Duration::from_secs(state.cfg.header_timeout_secs);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => p.map_err(std::io::Error::other)?,
+            _ = &mut shutdown => return Ok(()),
+        };
+        let (stream, _) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    continue;
+                }
+            },
+            _ = &mut shutdown => return Ok(()),
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .with_upgrades();
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
 }
