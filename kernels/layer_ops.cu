@@ -307,3 +307,46 @@ PS_LAYER_OPS(float, f32)
 extern "C" __global__ void topk_rows_f32(const float* x, int n, int k, float* vals, uint32_t* idx) {
   topk_rows(x, n, k, vals, idx);
 }
+
+// Draws one token per row from its top-k candidates (`vals`/`ids` [rows, K], value descending,
+// id ascending on ties, as topk_rows_f32 leaves them): temperature, top-k, top-p, then the
+// inverse CDF at the row's uniform `u` (drawn on the host from the request's own generator,
+// one per sampled token, as the host sampler draws). The same steps in the same order as the
+// host sampler (`engine::sampling::sample_candidates`), in f32. params [rows * 4]:
+// temperature, top_p (1: off), u, k (as float). One thread per row.
+extern "C" __global__ void sample_topk_f32(const float* vals, const uint32_t* ids,
+                                           const float* params, int K, int rows,
+                                           uint32_t* out) {
+  int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const float* v = vals + (size_t)r * K;
+  const uint32_t* id = ids + (size_t)r * K;
+  float t = params[4 * r], top_p = params[4 * r + 1], u = params[4 * r + 2];
+  int k = min(K, max(1, (int)params[4 * r + 3]));
+  // Candidates stop at the first non-finite value (the row had fewer finite logits).
+  int n = 0;
+  while (n < k && isfinite(v[n])) ++n;
+  if (n == 0) { out[r] = id[0]; return; }
+  float mx = v[0] / t;
+  float p[64];
+  float sum = 0.f;
+  for (int i = 0; i < n; ++i) { p[i] = expf(v[i] / t - mx); sum += p[i]; }
+  for (int i = 0; i < n; ++i) p[i] /= sum;
+  int keep = n;
+  if (top_p > 0.f && top_p < 1.f) {
+    float acc = 0.f;
+    for (int i = 0; i < n; ++i) {
+      acc += p[i];
+      if (acc >= top_p) { keep = i + 1; break; }
+    }
+    float s2 = 0.f;
+    for (int i = 0; i < keep; ++i) s2 += p[i];
+    for (int i = 0; i < keep; ++i) p[i] /= s2;
+  }
+  float acc = 0.f;
+  for (int i = 0; i < keep; ++i) {
+    acc += p[i];
+    if (u < acc) { out[r] = id[i]; return; }
+  }
+  out[r] = id[keep - 1];
+}

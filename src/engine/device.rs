@@ -131,10 +131,13 @@ fn free_gpu_bytes(_device: &Device) -> Result<usize> {
 /// Picks the device. On CUDA, cudarc's per-allocation event tracking is turned off: the
 /// engine runs everything on the device's one stream, where stream order already orders every
 /// use of a buffer, so the events only cost time (two event creations per allocation).
+/// `POLICY_SERVE_EVENT_TRACKING=1` keeps them (to measure the difference).
 pub fn select(choice: DeviceChoice) -> Result<Device> {
     let device = pick(choice)?;
     #[cfg(feature = "cuda")]
-    if let Device::Cuda(d) = &device {
+    if let Device::Cuda(d) = &device
+        && !std::env::var("POLICY_SERVE_EVENT_TRACKING").is_ok_and(|v| v == "1")
+    {
         // SAFETY: the engine uses this device's one stream only (no second stream is created),
         // so no tensor is used on another stream before or after its allocation.
         unsafe { d.disable_event_tracking() };

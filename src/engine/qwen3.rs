@@ -321,26 +321,19 @@ impl Qwen3 {
         Ok(logits.argmax(candle_core::D::Minus1)?.to_vec1()?)
     }
 
-    /// The `k` largest logits of each row as `(token, logit)` candidates, computed on the
-    /// device (only `k` pairs per row cross to the host); `None` without the kernels.
-    pub fn top_candidates(
+    /// Draws each row's token on the device (see `CudaKernels::sample`): `params` holds per
+    /// row temperature, top_p, a uniform draw and top_k; `None` without the kernels.
+    pub fn sample_on_device(
         &self,
         logits: &Tensor,
         k: usize,
-    ) -> Result<Option<super::sampling::Candidates>> {
+        params: &[f32],
+    ) -> Result<Option<Vec<u32>>> {
         #[cfg(feature = "cuda")]
         if let Some(kern) = &self.kernels {
-            let (vals, ids) = kern.topk(logits, k)?;
-            let vals: Vec<Vec<f32>> = vals.to_vec2()?;
-            let ids: Vec<Vec<u32>> = ids.to_vec2()?;
-            return Ok(Some(
-                ids.into_iter()
-                    .zip(vals)
-                    .map(|(i, v)| i.into_iter().zip(v).collect())
-                    .collect(),
-            ));
+            return Ok(Some(kern.sample(logits, k, params)?));
         }
-        let _ = (logits, k);
+        let _ = (logits, k, params);
         Ok(None)
     }
 

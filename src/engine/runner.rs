@@ -50,13 +50,14 @@ impl ModelRunner {
         self.model.greedy(logits)
     }
 
-    /// Device top-k candidates of each row (see `Qwen3::top_candidates`).
-    pub(crate) fn top_candidates(
+    /// Tokens drawn on the device (see `Qwen3::sample_on_device`); `None` without kernels.
+    pub(crate) fn sample_on_device(
         &self,
         logits: &Tensor,
         k: usize,
-    ) -> Result<Option<super::sampling::Candidates>> {
-        self.model.top_candidates(logits, k)
+        params: &[f32],
+    ) -> Result<Option<Vec<u32>>> {
+        self.model.sample_on_device(logits, k, params)
     }
 
     /// Copies the KV of `blocks` to host memory (swap-out).

@@ -96,9 +96,6 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// Per row, `(token, logit)` candidates for [`sample_candidates`].
-pub type Candidates = Vec<Vec<(u32, f32)>>;
-
 /// The largest `top_k` a device may hand [`sample_candidates`] instead of a whole row.
 pub const MAX_DEVICE_TOP_K: usize = 64;
 
@@ -119,9 +116,32 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
     sample_candidates(cand, params, rng)
 }
 
+/// [`sample`] with the uniform draw `u` given instead of a generator (a device draw takes the
+/// request generator's next number on the host; this is the same draw on the host).
+pub fn sample_with(logits: &[f32], params: &SamplingParams, u: f32) -> u32 {
+    if params.is_greedy() || logits.is_empty() {
+        return argmax(logits);
+    }
+    let cand: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.is_finite())
+        .map(|(i, &v)| (i as u32, v))
+        .collect();
+    if cand.is_empty() {
+        return argmax(logits);
+    }
+    draw(cand, params, || u)
+}
+
 /// [`sample`] over candidate `(token, logit)` pairs instead of a whole row: the same draw
 /// when the candidates hold the row's `top_k` largest logits (a device hands over only those).
 pub fn sample_candidates(cand: Vec<(u32, f32)>, params: &SamplingParams, rng: &mut Rng) -> u32 {
+    draw(cand, params, || rng.next_f32())
+}
+
+/// The sampler's steps over candidates; `uniform` is called once, for the final draw.
+fn draw(cand: Vec<(u32, f32)>, params: &SamplingParams, uniform: impl FnOnce() -> f32) -> u32 {
     let t = params.temperature;
     let mut cand: Vec<(u32, f32)> = cand
         .into_iter()
@@ -159,7 +179,7 @@ pub fn sample_candidates(cand: Vec<(u32, f32)>, params: &SamplingParams, rng: &m
         let s: f32 = probs.iter().sum();
         probs.iter_mut().for_each(|q| *q /= s);
     }
-    let r = rng.next_f32();
+    let r = uniform();
     let mut acc = 0.0;
     for (i, q) in probs.iter().enumerate() {
         acc += q;

@@ -302,4 +302,35 @@ impl CudaKernels {
         }
         Ok(out)
     }
+
+    /// Draws one token per row of f32 `[rows, vocab]` logits on the device: the top `k`
+    /// candidates, then temperature / top-k / top-p and the row's uniform number, as the host
+    /// sampler does. `params` holds per row temperature, top_p, u, top_k (`[rows * 4]`); only
+    /// the chosen ids cross to the host.
+    pub fn sample(&self, logits: &Tensor, k: usize, params: &[f32]) -> Result<Vec<u32>> {
+        let (rows, _) = logits.dims2()?;
+        if params.len() != rows * 4 || k == 0 || k > 64 {
+            return Err(kernel_err(
+                "sample",
+                "params must be 4 per row and 1 <= k <= 64",
+            ));
+        }
+        let (vals, ids) = self.topk(logits, k)?;
+        let k = vals.dim(1)?;
+        let p = Tensor::new(params, logits.device())?;
+        let out = self.alloc(rows, DType::U32)?;
+        let ptrs = [self.ptr(&vals)?, self.ptr(&ids)?, self.ptr(&p)?];
+        let (k32, rows32, po) = (k as i32, rows as i32, self.ptr(&out)?);
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(64) as u32, 1, 1),
+            block_dim: (64, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.sample_topk);
+        b.arg(&ptrs[0]).arg(&ptrs[1]).arg(&ptrs[2]);
+        b.arg(&k32).arg(&rows32).arg(&po);
+        // SAFETY: argument types match the kernel's signature; buffers are sized above.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(out.to_vec1()?)
+    }
 }

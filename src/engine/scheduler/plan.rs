@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::Scheduler;
 use crate::engine::qwen3::{LogitRows, SeqInput};
-use crate::engine::sampling::{MAX_DEVICE_TOP_K, sample, sample_candidates};
+use crate::engine::sampling::{MAX_DEVICE_TOP_K, sample, sample_with};
 use crate::error::{Error, Result};
 
 /// One planned sequence: its index in `running` and its new tokens this step.
@@ -113,43 +113,87 @@ impl Scheduler {
         let t_sync = Instant::now();
         let mut out = vec![None; plan.len()];
         let Some(logits) = logits else { return Ok(out) };
-        let greedy = self.runner.greedy(&logits)?;
-        // Sampled rows whose top_k the device can serve get only their top-k candidates.
-        let sampled: Vec<&crate::engine::SamplingParams> = plan
+        // Which rows want a token, and how each is drawn.
+        let rows: Vec<usize> = plan
             .iter()
             .zip(&wants)
             .filter(|(_, w)| **w)
-            .map(|(p, _)| &self.running[p.index].request.sampling)
-            .filter(|s| !s.is_greedy())
+            .map(|(p, _)| p.index)
             .collect();
-        let device_k = sampled
+        let sampling = |i: usize| self.running[i].request.sampling;
+        let any_sampled = rows.iter().any(|&i| !sampling(i).is_greedy());
+        // A device draw serves every row when each sampled row's top_k is small enough.
+        let device_k = rows
             .iter()
+            .map(|&i| sampling(i))
+            .filter(|s| !s.is_greedy())
             .map(|s| s.top_k.filter(|&k| (1..=MAX_DEVICE_TOP_K).contains(&k)))
             .collect::<Option<Vec<usize>>>()
             .and_then(|ks| ks.into_iter().max());
-        let mut cands = match device_k {
-            Some(k) => self.runner.top_candidates(&logits, k)?,
-            None => None,
+        let chosen: Vec<u32> = match device_k {
+            None if any_sampled => {
+                // Host sampling over whole rows (top_k absent or large); greedy rows by argmax.
+                let greedy = self.runner.greedy(&logits)?;
+                let mut ids = Vec::with_capacity(rows.len());
+                for (row, &i) in rows.iter().enumerate() {
+                    let s = &mut self.running[i];
+                    ids.push(if s.request.sampling.is_greedy() {
+                        greedy[row]
+                    } else {
+                        let l: Vec<f32> = logits.get(row)?.to_vec1()?;
+                        sample(&l, &s.request.sampling, &mut s.rng)
+                    });
+                }
+                ids
+            }
+            None => self.runner.greedy(&logits)?,
+            Some(k) => {
+                let mut params = Vec::with_capacity(rows.len() * 4);
+                for &i in &rows {
+                    let s = &mut self.running[i];
+                    let p = s.request.sampling;
+                    if p.is_greedy() {
+                        params.extend([1.0, 1.0, 0.0, 1.0]);
+                    } else {
+                        let u = s.rng.next_f32();
+                        params.extend([
+                            p.temperature,
+                            p.top_p.unwrap_or(1.0),
+                            u,
+                            p.top_k.unwrap_or(k) as f32,
+                        ]);
+                    }
+                }
+                match self.runner.sample_on_device(&logits, k, &params)? {
+                    Some(ids) => ids,
+                    None => {
+                        // No kernels (CPU): the same draw on the host from the same numbers.
+                        let greedy = self.runner.greedy(&logits)?;
+                        let mut ids = Vec::with_capacity(rows.len());
+                        for (row, &i) in rows.iter().enumerate() {
+                            let s = &self.running[i];
+                            ids.push(if s.request.sampling.is_greedy() {
+                                greedy[row]
+                            } else {
+                                let l: Vec<f32> = logits.get(row)?.to_vec1()?;
+                                sample_with(&l, &s.request.sampling, params[row * 4 + 2])
+                            });
+                        }
+                        ids
+                    }
+                }
+            }
         };
         if let Some(prof) = &mut self.profile {
             prof.launch += t_sync - t_launch;
             prof.sync += t_sync.elapsed();
         }
         let mut row = 0;
-        for (k, p) in plan.iter().enumerate() {
-            if !wants[k] {
-                continue;
+        for (k, _) in plan.iter().enumerate() {
+            if wants[k] {
+                out[k] = Some(chosen[row]);
+                row += 1;
             }
-            let s = &mut self.running[p.index];
-            out[k] = Some(if s.request.sampling.is_greedy() {
-                greedy[row]
-            } else if let Some(c) = cands.as_mut() {
-                sample_candidates(std::mem::take(&mut c[row]), &s.request.sampling, &mut s.rng)
-            } else {
-                let l: Vec<f32> = logits.get(row)?.to_vec1()?;
-                sample(&l, &s.request.sampling, &mut s.rng)
-            });
-            row += 1;
         }
         Ok(out)
     }
