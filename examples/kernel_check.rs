@@ -177,7 +177,65 @@ fn op_checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
             );
         }
     }
+    if dt == DType::BF16 {
+        let e = prefill_long_check(&k, dev, dt, 32_768, &[0, 1, 4_095, 16_384, 32_767])?;
+        t.check(
+            format!("paged_prefill {dt:?} one 32k-token prompt (5 rows checked) nh 16 nkv 8"),
+            e,
+            tol(dt),
+        );
+    }
     Ok(())
+}
+
+/// One `n`-token prompt through the prefill kernel (bounded memory: no score matrix), checked
+/// against an f32 reference for the query rows `rows` only.
+fn prefill_long_check(
+    k: &CudaKernels,
+    dev: &Device,
+    dt: DType,
+    n: usize,
+    rows: &[usize],
+) -> Res<f32> {
+    let (nh, nkv, hd, bs) = (16usize, 8usize, 128usize, 16usize);
+    let g = nh / nkv;
+    let blocks = n.div_ceil(bs);
+    let kc = randn(&[nkv, blocks * bs, hd], dt, dev)?;
+    let vc = randn(&[nkv, blocks * bs, hd], dt, dev)?;
+    let q = (randn(&[n, nh, hd], dt, dev)? * (1.0 / (hd as f64).sqrt()))?.to_dtype(dt)?;
+    let tile = k.prefill_tile(g);
+    let tiles: Vec<u32> = (0..n)
+        .step_by(tile)
+        .flat_map(|q0| [0u32, q0 as u32])
+        .collect();
+    let table: Vec<u32> = (0..blocks as u32).rev().collect();
+    let meta = [0u32, n as u32, n as u32, 0];
+    let out = Tensor::zeros((n, nh * hd), dt, dev)?;
+    k.paged_prefill_into(
+        &q,
+        &kc,
+        &vc,
+        &Tensor::new(tiles.as_slice(), dev)?,
+        &Tensor::new(&meta[..], dev)?,
+        &Tensor::new(table.as_slice(), dev)?,
+        bs,
+        &out,
+    )?;
+    let slots: Vec<u32> = (0..n)
+        .map(|p| table[p / bs] * bs as u32 + (p % bs) as u32)
+        .collect();
+    let idx = Tensor::new(slots.as_slice(), dev)?;
+    let kk = kc.index_select(&idx, 1)?.to_dtype(DType::F32)?; // [nkv, n, hd]
+    let vv = vc.index_select(&idx, 1)?.to_dtype(DType::F32)?;
+    let mut worst = 0f32;
+    for &i in rows {
+        let qi = q.i(i)?.to_dtype(DType::F32)?.reshape((nkv, g, hd))?;
+        let (ki, vi) = (kk.narrow(1, 0, i + 1)?, vv.narrow(1, 0, i + 1)?);
+        let p = candle_nn::ops::softmax_last_dim(&qi.matmul(&ki.transpose(1, 2)?.contiguous()?)?)?;
+        let o = p.matmul(&vi.contiguous()?)?.reshape(nh * hd)?;
+        worst = worst.max(rel(&out.i(i)?, &o)?);
+    }
+    Ok(worst)
 }
 
 /// Prefill chunks `(q_len, ctx)` of several sequences in one launch against a per-token f32
