@@ -3,24 +3,15 @@
 
 use std::path::Path;
 
-use policy_serve::engine::{CommHandle, DTypeChoice, DeviceChoice, spawn_in_process_workers};
+use policy_serve::engine::{CommHandle, EngineFlags, spawn_in_process_workers};
 use policy_serve::registry::resolve_files;
 use policy_serve::{Action, EngineOptions, Error, ModelSource, Observation, Policy};
 
 #[derive(clap::Args, Clone)]
 pub struct EngineArgs {
-    /// Device: auto, cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
-    /// Compute dtype: auto, f32, bf16, f16.
-    #[arg(long, default_value = "auto")]
-    pub dtype: String,
-    /// Turn the radix prefix cache off.
-    #[arg(long)]
-    pub no_prefix_cache: bool,
-    /// Tokens per KV block (workers must use the same).
-    #[arg(long, default_value_t = 16)]
-    pub block_size: usize,
+    /// Device, dtype and engine sizing.
+    #[command(flatten)]
+    pub engine: EngineFlags,
     /// Tensor-parallel ranks (this process is rank 0). Without --rendezvous the other ranks
     /// run as threads of this process (in-process backend).
     #[arg(long, default_value_t = 1)]
@@ -54,7 +45,7 @@ impl EngineArgs {
 
     #[cfg(feature = "nccl")]
     pub fn nccl_link(&self, rank: usize, addr: std::net::SocketAddr) -> Result<CommHandle, Error> {
-        let device = policy_serve::engine::select_device(self.device.parse()?)?;
+        let device = policy_serve::engine::select_device(self.engine.device)?;
         let comm = policy_serve::engine::nccl::NcclComm::connect(
             rank,
             self.world_size,
@@ -77,13 +68,7 @@ impl EngineArgs {
     }
 
     pub fn options(&self) -> Result<EngineOptions, Error> {
-        Ok(EngineOptions {
-            device: self.device.parse::<DeviceChoice>()?,
-            dtype: self.dtype.parse::<DTypeChoice>()?,
-            prefix_cache: !self.no_prefix_cache,
-            block_size: self.block_size,
-            ..EngineOptions::default()
-        })
+        Ok(self.engine.options())
     }
 }
 

@@ -549,3 +549,33 @@ fn streamed_chunks_add_up_to_the_final_text_and_never_show_a_stop_string() {
         "{streamed:?} shows the stop string {stop:?}"
     );
 }
+
+#[test]
+fn min_tokens_holds_off_stop_strings_and_ignore_eos_runs_to_the_cap() {
+    let r = registry_with(options());
+    let engine = r.model("tiny").unwrap().engine().clone();
+    let free = engine
+        .generate(GenerationRequest::new(prompt(12, 90)).max_new_tokens(20))
+        .unwrap();
+    // A stop string that the free-running text reaches early.
+    let stop: String = free.text.chars().take(2).collect();
+    assert!(!stop.is_empty(), "{free:?}");
+    let mut req = GenerationRequest::new(prompt(12, 90)).max_new_tokens(20);
+    req.stop = vec![stop.clone()];
+    let early = engine.generate(req.clone()).unwrap();
+    assert!(
+        early.generated_tokens < 10,
+        "positive control: the stop string ends it early"
+    );
+    req.min_tokens = 10;
+    let held = engine.generate(req.clone()).unwrap();
+    assert!(held.generated_tokens >= 10, "{held:?}");
+    req.min_tokens = 30;
+    assert!(
+        engine.generate(req).is_err(),
+        "min_tokens over the cap is refused"
+    );
+    let mut all = GenerationRequest::new(prompt(12, 91)).max_new_tokens(16);
+    all.ignore_eos = true;
+    assert_eq!(engine.generate(all).unwrap().generated_tokens, 16);
+}

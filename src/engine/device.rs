@@ -81,6 +81,8 @@ impl DTypeChoice {
 pub struct KvBudget {
     /// On a GPU: this fraction of the device memory free after loading the weights.
     pub gpu_fraction: f64,
+    /// On a GPU: this many GiB instead of the fraction, when set.
+    pub gpu_gib: Option<f64>,
     /// On the CPU: this many GiB.
     pub cpu_gib: f64,
     /// If set, exactly this many blocks (tests, benchmarks).
@@ -91,6 +93,7 @@ impl Default for KvBudget {
     fn default() -> Self {
         Self {
             gpu_fraction: 0.8,
+            gpu_gib: None,
             cpu_gib: 1.0,
             blocks: None,
         }
@@ -103,8 +106,11 @@ impl KvBudget {
         if let Some(b) = self.blocks {
             return Ok(b);
         }
+        let gib = (1u64 << 30) as f64;
         let bytes = if device.is_cpu() {
-            self.cpu_gib * (1u64 << 30) as f64
+            self.cpu_gib * gib
+        } else if let Some(g) = self.gpu_gib {
+            g * gib
         } else {
             free_gpu_bytes(device)? as f64 * self.gpu_fraction
         };

@@ -13,6 +13,7 @@ pub mod config;
 pub mod cuda;
 mod device;
 pub mod files;
+mod flags;
 mod handle;
 pub mod kv_cache;
 pub mod loader;
@@ -40,6 +41,7 @@ pub use comm::{CommBackend, CommHandle, InProcessComm, RankSettings, WorkerComma
 pub use config::{GenerationConfig, ModelConfig};
 pub use device::{DTypeChoice, DeviceChoice, KvBudget};
 pub use files::ModelFiles;
+pub use flags::EngineFlags;
 pub use handle::{NextChunk, Pending, TokenStream};
 pub use sampling::SamplingParams;
 pub use worker::{FailHook, WorkerOptions, WorkerReport, run_worker, spawn_in_process_workers};
@@ -111,6 +113,9 @@ pub struct GenerationRequest {
     pub stop: Vec<String>,
     /// Keep generating past EOS tokens (benchmarks).
     pub ignore_eos: bool,
+    /// Generate at least this many tokens: EOS and stop strings end nothing before (vLLM's
+    /// `min_tokens`; must not exceed the cap).
+    pub min_tokens: usize,
 }
 
 impl GenerationRequest {
@@ -122,6 +127,7 @@ impl GenerationRequest {
             sampling: SamplingParams::greedy(),
             stop: vec![],
             ignore_eos: false,
+            min_tokens: 0,
         }
     }
 
@@ -256,6 +262,8 @@ pub struct EngineInfo {
     pub vocab_size: usize,
     /// Cap on generated tokens of a request that gives none.
     pub default_max_new_tokens: usize,
+    /// Whether the forward runs the engine's own CUDA kernels.
+    pub kernels: bool,
 }
 
 impl EngineInfo {
@@ -265,6 +273,12 @@ impl EngineInfo {
     /// runs the same check on submission.
     pub fn check(&self, r: &GenerationRequest) -> Result<()> {
         let max_new = r.max_new_tokens.unwrap_or(self.default_max_new_tokens);
+        if r.min_tokens > max_new {
+            return Err(Error::InvalidInput(format!(
+                "min_tokens ({}) is over max_new_tokens ({max_new})",
+                r.min_tokens
+            )));
+        }
         if r.prompt.is_empty() {
             return Err(Error::InvalidInput("the prompt is empty".into()));
         }
@@ -341,7 +355,21 @@ impl Engine {
             options,
         )?;
         let info = sched.info().clone();
-        tracing::info!(model = key, device = %info.device, dtype = ?info.dtype, kv_blocks = info.num_blocks, block_size = info.block_size, "engine ready");
+        tracing::info!(
+            model = key,
+            device = %info.device,
+            dtype = ?info.dtype,
+            kv_blocks = info.num_blocks,
+            kv_tokens = info.num_blocks * info.block_size,
+            block_size = info.block_size,
+            max_running = options.max_running,
+            max_batched_tokens = options.max_batched_tokens,
+            prefill_chunk = options.prefill_chunk,
+            prefix_cache = options.prefix_cache,
+            kernels = info.kernels,
+            cuda_graphs = false,
+            "engine ready"
+        );
         let stats = sched.stats_handle();
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()

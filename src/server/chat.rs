@@ -140,6 +140,19 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest) -> ApiResult<Prepared> {
         }
     }
     let stop = parse_stop(req.stop.as_ref())?;
+    let ignore_eos = flag("ignore_eos", req.ignore_eos.as_ref())?;
+    let min_tokens = match req.min_tokens.as_ref().filter(|v| !v.is_null()) {
+        None => 0,
+        Some(v) => v
+            .as_u64()
+            .filter(|&n| n as usize <= st.cfg.max_tokens_cap)
+            .ok_or_else(|| {
+                ApiError::field(
+                    "min_tokens",
+                    format!("`min_tokens` must be an integer between 0 and max_tokens, got {v}"),
+                )
+            })? as usize,
+    };
     if spec.is_demo() {
         return tokio::task::spawn_blocking(move || demo_answer(&key, &messages, tools))
             .await
@@ -168,6 +181,8 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest) -> ApiResult<Prepared> {
             .max_new_tokens(max_tokens)
             .sampling(gen_fields.sampling(model.generation_config(), fresh_seed));
         request.stop = stop;
+        request.ignore_eos = ignore_eos;
+        request.min_tokens = min_tokens;
         engine.check(&request)?;
         Ok(Prepared::Model {
             engine,

@@ -48,7 +48,7 @@ use serde_json::json;
 
 pub use error::{ApiError, ApiResult};
 
-use crate::engine::EngineOptions;
+use crate::engine::EngineFlags;
 use crate::error::Error;
 use crate::policy::Policy;
 use crate::registry::{ModelRegistry, ModelSpec};
@@ -88,9 +88,9 @@ pub struct Config {
     /// was). Default: the model's context.
     #[arg(long)]
     pub max_transcript_tokens: Option<usize>,
-    /// Device: auto, cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
+    /// How every offered model's engine is sized (device, KV memory, batching).
+    #[command(flatten)]
+    pub engine: EngineFlags,
     /// After a model fails to load, requests for it fail at once (503 `model_load_failed`)
     /// for this many seconds instead of reloading.
     #[arg(long, default_value_t = 30)]
@@ -156,10 +156,7 @@ pub struct AppState {
 impl AppState {
     /// Builds the state: the default registry, re-pointed and filtered as configured.
     pub fn new(cfg: Config) -> Result<Arc<Self>, Error> {
-        let options = EngineOptions {
-            device: cfg.device.parse()?,
-            ..EngineOptions::default()
-        };
+        let options = cfg.engine.options();
         let mut registry = ModelRegistry::with_defaults()
             .with_options(options)
             .with_load_backoff(Duration::from_secs(cfg.load_backoff_secs));

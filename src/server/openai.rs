@@ -155,6 +155,12 @@ pub struct ChatRequest {
     /// Number of choices (only 1).
     #[serde(default)]
     pub n: Option<Value>,
+    /// vLLM's extension: keep generating past EOS (benchmarks with fixed output lengths).
+    #[serde(default)]
+    pub ignore_eos: Option<Value>,
+    /// vLLM's extension: generate at least this many tokens.
+    #[serde(default)]
+    pub min_tokens: Option<Value>,
     /// The shared generation fields.
     #[serde(flatten)]
     pub generation: GenerationFields,

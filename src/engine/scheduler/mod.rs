@@ -199,6 +199,7 @@ impl Scheduler {
         let model = load_shard(key, cfg, weights, opts.dtype, device, shard, || pb.inc(1))?;
         pb.finish_and_clear();
         let dtype = model.dtype();
+        let model_uses_kernels = model.uses_kernels();
         let max_context = served_context(cfg);
         let block_bytes =
             cfg.kv_bytes_per_token(dtype.size_in_bytes()) * opts.block_size / shard.world;
@@ -292,6 +293,7 @@ impl Scheduler {
                 max_context,
                 vocab_size: cfg.vocab_size,
                 default_max_new_tokens: opts.default_max_new_tokens,
+                kernels: model_uses_kernels,
             },
             max_context,
             waiting: VecDeque::new(),

@@ -71,9 +71,10 @@ impl Scheduler {
             let mut reason = None;
             if fresh {
                 let last = *s.tokens.last().expect("generated a token");
-                if !s.request.ignore_eos && self.eos.contains(&last) {
+                let may_stop = generated >= s.request.min_tokens;
+                if may_stop && !s.request.ignore_eos && self.eos.contains(&last) {
                     reason = Some(FinishReason::Eos);
-                } else if stop_at(s).is_some() {
+                } else if may_stop && stop_at(s).is_some() {
                     reason = Some(FinishReason::Stop);
                 } else if generated >= s.max_new {
                     reason = Some(FinishReason::Length);
