@@ -55,6 +55,11 @@ struct Args {
     /// Agent workload instead: EPISODES,TURNS through the episodes API.
     #[arg(long)]
     agent: Option<String>,
+    /// Chat mode: first send every prompt alone (greedy), then compare the loaded run's texts
+    /// with those (preemption must not change a greedy output); reports the engine's
+    /// preemption and swap counters from /metrics.
+    #[arg(long)]
+    compare_unloaded: bool,
     /// Agent mode: the episodes' transcript mode (template or append_only).
     #[arg(long, default_value = "append_only")]
     transcript_mode: String,
@@ -105,8 +110,8 @@ fn client(args: &Args) -> reqwest::RequestBuilder {
     }
 }
 
-/// One streamed completion: (TTFT, end-to-end, prompt tokens, completion tokens).
-async fn one(args: Arc<Args>, prompt: String) -> Result<(f64, f64, u64, u64), String> {
+/// One streamed completion: (TTFT, end-to-end, prompt tokens, completion tokens, text).
+async fn one(args: Arc<Args>, prompt: String) -> Result<(f64, f64, u64, u64, String), String> {
     let body = json!({"model": args.model, "messages": [{"role": "user", "content": prompt}],
         "max_tokens": args.output_len, "min_tokens": args.output_len, "ignore_eos": true,
         "temperature": 0, "stream": true, "stream_options": {"include_usage": true}});
@@ -124,7 +129,7 @@ async fn one(args: Arc<Args>, prompt: String) -> Result<(f64, f64, u64, u64), St
         ));
     }
     let mut stream = resp.bytes_stream();
-    let (mut ttft, mut usage, mut buf) = (None, None, String::new());
+    let (mut ttft, mut usage, mut buf, mut text) = (None, None, String::new(), String::new());
     while let Some(chunk) = stream.next().await {
         buf.push_str(&String::from_utf8_lossy(&chunk.map_err(|e| e.to_string())?));
         while let Some(at) = buf.find("\n\n") {
@@ -140,6 +145,7 @@ async fn one(args: Arc<Args>, prompt: String) -> Result<(f64, f64, u64, u64), St
                 return Err(v["error"]["message"].to_string());
             }
             let content = v["choices"][0]["delta"]["content"].as_str().unwrap_or("");
+            text.push_str(content);
             if ttft.is_none() && !content.is_empty() {
                 ttft = Some(t0.elapsed().as_secs_f64());
             }
@@ -153,7 +159,7 @@ async fn one(args: Arc<Args>, prompt: String) -> Result<(f64, f64, u64, u64), St
     }
     let e2e = t0.elapsed().as_secs_f64();
     let (p, c) = usage.ok_or("the stream carried no usage")?;
-    Ok((ttft.unwrap_or(e2e), e2e, p, c))
+    Ok((ttft.unwrap_or(e2e), e2e, p, c, text))
 }
 
 async fn chat_mode(args: Arc<Args>) -> Result<(), Box<dyn std::error::Error>> {
@@ -166,21 +172,31 @@ async fn chat_mode(args: Arc<Args>) -> Result<(), Box<dyn std::error::Error>> {
             .collect(),
         None => vec![],
     };
+    let prompts: Vec<String> = (0..args.requests)
+        .map(|i| {
+            if file_prompts.is_empty() {
+                // About 1.3 tokens per word with the Qwen3 tokenizer.
+                format!("{i} {}", words(&mut rng, args.input_len * 10 / 13))
+            } else {
+                file_prompts[i % file_prompts.len()].clone()
+            }
+        })
+        .collect();
+    let mut unloaded = Vec::new();
+    if args.compare_unloaded {
+        for p in &prompts {
+            unloaded.push(one(args.clone(), p.clone()).await.map(|r| r.4));
+        }
+    }
     let sem = Arc::new(tokio::sync::Semaphore::new(args.concurrency.max(1)));
     let bar = indicatif::ProgressBar::new(args.requests as u64);
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(args.requests);
-    for i in 0..args.requests {
+    for prompt in prompts {
         if let Some(rate) = args.rate {
             let wait = -(1.0 - rng.unit()).ln() / rate;
             tokio::time::sleep(Duration::from_secs_f64(wait)).await;
         }
-        let prompt = if file_prompts.is_empty() {
-            // About 1.3 tokens per word with the Qwen3 tokenizer.
-            format!("{i} {}", words(&mut rng, args.input_len * 10 / 13))
-        } else {
-            file_prompts[i % file_prompts.len()].clone()
-        };
         let permit = sem.clone().acquire_owned().await?;
         let (a, b) = (args.clone(), bar.clone());
         tasks.push(tokio::spawn(async move {
@@ -192,9 +208,18 @@ async fn chat_mode(args: Arc<Args>) -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut ok = Vec::new();
     let mut failures = Vec::new();
-    for t in tasks {
+    let mut equal = 0;
+    for (i, t) in tasks.into_iter().enumerate() {
         match t.await? {
-            Ok(r) => ok.push(r),
+            Ok(r) => {
+                if unloaded
+                    .get(i)
+                    .is_some_and(|u| u.as_ref().is_ok_and(|u| *u == r.4))
+                {
+                    equal += 1;
+                }
+                ok.push(r);
+            }
             Err(e) => failures.push(e),
         }
     }
@@ -244,6 +269,23 @@ async fn chat_mode(args: Arc<Args>) -> Result<(), Box<dyn std::error::Error>> {
     );
     if let Some(e) = failures.first() {
         println!("first failure: {e}");
+    }
+    if args.compare_unloaded {
+        println!(
+            "greedy outputs equal to the unloaded run: {equal}/{}",
+            args.requests
+        );
+        let mut m = reqwest::Client::new().get(format!("{}/metrics", args.base));
+        if let Some(t) = &args.token {
+            m = m.bearer_auth(t);
+        }
+        let text = m.send().await?.text().await?;
+        for line in text.lines().filter(|l| {
+            l.starts_with("policy_serve_preemptions_total")
+                || l.starts_with("policy_serve_swap_outs_total")
+        }) {
+            println!("{line}");
+        }
     }
     Ok(())
 }

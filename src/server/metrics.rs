@@ -54,6 +54,7 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let mut hit = vec![];
     let mut queue = vec![];
     let mut running = vec![];
+    let (mut preempt, mut swaps) = (vec![], vec![]);
     for key in &st.offered {
         if st.registry.is_loaded(key)
             && let Ok(m) = st.registry.model(key)
@@ -62,6 +63,8 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             hit.push((format!("{{model=\"{key}\"}}"), s.cache_hit_rate));
             queue.push((format!("{{model=\"{key}\"}}"), s.waiting as f64));
             running.push((format!("{{model=\"{key}\"}}"), s.running as f64));
+            preempt.push((format!("{{model=\"{key}\"}}"), s.preemptions as f64));
+            swaps.push((format!("{{model=\"{key}\"}}"), s.swap_outs as f64));
         }
     }
     metric(
@@ -81,6 +84,18 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         "gauge",
         "Sequences decoding.",
         running,
+    );
+    metric(
+        "policy_serve_preemptions_total",
+        "counter",
+        "Sequences preempted for lack of KV blocks (swapped out or recomputed).",
+        preempt,
+    );
+    metric(
+        "policy_serve_swap_outs_total",
+        "counter",
+        "Sequences swapped out to host memory.",
+        swaps,
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
