@@ -216,12 +216,7 @@ fn generate_and_logits_run_on_the_tiny_checkpoint() {
 
 /// A copy of the tiny model with some `config.json` fields overwritten.
 fn tiny_with_config(fields: serde_json::Value) -> std::path::PathBuf {
-    let src = common::shared_tiny_model();
-    let dir = tempfile::tempdir().unwrap().keep();
-    for f in std::fs::read_dir(&src).unwrap() {
-        let f = f.unwrap();
-        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
-    }
+    let dir = common::tiny_model_copy();
     let mut cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     for (k, v) in fields.as_object().unwrap() {
@@ -251,26 +246,24 @@ fn absurd_config_dimensions_exit_2_with_the_reason_and_allocate_nothing() {
             "checkpoint holds 2 layers",
         ),
     ];
-    for (fields, needle) in cases {
-        let dir = tiny_with_config(fields.clone());
-        let out = bin()
+    let generate = |dir: &std::path::Path| {
+        bin()
             .args(["generate", "--model-dir"])
-            .arg(&dir)
+            .arg(dir)
             .args(["--prompt", "hi", "--max-new-tokens", "1", "--device", "cpu"])
             .output()
-            .unwrap();
+            .unwrap()
+    };
+    for (fields, needle) in cases {
+        let out = generate(&tiny_with_config(fields.clone()));
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{fields}: {err}");
         assert!(err.contains(needle), "{fields}: {err}");
     }
     // A huge max_position_embeddings is served: the RoPE tables follow the served context.
-    let dir = tiny_with_config(serde_json::json!({"max_position_embeddings": 1_000_000_000u64}));
-    let out = bin()
-        .args(["generate", "--model-dir"])
-        .arg(&dir)
-        .args(["--prompt", "hi", "--max-new-tokens", "1", "--device", "cpu"])
-        .output()
-        .unwrap();
+    let out = generate(&tiny_with_config(
+        serde_json::json!({"max_position_embeddings": 1_000_000_000u64}),
+    ));
     assert_eq!(
         out.status.code(),
         Some(0),

@@ -511,12 +511,7 @@ async fn a_client_that_disconnects_mid_stream_frees_its_sequence() {
 
 /// A copy of the tiny model whose generation_config samples but names no temperature.
 fn sampling_model_without_temperature() -> std::path::PathBuf {
-    let src = common::shared_tiny_model();
-    let dir = tempfile::tempdir().unwrap().keep();
-    for f in std::fs::read_dir(&src).unwrap() {
-        let f = f.unwrap();
-        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
-    }
+    let dir = common::tiny_model_copy();
     std::fs::write(
         dir.join("generation_config.json"),
         r#"{"do_sample": true, "top_k": 20, "eos_token_id": [151645, 151643]}"#,
@@ -612,12 +607,7 @@ async fn chat_and_episodes_refuse_the_same_bad_fields_naming_them() {
 
 /// A copy of the tiny model whose model.safetensors is cut short.
 fn truncated_model() -> std::path::PathBuf {
-    let src = common::shared_tiny_model();
-    let dir = tempfile::tempdir().unwrap().keep();
-    for f in std::fs::read_dir(&src).unwrap() {
-        let f = f.unwrap();
-        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
-    }
+    let dir = common::tiny_model_copy();
     let w = dir.join("model.safetensors");
     let bytes = std::fs::read(&w).unwrap();
     std::fs::write(&w, &bytes[..bytes.len() / 3]).unwrap();
@@ -750,12 +740,7 @@ async fn every_error_has_the_openai_shape_and_its_headers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_absurd_config_is_a_clear_error_and_the_server_stays_up() {
-    let src = common::shared_tiny_model();
-    let dir = tempfile::tempdir().unwrap().keep();
-    for f in std::fs::read_dir(&src).unwrap() {
-        let f = f.unwrap();
-        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
-    }
+    let dir = common::tiny_model_copy();
     let mut cfg: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     cfg["num_hidden_layers"] = json!(1_000_000_000u64);

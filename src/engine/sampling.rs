@@ -101,24 +101,16 @@ pub const MAX_DEVICE_TOP_K: usize = 64;
 
 /// Samples one token from `logits` under `params`, drawing from `rng`.
 pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
-    if params.is_greedy() || logits.is_empty() {
-        return argmax(logits);
-    }
-    let cand: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .filter(|(_, v)| v.is_finite())
-        .map(|(i, &v)| (i as u32, v))
-        .collect();
-    if cand.is_empty() {
-        return argmax(logits);
-    }
-    sample_candidates(cand, params, rng)
+    sample_row(logits, params, || rng.next_f32())
 }
 
 /// [`sample`] with the uniform draw `u` given instead of a generator (a device draw takes the
 /// request generator's next number on the host; this is the same draw on the host).
 pub fn sample_with(logits: &[f32], params: &SamplingParams, u: f32) -> u32 {
+    sample_row(logits, params, || u)
+}
+
+fn sample_row(logits: &[f32], params: &SamplingParams, uniform: impl FnOnce() -> f32) -> u32 {
     if params.is_greedy() || logits.is_empty() {
         return argmax(logits);
     }
@@ -131,7 +123,7 @@ pub fn sample_with(logits: &[f32], params: &SamplingParams, u: f32) -> u32 {
     if cand.is_empty() {
         return argmax(logits);
     }
-    draw(cand, params, || u)
+    draw(cand, params, uniform)
 }
 
 /// [`sample`] over candidate `(token, logit)` pairs instead of a whole row: the same draw

@@ -142,3 +142,14 @@ pub fn cached_model(name: &str, cfg: &Value, seed: u64) -> PathBuf {
     }
     dir
 }
+
+/// A private copy of the shared tiny model (to break or change one of its files).
+pub fn tiny_model_copy() -> PathBuf {
+    let src = shared_tiny_model();
+    let dir = tempfile::tempdir().unwrap().keep();
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+    }
+    dir
+}
