@@ -166,8 +166,11 @@ fn stream_delta(s: &mut Seq) {
     while !text.is_char_boundary(safe) {
         safe -= 1;
     }
+    // (A decoder that rewrote earlier text could leave `sent` off a character boundary:
+    // then nothing more is streamed until the end, which sends the rest.)
     if let Some((sender, sent)) = &mut s.stream
         && safe > *sent
+        && text.is_char_boundary(*sent)
     {
         sender.send(&text[*sent..safe]);
         *sent = safe;
