@@ -121,14 +121,11 @@ impl Scheduler {
                 self.running[i].blocks.extend(new);
                 return true;
             }
-            // Victim: fewest generated tokens, latest admitted on ties; may be `i` itself.
+            // Victim: the newest request (FCFS: the latest submitted gives way first, so a
+            // preempted request, requeued with its old submission time, is not picked again
+            // before newer ones); may be `i` itself.
             let victim = (0..self.running.len())
-                .min_by_key(|&j| {
-                    (
-                        self.running[j].generated(),
-                        std::cmp::Reverse(self.running[j].admitted),
-                    )
-                })
+                .max_by_key(|&j| self.running[j].submitted)
                 .expect("running is not empty");
             self.preempt(victim);
             if victim == i {
