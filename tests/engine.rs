@@ -579,3 +579,36 @@ fn min_tokens_holds_off_stop_strings_and_ignore_eos_runs_to_the_cap() {
     all.ignore_eos = true;
     assert_eq!(engine.generate(all).unwrap().generated_tokens, 16);
 }
+
+#[test]
+fn under_memory_pressure_the_newest_request_gives_way_even_while_the_oldest_still_prefills() {
+    // 8 blocks of 16 tokens. A (80-token prompt) prefills in chunks of 16 while B (8 tokens,
+    // submitted after A) already decodes; when B's third block is wanted none is free. B is the
+    // newest, so B is preempted, not A (which has generated nothing yet).
+    let opts = EngineOptions {
+        kv_budget: KvBudget {
+            blocks: Some(8),
+            ..KvBudget::default()
+        },
+        prefill_chunk: 16,
+        max_batched_tokens: 32,
+        prefix_cache: false,
+        swap_gib: 0.0,
+        ..options()
+    };
+    let r = registry_with(opts);
+    let engine = r.model("tiny").unwrap().engine().clone();
+    let mut a = GenerationRequest::new(prompt(80, 120)).max_new_tokens(30);
+    a.ignore_eos = true;
+    let mut b = GenerationRequest::new(prompt(8, 121)).max_new_tokens(40);
+    b.ignore_eos = true;
+    let (pa, pb) = (engine.submit(a.clone()), engine.submit(b.clone()));
+    let (ga, gb) = (pa.wait().unwrap(), pb.wait().unwrap());
+    assert_eq!(ga.preemptions, 0, "the oldest request kept its memory");
+    assert!(gb.preemptions >= 1, "the newest gave way: {gb:?}");
+    assert!(engine.stats().preemptions >= 1);
+    // Preemption changes no greedy token.
+    let alone = engine.generate(b).unwrap();
+    assert_eq!(gb.tokens, alone.tokens);
+    assert_eq!(ga.tokens, engine.generate(a).unwrap().tokens);
+}

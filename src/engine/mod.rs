@@ -177,6 +177,8 @@ pub struct Generation {
     pub time_to_first_token: Duration,
     /// Time from submission to the end.
     pub total_time: Duration,
+    /// Times this request was preempted for lack of KV blocks (swapped out or recomputed).
+    pub preemptions: u32,
 }
 
 /// Counters of an engine.

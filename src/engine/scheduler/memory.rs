@@ -108,7 +108,7 @@ impl Scheduler {
 
     /// Makes sure `running[i]` has blocks for `tokens` tokens, preempting others if needed.
     /// Returns false if `running[i]` itself had to be preempted.
-    pub(super) fn grow(&mut self, i: usize, tokens: usize) -> bool {
+    pub(super) fn grow(&mut self, mut i: usize, tokens: usize) -> bool {
         loop {
             let need = self
                 .kv
@@ -128,8 +128,11 @@ impl Scheduler {
                 .max_by_key(|&j| self.running[j].submitted)
                 .expect("running is not empty");
             self.preempt(victim);
-            if victim == i {
-                return false;
+            match victim.cmp(&i) {
+                std::cmp::Ordering::Equal => return false,
+                // The victim sat before `i`: `i` moved down by one.
+                std::cmp::Ordering::Less => i -= 1,
+                std::cmp::Ordering::Greater => {}
             }
         }
     }
@@ -138,6 +141,7 @@ impl Scheduler {
     /// else requeues it for recompute (its computed prefix stays in the prefix cache, evictable).
     pub(super) fn preempt(&mut self, j: usize) {
         let mut seq = self.running.remove(j);
+        seq.preemptions += 1;
         let kv_blocks = self.kv.blocks_for(seq.computed);
         let swapped = if seq.computed > 0 && self.kv.reserve_swap(kv_blocks) {
             match self.runner.swap_out(&seq.blocks[..kv_blocks]) {

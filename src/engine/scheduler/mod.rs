@@ -78,6 +78,8 @@ struct Seq {
     detok: Detokenizer,
     /// Bytes of the text already searched for stop strings.
     stop_checked: usize,
+    /// Times preempted.
+    preemptions: u32,
     /// Where the text goes as it is generated, and how many bytes of it went.
     stream: Option<(StreamSender, usize)>,
 }
@@ -420,6 +422,7 @@ impl Scheduler {
             swapped: None,
             detok: Detokenizer::default(),
             stop_checked: 0,
+            preemptions: 0,
             stream: stream.map(|s| (s, 0)),
         });
     }

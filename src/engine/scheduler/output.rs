@@ -122,6 +122,7 @@ impl Scheduler {
             queue_time: s.admitted.map(|a| a - s.submitted).unwrap_or_default(),
             time_to_first_token: s.first_token.map(|f| f - s.submitted).unwrap_or_default(),
             total_time: now - s.submitted,
+            preemptions: s.preemptions,
         };
         self.stats.lock().requests_finished += 1;
         self.publish_stats();
