@@ -8,8 +8,9 @@
 use std::time::Instant;
 
 use super::Scheduler;
+use crate::engine::SamplingParams;
 use crate::engine::qwen3::{LogitRows, SeqInput};
-use crate::engine::sampling::{MAX_DEVICE_TOP_K, sample, sample_with};
+use crate::engine::sampling::{MAX_DEVICE_TOP_K, sample_with};
 use crate::error::{Error, Result};
 
 /// One planned sequence: its index in `running` and its new tokens this step.
@@ -120,67 +121,64 @@ impl Scheduler {
             .filter(|(_, w)| **w)
             .map(|(p, _)| p.index)
             .collect();
-        let sampling = |i: usize| self.running[i].request.sampling;
-        let any_sampled = rows.iter().any(|&i| !sampling(i).is_greedy());
-        // A device draw serves every row when each sampled row's top_k is small enough.
-        let device_k = rows
+        let sampling: Vec<SamplingParams> = rows
             .iter()
-            .map(|&i| sampling(i))
+            .map(|&i| self.running[i].request.sampling)
+            .collect();
+        let any_sampled = sampling.iter().any(|s| !s.is_greedy());
+        // A device draw serves every row when each sampled row's top_k is small enough.
+        let device_k = sampling
+            .iter()
             .filter(|s| !s.is_greedy())
             .map(|s| s.top_k.filter(|&k| (1..=MAX_DEVICE_TOP_K).contains(&k)))
             .collect::<Option<Vec<usize>>>()
             .and_then(|ks| ks.into_iter().max());
-        let chosen: Vec<u32> = match device_k {
-            None if any_sampled => {
-                // Host sampling over whole rows (top_k absent or large); greedy rows by argmax.
-                let greedy = self.runner.greedy(&logits)?;
-                let mut ids = Vec::with_capacity(rows.len());
-                for (row, &i) in rows.iter().enumerate() {
+        let chosen: Vec<u32> = if !any_sampled {
+            self.runner.greedy(&logits)?
+        } else {
+            // One uniform number per sampled row from the request's own generator, as the
+            // host sampler draws it; the device or the host then draws with it.
+            let draws: Vec<Option<f32>> = rows
+                .iter()
+                .map(|&i| {
                     let s = &mut self.running[i];
-                    ids.push(if s.request.sampling.is_greedy() {
-                        greedy[row]
-                    } else {
-                        let l: Vec<f32> = logits.get(row)?.to_vec1()?;
-                        sample(&l, &s.request.sampling, &mut s.rng)
-                    });
-                }
-                ids
-            }
-            None => self.runner.greedy(&logits)?,
-            Some(k) => {
-                let mut params = Vec::with_capacity(rows.len() * 4);
-                for &i in &rows {
-                    let s = &mut self.running[i];
-                    let p = s.request.sampling;
-                    if p.is_greedy() {
-                        params.extend([1.0, 1.0, 0.0, 1.0]);
-                    } else {
-                        let u = s.rng.next_f32();
-                        params.extend([
-                            p.temperature,
-                            p.top_p.unwrap_or(1.0),
-                            u,
-                            p.top_k.unwrap_or(k) as f32,
-                        ]);
-                    }
-                }
-                match self.runner.sample_on_device(&logits, k, &params)? {
-                    Some(ids) => ids,
-                    None => {
-                        // No kernels (CPU): the same draw on the host from the same numbers.
-                        let greedy = self.runner.greedy(&logits)?;
-                        let mut ids = Vec::with_capacity(rows.len());
-                        for (row, &i) in rows.iter().enumerate() {
-                            let s = &self.running[i];
-                            ids.push(if s.request.sampling.is_greedy() {
-                                greedy[row]
-                            } else {
-                                let l: Vec<f32> = logits.get(row)?.to_vec1()?;
-                                sample_with(&l, &s.request.sampling, params[row * 4 + 2])
-                            });
+                    (!s.request.sampling.is_greedy()).then(|| s.rng.next_f32())
+                })
+                .collect();
+            let on_device = match device_k {
+                Some(k) => {
+                    let mut params = Vec::with_capacity(rows.len() * 4);
+                    for (p, u) in sampling.iter().zip(&draws) {
+                        match u {
+                            None => params.extend([1.0, 1.0, 0.0, 1.0]),
+                            Some(u) => params.extend([
+                                p.temperature,
+                                p.top_p.unwrap_or(1.0),
+                                *u,
+                                p.top_k.unwrap_or(k) as f32,
+                            ]),
                         }
-                        ids
                     }
+                    self.runner.sample_on_device(&logits, k, &params)?
+                }
+                None => None,
+            };
+            match on_device {
+                Some(ids) => ids,
+                None => {
+                    // Host sampling over whole rows (no kernels, or top_k absent or large).
+                    let greedy = self.runner.greedy(&logits)?;
+                    let mut ids = Vec::with_capacity(rows.len());
+                    for (row, (p, u)) in sampling.iter().zip(&draws).enumerate() {
+                        ids.push(match u {
+                            None => greedy[row],
+                            Some(u) => {
+                                let l: Vec<f32> = logits.get(row)?.to_vec1()?;
+                                sample_with(&l, p, *u)
+                            }
+                        });
+                    }
+                    ids
                 }
             }
         };
