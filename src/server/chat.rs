@@ -193,11 +193,11 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest) -> ApiResult<Prepared> {
     .await
 }
 
-pub(super) fn tool_calls_json(st: &AppState, calls: &[ToolCall]) -> Vec<Value> {
+pub(super) fn tool_calls_json(calls: &[ToolCall]) -> Vec<Value> {
     calls
         .iter()
         .enumerate()
-        .map(|(i, c)| json!({"index": i, "id": st.id("call"), "type": "function", "function": {"name": c.name, "arguments": Value::Object(c.arguments.clone()).to_string()}}))
+        .map(|(i, c)| json!({"index": i, "id": super::random_id("call"), "type": "function", "function": {"name": c.name, "arguments": Value::Object(c.arguments.clone()).to_string()}}))
         .collect()
 }
 
@@ -222,7 +222,7 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> ApiRes
         let key = req.model.clone().unwrap_or_default();
         let prepared = prepare(&st, req).await?;
         let meta = ChunkMeta {
-            id: st.id("chatcmpl"),
+            id: super::random_id("chatcmpl"),
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -246,16 +246,16 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> ApiRes
         st.counters
             .tokens(c.prompt_tokens, c.completion_tokens, c.cached_tokens);
         if stream {
-            return Ok(stream_done(&st, &meta, &c));
+            return Ok(stream_done(&meta, &c));
         }
-        Ok(Json(completion_json(&st, &meta, &c)).into_response())
+        Ok(Json(completion_json(&meta, &c)).into_response())
     }
     .await;
     result.inspect_err(|_| count_error(&st))
 }
 
-fn completion_json(st: &AppState, meta: &ChunkMeta, c: &Completion) -> Value {
-    let calls = tool_calls_json(st, &c.calls);
+fn completion_json(meta: &ChunkMeta, c: &Completion) -> Value {
+    let calls = tool_calls_json(&c.calls);
     let content = if c.content.is_empty() && !calls.is_empty() {
         Value::Null
     } else {

@@ -36,7 +36,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
@@ -193,15 +193,6 @@ impl AppState {
     /// The settings.
     pub fn config(&self) -> &Config {
         &self.cfg
-    }
-
-    fn id(&self, prefix: &str) -> String {
-        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let t = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        format!("{prefix}-{:x}{n:x}", t & 0xffff_ffff)
     }
 
     /// A fresh sampling seed for a request that gives none.

@@ -41,14 +41,14 @@ impl ChunkMeta {
 
     /// The closing chunks of a completion: tool calls or the rest of the content, the finish
     /// reason, usage when asked for, `[DONE]`.
-    fn closing(&self, st: &AppState, c: &Completion, rest_of_content: &str) -> Vec<String> {
+    fn closing(&self, c: &Completion, rest_of_content: &str) -> Vec<String> {
         let mut out = Vec::new();
         if !rest_of_content.is_empty() {
             out.push(self.chunk(json!({"content": rest_of_content}), Value::Null));
         }
         if !c.calls.is_empty() {
             out.push(self.chunk(
-                json!({"tool_calls": tool_calls_json(st, &c.calls)}),
+                json!({"tool_calls": tool_calls_json(&c.calls)}),
                 Value::Null,
             ));
         }
@@ -62,9 +62,9 @@ impl ChunkMeta {
 }
 
 /// An answer that is already whole (the demo), sent as one SSE stream.
-pub(super) fn stream_done(st: &AppState, meta: &ChunkMeta, c: &Completion) -> Response {
+pub(super) fn stream_done(meta: &ChunkMeta, c: &Completion) -> Response {
     let mut events = vec![meta.opening()];
-    events.extend(meta.closing(st, c, &c.content));
+    events.extend(meta.closing(c, &c.content));
     let sse: Vec<Result<Event, Infallible>> = events
         .into_iter()
         .map(|e| Ok(Event::default().data(e)))
@@ -129,7 +129,7 @@ impl Streaming {
                 } else {
                     String::new()
                 };
-                let closing = self.meta.closing(&self.st, &c, &rest);
+                let closing = self.meta.closing(&c, &rest);
                 self.queue.extend(closing);
             }
             Err(e) => {
