@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const KERNELS: &[&str] = &["attention", "layer_ops"];
+const KERNELS: &[&str] = &["attention", "layer_ops", "gemv"];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");

@@ -81,6 +81,9 @@ struct Args {
     /// Time bare model decode steps (no scheduler) at each batch size.
     #[arg(long)]
     profile_step: bool,
+    /// After the decode rows, the same rows on an engine without CUDA graphs.
+    #[arg(long)]
+    compare_eager: bool,
 }
 
 fn parse_pair(s: &str) -> Result<(usize, usize), String> {
@@ -235,6 +238,49 @@ fn agent_workload(
     Ok(())
 }
 
+/// Decode tok/s at each batch size of `a.batches` (prompt P, N new tokens, EOS ignored),
+/// after a warm-up at the same batch size; prints one line per batch under `label`.
+fn decode_rows(
+    engine: &policy_serve::Engine,
+    a: &Args,
+    label: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let one = |p: Vec<u32>, n: usize| {
+        let mut r = GenerationRequest::new(p).max_new_tokens(n);
+        r.ignore_eos = true;
+        r
+    };
+    for &b in &a.batches {
+        let warm: Vec<_> = (0..b)
+            .map(|i| engine.submit(one(prompt(a.prompt, 100 + i), 4)))
+            .collect();
+        for p in warm {
+            p.wait()?;
+        }
+        let pending: Vec<_> = (0..b)
+            .map(|i| engine.submit(one(prompt(a.prompt, 1000 + i), a.new_tokens)))
+            .collect();
+        let gens: Vec<_> = pending
+            .into_iter()
+            .map(|p| p.wait())
+            .collect::<Result<_, _>>()?;
+        let first = gens
+            .iter()
+            .map(|g| g.time_to_first_token)
+            .max()
+            .unwrap_or_default();
+        let end = gens.iter().map(|g| g.total_time).max().unwrap_or_default();
+        let decode_s = (end - first).as_secs_f64();
+        let tps = (b * (a.new_tokens - 1)) as f64 / decode_s;
+        println!(
+            "{label} decode batch {b}: {tps:.0} tok/s ({:.3} ms/step; prefill of batch {:.0} ms)",
+            decode_s * 1e3 / (a.new_tokens - 1) as f64,
+            first.as_secs_f64() * 1e3
+        );
+    }
+    Ok(())
+}
+
 fn prompt(n: usize, salt: usize) -> Vec<u32> {
     policy_serve::testing::synthetic_prompt(n, salt)
 }
@@ -356,36 +402,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
 
-    let mut rows = Vec::new();
-    for &b in &a.batches {
-        // Warm-up at this batch size (kernels for these shapes), then the timed run.
-        let warm: Vec<_> = (0..b)
-            .map(|i| engine.submit(one(prompt(a.prompt, 100 + i), 4)))
-            .collect();
-        for p in warm {
-            p.wait()?;
-        }
-        let pending: Vec<_> = (0..b)
-            .map(|i| engine.submit(one(prompt(a.prompt, 1000 + i), a.new_tokens)))
-            .collect();
-        let gens: Vec<_> = pending
-            .into_iter()
-            .map(|p| p.wait())
-            .collect::<Result<_, _>>()?;
-        let first = gens
-            .iter()
-            .map(|g| g.time_to_first_token)
-            .max()
-            .unwrap_or_default();
-        let end = gens.iter().map(|g| g.total_time).max().unwrap_or_default();
-        let decode_s = (end - first).as_secs_f64();
-        let tps = (b * (a.new_tokens - 1)) as f64 / decode_s;
+    decode_rows(&engine, &a, "ours")?;
+    if a.compare_eager {
+        // The same rows with decode steps run eagerly (no CUDA graphs), in this run.
+        let eager = ModelRegistry::new(vec![ModelSpec::local("eager", "eager", &dir)])?
+            .with_options(EngineOptions {
+                cuda_graphs: false,
+                ..opts.clone()
+            });
+        let m = eager.model("eager")?;
         println!(
-            "ours decode batch {b}: {tps:.0} tok/s ({:.2} ms/step; prefill of batch {:.0} ms)",
-            decode_s * 1e3 / (a.new_tokens - 1) as f64,
-            first.as_secs_f64() * 1e3
+            "# eager engine: cuda graphs {:?}",
+            m.engine().info().cuda_graph_buckets
         );
-        rows.push((b, tps));
+        decode_rows(m.engine(), &a, "ours-eager")?;
     }
 
     if a.greedy_check {

@@ -10,8 +10,10 @@
 // holds 8 of the 128 dims, a 16-byte load), with an online softmax in f32 per query head;
 // the 8 half-warps are merged through shared memory. With one partition the block writes the
 // output; otherwise it writes its max, sum and unnormalized accumulator and a second kernel
-// merges the partitions. The number of partitions follows the block-table width, not the
-// context lengths, so the launch shape is fixed for a fixed table width (graph capture).
+// merges the partitions. The number of partitions is the grid's, not the context lengths';
+// a graph captures a fixed number and each sequence's partitions grow to cover its context,
+// those past its end writing an empty partial. The table row width comes as an argument, or,
+// for a captured graph, from device memory (`width`), so one graph serves any width.
 
 #include <cuda_bf16.h>
 #include <mma.h>
@@ -49,10 +51,15 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ k_ca
                              const uint32_t* __restrict__ block_tables,
                              const uint32_t* __restrict__ ctx_lens, T* __restrict__ out,
                              float* __restrict__ part_acc, float* __restrict__ part_ml, int W,
-                             int block_size, long long num_slots, int nkv, int part) {
+                             const uint32_t* __restrict__ width, int block_size,
+                             long long num_slots, int nkv, int part_min) {
   const int b = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int nh = nkv * G;
   const int ctx = (int)ctx_lens[b];
+  if (width != nullptr) W = (int)*width;
+  // A partition is part_min tokens, or longer when the fixed number of partitions (a captured
+  // graph's grid) would not cover the context otherwise.
+  const int part = max(part_min, (((ctx + splits - 1) / splits) + 15) & ~15);
   const int start = split * part;
   const int end = min(ctx, start + part);
   const int grp = threadIdx.x / LANES, lane = threadIdx.x % LANES;
@@ -436,10 +443,10 @@ __device__ void paged_prefill_tc(const __nv_bfloat16* __restrict__ q,
 #define PS_DECODE(T, NAME, G)                                                                    \
   extern "C" __global__ void __launch_bounds__(THREADS) paged_decode_g##G##_##NAME(            \
       const T* q, const T* k_cache, const T* v_cache, const uint32_t* block_tables,             \
-      const uint32_t* ctx_lens, T* out, float* part_acc, float* part_ml, int W, int block_size, \
-      long long num_slots, int nkv, int part) {                                                 \
+      const uint32_t* ctx_lens, T* out, float* part_acc, float* part_ml, int W,                 \
+      const uint32_t* width, int block_size, long long num_slots, int nkv, int part) {          \
     paged_decode<T, G>(q, k_cache, v_cache, block_tables, ctx_lens, out, part_acc, part_ml, W,  \
-                       block_size, num_slots, nkv, part);                                       \
+                       width, block_size, num_slots, nkv, part);                                \
   }
 
 #define PS_PREFILL(T, NAME, G)                                                                   \

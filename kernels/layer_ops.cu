@@ -120,6 +120,8 @@ __device__ void qk_norm_rope_kv_write(const T* __restrict__ qkv, const T* __rest
 #pragma unroll
     for (int j = 0; j < PER; ++j) dst[lane + 32 * j] = from_f<T>(o[j]);
   } else {
+    // A padding row of a captured batch has no slot: it writes no KV.
+    if (slots[t] == 0xffffffffu) return;
     int kh = head - nh;
     size_t off = ((size_t)kh * num_slots + slots[t]) * HD;
     const T* vsrc = row + (size_t)(nh + nkv + kh) * HD;

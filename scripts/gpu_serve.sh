@@ -2,6 +2,7 @@
 # On the H200: the HTTP host on a random model in a real Qwen3 shape, driven by
 # examples/load.rs: N streamed chat completions (512 in / 128 out, all at once), then the agent
 # workload through the episodes API. Expects .gpu/{bench,serve,load}.gz.
+#   LOAD_ARGS=--compare-unloaded INPUT_LEN=512 OUTPUT_LEN=128
 #   SHAPE=0.6b|1.7b  N=500  AGENT=64,10  MODE=append_only|template  SERVE_ARGS=--no-prefix-cache
 set -u
 OUT=${OUT:-/tmp/out}
@@ -20,7 +21,7 @@ for i in $(seq 1 120); do
 done
 grep "engine ready" "$OUT/serve-$shape-$port.log" | cut -c1-300
 if [ "${N:-500}" != 0 ]; then
-  timeout ${T1:-120} .gpu/load --base http://127.0.0.1:$port --model m --requests ${N:-500} --input-len 512 --output-len 128 2>&1 | tee -a "$OUT/load-$shape.txt"
+  timeout ${T1:-120} .gpu/load --base http://127.0.0.1:$port --model m --requests ${N:-500} --input-len ${INPUT_LEN:-512} --output-len ${OUTPUT_LEN:-128} ${LOAD_ARGS:-} 2>&1 | tee -a "$OUT/load-$shape.txt"
 fi
 if [ "${AGENT:-64,10}" != 0 ]; then
   timeout ${T2:-120} .gpu/load --base http://127.0.0.1:$port --model m --agent ${AGENT:-64,10} --transcript-mode ${MODE:-append_only} 2>&1 | tee -a "$OUT/agent-$shape.txt"

@@ -37,6 +37,9 @@ pub struct EngineFlags {
     /// Host memory (GiB) for KV swapped out on preemption (0: preempt by recompute).
     #[arg(long, default_value_t = 4.0)]
     pub swap_gib: f64,
+    /// Run decode steps eagerly instead of replaying CUDA graphs (debugging, comparisons).
+    #[arg(long)]
+    pub no_cuda_graphs: bool,
 }
 
 impl Default for EngineFlags {
@@ -52,6 +55,7 @@ impl Default for EngineFlags {
             block_size: 16,
             no_prefix_cache: false,
             swap_gib: 4.0,
+            no_cuda_graphs: false,
         }
     }
 }
@@ -80,6 +84,7 @@ impl EngineFlags {
             prefill_chunk: self.prefill_chunk,
             prefix_cache: !self.no_prefix_cache,
             swap_gib: self.swap_gib,
+            cuda_graphs: !self.no_cuda_graphs,
             ..EngineOptions::default()
         }
     }
@@ -118,6 +123,7 @@ mod tests {
             "--no-prefix-cache",
             "--swap-gib",
             "0",
+            "--no-cuda-graphs",
         ]);
         let o = cli.engine.options();
         assert_eq!(o.device, DeviceChoice::Cpu);
@@ -128,8 +134,10 @@ mod tests {
             (7, 300, 100)
         );
         assert_eq!((o.block_size, o.prefix_cache, o.swap_gib), (32, false, 0.0));
+        assert!(!o.cuda_graphs);
         // Defaults: 90% of free GPU memory; 64 sequences on the CPU.
         let d = Cli::parse_from(["x", "--device", "cpu"]).engine.options();
         assert_eq!((d.kv_budget.gpu_fraction, d.max_running), (0.9, 64));
+        assert!(d.cuda_graphs);
     }
 }

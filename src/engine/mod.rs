@@ -79,6 +79,10 @@ pub struct EngineOptions {
     pub tensor_parallel: Option<CommHandle>,
     /// How long the head waits for workers to acknowledge a step.
     pub worker_timeout: Duration,
+    /// Replay pure decode steps as CUDA graphs (captured at start-up per batch-size bucket up
+    /// to `max_running`). On by default; CUDA with the engine's kernels and one rank only.
+    /// `POLICY_SERVE_CUDA_GRAPHS=0` turns it off whatever this says.
+    pub cuda_graphs: bool,
 }
 
 impl Default for EngineOptions {
@@ -96,6 +100,7 @@ impl Default for EngineOptions {
             swap_gib: 4.0,
             tensor_parallel: None,
             worker_timeout: Duration::from_secs(120),
+            cuda_graphs: true,
         }
     }
 }
@@ -266,6 +271,8 @@ pub struct EngineInfo {
     pub default_max_new_tokens: usize,
     /// Whether the forward runs the engine's own CUDA kernels.
     pub kernels: bool,
+    /// The batch sizes whose decode steps replay as CUDA graphs (empty: none do).
+    pub cuda_graph_buckets: Vec<usize>,
 }
 
 impl EngineInfo {
@@ -369,7 +376,7 @@ impl Engine {
             prefill_chunk = options.prefill_chunk,
             prefix_cache = options.prefix_cache,
             kernels = info.kernels,
-            cuda_graphs = false,
+            cuda_graphs = ?info.cuda_graph_buckets,
             "engine ready"
         );
         let stats = sched.stats_handle();

@@ -19,6 +19,9 @@ use crate::error::{Error, Result};
 pub(crate) struct ModelRunner {
     model: Qwen3,
     cache: PagedKvCache,
+    /// Decode steps replayed as CUDA graphs (captured by [`ModelRunner::capture_graphs`]).
+    #[cfg(feature = "cuda")]
+    graphs: Option<super::cuda::DecodeGraphs>,
     comm: Option<Arc<dyn CommBackend>>,
     worker_timeout: Duration,
     steps_sent: u64,
@@ -34,9 +37,41 @@ impl ModelRunner {
         Self {
             model,
             cache,
+            #[cfg(feature = "cuda")]
+            graphs: None,
             comm,
             worker_timeout,
             steps_sent: 0,
+        }
+    }
+
+    /// Captures the decode graphs whose buffers `graphs` holds (allocated before the KV cache
+    /// was sized). A capture that fails leaves the engine eager, with a warning. Returns the
+    /// buckets captured.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn capture_graphs(
+        &mut self,
+        graphs: Option<super::cuda::DecodeGraphs>,
+    ) -> Vec<usize> {
+        let Some(mut g) = graphs else {
+            return Vec::new();
+        };
+        match g.capture(&self.model, &self.cache) {
+            Ok(()) => {
+                tracing::info!(
+                    buckets = ?g.buckets(),
+                    capture_ms = (g.capture_secs() * 1e3).round(),
+                    graph_mib = g.bytes() >> 20,
+                    "decode steps replay as CUDA graphs"
+                );
+                let b = g.buckets().to_vec();
+                self.graphs = Some(g);
+                b
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "CUDA graph capture failed; decode steps run eagerly");
+                Vec::new()
+            }
         }
     }
 
@@ -78,6 +113,12 @@ impl ModelRunner {
         inputs: &[SeqInput<'_>],
     ) -> Result<Option<Tensor>> {
         let Some(comm) = self.comm.clone() else {
+            #[cfg(feature = "cuda")]
+            if let Some(g) = &self.graphs
+                && let Some(logits) = g.replay(&self.model, tokens, inputs)?
+            {
+                return Ok(Some(logits));
+            }
             return self.model.forward(tokens, inputs, &self.cache, None);
         };
         self.steps_sent += 1;

@@ -9,18 +9,16 @@ use super::{CudaKernels, DECODE_PARTITION, PREFILL_TILE, kernel_err};
 use crate::error::Result;
 
 impl CudaKernels {
-    /// Scratch for [`CudaKernels::paged_decode_into`]: partial results of `b` sequences over
-    /// block tables `w` blocks wide (`None` when one partition covers them). One per forward,
-    /// reused by every layer (launches on one stream do not overlap).
+    /// Scratch for [`CudaKernels::paged_decode_into`]: partial results of `b` sequences in
+    /// `splits` partitions (`None` when one partition covers them). One per forward, reused by
+    /// every layer (launches on one stream do not overlap).
     pub fn decode_scratch(
         &self,
         b: usize,
         nh: usize,
-        w: usize,
-        block_size: usize,
+        splits: usize,
     ) -> Result<Option<(Tensor, Tensor)>> {
-        let splits = (w * block_size).div_ceil(DECODE_PARTITION).max(1);
-        if splits == 1 || b == 0 {
+        if splits <= 1 || b == 0 {
             return Ok(None);
         }
         Ok(Some((
@@ -43,39 +41,63 @@ impl CudaKernels {
         let (b, nh, hd) = q.dims3()?;
         let out = self.alloc((b, nh * hd), self.dtype)?;
         let w = block_tables.dim(1)?;
-        let scratch = self.decode_scratch(b, nh, w, block_size)?;
+        let part = Self::decode_partition(b);
+        let splits = Self::decode_splits(w, block_size, part);
+        let scratch = self.decode_scratch(b, nh, splits)?;
         self.paged_decode_into(
             q,
             k_cache,
             v_cache,
-            block_tables,
+            (block_tables, None),
             ctx_lens,
             block_size,
             &out,
-            scratch.as_ref(),
+            (splits, part, scratch.as_ref()),
         )?;
         Ok(out)
     }
 
-    /// [`CudaKernels::paged_decode`] writing into `out` (a contiguous `[B, nh * 128]` view),
-    /// with partials in `scratch` (from [`CudaKernels::decode_scratch`] for at least `B`
-    /// sequences and this table width).
+    /// Context tokens per flash-decoding partition for a batch of `b` decode sequences:
+    /// short partitions in small batches, which alone would leave most SMs idle, up to
+    /// [`DECODE_PARTITION`] in large ones.
+    pub fn decode_partition(b: usize) -> usize {
+        match b {
+            0..=4 => 32,
+            5..=16 => 64,
+            17..=64 => 128,
+            _ => DECODE_PARTITION,
+        }
+    }
+
+    /// Partitions of flash-decoding for block tables `w` blocks wide (one per `part` tokens
+    /// of the widest table).
+    pub fn decode_splits(w: usize, block_size: usize, part: usize) -> usize {
+        (w * block_size).div_ceil(part.max(1)).max(1)
+    }
+
+    /// [`CudaKernels::paged_decode`] writing into `out` (a contiguous `[B, nh * 128]` view) in
+    /// `splits` partitions of at least `part` tokens, with partials in `scratch` (from
+    /// [`CudaKernels::decode_scratch`] for at least `B` sequences and `splits`). Each
+    /// sequence's partitions cover its context (they grow past `part` tokens when `splits` is
+    /// too few). With `width`
+    /// (u32 `[1]` on the device) the tables' row width is read from there, not from
+    /// `block_tables`' shape: a captured graph then serves tables of any width.
     #[allow(clippy::too_many_arguments)]
     pub fn paged_decode_into(
         &self,
         q: &Tensor,
         k_cache: &Tensor,
         v_cache: &Tensor,
-        block_tables: &Tensor,
+        (block_tables, width): (&Tensor, Option<&Tensor>),
         ctx_lens: &Tensor,
         block_size: usize,
         out: &Tensor,
-        scratch: Option<&(Tensor, Tensor)>,
+        (splits, part, scratch): (usize, usize, Option<&(Tensor, Tensor)>),
     ) -> Result<()> {
         self.check_dtype(q)?;
         let (b, nh, hd) = q.dims3()?;
         let (nkv, num_slots, _) = k_cache.dims3()?;
-        let w = block_tables.dim(1)?;
+        let w = block_tables.elem_count() / b.max(1);
         if hd != 128 || nkv == 0 || nh % nkv != 0 {
             return Err(kernel_err(
                 "paged_decode",
@@ -89,7 +111,7 @@ impl CudaKernels {
             8 => &self.decode[3],
             g => return Err(kernel_err("paged_decode", format!("GQA group {g}"))),
         };
-        let splits = (w * block_size).div_ceil(DECODE_PARTITION).max(1);
+        let splits = splits.max(1);
         let (acc, ml) = match scratch {
             _ if splits == 1 => (out.clone(), out.clone()),
             Some((a, m)) if a.elem_count() >= b * nh * splits * hd => (a.clone(), m.clone()),
@@ -105,12 +127,16 @@ impl CudaKernels {
             self.ptr(&acc)?,
             self.ptr(&ml)?,
         ];
+        let pw = match width {
+            Some(t) => self.ptr(t)?,
+            None => 0,
+        };
         let (w32, bs32, slots64, nkv32, part32) = (
             w as i32,
             block_size as i32,
             num_slots as i64,
             nkv as i32,
-            DECODE_PARTITION as i32,
+            part as i32,
         );
         let cfg = LaunchConfig {
             grid_dim: (b as u32, nkv as u32, splits as u32),
@@ -122,6 +148,7 @@ impl CudaKernels {
             lb.arg(p);
         }
         lb.arg(&w32)
+            .arg(&pw)
             .arg(&bs32)
             .arg(&slots64)
             .arg(&nkv32)

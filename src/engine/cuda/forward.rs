@@ -1,13 +1,14 @@
 //! The Qwen3 forward on the engine's own kernels: per layer one fused add+RMSNorm, the fused
-//! q/k norm + RoPE + KV write, paged decode attention, SiLU*up, and four cuBLAS matmuls
-//! (qkv, o, gate|up, down) — about 9 launches per layer instead of ~28 candle ops.
+//! q/k norm + RoPE + KV write, paged attention, SiLU*up, and four cuBLAS matmuls (qkv, o,
+//! gate|up, down) written into buffers of the forward's own — about 10 launches per layer.
 //!
-//! Invariant: the step's integer inputs (token ids, positions, cache slots, the decode
-//! sequences' context lengths and block tables) go to the device in one upload; nothing in
-//! the layer loop copies from the host. Prefill chunks still attend through the gather path
-//! (`super::super::attention`), reading the cache the fused kernel wrote.
+//! Invariants: the step's integer inputs (token ids, positions, cache slots, the decode
+//! sequences' context lengths and block tables, the prefill tiles) go to the device in one
+//! upload; nothing in the layer loop allocates, copies from the host or synchronizes (a
+//! decode step's layers are what `super::graph` captures). Prefill chunks the kernels do not
+//! serve attend through the gather path (`super::super::attention`).
 
-use candle_core::{Module, Tensor};
+use candle_core::Tensor;
 
 use super::CudaKernels;
 use crate::engine::attention::{AttnGroup, AttnPlan, attend_group};
@@ -21,6 +22,114 @@ fn reduce(partial: Tensor, comm: Option<&dyn CommBackend>) -> Result<Tensor> {
     match comm {
         Some(c) if c.world_size() > 1 => c.all_reduce_sum(&partial),
         _ => Ok(partial),
+    }
+}
+
+/// Device views of one step's integer inputs (all slices of one upload).
+pub(crate) struct StepInputs {
+    pub(crate) ids: Tensor,
+    pub(crate) pos: Tensor,
+    /// Cache slot per token (`u32::MAX`: a padding row that writes no KV).
+    pub(crate) slots: Tensor,
+    /// Context length per decode sequence.
+    pub(crate) ctx_lens: Tensor,
+    /// Decode block tables, `[decode sequences, width]` row-major.
+    pub(crate) tables: Tensor,
+    /// The tables' width on the device (u32 `[1]`), when it is not `tables`' shape (graphs).
+    pub(crate) width: Option<Tensor>,
+    /// Partitions of decode attention, and their least length in tokens.
+    pub(crate) splits: usize,
+    pub(crate) part: usize,
+    /// Prefill tiles, sequence metadata and block tables (`kernels/attention.cu`).
+    pub(crate) prefill: (Tensor, Tensor, Tensor),
+}
+
+/// The forward's activations: one buffer each, reused by every layer (on one stream a layer's
+/// writes come after the previous layer's reads of the same buffer).
+pub(crate) struct Activations {
+    /// The residual stream, updated in place.
+    pub(crate) residual: Tensor,
+    /// The normed hidden state (after the last layer: the final norm's output).
+    pub(crate) h: Tensor,
+    qkv: Tensor,
+    q: Tensor,
+    attn: Tensor,
+    o: Tensor,
+    gu: Tensor,
+    act: Tensor,
+    down: Tensor,
+    /// Decode-attention partials (None with one partition).
+    scratch: Option<(Tensor, Tensor)>,
+}
+
+impl Activations {
+    /// Buffers for `t` tokens, `nd` of them decode sequences attended in `splits` partitions
+    /// (the scratch holds `nd * splits` partials per head).
+    pub(crate) fn new(
+        k: &CudaKernels,
+        m: &Qwen3,
+        t: usize,
+        nd: usize,
+        splits: usize,
+    ) -> Result<Self> {
+        let Some(l0) = m.layers.first() else {
+            return Err(crate::error::Error::Engine("a model without layers".into()));
+        };
+        let (nh, hd) = (l0.attn.num_heads, l0.attn.head_dim);
+        let hidden = m.embed.dim(1)?;
+        Ok(Self {
+            residual: k.alloc_out((t, hidden))?,
+            h: k.alloc_out((t, hidden))?,
+            qkv: k.alloc_out((t, l0.attn.qkv.weight().dim(0)?))?,
+            q: k.alloc_out((t, nh, hd))?,
+            attn: k.alloc_out((t, nh * hd))?,
+            o: k.alloc_out((t, hidden))?,
+            gu: k.alloc_out((t, l0.mlp.gate_up.weight().dim(0)?))?,
+            act: k.alloc_out((t, l0.mlp.intermediate))?,
+            down: k.alloc_out((t, hidden))?,
+            scratch: k.decode_scratch(nd, nh, splits)?,
+        })
+    }
+
+    /// The first `t` rows of every buffer (a graph bucket's share of the largest bucket's);
+    /// the decode-attention scratch is shared whole (its layout follows each launch's grid).
+    pub(crate) fn rows(&self, t: usize) -> Result<Self> {
+        let n = |x: &Tensor| -> Result<Tensor> { Ok(x.narrow(0, 0, t)?) };
+        Ok(Self {
+            residual: n(&self.residual)?,
+            h: n(&self.h)?,
+            qkv: n(&self.qkv)?,
+            q: n(&self.q)?,
+            attn: n(&self.attn)?,
+            o: n(&self.o)?,
+            gu: n(&self.gu)?,
+            act: n(&self.act)?,
+            down: n(&self.down)?,
+            scratch: self.scratch.clone(),
+        })
+    }
+
+    /// Bytes these buffers hold.
+    pub(crate) fn bytes(&self) -> usize {
+        let b = |x: &Tensor| x.elem_count() * x.dtype().size_in_bytes();
+        let mut n = [
+            &self.residual,
+            &self.h,
+            &self.qkv,
+            &self.q,
+            &self.attn,
+            &self.o,
+            &self.gu,
+            &self.act,
+            &self.down,
+        ]
+        .iter()
+        .map(|x| b(x))
+        .sum::<usize>();
+        if let Some((a, m)) = &self.scratch {
+            n += b(a) + b(m);
+        }
+        n
     }
 }
 
@@ -87,20 +196,16 @@ impl Qwen3 {
         let dev = self.device();
         let packed = Tensor::new(packed.as_slice(), dev)?;
         let ids = packed.narrow(0, 0, t)?;
-        let pos = packed.narrow(0, t, t)?;
-        let slot_t = packed.narrow(0, 2 * t, t)?;
         let nd = decode.len();
         let (ctx_lens, tables) = if nd > 0 {
             (
                 packed.narrow(0, 3 * t, nd)?,
-                packed
-                    .narrow(0, 3 * t + nd, nd * width)?
-                    .reshape((nd, width))?,
+                packed.narrow(0, 3 * t + nd, nd * width)?,
             )
         } else {
             (ids.clone(), ids.clone())
         };
-        let (tiles_t, meta_t, ptables_t) = if tiles.is_empty() {
+        let prefill = if tiles.is_empty() {
             (ids.clone(), ids.clone(), ids.clone())
         } else {
             (
@@ -109,95 +214,121 @@ impl Qwen3 {
                 packed.narrow(0, pre_at + tiles.len() + meta.len(), ptables.len())?,
             )
         };
-        let plan = AttnPlan::new(seqs, bs, dev, self.dtype(), true, prefill_kernel)?;
-
-        // The residual stream: one buffer of this forward's own, updated in place. The
-        // activations get one buffer each per forward, reused by every layer: on one stream a
-        // layer's writes come after the previous layer's reads of the same buffer.
-        let residual = k.embedding(&self.embed, &ids)?; // [T, hidden]
-        let Some(l0) = self.layers.first() else {
-            return Err(crate::error::Error::Engine("a model without layers".into()));
+        let part = CudaKernels::decode_partition(nd);
+        let splits = CudaKernels::decode_splits(width, bs, part);
+        let inputs = StepInputs {
+            pos: packed.narrow(0, t, t)?,
+            slots: packed.narrow(0, 2 * t, t)?,
+            ids,
+            ctx_lens,
+            tables,
+            width: None,
+            splits,
+            part,
+            prefill,
         };
-        let (nh, nkv, hd) = (l0.attn.num_heads, l0.attn.num_kv_heads, l0.attn.head_dim);
-        let scratch = k.decode_scratch(nd, nh, width, bs)?;
-        let h = k.alloc_out(residual.shape().clone())?;
-        let q = k.alloc_out((t, nh, hd))?;
-        let attn = k.alloc_out((t, nh * hd))?;
-        let act = k.alloc_out((t, l0.mlp.intermediate))?;
-        let mut delta: Option<Tensor> = None;
-        for (li, layer) in self.layers.iter().enumerate() {
-            let a = &layer.attn;
-            k.add_rmsnorm_into(
-                delta.as_ref(),
-                &residual,
-                &layer.input_norm.weight,
-                layer.input_norm.eps,
-                &h,
-            )?;
-            let qkv = a.qkv.forward(&h)?;
-            let (kc, vc) = cache.layer(li);
-            k.qk_norm_rope_kv_write_into(
-                &qkv,
-                (&a.q_norm.weight, &a.k_norm.weight),
-                &self.inv_freq,
-                (&pos, &slot_t),
-                (kc, vc),
-                (nh, nkv, hd),
-                a.q_norm.eps,
-                &q,
-            )?;
-            let out = self.attend_kernels(
-                k,
-                &q,
-                (kc, vc),
-                &plan,
-                (&tables, &ctx_lens, scratch.as_ref()),
-                (&tiles_t, &meta_t, &ptables_t),
-                bs,
-                &attn,
-            )?;
-            let o = reduce(a.o_proj.forward(&out)?, comm)?;
-            k.add_rmsnorm_into(
-                Some(&o),
-                &residual,
-                &layer.post_norm.weight,
-                layer.post_norm.eps,
-                &h,
-            )?;
-            let gu = layer.mlp.gate_up.forward(&h)?;
-            k.silu_mul_into(&gu, &act)?;
-            delta = Some(reduce(layer.mlp.down.forward(&act)?, comm)?);
-        }
+        let plan = AttnPlan::new(seqs, bs, dev, self.dtype(), true, prefill_kernel)?;
+        let acts = Activations::new(k, self, t, nd, splits)?;
+        self.layers_into(k, &inputs, &acts, &plan, cache, comm)?;
         let rows = Self::logit_rows(seqs);
         if rows.is_empty() || self.shard().rank != 0 {
             return Ok(None);
         }
-        let hn = k.add_rmsnorm(delta.as_ref(), &residual, &self.norm.weight, self.norm.eps)?;
         let sel = if rows.len() == t {
-            hn
+            acts.h
         } else {
-            k.gather_rows(&hn, &Tensor::new(rows.as_slice(), dev)?)?
+            k.gather_rows(&acts.h, &Tensor::new(rows.as_slice(), dev)?)?
         };
-        let logits = self.lm_head.forward(&sel)?;
+        let logits = k.linear(&sel, self.lm_head.weight())?;
         Ok(Some(k.to_f32(&logits)?))
+    }
+
+    /// Every layer and the final norm of one step, on `inputs`, into `acts` (`acts.h` ends as
+    /// the normed last hidden state of every token). Allocates nothing, copies nothing from
+    /// the host and never synchronizes when the step is pure decode on one rank.
+    pub(crate) fn layers_into(
+        &self,
+        k: &CudaKernels,
+        inputs: &StepInputs,
+        acts: &Activations,
+        plan: &AttnPlan,
+        cache: &PagedKvCache,
+        comm: Option<&dyn CommBackend>,
+    ) -> Result<()> {
+        let bs = cache.block_size();
+        let a = &acts;
+        k.embedding_into(&self.embed, &inputs.ids, &a.residual)?;
+        let mut delta: Option<Tensor> = None;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let at = &layer.attn;
+            k.add_rmsnorm_into(
+                delta.as_ref(),
+                &a.residual,
+                &layer.input_norm.weight,
+                layer.input_norm.eps,
+                &a.h,
+            )?;
+            k.linear_into(&a.h, at.qkv.weight(), &a.qkv)?;
+            let (kc, vc) = cache.layer(li);
+            k.qk_norm_rope_kv_write_into(
+                &a.qkv,
+                (&at.q_norm.weight, &at.k_norm.weight),
+                &self.inv_freq,
+                (&inputs.pos, &inputs.slots),
+                (kc, vc),
+                (at.num_heads, at.num_kv_heads, at.head_dim),
+                at.q_norm.eps,
+                &a.q,
+            )?;
+            let out = self.attend_kernels(k, (kc, vc), plan, inputs, acts, bs)?;
+            k.linear_into(&out, at.o_proj.weight(), &a.o)?;
+            let o = reduce(a.o.clone(), comm)?;
+            k.add_rmsnorm_into(
+                Some(&o),
+                &a.residual,
+                &layer.post_norm.weight,
+                layer.post_norm.eps,
+                &a.h,
+            )?;
+            k.gate_up_silu_into(&a.h, layer.mlp.gate_up.weight(), &a.gu, &a.act)?;
+            k.linear_into(&a.act, layer.mlp.down.weight(), &a.down)?;
+            delta = Some(reduce(a.down.clone(), comm)?);
+        }
+        k.add_rmsnorm_into(
+            delta.as_ref(),
+            &a.residual,
+            &self.norm.weight,
+            self.norm.eps,
+            &a.h,
+        )
     }
 
     /// One layer's attention on the kernels: every group writes its rows of one `[T, nh * hd]`
     /// output (decode runs through the decode kernel, all prefill chunks through one prefill
     /// launch); groups the kernels do not serve go through the gather path.
-    #[allow(clippy::too_many_arguments)]
     fn attend_kernels(
         &self,
         k: &CudaKernels,
-        q: &Tensor,
         (kc, vc): (&Tensor, &Tensor),
         plan: &AttnPlan,
-        (tables, ctx_lens, scratch): (&Tensor, &Tensor, Option<&(Tensor, Tensor)>),
-        (tiles, meta, ptables): (&Tensor, &Tensor, &Tensor),
+        inputs: &StepInputs,
+        acts: &Activations,
         bs: usize,
-        out: &Tensor,
     ) -> Result<Tensor> {
-        let (t, nh, hd) = q.dims3()?;
+        let (q, out) = (&acts.q, &acts.attn);
+        let (tiles, meta, ptables) = &inputs.prefill;
+        let (_, nh, hd) = q.dims3()?;
+        let nd = inputs.ctx_lens.elem_count();
+        // The rows `first..first + n` of the decode tables (all of them for a graph, whose
+        // width only the device knows).
+        let rows_of = |first: usize, n: usize| -> Result<(Tensor, Tensor)> {
+            let ctx = inputs.ctx_lens.narrow(0, first, n)?;
+            if first == 0 && n == nd {
+                return Ok((inputs.tables.clone(), ctx));
+            }
+            let w = inputs.tables.elem_count() / nd.max(1);
+            Ok((inputs.tables.narrow(0, first * w, n * w)?, ctx))
+        };
         let all_kernel = plan.groups.iter().all(|g| {
             matches!(
                 g,
@@ -205,22 +336,24 @@ impl Qwen3 {
             )
         });
         if all_kernel {
-            let _ = (t, nh, hd);
             let mut t0 = 0;
             let mut prefill = false;
             for g in &plan.groups {
                 let n = g.tokens();
                 match g {
-                    AttnGroup::KernelDecode { n, first } => k.paged_decode_into(
-                        &q.narrow(0, t0, *n)?,
-                        kc,
-                        vc,
-                        &tables.narrow(0, *first, *n)?,
-                        &ctx_lens.narrow(0, *first, *n)?,
-                        bs,
-                        &out.narrow(0, t0, *n)?,
-                        scratch,
-                    )?,
+                    AttnGroup::KernelDecode { n, first } => {
+                        let (tables, ctx) = rows_of(*first, *n)?;
+                        k.paged_decode_into(
+                            &q.narrow(0, t0, *n)?,
+                            kc,
+                            vc,
+                            (&tables, inputs.width.as_ref()),
+                            &ctx,
+                            bs,
+                            &out.narrow(0, t0, *n)?,
+                            (inputs.splits, inputs.part, acts.scratch.as_ref()),
+                        )?
+                    }
                     _ => prefill = true,
                 }
                 t0 += n;
@@ -237,14 +370,11 @@ impl Qwen3 {
             let n = g.tokens();
             let qg = q.narrow(0, t0, n)?;
             outs.push(match g {
-                AttnGroup::KernelDecode { n, first } => k.paged_decode(
-                    &qg,
-                    kc,
-                    vc,
-                    &tables.narrow(0, *first, *n)?,
-                    &ctx_lens.narrow(0, *first, *n)?,
-                    bs,
-                )?,
+                AttnGroup::KernelDecode { n, first } => {
+                    let (tables, ctx) = rows_of(*first, *n)?;
+                    let w = tables.elem_count() / n;
+                    k.paged_decode(&qg, kc, vc, &tables.reshape((*n, w))?, &ctx, bs)?
+                }
                 other => attend_group(&qg, kc, vc, other, nh, a.num_kv_heads, hd)?,
             });
             t0 += n;

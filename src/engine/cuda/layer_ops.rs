@@ -223,6 +223,11 @@ impl CudaKernels {
         self.rows_of(&self.embedding, table, ids)
     }
 
+    /// [`CudaKernels::embedding`] into `out` (`[T, H]`).
+    pub fn embedding_into(&self, table: &Tensor, ids: &Tensor, out: &Tensor) -> Result<()> {
+        self.rows_into(&self.embedding, table, ids, out)
+    }
+
     /// Rows `rows` (u32 `[R]`) of a `[T, H]` matrix: `[R, H]`.
     pub fn gather_rows(&self, x: &Tensor, rows: &Tensor) -> Result<Tensor> {
         self.rows_of(&self.gather_rows, x, rows)
@@ -231,12 +236,28 @@ impl CudaKernels {
     fn rows_of(&self, func: &CudaFunction, x: &Tensor, rows: &Tensor) -> Result<Tensor> {
         self.check_dtype(x)?;
         let (_, n) = x.dims2()?;
+        let out = self.alloc((rows.elem_count(), n), self.dtype)?;
+        self.rows_into(func, x, rows, &out)?;
+        Ok(out)
+    }
+
+    fn rows_into(
+        &self,
+        func: &CudaFunction,
+        x: &Tensor,
+        rows: &Tensor,
+        out: &Tensor,
+    ) -> Result<()> {
+        self.check_dtype(x)?;
+        let (_, n) = x.dims2()?;
         let r = rows.elem_count();
-        let out = self.alloc((r, n), self.dtype)?;
-        if r == 0 {
-            return Ok(out);
+        if out.elem_count() != r * n {
+            return Err(kernel_err("gather rows", "output of the wrong size"));
         }
-        let (px, pr, po, n32) = (self.ptr(x)?, self.ptr(rows)?, self.ptr(&out)?, n as i32);
+        if r == 0 {
+            return Ok(());
+        }
+        let (px, pr, po, n32) = (self.ptr(x)?, self.ptr(rows)?, self.ptr(out)?, n as i32);
         let cfg = LaunchConfig {
             grid_dim: (r as u32, 1, 1),
             block_dim: (256, 1, 1),
@@ -247,7 +268,7 @@ impl CudaKernels {
         // SAFETY: argument types match the kernel's signature; row ids are checked by the
         // caller (token ids against the vocabulary, row ids against the batch).
         unsafe { b.launch(cfg) }.w()?;
-        Ok(out)
+        Ok(())
     }
 
     /// An f32 copy of `x` (same shape).
@@ -255,10 +276,19 @@ impl CudaKernels {
         if x.dtype() == DType::F32 {
             return Ok(x.clone());
         }
+        let out = self.alloc(x.shape().clone(), DType::F32)?;
+        self.to_f32_into(x, &out)?;
+        Ok(out)
+    }
+
+    /// [`CudaKernels::to_f32`] into `out` (f32, as many elements as `x`).
+    pub fn to_f32_into(&self, x: &Tensor, out: &Tensor) -> Result<()> {
         self.check_dtype(x)?;
         let n = x.elem_count();
-        let out = self.alloc(x.shape().clone(), DType::F32)?;
-        let (px, po, n64) = (self.ptr(x)?, self.ptr(&out)?, n as i64);
+        if out.dtype() != DType::F32 || out.elem_count() != n {
+            return Err(kernel_err("to_f32", "output of the wrong size or dtype"));
+        }
+        let (px, po, n64) = (self.ptr(x)?, self.ptr(out)?, n as i64);
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
             block_dim: (256, 1, 1),
@@ -268,7 +298,7 @@ impl CudaKernels {
         b.arg(&px).arg(&po).arg(&n64);
         // SAFETY: argument types match the kernel's signature.
         unsafe { b.launch(cfg) }.w()?;
-        Ok(out)
+        Ok(())
     }
 
     /// `parts` (contiguous, same dtype and trailing shape) stacked along dim 0, by device

@@ -9,7 +9,11 @@
 
 mod attention;
 mod forward;
+mod gemm;
+mod graph;
 mod layer_ops;
+
+pub use graph::{DecodeGraphs, buckets_for};
 
 use std::sync::Arc;
 
@@ -23,8 +27,13 @@ use crate::error::{Error, Result};
 
 static ATTENTION: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/attention.fatbin"));
 static LAYER_OPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/layer_ops.fatbin"));
+static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
 
-/// Context tokens one decode-attention block takes (a partition of flash-decoding).
+/// Most token rows the skinny-matmul kernels (`kernels/gemv.cu`) take.
+pub const GEMV_MAX_ROWS: usize = 8;
+
+/// Context tokens one decode-attention block takes at most in large batches (a partition of
+/// flash-decoding); small batches take shorter partitions ([`CudaKernels::decode_partition`]).
 const DECODE_PARTITION: usize = 256;
 
 /// Query tokens one CUDA-core prefill-attention block takes (`BQ` in `kernels/attention.cu`).
@@ -39,7 +48,7 @@ pub struct CudaKernels {
     device: CudaDevice,
     stream: Arc<CudaStream>,
     dtype: DType,
-    _modules: [Arc<CudaModule>; 2],
+    _modules: [Arc<CudaModule>; 3],
     add_rmsnorm: CudaFunction,
     qk_rope_hd128: CudaFunction,
     qk_rope_hd64: CudaFunction,
@@ -55,6 +64,10 @@ pub struct CudaKernels {
     prefill: [CudaFunction; 3],
     /// The tensor-core prefill kernels (bf16 only), for GQA groups 1, 2, 4, 8.
     prefill_tc: Option<[CudaFunction; 4]>,
+    /// Skinny matmuls for 1..=8 rows, plain and fused with SiLU*up (bf16 only; None when
+    /// `POLICY_SERVE_GEMV=0`).
+    gemv: Option<[Vec<CudaFunction>; 2]>,
+    blas: gemm::Blas,
 }
 
 impl std::fmt::Debug for CudaKernels {
@@ -85,6 +98,7 @@ impl CudaKernels {
         };
         let attention = load(ATTENTION, "attention")?;
         let layer_ops = load(LAYER_OPS, "layer_ops")?;
+        let gemv_mod = load(GEMV, "gemv")?;
         let f = |m: &Arc<CudaModule>, name: &str| {
             m.load_function(name)
                 .map_err(|e| kernel_err(&format!("function {name}"), e))
@@ -125,8 +139,21 @@ impl CudaKernels {
                 f(&attention, &format!("paged_decode_g8_{s}"))?,
             ],
             decode_reduce: f(&attention, &format!("paged_decode_reduce_{s}"))?,
+            gemv: if dtype == DType::BF16
+                && !std::env::var("POLICY_SERVE_GEMV").is_ok_and(|v| v == "0")
+            {
+                let all = |kind: &str| -> Result<Vec<CudaFunction>> {
+                    (1..=GEMV_MAX_ROWS)
+                        .map(|t| f(&gemv_mod, &format!("{kind}_t{t}_bf16")))
+                        .collect()
+                };
+                Some([all("gemv")?, all("gemv_silu")?])
+            } else {
+                None
+            },
+            blas: gemm::Blas::new(&stream)?,
             stream,
-            _modules: [attention, layer_ops],
+            _modules: [attention, layer_ops, gemv_mod],
         }))
     }
 
@@ -198,7 +225,8 @@ impl CudaKernels {
 
 impl CudaKernels {
     /// The kernels for a model, or `None` where the candle path serves it: not on CUDA, a
-    /// dtype other than bf16/f32, a head_dim other than 128, or `POLICY_SERVE_KERNELS=0`.
+    /// dtype other than bf16/f32, a head_dim other than 128, q/k/v biases, or
+    /// `POLICY_SERVE_KERNELS=0`.
     pub fn for_model(
         cfg: &super::ModelConfig,
         device: &Device,
@@ -208,7 +236,7 @@ impl CudaKernels {
             tracing::info!("POLICY_SERVE_KERNELS=0: the forward runs candle ops");
             return Ok(None);
         }
-        if cfg.head_dim() != 128 {
+        if cfg.head_dim() != 128 || cfg.attention_bias {
             return Ok(None);
         }
         Self::new(device, dtype)

@@ -144,6 +144,17 @@ impl StepProfile {
     }
 }
 
+/// Whether decode steps should replay as CUDA graphs: the option, unless
+/// `POLICY_SERVE_CUDA_GRAPHS=0`.
+#[cfg(feature = "cuda")]
+fn graphs_wanted(opts: &EngineOptions) -> bool {
+    let env_off = std::env::var("POLICY_SERVE_CUDA_GRAPHS").is_ok_and(|v| v == "0");
+    if opts.cuda_graphs && env_off {
+        tracing::info!("POLICY_SERVE_CUDA_GRAPHS=0: decode steps run eagerly");
+    }
+    opts.cuda_graphs && !env_off
+}
+
 pub(crate) struct Scheduler {
     runner: ModelRunner,
     kv: KvManager,
@@ -203,6 +214,18 @@ impl Scheduler {
         let dtype = model.dtype();
         let model_uses_kernels = model.uses_kernels();
         let max_context = served_context(cfg);
+        // The graphs' buffers come before the KV cache is sized, so its budget counts them.
+        #[cfg(feature = "cuda")]
+        let graphs = if graphs_wanted(opts) && comm.is_none() {
+            super::cuda::DecodeGraphs::allocate(
+                &model,
+                opts.max_running,
+                max_context,
+                opts.block_size,
+            )?
+        } else {
+            None
+        };
         let block_bytes =
             cfg.kv_bytes_per_token(dtype.size_in_bytes()) * opts.block_size / shard.world;
         let max_useful = opts.max_running * max_context.div_ceil(opts.block_size);
@@ -280,8 +303,14 @@ impl Scheduler {
             prefix_cache,
             ..Default::default()
         };
+        #[allow(unused_mut)]
+        let mut runner = ModelRunner::new(model, cache, comm, opts.worker_timeout);
+        #[cfg(feature = "cuda")]
+        let cuda_graph_buckets = runner.capture_graphs(graphs);
+        #[cfg(not(feature = "cuda"))]
+        let cuda_graph_buckets = Vec::new();
         Ok(Self {
-            runner: ModelRunner::new(model, cache, comm, opts.worker_timeout),
+            runner,
             kv,
             tokenizer,
             eos: eos.to_vec(),
@@ -296,6 +325,7 @@ impl Scheduler {
                 vocab_size: cfg.vocab_size,
                 default_max_new_tokens: opts.default_max_new_tokens,
                 kernels: model_uses_kernels,
+                cuda_graph_buckets,
             },
             max_context,
             waiting: VecDeque::new(),

@@ -1,0 +1,416 @@
+//! On the GPU: decode steps replayed as CUDA graphs against the same steps run eagerly.
+//!
+//! 1. Every bucket: a ragged batch (exact for buckets 1-8, three rows of padding above), 128
+//!    greedy steps on each path from the same prefill; tokens must be equal and the logits
+//!    within 1e-3 relative (max |graph - eager| / max |eager| per row).
+//! 2. A batch that shrinks and grows across buckets (sequences finish and arrive on a fixed
+//!    schedule): every sequence's tokens equal on both paths.
+//! 3. Two engines (graphs on, off) through the public API, 24 staggered requests of different
+//!    lengths: tokens equal per request.
+//! 4. Stress: an engine with graphs through 10,000+ steps of random arrivals; every request
+//!    completes, a probe request gives the same tokens before and after, and free device
+//!    memory is the same before and after.
+//!
+//!     cargo build --release --features cuda --example graph_check
+//!     .gpu/bench --write-model /tmp/m && .gpu/graph_check --model-dir /tmp/m
+
+mod profile;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use candle_core::{D, DType, Tensor};
+use clap::Parser;
+use policy_serve::engine::cuda::{DecodeGraphs, buckets_for};
+use policy_serve::engine::kv_cache::PagedKvCache;
+use policy_serve::engine::loader::{load_shard, served_context};
+use policy_serve::engine::qwen3::{LogitRows, Qwen3, SeqInput, Shard};
+use policy_serve::engine::{DTypeChoice, DeviceChoice, KvBudget, ModelConfig, select_device};
+use policy_serve::testing::synthetic_prompt;
+use policy_serve::{Engine, EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+#[derive(Parser)]
+struct Args {
+    /// A model directory (written by `bench --write-model`).
+    #[arg(long)]
+    model_dir: PathBuf,
+    /// Steps of the stress run.
+    #[arg(long, default_value_t = 10_000)]
+    stress_steps: u64,
+    /// Only time each op of a decode step and the whole step (graph replay) at these batch
+    /// sizes, and exit.
+    #[arg(long, value_delimiter = ',')]
+    profile: Vec<usize>,
+}
+
+const BS: usize = 16;
+
+/// One sequence of a model-level run: its tokens so far, block table, and whether it runs.
+struct Seq {
+    tokens: Vec<u32>,
+    table: Vec<u32>,
+}
+
+/// Which way decode steps run.
+enum Path<'a> {
+    Eager,
+    Graph(&'a DecodeGraphs),
+}
+
+/// Prefills `seqs` (all new tokens) eagerly and appends each one's first token.
+fn prefill(m: &Qwen3, cache: &PagedKvCache, seqs: &mut [&mut Seq]) -> Res<()> {
+    let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.clone()).collect();
+    let inputs: Vec<SeqInput<'_>> = seqs
+        .iter()
+        .map(|s| SeqInput {
+            q_len: s.tokens.len(),
+            context_len: s.tokens.len(),
+            block_table: &s.table,
+            logits: LogitRows::Last,
+        })
+        .collect();
+    let l = m.forward(&tokens, &inputs, cache, None)?.ok_or("logits")?;
+    let next: Vec<u32> = l.argmax(D::Minus1)?.to_vec1()?;
+    drop(inputs);
+    for (s, t) in seqs.iter_mut().zip(next) {
+        s.tokens.push(t);
+    }
+    Ok(())
+}
+
+/// One decode step of `seqs` on `path`: appends each one's greedy token; returns the logits.
+fn decode(m: &Qwen3, cache: &PagedKvCache, path: &Path<'_>, seqs: &mut [&mut Seq]) -> Res<Tensor> {
+    let tokens: Vec<u32> = seqs.iter().map(|s| *s.tokens.last().unwrap()).collect();
+    let inputs: Vec<SeqInput<'_>> = seqs
+        .iter()
+        .map(|s| SeqInput {
+            q_len: 1,
+            context_len: s.tokens.len(),
+            block_table: &s.table,
+            logits: LogitRows::Last,
+        })
+        .collect();
+    let l = match path {
+        Path::Eager => m.forward(&tokens, &inputs, cache, None)?.ok_or("logits")?,
+        Path::Graph(g) => g
+            .replay(m, &tokens, &inputs)?
+            .ok_or("the step did not replay on a graph")?,
+    };
+    // The graph's logits live in a static buffer: copy before the next step.
+    let l = l.copy()?;
+    let next: Vec<u32> = l.argmax(D::Minus1)?.to_vec1()?;
+    drop(inputs);
+    for (s, t) in seqs.iter_mut().zip(next) {
+        s.tokens.push(t);
+    }
+    Ok(l)
+}
+
+/// Max over rows of max |a - b| / max |a| (rows of f32 logits).
+fn row_rel(a: &Tensor, b: &Tensor) -> Res<f32> {
+    let d: Vec<f32> = (a - b)?.abs()?.max(D::Minus1)?.to_vec1()?;
+    let s: Vec<f32> = a.abs()?.max(D::Minus1)?.to_vec1()?;
+    Ok(d.iter()
+        .zip(&s)
+        .map(|(d, s)| d / s.max(1e-6))
+        .fold(0f32, f32::max))
+}
+
+fn table_for(i: usize, width: usize) -> Vec<u32> {
+    (0..width).map(|j| (i * width + j) as u32).collect()
+}
+
+/// Check 1: every bucket, 128 steps, graph vs eager.
+fn buckets_check(
+    m: &Qwen3,
+    caches: &[PagedKvCache; 2],
+    g: &DecodeGraphs,
+    fails: &mut u32,
+) -> Res<()> {
+    println!("| bucket | rows | equal tokens (of rows x 128) | max logits rel err |");
+    println!("|---|---|---|---|");
+    for &b in g.buckets() {
+        let n = if b <= 8 { b } else { b - 3 };
+        let width = (200 + 10 + 130usize).div_ceil(BS);
+        let mk = || -> Vec<Seq> {
+            (0..n)
+                .map(|i| Seq {
+                    tokens: synthetic_prompt(5 + (i * 37) % 200, 900 + i),
+                    table: table_for(i, width),
+                })
+                .collect()
+        };
+        let (mut eager, mut graph) = (mk(), mk());
+        prefill(m, &caches[0], &mut eager.iter_mut().collect::<Vec<_>>())?;
+        prefill(m, &caches[1], &mut graph.iter_mut().collect::<Vec<_>>())?;
+        let mut worst = 0f32;
+        for _ in 0..128 {
+            let le = decode(
+                m,
+                &caches[0],
+                &Path::Eager,
+                &mut eager.iter_mut().collect::<Vec<_>>(),
+            )?;
+            let lg = decode(
+                m,
+                &caches[1],
+                &Path::Graph(g),
+                &mut graph.iter_mut().collect::<Vec<_>>(),
+            )?;
+            if eager.iter().zip(&graph).all(|(a, b)| a.tokens == b.tokens) {
+                worst = worst.max(row_rel(&le, &lg)?);
+            }
+        }
+        let equal: usize = eager
+            .iter()
+            .zip(&graph)
+            .map(|(a, b)| {
+                let (x, y) = (
+                    &a.tokens[a.tokens.len() - 128..],
+                    &b.tokens[b.tokens.len() - 128..],
+                );
+                x.iter().zip(y).filter(|(p, q)| p == q).count()
+            })
+            .sum();
+        let ok = equal == n * 128 && worst <= 1e-3;
+        *fails += u32::from(!ok);
+        println!(
+            "| {b} | {n} | {equal}/{} | {worst:.2e} |{}",
+            n * 128,
+            if ok { "" } else { " FAIL" }
+        );
+    }
+    Ok(())
+}
+
+/// Check 2: 48 sequences arriving every 3 steps, each running 20-109 steps.
+fn shrink_grow_check(
+    m: &Qwen3,
+    caches: &[PagedKvCache; 2],
+    g: &DecodeGraphs,
+    fails: &mut u32,
+) -> Res<()> {
+    let count = 48;
+    let len = |i: usize| 20 + (i * 29) % 90;
+    let width = (120 + 120usize).div_ceil(BS);
+    let mut results = Vec::new();
+    let mut sizes = std::collections::BTreeSet::new();
+    for (ci, path) in [Path::Eager, Path::Graph(g)].iter().enumerate() {
+        let mut seqs: Vec<Seq> = (0..count)
+            .map(|i| Seq {
+                tokens: synthetic_prompt(10 + (i * 53) % 110, 2000 + i),
+                table: table_for(i, width),
+            })
+            .collect();
+        let prompt_len: Vec<usize> = seqs.iter().map(|s| s.tokens.len()).collect();
+        for step in 0.. {
+            let arriving: Vec<usize> = (0..count).filter(|&i| i * 3 == step).collect();
+            if !arriving.is_empty() {
+                let mut a: Vec<&mut Seq> = seqs
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(i, _)| arriving.contains(i))
+                    .map(|(_, s)| s)
+                    .collect();
+                prefill(m, &caches[ci], &mut a)?;
+            }
+            let mut running: Vec<&mut Seq> = seqs
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, s)| i * 3 <= step && s.tokens.len() < prompt_len[*i] + len(*i))
+                .map(|(_, s)| s)
+                .collect();
+            if running.is_empty() && step > 3 * count {
+                break;
+            }
+            if running.is_empty() {
+                continue;
+            }
+            sizes.insert(running.len());
+            decode(m, &caches[ci], path, &mut running)?;
+        }
+        results.push(seqs.into_iter().map(|s| s.tokens).collect::<Vec<_>>());
+    }
+    let equal = results[0]
+        .iter()
+        .zip(&results[1])
+        .filter(|(a, b)| a == b)
+        .count();
+    let ok = equal == count;
+    *fails += u32::from(!ok);
+    println!(
+        "shrink/grow: batch sizes {}..{} over the run; {equal}/{count} sequences with equal tokens{}",
+        sizes.first().unwrap_or(&0),
+        sizes.last().unwrap_or(&0),
+        if ok { "" } else { " FAIL" }
+    );
+    Ok(())
+}
+
+fn engine(a: &Args, graphs: bool, max_running: usize) -> Res<(ModelRegistry, Engine)> {
+    let opts = EngineOptions {
+        device: DeviceChoice::Cuda(0),
+        dtype: DTypeChoice::BF16,
+        max_running,
+        max_batched_tokens: 8192,
+        prefill_chunk: 2048,
+        kv_budget: KvBudget {
+            gpu_gib: Some(8.0),
+            ..KvBudget::default()
+        },
+        cuda_graphs: graphs,
+        ..EngineOptions::default()
+    };
+    let r = ModelRegistry::new(vec![ModelSpec::local("m", "m", &a.model_dir)])?.with_options(opts);
+    let e = r.model("m")?.engine().clone();
+    Ok((r, e))
+}
+
+fn request(prompt: Vec<u32>, n: usize) -> GenerationRequest {
+    let mut r = GenerationRequest::new(prompt).max_new_tokens(n);
+    r.ignore_eos = true;
+    r
+}
+
+/// Check 3: graphs on vs off through the engine, staggered requests.
+fn engine_check(a: &Args, fails: &mut u32) -> Res<()> {
+    let mut out = Vec::new();
+    for graphs in [true, false] {
+        let (_r, e) = engine(a, graphs, 64)?;
+        if graphs && e.info().cuda_graph_buckets.is_empty() {
+            return Err("the engine captured no graphs".into());
+        }
+        let pending: Vec<_> = (0..24)
+            .map(|i| {
+                std::thread::sleep(Duration::from_millis(4));
+                e.submit(request(
+                    synthetic_prompt(30 + (i * 41) % 300, 3000 + i),
+                    16 + (i * 23) % 130,
+                ))
+            })
+            .collect();
+        out.push(
+            pending
+                .into_iter()
+                .map(|p| p.wait().map(|g| g.tokens))
+                .collect::<Result<Vec<_>, _>>()?,
+        );
+    }
+    let equal = out[0].iter().zip(&out[1]).filter(|(x, y)| x == y).count();
+    let ok = equal == 24;
+    *fails += u32::from(!ok);
+    println!(
+        "engine graphs on vs off: {equal}/24 requests with equal tokens{}",
+        if ok { "" } else { " FAIL" }
+    );
+    Ok(())
+}
+
+fn free_mib() -> Res<f64> {
+    let (free, _) = candle_core::cuda_backend::cudarc::driver::result::mem_get_info()?;
+    Ok(free as f64 / (1u64 << 20) as f64)
+}
+
+/// Check 4: 10,000+ steps of random arrivals on a graph engine.
+fn stress_check(a: &Args, fails: &mut u32) -> Res<()> {
+    let (_r, e) = engine(a, true, 256)?;
+    let probe = || {
+        e.generate(request(synthetic_prompt(100, 4242), 64))
+            .map(|g| g.tokens)
+    };
+    let before = probe()?;
+    let mem_before = free_mib()?;
+    let steps0 = e.stats().steps;
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let t = Instant::now();
+    let mut pending = Vec::new();
+    let mut submitted = 0usize;
+    while e.stats().steps - steps0 < a.stress_steps {
+        for _ in 0..next() % 6 {
+            let p = 8 + (next() % 200) as usize;
+            let n = 1 + (next() % 256) as usize;
+            pending.push((n, e.submit(request(synthetic_prompt(p, submitted), n))));
+            submitted += 1;
+        }
+        std::thread::sleep(Duration::from_millis(next() % 25));
+        if t.elapsed() > Duration::from_secs(150) {
+            break;
+        }
+    }
+    let mut complete = 0;
+    for (n, p) in pending {
+        if p.wait().is_ok_and(|g| g.tokens.len() == n) {
+            complete += 1;
+        }
+    }
+    let steps = e.stats().steps - steps0;
+    let after = probe()?;
+    let mem_after = free_mib()?;
+    let ok = complete == submitted
+        && before == after
+        && (mem_before - mem_after).abs() < 64.0
+        && steps >= a.stress_steps;
+    *fails += u32::from(!ok);
+    println!(
+        "stress: {steps} steps in {:.1}s, {complete}/{submitted} requests complete; probe tokens equal before/after: {}; free device memory {mem_before:.0} MiB -> {mem_after:.0} MiB{}",
+        t.elapsed().as_secs_f64(),
+        before == after,
+        if ok { "" } else { " FAIL" }
+    );
+    Ok(())
+}
+
+fn main() -> Res<()> {
+    policy_serve::init_logging("warn");
+    let a = Args::parse();
+    let dev = select_device(DeviceChoice::Cuda(0))?;
+    let cfg = ModelConfig::from_file(&a.model_dir.join("config.json"))?;
+    let weights = [a.model_dir.join("model.safetensors")];
+    let m = load_shard(
+        "check",
+        &cfg,
+        &weights,
+        DTypeChoice::BF16,
+        &dev,
+        Shard::FULL,
+        || {},
+    )?;
+    if !a.profile.is_empty() {
+        return profile::run(&m, &cfg, &dev, &a.profile);
+    }
+    let mut fails = 0u32;
+    {
+        let caches = [
+            PagedKvCache::new(&cfg, m.local_kv_heads(), 256 * 22, BS, DType::BF16, &dev)?,
+            PagedKvCache::new(&cfg, m.local_kv_heads(), 256 * 22, BS, DType::BF16, &dev)?,
+        ];
+        let mut g =
+            DecodeGraphs::allocate(&m, 256, served_context(&cfg), BS)?.ok_or("no kernels")?;
+        g.capture(&m, &caches[1])?;
+        println!(
+            "# buckets {:?} (expected {:?}) captured in {:.0} ms; {:.0} MiB of buffers and graphs",
+            g.buckets(),
+            buckets_for(256),
+            g.capture_secs() * 1e3,
+            g.bytes() as f64 / (1u64 << 20) as f64
+        );
+        buckets_check(&m, &caches, &g, &mut fails)?;
+        shrink_grow_check(&m, &caches, &g, &mut fails)?;
+    }
+    drop(m);
+    engine_check(&a, &mut fails)?;
+    stress_check(&a, &mut fails)?;
+    println!("graph-check: {fails} failed");
+    if fails > 0 {
+        std::process::exit(1);
+    }
+    Ok(())
+}

@@ -1,0 +1,253 @@
+//! Where a decode step's GPU time goes: each op of a layer timed alone (20 launches captured
+//! in a graph, replayed), the skinny matmuls against cuBLAS, and whole steps replayed from the
+//! engine's graphs with and without the host round trip of the sampled tokens.
+
+use std::time::Instant;
+
+use candle_core::cuda_backend::cudarc::driver::sys;
+use candle_core::{DType, Device, Tensor};
+use policy_serve::engine::ModelConfig;
+use policy_serve::engine::cuda::{CudaKernels, DecodeGraphs};
+use policy_serve::engine::kv_cache::PagedKvCache;
+use policy_serve::engine::loader::served_context;
+use policy_serve::engine::qwen3::{LogitRows, Qwen3, SeqInput};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Microseconds per launch of `f`, from 20 launches captured in a graph and replayed 10 times.
+fn time_us(dev: &Device, mut f: impl FnMut() -> Res<()>) -> Res<f64> {
+    let Device::Cuda(cd) = dev else {
+        return Err("not CUDA".into());
+    };
+    let stream = cd.cuda_stream();
+    f()?;
+    stream.synchronize()?;
+    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let mut r = Ok(());
+    for _ in 0..20 {
+        r = r.and_then(|_| f());
+    }
+    let g = stream.end_capture(sys::CUgraphInstantiate_flags(0))?;
+    r?;
+    let g = g.ok_or("empty graph")?;
+    g.launch()?;
+    stream.synchronize()?;
+    let t = Instant::now();
+    for _ in 0..10 {
+        g.launch()?;
+    }
+    stream.synchronize()?;
+    Ok(t.elapsed().as_secs_f64() * 1e6 / 200.0)
+}
+
+fn randn(shape: &[usize], dev: &Device) -> Res<Tensor> {
+    Ok(Tensor::randn(0f32, 0.5, shape, dev)?.to_dtype(DType::BF16)?)
+}
+
+pub fn run(m: &Qwen3, cfg: &ModelConfig, dev: &Device, batches: &[usize]) -> Res<()> {
+    // SAFETY: set before these kernels load; nothing else reads it now.
+    unsafe { std::env::set_var("POLICY_SERVE_GEMV", "0") };
+    let blas = CudaKernels::new(dev, DType::BF16)?.ok_or("kernels")?;
+    unsafe { std::env::set_var("POLICY_SERVE_GEMV", "1") };
+    let k = CudaKernels::new(dev, DType::BF16)?.ok_or("kernels")?;
+    let (h, hd) = (cfg.hidden_size, cfg.head_dim());
+    let (nh, nkv, inter, vocab) = (
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.intermediate_size,
+        cfg.vocab_size,
+    );
+    let layers = cfg.num_hidden_layers as f64;
+    let qkv_n = (nh + 2 * nkv) * hd;
+    let w_qkv = randn(&[qkv_n, h], dev)?;
+    let w_o = randn(&[h, nh * hd], dev)?;
+    let w_gu = randn(&[2 * inter, h], dev)?;
+    let w_down = randn(&[h, inter], dev)?;
+    let w_lm = randn(&[vocab, h], dev)?;
+    let norm_w = randn(&[h], dev)?;
+    let qn = randn(&[hd], dev)?;
+    let inv_freq = Tensor::ones(hd / 2, DType::F32, dev)?;
+    let ctx = 600usize;
+    for &b in batches {
+        let x = randn(&[b, h], dev)?;
+        let res = randn(&[b, h], dev)?;
+        let qkv = randn(&[b, qkv_n], dev)?;
+        let attn = randn(&[b, nh * hd], dev)?;
+        let act = randn(&[b, inter], dev)?;
+        let gu = randn(&[b, 2 * inter], dev)?;
+        let out_h = randn(&[b, h], dev)?;
+        let out_qkv = randn(&[b, qkv_n], dev)?;
+        let out_act = randn(&[b, inter], dev)?;
+        let q = randn(&[b, nh, hd], dev)?;
+        let logits = randn(&[b, vocab], dev)?;
+        let logits32 = Tensor::zeros((b, vocab), DType::F32, dev)?;
+        let per = ctx.div_ceil(16) + 1;
+        let kc = randn(&[nkv, b * per * 16, hd], dev)?;
+        let vc = randn(&[nkv, b * per * 16, hd], dev)?;
+        let tables: Vec<u32> = (0..(b * per) as u32).collect();
+        let tables = Tensor::from_vec(tables, (b, per), dev)?;
+        let ctx_t = Tensor::new(vec![ctx as u32; b].as_slice(), dev)?;
+        let pos = Tensor::new(vec![ctx as u32 - 1; b].as_slice(), dev)?;
+        let slots: Vec<u32> = (0..b).map(|i| (i * per * 16 + ctx - 1) as u32).collect();
+        let slots = Tensor::new(slots.as_slice(), dev)?;
+        let part = CudaKernels::decode_partition(b);
+        let splits = CudaKernels::decode_splits(per, 16, part);
+        let scratch = k.decode_scratch(b, nh, splits)?;
+        let rows: Vec<(&str, f64, usize)> = vec![
+            (
+                "add_rmsnorm",
+                time_us(dev, || {
+                    Ok(k.add_rmsnorm_into(Some(&x), &res, &norm_w, 1e-6, &out_h)?)
+                })?,
+                2,
+            ),
+            (
+                "qkv (ours)",
+                time_us(dev, || Ok(k.linear_into(&x, &w_qkv, &out_qkv)?))?,
+                1,
+            ),
+            (
+                "qkv (cuBLAS)",
+                time_us(dev, || Ok(blas.linear_into(&x, &w_qkv, &out_qkv)?))?,
+                0,
+            ),
+            (
+                "qk_norm_rope_kv_write",
+                time_us(dev, || {
+                    Ok(k.qk_norm_rope_kv_write_into(
+                        &qkv,
+                        (&qn, &qn),
+                        &inv_freq,
+                        (&pos, &slots),
+                        (&kc, &vc),
+                        (nh, nkv, hd),
+                        1e-6,
+                        &q,
+                    )?)
+                })?,
+                1,
+            ),
+            (
+                "paged_decode ctx 600",
+                time_us(dev, || {
+                    Ok(k.paged_decode_into(
+                        &q,
+                        &kc,
+                        &vc,
+                        (&tables, None),
+                        &ctx_t,
+                        16,
+                        &attn,
+                        (splits, part, scratch.as_ref()),
+                    )?)
+                })?,
+                1,
+            ),
+            (
+                "o_proj (ours)",
+                time_us(dev, || Ok(k.linear_into(&attn, &w_o, &out_h)?))?,
+                1,
+            ),
+            (
+                "o_proj (cuBLAS)",
+                time_us(dev, || Ok(blas.linear_into(&attn, &w_o, &out_h)?))?,
+                0,
+            ),
+            (
+                "gate_up+silu (ours)",
+                time_us(dev, || Ok(k.gate_up_silu_into(&x, &w_gu, &gu, &out_act)?))?,
+                1,
+            ),
+            (
+                "gate_up+silu (cuBLAS+silu)",
+                time_us(
+                    dev,
+                    || Ok(blas.gate_up_silu_into(&x, &w_gu, &gu, &out_act)?),
+                )?,
+                0,
+            ),
+            (
+                "down (ours)",
+                time_us(dev, || Ok(k.linear_into(&act, &w_down, &out_h)?))?,
+                1,
+            ),
+            (
+                "down (cuBLAS)",
+                time_us(dev, || Ok(blas.linear_into(&act, &w_down, &out_h)?))?,
+                0,
+            ),
+        ];
+        let lm = time_us(dev, || Ok(k.linear_into(&x, &w_lm, &logits)?))?;
+        let lm_blas = time_us(dev, || Ok(blas.linear_into(&x, &w_lm, &logits)?))?;
+        let f32c = time_us(dev, || Ok(k.to_f32_into(&logits, &logits32)?))?;
+        // argmax allocates its output: timed eagerly, 100 launches then one sync.
+        k.argmax(&logits32)?;
+        dev.synchronize()?;
+        let t = Instant::now();
+        for _ in 0..100 {
+            k.argmax(&logits32)?;
+        }
+        dev.synchronize()?;
+        let am = t.elapsed().as_secs_f64() * 1e4;
+        println!("\n## batch {b}: one op at a time (us per launch; x per layer)");
+        println!("| op | us | per layer |");
+        println!("|---|---|---|");
+        let mut layer_us = 0.0;
+        for (name, us, n) in &rows {
+            println!("| {name} | {us:.1} | {n} |");
+            layer_us += us * *n as f64;
+        }
+        println!("| lm_head (ours / cuBLAS) | {lm:.1} / {lm_blas:.1} | - |");
+        println!("| to_f32 logits | {f32c:.1} | - |");
+        println!("| argmax | {am:.1} | - |");
+        println!(
+            "sum of ops: {layer_us:.1} us per layer, {:.0} us per step ({layers} layers + head)",
+            layer_us * layers + lm + f32c
+        );
+    }
+    // Whole steps on the engine's graphs.
+    let bs = 16;
+    let per = (600 + 2 + 64usize).div_ceil(bs);
+    let bmax = batches.iter().copied().max().unwrap_or(1);
+    let cache = PagedKvCache::new(cfg, m.local_kv_heads(), bmax * per, bs, DType::BF16, dev)?;
+    let mut g = DecodeGraphs::allocate(m, bmax, served_context(cfg), bs)?.ok_or("no kernels")?;
+    g.capture(m, &cache)?;
+    for &b in batches {
+        let tables: Vec<Vec<u32>> = (0..b)
+            .map(|i| ((i * per) as u32..((i + 1) * per) as u32).collect())
+            .collect();
+        let tokens = vec![7u32; b];
+        let step = |ctx: usize| -> Res<Tensor> {
+            let seqs: Vec<SeqInput<'_>> = tables
+                .iter()
+                .map(|t| SeqInput {
+                    q_len: 1,
+                    context_len: ctx,
+                    block_table: t,
+                    logits: LogitRows::Last,
+                })
+                .collect();
+            Ok(g.replay(m, &tokens, &seqs)?.ok_or("no replay")?)
+        };
+        step(600)?;
+        dev.synchronize()?;
+        let t = Instant::now();
+        for i in 0..50 {
+            step(600 + i)?;
+        }
+        dev.synchronize()?;
+        let replay_us = t.elapsed().as_secs_f64() * 1e6 / 50.0;
+        let t = Instant::now();
+        for i in 0..50 {
+            let l = step(600 + i)?;
+            let _: Vec<u32> = k.argmax(&l)?.to_vec1()?;
+        }
+        let sync_us = t.elapsed().as_secs_f64() * 1e6 / 50.0;
+        println!(
+            "batch {b}: graph replay {replay_us:.0} us/step back to back ({:.0} tok/s); with argmax + ids to the host each step {sync_us:.0} us ({:.0} tok/s)",
+            b as f64 * 1e6 / replay_us,
+            b as f64 * 1e6 / sync_us
+        );
+    }
+    Ok(())
+}

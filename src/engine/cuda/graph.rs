@@ -1,0 +1,314 @@
+//! Decode steps replayed as CUDA graphs: one graph per batch-size bucket (1-8 exact, then
+//! 16, 32, 64, 128, 256, up to the engine's `max_running`), captured at start-up over static
+//! device buffers, replayed with one upload of the step's integer inputs.
+//!
+//! Invariants:
+//! - Every buffer a graph touches is allocated here, before the KV cache is sized (so the KV
+//!   budget counts it), and lives as long as the graphs; the forward it captures allocates
+//!   nothing, copies nothing from the host and never synchronizes (`forward.rs`).
+//! - A bucket's padding rows have context length 0 and cache slot `u32::MAX`: they write no
+//!   KV and attend to nothing; real rows never read them (every op is row-wise but attention,
+//!   which reads only a row's own block table).
+//! - The input layout of a bucket of `B` rows is `ids [B] | positions [B] | slots [B] |
+//!   context lengths [B] | table width [1] | block tables [B * width]`; the decode kernels
+//!   read the width from the device and run a fixed number of partitions, so one graph serves
+//!   every context length the engine serves.
+//! - Only pure decode steps of one rank replay; prefill chunks, larger batches and tensor
+//!   parallelism run eagerly (the workers would need graphs of their own, and the NCCL
+//!   all-reduce in the step is not captured).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::cuda_backend::cudarc::driver::{CudaGraph, CudaStream, result, sys};
+use candle_core::{DType, Tensor};
+
+use super::forward::{Activations, StepInputs};
+use super::{CudaKernels, kernel_err};
+use crate::engine::attention::{AttnGroup, AttnPlan};
+use crate::engine::kv_cache::PagedKvCache;
+use crate::engine::qwen3::{LogitRows, Qwen3, SeqInput};
+use crate::error::{Error, Result};
+
+/// The largest bucket: larger decode batches run eagerly.
+const MAX_BUCKET: usize = 256;
+
+/// Partitions of decode attention in a bucket's graph: a fixed grid, each partition growing
+/// past its least length ([`CudaKernels::decode_partition`]) when the context needs it.
+fn graph_splits(b: usize) -> usize {
+    if b <= 16 { 64 } else { 32 }
+}
+
+/// The buckets an engine of `max_running` sequences can reach: 1-8 exact, then powers of two
+/// up to the first one that holds `max_running` (at most [`MAX_BUCKET`]).
+pub fn buckets_for(max_running: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut b = 1;
+    while b <= MAX_BUCKET {
+        out.push(b);
+        if b >= max_running {
+            break;
+        }
+        b = if b < 8 { b + 1 } else { b * 2 };
+    }
+    out
+}
+
+/// Captured decode graphs and the static buffers they run on (the engine holds one per
+/// model; [`DecodeGraphs::replay`] is also how `examples/graph_check.rs` compares a graph step
+/// with an eager one).
+pub struct DecodeGraphs {
+    buckets: Vec<usize>,
+    graphs: Vec<CudaGraph>,
+    stream: Arc<CudaStream>,
+    /// u32 inputs of the largest bucket at the widest table, and its device address.
+    input: Tensor,
+    input_ptr: u64,
+    acts: Activations,
+    /// lm_head output in the activation dtype, then in f32: `[max bucket, vocab]`.
+    logits_act: Tensor,
+    logits: Tensor,
+    max_width: usize,
+    /// Decode-attention partitions per bucket.
+    splits: Vec<usize>,
+    block_size: usize,
+    bytes: usize,
+    capture_secs: f64,
+}
+
+// SAFETY: CUDA graph objects need external serialization, not thread affinity: the graphs
+// are moved once, with the scheduler, to its thread and only used there (`DecodeGraphs` is
+// not `Sync`, so no two threads reach them at once).
+unsafe impl Send for DecodeGraphs {}
+
+impl DecodeGraphs {
+    /// Allocates the static buffers for the buckets `max_running` reaches, for contexts up to
+    /// `max_context` tokens in blocks of `block_size`. `None` without the kernels.
+    pub fn allocate(
+        model: &Qwen3,
+        max_running: usize,
+        max_context: usize,
+        block_size: usize,
+    ) -> Result<Option<Self>> {
+        let Some(k) = model.kernels.as_ref() else {
+            return Ok(None);
+        };
+        let buckets = buckets_for(max_running);
+        let bmax = *buckets.last().unwrap_or(&1);
+        let max_width = max_context.div_ceil(block_size);
+        // Splits per bucket: no more than the widest table needs at the bucket's partition.
+        let splits_of = |b: usize| {
+            let part = CudaKernels::decode_partition(b);
+            graph_splits(b).min(CudaKernels::decode_splits(max_width, block_size, part))
+        };
+        let partials = buckets.iter().map(|&b| b * splits_of(b)).max().unwrap_or(1);
+        let vocab = model.lm_head.weight().dim(0)?;
+        let input = k.alloc(bmax * (4 + max_width) + 1, DType::U32)?;
+        let input_ptr = k.ptr(&input)?;
+        let acts = Activations::new(k, model, bmax, 1, partials)?;
+        let splits = buckets.iter().map(|&b| splits_of(b)).collect();
+        let logits_act = k.alloc_out((bmax, vocab))?;
+        let logits = k.alloc((bmax, vocab), DType::F32)?;
+        let bytes = acts.bytes()
+            + input.elem_count() * 4
+            + logits_act.elem_count() * k.dtype().size_in_bytes()
+            + logits.elem_count() * 4;
+        Ok(Some(Self {
+            buckets,
+            graphs: Vec::new(),
+            stream: k.stream.clone(),
+            input,
+            input_ptr,
+            acts,
+            logits_act,
+            logits,
+            max_width,
+            splits,
+            block_size,
+            bytes,
+            capture_secs: 0.0,
+        }))
+    }
+
+    /// Device memory the static buffers and the captured graphs hold.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Seconds the capture took (warm-up runs included).
+    pub fn capture_secs(&self) -> f64 {
+        self.capture_secs
+    }
+
+    /// The buckets captured.
+    pub fn buckets(&self) -> &[usize] {
+        &self.buckets
+    }
+
+    /// Captures one graph per bucket over `cache` (after one eager run of the same launches,
+    /// which loads what cuBLAS loads lazily).
+    pub fn capture(&mut self, model: &Qwen3, cache: &PagedKvCache) -> Result<()> {
+        let k = model
+            .kernels
+            .as_ref()
+            .ok_or_else(|| kernel_err("graph", "the model runs without kernels"))?;
+        let start = Instant::now();
+        let (free_before, _) = mem_info()?;
+        let mut graphs = Vec::with_capacity(self.buckets.len());
+        for &b in &self.buckets {
+            self.upload(b, &vec![padding(); b], 1)?;
+            self.run_bucket(model, k, cache, b)?;
+            self.stream
+                .synchronize()
+                .map_err(|e| kernel_err("graph warm-up", e))?;
+            self.stream
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(|e| kernel_err("graph capture", e))?;
+            let ran = self.run_bucket(model, k, cache, b);
+            // Capture ends whatever happened, so the stream is usable again.
+            let ended = self
+                .stream
+                .end_capture(sys::CUgraphInstantiate_flags(0))
+                .map_err(|e| kernel_err("graph capture", e));
+            ran?;
+            let graph = ended?.ok_or_else(|| kernel_err("graph capture", "empty graph"))?;
+            graph.upload().map_err(|e| kernel_err("graph upload", e))?;
+            graphs.push(graph);
+        }
+        self.stream
+            .synchronize()
+            .map_err(|e| kernel_err("graph capture", e))?;
+        let (free_after, _) = mem_info()?;
+        self.graphs = graphs;
+        self.bytes += free_before.saturating_sub(free_after);
+        self.capture_secs = start.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// The launches a bucket's graph holds: the layers, the final norm, lm_head and the f32
+    /// logits, on the static buffers.
+    fn run_bucket(
+        &self,
+        model: &Qwen3,
+        k: &CudaKernels,
+        cache: &PagedKvCache,
+        b: usize,
+    ) -> Result<()> {
+        let inputs = self.inputs(b)?;
+        let acts = self.acts.rows(b)?;
+        let plan = AttnPlan {
+            groups: vec![AttnGroup::KernelDecode { n: b, first: 0 }],
+        };
+        model.layers_into(k, &inputs, &acts, &plan, cache, None)?;
+        let logits_act = self.logits_act.narrow(0, 0, b)?;
+        k.linear_into(&acts.h, model.lm_head.weight(), &logits_act)?;
+        k.to_f32_into(&logits_act, &self.logits.narrow(0, 0, b)?)
+    }
+
+    /// Views of a bucket's inputs in the static input buffer.
+    fn inputs(&self, b: usize) -> Result<StepInputs> {
+        let at = |i: usize, n: usize| -> Result<Tensor> { Ok(self.input.narrow(0, i, n)?) };
+        let ids = at(0, b)?;
+        Ok(StepInputs {
+            pos: at(b, b)?,
+            slots: at(2 * b, b)?,
+            ctx_lens: at(3 * b, b)?,
+            width: Some(at(4 * b, 1)?),
+            tables: at(4 * b + 1, b * self.max_width)?,
+            splits: self.splits[self.buckets.iter().position(|&x| x == b).unwrap_or(0)],
+            part: CudaKernels::decode_partition(b),
+            prefill: (ids.clone(), ids.clone(), ids.clone()),
+            ids,
+        })
+    }
+
+    /// Writes a bucket's inputs: `rows` (token, position, slot, context length, block table)
+    /// padded to `b` rows, tables `width` blocks wide.
+    fn upload(&self, b: usize, rows: &[Row<'_>], width: usize) -> Result<()> {
+        let mut host = Vec::with_capacity(4 * b + 1 + b * width);
+        for field in 0..4 {
+            host.extend(rows.iter().map(|r| r.fields[field]));
+        }
+        host.push(width as u32);
+        for r in rows {
+            let used = r.table.len().min(width);
+            host.extend_from_slice(&r.table[..used]);
+            host.extend(std::iter::repeat_n(0u32, width - used));
+        }
+        let dst = self.input_ptr;
+        // SAFETY: `input` holds the largest bucket at the widest table, which bounds `host`;
+        // the copy is ordered on the stream before the graph that reads it.
+        unsafe { result::memcpy_htod_async(dst, &host, self.stream.cu_stream()) }
+            .map_err(|e| kernel_err("graph input upload", e))
+    }
+
+    /// Runs a step on a graph when it is pure decode within the buckets and the served width;
+    /// returns its f32 logits `[B, vocab]` (a view of a static buffer, valid until the next
+    /// step), or `None` when the step must run eagerly.
+    pub fn replay(
+        &self,
+        model: &Qwen3,
+        tokens: &[u32],
+        seqs: &[SeqInput<'_>],
+    ) -> Result<Option<Tensor>> {
+        let n = seqs.len();
+        let Some(bi) = self.buckets.iter().position(|&b| b >= n) else {
+            return Ok(None);
+        };
+        if n == 0
+            || seqs
+                .iter()
+                .any(|s| s.q_len != 1 || s.logits != LogitRows::Last)
+        {
+            return Ok(None);
+        }
+        let bs = self.block_size;
+        let width = seqs
+            .iter()
+            .map(|s| s.context_len.div_ceil(bs))
+            .max()
+            .unwrap_or(1);
+        if width > self.max_width || self.graphs.len() != self.buckets.len() {
+            return Ok(None);
+        }
+        let (positions, slots) = model.batch_slots(tokens, seqs, bs)?;
+        let b = self.buckets[bi];
+        let mut rows: Vec<Row<'_>> = (0..n)
+            .map(|i| Row {
+                fields: [
+                    tokens[i],
+                    positions[i],
+                    slots[i],
+                    seqs[i].context_len as u32,
+                ],
+                table: &seqs[i].block_table[..seqs[i].context_len.div_ceil(bs)],
+            })
+            .collect();
+        rows.resize(b, padding());
+        self.upload(b, &rows, width)?;
+        self.graphs[bi]
+            .launch()
+            .map_err(|e| Error::Engine(format!("CUDA graph launch (batch {b}): {e}")))?;
+        Ok(Some(self.logits.narrow(0, 0, n)?))
+    }
+}
+
+/// One row of a bucket's inputs.
+#[derive(Clone)]
+struct Row<'a> {
+    /// Token, position, cache slot, context length.
+    fields: [u32; 4],
+    table: &'a [u32],
+}
+
+/// A padding row: no KV write, no context.
+fn padding() -> Row<'static> {
+    Row {
+        fields: [0, 0, u32::MAX, 0],
+        table: &[],
+    }
+}
+
+fn mem_info() -> Result<(usize, usize)> {
+    result::mem_get_info().map_err(|e| kernel_err("memory info", e))
+}
