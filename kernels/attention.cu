@@ -45,6 +45,12 @@ __device__ __forceinline__ void load8(const float* p, float* out) {
   out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
 }
 
+// Tokens per partition of a context of ctx tokens in `splits` partitions of at least part_min
+// tokens (a multiple of 16); the decode kernel and its reduce agree on it.
+__device__ __forceinline__ int decode_part(int ctx, int splits, int part_min) {
+  return max(part_min, (((ctx + splits - 1) / splits) + 15) & ~15);
+}
+
 template <typename T, int G>
 __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ k_cache,
                              const T* __restrict__ v_cache,
@@ -59,8 +65,11 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ k_ca
   if (width != nullptr) W = (int)*width;
   // A partition is part_min tokens, or longer when the fixed number of partitions (a captured
   // graph's grid) would not cover the context otherwise.
-  const int part = max(part_min, (((ctx + splits - 1) / splits) + 15) & ~15);
+  const int part = decode_part(ctx, splits, part_min);
   const int start = split * part;
+  // A partition past the context: the reduce reads none of it (one partition still writes
+  // the output, zeros for an empty context).
+  if (splits > 1 && start >= ctx) return;
   const int end = min(ctx, start + part);
   const int grp = threadIdx.x / LANES, lane = threadIdx.x % LANES;
 
@@ -157,18 +166,23 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ k_ca
   }
 }
 
-// Merges the partitions of paged_decode: grid (B, nh), HD threads.
+// Merges the partitions of paged_decode that hold context: grid (B, nh), HD threads.
 template <typename T>
 __device__ void paged_decode_reduce(const float* __restrict__ part_acc,
-                                    const float* __restrict__ part_ml, T* __restrict__ out,
-                                    int splits) {
+                                    const float* __restrict__ part_ml,
+                                    const uint32_t* __restrict__ ctx_lens, T* __restrict__ out,
+                                    int splits, int part_min) {
   const int b = blockIdx.x, h = blockIdx.y, nh = gridDim.y, d = threadIdx.x;
+  const int ctx = (int)ctx_lens[b];
+  const int used = ctx > 0 ? min(splits, (ctx + decode_part(ctx, splits, part_min) - 1) /
+                                              decode_part(ctx, splits, part_min))
+                           : 0;
   size_t base = ((size_t)b * nh + h) * splits;
   float M = -INFINITY;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, part_ml[(base + s) * 2]);
+  for (int s = 0; s < used; ++s) M = fmaxf(M, part_ml[(base + s) * 2]);
   float L = 0.f, A = 0.f;
   if (M != -INFINITY) {
-    for (int s = 0; s < splits; ++s) {
+    for (int s = 0; s < used; ++s) {
       float w = __expf(part_ml[(base + s) * 2] - M);
       L += part_ml[(base + s) * 2 + 1] * w;
       A += part_acc[(base + s) * HD + d] * w;
@@ -466,10 +480,10 @@ __device__ void paged_prefill_tc(const __nv_bfloat16* __restrict__ q,
   PS_DECODE(T, NAME, 2)                                                                          \
   PS_DECODE(T, NAME, 4)                                                                          \
   PS_DECODE(T, NAME, 8)                                                                          \
-  extern "C" __global__ void paged_decode_reduce_##NAME(const float* part_acc,                  \
-                                                        const float* part_ml, T* out,           \
-                                                        int splits) {                           \
-    paged_decode_reduce<T>(part_acc, part_ml, out, splits);                                     \
+  extern "C" __global__ void paged_decode_reduce_##NAME(                                        \
+      const float* part_acc, const float* part_ml, const uint32_t* ctx_lens, T* out, int splits, \
+      int part_min) {                                                                           \
+    paged_decode_reduce<T>(part_acc, part_ml, ctx_lens, out, splits, part_min);                 \
   }
 
 PS_ATTENTION(__nv_bfloat16, bf16)

@@ -1,24 +1,28 @@
-// Skinny matmuls of decode steps (T <= 8 token rows), bf16 weights and activations, f32
+// Skinny matmuls of decode steps (T <= 2 token rows), bf16 weights and activations, f32
 // accumulation: out[t][n] = sum_k x[t][k] * W[n][k] for a row-major weight W [N, K] (a linear
-// layer's layout). At T <= 8 a step is bound by reading W once; cuBLAS's tiled kernels for
-// these shapes leave much of the bandwidth unused and cost a separate launch for SiLU*up.
+// layer's layout). At so few rows a step is bound by reading W once and by latency, so each kernel
+// does as much of the layer as it can in one launch.
 //
-// A warp takes R consecutive output rows. Each lane loads 16 bytes (8 weights) of each of its
-// R rows per iteration (R independent loads in flight, streamed past L1), multiplies them by
-// the same 8 elements of each of the T activation rows (read through the cache: all warps
-// share them), and accumulates in f32; a warp reduction ends each row. K must be a multiple
-// of 8 and the rows 16-byte aligned (K % 8 == 0 gives both for a contiguous W).
+// A warp takes one output row (two for the gate/up pair): each lane loads 16 bytes (8
+// weights) per chunk, up to 8 chunks in flight (streamed past L1), multiplies them by the same
+// 8 elements of each of the T activation rows and accumulates in f32; a warp reduction ends
+// the row. Blocks hold 8 warps. K must be a multiple of 8 (16-byte aligned rows).
 //
-//  * gemv_t{T}_bf16:        out [T, N]
-//  * gemv_silu_t{T}_bf16:   W is gate|up [2I, K]; out [T, I] = silu(gate . x) * (up . x)
+//  * gemv_t{T}_bf16:        out [T, N] = x W^T
+//  * gemv_silu_t{T}_bf16:   W is gate|up [2I, K]; out [T, I] = silu(x gate^T) * (x up^T)
+//  * norm_gemv_t{T}_bf16, norm_gemv_silu_t{T}_bf16: the same on x = rmsnorm(res + delta) * w,
+//    computed by every block into shared memory (K <= 4096); block 0 also writes
+//    res + delta (rounded to bf16, as the residual stream is stored) to res_out, a buffer other
+//    than res (no block may see another's write). Without delta (add == 0) res is normed as
+//    is and res_out is not written.
 
 #include <cuda_bf16.h>
 #include <stdint.h>
 
 namespace {
 
-constexpr int WARPS = 8;  // warps per block
-constexpr int R = 4;      // output rows per warp (gemv); gate/up pairs per warp: R / 2
+constexpr int WARPS = 8;   // warps per block
+constexpr int BATCH = 8;   // chunk loads a lane keeps in flight
 
 __device__ __forceinline__ uint4 ld_stream(const __nv_bfloat16* p) {
   uint4 v;
@@ -38,47 +42,47 @@ __device__ __forceinline__ void to_f8(uint4 raw, float* out) {
   }
 }
 
-__device__ __forceinline__ float dot8(uint4 w, const float* x) {
-  float wf[8];
-  to_f8(w, wf);
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) s = fmaf(wf[i], x[i], s);
-  return s;
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
-// acc[r][t] += W[rows[r]] . x[t] over K; rows past N (rows[r] < 0) read nothing.
+// acc[r][t] = W[rows[r]] . x[t] for NR rows (all < N), x rows K apart (global or shared).
 template <int T, int NR>
 __device__ __forceinline__ void dot_rows(const __nv_bfloat16* __restrict__ W,
-                                         const __nv_bfloat16* __restrict__ x, const int* rows,
-                                         int K, int lane, float (&acc)[NR][T]) {
+                                         const __nv_bfloat16* x, const int (&rows)[NR], int K,
+                                         int lane, float (&acc)[NR][T]) {
 #pragma unroll
   for (int r = 0; r < NR; ++r)
 #pragma unroll
     for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
-#pragma unroll 2
-  for (int k = lane * 8; k < K; k += 32 * 8) {
-    uint4 w[NR];
+  const int chunks = K / 8;
+  for (int c0 = lane; c0 < chunks; c0 += 32 * BATCH) {
+    uint4 w[NR][BATCH];
 #pragma unroll
-    for (int r = 0; r < NR; ++r) {
-      if (rows[r] >= 0) {
-        w[r] = ld_stream(W + (size_t)rows[r] * K + k);
-      } else {
-        w[r] = make_uint4(0, 0, 0, 0);
-      }
+    for (int i = 0; i < BATCH; ++i) {
+      const int c = c0 + 32 * i;
+#pragma unroll
+      for (int r = 0; r < NR; ++r)
+        w[r][i] = c < chunks ? ld_stream(W + (size_t)rows[r] * K + c * 8) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int t = 0; t < T; ++t) {
-      float xf[8];
-      to_f8(__ldg(reinterpret_cast<const uint4*>(x + (size_t)t * K + k)), xf);
+    for (int i = 0; i < BATCH; ++i) {
+      const int c = c0 + 32 * i;
+      if (c >= chunks) break;
+      float wf[NR][8];
 #pragma unroll
-      for (int r = 0; r < NR; ++r) acc[r][t] += dot8(w[r], xf);
+      for (int r = 0; r < NR; ++r) to_f8(w[r][i], wf[r]);
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        float xf[8];
+        to_f8(*reinterpret_cast<const uint4*>(x + (size_t)t * K + c * 8), xf);
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[r][t] = fmaf(wf[r][j], xf[j], acc[r][t]);
+      }
     }
   }
 #pragma unroll
@@ -87,51 +91,75 @@ __device__ __forceinline__ void dot_rows(const __nv_bfloat16* __restrict__ W,
     for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
 }
 
+// x_s[t][k] = bf16(bf16(res + delta) * inv_rms(t) * w[k]) for the block, in shared memory;
+// block 0 writes bf16(res + delta) to res_out when add.
 template <int T>
-__device__ void gemv(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* __restrict__ x,
-                     __nv_bfloat16* __restrict__ out, int N, int K) {
-  const int warp = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row0 = warp * R;
-  if (row0 >= N) return;
-  int rows[R];
+__device__ void norm_rows(const __nv_bfloat16* __restrict__ res,
+                          const __nv_bfloat16* __restrict__ delta,
+                          __nv_bfloat16* __restrict__ res_out, const __nv_bfloat16* __restrict__ w,
+                          float eps, int add, int K, __nv_bfloat16* x_s) {
+  __shared__ float ss[WARPS][T];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float part[T];
 #pragma unroll
-  for (int r = 0; r < R; ++r) rows[r] = row0 + r < N ? row0 + r : -1;
-  float acc[R][T];
-  dot_rows<T, R>(W, x, rows, K, lane, acc);
-  // Lane (r * T + t) % 32 writes element (t, row0 + r).
+  for (int t = 0; t < T; ++t) part[t] = 0.f;
+  for (int k = threadIdx.x; k < K; k += WARPS * 32) {
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) {
+      float v = __bfloat162float(res[(size_t)t * K + k]);
+      if (add) v = __bfloat162float(__float2bfloat16(v + __bfloat162float(delta[(size_t)t * K + k])));
+      x_s[t * K + k] = __float2bfloat16(v);  // the summed residual, normed below
+      part[t] += v * v;
+    }
+  }
 #pragma unroll
-    for (int t = 0; t < T; ++t)
-      if (lane == (r * T + t) % 32 && rows[r] >= 0)
-        out[(size_t)t * N + rows[r]] = __float2bfloat16(acc[r][t]);
+  for (int t = 0; t < T; ++t) {
+    float s = warp_sum(part[t]);
+    if (lane == 0) ss[warp][t] = s;
+  }
+  __syncthreads();
+  for (int k = threadIdx.x; k < K; k += WARPS * 32) {
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float tot = 0.f;
+#pragma unroll
+      for (int i = 0; i < WARPS; ++i) tot += ss[i][t];
+      const float inv = rsqrtf(tot / K + eps);
+      const __nv_bfloat16 r = x_s[t * K + k];
+      if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = r;
+      x_s[t * K + k] = __float2bfloat16(__bfloat162float(r) * inv * __bfloat162float(w[k]));
+    }
+  }
+  __syncthreads();
 }
 
 template <int T>
-__device__ void gemv_silu(const __nv_bfloat16* __restrict__ W,
-                          const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ out,
-                          int I, int K) {
-  constexpr int P = R / 2;  // gate/up pairs per warp
-  const int warp = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int j0 = warp * P;
-  if (j0 >= I) return;
-  int rows[R];
+__device__ void gemv(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* x,
+                     __nv_bfloat16* __restrict__ out, int N, int K) {
+  const int row = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const int rows[1] = {row};
+  float acc[1][T];
+  dot_rows<T, 1>(W, x, rows, K, lane, acc);
 #pragma unroll
-  for (int p = 0; p < P; ++p) {
-    bool ok = j0 + p < I;
-    rows[p] = ok ? j0 + p : -1;          // gate row
-    rows[P + p] = ok ? I + j0 + p : -1;  // up row
-  }
-  float acc[R][T];
-  dot_rows<T, R>(W, x, rows, K, lane, acc);
+  for (int t = 0; t < T; ++t)
+    if (lane == t) out[(size_t)t * N + row] = __float2bfloat16(acc[0][t]);
+}
+
+template <int T>
+__device__ void gemv_silu(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* x,
+                          __nv_bfloat16* __restrict__ out, int I, int K) {
+  const int j = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (j >= I) return;
+  const int rows[2] = {j, I + j};  // gate row, up row
+  float acc[2][T];
+  dot_rows<T, 2>(W, x, rows, K, lane, acc);
 #pragma unroll
-  for (int p = 0; p < P; ++p)
-#pragma unroll
-    for (int t = 0; t < T; ++t)
-      if (lane == (p * T + t) % 32 && rows[p] >= 0) {
-        float g = acc[p][t], u = acc[P + p][t];
-        out[(size_t)t * I + j0 + p] = __float2bfloat16(g / (1.f + __expf(-g)) * u);
-      }
+  for (int t = 0; t < T; ++t)
+    if (lane == t) {
+      const float g = acc[0][t], u = acc[1][t];
+      out[(size_t)t * I + j] = __float2bfloat16(g / (1.f + __expf(-g)) * u);
+    }
 }
 
 }  // namespace
@@ -144,13 +172,23 @@ __device__ void gemv_silu(const __nv_bfloat16* __restrict__ W,
   extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_silu_t##T##_bf16(            \
       const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int I, int K) {    \
     gemv_silu<T>(W, x, out, I, K);                                                           \
+  }                                                                                          \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) norm_gemv_t##T##_bf16(            \
+      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
+      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
+      __nv_bfloat16* out, int N, int K) {                                                    \
+    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
+    norm_rows<T>(res, delta, res_out, nw, eps, add, K, x_s);                                 \
+    gemv<T>(W, x_s, out, N, K);                                                              \
+  }                                                                                          \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) norm_gemv_silu_t##T##_bf16(       \
+      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
+      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
+      __nv_bfloat16* out, int I, int K) {                                                    \
+    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
+    norm_rows<T>(res, delta, res_out, nw, eps, add, K, x_s);                                 \
+    gemv_silu<T>(W, x_s, out, I, K);                                                         \
   }
 
 GEMV(1)
 GEMV(2)
-GEMV(3)
-GEMV(4)
-GEMV(5)
-GEMV(6)
-GEMV(7)
-GEMV(8)

@@ -3,7 +3,8 @@
 //  * add_rmsnorm:   residual += x (optional), out = rmsnorm(residual) * w      (one pass)
 //  * qk_norm_rope_kv_write: q/k RMSNorm, RoPE (rotate-half), q out, k/v into the paged cache
 //  * silu_mul:      out = silu(gate) * up over a [rows, 2I] gate|up matrix
-//  * argmax_rows:   index of the largest value of each row (greedy sampling on the device)
+//  * argmax_rows:   index of the largest value of each row (greedy sampling on the device),
+//                   long rows in parts merged by argmax_merge
 //
 // Every reduction accumulates in f32. Each kernel reads only device memory it is given and
 // needs no host synchronization, so a decode forward built from them can be graph-captured.
@@ -146,13 +147,19 @@ __device__ void silu_mul(const T* __restrict__ gu, T* __restrict__ out, long lon
   }
 }
 
-// One block per row; ties go to the lowest index (as torch and candle do).
+// Grid (rows, parts): block (r, p) takes part p of row r; ties go to the lowest index (as
+// torch and candle do). With one part the block writes out[r]; otherwise its best value and
+// index go to part_v/part_i [rows, parts] for argmax_merge.
 template <typename T>
-__device__ void argmax_rows(const T* __restrict__ x, uint32_t* __restrict__ out, int n) {
+__device__ void argmax_rows(const T* __restrict__ x, uint32_t* __restrict__ out, int n,
+                            float* __restrict__ part_v, int* __restrict__ part_i) {
+  const int parts = gridDim.y, p = blockIdx.y;
+  const int seg = (n + parts - 1) / parts;
+  const int start = p * seg, end = min(n, start + seg);
   const T* r = x + (size_t)blockIdx.x * n;
   float best = -INFINITY;
   int idx = 0x7fffffff;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+  for (int i = start + threadIdx.x; i < end; i += blockDim.x) {
     float v = to_f(r[i]);
     if (v > best) { best = v; idx = i; }
   }
@@ -177,8 +184,35 @@ __device__ void argmax_rows(const T* __restrict__ x, uint32_t* __restrict__ out,
       int oi = __shfl_xor_sync(0xffffffffu, idx, o);
       if (ob > best || (ob == best && oi < idx)) { best = ob; idx = oi; }
     }
-    if (lane == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
+    if (lane == 0) {
+      if (parts == 1) {
+        out[blockIdx.x] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
+      } else {
+        part_v[blockIdx.x * parts + p] = best;
+        part_i[blockIdx.x * parts + p] = idx;
+      }
+    }
   }
+}
+
+// One warp per row: the best of the row's parts (ties: lowest index).
+__device__ void argmax_merge_rows(const float* __restrict__ part_v, const int* __restrict__ part_i,
+                             int parts, uint32_t* __restrict__ out) {
+  const int lane = threadIdx.x;
+  float best = -INFINITY;
+  int idx = 0x7fffffff;
+  for (int p = lane; p < parts; p += 32) {
+    float v = part_v[blockIdx.x * parts + p];
+    int i = part_i[blockIdx.x * parts + p];
+    if (v > best || (v == best && i < idx)) { best = v; idx = i; }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (ob > best || (ob == best && oi < idx)) { best = ob; idx = oi; }
+  }
+  if (lane == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
 }
 
 
@@ -288,8 +322,9 @@ __device__ void topk_rows(const float* __restrict__ x, int n, int k, float* __re
   extern "C" __global__ void silu_mul_##NAME(const T* gu, T* out, long long rows, int inter) { \
     silu_mul<T>(gu, out, rows, inter);                                                          \
   }                                                                                             \
-  extern "C" __global__ void argmax_rows_##NAME(const T* x, uint32_t* out, int n) {            \
-    argmax_rows<T>(x, out, n);                                                                  \
+  extern "C" __global__ void argmax_rows_##NAME(const T* x, uint32_t* out, int n, float* pv,   \
+                                                 int* pi) {                                     \
+    argmax_rows<T>(x, out, n, pv, pi);                                                          \
   }                                                                                             \
   extern "C" __global__ void embedding_##NAME(const T* table, const uint32_t* ids, T* out,      \
                                               int n) {                                          \
@@ -351,4 +386,9 @@ extern "C" __global__ void sample_topk_f32(const float* vals, const uint32_t* id
     if (u < acc) { out[r] = id[i]; return; }
   }
   out[r] = id[keep - 1];
+}
+
+extern "C" __global__ void argmax_merge(const float* part_v, const int* part_i, int parts,
+                                        uint32_t* out) {
+  argmax_merge_rows(part_v, part_i, parts, out);
 }

@@ -7,7 +7,7 @@ set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-for b in bench kernel_check graph_check; do [ -f .gpu/$b.gz ] && gunzip -kf .gpu/$b.gz && chmod +x .gpu/$b; done
+bash scripts/gpu_unpack.sh
 S="$OUT/summary.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$S"
 for c in ${CONFIGS:-0.6b 1.7b}; do

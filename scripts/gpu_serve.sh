@@ -7,7 +7,7 @@
 set -u
 OUT=${OUT:-/tmp/out}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-for b in bench serve load; do gunzip -kf .gpu/$b.gz && chmod +x .gpu/$b; done
+bash scripts/gpu_unpack.sh
 shape=${SHAPE:-0.6b}
 [ -d /tmp/m-$shape ] || .gpu/bench --config tests/fixtures/qwen3/config-$shape.json --write-model /tmp/m-$shape > /dev/null 2>&1
 port=${PORT:-18080}

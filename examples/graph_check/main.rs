@@ -11,8 +11,11 @@
 //!    completes, a probe request gives the same tokens before and after, and free device
 //!    memory is the same before and after.
 //!
-//!     cargo build --release --features cuda --example graph_check
-//!     .gpu/bench --write-model /tmp/m && .gpu/graph_check --model-dir /tmp/m
+//! ```sh
+//! cargo build --release --features cuda --example graph_check
+//! .gpu/bench --write-model /tmp/m && .gpu/graph_check --model-dir /tmp/m
+//! .gpu/graph_check --model-dir /tmp/m --profile 1,2,8   # where a step's GPU time goes
+//! ```
 
 mod profile;
 
@@ -43,6 +46,9 @@ struct Args {
     /// sizes, and exit.
     #[arg(long, value_delimiter = ',')]
     profile: Vec<usize>,
+    /// Only the stress run (check 4).
+    #[arg(long)]
+    stress_only: bool,
 }
 
 const BS: usize = 16;
@@ -313,17 +319,12 @@ fn free_mib() -> Res<f64> {
     Ok(free as f64 / (1u64 << 20) as f64)
 }
 
-/// Check 4: 10,000+ steps of random arrivals on a graph engine.
-fn stress_check(a: &Args, fails: &mut u32) -> Res<()> {
-    let (_r, e) = engine(a, true, 256)?;
-    let probe = || {
-        e.generate(request(synthetic_prompt(100, 4242), 64))
-            .map(|g| g.tokens)
-    };
-    let before = probe()?;
-    let mem_before = free_mib()?;
+/// Random arrivals on `e` until it ran `steps` more steps (or `limit` passed): bursts of 0-5
+/// requests of 8-207 prompt tokens and 1-256 new tokens, 0-24 ms apart. Returns (steps run,
+/// requests complete with all their tokens, requests submitted).
+fn random_arrivals(e: &Engine, steps: u64, seed: u64, limit: Duration) -> (u64, usize, usize) {
     let steps0 = e.stats().steps;
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rng = seed | 1;
     let mut next = || {
         rng ^= rng << 13;
         rng ^= rng >> 7;
@@ -332,37 +333,59 @@ fn stress_check(a: &Args, fails: &mut u32) -> Res<()> {
     };
     let t = Instant::now();
     let mut pending = Vec::new();
-    let mut submitted = 0usize;
-    while e.stats().steps - steps0 < a.stress_steps {
+    while e.stats().steps - steps0 < steps && t.elapsed() < limit {
         for _ in 0..next() % 6 {
             let p = 8 + (next() % 200) as usize;
             let n = 1 + (next() % 256) as usize;
-            pending.push((n, e.submit(request(synthetic_prompt(p, submitted), n))));
-            submitted += 1;
+            let salt = pending.len() + seed as usize;
+            pending.push((n, e.submit(request(synthetic_prompt(p, salt), n))));
         }
         std::thread::sleep(Duration::from_millis(next() % 25));
-        if t.elapsed() > Duration::from_secs(150) {
-            break;
-        }
     }
-    let mut complete = 0;
-    for (n, p) in pending {
-        if p.wait().is_ok_and(|g| g.tokens.len() == n) {
-            complete += 1;
-        }
-    }
-    let steps = e.stats().steps - steps0;
+    let submitted = pending.len();
+    let complete = pending
+        .into_iter()
+        .map(|(n, p)| p.wait().is_ok_and(|g| g.tokens.len() == n))
+        .filter(|ok| *ok)
+        .count();
+    (e.stats().steps - steps0, complete, submitted)
+}
+
+/// Check 4: 10,000+ steps of random arrivals on a graph engine, after a warm-up of the same
+/// process (which takes device memory to its high-water mark: candle's allocations come from a
+/// stream-ordered pool that keeps what it once held).
+fn stress_check(a: &Args, fails: &mut u32) -> Res<()> {
+    let (_r, e) = engine(a, true, 256)?;
+    let probe = || {
+        e.generate(request(synthetic_prompt(100, 4242), 64))
+            .map(|g| g.tokens)
+    };
+    let before = probe()?;
+    let (w_steps, _, _) = random_arrivals(&e, 2_000, 77, Duration::from_secs(60));
+    let mem_before = free_mib()?;
+    let t = Instant::now();
+    let (steps, complete, submitted) = random_arrivals(
+        &e,
+        a.stress_steps,
+        0x9e37_79b9_7f4a_7c15,
+        Duration::from_secs(150),
+    );
     let after = probe()?;
     let mem_after = free_mib()?;
+    let st = e.stats();
     let ok = complete == submitted
         && before == after
         && (mem_before - mem_after).abs() < 64.0
         && steps >= a.stress_steps;
     *fails += u32::from(!ok);
     println!(
-        "stress: {steps} steps in {:.1}s, {complete}/{submitted} requests complete; probe tokens equal before/after: {}; free device memory {mem_before:.0} MiB -> {mem_after:.0} MiB{}",
+        "stress: warm-up {w_steps} steps, then {steps} steps in {:.1}s, {complete}/{submitted} requests complete, {} preemptions; probe tokens equal before/after: {}; free device memory {mem_before:.0} MiB -> {mem_after:.0} MiB; KV blocks free {}/{} (cached {}){}",
         t.elapsed().as_secs_f64(),
+        st.preemptions,
         before == after,
+        st.blocks_free,
+        st.blocks_total,
+        st.cached_blocks,
         if ok { "" } else { " FAIL" }
     );
     Ok(())
@@ -387,6 +410,12 @@ fn main() -> Res<()> {
         return profile::run(&m, &cfg, &dev, &a.profile);
     }
     let mut fails = 0u32;
+    if a.stress_only {
+        drop(m);
+        stress_check(&a, &mut fails)?;
+        println!("graph-check: {fails} failed");
+        std::process::exit(i32::from(fails > 0));
+    }
     {
         let caches = [
             PagedKvCache::new(&cfg, m.local_kv_heads(), 256 * 22, BS, DType::BF16, &dev)?,
@@ -402,11 +431,17 @@ fn main() -> Res<()> {
             g.capture_secs() * 1e3,
             g.bytes() as f64 / (1u64 << 20) as f64
         );
+        let t = Instant::now();
         buckets_check(&m, &caches, &g, &mut fails)?;
+        println!("# ({:.0} s)", t.elapsed().as_secs_f64());
+        let t = Instant::now();
         shrink_grow_check(&m, &caches, &g, &mut fails)?;
+        println!("# ({:.0} s)", t.elapsed().as_secs_f64());
     }
     drop(m);
+    let t = Instant::now();
     engine_check(&a, &mut fails)?;
+    println!("# ({:.0} s)", t.elapsed().as_secs_f64());
     stress_check(&a, &mut fails)?;
     println!("graph-check: {fails} failed");
     if fails > 0 {

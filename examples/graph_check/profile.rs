@@ -76,6 +76,7 @@ pub fn run(m: &Qwen3, cfg: &ModelConfig, dev: &Device, batches: &[usize]) -> Res
         let act = randn(&[b, inter], dev)?;
         let gu = randn(&[b, 2 * inter], dev)?;
         let out_h = randn(&[b, h], dev)?;
+        let out_h2 = randn(&[b, h], dev)?;
         let out_qkv = randn(&[b, qkv_n], dev)?;
         let out_act = randn(&[b, inter], dev)?;
         let q = randn(&[b, nh, hd], dev)?;
@@ -95,16 +96,24 @@ pub fn run(m: &Qwen3, cfg: &ModelConfig, dev: &Device, batches: &[usize]) -> Res
         let scratch = k.decode_scratch(b, nh, splits)?;
         let rows: Vec<(&str, f64, usize)> = vec![
             (
-                "add_rmsnorm",
+                "add_rmsnorm (unfused)",
                 time_us(dev, || {
                     Ok(k.add_rmsnorm_into(Some(&x), &res, &norm_w, 1e-6, &out_h)?)
                 })?,
-                2,
+                0,
+            ),
+            (
+                "add+norm+qkv (ours, fused)",
+                time_us(dev, || {
+                    let r = (&res, Some(&x), &out_h2);
+                    Ok(k.norm_linear_into(r, (&norm_w, 1e-6), &out_h, &w_qkv, &out_qkv, None)?)
+                })?,
+                1,
             ),
             (
                 "qkv (ours)",
                 time_us(dev, || Ok(k.linear_into(&x, &w_qkv, &out_qkv)?))?,
-                1,
+                0,
             ),
             (
                 "qkv (cuBLAS)",
@@ -154,9 +163,18 @@ pub fn run(m: &Qwen3, cfg: &ModelConfig, dev: &Device, batches: &[usize]) -> Res
                 0,
             ),
             (
+                "add+norm+gate_up+silu (ours, fused)",
+                time_us(dev, || {
+                    let r = (&res, Some(&x), &out_h2);
+                    let silu = Some((&gu, &out_act));
+                    Ok(k.norm_linear_into(r, (&norm_w, 1e-6), &out_h, &w_gu, &gu, silu)?)
+                })?,
+                1,
+            ),
+            (
                 "gate_up+silu (ours)",
                 time_us(dev, || Ok(k.gate_up_silu_into(&x, &w_gu, &gu, &out_act)?))?,
-                1,
+                0,
             ),
             (
                 "gate_up+silu (cuBLAS+silu)",

@@ -15,6 +15,21 @@ use super::kv_cache::PagedKvCache;
 use super::qwen3::{Qwen3, SeqInput};
 use crate::error::{Error, Result};
 
+/// A timing event on the device's stream (CUDA with the engine's kernels).
+#[cfg(feature = "cuda")]
+pub(crate) type GpuEvent = super::cuda::GpuEvent;
+
+/// A timing event on the device's stream: none without CUDA.
+#[cfg(not(feature = "cuda"))]
+pub(crate) struct GpuEvent;
+
+#[cfg(not(feature = "cuda"))]
+impl GpuEvent {
+    pub(crate) fn ms_since(&self, _earlier: &GpuEvent) -> f64 {
+        0.0
+    }
+}
+
 /// The model, its KV tensors and (on a tensor-parallel head) the link to the workers.
 pub(crate) struct ModelRunner {
     model: Qwen3,
@@ -73,6 +88,15 @@ impl ModelRunner {
                 Vec::new()
             }
         }
+    }
+
+    /// An event recorded on the stream now (the step profile's GPU clock); `None` without the
+    /// CUDA kernels.
+    pub(crate) fn gpu_event(&self) -> Option<GpuEvent> {
+        #[cfg(feature = "cuda")]
+        return self.model.kernels.as_ref().and_then(|k| k.event().ok());
+        #[cfg(not(feature = "cuda"))]
+        None
     }
 
     /// Whether the model spans several ranks.

@@ -156,14 +156,19 @@ impl CudaKernels {
         // SAFETY: argument types match the kernel's signature; buffers are sized above.
         unsafe { lb.launch(cfg) }.w()?;
         if splits > 1 {
-            let (pa, pm, po, s32) = (ptrs[6], ptrs[7], ptrs[5], splits as i32);
+            let (pa, pm, pc, po, s32) = (ptrs[6], ptrs[7], ptrs[4], ptrs[5], splits as i32);
             let cfg = LaunchConfig {
                 grid_dim: (b as u32, nh as u32, 1),
                 block_dim: (hd as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             let mut rb = self.stream.launch_builder(&self.decode_reduce);
-            rb.arg(&pa).arg(&pm).arg(&po).arg(&s32);
+            rb.arg(&pa)
+                .arg(&pm)
+                .arg(&pc)
+                .arg(&po)
+                .arg(&s32)
+                .arg(&part32);
             // SAFETY: as above.
             unsafe { rb.launch(cfg) }.w()?;
         }

@@ -47,8 +47,9 @@ pub(crate) struct StepInputs {
 /// The forward's activations: one buffer each, reused by every layer (on one stream a layer's
 /// writes come after the previous layer's reads of the same buffer).
 pub(crate) struct Activations {
-    /// The residual stream, updated in place.
-    pub(crate) residual: Tensor,
+    /// The residual stream, in two buffers: each add+norm reads one and writes the sum to
+    /// the other (a fused kernel's blocks must not see each other's writes).
+    pub(crate) residual: [Tensor; 2],
     /// The normed hidden state (after the last layer: the final norm's output).
     pub(crate) h: Tensor,
     qkv: Tensor,
@@ -78,7 +79,7 @@ impl Activations {
         let (nh, hd) = (l0.attn.num_heads, l0.attn.head_dim);
         let hidden = m.embed.dim(1)?;
         Ok(Self {
-            residual: k.alloc_out((t, hidden))?,
+            residual: [k.alloc_out((t, hidden))?, k.alloc_out((t, hidden))?],
             h: k.alloc_out((t, hidden))?,
             qkv: k.alloc_out((t, l0.attn.qkv.weight().dim(0)?))?,
             q: k.alloc_out((t, nh, hd))?,
@@ -96,7 +97,7 @@ impl Activations {
     pub(crate) fn rows(&self, t: usize) -> Result<Self> {
         let n = |x: &Tensor| -> Result<Tensor> { Ok(x.narrow(0, 0, t)?) };
         Ok(Self {
-            residual: n(&self.residual)?,
+            residual: [n(&self.residual[0])?, n(&self.residual[1])?],
             h: n(&self.h)?,
             qkv: n(&self.qkv)?,
             q: n(&self.q)?,
@@ -113,7 +114,8 @@ impl Activations {
     pub(crate) fn bytes(&self) -> usize {
         let b = |x: &Tensor| x.elem_count() * x.dtype().size_in_bytes();
         let mut n = [
-            &self.residual,
+            &self.residual[0],
+            &self.residual[1],
             &self.h,
             &self.qkv,
             &self.q,
@@ -257,18 +259,24 @@ impl Qwen3 {
     ) -> Result<()> {
         let bs = cache.block_size();
         let a = &acts;
-        k.embedding_into(&self.embed, &inputs.ids, &a.residual)?;
+        k.embedding_into(&self.embed, &inputs.ids, &a.residual[0])?;
+        // Which residual buffer holds the stream; each add+norm with a delta moves it.
+        let mut cur = 0;
         let mut delta: Option<Tensor> = None;
         for (li, layer) in self.layers.iter().enumerate() {
             let at = &layer.attn;
-            k.add_rmsnorm_into(
-                delta.as_ref(),
-                &a.residual,
-                &layer.input_norm.weight,
-                layer.input_norm.eps,
+            let norm = &layer.input_norm;
+            k.norm_linear_into(
+                (&a.residual[cur], delta.as_ref(), &a.residual[1 - cur]),
+                (&norm.weight, norm.eps),
                 &a.h,
+                at.qkv.weight(),
+                &a.qkv,
+                None,
             )?;
-            k.linear_into(&a.h, at.qkv.weight(), &a.qkv)?;
+            if delta.is_some() {
+                cur = 1 - cur;
+            }
             let (kc, vc) = cache.layer(li);
             k.qk_norm_rope_kv_write_into(
                 &a.qkv,
@@ -283,20 +291,23 @@ impl Qwen3 {
             let out = self.attend_kernels(k, (kc, vc), plan, inputs, acts, bs)?;
             k.linear_into(&out, at.o_proj.weight(), &a.o)?;
             let o = reduce(a.o.clone(), comm)?;
-            k.add_rmsnorm_into(
-                Some(&o),
-                &a.residual,
-                &layer.post_norm.weight,
-                layer.post_norm.eps,
+            let norm = &layer.post_norm;
+            k.norm_linear_into(
+                (&a.residual[cur], Some(&o), &a.residual[1 - cur]),
+                (&norm.weight, norm.eps),
                 &a.h,
+                layer.mlp.gate_up.weight(),
+                &a.gu,
+                Some((&a.gu, &a.act)),
             )?;
-            k.gate_up_silu_into(&a.h, layer.mlp.gate_up.weight(), &a.gu, &a.act)?;
+            cur = 1 - cur;
             k.linear_into(&a.act, layer.mlp.down.weight(), &a.down)?;
             delta = Some(reduce(a.down.clone(), comm)?);
         }
-        k.add_rmsnorm_into(
+        k.add_rmsnorm_to(
             delta.as_ref(),
-            &a.residual,
+            &a.residual[cur],
+            &a.residual[1 - cur],
             &self.norm.weight,
             self.norm.eps,
             &a.h,

@@ -1,6 +1,7 @@
 //! The forward's matmuls, written into buffers the caller owns (candle's matmul allocates its
 //! output, which a captured graph must not do): the skinny-matmul kernels of
-//! `kernels/gemv.cu` for decode steps of up to 8 rows (bf16), cuBLAS otherwise.
+//! `kernels/gemv.cu` for decode steps of up to [`super::GEMV_MAX_ROWS`] rows (bf16), cuBLAS
+//! otherwise.
 //!
 //! Invariant: the handle runs on the kernels' stream with a workspace of its own, allocated
 //! once, so a matmul inside graph capture allocates nothing.
@@ -17,9 +18,12 @@ use candle_core::{DType, Tensor};
 use super::{CudaKernels, kernel_err};
 use crate::error::Result;
 
-/// Warps per block and output rows per warp of `kernels/gemv.cu` (`WARPS`, `R`).
+/// Warps per block of `kernels/gemv.cu` (`WARPS`); a warp takes one output row (or gate/up
+/// pair).
 const GEMV_WARPS: usize = 8;
-const GEMV_ROWS: usize = 4;
+
+/// Shared memory the fused-norm kernels may take for the normed rows (T * K bf16).
+const NORM_SMEM: usize = 48 << 10;
 
 /// Bytes of the cuBLAS workspace (the size NVIDIA recommends for Hopper).
 const WORKSPACE_BYTES: usize = 32 << 20;
@@ -80,7 +84,7 @@ impl CudaKernels {
         }
         let (px, pw, po) = (self.ptr(x)?, self.ptr(w)?, self.ptr(out)?);
         if let Some(f) = self.gemv_for(0, t, k) {
-            return self.launch_gemv(f, (pw, px, po), n_out, k, n_out.div_ceil(GEMV_ROWS));
+            return self.launch_gemv(f, (pw, px, po), n_out, k);
         }
         let ty = match self.dtype {
             DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
@@ -121,7 +125,7 @@ impl CudaKernels {
     }
 
     /// `act = silu(x · gateᵀ) * (x · upᵀ)` for a gate|up weight `[2I, in]` (gate rows first)
-    /// and act `[T, I]`: one fused skinny-matmul launch for T <= 8 rows, else a cuBLAS matmul
+    /// and act `[T, I]`: one fused skinny-matmul launch for few rows, else a cuBLAS matmul
     /// into `gu` (`[T, 2I]`) and the SiLU*up kernel.
     pub fn gate_up_silu_into(
         &self,
@@ -141,17 +145,87 @@ impl CudaKernels {
                 return Err(kernel_err("gate_up_silu", "shapes do not fit"));
             }
             let ptrs = (self.ptr(w)?, self.ptr(x)?, self.ptr(act)?);
-            return self.launch_gemv(f, ptrs, inter, k, inter.div_ceil(GEMV_ROWS / 2));
+            return self.launch_gemv(f, ptrs, inter, k);
         }
         self.linear_into(x, w, gu)?;
         self.silu_mul_into(gu, act)
+    }
+
+    /// `h = rmsnorm(res + delta) * norm_w` (the sum also written to `res_out`, a buffer other
+    /// than `res`, when there is a delta), then `out = h · wᵀ`, or with `silu`
+    /// (`Some((gu, act))`) the gate|up SiLU product into `act` (`out` unused). One launch for
+    /// few rows; otherwise the add+RMSNorm kernel into `h`, then the matmul.
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_linear_into(
+        &self,
+        (res, delta, res_out): (&Tensor, Option<&Tensor>, &Tensor),
+        (norm_w, eps): (&Tensor, f64),
+        h: &Tensor,
+        w: &Tensor,
+        out: &Tensor,
+        silu: Option<(&Tensor, &Tensor)>,
+    ) -> Result<()> {
+        let (n_w, k) = w.dims2()?;
+        let t = res.elem_count() / k.max(1);
+        let kind = if silu.is_some() { 3 } else { 2 };
+        let fused = self
+            .gemv_for(kind, t, k)
+            .filter(|_| t * k * 2 <= NORM_SMEM && res.dim(candle_core::D::Minus1).ok() == Some(k));
+        let Some(f) = fused else {
+            self.add_rmsnorm_to(delta, res, res_out, norm_w, eps, h)?;
+            return match silu {
+                Some((gu, act)) => self.gate_up_silu_into(h, w, gu, act),
+                None => self.linear_into(h, w, out),
+            };
+        };
+        for x in [res, res_out, norm_w, w, out] {
+            self.check_dtype(x)?;
+        }
+        let (dst, n) = match silu {
+            Some((_, act)) => (act, n_w / 2),
+            None => (out, n_w),
+        };
+        if dst.elem_count() != t * n || res_out.elem_count() != res.elem_count() {
+            return Err(kernel_err("norm_linear", "shapes do not fit"));
+        }
+        let (pr, pro, pnw, pw, po) = (
+            self.ptr(res)?,
+            self.ptr(res_out)?,
+            self.ptr(norm_w)?,
+            self.ptr(w)?,
+            self.ptr(dst)?,
+        );
+        let (pd, add) = match delta {
+            Some(d) if d.elem_count() == res.elem_count() => (self.ptr(d)?, 1i32),
+            Some(_) => return Err(kernel_err("norm_linear", "delta of the wrong size")),
+            None => (pr, 0i32),
+        };
+        let (n32, k32, eps32) = (n as i32, k as i32, eps as f32);
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(GEMV_WARPS) as u32, 1, 1),
+            block_dim: (32 * GEMV_WARPS as u32, 1, 1),
+            shared_mem_bytes: (t * k * 2) as u32,
+        };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&pw)
+            .arg(&pr)
+            .arg(&pd)
+            .arg(&pro)
+            .arg(&pnw)
+            .arg(&eps32)
+            .arg(&add);
+        b.arg(&po).arg(&n32).arg(&k32);
+        // SAFETY: argument types match `kernels/gemv.cu`; shapes are checked above; res and
+        // res_out are different buffers (the caller's ping-pong residual).
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(())
     }
 
     /// The skinny-matmul kernel (`kind` 0: plain, 1: fused SiLU*up) for `t` rows over `k`
     /// inputs, when one serves them.
     fn gemv_for(&self, kind: usize, t: usize, k: usize) -> Option<&CudaFunction> {
         let fs = self.gemv.as_ref()?;
-        if t == 0 || t > super::GEMV_MAX_ROWS || k % 8 != 0 {
+        if t == 0 || t > super::GEMV_MAX_ROWS || !k.is_multiple_of(8) {
             return None;
         }
         Some(&fs[kind][t - 1])
@@ -163,11 +237,10 @@ impl CudaKernels {
         (pw, px, po): (u64, u64, u64),
         n: usize,
         k: usize,
-        warps: usize,
     ) -> Result<()> {
         let (n32, k32) = (n as i32, k as i32);
         let cfg = LaunchConfig {
-            grid_dim: (warps.div_ceil(GEMV_WARPS) as u32, 1, 1),
+            grid_dim: (n.div_ceil(GEMV_WARPS) as u32, 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: 0,
         };

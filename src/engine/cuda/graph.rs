@@ -35,8 +35,16 @@ const MAX_BUCKET: usize = 256;
 
 /// Partitions of decode attention in a bucket's graph: a fixed grid, each partition growing
 /// past its least length ([`CudaKernels::decode_partition`]) when the context needs it.
+/// Partitions past a context exit at once, but in a large batch they are many: large buckets
+/// take few (their batch alone fills the GPU); each bucket covers 2,048 tokens at its least
+/// partition length.
 fn graph_splits(b: usize) -> usize {
-    if b <= 16 { 64 } else { 32 }
+    match b {
+        0..=4 => 64,
+        5..=16 => 32,
+        17..=64 => 16,
+        _ => 8,
+    }
 }
 
 /// The buckets an engine of `max_running` sequences can reach: 1-8 exact, then powers of two

@@ -34,13 +34,29 @@ impl CudaKernels {
         eps: f64,
         out: &Tensor,
     ) -> Result<()> {
+        self.add_rmsnorm_to(x, residual, residual, w, eps, out)
+    }
+
+    /// [`CudaKernels::add_rmsnorm_into`] with the sum written to `res_out` (which may be
+    /// `residual` itself); without `x` nothing is written there.
+    pub fn add_rmsnorm_to(
+        &self,
+        x: Option<&Tensor>,
+        residual: &Tensor,
+        res_out: &Tensor,
+        w: &Tensor,
+        eps: f64,
+        out: &Tensor,
+    ) -> Result<()> {
         self.check_dtype(residual)?;
         let n = residual.dim(candle_core::D::Minus1)?;
         let rows = residual.elem_count() / n.max(1);
-        if out.elem_count() != residual.elem_count() {
+        if out.elem_count() != residual.elem_count()
+            || res_out.elem_count() != residual.elem_count()
+        {
             return Err(kernel_err("add_rmsnorm", "output of the wrong size"));
         }
-        let pr = self.ptr(residual)?;
+        let (pr, pro) = (self.ptr(residual)?, self.ptr(res_out)?);
         let (px, add) = match x {
             Some(x) => (self.ptr(x)?, 1i32),
             None => (pr, 0i32),
@@ -53,9 +69,9 @@ impl CudaKernels {
             shared_mem_bytes: 0,
         };
         let mut b = self.stream.launch_builder(&self.add_rmsnorm);
-        // res_in and res_out are the same buffer: each element is read, then written, by the
-        // same thread.
-        b.arg(&px).arg(&pr).arg(&pr).arg(&pw).arg(&po);
+        // res_in and res_out may be the same buffer: each element is read, then written, by
+        // the same thread.
+        b.arg(&px).arg(&pr).arg(&pro).arg(&pw).arg(&po);
         b.arg(&n32).arg(&eps32).arg(&add);
         // SAFETY: argument types match the kernel's signature; buffers are sized above.
         unsafe { b.launch(cfg) }.w()?;
@@ -175,22 +191,44 @@ impl CudaKernels {
     }
 
     /// The index of the largest value of each row of f32 `[rows, n]` logits (ties: lowest).
+    /// Long rows (a vocabulary) are split over 32 blocks each, then merged.
     pub fn argmax(&self, logits: &Tensor) -> Result<Tensor> {
         if logits.dtype() != DType::F32 {
             return Err(kernel_err("argmax", "logits must be f32"));
         }
         let (rows, n) = logits.dims2()?;
         let out = self.alloc(rows, DType::U32)?;
+        if rows == 0 {
+            return Ok(out);
+        }
+        let parts = if n >= 32 * 1024 { 32usize } else { 1 };
+        let (pv, pi) = (
+            self.alloc(rows * parts, DType::F32)?,
+            self.alloc(rows * parts, DType::U32)?,
+        );
         let (pl, po, n32) = (self.ptr(logits)?, self.ptr(&out)?, n as i32);
+        let (ppv, ppi) = (self.ptr(&pv)?, self.ptr(&pi)?);
         let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (1024, 1, 1),
+            grid_dim: (rows as u32, parts as u32, 1),
+            block_dim: (if parts == 1 { 1024 } else { 256 }, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = self.stream.launch_builder(&self.argmax_f32);
-        b.arg(&pl).arg(&po).arg(&n32);
+        b.arg(&pl).arg(&po).arg(&n32).arg(&ppv).arg(&ppi);
         // SAFETY: argument types match the kernel's signature; buffers are sized above.
         unsafe { b.launch(cfg) }.w()?;
+        if parts > 1 {
+            let cfg = LaunchConfig {
+                grid_dim: (rows as u32, 1, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let parts32 = parts as i32;
+            let mut b = self.stream.launch_builder(&self.argmax_merge);
+            b.arg(&ppv).arg(&ppi).arg(&parts32).arg(&po);
+            // SAFETY: as above; the partials were written by the launch before, on this stream.
+            unsafe { b.launch(cfg) }.w()?;
+        }
         Ok(out)
     }
 

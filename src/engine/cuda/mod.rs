@@ -29,8 +29,10 @@ static ATTENTION: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/attention.fa
 static LAYER_OPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/layer_ops.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
 
-/// Most token rows the skinny-matmul kernels (`kernels/gemv.cu`) take.
-pub const GEMV_MAX_ROWS: usize = 8;
+/// Most token rows the skinny-matmul kernels (`kernels/gemv.cu`) take: where they beat
+/// cuBLAS on the H200 (at 8 rows cuBLAS's tiles win; see BENCHMARKS.md, "Where a decode step's
+/// time goes").
+pub const GEMV_MAX_ROWS: usize = 2;
 
 /// Context tokens one decode-attention block takes at most in large batches (a partition of
 /// flash-decoding); small batches take shorter partitions ([`CudaKernels::decode_partition`]).
@@ -54,6 +56,7 @@ pub struct CudaKernels {
     qk_rope_hd64: CudaFunction,
     silu_mul: CudaFunction,
     argmax_f32: CudaFunction,
+    argmax_merge: CudaFunction,
     topk_f32: CudaFunction,
     sample_topk: CudaFunction,
     embedding: CudaFunction,
@@ -64,9 +67,9 @@ pub struct CudaKernels {
     prefill: [CudaFunction; 3],
     /// The tensor-core prefill kernels (bf16 only), for GQA groups 1, 2, 4, 8.
     prefill_tc: Option<[CudaFunction; 4]>,
-    /// Skinny matmuls for 1..=8 rows, plain and fused with SiLU*up (bf16 only; None when
-    /// `POLICY_SERVE_GEMV=0`).
-    gemv: Option<[Vec<CudaFunction>; 2]>,
+    /// Skinny matmuls for 1..=GEMV_MAX_ROWS rows: plain, fused with SiLU*up, and both behind a fused
+    /// add+RMSNorm (bf16 only; None when `POLICY_SERVE_GEMV=0`).
+    gemv: Option<[Vec<CudaFunction>; 4]>,
     blas: gemm::Blas,
 }
 
@@ -112,6 +115,7 @@ impl CudaKernels {
             qk_rope_hd64: f(&layer_ops, &format!("qk_norm_rope_kv_write_hd64_{s}"))?,
             silu_mul: f(&layer_ops, &format!("silu_mul_{s}"))?,
             argmax_f32: f(&layer_ops, "argmax_rows_f32")?,
+            argmax_merge: f(&layer_ops, "argmax_merge")?,
             topk_f32: f(&layer_ops, "topk_rows_f32")?,
             sample_topk: f(&layer_ops, "sample_topk_f32")?,
             embedding: f(&layer_ops, &format!("embedding_{s}"))?,
@@ -147,7 +151,12 @@ impl CudaKernels {
                         .map(|t| f(&gemv_mod, &format!("{kind}_t{t}_bf16")))
                         .collect()
                 };
-                Some([all("gemv")?, all("gemv_silu")?])
+                Some([
+                    all("gemv")?,
+                    all("gemv_silu")?,
+                    all("norm_gemv")?,
+                    all("norm_gemv_silu")?,
+                ])
             } else {
                 None
             },
@@ -220,6 +229,30 @@ impl CudaKernels {
             ));
         }
         Ok(())
+    }
+}
+
+/// A timing event recorded on the kernels' stream.
+pub struct GpuEvent(candle_core::cuda_backend::cudarc::driver::CudaEvent);
+
+impl GpuEvent {
+    /// Milliseconds from `earlier` to this event (waits for both to complete).
+    pub fn ms_since(&self, earlier: &GpuEvent) -> f64 {
+        earlier.0.elapsed_ms(&self.0).map_or(0.0, f64::from)
+    }
+}
+
+impl CudaKernels {
+    /// Records a timing event on the stream now.
+    pub fn event(&self) -> Result<GpuEvent> {
+        use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
+        let e = self
+            .stream
+            .context()
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| kernel_err("event", e))?;
+        e.record(&self.stream).map_err(|e| kernel_err("event", e))?;
+        Ok(GpuEvent(e))
     }
 }
 

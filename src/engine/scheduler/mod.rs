@@ -12,6 +12,7 @@ mod detok;
 mod memory;
 mod output;
 mod plan;
+mod profile;
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -35,6 +36,7 @@ use super::{EngineInfo, EngineOptions, EngineStats, Generation, GenerationReques
 use crate::cache::KvManager;
 use crate::error::{Error, Result};
 use detok::Detokenizer;
+use profile::StepProfile;
 
 /// How long the head waits for its workers to load and say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(900);
@@ -76,6 +78,8 @@ struct Seq {
     swapped: Option<Vec<(Tensor, Tensor)>>,
     /// The generated text so far, decoded incrementally.
     detok: Detokenizer,
+    /// Generated tokens not decoded yet (decoded while the GPU runs the next step).
+    undecoded: Vec<u32>,
     /// Bytes of the text already searched for stop strings.
     stop_checked: usize,
     /// Times preempted.
@@ -90,57 +94,6 @@ impl Seq {
     }
     fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len()
-    }
-}
-
-/// Where a step's wall time goes, summed over `every` steps, then logged (tracing target
-/// `policy_serve::profile`). Env `POLICY_SERVE_PROFILE_STEPS=N` turns it on.
-#[derive(Debug, Default)]
-struct StepProfile {
-    every: u64,
-    steps: u64,
-    intake: Duration,
-    step: Duration,
-    launch: Duration,
-    sync: Duration,
-    post: Duration,
-}
-
-impl StepProfile {
-    fn from_env() -> Option<Self> {
-        let every: u64 = std::env::var("POLICY_SERVE_PROFILE_STEPS")
-            .ok()?
-            .parse()
-            .ok()?;
-        (every > 0).then(|| Self {
-            every,
-            ..Self::default()
-        })
-    }
-
-    fn record(&mut self, intake: Duration, step: Duration, post: Duration, running: usize) {
-        self.intake += intake;
-        self.step += step;
-        self.post += post;
-        self.steps += 1;
-        if self.steps == self.every {
-            let ms = |d: Duration| d.as_secs_f64() * 1e3 / self.every as f64;
-            tracing::info!(
-                target: "policy_serve::profile",
-                running,
-                steps = self.every,
-                intake_ms = ms(self.intake),
-                step_ms = ms(self.step),
-                forward_launch_ms = ms(self.launch),
-                sample_sync_ms = ms(self.sync),
-                post_ms = ms(self.post),
-                "step profile (ms per step)"
-            );
-            *self = Self {
-                every: self.every,
-                ..Self::default()
-            };
-        }
     }
 }
 
@@ -451,6 +404,7 @@ impl Scheduler {
             pin: None,
             swapped: None,
             detok: Detokenizer::default(),
+            undecoded: Vec::new(),
             stop_checked: 0,
             preemptions: 0,
             stream: stream.map(|s| (s, 0)),

@@ -2,7 +2,9 @@
 //! incrementally, stop conditions (EOS, stop strings, the token cap) end sequences, streams get
 //! their text, finished and failed requests get their replies.
 //!
-//! Invariants: a stop string is searched only in the text the newest token can have completed
+//! Invariants: the text of a sequence without stop strings may lag its tokens by a step (its
+//! tokens wait in `undecoded` and are decoded while the GPU runs the next step, or at its
+//! finish); a sequence with stop strings decodes each token at once; a stop string is searched only in the text the newest token can have completed
 //! (the new piece plus the longest stop string's length before it); a streamed chunk never holds
 //! text that could still become a stop string, nor half a UTF-8 character; the chunks of a
 //! stream add up to the final text.
@@ -32,9 +34,15 @@ impl Scheduler {
                 s.tokens.push(t);
                 s.first_token.get_or_insert(now);
                 stats.generated_tokens += 1;
-                // EOS ends the text (it is not part of it); everything else is decoded now.
+                // EOS ends the text (it is not part of it). Sequences with stop strings decode
+                // now (their text decides whether they go on); the others' text is decoded
+                // while the GPU runs the next step ([`Scheduler::flush_output`]).
                 if s.request.ignore_eos || !self.eos.contains(&t) {
-                    s.detok.push(&self.tokenizer, t);
+                    if s.request.stop.is_empty() {
+                        s.undecoded.push(t);
+                    } else {
+                        s.detok.push(&self.tokenizer, t);
+                    }
                 }
             }
             // Publish a finished prompt to the prefix cache at once, so that requests sharing
@@ -43,6 +51,19 @@ impl Scheduler {
                 self.kv
                     .publish(&s.tokens[..s.prompt_len()], &s.blocks.clone());
             }
+        }
+    }
+
+    /// Decodes the tokens whose text was deferred and streams it (run while the GPU works).
+    pub(super) fn flush_output(&mut self) {
+        for s in &mut self.running {
+            if s.undecoded.is_empty() {
+                continue;
+            }
+            for t in s.undecoded.drain(..) {
+                s.detok.push(&self.tokenizer, t);
+            }
+            stream_delta(s);
         }
     }
 
@@ -97,6 +118,9 @@ impl Scheduler {
 
     fn finish(&mut self, mut s: Seq, reason: FinishReason) {
         self.release_seq(&mut s);
+        for t in s.undecoded.drain(..) {
+            s.detok.push(&self.tokenizer, t);
+        }
         s.detok.finish(&self.tokenizer);
         let mut text = s.detok.text().to_string();
         if reason == FinishReason::Stop

@@ -109,8 +109,13 @@ impl Scheduler {
         }
         let wants: Vec<bool> = inputs.iter().map(|s| s.logits == LogitRows::Last).collect();
         let t_launch = Instant::now();
+        let ev_start = self.profile.as_ref().and_then(|_| self.runner.gpu_event());
         let logits = self.runner.forward(&tokens, &inputs)?;
         drop(inputs);
+        // While the GPU runs this step: the previous steps' deferred output (detokenizing,
+        // streaming) of the sequences that do not wait on it.
+        let t_overlap = Instant::now();
+        self.flush_output();
         let t_sync = Instant::now();
         let mut out = vec![None; plan.len()];
         let Some(logits) = logits else { return Ok(out) };
@@ -182,9 +187,14 @@ impl Scheduler {
                 }
             }
         };
-        if let Some(prof) = &mut self.profile {
-            prof.launch += t_sync - t_launch;
-            prof.sync += t_sync.elapsed();
+        if self.profile.is_some() {
+            let ev_end = self.runner.gpu_event();
+            if let Some(prof) = &mut self.profile {
+                prof.launch += t_overlap - t_launch;
+                prof.overlap += t_sync - t_overlap;
+                prof.sync += t_sync.elapsed();
+                prof.gpu(ev_start, ev_end);
+            }
         }
         let mut row = 0;
         for (k, _) in plan.iter().enumerate() {
