@@ -21,6 +21,17 @@
 
 namespace {
 
+// Programmatic dependent launch (see src/engine/cuda/launch.rs): let the next kernel launch,
+// then wait until the previous one finished and its writes are visible. First thing in every
+// kernel, before any memory access; nothing on GPUs before sm_90.
+__device__ __forceinline__ void pdl_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+
 constexpr int HD = 128;
 constexpr int LANES = 16;          // lanes per token
 constexpr int PER = HD / LANES;    // dims per lane (8)
@@ -458,7 +469,7 @@ __device__ void paged_prefill_tc(const __nv_bfloat16* __restrict__ q,
   extern "C" __global__ void __launch_bounds__(THREADS) paged_decode_g##G##_##NAME(            \
       const T* q, const T* k_cache, const T* v_cache, const uint32_t* block_tables,             \
       const uint32_t* ctx_lens, T* out, float* part_acc, float* part_ml, int W,                 \
-      const uint32_t* width, int block_size, long long num_slots, int nkv, int part) {          \
+      const uint32_t* width, int block_size, long long num_slots, int nkv, int part) { pdl_entry();          \
     paged_decode<T, G>(q, k_cache, v_cache, block_tables, ctx_lens, out, part_acc, part_ml, W,  \
                        width, block_size, num_slots, nkv, part);                                \
   }
@@ -467,7 +478,7 @@ __device__ void paged_prefill_tc(const __nv_bfloat16* __restrict__ q,
   extern "C" __global__ void __launch_bounds__(THREADS) paged_prefill_g##G##_##NAME(           \
       const T* q, const T* k_cache, const T* v_cache, const uint32_t* tiles,                    \
       const uint32_t* seq_meta, const uint32_t* tables, T* out, int block_size,                 \
-      long long num_slots, int nkv) {                                                           \
+      long long num_slots, int nkv) { pdl_entry();                                                           \
     paged_prefill<T, G>(q, k_cache, v_cache, tiles, seq_meta, tables, out, block_size,          \
                         num_slots, nkv);                                                        \
   }
@@ -482,7 +493,7 @@ __device__ void paged_prefill_tc(const __nv_bfloat16* __restrict__ q,
   PS_DECODE(T, NAME, 8)                                                                          \
   extern "C" __global__ void paged_decode_reduce_##NAME(                                        \
       const float* part_acc, const float* part_ml, const uint32_t* ctx_lens, T* out, int splits, \
-      int part_min) {                                                                           \
+      int part_min) { pdl_entry();                                                                           \
     paged_decode_reduce<T>(part_acc, part_ml, ctx_lens, out, splits, part_min);                 \
   }
 
@@ -492,7 +503,7 @@ PS_ATTENTION(__nv_bfloat16, bf16)
   extern "C" __global__ void __launch_bounds__(THREADS) paged_prefill_tc_g##G##_bf16(          \
       const __nv_bfloat16* q, const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,       \
       const uint32_t* tiles, const uint32_t* seq_meta, const uint32_t* tables,                  \
-      __nv_bfloat16* out, int block_size, long long num_slots, int nkv) {                       \
+      __nv_bfloat16* out, int block_size, long long num_slots, int nkv) { pdl_entry();                       \
     paged_prefill_tc<G>(q, k_cache, v_cache, tiles, seq_meta, tables, out, block_size,          \
                         num_slots, nkv);                                                        \
   }

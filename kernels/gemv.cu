@@ -21,6 +21,17 @@
 
 namespace {
 
+// Programmatic dependent launch (see src/engine/cuda/launch.rs): let the next kernel launch,
+// then wait until the previous one finished and its writes are visible. First thing in every
+// kernel, before any memory access; nothing on GPUs before sm_90.
+__device__ __forceinline__ void pdl_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+
 constexpr int WARPS = 8;   // warps per block
 constexpr int BATCH = 8;   // chunk loads a lane keeps in flight
 
@@ -166,17 +177,17 @@ __device__ void gemv_silu(const __nv_bfloat16* __restrict__ W, const __nv_bfloat
 
 #define GEMV(T)                                                                              \
   extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_t##T##_bf16(                 \
-      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K) {    \
+      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K) { pdl_entry();    \
     gemv<T>(W, x, out, N, K);                                                                \
   }                                                                                          \
   extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_silu_t##T##_bf16(            \
-      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int I, int K) {    \
+      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int I, int K) { pdl_entry();    \
     gemv_silu<T>(W, x, out, I, K);                                                           \
   }                                                                                          \
   extern "C" __global__ void __launch_bounds__(WARPS * 32) norm_gemv_t##T##_bf16(            \
       const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
       __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int N, int K) {                                                    \
+      __nv_bfloat16* out, int N, int K) { pdl_entry();                                                    \
     extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
     norm_rows<T>(res, delta, res_out, nw, eps, add, K, x_s);                                 \
     gemv<T>(W, x_s, out, N, K);                                                              \
@@ -184,7 +195,7 @@ __device__ void gemv_silu(const __nv_bfloat16* __restrict__ W, const __nv_bfloat
   extern "C" __global__ void __launch_bounds__(WARPS * 32) norm_gemv_silu_t##T##_bf16(       \
       const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
       __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int I, int K) {                                                    \
+      __nv_bfloat16* out, int I, int K) { pdl_entry();                                                    \
     extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
     norm_rows<T>(res, delta, res_out, nw, eps, add, K, x_s);                                 \
     gemv_silu<T>(W, x_s, out, I, K);                                                         \

@@ -14,6 +14,17 @@
 
 namespace {
 
+// Programmatic dependent launch (see src/engine/cuda/launch.rs): let the next kernel launch,
+// then wait until the previous one finished and its writes are visible. First thing in every
+// kernel, before any memory access; nothing on GPUs before sm_90.
+__device__ __forceinline__ void pdl_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
 template <typename T> __device__ __forceinline__ T from_f(float x);
@@ -302,46 +313,46 @@ __device__ void topk_rows(const float* __restrict__ x, int n, int k, float* __re
 
 #define PS_LAYER_OPS(T, NAME)                                                                   \
   extern "C" __global__ void add_rmsnorm_##NAME(const T* x, const T* res_in, T* res_out,      \
-                                                const T* w, T* out, int n, float eps, int add) { \
+                                                const T* w, T* out, int n, float eps, int add) { pdl_entry(); \
     add_rmsnorm<T>(x, res_in, res_out, w, out, n, eps, add);                                    \
   }                                                                                             \
   extern "C" __global__ void qk_norm_rope_kv_write_hd128_##NAME(                                \
       const T* qkv, const T* q_w, const T* k_w, const float* inv_freq, const uint32_t* pos,     \
       const uint32_t* slots, T* q_out, T* k_cache, T* v_cache, int nh, int nkv,                 \
-      long long num_slots, float eps) {                                                         \
+      long long num_slots, float eps) { pdl_entry();                                                         \
     qk_norm_rope_kv_write<T, 4>(qkv, q_w, k_w, inv_freq, pos, slots, q_out, k_cache, v_cache,   \
                                 nh, nkv, num_slots, eps);                                       \
   }                                                                                             \
   extern "C" __global__ void qk_norm_rope_kv_write_hd64_##NAME(                                 \
       const T* qkv, const T* q_w, const T* k_w, const float* inv_freq, const uint32_t* pos,     \
       const uint32_t* slots, T* q_out, T* k_cache, T* v_cache, int nh, int nkv,                 \
-      long long num_slots, float eps) {                                                         \
+      long long num_slots, float eps) { pdl_entry();                                                         \
     qk_norm_rope_kv_write<T, 2>(qkv, q_w, k_w, inv_freq, pos, slots, q_out, k_cache, v_cache,   \
                                 nh, nkv, num_slots, eps);                                       \
   }                                                                                             \
-  extern "C" __global__ void silu_mul_##NAME(const T* gu, T* out, long long rows, int inter) { \
+  extern "C" __global__ void silu_mul_##NAME(const T* gu, T* out, long long rows, int inter) { pdl_entry(); \
     silu_mul<T>(gu, out, rows, inter);                                                          \
   }                                                                                             \
   extern "C" __global__ void argmax_rows_##NAME(const T* x, uint32_t* out, int n, float* pv,   \
-                                                 int* pi) {                                     \
+                                                 int* pi) { pdl_entry();                                     \
     argmax_rows<T>(x, out, n, pv, pi);                                                          \
   }                                                                                             \
   extern "C" __global__ void embedding_##NAME(const T* table, const uint32_t* ids, T* out,      \
-                                              int n) {                                          \
+                                              int n) { pdl_entry();                                          \
     embedding<T>(table, ids, out, n);                                                           \
   }                                                                                             \
   extern "C" __global__ void gather_rows_##NAME(const T* x, const uint32_t* rows, T* out,       \
-                                                int n) {                                        \
+                                                int n) { pdl_entry();                                        \
     gather_rows<T>(x, rows, out, n);                                                            \
   }                                                                                             \
-  extern "C" __global__ void to_f32_##NAME(const T* x, float* out, long long n) {              \
+  extern "C" __global__ void to_f32_##NAME(const T* x, float* out, long long n) { pdl_entry();              \
     to_f32<T>(x, out, n);                                                                       \
   }
 
 PS_LAYER_OPS(__nv_bfloat16, bf16)
 PS_LAYER_OPS(float, f32)
 
-extern "C" __global__ void topk_rows_f32(const float* x, int n, int k, float* vals, uint32_t* idx) {
+extern "C" __global__ void topk_rows_f32(const float* x, int n, int k, float* vals, uint32_t* idx) { pdl_entry();
   topk_rows(x, n, k, vals, idx);
 }
 
@@ -353,7 +364,7 @@ extern "C" __global__ void topk_rows_f32(const float* x, int n, int k, float* va
 // temperature, top_p (1: off), u, k (as float). One thread per row.
 extern "C" __global__ void sample_topk_f32(const float* vals, const uint32_t* ids,
                                            const float* params, int K, int rows,
-                                           uint32_t* out) {
+                                           uint32_t* out) { pdl_entry();
   int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   const float* v = vals + (size_t)r * K;
@@ -389,6 +400,6 @@ extern "C" __global__ void sample_topk_f32(const float* vals, const uint32_t* id
 }
 
 extern "C" __global__ void argmax_merge(const float* part_v, const int* part_i, int parts,
-                                        uint32_t* out) {
+                                        uint32_t* out) { pdl_entry();
   argmax_merge_rows(part_v, part_i, parts, out);
 }

@@ -2,7 +2,7 @@
 //! with a merge of partitions) and varlen causal prefill (tensor cores for bf16).
 
 use candle_core::cuda_backend::WrapErr;
-use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Tensor};
 
 use super::{CudaKernels, DECODE_PARTITION, PREFILL_TILE, kernel_err};
@@ -143,7 +143,7 @@ impl CudaKernels {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut lb = self.stream.launch_builder(func);
+        let mut lb = self.launcher(func);
         for p in &ptrs {
             lb.arg(p);
         }
@@ -162,7 +162,7 @@ impl CudaKernels {
                 block_dim: (hd as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let mut rb = self.stream.launch_builder(&self.decode_reduce);
+            let mut rb = self.launcher(&self.decode_reduce);
             rb.arg(&pa)
                 .arg(&pm)
                 .arg(&pc)
@@ -247,7 +247,7 @@ impl CudaKernels {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(func);
+        let mut b = self.launcher(func);
         for p in &ptrs {
             b.arg(p);
         }

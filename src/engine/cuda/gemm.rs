@@ -10,9 +10,7 @@ use std::ffi::c_void;
 
 use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::cublas::{CudaBlas, result as blas, sys};
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaSlice, LaunchConfig, PushKernelArg,
-};
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 use candle_core::{DType, Tensor};
 
 use super::{CudaKernels, kernel_err};
@@ -21,6 +19,9 @@ use crate::error::Result;
 /// Warps per block of `kernels/gemv.cu` (`WARPS`); a warp takes one output row (or gate/up
 /// pair).
 const GEMV_WARPS: usize = 8;
+
+/// Widest weight (output rows) the skinny-matmul kernels take.
+const GEMV_MAX_N: usize = 1 << 15;
 
 /// Shared memory the fused-norm kernels may take for the normed rows (T * K bf16).
 const NORM_SMEM: usize = 48 << 10;
@@ -83,7 +84,8 @@ impl CudaKernels {
             return Ok(());
         }
         let (px, pw, po) = (self.ptr(x)?, self.ptr(w)?, self.ptr(out)?);
-        if let Some(f) = self.gemv_for(0, t, k) {
+        // cuBLAS reads a wide matrix (lm_head) at least as fast (BENCHMARKS.md).
+        if let Some(f) = self.gemv_for(0, t, k).filter(|_| n_out <= GEMV_MAX_N) {
             return self.launch_gemv(f, (pw, px, po), n_out, k);
         }
         let ty = match self.dtype {
@@ -206,7 +208,7 @@ impl CudaKernels {
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: (t * k * 2) as u32,
         };
-        let mut b = self.stream.launch_builder(f);
+        let mut b = self.launcher(f);
         b.arg(&pw)
             .arg(&pr)
             .arg(&pd)
@@ -244,7 +246,7 @@ impl CudaKernels {
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(f);
+        let mut b = self.launcher(f);
         b.arg(&pw).arg(&px).arg(&po).arg(&n32).arg(&k32);
         // SAFETY: argument types match `kernels/gemv.cu`; the callers checked the shapes, k is
         // a multiple of 8 and the buffers are contiguous.

@@ -36,14 +36,14 @@ const MAX_BUCKET: usize = 256;
 /// Partitions of decode attention in a bucket's graph: a fixed grid, each partition growing
 /// past its least length ([`CudaKernels::decode_partition`]) when the context needs it.
 /// Partitions past a context exit at once, but in a large batch they are many: large buckets
-/// take few (their batch alone fills the GPU); each bucket covers 2,048 tokens at its least
+/// take few (their batch alone fills the GPU); each bucket covers 1,024 tokens at its least
 /// partition length.
 fn graph_splits(b: usize) -> usize {
     match b {
-        0..=4 => 64,
-        5..=16 => 32,
-        17..=64 => 16,
-        _ => 8,
+        0..=4 => 32,
+        5..=16 => 16,
+        17..=64 => 8,
+        _ => 4,
     }
 }
 
@@ -162,6 +162,27 @@ impl DecodeGraphs {
             .ok_or_else(|| kernel_err("graph", "the model runs without kernels"))?;
         let start = Instant::now();
         let (free_before, _) = mem_info()?;
+        // Captured without programmatic dependent launch (it gained nothing in graphs).
+        let pdl = k.set_pdl(false);
+        let captured = self.capture_all(model, k, cache);
+        k.set_pdl(pdl);
+        let graphs = captured?;
+        self.stream
+            .synchronize()
+            .map_err(|e| kernel_err("graph capture", e))?;
+        let (free_after, _) = mem_info()?;
+        self.graphs = graphs;
+        self.bytes += free_before.saturating_sub(free_after);
+        self.capture_secs = start.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    fn capture_all(
+        &self,
+        model: &Qwen3,
+        k: &CudaKernels,
+        cache: &PagedKvCache,
+    ) -> Result<Vec<CudaGraph>> {
         let mut graphs = Vec::with_capacity(self.buckets.len());
         for &b in &self.buckets {
             self.upload(b, &vec![padding(); b], 1)?;
@@ -183,14 +204,7 @@ impl DecodeGraphs {
             graph.upload().map_err(|e| kernel_err("graph upload", e))?;
             graphs.push(graph);
         }
-        self.stream
-            .synchronize()
-            .map_err(|e| kernel_err("graph capture", e))?;
-        let (free_after, _) = mem_info()?;
-        self.graphs = graphs;
-        self.bytes += free_before.saturating_sub(free_after);
-        self.capture_secs = start.elapsed().as_secs_f64();
-        Ok(())
+        Ok(graphs)
     }
 
     /// The launches a bucket's graph holds: the layers, the final norm, lm_head and the f32

@@ -3,7 +3,7 @@
 //! f32 cast, and weight stacking by device copies.
 
 use candle_core::cuda_backend::WrapErr;
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig};
 use candle_core::{DType, Tensor};
 
 use super::{CudaKernels, kernel_err};
@@ -68,7 +68,7 @@ impl CudaKernels {
             block_dim: (n.clamp(32, 1024).next_multiple_of(32) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&self.add_rmsnorm);
+        let mut b = self.launcher(&self.add_rmsnorm);
         // res_in and res_out may be the same buffer: each element is read, then written, by
         // the same thread.
         b.arg(&px).arg(&pr).arg(&pro).arg(&pw).arg(&po);
@@ -149,7 +149,7 @@ impl CudaKernels {
             block_dim: (32 * (nh + nkv) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(func);
+        let mut b = self.launcher(func);
         for p in &ptrs {
             b.arg(p);
         }
@@ -183,7 +183,7 @@ impl CudaKernels {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&self.silu_mul);
+        let mut b = self.launcher(&self.silu_mul);
         b.arg(&pg).arg(&po).arg(&rows64).arg(&inter32);
         // SAFETY: argument types match the kernel's signature; buffers are sized above.
         unsafe { b.launch(cfg) }.w()?;
@@ -213,7 +213,7 @@ impl CudaKernels {
             block_dim: (if parts == 1 { 1024 } else { 256 }, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&self.argmax_f32);
+        let mut b = self.launcher(&self.argmax_f32);
         b.arg(&pl).arg(&po).arg(&n32).arg(&ppv).arg(&ppi);
         // SAFETY: argument types match the kernel's signature; buffers are sized above.
         unsafe { b.launch(cfg) }.w()?;
@@ -224,7 +224,7 @@ impl CudaKernels {
                 shared_mem_bytes: 0,
             };
             let parts32 = parts as i32;
-            let mut b = self.stream.launch_builder(&self.argmax_merge);
+            let mut b = self.launcher(&self.argmax_merge);
             b.arg(&ppv).arg(&ppi).arg(&parts32).arg(&po);
             // SAFETY: as above; the partials were written by the launch before, on this stream.
             unsafe { b.launch(cfg) }.w()?;
@@ -249,7 +249,7 @@ impl CudaKernels {
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&self.topk_f32);
+        let mut b = self.launcher(&self.topk_f32);
         b.arg(&pl).arg(&n32).arg(&k32).arg(&pv).arg(&pi);
         // SAFETY: argument types match the kernel's signature; buffers are sized above.
         unsafe { b.launch(cfg) }.w()?;
@@ -301,7 +301,7 @@ impl CudaKernels {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(func);
+        let mut b = self.launcher(func);
         b.arg(&px).arg(&pr).arg(&po).arg(&n32);
         // SAFETY: argument types match the kernel's signature; row ids are checked by the
         // caller (token ids against the vocabulary, row ids against the batch).
@@ -332,7 +332,7 @@ impl CudaKernels {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&self.to_f32);
+        let mut b = self.launcher(&self.to_f32);
         b.arg(&px).arg(&po).arg(&n64);
         // SAFETY: argument types match the kernel's signature.
         unsafe { b.launch(cfg) }.w()?;
@@ -394,7 +394,7 @@ impl CudaKernels {
             block_dim: (64, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&self.sample_topk);
+        let mut b = self.launcher(&self.sample_topk);
         b.arg(&ptrs[0]).arg(&ptrs[1]).arg(&ptrs[2]);
         b.arg(&k32).arg(&rows32).arg(&po);
         // SAFETY: argument types match the kernel's signature; buffers are sized above.

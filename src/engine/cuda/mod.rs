@@ -11,6 +11,7 @@ mod attention;
 mod forward;
 mod gemm;
 mod graph;
+mod launch;
 mod layer_ops;
 
 pub use graph::{DecodeGraphs, buckets_for};
@@ -71,6 +72,9 @@ pub struct CudaKernels {
     /// add+RMSNorm (bf16 only; None when `POLICY_SERVE_GEMV=0`).
     gemv: Option<[Vec<CudaFunction>; 4]>,
     blas: gemm::Blas,
+    /// Launch with programmatic dependent launch (sm_90+, unless `POLICY_SERVE_PDL=0`; off
+    /// while graphs are captured, where it gained nothing on the H200).
+    pdl: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for CudaKernels {
@@ -161,9 +165,30 @@ impl CudaKernels {
                 None
             },
             blas: gemm::Blas::new(&stream)?,
+            pdl: {
+                use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute as A;
+                let major = ctx
+                    .attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+                    .unwrap_or(0);
+                let on = major >= 9 && !std::env::var("POLICY_SERVE_PDL").is_ok_and(|v| v == "0");
+                std::sync::atomic::AtomicBool::new(on)
+            },
             stream,
             _modules: [attention, layer_ops, gemv_mod],
         }))
+    }
+
+    /// A launch of `f` on the kernels' stream (with programmatic dependent launch where the
+    /// GPU has it).
+    fn launcher<'a>(&'a self, f: &'a CudaFunction) -> launch::Launch<'a> {
+        let pdl = self.pdl.load(std::sync::atomic::Ordering::Relaxed);
+        launch::Launch::new(&self.stream, f, pdl)
+    }
+
+    /// Turns programmatic dependent launch off (or back on, where the GPU has it); returns
+    /// whether it was on.
+    pub(crate) fn set_pdl(&self, on: bool) -> bool {
+        self.pdl.swap(on, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The activation dtype these kernels serve.
