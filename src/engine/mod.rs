@@ -7,6 +7,7 @@
 
 mod attention;
 mod blocks;
+mod buckets;
 pub mod comm;
 pub mod config;
 #[cfg(feature = "cuda")]
@@ -37,6 +38,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use tokenizers::Tokenizer;
 
+pub use buckets::{MAX_GRAPH_BUCKET, bucket_for, graph_buckets};
 pub use comm::{CommBackend, CommHandle, InProcessComm, RankSettings, WorkerCommand, agree};
 pub use config::{GenerationConfig, ModelConfig};
 pub use device::{DTypeChoice, DeviceChoice, KvBudget};

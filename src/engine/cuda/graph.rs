@@ -26,12 +26,10 @@ use candle_core::{DType, Tensor};
 use super::forward::{Activations, StepInputs};
 use super::{CudaKernels, kernel_err};
 use crate::engine::attention::{AttnGroup, AttnPlan};
+use crate::engine::buckets::{bucket_for, graph_buckets};
 use crate::engine::kv_cache::PagedKvCache;
 use crate::engine::qwen3::{LogitRows, Qwen3, SeqInput};
 use crate::error::{Error, Result};
-
-/// The largest bucket: larger decode batches run eagerly.
-const MAX_BUCKET: usize = 256;
 
 /// Partitions of decode attention in a bucket's graph: a fixed grid, each partition growing
 /// past its least length ([`CudaKernels::decode_partition`]) when the context needs it.
@@ -45,21 +43,6 @@ fn graph_splits(b: usize) -> usize {
         17..=64 => 8,
         _ => 4,
     }
-}
-
-/// The buckets an engine of `max_running` sequences can reach: 1-8 exact, then powers of two
-/// up to the first one that holds `max_running` (at most [`MAX_BUCKET`]).
-pub fn buckets_for(max_running: usize) -> Vec<usize> {
-    let mut out = Vec::new();
-    let mut b = 1;
-    while b <= MAX_BUCKET {
-        out.push(b);
-        if b >= max_running {
-            break;
-        }
-        b = if b < 8 { b + 1 } else { b * 2 };
-    }
-    out
 }
 
 /// Captured decode graphs and the static buffers they run on (the engine holds one per
@@ -101,7 +84,7 @@ impl DecodeGraphs {
         let Some(k) = model.kernels.as_ref() else {
             return Ok(None);
         };
-        let buckets = buckets_for(max_running);
+        let buckets = graph_buckets(max_running);
         let bmax = *buckets.last().unwrap_or(&1);
         let max_width = max_context.div_ceil(block_size);
         // Splits per bucket: no more than the widest table needs at the bucket's partition.
@@ -274,13 +257,12 @@ impl DecodeGraphs {
         seqs: &[SeqInput<'_>],
     ) -> Result<Option<Tensor>> {
         let n = seqs.len();
-        let Some(bi) = self.buckets.iter().position(|&b| b >= n) else {
+        let Some(bi) = bucket_for(&self.buckets, n) else {
             return Ok(None);
         };
-        if n == 0
-            || seqs
-                .iter()
-                .any(|s| s.q_len != 1 || s.logits != LogitRows::Last)
+        if seqs
+            .iter()
+            .any(|s| s.q_len != 1 || s.logits != LogitRows::Last)
         {
             return Ok(None);
         }

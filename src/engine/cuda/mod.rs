@@ -14,7 +14,7 @@ mod graph;
 mod launch;
 mod layer_ops;
 
-pub use graph::{DecodeGraphs, buckets_for};
+pub use graph::DecodeGraphs;
 
 use std::sync::Arc;
 
