@@ -4,7 +4,7 @@
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-gunzip -kf .gpu/bench.gz && chmod +x .gpu/bench
+bash scripts/gpu_unpack.sh
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 for cfg in "$@"; do

@@ -6,7 +6,7 @@ set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-gunzip -kf .gpu/policy-serve.gz && chmod +x .gpu/policy-serve
+bash scripts/gpu_unpack.sh
 IDS=$(python3 -c "print(','.join(str((i*7919+13)%150000) for i in range(203)))")
 for dir in "$@"; do
   echo "== $dir" | tee -a "$OUT/summary.txt"

@@ -7,7 +7,7 @@ set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-for b in bench kernel_check policy-serve; do gunzip -kf .gpu/$b.gz && chmod +x .gpu/$b; done
+bash scripts/gpu_unpack.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 S="$OUT/summary.txt"
 cat "$OUT/gpu.txt" | tee -a "$S"

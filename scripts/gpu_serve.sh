@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the H200: the HTTP host on a random model in a real Qwen3 shape, driven by
 # examples/load.rs: N streamed chat completions (512 in / 128 out, all at once), then the agent
-# workload through the episodes API. Expects .gpu/{bench,serve,load}.gz.
+# workload through the episodes API. Expects .gpu/{bench,serve,load}.{xz,gz}.
 #   LOAD_ARGS=--compare-unloaded INPUT_LEN=512 OUTPUT_LEN=128
 #   SHAPE=0.6b|1.7b  N=500  AGENT=64,10  MODE=append_only|template  SERVE_ARGS=--no-prefix-cache
 set -u

@@ -7,7 +7,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0
-gunzip -kf .gpu/bench.gz .gpu/policy-serve.gz && chmod +x .gpu/bench .gpu/policy-serve
+bash scripts/gpu_unpack.sh
 nvidia-smi -L > "$OUT/gpus.txt" 2>&1
 M=/tmp/m17
 BATCHES=${BATCHES:-1,64}

@@ -365,9 +365,10 @@ fn random_arrivals(e: &Engine, steps: u64, seed: u64, limit: Duration) -> (u64, 
 
 /// Check 4: 10,000+ steps of random arrivals on a graph engine after a warm-up of the same
 /// process, in two halves; free device memory (the allocation pool trimmed) is read after the
-/// warm-up, between the halves and at the end. A leak grows with steps; what the bar allows
-/// over the run is one 32 MiB chunk of the driver's (seen taken once, at a random point, in
-/// some runs), which bounds a steady leak to 32 MiB / steps (3.3 KB per step at 10,000).
+/// warm-up, between the halves and at the end. A leak grows with steps; the bar allows 36 MiB
+/// over the run: one 32 MiB chunk, which runs on the H200 took once, at a random point (a
+/// one-time load on the first use of some rare path, not pinned down), plus 4 MiB. That bounds a
+/// steady leak to 3.7 KB a step over 10,000 steps.
 fn stress_check(a: &Args, fails: &mut u32) -> Res<()> {
     let (_r, e) = engine(a, true, 256)?;
     let dev = select_device(DeviceChoice::Cuda(0))?;
@@ -396,7 +397,7 @@ fn stress_check(a: &Args, fails: &mut u32) -> Res<()> {
         t.elapsed().as_secs_f64(),
         st.preemptions,
         before == after,
-        (mem0 - mem2).max(32.0) * 1024.0 / steps.max(1) as f64,
+        (mem0 - mem2).max(36.0) * 1024.0 / steps.max(1) as f64,
         st.blocks_free,
         st.blocks_total,
         st.cached_blocks,

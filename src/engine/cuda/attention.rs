@@ -59,7 +59,7 @@ impl CudaKernels {
 
     /// Context tokens per flash-decoding partition for a batch of `b` decode sequences:
     /// short partitions in small batches, which alone would leave most SMs idle, up to
-    /// [`DECODE_PARTITION`] in large ones.
+    /// 256 in large ones.
     pub fn decode_partition(b: usize) -> usize {
         match b {
             0..=4 => 32,

@@ -1,11 +1,14 @@
 //! The engine's own CUDA kernels (`kernels/*.cu`, compiled by `build.rs` to fatbins with
-//! sm_80/sm_90 machine code and embedded here) and their launches on candle tensors.
+//! sm_80/sm_90 machine code and embedded here), their launches on candle tensors, the forward
+//! built from them (`forward.rs`), its matmuls (`gemm.rs`) and the decode steps captured as
+//! CUDA graphs (`graph.rs`).
 //!
 //! Invariants: every launch goes on the device's one stream (candle's), reads and writes only
-//! contiguous tensors it is given, allocates only its outputs, and never synchronizes with the
-//! host, so a decode forward made of these launches and cuBLAS matmuls can be graph-captured.
-//! Only bf16 and f32 activations and head_dim 64/128 are served; other models use the candle
-//! path.
+//! contiguous tensors it is given, and never synchronizes with the host; the `_into` variants
+//! allocate nothing (they write buffers the caller owns), so a decode forward made of them can
+//! be graph-captured. Every kernel starts by waiting on the one before it
+//! (`launch.rs`). Only bf16 and f32 activations and head_dim 128 are served; other models use
+//! the candle path.
 
 mod attention;
 mod forward;
