@@ -467,7 +467,8 @@ fn decode_check(
 }
 
 /// The whole model with kernels vs the candle path on the same weights: a 300-token prefill,
-/// a 200-token chunk over that cached prefix, then one decode step of 8 ragged sequences.
+/// a 200-token chunk over that cached prefix, one decode step of 8 ragged sequences, then
+/// steps of 1 and 2 of them.
 fn model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
     let cfg = ModelConfig::from_file(&a.model_dir.join("config.json"))?;
     let weights = [a.model_dir.join("model.safetensors")];
@@ -539,7 +540,22 @@ fn model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
             .collect();
         let toks: Vec<u32> = (0..8).map(|i| 1000 + i as u32).collect();
         let l3 = m.forward(&toks, &seqs, c, None)?.ok_or("logits")?;
-        logits.push((l1, l2, l3));
+        // One more step of 1, then 2 of them: the skinny-matmul kernels and the fused norms
+        // serve 1-2 rows (bf16).
+        let mut few = Vec::new();
+        for (first, n) in [(0usize, 1usize), (1, 2)] {
+            let s: Vec<SeqInput<'_>> = (first..first + n)
+                .map(|i| SeqInput {
+                    q_len: 1,
+                    context_len: lens[i] + 2,
+                    block_table: &tables[i],
+                    logits: LogitRows::Last,
+                })
+                .collect();
+            let t: Vec<u32> = (first..first + n).map(|i| 2000 + i as u32).collect();
+            few.push(m.forward(&t, &s, c, None)?.ok_or("logits")?);
+        }
+        logits.push((l1, l2, l3, few));
     }
     let tl = if dt == DType::F32 { 1e-4 } else { 3e-2 };
     t.check(
@@ -557,6 +573,13 @@ fn model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
         rel(&logits[0].2, &logits[1].2)?,
         tl,
     );
+    for (k, rows) in [1, 2].iter().enumerate() {
+        t.check(
+            format!("model {dt:?}: decode {rows} row(s) (skinny matmuls, fused norms)"),
+            rel(&logits[0].3[k], &logits[1].3[k])?,
+            tl,
+        );
+    }
     Ok(())
 }
 
