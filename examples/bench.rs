@@ -5,8 +5,9 @@
 //!     (on the H200: build with --features cuda, see BENCHMARKS.md)
 //!
 //! Reports: first-forward latency cold (kernel load included) and warm; prefill tok/s; decode
-//! tok/s at each batch size (prompt P, N new tokens, greedy, EOS ignored); the same decode
-//! figures for candle-transformers; a logits check (ours vs candle-transformers).
+//! tok/s at each batch size (prompt P, N new tokens, greedy, EOS ignored); with
+//! `--compare-eager` the same decode rows on a second engine without CUDA graphs; the same
+//! decode figures for candle-transformers; a logits check (ours vs candle-transformers).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -170,12 +170,17 @@ impl Scheduler {
         // The graphs' buffers come before the KV cache is sized, so its budget counts them.
         #[cfg(feature = "cuda")]
         let graphs = if graphs_wanted(opts) && comm.is_none() {
+            // Without room for the graphs' buffers the engine still serves, eagerly.
             super::cuda::DecodeGraphs::allocate(
                 &model,
                 opts.max_running,
                 max_context,
                 opts.block_size,
-            )?
+            )
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "no memory for CUDA graphs; decode steps run eagerly");
+                None
+            })
         } else {
             None
         };
