@@ -1,6 +1,8 @@
-//! The Qwen3 forward on the engine's own kernels: per layer one fused add+RMSNorm, the fused
-//! q/k norm + RoPE + KV write, paged attention, SiLU*up, and four cuBLAS matmuls (qkv, o,
-//! gate|up, down) written into buffers of the forward's own — about 10 launches per layer.
+//! The Qwen3 forward on the engine's own kernels. Per layer: add+RMSNorm and the qkv matmul,
+//! the fused q/k norm + RoPE + KV write, paged attention, the o matmul, add+RMSNorm and the
+//! gate|up matmul with SiLU*up, the down matmul — 6-7 launches for 1-2 rows (skinny-matmul
+//! kernels with the norms fused in, `gemm.rs`), 9-10 with cuBLAS above, all written into
+//! buffers of the forward's own.
 //!
 //! Invariants: the step's integer inputs (token ids, positions, cache slots, the decode
 //! sequences' context lengths and block tables, the prefill tiles) go to the device in one

@@ -4,10 +4,10 @@
 //!
 //! Invariants: the text of a sequence without stop strings may lag its tokens by a step (its
 //! tokens wait in `undecoded` and are decoded while the GPU runs the next step, or at its
-//! finish); a sequence with stop strings decodes each token at once; a stop string is searched only in the text the newest token can have completed
-//! (the new piece plus the longest stop string's length before it); a streamed chunk never holds
-//! text that could still become a stop string, nor half a UTF-8 character; the chunks of a
-//! stream add up to the final text.
+//! finish); a sequence with stop strings decodes each token at once; a stop string is searched
+//! only in the text the newest token can have completed (the new piece plus the longest stop
+//! string's length before it); a streamed chunk never holds text that could still become a
+//! stop string, nor half a UTF-8 character; the chunks of a stream add up to the final text.
 
 use std::time::Instant;
 
