@@ -13,6 +13,7 @@ fn main() {
     for k in KERNELS {
         println!("cargo:rerun-if-changed=kernels/{k}.cu");
     }
+    println!("cargo:rerun-if-changed=kernels/common.cuh");
     println!("cargo:rerun-if-env-changed=CUDA_ROOT");
     println!("cargo:rerun-if-env-changed=NVCC");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {

@@ -19,18 +19,9 @@
 #include <mma.h>
 #include <stdint.h>
 
+#include "common.cuh"
+
 namespace {
-
-// Programmatic dependent launch (see src/engine/cuda/launch.rs): let the next kernel launch,
-// then wait until the previous one finished and its writes are visible. First thing in every
-// kernel, before any memory access; nothing on GPUs before sm_90.
-__device__ __forceinline__ void pdl_entry() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 
 constexpr int HD = 128;
 constexpr int LANES = 16;          // lanes per token
@@ -185,9 +176,8 @@ __device__ void paged_decode_reduce(const float* __restrict__ part_acc,
                                     int splits, int part_min) {
   const int b = blockIdx.x, h = blockIdx.y, nh = gridDim.y, d = threadIdx.x;
   const int ctx = (int)ctx_lens[b];
-  const int used = ctx > 0 ? min(splits, (ctx + decode_part(ctx, splits, part_min) - 1) /
-                                              decode_part(ctx, splits, part_min))
-                           : 0;
+  const int part = decode_part(ctx, splits, part_min);
+  const int used = ctx > 0 ? min(splits, (ctx + part - 1) / part) : 0;
   size_t base = ((size_t)b * nh + h) * splits;
   float M = -INFINITY;
   for (int s = 0; s < used; ++s) M = fmaxf(M, part_ml[(base + s) * 2]);
@@ -201,7 +191,6 @@ __device__ void paged_decode_reduce(const float* __restrict__ part_acc,
   }
   out[((size_t)b * nh + h) * HD + d] = (T)(L > 0.f ? A / L : 0.f);
 }
-
 
 // Varlen causal attention of prefill chunks over the paged caches (CUDA cores, f32 math).
 // A block takes BQ query tokens of one sequence and one KV head, i.e. BQ * G query rows, and
@@ -297,7 +286,6 @@ __device__ void paged_prefill(const T* __restrict__ q, const T* __restrict__ k_c
     for (int d = 0; d < DPT; ++d) op[d] = (T)(acc[d] * inv);
   }
 }
-
 
 // Prefill attention on tensor cores (bf16 WMMA 16x16x16, f32 accumulation), for bf16 models.
 // A block of 4 warps takes TC_ROWS = 64 query rows (TC_ROWS / G tokens of one sequence, the G

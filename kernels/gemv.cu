@@ -19,18 +19,9 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "common.cuh"
+
 namespace {
-
-// Programmatic dependent launch (see src/engine/cuda/launch.rs): let the next kernel launch,
-// then wait until the previous one finished and its writes are visible. First thing in every
-// kernel, before any memory access; nothing on GPUs before sm_90.
-__device__ __forceinline__ void pdl_entry() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 
 constexpr int WARPS = 8;   // warps per block
 constexpr int BATCH = 8;   // chunk loads a lane keeps in flight
@@ -51,12 +42,6 @@ __device__ __forceinline__ void to_f8(uint4 raw, float* out) {
     out[2 * i] = f.x;
     out[2 * i + 1] = f.y;
   }
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
 }
 
 // acc[r][t] = W[rows[r]] . x[t] for NR rows (all < N), x rows K apart (global or shared).

@@ -12,18 +12,9 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "common.cuh"
+
 namespace {
-
-// Programmatic dependent launch (see src/engine/cuda/launch.rs): let the next kernel launch,
-// then wait until the previous one finished and its writes are visible. First thing in every
-// kernel, before any memory access; nothing on GPUs before sm_90.
-__device__ __forceinline__ void pdl_entry() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -31,12 +22,6 @@ template <typename T> __device__ __forceinline__ T from_f(float x);
 template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
   return __float2bfloat16(x);
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
 }
 
 // Sum over a block of up to 1024 threads (every thread gets the result).
@@ -226,17 +211,8 @@ __device__ void argmax_merge_rows(const float* __restrict__ part_v, const int* _
   if (lane == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
 }
 
-
-// out[t] = table[ids[t]]: one block per token.
-template <typename T>
-__device__ void embedding(const T* __restrict__ table, const uint32_t* __restrict__ ids,
-                          T* __restrict__ out, int n) {
-  const T* src = table + (size_t)ids[blockIdx.x] * n;
-  T* dst = out + (size_t)blockIdx.x * n;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
-}
-
-// out[r] = x[rows[r]]: one block per output row.
+// out[r] = x[rows[r]]: one block per output row (the embedding lookup too: rows = token
+// ids).
 template <typename T>
 __device__ void gather_rows(const T* __restrict__ x, const uint32_t* __restrict__ rows,
                             T* __restrict__ out, int n) {
@@ -252,7 +228,6 @@ __device__ void to_f32(const T* __restrict__ x, float* __restrict__ out, long lo
        i += (long long)gridDim.x * blockDim.x)
     out[i] = to_f(x[i]);
 }
-
 
 // The k largest values of each f32 row with their indices, in order (value descending, index
 // ascending on ties): k rounds of a block-wide arg-max over the elements that come after the
@@ -336,10 +311,6 @@ __device__ void topk_rows(const float* __restrict__ x, int n, int k, float* __re
   extern "C" __global__ void argmax_rows_##NAME(const T* x, uint32_t* out, int n, float* pv,   \
                                                  int* pi) { pdl_entry();                                     \
     argmax_rows<T>(x, out, n, pv, pi);                                                          \
-  }                                                                                             \
-  extern "C" __global__ void embedding_##NAME(const T* table, const uint32_t* ids, T* out,      \
-                                              int n) { pdl_entry();                                          \
-    embedding<T>(table, ids, out, n);                                                           \
   }                                                                                             \
   extern "C" __global__ void gather_rows_##NAME(const T* x, const uint32_t* rows, T* out,       \
                                                 int n) { pdl_entry();                                        \

@@ -1,9 +1,9 @@
 //! Launches of the per-layer and sampling kernels (`kernels/layer_ops.cu`): fused
-//! add+RMSNorm, q/k norm + RoPE + KV write, SiLU*up, argmax, top-k, embedding, row gather,
+//! add+RMSNorm, q/k norm + RoPE + KV write, SiLU*up, argmax, top-k, row gather (embedding),
 //! f32 cast, and weight stacking by device copies.
 
 use candle_core::cuda_backend::WrapErr;
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Tensor};
 
 use super::{CudaKernels, kernel_err};
@@ -256,36 +256,20 @@ impl CudaKernels {
         Ok((vals, ids))
     }
 
-    /// Rows `ids` (u32 `[T]`) of an embedding table `[V, H]`: `[T, H]`.
-    pub fn embedding(&self, table: &Tensor, ids: &Tensor) -> Result<Tensor> {
-        self.rows_of(&self.embedding, table, ids)
-    }
-
-    /// [`CudaKernels::embedding`] into `out` (`[T, H]`).
+    /// Rows `ids` (u32 `[T]`) of an embedding table `[V, H]`, into `out` (`[T, H]`): the same
+    /// row gather as [`CudaKernels::gather_rows`].
     pub fn embedding_into(&self, table: &Tensor, ids: &Tensor, out: &Tensor) -> Result<()> {
-        self.rows_into(&self.embedding, table, ids, out)
+        self.gather_rows_into(table, ids, out)
     }
 
     /// Rows `rows` (u32 `[R]`) of a `[T, H]` matrix: `[R, H]`.
     pub fn gather_rows(&self, x: &Tensor, rows: &Tensor) -> Result<Tensor> {
-        self.rows_of(&self.gather_rows, x, rows)
-    }
-
-    fn rows_of(&self, func: &CudaFunction, x: &Tensor, rows: &Tensor) -> Result<Tensor> {
-        self.check_dtype(x)?;
-        let (_, n) = x.dims2()?;
-        let out = self.alloc((rows.elem_count(), n), self.dtype)?;
-        self.rows_into(func, x, rows, &out)?;
+        let out = self.alloc((rows.elem_count(), x.dim(1)?), self.dtype)?;
+        self.gather_rows_into(x, rows, &out)?;
         Ok(out)
     }
 
-    fn rows_into(
-        &self,
-        func: &CudaFunction,
-        x: &Tensor,
-        rows: &Tensor,
-        out: &Tensor,
-    ) -> Result<()> {
+    fn gather_rows_into(&self, x: &Tensor, rows: &Tensor, out: &Tensor) -> Result<()> {
         self.check_dtype(x)?;
         let (_, n) = x.dims2()?;
         let r = rows.elem_count();
@@ -301,7 +285,7 @@ impl CudaKernels {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.launcher(func);
+        let mut b = self.launcher(&self.gather_rows);
         b.arg(&px).arg(&pr).arg(&po).arg(&n32);
         // SAFETY: argument types match the kernel's signature; row ids are checked by the
         // caller (token ids against the vocabulary, row ids against the batch).

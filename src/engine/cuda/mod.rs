@@ -63,7 +63,6 @@ pub struct CudaKernels {
     argmax_merge: CudaFunction,
     topk_f32: CudaFunction,
     sample_topk: CudaFunction,
-    embedding: CudaFunction,
     gather_rows: CudaFunction,
     to_f32: CudaFunction,
     decode: [CudaFunction; 4],
@@ -125,7 +124,6 @@ impl CudaKernels {
             argmax_merge: f(&layer_ops, "argmax_merge")?,
             topk_f32: f(&layer_ops, "topk_rows_f32")?,
             sample_topk: f(&layer_ops, "sample_topk_f32")?,
-            embedding: f(&layer_ops, &format!("embedding_{s}"))?,
             gather_rows: f(&layer_ops, &format!("gather_rows_{s}"))?,
             to_f32: f(&layer_ops, &format!("to_f32_{s}"))?,
             prefill: [
