@@ -39,9 +39,9 @@ pub(crate) struct StepInputs {
     pub(crate) tables: Tensor,
     /// The tables' width on the device (u32 `[1]`), when it is not `tables`' shape (graphs).
     pub(crate) width: Option<Tensor>,
-    /// Partitions of decode attention, and their least length in tokens.
+    /// Partitions of decode attention (each at least
+    /// [`CudaKernels::decode_partition`] of the decode sequences' count long).
     pub(crate) splits: usize,
-    pub(crate) part: usize,
     /// Prefill tiles, sequence metadata and block tables (`kernels/attention.cu`).
     pub(crate) prefill: (Tensor, Tensor, Tensor),
 }
@@ -228,7 +228,6 @@ impl Qwen3 {
             tables,
             width: None,
             splits,
-            part,
             prefill,
         };
         let plan = AttnPlan::new(seqs, bs, dev, self.dtype(), true, prefill_kernel)?;
@@ -332,6 +331,7 @@ impl Qwen3 {
         let (tiles, meta, ptables) = &inputs.prefill;
         let (_, nh, hd) = q.dims3()?;
         let nd = inputs.ctx_lens.elem_count();
+        let part = CudaKernels::decode_partition(nd);
         // The rows `first..first + n` of the decode tables (all of them for a graph, whose
         // width only the device knows).
         let rows_of = |first: usize, n: usize| -> Result<(Tensor, Tensor)> {
@@ -364,7 +364,7 @@ impl Qwen3 {
                             &ctx,
                             bs,
                             &out.narrow(0, t0, *n)?,
-                            (inputs.splits, inputs.part, acts.scratch.as_ref()),
+                            (inputs.splits, part, acts.scratch.as_ref()),
                         )?
                     }
                     _ => prefill = true,

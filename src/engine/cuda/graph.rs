@@ -221,7 +221,6 @@ impl DecodeGraphs {
             width: Some(at(4 * b, 1)?),
             tables: at(4 * b + 1, b * self.max_width)?,
             splits: self.splits[self.buckets.iter().position(|&x| x == b).unwrap_or(0)],
-            part: CudaKernels::decode_partition(b),
             prefill: (ids.clone(), ids.clone(), ids.clone()),
             ids,
         })
