@@ -1,22 +1,14 @@
 #!/usr/bin/env bash
-# One device call for the CUDA-graph round: kernel checks, decode graphs on vs off (0.6B and
-# 1.7B shapes), graph checks (buckets, shrink/grow, engine on/off, 10k-step stress), the HTTP
-# load run (500 x 512/128) and agent workload, and the op profile. Expects .gpu/*.xz.
+# One device call for the CUDA-graph round: kernel checks, then scripts/gpu_graphs.sh (graph
+# checks, decode graphs on vs off, op profile), then the HTTP load run (500 x 512/128) and the
+# agent workload. Expects .gpu/{bench,graph_check,kernel_check,serve,load}.xz.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; S="$OUT/summary.txt"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 bash scripts/gpu_unpack.sh
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$S"
-for c in 0.6b 1.7b; do .gpu/bench --config tests/fixtures/qwen3/config-$c.json --write-model /tmp/m-$c > /dev/null 2>&1; done
+[ -d /tmp/m-0.6b ] || .gpu/bench --config tests/fixtures/qwen3/config-0.6b.json --write-model /tmp/m-0.6b > /dev/null 2>&1
 timeout 150 .gpu/kernel_check --model-dir /tmp/m-0.6b > "$OUT/kernel_check.log" 2>&1; echo "kernel_check exit $?" | tee -a "$S"
 grep -E "FAIL|kernel-check" "$OUT/kernel_check.log" | tee -a "$S"
-timeout 90 .gpu/bench --model-dir /tmp/m-0.6b --no-peer --compare-eager --batches 1,2,4,8,16,64,256 > "$OUT/bench-0.6b.log" 2>&1
-grep -E "^(ours|check)" "$OUT/bench-0.6b.log" | tee -a "$S"
-timeout 200 .gpu/graph_check --model-dir /tmp/m-0.6b > "$OUT/graph_check.log" 2>&1; echo "graph_check exit $?" | tee -a "$S"
-grep -v WARN "$OUT/graph_check.log" | tee -a "$S"
-timeout 60 .gpu/bench --model-dir /tmp/m-1.7b --no-peer --compare-eager --batches 1,8,64 > "$OUT/bench-1.7b.log" 2>&1
-grep -E "^ours(-eager)? decode" "$OUT/bench-1.7b.log" | sed 's/^/1.7b /' | tee -a "$S"
+bash scripts/gpu_graphs.sh > /dev/null
 SHAPE=0.6b N=500 AGENT=64,10 T1=60 T2=60 bash scripts/gpu_serve.sh 2>&1 | grep -vE "^\s*$|━" | grep -E "engine ready|throughput|TTFT|TPOT|E2E|success|cache|latency|turn" | cut -c1-250 | tee -a "$S"
-timeout 30 .gpu/graph_check --model-dir /tmp/m-0.6b --profile 1,2,8 2>&1 | grep -v WARN > "$OUT/profile-ops.txt"
-grep -E "sum of|graph replay" "$OUT/profile-ops.txt" | tee -a "$S"
 echo "==== summary"; cat "$S"
