@@ -22,13 +22,7 @@ fn options() -> EngineOptions {
 }
 
 fn registry_with(opts: EngineOptions) -> ModelRegistry {
-    ModelRegistry::new(vec![ModelSpec::local(
-        "tiny",
-        "Tiny",
-        common::shared_tiny_model(),
-    )])
-    .unwrap()
-    .with_options(opts)
+    common::tiny_registry(opts)
 }
 
 /// Reference logits of every position from candle-transformers' qwen3 on the same checkpoint.

@@ -6,16 +6,10 @@ mod common;
 
 use common::prompt;
 use policy_serve::engine::DeviceChoice;
-use policy_serve::{EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
+use policy_serve::{EngineOptions, GenerationRequest, ModelRegistry};
 
 fn engine() -> (ModelRegistry, policy_serve::Engine) {
-    let r = ModelRegistry::new(vec![ModelSpec::local(
-        "tiny",
-        "Tiny",
-        common::shared_tiny_model(),
-    )])
-    .unwrap()
-    .with_options(EngineOptions {
+    let r = common::tiny_registry(EngineOptions {
         device: DeviceChoice::Cpu,
         ..EngineOptions::default()
     });

@@ -6,18 +6,12 @@ use std::sync::Arc;
 
 use policy_serve::engine::DeviceChoice;
 use policy_serve::{
-    Action, EngineOptions, EpisodeConfig, ModelPolicy, ModelRegistry, ModelSpec, Observation,
-    Policy, ToolDefinition, TranscriptMode,
+    Action, EngineOptions, EpisodeConfig, ModelPolicy, ModelRegistry, Observation, Policy,
+    ToolDefinition, TranscriptMode,
 };
 
 fn registry(prefix_cache: bool) -> ModelRegistry {
-    ModelRegistry::new(vec![ModelSpec::local(
-        "tiny",
-        "Tiny",
-        common::shared_tiny_model(),
-    )])
-    .unwrap()
-    .with_options(EngineOptions {
+    common::tiny_registry(EngineOptions {
         device: DeviceChoice::Cpu,
         prefix_cache,
         ..EngineOptions::default()

@@ -127,6 +127,17 @@ pub fn shared_tiny_model() -> PathBuf {
         .clone()
 }
 
+/// A registry offering the shared tiny model under the key `tiny`, with `opts`.
+pub fn tiny_registry(opts: policy_serve::EngineOptions) -> policy_serve::ModelRegistry {
+    policy_serve::ModelRegistry::new(vec![policy_serve::ModelSpec::local(
+        "tiny",
+        "Tiny",
+        shared_tiny_model(),
+    )])
+    .unwrap()
+    .with_options(opts)
+}
+
 /// A model directory for `cfg` and `seed`, written once under the temp dir as `name`.
 pub fn cached_model(name: &str, cfg: &Value, seed: u64) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("policy-serve-{name}"));
