@@ -1,18 +1,33 @@
 // Device helpers every kernel file of `kernels/` shares (included, compiled into each fatbin).
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 namespace {
 
-// Programmatic dependent launch (see src/engine/cuda/launch.rs): let the next kernel launch,
-// then wait until the previous one finished and its writes are visible. First thing in every
-// kernel, before any memory access; nothing on GPUs before sm_90.
-__device__ __forceinline__ void pdl_entry() {
+// Programmatic dependent launch (see src/engine/cuda/launch.rs), in two halves:
+//  * pdl_trigger: the next kernel on the stream may launch now (its blocks then sit at their
+//    own pdl_wait, or prefetch weights before it);
+//  * pdl_wait: blocks until the kernel before this one finished and its writes are visible.
+// Before pdl_wait a kernel may only read memory no kernel of the step writes (weights);
+// nothing on GPUs before sm_90.
+__device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+// Both, first thing in a kernel that reads nothing before waiting.
+__device__ __forceinline__ void pdl_entry() {
+  pdl_trigger();
+  pdl_wait();
 }
 
 // Sum over a full warp (every lane gets the result).
@@ -20,6 +35,45 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
+  return __float2bfloat16(x);
+}
+
+// One q or k head of one token, by one warp: RMSNorm over the head (weight w), then RoPE
+// (rotate-half) at position pos. Lane l holds elements l + 32 * j of the head
+// (head_dim = 32 * PER), so the rotate-half pairs (i, i + hd/2) sit in one lane; o[j] is
+// element lane + 32 * j. cos/sin in f32 from inv_freq [hd/2]. The unfused
+// qk_norm_rope_kv_write and the fused decode attention both use it, so both give the same bits.
+template <typename T, int PER>
+__device__ __forceinline__ void norm_rope_head(const T* __restrict__ src, const T* __restrict__ w,
+                                               const float* __restrict__ inv_freq, float pos,
+                                               float eps, int lane, float (&o)[PER]) {
+  constexpr int HD = 32 * PER;
+  float v[PER];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    v[j] = to_f(src[lane + 32 * j]);
+    ss += v[j] * v[j];
+  }
+  const float inv = rsqrtf(warp_sum(ss) / HD + eps);
+#pragma unroll
+  for (int j = 0; j < PER; ++j) v[j] = v[j] * inv * to_f(w[lane + 32 * j]);
+#pragma unroll
+  for (int j = 0; j < PER / 2; ++j) {
+    const int i = lane + 32 * j;  // i < hd/2; its partner is i + hd/2 = element j + PER/2
+    float s, c;
+    sincosf(pos * inv_freq[i], &s, &c);
+    const float a = v[j], b = v[j + PER / 2];
+    o[j] = a * c - b * s;
+    o[j + PER / 2] = b * c + a * s;
+  }
 }
 
 }  // namespace

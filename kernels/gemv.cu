@@ -8,6 +8,10 @@
 // 8 elements of each of the T activation rows and accumulates in f32; a warp reduction ends
 // the row. Blocks hold 8 warps. K must be a multiple of 8 (16-byte aligned rows).
 //
+// The weights are the only memory no kernel of a step writes, so each warp issues its first
+// batch of weight loads before waiting on the kernel before it (programmatic dependent launch,
+// common.cuh): in a chain of launches a matmul's weight reads overlap the previous kernel.
+//
 //  * gemv_t{T}_bf16:        out [T, N] = x W^T
 //  * gemv_silu_t{T}_bf16:   W is gate|up [2I, K]; out [T, I] = silu(x gate^T) * (x up^T)
 //  * norm_gemv_t{T}_bf16, norm_gemv_silu_t{T}_bf16: the same on x = rmsnorm(res + delta) * w,
@@ -44,25 +48,34 @@ __device__ __forceinline__ void to_f8(uint4 raw, float* out) {
   }
 }
 
-// acc[r][t] = W[rows[r]] . x[t] for NR rows (all < N), x rows K apart (global or shared).
+// w[r][i] = chunk c0 + 32 * i of row rows[r] (zeros past the row's end).
+template <int NR>
+__device__ __forceinline__ void load_batch(const __nv_bfloat16* __restrict__ W,
+                                           const int (&rows)[NR], int K, int c0,
+                                           uint4 (&w)[NR][BATCH]) {
+  const int chunks = K / 8;
+#pragma unroll
+  for (int i = 0; i < BATCH; ++i) {
+    const int c = c0 + 32 * i;
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+      w[r][i] = c < chunks ? ld_stream(W + (size_t)rows[r] * K + c * 8) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// acc[r][t] = W[rows[r]] . x[t] for NR rows (all < N), x rows K apart (global or shared);
+// w holds the first batch (load_batch at c0 = lane), loaded by the caller before it waited.
 template <int T, int NR>
 __device__ __forceinline__ void dot_rows(const __nv_bfloat16* __restrict__ W,
                                          const __nv_bfloat16* x, const int (&rows)[NR], int K,
-                                         int lane, float (&acc)[NR][T]) {
+                                         int lane, uint4 (&w)[NR][BATCH], float (&acc)[NR][T]) {
 #pragma unroll
   for (int r = 0; r < NR; ++r)
 #pragma unroll
     for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
   const int chunks = K / 8;
   for (int c0 = lane; c0 < chunks; c0 += 32 * BATCH) {
-    uint4 w[NR][BATCH];
-#pragma unroll
-    for (int i = 0; i < BATCH; ++i) {
-      const int c = c0 + 32 * i;
-#pragma unroll
-      for (int r = 0; r < NR; ++r)
-        w[r][i] = c < chunks ? ld_stream(W + (size_t)rows[r] * K + c * 8) : make_uint4(0, 0, 0, 0);
-    }
+    if (c0 != lane) load_batch<NR>(W, rows, K, c0, w);
 #pragma unroll
     for (int i = 0; i < BATCH; ++i) {
       const int c = c0 + 32 * i;
@@ -129,61 +142,82 @@ __device__ void norm_rows(const __nv_bfloat16* __restrict__ res,
   __syncthreads();
 }
 
-template <int T>
-__device__ void gemv(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* x,
-                     __nv_bfloat16* __restrict__ out, int N, int K) {
-  const int row = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (row >= N) return;
-  const int rows[1] = {row};
-  float acc[1][T];
-  dot_rows<T, 1>(W, x, rows, K, lane, acc);
+// The output rows of this warp: one row (NR 1) or a gate/up pair (NR 2, up at N + row), and
+// whether the warp has one (a block's last warps may not).
+template <int NR>
+__device__ __forceinline__ bool warp_rows(int N, int (&rows)[NR]) {
+  const int row = blockIdx.x * WARPS + threadIdx.x / 32;
+  const bool ok = row < N;
 #pragma unroll
-  for (int t = 0; t < T; ++t)
-    if (lane == t) out[(size_t)t * N + row] = __float2bfloat16(acc[0][t]);
+  for (int r = 0; r < NR; ++r) rows[r] = ok ? row + r * N : 0;
+  return ok;
 }
 
-template <int T>
-__device__ void gemv_silu(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* x,
-                          __nv_bfloat16* __restrict__ out, int I, int K) {
-  const int j = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (j >= I) return;
-  const int rows[2] = {j, I + j};  // gate row, up row
-  float acc[2][T];
-  dot_rows<T, 2>(W, x, rows, K, lane, acc);
+// out[t][row] = acc (NR 1) or silu(gate) * up (NR 2), written by lane t.
+template <int T, int NR>
+__device__ __forceinline__ void store_rows(const float (&acc)[NR][T], __nv_bfloat16* __restrict__ out,
+                                           int N, int row, int lane) {
 #pragma unroll
   for (int t = 0; t < T; ++t)
     if (lane == t) {
-      const float g = acc[0][t], u = acc[1][t];
-      out[(size_t)t * I + j] = __float2bfloat16(g / (1.f + __expf(-g)) * u);
+      float v = acc[0][t];
+      if (NR == 2) v = v / (1.f + __expf(-v)) * acc[NR - 1][t];
+      out[(size_t)t * N + row] = __float2bfloat16(v);
     }
+}
+
+// The whole kernel: triggers the next launch, prefetches this warp's first weight batch,
+// waits for the previous kernel, optionally norms the input rows into shared memory, then
+// runs the dot products. NR 2 is the gate/up pair with SiLU (N = I).
+template <int T, int NR, bool NORM>
+__device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
+                                            const __nv_bfloat16* x,
+                                            const __nv_bfloat16* __restrict__ delta,
+                                            __nv_bfloat16* __restrict__ res_out,
+                                            const __nv_bfloat16* __restrict__ nw, float eps,
+                                            int add, __nv_bfloat16* __restrict__ out, int N,
+                                            int K, __nv_bfloat16* x_s) {
+  pdl_trigger();
+  const int lane = threadIdx.x % 32;
+  int rows[NR];
+  const bool ok = warp_rows<NR>(N, rows);
+  uint4 w[NR][BATCH];
+  if (ok) load_batch<NR>(W, rows, K, lane, w);
+  pdl_wait();
+  if (NORM) {
+    norm_rows<T>(x, delta, res_out, nw, eps, add, K, x_s);
+    x = x_s;
+  }
+  if (!ok) return;
+  float acc[NR][T];
+  dot_rows<T, NR>(W, x, rows, K, lane, w, acc);
+  store_rows<T, NR>(acc, out, N, rows[0], lane);
 }
 
 }  // namespace
 
 #define GEMV(T)                                                                              \
   extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_t##T##_bf16(                 \
-      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K) { pdl_entry();    \
-    gemv<T>(W, x, out, N, K);                                                                \
+      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K) {    \
+    gemv_kernel<T, 1, false>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K, nullptr);   \
   }                                                                                          \
   extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_silu_t##T##_bf16(            \
-      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int I, int K) { pdl_entry();    \
-    gemv_silu<T>(W, x, out, I, K);                                                           \
+      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int I, int K) {    \
+    gemv_kernel<T, 2, false>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, I, K, nullptr);   \
   }                                                                                          \
   extern "C" __global__ void __launch_bounds__(WARPS * 32) norm_gemv_t##T##_bf16(            \
       const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
       __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int N, int K) { pdl_entry();                                                    \
+      __nv_bfloat16* out, int N, int K) {                                                    \
     extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
-    norm_rows<T>(res, delta, res_out, nw, eps, add, K, x_s);                                 \
-    gemv<T>(W, x_s, out, N, K);                                                              \
+    gemv_kernel<T, 1, true>(W, res, delta, res_out, nw, eps, add, out, N, K, x_s);           \
   }                                                                                          \
   extern "C" __global__ void __launch_bounds__(WARPS * 32) norm_gemv_silu_t##T##_bf16(       \
       const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
       __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int I, int K) { pdl_entry();                                                    \
+      __nv_bfloat16* out, int I, int K) {                                                    \
     extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
-    norm_rows<T>(res, delta, res_out, nw, eps, add, K, x_s);                                 \
-    gemv_silu<T>(W, x_s, out, I, K);                                                         \
+    gemv_kernel<T, 2, true>(W, res, delta, res_out, nw, eps, add, out, I, K, x_s);           \
   }
 
 GEMV(1)

@@ -16,14 +16,6 @@
 
 namespace {
 
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_f(float x);
-template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
-  return __float2bfloat16(x);
-}
-
 // Sum over a block of up to 1024 threads (every thread gets the result).
 __device__ float block_sum(float v) {
   __shared__ float part[32];
@@ -71,8 +63,8 @@ __device__ void add_rmsnorm(const T* __restrict__ x, const T* res_in, T* res_out
   }
 }
 
-// One block per token, one warp per head: warps [0, nh) take the query heads, warps
-// [nh, nh + nkv) the key heads (and copy the value head). Lane l holds elements l + 32*j of
+// One block per token, a warp per head (stepping by the block's warps): heads [0, nh) are the
+// query heads, [nh, nh + nkv) the key heads (and copy the value head). Lane l holds elements l + 32*j of
 // the head (head_dim = 32 * PER), so rotate-half pairs (i, i + hd/2) sit in one lane.
 // q is written [T, nh, hd]; k and v go to slot slots[t] of the head-major caches
 // [nkv, num_slots, hd]. cos/sin are computed in f32 from inv_freq [hd/2] and the position.
@@ -85,47 +77,27 @@ __device__ void qk_norm_rope_kv_write(const T* __restrict__ qkv, const T* __rest
                                       int nkv, long long num_slots, float eps) {
   constexpr int HD = 32 * PER;
   int t = blockIdx.x;
-  int head = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (head >= nh + nkv) return;
+  const int lane = threadIdx.x & 31;
   const T* row = qkv + (size_t)t * (nh + 2 * nkv) * HD;
-  bool is_q = head < nh;
-  const T* src = row + (size_t)head * HD;  // q heads, then k heads
-  const T* w = is_q ? q_w : k_w;
-  float v[PER];
-  float ss = 0.f;
+  // Warps step through the heads (a block holds at most 32 warps).
+  for (int head = threadIdx.x >> 5; head < nh + nkv; head += blockDim.x >> 5) {
+    bool is_q = head < nh;
+    const T* src = row + (size_t)head * HD;  // q heads, then k heads
+    float o[PER];
+    norm_rope_head<T, PER>(src, is_q ? q_w : k_w, inv_freq, (float)positions[t], eps, lane, o);
+    if (is_q) {
+      T* dst = q_out + ((size_t)t * nh + head) * HD;
 #pragma unroll
-  for (int j = 0; j < PER; ++j) {
-    v[j] = to_f(src[lane + 32 * j]);
-    ss += v[j] * v[j];
-  }
-  float inv = rsqrtf(warp_sum(ss) / HD + eps);
+      for (int j = 0; j < PER; ++j) dst[lane + 32 * j] = from_f<T>(o[j]);
+    } else if (slots[t] != 0xffffffffu) {  // a padding row of a captured batch writes no KV
+      int kh = head - nh;
+      size_t off = ((size_t)kh * num_slots + slots[t]) * HD;
+      const T* vsrc = row + (size_t)(nh + nkv + kh) * HD;
 #pragma unroll
-  for (int j = 0; j < PER; ++j) v[j] = v[j] * inv * to_f(w[lane + 32 * j]);
-  float pos = (float)positions[t];
-  float o[PER];
-#pragma unroll
-  for (int j = 0; j < PER / 2; ++j) {
-    int i = lane + 32 * j;  // i < hd/2; its partner is i + hd/2 = element j + PER/2
-    float s, c;
-    sincosf(pos * inv_freq[i], &s, &c);
-    float a = v[j], b = v[j + PER / 2];
-    o[j] = a * c - b * s;
-    o[j + PER / 2] = b * c + a * s;
-  }
-  if (is_q) {
-    T* dst = q_out + ((size_t)t * nh + head) * HD;
-#pragma unroll
-    for (int j = 0; j < PER; ++j) dst[lane + 32 * j] = from_f<T>(o[j]);
-  } else {
-    // A padding row of a captured batch has no slot: it writes no KV.
-    if (slots[t] == 0xffffffffu) return;
-    int kh = head - nh;
-    size_t off = ((size_t)kh * num_slots + slots[t]) * HD;
-    const T* vsrc = row + (size_t)(nh + nkv + kh) * HD;
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      k_cache[off + lane + 32 * j] = from_f<T>(o[j]);
-      v_cache[off + lane + 32 * j] = vsrc[lane + 32 * j];
+      for (int j = 0; j < PER; ++j) {
+        k_cache[off + lane + 32 * j] = from_f<T>(o[j]);
+        v_cache[off + lane + 32 * j] = vsrc[lane + 32 * j];
+      }
     }
   }
 }

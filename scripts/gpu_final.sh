@@ -1,14 +1,11 @@
 #!/usr/bin/env bash
-# One device call for the CUDA-graph round: kernel checks, then scripts/gpu_graphs.sh (graph
-# checks, decode graphs on vs off, op profile), then the HTTP load run (500 x 512/128) and the
-# agent workload. Expects .gpu/{bench,graph_check,kernel_check,serve,load}.xz.
+# One device call for the CUDA-graph round: scripts/gpu_graphs.sh (kernel checks, graph
+# checks, decode graphs on vs off, attribution runs, op profile), then the HTTP load run
+# (500 x 512/128) and the agent workload. Expects .gpu/{bench,graph_check,kernel_check,serve,load}.xz.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; S="$OUT/summary.txt"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 bash scripts/gpu_unpack.sh
-[ -d /tmp/m-0.6b ] || .gpu/bench --config tests/fixtures/qwen3/config-0.6b.json --write-model /tmp/m-0.6b > /dev/null 2>&1
-timeout 150 .gpu/kernel_check --model-dir /tmp/m-0.6b > "$OUT/kernel_check.log" 2>&1; echo "kernel_check exit $?" | tee -a "$S"
-grep -E "FAIL|kernel-check" "$OUT/kernel_check.log" | tee -a "$S"
 bash scripts/gpu_graphs.sh > /dev/null
 SHAPE=0.6b N=500 AGENT=64,10 T1=60 T2=60 bash scripts/gpu_serve.sh 2>&1 | grep -vE "^\s*$|━" | grep -E "engine ready|throughput|TTFT|TPOT|E2E|success|cache|latency|turn" | cut -c1-250 | tee -a "$S"
 echo "==== summary"; cat "$S"

@@ -92,8 +92,26 @@ pub fn run(m: &Qwen3, cfg: &ModelConfig, dev: &Device, batches: &[usize]) -> Res
         let slots: Vec<u32> = (0..b).map(|i| (i * per * 16 + ctx - 1) as u32).collect();
         let slots = Tensor::new(slots.as_slice(), dev)?;
         let part = CudaKernels::decode_partition(b);
-        let splits = CudaKernels::decode_splits(per, 16, part);
+        let splits = k.cluster_splits(b, CudaKernels::decode_splits(per, 16, part));
         let scratch = k.decode_scratch(b, nh, splits)?;
+        let counters = k.decode_counters(b, nh)?;
+        let fused_stage = |stop: i32| {
+            time_us(dev, || {
+                Ok(k.decode_fused_stage_into(
+                    &qkv,
+                    (&qn, &qn, 1e-6),
+                    &inv_freq,
+                    (&pos, &slots),
+                    (&kc, &vc),
+                    (&tables, None),
+                    &ctx_t,
+                    16,
+                    &attn,
+                    (splits, part, scratch.as_ref(), &counters),
+                    stop,
+                )?)
+            })
+        };
         let rows: Vec<(&str, f64, usize)> = vec![
             (
                 "add_rmsnorm (unfused)",
@@ -134,7 +152,7 @@ pub fn run(m: &Qwen3, cfg: &ModelConfig, dev: &Device, batches: &[usize]) -> Res
                         &q,
                     )?)
                 })?,
-                1,
+                0,
             ),
             (
                 "paged_decode ctx 600",
@@ -150,7 +168,37 @@ pub fn run(m: &Qwen3, cfg: &ModelConfig, dev: &Device, batches: &[usize]) -> Res
                         (splits, part, scratch.as_ref()),
                     )?)
                 })?,
+                0,
+            ),
+            (
+                "fused decode attention (norm+RoPE+KV write+attention+merge)",
+                fused_stage(0)?,
                 1,
+            ),
+            (
+                "fused decode attention, without clusters",
+                fused_stage(-1)?,
+                0,
+            ),
+            (
+                "fused attention, phases 1 (K/V prefetch, wait)",
+                fused_stage(1)?,
+                0,
+            ),
+            (
+                "fused attention, phases 1-2 (+ q/k norm, RoPE)",
+                fused_stage(2)?,
+                0,
+            ),
+            (
+                "fused attention, phases 1-3 (+ attention loop)",
+                fused_stage(3)?,
+                0,
+            ),
+            (
+                "fused attention, phases 1-4 (+ partial written)",
+                fused_stage(4)?,
+                0,
             ),
             (
                 "o_proj (ours)",
@@ -229,43 +277,62 @@ pub fn run(m: &Qwen3, cfg: &ModelConfig, dev: &Device, batches: &[usize]) -> Res
     let bmax = batches.iter().copied().max().unwrap_or(1);
     let cache = PagedKvCache::new(cfg, m.local_kv_heads(), bmax * per, bs, DType::BF16, dev)?;
     let mut g = DecodeGraphs::allocate(m, bmax, served_context(cfg), bs)?.ok_or("no kernels")?;
-    g.capture(m, &cache)?;
-    for &b in batches {
-        let tables: Vec<Vec<u32>> = (0..b)
-            .map(|i| ((i * per) as u32..((i + 1) * per) as u32).collect())
-            .collect();
-        let tokens = vec![7u32; b];
-        let step = |ctx: usize| -> Res<Tensor> {
-            let seqs: Vec<SeqInput<'_>> = tables
-                .iter()
-                .map(|t| SeqInput {
-                    q_len: 1,
-                    context_len: ctx,
-                    block_table: t,
-                    logits: LogitRows::Last,
-                })
-                .collect();
-            Ok(g.replay(m, &tokens, &seqs)?.ok_or("no replay")?)
-        };
-        step(600)?;
-        dev.synchronize()?;
-        let t = Instant::now();
-        for i in 0..50 {
-            step(600 + i)?;
+    for graph_pdl in ["0", "1"] {
+        // SAFETY: read by `capture` below, on this thread; nothing else reads it now.
+        unsafe { std::env::set_var("POLICY_SERVE_GRAPH_PDL", graph_pdl) };
+        g.capture(m, &cache)?;
+        for &b in batches {
+            replay_steps(m, &k, dev, &g, b, per, graph_pdl)?;
         }
-        dev.synchronize()?;
-        let replay_us = t.elapsed().as_secs_f64() * 1e6 / 50.0;
-        let t = Instant::now();
-        for i in 0..50 {
-            let l = step(600 + i)?;
-            let _: Vec<u32> = k.argmax(&l)?.to_vec1()?;
-        }
-        let sync_us = t.elapsed().as_secs_f64() * 1e6 / 50.0;
-        println!(
-            "batch {b}: graph replay {replay_us:.0} us/step back to back ({:.0} tok/s); with argmax + ids to the host each step {sync_us:.0} us ({:.0} tok/s)",
-            b as f64 * 1e6 / replay_us,
-            b as f64 * 1e6 / sync_us
-        );
     }
+    Ok(())
+}
+
+/// Times whole steps of batch `b` replayed on `g` (captured with `POLICY_SERVE_GRAPH_PDL` =
+/// `graph_pdl`), back to back and with the sampled tokens read back each step.
+fn replay_steps(
+    m: &Qwen3,
+    k: &CudaKernels,
+    dev: &Device,
+    g: &DecodeGraphs,
+    b: usize,
+    per: usize,
+    graph_pdl: &str,
+) -> Res<()> {
+    let tables: Vec<Vec<u32>> = (0..b)
+        .map(|i| ((i * per) as u32..((i + 1) * per) as u32).collect())
+        .collect();
+    let tokens = vec![7u32; b];
+    let step = |ctx: usize| -> Res<Tensor> {
+        let seqs: Vec<SeqInput<'_>> = tables
+            .iter()
+            .map(|t| SeqInput {
+                q_len: 1,
+                context_len: ctx,
+                block_table: t,
+                logits: LogitRows::Last,
+            })
+            .collect();
+        Ok(g.replay(m, &tokens, &seqs)?.ok_or("no replay")?)
+    };
+    step(600)?;
+    dev.synchronize()?;
+    let t = Instant::now();
+    for i in 0..50 {
+        step(600 + i)?;
+    }
+    dev.synchronize()?;
+    let replay_us = t.elapsed().as_secs_f64() * 1e6 / 50.0;
+    let t = Instant::now();
+    for i in 0..50 {
+        let l = step(600 + i)?;
+        let _: Vec<u32> = k.argmax(&l)?.to_vec1()?;
+    }
+    let sync_us = t.elapsed().as_secs_f64() * 1e6 / 50.0;
+    println!(
+        "batch {b} graph_pdl {graph_pdl}: graph replay {replay_us:.0} us/step back to back ({:.0} tok/s); with argmax + ids to the host each step {sync_us:.0} us ({:.0} tok/s)",
+        b as f64 * 1e6 / replay_us,
+        b as f64 * 1e6 / sync_us
+    );
     Ok(())
 }

@@ -6,6 +6,22 @@ use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Tensor};
 
 use super::{CudaKernels, DECODE_PARTITION, PREFILL_TILE, kernel_err};
+
+/// Most blocks per cluster of the fused decode attention (16 for GQA groups of up to 2, 8 for
+/// 4; `CLUSTER_PART` tokens each at most for a context one cluster covers,
+/// `kernels/attention.cu`). 16 is above CUDA's portable cluster size: the functions are
+/// loaded with non-portable cluster sizes allowed (sm_90 has them).
+pub const DECODE_CLUSTER: usize = 16;
+
+/// Most decode sequences a step runs through the fused decode attention: above, the unfused
+/// kernels are faster (the GPU is busy, and the fused kernel's per-partition q/k RoPE and
+/// in-kernel merge cost more than the two launches they save: on the H200, 0.6B at batch 256
+/// 29,000 fused vs 35,200 tok/s unfused, batch 32 13,200 vs 14,500).
+pub const FUSED_MAX_ROWS: usize = 16;
+
+/// Most decode sequences whose fused attention runs in clusters: small batches, whose few
+/// partitions leave most SMs idle, so the merge's latency is the step's.
+pub const CLUSTER_MAX_ROWS: usize = 16;
 use crate::error::Result;
 
 impl CudaKernels {
@@ -69,6 +85,42 @@ impl CudaKernels {
         }
     }
 
+    /// Blocks per thread-block cluster of [`CudaKernels::decode_fused_into`] for `b` decode
+    /// sequences of GQA group `g` in `splits` partitions: [`DECODE_CLUSTER`] (groups 1-2, up to
+    /// 4 rows) or 8 for batches of up to [`CLUSTER_MAX_ROWS`] on sm_90+ when it divides `splits`
+    /// (a cluster merges its partitions in shared memory, and covers a context of up to 128
+    /// tokens a block alone), else 1 (partials merged through global memory).
+    pub fn decode_cluster(&self, b: usize, g: usize, splits: usize) -> usize {
+        let c = match (g, Self::cluster_of(b)) {
+            (1 | 2, c) => c,
+            (4, _) => 8,
+            _ => return 1,
+        };
+        if self.clusters && b <= CLUSTER_MAX_ROWS && splits.is_multiple_of(c) {
+            c
+        } else {
+            1
+        }
+    }
+
+    /// `splits` partitions for `b` decode sequences rounded up to what
+    /// [`CudaKernels::decode_cluster`] takes (partitions past a context cost a block that
+    /// exits at once). Eager steps and graphs then cut a context one cluster covers alike.
+    pub fn cluster_splits(&self, b: usize, splits: usize) -> usize {
+        if self.clusters && b <= CLUSTER_MAX_ROWS {
+            splits.max(1).next_multiple_of(Self::cluster_of(b))
+        } else {
+            splits
+        }
+    }
+
+    /// The cluster size for `b` decode sequences of GQA group 1-2: [`DECODE_CLUSTER`] (16)
+    /// up to 4 rows, where a step has few blocks; 8 above, where clusters of 16 are hard to
+    /// place (on the H200 they made attention at batch 8 1.9x slower than clusters of 8).
+    fn cluster_of(b: usize) -> usize {
+        if b <= 4 { DECODE_CLUSTER } else { 8 }
+    }
+
     /// Partitions of flash-decoding for block tables `w` blocks wide (one per `part` tokens
     /// of the widest table).
     pub fn decode_splits(w: usize, block_size: usize, part: usize) -> usize {
@@ -112,11 +164,7 @@ impl CudaKernels {
             g => return Err(kernel_err("paged_decode", format!("GQA group {g}"))),
         };
         let splits = splits.max(1);
-        let (acc, ml) = match scratch {
-            _ if splits == 1 => (out.clone(), out.clone()),
-            Some((a, m)) if a.elem_count() >= b * nh * splits * hd => (a.clone(), m.clone()),
-            _ => return Err(kernel_err("paged_decode", "scratch missing or too small")),
-        };
+        let (acc, ml) = partials(out, scratch, b * nh * splits * hd, splits, "paged_decode")?;
         let ptrs = [
             self.ptr(q)?,
             self.ptr(k_cache)?,
@@ -127,35 +175,16 @@ impl CudaKernels {
             self.ptr(&acc)?,
             self.ptr(&ml)?,
         ];
-        let pw = match width {
-            Some(t) => self.ptr(t)?,
-            None => 0,
-        };
-        let (w32, bs32, slots64, nkv32, part32) = (
-            w as i32,
-            block_size as i32,
-            num_slots as i64,
-            nkv as i32,
-            part as i32,
-        );
-        let cfg = LaunchConfig {
-            grid_dim: (b as u32, nkv as u32, splits as u32),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let tail = DecodeArgs::new(self, (w, width), block_size, num_slots, nkv, part)?;
         let mut lb = self.launcher(func);
         for p in &ptrs {
             lb.arg(p);
         }
-        lb.arg(&w32)
-            .arg(&pw)
-            .arg(&bs32)
-            .arg(&slots64)
-            .arg(&nkv32)
-            .arg(&part32);
+        tail.push(&mut lb);
         // SAFETY: argument types match the kernel's signature; buffers are sized above.
-        unsafe { lb.launch(cfg) }.w()?;
+        unsafe { lb.launch(decode_grid(b, nkv, splits)) }.w()?;
         if splits > 1 {
+            let part32 = part as i32;
             let (pa, pm, pc, po, s32) = (ptrs[6], ptrs[7], ptrs[4], ptrs[5], splits as i32);
             let cfg = LaunchConfig {
                 grid_dim: (b as u32, nh as u32, 1),
@@ -172,6 +201,134 @@ impl CudaKernels {
             // SAFETY: as above.
             unsafe { rb.launch(cfg) }.w()?;
         }
+        Ok(())
+    }
+
+    /// Whether the forward runs a decode step of `rows` sequences through
+    /// [`CudaKernels::decode_fused_into`] on a layer of `nh` query heads over `nkv` KV heads of
+    /// `hd` dims: at most [`FUSED_MAX_ROWS`] rows of a shape the kernel serves.
+    pub fn fused_decode_supports(&self, rows: usize, nh: usize, nkv: usize, hd: usize) -> bool {
+        rows <= FUSED_MAX_ROWS && self.fused_decode_serves(nh, nkv, hd)
+    }
+
+    /// Whether [`CudaKernels::decode_fused_into`] serves the shape (bf16, head_dim 128, GQA
+    /// group 1, 2, 4 or 8; not with `POLICY_SERVE_FUSED_DECODE=0`), at any batch.
+    fn fused_decode_serves(&self, nh: usize, nkv: usize, hd: usize) -> bool {
+        self.decode_fused.is_some()
+            && hd == 128
+            && nkv > 0
+            && nh.is_multiple_of(nkv)
+            && matches!(nh / nkv, 1 | 2 | 4 | 8)
+    }
+
+    /// Zeroed merge counters for [`CudaKernels::decode_fused_into`]: one per sequence and
+    /// head for up to `rows` sequences of `nh` heads (each launch leaves them zero again).
+    pub fn decode_counters(&self, rows: usize, nh: usize) -> Result<Tensor> {
+        Ok(Tensor::zeros(
+            (rows * nh).max(1),
+            DType::U32,
+            &candle_core::Device::Cuda(self.device.clone()),
+        )?)
+    }
+
+    /// A decode step's attention for one layer in one launch: from the qkv matmul's output
+    /// `qkv` `[B, (nh + 2 nkv) * 128]`, the q/k RMSNorm (`q_w` pre-scaled by 1/sqrt(128)) and
+    /// RoPE at `positions`, the new K/V rows written to `slots` (`u32::MAX`: none), paged
+    /// attention over the context and the merge of its partitions, into `out` `[B, nh * 128]`.
+    /// The same bits as [`CudaKernels::qk_norm_rope_kv_write_into`] followed by
+    /// [`CudaKernels::paged_decode_into`]. `counters` is from
+    /// [`CudaKernels::decode_counters`] for at least `B` sequences; the rest as
+    /// [`CudaKernels::paged_decode_into`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_fused_into(
+        &self,
+        qkv: &Tensor,
+        norms: (&Tensor, &Tensor, f64),
+        inv_freq: &Tensor,
+        pos_slots: (&Tensor, &Tensor),
+        caches: (&Tensor, &Tensor),
+        tables: (&Tensor, Option<&Tensor>),
+        ctx_lens: &Tensor,
+        block_size: usize,
+        out: &Tensor,
+        parts: (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
+    ) -> Result<()> {
+        self.decode_fused_stage_into(
+            qkv, norms, inv_freq, pos_slots, caches, tables, ctx_lens, block_size, out, parts, 0,
+        )
+    }
+
+    /// Profiling only: [`CudaKernels::decode_fused_into`] with every block ending after phase
+    /// `stop` of `kernels/attention.cu`'s `decode_fused` (1: the K/V prefetch and the wait;
+    /// 2: q/k norm + RoPE; 3: the attention loop; 4: the block's partial formed; 0: the
+    /// whole kernel; -1: the whole kernel without clusters). Only `stop` 0 and -1 leave valid
+    /// outputs and merge counters.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_fused_stage_into(
+        &self,
+        qkv: &Tensor,
+        (q_w, k_w, eps): (&Tensor, &Tensor, f64),
+        inv_freq: &Tensor,
+        (positions, slots): (&Tensor, &Tensor),
+        (k_cache, v_cache): (&Tensor, &Tensor),
+        (block_tables, width): (&Tensor, Option<&Tensor>),
+        ctx_lens: &Tensor,
+        block_size: usize,
+        out: &Tensor,
+        (splits, part, scratch, counters): (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
+        stop: i32,
+    ) -> Result<()> {
+        self.check_dtype(qkv)?;
+        let (nkv, num_slots, hd) = k_cache.dims3()?;
+        let b = ctx_lens.elem_count();
+        let nh = out.elem_count() / (b * hd).max(1);
+        if !self.fused_decode_serves(nh, nkv, hd)
+            || qkv.elem_count() != b * (nh + 2 * nkv) * hd
+            || out.elem_count() != b * nh * hd
+            || counters.elem_count() < b * nkv
+        {
+            return Err(kernel_err(
+                "decode_fused",
+                format!("nh {nh} nkv {nkv} hd {hd} rows {b}"),
+            ));
+        }
+        let Some(funcs) = &self.decode_fused else {
+            return Err(kernel_err("decode_fused", "not loaded"));
+        };
+        let func = &funcs[(nh / nkv).trailing_zeros() as usize];
+        let splits = splits.max(1);
+        let (acc, ml) = partials(out, scratch, b * nh * splits * hd, splits, "decode_fused")?;
+        let w = block_tables.elem_count() / b.max(1);
+        let ptrs = [
+            self.ptr(qkv)?,
+            self.ptr(q_w)?,
+            self.ptr(k_w)?,
+            self.ptr(inv_freq)?,
+            self.ptr(positions)?,
+            self.ptr(slots)?,
+            self.ptr(k_cache)?,
+            self.ptr(v_cache)?,
+            self.ptr(block_tables)?,
+            self.ptr(ctx_lens)?,
+            self.ptr(out)?,
+            self.ptr(&acc)?,
+            self.ptr(&ml)?,
+            self.ptr(counters)?,
+        ];
+        let tail = DecodeArgs::new(self, (w, width), block_size, num_slots, nkv, part)?;
+        let eps32 = eps as f32;
+        let mut lb = self.launcher(func);
+        if stop == 0 {
+            lb.cluster_z(self.decode_cluster(b, nh / nkv, splits) as u32);
+        }
+        for p in &ptrs {
+            lb.arg(p);
+        }
+        tail.push(&mut lb);
+        lb.arg(&eps32).arg(&stop);
+        // SAFETY: argument types match `decode_fused_g*_bf16`; the buffers are sized above.
+        unsafe { lb.launch(decode_grid(b, nkv, splits)) }.w()?;
         Ok(())
     }
 
@@ -256,5 +413,74 @@ impl CudaKernels {
         // these caches and `out`.
         unsafe { b.launch(cfg) }.w()?;
         Ok(())
+    }
+}
+
+/// The partial buffers of a decode launch in `splits` partitions: the scratch when there are
+/// several (it must hold `need` accumulators), `out` (unused by the kernel) for one.
+fn partials(
+    out: &Tensor,
+    scratch: Option<&(Tensor, Tensor)>,
+    need: usize,
+    splits: usize,
+    what: &str,
+) -> Result<(Tensor, Tensor)> {
+    match scratch {
+        _ if splits == 1 => Ok((out.clone(), out.clone())),
+        Some((a, m)) if a.elem_count() >= need => Ok((a.clone(), m.clone())),
+        _ => Err(kernel_err(what, "scratch missing or too small")),
+    }
+}
+
+/// Grid (sequences, KV heads, partitions) of 128 threads: the decode kernels' launch.
+fn decode_grid(b: usize, nkv: usize, splits: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (b as u32, nkv as u32, splits as u32),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The arguments the decode kernels share after their buffers: the block tables' row width
+/// (and where the device holds it, 0 for none), block size, cache slots, KV heads and the
+/// least partition length.
+struct DecodeArgs {
+    w: i32,
+    width: u64,
+    block_size: i32,
+    num_slots: i64,
+    nkv: i32,
+    part: i32,
+}
+
+impl DecodeArgs {
+    fn new(
+        k: &CudaKernels,
+        (w, width): (usize, Option<&Tensor>),
+        block_size: usize,
+        num_slots: usize,
+        nkv: usize,
+        part: usize,
+    ) -> Result<Self> {
+        Ok(Self {
+            w: w as i32,
+            width: match width {
+                Some(t) => k.ptr(t)?,
+                None => 0,
+            },
+            block_size: block_size as i32,
+            num_slots: num_slots as i64,
+            nkv: nkv as i32,
+            part: part as i32,
+        })
+    }
+
+    fn push<'a>(&'a self, l: &mut super::launch::Launch<'a>) {
+        l.arg(&self.w)
+            .arg(&self.width)
+            .arg(&self.block_size)
+            .arg(&self.num_slots)
+            .arg(&self.nkv)
+            .arg(&self.part);
     }
 }

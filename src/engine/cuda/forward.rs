@@ -1,8 +1,9 @@
 //! The Qwen3 forward on the engine's own kernels. Per layer: add+RMSNorm and the qkv matmul,
 //! the fused q/k norm + RoPE + KV write, paged attention, the o matmul, add+RMSNorm and the
-//! gate|up matmul with SiLU*up, the down matmul — 6-7 launches for 1-2 rows (skinny-matmul
-//! kernels with the norms fused in, `gemm.rs`), 9-10 with cuBLAS above, all written into
-//! buffers of the forward's own.
+//! gate|up matmul with SiLU*up, the down matmul, all written into buffers of the forward's
+//! own. A pure decode step of 1-2 rows is 5 launches a layer (skinny-matmul kernels with the
+//! norms fused in, `gemm.rs`; norm+RoPE+KV write+attention+merge in one kernel); mixed steps
+//! and cuBLAS-sized batches take more.
 //!
 //! Invariants: the step's integer inputs (token ids, positions, cache slots, the decode
 //! sequences' context lengths and block tables, the prefill tiles) go to the device in one
@@ -63,6 +64,8 @@ pub(crate) struct Activations {
     down: Tensor,
     /// Decode-attention partials (None with one partition).
     scratch: Option<(Tensor, Tensor)>,
+    /// Merge counters of the fused decode attention (one per row and head, kept zero).
+    counters: Tensor,
 }
 
 impl Activations {
@@ -91,6 +94,7 @@ impl Activations {
             act: k.alloc_out((t, l0.mlp.intermediate))?,
             down: k.alloc_out((t, hidden))?,
             scratch: k.decode_scratch(nd, nh, splits)?,
+            counters: k.decode_counters(t, nh)?,
         })
     }
 
@@ -109,6 +113,7 @@ impl Activations {
             act: n(&self.act)?,
             down: n(&self.down)?,
             scratch: self.scratch.clone(),
+            counters: self.counters.clone(),
         })
     }
 
@@ -133,7 +138,7 @@ impl Activations {
         if let Some((a, m)) = &self.scratch {
             n += b(a) + b(m);
         }
-        n
+        n + b(&self.counters)
     }
 }
 
@@ -219,7 +224,7 @@ impl Qwen3 {
             )
         };
         let part = CudaKernels::decode_partition(nd);
-        let splits = CudaKernels::decode_splits(width, bs, part);
+        let splits = k.cluster_splits(nd, CudaKernels::decode_splits(width, bs, part));
         let inputs = StepInputs {
             pos: packed.narrow(0, t, t)?,
             slots: packed.narrow(0, 2 * t, t)?,
@@ -264,6 +269,16 @@ impl Qwen3 {
         // Which residual buffer holds the stream; each add+norm with a delta moves it.
         let mut cur = 0;
         let mut delta: Option<Tensor> = None;
+        // A pure decode step (every token a decode sequence, in order) of a small batch runs
+        // each layer's attention as one fused launch.
+        let t = a.h.dim(0)?;
+        let fused = matches!(plan.groups.as_slice(),
+            [AttnGroup::KernelDecode { n, first: 0 }] if *n == t)
+            && self.layers.first().is_some_and(|l| {
+                let at = &l.attn;
+                k.fused_decode_supports(t, at.num_heads, at.num_kv_heads, at.head_dim)
+            });
+        let part = CudaKernels::decode_partition(inputs.ctx_lens.elem_count());
         for (li, layer) in self.layers.iter().enumerate() {
             let at = &layer.attn;
             let norm = &layer.input_norm;
@@ -279,17 +294,33 @@ impl Qwen3 {
                 cur = 1 - cur;
             }
             let (kc, vc) = cache.layer(li);
-            k.qk_norm_rope_kv_write_into(
-                &a.qkv,
-                (&at.q_norm.weight, &at.k_norm.weight),
-                &self.inv_freq,
-                (&inputs.pos, &inputs.slots),
-                (kc, vc),
-                (at.num_heads, at.num_kv_heads, at.head_dim),
-                at.q_norm.eps,
-                &a.q,
-            )?;
-            let out = self.attend_kernels(k, (kc, vc), plan, inputs, acts, bs)?;
+            let out = if fused {
+                k.decode_fused_into(
+                    &a.qkv,
+                    (&at.q_norm.weight, &at.k_norm.weight, at.q_norm.eps),
+                    &self.inv_freq,
+                    (&inputs.pos, &inputs.slots),
+                    (kc, vc),
+                    (&inputs.tables, inputs.width.as_ref()),
+                    &inputs.ctx_lens,
+                    bs,
+                    &a.attn,
+                    (inputs.splits, part, a.scratch.as_ref(), &a.counters),
+                )?;
+                a.attn.clone()
+            } else {
+                k.qk_norm_rope_kv_write_into(
+                    &a.qkv,
+                    (&at.q_norm.weight, &at.k_norm.weight),
+                    &self.inv_freq,
+                    (&inputs.pos, &inputs.slots),
+                    (kc, vc),
+                    (at.num_heads, at.num_kv_heads, at.head_dim),
+                    at.q_norm.eps,
+                    &a.q,
+                )?;
+                self.attend_kernels(k, (kc, vc), plan, inputs, acts, bs)?
+            };
             k.linear_into(&out, at.o_proj.weight(), &a.o)?;
             let o = reduce(a.o.clone(), comm)?;
             let norm = &layer.post_norm;

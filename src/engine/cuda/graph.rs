@@ -87,10 +87,12 @@ impl DecodeGraphs {
         let buckets = graph_buckets(max_running);
         let bmax = *buckets.last().unwrap_or(&1);
         let max_width = max_context.div_ceil(block_size);
-        // Splits per bucket: no more than the widest table needs at the bucket's partition.
+        // Splits per bucket: no more than the widest table needs at the bucket's partition,
+        // rounded as eager steps round them (so both cut a context alike).
         let splits_of = |b: usize| {
             let part = CudaKernels::decode_partition(b);
-            graph_splits(b).min(CudaKernels::decode_splits(max_width, block_size, part))
+            let s = graph_splits(b).min(CudaKernels::decode_splits(max_width, block_size, part));
+            k.cluster_splits(b, s)
         };
         let partials = buckets.iter().map(|&b| b * splits_of(b)).max().unwrap_or(1);
         let vocab = model.lm_head.weight().dim(0)?;
@@ -145,8 +147,10 @@ impl DecodeGraphs {
             .ok_or_else(|| kernel_err("graph", "the model runs without kernels"))?;
         let start = Instant::now();
         let (free_before, _) = mem_info()?;
-        // Captured without programmatic dependent launch (it gained nothing in graphs).
+        // Programmatic dependent launch inside the graphs too (the matmuls prefetch their
+        // weights while the kernel before them runs), unless `POLICY_SERVE_GRAPH_PDL=0`.
         let pdl = k.set_pdl(false);
+        k.set_pdl(pdl && !std::env::var("POLICY_SERVE_GRAPH_PDL").is_ok_and(|v| v == "0"));
         let captured = self.capture_all(model, k, cache);
         k.set_pdl(pdl);
         let graphs = captured?;

@@ -20,6 +20,8 @@ pub(crate) struct Launch<'a> {
     func: sys::CUfunction,
     stream: &'a CudaStream,
     pdl: bool,
+    /// Blocks per thread-block cluster along the grid's z (1: no clusters).
+    cluster_z: u32,
     args: Vec<*mut c_void>,
     _values: PhantomData<&'a ()>,
 }
@@ -30,9 +32,17 @@ impl<'a> Launch<'a> {
             func: func.cu_function(),
             stream,
             pdl,
+            cluster_z: 1,
             args: Vec::with_capacity(12),
             _values: PhantomData,
         }
+    }
+
+    /// Launches in thread-block clusters of `c` blocks along the grid's z (sm_90; `c` must
+    /// divide the grid's z and be at most 8).
+    pub(crate) fn cluster_z(&mut self, c: u32) -> &mut Self {
+        self.cluster_z = c;
+        self
     }
 
     /// Appends an argument (a device pointer as `u64`, or a scalar).
@@ -49,9 +59,21 @@ impl<'a> Launch<'a> {
     pub(crate) unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<(), DriverError> {
         self.stream.context().bind_to_thread()?;
         // SAFETY: the union is plain data; a zeroed attribute is then given its id and value.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
+        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        let mut n = 0;
+        if self.pdl {
+            attrs[n].id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attrs[n].value.programmaticStreamSerializationAllowed = 1;
+            n += 1;
+        }
+        if self.cluster_z > 1 {
+            attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attrs[n].value.clusterDim.x = 1;
+            attrs[n].value.clusterDim.y = 1;
+            attrs[n].value.clusterDim.z = self.cluster_z;
+            n += 1;
+        }
         let config = sys::CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
             gridDimY: cfg.grid_dim.1,
@@ -61,10 +83,10 @@ impl<'a> Launch<'a> {
             blockDimZ: cfg.block_dim.2,
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: u32::from(self.pdl),
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: n as u32,
         };
-        // SAFETY: the caller vouches for the arguments; `attr` and the argument values live
+        // SAFETY: the caller vouches for the arguments; `attrs` and the argument values live
         // until this call returns (the driver copies them).
         unsafe {
             sys::cuLaunchKernelEx(

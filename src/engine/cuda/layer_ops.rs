@@ -146,7 +146,7 @@ impl CudaKernels {
         let (nh32, nkv32, eps32) = (nh as i32, nkv as i32, eps as f32);
         let cfg = LaunchConfig {
             grid_dim: (t as u32, 1, 1),
-            block_dim: (32 * (nh + nkv) as u32, 1, 1),
+            block_dim: (32 * (nh + nkv).min(32) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = self.launcher(func);

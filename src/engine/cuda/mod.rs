@@ -17,6 +17,7 @@ mod graph;
 mod launch;
 mod layer_ops;
 
+pub use attention::{CLUSTER_MAX_ROWS, DECODE_CLUSTER, FUSED_MAX_ROWS};
 pub use graph::DecodeGraphs;
 
 use std::sync::Arc;
@@ -34,8 +35,7 @@ static LAYER_OPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/layer_ops.fa
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
 
 /// Most token rows the skinny-matmul kernels (`kernels/gemv.cu`) take: where they beat
-/// cuBLAS on the H200 (at 8 rows cuBLAS's tiles win; see BENCHMARKS.md, "Where a decode step's
-/// time goes").
+/// cuBLAS on the H200 (at 3-8 rows cuBLAS wins; BENCHMARKS.md, "Decode steps as CUDA graphs").
 pub const GEMV_MAX_ROWS: usize = 2;
 
 /// Context tokens one decode-attention block takes at most in large batches (a partition of
@@ -67,15 +67,21 @@ pub struct CudaKernels {
     to_f32: CudaFunction,
     decode: [CudaFunction; 4],
     decode_reduce: CudaFunction,
+    /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge), bf16, GQA
+    /// groups 1, 2, 4, 8; None for f32 or with `POLICY_SERVE_FUSED_DECODE=0`.
+    decode_fused: Option<[CudaFunction; 4]>,
     prefill: [CudaFunction; 3],
     /// The tensor-core prefill kernels (bf16 only), for GQA groups 1, 2, 4, 8.
     prefill_tc: Option<[CudaFunction; 4]>,
-    /// Skinny matmuls for 1..=GEMV_MAX_ROWS rows: plain, fused with SiLU*up, and both behind a fused
-    /// add+RMSNorm (bf16 only; None when `POLICY_SERVE_GEMV=0`).
+    /// Skinny matmuls for 1..=GEMV_MAX_ROWS rows: plain, fused with SiLU*up, and both
+    /// behind a fused add+RMSNorm (bf16 only; None when `POLICY_SERVE_GEMV=0`).
     gemv: Option<[Vec<CudaFunction>; 4]>,
     blas: gemm::Blas,
-    /// Launch with programmatic dependent launch (sm_90+, unless `POLICY_SERVE_PDL=0`; off
-    /// while graphs are captured, where it gained nothing on the H200).
+    /// Fused decode attention merges in thread-block clusters (sm_90+, unless
+    /// `POLICY_SERVE_CLUSTERS=0`; see [`CudaKernels::decode_cluster`]).
+    clusters: bool,
+    /// Launch with programmatic dependent launch (sm_90+, unless `POLICY_SERVE_PDL=0`; in
+    /// captured graphs too unless `POLICY_SERVE_GRAPH_PDL=0`).
     pdl: std::sync::atomic::AtomicBool,
 }
 
@@ -113,6 +119,12 @@ impl CudaKernels {
                 .map_err(|e| kernel_err(&format!("function {name}"), e))
         };
         let s = suffix;
+        let hopper = {
+            use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute as A;
+            ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+                .unwrap_or(0)
+                >= 9
+        };
         Ok(Some(Self {
             device: dev.clone(),
             dtype,
@@ -148,6 +160,29 @@ impl CudaKernels {
                 f(&attention, &format!("paged_decode_g8_{s}"))?,
             ],
             decode_reduce: f(&attention, &format!("paged_decode_reduce_{s}"))?,
+            decode_fused: if dtype == DType::BF16
+                && !std::env::var("POLICY_SERVE_FUSED_DECODE").is_ok_and(|v| v == "0")
+            {
+                let fs = [
+                    f(&attention, "decode_fused_g1_bf16")?,
+                    f(&attention, "decode_fused_g2_bf16")?,
+                    f(&attention, "decode_fused_g4_bf16")?,
+                    f(&attention, "decode_fused_g8_bf16")?,
+                ];
+                if hopper {
+                    use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
+                    for func in &fs {
+                        func.set_attribute(
+                            A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                            1,
+                        )
+                        .map_err(|e| kernel_err("decode_fused cluster size", e))?;
+                    }
+                }
+                Some(fs)
+            } else {
+                None
+            },
             gemv: if dtype == DType::BF16
                 && !std::env::var("POLICY_SERVE_GEMV").is_ok_and(|v| v == "0")
             {
@@ -166,14 +201,10 @@ impl CudaKernels {
                 None
             },
             blas: gemm::Blas::new(&stream)?,
-            pdl: {
-                use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute as A;
-                let major = ctx
-                    .attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
-                    .unwrap_or(0);
-                let on = major >= 9 && !std::env::var("POLICY_SERVE_PDL").is_ok_and(|v| v == "0");
-                std::sync::atomic::AtomicBool::new(on)
-            },
+            clusters: hopper && !std::env::var("POLICY_SERVE_CLUSTERS").is_ok_and(|v| v == "0"),
+            pdl: std::sync::atomic::AtomicBool::new(
+                hopper && !std::env::var("POLICY_SERVE_PDL").is_ok_and(|v| v == "0"),
+            ),
             stream,
             _modules: [attention, layer_ops, gemv_mod],
         }))

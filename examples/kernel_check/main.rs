@@ -1,10 +1,13 @@
 //! On the GPU: every kernel of `kernels/` against a candle reference on random inputs of many
-//! shapes, then the whole model (kernels vs the candle path, same weights), then greedy tokens
+//! shapes (the fused decode attention against the unfused kernels, bit for bit), then the
+//! whole model (kernels vs the candle path, same weights), then greedy tokens
 //! of two engines (kernels vs candle path) over 64 steps for 8 ragged prompts. Prints a table
 //! of max relative errors (max |ours - ref| / max |ref|) and exits non-zero on a failure.
 //!
 //!     cargo build --release --features cuda --example kernel_check
 //!     .gpu/bench --write-model /tmp/m && .gpu/kernel_check --model-dir /tmp/m
+
+mod fused;
 
 use std::path::PathBuf;
 
@@ -646,6 +649,7 @@ fn main() -> Res<()> {
     let a = Args::parse();
     let dev = select_device(DeviceChoice::Cuda(0))?;
     let mut t = Table { rows: Vec::new() };
+    fused::checks(&dev, &mut t)?;
     for dt in [DType::BF16, DType::F32] {
         op_checks(&dev, dt, &mut t)?;
         model_checks(&a, &dev, dt, &mut t)?;

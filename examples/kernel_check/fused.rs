@@ -1,0 +1,194 @@
+//! The fused decode attention (`decode_fused_into`: q/k norm + RoPE + KV write + attention +
+//! merge in one launch) against the unfused kernels it replaces, which the other checks hold
+//! against candle: the output must be the same bits at the same partitioning (within bf16
+//! rounding where clusters merge in two levels), the written K/V rows the same bits, and the
+//! merge counters zero after every launch (they are reused by the next).
+
+use candle_core::{DType, Device, Tensor};
+use policy_serve::engine::cuda::CudaKernels;
+
+use super::{Res, Table, randn};
+
+/// One case: `b` rows with ragged contexts (row 1 a padding row when `pad`), `nh`/`nkv`
+/// heads, attention in `splits` partitions (None: as many as an eager step takes).
+fn case(
+    k: &CudaKernels,
+    dev: &Device,
+    (b, max_ctx, pad): (usize, usize, bool),
+    (nh, nkv): (usize, usize),
+    splits: Option<usize>,
+) -> Res<(f32, f32, u32, bool)> {
+    let (hd, bs, dt) = (128usize, 16usize, DType::BF16);
+    let ctx: Vec<usize> = (0..b)
+        .map(|i| match i {
+            0 => max_ctx,
+            1 if pad => 0,
+            _ => 1 + (i * 7919 + 13) % max_ctx,
+        })
+        .collect();
+    let need: Vec<usize> = ctx.iter().map(|c| c.div_ceil(bs)).collect();
+    let total = need.iter().sum::<usize>() + 3;
+    let w = need.iter().copied().max().unwrap_or(1).max(1);
+    let mut flat = Vec::new();
+    let mut next = 0u32;
+    let mut slots = Vec::new();
+    for (i, n) in need.iter().enumerate() {
+        // Blocks in reverse order, so a table is not contiguous.
+        let tb: Vec<u32> = (0..*n as u32).rev().map(|j| next + j).collect();
+        next += *n as u32;
+        slots.push(match ctx[i] {
+            0 => u32::MAX,
+            c => tb[(c - 1) / bs] * bs as u32 + ((c - 1) % bs) as u32,
+        });
+        flat.extend_from_slice(&tb);
+        flat.extend(std::iter::repeat_n(0u32, w - tb.len()));
+    }
+    let theta = 1_000_000f64;
+    let inv: Vec<f32> = (0..hd)
+        .step_by(2)
+        .map(|i| 1f32 / theta.powf(i as f64 / hd as f64) as f32)
+        .collect();
+    let inv = Tensor::new(inv.as_slice(), dev)?;
+    let qkv = randn(&[b, (nh + 2 * nkv) * hd], dt, dev)?;
+    let qw =
+        (randn(&[hd], dt, dev)?.affine(0.1, 1.0)? * (1.0 / (hd as f64).sqrt()))?.to_dtype(dt)?;
+    let kw = randn(&[hd], dt, dev)?.affine(0.1, 1.0)?;
+    let pos: Vec<u32> = ctx.iter().map(|&c| c.saturating_sub(1) as u32).collect();
+    let (pos, slots_t) = (
+        Tensor::new(pos.as_slice(), dev)?,
+        Tensor::new(slots.as_slice(), dev)?,
+    );
+    let ctx_u: Vec<u32> = ctx.iter().map(|&c| c as u32).collect();
+    let ctx_t = Tensor::new(ctx_u.as_slice(), dev)?;
+    let tables = Tensor::from_vec(flat, (b, w), dev)?;
+    let width = Tensor::new(&[w as u32], dev)?;
+    let kc0 = randn(&[nkv, total * bs, hd], dt, dev)?;
+    let vc0 = randn(&[nkv, total * bs, hd], dt, dev)?;
+    let part = CudaKernels::decode_partition(b);
+    let splits =
+        splits.unwrap_or_else(|| k.cluster_splits(b, CudaKernels::decode_splits(w, bs, part)));
+    let scratch = k.decode_scratch(b, nh, splits)?;
+    // In clusters, a context of up to C * 128 tokens is cut in C partitions of ceil(ctx / C)
+    // (the unfused kernels' partitioning at C splits of at least 16 tokens) and merged in one
+    // level: the same bits. Longer ones merge in two levels: rounding differs.
+    let c = k.decode_cluster(b, nh / nkv, splits);
+    let exact = c == 1 || max_ctx <= c * 128;
+    let (ref_splits, ref_part) = if c > 1 && max_ctx <= c * 128 {
+        (c, 16)
+    } else {
+        (splits, part)
+    };
+    let ref_scratch = k.decode_scratch(b, nh, ref_splits)?;
+
+    // Unfused: norm + RoPE + KV write, then attention and its merge.
+    let (kc1, vc1) = (kc0.copy()?, vc0.copy()?);
+    let q = Tensor::zeros((b, nh, hd), dt, dev)?;
+    k.qk_norm_rope_kv_write_into(
+        &qkv,
+        (&qw, &kw),
+        &inv,
+        (&pos, &slots_t),
+        (&kc1, &vc1),
+        (nh, nkv, hd),
+        1e-6,
+        &q,
+    )?;
+    let out1 = Tensor::zeros((b, nh * hd), dt, dev)?;
+    k.paged_decode_into(
+        &q,
+        &kc1,
+        &vc1,
+        (&tables, Some(&width)),
+        &ctx_t,
+        bs,
+        &out1,
+        (ref_splits, ref_part, ref_scratch.as_ref()),
+    )?;
+    // Fused, twice (the second launch finds the counters the first left).
+    let (kc2, vc2) = (kc0.copy()?, vc0.copy()?);
+    let counters = k.decode_counters(b, nh)?;
+    let mut worst = 0f32;
+    for _ in 0..2 {
+        let out2 = Tensor::ones((b, nh * hd), dt, dev)?;
+        k.decode_fused_into(
+            &qkv,
+            (&qw, &kw, 1e-6),
+            &inv,
+            (&pos, &slots_t),
+            (&kc2, &vc2),
+            (&tables, Some(&width)),
+            &ctx_t,
+            bs,
+            &out2,
+            (splits, part, scratch.as_ref(), &counters),
+        )?;
+        let d = max_abs_diff(&out1, &out2)?;
+        worst = worst.max(if exact {
+            d
+        } else {
+            d / max_abs(&out1)?.max(1e-6)
+        });
+    }
+    let cache = max_abs_diff(&kc1, &kc2)?.max(max_abs_diff(&vc1, &vc2)?);
+    let left = counters.sum_all()?.to_scalar::<u32>()?;
+    Ok((worst, cache, left, exact))
+}
+
+fn max_abs(a: &Tensor) -> Res<f32> {
+    Ok(a.to_dtype(DType::F32)?
+        .abs()?
+        .flatten_all()?
+        .max(0)?
+        .to_scalar::<f32>()?)
+}
+
+/// (rows, longest context, row 1 padding), (nh, nkv), splits (None: an eager step's).
+type Case = ((usize, usize, bool), (usize, usize), Option<usize>);
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> Res<f32> {
+    let d = (a.to_dtype(DType::F32)? - b.to_dtype(DType::F32)?)?;
+    Ok(d.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
+}
+
+pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
+    let k = CudaKernels::new(dev, DType::BF16)?.ok_or("no kernels")?;
+    let cases: &[Case] = &[
+        ((1, 600, false), (16, 8), None),
+        ((1, 600, false), (16, 8), Some(32)),
+        ((1, 5000, false), (16, 8), Some(32)),
+        ((4, 3000, true), (16, 8), Some(32)),
+        ((1, 1024, false), (16, 8), Some(32)),
+        ((1, 1100, false), (16, 8), Some(32)),
+        ((2, 300, false), (16, 8), Some(32)),
+        ((3, 17, true), (8, 8), Some(32)),
+        ((8, 700, true), (32, 8), Some(16)),
+        ((8, 40, false), (64, 8), None),
+        ((40, 900, true), (16, 8), Some(8)),
+        ((40, 900, false), (16, 8), None),
+        ((200, 300, true), (16, 8), Some(4)),
+    ];
+    for &(rows, heads, splits) in cases {
+        let (out, cache, left, exact) = case(&k, dev, rows, heads, splits)?;
+        let name = format!(
+            "decode_fused B {} ctx {} nh {} nkv {} splits {}",
+            rows.0,
+            rows.1,
+            heads.0,
+            heads.1,
+            splits.map_or("eager".to_string(), |s| s.to_string())
+        );
+        if exact {
+            t.check(format!("{name} (out = unfused, bits)"), out, 0.0);
+        } else {
+            // Two-level merge across clusters: bf16 rounding of the output may differ.
+            t.check(
+                format!("{name} (out ~ unfused, two-level merge)"),
+                out,
+                1e-2,
+            );
+        }
+        t.check(format!("{name} (K/V = unfused)"), cache, 0.0);
+        t.check(format!("{name} (counters left)"), left as f32, 0.0);
+    }
+    Ok(())
+}
