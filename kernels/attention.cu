@@ -14,6 +14,8 @@
 // a graph captures a fixed number and each sequence's partitions grow to cover its context,
 // those past its end writing an empty partial. The table row width comes as an argument, or,
 // for a captured graph, from device memory (`width`), so one graph serves any width.
+// Pure decode steps of few sequences use decode_fused instead (below): q/k norm, RoPE, the KV
+// write, this attention and the merge in one launch.
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>

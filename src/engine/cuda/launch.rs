@@ -1,12 +1,16 @@
-//! Kernel launches with programmatic dependent launch (PDL, Hopper): a kernel may be launched
-//! while the one before it on the stream still runs; its blocks wait at their first
-//! instruction (`griddepcontrol.wait` in `kernels/*.cu`) until that kernel has finished and
-//! its writes are visible, so only the launch latency and block scheduling overlap. In a
-//! captured graph this removes most of the gap between two of our kernels.
+//! Kernel launches with programmatic dependent launch (PDL, Hopper), and optionally in
+//! thread-block clusters: a kernel may be launched while the one before it on the stream
+//! still runs (every kernel lets the next launch at its start, `pdl_trigger` in
+//! `kernels/common.cuh`); its blocks wait (`pdl_wait`, `griddepcontrol.wait`) until that
+//! kernel has finished and its writes are visible. Launch latency, block scheduling and the
+//! reads placed before the wait overlap the previous kernel, in eager steps and in captured
+//! graphs alike.
 //!
-//! Invariant: every kernel launched here starts with `pdl_entry()` (wait before any memory
-//! access), so launching with the attribute never lets a kernel read or write early. On GPUs
-//! before sm_90 the instructions compile to nothing and the attribute is not set.
+//! Invariant: before its wait a kernel launched here reads only memory that no kernel of the
+//! step writes — weights (the skinny matmuls), the step's uploaded inputs and K/V rows of
+//! earlier steps (the fused decode attention) — and writes nothing; every other kernel waits
+//! first (`pdl_entry`). So the attribute never lets a kernel see a half-written buffer. On
+//! GPUs before sm_90 the instructions compile to nothing and no attribute is set.
 
 use std::ffi::c_void;
 use std::marker::PhantomData;

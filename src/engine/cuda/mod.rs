@@ -6,9 +6,9 @@
 //! Invariants: every launch goes on the device's one stream (candle's), reads and writes only
 //! contiguous tensors it is given, and never synchronizes with the host; the `_into` variants
 //! allocate nothing (they write buffers the caller owns), so a decode forward made of them can
-//! be graph-captured. Every kernel starts by waiting on the one before it
-//! (`launch.rs`). Only bf16 and f32 activations and head_dim 128 are served; other models use
-//! the candle path.
+//! be graph-captured. Every kernel waits on the one before it before it touches anything that
+//! kernel may write (`launch.rs`). Only bf16 and f32 activations and head_dim 128 are served;
+//! other models use the candle path.
 
 mod attention;
 mod forward;
