@@ -116,7 +116,7 @@ impl CudaKernels {
 
     /// The cluster size for `b` decode sequences of GQA group 1-2: [`DECODE_CLUSTER`] (16)
     /// up to 4 rows, where a step has few blocks; 8 above, where clusters of 16 are hard to
-    /// place (on the H200 they made attention at batch 8 1.9x slower than clusters of 8).
+    /// place (on the H200 they made attention at batch 8 1.6x slower than clusters of 8).
     fn cluster_of(b: usize) -> usize {
         if b <= 4 { DECODE_CLUSTER } else { 8 }
     }
