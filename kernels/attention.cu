@@ -32,18 +32,8 @@ constexpr int PER = HD / LANES;    // dims per lane (8)
 constexpr int THREADS = 128;
 constexpr int GROUPS = THREADS / LANES;  // half-warps per block (8)
 
-__device__ __forceinline__ void unpack8(uint4 raw, float* out) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float2 f = __bfloat1622float2(h[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
-
 __device__ __forceinline__ void load8(const __nv_bfloat16* p, float* out) {
-  unpack8(*reinterpret_cast<const uint4*>(p), out);
+  bf16x8_to_f32(*reinterpret_cast<const uint4*>(p), out);
 }
 
 __device__ __forceinline__ void load8(const float* p, float* out) {
@@ -90,6 +80,23 @@ __device__ __forceinline__ void softmax_step(const float (&sc)[G], const float (
     for (int i = 0; i < PER; ++i) acc[g][i] = acc[g][i] * scale + e * v[i];
     m[g] = mn;
   }
+}
+
+// This half-warp's state (m, l per head; acc, PER dims a lane) into the shared arrays that
+// merge_groups reads (the caller synchronizes the block after).
+template <int G>
+__device__ __forceinline__ void store_groups(const float (&m)[G], const float (&l)[G],
+                                             const float (&acc)[G][PER], int grp, int lane,
+                                             float (&sm)[GROUPS][G], float (&sl)[GROUPS][G],
+                                             float (&sacc)[GROUPS][G][HD]) {
+  if (lane == 0) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) { sm[grp][g] = m[g]; sl[grp][g] = l[g]; }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int i = 0; i < PER; ++i) sacc[grp][g][lane * PER + i] = acc[g][i];
 }
 
 // The block's max M, sum L and accumulator A for head g, dim d, from the half-warps' states
@@ -175,14 +182,7 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ k_ca
   // Merge the half-warps: [GROUPS][G] max/sum, [GROUPS][G][HD] accumulators.
   __shared__ float sm[GROUPS][G], sl[GROUPS][G];
   __shared__ float sacc[GROUPS][G][HD];
-  if (lane == 0) {
-#pragma unroll
-    for (int g = 0; g < G; ++g) { sm[grp][g] = m[g]; sl[grp][g] = l[g]; }
-  }
-#pragma unroll
-  for (int g = 0; g < G; ++g)
-#pragma unroll
-    for (int i = 0; i < PER; ++i) sacc[grp][g][lane * PER + i] = acc[g][i];
+  store_groups<G>(m, l, acc, grp, lane, sm, sl, sacc);
   __syncthreads();
   // Thread t merges dim t % HD of head t / HD (G * HD outputs, THREADS threads).
   for (int idx = threadIdx.x; idx < G * HD; idx += THREADS) {
@@ -479,13 +479,13 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       } else if (p == newp) {
         load8(&knew[lane * PER], kv);
       } else {
-        unpack8(kr[u], kv);
+        bf16x8_to_f32(kr[u], kv);
       }
       float sc[G];
       head_scores<G>(qv, kv, sc);
       if (!valid) continue;
       if (p == newp) load8(&vnew[lane * PER], kv);
-      else unpack8(vr[u], kv);
+      else bf16x8_to_f32(vr[u], kv);
       softmax_step<G>(sc, kv, m, l, acc);
     }
   }
@@ -504,14 +504,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   __shared__ float sacc[GROUPS][G][HD];
   __shared__ float pM[CP][G], pL[CP][G];
   __shared__ float pA[CP][G][HD];
-  if (lane == 0) {
-#pragma unroll
-    for (int g = 0; g < G; ++g) { sm[grp][g] = m[g]; sl[grp][g] = l[g]; }
-  }
-#pragma unroll
-  for (int g = 0; g < G; ++g)
-#pragma unroll
-    for (int i = 0; i < PER; ++i) sacc[grp][g][lane * PER + i] = acc[g][i];
+  store_groups<G>(m, l, acc, grp, lane, sm, sl, sacc);
   __syncthreads();
   const int rank = split % C;
   float* dM = nullptr;

@@ -38,16 +38,6 @@ __device__ __forceinline__ uint4 ld_stream(const __nv_bfloat16* p) {
   return v;
 }
 
-__device__ __forceinline__ void to_f8(uint4 raw, float* out) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float2 f = __bfloat1622float2(h[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
-
 // w[r][i] = chunk c0 + 32 * i of row rows[r] (zeros past the row's end).
 template <int NR>
 __device__ __forceinline__ void load_batch(const __nv_bfloat16* __restrict__ W,
@@ -82,11 +72,11 @@ __device__ __forceinline__ void dot_rows(const __nv_bfloat16* __restrict__ W,
       if (c >= chunks) break;
       float wf[NR][8];
 #pragma unroll
-      for (int r = 0; r < NR; ++r) to_f8(w[r][i], wf[r]);
+      for (int r = 0; r < NR; ++r) bf16x8_to_f32(w[r][i], wf[r]);
 #pragma unroll
       for (int t = 0; t < T; ++t) {
         float xf[8];
-        to_f8(*reinterpret_cast<const uint4*>(x + (size_t)t * K + c * 8), xf);
+        bf16x8_to_f32(*reinterpret_cast<const uint4*>(x + (size_t)t * K + c * 8), xf);
 #pragma unroll
         for (int r = 0; r < NR; ++r)
 #pragma unroll
