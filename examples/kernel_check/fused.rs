@@ -7,7 +7,7 @@
 use candle_core::{DType, Device, Tensor};
 use policy_serve::engine::cuda::CudaKernels;
 
-use super::{Res, Table, randn};
+use super::{Res, Table, randn, rel};
 
 /// One case: `b` rows with ragged contexts (row 1 a padding row when `pad`), `nh`/`nkv`
 /// heads, attention in `splits` partitions (None: as many as an eager step takes).
@@ -122,24 +122,15 @@ fn case(
             &out2,
             (splits, part, scratch.as_ref(), &counters),
         )?;
-        let d = max_abs_diff(&out1, &out2)?;
         worst = worst.max(if exact {
-            d
+            max_abs_diff(&out1, &out2)?
         } else {
-            d / max_abs(&out1)?.max(1e-6)
+            rel(&out2, &out1)?
         });
     }
     let cache = max_abs_diff(&kc1, &kc2)?.max(max_abs_diff(&vc1, &vc2)?);
     let left = counters.sum_all()?.to_scalar::<u32>()?;
     Ok((worst, cache, left, exact))
-}
-
-fn max_abs(a: &Tensor) -> Res<f32> {
-    Ok(a.to_dtype(DType::F32)?
-        .abs()?
-        .flatten_all()?
-        .max(0)?
-        .to_scalar::<f32>()?)
 }
 
 /// (rows, longest context, row 1 padding), (nh, nkv), splits (None: an eager step's).
