@@ -64,7 +64,8 @@ pub(crate) struct Activations {
     down: Tensor,
     /// Decode-attention partials (None with one partition).
     scratch: Option<(Tensor, Tensor)>,
-    /// Merge counters of the fused decode attention (one per row and head, kept zero).
+    /// Merge counters of the fused decode attention (one per row and head, kept zero), for
+    /// the rows it serves (at most [`super::FUSED_MAX_ROWS`]).
     counters: Tensor,
 }
 
@@ -94,7 +95,7 @@ impl Activations {
             act: k.alloc_out((t, l0.mlp.intermediate))?,
             down: k.alloc_out((t, hidden))?,
             scratch: k.decode_scratch(nd, nh, splits)?,
-            counters: k.decode_counters(t, nh)?,
+            counters: k.decode_counters(t.min(super::FUSED_MAX_ROWS), nh)?,
         })
     }
 
