@@ -720,6 +720,9 @@ async fn every_error_has_the_openai_shape_and_its_headers() {
         .await
         .unwrap();
     assert_eq!(r.status(), 413);
+    // The body was left unread, so the connection ends; the client must be told, or it
+    // would send the next request on a connection the server is closing.
+    assert_eq!(r.headers()["connection"], "close");
     check(&r.json().await.unwrap());
     let create = || {
         auth(client.post(format!("{}/v1/episodes", s.base)))

@@ -39,13 +39,23 @@ pub(super) async fn body_limit(
         )
         .into_response()
     };
+    // A refusal that leaves (part of) the body unread ends the connection, and says so:
+    // the unread bytes would otherwise be parsed as the next request, and a client that
+    // reused the connection would see it closed under its next request.
+    let unread = |mut resp: Response| {
+        resp.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+        resp
+    };
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u128>().ok());
     if declared.is_some_and(|n| n > limit as u128) {
-        return too_large();
+        return unread(too_large());
     }
     // The body is read here, within the body timeout and the limit, so that a client that
     // stalls mid-body gets a 408 instead of holding the connection forever.
@@ -53,17 +63,19 @@ pub(super) async fn body_limit(
     let timeout = Duration::from_secs(st.cfg.body_timeout_secs);
     let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
         Err(_) => {
-            return ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "request_timeout",
-                format!(
-                    "the request body did not arrive within {} s",
-                    st.cfg.body_timeout_secs
-                ),
-            )
-            .into_response();
+            return unread(
+                ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request_timeout",
+                    format!(
+                        "the request body did not arrive within {} s",
+                        st.cfg.body_timeout_secs
+                    ),
+                )
+                .into_response(),
+            );
         }
-        Ok(Err(_)) => return too_large(),
+        Ok(Err(_)) => return unread(too_large()),
         Ok(Ok(b)) => b,
     };
     let req = Request::from_parts(parts, axum::body::Body::from(bytes));
