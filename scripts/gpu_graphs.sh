@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the decode step (issue #13): kernel checks (the fused decode attention
 # bit for bit against the unfused kernels), the graph checks, decode tok/s graphs vs eager
-# (0.6B, 1.7B), the attribution runs (fused attention off, clusters off, PDL in graphs off)
-# and the op profile. Expects .gpu/{bench,graph_check,kernel_check}.xz (scripts/gpu_unpack.sh).
+# (0.6B, 1.7B), the attribution runs (fused attention off, clusters off, PDL in graphs off,
+# pipelined decode on) and the op profile. Expects .gpu/{bench,graph_check,kernel_check}.xz (scripts/gpu_unpack.sh).
 # Env: BATCHES_0_6B, BATCHES_1_7B (decode batch sizes of the bench per shape).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; S="$OUT/summary.txt"
@@ -22,6 +22,14 @@ bench 0.6b X=1 -- --model-dir /tmp/m-0.6b --compare-eager --batches ${BATCHES_0_
 bench 0.6b-unfused POLICY_SERVE_FUSED_DECODE=0 -- --model-dir /tmp/m-0.6b --batches 1,8
 bench 0.6b-noclusters POLICY_SERVE_CLUSTERS=0 -- --model-dir /tmp/m-0.6b --batches 1,8,16
 bench 0.6b-nographpdl POLICY_SERVE_GRAPH_PDL=0 -- --model-dir /tmp/m-0.6b --batches 1,8
+# Pipelined decode (each step launched before the previous step's tokens are read), and the
+# step profile's GPU idle time per step with it off and on.
+bench 0.6b-pipelined POLICY_SERVE_PIPELINED_DECODE=1 -- --model-dir /tmp/m-0.6b --batches 1,8
+for p in 0 1; do
+  POLICY_SERVE_PIPELINED_DECODE=$p POLICY_SERVE_PROFILE_STEPS=200 RUST_LOG=policy_serve::profile=info \
+    timeout 90 .gpu/bench --no-peer --model-dir /tmp/m-0.6b --batches 1,8 2>&1 \
+    | grep -E "step profile" | tail -2 | sed "s/^/profile pipelined=$p /" | tee -a "$S"
+done
 bench 1.7b X=1 -- --model-dir /tmp/m-1.7b --compare-eager --batches ${BATCHES_1_7B:-1,8,64}
 timeout 60 .gpu/graph_check --model-dir /tmp/m-0.6b --profile 1,4,8 2>&1 | grep -v WARN > "$OUT/profile-ops.txt"
 grep -E "^\||sum of|graph replay" "$OUT/profile-ops.txt" | tee -a "$S"

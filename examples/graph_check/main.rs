@@ -257,7 +257,12 @@ fn shrink_grow_check(
     Ok(())
 }
 
-fn engine(a: &Args, graphs: bool, max_running: usize) -> Res<(ModelRegistry, Engine)> {
+fn engine(
+    a: &Args,
+    graphs: bool,
+    pipelined: bool,
+    max_running: usize,
+) -> Res<(ModelRegistry, Engine)> {
     let opts = EngineOptions {
         device: DeviceChoice::Cuda(0),
         dtype: DTypeChoice::BF16,
@@ -269,6 +274,7 @@ fn engine(a: &Args, graphs: bool, max_running: usize) -> Res<(ModelRegistry, Eng
             ..KvBudget::default()
         },
         cuda_graphs: graphs,
+        pipelined_decode: pipelined,
         ..EngineOptions::default()
     };
     let r = ModelRegistry::new(vec![ModelSpec::local("m", "m", &a.model_dir)])?.with_options(opts);
@@ -282,11 +288,13 @@ fn request(prompt: Vec<u32>, n: usize) -> GenerationRequest {
     r
 }
 
-/// Check 3: graphs on vs off through the engine, staggered requests.
+/// Check 3: graphs on vs off through the engine, staggered requests; and graphs on with
+/// pipelined decode (each step launched before the previous step's tokens are read).
 fn engine_check(a: &Args, fails: &mut u32) -> Res<()> {
     let mut out = Vec::new();
-    for graphs in [true, false] {
-        let (_r, e) = engine(a, graphs, 64)?;
+    let mut pipelined_steps = 0;
+    for (graphs, pipelined) in [(false, false), (true, false), (true, true)] {
+        let (_r, e) = engine(a, graphs, pipelined, 64)?;
         if graphs && e.info().cuda_graph_buckets.is_empty() {
             return Err("the engine captured no graphs".into());
         }
@@ -305,14 +313,24 @@ fn engine_check(a: &Args, fails: &mut u32) -> Res<()> {
                 .map(|p| p.wait().map(|g| g.tokens))
                 .collect::<Result<Vec<_>, _>>()?,
         );
+        if pipelined {
+            pipelined_steps = e.stats().pipelined_steps;
+        }
     }
-    let equal = out[0].iter().zip(&out[1]).filter(|(x, y)| x == y).count();
-    let ok = equal == 24;
-    *fails += u32::from(!ok);
-    println!(
-        "engine graphs on vs off: {equal}/24 requests with equal tokens{}",
-        if ok { "" } else { " FAIL" }
-    );
+    for (i, what) in [(1, "graphs on"), (2, "graphs on, pipelined")] {
+        let equal = out[0].iter().zip(&out[i]).filter(|(x, y)| x == y).count();
+        let ok = equal == 24 && (i == 1 || pipelined_steps > 0);
+        *fails += u32::from(!ok);
+        println!(
+            "engine {what} vs graphs off: {equal}/24 requests with equal tokens{}{}",
+            if i == 2 {
+                format!(" ({pipelined_steps} steps launched ahead)")
+            } else {
+                String::new()
+            },
+            if ok { "" } else { " FAIL" }
+        );
+    }
     Ok(())
 }
 
@@ -409,7 +427,7 @@ fn random_arrivals(e: &Engine, steps: u64, seed: u64, limit: Duration) -> (u64, 
 /// reserve itself may grow by a 32 MiB chunk when fragmentation keeps a chunk from being
 /// trimmed (seen on the H200 at random points, with used bytes unchanged); that is not a leak.
 fn stress_check(a: &Args, fails: &mut u32) -> Res<()> {
-    let (_r, e) = engine(a, true, 256)?;
+    let (_r, e) = engine(a, true, false, 256)?;
     let dev = select_device(DeviceChoice::Cuda(0))?;
     let probe = || {
         e.generate(request(synthetic_prompt(100, 4242), 64))

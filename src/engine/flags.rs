@@ -40,6 +40,10 @@ pub struct EngineFlags {
     /// Run decode steps eagerly instead of replaying CUDA graphs (debugging, comparisons).
     #[arg(long)]
     pub no_cuda_graphs: bool,
+    /// Launch each greedy decode step before the previous step's tokens reach the host
+    /// (`EngineOptions::pipelined_decode`).
+    #[arg(long)]
+    pub pipelined_decode: bool,
 }
 
 impl Default for EngineFlags {
@@ -56,6 +60,7 @@ impl Default for EngineFlags {
             no_prefix_cache: false,
             swap_gib: 4.0,
             no_cuda_graphs: false,
+            pipelined_decode: false,
         }
     }
 }
@@ -85,6 +90,7 @@ impl EngineFlags {
             prefix_cache: !self.no_prefix_cache,
             swap_gib: self.swap_gib,
             cuda_graphs: !self.no_cuda_graphs,
+            pipelined_decode: self.pipelined_decode,
             ..EngineOptions::default()
         }
     }
@@ -124,6 +130,7 @@ mod tests {
             "--swap-gib",
             "0",
             "--no-cuda-graphs",
+            "--pipelined-decode",
         ]);
         let o = cli.engine.options();
         assert_eq!(o.device, DeviceChoice::Cpu);
@@ -135,9 +142,11 @@ mod tests {
         );
         assert_eq!((o.block_size, o.prefix_cache, o.swap_gib), (32, false, 0.0));
         assert!(!o.cuda_graphs);
+        assert!(o.pipelined_decode);
         // Defaults: 90% of free GPU memory; 64 sequences on the CPU.
         let d = Cli::parse_from(["x", "--device", "cpu"]).engine.options();
         assert_eq!((d.kv_budget.gpu_fraction, d.max_running), (0.9, 64));
         assert!(d.cuda_graphs);
+        assert!(!d.pipelined_decode);
     }
 }

@@ -85,6 +85,12 @@ pub struct EngineOptions {
     /// to `max_running`). On by default; CUDA with the engine's kernels and one rank only.
     /// `POLICY_SERVE_CUDA_GRAPHS=0` turns it off whatever this says.
     pub cuda_graphs: bool,
+    /// Pipelined decode: a greedy decode step of every running sequence is launched before
+    /// the previous step's tokens reach the host (the graph copies them into its inputs on
+    /// the device), so the GPU does not wait for the host between steps. The tokens are the
+    /// same as without it; a sequence that ends costs one dropped row of one step. Off by
+    /// default; `POLICY_SERVE_PIPELINED_DECODE=1` (or `0`) overrides this.
+    pub pipelined_decode: bool,
 }
 
 impl Default for EngineOptions {
@@ -103,6 +109,7 @@ impl Default for EngineOptions {
             tensor_parallel: None,
             worker_timeout: Duration::from_secs(120),
             cuda_graphs: true,
+            pipelined_decode: false,
         }
     }
 }
@@ -227,6 +234,9 @@ pub struct EngineStats {
     pub evicted_blocks: u64,
     /// Blocks held by the prefix cache.
     pub cached_blocks: usize,
+    /// Decode steps launched before the previous step's tokens were read (pipelined
+    /// decode).
+    pub pipelined_steps: u64,
     /// Sequences swapped out to host memory.
     pub swap_outs: u64,
     /// Sequences swapped back in.

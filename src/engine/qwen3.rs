@@ -314,11 +314,17 @@ impl Qwen3 {
     /// The greedy token of each row of f32 `[rows, vocab]` logits (on the device when the
     /// kernels run; only the ids cross to the host).
     pub fn greedy(&self, logits: &Tensor) -> Result<Vec<u32>> {
+        Ok(self.greedy_ids(logits)?.to_vec1()?)
+    }
+
+    /// [`Qwen3::greedy`] with the ids left where the logits are (u32 `[rows]`; nothing waits
+    /// for them): the next step's token ids when the scheduler runs a step ahead.
+    pub fn greedy_ids(&self, logits: &Tensor) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
         if let Some(k) = &self.kernels {
-            return Ok(k.argmax(logits)?.to_vec1()?);
+            return k.argmax(logits);
         }
-        Ok(logits.argmax(candle_core::D::Minus1)?.to_vec1()?)
+        Ok(logits.argmax(candle_core::D::Minus1)?)
     }
 
     /// Draws each row's token on the device (see `CudaKernels::sample`): `params` holds per

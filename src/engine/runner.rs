@@ -30,6 +30,26 @@ impl GpuEvent {
     }
 }
 
+/// Token ids on their way to the host ([`ModelRunner::read_ids`]).
+pub(crate) enum HostIds {
+    /// Read already (the CPU, or the candle path).
+    Ready(Vec<u32>),
+    /// A copy queued behind the kernels that compute them.
+    #[cfg(feature = "cuda")]
+    Pending(super::cuda::PendingIds),
+}
+
+impl HostIds {
+    /// The ids, once the work queued before them is done (not what was queued after).
+    pub(crate) fn wait(self) -> Result<Vec<u32>> {
+        match self {
+            Self::Ready(ids) => Ok(ids),
+            #[cfg(feature = "cuda")]
+            Self::Pending(p) => p.wait(),
+        }
+    }
+}
+
 /// The model, its KV tensors and (on a tensor-parallel head) the link to the workers.
 pub(crate) struct ModelRunner {
     model: Qwen3,
@@ -107,6 +127,41 @@ impl ModelRunner {
     /// The greedy token of each row of f32 logits (argmax on the device).
     pub(crate) fn greedy(&self, logits: &Tensor) -> Result<Vec<u32>> {
         self.model.greedy(logits)
+    }
+
+    /// [`ModelRunner::greedy`] with the ids left on the device (see [`Qwen3::greedy_ids`]).
+    pub(crate) fn greedy_ids(&self, logits: &Tensor) -> Result<Tensor> {
+        self.model.greedy_ids(logits)
+    }
+
+    /// Starts reading u32 `ids` (`[n]`) to the host behind the work queued so far, without
+    /// waiting for work queued later (the kernels' stream on CUDA; at once elsewhere).
+    pub(crate) fn read_ids(&self, ids: &Tensor) -> Result<HostIds> {
+        #[cfg(feature = "cuda")]
+        if let Some(k) = &self.model.kernels {
+            return Ok(HostIds::Pending(k.read_ids(ids)?));
+        }
+        Ok(HostIds::Ready(ids.to_vec1()?))
+    }
+
+    /// [`ModelRunner::forward`] with the token ids in a tensor (u32 `[tokens]`, e.g. the
+    /// previous step's [`ModelRunner::greedy_ids`]): a decode step replayed as a CUDA graph
+    /// copies them into its inputs on the device, so nothing waits for the step that draws
+    /// them; any other step reads them to the host first.
+    pub(crate) fn forward_fed(
+        &mut self,
+        ids: &Tensor,
+        inputs: &[SeqInput<'_>],
+    ) -> Result<Option<Tensor>> {
+        #[cfg(feature = "cuda")]
+        if self.comm.is_none()
+            && let Some(g) = &self.graphs
+            && let Some(logits) = g.replay_fed(&self.model, ids, inputs)?
+        {
+            return Ok(Some(logits));
+        }
+        let tokens: Vec<u32> = ids.to_vec1()?;
+        self.forward(&tokens, inputs)
     }
 
     /// Tokens drawn on the device (see `Qwen3::sample_on_device`); `None` without kernels.

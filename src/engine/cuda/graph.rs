@@ -259,6 +259,37 @@ impl DecodeGraphs {
         tokens: &[u32],
         seqs: &[SeqInput<'_>],
     ) -> Result<Option<Tensor>> {
+        self.replay_ids(model, Ids::Host(tokens), seqs)
+    }
+
+    /// [`DecodeGraphs::replay`] with the token ids in a device tensor (u32 `[B]`, e.g. the
+    /// previous step's argmax): they are copied into the graph's inputs on the stream, after
+    /// the upload of the rest, so the step can be launched before they are known on the host.
+    pub fn replay_fed(
+        &self,
+        model: &Qwen3,
+        ids: &Tensor,
+        seqs: &[SeqInput<'_>],
+    ) -> Result<Option<Tensor>> {
+        if ids.dtype() != DType::U32 || ids.elem_count() != seqs.len() {
+            return Err(kernel_err(
+                "graph replay",
+                format!(
+                    "{} token ids for {} sequences",
+                    ids.elem_count(),
+                    seqs.len()
+                ),
+            ));
+        }
+        self.replay_ids(model, Ids::Device(ids), seqs)
+    }
+
+    fn replay_ids(
+        &self,
+        model: &Qwen3,
+        ids: Ids<'_>,
+        seqs: &[SeqInput<'_>],
+    ) -> Result<Option<Tensor>> {
         let n = seqs.len();
         let Some(bi) = bucket_for(&self.buckets, n) else {
             return Ok(None);
@@ -278,6 +309,14 @@ impl DecodeGraphs {
         if width > self.max_width || self.graphs.len() != self.buckets.len() {
             return Ok(None);
         }
+        let placeholders;
+        let tokens = match ids {
+            Ids::Host(t) => t,
+            Ids::Device(_) => {
+                placeholders = vec![0u32; n];
+                &placeholders[..]
+            }
+        };
         let (positions, slots) = model.batch_slots(tokens, seqs, bs)?;
         let b = self.buckets[bi];
         let mut rows: Vec<Row<'_>> = (0..n)
@@ -293,11 +332,32 @@ impl DecodeGraphs {
             .collect();
         rows.resize(b, padding());
         self.upload(b, &rows, width)?;
+        if let Ids::Device(d) = ids {
+            let k = model
+                .kernels
+                .as_ref()
+                .ok_or_else(|| kernel_err("graph replay", "the model runs without kernels"))?;
+            let src = k.ptr(d)?;
+            // SAFETY: `d` holds n u32 (checked by `replay_fed`) and the input buffer starts
+            // with at least n ids; the copy is ordered on the stream after the upload it
+            // overwrites and before the graph that reads it.
+            unsafe {
+                result::memcpy_dtod_async(self.input_ptr, src, n * 4, self.stream.cu_stream())
+            }
+            .map_err(|e| kernel_err("graph token ids", e))?;
+        }
         self.graphs[bi]
             .launch()
             .map_err(|e| Error::Engine(format!("CUDA graph launch (batch {b}): {e}")))?;
         Ok(Some(self.logits.narrow(0, 0, n)?))
     }
+}
+
+/// Where a replayed step's token ids are.
+#[derive(Clone, Copy)]
+enum Ids<'a> {
+    Host(&'a [u32]),
+    Device(&'a Tensor),
 }
 
 /// One row of a bucket's inputs.

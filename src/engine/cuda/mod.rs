@@ -16,9 +16,11 @@ mod gemm;
 mod graph;
 mod launch;
 mod layer_ops;
+mod readback;
 
 pub use attention::{CLUSTER_MAX_ROWS, DECODE_CLUSTER, FUSED_MAX_ROWS};
 pub use graph::DecodeGraphs;
+pub use readback::PendingIds;
 
 use std::sync::Arc;
 
@@ -80,6 +82,8 @@ pub struct CudaKernels {
     /// Fused decode attention merges in thread-block clusters (sm_90+, unless
     /// `POLICY_SERVE_CLUSTERS=0`; see [`CudaKernels::decode_cluster`]).
     clusters: bool,
+    /// Pinned host buffers for token ids read back without waiting for the stream.
+    pinned: Arc<readback::PinnedPool>,
     /// Launch with programmatic dependent launch (sm_90+, unless `POLICY_SERVE_PDL=0`; in
     /// captured graphs too unless `POLICY_SERVE_GRAPH_PDL=0`).
     pdl: std::sync::atomic::AtomicBool,
@@ -205,6 +209,7 @@ impl CudaKernels {
             pdl: std::sync::atomic::AtomicBool::new(
                 hopper && !std::env::var("POLICY_SERVE_PDL").is_ok_and(|v| v == "0"),
             ),
+            pinned: Arc::default(),
             stream,
             _modules: [attention, layer_ops, gemv_mod],
         }))

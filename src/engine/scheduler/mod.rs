@@ -6,11 +6,13 @@
 //! running sequence first, then prefill chunks up to the token budget), run it on the runner,
 //! and process its output (`output.rs`: sampled tokens, incremental detokenization, stop
 //! strings, streaming, finishing). A step that fails is retried sequence by sequence, so only
-//! the failing request fails.
+//! the failing request fails. With pipelined decode (`pipeline.rs`) a greedy decode step is
+//! read one loop later, behind the step launched after it.
 
 mod detok;
 mod memory;
 mod output;
+mod pipeline;
 mod plan;
 mod profile;
 
@@ -36,6 +38,7 @@ use super::{EngineInfo, EngineOptions, EngineStats, Generation, GenerationReques
 use crate::cache::KvManager;
 use crate::error::{Error, Result};
 use detok::Detokenizer;
+use pipeline::InFlight;
 use profile::StepProfile;
 
 /// How long the head waits for its workers to load and say hello.
@@ -108,6 +111,16 @@ fn graphs_wanted(opts: &EngineOptions) -> bool {
     opts.cuda_graphs && !env_off
 }
 
+/// Whether greedy decode steps run pipelined: the option, or `POLICY_SERVE_PIPELINED_DECODE`
+/// (`1` on, `0` off) whatever it says.
+fn pipelined_wanted(opts: &EngineOptions) -> bool {
+    match std::env::var("POLICY_SERVE_PIPELINED_DECODE").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => opts.pipelined_decode,
+    }
+}
+
 pub(crate) struct Scheduler {
     runner: ModelRunner,
     kv: KvManager,
@@ -121,6 +134,10 @@ pub(crate) struct Scheduler {
     stats: Arc<Mutex<EngineStats>>,
     cancelled: u64,
     profile: Option<StepProfile>,
+    /// Pipelined decode on (`EngineOptions::pipelined_decode`, `pipeline.rs`).
+    pipelined: bool,
+    /// A step launched whose tokens are not read yet (pipelined decode).
+    inflight: Option<InFlight>,
 }
 
 impl Scheduler {
@@ -291,6 +308,8 @@ impl Scheduler {
             stats: Arc::new(Mutex::new(stats)),
             cancelled: 0,
             profile: StepProfile::from_env(),
+            pipelined: pipelined_wanted(opts),
+            inflight: None,
         })
     }
 
@@ -330,12 +349,21 @@ impl Scheduler {
                         reply,
                         stream,
                     } => self.enqueue(request, reply, Some(stream)),
-                    Command::Score { tokens, reply } => reply.send(self.score(&tokens)),
+                    Command::Score { tokens, reply } => {
+                        self.settle();
+                        reply.send(self.score(&tokens))
+                    }
                     Command::Shutdown => shutdown = true,
                 }
             }
             if shutdown {
                 break;
+            }
+            // A step in flight is settled before `running` changes (pipeline.rs).
+            if self.inflight.is_some()
+                && (!self.waiting.is_empty() || self.running.iter().any(|s| s.reply.is_abandoned()))
+            {
+                self.settle();
             }
             self.drop_abandoned();
             self.admit();

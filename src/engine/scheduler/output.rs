@@ -82,25 +82,33 @@ impl Scheduler {
         }
     }
 
+    /// Whether a sequence's newest token ends it (EOS, a stop string, its cap), and why;
+    /// `None` also for a sequence without a new token.
+    pub(super) fn finish_reason(&self, s: &Seq) -> Option<FinishReason> {
+        let generated = s.generated();
+        if !is_fresh(s) {
+            return None;
+        }
+        let last = *s.tokens.last()?;
+        let may_stop = generated >= s.request.min_tokens;
+        if may_stop && !s.request.ignore_eos && self.eos.contains(&last) {
+            Some(FinishReason::Eos)
+        } else if may_stop && stop_at(s).is_some() {
+            Some(FinishReason::Stop)
+        } else if generated >= s.max_new {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+
     /// Finishes sequences that hit EOS, a stop string or their cap; streams the others' text.
     pub(super) fn finish_done(&mut self) {
         let mut i = 0;
         while i < self.running.len() {
             let s = &self.running[i];
-            let generated = s.generated();
-            let fresh = s.computed + 1 == s.tokens.len() && generated > 0;
-            let mut reason = None;
-            if fresh {
-                let last = *s.tokens.last().expect("generated a token");
-                let may_stop = generated >= s.request.min_tokens;
-                if may_stop && !s.request.ignore_eos && self.eos.contains(&last) {
-                    reason = Some(FinishReason::Eos);
-                } else if may_stop && stop_at(s).is_some() {
-                    reason = Some(FinishReason::Stop);
-                } else if generated >= s.max_new {
-                    reason = Some(FinishReason::Length);
-                }
-            }
+            let fresh = is_fresh(s);
+            let reason = self.finish_reason(s);
             if fresh && reason.is_none() {
                 let s = &mut self.running[i];
                 s.stop_checked = s.detok.text().len();
@@ -152,6 +160,12 @@ impl Scheduler {
         self.publish_stats();
         s.reply.send(Ok(g));
     }
+}
+
+/// Whether a sequence has a generated token whose KV is not computed yet (one it has not
+/// been checked for ending on).
+fn is_fresh(s: &Seq) -> bool {
+    s.computed + 1 == s.tokens.len() && s.generated() > 0
 }
 
 /// The longest stop string of a request, in bytes.

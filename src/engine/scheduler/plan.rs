@@ -63,28 +63,52 @@ impl Scheduler {
         plan
     }
 
-    /// Plans, runs and processes one step.
+    /// Plans, runs and processes one step (with pipelined decode, a greedy decode step is
+    /// launched and its tokens read in the next call, behind the step after it:
+    /// `pipeline.rs`).
     pub(super) fn step(&mut self) {
+        if let Some(prev) = self.inflight.take() {
+            self.step_inflight(prev);
+            return;
+        }
         let plan = self.plan_step();
         if plan.seqs.is_empty() {
             return;
         }
+        if self.pipelinable(&plan.seqs) {
+            match self.launch(plan.seqs.clone()) {
+                Ok(f) => {
+                    self.inflight = Some(f);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "pipelined decode launch failed; running the step as usual");
+                }
+            }
+        }
         match self.run_plan(&plan.seqs) {
             Ok(next) => self.apply(&plan.seqs, next),
-            Err(e) if plan.seqs.len() > 1 => {
-                tracing::warn!(error = %e, "batched step failed; retrying sequence by sequence");
-                let mut failed = Vec::new();
-                for &p in &plan.seqs {
-                    match self.run_plan(&[p]) {
-                        Ok(next) => self.apply(&[p], next),
-                        Err(e) => failed.push((p.index, e)),
-                    }
-                }
-                self.fail(failed);
-            }
-            Err(e) => self.fail(vec![(plan.seqs[0].index, e)]),
+            Err(e) => self.rerun_each(&plan.seqs, e),
         }
         self.finish_done();
+    }
+
+    /// After a failed step over `plan`: reruns it sequence by sequence, failing only the
+    /// sequences that fail alone (a step of one sequence fails it with `e`).
+    pub(super) fn rerun_each(&mut self, plan: &[Planned], e: Error) {
+        if plan.len() == 1 {
+            self.fail(vec![(plan[0].index, e)]);
+            return;
+        }
+        tracing::warn!(error = %e, "batched step failed; retrying sequence by sequence");
+        let mut failed = Vec::new();
+        for &p in plan {
+            match self.run_plan(&[p]) {
+                Ok(next) => self.apply(&[p], next),
+                Err(e) => failed.push((p.index, e)),
+            }
+        }
+        self.fail(failed);
     }
 
     /// Runs the forward for `plan`; returns the sampled next token per planned sequence

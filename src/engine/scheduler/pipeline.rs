@@ -1,0 +1,245 @@
+//! Pipelined decode (`EngineOptions::pipelined_decode`): while the GPU runs step n, step
+//! n+1 is already queued behind it, fed with step n's token ids on the device, so the GPU
+//! does not wait for the host to read step n's tokens, apply them and plan again.
+//!
+//! A step is continued this way only when it is greedy pure decode of every running sequence
+//! on one rank, nobody waits for admission, and the free KV blocks cover every sequence's next
+//! position without preempting. The continuation is planned from what the host knows before
+//! step n's tokens arrive: each sequence one token further, its KV block allocated ahead.
+//!
+//! Invariants:
+//! - While a step is in flight (`Scheduler::inflight`), `running` neither loses nor reorders
+//!   sequences: the loop settles the step first (reads and applies its tokens) before anything
+//!   that would (admission, dropping abandoned requests, scoring).
+//! - A sequence that a step's token ends (EOS, a stop string, its cap) gets nothing from the
+//!   continuation: its row there is read and dropped, and the KV it wrote lies past the
+//!   sequence's computed tokens, in a block the sequence owns, never published to the prefix
+//!   cache. So every sequence's tokens are those the unpipelined scheduler gives it.
+//! - A continuation that cannot be read leaves its sequences as they were (nothing of it was
+//!   applied); a step n that cannot be read is rerun the usual way, sequence by sequence.
+
+use candle_core::Tensor;
+
+use super::plan::Planned;
+use super::{Scheduler, Seq};
+use crate::engine::qwen3::{LogitRows, SeqInput};
+use crate::engine::runner::{GpuEvent, HostIds};
+use crate::error::Result;
+
+/// A step launched whose tokens the host has not read.
+pub(super) struct InFlight {
+    /// The step's sequences (indices into `running`, each one decode token).
+    plan: Vec<Planned>,
+    /// The greedy token of each, on the device (u32 `[plan.len()]`): the next step's input.
+    ids: Tensor,
+    /// The same ids on their way to the host (queued before the next step's launches).
+    host: HostIds,
+    /// Events around the step's GPU work (the step profile).
+    gpu: (Option<GpuEvent>, Option<GpuEvent>),
+}
+
+impl Scheduler {
+    /// Whether this plan may run pipelined: greedy pure decode of every running sequence, one
+    /// rank, nobody waiting.
+    pub(super) fn pipelinable(&self, plan: &[Planned]) -> bool {
+        self.pipelined
+            && self.runner.comm().is_none()
+            && self.waiting.is_empty()
+            && plan.len() == self.running.len()
+            && plan.iter().all(|p| {
+                let s = &self.running[p.index];
+                p.q_len == 1 && s.computed + 1 == s.tokens.len() && s.request.sampling.is_greedy()
+            })
+    }
+
+    /// Launches `plan` (pipelinable) without reading its tokens.
+    pub(super) fn launch(&mut self, plan: Vec<Planned>) -> Result<InFlight> {
+        let tokens: Vec<u32> = plan
+            .iter()
+            .map(|p| {
+                let s = &self.running[p.index];
+                s.tokens[s.computed]
+            })
+            .collect();
+        let inputs = decode_inputs(&self.running, &plan, 0);
+        let start = self.gpu_event();
+        let logits = self.runner.forward(&tokens, &inputs)?;
+        drop(inputs);
+        let logits = logits.ok_or_else(no_logits)?;
+        let ids = self.runner.greedy_ids(&logits)?;
+        let end = self.gpu_event();
+        let host = self.runner.read_ids(&ids)?;
+        Ok(InFlight {
+            plan,
+            ids,
+            host,
+            gpu: (start, end),
+        })
+    }
+
+    /// A profile event on the stream now (only when profiling).
+    fn gpu_event(&self) -> Option<GpuEvent> {
+        self.profile.as_ref().and_then(|_| self.runner.gpu_event())
+    }
+
+    /// Launches the step after `prev`, fed with `prev`'s tokens on the device, when it can
+    /// run without anything `prev`'s tokens decide: every sequence below its token cap and
+    /// the context, blocks for its next position free without preempting. Allocates those
+    /// blocks.
+    fn launch_next(&mut self, prev: &InFlight) -> Option<InFlight> {
+        if !self.waiting.is_empty() || prev.plan.len() != self.running.len() {
+            return None;
+        }
+        // After `prev`, each sequence has computed + 1 tokens and its drawn token pending:
+        // the next step writes that token's KV at position computed + 1.
+        let mut need = 0;
+        for p in &prev.plan {
+            let s = &self.running[p.index];
+            let context = s.computed + 2;
+            if s.generated() + 1 >= s.max_new || context > self.max_context {
+                return None;
+            }
+            need += self.kv.blocks_for(context).saturating_sub(s.blocks.len());
+        }
+        if need > 0 {
+            let mut blocks = self.kv.allocate(need)?.into_iter();
+            for p in &prev.plan {
+                let s = &mut self.running[p.index];
+                let more = self
+                    .kv
+                    .blocks_for(s.computed + 2)
+                    .saturating_sub(s.blocks.len());
+                s.blocks.extend(blocks.by_ref().take(more));
+            }
+        }
+        let inputs = decode_inputs(&self.running, &prev.plan, 1);
+        let start = self.gpu_event();
+        let launched = self
+            .runner
+            .forward_fed(&prev.ids, &inputs)
+            .and_then(|l| l.ok_or_else(no_logits))
+            .and_then(|logits| self.runner.greedy_ids(&logits))
+            .and_then(|ids| {
+                let end = self.gpu_event();
+                Ok((self.runner.read_ids(&ids)?, ids, end))
+            });
+        drop(inputs);
+        match launched {
+            Ok((host, ids, end)) => Some(InFlight {
+                plan: prev.plan.clone(),
+                ids,
+                host,
+                gpu: (start, end),
+            }),
+            Err(e) => {
+                // Nothing of it is applied; the sequences go on unpipelined.
+                tracing::warn!(error = %e, "pipelined decode step failed; running unpipelined");
+                None
+            }
+        }
+    }
+
+    /// One step with `prev` in flight: launch the next one behind it where possible, then
+    /// read and apply `prev`'s tokens (the host work the GPU no longer waits for).
+    pub(super) fn step_inflight(&mut self, prev: InFlight) {
+        let next = self.launch_next(&prev);
+        self.flush_output();
+        if !self.settle_one(prev) {
+            // `prev` was rerun sequence by sequence: `running` may have changed under `next`,
+            // whose tokens are dropped (its KV lies past every sequence's computed tokens).
+            if let Some(next) = next {
+                let _ = next.host.wait();
+            }
+            self.finish_done();
+            return;
+        }
+        let Some(next) = next else {
+            self.finish_done();
+            return;
+        };
+        self.stats.lock().pipelined_steps += 1;
+        let ended: Vec<bool> = next
+            .plan
+            .iter()
+            .map(|p| self.finish_reason(&self.running[p.index]).is_some())
+            .collect();
+        if ended.iter().any(|e| *e) {
+            // Read the continuation now; keep the rows of the sequences that go on.
+            let next_plan = next.plan.clone();
+            match self.read(next) {
+                Ok(ids) => {
+                    let (plan, toks): (Vec<Planned>, Vec<Option<u32>>) = next_plan
+                        .iter()
+                        .zip(ids)
+                        .zip(&ended)
+                        .filter(|(_, e)| !**e)
+                        .map(|((p, t), _)| (*p, Some(t)))
+                        .unzip();
+                    self.apply(&plan, toks);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "pipelined decode step unreadable; rerunning it");
+                }
+            }
+            self.finish_done();
+        } else {
+            // Ends nothing (checked above): streams the new text, keeps `running` as it is.
+            self.finish_done();
+            self.inflight = Some(next);
+        }
+    }
+
+    /// Reads and applies the in-flight step's tokens, if there is one, and finishes the
+    /// sequences they end. Run before anything that changes `running`.
+    pub(super) fn settle(&mut self) {
+        if let Some(prev) = self.inflight.take() {
+            self.settle_one(prev);
+            self.finish_done();
+        }
+    }
+
+    /// Reads and applies `prev`'s tokens; when they cannot be read, reruns its plan sequence
+    /// by sequence (failing only the sequences that fail) and returns false.
+    fn settle_one(&mut self, prev: InFlight) -> bool {
+        let plan = prev.plan.clone();
+        match self.read(prev) {
+            Ok(ids) => {
+                self.apply(&plan, ids.into_iter().map(Some).collect());
+                true
+            }
+            Err(e) => {
+                self.rerun_each(&plan, e);
+                false
+            }
+        }
+    }
+
+    /// Waits for a step's tokens (and records its GPU span in the step profile).
+    fn read(&mut self, step: InFlight) -> Result<Vec<u32>> {
+        let ids = step.host.wait()?;
+        if let Some(p) = &mut self.profile {
+            p.gpu(step.gpu.0, step.gpu.1);
+        }
+        Ok(ids)
+    }
+}
+
+/// One decode row for each of `plan`'s sequences, for the token `ahead` places past its
+/// first uncomputed one (0: that token; 1: the token the step in flight draws).
+fn decode_inputs<'a>(running: &'a [Seq], plan: &[Planned], ahead: usize) -> Vec<SeqInput<'a>> {
+    plan.iter()
+        .map(|p| {
+            let s = &running[p.index];
+            SeqInput {
+                q_len: 1,
+                context_len: s.computed + 1 + ahead,
+                block_table: &s.blocks,
+                logits: LogitRows::Last,
+            }
+        })
+        .collect()
+}
+
+fn no_logits() -> crate::error::Error {
+    crate::error::Error::Engine("the model returned no logits for a decode step".into())
+}

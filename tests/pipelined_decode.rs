@@ -1,0 +1,213 @@
+//! Pipelined decode (`EngineOptions::pipelined_decode`): each greedy decode step is launched
+//! before the previous step's tokens are read, fed with them where the model runs. It must
+//! give every request the tokens, text and finish reason of unpipelined decode: when a token
+//! ends a sequence (EOS, a stop string, the token cap) the step already launched behind it,
+//! when requests arrive or go away mid-run, and when sampled requests share the batch.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::prompt;
+use policy_serve::engine::{DeviceChoice, Generation};
+use policy_serve::{EngineOptions, GenerationRequest, ModelRegistry, ModelSpec, SamplingParams};
+
+fn engine(dir: &Path, pipelined: bool) -> (ModelRegistry, policy_serve::Engine) {
+    let r = ModelRegistry::new(vec![ModelSpec::local("tiny", "Tiny", dir.to_path_buf())])
+        .unwrap()
+        .with_options(EngineOptions {
+            device: DeviceChoice::Cpu,
+            pipelined_decode: pipelined,
+            ..EngineOptions::default()
+        });
+    let e = r.model("tiny").unwrap().engine().clone();
+    (r, e)
+}
+
+fn request(i: usize) -> GenerationRequest {
+    GenerationRequest::new(prompt(5 + 2 * i, 900 + i as u32)).max_new_tokens(3 + 4 * i)
+}
+
+/// The context-sensitive model with one more EOS token: one that greedy decode of
+/// `request(2)` first draws mid-answer (other requests may draw it too), so sequences end on
+/// EOS at several steps.
+fn model_with_eos_mid_answer() -> (PathBuf, u32) {
+    let dir = context_sensitive_model(&tempfile::tempdir().unwrap().keep());
+    let (_r, e) = engine(&dir, false);
+    let mut r = request(2).max_new_tokens(20);
+    r.ignore_eos = true;
+    let g = e.generate(r).unwrap();
+    let eos = (2..g.tokens.len())
+        .map(|i| g.tokens[i])
+        .find(|t| !g.tokens[..2].contains(t))
+        .expect("a token first drawn mid-answer");
+    let gen_cfg = serde_json::json!({"eos_token_id": [eos, 151645], "do_sample": false});
+    std::fs::write(dir.join("generation_config.json"), gen_cfg.to_string()).unwrap();
+    (dir, eos)
+}
+
+fn run_all(e: &policy_serve::Engine, requests: Vec<GenerationRequest>) -> Vec<Generation> {
+    let pending: Vec<_> = requests.into_iter().map(|r| e.submit(r)).collect();
+    pending.into_iter().map(|p| p.wait().unwrap()).collect()
+}
+
+fn same(a: &[Generation], b: &[Generation]) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert_eq!(x.tokens, y.tokens, "request {i}: tokens");
+        assert_eq!(x.text, y.text, "request {i}: text");
+        assert_eq!(
+            x.finish_reason, y.finish_reason,
+            "request {i}: finish reason"
+        );
+    }
+}
+
+/// A tiny model whose greedy answers depend on the whole context (the shared tiny model
+/// repeats one token, which would hide a token fed at the wrong position): its own lm_head,
+/// and attention outputs scaled up so that they, not the current token's embedding, decide
+/// the next token.
+fn context_sensitive_model(dir: &Path) -> PathBuf {
+    let mut cfg = common::tiny_config();
+    cfg["tie_word_embeddings"] = serde_json::json!(false);
+    let mut tensors = common::random_tensors(&cfg, 11);
+    // An lm_head of its own, deterministic: the embedding with its columns rotated.
+    let embed = &tensors["model.embed_tokens.weight"];
+    let h = embed.dim(1).unwrap();
+    let lm_head = candle_core::Tensor::cat(
+        &[
+            embed.narrow(1, 5, h - 5).unwrap(),
+            embed.narrow(1, 0, 5).unwrap(),
+        ],
+        1,
+    )
+    .unwrap();
+    tensors.insert("lm_head.weight".into(), (lm_head * 0.5).unwrap());
+    for (name, t) in tensors.iter_mut() {
+        if name.ends_with("v_proj.weight") || name.ends_with("o_proj.weight") {
+            *t = (&*t * SCALE).unwrap();
+        }
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        std::fs::copy(common::fixtures().join("qwen3").join(f), dir.join(f)).unwrap();
+    }
+    dir.to_path_buf()
+}
+
+const SCALE: f64 = 4.0;
+
+#[test]
+fn pipelined_decode_gives_the_tokens_of_unpipelined_decode_when_tokens_end_sequences() {
+    let (dir, eos) = model_with_eos_mid_answer();
+    let (_r0, plain) = engine(&dir, false);
+    let (_r1, piped) = engine(&dir, true);
+    // A stop string from the middle of one answer (found without it).
+    let mut probe = request(5);
+    probe.ignore_eos = true;
+    let text = plain.generate(probe).unwrap().text;
+    let chars: Vec<char> = text.chars().collect();
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+    let requests = || {
+        (0..8)
+            .map(|i| {
+                let mut r = request(i);
+                if i == 5 {
+                    r.ignore_eos = true;
+                    r.stop = vec![stop.clone()];
+                }
+                if i == 6 {
+                    r.min_tokens = 4;
+                }
+                r
+            })
+            .collect::<Vec<_>>()
+    };
+    let want = run_all(&plain, requests());
+    let got = run_all(&piped, requests());
+    same(&got, &want);
+    // The runs hit each way a token can end a sequence behind a launched step.
+    let reasons: Vec<_> = want
+        .iter()
+        .map(|g| format!("{:?}", g.finish_reason))
+        .collect();
+    for r in ["Eos", "Stop", "Length"] {
+        assert!(reasons.iter().any(|x| x == r), "no {r} among {reasons:?}");
+    }
+    assert!(
+        want[2].tokens.len() > 2 && want[2].tokens.ends_with(&[eos]),
+        "{:?}",
+        want[2].tokens
+    );
+    assert_eq!(plain.stats().pipelined_steps, 0);
+    assert!(
+        piped.stats().pipelined_steps > 10,
+        "steps launched ahead: {}",
+        piped.stats().pipelined_steps
+    );
+    // One at a time too (batch of one: every step pipelined until the end).
+    for i in [0, 3, 7] {
+        same(
+            &[piped.generate(request(i)).unwrap()],
+            &[plain.generate(request(i)).unwrap()],
+        );
+    }
+}
+
+#[test]
+fn requests_arriving_leaving_and_sampling_mid_pipeline_change_no_answer() {
+    let dir = context_sensitive_model(&tempfile::tempdir().unwrap().keep());
+    let (_r0, plain) = engine(&dir, false);
+    let (_r1, piped) = engine(&dir, true);
+    let long = |i: usize| {
+        let mut r = request(i).max_new_tokens(40);
+        r.ignore_eos = true;
+        r
+    };
+    let sampled = |i: usize| {
+        let mut r = long(i).max_new_tokens(6);
+        r.sampling = SamplingParams {
+            temperature: 0.8,
+            top_k: Some(20),
+            seed: 7 + i as u64,
+            ..SamplingParams::greedy()
+        };
+        r
+    };
+    let want: Vec<Generation> = (0..4)
+        .map(|i| plain.generate(long(i)).unwrap())
+        .chain((4..6).map(|i| plain.generate(sampled(i)).unwrap()))
+        .collect();
+    // Two long requests decode pipelined; others arrive while they run, one streaming
+    // request goes away after its first chunk, and sampled requests join the batch.
+    let first: Vec<_> = (0..2).map(|i| piped.submit(long(i))).collect();
+    let (gone, mut stream) = piped.submit_streaming(long(9));
+    assert!(stream.next_blocking().is_some());
+    drop((gone, stream));
+    // It is dropped while the other two decode (pipelined), before anything else arrives.
+    let t0 = std::time::Instant::now();
+    while piped.stats().requests_cancelled == 0 {
+        assert!(t0.elapsed().as_secs() < 60, "the request was never dropped");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let later: Vec<_> = (2..4)
+        .map(|i| piped.submit(long(i)))
+        .chain((4..6).map(|i| piped.submit(sampled(i))))
+        .collect();
+    let got: Vec<Generation> = first
+        .into_iter()
+        .chain(later)
+        .map(|p| p.wait().unwrap())
+        .collect();
+    same(&got, &want);
+    let s = piped.stats();
+    assert!(s.pipelined_steps > 0, "{s:?}");
+    assert_eq!(s.requests_cancelled, 1, "{s:?}");
+    assert_eq!(s.blocks_free + s.cached_blocks, s.blocks_total, "{s:?}");
+}
