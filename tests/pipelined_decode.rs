@@ -1,5 +1,5 @@
-//! Pipelined decode (`EngineOptions::pipelined_decode`): each greedy decode step is launched
-//! before the previous step's tokens are read, fed with them where the model runs. It must
+//! Pipelined decode (`EngineOptions::pipelined_decode`): each decode step is launched before
+//! the previous step's tokens are read, fed with them where the model runs. It must
 //! give every request the tokens, text and finish reason of unpipelined decode: when a token
 //! ends a sequence (EOS, a stop string, the token cap) the step already launched behind it,
 //! when requests arrive or go away mid-run, and when sampled requests share the batch.
@@ -170,11 +170,13 @@ fn requests_arriving_leaving_and_sampling_mid_pipeline_change_no_answer() {
         r.ignore_eos = true;
         r
     };
+    // Sampled requests draw their numbers in step order, pipelined or not (top_k 20: the
+    // device draw where there are kernels; none: the host draw).
     let sampled = |i: usize| {
-        let mut r = long(i).max_new_tokens(6);
+        let mut r = long(i).max_new_tokens(12);
         r.sampling = SamplingParams {
             temperature: 0.8,
-            top_k: Some(20),
+            top_k: (i == 4).then_some(20),
             seed: 7 + i as u64,
             ..SamplingParams::greedy()
         };

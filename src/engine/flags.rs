@@ -40,7 +40,7 @@ pub struct EngineFlags {
     /// Run decode steps eagerly instead of replaying CUDA graphs (debugging, comparisons).
     #[arg(long)]
     pub no_cuda_graphs: bool,
-    /// Launch each greedy decode step before the previous step's tokens reach the host
+    /// Launch each decode step before the previous step's tokens reach the host
     /// (`EngineOptions::pipelined_decode`).
     #[arg(long)]
     pub pipelined_decode: bool,

@@ -85,11 +85,13 @@ pub struct EngineOptions {
     /// to `max_running`). On by default; CUDA with the engine's kernels and one rank only.
     /// `POLICY_SERVE_CUDA_GRAPHS=0` turns it off whatever this says.
     pub cuda_graphs: bool,
-    /// Pipelined decode: a greedy decode step of every running sequence is launched before
-    /// the previous step's tokens reach the host (the graph copies them into its inputs on
-    /// the device), so the GPU does not wait for the host between steps. The tokens are the
-    /// same as without it; a sequence that ends costs one dropped row of one step. Off by
-    /// default; `POLICY_SERVE_PIPELINED_DECODE=1` (or `0`) overrides this.
+    /// Pipelined decode: a decode step of every running sequence is launched before the
+    /// previous step's tokens reach the host (a CUDA graph copies them into its inputs on the
+    /// device), so the GPU does not wait for the host between steps. The tokens are the same
+    /// as without it (sampled requests draw the same numbers); a sequence that ends costs one
+    /// dropped row of one step. Greedy and small top-k draws overlap; draws on the host (top_k
+    /// absent or over 64) wait as before. Off by default (not yet measured on a GPU);
+    /// `POLICY_SERVE_PIPELINED_DECODE=1` (or `0`) overrides this.
     pub pipelined_decode: bool,
 }
 

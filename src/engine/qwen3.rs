@@ -328,13 +328,14 @@ impl Qwen3 {
     }
 
     /// Draws each row's token on the device (see `CudaKernels::sample`): `params` holds per
-    /// row temperature, top_p, a uniform draw and top_k; `None` without the kernels.
+    /// row temperature, top_p, a uniform draw and top_k; the ids stay on the device (u32
+    /// `[rows]`); `None` without the kernels.
     pub fn sample_on_device(
         &self,
         logits: &Tensor,
         k: usize,
         params: &[f32],
-    ) -> Result<Option<Vec<u32>>> {
+    ) -> Result<Option<Tensor>> {
         #[cfg(feature = "cuda")]
         if let Some(kern) = &self.kernels {
             return Ok(Some(kern.sample(logits, k, params)?));

@@ -164,13 +164,14 @@ impl ModelRunner {
         self.forward(&tokens, inputs)
     }
 
-    /// Tokens drawn on the device (see `Qwen3::sample_on_device`); `None` without kernels.
+    /// Tokens drawn on the device, left there (see `Qwen3::sample_on_device`); `None`
+    /// without kernels.
     pub(crate) fn sample_on_device(
         &self,
         logits: &Tensor,
         k: usize,
         params: &[f32],
-    ) -> Result<Option<Vec<u32>>> {
+    ) -> Result<Option<Tensor>> {
         self.model.sample_on_device(logits, k, params)
     }
 

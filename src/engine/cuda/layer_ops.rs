@@ -358,8 +358,8 @@ impl CudaKernels {
     /// Draws one token per row of f32 `[rows, vocab]` logits on the device: the top `k`
     /// candidates, then temperature / top-k / top-p and the row's uniform number, as the host
     /// sampler does. `params` holds per row temperature, top_p, u, top_k (`[rows * 4]`); only
-    /// the chosen ids cross to the host.
-    pub fn sample(&self, logits: &Tensor, k: usize, params: &[f32]) -> Result<Vec<u32>> {
+    /// the chosen ids stay on the device (u32 `[rows]`).
+    pub fn sample(&self, logits: &Tensor, k: usize, params: &[f32]) -> Result<Tensor> {
         let (rows, _) = logits.dims2()?;
         if params.len() != rows * 4 || k == 0 || k > 64 {
             return Err(kernel_err(
@@ -383,6 +383,6 @@ impl CudaKernels {
         b.arg(&k32).arg(&rows32).arg(&po);
         // SAFETY: argument types match the kernel's signature; buffers are sized above.
         unsafe { b.launch(cfg) }.w()?;
-        Ok(out.to_vec1()?)
+        Ok(out)
     }
 }

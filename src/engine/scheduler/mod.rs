@@ -6,7 +6,7 @@
 //! running sequence first, then prefill chunks up to the token budget), run it on the runner,
 //! and process its output (`output.rs`: sampled tokens, incremental detokenization, stop
 //! strings, streaming, finishing). A step that fails is retried sequence by sequence, so only
-//! the failing request fails. With pipelined decode (`pipeline.rs`) a greedy decode step is
+//! the failing request fails. With pipelined decode (`pipeline.rs`) a decode step is
 //! read one loop later, behind the step launched after it.
 
 mod detok;
@@ -111,7 +111,7 @@ fn graphs_wanted(opts: &EngineOptions) -> bool {
     opts.cuda_graphs && !env_off
 }
 
-/// Whether greedy decode steps run pipelined: the option, or `POLICY_SERVE_PIPELINED_DECODE`
+/// Whether decode steps run pipelined: the option, or `POLICY_SERVE_PIPELINED_DECODE`
 /// (`1` on, `0` off) whatever it says.
 fn pipelined_wanted(opts: &EngineOptions) -> bool {
     match std::env::var("POLICY_SERVE_PIPELINED_DECODE").as_deref() {

@@ -2,9 +2,12 @@
 //! n+1 is already queued behind it, fed with step n's token ids on the device, so the GPU
 //! does not wait for the host to read step n's tokens, apply them and plan again.
 //!
-//! A step is continued this way only when it is greedy pure decode of every running sequence
-//! on one rank, nobody waits for admission, and the free KV blocks cover every sequence's next
-//! position without preempting. The continuation is planned from what the host knows before
+//! A step is continued this way only when it is pure decode of every running sequence on one
+//! rank, nobody waits for admission, and the free KV blocks cover every sequence's next
+//! position without preempting. Greedy rows and small top-k draws stay on the device; other
+//! draws read the logits to the host (correct, but the step then waits as before). Each
+//! sampled row takes its uniform numbers from its own generator in step order, so a sampled
+//! request draws what it draws unpipelined. The continuation is planned from what the host knows before
 //! step n's tokens arrive: each sequence one token further, its KV block allocated ahead.
 //!
 //! Invariants:
@@ -30,7 +33,7 @@ use crate::error::Result;
 pub(super) struct InFlight {
     /// The step's sequences (indices into `running`, each one decode token).
     plan: Vec<Planned>,
-    /// The greedy token of each, on the device (u32 `[plan.len()]`): the next step's input.
+    /// The token drawn for each, on the device (u32 `[plan.len()]`): the next step's input.
     ids: Tensor,
     /// The same ids on their way to the host (queued before the next step's launches).
     host: HostIds,
@@ -39,8 +42,8 @@ pub(super) struct InFlight {
 }
 
 impl Scheduler {
-    /// Whether this plan may run pipelined: greedy pure decode of every running sequence, one
-    /// rank, nobody waiting.
+    /// Whether this plan may run pipelined: pure decode of every running sequence, one rank,
+    /// nobody waiting.
     pub(super) fn pipelinable(&self, plan: &[Planned]) -> bool {
         self.pipelined
             && self.runner.comm().is_none()
@@ -48,7 +51,7 @@ impl Scheduler {
             && plan.len() == self.running.len()
             && plan.iter().all(|p| {
                 let s = &self.running[p.index];
-                p.q_len == 1 && s.computed + 1 == s.tokens.len() && s.request.sampling.is_greedy()
+                p.q_len == 1 && s.computed + 1 == s.tokens.len()
             })
     }
 
@@ -66,7 +69,7 @@ impl Scheduler {
         let logits = self.runner.forward(&tokens, &inputs)?;
         drop(inputs);
         let logits = logits.ok_or_else(no_logits)?;
-        let ids = self.runner.greedy_ids(&logits)?;
+        let ids = self.draw_ids(&logits, &indices(&plan))?;
         let end = self.gpu_event();
         let host = self.runner.read_ids(&ids)?;
         Ok(InFlight {
@@ -114,16 +117,17 @@ impl Scheduler {
         }
         let inputs = decode_inputs(&self.running, &prev.plan, 1);
         let start = self.gpu_event();
-        let launched = self
+        let logits = self
             .runner
             .forward_fed(&prev.ids, &inputs)
-            .and_then(|l| l.ok_or_else(no_logits))
-            .and_then(|logits| self.runner.greedy_ids(&logits))
+            .and_then(|l| l.ok_or_else(no_logits));
+        drop(inputs);
+        let launched = logits
+            .and_then(|logits| self.draw_ids(&logits, &indices(&prev.plan)))
             .and_then(|ids| {
                 let end = self.gpu_event();
                 Ok((self.runner.read_ids(&ids)?, ids, end))
             });
-        drop(inputs);
         match launched {
             Ok((host, ids, end)) => Some(InFlight {
                 plan: prev.plan.clone(),
@@ -222,6 +226,11 @@ impl Scheduler {
         }
         Ok(ids)
     }
+}
+
+/// The `running` indices of a plan's sequences.
+fn indices(plan: &[Planned]) -> Vec<usize> {
+    plan.iter().map(|p| p.index).collect()
 }
 
 /// One decode row for each of `plan`'s sequences, for the token `ahead` places past its

@@ -7,6 +7,8 @@
 
 use std::time::Instant;
 
+use candle_core::Tensor;
+
 use super::Scheduler;
 use crate::engine::SamplingParams;
 use crate::engine::qwen3::{LogitRows, SeqInput};
@@ -143,74 +145,14 @@ impl Scheduler {
         let t_sync = Instant::now();
         let mut out = vec![None; plan.len()];
         let Some(logits) = logits else { return Ok(out) };
-        // Which rows want a token, and how each is drawn.
+        // Which rows want a token.
         let rows: Vec<usize> = plan
             .iter()
             .zip(&wants)
             .filter(|(_, w)| **w)
             .map(|(p, _)| p.index)
             .collect();
-        let sampling: Vec<SamplingParams> = rows
-            .iter()
-            .map(|&i| self.running[i].request.sampling)
-            .collect();
-        let any_sampled = sampling.iter().any(|s| !s.is_greedy());
-        // A device draw serves every row when each sampled row's top_k is small enough.
-        let device_k = sampling
-            .iter()
-            .filter(|s| !s.is_greedy())
-            .map(|s| s.top_k.filter(|&k| (1..=MAX_DEVICE_TOP_K).contains(&k)))
-            .collect::<Option<Vec<usize>>>()
-            .and_then(|ks| ks.into_iter().max());
-        let chosen: Vec<u32> = if !any_sampled {
-            self.runner.greedy(&logits)?
-        } else {
-            // One uniform number per sampled row from the request's own generator, as the
-            // host sampler draws it; the device or the host then draws with it.
-            let draws: Vec<Option<f32>> = rows
-                .iter()
-                .map(|&i| {
-                    let s = &mut self.running[i];
-                    (!s.request.sampling.is_greedy()).then(|| s.rng.next_f32())
-                })
-                .collect();
-            let on_device = match device_k {
-                Some(k) => {
-                    let mut params = Vec::with_capacity(rows.len() * 4);
-                    for (p, u) in sampling.iter().zip(&draws) {
-                        match u {
-                            None => params.extend([1.0, 1.0, 0.0, 1.0]),
-                            Some(u) => params.extend([
-                                p.temperature,
-                                p.top_p.unwrap_or(1.0),
-                                *u,
-                                p.top_k.unwrap_or(k) as f32,
-                            ]),
-                        }
-                    }
-                    self.runner.sample_on_device(&logits, k, &params)?
-                }
-                None => None,
-            };
-            match on_device {
-                Some(ids) => ids,
-                None => {
-                    // Host sampling over whole rows (no kernels, or top_k absent or large).
-                    let greedy = self.runner.greedy(&logits)?;
-                    let mut ids = Vec::with_capacity(rows.len());
-                    for (row, (p, u)) in sampling.iter().zip(&draws).enumerate() {
-                        ids.push(match u {
-                            None => greedy[row],
-                            Some(u) => {
-                                let l: Vec<f32> = logits.get(row)?.to_vec1()?;
-                                sample_with(&l, p, *u)
-                            }
-                        });
-                    }
-                    ids
-                }
-            }
-        };
+        let chosen: Vec<u32> = self.draw_ids(&logits, &rows)?.to_vec1()?;
         if self.profile.is_some() {
             let ev_end = self.runner.gpu_event();
             if let Some(prof) = &mut self.profile {
@@ -228,6 +170,66 @@ impl Scheduler {
             }
         }
         Ok(out)
+    }
+
+    /// The next token of each of `rows` (indices into `running`, one per row of `logits`),
+    /// left where the logits are (u32 `[rows]`); each sampled row takes one uniform number
+    /// from its request's generator. Greedy rows and small top-k draws run on the device;
+    /// other draws (no kernels, top_k absent or large) read the logits to the host.
+    pub(super) fn draw_ids(&mut self, logits: &Tensor, rows: &[usize]) -> Result<Tensor> {
+        let sampling: Vec<SamplingParams> = rows
+            .iter()
+            .map(|&i| self.running[i].request.sampling)
+            .collect();
+        if sampling.iter().all(|s| s.is_greedy()) {
+            return self.runner.greedy_ids(logits);
+        }
+        // A device draw serves every row when each sampled row's top_k is small enough.
+        let device_k = sampling
+            .iter()
+            .filter(|s| !s.is_greedy())
+            .map(|s| s.top_k.filter(|&k| (1..=MAX_DEVICE_TOP_K).contains(&k)))
+            .collect::<Option<Vec<usize>>>()
+            .and_then(|ks| ks.into_iter().max());
+        // One uniform number per sampled row from the request's own generator, as the host
+        // sampler draws it; the device or the host then draws with it.
+        let draws: Vec<Option<f32>> = rows
+            .iter()
+            .map(|&i| {
+                let s = &mut self.running[i];
+                (!s.request.sampling.is_greedy()).then(|| s.rng.next_f32())
+            })
+            .collect();
+        if let Some(k) = device_k {
+            let mut params = Vec::with_capacity(rows.len() * 4);
+            for (p, u) in sampling.iter().zip(&draws) {
+                match u {
+                    None => params.extend([1.0, 1.0, 0.0, 1.0]),
+                    Some(u) => params.extend([
+                        p.temperature,
+                        p.top_p.unwrap_or(1.0),
+                        *u,
+                        p.top_k.unwrap_or(k) as f32,
+                    ]),
+                }
+            }
+            if let Some(ids) = self.runner.sample_on_device(logits, k, &params)? {
+                return Ok(ids);
+            }
+        }
+        // Host sampling over whole rows (no kernels, or top_k absent or large).
+        let greedy = self.runner.greedy(logits)?;
+        let mut ids = Vec::with_capacity(rows.len());
+        for (row, (p, u)) in sampling.iter().zip(&draws).enumerate() {
+            ids.push(match u {
+                None => greedy[row],
+                Some(u) => {
+                    let l: Vec<f32> = logits.get(row)?.to_vec1()?;
+                    sample_with(&l, p, *u)
+                }
+            });
+        }
+        Ok(Tensor::new(ids.as_slice(), logits.device())?)
     }
 
     /// Logits of every position of `tokens`, computed in prefill chunks on temporary blocks.
