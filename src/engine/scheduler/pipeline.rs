@@ -4,11 +4,12 @@
 //!
 //! A step is continued this way only when it is pure decode of every running sequence on one
 //! rank, nobody waits for admission, and the free KV blocks cover every sequence's next
-//! position without preempting. Greedy rows and small top-k draws stay on the device; other
-//! draws read the logits to the host (correct, but the step then waits as before). Each
-//! sampled row takes its uniform numbers from its own generator in step order, so a sampled
-//! request draws what it draws unpipelined. The continuation is planned from what the host knows before
+//! position without preempting. The continuation is planned from what the host knows before
 //! step n's tokens arrive: each sequence one token further, its KV block allocated ahead.
+//! Greedy rows and small top-k draws stay on the device; other draws read the logits to the
+//! host (correct, but the step then waits as before). Each sampled row takes its uniform
+//! numbers from its own generator in step order, so a sampled request draws what it draws
+//! unpipelined.
 //!
 //! Invariants:
 //! - While a step is in flight (`Scheduler::inflight`), `running` neither loses nor reorders

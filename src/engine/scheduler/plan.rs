@@ -65,7 +65,7 @@ impl Scheduler {
         plan
     }
 
-    /// Plans, runs and processes one step (with pipelined decode, a greedy decode step is
+    /// Plans, runs and processes one step (with pipelined decode, a decode step is
     /// launched and its tokens read in the next call, behind the step after it:
     /// `pipeline.rs`).
     pub(super) fn step(&mut self) {
