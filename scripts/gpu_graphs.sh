@@ -28,7 +28,7 @@ bench 0.6b-pipelined POLICY_SERVE_PIPELINED_DECODE=1 -- --model-dir /tmp/m-0.6b 
 for p in 0 1; do
   POLICY_SERVE_PIPELINED_DECODE=$p POLICY_SERVE_PROFILE_STEPS=200 RUST_LOG=policy_serve::profile=info \
     timeout 90 .gpu/bench --no-peer --model-dir /tmp/m-0.6b --batches 1,8 2>&1 \
-    | grep -E "step profile" | tail -2 | sed "s/^/profile pipelined=$p /" | tee -a "$S"
+    | grep -E "step profile" | tail -4 | sed "s/^/profile pipelined=$p /" | tee -a "$S"
 done
 bench 1.7b X=1 -- --model-dir /tmp/m-1.7b --compare-eager --batches ${BATCHES_1_7B:-1,8,64}
 timeout 60 .gpu/graph_check --model-dir /tmp/m-0.6b --profile 1,4,8 2>&1 | grep -v WARN > "$OUT/profile-ops.txt"
