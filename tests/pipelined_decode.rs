@@ -213,3 +213,45 @@ fn requests_arriving_leaving_and_sampling_mid_pipeline_change_no_answer() {
     assert_eq!(s.requests_cancelled, 1, "{s:?}");
     assert_eq!(s.blocks_free + s.cached_blocks, s.blocks_total, "{s:?}");
 }
+
+#[test]
+fn pipelined_decode_under_kv_pressure_and_shared_prefixes_changes_no_answer() {
+    let dir = context_sensitive_model(&tempfile::tempdir().unwrap().keep());
+    // Six requests sharing a 40-token prefix (cache hits), 24 tokens each, in a pool of 12
+    // blocks of 16: too small for all of them, so sequences are preempted (swapped or
+    // recomputed) and blocks for the next position are often not free to take ahead.
+    let shared = prompt(40, 5);
+    let requests = || {
+        (0..6)
+            .map(|i| {
+                let mut p = shared.clone();
+                p.extend(prompt(3 + i, 60 + i as u32));
+                let mut r = GenerationRequest::new(p).max_new_tokens(24);
+                r.ignore_eos = true;
+                r
+            })
+            .collect::<Vec<_>>()
+    };
+    let want = run_all(&engine(&dir, false).1, requests());
+    for swap_gib in [1.0, 0.0] {
+        let r = ModelRegistry::new(vec![ModelSpec::local("tiny", "Tiny", dir.clone())])
+            .unwrap()
+            .with_options(EngineOptions {
+                device: DeviceChoice::Cpu,
+                pipelined_decode: true,
+                kv_budget: policy_serve::engine::KvBudget {
+                    blocks: Some(12),
+                    ..Default::default()
+                },
+                swap_gib,
+                ..EngineOptions::default()
+            });
+        let e = r.model("tiny").unwrap().engine().clone();
+        same(&run_all(&e, requests()), &want);
+        let s = e.stats();
+        assert!(s.preemptions > 0, "swap {swap_gib}: {s:?}");
+        assert!(s.pipelined_steps > 0, "swap {swap_gib}: {s:?}");
+        assert!(s.cache_hit_tokens > 0, "swap {swap_gib}: {s:?}");
+        assert_eq!(s.blocks_free + s.cached_blocks, s.blocks_total, "{s:?}");
+    }
+}
