@@ -31,8 +31,15 @@ impl Scheduler {
             }
         }
         let mut cancelled = gone.len();
+        // A step in flight indexes `running` (pipeline.rs): it is settled before any running
+        // sequence goes, and with it in flight nothing goes (a caller that leaves between
+        // this check and the loop below is dropped on the next pass, not under the step).
+        let running_gone = self.running.iter().any(|s| s.reply.is_abandoned());
+        if running_gone {
+            self.settle();
+        }
         let mut i = 0;
-        while i < self.running.len() {
+        while running_gone && i < self.running.len() {
             if self.running[i].reply.is_abandoned() {
                 let mut s = self.running.remove(i);
                 self.release_seq(&mut s);

@@ -359,10 +359,9 @@ impl Scheduler {
             if shutdown {
                 break;
             }
-            // A step in flight is settled before `running` changes (pipeline.rs).
-            if self.inflight.is_some()
-                && (!self.waiting.is_empty() || self.running.iter().any(|s| s.reply.is_abandoned()))
-            {
+            // A step in flight is settled before admission (pipeline.rs; `drop_abandoned`
+            // settles it itself before a running sequence goes).
+            if !self.waiting.is_empty() {
                 self.settle();
             }
             self.drop_abandoned();
