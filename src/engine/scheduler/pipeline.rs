@@ -183,7 +183,7 @@ impl Scheduler {
                     self.apply(&plan, toks);
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "pipelined decode step unreadable; rerunning it");
+                    tracing::warn!(error = %e, "pipelined decode step unreadable; its sequences go on unpipelined");
                 }
             }
             self.finish_done();
