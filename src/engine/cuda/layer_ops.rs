@@ -357,8 +357,8 @@ impl CudaKernels {
 
     /// Draws one token per row of f32 `[rows, vocab]` logits on the device: the top `k`
     /// candidates, then temperature / top-k / top-p and the row's uniform number, as the host
-    /// sampler does. `params` holds per row temperature, top_p, u, top_k (`[rows * 4]`); only
-    /// the chosen ids stay on the device (u32 `[rows]`).
+    /// sampler does. `params` holds per row temperature, top_p, u, top_k (`[rows * 4]`); the
+    /// chosen ids are left on the device (u32 `[rows]`).
     pub fn sample(&self, logits: &Tensor, k: usize, params: &[f32]) -> Result<Tensor> {
         let (rows, _) = logits.dims2()?;
         if params.len() != rows * 4 || k == 0 || k > 64 {
