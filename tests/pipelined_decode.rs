@@ -31,8 +31,8 @@ fn request(i: usize) -> GenerationRequest {
 /// The context-sensitive model with one more EOS token: one that greedy decode of
 /// `request(2)` first draws mid-answer (other requests may draw it too), so sequences end on
 /// EOS at several steps.
-fn model_with_eos_mid_answer() -> (PathBuf, u32) {
-    let dir = context_sensitive_model(&tempfile::tempdir().unwrap().keep());
+fn model_with_eos_mid_answer(tmp: &tempfile::TempDir) -> (PathBuf, u32) {
+    let dir = context_sensitive_model(tmp.path());
     let (_r, e) = engine(&dir, false);
     // Within request(2)'s own cap, so that request ends on it.
     let mut r = request(2);
@@ -106,7 +106,8 @@ const SCALE: f64 = 4.0;
 
 #[test]
 fn pipelined_decode_gives_the_tokens_of_unpipelined_decode_when_tokens_end_sequences() {
-    let (dir, eos) = model_with_eos_mid_answer();
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, eos) = model_with_eos_mid_answer(&tmp);
     let (_r0, plain) = engine(&dir, false);
     let (_r1, piped) = engine(&dir, true);
     // A stop string from the middle of one answer (found without it).
@@ -163,7 +164,8 @@ fn pipelined_decode_gives_the_tokens_of_unpipelined_decode_when_tokens_end_seque
 
 #[test]
 fn requests_arriving_leaving_and_sampling_mid_pipeline_change_no_answer() {
-    let dir = context_sensitive_model(&tempfile::tempdir().unwrap().keep());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = context_sensitive_model(tmp.path());
     let (_r0, plain) = engine(&dir, false);
     let (_r1, piped) = engine(&dir, true);
     let long = |i: usize| {
@@ -217,7 +219,8 @@ fn requests_arriving_leaving_and_sampling_mid_pipeline_change_no_answer() {
 
 #[test]
 fn pipelined_decode_under_kv_pressure_and_shared_prefixes_changes_no_answer() {
-    let dir = context_sensitive_model(&tempfile::tempdir().unwrap().keep());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = context_sensitive_model(tmp.path());
     // Six requests sharing a 40-token prefix (cache hits), 24 tokens each, in a pool of 12
     // blocks of 16: too small for all of them, so sequences are preempted (swapped or
     // recomputed) and blocks for the next position are often not free to take ahead.
@@ -280,7 +283,8 @@ fn soak_random_workloads_pipelined_equal_unpipelined() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
-    let (dir, _) = model_with_eos_mid_answer();
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, _) = model_with_eos_mid_answer(&tmp);
     let (_r0, plain) = engine(&dir, false);
     let mut preempted = 0;
     for round in 0..rounds {
