@@ -67,9 +67,19 @@ impl Scheduler {
             .collect();
         let inputs = decode_inputs(&self.running, &plan, 0);
         let start = self.gpu_event();
-        let logits = self.runner.forward(&tokens, &inputs)?;
+        let logits = self.runner.forward(&tokens, &inputs);
         drop(inputs);
-        let logits = logits.ok_or_else(no_logits)?;
+        self.in_flight(plan, start, logits)
+    }
+
+    /// A launched step's draw, queued with the read-back of its ids: the step in flight.
+    fn in_flight(
+        &mut self,
+        plan: Vec<Planned>,
+        start: Option<GpuEvent>,
+        logits: Result<Option<Tensor>>,
+    ) -> Result<InFlight> {
+        let logits = logits?.ok_or_else(no_logits)?;
         let ids = self.draw_ids(&logits, &indices(&plan))?;
         let end = self.gpu_event();
         let host = self.runner.read_ids(&ids)?;
@@ -118,24 +128,10 @@ impl Scheduler {
         }
         let inputs = decode_inputs(&self.running, &prev.plan, 1);
         let start = self.gpu_event();
-        let logits = self
-            .runner
-            .forward_fed(&prev.ids, &inputs)
-            .and_then(|l| l.ok_or_else(no_logits));
+        let logits = self.runner.forward_fed(&prev.ids, &inputs);
         drop(inputs);
-        let launched = logits
-            .and_then(|logits| self.draw_ids(&logits, &indices(&prev.plan)))
-            .and_then(|ids| {
-                let end = self.gpu_event();
-                Ok((self.runner.read_ids(&ids)?, ids, end))
-            });
-        match launched {
-            Ok((host, ids, end)) => Some(InFlight {
-                plan: prev.plan.clone(),
-                ids,
-                host,
-                gpu: (start, end),
-            }),
+        match self.in_flight(prev.plan.clone(), start, logits) {
+            Ok(next) => Some(next),
             Err(e) => {
                 // Nothing of it is applied; the sequences go on unpipelined.
                 tracing::warn!(error = %e, "pipelined decode step failed; running unpipelined");
