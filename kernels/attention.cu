@@ -82,6 +82,18 @@ __device__ __forceinline__ void softmax_step(const float (&sc)[G], const float (
   }
 }
 
+// A half-warp's state before its first token: running max -inf, sum and accumulators 0.
+template <int G>
+__device__ __forceinline__ void empty_groups(float (&m)[G], float (&l)[G], float (&acc)[G][PER]) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) acc[g][i] = 0.f;
+  }
+}
+
 // This half-warp's state (m, l per head; acc, PER dims a lane) into the shared arrays that
 // merge_groups reads (the caller synchronizes the block after).
 template <int G>
@@ -148,13 +160,7 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ k_ca
   for (int g = 0; g < G; ++g) load8(q + ((size_t)b * nh + kh * G + g) * HD + lane * PER, qv[g]);
 
   float m[G], l[G], acc[G][PER];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    m[g] = -INFINITY;
-    l[g] = 0.f;
-#pragma unroll
-    for (int i = 0; i < PER; ++i) acc[g][i] = 0.f;
-  }
+  empty_groups<G>(m, l, acc);
   const uint32_t* table = block_tables + (size_t)b * W;
   const size_t head_base = (size_t)kh * num_slots;
   // Both half-warps of a warp run the same number of iterations (the shuffles below need the
@@ -459,13 +465,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 #pragma unroll
   for (int g = 0; g < G; ++g) load8(&qs[g][lane * PER], qv[g]);
   float m[G], l[G], acc[G][PER];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    m[g] = -INFINITY;
-    l[g] = 0.f;
-#pragma unroll
-    for (int i = 0; i < PER; ++i) acc[g][i] = 0.f;
-  }
+  empty_groups<G>(m, l, acc);
   for (int base = start; base < end; base += GROUPS * FETCH) {
     if (base != start) fetch(base);
 #pragma unroll
