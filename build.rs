@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const KERNELS: &[&str] = &["attention", "layer_ops", "gemv"];
+const KERNELS: &[&str] = &["decode", "fused_decode", "prefill", "layer_ops", "gemv"];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -14,6 +14,7 @@ fn main() {
         println!("cargo:rerun-if-changed=kernels/{k}.cu");
     }
     println!("cargo:rerun-if-changed=kernels/common.cuh");
+    println!("cargo:rerun-if-changed=kernels/attention.cuh");
     println!("cargo:rerun-if-env-changed=CUDA_ROOT");
     println!("cargo:rerun-if-env-changed=NVCC");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {

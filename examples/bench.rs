@@ -85,6 +85,24 @@ struct Args {
     /// After the decode rows, the same rows on an engine without CUDA graphs.
     #[arg(long)]
     compare_eager: bool,
+    /// Pipelined decode (`EngineOptions::pipelined_decode`).
+    #[arg(long)]
+    pipelined_decode: bool,
+    /// Log the step profile every N steps (`EngineOptions::profile_steps`; 0: off).
+    #[arg(long, default_value_t = 0)]
+    profile_steps: u64,
+    /// Skinny-matmul kernels off (`KernelOptions::gemv`).
+    #[arg(long)]
+    no_gemv: bool,
+    /// Fused decode attention off (`KernelOptions::fused_decode`).
+    #[arg(long)]
+    no_fused_decode: bool,
+    /// Thread-block clusters off (`KernelOptions::clusters`).
+    #[arg(long)]
+    no_clusters: bool,
+    /// Programmatic dependent launch in graphs off (`KernelOptions::graph_pdl`).
+    #[arg(long)]
+    no_graph_pdl: bool,
 }
 
 fn parse_pair(s: &str) -> Result<(usize, usize), String> {
@@ -337,6 +355,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         max_running: a.batches.iter().copied().max().unwrap_or(1).max(1),
         max_batched_tokens: 8192,
         prefill_chunk: 2048,
+        pipelined_decode: a.pipelined_decode,
+        profile_steps: (a.profile_steps > 0).then_some(a.profile_steps),
+        kernels: policy_serve::engine::KernelOptions {
+            gemv: !a.no_gemv,
+            fused_decode: !a.no_fused_decode,
+            clusters: !a.no_clusters,
+            graph_pdl: !a.no_graph_pdl,
+            ..Default::default()
+        },
         ..EngineOptions::default()
     };
     if a.world_size > 1 {
@@ -547,7 +574,7 @@ fn tp_link(
     dev: &Device,
 ) -> Result<policy_serve::engine::CommHandle, Box<dyn std::error::Error>> {
     let addr = a.rendezvous.ok_or("--world-size > 1 needs --rendezvous")?;
-    let comm = policy_serve::engine::nccl::NcclComm::connect(
+    let comm = policy_serve::engine::parallel::nccl::NcclComm::connect(
         0,
         a.world_size,
         addr,
@@ -575,9 +602,9 @@ fn nccl_selftest(
     dev: &Device,
 ) -> Result<(), Box<dyn std::error::Error>> {
     use policy_serve::engine::CommBackend;
-    use policy_serve::engine::kv_cache::PagedKvCache;
-    use policy_serve::engine::qwen3::{LogitRows, SeqInput};
-    let comm = policy_serve::engine::nccl::NcclComm::connect(
+    use policy_serve::engine::batch::{LogitRows, SeqInput};
+    use policy_serve::engine::model::kv_cache::PagedKvCache;
+    let comm = policy_serve::engine::parallel::nccl::NcclComm::connect(
         0,
         1,
         "127.0.0.1:1".parse()?,
@@ -638,8 +665,8 @@ fn profile_steps(
     dev: &Device,
     a: &Args,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    use policy_serve::engine::kv_cache::PagedKvCache;
-    use policy_serve::engine::qwen3::{LogitRows, SeqInput};
+    use policy_serve::engine::batch::{LogitRows, SeqInput};
+    use policy_serve::engine::model::kv_cache::PagedKvCache;
     let (mcfg, model) = load_bare(dir, cfg, dtype, dev)?;
     for &b in &a.batches {
         let per_seq = (a.prompt + a.new_tokens).div_ceil(16);
@@ -700,7 +727,7 @@ fn choice(d: DType) -> DTypeChoice {
     }
 }
 
-/// The bench model as a bare `Qwen3` (no engine), for step timing and the NCCL self-test.
+/// The bench model as a bare `Model` (no engine), for step timing and the NCCL self-test.
 fn load_bare(
     dir: &Path,
     cfg: &serde_json::Value,
@@ -709,18 +736,19 @@ fn load_bare(
 ) -> Result<
     (
         policy_serve::engine::ModelConfig,
-        policy_serve::engine::qwen3::Qwen3,
+        policy_serve::engine::model::Model,
     ),
     Box<dyn std::error::Error>,
 > {
     let mcfg = policy_serve::engine::ModelConfig::from_json(&cfg.to_string())?;
-    let model = policy_serve::engine::loader::load_shard(
+    let model = policy_serve::engine::model::loader::load_shard(
         "bench",
         &mcfg,
         &[dir.join("model.safetensors")],
         choice(dtype),
         dev,
-        policy_serve::engine::qwen3::Shard::FULL,
+        policy_serve::engine::model::shard::Shard::FULL,
+        &policy_serve::engine::KernelOptions::default(),
         || {},
     )?;
     Ok((mcfg, model))

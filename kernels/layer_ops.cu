@@ -270,13 +270,6 @@ __device__ void topk_rows(const float* __restrict__ x, int n, int k, float* __re
     qk_norm_rope_kv_write<T, 4>(qkv, q_w, k_w, inv_freq, pos, slots, q_out, k_cache, v_cache,   \
                                 nh, nkv, num_slots, eps);                                       \
   }                                                                                             \
-  extern "C" __global__ void qk_norm_rope_kv_write_hd64_##NAME(                                 \
-      const T* qkv, const T* q_w, const T* k_w, const float* inv_freq, const uint32_t* pos,     \
-      const uint32_t* slots, T* q_out, T* k_cache, T* v_cache, int nh, int nkv,                 \
-      long long num_slots, float eps) { pdl_entry();                                                         \
-    qk_norm_rope_kv_write<T, 2>(qkv, q_w, k_w, inv_freq, pos, slots, q_out, k_cache, v_cache,   \
-                                nh, nkv, num_slots, eps);                                       \
-  }                                                                                             \
   extern "C" __global__ void silu_mul_##NAME(const T* gu, T* out, long long rows, int inter) { pdl_entry(); \
     silu_mul<T>(gu, out, rows, inter);                                                          \
   }                                                                                             \

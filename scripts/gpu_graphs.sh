@@ -13,21 +13,22 @@ for c in 0.6b 1.7b; do [ -d /tmp/m-$c ] || .gpu/bench --config tests/fixtures/qw
 t0=$(date +%s)
 timeout 150 .gpu/kernel_check --model-dir /tmp/m-0.6b > "$OUT/kernel_check.log" 2>&1; echo "kernel_check exit $? ($(( $(date +%s) - t0 )) s)" | tee -a "$S"
 grep -E "FAIL|kernel-check|decode_fused.*out" "$OUT/kernel_check.log" | tee -a "$S"
-bench() { # name, env..., -- bench args
+bench() { # name, env..., -- bench args (engine switches are bench flags, e.g. --no-fused-decode)
   local name=$1; shift; local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
   env "${envs[@]}" timeout 90 .gpu/bench --no-peer "$@" > "$OUT/bench-$name.log" 2>&1
   grep -E "^ours(-eager)? decode" "$OUT/bench-$name.log" | sed "s/^/$name /" | tee -a "$S"
 }
 bench 0.6b X=1 -- --model-dir /tmp/m-0.6b --compare-eager --batches ${BATCHES_0_6B:-1,2,4,8,16,64,256}
-bench 0.6b-unfused POLICY_SERVE_FUSED_DECODE=0 -- --model-dir /tmp/m-0.6b --batches 1,8
-bench 0.6b-noclusters POLICY_SERVE_CLUSTERS=0 -- --model-dir /tmp/m-0.6b --batches 1,8,16
-bench 0.6b-nographpdl POLICY_SERVE_GRAPH_PDL=0 -- --model-dir /tmp/m-0.6b --batches 1,8
+bench 0.6b-unfused X=1 -- --model-dir /tmp/m-0.6b --batches 1,8 --no-fused-decode
+bench 0.6b-noclusters X=1 -- --model-dir /tmp/m-0.6b --batches 1,8,16 --no-clusters
+bench 0.6b-nographpdl X=1 -- --model-dir /tmp/m-0.6b --batches 1,8 --no-graph-pdl
 # Pipelined decode (each step launched before the previous step's tokens are read), and the
 # step profile's GPU idle time per step with it off and on.
-bench 0.6b-pipelined POLICY_SERVE_PIPELINED_DECODE=1 -- --model-dir /tmp/m-0.6b --batches 1,8
+bench 0.6b-pipelined X=1 -- --model-dir /tmp/m-0.6b --batches 1,8 --pipelined-decode
 for p in 0 1; do
-  POLICY_SERVE_PIPELINED_DECODE=$p POLICY_SERVE_PROFILE_STEPS=200 RUST_LOG=policy_serve::profile=info \
-    timeout 90 .gpu/bench --no-peer --model-dir /tmp/m-0.6b --batches 1,8 2>&1 \
+  pf=""; [ "$p" = 1 ] && pf=--pipelined-decode
+  RUST_LOG=policy_serve::profile=info \
+    timeout 90 .gpu/bench --no-peer --model-dir /tmp/m-0.6b --batches 1,8 --profile-steps 200 $pf 2>&1 \
     | grep -E "step profile" | tail -4 | sed "s/^/profile pipelined=$p /" | tee -a "$S"
 done
 bench 1.7b X=1 -- --model-dir /tmp/m-1.7b --compare-eager --batches ${BATCHES_1_7B:-1,8,64}

@@ -46,7 +46,7 @@ impl EngineArgs {
     #[cfg(feature = "nccl")]
     pub fn nccl_link(&self, rank: usize, addr: std::net::SocketAddr) -> Result<CommHandle, Error> {
         let device = policy_serve::engine::select_device(self.engine.device)?;
-        let comm = policy_serve::engine::nccl::NcclComm::connect(
+        let comm = policy_serve::engine::parallel::nccl::NcclComm::connect(
             rank,
             self.world_size,
             addr,

@@ -98,6 +98,10 @@ pub enum Error {
     /// The engine failed while running a request; other requests keep running.
     #[error("engine error: {0}")]
     Engine(String),
+    /// The request was cancelled (its caller went away, or its episode was closed) before it
+    /// finished; nothing of it was kept.
+    #[error("cancelled: {0}")]
+    Cancelled(String),
     /// The engine has shut down; no more requests are accepted.
     #[error("the engine has shut down; get a new policy from the registry")]
     EngineStopped,
@@ -113,6 +117,19 @@ pub enum Error {
 }
 
 impl Error {
+    /// This error as a failure to load model `key`: an error that already says so (a load,
+    /// checkpoint or unsupported-model error) as it is, anything else wrapped once in
+    /// [`Error::Load`].
+    pub(crate) fn loading(self, key: &str) -> Error {
+        match self {
+            e @ (Error::Load { .. } | Error::Checkpoint { .. } | Error::Unsupported(_)) => e,
+            other => Error::Load {
+                key: key.into(),
+                reason: other.to_string(),
+            },
+        }
+    }
+
     pub(crate) fn file(path: impl Into<PathBuf>, reason: impl std::fmt::Display) -> Self {
         Error::File {
             path: path.into(),

@@ -47,6 +47,7 @@ pub mod policy;
 pub mod registry;
 #[cfg(feature = "server")]
 pub mod server;
+#[doc(hidden)]
 pub mod testing;
 
 pub use engine::{Engine, EngineOptions, Generation, GenerationRequest, SamplingParams};

@@ -243,7 +243,7 @@ fn absurd_config_dimensions_exit_2_with_the_reason_and_allocate_nothing() {
         ),
         (
             serde_json::json!({"num_hidden_layers": 3}),
-            "checkpoint holds 2 layers",
+            "checkpoint holds layer tensors up to model.layers.1",
         ),
     ];
     let generate = |dir: &std::path::Path| {
@@ -270,4 +270,68 @@ fn absurd_config_dimensions_exit_2_with_the_reason_and_allocate_nothing() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+// Hardening round 2 (#4, #5): absurd sizes are refused before anything is allocated or run,
+// with exit 2 and the flag named. Mutations that fail it: the KV budget not checked against
+// the host (the process aborts on the allocation), or `prompt + max_new` unchecked (it wraps
+// and the request generates).
+#[test]
+fn absurd_flags_exit_2_naming_the_flag_before_anything_runs() {
+    let dir = common::shared_tiny_model();
+    let cases: [(&[&str], &str); 2] = [
+        (
+            &["--kv-cache-gib", "100000", "--max-running", "100000000"],
+            "--kv-cache-gib",
+        ),
+        (
+            &["--max-new-tokens", "18446744073709551615"],
+            "max_new_tokens",
+        ),
+    ];
+    for (flags, needle) in cases {
+        let t = std::time::Instant::now();
+        let out = bin()
+            .args(["generate", "--model-dir"])
+            .arg(&dir)
+            .args(["--prompt", "hi", "--device", "cpu"])
+            .args(flags)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {err}");
+        assert!(err.contains(needle), "{flags:?}: {err}");
+        assert!(
+            t.elapsed().as_secs() < 20,
+            "{flags:?} ran for {:?}",
+            t.elapsed()
+        );
+    }
+}
+
+// Hardening round 2 (#11): a layer index of usize::MAX does not wrap the layer count to 0.
+#[test]
+fn a_layer_index_of_usize_max_is_named_not_wrapped() {
+    let dir = common::tiny_model_copy();
+    let path = dir.join("model.safetensors");
+    let mut tensors = candle_core::safetensors::load(&path, &candle_core::Device::Cpu).unwrap();
+    tensors.insert(
+        format!("model.layers.{}.extra.weight", usize::MAX),
+        candle_core::Tensor::zeros(2, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap(),
+    );
+    candle_core::safetensors::save(&tensors, &path).unwrap();
+    let out = bin()
+        .args(["generate", "--model-dir"])
+        .arg(&dir)
+        .args(["--prompt", "hi", "--max-new-tokens", "1", "--device", "cpu"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("model.layers.{}", usize::MAX)),
+        "{err}"
+    );
+    assert!(!err.contains("holds 0 layers"), "{err}");
+    assert_eq!(err.matches("failed to load model").count(), 1, "{err}");
 }

@@ -24,12 +24,14 @@ use std::time::{Duration, Instant};
 
 use candle_core::{D, DType, Tensor};
 use clap::Parser;
-use policy_serve::engine::cuda::DecodeGraphs;
-use policy_serve::engine::kv_cache::PagedKvCache;
-use policy_serve::engine::loader::{load_shard, served_context};
-use policy_serve::engine::qwen3::{LogitRows, Qwen3, SeqInput, Shard};
+use policy_serve::engine::batch::{LogitRows, SeqInput};
+use policy_serve::engine::model::Model;
+use policy_serve::engine::model::kv_cache::PagedKvCache;
+use policy_serve::engine::model::loader::{load_shard, served_context};
+use policy_serve::engine::model::shard::Shard;
+use policy_serve::engine::runner::graphs::DecodeGraphs;
 use policy_serve::engine::{
-    DTypeChoice, DeviceChoice, KvBudget, ModelConfig, graph_buckets, select_device,
+    DTypeChoice, DeviceChoice, KernelOptions, KvBudget, ModelConfig, graph_buckets, select_device,
 };
 use policy_serve::testing::synthetic_prompt;
 use policy_serve::{Engine, EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
@@ -68,7 +70,7 @@ enum Path<'a> {
 }
 
 /// Prefills `seqs` (all new tokens) eagerly and appends each one's first token.
-fn prefill(m: &Qwen3, cache: &PagedKvCache, seqs: &mut [&mut Seq]) -> Res<()> {
+fn prefill(m: &Model, cache: &PagedKvCache, seqs: &mut [&mut Seq]) -> Res<()> {
     let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.clone()).collect();
     let inputs: Vec<SeqInput<'_>> = seqs
         .iter()
@@ -89,7 +91,7 @@ fn prefill(m: &Qwen3, cache: &PagedKvCache, seqs: &mut [&mut Seq]) -> Res<()> {
 }
 
 /// One decode step of `seqs` on `path`: appends each one's greedy token; returns the logits.
-fn decode(m: &Qwen3, cache: &PagedKvCache, path: &Path<'_>, seqs: &mut [&mut Seq]) -> Res<Tensor> {
+fn decode(m: &Model, cache: &PagedKvCache, path: &Path<'_>, seqs: &mut [&mut Seq]) -> Res<Tensor> {
     let tokens: Vec<u32> = seqs.iter().map(|s| *s.tokens.last().unwrap()).collect();
     let inputs: Vec<SeqInput<'_>> = seqs
         .iter()
@@ -132,7 +134,7 @@ fn table_for(i: usize, width: usize) -> Vec<u32> {
 
 /// Check 1: every bucket, 128 steps, graph vs eager.
 fn buckets_check(
-    m: &Qwen3,
+    m: &Model,
     caches: &[PagedKvCache; 2],
     g: &DecodeGraphs,
     fails: &mut u32,
@@ -195,7 +197,7 @@ fn buckets_check(
 
 /// Check 2: 48 sequences arriving every 3 steps, each running 20-109 steps.
 fn shrink_grow_check(
-    m: &Qwen3,
+    m: &Model,
     caches: &[PagedKvCache; 2],
     g: &DecodeGraphs,
     fails: &mut u32,
@@ -497,6 +499,7 @@ fn main() -> Res<()> {
         DTypeChoice::BF16,
         &dev,
         Shard::FULL,
+        &KernelOptions::default(),
         || {},
     )?;
     if !a.profile.is_empty() {
@@ -516,7 +519,7 @@ fn main() -> Res<()> {
         ];
         let mut g =
             DecodeGraphs::allocate(&m, 256, served_context(&cfg), BS)?.ok_or("no kernels")?;
-        g.capture(&m, &caches[1])?;
+        g.capture(&m, &caches[1], true)?;
         println!(
             "# buckets {:?} (expected {:?}) captured in {:.0} ms; {:.0} MiB of buffers and graphs",
             g.buckets(),

@@ -7,10 +7,12 @@ use std::time::Instant;
 use candle_core::cuda_backend::cudarc::driver::sys;
 use candle_core::{DType, Device, Tensor};
 use policy_serve::engine::ModelConfig;
-use policy_serve::engine::cuda::{CudaKernels, DecodeGraphs};
-use policy_serve::engine::kv_cache::PagedKvCache;
-use policy_serve::engine::loader::served_context;
-use policy_serve::engine::qwen3::{LogitRows, Qwen3, SeqInput};
+use policy_serve::engine::batch::{LogitRows, SeqInput};
+use policy_serve::engine::cuda::{CudaKernels, LaunchOptions};
+use policy_serve::engine::model::Model;
+use policy_serve::engine::model::kv_cache::PagedKvCache;
+use policy_serve::engine::model::loader::served_context;
+use policy_serve::engine::runner::graphs::DecodeGraphs;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -44,12 +46,13 @@ fn randn(shape: &[usize], dev: &Device) -> Res<Tensor> {
     Ok(Tensor::randn(0f32, 0.5, shape, dev)?.to_dtype(DType::BF16)?)
 }
 
-pub fn run(m: &Qwen3, cfg: &ModelConfig, dev: &Device, batches: &[usize]) -> Res<()> {
-    // SAFETY: set before these kernels load; nothing else reads it now.
-    unsafe { std::env::set_var("POLICY_SERVE_GEMV", "0") };
-    let blas = CudaKernels::new(dev, DType::BF16)?.ok_or("kernels")?;
-    unsafe { std::env::set_var("POLICY_SERVE_GEMV", "1") };
-    let k = CudaKernels::new(dev, DType::BF16)?.ok_or("kernels")?;
+pub fn run(m: &Model, cfg: &ModelConfig, dev: &Device, batches: &[usize]) -> Res<()> {
+    let no_gemv = LaunchOptions {
+        gemv: false,
+        ..LaunchOptions::default()
+    };
+    let blas = CudaKernels::new(dev, DType::BF16, &no_gemv)?.ok_or("kernels")?;
+    let k = CudaKernels::new(dev, DType::BF16, &LaunchOptions::default())?.ok_or("kernels")?;
     let (h, hd) = (cfg.hidden_size, cfg.head_dim());
     let (nh, nkv, inter, vocab) = (
         cfg.num_attention_heads,
@@ -278,9 +281,7 @@ pub fn run(m: &Qwen3, cfg: &ModelConfig, dev: &Device, batches: &[usize]) -> Res
     let cache = PagedKvCache::new(cfg, m.local_kv_heads(), bmax * per, bs, DType::BF16, dev)?;
     let mut g = DecodeGraphs::allocate(m, bmax, served_context(cfg), bs)?.ok_or("no kernels")?;
     for graph_pdl in ["0", "1"] {
-        // SAFETY: read by `capture` below, on this thread; nothing else reads it now.
-        unsafe { std::env::set_var("POLICY_SERVE_GRAPH_PDL", graph_pdl) };
-        g.capture(m, &cache)?;
+        g.capture(m, &cache, graph_pdl == "1")?;
         for &b in batches {
             replay_steps(m, &k, dev, &g, b, per, graph_pdl)?;
         }
@@ -288,10 +289,10 @@ pub fn run(m: &Qwen3, cfg: &ModelConfig, dev: &Device, batches: &[usize]) -> Res
     Ok(())
 }
 
-/// Times whole steps of batch `b` replayed on `g` (captured with `POLICY_SERVE_GRAPH_PDL` =
-/// `graph_pdl`), back to back and with the sampled tokens read back each step.
+/// Times whole steps of batch `b` replayed on `g` (captured with PDL in the graph when
+/// `graph_pdl` is "1"), back to back and with the sampled tokens read back each step.
 fn replay_steps(
-    m: &Qwen3,
+    m: &Model,
     k: &CudaKernels,
     dev: &Device,
     g: &DecodeGraphs,

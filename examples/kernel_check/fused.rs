@@ -5,7 +5,7 @@
 //! merge counters zero after every launch (they are reused by the next).
 
 use candle_core::{DType, Device, Tensor};
-use policy_serve::engine::cuda::CudaKernels;
+use policy_serve::engine::cuda::{CudaKernels, LaunchOptions};
 
 use super::{Res, Table, randn, rel};
 
@@ -142,7 +142,7 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> Res<f32> {
 }
 
 pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
-    let k = CudaKernels::new(dev, DType::BF16)?.ok_or("no kernels")?;
+    let k = CudaKernels::new(dev, DType::BF16, &LaunchOptions::default())?.ok_or("no kernels")?;
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),

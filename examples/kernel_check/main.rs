@@ -13,11 +13,12 @@ use std::path::PathBuf;
 
 use candle_core::{D, DType, Device, IndexOp, Tensor};
 use clap::Parser;
-use policy_serve::engine::cuda::CudaKernels;
-use policy_serve::engine::kv_cache::PagedKvCache;
-use policy_serve::engine::loader::load_shard;
-use policy_serve::engine::qwen3::{LogitRows, SeqInput, Shard};
-use policy_serve::engine::{DTypeChoice, DeviceChoice, ModelConfig, select_device};
+use policy_serve::engine::batch::{LogitRows, SeqInput};
+use policy_serve::engine::cuda::{CudaKernels, LaunchOptions};
+use policy_serve::engine::model::kv_cache::PagedKvCache;
+use policy_serve::engine::model::loader::load_shard;
+use policy_serve::engine::model::shard::Shard;
+use policy_serve::engine::{DTypeChoice, DeviceChoice, KernelOptions, ModelConfig, select_device};
 use policy_serve::testing::synthetic_prompt;
 use policy_serve::{EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
 
@@ -63,7 +64,7 @@ fn tol(dt: DType) -> f32 {
 }
 
 fn op_checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
-    let k = CudaKernels::new(dev, dt)?.ok_or("no kernels")?;
+    let k = CudaKernels::new(dev, dt, &LaunchOptions::default())?.ok_or("no kernels")?;
     for &(rows, n) in &[(1usize, 1024usize), (7, 2048), (300, 1024)] {
         let (x, r) = (randn(&[rows, n], dt, dev)?, randn(&[rows, n], dt, dev)?);
         let w = randn(&[n], dt, dev)?.affine(0.1, 1.0)?;
@@ -480,11 +481,30 @@ fn model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
     } else {
         DTypeChoice::BF16
     };
-    let fast = load_shard("check", &cfg, &weights, choice, dev, Shard::FULL, || {})?;
+    let kopts = KernelOptions::default();
+    let fast = load_shard(
+        "check",
+        &cfg,
+        &weights,
+        choice,
+        dev,
+        Shard::FULL,
+        &kopts,
+        || {},
+    )?;
     if !fast.uses_kernels() {
         return Err("the model did not load its kernels".into());
     }
-    let mut slow = load_shard("check", &cfg, &weights, choice, dev, Shard::FULL, || {})?;
+    let mut slow = load_shard(
+        "check",
+        &cfg,
+        &weights,
+        choice,
+        dev,
+        Shard::FULL,
+        &kopts,
+        || {},
+    )?;
     slow.disable_kernels();
     let bs = 16;
     let caches = [
@@ -594,10 +614,15 @@ fn greedy_check(a: &Args, t: &mut Table) -> Res<()> {
         ..EngineOptions::default()
     };
     let run = |kernels: bool, sampled: bool| -> Res<Vec<Vec<u32>>> {
-        // SAFETY: set before the engine (and its threads) starts; nothing else reads it now.
-        unsafe { std::env::set_var("POLICY_SERVE_KERNELS", if kernels { "1" } else { "0" }) };
-        let r = ModelRegistry::new(vec![ModelSpec::local("m", "m", &a.model_dir)])?
-            .with_options(opts.clone());
+        let opts = EngineOptions {
+            kernels: KernelOptions {
+                kernels,
+                ..KernelOptions::default()
+            },
+            ..opts.clone()
+        };
+        let r =
+            ModelRegistry::new(vec![ModelSpec::local("m", "m", &a.model_dir)])?.with_options(opts);
         let e = r.model("m")?.engine().clone();
         let pending: Vec<_> = (0..8)
             .map(|i| {

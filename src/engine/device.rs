@@ -2,6 +2,7 @@
 
 use candle_core::{DType, Device};
 
+use super::defaults;
 use crate::error::{Error, Result};
 
 /// Where to run.
@@ -14,6 +15,17 @@ pub enum DeviceChoice {
     Cpu,
     /// CUDA device N.
     Cuda(usize),
+}
+
+impl DeviceChoice {
+    /// Whether this choice runs on a GPU (`Auto`: whether CUDA is available).
+    pub fn is_gpu(self) -> bool {
+        match self {
+            Self::Cpu => false,
+            Self::Cuda(_) => true,
+            Self::Auto => candle_core::utils::cuda_is_available(),
+        }
+    }
 }
 
 impl std::str::FromStr for DeviceChoice {
@@ -92,9 +104,9 @@ pub struct KvBudget {
 impl Default for KvBudget {
     fn default() -> Self {
         Self {
-            gpu_fraction: 0.8,
+            gpu_fraction: defaults::GPU_MEMORY_UTILIZATION,
             gpu_gib: None,
-            cpu_gib: 1.0,
+            cpu_gib: defaults::CPU_KV_GIB,
             blocks: None,
         }
     }
@@ -108,14 +120,42 @@ impl KvBudget {
         }
         let gib = (1u64 << 30) as f64;
         let bytes = if device.is_cpu() {
-            self.cpu_gib * gib
+            let want = self.cpu_gib * gib;
+            // Checked before anything is allocated: an absurd budget is an error naming the
+            // flag, never an allocation that aborts the process.
+            if let Some(avail) = available_host_bytes()
+                && want > avail as f64
+            {
+                return Err(Error::InvalidInput(format!(
+                    "--kv-cache-gib {} asks for more KV memory than this host has available ({:.1} GiB); lower it",
+                    self.cpu_gib,
+                    avail as f64 / gib
+                )));
+            }
+            want
         } else if let Some(g) = self.gpu_gib {
+            let free = free_gpu_bytes(device)?;
+            if g * gib > free as f64 {
+                return Err(Error::InvalidInput(format!(
+                    "--kv-cache-gib {g} asks for more KV memory than the GPU has free ({:.1} GiB after loading the weights); lower it",
+                    free as f64 / gib
+                )));
+            }
             g * gib
         } else {
-            free_gpu_bytes(device)? as f64 * self.gpu_fraction
+            free_gpu_bytes(device)? as f64 * self.gpu_fraction.clamp(0.0, 1.0)
         };
-        Ok((bytes / block_bytes as f64) as usize)
+        Ok((bytes / block_bytes.max(1) as f64) as usize)
     }
+}
+
+/// The host memory available to new allocations (`MemAvailable` of `/proc/meminfo`; `None`
+/// where it cannot be read).
+pub fn available_host_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 #[cfg(feature = "cuda")]
@@ -137,17 +177,18 @@ fn free_gpu_bytes(_device: &Device) -> Result<usize> {
 /// Picks the device. On CUDA, cudarc's per-allocation event tracking is turned off: the
 /// engine runs everything on the device's one stream, where stream order already orders every
 /// use of a buffer, so the events only cost time (two event creations per allocation).
-/// `POLICY_SERVE_EVENT_TRACKING=1` keeps them (to measure the difference).
-pub fn select(choice: DeviceChoice) -> Result<Device> {
+/// `event_tracking` keeps them (`KernelOptions::event_tracking`, to measure the difference).
+pub fn select(choice: DeviceChoice, event_tracking: bool) -> Result<Device> {
     let device = pick(choice)?;
     #[cfg(feature = "cuda")]
     if let Device::Cuda(d) = &device
-        && !std::env::var("POLICY_SERVE_EVENT_TRACKING").is_ok_and(|v| v == "1")
+        && !event_tracking
     {
         // SAFETY: the engine uses this device's one stream only (no second stream is created),
         // so no tensor is used on another stream before or after its allocation.
         unsafe { d.disable_event_tracking() };
     }
+    let _ = event_tracking;
     Ok(device)
 }
 

@@ -1,7 +1,9 @@
 //! `EngineFlags`: the command-line face of [`EngineOptions`], shared by the CLI and the HTTP
 //! host so both size an engine with the same flags and names.
 
-use super::{DTypeChoice, DeviceChoice, EngineOptions, KvBudget};
+use super::defaults;
+use super::device::{DTypeChoice, DeviceChoice, KvBudget};
+use super::options::{EngineOptions, KernelOptions};
 
 /// Flags that size and configure an engine (`--device`, `--gpu-memory-utilization`, ...).
 #[derive(clap::Args, Debug, Clone, PartialEq)]
@@ -13,7 +15,7 @@ pub struct EngineFlags {
     #[arg(long, default_value = "auto")]
     pub dtype: DTypeChoice,
     /// Fraction of the GPU memory free after loading the weights that KV blocks take.
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, default_value_t = defaults::GPU_MEMORY_UTILIZATION)]
     pub gpu_memory_utilization: f64,
     /// KV memory in GiB (GPU or CPU), instead of the fraction.
     #[arg(long)]
@@ -23,19 +25,19 @@ pub struct EngineFlags {
     #[arg(long)]
     pub max_running: Option<usize>,
     /// Most tokens in one forward (decode tokens first, then prefill chunks).
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = defaults::MAX_BATCHED_TOKENS)]
     pub max_batched_tokens: usize,
     /// Largest prefill chunk of one sequence per step.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = defaults::PREFILL_CHUNK)]
     pub prefill_chunk: usize,
     /// Tokens per KV block (tensor-parallel workers must use the same).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = defaults::BLOCK_SIZE)]
     pub block_size: usize,
     /// Turn the radix prefix cache off.
     #[arg(long)]
     pub no_prefix_cache: bool,
     /// Host memory (GiB) for KV swapped out on preemption (0: preempt by recompute).
-    #[arg(long, default_value_t = 4.0)]
+    #[arg(long, default_value_t = defaults::SWAP_GIB)]
     pub swap_gib: f64,
     /// Run decode steps eagerly instead of replaying CUDA graphs (debugging, comparisons).
     #[arg(long)]
@@ -44,35 +46,46 @@ pub struct EngineFlags {
     /// (`EngineOptions::pipelined_decode`).
     #[arg(long)]
     pub pipelined_decode: bool,
+    /// Log where each step's time goes, summed over this many steps (0: no profile).
+    #[arg(long, default_value_t = 0)]
+    pub profile_steps: u64,
+    /// Run the forward on candle ops instead of the engine's own CUDA kernels.
+    #[arg(long)]
+    pub no_kernels: bool,
+    /// Use cuBLAS instead of the skinny-matmul kernels for decode steps of 1-2 rows.
+    #[arg(long)]
+    pub no_gemv: bool,
+    /// Run decode attention unfused (norm/RoPE/KV write, then attention).
+    #[arg(long)]
+    pub no_fused_decode: bool,
+    /// No thread-block clusters in the fused decode attention.
+    #[arg(long)]
+    pub no_clusters: bool,
+    /// No programmatic dependent launch (eager steps and graphs).
+    #[arg(long)]
+    pub no_pdl: bool,
+    /// No programmatic dependent launch inside captured CUDA graphs.
+    #[arg(long)]
+    pub no_graph_pdl: bool,
 }
 
 impl Default for EngineFlags {
     fn default() -> Self {
-        Self {
-            device: DeviceChoice::Auto,
-            dtype: DTypeChoice::Auto,
-            gpu_memory_utilization: 0.9,
-            kv_cache_gib: None,
-            max_running: None,
-            max_batched_tokens: 8192,
-            prefill_chunk: 2048,
-            block_size: 16,
-            no_prefix_cache: false,
-            swap_gib: 4.0,
-            no_cuda_graphs: false,
-            pipelined_decode: false,
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Only {
+            #[command(flatten)]
+            flags: EngineFlags,
         }
+        // The defaults clap gives: one table (`defaults`), no second copy here.
+        Only::parse_from(["policy-serve"]).flags
     }
 }
 
 impl EngineFlags {
     /// The engine options these flags describe.
     pub fn options(&self) -> EngineOptions {
-        let on_gpu = match self.device {
-            DeviceChoice::Cpu => false,
-            DeviceChoice::Cuda(_) => true,
-            DeviceChoice::Auto => candle_core::utils::cuda_is_available(),
-        };
+        let on_gpu = self.device.is_gpu();
         let kv_budget = KvBudget {
             gpu_fraction: self.gpu_memory_utilization.clamp(0.0, 1.0),
             gpu_gib: self.kv_cache_gib,
@@ -84,13 +97,25 @@ impl EngineFlags {
             dtype: self.dtype,
             block_size: self.block_size,
             kv_budget,
-            max_running: self.max_running.unwrap_or(if on_gpu { 256 } else { 64 }),
+            max_running: self
+                .max_running
+                .unwrap_or_else(|| defaults::max_running(on_gpu)),
             max_batched_tokens: self.max_batched_tokens,
             prefill_chunk: self.prefill_chunk,
             prefix_cache: !self.no_prefix_cache,
             swap_gib: self.swap_gib,
             cuda_graphs: !self.no_cuda_graphs,
             pipelined_decode: self.pipelined_decode,
+            profile_steps: (self.profile_steps > 0).then_some(self.profile_steps),
+            kernels: KernelOptions {
+                kernels: !self.no_kernels,
+                gemv: !self.no_gemv,
+                fused_decode: !self.no_fused_decode,
+                clusters: !self.no_clusters,
+                pdl: !self.no_pdl,
+                graph_pdl: !self.no_graph_pdl,
+                ..KernelOptions::default()
+            },
             ..EngineOptions::default()
         }
     }
@@ -148,5 +173,29 @@ mod tests {
         assert_eq!((d.kv_budget.gpu_fraction, d.max_running), (0.9, 64));
         assert!(d.cuda_graphs);
         assert!(!d.pipelined_decode);
+        assert_eq!(d.kernels, KernelOptions::default());
+        // One table: the flags' defaults are `EngineOptions::default()`'s (a mutation of
+        // either side's batching defaults fails here).
+        let lib = EngineOptions::default();
+        assert_eq!(
+            (
+                d.max_batched_tokens,
+                d.prefill_chunk,
+                d.block_size,
+                d.swap_gib
+            ),
+            (
+                lib.max_batched_tokens,
+                lib.prefill_chunk,
+                lib.block_size,
+                lib.swap_gib
+            )
+        );
+        assert_eq!(d.kv_budget, lib.kv_budget);
+        let k = Cli::parse_from(["x", "--no-gemv", "--no-graph-pdl", "--profile-steps", "5"])
+            .engine
+            .options();
+        assert!(!k.kernels.gemv && !k.kernels.graph_pdl && k.kernels.pdl);
+        assert_eq!(k.profile_steps, Some(5));
     }
 }

@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use parking_lot::{Condvar, Mutex};
@@ -80,7 +81,70 @@ impl<T> Drop for Replier<T> {
     }
 }
 
+/// A flag that cancels work from another thread: set by [`CancelToken::cancel`] (or by
+/// dropping a [`CancelOnDrop`]), read by [`Pending::wait_cancellable`]. Clones share the flag.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    /// A token not cancelled yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Cancels: every waiter on this token (and its clones) gives up.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`CancelToken::cancel`] was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Whether `other` is a clone of this token (the same flag).
+    pub fn same_as(&self, other: &CancelToken) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// A guard that cancels this token when dropped (e.g. with the future of a request whose
+    /// client went away).
+    pub fn cancel_on_drop(&self) -> CancelOnDrop {
+        CancelOnDrop(self.clone())
+    }
+}
+
+/// Cancels its [`CancelToken`] when dropped.
+#[derive(Debug)]
+pub struct CancelOnDrop(CancelToken);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// How often a cancellable wait looks at its token.
+const CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+
 impl<T> Pending<T> {
+    /// [`Pending::wait`], giving up as soon as `cancel` is set: the request is then dropped
+    /// (the engine frees its sequence) and the result is [`Error::Cancelled`].
+    pub fn wait_cancellable(self, cancel: &CancelToken) -> Result<T> {
+        let mut st = self.slot.state.lock();
+        while !st.closed {
+            if cancel.is_cancelled() {
+                drop(st);
+                drop(self);
+                return Err(Error::Cancelled(
+                    "the request was cancelled before it finished".into(),
+                ));
+            }
+            self.slot.ready.wait_for(&mut st, CANCEL_POLL);
+        }
+        st.value.take().unwrap_or(Err(Error::EngineStopped))
+    }
+
     /// Blocks until the result is there.
     pub fn wait(self) -> Result<T> {
         let mut st = self.slot.state.lock();

@@ -16,6 +16,7 @@ pub use demo::DemoPolicy;
 pub use format::{Message, ToolCall, ToolDefinition};
 pub use model::{ModelPolicy, PolicyModel};
 
+use crate::engine::CancelToken;
 use crate::error::Result;
 
 /// What the policy does this step.
@@ -186,6 +187,18 @@ impl EpisodeConfig {
 pub trait Policy: Send + std::fmt::Debug {
     /// Takes one observation and returns the next step.
     fn act(&mut self, observation: Observation) -> Result<Step>;
+    /// [`Policy::act`], given up as soon as `cancel` is set (a client that went away, an
+    /// episode closed mid-act): the generation stops and the policy is left exactly as it
+    /// was before the call, with [`Error::Cancelled`](crate::Error::Cancelled). The default
+    /// checks the token once before acting (for policies whose act is instant).
+    fn act_cancellable(&mut self, observation: Observation, cancel: &CancelToken) -> Result<Step> {
+        if cancel.is_cancelled() {
+            return Err(crate::Error::Cancelled(
+                "the act was cancelled before it started".into(),
+            ));
+        }
+        self.act(observation)
+    }
     /// The conversation so far, as the template renders it.
     fn transcript(&self) -> &[Message];
     /// The registry key of the model behind this policy.

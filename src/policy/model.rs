@@ -11,7 +11,7 @@ use super::{
     Action, EpisodeConfig, Message, Observation, Policy, Step, StepCost, assistant_message,
     push_observation,
 };
-use crate::engine::{Engine, GenerationConfig, GenerationRequest, SamplingParams};
+use crate::engine::{CancelToken, Engine, GenerationConfig, GenerationRequest, SamplingParams};
 use crate::error::Result;
 
 /// What a [`ModelPolicy`] needs of a loaded model: its engine, its own chat template, its
@@ -147,11 +147,16 @@ impl ModelPolicy {
 
 impl Policy for ModelPolicy {
     fn act(&mut self, observation: Observation) -> Result<Step> {
-        // An act is a transaction: on any error the transcript is exactly as before (a
-        // retrying harness does not duplicate observations).
+        self.act_cancellable(observation, &CancelToken::new())
+    }
+
+    fn act_cancellable(&mut self, observation: Observation, cancel: &CancelToken) -> Result<Step> {
+        // An act is a transaction: on any error (a cancel included) the transcript is exactly
+        // as before (a retrying harness does not duplicate observations); everything else
+        // `step` changes is set only after the generation succeeded.
         let mark = self.transcript.len();
         push_observation(&mut self.transcript, self.last.as_ref(), observation);
-        let result = self.step();
+        let result = self.step(cancel);
         if result.is_err() {
             self.transcript.truncate(mark);
         }
@@ -170,7 +175,7 @@ impl Policy for ModelPolicy {
 impl ModelPolicy {
     /// Renders, generates and parses one step over the transcript (the observation is in it).
     /// Nothing but the transcript's tail changes before the generation succeeded.
-    fn step(&mut self) -> Result<Step> {
+    fn step(&mut self, cancel: &CancelToken) -> Result<Step> {
         let start = Instant::now();
         let prompt = self.render()?;
         let engine = &self.model.engine;
@@ -186,7 +191,7 @@ impl ModelPolicy {
         let ids_for_context = ids.clone();
         let mut request = GenerationRequest::new(ids).sampling(self.sampling(self.steps));
         request.max_new_tokens = self.episode.max_new_tokens;
-        let generation = engine.generate(request)?;
+        let generation = engine.submit(request).wait_cancellable(cancel)?;
         if self.episode.transcript_mode == TranscriptMode::AppendOnly {
             let mut ctx = ids_for_context;
             ctx.extend_from_slice(&generation.tokens);

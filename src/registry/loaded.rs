@@ -8,8 +8,10 @@ use tokenizers::Tokenizer;
 
 use super::source;
 use super::spec::ModelSpec;
-use crate::engine::files::ModelFiles;
-use crate::engine::{Engine, EngineOptions, GenerationConfig, ModelConfig, config::token_ids};
+use crate::engine::model::files::ModelFiles;
+use crate::engine::{
+    Engine, EngineOptions, GenerationConfig, ModelConfig, model::config::token_ids,
+};
 use crate::error::{Error, Result};
 use crate::policy::format::ChatTemplate;
 
@@ -41,10 +43,7 @@ impl LoadedModel {
         let started = Instant::now();
         let key = spec.key.as_str();
         let files = source::resolve(key, &spec.source)?;
-        let wrap = |e: Error| Error::Load {
-            key: key.to_string(),
-            reason: e.to_string(),
-        };
+        let wrap = |e: Error| e.loading(key);
         let config = ModelConfig::from_file(&files.config).map_err(wrap)?;
         let generation = match &files.generation_config {
             Some(p) => GenerationConfig::from_file(p).map_err(wrap)?,
@@ -75,7 +74,8 @@ impl LoadedModel {
             tokenizer.clone(),
             &eos_token_ids,
             options,
-        )?;
+        )
+        .map_err(wrap)?;
         tracing::info!(model = key, dir = %files.dir.display(), secs = started.elapsed().as_secs_f32(), "model loaded");
         Ok(Self {
             spec: spec.clone(),

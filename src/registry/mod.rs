@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use once_cell::sync::OnceCell;
 
-pub use crate::engine::files::{ModelFiles, shard_names};
+pub use crate::engine::model::files::{ModelFiles, shard_names};
 pub use loaded::LoadedModel;
 pub use source::resolve as resolve_files;
 pub use spec::{ModelSource, ModelSpec};

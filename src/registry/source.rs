@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use super::spec::ModelSource;
-use crate::engine::files::{ModelFiles, shard_names};
+use crate::engine::model::files::{ModelFiles, shard_names};
 use crate::error::{Error, Result};
 
 /// Finds every file of a model; downloads from the hub when needed.

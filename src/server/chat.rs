@@ -15,25 +15,14 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::openai::{
-    ChatRequest, convert_messages, flag, parse, parse_stop, parse_tools, require_model,
-};
+use super::completion::{Completion, to_completion, tool_calls_json, usage};
+use super::error::{ApiError, ApiResult};
+use super::openai::{ChatParams, ChatRequest, convert_messages, parse};
+use super::state::{AppState, blocking, random_id};
 use super::stream::{ChunkMeta, stream_done, stream_model};
-use super::{ApiError, ApiResult, AppState, blocking};
-use crate::engine::{Engine, FinishReason, GenerationRequest};
-use crate::policy::format::{RenderOptions, ToolDefinition, parse_output};
+use crate::engine::{Engine, GenerationRequest};
+use crate::policy::format::{RenderOptions, ToolDefinition};
 use crate::policy::{Action, DemoPolicy, EpisodeConfig, Observation, Policy};
-use crate::{Generation, ToolCall};
-
-/// The OpenAI view of a finished answer.
-pub(super) struct Completion {
-    pub(super) content: String,
-    pub(super) calls: Vec<ToolCall>,
-    pub(super) finish: &'static str,
-    pub(super) prompt_tokens: usize,
-    pub(super) completion_tokens: usize,
-    pub(super) cached_tokens: usize,
-}
 
 /// A chat request ready to run: answered already (the demo), or a generation to submit.
 enum Prepared {
@@ -43,33 +32,6 @@ enum Prepared {
         request: GenerationRequest,
         tools: Vec<ToolDefinition>,
     },
-}
-
-/// Turns a finished generation into the OpenAI view: tool calls when the output parses into
-/// valid calls, the raw text otherwise.
-pub(super) fn to_completion(g: &Generation, tools: &[ToolDefinition]) -> Completion {
-    let t = (!tools.is_empty()).then_some(tools);
-    let parsed = parse_output(&g.text, t);
-    let (content, calls) = if parsed.error.is_none() && !parsed.calls.is_empty() {
-        (parsed.content, parsed.calls)
-    } else {
-        (g.text.clone(), vec![])
-    };
-    let finish = if !calls.is_empty() {
-        "tool_calls"
-    } else if g.finish_reason == FinishReason::Length {
-        "length"
-    } else {
-        "stop"
-    };
-    Completion {
-        content,
-        calls,
-        finish,
-        prompt_tokens: g.prompt_tokens,
-        completion_tokens: g.generated_tokens,
-        cached_tokens: g.cached_prompt_tokens,
-    }
 }
 
 /// The demo's answer: scripted by step, the step being the number of assistant turns so far
@@ -107,52 +69,23 @@ fn demo_answer(
     })
 }
 
-async fn prepare(st: &Arc<AppState>, req: ChatRequest) -> ApiResult<Prepared> {
-    let key = require_model(&req.model)?;
-    let gen_fields = req.generation.validate(st.cfg.max_tokens_cap)?;
-    match req.n.as_ref().filter(|v| !v.is_null()) {
-        None => {}
-        Some(v) if v.as_u64() == Some(1) => {}
-        Some(v) => {
-            return Err(ApiError::field(
-                "n",
-                format!("`n` must be 1 (one choice per request), got {v}"),
-            ));
-        }
-    }
-    let spec = st.check_model(&key)?;
+async fn prepare(st: &Arc<AppState>, req: ChatRequest, p: ChatParams) -> ApiResult<Prepared> {
+    let spec = st.check_model(&p.key)?;
     // Converting (and for the demo, answering) a long conversation is CPU work: off the
     // executor, like rendering and tokenizing below.
     let raw_messages = req.messages;
     let messages = tokio::task::spawn_blocking(move || convert_messages(&raw_messages))
         .await
         .map_err(|_| ApiError::internal("an internal task failed"))??;
-    let mut tools = parse_tools(req.tools.as_ref())?;
-    match req.tool_choice.as_ref() {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s == "auto" => {}
-        Some(Value::String(s)) if s == "none" => tools.clear(),
-        Some(other) => {
-            return Err(ApiError::field(
-                "tool_choice",
-                format!("`tool_choice` {other} is not supported; use \"auto\" or \"none\""),
-            ));
-        }
-    }
-    let stop = parse_stop(req.stop.as_ref())?;
-    let ignore_eos = flag("ignore_eos", req.ignore_eos.as_ref())?;
-    let min_tokens = match req.min_tokens.as_ref().filter(|v| !v.is_null()) {
-        None => 0,
-        Some(v) => v
-            .as_u64()
-            .filter(|&n| n as usize <= st.cfg.max_tokens_cap)
-            .ok_or_else(|| {
-                ApiError::field(
-                    "min_tokens",
-                    format!("`min_tokens` must be an integer between 0 and max_tokens, got {v}"),
-                )
-            })? as usize,
-    };
+    let ChatParams {
+        key,
+        generation,
+        tools,
+        stop,
+        ignore_eos,
+        min_tokens,
+        ..
+    } = p;
     if spec.is_demo() {
         return tokio::task::spawn_blocking(move || demo_answer(&key, &messages, tools))
             .await
@@ -160,9 +93,7 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest) -> ApiResult<Prepared> {
             .map(Prepared::Done);
     }
     let fresh_seed = st.fresh_seed();
-    let max_tokens = gen_fields
-        .max_tokens
-        .unwrap_or(512.min(st.cfg.max_tokens_cap));
+    let cap = st.cfg.max_tokens_cap;
     let registry_state = st.clone();
     blocking(move || {
         let model = registry_state.registry.model(&key)?;
@@ -178,11 +109,16 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest) -> ApiResult<Prepared> {
         let engine = model.engine().clone();
         let ids = engine.tokenize(&prompt)?;
         let mut request = GenerationRequest::new(ids)
-            .max_new_tokens(max_tokens)
-            .sampling(gen_fields.sampling(model.generation_config(), fresh_seed));
+            .sampling(generation.sampling(model.generation_config(), fresh_seed));
         request.stop = stop;
         request.ignore_eos = ignore_eos;
         request.min_tokens = min_tokens;
+        request.max_new_tokens = generation.max_tokens.or_else(|| {
+            // No `max_tokens`: the room the prompt leaves in the context (as OpenAI and vLLM
+            // do), within the server's cap; none left is refused by the check below.
+            let room = engine.info().max_new_tokens(&request).min(cap);
+            (room > 0).then_some(room)
+        });
         engine.check(&request)?;
         Ok(Prepared::Model {
             engine,
@@ -191,18 +127,6 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest) -> ApiResult<Prepared> {
         })
     })
     .await
-}
-
-pub(super) fn tool_calls_json(calls: &[ToolCall]) -> Vec<Value> {
-    calls
-        .iter()
-        .enumerate()
-        .map(|(i, c)| json!({"index": i, "id": super::random_id("call"), "type": "function", "function": {"name": c.name, "arguments": Value::Object(c.arguments.clone()).to_string()}}))
-        .collect()
-}
-
-pub(super) fn usage(c: &Completion) -> Value {
-    json!({"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens, "total_tokens": c.prompt_tokens + c.completion_tokens, "prompt_tokens_details": {"cached_tokens": c.cached_tokens}})
 }
 
 fn count_error(st: &AppState) {
@@ -217,12 +141,12 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> ApiRes
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let result = async {
         let req: ChatRequest = parse(&body)?;
-        let stream = flag("stream", req.stream.as_ref())?;
-        let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        let key = req.model.clone().unwrap_or_default();
-        let prepared = prepare(&st, req).await?;
+        let params = req.validate(st.cfg.max_tokens_cap)?;
+        let (stream, include_usage, key) =
+            (params.stream, params.include_usage, params.key.clone());
+        let prepared = prepare(&st, req, params).await?;
         let meta = ChunkMeta {
-            id: super::random_id("chatcmpl"),
+            id: random_id("chatcmpl"),
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())

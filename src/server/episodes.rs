@@ -16,8 +16,10 @@ use axum::http::StatusCode;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 
-use super::openai::{ActRequest, EpisodeRequest, parse, parse_tools, require_model};
-use super::{ApiError, ApiResult, AppState, Episode, blocking};
+use super::error::{ApiError, ApiResult};
+use super::openai::{ActRequest, EpisodeRequest, model_key, parse, parse_tools, string_field};
+use super::state::{AppState, Episode, blocking, random_id};
+use crate::engine::CancelToken;
 use crate::policy::{EpisodeConfig, Observation, TranscriptMode};
 
 /// A reserved episode slot, given back when the create ends (inserted or failed).
@@ -34,11 +36,12 @@ pub(super) async fn create(
     body: Bytes,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let req: EpisodeRequest = parse(&body)?;
-    let key = require_model(&req.model)?;
+    let key = model_key(req.model.as_ref())?;
     let g = req.generation.validate(st.cfg.max_tokens_cap)?;
+    let system_prompt = string_field("system_prompt", req.system_prompt.as_ref())?;
     st.check_model(&key)?;
     let episode = EpisodeConfig {
-        system_prompt: req.system_prompt,
+        system_prompt,
         tools: parse_tools(req.tools.as_ref())?,
         max_new_tokens: g.max_tokens,
         temperature: g.temperature,
@@ -79,7 +82,7 @@ pub(super) async fn create(
         let key = key.clone();
         blocking(move || st.registry.get_policy(&key, episode)).await?
     };
-    let id = super::random_id("ep");
+    let id = random_id("ep");
     let mut eps = st.episodes.lock();
     drop(reservation);
     eps.insert(
@@ -87,6 +90,7 @@ pub(super) async fn create(
         Episode {
             policy: Arc::new(Mutex::new(policy)),
             last_used: Instant::now(),
+            acts: Vec::new(),
         },
     );
     Ok((StatusCode::CREATED, Json(json!({"id": id, "model": key}))))
@@ -95,6 +99,10 @@ pub(super) async fn create(
 fn observation(v: Value) -> ApiResult<Observation> {
     match v {
         Value::String(s) => Ok(Observation::Text(s)),
+        Value::Array(a) if a.is_empty() => Err(ApiError::field(
+            "observation",
+            "`observation` is an empty list: send the task, or one result per tool call",
+        )),
         Value::Array(a) => Ok(Observation::ToolResults(
             a.into_iter()
                 .map(|v| match v {
@@ -110,6 +118,15 @@ fn observation(v: Value) -> ApiResult<Observation> {
     }
 }
 
+/// Ends the act `token` of episode `id` (if the episode is still open): it no longer counts as
+/// running, and the episode's idle time starts now.
+fn end_act(st: &AppState, id: &str, token: &CancelToken) {
+    if let Some(e) = st.episodes.lock().get_mut(id) {
+        e.acts.retain(|t| !t.same_as(token));
+        e.last_used = Instant::now();
+    }
+}
+
 pub(super) async fn act(
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
@@ -118,12 +135,16 @@ pub(super) async fn act(
     st.counters.acts.fetch_add(1, Ordering::Relaxed);
     let req: ActRequest = parse(&body)?;
     let observation = observation(req.observation)?;
+    // Cancelled when this handler is dropped (the client went away) or the episode is
+    // deleted; the act then stops and leaves the episode exactly as it was.
+    let token = CancelToken::new();
+    let _cancel_when_dropped = token.cancel_on_drop();
     let policy = {
         let mut eps = st.episodes.lock();
         let ttl = Duration::from_secs(st.cfg.episode_ttl_secs);
         let e = eps
             .get_mut(&id)
-            .filter(|e| e.last_used.elapsed() < ttl)
+            .filter(|e| !e.expired(ttl))
             .ok_or_else(|| {
                 ApiError::new(
                     StatusCode::NOT_FOUND,
@@ -131,10 +152,18 @@ pub(super) async fn act(
                     format!("episode `{id}` does not exist or expired"),
                 )
             })?;
-        e.last_used = Instant::now();
+        e.acts.push(token.clone());
         e.policy.clone()
     };
-    let step = blocking(move || policy.lock().act(observation)).await?;
+    let step = {
+        let (st, id, token) = (st.clone(), id.clone(), token.clone());
+        blocking(move || {
+            let result = policy.lock().act_cancellable(observation, &token);
+            end_act(&st, &id, &token);
+            result
+        })
+        .await?
+    };
     let c = &step.cost;
     st.counters
         .tokens(c.prompt_tokens, c.generated_tokens, c.cached_prompt_tokens);
@@ -151,7 +180,13 @@ pub(super) async fn delete(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     match st.episodes.lock().remove(&id) {
-        Some(_) => Ok(StatusCode::NO_CONTENT),
+        Some(e) => {
+            // A running act stops and answers that its episode was closed.
+            for t in &e.acts {
+                t.cancel();
+            }
+            Ok(StatusCode::NO_CONTENT)
+        }
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "episode_not_found",

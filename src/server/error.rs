@@ -77,8 +77,12 @@ impl From<Error> for ApiError {
                     redact_paths(&msg),
                 )
             }
+            Error::Cancelled(_) => Self::new(StatusCode::CONFLICT, "cancelled", msg),
+            Error::TooLarge(_) => Self {
+                param: Some("max_tokens"),
+                ..Self::new(StatusCode::BAD_REQUEST, "context_length_exceeded", msg)
+            },
             Error::InvalidInput(_)
-            | Error::TooLarge(_)
             | Error::Template(_)
             | Error::Tokenizer(_)
             | Error::DemoMisuse { .. } => Self::bad(msg),
@@ -115,11 +119,39 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Directories whose place the server never tells clients (the model dirs it was given),
+/// longest first.
+static PRIVATE_DIRS: parking_lot::RwLock<Vec<String>> = parking_lot::RwLock::new(Vec::new());
+
+/// Registers a directory whose path [`redact_paths`] removes from every message, whatever
+/// characters (spaces included) it holds.
+pub fn register_private_dir(dir: &std::path::Path) {
+    let mut d = dir.display().to_string();
+    while d.len() > 1 && d.ends_with('/') {
+        d.pop();
+    }
+    if d.is_empty() || d == "/" {
+        return;
+    }
+    let mut dirs = PRIVATE_DIRS.write();
+    if !dirs.contains(&d) {
+        dirs.push(d);
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.len()));
+    }
+}
+
 /// Replaces every absolute path in `msg` by its file name: clients learn which file of the
-/// model is wrong, not where the server keeps it.
+/// model is wrong, not where the server keeps it. Registered directories
+/// ([`register_private_dir`]) go first, so a path with spaces does not leak its tail.
 pub fn redact_paths(msg: &str) -> String {
+    let mut msg = msg.to_string();
+    for d in PRIVATE_DIRS.read().iter() {
+        msg = msg
+            .replace(&format!("{d}/"), "")
+            .replace(d.as_str(), "(model dir)");
+    }
     let mut out = String::with_capacity(msg.len());
-    let mut rest = msg;
+    let mut rest = msg.as_str();
     while let Some(at) = rest.find('/') {
         let starts_word = at == 0
             || rest[..at]
@@ -165,5 +197,12 @@ mod tests {
             "tensor `a` in file `shard-1.safetensors` (b/c stays)"
         );
         assert_eq!(redact_paths("no path here, 3/4"), "no path here, 3/4");
+        // A registered directory with spaces leaks no part of its path.
+        super::register_private_dir(std::path::Path::new("/tmp/a b/secret dir/"));
+        let m = redact_paths(
+            "cannot read /tmp/a b/secret dir/config.json: no such file; dir /tmp/a b/secret dir",
+        );
+        assert!(!m.contains("a b") && !m.contains("secret"), "{m}");
+        assert!(m.contains("config.json"), "{m}");
     }
 }

@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
-use super::AppState;
+use super::state::AppState;
 
 pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let c = &st.counters;

@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::{ApiError, AppState};
+use super::error::ApiError;
+use super::state::AppState;
 
 /// Equality of two secrets in time that does not depend on where they differ.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -101,26 +102,63 @@ pub(super) async fn body_limit(
     }
 }
 
-pub(super) async fn auth(
-    State(st): State<Arc<AppState>>,
-    headers: HeaderMap,
-    req: Request,
-    next: Next,
-) -> Response {
-    if let Some(token) = &st.cfg.token {
-        let ok = headers
+/// The token of an `Authorization` header value with the bearer scheme: the scheme is
+/// case-insensitive and one or more spaces follow it (RFC 7235 / 6750).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim_start_matches(' '))
+}
+
+/// The bearer-token check, the outermost layer: it runs before routing and before the body
+/// is read, so an unauthenticated client can neither hold body buffers nor learn which routes
+/// exist (every path but `/health` answers 401 without the token).
+pub(super) async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(token) = &st.cfg.token
+        && req.uri().path() != "/health"
+    {
+        let ok = req
+            .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(bearer_token)
             .is_some_and(|t| constant_time_eq(t.as_bytes(), token.as_bytes()));
         if !ok {
-            return ApiError::new(
+            let mut resp = ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "invalid_api_key",
                 "missing or wrong bearer token (Authorization: Bearer <token>)",
             )
             .into_response();
+            // The body was not read: the connection ends.
+            resp.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
+            return resp;
         }
     }
     next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive_and_takes_one_or_more_spaces() {
+        for v in [
+            "Bearer s",
+            "bearer s",
+            "BEARER s",
+            "Bearer  s",
+            "bEaReR   s",
+        ] {
+            assert_eq!(bearer_token(v), Some("s"), "{v}");
+        }
+        for v in ["Basic s", "Bearers", "Bearer", "Token s"] {
+            assert_ne!(bearer_token(v), Some("s"), "{v}");
+        }
+    }
 }

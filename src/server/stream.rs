@@ -13,8 +13,8 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::AppState;
-use super::chat::{Completion, to_completion, tool_calls_json, usage};
+use super::completion::{Completion, to_completion, tool_calls_json, usage};
+use super::state::AppState;
 use crate::engine::{Engine, Pending, TokenStream};
 use crate::policy::format::{TOOL_CALL_OPEN, ToolDefinition};
 use crate::{Generation, GenerationRequest};

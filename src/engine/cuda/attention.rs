@@ -1,15 +1,16 @@
-//! Launches of the attention kernels (`kernels/attention.cu`): paged decode (flash-decoding
+//! Launches of the attention kernels (`kernels/decode.cu`, `fused_decode.cu`, `prefill.cu`): paged decode (flash-decoding
 //! with a merge of partitions) and varlen causal prefill (tensor cores for bf16).
 
 use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Tensor};
 
-use super::{CudaKernels, DECODE_PARTITION, PREFILL_TILE, kernel_err};
+use super::kernels::{CudaKernels, DECODE_PARTITION, PREFILL_TILE};
+use super::launch::{Launch, kernel_err};
 
 /// Most blocks per cluster of the fused decode attention (16 for GQA groups of up to 2, 8 for
 /// 4; `CLUSTER_PART` tokens each at most for a context one cluster covers,
-/// `kernels/attention.cu`). 16 is above CUDA's portable cluster size: the functions are
+/// `kernels/fused_decode.cu`). 16 is above CUDA's portable cluster size: the functions are
 /// loaded with non-portable cluster sizes allowed (sm_90 has them).
 pub const DECODE_CLUSTER: usize = 16;
 
@@ -212,7 +213,7 @@ impl CudaKernels {
     }
 
     /// Whether [`CudaKernels::decode_fused_into`] serves the shape (bf16, head_dim 128, GQA
-    /// group 1, 2, 4 or 8; not with `POLICY_SERVE_FUSED_DECODE=0`), at any batch.
+    /// group 1, 2, 4 or 8; only with `LaunchOptions::fused_decode`), at any batch.
     fn fused_decode_serves(&self, nh: usize, nkv: usize, hd: usize) -> bool {
         self.decode_fused.is_some()
             && hd == 128
@@ -259,7 +260,7 @@ impl CudaKernels {
     }
 
     /// Profiling only: [`CudaKernels::decode_fused_into`] with every block ending after phase
-    /// `stop` of `kernels/attention.cu`'s `decode_fused` (1: the K/V prefetch and the wait;
+    /// `stop` of `kernels/fused_decode.cu`'s `decode_fused` (1: the K/V prefetch and the wait;
     /// 2: q/k norm + RoPE; 3: the attention loop; 4: the block's partial formed; 0: the
     /// whole kernel; -1: the whole kernel without clusters). Only `stop` 0 and -1 leave valid
     /// outputs and merge counters.
@@ -352,7 +353,7 @@ impl CudaKernels {
     /// Causal varlen attention of prefill chunks over the paged caches, written into the rows
     /// of `out` (`[T, nh * 128]`) that `seq_meta` names; on tensor cores for bf16. Tiles step
     /// by [`CudaKernels::prefill_tile`] query tokens. `tiles` u32 `[num_tiles * 2]` and
-    /// `seq_meta` u32 `[S * 4]` are laid out as `kernels/attention.cu` says; `tables` holds
+    /// `seq_meta` u32 `[S * 4]` are laid out as `kernels/prefill.cu` says; `tables` holds
     /// the sequences' block tables back to back.
     #[allow(clippy::too_many_arguments)]
     pub fn paged_prefill_into(
@@ -475,7 +476,7 @@ impl DecodeArgs {
         })
     }
 
-    fn push<'a>(&'a self, l: &mut super::launch::Launch<'a>) {
+    fn push<'a>(&'a self, l: &mut Launch<'a>) {
         l.arg(&self.w)
             .arg(&self.width)
             .arg(&self.block_size)

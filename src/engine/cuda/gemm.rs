@@ -1,6 +1,6 @@
 //! The forward's matmuls, written into buffers the caller owns (candle's matmul allocates its
 //! output, which a captured graph must not do): the skinny-matmul kernels of
-//! `kernels/gemv.cu` for decode steps of up to [`super::GEMV_MAX_ROWS`] rows (bf16), cuBLAS
+//! `kernels/gemv.cu` for decode steps of up to [`GEMV_MAX_ROWS`] rows (bf16), cuBLAS
 //! otherwise.
 //!
 //! Invariant: the handle runs on the kernels' stream with a workspace of its own, allocated
@@ -13,7 +13,8 @@ use candle_core::cuda_backend::cudarc::cublas::{CudaBlas, result as blas, sys};
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 use candle_core::{DType, Tensor};
 
-use super::{CudaKernels, kernel_err};
+use super::kernels::{CudaKernels, GEMV_MAX_ROWS};
+use super::launch::kernel_err;
 use crate::error::Result;
 
 /// Warps per block of `kernels/gemv.cu` (`WARPS`); a warp takes one output row (or gate/up
@@ -25,40 +26,6 @@ const GEMV_MAX_N: usize = 1 << 15;
 
 /// Shared memory the fused-norm kernels may take for the normed rows (T * K bf16).
 const NORM_SMEM: usize = 48 << 10;
-
-/// Bytes of the cuBLAS workspace (the size NVIDIA recommends for Hopper).
-const WORKSPACE_BYTES: usize = 32 << 20;
-
-/// A cuBLAS handle on the kernels' stream and its workspace.
-pub(crate) struct Blas {
-    handle: CudaBlas,
-    _workspace: CudaSlice<u8>,
-}
-
-impl Blas {
-    pub(crate) fn new(
-        stream: &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
-    ) -> Result<Self> {
-        let handle = CudaBlas::new(stream.clone()).map_err(|e| kernel_err("cuBLAS", e))?;
-        // SAFETY: the workspace is only used by cuBLAS, which writes before it reads.
-        let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }
-            .map_err(|e| kernel_err("cuBLAS workspace", e))?;
-        use candle_core::cuda_backend::cudarc::driver::DevicePtr;
-        let (ptr, _guard) = workspace.device_ptr(stream);
-        // SAFETY: the workspace outlives the handle (both live in this struct, the handle is
-        // dropped first as it is declared first).
-        unsafe {
-            sys::cublasSetWorkspace_v2(*handle.handle(), ptr as *mut c_void, WORKSPACE_BYTES)
-                .result()
-        }
-        .map_err(|e| kernel_err("cuBLAS workspace", e))?;
-        drop(_guard);
-        Ok(Self {
-            handle,
-            _workspace: workspace,
-        })
-    }
-}
 
 impl CudaKernels {
     /// `out = x · wᵀ` for x `[T, in]`, a weight `[out, in]` (a linear layer's layout) and
@@ -227,7 +194,7 @@ impl CudaKernels {
     /// inputs, when one serves them.
     fn gemv_for(&self, kind: usize, t: usize, k: usize) -> Option<&CudaFunction> {
         let fs = self.gemv.as_ref()?;
-        if t == 0 || t > super::GEMV_MAX_ROWS || !k.is_multiple_of(8) {
+        if t == 0 || t > GEMV_MAX_ROWS || !k.is_multiple_of(8) {
             return None;
         }
         Some(&fs[kind][t - 1])

@@ -19,6 +19,8 @@ use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaStream, DriverError, LaunchConfig, sys,
 };
 
+use crate::error::Error;
+
 /// The arguments of one launch (each a reference to a value that outlives the launch).
 pub(crate) struct Launch<'a> {
     func: sys::CUfunction,
@@ -102,4 +104,9 @@ impl<'a> Launch<'a> {
             .result()
         }
     }
+}
+
+/// An engine error naming the kernel step that failed.
+pub(crate) fn kernel_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Engine(format!("CUDA kernel {what}: {e}"))
 }

@@ -6,7 +6,8 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Tensor};
 
-use super::{CudaKernels, kernel_err};
+use super::kernels::CudaKernels;
+use super::launch::kernel_err;
 use crate::error::Result;
 
 impl CudaKernels {
@@ -128,7 +129,6 @@ impl CudaKernels {
         }
         let func = match hd {
             128 => &self.qk_rope_hd128,
-            64 => &self.qk_rope_hd64,
             other => return Err(kernel_err("qk_norm_rope", format!("head_dim {other}"))),
         };
         let num_slots = k_cache.dim(1)? as i64;

@@ -12,15 +12,12 @@ use std::sync::Arc;
 use candle_core::cuda_backend::cudarc::driver::{CudaEvent, PinnedHostSlice, result, sys};
 use candle_core::{DType, Tensor};
 
-use super::{CudaKernels, kernel_err};
+use super::kernels::{CudaKernels, PinnedPool};
+use super::launch::kernel_err;
 use crate::error::Result;
 
 /// Least length of a pooled pinned buffer (u32 elements).
 const MIN_PINNED: usize = 256;
-
-/// Pinned host buffers for [`CudaKernels::read_ids`], reused across steps.
-#[derive(Default)]
-pub(crate) struct PinnedPool(parking_lot::Mutex<Vec<PinnedHostSlice<u32>>>);
 
 /// u32 ids being copied to the host ([`CudaKernels::read_ids`]).
 pub struct PendingIds {

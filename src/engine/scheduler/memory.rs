@@ -8,7 +8,8 @@
 
 use std::time::Instant;
 
-use super::{Scheduler, Seq};
+use super::core::Scheduler;
+use super::seq::Seq;
 
 impl Scheduler {
     /// Stops the work of callers that went away (dropped their `Pending`): their blocks are

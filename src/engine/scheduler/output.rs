@@ -11,9 +11,10 @@
 
 use std::time::Instant;
 
-use super::plan::Planned;
-use super::{Scheduler, Seq};
-use crate::engine::{FinishReason, Generation};
+use super::core::Scheduler;
+use super::seq::Planned;
+use super::seq::Seq;
+use crate::engine::request::{FinishReason, Generation};
 use crate::error::Error;
 
 impl Scheduler {

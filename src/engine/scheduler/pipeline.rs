@@ -24,23 +24,13 @@
 
 use candle_core::Tensor;
 
-use super::plan::Planned;
-use super::{Scheduler, Seq};
-use crate::engine::qwen3::{LogitRows, SeqInput};
-use crate::engine::runner::{GpuEvent, HostIds};
+use super::core::Scheduler;
+use super::seq::InFlight;
+use super::seq::Planned;
+use super::seq::Seq;
+use crate::engine::batch::{LogitRows, SeqInput};
+use crate::engine::runner::GpuEvent;
 use crate::error::Result;
-
-/// A step launched whose tokens the host has not read.
-pub(super) struct InFlight {
-    /// The step's sequences (indices into `running`, each one decode token).
-    plan: Vec<Planned>,
-    /// The token drawn for each, on the device (u32 `[plan.len()]`): the next step's input.
-    ids: Tensor,
-    /// The same ids on their way to the host (queued before the next step's launches).
-    host: HostIds,
-    /// Events around the step's GPU work (the step profile).
-    gpu: (Option<GpuEvent>, Option<GpuEvent>),
-}
 
 impl Scheduler {
     /// Whether this plan may run pipelined: pure decode of every running sequence, one rank,

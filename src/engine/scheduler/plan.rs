@@ -9,24 +9,11 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 
-use super::Scheduler;
-use crate::engine::SamplingParams;
-use crate::engine::qwen3::{LogitRows, SeqInput};
-use crate::engine::sampling::{MAX_DEVICE_TOP_K, sample_with};
+use super::core::Scheduler;
+use super::seq::{Planned, StepPlan};
+use crate::engine::batch::{LogitRows, SeqInput};
+use crate::engine::runner::RowDraw;
 use crate::error::{Error, Result};
-
-/// One planned sequence: its index in `running` and its new tokens this step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Planned {
-    pub(super) index: usize,
-    pub(super) q_len: usize,
-}
-
-/// What one step runs.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(super) struct StepPlan {
-    pub(super) seqs: Vec<Planned>,
-}
 
 impl Scheduler {
     /// Plans the step over the running sequences, growing their blocks (which may preempt).
@@ -174,62 +161,20 @@ impl Scheduler {
 
     /// The next token of each of `rows` (indices into `running`, one per row of `logits`),
     /// left where the logits are (u32 `[rows]`); each sampled row takes one uniform number
-    /// from its request's generator. Greedy rows and small top-k draws run on the device;
-    /// other draws (no kernels, top_k absent or large) read the logits to the host.
+    /// from its request's generator, here, and the runner draws with it.
     pub(super) fn draw_ids(&mut self, logits: &Tensor, rows: &[usize]) -> Result<Tensor> {
-        let sampling: Vec<SamplingParams> = rows
-            .iter()
-            .map(|&i| self.running[i].request.sampling)
-            .collect();
-        if sampling.iter().all(|s| s.is_greedy()) {
-            return self.runner.greedy_ids(logits);
-        }
-        // A device draw serves every row when each sampled row's top_k is small enough.
-        let device_k = sampling
-            .iter()
-            .filter(|s| !s.is_greedy())
-            .map(|s| s.top_k.filter(|&k| (1..=MAX_DEVICE_TOP_K).contains(&k)))
-            .collect::<Option<Vec<usize>>>()
-            .and_then(|ks| ks.into_iter().max());
-        // One uniform number per sampled row from the request's own generator, as the host
-        // sampler draws it; the device or the host then draws with it.
-        let draws: Vec<Option<f32>> = rows
+        let draws: Vec<RowDraw> = rows
             .iter()
             .map(|&i| {
                 let s = &mut self.running[i];
-                (!s.request.sampling.is_greedy()).then(|| s.rng.next_f32())
+                let params = s.request.sampling;
+                RowDraw {
+                    params,
+                    uniform: (!params.is_greedy()).then(|| s.rng.next_f32()),
+                }
             })
             .collect();
-        if let Some(k) = device_k {
-            let mut params = Vec::with_capacity(rows.len() * 4);
-            for (p, u) in sampling.iter().zip(&draws) {
-                match u {
-                    None => params.extend([1.0, 1.0, 0.0, 1.0]),
-                    Some(u) => params.extend([
-                        p.temperature,
-                        p.top_p.unwrap_or(1.0),
-                        *u,
-                        p.top_k.unwrap_or(k) as f32,
-                    ]),
-                }
-            }
-            if let Some(ids) = self.runner.sample_on_device(logits, k, &params)? {
-                return Ok(ids);
-            }
-        }
-        // Host sampling over whole rows (no kernels, or top_k absent or large).
-        let greedy = self.runner.greedy(logits)?;
-        let mut ids = Vec::with_capacity(rows.len());
-        for (row, (p, u)) in sampling.iter().zip(&draws).enumerate() {
-            ids.push(match u {
-                None => greedy[row],
-                Some(u) => {
-                    let l: Vec<f32> = logits.get(row)?.to_vec1()?;
-                    sample_with(&l, p, *u)
-                }
-            });
-        }
-        Ok(Tensor::new(ids.as_slice(), logits.device())?)
+        self.runner.draw_ids(logits, &draws)
     }
 
     /// Logits of every position of `tokens`, computed in prefill chunks on temporary blocks.

@@ -1,4 +1,4 @@
-//! The step profile (env `POLICY_SERVE_PROFILE_STEPS=N`): where a step's wall time goes on
+//! The step profile (`EngineOptions::profile_steps = Some(N)`): where a step's wall time goes on
 //! the host, and on CUDA how long the GPU ran each step and sat idle between steps (from
 //! events on the stream), summed over N steps, then logged (tracing target
 //! `policy_serve::profile`).
@@ -25,11 +25,8 @@ pub(super) struct StepProfile {
 }
 
 impl StepProfile {
-    pub(super) fn from_env() -> Option<Self> {
-        let every: u64 = std::env::var("POLICY_SERVE_PROFILE_STEPS")
-            .ok()?
-            .parse()
-            .ok()?;
+    /// A profile logged every `every` steps (`None` for 0).
+    pub(super) fn every(every: u64) -> Option<Self> {
         (every > 0).then(|| Self {
             every,
             ..Self::default()

@@ -82,6 +82,9 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson_filter);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        // A budget per render: a template that loops without end (or renders without bound)
+        // fails with a clear error instead of holding a core and growing memory.
+        env.set_fuel(Some(RENDER_FUEL));
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(|e| Error::Template(format!("the chat template does not compile: {e}")))?;
         Ok(Self {
@@ -163,8 +166,53 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| Error::Template(e.to_string()))?;
-        tmpl.render(JValue::from(minijinja::value::Serde(&ctx_value)))
-            .map_err(|e| Error::Template(format!("{e:#}")))
+        let mut out = CappedOutput::default();
+        let rendered =
+            tmpl.render_captured_to(JValue::from(minijinja::value::Serde(&ctx_value)), &mut out);
+        if out.over {
+            return Err(Error::Template(format!(
+                "the chat template's output passed {} MiB: the model's chat template is broken or hostile; fix `chat_template` in its tokenizer_config.json",
+                RENDER_OUTPUT_CAP >> 20
+            )));
+        }
+        match rendered {
+            Ok(_) => String::from_utf8(out.buf).map_err(|e| {
+                Error::Template(format!("the chat template rendered invalid UTF-8: {e}"))
+            }),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(Error::Template(format!(
+                "the chat template ran past its budget of {RENDER_FUEL} instructions: the model's chat template is broken or hostile; fix `chat_template` in its tokenizer_config.json"
+            ))),
+            Err(e) => Err(Error::Template(format!("{e:#}"))),
+        }
+    }
+}
+
+/// Instructions one render may run (the real Qwen3 template renders a 200-turn conversation
+/// in well under 1% of this).
+const RENDER_FUEL: u64 = 20_000_000;
+
+/// Bytes one render may write.
+const RENDER_OUTPUT_CAP: usize = 64 << 20;
+
+/// A render's output, refusing to grow past [`RENDER_OUTPUT_CAP`].
+#[derive(Default)]
+struct CappedOutput {
+    buf: Vec<u8>,
+    over: bool,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + b.len() > RENDER_OUTPUT_CAP {
+            self.over = true;
+            return Err(std::io::Error::other("render output cap"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

@@ -9,13 +9,19 @@
 
 use std::sync::Arc;
 
-use super::comm::{CommBackend, RankSettings, WorkerCommand, agree};
-use super::config::ModelConfig;
-use super::files::ModelFiles;
-use super::kv_cache::PagedKvCache;
-use super::loader::load_shard;
-use super::qwen3::{LogitRows, SeqInput, Shard};
-use super::{EngineOptions, device};
+use candle_core::DType;
+
+use crate::engine::batch::{SeqCommand, SeqInput, check_seq};
+use crate::engine::device;
+use crate::engine::model::config::ModelConfig;
+use crate::engine::model::files::ModelFiles;
+use crate::engine::model::kv_cache::PagedKvCache;
+use crate::engine::model::loader::load_shard;
+use crate::engine::model::shard::Shard;
+use crate::engine::options::EngineOptions;
+use crate::engine::parallel::comm::{
+    CommBackend, CommHandle, InProcessComm, RankSettings, WorkerCommand, agree,
+};
 use crate::error::{Error, Result};
 
 /// A hook that makes a worker fail chosen commands (fault-injection tests).
@@ -64,7 +70,7 @@ pub fn run_worker(
         ));
     }
     let opts = &options.engine;
-    let device = device::select(opts.device)?;
+    let device = device::select(opts.device, opts.kernels.event_tracking)?;
     let cfg = ModelConfig::from_file(&files.config)?;
     let key = format!("rank {rank}");
     let model = load_shard(
@@ -74,6 +80,7 @@ pub fn run_worker(
         opts.dtype,
         &device,
         Shard { rank, world },
+        &opts.kernels,
         || {},
     )?;
     let dtype = model.dtype();
@@ -87,7 +94,7 @@ pub fn run_worker(
             return Err(Error::Engine(msg));
         }
     };
-    let mine = RankSettings::new(&cfg, opts, dtype, head.num_blocks);
+    let mine = rank_settings(&cfg, dtype, opts.block_size, head.num_blocks);
     if let Err(e) = mine.check_against_head(&head) {
         let _ = comm.ack(Err(e.to_string()));
         tracing::error!(rank, error = %e, "refusing to start");
@@ -148,15 +155,7 @@ pub fn run_worker(
                         break;
                     }
                 }
-                let inputs: Vec<SeqInput<'_>> = seqs
-                    .iter()
-                    .map(|s| SeqInput {
-                        q_len: s.q_len,
-                        context_len: s.context_len,
-                        block_table: &s.block_table,
-                        logits: LogitRows::None,
-                    })
-                    .collect();
+                let inputs: Vec<SeqInput<'_>> = seqs.iter().map(SeqCommand::as_input).collect();
                 if let Err(e) = model.forward(tokens, &inputs, &cache, Some(comm.as_ref())) {
                     report.failed += 1;
                     tracing::error!(rank, step, error = %e, "forward failed on this worker; staying up");
@@ -170,34 +169,31 @@ pub fn run_worker(
 }
 
 /// Checks a step's sequences against this rank's KV geometry before any collective.
-fn check_seqs(
-    seqs: &[super::comm::SeqCommand],
-    cache: &PagedKvCache,
-) -> std::result::Result<(), String> {
-    for s in seqs {
-        if s.q_len == 0
-            || s.context_len < s.q_len
-            || s.block_table.len() * cache.block_size() < s.context_len
-        {
-            return Err(format!(
-                "bad sequence: q_len {} context {} blocks {}",
-                s.q_len,
-                s.context_len,
-                s.block_table.len()
-            ));
-        }
-        if let Some(b) = s
-            .block_table
-            .iter()
-            .find(|&&b| b as usize >= cache.num_blocks())
-        {
-            return Err(format!(
-                "block {b} is outside this rank's {} blocks",
-                cache.num_blocks()
-            ));
-        }
-    }
-    Ok(())
+fn check_seqs(seqs: &[SeqCommand], cache: &PagedKvCache) -> std::result::Result<(), String> {
+    seqs.iter().try_for_each(|s| {
+        check_seq(
+            s.q_len,
+            s.context_len,
+            &s.block_table,
+            cache.block_size(),
+            cache.num_blocks(),
+        )
+    })
+}
+
+/// The settings every rank serving `cfg` in `dtype` over `num_blocks` blocks of `block_size`
+/// tokens must share (the head sends its own in `Hello`; a worker compares).
+pub(crate) fn rank_settings(
+    cfg: &ModelConfig,
+    dtype: DType,
+    block_size: usize,
+    num_blocks: usize,
+) -> RankSettings {
+    let model = format!(
+        "{}:{}x{}",
+        cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size
+    );
+    RankSettings::new(model, dtype, block_size, num_blocks)
 }
 
 /// Starts ranks `1..world` of a tensor-parallel model as threads of this process (the
@@ -208,7 +204,7 @@ pub fn spawn_in_process_workers(
     world: usize,
     options: &EngineOptions,
 ) -> Result<(
-    super::comm::CommHandle,
+    CommHandle,
     Vec<std::thread::JoinHandle<Result<WorkerReport>>>,
 )> {
     if world < 2 {
@@ -216,11 +212,10 @@ pub fn spawn_in_process_workers(
             "an in-process tensor-parallel group needs world size >= 2".into(),
         ));
     }
-    let mut comms: Vec<Arc<super::comm::InProcessComm>> =
-        super::comm::InProcessComm::group(world, options.worker_timeout)
-            .into_iter()
-            .map(Arc::new)
-            .collect();
+    let mut comms: Vec<Arc<InProcessComm>> = InProcessComm::group(world, options.worker_timeout)
+        .into_iter()
+        .map(Arc::new)
+        .collect();
     let head = comms.remove(0);
     let workers = comms
         .into_iter()
@@ -236,5 +231,5 @@ pub fn spawn_in_process_workers(
                 .map_err(|e| Error::Engine(format!("cannot start a worker thread: {e}")))
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok((super::comm::CommHandle(head), workers))
+    Ok((CommHandle(head), workers))
 }

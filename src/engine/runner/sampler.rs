@@ -3,65 +3,81 @@
 //! Each sequence owns its RNG (SplitMix64 seeded by the request), so a request's samples do
 //! not depend on what else is in the batch: same seed, same output.
 
-use serde::{Deserialize, Serialize};
+use candle_core::Tensor;
 
-/// How to pick the next token.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct SamplingParams {
-    /// 0 (or below) means greedy.
-    pub temperature: f32,
-    /// Keep only the k most likely tokens (`None`/0: all).
-    pub top_k: Option<usize>,
-    /// Keep the smallest set of tokens whose probability reaches p (`None`/1.0: all).
-    pub top_p: Option<f32>,
-    /// RNG seed.
-    pub seed: u64,
+use crate::engine::model::Model;
+use crate::engine::request::SamplingParams;
+use crate::error::Result;
+
+/// How one row of a step's logits is drawn: the request's sampling and, for a sampled row,
+/// the uniform number its request's generator gave for this step (the scheduler takes it, so
+/// a request draws the same numbers whatever it shares a step with).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowDraw {
+    /// The request's sampling.
+    pub params: SamplingParams,
+    /// The uniform number of a sampled row; `None`: greedy.
+    pub uniform: Option<f32>,
 }
 
-impl Default for SamplingParams {
-    fn default() -> Self {
-        Self::greedy()
+/// The greedy token of each row of f32 `[rows, vocab]` logits, left where they are (argmax
+/// on the device when the kernels run).
+pub fn greedy_ids(model: &Model, logits: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if let Some(k) = &model.kernels {
+        return k.argmax(logits);
     }
+    let _ = model;
+    Ok(logits.argmax(candle_core::D::Minus1)?)
 }
 
-impl SamplingParams {
-    /// Always the most likely token.
-    pub fn greedy() -> Self {
-        Self {
-            temperature: 0.0,
-            top_k: None,
-            top_p: None,
-            seed: 0,
+/// See `ModelRunner::draw_ids`.
+pub(crate) fn draw_ids(model: &Model, logits: &Tensor, rows: &[RowDraw]) -> Result<Tensor> {
+    if rows.iter().all(|r| r.uniform.is_none()) {
+        return greedy_ids(model, logits);
+    }
+    // A device draw serves every row when each sampled row's top_k is small enough.
+    let device_k = rows
+        .iter()
+        .filter(|r| r.uniform.is_some())
+        .map(|r| {
+            r.params
+                .top_k
+                .filter(|&k| (1..=MAX_DEVICE_TOP_K).contains(&k))
+        })
+        .collect::<Option<Vec<usize>>>()
+        .and_then(|ks| ks.into_iter().max());
+    #[cfg(feature = "cuda")]
+    if let (Some(k), Some(kern)) = (device_k, &model.kernels) {
+        let mut params = Vec::with_capacity(rows.len() * 4);
+        for r in rows {
+            let p = &r.params;
+            match r.uniform {
+                None => params.extend([1.0, 1.0, 0.0, 1.0]),
+                Some(u) => params.extend([
+                    p.temperature,
+                    p.top_p.unwrap_or(1.0),
+                    u,
+                    p.top_k.unwrap_or(k) as f32,
+                ]),
+            }
         }
+        return kern.sample(logits, k, &params);
     }
-
-    /// The sampling of one request: the request's own `temperature`/`top_p` where given, else
-    /// the model's `generation_config.json` defaults (greedy when it does not sample; HF's
-    /// temperature 1.0 when it samples and names none). The one place where defaults are
-    /// decided, for the HTTP host and the model policy alike.
-    pub fn resolve(
-        defaults: &super::GenerationConfig,
-        temperature: Option<f32>,
-        top_p: Option<f32>,
-        seed: u64,
-    ) -> Self {
-        let default_temperature = if defaults.do_sample {
-            defaults.temperature.unwrap_or(1.0)
-        } else {
-            0.0
-        };
-        Self {
-            temperature: temperature.unwrap_or(default_temperature),
-            top_k: defaults.top_k,
-            top_p: top_p.or(defaults.top_p),
-            seed,
-        }
+    let _ = device_k;
+    // Host sampling over whole rows (no kernels, or top_k absent or large).
+    let greedy: Vec<u32> = greedy_ids(model, logits)?.to_vec1()?;
+    let mut ids = Vec::with_capacity(rows.len());
+    for (row, r) in rows.iter().enumerate() {
+        ids.push(match r.uniform {
+            None => greedy[row],
+            Some(u) => {
+                let l: Vec<f32> = logits.get(row)?.to_vec1()?;
+                sample_with(&l, &r.params, u)
+            }
+        });
     }
-
-    /// Whether this is greedy decoding.
-    pub fn is_greedy(&self) -> bool {
-        self.temperature <= 0.0 || self.top_k == Some(1)
-    }
+    Ok(Tensor::new(ids.as_slice(), logits.device())?)
 }
 
 /// SplitMix64: small, fast, good enough for sampling.

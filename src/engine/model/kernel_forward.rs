@@ -8,25 +8,18 @@
 //! Invariants: the step's integer inputs (token ids, positions, cache slots, the decode
 //! sequences' context lengths and block tables, the prefill tiles) go to the device in one
 //! upload; nothing in the layer loop allocates, copies from the host or synchronizes (a
-//! decode step's layers are what `super::graph` captures). Prefill chunks the kernels do not
-//! serve attend through the gather path (`super::super::attention`).
+//! decode step's layers are what `crate::engine::runner::graphs` captures). Prefill chunks the kernels do not
+//! serve attend through the gather path (`super::attention`).
 
 use candle_core::Tensor;
 
-use super::CudaKernels;
-use crate::engine::attention::{AttnGroup, AttnPlan, attend_group};
-use crate::engine::comm::CommBackend;
-use crate::engine::kv_cache::PagedKvCache;
-use crate::engine::qwen3::{Qwen3, SeqInput};
+use super::attention::{AttnGroup, AttnPlan, attend_group};
+use super::kv_cache::PagedKvCache;
+use super::qwen3::{Qwen3, reduce};
+use crate::engine::batch::{SeqInput, logit_rows, positions_and_slots};
+use crate::engine::cuda::{CudaKernels, FUSED_MAX_ROWS};
+use crate::engine::parallel::comm::CommBackend;
 use crate::error::Result;
-
-/// Sums a row-parallel partial output over the ranks (no-op on one rank).
-fn reduce(partial: Tensor, comm: Option<&dyn CommBackend>) -> Result<Tensor> {
-    match comm {
-        Some(c) if c.world_size() > 1 => c.all_reduce_sum(&partial),
-        _ => Ok(partial),
-    }
-}
 
 /// Device views of one step's integer inputs (all slices of one upload).
 pub(crate) struct StepInputs {
@@ -43,7 +36,7 @@ pub(crate) struct StepInputs {
     /// Partitions of decode attention (each at least
     /// [`CudaKernels::decode_partition`] of the decode sequences' count long).
     pub(crate) splits: usize,
-    /// Prefill tiles, sequence metadata and block tables (`kernels/attention.cu`).
+    /// Prefill tiles, sequence metadata and block tables (`kernels/prefill.cu`).
     pub(crate) prefill: (Tensor, Tensor, Tensor),
 }
 
@@ -65,7 +58,7 @@ pub(crate) struct Activations {
     /// Decode-attention partials (None with one partition).
     scratch: Option<(Tensor, Tensor)>,
     /// Merge counters of the fused decode attention (one per row and head, kept zero), for
-    /// the rows it serves (at most [`super::FUSED_MAX_ROWS`]).
+    /// the rows it serves (at most [`FUSED_MAX_ROWS`]).
     counters: Tensor,
 }
 
@@ -95,7 +88,7 @@ impl Activations {
             act: k.alloc_out((t, l0.mlp.intermediate))?,
             down: k.alloc_out((t, hidden))?,
             scratch: k.decode_scratch(nd, nh, splits)?,
-            counters: k.decode_counters(t.min(super::FUSED_MAX_ROWS), nh)?,
+            counters: k.decode_counters(t.min(FUSED_MAX_ROWS), nh)?,
         })
     }
 
@@ -143,20 +136,31 @@ impl Activations {
     }
 }
 
-impl Qwen3 {
+/// The Qwen3 forward on the engine's own kernels: the same weights as [`Qwen3`], the same
+/// inputs and outputs as [`Qwen3::forward`].
+#[derive(Clone, Copy)]
+pub struct KernelForward<'a> {
+    /// The weights.
+    pub model: &'a Qwen3,
+    /// The kernels, loaded for the model's dtype.
+    pub kernels: &'a CudaKernels,
+}
+
+impl KernelForward<'_> {
     /// [`Qwen3::forward`] on the kernels (same inputs, same outputs).
-    pub(crate) fn forward_kernels(
+    pub fn forward(
         &self,
-        k: &CudaKernels,
         tokens: &[u32],
         seqs: &[SeqInput<'_>],
         cache: &PagedKvCache,
         comm: Option<&dyn CommBackend>,
     ) -> Result<Option<Tensor>> {
+        let (m, k) = (self.model, self.kernels);
         let bs = cache.block_size();
-        let (positions, slots) = self.batch_slots(tokens, seqs, bs)?;
+        let (positions, slots) =
+            positions_and_slots(tokens, seqs, bs, cache.num_blocks(), m.max_positions())?;
         let t = tokens.len();
-        let first = self.layers.first().map(|l| &l.attn);
+        let first = m.layers.first().map(|l| &l.attn);
         let group = first.map_or(1, |a| a.num_heads / a.num_kv_heads.max(1));
         let prefill_kernel = k.prefill_supports(group);
         let tile = k.prefill_tile(group);
@@ -203,7 +207,7 @@ impl Qwen3 {
         packed.extend_from_slice(&tiles);
         packed.extend_from_slice(&meta);
         packed.extend_from_slice(&ptables);
-        let dev = self.device();
+        let dev = m.device();
         let packed = Tensor::new(packed.as_slice(), dev)?;
         let ids = packed.narrow(0, 0, t)?;
         let nd = decode.len();
@@ -236,11 +240,11 @@ impl Qwen3 {
             splits,
             prefill,
         };
-        let plan = AttnPlan::new(seqs, bs, dev, self.dtype(), true, prefill_kernel)?;
-        let acts = Activations::new(k, self, t, nd, splits)?;
-        self.layers_into(k, &inputs, &acts, &plan, cache, comm)?;
-        let rows = Self::logit_rows(seqs);
-        if rows.is_empty() || self.shard().rank != 0 {
+        let plan = AttnPlan::new(seqs, bs, dev, m.dtype(), true, prefill_kernel)?;
+        let acts = Activations::new(k, m, t, nd, splits)?;
+        self.layers_into(&inputs, &acts, &plan, cache, comm)?;
+        let rows = logit_rows(seqs);
+        if rows.is_empty() || m.shard().rank != 0 {
             return Ok(None);
         }
         let sel = if rows.len() == t {
@@ -248,7 +252,7 @@ impl Qwen3 {
         } else {
             k.gather_rows(&acts.h, &Tensor::new(rows.as_slice(), dev)?)?
         };
-        let logits = k.linear(&sel, self.lm_head.weight())?;
+        let logits = k.linear(&sel, m.lm_head.weight())?;
         Ok(Some(k.to_f32(&logits)?))
     }
 
@@ -257,16 +261,16 @@ impl Qwen3 {
     /// the host and never synchronizes when the step is pure decode on one rank.
     pub(crate) fn layers_into(
         &self,
-        k: &CudaKernels,
         inputs: &StepInputs,
         acts: &Activations,
         plan: &AttnPlan,
         cache: &PagedKvCache,
         comm: Option<&dyn CommBackend>,
     ) -> Result<()> {
+        let (m, k) = (self.model, self.kernels);
         let bs = cache.block_size();
         let a = &acts;
-        k.embedding_into(&self.embed, &inputs.ids, &a.residual[0])?;
+        k.embedding_into(&m.embed, &inputs.ids, &a.residual[0])?;
         // Which residual buffer holds the stream; each add+norm with a delta moves it.
         let mut cur = 0;
         let mut delta: Option<Tensor> = None;
@@ -275,12 +279,12 @@ impl Qwen3 {
         let t = a.h.dim(0)?;
         let fused = matches!(plan.groups.as_slice(),
             [AttnGroup::KernelDecode { n, first: 0 }] if *n == t)
-            && self.layers.first().is_some_and(|l| {
+            && m.layers.first().is_some_and(|l| {
                 let at = &l.attn;
                 k.fused_decode_supports(t, at.num_heads, at.num_kv_heads, at.head_dim)
             });
         let part = CudaKernels::decode_partition(inputs.ctx_lens.elem_count());
-        for (li, layer) in self.layers.iter().enumerate() {
+        for (li, layer) in m.layers.iter().enumerate() {
             let at = &layer.attn;
             let norm = &layer.input_norm;
             k.norm_linear_into(
@@ -299,7 +303,7 @@ impl Qwen3 {
                 k.decode_fused_into(
                     &a.qkv,
                     (&at.q_norm.weight, &at.k_norm.weight, at.q_norm.eps),
-                    &self.inv_freq,
+                    &m.inv_freq,
                     (&inputs.pos, &inputs.slots),
                     (kc, vc),
                     (&inputs.tables, inputs.width.as_ref()),
@@ -313,14 +317,14 @@ impl Qwen3 {
                 k.qk_norm_rope_kv_write_into(
                     &a.qkv,
                     (&at.q_norm.weight, &at.k_norm.weight),
-                    &self.inv_freq,
+                    &m.inv_freq,
                     (&inputs.pos, &inputs.slots),
                     (kc, vc),
                     (at.num_heads, at.num_kv_heads, at.head_dim),
                     at.q_norm.eps,
                     &a.q,
                 )?;
-                self.attend_kernels(k, (kc, vc), plan, inputs, acts, bs)?
+                self.attend_kernels((kc, vc), plan, inputs, acts, bs)?
             };
             k.linear_into(&out, at.o_proj.weight(), &a.o)?;
             let o = reduce(a.o.clone(), comm)?;
@@ -341,8 +345,8 @@ impl Qwen3 {
             delta.as_ref(),
             &a.residual[cur],
             &a.residual[1 - cur],
-            &self.norm.weight,
-            self.norm.eps,
+            &m.norm.weight,
+            m.norm.eps,
             &a.h,
         )
     }
@@ -352,13 +356,13 @@ impl Qwen3 {
     /// launch); groups the kernels do not serve go through the gather path.
     fn attend_kernels(
         &self,
-        k: &CudaKernels,
         (kc, vc): (&Tensor, &Tensor),
         plan: &AttnPlan,
         inputs: &StepInputs,
         acts: &Activations,
         bs: usize,
     ) -> Result<Tensor> {
+        let (m, k) = (self.model, self.kernels);
         let (q, out) = (&acts.q, &acts.attn);
         let (tiles, meta, ptables) = &inputs.prefill;
         let (_, nh, hd) = q.dims3()?;
@@ -408,7 +412,7 @@ impl Qwen3 {
             }
             return Ok(out.clone());
         }
-        let a = &self.layers[0].attn;
+        let a = &m.layers[0].attn;
         let mut outs = Vec::with_capacity(plan.groups.len());
         let mut t0 = 0;
         for g in &plan.groups {

@@ -5,7 +5,7 @@
 //! Invariants:
 //! - Every buffer a graph touches is allocated here, before the KV cache is sized (so the KV
 //!   budget counts it), and lives as long as the graphs; the forward it captures allocates
-//!   nothing, copies nothing from the host and never synchronizes (`forward.rs`).
+//!   nothing, copies nothing from the host and never synchronizes (`model/kernel_forward.rs`).
 //! - A bucket's padding rows have context length 0 and cache slot `u32::MAX`: they write no
 //!   KV and attend to nothing; real rows never read them (every op is row-wise but attention,
 //!   which reads only a row's own block table).
@@ -23,12 +23,13 @@ use std::time::Instant;
 use candle_core::cuda_backend::cudarc::driver::{CudaGraph, CudaStream, result, sys};
 use candle_core::{DType, Tensor};
 
-use super::forward::{Activations, StepInputs};
-use super::{CudaKernels, kernel_err};
-use crate::engine::attention::{AttnGroup, AttnPlan};
-use crate::engine::buckets::{bucket_for, graph_buckets};
-use crate::engine::kv_cache::PagedKvCache;
-use crate::engine::qwen3::{LogitRows, Qwen3, SeqInput};
+use super::buckets::{bucket_for, graph_buckets};
+use crate::engine::batch::{LogitRows, SeqInput, positions_and_slots};
+use crate::engine::cuda::{CudaKernels, kernel_err};
+use crate::engine::model::Model;
+use crate::engine::model::attention::{AttnGroup, AttnPlan};
+use crate::engine::model::kernel_forward::{Activations, KernelForward, StepInputs};
+use crate::engine::model::kv_cache::PagedKvCache;
 use crate::error::{Error, Result};
 
 /// Partitions of decode attention in a bucket's graph: a fixed grid, each partition growing
@@ -46,7 +47,7 @@ fn graph_splits(b: usize) -> usize {
 }
 
 /// Captured decode graphs and the static buffers they run on (the engine holds one per
-/// model; [`DecodeGraphs::replay`] is also how `examples/graph_check.rs` compares a graph step
+/// model; [`DecodeGraphs::replay`] is also how `examples/graph_check` compares a graph step
 /// with an eager one).
 pub struct DecodeGraphs {
     buckets: Vec<usize>,
@@ -76,7 +77,7 @@ impl DecodeGraphs {
     /// Allocates the static buffers for the buckets `max_running` reaches, for contexts up to
     /// `max_context` tokens in blocks of `block_size`. `None` without the kernels.
     pub fn allocate(
-        model: &Qwen3,
+        model: &Model,
         max_running: usize,
         max_context: usize,
         block_size: usize,
@@ -95,7 +96,7 @@ impl DecodeGraphs {
             k.cluster_splits(b, s)
         };
         let partials = buckets.iter().map(|&b| b * splits_of(b)).max().unwrap_or(1);
-        let vocab = model.lm_head.weight().dim(0)?;
+        let vocab = model.qwen3.lm_head.weight().dim(0)?;
         let input = k.alloc(bmax * (4 + max_width) + 1, DType::U32)?;
         let input_ptr = k.ptr(&input)?;
         let acts = Activations::new(k, model, bmax, 1, partials)?;
@@ -109,7 +110,7 @@ impl DecodeGraphs {
         Ok(Some(Self {
             buckets,
             graphs: Vec::new(),
-            stream: k.stream.clone(),
+            stream: k.stream().clone(),
             input,
             input_ptr,
             acts,
@@ -140,7 +141,7 @@ impl DecodeGraphs {
 
     /// Captures one graph per bucket over `cache` (after one eager run of the same launches,
     /// which loads what cuBLAS loads lazily).
-    pub fn capture(&mut self, model: &Qwen3, cache: &PagedKvCache) -> Result<()> {
+    pub fn capture(&mut self, model: &Model, cache: &PagedKvCache, graph_pdl: bool) -> Result<()> {
         let k = model
             .kernels
             .as_ref()
@@ -148,9 +149,10 @@ impl DecodeGraphs {
         let start = Instant::now();
         let (free_before, _) = mem_info()?;
         // Programmatic dependent launch inside the graphs too (the matmuls prefetch their
-        // weights while the kernel before them runs), unless `POLICY_SERVE_GRAPH_PDL=0`.
+        // weights while the kernel before them runs), unless `graph_pdl` is off
+        // (`KernelOptions::graph_pdl`).
         let pdl = k.set_pdl(false);
-        k.set_pdl(pdl && !std::env::var("POLICY_SERVE_GRAPH_PDL").is_ok_and(|v| v == "0"));
+        k.set_pdl(pdl && graph_pdl);
         let captured = self.capture_all(model, k, cache);
         k.set_pdl(pdl);
         let graphs = captured?;
@@ -166,7 +168,7 @@ impl DecodeGraphs {
 
     fn capture_all(
         &self,
-        model: &Qwen3,
+        model: &Model,
         k: &CudaKernels,
         cache: &PagedKvCache,
     ) -> Result<Vec<CudaGraph>> {
@@ -198,7 +200,7 @@ impl DecodeGraphs {
     /// logits, on the static buffers.
     fn run_bucket(
         &self,
-        model: &Qwen3,
+        model: &Model,
         k: &CudaKernels,
         cache: &PagedKvCache,
         b: usize,
@@ -208,9 +210,13 @@ impl DecodeGraphs {
         let plan = AttnPlan {
             groups: vec![AttnGroup::KernelDecode { n: b, first: 0 }],
         };
-        model.layers_into(k, &inputs, &acts, &plan, cache, None)?;
+        KernelForward {
+            model: &model.qwen3,
+            kernels: k,
+        }
+        .layers_into(&inputs, &acts, &plan, cache, None)?;
         let logits_act = self.logits_act.narrow(0, 0, b)?;
-        k.linear_into(&acts.h, model.lm_head.weight(), &logits_act)?;
+        k.linear_into(&acts.h, model.qwen3.lm_head.weight(), &logits_act)?;
         k.to_f32_into(&logits_act, &self.logits.narrow(0, 0, b)?)
     }
 
@@ -255,7 +261,7 @@ impl DecodeGraphs {
     /// step), or `None` when the step must run eagerly.
     pub fn replay(
         &self,
-        model: &Qwen3,
+        model: &Model,
         tokens: &[u32],
         seqs: &[SeqInput<'_>],
     ) -> Result<Option<Tensor>> {
@@ -267,7 +273,7 @@ impl DecodeGraphs {
     /// the upload of the rest, so the step can be launched before they are known on the host.
     pub fn replay_fed(
         &self,
-        model: &Qwen3,
+        model: &Model,
         ids: &Tensor,
         seqs: &[SeqInput<'_>],
     ) -> Result<Option<Tensor>> {
@@ -286,7 +292,7 @@ impl DecodeGraphs {
 
     fn replay_ids(
         &self,
-        model: &Qwen3,
+        model: &Model,
         ids: Ids<'_>,
         seqs: &[SeqInput<'_>],
     ) -> Result<Option<Tensor>> {
@@ -317,7 +323,9 @@ impl DecodeGraphs {
                 &placeholders[..]
             }
         };
-        let (positions, slots) = model.batch_slots(tokens, seqs, bs)?;
+        // Block ids come from the head's own pool (the scheduler's), never from outside.
+        let (positions, slots) =
+            positions_and_slots(tokens, seqs, bs, usize::MAX, model.qwen3.max_positions())?;
         let b = self.buckets[bi];
         let mut rows: Vec<Row<'_>> = (0..n)
             .map(|i| Row {

@@ -47,8 +47,9 @@ impl Checkpoint {
         })
     }
 
-    /// Decoder layers the checkpoint holds (`model.layers.N.*`, highest N + 1).
-    pub fn layer_count(&self) -> usize {
+    /// The highest decoder-layer index of the checkpoint's tensors (`model.layers.N.*`);
+    /// `None` when it holds no layer.
+    pub fn max_layer_index(&self) -> Option<usize> {
         self.index
             .keys()
             .filter_map(|n| {
@@ -59,7 +60,12 @@ impl Checkpoint {
                     .ok()
             })
             .max()
-            .map_or(0, |n| n + 1)
+    }
+
+    /// Decoder layers the checkpoint holds (highest index + 1; saturating, so an absurd index
+    /// never wraps to a small count).
+    pub fn layer_count(&self) -> usize {
+        self.max_layer_index().map_or(0, |n| n.saturating_add(1))
     }
 
     /// Whether a tensor exists.
@@ -144,6 +150,12 @@ impl Checkpoint {
     }
 }
 
+/// Maps `file` (at `path`, for the error) into memory read-only.
+///
+/// # Safety
+/// The caller must ensure the file is not modified or truncated while the map lives (a
+/// checkpoint being rewritten under a running engine would change or fault its weights);
+/// the same contract as `memmap2::Mmap::map`.
 unsafe fn memmap2_like(file: &std::fs::File, path: &Path) -> Result<memmap2::Mmap> {
     // SAFETY: forwarded from the caller.
     unsafe { memmap2::Mmap::map(file) }.map_err(|e| Error::file(path, format!("cannot mmap: {e}")))

@@ -29,7 +29,7 @@ impl Norm {
 
 /// The kernels available while loading (stacking weights by device copies).
 #[cfg(feature = "cuda")]
-pub(crate) type Kx<'a> = Option<&'a super::cuda::CudaKernels>;
+pub(crate) type Kx<'a> = Option<&'a crate::engine::cuda::CudaKernels>;
 /// The kernels available while loading (none without the `cuda` feature).
 #[cfg(not(feature = "cuda"))]
 pub(crate) type Kx<'a> = Option<&'a std::convert::Infallible>;

@@ -1,5 +1,6 @@
-//! `ModelRunner`: runs steps. It owns the model, the KV tensors and the link to the
-//! tensor-parallel workers; the scheduler hands it a batch and gets logits back.
+//! [`ModelRunner`]: runs steps. It owns the model, the KV tensors and the link to the
+//! tensor-parallel workers; the scheduler hands it a batch and gets logits back, then the
+//! ids drawn from them.
 //!
 //! Invariant (tensor parallel): each step's command goes to every worker first and all ranks
 //! agree that every one of them took it before the first collective, so a worker that refuses a
@@ -10,14 +11,16 @@ use std::time::Duration;
 
 use candle_core::Tensor;
 
-use super::comm::{CommBackend, SeqCommand, WorkerCommand, agree};
-use super::kv_cache::PagedKvCache;
-use super::qwen3::{Qwen3, SeqInput};
+use super::sampler::{self, RowDraw};
+use crate::engine::batch::{SeqCommand, SeqInput};
+use crate::engine::model::Model;
+use crate::engine::model::kv_cache::PagedKvCache;
+use crate::engine::parallel::comm::{CommBackend, WorkerCommand, agree};
 use crate::error::{Error, Result};
 
 /// A timing event on the device's stream (CUDA with the engine's kernels).
 #[cfg(feature = "cuda")]
-pub(crate) type GpuEvent = super::cuda::GpuEvent;
+pub(crate) type GpuEvent = crate::engine::cuda::GpuEvent;
 
 /// A timing event on the device's stream: none without CUDA.
 #[cfg(not(feature = "cuda"))]
@@ -36,7 +39,7 @@ pub(crate) enum HostIds {
     Ready(Vec<u32>),
     /// A copy queued behind the kernels that compute them.
     #[cfg(feature = "cuda")]
-    Pending(super::cuda::PendingIds),
+    Pending(crate::engine::cuda::PendingIds),
 }
 
 impl HostIds {
@@ -52,11 +55,11 @@ impl HostIds {
 
 /// The model, its KV tensors and (on a tensor-parallel head) the link to the workers.
 pub(crate) struct ModelRunner {
-    model: Qwen3,
+    model: Model,
     cache: PagedKvCache,
     /// Decode steps replayed as CUDA graphs (captured by [`ModelRunner::capture_graphs`]).
     #[cfg(feature = "cuda")]
-    graphs: Option<super::cuda::DecodeGraphs>,
+    graphs: Option<super::graphs::DecodeGraphs>,
     comm: Option<Arc<dyn CommBackend>>,
     worker_timeout: Duration,
     steps_sent: u64,
@@ -64,7 +67,7 @@ pub(crate) struct ModelRunner {
 
 impl ModelRunner {
     pub(crate) fn new(
-        model: Qwen3,
+        model: Model,
         cache: PagedKvCache,
         comm: Option<Arc<dyn CommBackend>>,
         worker_timeout: Duration,
@@ -86,12 +89,13 @@ impl ModelRunner {
     #[cfg(feature = "cuda")]
     pub(crate) fn capture_graphs(
         &mut self,
-        graphs: Option<super::cuda::DecodeGraphs>,
+        graphs: Option<super::graphs::DecodeGraphs>,
+        graph_pdl: bool,
     ) -> Vec<usize> {
         let Some(mut g) = graphs else {
             return Vec::new();
         };
-        match g.capture(&self.model, &self.cache) {
+        match g.capture(&self.model, &self.cache, graph_pdl) {
             Ok(()) => {
                 tracing::info!(
                     buckets = ?g.buckets(),
@@ -124,14 +128,12 @@ impl ModelRunner {
         self.comm.as_ref()
     }
 
-    /// The greedy token of each row of f32 logits (argmax on the device).
-    pub(crate) fn greedy(&self, logits: &Tensor) -> Result<Vec<u32>> {
-        self.model.greedy(logits)
-    }
-
-    /// [`ModelRunner::greedy`] with the ids left on the device (see [`Qwen3::greedy_ids`]).
-    pub(crate) fn greedy_ids(&self, logits: &Tensor) -> Result<Tensor> {
-        self.model.greedy_ids(logits)
+    /// The next token of each row of f32 `logits` (`[rows, vocab]`), drawn as `draws` says
+    /// (one per row), left where the logits are (u32 `[rows]`: nothing waits for them).
+    /// Greedy rows and small top-k draws run on the device; other draws (no kernels, top_k
+    /// absent or large) read the logits to the host.
+    pub(crate) fn draw_ids(&self, logits: &Tensor, draws: &[RowDraw]) -> Result<Tensor> {
+        sampler::draw_ids(&self.model, logits, draws)
     }
 
     /// Starts reading u32 `ids` (`[n]`) to the host behind the work queued so far, without
@@ -164,17 +166,6 @@ impl ModelRunner {
         self.forward(&tokens, inputs)
     }
 
-    /// Tokens drawn on the device, left there (see `Qwen3::sample_on_device`); `None`
-    /// without kernels.
-    pub(crate) fn sample_on_device(
-        &self,
-        logits: &Tensor,
-        k: usize,
-        params: &[f32],
-    ) -> Result<Option<Tensor>> {
-        self.model.sample_on_device(logits, k, params)
-    }
-
     /// Copies the KV of `blocks` to host memory (swap-out).
     pub(crate) fn swap_out(&self, blocks: &[u32]) -> Result<Vec<(Tensor, Tensor)>> {
         self.cache.read_blocks(blocks)
@@ -205,14 +196,7 @@ impl ModelRunner {
         let cmd = WorkerCommand::Forward {
             step: self.steps_sent,
             tokens: tokens.to_vec(),
-            seqs: inputs
-                .iter()
-                .map(|s| SeqCommand {
-                    q_len: s.q_len,
-                    context_len: s.context_len,
-                    block_table: s.block_table.to_vec(),
-                })
-                .collect(),
+            seqs: inputs.iter().map(SeqCommand::from_input).collect(),
         };
         let acks = comm.send_command(&cmd, self.worker_timeout)?;
         let refused: Vec<String> = acks

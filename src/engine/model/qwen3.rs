@@ -15,36 +15,13 @@ use candle_nn::Linear;
 
 use super::attention::{AttnPlan, attend};
 use super::blocks::{Kx, Norm, cat0, inv_freq, rms, rope_tables};
-use super::comm::CommBackend;
 use super::config::ModelConfig;
 use super::kv_cache::PagedKvCache;
-pub use super::shard::Shard;
+use super::shard::Shard;
 use super::weights::Checkpoint;
+use crate::engine::batch::{SeqInput, logit_rows, positions_and_slots};
+use crate::engine::parallel::comm::CommBackend;
 use crate::error::Result;
-
-/// One sequence of a varlen batch.
-#[derive(Debug, Clone)]
-pub struct SeqInput<'a> {
-    /// New tokens of this sequence in the batch (1 for a decode step).
-    pub q_len: usize,
-    /// Tokens in the context after this step (cached + new).
-    pub context_len: usize,
-    /// The sequence's KV blocks, in order.
-    pub block_table: &'a [u32],
-    /// Which rows of logits to return: none, the last token's, or every new token's.
-    pub logits: LogitRows,
-}
-
-/// Which logits rows a sequence wants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogitRows {
-    /// No logits (a prefill chunk that does not end the prompt).
-    None,
-    /// The last new token's row (the next-token distribution).
-    Last,
-    /// Every new token's row (scoring).
-    All,
-}
 
 /// What every layer of one forward shares: RoPE rows of the new tokens, their cache slots,
 /// the attention plan, the cache and the tensor-parallel link.
@@ -216,16 +193,15 @@ pub struct Qwen3 {
     device: Device,
     dtype: DType,
     shard: Shard,
-    /// The engine's own CUDA kernels (None: the candle path).
-    #[cfg(feature = "cuda")]
-    pub(crate) kernels: Option<super::cuda::CudaKernels>,
 }
 
 impl Qwen3 {
     /// Loads this rank's shard of the weights of `cfg` from a checkpoint (HF tensor names):
     /// q/k/v and gate/up are split by output rows (column-parallel), o_proj and down by input
     /// columns (row-parallel, all-reduced in `forward`); embedding, norms and lm_head are
-    /// replicated. RoPE tables cover `max_context` positions. `progress` runs per layer.
+    /// replicated. RoPE tables cover `max_context` positions. `kx`: the kernels that stack
+    /// weights on the device while loading (none: candle ops). `progress` runs per layer.
+    #[allow(clippy::too_many_arguments)]
     pub fn load(
         cfg: &ModelConfig,
         ck: &Checkpoint,
@@ -233,17 +209,12 @@ impl Qwen3 {
         device: &Device,
         shard: Shard,
         max_context: usize,
+        kx: Kx<'_>,
         mut progress: impl FnMut(),
     ) -> Result<Self> {
         shard.check(cfg)?;
         let h = cfg.hidden_size;
         let embed = ck.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
-        #[cfg(feature = "cuda")]
-        let kernels = super::cuda::CudaKernels::for_model(cfg, device, dtype)?;
-        #[cfg(feature = "cuda")]
-        let kx = kernels.as_ref();
-        #[cfg(not(feature = "cuda"))]
-        let kx = None;
         let mut layers = Vec::new();
         for i in 0..cfg.num_hidden_layers {
             layers.push(Layer::load(cfg, ck, i, shard, kx)?);
@@ -265,8 +236,6 @@ impl Qwen3 {
             cos,
             sin,
             inv_freq,
-            #[cfg(feature = "cuda")]
-            kernels,
             num_kv_heads: cfg.num_key_value_heads / shard.world,
             head_dim: cfg.head_dim(),
             device: device.clone(),
@@ -295,111 +264,9 @@ impl Qwen3 {
         self.shard
     }
 
-    /// Whether the forward runs the engine's own CUDA kernels.
-    pub fn uses_kernels(&self) -> bool {
-        #[cfg(feature = "cuda")]
-        return self.kernels.is_some();
-        #[cfg(not(feature = "cuda"))]
-        false
-    }
-
-    /// Runs the candle-op path from now on (the reference the kernels are tested against).
-    pub fn disable_kernels(&mut self) {
-        #[cfg(feature = "cuda")]
-        {
-            self.kernels = None;
-        }
-    }
-
-    /// The greedy token of each row of f32 `[rows, vocab]` logits (on the device when the
-    /// kernels run; only the ids cross to the host).
-    pub fn greedy(&self, logits: &Tensor) -> Result<Vec<u32>> {
-        Ok(self.greedy_ids(logits)?.to_vec1()?)
-    }
-
-    /// [`Qwen3::greedy`] with the ids left where the logits are (u32 `[rows]`; nothing waits
-    /// for them): the next step's token ids when the scheduler runs a step ahead.
-    pub fn greedy_ids(&self, logits: &Tensor) -> Result<Tensor> {
-        #[cfg(feature = "cuda")]
-        if let Some(k) = &self.kernels {
-            return k.argmax(logits);
-        }
-        Ok(logits.argmax(candle_core::D::Minus1)?)
-    }
-
-    /// Draws each row's token on the device (see `CudaKernels::sample`): `params` holds per
-    /// row temperature, top_p, a uniform draw and top_k; the ids stay on the device (u32
-    /// `[rows]`); `None` without the kernels.
-    pub fn sample_on_device(
-        &self,
-        logits: &Tensor,
-        k: usize,
-        params: &[f32],
-    ) -> Result<Option<Tensor>> {
-        #[cfg(feature = "cuda")]
-        if let Some(kern) = &self.kernels {
-            return Ok(Some(kern.sample(logits, k, params)?));
-        }
-        let _ = (logits, k, params);
-        Ok(None)
-    }
-
-    /// Checks a batch against the cache and returns each new token's position and cache slot.
-    pub(crate) fn batch_slots(
-        &self,
-        tokens: &[u32],
-        seqs: &[SeqInput<'_>],
-        bs: usize,
-    ) -> Result<(Vec<u32>, Vec<u32>)> {
-        let total: usize = seqs.iter().map(|s| s.q_len).sum();
-        if total != tokens.len() || total == 0 {
-            return Err(candle_core::Error::msg(format!(
-                "batch has {} tokens but its sequences hold {total}",
-                tokens.len()
-            ))
-            .into());
-        }
-        let mut positions = Vec::with_capacity(total);
-        let mut slots = Vec::with_capacity(total);
-        for s in seqs {
-            if s.q_len == 0 || s.context_len < s.q_len || s.block_table.len() * bs < s.context_len {
-                return Err(candle_core::Error::msg(format!(
-                    "bad sequence in batch: q_len {} context {} blocks {}",
-                    s.q_len,
-                    s.context_len,
-                    s.block_table.len()
-                ))
-                .into());
-            }
-            if s.context_len > self.cos.dim(0)? {
-                return Err(crate::error::Error::TooLarge(format!(
-                    "context of {} tokens exceeds the {} positions this engine serves",
-                    s.context_len,
-                    self.cos.dim(0)?
-                )));
-            }
-            for p in s.context_len - s.q_len..s.context_len {
-                positions.push(p as u32);
-                slots.push(s.block_table[p / bs] * bs as u32 + (p % bs) as u32);
-            }
-        }
-        Ok((positions, slots))
-    }
-
-    /// The rows of the batch whose logits are asked for, in order.
-    pub(crate) fn logit_rows(seqs: &[SeqInput<'_>]) -> Vec<u32> {
-        let mut rows: Vec<u32> = Vec::new();
-        let mut start = 0u32;
-        for s in seqs {
-            let n = s.q_len as u32;
-            match s.logits {
-                LogitRows::None => {}
-                LogitRows::Last => rows.push(start + n - 1),
-                LogitRows::All => rows.extend(start..start + n),
-            }
-            start += n;
-        }
-        rows
+    /// The positions the RoPE tables cover (the longest context this model serves).
+    pub fn max_positions(&self) -> usize {
+        self.cos.dims()[0]
     }
 
     /// Runs one varlen batch. `tokens` holds every sequence's new tokens back to back, in the
@@ -415,12 +282,9 @@ impl Qwen3 {
         cache: &PagedKvCache,
         comm: Option<&dyn CommBackend>,
     ) -> Result<Option<Tensor>> {
-        #[cfg(feature = "cuda")]
-        if let Some(k) = &self.kernels {
-            return self.forward_kernels(k, tokens, seqs, cache, comm);
-        }
         let bs = cache.block_size();
-        let (positions, write_slots) = self.batch_slots(tokens, seqs, bs)?;
+        let (positions, write_slots) =
+            positions_and_slots(tokens, seqs, bs, cache.num_blocks(), self.max_positions())?;
         let total = tokens.len();
         let dev = &self.device;
         let pos = Tensor::new(positions.as_slice(), dev)?;
@@ -441,7 +305,7 @@ impl Qwen3 {
         for (li, layer) in self.layers.iter().enumerate() {
             x = layer.forward(&x, li, &ctx)?;
         }
-        let rows = Self::logit_rows(seqs);
+        let rows = logit_rows(seqs);
         if rows.is_empty() || self.shard.rank != 0 {
             return Ok(None);
         }
@@ -452,7 +316,7 @@ impl Qwen3 {
 }
 
 /// Sums a row-parallel partial output over the ranks (no-op on one rank).
-fn reduce(partial: Tensor, comm: Option<&dyn CommBackend>) -> Result<Tensor> {
+pub(crate) fn reduce(partial: Tensor, comm: Option<&dyn CommBackend>) -> Result<Tensor> {
     match comm {
         Some(c) if c.world_size() > 1 => c.all_reduce_sum(&partial),
         _ => Ok(partial),

@@ -8,7 +8,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::qwen3::SeqInput;
+use crate::engine::batch::SeqInput;
 use crate::error::Result;
 
 /// How attention runs for one batch: runs of decode sequences batched with a padding mask,

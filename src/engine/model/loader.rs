@@ -7,10 +7,13 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device};
 
-use super::DTypeChoice;
 use super::config::ModelConfig;
-use super::qwen3::{Qwen3, Shard};
+use super::forward::{Model, kernels_for};
+use super::qwen3::Qwen3;
+use super::shard::Shard;
 use super::weights::Checkpoint;
+use crate::engine::device::DTypeChoice;
+use crate::engine::options::KernelOptions;
 use crate::error::{Error, Result};
 
 /// The longest context any engine serves, whatever `max_position_embeddings` says: the RoPE
@@ -23,7 +26,9 @@ pub fn served_context(cfg: &ModelConfig) -> usize {
 }
 
 /// Loads shard `shard` of the model `key` from `weights` on `device`, in `dtype` (`Auto`: the
-/// checkpoint's on CUDA, f32 on the CPU). `progress` runs once per layer.
+/// checkpoint's on CUDA, f32 on the CPU), with the kernels `kernels` allows. `progress` runs
+/// once per layer.
+#[allow(clippy::too_many_arguments)]
 pub fn load_shard(
     key: &str,
     cfg: &ModelConfig,
@@ -31,39 +36,47 @@ pub fn load_shard(
     dtype: DTypeChoice,
     device: &Device,
     shard: Shard,
+    kernels: &KernelOptions,
     progress: impl FnMut(),
-) -> Result<Qwen3> {
-    let wrap = |e: Error| match e {
-        e @ (Error::Checkpoint { .. } | Error::Unsupported(_) | Error::Load { .. }) => e,
-        other => Error::Load {
-            key: key.into(),
-            reason: other.to_string(),
-        },
-    };
+) -> Result<Model> {
+    let wrap = |e: Error| e.loading(key);
     let probe = Checkpoint::open(key, weights, DType::F32, device).map_err(wrap)?;
     let dtype = dtype.resolve(device, probe.stored_dtype());
-    let layers = probe.layer_count();
+    let (layers, top) = (probe.layer_count(), probe.max_layer_index());
     drop(probe);
     if layers != cfg.num_hidden_layers {
+        let holds = match top {
+            None => "no layer tensors".to_string(),
+            Some(t) => format!("layer tensors up to model.layers.{t}"),
+        };
         return Err(Error::Load {
             key: key.into(),
             reason: format!(
-                "config.json says num_hidden_layers = {} but the checkpoint holds {layers} layers; the config does not belong to these weights",
+                "config.json says num_hidden_layers = {} but the checkpoint holds {holds}; the config does not belong to these weights",
                 cfg.num_hidden_layers
             ),
         });
     }
     let ck = Checkpoint::open(key, weights, dtype, device).map_err(wrap)?;
-    Qwen3::load(
+    let kernels = kernels_for(cfg, device, dtype, kernels).map_err(wrap)?;
+    let qwen3 = Qwen3::load(
         cfg,
         &ck,
         dtype,
         device,
         shard,
         served_context(cfg),
+        kernels.as_ref(),
         progress,
     )
-    .map_err(wrap)
+    .map_err(wrap)?;
+    #[cfg(not(feature = "cuda"))]
+    let _ = kernels;
+    Ok(Model {
+        qwen3,
+        #[cfg(feature = "cuda")]
+        kernels,
+    })
 }
 
 /// A progress bar over the layers of a load, on stderr (hidden when stderr is no terminal).

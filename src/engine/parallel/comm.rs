@@ -15,18 +15,8 @@ use candle_core::{Device, Tensor};
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
+use crate::engine::batch::SeqCommand;
 use crate::error::{Error, Result};
-
-/// One sequence of a forward command (the wire form of `qwen3::SeqInput`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SeqCommand {
-    /// New tokens of the sequence in this step.
-    pub q_len: usize,
-    /// Context length after the step.
-    pub context_len: usize,
-    /// The sequence's KV blocks.
-    pub block_table: Vec<u32>,
-}
 
 /// What the head tells the workers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -60,21 +50,19 @@ pub struct RankSettings {
 }
 
 impl RankSettings {
-    /// The settings of a rank serving `cfg` with `opts` in `dtype` over `num_blocks` blocks.
+    /// The settings of a rank serving `model` (its `model_type`, layers and hidden size, as
+    /// `type:LxH`) in `dtype` over `num_blocks` blocks of `block_size` tokens.
     pub fn new(
-        cfg: &super::ModelConfig,
-        opts: &super::EngineOptions,
+        model: String,
         dtype: candle_core::DType,
+        block_size: usize,
         num_blocks: usize,
     ) -> Self {
         Self {
-            block_size: opts.block_size,
+            block_size,
             num_blocks,
             dtype: format!("{dtype:?}").to_lowercase(),
-            model: format!(
-                "{}:{}x{}",
-                cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size
-            ),
+            model,
         }
     }
 
@@ -124,7 +112,7 @@ pub trait CommBackend: Send + Sync + std::fmt::Debug {
     fn barrier(&self) -> Result<()>;
 }
 
-/// A shared handle to a backend, usable in [`EngineOptions`](super::EngineOptions).
+/// A shared handle to a backend, usable in `EngineOptions::tensor_parallel`.
 #[derive(Clone)]
 pub struct CommHandle(pub Arc<dyn CommBackend>);
 

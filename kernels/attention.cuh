@@ -1,0 +1,123 @@
+// Shared by the attention kernels (decode.cu, fused_decode.cu, prefill.cu): the head-dim-128
+// geometry (a half-warp per token, 8 dims a lane), vector loads, and the online-softmax
+// helpers of the flash-decoding kernels. Each .cu includes it into its own anonymous
+// namespace, so every kernel file compiles alone.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <mma.h>
+#include <stdint.h>
+
+#include "common.cuh"
+
+namespace {
+
+constexpr int HD = 128;
+constexpr int LANES = 16;          // lanes per token
+constexpr int PER = HD / LANES;    // dims per lane (8)
+constexpr int THREADS = 128;
+constexpr int GROUPS = THREADS / LANES;  // half-warps per block (8)
+
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float* out) {
+  bf16x8_to_f32(*reinterpret_cast<const uint4*>(p), out);
+}
+
+__device__ __forceinline__ void load8(const float* p, float* out) {
+  float4 a = reinterpret_cast<const float4*>(p)[0];
+  float4 b = reinterpret_cast<const float4*>(p)[1];
+  out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+  out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+}
+
+// Tokens per partition of a context of ctx tokens in `splits` partitions of at least part_min
+// tokens (a multiple of 16); the decode kernel and its reduce agree on it.
+__device__ __forceinline__ int decode_part(int ctx, int splits, int part_min) {
+  return max(part_min, (((ctx + splits - 1) / splits) + 15) & ~15);
+}
+
+// sc[g] = q_g . k over the head: each lane's PER dims, summed over the half-warp's 16 lanes
+// (every lane gets it; the whole warp must call it).
+template <int G>
+__device__ __forceinline__ void head_scores(const float (&qv)[G][PER], const float (&kv)[PER],
+                                            float (&sc)[G]) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float d = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) d += qv[g][i] * kv[i];
+#pragma unroll
+    for (int o = LANES / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o, LANES);
+    sc[g] = d;
+  }
+}
+
+// One token into each head's online softmax: max m, sum l, accumulator acc (value v).
+template <int G>
+__device__ __forceinline__ void softmax_step(const float (&sc)[G], const float (&v)[PER],
+                                             float (&m)[G], float (&l)[G],
+                                             float (&acc)[G][PER]) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float mn = fmaxf(m[g], sc[g]);
+    float scale = __expf(m[g] - mn);
+    float e = __expf(sc[g] - mn);
+    l[g] = l[g] * scale + e;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) acc[g][i] = acc[g][i] * scale + e * v[i];
+    m[g] = mn;
+  }
+}
+
+// A half-warp's state before its first token: running max -inf, sum and accumulators 0.
+template <int G>
+__device__ __forceinline__ void empty_groups(float (&m)[G], float (&l)[G], float (&acc)[G][PER]) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) acc[g][i] = 0.f;
+  }
+}
+
+// This half-warp's state (m, l per head; acc, PER dims a lane) into the shared arrays that
+// merge_groups reads (the caller synchronizes the block after).
+template <int G>
+__device__ __forceinline__ void store_groups(const float (&m)[G], const float (&l)[G],
+                                             const float (&acc)[G][PER], int grp, int lane,
+                                             float (&sm)[GROUPS][G], float (&sl)[GROUPS][G],
+                                             float (&sacc)[GROUPS][G][HD]) {
+  if (lane == 0) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) { sm[grp][g] = m[g]; sl[grp][g] = l[g]; }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int i = 0; i < PER; ++i) sacc[grp][g][lane * PER + i] = acc[g][i];
+}
+
+// The block's max M, sum L and accumulator A for head g, dim d, from the half-warps' states
+// (sm/sl [GROUPS][G], sacc [GROUPS][G][HD] in shared memory).
+template <int G>
+__device__ __forceinline__ void merge_groups(const float (&sm)[GROUPS][G],
+                                             const float (&sl)[GROUPS][G],
+                                             const float (&sacc)[GROUPS][G][HD], int g, int d,
+                                             float& M, float& L, float& A) {
+  M = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < GROUPS; ++k) M = fmaxf(M, sm[k][g]);
+  L = 0.f;
+  A = 0.f;
+  if (M != -INFINITY) {
+#pragma unroll
+    for (int k = 0; k < GROUPS; ++k) {
+      float w = __expf(sm[k][g] - M);
+      L += sl[k][g] * w;
+      A += sacc[k][g][d] * w;
+    }
+  }
+}
+
+}  // namespace

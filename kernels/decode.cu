@@ -1,0 +1,148 @@
+// Paged attention for decode steps (one query token per sequence), flash-decoding style.
+//
+// q [B, nh, hd] (already scaled by 1/sqrt(hd)); the K/V caches are head-major
+// [nkv, num_slots, hd]; sequence b's token p sits in slot
+// block_tables[b * W + p / block_size] * block_size + p % block_size.
+//
+// Grid (B, nkv, splits): a block takes one sequence, one KV head and one partition of PART
+// context tokens, and serves every query head of that KV head's group (GQA: each K/V row is
+// read once for the G query heads). Inside, each half-warp takes one token at a time (a lane
+// holds 8 of the 128 dims, a 16-byte load), with an online softmax in f32 per query head;
+// the 8 half-warps are merged through shared memory. With one partition the block writes the
+// output; otherwise it writes its max, sum and unnormalized accumulator and a second kernel
+// merges the partitions. The number of partitions is the grid's, not the context lengths';
+// a graph captures a fixed number and each sequence's partitions grow to cover its context,
+// those past its end writing an empty partial. The table row width comes as an argument, or,
+// for a captured graph, from device memory (`width`), so one graph serves any width.
+// Pure decode steps of few sequences use decode_fused instead (fused_decode.cu): q/k norm, RoPE, the KV
+// write, this attention and the merge in one launch.
+
+#include "attention.cuh"
+
+namespace {
+
+template <typename T, int G>
+__device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ k_cache,
+                             const T* __restrict__ v_cache,
+                             const uint32_t* __restrict__ block_tables,
+                             const uint32_t* __restrict__ ctx_lens, T* __restrict__ out,
+                             float* __restrict__ part_acc, float* __restrict__ part_ml, int W,
+                             const uint32_t* __restrict__ width, int block_size,
+                             long long num_slots, int nkv, int part_min) {
+  const int b = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  const int nh = nkv * G;
+  const int ctx = (int)ctx_lens[b];
+  if (width != nullptr) W = (int)*width;
+  // A partition is part_min tokens, or longer when the fixed number of partitions (a captured
+  // graph's grid) would not cover the context otherwise.
+  const int part = decode_part(ctx, splits, part_min);
+  const int start = split * part;
+  // A partition past the context: the reduce reads none of it (one partition still writes
+  // the output, zeros for an empty context).
+  if (splits > 1 && start >= ctx) return;
+  const int end = min(ctx, start + part);
+  const int grp = threadIdx.x / LANES, lane = threadIdx.x % LANES;
+
+  float qv[G][PER];
+#pragma unroll
+  for (int g = 0; g < G; ++g) load8(q + ((size_t)b * nh + kh * G + g) * HD + lane * PER, qv[g]);
+
+  float m[G], l[G], acc[G][PER];
+  empty_groups<G>(m, l, acc);
+  const uint32_t* table = block_tables + (size_t)b * W;
+  const size_t head_base = (size_t)kh * num_slots;
+  // Both half-warps of a warp run the same number of iterations (the shuffles below need the
+  // whole warp); a half-warp past the end computes nothing and keeps its state.
+  for (int base = start + (grp & ~1); base < end; base += GROUPS) {
+    const int p = base + (grp & 1);
+    const bool valid = p < end;
+    float kv[PER];
+    size_t off = 0;
+    if (valid) {
+      size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
+      off = (head_base + slot) * HD + lane * PER;
+      load8(k_cache + off, kv);
+    } else {
+#pragma unroll
+      for (int i = 0; i < PER; ++i) kv[i] = 0.f;
+    }
+    float s[G];
+    head_scores<G>(qv, kv, s);
+    if (!valid) continue;
+    load8(v_cache + off, kv);
+    softmax_step<G>(s, kv, m, l, acc);
+  }
+
+  // Merge the half-warps: [GROUPS][G] max/sum, [GROUPS][G][HD] accumulators.
+  __shared__ float sm[GROUPS][G], sl[GROUPS][G];
+  __shared__ float sacc[GROUPS][G][HD];
+  store_groups<G>(m, l, acc, grp, lane, sm, sl, sacc);
+  __syncthreads();
+  // Thread t merges dim t % HD of head t / HD (G * HD outputs, THREADS threads).
+  for (int idx = threadIdx.x; idx < G * HD; idx += THREADS) {
+    int g = idx / HD, d = idx % HD;
+    float M, L, A;
+    merge_groups<G>(sm, sl, sacc, g, d, M, L, A);
+    int h = kh * G + g;
+    if (splits == 1) {
+      T* o = out + ((size_t)b * nh + h) * HD + d;
+      float v = L > 0.f ? A / L : 0.f;
+      *o = (T)v;
+    } else {
+      size_t pi = ((size_t)b * nh + h) * splits + split;
+      part_acc[pi * HD + d] = A;
+      if (d == 0) { part_ml[pi * 2] = M; part_ml[pi * 2 + 1] = L; }
+    }
+  }
+}
+
+// Merges the partitions of paged_decode that hold context: grid (B, nh), HD threads.
+template <typename T>
+__device__ void paged_decode_reduce(const float* __restrict__ part_acc,
+                                    const float* __restrict__ part_ml,
+                                    const uint32_t* __restrict__ ctx_lens, T* __restrict__ out,
+                                    int splits, int part_min) {
+  const int b = blockIdx.x, h = blockIdx.y, nh = gridDim.y, d = threadIdx.x;
+  const int ctx = (int)ctx_lens[b];
+  const int part = decode_part(ctx, splits, part_min);
+  const int used = ctx > 0 ? min(splits, (ctx + part - 1) / part) : 0;
+  size_t base = ((size_t)b * nh + h) * splits;
+  float M = -INFINITY;
+#pragma unroll 8
+  for (int s = 0; s < used; ++s) M = fmaxf(M, part_ml[(base + s) * 2]);
+  float L = 0.f, A = 0.f;
+  if (M != -INFINITY) {
+#pragma unroll 8
+    for (int s = 0; s < used; ++s) {
+      float w = __expf(part_ml[(base + s) * 2] - M);
+      L += part_ml[(base + s) * 2 + 1] * w;
+      A += part_acc[(base + s) * HD + d] * w;
+    }
+  }
+  out[((size_t)b * nh + h) * HD + d] = (T)(L > 0.f ? A / L : 0.f);
+}
+
+}  // namespace
+
+#define PS_DECODE(T, NAME, G)                                                                    \
+  extern "C" __global__ void __launch_bounds__(THREADS) paged_decode_g##G##_##NAME(            \
+      const T* q, const T* k_cache, const T* v_cache, const uint32_t* block_tables,             \
+      const uint32_t* ctx_lens, T* out, float* part_acc, float* part_ml, int W,                 \
+      const uint32_t* width, int block_size, long long num_slots, int nkv, int part) { pdl_entry();          \
+    paged_decode<T, G>(q, k_cache, v_cache, block_tables, ctx_lens, out, part_acc, part_ml, W,  \
+                       width, block_size, num_slots, nkv, part);                                \
+  }
+
+#define PS_DECODE_ALL(T, NAME)                                                                   \
+  PS_DECODE(T, NAME, 1)                                                                          \
+  PS_DECODE(T, NAME, 2)                                                                          \
+  PS_DECODE(T, NAME, 4)                                                                          \
+  PS_DECODE(T, NAME, 8)                                                                          \
+  extern "C" __global__ void paged_decode_reduce_##NAME(                                        \
+      const float* part_acc, const float* part_ml, const uint32_t* ctx_lens, T* out, int splits, \
+      int part_min) { pdl_entry();                                                                           \
+    paged_decode_reduce<T>(part_acc, part_ml, ctx_lens, out, splits, part_min);                 \
+  }
+
+PS_DECODE_ALL(__nv_bfloat16, bf16)
+PS_DECODE_ALL(float, f32)

@@ -1,0 +1,363 @@
+// The fused decode attention: one launch per layer for pure decode steps of few sequences
+// (see the comment on decode_fused below).
+
+#include "attention.cuh"
+
+namespace {
+
+// A whole decode step's attention for one layer in one launch (bf16, head_dim 128): what the
+// unfused path does in three kernels (qk_norm_rope_kv_write, paged_decode, and the merge),
+// with the same arithmetic. Grid (B, nkv, splits) as paged_decode, optionally in clusters of
+// C blocks along the partitions (sm_90; C divides splits). A block
+//  1. before waiting on the kernel before it (the qkv matmul), loads the K/V rows of its
+//     partition's first FETCH tokens per half-warp: they were written by earlier steps, and
+//     nothing in this step writes them (the new token's row is not among them);
+//  2. norms and rotates its G query heads from the qkv row (one warp per head, the helper the
+//     unfused kernel uses) into shared memory, rounded to bf16 as the unfused path stores q;
+//     if its partition holds the new token (position ctx - 1), also the new key, which it
+//     writes with the value to the cache and keeps in shared memory;
+//  3. attends over its partition (paged_decode's loop, FETCH tokens' loads in flight at once);
+//  4. merges: with one partition it writes the output; in a cluster, every block writes its
+//     partial into block 0's shared memory and block 0 merges them (a context of up to
+//     C * CLUSTER_PART tokens is one cluster's: partitions of ceil(ctx / C) tokens, so the
+//     output is written there); otherwise the partials (the blocks', or the clusters') go
+//     through global memory and the last to finish (a counter per sequence and KV head, reset
+//     by that block) merges them.
+// Bits: without clusters, and for contexts one cluster holds, the output equals the unfused
+// kernels' at the same partitioning (the merge sums the same terms in the same order); across
+// clusters the merge is two-level and differs in rounding only.
+// qkv rows hold q heads, k heads, v heads; a padding row (context 0) writes zeros. `stop`
+// (profiling only; 0 in the engine, and no clusters) ends every block after phase 1-4
+// (phase 4: the block's partial formed), so `graph_check --profile` can time the phases.
+constexpr int FETCH = 4;          // tokens per half-warp whose K/V loads are in flight together
+constexpr int CLUSTER_PART = 128;  // longest partition of a context one cluster covers
+constexpr int MERGE_STAGE = 32;    // partials a global merge stages in shared memory
+
+// Blocks in this block's cluster and its rank there (1 and 0 without clusters).
+__device__ __forceinline__ int cluster_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return (int)cooperative_groups::this_cluster().num_blocks();
+#else
+  return 1;
+#endif
+}
+
+// Cluster barrier halves (sm_90; every thread of every block that has not exited takes
+// part): arrive (release: this thread's earlier writes, shared memory of other blocks
+// included, are visible to whoever waits after it), and wait (for every thread of the cluster
+// that has not exited to have arrived).
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// Block `rank`'s shared-memory address of p (a variable of this kernel's shared memory).
+template <typename V>
+__device__ __forceinline__ V* cluster_peer(V* p, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().map_shared_rank(p, rank);
+#else
+  return p;
+#endif
+}
+
+// The last of `nparts` partials (index 0 .. nparts-1 of the `splits` slots of heads
+// hb .. hb+G-1, hb = b * nh + kh * G) to be written merges them into out (rows hb ..): each
+// writer calls this after writing its partial; the counter goes back to zero.
+template <int G>
+__device__ void merge_global(const float* part_acc, const float* part_ml, uint32_t* counter,
+                             int nparts, size_t hb, int splits, __nv_bfloat16* __restrict__ out) {
+  __shared__ bool merge;
+  __threadfence();  // this block's partial is visible before the counter says so
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t done = atomicAdd(counter, 1u) + 1;
+    merge = done == (uint32_t)nparts;
+    if (merge) *counter = 0;  // every partial counted: ready for the next launch
+  }
+  __syncthreads();
+  if (!merge) return;
+  __threadfence();
+  // Every max and sum first into shared memory (one round of loads), then each output's
+  // accumulators (another): the same sums in the same order as a loop over the partials.
+  __shared__ float sM[G][MERGE_STAGE], sL[G][MERGE_STAGE];
+  const bool staged = nparts <= MERGE_STAGE;
+  if (staged) {
+    for (int i = threadIdx.x; i < G * nparts; i += THREADS) {
+      const int g = i / nparts, s = i % nparts;
+      const size_t pi = (hb + g) * splits + s;
+      sM[g][s] = __ldcg(&part_ml[pi * 2]);
+      sL[g][s] = __ldcg(&part_ml[pi * 2 + 1]);
+    }
+    __syncthreads();
+  }
+  for (int idx = threadIdx.x; idx < G * HD; idx += THREADS) {
+    const int g = idx / HD, d = idx % HD;
+    const size_t base = (hb + g) * splits;
+    float M = -INFINITY, L = 0.f, A = 0.f;
+    if (staged) {
+      float a[MERGE_STAGE];
+#pragma unroll
+      for (int s = 0; s < MERGE_STAGE; ++s)
+        if (s < nparts) a[s] = __ldcg(&part_acc[(base + s) * HD + d]);
+#pragma unroll
+      for (int s = 0; s < MERGE_STAGE; ++s)
+        if (s < nparts) M = fmaxf(M, sM[g][s]);
+      if (M != -INFINITY) {
+#pragma unroll
+        for (int s = 0; s < MERGE_STAGE; ++s)
+          if (s < nparts) {
+            const float w = __expf(sM[g][s] - M);
+            L += sL[g][s] * w;
+            A += a[s] * w;
+          }
+      }
+    } else {
+      for (int s = 0; s < nparts; ++s) M = fmaxf(M, __ldcg(&part_ml[(base + s) * 2]));
+      if (M != -INFINITY) {
+        for (int s = 0; s < nparts; ++s) {
+          const float w = __expf(__ldcg(&part_ml[(base + s) * 2]) - M);
+          L += __ldcg(&part_ml[(base + s) * 2 + 1]) * w;
+          A += __ldcg(&part_acc[(base + s) * HD + d]) * w;
+        }
+      }
+    }
+    out[(hb + g) * HD + d] = (__nv_bfloat16)(L > 0.f ? A / L : 0.f);
+  }
+}
+
+template <int G>
+__device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
+                             const __nv_bfloat16* __restrict__ q_w,
+                             const __nv_bfloat16* __restrict__ k_w,
+                             const float* __restrict__ inv_freq,
+                             const uint32_t* __restrict__ positions,
+                             const uint32_t* __restrict__ slots, __nv_bfloat16* k_cache,
+                             __nv_bfloat16* v_cache, const uint32_t* __restrict__ block_tables,
+                             const uint32_t* __restrict__ ctx_lens,
+                             __nv_bfloat16* __restrict__ out, float* part_acc, float* part_ml,
+                             uint32_t* counters, int W, const uint32_t* __restrict__ width,
+                             int block_size, long long num_slots, int nkv, int part_min,
+                             float eps, int stop) {
+  using T = __nv_bfloat16;
+  pdl_trigger();
+  const int b = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  const int nh = nkv * G;
+  const int C = cluster_blocks();
+  // The step's inputs were uploaded before the step's first kernel: readable before the wait.
+  const int ctx = (int)ctx_lens[b];
+  if (width != nullptr) W = (int)*width;
+  const bool one_cluster = C > 1 && ctx <= C * CLUSTER_PART;
+  const int part = one_cluster ? decode_part(ctx, C, 16) : decode_part(ctx, splits, part_min);
+  const int start = split * part;
+  // A cluster (or block) wholly past the context has nothing to write; the test is the same
+  // for every block of a cluster, so none is left waiting at a cluster barrier.
+  if (ctx > 0 && (split / C) * C * part >= ctx) return;
+  // In a cluster: every block has started before any writes another's shared memory (step 4);
+  // this arrival is waited for there.
+  if (C > 1) cluster_arrive();
+  const int end = min(ctx, start + part);  // <= start for a partition past the context
+  const int newp = ctx - 1;
+  const int grp = threadIdx.x / LANES, lane = threadIdx.x % LANES;
+  const uint32_t* table = block_tables + (size_t)b * W;
+  const size_t head_base = (size_t)kh * num_slots;
+
+  // 1: this half-warp's tokens base + grp + GROUPS * u, their K/V rows (not the new token's).
+  uint4 kr[FETCH], vr[FETCH];
+  auto fetch = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < FETCH; ++u) {
+      const int p = base + grp + GROUPS * u;
+      if (p < end && p != newp) {
+        const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
+        const size_t off = (head_base + slot) * HD + lane * PER;
+        kr[u] = *reinterpret_cast<const uint4*>(k_cache + off);
+        vr[u] = *reinterpret_cast<const uint4*>(v_cache + off);
+      }
+    }
+  };
+  fetch(start);
+  pdl_wait();
+  if (stop == 1) return;
+  if (ctx == 0) {  // the same for the whole row b
+    if (split == 0)
+      for (int i = threadIdx.x; i < G * HD; i += THREADS)
+        out[((size_t)b * nh + kh * G) * HD + i] = (T)0.f;
+    return;
+  }
+
+  // 2: q heads into shared memory; the new key and value into the cache and shared memory.
+  const bool active = start < ctx;
+  const bool holds_new = active && end == ctx;
+  __shared__ __align__(16) T qs[G][HD];
+  __shared__ __align__(16) T knew[HD];
+  __shared__ __align__(16) T vnew[HD];
+  if (active) {
+    const int warp = threadIdx.x / 32, wl = threadIdx.x % 32;
+    const T* row = qkv + (size_t)b * (nh + 2 * nkv) * HD;
+    const float pos = (float)positions[b];
+    for (int h = warp; h < G + (holds_new ? 1 : 0); h += THREADS / 32) {
+      const bool is_q = h < G;
+      float o[HD / 32];
+      norm_rope_head<T, HD / 32>(row + (size_t)(is_q ? kh * G + h : nh + kh) * HD,
+                                 is_q ? q_w : k_w, inv_freq, pos, eps, wl, o);
+      if (is_q) {
+#pragma unroll
+        for (int j = 0; j < HD / 32; ++j) qs[h][wl + 32 * j] = (T)o[j];
+      } else {
+        const T* vsrc = row + (size_t)(nh + nkv + kh) * HD;
+        const bool write = slots[b] != 0xffffffffu;
+        const size_t off = ((size_t)kh * num_slots + (write ? slots[b] : 0)) * HD;
+#pragma unroll
+        for (int j = 0; j < HD / 32; ++j) {
+          const T kv = (T)o[j], vv = vsrc[wl + 32 * j];
+          knew[wl + 32 * j] = kv;
+          vnew[wl + 32 * j] = vv;
+          if (write) {
+            k_cache[off + wl + 32 * j] = kv;
+            v_cache[off + wl + 32 * j] = vv;
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (stop == 2) return;
+
+  // 3: paged_decode's loop (the same tokens in the same order), FETCH tokens at a time.
+  float qv[G][PER];
+#pragma unroll
+  for (int g = 0; g < G; ++g) load8(&qs[g][lane * PER], qv[g]);
+  float m[G], l[G], acc[G][PER];
+  empty_groups<G>(m, l, acc);
+  for (int base = start; base < end; base += GROUPS * FETCH) {
+    if (base != start) fetch(base);
+#pragma unroll
+    for (int u = 0; u < FETCH; ++u) {
+      const int p = base + grp + GROUPS * u;
+      const bool valid = p < end;
+      float kv[PER];
+      if (!valid) {
+#pragma unroll
+        for (int i = 0; i < PER; ++i) kv[i] = 0.f;
+      } else if (p == newp) {
+        load8(&knew[lane * PER], kv);
+      } else {
+        bf16x8_to_f32(kr[u], kv);
+      }
+      float sc[G];
+      head_scores<G>(qv, kv, sc);
+      if (!valid) continue;
+      if (p == newp) load8(&vnew[lane * PER], kv);
+      else bf16x8_to_f32(vr[u], kv);
+      softmax_step<G>(sc, kv, m, l, acc);
+    }
+  }
+  if (stop == 3) {
+    // Keep the loop's results live (a profiling stop must not let the compiler drop it).
+    if (m[0] == 12345.f) out[0] = (T)(l[0] + acc[0][0]);
+    return;
+  }
+
+  // 4: the block's partial (M, L, A per head and dim) from its half-warps'; in a cluster it
+  // goes straight into block 0's shared memory (slot = this block's rank).
+  // Cluster slots: 16 blocks for G <= 2, 8 for G 4, none for G 8 (shared memory bounds it;
+  // the host launches accordingly).
+  constexpr int CP = G <= 2 ? 16 : (G <= 4 ? 8 : 1);
+  __shared__ float sm[GROUPS][G], sl[GROUPS][G];
+  __shared__ float sacc[GROUPS][G][HD];
+  __shared__ float pM[CP][G], pL[CP][G];
+  __shared__ float pA[CP][G][HD];
+  store_groups<G>(m, l, acc, grp, lane, sm, sl, sacc);
+  __syncthreads();
+  const int rank = split % C;
+  float* dM = nullptr;
+  float* dL = nullptr;
+  float* dA = nullptr;
+  if (C > 1 && splits > 1 && stop == 0) {
+    if (C > CP) __trap();
+    cluster_wait();  // every block of the cluster runs: block 0's shared memory is there
+    dM = cluster_peer(&pM[rank][0], 0);
+    dL = cluster_peer(&pL[rank][0], 0);
+    dA = cluster_peer(&pA[rank][0][0], 0);
+  }
+  const size_t hb = (size_t)b * nh + kh * G;
+  for (int idx = threadIdx.x; idx < G * HD; idx += THREADS) {
+    const int g = idx / HD, d = idx % HD;
+    float M, L, A;
+    merge_groups<G>(sm, sl, sacc, g, d, M, L, A);
+    if (splits == 1) {
+      out[(hb + g) * HD + d] = (T)(L > 0.f ? A / L : 0.f);
+    } else if (dA != nullptr) {
+      dA[g * HD + d] = A;
+      if (d == 0) { dM[g] = M; dL[g] = L; }
+    } else {
+      const size_t pi = (hb + g) * splits + split;
+      part_acc[pi * HD + d] = A;
+      if (d == 0) { part_ml[pi * 2] = M; part_ml[pi * 2 + 1] = L; }
+    }
+  }
+  if (splits == 1 || stop == 4) return;
+  const int used = min(splits, (ctx + part - 1) / part);
+  if (dA == nullptr) {
+    merge_global<G>(part_acc, part_ml, &counters[b * nkv + kh], used, hb, splits, out);
+    return;
+  }
+  // Block 0 merges the cluster's partials (those holding context, in partition order) from
+  // its own shared memory once every block has pushed its own; the others are done.
+  cluster_arrive();
+  if (rank != 0) return;
+  cluster_wait();
+  const int cl = split / C, cused = min(C, used - cl * C);
+  const bool last_level = used <= C;
+  for (int idx = threadIdx.x; idx < G * HD; idx += THREADS) {
+    const int g = idx / HD, d = idx % HD;
+    float M = -INFINITY;
+    for (int r = 0; r < cused; ++r) M = fmaxf(M, pM[r][g]);
+    float L = 0.f, A = 0.f;
+    if (M != -INFINITY) {
+      for (int r = 0; r < cused; ++r) {
+        const float w = __expf(pM[r][g] - M);
+        L += pL[r][g] * w;
+        A += pA[r][g][d] * w;
+      }
+    }
+    if (last_level) {
+      out[(hb + g) * HD + d] = (T)(L > 0.f ? A / L : 0.f);
+    } else {
+      const size_t pi = (hb + g) * splits + cl;
+      part_acc[pi * HD + d] = A;
+      if (d == 0) { part_ml[pi * 2] = M; part_ml[pi * 2 + 1] = L; }
+    }
+  }
+  if (last_level) return;
+  __syncthreads();
+  merge_global<G>(part_acc, part_ml, &counters[b * nkv + kh], (used + C - 1) / C, hb, splits,
+                  out);
+}
+
+}  // namespace
+
+#define PS_DECODE_FUSED(G)                                                                       \
+  extern "C" __global__ void __launch_bounds__(THREADS) decode_fused_g##G##_bf16(              \
+      const __nv_bfloat16* qkv, const __nv_bfloat16* q_w, const __nv_bfloat16* k_w,             \
+      const float* inv_freq, const uint32_t* pos, const uint32_t* slots,                        \
+      __nv_bfloat16* k_cache, __nv_bfloat16* v_cache, const uint32_t* block_tables,             \
+      const uint32_t* ctx_lens, __nv_bfloat16* out, float* part_acc, float* part_ml,            \
+      uint32_t* counters, int W, const uint32_t* width, int block_size, long long num_slots,    \
+      int nkv, int part, float eps, int stop) {                                                 \
+    decode_fused<G>(qkv, q_w, k_w, inv_freq, pos, slots, k_cache, v_cache, block_tables,        \
+                    ctx_lens, out, part_acc, part_ml, counters, W, width, block_size,           \
+                    num_slots, nkv, part, eps, stop);                                           \
+  }
+PS_DECODE_FUSED(1)
+PS_DECODE_FUSED(2)
+PS_DECODE_FUSED(4)
+PS_DECODE_FUSED(8)

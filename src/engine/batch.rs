@@ -1,0 +1,143 @@
+//! The geometry of one varlen batch, shared by the model, the runner, the scheduler and the
+//! worker command: [`SeqInput`] (one sequence's new tokens, context and block table),
+//! [`LogitRows`], the wire form [`SeqCommand`], and the slot/row arithmetic over them.
+//!
+//! Invariants (what [`check_seq`] enforces, on the head and on every worker alike): every
+//! sequence has `q_len >= 1` new tokens, `context_len >= q_len`, a block table covering
+//! `context_len` tokens, and its new tokens sit at positions `context_len - q_len ..
+//! context_len`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// One sequence of a varlen batch.
+#[derive(Debug, Clone)]
+pub struct SeqInput<'a> {
+    /// New tokens of this sequence in the batch (1 for a decode step).
+    pub q_len: usize,
+    /// Tokens in the context after this step (cached + new).
+    pub context_len: usize,
+    /// The sequence's KV blocks, in order.
+    pub block_table: &'a [u32],
+    /// Which rows of logits to return: none, the last token's, or every new token's.
+    pub logits: LogitRows,
+}
+
+/// Which logits rows a sequence wants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitRows {
+    /// No logits (a prefill chunk that does not end the prompt).
+    None,
+    /// The last new token's row (the next-token distribution).
+    Last,
+    /// Every new token's row (scoring).
+    All,
+}
+
+/// One sequence of a forward command (the wire form of [`SeqInput`], which workers run
+/// without logits).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeqCommand {
+    /// New tokens of the sequence in this step.
+    pub q_len: usize,
+    /// Context length after the step.
+    pub context_len: usize,
+    /// The sequence's KV blocks.
+    pub block_table: Vec<u32>,
+}
+
+impl SeqCommand {
+    /// The wire form of `s`.
+    pub fn from_input(s: &SeqInput<'_>) -> Self {
+        Self {
+            q_len: s.q_len,
+            context_len: s.context_len,
+            block_table: s.block_table.to_vec(),
+        }
+    }
+
+    /// The batch form of this command (a worker asks for no logits).
+    pub fn as_input(&self) -> SeqInput<'_> {
+        SeqInput {
+            q_len: self.q_len,
+            context_len: self.context_len,
+            block_table: &self.block_table,
+            logits: LogitRows::None,
+        }
+    }
+}
+
+/// Checks one sequence's geometry against a KV pool of `num_blocks` blocks of `block_size`
+/// tokens (see the module invariants); the error says what is wrong.
+pub fn check_seq(
+    q_len: usize,
+    context_len: usize,
+    block_table: &[u32],
+    block_size: usize,
+    num_blocks: usize,
+) -> std::result::Result<(), String> {
+    if q_len == 0 || context_len < q_len || block_table.len() * block_size < context_len {
+        return Err(format!(
+            "bad sequence in batch: q_len {q_len} context {context_len} blocks {}",
+            block_table.len()
+        ));
+    }
+    if let Some(b) = block_table.iter().find(|&&b| b as usize >= num_blocks) {
+        return Err(format!(
+            "block {b} is outside this rank's {num_blocks} blocks"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a batch (see [`check_seq`]; contexts within `max_positions`) and returns each new
+/// token's position and cache slot, in batch order.
+pub fn positions_and_slots(
+    tokens: &[u32],
+    seqs: &[SeqInput<'_>],
+    block_size: usize,
+    num_blocks: usize,
+    max_positions: usize,
+) -> Result<(Vec<u32>, Vec<u32>)> {
+    let total: usize = seqs.iter().map(|s| s.q_len).sum();
+    if total != tokens.len() || total == 0 {
+        return Err(Error::Engine(format!(
+            "batch has {} tokens but its sequences hold {total}",
+            tokens.len()
+        )));
+    }
+    let mut positions = Vec::with_capacity(total);
+    let mut slots = Vec::with_capacity(total);
+    let bs = block_size;
+    for s in seqs {
+        check_seq(s.q_len, s.context_len, s.block_table, bs, num_blocks).map_err(Error::Engine)?;
+        if s.context_len > max_positions {
+            return Err(Error::TooLarge(format!(
+                "context of {} tokens exceeds the {max_positions} positions this engine serves",
+                s.context_len
+            )));
+        }
+        for p in s.context_len - s.q_len..s.context_len {
+            positions.push(p as u32);
+            slots.push(s.block_table[p / bs] * bs as u32 + (p % bs) as u32);
+        }
+    }
+    Ok((positions, slots))
+}
+
+/// The rows of the batch whose logits are asked for, in order.
+pub fn logit_rows(seqs: &[SeqInput<'_>]) -> Vec<u32> {
+    let mut rows: Vec<u32> = Vec::new();
+    let mut start = 0u32;
+    for s in seqs {
+        let n = s.q_len as u32;
+        match s.logits {
+            LogitRows::None => {}
+            LogitRows::Last => rows.push(start + n - 1),
+            LogitRows::All => rows.extend(start..start + n),
+        }
+        start += n;
+    }
+    rows
+}

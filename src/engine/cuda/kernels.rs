@@ -1,0 +1,328 @@
+//! [`CudaKernels`]: the kernels of one dtype loaded on one device (the fatbins `build.rs`
+//! compiles from `kernels/*.cu`, embedded here), with the buffers and handles their launches
+//! share. The launches themselves are `impl CudaKernels` blocks by family, in the files beside
+//! this one.
+
+use std::sync::Arc;
+
+use candle_core::cuda_backend::CudaStorageSlice;
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, CudaStream, DevicePtr};
+use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
+use candle_core::op::BackpropOp;
+use candle_core::{CudaDevice, CudaStorage, DType, Device, Shape, Storage, Tensor};
+
+use super::blas::Blas;
+use super::launch::{self, kernel_err};
+use crate::error::Result;
+
+static DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/decode.fatbin"));
+static FUSED_DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fused_decode.fatbin"));
+static PREFILL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/prefill.fatbin"));
+static LAYER_OPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/layer_ops.fatbin"));
+static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
+
+/// Most token rows the skinny-matmul kernels (`kernels/gemv.cu`) take: where they beat
+/// cuBLAS on the H200 (at 3-8 rows cuBLAS wins; BENCHMARKS.md, "Decode steps as CUDA graphs").
+pub const GEMV_MAX_ROWS: usize = 2;
+
+/// Context tokens one decode-attention block takes at most in large batches (a partition of
+/// flash-decoding); small batches take shorter partitions ([`CudaKernels::decode_partition`]).
+pub(crate) const DECODE_PARTITION: usize = 256;
+
+/// Query tokens one CUDA-core prefill-attention block takes (`BQ` in `kernels/prefill.cu`).
+pub(crate) const PREFILL_TILE: usize = 16;
+
+/// Which launch paths the kernels take where the hardware allows them (the kernel half of the
+/// engine's `KernelOptions`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchOptions {
+    /// Skinny-matmul kernels for 1-2 rows (bf16).
+    pub gemv: bool,
+    /// The fused decode attention (bf16).
+    pub fused_decode: bool,
+    /// Thread-block clusters in the fused decode attention (sm_90+).
+    pub clusters: bool,
+    /// Programmatic dependent launch (sm_90+).
+    pub pdl: bool,
+}
+
+impl Default for LaunchOptions {
+    fn default() -> Self {
+        Self {
+            gemv: true,
+            fused_decode: true,
+            clusters: true,
+            pdl: true,
+        }
+    }
+}
+
+/// Pinned host buffers for [`CudaKernels::read_ids`], reused across steps.
+#[derive(Default)]
+pub(crate) struct PinnedPool(parking_lot::Mutex<Vec<PinnedHostSlice<u32>>>);
+
+/// The kernels of one dtype, loaded on one device.
+pub struct CudaKernels {
+    pub(super) device: CudaDevice,
+    pub(super) stream: Arc<CudaStream>,
+    pub(super) dtype: DType,
+    pub(super) _modules: [Arc<CudaModule>; 5],
+    pub(super) add_rmsnorm: CudaFunction,
+    qk_rope_hd128: CudaFunction,
+    pub(super) silu_mul: CudaFunction,
+    argmax_f32: CudaFunction,
+    pub(super) argmax_merge: CudaFunction,
+    topk_f32: CudaFunction,
+    pub(super) sample_topk: CudaFunction,
+    pub(super) gather_rows: CudaFunction,
+    to_f32: CudaFunction,
+    pub(super) decode: [CudaFunction; 4],
+    pub(super) decode_reduce: CudaFunction,
+    /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge), bf16, GQA
+    /// groups 1, 2, 4, 8; None for f32 or without `LaunchOptions::fused_decode`.
+    pub(super) decode_fused: Option<[CudaFunction; 4]>,
+    pub(super) prefill: [CudaFunction; 3],
+    /// The tensor-core prefill kernels (bf16 only), for GQA groups 1, 2, 4, 8.
+    pub(super) prefill_tc: Option<[CudaFunction; 4]>,
+    /// Skinny matmuls for 1..=GEMV_MAX_ROWS rows: plain, fused with SiLU*up, and both
+    /// behind a fused add+RMSNorm (bf16 only; None without `LaunchOptions::gemv`).
+    pub(super) gemv: Option<[Vec<CudaFunction>; 4]>,
+    pub(crate) blas: Blas,
+    /// Fused decode attention merges in thread-block clusters (sm_90+ with
+    /// `LaunchOptions::clusters`; see [`CudaKernels::decode_cluster`]).
+    pub(super) clusters: bool,
+    /// Pinned host buffers for token ids read back without waiting for the stream.
+    pub(crate) pinned: Arc<PinnedPool>,
+    /// Launch with programmatic dependent launch (sm_90+ with `LaunchOptions::pdl`; the graph
+    /// capture sets it for its own launches).
+    pub(super) pdl: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for CudaKernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaKernels")
+            .field("dtype", &self.dtype)
+            .finish()
+    }
+}
+
+impl CudaKernels {
+    /// Loads the kernels for `dtype` on `device`, taking the launch paths `opts` allows;
+    /// `None` on the CPU or for a dtype the kernels do not serve (f16).
+    pub fn new(device: &Device, dtype: DType, opts: &LaunchOptions) -> Result<Option<Self>> {
+        let Device::Cuda(dev) = device else {
+            return Ok(None);
+        };
+        let suffix = match dtype {
+            DType::BF16 => "bf16",
+            DType::F32 => "f32",
+            _ => return Ok(None),
+        };
+        let stream = dev.cuda_stream();
+        let ctx = stream.context().clone();
+        let load = |bytes: &[u8], name: &str| {
+            ctx.load_module(Ptx::from_binary(bytes.to_vec()))
+                .map_err(|e| kernel_err(&format!("module {name}"), e))
+        };
+        let decode_mod = load(DECODE, "decode")?;
+        let fused_mod = load(FUSED_DECODE, "fused_decode")?;
+        let prefill_mod = load(PREFILL, "prefill")?;
+        let layer_ops = load(LAYER_OPS, "layer_ops")?;
+        let gemv_mod = load(GEMV, "gemv")?;
+        let f = |m: &Arc<CudaModule>, name: &str| {
+            m.load_function(name)
+                .map_err(|e| kernel_err(&format!("function {name}"), e))
+        };
+        let s = suffix;
+        let hopper = {
+            use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute as A;
+            ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+                .unwrap_or(0)
+                >= 9
+        };
+        Ok(Some(Self {
+            device: dev.clone(),
+            dtype,
+            add_rmsnorm: f(&layer_ops, &format!("add_rmsnorm_{s}"))?,
+            qk_rope_hd128: f(&layer_ops, &format!("qk_norm_rope_kv_write_hd128_{s}"))?,
+            silu_mul: f(&layer_ops, &format!("silu_mul_{s}"))?,
+            argmax_f32: f(&layer_ops, "argmax_rows_f32")?,
+            argmax_merge: f(&layer_ops, "argmax_merge")?,
+            topk_f32: f(&layer_ops, "topk_rows_f32")?,
+            sample_topk: f(&layer_ops, "sample_topk_f32")?,
+            gather_rows: f(&layer_ops, &format!("gather_rows_{s}"))?,
+            to_f32: f(&layer_ops, &format!("to_f32_{s}"))?,
+            prefill: [
+                f(&prefill_mod, &format!("paged_prefill_g1_{s}"))?,
+                f(&prefill_mod, &format!("paged_prefill_g2_{s}"))?,
+                f(&prefill_mod, &format!("paged_prefill_g4_{s}"))?,
+            ],
+            prefill_tc: if dtype == DType::BF16 {
+                Some([
+                    f(&prefill_mod, "paged_prefill_tc_g1_bf16")?,
+                    f(&prefill_mod, "paged_prefill_tc_g2_bf16")?,
+                    f(&prefill_mod, "paged_prefill_tc_g4_bf16")?,
+                    f(&prefill_mod, "paged_prefill_tc_g8_bf16")?,
+                ])
+            } else {
+                None
+            },
+            decode: [
+                f(&decode_mod, &format!("paged_decode_g1_{s}"))?,
+                f(&decode_mod, &format!("paged_decode_g2_{s}"))?,
+                f(&decode_mod, &format!("paged_decode_g4_{s}"))?,
+                f(&decode_mod, &format!("paged_decode_g8_{s}"))?,
+            ],
+            decode_reduce: f(&decode_mod, &format!("paged_decode_reduce_{s}"))?,
+            decode_fused: if dtype == DType::BF16 && opts.fused_decode {
+                let fs = [
+                    f(&fused_mod, "decode_fused_g1_bf16")?,
+                    f(&fused_mod, "decode_fused_g2_bf16")?,
+                    f(&fused_mod, "decode_fused_g4_bf16")?,
+                    f(&fused_mod, "decode_fused_g8_bf16")?,
+                ];
+                if hopper {
+                    use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
+                    for func in &fs {
+                        func.set_attribute(
+                            A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                            1,
+                        )
+                        .map_err(|e| kernel_err("decode_fused cluster size", e))?;
+                    }
+                }
+                Some(fs)
+            } else {
+                None
+            },
+            gemv: if dtype == DType::BF16 && opts.gemv {
+                let all = |kind: &str| -> Result<Vec<CudaFunction>> {
+                    (1..=GEMV_MAX_ROWS)
+                        .map(|t| f(&gemv_mod, &format!("{kind}_t{t}_bf16")))
+                        .collect()
+                };
+                Some([
+                    all("gemv")?,
+                    all("gemv_silu")?,
+                    all("norm_gemv")?,
+                    all("norm_gemv_silu")?,
+                ])
+            } else {
+                None
+            },
+            blas: Blas::new(&stream)?,
+            clusters: hopper && opts.clusters,
+            pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),
+            pinned: Arc::default(),
+            stream,
+            _modules: [decode_mod, fused_mod, prefill_mod, layer_ops, gemv_mod],
+        }))
+    }
+
+    /// A launch of `f` on the kernels' stream (with programmatic dependent launch where the
+    /// GPU has it).
+    pub(super) fn launcher<'a>(&'a self, f: &'a CudaFunction) -> launch::Launch<'a> {
+        let pdl = self.pdl.load(std::sync::atomic::Ordering::Relaxed);
+        launch::Launch::new(&self.stream, f, pdl)
+    }
+
+    /// Turns programmatic dependent launch off (or back on, where the GPU has it); returns
+    /// whether it was on.
+    pub(crate) fn set_pdl(&self, on: bool) -> bool {
+        self.pdl.swap(on, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The activation dtype these kernels serve.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The stream every launch goes on (candle's).
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The device pointer of a contiguous CUDA tensor's first element.
+    pub(crate) fn ptr(&self, t: &Tensor) -> Result<u64> {
+        let (storage, layout) = t.storage_and_layout();
+        if !layout.is_contiguous() {
+            return Err(kernel_err("input", "a tensor is not contiguous"));
+        }
+        let Storage::Cuda(cs) = &*storage else {
+            return Err(kernel_err("input", "a tensor is not on the GPU"));
+        };
+        let (base, size) = match &cs.slice {
+            CudaStorageSlice::BF16(s) => (s.device_ptr(&self.stream).0, 2),
+            CudaStorageSlice::F16(s) => (s.device_ptr(&self.stream).0, 2),
+            CudaStorageSlice::F32(s) => (s.device_ptr(&self.stream).0, 4),
+            CudaStorageSlice::U32(s) => (s.device_ptr(&self.stream).0, 4),
+            _ => return Err(kernel_err("input", "unsupported dtype")),
+        };
+        Ok(base + (layout.start_offset() * size) as u64)
+    }
+
+    /// An uninitialized tensor (every element is written by the kernel that gets it).
+    pub(crate) fn alloc(&self, shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
+        let shape = shape.into();
+        let n = shape.elem_count().max(1);
+        // SAFETY: the memory is written by the kernel it is allocated for before any read.
+        let slice = unsafe {
+            match dtype {
+                DType::BF16 => CudaStorageSlice::BF16(self.device.alloc::<half::bf16>(n)?),
+                DType::F32 => CudaStorageSlice::F32(self.device.alloc::<f32>(n)?),
+                DType::U32 => CudaStorageSlice::U32(self.device.alloc::<u32>(n)?),
+                DType::F16 => CudaStorageSlice::F16(self.device.alloc::<half::f16>(n)?),
+                other => return Err(kernel_err("alloc", format!("dtype {other:?}"))),
+            }
+        };
+        let storage = CudaStorage {
+            slice,
+            device: self.device.clone(),
+        };
+        Ok(Tensor::from_storage(
+            Storage::Cuda(storage),
+            shape,
+            BackpropOp::none(),
+            false,
+        ))
+    }
+
+    /// An output buffer of the activation dtype whose every element a kernel writes.
+    pub(crate) fn alloc_out(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        self.alloc(shape, self.dtype)
+    }
+
+    pub(super) fn check_dtype(&self, t: &Tensor) -> Result<()> {
+        if t.dtype() != self.dtype {
+            return Err(kernel_err(
+                "input",
+                format!("dtype {:?}, kernels loaded for {:?}", t.dtype(), self.dtype),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A timing event recorded on the kernels' stream.
+pub struct GpuEvent(candle_core::cuda_backend::cudarc::driver::CudaEvent);
+
+impl GpuEvent {
+    /// Milliseconds from `earlier` to this event (waits for both to complete).
+    pub fn ms_since(&self, earlier: &GpuEvent) -> f64 {
+        earlier.0.elapsed_ms(&self.0).map_or(0.0, f64::from)
+    }
+}
+
+impl CudaKernels {
+    /// Records a timing event on the stream now.
+    pub fn event(&self) -> Result<GpuEvent> {
+        use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
+        let e = self
+            .stream
+            .context()
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| kernel_err("event", e))?;
+        e.record(&self.stream).map_err(|e| kernel_err("event", e))?;
+        Ok(GpuEvent(e))
+    }
+}

@@ -1,0 +1,139 @@
+//! [`Model`]: one rank's loaded model as a runner runs it: the [`Qwen3`] weights and, on CUDA,
+//! the kernels that run its forward ([`KernelForward`]) — or none, and the candle-op path runs
+//! it (the CPU, and the reference the kernels are checked against).
+//!
+//! Invariant: both paths take the same inputs and give the same outputs (logits rows in
+//! batch order, f32), so the runner and the worker never ask which one runs.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::config::ModelConfig;
+#[cfg(feature = "cuda")]
+use super::kernel_forward::KernelForward;
+use super::kv_cache::PagedKvCache;
+use super::qwen3::Qwen3;
+use super::shard::Shard;
+use crate::engine::batch::SeqInput;
+#[cfg(feature = "cuda")]
+use crate::engine::cuda::{CudaKernels, LaunchOptions};
+use crate::engine::options::KernelOptions;
+use crate::engine::parallel::comm::CommBackend;
+use crate::error::Result;
+
+/// One rank's model: weights plus the kernels that run them (when there are any).
+pub struct Model {
+    /// The weights (and the candle-op forward).
+    pub qwen3: Qwen3,
+    /// The engine's own CUDA kernels (None: the candle path).
+    #[cfg(feature = "cuda")]
+    pub kernels: Option<CudaKernels>,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("dtype", &self.dtype())
+            .field("kernels", &self.uses_kernels())
+            .finish()
+    }
+}
+
+/// The kernels for a model, or `None` where the candle path serves it: not on CUDA, kernels
+/// turned off in `opts`, a dtype other than bf16/f32, a head_dim other than 128, or q/k/v
+/// biases.
+#[cfg(feature = "cuda")]
+pub fn kernels_for(
+    cfg: &ModelConfig,
+    device: &Device,
+    dtype: DType,
+    opts: &KernelOptions,
+) -> Result<Option<CudaKernels>> {
+    if !opts.kernels {
+        tracing::info!("kernels turned off (KernelOptions::kernels): the forward runs candle ops");
+        return Ok(None);
+    }
+    if cfg.head_dim() != 128 || cfg.attention_bias {
+        return Ok(None);
+    }
+    let launch = LaunchOptions {
+        gemv: opts.gemv,
+        fused_decode: opts.fused_decode,
+        clusters: opts.clusters,
+        pdl: opts.pdl,
+    };
+    CudaKernels::new(device, dtype, &launch)
+}
+
+/// The kernels for a model: none without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+pub fn kernels_for(
+    _cfg: &ModelConfig,
+    _device: &Device,
+    _dtype: DType,
+    _opts: &KernelOptions,
+) -> Result<Option<std::convert::Infallible>> {
+    Ok(None)
+}
+
+impl Model {
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        self.qwen3.device()
+    }
+
+    /// The compute dtype.
+    pub fn dtype(&self) -> DType {
+        self.qwen3.dtype()
+    }
+
+    /// The KV heads this rank holds.
+    pub fn local_kv_heads(&self) -> usize {
+        self.qwen3.local_kv_heads()
+    }
+
+    /// This rank's shard.
+    pub fn shard(&self) -> Shard {
+        self.qwen3.shard()
+    }
+
+    /// Whether the forward runs the engine's own CUDA kernels.
+    pub fn uses_kernels(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        return self.kernels.is_some();
+        #[cfg(not(feature = "cuda"))]
+        false
+    }
+
+    /// Runs the candle-op path from now on (the reference the kernels are tested against).
+    pub fn disable_kernels(&mut self) {
+        #[cfg(feature = "cuda")]
+        {
+            self.kernels = None;
+        }
+    }
+
+    /// The kernel forward, when the kernels run this model.
+    #[cfg(feature = "cuda")]
+    pub fn kernel_forward(&self) -> Option<KernelForward<'_>> {
+        self.kernels.as_ref().map(|kernels| KernelForward {
+            model: &self.qwen3,
+            kernels,
+        })
+    }
+
+    /// Runs one varlen batch (see [`Qwen3::forward`]) on the kernels when they serve this
+    /// model, else on candle ops.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        seqs: &[SeqInput<'_>],
+        cache: &PagedKvCache,
+        comm: Option<&dyn CommBackend>,
+    ) -> Result<Option<Tensor>> {
+        #[cfg(feature = "cuda")]
+        if let Some(kf) = self.kernel_forward() {
+            return kf.forward(tokens, seqs, cache, comm);
+        }
+        self.qwen3.forward(tokens, seqs, cache, comm)
+    }
+}

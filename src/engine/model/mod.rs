@@ -1,0 +1,29 @@
+//! The model room: everything about one rank's model and nothing about serving.
+//!
+//! - `config` (HF `config.json` / `generation_config.json`), `files` (the one list of a
+//!   model's files, for local dirs and the hub alike), `weights` (safetensors checkpoints),
+//!   `shard` (tensor-parallel slicing), `loader` (one rank's load);
+//! - `qwen3` (structs with `load`/`forward`, like candle's model files), its `blocks` and its
+//!   gather-path `attention` (planning + candle-op attention over paged KV);
+//! - `kernel_forward` (the same forward on the engine's own CUDA kernels, a type of its own)
+//!   and `forward` ([`Model`]: the weights plus whichever forward runs them);
+//! - `kv_cache` (the paged KV tensors).
+//!
+//! Arrows point down only: into `crate::engine::batch`, `crate::engine::cuda` (the kernels'
+//! launchers) and `crate::engine::parallel` (the all-reduce), never up into the runner or
+//! the scheduler.
+
+pub(crate) mod attention;
+mod blocks;
+pub mod config;
+pub mod files;
+pub mod forward;
+#[cfg(feature = "cuda")]
+pub mod kernel_forward;
+pub mod kv_cache;
+pub mod loader;
+pub mod qwen3;
+pub mod shard;
+pub mod weights;
+
+pub use forward::Model;

@@ -1,0 +1,129 @@
+//! How an engine is built and how it batches: [`EngineOptions`], with the kernel switches in
+//! [`KernelOptions`] and every default in [`super::defaults`] (the one table the CLI/HTTP flags and
+//! `EngineOptions::default()` both read).
+//!
+//! Invariant: engine behaviour is chosen here, by typed fields; nothing in the engine reads an
+//! environment variable.
+
+use std::time::Duration;
+
+use super::defaults;
+use super::device::{DTypeChoice, DeviceChoice, KvBudget};
+use super::parallel::comm::CommHandle;
+
+/// Which of the engine's own CUDA kernels a forward uses. Every switch is on by default and
+/// only takes effect where the hardware and dtype allow it; turning one off runs the slower
+/// path it replaces (for comparisons and debugging). Ignored without the `cuda` feature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelOptions {
+    /// The engine's own kernels at all (off: the forward runs candle ops, the reference path).
+    pub kernels: bool,
+    /// Skinny-matmul kernels for decode steps of 1-2 rows (bf16; off: cuBLAS).
+    pub gemv: bool,
+    /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge; bf16).
+    pub fused_decode: bool,
+    /// Merge fused decode attention in thread-block clusters (sm_90+).
+    pub clusters: bool,
+    /// Programmatic dependent launch for eager launches (sm_90+).
+    pub pdl: bool,
+    /// Programmatic dependent launch inside captured CUDA graphs too (with `pdl`).
+    pub graph_pdl: bool,
+    /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
+    /// stream, where the events only cost time).
+    pub event_tracking: bool,
+}
+
+impl Default for KernelOptions {
+    fn default() -> Self {
+        Self {
+            kernels: true,
+            gemv: true,
+            fused_decode: true,
+            clusters: true,
+            pdl: true,
+            graph_pdl: true,
+            event_tracking: false,
+        }
+    }
+}
+
+impl KernelOptions {
+    /// The candle-op forward only (the reference the kernels are checked against).
+    pub fn reference() -> Self {
+        Self {
+            kernels: false,
+            ..Self::default()
+        }
+    }
+}
+
+/// How an engine is built and how it batches.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineOptions {
+    /// Where to run (`Auto`: CUDA if available, else CPU).
+    pub device: DeviceChoice,
+    /// Compute dtype (`Auto`: the checkpoint's on CUDA, f32 on CPU).
+    pub dtype: DTypeChoice,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Memory for KV blocks.
+    pub kv_budget: KvBudget,
+    /// Most sequences decoding at once.
+    pub max_running: usize,
+    /// Most tokens in one forward (decode tokens + prefill chunks).
+    pub max_batched_tokens: usize,
+    /// Largest prefill chunk of one sequence per step.
+    pub prefill_chunk: usize,
+    /// Default cap on generated tokens when a request gives none (never more than the room
+    /// its prompt leaves in the context).
+    pub default_max_new_tokens: usize,
+    /// Reuse the KV of cached prefixes (radix tree). On by default; disabled with a warning
+    /// for architectures whose state is not all in the KV.
+    pub prefix_cache: bool,
+    /// Host memory (GiB) for KV swapped out on preemption; 0 preempts by recompute.
+    /// (Off under tensor parallelism: preemption recomputes.)
+    pub swap_gib: f64,
+    /// Tensor parallelism: this process's link to the other ranks (it must be rank 0; the
+    /// others run `run_worker`). `None`: one rank.
+    pub tensor_parallel: Option<CommHandle>,
+    /// How long the head waits for workers to acknowledge a step.
+    pub worker_timeout: Duration,
+    /// Replay pure decode steps as CUDA graphs (captured at start-up per batch-size bucket up
+    /// to `max_running`). On by default; CUDA with the engine's kernels and one rank only.
+    pub cuda_graphs: bool,
+    /// Pipelined decode: a decode step of every running sequence is launched before the
+    /// previous step's tokens reach the host (a CUDA graph copies them into its inputs on the
+    /// device), so the GPU does not wait for the host between steps. The tokens are the same
+    /// as without it (sampled requests draw the same numbers); a sequence that ends costs one
+    /// dropped row of one step. Greedy and small top-k draws overlap; draws on the host (top_k
+    /// absent or over 64) wait as before. Off by default (not yet measured on a GPU).
+    pub pipelined_decode: bool,
+    /// Log the step profile (where a step's wall time goes) every this many steps; `None`:
+    /// no profile.
+    pub profile_steps: Option<u64>,
+    /// The engine's own CUDA kernels.
+    pub kernels: KernelOptions,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            device: DeviceChoice::Auto,
+            dtype: DTypeChoice::Auto,
+            block_size: defaults::BLOCK_SIZE,
+            kv_budget: KvBudget::default(),
+            max_running: defaults::max_running(DeviceChoice::Auto.is_gpu()),
+            max_batched_tokens: defaults::MAX_BATCHED_TOKENS,
+            prefill_chunk: defaults::PREFILL_CHUNK,
+            default_max_new_tokens: defaults::MAX_NEW_TOKENS,
+            prefix_cache: true,
+            swap_gib: defaults::SWAP_GIB,
+            tensor_parallel: None,
+            worker_timeout: Duration::from_secs(defaults::WORKER_TIMEOUT_SECS),
+            cuda_graphs: true,
+            pipelined_decode: false,
+            profile_steps: None,
+            kernels: KernelOptions::default(),
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! [`ModelRunner::load`]: one model made ready to run steps: check the options, load this
+//! rank's shard, allocate the CUDA graphs' buffers (before the KV cache is sized, so its
+//! budget counts them), size and allocate the KV cache, say hello to the tensor-parallel
+//! workers, capture the graphs.
+//!
+//! Invariant: nothing is allocated from a size the options give before that size is checked
+//! against the device or host (an absurd flag is an error naming it, never an abort).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use candle_core::{DType, Device};
+
+use super::model_runner::ModelRunner;
+use super::worker::rank_settings;
+use crate::engine::model::config::ModelConfig;
+use crate::engine::model::kv_cache::PagedKvCache;
+use crate::engine::model::loader::{layer_progress, load_shard, served_context};
+use crate::engine::model::shard::Shard;
+use crate::engine::options::EngineOptions;
+use crate::engine::parallel::comm::WorkerCommand;
+use crate::error::{Error, Result};
+
+/// How long the head waits for its workers to load and say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// A runner ready to run steps, and what its load decided.
+pub struct Loaded {
+    pub(crate) runner: ModelRunner,
+    /// Compute dtype.
+    pub dtype: DType,
+    /// KV blocks allocated.
+    pub num_blocks: usize,
+    /// Bytes of one KV block on this rank.
+    pub block_bytes: usize,
+    /// The longest context served.
+    pub max_context: usize,
+    /// Whether the forward runs the engine's own kernels.
+    pub kernels: bool,
+    /// The batch sizes whose decode steps replay as CUDA graphs.
+    pub cuda_graph_buckets: Vec<usize>,
+    /// Ranks of the model (1: no tensor parallelism).
+    pub world: usize,
+}
+
+/// Checks the options that size allocations, before anything is allocated.
+fn check_options(opts: &EngineOptions) -> Result<()> {
+    let positive = [
+        ("--block-size (block_size)", opts.block_size),
+        ("--max-running (max_running)", opts.max_running),
+        (
+            "--max-batched-tokens (max_batched_tokens)",
+            opts.max_batched_tokens,
+        ),
+        ("--prefill-chunk (prefill_chunk)", opts.prefill_chunk),
+    ];
+    for (name, v) in positive {
+        if v == 0 {
+            return Err(Error::InvalidInput(format!("{name} must be positive")));
+        }
+    }
+    if opts.block_size > 4096 {
+        return Err(Error::InvalidInput(format!(
+            "--block-size (block_size) {} is over 4096 tokens per block",
+            opts.block_size
+        )));
+    }
+    let gib = [
+        ("--kv-cache-gib", opts.kv_budget.gpu_gib.unwrap_or(0.0)),
+        ("--kv-cache-gib", opts.kv_budget.cpu_gib),
+        ("--swap-gib", opts.swap_gib),
+        ("--gpu-memory-utilization", opts.kv_budget.gpu_fraction),
+    ];
+    for (name, v) in gib {
+        if !v.is_finite() || v < 0.0 {
+            return Err(Error::InvalidInput(format!(
+                "{name} must be a finite number >= 0, not {v}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl ModelRunner {
+    /// Loads model `key` (`cfg`, `weights`) on `device` as `opts` says and makes it ready to
+    /// run steps (see the module docs).
+    pub(crate) fn load(
+        key: &str,
+        cfg: &ModelConfig,
+        weights: &[PathBuf],
+        device: &Device,
+        opts: &EngineOptions,
+    ) -> Result<Loaded> {
+        check_options(opts)?;
+        let comm = opts
+            .tensor_parallel
+            .as_ref()
+            .map(|c| c.0.clone())
+            .filter(|c| c.world_size() > 1);
+        let shard = match &comm {
+            Some(c) if c.rank() != 0 => {
+                return Err(Error::InvalidInput(format!(
+                    "rank {} runs `run_worker`, not an engine; only rank 0 serves",
+                    c.rank()
+                )));
+            }
+            Some(c) => Shard {
+                rank: 0,
+                world: c.world_size(),
+            },
+            None => Shard::FULL,
+        };
+        let pb = layer_progress(cfg.num_hidden_layers, key);
+        let model = load_shard(
+            key,
+            cfg,
+            weights,
+            opts.dtype,
+            device,
+            shard,
+            &opts.kernels,
+            || pb.inc(1),
+        )?;
+        pb.finish_and_clear();
+        let dtype = model.dtype();
+        let kernels = model.uses_kernels();
+        let max_context = served_context(cfg);
+        let block_bytes =
+            cfg.kv_bytes_per_token(dtype.size_in_bytes()) * opts.block_size / shard.world;
+        // Never more blocks than `max_running` full contexts use; checked, so an absurd
+        // `max_running` cannot wrap into a small number.
+        let max_useful = opts
+            .max_running
+            .saturating_mul(max_context.div_ceil(opts.block_size));
+        // The graphs' buffers come before the KV cache is sized, so its budget counts them.
+        #[cfg(feature = "cuda")]
+        let graphs = if opts.cuda_graphs && comm.is_none() {
+            // Without room for the graphs' buffers the engine still serves, eagerly.
+            super::graphs::DecodeGraphs::allocate(
+                &model,
+                opts.max_running,
+                max_context,
+                opts.block_size,
+            )
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "no memory for CUDA graphs; decode steps run eagerly");
+                None
+            })
+        } else {
+            None
+        };
+        let num_blocks = opts
+            .kv_budget
+            .blocks_for(device, block_bytes)?
+            .min(max_useful);
+        if num_blocks == 0 {
+            return Err(Error::Load {
+                key: key.into(),
+                reason: format!(
+                    "the KV budget holds no block of {block_bytes} bytes; raise the KV budget"
+                ),
+            });
+        }
+        let cache = PagedKvCache::new(
+            cfg,
+            model.local_kv_heads(),
+            num_blocks,
+            opts.block_size,
+            dtype,
+            device,
+        )?;
+        if let Some(c) = &comm {
+            // Every worker allocates the same blocks up front; the block tables of each step
+            // travel with its command, so the ranks agree on slots and cached prefixes.
+            let hello =
+                WorkerCommand::Hello(rank_settings(cfg, dtype, opts.block_size, num_blocks));
+            for (i, ack) in c
+                .send_command(&hello, HELLO_TIMEOUT)?
+                .into_iter()
+                .enumerate()
+            {
+                ack.map_err(|e| {
+                    Error::Engine(format!("worker rank {} refused to start: {e}", i + 1))
+                })?;
+            }
+            tracing::info!(
+                model = key,
+                world = c.world_size(),
+                "tensor-parallel workers ready"
+            );
+        }
+        let world = shard.world;
+        #[allow(unused_mut)]
+        let mut runner = ModelRunner::new(model, cache, comm, opts.worker_timeout);
+        #[cfg(feature = "cuda")]
+        let cuda_graph_buckets = runner.capture_graphs(graphs, opts.kernels.graph_pdl);
+        #[cfg(not(feature = "cuda"))]
+        let cuda_graph_buckets = Vec::new();
+        Ok(Loaded {
+            runner,
+            dtype,
+            num_blocks,
+            block_bytes,
+            max_context,
+            kernels,
+            cuda_graph_buckets,
+            world,
+        })
+    }
+}

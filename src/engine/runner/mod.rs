@@ -1,0 +1,18 @@
+//! The runner room. `ModelRunner` loads one model (`ModelRunner::load`, `load.rs`: weights,
+//! KV sizing, CUDA graphs, the tensor-parallel hello) and runs steps (`model_runner.rs`): it
+//! owns the model, the KV tensors and the link to the workers; the scheduler hands it a batch
+//! (tokens and `SeqInput`s) and gets logits back, then the ids drawn from them
+//! (`ModelRunner::draw_ids` with each row's [`RowDraw`], `sampler.rs`). Also here: the graph buckets (`buckets.rs`),
+//! the graphs (`graphs.rs`, CUDA) and the loop ranks above 0 run (`worker.rs`).
+
+pub mod buckets;
+#[cfg(feature = "cuda")]
+pub mod graphs;
+mod load;
+mod model_runner;
+pub mod sampler;
+pub mod worker;
+
+pub use load::Loaded;
+pub(crate) use model_runner::{GpuEvent, HostIds, ModelRunner};
+pub use sampler::RowDraw;

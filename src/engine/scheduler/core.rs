@@ -1,0 +1,269 @@
+//! The scheduler's state and loop: it owns the [`ModelRunner`] (model, KV tensors, worker
+//! link) and the [`KvManager`] (KV memory), and runs continuous batching.
+//!
+//! Each loop: take new commands (block when idle), drop requests whose caller went away,
+//! admit waiting requests (`memory.rs`), plan a step (`plan.rs`: one decode token for every
+//! running sequence first, then prefill chunks up to the token budget), run it on the runner,
+//! and process its output (`output.rs`: sampled tokens, incremental detokenization, stop
+//! strings, streaming, finishing). A step that fails is retried sequence by sequence, so only
+//! the failing request fails. With pipelined decode (`pipeline.rs`) a decode step is
+//! read one loop later, behind the step launched after it.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use candle_core::Device;
+use parking_lot::Mutex;
+use tokenizers::Tokenizer;
+
+use super::detok::Detokenizer;
+use super::profile::StepProfile;
+use super::seq::{Command, InFlight, Seq};
+use crate::cache::KvManager;
+use crate::engine::device;
+use crate::engine::handle::{Replier, StreamSender};
+use crate::engine::model::config::ModelConfig;
+use crate::engine::options::EngineOptions;
+use crate::engine::parallel::comm::WorkerCommand;
+use crate::engine::request::{EngineInfo, EngineStats, Generation, GenerationRequest};
+use crate::engine::runner::sampler::Rng;
+use crate::engine::runner::{Loaded, ModelRunner};
+
+/// The scheduler thread's state: the runner, the KV memory, the waiting and running
+/// requests. Its behaviour is spread by concern over the files of this room, each an
+/// `impl Scheduler` block: the loop (here), admission and preemption (`memory.rs`), planning
+/// and running a step (`plan.rs`), output (`output.rs`), pipelined decode (`pipeline.rs`).
+pub(crate) struct Scheduler {
+    pub(super) runner: ModelRunner,
+    pub(super) kv: KvManager,
+    pub(super) tokenizer: Arc<Tokenizer>,
+    pub(super) eos: Vec<u32>,
+    pub(super) opts: EngineOptions,
+    pub(super) info: EngineInfo,
+    pub(super) max_context: usize,
+    pub(super) waiting: VecDeque<Seq>,
+    pub(super) running: Vec<Seq>,
+    pub(super) stats: Arc<Mutex<EngineStats>>,
+    pub(super) cancelled: u64,
+    pub(super) profile: Option<StepProfile>,
+    /// Pipelined decode on (`EngineOptions::pipelined_decode`, `pipeline.rs`).
+    pub(super) pipelined: bool,
+    /// A step launched whose tokens are not read yet (pipelined decode).
+    pub(super) inflight: Option<InFlight>,
+}
+
+impl Scheduler {
+    pub(crate) fn new(
+        key: &str,
+        cfg: &ModelConfig,
+        weights: &[PathBuf],
+        device: &Device,
+        eos: &[u32],
+        tokenizer: Arc<Tokenizer>,
+        opts: &EngineOptions,
+    ) -> crate::error::Result<Self> {
+        let Loaded {
+            runner,
+            dtype,
+            num_blocks,
+            block_bytes,
+            max_context,
+            kernels,
+            cuda_graph_buckets,
+            world,
+        } = ModelRunner::load(key, cfg, weights, device, opts)?;
+        let prefix_cache = opts.prefix_cache
+            && {
+                let safe = cfg.kv_only_prefix_cache_is_safe();
+                if !safe {
+                    tracing::warn!(model = key, model_type = %cfg.model_type, reason = cfg.kv_only_reason(), "prefix cache requested but disabled: cached KV alone cannot restore this architecture's state");
+                }
+                safe
+            };
+        let swap = opts.swap_gib > 0.0
+            && world == 1
+            && {
+                let safe = cfg.kv_only_swap_out_is_safe();
+                if !safe {
+                    tracing::warn!(model = key, model_type = %cfg.model_type, reason = cfg.kv_only_reason(), "KV swap requested but disabled; preemption falls back to recompute");
+                }
+                safe
+            };
+        let swap_budget = if swap {
+            (opts.swap_gib * (1u64 << 30) as f64) as usize
+        } else {
+            0
+        };
+        let kv = KvManager::new(
+            num_blocks,
+            opts.block_size,
+            block_bytes,
+            prefix_cache,
+            swap_budget,
+        );
+        let stats = EngineStats {
+            blocks_total: num_blocks,
+            blocks_free: num_blocks,
+            prefix_cache,
+            ..Default::default()
+        };
+        Ok(Self {
+            runner,
+            kv,
+            tokenizer,
+            eos: eos.to_vec(),
+            opts: opts.clone(),
+            info: EngineInfo {
+                key: key.to_string(),
+                device: device::name(device),
+                dtype,
+                num_blocks,
+                block_size: opts.block_size,
+                max_context,
+                vocab_size: cfg.vocab_size,
+                default_max_new_tokens: opts.default_max_new_tokens,
+                kernels,
+                cuda_graph_buckets,
+            },
+            max_context,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            stats: Arc::new(Mutex::new(stats)),
+            cancelled: 0,
+            profile: opts.profile_steps.and_then(StepProfile::every),
+            pipelined: opts.pipelined_decode,
+            inflight: None,
+        })
+    }
+
+    pub(crate) fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    pub(crate) fn stats_handle(&self) -> Arc<Mutex<EngineStats>> {
+        self.stats.clone()
+    }
+
+    pub(crate) fn run(mut self, rx: Receiver<Command>) {
+        loop {
+            let idle = self.running.is_empty() && self.waiting.is_empty();
+            let t_top = Instant::now();
+            let first = if idle {
+                match rx.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => break,
+                }
+            } else {
+                match rx.recv_timeout(Duration::ZERO) {
+                    Ok(c) => Some(c),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            };
+            let mut shutdown = false;
+            for cmd in first
+                .into_iter()
+                .chain(std::iter::from_fn(|| rx.try_recv().ok()))
+            {
+                match cmd {
+                    Command::Generate { request, reply } => self.enqueue(request, reply, None),
+                    Command::GenerateStreaming {
+                        request,
+                        reply,
+                        stream,
+                    } => self.enqueue(request, reply, Some(stream)),
+                    Command::Score { tokens, reply } => {
+                        self.settle();
+                        reply.send(self.score(&tokens))
+                    }
+                    Command::Shutdown => shutdown = true,
+                }
+            }
+            if shutdown {
+                break;
+            }
+            // A step in flight is settled before admission (pipeline.rs; `drop_abandoned`
+            // settles it itself before a running sequence goes).
+            if !self.waiting.is_empty() {
+                self.settle();
+            }
+            self.drop_abandoned();
+            self.admit();
+            let t_step = Instant::now();
+            let running = self.running.len();
+            if running > 0 {
+                self.step();
+            }
+            let t_post = Instant::now();
+            self.publish_stats();
+            if running > 0
+                && let Some(p) = &mut self.profile
+            {
+                p.record(t_step - t_top, t_post - t_step, t_post.elapsed(), running);
+            }
+        }
+        if let Some(c) = self.runner.comm() {
+            // Head shutdown stops every worker.
+            if let Err(e) = c.send_command(&WorkerCommand::Shutdown, Duration::from_secs(10)) {
+                tracing::warn!(error = %e, "could not tell every worker to shut down");
+            }
+        }
+        tracing::debug!("scheduler stopped");
+    }
+
+    pub(super) fn publish_stats(&self) {
+        let kv = self.kv.stats();
+        let mut s = self.stats.lock();
+        s.running = self.running.len();
+        s.waiting = self.waiting.len();
+        s.blocks_free = kv.blocks_free;
+        s.requests_cancelled = self.cancelled;
+        if let Some(c) = kv.cache {
+            s.cache_lookups = c.lookups;
+            s.cache_lookup_tokens = c.lookup_tokens;
+            s.cache_hit_tokens = c.hit_tokens;
+            s.cache_hit_rate = c.hit_rate();
+            s.evicted_blocks = c.evicted_blocks;
+            s.cached_blocks = c.cached_blocks;
+        }
+        s.swap_used_bytes = kv.swap_used_bytes;
+    }
+
+    fn enqueue(
+        &mut self,
+        request: GenerationRequest,
+        reply: Replier<Generation>,
+        stream: Option<StreamSender>,
+    ) {
+        if let Err(e) = self.info.check(&request) {
+            self.stats.lock().requests_failed += 1;
+            reply.send(Err(e));
+            return;
+        }
+        let max_new = self.info.max_new_tokens(&request);
+        let seed = request.sampling.seed;
+        self.waiting.push_back(Seq {
+            tokens: request.prompt.clone(),
+            request,
+            reply,
+            computed: 0,
+            blocks: Vec::new(),
+            max_new,
+            rng: Rng::new(seed),
+            submitted: Instant::now(),
+            admitted: None,
+            first_token: None,
+            cached_prompt_tokens: 0,
+            pin: None,
+            swapped: None,
+            detok: Detokenizer::default(),
+            undecoded: Vec::new(),
+            stop_checked: 0,
+            preemptions: 0,
+            stream: stream.map(|s| (s, 0)),
+        });
+    }
+}

@@ -1,0 +1,96 @@
+//! The scheduler's data: the [`Command`]s the engine handle sends, each request as a [`Seq`],
+//! a step's plan ([`StepPlan`] of [`Planned`] sequences) and a step launched but not read
+//! ([`InFlight`], pipelined decode). Plain data; the behaviour is in the files beside it.
+
+use std::time::Instant;
+
+use candle_core::Tensor;
+
+use super::detok::Detokenizer;
+use crate::engine::handle::{Replier, StreamSender};
+use crate::engine::request::{Generation, GenerationRequest};
+use crate::engine::runner::sampler::Rng;
+use crate::engine::runner::{GpuEvent, HostIds};
+
+/// What the engine handle sends the scheduler thread.
+pub(crate) enum Command {
+    Generate {
+        request: GenerationRequest,
+        reply: Replier<Generation>,
+    },
+    GenerateStreaming {
+        request: GenerationRequest,
+        reply: Replier<Generation>,
+        stream: StreamSender,
+    },
+    Score {
+        tokens: Vec<u32>,
+        reply: Replier<Vec<Vec<f32>>>,
+    },
+    Shutdown,
+}
+
+/// One request as the scheduler carries it from waiting to finished.
+pub(super) struct Seq {
+    pub(super) request: GenerationRequest,
+    pub(super) reply: Replier<Generation>,
+    /// Prompt followed by the generated tokens.
+    pub(super) tokens: Vec<u32>,
+    /// Tokens whose KV is in the cache.
+    pub(super) computed: usize,
+    pub(super) blocks: Vec<u32>,
+    pub(super) max_new: usize,
+    pub(super) rng: Rng,
+    pub(super) submitted: Instant,
+    pub(super) admitted: Option<Instant>,
+    pub(super) first_token: Option<Instant>,
+    pub(super) cached_prompt_tokens: usize,
+    /// The radix node pinned for this sequence's cached prefix.
+    pub(super) pin: Option<usize>,
+    /// KV of the computed tokens, swapped out to host memory (per layer K, V).
+    pub(super) swapped: Option<Vec<(Tensor, Tensor)>>,
+    /// The generated text so far, decoded incrementally.
+    pub(super) detok: Detokenizer,
+    /// Generated tokens not decoded yet (decoded while the GPU runs the next step).
+    pub(super) undecoded: Vec<u32>,
+    /// Bytes of the text already searched for stop strings.
+    pub(super) stop_checked: usize,
+    /// Times preempted.
+    pub(super) preemptions: u32,
+    /// Where the text goes as it is generated, and how many bytes of it went.
+    pub(super) stream: Option<(StreamSender, usize)>,
+}
+
+impl Seq {
+    pub(super) fn prompt_len(&self) -> usize {
+        self.request.prompt.len()
+    }
+    pub(super) fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len()
+    }
+}
+
+/// One planned sequence: its index in `running` and its new tokens this step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Planned {
+    pub(super) index: usize,
+    pub(super) q_len: usize,
+}
+
+/// What one step runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct StepPlan {
+    pub(super) seqs: Vec<Planned>,
+}
+
+/// A step launched whose tokens the host has not read.
+pub(super) struct InFlight {
+    /// The step's sequences (indices into `running`, each one decode token).
+    pub(super) plan: Vec<Planned>,
+    /// The token drawn for each, on the device (u32 `[plan.len()]`): the next step's input.
+    pub(super) ids: Tensor,
+    /// The same ids on their way to the host (queued before the next step's launches).
+    pub(super) host: HostIds,
+    /// Events around the step's GPU work (the step profile).
+    pub(super) gpu: (Option<GpuEvent>, Option<GpuEvent>),
+}
