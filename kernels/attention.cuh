@@ -7,6 +7,7 @@
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <mma.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common.cuh"
@@ -121,3 +122,73 @@ __device__ __forceinline__ void merge_groups(const float (&sm)[GROUPS][G],
 }
 
 }  // namespace
+
+// The parameters of the decode kernels (paged_decode_g*, decode_fused_g*) and the prefill
+// kernels (paged_prefill_g*, paged_prefill_tc_g*), passed by value as one struct each instead
+// of 14-22 positional arguments. Each is mirrored by a `#[repr(C)]` struct of the same name
+// in src/engine/cuda/attention.rs: pointers first (8 bytes each), then 64-bit, then 32-bit
+// fields, so neither side pads between fields; the sizes are checked on both sides.
+struct DecodeParams {
+  const void* q;
+  const void* k_cache;
+  const void* v_cache;
+  const uint32_t* block_tables;
+  const uint32_t* ctx_lens;
+  void* out;
+  float* part_acc;
+  float* part_ml;
+  const uint32_t* width;  // the tables' row width on the device (graphs), or null: use W
+  long long num_slots;
+  int W;
+  int block_size;
+  int nkv;
+  int part;
+};
+static_assert(sizeof(DecodeParams) == 96, "DecodeParams layout");
+static_assert(offsetof(DecodeParams, width) == 64 && offsetof(DecodeParams, num_slots) == 72 &&
+                  offsetof(DecodeParams, part) == 92,
+              "DecodeParams layout");
+
+struct FusedDecodeParams {
+  const __nv_bfloat16* qkv;
+  const __nv_bfloat16* q_w;
+  const __nv_bfloat16* k_w;
+  const float* inv_freq;
+  const uint32_t* pos;
+  const uint32_t* slots;
+  __nv_bfloat16* k_cache;
+  __nv_bfloat16* v_cache;
+  const uint32_t* block_tables;
+  const uint32_t* ctx_lens;
+  __nv_bfloat16* out;
+  float* part_acc;
+  float* part_ml;
+  uint32_t* counters;
+  const uint32_t* width;
+  long long num_slots;
+  int W;
+  int block_size;
+  int nkv;
+  int part;
+  float eps;
+  int stop;
+};
+static_assert(sizeof(FusedDecodeParams) == 152, "FusedDecodeParams layout");
+static_assert(offsetof(FusedDecodeParams, width) == 112 && offsetof(FusedDecodeParams, eps) == 144,
+              "FusedDecodeParams layout");
+
+struct PrefillParams {
+  const void* q;
+  const void* k_cache;
+  const void* v_cache;
+  const uint32_t* tiles;
+  const uint32_t* seq_meta;
+  const uint32_t* tables;
+  void* out;
+  long long num_slots;
+  int block_size;
+  int nkv;
+};
+static_assert(sizeof(PrefillParams) == 72, "PrefillParams layout");
+static_assert(offsetof(PrefillParams, num_slots) == 56 && offsetof(PrefillParams, nkv) == 68,
+              "PrefillParams layout");

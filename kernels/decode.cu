@@ -125,12 +125,12 @@ __device__ void paged_decode_reduce(const float* __restrict__ part_acc,
 }  // namespace
 
 #define PS_DECODE(T, NAME, G)                                                                    \
-  extern "C" __global__ void __launch_bounds__(THREADS) paged_decode_g##G##_##NAME(            \
-      const T* q, const T* k_cache, const T* v_cache, const uint32_t* block_tables,             \
-      const uint32_t* ctx_lens, T* out, float* part_acc, float* part_ml, int W,                 \
-      const uint32_t* width, int block_size, long long num_slots, int nkv, int part) { pdl_entry();          \
-    paged_decode<T, G>(q, k_cache, v_cache, block_tables, ctx_lens, out, part_acc, part_ml, W,  \
-                       width, block_size, num_slots, nkv, part);                                \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                         \
+      paged_decode_g##G##_##NAME(const DecodeParams p) {                                        \
+    pdl_entry();                                                                                \
+    paged_decode<T, G>((const T*)p.q, (const T*)p.k_cache, (const T*)p.v_cache, p.block_tables, \
+                       p.ctx_lens, (T*)p.out, p.part_acc, p.part_ml, p.W, p.width,               \
+                       p.block_size, p.num_slots, p.nkv, p.part);                               \
   }
 
 #define PS_DECODE_ALL(T, NAME)                                                                   \

@@ -346,16 +346,11 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 }  // namespace
 
 #define PS_DECODE_FUSED(G)                                                                       \
-  extern "C" __global__ void __launch_bounds__(THREADS) decode_fused_g##G##_bf16(              \
-      const __nv_bfloat16* qkv, const __nv_bfloat16* q_w, const __nv_bfloat16* k_w,             \
-      const float* inv_freq, const uint32_t* pos, const uint32_t* slots,                        \
-      __nv_bfloat16* k_cache, __nv_bfloat16* v_cache, const uint32_t* block_tables,             \
-      const uint32_t* ctx_lens, __nv_bfloat16* out, float* part_acc, float* part_ml,            \
-      uint32_t* counters, int W, const uint32_t* width, int block_size, long long num_slots,    \
-      int nkv, int part, float eps, int stop) {                                                 \
-    decode_fused<G>(qkv, q_w, k_w, inv_freq, pos, slots, k_cache, v_cache, block_tables,        \
-                    ctx_lens, out, part_acc, part_ml, counters, W, width, block_size,           \
-                    num_slots, nkv, part, eps, stop);                                           \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                         \
+      decode_fused_g##G##_bf16(const FusedDecodeParams p) {                                     \
+    decode_fused<G>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, p.k_cache, p.v_cache,       \
+                    p.block_tables, p.ctx_lens, p.out, p.part_acc, p.part_ml, p.counters, p.W,  \
+                    p.width, p.block_size, p.num_slots, p.nkv, p.part, p.eps, p.stop);          \
   }
 PS_DECODE_FUSED(1)
 PS_DECODE_FUSED(2)

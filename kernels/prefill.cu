@@ -266,12 +266,11 @@ __device__ void paged_prefill_tc(const __nv_bfloat16* __restrict__ q,
 }  // namespace
 
 #define PS_PREFILL(T, NAME, G)                                                                   \
-  extern "C" __global__ void __launch_bounds__(THREADS) paged_prefill_g##G##_##NAME(           \
-      const T* q, const T* k_cache, const T* v_cache, const uint32_t* tiles,                    \
-      const uint32_t* seq_meta, const uint32_t* tables, T* out, int block_size,                 \
-      long long num_slots, int nkv) { pdl_entry();                                                           \
-    paged_prefill<T, G>(q, k_cache, v_cache, tiles, seq_meta, tables, out, block_size,          \
-                        num_slots, nkv);                                                        \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                         \
+      paged_prefill_g##G##_##NAME(const PrefillParams p) {                                      \
+    pdl_entry();                                                                                \
+    paged_prefill<T, G>((const T*)p.q, (const T*)p.k_cache, (const T*)p.v_cache, p.tiles,       \
+                        p.seq_meta, p.tables, (T*)p.out, p.block_size, p.num_slots, p.nkv);     \
   }
 
 PS_PREFILL(__nv_bfloat16, bf16, 1)
@@ -282,12 +281,12 @@ PS_PREFILL(float, f32, 2)
 PS_PREFILL(float, f32, 4)
 
 #define PS_PREFILL_TC(G)                                                                         \
-  extern "C" __global__ void __launch_bounds__(THREADS) paged_prefill_tc_g##G##_bf16(          \
-      const __nv_bfloat16* q, const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,       \
-      const uint32_t* tiles, const uint32_t* seq_meta, const uint32_t* tables,                  \
-      __nv_bfloat16* out, int block_size, long long num_slots, int nkv) { pdl_entry();                       \
-    paged_prefill_tc<G>(q, k_cache, v_cache, tiles, seq_meta, tables, out, block_size,          \
-                        num_slots, nkv);                                                        \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                         \
+      paged_prefill_tc_g##G##_bf16(const PrefillParams p) {                                     \
+    pdl_entry();                                                                                \
+    paged_prefill_tc<G>((const __nv_bfloat16*)p.q, (const __nv_bfloat16*)p.k_cache,             \
+                        (const __nv_bfloat16*)p.v_cache, p.tiles, p.seq_meta, p.tables,         \
+                        (__nv_bfloat16*)p.out, p.block_size, p.num_slots, p.nkv);               \
   }
 PS_PREFILL_TC(1)
 PS_PREFILL_TC(2)

@@ -50,7 +50,9 @@ pub mod server;
 #[doc(hidden)]
 pub mod testing;
 
-pub use engine::{Engine, EngineOptions, Generation, GenerationRequest, SamplingParams};
+pub use engine::{
+    CancelToken, Engine, EngineOptions, Generation, GenerationRequest, SamplingParams,
+};
 pub use error::{Error, Result};
 pub use policy::format::{
     ChatTemplate, Message, RenderOptions, ToolCall, ToolDefinition, parse_output,

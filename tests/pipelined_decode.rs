@@ -162,6 +162,45 @@ fn pipelined_decode_gives_the_tokens_of_unpipelined_decode_when_tokens_end_seque
     }
 }
 
+// While requests wait that cannot be admitted (every slot taken), decode stays pipelined.
+// Mutation that fails it: settling whenever the waiting queue is not empty (the old rule:
+// only the last wave, with nobody waiting, pipelines).
+#[test]
+fn decode_stays_pipelined_while_requests_wait_for_a_slot() {
+    let dir = common::shared_tiny_model();
+    let with = |pipelined: bool| {
+        let r = ModelRegistry::new(vec![ModelSpec::local("tiny", "Tiny", dir.clone())])
+            .unwrap()
+            .with_options(EngineOptions {
+                device: DeviceChoice::Cpu,
+                pipelined_decode: pipelined,
+                max_running: 2,
+                ..EngineOptions::default()
+            });
+        let e = r.model("tiny").unwrap().engine().clone();
+        (r, e)
+    };
+    let requests = || {
+        (0..6)
+            .map(|i| {
+                let mut r =
+                    GenerationRequest::new(prompt(6 + i, 300 + i as u32)).max_new_tokens(12);
+                r.ignore_eos = true;
+                r
+            })
+            .collect::<Vec<_>>()
+    };
+    let (_r0, plain) = with(false);
+    let (_r1, piped) = with(true);
+    let want = run_all(&plain, requests());
+    let got = run_all(&piped, requests());
+    same(&got, &want);
+    // Three waves of two requests, 11 decode steps each: all but the steps at a wave's
+    // admission run pipelined (the old rule pipelined only the last wave's ~10).
+    let s = piped.stats();
+    assert!(s.pipelined_steps >= 20, "{s:?}");
+}
+
 #[test]
 fn requests_arriving_leaving_and_sampling_mid_pipeline_change_no_answer() {
     let tmp = tempfile::tempdir().unwrap();

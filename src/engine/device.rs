@@ -151,7 +151,7 @@ impl KvBudget {
 
 /// The host memory available to new allocations (`MemAvailable` of `/proc/meminfo`; `None`
 /// where it cannot be read).
-pub fn available_host_bytes() -> Option<u64> {
+fn available_host_bytes() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -38,7 +38,7 @@ use parking_lot::Mutex;
 use tokenizers::Tokenizer;
 
 pub use batch::{LogitRows, SeqInput};
-pub use device::{DTypeChoice, DeviceChoice, KvBudget, available_host_bytes};
+pub use device::{DTypeChoice, DeviceChoice, KvBudget};
 pub use flags::EngineFlags;
 pub use handle::{CancelOnDrop, CancelToken, NextChunk, Pending, TokenStream};
 pub use model::config::{GenerationConfig, ModelConfig};
@@ -50,7 +50,7 @@ pub use parallel::comm::{
 pub use request::{
     EngineInfo, EngineStats, FinishReason, Generation, GenerationRequest, SamplingParams,
 };
-pub use runner::buckets::{MAX_GRAPH_BUCKET, bucket_for, graph_buckets};
+pub use runner::buckets::graph_buckets;
 pub use runner::worker::{
     FailHook, WorkerOptions, WorkerReport, run_worker, spawn_in_process_workers,
 };

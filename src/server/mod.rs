@@ -1,6 +1,6 @@
 //! The HTTP host (feature `server`): OpenAI-compatible chat completions with tools (and SSE
 //! streaming), an episodes API for harnesses, health and Prometheus metrics, over a
-//! [`ModelRegistry`].
+//! [`ModelRegistry`](crate::ModelRegistry).
 //!
 //! Run it with [`serve`], or mount [`router`] in a host app's own axum app:
 //!

@@ -6,7 +6,8 @@ use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Tensor};
 
 use super::kernels::{CudaKernels, DECODE_PARTITION, PREFILL_TILE};
-use super::launch::{Launch, kernel_err};
+use super::launch::kernel_err;
+use super::params::{DecodeGeometry, DecodeParams, FusedDecodeParams, PrefillParams};
 
 /// Most blocks per cluster of the fused decode attention (16 for GQA groups of up to 2, 8 for
 /// 4; `CLUSTER_PART` tokens each at most for a context one cluster covers,
@@ -166,27 +167,26 @@ impl CudaKernels {
         };
         let splits = splits.max(1);
         let (acc, ml) = partials(out, scratch, b * nh * splits * hd, splits, "paged_decode")?;
-        let ptrs = [
-            self.ptr(q)?,
-            self.ptr(k_cache)?,
-            self.ptr(v_cache)?,
-            self.ptr(block_tables)?,
-            self.ptr(ctx_lens)?,
-            self.ptr(out)?,
-            self.ptr(&acc)?,
-            self.ptr(&ml)?,
-        ];
-        let tail = DecodeArgs::new(self, (w, width), block_size, num_slots, nkv, part)?;
+        let params = DecodeParams {
+            q: self.ptr(q)?,
+            k_cache: self.ptr(k_cache)?,
+            v_cache: self.ptr(v_cache)?,
+            block_tables: self.ptr(block_tables)?,
+            ctx_lens: self.ptr(ctx_lens)?,
+            out: self.ptr(out)?,
+            part_acc: self.ptr(&acc)?,
+            part_ml: self.ptr(&ml)?,
+            geometry: DecodeGeometry::new(self, (w, width), block_size, num_slots, nkv, part)?,
+        };
         let mut lb = self.launcher(func);
-        for p in &ptrs {
-            lb.arg(p);
-        }
-        tail.push(&mut lb);
-        // SAFETY: argument types match the kernel's signature; buffers are sized above.
+        lb.arg(&params);
+        // SAFETY: `DecodeParams` is the kernel's one parameter (same layout, checked at
+        // compile time on both sides); buffers are sized above.
         unsafe { lb.launch(decode_grid(b, nkv, splits)) }.w()?;
         if splits > 1 {
             let part32 = part as i32;
-            let (pa, pm, pc, po, s32) = (ptrs[6], ptrs[7], ptrs[4], ptrs[5], splits as i32);
+            let p = &params;
+            let (pa, pm, pc, po, s32) = (p.part_acc, p.part_ml, p.ctx_lens, p.out, splits as i32);
             let cfg = LaunchConfig {
                 grid_dim: (b as u32, nh as u32, 1),
                 block_dim: (hd as u32, 1, 1),
@@ -301,34 +301,32 @@ impl CudaKernels {
         let splits = splits.max(1);
         let (acc, ml) = partials(out, scratch, b * nh * splits * hd, splits, "decode_fused")?;
         let w = block_tables.elem_count() / b.max(1);
-        let ptrs = [
-            self.ptr(qkv)?,
-            self.ptr(q_w)?,
-            self.ptr(k_w)?,
-            self.ptr(inv_freq)?,
-            self.ptr(positions)?,
-            self.ptr(slots)?,
-            self.ptr(k_cache)?,
-            self.ptr(v_cache)?,
-            self.ptr(block_tables)?,
-            self.ptr(ctx_lens)?,
-            self.ptr(out)?,
-            self.ptr(&acc)?,
-            self.ptr(&ml)?,
-            self.ptr(counters)?,
-        ];
-        let tail = DecodeArgs::new(self, (w, width), block_size, num_slots, nkv, part)?;
-        let eps32 = eps as f32;
+        let params = FusedDecodeParams {
+            qkv: self.ptr(qkv)?,
+            q_w: self.ptr(q_w)?,
+            k_w: self.ptr(k_w)?,
+            inv_freq: self.ptr(inv_freq)?,
+            pos: self.ptr(positions)?,
+            slots: self.ptr(slots)?,
+            k_cache: self.ptr(k_cache)?,
+            v_cache: self.ptr(v_cache)?,
+            block_tables: self.ptr(block_tables)?,
+            ctx_lens: self.ptr(ctx_lens)?,
+            out: self.ptr(out)?,
+            part_acc: self.ptr(&acc)?,
+            part_ml: self.ptr(&ml)?,
+            counters: self.ptr(counters)?,
+            geometry: DecodeGeometry::new(self, (w, width), block_size, num_slots, nkv, part)?,
+            eps: eps as f32,
+            stop,
+        };
         let mut lb = self.launcher(func);
         if stop == 0 {
             lb.cluster_z(self.decode_cluster(b, nh / nkv, splits) as u32);
         }
-        for p in &ptrs {
-            lb.arg(p);
-        }
-        tail.push(&mut lb);
-        lb.arg(&eps32).arg(&stop);
-        // SAFETY: argument types match `decode_fused_g*_bf16`; the buffers are sized above.
+        lb.arg(&params);
+        // SAFETY: `FusedDecodeParams` is the kernel's one parameter (same layout, checked at
+        // compile time on both sides); the buffers are sized above.
         unsafe { lb.launch(decode_grid(b, nkv, splits)) }.w()?;
         Ok(())
     }
@@ -390,28 +388,27 @@ impl CudaKernels {
         if num_tiles == 0 {
             return Ok(());
         }
-        let ptrs = [
-            self.ptr(q)?,
-            self.ptr(k_cache)?,
-            self.ptr(v_cache)?,
-            self.ptr(tiles)?,
-            self.ptr(seq_meta)?,
-            self.ptr(tables)?,
-            self.ptr(out)?,
-        ];
-        let (bs32, slots64, nkv32) = (block_size as i32, num_slots as i64, nkv as i32);
+        let params = PrefillParams {
+            q: self.ptr(q)?,
+            k_cache: self.ptr(k_cache)?,
+            v_cache: self.ptr(v_cache)?,
+            tiles: self.ptr(tiles)?,
+            seq_meta: self.ptr(seq_meta)?,
+            tables: self.ptr(tables)?,
+            out: self.ptr(out)?,
+            num_slots: num_slots as i64,
+            block_size: block_size as i32,
+            nkv: nkv as i32,
+        };
         let cfg = LaunchConfig {
             grid_dim: (num_tiles as u32, nkv as u32, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = self.launcher(func);
-        for p in &ptrs {
-            b.arg(p);
-        }
-        b.arg(&bs32).arg(&slots64).arg(&nkv32);
-        // SAFETY: argument types match the kernel's signature; the metadata was built for
-        // these caches and `out`.
+        b.arg(&params);
+        // SAFETY: `PrefillParams` is the kernel's one parameter (same layout, checked at
+        // compile time on both sides); the metadata was built for these caches and `out`.
         unsafe { b.launch(cfg) }.w()?;
         Ok(())
     }
@@ -439,49 +436,5 @@ fn decode_grid(b: usize, nkv: usize, splits: usize) -> LaunchConfig {
         grid_dim: (b as u32, nkv as u32, splits as u32),
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
-    }
-}
-
-/// The arguments the decode kernels share after their buffers: the block tables' row width
-/// (and where the device holds it, 0 for none), block size, cache slots, KV heads and the
-/// least partition length.
-struct DecodeArgs {
-    w: i32,
-    width: u64,
-    block_size: i32,
-    num_slots: i64,
-    nkv: i32,
-    part: i32,
-}
-
-impl DecodeArgs {
-    fn new(
-        k: &CudaKernels,
-        (w, width): (usize, Option<&Tensor>),
-        block_size: usize,
-        num_slots: usize,
-        nkv: usize,
-        part: usize,
-    ) -> Result<Self> {
-        Ok(Self {
-            w: w as i32,
-            width: match width {
-                Some(t) => k.ptr(t)?,
-                None => 0,
-            },
-            block_size: block_size as i32,
-            num_slots: num_slots as i64,
-            nkv: nkv as i32,
-            part: part as i32,
-        })
-    }
-
-    fn push<'a>(&'a self, l: &mut Launch<'a>) {
-        l.arg(&self.w)
-            .arg(&self.width)
-            .arg(&self.block_size)
-            .arg(&self.num_slots)
-            .arg(&self.nkv)
-            .arg(&self.part);
     }
 }

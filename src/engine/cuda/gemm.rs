@@ -9,8 +9,8 @@
 use std::ffi::c_void;
 
 use candle_core::cuda_backend::WrapErr;
-use candle_core::cuda_backend::cudarc::cublas::{CudaBlas, result as blas, sys};
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
+use candle_core::cuda_backend::cudarc::cublas::{result as blas, sys};
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig};
 use candle_core::{DType, Tensor};
 
 use super::kernels::{CudaKernels, GEMV_MAX_ROWS};

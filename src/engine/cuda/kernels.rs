@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use candle_core::cuda_backend::CudaStorageSlice;
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, CudaStream, DevicePtr};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaModule, CudaStream, DevicePtr, PinnedHostSlice,
+};
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Shape, Storage, Tensor};
@@ -59,7 +61,7 @@ impl Default for LaunchOptions {
 
 /// Pinned host buffers for [`CudaKernels::read_ids`], reused across steps.
 #[derive(Default)]
-pub(crate) struct PinnedPool(parking_lot::Mutex<Vec<PinnedHostSlice<u32>>>);
+pub(crate) struct PinnedPool(pub(super) parking_lot::Mutex<Vec<PinnedHostSlice<u32>>>);
 
 /// The kernels of one dtype, loaded on one device.
 pub struct CudaKernels {
@@ -68,14 +70,14 @@ pub struct CudaKernels {
     pub(super) dtype: DType,
     pub(super) _modules: [Arc<CudaModule>; 5],
     pub(super) add_rmsnorm: CudaFunction,
-    qk_rope_hd128: CudaFunction,
+    pub(super) qk_rope_hd128: CudaFunction,
     pub(super) silu_mul: CudaFunction,
-    argmax_f32: CudaFunction,
+    pub(super) argmax_f32: CudaFunction,
     pub(super) argmax_merge: CudaFunction,
-    topk_f32: CudaFunction,
+    pub(super) topk_f32: CudaFunction,
     pub(super) sample_topk: CudaFunction,
     pub(super) gather_rows: CudaFunction,
-    to_f32: CudaFunction,
+    pub(super) to_f32: CudaFunction,
     pub(super) decode: [CudaFunction; 4],
     pub(super) decode_reduce: CudaFunction,
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge), bf16, GQA

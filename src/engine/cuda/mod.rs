@@ -18,6 +18,7 @@ mod gemm;
 mod kernels;
 mod launch;
 mod layer_ops;
+mod params;
 mod readback;
 
 pub use attention::{CLUSTER_MAX_ROWS, DECODE_CLUSTER, FUSED_MAX_ROWS};

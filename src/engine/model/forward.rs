@@ -1,5 +1,5 @@
 //! [`Model`]: one rank's loaded model as a runner runs it: the [`Qwen3`] weights and, on CUDA,
-//! the kernels that run its forward ([`KernelForward`]) — or none, and the candle-op path runs
+//! the kernels that run its forward (`KernelForward`, in `kernel_forward.rs`) — or none, and the candle-op path runs
 //! it (the CPU, and the reference the kernels are checked against).
 //!
 //! Invariant: both paths take the same inputs and give the same outputs (logits rows in

@@ -99,7 +99,7 @@ impl DecodeGraphs {
         let vocab = model.qwen3.lm_head.weight().dim(0)?;
         let input = k.alloc(bmax * (4 + max_width) + 1, DType::U32)?;
         let input_ptr = k.ptr(&input)?;
-        let acts = Activations::new(k, model, bmax, 1, partials)?;
+        let acts = Activations::new(k, &model.qwen3, bmax, 1, partials)?;
         let splits = buckets.iter().map(|&b| splits_of(b)).collect();
         let logits_act = k.alloc_out((bmax, vocab))?;
         let logits = k.alloc((bmax, vocab), DType::F32)?;

@@ -53,6 +53,10 @@ pub(crate) struct Scheduler {
     pub(super) pipelined: bool,
     /// A step launched whose tokens are not read yet (pipelined decode).
     pub(super) inflight: Option<InFlight>,
+    /// The KV blocks free or cached (evictable, or reusable) when the last admission failed
+    /// for lack of memory; `None` when the last admission pass did not fail on memory.
+    /// Admission is retried once this grows (`admission_possible`).
+    pub(super) kv_blocked_at: Option<usize>,
 }
 
 impl Scheduler {
@@ -136,6 +140,7 @@ impl Scheduler {
             profile: opts.profile_steps.and_then(StepProfile::every),
             pipelined: opts.pipelined_decode,
             inflight: None,
+            kv_blocked_at: None,
         })
     }
 
@@ -185,13 +190,17 @@ impl Scheduler {
             if shutdown {
                 break;
             }
-            // A step in flight is settled before admission (pipeline.rs; `drop_abandoned`
-            // settles it itself before a running sequence goes).
-            if !self.waiting.is_empty() {
+            // A step in flight is settled before an admission that can happen now (pipeline.rs;
+            // `drop_abandoned` settles it itself before a running sequence goes); while no
+            // waiting request can be admitted (no slot, or the KV memory that refused the last
+            // admission has not grown), decode stays pipelined.
+            if self.admission_possible() {
                 self.settle();
             }
             self.drop_abandoned();
-            self.admit();
+            if self.inflight.is_none() {
+                self.admit();
+            }
             let t_step = Instant::now();
             let running = self.running.len();
             if running > 0 {

@@ -56,9 +56,27 @@ impl Scheduler {
         }
     }
 
+    /// The KV blocks free or held by the prefix cache now: what a new admission could use
+    /// (it grows when a sequence finishes or is preempted).
+    fn kv_room(&self) -> usize {
+        let st = self.kv.stats();
+        st.blocks_free + st.cache.map_or(0, |c| c.cached_blocks)
+    }
+
+    /// Whether a waiting request could be admitted now: one waits, a slot is free, and the
+    /// last admission did not fail on KV memory that has not grown since. (A request whose
+    /// prefix another one is still computing counts as admissible: it is retried each pass.)
+    pub(super) fn admission_possible(&self) -> bool {
+        !self.waiting.is_empty()
+            && self.running.len() < self.opts.max_running
+            && self.kv_blocked_at.is_none_or(|room| self.kv_room() > room)
+    }
+
     /// Admits waiting requests (FIFO) while there is room for their whole current context:
     /// swapped-out sequences get their KV back; others reuse their longest cached prefix.
+    /// Records when it stops for lack of KV memory (`kv_blocked_at`).
     pub(super) fn admit(&mut self) {
+        self.kv_blocked_at = None;
         while self.running.len() < self.opts.max_running {
             let Some(seq) = self.waiting.front() else {
                 break;
@@ -66,6 +84,7 @@ impl Scheduler {
             if seq.swapped.is_some() {
                 let n = self.kv.blocks_for(seq.tokens.len() + 1);
                 let Some(blocks) = self.kv.allocate(n) else {
+                    self.kv_blocked_at = Some(self.kv_room());
                     break;
                 };
                 let mut seq = self.waiting.pop_front().expect("front exists");
@@ -87,10 +106,15 @@ impl Scheduler {
             let prefix_cache = self.kv.prefix_cache();
             let running = &self.running;
             let bs = self.opts.block_size;
+            let mut deferred = false;
             let admitted = self.kv.admit(lookup, total, |cached| {
-                prefix_cache && prefix_in_flight(running, lookup, cached, bs)
+                deferred = prefix_cache && prefix_in_flight(running, lookup, cached, bs);
+                deferred
             });
             let Some(a) = admitted else {
+                if !deferred {
+                    self.kv_blocked_at = Some(self.kv_room());
+                }
                 break;
             };
             let mut seq = self.waiting.pop_front().expect("front exists");

@@ -3,7 +3,8 @@
 //! does not wait for the host to read step n's tokens, apply them and plan again.
 //!
 //! A step is continued this way only when it is pure decode of every running sequence on one
-//! rank, nobody waits for admission, and the free KV blocks cover every sequence's next
+//! rank, no waiting request can be admitted now (every slot taken, or the KV memory that
+//! refused the last admission has not grown), and the free KV blocks cover every sequence's next
 //! position without preempting. The continuation is planned from what the host knows before
 //! step n's tokens arrive: each sequence one token further, its KV block allocated ahead.
 //! Greedy rows and small top-k draws stay on the device; other draws read the logits to the
@@ -34,11 +35,11 @@ use crate::error::Result;
 
 impl Scheduler {
     /// Whether this plan may run pipelined: pure decode of every running sequence, one rank,
-    /// nobody waiting.
+    /// no waiting request that could be admitted now.
     pub(super) fn pipelinable(&self, plan: &[Planned]) -> bool {
         self.pipelined
             && self.runner.comm().is_none()
-            && self.waiting.is_empty()
+            && !self.admission_possible()
             && plan.len() == self.running.len()
             && plan.iter().all(|p| {
                 let s = &self.running[p.index];
@@ -91,7 +92,7 @@ impl Scheduler {
     /// the context, blocks for its next position free without preempting. Allocates those
     /// blocks.
     fn launch_next(&mut self, prev: &InFlight) -> Option<InFlight> {
-        if !self.waiting.is_empty() || prev.plan.len() != self.running.len() {
+        if self.admission_possible() || prev.plan.len() != self.running.len() {
             return None;
         }
         // After `prev`, each sequence has computed + 1 tokens and its drawn token pending:

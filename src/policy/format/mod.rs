@@ -7,6 +7,7 @@
 
 mod messages;
 mod parser;
+mod pycompat;
 mod template;
 mod tools;
 

@@ -9,7 +9,7 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::template::PyJson;
+use super::pycompat::PyJson;
 use super::tools::ToolDefinition;
 
 /// Opening tag of a tool call.
