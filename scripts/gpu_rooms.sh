@@ -16,11 +16,11 @@ timeout 200 .gpu/kernel_check --model-dir /tmp/m-0.6b > "$OUT/kernel_check.log" 
 echo "kernel_check exit $? ($(( $(date +%s) - t0 )) s)" | tee -a "$S"
 grep -E "FAIL|kernel-check" "$OUT/kernel_check.log" | tee -a "$S"
 t0=$(date +%s)
-timeout 240 .gpu/graph_check --model-dir /tmp/m-0.6b > "$OUT/graph_check.log" 2>&1
+timeout 240 .gpu/graph_check --model-dir /tmp/m-0.6b --stress-steps 3000 > "$OUT/graph_check.log" 2>&1
 echo "graph_check exit $? ($(( $(date +%s) - t0 )) s)" | tee -a "$S"
 grep -E "FAIL|graph-check" "$OUT/graph_check.log" | tee -a "$S"
 for c in 0.6b 1.7b; do
-  timeout 120 .gpu/bench --no-peer --model-dir /tmp/m-$c --batches 1,8,64,256 > "$OUT/bench-$c.log" 2>&1
+  timeout 120 .gpu/bench --no-peer --model-dir /tmp/m-$c --batches 1,8,64 > "$OUT/bench-$c.log" 2>&1
   grep -E "^ours decode" "$OUT/bench-$c.log" | sed "s/^/$c /" | tee -a "$S"
 done
 timeout 120 .gpu/bench --no-peer --model-dir /tmp/m-0.6b --batches 1 --prompt 8192 --new 8 > "$OUT/bench-prefill.log" 2>&1
