@@ -280,8 +280,13 @@ PS_PREFILL(float, f32, 1)
 PS_PREFILL(float, f32, 2)
 PS_PREFILL(float, f32, 4)
 
+// Four blocks per SM (at most 128 registers a thread), as the kernel had with positional
+// arguments: with the parameter struct ptxas took 130 registers and three blocks per SM, and
+// an 8k-token prefill of 0.6B ran 12% slower on the H200 (BENCHMARKS.md, "Rooms").
+constexpr int TC_MIN_BLOCKS = 4;
+
 #define PS_PREFILL_TC(G)                                                                         \
-  extern "C" __global__ void __launch_bounds__(THREADS)                                         \
+  extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS)                          \
       paged_prefill_tc_g##G##_bf16(const PrefillParams p) {                                     \
     pdl_entry();                                                                                \
     paged_prefill_tc<G>((const __nv_bfloat16*)p.q, (const __nv_bfloat16*)p.k_cache,             \
