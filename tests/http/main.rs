@@ -82,3 +82,34 @@ pub(crate) async fn post(s: &Server, path: &str, body: Value) -> (u16, Value) {
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
 }
+
+/// Posts `body` and leaves (drops the connection) once the tiny model's engine has admitted
+/// the request it causes (its prefix-cache lookups pass `lookups`): deterministic however
+/// slow the machine.
+pub(crate) async fn post_and_leave_once_admitted(
+    s: &Server,
+    path: &str,
+    body: Value,
+    lookups: u64,
+) {
+    let model = s.state.registry().model("tiny").unwrap();
+    let task = tokio::spawn(
+        reqwest::Client::new()
+            .post(format!("{}{path}", s.base))
+            .json(&body)
+            .send(),
+    );
+    let t = std::time::Instant::now();
+    while model.engine().stats().cache_lookups <= lookups {
+        assert!(
+            !task.is_finished(),
+            "the request ended before it was admitted"
+        );
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "never admitted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    task.abort();
+}
