@@ -116,7 +116,11 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest, p: ChatParams) -> ApiResu
         request.max_new_tokens = generation.max_tokens.or_else(|| {
             // No `max_tokens`: the room the prompt leaves in the context (as OpenAI and vLLM
             // do), within the server's cap; none left is refused by the check below.
-            let room = engine.info().max_new_tokens(&request).min(cap);
+            let room = engine
+                .info()
+                .room()
+                .saturating_sub(request.prompt.len())
+                .min(cap);
             (room > 0).then_some(room)
         });
         engine.check(&request)?;

@@ -118,12 +118,20 @@ fn observation(v: Value) -> ApiResult<Observation> {
     }
 }
 
-/// Ends the act `token` of episode `id` (if the episode is still open): it no longer counts as
-/// running, and the episode's idle time starts now.
-fn end_act(st: &AppState, id: &str, token: &CancelToken) {
-    if let Some(e) = st.episodes.lock().get_mut(id) {
-        e.acts.retain(|t| !t.same_as(token));
-        e.last_used = Instant::now();
+/// A running act of an episode; when it drops (the act returned, failed or panicked) the act
+/// no longer counts as running and the episode's idle time starts (if it is still open).
+struct RunningAct {
+    st: Arc<AppState>,
+    id: String,
+    token: CancelToken,
+}
+
+impl Drop for RunningAct {
+    fn drop(&mut self) {
+        if let Some(e) = self.st.episodes.lock().get_mut(&self.id) {
+            e.acts.retain(|t| !t.same_as(&self.token));
+            e.last_used = Instant::now();
+        }
     }
 }
 
@@ -155,15 +163,17 @@ pub(super) async fn act(
         e.acts.push(token.clone());
         e.policy.clone()
     };
-    let step = {
-        let (st, id, token) = (st.clone(), id.clone(), token.clone());
-        blocking(move || {
-            let result = policy.lock().act_cancellable(observation, &token);
-            end_act(&st, &id, &token);
-            result
-        })
-        .await?
+    let running = RunningAct {
+        st: st.clone(),
+        id,
+        token,
     };
+    let step = blocking(move || {
+        let result = policy.lock().act_cancellable(observation, &running.token);
+        drop(running);
+        result
+    })
+    .await?;
     let c = &step.cost;
     st.counters
         .tokens(c.prompt_tokens, c.generated_tokens, c.cached_prompt_tokens);
