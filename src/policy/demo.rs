@@ -7,11 +7,11 @@
 
 use std::time::Instant;
 
-use super::format::{self, ToolDefinition, example_arguments, format_tool_calls};
-use super::{
-    Action, EpisodeConfig, Message, Observation, Policy, Step, StepCost, ToolCall,
-    assistant_message, push_observation,
+use super::episode::{
+    Action, EpisodeConfig, Observation, Policy, Step, StepCost, assistant_message, push_observation,
 };
+use super::format::{self, ToolDefinition, example_arguments, format_tool_calls};
+use super::format::{Message, ToolCall};
 use crate::error::Result;
 
 const FINISH_WORDS: [&str; 5] = ["answer", "finish", "submit", "final", "done"];

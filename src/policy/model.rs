@@ -4,13 +4,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::TranscriptMode;
-use super::format::ChatTemplate;
-use super::format::{RenderOptions, parse_output};
-use super::{
-    Action, EpisodeConfig, Message, Observation, Policy, Step, StepCost, assistant_message,
+use super::episode::{
+    Action, EpisodeConfig, Observation, Policy, Step, StepCost, TranscriptMode, assistant_message,
     push_observation,
 };
+use super::format::{ChatTemplate, Message, RenderOptions, parse_output};
 use crate::engine::{CancelToken, Engine, GenerationConfig, GenerationRequest, SamplingParams};
 use crate::error::Result;
 

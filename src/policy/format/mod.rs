@@ -19,35 +19,6 @@ pub(crate) use template::special_tokens as special_tokens_of;
 pub use template::{ChatTemplate, RenderOptions};
 pub use tools::{FunctionDefinition, ToolDefinition, example_arguments};
 
-use super::Action;
-
-impl ParsedOutput {
-    /// Turns a parse into the policy's action: an error makes `Invalid` (never a guess),
-    /// calls make `Call`, plain text makes `Reply`.
-    pub fn into_action(self, raw: &str) -> Action {
-        if let Some(error) = self.error {
-            Action::Invalid {
-                raw: raw.to_string(),
-                error,
-            }
-        } else if !self.calls.is_empty() {
-            Action::Call {
-                calls: self.calls,
-                content: self.content,
-            }
-        } else if self.content.is_empty() {
-            Action::Invalid {
-                raw: raw.to_string(),
-                error: "the output holds neither a tool call nor any text".into(),
-            }
-        } else {
-            Action::Reply {
-                content: self.content,
-            }
-        }
-    }
-}
-
 impl ToolCall {
     /// The same call as an assistant message's `tool_calls` entry (object arguments).
     pub fn to_message_call(&self) -> MessageToolCall {
