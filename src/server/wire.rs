@@ -33,6 +33,10 @@ impl<S> OpenAiErrors<S> {
 /// The OpenAI-shaped replacement of a response head hyper wrote by itself, or `None` when
 /// `buf` is not one.
 fn rewrite(buf: &[u8]) -> Option<Vec<u8>> {
+    // Response heads only (body chunks, SSE events): checked before anything is scanned.
+    if !buf.starts_with(b"HTTP/1.") {
+        return None;
+    }
     let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
     let head = std::str::from_utf8(&buf[..head_end]).ok()?;
     let mut lines = head.split("\r\n");
