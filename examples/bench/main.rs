@@ -97,18 +97,9 @@ struct Args {
     /// Log the step profile every N steps (`EngineOptions::profile_steps`; 0: off).
     #[arg(long, default_value_t = 0)]
     profile_steps: u64,
-    /// Skinny-matmul kernels off (`KernelOptions::gemv`).
-    #[arg(long)]
-    no_gemv: bool,
-    /// Fused decode attention off (`KernelOptions::fused_decode`).
-    #[arg(long)]
-    no_fused_decode: bool,
-    /// Thread-block clusters off (`KernelOptions::clusters`).
-    #[arg(long)]
-    no_clusters: bool,
-    /// Programmatic dependent launch in graphs off (`KernelOptions::graph_pdl`).
-    #[arg(long)]
-    no_graph_pdl: bool,
+    /// The kernel switches (`--no-fused-decode`, `--no-clusters`, ...), as the CLI has them.
+    #[command(flatten)]
+    kernels: policy_serve::engine::KernelFlags,
 }
 
 fn parse_pair(s: &str) -> Result<(usize, usize), String> {
@@ -256,13 +247,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         prefill_chunk: 2048,
         pipelined_decode: a.pipelined_decode,
         profile_steps: (a.profile_steps > 0).then_some(a.profile_steps),
-        kernels: policy_serve::engine::KernelOptions {
-            gemv: !a.no_gemv,
-            fused_decode: !a.no_fused_decode,
-            clusters: !a.no_clusters,
-            graph_pdl: !a.no_graph_pdl,
-            ..Default::default()
-        },
+        kernels: a.kernels.options(),
         ..EngineOptions::default()
     };
     if a.world_size > 1 {

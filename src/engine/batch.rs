@@ -68,14 +68,13 @@ impl SeqCommand {
     }
 }
 
-/// Checks one sequence's geometry against a KV pool of `num_blocks` blocks of `block_size`
-/// tokens (see the module invariants); the error says what is wrong.
+/// Checks one sequence's geometry for blocks of `block_size` tokens (see the module
+/// invariants); the error says what is wrong.
 pub fn check_seq(
     q_len: usize,
     context_len: usize,
     block_table: &[u32],
     block_size: usize,
-    num_blocks: usize,
 ) -> std::result::Result<(), String> {
     if q_len == 0 || context_len < q_len || block_table.len() * block_size < context_len {
         return Err(format!(
@@ -83,12 +82,18 @@ pub fn check_seq(
             block_table.len()
         ));
     }
-    if let Some(b) = block_table.iter().find(|&&b| b as usize >= num_blocks) {
-        return Err(format!(
-            "block {b} is outside this rank's {num_blocks} blocks"
-        ));
-    }
     Ok(())
+}
+
+/// Checks that every block of `block_table` lies in a pool of `num_blocks` (block tables
+/// that come from elsewhere: a worker checks the head's; the head's own come from its pool).
+pub fn check_blocks(block_table: &[u32], num_blocks: usize) -> std::result::Result<(), String> {
+    match block_table.iter().find(|&&b| b as usize >= num_blocks) {
+        Some(b) => Err(format!(
+            "block {b} is outside this rank's {num_blocks} blocks"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Checks a batch (see [`check_seq`]; contexts within `max_positions`) and returns each new
@@ -97,7 +102,6 @@ pub fn positions_and_slots(
     tokens: &[u32],
     seqs: &[SeqInput<'_>],
     block_size: usize,
-    num_blocks: usize,
     max_positions: usize,
 ) -> Result<(Vec<u32>, Vec<u32>)> {
     let total: usize = seqs.iter().map(|s| s.q_len).sum();
@@ -111,7 +115,7 @@ pub fn positions_and_slots(
     let mut slots = Vec::with_capacity(total);
     let bs = block_size;
     for s in seqs {
-        check_seq(s.q_len, s.context_len, s.block_table, bs, num_blocks).map_err(Error::Engine)?;
+        check_seq(s.q_len, s.context_len, s.block_table, bs).map_err(Error::Engine)?;
         if s.context_len > max_positions {
             return Err(Error::TooLarge(format!(
                 "context of {} tokens exceeds the {max_positions} positions this engine serves",

@@ -49,6 +49,14 @@ pub struct EngineFlags {
     /// Log where each step's time goes, summed over this many steps (0: no profile).
     #[arg(long, default_value_t = 0)]
     pub profile_steps: u64,
+    /// Which of the engine's own kernels run (`--no-kernels`, `--no-gemv`, ...).
+    #[command(flatten)]
+    pub kernels: KernelFlags,
+}
+
+/// The kernel switches as flags (all on by default), shared by `EngineFlags` and the bench.
+#[derive(clap::Args, Debug, Clone, Default, PartialEq)]
+pub struct KernelFlags {
     /// Run the forward on candle ops instead of the engine's own CUDA kernels.
     #[arg(long)]
     pub no_kernels: bool,
@@ -67,6 +75,21 @@ pub struct EngineFlags {
     /// No programmatic dependent launch inside captured CUDA graphs.
     #[arg(long)]
     pub no_graph_pdl: bool,
+}
+
+impl KernelFlags {
+    /// The kernel options these flags describe.
+    pub fn options(&self) -> KernelOptions {
+        KernelOptions {
+            kernels: !self.no_kernels,
+            gemv: !self.no_gemv,
+            fused_decode: !self.no_fused_decode,
+            clusters: !self.no_clusters,
+            pdl: !self.no_pdl,
+            graph_pdl: !self.no_graph_pdl,
+            ..KernelOptions::default()
+        }
+    }
 }
 
 impl Default for EngineFlags {
@@ -107,15 +130,7 @@ impl EngineFlags {
             cuda_graphs: !self.no_cuda_graphs,
             pipelined_decode: self.pipelined_decode,
             profile_steps: (self.profile_steps > 0).then_some(self.profile_steps),
-            kernels: KernelOptions {
-                kernels: !self.no_kernels,
-                gemv: !self.no_gemv,
-                fused_decode: !self.no_fused_decode,
-                clusters: !self.no_clusters,
-                pdl: !self.no_pdl,
-                graph_pdl: !self.no_graph_pdl,
-                ..KernelOptions::default()
-            },
+            kernels: self.kernels.options(),
             ..EngineOptions::default()
         }
     }

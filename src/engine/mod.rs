@@ -39,7 +39,7 @@ use tokenizers::Tokenizer;
 
 pub use batch::{LogitRows, SeqInput};
 pub use device::{DTypeChoice, DeviceChoice, KvBudget};
-pub use flags::EngineFlags;
+pub use flags::{EngineFlags, KernelFlags};
 pub use handle::{CancelOnDrop, CancelToken, NextChunk, Pending, TokenStream};
 pub use model::config::{GenerationConfig, ModelConfig};
 pub use model::files::ModelFiles;

@@ -19,16 +19,14 @@ use super::{chat, episodes, metrics, middleware};
 
 /// The router with every route and limit; mount it in a host app's axum app if you like.
 pub fn router(state: Arc<AppState>) -> Router {
-    let protected = Router::new()
+    Router::new()
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat::chat))
         .route("/v1/episodes", post(episodes::create))
         .route("/v1/episodes/{id}/act", post(episodes::act))
         .route("/v1/episodes/{id}", delete(episodes::delete))
-        .route("/metrics", get(metrics::metrics));
-    Router::new()
-        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
-        .merge(protected)
+        .route("/metrics", get(metrics::metrics))
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,

@@ -324,28 +324,13 @@ async fn a_streamed_request_over_the_context_is_refused_before_the_stream_starts
     assert_eq!(sv["error"], pv["error"]);
 }
 
-/// Sends `head` on a raw connection, waits `wait`, and returns what the server sent before
-/// closing the connection; `None` when the connection was still open 5 s later.
-async fn raw_exchange(s: &Server, head: &str, wait: std::time::Duration) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let addr = s.base.trim_start_matches("http://");
-    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-    c.write_all(head.as_bytes()).await.unwrap();
-    tokio::time::sleep(wait).await;
-    let mut buf = Vec::new();
-    let closed = tokio::time::timeout(std::time::Duration::from_secs(5), c.read_to_end(&mut buf))
-        .await
-        .is_ok();
-    closed.then(|| String::from_utf8_lossy(&buf).into_owned())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slow_clients_are_cut_off_by_the_header_and_body_timeouts() {
     let s = start(&["--header-timeout-secs", "1", "--body-timeout-secs", "1"]).await;
     // Half-sent headers: the connection is closed (at most a 408, never left open).
     let got = raw_exchange(
         &s,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n",
         std::time::Duration::from_millis(1500),
     )
     .await
@@ -354,7 +339,7 @@ async fn slow_clients_are_cut_off_by_the_header_and_body_timeouts() {
     // A stalled body: a 408 in the OpenAI shape.
     let got = raw_exchange(
         &s,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":",
         std::time::Duration::from_millis(1500),
     )
     .await

@@ -274,17 +274,6 @@ async fn without_max_tokens_a_long_prompt_gets_the_room_left_in_the_context() {
     assert_eq!(v["error"]["param"], "max_tokens", "{v}");
 }
 
-/// Sends raw bytes and reads the whole answer (the server closes the connection).
-async fn raw(s: &Server, bytes: &[u8]) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let addr = s.base.trim_start_matches("http://");
-    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let _ = c.write_all(bytes).await;
-    let mut buf = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut buf)).await;
-    String::from_utf8_lossy(&buf).into_owned()
-}
-
 // Mutation that fails it: the connection's stream not wrapped (`OpenAiErrors`): hyper's own
 // 400/431 go out with empty bodies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -316,7 +305,9 @@ async fn errors_of_the_http_layer_itself_have_the_openai_shape() {
         ),
     ];
     for (what, bytes) in cases {
-        let answer = raw(&s, &bytes).await;
+        let answer = raw_exchange(&s, &bytes, Duration::ZERO)
+            .await
+            .unwrap_or_else(|| panic!("{what}: the connection stayed open"));
         let (head, body) = answer
             .split_once("\r\n\r\n")
             .unwrap_or_else(|| panic!("{what}: no answer: {answer:?}"));
@@ -451,11 +442,13 @@ async fn the_bearer_scheme_is_case_insensitive_and_checked_before_anything_else(
         .unwrap();
     assert_eq!(r.status().as_u16(), 401, "method probing");
     // A declared body is not waited for: 401 at once, and the connection ends.
-    let answer = raw(
+    let answer = raw_exchange(
         &s,
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 1000000\r\n\r\n{",
+        Duration::ZERO,
     )
-    .await;
+    .await
+    .expect("the connection ends after the 401");
     assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
     let health = c.get(format!("{}/health", s.base)).send().await.unwrap();
     assert_eq!(health.status().as_u16(), 200);

@@ -113,3 +113,24 @@ pub(crate) async fn post_and_leave_once_admitted(
     }
     task.abort();
 }
+
+/// Sends `bytes` on a raw connection, waits `wait`, and returns what the server sent before
+/// closing the connection; `None` when the connection was still open 5 s later. (A server
+/// that closes while the bytes are still being written, e.g. on oversized headers, is no
+/// failure here: what it answered is read all the same.)
+pub(crate) async fn raw_exchange(
+    s: &Server,
+    bytes: &[u8],
+    wait: std::time::Duration,
+) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = s.base.trim_start_matches("http://");
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _ = c.write_all(bytes).await;
+    tokio::time::sleep(wait).await;
+    let mut buf = Vec::new();
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(5), c.read_to_end(&mut buf))
+        .await
+        .is_ok();
+    closed.then(|| String::from_utf8_lossy(&buf).into_owned())
+}

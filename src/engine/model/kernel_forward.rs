@@ -157,8 +157,7 @@ impl KernelForward<'_> {
     ) -> Result<Option<Tensor>> {
         let (m, k) = (self.model, self.kernels);
         let bs = cache.block_size();
-        let (positions, slots) =
-            positions_and_slots(tokens, seqs, bs, cache.num_blocks(), m.max_positions())?;
+        let (positions, slots) = positions_and_slots(tokens, seqs, bs, m.max_positions())?;
         let t = tokens.len();
         let first = m.layers.first().map(|l| &l.attn);
         let group = first.map_or(1, |a| a.num_heads / a.num_kv_heads.max(1));

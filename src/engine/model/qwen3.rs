@@ -283,8 +283,7 @@ impl Qwen3 {
         comm: Option<&dyn CommBackend>,
     ) -> Result<Option<Tensor>> {
         let bs = cache.block_size();
-        let (positions, write_slots) =
-            positions_and_slots(tokens, seqs, bs, cache.num_blocks(), self.max_positions())?;
+        let (positions, write_slots) = positions_and_slots(tokens, seqs, bs, self.max_positions())?;
         let total = tokens.len();
         let dev = &self.device;
         let pos = Tensor::new(positions.as_slice(), dev)?;

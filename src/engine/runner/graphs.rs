@@ -323,9 +323,8 @@ impl DecodeGraphs {
                 &placeholders[..]
             }
         };
-        // Block ids come from the head's own pool (the scheduler's), never from outside.
         let (positions, slots) =
-            positions_and_slots(tokens, seqs, bs, usize::MAX, model.qwen3.max_positions())?;
+            positions_and_slots(tokens, seqs, bs, model.qwen3.max_positions())?;
         let b = self.buckets[bi];
         let mut rows: Vec<Row<'_>> = (0..n)
             .map(|i| Row {

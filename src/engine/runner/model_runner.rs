@@ -147,7 +147,7 @@ impl ModelRunner {
     }
 
     /// [`ModelRunner::forward`] with the token ids in a tensor (u32 `[tokens]`, e.g. the
-    /// previous step's [`ModelRunner::greedy_ids`]): a decode step replayed as a CUDA graph
+    /// previous step's [`ModelRunner::draw_ids`]): a decode step replayed as a CUDA graph
     /// copies them into its inputs on the device, so nothing waits for the step that draws
     /// them; any other step reads them to the host first.
     pub(crate) fn forward_fed(

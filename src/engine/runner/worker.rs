@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use candle_core::DType;
 
-use crate::engine::batch::{SeqCommand, SeqInput, check_seq};
+use crate::engine::batch::{SeqCommand, SeqInput, check_blocks, check_seq};
 use crate::engine::device;
 use crate::engine::model::config::ModelConfig;
 use crate::engine::model::files::ModelFiles;
@@ -171,13 +171,8 @@ pub fn run_worker(
 /// Checks a step's sequences against this rank's KV geometry before any collective.
 fn check_seqs(seqs: &[SeqCommand], cache: &PagedKvCache) -> std::result::Result<(), String> {
     seqs.iter().try_for_each(|s| {
-        check_seq(
-            s.q_len,
-            s.context_len,
-            &s.block_table,
-            cache.block_size(),
-            cache.num_blocks(),
-        )
+        check_seq(s.q_len, s.context_len, &s.block_table, cache.block_size())?;
+        check_blocks(&s.block_table, cache.num_blocks())
     })
 }
 
