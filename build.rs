@@ -6,7 +6,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const KERNELS: &[&str] = &["decode", "fused_decode", "prefill", "layer_ops", "gemv"];
+const KERNELS: &[&str] = &[
+    "decode",
+    "fused_decode",
+    "prefill",
+    "flash_prefill",
+    "layer_ops",
+    "gemv",
+];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");

@@ -5,21 +5,29 @@ bf16 inference is measured against the same reference, so the two errors sit sid
 Runs on the GPU machine (torch + transformers there).
 
     python3 scripts/hf_logits_check.py MODEL_DIR IDS NAME=OURS.npy [NAME=OURS.npy ...]
+
+IDS is a comma list or @FILE (a file holding the comma list); LAST=N in the environment
+compares the last N positions only (long prompts; `policy-serve logits --last N`).
 """
+import os
 import sys
 
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
-model_dir, ids = sys.argv[1], [int(x) for x in sys.argv[2].split(",")]
+model_dir, ids_arg = sys.argv[1], sys.argv[2]
+if ids_arg.startswith("@"):
+    ids_arg = open(ids_arg[1:]).read().strip()
+ids = [int(x) for x in ids_arg.split(",")]
+last = int(os.environ.get("LAST", "0")) or len(ids)
 ours = dict(a.split("=", 1) for a in sys.argv[3:])
 
 
 def logits(dtype):
     m = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dtype).cuda().eval()
     with torch.no_grad():
-        out = m(torch.tensor([ids]).cuda()).logits[0].float().cpu().numpy()
+        out = m(torch.tensor([ids]).cuda(), logits_to_keep=last).logits[0].float().cpu().numpy()
     del m
     torch.cuda.empty_cache()
     return out
@@ -36,5 +44,5 @@ for name, x in runs.items():
     agree = (x.argmax(-1) == ref.argmax(-1)).mean()
     agree_t = (x.argmax(-1) == runs["torch-bf16"].argmax(-1)).mean()
     dt = np.abs(x - runs["torch-bf16"]).max() / np.abs(runs["torch-bf16"]).max()
-    print(f"hf-check {name:>10} vs torch-f32: positions {len(ids)} rel {d.max() / scale:.2e} "
+    print(f"hf-check {name:>10} vs torch-f32: positions {last} of {len(ids)} rel {d.max() / scale:.2e} "
           f"mean_abs {d.mean():.5f} argmax_agree {agree:.3f}; vs torch-bf16: rel {dt:.2e} argmax_agree {agree_t:.3f}")

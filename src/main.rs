@@ -143,6 +143,9 @@ enum Command {
         /// Output .npy path.
         #[arg(long)]
         out: PathBuf,
+        /// Write only the last N positions (long prompts: all rows of a 16k prompt are 10 GB).
+        #[arg(long)]
+        last: Option<usize>,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -346,6 +349,7 @@ fn run(command: Command) -> Result<(), Error> {
             model_dir,
             ids,
             out,
+            last,
             engine,
         } => {
             if ids.is_empty() {
@@ -355,7 +359,10 @@ fn run(command: Command) -> Result<(), Error> {
             }
             let registry = local_registry(&model_dir, &engine)?;
             let model = registry.model("local")?;
-            let rows = model.engine().logits(ids)?;
+            let mut rows = model.engine().logits(ids)?;
+            if let Some(n) = last {
+                rows.drain(..rows.len().saturating_sub(n));
+            }
             write_npy(&out, &rows)?;
             eprintln!(
                 "wrote {} x {} f32 logits to {}",

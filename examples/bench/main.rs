@@ -91,6 +91,12 @@ struct Args {
     /// After the decode rows, the same rows on an engine without CUDA graphs.
     #[arg(long)]
     compare_eager: bool,
+    /// Prefill chunk in tokens (`EngineOptions::prefill_chunk`).
+    #[arg(long, default_value_t = policy_serve::engine::defaults::PREFILL_CHUNK)]
+    prefill_chunk: usize,
+    /// Token budget of one step (`EngineOptions::max_batched_tokens`).
+    #[arg(long, default_value_t = policy_serve::engine::defaults::MAX_BATCHED_TOKENS)]
+    max_batched_tokens: usize,
     /// Pipelined decode (`EngineOptions::pipelined_decode`).
     #[arg(long)]
     pipelined_decode: bool,
@@ -243,8 +249,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         device: a.device,
         dtype: a.dtype,
         max_running: a.batches.iter().copied().max().unwrap_or(1).max(1),
-        max_batched_tokens: 8192,
-        prefill_chunk: 2048,
+        max_batched_tokens: a.max_batched_tokens,
+        prefill_chunk: a.prefill_chunk,
         pipelined_decode: a.pipelined_decode,
         profile_steps: (a.profile_steps > 0).then_some(a.profile_steps),
         kernels: a.kernels.options(),

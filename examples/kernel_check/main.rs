@@ -12,7 +12,6 @@ mod model;
 mod prefill;
 
 use model::{greedy_check, model_checks};
-use prefill::{prefill_check, prefill_long_check};
 
 use std::path::PathBuf;
 
@@ -160,39 +159,6 @@ fn op_checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
                 tol(dt),
             );
         }
-    }
-    for &(nh, nkv) in &[(16usize, 8usize), (32, 8), (16, 16), (32, 4)] {
-        if !k.prefill_supports(nh / nkv) {
-            continue;
-        }
-        for (specs, name) in [
-            (vec![(2usize, 2usize)], "one 2-token prompt"),
-            (vec![(512, 512)], "512 prompt"),
-            (vec![(200, 700)], "200 over cached 500"),
-            (
-                vec![(17, 17), (64, 64), (33, 300), (512, 512), (5, 1029)],
-                "5 ragged, cached prefixes",
-            ),
-            (vec![(2048, 2048)], "2048 prompt"),
-        ] {
-            if (nh, nkv) != (16, 8) && specs.len() > 1 {
-                continue;
-            }
-            let e = prefill_check(&k, dev, dt, &specs, nh, nkv)?;
-            t.check(
-                format!("paged_prefill {dt:?} {name} nh {nh} nkv {nkv}"),
-                e,
-                tol(dt),
-            );
-        }
-    }
-    if dt == DType::BF16 {
-        let e = prefill_long_check(&k, dev, dt, 32_768, &[0, 1, 4_095, 16_384, 32_767])?;
-        t.check(
-            format!("paged_prefill {dt:?} one 32k-token prompt (5 rows checked) nh 16 nkv 8"),
-            e,
-            tol(dt),
-        );
     }
     Ok(())
 }
@@ -346,6 +312,8 @@ fn main() -> Res<()> {
     let dev = select_device(DeviceChoice::Cuda(0))?;
     let mut t = Table { rows: Vec::new() };
     fused::checks(&dev, &mut t)?;
+    prefill::checks(&dev, &mut t)?;
+    prefill::timings(&dev)?;
     for dt in [DType::BF16, DType::F32] {
         op_checks(&dev, dt, &mut t)?;
         model_checks(&a, &dev, dt, &mut t)?;

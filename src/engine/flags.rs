@@ -69,6 +69,9 @@ pub struct KernelFlags {
     /// No thread-block clusters in the fused decode attention.
     #[arg(long)]
     pub no_clusters: bool,
+    /// Prefill attention on the two-pass WMMA kernel instead of the flash prefill kernel.
+    #[arg(long)]
+    pub no_flash_prefill: bool,
     /// No programmatic dependent launch (eager steps and graphs).
     #[arg(long)]
     pub no_pdl: bool,
@@ -85,6 +88,7 @@ impl KernelFlags {
             gemv: !self.no_gemv,
             fused_decode: !self.no_fused_decode,
             clusters: !self.no_clusters,
+            flash_prefill: !self.no_flash_prefill,
             pdl: !self.no_pdl,
             graph_pdl: !self.no_graph_pdl,
             ..KernelOptions::default()

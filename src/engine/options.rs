@@ -24,6 +24,9 @@ pub struct KernelOptions {
     pub fused_decode: bool,
     /// Merge fused decode attention in thread-block clusters (sm_90+).
     pub clusters: bool,
+    /// The flash prefill attention (`kernels/flash_prefill.cu`: mma.sync tensor cores,
+    /// cp.async double buffering, online softmax; bf16). Off: the two-pass WMMA kernel.
+    pub flash_prefill: bool,
     /// Programmatic dependent launch for eager launches (sm_90+).
     pub pdl: bool,
     /// Programmatic dependent launch inside captured CUDA graphs too (with `pdl`).
@@ -40,6 +43,7 @@ impl Default for KernelOptions {
             gemv: true,
             fused_decode: true,
             clusters: true,
+            flash_prefill: true,
             pdl: true,
             graph_pdl: true,
             event_tracking: false,

@@ -5,7 +5,7 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Tensor};
 
-use super::kernels::{CudaKernels, DECODE_PARTITION, PREFILL_TILE};
+use super::kernels::{CudaKernels, DECODE_PARTITION, FLASH_PREFILL_SMEM, PREFILL_TILE};
 use super::launch::kernel_err;
 use super::params::{DecodeGeometry, DecodeParams, FusedDecodeParams, PrefillParams};
 
@@ -369,7 +369,8 @@ impl CudaKernels {
         let (_, nh, hd) = q.dims3()?;
         let (nkv, num_slots, _) = k_cache.dims3()?;
         let g = nh / nkv.max(1);
-        let func = match (&self.prefill_tc, hd, nkv > 0 && nh % nkv == 0, g) {
+        let flash = self.prefill_flash.as_ref().filter(|_| hd == 128);
+        let func = match (flash.or(self.prefill_tc.as_ref()), hd, nkv > 0 && nh % nkv == 0, g) {
             (Some(tc), 128, true, 1) => &tc[0],
             (Some(tc), 128, true, 2) => &tc[1],
             (Some(tc), 128, true, 4) => &tc[2],
@@ -400,10 +401,19 @@ impl CudaKernels {
             block_size: block_size as i32,
             nkv: nkv as i32,
         };
-        let cfg = LaunchConfig {
-            grid_dim: (num_tiles as u32, nkv as u32, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
+        // The flash kernel takes one linear grid (KV head fastest, tiles longest-first).
+        let cfg = if flash.is_some() {
+            LaunchConfig {
+                grid_dim: ((num_tiles * nkv) as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: FLASH_PREFILL_SMEM as u32,
+            }
+        } else {
+            LaunchConfig {
+                grid_dim: (num_tiles as u32, nkv as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            }
         };
         let mut b = self.launcher(func);
         b.arg(&params);

@@ -20,6 +20,8 @@ use crate::error::Result;
 static DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/decode.fatbin"));
 static FUSED_DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fused_decode.fatbin"));
 static PREFILL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/prefill.fatbin"));
+static FLASH_PREFILL: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/flash_prefill.fatbin"));
 static LAYER_OPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/layer_ops.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
 
@@ -33,6 +35,9 @@ pub(crate) const DECODE_PARTITION: usize = 256;
 
 /// Query tokens one CUDA-core prefill-attention block takes (`BQ` in `kernels/prefill.cu`).
 pub(crate) const PREFILL_TILE: usize = 16;
+/// Dynamic shared memory of a flash prefill block (`FA_SMEM` in `kernels/flash_prefill.cu`:
+/// a 64-row Q tile and two 64-key K and V tiles of 128 bf16 dims).
+pub(crate) const FLASH_PREFILL_SMEM: usize = 81920;
 
 /// Which launch paths the kernels take where the hardware allows them (the kernel half of the
 /// engine's `KernelOptions`).
@@ -44,6 +49,8 @@ pub struct LaunchOptions {
     pub fused_decode: bool,
     /// Thread-block clusters in the fused decode attention (sm_90+).
     pub clusters: bool,
+    /// The flash prefill attention (bf16).
+    pub flash_prefill: bool,
     /// Programmatic dependent launch (sm_90+).
     pub pdl: bool,
 }
@@ -54,6 +61,7 @@ impl Default for LaunchOptions {
             gemv: true,
             fused_decode: true,
             clusters: true,
+            flash_prefill: true,
             pdl: true,
         }
     }
@@ -68,7 +76,7 @@ pub struct CudaKernels {
     pub(super) device: CudaDevice,
     pub(super) stream: Arc<CudaStream>,
     pub(super) dtype: DType,
-    pub(super) _modules: [Arc<CudaModule>; 5],
+    pub(super) _modules: [Arc<CudaModule>; 6],
     pub(super) add_rmsnorm: CudaFunction,
     pub(super) qk_rope_hd128: CudaFunction,
     pub(super) silu_mul: CudaFunction,
@@ -86,6 +94,9 @@ pub struct CudaKernels {
     pub(super) prefill: [CudaFunction; 3],
     /// The tensor-core prefill kernels (bf16 only), for GQA groups 1, 2, 4, 8.
     pub(super) prefill_tc: Option<[CudaFunction; 4]>,
+    /// The flash prefill kernels (bf16, `LaunchOptions::flash_prefill`), for GQA groups 1, 2,
+    /// 4, 8.
+    pub(super) prefill_flash: Option<[CudaFunction; 4]>,
     /// Skinny matmuls for 1..=GEMV_MAX_ROWS rows: plain, fused with SiLU*up, and both
     /// behind a fused add+RMSNorm (bf16 only; None without `LaunchOptions::gemv`).
     pub(super) gemv: Option<[Vec<CudaFunction>; 4]>,
@@ -129,6 +140,7 @@ impl CudaKernels {
         let decode_mod = load(DECODE, "decode")?;
         let fused_mod = load(FUSED_DECODE, "fused_decode")?;
         let prefill_mod = load(PREFILL, "prefill")?;
+        let flash_mod = load(FLASH_PREFILL, "flash_prefill")?;
         let layer_ops = load(LAYER_OPS, "layer_ops")?;
         let gemv_mod = load(GEMV, "gemv")?;
         let f = |m: &Arc<CudaModule>, name: &str| {
@@ -166,6 +178,25 @@ impl CudaKernels {
                     f(&prefill_mod, "paged_prefill_tc_g4_bf16")?,
                     f(&prefill_mod, "paged_prefill_tc_g8_bf16")?,
                 ])
+            } else {
+                None
+            },
+            prefill_flash: if dtype == DType::BF16 && opts.flash_prefill {
+                let fs = [
+                    f(&flash_mod, "flash_prefill_g1_bf16")?,
+                    f(&flash_mod, "flash_prefill_g2_bf16")?,
+                    f(&flash_mod, "flash_prefill_g4_bf16")?,
+                    f(&flash_mod, "flash_prefill_g8_bf16")?,
+                ];
+                use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
+                for func in &fs {
+                    func.set_attribute(
+                        A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        FLASH_PREFILL_SMEM as i32,
+                    )
+                    .map_err(|e| kernel_err("flash_prefill shared memory", e))?;
+                }
+                Some(fs)
             } else {
                 None
             },
@@ -217,7 +248,14 @@ impl CudaKernels {
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),
             pinned: Arc::default(),
             stream,
-            _modules: [decode_mod, fused_mod, prefill_mod, layer_ops, gemv_mod],
+            _modules: [
+                decode_mod,
+                fused_mod,
+                prefill_mod,
+                flash_mod,
+                layer_ops,
+                gemv_mod,
+            ],
         }))
     }
 

@@ -59,6 +59,7 @@ pub fn kernels_for(
         gemv: opts.gemv,
         fused_decode: opts.fused_decode,
         clusters: opts.clusters,
+        flash_prefill: opts.flash_prefill,
         pdl: opts.pdl,
     };
     CudaKernels::new(device, dtype, &launch)

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One device call for the long-prompt prefill issue (#20): every prefill kernel against the
+# references (kernel_check, with the attention-only timing table), then the engine's prefill of
+# one 2k/8k/16k/32k prompt and 8 of 8k (0.6B), 32k (1.7B), the WMMA kernel at 8k for
+# comparison, and transformers' SDPA forward of the same lengths in the same run.
+# Expects .gpu/{bench,kernel_check}.xz (scripts/gpu_unpack.sh).
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; S="$OUT/summary.txt"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+bash scripts/gpu_unpack.sh
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$S"
+for c in 0.6b 1.7b; do [ -d /tmp/m-$c ] || .gpu/bench --config tests/fixtures/qwen3/config-$c.json --write-model /tmp/m-$c > /dev/null 2>&1; done
+t0=$(date +%s)
+timeout 220 .gpu/kernel_check --model-dir /tmp/m-0.6b > "$OUT/kernel_check.log" 2>&1
+echo "kernel_check exit $? ($(( $(date +%s) - t0 )) s)" | tee -a "$S"
+grep -E "FAIL|kernel-check|prefill-attention" "$OUT/kernel_check.log" | tee -a "$S"
+run() {  # NAME ARGS...
+  local name=$1; shift
+  timeout 100 .gpu/bench --no-peer --batches 1 --new 8 "$@" > "$OUT/bench-$name.log" 2>&1
+  grep -E "^ours (prefill|batched)" "$OUT/bench-$name.log" | sed "s/^/$name /" | tee -a "$S"
+}
+for p in 2048 8192 16384 32000; do run 0.6b-$p --model-dir /tmp/m-0.6b --prompt $p; done
+run 1.7b-32000 --model-dir /tmp/m-1.7b --prompt 32000
+run 0.6b-8192-wmma --model-dir /tmp/m-0.6b --prompt 8192 --no-flash-prefill
+run 0.6b-32000-chunk8192 --model-dir /tmp/m-0.6b --prompt 32000 --prefill-chunk 8192
+timeout 150 python3 scripts/hf_prefill_bench.py tests/fixtures/qwen3/config-0.6b.json 2048,8192,16384,32000 2>&1 | grep hf-prefill | tee -a "$S"
+timeout 90 python3 scripts/hf_prefill_bench.py tests/fixtures/qwen3/config-1.7b.json 32000 2>&1 | grep hf-prefill | tee -a "$S"

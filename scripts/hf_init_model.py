@@ -1,0 +1,23 @@
+#!/usr/bin/env python3
+"""A checkpoint as a transformers user would make one: `Qwen3ForCausalLM(config)` with
+transformers' own init (`torch.manual_seed(0)`: normal std 0.02, norms 1.0), saved by
+`save_pretrained` in bf16, plus the tokenizer files of TOKENIZER_DIR. Runs on the GPU machine.
+
+    python3 scripts/hf_init_model.py CONFIG_JSON TOKENIZER_DIR OUT_DIR
+"""
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+config_path, tok_dir, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+torch.manual_seed(0)
+cfg = Qwen3Config.from_json_file(config_path)
+model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+model.save_pretrained(out)
+for f in tok_dir.iterdir():
+    if f.name.startswith("tokenizer") or f.name in ("vocab.json", "merges.txt"):
+        shutil.copy(f, out / f.name)
+print(f"hf-init: wrote {out}")
