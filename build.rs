@@ -1,7 +1,8 @@
 //! Builds the engine's own CUDA kernels (`kernels/*.cu`) when the `cuda` feature is on: nvcc
 //! compiles each file to a fatbin holding machine code for sm_80 (A100) and sm_90 (H100/H200)
 //! plus PTX for newer GPUs; the fatbins are embedded in the binary (`include_bytes!`) and
-//! loaded from memory at run time, so a supported GPU runs them with no JIT.
+//! loaded from memory at run time, so a supported GPU runs them with no JIT. Files named
+//! `*_sm90.cu` use Hopper-only instructions and hold sm_90a machine code only.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,6 +12,7 @@ const KERNELS: &[&str] = &[
     "fused_decode",
     "prefill",
     "flash_prefill",
+    "flash_prefill_sm90",
     "layer_ops",
     "gemv",
 ];
@@ -22,6 +24,7 @@ fn main() {
     }
     println!("cargo:rerun-if-changed=kernels/common.cuh");
     println!("cargo:rerun-if-changed=kernels/attention.cuh");
+    println!("cargo:rerun-if-changed=kernels/flash.cuh");
     println!("cargo:rerun-if-env-changed=CUDA_ROOT");
     println!("cargo:rerun-if-env-changed=NVCC");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
@@ -39,11 +42,18 @@ fn main() {
     for k in KERNELS {
         let src = Path::new("kernels").join(format!("{k}.cu"));
         let dst = out.join(format!("{k}.fatbin"));
-        let status = Command::new(&nvcc)
-            .args(["-O3", "-std=c++17", "-fatbin", "-lineinfo"])
-            .args(["-gencode", "arch=compute_80,code=sm_80"])
-            .args(["-gencode", "arch=compute_90,code=sm_90"])
-            .args(["-gencode", "arch=compute_90,code=compute_90"])
+        let mut cmd = Command::new(&nvcc);
+        cmd.args(["-O3", "-std=c++17", "-fatbin", "-lineinfo"]);
+        if k.ends_with("_sm90") {
+            // Hopper-only instructions (wgmma): sm_90a machine code and nothing else; the host
+            // loads these only on sm_90 GPUs.
+            cmd.args(["-gencode", "arch=compute_90a,code=sm_90a"]);
+        } else {
+            cmd.args(["-gencode", "arch=compute_80,code=sm_80"])
+                .args(["-gencode", "arch=compute_90,code=sm_90"])
+                .args(["-gencode", "arch=compute_90,code=compute_90"]);
+        }
+        let status = cmd
             .arg("-o")
             .arg(&dst)
             .arg(&src)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the long-prompt prefill issue (#20): every prefill kernel against the
 # references (kernel_check, with the attention-only timing table), then the engine's prefill of
-# one 2k/8k/16k/32k prompt and 8 of 8k (0.6B), 32k (1.7B), the WMMA kernel at 8k for
-# comparison, and transformers' SDPA forward of the same lengths in the same run.
+# one 2k/8k/16k/32k prompt and 8 of each (0.6B), 32k (1.7B), the other prefill kernels and
+# chunk sizes for comparison, and (HF=1) transformers' SDPA forward of the same lengths.
 # Expects .gpu/{bench,kernel_check}.xz (scripts/gpu_unpack.sh).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; S="$OUT/summary.txt"
@@ -21,7 +21,9 @@ run() {  # NAME ARGS...
 }
 for p in 2048 8192 16384 32000; do run 0.6b-$p --model-dir /tmp/m-0.6b --prompt $p; done
 run 1.7b-32000 --model-dir /tmp/m-1.7b --prompt 32000
-run 0.6b-8192-wmma --model-dir /tmp/m-0.6b --prompt 8192 --no-flash-prefill
-run 0.6b-32000-chunk8192 --model-dir /tmp/m-0.6b --prompt 32000 --prefill-chunk 8192
-timeout 150 python3 scripts/hf_prefill_bench.py tests/fixtures/qwen3/config-0.6b.json 2048,8192,16384,32000 2>&1 | grep hf-prefill | tee -a "$S"
-timeout 90 python3 scripts/hf_prefill_bench.py tests/fixtures/qwen3/config-1.7b.json 32000 2>&1 | grep hf-prefill | tee -a "$S"
+run 0.6b-32000-mma --model-dir /tmp/m-0.6b --prompt 32000 --no-wgmma-prefill
+for c in 512 1024 4096 8192; do run 0.6b-32000-chunk$c --model-dir /tmp/m-0.6b --prompt 32000 --prefill-chunk $c --max-batched-tokens $(( c > 8192 ? c : 8192 )); done
+if [ "${HF:-0}" = 1 ]; then
+  timeout 150 python3 scripts/hf_prefill_bench.py tests/fixtures/qwen3/config-0.6b.json 2048,8192,16384,32000 2>&1 | grep hf-prefill | tee -a "$S"
+  timeout 90 python3 scripts/hf_prefill_bench.py tests/fixtures/qwen3/config-1.7b.json 32000 2>&1 | grep hf-prefill | tee -a "$S"
+fi

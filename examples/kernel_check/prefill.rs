@@ -70,17 +70,32 @@ fn one_seq_tiles(
     (tiles, (0..ctx.div_ceil(bs) as u32).rev().collect())
 }
 
+/// The prefill kernels: the default flash kernel (wgmma on sm_90), the mma.sync flash kernel,
+/// the two-pass WMMA kernel.
+fn variants() -> [LaunchOptions; 3] {
+    let flash = LaunchOptions::default();
+    [
+        flash,
+        LaunchOptions {
+            wgmma_prefill: false,
+            ..flash
+        },
+        LaunchOptions {
+            flash_prefill: false,
+            ..flash
+        },
+    ]
+}
+
 /// Every prefill kernel (flash and two-pass WMMA for bf16, CUDA cores for f32) against the
 /// references: small ragged batches in full, long prompts and long cached prefixes by rows.
 pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
-    let wmma = LaunchOptions {
-        flash_prefill: false,
-        ..LaunchOptions::default()
-    };
+    let [flash, mma, wmma] = variants();
     for (dt, opts, kind) in [
-        (DType::BF16, LaunchOptions::default(), "flash"),
+        (DType::BF16, flash, "flash"),
+        (DType::BF16, mma, "flash-mma"),
         (DType::BF16, wmma, "wmma"),
-        (DType::F32, LaunchOptions::default(), "cuda-core"),
+        (DType::F32, flash, "cuda-core"),
     ] {
         let k = CudaKernels::new(dev, dt, &opts)?.ok_or("no kernels")?;
         for &(nh, nkv) in &[(16usize, 8usize), (32, 8), (16, 16), (32, 4), (64, 8)] {
@@ -115,7 +130,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         }
         // (chunk, context, heads): one prompt up to 32k, chunks of 512..8k over cached
         // prefixes up to 31k, GQA 16/8, 32/8, 32/4.
-        let long: &[(usize, usize, usize, usize)] = if kind == "flash" {
+        let long: &[(usize, usize, usize, usize)] = if kind.starts_with("flash") {
             &[
                 (32_768, 32_768, 16, 8),
                 (8_192, 8_192, 32, 8),
@@ -157,11 +172,8 @@ pub(super) fn timings(dev: &Device) -> Res<()> {
         (2_048, 32_768),
         (512, 32_768),
     ];
-    let wmma = LaunchOptions {
-        flash_prefill: false,
-        ..LaunchOptions::default()
-    };
-    for (opts, kind) in [(LaunchOptions::default(), "flash"), (wmma, "wmma")] {
+    let [flash, mma, wmma] = variants();
+    for (opts, kind) in [(flash, "flash"), (mma, "flash-mma"), (wmma, "wmma")] {
         let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
         for &(q_len, ctx) in &cases {
             if kind == "wmma" && ctx > 16_384 && q_len == ctx {
@@ -190,7 +202,7 @@ pub(super) fn timings(dev: &Device) -> Res<()> {
             let mean_keys = (ctx - q_len) as f64 + (q_len as f64 + 1.0) / 2.0;
             let flops = 4.0 * q_len as f64 * mean_keys * hd as f64 * nh as f64;
             println!(
-                "prefill-attention {kind:<5} {q_len:>6} over {ctx:>6}: {:>8.3} ms/layer \
+                "prefill-attention {kind:<9} {q_len:>6} over {ctx:>6}: {:>8.3} ms/layer \
                  ({:>6.1} ms for 28 layers) {:>6.1} TFLOP/s",
                 best * 1e3,
                 best * 28e3,

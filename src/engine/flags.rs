@@ -72,6 +72,9 @@ pub struct KernelFlags {
     /// Prefill attention on the two-pass WMMA kernel instead of the flash prefill kernel.
     #[arg(long)]
     pub no_flash_prefill: bool,
+    /// On Hopper, the mma.sync flash prefill instead of the warpgroup-MMA one.
+    #[arg(long)]
+    pub no_wgmma_prefill: bool,
     /// No programmatic dependent launch (eager steps and graphs).
     #[arg(long)]
     pub no_pdl: bool,
@@ -89,6 +92,7 @@ impl KernelFlags {
             fused_decode: !self.no_fused_decode,
             clusters: !self.no_clusters,
             flash_prefill: !self.no_flash_prefill,
+            wgmma_prefill: !self.no_wgmma_prefill,
             pdl: !self.no_pdl,
             graph_pdl: !self.no_graph_pdl,
             ..KernelOptions::default()

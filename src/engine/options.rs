@@ -27,6 +27,9 @@ pub struct KernelOptions {
     /// The flash prefill attention (`kernels/flash_prefill.cu`: mma.sync tensor cores,
     /// cp.async double buffering, online softmax; bf16). Off: the two-pass WMMA kernel.
     pub flash_prefill: bool,
+    /// On sm_90 GPUs, the flash prefill on warpgroup MMA (`kernels/flash_prefill_sm90.cu`);
+    /// off: the mma.sync flash prefill there too.
+    pub wgmma_prefill: bool,
     /// Programmatic dependent launch for eager launches (sm_90+).
     pub pdl: bool,
     /// Programmatic dependent launch inside captured CUDA graphs too (with `pdl`).
@@ -44,6 +47,7 @@ impl Default for KernelOptions {
             fused_decode: true,
             clusters: true,
             flash_prefill: true,
+            wgmma_prefill: true,
             pdl: true,
             graph_pdl: true,
             event_tracking: false,

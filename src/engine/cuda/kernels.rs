@@ -22,6 +22,8 @@ static FUSED_DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fused_dec
 static PREFILL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/prefill.fatbin"));
 static FLASH_PREFILL: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/flash_prefill.fatbin"));
+static FLASH_PREFILL_SM90: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/flash_prefill_sm90.fatbin"));
 static LAYER_OPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/layer_ops.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
 
@@ -35,9 +37,9 @@ pub(crate) const DECODE_PARTITION: usize = 256;
 
 /// Query tokens one CUDA-core prefill-attention block takes (`BQ` in `kernels/prefill.cu`).
 pub(crate) const PREFILL_TILE: usize = 16;
-/// Dynamic shared memory of a flash prefill block (`FA_SMEM` in `kernels/flash_prefill.cu`:
-/// a 64-row Q tile and two 64-key K and V tiles of 128 bf16 dims).
-pub(crate) const FLASH_PREFILL_SMEM: usize = 81920;
+/// Dynamic shared memory of a flash prefill block (`FA_SMEM` in `kernels/flash.cuh`: a 64-row
+/// Q tile and two 64-key K and V tiles of 128 bf16 dims, plus 1 KB to align them to 1024).
+pub(crate) const FLASH_PREFILL_SMEM: usize = 82944;
 
 /// Which launch paths the kernels take where the hardware allows them (the kernel half of the
 /// engine's `KernelOptions`).
@@ -51,6 +53,8 @@ pub struct LaunchOptions {
     pub clusters: bool,
     /// The flash prefill attention (bf16).
     pub flash_prefill: bool,
+    /// The flash prefill on warpgroup MMA where the GPU has it (sm_90).
+    pub wgmma_prefill: bool,
     /// Programmatic dependent launch (sm_90+).
     pub pdl: bool,
 }
@@ -62,6 +66,7 @@ impl Default for LaunchOptions {
             fused_decode: true,
             clusters: true,
             flash_prefill: true,
+            wgmma_prefill: true,
             pdl: true,
         }
     }
@@ -137,10 +142,27 @@ impl CudaKernels {
             ctx.load_module(Ptx::from_binary(bytes.to_vec()))
                 .map_err(|e| kernel_err(&format!("module {name}"), e))
         };
+        let (major, minor) = {
+            use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute as A;
+            (
+                ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+                    .unwrap_or(0),
+                ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+                    .unwrap_or(0),
+            )
+        };
+        // Clusters and PDL from sm_90 on; the sm_90a machine code (wgmma) on sm_90 only.
+        let hopper = major >= 9;
+        let wgmma = (major, minor) == (9, 0) && opts.wgmma_prefill;
         let decode_mod = load(DECODE, "decode")?;
         let fused_mod = load(FUSED_DECODE, "fused_decode")?;
         let prefill_mod = load(PREFILL, "prefill")?;
-        let flash_mod = load(FLASH_PREFILL, "flash_prefill")?;
+        let flash_mod = if wgmma {
+            load(FLASH_PREFILL_SM90, "flash_prefill_sm90")?
+        } else {
+            load(FLASH_PREFILL, "flash_prefill")?
+        };
+        let flash = if wgmma { "flash_prefill_sm90" } else { "flash_prefill" };
         let layer_ops = load(LAYER_OPS, "layer_ops")?;
         let gemv_mod = load(GEMV, "gemv")?;
         let f = |m: &Arc<CudaModule>, name: &str| {
@@ -148,12 +170,6 @@ impl CudaKernels {
                 .map_err(|e| kernel_err(&format!("function {name}"), e))
         };
         let s = suffix;
-        let hopper = {
-            use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute as A;
-            ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
-                .unwrap_or(0)
-                >= 9
-        };
         Ok(Some(Self {
             device: dev.clone(),
             dtype,
@@ -183,10 +199,10 @@ impl CudaKernels {
             },
             prefill_flash: if dtype == DType::BF16 && opts.flash_prefill {
                 let fs = [
-                    f(&flash_mod, "flash_prefill_g1_bf16")?,
-                    f(&flash_mod, "flash_prefill_g2_bf16")?,
-                    f(&flash_mod, "flash_prefill_g4_bf16")?,
-                    f(&flash_mod, "flash_prefill_g8_bf16")?,
+                    f(&flash_mod, &format!("{flash}_g1_bf16"))?,
+                    f(&flash_mod, &format!("{flash}_g2_bf16"))?,
+                    f(&flash_mod, &format!("{flash}_g4_bf16"))?,
+                    f(&flash_mod, &format!("{flash}_g8_bf16"))?,
                 ];
                 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
                 for func in &fs {

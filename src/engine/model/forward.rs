@@ -60,6 +60,7 @@ pub fn kernels_for(
         fused_decode: opts.fused_decode,
         clusters: opts.clusters,
         flash_prefill: opts.flash_prefill,
+        wgmma_prefill: opts.wgmma_prefill,
         pdl: opts.pdl,
     };
     CudaKernels::new(device, dtype, &launch)

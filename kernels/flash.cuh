@@ -1,0 +1,230 @@
+// Shared by the flash prefill kernels (flash_prefill.cu: mma.sync, sm_80+; flash_prefill_sm90.cu:
+// wgmma, sm_90a): the block's tile of the prefill, the shared-memory layout of Q/K/V tiles,
+// the cp.async loads through the block table, the online softmax of one 64-key tile and the
+// output. A block of 4 warps (one warpgroup) takes FA_ROWS = 64 query rows: FA_ROWS / G
+// tokens of one sequence times the G query heads of one KV head (the GQA heads share every
+// K/V tile); warp w owns rows 16w .. 16w + 15, and each lane holds rows gr and gr + 8 of them
+// (gr = lane / 4) in the accumulator layout of mma.sync m16n8 (which is wgmma's, per warp).
+#pragma once
+
+#include "attention.cuh"
+
+namespace {
+
+constexpr int FA_ROWS = 64;
+constexpr int FA_BK = 64;
+constexpr int FA_TILE = FA_BK * HD;  // elements of one Q, K or V tile
+// Q tile + two K tiles + two V tiles, plus 1 KB to align the tiles to 1024 bytes.
+constexpr int FA_SMEM = 5 * FA_TILE * 2 + 1024;
+constexpr float LOG2E = 1.4426950408889634f;
+
+static_assert(FA_ROWS == FA_BK, "Q, K and V tiles share one layout");
+// FLASH_PREFILL_SMEM in src/engine/cuda/kernels.rs.
+static_assert(FA_SMEM == 82944, "the host launches with 81 KB of dynamic shared memory");
+
+// Element offset of (row, col) in a 64 x 128 bf16 tile in the canonical 128-byte-swizzled
+// K-major layout of wgmma: two halves of 64 columns (8 KB each); in a half, row r is 128
+// bytes at r * 128 and its 16-byte chunk c sits at chunk c ^ (r % 8). ldmatrix reads of 8
+// rows at one chunk hit 8 different bank groups, and a 1024-byte aligned tile is a valid
+// wgmma operand (K-major for Q and K, MN-major for V).
+__device__ __forceinline__ int sw128(int r, int c) {
+  return (c >> 6) * (FA_BK * 64) + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes global -> shared, asynchronously; zero-filled when !valid (no bytes are read).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// The block's share of the prefill: grid = tiles x KV heads, KV head fastest, tiles
+// longest-first (the last tile of the tiles list, the end of a prompt, launches first, so the
+// causal triangle leaves no tail of long blocks at the end of the grid).
+struct FlashTile {
+  int kh;
+  uint32_t row0, q_off;
+  int tok;      // query tokens of this block
+  int q_first;  // position of its first query token
+  int kend;     // keys it attends to: [0, kend)
+  int n_tiles;  // K/V tiles of FA_BK keys
+  const uint32_t* table;
+  size_t head_base;
+};
+
+template <int G>
+__device__ __forceinline__ FlashTile flash_tile(const PrefillParams& p) {
+  FlashTile t;
+  const int nkv = p.nkv, num_tiles = gridDim.x / nkv;
+  t.kh = blockIdx.x % nkv;
+  const int tile = num_tiles - 1 - (int)(blockIdx.x / nkv);
+  const uint32_t seq = p.tiles[2 * tile];
+  t.q_off = p.tiles[2 * tile + 1];
+  t.row0 = p.seq_meta[4 * seq];
+  const uint32_t q_len = p.seq_meta[4 * seq + 1];
+  const int ctx = (int)p.seq_meta[4 * seq + 2];
+  t.table = p.tables + p.seq_meta[4 * seq + 3];
+  t.tok = min(FA_ROWS / G, (int)(q_len - t.q_off));
+  t.q_first = ctx - (int)q_len + (int)t.q_off;
+  t.kend = t.q_first + t.tok;
+  t.n_tiles = (t.kend + FA_BK - 1) / FA_BK;
+  t.head_base = (size_t)t.kh * (size_t)p.num_slots;
+  return t;
+}
+
+// Thread tid's share of a tile load: 16-byte chunk lc of rows lr, lr + 8, ..., lr + 56.
+struct FlashLoader {
+  int lc, lr;
+  size_t off[FA_BK / 8];  // element offsets in the caches of this thread's 8 rows
+  bool ok[FA_BK / 8];
+
+  __device__ __forceinline__ explicit FlashLoader(int tid) : lc(tid % 16), lr(tid / 16) {}
+
+  // Q rows r = token * G + head of the block (zero rows past the chunk).
+  template <int G>
+  __device__ __forceinline__ void q(const __nv_bfloat16* q, const FlashTile& t, int nh,
+                                    __nv_bfloat16* dst) const {
+#pragma unroll
+    for (int x = 0; x < FA_ROWS / 8; ++x) {
+      int r = lr + 8 * x, i = r / G, g = r % G;
+      bool valid = i < t.tok;
+      const __nv_bfloat16* src =
+          valid ? q + ((size_t)(t.row0 + t.q_off + i) * nh + t.kh * G + g) * HD + lc * 8 : q;
+      cp_async16(smem_addr(dst + sw128(r, lc * 8)), src, valid);
+    }
+  }
+
+  // The cache slots of K/V tile j's rows (K and V share them); keys past kend read nothing.
+  __device__ __forceinline__ void slots(const FlashTile& t, int j, int bs) {
+#pragma unroll
+    for (int x = 0; x < FA_BK / 8; ++x) {
+      int pos = j * FA_BK + lr + 8 * x;
+      ok[x] = pos < t.kend;
+      size_t slot = ok[x] ? (size_t)t.table[pos / bs] * bs + pos % bs : 0;
+      off[x] = (t.head_base + slot) * HD + lc * 8;
+    }
+  }
+
+  __device__ __forceinline__ void tile(const __nv_bfloat16* cache, __nv_bfloat16* dst) const {
+#pragma unroll
+    for (int x = 0; x < FA_BK / 8; ++x) {
+      int r = lr + 8 * x;
+      cp_async16(smem_addr(dst + sw128(r, lc * 8)), cache + off[x], ok[x]);
+    }
+  }
+};
+
+// The lane's running softmax state: maxima m and (lane-partial) sums l of its two rows.
+struct FlashRows {
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+};
+
+// One tile of scores s (16 rows x 64 keys per warp, accumulator layout) into the online
+// softmax: base-2 scores, the causal mask on tiles that reach past the block's first query
+// position, the rescale of the output o, and P as bf16 A fragments of P V (the accumulator
+// layout of two 8-key blocks is the A layout of one 16-key step). pos0 / pos1 are the
+// positions of the lane's rows (rows past the chunk never mask: their scores stay finite
+// and their output is not written).
+__device__ __forceinline__ void flash_softmax(float (&s)[FA_BK / 8][4], float (&o)[HD / 8][4],
+                                              FlashRows& st, uint32_t (&pf)[FA_BK / 16][4],
+                                              int k0, bool masked, int pos0, int pos1, int tq) {
+#pragma unroll
+  for (int n = 0; n < FA_BK / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int key = k0 + n * 8 + 2 * tq + (e & 1);
+      float v = s[n][e] * LOG2E;
+      s[n][e] = masked && key > (e < 2 ? pos0 : pos1) ? -INFINITY : v;
+    }
+  }
+  float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < FA_BK / 8; ++n) {
+    mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+    mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+  }
+#pragma unroll
+  for (int x = 1; x < 4; x <<= 1) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+  }
+  const float mn0 = fmaxf(st.m0, mx0), mn1 = fmaxf(st.m1, mx1);
+  // A row with no key yet keeps base 0 (its exponentials are all 0 and stay finite).
+  const float b0 = mn0 == -INFINITY ? 0.f : mn0, b1 = mn1 == -INFINITY ? 0.f : mn1;
+  const float c0 = exp2f(st.m0 - b0), c1 = exp2f(st.m1 - b1);
+  st.m0 = mn0;
+  st.m1 = mn1;
+  st.l0 *= c0;
+  st.l1 *= c1;
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) {
+    o[n][0] *= c0;
+    o[n][1] *= c0;
+    o[n][2] *= c1;
+    o[n][3] *= c1;
+  }
+#pragma unroll
+  for (int n = 0; n < FA_BK / 8; ++n) {
+    float p0 = exp2f(s[n][0] - b0), p1 = exp2f(s[n][1] - b0);
+    float p2 = exp2f(s[n][2] - b1), p3 = exp2f(s[n][3] - b1);
+    st.l0 += p0 + p1;
+    st.l1 += p2 + p3;
+    pf[n / 2][(n & 1) * 2] = pack_bf16(p0, p1);
+    pf[n / 2][(n & 1) * 2 + 1] = pack_bf16(p2, p3);
+  }
+}
+
+// The output o / l of the warp's 16 rows, staged through its own rows of the Q tile (each
+// warp only ever read its own rows there) for 16-byte stores.
+template <int G>
+__device__ __forceinline__ void flash_store(const float (&o)[HD / 8][4], FlashRows st,
+                                            const FlashTile& t, int nh, __nv_bfloat16* sq,
+                                            __nv_bfloat16* out) {
+  const int lane = threadIdx.x % 32, wrow = (threadIdx.x / 32) * 16;
+  const int gr = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int x = 1; x < 4; x <<= 1) {
+    st.l0 += __shfl_xor_sync(0xffffffffu, st.l0, x);
+    st.l1 += __shfl_xor_sync(0xffffffffu, st.l1, x);
+  }
+  const float i0 = st.l0 > 0.f ? 1.f / st.l0 : 0.f, i1 = st.l1 > 0.f ? 1.f / st.l1 : 0.f;
+  __syncwarp();
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) {
+    int c = n * 8 + 2 * tq;
+    *reinterpret_cast<uint32_t*>(sq + sw128(wrow + gr, c)) = pack_bf16(o[n][0] * i0, o[n][1] * i0);
+    *reinterpret_cast<uint32_t*>(sq + sw128(wrow + gr + 8, c)) =
+        pack_bf16(o[n][2] * i1, o[n][3] * i1);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int x = 0; x < 16 * (HD / 8) / 32; ++x) {
+    int e = lane + 32 * x, r = wrow + e / (HD / 8), c = (e % (HD / 8)) * 8;
+    int i = r / G, g = r % G;
+    if (i < t.tok) {
+      __nv_bfloat16* dst = out + ((size_t)(t.row0 + t.q_off + i) * nh + t.kh * G + g) * HD + c;
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(sq + sw128(r, c));
+    }
+  }
+}
+
+// The shared memory of a block, its tiles aligned to 1024 bytes: Q, K[2], V[2].
+__device__ __forceinline__ __nv_bfloat16* flash_smem(unsigned char* raw) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(raw);
+  return reinterpret_cast<__nv_bfloat16*>((a + 1023) & ~(uintptr_t)1023);
+}
+
+}  // namespace

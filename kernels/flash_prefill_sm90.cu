@@ -1,0 +1,181 @@
+// Flash prefill attention over the paged caches on Hopper's warpgroup MMA (bf16, sm_90a): the
+// design of flash_prefill.cu (flash.cuh: tiles, loads, online softmax, output) with the two
+// products on wgmma: S = Q K^T reads Q and K straight from shared memory (K-major,
+// 128-byte-swizzled tiles, one descriptor per 16-dim step), O += P V takes P from registers
+// and V from shared memory (MN-major: V is stored keys x dims, as the caches hold it). One
+// warpgroup (the block's 4 warps) owns the block's 64 query rows; each product is issued
+// asynchronously and waited for once per tile. Compiled for sm_90a only (build.rs); the host
+// loads it on sm_90 GPUs and takes flash_prefill.cu elsewhere.
+
+#include "flash.cuh"
+
+namespace {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// A shared-memory matrix descriptor of a 128-byte-swizzled tile: start address, leading and
+// stride byte offsets (16-byte units), swizzle mode 1 (128 B) in bits 62-63.
+__device__ __forceinline__ uint64_t sw128_desc(const __nv_bfloat16* p, uint32_t lbo,
+                                               uint32_t sbo) {
+  uint32_t a = smem_addr(p);
+  return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
+         ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+// K-major operand (Q or K, 64 rows x 128 dims): 16-dim step kk starts 32 bytes into its
+// 64-dim half; 8-row groups are 1024 bytes apart.
+__device__ __forceinline__ uint64_t k_major(const __nv_bfloat16* tile, int kk) {
+  return sw128_desc(tile + (kk / 4) * (FA_BK * 64) + (kk % 4) * 16, 16, 1024);
+}
+
+// MN-major operand (V, 64 keys x 128 dims): 16-key step kk starts at row 16 kk; the two
+// 64-dim halves are 8 KB apart (leading), 8-key groups 1024 bytes (stride).
+__device__ __forceinline__ uint64_t mn_major(const __nv_bfloat16* tile, int kk) {
+  return sw128_desc(tile + kk * 16 * 64, FA_BK * 64 * 2, 1024);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// Generic-proxy writes (cp.async) made visible to the async proxy (wgmma's operand reads).
+__device__ __forceinline__ void fence_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from touching accumulators between an async MMA and its wait.
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&x)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(x[i][e])::"memory");
+}
+
+// d (64x64 f32, the accumulator layout) (+)= A (smem, K-major) * B (smem, K-major), k16.
+__device__ __forceinline__ void wgmma_s(float (&d)[FA_BK / 8][4], uint64_t a, uint64_t b,
+                                        int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// d (64x128 f32) += A (registers, the m16n8k16 A layout per warp) * B (smem, MN-major), k16.
+__device__ __forceinline__ void wgmma_pv(float (&d)[HD / 8][4], const uint32_t (&a)[4],
+                                         uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+template <int G>
+__device__ void flash_prefill_wgmma(const PrefillParams& p) {
+  extern __shared__ __align__(1024) unsigned char fa_raw[];
+  __nv_bfloat16* sq = flash_smem(fa_raw);
+  __nv_bfloat16* sk = sq + FA_TILE;      // [2][FA_TILE]
+  __nv_bfloat16* sv = sk + 2 * FA_TILE;  // [2][FA_TILE]
+  const __nv_bfloat16* k_cache = (const __nv_bfloat16*)p.k_cache;
+  const __nv_bfloat16* v_cache = (const __nv_bfloat16*)p.v_cache;
+  const int nh = p.nkv * G;
+  const FlashTile t = flash_tile<G>(p);
+  const int lane = threadIdx.x % 32, wrow = (threadIdx.x / 32) * 16;
+  const int gr = lane / 4, tq = lane % 4;
+  const int pos0 = t.q_first + (wrow + gr) / G, pos1 = t.q_first + (wrow + gr + 8) / G;
+
+  FlashLoader ld(threadIdx.x);
+  ld.q<G>((const __nv_bfloat16*)p.q, t, nh, sq);
+  ld.slots(t, 0, p.block_size);
+  ld.tile(k_cache, sk);
+  cp_async_commit();
+  ld.tile(v_cache, sv);
+  cp_async_commit();
+  cp_async_wait<1>();
+  fence_async_smem();
+  __syncthreads();
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  FlashRows st;
+
+  for (int j = 0; j < t.n_tiles; ++j) {
+    const int buf = j & 1;
+    const __nv_bfloat16* kt = sk + buf * FA_TILE;
+    const __nv_bfloat16* vt = sv + buf * FA_TILE;
+    if (j + 1 < t.n_tiles) {
+      ld.slots(t, j + 1, p.block_size);
+      ld.tile(k_cache, sk + (buf ^ 1) * FA_TILE);
+    }
+    cp_async_commit();
+
+    // S = Q K^T (64 rows x 64 keys for the warpgroup; 16 x 64 per warp).
+    float s[FA_BK / 8][4];
+#pragma unroll
+    for (int n = 0; n < FA_BK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    reg_fence(s);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) wgmma_s(s, k_major(sq, kk), k_major(kt, kk), kk);
+    wg_commit();
+    wg_wait();
+    reg_fence(s);
+
+    const int k0 = j * FA_BK;
+    uint32_t pf[FA_BK / 16][4];
+    flash_softmax(s, o, st, pf, k0, k0 + FA_BK - 1 > t.q_first, pos0, pos1, tq);
+
+    // V tile j is the older of the two groups in flight (K j+1 is the newer).
+    cp_async_wait<1>();
+    fence_async_smem();
+    __syncthreads();
+    if (j + 1 < t.n_tiles) ld.tile(v_cache, sv + (buf ^ 1) * FA_TILE);
+    cp_async_commit();
+
+    // O += P V.
+    reg_fence(o);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < FA_BK / 16; ++kk) wgmma_pv(o, pf[kk], mn_major(vt, kk));
+    wg_commit();
+    wg_wait();
+    reg_fence(o);
+
+    // K tile j + 1 is now the older group in flight.
+    cp_async_wait<1>();
+    fence_async_smem();
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  flash_store<G>(o, st, t, nh, sq, (__nv_bfloat16*)p.out);
+}
+
+#else
+
+template <int G>
+__device__ void flash_prefill_wgmma(const PrefillParams&) {
+  __trap();  // built for sm_90a only
+}
+
+#endif
+
+}  // namespace
+
+// Two blocks per SM (81 KB of shared memory each).
+#define PS_FLASH_PREFILL_SM90(G)                                                                 \
+  extern "C" __global__ void __launch_bounds__(THREADS, 2)                                      \
+      flash_prefill_sm90_g##G##_bf16(const PrefillParams p) {                                   \
+    pdl_entry();                                                                                \
+    flash_prefill_wgmma<G>(p);                                                                  \
+  }
+PS_FLASH_PREFILL_SM90(1)
+PS_FLASH_PREFILL_SM90(2)
+PS_FLASH_PREFILL_SM90(4)
+PS_FLASH_PREFILL_SM90(8)
