@@ -1,34 +1,39 @@
 // Shared by the flash prefill kernels (flash_prefill.cu: mma.sync, sm_80+; flash_prefill_sm90.cu:
 // wgmma, sm_90a): the block's tile of the prefill, the shared-memory layout of Q/K/V tiles,
 // the cp.async loads through the block table, the online softmax of one 64-key tile and the
-// output. A block of 4 warps (one warpgroup) takes FA_ROWS = 64 query rows: FA_ROWS / G
-// tokens of one sequence times the G query heads of one KV head (the GQA heads share every
-// K/V tile); warp w owns rows 16w .. 16w + 15, and each lane holds rows gr and gr + 8 of them
-// (gr = lane / 4) in the accumulator layout of mma.sync m16n8 (which is wgmma's, per warp).
+// output. A block of ROWS / 16 warps takes ROWS query rows (64: one warpgroup; 128: two):
+// ROWS / G tokens of one sequence times the G query heads of one KV head (the GQA heads and
+// all the block's tokens share every K/V tile); warp w owns rows 16w .. 16w + 15, and each lane
+// holds rows gr and gr + 8 of them (gr = lane / 4) in the accumulator layout of mma.sync m16n8
+// (which is wgmma's, per warp).
 #pragma once
 
 #include "attention.cuh"
 
 namespace {
 
-constexpr int FA_ROWS = 64;
 constexpr int FA_BK = 64;
-constexpr int FA_TILE = FA_BK * HD;  // elements of one Q, K or V tile
-// Q tile + two K tiles + two V tiles, plus 1 KB to align the tiles to 1024 bytes.
-constexpr int FA_SMEM = 5 * FA_TILE * 2 + 1024;
+constexpr int FA_TILE = FA_BK * HD;  // elements of one K or V tile
 constexpr float LOG2E = 1.4426950408889634f;
 
-static_assert(FA_ROWS == FA_BK, "Q, K and V tiles share one layout");
-// FLASH_PREFILL_SMEM in src/engine/cuda/kernels.rs.
-static_assert(FA_SMEM == 82944, "the host launches with 81 KB of dynamic shared memory");
+// Bytes of shared memory of a block of ROWS query rows: the Q tile, two K tiles and two V
+// tiles, plus 1 KB to align them to 1024 bytes (FLASH_PREFILL_SMEM_* in
+// src/engine/cuda/kernels.rs).
+template <int ROWS>
+constexpr int flash_smem_bytes() {
+  return (ROWS * HD + 4 * FA_TILE) * 2 + 1024;
+}
+static_assert(flash_smem_bytes<64>() == 82944, "the host launches 64-row blocks with 81 KB");
+static_assert(flash_smem_bytes<128>() == 99328, "the host launches 128-row blocks with 97 KB");
 
-// Element offset of (row, col) in a 64 x 128 bf16 tile in the canonical 128-byte-swizzled
-// K-major layout of wgmma: two halves of 64 columns (8 KB each); in a half, row r is 128
-// bytes at r * 128 and its 16-byte chunk c sits at chunk c ^ (r % 8). ldmatrix reads of 8
-// rows at one chunk hit 8 different bank groups, and a 1024-byte aligned tile is a valid
+// Element offset of (row, col) in a ROWS x 128 bf16 tile in the canonical 128-byte-swizzled
+// K-major layout of wgmma: two halves of 64 columns (ROWS * 128 bytes each); in a half, row r
+// is 128 bytes at r * 128 and its 16-byte chunk c sits at chunk c ^ (r % 8). ldmatrix reads
+// of 8 rows at one chunk hit 8 different bank groups, and a 1024-byte aligned tile is a valid
 // wgmma operand (K-major for Q and K, MN-major for V).
+template <int ROWS = FA_BK>
 __device__ __forceinline__ int sw128(int r, int c) {
-  return (c >> 6) * (FA_BK * 64) + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
+  return (c >> 6) * (ROWS * 64) + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -65,7 +70,7 @@ struct FlashTile {
   size_t head_base;
 };
 
-template <int G>
+template <int G, int ROWS>
 __device__ __forceinline__ FlashTile flash_tile(const PrefillParams& p) {
   FlashTile t;
   const int nkv = p.nkv, num_tiles = gridDim.x / nkv;
@@ -77,7 +82,7 @@ __device__ __forceinline__ FlashTile flash_tile(const PrefillParams& p) {
   const uint32_t q_len = p.seq_meta[4 * seq + 1];
   const int ctx = (int)p.seq_meta[4 * seq + 2];
   t.table = p.tables + p.seq_meta[4 * seq + 3];
-  t.tok = min(FA_ROWS / G, (int)(q_len - t.q_off));
+  t.tok = min(ROWS / G, (int)(q_len - t.q_off));
   t.q_first = ctx - (int)q_len + (int)t.q_off;
   t.kend = t.q_first + t.tok;
   t.n_tiles = (t.kend + FA_BK - 1) / FA_BK;
@@ -85,33 +90,36 @@ __device__ __forceinline__ FlashTile flash_tile(const PrefillParams& p) {
   return t;
 }
 
-// Thread tid's share of a tile load: 16-byte chunk lc of rows lr, lr + 8, ..., lr + 56.
+// Thread tid's share of a tile load by NT threads: 16-byte chunk lc of rows lr, lr + STEP, ...
+template <int NT>
 struct FlashLoader {
+  static constexpr int STEP = NT / 16;
+  static constexpr int N = FA_BK / STEP;  // rows of a K/V tile per thread
   int lc, lr;
-  size_t off[FA_BK / 8];  // element offsets in the caches of this thread's 8 rows
-  bool ok[FA_BK / 8];
+  size_t off[N];  // element offsets in the caches of this thread's rows
+  bool ok[N];
 
   __device__ __forceinline__ explicit FlashLoader(int tid) : lc(tid % 16), lr(tid / 16) {}
 
   // Q rows r = token * G + head of the block (zero rows past the chunk).
-  template <int G>
+  template <int G, int ROWS>
   __device__ __forceinline__ void q(const __nv_bfloat16* q, const FlashTile& t, int nh,
                                     __nv_bfloat16* dst) const {
 #pragma unroll
-    for (int x = 0; x < FA_ROWS / 8; ++x) {
-      int r = lr + 8 * x, i = r / G, g = r % G;
+    for (int x = 0; x < ROWS / STEP; ++x) {
+      int r = lr + STEP * x, i = r / G, g = r % G;
       bool valid = i < t.tok;
       const __nv_bfloat16* src =
           valid ? q + ((size_t)(t.row0 + t.q_off + i) * nh + t.kh * G + g) * HD + lc * 8 : q;
-      cp_async16(smem_addr(dst + sw128(r, lc * 8)), src, valid);
+      cp_async16(smem_addr(dst + sw128<ROWS>(r, lc * 8)), src, valid);
     }
   }
 
   // The cache slots of K/V tile j's rows (K and V share them); keys past kend read nothing.
   __device__ __forceinline__ void slots(const FlashTile& t, int j, int bs) {
 #pragma unroll
-    for (int x = 0; x < FA_BK / 8; ++x) {
-      int pos = j * FA_BK + lr + 8 * x;
+    for (int x = 0; x < N; ++x) {
+      int pos = j * FA_BK + lr + STEP * x;
       ok[x] = pos < t.kend;
       size_t slot = ok[x] ? (size_t)t.table[pos / bs] * bs + pos % bs : 0;
       off[x] = (t.head_base + slot) * HD + lc * 8;
@@ -120,8 +128,8 @@ struct FlashLoader {
 
   __device__ __forceinline__ void tile(const __nv_bfloat16* cache, __nv_bfloat16* dst) const {
 #pragma unroll
-    for (int x = 0; x < FA_BK / 8; ++x) {
-      int r = lr + 8 * x;
+    for (int x = 0; x < N; ++x) {
+      int r = lr + STEP * x;
       cp_async16(smem_addr(dst + sw128(r, lc * 8)), cache + off[x], ok[x]);
     }
   }
@@ -189,7 +197,7 @@ __device__ __forceinline__ void flash_softmax(float (&s)[FA_BK / 8][4], float (&
 
 // The output o / l of the warp's 16 rows, staged through its own rows of the Q tile (each
 // warp only ever read its own rows there) for 16-byte stores.
-template <int G>
+template <int G, int ROWS>
 __device__ __forceinline__ void flash_store(const float (&o)[HD / 8][4], FlashRows st,
                                             const FlashTile& t, int nh, __nv_bfloat16* sq,
                                             __nv_bfloat16* out) {
@@ -205,8 +213,8 @@ __device__ __forceinline__ void flash_store(const float (&o)[HD / 8][4], FlashRo
 #pragma unroll
   for (int n = 0; n < HD / 8; ++n) {
     int c = n * 8 + 2 * tq;
-    *reinterpret_cast<uint32_t*>(sq + sw128(wrow + gr, c)) = pack_bf16(o[n][0] * i0, o[n][1] * i0);
-    *reinterpret_cast<uint32_t*>(sq + sw128(wrow + gr + 8, c)) =
+    *reinterpret_cast<uint32_t*>(sq + sw128<ROWS>(wrow + gr, c)) = pack_bf16(o[n][0] * i0, o[n][1] * i0);
+    *reinterpret_cast<uint32_t*>(sq + sw128<ROWS>(wrow + gr + 8, c)) =
         pack_bf16(o[n][2] * i1, o[n][3] * i1);
   }
   __syncwarp();
@@ -216,7 +224,7 @@ __device__ __forceinline__ void flash_store(const float (&o)[HD / 8][4], FlashRo
     int i = r / G, g = r % G;
     if (i < t.tok) {
       __nv_bfloat16* dst = out + ((size_t)(t.row0 + t.q_off + i) * nh + t.kh * G + g) * HD + c;
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(sq + sw128(r, c));
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(sq + sw128<ROWS>(r, c));
     }
   }
 }

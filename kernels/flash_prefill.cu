@@ -15,8 +15,8 @@
 // prompt costs O(P^2 / 64) tile reads, not one pass per query row.
 //
 // Parameters are `PrefillParams` (attention.cuh), with the same tiles / seq_meta / tables as the
-// other prefill kernels (tiles step by 64 / G query tokens). Dynamic shared memory: FA_SMEM
-// bytes (the host raises the function's limit above 48 KB).
+// other prefill kernels (tiles step by 64 / G query tokens). Dynamic shared memory:
+// flash_smem_bytes<64>() (the host raises the function's limit above 48 KB).
 
 #include "flash.cuh"
 
@@ -43,23 +43,25 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+constexpr int ROWS = 64;
+
 template <int G>
 __device__ void flash_prefill(const PrefillParams& p) {
   extern __shared__ __align__(1024) unsigned char fa_raw[];
   __nv_bfloat16* sq = flash_smem(fa_raw);
-  __nv_bfloat16* sk = sq + FA_TILE;      // [2][FA_TILE]
+  __nv_bfloat16* sk = sq + ROWS * HD;    // [2][FA_TILE]
   __nv_bfloat16* sv = sk + 2 * FA_TILE;  // [2][FA_TILE]
   const __nv_bfloat16* k_cache = (const __nv_bfloat16*)p.k_cache;
   const __nv_bfloat16* v_cache = (const __nv_bfloat16*)p.v_cache;
   const int nh = p.nkv * G;
-  const FlashTile t = flash_tile<G>(p);
+  const FlashTile t = flash_tile<G, ROWS>(p);
   const int lane = threadIdx.x % 32, wrow = (threadIdx.x / 32) * 16;
   const int gr = lane / 4, tq = lane % 4;
   const int pos0 = t.q_first + (wrow + gr) / G, pos1 = t.q_first + (wrow + gr + 8) / G;
 
   // Q with K tile 0 (group 0), V tile 0 (group 1).
-  FlashLoader ld(threadIdx.x);
-  ld.q<G>((const __nv_bfloat16*)p.q, t, nh, sq);
+  FlashLoader<THREADS> ld(threadIdx.x);
+  ld.q<G, ROWS>((const __nv_bfloat16*)p.q, t, nh, sq);
   ld.slots(t, 0, p.block_size);
   ld.tile(k_cache, sk);
   cp_async_commit();
@@ -72,7 +74,7 @@ __device__ void flash_prefill(const PrefillParams& p) {
 #pragma unroll
   for (int kk = 0; kk < HD / 16; ++kk) {
     int r = wrow + (lane & 7) + ((lane >> 3) & 1) * 8, c = kk * 16 + (lane >> 4) * 8;
-    ldsm_x4(smem_addr(sq + sw128(r, c)), qf[kk]);
+    ldsm_x4(smem_addr(sq + sw128<ROWS>(r, c)), qf[kk]);
   }
 
   float o[HD / 8][4];
@@ -134,7 +136,7 @@ __device__ void flash_prefill(const PrefillParams& p) {
     __syncthreads();
   }
   cp_async_wait<0>();
-  flash_store<G>(o, st, t, nh, sq, (__nv_bfloat16*)p.out);
+  flash_store<G, ROWS>(o, st, t, nh, sq, (__nv_bfloat16*)p.out);
 }
 
 }  // namespace

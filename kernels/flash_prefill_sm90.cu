@@ -2,14 +2,19 @@
 // design of flash_prefill.cu (flash.cuh: tiles, loads, online softmax, output) with the two
 // products on wgmma: S = Q K^T reads Q and K straight from shared memory (K-major,
 // 128-byte-swizzled tiles, one descriptor per 16-dim step), O += P V takes P from registers
-// and V from shared memory (MN-major: V is stored keys x dims, as the caches hold it). One
-// warpgroup (the block's 4 warps) owns the block's 64 query rows; each product is issued
-// asynchronously and waited for once per tile. Compiled for sm_90a only (build.rs); the host
+// and V from shared memory (MN-major: V is stored keys x dims, as the caches hold it). A block
+// is two warpgroups and 128 query rows (each warpgroup 64 of them): every K/V tile read from
+// L2 serves 128 rows, half the traffic of 64-row blocks, which bounded the 64-row kernel at
+// long prompts (~3.6 TB/s of K/V reads). Each product is issued asynchronously and waited
+// for once per tile. Compiled for sm_90a only (build.rs); the host
 // loads it on sm_90 GPUs and takes flash_prefill.cu elsewhere.
 
 #include "flash.cuh"
 
 namespace {
+
+constexpr int ROWS = 128;          // query rows of a block
+constexpr int NT = 2 * THREADS;    // two warpgroups
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -22,10 +27,11 @@ __device__ __forceinline__ uint64_t sw128_desc(const __nv_bfloat16* p, uint32_t 
          ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
 }
 
-// K-major operand (Q or K, 64 rows x 128 dims): 16-dim step kk starts 32 bytes into its
-// 64-dim half; 8-row groups are 1024 bytes apart.
-__device__ __forceinline__ uint64_t k_major(const __nv_bfloat16* tile, int kk) {
-  return sw128_desc(tile + (kk / 4) * (FA_BK * 64) + (kk % 4) * 16, 16, 1024);
+// K-major operand (64 rows of a tile of `rows` rows x 128 dims, from row r0): 16-dim step kk
+// starts 32 bytes into its 64-dim half; 8-row groups are 1024 bytes apart.
+__device__ __forceinline__ uint64_t k_major(const __nv_bfloat16* tile, int rows, int r0,
+                                            int kk) {
+  return sw128_desc(tile + (kk / 4) * (rows * 64) + r0 * 64 + (kk % 4) * 16, 16, 1024);
 }
 
 // MN-major operand (V, 64 keys x 128 dims): 16-key step kk starts at row 16 kk; the two
@@ -80,18 +86,19 @@ template <int G>
 __device__ void flash_prefill_wgmma(const PrefillParams& p) {
   extern __shared__ __align__(1024) unsigned char fa_raw[];
   __nv_bfloat16* sq = flash_smem(fa_raw);
-  __nv_bfloat16* sk = sq + FA_TILE;      // [2][FA_TILE]
+  __nv_bfloat16* sk = sq + ROWS * HD;    // [2][FA_TILE]
   __nv_bfloat16* sv = sk + 2 * FA_TILE;  // [2][FA_TILE]
   const __nv_bfloat16* k_cache = (const __nv_bfloat16*)p.k_cache;
   const __nv_bfloat16* v_cache = (const __nv_bfloat16*)p.v_cache;
   const int nh = p.nkv * G;
-  const FlashTile t = flash_tile<G>(p);
+  const FlashTile t = flash_tile<G, ROWS>(p);
   const int lane = threadIdx.x % 32, wrow = (threadIdx.x / 32) * 16;
   const int gr = lane / 4, tq = lane % 4;
   const int pos0 = t.q_first + (wrow + gr) / G, pos1 = t.q_first + (wrow + gr + 8) / G;
+  const int r0 = (threadIdx.x / 128) * 64;  // this warpgroup's first row
 
-  FlashLoader ld(threadIdx.x);
-  ld.q<G>((const __nv_bfloat16*)p.q, t, nh, sq);
+  FlashLoader<NT> ld(threadIdx.x);
+  ld.q<G, ROWS>((const __nv_bfloat16*)p.q, t, nh, sq);
   ld.slots(t, 0, p.block_size);
   ld.tile(k_cache, sk);
   cp_async_commit();
@@ -123,7 +130,7 @@ __device__ void flash_prefill_wgmma(const PrefillParams& p) {
     reg_fence(s);
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) wgmma_s(s, k_major(sq, kk), k_major(kt, kk), kk);
+    for (int kk = 0; kk < HD / 16; ++kk) wgmma_s(s, k_major(sq, ROWS, r0, kk), k_major(kt, FA_BK, 0, kk), kk);
     wg_commit();
     wg_wait();
     reg_fence(s);
@@ -154,7 +161,7 @@ __device__ void flash_prefill_wgmma(const PrefillParams& p) {
     __syncthreads();
   }
   cp_async_wait<0>();
-  flash_store<G>(o, st, t, nh, sq, (__nv_bfloat16*)p.out);
+  flash_store<G, ROWS>(o, st, t, nh, sq, (__nv_bfloat16*)p.out);
 }
 
 #else
@@ -168,14 +175,19 @@ __device__ void flash_prefill_wgmma(const PrefillParams&) {
 
 }  // namespace
 
-// Two blocks per SM (81 KB of shared memory each).
-#define PS_FLASH_PREFILL_SM90(G)                                                                 \
-  extern "C" __global__ void __launch_bounds__(THREADS, 2)                                      \
-      flash_prefill_sm90_g##G##_bf16(const PrefillParams p) {                                   \
+// Blocks of 8 warps and 97 KB of shared memory: one per SM (148 registers a thread), or two
+// (capped at 128 registers: ptxas spills 4 bytes), the `_x2` kernels.
+#define PS_FLASH_PREFILL_SM90(G, BLOCKS, SUFFIX)                                                 \
+  extern "C" __global__ void __launch_bounds__(NT, BLOCKS)                                      \
+      flash_prefill_sm90##SUFFIX##_g##G##_bf16(const PrefillParams p) {                         \
     pdl_entry();                                                                                \
     flash_prefill_wgmma<G>(p);                                                                  \
   }
-PS_FLASH_PREFILL_SM90(1)
-PS_FLASH_PREFILL_SM90(2)
-PS_FLASH_PREFILL_SM90(4)
-PS_FLASH_PREFILL_SM90(8)
+PS_FLASH_PREFILL_SM90(1, 1, )
+PS_FLASH_PREFILL_SM90(2, 1, )
+PS_FLASH_PREFILL_SM90(4, 1, )
+PS_FLASH_PREFILL_SM90(8, 1, )
+PS_FLASH_PREFILL_SM90(1, 2, _x2)
+PS_FLASH_PREFILL_SM90(2, 2, _x2)
+PS_FLASH_PREFILL_SM90(4, 2, _x2)
+PS_FLASH_PREFILL_SM90(8, 2, _x2)

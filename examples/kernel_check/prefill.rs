@@ -91,8 +91,13 @@ fn variants() -> [LaunchOptions; 3] {
 /// references: small ragged batches in full, long prompts and long cached prefixes by rows.
 pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let [flash, mma, wmma] = variants();
+    let x2 = LaunchOptions {
+        wgmma_prefill_x2: true,
+        ..flash
+    };
     for (dt, opts, kind) in [
         (DType::BF16, flash, "flash"),
+        (DType::BF16, x2, "flash-x2"),
         (DType::BF16, mma, "flash-mma"),
         (DType::BF16, wmma, "wmma"),
         (DType::F32, flash, "cuda-core"),
@@ -173,7 +178,16 @@ pub(super) fn timings(dev: &Device) -> Res<()> {
         (512, 32_768),
     ];
     let [flash, mma, wmma] = variants();
-    for (opts, kind) in [(flash, "flash"), (mma, "flash-mma"), (wmma, "wmma")] {
+    let x2 = LaunchOptions {
+        wgmma_prefill_x2: true,
+        ..flash
+    };
+    for (opts, kind) in [
+        (flash, "flash"),
+        (x2, "flash-x2"),
+        (mma, "flash-mma"),
+        (wmma, "wmma"),
+    ] {
         let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
         for &(q_len, ctx) in &cases {
             if kind == "wmma" && ctx > 16_384 && q_len == ctx {

@@ -5,7 +5,9 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Tensor};
 
-use super::kernels::{CudaKernels, DECODE_PARTITION, FLASH_PREFILL_SMEM, PREFILL_TILE};
+use super::kernels::{
+    CudaKernels, DECODE_PARTITION, FLASH_PREFILL_SMEM, FLASH_PREFILL_SMEM_SM90, PREFILL_TILE,
+};
 use super::launch::kernel_err;
 use super::params::{DecodeGeometry, DecodeParams, FusedDecodeParams, PrefillParams};
 
@@ -340,10 +342,12 @@ impl CudaKernels {
     }
 
     /// Query tokens per prefill tile for a GQA group of `g` (the `tiles` the prefill kernel
-    /// takes step by this): 64 query rows per block on tensor cores, 16 tokens otherwise.
+    /// takes step by this): 128 query rows per block on warpgroup MMA, 64 on the other tensor
+    /// core kernels, 16 tokens on CUDA cores.
     pub fn prefill_tile(&self, g: usize) -> usize {
+        let rows = if self.prefill_wgmma { 128 } else { 64 };
         match self.prefill_tc {
-            Some(_) => (64 / g.max(1)).max(1),
+            Some(_) => (rows / g.max(1)).max(1),
             None => PREFILL_TILE,
         }
     }
@@ -403,10 +407,15 @@ impl CudaKernels {
         };
         // The flash kernel takes one linear grid (KV head fastest, tiles longest-first).
         let cfg = if flash.is_some() {
+            let (threads, smem) = if self.prefill_wgmma {
+                (256, FLASH_PREFILL_SMEM_SM90)
+            } else {
+                (128, FLASH_PREFILL_SMEM)
+            };
             LaunchConfig {
                 grid_dim: ((num_tiles * nkv) as u32, 1, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: FLASH_PREFILL_SMEM as u32,
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: smem as u32,
             }
         } else {
             LaunchConfig {

@@ -40,6 +40,8 @@ pub(crate) const PREFILL_TILE: usize = 16;
 /// Dynamic shared memory of a flash prefill block (`FA_SMEM` in `kernels/flash.cuh`: a 64-row
 /// Q tile and two 64-key K and V tiles of 128 bf16 dims, plus 1 KB to align them to 1024).
 pub(crate) const FLASH_PREFILL_SMEM: usize = 82944;
+/// The same for the 128-row blocks of the warpgroup-MMA kernel (`flash_smem_bytes<128>()`).
+pub(crate) const FLASH_PREFILL_SMEM_SM90: usize = 99328;
 
 /// Which launch paths the kernels take where the hardware allows them (the kernel half of the
 /// engine's `KernelOptions`).
@@ -55,6 +57,9 @@ pub struct LaunchOptions {
     pub flash_prefill: bool,
     /// The flash prefill on warpgroup MMA where the GPU has it (sm_90).
     pub wgmma_prefill: bool,
+    /// Two warpgroup-MMA prefill blocks per SM (registers capped at 128 a thread) instead of
+    /// one.
+    pub wgmma_prefill_x2: bool,
     /// Programmatic dependent launch (sm_90+).
     pub pdl: bool,
 }
@@ -67,6 +72,7 @@ impl Default for LaunchOptions {
             clusters: true,
             flash_prefill: true,
             wgmma_prefill: true,
+            wgmma_prefill_x2: false,
             pdl: true,
         }
     }
@@ -102,6 +108,8 @@ pub struct CudaKernels {
     /// The flash prefill kernels (bf16, `LaunchOptions::flash_prefill`), for GQA groups 1, 2,
     /// 4, 8.
     pub(super) prefill_flash: Option<[CudaFunction; 4]>,
+    /// Whether `prefill_flash` is the warpgroup-MMA kernel (128-row blocks of 256 threads).
+    pub(super) prefill_wgmma: bool,
     /// Skinny matmuls for 1..=GEMV_MAX_ROWS rows: plain, fused with SiLU*up, and both
     /// behind a fused add+RMSNorm (bf16 only; None without `LaunchOptions::gemv`).
     pub(super) gemv: Option<[Vec<CudaFunction>; 4]>,
@@ -162,7 +170,11 @@ impl CudaKernels {
         } else {
             load(FLASH_PREFILL, "flash_prefill")?
         };
-        let flash = if wgmma { "flash_prefill_sm90" } else { "flash_prefill" };
+        let flash = match (wgmma, opts.wgmma_prefill_x2) {
+            (true, false) => "flash_prefill_sm90",
+            (true, true) => "flash_prefill_sm90_x2",
+            _ => "flash_prefill",
+        };
         let layer_ops = load(LAYER_OPS, "layer_ops")?;
         let gemv_mod = load(GEMV, "gemv")?;
         let f = |m: &Arc<CudaModule>, name: &str| {
@@ -205,10 +217,15 @@ impl CudaKernels {
                     f(&flash_mod, &format!("{flash}_g8_bf16"))?,
                 ];
                 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
+                let smem = if wgmma {
+                    FLASH_PREFILL_SMEM_SM90
+                } else {
+                    FLASH_PREFILL_SMEM
+                };
                 for func in &fs {
                     func.set_attribute(
                         A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        FLASH_PREFILL_SMEM as i32,
+                        smem as i32,
                     )
                     .map_err(|e| kernel_err("flash_prefill shared memory", e))?;
                 }
@@ -216,6 +233,7 @@ impl CudaKernels {
             } else {
                 None
             },
+            prefill_wgmma: wgmma && dtype == DType::BF16 && opts.flash_prefill,
             decode: [
                 f(&decode_mod, &format!("paged_decode_g1_{s}"))?,
                 f(&decode_mod, &format!("paged_decode_g2_{s}"))?,

@@ -62,6 +62,7 @@ pub fn kernels_for(
         flash_prefill: opts.flash_prefill,
         wgmma_prefill: opts.wgmma_prefill,
         pdl: opts.pdl,
+        ..LaunchOptions::default()
     };
     CudaKernels::new(device, dtype, &launch)
 }
