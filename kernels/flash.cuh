@@ -116,12 +116,16 @@ struct FlashLoader {
   }
 
   // The cache slots of K/V tile j's rows (K and V share them); keys past kend read nothing.
+  // A power-of-two block size (the engine's) divides by shifting.
   __device__ __forceinline__ void slots(const FlashTile& t, int j, int bs) {
+    const bool pow2 = (bs & (bs - 1)) == 0;
+    const int shift = __ffs(bs) - 1;
 #pragma unroll
     for (int x = 0; x < N; ++x) {
       int pos = j * FA_BK + lr + STEP * x;
       ok[x] = pos < t.kend;
-      size_t slot = ok[x] ? (size_t)t.table[pos / bs] * bs + pos % bs : 0;
+      int blk = pow2 ? pos >> shift : pos / bs, in = pow2 ? pos & (bs - 1) : pos % bs;
+      size_t slot = ok[x] ? (size_t)t.table[blk] * bs + in : 0;
       off[x] = (t.head_base + slot) * HD + lc * 8;
     }
   }
@@ -141,21 +145,22 @@ struct FlashRows {
 };
 
 // One tile of scores s (16 rows x 64 keys per warp, accumulator layout) into the online
-// softmax: base-2 scores, the causal mask on tiles that reach past the block's first query
-// position, the rescale of the output o, and P as bf16 A fragments of P V (the accumulator
-// layout of two 8-key blocks is the A layout of one 16-key step). pos0 / pos1 are the
-// positions of the lane's rows (rows past the chunk never mask: their scores stay finite
-// and their output is not written).
+// softmax: the causal mask on tiles that reach past the block's first query position, the
+// rescale of the output o, and P as bf16 A fragments of P V (the accumulator layout of two
+// 8-key blocks is the A layout of one 16-key step). Maxima stay in the scores' units; each
+// exponential is one FFMA into exp2. pos0 / pos1 are the positions of the lane's rows (rows
+// past the chunk never mask: their scores stay finite and their output is not written).
 __device__ __forceinline__ void flash_softmax(float (&s)[FA_BK / 8][4], float (&o)[HD / 8][4],
                                               FlashRows& st, uint32_t (&pf)[FA_BK / 16][4],
                                               int k0, bool masked, int pos0, int pos1, int tq) {
+  if (masked) {
 #pragma unroll
-  for (int n = 0; n < FA_BK / 8; ++n) {
+    for (int n = 0; n < FA_BK / 8; ++n) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      int key = k0 + n * 8 + 2 * tq + (e & 1);
-      float v = s[n][e] * LOG2E;
-      s[n][e] = masked && key > (e < 2 ? pos0 : pos1) ? -INFINITY : v;
+      for (int e = 0; e < 4; ++e) {
+        int key = k0 + n * 8 + 2 * tq + (e & 1);
+        if (key > (e < 2 ? pos0 : pos1)) s[n][e] = -INFINITY;
+      }
     }
   }
   float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -171,8 +176,8 @@ __device__ __forceinline__ void flash_softmax(float (&s)[FA_BK / 8][4], float (&
   }
   const float mn0 = fmaxf(st.m0, mx0), mn1 = fmaxf(st.m1, mx1);
   // A row with no key yet keeps base 0 (its exponentials are all 0 and stay finite).
-  const float b0 = mn0 == -INFINITY ? 0.f : mn0, b1 = mn1 == -INFINITY ? 0.f : mn1;
-  const float c0 = exp2f(st.m0 - b0), c1 = exp2f(st.m1 - b1);
+  const float b0 = mn0 == -INFINITY ? 0.f : mn0 * LOG2E, b1 = mn1 == -INFINITY ? 0.f : mn1 * LOG2E;
+  const float c0 = exp2f(fmaf(st.m0, LOG2E, -b0)), c1 = exp2f(fmaf(st.m1, LOG2E, -b1));
   st.m0 = mn0;
   st.m1 = mn1;
   st.l0 *= c0;
@@ -186,8 +191,8 @@ __device__ __forceinline__ void flash_softmax(float (&s)[FA_BK / 8][4], float (&
   }
 #pragma unroll
   for (int n = 0; n < FA_BK / 8; ++n) {
-    float p0 = exp2f(s[n][0] - b0), p1 = exp2f(s[n][1] - b0);
-    float p2 = exp2f(s[n][2] - b1), p3 = exp2f(s[n][3] - b1);
+    float p0 = exp2f(fmaf(s[n][0], LOG2E, -b0)), p1 = exp2f(fmaf(s[n][1], LOG2E, -b0));
+    float p2 = exp2f(fmaf(s[n][2], LOG2E, -b1)), p3 = exp2f(fmaf(s[n][3], LOG2E, -b1));
     st.l0 += p0 + p1;
     st.l1 += p2 + p3;
     pf[n / 2][(n & 1) * 2] = pack_bf16(p0, p1);

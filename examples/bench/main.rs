@@ -11,8 +11,10 @@
 
 mod agent;
 mod bare;
+mod mixed;
 
 use agent::agent_workload;
+use mixed::mixed_latency;
 use bare::{nccl_selftest, profile_steps, tp_link};
 
 use std::collections::HashMap;
@@ -97,6 +99,9 @@ struct Args {
     /// Token budget of one step (`EngineOptions::max_batched_tokens`).
     #[arg(long, default_value_t = policy_serve::engine::defaults::MAX_BATCHED_TOKENS)]
     max_batched_tokens: usize,
+    /// Also measure decode latency while one `--prompt`-token prompt prefills (8 streams).
+    #[arg(long)]
+    mixed: bool,
     /// Pipelined decode (`EngineOptions::pipelined_decode`).
     #[arg(long)]
     pipelined_decode: bool,
@@ -320,6 +325,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
 
+    if a.mixed {
+        mixed_latency(&engine, a.prompt, a.prefill_chunk)?;
+    }
     decode_rows(&engine, &a, "ours")?;
     if a.compare_eager {
         // The same rows with decode steps run eagerly (no CUDA graphs), in this run.

@@ -91,13 +91,13 @@ fn variants() -> [LaunchOptions; 3] {
 /// references: small ragged batches in full, long prompts and long cached prefixes by rows.
 pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let [flash, mma, wmma] = variants();
-    let x2 = LaunchOptions {
-        wgmma_prefill_x2: true,
+    let x1 = LaunchOptions {
+        wgmma_prefill_x2: false,
         ..flash
     };
     for (dt, opts, kind) in [
         (DType::BF16, flash, "flash"),
-        (DType::BF16, x2, "flash-x2"),
+        (DType::BF16, x1, "flash-x1"),
         (DType::BF16, mma, "flash-mma"),
         (DType::BF16, wmma, "wmma"),
         (DType::F32, flash, "cuda-core"),
@@ -178,13 +178,13 @@ pub(super) fn timings(dev: &Device) -> Res<()> {
         (512, 32_768),
     ];
     let [flash, mma, wmma] = variants();
-    let x2 = LaunchOptions {
-        wgmma_prefill_x2: true,
+    let x1 = LaunchOptions {
+        wgmma_prefill_x2: false,
         ..flash
     };
     for (opts, kind) in [
         (flash, "flash"),
-        (x2, "flash-x2"),
+        (x1, "flash-x1"),
         (mma, "flash-mma"),
         (wmma, "wmma"),
     ] {
