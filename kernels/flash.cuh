@@ -51,6 +51,14 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// 2^x in one MUFU instruction (exp2f adds range fix-ups for denormal results, which round to
+// 0 here anyway: probabilities below 2^-126 of the row maximum); 2^-inf = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
@@ -177,22 +185,26 @@ __device__ __forceinline__ void flash_softmax(float (&s)[FA_BK / 8][4], float (&
   const float mn0 = fmaxf(st.m0, mx0), mn1 = fmaxf(st.m1, mx1);
   // A row with no key yet keeps base 0 (its exponentials are all 0 and stay finite).
   const float b0 = mn0 == -INFINITY ? 0.f : mn0 * LOG2E, b1 = mn1 == -INFINITY ? 0.f : mn1 * LOG2E;
-  const float c0 = exp2f(fmaf(st.m0, LOG2E, -b0)), c1 = exp2f(fmaf(st.m1, LOG2E, -b1));
+  // The output is rescaled only when a row maximum of the warp grew (past the first tiles of
+  // a long prompt it rarely does).
+  if (__any_sync(0xffffffffu, mn0 != st.m0 || mn1 != st.m1)) {
+    const float c0 = fast_exp2(fmaf(st.m0, LOG2E, -b0)), c1 = fast_exp2(fmaf(st.m1, LOG2E, -b1));
+    st.l0 *= c0;
+    st.l1 *= c1;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      o[n][0] *= c0;
+      o[n][1] *= c0;
+      o[n][2] *= c1;
+      o[n][3] *= c1;
+    }
+  }
   st.m0 = mn0;
   st.m1 = mn1;
-  st.l0 *= c0;
-  st.l1 *= c1;
-#pragma unroll
-  for (int n = 0; n < HD / 8; ++n) {
-    o[n][0] *= c0;
-    o[n][1] *= c0;
-    o[n][2] *= c1;
-    o[n][3] *= c1;
-  }
 #pragma unroll
   for (int n = 0; n < FA_BK / 8; ++n) {
-    float p0 = exp2f(fmaf(s[n][0], LOG2E, -b0)), p1 = exp2f(fmaf(s[n][1], LOG2E, -b0));
-    float p2 = exp2f(fmaf(s[n][2], LOG2E, -b1)), p3 = exp2f(fmaf(s[n][3], LOG2E, -b1));
+    float p0 = fast_exp2(fmaf(s[n][0], LOG2E, -b0)), p1 = fast_exp2(fmaf(s[n][1], LOG2E, -b0));
+    float p2 = fast_exp2(fmaf(s[n][2], LOG2E, -b1)), p3 = fast_exp2(fmaf(s[n][3], LOG2E, -b1));
     st.l0 += p0 + p1;
     st.l1 += p2 + p3;
     pf[n / 2][(n & 1) * 2] = pack_bf16(p0, p1);

@@ -24,6 +24,11 @@ run 1.7b-32000 --model-dir /tmp/m-1.7b --prompt 32000
 run 0.6b-32000-mma --model-dir /tmp/m-0.6b --prompt 32000 --no-wgmma-prefill
 # Chunk size: the prompt's time alone and with 8 sequences decoding (the longest decode stall).
 for c in ${CHUNKS:-}; do run 0.6b-32000-mixed-chunk$c --model-dir /tmp/m-0.6b --prompt 32000 --batches 16 --mixed --prefill-chunk $c --max-batched-tokens $(( c + 256 )); grep -E "^ours mixed" "$OUT/bench-0.6b-32000-mixed-chunk$c.log" | tee -a "$S"; done
+if [ "${B8:-0}" = 1 ]; then
+  [ -d /tmp/m-8b ] || timeout 300 .gpu/bench --config tests/fixtures/qwen3/config-8b.json --write-model /tmp/m-8b > /dev/null 2>&1
+  for p in 2048 8192 32000; do run 8b-$p --model-dir /tmp/m-8b --prompt $p; done
+  timeout 150 python3 scripts/hf_prefill_bench.py tests/fixtures/qwen3/config-8b.json 2048,8192,32000 2>&1 | grep hf-prefill | tee -a "$S"
+fi
 if [ "${HF:-0}" = 1 ]; then
   timeout 150 python3 scripts/hf_prefill_bench.py tests/fixtures/qwen3/config-0.6b.json 2048,8192,16384,32000 2>&1 | grep hf-prefill | tee -a "$S"
   timeout 90 python3 scripts/hf_prefill_bench.py tests/fixtures/qwen3/config-1.7b.json 32000 2>&1 | grep hf-prefill | tee -a "$S"
