@@ -25,9 +25,9 @@ pub struct TensorSpec {
     pub role: TensorRole,
 }
 
-/// Every tensor of a Qwen3 checkpoint for `cfg` with tied embeddings (no `lm_head.weight`), in
-/// a fixed order: the embedding, then per layer q/k/v/o, q/k norms, gate/up/down, the two
-/// layer norms, then the final norm.
+/// Every tensor of a Qwen3 checkpoint for `cfg`, in a fixed order: the embedding, then per
+/// layer q/k/v/o, q/k norms, gate/up/down, the two layer norms, then the final norm, and
+/// `lm_head.weight` last when the config does not tie it to the embedding (Qwen3-8B and up).
 pub fn qwen3_tensor_specs(cfg: &ModelConfig) -> Vec<TensorSpec> {
     let (v, h, i) = (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size);
     let (nh, nkv, hd) = (
@@ -60,6 +60,9 @@ pub fn qwen3_tensor_specs(cfg: &ModelConfig) -> Vec<TensorSpec> {
         ]);
     }
     out.push(spec("model.norm.weight".into(), vec![h], TensorRole::Norm));
+    if !cfg.tie_word_embeddings {
+        out.push(spec("lm_head.weight".into(), vec![v, h], TensorRole::Matrix));
+    }
     out
 }
 
