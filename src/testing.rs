@@ -61,7 +61,11 @@ pub fn qwen3_tensor_specs(cfg: &ModelConfig) -> Vec<TensorSpec> {
     }
     out.push(spec("model.norm.weight".into(), vec![h], TensorRole::Norm));
     if !cfg.tie_word_embeddings {
-        out.push(spec("lm_head.weight".into(), vec![v, h], TensorRole::Matrix));
+        out.push(spec(
+            "lm_head.weight".into(),
+            vec![v, h],
+            TensorRole::Matrix,
+        ));
     }
     out
 }

@@ -14,8 +14,8 @@ mod bare;
 mod mixed;
 
 use agent::agent_workload;
-use mixed::mixed_latency;
 use bare::{nccl_selftest, profile_steps, tp_link};
+use mixed::mixed_latency;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -154,7 +154,9 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             let rows = [0, 1, 63, 64, q_len / 2, q_len - 2, q_len - 1];
             let e = prefill_rows_check(&k, dev, dt, q_len, ctx, nh, nkv, &rows)?;
             t.check(
-                format!("paged_prefill {kind} {dt:?} {q_len} over {ctx} (7 rows) nh {nh} nkv {nkv}"),
+                format!(
+                    "paged_prefill {kind} {dt:?} {q_len} over {ctx} (7 rows) nh {nh} nkv {nkv}"
+                ),
                 e,
                 tol(dt),
             );

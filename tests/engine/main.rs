@@ -125,6 +125,73 @@ fn chunked_prefill_and_step_by_step_decode_logits_equal_candle_transformers() {
     assert!(err <= 1e-4, "relative error {err}");
 }
 
+/// A prompt of 400 tokens (25 KV blocks of 16) prefilled in chunks of 48 (each attending to
+/// its cached prefix through the block table) and in one chunk: the same logits at every
+/// position. Mutation: a chunk that misses part of its cached prefix, or reads it from the
+/// wrong slots, changes the logits of every later position.
+#[test]
+fn long_prompt_prefilled_in_chunks_or_whole_gives_equal_logits() {
+    let tokens = prompt(400, 12);
+    let logits = |chunk: usize| {
+        let opts = EngineOptions {
+            prefill_chunk: chunk,
+            ..options()
+        };
+        let r = registry_with(opts);
+        let engine = r.model("tiny").unwrap().engine().clone();
+        engine.logits(tokens.clone()).unwrap()
+    };
+    let (chunked, whole) = (logits(48), logits(2048));
+    assert_eq!(chunked.len(), 400);
+    let err = max_rel_err(&chunked, &whole);
+    assert!(err <= 1e-5, "relative error {err}");
+    // Positive control: another prompt of the same length gives other logits.
+    let r = registry_with(options());
+    let other = r
+        .model("tiny")
+        .unwrap()
+        .engine()
+        .logits(prompt(400, 13))
+        .unwrap();
+    assert!(max_rel_err(&whole, &other) > 1e-2);
+}
+
+/// A prompt that shares its first 600 tokens (37 full blocks) with an earlier one reuses them
+/// from the prefix cache and prefills only its tail in chunks over that cached prefix; its
+/// greedy tokens equal those of an engine without the cache. Mutation: a tail chunk placed at
+/// the wrong positions or slots after a cache hit changes the tokens.
+#[test]
+fn long_prompt_over_a_cached_prefix_gives_the_tokens_of_no_cache() {
+    let first = prompt(700, 21);
+    let mut second = first[..600].to_vec();
+    second.extend(prompt(130, 22));
+    let greedy = |prefix_cache: bool| {
+        let opts = EngineOptions {
+            prefix_cache,
+            prefill_chunk: 64,
+            ..options()
+        };
+        let r = registry_with(opts);
+        let engine = r.model("tiny").unwrap().engine().clone();
+        let req = |p: &[u32]| {
+            let mut r = GenerationRequest::new(p.to_vec()).max_new_tokens(8);
+            r.ignore_eos = true;
+            r
+        };
+        engine.generate(req(&first)).unwrap();
+        let g = engine.generate(req(&second)).unwrap();
+        (g.tokens, g.cached_prompt_tokens)
+    };
+    let (cached, hit) = greedy(true);
+    let (plain, no_hit) = greedy(false);
+    assert!(
+        hit >= 592,
+        "the shared blocks came from the cache ({hit} tokens)"
+    );
+    assert_eq!(no_hit, 0);
+    assert_eq!(cached, plain);
+}
+
 #[test]
 fn greedy_generation_follows_the_reference_argmax() {
     let r = registry_with(options());

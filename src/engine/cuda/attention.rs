@@ -374,7 +374,12 @@ impl CudaKernels {
         let (nkv, num_slots, _) = k_cache.dims3()?;
         let g = nh / nkv.max(1);
         let flash = self.prefill_flash.as_ref().filter(|_| hd == 128);
-        let func = match (flash.or(self.prefill_tc.as_ref()), hd, nkv > 0 && nh % nkv == 0, g) {
+        let func = match (
+            flash.or(self.prefill_tc.as_ref()),
+            hd,
+            nkv > 0 && nh % nkv == 0,
+            g,
+        ) {
             (Some(tc), 128, true, 1) => &tc[0],
             (Some(tc), 128, true, 2) => &tc[1],
             (Some(tc), 128, true, 4) => &tc[2],

@@ -20,8 +20,7 @@ use crate::error::Result;
 static DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/decode.fatbin"));
 static FUSED_DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fused_decode.fatbin"));
 static PREFILL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/prefill.fatbin"));
-static FLASH_PREFILL: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/flash_prefill.fatbin"));
+static FLASH_PREFILL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/flash_prefill.fatbin"));
 static FLASH_PREFILL_SM90: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/flash_prefill_sm90.fatbin"));
 static LAYER_OPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/layer_ops.fatbin"));
