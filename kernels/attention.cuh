@@ -188,7 +188,15 @@ struct PrefillParams {
   long long num_slots;
   int block_size;
   int nkv;
+  // Split-KV (the warpgroup-MMA flash kernel only; 1 elsewhere): each block takes 1/splits of
+  // its tile's K/V tiles and writes unnormalized f32 outputs [splits][T][nh][128] and row
+  // (max, sum) pairs [splits][T][nh][2], which flash_merge combines into `out`.
+  float* part_o;
+  float* part_ml;
+  int splits;
+  int rows;  // rows of q / out (T), for the partials' layout
 };
-static_assert(sizeof(PrefillParams) == 72, "PrefillParams layout");
-static_assert(offsetof(PrefillParams, num_slots) == 56 && offsetof(PrefillParams, nkv) == 68,
+static_assert(sizeof(PrefillParams) == 96, "PrefillParams layout");
+static_assert(offsetof(PrefillParams, num_slots) == 56 && offsetof(PrefillParams, nkv) == 68 &&
+                  offsetof(PrefillParams, splits) == 88,
               "PrefillParams layout");

@@ -64,11 +64,11 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// The block's share of the prefill: grid = tiles x KV heads, KV head fastest, tiles
-// longest-first (the last tile of the tiles list, the end of a prompt, launches first, so the
-// causal triangle leaves no tail of long blocks at the end of the grid).
+// The block's share of the prefill: grid = tiles x KV heads x splits, split fastest, then KV
+// head, tiles longest-first (the last tile of the tiles list, the end of a prompt, launches
+// first, so the causal triangle leaves no tail of long blocks at the end of the grid).
 struct FlashTile {
-  int kh;
+  int kh, split;
   uint32_t row0, q_off;
   int tok;      // query tokens of this block
   int q_first;  // position of its first query token
@@ -79,11 +79,13 @@ struct FlashTile {
 };
 
 template <int G, int ROWS>
-__device__ __forceinline__ FlashTile flash_tile(const PrefillParams& p) {
+__device__ __forceinline__ FlashTile flash_tile(const PrefillParams& p, int splits) {
   FlashTile t;
-  const int nkv = p.nkv, num_tiles = gridDim.x / nkv;
-  t.kh = blockIdx.x % nkv;
-  const int tile = num_tiles - 1 - (int)(blockIdx.x / nkv);
+  const int nkv = p.nkv, num_tiles = gridDim.x / (nkv * splits);
+  const int rest = blockIdx.x / splits;
+  t.split = blockIdx.x % splits;
+  t.kh = rest % nkv;
+  const int tile = num_tiles - 1 - rest / nkv;
   const uint32_t seq = p.tiles[2 * tile];
   t.q_off = p.tiles[2 * tile + 1];
   t.row0 = p.seq_meta[4 * seq];
@@ -243,6 +245,79 @@ __device__ __forceinline__ void flash_store(const float (&o)[HD / 8][4], FlashRo
       __nv_bfloat16* dst = out + ((size_t)(t.row0 + t.q_off + i) * nh + t.kh * G + g) * HD + c;
       *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(sq + sw128<ROWS>(r, c));
     }
+  }
+}
+
+// The K/V tiles [j0, j1) of split `t.split` of `splits` (all of them for one split).
+__device__ __forceinline__ void flash_split_range(const FlashTile& t, int splits, int& j0,
+                                                  int& j1) {
+  const int per = (t.n_tiles + splits - 1) / splits;
+  j0 = min(t.n_tiles, t.split * per);
+  j1 = min(t.n_tiles, j0 + per);
+}
+
+// A split's unnormalized output and its rows' (max, sum) into the f32 partials of `p` (rows
+// past the chunk are skipped); flash_merge combines them.
+template <int G>
+__device__ __forceinline__ void flash_store_partial(const float (&o)[HD / 8][4], FlashRows st,
+                                                    const FlashTile& t, const PrefillParams& p) {
+  const int lane = threadIdx.x % 32, wrow = (threadIdx.x / 32) * 16;
+  const int gr = lane / 4, tq = lane % 4, nh = p.nkv * G;
+  const int T = p.rows;
+#pragma unroll
+  for (int x = 1; x < 4; x <<= 1) {
+    st.l0 += __shfl_xor_sync(0xffffffffu, st.l0, x);
+    st.l1 += __shfl_xor_sync(0xffffffffu, st.l1, x);
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = wrow + gr + 8 * half, i = r / G, g = r % G;
+    if (i >= t.tok) continue;
+    const size_t row = ((size_t)t.split * T + t.row0 + t.q_off + i) * nh + t.kh * G + g;
+    float* po = p.part_o + row * HD;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n)
+      *reinterpret_cast<float2*>(po + n * 8 + 2 * tq) =
+          make_float2(o[n][2 * half], o[n][2 * half + 1]);
+    if (tq == 0)
+      *reinterpret_cast<float2*>(p.part_ml + row * 2) =
+          half ? make_float2(st.m1, st.l1) : make_float2(st.m0, st.l0);
+  }
+}
+
+// out = the splits' outputs combined: each weighted by 2^((m_s - M) log2 e), divided by the
+// weighted sum. One block per (tile, KV head) of the prefill launch (so only prefill rows are
+// touched, never the decode rows of a mixed step), a warp per row, 4 dims a lane.
+template <int G, int ROWS>
+__device__ __forceinline__ void flash_merge(const PrefillParams& p) {
+  const int nkv = p.nkv, nh = nkv * G, T = p.rows;
+  const int kh = blockIdx.x % nkv, tile = blockIdx.x / nkv;
+  const uint32_t seq = p.tiles[2 * tile], q_off = p.tiles[2 * tile + 1];
+  const uint32_t row0 = p.seq_meta[4 * seq], q_len = p.seq_meta[4 * seq + 1];
+  const int tok = min(ROWS / G, (int)(q_len - q_off));
+  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int r = threadIdx.x / 32; r < ROWS; r += warps) {
+    const int i = r / G, g = r % G;
+    if (i >= tok) break;
+    const size_t base = ((size_t)(row0 + q_off + i)) * nh + kh * G + g;
+    float M = -INFINITY;
+    for (int s = 0; s < p.splits; ++s) M = fmaxf(M, p.part_ml[((size_t)s * T * nh + base) * 2]);
+    float L = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int s = 0; s < p.splits; ++s) {
+      const size_t row = (size_t)s * T * nh + base;
+      const float2 ml = *reinterpret_cast<const float2*>(p.part_ml + row * 2);
+      const float w = ml.x == -INFINITY ? 0.f : fast_exp2((ml.x - M) * LOG2E);
+      L += ml.y * w;
+      const float4 v = *reinterpret_cast<const float4*>(p.part_o + row * HD + lane * 4);
+      acc[0] += v.x * w;
+      acc[1] += v.y * w;
+      acc[2] += v.z * w;
+      acc[3] += v.w * w;
+    }
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+    __nv_bfloat16* dst = (__nv_bfloat16*)p.out + base * HD + lane * 4;
+    *reinterpret_cast<uint32_t*>(dst) = pack_bf16(acc[0] * inv, acc[1] * inv);
+    *reinterpret_cast<uint32_t*>(dst + 2) = pack_bf16(acc[2] * inv, acc[3] * inv);
   }
 }
 

@@ -54,7 +54,7 @@ __device__ void flash_prefill(const PrefillParams& p) {
   const __nv_bfloat16* k_cache = (const __nv_bfloat16*)p.k_cache;
   const __nv_bfloat16* v_cache = (const __nv_bfloat16*)p.v_cache;
   const int nh = p.nkv * G;
-  const FlashTile t = flash_tile<G, ROWS>(p);
+  const FlashTile t = flash_tile<G, ROWS>(p, 1);
   const int lane = threadIdx.x % 32, wrow = (threadIdx.x / 32) * 16;
   const int gr = lane / 4, tq = lane % 4;
   const int pos0 = t.q_first + (wrow + gr) / G, pos1 = t.q_first + (wrow + gr + 8) / G;

@@ -91,7 +91,10 @@ __device__ void flash_prefill_wgmma(const PrefillParams& p) {
   const __nv_bfloat16* k_cache = (const __nv_bfloat16*)p.k_cache;
   const __nv_bfloat16* v_cache = (const __nv_bfloat16*)p.v_cache;
   const int nh = p.nkv * G;
-  const FlashTile t = flash_tile<G, ROWS>(p);
+  const int splits = max(p.splits, 1);
+  const FlashTile t = flash_tile<G, ROWS>(p, splits);
+  int j0, j1;
+  flash_split_range(t, splits, j0, j1);
   const int lane = threadIdx.x % 32, wrow = (threadIdx.x / 32) * 16;
   const int gr = lane / 4, tq = lane % 4;
   const int pos0 = t.q_first + (wrow + gr) / G, pos1 = t.q_first + (wrow + gr + 8) / G;
@@ -99,7 +102,7 @@ __device__ void flash_prefill_wgmma(const PrefillParams& p) {
 
   FlashLoader<NT> ld(threadIdx.x);
   ld.q<G, ROWS>((const __nv_bfloat16*)p.q, t, nh, sq);
-  ld.slots(t, 0, p.block_size);
+  ld.slots(t, j0, p.block_size);
   ld.tile(k_cache, sk);
   cp_async_commit();
   ld.tile(v_cache, sv);
@@ -113,11 +116,11 @@ __device__ void flash_prefill_wgmma(const PrefillParams& p) {
   for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   FlashRows st;
 
-  for (int j = 0; j < t.n_tiles; ++j) {
-    const int buf = j & 1;
+  for (int j = j0; j < j1; ++j) {
+    const int buf = (j - j0) & 1;
     const __nv_bfloat16* kt = sk + buf * FA_TILE;
     const __nv_bfloat16* vt = sv + buf * FA_TILE;
-    if (j + 1 < t.n_tiles) {
+    if (j + 1 < j1) {
       ld.slots(t, j + 1, p.block_size);
       ld.tile(k_cache, sk + (buf ^ 1) * FA_TILE);
     }
@@ -143,7 +146,7 @@ __device__ void flash_prefill_wgmma(const PrefillParams& p) {
     cp_async_wait<1>();
     fence_async_smem();
     __syncthreads();
-    if (j + 1 < t.n_tiles) ld.tile(v_cache, sv + (buf ^ 1) * FA_TILE);
+    if (j + 1 < j1) ld.tile(v_cache, sv + (buf ^ 1) * FA_TILE);
     cp_async_commit();
 
     // O += P V.
@@ -161,7 +164,11 @@ __device__ void flash_prefill_wgmma(const PrefillParams& p) {
     __syncthreads();
   }
   cp_async_wait<0>();
-  flash_store<G, ROWS>(o, st, t, nh, sq, (__nv_bfloat16*)p.out);
+  if (splits > 1) {
+    flash_store_partial<G>(o, st, t, p);
+  } else {
+    flash_store<G, ROWS>(o, st, t, nh, sq, (__nv_bfloat16*)p.out);
+  }
 }
 
 #else
@@ -191,3 +198,15 @@ PS_FLASH_PREFILL_SM90(1, 2, _x2)
 PS_FLASH_PREFILL_SM90(2, 2, _x2)
 PS_FLASH_PREFILL_SM90(4, 2, _x2)
 PS_FLASH_PREFILL_SM90(8, 2, _x2)
+
+// The merge of split-KV partials (grid: tiles x KV heads, 256 threads).
+#define PS_FLASH_MERGE(G)                                                                        \
+  extern "C" __global__ void __launch_bounds__(NT)                                              \
+      flash_merge_g##G##_bf16(const PrefillParams p) {                                          \
+    pdl_entry();                                                                                \
+    flash_merge<G, ROWS>(p);                                                                    \
+  }
+PS_FLASH_MERGE(1)
+PS_FLASH_MERGE(2)
+PS_FLASH_MERGE(4)
+PS_FLASH_MERGE(8)

@@ -35,6 +35,7 @@ pub(super) fn prefill_rows_check(
         &Tensor::new(&meta[..], dev)?,
         &Tensor::new(table.as_slice(), dev)?,
         bs,
+        ctx,
         &out,
     )?;
     let slots: Vec<u32> = (0..ctx)
@@ -70,12 +71,16 @@ fn one_seq_tiles(
     (tiles, (0..ctx.div_ceil(bs) as u32).rev().collect())
 }
 
-/// The prefill kernels: the default flash kernel (wgmma on sm_90), the mma.sync flash kernel,
-/// the two-pass WMMA kernel.
-fn variants() -> [LaunchOptions; 3] {
+/// The prefill kernels: the default flash kernel (wgmma on sm_90), the same with split-KV,
+/// the mma.sync flash kernel, the two-pass WMMA kernel.
+fn variants() -> [LaunchOptions; 4] {
     let flash = LaunchOptions::default();
     [
         flash,
+        LaunchOptions {
+            split_kv: true,
+            ..flash
+        },
         LaunchOptions {
             wgmma_prefill: false,
             ..flash
@@ -90,13 +95,14 @@ fn variants() -> [LaunchOptions; 3] {
 /// Every prefill kernel (flash and two-pass WMMA for bf16, CUDA cores for f32) against the
 /// references: small ragged batches in full, long prompts and long cached prefixes by rows.
 pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
-    let [flash, mma, wmma] = variants();
+    let [flash, split, mma, wmma] = variants();
     let x1 = LaunchOptions {
         wgmma_prefill_x2: false,
         ..flash
     };
     for (dt, opts, kind) in [
         (DType::BF16, flash, "flash"),
+        (DType::BF16, split, "flash-split"),
         (DType::BF16, x1, "flash-x1"),
         (DType::BF16, mma, "flash-mma"),
         (DType::BF16, wmma, "wmma"),
@@ -179,13 +185,14 @@ pub(super) fn timings(dev: &Device) -> Res<()> {
         (2_048, 32_768),
         (512, 32_768),
     ];
-    let [flash, mma, wmma] = variants();
+    let [flash, split, mma, wmma] = variants();
     let x1 = LaunchOptions {
         wgmma_prefill_x2: false,
         ..flash
     };
     for (opts, kind) in [
         (flash, "flash"),
+        (split, "flash-split"),
         (x1, "flash-x1"),
         (mma, "flash-mma"),
         (wmma, "wmma"),
@@ -211,7 +218,7 @@ pub(super) fn timings(dev: &Device) -> Res<()> {
             for _ in 0..4 {
                 dev.synchronize()?;
                 let t0 = std::time::Instant::now();
-                k.paged_prefill_into(&q, &kc, &vc, &tiles, &meta, &table, bs, &out)?;
+                k.paged_prefill_into(&q, &kc, &vc, &tiles, &meta, &table, bs, ctx, &out)?;
                 dev.synchronize()?;
                 best = best.min(t0.elapsed().as_secs_f64());
             }
@@ -270,6 +277,7 @@ pub(super) fn prefill_check(
         &Tensor::new(meta.as_slice(), dev)?,
         &Tensor::new(tables.as_slice(), dev)?,
         bs,
+        specs.iter().map(|s| s.1).max().unwrap_or(0),
         &out,
     )?;
     let g = nh / nkv;

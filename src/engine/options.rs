@@ -30,6 +30,9 @@ pub struct KernelOptions {
     /// On sm_90 GPUs, the flash prefill on warpgroup MMA (`kernels/flash_prefill_sm90.cu`);
     /// off: the mma.sync flash prefill there too.
     pub wgmma_prefill: bool,
+    /// Split the keys of a prefill launch that would not fill the GPU (a short chunk over a
+    /// long prefix) across blocks and merge their partial outputs (warpgroup-MMA kernel).
+    pub split_kv: bool,
     /// Programmatic dependent launch for eager launches (sm_90+).
     pub pdl: bool,
     /// Programmatic dependent launch inside captured CUDA graphs too (with `pdl`).
@@ -48,6 +51,7 @@ impl Default for KernelOptions {
             clusters: true,
             flash_prefill: true,
             wgmma_prefill: true,
+            split_kv: false,
             pdl: true,
             graph_pdl: true,
             event_tracking: false,

@@ -367,10 +367,11 @@ impl CudaKernels {
         seq_meta: &Tensor,
         tables: &Tensor,
         block_size: usize,
+        max_keys: usize,
         out: &Tensor,
     ) -> Result<()> {
         self.check_dtype(q)?;
-        let (_, nh, hd) = q.dims3()?;
+        let (rows, nh, hd) = q.dims3()?;
         let (nkv, num_slots, _) = k_cache.dims3()?;
         let g = nh / nkv.max(1);
         let flash = self.prefill_flash.as_ref().filter(|_| hd == 128);
@@ -398,6 +399,29 @@ impl CudaKernels {
         if num_tiles == 0 {
             return Ok(());
         }
+        // Split-KV when the blocks would not fill the GPU and the keys are many (a short
+        // chunk over a long prefix): partial outputs in f32, merged by a second launch.
+        let merge = self
+            .prefill_merge
+            .as_ref()
+            .filter(|_| flash.is_some() && matches!(g, 1 | 2 | 4 | 8));
+        let splits = match merge {
+            Some(_) => prefill_splits(num_tiles * nkv, max_keys, self.sms),
+            None => 1,
+        };
+        let parts = if splits > 1 {
+            let dev = q.device();
+            Some((
+                Tensor::zeros((splits, rows, nh, hd), DType::F32, dev)?,
+                Tensor::zeros((splits, rows, nh, 2), DType::F32, dev)?,
+            ))
+        } else {
+            None
+        };
+        let (part_o, part_ml) = match &parts {
+            Some((o, ml)) => (self.ptr(o)?, self.ptr(ml)?),
+            None => (0, 0),
+        };
         let params = PrefillParams {
             q: self.ptr(q)?,
             k_cache: self.ptr(k_cache)?,
@@ -409,8 +433,13 @@ impl CudaKernels {
             num_slots: num_slots as i64,
             block_size: block_size as i32,
             nkv: nkv as i32,
+            part_o,
+            part_ml,
+            splits: splits as i32,
+            rows: rows as i32,
         };
-        // The flash kernel takes one linear grid (KV head fastest, tiles longest-first).
+        // The flash kernel takes one linear grid (split fastest, then KV head, tiles
+        // longest-first).
         let cfg = if flash.is_some() {
             let (threads, smem) = if self.prefill_wgmma {
                 (256, FLASH_PREFILL_SMEM_SM90)
@@ -418,7 +447,7 @@ impl CudaKernels {
                 (128, FLASH_PREFILL_SMEM)
             };
             LaunchConfig {
-                grid_dim: ((num_tiles * nkv) as u32, 1, 1),
+                grid_dim: ((num_tiles * nkv * splits) as u32, 1, 1),
                 block_dim: (threads, 1, 1),
                 shared_mem_bytes: smem as u32,
             }
@@ -432,10 +461,35 @@ impl CudaKernels {
         let mut b = self.launcher(func);
         b.arg(&params);
         // SAFETY: `PrefillParams` is the kernel's one parameter (same layout, checked at
-        // compile time on both sides); the metadata was built for these caches and `out`.
+        // compile time on both sides); the metadata was built for these caches and `out`,
+        // the partials for `splits` x `rows`.
         unsafe { b.launch(cfg) }.w()?;
+        if let (Some(m), true) = (merge, splits > 1) {
+            let f = &m[g.trailing_zeros() as usize];
+            let mut b = self.launcher(f);
+            b.arg(&params);
+            let cfg = LaunchConfig {
+                grid_dim: ((num_tiles * nkv) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: as above; the partials were written by the launch before it.
+            unsafe { b.launch(cfg) }.w()?;
+        }
         Ok(())
     }
+}
+
+/// Splits of the keys for a flash prefill launch of `blocks` blocks whose longest sequence
+/// has `max_keys` keys, on a GPU of `sms` SMs (two blocks each): enough to fill the GPU twice
+/// over, each split at least 8 K/V tiles (512 keys), at most 16; 1 when the blocks fill it.
+pub(crate) fn prefill_splits(blocks: usize, max_keys: usize, sms: usize) -> usize {
+    let slots = 2 * sms.max(1);
+    if blocks == 0 || blocks >= slots {
+        return 1;
+    }
+    let want = (2 * slots).div_ceil(blocks);
+    want.min(max_keys / 512).clamp(1, 16)
 }
 
 /// The partial buffers of a decode launch in `splits` partitions: the scratch when there are

@@ -59,6 +59,9 @@ pub struct LaunchOptions {
     /// Two warpgroup-MMA prefill blocks per SM (registers capped at 128 a thread) instead of
     /// one: 360 vs 284 TFLOP/s of attention at 32k on the H200 (BENCHMARKS.md).
     pub wgmma_prefill_x2: bool,
+    /// Split the keys of a warpgroup-MMA prefill launch that would not fill the GPU (a short
+    /// chunk over a long prefix) across blocks, merging their partial outputs.
+    pub split_kv: bool,
     /// Programmatic dependent launch (sm_90+).
     pub pdl: bool,
 }
@@ -72,6 +75,7 @@ impl Default for LaunchOptions {
             flash_prefill: true,
             wgmma_prefill: true,
             wgmma_prefill_x2: true,
+            split_kv: false,
             pdl: true,
         }
     }
@@ -109,6 +113,10 @@ pub struct CudaKernels {
     pub(super) prefill_flash: Option<[CudaFunction; 4]>,
     /// Whether `prefill_flash` is the warpgroup-MMA kernel (128-row blocks of 256 threads).
     pub(super) prefill_wgmma: bool,
+    /// The merge of split-KV partials of the warpgroup-MMA prefill, GQA groups 1, 2, 4, 8.
+    pub(super) prefill_merge: Option<[CudaFunction; 4]>,
+    /// Streaming multiprocessors of the GPU.
+    pub(super) sms: usize,
     /// Skinny matmuls for 1..=GEMV_MAX_ROWS rows: plain, fused with SiLU*up, and both
     /// behind a fused add+RMSNorm (bf16 only; None without `LaunchOptions::gemv`).
     pub(super) gemv: Option<[Vec<CudaFunction>; 4]>,
@@ -160,6 +168,12 @@ impl CudaKernels {
         };
         // Clusters and PDL from sm_90 on; the sm_90a machine code (wgmma) on sm_90 only.
         let hopper = major >= 9;
+        let sms = {
+            use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute as A;
+            ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .unwrap_or(1)
+                .max(1) as usize
+        };
         let wgmma = (major, minor) == (9, 0) && opts.wgmma_prefill;
         let decode_mod = load(DECODE, "decode")?;
         let fused_mod = load(FUSED_DECODE, "fused_decode")?;
@@ -233,6 +247,18 @@ impl CudaKernels {
                 None
             },
             prefill_wgmma: wgmma && dtype == DType::BF16 && opts.flash_prefill,
+            prefill_merge: if wgmma && dtype == DType::BF16 && opts.flash_prefill && opts.split_kv
+            {
+                Some([
+                    f(&flash_mod, "flash_merge_g1_bf16")?,
+                    f(&flash_mod, "flash_merge_g2_bf16")?,
+                    f(&flash_mod, "flash_merge_g4_bf16")?,
+                    f(&flash_mod, "flash_merge_g8_bf16")?,
+                ])
+            } else {
+                None
+            },
+            sms,
             decode: [
                 f(&decode_mod, &format!("paged_decode_g1_{s}"))?,
                 f(&decode_mod, &format!("paged_decode_g2_{s}"))?,

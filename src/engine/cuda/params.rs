@@ -97,13 +97,17 @@ pub(super) struct PrefillParams {
     pub(super) num_slots: i64,
     pub(super) block_size: i32,
     pub(super) nkv: i32,
+    pub(super) part_o: u64,
+    pub(super) part_ml: u64,
+    pub(super) splits: i32,
+    pub(super) rows: i32,
 }
 
 // The sizes `kernels/attention.cuh` asserts for the same structs (a field added on one side
 // only fails the build).
 const _: () = assert!(std::mem::size_of::<DecodeParams>() == 96);
 const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 152);
-const _: () = assert!(std::mem::size_of::<PrefillParams>() == 72);
+const _: () = assert!(std::mem::size_of::<PrefillParams>() == 96);
 const _: () = {
     use std::mem::offset_of;
     assert!(offset_of!(DecodeParams, geometry) == 64);
@@ -111,6 +115,7 @@ const _: () = {
     assert!(offset_of!(FusedDecodeParams, eps) == 144);
     assert!(offset_of!(PrefillParams, num_slots) == 56);
     assert!(offset_of!(PrefillParams, nkv) == 68);
+    assert!(offset_of!(PrefillParams, splits) == 88);
     assert!(offset_of!(DecodeGeometry, num_slots) == 8);
     assert!(offset_of!(DecodeGeometry, part) == 28);
 };

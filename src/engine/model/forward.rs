@@ -61,6 +61,7 @@ pub fn kernels_for(
         clusters: opts.clusters,
         flash_prefill: opts.flash_prefill,
         wgmma_prefill: opts.wgmma_prefill,
+        split_kv: opts.split_kv,
         pdl: opts.pdl,
         ..LaunchOptions::default()
     };

@@ -38,6 +38,8 @@ pub(crate) struct StepInputs {
     pub(crate) splits: usize,
     /// Prefill tiles, sequence metadata and block tables (`kernels/prefill.cu`).
     pub(crate) prefill: (Tensor, Tensor, Tensor),
+    /// The longest context among the prefill chunks (the keys the prefill attends to).
+    pub(crate) prefill_keys: usize,
 }
 
 /// The forward's activations: one buffer each, reused by every layer (on one stream a layer's
@@ -238,6 +240,12 @@ impl KernelForward<'_> {
             width: None,
             splits,
             prefill,
+            prefill_keys: seqs
+                .iter()
+                .filter(|s| s.q_len > 1)
+                .map(|s| s.context_len)
+                .max()
+                .unwrap_or(0),
         };
         let plan = AttnPlan::new(seqs, bs, dev, m.dtype(), true, prefill_kernel)?;
         let acts = Activations::new(k, m, t, nd, splits)?;
@@ -407,7 +415,8 @@ impl KernelForward<'_> {
                 t0 += n;
             }
             if prefill {
-                k.paged_prefill_into(q, kc, vc, tiles, meta, ptables, bs, out)?;
+                let keys = inputs.prefill_keys;
+                k.paged_prefill_into(q, kc, vc, tiles, meta, ptables, bs, keys, out)?;
             }
             return Ok(out.clone());
         }

@@ -232,6 +232,7 @@ impl DecodeGraphs {
             tables: at(4 * b + 1, b * self.max_width)?,
             splits: self.splits[self.buckets.iter().position(|&x| x == b).unwrap_or(0)],
             prefill: (ids.clone(), ids.clone(), ids.clone()),
+            prefill_keys: 0,
             ids,
         })
     }

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Split-KV prefill (#20): kernel_check (every prefill kernel, the split variant included, and
+# the attention timing table), then the agent workload with and without --split-kv.
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; S="$OUT/summary.txt"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+bash scripts/gpu_unpack.sh
+[ -d /tmp/m-0.6b ] || .gpu/bench --config tests/fixtures/qwen3/config-0.6b.json --write-model /tmp/m-0.6b > /dev/null 2>&1
+timeout 150 .gpu/kernel_check --model-dir /tmp/m-0.6b > "$OUT/kernel_check.log" 2>&1
+echo "kernel_check exit $?" | tee -a "$S"
+grep -E "FAIL|kernel-check|prefill-attention flash " "$OUT/kernel_check.log" | tee -a "$S"
+grep -E "prefill-attention flash-split" "$OUT/kernel_check.log" | tee -a "$S"
+for f in "" --split-kv; do
+  timeout 60 .gpu/bench --model-dir /tmp/m-0.6b --agent 64,10 --agent-only $f 2>&1 | grep "cache=on" | sed "s/^/split-kv=${f:-off} /" | tee -a "$S"
+done
