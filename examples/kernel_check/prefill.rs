@@ -71,14 +71,14 @@ fn one_seq_tiles(
     (tiles, (0..ctx.div_ceil(bs) as u32).rev().collect())
 }
 
-/// The prefill kernels: the default flash kernel (wgmma on sm_90), the same with split-KV,
-/// the mma.sync flash kernel, the two-pass WMMA kernel.
+/// The prefill kernels: the default flash kernel (wgmma on sm_90, split-KV for launches of
+/// few blocks), the same without split-KV, the mma.sync flash kernel, the two-pass WMMA kernel.
 fn variants() -> [LaunchOptions; 4] {
     let flash = LaunchOptions::default();
     [
         flash,
         LaunchOptions {
-            split_kv: true,
+            split_kv: false,
             ..flash
         },
         LaunchOptions {
@@ -95,14 +95,14 @@ fn variants() -> [LaunchOptions; 4] {
 /// Every prefill kernel (flash and two-pass WMMA for bf16, CUDA cores for f32) against the
 /// references: small ragged batches in full, long prompts and long cached prefixes by rows.
 pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
-    let [flash, split, mma, wmma] = variants();
+    let [flash, nosplit, mma, wmma] = variants();
     let x1 = LaunchOptions {
         wgmma_prefill_x2: false,
         ..flash
     };
     for (dt, opts, kind) in [
         (DType::BF16, flash, "flash"),
-        (DType::BF16, split, "flash-split"),
+        (DType::BF16, nosplit, "flash-nosplit"),
         (DType::BF16, x1, "flash-x1"),
         (DType::BF16, mma, "flash-mma"),
         (DType::BF16, wmma, "wmma"),
@@ -185,14 +185,14 @@ pub(super) fn timings(dev: &Device) -> Res<()> {
         (2_048, 32_768),
         (512, 32_768),
     ];
-    let [flash, split, mma, wmma] = variants();
+    let [flash, nosplit, mma, wmma] = variants();
     let x1 = LaunchOptions {
         wgmma_prefill_x2: false,
         ..flash
     };
     for (opts, kind) in [
         (flash, "flash"),
-        (split, "flash-split"),
+        (nosplit, "flash-nosplit"),
         (x1, "flash-x1"),
         (mma, "flash-mma"),
         (wmma, "wmma"),

@@ -75,9 +75,9 @@ pub struct KernelFlags {
     /// On Hopper, the mma.sync flash prefill instead of the warpgroup-MMA one.
     #[arg(long)]
     pub no_wgmma_prefill: bool,
-    /// Split-KV prefill for short chunks over long prefixes (`KernelOptions::split_kv`).
+    /// No split-KV prefill for short chunks over long prefixes (`KernelOptions::split_kv`).
     #[arg(long)]
-    pub split_kv: bool,
+    pub no_split_kv: bool,
     /// No programmatic dependent launch (eager steps and graphs).
     #[arg(long)]
     pub no_pdl: bool,
@@ -96,7 +96,7 @@ impl KernelFlags {
             clusters: !self.no_clusters,
             flash_prefill: !self.no_flash_prefill,
             wgmma_prefill: !self.no_wgmma_prefill,
-            split_kv: self.split_kv,
+            split_kv: !self.no_split_kv,
             pdl: !self.no_pdl,
             graph_pdl: !self.no_graph_pdl,
             ..KernelOptions::default()

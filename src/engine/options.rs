@@ -30,8 +30,9 @@ pub struct KernelOptions {
     /// On sm_90 GPUs, the flash prefill on warpgroup MMA (`kernels/flash_prefill_sm90.cu`);
     /// off: the mma.sync flash prefill there too.
     pub wgmma_prefill: bool,
-    /// Split the keys of a prefill launch that would not fill the GPU (a short chunk over a
-    /// long prefix) across blocks and merge their partial outputs (warpgroup-MMA kernel).
+    /// Split the keys of a prefill launch that would not give every SM a block (a short chunk
+    /// over a long prefix) across blocks and merge their partial outputs (warpgroup-MMA
+    /// kernel; a 512-token chunk over 32k: 153 -> 238 TFLOP/s on the H200).
     pub split_kv: bool,
     /// Programmatic dependent launch for eager launches (sm_90+).
     pub pdl: bool,
@@ -51,7 +52,7 @@ impl Default for KernelOptions {
             clusters: true,
             flash_prefill: true,
             wgmma_prefill: true,
-            split_kv: false,
+            split_kv: true,
             pdl: true,
             graph_pdl: true,
             event_tracking: false,

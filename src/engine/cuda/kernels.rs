@@ -75,7 +75,7 @@ impl Default for LaunchOptions {
             flash_prefill: true,
             wgmma_prefill: true,
             wgmma_prefill_x2: true,
-            split_kv: false,
+            split_kv: true,
             pdl: true,
         }
     }
@@ -247,8 +247,7 @@ impl CudaKernels {
                 None
             },
             prefill_wgmma: wgmma && dtype == DType::BF16 && opts.flash_prefill,
-            prefill_merge: if wgmma && dtype == DType::BF16 && opts.flash_prefill && opts.split_kv
-            {
+            prefill_merge: if wgmma && dtype == DType::BF16 && opts.flash_prefill && opts.split_kv {
                 Some([
                     f(&flash_mod, "flash_merge_g1_bf16")?,
                     f(&flash_mod, "flash_merge_g2_bf16")?,
