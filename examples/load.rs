@@ -4,7 +4,8 @@
 //!     cargo run --release --example load -- --model m --requests 500 --input-len 512 --output-len 128
 //!     cargo run --release --example load -- --model m --agent 64,10      # episodes API
 //!
-//! Chat mode: N streamed chat completions with prompts of random words (about `--input-len`
+//! Chat mode: N chat completions (streamed; plain JSON with `--no-stream`, where TTFT is the
+//! whole request's and TPOT is not measured) with prompts of random words (about `--input-len`
 //! tokens) or the lines of `--prompt-file`, `--output-len` tokens each (`ignore_eos` and
 //! `min_tokens`, vLLM's extensions), all at once or at a Poisson `--rate`, at most
 //! `--concurrency` in flight. Reports request throughput, output and total tok/s, TTFT, TPOT
@@ -60,6 +61,10 @@ struct Args {
     /// preemption and swap counters from /metrics.
     #[arg(long)]
     compare_unloaded: bool,
+    /// Chat mode: plain non-streaming requests (`"stream": false`), as a client without SSE
+    /// sends them; the time to the first token is then the whole request's.
+    #[arg(long)]
+    no_stream: bool,
     /// Agent mode: the episodes' transcript mode (template or append_only).
     #[arg(long, default_value = "append_only")]
     transcript_mode: String,
@@ -110,8 +115,12 @@ fn client(args: &Args) -> reqwest::RequestBuilder {
     }
 }
 
-/// One streamed completion: (TTFT, end-to-end, prompt tokens, completion tokens, text).
+/// One completion, streamed unless `--no-stream`: (TTFT, end-to-end, prompt tokens, completion
+/// tokens, text).
 async fn one(args: Arc<Args>, prompt: String) -> Result<(f64, f64, u64, u64, String), String> {
+    if args.no_stream {
+        return one_plain(args, prompt).await;
+    }
     let body = json!({"model": args.model, "messages": [{"role": "user", "content": prompt}],
         "max_tokens": args.output_len, "min_tokens": args.output_len, "ignore_eos": true,
         "temperature": 0, "stream": true, "stream_options": {"include_usage": true}});
@@ -160,6 +169,41 @@ async fn one(args: Arc<Args>, prompt: String) -> Result<(f64, f64, u64, u64, Str
     let e2e = t0.elapsed().as_secs_f64();
     let (p, c) = usage.ok_or("the stream carried no usage")?;
     Ok((ttft.unwrap_or(e2e), e2e, p, c, text))
+}
+
+/// One non-streaming completion: the answer arrives whole, so its TTFT is its end-to-end time.
+async fn one_plain(
+    args: Arc<Args>,
+    prompt: String,
+) -> Result<(f64, f64, u64, u64, String), String> {
+    let body = json!({"model": args.model, "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": args.output_len, "min_tokens": args.output_len, "ignore_eos": true,
+        "temperature": 0, "stream": false});
+    let t0 = Instant::now();
+    let resp = client(&args)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let text = resp.text().await.map_err(|e| e.to_string())?;
+    let e2e = t0.elapsed().as_secs_f64();
+    if !status.is_success() {
+        return Err(format!("{status} {text}"));
+    }
+    let v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    let content = v["choices"][0]["message"]["content"]
+        .as_str()
+        .ok_or("the answer has no message content")?
+        .to_string();
+    let usage = &v["usage"];
+    Ok((
+        e2e,
+        e2e,
+        usage["prompt_tokens"].as_u64().unwrap_or(0),
+        usage["completion_tokens"].as_u64().unwrap_or(0),
+        content,
+    ))
 }
 
 async fn chat_mode(args: Arc<Args>) -> Result<(), Box<dyn std::error::Error>> {
@@ -241,6 +285,14 @@ async fn chat_mode(args: Arc<Args>) -> Result<(), Box<dyn std::error::Error>> {
         ok.len(),
         failures.len()
     );
+    println!(
+        "mode: {}",
+        if args.no_stream {
+            "non-streamed"
+        } else {
+            "streamed"
+        }
+    );
     println!("duration s: {secs:.2}");
     println!("request throughput req/s: {:.2}", ok.len() as f64 / secs);
     println!(
@@ -257,11 +309,15 @@ async fn chat_mode(args: Arc<Args>) -> Result<(), Box<dyn std::error::Error>> {
         pct(&mut ttft, 0.5),
         pct(&mut ttft, 0.99)
     );
-    println!(
-        "TPOT ms p50 {:.2} p99 {:.2}",
-        pct(&mut tpot, 0.5),
-        pct(&mut tpot, 0.99)
-    );
+    if args.no_stream {
+        println!("TPOT ms: not measured (non-streamed)");
+    } else {
+        println!(
+            "TPOT ms p50 {:.2} p99 {:.2}",
+            pct(&mut tpot, 0.5),
+            pct(&mut tpot, 0.99)
+        );
+    }
     println!(
         "E2E ms p50 {:.1} p99 {:.1}",
         pct(&mut e2e, 0.5),

@@ -353,10 +353,12 @@ impl CudaKernels {
     }
 
     /// Causal varlen attention of prefill chunks over the paged caches, written into the rows
-    /// of `out` (`[T, nh * 128]`) that `seq_meta` names; on tensor cores for bf16. Tiles step
-    /// by [`CudaKernels::prefill_tile`] query tokens. `tiles` u32 `[num_tiles * 2]` and
+    /// of `out` (`[T, nh * 128]`) that `seq_meta` names; on tensor cores for bf16 (the flash
+    /// kernels unless `LaunchOptions::flash_prefill` is off). Tiles step by
+    /// [`CudaKernels::prefill_tile`] query tokens. `tiles` u32 `[num_tiles * 2]` and
     /// `seq_meta` u32 `[S * 4]` are laid out as `kernels/prefill.cu` says; `tables` holds
-    /// the sequences' block tables back to back.
+    /// the sequences' block tables back to back. `max_keys` is the longest context among
+    /// the chunks: with it a launch of few blocks splits its keys (split-KV).
     #[allow(clippy::too_many_arguments)]
     pub fn paged_prefill_into(
         &self,

@@ -36,8 +36,9 @@ pub(crate) const DECODE_PARTITION: usize = 256;
 
 /// Query tokens one CUDA-core prefill-attention block takes (`BQ` in `kernels/prefill.cu`).
 pub(crate) const PREFILL_TILE: usize = 16;
-/// Dynamic shared memory of a flash prefill block (`FA_SMEM` in `kernels/flash.cuh`: a 64-row
-/// Q tile and two 64-key K and V tiles of 128 bf16 dims, plus 1 KB to align them to 1024).
+/// Dynamic shared memory of a 64-row flash prefill block (`flash_smem_bytes<64>()` in
+/// `kernels/flash.cuh`: the Q tile and two 64-key K and V tiles of 128 bf16 dims, plus 1 KB to
+/// align them to 1024 bytes).
 pub(crate) const FLASH_PREFILL_SMEM: usize = 82944;
 /// The same for the 128-row blocks of the warpgroup-MMA kernel (`flash_smem_bytes<128>()`).
 pub(crate) const FLASH_PREFILL_SMEM_SM90: usize = 99328;
