@@ -1,6 +1,6 @@
 //! The kernels room: the engine's own CUDA kernels (`kernels/*.cu`, compiled by `build.rs` to
 //! fatbins with sm_80/sm_90 machine code and embedded here) and their launches on candle
-//! tensors: attention (`attention.rs`), layer ops and sampling (`layer_ops.rs`), matmuls
+//! tensors: attention (`attention.rs` decode, `prefill.rs` prefill), layer ops and sampling (`layer_ops.rs`), matmuls
 //! (`gemm.rs`), the launcher (`launch.rs`) and id read-back (`readback.rs`). It knows nothing of
 //! models or serving: the forward built from these launches is `model::kernel_forward`, the
 //! CUDA graphs that replay it are `runner::graphs`.
@@ -8,7 +8,8 @@
 //! Invariants: every launch goes on the device's one stream (candle's), reads and writes only
 //! contiguous tensors it is given, and never synchronizes with the host; the `_into` variants
 //! allocate nothing (they write buffers the caller owns), so a decode forward made of them can
-//! be graph-captured. Every kernel waits on the one before it before it touches anything that
+//! be graph-captured (the one exception, the split-KV partials of a prefill launch, is never
+//! part of a decode step). Every kernel waits on the one before it before it touches anything that
 //! kernel may write (`launch.rs`). Only bf16 and f32 activations and head_dim 128 are served;
 //! other models use the candle path.
 
@@ -19,6 +20,7 @@ mod kernels;
 mod launch;
 mod layer_ops;
 mod params;
+mod prefill;
 mod readback;
 
 pub use attention::{CLUSTER_MAX_ROWS, DECODE_CLUSTER, FUSED_MAX_ROWS};
