@@ -24,9 +24,9 @@ bench 0.6b-noclusters X=1 -- --model-dir /tmp/m-0.6b --batches 1,8,16 --no-clust
 bench 0.6b-nographpdl X=1 -- --model-dir /tmp/m-0.6b --batches 1,8 --no-graph-pdl
 # Pipelined decode (each step launched before the previous step's tokens are read), and the
 # step profile's GPU idle time per step with it off and on.
-bench 0.6b-pipelined X=1 -- --model-dir /tmp/m-0.6b --batches 1,8 --pipelined-decode
+bench 0.6b-unpipelined X=1 -- --model-dir /tmp/m-0.6b --batches 1,8 --no-pipelined-decode
 for p in 0 1; do
-  pf=""; [ "$p" = 1 ] && pf=--pipelined-decode
+  pf=--no-pipelined-decode; [ "$p" = 1 ] && pf=""
   RUST_LOG=policy_serve::profile=info \
     timeout 90 .gpu/bench --no-peer --model-dir /tmp/m-0.6b --batches 1,8 --profile-steps 200 $pf 2>&1 \
     | grep -E "step profile" | tail -4 | sed "s/^/profile pipelined=$p /" | tee -a "$S"

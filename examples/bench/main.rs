@@ -102,9 +102,9 @@ struct Args {
     /// Also measure decode latency while one `--prompt`-token prompt prefills (8 streams).
     #[arg(long)]
     mixed: bool,
-    /// Pipelined decode (`EngineOptions::pipelined_decode`).
+    /// No pipelined decode (`EngineOptions::pipelined_decode` off).
     #[arg(long)]
-    pipelined_decode: bool,
+    no_pipelined_decode: bool,
     /// Log the step profile every N steps (`EngineOptions::profile_steps`; 0: off).
     #[arg(long, default_value_t = 0)]
     profile_steps: u64,
@@ -256,7 +256,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         max_running: a.batches.iter().copied().max().unwrap_or(1).max(1),
         max_batched_tokens: a.max_batched_tokens,
         prefill_chunk: a.prefill_chunk,
-        pipelined_decode: a.pipelined_decode,
+        pipelined_decode: !a.no_pipelined_decode,
         profile_steps: (a.profile_steps > 0).then_some(a.profile_steps),
         kernels: a.kernels.options(),
         ..EngineOptions::default()

@@ -42,10 +42,10 @@ pub struct EngineFlags {
     /// Run decode steps eagerly instead of replaying CUDA graphs (debugging, comparisons).
     #[arg(long)]
     pub no_cuda_graphs: bool,
-    /// Launch each decode step before the previous step's tokens reach the host
-    /// (`EngineOptions::pipelined_decode`).
+    /// Wait for each decode step's tokens before launching the next (turns
+    /// `EngineOptions::pipelined_decode` off).
     #[arg(long)]
-    pub pipelined_decode: bool,
+    pub no_pipelined_decode: bool,
     /// Log where each step's time goes, summed over this many steps (0: no profile).
     #[arg(long, default_value_t = 0)]
     pub profile_steps: u64,
@@ -140,7 +140,7 @@ impl EngineFlags {
             prefix_cache: !self.no_prefix_cache,
             swap_gib: self.swap_gib,
             cuda_graphs: !self.no_cuda_graphs,
-            pipelined_decode: self.pipelined_decode,
+            pipelined_decode: !self.no_pipelined_decode,
             profile_steps: (self.profile_steps > 0).then_some(self.profile_steps),
             kernels: self.kernels.options(),
             ..EngineOptions::default()
@@ -182,7 +182,7 @@ mod tests {
             "--swap-gib",
             "0",
             "--no-cuda-graphs",
-            "--pipelined-decode",
+            "--no-pipelined-decode",
         ]);
         let o = cli.engine.options();
         assert_eq!(o.device, DeviceChoice::Cpu);
@@ -194,12 +194,12 @@ mod tests {
         );
         assert_eq!((o.block_size, o.prefix_cache, o.swap_gib), (32, false, 0.0));
         assert!(!o.cuda_graphs);
-        assert!(o.pipelined_decode);
+        assert!(!o.pipelined_decode);
         // Defaults: 90% of free GPU memory; 64 sequences on the CPU.
         let d = Cli::parse_from(["x", "--device", "cpu"]).engine.options();
         assert_eq!((d.kv_budget.gpu_fraction, d.max_running), (0.9, 64));
         assert!(d.cuda_graphs);
-        assert!(!d.pipelined_decode);
+        assert!(d.pipelined_decode);
         assert_eq!(d.kernels, KernelOptions::default());
         // One table: the flags' defaults are `EngineOptions::default()`'s (a mutation of
         // either side's batching defaults fails here).
