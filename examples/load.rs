@@ -115,17 +115,17 @@ fn client(args: &Args) -> reqwest::RequestBuilder {
     }
 }
 
-/// One completion, streamed unless `--no-stream`: (TTFT, end-to-end, prompt tokens, completion
-/// tokens, text).
-async fn one(args: Arc<Args>, prompt: String) -> Result<(f64, f64, u64, u64, String), String> {
-    if args.no_stream {
-        return one_plain(args, prompt).await;
-    }
-    let body = json!({"model": args.model, "messages": [{"role": "user", "content": prompt}],
+/// Sends one chat request for `prompt` (streamed unless `--no-stream`): the time it was sent
+/// and the successful response.
+async fn send(args: &Args, prompt: String) -> Result<(Instant, reqwest::Response), String> {
+    let mut body = json!({"model": args.model, "messages": [{"role": "user", "content": prompt}],
         "max_tokens": args.output_len, "min_tokens": args.output_len, "ignore_eos": true,
-        "temperature": 0, "stream": true, "stream_options": {"include_usage": true}});
+        "temperature": 0, "stream": !args.no_stream});
+    if !args.no_stream {
+        body["stream_options"] = json!({"include_usage": true});
+    }
     let t0 = Instant::now();
-    let resp = client(&args)
+    let resp = client(args)
         .json(&body)
         .send()
         .await
@@ -136,6 +136,16 @@ async fn one(args: Arc<Args>, prompt: String) -> Result<(f64, f64, u64, u64, Str
             resp.status(),
             resp.text().await.unwrap_or_default()
         ));
+    }
+    Ok((t0, resp))
+}
+
+/// One completion, streamed unless `--no-stream`: (TTFT, end-to-end, prompt tokens, completion
+/// tokens, text).
+async fn one(args: Arc<Args>, prompt: String) -> Result<(f64, f64, u64, u64, String), String> {
+    let (t0, resp) = send(&args, prompt).await?;
+    if args.no_stream {
+        return one_plain(t0, resp).await;
     }
     let mut stream = resp.bytes_stream();
     let (mut ttft, mut usage, mut buf, mut text) = (None, None, String::new(), String::new());
@@ -171,26 +181,13 @@ async fn one(args: Arc<Args>, prompt: String) -> Result<(f64, f64, u64, u64, Str
     Ok((ttft.unwrap_or(e2e), e2e, p, c, text))
 }
 
-/// One non-streaming completion: the answer arrives whole, so its TTFT is its end-to-end time.
+/// A non-streamed answer, sent at `t0`: it arrives whole, so its TTFT is its end-to-end time.
 async fn one_plain(
-    args: Arc<Args>,
-    prompt: String,
+    t0: Instant,
+    resp: reqwest::Response,
 ) -> Result<(f64, f64, u64, u64, String), String> {
-    let body = json!({"model": args.model, "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": args.output_len, "min_tokens": args.output_len, "ignore_eos": true,
-        "temperature": 0, "stream": false});
-    let t0 = Instant::now();
-    let resp = client(&args)
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = resp.status();
     let text = resp.text().await.map_err(|e| e.to_string())?;
     let e2e = t0.elapsed().as_secs_f64();
-    if !status.is_success() {
-        return Err(format!("{status} {text}"));
-    }
     let v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
     let content = v["choices"][0]["message"]["content"]
         .as_str()

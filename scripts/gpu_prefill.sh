@@ -5,27 +5,20 @@
 # chunk sizes for comparison, and (HF=1) transformers' SDPA forward of the same lengths.
 # Expects .gpu/{bench,kernel_check}.xz (scripts/gpu_unpack.sh).
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; S="$OUT/summary.txt"
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-bash scripts/gpu_unpack.sh
+source scripts/gpu_lib.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$S"
-for c in 0.6b 1.7b; do [ -d /tmp/m-$c ] || .gpu/bench --config tests/fixtures/qwen3/config-$c.json --write-model /tmp/m-$c > /dev/null 2>&1; done
+model 0.6b; model 1.7b
 t0=$(date +%s)
 timeout 220 .gpu/kernel_check --model-dir /tmp/m-0.6b > "$OUT/kernel_check.log" 2>&1
 echo "kernel_check exit $? ($(( $(date +%s) - t0 )) s)" | tee -a "$S"
 grep -E "FAIL|kernel-check|prefill-attention" "$OUT/kernel_check.log" | tee -a "$S"
-run() {  # NAME ARGS...
-  local name=$1; shift
-  timeout 100 .gpu/bench --no-peer --batches 1 --new 8 "$@" > "$OUT/bench-$name.log" 2>&1
-  grep -E "^ours (prefill|batched)" "$OUT/bench-$name.log" | sed "s/^/$name /" | tee -a "$S"
-}
 for p in 2048 8192 16384 32000; do run 0.6b-$p --model-dir /tmp/m-0.6b --prompt $p; done
 run 1.7b-32000 --model-dir /tmp/m-1.7b --prompt 32000
 run 0.6b-32000-mma --model-dir /tmp/m-0.6b --prompt 32000 --no-wgmma-prefill
 # Chunk size: the prompt's time alone and with 8 sequences decoding (the longest decode stall).
-for c in ${CHUNKS:-}; do run 0.6b-32000-mixed-chunk$c --model-dir /tmp/m-0.6b --prompt 32000 --batches 16 --mixed --prefill-chunk $c --max-batched-tokens $(( c + 256 )); grep -E "^ours mixed" "$OUT/bench-0.6b-32000-mixed-chunk$c.log" | tee -a "$S"; done
+for c in ${CHUNKS:-}; do run 0.6b-32000-mixed-chunk$c --model-dir /tmp/m-0.6b --prompt 32000 --batches 16 --mixed --prefill-chunk $c --max-batched-tokens $(( c + 256 )); done
 if [ "${B8:-0}" = 1 ]; then
-  [ -d /tmp/m-8b ] || timeout 300 .gpu/bench --config tests/fixtures/qwen3/config-8b.json --write-model /tmp/m-8b > /dev/null 2>&1
+  model 8b
   for p in 2048 8192 32000; do run 8b-$p --model-dir /tmp/m-8b --prompt $p; done
   timeout 150 python3 scripts/hf_prefill_bench.py tests/fixtures/qwen3/config-8b.json 2048,8192,32000 2>&1 | grep hf-prefill | tee -a "$S"
 fi

@@ -4,10 +4,8 @@
 # transformers-initialised 0.6B checkpoint), one 28k-token prompt over plain HTTP, and the agent
 # workload's turn latency. Expects .gpu/{bench,serve,policy-serve}.xz.
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; S="$OUT/summary.txt"
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-bash scripts/gpu_unpack.sh
-[ -d /tmp/m-0.6b ] || .gpu/bench --config tests/fixtures/qwen3/config-0.6b.json --write-model /tmp/m-0.6b > /dev/null 2>&1
+source scripts/gpu_lib.sh
+model 0.6b
 timeout 120 python3 scripts/hf_init_model.py tests/fixtures/qwen3/config-0.6b.json /tmp/m-0.6b /tmp/hf-0.6b 2>&1 | tail -1 | tee -a "$S"
 for n in 2048 16384; do
   python3 -c "import random; r=random.Random($n); print(','.join(['151644','8948','198']+[str(r.randrange(100000)) for _ in range($n-3)]))" > /tmp/ids-$n.txt
@@ -23,15 +21,10 @@ for i in $(seq 1 120); do
 done
 timeout 120 python3 scripts/http_long_prompt.py http://127.0.0.1:18080 m 27500 2>&1 | tee -a "$S"
 kill $pid 2>/dev/null; wait $pid 2>/dev/null
-run() {  # NAME ARGS...
-  local name=$1; shift
-  timeout 100 .gpu/bench --no-peer --batches 1 --new 8 "$@" > "$OUT/bench-$name.log" 2>&1
-  grep -E "^ours (prefill|batched|mixed)" "$OUT/bench-$name.log" | sed "s/^/$name /" | tee -a "$S"
-}
 for c in 2048 4096; do run 0.6b-32000-mixed-chunk$c --model-dir /tmp/m-0.6b --prompt 32000 --batches 16 --mixed --prefill-chunk $c; done
-[ -d /tmp/m-1.7b ] || .gpu/bench --config tests/fixtures/qwen3/config-1.7b.json --write-model /tmp/m-1.7b > /dev/null 2>&1
+model 1.7b
 run 1.7b-32000-chunk4096 --model-dir /tmp/m-1.7b --prompt 32000 --prefill-chunk 4096
-timeout 200 .gpu/bench --config tests/fixtures/qwen3/config-8b.json --write-model /tmp/m-8b > /dev/null 2>&1
+model 8b
 for p in 2048 8192 32000; do run 8b-$p --model-dir /tmp/m-8b --prompt $p; done
 timeout 100 .gpu/bench --model-dir /tmp/m-0.6b --agent 64,10 --agent-only > "$OUT/agent.log" 2>&1
 grep -iE "agent|turn" "$OUT/agent.log" | tail -6 | tee -a "$S"

@@ -2,10 +2,8 @@
 # Split-KV prefill (#20): kernel_check (every prefill kernel, the split variant included, and
 # the attention timing table), then the agent workload with and without --split-kv.
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; S="$OUT/summary.txt"
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-bash scripts/gpu_unpack.sh
-[ -d /tmp/m-0.6b ] || .gpu/bench --config tests/fixtures/qwen3/config-0.6b.json --write-model /tmp/m-0.6b > /dev/null 2>&1
+source scripts/gpu_lib.sh
+model 0.6b
 timeout 150 .gpu/kernel_check --model-dir /tmp/m-0.6b > "$OUT/kernel_check.log" 2>&1
 echo "kernel_check exit $?" | tee -a "$S"
 grep -E "FAIL|kernel-check|prefill-attention flash " "$OUT/kernel_check.log" | tee -a "$S"

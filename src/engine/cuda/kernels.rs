@@ -195,7 +195,17 @@ impl CudaKernels {
             m.load_function(name)
                 .map_err(|e| kernel_err(&format!("function {name}"), e))
         };
+        // One function per GQA group (1, 2, 4, 8): `{name}_g{G}_{dt}`.
+        let groups = |m: &Arc<CudaModule>, name: &str, dt: &str| -> Result<[CudaFunction; 4]> {
+            Ok([
+                f(m, &format!("{name}_g1_{dt}"))?,
+                f(m, &format!("{name}_g2_{dt}"))?,
+                f(m, &format!("{name}_g4_{dt}"))?,
+                f(m, &format!("{name}_g8_{dt}"))?,
+            ])
+        };
         let s = suffix;
+        let flash_on = dtype == DType::BF16 && opts.flash_prefill;
         Ok(Some(Self {
             device: dev.clone(),
             dtype,
@@ -214,22 +224,12 @@ impl CudaKernels {
                 f(&prefill_mod, &format!("paged_prefill_g4_{s}"))?,
             ],
             prefill_tc: if dtype == DType::BF16 {
-                Some([
-                    f(&prefill_mod, "paged_prefill_tc_g1_bf16")?,
-                    f(&prefill_mod, "paged_prefill_tc_g2_bf16")?,
-                    f(&prefill_mod, "paged_prefill_tc_g4_bf16")?,
-                    f(&prefill_mod, "paged_prefill_tc_g8_bf16")?,
-                ])
+                Some(groups(&prefill_mod, "paged_prefill_tc", "bf16")?)
             } else {
                 None
             },
-            prefill_flash: if dtype == DType::BF16 && opts.flash_prefill {
-                let fs = [
-                    f(&flash_mod, &format!("{flash}_g1_bf16"))?,
-                    f(&flash_mod, &format!("{flash}_g2_bf16"))?,
-                    f(&flash_mod, &format!("{flash}_g4_bf16"))?,
-                    f(&flash_mod, &format!("{flash}_g8_bf16"))?,
-                ];
+            prefill_flash: if flash_on {
+                let fs = groups(&flash_mod, flash, "bf16")?;
                 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
                 let smem = if wgmma {
                     FLASH_PREFILL_SMEM_SM90
@@ -247,32 +247,17 @@ impl CudaKernels {
             } else {
                 None
             },
-            prefill_wgmma: wgmma && dtype == DType::BF16 && opts.flash_prefill,
-            prefill_merge: if wgmma && dtype == DType::BF16 && opts.flash_prefill && opts.split_kv {
-                Some([
-                    f(&flash_mod, "flash_merge_g1_bf16")?,
-                    f(&flash_mod, "flash_merge_g2_bf16")?,
-                    f(&flash_mod, "flash_merge_g4_bf16")?,
-                    f(&flash_mod, "flash_merge_g8_bf16")?,
-                ])
+            prefill_wgmma: wgmma && flash_on,
+            prefill_merge: if wgmma && flash_on && opts.split_kv {
+                Some(groups(&flash_mod, "flash_merge", "bf16")?)
             } else {
                 None
             },
             sms,
-            decode: [
-                f(&decode_mod, &format!("paged_decode_g1_{s}"))?,
-                f(&decode_mod, &format!("paged_decode_g2_{s}"))?,
-                f(&decode_mod, &format!("paged_decode_g4_{s}"))?,
-                f(&decode_mod, &format!("paged_decode_g8_{s}"))?,
-            ],
+            decode: groups(&decode_mod, "paged_decode", s)?,
             decode_reduce: f(&decode_mod, &format!("paged_decode_reduce_{s}"))?,
             decode_fused: if dtype == DType::BF16 && opts.fused_decode {
-                let fs = [
-                    f(&fused_mod, "decode_fused_g1_bf16")?,
-                    f(&fused_mod, "decode_fused_g2_bf16")?,
-                    f(&fused_mod, "decode_fused_g4_bf16")?,
-                    f(&fused_mod, "decode_fused_g8_bf16")?,
-                ];
+                let fs = groups(&fused_mod, "decode_fused", "bf16")?;
                 if hopper {
                     use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
                     for func in &fs {

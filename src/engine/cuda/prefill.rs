@@ -82,10 +82,7 @@ impl CudaKernels {
         }
         // Split-KV when the blocks would not fill the GPU and the keys are many (a short
         // chunk over a long prefix): partial outputs in f32, merged by a second launch.
-        let merge = self
-            .prefill_merge
-            .as_ref()
-            .filter(|_| flash.is_some() && matches!(g, 1 | 2 | 4 | 8));
+        let merge = self.prefill_merge.as_ref().filter(|_| flash.is_some());
         let splits = match merge {
             Some(_) => prefill_splits(num_tiles * nkv, max_keys, self.sms),
             None => 1,
