@@ -15,7 +15,9 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 config_path, tok_dir, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 torch.manual_seed(0)
 cfg = Qwen3Config.from_json_file(config_path)
-model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+# Initialised on the GPU when there is one (seconds instead of a minute for 1.7B on the CPU).
+with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+    model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
 model.save_pretrained(out)
 for f in tok_dir.iterdir():
     if f.name.startswith("tokenizer") or f.name in ("vocab.json", "merges.txt"):

@@ -174,7 +174,7 @@ fn decode_stays_pipelined_while_requests_wait_for_a_slot() {
             .with_options(EngineOptions {
                 device: DeviceChoice::Cpu,
                 pipelined_decode: pipelined,
-                max_running: 2,
+                max_running: Some(2),
                 ..EngineOptions::default()
             });
         let e = r.model("tiny").unwrap().engine().clone();

@@ -17,7 +17,7 @@ pub(super) fn agent_workload(
     let registry = ModelRegistry::new(vec![ModelSpec::local("bench", "bench", dir)])?.with_options(
         EngineOptions {
             prefix_cache: cache,
-            max_running: n.max(1),
+            max_running: Some(n.max(1)),
             ..opts.clone()
         },
     );

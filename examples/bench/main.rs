@@ -105,6 +105,9 @@ struct Args {
     /// No pipelined decode (`EngineOptions::pipelined_decode` off).
     #[arg(long)]
     no_pipelined_decode: bool,
+    /// The largest decode batch replayed as a CUDA graph (`EngineOptions::max_graph_batch`).
+    #[arg(long, default_value_t = policy_serve::engine::defaults::MAX_GRAPH_BATCH)]
+    max_graph_batch: usize,
     /// Log the step profile every N steps (`EngineOptions::profile_steps`; 0: off).
     #[arg(long, default_value_t = 0)]
     profile_steps: u64,
@@ -253,10 +256,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut opts = EngineOptions {
         device: a.device,
         dtype: a.dtype,
-        max_running: a.batches.iter().copied().max().unwrap_or(1).max(1),
+        max_running: Some(a.batches.iter().copied().max().unwrap_or(1).max(1)),
         max_batched_tokens: a.max_batched_tokens,
         prefill_chunk: a.prefill_chunk,
         pipelined_decode: !a.no_pipelined_decode,
+        max_graph_batch: a.max_graph_batch,
         profile_steps: (a.profile_steps > 0).then_some(a.profile_steps),
         kernels: a.kernels.options(),
         ..EngineOptions::default()

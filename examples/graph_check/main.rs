@@ -294,12 +294,12 @@ fn main() -> Res<()> {
             PagedKvCache::new(&cfg, m.local_kv_heads(), 256 * 22, BS, DType::BF16, &dev)?,
         ];
         let mut g =
-            DecodeGraphs::allocate(&m, 256, served_context(&cfg), BS)?.ok_or("no kernels")?;
+            DecodeGraphs::allocate(&m, 256, 256, served_context(&cfg), BS)?.ok_or("no kernels")?;
         g.capture(&m, &caches[1], true)?;
         println!(
             "# buckets {:?} (expected {:?}) captured in {:.0} ms; {:.0} MiB of buffers and graphs",
             g.buckets(),
-            graph_buckets(256),
+            graph_buckets(256, 256),
             g.capture_secs() * 1e3,
             g.bytes() as f64 / (1u64 << 20) as f64
         );

@@ -12,7 +12,7 @@ pub(super) fn engine(
     let opts = EngineOptions {
         device: DeviceChoice::Cuda(0),
         dtype: DTypeChoice::BF16,
-        max_running,
+        max_running: Some(max_running),
         max_batched_tokens: 8192,
         prefill_chunk: 2048,
         kv_budget: KvBudget {

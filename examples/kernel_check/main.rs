@@ -33,6 +33,13 @@ struct Args {
     /// A model directory (written by `bench --write-model`) for the model-level checks.
     #[arg(long)]
     model_dir: PathBuf,
+    /// Only trace: a file of comma-separated token ids whose per-layer states (bf16 kernel
+    /// forward, one prefill) go to `--trace-out` as .npz (`scripts/hf_trace_check.py`).
+    #[arg(long)]
+    trace_ids: Option<PathBuf>,
+    /// Where the trace goes.
+    #[arg(long, default_value = "/tmp/trace.npz")]
+    trace_out: PathBuf,
 }
 
 struct Table {
@@ -310,6 +317,9 @@ fn main() -> Res<()> {
     policy_serve::init_logging("warn");
     let a = Args::parse();
     let dev = select_device(DeviceChoice::Cuda(0))?;
+    if let Some(ids) = &a.trace_ids {
+        return model::trace(&a.model_dir, ids, &a.trace_out, &dev);
+    }
     let mut t = Table { rows: Vec::new() };
     fused::checks(&dev, &mut t)?;
     prefill::checks(&dev, &mut t)?;

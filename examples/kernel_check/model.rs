@@ -3,6 +3,61 @@
 
 use super::*;
 
+/// The per-layer states of the bf16 kernel forward over the ids of `ids_file` (one prefill),
+/// written to `out` as .npz.
+pub(super) fn trace(
+    dir: &std::path::Path,
+    ids_file: &std::path::Path,
+    out: &std::path::Path,
+    dev: &Device,
+) -> Res<()> {
+    let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+    let weights = policy_serve::engine::model::files::ModelFiles::from_dir("trace", dir)?.weights;
+    let m = load_shard(
+        "trace",
+        &cfg,
+        &weights,
+        DTypeChoice::BF16,
+        dev,
+        Shard::FULL,
+        &KernelOptions::default(),
+        || {},
+    )?;
+    let kf = m
+        .kernel_forward()
+        .ok_or("the model did not load its kernels")?;
+    let ids: Vec<u32> = std::fs::read_to_string(ids_file)?
+        .trim()
+        .split(',')
+        .map(|x| x.trim().parse::<u32>())
+        .collect::<Result<_, _>>()?;
+    let bs = 16;
+    let blocks = ids.len().div_ceil(bs);
+    let cache = PagedKvCache::new(&cfg, m.local_kv_heads(), blocks, bs, DType::BF16, dev)?;
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let seq = [SeqInput {
+        q_len: ids.len(),
+        context_len: ids.len(),
+        block_table: &table,
+        logits: LogitRows::All,
+    }];
+    let states = kf.trace(&ids, &seq, &cache)?;
+    // numpy has no bf16: every state as f32.
+    let states = states
+        .into_iter()
+        .map(|(n, t)| Ok((n, t.to_dtype(DType::F32)?)))
+        .collect::<Res<Vec<_>>>()?;
+    let named: Vec<(&str, &Tensor)> = states.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    Tensor::write_npz(&named, out)?;
+    println!(
+        "trace: {} states of {} tokens to {}",
+        named.len(),
+        ids.len(),
+        out.display()
+    );
+    Ok(())
+}
+
 /// The whole model with kernels vs the candle path on the same weights: a 300-token prefill,
 /// a 200-token chunk over that cached prefix, one decode step of 8 ragged sequences, then
 /// steps of 1 and 2 of them.

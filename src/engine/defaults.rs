@@ -3,10 +3,17 @@
 
 /// Tokens per KV block.
 pub const BLOCK_SIZE: usize = 16;
-/// Most sequences decoding at once on a GPU.
-pub const MAX_RUNNING_GPU: usize = 256;
 /// Most sequences decoding at once on the CPU.
 pub const MAX_RUNNING_CPU: usize = 64;
+/// On a GPU, `max_running` left to the engine is the KV pool's tokens over this (room for
+/// every running sequence to hold a typical agent turn's context without preemption)...
+pub const KV_TOKENS_PER_RUNNING: usize = 1024;
+/// ... at least this many ...
+pub const MAX_RUNNING_GPU_MIN: usize = 64;
+/// ... and at most this many (vLLM's default on GPUs of the H100/H200 class).
+pub const MAX_RUNNING_GPU_MAX: usize = 1024;
+/// The largest batch whose decode steps replay as CUDA graphs (larger ones run eagerly).
+pub const MAX_GRAPH_BATCH: usize = 256;
 /// Most tokens in one forward (decode tokens + prefill chunks).
 pub const MAX_BATCHED_TOKENS: usize = 8192;
 /// Largest prefill chunk of one sequence per step. Measured on the H200 (BENCHMARKS.md,
@@ -27,11 +34,43 @@ pub const CPU_KV_GIB: f64 = 1.0;
 /// How long the head waits for workers to acknowledge a step (seconds).
 pub const WORKER_TIMEOUT_SECS: u64 = 120;
 
-/// The default of `max_running` on a device: GPU or CPU.
-pub fn max_running(on_gpu: bool) -> usize {
-    if on_gpu {
-        MAX_RUNNING_GPU
-    } else {
-        MAX_RUNNING_CPU
+/// `max_running` when the options leave it to the engine, for a device (GPU or CPU) whose KV
+/// pool holds `kv_tokens` tokens, and why (for the start-up line).
+pub fn max_running(on_gpu: bool, kv_tokens: usize) -> (usize, String) {
+    if !on_gpu {
+        return (MAX_RUNNING_CPU, "the CPU default".into());
+    }
+    let n = (kv_tokens / KV_TOKENS_PER_RUNNING).clamp(MAX_RUNNING_GPU_MIN, MAX_RUNNING_GPU_MAX);
+    (
+        n,
+        format!(
+            "derived: a KV pool of {kv_tokens} tokens / {KV_TOKENS_PER_RUNNING} per sequence, \
+             within {MAX_RUNNING_GPU_MIN}..={MAX_RUNNING_GPU_MAX}"
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn max_running_follows_the_kv_pool_within_its_bounds() {
+        // An H200 pool for Qwen3-0.6B/1.7B (~1.1M tokens): 1024, like vLLM there.
+        assert_eq!(super::max_running(true, 1_160_000).0, 1024);
+        assert_eq!(super::max_running(true, 300 * 1024).0, 300);
+        assert_eq!(
+            super::max_running(true, 1000).0,
+            64,
+            "small pools keep a floor"
+        );
+        assert_eq!(
+            super::max_running(false, 1 << 30).0,
+            64,
+            "the CPU keeps its default"
+        );
+        assert!(
+            super::max_running(true, 1_160_000)
+                .1
+                .contains("1160000 tokens")
+        );
     }
 }

@@ -20,10 +20,13 @@ pub struct EngineFlags {
     /// KV memory in GiB (GPU or CPU), instead of the fraction.
     #[arg(long)]
     pub kv_cache_gib: Option<f64>,
-    /// Most sequences decoding at once (default: 256 on a GPU, 64 on the CPU; never more
-    /// than the KV blocks can hold).
+    /// Most sequences decoding at once (default: derived from the KV pool on a GPU, its
+    /// tokens / 1024 within 64..=1024; 64 on the CPU; the start-up line says which).
     #[arg(long)]
     pub max_running: Option<usize>,
+    /// The largest decode batch replayed as a CUDA graph (larger ones run eagerly).
+    #[arg(long, default_value_t = defaults::MAX_GRAPH_BATCH)]
+    pub max_graph_batch: usize,
     /// Most tokens in one forward (decode tokens first, then prefill chunks).
     #[arg(long, default_value_t = defaults::MAX_BATCHED_TOKENS)]
     pub max_batched_tokens: usize,
@@ -120,7 +123,6 @@ impl Default for EngineFlags {
 impl EngineFlags {
     /// The engine options these flags describe.
     pub fn options(&self) -> EngineOptions {
-        let on_gpu = self.device.is_gpu();
         let kv_budget = KvBudget {
             gpu_fraction: self.gpu_memory_utilization.clamp(0.0, 1.0),
             gpu_gib: self.kv_cache_gib,
@@ -132,9 +134,8 @@ impl EngineFlags {
             dtype: self.dtype,
             block_size: self.block_size,
             kv_budget,
-            max_running: self
-                .max_running
-                .unwrap_or_else(|| defaults::max_running(on_gpu)),
+            max_running: self.max_running,
+            max_graph_batch: self.max_graph_batch,
             max_batched_tokens: self.max_batched_tokens,
             prefill_chunk: self.prefill_chunk,
             prefix_cache: !self.no_prefix_cache,
@@ -190,14 +191,14 @@ mod tests {
         assert_eq!((o.kv_budget.gpu_gib, o.kv_budget.cpu_gib), (Some(2.0), 2.0));
         assert_eq!(
             (o.max_running, o.max_batched_tokens, o.prefill_chunk),
-            (7, 300, 100)
+            (Some(7), 300, 100)
         );
         assert_eq!((o.block_size, o.prefix_cache, o.swap_gib), (32, false, 0.0));
         assert!(!o.cuda_graphs);
         assert!(!o.pipelined_decode);
-        // Defaults: 90% of free GPU memory; 64 sequences on the CPU.
+        // Defaults: 90% of free GPU memory; the engine sizes max_running.
         let d = Cli::parse_from(["x", "--device", "cpu"]).engine.options();
-        assert_eq!((d.kv_budget.gpu_fraction, d.max_running), (0.9, 64));
+        assert_eq!((d.kv_budget.gpu_fraction, d.max_running), (0.9, None));
         assert!(d.cuda_graphs);
         assert!(d.pipelined_decode);
         assert_eq!(d.kernels, KernelOptions::default());
@@ -209,13 +210,15 @@ mod tests {
                 d.max_batched_tokens,
                 d.prefill_chunk,
                 d.block_size,
-                d.swap_gib
+                d.swap_gib,
+                d.max_graph_batch
             ),
             (
                 lib.max_batched_tokens,
                 lib.prefill_chunk,
                 lib.block_size,
-                lib.swap_gib
+                lib.swap_gib,
+                lib.max_graph_batch
             )
         );
         assert_eq!(d.kv_budget, lib.kv_budget);

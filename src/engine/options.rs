@@ -81,8 +81,15 @@ pub struct EngineOptions {
     pub block_size: usize,
     /// Memory for KV blocks.
     pub kv_budget: KvBudget,
-    /// Most sequences decoding at once.
-    pub max_running: usize,
+    /// Most sequences decoding at once; `None`: derived by the engine from the device and
+    /// its KV pool ([`defaults::max_running`]: on a GPU the pool's tokens / 1024, within
+    /// 64..=1024; 64 on the CPU), logged at start-up with the reason and reported as
+    /// `EngineInfo::max_running`.
+    pub max_running: Option<usize>,
+    /// The largest batch whose decode steps replay as CUDA graphs (buckets 1-8, powers of two
+    /// to 256, then steps of 128, up to the one that holds `max_running`); larger decode
+    /// steps run eagerly.
+    pub max_graph_batch: usize,
     /// Most tokens in one forward (decode tokens + prefill chunks).
     pub max_batched_tokens: usize,
     /// Largest prefill chunk of one sequence per step.
@@ -128,7 +135,8 @@ impl Default for EngineOptions {
             dtype: DTypeChoice::Auto,
             block_size: defaults::BLOCK_SIZE,
             kv_budget: KvBudget::default(),
-            max_running: defaults::max_running(DeviceChoice::Auto.is_gpu()),
+            max_running: None,
+            max_graph_batch: defaults::MAX_GRAPH_BATCH,
             max_batched_tokens: defaults::MAX_BATCHED_TOKENS,
             prefill_chunk: defaults::PREFILL_CHUNK,
             default_max_new_tokens: defaults::MAX_NEW_TOKENS,

@@ -223,6 +223,10 @@ pub struct EngineInfo {
     pub kernels: bool,
     /// The batch sizes whose decode steps replay as CUDA graphs (empty: none do).
     pub cuda_graph_buckets: Vec<usize>,
+    /// Most sequences decoding at once (`EngineOptions::max_running`, or derived).
+    pub max_running: usize,
+    /// Why `max_running` is what it is: given, or how the engine derived it.
+    pub max_running_why: String,
 }
 
 impl EngineInfo {

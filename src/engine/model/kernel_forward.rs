@@ -157,6 +157,57 @@ impl KernelForward<'_> {
         cache: &PagedKvCache,
         comm: Option<&dyn CommBackend>,
     ) -> Result<Option<Tensor>> {
+        let (inputs, plan, acts) = self.prepare(tokens, seqs, cache)?;
+        self.layers_into(&inputs, &acts, &plan, cache, comm, None)?;
+        self.logits(seqs, acts.h)
+    }
+
+    /// The forward of one rank-0 step with every layer's intermediate states, for accuracy
+    /// work against a reference (`kernel_check --trace`): per layer `attn.L` (the o
+    /// projection's output), `mlp.L` (the down projection's output) and `resid.L` (the
+    /// residual stream after the layer, in f32), then `norm` (the final norm's output) and
+    /// `logits`. Allocates a copy of each; never used by serving.
+    pub fn trace(
+        &self,
+        tokens: &[u32],
+        seqs: &[SeqInput<'_>],
+        cache: &PagedKvCache,
+    ) -> Result<Vec<(String, Tensor)>> {
+        let (inputs, plan, acts) = self.prepare(tokens, seqs, cache)?;
+        let mut states = Vec::new();
+        self.layers_into(&inputs, &acts, &plan, cache, None, Some(&mut states))?;
+        states.push(("norm".into(), acts.h.copy()?));
+        if let Some(l) = self.logits(seqs, acts.h)? {
+            states.push(("logits".into(), l));
+        }
+        Ok(states)
+    }
+
+    /// The logits of the rows `seqs` asks for, from the final normed states `h` (None on
+    /// ranks above 0 and when no row asks).
+    fn logits(&self, seqs: &[SeqInput<'_>], h: Tensor) -> Result<Option<Tensor>> {
+        let (m, k) = (self.model, self.kernels);
+        let rows = logit_rows(seqs);
+        if rows.is_empty() || m.shard().rank != 0 {
+            return Ok(None);
+        }
+        let t = h.dim(0)?;
+        let sel = if rows.len() == t {
+            h
+        } else {
+            k.gather_rows(&h, &Tensor::new(rows.as_slice(), m.device())?)?
+        };
+        let logits = k.linear(&sel, m.lm_head.weight())?;
+        Ok(Some(k.to_f32(&logits)?))
+    }
+
+    /// One step's inputs uploaded, its attention plan and its activation buffers.
+    fn prepare(
+        &self,
+        tokens: &[u32],
+        seqs: &[SeqInput<'_>],
+        cache: &PagedKvCache,
+    ) -> Result<(StepInputs, AttnPlan, Activations)> {
         let (m, k) = (self.model, self.kernels);
         let bs = cache.block_size();
         let (positions, slots) = positions_and_slots(tokens, seqs, bs, m.max_positions())?;
@@ -249,23 +300,13 @@ impl KernelForward<'_> {
         };
         let plan = AttnPlan::new(seqs, bs, dev, m.dtype(), true, prefill_kernel)?;
         let acts = Activations::new(k, m, t, nd, splits)?;
-        self.layers_into(&inputs, &acts, &plan, cache, comm)?;
-        let rows = logit_rows(seqs);
-        if rows.is_empty() || m.shard().rank != 0 {
-            return Ok(None);
-        }
-        let sel = if rows.len() == t {
-            acts.h
-        } else {
-            k.gather_rows(&acts.h, &Tensor::new(rows.as_slice(), dev)?)?
-        };
-        let logits = k.linear(&sel, m.lm_head.weight())?;
-        Ok(Some(k.to_f32(&logits)?))
+        Ok((inputs, plan, acts))
     }
 
     /// Every layer and the final norm of one step, on `inputs`, into `acts` (`acts.h` ends as
     /// the normed last hidden state of every token). Allocates nothing, copies nothing from
-    /// the host and never synchronizes when the step is pure decode on one rank.
+    /// the host and never synchronizes when the step is pure decode on one rank, unless
+    /// `trace` asks for copies of the intermediate states ([`Self::trace`]).
     pub(crate) fn layers_into(
         &self,
         inputs: &StepInputs,
@@ -273,6 +314,7 @@ impl KernelForward<'_> {
         plan: &AttnPlan,
         cache: &PagedKvCache,
         comm: Option<&dyn CommBackend>,
+        mut trace: Option<&mut Vec<(String, Tensor)>>,
     ) -> Result<()> {
         let (m, k) = (self.model, self.kernels);
         let bs = cache.block_size();
@@ -347,6 +389,13 @@ impl KernelForward<'_> {
             cur = 1 - cur;
             k.linear_into(&a.act, layer.mlp.down.weight(), &a.down)?;
             delta = Some(reduce(a.down.clone(), comm)?);
+            if let Some(tr) = trace.as_deref_mut() {
+                let f32 = |x: &Tensor| x.to_dtype(candle_core::DType::F32);
+                tr.push((format!("attn.{li}"), o.copy()?));
+                tr.push((format!("mlp.{li}"), a.down.copy()?));
+                let resid = (f32(&a.residual[cur])? + f32(&a.down)?)?;
+                tr.push((format!("resid.{li}"), resid));
+            }
         }
         k.add_rmsnorm_to(
             delta.as_ref(),

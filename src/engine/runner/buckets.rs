@@ -2,22 +2,29 @@
 //! one graph per bucket; a step of `n` sequences runs on the smallest bucket that holds it,
 //! padded). Plain arithmetic, so it is tested without a GPU.
 
-/// The largest bucket: larger decode batches run eagerly.
-pub const MAX_GRAPH_BUCKET: usize = 256;
+/// Above this batch, buckets grow by steps of [`LARGE_BUCKET_STEP`] instead of doubling (a
+/// batch of 300 padded to 512 would do 70% more matmul work once the step is compute-bound).
+pub const DOUBLING_UP_TO: usize = 256;
+/// The step between large buckets.
+pub const LARGE_BUCKET_STEP: usize = 128;
 
-/// The buckets an engine of `max_running` sequences can reach: 1-8 exact (agents step few
-/// episodes at once, where padding would cost the most), then powers of two up to the first
-/// one that holds `max_running`, at most [`MAX_GRAPH_BUCKET`]. Capturing only these keeps the
-/// start-up short.
-pub fn graph_buckets(max_running: usize) -> Vec<usize> {
+/// The buckets an engine of `max_running` sequences can reach, none above `max_graph_batch`:
+/// 1-8 exact (agents step few episodes at once, where padding would cost the most), powers
+/// of two to [`DOUBLING_UP_TO`], then steps of [`LARGE_BUCKET_STEP`], up to the first that
+/// holds `max_running`. Capturing only these keeps the start-up short.
+pub fn graph_buckets(max_running: usize, max_graph_batch: usize) -> Vec<usize> {
     let mut out = Vec::new();
     let mut b = 1;
-    while b <= MAX_GRAPH_BUCKET {
+    while b <= max_graph_batch.max(1) {
         out.push(b);
         if b >= max_running {
             break;
         }
-        b = if b < 8 { b + 1 } else { b * 2 };
+        b = match b {
+            ..8 => b + 1,
+            ..DOUBLING_UP_TO => b * 2,
+            _ => b + LARGE_BUCKET_STEP,
+        };
     }
     out
 }
@@ -33,20 +40,28 @@ mod tests {
 
     #[test]
     fn buckets_stop_at_the_first_that_holds_max_running() {
-        assert_eq!(graph_buckets(1), vec![1]);
-        assert_eq!(graph_buckets(5), vec![1, 2, 3, 4, 5]);
-        assert_eq!(graph_buckets(8), vec![1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(graph_buckets(9), vec![1, 2, 3, 4, 5, 6, 7, 8, 16]);
-        assert_eq!(graph_buckets(64), vec![1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64]);
+        let g = |n| graph_buckets(n, 256);
+        assert_eq!(g(1), vec![1]);
+        assert_eq!(g(5), vec![1, 2, 3, 4, 5]);
+        assert_eq!(g(8), vec![1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(g(9), vec![1, 2, 3, 4, 5, 6, 7, 8, 16]);
+        assert_eq!(g(64), vec![1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64]);
         let all = vec![1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256];
-        assert_eq!(graph_buckets(256), all);
-        assert_eq!(graph_buckets(10_000), all, "never past the largest bucket");
-        assert_eq!(graph_buckets(0), vec![1]);
+        assert_eq!(g(256), all);
+        assert_eq!(g(10_000), all, "never past the largest bucket");
+        assert_eq!(g(0), vec![1]);
+        // Above 256: steps of 128 up to the first that holds max_running.
+        assert_eq!(
+            graph_buckets(1024, 1024)[12..],
+            [256, 384, 512, 640, 768, 896, 1024]
+        );
+        assert_eq!(graph_buckets(300, 1024)[12..], [256, 384]);
+        assert_eq!(graph_buckets(1024, 600).last(), Some(&512));
     }
 
     #[test]
     fn a_step_takes_the_smallest_bucket_that_holds_it() {
-        let b = graph_buckets(256);
+        let b = graph_buckets(256, 256);
         assert_eq!(bucket_for(&b, 0), None);
         assert_eq!(bucket_for(&b, 1).map(|i| b[i]), Some(1));
         assert_eq!(bucket_for(&b, 8).map(|i| b[i]), Some(8));

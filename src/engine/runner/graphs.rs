@@ -1,6 +1,6 @@
 //! Decode steps replayed as CUDA graphs: one graph per batch-size bucket (1-8 exact, then
-//! 16, 32, 64, 128, 256, up to the engine's `max_running`), captured at start-up over static
-//! device buffers, replayed with one upload of the step's integer inputs.
+//! 16, ..., 256, then steps of 128, up to `max_running` and `max_graph_batch`), captured at
+//! start-up over static device buffers, replayed with one upload of the step's integer inputs.
 //!
 //! Invariants:
 //! - Every buffer a graph touches is allocated here, before the KV cache is sized (so the KV
@@ -79,13 +79,14 @@ impl DecodeGraphs {
     pub fn allocate(
         model: &Model,
         max_running: usize,
+        max_graph_batch: usize,
         max_context: usize,
         block_size: usize,
     ) -> Result<Option<Self>> {
         let Some(k) = model.kernels.as_ref() else {
             return Ok(None);
         };
-        let buckets = graph_buckets(max_running);
+        let buckets = graph_buckets(max_running, max_graph_batch);
         let bmax = *buckets.last().unwrap_or(&1);
         let max_width = max_context.div_ceil(block_size);
         // Splits per bucket: no more than the widest table needs at the bucket's partition,
@@ -214,7 +215,7 @@ impl DecodeGraphs {
             model: &model.qwen3,
             kernels: k,
         }
-        .layers_into(&inputs, &acts, &plan, cache, None)?;
+        .layers_into(&inputs, &acts, &plan, cache, None, None)?;
         let logits_act = self.logits_act.narrow(0, 0, b)?;
         k.linear_into(&acts.h, model.qwen3.lm_head.weight(), &logits_act)?;
         k.to_f32_into(&logits_act, &self.logits.narrow(0, 0, b)?)

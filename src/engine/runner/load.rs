@@ -41,13 +41,18 @@ pub struct Loaded {
     pub cuda_graph_buckets: Vec<usize>,
     /// Ranks of the model (1: no tensor parallelism).
     pub world: usize,
+    /// Most sequences decoding at once (the options' or derived, see `max_running_why`).
+    pub max_running: usize,
+    /// Why `max_running` is what it is (the start-up line says it).
+    pub max_running_why: String,
 }
 
 /// Checks the options that size allocations, before anything is allocated.
 fn check_options(opts: &EngineOptions) -> Result<()> {
     let positive = [
         ("--block-size (block_size)", opts.block_size),
-        ("--max-running (max_running)", opts.max_running),
+        ("--max-running (max_running)", opts.max_running.unwrap_or(1)),
+        ("--max-graph-batch (max_graph_batch)", opts.max_graph_batch),
         (
             "--max-batched-tokens (max_batched_tokens)",
             opts.max_batched_tokens,
@@ -127,18 +132,29 @@ impl ModelRunner {
         let max_context = served_context(cfg);
         let block_bytes =
             cfg.kv_bytes_per_token(dtype.size_in_bytes()) * opts.block_size / shard.world;
+        // `max_running` left to the engine follows the KV pool the budget gives before the
+        // graphs take their share (they are small next to it).
+        let (max_running, max_running_why) = match opts.max_running {
+            Some(n) => (n, "given".to_string()),
+            None => {
+                let blocks = opts.kv_budget.blocks_for(device, block_bytes)?;
+                crate::engine::defaults::max_running(
+                    !device.is_cpu(),
+                    blocks.saturating_mul(opts.block_size),
+                )
+            }
+        };
         // Never more blocks than `max_running` full contexts use; checked, so an absurd
         // `max_running` cannot wrap into a small number.
-        let max_useful = opts
-            .max_running
-            .saturating_mul(max_context.div_ceil(opts.block_size));
+        let max_useful = max_running.saturating_mul(max_context.div_ceil(opts.block_size));
         // The graphs' buffers come before the KV cache is sized, so its budget counts them.
         #[cfg(feature = "cuda")]
         let graphs = if opts.cuda_graphs && comm.is_none() {
             // Without room for the graphs' buffers the engine still serves, eagerly.
             super::graphs::DecodeGraphs::allocate(
                 &model,
-                opts.max_running,
+                max_running,
+                opts.max_graph_batch,
                 max_context,
                 opts.block_size,
             )
@@ -205,6 +221,8 @@ impl ModelRunner {
             kernels,
             cuda_graph_buckets,
             world,
+            max_running,
+            max_running_why,
         })
     }
 }

@@ -78,6 +78,8 @@ impl Scheduler {
             kernels,
             cuda_graph_buckets,
             world,
+            max_running,
+            max_running_why,
         } = ModelRunner::load(key, cfg, weights, device, opts)?;
         let prefix_cache = opts.prefix_cache
             && {
@@ -119,7 +121,10 @@ impl Scheduler {
             kv,
             tokenizer,
             eos: eos.to_vec(),
-            opts: opts.clone(),
+            opts: EngineOptions {
+                max_running: Some(max_running),
+                ..opts.clone()
+            },
             info: EngineInfo {
                 key: key.to_string(),
                 device: device::name(device),
@@ -131,6 +136,8 @@ impl Scheduler {
                 default_max_new_tokens: opts.default_max_new_tokens,
                 kernels,
                 cuda_graph_buckets,
+                max_running,
+                max_running_why,
             },
             max_context,
             waiting: VecDeque::new(),

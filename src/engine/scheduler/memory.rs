@@ -66,9 +66,14 @@ impl Scheduler {
     /// Whether a waiting request could be admitted now: one waits, a slot is free, and the
     /// last admission did not fail on KV memory that has not grown since. (A request whose
     /// prefix another one is still computing counts as admissible: it is retried each pass.)
+    /// Most sequences decoding at once (resolved at load: the options' or derived).
+    fn max_running(&self) -> usize {
+        self.info.max_running
+    }
+
     pub(super) fn admission_possible(&self) -> bool {
         !self.waiting.is_empty()
-            && self.running.len() < self.opts.max_running
+            && self.running.len() < self.max_running()
             && self.kv_blocked_at.is_none_or(|room| self.kv_room() > room)
     }
 
@@ -77,7 +82,7 @@ impl Scheduler {
     /// Records when it stops for lack of KV memory (`kv_blocked_at`).
     pub(super) fn admit(&mut self) {
         self.kv_blocked_at = None;
-        while self.running.len() < self.opts.max_running {
+        while self.running.len() < self.max_running() {
             let Some(seq) = self.waiting.front() else {
                 break;
             };
