@@ -30,6 +30,27 @@ __device__ __forceinline__ void pdl_entry() {
   pdl_wait();
 }
 
+// Prefetches this block's share of the `bytes` bytes at `p` into L2, one bulk prefetch per warp
+// (sm_90+; nothing before): weights a later kernel of the step reads, streamed from memory
+// while this kernel runs, so that kernel finds them in L2. `bytes` is a multiple of 16 and `p`
+// 16-byte aligned (bf16 weight rows of a multiple of 8).
+__device__ __forceinline__ void l2_prefetch_share(const void* p, unsigned long long bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (bytes == 0 || (threadIdx.x & 31) != 0) return;
+  const unsigned long long warps = blockDim.x / 32;
+  const unsigned long long parts = (unsigned long long)gridDim.x * warps;
+  const unsigned long long part = ((bytes + parts - 1) / parts + 15) & ~15ull;
+  const unsigned long long off = ((unsigned long long)blockIdx.x * warps + threadIdx.x / 32) * part;
+  if (off >= bytes) return;
+  const unsigned n = (unsigned)(bytes - off < part ? bytes - off : part);
+  asm volatile(
+      "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
+      " cp.async.bulk.prefetch.L2.global [g], %1;\n}" ::"l"((const char*)p + off),
+      "r"(n)
+      : "memory");
+#endif
+}
+
 // Sum over a full warp (every lane gets the result).
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

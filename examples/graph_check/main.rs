@@ -34,7 +34,7 @@ use policy_serve::engine::model::loader::{load_shard, served_context};
 use policy_serve::engine::model::shard::Shard;
 use policy_serve::engine::runner::graphs::DecodeGraphs;
 use policy_serve::engine::{
-    DTypeChoice, DeviceChoice, KernelOptions, KvBudget, ModelConfig, graph_buckets, select_device,
+    DTypeChoice, DeviceChoice, KvBudget, ModelConfig, graph_buckets, select_device,
 };
 use policy_serve::testing::synthetic_prompt;
 use policy_serve::{Engine, EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
@@ -56,6 +56,9 @@ struct Args {
     /// Only the stress run (check 4).
     #[arg(long)]
     stress_only: bool,
+    /// The kernel switches (`--gemv-mma`, `--l2-prefetch`, ...).
+    #[command(flatten)]
+    kernels: policy_serve::engine::KernelFlags,
 }
 
 const BS: usize = 16;
@@ -275,11 +278,17 @@ fn main() -> Res<()> {
         DTypeChoice::BF16,
         &dev,
         Shard::FULL,
-        &KernelOptions::default(),
+        &a.kernels.options(),
         || {},
     )?;
     if !a.profile.is_empty() {
-        return profile::run(&m, &cfg, &dev, &a.profile);
+        let kopts = a.kernels.options();
+        let ours = policy_serve::engine::cuda::LaunchOptions {
+            gemv_mma: kopts.gemv_mma,
+            l2_prefetch: kopts.l2_prefetch,
+            ..Default::default()
+        };
+        return profile::run(&m, &cfg, &dev, &a.profile, &ours);
     }
     let mut fails = 0u32;
     if a.stress_only {

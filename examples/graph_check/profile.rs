@@ -46,13 +46,21 @@ fn randn(shape: &[usize], dev: &Device) -> Res<Tensor> {
     Ok(Tensor::randn(0f32, 0.5, shape, dev)?.to_dtype(DType::BF16)?)
 }
 
-pub fn run(m: &Model, cfg: &ModelConfig, dev: &Device, batches: &[usize]) -> Res<()> {
+/// `ours` times the kernels as `opts` switches them (`--gemv-mma`: tensor-core matmuls at 3-8
+/// rows).
+pub fn run(
+    m: &Model,
+    cfg: &ModelConfig,
+    dev: &Device,
+    batches: &[usize],
+    ours: &LaunchOptions,
+) -> Res<()> {
     let no_gemv = LaunchOptions {
         gemv: false,
         ..LaunchOptions::default()
     };
     let blas = CudaKernels::new(dev, DType::BF16, &no_gemv)?.ok_or("kernels")?;
-    let k = CudaKernels::new(dev, DType::BF16, &LaunchOptions::default())?.ok_or("kernels")?;
+    let k = CudaKernels::new(dev, DType::BF16, ours)?.ok_or("kernels")?;
     let (h, hd) = (cfg.hidden_size, cfg.head_dim());
     let (nh, nkv, inter, vocab) = (
         cfg.num_attention_heads,
@@ -127,7 +135,15 @@ pub fn run(m: &Model, cfg: &ModelConfig, dev: &Device, batches: &[usize]) -> Res
                 "add+norm+qkv (ours, fused)",
                 time_us(dev, || {
                     let r = (&res, Some(&x), &out_h2);
-                    Ok(k.norm_linear_into(r, (&norm_w, 1e-6), &out_h, &w_qkv, &out_qkv, None)?)
+                    Ok(k.norm_linear_into(
+                        r,
+                        (&norm_w, 1e-6),
+                        &out_h,
+                        &w_qkv,
+                        &out_qkv,
+                        None,
+                        None,
+                    )?)
                 })?,
                 1,
             ),
@@ -218,7 +234,7 @@ pub fn run(m: &Model, cfg: &ModelConfig, dev: &Device, batches: &[usize]) -> Res
                 time_us(dev, || {
                     let r = (&res, Some(&x), &out_h2);
                     let silu = Some((&gu, &out_act));
-                    Ok(k.norm_linear_into(r, (&norm_w, 1e-6), &out_h, &w_gu, &gu, silu)?)
+                    Ok(k.norm_linear_into(r, (&norm_w, 1e-6), &out_h, &w_gu, &gu, silu, None)?)
                 })?,
                 1,
             ),

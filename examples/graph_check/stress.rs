@@ -21,6 +21,7 @@ pub(super) fn engine(
         },
         cuda_graphs: graphs,
         pipelined_decode: pipelined,
+        kernels: a.kernels.options(),
         ..EngineOptions::default()
     };
     let r = ModelRegistry::new(vec![ModelSpec::local("m", "m", &a.model_dir)])?.with_options(opts);

@@ -8,6 +8,7 @@
 //!     .gpu/bench --write-model /tmp/m && .gpu/kernel_check --model-dir /tmp/m
 
 mod fused;
+mod gemv;
 mod model;
 mod prefill;
 
@@ -40,6 +41,9 @@ struct Args {
     /// Where the trace goes.
     #[arg(long, default_value = "/tmp/trace.npz")]
     trace_out: PathBuf,
+    /// The kernel switches of the model-level checks (`--gemv-mma`, `--l2-prefetch`, ...).
+    #[command(flatten)]
+    kernels: policy_serve::engine::KernelFlags,
 }
 
 struct Table {
@@ -322,6 +326,7 @@ fn main() -> Res<()> {
     }
     let mut t = Table { rows: Vec::new() };
     fused::checks(&dev, &mut t)?;
+    gemv::checks(&dev, &mut t)?;
     prefill::checks(&dev, &mut t)?;
     prefill::timings(&dev)?;
     for dt in [DType::BF16, DType::F32] {

@@ -69,7 +69,7 @@ pub(super) fn model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table) -> 
     } else {
         DTypeChoice::BF16
     };
-    let kopts = KernelOptions::default();
+    let kopts = a.kernels.options();
     let fast = load_shard(
         "check",
         &cfg,
@@ -205,7 +205,7 @@ pub(super) fn greedy_check(a: &Args, t: &mut Table) -> Res<()> {
         let opts = EngineOptions {
             kernels: KernelOptions {
                 kernels,
-                ..KernelOptions::default()
+                ..a.kernels.options()
             },
             ..opts.clone()
         };

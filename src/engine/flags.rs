@@ -66,6 +66,13 @@ pub struct KernelFlags {
     /// Use cuBLAS instead of the skinny-matmul kernels for decode steps of 1-2 rows.
     #[arg(long)]
     pub no_gemv: bool,
+    /// Tensor-core skinny matmuls for decode steps of 3-8 rows (`KernelOptions::gemv_mma`).
+    #[arg(long)]
+    pub gemv_mma: bool,
+    /// Skinny matmuls prefetch the next matmul's weights into L2
+    /// (`KernelOptions::l2_prefetch`).
+    #[arg(long)]
+    pub l2_prefetch: bool,
     /// Run decode attention unfused (norm/RoPE/KV write, then attention).
     #[arg(long)]
     pub no_fused_decode: bool,
@@ -95,6 +102,8 @@ impl KernelFlags {
         KernelOptions {
             kernels: !self.no_kernels,
             gemv: !self.no_gemv,
+            gemv_mma: self.gemv_mma,
+            l2_prefetch: self.l2_prefetch,
             fused_decode: !self.no_fused_decode,
             clusters: !self.no_clusters,
             flash_prefill: !self.no_flash_prefill,

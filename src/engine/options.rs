@@ -20,6 +20,13 @@ pub struct KernelOptions {
     pub kernels: bool,
     /// Skinny-matmul kernels for decode steps of 1-2 rows (bf16; off: cuBLAS).
     pub gemv: bool,
+    /// Tensor-core skinny-matmul kernels, with their fused norms, for decode steps of 3-8
+    /// rows (bf16, with `gemv`; off: cuBLAS and separate norm and SiLU kernels). Off by
+    /// default until measured on the H200.
+    pub gemv_mma: bool,
+    /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
+    /// it runs (sm_90+). Off by default until measured on the H200.
+    pub l2_prefetch: bool,
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge; bf16).
     pub fused_decode: bool,
     /// Merge fused decode attention in thread-block clusters (sm_90+).
@@ -48,6 +55,8 @@ impl Default for KernelOptions {
         Self {
             kernels: true,
             gemv: true,
+            gemv_mma: false,
+            l2_prefetch: false,
             fused_decode: true,
             clusters: true,
             flash_prefill: true,

@@ -1,7 +1,9 @@
 //! The forward's matmuls, written into buffers the caller owns (candle's matmul allocates its
 //! output, which a captured graph must not do): the skinny-matmul kernels of
-//! `kernels/gemv.cu` for decode steps of up to [`GEMV_MAX_ROWS`] rows (bf16), cuBLAS
-//! otherwise.
+//! `kernels/gemv.cu` for decode steps of up to [`GEMV_MAX_ROWS`] rows (bf16; CUDA cores) and,
+//! with `LaunchOptions::gemv_mma`, up to [`GEMV_MMA_MAX_ROWS`] (tensor cores), cuBLAS
+//! otherwise. A skinny matmul can prefetch the weights of the matmul after it into L2
+//! (`next`, with `LaunchOptions::l2_prefetch`).
 //!
 //! Invariant: the handle runs on the kernels' stream with a workspace of its own, allocated
 //! once, so a matmul inside graph capture allocates nothing.
@@ -13,13 +15,21 @@ use candle_core::cuda_backend::cudarc::cublas::{result as blas, sys};
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig};
 use candle_core::{DType, Tensor};
 
-use super::kernels::{CudaKernels, GEMV_MAX_ROWS};
+use super::kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS};
 use super::launch::kernel_err;
 use crate::error::Result;
 
 /// Warps per block of `kernels/gemv.cu` (`WARPS`); a warp takes one output row (or gate/up
-/// pair).
+/// pair) in the CUDA-core kernels.
 const GEMV_WARPS: usize = 8;
+/// Output rows of one block of the tensor-core kernels (one MMA's 16).
+const GEMV_MMA_ROWS: usize = 16;
+
+/// A skinny-matmul kernel and the output rows one of its blocks takes.
+struct Gemv<'a> {
+    f: &'a CudaFunction,
+    rows_per_block: usize,
+}
 
 /// Widest weight (output rows) the skinny-matmul kernels take.
 const GEMV_MAX_N: usize = 1 << 15;
@@ -31,6 +41,18 @@ impl CudaKernels {
     /// `out = x · wᵀ` for x `[T, in]`, a weight `[out, in]` (a linear layer's layout) and
     /// out `[T, out]`, all contiguous and of the kernels' dtype (f32 accumulation).
     pub fn linear_into(&self, x: &Tensor, w: &Tensor, out: &Tensor) -> Result<()> {
+        self.linear_next_into(x, w, out, None)
+    }
+
+    /// [`Self::linear_into`], prefetching the weight `next` (the step's next matmul's) into
+    /// L2 while it runs when a skinny-matmul kernel serves it and `l2_prefetch` is on.
+    pub fn linear_next_into(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        out: &Tensor,
+        next: Option<&Tensor>,
+    ) -> Result<()> {
         self.check_dtype(x)?;
         self.check_dtype(w)?;
         self.check_dtype(out)?;
@@ -52,8 +74,8 @@ impl CudaKernels {
         }
         let (px, pw, po) = (self.ptr(x)?, self.ptr(w)?, self.ptr(out)?);
         // cuBLAS reads a wide matrix (lm_head) at least as fast (BENCHMARKS.md).
-        if let Some(f) = self.gemv_for(0, t, k).filter(|_| n_out <= GEMV_MAX_N) {
-            return self.launch_gemv(f, (pw, px, po), n_out, k);
+        if let Some(g) = self.gemv_for(0, t, k).filter(|_| n_out <= GEMV_MAX_N) {
+            return self.launch_gemv(g, (pw, px, po), n_out, k, next);
         }
         let ty = match self.dtype {
             DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
@@ -106,7 +128,7 @@ impl CudaKernels {
         let (two_i, k) = w.dims2()?;
         let t = x.elem_count() / k.max(1);
         let inter = two_i / 2;
-        if let Some(f) = self.gemv_for(1, t, k) {
+        if let Some(g) = self.gemv_for(1, t, k) {
             self.check_dtype(x)?;
             self.check_dtype(w)?;
             self.check_dtype(act)?;
@@ -114,7 +136,7 @@ impl CudaKernels {
                 return Err(kernel_err("gate_up_silu", "shapes do not fit"));
             }
             let ptrs = (self.ptr(w)?, self.ptr(x)?, self.ptr(act)?);
-            return self.launch_gemv(f, ptrs, inter, k);
+            return self.launch_gemv(g, ptrs, inter, k, None);
         }
         self.linear_into(x, w, gu)?;
         self.silu_mul_into(gu, act)
@@ -123,7 +145,8 @@ impl CudaKernels {
     /// `h = rmsnorm(res + delta) * norm_w` (the sum also written to `res_out`, a buffer other
     /// than `res`, when there is a delta), then `out = h · wᵀ`, or with `silu`
     /// (`Some((gu, act))`) the gate|up SiLU product into `act` (`out` unused). One launch for
-    /// few rows; otherwise the add+RMSNorm kernel into `h`, then the matmul.
+    /// few rows (prefetching the weight `next` into L2 as [`Self::linear_next_into`] does);
+    /// otherwise the add+RMSNorm kernel into `h`, then the matmul.
     #[allow(clippy::too_many_arguments)]
     pub fn norm_linear_into(
         &self,
@@ -133,6 +156,7 @@ impl CudaKernels {
         w: &Tensor,
         out: &Tensor,
         silu: Option<(&Tensor, &Tensor)>,
+        next: Option<&Tensor>,
     ) -> Result<()> {
         let (n_w, k) = w.dims2()?;
         let t = res.elem_count() / k.max(1);
@@ -140,7 +164,7 @@ impl CudaKernels {
         let fused = self
             .gemv_for(kind, t, k)
             .filter(|_| t * k * 2 <= NORM_SMEM && res.dim(candle_core::D::Minus1).ok() == Some(k));
-        let Some(f) = fused else {
+        let Some(g) = fused else {
             self.add_rmsnorm_to(delta, res, res_out, norm_w, eps, h)?;
             return match silu {
                 Some((gu, act)) => self.gate_up_silu_into(h, w, gu, act),
@@ -170,12 +194,13 @@ impl CudaKernels {
             None => (pr, 0i32),
         };
         let (n32, k32, eps32) = (n as i32, k as i32, eps as f32);
+        let (ppf, pf_bytes) = self.prefetch_of(next)?;
         let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(GEMV_WARPS) as u32, 1, 1),
+            grid_dim: (n.div_ceil(g.rows_per_block) as u32, 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: (t * k * 2) as u32,
         };
-        let mut b = self.launcher(f);
+        let mut b = self.launcher(g.f);
         b.arg(&pw)
             .arg(&pr)
             .arg(&pd)
@@ -183,38 +208,69 @@ impl CudaKernels {
             .arg(&pnw)
             .arg(&eps32)
             .arg(&add);
-        b.arg(&po).arg(&n32).arg(&k32);
+        b.arg(&po).arg(&n32).arg(&k32).arg(&ppf).arg(&pf_bytes);
         // SAFETY: argument types match `kernels/gemv.cu`; shapes are checked above; res and
         // res_out are different buffers (the caller's ping-pong residual).
         unsafe { b.launch(cfg) }.w()?;
         Ok(())
     }
 
-    /// The skinny-matmul kernel (`kind` 0: plain, 1: fused SiLU*up) for `t` rows over `k`
-    /// inputs, when one serves them.
-    fn gemv_for(&self, kind: usize, t: usize, k: usize) -> Option<&CudaFunction> {
-        let fs = self.gemv.as_ref()?;
-        if t == 0 || t > GEMV_MAX_ROWS || !k.is_multiple_of(8) {
+    /// The skinny-matmul kernel (`kind` 0: plain, 1: fused SiLU*up, 2 and 3: the same behind
+    /// the fused norm) for `t` rows over `k` inputs, when one serves them.
+    fn gemv_for(&self, kind: usize, t: usize, k: usize) -> Option<Gemv<'_>> {
+        if t == 0 || !k.is_multiple_of(8) {
             return None;
         }
-        Some(&fs[kind][t - 1])
+        if t <= GEMV_MAX_ROWS {
+            let fs = self.gemv.as_ref()?;
+            return Some(Gemv {
+                f: &fs[kind][t - 1],
+                rows_per_block: GEMV_WARPS,
+            });
+        }
+        let fs = self.gemv_mma.as_ref()?;
+        (t <= GEMV_MMA_MAX_ROWS && k.is_multiple_of(32)).then(|| Gemv {
+            f: &fs[kind][t - GEMV_MAX_ROWS - 1],
+            rows_per_block: GEMV_MMA_ROWS,
+        })
+    }
+
+    /// The device pointer and size of the weight a skinny matmul prefetches into L2 (0 bytes:
+    /// none).
+    fn prefetch_of(&self, next: Option<&Tensor>) -> Result<(u64, u64)> {
+        match next {
+            Some(w) if self.l2_prefetch => {
+                self.check_dtype(w)?;
+                let bytes = w.elem_count() * w.dtype().size_in_bytes();
+                Ok((self.ptr(w)?, (bytes & !15) as u64))
+            }
+            _ => Ok((0, 0)),
+        }
     }
 
     fn launch_gemv(
         &self,
-        f: &CudaFunction,
+        g: Gemv<'_>,
         (pw, px, po): (u64, u64, u64),
         n: usize,
         k: usize,
+        next: Option<&Tensor>,
     ) -> Result<()> {
         let (n32, k32) = (n as i32, k as i32);
+        let (ppf, pf_bytes) = self.prefetch_of(next)?;
         let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(GEMV_WARPS) as u32, 1, 1),
+            grid_dim: (n.div_ceil(g.rows_per_block) as u32, 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.launcher(f);
-        b.arg(&pw).arg(&px).arg(&po).arg(&n32).arg(&k32);
+        let mut b = self.launcher(g.f);
+        b.arg(&pw)
+            .arg(&px)
+            .arg(&po)
+            .arg(&n32)
+            .arg(&k32)
+            .arg(&ppf)
+            .arg(&pf_bytes);
         // SAFETY: argument types match `kernels/gemv.cu`; the callers checked the shapes, k is
         // a multiple of 8 and the buffers are contiguous.
         unsafe { b.launch(cfg) }.w()?;

@@ -26,9 +26,13 @@ static FLASH_PREFILL_SM90: &[u8] =
 static LAYER_OPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/layer_ops.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
 
-/// Most token rows the skinny-matmul kernels (`kernels/gemv.cu`) take: where they beat
-/// cuBLAS on the H200 (at 3-8 rows cuBLAS wins; BENCHMARKS.md, "Decode steps as CUDA graphs").
+/// Most token rows the CUDA-core skinny-matmul kernels (`kernels/gemv.cu`) take: where they
+/// beat cuBLAS on the H200 (at 3-8 rows their FMAs bound them; BENCHMARKS.md, "Decode steps
+/// as CUDA graphs").
 pub const GEMV_MAX_ROWS: usize = 2;
+/// Most token rows the tensor-core skinny-matmul kernels (`mma_*` in `kernels/gemv.cu`, from
+/// `GEMV_MAX_ROWS + 1` rows, `LaunchOptions::gemv_mma`) take: one MMA's 8 columns.
+pub const GEMV_MMA_MAX_ROWS: usize = 8;
 
 /// Context tokens one decode-attention block takes at most in large batches (a partition of
 /// flash-decoding); small batches take shorter partitions ([`CudaKernels::decode_partition`]).
@@ -49,6 +53,12 @@ pub(crate) const FLASH_PREFILL_SMEM_SM90: usize = 99328;
 pub struct LaunchOptions {
     /// Skinny-matmul kernels for 1-2 rows (bf16).
     pub gemv: bool,
+    /// Tensor-core skinny-matmul kernels for 3-8 rows (bf16; with `gemv`; off: cuBLAS and
+    /// the separate norm and SiLU kernels).
+    pub gemv_mma: bool,
+    /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
+    /// while it runs (sm_90+).
+    pub l2_prefetch: bool,
     /// The fused decode attention (bf16).
     pub fused_decode: bool,
     /// Thread-block clusters in the fused decode attention (sm_90+).
@@ -71,6 +81,8 @@ impl Default for LaunchOptions {
     fn default() -> Self {
         Self {
             gemv: true,
+            gemv_mma: false,
+            l2_prefetch: false,
             fused_decode: true,
             clusters: true,
             flash_prefill: true,
@@ -121,6 +133,11 @@ pub struct CudaKernels {
     /// Skinny matmuls for 1..=GEMV_MAX_ROWS rows: plain, fused with SiLU*up, and both
     /// behind a fused add+RMSNorm (bf16 only; None without `LaunchOptions::gemv`).
     pub(super) gemv: Option<[Vec<CudaFunction>; 4]>,
+    /// The same four on tensor cores for `GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS` rows (None
+    /// without `LaunchOptions::gemv_mma`).
+    pub(super) gemv_mma: Option<[Vec<CudaFunction>; 4]>,
+    /// Whether the skinny matmuls prefetch the next matmul's weights into L2.
+    pub(super) l2_prefetch: bool,
     pub(crate) blas: Blas,
     /// Fused decode attention merges in thread-block clusters (sm_90+ with
     /// `LaunchOptions::clusters`; see [`CudaKernels::decode_cluster`]).
@@ -287,6 +304,22 @@ impl CudaKernels {
             } else {
                 None
             },
+            gemv_mma: if dtype == DType::BF16 && opts.gemv && opts.gemv_mma {
+                let all = |kind: &str| -> Result<Vec<CudaFunction>> {
+                    (GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS)
+                        .map(|t| f(&gemv_mod, &format!("mma_{kind}_t{t}_bf16")))
+                        .collect()
+                };
+                Some([
+                    all("gemv")?,
+                    all("gemv_silu")?,
+                    all("norm_gemv")?,
+                    all("norm_gemv_silu")?,
+                ])
+            } else {
+                None
+            },
+            l2_prefetch: hopper && opts.l2_prefetch,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),

@@ -24,6 +24,6 @@ mod prefill;
 mod readback;
 
 pub use attention::{CLUSTER_MAX_ROWS, DECODE_CLUSTER, FUSED_MAX_ROWS};
-pub use kernels::{CudaKernels, GEMV_MAX_ROWS, GpuEvent, LaunchOptions};
+pub use kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, GpuEvent, LaunchOptions};
 pub(crate) use launch::kernel_err;
 pub use readback::PendingIds;

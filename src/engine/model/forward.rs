@@ -57,6 +57,8 @@ pub fn kernels_for(
     }
     let launch = LaunchOptions {
         gemv: opts.gemv,
+        gemv_mma: opts.gemv_mma,
+        l2_prefetch: opts.l2_prefetch,
         fused_decode: opts.fused_decode,
         clusters: opts.clusters,
         flash_prefill: opts.flash_prefill,

@@ -336,6 +336,9 @@ impl KernelForward<'_> {
         for (li, layer) in m.layers.iter().enumerate() {
             let at = &layer.attn;
             let norm = &layer.input_norm;
+            // Each skinny matmul prefetches the next one's weights into L2 (with
+            // `l2_prefetch`): qkv -> o (across the attention), o -> gate|up, gate|up -> down,
+            // down -> the next layer's qkv.
             k.norm_linear_into(
                 (&a.residual[cur], delta.as_ref(), &a.residual[1 - cur]),
                 (&norm.weight, norm.eps),
@@ -343,6 +346,7 @@ impl KernelForward<'_> {
                 at.qkv.weight(),
                 &a.qkv,
                 None,
+                Some(at.o_proj.weight()),
             )?;
             if delta.is_some() {
                 cur = 1 - cur;
@@ -375,7 +379,12 @@ impl KernelForward<'_> {
                 )?;
                 self.attend_kernels((kc, vc), plan, inputs, acts, bs)?
             };
-            k.linear_into(&out, at.o_proj.weight(), &a.o)?;
+            k.linear_next_into(
+                &out,
+                at.o_proj.weight(),
+                &a.o,
+                Some(layer.mlp.gate_up.weight()),
+            )?;
             let o = reduce(a.o.clone(), comm)?;
             let norm = &layer.post_norm;
             k.norm_linear_into(
@@ -385,9 +394,11 @@ impl KernelForward<'_> {
                 layer.mlp.gate_up.weight(),
                 &a.gu,
                 Some((&a.gu, &a.act)),
+                Some(layer.mlp.down.weight()),
             )?;
             cur = 1 - cur;
-            k.linear_into(&a.act, layer.mlp.down.weight(), &a.down)?;
+            let next = m.layers.get(li + 1).map(|l| l.attn.qkv.weight());
+            k.linear_next_into(&a.act, layer.mlp.down.weight(), &a.down, next)?;
             delta = Some(reduce(a.down.clone(), comm)?);
             if let Some(tr) = trace.as_deref_mut() {
                 let f32 = |x: &Tensor| x.to_dtype(candle_core::DType::F32);

@@ -20,10 +20,12 @@ pub fn graph_buckets(max_running: usize, max_graph_batch: usize) -> Vec<usize> {
         if b >= max_running {
             break;
         }
-        b = match b {
-            ..8 => b + 1,
-            ..DOUBLING_UP_TO => b * 2,
-            _ => b + LARGE_BUCKET_STEP,
+        b = if b < 8 {
+            b + 1
+        } else if b < DOUBLING_UP_TO {
+            b * 2
+        } else {
+            b + LARGE_BUCKET_STEP
         };
     }
     out
