@@ -19,6 +19,8 @@
 //    res + delta (rounded to bf16, as the residual stream is stored) to res_out, a buffer other
 //    than res (no block may see another's write). Without delta (add == 0) res is normed as
 //    is and res_out is not written.
+//  * wnorm_gemv_t{T}_bf16, wnorm_gemv_silu_t{T}_bf16: the norm kernels with the per-warp norm
+//    (WarpNorm: no shared memory, no block barrier; warp 0 of block 0 writes res_out).
 //  * mma_*_t{T}_bf16 (T = 3..8): the same four on tensor cores (below), where CUDA-core FMAs
 //    would bound the step (8 rows x 8 products per 16 weight bytes).
 //
@@ -58,12 +60,85 @@ __device__ __forceinline__ void load_batch(const __nv_bfloat16* __restrict__ W,
   }
 }
 
-// acc[r][t] = W[rows[r]] . x[t] for NR rows (all < N), x rows K apart (global or shared);
-// w holds the first batch (load_batch at c0 = lane), loaded by the caller before it waited.
-template <int T, int NR>
-__device__ __forceinline__ void dot_rows(const __nv_bfloat16* __restrict__ W,
-                                         const __nv_bfloat16* x, const int (&rows)[NR], int K,
-                                         int lane, uint4 (&w)[NR][BATCH], float (&acc)[NR][T]) {
+// Chunk c (8 elements) of token row t of the matmul's input: read as is (x rows K apart, in
+// global or shared memory), or with the warp's own norm (WarpNorm) computed on the fly.
+struct PlainX {
+  const __nv_bfloat16* x;
+  int K;
+  __device__ __forceinline__ uint4 chunk(int t, int c) const {
+    return *reinterpret_cast<const uint4*>(x + (size_t)t * K + c * 8);
+  }
+};
+
+// bf16(a + b) element-wise, as the residual stream is stored.
+__device__ __forceinline__ uint4 add_bf16x8(uint4 a, uint4 b) {
+  float fa[8], fb[8];
+  bf16x8_to_f32(a, fa);
+  bf16x8_to_f32(b, fb);
+  uint4 o;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(fa[2 * i] + fb[2 * i], fa[2 * i + 1] + fb[2 * i + 1]);
+  return o;
+}
+
+// The per-warp fused norm: x[t] = bf16(bf16(res + delta)[t] * inv[t] * w) with inv[t] from one
+// pass of this warp over the T rows (no shared memory, no block barrier: each warp starts its
+// dot products as soon as its own sums are in); chunks are rebuilt from res/delta/w as the
+// dot products need them (L1-resident: every warp of the block reads the same rows).
+template <int T>
+struct WarpNorm {
+  const __nv_bfloat16* res;
+  const __nv_bfloat16* delta;
+  const __nv_bfloat16* w;
+  int add, K;
+  float inv[T];
+
+  // The sums of squares (and, by warp 0 of block 0, res + delta written to res_out).
+  __device__ __forceinline__ void init(__nv_bfloat16* __restrict__ res_out, float eps, int lane) {
+    float ss[T];
+#pragma unroll
+    for (int t = 0; t < T; ++t) ss[t] = 0.f;
+    const bool writer = add && blockIdx.x == 0 && threadIdx.x < 32;
+    for (int c = lane; c < K / 8; c += 32) {
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const uint4 v = sum(t, c);
+        if (writer) *reinterpret_cast<uint4*>(res_out + (size_t)t * K + c * 8) = v;
+        float f[8];
+        bf16x8_to_f32(v, f);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) ss[t] += f[j] * f[j];
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < T; ++t) inv[t] = rsqrtf(warp_sum(ss[t]) / K + eps);
+  }
+
+  __device__ __forceinline__ uint4 sum(int t, int c) const {
+    const uint4 r = *reinterpret_cast<const uint4*>(res + (size_t)t * K + c * 8);
+    return add ? add_bf16x8(r, *reinterpret_cast<const uint4*>(delta + (size_t)t * K + c * 8)) : r;
+  }
+
+  __device__ __forceinline__ uint4 chunk(int t, int c) const {
+    float v[8], g[8];
+    bf16x8_to_f32(sum(t, c), v);
+    bf16x8_to_f32(*reinterpret_cast<const uint4*>(w + c * 8), g);
+    uint4 o;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      h[i] = __floats2bfloat162_rn(v[2 * i] * inv[t] * g[2 * i], v[2 * i + 1] * inv[t] * g[2 * i + 1]);
+    return o;
+  }
+};
+
+// acc[r][t] = W[rows[r]] . x[t] for NR rows (all < N), x chunks from `xs`; w holds the first
+// batch (load_batch at c0 = lane), loaded by the caller before it waited.
+template <int T, int NR, typename X>
+__device__ __forceinline__ void dot_rows(const __nv_bfloat16* __restrict__ W, const X& xs,
+                                         const int (&rows)[NR], int K, int lane,
+                                         uint4 (&w)[NR][BATCH], float (&acc)[NR][T]) {
 #pragma unroll
   for (int r = 0; r < NR; ++r)
 #pragma unroll
@@ -81,7 +156,7 @@ __device__ __forceinline__ void dot_rows(const __nv_bfloat16* __restrict__ W,
 #pragma unroll
       for (int t = 0; t < T; ++t) {
         float xf[8];
-        bf16x8_to_f32(*reinterpret_cast<const uint4*>(x + (size_t)t * K + c * 8), xf);
+        bf16x8_to_f32(xs.chunk(t, c), xf);
 #pragma unroll
         for (int r = 0; r < NR; ++r)
 #pragma unroll
@@ -164,7 +239,9 @@ __device__ __forceinline__ void store_rows(const float (&acc)[NR][T], __nv_bfloa
 // The whole kernel: triggers the next launch, prefetches this warp's first weight batch,
 // waits for the previous kernel, optionally norms the input rows into shared memory, then
 // runs the dot products. NR 2 is the gate/up pair with SiLU (N = I).
-template <int T, int NR, bool NORM>
+// NORM: 0 none, 1 the block-wide norm into shared memory (norm_rows), 2 the per-warp norm
+// (WarpNorm).
+template <int T, int NR, int NORM>
 __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
                                             const __nv_bfloat16* x,
                                             const __nv_bfloat16* __restrict__ delta,
@@ -181,13 +258,20 @@ __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
   uint4 w[NR][BATCH];
   if (ok) load_batch<NR>(W, rows, K, lane, w);
   pdl_wait();
-  if (NORM) {
-    norm_rows<T>(x, delta, res_out, nw, eps, add, K, x_s);
-    x = x_s;
-  }
-  if (!ok) return;
   float acc[NR][T];
-  dot_rows<T, NR>(W, x, rows, K, lane, w, acc);
+  if (NORM == 2) {
+    WarpNorm<T> xs{x, delta, nw, add, K, {}};
+    xs.init(res_out, eps, lane);
+    if (!ok) return;
+    dot_rows<T, NR>(W, xs, rows, K, lane, w, acc);
+  } else {
+    if (NORM == 1) {
+      norm_rows<T>(x, delta, res_out, nw, eps, add, K, x_s);
+      x = x_s;
+    }
+    if (!ok) return;
+    dot_rows<T, NR>(W, PlainX{x, K}, rows, K, lane, w, acc);
+  }
   store_rows<T, NR>(acc, out, N, rows[0], lane);
 }
 
@@ -336,13 +420,13 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
   extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_t##T##_bf16(                 \
       const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
       const void* pf, unsigned long long pf_bytes) {                                         \
-    gemv_kernel<T, 1, false>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K, nullptr,    \
+    gemv_kernel<T, 1, 0>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K, nullptr,    \
                              pf, pf_bytes);                                                  \
   }                                                                                          \
   extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_silu_t##T##_bf16(            \
       const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int I, int K,      \
       const void* pf, unsigned long long pf_bytes) {                                         \
-    gemv_kernel<T, 2, false>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, I, K, nullptr,    \
+    gemv_kernel<T, 2, 0>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, I, K, nullptr,    \
                              pf, pf_bytes);                                                  \
   }                                                                                          \
   extern "C" __global__ void __launch_bounds__(WARPS * 32) norm_gemv_t##T##_bf16(            \
@@ -350,7 +434,7 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
       __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
       __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
     extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
-    gemv_kernel<T, 1, true>(W, res, delta, res_out, nw, eps, add, out, N, K, x_s, pf,        \
+    gemv_kernel<T, 1, 1>(W, res, delta, res_out, nw, eps, add, out, N, K, x_s, pf,        \
                             pf_bytes);                                                       \
   }                                                                                          \
   extern "C" __global__ void __launch_bounds__(WARPS * 32) norm_gemv_silu_t##T##_bf16(       \
@@ -358,12 +442,30 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
       __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
       __nv_bfloat16* out, int I, int K, const void* pf, unsigned long long pf_bytes) {       \
     extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
-    gemv_kernel<T, 2, true>(W, res, delta, res_out, nw, eps, add, out, I, K, x_s, pf,        \
+    gemv_kernel<T, 2, 1>(W, res, delta, res_out, nw, eps, add, out, I, K, x_s, pf,        \
                             pf_bytes);                                                       \
+  }
+
+#define WNORM_GEMV(T)                                                                        \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) wnorm_gemv_t##T##_bf16(           \
+      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
+      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
+      __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
+    gemv_kernel<T, 1, 2>(W, res, delta, res_out, nw, eps, add, out, N, K, nullptr, pf,       \
+                         pf_bytes);                                                          \
+  }                                                                                          \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) wnorm_gemv_silu_t##T##_bf16(      \
+      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
+      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
+      __nv_bfloat16* out, int I, int K, const void* pf, unsigned long long pf_bytes) {       \
+    gemv_kernel<T, 2, 2>(W, res, delta, res_out, nw, eps, add, out, I, K, nullptr, pf,       \
+                         pf_bytes);                                                          \
   }
 
 GEMV(1)
 GEMV(2)
+WNORM_GEMV(1)
+WNORM_GEMV(2)
 MMA_GEMV(3)
 MMA_GEMV(4)
 MMA_GEMV(5)

@@ -286,6 +286,7 @@ fn main() -> Res<()> {
         let ours = policy_serve::engine::cuda::LaunchOptions {
             gemv_mma: kopts.gemv_mma,
             l2_prefetch: kopts.l2_prefetch,
+            warp_norm: kopts.warp_norm,
             ..Default::default()
         };
         return profile::run(&m, &cfg, &dev, &a.profile, &ours);

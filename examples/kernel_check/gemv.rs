@@ -6,13 +6,21 @@
 use super::*;
 
 pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
+    for warp_norm in [false, true] {
+        let opts = LaunchOptions {
+            gemv_mma: true,
+            l2_prefetch: true,
+            warp_norm,
+            ..LaunchOptions::default()
+        };
+        let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
+        check_with(&k, if warp_norm { " (warp norm)" } else { "" }, dev, t)?;
+    }
+    Ok(())
+}
+
+fn check_with(k: &CudaKernels, tag: &str, dev: &Device, t: &mut Table) -> Res<()> {
     let dt = DType::BF16;
-    let opts = LaunchOptions {
-        gemv_mma: true,
-        l2_prefetch: true,
-        ..LaunchOptions::default()
-    };
-    let k = CudaKernels::new(dev, dt, &opts)?.ok_or("no kernels")?;
     let f = |x: &Tensor| x.to_dtype(DType::F32);
     let matmul = |x: &Tensor, w: &Tensor| -> Res<Tensor> { Ok(f(x)?.matmul(&f(w)?.t()?)?) };
     let next = randn(&[1000, 1024], dt, dev)?;
@@ -28,7 +36,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             let out = Tensor::zeros((rows, n), dt, dev)?;
             k.linear_next_into(&x, &w, &out, Some(&next))?;
             t.check(
-                format!("gemv rows {rows} n {n} k {kk}"),
+                format!("gemv rows {rows} n {n} k {kk}{tag}"),
                 rel(&out, &matmul(&x, &w)?)?,
                 2e-2,
             );
@@ -41,7 +49,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             let reference =
                 (candle_nn::ops::silu(&full.narrow(1, 0, i)?)? * full.narrow(1, i, i)?)?;
             t.check(
-                format!("gemv_silu rows {rows} I {i} k {kk}"),
+                format!("gemv_silu rows {rows} I {i} k {kk}{tag}"),
                 rel(&act, &reference)?,
                 2e-2,
             );
@@ -52,11 +60,12 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             let res = randn(&[rows, kk], dt, dev)?;
             let delta = randn(&[rows, kk], dt, dev)?;
             let nw = randn(&[kk], dt, dev)?.affine(0.1, 1.0)?.to_dtype(dt)?;
-            let res_out = Tensor::zeros((rows, kk), dt, dev)?;
             let h = Tensor::zeros((rows, kk), dt, dev)?;
             let sum = (&res + &delta)?;
             let normed = candle_nn::ops::rms_norm(&f(&sum)?, &f(&nw)?, 1e-6)?.to_dtype(dt)?;
             for silu in [false, true] {
+                // Fresh each run: a kernel that skipped the write would fail the sum check.
+                let res_out = Tensor::zeros((rows, kk), dt, dev)?;
                 let dst = if silu { &act } else { &out };
                 k.norm_linear_into(
                     (&res, Some(&delta), &res_out),

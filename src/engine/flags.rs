@@ -73,6 +73,9 @@ pub struct KernelFlags {
     /// (`KernelOptions::l2_prefetch`).
     #[arg(long)]
     pub l2_prefetch: bool,
+    /// Per-warp fused norms in the 1-2-row skinny matmuls (`KernelOptions::warp_norm`).
+    #[arg(long)]
+    pub warp_norm: bool,
     /// Run decode attention unfused (norm/RoPE/KV write, then attention).
     #[arg(long)]
     pub no_fused_decode: bool,
@@ -104,6 +107,7 @@ impl KernelFlags {
             gemv: !self.no_gemv,
             gemv_mma: self.gemv_mma,
             l2_prefetch: self.l2_prefetch,
+            warp_norm: self.warp_norm,
             fused_decode: !self.no_fused_decode,
             clusters: !self.no_clusters,
             flash_prefill: !self.no_flash_prefill,

@@ -22,11 +22,16 @@ pub struct KernelOptions {
     pub gemv: bool,
     /// Tensor-core skinny-matmul kernels, with their fused norms, for decode steps of 3-8
     /// rows (bf16, with `gemv`; off: cuBLAS and separate norm and SiLU kernels). Off by
-    /// default until measured on the H200.
+    /// default: no faster than cuBLAS on the H200 (BENCHMARKS.md, #21).
     pub gemv_mma: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
-    /// it runs (sm_90+). Off by default until measured on the H200.
+    /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
     pub l2_prefetch: bool,
+    /// The skinny matmuls of 1-2 rows compute their fused norm per warp (no shared memory,
+    /// no block barrier before the first product) instead of once per block. Off by default:
+    /// 16-24% slower on the H200 (every warp reads the rows the block read once; BENCHMARKS.md,
+    /// #21).
+    pub warp_norm: bool,
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge; bf16).
     pub fused_decode: bool,
     /// Merge fused decode attention in thread-block clusters (sm_90+).
@@ -57,6 +62,7 @@ impl Default for KernelOptions {
             gemv: true,
             gemv_mma: false,
             l2_prefetch: false,
+            warp_norm: false,
             fused_decode: true,
             clusters: true,
             flash_prefill: true,

@@ -29,6 +29,8 @@ const GEMV_MMA_ROWS: usize = 16;
 struct Gemv<'a> {
     f: &'a CudaFunction,
     rows_per_block: usize,
+    /// Whether its norm variant holds the normed rows in shared memory (T * K bf16).
+    norm_smem: bool,
 }
 
 /// Widest weight (output rows) the skinny-matmul kernels take.
@@ -198,7 +200,7 @@ impl CudaKernels {
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(g.rows_per_block) as u32, 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
-            shared_mem_bytes: (t * k * 2) as u32,
+            shared_mem_bytes: if g.norm_smem { (t * k * 2) as u32 } else { 0 },
         };
         let mut b = self.launcher(g.f);
         b.arg(&pw)
@@ -226,12 +228,14 @@ impl CudaKernels {
             return Some(Gemv {
                 f: &fs[kind][t - 1],
                 rows_per_block: GEMV_WARPS,
+                norm_smem: !self.warp_norm,
             });
         }
         let fs = self.gemv_mma.as_ref()?;
         (t <= GEMV_MMA_MAX_ROWS && k.is_multiple_of(32)).then(|| Gemv {
             f: &fs[kind][t - GEMV_MAX_ROWS - 1],
             rows_per_block: GEMV_MMA_ROWS,
+            norm_smem: true,
         })
     }
 

@@ -59,6 +59,9 @@ pub struct LaunchOptions {
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
     /// while it runs (sm_90+).
     pub l2_prefetch: bool,
+    /// The 1-2-row skinny matmuls behind a norm compute it per warp (no shared memory, no
+    /// block barrier) instead of once per block.
+    pub warp_norm: bool,
     /// The fused decode attention (bf16).
     pub fused_decode: bool,
     /// Thread-block clusters in the fused decode attention (sm_90+).
@@ -83,6 +86,7 @@ impl Default for LaunchOptions {
             gemv: true,
             gemv_mma: false,
             l2_prefetch: false,
+            warp_norm: false,
             fused_decode: true,
             clusters: true,
             flash_prefill: true,
@@ -138,6 +142,9 @@ pub struct CudaKernels {
     pub(super) gemv_mma: Option<[Vec<CudaFunction>; 4]>,
     /// Whether the skinny matmuls prefetch the next matmul's weights into L2.
     pub(super) l2_prefetch: bool,
+    /// Whether the 1-2-row norm kernels in `gemv` are the per-warp-norm ones (no shared
+    /// memory).
+    pub(super) warp_norm: bool,
     pub(crate) blas: Blas,
     /// Fused decode attention merges in thread-block clusters (sm_90+ with
     /// `LaunchOptions::clusters`; see [`CudaKernels::decode_cluster`]).
@@ -295,15 +302,17 @@ impl CudaKernels {
                         .map(|t| f(&gemv_mod, &format!("{kind}_t{t}_bf16")))
                         .collect()
                 };
+                let norm = if opts.warp_norm { "wnorm" } else { "norm" };
                 Some([
                     all("gemv")?,
                     all("gemv_silu")?,
-                    all("norm_gemv")?,
-                    all("norm_gemv_silu")?,
+                    all(&format!("{norm}_gemv"))?,
+                    all(&format!("{norm}_gemv_silu"))?,
                 ])
             } else {
                 None
             },
+            warp_norm: opts.warp_norm,
             gemv_mma: if dtype == DType::BF16 && opts.gemv && opts.gemv_mma {
                 let all = |kind: &str| -> Result<Vec<CudaFunction>> {
                     (GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS)

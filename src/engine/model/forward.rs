@@ -59,6 +59,7 @@ pub fn kernels_for(
         gemv: opts.gemv,
         gemv_mma: opts.gemv_mma,
         l2_prefetch: opts.l2_prefetch,
+        warp_norm: opts.warp_norm,
         fused_decode: opts.fused_decode,
         clusters: opts.clusters,
         flash_prefill: opts.flash_prefill,
