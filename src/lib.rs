@@ -51,7 +51,7 @@ pub mod server;
 pub mod testing;
 
 pub use engine::{
-    CancelToken, Engine, EngineOptions, Generation, GenerationRequest, SamplingParams,
+    CancelToken, Engine, EngineOptions, Generation, GenerationRequest, SamplingParams, TokenLogprob,
 };
 pub use error::{Error, Result};
 pub use policy::format::{

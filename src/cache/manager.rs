@@ -67,6 +67,15 @@ impl KvManager {
         }
     }
 
+    /// Drops every cached prefix no running sequence pins (their blocks go back to the free
+    /// list); returns how many blocks were freed. Nothing without a prefix cache.
+    pub fn reset_prefix_cache(&mut self) -> usize {
+        match &mut self.radix {
+            Some(r) => r.evict(usize::MAX, &mut self.pool).unwrap_or(0),
+            None => 0,
+        }
+    }
+
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.block_size

@@ -48,7 +48,8 @@ pub use parallel::comm::{
     CommBackend, CommHandle, InProcessComm, RankSettings, WorkerCommand, agree,
 };
 pub use request::{
-    EngineInfo, EngineStats, FinishReason, Generation, GenerationRequest, SamplingParams,
+    EngineInfo, EngineStats, FinishReason, Generation, GenerationRequest, MAX_LOGPROBS,
+    SamplingParams, TokenLogprob,
 };
 pub use runner::buckets::graph_buckets;
 pub use runner::worker::{
@@ -207,6 +208,19 @@ impl Engine {
         let (reply, pending) = handle::channel();
         let _ = self.inner.tx.lock().send(Command::Score { tokens, reply });
         pending.wait()
+    }
+
+    /// Drops every cached prefix that no running request uses (after new weights, say, when
+    /// cached KV would be stale). Resolves to the number of KV blocks freed; `.await` it or
+    /// [`Pending::wait`] for it.
+    pub fn reset_prefix_cache(&self) -> Pending<usize> {
+        let (reply, pending) = handle::channel();
+        let _ = self
+            .inner
+            .tx
+            .lock()
+            .send(Command::ResetPrefixCache { reply });
+        pending
     }
 
     /// Current counters.

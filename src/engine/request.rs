@@ -85,6 +85,26 @@ pub struct GenerationRequest {
     /// Generate at least this many tokens: EOS and stop strings end nothing before (vLLM's
     /// `min_tokens`; must not exceed the cap).
     pub min_tokens: usize,
+    /// Log-probabilities of each generated token and of the `k` most likely alternatives at
+    /// its position (`Some(0)`: the generated token's only; at most [`MAX_LOGPROBS`]), in
+    /// the distribution the token was drawn from: the logits over the temperature (1 for
+    /// greedy rows), renormalized over the tokens top-k / top-p keep. `None`: none.
+    pub logprobs: Option<usize>,
+}
+
+/// Most alternatives [`GenerationRequest::logprobs`] may ask for (OpenAI's and vLLM's 20).
+pub const MAX_LOGPROBS: usize = 20;
+
+/// The log-probability of one generated token and of the most likely tokens at its position.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    /// The generated token.
+    pub token: u32,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely tokens there and their log-probabilities, most likely first (as many
+    /// as the request asked for).
+    pub top: Vec<(u32, f32)>,
 }
 
 impl GenerationRequest {
@@ -97,6 +117,7 @@ impl GenerationRequest {
             stop: vec![],
             ignore_eos: false,
             min_tokens: 0,
+            logprobs: None,
         }
     }
 
@@ -148,6 +169,9 @@ pub struct Generation {
     pub total_time: Duration,
     /// Times this request was preempted for lack of KV blocks (swapped out or recomputed).
     pub preemptions: u32,
+    /// Per generated token, its log-probability and the alternatives', when the request
+    /// asked ([`GenerationRequest::logprobs`]).
+    pub logprobs: Option<Vec<TokenLogprob>>,
 }
 
 /// Counters of an engine.
@@ -227,6 +251,8 @@ pub struct EngineInfo {
     pub max_running: usize,
     /// Why `max_running` is what it is: given, or how the engine derived it.
     pub max_running_why: String,
+    /// Ranks the model spans (1: no tensor parallelism).
+    pub world_size: usize,
 }
 
 impl EngineInfo {
@@ -247,6 +273,13 @@ impl EngineInfo {
             )));
         }
         let max_new = self.max_new_tokens(r);
+        if let Some(k) = r.logprobs
+            && k > MAX_LOGPROBS
+        {
+            return Err(Error::InvalidInput(format!(
+                "logprobs asks for {k} alternatives a token; at most {MAX_LOGPROBS}"
+            )));
+        }
         if r.min_tokens > max_new {
             return Err(Error::InvalidInput(format!(
                 "min_tokens ({}) is over max_new_tokens ({max_new})",

@@ -100,6 +100,11 @@ impl ModelRegistry {
         .expect("the default specs are valid")
     }
 
+    /// How models are loaded and served (the options of [`Self::with_options`]).
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
     /// Sets how models are loaded and served (device, dtype, batching, cache). Applies to
     /// models loaded after this call.
     pub fn with_options(mut self, options: EngineOptions) -> Self {

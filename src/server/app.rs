@@ -15,7 +15,7 @@ use super::config::Config;
 use super::error::ApiError;
 use super::state::AppState;
 use super::wire::OpenAiErrors;
-use super::{chat, episodes, metrics, middleware};
+use super::{chat, completions, episodes, metrics, middleware, rl};
 
 /// The router with every route and limit; mount it in a host app's axum app if you like.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -23,6 +23,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat::chat))
+        .route("/v1/completions", post(completions::completions))
+        .route("/get_world_size", get(rl::world_size))
+        .route("/server_info", get(rl::server_info))
+        .route("/reset_prefix_cache", post(rl::reset_prefix_cache))
         .route("/v1/episodes", post(episodes::create))
         .route("/v1/episodes/{id}/act", post(episodes::act))
         .route("/v1/episodes/{id}", delete(episodes::delete))
@@ -31,7 +35,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             ApiError::new(
                 StatusCode::NOT_FOUND,
                 "not_found",
-                "no such route; see GET /v1/models, POST /v1/chat/completions, /v1/episodes",
+                "no such route; see GET /v1/models, POST /v1/chat/completions, /v1/completions, /v1/episodes",
             )
         })
         .method_not_allowed_fallback(|| async {

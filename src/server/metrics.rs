@@ -26,6 +26,7 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         "Requests by route.",
         vec![
             ("{route=\"chat_completions\"}".into(), get(&c.chat)),
+            ("{route=\"completions\"}".into(), get(&c.completions)),
             ("{route=\"episode_act\"}".into(), get(&c.acts)),
         ],
     );

@@ -26,12 +26,14 @@
 mod app;
 mod chat;
 mod completion;
+mod completions;
 mod config;
 mod episodes;
 pub mod error;
 mod metrics;
 mod middleware;
 pub mod openai;
+mod rl;
 mod state;
 mod stream;
 mod wire;

@@ -37,6 +37,7 @@ impl Episode {
 #[derive(Default)]
 pub(super) struct Counters {
     pub(super) chat: AtomicU64,
+    pub(super) completions: AtomicU64,
     pub(super) acts: AtomicU64,
     pub(super) errors: AtomicU64,
     pub(super) prompt_tokens: AtomicU64,

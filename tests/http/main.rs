@@ -11,6 +11,7 @@ use policy_serve::server as serve;
 use serde_json::{Value, json};
 
 mod chat;
+mod completions;
 mod episodes;
 mod errors;
 mod hardening;

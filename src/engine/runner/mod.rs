@@ -9,6 +9,7 @@ pub mod buckets;
 #[cfg(feature = "cuda")]
 pub mod graphs;
 mod load;
+pub mod logprobs;
 mod model_runner;
 pub mod sampler;
 pub mod worker;

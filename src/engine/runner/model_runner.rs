@@ -136,6 +136,17 @@ impl ModelRunner {
         sampler::draw_ids(&self.model, logits, draws)
     }
 
+    /// The log-probabilities of the ids drawn from `logits` for `rows` (read to the host; see
+    /// `runner::logprobs`).
+    pub(crate) fn logprobs(
+        &self,
+        logits: &Tensor,
+        ids: &Tensor,
+        rows: &[super::logprobs::LogprobRow],
+    ) -> Result<Vec<crate::engine::request::TokenLogprob>> {
+        super::logprobs::logprobs(&self.model, logits, ids, rows)
+    }
+
     /// Starts reading u32 `ids` (`[n]`) to the host behind the work queued so far, without
     /// waiting for work queued later (the kernels' stream on CUDA; at once elsewhere).
     pub(crate) fn read_ids(&self, ids: &Tensor) -> Result<HostIds> {

@@ -138,6 +138,7 @@ impl Scheduler {
                 cuda_graph_buckets,
                 max_running,
                 max_running_why,
+                world_size: world,
             },
             max_context,
             waiting: VecDeque::new(),
@@ -190,6 +191,13 @@ impl Scheduler {
                     Command::Score { tokens, reply } => {
                         self.settle();
                         reply.send(self.score(&tokens))
+                    }
+                    Command::ResetPrefixCache { reply } => {
+                        self.settle();
+                        let freed = self.kv.reset_prefix_cache();
+                        tracing::info!(blocks = freed, "prefix cache reset");
+                        self.publish_stats();
+                        reply.send(Ok(freed))
                     }
                     Command::Shutdown => shutdown = true,
                 }
@@ -280,6 +288,7 @@ impl Scheduler {
             stop_checked: 0,
             preemptions: 0,
             stream: stream.map(|s| (s, 0)),
+            logprobs: Vec::new(),
         });
     }
 }

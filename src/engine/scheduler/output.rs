@@ -156,6 +156,7 @@ impl Scheduler {
             time_to_first_token: s.first_token.map(|f| f - s.submitted).unwrap_or_default(),
             total_time: now - s.submitted,
             preemptions: s.preemptions,
+            logprobs: s.request.logprobs.map(|_| std::mem::take(&mut s.logprobs)),
         };
         self.stats.lock().requests_finished += 1;
         self.publish_stats();

@@ -8,7 +8,8 @@
 //! position without preempting. The continuation is planned from what the host knows before
 //! step n's tokens arrive: each sequence one token further, its KV block allocated ahead.
 //! Greedy rows and small top-k draws stay on the device; other draws read the logits to the
-//! host (correct, but the step then waits as before). Each sampled row takes its uniform
+//! host (correct, but the step then waits as before), and so do steps with a row that asks
+//! for log-probabilities (they are read with the ids). Each sampled row takes its uniform
 //! numbers from its own generator in step order, so a sampled request draws what it draws
 //! unpipelined.
 //!
@@ -43,7 +44,8 @@ impl Scheduler {
             && plan.len() == self.running.len()
             && plan.iter().all(|p| {
                 let s = &self.running[p.index];
-                p.q_len == 1 && s.computed + 1 == s.tokens.len()
+                // Log-probabilities are read with the step's ids; such steps wait for them.
+                p.q_len == 1 && s.computed + 1 == s.tokens.len() && s.request.logprobs.is_none()
             })
     }
 

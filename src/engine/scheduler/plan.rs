@@ -13,6 +13,7 @@ use super::core::Scheduler;
 use super::seq::{Planned, StepPlan};
 use crate::engine::batch::{LogitRows, SeqInput};
 use crate::engine::runner::RowDraw;
+use crate::engine::runner::logprobs::LogprobRow;
 use crate::error::{Error, Result};
 
 impl Scheduler {
@@ -139,7 +140,31 @@ impl Scheduler {
             .filter(|(_, w)| **w)
             .map(|(p, _)| p.index)
             .collect();
-        let chosen: Vec<u32> = self.draw_ids(&logits, &rows)?.to_vec1()?;
+        let ids = self.draw_ids(&logits, &rows)?;
+        // Rows whose request asks for log-probabilities: computed now, with the ids.
+        let lp_rows: Vec<LogprobRow> = rows
+            .iter()
+            .enumerate()
+            .filter_map(|(row, &i)| {
+                let r = &self.running[i].request;
+                r.logprobs.map(|k| LogprobRow {
+                    row,
+                    params: r.sampling,
+                    k,
+                })
+            })
+            .collect();
+        let mut lps = if lp_rows.is_empty() {
+            Vec::new()
+        } else {
+            self.runner.logprobs(&logits, &ids, &lp_rows)?
+        }
+        .into_iter();
+        for lp in &lp_rows {
+            let seq = &mut self.running[rows[lp.row]];
+            seq.logprobs.extend(lps.next());
+        }
+        let chosen: Vec<u32> = ids.to_vec1()?;
         if self.profile.is_some() {
             let ev_end = self.runner.gpu_event();
             if let Some(prof) = &mut self.profile {

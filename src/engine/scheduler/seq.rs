@@ -8,7 +8,7 @@ use candle_core::Tensor;
 
 use super::detok::Detokenizer;
 use crate::engine::handle::{Replier, StreamSender};
-use crate::engine::request::{Generation, GenerationRequest};
+use crate::engine::request::{Generation, GenerationRequest, TokenLogprob};
 use crate::engine::runner::sampler::Rng;
 use crate::engine::runner::{GpuEvent, HostIds};
 
@@ -26,6 +26,9 @@ pub(crate) enum Command {
     Score {
         tokens: Vec<u32>,
         reply: Replier<Vec<Vec<f32>>>,
+    },
+    ResetPrefixCache {
+        reply: Replier<usize>,
     },
     Shutdown,
 }
@@ -59,6 +62,8 @@ pub(super) struct Seq {
     pub(super) preemptions: u32,
     /// Where the text goes as it is generated, and how many bytes of it went.
     pub(super) stream: Option<(StreamSender, usize)>,
+    /// The log-probabilities of the generated tokens so far (requests that ask for them).
+    pub(super) logprobs: Vec<TokenLogprob>,
 }
 
 impl Seq {

@@ -5,7 +5,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::fields::{
-    Generation, GenerationFields, flag, model_key, parse_stop, parse_tools, present,
+    Generation, GenerationFields, flag, min_tokens, model_key, parse_stop, parse_tools, present,
 };
 use crate::policy::format::ToolDefinition;
 use crate::server::error::{ApiError, ApiResult};
@@ -120,28 +120,11 @@ impl ChatRequest {
         }
         let stop = parse_stop(self.stop.as_ref())?;
         let ignore_eos = flag("ignore_eos", self.ignore_eos.as_ref())?;
-        let min_tokens = match present(&self.min_tokens) {
-            None => 0,
-            Some(v) => v
-                .as_u64()
-                .filter(|&n| n as usize <= max_tokens_cap)
-                .ok_or_else(|| {
-                    ApiError::field(
-                        "min_tokens",
-                        format!(
-                            "`min_tokens` must be an integer between 0 and max_tokens, got {v}"
-                        ),
-                    )
-                })? as usize,
-        };
-        if let Some(max) = generation.max_tokens
-            && min_tokens > max
-        {
-            return Err(ApiError::field(
-                "min_tokens",
-                format!("`min_tokens` ({min_tokens}) is over `max_tokens` ({max})"),
-            ));
-        }
+        let min_tokens = min_tokens(
+            present(&self.min_tokens),
+            max_tokens_cap,
+            generation.max_tokens,
+        )?;
         Ok(ChatParams {
             key,
             generation,

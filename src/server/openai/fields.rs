@@ -179,6 +179,35 @@ pub fn parse_stop(v: Option<&Value>) -> ApiResult<Vec<String>> {
     }
 }
 
+/// vLLM's `min_tokens` (absent: 0): at most `max_tokens_cap` and, when given, `max_tokens`.
+pub fn min_tokens(
+    v: Option<&Value>,
+    max_tokens_cap: usize,
+    max_tokens: Option<usize>,
+) -> ApiResult<usize> {
+    let n = match v {
+        None | Some(Value::Null) => 0,
+        Some(v) => v
+            .as_u64()
+            .filter(|&n| n as usize <= max_tokens_cap)
+            .ok_or_else(|| {
+                ApiError::field(
+                    "min_tokens",
+                    format!("`min_tokens` must be an integer between 0 and max_tokens, got {v}"),
+                )
+            })? as usize,
+    };
+    if let Some(max) = max_tokens
+        && n > max
+    {
+        return Err(ApiError::field(
+            "min_tokens",
+            format!("`min_tokens` ({n}) is over `max_tokens` ({max})"),
+        ));
+    }
+    Ok(n)
+}
+
 /// A boolean field (absent: false).
 pub fn flag(param: &'static str, v: Option<&Value>) -> ApiResult<bool> {
     match v {

@@ -1,0 +1,176 @@
+//! Log-probabilities of drawn tokens ([`GenerationRequest::logprobs`]), in the distribution
+//! each token was drawn from: the logits over the temperature (1 for greedy rows),
+//! renormalized over the tokens top-k / top-p keep (the others get none: `-inf`).
+//!
+//! Rows without top-k / top-p (what RL trainers send) are computed where the logits are (on
+//! the GPU: a log-softmax of the scaled rows, the drawn token's entry gathered, the top `k`
+//! by the device top-k kernel); only `rows x (1 + 2k)` numbers reach the host. Rows with
+//! top-k / top-p read their logits to the host and repeat the sampler's cut there.
+//!
+//! [`GenerationRequest::logprobs`]: crate::engine::GenerationRequest::logprobs
+
+use candle_core::{D, DType, Tensor};
+
+use crate::engine::model::Model;
+use crate::engine::request::{SamplingParams, TokenLogprob};
+use crate::error::Result;
+
+/// One row whose drawn token wants its log-probability: the row of the step's logits, its
+/// request's sampling and how many alternatives it asks for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LogprobRow {
+    /// Row of the logits (and of the drawn ids).
+    pub row: usize,
+    /// The request's sampling.
+    pub params: SamplingParams,
+    /// Alternatives asked for.
+    pub k: usize,
+}
+
+/// Whether top-k / top-p cut this row's distribution (greedy rows never: their log-probs are
+/// the model's own distribution).
+fn filtered(p: &SamplingParams) -> bool {
+    !p.is_greedy() && (p.top_k.is_some_and(|k| k > 0) || p.top_p.is_some_and(|p| p < 1.0))
+}
+
+/// The temperature a row's log-probs are taken at.
+fn temperature(p: &SamplingParams) -> f32 {
+    if p.is_greedy() { 1.0 } else { p.temperature }
+}
+
+/// The log-probabilities of `rows` (one [`TokenLogprob`] each, in order) for the f32 logits
+/// `[n, vocab]` and the ids drawn from them (u32 `[n]`).
+pub(crate) fn logprobs(
+    model: &Model,
+    logits: &Tensor,
+    ids: &Tensor,
+    rows: &[LogprobRow],
+) -> Result<Vec<TokenLogprob>> {
+    let mut out: Vec<Option<TokenLogprob>> = vec![None; rows.len()];
+    let (whole, cut): (Vec<usize>, Vec<usize>) =
+        (0..rows.len()).partition(|&i| !filtered(&rows[i].params));
+    if !whole.is_empty() {
+        let dev = logits.device();
+        let idx: Vec<u32> = whole.iter().map(|&i| rows[i].row as u32).collect();
+        let idx = Tensor::new(idx.as_slice(), dev)?;
+        let inv_t: Vec<f32> = whole
+            .iter()
+            .map(|&i| 1.0 / temperature(&rows[i].params))
+            .collect();
+        let inv_t = Tensor::from_vec(inv_t, (whole.len(), 1), dev)?;
+        let scaled = logits.index_select(&idx, 0)?.broadcast_mul(&inv_t)?;
+        let lsm = candle_nn::ops::log_softmax(&scaled, D::Minus1)?;
+        let drawn = ids.index_select(&idx, 0)?;
+        let chosen: Vec<f32> = lsm
+            .gather(&drawn.unsqueeze(1)?.contiguous()?, 1)?
+            .flatten_all()?
+            .to_vec1()?;
+        let drawn: Vec<u32> = drawn.to_vec1()?;
+        let kmax = whole.iter().map(|&i| rows[i].k).max().unwrap_or(0);
+        let top = top_k(model, &lsm, kmax)?;
+        for (j, &i) in whole.iter().enumerate() {
+            out[i] = Some(TokenLogprob {
+                token: drawn[j],
+                logprob: chosen[j],
+                top: top
+                    .get(j)
+                    .map(|t| t[..rows[i].k.min(t.len())].to_vec())
+                    .unwrap_or_default(),
+            });
+        }
+    }
+    for i in cut {
+        let r = &rows[i];
+        let row: Vec<f32> = logits.get(r.row)?.to_vec1()?;
+        let token: u32 = ids.get(r.row)?.to_scalar()?;
+        out[i] = Some(cut_logprobs(&row, &r.params, token, r.k));
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
+/// The `k` largest entries of each row of f32 `x` (`[n, vocab]`), largest first (lower id
+/// first on ties), as `(id, value)`; empty rows for `k` 0.
+fn top_k(model: &Model, x: &Tensor, k: usize) -> Result<Vec<Vec<(u32, f32)>>> {
+    let n = x.dim(0)?;
+    if k == 0 {
+        return Ok(vec![Vec::new(); n]);
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(kern) = &model.kernels {
+        let (vals, ids) = kern.topk(&x.contiguous()?, k)?;
+        let (vals, ids): (Vec<Vec<f32>>, Vec<Vec<u32>>) = (vals.to_vec2()?, ids.to_vec2()?);
+        return Ok(ids
+            .into_iter()
+            .zip(vals)
+            .map(|(i, v)| i.into_iter().zip(v).collect())
+            .collect());
+    }
+    let _ = model;
+    let rows: Vec<Vec<f32>> = x.to_dtype(DType::F32)?.to_vec2()?;
+    Ok(rows
+        .into_iter()
+        .map(|row| {
+            let mut idx: Vec<u32> = (0..row.len() as u32).collect();
+            let k = k.min(idx.len());
+            let cmp =
+                |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
+            if k < idx.len() {
+                idx.select_nth_unstable_by(k - 1, cmp);
+                idx.truncate(k);
+            }
+            idx.sort_unstable_by(cmp);
+            idx.into_iter().map(|i| (i, row[i as usize])).collect()
+        })
+        .collect())
+}
+
+/// The log-probabilities of a row cut by top-k / top-p, on the host: the sampler's candidates
+/// (`runner::sampler`), renormalized; tokens outside them get `-inf`.
+pub fn cut_logprobs(logits: &[f32], p: &SamplingParams, token: u32, k: usize) -> TokenLogprob {
+    let t = temperature(p);
+    let mut cand: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.is_finite())
+        .map(|(i, &v)| (i as u32, v / t))
+        .collect();
+    cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    if let Some(k) = p.top_k.filter(|&k| k > 0 && k < cand.len()) {
+        cand.truncate(k);
+    }
+    let max = cand.first().map_or(0.0, |c| c.1);
+    let mut probs: Vec<f32> = cand.iter().map(|(_, v)| (v - max).exp()).collect();
+    let sum: f32 = probs.iter().sum();
+    probs.iter_mut().for_each(|q| *q /= sum);
+    if let Some(top_p) = p.top_p.filter(|q| *q > 0.0 && *q < 1.0) {
+        let mut acc = 0.0;
+        let mut keep = probs.len();
+        for (i, q) in probs.iter().enumerate() {
+            acc += q;
+            if acc >= top_p {
+                keep = i + 1;
+                break;
+            }
+        }
+        probs.truncate(keep);
+        cand.truncate(keep);
+        let s: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|q| *q /= s);
+    }
+    let lp = |q: f32| q.ln();
+    let logprob = cand
+        .iter()
+        .position(|c| c.0 == token)
+        .map_or(f32::NEG_INFINITY, |i| lp(probs[i]));
+    let top = cand
+        .iter()
+        .zip(&probs)
+        .take(k)
+        .map(|(c, &q)| (c.0, lp(q)))
+        .collect();
+    TokenLogprob {
+        token,
+        logprob,
+        top,
+    }
+}

@@ -1,0 +1,307 @@
+//! `POST /v1/completions` as an RL trainer drives it (vLLM's fields: token-id prompts, `n`,
+//! `return_token_ids`, `logprobs`), and the routes its client reads besides
+//! (`/get_world_size`, `/reset_prefix_cache`).
+
+use serde_json::{Value, json};
+
+use super::{post, start};
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[tokio::test]
+async fn token_id_prompts_times_n_come_back_prompt_major_with_their_ids() {
+    let s = start(&[]).await;
+    let prompts = [vec![11u32, 12, 13, 14, 15], vec![21, 22, 23]];
+    let (code, body) = post(
+        &s,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": prompts, "n": 3, "max_tokens": 6, "min_tokens": 6,
+            "temperature": 1.0, "seed": 7, "return_token_ids": true}),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["object"], "text_completion");
+    let choices = body["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 6);
+    let mut generated = 0;
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        // Prompt-major: choices 0-2 are the first prompt's samples, 3-5 the second's.
+        assert_eq!(ids(&c["prompt_token_ids"]), prompts[i / 3], "choice {i}");
+        assert_eq!(ids(&c["token_ids"]).len(), 6);
+        assert_eq!(c["finish_reason"], "length");
+        assert!(c["logprobs"].is_null());
+        generated += 6;
+    }
+    assert_eq!(
+        body["usage"]["prompt_tokens"], 8,
+        "each prompt counted once"
+    );
+    assert_eq!(body["usage"]["completion_tokens"], generated);
+    // Without return_token_ids, no ids.
+    let (_, plain) = post(
+        &s,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": "hello there", "max_tokens": 3}),
+    )
+    .await;
+    assert!(plain["choices"][0].get("token_ids").is_none());
+    assert!(plain["choices"][0]["text"].is_string());
+}
+
+/// A prompt where the tiny model's next-token distribution is not one token (most of its
+/// prompts give one token all the mass).
+fn varied_prompt() -> Vec<u32> {
+    (0..50).map(|i| (i * 7919 + 1179) % 5000 + 100).collect()
+}
+
+#[tokio::test]
+async fn samples_of_one_seed_differ_from_each_other_and_repeat_across_requests() {
+    let s = start(&[]).await;
+    let body = json!({"model": "tiny", "prompt": [varied_prompt()], "n": 4, "max_tokens": 12,
+        "min_tokens": 12, "temperature": 1.5, "top_p": 1.0, "seed": 1234,
+        "return_token_ids": true});
+    let run = |b: Value| {
+        let s = &s;
+        async move {
+            let (code, r) = post(s, "/v1/completions", b).await;
+            assert_eq!(code, 200, "{r}");
+            r["choices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| ids(&c["token_ids"]))
+                .collect::<Vec<_>>()
+        }
+    };
+    // Each run on an empty prefix cache: a prompt prefilled whole and one found cached give
+    // logits equal only to rounding, enough to move a draw of this tiny model (its logits are
+    // in the hundreds).
+    let reset = || async { assert_eq!(post(&s, "/reset_prefix_cache", json!({})).await.0, 200) };
+    reset().await;
+    let a = run(body.clone()).await;
+    reset().await;
+    let b = run(body.clone()).await;
+    assert_eq!(
+        a, b,
+        "one seed, the same samples (mutation: a fresh seed per request)"
+    );
+    let distinct: std::collections::HashSet<_> = a.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        4,
+        "the n samples differ (mutation: every sample seeded alike): {a:?}"
+    );
+    let mut other = body;
+    other["seed"] = json!(99);
+    reset().await;
+    assert_ne!(run(other).await, a, "another seed, other samples");
+}
+
+#[tokio::test]
+async fn the_samples_of_a_prompt_share_its_prefill() {
+    let s = start(&[]).await;
+    let engine = s.state.registry().model("tiny").unwrap().engine().clone();
+    let prompt: Vec<u32> = (0..100).map(|i| 300 + i).collect();
+    let before = engine.stats().prefill_tokens;
+    let (code, body) = post(
+        &s,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": [prompt], "n": 4, "max_tokens": 2, "temperature": 1.0}),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let computed = engine.stats().prefill_tokens - before;
+    // One prefill of 100 tokens; the other three samples find its 6 whole blocks cached and
+    // compute at most the partial block (4 tokens) each (mutation: admitting the samples
+    // alongside the first, before its prompt is cached, computes 400).
+    assert!(
+        computed <= 100 + 3 * 16,
+        "prefill tokens computed: {computed}"
+    );
+}
+
+/// The log-softmax of a logits row.
+fn log_softmax(row: &[f32]) -> Vec<f32> {
+    let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + row.iter().map(|v| (v - max).exp()).sum::<f32>().ln();
+    row.iter().map(|v| v - lse).collect()
+}
+
+#[tokio::test]
+async fn greedy_logprobs_are_the_log_softmax_of_the_models_logits() {
+    let s = start(&[]).await;
+    let engine = s.state.registry().model("tiny").unwrap().engine().clone();
+    let prompt = vec![40u32, 41, 42, 43, 44, 45];
+    let (code, body) = post(
+        &s,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": [prompt], "max_tokens": 5, "min_tokens": 5,
+            "temperature": 0, "logprobs": 3, "return_token_ids": true,
+            "return_tokens_as_token_ids": true}),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let c = &body["choices"][0];
+    let tokens = ids(&c["token_ids"]);
+    let lp = &c["logprobs"];
+    let names: Vec<String> = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().to_string())
+        .collect();
+    let expected: Vec<String> = tokens.iter().map(|t| format!("token_id:{t}")).collect();
+    assert_eq!(names, expected);
+    // The reference: the logits of the prompt + generated tokens (what `policy-serve logits`
+    // writes), position by position.
+    let mut all = prompt.clone();
+    all.extend(&tokens);
+    let logits = engine.logits(all[..all.len() - 1].to_vec()).unwrap();
+    for (i, &t) in tokens.iter().enumerate() {
+        let reference = log_softmax(&logits[prompt.len() - 1 + i]);
+        let got = lp["token_logprobs"][i].as_f64().unwrap() as f32;
+        assert!(
+            (got - reference[t as usize]).abs() < 1e-4,
+            "token {i}: {got} vs {} (mutation: logprobs of the raw logits scaled wrongly)",
+            reference[t as usize]
+        );
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        // 3 alternatives; greedy's token is the first of them, so 3 entries in all.
+        assert_eq!(top.len(), 3, "{top:?}");
+        for (name, v) in top {
+            let id: usize = name.trim_start_matches("token_id:").parse().unwrap();
+            assert!((v.as_f64().unwrap() as f32 - reference[id]).abs() < 1e-4);
+        }
+        let mut sorted = reference.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let kept: Vec<f32> = top.values().map(|v| v.as_f64().unwrap() as f32).collect();
+        assert!(
+            kept.iter().all(|v| *v >= sorted[2] - 1e-4),
+            "the top 3, not others"
+        );
+    }
+}
+
+#[tokio::test]
+async fn sampled_logprobs_are_those_of_the_cut_distribution() {
+    let s = start(&[]).await;
+    let (code, body) = post(
+        &s,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": [varied_prompt()], "max_tokens": 8, "min_tokens": 8,
+            "temperature": 1.5, "top_p": 1.0, "top_k": 5, "seed": 3, "logprobs": 5,
+            "return_token_ids": true, "return_tokens_as_token_ids": true}),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let lp = &body["choices"][0]["logprobs"];
+    for (i, top) in lp["top_logprobs"].as_array().unwrap().iter().enumerate() {
+        let top = top.as_object().unwrap();
+        // top-k 5 keeps 5 tokens: all of them listed, their probabilities summing to 1
+        // (mutation: log-probs of the uncut distribution sum to less).
+        assert_eq!(top.len(), 5);
+        let mass: f64 = top.values().map(|v| v.as_f64().unwrap().exp()).sum();
+        assert!((mass - 1.0).abs() < 1e-3, "position {i}: mass {mass}");
+        let tok = lp["tokens"][i].as_str().unwrap();
+        assert!(top.contains_key(tok), "the drawn token is one the cut kept");
+    }
+}
+
+#[tokio::test]
+async fn bad_completion_fields_are_refused_naming_the_field() {
+    let s = start(&[]).await;
+    for (body, param) in [
+        (
+            json!({"model": "tiny", "prompt": [[1, 2]], "logprobs": 21}),
+            "logprobs",
+        ),
+        (
+            json!({"model": "tiny", "prompt": [[1, 2]], "min_p": 0.1}),
+            "min_p",
+        ),
+        (
+            json!({"model": "tiny", "prompt": [[1, 2]], "repetition_penalty": 1.2}),
+            "repetition_penalty",
+        ),
+        (json!({"model": "tiny", "prompt": []}), "prompt"),
+        (json!({"model": "tiny", "prompt": [[1, -2]]}), "prompt"),
+        (json!({"model": "tiny", "prompt": [[1], "a"]}), "prompt"),
+        (json!({"model": "tiny", "prompt": [[1, 2]], "n": 0}), "n"),
+        (
+            json!({"model": "tiny", "prompt": [[1, 2]], "top_k": -3}),
+            "top_k",
+        ),
+        (
+            json!({"model": "tiny", "prompt": [[1, 2]], "stream": true}),
+            "stream",
+        ),
+        (json!({"model": "demo", "prompt": "hi"}), "model"),
+    ] {
+        let (code, r) = post(&s, "/v1/completions", body.clone()).await;
+        assert_eq!(code, 400, "{body} -> {r}");
+        assert_eq!(r["error"]["param"], param, "{body} -> {r}");
+    }
+    // A token id outside the vocabulary: refused before generation, the engine untouched.
+    let (code, r) = post(
+        &s,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": [[1, 4_000_000_000u64]]}),
+    )
+    .await;
+    assert_eq!(code, 400, "{r}");
+    // TRL's defaults are accepted: top_k 0, min_p 0, repetition_penalty 1, logprobs 0.
+    let (code, r) = post(
+        &s,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": [[1, 2]], "top_k": 0, "min_p": 0.0,
+            "repetition_penalty": 1.0, "logprobs": 0, "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(
+        r["choices"][0]["logprobs"]["top_logprobs"][0]
+            .as_object()
+            .unwrap()
+            .len(),
+        1,
+        "logprobs 0: the drawn token's only"
+    );
+}
+
+#[tokio::test]
+async fn world_size_and_prefix_cache_reset_answer_as_vllm_does() {
+    let s = start(&[]).await;
+    let r = reqwest::get(format!("{}/get_world_size", s.base))
+        .await
+        .unwrap();
+    let code = r.status().as_u16();
+    let world: Value = r.json().await.unwrap();
+    assert_eq!(code, 200, "{world}");
+    assert_eq!(world["world_size"], 1);
+    let prompt: Vec<u32> = (0..40).map(|i| 500 + i).collect();
+    let body = json!({"model": "tiny", "prompt": [prompt], "max_tokens": 1});
+    let cached = |r: &Value| r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+    let (_, first) = post(&s, "/v1/completions", body.clone()).await;
+    assert_eq!(cached(&first), Some(0));
+    let (_, again) = post(&s, "/v1/completions", body.clone()).await;
+    assert_eq!(cached(&again), Some(32), "two whole blocks from the cache");
+    let (code, reset) = post(&s, "/reset_prefix_cache", json!({})).await;
+    assert_eq!(code, 200, "{reset}");
+    assert!(reset["freed_blocks"]["tiny"].as_u64().unwrap() >= 2);
+    let (_, after) = post(&s, "/v1/completions", body).await;
+    assert_eq!(cached(&after), Some(0), "nothing cached after the reset");
+    let info: Value = reqwest::get(format!("{}/server_info", s.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info["models"]["tiny"]["world_size"], 1);
+}
