@@ -16,20 +16,23 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::completion::{Completion, to_completion, tool_calls_json, usage};
+use super::completions::sample_seed;
 use super::error::{ApiError, ApiResult};
 use super::openai::{ChatParams, ChatRequest, convert_messages, parse};
 use super::state::{AppState, blocking, random_id};
 use super::stream::{ChunkMeta, stream_done, stream_model};
-use crate::engine::{Engine, GenerationRequest};
+use crate::engine::{Engine, GenerationRequest, TokenLogprob};
 use crate::policy::format::{RenderOptions, ToolDefinition};
 use crate::policy::{Action, DemoPolicy, EpisodeConfig, Observation, Policy};
 
-/// A chat request ready to run: answered already (the demo), or a generation to submit.
+/// A chat request ready to run: answered already (the demo), or generations to submit (one
+/// per choice).
 enum Prepared {
     Done(Completion),
     Model {
         engine: Engine,
-        request: GenerationRequest,
+        requests: Vec<GenerationRequest>,
+        /// The tools the answers are parsed against (none with `tool_choice: "none"`).
         tools: Vec<ToolDefinition>,
     },
 }
@@ -81,9 +84,14 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest, p: ChatParams) -> ApiResu
         key,
         generation,
         tools,
+        parse_calls,
         stop,
         ignore_eos,
         min_tokens,
+        n,
+        top_k,
+        logprobs,
+        enable_thinking,
         ..
     } = p;
     if spec.is_demo() {
@@ -103,16 +111,18 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest, p: ChatParams) -> ApiResu
             t,
             RenderOptions {
                 add_generation_prompt: true,
-                enable_thinking: Some(spec.enable_thinking),
+                enable_thinking: Some(enable_thinking.unwrap_or(spec.enable_thinking)),
             },
         )?;
         let engine = model.engine().clone();
         let ids = engine.tokenize(&prompt)?;
-        let mut request = GenerationRequest::new(ids)
-            .sampling(generation.sampling(model.generation_config(), fresh_seed));
+        let mut sampling = generation.sampling(model.generation_config(), fresh_seed);
+        sampling.top_k = top_k.or(sampling.top_k);
+        let mut request = GenerationRequest::new(ids).sampling(sampling);
         request.stop = stop;
         request.ignore_eos = ignore_eos;
         request.min_tokens = min_tokens;
+        request.logprobs = logprobs;
         request.max_new_tokens = generation.max_tokens.or_else(|| {
             // No `max_tokens`: the room the prompt leaves in the context (as OpenAI and vLLM
             // do), within the server's cap; none left is refused by the check below.
@@ -124,10 +134,18 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest, p: ChatParams) -> ApiResu
             (room > 0).then_some(room)
         });
         engine.check(&request)?;
+        // The n choices: sample j seeded as /v1/completions seeds it.
+        let requests = (0..n)
+            .map(|j| {
+                let mut r = request.clone();
+                r.sampling.seed = sample_seed(request.sampling.seed, j);
+                r
+            })
+            .collect();
         Ok(Prepared::Model {
             engine,
-            request,
-            tools,
+            requests,
+            tools: if parse_calls { tools } else { Vec::new() },
         })
     })
     .await
@@ -148,6 +166,8 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> ApiRes
         let params = req.validate(st.cfg.max_tokens_cap)?;
         let (stream, include_usage, key) =
             (params.stream, params.include_usage, params.key.clone());
+        let (n, return_ids, tokens_as_ids) =
+            (params.n, params.return_token_ids, params.tokens_as_ids);
         let prepared = prepare(&st, req, params).await?;
         let meta = ChunkMeta {
             id: random_id("chatcmpl"),
@@ -158,31 +178,111 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> ApiRes
             key,
             include_usage,
         };
-        let c = match prepared {
+        let (engine, requests, tools) = match prepared {
             Prepared::Model {
                 engine,
-                request,
+                mut requests,
                 tools,
-            } if stream => return Ok(stream_model(st.clone(), meta, engine, request, tools)),
-            Prepared::Done(c) => c,
+            } if stream => {
+                let request = requests.swap_remove(0);
+                return Ok(stream_model(st.clone(), meta, engine, request, tools));
+            }
+            Prepared::Done(c) => {
+                st.counters
+                    .tokens(c.prompt_tokens, c.completion_tokens, c.cached_tokens);
+                if stream {
+                    return Ok(stream_done(&meta, &c));
+                }
+                let choices: Vec<Value> = (0..n).map(|i| choice_json(i, &c, None)).collect();
+                return Ok(Json(chat_json(&meta, choices, None, usage(&c))).into_response());
+            }
             Prepared::Model {
                 engine,
-                request,
+                requests,
                 tools,
-            } => to_completion(&engine.submit(request).await?, &tools),
+            } => (engine, requests, tools),
+        };
+        let prompt_ids = requests[0].prompt.clone();
+        let pending: Vec<_> = requests.into_iter().map(|r| engine.submit(r)).collect();
+        let mut done = Vec::with_capacity(pending.len());
+        for p in pending {
+            done.push(p.await?);
+        }
+        let name = |t: u32| token_name(&engine, t, tokens_as_ids);
+        let mut choices = Vec::with_capacity(done.len());
+        let mut completion_tokens = 0;
+        for (i, g) in done.iter().enumerate() {
+            let c = to_completion(g, &tools);
+            completion_tokens += c.completion_tokens;
+            let mut v = choice_json(
+                i,
+                &c,
+                g.logprobs.as_deref().map(|l| logprobs_json(l, &name)),
+            );
+            if return_ids {
+                v["token_ids"] = json!(g.tokens);
+            }
+            choices.push(v);
+        }
+        let first = to_completion(&done[0], &tools);
+        let total = Completion {
+            completion_tokens,
+            ..first
         };
         st.counters
-            .tokens(c.prompt_tokens, c.completion_tokens, c.cached_tokens);
-        if stream {
-            return Ok(stream_done(&meta, &c));
-        }
-        Ok(Json(completion_json(&meta, &c)).into_response())
+            .tokens(total.prompt_tokens, completion_tokens, total.cached_tokens);
+        let ids = return_ids.then_some(prompt_ids.as_slice());
+        Ok(Json(chat_json(&meta, choices, ids, usage(&total))).into_response())
     }
     .await;
     result.inspect_err(|_| count_error(&st))
 }
 
-fn completion_json(meta: &ChunkMeta, c: &Completion) -> Value {
+/// A token's name in `logprobs`: `token_id:N` when asked, else its text.
+fn token_name(engine: &Engine, t: u32, as_id: bool) -> String {
+    if as_id {
+        format!("token_id:{t}")
+    } else {
+        engine.tokenizer().decode(&[t], false).unwrap_or_default()
+    }
+}
+
+/// A chat choice's `logprobs` (OpenAI's chat layout): per token its name, log-probability,
+/// bytes and the alternatives.
+fn logprobs_json(lps: &[TokenLogprob], name: &dyn Fn(u32) -> String) -> Value {
+    let entry = |t: u32, v: f32| {
+        let n = name(t);
+        json!({"token": n, "logprob": if v.is_finite() { v } else { -9999.0 }, "bytes": n.as_bytes()})
+    };
+    let content: Vec<Value> = lps
+        .iter()
+        .map(|lp| {
+            let mut e = entry(lp.token, lp.logprob);
+            e["top_logprobs"] = lp.top.iter().map(|&(t, v)| entry(t, v)).collect();
+            e
+        })
+        .collect();
+    json!({"content": content})
+}
+
+/// The answer: its choices, the prompt's token ids when asked (vLLM's `prompt_token_ids`) and
+/// the usage.
+fn chat_json(
+    meta: &ChunkMeta,
+    choices: Vec<Value>,
+    prompt_ids: Option<&[u32]>,
+    usage: Value,
+) -> Value {
+    let mut v = json!({"id": meta.id, "object": "chat.completion", "created": meta.created,
+        "model": meta.key, "choices": choices, "usage": usage});
+    if let Some(ids) = prompt_ids {
+        v["prompt_token_ids"] = json!(ids);
+    }
+    v
+}
+
+/// One choice: the message (content and tool calls), finish reason and `logprobs`.
+fn choice_json(index: usize, c: &Completion, logprobs: Option<Value>) -> Value {
     let calls = tool_calls_json(&c.calls);
     let content = if c.content.is_empty() && !calls.is_empty() {
         Value::Null
@@ -200,6 +300,6 @@ fn completion_json(meta: &ChunkMeta, c: &Completion) -> Value {
             .collect();
         message["tool_calls"] = Value::Array(without_index);
     }
-    json!({"id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.key,
-        "choices": [{"index": 0, "message": message, "finish_reason": c.finish, "logprobs": null}], "usage": usage(c)})
+    json!({"index": index, "message": message, "finish_reason": c.finish,
+        "logprobs": logprobs.unwrap_or(Value::Null)})
 }

@@ -18,12 +18,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::error::{ApiError, ApiResult};
-use super::openai::{CompletionParams, CompletionRequest, Prompts, parse};
+use super::openai::{CompletionParams, CompletionRequest, MAX_CHOICES, Prompts, parse};
 use super::state::{AppState, blocking, random_id};
 use crate::engine::{FinishReason, Generation, GenerationRequest, TokenLogprob};
-
-/// Most choices (prompts x `n`) one request may ask for.
-pub(super) const MAX_CHOICES: usize = 4096;
 
 /// The seed of sample `j` of a request seeded `seed` (SplitMix64's finalizer over both).
 pub fn sample_seed(seed: u64, j: usize) -> u64 {

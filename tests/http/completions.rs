@@ -305,3 +305,74 @@ async fn world_size_and_prefix_cache_reset_answer_as_vllm_does() {
         .unwrap();
     assert_eq!(info["models"]["tiny"]["world_size"], 1);
 }
+
+#[tokio::test]
+async fn chat_gives_n_choices_with_token_ids_and_logprobs_as_trl_reads_them() {
+    let s = start(&[]).await;
+    let messages = json!([{"role": "user", "content": "Count the rows of table t."}]);
+    let (code, body) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"model": "tiny", "messages": messages, "n": 3, "max_tokens": 6, "min_tokens": 6,
+            "temperature": 1.5, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+            "repetition_penalty": 1.0, "seed": 5, "logprobs": true, "top_logprobs": 2,
+            "return_token_ids": true, "return_tokens_as_token_ids": true}),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    // The prompt's ids: the model's template rendered and tokenized, as the engine sees it.
+    let model = s.state.registry().model("tiny").unwrap();
+    let msgs = vec![policy_serve::Message::user("Count the rows of table t.")];
+    let thinking = s.state.registry().spec("tiny").unwrap().enable_thinking;
+    let rendered = model
+        .template()
+        .render(
+            &msgs,
+            None,
+            policy_serve::RenderOptions {
+                add_generation_prompt: true,
+                enable_thinking: Some(thinking),
+            },
+        )
+        .unwrap();
+    let expected = model.engine().tokenize(&rendered).unwrap();
+    assert_eq!(ids(&body["prompt_token_ids"]), expected);
+    let choices = body["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        let toks = ids(&c["token_ids"]);
+        assert_eq!(toks.len(), 6);
+        let content = c["logprobs"]["content"].as_array().unwrap();
+        assert_eq!(content.len(), 6);
+        for (e, t) in content.iter().zip(&toks) {
+            assert_eq!(e["token"], format!("token_id:{t}"));
+            assert!(e["logprob"].as_f64().unwrap() <= 0.0);
+            assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 2);
+        }
+    }
+    assert_eq!(body["usage"]["completion_tokens"], 18);
+    // chat_template_kwargs reaches the template: the other thinking setting renders another
+    // prompt, and the one with thinking off holds the empty think block.
+    let (_, other) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"model": "tiny", "messages": messages, "max_tokens": 1,
+            "chat_template_kwargs": {"enable_thinking": !thinking}, "return_token_ids": true}),
+    )
+    .await;
+    let other_ids = ids(&other["prompt_token_ids"]);
+    assert_ne!(other_ids, expected);
+    let off_ids = if thinking { &other_ids } else { &expected };
+    let text = model.engine().tokenizer().decode(off_ids, false).unwrap();
+    assert!(text.contains("</think>"), "{text}");
+    // tool_choice "none" keeps the tools in the prompt (TRL sends them so), parsing nothing.
+    let (_, with_tools) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"model": "tiny", "messages": messages, "max_tokens": 1, "tools": super::tools(),
+            "tool_choice": "none", "return_token_ids": true}),
+    )
+    .await;
+    assert!(ids(&with_tools["prompt_token_ids"]).len() > expected.len() + 50);
+}

@@ -130,17 +130,18 @@ async fn chat_and_episodes_refuse_the_same_bad_fields_naming_them() {
     let (code, v) = post(&s, "/v1/chat/completions", json!({"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})).await;
     assert_eq!(code, 400, "{v}");
     assert_eq!(v["error"]["param"], "messages");
-    let (code, v) = post(
-        &s,
-        "/v1/chat/completions",
-        json!({"model": "tiny", "n": 2, "messages": [{"role": "user", "content": "x"}]}),
-    )
-    .await;
-    assert_eq!(
-        (code, v["error"]["param"].as_str()),
-        (400, Some("n")),
-        "{v}"
-    );
+    // `n` other than a positive integer, or above 1 while streaming.
+    for body in [
+        json!({"model": "tiny", "n": 0, "messages": [{"role": "user", "content": "x"}]}),
+        json!({"model": "tiny", "n": 2, "stream": true, "messages": [{"role": "user", "content": "x"}]}),
+    ] {
+        let (code, v) = post(&s, "/v1/chat/completions", body).await;
+        assert_eq!(
+            (code, v["error"]["param"].as_str()),
+            (400, Some("n")),
+            "{v}"
+        );
+    }
     // Positive control: valid values pass on both routes.
     let (c, v) = post(&s, "/v1/episodes", json!({"model": "tiny", "tools": tools(), "max_tokens": 4, "temperature": 0.5, "top_p": 0.9, "seed": 3})).await;
     assert_eq!(c, 201, "{v}");

@@ -353,8 +353,16 @@ async fn every_bad_field_is_named_in_param() {
             "stream_options",
         ),
         (
-            json!({"model": "tiny", "messages": msgs, "logprobs": true}),
-            "logprobs",
+            json!({"model": "tiny", "messages": msgs, "logprobs": true, "top_logprobs": 21}),
+            "top_logprobs",
+        ),
+        (
+            json!({"model": "tiny", "messages": msgs, "top_logprobs": 2}),
+            "top_logprobs",
+        ),
+        (
+            json!({"model": "tiny", "messages": msgs, "chat_template_kwargs": {"tools_first": true}}),
+            "chat_template_kwargs",
         ),
         (
             json!({"model": "tiny", "messages": msgs, "response_format": {"type": "json_object"}}),

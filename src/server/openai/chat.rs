@@ -5,7 +5,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::fields::{
-    Generation, GenerationFields, flag, min_tokens, model_key, parse_stop, parse_tools, present,
+    Generation, GenerationFields, flag, logprob_count, min_tokens, model_key, parse_stop,
+    parse_tools, present, samples, sampling_extras,
 };
 use crate::policy::format::ToolDefinition;
 use crate::server::error::{ApiError, ApiResult};
@@ -34,9 +35,33 @@ pub struct ChatRequest {
     /// Streaming options (`{"include_usage": bool}`, with `stream` only).
     #[serde(default)]
     pub stream_options: Option<Value>,
-    /// Number of choices (only 1).
+    /// Number of choices (samples of the conversation; 1 when streaming).
     #[serde(default)]
     pub n: Option<Value>,
+    /// Log-probabilities of the generated tokens (`true`), with `top_logprobs` alternatives.
+    #[serde(default)]
+    pub logprobs: Option<Value>,
+    /// Alternatives per token with `logprobs` (0..=20).
+    #[serde(default)]
+    pub top_logprobs: Option<Value>,
+    /// vLLM's top-k (0 or -1: off).
+    #[serde(default)]
+    pub top_k: Option<Value>,
+    /// vLLM's min-p (0: off; other values are not served yet).
+    #[serde(default)]
+    pub min_p: Option<Value>,
+    /// vLLM's repetition penalty (1: off; other values are not served yet).
+    #[serde(default)]
+    pub repetition_penalty: Option<Value>,
+    /// vLLM's extension: the prompt's token ids (top level) and each choice's.
+    #[serde(default)]
+    pub return_token_ids: Option<Value>,
+    /// vLLM's extension: the tokens of `logprobs` as `token_id:N` instead of their text.
+    #[serde(default)]
+    pub return_tokens_as_token_ids: Option<Value>,
+    /// Arguments of the chat template: `{"enable_thinking": bool}`.
+    #[serde(default)]
+    pub chat_template_kwargs: Option<Value>,
     /// vLLM's extension: keep generating past EOS (benchmarks with fixed output lengths).
     #[serde(default)]
     pub ignore_eos: Option<Value>,
@@ -59,18 +84,72 @@ impl ChatRequest {
     pub fn validate(&self, max_tokens_cap: usize) -> ApiResult<ChatParams> {
         let key = model_key(self.model.as_ref())?;
         let generation = self.generation.validate(max_tokens_cap)?;
-        match present(&self.n) {
-            None => {}
-            Some(v) if v.as_u64() == Some(1) => {}
-            Some(v) => {
-                return Err(ApiError::field(
-                    "n",
-                    format!("`n` must be 1 (one choice per request), got {v}"),
-                ));
-            }
-        }
+        let n = samples(present(&self.n), 1, MAX_CHOICES)?;
         self.unserved.check()?;
         let stream = flag("stream", self.stream.as_ref())?;
+        if stream && n > 1 {
+            return Err(ApiError::field(
+                "n",
+                format!("`n` {n} with `stream: true` is not served yet; stream one choice"),
+            ));
+        }
+        let top_k = sampling_extras(
+            present(&self.top_k),
+            present(&self.min_p),
+            present(&self.repetition_penalty),
+        )?;
+        let logprobs = match (
+            flag("logprobs", self.logprobs.as_ref())?,
+            present(&self.top_logprobs),
+        ) {
+            (true, k) => Some(
+                k.map(|k| logprob_count("top_logprobs", k))
+                    .transpose()?
+                    .unwrap_or(0),
+            ),
+            (false, None) => None,
+            (false, Some(_)) => {
+                return Err(ApiError::field(
+                    "top_logprobs",
+                    "`top_logprobs` needs `logprobs: true`",
+                ));
+            }
+        };
+        if stream && logprobs.is_some() {
+            return Err(ApiError::field(
+                "logprobs",
+                "log-probabilities are not streamed yet; send `stream: false`",
+            ));
+        }
+        let enable_thinking = match present(&self.chat_template_kwargs) {
+            None => None,
+            Some(Value::Object(o)) => {
+                if let Some(k) = o.keys().find(|k| *k != "enable_thinking") {
+                    return Err(ApiError::field(
+                        "chat_template_kwargs",
+                        format!("`chat_template_kwargs.{k}` is not served; only `enable_thinking`"),
+                    ));
+                }
+                match o.get("enable_thinking") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::Bool(b)) => Some(*b),
+                    Some(other) => {
+                        return Err(ApiError::field(
+                            "chat_template_kwargs",
+                            format!(
+                                "`chat_template_kwargs.enable_thinking` must be true or false, got {other}"
+                            ),
+                        ));
+                    }
+                }
+            }
+            Some(other) => {
+                return Err(ApiError::field(
+                    "chat_template_kwargs",
+                    format!("`chat_template_kwargs` must be an object, got {other}"),
+                ));
+            }
+        };
         let include_usage = match present(&self.stream_options) {
             None => false,
             Some(_) if !stream => {
@@ -106,11 +185,14 @@ impl ChatRequest {
                 ));
             }
         };
-        let mut tools = parse_tools(self.tools.as_ref())?;
+        let tools = parse_tools(self.tools.as_ref())?;
+        let mut parse_calls = true;
         match self.tool_choice.as_ref() {
             None | Some(Value::Null) => {}
             Some(Value::String(s)) if s == "auto" => {}
-            Some(Value::String(s)) if s == "none" => tools.clear(),
+            // The tools stay in the prompt (as vLLM renders them); the answer is not parsed
+            // into calls.
+            Some(Value::String(s)) if s == "none" => parse_calls = false,
             Some(other) => {
                 return Err(ApiError::field(
                     "tool_choice",
@@ -131,9 +213,19 @@ impl ChatRequest {
             stream,
             include_usage,
             tools,
+            parse_calls,
             stop,
             ignore_eos,
             min_tokens,
+            n,
+            top_k,
+            logprobs,
+            return_token_ids: flag("return_token_ids", self.return_token_ids.as_ref())?,
+            tokens_as_ids: flag(
+                "return_tokens_as_token_ids",
+                self.return_tokens_as_token_ids.as_ref(),
+            )?,
+            enable_thinking,
         })
     }
 }
@@ -141,12 +233,6 @@ impl ChatRequest {
 /// Request fields not served yet (see [`ChatRequest::unserved`]).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Unserved {
-    /// Token log-probabilities (`false`/null is the default).
-    #[serde(default)]
-    pub logprobs: Option<Value>,
-    /// Top log-probabilities per token.
-    #[serde(default)]
-    pub top_logprobs: Option<Value>,
     /// Structured output (`{"type": "text"}` is the default).
     #[serde(default)]
     pub response_format: Option<Value>,
@@ -187,17 +273,7 @@ impl Unserved {
             }
             _ => false,
         };
-        let fields: [(&'static str, &Option<Value>, &str); 11] = [
-            (
-                "logprobs",
-                &self.logprobs,
-                "log-probabilities are not served yet",
-            ),
-            (
-                "top_logprobs",
-                &self.top_logprobs,
-                "log-probabilities are not served yet",
-            ),
+        let fields: [(&'static str, &Option<Value>, &str); 9] = [
             (
                 "response_format",
                 &self.response_format,
@@ -267,12 +343,29 @@ pub struct ChatParams {
     pub stream: bool,
     /// Send a last chunk with usage (streaming only).
     pub include_usage: bool,
-    /// The tools the model may call (none with `tool_choice: "none"`).
+    /// The tools of the request (rendered into the prompt).
     pub tools: Vec<ToolDefinition>,
+    /// Whether the answer is parsed into tool calls (not with `tool_choice: "none"`).
+    pub parse_calls: bool,
     /// Stop strings.
     pub stop: Vec<String>,
     /// Keep generating past EOS.
     pub ignore_eos: bool,
     /// Generate at least this many tokens.
     pub min_tokens: usize,
+    /// Choices (samples of the conversation).
+    pub n: usize,
+    /// Top-k (`None`: off).
+    pub top_k: Option<usize>,
+    /// Log-probabilities with this many alternatives per token (`None`: none).
+    pub logprobs: Option<usize>,
+    /// The prompt's and each choice's token ids in the answer.
+    pub return_token_ids: bool,
+    /// Name the tokens of `logprobs` `token_id:N`.
+    pub tokens_as_ids: bool,
+    /// `chat_template_kwargs.enable_thinking` (`None`: the model's default).
+    pub enable_thinking: Option<bool>,
 }
+
+/// Most choices (prompts x `n`) one request may ask for.
+pub const MAX_CHOICES: usize = 4096;

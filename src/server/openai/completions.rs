@@ -9,9 +9,9 @@ use serde_json::Value;
 
 use super::chat::Unserved;
 use super::fields::{
-    Generation, GenerationFields, flag, min_tokens, model_key, parse_stop, present,
+    Generation, GenerationFields, flag, logprob_count, min_tokens, model_key, parse_stop, present,
+    samples, sampling_extras,
 };
-use crate::engine::MAX_LOGPROBS;
 use crate::server::error::{ApiError, ApiResult};
 
 /// `max_tokens` of a completion that gives none (OpenAI's and vLLM's default).
@@ -210,21 +210,7 @@ impl CompletionRequest {
                 .unwrap_or(DEFAULT_COMPLETION_TOKENS.min(max_tokens_cap)),
         );
         let prompts = parse_prompts(&self.prompt)?;
-        let n = match present(&self.n) {
-            None => 1,
-            Some(v) => v.as_u64().filter(|&n| n >= 1).ok_or_else(|| {
-                ApiError::field("n", format!("`n` must be a positive integer, got {v}"))
-            })? as usize,
-        };
-        if prompts.len().saturating_mul(n) > max_choices {
-            return Err(ApiError::field(
-                "n",
-                format!(
-                    "{} prompts x n {n} is over the {max_choices} choices one request may ask for",
-                    prompts.len()
-                ),
-            ));
-        }
+        let n = samples(present(&self.n), prompts.len(), max_choices)?;
         match present(&self.best_of) {
             None => {}
             Some(v) if v.as_u64() == Some(n as u64) => {}
@@ -235,52 +221,14 @@ impl CompletionRequest {
                 ));
             }
         }
-        let top_k = match present(&self.top_k) {
-            None => None,
-            Some(v) => match v.as_i64() {
-                Some(0 | -1) => None,
-                Some(k) if k > 0 => Some(k as usize),
-                _ => {
-                    return Err(ApiError::field(
-                        "top_k",
-                        format!("`top_k` must be a positive integer, or 0 or -1 for off, got {v}"),
-                    ));
-                }
-            },
-        };
-        let off = |param: &'static str, v: &Option<Value>, default: f64, why: &str| match present(v)
-        {
-            None => Ok(()),
-            Some(x) if x.as_f64() == Some(default) => Ok(()),
-            Some(x) => Err(ApiError::field(param, format!("`{param}` {x}: {why}"))),
-        };
-        off(
-            "min_p",
-            &self.min_p,
-            0.0,
-            "min-p sampling is not served yet; send 0",
+        let top_k = sampling_extras(
+            present(&self.top_k),
+            present(&self.min_p),
+            present(&self.repetition_penalty),
         )?;
-        off(
-            "repetition_penalty",
-            &self.repetition_penalty,
-            1.0,
-            "repetition penalties are not served yet; send 1",
-        )?;
-        let logprobs = match present(&self.logprobs) {
-            None => None,
-            Some(v) => Some(
-                v.as_u64()
-                    .filter(|&k| k as usize <= MAX_LOGPROBS)
-                    .ok_or_else(|| {
-                        ApiError::field(
-                            "logprobs",
-                            format!(
-                                "`logprobs` must be an integer from 0 to {MAX_LOGPROBS}, got {v}"
-                            ),
-                        )
-                    })? as usize,
-            ),
-        };
+        let logprobs = present(&self.logprobs)
+            .map(|v| logprob_count("logprobs", v))
+            .transpose()?;
         if flag("stream", self.stream.as_ref())? {
             return Err(ApiError::field(
                 "stream",

@@ -208,6 +208,78 @@ pub fn min_tokens(
     Ok(n)
 }
 
+/// vLLM's sampling extras as sent: `top_k` (0 or -1: off), `min_p` (only 0, off, is served)
+/// and `repetition_penalty` (only 1, off, is served); returns top-k.
+pub fn sampling_extras(
+    top_k: Option<&Value>,
+    min_p: Option<&Value>,
+    repetition_penalty: Option<&Value>,
+) -> ApiResult<Option<usize>> {
+    let off = |param: &'static str, v: Option<&Value>, default: f64, why: &str| match v {
+        None | Some(Value::Null) => Ok(()),
+        Some(x) if x.as_f64() == Some(default) => Ok(()),
+        Some(x) => Err(ApiError::field(param, format!("`{param}` {x}: {why}"))),
+    };
+    off(
+        "min_p",
+        min_p,
+        0.0,
+        "min-p sampling is not served yet; send 0",
+    )?;
+    off(
+        "repetition_penalty",
+        repetition_penalty,
+        1.0,
+        "repetition penalties are not served yet; send 1",
+    )?;
+    match top_k {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_i64() {
+            Some(0 | -1) => Ok(None),
+            Some(k) if k > 0 => Ok(Some(k as usize)),
+            _ => Err(ApiError::field(
+                "top_k",
+                format!("`top_k` must be a positive integer, or 0 or -1 for off, got {v}"),
+            )),
+        },
+    }
+}
+
+/// `n`, samples per prompt (absent: 1), with at most `max_choices` choices over `prompts`.
+pub fn samples(v: Option<&Value>, prompts: usize, max_choices: usize) -> ApiResult<usize> {
+    let n = match v {
+        None | Some(Value::Null) => 1,
+        Some(v) => v.as_u64().filter(|&n| n >= 1).ok_or_else(|| {
+            ApiError::field("n", format!("`n` must be a positive integer, got {v}"))
+        })? as usize,
+    };
+    if prompts.saturating_mul(n) > max_choices {
+        return Err(ApiError::field(
+            "n",
+            format!(
+                "{prompts} prompt(s) x n {n} is over the {max_choices} choices one request may ask for"
+            ),
+        ));
+    }
+    Ok(n)
+}
+
+/// A count of log-probability alternatives (`param`: `logprobs` or `top_logprobs`), 0..=20.
+pub fn logprob_count(param: &'static str, v: &Value) -> ApiResult<usize> {
+    v.as_u64()
+        .filter(|&k| k as usize <= crate::engine::MAX_LOGPROBS)
+        .map(|k| k as usize)
+        .ok_or_else(|| {
+            ApiError::field(
+                param,
+                format!(
+                    "`{param}` must be an integer from 0 to {}, got {v}",
+                    crate::engine::MAX_LOGPROBS
+                ),
+            )
+        })
+}
+
 /// A boolean field (absent: false).
 pub fn flag(param: &'static str, v: Option<&Value>) -> ApiResult<bool> {
     match v {

@@ -14,7 +14,7 @@ mod completions;
 mod fields;
 mod requests;
 
-pub use chat::{ChatParams, ChatRequest, Unserved};
+pub use chat::{ChatParams, ChatRequest, MAX_CHOICES, Unserved};
 pub use completions::{
     CompletionParams, CompletionRequest, DEFAULT_COMPLETION_TOKENS, Prompts, parse_prompts,
 };
