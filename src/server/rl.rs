@@ -10,7 +10,7 @@ use axum::extract::State;
 use serde_json::{Value, json};
 
 use super::error::ApiResult;
-use super::state::AppState;
+use super::state::{AppState, blocking};
 
 /// The offered models that run an engine (the demo does not), in the order offered.
 fn engine_keys(st: &AppState) -> Vec<String> {
@@ -39,16 +39,43 @@ pub(super) async fn world_size(State(st): State<Arc<AppState>>) -> Json<Value> {
     Json(json!({"world_size": loaded.unwrap_or(configured)}))
 }
 
-/// `GET /server_info`: the crate's version and, per loaded model, how its engine is set up.
-pub(super) async fn server_info(State(st): State<Arc<AppState>>) -> Json<Value> {
+/// `GET /server_info`: per loaded model how its engine is set up, and `vllm_config`, the
+/// parts of vLLM's resolved configuration a trainer reads, for the first loaded model:
+/// `model_config` (`logprobs_mode` is `processed_logprobs`: log-probs of the distribution
+/// drawn from), `parallel_config`, `lora_config` (none) and `weight_transfer_config` (none:
+/// weights are not pushed over NCCL yet). Loads the first offered model if none is loaded (a
+/// trainer asks before its first generation).
+pub(super) async fn server_info(State(st): State<Arc<AppState>>) -> ApiResult<Json<Value>> {
+    let keys = engine_keys(&st);
+    if let Some(first) = keys.first().cloned()
+        && !keys.iter().any(|k| st.registry.is_loaded(k))
+    {
+        let state = st.clone();
+        blocking(move || state.registry.model(&first).map(|_| ())).await?;
+    }
+    let mut vllm_config = Value::Null;
     let mut models = serde_json::Map::new();
-    for key in engine_keys(&st) {
+    for key in keys {
         if !st.registry.is_loaded(&key) {
             models.insert(key, json!({"loaded": false}));
             continue;
         }
         if let Ok(m) = st.registry.model(&key) {
             let i = m.engine().info();
+            if vllm_config.is_null() {
+                vllm_config = json!({
+                    "model_config": {"model": key, "served_model_name": key,
+                        "dtype": format!("{:?}", i.dtype).to_lowercase(),
+                        "max_model_len": i.max_context, "logprobs_mode": "processed_logprobs"},
+                    "parallel_config": {"tensor_parallel_size": i.world_size,
+                        "data_parallel_size": 1, "world_size": i.world_size},
+                    "cache_config": {"block_size": i.block_size, "num_gpu_blocks": i.num_blocks,
+                        "enable_prefix_caching": true},
+                    "scheduler_config": {"max_num_seqs": i.max_running},
+                    "lora_config": null,
+                    "weight_transfer_config": null,
+                });
+            }
             models.insert(
                 key,
                 json!({"loaded": true, "device": i.device, "dtype": format!("{:?}", i.dtype),
@@ -58,11 +85,15 @@ pub(super) async fn server_info(State(st): State<Arc<AppState>>) -> Json<Value> 
             );
         }
     }
-    Json(json!({"server": "policy-serve", "version": env!("CARGO_PKG_VERSION"), "models": models}))
+    Ok(Json(
+        json!({"server": "policy-serve", "version": env!("CARGO_PKG_VERSION"),
+        "models": models, "vllm_config": vllm_config}),
+    ))
 }
 
 /// `POST /reset_prefix_cache`: drops the cached prefixes of every loaded model (those running
-/// requests use stay until they finish); answers the blocks freed per model.
+/// requests use stay until they finish); answers `{"success": true}` as vLLM does, with the
+/// blocks freed per model.
 pub(super) async fn reset_prefix_cache(State(st): State<Arc<AppState>>) -> ApiResult<Json<Value>> {
     let mut freed = serde_json::Map::new();
     for key in engine_keys(&st) {
@@ -72,5 +103,5 @@ pub(super) async fn reset_prefix_cache(State(st): State<Arc<AppState>>) -> ApiRe
         let engine = st.registry.model(&key)?.engine().clone();
         freed.insert(key, json!(engine.reset_prefix_cache().await?));
     }
-    Ok(Json(json!({"status": "ok", "freed_blocks": freed})))
+    Ok(Json(json!({"success": true, "freed_blocks": freed})))
 }

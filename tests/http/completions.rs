@@ -376,3 +376,100 @@ async fn chat_gives_n_choices_with_token_ids_and_logprobs_as_trl_reads_them() {
     .await;
     assert!(ids(&with_tools["prompt_token_ids"]).len() > expected.len() + 50);
 }
+
+/// A Python with TRL (pinned), transformers, requests and jinja2, in a venv under the test
+/// binaries' temp dir (made once, kept between runs); `None` without `python3` outside CI.
+fn trl_python() -> Option<std::path::PathBuf> {
+    let has = |py: &std::path::Path, module: &str| {
+        std::process::Command::new(py)
+            .args(["-c", &format!("import {module}")])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    };
+    let system = std::path::Path::new("python3");
+    if std::process::Command::new(system)
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI needs python3 for the TRL client test"
+        );
+        eprintln!("skipping the TRL client test: no python3 here (CI runs it)");
+        return None;
+    }
+    let venv = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("trl-venv");
+    let py = venv.join("bin/python");
+    if !(has(&py, "trl") && has(&py, "transformers") && has(&py, "jinja2")) {
+        let run = |cmd: &mut std::process::Command, what: &str| {
+            let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(
+                out.status.success(),
+                "{what} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        run(
+            std::process::Command::new(system)
+                .args(["-m", "venv"])
+                .arg(&venv),
+            "python3 -m venv",
+        );
+        // TRL without its dependencies (torch, accelerate, datasets): its HTTP client uses
+        // requests alone; the test stubs the rest.
+        run(
+            std::process::Command::new(&py).args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "trl==1.16.0",
+            ]),
+            "pip install trl",
+        );
+        run(
+            std::process::Command::new(&py).args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "transformers>=5,<6",
+                "requests",
+                "jinja2",
+                "packaging",
+            ]),
+            "pip install transformers requests jinja2",
+        );
+    }
+    Some(py)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn trls_own_vllm_client_drives_generation() {
+    let Some(py) = tokio::task::spawn_blocking(trl_python).await.unwrap() else {
+        return;
+    };
+    // Only the model: TRL takes the first model `/v1/models` lists.
+    let s = start(&["--models", "tiny", "--max-tokens-cap", "512"]).await;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/trl_client.py");
+    let (base, dir) = (s.base.clone(), crate::common::shared_tiny_model());
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(py)
+            .arg(script)
+            .arg(base)
+            .arg(dir)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("trl client ok"),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
