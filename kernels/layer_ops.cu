@@ -335,6 +335,93 @@ extern "C" __global__ void sample_topk_f32(const float* vals, const uint32_t* id
   out[r] = id[keep - 1];
 }
 
+// Draws one token per row from the whole vocabulary (no top-k, no top-p): the inverse CDF of
+// softmax(x / t) at the row's uniform `u`, walked in token-id order (any fixed order draws
+// exactly from the distribution; the host's sampler walks it by probability instead, so the
+// two draw different, equally distributed tokens for one `u`). params [rows * 4] as for
+// sample_topk_f32; k (as float) 1 marks a greedy row (its argmax, lowest id on ties). One
+// block of FULL_THREADS per row: the maximum, then per-thread sums over contiguous chunks,
+// a block scan of them, and the thread whose chunk holds u * total walks it.
+constexpr int FULL_THREADS = 256;
+
+extern "C" __global__ void __launch_bounds__(FULL_THREADS) sample_full_f32(
+    const float* logits, int n, const float* params, uint32_t* out) {
+  pdl_entry();
+  __shared__ float s_val[FULL_THREADS];
+  __shared__ int s_idx[FULL_THREADS];
+  const int r = blockIdx.x, tid = threadIdx.x;
+  const float* x = logits + (size_t)r * n;
+  const float t = params[4 * r], u = params[4 * r + 2];
+  const bool greedy = (int)params[4 * r + 3] == 1;
+  float m = -INFINITY;
+  int mi = n;
+  for (int i = tid; i < n; i += FULL_THREADS) {
+    const float v = x[i];
+    if (isfinite(v) && (v > m || (v == m && i < mi))) { m = v; mi = i; }
+  }
+  s_val[tid] = m;
+  s_idx[tid] = mi;
+  __syncthreads();
+  for (int w = FULL_THREADS / 2; w > 0; w >>= 1) {
+    if (tid < w) {
+      const float v = s_val[tid + w];
+      const int i = s_idx[tid + w];
+      if (v > s_val[tid] || (v == s_val[tid] && i < s_idx[tid])) { s_val[tid] = v; s_idx[tid] = i; }
+    }
+    __syncthreads();
+  }
+  m = s_val[0];
+  mi = s_idx[0];
+  __syncthreads();
+  if (mi >= n) {  // no finite logit
+    if (tid == 0) out[r] = 0;
+    return;
+  }
+  if (greedy) {
+    if (tid == 0) out[r] = (uint32_t)mi;
+    return;
+  }
+  const int chunk = (n + FULL_THREADS - 1) / FULL_THREADS;
+  const int lo = min(n, tid * chunk), hi = min(n, lo + chunk);
+  float s = 0.f;
+  for (int i = lo; i < hi; ++i) {
+    const float v = x[i];
+    if (isfinite(v)) s += __expf((v - m) / t);
+  }
+  s_val[tid] = s;
+  __syncthreads();
+  // Inclusive scan (Hillis-Steele) of the chunk sums.
+  for (int off = 1; off < FULL_THREADS; off <<= 1) {
+    const float add = tid >= off ? s_val[tid - off] : 0.f;
+    __syncthreads();
+    s_val[tid] += add;
+    __syncthreads();
+  }
+  const float total = s_val[FULL_THREADS - 1];
+  const float target = u * total;
+  const float before = tid > 0 ? s_val[tid - 1] : 0.f;
+  // The chunk holding the target, or the last chunk with mass when rounding leaves the
+  // target past every sum.
+  const bool mine = (target >= before && target < s_val[tid] && s > 0.f) ||
+                    (tid == FULL_THREADS - 1 && target >= s_val[tid]);
+  if (!mine) return;
+  float acc = before;
+  int last = mi;
+  for (int i = lo; i < hi; ++i) {
+    const float v = x[i];
+    if (!isfinite(v)) continue;
+    last = i;
+    acc += __expf((v - m) / t);
+    if (target < acc) { out[r] = (uint32_t)i; return; }
+  }
+  if (tid == FULL_THREADS - 1 && s == 0.f) {
+    // The last chunk has no mass: the last finite token before it.
+    for (int i = n - 1; i >= 0; --i)
+      if (isfinite(x[i])) { last = i; break; }
+  }
+  out[r] = (uint32_t)last;
+}
+
 extern "C" __global__ void argmax_merge(const float* part_v, const int* part_i, int parts,
                                         uint32_t* out) { pdl_entry();
   argmax_merge_rows(part_v, part_i, parts, out);

@@ -149,6 +149,57 @@ fn op_checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
             0.0,
         );
     }
+    // Whole-vocabulary draws against the inverse CDF in token-id order on the host (f64):
+    // rows alternate greedy (k 1) and sampled at temperatures 0.7 / 1.3; a draw may differ
+    // only where the host's cumulative sum lands within rounding of the uniform.
+    {
+        let rows = 96usize;
+        let l = (randn(&[rows, 151_936], DType::F32, dev)? * 3.0)?;
+        let host: Vec<Vec<f32>> = l.to_vec2()?;
+        let mut params = Vec::new();
+        for r in 0..rows {
+            let u = ((r * 7919 + 13) % 1000) as f32 / 1000.0;
+            match r % 3 {
+                0 => params.extend([1.0, 1.0, 0.0, 1.0]),
+                1 => params.extend([0.7, 1.0, u, 0.0]),
+                _ => params.extend([1.3, 1.0, u, 0.0]),
+            }
+        }
+        let got: Vec<u32> = k.sample_full(&l, &params)?.to_vec1()?;
+        let (mut wrong, mut near) = (0, 0);
+        for (r, row) in host.iter().enumerate() {
+            let (t, u, greedy) = (params[4 * r], params[4 * r + 2], r % 3 == 0);
+            let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let expect = if greedy {
+                row.iter().position(|&v| v == mx).unwrap_or(0) as u32
+            } else {
+                let w: Vec<f64> = row.iter().map(|&v| (((v - mx) / t) as f64).exp()).collect();
+                let target = u as f64 * w.iter().sum::<f64>();
+                let mut acc = 0.0;
+                let mut pick = w.len() - 1;
+                for (i, x) in w.iter().enumerate() {
+                    acc += x;
+                    if target < acc {
+                        pick = i;
+                        // Within 1e-5 of the total of a neighbour: rounding may pick either.
+                        if (acc - target).min(target - (acc - x)) < 1e-5 * acc {
+                            near += 1;
+                        }
+                        break;
+                    }
+                }
+                pick as u32
+            };
+            if got[r] != expect {
+                wrong += 1;
+            }
+        }
+        t.check(
+            format!("sample_full f32 rows {rows} x 151936 (rows wrong beyond rounding)"),
+            (wrong - wrong.min(near)) as f32,
+            0.0,
+        );
+    }
     qk_rope_checks(&k, dev, dt, t)?;
     for &(nh, nkv) in &[(16usize, 8usize), (32, 8), (16, 16), (8, 1)] {
         for (b, max_ctx, name) in [

@@ -73,6 +73,9 @@ pub struct KernelFlags {
     /// (`KernelOptions::l2_prefetch`).
     #[arg(long)]
     pub l2_prefetch: bool,
+    /// Draw whole-vocabulary samples on the host (turns `KernelOptions::sample_full` off).
+    #[arg(long)]
+    pub no_device_full_sampling: bool,
     /// Per-warp fused norms in the 1-2-row skinny matmuls (`KernelOptions::warp_norm`).
     #[arg(long)]
     pub warp_norm: bool,
@@ -108,6 +111,7 @@ impl KernelFlags {
             gemv_mma: self.gemv_mma,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
+            sample_full: !self.no_device_full_sampling,
             fused_decode: !self.no_fused_decode,
             clusters: !self.no_clusters,
             flash_prefill: !self.no_flash_prefill,

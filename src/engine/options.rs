@@ -27,6 +27,11 @@ pub struct KernelOptions {
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
     pub l2_prefetch: bool,
+    /// Rows sampled over the whole vocabulary (no top-k, top-p 1: RL trainers' default) are
+    /// drawn on the device (the inverse CDF in token-id order; the host walks it by
+    /// probability, so the two draw different, equally distributed tokens for one seed).
+    /// Off: their logits go to the host, 600 KB a row a step.
+    pub sample_full: bool,
     /// The skinny matmuls of 1-2 rows compute their fused norm per warp (no shared memory,
     /// no block barrier before the first product) instead of once per block. Off by default:
     /// 16-24% slower on the H200 (every warp reads the rows the block read once; BENCHMARKS.md,
@@ -62,6 +67,7 @@ impl Default for KernelOptions {
             gemv: true,
             gemv_mma: false,
             l2_prefetch: false,
+            sample_full: true,
             warp_norm: false,
             fused_decode: true,
             clusters: true,

@@ -59,6 +59,9 @@ pub struct LaunchOptions {
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
     /// while it runs (sm_90+).
     pub l2_prefetch: bool,
+    /// Draw rows sampled over the whole vocabulary (no top-k, top-p off) on the device
+    /// (`sample_full_f32`) instead of reading their logits to the host.
+    pub sample_full: bool,
     /// The 1-2-row skinny matmuls behind a norm compute it per warp (no shared memory, no
     /// block barrier) instead of once per block.
     pub warp_norm: bool,
@@ -86,6 +89,7 @@ impl Default for LaunchOptions {
             gemv: true,
             gemv_mma: false,
             l2_prefetch: false,
+            sample_full: true,
             warp_norm: false,
             fused_decode: true,
             clusters: true,
@@ -115,6 +119,7 @@ pub struct CudaKernels {
     pub(super) argmax_merge: CudaFunction,
     pub(super) topk_f32: CudaFunction,
     pub(super) sample_topk: CudaFunction,
+    pub(super) sample_full: CudaFunction,
     pub(super) gather_rows: CudaFunction,
     pub(super) to_f32: CudaFunction,
     pub(super) decode: [CudaFunction; 4],
@@ -142,6 +147,8 @@ pub struct CudaKernels {
     pub(super) gemv_mma: Option<[Vec<CudaFunction>; 4]>,
     /// Whether the skinny matmuls prefetch the next matmul's weights into L2.
     pub(super) l2_prefetch: bool,
+    /// Whether whole-vocabulary draws run on the device (`LaunchOptions::sample_full`).
+    sample_full_on: bool,
     /// Whether the 1-2-row norm kernels in `gemv` are the per-warp-norm ones (no shared
     /// memory).
     pub(super) warp_norm: bool,
@@ -240,6 +247,7 @@ impl CudaKernels {
             argmax_merge: f(&layer_ops, "argmax_merge")?,
             topk_f32: f(&layer_ops, "topk_rows_f32")?,
             sample_topk: f(&layer_ops, "sample_topk_f32")?,
+            sample_full: f(&layer_ops, "sample_full_f32")?,
             gather_rows: f(&layer_ops, &format!("gather_rows_{s}"))?,
             to_f32: f(&layer_ops, &format!("to_f32_{s}"))?,
             prefill: [
@@ -313,6 +321,7 @@ impl CudaKernels {
                 None
             },
             warp_norm: opts.warp_norm,
+            sample_full_on: opts.sample_full,
             gemv_mma: if dtype == DType::BF16 && opts.gemv && opts.gemv_mma {
                 let all = |kind: &str| -> Result<Vec<CudaFunction>> {
                     (GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS)
@@ -356,6 +365,11 @@ impl CudaKernels {
     /// whether it was on.
     pub(crate) fn set_pdl(&self, on: bool) -> bool {
         self.pdl.swap(on, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether rows sampled over the whole vocabulary are drawn on the device.
+    pub fn samples_full(&self) -> bool {
+        self.sample_full_on
     }
 
     /// The activation dtype these kernels serve.

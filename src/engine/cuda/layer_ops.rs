@@ -355,6 +355,34 @@ impl CudaKernels {
         Ok(out)
     }
 
+    /// One token per row of f32 `logits` drawn from the whole vocabulary (no top-k or
+    /// top-p): the inverse CDF of softmax(logits / t) at the row's uniform, walked in token-id
+    /// order (`kernels/layer_ops.cu`, `sample_full_f32`). `params` as for [`Self::sample`];
+    /// a k of 1 marks a greedy row (its argmax).
+    pub fn sample_full(&self, logits: &Tensor, params: &[f32]) -> Result<Tensor> {
+        let (rows, n) = logits.dims2()?;
+        if params.len() != rows * 4 {
+            return Err(kernel_err("sample_full", "params must be 4 per row"));
+        }
+        let out = self.alloc(rows, DType::U32)?;
+        if rows == 0 {
+            return Ok(out);
+        }
+        let p = Tensor::new(params, logits.device())?;
+        let (pl, pp, po, n32) = (self.ptr(logits)?, self.ptr(&p)?, self.ptr(&out)?, n as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.launcher(&self.sample_full);
+        b.arg(&pl).arg(&n32).arg(&pp).arg(&po);
+        // SAFETY: argument types match the kernel's signature; buffers are sized above and
+        // the logits are contiguous f32 [rows, n].
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(out)
+    }
+
     /// Draws one token per row of f32 `[rows, vocab]` logits on the device: the top `k`
     /// candidates, then temperature / top-k / top-p and the row's uniform number, as the host
     /// sampler does. `params` holds per row temperature, top_p, u, top_k (`[rows * 4]`); the

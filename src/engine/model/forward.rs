@@ -60,6 +60,7 @@ pub fn kernels_for(
         gemv_mma: opts.gemv_mma,
         l2_prefetch: opts.l2_prefetch,
         warp_norm: opts.warp_norm,
+        sample_full: opts.sample_full,
         fused_decode: opts.fused_decode,
         clusters: opts.clusters,
         flash_prefill: opts.flash_prefill,

@@ -65,6 +65,23 @@ pub(crate) fn draw_ids(model: &Model, logits: &Tensor, rows: &[RowDraw]) -> Resu
         return kern.sample(logits, k, &params);
     }
     let _ = device_k;
+    // Sampled rows over the whole vocabulary (no top-k, top-p off: what RL trainers send): one
+    // device draw in token-id order (`CudaKernels::sample_full`).
+    #[cfg(feature = "cuda")]
+    if let Some(kern) = model.kernels.as_ref().filter(|k| k.samples_full())
+        && rows.iter().filter(|r| r.uniform.is_some()).all(|r| {
+            r.params.top_k.is_none_or(|k| k == 0) && r.params.top_p.is_none_or(|p| p >= 1.0)
+        })
+    {
+        let mut params = Vec::with_capacity(rows.len() * 4);
+        for r in rows {
+            match r.uniform {
+                None => params.extend([1.0, 1.0, 0.0, 1.0]),
+                Some(u) => params.extend([r.params.temperature, 1.0, u, 0.0]),
+            }
+        }
+        return kern.sample_full(logits, &params);
+    }
     // Host sampling over whole rows (no kernels, or top_k absent or large).
     let greedy: Vec<u32> = greedy_ids(model, logits)?.to_vec1()?;
     let mut ids = Vec::with_capacity(rows.len());

@@ -7,7 +7,8 @@
 //! refused the last admission has not grown), and the free KV blocks cover every sequence's next
 //! position without preempting. The continuation is planned from what the host knows before
 //! step n's tokens arrive: each sequence one token further, its KV block allocated ahead.
-//! Greedy rows and small top-k draws stay on the device; other draws read the logits to the
+//! Greedy rows, small top-k draws and whole-vocabulary draws stay on the device; other draws
+//! (top-p over the whole vocabulary, large top-k) read the logits to the
 //! host (correct, but the step then waits as before), and so do steps with a row that asks
 //! for log-probabilities (they are read with the ids). Each sampled row takes its uniform
 //! numbers from its own generator in step order, so a sampled request draws what it draws
