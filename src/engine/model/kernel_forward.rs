@@ -162,30 +162,9 @@ impl KernelForward<'_> {
         self.logits(seqs, acts.h)
     }
 
-    /// The forward of one rank-0 step with every layer's intermediate states, for accuracy
-    /// work against a reference (`kernel_check --trace`): per layer `attn.L` (the o
-    /// projection's output), `mlp.L` (the down projection's output) and `resid.L` (the
-    /// residual stream after the layer, in f32), then `norm` (the final norm's output) and
-    /// `logits`. Allocates a copy of each; never used by serving.
-    pub fn trace(
-        &self,
-        tokens: &[u32],
-        seqs: &[SeqInput<'_>],
-        cache: &PagedKvCache,
-    ) -> Result<Vec<(String, Tensor)>> {
-        let (inputs, plan, acts) = self.prepare(tokens, seqs, cache)?;
-        let mut states = Vec::new();
-        self.layers_into(&inputs, &acts, &plan, cache, None, Some(&mut states))?;
-        states.push(("norm".into(), acts.h.copy()?));
-        if let Some(l) = self.logits(seqs, acts.h)? {
-            states.push(("logits".into(), l));
-        }
-        Ok(states)
-    }
-
     /// The logits of the rows `seqs` asks for, from the final normed states `h` (None on
     /// ranks above 0 and when no row asks).
-    fn logits(&self, seqs: &[SeqInput<'_>], h: Tensor) -> Result<Option<Tensor>> {
+    pub(super) fn logits(&self, seqs: &[SeqInput<'_>], h: Tensor) -> Result<Option<Tensor>> {
         let (m, k) = (self.model, self.kernels);
         let rows = logit_rows(seqs);
         if rows.is_empty() || m.shard().rank != 0 {
@@ -202,7 +181,7 @@ impl KernelForward<'_> {
     }
 
     /// One step's inputs uploaded, its attention plan and its activation buffers.
-    fn prepare(
+    pub(super) fn prepare(
         &self,
         tokens: &[u32],
         seqs: &[SeqInput<'_>],
@@ -306,7 +285,7 @@ impl KernelForward<'_> {
     /// Every layer and the final norm of one step, on `inputs`, into `acts` (`acts.h` ends as
     /// the normed last hidden state of every token). Allocates nothing, copies nothing from
     /// the host and never synchronizes when the step is pure decode on one rank, unless
-    /// `trace` asks for copies of the intermediate states ([`Self::trace`]).
+    /// `trace` asks for copies of the intermediate states (`KernelForward::trace`).
     pub(crate) fn layers_into(
         &self,
         inputs: &StepInputs,

@@ -20,6 +20,8 @@ pub mod files;
 pub mod forward;
 #[cfg(feature = "cuda")]
 pub mod kernel_forward;
+#[cfg(feature = "cuda")]
+mod kernel_trace;
 pub mod kv_cache;
 pub mod loader;
 pub mod qwen3;
