@@ -327,6 +327,7 @@ fn run(command: Command) -> Result<(), Error> {
                 temperature,
                 top_k: None,
                 top_p: None,
+                min_p: None,
                 seed,
             };
             let g = e.generate(

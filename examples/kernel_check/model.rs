@@ -222,6 +222,7 @@ pub(super) fn greedy_check(a: &Args, t: &mut Table) -> Res<()> {
                         temperature: 0.8,
                         top_k: Some(20),
                         top_p: Some(0.95),
+                        min_p: None,
                         seed: 100 + i as u64,
                     };
                 }

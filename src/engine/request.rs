@@ -19,6 +19,11 @@ pub struct SamplingParams {
     pub top_k: Option<usize>,
     /// Keep the smallest set of tokens whose probability reaches p (`None`/1.0: all).
     pub top_p: Option<f32>,
+    /// Keep only tokens at least this fraction as likely as the most likely one (vLLM's
+    /// min-p, applied after the temperature, before top-p; `None`/0: off). Rows with min-p
+    /// are drawn on the host.
+    #[serde(default)]
+    pub min_p: Option<f32>,
     /// RNG seed.
     pub seed: u64,
 }
@@ -36,6 +41,7 @@ impl SamplingParams {
             temperature: 0.0,
             top_k: None,
             top_p: None,
+            min_p: None,
             seed: 0,
         }
     }
@@ -59,8 +65,14 @@ impl SamplingParams {
             temperature: temperature.unwrap_or(default_temperature),
             top_k: defaults.top_k,
             top_p: top_p.or(defaults.top_p),
+            min_p: None,
             seed,
         }
+    }
+
+    /// min-p when it cuts anything (in (0, 1]).
+    pub fn min_p_cut(&self) -> Option<f32> {
+        self.min_p.filter(|p| *p > 0.0 && *p <= 1.0)
     }
 
     /// Whether this is greedy decoding.

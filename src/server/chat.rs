@@ -90,6 +90,7 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest, p: ChatParams) -> ApiResu
         min_tokens,
         n,
         top_k,
+        min_p,
         logprobs,
         enable_thinking,
         ..
@@ -118,6 +119,7 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest, p: ChatParams) -> ApiResu
         let ids = engine.tokenize(&prompt)?;
         let mut sampling = generation.sampling(model.generation_config(), fresh_seed);
         sampling.top_k = top_k.or(sampling.top_k);
+        sampling.min_p = min_p;
         let mut request = GenerationRequest::new(ids).sampling(sampling);
         request.stop = stop;
         request.ignore_eos = ignore_eos;

@@ -147,6 +147,7 @@ pub fn build_requests(
             let mut sampling = p.generation.sampling(defaults, fresh_seed);
             sampling.seed = sample_seed(sampling.seed, j);
             sampling.top_k = p.top_k;
+            sampling.min_p = p.min_p;
             let mut r = GenerationRequest::new(ids.clone()).sampling(sampling);
             r.max_new_tokens = p.generation.max_tokens;
             r.stop = p.stop.clone();

@@ -297,6 +297,7 @@ fn same_seed_same_sample_and_another_seed_differs() {
                 temperature: 1.5,
                 top_k: Some(50),
                 top_p: Some(0.95),
+                min_p: None,
                 seed,
             })
     };

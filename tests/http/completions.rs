@@ -215,6 +215,42 @@ async fn sampled_logprobs_are_those_of_the_cut_distribution() {
 }
 
 #[tokio::test]
+async fn min_p_keeps_only_tokens_near_the_most_likely_in_draws_and_logprobs() {
+    let s = start(&[]).await;
+    let (code, body) = post(
+        &s,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": [varied_prompt()], "max_tokens": 8, "min_tokens": 8,
+            "temperature": 1.5, "top_p": 1.0, "min_p": 0.3, "seed": 4, "logprobs": 5,
+            "return_tokens_as_token_ids": true}),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let lp = &body["choices"][0]["logprobs"];
+    for (i, top) in lp["top_logprobs"].as_array().unwrap().iter().enumerate() {
+        let top = top.as_object().unwrap();
+        let probs: Vec<f64> = top.values().map(|v| v.as_f64().unwrap().exp()).collect();
+        let max = probs.iter().cloned().fold(0.0, f64::max);
+        // Every token listed is one min-p kept: at least 0.3 x the most likely (mutation:
+        // min-p ignored lists the tail of the top 5).
+        assert!(
+            probs.iter().all(|&p| p >= 0.3 * max - 1e-6),
+            "position {i}: {top:?}"
+        );
+        let drawn = lp["tokens"][i].as_str().unwrap();
+        assert!(top.contains_key(drawn));
+        let mass: f64 = probs.iter().sum();
+        assert!(mass <= 1.0 + 1e-4);
+        if top.len() < 5 {
+            assert!(
+                (mass - 1.0).abs() < 1e-3,
+                "all kept tokens listed: mass {mass}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
 async fn bad_completion_fields_are_refused_naming_the_field() {
     let s = start(&[]).await;
     for (body, param) in [
@@ -223,7 +259,7 @@ async fn bad_completion_fields_are_refused_naming_the_field() {
             "logprobs",
         ),
         (
-            json!({"model": "tiny", "prompt": [[1, 2]], "min_p": 0.1}),
+            json!({"model": "tiny", "prompt": [[1, 2]], "min_p": 1.5}),
             "min_p",
         ),
         (

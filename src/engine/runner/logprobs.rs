@@ -1,6 +1,6 @@
 //! Log-probabilities of drawn tokens ([`GenerationRequest::logprobs`]), in the distribution
 //! each token was drawn from: the logits over the temperature (1 for greedy rows),
-//! renormalized over the tokens top-k / top-p keep (the others get none: `-inf`).
+//! renormalized over the tokens top-k / min-p / top-p keep (the others get none: `-inf`).
 //!
 //! Rows without top-k / top-p (what RL trainers send) are computed where the logits are (on
 //! the GPU: a log-softmax of the scaled rows, the drawn token's entry gathered, the top `k`
@@ -30,7 +30,10 @@ pub struct LogprobRow {
 /// Whether top-k / top-p cut this row's distribution (greedy rows never: their log-probs are
 /// the model's own distribution).
 fn filtered(p: &SamplingParams) -> bool {
-    !p.is_greedy() && (p.top_k.is_some_and(|k| k > 0) || p.top_p.is_some_and(|p| p < 1.0))
+    !p.is_greedy()
+        && (p.top_k.is_some_and(|k| k > 0)
+            || p.top_p.is_some_and(|p| p < 1.0)
+            || p.min_p_cut().is_some())
 }
 
 /// The temperature a row's log-probs are taken at.
@@ -142,6 +145,8 @@ pub fn cut_logprobs(logits: &[f32], p: &SamplingParams, token: u32, k: usize) ->
     let mut probs: Vec<f32> = cand.iter().map(|(_, v)| (v - max).exp()).collect();
     let sum: f32 = probs.iter().sum();
     probs.iter_mut().for_each(|q| *q /= sum);
+    super::sampler::min_p_cut(&mut probs, p);
+    cand.truncate(probs.len());
     if let Some(top_p) = p.top_p.filter(|q| *q > 0.0 && *q < 1.0) {
         let mut acc = 0.0;
         let mut keep = probs.len();

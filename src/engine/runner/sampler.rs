@@ -43,7 +43,7 @@ pub(crate) fn draw_ids(model: &Model, logits: &Tensor, rows: &[RowDraw]) -> Resu
         .map(|r| {
             r.params
                 .top_k
-                .filter(|&k| (1..=MAX_DEVICE_TOP_K).contains(&k))
+                .filter(|&k| (1..=MAX_DEVICE_TOP_K).contains(&k) && r.params.min_p_cut().is_none())
         })
         .collect::<Option<Vec<usize>>>()
         .and_then(|ks| ks.into_iter().max());
@@ -70,7 +70,9 @@ pub(crate) fn draw_ids(model: &Model, logits: &Tensor, rows: &[RowDraw]) -> Resu
     #[cfg(feature = "cuda")]
     if let Some(kern) = model.kernels.as_ref().filter(|k| k.samples_full())
         && rows.iter().filter(|r| r.uniform.is_some()).all(|r| {
-            r.params.top_k.is_none_or(|k| k == 0) && r.params.top_p.is_none_or(|p| p >= 1.0)
+            r.params.top_k.is_none_or(|k| k == 0)
+                && r.params.top_p.is_none_or(|p| p >= 1.0)
+                && r.params.min_p_cut().is_none()
         })
     {
         let mut params = Vec::with_capacity(rows.len() * 4);
@@ -165,6 +167,17 @@ pub fn sample_candidates(cand: Vec<(u32, f32)>, params: &SamplingParams, rng: &m
     draw(cand, params, || rng.next_f32())
 }
 
+/// min-p over probabilities sorted most likely first: keeps those at least `min_p` times the
+/// first, renormalized (nothing without min-p).
+pub(crate) fn min_p_cut(probs: &mut Vec<f32>, params: &SamplingParams) {
+    let Some(m) = params.min_p_cut() else { return };
+    let Some(&first) = probs.first() else { return };
+    let keep = probs.iter().take_while(|&&q| q >= m * first).count().max(1);
+    probs.truncate(keep);
+    let s: f32 = probs.iter().sum();
+    probs.iter_mut().for_each(|q| *q /= s);
+}
+
 /// The sampler's steps over candidates; `uniform` is called once, for the final draw.
 fn draw(cand: Vec<(u32, f32)>, params: &SamplingParams, uniform: impl FnOnce() -> f32) -> u32 {
     let t = params.temperature;
@@ -190,6 +203,7 @@ fn draw(cand: Vec<(u32, f32)>, params: &SamplingParams, uniform: impl FnOnce() -
     let mut probs: Vec<f32> = cand.iter().map(|(_, v)| (v - max).exp()).collect();
     let sum: f32 = probs.iter().sum();
     probs.iter_mut().for_each(|p| *p /= sum);
+    min_p_cut(&mut probs, params);
     if let Some(p) = params.top_p.filter(|p| *p > 0.0 && *p < 1.0) {
         let mut acc = 0.0;
         let mut keep = probs.len();
@@ -239,6 +253,7 @@ mod tests {
             temperature: 1.0,
             top_k: Some(5),
             top_p: Some(0.9),
+            min_p: None,
             seed: 7,
         };
         let run = |seed| {
@@ -256,6 +271,30 @@ mod tests {
     }
 
     #[test]
+    fn min_p_keeps_only_tokens_near_the_most_likely() {
+        // Probabilities ~ 0.51, 0.46, 0.025, 0.009: min-p 0.5 keeps the first two.
+        let logits = [3.0f32, 2.9, 0.0, -1.0];
+        let with = |min_p| SamplingParams {
+            temperature: 1.0,
+            top_k: None,
+            top_p: None,
+            min_p,
+            seed: 1,
+        };
+        let draws = |p: SamplingParams| -> Vec<u32> {
+            (0..1000)
+                .map(|i| sample_with(&logits, &p, i as f32 / 1000.0))
+                .collect()
+        };
+        let cut = draws(with(Some(0.5)));
+        assert!(cut.iter().all(|&t| t < 2), "min-p 0.5 keeps tokens 0 and 1");
+        assert!(cut.contains(&0) && cut.contains(&1));
+        // Mutation (min-p ignored): the tail is drawn.
+        assert!(draws(with(None)).iter().any(|&t| t >= 2));
+        assert!(draws(with(Some(0.0))).iter().any(|&t| t >= 2), "0 is off");
+    }
+
+    #[test]
     fn sampling_from_the_top_k_candidates_equals_sampling_from_the_row() {
         let logits: Vec<f32> = (0..500)
             .map(|i| ((i * 7919) % 1000) as f32 * 0.01)
@@ -265,6 +304,7 @@ mod tests {
                 temperature: 0.7,
                 top_k: Some(k),
                 top_p: p,
+                min_p: None,
                 seed: 3,
             };
             let mut order: Vec<u32> = (0..500).collect();

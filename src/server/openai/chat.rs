@@ -47,7 +47,7 @@ pub struct ChatRequest {
     /// vLLM's top-k (0 or -1: off).
     #[serde(default)]
     pub top_k: Option<Value>,
-    /// vLLM's min-p (0: off; other values are not served yet).
+    /// vLLM's min-p (0: off).
     #[serde(default)]
     pub min_p: Option<Value>,
     /// vLLM's repetition penalty (1: off; other values are not served yet).
@@ -93,7 +93,7 @@ impl ChatRequest {
                 format!("`n` {n} with `stream: true` is not served yet; stream one choice"),
             ));
         }
-        let top_k = sampling_extras(
+        let (top_k, min_p) = sampling_extras(
             present(&self.top_k),
             present(&self.min_p),
             present(&self.repetition_penalty),
@@ -219,6 +219,7 @@ impl ChatRequest {
             min_tokens,
             n,
             top_k,
+            min_p,
             logprobs,
             return_token_ids: flag("return_token_ids", self.return_token_ids.as_ref())?,
             tokens_as_ids: flag(
@@ -357,6 +358,8 @@ pub struct ChatParams {
     pub n: usize,
     /// Top-k (`None`: off).
     pub top_k: Option<usize>,
+    /// Min-p (`None`: off).
+    pub min_p: Option<f32>,
     /// Log-probabilities with this many alternatives per token (`None`: none).
     pub logprobs: Option<usize>,
     /// The prompt's and each choice's token ids in the answer.

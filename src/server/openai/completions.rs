@@ -32,7 +32,7 @@ pub struct CompletionRequest {
     /// vLLM's top-k (0 or -1: off).
     #[serde(default)]
     pub top_k: Option<Value>,
-    /// vLLM's min-p (0: off; other values are not served yet).
+    /// vLLM's min-p (0: off).
     #[serde(default)]
     pub min_p: Option<Value>,
     /// vLLM's repetition penalty (1: off; other values are not served yet).
@@ -114,6 +114,8 @@ pub struct CompletionParams {
     pub generation: Generation,
     /// Top-k (`None`: off).
     pub top_k: Option<usize>,
+    /// Min-p (`None`: off).
+    pub min_p: Option<f32>,
     /// Stop strings.
     pub stop: Vec<String>,
     /// Keep generating past EOS.
@@ -221,7 +223,7 @@ impl CompletionRequest {
                 ));
             }
         }
-        let top_k = sampling_extras(
+        let (top_k, min_p) = sampling_extras(
             present(&self.top_k),
             present(&self.min_p),
             present(&self.repetition_penalty),
@@ -257,6 +259,7 @@ impl CompletionRequest {
             n,
             generation,
             top_k,
+            min_p,
             stop: parse_stop(self.stop.as_ref())?,
             ignore_eos: flag("ignore_eos", self.ignore_eos.as_ref())?,
             min_tokens,

@@ -208,41 +208,43 @@ pub fn min_tokens(
     Ok(n)
 }
 
-/// vLLM's sampling extras as sent: `top_k` (0 or -1: off), `min_p` (only 0, off, is served)
-/// and `repetition_penalty` (only 1, off, is served); returns top-k.
+/// vLLM's sampling extras as sent: `top_k` (0 or -1: off), `min_p` (0 to 1; 0: off) and
+/// `repetition_penalty` (only 1, off, is served); returns top-k and min-p.
 pub fn sampling_extras(
     top_k: Option<&Value>,
     min_p: Option<&Value>,
     repetition_penalty: Option<&Value>,
-) -> ApiResult<Option<usize>> {
-    let off = |param: &'static str, v: Option<&Value>, default: f64, why: &str| match v {
-        None | Some(Value::Null) => Ok(()),
-        Some(x) if x.as_f64() == Some(default) => Ok(()),
-        Some(x) => Err(ApiError::field(param, format!("`{param}` {x}: {why}"))),
-    };
-    off(
-        "min_p",
-        min_p,
-        0.0,
-        "min-p sampling is not served yet; send 0",
-    )?;
-    off(
-        "repetition_penalty",
-        repetition_penalty,
-        1.0,
-        "repetition penalties are not served yet; send 1",
-    )?;
-    match top_k {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => match v.as_i64() {
-            Some(0 | -1) => Ok(None),
-            Some(k) if k > 0 => Ok(Some(k as usize)),
-            _ => Err(ApiError::field(
-                "top_k",
-                format!("`top_k` must be a positive integer, or 0 or -1 for off, got {v}"),
-            )),
-        },
+) -> ApiResult<(Option<usize>, Option<f32>)> {
+    match repetition_penalty {
+        None | Some(Value::Null) => {}
+        Some(x) if x.as_f64() == Some(1.0) => {}
+        Some(x) => {
+            return Err(ApiError::field(
+                "repetition_penalty",
+                format!(
+                    "`repetition_penalty` {x}: repetition penalties are not served yet; send 1"
+                ),
+            ));
+        }
     }
+    let min_p = match min_p {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(number("min_p", v, 0.0, 1.0)?).filter(|p| *p > 0.0),
+    };
+    let top_k = match top_k {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_i64() {
+            Some(0 | -1) => None,
+            Some(k) if k > 0 => Some(k as usize),
+            _ => {
+                return Err(ApiError::field(
+                    "top_k",
+                    format!("`top_k` must be a positive integer, or 0 or -1 for off, got {v}"),
+                ));
+            }
+        },
+    };
+    Ok((top_k, min_p))
 }
 
 /// `n`, samples per prompt (absent: 1), with at most `max_choices` choices over `prompts`.
