@@ -70,6 +70,14 @@ impl SamplingParams {
         }
     }
 
+    /// Whether top-k, top-p or min-p may cut the vocabulary a sampled row draws from (what
+    /// decides a whole-vocabulary draw on the device and log-probs of the cut distribution).
+    pub fn cuts_vocabulary(&self) -> bool {
+        self.top_k.is_some_and(|k| k > 0)
+            || self.top_p.is_some_and(|p| p < 1.0)
+            || self.min_p_cut().is_some()
+    }
+
     /// min-p when it cuts anything (in (0, 1]).
     pub fn min_p_cut(&self) -> Option<f32> {
         self.min_p.filter(|p| *p > 0.0 && *p <= 1.0)

@@ -15,8 +15,10 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::completion::{Completion, to_completion, tool_calls_json, usage};
-use super::completions::sample_seed;
+use super::completion::{
+    Completion, logprob_json, to_completion, token_name, tool_calls_json, usage,
+};
+use super::completions::samples;
 use super::error::{ApiError, ApiResult};
 use super::openai::{ChatParams, ChatRequest, convert_messages, parse};
 use super::state::{AppState, blocking, random_id};
@@ -137,13 +139,7 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest, p: ChatParams) -> ApiResu
         });
         engine.check(&request)?;
         // The n choices: sample j seeded as /v1/completions seeds it.
-        let requests = (0..n)
-            .map(|j| {
-                let mut r = request.clone();
-                r.sampling.seed = sample_seed(request.sampling.seed, j);
-                r
-            })
-            .collect();
+        let requests = samples(request, n).collect();
         Ok(Prepared::Model {
             engine,
             requests,
@@ -240,21 +236,12 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> ApiRes
     result.inspect_err(|_| count_error(&st))
 }
 
-/// A token's name in `logprobs`: `token_id:N` when asked, else its text.
-fn token_name(engine: &Engine, t: u32, as_id: bool) -> String {
-    if as_id {
-        format!("token_id:{t}")
-    } else {
-        engine.tokenizer().decode(&[t], false).unwrap_or_default()
-    }
-}
-
 /// A chat choice's `logprobs` (OpenAI's chat layout): per token its name, log-probability,
 /// bytes and the alternatives.
 fn logprobs_json(lps: &[TokenLogprob], name: &dyn Fn(u32) -> String) -> Value {
     let entry = |t: u32, v: f32| {
         let n = name(t);
-        json!({"token": n, "logprob": if v.is_finite() { v } else { -9999.0 }, "bytes": n.as_bytes()})
+        json!({"token": n, "logprob": logprob_json(v), "bytes": n.as_bytes()})
     };
     let content: Vec<Value> = lps
         .iter()

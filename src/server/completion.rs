@@ -1,5 +1,6 @@
 //! [`Completion`]: the OpenAI view of a finished answer (content or tool calls, finish
-//! reason, token counts), shared by the plain and the streamed chat response.
+//! reason, token counts), shared by the plain and the streamed chat response; and how
+//! `logprobs` name tokens and write values, shared by chat and text completions.
 
 use serde_json::{Value, json};
 
@@ -57,4 +58,24 @@ pub(super) fn tool_calls_json(calls: &[ToolCall]) -> Vec<Value> {
 /// The OpenAI `usage` object of a completion.
 pub(super) fn usage(c: &Completion) -> Value {
     json!({"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens, "total_tokens": c.prompt_tokens + c.completion_tokens, "prompt_tokens_details": {"cached_tokens": c.cached_tokens}})
+}
+
+/// A token's name in `logprobs`: `token_id:N` when asked (vLLM's
+/// `return_tokens_as_token_ids`), else its text.
+pub(super) fn token_name(engine: &crate::engine::Engine, t: u32, as_id: bool) -> String {
+    if as_id {
+        format!("token_id:{t}")
+    } else {
+        engine.tokenizer().decode(&[t], false).unwrap_or_default()
+    }
+}
+
+/// A log-probability as JSON: `-inf` (a token outside top-k / min-p / top-p) as vLLM sends
+/// it, -9999.0.
+pub(super) fn logprob_json(v: f32) -> Value {
+    if v.is_finite() {
+        json!(v)
+    } else {
+        json!(-9999.0)
+    }
 }

@@ -17,13 +17,27 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use super::completion::{logprob_json, token_name};
 use super::error::{ApiError, ApiResult};
 use super::openai::{CompletionParams, CompletionRequest, MAX_CHOICES, Prompts, parse};
 use super::state::{AppState, blocking, random_id};
 use crate::engine::{FinishReason, Generation, GenerationRequest, TokenLogprob};
 
+/// The `n` samples of `request` (chat and completions alike): sample `j` seeded as the module
+/// docs say.
+pub(super) fn samples(
+    request: GenerationRequest,
+    n: usize,
+) -> impl Iterator<Item = GenerationRequest> {
+    (0..n).map(move |j| {
+        let mut r = request.clone();
+        r.sampling.seed = sample_seed(request.sampling.seed, j);
+        r
+    })
+}
+
 /// The seed of sample `j` of a request seeded `seed` (SplitMix64's finalizer over both).
-pub fn sample_seed(seed: u64, j: usize) -> u64 {
+fn sample_seed(seed: u64, j: usize) -> u64 {
     if j == 0 {
         return seed;
     }
@@ -95,14 +109,7 @@ async fn run(st: &Arc<AppState>, body: &[u8]) -> ApiResult<Response> {
     // Cached prompt tokens are counted once per prompt: its first sample's.
     let cached: usize = done.iter().step_by(n).map(|g| g.cached_prompt_tokens).sum();
     st.counters.tokens(prompt_tokens, completion_tokens, cached);
-    let tokenizer = engine.tokenizer();
-    let name = |t: u32| -> String {
-        if tokens_as_ids {
-            format!("token_id:{t}")
-        } else {
-            tokenizer.decode(&[t], false).unwrap_or_default()
-        }
-    };
+    let name = |t: u32| token_name(&engine, t, tokens_as_ids);
     let choices: Vec<Value> = done
         .iter()
         .enumerate()
@@ -143,19 +150,16 @@ pub fn build_requests(
 ) -> Vec<GenerationRequest> {
     let mut out = Vec::with_capacity(prompts.len() * p.n);
     for ids in prompts {
-        for j in 0..p.n {
-            let mut sampling = p.generation.sampling(defaults, fresh_seed);
-            sampling.seed = sample_seed(sampling.seed, j);
-            sampling.top_k = p.top_k;
-            sampling.min_p = p.min_p;
-            let mut r = GenerationRequest::new(ids.clone()).sampling(sampling);
-            r.max_new_tokens = p.generation.max_tokens;
-            r.stop = p.stop.clone();
-            r.ignore_eos = p.ignore_eos;
-            r.min_tokens = p.min_tokens;
-            r.logprobs = p.logprobs;
-            out.push(r);
-        }
+        let mut sampling = p.generation.sampling(defaults, fresh_seed);
+        sampling.top_k = p.top_k;
+        sampling.min_p = p.min_p;
+        let mut r = GenerationRequest::new(ids.clone()).sampling(sampling);
+        r.max_new_tokens = p.generation.max_tokens;
+        r.stop = p.stop.clone();
+        r.ignore_eos = p.ignore_eos;
+        r.min_tokens = p.min_tokens;
+        r.logprobs = p.logprobs;
+        out.extend(samples(r, p.n));
     }
     out
 }
@@ -188,22 +192,12 @@ fn logprobs_json(lps: &[TokenLogprob], name: &dyn Fn(u32) -> String) -> Value {
         offset += t.len();
         let mut top = serde_json::Map::new();
         for &(id, v) in &lp.top {
-            top.insert(name(id), json_f32(v));
+            top.insert(name(id), logprob_json(v));
         }
-        top.insert(t.clone(), json_f32(lp.logprob));
+        top.insert(t.clone(), logprob_json(lp.logprob));
         tokens.push(Value::String(t));
-        values.push(json_f32(lp.logprob));
+        values.push(logprob_json(lp.logprob));
         tops.push(Value::Object(top));
     }
     json!({"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets})
-}
-
-/// A log-probability as JSON: `-inf` (a token outside top-k / top-p) as vLLM sends it,
-/// -9999.0.
-fn json_f32(v: f32) -> Value {
-    if v.is_finite() {
-        json!(v)
-    } else {
-        json!(-9999.0)
-    }
 }

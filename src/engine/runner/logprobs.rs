@@ -27,13 +27,10 @@ pub struct LogprobRow {
     pub k: usize,
 }
 
-/// Whether top-k / top-p cut this row's distribution (greedy rows never: their log-probs are
-/// the model's own distribution).
+/// Whether top-k / top-p / min-p cut this row's distribution (greedy rows never: their
+/// log-probs are the model's own distribution).
 fn filtered(p: &SamplingParams) -> bool {
-    !p.is_greedy()
-        && (p.top_k.is_some_and(|k| k > 0)
-            || p.top_p.is_some_and(|p| p < 1.0)
-            || p.min_p_cut().is_some())
+    !p.is_greedy() && p.cuts_vocabulary()
 }
 
 /// The temperature a row's log-probs are taken at.
@@ -42,11 +39,12 @@ fn temperature(p: &SamplingParams) -> f32 {
 }
 
 /// The log-probabilities of `rows` (one [`TokenLogprob`] each, in order) for the f32 logits
-/// `[n, vocab]` and the ids drawn from them (u32 `[n]`).
+/// `[n, vocab]` and the ids drawn from them, on the device (u32 `[n]`) and already read to
+/// the host (`drawn`).
 pub(crate) fn logprobs(
     model: &Model,
     logits: &Tensor,
-    ids: &Tensor,
+    (ids, drawn): (&Tensor, &[u32]),
     rows: &[LogprobRow],
 ) -> Result<Vec<TokenLogprob>> {
     let mut out: Vec<Option<TokenLogprob>> = vec![None; rows.len()];
@@ -63,17 +61,15 @@ pub(crate) fn logprobs(
         let inv_t = Tensor::from_vec(inv_t, (whole.len(), 1), dev)?;
         let scaled = logits.index_select(&idx, 0)?.broadcast_mul(&inv_t)?;
         let lsm = candle_nn::ops::log_softmax(&scaled, D::Minus1)?;
-        let drawn = ids.index_select(&idx, 0)?;
         let chosen: Vec<f32> = lsm
-            .gather(&drawn.unsqueeze(1)?.contiguous()?, 1)?
+            .gather(&ids.index_select(&idx, 0)?.unsqueeze(1)?.contiguous()?, 1)?
             .flatten_all()?
             .to_vec1()?;
-        let drawn: Vec<u32> = drawn.to_vec1()?;
         let kmax = whole.iter().map(|&i| rows[i].k).max().unwrap_or(0);
         let top = top_k(model, &lsm, kmax)?;
         for (j, &i) in whole.iter().enumerate() {
             out[i] = Some(TokenLogprob {
-                token: drawn[j],
+                token: drawn[rows[i].row],
                 logprob: chosen[j],
                 top: top
                     .get(j)
@@ -85,8 +81,7 @@ pub(crate) fn logprobs(
     for i in cut {
         let r = &rows[i];
         let row: Vec<f32> = logits.get(r.row)?.to_vec1()?;
-        let token: u32 = ids.get(r.row)?.to_scalar()?;
-        out[i] = Some(cut_logprobs(&row, &r.params, token, r.k));
+        out[i] = Some(cut_logprobs(&row, &r.params, drawn[r.row], r.k));
     }
     Ok(out.into_iter().flatten().collect())
 }
@@ -127,51 +122,24 @@ fn top_k(model: &Model, x: &Tensor, k: usize) -> Result<Vec<Vec<(u32, f32)>>> {
         .collect())
 }
 
-/// The log-probabilities of a row cut by top-k / top-p, on the host: the sampler's candidates
-/// (`runner::sampler`), renormalized; tokens outside them get `-inf`.
+/// The log-probabilities of a row cut by top-k / min-p / top-p, on the host: the distribution
+/// the sampler draws from (`sampler::kept`); tokens outside it get `-inf`.
 pub fn cut_logprobs(logits: &[f32], p: &SamplingParams, token: u32, k: usize) -> TokenLogprob {
-    let t = temperature(p);
-    let mut cand: Vec<(u32, f32)> = logits
+    let cand: Vec<(u32, f32)> = logits
         .iter()
         .enumerate()
-        .filter(|(_, v)| v.is_finite())
-        .map(|(i, &v)| (i as u32, v / t))
+        .map(|(i, &v)| (i as u32, v))
         .collect();
-    cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    if let Some(k) = p.top_k.filter(|&k| k > 0 && k < cand.len()) {
-        cand.truncate(k);
-    }
-    let max = cand.first().map_or(0.0, |c| c.1);
-    let mut probs: Vec<f32> = cand.iter().map(|(_, v)| (v - max).exp()).collect();
-    let sum: f32 = probs.iter().sum();
-    probs.iter_mut().for_each(|q| *q /= sum);
-    super::sampler::min_p_cut(&mut probs, p);
-    cand.truncate(probs.len());
-    if let Some(top_p) = p.top_p.filter(|q| *q > 0.0 && *q < 1.0) {
-        let mut acc = 0.0;
-        let mut keep = probs.len();
-        for (i, q) in probs.iter().enumerate() {
-            acc += q;
-            if acc >= top_p {
-                keep = i + 1;
-                break;
-            }
-        }
-        probs.truncate(keep);
-        cand.truncate(keep);
-        let s: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|q| *q /= s);
-    }
-    let lp = |q: f32| q.ln();
+    let (cand, probs) = super::sampler::kept(cand, p, temperature(p));
     let logprob = cand
         .iter()
         .position(|c| c.0 == token)
-        .map_or(f32::NEG_INFINITY, |i| lp(probs[i]));
+        .map_or(f32::NEG_INFINITY, |i| probs[i].ln());
     let top = cand
         .iter()
         .zip(&probs)
         .take(k)
-        .map(|(c, &q)| (c.0, lp(q)))
+        .map(|(c, &q)| (c.0, q.ln()))
         .collect();
     TokenLogprob {
         token,

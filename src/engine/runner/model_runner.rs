@@ -136,15 +136,15 @@ impl ModelRunner {
         sampler::draw_ids(&self.model, logits, draws)
     }
 
-    /// The log-probabilities of the ids drawn from `logits` for `rows` (read to the host; see
-    /// `runner::logprobs`).
+    /// The log-probabilities of the ids drawn from `logits` for `rows` (`ids` on the device,
+    /// `drawn` the same read to the host; see `runner::logprobs`).
     pub(crate) fn logprobs(
         &self,
         logits: &Tensor,
-        ids: &Tensor,
+        (ids, drawn): (&Tensor, &[u32]),
         rows: &[super::logprobs::LogprobRow],
     ) -> Result<Vec<crate::engine::request::TokenLogprob>> {
-        super::logprobs::logprobs(&self.model, logits, ids, rows)
+        super::logprobs::logprobs(&self.model, logits, (ids, drawn), rows)
     }
 
     /// Starts reading u32 `ids` (`[n]`) to the host behind the work queued so far, without

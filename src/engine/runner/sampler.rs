@@ -69,11 +69,10 @@ pub(crate) fn draw_ids(model: &Model, logits: &Tensor, rows: &[RowDraw]) -> Resu
     // device draw in token-id order (`CudaKernels::sample_full`).
     #[cfg(feature = "cuda")]
     if let Some(kern) = model.kernels.as_ref().filter(|k| k.samples_full())
-        && rows.iter().filter(|r| r.uniform.is_some()).all(|r| {
-            r.params.top_k.is_none_or(|k| k == 0)
-                && r.params.top_p.is_none_or(|p| p >= 1.0)
-                && r.params.min_p_cut().is_none()
-        })
+        && rows
+            .iter()
+            .filter(|r| r.uniform.is_some())
+            .all(|r| !r.params.cuts_vocabulary())
     {
         let mut params = Vec::with_capacity(rows.len() * 4);
         for r in rows {
@@ -167,34 +166,24 @@ pub fn sample_candidates(cand: Vec<(u32, f32)>, params: &SamplingParams, rng: &m
     draw(cand, params, || rng.next_f32())
 }
 
-/// min-p over probabilities sorted most likely first: keeps those at least `min_p` times the
-/// first, renormalized (nothing without min-p).
-pub(crate) fn min_p_cut(probs: &mut Vec<f32>, params: &SamplingParams) {
-    let Some(m) = params.min_p_cut() else { return };
-    let Some(&first) = probs.first() else { return };
-    let keep = probs.iter().take_while(|&&q| q >= m * first).count().max(1);
-    probs.truncate(keep);
-    let s: f32 = probs.iter().sum();
-    probs.iter_mut().for_each(|q| *q /= s);
-}
-
-/// The sampler's steps over candidates; `uniform` is called once, for the final draw.
-fn draw(cand: Vec<(u32, f32)>, params: &SamplingParams, uniform: impl FnOnce() -> f32) -> u32 {
-    let t = params.temperature;
+/// The distribution a sampled row draws from: its finite candidates over the temperature
+/// `t`, cut to the top-k, softmaxed, cut by min-p and by top-p, renormalized; most likely
+/// first (lower id first on ties), with their probabilities. Empty without a finite
+/// candidate. The draw and the log-probs of a cut row (`runner::logprobs`) both take it.
+pub(crate) fn kept(
+    cand: Vec<(u32, f32)>,
+    params: &SamplingParams,
+    t: f32,
+) -> (Vec<(u32, f32)>, Vec<f32>) {
     let mut cand: Vec<(u32, f32)> = cand
         .into_iter()
         .filter(|(_, v)| v.is_finite())
         .map(|(i, v)| (i, v / t))
         .collect();
     if cand.is_empty() {
-        return 0;
+        return (cand, Vec::new());
     }
-    if params.is_greedy() {
-        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        return cand[0].0;
-    }
-    let k = params.top_k.filter(|&k| k > 0 && k < cand.len());
-    if let Some(k) = k {
+    if let Some(k) = params.top_k.filter(|&k| k > 0 && k < cand.len()) {
         cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
         cand.truncate(k);
     }
@@ -203,7 +192,17 @@ fn draw(cand: Vec<(u32, f32)>, params: &SamplingParams, uniform: impl FnOnce() -
     let mut probs: Vec<f32> = cand.iter().map(|(_, v)| (v - max).exp()).collect();
     let sum: f32 = probs.iter().sum();
     probs.iter_mut().for_each(|p| *p /= sum);
-    min_p_cut(&mut probs, params);
+    // min-p, then top-p: each keeps a prefix of the sorted list and renormalizes.
+    fn keep_prefix(probs: &mut Vec<f32>, keep: usize) {
+        probs.truncate(keep);
+        let s: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|q| *q /= s);
+    }
+    if let Some(m) = params.min_p_cut() {
+        let first = probs[0];
+        let keep = probs.iter().take_while(|&&q| q >= m * first).count().max(1);
+        keep_prefix(&mut probs, keep);
+    }
     if let Some(p) = params.top_p.filter(|p| *p > 0.0 && *p < 1.0) {
         let mut acc = 0.0;
         let mut keep = probs.len();
@@ -214,9 +213,27 @@ fn draw(cand: Vec<(u32, f32)>, params: &SamplingParams, uniform: impl FnOnce() -
                 break;
             }
         }
-        probs.truncate(keep);
-        let s: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|q| *q /= s);
+        keep_prefix(&mut probs, keep);
+    }
+    cand.truncate(probs.len());
+    (cand, probs)
+}
+
+/// The sampler's steps over candidates; `uniform` is called once, for the final draw.
+fn draw(cand: Vec<(u32, f32)>, params: &SamplingParams, uniform: impl FnOnce() -> f32) -> u32 {
+    if params.is_greedy() {
+        let t = params.temperature;
+        let mut cand: Vec<(u32, f32)> = cand
+            .into_iter()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(i, v)| (i, v / t))
+            .collect();
+        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        return cand.first().map_or(0, |c| c.0);
+    }
+    let (cand, probs) = kept(cand, params, params.temperature);
+    if cand.is_empty() {
+        return 0;
     }
     let r = uniform();
     let mut acc = 0.0;

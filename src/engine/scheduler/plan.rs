@@ -141,6 +141,7 @@ impl Scheduler {
             .map(|(p, _)| p.index)
             .collect();
         let ids = self.draw_ids(&logits, &rows)?;
+        let chosen: Vec<u32> = ids.to_vec1()?;
         // Rows whose request asks for log-probabilities: computed now, with the ids.
         let lp_rows: Vec<LogprobRow> = rows
             .iter()
@@ -157,14 +158,13 @@ impl Scheduler {
         let mut lps = if lp_rows.is_empty() {
             Vec::new()
         } else {
-            self.runner.logprobs(&logits, &ids, &lp_rows)?
+            self.runner.logprobs(&logits, (&ids, &chosen), &lp_rows)?
         }
         .into_iter();
         for lp in &lp_rows {
             let seq = &mut self.running[rows[lp.row]];
             seq.logprobs.extend(lps.next());
         }
-        let chosen: Vec<u32> = ids.to_vec1()?;
         if self.profile.is_some() {
             let ev_end = self.runner.gpu_event();
             if let Some(prof) = &mut self.profile {
