@@ -95,6 +95,10 @@ pub enum Error {
     /// A prompt or request that can never fit the engine's limits.
     #[error("request too large: {0}")]
     TooLarge(String),
+    /// A weight update was refused or failed before anything was written; the weights that
+    /// served before keep serving.
+    #[error("weight update refused: {0}; the previous weights keep serving")]
+    WeightUpdate(String),
     /// The engine failed while running a request; other requests keep running.
     #[error("engine error: {0}")]
     Engine(String),

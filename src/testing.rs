@@ -29,45 +29,19 @@ pub struct TensorSpec {
 /// layer q/k/v/o, q/k norms, gate/up/down, the two layer norms, then the final norm, and
 /// `lm_head.weight` last when the config does not tie it to the embedding (Qwen3-8B and up).
 pub fn qwen3_tensor_specs(cfg: &ModelConfig) -> Vec<TensorSpec> {
-    let (v, h, i) = (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size);
-    let (nh, nkv, hd) = (
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.head_dim(),
-    );
-    let spec = |name: String, shape: Vec<usize>, role| TensorSpec { name, shape, role };
-    let mut out = vec![spec(
-        "model.embed_tokens.weight".into(),
-        vec![v, h],
-        TensorRole::Embedding,
-    )];
-    for li in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{li}");
-        let m = |n: &str, shape: Vec<usize>| spec(format!("{p}.{n}"), shape, TensorRole::Matrix);
-        let norm = |n: &str, size: usize| spec(format!("{p}.{n}"), vec![size], TensorRole::Norm);
-        out.extend([
-            m("self_attn.q_proj.weight", vec![nh * hd, h]),
-            m("self_attn.k_proj.weight", vec![nkv * hd, h]),
-            m("self_attn.v_proj.weight", vec![nkv * hd, h]),
-            m("self_attn.o_proj.weight", vec![h, nh * hd]),
-            norm("self_attn.q_norm.weight", hd),
-            norm("self_attn.k_norm.weight", hd),
-            m("mlp.gate_proj.weight", vec![i, h]),
-            m("mlp.up_proj.weight", vec![i, h]),
-            m("mlp.down_proj.weight", vec![h, i]),
-            norm("input_layernorm.weight", h),
-            norm("post_attention_layernorm.weight", h),
-        ]);
-    }
-    out.push(spec("model.norm.weight".into(), vec![h], TensorRole::Norm));
-    if !cfg.tie_word_embeddings {
-        out.push(spec(
-            "lm_head.weight".into(),
-            vec![v, h],
-            TensorRole::Matrix,
-        ));
-    }
-    out
+    crate::engine::model::update::weight_table(cfg, cfg.tie_word_embeddings)
+        .into_iter()
+        .map(|(name, shape)| {
+            let role = if name == "model.embed_tokens.weight" {
+                TensorRole::Embedding
+            } else if shape.len() == 1 {
+                TensorRole::Norm
+            } else {
+                TensorRole::Matrix
+            };
+            TensorSpec { name, shape, role }
+        })
+        .collect()
 }
 
 /// A deterministic synthetic prompt of `n` token ids (all below 150,000), different per `salt`.

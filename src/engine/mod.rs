@@ -8,7 +8,8 @@
 //! Rooms, arrows pointing down this list only:
 //! - this file (the handle), `options` ([`EngineOptions`], [`KernelOptions`]; `defaults`
 //!   is the one table of defaults), `flags` (the CLI face of the options), `request`
-//!   (requests, generations, stats, [`EngineInfo`]), `handle` (reply slots and streams);
+//!   (requests, generations, stats, [`EngineInfo`]), `handle` (reply slots and streams),
+//!   `update` (weight sources and versions);
 //! - `scheduler/`: plan a step -> runner -> update from the step's output;
 //! - `runner/`: [`ModelRunner`](runner) load, KV sizing, graphs, sampler, the rank worker;
 //! - `model/`: config, files, weights, loader, shard, paged KV, Qwen3, the kernel forward;
@@ -28,6 +29,7 @@ pub mod parallel;
 mod request;
 pub mod runner;
 mod scheduler;
+mod update;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -55,6 +57,7 @@ pub use runner::buckets::graph_buckets;
 pub use runner::worker::{
     FailHook, WorkerOptions, WorkerReport, run_worker, spawn_in_process_workers,
 };
+pub use update::{HostTensor, WeightSource, WeightsVersion, content_digest};
 
 use crate::error::{Error, Result};
 use scheduler::{Command, Scheduler};
@@ -220,6 +223,23 @@ impl Engine {
             .tx
             .lock()
             .send(Command::ResetPrefixCache { reply });
+        pending
+    }
+
+    /// Replaces the weights in place (see [`WeightSource`]): new requests wait while the
+    /// update is pending; requests running on the old weights finish on them (`drain`) or
+    /// end with [`FinishReason::Interrupted`] (`!drain`); then the new tensors are written
+    /// into the model's buffers (no second copy stays behind), the prefix cache is dropped
+    /// and the version goes up by one. Resolves to the new version. A refused update (a
+    /// name, shape or dtype the model lacks, a missing tensor, a broken file) writes
+    /// nothing: the old weights keep serving and the error says why.
+    pub fn update_weights(&self, source: WeightSource, drain: bool) -> Pending<WeightsVersion> {
+        let (reply, pending) = handle::channel();
+        let _ = self.inner.tx.lock().send(Command::UpdateWeights {
+            source,
+            drain,
+            reply,
+        });
         pending
     }
 

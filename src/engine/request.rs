@@ -8,6 +8,7 @@ use candle_core::DType;
 use serde::{Deserialize, Serialize};
 
 use super::model::config::GenerationConfig;
+use super::update::WeightsVersion;
 use crate::error::{Error, Result};
 
 /// How to pick the next token.
@@ -164,6 +165,21 @@ pub enum FinishReason {
     Stop,
     /// The token cap.
     Length,
+    /// Ended early by a weight update that did not wait for it (`drain: false`); the tokens
+    /// so far are the old weights'.
+    Interrupted,
+}
+
+impl FinishReason {
+    /// The OpenAI `finish_reason`: `stop` (EOS or a stop string), `length`, or `abort` (vLLM's
+    /// word for a request ended by the server).
+    pub fn as_openai(self) -> &'static str {
+        match self {
+            FinishReason::Eos | FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Interrupted => "abort",
+        }
+    }
 }
 
 /// A finished generation.
@@ -192,6 +208,8 @@ pub struct Generation {
     /// Per generated token, its log-probability and the alternatives', when the request
     /// asked ([`GenerationRequest::logprobs`]).
     pub logprobs: Option<Vec<TokenLogprob>>,
+    /// The weights that produced every token of it.
+    pub weights_version: WeightsVersion,
 }
 
 /// Counters of an engine.

@@ -273,6 +273,34 @@ impl ModelRegistry {
         Ok(Box::new(ModelPolicy::new(model, episode)?))
     }
 
+    /// Replaces the weights of `key`'s loaded model in place (see
+    /// [`Engine::update_weights`](crate::engine::Engine::update_weights)): policies already
+    /// handed out keep working and sample from the new weights once their running requests
+    /// have finished on the old ones (`drain`) or were ended (`!drain`). Blocks until the
+    /// update is applied or refused; a refused update leaves the old weights serving. The
+    /// model must be loaded (an update of a model nobody uses is a fresh load: point the spec
+    /// at the new files instead).
+    pub fn update_weights(
+        &self,
+        key: &str,
+        source: crate::engine::WeightSource,
+        drain: bool,
+    ) -> Result<crate::engine::WeightsVersion> {
+        let entry = self.entry(key)?;
+        if entry.spec.is_demo() {
+            return Err(Error::DemoMisuse {
+                key: key.to_string(),
+                what: "weights",
+            });
+        }
+        let Some(model) = entry.cell.get() else {
+            return Err(Error::WeightUpdate(format!(
+                "model `{key}` is not loaded; load it first (get_policy) or point its spec at the new files"
+            )));
+        };
+        model.engine().update_weights(source, drain).wait()
+    }
+
     /// Loads every available model, logging and skipping failures; returns the keys loaded.
     pub fn preload_available(&self) -> Vec<String> {
         let mut loaded = Vec::new();

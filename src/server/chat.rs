@@ -220,6 +220,7 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> ApiRes
             if return_ids {
                 v["token_ids"] = json!(g.tokens);
             }
+            v["weights_version"] = json!(g.weights_version.version);
             choices.push(v);
         }
         let first = to_completion(&done[0], &tools);
@@ -230,7 +231,9 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> ApiRes
         st.counters
             .tokens(total.prompt_tokens, completion_tokens, total.cached_tokens);
         let ids = return_ids.then_some(prompt_ids.as_slice());
-        Ok(Json(chat_json(&meta, choices, ids, usage(&total))).into_response())
+        let mut v = chat_json(&meta, choices, ids, usage(&total));
+        v["weights_version"] = json!(done[0].weights_version);
+        Ok(Json(v).into_response())
     }
     .await;
     result.inspect_err(|_| count_error(&st))

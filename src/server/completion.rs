@@ -29,12 +29,10 @@ pub(super) fn to_completion(g: &Generation, tools: &[ToolDefinition]) -> Complet
     } else {
         (g.text.clone(), vec![])
     };
-    let finish = if !calls.is_empty() {
+    let finish = if !calls.is_empty() && g.finish_reason != FinishReason::Interrupted {
         "tool_calls"
-    } else if g.finish_reason == FinishReason::Length {
-        "length"
     } else {
-        "stop"
+        g.finish_reason.as_openai()
     };
     Completion {
         content,

@@ -21,7 +21,7 @@ use super::completion::{logprob_json, token_name};
 use super::error::{ApiError, ApiResult};
 use super::openai::{CompletionParams, CompletionRequest, MAX_CHOICES, Prompts, parse};
 use super::state::{AppState, blocking, random_id};
-use crate::engine::{FinishReason, Generation, GenerationRequest, TokenLogprob};
+use crate::engine::{Generation, GenerationRequest, TokenLogprob};
 
 /// The `n` samples of `request` (chat and completions alike): sample `j` seeded as the module
 /// docs say.
@@ -131,6 +131,7 @@ async fn run(st: &Arc<AppState>, body: &[u8]) -> ApiResult<Response> {
         "created": created,
         "model": model_key,
         "choices": choices,
+        "weights_version": done.first().map(|g| &g.weights_version),
         "usage": {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
@@ -167,12 +168,9 @@ pub fn build_requests(
 /// One choice: its text and finish reason, and with `prompt` (return_token_ids) the token ids
 /// of its completion and of its prompt.
 fn choice(index: usize, g: &Generation, prompt: Option<&Vec<u32>>) -> Value {
-    let finish = match g.finish_reason {
-        FinishReason::Length => "length",
-        _ => "stop",
-    };
     let mut c = json!({"index": index, "text": g.text, "logprobs": null,
-        "finish_reason": finish, "stop_reason": null});
+        "finish_reason": g.finish_reason.as_openai(), "stop_reason": null,
+        "weights_version": g.weights_version.version});
     if let Some(prompt) = prompt {
         c["token_ids"] = json!(g.tokens);
         c["prompt_token_ids"] = json!(prompt);

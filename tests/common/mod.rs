@@ -144,8 +144,13 @@ pub fn cached_model(name: &str, cfg: &Value, seed: u64) -> PathBuf {
     if dir.join("model.safetensors").is_file() {
         return dir;
     }
-    let staging =
-        std::env::temp_dir().join(format!("policy-serve-{name}.{}.tmp", std::process::id()));
+    // Unique per process and per call: two threads of one test binary may write at once.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let staging = std::env::temp_dir().join(format!(
+        "policy-serve-{name}.{}.{call}.tmp",
+        std::process::id()
+    ));
     write_model(&staging, cfg, seed);
     if std::fs::rename(&staging, &dir).is_err() {
         // Another process got there first; theirs is identical.

@@ -244,6 +244,28 @@ impl ModelConfig {
             .unwrap_or("unknown architecture")
     }
 
+    /// The fields that fix the weights' names and shapes, as `field = value` pairs.
+    pub fn shape_summary(&self) -> String {
+        format!(
+            "model_type = {}, vocab_size = {}, hidden_size = {}, intermediate_size = {}, num_hidden_layers = {}, num_attention_heads = {}, num_key_value_heads = {}, head_dim = {}, attention_bias = {}",
+            self.model_type,
+            self.vocab_size,
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_hidden_layers,
+            self.num_attention_heads,
+            self.num_key_value_heads,
+            self.head_dim(),
+            self.attention_bias
+        )
+    }
+
+    /// Whether `other` describes weights of the same names and shapes (a fine-tune of this
+    /// model, say).
+    pub fn same_shapes(&self, other: &ModelConfig) -> bool {
+        self.shape_summary() == other.shape_summary()
+    }
+
     /// Bytes of KV per token per layer-set (K and V, all layers) at `dtype_bytes`.
     pub fn kv_bytes_per_token(&self, dtype_bytes: usize) -> usize {
         2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim() * dtype_bytes

@@ -64,22 +64,7 @@ fn resolve_local(key: &str, dir: &Path) -> Result<ModelFiles> {
         }
     };
     let maybe = |name: &str| Some(dir.join(name)).filter(|p| p.is_file());
-    let weights = if let Some(single) = maybe("model.safetensors") {
-        vec![single]
-    } else if let Some(index) = maybe("model.safetensors.index.json") {
-        shard_names(&index)?
-            .into_iter()
-            .map(|n| need(&n))
-            .collect::<Result<Vec<_>>>()?
-    } else {
-        return Err(load_err(
-            key,
-            format!(
-                "{} has no model.safetensors nor model.safetensors.index.json",
-                dir.display()
-            ),
-        ));
-    };
+    let weights = safetensors_in(dir).map_err(|e| load_err(key, e.to_string()))?;
     Ok(ModelFiles {
         dir: dir.to_path_buf(),
         config: need("config.json")?,
@@ -88,6 +73,36 @@ fn resolve_local(key: &str, dir: &Path) -> Result<ModelFiles> {
         generation_config: maybe("generation_config.json"),
         weights,
     })
+}
+
+/// The safetensors files of a model directory: `model.safetensors`, or the shards that
+/// `model.safetensors.index.json` names (each must exist).
+pub fn safetensors_in(dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join("model.safetensors");
+    let index = dir.join("model.safetensors.index.json");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    if !index.is_file() {
+        return Err(Error::file(
+            dir,
+            "no model.safetensors nor model.safetensors.index.json here (a model directory in the Hugging Face layout is needed)",
+        ));
+    }
+    shard_names(&index)?
+        .into_iter()
+        .map(|n| {
+            let p = dir.join(&n);
+            if p.is_file() {
+                Ok(p)
+            } else {
+                Err(Error::file(
+                    &index,
+                    format!("names shard `{n}`, which is missing"),
+                ))
+            }
+        })
+        .collect()
 }
 
 /// The distinct shard file names of a `model.safetensors.index.json`, in first-seen order.

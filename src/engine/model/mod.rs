@@ -7,7 +7,7 @@
 //!   gather-path `attention` (planning + candle-op attention over paged KV);
 //! - `kernel_forward` (the same forward on the engine's own CUDA kernels, a type of its own)
 //!   and `forward` ([`Model`]: the weights plus whichever forward runs them);
-//! - `kv_cache` (the paged KV tensors).
+//! - `kv_cache` (the paged KV tensors); `update` (weights replaced in place, by HF name).
 //!
 //! Arrows point down only: into `crate::engine::batch`, `crate::engine::cuda` (the kernels'
 //! launchers) and `crate::engine::parallel` (the all-reduce), never up into the runner or
@@ -26,6 +26,7 @@ pub mod kv_cache;
 pub mod loader;
 pub mod qwen3;
 pub mod shard;
+pub mod update;
 pub mod weights;
 
 pub use forward::Model;

@@ -183,6 +183,8 @@ pub struct Qwen3 {
     pub(crate) layers: Vec<Layer>,
     pub(crate) norm: Norm,
     pub(crate) lm_head: Linear,
+    /// lm_head is the embedding matrix (one tensor under two names).
+    tied: bool,
     cos: Tensor,
     sin: Tensor,
     /// RoPE inverse frequencies (f32 `[head_dim / 2]`), for the kernels.
@@ -221,7 +223,8 @@ impl Qwen3 {
             progress();
         }
         let norm = rms(ck, "model.norm.weight", h, cfg.rms_norm_eps)?;
-        let lm_head = if cfg.tie_word_embeddings && !ck.has("lm_head.weight") {
+        let tied = cfg.tie_word_embeddings && !ck.has("lm_head.weight");
+        let lm_head = if tied {
             Linear::new(embed.clone(), None)
         } else {
             Linear::new(ck.get("lm_head.weight", &[cfg.vocab_size, h])?, None)
@@ -233,6 +236,7 @@ impl Qwen3 {
             layers,
             norm,
             lm_head,
+            tied,
             cos,
             sin,
             inv_freq,
@@ -257,6 +261,12 @@ impl Qwen3 {
     /// The KV heads this rank holds.
     pub fn local_kv_heads(&self) -> usize {
         self.num_kv_heads
+    }
+
+    /// Whether lm_head is the embedding matrix itself (tied embeddings, no `lm_head.weight`
+    /// in the checkpoint it was loaded from).
+    pub fn tied(&self) -> bool {
+        self.tied
     }
 
     /// This rank's shard.

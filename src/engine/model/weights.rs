@@ -73,7 +73,17 @@ impl Checkpoint {
         self.index.contains_key(name)
     }
 
-    fn file_of(&self, name: &str) -> String {
+    /// Every tensor of the checkpoint: name, shape and dtype (a dtype candle lacks reads as
+    /// `U8`, which no float check accepts).
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, &[usize], DType)> {
+        self.index.iter().map(|(n, (_, shape, d))| {
+            let dtype = DType::try_from(*d).unwrap_or(DType::U8);
+            (n.as_str(), shape.as_slice(), dtype)
+        })
+    }
+
+    /// The file holding `name` (every file of the checkpoint when none does).
+    pub(crate) fn file_of(&self, name: &str) -> String {
         self.index
             .get(name)
             .map(|(f, _, _)| f.display().to_string())
@@ -125,6 +135,32 @@ impl Checkpoint {
         }
         let t = self.st.load(name, device).map_err(|e| bad(e.to_string()))?;
         t.to_dtype(self.dtype).map_err(|e| bad(e.to_string()))
+    }
+
+    /// [`content_digest`](crate::engine::update::content_digest) of every tensor as stored
+    /// (sorted by name), read from the mapped files.
+    pub fn digest(&self) -> Result<String> {
+        let mut names: Vec<&String> = self.index.keys().collect();
+        names.sort();
+        let views = names
+            .iter()
+            .map(|n| {
+                self.st.get(n).map_err(|e| Error::Checkpoint {
+                    tensor: n.to_string(),
+                    file: self.file_of(n),
+                    reason: e.to_string(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let parts: Vec<(&str, DType, &[usize], &[u8])> = names
+            .iter()
+            .zip(&views)
+            .map(|(n, v)| {
+                let dtype = DType::try_from(v.dtype()).unwrap_or(DType::U8);
+                (n.as_str(), dtype, v.shape(), v.data())
+            })
+            .collect();
+        Ok(crate::engine::update::content_digest(&parts))
     }
 
     /// The dtype most tensors are stored in (for dtype "auto").

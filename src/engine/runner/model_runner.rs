@@ -123,6 +123,16 @@ impl ModelRunner {
         None
     }
 
+    /// This rank's weights (weight updates write into them in place).
+    pub(crate) fn qwen3(&self) -> &crate::engine::model::qwen3::Qwen3 {
+        &self.model.qwen3
+    }
+
+    /// Waits until the device has finished the work queued so far (no-op on the CPU).
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        Ok(self.model.qwen3.device().synchronize()?)
+    }
+
     /// Whether the model spans several ranks.
     pub(crate) fn comm(&self) -> Option<&Arc<dyn CommBackend>> {
         self.comm.as_ref()

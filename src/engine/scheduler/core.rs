@@ -22,6 +22,7 @@ use tokenizers::Tokenizer;
 use super::detok::Detokenizer;
 use super::profile::StepProfile;
 use super::seq::{Command, InFlight, Seq};
+use super::weights::PendingUpdate;
 use crate::cache::KvManager;
 use crate::engine::device;
 use crate::engine::handle::{Replier, StreamSender};
@@ -31,6 +32,7 @@ use crate::engine::parallel::comm::WorkerCommand;
 use crate::engine::request::{EngineInfo, EngineStats, Generation, GenerationRequest};
 use crate::engine::runner::sampler::Rng;
 use crate::engine::runner::{Loaded, ModelRunner};
+use crate::engine::update::WeightsVersion;
 
 /// The scheduler thread's state: the runner, the KV memory, the waiting and running
 /// requests. Its behaviour is spread by concern over the files of this room, each an
@@ -57,6 +59,12 @@ pub(crate) struct Scheduler {
     /// for lack of memory; `None` when the last admission pass did not fail on memory.
     /// Admission is retried once this grows (`admission_possible`).
     pub(super) kv_blocked_at: Option<usize>,
+    /// The model's config (weight updates check names and shapes against it).
+    pub(super) cfg: ModelConfig,
+    /// The weights serving now.
+    pub(super) weights: WeightsVersion,
+    /// A weight update waiting for the old weights' requests (`weights.rs`).
+    pub(super) update: Option<PendingUpdate>,
 }
 
 impl Scheduler {
@@ -110,6 +118,11 @@ impl Scheduler {
             prefix_cache,
             swap_budget,
         );
+        let weights = WeightsVersion {
+            version: 0,
+            digest: crate::engine::model::weights::Checkpoint::open(key, weights, dtype, device)?
+                .digest()?,
+        };
         let stats = EngineStats {
             blocks_total: num_blocks,
             blocks_free: num_blocks,
@@ -149,6 +162,9 @@ impl Scheduler {
             pipelined: opts.pipelined_decode,
             inflight: None,
             kv_blocked_at: None,
+            cfg: cfg.clone(),
+            weights,
+            update: None,
         })
     }
 
@@ -199,12 +215,23 @@ impl Scheduler {
                         self.publish_stats();
                         reply.send(Ok(freed))
                     }
+                    Command::UpdateWeights {
+                        source,
+                        drain,
+                        reply,
+                    } => self.ask_update(PendingUpdate {
+                        source,
+                        drain,
+                        reply,
+                        asked: Instant::now(),
+                    }),
                     Command::Shutdown => shutdown = true,
                 }
             }
             if shutdown {
                 break;
             }
+            self.progress_update();
             // A step in flight is settled before an admission that can happen now (pipeline.rs;
             // `drop_abandoned` settles it itself before a running sequence goes); while no
             // waiting request can be admitted (no slot, or the KV memory that refused the last

@@ -86,6 +86,9 @@ impl Scheduler {
             let Some(seq) = self.waiting.front() else {
                 break;
             };
+            if !self.may_admit(seq) {
+                break;
+            }
             if seq.swapped.is_some() {
                 let n = self.kv.blocks_for(seq.tokens.len() + 1);
                 let Some(blocks) = self.kv.allocate(n) else {

@@ -13,6 +13,9 @@
 //! 4. `output.rs`: `apply` updates each sequence from its id (tokens, stop strings, EOS, caps,
 //!    streaming, detokenizing while the GPU runs the next step) and finishes the done ones.
 //!
+//! Weight updates (`weights.rs`) pause admission, wait for (or end) the requests of the old
+//! weights, write the new ones in place and drop the prefix cache.
+//!
 //! With pipelined decode (`pipeline.rs`) step 3's ids stay on the device and feed the next
 //! step, which is launched before they are read (`seq::InFlight`).
 
@@ -24,6 +27,7 @@ mod pipeline;
 mod plan;
 mod profile;
 mod seq;
+mod weights;
 
 pub(crate) use core::Scheduler;
 pub(crate) use seq::Command;

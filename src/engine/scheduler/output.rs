@@ -125,7 +125,7 @@ impl Scheduler {
         }
     }
 
-    fn finish(&mut self, mut s: Seq, reason: FinishReason) {
+    pub(super) fn finish(&mut self, mut s: Seq, reason: FinishReason) {
         self.release_seq(&mut s);
         for t in s.undecoded.drain(..) {
             s.detok.push(&self.tokenizer, t);
@@ -157,6 +157,7 @@ impl Scheduler {
             total_time: now - s.submitted,
             preemptions: s.preemptions,
             logprobs: s.request.logprobs.map(|_| std::mem::take(&mut s.logprobs)),
+            weights_version: self.weights.clone(),
         };
         self.stats.lock().requests_finished += 1;
         self.publish_stats();

@@ -11,6 +11,7 @@ use crate::engine::handle::{Replier, StreamSender};
 use crate::engine::request::{Generation, GenerationRequest, TokenLogprob};
 use crate::engine::runner::sampler::Rng;
 use crate::engine::runner::{GpuEvent, HostIds};
+use crate::engine::update::{WeightSource, WeightsVersion};
 
 /// What the engine handle sends the scheduler thread.
 pub(crate) enum Command {
@@ -29,6 +30,11 @@ pub(crate) enum Command {
     },
     ResetPrefixCache {
         reply: Replier<usize>,
+    },
+    UpdateWeights {
+        source: WeightSource,
+        drain: bool,
+        reply: Replier<WeightsVersion>,
     },
     Shutdown,
 }

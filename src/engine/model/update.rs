@@ -1,0 +1,252 @@
+//! Weights replaced in place: an HF tensor name mapped onto the loaded model's tensors (the
+//! same fusions, tensor-parallel slices and folded scales the loader applies), written into
+//! the existing device buffers so that nothing else (CUDA graphs, kernels) sees a new pointer.
+//!
+//! Invariants: [`Qwen3::set_weight`] leaves the model exactly as [`Qwen3::load`] would have
+//! built it from a checkpoint holding that tensor (bit for bit); a name or shape the model
+//! does not have is refused before anything is written ([`check_tensor`]), so callers check a
+//! whole update first and write only once every tensor passed.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::config::ModelConfig;
+use super::qwen3::Qwen3;
+use super::weights::Checkpoint;
+use crate::error::{Error, Result};
+
+/// One part of a decoder layer, as HF names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Q,
+    K,
+    V,
+    QBias,
+    KBias,
+    VBias,
+    QNorm,
+    KNorm,
+    O,
+    Gate,
+    Up,
+    Down,
+    InputNorm,
+    PostNorm,
+}
+
+/// Where an HF tensor lives in the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Embed,
+    LmHead,
+    Norm,
+    Layer(usize, Part),
+}
+
+/// A decoder layer's tensors in the order a checkpoint lists them (the biases, which Qwen3
+/// lacks, last).
+const LAYER_PARTS: [(&str, Part); 14] = [
+    ("self_attn.q_proj.weight", Part::Q),
+    ("self_attn.k_proj.weight", Part::K),
+    ("self_attn.v_proj.weight", Part::V),
+    ("self_attn.o_proj.weight", Part::O),
+    ("self_attn.q_norm.weight", Part::QNorm),
+    ("self_attn.k_norm.weight", Part::KNorm),
+    ("mlp.gate_proj.weight", Part::Gate),
+    ("mlp.up_proj.weight", Part::Up),
+    ("mlp.down_proj.weight", Part::Down),
+    ("input_layernorm.weight", Part::InputNorm),
+    ("post_attention_layernorm.weight", Part::PostNorm),
+    ("self_attn.q_proj.bias", Part::QBias),
+    ("self_attn.k_proj.bias", Part::KBias),
+    ("self_attn.v_proj.bias", Part::VBias),
+];
+
+fn part_shape(cfg: &ModelConfig, part: Part) -> Option<Vec<usize>> {
+    let (h, hd, inter) = (cfg.hidden_size, cfg.head_dim(), cfg.intermediate_size);
+    let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+    let bias = cfg.attention_bias;
+    Some(match part {
+        Part::Q => vec![nh * hd, h],
+        Part::K | Part::V => vec![nkv * hd, h],
+        Part::QBias if bias => vec![nh * hd],
+        Part::KBias | Part::VBias if bias => vec![nkv * hd],
+        Part::QBias | Part::KBias | Part::VBias => return None,
+        Part::QNorm | Part::KNorm => vec![hd],
+        Part::O => vec![h, nh * hd],
+        Part::Gate | Part::Up => vec![inter, h],
+        Part::Down => vec![h, inter],
+        Part::InputNorm | Part::PostNorm => vec![h],
+    })
+}
+
+/// The slot and full (unsharded) shape of HF tensor `name` in a model of `cfg`; `None` when
+/// the model has no such tensor.
+fn locate(cfg: &ModelConfig, name: &str) -> Option<(Slot, Vec<usize>)> {
+    let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+    match name {
+        "model.embed_tokens.weight" => return Some((Slot::Embed, vec![v, h])),
+        "lm_head.weight" => return Some((Slot::LmHead, vec![v, h])),
+        "model.norm.weight" => return Some((Slot::Norm, vec![h])),
+        _ => {}
+    }
+    let rest = name.strip_prefix("model.layers.")?;
+    let (index, part) = rest.split_once('.')?;
+    let i: usize = index.parse().ok()?;
+    if i >= cfg.num_hidden_layers || index != i.to_string() {
+        return None;
+    }
+    let (_, p) = LAYER_PARTS.iter().find(|(n, _)| *n == part)?;
+    Some((Slot::Layer(i, *p), part_shape(cfg, *p)?))
+}
+
+/// The HF tensors a complete update of a model of `cfg` holds, with their full shapes, in
+/// load order (`lm_head.weight` only when the model's lm_head is not `tied` to the
+/// embeddings).
+pub fn weight_table(cfg: &ModelConfig, tied: bool) -> Vec<(String, Vec<usize>)> {
+    let mut t = vec![(
+        "model.embed_tokens.weight".to_string(),
+        vec![cfg.vocab_size, cfg.hidden_size],
+    )];
+    for i in 0..cfg.num_hidden_layers {
+        for (n, p) in LAYER_PARTS {
+            if let Some(shape) = part_shape(cfg, p) {
+                t.push((format!("model.layers.{i}.{n}"), shape));
+            }
+        }
+    }
+    t.push(("model.norm.weight".into(), vec![cfg.hidden_size]));
+    if !tied {
+        t.push((
+            "lm_head.weight".into(),
+            vec![cfg.vocab_size, cfg.hidden_size],
+        ));
+    }
+    t
+}
+
+/// Checks that a model of `cfg` has a tensor `name` of `shape` and that `dtype` is a float
+/// type; the error names the tensor and says what the model expects.
+pub fn check_tensor(cfg: &ModelConfig, name: &str, shape: &[usize], dtype: DType) -> Result<()> {
+    let refuse = |reason: String| Error::WeightUpdate(format!("tensor `{name}`: {reason}"));
+    let Some((_, want)) = locate(cfg, name) else {
+        return Err(refuse(format!(
+            "the model has no tensor of that name (a {} with {} layers; names as transformers' Qwen3ForCausalLM state_dict gives them)",
+            cfg.model_type, cfg.num_hidden_layers
+        )));
+    };
+    if shape != want.as_slice() {
+        return Err(refuse(format!("shape {shape:?}, the model's is {want:?}")));
+    }
+    if !matches!(dtype, DType::BF16 | DType::F16 | DType::F32 | DType::F64) {
+        return Err(refuse(format!(
+            "dtype {dtype:?}, expected a float type (bf16, f16, f32)"
+        )));
+    }
+    Ok(())
+}
+
+impl Qwen3 {
+    /// Writes HF tensor `name` (its full, unsharded value) into this rank's weights in place:
+    /// converted to the compute dtype, sliced to this rank's shard, stacked into the fused
+    /// q|k|v and gate|up matrices, with the attention scale folded into `q_norm` — as
+    /// [`Qwen3::load`] does. Refused (nothing written) for a name or shape the model lacks.
+    pub fn set_weight(&self, cfg: &ModelConfig, name: &str, value: &Tensor) -> Result<()> {
+        check_tensor(cfg, name, value.dims(), value.dtype())?;
+        let Some((slot, _)) = locate(cfg, name) else {
+            unreachable!("check_tensor accepted it")
+        };
+        let shard = self.shard();
+        let dev = self.device().clone();
+        let dtype = self.dtype();
+        // Same order of conversions as the loader: to the device, then to the dtype.
+        let on_dev = || -> Result<Tensor> { Ok(value.to_device(&dev)?.to_dtype(dtype)?) };
+        let hd = cfg.head_dim();
+        let (nh, nkv) = (
+            cfg.num_attention_heads / shard.world,
+            cfg.num_key_value_heads / shard.world,
+        );
+        let inter = cfg.intermediate_size / shard.world;
+        let put = |dst: &Tensor, src: Tensor, offset: usize| -> Result<()> {
+            Ok(dst.slice_set(&src.contiguous()?, 0, offset)?)
+        };
+        match slot {
+            Slot::Embed => put(&self.embed, on_dev()?, 0),
+            // Tied: one matrix under two names (a state_dict lists both); last write wins.
+            Slot::LmHead => put(self.lm_head.weight(), on_dev()?, 0),
+            Slot::Norm => put(&self.norm.weight, on_dev()?, 0),
+            Slot::Layer(i, part) => {
+                let l = &self.layers[i];
+                let bias = || {
+                    l.attn.qkv.bias().ok_or_else(|| {
+                        Error::WeightUpdate(format!("tensor `{name}`: the model has no q/k/v bias"))
+                    })
+                };
+                match part {
+                    Part::Q => put(l.attn.qkv.weight(), shard.slice(on_dev()?, 0)?, 0),
+                    Part::K => put(l.attn.qkv.weight(), shard.slice(on_dev()?, 0)?, nh * hd),
+                    Part::V => put(
+                        l.attn.qkv.weight(),
+                        shard.slice(on_dev()?, 0)?,
+                        (nh + nkv) * hd,
+                    ),
+                    Part::QBias => put(bias()?, shard.slice(on_dev()?, 0)?, 0),
+                    Part::KBias => put(bias()?, shard.slice(on_dev()?, 0)?, nh * hd),
+                    Part::VBias => put(bias()?, shard.slice(on_dev()?, 0)?, (nh + nkv) * hd),
+                    Part::QNorm => {
+                        // As the loader: in the compute dtype on the host, times 1/sqrt(head_dim).
+                        let scaled = (value.to_device(&Device::Cpu)?.to_dtype(dtype)?
+                            * (1.0 / (hd as f64).sqrt()))?;
+                        put(&l.attn.q_norm.weight, scaled.to_device(&dev)?, 0)
+                    }
+                    Part::KNorm => put(&l.attn.k_norm.weight, on_dev()?, 0),
+                    Part::O => put(l.attn.o_proj.weight(), shard.slice(on_dev()?, 1)?, 0),
+                    Part::Gate => put(l.mlp.gate_up.weight(), shard.slice(on_dev()?, 0)?, 0),
+                    Part::Up => put(l.mlp.gate_up.weight(), shard.slice(on_dev()?, 0)?, inter),
+                    Part::Down => put(l.mlp.down.weight(), shard.slice(on_dev()?, 1)?, 0),
+                    Part::InputNorm => put(&l.input_norm.weight, on_dev()?, 0),
+                    Part::PostNorm => put(&l.post_norm.weight, on_dev()?, 0),
+                }
+            }
+        }
+    }
+
+    /// Replaces every weight with the tensors of `ck`, which must hold exactly the tensors
+    /// of a checkpoint of `cfg` (every one of [`weight_table`], nothing the model lacks).
+    /// The whole checkpoint is checked before the first write, so a refused update leaves
+    /// the weights as they were. `progress` runs once per tensor written.
+    pub fn update_from(
+        &self,
+        cfg: &ModelConfig,
+        ck: &Checkpoint,
+        mut progress: impl FnMut(),
+    ) -> Result<()> {
+        for (name, shape, dtype) in ck.tensors() {
+            check_tensor(cfg, name, shape, dtype).map_err(|e| match e {
+                Error::WeightUpdate(s) => {
+                    Error::WeightUpdate(format!("{s} (in {})", ck.file_of(name)))
+                }
+                e => e,
+            })?;
+        }
+        let table = weight_table(cfg, self.tied());
+        let missing: Vec<&str> = table
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .filter(|n| !ck.has(n))
+            .collect();
+        if !missing.is_empty() {
+            return Err(Error::WeightUpdate(format!(
+                "the checkpoint lacks {} of the model's tensors, first `{}`; send a complete state_dict",
+                missing.len(),
+                missing[0]
+            )));
+        }
+        for (name, shape) in &table {
+            self.set_weight(cfg, name, &ck.get(name, shape)?)?;
+            progress();
+        }
+        // A tied model whose new checkpoint also stores lm_head keeps one matrix (the
+        // embeddings): the checkpoint's lm_head is not read.
+        Ok(())
+    }
+}
