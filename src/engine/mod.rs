@@ -67,6 +67,7 @@ struct Inner {
     stats: Arc<Mutex<EngineStats>>,
     tokenizer: Arc<Tokenizer>,
     info: EngineInfo,
+    device: Device,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -142,6 +143,7 @@ impl Engine {
                 stats,
                 tokenizer,
                 info,
+                device,
                 thread: Mutex::new(Some(thread)),
             }),
         })
@@ -150,6 +152,11 @@ impl Engine {
     /// Facts about this engine.
     pub fn info(&self) -> &EngineInfo {
         &self.inner.info
+    }
+
+    /// The device the model runs on (rank 0's, with tensor parallelism).
+    pub fn device(&self) -> &Device {
+        &self.inner.device
     }
 
     /// Checks a request without submitting it (see [`EngineInfo::check`]).

@@ -15,7 +15,7 @@ use super::config::Config;
 use super::error::ApiError;
 use super::state::AppState;
 use super::wire::OpenAiErrors;
-use super::{chat, completions, episodes, metrics, middleware, rl};
+use super::{chat, completions, episodes, metrics, middleware, rl, weights};
 
 /// The router with every route and limit; mount it in a host app's axum app if you like.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -27,6 +27,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/get_world_size", get(rl::world_size))
         .route("/server_info", get(rl::server_info))
         .route("/reset_prefix_cache", post(rl::reset_prefix_cache))
+        .route("/v1/models/{key}/weights", post(weights::from_disk))
+        .route("/init_weight_transfer_engine", post(weights::init))
+        .route("/start_weight_update", post(weights::start))
+        .route("/update_weights", post(weights::update))
+        .route("/finish_weight_update", post(weights::finish))
         .route("/v1/episodes", post(episodes::create))
         .route("/v1/episodes/{id}/act", post(episodes::act))
         .route("/v1/episodes/{id}", delete(episodes::delete))

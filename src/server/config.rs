@@ -59,6 +59,12 @@ pub struct Config {
     /// Bearer token required on every route but /health (env POLICY_SERVE_TOKEN).
     #[arg(long, env = "POLICY_SERVE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Accept new weights: `POST /v1/models/{key}/weights` (from disk) and the NCCL weight
+    /// transfer a trainer drives (`/init_weight_transfer_engine`, `/start_weight_update`,
+    /// `/update_weights`, `/finish_weight_update`). Off: those routes answer 403. Beyond
+    /// loopback it needs `--token`.
+    #[arg(long)]
+    pub allow_weight_updates: bool,
 }
 
 fn parse_key_dir(s: &str) -> Result<(String, PathBuf), String> {

@@ -78,6 +78,11 @@ impl From<Error> for ApiError {
                 )
             }
             Error::Cancelled(_) => Self::new(StatusCode::CONFLICT, "cancelled", msg),
+            Error::WeightUpdate(_) => Self::new(
+                StatusCode::BAD_REQUEST,
+                "weight_update_refused",
+                redact_paths(&msg),
+            ),
             Error::TooLarge(_) => Self {
                 param: Some("max_tokens"),
                 ..Self::new(StatusCode::BAD_REQUEST, "context_length_exceeded", msg)

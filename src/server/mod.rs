@@ -21,7 +21,8 @@
 //! request never affects another; a client that disconnects drops its pending generation,
 //! which frees its sequence in the engine; CPU-heavy work (loading, rendering, tokenizing)
 //! runs off the async executor. Loopback by default; with a token set, every route but
-//! `/health` needs `Authorization: Bearer <token>`.
+//! `/health` needs `Authorization: Bearer <token>`. New weights (from disk, or pushed by a
+//! trainer over NCCL as vLLM takes them) only with `--allow-weight-updates`.
 
 mod app;
 mod chat;
@@ -36,6 +37,7 @@ pub mod openai;
 mod rl;
 mod state;
 mod stream;
+mod weights;
 mod wire;
 
 pub use app::{preload, router, serve, serve_on, spawn_sweeper};

@@ -42,8 +42,8 @@ pub(super) async fn world_size(State(st): State<Arc<AppState>>) -> Json<Value> {
 /// `GET /server_info`: per loaded model how its engine is set up, and `vllm_config`, the
 /// parts of vLLM's resolved configuration a trainer reads, for the first loaded model:
 /// `model_config` (`logprobs_mode` is `processed_logprobs`: log-probs of the distribution
-/// drawn from), `parallel_config`, `lora_config` (none) and `weight_transfer_config` (none:
-/// weights are not pushed over NCCL yet). Loads the first offered model if none is loaded (a
+/// drawn from), `parallel_config`, `lora_config` (none) and `weight_transfer_config` (NCCL
+/// when weights may be pushed). Loads the first offered model if none is loaded (a
 /// trainer asks before its first generation).
 pub(super) async fn server_info(State(st): State<Arc<AppState>>) -> ApiResult<Json<Value>> {
     let keys = engine_keys(&st);
@@ -73,7 +73,7 @@ pub(super) async fn server_info(State(st): State<Arc<AppState>>) -> ApiResult<Js
                         "enable_prefix_caching": true},
                     "scheduler_config": {"max_num_seqs": i.max_running},
                     "lora_config": null,
-                    "weight_transfer_config": null,
+                    "weight_transfer_config": weight_transfer_config(&st),
                 });
             }
             models.insert(
@@ -89,6 +89,17 @@ pub(super) async fn server_info(State(st): State<Arc<AppState>>) -> ApiResult<Js
         json!({"server": "policy-serve", "version": env!("CARGO_PKG_VERSION"),
         "models": models, "vllm_config": vllm_config}),
     ))
+}
+
+/// vLLM's `weight_transfer_config`: `{"backend": "nccl"}` when weights may be pushed
+/// (`--allow-weight-updates` on a build with NCCL), else null (a trainer's client then says
+/// the server takes no weights).
+fn weight_transfer_config(st: &AppState) -> Value {
+    if st.cfg.allow_weight_updates && cfg!(feature = "nccl") {
+        json!({"backend": "nccl"})
+    } else {
+        Value::Null
+    }
 }
 
 /// `POST /reset_prefix_cache`: drops the cached prefixes of every loaded model (those running

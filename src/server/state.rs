@@ -67,11 +67,19 @@ pub struct AppState {
     pub(super) loading: Mutex<Vec<String>>,
     pub(super) counters: Counters,
     pub(super) next_id: AtomicU64,
+    /// A trainer's weight-sync group, once joined (`weights.rs`).
+    pub(super) transfer: Arc<Mutex<Option<super::weights::TransferSession>>>,
 }
 
 impl AppState {
     /// Builds the state: the default registry, re-pointed and filtered as configured.
     pub fn new(cfg: Config) -> Result<Arc<Self>, Error> {
+        if cfg.allow_weight_updates && cfg.token.is_none() && !cfg.addr.ip().is_loopback() {
+            return Err(Error::InvalidInput(format!(
+                "--allow-weight-updates on {} (beyond loopback) needs --token: anyone who can reach the port could replace the weights",
+                cfg.addr
+            )));
+        }
         let options = cfg.engine.options();
         let mut registry = ModelRegistry::with_defaults()
             .with_options(options)
@@ -103,6 +111,7 @@ impl AppState {
             loading: Mutex::new(Vec::new()),
             counters: Counters::default(),
             next_id: AtomicU64::new(1),
+            transfer: Arc::new(Mutex::new(None)),
         }))
     }
 

@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod limits;
+mod transfer;
 mod weights;
 
 use common::prompt;

@@ -15,6 +15,7 @@ mod completions;
 mod episodes;
 mod errors;
 mod hardening;
+mod weights;
 
 pub(crate) struct Server {
     pub(crate) base: String,

@@ -88,7 +88,10 @@ impl Scheduler {
         self.settle();
         let u = self.update.take().expect("checked above");
         let t0 = Instant::now();
-        let result = self.apply_update(u.source);
+        let result = self.apply_update(u.source).map_err(|e| match e {
+            Error::WeightUpdate(_) => e,
+            other => Error::WeightUpdate(other.to_string()),
+        });
         match &result {
             Ok(v) => tracing::info!(
                 version = v.version,
