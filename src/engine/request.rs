@@ -111,6 +111,12 @@ pub struct GenerationRequest {
     /// the distribution the token was drawn from: the logits over the temperature (1 for
     /// greedy rows), renormalized over the tokens top-k / top-p keep. `None`: none.
     pub logprobs: Option<usize>,
+    /// vLLM's repetition penalty: before anything else, the logit of every token that occurs
+    /// in the prompt or the output so far is divided by it when positive and multiplied by it
+    /// otherwise (`None` or 1: off; must be above 0). It shapes greedy rows too, and the
+    /// log-probabilities are those of the penalized distribution. Steps with it are not
+    /// pipelined.
+    pub repetition_penalty: Option<f32>,
 }
 
 /// Most alternatives [`GenerationRequest::logprobs`] may ask for (OpenAI's and vLLM's 20).
@@ -139,6 +145,7 @@ impl GenerationRequest {
             ignore_eos: false,
             min_tokens: 0,
             logprobs: None,
+            repetition_penalty: None,
         }
     }
 
@@ -316,6 +323,13 @@ impl EngineInfo {
         {
             return Err(Error::InvalidInput(format!(
                 "logprobs asks for {k} alternatives a token; at most {MAX_LOGPROBS}"
+            )));
+        }
+        if let Some(p) = r.repetition_penalty
+            && !(p.is_finite() && p > 0.0)
+        {
+            return Err(Error::InvalidInput(format!(
+                "repetition_penalty must be a finite number above 0, got {p}"
             )));
         }
         if r.min_tokens > max_new {

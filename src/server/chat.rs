@@ -91,8 +91,7 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest, p: ChatParams) -> ApiResu
         ignore_eos,
         min_tokens,
         n,
-        top_k,
-        min_p,
+        extras,
         logprobs,
         enable_thinking,
         ..
@@ -120,9 +119,10 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest, p: ChatParams) -> ApiResu
         let engine = model.engine().clone();
         let ids = engine.tokenize(&prompt)?;
         let mut sampling = generation.sampling(model.generation_config(), fresh_seed);
-        sampling.top_k = top_k.or(sampling.top_k);
-        sampling.min_p = min_p;
+        sampling.top_k = extras.top_k.or(sampling.top_k);
+        sampling.min_p = extras.min_p;
         let mut request = GenerationRequest::new(ids).sampling(sampling);
+        request.repetition_penalty = extras.repetition_penalty;
         request.stop = stop;
         request.ignore_eos = ignore_eos;
         request.min_tokens = min_tokens;

@@ -152,9 +152,10 @@ pub fn build_requests(
     let mut out = Vec::with_capacity(prompts.len() * p.n);
     for ids in prompts {
         let mut sampling = p.generation.sampling(defaults, fresh_seed);
-        sampling.top_k = p.top_k;
-        sampling.min_p = p.min_p;
+        sampling.top_k = p.extras.top_k;
+        sampling.min_p = p.extras.min_p;
         let mut r = GenerationRequest::new(ids.clone()).sampling(sampling);
+        r.repetition_penalty = p.extras.repetition_penalty;
         r.max_new_tokens = p.generation.max_tokens;
         r.stop = p.stop.clone();
         r.ignore_eos = p.ignore_eos;

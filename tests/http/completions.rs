@@ -134,6 +134,58 @@ fn log_softmax(row: &[f32]) -> Vec<f32> {
     row.iter().map(|v| v - lse).collect()
 }
 
+/// vLLM's repetition penalty: each greedy token and its log-prob are those of the model's
+/// logits with every token of the prompt and output so far penalized (divided by p when
+/// positive, multiplied otherwise). Mutations that fail it: penalizing the output only,
+/// multiplying positive logits, log-probs of the unpenalized logits.
+#[tokio::test]
+async fn repetition_penalty_shapes_greedy_tokens_and_their_logprobs() {
+    let s = start(&[]).await;
+    let engine = s.state.registry().model("tiny").unwrap().engine().clone();
+    let prompt: Vec<u32> = (0..24)
+        .map(|i| ((i * 7919 + 1179) % 5000 + 100) as u32)
+        .collect();
+    let p = 1.8f32;
+    let ask = |pen: f32| {
+        json!({"model": "tiny", "prompt": [prompt.clone()], "max_tokens": 12, "min_tokens": 12,
+            "temperature": 0, "logprobs": 0, "return_token_ids": true, "repetition_penalty": pen})
+    };
+    let (code, body) = post(&s, "/v1/completions", ask(p)).await;
+    assert_eq!(code, 200, "{body}");
+    let (_, plain) = post(&s, "/v1/completions", ask(1.0)).await;
+    let tokens = ids(&body["choices"][0]["token_ids"]);
+    assert_ne!(
+        tokens,
+        ids(&plain["choices"][0]["token_ids"]),
+        "the penalty changes this greedy answer"
+    );
+    let mut all = prompt.clone();
+    all.extend(&tokens);
+    let logits = engine.logits(all[..all.len() - 1].to_vec()).unwrap();
+    for (i, &t) in tokens.iter().enumerate() {
+        let mut row = logits[prompt.len() - 1 + i].clone();
+        let mut seen: Vec<u32> = all[..prompt.len() + i].to_vec();
+        seen.sort_unstable();
+        seen.dedup();
+        for &x in &seen {
+            let v = &mut row[x as usize];
+            *v = if *v > 0.0 { *v / p } else { *v * p };
+        }
+        let argmax = row
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
+            .unwrap()
+            .0;
+        assert_eq!(t as usize, argmax, "token {i}");
+        let got = body["choices"][0]["logprobs"]["token_logprobs"][i]
+            .as_f64()
+            .unwrap() as f32;
+        let want = log_softmax(&row)[t as usize];
+        assert!((got - want).abs() < 1e-4, "token {i}: {got} vs {want}");
+    }
+}
+
 #[tokio::test]
 async fn greedy_logprobs_are_the_log_softmax_of_the_models_logits() {
     let s = start(&[]).await;
@@ -263,7 +315,11 @@ async fn bad_completion_fields_are_refused_naming_the_field() {
             "min_p",
         ),
         (
-            json!({"model": "tiny", "prompt": [[1, 2]], "repetition_penalty": 1.2}),
+            json!({"model": "tiny", "prompt": [[1, 2]], "repetition_penalty": 0}),
+            "repetition_penalty",
+        ),
+        (
+            json!({"model": "tiny", "prompt": [[1, 2]], "repetition_penalty": "1.2"}),
             "repetition_penalty",
         ),
         (json!({"model": "tiny", "prompt": []}), "prompt"),

@@ -98,6 +98,44 @@ pub(crate) fn draw_ids(model: &Model, logits: &Tensor, rows: &[RowDraw]) -> Resu
     Ok(Tensor::new(ids.as_slice(), logits.device())?)
 }
 
+/// vLLM's repetition penalty on f32 `[rows, vocab]` logits, where they are: for each
+/// `(row, penalty, tokens)`, the logit of every distinct token of `tokens` (the prompt and
+/// output so far) is divided by `penalty` when positive, multiplied by it otherwise. Rows not
+/// listed are left alone; nothing happens without a row.
+pub(crate) fn apply_repetition_penalty(
+    logits: &Tensor,
+    rows: &[(usize, f32, &[u32])],
+) -> Result<Tensor> {
+    let (n_rows, vocab) = logits.dims2()?;
+    let mut at: Vec<u32> = Vec::new();
+    let mut penalty: Vec<f32> = Vec::new();
+    for &(row, p, tokens) in rows {
+        if row >= n_rows {
+            continue;
+        }
+        let mut seen: Vec<u32> = tokens
+            .iter()
+            .copied()
+            .filter(|&t| (t as usize) < vocab)
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        at.extend(seen.iter().map(|&t| (row * vocab) as u32 + t));
+        penalty.extend(std::iter::repeat_n(p, seen.len()));
+    }
+    if at.is_empty() {
+        return Ok(logits.clone());
+    }
+    let dev = logits.device();
+    let flat = logits.flatten_all()?;
+    let at = Tensor::new(at.as_slice(), dev)?;
+    let p = Tensor::new(penalty.as_slice(), dev)?;
+    let old = flat.index_select(&at, 0)?;
+    let new = old.gt(0f32)?.where_cond(&old.div(&p)?, &old.mul(&p)?)?;
+    let out = flat.index_add(&at, &new.sub(&old)?, 0)?;
+    Ok(out.reshape((n_rows, vocab))?)
+}
+
 /// SplitMix64: small, fast, good enough for sampling.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
@@ -249,6 +287,24 @@ fn draw(cand: Vec<(u32, f32)>, params: &SamplingParams, uniform: impl FnOnce() -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Mutations that fail it: penalizing a token once per occurrence (index_add with
+    /// duplicates), multiplying positive logits, penalizing rows not listed.
+    #[test]
+    fn repetition_penalty_divides_positive_and_multiplies_negative_logits() {
+        let l = Tensor::new(
+            &[[2.0f32, -1.0, 0.5, 3.0], [1.0, 1.0, 1.0, 1.0]],
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        let tokens = [0u32, 1, 0, 0, 9];
+        let out = apply_repetition_penalty(&l, &[(0, 2.0, &tokens)]).unwrap();
+        let v: Vec<Vec<f32>> = out.to_vec2().unwrap();
+        assert_eq!(v[0], vec![1.0, -2.0, 0.5, 3.0]);
+        assert_eq!(v[1], vec![1.0; 4], "rows not listed are untouched");
+        let same = apply_repetition_penalty(&l, &[]).unwrap();
+        assert_eq!(same.to_vec2::<f32>().unwrap(), l.to_vec2::<f32>().unwrap());
+    }
 
     #[test]
     fn greedy_picks_the_max_and_first_on_ties() {

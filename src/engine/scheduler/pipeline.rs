@@ -45,8 +45,12 @@ impl Scheduler {
             && plan.len() == self.running.len()
             && plan.iter().all(|p| {
                 let s = &self.running[p.index];
-                // Log-probabilities are read with the step's ids; such steps wait for them.
-                p.q_len == 1 && s.computed + 1 == s.tokens.len() && s.request.logprobs.is_none()
+                // Log-probabilities are read with the step's ids, and a repetition penalty
+                // needs every token drawn so far; such steps wait for them.
+                p.q_len == 1
+                    && s.computed + 1 == s.tokens.len()
+                    && s.request.logprobs.is_none()
+                    && s.request.repetition_penalty.is_none_or(|p| p == 1.0)
             })
     }
 

@@ -140,6 +140,7 @@ impl Scheduler {
             .filter(|(_, w)| **w)
             .map(|(p, _)| p.index)
             .collect();
+        let logits = self.penalized(logits, &rows)?;
         let ids = self.draw_ids(&logits, &rows)?;
         let chosen: Vec<u32> = ids.to_vec1()?;
         // Rows whose request asks for log-probabilities: computed now, with the ids.
@@ -187,6 +188,25 @@ impl Scheduler {
     /// The next token of each of `rows` (indices into `running`, one per row of `logits`),
     /// left where the logits are (u32 `[rows]`); each sampled row takes one uniform number
     /// from its request's generator, here, and the runner draws with it.
+    /// `logits` with each row's repetition penalty applied (rows without one as they are).
+    fn penalized(&self, logits: Tensor, rows: &[usize]) -> Result<Tensor> {
+        let pen: Vec<(usize, f32, &[u32])> = rows
+            .iter()
+            .enumerate()
+            .filter_map(|(row, &i)| {
+                let s = &self.running[i];
+                s.request
+                    .repetition_penalty
+                    .filter(|p| *p != 1.0)
+                    .map(|p| (row, p, s.tokens.as_slice()))
+            })
+            .collect();
+        if pen.is_empty() {
+            return Ok(logits);
+        }
+        crate::engine::runner::sampler::apply_repetition_penalty(&logits, &pen)
+    }
+
     pub(super) fn draw_ids(&mut self, logits: &Tensor, rows: &[usize]) -> Result<Tensor> {
         let draws: Vec<RowDraw> = rows
             .iter()

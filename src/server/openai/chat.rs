@@ -5,8 +5,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::fields::{
-    Generation, GenerationFields, flag, logprob_count, min_tokens, model_key, parse_stop,
-    parse_tools, present, samples, sampling_extras,
+    Generation, GenerationFields, SamplingExtras, flag, logprob_count, min_tokens, model_key,
+    parse_stop, parse_tools, present, samples, sampling_extras,
 };
 use crate::policy::format::ToolDefinition;
 use crate::server::error::{ApiError, ApiResult};
@@ -93,7 +93,7 @@ impl ChatRequest {
                 format!("`n` {n} with `stream: true` is not served yet; stream one choice"),
             ));
         }
-        let (top_k, min_p) = sampling_extras(
+        let extras = sampling_extras(
             present(&self.top_k),
             present(&self.min_p),
             present(&self.repetition_penalty),
@@ -218,8 +218,7 @@ impl ChatRequest {
             ignore_eos,
             min_tokens,
             n,
-            top_k,
-            min_p,
+            extras,
             logprobs,
             return_token_ids: flag("return_token_ids", self.return_token_ids.as_ref())?,
             tokens_as_ids: flag(
@@ -356,10 +355,8 @@ pub struct ChatParams {
     pub min_tokens: usize,
     /// Choices (samples of the conversation).
     pub n: usize,
-    /// Top-k (`None`: off).
-    pub top_k: Option<usize>,
-    /// Min-p (`None`: off).
-    pub min_p: Option<f32>,
+    /// top-k, min-p, repetition penalty.
+    pub extras: SamplingExtras,
     /// Log-probabilities with this many alternatives per token (`None`: none).
     pub logprobs: Option<usize>,
     /// The prompt's and each choice's token ids in the answer.

@@ -9,8 +9,8 @@ use serde_json::Value;
 
 use super::chat::Unserved;
 use super::fields::{
-    Generation, GenerationFields, flag, logprob_count, min_tokens, model_key, parse_stop, present,
-    samples, sampling_extras,
+    Generation, GenerationFields, SamplingExtras, flag, logprob_count, min_tokens, model_key,
+    parse_stop, present, samples, sampling_extras,
 };
 use crate::server::error::{ApiError, ApiResult};
 
@@ -112,10 +112,8 @@ pub struct CompletionParams {
     pub n: usize,
     /// The shared generation fields (`max_tokens` filled with the route's default).
     pub generation: Generation,
-    /// Top-k (`None`: off).
-    pub top_k: Option<usize>,
-    /// Min-p (`None`: off).
-    pub min_p: Option<f32>,
+    /// top-k, min-p, repetition penalty.
+    pub extras: SamplingExtras,
     /// Stop strings.
     pub stop: Vec<String>,
     /// Keep generating past EOS.
@@ -223,7 +221,7 @@ impl CompletionRequest {
                 ));
             }
         }
-        let (top_k, min_p) = sampling_extras(
+        let extras = sampling_extras(
             present(&self.top_k),
             present(&self.min_p),
             present(&self.repetition_penalty),
@@ -258,8 +256,7 @@ impl CompletionRequest {
             prompts,
             n,
             generation,
-            top_k,
-            min_p,
+            extras,
             stop: parse_stop(self.stop.as_ref())?,
             ignore_eos: flag("ignore_eos", self.ignore_eos.as_ref())?,
             min_tokens,

@@ -208,25 +208,37 @@ pub fn min_tokens(
     Ok(n)
 }
 
+/// vLLM's sampling extras of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SamplingExtras {
+    /// `top_k` (None: absent, 0 or -1).
+    pub top_k: Option<usize>,
+    /// `min_p` (None: absent or 0).
+    pub min_p: Option<f32>,
+    /// `repetition_penalty` (None: absent or 1).
+    pub repetition_penalty: Option<f32>,
+}
+
 /// vLLM's sampling extras as sent: `top_k` (0 or -1: off), `min_p` (0 to 1; 0: off) and
-/// `repetition_penalty` (only 1, off, is served); returns top-k and min-p.
+/// `repetition_penalty` (above 0, at most 100; 1: off).
 pub fn sampling_extras(
     top_k: Option<&Value>,
     min_p: Option<&Value>,
     repetition_penalty: Option<&Value>,
-) -> ApiResult<(Option<usize>, Option<f32>)> {
-    match repetition_penalty {
-        None | Some(Value::Null) => {}
-        Some(x) if x.as_f64() == Some(1.0) => {}
-        Some(x) => {
-            return Err(ApiError::field(
-                "repetition_penalty",
-                format!(
-                    "`repetition_penalty` {x}: repetition penalties are not served yet; send 1"
-                ),
-            ));
+) -> ApiResult<SamplingExtras> {
+    let repetition_penalty = match repetition_penalty {
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            let p = number("repetition_penalty", v, 0.0, 100.0)?;
+            if p <= 0.0 {
+                return Err(ApiError::field(
+                    "repetition_penalty",
+                    format!("`repetition_penalty` must be above 0, got {v}"),
+                ));
+            }
+            Some(p).filter(|p| *p != 1.0)
         }
-    }
+    };
     let min_p = match min_p {
         None | Some(Value::Null) => None,
         Some(v) => Some(number("min_p", v, 0.0, 1.0)?).filter(|p| *p > 0.0),
@@ -244,7 +256,11 @@ pub fn sampling_extras(
             }
         },
     };
-    Ok((top_k, min_p))
+    Ok(SamplingExtras {
+        top_k,
+        min_p,
+        repetition_penalty,
+    })
 }
 
 /// `n`, samples per prompt (absent: 1), with at most `max_choices` choices over `prompts`.
