@@ -267,6 +267,8 @@ pub struct EngineStats {
     pub swap_ins: u64,
     /// Host bytes holding swapped KV now.
     pub swap_used_bytes: usize,
+    /// The weights serving now.
+    pub weights_version: WeightsVersion,
 }
 
 /// Facts about an engine.

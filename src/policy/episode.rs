@@ -90,7 +90,7 @@ impl Observation {
 }
 
 /// What one step cost.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct StepCost {
     /// Tokens in the prompt of this step (0 for the demo, which has no tokenizer).
     pub prompt_tokens: usize,
@@ -100,6 +100,8 @@ pub struct StepCost {
     pub generated_tokens: usize,
     /// Wall time of the step.
     pub latency: Duration,
+    /// The weights that produced the step (`None`: the demo, which has none).
+    pub weights_version: Option<crate::engine::WeightsVersion>,
 }
 
 /// One step of an episode.

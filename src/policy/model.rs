@@ -210,6 +210,7 @@ impl ModelPolicy {
                 cached_prompt_tokens: generation.cached_prompt_tokens,
                 generated_tokens: generation.generated_tokens,
                 latency: start.elapsed(),
+                weights_version: Some(generation.weights_version.clone()),
             },
         })
     }

@@ -68,7 +68,15 @@ async fn models(State(st): State<Arc<AppState>>) -> Json<serde_json::Value> {
         .registry
         .specs()
         .filter(|s| st.offered.contains(&s.key))
-        .map(|s| json!({"id": s.key, "object": "model", "created": 0, "owned_by": "policy-serve", "label": s.label, "available": s.available, "loaded": s.is_demo() || st.registry.is_loaded(&s.key)}))
+        .map(|s| {
+            let loaded = (!s.is_demo() && st.registry.is_loaded(&s.key))
+                .then(|| st.registry.model(&s.key).ok())
+                .flatten();
+            json!({"id": s.key, "object": "model", "created": 0, "owned_by": "policy-serve",
+                "label": s.label, "available": s.available,
+                "loaded": s.is_demo() || loaded.is_some(),
+                "weights_version": loaded.map(|m| m.engine().stats().weights_version)})
+        })
         .collect();
     Json(json!({"object": "list", "data": data}))
 }

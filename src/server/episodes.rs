@@ -181,7 +181,8 @@ pub(super) async fn act(
         "action": step.action,
         "raw": step.raw,
         "cost": {"prompt_tokens": c.prompt_tokens, "cached_prompt_tokens": c.cached_prompt_tokens,
-                 "generated_tokens": c.generated_tokens, "latency_ms": c.latency.as_secs_f64() * 1e3}
+                 "generated_tokens": c.generated_tokens, "latency_ms": c.latency.as_secs_f64() * 1e3,
+                 "weights_version": c.weights_version}
     })))
 }
 

@@ -351,3 +351,25 @@ fn memory_child() {
         grown >> 20
     );
 }
+
+/// An episode's steps say which weights produced them, across an update of its model.
+#[test]
+fn episode_steps_carry_the_weights_version() {
+    let a = registry_on(&common::tiny_model_copy());
+    let mut policy = a
+        .get_policy("tiny", policy_serve::EpisodeConfig::default())
+        .unwrap();
+    let s0 = policy.act("hello".into()).unwrap();
+    assert_eq!(s0.cost.weights_version.as_ref().unwrap().version, 0);
+    let v = a
+        .update_weights("tiny", WeightSource::Dir(model_b()), true)
+        .unwrap();
+    let s1 = policy.act("again".into()).unwrap();
+    assert_eq!(s1.cost.weights_version, Some(v));
+    let demo = ModelRegistry::with_defaults()
+        .get_policy("demo", policy_serve::EpisodeConfig::default())
+        .unwrap()
+        .act("hi".into())
+        .unwrap();
+    assert_eq!(demo.cost.weights_version, None);
+}

@@ -99,6 +99,14 @@ async fn new_weights_from_disk_over_http() {
     assert_eq!(v["weights_version"]["digest"].as_str().unwrap().len(), 16);
     let (after, v1) = greedy_ids(&s).await;
     assert_eq!((after.clone(), v1), (want.clone(), 1));
+    let (_, models) = get_json(&s, "/v1/models").await;
+    let tiny = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == "tiny")
+        .unwrap();
+    assert_eq!(tiny["weights_version"], v["weights_version"], "{models}");
 
     // Refusals: 400 with the reason; the new weights keep serving.
     let broken = tempfile::tempdir().unwrap();

@@ -281,6 +281,9 @@ impl Scheduler {
             s.cached_blocks = c.cached_blocks;
         }
         s.swap_used_bytes = kv.swap_used_bytes;
+        if s.weights_version != self.weights {
+            s.weights_version = self.weights.clone();
+        }
     }
 
     fn enqueue(
