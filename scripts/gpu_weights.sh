@@ -50,7 +50,7 @@ for shape in ${SHAPES:-0.6b 1.7b}; do
   echo "== $shape nccl" | tee -a "$S"
   serve_up 18201 cuda:$SERVER_GPU /tmp/m-$shape "$OUT/serve-nccl-$shape.log" --allow-weight-updates
   pid=$!
-  CUDA_VISIBLE_DEVICES=0 timeout 400 python3 scripts/trainer_push.py http://127.0.0.1:18201 $B 29600 3 \
+  CUDA_VISIBLE_DEVICES=0 timeout $(( GPUS > 1 ? 400 : 90 )) python3 scripts/trainer_push.py http://127.0.0.1:18201 $B 29600 3 \
     > "$OUT/trainer-$shape.log" 2>&1
   echo "trainer exit $?" | tee -a "$S"
   grep -E "^(init|push|greedy:)|Error|error" "$OUT/trainer-$shape.log" | tail -8 | tee -a "$S"
