@@ -6,6 +6,8 @@ set -u
 source scripts/gpu_lib.sh
 shape=${SHAPE:-0.6b}
 model $shape
+# COLD=1: the driver's compiled-kernel cache emptied first (a fresh machine's first start).
+[ "${COLD:-0}" = 1 ] && rm -rf ~/.nv/ComputeCache
 B=/tmp/hf-$shape
 [ -d $B ] || python3 scripts/hf_init_model.py tests/fixtures/qwen3/config-$shape.json tests/fixtures/qwen3 $B > /dev/null 2>&1
 .gpu/serve --addr 127.0.0.1:18300 --device cuda --models m --model-dir m=/tmp/m-$shape \
@@ -15,7 +17,7 @@ pid=$!
 for i in $(seq 1 120); do curl -s localhost:18300/server_info | grep -q '"loaded":true' && break; sleep 1; done
 ts() { while IFS= read -r l; do echo "$(date +%T.%N | cut -c1-12) $l"; done; }
 for at in ${AT:-6 9}; do
-  (timeout 200 python3 scripts/grpo_load.py http://127.0.0.1:18300 m 2>&1 | ts > "$OUT/load-$at.log") &
+  (timeout 200 python3 scripts/grpo_load.py http://127.0.0.1:18300 m 2>&1 | ts >> "$OUT/load-$at.log") &
   lp=$!
   sleep $at
   echo "$(date +%T.%N | cut -c1-12) update asked" >> "$OUT/load-$at.log"
