@@ -3,7 +3,7 @@
 
 use super::defaults;
 use super::device::{DTypeChoice, DeviceChoice, KvBudget};
-use super::options::{EngineOptions, KernelOptions};
+use super::options::{EngineOptions, KernelOptions, SpeculativeMethod, SpeculativeOptions};
 
 /// Flags that size and configure an engine (`--device`, `--gpu-memory-utilization`, ...).
 #[derive(clap::Args, Debug, Clone, PartialEq)]
@@ -52,6 +52,18 @@ pub struct EngineFlags {
     /// Log where each step's time goes, summed over this many steps (0: no profile).
     #[arg(long, default_value_t = 0)]
     pub profile_steps: u64,
+    /// Speculative decoding: `ngram` (prompt lookup). Off when absent.
+    #[arg(long, value_parser = ["ngram"])]
+    pub speculative_method: Option<String>,
+    /// Most draft tokens per sequence and step.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=16))]
+    pub num_speculative_tokens: u64,
+    /// The n-gram lengths matched, MIN,MAX (longest first).
+    #[arg(long, default_value = "2,4", value_parser = parse_ngram)]
+    pub speculative_ngram: (usize, usize),
+    /// Speculation pauses while more sequences than this run.
+    #[arg(long, default_value_t = 8)]
+    pub speculative_max_batch: usize,
     /// Which of the engine's own kernels run (`--no-kernels`, `--no-gemv`, ...).
     #[command(flatten)]
     pub kernels: KernelFlags,
@@ -100,6 +112,17 @@ pub struct KernelFlags {
     /// No programmatic dependent launch inside captured CUDA graphs.
     #[arg(long)]
     pub no_graph_pdl: bool,
+}
+
+/// `MIN,MAX` n-gram lengths: 1 <= MIN <= MAX <= 16.
+fn parse_ngram(s: &str) -> Result<(usize, usize), String> {
+    let (a, b) = s.split_once(',').ok_or("expected MIN,MAX (e.g. 2,4)")?;
+    let parse = |x: &str| x.trim().parse::<usize>().map_err(|e| format!("`{x}`: {e}"));
+    let (min, max) = (parse(a)?, parse(b)?);
+    if min == 0 || min > max || max > 16 {
+        return Err(format!("need 1 <= MIN <= MAX <= 16, got {min},{max}"));
+    }
+    Ok((min, max))
 }
 
 impl KernelFlags {
@@ -160,6 +183,17 @@ impl EngineFlags {
             cuda_graphs: !self.no_cuda_graphs,
             pipelined_decode: !self.no_pipelined_decode,
             profile_steps: (self.profile_steps > 0).then_some(self.profile_steps),
+            speculative: self
+                .speculative_method
+                .as_ref()
+                .map(|_| SpeculativeOptions {
+                    method: SpeculativeMethod::Ngram {
+                        min: self.speculative_ngram.0,
+                        max: self.speculative_ngram.1,
+                    },
+                    num_tokens: self.num_speculative_tokens as usize,
+                    max_batch: self.speculative_max_batch,
+                }),
             kernels: self.kernels.options(),
             ..EngineOptions::default()
         }

@@ -45,7 +45,7 @@ pub use flags::{EngineFlags, KernelFlags};
 pub use handle::{CancelOnDrop, CancelToken, NextChunk, Pending, TokenStream};
 pub use model::config::{GenerationConfig, ModelConfig};
 pub use model::files::ModelFiles;
-pub use options::{EngineOptions, KernelOptions};
+pub use options::{EngineOptions, KernelOptions, SpeculativeMethod, SpeculativeOptions};
 pub use parallel::comm::{
     CommBackend, CommHandle, InProcessComm, RankSettings, WorkerCommand, agree,
 };

@@ -145,6 +145,9 @@ pub struct EngineOptions {
     /// Log the step profile (where a step's wall time goes) every this many steps; `None`:
     /// no profile.
     pub profile_steps: Option<u64>,
+    /// Speculative decoding (`None`: off, the default until measured; see
+    /// [`SpeculativeOptions`]).
+    pub speculative: Option<SpeculativeOptions>,
     /// The engine's own CUDA kernels.
     pub kernels: KernelOptions,
 }
@@ -168,7 +171,48 @@ impl Default for EngineOptions {
             cuda_graphs: true,
             pipelined_decode: true,
             profile_steps: None,
+            speculative: None,
             kernels: KernelOptions::default(),
+        }
+    }
+}
+
+/// Where draft tokens come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpeculativeMethod {
+    /// Prompt lookup: the longest `min..=max`-token suffix of the sequence that occurred
+    /// before in it (prompt and output) proposes the tokens that followed that occurrence.
+    Ngram {
+        /// Shortest suffix matched.
+        min: usize,
+        /// Longest suffix matched (tried first).
+        max: usize,
+    },
+}
+
+/// Speculative decoding: a decode step feeds each eligible sequence its last token and up
+/// to `num_tokens` drafted ones, and keeps the drafts the model's own greedy choices
+/// confirm, plus the model's next token: greedy answers are token for token those without
+/// it. Eligible now: greedy requests without log-probs or a repetition penalty (the others
+/// decode as usual in the same step). Steps with drafts run eagerly (no CUDA graph, not
+/// pipelined).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpeculativeOptions {
+    /// Where drafts come from.
+    pub method: SpeculativeMethod,
+    /// Most draft tokens per sequence and step (K).
+    pub num_tokens: usize,
+    /// Speculation pauses while more sequences than this run (a big batch is bound by the
+    /// weights' read, which drafts do not save).
+    pub max_batch: usize,
+}
+
+impl Default for SpeculativeOptions {
+    fn default() -> Self {
+        Self {
+            method: SpeculativeMethod::Ngram { min: 2, max: 4 },
+            num_tokens: 4,
+            max_batch: 8,
         }
     }
 }

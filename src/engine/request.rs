@@ -269,6 +269,11 @@ pub struct EngineStats {
     pub swap_used_bytes: usize,
     /// The weights serving now.
     pub weights_version: WeightsVersion,
+    /// Speculative decoding: draft tokens verified.
+    pub spec_draft_tokens: u64,
+    /// Speculative decoding: drafts the model confirmed (each a token gained over plain
+    /// decoding).
+    pub spec_accepted_tokens: u64,
 }
 
 /// Facts about an engine.

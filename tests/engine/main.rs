@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod limits;
+mod speculative;
 mod transfer;
 mod weights;
 

@@ -146,9 +146,18 @@ impl ModelRunner {
                 ..sampled
             };
             let rows = [
-                RowDraw { params: SamplingParams::greedy(), uniform: None },
-                RowDraw { params: sampled, uniform: Some(0.5) },
-                RowDraw { params: top_k, uniform: Some(0.5) },
+                RowDraw {
+                    params: SamplingParams::greedy(),
+                    uniform: None,
+                },
+                RowDraw {
+                    params: sampled,
+                    uniform: Some(0.5),
+                },
+                RowDraw {
+                    params: top_k,
+                    uniform: Some(0.5),
+                },
             ];
             let logits = sampler::apply_repetition_penalty(&logits, &[(0, 1.1, &[1, 2])])?;
             for draws in [&rows[..2], &rows[..]] {
@@ -158,7 +167,11 @@ impl ModelRunner {
                 let lp: Vec<super::logprobs::LogprobRow> = draws
                     .iter()
                     .enumerate()
-                    .map(|(row, d)| super::logprobs::LogprobRow { row, params: d.params, k: 2 })
+                    .map(|(row, d)| super::logprobs::LogprobRow {
+                        row,
+                        params: d.params,
+                        k: 2,
+                    })
                     .collect();
                 self.logprobs(&l, (&ids, &host), &lp)?;
             }

@@ -319,6 +319,9 @@ impl Scheduler {
             preemptions: 0,
             stream: stream.map(|s| (s, 0)),
             logprobs: Vec::new(),
+            ngram: None,
+            draft: Vec::new(),
+            verified: Vec::new(),
         });
     }
 }

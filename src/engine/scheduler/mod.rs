@@ -13,6 +13,9 @@
 //! 4. `output.rs`: `apply` updates each sequence from its id (tokens, stop strings, EOS, caps,
 //!    streaming, detokenizing while the GPU runs the next step) and finishes the done ones.
 //!
+//! Speculative decoding (`speculate.rs`, off by default) gives eligible decode sequences
+//! n-gram drafts that one step verifies.
+//!
 //! Weight updates (`weights.rs`) pause admission, wait for (or end) the requests of the old
 //! weights, write the new ones in place and drop the prefix cache.
 //!
@@ -27,6 +30,7 @@ mod pipeline;
 mod plan;
 mod profile;
 mod seq;
+mod speculate;
 mod weights;
 
 pub(crate) use core::Scheduler;

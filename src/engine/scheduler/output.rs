@@ -22,9 +22,24 @@ impl Scheduler {
     /// prefix cache, decode new text.
     pub(super) fn apply(&mut self, plan: &[Planned], next: Vec<Option<u32>>) {
         let now = Instant::now();
+        // Sequences whose step had drafts take their verified tokens first.
+        let verified: Vec<bool> = plan
+            .iter()
+            .map(|p| !self.running[p.index].verified.is_empty())
+            .collect();
+        let mut from_drafts = 0;
+        for (p, v) in plan.iter().zip(&verified) {
+            if *v {
+                from_drafts += self.apply_verified(p.index, now) as u64;
+            }
+        }
         let mut stats = self.stats.lock();
         stats.steps += 1;
-        for (p, tok) in plan.iter().zip(next) {
+        stats.generated_tokens += from_drafts;
+        for ((p, tok), v) in plan.iter().zip(next).zip(verified) {
+            if v {
+                continue;
+            }
             let s = &mut self.running[p.index];
             let in_prompt = s.computed < s.prompt_len();
             if in_prompt {
@@ -53,6 +68,38 @@ impl Scheduler {
                     .publish(&s.tokens[..s.prompt_len()], &s.blocks.clone());
             }
         }
+    }
+
+    /// Applies the tokens a step with drafts verified for `running[i]`, one at a time as
+    /// plain decoding would have: each kept draft's KV becomes part of the sequence, and the
+    /// first token that ends it (EOS, a stop string, the cap) ends the list. Returns the
+    /// tokens taken.
+    fn apply_verified(&mut self, i: usize, now: Instant) -> usize {
+        let verified = std::mem::take(&mut self.running[i].verified);
+        self.running[i].draft.clear();
+        let mut taken = 0;
+        for (m, t) in verified.into_iter().enumerate() {
+            let s = &mut self.running[i];
+            // The last token's KV (m = 0), then each kept draft's.
+            s.computed += 1;
+            debug_assert!(m == 0 || s.computed == s.tokens.len());
+            s.tokens.push(t);
+            s.first_token.get_or_insert(now);
+            taken += 1;
+            if s.request.ignore_eos || !self.eos.contains(&t) {
+                if s.request.stop.is_empty() {
+                    s.undecoded.push(t);
+                } else {
+                    s.detok.push(&self.tokenizer, t);
+                }
+            }
+            if self.finish_reason(&self.running[i]).is_some() {
+                break;
+            }
+            let s = &mut self.running[i];
+            s.stop_checked = s.detok.text().len();
+        }
+        taken
     }
 
     /// Decodes the tokens whose text was deferred and streams it (run while the GPU works).

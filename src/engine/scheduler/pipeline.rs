@@ -40,6 +40,7 @@ impl Scheduler {
     /// no waiting request that could be admitted now.
     pub(super) fn pipelinable(&self, plan: &[Planned]) -> bool {
         self.pipelined
+            && !self.speculating()
             && self.runner.comm().is_none()
             && !self.admission_possible()
             && plan.len() == self.running.len()
@@ -99,7 +100,8 @@ impl Scheduler {
     /// the context, blocks for its next position free without preempting. Allocates those
     /// blocks.
     fn launch_next(&mut self, prev: &InFlight) -> Option<InFlight> {
-        if self.admission_possible() || prev.plan.len() != self.running.len() {
+        if self.admission_possible() || prev.plan.len() != self.running.len() || self.speculating()
+        {
             return None;
         }
         // After `prev`, each sequence has computed + 1 tokens and its drawn token pending:

@@ -25,15 +25,22 @@ impl Scheduler {
         let mut plan = StepPlan::default();
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
-            let s = &self.running[i];
-            let todo = s.tokens.len() - s.computed;
+            let (todo, computed) = {
+                let s = &self.running[i];
+                (s.tokens.len() - s.computed, s.computed)
+            };
             let chunk = if todo == 1 {
                 1
             } else {
                 self.opts.prefill_chunk
             };
-            let q = todo.min(budget).min(chunk);
-            let target = s.computed + q;
+            let mut q = todo.min(budget).min(chunk);
+            if todo == 1 {
+                q += self.draft(i, budget);
+            } else {
+                self.running[i].draft.clear();
+            }
+            let target = computed + q;
             let before = self.running.len();
             if !self.grow(i, target) {
                 // `i` itself was preempted; indices after it shifted down by one.
@@ -108,20 +115,36 @@ impl Scheduler {
         let mut inputs = Vec::with_capacity(plan.len());
         for p in plan {
             let s = &self.running[p.index];
-            tokens.extend_from_slice(&s.tokens[s.computed..s.computed + p.q_len]);
-            let ends = s.computed + p.q_len == s.tokens.len();
+            let drafted = !s.draft.is_empty() && p.q_len == 1 + s.draft.len();
+            let logits = if drafted {
+                // The last token and its drafts: every position's logits verify one draft.
+                tokens.push(s.tokens[s.computed]);
+                tokens.extend_from_slice(&s.draft);
+                LogitRows::All
+            } else {
+                tokens.extend_from_slice(&s.tokens[s.computed..s.computed + p.q_len]);
+                if s.computed + p.q_len == s.tokens.len() {
+                    LogitRows::Last
+                } else {
+                    LogitRows::None
+                }
+            };
             inputs.push(SeqInput {
                 q_len: p.q_len,
                 context_len: s.computed + p.q_len,
                 block_table: &s.blocks,
-                logits: if ends {
-                    LogitRows::Last
-                } else {
-                    LogitRows::None
-                },
+                logits,
             });
         }
-        let wants: Vec<bool> = inputs.iter().map(|s| s.logits == LogitRows::Last).collect();
+        // Logits rows per planned sequence (0, 1, or every position with drafts).
+        let counts: Vec<usize> = inputs
+            .iter()
+            .map(|s| match s.logits {
+                LogitRows::None => 0,
+                LogitRows::Last => 1,
+                LogitRows::All => s.q_len,
+            })
+            .collect();
         let t_launch = Instant::now();
         let ev_start = self.profile.as_ref().and_then(|_| self.runner.gpu_event());
         let logits = self.runner.forward(&tokens, &inputs)?;
@@ -133,12 +156,11 @@ impl Scheduler {
         let t_sync = Instant::now();
         let mut out = vec![None; plan.len()];
         let Some(logits) = logits else { return Ok(out) };
-        // Which rows want a token.
+        // Which sequence each logits row belongs to.
         let rows: Vec<usize> = plan
             .iter()
-            .zip(&wants)
-            .filter(|(_, w)| **w)
-            .map(|(p, _)| p.index)
+            .zip(&counts)
+            .flat_map(|(p, &c)| std::iter::repeat_n(p.index, c))
             .collect();
         let logits = self.penalized(logits, &rows)?;
         let ids = self.draw_ids(&logits, &rows)?;
@@ -176,18 +198,22 @@ impl Scheduler {
             }
         }
         let mut row = 0;
-        for (k, _) in plan.iter().enumerate() {
-            if wants[k] {
+        for (k, p) in plan.iter().enumerate() {
+            let c = counts[k];
+            if c > 1 {
+                let s = &mut self.running[p.index];
+                s.verified = super::speculate::verified(&s.draft, &chosen[row..row + c]);
+                let mut st = self.stats.lock();
+                st.spec_draft_tokens += s.draft.len() as u64;
+                st.spec_accepted_tokens += s.verified.len() as u64 - 1;
+            } else if c == 1 {
                 out[k] = Some(chosen[row]);
-                row += 1;
             }
+            row += c;
         }
         Ok(out)
     }
 
-    /// The next token of each of `rows` (indices into `running`, one per row of `logits`),
-    /// left where the logits are (u32 `[rows]`); each sampled row takes one uniform number
-    /// from its request's generator, here, and the runner draws with it.
     /// `logits` with each row's repetition penalty applied (rows without one as they are).
     fn penalized(&self, logits: Tensor, rows: &[usize]) -> Result<Tensor> {
         let pen: Vec<(usize, f32, &[u32])> = rows
@@ -207,6 +233,9 @@ impl Scheduler {
         crate::engine::runner::sampler::apply_repetition_penalty(&logits, &pen)
     }
 
+    /// The next token of each of `rows` (indices into `running`, one per row of `logits`),
+    /// left where the logits are (u32 `[rows]`); each sampled row takes one uniform number
+    /// from its request's generator, here, and the runner draws with it.
     pub(super) fn draw_ids(&mut self, logits: &Tensor, rows: &[usize]) -> Result<Tensor> {
         let draws: Vec<RowDraw> = rows
             .iter()

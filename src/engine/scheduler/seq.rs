@@ -7,6 +7,7 @@ use std::time::Instant;
 use candle_core::Tensor;
 
 use super::detok::Detokenizer;
+use super::speculate::NgramIndex;
 use crate::engine::handle::{Replier, StreamSender};
 use crate::engine::request::{Generation, GenerationRequest, TokenLogprob};
 use crate::engine::runner::sampler::Rng;
@@ -70,6 +71,13 @@ pub(super) struct Seq {
     pub(super) stream: Option<(StreamSender, usize)>,
     /// The log-probabilities of the generated tokens so far (requests that ask for them).
     pub(super) logprobs: Vec<TokenLogprob>,
+    /// Speculative decoding: the index of this sequence's n-grams (built on first use).
+    pub(super) ngram: Option<NgramIndex>,
+    /// Speculative decoding: the drafts of the step being planned or run.
+    pub(super) draft: Vec<u32>,
+    /// Speculative decoding: the tokens a step with drafts verified (kept drafts and the
+    /// model's next token), waiting for `apply`.
+    pub(super) verified: Vec<u32>,
 }
 
 impl Seq {

@@ -1,0 +1,169 @@
+//! Speculative decoding with n-gram drafts (prompt lookup): each eligible decode sequence
+//! gets drafts from an index of its own tokens, the step runs its last token and the drafts
+//! together (logits of every position), and the model's greedy choice at each position says
+//! how many drafts to keep.
+//!
+//! Invariants: a sequence keeps exactly the tokens greedy decoding without drafts would have
+//! produced (a draft is kept only when it equals the model's argmax at its position, and the
+//! first argmax that differs is the next token); only kept tokens enter the sequence (so only
+//! they are streamed or published to the prefix cache; the KV written for dropped drafts lies
+//! past `computed` and is overwritten); the index costs O(new tokens) per step, never the
+//! transcript's length.
+
+use std::collections::HashMap;
+
+use super::core::Scheduler;
+use super::seq::Seq;
+use crate::engine::options::SpeculativeMethod;
+
+/// The n-grams of one sequence's tokens: for each length, where it last ended.
+#[derive(Debug, Clone)]
+pub(crate) struct NgramIndex {
+    min: usize,
+    max: usize,
+    /// Per length (`min..=max`): hash of the n-gram -> the position of its last token.
+    ends: Vec<HashMap<u64, u32>>,
+    /// N-grams ending before this position are indexed.
+    indexed: usize,
+}
+
+fn hash(tokens: &[u32]) -> u64 {
+    tokens.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &t| {
+        (h ^ t as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+impl NgramIndex {
+    pub(crate) fn new(min: usize, max: usize) -> Self {
+        Self {
+            min,
+            max,
+            ends: (min..=max).map(|_| HashMap::new()).collect(),
+            indexed: 0,
+        }
+    }
+
+    /// Indexes the n-grams of `tokens` that end before its last token (the suffix being
+    /// matched must find an earlier occurrence, not itself).
+    fn extend(&mut self, tokens: &[u32]) {
+        let upto = tokens.len().saturating_sub(1);
+        for end in self.indexed..upto {
+            for (k, n) in (self.min..=self.max).enumerate() {
+                if end + 1 >= n {
+                    self.ends[k].insert(hash(&tokens[end + 1 - n..=end]), end as u32);
+                }
+            }
+        }
+        self.indexed = self.indexed.max(upto);
+    }
+
+    /// Up to `k` tokens that followed the latest earlier occurrence of the longest matching
+    /// suffix of `tokens` (longest n first); empty when no suffix occurred before.
+    pub(crate) fn propose(&mut self, tokens: &[u32], k: usize) -> Vec<u32> {
+        self.extend(tokens);
+        let len = tokens.len();
+        for (idx, n) in (self.min..self.max + 1).enumerate().rev() {
+            if len < n || k == 0 {
+                continue;
+            }
+            let suffix = &tokens[len - n..];
+            if let Some(&end) = self.ends[idx].get(&hash(suffix)) {
+                let end = end as usize;
+                // A hash collision is no match.
+                if tokens[end + 1 - n..=end] == *suffix {
+                    return tokens[end + 1..(end + 1 + k).min(len)].to_vec();
+                }
+            }
+        }
+        Vec::new()
+    }
+}
+
+/// Whether a sequence may decode with drafts: greedy, no log-probs, no repetition penalty.
+pub(super) fn eligible(s: &Seq) -> bool {
+    s.request.sampling.is_greedy()
+        && s.request.logprobs.is_none()
+        && s.request.repetition_penalty.is_none_or(|p| p == 1.0)
+}
+
+impl Scheduler {
+    /// Whether drafts are made this step (speculation on, and few enough sequences run).
+    pub(super) fn speculating(&self) -> bool {
+        self.opts
+            .speculative
+            .is_some_and(|o| self.running.len() <= o.max_batch)
+    }
+
+    /// Sets `running[i]`'s drafts for a decode step with at most `budget` tokens in all
+    /// (its last token included) and returns how many it got (0: a plain decode step).
+    pub(super) fn draft(&mut self, i: usize, budget: usize) -> usize {
+        let Some(o) = self.opts.speculative.filter(|_| self.speculating()) else {
+            self.running[i].draft.clear();
+            return 0;
+        };
+        let max_context = self.max_context;
+        let s = &mut self.running[i];
+        s.draft.clear();
+        if !eligible(s) {
+            return 0;
+        }
+        // Room: the drafts and the model's own next token within the cap and the context.
+        let room = (s.max_new.saturating_sub(s.generated() + 1))
+            .min(max_context.saturating_sub(s.tokens.len() + 1))
+            .min(budget.saturating_sub(1))
+            .min(o.num_tokens);
+        if room == 0 {
+            return 0;
+        }
+        let SpeculativeMethod::Ngram { min, max } = o.method;
+        let index = s.ngram.get_or_insert_with(|| NgramIndex::new(min, max));
+        s.draft = index.propose(&s.tokens, room);
+        s.draft.len()
+    }
+}
+
+/// How many drafts the model's greedy choices confirm: `targets[i]` is the argmax after the
+/// last token and `i` drafts; drafts are kept while they equal it. The kept drafts and the
+/// target after them are the sequence's new tokens.
+pub(super) fn verified(draft: &[u32], targets: &[u32]) -> Vec<u32> {
+    let kept = draft
+        .iter()
+        .zip(targets)
+        .take_while(|(d, t)| d == t)
+        .count();
+    targets[..=kept.min(targets.len() - 1)].to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_earlier_suffix_proposes_what_followed_it() {
+        let mut ix = NgramIndex::new(2, 4);
+        // ... 7 8 9 10 11 ... 7 8 9  -> 10 11 (the 3-gram 7 8 9 occurred before)
+        let t = [1, 7, 8, 9, 10, 11, 12, 5, 7, 8, 9];
+        assert_eq!(ix.propose(&t, 2), vec![10, 11]);
+        assert_eq!(ix.propose(&t, 9), vec![10, 11, 12, 5, 7, 8, 9]);
+        // The latest earlier occurrence wins: 3 4 occurs twice, the second is followed by 6.
+        let mut ix = NgramIndex::new(2, 2);
+        assert_eq!(ix.propose(&[3, 4, 5, 3, 4, 6, 3, 4], 1), vec![6]);
+        // Nothing repeats: no draft; a suffix never finds itself.
+        let mut ix = NgramIndex::new(2, 4);
+        assert!(ix.propose(&[1, 2, 3, 4], 3).is_empty());
+        // Growing the sequence indexes only the new positions, and finds matches in them.
+        let mut ix = NgramIndex::new(2, 3);
+        let mut t: Vec<u32> = (100..200).collect();
+        assert!(ix.propose(&t, 4).is_empty());
+        t.extend([150, 151]);
+        assert_eq!(ix.propose(&t, 4), vec![152, 153, 154, 155]);
+    }
+
+    #[test]
+    fn drafts_are_kept_while_they_equal_the_models_choice() {
+        assert_eq!(verified(&[5, 6, 7], &[5, 6, 9, 1]), vec![5, 6, 9]);
+        assert_eq!(verified(&[5, 6, 7], &[5, 6, 7, 1]), vec![5, 6, 7, 1]);
+        assert_eq!(verified(&[5, 6, 7], &[4, 6, 7, 1]), vec![4]);
+        assert_eq!(verified(&[], &[4]), vec![4]);
+    }
+}

@@ -1,0 +1,246 @@
+//! Speculative decoding with n-gram drafts (`EngineOptions::speculative`): greedy answers are
+//! token for token those without it, alone and batched, with the cap, stop strings and EOS
+//! falling inside a draft, prefix-cache hits and preemption; and drafts are actually made and
+//! kept (the tests would pass vacuously otherwise).
+
+use policy_serve::engine::SpeculativeOptions;
+
+use super::*;
+
+fn spec() -> EngineOptions {
+    EngineOptions {
+        speculative: Some(SpeculativeOptions {
+            max_batch: 16,
+            ..SpeculativeOptions::default()
+        }),
+        ..options()
+    }
+}
+
+/// Prompts that repeat themselves (agent transcripts copy: tool arguments repeat names
+/// from the prompt), so that n-gram drafts exist from the first step.
+fn repetitive(i: u32) -> Vec<u32> {
+    let unit = prompt(9, 700 + i);
+    unit.iter()
+        .chain(&unit)
+        .chain(&unit[..5])
+        .copied()
+        .collect()
+}
+
+fn run(
+    opts: EngineOptions,
+    reqs: &[GenerationRequest],
+) -> (
+    Vec<policy_serve::Generation>,
+    policy_serve::engine::EngineStats,
+) {
+    let r = registry_with(opts);
+    let engine = r.model("tiny").unwrap().engine().clone();
+    let pending: Vec<_> = reqs.iter().map(|q| engine.submit(q.clone())).collect();
+    let out = pending.into_iter().map(|p| p.wait().unwrap()).collect();
+    (out, engine.stats())
+}
+
+fn tokens(g: &[policy_serve::Generation]) -> Vec<(Vec<u32>, FinishReason, String)> {
+    g.iter()
+        .map(|g| (g.tokens.clone(), g.finish_reason, g.text.clone()))
+        .collect()
+}
+
+/// Mutations that fail it: keeping the first draft that differs from the model's choice,
+/// counting the dropped drafts' KV as computed (later tokens see wrong context), skipping
+/// the end checks between the tokens of one step.
+#[test]
+fn greedy_answers_equal_plain_decoding_alone_and_batched() {
+    // The tiny model loops on a token t. A prompt that ends with "t t 11 12 13 14" makes the
+    // draft after the model's first "t t" wrong (the prompt's continuation: the rejection
+    // path) and the later ones right (the loop). t is found by iterating to a fixed point.
+    let with = |i: u32, t: u32| {
+        let mut p = repetitive(i);
+        p.extend([t, t, 11, 12, 13, 14]);
+        p
+    };
+    let mut reqs = Vec::new();
+    for i in 0..5u32 {
+        let mut t = run(
+            options(),
+            &[GenerationRequest::new(repetitive(i)).max_new_tokens(1)],
+        )
+        .0[0]
+            .tokens[0];
+        for _ in 0..4 {
+            let out = run(
+                options(),
+                &[GenerationRequest::new(with(i, t)).max_new_tokens(2)],
+            )
+            .0;
+            if out[0].tokens == [t, t] {
+                reqs.push(GenerationRequest::new(with(i, t)).max_new_tokens(40));
+                break;
+            }
+            t = out[0].tokens[1];
+        }
+    }
+    assert!(
+        reqs.len() >= 2,
+        "prompts with a wrong first draft were found"
+    );
+    let (plain, _) = run(options(), &reqs);
+    let (batched, stats) = run(spec(), &reqs);
+    assert_eq!(tokens(&plain), tokens(&batched));
+    assert!(stats.spec_draft_tokens > 0, "drafts were made: {stats:?}");
+    assert!(stats.spec_accepted_tokens > 0, "some were kept: {stats:?}");
+    assert!(
+        stats.spec_accepted_tokens < stats.spec_draft_tokens,
+        "some were dropped (the rejection path ran): {stats:?}"
+    );
+    for (i, q) in reqs.iter().enumerate() {
+        let (alone, _) = run(spec(), std::slice::from_ref(q));
+        assert_eq!(tokens(&alone), tokens(&plain[i..=i]), "request {i} alone");
+    }
+}
+
+/// Every cap from 1 to 12 tokens, and stop strings taken from the plain answer's own text
+/// (so they fall inside drafts), end where plain decoding ends.
+#[test]
+fn the_cap_and_stop_strings_inside_a_draft_end_where_plain_decoding_ends() {
+    let base = GenerationRequest::new(repetitive(3));
+    let mut reqs: Vec<GenerationRequest> =
+        (1..=12).map(|n| base.clone().max_new_tokens(n)).collect();
+    let (full, _) = run(options(), &[base.clone().max_new_tokens(30)]);
+    let text: Vec<char> = full[0].text.chars().collect();
+    // Stop strings that first complete inside token k (k = 2..=14): the text from char 3 up
+    // to two chars before the end of token k's text. The tiny model loops on a few tokens,
+    // so most of those tokens arrive as kept drafts in the middle of a step.
+    let r = registry_with(options());
+    let tok = r.model("tiny").unwrap().engine().tokenizer().clone();
+    for k in 2..=14 {
+        let end = tok
+            .decode(&full[0].tokens[..k], false)
+            .unwrap()
+            .chars()
+            .count();
+        let prev = tok
+            .decode(&full[0].tokens[..k - 1], false)
+            .unwrap()
+            .chars()
+            .count();
+        if end >= prev + 3 && end - 2 > 3 && end <= text.len() {
+            let stop: String = text[3..end - 2].iter().collect();
+            let mut r = base.clone().max_new_tokens(30);
+            r.stop = vec![stop];
+            reqs.push(r);
+        }
+    }
+    assert!(reqs.len() > 20, "stop strings were made");
+    let mut min = base.clone().max_new_tokens(20);
+    min.min_tokens = 7;
+    reqs.push(min);
+    let mut no_eos = base.clone().max_new_tokens(25);
+    no_eos.ignore_eos = true;
+    reqs.push(no_eos);
+    let (plain, _) = run(options(), &reqs);
+    let (sp, stats) = run(spec(), &reqs);
+    for (i, (a, b)) in tokens(&plain).iter().zip(tokens(&sp)).enumerate() {
+        assert_eq!(*a, b, "request {i}: {:?}", reqs[i].stop);
+    }
+    // The stop strings ended the answers early (else this would test nothing).
+    assert!(
+        plain[12..]
+            .iter()
+            .any(|g| g.finish_reason == FinishReason::Stop && g.generated_tokens > 3)
+    );
+    assert!(stats.spec_accepted_tokens > 0, "{stats:?}");
+}
+
+/// A second run of the same prompts hits the prefix cache (only verified tokens were
+/// published); a pool of 10 blocks preempts (swap and recompute); both equal plain decoding.
+#[test]
+fn prefix_cache_hits_and_preemption_keep_the_answers() {
+    let reqs: Vec<GenerationRequest> = (0..6)
+        .map(|i| GenerationRequest::new(repetitive(10 + i)).max_new_tokens(24))
+        .collect();
+    let (plain, _) = run(options(), &reqs);
+    let r = registry_with(spec());
+    let engine = r.model("tiny").unwrap().engine().clone();
+    for round in 0..2 {
+        let out: Vec<_> = reqs
+            .iter()
+            .map(|q| engine.submit(q.clone()))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|p| p.wait().unwrap())
+            .collect();
+        assert_eq!(tokens(&out), tokens(&plain), "round {round}");
+        if round == 1 {
+            assert!(out.iter().all(|g| g.cached_prompt_tokens > 0));
+        }
+    }
+    for swap_gib in [0.0, 1.0] {
+        let tight = EngineOptions {
+            kv_budget: KvBudget {
+                blocks: Some(10),
+                ..KvBudget::default()
+            },
+            swap_gib,
+            ..spec()
+        };
+        let (out, stats) = run(tight, &reqs);
+        assert_eq!(tokens(&out), tokens(&plain), "swap {swap_gib}");
+        assert!(stats.preemptions > 0, "{stats:?}");
+        assert_eq!(stats.blocks_free + stats.cached_blocks, stats.blocks_total);
+    }
+}
+
+/// Sampled requests, log-probs and penalties are not drafted (they decode as before, in the
+/// same steps as drafted ones), and above `max_batch` running sequences nothing is.
+#[test]
+fn ineligible_requests_and_big_batches_decode_as_before() {
+    let mut reqs: Vec<GenerationRequest> = (0..3)
+        .map(|i| GenerationRequest::new(repetitive(20 + i)).max_new_tokens(20))
+        .collect();
+    let mut lp = reqs[0].clone();
+    lp.logprobs = Some(2);
+    let mut pen = reqs[1].clone();
+    pen.repetition_penalty = Some(1.3);
+    let sampled = reqs[2].clone().sampling(SamplingParams {
+        temperature: 0.9,
+        seed: 3,
+        ..SamplingParams::greedy()
+    });
+    reqs.extend([lp, pen, sampled]);
+    let (plain, _) = run(options(), &reqs);
+    let (sp, stats) = run(spec(), &reqs);
+    assert_eq!(tokens(&plain), tokens(&sp));
+    // The same tokens and log-probs (to float noise: the batch around the row differs).
+    let (a, b) = (
+        plain[3].logprobs.as_ref().unwrap(),
+        sp[3].logprobs.as_ref().unwrap(),
+    );
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x.token, y.token);
+        assert!((x.logprob - y.logprob).abs() < 1e-4);
+        for ((t1, v1), (t2, v2)) in x.top.iter().zip(&y.top) {
+            assert!(t1 == t2 && (v1 - v2).abs() < 1e-3 * v1.abs().max(1.0));
+        }
+    }
+    assert!(stats.spec_draft_tokens > 0);
+    let small = EngineOptions {
+        speculative: Some(SpeculativeOptions {
+            max_batch: 2,
+            ..SpeculativeOptions::default()
+        }),
+        ..options()
+    };
+    let six: Vec<GenerationRequest> = (0..6)
+        .map(|i| GenerationRequest::new(repetitive(30 + i)).max_new_tokens(3))
+        .collect();
+    let pending_plain = run(options(), &six).0;
+    let r = registry_with(small);
+    let engine = r.model("tiny").unwrap().engine().clone();
+    let pending: Vec<_> = six.iter().map(|q| engine.submit(q.clone())).collect();
+    let out: Vec<_> = pending.into_iter().map(|p| p.wait().unwrap()).collect();
+    assert_eq!(tokens(&out), tokens(&pending_plain));
+}
