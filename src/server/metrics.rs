@@ -56,6 +56,7 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let mut queue = vec![];
     let mut running = vec![];
     let (mut preempt, mut swaps) = (vec![], vec![]);
+    let (mut drafted, mut kept) = (vec![], vec![]);
     for key in &st.offered {
         if st.registry.is_loaded(key)
             && let Ok(m) = st.registry.model(key)
@@ -66,6 +67,8 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             running.push((format!("{{model=\"{key}\"}}"), s.running as f64));
             preempt.push((format!("{{model=\"{key}\"}}"), s.preemptions as f64));
             swaps.push((format!("{{model=\"{key}\"}}"), s.swap_outs as f64));
+            drafted.push((format!("{{model=\"{key}\"}}"), s.spec_draft_tokens as f64));
+            kept.push((format!("{{model=\"{key}\"}}"), s.spec_accepted_tokens as f64));
         }
     }
     metric(
@@ -97,6 +100,18 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         "counter",
         "Sequences swapped out to host memory.",
         swaps,
+    );
+    metric(
+        "policy_serve_spec_draft_tokens_total",
+        "counter",
+        "Speculative decoding: draft tokens verified.",
+        drafted,
+    );
+    metric(
+        "policy_serve_spec_accepted_tokens_total",
+        "counter",
+        "Speculative decoding: drafts the model confirmed.",
+        kept,
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
