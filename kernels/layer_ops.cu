@@ -422,6 +422,57 @@ extern "C" __global__ void __launch_bounds__(FULL_THREADS) sample_full_f32(
   out[r] = (uint32_t)last;
 }
 
+// Log-probabilities of drawn tokens, one pass over each row: for output j, row rows[j] of
+// f32 logits scaled by inv_t[j]: out[2j] = its log-sum-exp, out[2j+1] = the log-softmax at
+// token chosen[j]. Per thread an online (max, sum of exp) over a strided slice, then a block
+// merge of the pairs. Non-finite logits carry no mass (as -inf does in a softmax).
+constexpr int LP_THREADS = 512;
+
+extern "C" __global__ void __launch_bounds__(LP_THREADS) logprob_rows_f32(
+    const float* logits, int n, const uint32_t* rows, const float* inv_t,
+    const uint32_t* chosen, float* out) {
+  pdl_entry();
+  __shared__ float s_m[LP_THREADS];
+  __shared__ float s_s[LP_THREADS];
+  const int j = blockIdx.x, tid = threadIdx.x;
+  const float* x = logits + (size_t)rows[j] * n;
+  const float it = inv_t[j];
+  float m = -INFINITY, s = 0.f;
+  for (int i = tid; i < n; i += LP_THREADS) {
+    const float v = x[i] * it;
+    if (!isfinite(v)) continue;
+    if (v > m) {
+      s = s * __expf(m - v) + 1.f;
+      m = v;
+    } else {
+      s += __expf(v - m);
+    }
+  }
+  s_m[tid] = m;
+  s_s[tid] = s;
+  __syncthreads();
+  for (int w = LP_THREADS / 2; w > 0; w >>= 1) {
+    if (tid < w) {
+      const float m2 = s_m[tid + w], s2 = s_s[tid + w];
+      const float m1 = s_m[tid], s1 = s_s[tid];
+      const float mm = fmaxf(m1, m2);
+      if (mm == -INFINITY) {
+        s_s[tid] = 0.f;
+      } else {
+        s_s[tid] = (m1 == -INFINITY ? 0.f : s1 * __expf(m1 - mm)) +
+                   (m2 == -INFINITY ? 0.f : s2 * __expf(m2 - mm));
+      }
+      s_m[tid] = mm;
+    }
+    __syncthreads();
+  }
+  if (tid == 0) {
+    const float lse = s_m[0] + logf(s_s[0]);
+    out[2 * j] = lse;
+    out[2 * j + 1] = x[chosen[j]] * it - lse;
+  }
+}
+
 extern "C" __global__ void argmax_merge(const float* part_v, const int* part_i, int parts,
                                         uint32_t* out) { pdl_entry();
   argmax_merge_rows(part_v, part_i, parts, out);

@@ -200,6 +200,59 @@ fn op_checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
             0.0,
         );
     }
+    // Log-probabilities of drawn tokens (`logprob_rows_f32`) against f64 on the host: rows
+    // picked out of order, temperatures 0.5-1.5, some logits -inf.
+    {
+        let (n_rows, vocab) = (64usize, 151_936usize);
+        let mut host: Vec<Vec<f32>> =
+            (randn(&[n_rows, vocab], DType::F32, dev)? * 4.0)?.to_vec2()?;
+        for (r, row) in host.iter_mut().enumerate() {
+            for i in (r..vocab).step_by(97) {
+                row[i] = f32::NEG_INFINITY;
+            }
+        }
+        let flat: Vec<f32> = host.iter().flatten().copied().collect();
+        let l = Tensor::from_vec(flat, (n_rows, vocab), dev)?;
+        let pick: Vec<u32> = (0..48u32).map(|j| (j * 37 + 5) % n_rows as u32).collect();
+        let inv_t: Vec<f32> = (0..48)
+            .map(|j| 1.0 / (0.5 + (j % 11) as f32 / 10.0))
+            .collect();
+        let chosen: Vec<u32> = (0..48u32)
+            .map(|j| (j * 7919 + 1) % vocab as u32 / 97 * 97 + 1)
+            .collect();
+        let got: Vec<Vec<f32>> = k
+            .logprob_rows(
+                &l,
+                &Tensor::new(pick.as_slice(), dev)?,
+                &Tensor::new(inv_t.as_slice(), dev)?,
+                &Tensor::new(chosen.as_slice(), dev)?,
+            )?
+            .to_vec2()?;
+        let mut worst = 0f64;
+        for (j, g) in got.iter().enumerate() {
+            let row = &host[pick[j] as usize];
+            let it = inv_t[j] as f64;
+            let m = row
+                .iter()
+                .filter(|v| v.is_finite())
+                .fold(f64::NEG_INFINITY, |a, &v| a.max(v as f64 * it));
+            let lse = m + row
+                .iter()
+                .filter(|v| v.is_finite())
+                .map(|&v| (v as f64 * it - m).exp())
+                .sum::<f64>()
+                .ln();
+            let want = row[chosen[j] as usize] as f64 * it - lse;
+            worst = worst
+                .max((g[0] as f64 - lse).abs() / lse.abs().max(1.0))
+                .max((g[1] as f64 - want).abs() / want.abs().max(1.0));
+        }
+        t.check(
+            "logprob_rows f32 48 of 64 rows x 151936, -inf entries (max rel err)".to_string(),
+            worst as f32,
+            2e-5,
+        );
+    }
     qk_rope_checks(&k, dev, dt, t)?;
     for &(nh, nkv) in &[(16usize, 8usize), (32, 8), (16, 16), (8, 1)] {
         for (b, max_ctx, name) in [

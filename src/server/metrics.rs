@@ -68,7 +68,10 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             preempt.push((format!("{{model=\"{key}\"}}"), s.preemptions as f64));
             swaps.push((format!("{{model=\"{key}\"}}"), s.swap_outs as f64));
             drafted.push((format!("{{model=\"{key}\"}}"), s.spec_draft_tokens as f64));
-            kept.push((format!("{{model=\"{key}\"}}"), s.spec_accepted_tokens as f64));
+            kept.push((
+                format!("{{model=\"{key}\"}}"),
+                s.spec_accepted_tokens as f64,
+            ));
         }
     }
     metric(

@@ -232,6 +232,52 @@ impl CudaKernels {
         Ok(out)
     }
 
+    /// Log-probabilities of drawn tokens in one pass a row: for each `j`, row `rows[j]` of
+    /// f32 `[R, n]` logits scaled by `inv_t[j]` (u32 and f32 `[m]`): its log-sum-exp and the
+    /// log-softmax at token `chosen[j]` (u32 `[m]`), as f32 `[m, 2]`. Row and token ids are
+    /// the caller's to check (rows of this step, tokens drawn from these rows).
+    pub fn logprob_rows(
+        &self,
+        logits: &Tensor,
+        rows: &Tensor,
+        inv_t: &Tensor,
+        chosen: &Tensor,
+    ) -> Result<Tensor> {
+        if logits.dtype() != DType::F32 || inv_t.dtype() != DType::F32 {
+            return Err(kernel_err("logprob rows", "logits and inv_t must be f32"));
+        }
+        let (_, n) = logits.dims2()?;
+        let m = rows.elem_count();
+        if inv_t.elem_count() != m || chosen.elem_count() != m {
+            return Err(kernel_err(
+                "logprob rows",
+                "rows, inv_t and chosen differ in length",
+            ));
+        }
+        let out = self.alloc((m, 2), DType::F32)?;
+        if m == 0 {
+            return Ok(out);
+        }
+        let (pl, pr, pt, pc, po) = (
+            self.ptr(logits)?,
+            self.ptr(rows)?,
+            self.ptr(inv_t)?,
+            self.ptr(chosen)?,
+            self.ptr(&out)?,
+        );
+        let n32 = n as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (m as u32, 1, 1),
+            block_dim: (512, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.launcher(&self.logprob_rows);
+        b.arg(&pl).arg(&n32).arg(&pr).arg(&pt).arg(&pc).arg(&po);
+        // SAFETY: argument types match the kernel's signature; buffers are sized above.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(out)
+    }
+
     /// The `k` largest logits of each row of f32 `[rows, n]` logits and their token ids, in
     /// order (value descending, id ascending on ties): (`[rows, k]` f32, `[rows, k]` u32).
     pub fn topk(&self, logits: &Tensor, k: usize) -> Result<(Tensor, Tensor)> {

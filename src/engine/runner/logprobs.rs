@@ -50,6 +50,16 @@ pub(crate) fn logprobs(
     let mut out: Vec<Option<TokenLogprob>> = vec![None; rows.len()];
     let (whole, cut): (Vec<usize>, Vec<usize>) =
         (0..rows.len()).partition(|&i| !filtered(&rows[i].params));
+    #[cfg(feature = "cuda")]
+    let whole = match whole_on_kernels(model, logits, drawn, rows, &whole)? {
+        Some(done) => {
+            for (i, lp) in done {
+                out[i] = Some(lp);
+            }
+            Vec::new()
+        }
+        None => whole,
+    };
     if !whole.is_empty() {
         let dev = logits.device();
         let idx: Vec<u32> = whole.iter().map(|&i| rows[i].row as u32).collect();
@@ -84,6 +94,82 @@ pub(crate) fn logprobs(
         out[i] = Some(cut_logprobs(&row, &r.params, drawn[r.row], r.k));
     }
     Ok(out.into_iter().flatten().collect())
+}
+
+/// The whole-vocabulary rows `whole` (indices into `rows`) on the engine's kernels: one
+/// pass a row for the log-sum-exp and the drawn token's entry (`logprob_rows_f32`), the top
+/// `k` by the device top-k of the raw logits (the same order as the scaled ones), shifted.
+/// `None` without kernels.
+#[cfg(feature = "cuda")]
+fn whole_on_kernels(
+    model: &Model,
+    logits: &Tensor,
+    drawn: &[u32],
+    rows: &[LogprobRow],
+    whole: &[usize],
+) -> Result<Option<Vec<(usize, TokenLogprob)>>> {
+    let Some(kern) = &model.kernels else {
+        return Ok(None);
+    };
+    if whole.is_empty() {
+        return Ok(Some(Vec::new()));
+    }
+    let dev = logits.device();
+    let idx: Vec<u32> = whole.iter().map(|&i| rows[i].row as u32).collect();
+    let inv_t: Vec<f32> = whole
+        .iter()
+        .map(|&i| 1.0 / temperature(&rows[i].params))
+        .collect();
+    let chosen: Vec<u32> = whole.iter().map(|&i| drawn[rows[i].row]).collect();
+    let idx_t = Tensor::new(idx.as_slice(), dev)?;
+    let lp: Vec<Vec<f32>> = kern
+        .logprob_rows(
+            logits,
+            &idx_t,
+            &Tensor::new(inv_t.as_slice(), dev)?,
+            &Tensor::new(chosen.as_slice(), dev)?,
+        )?
+        .to_vec2()?;
+    let kmax = whole.iter().map(|&i| rows[i].k).max().unwrap_or(0);
+    let top = if kmax == 0 {
+        Vec::new()
+    } else {
+        let all_in_order =
+            idx.len() == logits.dim(0)? && idx.iter().enumerate().all(|(j, &r)| r as usize == j);
+        let sel = if all_in_order {
+            logits.clone()
+        } else {
+            logits.index_select(&idx_t, 0)?
+        };
+        top_k(model, &sel, kmax)?
+    };
+    Ok(Some(
+        whole
+            .iter()
+            .enumerate()
+            .map(|(j, &i)| {
+                let (lse, it) = (lp[j][0], inv_t[j]);
+                let k = rows[i].k;
+                let top = top
+                    .get(j)
+                    .map(|t| {
+                        t[..k.min(t.len())]
+                            .iter()
+                            .map(|&(id, v)| (id, v * it - lse))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                (
+                    i,
+                    TokenLogprob {
+                        token: chosen[j],
+                        logprob: lp[j][1],
+                        top,
+                    },
+                )
+            })
+            .collect(),
+    ))
 }
 
 /// The `k` largest entries of each row of f32 `x` (`[n, vocab]`), largest first (lower id
