@@ -11,7 +11,8 @@ use parking_lot::Mutex;
 
 use super::config::Config;
 use super::error::{ApiError, ApiResult};
-use crate::engine::CancelToken;
+use crate::engine::parallel::transfer::TrainerLink;
+use crate::engine::{CancelToken, HostTensor};
 use crate::error::Error;
 use crate::policy::Policy;
 use crate::registry::{ModelRegistry, ModelSpec};
@@ -56,6 +57,19 @@ impl Counters {
     }
 }
 
+/// A trainer's weight-sync group and the update in progress (the routes: `weights.rs`).
+pub(super) struct TransferSession {
+    /// The model the weights are for.
+    pub(super) key: String,
+    pub(super) link: TrainerLink,
+    pub(super) packed: bool,
+    pub(super) buffer_bytes: usize,
+    /// Tensors received since `/start_weight_update`.
+    pub(super) staged: Vec<HostTensor>,
+    /// Why the update in progress was refused (it is then not applied).
+    pub(super) aborted: Option<String>,
+}
+
 /// Shared server state: the registry, the open episodes, the counters.
 pub struct AppState {
     pub(super) registry: ModelRegistry,
@@ -68,7 +82,7 @@ pub struct AppState {
     pub(super) counters: Counters,
     pub(super) next_id: AtomicU64,
     /// A trainer's weight-sync group, once joined (`weights.rs`).
-    pub(super) transfer: Arc<Mutex<Option<super::weights::TransferSession>>>,
+    pub(super) transfer: Arc<Mutex<Option<TransferSession>>>,
 }
 
 impl AppState {

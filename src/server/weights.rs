@@ -23,26 +23,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::error::{ApiError, ApiResult};
-use super::state::{AppState, blocking};
+use super::state::{AppState, TransferSession, blocking};
 use crate::engine::parallel::transfer::{InitInfo, TrainerLink, parse_update_info};
-use crate::engine::{Engine, HostTensor, WeightSource};
+use crate::engine::{Engine, WeightSource};
 use crate::error::Error;
 
 /// How long joining a trainer's group may take (its store and its NCCL init).
 const JOIN_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// A trainer's weight-sync group and the update in progress.
-pub(super) struct TransferSession {
-    /// The model the weights are for.
-    key: String,
-    link: TrainerLink,
-    packed: bool,
-    buffer_bytes: usize,
-    /// Tensors received since `/start_weight_update`.
-    staged: Vec<HostTensor>,
-    /// Why the update in progress was refused (it is then not applied).
-    aborted: Option<String>,
-}
 
 fn gate(st: &AppState) -> ApiResult<()> {
     if st.cfg.allow_weight_updates {

@@ -21,8 +21,7 @@ use tokenizers::Tokenizer;
 
 use super::detok::Detokenizer;
 use super::profile::StepProfile;
-use super::seq::{Command, InFlight, Seq};
-use super::weights::PendingUpdate;
+use super::seq::{Command, InFlight, PendingUpdate, Seq};
 use crate::cache::KvManager;
 use crate::engine::device;
 use crate::engine::handle::{Replier, StreamSender};

@@ -25,6 +25,7 @@
 mod core;
 mod detok;
 mod memory;
+mod ngram;
 mod output;
 mod pipeline;
 mod plan;

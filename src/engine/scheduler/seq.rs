@@ -7,7 +7,7 @@ use std::time::Instant;
 use candle_core::Tensor;
 
 use super::detok::Detokenizer;
-use super::speculate::NgramIndex;
+use super::ngram::NgramIndex;
 use crate::engine::handle::{Replier, StreamSender};
 use crate::engine::request::{Generation, GenerationRequest, TokenLogprob};
 use crate::engine::runner::sampler::Rng;
@@ -112,4 +112,12 @@ pub(super) struct InFlight {
     pub(super) host: HostIds,
     /// Events around the step's GPU work (the step profile).
     pub(super) gpu: (Option<GpuEvent>, Option<GpuEvent>),
+}
+
+/// An update asked for and not applied yet.
+pub(crate) struct PendingUpdate {
+    pub(crate) source: WeightSource,
+    pub(crate) drain: bool,
+    pub(crate) reply: Replier<WeightsVersion>,
+    pub(crate) asked: Instant,
 }

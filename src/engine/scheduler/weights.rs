@@ -11,22 +11,13 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 
 use super::core::Scheduler;
-use super::seq::Seq;
-use crate::engine::handle::Replier;
+use super::seq::{PendingUpdate, Seq};
 use crate::engine::model::config::ModelConfig;
 use crate::engine::model::update::check_tensor;
 use crate::engine::model::weights::Checkpoint;
 use crate::engine::request::FinishReason;
 use crate::engine::update::{WeightSource, WeightsVersion, content_digest};
 use crate::error::{Error, Result};
-
-/// An update asked for and not applied yet.
-pub(crate) struct PendingUpdate {
-    pub(crate) source: WeightSource,
-    pub(crate) drain: bool,
-    pub(crate) reply: Replier<WeightsVersion>,
-    pub(crate) asked: Instant,
-}
 
 /// Whether a sequence has started on the current weights (admitted once: running, or
 /// preempted back to the queue).
