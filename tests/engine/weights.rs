@@ -190,6 +190,21 @@ fn refused_updates_change_nothing() {
     );
     let after = engine.logits(tokens).unwrap();
     assert!(max_diff(&before, &after) == 0.0);
+    // A refused update ends nothing, even with drain false: it is checked when asked.
+    let running = engine.submit(GenerationRequest::new(prompt(12, 9)).max_new_tokens(30));
+    let e = engine
+        .update_weights(
+            WeightSource::Dir(std::env::temp_dir().join("no-such-dir")),
+            false,
+        )
+        .wait()
+        .unwrap_err();
+    assert!(matches!(e, Error::WeightUpdate(_)), "{e}");
+    let g = running.wait().unwrap();
+    assert_eq!(
+        (g.finish_reason, g.generated_tokens),
+        (FinishReason::Length, 30)
+    );
     let g = engine
         .generate(GenerationRequest::new(prompt(4, 2)).max_new_tokens(1))
         .unwrap();

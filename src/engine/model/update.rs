@@ -220,6 +220,25 @@ impl Qwen3 {
         ck: &Checkpoint,
         mut progress: impl FnMut(),
     ) -> Result<()> {
+        for (name, shape) in &check_checkpoint(cfg, ck, self.tied())? {
+            self.set_weight(cfg, name, &ck.get(name, shape)?)?;
+            progress();
+        }
+        // A tied model whose new checkpoint also stores lm_head keeps one matrix (the
+        // embeddings): the checkpoint's lm_head is not read.
+        Ok(())
+    }
+}
+
+/// Checks that `ck` holds exactly the tensors of an update of a model of `cfg` (every one of
+/// [`weight_table`], nothing the model lacks, each of its shape and a float dtype), reading
+/// headers only; returns the table to write in order.
+pub fn check_checkpoint(
+    cfg: &ModelConfig,
+    ck: &Checkpoint,
+    tied: bool,
+) -> Result<Vec<(String, Vec<usize>)>> {
+    {
         for (name, shape, dtype) in ck.tensors() {
             check_tensor(cfg, name, shape, dtype).map_err(|e| match e {
                 Error::WeightUpdate(s) => {
@@ -228,7 +247,7 @@ impl Qwen3 {
                 e => e,
             })?;
         }
-        let table = weight_table(cfg, self.tied());
+        let table = weight_table(cfg, tied);
         let missing: Vec<&str> = table
             .iter()
             .map(|(n, _)| n.as_str())
@@ -241,12 +260,6 @@ impl Qwen3 {
                 missing[0]
             )));
         }
-        for (name, shape) in &table {
-            self.set_weight(cfg, name, &ck.get(name, shape)?)?;
-            progress();
-        }
-        // A tied model whose new checkpoint also stores lm_head keeps one matrix (the
-        // embeddings): the checkpoint's lm_head is not read.
-        Ok(())
+        Ok(table)
     }
 }

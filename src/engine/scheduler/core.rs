@@ -218,12 +218,7 @@ impl Scheduler {
                         source,
                         drain,
                         reply,
-                    } => self.ask_update(PendingUpdate {
-                        source,
-                        drain,
-                        reply,
-                        asked: Instant::now(),
-                    }),
+                    } => self.ask_update(source, drain, reply),
                     Command::Shutdown => shutdown = true,
                 }
             }

@@ -9,10 +9,11 @@ use candle_core::Tensor;
 use super::detok::Detokenizer;
 use super::ngram::NgramIndex;
 use crate::engine::handle::{Replier, StreamSender};
+use crate::engine::model::weights::Checkpoint;
 use crate::engine::request::{Generation, GenerationRequest, TokenLogprob};
 use crate::engine::runner::sampler::Rng;
 use crate::engine::runner::{GpuEvent, HostIds};
-use crate::engine::update::{WeightSource, WeightsVersion};
+use crate::engine::update::{HostTensor, WeightSource, WeightsVersion};
 
 /// What the engine handle sends the scheduler thread.
 pub(crate) enum Command {
@@ -114,9 +115,17 @@ pub(super) struct InFlight {
     pub(super) gpu: (Option<GpuEvent>, Option<GpuEvent>),
 }
 
-/// An update asked for and not applied yet.
+/// New weights, checked (every name, shape, dtype and byte count) and not written yet.
+pub(crate) enum CheckedWeights {
+    /// A checkpoint on disk: the table of tensors to write, in order.
+    Dir(Checkpoint, Vec<(String, Vec<usize>)>),
+    /// Tensors in host memory.
+    Host(Vec<HostTensor>),
+}
+
+/// An update asked for, checked, and not applied yet.
 pub(crate) struct PendingUpdate {
-    pub(crate) source: WeightSource,
+    pub(crate) weights: CheckedWeights,
     pub(crate) drain: bool,
     pub(crate) reply: Replier<WeightsVersion>,
     pub(crate) asked: Instant,

@@ -3,17 +3,19 @@
 //! tensors into the model in place, drops the prefix cache and bumps the version.
 //!
 //! Invariants: a request runs start to finish on one version (the one its `Generation`
-//! reports); new requests wait while an update is pending (nobody is refused); a refused
-//! update writes nothing (every tensor is checked before the first write).
+//! reports); new requests wait while an update is pending (nobody is refused); new weights
+//! are checked when the update is asked, so a refused update writes nothing, pauses nothing
+//! and ends no request.
 
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 
 use super::core::Scheduler;
-use super::seq::{PendingUpdate, Seq};
+use super::seq::{CheckedWeights, PendingUpdate, Seq};
+use crate::engine::handle::Replier;
 use crate::engine::model::config::ModelConfig;
-use crate::engine::model::update::check_tensor;
+use crate::engine::model::update::{check_checkpoint, check_tensor};
 use crate::engine::model::weights::Checkpoint;
 use crate::engine::request::FinishReason;
 use crate::engine::update::{WeightSource, WeightsVersion, content_digest};
@@ -26,23 +28,82 @@ fn started(s: &Seq) -> bool {
 }
 
 impl Scheduler {
-    /// Takes an update request; a second one while one is pending is refused.
-    pub(super) fn ask_update(&mut self, u: PendingUpdate) {
-        if self.update.is_some() {
-            u.reply.send(Err(Error::WeightUpdate(
+    /// Takes an update request: checks the new weights at once (a refusal answers without
+    /// pausing anything or ending a request), then pauses admission until it is applied. A
+    /// second update while one is pending is refused.
+    pub(super) fn ask_update(
+        &mut self,
+        source: WeightSource,
+        drain: bool,
+        reply: Replier<WeightsVersion>,
+    ) {
+        let checked = if self.update.is_some() {
+            Err(Error::WeightUpdate(
                 "another weight update is in progress; retry when it has finished".into(),
-            )));
-            return;
-        }
-        if self.info.world_size > 1 {
-            u.reply.send(Err(Error::WeightUpdate(format!(
+            ))
+        } else if self.info.world_size > 1 {
+            Err(Error::WeightUpdate(format!(
                 "this engine spans {} tensor-parallel ranks and weight updates run on one rank only for now; serve the model with --world-size 1 to update it in place",
                 self.info.world_size
-            ))));
-            return;
+            )))
+        } else {
+            self.check_update(source).map_err(|e| match e {
+                Error::WeightUpdate(_) => e,
+                other => Error::WeightUpdate(other.to_string()),
+            })
+        };
+        match checked {
+            Ok(weights) => {
+                tracing::info!(drain, "weight update asked; admission paused");
+                self.update = Some(PendingUpdate {
+                    weights,
+                    drain,
+                    reply,
+                    asked: Instant::now(),
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "weight update refused; the old weights keep serving");
+                reply.send(Err(e));
+            }
         }
-        tracing::info!(drain = u.drain, "weight update asked; admission paused");
-        self.update = Some(u);
+    }
+
+    /// Checks new weights against the model (names, shapes, dtypes, byte counts; a
+    /// checkpoint's headers and config), writing nothing.
+    fn check_update(&self, source: WeightSource) -> Result<CheckedWeights> {
+        let cfg = &self.cfg;
+        let model = self.runner.qwen3();
+        match source {
+            WeightSource::Dir(dir) => {
+                let files = crate::engine::model::files::safetensors_in(&dir)?;
+                let config = dir.join("config.json");
+                if config.is_file() && !cfg.same_shapes(&ModelConfig::from_file(&config)?) {
+                    return Err(Error::WeightUpdate(format!(
+                        "{}/config.json describes another shape of model than the one serving ({}); updates keep the architecture",
+                        dir.display(),
+                        cfg.shape_summary()
+                    )));
+                }
+                let ck = Checkpoint::open(&self.info.key, &files, model.dtype(), model.device())?;
+                let table = check_checkpoint(cfg, &ck, model.tied())?;
+                Ok(CheckedWeights::Dir(ck, table))
+            }
+            WeightSource::Host(tensors) => {
+                for t in &tensors {
+                    check_tensor(cfg, &t.name, &t.shape, t.dtype)?;
+                    let want = t.shape.iter().product::<usize>() * t.dtype.size_in_bytes();
+                    if t.bytes.len() != want {
+                        return Err(Error::WeightUpdate(format!(
+                            "tensor `{}`: {} bytes, its dtype and shape make {want}",
+                            t.name,
+                            t.bytes.len()
+                        )));
+                    }
+                }
+                Ok(CheckedWeights::Host(tensors))
+            }
+        }
     }
 
     /// Whether admission is paused for a pending update (only sequences that started on the
@@ -70,6 +131,10 @@ impl Scheduler {
                 .partition(started);
             self.waiting = new.into();
             for s in running.into_iter().chain(old) {
+                // A sequence swapped out while preempted gives its host reservation back.
+                if s.swapped.is_some() {
+                    self.kv.unreserve_swap(self.kv.blocks_for(s.computed));
+                }
                 self.finish(s, FinishReason::Interrupted);
             }
         }
@@ -79,7 +144,7 @@ impl Scheduler {
         self.settle();
         let u = self.update.take().expect("checked above");
         let t0 = Instant::now();
-        let result = self.apply_update(u.source).map_err(|e| match e {
+        let result = self.apply_update(u.weights).map_err(|e| match e {
             Error::WeightUpdate(_) => e,
             other => Error::WeightUpdate(other.to_string()),
         });
@@ -92,50 +157,26 @@ impl Scheduler {
                 "weights updated in place; prefix cache dropped"
             ),
             Err(e) => {
-                tracing::warn!(error = %e, "weight update refused; the old weights keep serving")
+                tracing::warn!(error = %e, "weight update failed while writing")
             }
         }
         u.reply.send(result);
         self.publish_stats();
     }
 
-    fn apply_update(&mut self, source: WeightSource) -> Result<WeightsVersion> {
+    /// Writes checked weights into the model and makes them the serving version.
+    fn apply_update(&mut self, weights: CheckedWeights) -> Result<WeightsVersion> {
         let cfg = self.cfg.clone();
         let model = self.runner.qwen3();
-        let digest = match source {
-            WeightSource::Dir(dir) => {
-                let files = crate::engine::model::files::safetensors_in(&dir)
-                    .map_err(|e| Error::WeightUpdate(e.to_string()))?;
-                let config = dir.join("config.json");
-                if config.is_file()
-                    && !cfg.same_shapes(
-                        &ModelConfig::from_file(&config)
-                            .map_err(|e| Error::WeightUpdate(e.to_string()))?,
-                    )
-                {
-                    return Err(Error::WeightUpdate(format!(
-                        "{}/config.json describes another shape of model than the one serving ({}); updates keep the architecture",
-                        dir.display(),
-                        cfg.shape_summary()
-                    )));
-                }
-                let ck = Checkpoint::open(&self.info.key, &files, model.dtype(), model.device())?;
+        let digest = match weights {
+            CheckedWeights::Dir(ck, table) => {
                 let digest = ck.digest()?;
-                model.update_from(&cfg, &ck, || {})?;
+                for (name, shape) in &table {
+                    model.set_weight(&cfg, name, &ck.get(name, shape)?)?;
+                }
                 digest
             }
-            WeightSource::Host(tensors) => {
-                for t in &tensors {
-                    check_tensor(&cfg, &t.name, &t.shape, t.dtype)?;
-                    let want = t.shape.iter().product::<usize>() * t.dtype.size_in_bytes();
-                    if t.bytes.len() != want {
-                        return Err(Error::WeightUpdate(format!(
-                            "tensor `{}`: {} bytes, its dtype and shape make {want}",
-                            t.name,
-                            t.bytes.len()
-                        )));
-                    }
-                }
+            CheckedWeights::Host(tensors) => {
                 let parts: Vec<(&str, DType, &[usize], &[u8])> = tensors
                     .iter()
                     .map(|t| {
