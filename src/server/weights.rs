@@ -163,6 +163,18 @@ pub(super) async fn init(State(st): State<Arc<AppState>>, body: Bytes) -> ApiRes
     ))
 }
 
+/// The weight-transfer session without blocking the async executor: while a receive holds
+/// it (seconds), other weight-transfer calls answer 409.
+fn session(st: &AppState) -> ApiResult<parking_lot::MutexGuard<'_, Option<TransferSession>>> {
+    st.transfer.try_lock().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "weight_transfer_busy",
+            "a weight transfer is receiving tensors; retry when it has finished",
+        )
+    })
+}
+
 fn no_session() -> ApiError {
     ApiError::bad("no weight-transfer group: POST /init_weight_transfer_engine first")
 }
@@ -170,7 +182,7 @@ fn no_session() -> ApiError {
 /// `POST /start_weight_update`: opens an update (drops anything staged before).
 pub(super) async fn start(State(st): State<Arc<AppState>>) -> ApiResult<Json<Value>> {
     gate(&st)?;
-    let mut slot = st.transfer.lock();
+    let mut slot = session(&st)?;
     let s = slot.as_mut().ok_or_else(no_session)?;
     s.staged.clear();
     s.aborted = None;
@@ -185,9 +197,7 @@ pub(super) async fn update(State(st): State<Arc<AppState>>, body: Bytes) -> ApiR
     let info = v.get("update_info").cloned().unwrap_or(v);
     let announced = parse_update_info(&info)?;
     let packed_here = info.get("packed").and_then(Value::as_bool);
-    let key = st
-        .transfer
-        .lock()
+    let key = session(&st)?
         .as_ref()
         .map(|s| s.key.clone())
         .ok_or_else(no_session)?;
@@ -233,7 +243,7 @@ pub(super) async fn update(State(st): State<Arc<AppState>>, body: Bytes) -> ApiR
 pub(super) async fn finish(State(st): State<Arc<AppState>>) -> ApiResult<Json<Value>> {
     gate(&st)?;
     let (key, staged, aborted) = {
-        let mut slot = st.transfer.lock();
+        let mut slot = session(&st)?;
         let s = slot.as_mut().ok_or_else(no_session)?;
         (
             s.key.clone(),
