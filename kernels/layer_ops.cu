@@ -473,6 +473,17 @@ extern "C" __global__ void __launch_bounds__(LP_THREADS) logprob_rows_f32(
   }
 }
 
+// vLLM's repetition penalty in place: entry at[i] of the flat f32 logits (the entries are
+// distinct) is divided by p[i] when positive and multiplied by it otherwise.
+extern "C" __global__ void repetition_penalty_f32(float* logits, const uint32_t* at,
+                                                  const float* p, int n) {
+  pdl_entry();
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float* v = logits + at[i];
+  *v = *v > 0.f ? *v / p[i] : *v * p[i];
+}
+
 extern "C" __global__ void argmax_merge(const float* part_v, const int* part_i, int parts,
                                         uint32_t* out) { pdl_entry();
   argmax_merge_rows(part_v, part_i, parts, out);

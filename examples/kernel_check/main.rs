@@ -253,6 +253,56 @@ fn op_checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
             2e-5,
         );
     }
+    // The repetition penalty in place against the host rule, on a copy of random logits.
+    {
+        let (n_rows, vocab) = (8usize, 151_936usize);
+        let l = (randn(&[n_rows, vocab], DType::F32, dev)? * 3.0)?;
+        let before: Vec<Vec<f32>> = l.to_vec2()?;
+        let at: Vec<u32> = (0..n_rows as u32)
+            .flat_map(|r| {
+                (0..50u32).map(move |j| r * vocab as u32 + (j * 2999 + r * 7) % vocab as u32)
+            })
+            .collect();
+        let p: Vec<f32> = (0..at.len()).map(|i| 1.1 + (i % 5) as f32 * 0.2).collect();
+        let out = l.copy()?;
+        k.repetition_penalty(
+            &out,
+            &Tensor::new(at.as_slice(), dev)?,
+            &Tensor::new(p.as_slice(), dev)?,
+        )?;
+        let after: Vec<Vec<f32>> = out.to_vec2()?;
+        let mut want = before.clone();
+        for (i, &a) in at.iter().enumerate() {
+            let (r, c) = (a as usize / vocab, a as usize % vocab);
+            let v = before[r][c];
+            want[r][c] = if v > 0.0 { v / p[i] } else { v * p[i] };
+        }
+        let wrong = want
+            .iter()
+            .flatten()
+            .zip(after.iter().flatten())
+            .filter(|(a, b)| a != b)
+            .count();
+        t.check(
+            "repetition_penalty f32 8 x 151936 (entries wrong)".to_string(),
+            wrong as f32,
+            0.0,
+        );
+        let rows: Vec<u32> = vec![5, 0, 7, 5];
+        let g: Vec<Vec<f32>> = k
+            .gather_rows_f32(&l, &Tensor::new(rows.as_slice(), dev)?)?
+            .to_vec2()?;
+        let wrong = rows
+            .iter()
+            .enumerate()
+            .filter(|(j, r)| g[*j] != before[**r as usize])
+            .count();
+        t.check(
+            "gather_rows_f32 4 of 8 rows (rows wrong)".to_string(),
+            wrong as f32,
+            0.0,
+        );
+    }
     qk_rope_checks(&k, dev, dt, t)?;
     for &(nh, nkv) in &[(16usize, 8usize), (32, 8), (16, 16), (8, 1)] {
         for (b, max_ctx, name) in [

@@ -232,6 +232,61 @@ impl CudaKernels {
         Ok(out)
     }
 
+    /// vLLM's repetition penalty on f32 logits in place: flat entries `at` (u32 `[m]`,
+    /// distinct, each below the logits' size: the caller's to check) divided by `p` (f32
+    /// `[m]`) when positive, multiplied otherwise.
+    pub fn repetition_penalty(&self, logits: &Tensor, at: &Tensor, p: &Tensor) -> Result<()> {
+        if logits.dtype() != DType::F32 || p.dtype() != DType::F32 {
+            return Err(kernel_err("repetition penalty", "logits and p must be f32"));
+        }
+        let m = at.elem_count();
+        if p.elem_count() != m {
+            return Err(kernel_err(
+                "repetition penalty",
+                "at and p differ in length",
+            ));
+        }
+        if m == 0 {
+            return Ok(());
+        }
+        let (pl, pa, pp, m32) = (self.ptr(logits)?, self.ptr(at)?, self.ptr(p)?, m as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (m.div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.launcher(&self.repetition_penalty);
+        b.arg(&pl).arg(&pa).arg(&pp).arg(&m32);
+        // SAFETY: argument types match the kernel's signature; `at` is checked by the caller.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(())
+    }
+
+    /// Rows `rows` (u32 `[R]`) of f32 `[T, n]` logits: `[R, n]`.
+    pub fn gather_rows_f32(&self, x: &Tensor, rows: &Tensor) -> Result<Tensor> {
+        if x.dtype() != DType::F32 {
+            return Err(kernel_err("gather rows f32", "x must be f32"));
+        }
+        let (_, n) = x.dims2()?;
+        let r = rows.elem_count();
+        let out = self.alloc((r, n), DType::F32)?;
+        if r == 0 {
+            return Ok(out);
+        }
+        let (px, pr, po, n32) = (self.ptr(x)?, self.ptr(rows)?, self.ptr(&out)?, n as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (r as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.launcher(&self.gather_rows_f32);
+        b.arg(&px).arg(&pr).arg(&po).arg(&n32);
+        // SAFETY: argument types match the kernel's signature; row ids are the caller's to
+        // check (rows of this step).
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(out)
+    }
+
     /// Log-probabilities of drawn tokens in one pass a row: for each `j`, row `rows[j]` of
     /// f32 `[R, n]` logits scaled by `inv_t[j]` (u32 and f32 `[m]`): its log-sum-exp and the
     /// log-softmax at token `chosen[j]` (u32 `[m]`), as f32 `[m, 2]`. Row and token ids are

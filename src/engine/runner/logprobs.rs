@@ -139,7 +139,7 @@ fn whole_on_kernels(
         let sel = if all_in_order {
             logits.clone()
         } else {
-            logits.index_select(&idx_t, 0)?
+            kern.gather_rows_f32(logits, &idx_t)?
         };
         top_k(model, &sel, kmax)?
     };

@@ -159,7 +159,7 @@ impl ModelRunner {
                     uniform: Some(0.5),
                 },
             ];
-            let logits = sampler::apply_repetition_penalty(&logits, &[(0, 1.1, &[1, 2])])?;
+            let logits = sampler::penalize(&self.model, &logits, &[(0, 1.1, &[1, 2])])?;
             for draws in [&rows[..2], &rows[..]] {
                 let l = logits.narrow(0, 0, draws.len())?;
                 let ids = self.draw_ids(&l, draws)?;
@@ -184,6 +184,16 @@ impl ModelRunner {
             ),
             Err(e) => tracing::warn!(error = %e, "warm-up of the sampling paths failed"),
         }
+    }
+
+    /// `logits` with each `(row, penalty, tokens)`'s repetition penalty applied
+    /// (`sampler::penalize`).
+    pub(crate) fn penalize(
+        &self,
+        logits: &Tensor,
+        rows: &[(usize, f32, &[u32])],
+    ) -> Result<Tensor> {
+        sampler::penalize(&self.model, logits, rows)
     }
 
     /// This rank's weights (weight updates write into them in place).

@@ -136,6 +136,44 @@ pub(crate) fn apply_repetition_penalty(
     Ok(out.reshape((n_rows, vocab))?)
 }
 
+/// [`apply_repetition_penalty`] on the engine's kernel where there is one (in place on a
+/// copy the step owns: the logits may be a CUDA graph's output buffer), candle ops elsewhere.
+pub(crate) fn penalize(
+    model: &Model,
+    logits: &Tensor,
+    rows: &[(usize, f32, &[u32])],
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if let Some(k) = &model.kernels {
+        let (n_rows, vocab) = logits.dims2()?;
+        let mut at: Vec<u32> = Vec::new();
+        let mut penalty: Vec<f32> = Vec::new();
+        for &(row, p, tokens) in rows.iter().filter(|r| r.0 < n_rows) {
+            let mut seen: Vec<u32> = tokens
+                .iter()
+                .copied()
+                .filter(|&t| (t as usize) < vocab)
+                .collect();
+            seen.sort_unstable();
+            seen.dedup();
+            at.extend(seen.iter().map(|&t| (row * vocab) as u32 + t));
+            penalty.extend(std::iter::repeat_n(p, seen.len()));
+        }
+        let out = logits.copy()?;
+        if !at.is_empty() {
+            let dev = logits.device();
+            k.repetition_penalty(
+                &out,
+                &Tensor::new(at.as_slice(), dev)?,
+                &Tensor::new(penalty.as_slice(), dev)?,
+            )?;
+        }
+        return Ok(out);
+    }
+    let _ = model;
+    apply_repetition_penalty(logits, rows)
+}
+
 /// SplitMix64: small, fast, good enough for sampling.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);

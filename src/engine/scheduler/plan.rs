@@ -230,7 +230,7 @@ impl Scheduler {
         if pen.is_empty() {
             return Ok(logits);
         }
-        crate::engine::runner::sampler::apply_repetition_penalty(&logits, &pen)
+        self.runner.penalize(&logits, &pen)
     }
 
     /// The next token of each of `rows` (indices into `running`, one per row of `logits`),
