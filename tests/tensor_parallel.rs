@@ -286,3 +286,78 @@ fn a_worker_with_other_settings_refuses_to_start_and_names_the_flag() {
         assert!(w.join().unwrap().is_err());
     }
 }
+
+/// The same config as [`tp_model`] with other weights (seed 8).
+fn tp_model_b() -> std::path::PathBuf {
+    let mut cfg = common::tiny_config();
+    cfg["num_attention_heads"] = 8.into();
+    cfg["num_key_value_heads"] = 4.into();
+    cfg["head_dim"] = 8.into();
+    common::cached_model("tp-v1-seed8", &cfg, 8)
+}
+
+/// A weight update of a tensor-parallel engine: every rank checks the directory, then writes
+/// its shard; the group then answers as one rank loaded from the new files. A broken
+/// checkpoint leaves every rank as it was; tensors in host memory are refused with the way
+/// out. Mutation that fails it: the head writing its shard without telling the workers.
+#[test]
+fn a_tensor_parallel_engine_updates_every_rank() {
+    use policy_serve::engine::{HostTensor, WeightSource};
+    let one_b = ModelRegistry::new(vec![ModelSpec::local("tp", "TP", tp_model_b())])
+        .unwrap()
+        .with_options(options());
+    let (ref_logits, ref_tokens) = run_all(&one_b);
+    let g = group(2, plain_worker);
+    let engine = g.registry.model("tp").unwrap().engine().clone();
+    let before = engine.logits(prompt(21, 1)).unwrap();
+    let broken = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        tp_model_b().join("config.json"),
+        broken.path().join("config.json"),
+    )
+    .unwrap();
+    std::fs::write(broken.path().join("model.safetensors"), b"junk").unwrap();
+    let e = g
+        .registry
+        .update_weights("tp", WeightSource::Dir(broken.path().into()), true)
+        .unwrap_err();
+    assert!(matches!(e, Error::WeightUpdate(_)), "{e}");
+    let e = engine
+        .update_weights(
+            WeightSource::Host(vec![HostTensor {
+                name: "model.norm.weight".into(),
+                dtype: candle_core::DType::F32,
+                shape: vec![32],
+                bytes: vec![0; 128],
+            }]),
+            true,
+        )
+        .wait()
+        .unwrap_err();
+    assert!(e.to_string().contains("checkpoint directory"), "{e}");
+    assert_eq!(
+        engine.logits(prompt(21, 1)).unwrap(),
+        before,
+        "refusals changed nothing"
+    );
+    let v = g
+        .registry
+        .update_weights("tp", WeightSource::Dir(tp_model_b()), true)
+        .unwrap();
+    assert_eq!(v.version, 1);
+    let (logits, tokens) = run_all(&g.registry);
+    assert_eq!(tokens, ref_tokens);
+    let mut worst = 0f32;
+    for (a, b) in logits.iter().zip(&ref_logits) {
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (x, y) in a.iter().zip(b) {
+            worst = worst.max((x - y).abs() / scale);
+        }
+    }
+    assert!(worst <= 1e-4, "relative logits error {worst}");
+    drop(engine);
+    drop(g.registry);
+    for w in g.workers {
+        assert!(w.join().unwrap().unwrap().clean_shutdown);
+    }
+}

@@ -32,6 +32,18 @@ pub enum WorkerCommand {
         /// The sequences.
         seqs: Vec<SeqCommand>,
     },
+    /// Check the weights in this directory against this rank's model (names, shapes,
+    /// dtypes: headers only); write nothing.
+    CheckWeights {
+        /// A safetensors checkpoint directory every rank can read.
+        dir: std::path::PathBuf,
+    },
+    /// Write the weights in this directory into this rank's shard, in place (after every
+    /// rank checked them).
+    UpdateWeights {
+        /// The directory checked before.
+        dir: std::path::PathBuf,
+    },
     /// Stop serving: synchronize and tear down.
     Shutdown,
 }

@@ -7,17 +7,21 @@
 //! request alone after its per-sequence retry); an error in receiving (link gone) ends the loop;
 //! then the device is synchronized and everything torn down.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::DType;
 
 use crate::engine::batch::{SeqCommand, SeqInput, check_blocks, check_seq};
 use crate::engine::device;
+use crate::engine::model::Model;
 use crate::engine::model::config::ModelConfig;
 use crate::engine::model::files::ModelFiles;
 use crate::engine::model::kv_cache::PagedKvCache;
 use crate::engine::model::loader::load_shard;
 use crate::engine::model::shard::Shard;
+use crate::engine::model::update::check_checkpoint;
+use crate::engine::model::weights::Checkpoint;
 use crate::engine::options::EngineOptions;
 use crate::engine::parallel::comm::{
     CommBackend, CommHandle, InProcessComm, RankSettings, WorkerCommand, agree,
@@ -131,6 +135,18 @@ pub fn run_worker(
                     break;
                 }
             }
+            WorkerCommand::CheckWeights { dir } | WorkerCommand::UpdateWeights { dir } => {
+                let write = matches!(cmd, WorkerCommand::UpdateWeights { .. });
+                let status = weights_from_dir(&cfg, &model, dir, write)
+                    .and_then(|()| Ok(device.synchronize()?))
+                    .map_err(|e| e.to_string());
+                if let Err(e) = &status {
+                    tracing::warn!(rank, write, error = %e, "weight update refused on this worker; staying up");
+                }
+                if comm.ack(status).is_err() {
+                    break;
+                }
+            }
             WorkerCommand::Forward { step, tokens, seqs } => {
                 report.commands += 1;
                 let status = if options.fail_command.as_ref().is_some_and(|f| f(&cmd)) {
@@ -166,6 +182,21 @@ pub fn run_worker(
     device.synchronize()?;
     tracing::info!(rank, ?report, "worker stopped");
     Ok(report)
+}
+
+/// Checks (and with `write`, writes into this rank's shard) the weights of checkpoint
+/// directory `dir`, as the head does with its own.
+fn weights_from_dir(cfg: &ModelConfig, model: &Model, dir: &Path, write: bool) -> Result<()> {
+    let q = &model.qwen3;
+    let files = crate::engine::model::files::safetensors_in(dir)?;
+    let ck = Checkpoint::open("worker", &files, q.dtype(), q.device())?;
+    let table = check_checkpoint(cfg, &ck, q.tied())?;
+    if write {
+        for (name, shape) in &table {
+            q.set_weight(cfg, name, &ck.get(name, shape)?)?;
+        }
+    }
+    Ok(())
 }
 
 /// Checks a step's sequences against this rank's KV geometry before any collective.

@@ -117,8 +117,9 @@ pub(super) struct InFlight {
 
 /// New weights, checked (every name, shape, dtype and byte count) and not written yet.
 pub(crate) enum CheckedWeights {
-    /// A checkpoint on disk: the table of tensors to write, in order.
-    Dir(Checkpoint, Vec<(String, Vec<usize>)>),
+    /// A checkpoint on disk (its directory, for the other ranks), the table of tensors to
+    /// write, in order.
+    Dir(std::path::PathBuf, Checkpoint, Vec<(String, Vec<usize>)>),
     /// Tensors in host memory.
     Host(Vec<HostTensor>),
 }

@@ -17,6 +17,7 @@ use crate::engine::handle::Replier;
 use crate::engine::model::config::ModelConfig;
 use crate::engine::model::update::{check_checkpoint, check_tensor};
 use crate::engine::model::weights::Checkpoint;
+use crate::engine::parallel::comm::WorkerCommand;
 use crate::engine::request::FinishReason;
 use crate::engine::update::{WeightSource, WeightsVersion, content_digest};
 use crate::error::{Error, Result};
@@ -41,9 +42,9 @@ impl Scheduler {
             Err(Error::WeightUpdate(
                 "another weight update is in progress; retry when it has finished".into(),
             ))
-        } else if self.info.world_size > 1 {
+        } else if self.info.world_size > 1 && matches!(source, WeightSource::Host(_)) {
             Err(Error::WeightUpdate(format!(
-                "this engine spans {} tensor-parallel ranks and weight updates run on one rank only for now; serve the model with --world-size 1 to update it in place",
+                "this engine spans {} tensor-parallel ranks: tensors in host memory reach one-rank engines only; give a checkpoint directory every rank can read (WeightSource::Dir, POST /v1/models/{{key}}/weights)",
                 self.info.world_size
             )))
         } else {
@@ -87,7 +88,8 @@ impl Scheduler {
                 }
                 let ck = Checkpoint::open(&self.info.key, &files, model.dtype(), model.device())?;
                 let table = check_checkpoint(cfg, &ck, model.tied())?;
-                Ok(CheckedWeights::Dir(ck, table))
+                self.on_workers(WorkerCommand::CheckWeights { dir: dir.clone() })?;
+                Ok(CheckedWeights::Dir(dir, ck, table))
             }
             WeightSource::Host(tensors) => {
                 for t in &tensors {
@@ -164,13 +166,35 @@ impl Scheduler {
         self.publish_stats();
     }
 
+    /// Runs `cmd` on every worker rank (none: nothing to do); the first refusal names its
+    /// rank.
+    fn on_workers(&self, cmd: WorkerCommand) -> Result<()> {
+        let Some(comm) = self.runner.comm() else {
+            return Ok(());
+        };
+        let acks = comm.send_command(&cmd, self.opts.worker_timeout)?;
+        for (i, a) in acks.into_iter().enumerate() {
+            if let Err(reason) = a {
+                return Err(Error::WeightUpdate(format!("rank {}: {reason}", i + 1)));
+            }
+        }
+        Ok(())
+    }
+
     /// Writes checked weights into the model and makes them the serving version.
     fn apply_update(&mut self, weights: CheckedWeights) -> Result<WeightsVersion> {
         let cfg = self.cfg.clone();
         let model = self.runner.qwen3();
         let digest = match weights {
-            CheckedWeights::Dir(ck, table) => {
+            CheckedWeights::Dir(dir, ck, table) => {
                 let digest = ck.digest()?;
+                // Every rank checked these files: the workers write their shards first.
+                self.on_workers(WorkerCommand::UpdateWeights { dir })
+                    .map_err(|e| {
+                        Error::WeightUpdate(format!(
+                            "{e}; the ranks may now hold different weights: restart the server"
+                        ))
+                    })?;
                 for (name, shape) in &table {
                     model.set_weight(&cfg, name, &ck.get(name, shape)?)?;
                 }
