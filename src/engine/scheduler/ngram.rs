@@ -15,6 +15,8 @@ pub(crate) struct NgramIndex {
     ends: Vec<HashMap<u64, u32>>,
     /// N-grams ending before this position are indexed.
     indexed: usize,
+    /// N-grams inserted so far (the index's whole work: each position once per length).
+    pub(crate) inserted: u64,
 }
 
 fn hash(tokens: &[u32]) -> u64 {
@@ -30,6 +32,7 @@ impl NgramIndex {
             max,
             ends: (min..=max).map(|_| HashMap::new()).collect(),
             indexed: 0,
+            inserted: 0,
         }
     }
 
@@ -41,6 +44,7 @@ impl NgramIndex {
             for (k, n) in (self.min..=self.max).enumerate() {
                 if end + 1 >= n {
                     self.ends[k].insert(hash(&tokens[end + 1 - n..=end]), end as u32);
+                    self.inserted += 1;
                 }
             }
         }

@@ -95,6 +95,34 @@ mod tests {
         assert_eq!(ix.propose(&t, 4), vec![152, 153, 154, 155]);
     }
 
+    /// A 32k-token transcript growing token by token: each position is indexed once per
+    /// length (the work of a step does not grow with the transcript), and a repeat far back
+    /// is still found.
+    #[test]
+    fn a_32k_transcript_costs_each_step_only_its_new_token() {
+        let mut ix = NgramIndex::new(2, 4);
+        let mut t: Vec<u32> = (0..32_000u32)
+            .map(|i| i.wrapping_mul(2_654_435_761) % 150_000)
+            .collect();
+        ix.propose(&t, 4);
+        let after_prompt = ix.inserted;
+        // Ends 0..31_998 (before the last token); an n-gram needs n - 1 tokens before its end.
+        assert_eq!(after_prompt, (31_999 - 1) + (31_999 - 2) + (31_999 - 3));
+        for step in 0..200 {
+            t.push(t[100 + step]);
+            let before = ix.inserted;
+            let d = ix.propose(&t, 4);
+            assert_eq!(
+                ix.inserted - before,
+                3,
+                "step {step}: one new position, three lengths"
+            );
+            if step >= 3 {
+                assert_eq!(d, t[101 + step..105 + step].to_vec(), "step {step}");
+            }
+        }
+    }
+
     #[test]
     fn drafts_are_kept_while_they_equal_the_models_choice() {
         assert_eq!(verified(&[5, 6, 7], &[5, 6, 9, 1]), vec![5, 6, 9]);
