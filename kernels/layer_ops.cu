@@ -424,13 +424,13 @@ extern "C" __global__ void __launch_bounds__(FULL_THREADS) sample_full_f32(
 
 // Log-probabilities of drawn tokens, one pass over each row: for output j, row rows[j] of
 // f32 logits scaled by inv_t[j]: out[2j] = its log-sum-exp, out[2j+1] = the log-softmax at
-// token chosen[j]. Per thread an online (max, sum of exp) over a strided slice, then a block
+// the token drawn from that row, ids[rows[j]] (the draw's output, still on the device). Per thread an online (max, sum of exp) over a strided slice, then a block
 // merge of the pairs. Non-finite logits carry no mass (as -inf does in a softmax).
 constexpr int LP_THREADS = 512;
 
 extern "C" __global__ void __launch_bounds__(LP_THREADS) logprob_rows_f32(
     const float* logits, int n, const uint32_t* rows, const float* inv_t,
-    const uint32_t* chosen, float* out) {
+    const uint32_t* ids, float* out) {
   pdl_entry();
   __shared__ float s_m[LP_THREADS];
   __shared__ float s_s[LP_THREADS];
@@ -469,7 +469,7 @@ extern "C" __global__ void __launch_bounds__(LP_THREADS) logprob_rows_f32(
   if (tid == 0) {
     const float lse = s_m[0] + logf(s_s[0]);
     out[2 * j] = lse;
-    out[2 * j + 1] = x[chosen[j]] * it - lse;
+    out[2 * j + 1] = x[ids[rows[j]]] * it - lse;
   }
 }
 

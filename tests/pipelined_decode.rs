@@ -410,3 +410,58 @@ fn soak_random_workloads_pipelined_equal_unpipelined() {
     }
     assert!(preempted > 0, "the small pools never preempted");
 }
+
+/// Requests with whole-vocabulary log-probs (greedy and sampled, what RL trainers ask) run
+/// pipelined: their log-probs travel with the ids, and equal unpipelined decode's, also for
+/// sequences that end (EOS, the cap) behind a launched step; rows with a cut distribution
+/// (top-k) keep stepping unpipelined. Mutations that fail it: attaching a row's log-prob to
+/// the wrong sequence, keeping the log-prob of a dropped row (one too many).
+#[test]
+fn log_probs_travel_with_pipelined_steps_and_equal_unpipelined_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, _eos) = model_with_eos_mid_answer(&tmp);
+    let (_r0, plain) = engine(&dir, false);
+    let (_r1, piped) = engine(&dir, true);
+    let requests = |top_k: Option<usize>| {
+        (0..8)
+            .map(|i| {
+                let mut r = request(i);
+                r.logprobs = Some(i % 3);
+                if i % 2 == 1 {
+                    r = r.sampling(SamplingParams {
+                        temperature: 0.8,
+                        top_k,
+                        seed: 40 + i as u64,
+                        ..SamplingParams::greedy()
+                    });
+                }
+                r
+            })
+            .collect::<Vec<_>>()
+    };
+    let want = run_all(&plain, requests(None));
+    let got = run_all(&piped, requests(None));
+    same(&got, &want);
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        let (a, b) = (a.logprobs.as_ref().unwrap(), b.logprobs.as_ref().unwrap());
+        assert_eq!(a.len(), b.len(), "request {i}: one log-prob a token");
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!(
+                (x.token, x.top.len()),
+                (y.token, y.top.len()),
+                "request {i}"
+            );
+            assert!((x.logprob - y.logprob).abs() < 1e-4, "request {i}");
+            for ((t1, v1), (t2, v2)) in x.top.iter().zip(&y.top) {
+                assert!(t1 == t2 && (v1 - v2).abs() < 1e-4, "request {i}");
+            }
+        }
+    }
+    let launched = piped.stats().pipelined_steps;
+    assert!(launched > 5, "log-prob steps were pipelined: {launched}");
+    // With top-k (a cut distribution) the sampled rows keep the batch unpipelined.
+    let before = piped.stats().pipelined_steps;
+    let got = run_all(&piped, requests(Some(5)));
+    same(&got, &run_all(&plain, requests(Some(5))));
+    assert_eq!(piped.stats().pipelined_steps, before);
+}

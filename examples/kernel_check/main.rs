@@ -217,15 +217,17 @@ fn op_checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
         let inv_t: Vec<f32> = (0..48)
             .map(|j| 1.0 / (0.5 + (j % 11) as f32 / 10.0))
             .collect();
-        let chosen: Vec<u32> = (0..48u32)
-            .map(|j| (j * 7919 + 1) % vocab as u32 / 97 * 97 + 1)
+        // The token drawn from each logits row (as the draw leaves them on the device).
+        let ids: Vec<u32> = (0..n_rows as u32)
+            .map(|r| (r * 7919 + 1) % vocab as u32 / 97 * 97 + 1)
             .collect();
+        let chosen: Vec<u32> = pick.iter().map(|&r| ids[r as usize]).collect();
         let got: Vec<Vec<f32>> = k
             .logprob_rows(
                 &l,
                 &Tensor::new(pick.as_slice(), dev)?,
                 &Tensor::new(inv_t.as_slice(), dev)?,
-                &Tensor::new(chosen.as_slice(), dev)?,
+                &Tensor::new(ids.as_slice(), dev)?,
             )?
             .to_vec2()?;
         let mut worst = 0f64;

@@ -289,24 +289,25 @@ impl CudaKernels {
 
     /// Log-probabilities of drawn tokens in one pass a row: for each `j`, row `rows[j]` of
     /// f32 `[R, n]` logits scaled by `inv_t[j]` (u32 and f32 `[m]`): its log-sum-exp and the
-    /// log-softmax at token `chosen[j]` (u32 `[m]`), as f32 `[m, 2]`. Row and token ids are
-    /// the caller's to check (rows of this step, tokens drawn from these rows).
+    /// log-softmax at the token drawn from that row, `ids[rows[j]]` (u32 `[R]`, the draw's
+    /// output), as f32 `[m, 2]`. Row and token ids are the caller's to check (rows of this
+    /// step, tokens drawn from them).
     pub fn logprob_rows(
         &self,
         logits: &Tensor,
         rows: &Tensor,
         inv_t: &Tensor,
-        chosen: &Tensor,
+        ids: &Tensor,
     ) -> Result<Tensor> {
         if logits.dtype() != DType::F32 || inv_t.dtype() != DType::F32 {
             return Err(kernel_err("logprob rows", "logits and inv_t must be f32"));
         }
-        let (_, n) = logits.dims2()?;
+        let (r, n) = logits.dims2()?;
         let m = rows.elem_count();
-        if inv_t.elem_count() != m || chosen.elem_count() != m {
+        if inv_t.elem_count() != m || ids.elem_count() != r || ids.dtype() != DType::U32 {
             return Err(kernel_err(
                 "logprob rows",
-                "rows, inv_t and chosen differ in length",
+                "inv_t must have one value a row asked for, ids (u32) one a logits row",
             ));
         }
         let out = self.alloc((m, 2), DType::F32)?;
@@ -317,7 +318,7 @@ impl CudaKernels {
             self.ptr(logits)?,
             self.ptr(rows)?,
             self.ptr(inv_t)?,
-            self.ptr(chosen)?,
+            self.ptr(ids)?,
             self.ptr(&out)?,
         );
         let n32 = n as i32;

@@ -35,6 +35,19 @@ impl CudaKernels {
         if ids.dtype() != DType::U32 {
             return Err(kernel_err("read ids", "ids must be u32"));
         }
+        self.read_words(ids)
+    }
+
+    /// [`CudaKernels::read_ids`] for a contiguous f32 tensor: its values' bits as u32
+    /// (`f32::from_bits` on the host).
+    pub fn read_bits(&self, t: &Tensor) -> Result<PendingIds> {
+        if !matches!(t.dtype(), DType::U32 | DType::F32) {
+            return Err(kernel_err("read bits", "a u32 or f32 tensor is needed"));
+        }
+        self.read_words(t)
+    }
+
+    fn read_words(&self, ids: &Tensor) -> Result<PendingIds> {
         let n = ids.elem_count();
         let src = self.ptr(ids)?;
         let taken = {

@@ -51,9 +51,9 @@ pub(crate) fn logprobs(
     let (whole, cut): (Vec<usize>, Vec<usize>) =
         (0..rows.len()).partition(|&i| !filtered(&rows[i].params));
     #[cfg(feature = "cuda")]
-    let whole = match whole_on_kernels(model, logits, drawn, rows, &whole)? {
-        Some(done) => {
-            for (i, lp) in done {
+    let whole = match launch_on_kernels(model, logits, ids, rows, &whole)? {
+        Some(launched) => {
+            for (i, lp) in launched.finish(drawn, rows)? {
                 out[i] = Some(lp);
             }
             Vec::new()
@@ -96,43 +96,52 @@ pub(crate) fn logprobs(
     Ok(out.into_iter().flatten().collect())
 }
 
-/// The whole-vocabulary rows `whole` (indices into `rows`) on the engine's kernels: one
-/// pass a row for the log-sum-exp and the drawn token's entry (`logprob_rows_f32`), the top
-/// `k` by the device top-k of the raw logits (the same order as the scaled ones), shifted.
-/// `None` without kernels.
+/// Log-probs launched on the device and on their way to the host (the whole-vocabulary rows
+/// of a step, on the engine's kernels): read them with [`OnDevice::finish`], after the step's
+/// ids, without waiting for work queued after them (a pipelined next step).
 #[cfg(feature = "cuda")]
-fn whole_on_kernels(
+pub(crate) struct OnDevice {
+    /// Indices into the rows asked for.
+    whole: Vec<usize>,
+    inv_t: Vec<f32>,
+    /// Per row: log-sum-exp and the drawn token's log-prob (f32 bits).
+    lp: crate::engine::cuda::PendingIds,
+    /// The top `kmax` raw logits per row and their ids (f32 bits, u32), when any row asks.
+    top: Option<(
+        crate::engine::cuda::PendingIds,
+        crate::engine::cuda::PendingIds,
+        usize,
+    )>,
+}
+
+/// Launches the log-probs of rows `whole` (indices into `rows`, whole-vocabulary rows) on
+/// the engine's kernels: one pass a row for the log-sum-exp and the drawn token's entry
+/// (`logprob_rows_f32`, reading the drawn ids where the draw left them), the top `k` by the
+/// device top-k of the raw logits (the same order as the scaled ones), each queued to the
+/// host. `None` without kernels.
+#[cfg(feature = "cuda")]
+fn launch_on_kernels(
     model: &Model,
     logits: &Tensor,
-    drawn: &[u32],
+    ids: &Tensor,
     rows: &[LogprobRow],
     whole: &[usize],
-) -> Result<Option<Vec<(usize, TokenLogprob)>>> {
+) -> Result<Option<OnDevice>> {
     let Some(kern) = &model.kernels else {
         return Ok(None);
     };
-    if whole.is_empty() {
-        return Ok(Some(Vec::new()));
-    }
     let dev = logits.device();
     let idx: Vec<u32> = whole.iter().map(|&i| rows[i].row as u32).collect();
     let inv_t: Vec<f32> = whole
         .iter()
         .map(|&i| 1.0 / temperature(&rows[i].params))
         .collect();
-    let chosen: Vec<u32> = whole.iter().map(|&i| drawn[rows[i].row]).collect();
     let idx_t = Tensor::new(idx.as_slice(), dev)?;
-    let lp: Vec<Vec<f32>> = kern
-        .logprob_rows(
-            logits,
-            &idx_t,
-            &Tensor::new(inv_t.as_slice(), dev)?,
-            &Tensor::new(chosen.as_slice(), dev)?,
-        )?
-        .to_vec2()?;
+    let lp = kern.logprob_rows(logits, &idx_t, &Tensor::new(inv_t.as_slice(), dev)?, ids)?;
+    let lp = kern.read_bits(&lp)?;
     let kmax = whole.iter().map(|&i| rows[i].k).max().unwrap_or(0);
-    let top = if kmax == 0 {
-        Vec::new()
+    let top = if kmax == 0 || whole.is_empty() {
+        None
     } else {
         let all_in_order =
             idx.len() == logits.dim(0)? && idx.iter().enumerate().all(|(j, &r)| r as usize == j);
@@ -141,35 +150,120 @@ fn whole_on_kernels(
         } else {
             kern.gather_rows_f32(logits, &idx_t)?
         };
-        top_k(model, &sel, kmax)?
+        let (vals, top_ids) = kern.topk(&sel.contiguous()?, kmax)?;
+        let k = vals.dim(1)?;
+        Some((kern.read_bits(&vals)?, kern.read_bits(&top_ids)?, k))
     };
-    Ok(Some(
-        whole
+    Ok(Some(OnDevice {
+        whole: whole.to_vec(),
+        inv_t,
+        lp,
+        top,
+    }))
+}
+
+#[cfg(feature = "cuda")]
+impl OnDevice {
+    /// Waits for the launched log-probs (`drawn`: the step's ids, read) and returns them by
+    /// index into `rows`.
+    pub(crate) fn finish(
+        self,
+        drawn: &[u32],
+        rows: &[LogprobRow],
+    ) -> Result<Vec<(usize, TokenLogprob)>> {
+        let lp: Vec<f32> = self.lp.wait()?.into_iter().map(f32::from_bits).collect();
+        let top: Option<(Vec<f32>, Vec<u32>, usize)> = match self.top {
+            None => None,
+            Some((v, i, k)) => Some((
+                v.wait()?.into_iter().map(f32::from_bits).collect(),
+                i.wait()?,
+                k,
+            )),
+        };
+        Ok(self
+            .whole
             .iter()
             .enumerate()
             .map(|(j, &i)| {
-                let (lse, it) = (lp[j][0], inv_t[j]);
+                let (lse, it) = (lp[2 * j], self.inv_t[j]);
                 let k = rows[i].k;
                 let top = top
-                    .get(j)
-                    .map(|t| {
-                        t[..k.min(t.len())]
-                            .iter()
-                            .map(|&(id, v)| (id, v * it - lse))
+                    .as_ref()
+                    .map(|(v, ids, kk)| {
+                        (0..k.min(*kk))
+                            .map(|c| (ids[j * kk + c], v[j * kk + c] * it - lse))
                             .collect()
                     })
                     .unwrap_or_default();
                 (
                     i,
                     TokenLogprob {
-                        token: chosen[j],
-                        logprob: lp[j][1],
+                        token: drawn[rows[i].row],
+                        logprob: lp[2 * j + 1],
                         top,
                     },
                 )
             })
-            .collect(),
-    ))
+            .collect())
+    }
+}
+
+/// Log-probs of a step asked for before its ids are read (pipelined decode): on the device
+/// and on their way to the host, or (no kernels) computed already.
+pub(crate) enum Pending {
+    /// Computed with the ids read (the candle path).
+    Ready(Vec<TokenLogprob>),
+    /// Launched on the engine's kernels.
+    #[cfg(feature = "cuda")]
+    Device(OnDevice),
+}
+
+/// Whether a row's log-probs can be taken on the device without its logits on the host
+/// (its distribution is the whole vocabulary: no top-k / top-p / min-p cut).
+pub(crate) fn on_device(p: &SamplingParams) -> bool {
+    !filtered(p)
+}
+
+/// Starts the log-probs of `rows` (every one [`on_device`]) for the step's logits and the
+/// ids drawn from them (on the device, not read yet).
+pub(crate) fn launch(
+    model: &Model,
+    logits: &Tensor,
+    ids: &Tensor,
+    rows: &[LogprobRow],
+) -> Result<Pending> {
+    #[cfg(feature = "cuda")]
+    {
+        let all: Vec<usize> = (0..rows.len()).collect();
+        if rows.iter().all(|r| on_device(&r.params))
+            && let Some(d) = launch_on_kernels(model, logits, ids, rows, &all)?
+        {
+            return Ok(Pending::Device(d));
+        }
+    }
+    let drawn: Vec<u32> = ids.to_vec1()?;
+    Ok(Pending::Ready(logprobs(
+        model,
+        logits,
+        (ids, &drawn),
+        rows,
+    )?))
+}
+
+impl Pending {
+    /// The log-probs of the rows launched, in order, once the step's ids (`drawn`) are read.
+    pub(crate) fn finish(self, drawn: &[u32], rows: &[LogprobRow]) -> Result<Vec<TokenLogprob>> {
+        let _ = (drawn, rows);
+        match self {
+            Pending::Ready(v) => Ok(v),
+            #[cfg(feature = "cuda")]
+            Pending::Device(d) => Ok(d
+                .finish(drawn, rows)?
+                .into_iter()
+                .map(|(_, lp)| lp)
+                .collect()),
+        }
+    }
 }
 
 /// The `k` largest entries of each row of f32 `x` (`[n, vocab]`), largest first (lower id

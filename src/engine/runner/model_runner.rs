@@ -196,6 +196,17 @@ impl ModelRunner {
         sampler::penalize(&self.model, logits, rows)
     }
 
+    /// Starts the log-probs of `rows` (whole-vocabulary rows) of a step whose ids are not
+    /// read yet (pipelined decode; see `runner::logprobs::launch`).
+    pub(crate) fn launch_logprobs(
+        &self,
+        logits: &Tensor,
+        ids: &Tensor,
+        rows: &[super::logprobs::LogprobRow],
+    ) -> Result<super::logprobs::Pending> {
+        super::logprobs::launch(&self.model, logits, ids, rows)
+    }
+
     /// This rank's weights (weight updates write into them in place).
     pub(crate) fn qwen3(&self) -> &crate::engine::model::qwen3::Qwen3 {
         &self.model.qwen3

@@ -33,6 +33,7 @@ use super::seq::Planned;
 use super::seq::Seq;
 use crate::engine::batch::{LogitRows, SeqInput};
 use crate::engine::runner::GpuEvent;
+use crate::engine::runner::logprobs::{LogprobRow, Pending as PendingLogprobs, on_device};
 use crate::error::Result;
 
 impl Scheduler {
@@ -46,11 +47,12 @@ impl Scheduler {
             && plan.len() == self.running.len()
             && plan.iter().all(|p| {
                 let s = &self.running[p.index];
-                // Log-probabilities are read with the step's ids, and a repetition penalty
-                // needs every token drawn so far; such steps wait for them.
+                // Log-probabilities of a cut distribution need the logits on the host, and a
+                // repetition penalty every token drawn so far; such steps wait for them.
+                // Whole-vocabulary log-probs travel with the ids.
                 p.q_len == 1
                     && s.computed + 1 == s.tokens.len()
-                    && s.request.logprobs.is_none()
+                    && (s.request.logprobs.is_none() || on_device(&s.request.sampling))
                     && s.request.repetition_penalty.is_none_or(|p| p == 1.0)
             })
     }
@@ -80,6 +82,24 @@ impl Scheduler {
     ) -> Result<InFlight> {
         let logits = logits?.ok_or_else(no_logits)?;
         let ids = self.draw_ids(&logits, &indices(&plan))?;
+        let lp_rows: Vec<LogprobRow> = plan
+            .iter()
+            .enumerate()
+            .filter_map(|(row, p)| {
+                let r = &self.running[p.index].request;
+                r.logprobs.map(|k| LogprobRow {
+                    row,
+                    params: r.sampling,
+                    k,
+                })
+            })
+            .collect();
+        let logprobs = if lp_rows.is_empty() {
+            None
+        } else {
+            let pending = self.runner.launch_logprobs(&logits, &ids, &lp_rows)?;
+            Some((lp_rows, pending))
+        };
         let end = self.gpu_event();
         let host = self.runner.read_ids(&ids)?;
         Ok(InFlight {
@@ -87,6 +107,7 @@ impl Scheduler {
             ids,
             host,
             gpu: (start, end),
+            logprobs,
         })
     }
 
@@ -166,9 +187,16 @@ impl Scheduler {
             .collect();
         if ended.iter().any(|e| *e) {
             // Read the continuation now; keep the rows of the sequences that go on.
+            let mut next = next;
             let next_plan = next.plan.clone();
+            let logprobs = next.logprobs.take();
             match self.read(next) {
                 Ok(ids) => {
+                    if let Err(e) = self.take_logprobs(&next_plan, logprobs, &ids, &ended) {
+                        tracing::warn!(error = %e, "log-probs of a pipelined step unreadable; its sequences go on unpipelined");
+                        self.finish_done();
+                        return;
+                    }
                     let (plan, toks): (Vec<Planned>, Vec<Option<u32>>) = next_plan
                         .iter()
                         .zip(ids)
@@ -201,10 +229,15 @@ impl Scheduler {
 
     /// Reads and applies `prev`'s tokens; when they cannot be read, reruns its plan sequence
     /// by sequence (failing only the sequences that fail) and returns false.
-    fn settle_one(&mut self, prev: InFlight) -> bool {
+    fn settle_one(&mut self, mut prev: InFlight) -> bool {
         let plan = prev.plan.clone();
+        let logprobs = prev.logprobs.take();
         match self.read(prev) {
             Ok(ids) => {
+                if let Err(e) = self.take_logprobs(&plan, logprobs, &ids, &[]) {
+                    self.rerun_each(&plan, e);
+                    return false;
+                }
                 self.apply(&plan, ids.into_iter().map(Some).collect());
                 true
             }
@@ -213,6 +246,27 @@ impl Scheduler {
                 false
             }
         }
+    }
+
+    /// Gives the sequences of `plan` the log-probs of their rows (`ids`: the step's tokens,
+    /// read), skipping rows `dropped` marks (their tokens are not applied either).
+    fn take_logprobs(
+        &mut self,
+        plan: &[Planned],
+        logprobs: Option<(Vec<LogprobRow>, PendingLogprobs)>,
+        ids: &[u32],
+        dropped: &[bool],
+    ) -> Result<()> {
+        let Some((rows, pending)) = logprobs else {
+            return Ok(());
+        };
+        let lps = pending.finish(ids, &rows)?;
+        for (r, lp) in rows.iter().zip(lps) {
+            if !dropped.get(r.row).copied().unwrap_or(false) {
+                self.running[plan[r.row].index].logprobs.push(lp);
+            }
+        }
+        Ok(())
     }
 
     /// Waits for a step's tokens (and records its GPU span in the step profile).

@@ -11,6 +11,7 @@ use super::ngram::NgramIndex;
 use crate::engine::handle::{Replier, StreamSender};
 use crate::engine::model::weights::Checkpoint;
 use crate::engine::request::{Generation, GenerationRequest, TokenLogprob};
+use crate::engine::runner::logprobs::{LogprobRow, Pending as PendingLogprobs};
 use crate::engine::runner::sampler::Rng;
 use crate::engine::runner::{GpuEvent, HostIds};
 use crate::engine::update::{HostTensor, WeightSource, WeightsVersion};
@@ -113,6 +114,8 @@ pub(super) struct InFlight {
     pub(super) host: HostIds,
     /// Events around the step's GPU work (the step profile).
     pub(super) gpu: (Option<GpuEvent>, Option<GpuEvent>),
+    /// The log-probs its rows asked for (row = index into `plan`), on their way to the host.
+    pub(super) logprobs: Option<(Vec<LogprobRow>, PendingLogprobs)>,
 }
 
 /// New weights, checked (every name, shape, dtype and byte count) and not written yet.
