@@ -193,8 +193,8 @@ pub enum SpeculativeMethod {
 /// Speculative decoding: a decode step feeds each eligible sequence its last token and up
 /// to `num_tokens` drafted ones, and keeps the drafts the model's own greedy choices
 /// confirm, plus the model's next token: greedy answers are token for token those without
-/// it. Eligible now: greedy requests without log-probs or a repetition penalty (the others
-/// decode as usual in the same step). Steps with drafts run eagerly (no CUDA graph, not
+/// it. Eligible now: greedy requests without a repetition penalty (their log-probs, when
+/// asked, come from the verifying rows; the others decode as usual in the same step). Steps with drafts run eagerly (no CUDA graph, not
 /// pipelined).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpeculativeOptions {

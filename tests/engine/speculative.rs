@@ -106,8 +106,15 @@ fn greedy_answers_equal_plain_decoding_alone_and_batched() {
 #[test]
 fn the_cap_and_stop_strings_inside_a_draft_end_where_plain_decoding_ends() {
     let base = GenerationRequest::new(repetitive(3));
-    let mut reqs: Vec<GenerationRequest> =
-        (1..=12).map(|n| base.clone().max_new_tokens(n)).collect();
+    // Every third cap also asks for log-probs: one a kept token, also when the cap ends
+    // the answer inside a draft.
+    let mut reqs: Vec<GenerationRequest> = (1..=12)
+        .map(|n| {
+            let mut r = base.clone().max_new_tokens(n);
+            r.logprobs = (n % 3 == 0).then_some(1);
+            r
+        })
+        .collect();
     let (full, _) = run(options(), &[base.clone().max_new_tokens(30)]);
     let text: Vec<char> = full[0].text.chars().collect();
     // Stop strings that first complete inside token k (k = 2..=14): the text from char 3 up
@@ -144,6 +151,13 @@ fn the_cap_and_stop_strings_inside_a_draft_end_where_plain_decoding_ends() {
     let (sp, stats) = run(spec(), &reqs);
     for (i, (a, b)) in tokens(&plain).iter().zip(tokens(&sp)).enumerate() {
         assert_eq!(*a, b, "request {i}: {:?}", reqs[i].stop);
+    }
+    for (p, q) in plain.iter().zip(&sp).filter(|(p, _)| p.logprobs.is_some()) {
+        let (x, y) = (p.logprobs.as_ref().unwrap(), q.logprobs.as_ref().unwrap());
+        assert_eq!((x.len(), y.len()), (p.tokens.len(), q.tokens.len()));
+        for (a, b) in x.iter().zip(y) {
+            assert!(a.token == b.token && (a.logprob - b.logprob).abs() < 1e-4);
+        }
     }
     // The stop strings ended the answers early (else this would test nothing).
     assert!(
@@ -193,8 +207,9 @@ fn prefix_cache_hits_and_preemption_keep_the_answers() {
     }
 }
 
-/// Sampled requests, log-probs and penalties are not drafted (they decode as before, in the
-/// same steps as drafted ones), and above `max_batch` running sequences nothing is.
+/// Sampled requests and penalties are not drafted (they decode as before, in the same steps
+/// as drafted ones); greedy requests with log-probs are, and get the log-prob of each kept
+/// token from its verifying row; above `max_batch` running sequences nothing is drafted.
 #[test]
 fn ineligible_requests_and_big_batches_decode_as_before() {
     let mut reqs: Vec<GenerationRequest> = (0..3)
@@ -227,6 +242,22 @@ fn ineligible_requests_and_big_batches_decode_as_before() {
         }
     }
     assert!(stats.spec_draft_tokens > 0);
+    // The log-prob request alone: drafted, and the same log-probs.
+    let (alone, st) = run(spec(), &reqs[3..4]);
+    assert!(st.spec_accepted_tokens > 0, "{st:?}");
+    let (a, b) = (
+        alone[0].logprobs.as_ref().unwrap(),
+        plain[3].logprobs.as_ref().unwrap(),
+    );
+    assert_eq!(a.len(), alone[0].tokens.len(), "one log-prob a kept token");
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x.token, y.token);
+        assert!((x.logprob - y.logprob).abs() < 1e-4);
+        for ((t1, v1), (t2, v2)) in x.top.iter().zip(&y.top) {
+            assert!(t1 == t2 && (v1 - v2).abs() < 1e-3 * v1.abs().max(1.0));
+        }
+    }
     let small = EngineOptions {
         speculative: Some(SpeculativeOptions {
             max_batch: 2,

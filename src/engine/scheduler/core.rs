@@ -316,6 +316,7 @@ impl Scheduler {
             ngram: None,
             draft: Vec::new(),
             verified: Vec::new(),
+            verified_logprobs: Vec::new(),
         });
     }
 }

@@ -76,6 +76,7 @@ impl Scheduler {
     /// tokens taken.
     fn apply_verified(&mut self, i: usize, now: Instant) -> usize {
         let verified = std::mem::take(&mut self.running[i].verified);
+        let mut logprobs = std::mem::take(&mut self.running[i].verified_logprobs).into_iter();
         self.running[i].draft.clear();
         let mut taken = 0;
         for (m, t) in verified.into_iter().enumerate() {
@@ -84,6 +85,7 @@ impl Scheduler {
             s.computed += 1;
             debug_assert!(m == 0 || s.computed == s.tokens.len());
             s.tokens.push(t);
+            s.logprobs.extend(logprobs.next());
             s.first_token.get_or_insert(now);
             taken += 1;
             if s.request.ignore_eos || !self.eos.contains(&t) {

@@ -186,7 +186,12 @@ impl Scheduler {
         .into_iter();
         for lp in &lp_rows {
             let seq = &mut self.running[rows[lp.row]];
-            seq.logprobs.extend(lps.next());
+            if seq.draft.is_empty() {
+                seq.logprobs.extend(lps.next());
+            } else {
+                // A row of a step with drafts: kept with its token, if the token is.
+                seq.verified_logprobs.extend(lps.next());
+            }
         }
         if self.profile.is_some() {
             let ev_end = self.runner.gpu_event();

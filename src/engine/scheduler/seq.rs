@@ -80,6 +80,9 @@ pub(super) struct Seq {
     /// Speculative decoding: the tokens a step with drafts verified (kept drafts and the
     /// model's next token), waiting for `apply`.
     pub(super) verified: Vec<u32>,
+    /// Speculative decoding: the log-prob of each position of a step with drafts (requests
+    /// that ask), taken with the tokens `verified` keeps.
+    pub(super) verified_logprobs: Vec<TokenLogprob>,
 }
 
 impl Seq {

@@ -15,11 +15,10 @@ use super::ngram::NgramIndex;
 use super::seq::Seq;
 use crate::engine::options::SpeculativeMethod;
 
-/// Whether a sequence may decode with drafts: greedy, no log-probs, no repetition penalty.
+/// Whether a sequence may decode with drafts: greedy, no repetition penalty (log-probs are
+/// taken from the verifying step's rows, one a kept token).
 pub(super) fn eligible(s: &Seq) -> bool {
-    s.request.sampling.is_greedy()
-        && s.request.logprobs.is_none()
-        && s.request.repetition_penalty.is_none_or(|p| p == 1.0)
+    s.request.sampling.is_greedy() && s.request.repetition_penalty.is_none_or(|p| p == 1.0)
 }
 
 impl Scheduler {
@@ -40,6 +39,7 @@ impl Scheduler {
         let max_context = self.max_context;
         let s = &mut self.running[i];
         s.draft.clear();
+        s.verified_logprobs.clear();
         if !eligible(s) {
             return 0;
         }
