@@ -21,6 +21,10 @@ done
 python3 - "$OUT" <<'PY' | tee -a "$S"
 import json, sys
 a = json.load(open(f"{sys.argv[1]}/answers-plain.json")); b = json.load(open(f"{sys.argv[1]}/answers-spec.json"))
+lp = [k for k in a if k.endswith("-lp")]
+worst = max((abs(p - q) for k in lp for x, y in zip(a[k], b[k]) for p, q in zip(x, y)), default=0.0)
+print(f"log-probs with and without speculation: {len(lp)} rounds, max abs difference {worst:.2e}")
+a = {k: v for k, v in a.items() if k not in lp}
 same = sum(x == y for k in a for x, y in zip(a[k], b[k])); n = sum(len(a[k]) for k in a)
 first = [next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), None) for k in a for x, y in zip(a[k], b[k])]
 print(f"greedy answers equal with and without speculation: {same}/{n}; first difference at {[f for f in first if f is not None][:8]}")

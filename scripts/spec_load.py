@@ -7,6 +7,7 @@ token ids to OUT_JSON (to compare two servers' answers).
     python3 scripts/spec_load.py BASE MODEL OUT_JSON [BATCHES]
 """
 import json
+import os
 import random
 import sys
 import threading
@@ -17,6 +18,7 @@ base, model, out = sys.argv[1], sys.argv[2], sys.argv[3]
 batches = [int(b) for b in (sys.argv[4] if len(sys.argv) > 4 else "1,8").split(",")]
 rng = random.Random(0)
 answers = {}
+logprobs = {}
 
 
 def prompt(i):
@@ -27,10 +29,15 @@ def prompt(i):
 def ask(p, box, k):
     body = {"model": model, "prompt": p, "max_tokens": 256, "temperature": 0, "ignore_eos": True,
             "return_token_ids": True}
+    if os.environ.get("LOGPROBS"):
+        body["logprobs"] = int(os.environ["LOGPROBS"])
     req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
                                  headers={"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as r:
-        box[k] = json.loads(r.read())["choices"][0]["token_ids"]
+        c = json.loads(r.read())["choices"][0]
+        box[k] = c["token_ids"]
+        if c.get("logprobs"):
+            logprobs[k] = c["logprobs"]["token_logprobs"]
 
 
 for b in batches:
@@ -46,4 +53,7 @@ for b in batches:
         if rep == 1:
             print(f"batch {b}: {toks / dt:.0f} tok/s ({dt:.2f} s, {toks} tokens)", flush=True)
         answers[f"{b}-{rep}"] = [box[k] for k in range(b)]
+        if logprobs:
+            answers[f"{b}-{rep}-lp"] = [logprobs[k] for k in range(b)]
+            logprobs.clear()
 json.dump(answers, open(out, "w"))
