@@ -10,7 +10,9 @@
 //! Invariants: a failure (an unknown name, a wrong shape, a broken link) aborts the update,
 //! keeps the old weights serving and answers 400 with the reason, never 5xx (a client retries
 //! a 5xx after it has already broadcast); announced tensors are always received, even when
-//! the update is already refused, so a trainer in the middle of its broadcast never hangs.
+//! the update is already refused (a name the model lacks, a shape, a dtype it cannot take),
+//! so a trainer in the middle of its broadcast never hangs; only an announcement that cannot
+//! be sized (a malformed `update_info`, a dtype name torch does not have) is refused before.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -212,7 +214,13 @@ pub(super) async fn update(State(st): State<Arc<AppState>>, body: Bytes) -> ApiR
         let packed = packed_here.unwrap_or(s.packed);
         // Checked first, received anyway (the trainer is broadcasting already).
         let refused = announced.iter().find_map(|t| {
-            crate::engine::model::update::check_tensor(&cfg, &t.name, &t.shape, t.dtype).err()
+            match t.dtype {
+                Some(d) => crate::engine::model::update::check_tensor(&cfg, &t.name, &t.shape, d).err(),
+                None => Some(Error::WeightUpdate(format!(
+                    "tensor `{}`: dtype `{}` cannot be loaded into the model; send bfloat16, float16 or float32",
+                    t.name, t.torch_dtype
+                ))),
+            }
         });
         let received = s.link.receive(&announced, packed, s.buffer_bytes);
         match (refused, received) {

@@ -167,7 +167,9 @@ fn announced(bytes: &[usize]) -> Vec<Announced> {
         .enumerate()
         .map(|(i, &b)| Announced {
             name: format!("t{i}"),
-            dtype: DType::BF16,
+            torch_dtype: "bfloat16".into(),
+            dtype: Some(DType::BF16),
+            elem_bytes: 2,
             shape: vec![b / 2],
         })
         .collect()
@@ -208,14 +210,23 @@ fn packed_broadcasts_follow_vllms_layout() {
     let info = serde_json::json!({"names": ["a", "b"], "dtype_names": ["bfloat16", "float32"],
         "shapes": [[2, 3], [4]]});
     let a = parse_update_info(&info).unwrap();
-    assert_eq!((a[1].dtype, a[1].bytes()), (DType::F32, 16));
+    assert_eq!((a[1].dtype, a[1].bytes()), (Some(DType::F32), 16));
+    // A dtype the model cannot take is still sized (received, then refused) and dropped by
+    // unpack.
+    let int8 = serde_json::json!({"names": ["q", "w"], "dtype_names": ["int8", "bfloat16"],
+        "shapes": [[3], [2]]});
+    let a = parse_update_info(&int8).unwrap();
+    assert_eq!((a[0].dtype, a[0].bytes()), (None, 3));
+    let parts = unpack(&[1, 2, 3, 4, 5, 6, 7], &a).unwrap();
+    assert_eq!(parts.len(), 1);
+    assert_eq!(parts[0].bytes, vec![4, 5, 6, 7]);
     for (bad, want) in [
         (
             serde_json::json!({"names": ["a"], "dtype_names": [], "shapes": []}),
             "must match",
         ),
         (
-            serde_json::json!({"names": ["a"], "dtype_names": ["int8"], "shapes": [[1]]}),
+            serde_json::json!({"names": ["a"], "dtype_names": ["complex32"], "shapes": [[1]]}),
             "`a`: ",
         ),
         (

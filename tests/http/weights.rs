@@ -152,7 +152,7 @@ async fn new_weights_from_disk_over_http() {
         v["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("dtype `int8`"),
+            .contains("init_weight_transfer_engine first"),
         "{v}"
     );
     let (status, v) = post(

@@ -22,8 +22,13 @@ pub const DEFAULT_BUFFER_BYTES: usize = 1 << 30;
 pub struct Announced {
     /// HF name.
     pub name: String,
-    /// Element type.
-    pub dtype: DType,
+    /// Element type, as the trainer named it (`bfloat16`).
+    pub torch_dtype: String,
+    /// The element type the model can take (`None`: one it cannot, e.g. int8: such tensors
+    /// are received, so the trainer's broadcast completes, and then refused).
+    pub dtype: Option<DType>,
+    /// Bytes an element.
+    pub elem_bytes: usize,
     /// Shape.
     pub shape: Vec<usize>,
 }
@@ -31,21 +36,27 @@ pub struct Announced {
 impl Announced {
     /// Bytes on the wire.
     pub fn bytes(&self) -> usize {
-        self.shape.iter().product::<usize>() * self.dtype.size_in_bytes()
+        self.shape.iter().product::<usize>() * self.elem_bytes
     }
 }
 
-/// The candle dtype of a torch dtype name as vLLM's clients send it (`bfloat16`, also
-/// `torch.bfloat16`).
-pub fn parse_dtype(name: &str) -> Result<DType> {
-    Ok(match name.trim_start_matches("torch.") {
-        "bfloat16" => DType::BF16,
-        "float16" | "half" => DType::F16,
-        "float32" | "float" => DType::F32,
-        "float64" | "double" => DType::F64,
+/// The element size of a torch dtype name as vLLM's clients send it (`bfloat16`, also
+/// `torch.bfloat16`), and the candle dtype when the model can take it.
+pub fn parse_dtype(name: &str) -> Result<(usize, Option<DType>)> {
+    let name = name.trim_start_matches("torch.");
+    Ok(match name {
+        "bfloat16" => (2, Some(DType::BF16)),
+        "float16" | "half" => (2, Some(DType::F16)),
+        "float32" | "float" => (4, Some(DType::F32)),
+        "float64" | "double" => (8, Some(DType::F64)),
+        "bool" | "uint8" | "int8" | "float8_e4m3fn" | "float8_e5m2" | "float8_e4m3fnuz"
+        | "float8_e5m2fnuz" => (1, None),
+        "int16" | "uint16" | "short" => (2, None),
+        "int32" | "uint32" | "int" => (4, None),
+        "int64" | "uint64" | "long" => (8, None),
         other => {
             return Err(Error::WeightUpdate(format!(
-                "dtype `{other}` cannot be loaded into the model; send bfloat16, float16 or float32"
+                "dtype `{other}` is not a torch dtype this server knows the size of; send bfloat16, float16 or float32"
             )));
         }
     })
@@ -76,7 +87,8 @@ pub fn parse_update_info(info: &serde_json::Value) -> Result<Vec<Announced>> {
             let name = n
                 .as_str()
                 .ok_or_else(|| Error::WeightUpdate(format!("names[{i}] is not a string")))?;
-            let dtype = parse_dtype(d.as_str().unwrap_or_default())
+            let torch_dtype = d.as_str().unwrap_or_default().to_string();
+            let (elem_bytes, dtype) = parse_dtype(&torch_dtype)
                 .map_err(|e| Error::WeightUpdate(format!("`{name}`: {e}")))?;
             let shape = s
                 .as_array()
@@ -86,7 +98,9 @@ pub fn parse_update_info(info: &serde_json::Value) -> Result<Vec<Announced>> {
                 })?;
             Ok(Announced {
                 name: name.to_string(),
+                torch_dtype,
                 dtype,
+                elem_bytes,
                 shape,
             })
         })
@@ -127,7 +141,8 @@ pub fn chunks(tensors: &[Announced], packed: bool, buffer_bytes: usize) -> Vec<C
     out
 }
 
-/// Splits one received chunk into its tensors.
+/// Splits one received chunk into its tensors (those in a dtype the model takes: the others
+/// were refused when announced and are dropped here).
 pub fn unpack(chunk: &[u8], tensors: &[Announced]) -> Result<Vec<HostTensor>> {
     let total: usize = tensors.iter().map(Announced::bytes).sum();
     if chunk.len() != total {
@@ -139,16 +154,16 @@ pub fn unpack(chunk: &[u8], tensors: &[Announced]) -> Result<Vec<HostTensor>> {
     let mut off = 0;
     Ok(tensors
         .iter()
-        .map(|t| {
+        .filter_map(|t| {
             let n = t.bytes();
-            let bytes = chunk[off..off + n].to_vec();
+            let bytes = &chunk[off..off + n];
             off += n;
-            HostTensor {
+            Some(HostTensor {
                 name: t.name.clone(),
-                dtype: t.dtype,
+                dtype: t.dtype?,
                 shape: t.shape.clone(),
-                bytes,
-            }
+                bytes: bytes.to_vec(),
+            })
         })
         .collect())
 }
