@@ -17,6 +17,8 @@ pub(super) struct Completion {
     pub(super) prompt_tokens: usize,
     pub(super) completion_tokens: usize,
     pub(super) cached_tokens: usize,
+    /// The weights that produced it (`None`: the demo).
+    pub(super) weights_version: Option<crate::engine::WeightsVersion>,
 }
 
 /// Turns a finished generation into the OpenAI view: tool calls when the output parses into
@@ -41,6 +43,7 @@ pub(super) fn to_completion(g: &Generation, tools: &[ToolDefinition]) -> Complet
         prompt_tokens: g.prompt_tokens,
         completion_tokens: g.generated_tokens,
         cached_tokens: g.cached_prompt_tokens,
+        weights_version: Some(g.weights_version.clone()),
     }
 }
 

@@ -30,9 +30,12 @@ pub(super) struct ChunkMeta {
 
 impl ChunkMeta {
     fn chunk(&self, delta: Value, finish: Value) -> String {
+        self.chunk_value(delta, finish).to_string()
+    }
+
+    fn chunk_value(&self, delta: Value, finish: Value) -> Value {
         json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.key,
                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null}]})
-        .to_string()
     }
 
     fn opening(&self) -> String {
@@ -52,7 +55,12 @@ impl ChunkMeta {
                 Value::Null,
             ));
         }
-        out.push(self.chunk(json!({}), Value::String(c.finish.into())));
+        // The chunk with the finish reason also says which weights produced the answer.
+        let mut finish = self.chunk_value(json!({}), Value::String(c.finish.into()));
+        if let Some(v) = &c.weights_version {
+            finish["weights_version"] = json!(v);
+        }
+        out.push(finish.to_string());
         if self.include_usage {
             out.push(json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.key, "choices": [], "usage": usage(c)}).to_string());
         }

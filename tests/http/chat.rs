@@ -166,6 +166,13 @@ async fn streaming_a_model_sends_content_token_by_token_equal_to_the_whole_answe
             .next_back(),
         whole["choices"][0]["finish_reason"].as_str()
     );
+    // The chunk with the finish reason says which weights answered, as the whole answer does.
+    let last = chunks
+        .iter()
+        .rfind(|c| c["choices"][0]["finish_reason"].is_string())
+        .unwrap();
+    assert_eq!(last["weights_version"], whole["weights_version"]);
+    assert_eq!(last["weights_version"]["version"], 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
