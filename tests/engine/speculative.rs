@@ -42,6 +42,21 @@ fn run(
     (out, engine.stats())
 }
 
+/// The same tokens and log-probs, to float noise (the batch around a row differs).
+fn same_logprobs(
+    a: &[policy_serve::engine::TokenLogprob],
+    b: &[policy_serve::engine::TokenLogprob],
+) {
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x.token, y.token);
+        assert!((x.logprob - y.logprob).abs() < 1e-4);
+        for ((t1, v1), (t2, v2)) in x.top.iter().zip(&y.top) {
+            assert!(t1 == t2 && (v1 - v2).abs() < 1e-3 * v1.abs().max(1.0));
+        }
+    }
+}
+
 fn tokens(g: &[policy_serve::Generation]) -> Vec<(Vec<u32>, FinishReason, String)> {
     g.iter()
         .map(|g| (g.tokens.clone(), g.finish_reason, g.text.clone()))
@@ -155,9 +170,7 @@ fn the_cap_and_stop_strings_inside_a_draft_end_where_plain_decoding_ends() {
     for (p, q) in plain.iter().zip(&sp).filter(|(p, _)| p.logprobs.is_some()) {
         let (x, y) = (p.logprobs.as_ref().unwrap(), q.logprobs.as_ref().unwrap());
         assert_eq!((x.len(), y.len()), (p.tokens.len(), q.tokens.len()));
-        for (a, b) in x.iter().zip(y) {
-            assert!(a.token == b.token && (a.logprob - b.logprob).abs() < 1e-4);
-        }
+        same_logprobs(x, y);
     }
     // The stop strings ended the answers early (else this would test nothing).
     assert!(
@@ -228,19 +241,11 @@ fn ineligible_requests_and_big_batches_decode_as_before() {
     let (plain, _) = run(options(), &reqs);
     let (sp, stats) = run(spec(), &reqs);
     assert_eq!(tokens(&plain), tokens(&sp));
-    // The same tokens and log-probs (to float noise: the batch around the row differs).
     let (a, b) = (
         plain[3].logprobs.as_ref().unwrap(),
         sp[3].logprobs.as_ref().unwrap(),
     );
-    assert_eq!(a.len(), b.len());
-    for (x, y) in a.iter().zip(b) {
-        assert_eq!(x.token, y.token);
-        assert!((x.logprob - y.logprob).abs() < 1e-4);
-        for ((t1, v1), (t2, v2)) in x.top.iter().zip(&y.top) {
-            assert!(t1 == t2 && (v1 - v2).abs() < 1e-3 * v1.abs().max(1.0));
-        }
-    }
+    same_logprobs(a, b);
     assert!(stats.spec_draft_tokens > 0);
     // The log-prob request alone: drafted, and the same log-probs.
     let (alone, st) = run(spec(), &reqs[3..4]);
@@ -250,14 +255,7 @@ fn ineligible_requests_and_big_batches_decode_as_before() {
         plain[3].logprobs.as_ref().unwrap(),
     );
     assert_eq!(a.len(), alone[0].tokens.len(), "one log-prob a kept token");
-    assert_eq!(a.len(), b.len());
-    for (x, y) in a.iter().zip(b) {
-        assert_eq!(x.token, y.token);
-        assert!((x.logprob - y.logprob).abs() < 1e-4);
-        for ((t1, v1), (t2, v2)) in x.top.iter().zip(&y.top) {
-            assert!(t1 == t2 && (v1 - v2).abs() < 1e-3 * v1.abs().max(1.0));
-        }
-    }
+    same_logprobs(a, b);
     let small = EngineOptions {
         speculative: Some(SpeculativeOptions {
             max_batch: 2,

@@ -210,22 +210,19 @@ impl Qwen3 {
         }
     }
 
-    /// Replaces every weight with the tensors of `ck`, which must hold exactly the tensors
-    /// of a checkpoint of `cfg` (every one of [`weight_table`], nothing the model lacks).
-    /// The whole checkpoint is checked before the first write, so a refused update leaves
-    /// the weights as they were. `progress` runs once per tensor written.
-    pub fn update_from(
+    /// Writes the tensors of `ck` listed in `table` (what [`check_checkpoint`] returned for
+    /// it: the whole checkpoint was checked before this first write) into this rank's
+    /// weights, in order. A tied model whose new checkpoint also stores lm_head keeps one
+    /// matrix (the embeddings): the table does not list lm_head then.
+    pub fn write_checkpoint(
         &self,
         cfg: &ModelConfig,
         ck: &Checkpoint,
-        mut progress: impl FnMut(),
+        table: &[(String, Vec<usize>)],
     ) -> Result<()> {
-        for (name, shape) in &check_checkpoint(cfg, ck, self.tied())? {
+        for (name, shape) in table {
             self.set_weight(cfg, name, &ck.get(name, shape)?)?;
-            progress();
         }
-        // A tied model whose new checkpoint also stores lm_head keeps one matrix (the
-        // embeddings): the checkpoint's lm_head is not read.
         Ok(())
     }
 }

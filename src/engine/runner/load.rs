@@ -210,7 +210,6 @@ impl ModelRunner {
         let mut runner = ModelRunner::new(model, cache, comm, opts.worker_timeout);
         #[cfg(feature = "cuda")]
         let cuda_graph_buckets = runner.capture_graphs(graphs, opts.kernels.graph_pdl);
-        runner.warm_up(cfg.vocab_size);
         #[cfg(not(feature = "cuda"))]
         let cuda_graph_buckets = Vec::new();
         Ok(Loaded {

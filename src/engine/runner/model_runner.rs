@@ -123,69 +123,6 @@ impl ModelRunner {
         None
     }
 
-    /// Runs every step-time path that uses candle's own device kernels (the draws, the
-    /// log-probs, the repetition penalty) once on dummy logits, so that loading their modules
-    /// (on CUDA: the driver compiles candle's PTX the first time a machine sees it, seconds
-    /// per module) happens here and not in the first request that needs them. A failure is
-    /// logged and ignored: the first request would meet it again and fail alone.
-    pub(crate) fn warm_up(&self, vocab: usize) {
-        if !self.model.uses_kernels() {
-            return;
-        }
-        let t = std::time::Instant::now();
-        let run = || -> Result<()> {
-            use crate::engine::request::SamplingParams;
-            let dev = self.model.qwen3.device();
-            let logits = Tensor::zeros((3, vocab), candle_core::DType::F32, dev)?;
-            let sampled = SamplingParams {
-                temperature: 1.0,
-                ..SamplingParams::greedy()
-            };
-            let top_k = SamplingParams {
-                top_k: Some(20),
-                ..sampled
-            };
-            let rows = [
-                RowDraw {
-                    params: SamplingParams::greedy(),
-                    uniform: None,
-                },
-                RowDraw {
-                    params: sampled,
-                    uniform: Some(0.5),
-                },
-                RowDraw {
-                    params: top_k,
-                    uniform: Some(0.5),
-                },
-            ];
-            let logits = sampler::penalize(&self.model, &logits, &[(0, 1.1, &[1, 2])])?;
-            for draws in [&rows[..2], &rows[..]] {
-                let l = logits.narrow(0, 0, draws.len())?;
-                let ids = self.draw_ids(&l, draws)?;
-                let host: Vec<u32> = ids.to_vec1()?;
-                let lp: Vec<super::logprobs::LogprobRow> = draws
-                    .iter()
-                    .enumerate()
-                    .map(|(row, d)| super::logprobs::LogprobRow {
-                        row,
-                        params: d.params,
-                        k: 2,
-                    })
-                    .collect();
-                self.logprobs(&l, (&ids, &host), &lp)?;
-            }
-            Ok(())
-        };
-        match run() {
-            Ok(()) => tracing::info!(
-                ms = t.elapsed().as_millis() as u64,
-                "warm-up: the sampling, log-prob and penalty paths are loaded"
-            ),
-            Err(e) => tracing::warn!(error = %e, "warm-up of the sampling paths failed"),
-        }
-    }
-
     /// `logits` with each `(row, penalty, tokens)`'s repetition penalty applied
     /// (`sampler::penalize`).
     pub(crate) fn penalize(

@@ -98,21 +98,17 @@ pub(crate) fn draw_ids(model: &Model, logits: &Tensor, rows: &[RowDraw]) -> Resu
     Ok(Tensor::new(ids.as_slice(), logits.device())?)
 }
 
-/// vLLM's repetition penalty on f32 `[rows, vocab]` logits, where they are: for each
-/// `(row, penalty, tokens)`, the logit of every distinct token of `tokens` (the prompt and
-/// output so far) is divided by `penalty` when positive, multiplied by it otherwise. Rows not
-/// listed are left alone; nothing happens without a row.
-pub(crate) fn apply_repetition_penalty(
-    logits: &Tensor,
+/// The entries a repetition penalty touches in `[n_rows, vocab]` logits: for each
+/// `(row, penalty, tokens)` of a row that exists, the flat index of every distinct token in
+/// the vocabulary, and the penalty for it.
+fn penalty_entries(
     rows: &[(usize, f32, &[u32])],
-) -> Result<Tensor> {
-    let (n_rows, vocab) = logits.dims2()?;
+    n_rows: usize,
+    vocab: usize,
+) -> (Vec<u32>, Vec<f32>) {
     let mut at: Vec<u32> = Vec::new();
     let mut penalty: Vec<f32> = Vec::new();
-    for &(row, p, tokens) in rows {
-        if row >= n_rows {
-            continue;
-        }
+    for &(row, p, tokens) in rows.iter().filter(|r| r.0 < n_rows) {
         let mut seen: Vec<u32> = tokens
             .iter()
             .copied()
@@ -123,6 +119,19 @@ pub(crate) fn apply_repetition_penalty(
         at.extend(seen.iter().map(|&t| (row * vocab) as u32 + t));
         penalty.extend(std::iter::repeat_n(p, seen.len()));
     }
+    (at, penalty)
+}
+
+/// vLLM's repetition penalty on f32 `[rows, vocab]` logits, where they are: for each
+/// `(row, penalty, tokens)`, the logit of every distinct token of `tokens` (the prompt and
+/// output so far) is divided by `penalty` when positive, multiplied by it otherwise. Rows not
+/// listed are left alone; nothing happens without a row.
+pub(crate) fn apply_repetition_penalty(
+    logits: &Tensor,
+    rows: &[(usize, f32, &[u32])],
+) -> Result<Tensor> {
+    let (n_rows, vocab) = logits.dims2()?;
+    let (at, penalty) = penalty_entries(rows, n_rows, vocab);
     if at.is_empty() {
         return Ok(logits.clone());
     }
@@ -146,19 +155,7 @@ pub(crate) fn penalize(
     #[cfg(feature = "cuda")]
     if let Some(k) = &model.kernels {
         let (n_rows, vocab) = logits.dims2()?;
-        let mut at: Vec<u32> = Vec::new();
-        let mut penalty: Vec<f32> = Vec::new();
-        for &(row, p, tokens) in rows.iter().filter(|r| r.0 < n_rows) {
-            let mut seen: Vec<u32> = tokens
-                .iter()
-                .copied()
-                .filter(|&t| (t as usize) < vocab)
-                .collect();
-            seen.sort_unstable();
-            seen.dedup();
-            at.extend(seen.iter().map(|&t| (row * vocab) as u32 + t));
-            penalty.extend(std::iter::repeat_n(p, seen.len()));
-        }
+        let (at, penalty) = penalty_entries(rows, n_rows, vocab);
         let out = logits.copy()?;
         if !at.is_empty() {
             let dev = logits.device();

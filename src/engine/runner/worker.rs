@@ -192,9 +192,7 @@ fn weights_from_dir(cfg: &ModelConfig, model: &Model, dir: &Path, write: bool) -
     let ck = Checkpoint::open("worker", &files, q.dtype(), q.device())?;
     let table = check_checkpoint(cfg, &ck, q.tied())?;
     if write {
-        for (name, shape) in &table {
-            q.set_weight(cfg, name, &ck.get(name, shape)?)?;
-        }
+        q.write_checkpoint(cfg, &ck, &table)?;
     }
     Ok(())
 }

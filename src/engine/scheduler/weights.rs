@@ -28,6 +28,15 @@ fn started(s: &Seq) -> bool {
     s.admitted.is_some()
 }
 
+/// Any error of an update as [`Error::WeightUpdate`] (a file, checkpoint or device error
+/// while checking or writing new weights is the update's, never the model's load).
+fn as_update_error(e: Error) -> Error {
+    match e {
+        Error::WeightUpdate(_) => e,
+        other => Error::WeightUpdate(other.to_string()),
+    }
+}
+
 impl Scheduler {
     /// Takes an update request: checks the new weights at once (a refusal answers without
     /// pausing anything or ending a request), then pauses admission until it is applied. A
@@ -48,10 +57,7 @@ impl Scheduler {
                 self.info.world_size
             )))
         } else {
-            self.check_update(source).map_err(|e| match e {
-                Error::WeightUpdate(_) => e,
-                other => Error::WeightUpdate(other.to_string()),
-            })
+            self.check_update(source).map_err(as_update_error)
         };
         match checked {
             Ok(weights) => {
@@ -146,10 +152,7 @@ impl Scheduler {
         self.settle();
         let u = self.update.take().expect("checked above");
         let t0 = Instant::now();
-        let result = self.apply_update(u.weights).map_err(|e| match e {
-            Error::WeightUpdate(_) => e,
-            other => Error::WeightUpdate(other.to_string()),
-        });
+        let result = self.apply_update(u.weights).map_err(as_update_error);
         match &result {
             Ok(v) => tracing::info!(
                 version = v.version,
@@ -195,9 +198,7 @@ impl Scheduler {
                             "{e}; the ranks may now hold different weights: restart the server"
                         ))
                     })?;
-                for (name, shape) in &table {
-                    model.set_weight(&cfg, name, &ck.get(name, shape)?)?;
-                }
+                model.write_checkpoint(&cfg, &ck, &table)?;
                 digest
             }
             CheckedWeights::Host(tensors) => {

@@ -1,0 +1,226 @@
+//! Launches of the kernels a step runs on its logits (`kernels/layer_ops.cu`): argmax, top-k,
+//! the draws (top-k and whole-vocabulary), the repetition penalty, the log-probs of the drawn
+//! tokens and the gather of logits rows.
+
+use candle_core::cuda_backend::WrapErr;
+use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+use candle_core::{DType, Tensor};
+
+use super::kernels::CudaKernels;
+use super::launch::kernel_err;
+use crate::error::Result;
+
+impl CudaKernels {
+    /// The index of the largest value of each row of f32 `[rows, n]` logits (ties: lowest).
+    /// Long rows (a vocabulary) are split over 32 blocks each, then merged.
+    pub fn argmax(&self, logits: &Tensor) -> Result<Tensor> {
+        if logits.dtype() != DType::F32 {
+            return Err(kernel_err("argmax", "logits must be f32"));
+        }
+        let (rows, n) = logits.dims2()?;
+        let out = self.alloc(rows, DType::U32)?;
+        if rows == 0 {
+            return Ok(out);
+        }
+        let parts = if n >= 32 * 1024 { 32usize } else { 1 };
+        let (pv, pi) = (
+            self.alloc(rows * parts, DType::F32)?,
+            self.alloc(rows * parts, DType::U32)?,
+        );
+        let (pl, po, n32) = (self.ptr(logits)?, self.ptr(&out)?, n as i32);
+        let (ppv, ppi) = (self.ptr(&pv)?, self.ptr(&pi)?);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, parts as u32, 1),
+            block_dim: (if parts == 1 { 1024 } else { 256 }, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.launcher(&self.argmax_f32);
+        b.arg(&pl).arg(&po).arg(&n32).arg(&ppv).arg(&ppi);
+        // SAFETY: argument types match the kernel's signature; buffers are sized above.
+        unsafe { b.launch(cfg) }.w()?;
+        if parts > 1 {
+            let cfg = LaunchConfig {
+                grid_dim: (rows as u32, 1, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let parts32 = parts as i32;
+            let mut b = self.launcher(&self.argmax_merge);
+            b.arg(&ppv).arg(&ppi).arg(&parts32).arg(&po);
+            // SAFETY: as above; the partials were written by the launch before, on this stream.
+            unsafe { b.launch(cfg) }.w()?;
+        }
+        Ok(out)
+    }
+
+    /// vLLM's repetition penalty on f32 logits in place: flat entries `at` (u32 `[m]`,
+    /// distinct, each below the logits' size: the caller's to check) divided by `p` (f32
+    /// `[m]`) when positive, multiplied otherwise.
+    pub fn repetition_penalty(&self, logits: &Tensor, at: &Tensor, p: &Tensor) -> Result<()> {
+        if logits.dtype() != DType::F32 || p.dtype() != DType::F32 {
+            return Err(kernel_err("repetition penalty", "logits and p must be f32"));
+        }
+        let m = at.elem_count();
+        if p.elem_count() != m {
+            return Err(kernel_err(
+                "repetition penalty",
+                "at and p differ in length",
+            ));
+        }
+        if m == 0 {
+            return Ok(());
+        }
+        let (pl, pa, pp, m32) = (self.ptr(logits)?, self.ptr(at)?, self.ptr(p)?, m as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (m.div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.launcher(&self.repetition_penalty);
+        b.arg(&pl).arg(&pa).arg(&pp).arg(&m32);
+        // SAFETY: argument types match the kernel's signature; `at` is checked by the caller.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(())
+    }
+
+    /// Rows `rows` (u32 `[R]`) of f32 `[T, n]` logits: `[R, n]` (row ids are the caller's to
+    /// check: rows of this step).
+    pub fn gather_rows_f32(&self, x: &Tensor, rows: &Tensor) -> Result<Tensor> {
+        if x.dtype() != DType::F32 {
+            return Err(kernel_err("gather rows f32", "x must be f32"));
+        }
+        let out = self.alloc((rows.elem_count(), x.dim(1)?), DType::F32)?;
+        self.gather_with(&self.gather_rows_f32, x, rows, &out)?;
+        Ok(out)
+    }
+
+    /// Log-probabilities of drawn tokens in one pass a row: for each `j`, row `rows[j]` of
+    /// f32 `[R, n]` logits scaled by `inv_t[j]` (u32 and f32 `[m]`): its log-sum-exp and the
+    /// log-softmax at the token drawn from that row, `ids[rows[j]]` (u32 `[R]`, the draw's
+    /// output), as f32 `[m, 2]`. Row and token ids are the caller's to check (rows of this
+    /// step, tokens drawn from them).
+    pub fn logprob_rows(
+        &self,
+        logits: &Tensor,
+        rows: &Tensor,
+        inv_t: &Tensor,
+        ids: &Tensor,
+    ) -> Result<Tensor> {
+        if logits.dtype() != DType::F32 || inv_t.dtype() != DType::F32 {
+            return Err(kernel_err("logprob rows", "logits and inv_t must be f32"));
+        }
+        let (r, n) = logits.dims2()?;
+        let m = rows.elem_count();
+        if inv_t.elem_count() != m || ids.elem_count() != r || ids.dtype() != DType::U32 {
+            return Err(kernel_err(
+                "logprob rows",
+                "inv_t must have one value a row asked for, ids (u32) one a logits row",
+            ));
+        }
+        let out = self.alloc((m, 2), DType::F32)?;
+        if m == 0 {
+            return Ok(out);
+        }
+        let (pl, pr, pt, pc, po) = (
+            self.ptr(logits)?,
+            self.ptr(rows)?,
+            self.ptr(inv_t)?,
+            self.ptr(ids)?,
+            self.ptr(&out)?,
+        );
+        let n32 = n as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (m as u32, 1, 1),
+            block_dim: (512, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.launcher(&self.logprob_rows);
+        b.arg(&pl).arg(&n32).arg(&pr).arg(&pt).arg(&pc).arg(&po);
+        // SAFETY: argument types match the kernel's signature; buffers are sized above.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(out)
+    }
+
+    /// The `k` largest logits of each row of f32 `[rows, n]` logits and their token ids, in
+    /// order (value descending, id ascending on ties): (`[rows, k]` f32, `[rows, k]` u32).
+    pub fn topk(&self, logits: &Tensor, k: usize) -> Result<(Tensor, Tensor)> {
+        if logits.dtype() != DType::F32 {
+            return Err(kernel_err("topk", "logits must be f32"));
+        }
+        let (rows, n) = logits.dims2()?;
+        let k = k.clamp(1, n.max(1));
+        let vals = self.alloc((rows, k), DType::F32)?;
+        let ids = self.alloc((rows, k), DType::U32)?;
+        let (pl, pv, pi) = (self.ptr(logits)?, self.ptr(&vals)?, self.ptr(&ids)?);
+        let (n32, k32) = (n as i32, k as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.launcher(&self.topk_f32);
+        b.arg(&pl).arg(&n32).arg(&k32).arg(&pv).arg(&pi);
+        // SAFETY: argument types match the kernel's signature; buffers are sized above.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok((vals, ids))
+    }
+
+    /// One token per row of f32 `logits` drawn from the whole vocabulary (no top-k or
+    /// top-p): the inverse CDF of softmax(logits / t) at the row's uniform, walked in token-id
+    /// order (`kernels/layer_ops.cu`, `sample_full_f32`). `params` as for [`Self::sample`];
+    /// a k of 1 marks a greedy row (its argmax).
+    pub fn sample_full(&self, logits: &Tensor, params: &[f32]) -> Result<Tensor> {
+        let (rows, n) = logits.dims2()?;
+        if params.len() != rows * 4 {
+            return Err(kernel_err("sample_full", "params must be 4 per row"));
+        }
+        let out = self.alloc(rows, DType::U32)?;
+        if rows == 0 {
+            return Ok(out);
+        }
+        let p = Tensor::new(params, logits.device())?;
+        let (pl, pp, po, n32) = (self.ptr(logits)?, self.ptr(&p)?, self.ptr(&out)?, n as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.launcher(&self.sample_full);
+        b.arg(&pl).arg(&n32).arg(&pp).arg(&po);
+        // SAFETY: argument types match the kernel's signature; buffers are sized above and
+        // the logits are contiguous f32 [rows, n].
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(out)
+    }
+
+    /// Draws one token per row of f32 `[rows, vocab]` logits on the device: the top `k`
+    /// candidates, then temperature / top-k / top-p and the row's uniform number, as the host
+    /// sampler does. `params` holds per row temperature, top_p, u, top_k (`[rows * 4]`); the
+    /// chosen ids are left on the device (u32 `[rows]`).
+    pub fn sample(&self, logits: &Tensor, k: usize, params: &[f32]) -> Result<Tensor> {
+        let (rows, _) = logits.dims2()?;
+        if params.len() != rows * 4 || k == 0 || k > 64 {
+            return Err(kernel_err(
+                "sample",
+                "params must be 4 per row and 1 <= k <= 64",
+            ));
+        }
+        let (vals, ids) = self.topk(logits, k)?;
+        let k = vals.dim(1)?;
+        let p = Tensor::new(params, logits.device())?;
+        let out = self.alloc(rows, DType::U32)?;
+        let ptrs = [self.ptr(&vals)?, self.ptr(&ids)?, self.ptr(&p)?];
+        let (k32, rows32, po) = (k as i32, rows as i32, self.ptr(&out)?);
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(64) as u32, 1, 1),
+            block_dim: (64, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.launcher(&self.sample_topk);
+        b.arg(&ptrs[0]).arg(&ptrs[1]).arg(&ptrs[2]);
+        b.arg(&k32).arg(&rows32).arg(&po);
+        // SAFETY: argument types match the kernel's signature; buffers are sized above.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(out)
+    }
+}
