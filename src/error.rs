@@ -92,6 +92,10 @@ pub enum Error {
     /// A caller passed an invalid argument (bad tool schema, bad message, ...).
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// A constraint (a tool's JSON schema, a response format, a grammar) that the grammar
+    /// engine cannot compile; the message names what it refused.
+    #[error("constraint refused: {0}")]
+    Grammar(String),
     /// A prompt or request that can never fit the engine's limits.
     #[error("request too large: {0}")]
     TooLarge(String),

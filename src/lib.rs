@@ -43,6 +43,7 @@ pub struct ReadmeDoctests;
 pub mod cache;
 pub mod engine;
 mod error;
+pub mod grammar;
 pub mod policy;
 pub mod registry;
 #[cfg(feature = "server")]
@@ -54,8 +55,10 @@ pub use engine::{
     CancelToken, Engine, EngineOptions, Generation, GenerationRequest, SamplingParams, TokenLogprob,
 };
 pub use error::{Error, Result};
+pub use grammar::{Grammar, GrammarCompiler, GrammarMatcher};
 pub use policy::format::{
-    ChatTemplate, Message, RenderOptions, ToolCall, ToolDefinition, parse_output,
+    ChatTemplate, Message, OutputConstraint, RenderOptions, ResponseFormat, ToolCall, ToolChoice,
+    ToolDefinition, parse_output,
 };
 pub use policy::{
     Action, DemoPolicy, EpisodeConfig, ModelPolicy, Observation, Policy, Step, StepCost,

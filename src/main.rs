@@ -16,8 +16,8 @@ use policy_serve::policy::format::{
 };
 use policy_serve::registry::resolve_files;
 use policy_serve::{
-    EpisodeConfig, Error, GenerationRequest, ModelRegistry, ModelSource, ModelSpec, SamplingParams,
-    TranscriptMode,
+    EpisodeConfig, Error, GenerationRequest, ModelRegistry, ModelSource, ModelSpec,
+    OutputConstraint, SamplingParams, ToolChoice, TranscriptMode,
 };
 
 #[derive(Parser)]
@@ -95,6 +95,10 @@ enum Command {
         /// Append-only transcript: reuse every earlier token from the prefix cache.
         #[arg(long)]
         append_only: bool,
+        /// Constrain every answer: `auto` (text or valid calls), `required` (valid calls
+        /// only), `none` (text only) or a tool's name (that call). Model policies only.
+        #[arg(long, value_name = "CHOICE")]
+        tool_choice: Option<String>,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -251,6 +255,7 @@ fn run(command: Command) -> Result<(), Error> {
             temperature,
             seed,
             append_only,
+            tool_choice,
             engine,
         } => {
             let tools = read_tools(&tools)?;
@@ -275,6 +280,14 @@ fn run(command: Command) -> Result<(), Error> {
                 } else {
                     TranscriptMode::Template
                 },
+                constraint: tool_choice.map(|c| {
+                    OutputConstraint::tools(match c.as_str() {
+                        "auto" => ToolChoice::Auto,
+                        "required" => ToolChoice::Required,
+                        "none" => ToolChoice::None,
+                        name => ToolChoice::Function(name.to_string()),
+                    })
+                }),
             };
             let mut policy = registry.get_policy(&model, episode)?;
             let outcome = run_episode(policy.as_mut(), task, max_steps);

@@ -117,6 +117,14 @@ pub struct GenerationRequest {
     /// log-probabilities are those of the penalized distribution. Steps with it are not
     /// pipelined.
     pub repetition_penalty: Option<f32>,
+    /// What the output may be: a grammar compiled by the engine's
+    /// [`Engine::grammar_compiler`](crate::Engine::grammar_compiler) (for tool calls and JSON
+    /// answers, `OutputConstraint::compile` in `policy::format`). Each step masks the
+    /// logits to the tokens the grammar allows, on the device, before any draw; greedy rows,
+    /// draws and log-probs all see the mask. The grammar decides where the output ends (it
+    /// allows EOS only once complete), so `min_tokens` must be 0. Steps with a constrained
+    /// row are not pipelined and such rows take no speculative drafts. `None`: unconstrained.
+    pub grammar: Option<crate::grammar::Grammar>,
 }
 
 /// Most alternatives [`GenerationRequest::logprobs`] may ask for (OpenAI's and vLLM's 20).
@@ -146,6 +154,7 @@ impl GenerationRequest {
             min_tokens: 0,
             logprobs: None,
             repetition_penalty: None,
+            grammar: None,
         }
     }
 
@@ -337,6 +346,21 @@ impl EngineInfo {
         {
             return Err(Error::InvalidInput(format!(
                 "repetition_penalty must be a finite number above 0, got {p}"
+            )));
+        }
+        if let Some(g) = &r.grammar
+            && g.vocab_size() != self.vocab_size
+        {
+            return Err(Error::InvalidInput(format!(
+                "the grammar was compiled for a vocabulary of {} tokens; this engine's model has {} (compile it with this engine's grammar_compiler)",
+                g.vocab_size(),
+                self.vocab_size
+            )));
+        }
+        if r.grammar.is_some() && r.min_tokens > 0 {
+            return Err(Error::InvalidInput(format!(
+                "min_tokens ({}) cannot be combined with a grammar: the grammar decides where the output ends",
+                r.min_tokens
             )));
         }
         if r.min_tokens > max_new {

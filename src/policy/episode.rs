@@ -2,6 +2,7 @@
 //! [`Action`] with its raw text and [`StepCost`]), the [`EpisodeConfig`] a policy is made
 //! with, and how every policy appends to its transcript.
 
+use super::format::OutputConstraint;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -135,6 +136,11 @@ pub struct EpisodeConfig {
     pub seed: Option<u64>,
     /// How the prompt of each turn is built (see [`TranscriptMode`]).
     pub transcript_mode: TranscriptMode,
+    /// What the policy's answers may be (see [`OutputConstraint`]): with
+    /// `ToolChoice::Required`, every step is one or more calls that parse and whose arguments
+    /// are valid against their tools' schemas. `None`: unconstrained (answers are parsed, and
+    /// may be `Action::Invalid`). Model policies only; the demo policy follows its script.
+    pub constraint: Option<OutputConstraint>,
 }
 
 /// How a model policy builds the prompt of each turn.
@@ -162,6 +168,12 @@ impl EpisodeConfig {
             tools,
             ..Self::default()
         }
+    }
+
+    /// Constrains the policy's answers (see [`EpisodeConfig::constraint`]).
+    pub fn constrain(mut self, constraint: OutputConstraint) -> Self {
+        self.constraint = Some(constraint);
+        self
     }
 
     /// Sets the system prompt.

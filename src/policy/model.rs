@@ -52,9 +52,14 @@ impl std::fmt::Debug for ModelPolicy {
 }
 
 impl ModelPolicy {
-    /// A fresh episode on `model`.
+    /// A fresh episode on `model`. A constraint the grammar engine cannot compile is refused
+    /// here ([`Error::Grammar`](crate::Error::Grammar), naming the tool), before any step.
     pub fn new(model: impl Into<PolicyModel>, episode: EpisodeConfig) -> Result<Self> {
         let model = Arc::new(model.into());
+        if let Some(c) = &episode.constraint {
+            let compiler = model.engine.grammar_compiler()?;
+            c.compile(compiler, &episode.tools, model.enable_thinking)?;
+        }
         let mut transcript = Vec::new();
         if let Some(sys) = &episode.system_prompt {
             transcript.push(Message::system(sys.clone()));
@@ -189,6 +194,11 @@ impl ModelPolicy {
         let ids_for_context = ids.clone();
         let mut request = GenerationRequest::new(ids).sampling(self.sampling(self.steps));
         request.max_new_tokens = self.episode.max_new_tokens;
+        if let Some(c) = &self.episode.constraint {
+            let compiler = engine.grammar_compiler()?;
+            request.grammar =
+                Some(c.compile(compiler, &self.episode.tools, self.model.enable_thinking)?);
+        }
         let generation = engine.submit(request).wait_cancellable(cancel)?;
         if self.episode.transcript_mode == TranscriptMode::AppendOnly {
             let mut ctx = ids_for_context;

@@ -88,6 +88,7 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest, p: ChatParams) -> ApiResu
         generation,
         tools,
         parse_calls,
+        constraint,
         stop,
         ignore_eos,
         min_tokens,
@@ -119,6 +120,7 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest, p: ChatParams) -> ApiResu
         )?;
         let engine = model.engine().clone();
         let ids = engine.tokenize(&prompt)?;
+        let thinking = enable_thinking.unwrap_or(spec.enable_thinking);
         let mut sampling = generation.sampling(model.generation_config(), fresh_seed);
         sampling.top_k = extras.top_k.or(sampling.top_k);
         sampling.min_p = extras.min_p;
@@ -128,6 +130,9 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest, p: ChatParams) -> ApiResu
         request.ignore_eos = ignore_eos;
         request.min_tokens = min_tokens;
         request.logprobs = logprobs;
+        if let Some(c) = &constraint {
+            request.grammar = Some(c.compile(engine.grammar_compiler()?, &tools, thinking)?);
+        }
         request.max_new_tokens = generation.max_tokens.or_else(|| {
             // No `max_tokens`: the room the prompt leaves in the context (as OpenAI and vLLM
             // do), within the server's cap; none left is refused by the check below.

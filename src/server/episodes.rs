@@ -40,7 +40,10 @@ pub(super) async fn create(
     let g = req.generation.validate(st.cfg.max_tokens_cap)?;
     let system_prompt = string_field("system_prompt", req.system_prompt.as_ref())?;
     st.check_model(&key)?;
+    let (constraint, _) =
+        super::openai::output_constraint(req.tool_choice.as_ref(), req.response_format.as_ref())?;
     let episode = EpisodeConfig {
+        constraint,
         system_prompt,
         tools: parse_tools(req.tools.as_ref())?,
         max_new_tokens: g.max_tokens,

@@ -87,6 +87,7 @@ impl From<Error> for ApiError {
                 param: Some("max_tokens"),
                 ..Self::new(StatusCode::BAD_REQUEST, "context_length_exceeded", msg)
             },
+            Error::Grammar(_) => Self::new(StatusCode::BAD_REQUEST, "invalid_constraint", msg),
             Error::InvalidInput(_)
             | Error::Template(_)
             | Error::Tokenizer(_)

@@ -1,5 +1,5 @@
 //! Launches of the kernels a step runs on its logits (`kernels/layer_ops.cu`): argmax, top-k,
-//! the draws (top-k and whole-vocabulary), the repetition penalty, the log-probs of the drawn
+//! the draws (top-k and whole-vocabulary), the repetition penalty, grammar masks, the log-probs of the drawn
 //! tokens and the gather of logits rows.
 
 use candle_core::cuda_backend::WrapErr;
@@ -79,6 +79,43 @@ impl CudaKernels {
         let mut b = self.launcher(&self.repetition_penalty);
         b.arg(&pl).arg(&pa).arg(&pp).arg(&m32);
         // SAFETY: argument types match the kernel's signature; `at` is checked by the caller.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(())
+    }
+
+    /// A grammar's masks on f32 `[T, vocab]` logits in place: mask `m` of `masks` (u32
+    /// `[M, words]`, bit `t % 32` of word `t / 32` set: token `t` allowed) applies to row
+    /// `rows[m]` (u32 `[M]`, each below `T`: the caller's to check); disallowed tokens become
+    /// -inf.
+    pub fn mask_tokens(&self, logits: &Tensor, masks: &Tensor, rows: &Tensor) -> Result<()> {
+        if logits.dtype() != DType::F32 || masks.dtype() != DType::U32 {
+            return Err(kernel_err(
+                "mask tokens",
+                "logits must be f32 and masks u32",
+            ));
+        }
+        let (_, vocab) = logits.dims2()?;
+        let (m, words) = masks.dims2()?;
+        if words * 32 < vocab || rows.elem_count() != m {
+            return Err(kernel_err(
+                "mask tokens",
+                "masks must cover the vocabulary, one row each",
+            ));
+        }
+        if m == 0 {
+            return Ok(());
+        }
+        let (pl, pm, pr) = (self.ptr(logits)?, self.ptr(masks)?, self.ptr(rows)?);
+        let (v32, w32) = (vocab as i32, words as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (vocab.div_ceil(256) as u32, m as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.launcher(&self.mask_tokens);
+        b.arg(&pl).arg(&pm).arg(&pr).arg(&v32).arg(&w32);
+        // SAFETY: argument types match the kernel's signature; shapes are checked above and
+        // the rows by the caller.
         unsafe { b.launch(cfg) }.w()?;
         Ok(())
     }

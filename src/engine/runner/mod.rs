@@ -10,6 +10,7 @@ pub mod buckets;
 pub mod graphs;
 mod load;
 pub mod logprobs;
+mod mask;
 mod model_runner;
 pub mod sampler;
 pub mod worker;

@@ -133,6 +133,15 @@ impl ModelRunner {
         sampler::penalize(&self.model, logits, rows)
     }
 
+    /// `logits` masked by each `(row, mask)` of a grammar (`runner::mask`).
+    pub(crate) fn mask_logits(
+        &self,
+        logits: &Tensor,
+        masks: &[(usize, Vec<u32>)],
+    ) -> Result<Tensor> {
+        super::mask::mask_logits(&self.model, logits, masks)
+    }
+
     /// Starts the log-probs of `rows` (whole-vocabulary rows) of a step whose ids are not
     /// read yet (pipelined decode; see `runner::logprobs::launch`).
     pub(crate) fn launch_logprobs(

@@ -9,6 +9,7 @@
 //! the failing request fails. With pipelined decode (`pipeline.rs`) a decode step is
 //! read one loop later, behind the step launched after it.
 
+use crate::grammar::Grammar;
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -293,6 +294,7 @@ impl Scheduler {
         }
         let max_new = self.info.max_new_tokens(&request);
         let seed = request.sampling.seed;
+        let request_grammar = request.grammar.as_ref().map(Grammar::matcher);
         self.waiting.push_back(Seq {
             tokens: request.prompt.clone(),
             request,
@@ -317,6 +319,8 @@ impl Scheduler {
             draft: Vec::new(),
             verified: Vec::new(),
             verified_logprobs: Vec::new(),
+            grammar: request_grammar,
+            grammar_error: None,
         });
     }
 }

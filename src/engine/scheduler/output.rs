@@ -48,6 +48,7 @@ impl Scheduler {
             s.computed += p.q_len;
             if let Some(t) = tok {
                 s.tokens.push(t);
+                take_in_grammar(s, t);
                 s.first_token.get_or_insert(now);
                 stats.generated_tokens += 1;
                 // EOS ends the text (it is not part of it). Sequences with stop strings decode
@@ -85,6 +86,7 @@ impl Scheduler {
             s.computed += 1;
             debug_assert!(m == 0 || s.computed == s.tokens.len());
             s.tokens.push(t);
+            take_in_grammar(s, t);
             s.logprobs.extend(logprobs.next());
             s.first_token.get_or_insert(now);
             taken += 1;
@@ -153,7 +155,17 @@ impl Scheduler {
     }
 
     /// Finishes sequences that hit EOS, a stop string or their cap; streams the others' text.
+    /// Fails those whose grammar refused their token.
     pub(super) fn finish_done(&mut self) {
+        let refused: Vec<(usize, Error)> = self
+            .running
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, s)| s.grammar_error.take().map(|e| (i, e)))
+            .collect();
+        if !refused.is_empty() {
+            self.fail(refused);
+        }
         let mut i = 0;
         while i < self.running.len() {
             let s = &self.running[i];
@@ -265,5 +277,16 @@ fn stream_delta(s: &mut Seq) {
     {
         sender.send(&text[*sent..safe]);
         *sent = safe;
+    }
+}
+
+/// Feeds a generated token to the sequence's grammar, if it has one (a refusal is kept for
+/// `finish_done`).
+fn take_in_grammar(s: &mut Seq, t: u32) {
+    if let Some(g) = &mut s.grammar
+        && s.grammar_error.is_none()
+        && let Err(e) = g.consume(t)
+    {
+        s.grammar_error = Some(e);
     }
 }

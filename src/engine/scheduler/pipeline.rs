@@ -48,12 +48,14 @@ impl Scheduler {
             && plan.iter().all(|p| {
                 let s = &self.running[p.index];
                 // Log-probabilities of a cut distribution need the logits on the host, and a
-                // repetition penalty every token drawn so far; such steps wait for them.
+                // repetition penalty every token drawn so far, a grammar's mask the last
+                // token; such steps wait for them.
                 // Whole-vocabulary log-probs travel with the ids.
                 p.q_len == 1
                     && s.computed + 1 == s.tokens.len()
                     && (s.request.logprobs.is_none() || on_device(&s.request.sampling))
                     && s.request.repetition_penalty.is_none_or(|p| p == 1.0)
+                    && s.grammar.is_none()
             })
     }
 

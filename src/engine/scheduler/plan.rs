@@ -163,6 +163,7 @@ impl Scheduler {
             .flat_map(|(p, &c)| std::iter::repeat_n(p.index, c))
             .collect();
         let logits = self.penalized(logits, &rows)?;
+        let logits = self.constrained(logits, &rows)?;
         let ids = self.draw_ids(&logits, &rows)?;
         let chosen: Vec<u32> = ids.to_vec1()?;
         // Rows whose request asks for log-probabilities: computed now, with the ids.
@@ -236,6 +237,38 @@ impl Scheduler {
             return Ok(logits);
         }
         self.runner.penalize(&logits, &pen)
+    }
+
+    /// `logits` masked to the tokens each constrained row's grammar allows (rows without a
+    /// grammar as they are). The masks are computed here, on CPU threads in parallel, while
+    /// the GPU still runs the step's forward; a grammar that fails fails the step (whose
+    /// sequences are then retried one by one, so only its own fails).
+    fn constrained(&mut self, logits: Tensor, rows: &[usize]) -> Result<Tensor> {
+        use rayon::prelude::*;
+        if !rows.iter().any(|&i| self.running[i].grammar.is_some()) {
+            return Ok(logits);
+        }
+        let row_of: std::collections::HashMap<usize, usize> =
+            rows.iter().enumerate().map(|(row, &i)| (i, row)).collect();
+        let mut states: Vec<(usize, &mut crate::grammar::GrammarMatcher)> = self
+            .running
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, s)| Some((*row_of.get(&i)?, s.grammar.as_mut()?)))
+            .collect();
+        let masks: Result<Vec<(usize, Vec<u32>)>> = if states.len() > 1 {
+            states
+                .par_iter_mut()
+                .map(|(row, g)| Ok((*row, g.mask()?)))
+                .collect()
+        } else {
+            states
+                .iter_mut()
+                .map(|(row, g)| Ok((*row, g.mask()?)))
+                .collect()
+        };
+        let masks = masks?;
+        self.runner.mask_logits(&logits, &masks)
     }
 
     /// The next token of each of `rows` (indices into `running`, one per row of `logits`),

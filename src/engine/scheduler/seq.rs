@@ -15,6 +15,7 @@ use crate::engine::runner::logprobs::{LogprobRow, Pending as PendingLogprobs};
 use crate::engine::runner::sampler::Rng;
 use crate::engine::runner::{GpuEvent, HostIds};
 use crate::engine::update::{HostTensor, WeightSource, WeightsVersion};
+use crate::grammar::GrammarMatcher;
 
 /// What the engine handle sends the scheduler thread.
 pub(crate) enum Command {
@@ -83,6 +84,10 @@ pub(super) struct Seq {
     /// Speculative decoding: the log-prob of each position of a step with drafts (requests
     /// that ask), taken with the tokens `verified` keeps.
     pub(super) verified_logprobs: Vec<TokenLogprob>,
+    /// A constrained request's place in its grammar (it has taken every generated token).
+    pub(super) grammar: Option<GrammarMatcher>,
+    /// Why the grammar refused a generated token (the sequence fails at the end of the step).
+    pub(super) grammar_error: Option<crate::error::Error>,
 }
 
 impl Seq {

@@ -18,7 +18,9 @@ use crate::engine::options::SpeculativeMethod;
 /// Whether a sequence may decode with drafts: greedy, no repetition penalty (log-probs are
 /// taken from the verifying step's rows, one a kept token).
 pub(super) fn eligible(s: &Seq) -> bool {
-    s.request.sampling.is_greedy() && s.request.repetition_penalty.is_none_or(|p| p == 1.0)
+    s.request.sampling.is_greedy()
+        && s.request.repetition_penalty.is_none_or(|p| p == 1.0)
+        && s.grammar.is_none()
 }
 
 impl Scheduler {

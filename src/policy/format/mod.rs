@@ -5,12 +5,14 @@
 //! tests all go through this module, so what the engine sees is byte-identical to what HF
 //! `transformers` renders for the same conversation.
 
+mod constraint;
 mod messages;
 mod parser;
 mod pycompat;
 mod template;
 mod tools;
 
+pub use constraint::{OutputConstraint, ResponseFormat, ToolChoice};
 pub use messages::{FunctionCall, Message, MessageToolCall};
 pub use parser::{
     ParsedOutput, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolCall, format_tool_calls, parse_output,

@@ -85,7 +85,7 @@ impl ChatRequest {
         let key = model_key(self.model.as_ref())?;
         let generation = self.generation.validate(max_tokens_cap)?;
         let n = samples(present(&self.n), 1, MAX_CHOICES)?;
-        self.unserved.check()?;
+        self.unserved.check(true)?;
         let stream = flag("stream", self.stream.as_ref())?;
         if stream && n > 1 {
             return Err(ApiError::field(
@@ -186,20 +186,12 @@ impl ChatRequest {
             }
         };
         let tools = parse_tools(self.tools.as_ref())?;
-        let mut parse_calls = true;
-        match self.tool_choice.as_ref() {
-            None | Some(Value::Null) => {}
-            Some(Value::String(s)) if s == "auto" => {}
-            // The tools stay in the prompt (as vLLM renders them); the answer is not parsed
-            // into calls.
-            Some(Value::String(s)) if s == "none" => parse_calls = false,
-            Some(other) => {
-                return Err(ApiError::field(
-                    "tool_choice",
-                    format!("`tool_choice` {other} is not supported; use \"auto\" or \"none\""),
-                ));
-            }
-        }
+        // With `tool_choice: "none"` the tools stay in the prompt (as vLLM renders them) and
+        // the answer is not parsed into calls.
+        let (constraint, parse_calls) = super::output_constraint(
+            self.tool_choice.as_ref(),
+            self.unserved.response_format.as_ref(),
+        )?;
         let stop = parse_stop(self.stop.as_ref())?;
         let ignore_eos = flag("ignore_eos", self.ignore_eos.as_ref())?;
         let min_tokens = min_tokens(
@@ -214,6 +206,7 @@ impl ChatRequest {
             include_usage,
             tools,
             parse_calls,
+            constraint,
             stop,
             ignore_eos,
             min_tokens,
@@ -233,7 +226,8 @@ impl ChatRequest {
 /// Request fields not served yet (see [`ChatRequest::unserved`]).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Unserved {
-    /// Structured output (`{"type": "text"}` is the default).
+    /// Structured output (`{"type": "text"}` is the default; chat completions serve
+    /// `json_object` and `json_schema`).
     #[serde(default)]
     pub response_format: Option<Value>,
     /// vLLM's guided decoding.
@@ -263,8 +257,9 @@ pub struct Unserved {
 }
 
 impl Unserved {
-    /// Refuses every field that asks for something this host does not do yet.
-    pub fn check(&self) -> ApiResult<()> {
+    /// Refuses every field that asks for something this host does not do yet
+    /// (`response_format` only where the route does not serve it).
+    pub fn check(&self, response_format_served: bool) -> ApiResult<()> {
         let default = |v: &Value| match v {
             Value::Null | Value::Bool(false) => true,
             Value::Number(n) => n.as_f64() == Some(0.0),
@@ -277,7 +272,7 @@ impl Unserved {
             (
                 "response_format",
                 &self.response_format,
-                "only {\"type\": \"text\"} is served; constrained output is not served yet",
+                "only {\"type\": \"text\"} is served on this route; /v1/chat/completions serves json_object and json_schema",
             ),
             (
                 "guided_json",
@@ -321,6 +316,9 @@ impl Unserved {
             ),
         ];
         for (param, v, why) in fields {
+            if param == "response_format" && response_format_served {
+                continue;
+            }
             if let Some(v) = v
                 && !default(v)
             {
@@ -347,6 +345,9 @@ pub struct ChatParams {
     pub tools: Vec<ToolDefinition>,
     /// Whether the answer is parsed into tool calls (not with `tool_choice: "none"`).
     pub parse_calls: bool,
+    /// What `tool_choice` / `response_format` constrain the answers to (`None`: neither
+    /// was given).
+    pub constraint: Option<crate::policy::format::OutputConstraint>,
     /// Stop strings.
     pub stop: Vec<String>,
     /// Keep generating past EOS.

@@ -241,7 +241,7 @@ impl CompletionRequest {
         if present(&self.suffix).is_some_and(|s| s.as_str() != Some("")) {
             return Err(ApiError::field("suffix", "`suffix` is not served"));
         }
-        self.unserved.check()?;
+        self.unserved.check(false)?;
         let tokens_as_ids = flag(
             "return_tokens_as_token_ids",
             self.return_tokens_as_token_ids.as_ref(),

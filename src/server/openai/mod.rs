@@ -11,6 +11,7 @@
 
 mod chat;
 mod completions;
+mod constraint;
 mod fields;
 mod requests;
 
@@ -18,6 +19,7 @@ pub use chat::{ChatParams, ChatRequest, MAX_CHOICES, Unserved};
 pub use completions::{
     CompletionParams, CompletionRequest, DEFAULT_COMPLETION_TOKENS, Prompts, parse_prompts,
 };
+pub use constraint::output_constraint;
 pub use fields::{
     Generation, GenerationFields, flag, model_key, parse, parse_stop, parse_tools, string_field,
 };

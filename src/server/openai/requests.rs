@@ -20,6 +20,12 @@ pub struct EpisodeRequest {
     /// OpenAI tools.
     #[serde(default)]
     pub tools: Option<Value>,
+    /// OpenAI's `tool_choice` for every act (constrains the answers; see chat completions).
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    /// OpenAI's `response_format` for every act.
+    #[serde(default)]
+    pub response_format: Option<Value>,
     /// `"template"` (default) or `"append_only"`.
     #[serde(default)]
     pub transcript_mode: Option<String>,

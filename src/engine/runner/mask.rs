@@ -1,0 +1,60 @@
+//! Grammar masks on a step's logits: every token a row's grammar does not allow gets logit
+//! -inf, before the repetition penalty's output reaches any draw (greedy, top-k, whole
+//! vocabulary) or the log-probs, so all of them see only allowed tokens.
+//!
+//! On the engine's kernels the masks travel as bits (u32 words, bit `t % 32` of word `t / 32`)
+//! and are applied in place on a copy the step owns (the logits may be a CUDA graph's output
+//! buffer); elsewhere with candle ops.
+
+use candle_core::Tensor;
+
+use crate::engine::model::Model;
+use crate::error::{Error, Result};
+
+/// `logits` (f32 `[rows, vocab]`) with each `(row, mask)` applied; rows without a mask as
+/// they are.
+pub(crate) fn mask_logits(
+    model: &Model,
+    logits: &Tensor,
+    masks: &[(usize, Vec<u32>)],
+) -> Result<Tensor> {
+    let (n_rows, vocab) = logits.dims2()?;
+    let words = vocab.div_ceil(32);
+    if let Some((row, m)) = masks
+        .iter()
+        .find(|(row, m)| *row >= n_rows || m.len() != words)
+    {
+        return Err(Error::Engine(format!(
+            "a grammar mask of {} words for row {row} does not fit logits [{n_rows}, {vocab}]",
+            m.len()
+        )));
+    }
+    if masks.is_empty() {
+        return Ok(logits.clone());
+    }
+    let dev = logits.device();
+    #[cfg(feature = "cuda")]
+    if let Some(k) = &model.kernels {
+        let flat: Vec<u32> = masks.iter().flat_map(|(_, m)| m.iter().copied()).collect();
+        let rows: Vec<u32> = masks.iter().map(|(row, _)| *row as u32).collect();
+        let out = logits.copy()?;
+        k.mask_tokens(
+            &out,
+            &Tensor::from_vec(flat, (masks.len(), words), dev)?,
+            &Tensor::new(rows.as_slice(), dev)?,
+        )?;
+        return Ok(out);
+    }
+    let _ = model;
+    let mut bias = vec![0f32; n_rows * vocab];
+    for (row, m) in masks {
+        let b = &mut bias[row * vocab..(row + 1) * vocab];
+        for (t, v) in b.iter_mut().enumerate() {
+            if (m[t / 32] >> (t % 32)) & 1 == 0 {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+    }
+    let bias = Tensor::from_vec(bias, (n_rows, vocab), dev)?;
+    Ok(logits.add(&bias)?)
+}
