@@ -3,6 +3,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod constrained;
 mod limits;
 mod speculative;
 mod transfer;

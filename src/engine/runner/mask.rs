@@ -46,15 +46,24 @@ pub(crate) fn mask_logits(
         return Ok(out);
     }
     let _ = model;
-    let mut bias = vec![0f32; n_rows * vocab];
+    // One byte per token (1: allowed), then a select: whole words of the mask are copied
+    // 32 bytes at a time (most words of a grammar's mask allow all or nothing).
+    let mut keep = vec![1u8; n_rows * vocab];
     for (row, m) in masks {
-        let b = &mut bias[row * vocab..(row + 1) * vocab];
-        for (t, v) in b.iter_mut().enumerate() {
-            if (m[t / 32] >> (t % 32)) & 1 == 0 {
-                *v = f32::NEG_INFINITY;
+        let row = &mut keep[row * vocab..(row + 1) * vocab];
+        for (chunk, &w) in row.chunks_mut(32).zip(m) {
+            match w {
+                u32::MAX => {}
+                0 => chunk.copy_from_slice(&[0u8; 32][..chunk.len()]),
+                w => {
+                    for (b, k) in chunk.iter_mut().enumerate() {
+                        *k = ((w >> b) & 1) as u8;
+                    }
+                }
             }
         }
     }
-    let bias = Tensor::from_vec(bias, (n_rows, vocab), dev)?;
-    Ok(logits.add(&bias)?)
+    let keep = Tensor::from_vec(keep, (n_rows, vocab), dev)?;
+    let ninf = Tensor::full(f32::NEG_INFINITY, (n_rows, vocab), dev)?;
+    Ok(keep.where_cond(logits, &ninf)?)
 }

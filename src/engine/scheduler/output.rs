@@ -48,7 +48,7 @@ impl Scheduler {
             s.computed += p.q_len;
             if let Some(t) = tok {
                 s.tokens.push(t);
-                take_in_grammar(s, t);
+                take_in_grammar(s, t, self.eos.contains(&t));
                 s.first_token.get_or_insert(now);
                 stats.generated_tokens += 1;
                 // EOS ends the text (it is not part of it). Sequences with stop strings decode
@@ -86,7 +86,7 @@ impl Scheduler {
             s.computed += 1;
             debug_assert!(m == 0 || s.computed == s.tokens.len());
             s.tokens.push(t);
-            take_in_grammar(s, t);
+            take_in_grammar(s, t, self.eos.contains(&t));
             s.logprobs.extend(logprobs.next());
             s.first_token.get_or_insert(now);
             taken += 1;
@@ -281,9 +281,12 @@ fn stream_delta(s: &mut Seq) {
 }
 
 /// Feeds a generated token to the sequence's grammar, if it has one (a refusal is kept for
-/// `finish_done`).
-fn take_in_grammar(s: &mut Seq, t: u32) {
+/// `finish_done`). An EOS token ends the sequence, not the grammar's sentence: it is not fed
+/// (a complete grammar allows it and stops; with `ignore_eos` the grammar keeps allowing only
+/// EOS).
+fn take_in_grammar(s: &mut Seq, t: u32, eos: bool) {
     if let Some(g) = &mut s.grammar
+        && !eos
         && s.grammar_error.is_none()
         && let Err(e) = g.consume(t)
     {

@@ -93,13 +93,13 @@ impl OutputConstraint {
             ToolChoice::Auto | ToolChoice::None => format!("body: answer\n{}", self.answer_rule()),
         };
         let start = if thinking {
-            "start: think? body\nthink: <think> THINK? </think> BREAK?\nTHINK: /(?s:.+)/\nBREAK: /[ \\t\\r\\n]+/\n"
+            format!(
+                "start: think? body\nthink: <think> THINK? </think> BREAK?\nTHINK: {FREE}\nBREAK: /[ \\t\\r\\n]+/\n"
+            )
         } else {
-            "start: body\n"
+            "start: body\n".to_string()
         };
-        Ok(format!(
-            "%llguidance {{}}\n{start}{body}\nTEXT: /(?s:.+)/\n"
-        ))
+        Ok(format!("%llguidance {{}}\n{start}{body}\nTEXT: {FREE}\n"))
     }
 
     fn choice_name(&self) -> String {
@@ -147,7 +147,7 @@ impl OutputConstraint {
             }
             if self.response_format.is_some() {
                 let one = format!(
-                    "%llguidance {{}}\nstart: answer\n{}\nTEXT: /(?s:.+)/\n",
+                    "%llguidance {{}}\nstart: answer\n{}\nTEXT: {FREE}\n",
                     self.answer_rule()
                 );
                 if let Err(Error::Grammar(why)) = compiler.compile(&one) {
@@ -158,6 +158,10 @@ impl OutputConstraint {
         })
     }
 }
+
+/// Free text: anything but the added tokens (which the grammar names where they belong), and
+/// never the tags spelled out of pieces (the parser would read them as tags).
+const FREE: &str = r"/(?s:.+)/ & ~/(?s:.*)<\/?(tool_call|think)>(?s:.*)/";
 
 /// Several calls, one per line.
 fn calls_rules(tools: &[ToolDefinition]) -> String {

@@ -1,0 +1,403 @@
+//! Grammar-constrained decoding through the public API: `OutputConstraint` compiled by the
+//! engine's `grammar_compiler`, carried by `GenerationRequest::grammar`. The tiny random model
+//! sampling at temperature 1 writes garbage unless constrained, which makes it the control:
+//! without the grammar almost nothing parses; with it everything does, and validates against
+//! the tools' schemas (checked by `boon`, a JSON-schema validator that is not the grammar
+//! engine).
+//!
+//! Mutations these tests catch: a mask not applied (or applied to the wrong row), a matcher
+//! not fed the sampled token, added tokens not marked special (free text could spell
+//! `<tool_call>`), the wrong separators (the parser would still read the call, but the
+//! soundness walk over `json.dumps` text fails).
+
+use policy_serve::engine::Engine;
+use policy_serve::{
+    Error, Grammar, GrammarCompiler, OutputConstraint, ResponseFormat, ToolChoice, ToolDefinition,
+    parse_output,
+};
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+use super::*;
+
+const TOOL_CALL: u32 = 151657;
+
+fn engine() -> Engine {
+    common::tiny_registry(options())
+        .model("tiny")
+        .unwrap()
+        .engine()
+        .clone()
+}
+
+/// Three tools with nested schemas: enums, bounded integers, arrays, nested objects,
+/// required and optional fields.
+pub(crate) fn tools() -> Vec<ToolDefinition> {
+    ToolDefinition::list_from_json(
+        &json!([
+            {"type": "function", "function": {"name": "query", "description": "Run a query",
+                "parameters": {"type": "object", "properties": {
+                    "table": {"type": "string", "enum": ["users", "orders", "items"]},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 100},
+                    "columns": {"type": "array", "items": {"type": "string", "enum": ["id", "name", "price"]},
+                                "minItems": 1, "maxItems": 3}},
+                    "required": ["table", "columns"], "additionalProperties": false}}},
+            {"type": "function", "function": {"name": "update", "description": "Update a row",
+                "parameters": {"type": "object", "properties": {
+                    "id": {"type": "integer", "minimum": 0, "maximum": 9999},
+                    "fields": {"type": "object", "properties": {
+                        "name": {"type": "string", "maxLength": 8},
+                        "active": {"type": "boolean"}},
+                        "required": ["active"], "additionalProperties": false}},
+                    "required": ["id", "fields"], "additionalProperties": false}}},
+            {"type": "function", "function": {"name": "answer", "description": "Answer",
+                "parameters": {"type": "object", "properties": {
+                    "value": {"type": "string", "maxLength": 10},
+                    "score": {"type": "integer", "minimum": -5, "maximum": 5}},
+                    "required": ["value"], "additionalProperties": false}}}
+        ])
+        .to_string(),
+    )
+    .unwrap()
+}
+
+fn compile(engine: &Engine, c: &OutputConstraint, tools: &[ToolDefinition]) -> Grammar {
+    c.compile(engine.grammar_compiler().unwrap(), tools, false)
+        .unwrap()
+}
+
+/// `n` sampled requests (seeds 0..n) on one prompt, each with `grammar`.
+fn sampled(engine: &Engine, grammar: Option<&Grammar>, n: u64, cap: usize) -> Vec<String> {
+    let pending: Vec<_> = (0..n)
+        .map(|seed| {
+            let mut r = GenerationRequest::new(prompt(12, 5))
+                .sampling(SamplingParams {
+                    temperature: 1.0,
+                    seed,
+                    ..SamplingParams::greedy()
+                })
+                .max_new_tokens(cap);
+            r.grammar = grammar.cloned();
+            engine.submit(r)
+        })
+        .collect();
+    pending
+        .into_iter()
+        .map(|p| p.wait().unwrap().text)
+        .collect()
+}
+
+/// Whether `args` validate against `schema` (boon, draft 2020-12).
+fn validates(schema: &Value, args: &Value) -> bool {
+    let mut schemas = boon::Schemas::new();
+    let mut compiler = boon::Compiler::new();
+    compiler
+        .add_resource("mem:///s.json", schema.clone())
+        .unwrap();
+    let id = compiler.compile("mem:///s.json", &mut schemas).unwrap();
+    schemas.validate(args, id).is_ok()
+}
+
+/// Whether `text` is one or more calls of `tools` whose arguments validate.
+fn valid_calls(text: &str, tools: &[ToolDefinition]) -> bool {
+    let p = parse_output(text, Some(tools));
+    p.error.is_none()
+        && !p.calls.is_empty()
+        && p.calls.iter().all(|c| {
+            let tool = tools.iter().find(|t| t.name() == c.name).unwrap();
+            validates(
+                &tool.function.parameters,
+                &Value::Object(c.arguments.clone()),
+            )
+        })
+}
+
+#[test]
+fn required_calls_parse_and_validate_for_200_seeds_and_do_not_without_the_grammar() {
+    let engine = engine();
+    let tools = tools();
+    let grammar = compile(
+        &engine,
+        &OutputConstraint::tools(ToolChoice::Required),
+        &tools,
+    );
+    let outs = sampled(&engine, Some(&grammar), 200, 400);
+    let bad: Vec<&String> = outs.iter().filter(|t| !valid_calls(t, &tools)).collect();
+    assert!(
+        bad.is_empty(),
+        "{} of 200 invalid, e.g. {:?}",
+        bad.len(),
+        bad.first()
+    );
+    let names: std::collections::HashSet<String> = outs
+        .iter()
+        .flat_map(|t| parse_output(t, Some(&tools)).calls)
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(
+        names.len(),
+        3,
+        "every tool is called by some seed: {names:?}"
+    );
+    // The control: the same requests unconstrained are garbage.
+    let free = sampled(&engine, None, 50, 60);
+    let ok = free.iter().filter(|t| valid_calls(t, &tools)).count();
+    assert_eq!(
+        ok, 0,
+        "unconstrained random output should not hold valid calls"
+    );
+}
+
+#[test]
+fn a_named_function_is_the_only_call() {
+    let engine = engine();
+    let tools = tools();
+    let named = OutputConstraint::tools(ToolChoice::Function("update".into()));
+    let grammar = compile(&engine, &named, &tools);
+    for text in sampled(&engine, Some(&grammar), 40, 200) {
+        let p = parse_output(&text, Some(&tools));
+        assert!(valid_calls(&text, &tools), "{text:?}");
+        assert_eq!(p.calls.len(), 1, "{text:?}");
+        assert_eq!(p.calls[0].name, "update");
+    }
+}
+
+#[test]
+fn json_answers_validate_against_the_response_schema() {
+    let engine = engine();
+    let schema = json!({"type": "object", "properties": {
+        "verdict": {"enum": ["yes", "no"]},
+        "count": {"type": "integer", "minimum": 0, "maximum": 50},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 2}},
+        "required": ["verdict", "count"], "additionalProperties": false});
+    let c = OutputConstraint::json(ResponseFormat::JsonSchema(schema.clone()));
+    let grammar = compile(&engine, &c, &[]);
+    for text in sampled(&engine, Some(&grammar), 40, 200) {
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert!(validates(&schema, &v), "{text}");
+    }
+    let object = compile(
+        &engine,
+        &OutputConstraint::json(ResponseFormat::JsonObject),
+        &[],
+    );
+    for text in sampled(&engine, Some(&object), 10, 300) {
+        // An object may be cut by the cap; every one that ended is an object.
+        if let Ok(v) = serde_json::from_str::<Value>(&text) {
+            assert!(v.is_object(), "{text}");
+        } else {
+            assert!(text.starts_with('{'), "{text:?}");
+        }
+    }
+}
+
+#[test]
+fn none_never_allows_a_call_and_auto_allows_text_or_a_call() {
+    let engine = engine();
+    let tools = tools();
+    let none = compile(&engine, &OutputConstraint::tools(ToolChoice::None), &tools);
+    let auto = compile(&engine, &OutputConstraint::tools(ToolChoice::Auto), &tools);
+    let text = engine.tokenize("Let me look that up.").unwrap();
+    let (mut n, mut a) = (none.matcher(), auto.matcher());
+    assert!(
+        a.allows(TOOL_CALL).unwrap(),
+        "auto: a call may open at once"
+    );
+    assert!(!n.allows(TOOL_CALL).unwrap());
+    for &t in &text {
+        n.consume(t).unwrap();
+        a.consume(t).unwrap();
+        assert!(!n.allows(TOOL_CALL).unwrap(), "none: never a call");
+    }
+    assert!(a.allows(TOOL_CALL).unwrap(), "auto: a call may follow text");
+    assert!(
+        n.is_complete() && a.is_complete(),
+        "text alone is a whole answer"
+    );
+    // Free text cannot spell the tag out of pieces either (the parser would read it).
+    assert_eq!(engine.tokenize("<tool_call>").unwrap(), vec![TOOL_CALL]);
+    let spelled: Vec<u32> = ["Hi ", "<", "tool", "_call", ">"]
+        .iter()
+        .flat_map(|p| engine.tokenize(p).unwrap())
+        .collect();
+    let (allowed, _) = walk(&none, &spelled);
+    assert!(
+        allowed >= 2 && allowed < spelled.len(),
+        "{allowed} of {spelled:?}"
+    );
+    // Sampled `auto` answers are text or valid calls, never a broken call.
+    let g = compile(&engine, &OutputConstraint::tools(ToolChoice::Auto), &tools);
+    for text in sampled(&engine, Some(&g), 20, 120) {
+        let p = parse_output(&text, Some(&tools));
+        assert!(
+            p.calls.is_empty() && !text.contains("<tool_call>") || valid_calls(&text, &tools),
+            "{text:?}"
+        );
+    }
+}
+
+#[test]
+fn unconstrained_requests_beside_constrained_ones_keep_their_greedy_tokens() {
+    let engine = engine();
+    let tools = tools();
+    let grammar = compile(
+        &engine,
+        &OutputConstraint::tools(ToolChoice::Required),
+        &tools,
+    );
+    let plain = |i: u32| GenerationRequest::new(prompt(10, 40 + i)).max_new_tokens(12);
+    let alone: Vec<Vec<u32>> = (0..4)
+        .map(|i| engine.generate(plain(i)).unwrap().tokens)
+        .collect();
+    let mut pending = Vec::new();
+    for i in 0..4 {
+        let mut c = plain(100 + i);
+        c.grammar = Some(grammar.clone());
+        pending.push(engine.submit(c));
+        pending.push(engine.submit(plain(i)));
+    }
+    let out: Vec<_> = pending.into_iter().map(|p| p.wait().unwrap()).collect();
+    for i in 0..4 {
+        assert_eq!(out[2 * i + 1].tokens, alone[i], "request {i}");
+        assert!(out[2 * i].text.starts_with("<tool_call>\n{\"name\": \""));
+    }
+}
+
+#[test]
+fn refusals_name_what_is_wrong() {
+    let engine = engine();
+    let compiler = engine.grammar_compiler().unwrap();
+    let mut tools = tools();
+    // A keyword the grammar engine does not implement (`not`), in the second tool.
+    let bad = ToolDefinition::from_json(
+        &json!({"type": "function", "function": {"name": "strange", "parameters": {
+            "type": "object", "properties": {"x": {"type": "string", "not": {"const": "a"}}}}}})
+        .to_string(),
+    )
+    .unwrap();
+    tools.insert(1, bad);
+    let err = OutputConstraint::tools(ToolChoice::Required)
+        .compile(compiler, &tools, false)
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Grammar(_)), "{msg}");
+    assert!(
+        msg.contains("tool `strange`") && msg.contains("not"),
+        "{msg}"
+    );
+    let err = OutputConstraint::tools(ToolChoice::Function("nope".into()))
+        .compile(compiler, &tools, false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`nope`") && err.contains("query"), "{err}");
+    let err = OutputConstraint::tools(ToolChoice::Required)
+        .compile(compiler, &[], false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("needs tools"), "{err}");
+    // A compile that takes longer than its limit is given up on.
+    let slow = GrammarCompiler::new(engine.tokenizer(), engine.info().vocab_size, 151645)
+        .unwrap()
+        .with_timeout(std::time::Duration::from_micros(1));
+    let many: Vec<String> = (0..4000)
+        .map(|i| format!("value number {i} of many"))
+        .collect();
+    let err = OutputConstraint::json(ResponseFormat::JsonSchema(json!({"enum": many})))
+        .compile(&slow, &[], false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("did not compile within"), "{err}");
+    // min_tokens would fight the grammar over where the answer ends.
+    let mut r = GenerationRequest::new(prompt(5, 1)).max_new_tokens(8);
+    r.grammar = Some(compile(
+        &engine,
+        &OutputConstraint::tools(ToolChoice::Auto),
+        &[],
+    ));
+    r.min_tokens = 2;
+    let err = engine.generate(r).unwrap_err().to_string();
+    assert!(err.contains("min_tokens"), "{err}");
+}
+
+/// Argument objects valid against the `query` tool's schema.
+fn query_args() -> impl Strategy<Value = Value> {
+    (
+        prop::sample::select(vec!["users", "orders", "items"]),
+        prop::option::of(1u32..=100),
+        prop::collection::vec(prop::sample::select(vec!["id", "name", "price"]), 1..=3),
+    )
+        .prop_map(|(table, limit, columns)| {
+            let mut m = serde_json::Map::new();
+            m.insert("table".into(), json!(table));
+            if let Some(l) = limit {
+                m.insert("limit".into(), json!(l));
+            }
+            m.insert("columns".into(), json!(columns));
+            Value::Object(m)
+        })
+}
+
+/// A call as the chat template writes it (`json.dumps` separators).
+fn call_text(args: &Value) -> String {
+    let body = json!({"name": "query", "arguments": args});
+    let text = serde_json::to_string(&body)
+        .unwrap()
+        .replace("\":", "\": ")
+        .replace(",\"", ", \"");
+    format!("<tool_call>\n{text}\n</tool_call>")
+}
+
+/// Walks `tokens` through `g`: how many tokens it allowed in a row, and whether the whole
+/// sequence was allowed and complete.
+fn walk(g: &Grammar, tokens: &[u32]) -> (usize, bool) {
+    let mut m = g.matcher();
+    for (i, &t) in tokens.iter().enumerate() {
+        if !m.allows(t).unwrap() {
+            return (i, false);
+        }
+        m.consume(t).unwrap();
+    }
+    (tokens.len(), m.is_complete())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The mask is sound and complete on these samples: a call valid against the schema is
+    /// allowed token by token and complete at its end; a mutated call is allowed to the end
+    /// exactly when it is still a valid call (parsed and validated without the grammar).
+    #[test]
+    fn the_mask_allows_exactly_the_valid_calls(
+        args in query_args(),
+        at in 0usize..200,
+        edit in prop::sample::select(vec!["\"", "}", "9", "x", " ", ", ", "\"limit\": 3, "]),
+        delete in any::<bool>(),
+    ) {
+        static ENGINE: std::sync::OnceLock<(Engine, Grammar)> = std::sync::OnceLock::new();
+        let (engine, grammar) = ENGINE.get_or_init(|| {
+            let e = engine();
+            let tools: Vec<ToolDefinition> = tools().into_iter().take(1).collect();
+            let g = compile(&e, &OutputConstraint::tools(ToolChoice::Function("query".into())), &tools);
+            (e, g)
+        });
+        let tools: Vec<ToolDefinition> = tools().into_iter().take(1).collect();
+        let text = call_text(&args);
+        let (n, ok) = walk(grammar, &engine.tokenize(&text).unwrap());
+        prop_assert!(ok, "valid call refused after {n} tokens: {text}");
+        // Mutate inside the JSON (after `<tool_call>\n`, before `\n</tool_call>`).
+        let json_start = "<tool_call>\n".len();
+        let json_end = text.len() - "\n</tool_call>".len();
+        let pos = json_start + at % (json_end - json_start);
+        let mut mutated = text.clone();
+        if delete {
+            mutated.remove(pos);
+        } else {
+            mutated.insert_str(pos, edit);
+        }
+        let still_valid = valid_calls(&mutated, &tools) && mutated == call_text(
+            &parse_output(&mutated, Some(&tools)).calls[0].arguments.clone().into(),
+        );
+        let (_, accepted) = walk(grammar, &engine.tokenize(&mutated).unwrap());
+        prop_assert_eq!(accepted, still_valid, "{}", mutated);
+    }
+}
