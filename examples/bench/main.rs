@@ -111,6 +111,10 @@ struct Args {
     /// Log the step profile every N steps (`EngineOptions::profile_steps`; 0: off).
     #[arg(long, default_value_t = 0)]
     profile_steps: u64,
+    /// Also measure decode with every row constrained to tool calls (`tool_choice`
+    /// required over tests/fixtures/tools/nested.json), printed as `constrained` rows.
+    #[arg(long)]
+    constrained: bool,
     /// The kernel switches (`--no-fused-decode`, `--no-clusters`, ...), as the CLI has them.
     #[command(flatten)]
     kernels: policy_serve::engine::KernelFlags,
@@ -167,10 +171,12 @@ fn decode_rows(
     engine: &policy_serve::Engine,
     a: &Args,
     label: &str,
+    grammar: Option<&policy_serve::Grammar>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let one = |p: Vec<u32>, n: usize| {
         let mut r = GenerationRequest::new(p).max_new_tokens(n);
         r.ignore_eos = true;
+        r.grammar = grammar.cloned();
         r
     };
     for &b in &a.batches {
@@ -332,7 +338,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if a.mixed {
         mixed_latency(&engine, a.prompt, a.prefill_chunk)?;
     }
-    decode_rows(&engine, &a, "ours")?;
+    decode_rows(&engine, &a, "ours", None)?;
+    if a.constrained {
+        let tools = policy_serve::ToolDefinition::list_from_json(&std::fs::read_to_string(
+            "tests/fixtures/tools/nested.json",
+        )?)?;
+        let t = Instant::now();
+        let grammar = policy_serve::OutputConstraint::tools(policy_serve::ToolChoice::Required)
+            .compile(engine.grammar_compiler()?, &tools, false)?;
+        println!(
+            "# grammar compiler + three-tool grammar ready in {:.0} ms",
+            t.elapsed().as_secs_f64() * 1e3
+        );
+        decode_rows(&engine, &a, "constrained", Some(&grammar))?;
+    }
     if a.compare_eager {
         // The same rows with decode steps run eagerly (no CUDA graphs), in this run.
         let eager = ModelRegistry::new(vec![ModelSpec::local("eager", "eager", &dir)])?
@@ -345,7 +364,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "# eager engine: cuda graphs {:?}",
             m.engine().info().cuda_graph_buckets
         );
-        decode_rows(m.engine(), &a, "ours-eager")?;
+        decode_rows(m.engine(), &a, "ours-eager", None)?;
     }
 
     if a.greedy_check {

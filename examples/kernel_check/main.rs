@@ -290,6 +290,38 @@ fn op_checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
             wrong as f32,
             0.0,
         );
+        // A grammar's masks (bits) on rows 6 and 1: disallowed entries -inf, the rest and
+        // the other rows untouched.
+        let words = vocab.div_ceil(32);
+        let mask_rows: Vec<u32> = vec![6, 1];
+        let masks: Vec<u32> = (0..mask_rows.len() * words)
+            .map(|i| (i as u32).wrapping_mul(2_654_435_761) ^ if i % 7 == 0 { u32::MAX } else { 0 })
+            .collect();
+        let masked = l.copy()?;
+        k.mask_tokens(
+            &masked,
+            &Tensor::from_vec(masks.clone(), (mask_rows.len(), words), dev)?,
+            &Tensor::new(mask_rows.as_slice(), dev)?,
+        )?;
+        let got: Vec<Vec<f32>> = masked.to_vec2()?;
+        let mut wrong = 0usize;
+        for (r, row) in got.iter().enumerate() {
+            let m = mask_rows.iter().position(|&x| x as usize == r);
+            for (t, &v) in row.iter().enumerate() {
+                let allowed = m.is_none_or(|m| (masks[m * words + t / 32] >> (t % 32)) & 1 == 1);
+                let want = if allowed {
+                    before[r][t]
+                } else {
+                    f32::NEG_INFINITY
+                };
+                wrong += (v != want) as usize;
+            }
+        }
+        t.check(
+            "mask_tokens f32 2 masks on 8 x 151936 (entries wrong)".to_string(),
+            wrong as f32,
+            0.0,
+        );
         let rows: Vec<u32> = vec![5, 0, 7, 5];
         let g: Vec<Vec<f32>> = k
             .gather_rows_f32(&l, &Tensor::new(rows.as_slice(), dev)?)?

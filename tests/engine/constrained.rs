@@ -30,35 +30,12 @@ fn engine() -> Engine {
         .clone()
 }
 
-/// Three tools with nested schemas: enums, bounded integers, arrays, nested objects,
-/// required and optional fields.
+/// Three tools with nested schemas (tests/fixtures/tools/nested.json, also what `bench
+/// --constrained` and the grammar bench use): enums, bounded integers, arrays, nested
+/// objects, required and optional fields.
 pub(crate) fn tools() -> Vec<ToolDefinition> {
-    ToolDefinition::list_from_json(
-        &json!([
-            {"type": "function", "function": {"name": "query", "description": "Run a query",
-                "parameters": {"type": "object", "properties": {
-                    "table": {"type": "string", "enum": ["users", "orders", "items"]},
-                    "limit": {"type": "integer", "minimum": 1, "maximum": 100},
-                    "columns": {"type": "array", "items": {"type": "string", "enum": ["id", "name", "price"]},
-                                "minItems": 1, "maxItems": 3}},
-                    "required": ["table", "columns"], "additionalProperties": false}}},
-            {"type": "function", "function": {"name": "update", "description": "Update a row",
-                "parameters": {"type": "object", "properties": {
-                    "id": {"type": "integer", "minimum": 0, "maximum": 9999},
-                    "fields": {"type": "object", "properties": {
-                        "name": {"type": "string", "maxLength": 8},
-                        "active": {"type": "boolean"}},
-                        "required": ["active"], "additionalProperties": false}},
-                    "required": ["id", "fields"], "additionalProperties": false}}},
-            {"type": "function", "function": {"name": "answer", "description": "Answer",
-                "parameters": {"type": "object", "properties": {
-                    "value": {"type": "string", "maxLength": 10},
-                    "score": {"type": "integer", "minimum": -5, "maximum": 5}},
-                    "required": ["value"], "additionalProperties": false}}}
-        ])
-        .to_string(),
-    )
-    .unwrap()
+    let path = common::fixtures().join("tools/nested.json");
+    ToolDefinition::list_from_json(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 fn compile(engine: &Engine, c: &OutputConstraint, tools: &[ToolDefinition]) -> Grammar {
