@@ -378,3 +378,27 @@ proptest! {
         prop_assert_eq!(accepted, still_valid, "{}", mutated);
     }
 }
+
+#[test]
+fn a_constrained_episode_acts_with_valid_calls_every_step() {
+    let registry = common::tiny_registry(options());
+    let episode = policy_serve::EpisodeConfig {
+        temperature: Some(1.0),
+        seed: Some(11),
+        max_new_tokens: Some(300),
+        ..policy_serve::EpisodeConfig::with_tools(tools())
+    }
+    .constrain(OutputConstraint::tools(ToolChoice::Required));
+    let mut policy = registry.get_policy("tiny", episode).unwrap();
+    let mut observation: policy_serve::Observation = "Find the newest order".into();
+    for _ in 0..3 {
+        let step = policy.act(observation).unwrap();
+        let policy_serve::Action::Call { calls, .. } = &step.action else {
+            panic!("not a call: {:?}", step.raw);
+        };
+        assert!(valid_calls(&step.raw, &tools()), "{:?}", step.raw);
+        observation = policy_serve::Observation::ToolResults(
+            calls.iter().map(|c| format!("ran {}", c.name)).collect(),
+        );
+    }
+}

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 mod chat;
 mod completions;
+mod constrained;
 mod episodes;
 mod errors;
 mod hardening;
