@@ -365,7 +365,7 @@ async fn every_bad_field_is_named_in_param() {
             "chat_template_kwargs",
         ),
         (
-            json!({"model": "tiny", "messages": msgs, "response_format": {"type": "json_object"}}),
+            json!({"model": "tiny", "messages": msgs, "response_format": {"type": "xml"}}),
             "response_format",
         ),
         // One validation path: the demo refuses what a model refuses.

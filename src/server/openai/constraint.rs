@@ -1,6 +1,7 @@
-//! OpenAI's `tool_choice` and `response_format` as an [`OutputConstraint`]: a request that
-//! names either is constrained (its answers follow a grammar, see `crate::grammar`); one that
-//! names neither is not (its answer is parsed as it comes).
+//! OpenAI's `tool_choice` and `response_format` as an [`OutputConstraint`]: a request with
+//! `tool_choice` `auto`, `required` or a named function, or with a JSON `response_format`, is
+//! constrained (its answers follow a grammar, see `crate::grammar`); one with neither, or with
+//! only `tool_choice: "none"` (vLLM's meaning: not parsed), is not.
 
 use serde_json::Value;
 
@@ -80,7 +81,10 @@ pub fn output_constraint(
     };
     let parse_calls = choice != Some(ToolChoice::None);
     let constraint = match (choice, format) {
-        (None, None) => None,
+        // `none` alone is vLLM's: the tools stay in the prompt and the answer is not parsed,
+        // unconstrained (what RL trainers send; a constrained row would cost their steps
+        // pipelining).
+        (None | Some(ToolChoice::None), None) => None,
         (choice, response_format) => Some(OutputConstraint {
             // A response format alone constrains the text, and calls stay allowed as usual.
             tool_choice: choice.unwrap_or(ToolChoice::Auto),
