@@ -97,7 +97,8 @@ impl GrammarCompiler {
     /// generation ends with `eos` (the token a complete grammar allows).
     pub fn new(tokenizer: &Tokenizer, vocab_size: usize, eos: u32) -> Result<Self> {
         let started = std::time::Instant::now();
-        let env = vocab::shared(vocab::TokenEnv::new(tokenizer, vocab_size, eos)?);
+        let env: llguidance::toktrie::TokEnv =
+            Arc::new(vocab::TokenEnv::new(tokenizer, vocab_size, eos)?);
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| Error::Grammar(e.to_string()))?;
         factory.quiet();

@@ -7,8 +7,6 @@
 //! so free text can never spell one and a grammar names it as `<tool_call>`; the other tokens
 //! are their byte-level BPE bytes.
 
-use std::sync::Arc;
-
 use llguidance::toktrie::{TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use tokenizers::Tokenizer;
 
@@ -110,9 +108,4 @@ pub(crate) fn token_bytes(tokenizer: &Tokenizer, vocab_size: usize) -> Result<Ve
         words[id as usize] = word;
     }
     Ok(words)
-}
-
-/// The shared environment (what llguidance's factory takes).
-pub(crate) fn shared(env: TokenEnv) -> llguidance::toktrie::TokEnv {
-    Arc::new(env)
 }

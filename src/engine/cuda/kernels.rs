@@ -24,6 +24,7 @@ static FLASH_PREFILL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/flash_pr
 static FLASH_PREFILL_SM90: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/flash_prefill_sm90.fatbin"));
 static LAYER_OPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/layer_ops.fatbin"));
+static LOGIT_EDITS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/logit_edits.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
 
 /// Most token rows the CUDA-core skinny-matmul kernels (`kernels/gemv.cu`) take: where they
@@ -225,6 +226,7 @@ impl CudaKernels {
             _ => "flash_prefill",
         };
         let layer_ops = load(LAYER_OPS, "layer_ops")?;
+        let logit_edits = load(LOGIT_EDITS, "logit_edits")?;
         let gemv_mod = load(GEMV, "gemv")?;
         let f = |m: &Arc<CudaModule>, name: &str| {
             m.load_function(name)
@@ -251,8 +253,8 @@ impl CudaKernels {
             argmax_merge: f(&layer_ops, "argmax_merge")?,
             topk_f32: f(&layer_ops, "topk_rows_f32")?,
             logprob_rows: f(&layer_ops, "logprob_rows_f32")?,
-            repetition_penalty: f(&layer_ops, "repetition_penalty_f32")?,
-            mask_tokens: f(&layer_ops, "mask_tokens_f32")?,
+            repetition_penalty: f(&logit_edits, "repetition_penalty_f32")?,
+            mask_tokens: f(&logit_edits, "mask_tokens_f32")?,
             gather_rows_f32: f(&layer_ops, "gather_rows_f32")?,
             sample_topk: f(&layer_ops, "sample_topk_f32")?,
             sample_full: f(&layer_ops, "sample_full_f32")?,

@@ -1,6 +1,7 @@
-//! Launches of the kernels a step runs on its logits (`kernels/layer_ops.cu`): argmax, top-k,
-//! the draws (top-k and whole-vocabulary), the repetition penalty, grammar masks, the log-probs of the drawn
-//! tokens and the gather of logits rows.
+//! Launches of the kernels a step runs on its logits: argmax, top-k, the draws (top-k and
+//! whole-vocabulary), the log-probs of the drawn tokens and the gather of logits rows
+//! (`kernels/layer_ops.cu`), and the in-place edits before them, the repetition penalty and
+//! grammar masks (`kernels/logit_edits.cu`).
 
 use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
