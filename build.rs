@@ -15,6 +15,7 @@ const KERNELS: &[&str] = &[
     "flash_prefill_sm90",
     "layer_ops",
     "logit_edits",
+    "lora",
     "gemv",
 ];
 

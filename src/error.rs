@@ -80,6 +80,15 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A LoRA adapter the engine cannot serve exactly (DoRA, embeddings or lm_head targeted,
+    /// a rank above the engine's limit, shapes that do not match the base) or a broken one.
+    #[error("adapter {file}: {reason}")]
+    Adapter {
+        /// The file (or directory) at fault.
+        file: String,
+        /// What is wrong, naming the tensor or config key.
+        reason: String,
+    },
     /// The model's `config.json` describes something this crate cannot run.
     #[error("unsupported model: {0}")]
     Unsupported(String),
@@ -130,7 +139,10 @@ impl Error {
     /// [`Error::Load`].
     pub(crate) fn loading(self, key: &str) -> Error {
         match self {
-            e @ (Error::Load { .. } | Error::Checkpoint { .. } | Error::Unsupported(_)) => e,
+            e @ (Error::Load { .. }
+            | Error::Checkpoint { .. }
+            | Error::Adapter { .. }
+            | Error::Unsupported(_)) => e,
             other => Error::Load {
                 key: key.into(),
                 reason: other.to_string(),

@@ -67,6 +67,7 @@ pub(super) fn nccl_selftest(
         context_len: 100,
         block_table: &table,
         logits: LogitRows::All,
+        adapter: None,
     }];
     let plain = model
         .forward(&tokens, &seqs, &cache, None)?
@@ -115,6 +116,7 @@ pub(super) fn profile_steps(
                 context_len: a.prompt,
                 block_table: t,
                 logits: LogitRows::Last,
+                adapter: None,
             }];
             model.forward(&prompt(a.prompt, i), &seqs, &cache, None)?;
         }
@@ -129,6 +131,7 @@ pub(super) fn profile_steps(
                     context_len: ctx + 1,
                     block_table: t,
                     logits: LogitRows::Last,
+                    adapter: None,
                 })
                 .collect();
             let l = model

@@ -85,6 +85,7 @@ fn prefill(m: &Model, cache: &PagedKvCache, seqs: &mut [&mut Seq]) -> Res<()> {
             context_len: s.tokens.len(),
             block_table: &s.table,
             logits: LogitRows::Last,
+            adapter: None,
         })
         .collect();
     let l = m.forward(&tokens, &inputs, cache, None)?.ok_or("logits")?;
@@ -106,6 +107,7 @@ fn decode(m: &Model, cache: &PagedKvCache, path: &Path<'_>, seqs: &mut [&mut Seq
             context_len: s.tokens.len(),
             block_table: &s.table,
             logits: LogitRows::Last,
+            adapter: None,
         })
         .collect();
     let l = match path {

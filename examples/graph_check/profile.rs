@@ -329,6 +329,7 @@ fn replay_steps(
                 context_len: ctx,
                 block_table: t,
                 logits: LogitRows::Last,
+                adapter: None,
             })
             .collect();
         Ok(g.replay(m, &tokens, &seqs)?.ok_or("no replay")?)

@@ -40,6 +40,7 @@ pub(super) fn trace(
         context_len: ids.len(),
         block_table: &table,
         logits: LogitRows::All,
+        adapter: None,
     }];
     let states = kf.trace(&ids, &seq, &cache)?;
     // numpy has no bf16: every state as f32.
@@ -108,6 +109,7 @@ pub(super) fn model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table) -> 
             context_len: 300,
             block_table: &table,
             logits: LogitRows::All,
+            adapter: None,
         }];
         let l1 = m
             .forward(&prompt[..300], &first, c, None)?
@@ -117,6 +119,7 @@ pub(super) fn model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table) -> 
             context_len: 500,
             block_table: &table,
             logits: LogitRows::All,
+            adapter: None,
         }];
         let l2 = m
             .forward(&prompt[300..], &second, c, None)?
@@ -138,6 +141,7 @@ pub(super) fn model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table) -> 
                 context_len: lens[i],
                 block_table: &tables[i],
                 logits: LogitRows::None,
+                adapter: None,
             }];
             m.forward(&p, &s, c, None)?;
         }
@@ -147,6 +151,7 @@ pub(super) fn model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table) -> 
                 context_len: lens[i] + 1,
                 block_table: &tables[i],
                 logits: LogitRows::Last,
+                adapter: None,
             })
             .collect();
         let toks: Vec<u32> = (0..8).map(|i| 1000 + i as u32).collect();
@@ -161,6 +166,7 @@ pub(super) fn model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table) -> 
                     context_len: lens[i] + 2,
                     block_table: &tables[i],
                     logits: LogitRows::Last,
+                    adapter: None,
                 })
                 .collect();
             let t: Vec<u32> = (first..first + n).map(|i| 2000 + i as u32).collect();

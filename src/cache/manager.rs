@@ -140,7 +140,19 @@ impl KvManager {
         total_tokens: usize,
         defer: impl FnOnce(usize) -> bool,
     ) -> Option<Admitted> {
-        let hit = self.radix.as_mut().map(|r| r.lookup(tokens));
+        self.admit_in(0, tokens, total_tokens, defer)
+    }
+
+    /// [`KvManager::admit`] with the prefix looked up in namespace `ns` of the prefix cache
+    /// (one per LoRA adapter content; 0: the base weights).
+    pub fn admit_in(
+        &mut self,
+        ns: u64,
+        tokens: &[u32],
+        total_tokens: usize,
+        defer: impl FnOnce(usize) -> bool,
+    ) -> Option<Admitted> {
+        let hit = self.radix.as_mut().map(|r| r.lookup_in(ns, tokens));
         let (cached, cached_tokens) = hit
             .as_ref()
             .map(|m| (m.blocks.clone(), m.tokens))
@@ -175,8 +187,13 @@ impl KvManager {
     /// Publishes the KV of `tokens` (held in `blocks`) to the prefix cache, so that other
     /// requests reuse it while its owner still runs.
     pub fn publish(&mut self, tokens: &[u32], blocks: &[u32]) {
+        self.publish_in(0, tokens, blocks);
+    }
+
+    /// [`KvManager::publish`] into namespace `ns` of the prefix cache.
+    pub fn publish_in(&mut self, ns: u64, tokens: &[u32], blocks: &[u32]) {
         if let Some(r) = &mut self.radix
-            && let Err(e) = r.insert(tokens, blocks, &mut self.pool)
+            && let Err(e) = r.insert_in(ns, tokens, blocks, &mut self.pool)
         {
             tracing::error!(error = %e, "block accounting error while caching a prefix");
         }
@@ -185,7 +202,12 @@ impl KvManager {
     /// A leaving sequence: its computed `tokens` go into the prefix cache, then its pin and
     /// its block references are dropped.
     pub fn release(&mut self, tokens: &[u32], blocks: &[u32], pin: Option<usize>) {
-        self.publish(tokens, blocks);
+        self.release_in(0, tokens, blocks, pin);
+    }
+
+    /// [`KvManager::release`] into namespace `ns` of the prefix cache.
+    pub fn release_in(&mut self, ns: u64, tokens: &[u32], blocks: &[u32], pin: Option<usize>) {
+        self.publish_in(ns, tokens, blocks);
         self.release_uncached(blocks, pin);
     }
 

@@ -72,6 +72,9 @@ pub struct RadixCache {
     free_ids: Vec<usize>,
     clock: u64,
     stats: CacheStats,
+    /// The root of each namespace other than 0 (which is `ROOT`): prefixes cached under one
+    /// namespace (one LoRA adapter's content) are never found from another.
+    ns_roots: HashMap<u64, usize>,
 }
 
 impl RadixCache {
@@ -91,6 +94,7 @@ impl RadixCache {
             free_ids: vec![],
             clock: 0,
             stats: CacheStats::default(),
+            ns_roots: HashMap::new(),
         }
     }
 
@@ -158,14 +162,39 @@ impl RadixCache {
             .count()
     }
 
-    /// Finds the longest cached prefix of `tokens` (whole blocks), pins it and returns its
-    /// blocks. Release the match with [`RadixCache::release`]; count it with
-    /// [`RadixCache::record_lookup`] when it is used.
+    /// The root of namespace `ns` (created on first use; 0 is the tree's root).
+    fn root_of(&mut self, ns: u64) -> usize {
+        if ns == 0 {
+            return ROOT;
+        }
+        if let Some(&r) = self.ns_roots.get(&ns) {
+            return r;
+        }
+        let r = self.alloc(Node {
+            tokens: vec![],
+            blocks: vec![],
+            children: HashMap::new(),
+            parent: ROOT,
+            lock: 0,
+            last_access: 0,
+        });
+        self.ns_roots.insert(ns, r);
+        r
+    }
+
+    /// [`RadixCache::lookup_in`] namespace 0 (the base weights).
     pub fn lookup(&mut self, tokens: &[u32]) -> PrefixMatch {
+        self.lookup_in(0, tokens)
+    }
+
+    /// Finds the longest cached prefix of `tokens` (whole blocks) in namespace `ns`, pins it
+    /// and returns its blocks. Release the match with [`RadixCache::release`]; count it with
+    /// [`RadixCache::record_lookup`] when it is used.
+    pub fn lookup_in(&mut self, ns: u64, tokens: &[u32]) -> PrefixMatch {
         self.clock += 1;
         let now = self.clock;
         let bs = self.block_size;
-        let mut node = ROOT;
+        let mut node = self.root_of(ns);
         let mut pos = 0;
         let mut blocks = Vec::new();
         while tokens.len() - pos >= bs {
@@ -226,12 +255,23 @@ impl RadixCache {
         }
     }
 
-    /// Inserts the whole blocks of `tokens` with the `blocks` that hold their KV
-    /// (`blocks[i]` holds tokens `i*bs..(i+1)*bs`; a trailing partial block is ignored). The
-    /// tree takes a pool reference on each block it adds; blocks of prefixes it already holds
-    /// are left to the caller. Returns the number of blocks added.
+    /// [`RadixCache::insert_in`] namespace 0 (the base weights).
     pub fn insert(
         &mut self,
+        tokens: &[u32],
+        blocks: &[u32],
+        pool: &mut BlockPool,
+    ) -> Result<usize> {
+        self.insert_in(0, tokens, blocks, pool)
+    }
+
+    /// Inserts the whole blocks of `tokens` into namespace `ns` with the `blocks` that hold
+    /// their KV (`blocks[i]` holds tokens `i*bs..(i+1)*bs`; a trailing partial block is
+    /// ignored). The tree takes a pool reference on each block it adds; blocks of prefixes it
+    /// already holds are left to the caller. Returns the number of blocks added.
+    pub fn insert_in(
+        &mut self,
+        ns: u64,
         tokens: &[u32],
         blocks: &[u32],
         pool: &mut BlockPool,
@@ -241,7 +281,7 @@ impl RadixCache {
         let bs = self.block_size;
         let n_blocks = (tokens.len() / bs).min(blocks.len());
         let tokens = &tokens[..n_blocks * bs];
-        let mut node = ROOT;
+        let mut node = self.root_of(ns);
         let mut pos = 0;
         while pos < tokens.len() {
             let key = &tokens[pos..pos + bs];
@@ -286,7 +326,8 @@ impl RadixCache {
             .iter()
             .enumerate()
             .filter_map(|(id, n)| n.as_ref().map(|n| (id, n)))
-            .filter(|(id, n)| *id != ROOT && n.children.is_empty() && n.lock == 0)
+            // Roots (of the tree and of namespaces) hold no tokens and are never evicted.
+            .filter(|(_, n)| !n.tokens.is_empty() && n.children.is_empty() && n.lock == 0)
             .map(|(id, n)| Reverse((n.last_access, id)))
             .collect();
         let mut freed = 0;
@@ -303,7 +344,7 @@ impl RadixCache {
             self.stats.cached_blocks -= node.blocks.len();
             let parent = self.node_mut(node.parent);
             parent.children.retain(|_, c| *c != id);
-            if node.parent != ROOT && parent.children.is_empty() && parent.lock == 0 {
+            if !parent.tokens.is_empty() && parent.children.is_empty() && parent.lock == 0 {
                 heap.push(Reverse((parent.last_access, node.parent)));
             }
         }

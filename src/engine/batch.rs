@@ -22,6 +22,8 @@ pub struct SeqInput<'a> {
     pub block_table: &'a [u32],
     /// Which rows of logits to return: none, the last token's, or every new token's.
     pub logits: LogitRows,
+    /// The LoRA slot its tokens run through (`None`: the base weights alone).
+    pub adapter: Option<u32>,
 }
 
 /// Which logits rows a sequence wants.
@@ -64,6 +66,7 @@ impl SeqCommand {
             context_len: self.context_len,
             block_table: &self.block_table,
             logits: LogitRows::None,
+            adapter: None,
         }
     }
 }

@@ -36,6 +36,11 @@ pub const GPU_MEMORY_UTILIZATION: f64 = 0.9;
 pub const CPU_KV_GIB: f64 = 1.0;
 /// How long the head waits for workers to acknowledge a step (seconds).
 pub const WORKER_TIMEOUT_SECS: u64 = 120;
+/// LoRA adapters resident on the device at once (vLLM's `--max-loras` default is 1; agents'
+/// fine-tunes come several at a time).
+pub const MAX_LORAS: usize = 4;
+/// The largest LoRA rank served (vLLM's default).
+pub const MAX_LORA_RANK: usize = 16;
 
 /// `max_running` when the options leave it to the engine, for a device (GPU or CPU) whose KV
 /// pool holds `kv_tokens` tokens, and why (for the start-up line).

@@ -45,7 +45,9 @@ pub use flags::{EngineFlags, KernelFlags};
 pub use handle::{CancelOnDrop, CancelToken, NextChunk, Pending, TokenStream};
 pub use model::config::{GenerationConfig, ModelConfig};
 pub use model::files::ModelFiles;
-pub use options::{EngineOptions, KernelOptions, SpeculativeMethod, SpeculativeOptions};
+pub use options::{
+    EngineOptions, KernelOptions, LoraOptions, SpeculativeMethod, SpeculativeOptions,
+};
 pub use parallel::comm::{
     CommBackend, CommHandle, InProcessComm, RankSettings, WorkerCommand, agree,
 };
@@ -57,7 +59,9 @@ pub use runner::buckets::graph_buckets;
 pub use runner::worker::{
     FailHook, WorkerOptions, WorkerReport, run_worker, spawn_in_process_workers,
 };
-pub use update::{HostTensor, WeightSource, WeightsVersion, content_digest};
+pub use update::{
+    AdapterHandle, AdapterVersion, HostTensor, WeightSource, WeightsVersion, content_digest,
+};
 
 use crate::error::{Error, Result};
 use crate::grammar::GrammarCompiler;
@@ -70,6 +74,8 @@ struct Inner {
     eos: Vec<u32>,
     grammars: once_cell::sync::OnceCell<GrammarCompiler>,
     info: EngineInfo,
+    /// The model's config (adapters are checked against it).
+    cfg: ModelConfig,
     device: Device,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -148,6 +154,7 @@ impl Engine {
                 eos: eos_token_ids.to_vec(),
                 grammars: once_cell::sync::OnceCell::new(),
                 info,
+                cfg: cfg.clone(),
                 device,
                 thread: Mutex::new(Some(thread)),
             }),
@@ -234,9 +241,62 @@ impl Engine {
     /// Logits (f32) of every position of `tokens`: row i is the next-token distribution after
     /// `tokens[..=i]`.
     pub fn logits(&self, tokens: Vec<u32>) -> Result<Vec<Vec<f32>>> {
+        self.logits_with(tokens, None)
+    }
+
+    /// [`Engine::logits`] through a LoRA adapter (`None`: the base weights).
+    pub fn logits_with(
+        &self,
+        tokens: Vec<u32>,
+        adapter: Option<&AdapterHandle>,
+    ) -> Result<Vec<Vec<f32>>> {
         let (reply, pending) = handle::channel();
-        let _ = self.inner.tx.lock().send(Command::Score { tokens, reply });
+        let _ = self.inner.tx.lock().send(Command::Score {
+            tokens,
+            adapter: adapter.cloned(),
+            reply,
+        });
         pending.wait()
+    }
+
+    /// Reads the PEFT LoRA adapter in `dir` (`adapter_config.json` +
+    /// `adapter_model.safetensors`), checks it against this engine's model and registers it
+    /// under `name` (a second adapter under one name is its next version). Requests name it
+    /// with [`GenerationRequest::adapter`]; it moves into a device slot when a request needs
+    /// it. Fails on an engine without adapters ([`EngineOptions::lora`]) and on an adapter
+    /// it could not serve exactly ([`Error::Adapter`] names the file and tensor).
+    pub fn load_adapter(&self, name: &str, dir: &std::path::Path) -> Result<AdapterHandle> {
+        let info = &self.inner.info;
+        if info.max_loras == 0 {
+            return Err(Error::InvalidInput(format!(
+                "LoRA adapters are off on engine `{}`; start it with adapters enabled (EngineOptions::lora, --enable-lora)",
+                info.key
+            )));
+        }
+        let started = std::time::Instant::now();
+        let adapter = model::lora::LoraAdapter::load(dir, &self.inner.cfg, info.max_lora_rank)?;
+        tracing::info!(adapter = name, dir = %dir.display(), ms = (started.elapsed().as_secs_f64() * 1e3).round(), "LoRA adapter read");
+        let (reply, pending) = handle::channel();
+        let _ = self.inner.tx.lock().send(Command::AddAdapter {
+            name: name.to_string(),
+            adapter: Arc::new(adapter),
+            reply,
+        });
+        pending.wait()
+    }
+
+    /// Retires an adapter version: no new request starts on it (requests naming it move to
+    /// the newest version of its name); requests running on it finish on it (`drain`) or end
+    /// with [`FinishReason::Interrupted`] (`!drain`); it leaves the engine (host and device)
+    /// once none uses it.
+    pub fn retire_adapter(&self, adapter: &AdapterHandle, drain: bool) -> Pending<()> {
+        let (reply, pending) = handle::channel();
+        let _ = self.inner.tx.lock().send(Command::RetireAdapter {
+            id: adapter.id,
+            drain,
+            reply,
+        });
+        pending
     }
 
     /// Drops every cached prefix that no running request uses (after new weights, say, when

@@ -148,8 +148,32 @@ pub struct EngineOptions {
     /// Speculative decoding (`None`: off, the default until measured; see
     /// [`SpeculativeOptions`]).
     pub speculative: Option<SpeculativeOptions>,
+    /// LoRA adapters over this engine's weights (`None`: off, the default; nothing is
+    /// reserved for them).
+    pub lora: Option<LoraOptions>,
     /// The engine's own CUDA kernels.
     pub kernels: KernelOptions,
+}
+
+/// LoRA adapters: `max_loras` slots of rank `max_lora_rank` are reserved on the device at
+/// start-up (before the KV cache is sized); adapters beyond them wait in host memory and
+/// are moved in least-recently-used first when a request needs one (that request waits for
+/// a free slot; nobody else does). Tensor-parallel engines do not serve adapters yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoraOptions {
+    /// Adapters resident on the device at once.
+    pub max_loras: usize,
+    /// The largest rank served; every slot is padded to it.
+    pub max_lora_rank: usize,
+}
+
+impl Default for LoraOptions {
+    fn default() -> Self {
+        Self {
+            max_loras: defaults::MAX_LORAS,
+            max_lora_rank: defaults::MAX_LORA_RANK,
+        }
+    }
 }
 
 impl Default for EngineOptions {
@@ -172,6 +196,7 @@ impl Default for EngineOptions {
             pipelined_decode: true,
             profile_steps: None,
             speculative: None,
+            lora: None,
             kernels: KernelOptions::default(),
         }
     }

@@ -125,6 +125,10 @@ pub struct GenerationRequest {
     /// allows EOS only once complete), so `min_tokens` must be 0. Steps with a constrained
     /// row are not pipelined and such rows take no speculative drafts. `None`: unconstrained.
     pub grammar: Option<crate::grammar::Grammar>,
+    /// The LoRA adapter the request runs through (loaded with
+    /// [`Engine::load_adapter`](crate::Engine::load_adapter); `None`: the base weights).
+    /// Requests on different adapters and on the base share steps.
+    pub adapter: Option<super::update::AdapterHandle>,
 }
 
 /// Most alternatives [`GenerationRequest::logprobs`] may ask for (OpenAI's and vLLM's 20).
@@ -155,6 +159,7 @@ impl GenerationRequest {
             logprobs: None,
             repetition_penalty: None,
             grammar: None,
+            adapter: None,
         }
     }
 
@@ -283,6 +288,9 @@ pub struct EngineStats {
     /// Speculative decoding: drafts the model confirmed (each a token gained over plain
     /// decoding).
     pub spec_accepted_tokens: u64,
+    /// LoRA adapters moved into a device slot (a first use, or back after the slot went to
+    /// another adapter).
+    pub adapter_loads: u64,
 }
 
 /// Facts about an engine.
@@ -314,6 +322,10 @@ pub struct EngineInfo {
     pub max_running_why: String,
     /// Ranks the model spans (1: no tensor parallelism).
     pub world_size: usize,
+    /// LoRA adapter slots on the device (0: adapters are off).
+    pub max_loras: usize,
+    /// The largest LoRA rank served (0: adapters are off).
+    pub max_lora_rank: usize,
 }
 
 impl EngineInfo {

@@ -45,6 +45,50 @@ pub struct WeightsVersion {
     /// Digest of the tensors of the update that made this version (at load: of the
     /// checkpoint's tensors).
     pub digest: String,
+    /// The LoRA adapter the sample ran through on top of these base weights (`None`: the
+    /// base alone).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<AdapterVersion>,
+}
+
+/// Which version of a LoRA adapter produced a sample: its name, a counter (1 for the first
+/// version loaded under the name, +1 per replacement) and the digest of its files.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Default)]
+pub struct AdapterVersion {
+    /// The name it was loaded under (the registry key).
+    pub name: String,
+    /// 1 for the first version under the name, then one more per replacement.
+    pub version: u64,
+    /// Digest of `adapter_config.json` and `adapter_model.safetensors` (16 hex digits).
+    pub digest: String,
+}
+
+/// A LoRA adapter loaded into an engine ([`Engine::load_adapter`](crate::engine::Engine::load_adapter)):
+/// what a request names ([`GenerationRequest::adapter`](crate::engine::GenerationRequest::adapter))
+/// to run through it. Clonable; valid until the adapter is retired
+/// ([`Engine::retire_adapter`](crate::engine::Engine::retire_adapter)).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AdapterHandle {
+    pub(crate) id: u64,
+    pub(crate) version: AdapterVersion,
+    pub(crate) rank: usize,
+}
+
+impl AdapterHandle {
+    /// The engine's id of this adapter version (unique per engine).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Its name, version and digest.
+    pub fn version(&self) -> &AdapterVersion {
+        &self.version
+    }
+
+    /// Its largest rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
 }
 
 /// A 64-bit digest of named tensors (name, dtype, shape, bytes, in order), as 16 hex digits.

@@ -65,7 +65,10 @@ impl From<Error> for ApiError {
         let msg = e.to_string();
         match e {
             Error::UnknownModel { .. } => Self::new(StatusCode::NOT_FOUND, "model_not_found", msg),
-            Error::Load { .. } | Error::Checkpoint { .. } | Error::File { .. } => Self::new(
+            Error::Load { .. }
+            | Error::Checkpoint { .. }
+            | Error::Adapter { .. }
+            | Error::File { .. } => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "model_load_failed",
                 redact_paths(&msg),

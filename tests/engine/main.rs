@@ -5,6 +5,7 @@
 mod common;
 mod constrained;
 mod limits;
+mod lora;
 mod speculative;
 mod transfer;
 mod weights;

@@ -25,6 +25,7 @@ static FLASH_PREFILL_SM90: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/flash_prefill_sm90.fatbin"));
 static LAYER_OPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/layer_ops.fatbin"));
 static LOGIT_EDITS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/logit_edits.fatbin"));
+static LORA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
 
 /// Most token rows the CUDA-core skinny-matmul kernels (`kernels/gemv.cu`) take: where they
@@ -122,6 +123,8 @@ pub struct CudaKernels {
     pub(super) logprob_rows: CudaFunction,
     pub(super) repetition_penalty: CudaFunction,
     pub(super) mask_tokens: CudaFunction,
+    /// LoRA shrink and expand (`kernels/lora.cu`).
+    pub(super) lora: [CudaFunction; 2],
     pub(super) gather_rows_f32: CudaFunction,
     pub(super) sample_topk: CudaFunction,
     pub(super) sample_full: CudaFunction,
@@ -228,6 +231,7 @@ impl CudaKernels {
         let layer_ops = load(LAYER_OPS, "layer_ops")?;
         let logit_edits = load(LOGIT_EDITS, "logit_edits")?;
         let gemv_mod = load(GEMV, "gemv")?;
+        let lora_mod = load(LORA, "lora")?;
         let f = |m: &Arc<CudaModule>, name: &str| {
             m.load_function(name)
                 .map_err(|e| kernel_err(&format!("function {name}"), e))
@@ -255,6 +259,10 @@ impl CudaKernels {
             logprob_rows: f(&layer_ops, "logprob_rows_f32")?,
             repetition_penalty: f(&logit_edits, "repetition_penalty_f32")?,
             mask_tokens: f(&logit_edits, "mask_tokens_f32")?,
+            lora: [
+                f(&lora_mod, &format!("lora_shrink_{s}"))?,
+                f(&lora_mod, &format!("lora_expand_{s}"))?,
+            ],
             gather_rows_f32: f(&layer_ops, "gather_rows_f32")?,
             sample_topk: f(&layer_ops, "sample_topk_f32")?,
             sample_full: f(&layer_ops, "sample_full_f32")?,

@@ -1,7 +1,7 @@
 //! The kernels room: the engine's own CUDA kernels (`kernels/*.cu`, compiled by `build.rs` to
 //! fatbins with sm_80/sm_90 machine code and embedded here) and their launches on candle
 //! tensors: attention (`attention.rs` decode, `prefill.rs` prefill), layer ops (`layer_ops.rs`),
-//! the logits' draws, log-probs and penalty (`logits_ops.rs`), matmuls
+//! the logits' draws, log-probs and penalty (`logits_ops.rs`), LoRA deltas (`lora_ops.rs`), matmuls
 //! (`gemm.rs`), the launcher (`launch.rs`) and id read-back (`readback.rs`). It knows nothing of
 //! models or serving: the forward built from these launches is `model::kernel_forward`, the
 //! CUDA graphs that replay it are `runner::graphs`.
@@ -21,6 +21,7 @@ mod kernels;
 mod launch;
 mod layer_ops;
 mod logits_ops;
+mod lora_ops;
 mod params;
 mod prefill;
 mod readback;

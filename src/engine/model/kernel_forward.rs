@@ -40,6 +40,9 @@ pub(crate) struct StepInputs {
     pub(crate) prefill: (Tensor, Tensor, Tensor),
     /// The longest context among the prefill chunks (the keys the prefill attends to).
     pub(crate) prefill_keys: usize,
+    /// The LoRA slot of each token (u32 `[T]`, `u32::MAX`: the base), when a row of the
+    /// step runs on an adapter.
+    pub(crate) lora: Option<Tensor>,
 }
 
 /// The forward's activations: one buffer each, reused by every layer (on one stream a layer's
@@ -238,6 +241,13 @@ impl KernelForward<'_> {
         packed.extend_from_slice(&tiles);
         packed.extend_from_slice(&meta);
         packed.extend_from_slice(&ptables);
+        let lora_at = packed.len();
+        let lora = m.lora.is_some() && seqs.iter().any(|s| s.adapter.is_some());
+        if lora {
+            for s in seqs {
+                packed.extend(std::iter::repeat_n(s.adapter.unwrap_or(u32::MAX), s.q_len));
+            }
+        }
         let dev = m.device();
         let packed = Tensor::new(packed.as_slice(), dev)?;
         let ids = packed.narrow(0, 0, t)?;
@@ -276,6 +286,11 @@ impl KernelForward<'_> {
                 .map(|s| s.context_len)
                 .max()
                 .unwrap_or(0),
+            lora: if lora {
+                Some(packed.narrow(0, lora_at, t)?)
+            } else {
+                None
+            },
         };
         let plan = AttnPlan::new(seqs, bs, dev, m.dtype(), true, prefill_kernel)?;
         let acts = Activations::new(k, m, t, nd, splits)?;
@@ -312,21 +327,34 @@ impl KernelForward<'_> {
                 k.fused_decode_supports(t, at.num_heads, at.num_kv_heads, at.head_dim)
             });
         let part = CudaKernels::decode_partition(inputs.ctx_lens.elem_count());
+        let lora = self.lora_step(inputs)?;
         for (li, layer) in m.layers.iter().enumerate() {
             let at = &layer.attn;
             let norm = &layer.input_norm;
             // Each skinny matmul prefetches the next one's weights into L2 (with
             // `l2_prefetch`): qkv -> o (across the attention), o -> gate|up, gate|up -> down,
             // down -> the next layer's qkv.
-            k.norm_linear_into(
-                (&a.residual[cur], delta.as_ref(), &a.residual[1 - cur]),
-                (&norm.weight, norm.eps),
-                &a.h,
-                at.qkv.weight(),
-                &a.qkv,
-                None,
-                Some(at.o_proj.weight()),
-            )?;
+            let res = (&a.residual[cur], delta.as_ref(), &a.residual[1 - cur]);
+            match &lora {
+                Some(l) => self.norm_linear_lora(
+                    res,
+                    norm,
+                    &a.h,
+                    at.qkv.weight(),
+                    &a.qkv,
+                    None,
+                    (l, li, 0),
+                )?,
+                None => k.norm_linear_into(
+                    res,
+                    (&norm.weight, norm.eps),
+                    &a.h,
+                    at.qkv.weight(),
+                    &a.qkv,
+                    None,
+                    Some(at.o_proj.weight()),
+                )?,
+            }
             if delta.is_some() {
                 cur = 1 - cur;
             }
@@ -364,20 +392,32 @@ impl KernelForward<'_> {
                 &a.o,
                 Some(layer.mlp.gate_up.weight()),
             )?;
+            if let Some(l) = &lora {
+                self.lora_add(&out, &a.o, (l, li, 1))?;
+            }
             let o = reduce(a.o.clone(), comm)?;
             let norm = &layer.post_norm;
-            k.norm_linear_into(
-                (&a.residual[cur], Some(&o), &a.residual[1 - cur]),
-                (&norm.weight, norm.eps),
-                &a.h,
-                layer.mlp.gate_up.weight(),
-                &a.gu,
-                Some((&a.gu, &a.act)),
-                Some(layer.mlp.down.weight()),
-            )?;
+            let res = (&a.residual[cur], Some(&o), &a.residual[1 - cur]);
+            let gu_w = layer.mlp.gate_up.weight();
+            let silu = Some((&a.gu, &a.act));
+            match &lora {
+                Some(l) => self.norm_linear_lora(res, norm, &a.h, gu_w, &a.gu, silu, (l, li, 2))?,
+                None => k.norm_linear_into(
+                    res,
+                    (&norm.weight, norm.eps),
+                    &a.h,
+                    gu_w,
+                    &a.gu,
+                    silu,
+                    Some(layer.mlp.down.weight()),
+                )?,
+            }
             cur = 1 - cur;
             let next = m.layers.get(li + 1).map(|l| l.attn.qkv.weight());
             k.linear_next_into(&a.act, layer.mlp.down.weight(), &a.down, next)?;
+            if let Some(l) = &lora {
+                self.lora_add(&a.act, &a.down, (l, li, 3))?;
+            }
             delta = Some(reduce(a.down.clone(), comm)?);
             if let Some(tr) = trace.as_deref_mut() {
                 let f32 = |x: &Tensor| x.to_dtype(candle_core::DType::F32);

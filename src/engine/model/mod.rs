@@ -7,6 +7,8 @@
 //!   gather-path `attention` (planning + candle-op attention over paged KV);
 //! - `kernel_forward` (the same forward on the engine's own CUDA kernels, a type of its own)
 //!   and `forward` ([`Model`]: the weights plus whichever forward runs them);
+//! - `lora` (PEFT adapters read and checked), `lora_slots` (the adapters' device slots and
+//!   the candle-op delta), `kernel_lora` (the delta on the kernels);
 //! - `kv_cache` (the paged KV tensors); `update` (weights replaced in place, by HF name).
 //!
 //! Arrows point down only: into `crate::engine::batch`, `crate::engine::cuda` (the kernels'
@@ -21,9 +23,13 @@ pub mod forward;
 #[cfg(feature = "cuda")]
 pub mod kernel_forward;
 #[cfg(feature = "cuda")]
+mod kernel_lora;
+#[cfg(feature = "cuda")]
 mod kernel_trace;
 pub mod kv_cache;
 pub mod loader;
+pub mod lora;
+pub mod lora_slots;
 pub mod qwen3;
 pub mod shard;
 pub mod update;

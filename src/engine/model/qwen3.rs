@@ -17,6 +17,7 @@ use super::attention::{AttnPlan, attend};
 use super::blocks::{Kx, Norm, cat0, inv_freq, rms, rope_tables};
 use super::config::ModelConfig;
 use super::kv_cache::PagedKvCache;
+use super::lora_slots::{LoraSlots, Segment, segments};
 use super::shard::Shard;
 use super::weights::Checkpoint;
 use crate::engine::batch::{SeqInput, logit_rows, positions_and_slots};
@@ -33,6 +34,22 @@ struct StepContext<'a> {
     plan: AttnPlan,
     cache: &'a PagedKvCache,
     comm: Option<&'a dyn CommBackend>,
+    /// The adapters' slots and the batch's segments over them, when a row has an adapter.
+    lora: Option<(&'a LoraSlots, Vec<Segment>)>,
+}
+
+impl StepContext<'_> {
+    /// `base` (the output of group `g`'s matmul of layer `li` on `x`) plus the LoRA delta of
+    /// the rows on an adapter.
+    fn lora(&self, base: Tensor, li: usize, g: usize, x: &Tensor) -> Result<Tensor> {
+        let Some((slots, segs)) = &self.lora else {
+            return Ok(base);
+        };
+        Ok(match slots.delta(li, g, x, segs)? {
+            Some(d) => (base + d)?,
+            None => base,
+        })
+    }
 }
 
 /// Self-attention with q/k RMSNorm and RoPE; q/k/v fused into one matmul.
@@ -92,7 +109,7 @@ impl Attention {
     /// writes the new tokens' K/V of layer `li` into the cache.
     fn forward(&self, x: &Tensor, li: usize, ctx: &StepContext<'_>) -> Result<Tensor> {
         let (nh, nkv, hd, t) = (self.num_heads, self.num_kv_heads, self.head_dim, ctx.total);
-        let qkv = self.qkv.forward(x)?;
+        let qkv = ctx.lora(self.qkv.forward(x)?, li, 0, x)?;
         let q = qkv.narrow(1, 0, nh * hd)?.reshape((t, nh, hd))?;
         let k = qkv.narrow(1, nh * hd, nkv * hd)?.reshape((t, nkv, hd))?;
         let v = qkv
@@ -109,7 +126,7 @@ impl Attention {
         ctx.cache.write(li, &k, &v, &ctx.slot_idx)?;
         let (kc, vc) = ctx.cache.layer(li);
         let attn = attend(&q, kc, vc, &ctx.plan, nh, nkv, hd)?;
-        Ok(self.o_proj.forward(&attn)?)
+        ctx.lora(self.o_proj.forward(&attn)?, li, 1, &attn)
     }
 }
 
@@ -135,11 +152,11 @@ impl Mlp {
     }
 
     /// `x` `[T, hidden]` (normed) -> this rank's partial output `[T, hidden]`.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gu = self.gate_up.forward(x)?;
+    fn forward(&self, x: &Tensor, li: usize, ctx: &StepContext<'_>) -> Result<Tensor> {
+        let gu = ctx.lora(self.gate_up.forward(x)?, li, 2, x)?;
         let n = self.intermediate;
         let act = (candle_nn::ops::silu(&gu.narrow(1, 0, n)?)? * gu.narrow(1, n, n)?)?;
-        Ok(self.down.forward(&act)?)
+        ctx.lora(self.down.forward(&act)?, li, 3, &act)
     }
 }
 
@@ -172,7 +189,7 @@ impl Layer {
     fn forward(&self, x: &Tensor, li: usize, ctx: &StepContext<'_>) -> Result<Tensor> {
         let h = self.attn.forward(&self.input_norm.forward(x)?, li, ctx)?;
         let x = (reduce(h, ctx.comm)? + x)?;
-        let h = self.mlp.forward(&self.post_norm.forward(&x)?)?;
+        let h = self.mlp.forward(&self.post_norm.forward(&x)?, li, ctx)?;
         Ok((reduce(h, ctx.comm)? + x)?)
     }
 }
@@ -183,6 +200,8 @@ pub struct Qwen3 {
     pub(crate) layers: Vec<Layer>,
     pub(crate) norm: Norm,
     pub(crate) lm_head: Linear,
+    /// The LoRA adapters' slots (None: adapters are not enabled on this engine).
+    pub(crate) lora: Option<LoraSlots>,
     /// lm_head is the embedding matrix (one tensor under two names).
     tied: bool,
     cos: Tensor,
@@ -236,6 +255,7 @@ impl Qwen3 {
             layers,
             norm,
             lm_head,
+            lora: None,
             tied,
             cos,
             sin,
@@ -309,6 +329,11 @@ impl Qwen3 {
             plan: AttnPlan::new(seqs, bs, dev, self.dtype, false, false)?,
             cache,
             comm,
+            lora: self
+                .lora
+                .as_ref()
+                .filter(|_| seqs.iter().any(|s| s.adapter.is_some()))
+                .map(|l| (l, segments(seqs))),
         };
         let mut x = self.embed.index_select(&Tensor::new(tokens, dev)?, 0)?; // [T, hidden]
         for (li, layer) in self.layers.iter().enumerate() {

@@ -234,6 +234,7 @@ impl DecodeGraphs {
             splits: self.splits[self.buckets.iter().position(|&x| x == b).unwrap_or(0)],
             prefill: (ids.clone(), ids.clone(), ids.clone()),
             prefill_keys: 0,
+            lora: None,
             ids,
         })
     }
@@ -304,8 +305,9 @@ impl DecodeGraphs {
         };
         if seqs
             .iter()
-            .any(|s| s.q_len != 1 || s.logits != LogitRows::Last)
+            .any(|s| s.q_len != 1 || s.logits != LogitRows::Last || s.adapter.is_some())
         {
+            // Rows on a LoRA adapter run eagerly (the graphs hold the base's launches only).
             return Ok(None);
         }
         let bs = self.block_size;

@@ -116,7 +116,7 @@ impl ModelRunner {
             None => Shard::FULL,
         };
         let pb = layer_progress(cfg.num_hidden_layers, key);
-        let model = load_shard(
+        let mut model = load_shard(
             key,
             cfg,
             weights,
@@ -127,6 +127,39 @@ impl ModelRunner {
             || pb.inc(1),
         )?;
         pb.finish_and_clear();
+        if let Some(l) = &opts.lora {
+            if shard.world > 1 {
+                return Err(Error::InvalidInput(format!(
+                    "LoRA adapters are not served on tensor-parallel engines yet ({} ranks); serve the adapters' base on one GPU",
+                    shard.world
+                )));
+            }
+            if l.max_loras == 0
+                || l.max_lora_rank == 0
+                || l.max_loras > 256
+                || l.max_lora_rank > 512
+            {
+                return Err(Error::InvalidInput(format!(
+                    "--max-loras ({}) must be within 1..=256 and --max-lora-rank ({}) within 1..=512",
+                    l.max_loras, l.max_lora_rank
+                )));
+            }
+            let slots = crate::engine::model::lora_slots::LoraSlots::new(
+                cfg,
+                l.max_loras,
+                l.max_lora_rank,
+                model.dtype(),
+                device,
+            )?;
+            tracing::info!(
+                model = key,
+                max_loras = l.max_loras,
+                max_lora_rank = l.max_lora_rank,
+                mib = slots.bytes() >> 20,
+                "LoRA adapter slots reserved"
+            );
+            model.qwen3.lora = Some(slots);
+        }
         let dtype = model.dtype();
         let kernels = model.uses_kernels();
         let max_context = served_context(cfg);

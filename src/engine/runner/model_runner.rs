@@ -153,6 +153,21 @@ impl ModelRunner {
         super::logprobs::launch(&self.model, logits, ids, rows)
     }
 
+    /// Writes `adapter` into LoRA slot `slot` (after the work queued so far).
+    pub(crate) fn load_adapter(
+        &self,
+        slot: usize,
+        adapter: &crate::engine::model::lora::LoraAdapter,
+    ) -> Result<()> {
+        let slots = self
+            .model
+            .qwen3
+            .lora
+            .as_ref()
+            .ok_or_else(|| Error::Engine("this engine reserved no LoRA slots".into()))?;
+        slots.load(slot, adapter)
+    }
+
     /// This rank's weights (weight updates write into them in place).
     pub(crate) fn qwen3(&self) -> &crate::engine::model::qwen3::Qwen3 {
         &self.model.qwen3

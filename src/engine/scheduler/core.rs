@@ -65,6 +65,8 @@ pub(crate) struct Scheduler {
     pub(super) weights: WeightsVersion,
     /// A weight update waiting for the old weights' requests (`weights.rs`).
     pub(super) update: Option<PendingUpdate>,
+    /// LoRA adapters: registered, and resident in the device's slots (`adapters.rs`).
+    pub(super) adapters: super::adapters::AdapterTable,
 }
 
 impl Scheduler {
@@ -122,6 +124,7 @@ impl Scheduler {
             version: 0,
             digest: crate::engine::model::weights::Checkpoint::open(key, weights, dtype, device)?
                 .digest()?,
+            adapter: None,
         };
         let stats = EngineStats {
             blocks_total: num_blocks,
@@ -152,6 +155,8 @@ impl Scheduler {
                 max_running,
                 max_running_why,
                 world_size: world,
+                max_loras: opts.lora.map_or(0, |l| l.max_loras),
+                max_lora_rank: opts.lora.map_or(0, |l| l.max_lora_rank),
             },
             max_context,
             waiting: VecDeque::new(),
@@ -165,6 +170,7 @@ impl Scheduler {
             cfg: cfg.clone(),
             weights,
             update: None,
+            adapters: super::adapters::AdapterTable::new(opts.lora.map_or(0, |l| l.max_loras)),
         })
     }
 
@@ -204,9 +210,13 @@ impl Scheduler {
                         reply,
                         stream,
                     } => self.enqueue(request, reply, Some(stream)),
-                    Command::Score { tokens, reply } => {
+                    Command::Score {
+                        tokens,
+                        adapter,
+                        reply,
+                    } => {
                         self.settle();
-                        reply.send(self.score(&tokens))
+                        reply.send(self.score(&tokens, adapter))
                     }
                     Command::ResetPrefixCache { reply } => {
                         self.settle();
@@ -220,6 +230,14 @@ impl Scheduler {
                         drain,
                         reply,
                     } => self.ask_update(source, drain, reply),
+                    Command::AddAdapter {
+                        name,
+                        adapter,
+                        reply,
+                    } => self.add_adapter(name, adapter, reply),
+                    Command::RetireAdapter { id, drain, reply } => {
+                        self.retire_adapter(id, drain, reply)
+                    }
                     Command::Shutdown => shutdown = true,
                 }
             }
@@ -283,15 +301,22 @@ impl Scheduler {
 
     fn enqueue(
         &mut self,
-        request: GenerationRequest,
+        mut request: GenerationRequest,
         reply: Replier<Generation>,
         stream: Option<StreamSender>,
     ) {
-        if let Err(e) = self.info.check(&request) {
-            self.stats.lock().requests_failed += 1;
-            reply.send(Err(e));
-            return;
-        }
+        let ns = match self
+            .info
+            .check(&request)
+            .and_then(|()| self.adapter_of_new(&mut request))
+        {
+            Ok(ns) => ns,
+            Err(e) => {
+                self.stats.lock().requests_failed += 1;
+                reply.send(Err(e));
+                return;
+            }
+        };
         let max_new = self.info.max_new_tokens(&request);
         let seed = request.sampling.seed;
         let request_grammar = request.grammar.as_ref().map(Grammar::matcher);
@@ -321,6 +346,8 @@ impl Scheduler {
             verified_logprobs: Vec::new(),
             grammar: request_grammar,
             grammar_error: None,
+            slot: None,
+            ns,
         });
     }
 }

@@ -82,20 +82,40 @@ impl Scheduler {
     /// Records when it stops for lack of KV memory (`kv_blocked_at`).
     pub(super) fn admit(&mut self) {
         self.kv_blocked_at = None;
+        // Requests whose adapter waits for a device slot are passed over (they wait; nobody
+        // else does).
+        let mut skip = 0;
         while self.running.len() < self.max_running() {
-            let Some(seq) = self.waiting.front() else {
+            let Some(seq) = self.waiting.get(skip) else {
                 break;
             };
             if !self.may_admit(seq) {
                 break;
             }
+            let adapter = seq.request.adapter.clone();
+            let slot = match self.adapter_slot(adapter.as_ref()) {
+                Ok(slot) => slot,
+                Err(None) => {
+                    skip += 1;
+                    continue;
+                }
+                Err(Some(e)) => {
+                    let s = self.waiting.remove(skip).expect("exists");
+                    tracing::warn!(error = %e, "cannot move a LoRA adapter into a device slot; the request fails");
+                    self.stats.lock().requests_failed += 1;
+                    s.reply.send(Err(e));
+                    continue;
+                }
+            };
+            let seq = &self.waiting[skip];
             if seq.swapped.is_some() {
                 let n = self.kv.blocks_for(seq.tokens.len() + 1);
                 let Some(blocks) = self.kv.allocate(n) else {
                     self.kv_blocked_at = Some(self.kv_room());
                     break;
                 };
-                let mut seq = self.waiting.pop_front().expect("front exists");
+                let mut seq = self.waiting.remove(skip).expect("exists");
+                seq.slot = slot;
                 let data = seq.swapped.take().expect("swapped");
                 let kv_blocks = self.kv.blocks_for(seq.computed);
                 self.kv.unreserve_swap(kv_blocks);
@@ -115,8 +135,8 @@ impl Scheduler {
             let running = &self.running;
             let bs = self.opts.block_size;
             let mut deferred = false;
-            let admitted = self.kv.admit(lookup, total, |cached| {
-                deferred = prefix_cache && prefix_in_flight(running, lookup, cached, bs);
+            let admitted = self.kv.admit_in(seq.ns, lookup, total, |cached| {
+                deferred = prefix_cache && prefix_in_flight(running, (seq.ns, lookup), cached, bs);
                 deferred
             });
             let Some(a) = admitted else {
@@ -125,7 +145,8 @@ impl Scheduler {
                 }
                 break;
             };
-            let mut seq = self.waiting.pop_front().expect("front exists");
+            let mut seq = self.waiting.remove(skip).expect("exists");
+            seq.slot = slot;
             seq.blocks = a.blocks;
             seq.computed = a.cached_tokens;
             seq.pin = a.pin;
@@ -142,8 +163,9 @@ impl Scheduler {
     pub(super) fn release_seq(&mut self, seq: &mut Seq) {
         let computed = seq.computed.min(seq.tokens.len());
         self.kv
-            .release(&seq.tokens[..computed], &seq.blocks, seq.pin.take());
+            .release_in(seq.ns, &seq.tokens[..computed], &seq.blocks, seq.pin.take());
         seq.blocks.clear();
+        seq.slot = None;
     }
 
     /// Makes sure `running[i]` has blocks for `tokens` tokens, preempting others if needed.
@@ -217,13 +239,18 @@ impl Scheduler {
     }
 }
 
-/// Whether `tokens` shares more than `cached` tokens (by whole blocks) with the prompt of a
-/// running sequence still in prefill: admitting it now would compute that prefix twice; a step
+/// Whether `tokens` (of prefix-cache namespace `ns`) shares more than `cached` tokens (by
+/// whole blocks) with the prompt of a running sequence of the same namespace still in prefill: admitting it now would compute that prefix twice; a step
 /// later it is in the prefix cache.
-fn prefix_in_flight(running: &[Seq], tokens: &[u32], cached: usize, bs: usize) -> bool {
+fn prefix_in_flight(
+    running: &[Seq],
+    (ns, tokens): (u64, &[u32]),
+    cached: usize,
+    bs: usize,
+) -> bool {
     running
         .iter()
-        .filter(|s| s.computed < s.prompt_len())
+        .filter(|s| s.ns == ns && s.computed < s.prompt_len())
         .any(|s| {
             let common = s
                 .request

@@ -16,12 +16,16 @@
 //! Speculative decoding (`speculate.rs`, off by default) gives eligible decode sequences
 //! n-gram drafts that one step verifies.
 //!
+//! LoRA adapters (`adapters.rs`): registered host copies, the device slots they move into
+//! (least recently used out first), each request's slot and prefix-cache namespace.
+//!
 //! Weight updates (`weights.rs`) pause admission, wait for (or end) the requests of the old
 //! weights, write the new ones in place and drop the prefix cache.
 //!
 //! With pipelined decode (`pipeline.rs`) step 3's ids stay on the device and feed the next
 //! step, which is launched before they are read (`seq::InFlight`).
 
+mod adapters;
 mod core;
 mod detok;
 mod memory;

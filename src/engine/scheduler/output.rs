@@ -66,7 +66,7 @@ impl Scheduler {
             // it (other episodes of the task) reuse it while this one is still decoding.
             if in_prompt && s.computed >= s.prompt_len() {
                 self.kv
-                    .publish(&s.tokens[..s.prompt_len()], &s.blocks.clone());
+                    .publish_in(s.ns, &s.tokens[..s.prompt_len()], &s.blocks.clone());
             }
         }
     }
@@ -218,7 +218,10 @@ impl Scheduler {
             total_time: now - s.submitted,
             preemptions: s.preemptions,
             logprobs: s.request.logprobs.map(|_| std::mem::take(&mut s.logprobs)),
-            weights_version: self.weights.clone(),
+            weights_version: crate::engine::WeightsVersion {
+                adapter: s.request.adapter.as_ref().map(|h| h.version.clone()),
+                ..self.weights.clone()
+            },
         };
         self.stats.lock().requests_finished += 1;
         self.publish_stats();

@@ -297,6 +297,7 @@ fn decode_inputs<'a>(running: &'a [Seq], plan: &[Planned], ahead: usize) -> Vec<
                 context_len: s.computed + 1 + ahead,
                 block_table: &s.blocks,
                 logits: LogitRows::Last,
+                adapter: s.slot,
             }
         })
         .collect()

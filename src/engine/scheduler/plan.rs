@@ -134,6 +134,7 @@ impl Scheduler {
                 context_len: s.computed + p.q_len,
                 block_table: &s.blocks,
                 logits,
+                adapter: s.slot,
             });
         }
         // Logits rows per planned sequence (0, 1, or every position with drafts).
@@ -289,11 +290,27 @@ impl Scheduler {
         self.runner.draw_ids(logits, &draws)
     }
 
-    /// Logits of every position of `tokens`, computed in prefill chunks on temporary blocks.
-    pub(super) fn score(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+    /// Logits of every position of `tokens` (through `adapter`'s LoRA, when given), computed
+    /// in prefill chunks on temporary blocks.
+    pub(super) fn score(
+        &mut self,
+        tokens: &[u32],
+        adapter: Option<crate::engine::AdapterHandle>,
+    ) -> Result<Vec<Vec<f32>>> {
         if tokens.is_empty() {
             return Err(Error::InvalidInput("no tokens to score".into()));
         }
+        let mut probe = crate::engine::GenerationRequest::new(vec![]);
+        probe.adapter = adapter;
+        self.adapter_of_new(&mut probe)?;
+        let slot = self.adapter_slot(probe.adapter.as_ref()).map_err(|e| {
+            e.unwrap_or_else(|| {
+                Error::Engine(
+                    "every LoRA slot is used by running requests; score again when one finishes"
+                        .into(),
+                )
+            })
+        })?;
         self.info.check_vocab(tokens)?;
         if tokens.len() > self.max_context {
             return Err(Error::TooLarge(format!(
@@ -320,6 +337,7 @@ impl Scheduler {
                     context_len: done + q,
                     block_table: &blocks,
                     logits: LogitRows::All,
+                    adapter: slot,
                 }];
                 let l = self
                     .runner

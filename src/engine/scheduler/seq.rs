@@ -30,6 +30,7 @@ pub(crate) enum Command {
     },
     Score {
         tokens: Vec<u32>,
+        adapter: Option<crate::engine::update::AdapterHandle>,
         reply: Replier<Vec<Vec<f32>>>,
     },
     ResetPrefixCache {
@@ -39,6 +40,16 @@ pub(crate) enum Command {
         source: WeightSource,
         drain: bool,
         reply: Replier<WeightsVersion>,
+    },
+    AddAdapter {
+        name: String,
+        adapter: std::sync::Arc<crate::engine::model::lora::LoraAdapter>,
+        reply: Replier<crate::engine::update::AdapterHandle>,
+    },
+    RetireAdapter {
+        id: u64,
+        drain: bool,
+        reply: Replier<()>,
     },
     Shutdown,
 }
@@ -88,6 +99,10 @@ pub(super) struct Seq {
     pub(super) grammar: Option<GrammarMatcher>,
     /// Why the grammar refused a generated token (the sequence fails at the end of the step).
     pub(super) grammar_error: Option<crate::error::Error>,
+    /// The device slot of its LoRA adapter while it runs (`None`: the base, or not running).
+    pub(super) slot: Option<u32>,
+    /// Its prefix-cache namespace (its adapter's content; 0: the base).
+    pub(super) ns: u64,
 }
 
 impl Seq {

@@ -226,6 +226,7 @@ impl Scheduler {
         self.weights = WeightsVersion {
             version: self.weights.version + 1,
             digest,
+            adapter: None,
         };
         tracing::debug!(
             freed_blocks = freed,

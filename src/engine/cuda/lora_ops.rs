@@ -1,0 +1,94 @@
+//! Launches of the LoRA kernels (`kernels/lora.cu`): a fused matmul's output gains, for each
+//! token on an adapter, `b[slot] · (a[slot] · x)` — shrink into an f32 scratch, then expand
+//! into the output in place.
+
+use candle_core::cuda_backend::WrapErr;
+use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+use candle_core::{DType, Tensor};
+
+use super::kernels::CudaKernels;
+use super::launch::kernel_err;
+use crate::error::Result;
+
+impl CudaKernels {
+    /// `out[t] += b[s] · (a[s] · x[t])` for every token `t` whose slot `s = slot_of[t]` is
+    /// below the slots held (u32 `[T]`; others are left alone). `a`: `[slots, P * r, in]`,
+    /// `b`: `[slots, out, r]`, `splits`: the first output row of each of the `P` (1-3)
+    /// projections and `out` at the end; `y`: f32 scratch of at least `T * P * r`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn lora_into(
+        &self,
+        x: &Tensor,
+        (a, b, splits): (&Tensor, &Tensor, &[usize]),
+        slot_of: &Tensor,
+        y: &Tensor,
+        out: &Tensor,
+    ) -> Result<()> {
+        for t in [x, a, b, out] {
+            self.check_dtype(t)?;
+        }
+        let (slots, pr, fan_in) = a.dims3()?;
+        let (_, nout, r) = b.dims3()?;
+        let t = slot_of.elem_count();
+        let parts = splits.len().saturating_sub(1);
+        let fits = x.elem_count() == t * fan_in
+            && out.elem_count() == t * nout
+            && (1..=3).contains(&parts)
+            && pr == parts * r
+            && splits.last() == Some(&nout)
+            && slot_of.dtype() == DType::U32
+            && y.dtype() == DType::F32
+            && y.elem_count() >= t * pr
+            && fan_in.is_multiple_of(8);
+        if !fits {
+            return Err(kernel_err("lora", "shapes do not fit"));
+        }
+        if t == 0 {
+            return Ok(());
+        }
+        let (px, pa, pb, ps, py, po) = (
+            self.ptr(x)?,
+            self.ptr(a)?,
+            self.ptr(b)?,
+            self.ptr(slot_of)?,
+            self.ptr(y)?,
+            self.ptr(out)?,
+        );
+        let (in32, pr32, slots32, n32, r32) = (
+            fan_in as i32,
+            pr as i32,
+            slots as i32,
+            nout as i32,
+            r as i32,
+        );
+        let s1 = splits.get(1).copied().filter(|_| parts > 1).unwrap_or(nout) as i32;
+        let s2 = splits.get(2).copied().filter(|_| parts > 2).unwrap_or(nout) as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (pr.div_ceil(8) as u32, t as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.launcher(&self.lora[0]);
+        l.arg(&px)
+            .arg(&pa)
+            .arg(&ps)
+            .arg(&py)
+            .arg(&in32)
+            .arg(&pr32)
+            .arg(&slots32);
+        // SAFETY: argument types match `lora_shrink_*`; shapes are checked above.
+        unsafe { l.launch(cfg) }.w()?;
+        let cfg = LaunchConfig {
+            grid_dim: (nout.div_ceil(256) as u32, t as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: (pr * 4) as u32,
+        };
+        let mut l = self.launcher(&self.lora[1]);
+        l.arg(&py).arg(&pb).arg(&ps).arg(&po).arg(&n32).arg(&r32);
+        l.arg(&pr32).arg(&s1).arg(&s2).arg(&slots32);
+        // SAFETY: argument types match `lora_expand_*`; the scratch was written by the
+        // shrink before, on this stream.
+        unsafe { l.launch(cfg) }.w()?;
+        Ok(())
+    }
+}

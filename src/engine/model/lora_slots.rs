@@ -1,0 +1,237 @@
+//! The adapters resident on the device: [`LoraSlots`], `max_loras` slots of stacked LoRA
+//! weights per decoder layer and fused matmul (qkv, o, gate|up, down), and the candle-op
+//! delta a forward adds to each fused matmul's output.
+//!
+//! Layout, per layer and group of `P` projections with `out` output rows in all: `a` is
+//! `[slots, P * R, in]` (projection `p`'s `lora_A` in rows `p*R .. p*R + rank`, zeros
+//! after), `b` is `[slots, out, R]` (projection `p`'s rows of the fused output hold its
+//! scaled `lora_B` in columns `0..rank`, zeros after), `R` the engine's `max_lora_rank`. So
+//! for a token `x` on slot `s`: `y = a[s] x` (`[P * R]`), and output row `o` of projection
+//! `p` gains `b[s, o] · y[p*R .. (p+1)*R]` — the same for the kernels and the candle ops.
+//!
+//! Invariant: a slot's weights are written only while no step in flight reads that slot
+//! (the scheduler's residency table guarantees it), and a zeroed slot adds nothing.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::config::ModelConfig;
+use super::lora::{LoraAdapter, Proj};
+use crate::error::{Error, Result};
+
+/// The fused matmuls a LoRA delta is added to.
+pub const GROUPS: usize = 4;
+
+/// One layer's slots of one fused matmul.
+#[derive(Debug)]
+pub struct SlotGroup {
+    /// `[slots, P * R, in]`.
+    pub a: Tensor,
+    /// `[slots, out, R]`.
+    pub b: Tensor,
+    /// The first output row of each projection, and `out` at the end (`P + 1` entries).
+    pub splits: Vec<usize>,
+}
+
+/// The adapters' slots on the device.
+#[derive(Debug)]
+pub struct LoraSlots {
+    slots: usize,
+    rank: usize,
+    /// Per layer, per group (qkv, o, gate|up, down).
+    pub layers: Vec<[SlotGroup; GROUPS]>,
+}
+
+/// The projections of group `g`, in order.
+pub fn group_projs(g: usize) -> &'static [Proj] {
+    match g {
+        0 => &[Proj::Q, Proj::K, Proj::V],
+        1 => &[Proj::O],
+        2 => &[Proj::Gate, Proj::Up],
+        _ => &[Proj::Down],
+    }
+}
+
+/// One run of consecutive tokens of a batch on one slot (`None`: the base alone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    /// First token (row of the batch).
+    pub start: usize,
+    /// Tokens.
+    pub len: usize,
+    /// The slot.
+    pub slot: Option<u32>,
+}
+
+impl LoraSlots {
+    /// `slots` empty (zero) slots of rank `rank` for a model of `cfg` in `dtype`.
+    pub fn new(
+        cfg: &ModelConfig,
+        slots: usize,
+        rank: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        if slots == 0 || rank == 0 {
+            return Err(Error::InvalidInput(format!(
+                "--max-loras ({slots}) and --max-lora-rank ({rank}) must be positive"
+            )));
+        }
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|_| {
+                let group = |g: usize| -> Result<SlotGroup> {
+                    let projs = group_projs(g);
+                    let fan_in = projs[0].dims(cfg).0;
+                    let mut splits = vec![0];
+                    for p in projs {
+                        splits.push(splits.last().copied().unwrap_or(0) + p.dims(cfg).1);
+                    }
+                    let out = *splits.last().unwrap_or(&0);
+                    Ok(SlotGroup {
+                        a: Tensor::zeros((slots, projs.len() * rank, fan_in), dtype, device)?,
+                        b: Tensor::zeros((slots, out, rank), dtype, device)?,
+                        splits,
+                    })
+                };
+                Ok([group(0)?, group(1)?, group(2)?, group(3)?])
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            slots,
+            rank,
+            layers,
+        })
+    }
+
+    /// Slots (adapters resident at once).
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// The rank every slot is padded to.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Device bytes the slots take.
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|g| (g.a.elem_count() + g.b.elem_count()) * g.a.dtype().size_in_bytes())
+            .sum()
+    }
+
+    /// Bytes slots of this shape would take (for the start-up budget).
+    pub fn bytes_for(cfg: &ModelConfig, slots: usize, rank: usize, dtype: DType) -> usize {
+        let per_layer: usize = (0..GROUPS)
+            .map(|g| {
+                let projs = group_projs(g);
+                let fan_in = projs[0].dims(cfg).0;
+                let out: usize = projs.iter().map(|p| p.dims(cfg).1).sum();
+                projs.len() * rank * fan_in + out * rank
+            })
+            .sum();
+        per_layer * cfg.num_hidden_layers * slots * dtype.size_in_bytes()
+    }
+
+    /// Writes `adapter` into `slot` (every layer and group; zeros where it targets nothing).
+    pub fn load(&self, slot: usize, adapter: &LoraAdapter) -> Result<()> {
+        if slot >= self.slots
+            || adapter.rank > self.rank
+            || adapter.layers.len() != self.layers.len()
+        {
+            return Err(Error::Engine(format!(
+                "adapter of rank {} over {} layers does not fit slot {slot} of {} (rank {}, {} layers)",
+                adapter.rank,
+                adapter.layers.len(),
+                self.slots,
+                self.rank,
+                self.layers.len()
+            )));
+        }
+        let r = self.rank;
+        for (groups, projs) in self.layers.iter().zip(&adapter.layers) {
+            for (g, sg) in groups.iter().enumerate() {
+                let (_, pr, fan_in) = sg.a.dims3()?;
+                let out = *sg.splits.last().unwrap_or(&0);
+                let mut a = vec![0f32; pr * fan_in];
+                let mut b = vec![0f32; out * r];
+                for (pi, proj) in group_projs(g).iter().enumerate() {
+                    let Some(w) = &projs[Proj::ALL.iter().position(|q| q == proj).unwrap_or(0)]
+                    else {
+                        continue;
+                    };
+                    a[pi * r * fan_in..(pi * r + w.rank) * fan_in].copy_from_slice(&w.a);
+                    for (o, row) in (sg.splits[pi]..sg.splits[pi + 1]).zip(w.b.chunks(w.rank)) {
+                        b[o * r..o * r + w.rank].copy_from_slice(row);
+                    }
+                }
+                let (dtype, dev) = (sg.a.dtype(), sg.a.device());
+                let a = Tensor::from_vec(a, (1, pr, fan_in), &Device::Cpu)?
+                    .to_dtype(dtype)?
+                    .to_device(dev)?;
+                let b = Tensor::from_vec(b, (1, out, r), &Device::Cpu)?
+                    .to_dtype(dtype)?
+                    .to_device(dev)?;
+                sg.a.slice_set(&a, 0, slot)?;
+                sg.b.slice_set(&b, 0, slot)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The LoRA delta of group `g` of layer `li` for the batch input `x` (`[T, in]`) whose
+    /// rows `segs` assigns to slots, with candle ops: `[T, out]` in `x`'s dtype, or `None`
+    /// when no segment has a slot.
+    pub fn delta(
+        &self,
+        li: usize,
+        g: usize,
+        x: &Tensor,
+        segs: &[Segment],
+    ) -> Result<Option<Tensor>> {
+        if segs.iter().all(|s| s.slot.is_none()) {
+            return Ok(None);
+        }
+        let sg = &self.layers[li][g];
+        let out = *sg.splits.last().unwrap_or(&0);
+        let r = self.rank;
+        let mut parts = Vec::with_capacity(segs.len());
+        for s in segs {
+            let Some(slot) = s.slot else {
+                parts.push(Tensor::zeros((s.len, out), x.dtype(), x.device())?);
+                continue;
+            };
+            let xs = x.narrow(0, s.start, s.len)?;
+            let a = sg.a.get(slot as usize)?; // [P*R, in]
+            let b = sg.b.get(slot as usize)?; // [out, R]
+            let y = xs.matmul(&a.t()?)?; // [n, P*R]
+            let mut outs = Vec::with_capacity(sg.splits.len() - 1);
+            for p in 0..sg.splits.len() - 1 {
+                let yp = y.narrow(1, p * r, r)?;
+                let bp = b.narrow(0, sg.splits[p], sg.splits[p + 1] - sg.splits[p])?;
+                outs.push(yp.matmul(&bp.t()?)?);
+            }
+            parts.push(Tensor::cat(&outs, 1)?);
+        }
+        Ok(Some(Tensor::cat(&parts, 0)?))
+    }
+}
+
+/// The segments of a batch: consecutive tokens of sequences on the same slot, in order.
+pub fn segments(seqs: &[crate::engine::batch::SeqInput<'_>]) -> Vec<Segment> {
+    let mut out: Vec<Segment> = Vec::new();
+    let mut start = 0;
+    for s in seqs {
+        match out.last_mut() {
+            Some(last) if last.slot == s.adapter => last.len += s.q_len,
+            _ => out.push(Segment {
+                start,
+                len: s.q_len,
+                slot: s.adapter,
+            }),
+        }
+        start += s.q_len;
+    }
+    out
+}

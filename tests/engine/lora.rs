@@ -1,0 +1,521 @@
+//! LoRA adapters over one base (`Engine::load_adapter`, `GenerationRequest::adapter`): an
+//! adapter written as PEFT writes it equals the merged weights W + s·B·A, a mixed batch equals
+//! each request alone, adapters never share cached prefixes, more adapters than device slots
+//! take turns, and every adapter the engine could not serve exactly is refused by name.
+
+use super::*;
+use policy_serve::engine::{AdapterHandle, Engine, LoraOptions};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Every projection a Qwen3 adapter may target: (parent module, name, in, out) in the tiny
+/// model (hidden 32, 4 heads and 2 KV heads of 16, intermediate 64).
+const PROJS: [(&str, &str, usize, usize); 7] = [
+    ("self_attn", "q_proj", 32, 64),
+    ("self_attn", "k_proj", 32, 32),
+    ("self_attn", "v_proj", 32, 32),
+    ("self_attn", "o_proj", 64, 32),
+    ("mlp", "gate_proj", 32, 64),
+    ("mlp", "up_proj", 32, 64),
+    ("mlp", "down_proj", 64, 32),
+];
+
+fn lora_options(max_loras: usize) -> EngineOptions {
+    EngineOptions {
+        lora: Some(LoraOptions {
+            max_loras,
+            max_lora_rank: 8,
+        }),
+        ..options()
+    }
+}
+
+fn random(n: usize, seed: u64, std: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 11) as f32 / (1u64 << 53) as f32 - 0.5) * 2.0 * std * 1.7
+        })
+        .collect()
+}
+
+/// What an adapter written by [`write_adapter`] holds.
+struct Spec<'a> {
+    seed: u64,
+    rank: usize,
+    alpha: f64,
+    targets: &'a [&'a str],
+    rslora: bool,
+    /// Tensor names with the PEFT prefix `base_model.model.` (both forms occur).
+    prefixed: bool,
+}
+
+impl Default for Spec<'_> {
+    fn default() -> Self {
+        Self {
+            seed: 1,
+            rank: 4,
+            alpha: 8.0,
+            targets: &[
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ],
+            rslora: false,
+            prefixed: true,
+        }
+    }
+}
+
+/// The adapter's tensors by name: lora_A `[r, in]` and lora_B `[out, r]` per targeted
+/// projection of both layers.
+fn adapter_tensors(s: &Spec<'_>) -> HashMap<String, Tensor> {
+    let mut out = HashMap::new();
+    let prefix = if s.prefixed { "base_model.model." } else { "" };
+    for layer in 0..2 {
+        for (i, (parent, name, fan_in, fan_out)) in PROJS.iter().enumerate() {
+            if !s.targets.contains(name) {
+                continue;
+            }
+            let seed = s.seed * 1000 + layer as u64 * 10 + i as u64;
+            let base = format!("{prefix}model.layers.{layer}.{parent}.{name}");
+            let a = random(s.rank * fan_in, seed, 1.0 / (*fan_in as f32).sqrt());
+            let b = random(fan_out * s.rank, seed + 500, 0.3);
+            out.insert(
+                format!("{base}.lora_A.weight"),
+                Tensor::from_vec(a, (s.rank, *fan_in), &Device::Cpu).unwrap(),
+            );
+            out.insert(
+                format!("{base}.lora_B.weight"),
+                Tensor::from_vec(b, (*fan_out, s.rank), &Device::Cpu).unwrap(),
+            );
+        }
+    }
+    out
+}
+
+fn adapter_config(s: &Spec<'_>) -> Value {
+    json!({
+        "peft_type": "LORA",
+        "base_model_name_or_path": "tiny",
+        "r": s.rank,
+        "lora_alpha": s.alpha,
+        "target_modules": s.targets,
+        "use_rslora": s.rslora,
+        "use_dora": false,
+        "bias": "none",
+        "fan_in_fan_out": false,
+        "modules_to_save": null,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "lora_dropout": 0.05,
+        "task_type": "CAUSAL_LM"
+    })
+}
+
+/// Writes a PEFT adapter directory (config edited by `edit`, tensors by `tensors`).
+fn write_adapter_with(
+    s: &Spec<'_>,
+    edit: impl FnOnce(&mut Value),
+    tensors: impl FnOnce(&mut HashMap<String, Tensor>),
+) -> PathBuf {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let mut cfg = adapter_config(s);
+    edit(&mut cfg);
+    std::fs::write(dir.join("adapter_config.json"), cfg.to_string()).unwrap();
+    let mut t = adapter_tensors(s);
+    tensors(&mut t);
+    candle_core::safetensors::save(&t, dir.join("adapter_model.safetensors")).unwrap();
+    dir
+}
+
+fn write_adapter(s: &Spec<'_>) -> PathBuf {
+    write_adapter_with(s, |_| {}, |_| {})
+}
+
+/// A model directory whose weights are the shared tiny model's with the adapter merged in
+/// (W + s·B·A, computed here in f32).
+fn merged_model(s: &Spec<'_>) -> PathBuf {
+    let dir = common::tiny_model_copy();
+    let mut weights =
+        candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
+    let scale = if s.rslora {
+        s.alpha / (s.rank as f64).sqrt()
+    } else {
+        s.alpha / s.rank as f64
+    };
+    for (name, a) in adapter_tensors(s) {
+        let Some(base) = name.strip_suffix(".lora_A.weight") else {
+            continue;
+        };
+        let b = &adapter_tensors(s)[&format!("{base}.lora_B.weight")];
+        let key = format!("{}.weight", base.trim_start_matches("base_model.model."));
+        let w = &weights[&key];
+        let merged = (w + (b.matmul(&a).unwrap() * scale).unwrap()).unwrap();
+        weights.insert(key, merged);
+    }
+    candle_core::safetensors::save(&weights, dir.join("model.safetensors")).unwrap();
+    dir
+}
+
+fn engine_on(dir: &Path, opts: EngineOptions) -> (ModelRegistry, Engine) {
+    let r = ModelRegistry::new(vec![ModelSpec::local("tiny", "Tiny", dir.to_path_buf())])
+        .unwrap()
+        .with_options(opts);
+    let e = r.model("tiny").unwrap().engine().clone();
+    (r, e)
+}
+
+fn greedy_on(engine: &Engine, adapter: Option<&AdapterHandle>, salt: u32) -> Vec<u32> {
+    let mut req = GenerationRequest::new(prompt(20, salt)).max_new_tokens(10);
+    req.ignore_eos = true;
+    req.adapter = adapter.cloned();
+    engine.generate(req).unwrap().tokens
+}
+
+fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// The engine with an adapter equals the engine on merged weights: logits within 1e-5 and
+/// the same greedy tokens, for an adapter on all seven projections (names with the PEFT
+/// prefix) and an rsLoRA one on q/v only (names without it). Mutations that fail it: the
+/// scale left out of B (or alpha/r where rsLoRA says alpha/sqrt(r)), k's delta written into
+/// v's rows of the fused qkv output, gate's and up's rank blocks swapped, the delta of o_proj
+/// computed from the normed input instead of the attention output.
+#[test]
+fn an_adapter_equals_its_merged_weights() {
+    let (_r, engine) = engine_on(&common::shared_tiny_model(), lora_options(4));
+    let tokens = prompt(30, 700);
+    let base = engine.logits(tokens.clone()).unwrap();
+    for spec in [
+        Spec::default(),
+        Spec {
+            seed: 2,
+            rank: 8,
+            alpha: 16.0,
+            targets: &["q_proj", "v_proj"],
+            rslora: true,
+            prefixed: false,
+        },
+    ] {
+        let h = engine.load_adapter("a", &write_adapter(&spec)).unwrap();
+        let got = engine.logits_with(tokens.clone(), Some(&h)).unwrap();
+        let (_m, merged) = engine_on(&merged_model(&spec), options());
+        let want = merged.logits(tokens.clone()).unwrap();
+        // f32 sums in another order (W x + s B (A x) vs (W + s B A) x): relative to each
+        // row's largest logit.
+        let err = max_rel_err(&got, &want);
+        assert!(err <= 1e-5, "adapter vs merged: relative error {err}");
+        assert!(
+            max_diff(&got, &base) > 1e-2,
+            "positive control: the adapter changes the logits"
+        );
+        assert_eq!(
+            greedy_on(&engine, Some(&h), 701),
+            greedy_on(&merged, None, 701)
+        );
+    }
+    assert_eq!(
+        engine.logits(tokens).unwrap(),
+        base,
+        "the base is untouched by its adapters"
+    );
+}
+
+/// Three adapters and the base in one batch: every request gets the tokens it gets alone.
+/// Mutations that fail it: a segment's slot taken from the wrong sequence, deltas added to
+/// base rows (slot `None` treated as 0).
+#[test]
+fn a_mixed_batch_equals_each_request_alone() {
+    let (_r, engine) = engine_on(&common::shared_tiny_model(), lora_options(4));
+    let handles: Vec<Option<AdapterHandle>> = std::iter::once(None)
+        .chain((0..3).map(|i| {
+            let spec = Spec {
+                seed: 10 + i,
+                ..Spec::default()
+            };
+            Some(
+                engine
+                    .load_adapter(&format!("a{i}"), &write_adapter(&spec))
+                    .unwrap(),
+            )
+        }))
+        .collect();
+    let jobs: Vec<(Option<AdapterHandle>, u32)> = (0..12)
+        .map(|i| (handles[i % 4].clone(), 800 + i as u32))
+        .collect();
+    let alone: Vec<Vec<u32>> = jobs
+        .iter()
+        .map(|(h, salt)| greedy_on(&engine, h.as_ref(), *salt))
+        .collect();
+    let pending: Vec<_> = jobs
+        .iter()
+        .map(|(h, salt)| {
+            let mut req = GenerationRequest::new(prompt(20, *salt)).max_new_tokens(10);
+            req.ignore_eos = true;
+            req.adapter = h.clone();
+            engine.submit(req)
+        })
+        .collect();
+    let batched: Vec<Vec<u32>> = pending
+        .into_iter()
+        .map(|p| p.wait().unwrap().tokens)
+        .collect();
+    assert_eq!(batched, alone);
+    assert_ne!(
+        alone[0], alone[1],
+        "positive control: adapters answer differently"
+    );
+    // The versions say which weights produced each answer.
+    let g = engine
+        .generate({
+            let mut r = GenerationRequest::new(prompt(8, 1)).max_new_tokens(1);
+            r.adapter = handles[2].clone();
+            r
+        })
+        .unwrap();
+    let v = g.weights_version.adapter.unwrap();
+    assert_eq!((v.name.as_str(), v.version), ("a1", 1));
+}
+
+/// The same prompt under two adapters and the base: none reuses another's cached prefix;
+/// each reuses its own. Mutation: one namespace for all (the second adapter's answer would
+/// be computed over the first one's KV).
+#[test]
+fn adapters_never_share_cached_prefixes() {
+    let (_r, engine) = engine_on(&common::shared_tiny_model(), lora_options(4));
+    let a = engine
+        .load_adapter("a", &write_adapter(&Spec::default()))
+        .unwrap();
+    let b = engine
+        .load_adapter(
+            "b",
+            &write_adapter(&Spec {
+                seed: 5,
+                ..Spec::default()
+            }),
+        )
+        .unwrap();
+    let run = |h: Option<&AdapterHandle>| {
+        let mut req = GenerationRequest::new(prompt(80, 900)).max_new_tokens(4);
+        req.adapter = h.cloned();
+        engine.generate(req).unwrap()
+    };
+    assert_eq!(run(Some(&a)).cached_prompt_tokens, 0);
+    let on_b = run(Some(&b));
+    assert_eq!(on_b.cached_prompt_tokens, 0, "b reused a's prefix");
+    assert_eq!(
+        run(None).cached_prompt_tokens,
+        0,
+        "the base reused an adapter's prefix"
+    );
+    assert!(
+        run(Some(&a)).cached_prompt_tokens >= 64,
+        "a reuses its own prefix"
+    );
+    // b's answer over its own cache equals b's answer computed fresh.
+    let again = run(Some(&b));
+    assert!(again.cached_prompt_tokens >= 64);
+    assert_eq!(again.tokens, on_b.tokens);
+}
+
+/// Five adapters over two device slots, all requested at once: every request finishes with
+/// the tokens it gets alone (adapters move in and out least recently used first).
+#[test]
+fn more_adapters_than_slots_take_turns() {
+    let (_r, engine) = engine_on(&common::shared_tiny_model(), lora_options(2));
+    let handles: Vec<AdapterHandle> = (0..5)
+        .map(|i| {
+            let spec = Spec {
+                seed: 20 + i,
+                ..Spec::default()
+            };
+            engine
+                .load_adapter(&format!("a{i}"), &write_adapter(&spec))
+                .unwrap()
+        })
+        .collect();
+    let alone: Vec<Vec<u32>> = handles
+        .iter()
+        .enumerate()
+        .map(|(i, h)| greedy_on(&engine, Some(h), 950 + i as u32))
+        .collect();
+    let loads = engine.stats().adapter_loads;
+    assert!(loads >= 5, "each adapter moved in ({loads})");
+    let pending: Vec<_> = handles
+        .iter()
+        .enumerate()
+        .flat_map(|(i, h)| {
+            (0..2).map(move |_| {
+                let mut req = GenerationRequest::new(prompt(20, 950 + i as u32)).max_new_tokens(10);
+                req.ignore_eos = true;
+                req.adapter = Some(h.clone());
+                (i, req)
+            })
+        })
+        .map(|(i, req)| (i, engine.submit(req)))
+        .collect();
+    for (i, p) in pending {
+        assert_eq!(p.wait().unwrap().tokens, alone[i]);
+    }
+}
+
+/// A retired adapter version: requests that started on it finish on it, requests after it
+/// run on the newest version of its name.
+#[test]
+fn a_new_adapter_version_takes_new_requests_and_the_old_one_drains() {
+    let (_r, engine) = engine_on(&common::shared_tiny_model(), lora_options(4));
+    let v1 = engine
+        .load_adapter("a", &write_adapter(&Spec::default()))
+        .unwrap();
+    let want_v1 = greedy_on(&engine, Some(&v1), 990);
+    let mut long = GenerationRequest::new(prompt(20, 990)).max_new_tokens(10);
+    long.ignore_eos = true;
+    long.adapter = Some(v1.clone());
+    let running = engine.submit(long);
+    let spec2 = Spec {
+        seed: 77,
+        ..Spec::default()
+    };
+    let v2 = engine.load_adapter("a", &write_adapter(&spec2)).unwrap();
+    assert_eq!(v2.version().version, 2);
+    assert_ne!(v1.version().digest, v2.version().digest);
+    engine.retire_adapter(&v1, true).wait().unwrap();
+    let g = running.wait().unwrap();
+    assert_eq!(g.tokens, want_v1, "the running request finished on v1");
+    // A request naming v1 now runs on v2.
+    let after = greedy_on(&engine, Some(&v1), 990);
+    assert_eq!(after, greedy_on(&engine, Some(&v2), 990));
+    assert_ne!(after, want_v1);
+}
+
+fn refusal(dir: &Path, max_rank: usize) -> String {
+    let opts = EngineOptions {
+        lora: Some(LoraOptions {
+            max_loras: 2,
+            max_lora_rank: max_rank,
+        }),
+        ..options()
+    };
+    let (_r, engine) = engine_on(&common::shared_tiny_model(), opts);
+    let e = engine.load_adapter("bad", dir).unwrap_err();
+    assert!(matches!(e, Error::Adapter { .. }), "{e:?}");
+    e.to_string()
+}
+
+/// Every adapter the engine could not serve exactly is refused with the file and the tensor
+/// or key at fault; the engine keeps serving.
+#[test]
+fn adapters_the_engine_cannot_serve_are_refused_by_name() {
+    let s = Spec::default();
+    let dora = write_adapter_with(&s, |c| c["use_dora"] = json!(true), |_| {});
+    assert!(refusal(&dora, 8).contains("use_dora"));
+    let magnitude = write_adapter_with(
+        &s,
+        |_| {},
+        |t| {
+            t.insert(
+                "base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector".into(),
+                Tensor::ones(64, DType::F32, &Device::Cpu).unwrap(),
+            );
+        },
+    );
+    let m = refusal(&magnitude, 8);
+    assert!(
+        m.contains("lora_magnitude_vector") && m.contains("DoRA"),
+        "{m}"
+    );
+    let head = write_adapter_with(
+        &s,
+        |c| c["target_modules"] = json!(["q_proj", "lm_head"]),
+        |_| {},
+    );
+    assert!(refusal(&head, 8).contains("lm_head"));
+    let embed = write_adapter_with(
+        &s,
+        |_| {},
+        |t| {
+            t.insert(
+                "base_model.model.model.embed_tokens.lora_embedding_A".into(),
+                Tensor::ones((4, 16), DType::F32, &Device::Cpu).unwrap(),
+            );
+        },
+    );
+    assert!(refusal(&embed, 8).contains("embed_tokens"));
+    let big = write_adapter(&Spec {
+        rank: 8,
+        ..Spec::default()
+    });
+    let m = refusal(&big, 4);
+    assert!(
+        m.contains("rank 8") && m.contains("--max-lora-rank 4") && m.contains("lora_A"),
+        "{m}"
+    );
+    let shape = write_adapter_with(
+        &s,
+        |_| {},
+        |t| {
+            t.insert(
+                "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight".into(),
+                Tensor::ones((31, 4), DType::F32, &Device::Cpu).unwrap(),
+            );
+        },
+    );
+    let m = refusal(&shape, 8);
+    assert!(
+        m.contains("layers.1.mlp.down_proj.lora_A") && m.contains("[31, 4]"),
+        "{m}"
+    );
+    let lone = write_adapter_with(
+        &s,
+        |_| {},
+        |t| {
+            t.remove("base_model.model.model.layers.0.mlp.up_proj.lora_B.weight");
+        },
+    );
+    let m = refusal(&lone, 8);
+    assert!(m.contains("layers.0.mlp.up_proj.lora_B"), "{m}");
+    let bias = write_adapter_with(&s, |c| c["bias"] = json!("lora_only"), |_| {});
+    assert!(refusal(&bias, 8).contains("bias"));
+    let deep = write_adapter_with(
+        &s,
+        |_| {},
+        |t| {
+            t.insert(
+                "base_model.model.model.layers.7.self_attn.q_proj.lora_A.weight".into(),
+                Tensor::ones((4, 32), DType::F32, &Device::Cpu).unwrap(),
+            );
+        },
+    );
+    assert!(refusal(&deep, 8).contains("layer 7"));
+    let pickle = tempfile::tempdir().unwrap().keep();
+    std::fs::write(
+        pickle.join("adapter_config.json"),
+        adapter_config(&s).to_string(),
+    )
+    .unwrap();
+    std::fs::write(pickle.join("adapter_model.bin"), b"not read").unwrap();
+    assert!(refusal(&pickle, 8).contains("adapter_model.bin"));
+    let truncated = write_adapter(&s);
+    let f = truncated.join("adapter_model.safetensors");
+    let bytes = std::fs::read(&f).unwrap();
+    std::fs::write(&f, &bytes[..bytes.len() / 2]).unwrap();
+    assert!(refusal(&truncated, 8).contains("adapter_model.safetensors"));
+    // An engine without adapters says how to turn them on.
+    let (_r, plain) = engine_on(&common::shared_tiny_model(), options());
+    let e = plain.load_adapter("a", &write_adapter(&s)).unwrap_err();
+    assert!(e.to_string().contains("--enable-lora"), "{e}");
+}
