@@ -99,6 +99,9 @@ enum Command {
         /// only), `none` (text only) or a tool's name (that call). Model policies only.
         #[arg(long, value_name = "CHOICE")]
         tool_choice: Option<String>,
+        /// A PEFT LoRA adapter directory to run through (over the model).
+        #[arg(long)]
+        adapter: Option<PathBuf>,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -119,6 +122,9 @@ enum Command {
         /// Seed.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// A PEFT LoRA adapter directory to run through (over the model).
+        #[arg(long)]
+        adapter: Option<PathBuf>,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -150,6 +156,9 @@ enum Command {
         /// Write only the last N positions (long prompts: all rows of a 16k prompt are 10 GB).
         #[arg(long)]
         last: Option<usize>,
+        /// A PEFT LoRA adapter directory to run through (over the model).
+        #[arg(long)]
+        adapter: Option<PathBuf>,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -184,9 +193,28 @@ fn read_tools(path: &Path) -> Result<Vec<ToolDefinition>, Error> {
         .map_err(|e| Error::InvalidInput(format!("{}: {e}", path.display())))
 }
 
-fn local_registry(dir: &Path, engine: &EngineArgs) -> Result<ModelRegistry, Error> {
+/// A registry of the model in `dir` (key `local`) and, with `adapter`, a LoRA adapter over it
+/// (key `adapter`); returns it and the key to run.
+fn local_registry(
+    dir: &Path,
+    engine: &EngineArgs,
+    adapter: Option<&Path>,
+) -> Result<(ModelRegistry, &'static str), Error> {
     let opts = engine.options_for("local", &ModelSource::Local(dir.to_path_buf()))?;
-    Ok(ModelRegistry::new(vec![ModelSpec::local("local", "Local model", dir)])?.with_options(opts))
+    let registry =
+        ModelRegistry::new(vec![ModelSpec::local("local", "Local model", dir)])?.with_options(opts);
+    Ok(match adapter {
+        Some(a) => (
+            registry.with_model(ModelSpec::adapter(
+                "adapter",
+                "LoRA adapter",
+                "local",
+                ModelSource::Local(a.to_path_buf()),
+            )),
+            "adapter",
+        ),
+        None => (registry, "local"),
+    })
 }
 
 fn run(command: Command) -> Result<(), Error> {
@@ -256,6 +284,7 @@ fn run(command: Command) -> Result<(), Error> {
             seed,
             append_only,
             tool_choice,
+            adapter,
             engine,
         } => {
             let tools = read_tools(&tools)?;
@@ -266,6 +295,15 @@ fn run(command: Command) -> Result<(), Error> {
             let spec = registry.spec(&model)?.clone();
             if !spec.is_demo() {
                 registry = registry.with_options(engine.options_for(&model, &spec.source)?);
+            }
+            let mut model = model;
+            if let Some(dir) = adapter {
+                let key = format!("{model}+adapter");
+                registry = registry.with_model(
+                    ModelSpec::adapter(&key, &key, &model, ModelSource::Local(dir))
+                        .thinking(spec.enable_thinking),
+                );
+                model = key;
             }
             let episode = EpisodeConfig {
                 system_prompt: system,
@@ -330,10 +368,11 @@ fn run(command: Command) -> Result<(), Error> {
             max_new_tokens,
             temperature,
             seed,
+            adapter,
             engine,
         } => {
-            let registry = local_registry(&model_dir, &engine)?;
-            let model = registry.model("local")?;
+            let (registry, key) = local_registry(&model_dir, &engine, adapter.as_deref())?;
+            let model = registry.model(key)?;
             let e = model.engine();
             let ids = e.tokenize(&prompt)?;
             let sampling = SamplingParams {
@@ -343,11 +382,11 @@ fn run(command: Command) -> Result<(), Error> {
                 min_p: None,
                 seed,
             };
-            let g = e.generate(
-                GenerationRequest::new(ids)
-                    .max_new_tokens(max_new_tokens)
-                    .sampling(sampling),
-            )?;
+            let mut request = GenerationRequest::new(ids)
+                .max_new_tokens(max_new_tokens)
+                .sampling(sampling);
+            request.adapter = model.adapter();
+            let g = e.generate(request)?;
             println!("{}", g.text);
             eprintln!(
                 "[{:?}; prompt {} tok, generated {} tok in {:.1} ms; first token {:.1} ms] engine: {}",
@@ -364,6 +403,7 @@ fn run(command: Command) -> Result<(), Error> {
             ids,
             out,
             last,
+            adapter,
             engine,
         } => {
             if ids.is_empty() {
@@ -371,9 +411,9 @@ fn run(command: Command) -> Result<(), Error> {
                     "--ids needs at least one token id".into(),
                 ));
             }
-            let registry = local_registry(&model_dir, &engine)?;
-            let model = registry.model("local")?;
-            let mut rows = model.engine().logits(ids)?;
+            let (registry, key) = local_registry(&model_dir, &engine, adapter.as_deref())?;
+            let model = registry.model(key)?;
+            let mut rows = model.engine().logits_with(ids, model.adapter().as_ref())?;
             if let Some(n) = last {
                 rows.drain(..rows.len().saturating_sub(n));
             }

@@ -11,11 +11,14 @@
 
 mod agent;
 mod bare;
+mod lora;
 mod mixed;
+mod rows;
 
 use agent::agent_workload;
 use bare::{nccl_selftest, profile_steps, tp_link};
 use mixed::mixed_latency;
+use rows::decode_rows;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -115,6 +118,14 @@ struct Args {
     /// required over tests/fixtures/tools/nested.json), printed as `constrained` rows.
     #[arg(long)]
     constrained: bool,
+    /// LoRA adapters: write this many random adapters (rank `--adapter-rank`, all seven
+    /// projections), load them (timed) and measure decode with row i on adapter i % N,
+    /// printed as `lora` rows next to the base's `ours` rows of the same engine.
+    #[arg(long, default_value_t = 0)]
+    adapters: usize,
+    /// Rank of `--adapters`' adapters (also the engine's `max_lora_rank`).
+    #[arg(long, default_value_t = 16)]
+    adapter_rank: usize,
     /// The kernel switches (`--no-fused-decode`, `--no-clusters`, ...), as the CLI has them.
     #[command(flatten)]
     kernels: policy_serve::engine::KernelFlags,
@@ -163,51 +174,6 @@ fn write_random_model(
         t.insert(spec.name, tensor.to_dtype(dtype)?.to_device(&Device::Cpu)?);
     }
     candle_core::safetensors::save(&t, dir.join("model.safetensors"))
-}
-
-/// Decode tok/s at each batch size of `a.batches` (prompt P, N new tokens, EOS ignored),
-/// after a warm-up at the same batch size; prints one line per batch under `label`.
-fn decode_rows(
-    engine: &policy_serve::Engine,
-    a: &Args,
-    label: &str,
-    grammar: Option<&policy_serve::Grammar>,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let one = |p: Vec<u32>, n: usize| {
-        let mut r = GenerationRequest::new(p).max_new_tokens(n);
-        r.ignore_eos = true;
-        r.grammar = grammar.cloned();
-        r
-    };
-    for &b in &a.batches {
-        let warm: Vec<_> = (0..b)
-            .map(|i| engine.submit(one(prompt(a.prompt, 100 + i), 4)))
-            .collect();
-        for p in warm {
-            p.wait()?;
-        }
-        let pending: Vec<_> = (0..b)
-            .map(|i| engine.submit(one(prompt(a.prompt, 1000 + i), a.new_tokens)))
-            .collect();
-        let gens: Vec<_> = pending
-            .into_iter()
-            .map(|p| p.wait())
-            .collect::<Result<_, _>>()?;
-        let first = gens
-            .iter()
-            .map(|g| g.time_to_first_token)
-            .max()
-            .unwrap_or_default();
-        let end = gens.iter().map(|g| g.total_time).max().unwrap_or_default();
-        let decode_s = (end - first).as_secs_f64();
-        let tps = (b * (a.new_tokens - 1)) as f64 / decode_s;
-        println!(
-            "{label} decode batch {b}: {tps:.0} tok/s ({:.3} ms/step; prefill of batch {:.0} ms)",
-            decode_s * 1e3 / (a.new_tokens - 1) as f64,
-            first.as_secs_f64() * 1e3
-        );
-    }
-    Ok(())
 }
 
 fn prompt(n: usize, salt: usize) -> Vec<u32> {
@@ -271,6 +237,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         kernels: a.kernels.options(),
         ..EngineOptions::default()
     };
+    if a.adapters > 0 {
+        opts.lora = Some(policy_serve::engine::LoraOptions {
+            max_loras: a.adapters,
+            max_lora_rank: a.adapter_rank,
+        });
+    }
     if a.world_size > 1 {
         opts.tensor_parallel = Some(tp_link(&a, &dev)?);
         println!("# tensor-parallel: rank 0 of {}", a.world_size);
@@ -338,7 +310,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if a.mixed {
         mixed_latency(&engine, a.prompt, a.prefill_chunk)?;
     }
-    decode_rows(&engine, &a, "ours", None)?;
+    decode_rows(&engine, &a, "ours", &|_, _| {})?;
+    if a.adapters > 0 {
+        lora::adapter_rows(&engine, &a, &cfg)?;
+    }
     if a.constrained {
         let tools = policy_serve::ToolDefinition::list_from_json(&std::fs::read_to_string(
             "tests/fixtures/tools/nested.json",
@@ -367,7 +342,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             t.elapsed().as_secs_f64() * 1e6 / (walks * ids.len()) as f64,
             ids.len()
         );
-        decode_rows(&engine, &a, "constrained", Some(&grammar))?;
+        decode_rows(&engine, &a, "constrained", &|r, _| {
+            r.grammar = Some(grammar.clone())
+        })?;
     }
     if a.compare_eager {
         // The same rows with decode steps run eagerly (no CUDA graphs), in this run.
@@ -381,7 +358,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "# eager engine: cuda graphs {:?}",
             m.engine().info().cuda_graph_buckets
         );
-        decode_rows(m.engine(), &a, "ours-eager", None)?;
+        decode_rows(m.engine(), &a, "ours-eager", &|_, _| {})?;
     }
 
     if a.greedy_check {

@@ -9,6 +9,7 @@
 
 mod fused;
 mod gemv;
+mod lora;
 mod model;
 mod prefill;
 
@@ -520,8 +521,10 @@ fn main() -> Res<()> {
     for dt in [DType::BF16, DType::F32] {
         op_checks(&dev, dt, &mut t)?;
         model_checks(&a, &dev, dt, &mut t)?;
+        lora::lora_model_checks(&a, &dev, dt, &mut t)?;
     }
     greedy_check(&a, &mut t)?;
+    lora::lora_graph_check(&a, &mut t)?;
     let failed: Vec<_> = t
         .rows
         .iter()

@@ -64,6 +64,16 @@ pub struct EngineFlags {
     /// Speculation pauses while more sequences than this run.
     #[arg(long, default_value_t = 8)]
     pub speculative_max_batch: usize,
+    /// Reserve LoRA adapter slots (`EngineOptions::lora`; on by itself for a model that
+    /// serves `--adapter`s).
+    #[arg(long)]
+    pub enable_lora: bool,
+    /// LoRA adapters resident on the device at once (more wait in host memory).
+    #[arg(long, default_value_t = defaults::MAX_LORAS)]
+    pub max_loras: usize,
+    /// The largest LoRA rank served.
+    #[arg(long, default_value_t = defaults::MAX_LORA_RANK)]
+    pub max_lora_rank: usize,
     /// Which of the engine's own kernels run (`--no-kernels`, `--no-gemv`, ...).
     #[command(flatten)]
     pub kernels: KernelFlags,
@@ -194,6 +204,10 @@ impl EngineFlags {
                     num_tokens: self.num_speculative_tokens as usize,
                     max_batch: self.speculative_max_batch,
                 }),
+            lora: self.enable_lora.then_some(super::options::LoraOptions {
+                max_loras: self.max_loras,
+                max_lora_rank: self.max_lora_rank,
+            }),
             kernels: self.kernels.options(),
             ..EngineOptions::default()
         }

@@ -291,6 +291,9 @@ pub struct EngineStats {
     /// LoRA adapters moved into a device slot (a first use, or back after the slot went to
     /// another adapter).
     pub adapter_loads: u64,
+    /// LoRA adapter versions registered (host copies; a replaced version leaves once no
+    /// request uses it).
+    pub adapters: usize,
 }
 
 /// Facts about an engine.

@@ -27,6 +27,9 @@ pub struct PolicyModel {
     pub generation: GenerationConfig,
     /// `enable_thinking` as the model was trained.
     pub enable_thinking: bool,
+    /// The LoRA adapter its requests run through (read at each request, so a replaced
+    /// adapter takes the next one); `None`: the base weights.
+    pub adapter: Option<Arc<parking_lot::RwLock<crate::engine::AdapterHandle>>>,
 }
 
 /// A policy over a loaded model; one per episode, all sharing the model's engine.
@@ -194,6 +197,7 @@ impl ModelPolicy {
         let ids_for_context = ids.clone();
         let mut request = GenerationRequest::new(ids).sampling(self.sampling(self.steps));
         request.max_new_tokens = self.episode.max_new_tokens;
+        request.adapter = self.model.adapter.as_ref().map(|a| a.read().clone());
         if let Some(c) = &self.episode.constraint {
             let compiler = engine.grammar_compiler()?;
             request.grammar =

@@ -10,7 +10,7 @@ use super::source;
 use super::spec::ModelSpec;
 use crate::engine::model::files::ModelFiles;
 use crate::engine::{
-    Engine, EngineOptions, GenerationConfig, ModelConfig, model::config::token_ids,
+    AdapterHandle, Engine, EngineOptions, GenerationConfig, ModelConfig, model::config::token_ids,
 };
 use crate::error::{Error, Result};
 use crate::policy::format::ChatTemplate;
@@ -25,6 +25,9 @@ pub struct LoadedModel {
     template: ChatTemplate,
     eos_token_ids: Vec<u32>,
     engine: Engine,
+    /// The LoRA adapter every request of this key runs through (an adapter key over a base
+    /// key's engine); replaced in place by a weight update of the key.
+    adapter: Option<Arc<parking_lot::RwLock<AdapterHandle>>>,
 }
 
 impl std::fmt::Debug for LoadedModel {
@@ -86,7 +89,54 @@ impl LoadedModel {
             template,
             eos_token_ids,
             engine,
+            adapter: None,
         })
+    }
+
+    /// Adapter key `spec` over the loaded `base`: reads the adapter (`spec.source`) into the
+    /// base's engine and shares everything else of the base.
+    pub fn load_adapter(spec: &ModelSpec, base: &LoadedModel) -> Result<Self> {
+        let started = Instant::now();
+        let dir = source::resolve_adapter(&spec.key, &spec.source)?;
+        let handle = base.engine.load_adapter(&spec.key, &dir)?;
+        tracing::info!(model = %spec.key, base = %base.spec.key, dir = %dir.display(), rank = handle.rank(), digest = %handle.version().digest, secs = started.elapsed().as_secs_f32(), "LoRA adapter loaded");
+        Ok(Self {
+            spec: spec.clone(),
+            files: base.files.clone(),
+            config: base.config.clone(),
+            generation: base.generation.clone(),
+            tokenizer: base.tokenizer.clone(),
+            template: base.template.clone(),
+            eos_token_ids: base.eos_token_ids.clone(),
+            engine: base.engine.clone(),
+            adapter: Some(Arc::new(parking_lot::RwLock::new(handle))),
+        })
+    }
+
+    /// The LoRA adapter version its requests run through now (`None`: a model of its own).
+    /// Every request a host builds for this key sets it as
+    /// [`GenerationRequest::adapter`](crate::engine::GenerationRequest::adapter).
+    pub fn adapter(&self) -> Option<AdapterHandle> {
+        self.adapter.as_ref().map(|a| a.read().clone())
+    }
+
+    /// Replaces its adapter by the one in `dir` (a new version under its key): new requests
+    /// run through it; requests on the old version finish on it (`drain`) or end now. The
+    /// old version leaves the engine once none uses it. A refused adapter changes nothing.
+    pub fn replace_adapter(&self, dir: &std::path::Path, drain: bool) -> Result<AdapterHandle> {
+        let Some(cell) = &self.adapter else {
+            return Err(Error::WeightUpdate(format!(
+                "model `{}` is not an adapter",
+                self.spec.key
+            )));
+        };
+        let new = self
+            .engine
+            .load_adapter(&self.spec.key, dir)
+            .map_err(|e| Error::WeightUpdate(e.to_string()))?;
+        let old = std::mem::replace(&mut *cell.write(), new.clone());
+        self.engine.retire_adapter(&old, drain).wait()?;
+        Ok(new)
     }
 
     /// The spec it was loaded from.
@@ -167,6 +217,7 @@ impl From<&LoadedModel> for crate::policy::PolicyModel {
             template: m.template.clone(),
             generation: m.generation.clone(),
             enable_thinking: m.spec.enable_thinking,
+            adapter: m.adapter.clone(),
         }
     }
 }

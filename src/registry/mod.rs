@@ -232,14 +232,38 @@ impl ModelRegistry {
                 }
                 entry.load_attempts.fetch_add(1, Ordering::SeqCst);
                 tracing::info!(model = key, source = %spec.source, "loading model");
-                LoadedModel::load(spec, &self.options)
-                    .map(Arc::new)
-                    .inspect_err(|e| {
-                        *entry.last_failure.lock() =
-                            Some((std::time::Instant::now(), e.to_string()));
-                    })
+                let loaded = match &spec.adapter_of {
+                    Some(base) => self
+                        .base_of(key, base)
+                        .and_then(|b| LoadedModel::load_adapter(spec, &b)),
+                    None => LoadedModel::load(spec, &self.options_for(key)),
+                };
+                loaded.map(Arc::new).inspect_err(|e| {
+                    *entry.last_failure.lock() = Some((std::time::Instant::now(), e.to_string()));
+                })
             })
             .cloned()
+    }
+
+    /// The loaded base of adapter key `key`.
+    fn base_of(&self, key: &str, base: &str) -> Result<Arc<LoadedModel>> {
+        let spec = self.spec(base)?;
+        if spec.adapter_of.is_some() || spec.is_demo() {
+            return Err(Error::InvalidInput(format!(
+                "adapter `{key}` names `{base}` as its base, which is not a model of its own"
+            )));
+        }
+        self.model(base)
+    }
+
+    /// The options `key` loads with: the registry's, with LoRA slots reserved
+    /// (`EngineOptions::lora`, defaults unless set) when an adapter key names it as its base.
+    fn options_for(&self, key: &str) -> EngineOptions {
+        let mut opts = self.options.clone();
+        if self.specs().any(|s| s.adapter_of.as_deref() == Some(key)) {
+            opts.lora.get_or_insert_with(Default::default);
+        }
+        opts
     }
 
     /// Whether a key's model is loaded.
@@ -280,6 +304,10 @@ impl ModelRegistry {
     /// update is applied or refused; a refused update leaves the old weights serving. The
     /// model must be loaded (an update of a model nobody uses is a fresh load: point the spec
     /// at the new files instead).
+    ///
+    /// For an adapter key (`ModelSpec::adapter`) `source` is a directory holding the
+    /// adapter's new version: it is checked, new requests run through it, requests on the old
+    /// version finish on it (or end, `!drain`), and the base serves on untouched.
     pub fn update_weights(
         &self,
         key: &str,
@@ -298,6 +326,19 @@ impl ModelRegistry {
                 "model `{key}` is not loaded; load it first (get_policy) or point its spec at the new files"
             )));
         };
+        if model.adapter().is_some() {
+            // An adapter key: a new adapter version, the base untouched.
+            let crate::engine::WeightSource::Dir(dir) = source else {
+                return Err(Error::WeightUpdate(format!(
+                    "`{key}` is a LoRA adapter: give a directory with adapter_config.json and adapter_model.safetensors (WeightSource::Dir)"
+                )));
+            };
+            let new = model.replace_adapter(&dir, drain)?;
+            return Ok(crate::engine::WeightsVersion {
+                adapter: Some(new.version().clone()),
+                ..model.engine().stats().weights_version
+            });
+        }
         model.engine().update_weights(source, drain).wait()
     }
 

@@ -33,7 +33,53 @@ fn offline() -> bool {
 
 type Fetch<'a> = dyn Fn(&str) -> Result<PathBuf> + 'a;
 
+/// The directory of a LoRA adapter (`adapter_config.json` + `adapter_model.safetensors`): a
+/// local directory as it is, a hub repository fetched (or found in the cache offline).
+pub fn resolve_adapter(key: &str, source: &ModelSource) -> Result<PathBuf> {
+    match source {
+        ModelSource::Demo => Err(Error::DemoMisuse {
+            key: key.into(),
+            what: "adapter files",
+        }),
+        ModelSource::Local(dir) => Ok(dir.clone()),
+        ModelSource::Hub { repo, revision } => {
+            let fetch = hub_fetcher(repo, revision)?;
+            let config = fetch("adapter_config.json")?;
+            fetch("adapter_model.safetensors")?;
+            Ok(config.parent().map(Path::to_path_buf).unwrap_or_default())
+        }
+    }
+}
+
 fn resolve_hub(repo_id: &str, revision: &str) -> Result<ModelFiles> {
+    let fetch = hub_fetcher(repo_id, revision)?;
+    let config = fetch("config.json")?;
+    let tokenizer = fetch("tokenizer.json")?;
+    let tokenizer_config = fetch("tokenizer_config.json")?;
+    let generation_config = fetch("generation_config.json").ok();
+    let weights = match fetch("model.safetensors") {
+        Ok(p) => vec![p],
+        Err(single_err) => match fetch("model.safetensors.index.json") {
+            Ok(index) => shard_names(&index)?
+                .iter()
+                .map(|n| fetch(n))
+                .collect::<Result<Vec<_>>>()?,
+            Err(_) => return Err(single_err),
+        },
+    };
+    let dir = config.parent().map(Path::to_path_buf).unwrap_or_default();
+    Ok(ModelFiles {
+        dir,
+        config,
+        tokenizer,
+        tokenizer_config,
+        generation_config,
+        weights,
+    })
+}
+
+/// Fetches files of a hub repository at a revision (from the cache alone offline).
+fn hub_fetcher<'a>(repo_id: &'a str, revision: &'a str) -> Result<Box<Fetch<'a>>> {
     use hf_hub::{Repo, RepoType};
     let repo = Repo::with_revision(repo_id.to_string(), RepoType::Model, revision.to_string());
     let dl_err = |file: &str, reason: String| Error::Download {
@@ -68,27 +114,5 @@ fn resolve_hub(repo_id: &str, revision: &str) -> Result<ModelFiles> {
             api_repo.get(file).map_err(|e| dl_err(file, e.to_string()))
         })
     };
-    let config = fetch("config.json")?;
-    let tokenizer = fetch("tokenizer.json")?;
-    let tokenizer_config = fetch("tokenizer_config.json")?;
-    let generation_config = fetch("generation_config.json").ok();
-    let weights = match fetch("model.safetensors") {
-        Ok(p) => vec![p],
-        Err(single_err) => match fetch("model.safetensors.index.json") {
-            Ok(index) => shard_names(&index)?
-                .iter()
-                .map(|n| fetch(n))
-                .collect::<Result<Vec<_>>>()?,
-            Err(_) => return Err(single_err),
-        },
-    };
-    let dir = config.parent().map(Path::to_path_buf).unwrap_or_default();
-    Ok(ModelFiles {
-        dir,
-        config,
-        tokenizer,
-        tokenizer_config,
-        generation_config,
-        weights,
-    })
+    Ok(fetch)
 }

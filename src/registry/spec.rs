@@ -44,6 +44,11 @@ pub struct ModelSpec {
     pub enable_thinking: bool,
     /// `false` lists the model as "coming soon"; `get_policy` refuses it.
     pub available: bool,
+    /// A LoRA adapter over another key's model: that key (the base, loaded once and shared);
+    /// `source` then names the adapter's files (`adapter_config.json` +
+    /// `adapter_model.safetensors`). `None`: a model of its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adapter_of: Option<String>,
 }
 
 impl ModelSpec {
@@ -55,6 +60,7 @@ impl ModelSpec {
             source: ModelSource::Demo,
             enable_thinking: false,
             available: true,
+            adapter_of: None,
         }
     }
 
@@ -69,6 +75,7 @@ impl ModelSpec {
             },
             enable_thinking: false,
             available: true,
+            adapter_of: None,
         }
     }
 
@@ -80,6 +87,21 @@ impl ModelSpec {
             source: ModelSource::Local(dir.into()),
             enable_thinking: false,
             available: true,
+            adapter_of: None,
+        }
+    }
+
+    /// A PEFT LoRA adapter (a local directory, or a hub repository with `source`) over the
+    /// model of key `base`: `get_policy(key)` shares the base's weights and engine, and every
+    /// request runs through the adapter. Its `enable_thinking` is the base's unless set.
+    pub fn adapter(key: &str, label: &str, base: &str, source: ModelSource) -> Self {
+        Self {
+            key: key.into(),
+            label: label.into(),
+            source,
+            enable_thinking: false,
+            available: true,
+            adapter_of: Some(base.into()),
         }
     }
 

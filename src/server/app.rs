@@ -72,10 +72,16 @@ async fn models(State(st): State<Arc<AppState>>) -> Json<serde_json::Value> {
             let loaded = (!s.is_demo() && st.registry.is_loaded(&s.key))
                 .then(|| st.registry.model(&s.key).ok())
                 .flatten();
+            // An adapter lists its base as `parent` (vLLM's field) and its version.
+            let version = loaded.as_ref().map(|m| crate::engine::WeightsVersion {
+                adapter: m.adapter().map(|h| h.version().clone()),
+                ..m.engine().stats().weights_version
+            });
             json!({"id": s.key, "object": "model", "created": 0, "owned_by": "policy-serve",
                 "label": s.label, "available": s.available,
+                "parent": s.adapter_of,
                 "loaded": s.is_demo() || loaded.is_some(),
-                "weights_version": loaded.map(|m| m.engine().stats().weights_version)})
+                "weights_version": version})
         })
         .collect();
     Json(json!({"object": "list", "data": data}))

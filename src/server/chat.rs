@@ -125,6 +125,7 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest, p: ChatParams) -> ApiResu
         sampling.top_k = extras.top_k.or(sampling.top_k);
         sampling.min_p = extras.min_p;
         let mut request = GenerationRequest::new(ids).sampling(sampling);
+        request.adapter = model.adapter();
         request.repetition_penalty = extras.repetition_penalty;
         request.stop = stop;
         request.ignore_eos = ignore_eos;

@@ -92,8 +92,9 @@ async fn run(st: &Arc<AppState>, body: &[u8]) -> ApiResult<Response> {
                 .map(|t| engine.tokenize(t))
                 .collect::<crate::error::Result<_>>()?,
         };
-        let requests = build_requests(&p, &prompts, model.generation_config(), fresh_seed);
-        for r in &requests {
+        let mut requests = build_requests(&p, &prompts, model.generation_config(), fresh_seed);
+        for r in &mut requests {
+            r.adapter = model.adapter();
             engine.check(r)?;
         }
         Ok((engine, prompts, requests))

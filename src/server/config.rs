@@ -21,6 +21,10 @@ pub struct Config {
     /// Point a key at a local model directory: KEY=DIR (repeatable).
     #[arg(long = "model-dir", value_parser = parse_key_dir)]
     pub model_dirs: Vec<(String, PathBuf)>,
+    /// Serve a PEFT LoRA adapter as model NAME over model BASE_KEY: NAME=BASE_KEY:DIR
+    /// (repeatable; the base loads once and takes every adapter's requests in its batches).
+    #[arg(long = "adapter", value_parser = parse_adapter)]
+    pub adapters: Vec<(String, String, PathBuf)>,
     /// Load the offered models at start-up (requests for a model still loading get 503).
     #[arg(long)]
     pub preload: bool,
@@ -65,6 +69,15 @@ pub struct Config {
     /// loopback it needs `--token`.
     #[arg(long)]
     pub allow_weight_updates: bool,
+}
+
+fn parse_adapter(s: &str) -> Result<(String, String, PathBuf), String> {
+    let (name, rest) = s.split_once('=').ok_or("expected NAME=BASE_KEY:DIR")?;
+    let (base, dir) = rest.split_once(':').ok_or("expected NAME=BASE_KEY:DIR")?;
+    if name.is_empty() || base.is_empty() || dir.is_empty() {
+        return Err("expected NAME=BASE_KEY:DIR, each part non-empty".into());
+    }
+    Ok((name.to_string(), base.to_string(), dir.into()))
 }
 
 fn parse_key_dir(s: &str) -> Result<(String, PathBuf), String> {

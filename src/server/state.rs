@@ -108,6 +108,13 @@ impl AppState {
                 Err(_) => registry.with_model(ModelSpec::local(k, k, d)),
             };
         }
+        for (name, base, dir) in &cfg.adapters {
+            super::error::register_private_dir(dir);
+            registry.spec(base)?;
+            let spec = ModelSpec::adapter(name, name, base, crate::ModelSource::Local(dir.clone()))
+                .thinking(registry.spec(base)?.enable_thinking);
+            registry = registry.with_model(spec);
+        }
         let offered: Vec<String> = if cfg.models.is_empty() {
             registry.specs().map(|s| s.key.clone()).collect()
         } else {

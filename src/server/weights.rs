@@ -109,9 +109,21 @@ pub(super) async fn from_disk(
     let req: DiskUpdate = serde_json::from_value(json_body(&body)?)
         .map_err(|e| ApiError::bad(format!("expected {{\"path\": DIR, \"drain\": bool}}: {e}")))?;
     let engine = engine_of(&st, &key).await?;
-    let v = engine
-        .update_weights(WeightSource::Dir(req.path), req.drain)
-        .await?;
+    let adapter = st.registry.spec(&key).is_ok_and(|s| s.adapter_of.is_some());
+    let v = if adapter {
+        // An adapter key: its new version (checked, then swapped in; the base untouched).
+        let (state, k) = (st.clone(), key.clone());
+        blocking(move || {
+            state
+                .registry
+                .update_weights(&k, WeightSource::Dir(req.path), req.drain)
+        })
+        .await?
+    } else {
+        engine
+            .update_weights(WeightSource::Dir(req.path), req.drain)
+            .await?
+    };
     Ok(Json(json!({"model": key, "weights_version": v})))
 }
 

@@ -112,6 +112,17 @@ impl Model {
         false
     }
 
+    /// Reserves LoRA adapter slots on this model (an engine does it at load from
+    /// `EngineOptions::lora`); a forward's rows on a slot (`SeqInput::adapter`) add its delta.
+    pub fn set_lora_slots(&mut self, slots: super::lora_slots::LoraSlots) {
+        self.qwen3.lora = Some(slots);
+    }
+
+    /// The LoRA slots, when reserved (write an adapter into one with `LoraSlots::load`).
+    pub fn lora_slots(&self) -> Option<&super::lora_slots::LoraSlots> {
+        self.qwen3.lora.as_ref()
+    }
+
     /// Runs the candle-op path from now on (the reference the kernels are tested against).
     pub fn disable_kernels(&mut self) {
         #[cfg(feature = "cuda")]

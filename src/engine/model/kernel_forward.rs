@@ -65,6 +65,8 @@ pub(crate) struct Activations {
     /// Merge counters of the fused decode attention (one per row and head, kept zero), for
     /// the rows it serves (at most [`FUSED_MAX_ROWS`]).
     counters: Tensor,
+    /// The LoRA shrink's f32 scratch (`[t, 3 * rank]`), on a model with adapter slots.
+    pub(crate) lora_y: Option<Tensor>,
 }
 
 impl Activations {
@@ -94,6 +96,10 @@ impl Activations {
             down: k.alloc_out((t, hidden))?,
             scratch: k.decode_scratch(nd, nh, splits)?,
             counters: k.decode_counters(t.min(FUSED_MAX_ROWS), nh)?,
+            lora_y: match &m.lora {
+                Some(l) => Some(k.alloc((t, 3 * l.rank()), candle_core::DType::F32)?),
+                None => None,
+            },
         })
     }
 
@@ -113,6 +119,7 @@ impl Activations {
             down: n(&self.down)?,
             scratch: self.scratch.clone(),
             counters: self.counters.clone(),
+            lora_y: self.lora_y.as_ref().map(|y| n(y)).transpose()?,
         })
     }
 
@@ -136,6 +143,9 @@ impl Activations {
         .sum::<usize>();
         if let Some((a, m)) = &self.scratch {
             n += b(a) + b(m);
+        }
+        if let Some(y) = &self.lora_y {
+            n += b(y);
         }
         n + b(&self.counters)
     }
@@ -327,7 +337,7 @@ impl KernelForward<'_> {
                 k.fused_decode_supports(t, at.num_heads, at.num_kv_heads, at.head_dim)
             });
         let part = CudaKernels::decode_partition(inputs.ctx_lens.elem_count());
-        let lora = self.lora_step(inputs)?;
+        let lora = self.lora_step(inputs, acts)?;
         for (li, layer) in m.layers.iter().enumerate() {
             let at = &layer.attn;
             let norm = &layer.input_norm;

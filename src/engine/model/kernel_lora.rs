@@ -8,7 +8,7 @@
 use candle_core::{DType, Tensor};
 
 use super::blocks::Norm;
-use super::kernel_forward::{KernelForward, StepInputs};
+use super::kernel_forward::{Activations, KernelForward, StepInputs};
 use super::lora_slots::LoraSlots;
 use crate::error::Result;
 
@@ -20,13 +20,21 @@ pub(crate) struct LoraStep<'a> {
 }
 
 impl<'m> KernelForward<'m> {
-    /// The step's LoRA inputs, when a row of it runs on an adapter.
-    pub(crate) fn lora_step(&self, inputs: &StepInputs) -> Result<Option<LoraStep<'m>>> {
+    /// The step's LoRA inputs, when a row of it runs on an adapter (the scratch is the
+    /// activations' own, so a captured step allocates nothing).
+    pub(crate) fn lora_step(
+        &self,
+        inputs: &StepInputs,
+        acts: &Activations,
+    ) -> Result<Option<LoraStep<'m>>> {
         let (Some(slots), Some(slot_of)) = (self.model.lora.as_ref(), inputs.lora.as_ref()) else {
             return Ok(None);
         };
         let t = slot_of.elem_count();
-        let y = self.kernels.alloc(t * 3 * slots.rank(), DType::F32)?;
+        let y = match &acts.lora_y {
+            Some(y) => y.clone(),
+            None => self.kernels.alloc(t * 3 * slots.rank(), DType::F32)?,
+        };
         Ok(Some(LoraStep {
             slots,
             slot_of: slot_of.clone(),

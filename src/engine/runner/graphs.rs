@@ -13,6 +13,9 @@
 //!   context lengths [B] | table width [1] | block tables [B * width]`; the decode kernels
 //!   read the width from the device and run a fixed number of partitions, so one graph serves
 //!   every context length the engine serves.
+//! - On an engine with LoRA slots every bucket has a second graph that adds the adapters'
+//!   deltas; its rows' slots sit after the largest bucket's inputs (`u32::MAX`: the base).
+//!   A step with a row on an adapter replays that one; others replay the base's.
 //! - Only pure decode steps of one rank replay; prefill chunks, larger batches and tensor
 //!   parallelism run eagerly (the workers would need graphs of their own, and the NCCL
 //!   all-reduce in the step is not captured).
@@ -52,6 +55,10 @@ fn graph_splits(b: usize) -> usize {
 pub struct DecodeGraphs {
     buckets: Vec<usize>,
     graphs: Vec<CudaGraph>,
+    /// The same steps with LoRA deltas (engines with adapter slots).
+    lora_graphs: Vec<CudaGraph>,
+    /// Where the rows' LoRA slots start in `input` (engines with adapter slots).
+    lora_at: Option<usize>,
     stream: Arc<CudaStream>,
     /// u32 inputs of the largest bucket at the widest table, and its device address.
     input: Tensor,
@@ -98,7 +105,12 @@ impl DecodeGraphs {
         };
         let partials = buckets.iter().map(|&b| b * splits_of(b)).max().unwrap_or(1);
         let vocab = model.qwen3.lm_head.weight().dim(0)?;
-        let input = k.alloc(bmax * (4 + max_width) + 1, DType::U32)?;
+        let lora_at = model
+            .qwen3
+            .lora
+            .as_ref()
+            .map(|_| bmax * (4 + max_width) + 1);
+        let input = k.alloc(bmax * (4 + max_width) + 1 + bmax, DType::U32)?;
         let input_ptr = k.ptr(&input)?;
         let acts = Activations::new(k, &model.qwen3, bmax, 1, partials)?;
         let splits = buckets.iter().map(|&b| splits_of(b)).collect();
@@ -111,6 +123,8 @@ impl DecodeGraphs {
         Ok(Some(Self {
             buckets,
             graphs: Vec::new(),
+            lora_graphs: Vec::new(),
+            lora_at,
             stream: k.stream().clone(),
             input,
             input_ptr,
@@ -156,12 +170,13 @@ impl DecodeGraphs {
         k.set_pdl(pdl && graph_pdl);
         let captured = self.capture_all(model, k, cache);
         k.set_pdl(pdl);
-        let graphs = captured?;
+        let (graphs, lora_graphs) = captured?;
         self.stream
             .synchronize()
             .map_err(|e| kernel_err("graph capture", e))?;
         let (free_after, _) = mem_info()?;
         self.graphs = graphs;
+        self.lora_graphs = lora_graphs;
         self.bytes += free_before.saturating_sub(free_after);
         self.capture_secs = start.elapsed().as_secs_f64();
         Ok(())
@@ -172,18 +187,28 @@ impl DecodeGraphs {
         model: &Model,
         k: &CudaKernels,
         cache: &PagedKvCache,
-    ) -> Result<Vec<CudaGraph>> {
+    ) -> Result<(Vec<CudaGraph>, Vec<CudaGraph>)> {
         let mut graphs = Vec::with_capacity(self.buckets.len());
-        for &b in &self.buckets {
+        let mut lora_graphs = Vec::new();
+        for (&b, lora) in self
+            .buckets
+            .iter()
+            .map(|b| (b, false))
+            .chain(self.buckets.iter().map(|b| (b, true)))
+        {
+            if lora && self.lora_at.is_none() {
+                break;
+            }
             self.upload(b, &vec![padding(); b], 1)?;
-            self.run_bucket(model, k, cache, b)?;
+            self.upload_lora(&vec![u32::MAX; b])?;
+            self.run_bucket(model, k, cache, b, lora)?;
             self.stream
                 .synchronize()
                 .map_err(|e| kernel_err("graph warm-up", e))?;
             self.stream
                 .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(|e| kernel_err("graph capture", e))?;
-            let ran = self.run_bucket(model, k, cache, b);
+            let ran = self.run_bucket(model, k, cache, b, lora);
             // Capture ends whatever happened, so the stream is usable again.
             let ended = self
                 .stream
@@ -192,21 +217,29 @@ impl DecodeGraphs {
             ran?;
             let graph = ended?.ok_or_else(|| kernel_err("graph capture", "empty graph"))?;
             graph.upload().map_err(|e| kernel_err("graph upload", e))?;
-            graphs.push(graph);
+            if lora {
+                lora_graphs.push(graph);
+            } else {
+                graphs.push(graph);
+            }
         }
-        Ok(graphs)
+        Ok((graphs, lora_graphs))
     }
 
-    /// The launches a bucket's graph holds: the layers, the final norm, lm_head and the f32
-    /// logits, on the static buffers.
+    /// The launches a bucket's graph holds: the layers (with the LoRA deltas when `lora`),
+    /// the final norm, lm_head and the f32 logits, on the static buffers.
     fn run_bucket(
         &self,
         model: &Model,
         k: &CudaKernels,
         cache: &PagedKvCache,
         b: usize,
+        lora: bool,
     ) -> Result<()> {
-        let inputs = self.inputs(b)?;
+        let mut inputs = self.inputs(b)?;
+        if lora && let Some(at) = self.lora_at {
+            inputs.lora = Some(self.input.narrow(0, at, b)?);
+        }
         let acts = self.acts.rows(b)?;
         let plan = AttnPlan {
             groups: vec![AttnGroup::KernelDecode { n: b, first: 0 }],
@@ -259,6 +292,23 @@ impl DecodeGraphs {
             .map_err(|e| kernel_err("graph input upload", e))
     }
 
+    /// Writes the rows' LoRA slots (engines with adapter slots; nothing otherwise).
+    fn upload_lora(&self, slots: &[u32]) -> Result<()> {
+        let Some(at) = self.lora_at else {
+            return Ok(());
+        };
+        // SAFETY: the input buffer holds the largest bucket's slots after `at`, which bounds
+        // `slots`; the copy is ordered on the stream before the graph that reads it.
+        unsafe {
+            result::memcpy_htod_async(
+                self.input_ptr + at as u64 * 4,
+                slots,
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| kernel_err("graph LoRA slots upload", e))
+    }
+
     /// Runs a step on a graph when it is pure decode within the buckets and the served width;
     /// returns its f32 logits `[B, vocab]` (a view of a static buffer, valid until the next
     /// step), or `None` when the step must run eagerly.
@@ -305,9 +355,12 @@ impl DecodeGraphs {
         };
         if seqs
             .iter()
-            .any(|s| s.q_len != 1 || s.logits != LogitRows::Last || s.adapter.is_some())
+            .any(|s| s.q_len != 1 || s.logits != LogitRows::Last)
         {
-            // Rows on a LoRA adapter run eagerly (the graphs hold the base's launches only).
+            return Ok(None);
+        }
+        let lora = seqs.iter().any(|s| s.adapter.is_some());
+        if lora && self.lora_graphs.len() != self.buckets.len() {
             return Ok(None);
         }
         let bs = self.block_size;
@@ -343,6 +396,11 @@ impl DecodeGraphs {
             .collect();
         rows.resize(b, padding());
         self.upload(b, &rows, width)?;
+        if lora {
+            let mut slots: Vec<u32> = seqs.iter().map(|s| s.adapter.unwrap_or(u32::MAX)).collect();
+            slots.resize(b, u32::MAX);
+            self.upload_lora(&slots)?;
+        }
         if let Ids::Device(d) = ids {
             let k = model
                 .kernels
@@ -357,7 +415,12 @@ impl DecodeGraphs {
             }
             .map_err(|e| kernel_err("graph token ids", e))?;
         }
-        self.graphs[bi]
+        let graph = if lora {
+            &self.lora_graphs[bi]
+        } else {
+            &self.graphs[bi]
+        };
+        graph
             .launch()
             .map_err(|e| Error::Engine(format!("CUDA graph launch (batch {b}): {e}")))?;
         Ok(Some(self.logits.narrow(0, 0, n)?))

@@ -52,6 +52,11 @@ impl AdapterTable {
         }
     }
 
+    /// Adapter versions registered.
+    pub(super) fn len(&self) -> usize {
+        self.adapters.len()
+    }
+
     /// The slot adapter `id` sits in.
     fn slot_of(&self, id: u64) -> Option<usize> {
         self.slots
@@ -190,6 +195,9 @@ impl Scheduler {
 
     /// Removes retired adapters that no request uses any more (their slot frees up).
     pub(super) fn drop_retired_adapters(&mut self) {
+        if !self.adapters.adapters.values().any(|r| r.retired) {
+            return;
+        }
         let on = |id: u64| move |s: &Seq| s.request.adapter.as_ref().is_some_and(|h| h.id == id);
         let gone: Vec<u64> = self
             .adapters

@@ -245,6 +245,7 @@ impl Scheduler {
                 break;
             }
             self.progress_update();
+            self.drop_retired_adapters();
             // A step in flight is settled before an admission that can happen now (pipeline.rs;
             // `drop_abandoned` settles it itself before a running sequence goes); while no
             // waiting request can be admitted (no slot, or the KV memory that refused the last
@@ -294,6 +295,7 @@ impl Scheduler {
             s.cached_blocks = c.cached_blocks;
         }
         s.swap_used_bytes = kv.swap_used_bytes;
+        s.adapters = self.adapters.len();
         if s.weights_version != self.weights {
             s.weights_version = self.weights.clone();
         }

@@ -1,0 +1,188 @@
+//! LoRA checks: the kernel forward with adapters in two slots against the candle-op forward
+//! on the same weights and adapters (mixed batches: prefill and decode rows on each slot and
+//! on the base; 1- and 2-row steps), and greedy tokens of two engines with adapters, CUDA
+//! graphs on and off (the adapters' graphs against eager steps).
+
+use super::*;
+use policy_serve::engine::LoraOptions;
+use policy_serve::engine::model::lora::LoraAdapter;
+use policy_serve::engine::model::lora_slots::LoraSlots;
+
+/// Two random rank-16 adapters for the model of `cfg`, written under the temp dir.
+fn adapters(cfg: &ModelConfig) -> Res<Vec<std::path::PathBuf>> {
+    (0..2)
+        .map(|i| {
+            let dir = std::env::temp_dir().join(format!("kc-lora-{}-{i}", std::process::id()));
+            policy_serve::testing::write_random_adapter(&dir, cfg, 16, 0.05)?;
+            Ok(dir)
+        })
+        .collect()
+}
+
+pub(super) fn lora_model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
+    let cfg = ModelConfig::from_file(&a.model_dir.join("config.json"))?;
+    let weights = [a.model_dir.join("model.safetensors")];
+    let choice = if dt == DType::F32 {
+        DTypeChoice::F32
+    } else {
+        DTypeChoice::BF16
+    };
+    let dirs = adapters(&cfg)?;
+    let load = |kernels: bool| -> Res<policy_serve::engine::model::Model> {
+        let mut m = load_shard(
+            "lora",
+            &cfg,
+            &weights,
+            choice,
+            dev,
+            Shard::FULL,
+            &a.kernels.options(),
+            || {},
+        )?;
+        if !kernels {
+            m.disable_kernels();
+        }
+        m.set_lora_slots(LoraSlots::new(&cfg, 2, 16, m.dtype(), dev)?);
+        for (i, d) in dirs.iter().enumerate() {
+            let ad = LoraAdapter::load(d, &cfg, 16)?;
+            m.lora_slots().ok_or("slots")?.load(i, &ad)?;
+        }
+        Ok(m)
+    };
+    let (fast, slow) = (load(true)?, load(false)?);
+    let bs = 16;
+    let slots = [Some(0u32), None, Some(1), Some(0), None, Some(1)];
+    let mut out = Vec::new();
+    for m in [&fast, &slow] {
+        let c = PagedKvCache::new(&cfg, m.local_kv_heads(), 256, bs, dt, dev)?;
+        let tables: Vec<Vec<u32>> = (0..6u32)
+            .map(|i| (0..12).map(|j| i * 12 + j).collect())
+            .collect();
+        let lens: Vec<usize> = (0..6).map(|i| 40 + i * 23).collect();
+        // One mixed prefill step: six prompts, two per slot and two on the base.
+        let toks: Vec<u32> = (0..6)
+            .flat_map(|i| synthetic_prompt(lens[i], 70 + i))
+            .collect();
+        let seqs: Vec<SeqInput<'_>> = (0..6)
+            .map(|i| SeqInput {
+                q_len: lens[i],
+                context_len: lens[i],
+                block_table: &tables[i],
+                logits: LogitRows::Last,
+                adapter: slots[i],
+            })
+            .collect();
+        let l1 = m.forward(&toks, &seqs, &c, None)?.ok_or("logits")?;
+        let mut steps = vec![l1];
+        // Decode steps of 6, 1 and 2 rows (the 1-2 row steps take the skinny matmuls).
+        for (round, rows) in [(1usize, 0..6usize), (2, 2..3), (3, 3..5)] {
+            let s: Vec<SeqInput<'_>> = rows
+                .clone()
+                .map(|i| SeqInput {
+                    q_len: 1,
+                    context_len: lens[i] + round,
+                    block_table: &tables[i],
+                    logits: LogitRows::Last,
+                    adapter: slots[i],
+                })
+                .collect();
+            let tk: Vec<u32> = rows.map(|i| 3000 + 10 * round as u32 + i as u32).collect();
+            steps.push(m.forward(&tk, &s, &c, None)?.ok_or("logits")?);
+        }
+        out.push(steps);
+    }
+    let tl = if dt == DType::F32 { 1e-4 } else { 3e-2 };
+    for (i, what) in [
+        "prefill 6 mixed",
+        "decode 6 mixed",
+        "decode 1 (slot 1)",
+        "decode 2 (slot 0, base)",
+    ]
+    .iter()
+    .enumerate()
+    {
+        t.check(
+            format!("lora {dt:?}: {what}"),
+            rel(&out[0][i], &out[1][i])?,
+            tl,
+        );
+    }
+    // Positive control: the same prompt through slot 0 and on the base differ.
+    let c = PagedKvCache::new(&cfg, fast.local_kv_heads(), 16, bs, dt, dev)?;
+    let table: Vec<u32> = (0..8).collect();
+    let p = synthetic_prompt(64, 9);
+    let run = |adapter| -> Res<Tensor> {
+        let s = [SeqInput {
+            q_len: 64,
+            context_len: 64,
+            block_table: &table,
+            logits: LogitRows::Last,
+            adapter,
+        }];
+        Ok(fast.forward(&p, &s, &c, None)?.ok_or("logits")?)
+    };
+    let differ = rel(&run(Some(0))?, &run(None)?)?;
+    t.check(
+        format!("lora {dt:?}: adapter changes the logits (rel {differ:.3}) ?"),
+        if differ > 1e-2 { 0.0 } else { 1.0 },
+        0.0,
+    );
+    for d in dirs {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    Ok(())
+}
+
+/// Greedy tokens of 8 requests on two adapters and the base, with CUDA graphs and without:
+/// equal token for token (the same kernels run in both).
+pub(super) fn lora_graph_check(a: &Args, t: &mut Table) -> Res<()> {
+    let cfg = ModelConfig::from_file(&a.model_dir.join("config.json"))?;
+    let dirs = adapters(&cfg)?;
+    let run = |graphs: bool| -> Res<Vec<Vec<u32>>> {
+        let opts = EngineOptions {
+            device: DeviceChoice::Cuda(0),
+            dtype: DTypeChoice::BF16,
+            cuda_graphs: graphs,
+            max_running: Some(64),
+            lora: Some(LoraOptions {
+                max_loras: 2,
+                max_lora_rank: 16,
+            }),
+            kernels: a.kernels.options(),
+            ..EngineOptions::default()
+        };
+        let r =
+            ModelRegistry::new(vec![ModelSpec::local("m", "m", &a.model_dir)])?.with_options(opts);
+        let e = r.model("m")?.engine().clone();
+        let hs = dirs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| e.load_adapter(&format!("a{i}"), d))
+            .collect::<Result<Vec<_>, _>>()?;
+        let pending: Vec<_> = (0..8)
+            .map(|i| {
+                let mut req = GenerationRequest::new(synthetic_prompt(30 + i * 41, 600 + i))
+                    .max_new_tokens(32);
+                req.ignore_eos = true;
+                req.adapter = (i % 3 < 2).then(|| hs[i % 3].clone());
+                e.submit(req)
+            })
+            .collect();
+        Ok(pending
+            .into_iter()
+            .map(|p| p.wait().map(|g| g.tokens))
+            .collect::<Result<_, _>>()?)
+    };
+    let (graphs, eager) = (run(true)?, run(false)?);
+    let equal = graphs.iter().zip(&eager).filter(|(g, e)| g == e).count();
+    println!("lora greedy graphs vs eager: {equal}/8 requests equal");
+    t.check(
+        format!("lora graphs vs eager: {equal}/8 greedy answers equal ?"),
+        if equal == 8 { 0.0 } else { 1.0 },
+        0.0,
+    );
+    for d in dirs {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    Ok(())
+}
