@@ -16,6 +16,7 @@ mod constrained;
 mod episodes;
 mod errors;
 mod hardening;
+mod lora;
 mod weights;
 
 pub(crate) struct Server {
