@@ -1,6 +1,7 @@
 //! Launches of the LoRA kernels (`kernels/lora.cu`): a fused matmul's output gains, for each
 //! token on an adapter, `b[slot] · (a[slot] · x)` — shrink into an f32 scratch, then expand
-//! into the output in place.
+//! into the output in place, both by tiles of up to [`LORA_TILE`] consecutive tokens on one
+//! slot (each block reads its adapter rows once per tile).
 
 use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
@@ -10,17 +11,21 @@ use super::kernels::CudaKernels;
 use super::launch::kernel_err;
 use crate::error::Result;
 
+/// Most tokens of one LoRA tile.
+pub const LORA_TILE: usize = 8;
+
 impl CudaKernels {
-    /// `out[t] += b[s] · (a[s] · x[t])` for every token `t` whose slot `s = slot_of[t]` is
-    /// below the slots held (u32 `[T]`; others are left alone). `a`: `[slots, P * r, in]`,
-    /// `b`: `[slots, out, r]`, `splits`: the first output row of each of the `P` (1-3)
-    /// projections and `out` at the end; `y`: f32 scratch of at least `T * P * r`.
-    #[allow(clippy::too_many_arguments)]
+    /// `out[t] += b[s] · (a[s] · x[t])` for the tokens of each tile of `tiles` (u32
+    /// `[tiles, 3]`: first token, count of at most [`LORA_TILE`] (0: none), slot; tokens
+    /// outside every tile, and slots past those held, are left alone). `a`: `[slots, P * r,
+    /// in]`, `b`: `[slots, out, r]`, `splits`: the first output row of each of the `P` (1-3)
+    /// projections and `out` at the end; `y`: f32 scratch of at least `T * P * r`. The tiles'
+    /// tokens must lie within `x`'s rows (the caller's to build).
     pub fn lora_into(
         &self,
         x: &Tensor,
         (a, b, splits): (&Tensor, &Tensor, &[usize]),
-        slot_of: &Tensor,
+        tiles: &Tensor,
         y: &Tensor,
         out: &Tensor,
     ) -> Result<()> {
@@ -29,28 +34,31 @@ impl CudaKernels {
         }
         let (slots, pr, fan_in) = a.dims3()?;
         let (_, nout, r) = b.dims3()?;
-        let t = slot_of.elem_count();
+        let t = x.elem_count() / fan_in.max(1);
+        let ntiles = tiles.elem_count() / 3;
         let parts = splits.len().saturating_sub(1);
         let fits = x.elem_count() == t * fan_in
             && out.elem_count() == t * nout
             && (1..=3).contains(&parts)
             && pr == parts * r
             && splits.last() == Some(&nout)
-            && slot_of.dtype() == DType::U32
+            && tiles.dtype() == DType::U32
+            && tiles.elem_count() == 3 * ntiles
             && y.dtype() == DType::F32
             && y.elem_count() >= t * pr
+            && LORA_TILE * pr * 4 <= 48 * 1024
             && fan_in.is_multiple_of(8);
         if !fits {
             return Err(kernel_err("lora", "shapes do not fit"));
         }
-        if t == 0 {
+        if ntiles == 0 || t == 0 {
             return Ok(());
         }
         let (px, pa, pb, ps, py, po) = (
             self.ptr(x)?,
             self.ptr(a)?,
             self.ptr(b)?,
-            self.ptr(slot_of)?,
+            self.ptr(tiles)?,
             self.ptr(y)?,
             self.ptr(out)?,
         );
@@ -64,7 +72,7 @@ impl CudaKernels {
         let s1 = splits.get(1).copied().filter(|_| parts > 1).unwrap_or(nout) as i32;
         let s2 = splits.get(2).copied().filter(|_| parts > 2).unwrap_or(nout) as i32;
         let cfg = LaunchConfig {
-            grid_dim: (pr.div_ceil(8) as u32, t as u32, 1),
+            grid_dim: (pr.div_ceil(8) as u32, ntiles as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -79,9 +87,9 @@ impl CudaKernels {
         // SAFETY: argument types match `lora_shrink_*`; shapes are checked above.
         unsafe { l.launch(cfg) }.w()?;
         let cfg = LaunchConfig {
-            grid_dim: (nout.div_ceil(256) as u32, t as u32, 1),
+            grid_dim: (nout.div_ceil(256) as u32, ntiles as u32, 1),
             block_dim: (256, 1, 1),
-            shared_mem_bytes: (pr * 4) as u32,
+            shared_mem_bytes: (LORA_TILE * pr * 4) as u32,
         };
         let mut l = self.launcher(&self.lora[1]);
         l.arg(&py).arg(&pb).arg(&ps).arg(&po).arg(&n32).arg(&r32);

@@ -40,8 +40,8 @@ pub(crate) struct StepInputs {
     pub(crate) prefill: (Tensor, Tensor, Tensor),
     /// The longest context among the prefill chunks (the keys the prefill attends to).
     pub(crate) prefill_keys: usize,
-    /// The LoRA slot of each token (u32 `[T]`, `u32::MAX`: the base), when a row of the
-    /// step runs on an adapter.
+    /// The LoRA tiles of the step (u32 `[tiles, 3]`: first token, count, slot; see
+    /// `CudaKernels::lora_into`), when a row of it runs on an adapter.
     pub(crate) lora: Option<Tensor>,
 }
 
@@ -253,11 +253,12 @@ impl KernelForward<'_> {
         packed.extend_from_slice(&ptables);
         let lora_at = packed.len();
         let lora = m.lora.is_some() && seqs.iter().any(|s| s.adapter.is_some());
-        if lora {
-            for s in seqs {
-                packed.extend(std::iter::repeat_n(s.adapter.unwrap_or(u32::MAX), s.q_len));
-            }
-        }
+        let tiles = if lora {
+            super::lora_slots::tiles(seqs, crate::engine::cuda::LORA_TILE)
+        } else {
+            Vec::new()
+        };
+        packed.extend_from_slice(&tiles);
         let dev = m.device();
         let packed = Tensor::new(packed.as_slice(), dev)?;
         let ids = packed.narrow(0, 0, t)?;
@@ -297,7 +298,7 @@ impl KernelForward<'_> {
                 .max()
                 .unwrap_or(0),
             lora: if lora {
-                Some(packed.narrow(0, lora_at, t)?)
+                Some(packed.narrow(0, lora_at, tiles.len())?)
             } else {
                 None
             },

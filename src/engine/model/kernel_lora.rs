@@ -12,10 +12,10 @@ use super::kernel_forward::{Activations, KernelForward, StepInputs};
 use super::lora_slots::LoraSlots;
 use crate::error::Result;
 
-/// What a step's LoRA deltas need: the slots, each token's slot and the shrink's scratch.
+/// What a step's LoRA deltas need: the slots, the step's tiles and the shrink's scratch.
 pub(crate) struct LoraStep<'a> {
     slots: &'a LoraSlots,
-    slot_of: Tensor,
+    tiles: Tensor,
     y: Tensor,
 }
 
@@ -27,17 +27,17 @@ impl<'m> KernelForward<'m> {
         inputs: &StepInputs,
         acts: &Activations,
     ) -> Result<Option<LoraStep<'m>>> {
-        let (Some(slots), Some(slot_of)) = (self.model.lora.as_ref(), inputs.lora.as_ref()) else {
+        let (Some(slots), Some(tiles)) = (self.model.lora.as_ref(), inputs.lora.as_ref()) else {
             return Ok(None);
         };
-        let t = slot_of.elem_count();
+        let t = acts.h.dim(0)?;
         let y = match &acts.lora_y {
             Some(y) => y.clone(),
             None => self.kernels.alloc(t * 3 * slots.rank(), DType::F32)?,
         };
         Ok(Some(LoraStep {
             slots,
-            slot_of: slot_of.clone(),
+            tiles: tiles.clone(),
             y,
         }))
     }
@@ -51,7 +51,7 @@ impl<'m> KernelForward<'m> {
     ) -> Result<()> {
         let sg = &l.slots.layers[li][g];
         self.kernels
-            .lora_into(x, (&sg.a, &sg.b, &sg.splits), &l.slot_of, &l.y, out)
+            .lora_into(x, (&sg.a, &sg.b, &sg.splits), &l.tiles, &l.y, out)
     }
 
     /// `h = rmsnorm(res + delta)`, `out = h · wᵀ + LoRA delta`, then with `silu`

@@ -208,7 +208,8 @@ impl LoraSlots {
             let y = xs.matmul(&a.t()?)?; // [n, P*R]
             let mut outs = Vec::with_capacity(sg.splits.len() - 1);
             for p in 0..sg.splits.len() - 1 {
-                let yp = y.narrow(1, p * r, r)?;
+                // Contiguous: CUDA matmuls take no strided operand.
+                let yp = y.narrow(1, p * r, r)?.contiguous()?;
                 let bp = b.narrow(0, sg.splits[p], sg.splits[p + 1] - sg.splits[p])?;
                 outs.push(yp.matmul(&bp.t()?)?);
             }
@@ -216,6 +217,25 @@ impl LoraSlots {
         }
         Ok(Some(Tensor::cat(&parts, 0)?))
     }
+}
+
+/// The LoRA tiles of a batch for the kernels: `(first token, count, slot)` triples of at most
+/// `tile` consecutive tokens on one slot, for every token on an adapter (base tokens have
+/// none), flattened.
+pub fn tiles(seqs: &[crate::engine::batch::SeqInput<'_>], tile: usize) -> Vec<u32> {
+    let mut out = Vec::new();
+    for s in segments(seqs) {
+        let Some(slot) = s.slot else {
+            continue;
+        };
+        let mut t = s.start;
+        while t < s.start + s.len {
+            let n = tile.min(s.start + s.len - t);
+            out.extend([t as u32, n as u32, slot]);
+            t += n;
+        }
+    }
+    out
 }
 
 /// The segments of a batch: consecutive tokens of sequences on the same slot, in order.
@@ -234,4 +254,54 @@ pub fn segments(seqs: &[crate::engine::batch::SeqInput<'_>]) -> Vec<Segment> {
         start += s.q_len;
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::batch::{LogitRows, SeqInput};
+
+    fn seq(q_len: usize, adapter: Option<u32>) -> SeqInput<'static> {
+        SeqInput {
+            q_len,
+            context_len: q_len,
+            block_table: &[],
+            logits: LogitRows::Last,
+            adapter,
+        }
+    }
+
+    /// Neighbours on one slot merge into one segment; tiles cut it into runs of at most the
+    /// tile size and skip base tokens. Mutation: tiles over base tokens, or a merged run cut
+    /// at the sequence boundary instead of the tile size.
+    #[test]
+    fn tiles_cover_every_adapter_token_once_in_runs_of_one_slot() {
+        let seqs = [
+            seq(3, Some(1)),
+            seq(7, Some(1)),
+            seq(2, None),
+            seq(1, Some(0)),
+        ];
+        assert_eq!(
+            segments(&seqs),
+            vec![
+                Segment {
+                    start: 0,
+                    len: 10,
+                    slot: Some(1)
+                },
+                Segment {
+                    start: 10,
+                    len: 2,
+                    slot: None
+                },
+                Segment {
+                    start: 12,
+                    len: 1,
+                    slot: Some(0)
+                },
+            ]
+        );
+        assert_eq!(tiles(&seqs, 8), vec![0, 8, 1, 8, 2, 1, 12, 1, 0]);
+    }
 }

@@ -14,7 +14,8 @@
 //!   read the width from the device and run a fixed number of partitions, so one graph serves
 //!   every context length the engine serves.
 //! - On an engine with LoRA slots every bucket has a second graph that adds the adapters'
-//!   deltas; its rows' slots sit after the largest bucket's inputs (`u32::MAX`: the base).
+//!   deltas; its tiles (`CudaKernels::lora_into`; count 0: unused) sit after the largest
+//!   bucket's inputs, one per row at most.
 //!   A step with a row on an adapter replays that one; others replay the base's.
 //! - Only pure decode steps of one rank replay; prefill chunks, larger batches and tensor
 //!   parallelism run eagerly (the workers would need graphs of their own, and the NCCL
@@ -110,7 +111,7 @@ impl DecodeGraphs {
             .lora
             .as_ref()
             .map(|_| bmax * (4 + max_width) + 1);
-        let input = k.alloc(bmax * (4 + max_width) + 1 + bmax, DType::U32)?;
+        let input = k.alloc(bmax * (4 + max_width) + 1 + 3 * bmax, DType::U32)?;
         let input_ptr = k.ptr(&input)?;
         let acts = Activations::new(k, &model.qwen3, bmax, 1, partials)?;
         let splits = buckets.iter().map(|&b| splits_of(b)).collect();
@@ -200,7 +201,7 @@ impl DecodeGraphs {
                 break;
             }
             self.upload(b, &vec![padding(); b], 1)?;
-            self.upload_lora(&vec![u32::MAX; b])?;
+            self.upload_lora(&vec![0; 3 * b])?;
             self.run_bucket(model, k, cache, b, lora)?;
             self.stream
                 .synchronize()
@@ -238,7 +239,7 @@ impl DecodeGraphs {
     ) -> Result<()> {
         let mut inputs = self.inputs(b)?;
         if lora && let Some(at) = self.lora_at {
-            inputs.lora = Some(self.input.narrow(0, at, b)?);
+            inputs.lora = Some(self.input.narrow(0, at, 3 * b)?);
         }
         let acts = self.acts.rows(b)?;
         let plan = AttnPlan {
@@ -292,17 +293,17 @@ impl DecodeGraphs {
             .map_err(|e| kernel_err("graph input upload", e))
     }
 
-    /// Writes the rows' LoRA slots (engines with adapter slots; nothing otherwise).
-    fn upload_lora(&self, slots: &[u32]) -> Result<()> {
+    /// Writes the step's LoRA tiles (engines with adapter slots; nothing otherwise).
+    fn upload_lora(&self, tiles: &[u32]) -> Result<()> {
         let Some(at) = self.lora_at else {
             return Ok(());
         };
-        // SAFETY: the input buffer holds the largest bucket's slots after `at`, which bounds
-        // `slots`; the copy is ordered on the stream before the graph that reads it.
+        // SAFETY: the input buffer holds the largest bucket's tiles after `at`, which bounds
+        // `tiles` (at most one per row); the copy is ordered on the stream before the graph that reads it.
         unsafe {
             result::memcpy_htod_async(
                 self.input_ptr + at as u64 * 4,
-                slots,
+                tiles,
                 self.stream.cu_stream(),
             )
         }
@@ -397,9 +398,10 @@ impl DecodeGraphs {
         rows.resize(b, padding());
         self.upload(b, &rows, width)?;
         if lora {
-            let mut slots: Vec<u32> = seqs.iter().map(|s| s.adapter.unwrap_or(u32::MAX)).collect();
-            slots.resize(b, u32::MAX);
-            self.upload_lora(&slots)?;
+            let mut tiles =
+                crate::engine::model::lora_slots::tiles(seqs, crate::engine::cuda::LORA_TILE);
+            tiles.resize(3 * b, 0);
+            self.upload_lora(&tiles)?;
         }
         if let Ids::Device(d) = ids {
             let k = model

@@ -19,8 +19,12 @@ use crate::error::{Error, Result};
 impl Scheduler {
     /// Plans the step over the running sequences, growing their blocks (which may preempt).
     fn plan_step(&mut self) -> StepPlan {
-        self.running
-            .sort_by_key(|s| s.tokens.len() - s.computed != 1);
+        // Decode first, rows on one LoRA adapter together (the kernels read an adapter's rows
+        // once per tile of consecutive tokens); prefill chunks keep their arrival order.
+        self.running.sort_by_key(|s| {
+            let prefill = s.tokens.len() - s.computed != 1;
+            (prefill, if prefill { None } else { s.slot })
+        });
         let mut budget = self.opts.max_batched_tokens;
         let mut plan = StepPlan::default();
         let mut i = 0;
