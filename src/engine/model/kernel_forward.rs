@@ -253,12 +253,12 @@ impl KernelForward<'_> {
         packed.extend_from_slice(&ptables);
         let lora_at = packed.len();
         let lora = m.lora.is_some() && seqs.iter().any(|s| s.adapter.is_some());
-        let tiles = if lora {
+        let lora_tiles = if lora {
             super::lora_slots::tiles(seqs, crate::engine::cuda::LORA_TILE)
         } else {
             Vec::new()
         };
-        packed.extend_from_slice(&tiles);
+        packed.extend_from_slice(&lora_tiles);
         let dev = m.device();
         let packed = Tensor::new(packed.as_slice(), dev)?;
         let ids = packed.narrow(0, 0, t)?;
@@ -298,7 +298,7 @@ impl KernelForward<'_> {
                 .max()
                 .unwrap_or(0),
             lora: if lora {
-                Some(packed.narrow(0, lora_at, tiles.len())?)
+                Some(packed.narrow(0, lora_at, lora_tiles.len())?)
             } else {
                 None
             },
