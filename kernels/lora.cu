@@ -1,7 +1,7 @@
 // LoRA deltas added to a fused matmul's output (src/engine/model/lora_slots.rs has the
 // layout; launchers: src/engine/cuda/lora_ops.rs). Per layer and fused matmul of P
 // projections: a = [slots, P * R, in], b = [slots, out, R]. The tokens on adapters come as
-// tiles: (first token, count <= tm, slot), tokens of a tile consecutive and on one slot, so
+// tiles: (first token, count <= TM, slot), tokens of a tile consecutive and on one slot, so
 // each block reads its rows of a and b once for up to tm tokens. A tile with count 0 (the
 // unused tail of a graph's table) or a slot >= slots does nothing.
 #include <stdint.h>
@@ -10,7 +10,7 @@
 // Shrink: y[t, j] = sum_k x[t, k] * a[slot, j, k] (f32) for the tokens t of a tile, j < pr.
 // Grid (ceil(pr / 8), tiles), 256 threads: warp w of block (bx, tile) computes j = bx * 8 + w
 // for every token of the tile, reading a's row j once.
-template <typename T>
+template <typename T, int TM>
 __device__ __forceinline__ void lora_shrink(const T* __restrict__ x, const T* __restrict__ a,
                                             const uint32_t* __restrict__ tiles,
                                             float* __restrict__ y, int in, int pr, int slots) {
@@ -22,16 +22,16 @@ __device__ __forceinline__ void lora_shrink(const T* __restrict__ x, const T* __
   if (n == 0 || s >= (uint32_t)slots || j >= pr) return;
   const int lane = threadIdx.x & 31;
   const T* ar = a + ((size_t)s * pr + j) * in;
-  float acc[8];
+  float acc[TM];
 #pragma unroll
-  for (int c = 0; c < 8; ++c) acc[c] = 0.f;
+  for (int c = 0; c < TM; ++c) acc[c] = 0.f;
   if constexpr (sizeof(T) == 2) {
     // Eight bf16 a load (in is a multiple of 8: the launcher checks).
     for (int k = lane * 8; k < in; k += 256) {
       float av[8];
       bf16x8_to_f32(*reinterpret_cast<const uint4*>(ar + k), av);
 #pragma unroll
-      for (int c = 0; c < 8; ++c) {
+      for (int c = 0; c < TM; ++c) {
         if (c < n) {
           float xv[8];
           bf16x8_to_f32(*reinterpret_cast<const uint4*>(x + (size_t)(t0 + c) * in + k), xv);
@@ -44,12 +44,12 @@ __device__ __forceinline__ void lora_shrink(const T* __restrict__ x, const T* __
     for (int k = lane; k < in; k += 32) {
       const float av = to_f(ar[k]);
 #pragma unroll
-      for (int c = 0; c < 8; ++c)
+      for (int c = 0; c < TM; ++c)
         if (c < n) acc[c] += to_f(x[(size_t)(t0 + c) * in + k]) * av;
     }
   }
 #pragma unroll
-  for (int c = 0; c < 8; ++c) {
+  for (int c = 0; c < TM; ++c) {
     if (c < n) {
       const float v = warp_sum(acc[c]);
       if (lane == 0) y[(size_t)(t0 + c) * pr + j] = v;
@@ -59,8 +59,8 @@ __device__ __forceinline__ void lora_shrink(const T* __restrict__ x, const T* __
 
 // Expand: out[t, o] += sum_r y[t, p * R + r] * b[slot, o, r] for the tokens t of a tile, p =
 // (o >= s1) + (o >= s2) the projection output row o belongs to. Grid (ceil(nout / 256),
-// tiles), 256 threads, n * pr floats of shared memory (n <= tm of the launch).
-template <typename T>
+// tiles), 256 threads, TM * pr floats of shared memory.
+template <typename T, int TM>
 __device__ __forceinline__ void lora_expand(const float* __restrict__ y, const T* __restrict__ b,
                                             const uint32_t* __restrict__ tiles,
                                             T* __restrict__ out, int nout, int r, int pr, int s1,
@@ -77,17 +77,17 @@ __device__ __forceinline__ void lora_expand(const float* __restrict__ y, const T
   if (o >= nout) return;
   const int p = (o >= s1) + (o >= s2);
   const T* br = b + ((size_t)s * nout + o) * r;
-  float acc[8];
+  float acc[TM];
 #pragma unroll
-  for (int c = 0; c < 8; ++c) acc[c] = 0.f;
+  for (int c = 0; c < TM; ++c) acc[c] = 0.f;
   for (int i = 0; i < r; ++i) {
     const float bv = to_f(br[i]);
 #pragma unroll
-    for (int c = 0; c < 8; ++c)
+    for (int c = 0; c < TM; ++c)
       if (c < n) acc[c] += ys[c * pr + p * r + i] * bv;
   }
 #pragma unroll
-  for (int c = 0; c < 8; ++c) {
+  for (int c = 0; c < TM; ++c) {
     if (c < n) {
       T* dst = out + (size_t)(t0 + c) * nout + o;
       *dst = from_f<T>(to_f(*dst) + acc[c]);
@@ -95,16 +95,21 @@ __device__ __forceinline__ void lora_expand(const float* __restrict__ y, const T
   }
 }
 
-#define LORA_KERNELS(T, S)                                                                      \
-  extern "C" __global__ void lora_shrink_##S(const T* x, const T* a, const uint32_t* tiles,     \
-                                             float* y, int in, int pr, int slots) {            \
-    lora_shrink<T>(x, a, tiles, y, in, pr, slots);                                              \
+#define LORA_KERNELS(T, S, TM)                                                                  \
+  extern "C" __global__ void lora_shrink_t##TM##_##S(const T* x, const T* a,                    \
+                                                    const uint32_t* tiles, float* y, int in,    \
+                                                    int pr, int slots) {                        \
+    lora_shrink<T, TM>(x, a, tiles, y, in, pr, slots);                                          \
   }                                                                                             \
-  extern "C" __global__ void lora_expand_##S(const float* y, const T* b, const uint32_t* tiles, \
-                                             T* out, int nout, int r, int pr, int s1, int s2,  \
-                                             int slots) {                                       \
-    lora_expand<T>(y, b, tiles, out, nout, r, pr, s1, s2, slots);                               \
+  extern "C" __global__ void lora_expand_t##TM##_##S(const float* y, const T* b,                \
+                                                    const uint32_t* tiles, T* out, int nout,    \
+                                                    int r, int pr, int s1, int s2, int slots) { \
+    lora_expand<T, TM>(y, b, tiles, out, nout, r, pr, s1, s2, slots);                           \
   }
 
-LORA_KERNELS(__nv_bfloat16, bf16)
-LORA_KERNELS(float, f32)
+// Tiles of one token (small decode steps: one warp per row of a, latency-bound) and of up to
+// eight (large batches and prefill: each block reads its adapter rows once per tile).
+LORA_KERNELS(__nv_bfloat16, bf16, 1)
+LORA_KERNELS(__nv_bfloat16, bf16, 8)
+LORA_KERNELS(float, f32, 1)
+LORA_KERNELS(float, f32, 8)

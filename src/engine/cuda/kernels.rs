@@ -123,8 +123,9 @@ pub struct CudaKernels {
     pub(super) logprob_rows: CudaFunction,
     pub(super) repetition_penalty: CudaFunction,
     pub(super) mask_tokens: CudaFunction,
-    /// LoRA shrink and expand (`kernels/lora.cu`).
-    pub(super) lora: [CudaFunction; 2],
+    /// LoRA shrink and expand (`kernels/lora.cu`), for tiles of one token and of
+    /// [`super::LORA_TILE`].
+    pub(super) lora: [[CudaFunction; 2]; 2],
     pub(super) gather_rows_f32: CudaFunction,
     pub(super) sample_topk: CudaFunction,
     pub(super) sample_full: CudaFunction,
@@ -260,8 +261,14 @@ impl CudaKernels {
             repetition_penalty: f(&logit_edits, "repetition_penalty_f32")?,
             mask_tokens: f(&logit_edits, "mask_tokens_f32")?,
             lora: [
-                f(&lora_mod, &format!("lora_shrink_{s}"))?,
-                f(&lora_mod, &format!("lora_expand_{s}"))?,
+                [
+                    f(&lora_mod, &format!("lora_shrink_t1_{s}"))?,
+                    f(&lora_mod, &format!("lora_expand_t1_{s}"))?,
+                ],
+                [
+                    f(&lora_mod, &format!("lora_shrink_t8_{s}"))?,
+                    f(&lora_mod, &format!("lora_expand_t8_{s}"))?,
+                ],
             ],
             gather_rows_f32: f(&layer_ops, "gather_rows_f32")?,
             sample_topk: f(&layer_ops, "sample_topk_f32")?,

@@ -14,9 +14,19 @@ use crate::error::Result;
 /// Most tokens of one LoRA tile.
 pub const LORA_TILE: usize = 8;
 
+/// Steps of at most this many tokens take tiles of one token (their blocks are few and
+/// latency-bound; a wider tile only adds work per block).
+pub const LORA_TILE_ONE_MAX: usize = 64;
+
+/// The tile size for a step of `t` tokens: 1 up to [`LORA_TILE_ONE_MAX`], else
+/// [`LORA_TILE`].
+pub fn lora_tile(t: usize) -> usize {
+    if t <= LORA_TILE_ONE_MAX { 1 } else { LORA_TILE }
+}
+
 impl CudaKernels {
     /// `out[t] += b[s] · (a[s] · x[t])` for the tokens of each tile of `tiles` (u32
-    /// `[tiles, 3]`: first token, count of at most [`LORA_TILE`] (0: none), slot; tokens
+    /// `[tiles, 3]`: first token, count of at most `tile` (1 or [`LORA_TILE`]; 0: none), slot; tokens
     /// outside every tile, and slots past those held, are left alone). `a`: `[slots, P * r,
     /// in]`, `b`: `[slots, out, r]`, `splits`: the first output row of each of the `P` (1-3)
     /// projections and `out` at the end; `y`: f32 scratch of at least `T * P * r`. The tiles'
@@ -25,7 +35,7 @@ impl CudaKernels {
         &self,
         x: &Tensor,
         (a, b, splits): (&Tensor, &Tensor, &[usize]),
-        tiles: &Tensor,
+        (tiles, tile): (&Tensor, usize),
         y: &Tensor,
         out: &Tensor,
     ) -> Result<()> {
@@ -46,7 +56,8 @@ impl CudaKernels {
             && tiles.elem_count() == 3 * ntiles
             && y.dtype() == DType::F32
             && y.elem_count() >= t * pr
-            && LORA_TILE * pr * 4 <= 48 * 1024
+            && (tile == 1 || tile == LORA_TILE)
+            && tile * pr * 4 <= 48 * 1024
             && fan_in.is_multiple_of(8);
         if !fits {
             return Err(kernel_err("lora", "shapes do not fit"));
@@ -76,7 +87,8 @@ impl CudaKernels {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut l = self.launcher(&self.lora[0]);
+        let fs = &self.lora[usize::from(tile != 1)];
+        let mut l = self.launcher(&fs[0]);
         l.arg(&px)
             .arg(&pa)
             .arg(&ps)
@@ -89,9 +101,9 @@ impl CudaKernels {
         let cfg = LaunchConfig {
             grid_dim: (nout.div_ceil(256) as u32, ntiles as u32, 1),
             block_dim: (256, 1, 1),
-            shared_mem_bytes: (LORA_TILE * pr * 4) as u32,
+            shared_mem_bytes: (tile * pr * 4) as u32,
         };
-        let mut l = self.launcher(&self.lora[1]);
+        let mut l = self.launcher(&fs[1]);
         l.arg(&py).arg(&pb).arg(&ps).arg(&po).arg(&n32).arg(&r32);
         l.arg(&pr32).arg(&s1).arg(&s2).arg(&slots32);
         // SAFETY: argument types match `lora_expand_*`; the scratch was written by the

@@ -29,5 +29,5 @@ mod readback;
 pub use attention::{CLUSTER_MAX_ROWS, DECODE_CLUSTER, FUSED_MAX_ROWS};
 pub use kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, GpuEvent, LaunchOptions};
 pub(crate) use launch::kernel_err;
-pub use lora_ops::LORA_TILE;
+pub use lora_ops::{LORA_TILE, LORA_TILE_ONE_MAX, lora_tile};
 pub use readback::PendingIds;

@@ -254,7 +254,7 @@ impl KernelForward<'_> {
         let lora_at = packed.len();
         let lora = m.lora.is_some() && seqs.iter().any(|s| s.adapter.is_some());
         let lora_tiles = if lora {
-            super::lora_slots::tiles(seqs, crate::engine::cuda::LORA_TILE)
+            super::lora_slots::tiles(seqs, crate::engine::cuda::lora_tile(t))
         } else {
             Vec::new()
         };

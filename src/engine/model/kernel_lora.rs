@@ -16,6 +16,8 @@ use crate::error::Result;
 pub(crate) struct LoraStep<'a> {
     slots: &'a LoraSlots,
     tiles: Tensor,
+    /// Tokens per tile (`crate::engine::cuda::lora_tile` of the step's tokens).
+    tile: usize,
     y: Tensor,
 }
 
@@ -38,6 +40,7 @@ impl<'m> KernelForward<'m> {
         Ok(Some(LoraStep {
             slots,
             tiles: tiles.clone(),
+            tile: crate::engine::cuda::lora_tile(t),
             y,
         }))
     }
@@ -51,7 +54,7 @@ impl<'m> KernelForward<'m> {
     ) -> Result<()> {
         let sg = &l.slots.layers[li][g];
         self.kernels
-            .lora_into(x, (&sg.a, &sg.b, &sg.splits), &l.tiles, &l.y, out)
+            .lora_into(x, (&sg.a, &sg.b, &sg.splits), (&l.tiles, l.tile), &l.y, out)
     }
 
     /// `h = rmsnorm(res + delta)`, `out = h · wᵀ + LoRA delta`, then with `silu`

@@ -399,7 +399,7 @@ impl DecodeGraphs {
         self.upload(b, &rows, width)?;
         if lora {
             let mut tiles =
-                crate::engine::model::lora_slots::tiles(seqs, crate::engine::cuda::LORA_TILE);
+                crate::engine::model::lora_slots::tiles(seqs, crate::engine::cuda::lora_tile(b));
             tiles.resize(3 * b, 0);
             self.upload_lora(&tiles)?;
         }
