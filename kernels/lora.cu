@@ -8,26 +8,28 @@
 #include "common.cuh"
 
 // Shrink: y[t, j] = sum_k x[t, k] * a[slot, j, k] (f32) for the tokens t of a tile, j < pr.
-// Grid (ceil(pr / 8), tiles), 256 threads: warp w of block (bx, tile) computes j = bx * 8 + w
-// for every token of the tile, reading a's row j once.
+// Grid (pr, tiles), 256 threads: the block splits row j of a over its threads (eight values a
+// thread a step, so a row of 1-6k inputs takes each thread 1-3 independent loads), reading
+// it once for every token of the tile; the warps' sums meet in shared memory.
 template <typename T, int TM>
 __device__ __forceinline__ void lora_shrink(const T* __restrict__ x, const T* __restrict__ a,
                                             const uint32_t* __restrict__ tiles,
                                             float* __restrict__ y, int in, int pr, int slots) {
   pdl_entry();
+  __shared__ float part[8][TM];
   const uint32_t* tl = tiles + 3 * blockIdx.y;
   const int t0 = tl[0], n = tl[1];
   const uint32_t s = tl[2];
-  const int j = blockIdx.x * 8 + threadIdx.x / 32;
-  if (n == 0 || s >= (uint32_t)slots || j >= pr) return;
-  const int lane = threadIdx.x & 31;
+  const int j = blockIdx.x;
+  if (n == 0 || s >= (uint32_t)slots) return;  // uniform over the block
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const T* ar = a + ((size_t)s * pr + j) * in;
   float acc[TM];
 #pragma unroll
   for (int c = 0; c < TM; ++c) acc[c] = 0.f;
   if constexpr (sizeof(T) == 2) {
     // Eight bf16 a load (in is a multiple of 8: the launcher checks).
-    for (int k = lane * 8; k < in; k += 256) {
+    for (int k = threadIdx.x * 8; k < in; k += 256 * 8) {
       float av[8];
       bf16x8_to_f32(*reinterpret_cast<const uint4*>(ar + k), av);
 #pragma unroll
@@ -41,7 +43,7 @@ __device__ __forceinline__ void lora_shrink(const T* __restrict__ x, const T* __
       }
     }
   } else {
-    for (int k = lane; k < in; k += 32) {
+    for (int k = threadIdx.x; k < in; k += 256) {
       const float av = to_f(ar[k]);
 #pragma unroll
       for (int c = 0; c < TM; ++c)
@@ -50,16 +52,22 @@ __device__ __forceinline__ void lora_shrink(const T* __restrict__ x, const T* __
   }
 #pragma unroll
   for (int c = 0; c < TM; ++c) {
-    if (c < n) {
-      const float v = warp_sum(acc[c]);
-      if (lane == 0) y[(size_t)(t0 + c) * pr + j] = v;
-    }
+    const float v = warp_sum(acc[c]);
+    if (lane == 0) part[warp][c] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < TM && (int)threadIdx.x < n) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) v += part[w][threadIdx.x];
+    y[(size_t)(t0 + threadIdx.x) * pr + j] = v;
   }
 }
 
 // Expand: out[t, o] += sum_r y[t, p * R + r] * b[slot, o, r] for the tokens t of a tile, p =
 // (o >= s1) + (o >= s2) the projection output row o belongs to. Grid (ceil(nout / 256),
-// tiles), 256 threads, TM * pr floats of shared memory.
+// tiles), 256 threads, TM * pr floats of shared memory. R is a multiple of 8 (the slots pad
+// it): a thread reads its row of b eight values a load.
 template <typename T, int TM>
 __device__ __forceinline__ void lora_expand(const float* __restrict__ y, const T* __restrict__ b,
                                             const uint32_t* __restrict__ tiles,
@@ -80,11 +88,21 @@ __device__ __forceinline__ void lora_expand(const float* __restrict__ y, const T
   float acc[TM];
 #pragma unroll
   for (int c = 0; c < TM; ++c) acc[c] = 0.f;
-  for (int i = 0; i < r; ++i) {
-    const float bv = to_f(br[i]);
+  for (int i0 = 0; i0 < r; i0 += 8) {
+    float bv[8];
+    if constexpr (sizeof(T) == 2) {
+      bf16x8_to_f32(*reinterpret_cast<const uint4*>(br + i0), bv);
+    } else {
 #pragma unroll
-    for (int c = 0; c < TM; ++c)
-      if (c < n) acc[c] += ys[c * pr + p * r + i] * bv;
+      for (int i = 0; i < 8; ++i) bv[i] = to_f(br[i0 + i]);
+    }
+#pragma unroll
+    for (int c = 0; c < TM; ++c) {
+      if (c < n) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[c] += ys[c * pr + p * r + i0 + i] * bv[i];
+      }
+    }
   }
 #pragma unroll
   for (int c = 0; c < TM; ++c) {

@@ -57,6 +57,7 @@ impl CudaKernels {
             && y.dtype() == DType::F32
             && y.elem_count() >= t * pr
             && (tile == 1 || tile == LORA_TILE)
+            && r.is_multiple_of(8)
             && tile * pr * 4 <= 48 * 1024
             && fan_in.is_multiple_of(8);
         if !fits {
@@ -83,7 +84,7 @@ impl CudaKernels {
         let s1 = splits.get(1).copied().filter(|_| parts > 1).unwrap_or(nout) as i32;
         let s2 = splits.get(2).copied().filter(|_| parts > 2).unwrap_or(nout) as i32;
         let cfg = LaunchConfig {
-            grid_dim: (pr.div_ceil(8) as u32, ntiles as u32, 1),
+            grid_dim: (pr as u32, ntiles as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };

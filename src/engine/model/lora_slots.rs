@@ -63,7 +63,8 @@ pub struct Segment {
 }
 
 impl LoraSlots {
-    /// `slots` empty (zero) slots of rank `rank` for a model of `cfg` in `dtype`.
+    /// `slots` empty (zero) slots of rank `rank` (padded to a multiple of 8, which the
+    /// kernels read eight at a time) for a model of `cfg` in `dtype`.
     pub fn new(
         cfg: &ModelConfig,
         slots: usize,
@@ -76,6 +77,7 @@ impl LoraSlots {
                 "--max-loras ({slots}) and --max-lora-rank ({rank}) must be positive"
             )));
         }
+        let rank = rank.div_ceil(8) * 8;
         let layers = (0..cfg.num_hidden_layers)
             .map(|_| {
                 let group = |g: usize| -> Result<SlotGroup> {
@@ -119,19 +121,6 @@ impl LoraSlots {
             .flatten()
             .map(|g| (g.a.elem_count() + g.b.elem_count()) * g.a.dtype().size_in_bytes())
             .sum()
-    }
-
-    /// Bytes slots of this shape would take (for the start-up budget).
-    pub fn bytes_for(cfg: &ModelConfig, slots: usize, rank: usize, dtype: DType) -> usize {
-        let per_layer: usize = (0..GROUPS)
-            .map(|g| {
-                let projs = group_projs(g);
-                let fan_in = projs[0].dims(cfg).0;
-                let out: usize = projs.iter().map(|p| p.dims(cfg).1).sum();
-                projs.len() * rank * fan_in + out * rank
-            })
-            .sum();
-        per_layer * cfg.num_hidden_layers * slots * dtype.size_in_bytes()
     }
 
     /// Writes `adapter` into `slot` (every layer and group; zeros where it targets nothing).
