@@ -6,6 +6,7 @@ mod common;
 mod constrained;
 mod limits;
 mod lora;
+mod lora_keys;
 mod speculative;
 mod transfer;
 mod weights;

@@ -21,6 +21,8 @@ pub mod config;
 pub mod files;
 pub mod forward;
 #[cfg(feature = "cuda")]
+mod kernel_buffers;
+#[cfg(feature = "cuda")]
 pub mod kernel_forward;
 #[cfg(feature = "cuda")]
 mod kernel_lora;

@@ -9,9 +9,9 @@
 //! once no request uses it; a prefix computed under one adapter's content is cached in its
 //! own namespace of the prefix cache, never found from another adapter or the base.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::adapter_table::{Registered, namespace};
 use super::core::Scheduler;
 use super::seq::Seq;
 use crate::engine::handle::Replier;
@@ -19,65 +19,6 @@ use crate::engine::model::lora::LoraAdapter;
 use crate::engine::request::FinishReason;
 use crate::engine::update::{AdapterHandle, AdapterVersion};
 use crate::error::{Error, Result};
-
-/// One registered adapter version.
-pub(super) struct Registered {
-    handle: AdapterHandle,
-    adapter: Arc<LoraAdapter>,
-    /// Replaced or removed: no new request starts on it.
-    retired: bool,
-    /// Its namespace in the prefix cache.
-    ns: u64,
-}
-
-/// The registered adapters and the device's slots.
-#[derive(Default)]
-pub(super) struct AdapterTable {
-    adapters: HashMap<u64, Registered>,
-    /// Per slot: the adapter in it and when it was last used.
-    slots: Vec<Option<(u64, u64)>>,
-    clock: u64,
-    next_id: u64,
-    /// The latest version number under each name.
-    versions: HashMap<String, u64>,
-}
-
-impl AdapterTable {
-    /// A table of `slots` device slots (0: adapters are off).
-    pub(super) fn new(slots: usize) -> Self {
-        Self {
-            slots: vec![None; slots],
-            next_id: 1,
-            ..Self::default()
-        }
-    }
-
-    /// Adapter versions registered.
-    pub(super) fn len(&self) -> usize {
-        self.adapters.len()
-    }
-
-    /// The slot adapter `id` sits in.
-    fn slot_of(&self, id: u64) -> Option<usize> {
-        self.slots
-            .iter()
-            .position(|s| s.is_some_and(|(a, _)| a == id))
-    }
-
-    /// The newest version registered under `name` that is not retired.
-    fn newest(&self, name: &str) -> Option<&AdapterHandle> {
-        self.adapters
-            .values()
-            .filter(|r| !r.retired && r.handle.version.name == name)
-            .max_by_key(|r| r.handle.version.version)
-            .map(|r| &r.handle)
-    }
-}
-
-/// The prefix-cache namespace of an adapter's content (never 0, the base's).
-fn namespace(digest: &str) -> u64 {
-    u64::from_str_radix(digest, 16).unwrap_or(1).max(1)
-}
 
 impl Scheduler {
     /// Registers a LoRA adapter read by `Engine::load_adapter`.

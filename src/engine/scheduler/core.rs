@@ -66,7 +66,7 @@ pub(crate) struct Scheduler {
     /// A weight update waiting for the old weights' requests (`weights.rs`).
     pub(super) update: Option<PendingUpdate>,
     /// LoRA adapters: registered, and resident in the device's slots (`adapters.rs`).
-    pub(super) adapters: super::adapters::AdapterTable,
+    pub(super) adapters: super::adapter_table::AdapterTable,
 }
 
 impl Scheduler {
@@ -170,7 +170,7 @@ impl Scheduler {
             cfg: cfg.clone(),
             weights,
             update: None,
-            adapters: super::adapters::AdapterTable::new(opts.lora.map_or(0, |l| l.max_loras)),
+            adapters: super::adapter_table::AdapterTable::new(opts.lora.map_or(0, |l| l.max_loras)),
         })
     }
 

@@ -25,6 +25,7 @@
 //! With pipelined decode (`pipeline.rs`) step 3's ids stay on the device and feed the next
 //! step, which is launched before they are read (`seq::InFlight`).
 
+mod adapter_table;
 mod adapters;
 mod core;
 mod detok;

@@ -1,0 +1,140 @@
+//! The kernel forward's buffers: [`StepInputs`] (device views of one step's integer inputs,
+//! all slices of one upload) and [`Activations`] (one buffer per intermediate, reused by
+//! every layer), shared by the eager forward (`kernel_forward.rs`) and the CUDA graphs
+//! (`crate::engine::runner::graphs`), which hold one set for their whole life.
+
+use candle_core::Tensor;
+
+use super::qwen3::Qwen3;
+use crate::engine::cuda::{CudaKernels, FUSED_MAX_ROWS};
+use crate::error::Result;
+
+/// Device views of one step's integer inputs (all slices of one upload).
+pub(crate) struct StepInputs {
+    pub(crate) ids: Tensor,
+    pub(crate) pos: Tensor,
+    /// Cache slot per token (`u32::MAX`: a padding row that writes no KV).
+    pub(crate) slots: Tensor,
+    /// Context length per decode sequence.
+    pub(crate) ctx_lens: Tensor,
+    /// Decode block tables, `[decode sequences, width]` row-major.
+    pub(crate) tables: Tensor,
+    /// The tables' width on the device (u32 `[1]`), when it is not `tables`' shape (graphs).
+    pub(crate) width: Option<Tensor>,
+    /// Partitions of decode attention (each at least
+    /// [`CudaKernels::decode_partition`] of the decode sequences' count long).
+    pub(crate) splits: usize,
+    /// Prefill tiles, sequence metadata and block tables (`kernels/prefill.cu`).
+    pub(crate) prefill: (Tensor, Tensor, Tensor),
+    /// The longest context among the prefill chunks (the keys the prefill attends to).
+    pub(crate) prefill_keys: usize,
+    /// The LoRA tiles of the step (u32 `[tiles, 3]`: first token, count, slot; see
+    /// `CudaKernels::lora_into`), when a row of it runs on an adapter.
+    pub(crate) lora: Option<Tensor>,
+}
+
+/// The forward's activations: one buffer each, reused by every layer (on one stream a layer's
+/// writes come after the previous layer's reads of the same buffer).
+pub(crate) struct Activations {
+    /// The residual stream, in two buffers: each add+norm reads one and writes the sum to
+    /// the other (a fused kernel's blocks must not see each other's writes).
+    pub(crate) residual: [Tensor; 2],
+    /// The normed hidden state (after the last layer: the final norm's output).
+    pub(crate) h: Tensor,
+    pub(super) qkv: Tensor,
+    pub(super) q: Tensor,
+    pub(super) attn: Tensor,
+    pub(super) o: Tensor,
+    pub(super) gu: Tensor,
+    pub(super) act: Tensor,
+    pub(super) down: Tensor,
+    /// Decode-attention partials (None with one partition).
+    pub(super) scratch: Option<(Tensor, Tensor)>,
+    /// Merge counters of the fused decode attention (one per row and head, kept zero), for
+    /// the rows it serves (at most [`FUSED_MAX_ROWS`]).
+    pub(super) counters: Tensor,
+    /// The LoRA shrink's f32 scratch (`[t, 3 * rank]`), on a model with adapter slots.
+    pub(crate) lora_y: Option<Tensor>,
+}
+
+impl Activations {
+    /// Buffers for `t` tokens, `nd` of them decode sequences attended in `splits` partitions
+    /// (the scratch holds `nd * splits` partials per head).
+    pub(crate) fn new(
+        k: &CudaKernels,
+        m: &Qwen3,
+        t: usize,
+        nd: usize,
+        splits: usize,
+    ) -> Result<Self> {
+        let Some(l0) = m.layers.first() else {
+            return Err(crate::error::Error::Engine("a model without layers".into()));
+        };
+        let (nh, hd) = (l0.attn.num_heads, l0.attn.head_dim);
+        let hidden = m.embed.dim(1)?;
+        Ok(Self {
+            residual: [k.alloc_out((t, hidden))?, k.alloc_out((t, hidden))?],
+            h: k.alloc_out((t, hidden))?,
+            qkv: k.alloc_out((t, l0.attn.qkv.weight().dim(0)?))?,
+            q: k.alloc_out((t, nh, hd))?,
+            attn: k.alloc_out((t, nh * hd))?,
+            o: k.alloc_out((t, hidden))?,
+            gu: k.alloc_out((t, l0.mlp.gate_up.weight().dim(0)?))?,
+            act: k.alloc_out((t, l0.mlp.intermediate))?,
+            down: k.alloc_out((t, hidden))?,
+            scratch: k.decode_scratch(nd, nh, splits)?,
+            counters: k.decode_counters(t.min(FUSED_MAX_ROWS), nh)?,
+            lora_y: match &m.lora {
+                Some(l) => Some(k.alloc((t, 3 * l.rank()), candle_core::DType::F32)?),
+                None => None,
+            },
+        })
+    }
+
+    /// The first `t` rows of every buffer (a graph bucket's share of the largest bucket's);
+    /// the decode-attention scratch is shared whole (its layout follows each launch's grid).
+    pub(crate) fn rows(&self, t: usize) -> Result<Self> {
+        let n = |x: &Tensor| -> Result<Tensor> { Ok(x.narrow(0, 0, t)?) };
+        Ok(Self {
+            residual: [n(&self.residual[0])?, n(&self.residual[1])?],
+            h: n(&self.h)?,
+            qkv: n(&self.qkv)?,
+            q: n(&self.q)?,
+            attn: n(&self.attn)?,
+            o: n(&self.o)?,
+            gu: n(&self.gu)?,
+            act: n(&self.act)?,
+            down: n(&self.down)?,
+            scratch: self.scratch.clone(),
+            counters: self.counters.clone(),
+            lora_y: self.lora_y.as_ref().map(|y| n(y)).transpose()?,
+        })
+    }
+
+    /// Bytes these buffers hold.
+    pub(crate) fn bytes(&self) -> usize {
+        let b = |x: &Tensor| x.elem_count() * x.dtype().size_in_bytes();
+        let mut n = [
+            &self.residual[0],
+            &self.residual[1],
+            &self.h,
+            &self.qkv,
+            &self.q,
+            &self.attn,
+            &self.o,
+            &self.gu,
+            &self.act,
+            &self.down,
+        ]
+        .iter()
+        .map(|x| b(x))
+        .sum::<usize>();
+        if let Some((a, m)) = &self.scratch {
+            n += b(a) + b(m);
+        }
+        if let Some(y) = &self.lora_y {
+            n += b(y);
+        }
+        n + b(&self.counters)
+    }
+}
