@@ -79,8 +79,12 @@ pub fn run_episode(policy: &mut dyn Policy, task: String, max_steps: usize) -> R
     for i in 1..=max_steps {
         let step = policy.act(observation)?;
         let c = step.cost;
+        let weights = match &c.weights_version {
+            Some(v) => format!(", weights {}", serde_json::to_string(v)?),
+            None => String::new(),
+        };
         println!(
-            "step {i}: {}  [prompt {} tok, cached {}, generated {}, {:.1} ms]",
+            "step {i}: {}  [prompt {} tok, cached {}, generated {}, {:.1} ms{weights}]",
             serde_json::to_string(&step.action)?,
             c.prompt_tokens,
             c.cached_prompt_tokens,

@@ -335,3 +335,135 @@ fn a_layer_index_of_usize_max_is_named_not_wrapped() {
     assert!(!err.contains("holds 0 layers"), "{err}");
     assert_eq!(err.matches("failed to load model").count(), 1, "{err}");
 }
+
+/// The f32 rows of a `.npy` file written by `logits`.
+fn npy_rows(path: &std::path::Path, cols: usize) -> Vec<Vec<f32>> {
+    let bytes = std::fs::read(path).unwrap();
+    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    bytes[10 + hlen..]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect::<Vec<f32>>()
+        .chunks(cols)
+        .map(<[f32]>::to_vec)
+        .collect()
+}
+
+/// `logits`, `generate` and `episode` take `--adapter DIR`: the logits are the engine's through
+/// that adapter (not the base's); a directory without an adapter exits 2 naming the file.
+#[test]
+fn logits_generate_and_episode_run_through_an_adapter() {
+    let dir = common::shared_tiny_model();
+    let adapter = tempfile::tempdir().unwrap();
+    let cfg: policy_serve::engine::ModelConfig =
+        serde_json::from_value(common::tiny_config()).unwrap();
+    policy_serve::testing::write_random_adapter(adapter.path(), &cfg, 4, 0.3).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let logits = |with: Option<&std::path::Path>, name: &str| {
+        let npy = tmp.path().join(name);
+        let mut cmd = bin();
+        cmd.arg("logits").arg("--model-dir").arg(&dir);
+        cmd.args(["--ids", "1,2,3,4", "--device", "cpu", "--out"])
+            .arg(&npy);
+        if let Some(a) = with {
+            cmd.arg("--adapter").arg(a);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        npy_rows(&npy, 151_936)
+    };
+    let (base, through) = (logits(None, "b.npy"), logits(Some(adapter.path()), "a.npy"));
+    let registry = policy_serve::ModelRegistry::new(vec![
+        policy_serve::ModelSpec::local("t", "t", &dir),
+        policy_serve::ModelSpec::adapter(
+            "a",
+            "a",
+            "t",
+            policy_serve::ModelSource::Local(adapter.path().to_path_buf()),
+        ),
+    ])
+    .unwrap()
+    .with_options(policy_serve::EngineOptions {
+        device: policy_serve::engine::DeviceChoice::Cpu,
+        ..Default::default()
+    });
+    let m = registry.model("a").unwrap();
+    let want = m
+        .engine()
+        .logits_with(vec![1, 2, 3, 4], m.adapter().as_ref())
+        .unwrap();
+    let diff = |a: &[Vec<f32>], b: &[Vec<f32>]| {
+        a.iter()
+            .flatten()
+            .zip(b.iter().flatten())
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    assert!(diff(&through, &want) <= 1e-5, "{}", diff(&through, &want));
+    assert!(
+        diff(&through, &base) > 1e-2,
+        "the adapter changes the logits"
+    );
+    let out = bin()
+        .arg("generate")
+        .arg("--model-dir")
+        .arg(&dir)
+        .arg("--adapter")
+        .arg(adapter.path())
+        .args([
+            "--prompt",
+            "Hello",
+            "--max-new-tokens",
+            "3",
+            "--device",
+            "cpu",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = bin()
+        .args([
+            "episode",
+            "--model",
+            "qwen3-0.6b",
+            "--task",
+            "hi",
+            "--max-steps",
+            "1",
+        ])
+        .args(["--max-new-tokens", "4", "--device", "cpu", "--tools"])
+        .arg(fixture("tools/nested.json"))
+        .arg("--model-dir")
+        .arg(&dir)
+        .arg("--adapter")
+        .arg(adapter.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("\"adapter\""),
+        "the episode's costs name the adapter: {}{stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = bin()
+        .arg("logits")
+        .arg("--model-dir")
+        .arg(&dir)
+        .arg("--adapter")
+        .arg(tmp.path())
+        .args(["--ids", "1", "--device", "cpu", "--out"])
+        .arg(tmp.path().join("x.npy"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("adapter_config.json"), "{stderr}");
+}
