@@ -8,9 +8,12 @@
 #include "common.cuh"
 
 // Shrink: y[t, j] = sum_k x[t, k] * a[slot, j, k] (f32) for the tokens t of a tile, j < pr.
-// Grid (pr, tiles), 256 threads: the block splits row j of a over its threads (eight values a
-// thread a step, so a row of 1-6k inputs takes each thread 1-3 independent loads), reading
-// it once for every token of the tile; the warps' sums meet in shared memory.
+// Tiles of one token (TM 1): grid (pr, tiles), 256 threads: the block splits row j of a over
+// its threads (eight values a thread a step, so a row of 1-6k inputs takes each thread 1-3
+// independent loads; small steps are latency-bound) and the warps' sums meet in shared
+// memory. Wider tiles (TM 8): grid (ceil(pr / 8), tiles), warp w of block (bx, tile) takes
+// row j = bx * 8 + w for every token of the tile, so the tile's rows of x are read by 8 warps
+// and not by a block per row of a (large batches are bound by those reads).
 template <typename T, int TM>
 __device__ __forceinline__ void lora_shrink(const T* __restrict__ x, const T* __restrict__ a,
                                             const uint32_t* __restrict__ tiles,
@@ -20,16 +23,20 @@ __device__ __forceinline__ void lora_shrink(const T* __restrict__ x, const T* __
   const uint32_t* tl = tiles + 3 * blockIdx.y;
   const int t0 = tl[0], n = tl[1];
   const uint32_t s = tl[2];
-  const int j = blockIdx.x;
-  if (n == 0 || s >= (uint32_t)slots) return;  // uniform over the block
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int j = TM == 1 ? blockIdx.x : blockIdx.x * 8 + warp;
+  if (n == 0 || s >= (uint32_t)slots) return;  // uniform over the block
+  if (TM != 1 && j >= pr) return;              // uniform over the warp; no block barrier follows
   const T* ar = a + ((size_t)s * pr + j) * in;
+  // TM 1: the block's threads stride the row; TM 8: the warp's lanes do.
+  const int first = TM == 1 ? threadIdx.x : lane;
+  const int stride = TM == 1 ? 256 : 32;
   float acc[TM];
 #pragma unroll
   for (int c = 0; c < TM; ++c) acc[c] = 0.f;
   if constexpr (sizeof(T) == 2) {
     // Eight bf16 a load (in is a multiple of 8: the launcher checks).
-    for (int k = threadIdx.x * 8; k < in; k += 256 * 8) {
+    for (int k = first * 8; k < in; k += stride * 8) {
       float av[8];
       bf16x8_to_f32(*reinterpret_cast<const uint4*>(ar + k), av);
 #pragma unroll
@@ -43,24 +50,31 @@ __device__ __forceinline__ void lora_shrink(const T* __restrict__ x, const T* __
       }
     }
   } else {
-    for (int k = threadIdx.x; k < in; k += 256) {
+    for (int k = first; k < in; k += stride) {
       const float av = to_f(ar[k]);
 #pragma unroll
       for (int c = 0; c < TM; ++c)
         if (c < n) acc[c] += to_f(x[(size_t)(t0 + c) * in + k]) * av;
     }
   }
+  if constexpr (TM == 1) {
+    const float v = warp_sum(acc[0]);
+    if (lane == 0) part[warp][0] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float sum = 0.f;
 #pragma unroll
-  for (int c = 0; c < TM; ++c) {
-    const float v = warp_sum(acc[c]);
-    if (lane == 0) part[warp][c] = v;
-  }
-  __syncthreads();
-  if (threadIdx.x < TM && (int)threadIdx.x < n) {
-    float v = 0.f;
+      for (int w = 0; w < 8; ++w) sum += part[w][0];
+      y[(size_t)t0 * pr + j] = sum;
+    }
+  } else {
 #pragma unroll
-    for (int w = 0; w < 8; ++w) v += part[w][threadIdx.x];
-    y[(size_t)(t0 + threadIdx.x) * pr + j] = v;
+    for (int c = 0; c < TM; ++c) {
+      if (c < n) {
+        const float v = warp_sum(acc[c]);
+        if (lane == 0) y[(size_t)(t0 + c) * pr + j] = v;
+      }
+    }
   }
 }
 

@@ -84,7 +84,12 @@ impl CudaKernels {
         let s1 = splits.get(1).copied().filter(|_| parts > 1).unwrap_or(nout) as i32;
         let s2 = splits.get(2).copied().filter(|_| parts > 2).unwrap_or(nout) as i32;
         let cfg = LaunchConfig {
-            grid_dim: (pr as u32, ntiles as u32, 1),
+            // Tiles of one token: a block per row of a; wider: a warp per row.
+            grid_dim: (
+                if tile == 1 { pr } else { pr.div_ceil(8) } as u32,
+                ntiles as u32,
+                1,
+            ),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
