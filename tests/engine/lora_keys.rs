@@ -66,7 +66,7 @@ fn adapters_the_engine_cannot_serve_are_refused_by_name() {
     });
     let m = refusal(&big, 4);
     assert!(
-        m.contains("rank 8") && m.contains("--max-lora-rank 4") && m.contains("lora_A"),
+        m.contains("rank 8") && m.contains("--max-lora-rank 4") && m.contains("lora_A.weight"),
         "{m}"
     );
     let shape = write_adapter_with(
@@ -81,7 +81,7 @@ fn adapters_the_engine_cannot_serve_are_refused_by_name() {
     );
     let m = refusal(&shape, 8);
     assert!(
-        m.contains("layers.1.mlp.down_proj.lora_A") && m.contains("[31, 4]"),
+        m.contains("layers.1.mlp.down_proj.lora_B.weight") && m.contains("[31, 4]"),
         "{m}"
     );
     let lone = write_adapter_with(

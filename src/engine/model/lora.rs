@@ -169,44 +169,42 @@ impl LoraAdapter {
         ]);
         let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)
             .map_err(|e| bad(&weights_path, format!("not a valid safetensors file: {e}")))?;
-        let mut pairs: Vec<[Option<Tensor>; 2]> =
+        // Per layer and projection: lora_A and lora_B, with the names the file gives them.
+        let mut pairs: Vec<[Option<(&str, Tensor)>; 2]> =
             vec![Default::default(); cfg.num_hidden_layers * 7];
         for (name, t) in &tensors {
             let (layer, proj, which) = parse_name(name, cfg.num_hidden_layers)
                 .map_err(|r| bad(&weights_path, format!("tensor `{name}`: {r}")))?;
-            pairs[layer * 7 + proj_index(proj)][which] = Some(t.clone());
+            pairs[layer * 7 + proj_index(proj)][which] = Some((name.as_str(), t.clone()));
         }
         let mut layers: Vec<[Option<LoraWeights>; 7]> = (0..cfg.num_hidden_layers)
             .map(|_| Default::default())
             .collect();
         let mut rank = 0;
         for (i, [a, b]) in pairs.into_iter().enumerate() {
-            let (layer, proj) = (i / 7, Proj::ALL[i % 7]);
-            let name = |w: &str| {
-                format!(
-                    "base_model.model.model.layers.{layer}.{}.{}.{w}.weight",
-                    proj.parent(),
-                    proj.name()
-                )
-            };
-            let (a, b) = match (a, b) {
+            let layer = i / 7;
+            let ((a_name, a), (b_name, b)) = match (a, b) {
                 (None, None) => continue,
                 (Some(a), Some(b)) => (a, b),
-                (a, _) => {
-                    let (has, lacks) = if a.is_some() {
-                        ("lora_A", "lora_B")
+                (Some((has, _)), None) | (None, Some((has, _))) => {
+                    let lacks = if has.contains("lora_A") {
+                        has.replacen("lora_A", "lora_B", 1)
                     } else {
-                        ("lora_B", "lora_A")
+                        has.replacen("lora_B", "lora_A", 1)
                     };
                     return Err(bad(
                         &weights_path,
-                        format!("tensor `{}` has no `{}` beside it", name(has), name(lacks)),
+                        format!("tensor `{has}` has no `{lacks}` beside it"),
                     ));
                 }
             };
+            let proj = Proj::ALL[i % 7];
             let w = settings
                 .weights(proj, cfg, &a, &b, max_rank)
-                .map_err(|r| bad(&weights_path, format!("tensor `{}`: {r}", name("lora_A"))))?;
+                .map_err(|(on_b, r)| {
+                    let at = if on_b { b_name } else { a_name };
+                    bad(&weights_path, format!("tensor `{at}`: {r}"))
+                })?;
             rank = rank.max(w.rank);
             layers[layer][i % 7] = Some(w);
         }
@@ -343,43 +341,45 @@ impl Settings {
         a: &Tensor,
         b: &Tensor,
         max_rank: usize,
-    ) -> std::result::Result<LoraWeights, String> {
+    ) -> std::result::Result<LoraWeights, (bool, String)> {
+        // An error says whether it is about lora_B (true) or lora_A.
+        let on_a = |r: String| (false, r);
         let (fan_in, fan_out) = proj.dims(cfg);
         let (ad, bd) = (a.dims(), b.dims());
         let rank = match ad {
             [r, i] if *i == fan_in && *r > 0 => *r,
             _ => {
-                return Err(format!(
+                return Err(on_a(format!(
                     "lora_A has shape {ad:?}; {} of this base takes [rank, {fan_in}]",
                     proj.name()
-                ));
+                )));
             }
         };
         if bd != [fan_out, rank] {
-            return Err(format!(
-                "lora_B has shape {bd:?}; with lora_A's rank {rank} it must be [{fan_out}, {rank}]"
+            return Err((
+                true,
+                format!(
+                    "lora_B has shape {bd:?}; with lora_A's rank {rank} it must be [{fan_out}, {rank}]"
+                ),
             ));
         }
         if rank > max_rank {
-            return Err(format!(
+            return Err(on_a(format!(
                 "rank {rank} is above this engine's --max-lora-rank {max_rank}"
-            ));
+            )));
         }
         if rank != self.r && !self.rank_pattern {
-            return Err(format!(
+            return Err(on_a(format!(
                 "rank {rank}, but adapter_config.json says r = {} (and has no rank_pattern)",
                 self.r
-            ));
+            )));
         }
-        for (t, which) in [(a, "lora_A"), (b, "lora_B")] {
+        for (t, on_b) in [(a, false), (b, true)] {
             if !matches!(
                 t.dtype(),
                 DType::F32 | DType::F16 | DType::BF16 | DType::F64
             ) {
-                return Err(format!(
-                    "{which} has dtype {:?}, not a float type",
-                    t.dtype()
-                ));
+                return Err((on_b, format!("dtype {:?}, not a float type", t.dtype())));
             }
         }
         let scale = if self.rslora {
@@ -387,20 +387,22 @@ impl Settings {
         } else {
             self.alpha / rank as f64
         };
-        let flat = |t: &Tensor| -> std::result::Result<Vec<f32>, String> {
-            t.to_dtype(DType::F32)
+        let flat = |t: &Tensor, on_b: bool| -> std::result::Result<Vec<f32>, (bool, String)> {
+            let v = t
+                .to_dtype(DType::F32)
                 .and_then(|t| t.flatten_all())
                 .and_then(|t| t.to_vec1::<f32>())
-                .map_err(|e| e.to_string())
+                .map_err(|e| (on_b, e.to_string()))?;
+            match v.iter().find(|x| !x.is_finite()) {
+                Some(bad) => Err((on_b, format!("holds a non-finite value ({bad})"))),
+                None => Ok(v),
+            }
         };
-        let a = flat(a)?;
-        let b: Vec<f32> = flat(b)?
+        let a = flat(a, false)?;
+        let b: Vec<f32> = flat(b, true)?
             .into_iter()
             .map(|x| (x as f64 * scale) as f32)
             .collect();
-        if let Some(bad) = a.iter().chain(&b).find(|x| !x.is_finite()) {
-            return Err(format!("holds a non-finite value ({bad})"));
-        }
         Ok(LoraWeights { rank, a, b })
     }
 }
