@@ -6,7 +6,7 @@
 use super::*;
 use policy_serve::engine::LoraOptions;
 use policy_serve::engine::model::lora::LoraAdapter;
-use policy_serve::engine::model::lora_slots::LoraSlots;
+use policy_serve::engine::model::lora_slots::{LoraSlots, SlotImage};
 
 /// Two random rank-16 adapters for the model of `cfg`, written under the temp dir.
 fn adapters(cfg: &ModelConfig) -> Res<Vec<std::path::PathBuf>> {
@@ -45,7 +45,8 @@ pub(super) fn lora_model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table
         m.set_lora_slots(LoraSlots::new(&cfg, 2, 16, m.dtype(), dev)?);
         for (i, d) in dirs.iter().enumerate() {
             let ad = LoraAdapter::load(d, &cfg, 16)?;
-            m.lora_slots().ok_or("slots")?.load(i, &ad)?;
+            let image = SlotImage::new(&ad, &cfg, 16, m.dtype())?;
+            m.lora_slots().ok_or("slots")?.load(i, &image)?;
         }
         Ok(m)
     };

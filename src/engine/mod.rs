@@ -275,6 +275,13 @@ impl Engine {
         }
         let started = std::time::Instant::now();
         let adapter = model::lora::LoraAdapter::load(dir, &self.inner.cfg, info.max_lora_rank)?;
+        // Laid out as the device slots hold it here, so that moving it in later is uploads only.
+        let adapter = model::lora_slots::SlotImage::new(
+            &adapter,
+            &self.inner.cfg,
+            info.max_lora_rank,
+            info.dtype,
+        )?;
         tracing::info!(adapter = name, dir = %dir.display(), ms = (started.elapsed().as_secs_f64() * 1e3).round(), "LoRA adapter read");
         let (reply, pending) = handle::channel();
         let _ = self.inner.tx.lock().send(Command::AddAdapter {

@@ -15,7 +15,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::ModelConfig;
-use super::lora::{LoraAdapter, Proj};
+use super::lora::{LoraAdapter, LoraWeights, Proj};
 use crate::error::{Error, Result};
 
 /// The fused matmuls a LoRA delta is added to.
@@ -123,47 +123,27 @@ impl LoraSlots {
             .sum()
     }
 
-    /// Writes `adapter` into `slot` (every layer and group; zeros where it targets nothing).
-    pub fn load(&self, slot: usize, adapter: &LoraAdapter) -> Result<()> {
+    /// Writes an adapter's image into `slot` (one upload per layer and group; the layout
+    /// work was done when the image was built, off the scheduler's thread).
+    pub fn load(&self, slot: usize, image: &SlotImage) -> Result<()> {
         if slot >= self.slots
-            || adapter.rank > self.rank
-            || adapter.layers.len() != self.layers.len()
+            || image.slot_rank != self.rank
+            || image.layers.len() != self.layers.len()
         {
             return Err(Error::Engine(format!(
-                "adapter of rank {} over {} layers does not fit slot {slot} of {} (rank {}, {} layers)",
-                adapter.rank,
-                adapter.layers.len(),
+                "an adapter image of rank {} over {} layers does not fit slot {slot} of {} (rank {}, {} layers)",
+                image.slot_rank,
+                image.layers.len(),
                 self.slots,
                 self.rank,
                 self.layers.len()
             )));
         }
-        let r = self.rank;
-        for (groups, projs) in self.layers.iter().zip(&adapter.layers) {
-            for (g, sg) in groups.iter().enumerate() {
-                let (_, pr, fan_in) = sg.a.dims3()?;
-                let out = *sg.splits.last().unwrap_or(&0);
-                let mut a = vec![0f32; pr * fan_in];
-                let mut b = vec![0f32; out * r];
-                for (pi, proj) in group_projs(g).iter().enumerate() {
-                    let Some(w) = &projs[Proj::ALL.iter().position(|q| q == proj).unwrap_or(0)]
-                    else {
-                        continue;
-                    };
-                    a[pi * r * fan_in..(pi * r + w.rank) * fan_in].copy_from_slice(&w.a);
-                    for (o, row) in (sg.splits[pi]..sg.splits[pi + 1]).zip(w.b.chunks(w.rank)) {
-                        b[o * r..o * r + w.rank].copy_from_slice(row);
-                    }
-                }
-                let (dtype, dev) = (sg.a.dtype(), sg.a.device());
-                let a = Tensor::from_vec(a, (1, pr, fan_in), &Device::Cpu)?
-                    .to_dtype(dtype)?
-                    .to_device(dev)?;
-                let b = Tensor::from_vec(b, (1, out, r), &Device::Cpu)?
-                    .to_dtype(dtype)?
-                    .to_device(dev)?;
-                sg.a.slice_set(&a, 0, slot)?;
-                sg.b.slice_set(&b, 0, slot)?;
+        for (groups, parts) in self.layers.iter().zip(&image.layers) {
+            for (sg, (a, b)) in groups.iter().zip(parts) {
+                let dev = sg.a.device();
+                sg.a.slice_set(&a.to_device(dev)?, 0, slot)?;
+                sg.b.slice_set(&b.to_device(dev)?, 0, slot)?;
             }
         }
         Ok(())
@@ -205,6 +185,87 @@ impl LoraSlots {
             parts.push(Tensor::cat(&outs, 1)?);
         }
         Ok(Some(Tensor::cat(&parts, 0)?))
+    }
+}
+
+/// An adapter laid out as a slot holds it (padded to the slots' rank, in their dtype), in
+/// host memory: built once when the adapter is loaded (on the caller's thread), written into a
+/// device slot whenever the adapter moves in.
+#[derive(Debug)]
+pub struct SlotImage {
+    /// Digest of the adapter's files.
+    pub digest: String,
+    /// The adapter's largest rank.
+    pub rank: usize,
+    /// The projections it targets.
+    pub targets: Vec<&'static str>,
+    /// The rank every part is padded to.
+    slot_rank: usize,
+    /// Per layer and group: `a` `[1, P * R, in]`, `b` `[1, out, R]`.
+    layers: Vec<[(Tensor, Tensor); GROUPS]>,
+}
+
+impl SlotImage {
+    /// `adapter` laid out for slots of rank `rank` (padded to a multiple of 8 as
+    /// [`LoraSlots::new`] pads it) in `dtype`, for a model of `cfg`.
+    pub fn new(
+        adapter: &LoraAdapter,
+        cfg: &ModelConfig,
+        rank: usize,
+        dtype: DType,
+    ) -> Result<Self> {
+        let r = rank.div_ceil(8) * 8;
+        if adapter.rank > r || adapter.layers.len() != cfg.num_hidden_layers {
+            return Err(Error::Engine(format!(
+                "an adapter of rank {} over {} layers does not fit slots of rank {r} over {} layers",
+                adapter.rank,
+                adapter.layers.len(),
+                cfg.num_hidden_layers
+            )));
+        }
+        let group = |projs: &[Option<LoraWeights>; 7], g: usize| -> Result<(Tensor, Tensor)> {
+            let list = group_projs(g);
+            let fan_in = list[0].dims(cfg).0;
+            let mut splits = vec![0];
+            for p in list {
+                splits.push(splits.last().copied().unwrap_or(0) + p.dims(cfg).1);
+            }
+            let (pr, out) = (list.len() * r, *splits.last().unwrap_or(&0));
+            let mut a = vec![0f32; pr * fan_in];
+            let mut b = vec![0f32; out * r];
+            for (pi, proj) in list.iter().enumerate() {
+                let Some(w) = &projs[Proj::ALL.iter().position(|q| q == proj).unwrap_or(0)] else {
+                    continue;
+                };
+                a[pi * r * fan_in..(pi * r + w.rank) * fan_in].copy_from_slice(&w.a);
+                for (o, row) in (splits[pi]..splits[pi + 1]).zip(w.b.chunks(w.rank)) {
+                    b[o * r..o * r + w.rank].copy_from_slice(row);
+                }
+            }
+            Ok((
+                Tensor::from_vec(a, (1, pr, fan_in), &Device::Cpu)?.to_dtype(dtype)?,
+                Tensor::from_vec(b, (1, out, r), &Device::Cpu)?.to_dtype(dtype)?,
+            ))
+        };
+        let layers = adapter
+            .layers
+            .iter()
+            .map(|projs| {
+                Ok([
+                    group(projs, 0)?,
+                    group(projs, 1)?,
+                    group(projs, 2)?,
+                    group(projs, 3)?,
+                ])
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            digest: adapter.digest.clone(),
+            rank: adapter.rank,
+            targets: adapter.targets(),
+            slot_rank: r,
+            layers,
+        })
     }
 }
 

@@ -153,11 +153,11 @@ impl ModelRunner {
         super::logprobs::launch(&self.model, logits, ids, rows)
     }
 
-    /// Writes `adapter` into LoRA slot `slot` (after the work queued so far).
+    /// Writes an adapter's image into LoRA slot `slot` (after the work queued so far).
     pub(crate) fn load_adapter(
         &self,
         slot: usize,
-        adapter: &crate::engine::model::lora::LoraAdapter,
+        adapter: &crate::engine::model::lora_slots::SlotImage,
     ) -> Result<()> {
         let slots = self
             .model

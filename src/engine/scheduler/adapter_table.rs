@@ -5,13 +5,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::engine::model::lora::LoraAdapter;
+use crate::engine::model::lora_slots::SlotImage;
 use crate::engine::update::AdapterHandle;
 
 /// One registered adapter version.
 pub(super) struct Registered {
     pub(super) handle: AdapterHandle,
-    pub(super) adapter: Arc<LoraAdapter>,
+    pub(super) adapter: Arc<SlotImage>,
     /// Replaced or removed: no new request starts on it.
     pub(super) retired: bool,
     /// Its namespace in the prefix cache.

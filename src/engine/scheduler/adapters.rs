@@ -15,7 +15,7 @@ use super::adapter_table::{Registered, namespace};
 use super::core::Scheduler;
 use super::seq::Seq;
 use crate::engine::handle::Replier;
-use crate::engine::model::lora::LoraAdapter;
+use crate::engine::model::lora_slots::SlotImage;
 use crate::engine::request::FinishReason;
 use crate::engine::update::{AdapterHandle, AdapterVersion};
 use crate::error::{Error, Result};
@@ -25,7 +25,7 @@ impl Scheduler {
     pub(super) fn add_adapter(
         &mut self,
         name: String,
-        adapter: Arc<LoraAdapter>,
+        adapter: Arc<SlotImage>,
         reply: Replier<AdapterHandle>,
     ) {
         let t = &mut self.adapters;
@@ -54,7 +54,7 @@ impl Scheduler {
             version,
             digest = %handle.version.digest,
             rank = adapter.rank,
-            targets = ?adapter.targets(),
+            targets = ?adapter.targets,
             "LoRA adapter registered"
         );
         t.adapters.insert(

@@ -43,7 +43,7 @@ pub(crate) enum Command {
     },
     AddAdapter {
         name: String,
-        adapter: std::sync::Arc<crate::engine::model::lora::LoraAdapter>,
+        adapter: std::sync::Arc<crate::engine::model::lora_slots::SlotImage>,
         reply: Replier<crate::engine::update::AdapterHandle>,
     },
     RetireAdapter {
