@@ -57,8 +57,12 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let mut running = vec![];
     let (mut preempt, mut swaps) = (vec![], vec![]);
     let (mut drafted, mut kept) = (vec![], vec![]);
+    let (mut adapters, mut moves) = (vec![], vec![]);
     for key in &st.offered {
-        if st.registry.is_loaded(key)
+        // Engine-level figures once per engine: an adapter key shares its base's.
+        let adapter = st.registry.spec(key).is_ok_and(|s| s.adapter_of.is_some());
+        if !adapter
+            && st.registry.is_loaded(key)
             && let Ok(m) = st.registry.model(key)
         {
             let s = m.engine().stats();
@@ -72,6 +76,8 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
                 format!("{{model=\"{key}\"}}"),
                 s.spec_accepted_tokens as f64,
             ));
+            adapters.push((format!("{{model=\"{key}\"}}"), s.adapters as f64));
+            moves.push((format!("{{model=\"{key}\"}}"), s.adapter_loads as f64));
         }
     }
     metric(
@@ -115,6 +121,18 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         "counter",
         "Speculative decoding: drafts the model confirmed.",
         kept,
+    );
+    metric(
+        "policy_serve_lora_adapters",
+        "gauge",
+        "LoRA adapter versions registered with the engine (host copies).",
+        adapters,
+    );
+    metric(
+        "policy_serve_lora_adapter_loads_total",
+        "counter",
+        "LoRA adapters moved into a device slot.",
+        moves,
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }

@@ -66,6 +66,20 @@ async fn an_adapter_is_served_as_a_model_and_updated_over_http() {
         base["choices"][0]["token_ids"],
         "the base is untouched"
     );
+    let metrics = reqwest::get(format!("{}/metrics", s.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("policy_serve_lora_adapter_loads_total{model=\"tiny\"} 2"),
+        "two versions moved into a slot: {metrics}"
+    );
+    assert!(
+        !metrics.contains("model=\"tiny-a\""),
+        "engine figures once per engine: {metrics}"
+    );
     // A broken adapter: 400 naming it; version 2 keeps serving.
     let broken = tempfile::tempdir().unwrap().keep();
     std::fs::write(
