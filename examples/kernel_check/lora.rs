@@ -22,11 +22,7 @@ fn adapters(cfg: &ModelConfig) -> Res<Vec<std::path::PathBuf>> {
 pub(super) fn lora_model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
     let cfg = ModelConfig::from_file(&a.model_dir.join("config.json"))?;
     let weights = [a.model_dir.join("model.safetensors")];
-    let choice = if dt == DType::F32 {
-        DTypeChoice::F32
-    } else {
-        DTypeChoice::BF16
-    };
+    let choice = dtype_choice(dt);
     let dirs = adapters(&cfg)?;
     let load = |kernels: bool| -> Res<policy_serve::engine::model::Model> {
         let mut m = load_shard(

@@ -75,6 +75,15 @@ fn randn(shape: &[usize], dt: DType, dev: &Device) -> Res<Tensor> {
     Ok(Tensor::randn(0f32, 1.0, shape, dev)?.to_dtype(dt)?)
 }
 
+/// The load-time choice of the compute dtype `dt` (f32, else bf16).
+fn dtype_choice(dt: DType) -> DTypeChoice {
+    if dt == DType::F32 {
+        DTypeChoice::F32
+    } else {
+        DTypeChoice::BF16
+    }
+}
+
 fn tol(dt: DType) -> f32 {
     if dt == DType::F32 { 1e-4 } else { 2e-2 }
 }

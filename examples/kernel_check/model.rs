@@ -65,11 +65,7 @@ pub(super) fn trace(
 pub(super) fn model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
     let cfg = ModelConfig::from_file(&a.model_dir.join("config.json"))?;
     let weights = [a.model_dir.join("model.safetensors")];
-    let choice = if dt == DType::F32 {
-        DTypeChoice::F32
-    } else {
-        DTypeChoice::BF16
-    };
+    let choice = dtype_choice(dt);
     let kopts = a.kernels.options();
     let fast = load_shard(
         "check",

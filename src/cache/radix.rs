@@ -26,6 +26,20 @@ struct Node {
     last_access: u64,
 }
 
+impl Node {
+    /// A root: of the tree, or of a namespace (no tokens, never evicted).
+    fn root() -> Self {
+        Node {
+            tokens: vec![],
+            blocks: vec![],
+            children: HashMap::new(),
+            parent: ROOT,
+            lock: 0,
+            last_access: 0,
+        }
+    }
+}
+
 /// The result of a lookup: the cached blocks of the longest cached prefix, pinned until
 /// [`RadixCache::release`] is called with `node`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,14 +94,7 @@ pub struct RadixCache {
 impl RadixCache {
     /// An empty tree for blocks of `block_size` tokens.
     pub fn new(block_size: usize) -> Self {
-        let root = Node {
-            tokens: vec![],
-            blocks: vec![],
-            children: HashMap::new(),
-            parent: ROOT,
-            lock: 0,
-            last_access: 0,
-        };
+        let root = Node::root();
         Self {
             block_size: block_size.max(1),
             nodes: vec![Some(root)],
@@ -170,14 +177,7 @@ impl RadixCache {
         if let Some(&r) = self.ns_roots.get(&ns) {
             return r;
         }
-        let r = self.alloc(Node {
-            tokens: vec![],
-            blocks: vec![],
-            children: HashMap::new(),
-            parent: ROOT,
-            lock: 0,
-            last_access: 0,
-        });
+        let r = self.alloc(Node::root());
         self.ns_roots.insert(ns, r);
         r
     }

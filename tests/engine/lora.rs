@@ -181,14 +181,6 @@ fn greedy_on(engine: &Engine, adapter: Option<&AdapterHandle>, salt: u32) -> Vec
     engine.generate(req).unwrap().tokens
 }
 
-fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    a.iter()
-        .flatten()
-        .zip(b.iter().flatten())
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
 /// The engine with an adapter equals the engine on merged weights: logits within 1e-5 and
 /// the same greedy tokens, for an adapter on all seven projections (names with the PEFT
 /// prefix) and an rsLoRA one on q/v only (names without it). Mutations that fail it: the

@@ -90,6 +90,15 @@ pub(crate) fn reference_decode_logits(tokens: &[u32]) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// The largest absolute difference between two sets of logits rows.
+pub(crate) fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
 pub(crate) fn max_rel_err(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     assert_eq!(a.len(), b.len());
     let mut worst = 0f32;

@@ -23,14 +23,6 @@ fn greedy(engine: &policy_serve::engine::Engine, salt: u32) -> Vec<u32> {
         .tokens
 }
 
-fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    a.iter()
-        .flatten()
-        .zip(b.iter().flatten())
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
 /// Mutations that fail it: skipping the 1/sqrt(head_dim) fold into q_norm, writing k at
 /// q's offset in the fused qkv matrix, or not dropping the prefix cache (the second logits
 /// call would reuse nothing, but the greedy run after the update would hit the old KV).

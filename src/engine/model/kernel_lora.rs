@@ -5,7 +5,7 @@
 //! Invariant: a step without a row on an adapter never comes here (its launches are those
 //! of an engine without adapters, graphs included).
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 
 use super::blocks::Norm;
 use super::kernel_forward::{Activations, KernelForward, StepInputs};
@@ -23,7 +23,8 @@ pub(crate) struct LoraStep<'a> {
 
 impl<'m> KernelForward<'m> {
     /// The step's LoRA inputs, when a row of it runs on an adapter (the scratch is the
-    /// activations' own, so a captured step allocates nothing).
+    /// activations' own, allocated with them on a model with slots, so a captured step
+    /// allocates nothing).
     pub(crate) fn lora_step(
         &self,
         inputs: &StepInputs,
@@ -33,10 +34,9 @@ impl<'m> KernelForward<'m> {
             return Ok(None);
         };
         let t = acts.h.dim(0)?;
-        let y = match &acts.lora_y {
-            Some(y) => y.clone(),
-            None => self.kernels.alloc(t * 3 * slots.rank(), DType::F32)?,
-        };
+        let y = acts.lora_y.clone().ok_or_else(|| {
+            crate::engine::cuda::kernel_err("lora", "activations without the LoRA scratch")
+        })?;
         Ok(Some(LoraStep {
             slots,
             tiles: tiles.clone(),

@@ -231,16 +231,6 @@ impl LoraAdapter {
             .map(|(_, p)| p.name())
             .collect()
     }
-
-    /// Host bytes its weights take (f32).
-    pub fn bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .flatten()
-            .flatten()
-            .map(|w| (w.a.len() + w.b.len()) * 4)
-            .sum()
-    }
 }
 
 fn proj_index(p: Proj) -> usize {

@@ -51,6 +51,17 @@ pub fn group_projs(g: usize) -> &'static [Proj] {
     }
 }
 
+/// The input features of group `g` and the first output row of each of its projections,
+/// with the group's output rows at the end (`P + 1` entries), in the model of `cfg`.
+fn group_shape(cfg: &ModelConfig, g: usize) -> (usize, Vec<usize>) {
+    let projs = group_projs(g);
+    let mut splits = vec![0];
+    for p in projs {
+        splits.push(splits.last().copied().unwrap_or(0) + p.dims(cfg).1);
+    }
+    (projs[0].dims(cfg).0, splits)
+}
+
 /// One run of consecutive tokens of a batch on one slot (`None`: the base alone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Segment {
@@ -81,15 +92,10 @@ impl LoraSlots {
         let layers = (0..cfg.num_hidden_layers)
             .map(|_| {
                 let group = |g: usize| -> Result<SlotGroup> {
-                    let projs = group_projs(g);
-                    let fan_in = projs[0].dims(cfg).0;
-                    let mut splits = vec![0];
-                    for p in projs {
-                        splits.push(splits.last().copied().unwrap_or(0) + p.dims(cfg).1);
-                    }
-                    let out = *splits.last().unwrap_or(&0);
+                    let (fan_in, splits) = group_shape(cfg, g);
+                    let (parts, out) = (splits.len() - 1, *splits.last().unwrap_or(&0));
                     Ok(SlotGroup {
-                        a: Tensor::zeros((slots, projs.len() * rank, fan_in), dtype, device)?,
+                        a: Tensor::zeros((slots, parts * rank, fan_in), dtype, device)?,
                         b: Tensor::zeros((slots, out, rank), dtype, device)?,
                         splits,
                     })
@@ -225,11 +231,7 @@ impl SlotImage {
         }
         let group = |projs: &[Option<LoraWeights>; 7], g: usize| -> Result<(Tensor, Tensor)> {
             let list = group_projs(g);
-            let fan_in = list[0].dims(cfg).0;
-            let mut splits = vec![0];
-            for p in list {
-                splits.push(splits.last().copied().unwrap_or(0) + p.dims(cfg).1);
-            }
+            let (fan_in, splits) = group_shape(cfg, g);
             let (pr, out) = (list.len() * r, *splits.last().unwrap_or(&0));
             let mut a = vec![0f32; pr * fan_in];
             let mut b = vec![0f32; out * r];

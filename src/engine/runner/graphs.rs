@@ -201,7 +201,9 @@ impl DecodeGraphs {
                 break;
             }
             self.upload(b, &vec![padding(); b], 1)?;
-            self.upload_lora(&vec![0; 3 * b])?;
+            if lora {
+                self.upload_lora(&vec![0; 3 * b])?;
+            }
             self.run_bucket(model, k, cache, b, lora)?;
             self.stream
                 .synchronize()

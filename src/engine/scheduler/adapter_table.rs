@@ -52,6 +52,11 @@ impl AdapterTable {
             .position(|s| s.is_some_and(|(a, _)| a == id))
     }
 
+    /// The prefix-cache namespace of adapter `id` (0, the base's, when it is not registered).
+    pub(super) fn ns_of(&self, id: u64) -> u64 {
+        self.adapters.get(&id).map_or(0, |r| r.ns)
+    }
+
     /// The newest version registered under `name` that is not retired.
     pub(super) fn newest(&self, name: &str) -> Option<&AdapterHandle> {
         self.adapters

@@ -86,26 +86,25 @@ impl Scheduler {
         let waiting = std::mem::take(&mut self.waiting);
         for mut s in waiting {
             let on_it = s.request.adapter.as_ref().is_some_and(|h| h.id == id);
-            if on_it && (s.admitted.is_none() || !drain) {
-                if s.admitted.is_none()
-                    && let Some(next) = &successor
-                {
-                    self.point_at(&mut s, next.clone());
-                } else if s.admitted.is_none() {
-                    self.stats.lock().requests_failed += 1;
-                    s.reply.send(Err(Error::InvalidInput(format!(
-                        "adapter `{name}` was removed before this request started"
-                    ))));
-                    continue;
-                } else {
-                    if s.swapped.is_some() {
-                        self.kv.unreserve_swap(self.kv.blocks_for(s.computed));
-                    }
-                    self.finish(s, FinishReason::Interrupted);
-                    continue;
+            let started = s.admitted.is_some();
+            if !on_it || (started && drain) {
+                self.waiting.push_back(s);
+            } else if started {
+                // Preempted on it and not drained: it ends as a running one does.
+                if s.swapped.is_some() {
+                    self.kv.unreserve_swap(self.kv.blocks_for(s.computed));
                 }
+                self.finish(s, FinishReason::Interrupted);
+            } else if let Some(next) = &successor {
+                s.ns = self.adapters.ns_of(next.id);
+                s.request.adapter = Some(next.clone());
+                self.waiting.push_back(s);
+            } else {
+                self.stats.lock().requests_failed += 1;
+                s.reply.send(Err(Error::InvalidInput(format!(
+                    "adapter `{name}` was removed before this request started"
+                ))));
             }
-            self.waiting.push_back(s);
         }
         if !drain {
             self.settle();
@@ -126,12 +125,6 @@ impl Scheduler {
         }
         self.drop_retired_adapters();
         reply.send(Ok(()));
-    }
-
-    /// Points a request that has not started at adapter `h` (a newer version of its own).
-    fn point_at(&self, s: &mut Seq, h: AdapterHandle) {
-        s.ns = self.adapters.adapters.get(&h.id).map_or(0, |r| r.ns);
-        s.request.adapter = Some(h);
     }
 
     /// Removes retired adapters that no request uses any more (their slot frees up).
@@ -158,30 +151,24 @@ impl Scheduler {
         }
     }
 
-    /// Checks a new request's adapter and gives its prefix-cache namespace: a retired
-    /// version moves to the newest of its name.
-    pub(super) fn adapter_of_new(
-        &self,
-        request: &mut crate::engine::GenerationRequest,
-    ) -> Result<u64> {
-        let Some(h) = &request.adapter else {
+    /// Checks the adapter a new request (or a scoring) names and gives its prefix-cache
+    /// namespace: a retired version moves to the newest of its name.
+    pub(super) fn adapter_of_new(&self, adapter: &mut Option<AdapterHandle>) -> Result<u64> {
+        let Some(h) = adapter else {
             return Ok(0);
         };
         let t = &self.adapters;
-        match t.adapters.get(&h.id) {
-            Some(r) if !r.retired => Ok(r.ns),
-            _ => match t.newest(&h.version.name) {
-                Some(next) => {
-                    let ns = t.adapters.get(&next.id).map_or(0, |r| r.ns);
-                    request.adapter = Some(next.clone());
-                    Ok(ns)
-                }
-                None => Err(Error::InvalidInput(format!(
-                    "adapter `{}` (version {}) is not registered with engine `{}`; load it with Engine::load_adapter",
-                    h.version.name, h.version.version, self.info.key
-                ))),
-            },
+        if t.adapters.get(&h.id).is_some_and(|r| !r.retired) {
+            return Ok(t.ns_of(h.id));
         }
+        let Some(next) = t.newest(&h.version.name).cloned() else {
+            return Err(Error::InvalidInput(format!(
+                "adapter `{}` (version {}) is not registered with engine `{}`; load it with Engine::load_adapter",
+                h.version.name, h.version.version, self.info.key
+            )));
+        };
+        *h = next;
+        Ok(t.ns_of(h.id))
     }
 
     /// The slot of adapter `h` (a waiting request's), moving the adapter in when it is not

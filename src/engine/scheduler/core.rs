@@ -310,7 +310,7 @@ impl Scheduler {
         let ns = match self
             .info
             .check(&request)
-            .and_then(|()| self.adapter_of_new(&mut request))
+            .and_then(|()| self.adapter_of_new(&mut request.adapter))
         {
             Ok(ns) => ns,
             Err(e) => {

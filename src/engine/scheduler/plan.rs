@@ -304,10 +304,9 @@ impl Scheduler {
         if tokens.is_empty() {
             return Err(Error::InvalidInput("no tokens to score".into()));
         }
-        let mut probe = crate::engine::GenerationRequest::new(vec![]);
-        probe.adapter = adapter;
-        self.adapter_of_new(&mut probe)?;
-        let slot = self.adapter_slot(probe.adapter.as_ref()).map_err(|e| {
+        let mut adapter = adapter;
+        self.adapter_of_new(&mut adapter)?;
+        let slot = self.adapter_slot(adapter.as_ref()).map_err(|e| {
             e.unwrap_or_else(|| {
                 Error::Engine(
                     "every LoRA slot is used by running requests; score again when one finishes"
