@@ -42,6 +42,7 @@ pub struct ReadmeDoctests;
 
 pub mod cache;
 pub mod engine;
+mod digest;
 mod error;
 pub mod grammar;
 pub mod policy;
@@ -52,7 +53,8 @@ pub mod server;
 pub mod testing;
 
 pub use engine::{
-    CancelToken, Engine, EngineOptions, Generation, GenerationRequest, SamplingParams, TokenLogprob,
+    CancelToken, Engine, EngineOptions, Generation, GenerationRequest, KvPin, SamplingParams,
+    TokenLogprob,
 };
 pub use error::{Error, Result};
 pub use grammar::{Grammar, GrammarCompiler, GrammarMatcher};

@@ -92,3 +92,285 @@ fn without_a_prefix_cache_nothing_is_reused() {
     assert_eq!(again.cached_tokens, 0);
     assert!(kv.stats().cache.is_none());
 }
+
+/// The tiers below the GPU, driven through `KvManager` with an in-memory "device": each block
+/// of the device holds bytes that name the prefix it was computed for, so a block loaded back
+/// under the wrong key, in the wrong order or from a stale tier shows up as wrong bytes.
+mod tiers {
+    use std::collections::HashMap;
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    use std::sync::Arc;
+
+    use parking_lot::Mutex;
+    use policy_serve::cache::{BlockData, BlockIo, KvManager, LoadPolicy, TierConfig, Tiers};
+    use proptest::prelude::*;
+
+    const BS: usize = 2;
+    const BYTES: usize = 16;
+
+    #[derive(Clone, Default)]
+    struct MemIo(Arc<Mutex<HashMap<u32, Vec<u8>>>>);
+
+    impl BlockIo for MemIo {
+        fn read(&self, blocks: &[u32]) -> policy_serve::Result<Vec<Vec<u8>>> {
+            let m = self.0.lock();
+            Ok(blocks
+                .iter()
+                .map(|b| m.get(b).cloned().unwrap_or(vec![0; BYTES]))
+                .collect())
+        }
+        fn write(&self, blocks: &[u32], data: &[BlockData]) -> policy_serve::Result<()> {
+            let mut m = self.0.lock();
+            for (b, d) in blocks.iter().zip(data) {
+                m.insert(*b, d.to_vec());
+            }
+            Ok(())
+        }
+    }
+
+    /// What block `i` of `tokens` holds once computed.
+    fn content(tokens: &[u32], i: usize) -> Vec<u8> {
+        let mut h = DefaultHasher::new();
+        tokens[..(i + 1) * BS].hash(&mut h);
+        let x = h.finish();
+        [x.to_le_bytes(), (!x).to_le_bytes()].concat()
+    }
+
+    fn manager(blocks: usize, host_blocks: usize, disk: Option<(&str, usize)>) -> (KvManager, MemIo) {
+        let io = MemIo::default();
+        let mut kv = KvManager::new(blocks, BS, BYTES, true, 0);
+        let disk = disk.map(|(name, n)| {
+            let d = std::env::temp_dir().join(format!("ps-kvm-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&d);
+            (d, n * BYTES)
+        });
+        kv.set_tiers(Tiers::new(
+            TierConfig {
+                host_bytes: host_blocks * BYTES,
+                disk,
+                load: LoadPolicy::Always,
+                model: "m".into(),
+                layout: "test".into(),
+                block_size: BS,
+                block_bytes: BYTES,
+            },
+            Box::new(io.clone()),
+        ));
+        (kv, io)
+    }
+
+    struct Running {
+        tokens: Vec<u32>,
+        blocks: Vec<u32>,
+        pin: Option<usize>,
+    }
+
+    /// Admits `tokens`, checks every cached block holds its prefix's bytes, "computes" the rest.
+    fn admit(kv: &mut KvManager, io: &MemIo, tokens: &[u32]) -> Option<(Running, usize)> {
+        let a = kv.admit(tokens, tokens.len() + 1, |_| false)?;
+        let cached_blocks = a.cached_tokens / BS;
+        {
+            let mut m = io.0.lock();
+            for i in 0..tokens.len() / BS {
+                if i < cached_blocks {
+                    assert_eq!(
+                        m.get(&a.blocks[i]),
+                        Some(&content(tokens, i)),
+                        "cached block {i} of {tokens:?} holds another prefix's KV"
+                    );
+                } else {
+                    m.insert(a.blocks[i], content(tokens, i));
+                }
+            }
+        }
+        Some((
+            Running {
+                tokens: tokens.to_vec(),
+                blocks: a.blocks,
+                pin: a.pin,
+            },
+            a.cached_tokens,
+        ))
+    }
+
+    fn release(kv: &mut KvManager, r: Running) {
+        kv.release(&r.tokens, &r.blocks, r.pin);
+    }
+
+    #[test]
+    fn evicted_prefixes_move_down_and_come_back_with_their_own_bytes() {
+        // 6 GPU blocks, host room for 3, disk for 100.
+        let (mut kv, io) = manager(6, 3, Some(("down", 100)));
+        let a: Vec<u32> = (0..8).collect();
+        let (r, hit) = admit(&mut kv, &io, &a).unwrap();
+        assert_eq!(hit, 0);
+        release(&mut kv, r);
+        // Other prompts push a's 4 blocks off the GPU: to host, then the host's oldest to disk.
+        for base in [100u32, 200, 300] {
+            let b: Vec<u32> = (base..base + 8).collect();
+            let (r, _) = admit(&mut kv, &io, &b).unwrap();
+            release(&mut kv, r);
+        }
+        let t = kv.stats().tiers.unwrap();
+        assert!(t.demoted_blocks >= 4 && t.spilled_blocks > 0, "{t:?}");
+        let (r, hit) = admit(&mut kv, &io, &a).unwrap();
+        assert_eq!(hit, 8, "all of a came back");
+        let t = kv.stats().tiers.unwrap();
+        assert!(t.host_loads + t.disk_loads >= 4 && t.disk_loads > 0, "{t:?}");
+        release(&mut kv, r);
+    }
+
+    #[test]
+    fn a_pinned_transcript_survives_pressure_that_drops_everything_else() {
+        // No disk: host is the lowest tier, room for 4 blocks; a's 4 are pinned.
+        let (mut kv, io) = manager(6, 4, None);
+        let a: Vec<u32> = (0..8).collect();
+        let (r, _) = admit(&mut kv, &io, &a).unwrap();
+        release(&mut kv, r);
+        kv.pin(1, 0, &a);
+        for base in (100u32..1000).step_by(100) {
+            let b: Vec<u32> = (base..base + 8).collect();
+            let (r, _) = admit(&mut kv, &io, &b).unwrap();
+            release(&mut kv, r);
+        }
+        let (r, hit) = admit(&mut kv, &io, &a).unwrap();
+        assert_eq!(hit, 8, "the pinned transcript is whole");
+        release(&mut kv, r);
+        // Unpinned, it goes like anything else.
+        kv.unpin(1);
+        for base in (1000u32..2000).step_by(100) {
+            let b: Vec<u32> = (base..base + 8).collect();
+            let (r, _) = admit(&mut kv, &io, &b).unwrap();
+            release(&mut kv, r);
+        }
+        let (r, hit) = admit(&mut kv, &io, &a).unwrap();
+        assert_eq!(hit, 0);
+        release(&mut kv, r);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Admit(usize),
+        Release(usize),
+        Pin(usize),
+        Unpin(usize),
+        Hog(usize),
+        Swap(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0..6usize).prop_map(Op::Admit),
+            2 => (0..8usize).prop_map(Op::Release),
+            1 => (0..6usize).prop_map(Op::Pin),
+            1 => (0..6usize).prop_map(Op::Unpin),
+            1 => (1..6usize).prop_map(Op::Hog),
+            1 => (1..4usize).prop_map(Op::Swap),
+        ]
+    }
+
+    /// Six transcripts sharing prefixes (two families), 6-10 tokens.
+    fn transcripts() -> Vec<Vec<u32>> {
+        (0..6u32)
+            .map(|i| {
+                let mut t: Vec<u32> = (0..4).map(|x| x + 1000 * (i % 2)).collect();
+                t.extend((0..2 + i).map(|x| 10 * i + x));
+                t
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Admit / release / evict (a hog taking blocks) / pin / unpin / load / swap
+        /// reservations with small tier budgets: every cached block holds its own prefix's
+        /// bytes, host bytes stay in budget, a pinned transcript whose blocks all fit the
+        /// lowest tier is found whole, and once everything is released and the cache reset
+        /// every block is free (refcounts consistent).
+        #[test]
+        fn tiers_keep_refcounts_pins_and_bytes_consistent(ops in prop::collection::vec(op(), 1..60), disk in any::<bool>()) {
+            let name = format!("prop-{}", rand_suffix());
+            let (mut kv, io) = manager(10, 6, disk.then_some((name.as_str(), 8)));
+            let ts = transcripts();
+            let mut running: Vec<Running> = vec![];
+            let mut pinned: HashMap<usize, u64> = HashMap::new();
+            let mut hog: Vec<u32> = vec![];
+            let mut swapped = 0usize;
+            // Pinned transcripts released (so whole in some tier) since they were pinned and
+            // since the last swap reservation (which may take the lowest tier's room).
+            let mut whole: std::collections::HashSet<usize> = Default::default();
+            let mut running_idx: Vec<usize> = vec![];
+            for op in ops {
+                match op {
+                    Op::Admit(i) => {
+                        if let Some((r, hit)) = admit(&mut kv, &io, &ts[i]) {
+                            // Pinned transcripts (at most 5 blocks each, 2 families sharing 2)
+                            // fit the lowest tier only when few are pinned.
+                            if whole.contains(&i) && pinned.len() == 1 {
+                                prop_assert_eq!(hit, ts[i].len() / BS * BS, "pinned {} lost blocks", i);
+                            }
+                            running.push(r);
+                            running_idx.push(i);
+                        }
+                    }
+                    Op::Release(j) => {
+                        if j < running.len() {
+                            let r = running.remove(j);
+                            let i = running_idx.remove(j);
+                            release(&mut kv, r);
+                            if pinned.contains_key(&i) {
+                                whole.insert(i);
+                            }
+                        } else if !hog.is_empty() {
+                            kv.release_uncached(&std::mem::take(&mut hog), None);
+                        }
+                    }
+                    Op::Pin(i) => {
+                        if !pinned.contains_key(&i) {
+                            let id = 10 + i as u64;
+                            kv.pin(id, 0, &ts[i]);
+                            pinned.insert(i, id);
+                        }
+                    }
+                    Op::Unpin(i) => {
+                        if let Some(id) = pinned.remove(&i) {
+                            kv.unpin(id);
+                            whole.remove(&i);
+                        }
+                    }
+                    Op::Hog(n) => {
+                        if let Some(b) = kv.allocate(n) {
+                            hog.extend(b);
+                        }
+                    }
+                    Op::Swap(n) => {
+                        if kv.reserve_swap(n) {
+                            swapped += n;
+                            whole.clear();
+                        } else if swapped > 0 {
+                            kv.unreserve_swap(swapped);
+                            swapped = 0;
+                        }
+                    }
+                }
+                let st = kv.stats();
+                let t = st.tiers.unwrap();
+                prop_assert!(t.host_bytes + st.swap_used_bytes <= 6 * BYTES, "{:?}", st);
+                prop_assert!(t.disk_bytes <= 8 * BYTES);
+            }
+            for r in running.drain(..) {
+                release(&mut kv, r);
+            }
+            kv.release_uncached(&hog, None);
+            kv.reset_prefix_cache();
+            prop_assert_eq!(kv.num_free(), kv.capacity());
+        }
+    }
+
+    fn rand_suffix() -> u64 {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        N.fetch_add(1, Ordering::Relaxed)
+    }
+}

@@ -276,7 +276,7 @@ fn pipelined_decode_under_kv_pressure_and_shared_prefixes_changes_no_answer() {
             .collect::<Vec<_>>()
     };
     let want = run_all(&engine(&dir, false).1, requests());
-    for swap_gib in [1.0, 0.0] {
+    for kv_host_gib in [1.0, 0.0] {
         let r = ModelRegistry::new(vec![ModelSpec::local("tiny", "Tiny", dir.clone())])
             .unwrap()
             .with_options(EngineOptions {
@@ -286,15 +286,15 @@ fn pipelined_decode_under_kv_pressure_and_shared_prefixes_changes_no_answer() {
                     blocks: Some(12),
                     ..Default::default()
                 },
-                swap_gib,
+                kv_host_gib,
                 ..EngineOptions::default()
             });
         let e = r.model("tiny").unwrap().engine().clone();
         same(&run_all(&e, requests()), &want);
         let s = e.stats();
-        assert!(s.preemptions > 0, "swap {swap_gib}: {s:?}");
-        assert!(s.pipelined_steps > 0, "swap {swap_gib}: {s:?}");
-        assert!(s.cache_hit_tokens > 0, "swap {swap_gib}: {s:?}");
+        assert!(s.preemptions > 0, "swap {kv_host_gib}: {s:?}");
+        assert!(s.pipelined_steps > 0, "swap {kv_host_gib}: {s:?}");
+        assert!(s.cache_hit_tokens > 0, "swap {kv_host_gib}: {s:?}");
         assert_eq!(s.blocks_free + s.cached_blocks, s.blocks_total, "{s:?}");
     }
 }
@@ -372,7 +372,7 @@ fn soak_random_workloads_pipelined_equal_unpipelined() {
                     blocks: Some(16 + d.below(48) as usize),
                     ..Default::default()
                 },
-                swap_gib: if d.below(2) == 0 { 0.0 } else { 1.0 },
+                kv_host_gib: if d.below(2) == 0 { 0.0 } else { 1.0 },
                 ..EngineOptions::default()
             });
         let e = r.model("tiny").unwrap().engine().clone();

@@ -9,6 +9,7 @@
 
 use serde::Serialize;
 
+use super::tiers::{TierStats, Tiers};
 use super::{BlockPool, CacheStats, RadixCache};
 
 /// What a sequence holds after admission.
@@ -20,6 +21,10 @@ pub struct Admitted {
     pub cached_tokens: usize,
     /// The pinned radix node of the cached prefix (give it back through `release`).
     pub pin: Option<usize>,
+    /// Of `cached_tokens`, those loaded back from host memory.
+    pub host_tokens: usize,
+    /// Of `cached_tokens`, those loaded back from disk.
+    pub disk_tokens: usize,
 }
 
 /// Counters of the KV memory.
@@ -33,6 +38,8 @@ pub struct KvStats {
     pub cache: Option<CacheStats>,
     /// Host bytes holding swapped-out KV now.
     pub swap_used_bytes: usize,
+    /// The tiers below the GPU (None when they are off).
+    pub tiers: Option<TierStats>,
 }
 
 /// Block pool + prefix cache + swap accounting.
@@ -44,6 +51,7 @@ pub struct KvManager {
     block_bytes: usize,
     swap_budget: usize,
     swap_used: usize,
+    tiers: Option<Tiers>,
 }
 
 impl KvManager {
@@ -64,12 +72,46 @@ impl KvManager {
             block_bytes,
             swap_budget,
             swap_used: 0,
+            tiers: None,
+        }
+    }
+
+    /// Adds the KV tiers below the GPU (they need the prefix cache: without it they are
+    /// dropped). Their host budget replaces the swap budget: swapped-out sequences and host
+    /// blocks share one pool.
+    pub fn set_tiers(&mut self, tiers: Tiers) {
+        if self.radix.is_some() {
+            self.swap_budget = tiers.host_budget();
+            self.tiers = Some(tiers);
+        }
+    }
+
+    /// The tiers below the GPU, if on.
+    pub fn tiers_mut(&mut self) -> Option<&mut Tiers> {
+        self.tiers.as_mut()
+    }
+
+    /// Pins the whole blocks of `tokens` (namespace `ns`) in the tiers below the GPU for an
+    /// open episode, under `id` (nothing when the tiers are off).
+    pub fn pin(&mut self, id: u64, ns: u64, tokens: &[u32]) {
+        if let Some(t) = &mut self.tiers {
+            t.pin(id, ns, tokens);
+        }
+    }
+
+    /// Releases a pin of [`KvManager::pin`].
+    pub fn unpin(&mut self, id: u64) {
+        if let Some(t) = &mut self.tiers {
+            t.unpin(id);
         }
     }
 
     /// Drops every cached prefix no running sequence pins (their blocks go back to the free
     /// list); returns how many blocks were freed. Nothing without a prefix cache.
     pub fn reset_prefix_cache(&mut self) -> usize {
+        if let Some(t) = &mut self.tiers {
+            t.clear_host();
+        }
         match &mut self.radix {
             Some(r) => r.evict(usize::MAX, &mut self.pool).unwrap_or(0),
             None => 0,
@@ -113,6 +155,7 @@ impl KvManager {
             blocks_free: self.pool.num_free(),
             cache: self.radix.as_ref().map(RadixCache::stats),
             swap_used_bytes: self.swap_used,
+            tiers: self.tiers.as_ref().map(Tiers::stats),
         }
     }
 
@@ -123,7 +166,13 @@ impl KvManager {
             && let Some(r) = &mut self.radix
         {
             let short = n - self.pool.num_free();
-            if let Err(e) = r.evict(short, &mut self.pool) {
+            let (tiers, reserved) = (&mut self.tiers, self.swap_used);
+            let mut sink = |ev: super::radix::Evicted<'_>| {
+                if let Some(t) = tiers.as_mut() {
+                    t.demote(ev.ns, ev.tokens, ev.blocks, reserved);
+                }
+            };
+            if let Err(e) = r.evict_with(short, &mut self.pool, &mut sink) {
                 tracing::error!(error = %e, "block accounting error while evicting");
             }
         }
@@ -153,34 +202,70 @@ impl KvManager {
         defer: impl FnOnce(usize) -> bool,
     ) -> Option<Admitted> {
         let hit = self.radix.as_mut().map(|r| r.lookup_in(ns, tokens));
-        let (cached, cached_tokens) = hit
+        let (cached, gpu_tokens) = hit
             .as_ref()
             .map(|m| (m.blocks.clone(), m.tokens))
             .unwrap_or_default();
-        let need = self.blocks_for(total_tokens).saturating_sub(cached.len());
-        let fresh = if defer(cached_tokens) {
-            None
-        } else {
-            self.allocate(need)
+        // The blocks after the GPU's prefix that a tier below holds, when loading them pays.
+        let bs = self.block_size;
+        let found = match &mut self.tiers {
+            Some(t) => {
+                let f = t.probe(ns, tokens, cached.len());
+                if !f.is_empty() && t.worth_loading(&f, bs) {
+                    f
+                } else {
+                    vec![]
+                }
+            }
+            None => vec![],
         };
-        let Some(fresh) = fresh else {
-            if let (Some(r), Some(m)) = (&mut self.radix, hit) {
+        let need = self.blocks_for(total_tokens).saturating_sub(cached.len());
+        let give_up = |me: &mut Self| {
+            if let (Some(r), Some(m)) = (&mut me.radix, &hit) {
                 r.release(m.node);
             }
-            return None;
+            None
         };
+        if defer(gpu_tokens + found.len() * bs) {
+            return give_up(self);
+        }
+        // Read before allocating: the allocation may evict, and so move blocks between tiers.
+        let reserved = self.swap_used;
+        let mut loaded = match &mut self.tiers {
+            Some(t) if !found.is_empty() => t.fetch(&found, reserved),
+            _ => Default::default(),
+        };
+        let Some(fresh) = self.allocate(need) else {
+            return give_up(self);
+        };
+        if !loaded.data.is_empty()
+            && let Some(t) = &mut self.tiers
+            && let Err(e) = t.upload(&fresh[..loaded.data.len()], &loaded)
+        {
+            tracing::warn!(error = %e, "loading KV blocks back to the device failed; recomputing them");
+            loaded = Default::default();
+        }
         if let Err(e) = self.pool.retain(&cached) {
             tracing::error!(error = %e, "block accounting error while reusing a prefix");
         }
+        let below = loaded.data.len();
+        let cached_tokens = gpu_tokens + below * bs;
         if let Some(r) = &mut self.radix {
             r.record_lookup(tokens.len(), cached_tokens);
         }
         let mut blocks = cached;
+        let gpu_blocks = blocks.len();
         blocks.extend(fresh);
+        if below > 0 {
+            // Loaded blocks are the GPU's again: other requests find them there.
+            self.publish_in(ns, &tokens[..cached_tokens], &blocks[..gpu_blocks + below]);
+        }
         Some(Admitted {
             blocks,
             cached_tokens,
             pin: hit.map(|m| m.node),
+            host_tokens: loaded.from_host * bs,
+            disk_tokens: loaded.from_disk * bs,
         })
     }
 
@@ -224,6 +309,11 @@ impl KvManager {
     /// Reserves host memory for the KV of `blocks` blocks; false when the budget is short.
     pub fn reserve_swap(&mut self, blocks: usize) -> bool {
         let bytes = blocks * self.block_bytes;
+        if let Some(t) = &mut self.tiers
+            && !t.make_host_room(bytes, self.swap_used)
+        {
+            return false;
+        }
         if self.swap_budget == 0 || self.swap_used + bytes > self.swap_budget {
             return false;
         }

@@ -1,11 +1,20 @@
-//! KV memory: the block pool with refcounts, the radix-tree prefix cache, and the
-//! [`KvManager`] that owns both plus the swap accounting (the one type the scheduler uses).
+//! KV memory: the block pool with refcounts, the radix-tree prefix cache, the tiers below
+//! the GPU (host memory, local disk) and the [`KvManager`] that owns them all plus the swap
+//! accounting (the one type the scheduler uses).
 //! Nothing here knows about models, tensors or requests.
 
 mod block_pool;
+mod disk_tier;
+mod host_tier;
+mod keys;
 mod manager;
 mod radix;
+mod tiers;
 
 pub use block_pool::BlockPool;
 pub use manager::{Admitted, KvManager, KvStats};
-pub use radix::{CacheStats, PrefixMatch, RadixCache};
+pub use disk_tier::{DiskRead, DiskTier};
+pub use host_tier::{BlockData, HostTier};
+pub use keys::{BlockKey, KeySeed, checksum};
+pub use radix::{CacheStats, Evicted, PrefixMatch, RadixCache};
+pub use tiers::{BlockIo, LoadPolicy, Loaded, Tier, TierConfig, TierStats, Tiers};

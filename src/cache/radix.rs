@@ -78,6 +78,17 @@ impl CacheStats {
     }
 }
 
+/// A node leaving the tree by eviction, as [`RadixCache::evict_with`]'s sink sees it.
+#[derive(Debug)]
+pub struct Evicted<'a> {
+    /// Its namespace.
+    pub ns: u64,
+    /// Every token from its namespace's root to its end.
+    pub tokens: &'a [u32],
+    /// Its blocks: they hold the KV of the last `blocks.len()` whole blocks of `tokens`.
+    pub blocks: &'a [u32],
+}
+
 /// The prefix cache.
 #[derive(Debug)]
 pub struct RadixCache {
@@ -321,6 +332,17 @@ impl RadixCache {
     /// Evicts unpinned leaves, least recently used first, until at least `want` blocks went
     /// back to the pool's free list (or nothing more can be evicted). Returns blocks freed.
     pub fn evict(&mut self, want: usize, pool: &mut BlockPool) -> Result<usize> {
+        self.evict_with(want, pool, &mut |_| {})
+    }
+
+    /// [`RadixCache::evict`], calling `sink` with each evicted node before its blocks go back
+    /// to the pool (while they still hold its KV): the lower KV tiers copy them there.
+    pub fn evict_with(
+        &mut self,
+        want: usize,
+        pool: &mut BlockPool,
+        sink: &mut dyn FnMut(Evicted<'_>),
+    ) -> Result<usize> {
         let mut heap: BinaryHeap<Reverse<(u64, usize)>> = self
             .nodes
             .iter()
@@ -335,8 +357,15 @@ impl RadixCache {
             let Some(Reverse((_, id))) = heap.pop() else {
                 break;
             };
+            let (ns, mut path) = self.path_to(self.node(id).parent);
             let node = self.nodes[id].take().expect("live leaf");
             self.free_ids.push(id);
+            path.extend_from_slice(&node.tokens);
+            sink(Evicted {
+                ns,
+                tokens: &path,
+                blocks: &node.blocks,
+            });
             let before = pool.num_free();
             pool.release(&node.blocks)?;
             freed += pool.num_free() - before;
@@ -349,6 +378,29 @@ impl RadixCache {
             }
         }
         Ok(freed)
+    }
+
+    /// The namespace of node `id` and the tokens from its namespace's root to its end.
+    fn path_to(&self, mut id: usize) -> (u64, Vec<u32>) {
+        let mut edges = Vec::new();
+        while !self.node(id).tokens.is_empty() {
+            edges.push(id);
+            id = self.node(id).parent;
+        }
+        let ns = if id == ROOT {
+            0
+        } else {
+            self.ns_roots
+                .iter()
+                .find(|&(_, &r)| r == id)
+                .map_or(0, |(&ns, _)| ns)
+        };
+        let tokens = edges
+            .iter()
+            .rev()
+            .flat_map(|&e| self.node(e).tokens.iter().copied())
+            .collect();
+        (ns, tokens)
     }
 
     /// Whether a node is pinned (test and debug aid).

@@ -28,8 +28,10 @@ pub const PREFILL_CHUNK: usize = 4096;
 /// Cap on generated tokens of a request that gives none (lowered to the room its prompt
 /// leaves in the context).
 pub const MAX_NEW_TOKENS: usize = 512;
-/// Host memory (GiB) for KV swapped out on preemption.
-pub const SWAP_GIB: f64 = 4.0;
+/// Host memory (GiB) for KV below the GPU (the host tier and swap, one pool).
+pub const KV_HOST_GIB: f64 = 4.0;
+/// The disk KV tier's cap (GiB) when `--kv-disk-dir` is given.
+pub const KV_DISK_GIB: f64 = 64.0;
 /// Fraction of the GPU memory free after loading the weights that KV blocks take.
 pub const GPU_MEMORY_UTILIZATION: f64 = 0.9;
 /// KV memory (GiB) on the CPU.

@@ -39,9 +39,20 @@ pub struct EngineFlags {
     /// Turn the radix prefix cache off.
     #[arg(long)]
     pub no_prefix_cache: bool,
-    /// Host memory (GiB) for KV swapped out on preemption (0: preempt by recompute).
-    #[arg(long, default_value_t = defaults::SWAP_GIB)]
-    pub swap_gib: f64,
+    /// Host memory (GiB) for KV below the GPU: prefixes the GPU's prefix cache evicts, and
+    /// sequences swapped out on preemption, one pool (0: neither; preemption recomputes).
+    #[arg(long, alias = "swap-gib", default_value_t = defaults::KV_HOST_GIB)]
+    pub kv_host_gib: f64,
+    /// A directory for the disk KV tier (blocks the host tier lets go; kept across restarts
+    /// over the same weights). Off when absent.
+    #[arg(long)]
+    pub kv_disk_dir: Option<std::path::PathBuf>,
+    /// The disk KV tier's cap (GiB).
+    #[arg(long, default_value_t = defaults::KV_DISK_GIB)]
+    pub kv_disk_gib: f64,
+    /// When a prompt's blocks found in host or disk are loaded back rather than recomputed.
+    #[arg(long, value_enum, default_value_t = super::options::KvLoad::Measured)]
+    pub kv_load: super::options::KvLoad,
     /// Run decode steps eagerly instead of replaying CUDA graphs (debugging, comparisons).
     #[arg(long)]
     pub no_cuda_graphs: bool,
@@ -189,7 +200,15 @@ impl EngineFlags {
             max_batched_tokens: self.max_batched_tokens,
             prefill_chunk: self.prefill_chunk,
             prefix_cache: !self.no_prefix_cache,
-            swap_gib: self.swap_gib,
+            kv_host_gib: self.kv_host_gib,
+            kv_disk: self
+                .kv_disk_dir
+                .clone()
+                .map(|dir| super::options::KvDiskOptions {
+                    dir,
+                    gib: self.kv_disk_gib,
+                }),
+            kv_load: self.kv_load,
             cuda_graphs: !self.no_cuda_graphs,
             pipelined_decode: !self.no_pipelined_decode,
             profile_steps: (self.profile_steps > 0).then_some(self.profile_steps),
@@ -258,7 +277,7 @@ mod tests {
             (o.max_running, o.max_batched_tokens, o.prefill_chunk),
             (Some(7), 300, 100)
         );
-        assert_eq!((o.block_size, o.prefix_cache, o.swap_gib), (32, false, 0.0));
+        assert_eq!((o.block_size, o.prefix_cache, o.kv_host_gib), (32, false, 0.0));
         assert!(!o.cuda_graphs);
         assert!(!o.pipelined_decode);
         // Defaults: 90% of free GPU memory; the engine sizes max_running.
@@ -275,14 +294,14 @@ mod tests {
                 d.max_batched_tokens,
                 d.prefill_chunk,
                 d.block_size,
-                d.swap_gib,
+                d.kv_host_gib,
                 d.max_graph_batch
             ),
             (
                 lib.max_batched_tokens,
                 lib.prefill_chunk,
                 lib.block_size,
-                lib.swap_gib,
+                lib.kv_host_gib,
                 lib.max_graph_batch
             )
         );

@@ -46,7 +46,8 @@ pub use handle::{CancelOnDrop, CancelToken, NextChunk, Pending, TokenStream};
 pub use model::config::{GenerationConfig, ModelConfig};
 pub use model::files::ModelFiles;
 pub use options::{
-    EngineOptions, KernelOptions, LoraOptions, SpeculativeMethod, SpeculativeOptions,
+    EngineOptions, KernelOptions, KvDiskOptions, KvLoad, LoraOptions, SpeculativeMethod,
+    SpeculativeOptions,
 };
 pub use parallel::comm::{
     CommBackend, CommHandle, InProcessComm, RankSettings, WorkerCommand, agree,
@@ -306,6 +307,22 @@ impl Engine {
         pending
     }
 
+    /// Pins the KV of `tokens` (a paused episode's transcript; under `adapter`'s weights when
+    /// given) in the tiers below the GPU until the returned [`KvPin`] drops: its blocks may
+    /// move down from GPU to host to disk, but the lowest tier drops them only when it has
+    /// no room for anything else. Nothing happens when the tiers are off.
+    pub fn pin_kv(&self, tokens: Vec<u32>, adapter: Option<&AdapterHandle>) -> KvPin {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tx = self.inner.tx.lock().clone();
+        let _ = tx.send(Command::PinKv {
+            id,
+            tokens,
+            adapter: adapter.cloned(),
+        });
+        KvPin { id, tx }
+    }
+
     /// Drops every cached prefix that no running request uses (after new weights, say, when
     /// cached KV would be stale). Resolves to the number of KV blocks freed; `.await` it or
     /// [`Pending::wait`] for it.
@@ -339,6 +356,20 @@ impl Engine {
     /// Current counters.
     pub fn stats(&self) -> EngineStats {
         self.inner.stats.lock().clone()
+    }
+}
+
+/// A pin on a transcript's KV in the tiers below the GPU ([`Engine::pin_kv`]); released when
+/// dropped.
+#[derive(Debug)]
+pub struct KvPin {
+    id: u64,
+    tx: mpsc::Sender<Command>,
+}
+
+impl Drop for KvPin {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Command::UnpinKv { id: self.id });
     }
 }
 

@@ -121,9 +121,15 @@ pub struct EngineOptions {
     /// Reuse the KV of cached prefixes (radix tree). On by default; disabled with a warning
     /// for architectures whose state is not all in the KV.
     pub prefix_cache: bool,
-    /// Host memory (GiB) for KV swapped out on preemption; 0 preempts by recompute.
-    /// (Off under tensor parallelism: preemption recomputes.)
-    pub swap_gib: f64,
+    /// Host memory (GiB) for KV below the GPU, one pool: prefixes the prefix cache evicts
+    /// (the host tier) and sequences swapped out on preemption. 0: neither (preemption
+    /// recomputes, evicted prefixes are dropped). Off under tensor parallelism.
+    pub kv_host_gib: f64,
+    /// The disk tier below the host tier (`None`: off, the default).
+    pub kv_disk: Option<KvDiskOptions>,
+    /// When admission loads a prompt's blocks back from host or disk rather than
+    /// recomputing them.
+    pub kv_load: KvLoad,
     /// Tensor parallelism: this process's link to the other ranks (it must be rank 0; the
     /// others run `run_worker`). `None`: one rank.
     pub tensor_parallel: Option<CommHandle>,
@@ -189,7 +195,9 @@ impl Default for EngineOptions {
             prefill_chunk: defaults::PREFILL_CHUNK,
             default_max_new_tokens: defaults::MAX_NEW_TOKENS,
             prefix_cache: true,
-            swap_gib: defaults::SWAP_GIB,
+            kv_host_gib: defaults::KV_HOST_GIB,
+            kv_disk: None,
+            kv_load: KvLoad::Measured,
             tensor_parallel: None,
             worker_timeout: Duration::from_secs(defaults::WORKER_TIMEOUT_SECS),
             cuda_graphs: true,
@@ -200,6 +208,29 @@ impl Default for EngineOptions {
             kernels: KernelOptions::default(),
         }
     }
+}
+
+/// The disk KV tier: blocks the host tier lets go are written under `dir` (one file per block,
+/// with a checksum), up to `gib`; a restarted engine over the same weights finds them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvDiskOptions {
+    /// The directory (created if needed).
+    pub dir: std::path::PathBuf,
+    /// Its cap in GiB.
+    pub gib: f64,
+}
+
+/// When admission loads a prompt's blocks from host or disk rather than recomputing them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum KvLoad {
+    /// When the copy is faster at the rates measured at start-up (host-to-device and disk
+    /// bandwidth, prefill tokens per second; logged).
+    #[default]
+    Measured,
+    /// Always (tests; comparisons).
+    Always,
+    /// Never: recompute.
+    Never,
 }
 
 /// Where draft tokens come from.

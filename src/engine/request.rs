@@ -214,8 +214,12 @@ pub struct Generation {
     pub finish_reason: FinishReason,
     /// Prompt length in tokens.
     pub prompt_tokens: usize,
-    /// Prompt tokens whose KV came from the prefix cache.
+    /// Prompt tokens whose KV came from the prefix cache (any tier).
     pub cached_prompt_tokens: usize,
+    /// Of `cached_prompt_tokens`, those loaded back from the host KV tier.
+    pub cached_prompt_tokens_host: usize,
+    /// Of `cached_prompt_tokens`, those loaded back from the disk KV tier.
+    pub cached_prompt_tokens_disk: usize,
     /// Tokens generated.
     pub generated_tokens: usize,
     /// Time waiting before admission.
@@ -294,6 +298,9 @@ pub struct EngineStats {
     /// LoRA adapter versions registered (host copies; a replaced version leaves once no
     /// request uses it).
     pub adapters: usize,
+    /// The KV tiers below the GPU (host, disk): blocks, bytes, loads, checksum failures
+    /// (`None`: off).
+    pub kv_tiers: Option<crate::cache::TierStats>,
 }
 
 /// Facts about an engine.

@@ -97,6 +97,9 @@ pub struct StepCost {
     pub prompt_tokens: usize,
     /// Prompt tokens whose KV came from the prefix cache instead of being computed.
     pub cached_prompt_tokens: usize,
+    /// Of `cached_prompt_tokens`, those loaded back from the host and the disk KV tiers
+    /// (the episode's transcript left the GPU while it was paused).
+    pub cached_prompt_tokens_tiers: (usize, usize),
     /// Tokens generated.
     pub generated_tokens: usize,
     /// Wall time of the step.

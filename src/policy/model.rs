@@ -43,6 +43,9 @@ pub struct ModelPolicy {
     context_ids: Option<Vec<u32>>,
     seed: u64,
     steps: u64,
+    /// The transcript's KV, pinned in the tiers below the GPU while the episode is open
+    /// (released when the policy drops).
+    kv_pin: Option<crate::engine::KvPin>,
 }
 
 impl std::fmt::Debug for ModelPolicy {
@@ -88,6 +91,7 @@ impl ModelPolicy {
             context_ids: None,
             seed,
             steps: 0,
+            kv_pin: None,
         })
     }
 
@@ -194,7 +198,7 @@ impl ModelPolicy {
                 ids.len()
             )));
         }
-        let ids_for_context = ids.clone();
+        let mut transcript_ids = ids.clone();
         let mut request = GenerationRequest::new(ids).sampling(self.sampling(self.steps));
         request.max_new_tokens = self.episode.max_new_tokens;
         request.adapter = self.model.adapter.as_ref().map(|a| a.read().clone());
@@ -203,11 +207,14 @@ impl ModelPolicy {
             request.grammar =
                 Some(c.compile(compiler, &self.episode.tools, self.model.enable_thinking)?);
         }
+        let adapter = request.adapter.clone();
         let generation = engine.submit(request).wait_cancellable(cancel)?;
+        transcript_ids.extend_from_slice(&generation.tokens);
+        // The next turn starts with this transcript: pin its KV while the episode waits for
+        // its tool (the previous pin goes when this one replaces it).
+        self.kv_pin = Some(engine.pin_kv(transcript_ids.clone(), adapter.as_ref()));
         if self.episode.transcript_mode == TranscriptMode::AppendOnly {
-            let mut ctx = ids_for_context;
-            ctx.extend_from_slice(&generation.tokens);
-            self.context_ids = Some(ctx);
+            self.context_ids = Some(transcript_ids);
         }
         let raw = generation.text.clone();
         let tools = (!self.episode.tools.is_empty()).then_some(self.episode.tools.as_slice());
@@ -222,6 +229,10 @@ impl ModelPolicy {
             cost: StepCost {
                 prompt_tokens: generation.prompt_tokens,
                 cached_prompt_tokens: generation.cached_prompt_tokens,
+                cached_prompt_tokens_tiers: (
+                    generation.cached_prompt_tokens_host,
+                    generation.cached_prompt_tokens_disk,
+                ),
                 generated_tokens: generation.generated_tokens,
                 latency: start.elapsed(),
                 weights_version: Some(generation.weights_version.clone()),

@@ -71,6 +71,7 @@ fn demo_answer(
         prompt_tokens: 0,
         completion_tokens: 0,
         cached_tokens: 0,
+        tier_tokens: (0, 0),
         weights_version: None,
     })
 }

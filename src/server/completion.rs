@@ -17,6 +17,8 @@ pub(super) struct Completion {
     pub(super) prompt_tokens: usize,
     pub(super) completion_tokens: usize,
     pub(super) cached_tokens: usize,
+    /// Of `cached_tokens`, those loaded back from the host and the disk KV tiers.
+    pub(super) tier_tokens: (usize, usize),
     /// The weights that produced it (`None`: the demo).
     pub(super) weights_version: Option<crate::engine::WeightsVersion>,
 }
@@ -43,6 +45,7 @@ pub(super) fn to_completion(g: &Generation, tools: &[ToolDefinition]) -> Complet
         prompt_tokens: g.prompt_tokens,
         completion_tokens: g.generated_tokens,
         cached_tokens: g.cached_prompt_tokens,
+        tier_tokens: (g.cached_prompt_tokens_host, g.cached_prompt_tokens_disk),
         weights_version: Some(g.weights_version.clone()),
     }
 }
@@ -58,7 +61,7 @@ pub(super) fn tool_calls_json(calls: &[ToolCall]) -> Vec<Value> {
 
 /// The OpenAI `usage` object of a completion.
 pub(super) fn usage(c: &Completion) -> Value {
-    json!({"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens, "total_tokens": c.prompt_tokens + c.completion_tokens, "prompt_tokens_details": {"cached_tokens": c.cached_tokens}})
+    json!({"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens, "total_tokens": c.prompt_tokens + c.completion_tokens, "prompt_tokens_details": {"cached_tokens": c.cached_tokens, "cached_tokens_host": c.tier_tokens.0, "cached_tokens_disk": c.tier_tokens.1}})
 }
 
 /// A token's name in `logprobs`: `token_id:N` when asked (vLLM's

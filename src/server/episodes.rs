@@ -184,6 +184,8 @@ pub(super) async fn act(
         "action": step.action,
         "raw": step.raw,
         "cost": {"prompt_tokens": c.prompt_tokens, "cached_prompt_tokens": c.cached_prompt_tokens,
+                 "cached_prompt_tokens_host": c.cached_prompt_tokens_tiers.0,
+                 "cached_prompt_tokens_disk": c.cached_prompt_tokens_tiers.1,
                  "generated_tokens": c.generated_tokens, "latency_ms": c.latency.as_secs_f64() * 1e3,
                  "weights_version": c.weights_version}
     })))

@@ -58,6 +58,16 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let (mut preempt, mut swaps) = (vec![], vec![]);
     let (mut drafted, mut kept) = (vec![], vec![]);
     let (mut adapters, mut moves) = (vec![], vec![]);
+    // The KV tiers: (name, type, help, [(labels, value)]).
+    let mut tiers: Vec<(&str, &str, &str, Vec<(String, f64)>)> = vec![
+        ("policy_serve_kv_tier_blocks", "gauge", "KV blocks held per tier (gpu: cached prefixes).", vec![]),
+        ("policy_serve_kv_tier_bytes", "gauge", "Bytes of KV blocks held below the GPU per tier.", vec![]),
+        ("policy_serve_kv_tier_loads_total", "counter", "KV blocks loaded back to the GPU per tier.", vec![]),
+        ("policy_serve_kv_tier_load_bytes_total", "counter", "Bytes of KV loaded back to the GPU.", vec![]),
+        ("policy_serve_kv_tier_recomputes_total", "counter", "KV blocks found below the GPU but recomputed (loading was slower).", vec![]),
+        ("policy_serve_kv_tier_checksum_failures_total", "counter", "Disk KV blocks that failed their checksum or were truncated (recomputed).", vec![]),
+        ("policy_serve_kv_tier_missing_total", "counter", "Disk KV blocks whose file was gone (recomputed).", vec![]),
+    ];
     for key in &st.offered {
         // Engine-level figures once per engine: an adapter key shares its base's.
         let adapter = st.registry.spec(key).is_ok_and(|s| s.adapter_of.is_some());
@@ -78,6 +88,26 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             ));
             adapters.push((format!("{{model=\"{key}\"}}"), s.adapters as f64));
             moves.push((format!("{{model=\"{key}\"}}"), s.adapter_loads as f64));
+            if let Some(t) = s.kv_tiers {
+                let l = |tier: &str| format!("{{model=\"{key}\",tier=\"{tier}\"}}");
+                let m = format!("{{model=\"{key}\"}}");
+                let rows: [Vec<(String, f64)>; 7] = [
+                    vec![
+                        (l("gpu"), s.cached_blocks as f64),
+                        (l("host"), t.host_blocks as f64),
+                        (l("disk"), t.disk_blocks as f64),
+                    ],
+                    vec![(l("host"), t.host_bytes as f64), (l("disk"), t.disk_bytes as f64)],
+                    vec![(l("host"), t.host_loads as f64), (l("disk"), t.disk_loads as f64)],
+                    vec![(m.clone(), t.load_bytes as f64)],
+                    vec![(m.clone(), t.recomputes_chosen as f64)],
+                    vec![(m.clone(), t.checksum_failures as f64)],
+                    vec![(m, t.missing_blocks as f64)],
+                ];
+                for (row, m) in rows.into_iter().zip(tiers.iter_mut()) {
+                    m.3.extend(row);
+                }
+            }
         }
     }
     metric(
@@ -134,5 +164,10 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         "LoRA adapters moved into a device slot.",
         moves,
     );
+    for (name, kind, help, rows) in tiers {
+        if !rows.is_empty() {
+            metric(name, kind, help, rows);
+        }
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }

@@ -48,26 +48,26 @@ fn a_tiny_kv_pool_preempts_and_still_gives_identical_outputs() {
         (out, engine.stats())
     };
     let (free, _) = run(options());
-    for (prefix_cache, swap_gib) in [(true, 1.0), (true, 0.0), (false, 0.0), (false, 1.0)] {
+    for (prefix_cache, kv_host_gib) in [(true, 1.0), (true, 0.0), (false, 0.0), (false, 1.0)] {
         let small = EngineOptions {
             kv_budget: KvBudget {
                 blocks: Some(10),
                 ..KvBudget::default()
             },
             prefix_cache,
-            swap_gib,
+            kv_host_gib,
             ..options()
         };
         let (tight, stats) = run(small);
         assert_eq!(
             free, tight,
-            "prefix cache {prefix_cache}, swap {swap_gib} GiB"
+            "prefix cache {prefix_cache}, swap {kv_host_gib} GiB"
         );
         assert!(
             stats.preemptions > 0,
             "the pool was small enough to force preemption: {stats:?}"
         );
-        assert_eq!(stats.swap_outs > 0, swap_gib > 0.0, "{stats:?}");
+        assert_eq!(stats.swap_outs > 0, kv_host_gib > 0.0, "{stats:?}");
         assert_eq!(stats.swap_ins, stats.swap_outs);
         assert_eq!(
             stats.blocks_free + stats.cached_blocks,
@@ -252,7 +252,7 @@ fn under_memory_pressure_the_newest_request_gives_way_even_while_the_oldest_stil
         prefill_chunk: 16,
         max_batched_tokens: 32,
         prefix_cache: false,
-        swap_gib: 0.0,
+        kv_host_gib: 0.0,
         ..options()
     };
     let r = registry_with(opts);

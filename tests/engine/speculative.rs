@@ -204,17 +204,17 @@ fn prefix_cache_hits_and_preemption_keep_the_answers() {
             assert!(out.iter().all(|g| g.cached_prompt_tokens > 0));
         }
     }
-    for swap_gib in [0.0, 1.0] {
+    for kv_host_gib in [0.0, 1.0] {
         let tight = EngineOptions {
             kv_budget: KvBudget {
                 blocks: Some(10),
                 ..KvBudget::default()
             },
-            swap_gib,
+            kv_host_gib,
             ..spec()
         };
         let (out, stats) = run(tight, &reqs);
-        assert_eq!(tokens(&out), tokens(&plain), "swap {swap_gib}");
+        assert_eq!(tokens(&out), tokens(&plain), "swap {kv_host_gib}");
         assert!(stats.preemptions > 0, "{stats:?}");
         assert_eq!(stats.blocks_free + stats.cached_blocks, stats.blocks_total);
     }

@@ -7,6 +7,8 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::cache::{BlockData, BlockIo};
+
 use super::config::ModelConfig;
 use crate::error::Result;
 
@@ -96,6 +98,16 @@ impl PagedKvCache {
         Ok(())
     }
 
+    /// A handle that moves whole blocks between this cache and host bytes (the KV tiers
+    /// below the GPU); it shares the cache's memory.
+    pub fn io(&self) -> KvIo {
+        KvIo {
+            k: self.k.clone(),
+            v: self.v.clone(),
+            block_size: self.block_size,
+        }
+    }
+
     fn block_slots(&self, blocks: &[u32]) -> Result<Tensor> {
         let bs = self.block_size as u32;
         let slots: Vec<u32> = blocks
@@ -117,4 +129,119 @@ fn scatter_rows(dst: &Tensor, idx: &Tensor, src: &Tensor) -> Result<()> {
         .contiguous()?;
     dst.scatter_set(&idx, &src.contiguous()?, 1)?;
     Ok(())
+}
+
+/// Moves whole blocks of a [`PagedKvCache`] to and from host bytes: a block's bytes are, for
+/// every layer, its K rows then its V rows (`[kv_heads, block_size, head_dim]` each, in the
+/// cache's dtype).
+pub struct KvIo {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    block_size: usize,
+}
+
+impl KvIo {
+    fn slots(&self, blocks: &[u32]) -> Result<Tensor> {
+        let bs = self.block_size as u32;
+        let slots: Vec<u32> = blocks
+            .iter()
+            .flat_map(|b| (0..bs).map(move |o| b * bs + o))
+            .collect();
+        Ok(Tensor::new(slots.as_slice(), self.k[0].device())?)
+    }
+
+    /// Bytes of one block's part of one layer's K (or V).
+    fn part_bytes(&self) -> usize {
+        let (heads, _, hd) = self.k[0].dims3().unwrap_or((0, 0, 0));
+        heads * self.block_size * hd * self.k[0].dtype().size_in_bytes()
+    }
+}
+
+/// A host tensor's bytes, little-endian.
+fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    let t = t.flatten_all()?;
+    Ok(match t.dtype() {
+        DType::BF16 => t
+            .to_vec1::<half::bf16>()?
+            .iter()
+            .flat_map(|x| x.to_bits().to_le_bytes())
+            .collect(),
+        DType::F16 => t
+            .to_vec1::<half::f16>()?
+            .iter()
+            .flat_map(|x| x.to_bits().to_le_bytes())
+            .collect(),
+        _ => t
+            .to_dtype(DType::F32)?
+            .to_vec1::<f32>()?
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
+    })
+}
+
+impl BlockIo for KvIo {
+    fn read(&self, blocks: &[u32]) -> crate::error::Result<Vec<Vec<u8>>> {
+        let n = blocks.len();
+        let part = self.part_bytes();
+        let mut out = vec![Vec::with_capacity(part * 2 * self.k.len()); n];
+        if n == 0 {
+            return Ok(out);
+        }
+        let idx = self.slots(blocks)?;
+        let (heads, _, _) = self.k[0].dims3()?;
+        let row = part / heads; // one head's rows of one block
+        for (k, v) in self.k.iter().zip(&self.v) {
+            for t in [k, v] {
+                // [heads, n * bs, hd] on the host: head h's rows of block j at (h * n + j) * row.
+                let bytes = host_bytes(&t.index_select(&idx, 1)?.to_device(&Device::Cpu)?)?;
+                for (j, o) in out.iter_mut().enumerate() {
+                    for h in 0..heads {
+                        let at = (h * n + j) * row;
+                        o.extend_from_slice(&bytes[at..at + row]);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn write(&self, blocks: &[u32], data: &[BlockData]) -> crate::error::Result<()> {
+        let n = blocks.len().min(data.len());
+        if n == 0 {
+            return Ok(());
+        }
+        let part = self.part_bytes();
+        let want = part * 2 * self.k.len();
+        if let Some(bad) = data[..n].iter().find(|d| d.len() != want) {
+            return Err(crate::error::Error::Engine(format!(
+                "a KV block of {} bytes where this cache's blocks have {want}",
+                bad.len()
+            )));
+        }
+        let idx = self.slots(&blocks[..n])?;
+        let (heads, _, hd) = self.k[0].dims3()?;
+        let row = part / heads;
+        let dtype = self.k[0].dtype();
+        for (l, (k, v)) in self.k.iter().zip(&self.v).enumerate() {
+            for (which, t) in [k, v].into_iter().enumerate() {
+                let base = (2 * l + which) * part;
+                let mut buf = vec![0u8; n * part];
+                for (j, d) in data[..n].iter().enumerate() {
+                    for h in 0..heads {
+                        let at = (h * n + j) * row;
+                        buf[at..at + row].copy_from_slice(&d[base + h * row..base + (h + 1) * row]);
+                    }
+                }
+                let host = Tensor::from_raw_buffer(
+                    &buf,
+                    dtype,
+                    &[heads, n * self.block_size, hd],
+                    &Device::Cpu,
+                )?;
+                scatter_rows(t, &idx, &host.to_device(t.device())?)?;
+            }
+        }
+        Ok(())
+    }
 }

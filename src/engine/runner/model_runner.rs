@@ -232,6 +232,11 @@ impl ModelRunner {
         self.forward(&tokens, inputs)
     }
 
+    /// A handle that moves whole KV blocks to and from host bytes (the tiers below the GPU).
+    pub(crate) fn kv_io(&self) -> crate::engine::model::kv_cache::KvIo {
+        self.cache.io()
+    }
+
     /// Copies the KV of `blocks` to host memory (swap-out).
     pub(crate) fn swap_out(&self, blocks: &[u32]) -> Result<Vec<(Tensor, Tensor)>> {
         self.cache.read_blocks(blocks)

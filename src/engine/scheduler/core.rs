@@ -99,7 +99,7 @@ impl Scheduler {
                 }
                 safe
             };
-        let swap = opts.swap_gib > 0.0
+        let swap = opts.kv_host_gib > 0.0
             && world == 1
             && {
                 let safe = cfg.kv_only_swap_out_is_safe();
@@ -109,7 +109,7 @@ impl Scheduler {
                 safe
             };
         let swap_budget = if swap {
-            (opts.swap_gib * (1u64 << 30) as f64) as usize
+            (opts.kv_host_gib * (1u64 << 30) as f64) as usize
         } else {
             0
         };
@@ -132,7 +132,7 @@ impl Scheduler {
             prefix_cache,
             ..Default::default()
         };
-        Ok(Self {
+        let mut s = Self {
             runner,
             kv,
             tokenizer,
@@ -171,7 +171,9 @@ impl Scheduler {
             weights,
             update: None,
             adapters: super::adapter_table::AdapterTable::new(opts.lora.map_or(0, |l| l.max_loras)),
-        })
+        };
+        s.start_tiers(block_bytes, world);
+        Ok(s)
     }
 
     pub(crate) fn info(&self) -> &EngineInfo {
@@ -218,6 +220,15 @@ impl Scheduler {
                         self.settle();
                         reply.send(self.score(&tokens, adapter))
                     }
+                    Command::PinKv {
+                        id,
+                        tokens,
+                        adapter,
+                    } => {
+                        let ns = adapter.map_or(0, |h| self.adapters.ns_of(h.id));
+                        self.kv.pin(id, ns, &tokens);
+                    }
+                    Command::UnpinKv { id } => self.kv.unpin(id),
                     Command::ResetPrefixCache { reply } => {
                         self.settle();
                         let freed = self.kv.reset_prefix_cache();
@@ -295,6 +306,7 @@ impl Scheduler {
             s.cached_blocks = c.cached_blocks;
         }
         s.swap_used_bytes = kv.swap_used_bytes;
+        s.kv_tiers = kv.tiers;
         s.adapters = self.adapters.len();
         if s.weights_version != self.weights {
             s.weights_version = self.weights.clone();
@@ -334,6 +346,7 @@ impl Scheduler {
             admitted: None,
             first_token: None,
             cached_prompt_tokens: 0,
+            tier_prompt_tokens: (0, 0),
             pin: None,
             swapped: None,
             detok: Detokenizer::default(),

@@ -29,6 +29,7 @@ mod adapter_table;
 mod adapters;
 mod core;
 mod detok;
+mod kv_tiers;
 mod memory;
 mod ngram;
 mod output;

@@ -212,6 +212,8 @@ impl Scheduler {
             finish_reason: reason,
             prompt_tokens: s.prompt_len(),
             cached_prompt_tokens: s.cached_prompt_tokens,
+            cached_prompt_tokens_host: s.tier_prompt_tokens.0,
+            cached_prompt_tokens_disk: s.tier_prompt_tokens.1,
             generated_tokens: generated,
             queue_time: s.admitted.map(|a| a - s.submitted).unwrap_or_default(),
             time_to_first_token: s.first_token.map(|f| f - s.submitted).unwrap_or_default(),

@@ -51,6 +51,14 @@ pub(crate) enum Command {
         drain: bool,
         reply: Replier<()>,
     },
+    PinKv {
+        id: u64,
+        tokens: Vec<u32>,
+        adapter: Option<crate::engine::update::AdapterHandle>,
+    },
+    UnpinKv {
+        id: u64,
+    },
     Shutdown,
 }
 
@@ -69,6 +77,8 @@ pub(super) struct Seq {
     pub(super) admitted: Option<Instant>,
     pub(super) first_token: Option<Instant>,
     pub(super) cached_prompt_tokens: usize,
+    /// Of `cached_prompt_tokens`, loaded back from host and from disk.
+    pub(super) tier_prompt_tokens: (usize, usize),
     /// The radix node pinned for this sequence's cached prefix.
     pub(super) pin: Option<usize>,
     /// KV of the computed tokens, swapped out to host memory (per layer K, V).

@@ -228,6 +228,7 @@ impl Scheduler {
             digest,
             adapter: None,
         };
+        self.reseed_tiers();
         tracing::debug!(
             freed_blocks = freed,
             "prefix cache of the old weights dropped"

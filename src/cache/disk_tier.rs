@@ -1,0 +1,309 @@
+//! `DiskTier`: KV blocks in files under one directory, one file per block named by its
+//! [`BlockKey`], with a checksum; least recently used first out under a byte cap. The
+//! directory outlives the process: a restarted engine indexes the files already there.
+//!
+//! File layout: `MAGIC` (8 bytes), the key (16, little-endian), the data's length (8), its
+//! checksum (8), the data. A file is written under a temporary name and renamed, so a crash
+//! never leaves a half-written block under a block's name.
+//!
+//! Invariants: `used` is the sum of the indexed files' data lengths and stays at or under the
+//! cap; a block whose file is missing, short, or fails its checksum is never returned (it is
+//! dropped from the index and its file removed). The first write or read error (a full disk,
+//! a read-only directory) turns the tier off for good, with one warning.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use super::keys::{BlockKey, checksum};
+
+const MAGIC: &[u8; 8] = b"PSKVBLK1";
+const HEADER: usize = 40;
+
+/// What reading a block from disk gave.
+#[derive(Debug)]
+pub enum DiskRead {
+    /// The block's bytes, checksum verified.
+    Ok(Vec<u8>),
+    /// Not indexed, or its file went away.
+    Missing,
+    /// The file is short, has another key or length, or fails its checksum.
+    Corrupt,
+}
+
+struct Entry {
+    len: usize,
+    tick: u64,
+}
+
+/// Blocks on local disk.
+pub struct DiskTier {
+    dir: PathBuf,
+    cap: usize,
+    used: usize,
+    index: HashMap<BlockKey, Entry>,
+    lru: BTreeMap<u64, BlockKey>,
+    clock: u64,
+    enabled: bool,
+}
+
+impl DiskTier {
+    /// Opens (creating it if needed) the tier in `dir` with a cap of `cap` bytes, indexing the
+    /// blocks already there (oldest first by modification time; beyond the cap the oldest are
+    /// removed). A directory that cannot be created or written gives a tier that is off (with
+    /// a warning): serving goes on without it.
+    pub fn open(dir: &Path, cap: usize) -> Self {
+        let mut t = Self {
+            dir: dir.to_path_buf(),
+            cap,
+            used: 0,
+            index: HashMap::new(),
+            lru: BTreeMap::new(),
+            clock: 0,
+            enabled: true,
+        };
+        if let Err(e) = t.scan() {
+            t.turn_off("opening", &e);
+        }
+        t
+    }
+
+    fn scan(&mut self) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        let probe = self.dir.join(".probe.tmp");
+        std::fs::write(&probe, b"ok")?;
+        std::fs::remove_file(&probe)?;
+        let mut found = Vec::new();
+        for e in std::fs::read_dir(&self.dir)? {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.ends_with(".tmp") {
+                let _ = std::fs::remove_file(e.path());
+                continue;
+            }
+            let Some(key) = name.strip_suffix(".kv").and_then(BlockKey::from_hex) else {
+                continue;
+            };
+            let meta = e.metadata()?;
+            let len = (meta.len() as usize).saturating_sub(HEADER);
+            let mtime = meta.modified().ok();
+            found.push((mtime, key, len));
+        }
+        found.sort();
+        for (_, key, len) in found {
+            self.index_block(key, len);
+        }
+        while self.used > self.cap && self.drop_lru(|_| false) {}
+        if !self.index.is_empty() {
+            tracing::info!(dir = %self.dir.display(), blocks = self.index.len(), bytes = self.used, "disk KV tier: blocks from an earlier run indexed");
+        }
+        Ok(())
+    }
+
+    fn index_block(&mut self, key: BlockKey, len: usize) {
+        self.clock += 1;
+        if let Some(old) = self.index.insert(
+            key,
+            Entry {
+                len,
+                tick: self.clock,
+            },
+        ) {
+            self.lru.remove(&old.tick);
+            self.used -= old.len;
+        }
+        self.lru.insert(self.clock, key);
+        self.used += len;
+    }
+
+    fn unindex(&mut self, key: &BlockKey) -> bool {
+        let Some(e) = self.index.remove(key) else {
+            return false;
+        };
+        self.lru.remove(&e.tick);
+        self.used -= e.len;
+        true
+    }
+
+    fn path(&self, key: &BlockKey) -> PathBuf {
+        self.dir.join(format!("{}.kv", key.hex()))
+    }
+
+    fn turn_off(&mut self, doing: &str, e: &std::io::Error) {
+        if self.enabled {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "disk KV tier off after an error while {doing}; serving goes on without it");
+        }
+        self.enabled = false;
+        self.index.clear();
+        self.lru.clear();
+        self.used = 0;
+    }
+
+    /// Whether the tier is on.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Whether `key` is indexed.
+    pub fn contains(&self, key: &BlockKey) -> bool {
+        self.index.contains_key(key)
+    }
+
+    /// Blocks indexed.
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Whether no block is indexed.
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// Bytes of block data indexed.
+    pub fn bytes(&self) -> usize {
+        self.used
+    }
+
+    /// The cap in bytes.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Removes the least recently used block for which `keep` is false; false if none.
+    pub fn drop_lru(&mut self, keep: impl Fn(&BlockKey) -> bool) -> bool {
+        let Some(key) = self.lru.values().find(|k| !keep(k)).copied() else {
+            return false;
+        };
+        self.unindex(&key);
+        let _ = std::fs::remove_file(self.path(&key));
+        true
+    }
+
+    /// Writes a block. Returns false when it was not stored: the tier is off, or the block
+    /// is larger than the cap, or an error turned the tier off. Room must have been made by
+    /// the caller ([`DiskTier::room_for`]).
+    pub fn write(&mut self, key: BlockKey, data: &[u8]) -> bool {
+        if !self.enabled || data.len() > self.cap {
+            return false;
+        }
+        let tmp = self.dir.join(format!("{}.tmp", key.hex()));
+        let res = (|| -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            let mut head = Vec::with_capacity(HEADER);
+            head.extend_from_slice(MAGIC);
+            head.extend_from_slice(&key.0.to_le_bytes());
+            head.extend_from_slice(&(data.len() as u64).to_le_bytes());
+            head.extend_from_slice(&checksum(data).to_le_bytes());
+            f.write_all(&head)?;
+            f.write_all(data)?;
+            f.flush()?;
+            drop(f);
+            std::fs::rename(&tmp, self.path(&key))
+        })();
+        match res {
+            Ok(()) => {
+                self.index_block(key, data.len());
+                true
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                self.turn_off("writing a block", &e);
+                false
+            }
+        }
+    }
+
+    /// Whether `bytes` more fit under the cap now.
+    pub fn room_for(&self, bytes: usize) -> bool {
+        self.used + bytes <= self.cap
+    }
+
+    /// Reads a block of `len` bytes, verifying the header and the checksum; a bad block is
+    /// removed (index and file).
+    pub fn read(&mut self, key: &BlockKey, len: usize) -> DiskRead {
+        if !self.enabled || !self.index.contains_key(key) {
+            return DiskRead::Missing;
+        }
+        let path = self.path(key);
+        let mut buf = Vec::with_capacity(HEADER + len);
+        let res = std::fs::File::open(&path).and_then(|mut f| f.read_to_end(&mut buf));
+        match res {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.unindex(key);
+                return DiskRead::Missing;
+            }
+            Err(e) => {
+                self.turn_off("reading a block", &e);
+                return DiskRead::Missing;
+            }
+            Ok(_) => {}
+        }
+        let ok = buf.len() == HEADER + len
+            && &buf[..8] == MAGIC
+            && buf[8..24] == key.0.to_le_bytes()
+            && buf[24..32] == (len as u64).to_le_bytes()
+            && buf[32..40] == checksum(&buf[HEADER..]).to_le_bytes();
+        if !ok {
+            self.unindex(key);
+            let _ = std::fs::remove_file(&path);
+            return DiskRead::Corrupt;
+        }
+        self.clock += 1;
+        if let Some(e) = self.index.get_mut(key) {
+            self.lru.remove(&e.tick);
+            e.tick = self.clock;
+            self.lru.insert(self.clock, *key);
+        }
+        buf.drain(..HEADER);
+        DiskRead::Ok(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("ps-disk-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn blocks_survive_reopening_and_bad_files_are_never_returned() {
+        let d = dir("reopen");
+        let (a, b, c) = (BlockKey(1), BlockKey(2), BlockKey(3));
+        let mut t = DiskTier::open(&d, 1 << 20);
+        assert!(t.write(a, &[7; 100]) && t.write(b, &[8; 100]) && t.write(c, &[9; 100]));
+        drop(t);
+        let mut t = DiskTier::open(&d, 1 << 20);
+        assert_eq!((t.len(), t.bytes()), (3, 300));
+        assert!(matches!(t.read(&a, 100), DiskRead::Ok(v) if v == vec![7; 100]));
+        // One byte flipped in b's data; c truncated.
+        let pb = t.path(&b);
+        let mut bytes = std::fs::read(&pb).unwrap();
+        bytes[HEADER + 50] ^= 1;
+        std::fs::write(&pb, bytes).unwrap();
+        let pc = t.path(&c);
+        let bytes = std::fs::read(&pc).unwrap();
+        std::fs::write(&pc, &bytes[..HEADER + 10]).unwrap();
+        assert!(matches!(t.read(&b, 100), DiskRead::Corrupt));
+        assert!(matches!(t.read(&c, 100), DiskRead::Corrupt));
+        assert!(!pb.exists() && !t.contains(&b), "a corrupt block is removed");
+        assert!(matches!(t.read(&b, 100), DiskRead::Missing));
+        assert_eq!(t.len(), 1);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn the_cap_drops_the_oldest_unkept_block() {
+        let d = dir("cap");
+        let mut t = DiskTier::open(&d, 250);
+        assert!(t.write(BlockKey(1), &[1; 100]) && t.write(BlockKey(2), &[2; 100]));
+        assert!(!t.room_for(100));
+        assert!(t.drop_lru(|k| *k == BlockKey(1)), "1 is kept: 2 goes");
+        assert!(t.contains(&BlockKey(1)) && !t.contains(&BlockKey(2)));
+        assert!(!t.write(BlockKey(3), &[3; 300]), "larger than the cap");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}

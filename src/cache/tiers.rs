@@ -1,0 +1,418 @@
+//! `Tiers`: the KV tiers below the GPU (pinned host memory, then local disk) for blocks the
+//! prefix cache evicts. A block evicted from the GPU is copied to host (unless a tier below
+//! already holds it); host blocks past the host budget move to disk; only the lowest tier
+//! drops blocks, least recently used first, and never a block an open episode pins while
+//! anything else can go. Admission finds a prompt's blocks below the GPU by their
+//! [`BlockKey`]s and loads them back when that is faster than recomputing them.
+//!
+//! Nothing here knows about models or tensors: blocks move through a [`BlockIo`] the engine
+//! gives (bytes in, bytes out).
+//!
+//! Invariants: host bytes (blocks stored plus what swapped-out sequences reserve) never exceed
+//! the host budget; a pinned block is dropped only when the lowest tier has no room for it.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use super::disk_tier::{DiskRead, DiskTier};
+use super::host_tier::{BlockData, HostTier};
+use super::keys::{BlockKey, KeySeed};
+use crate::error::Result;
+
+/// Moves blocks of KV between the device's cache and host bytes (one `Vec<u8>` per block, the
+/// same layout both ways).
+pub trait BlockIo: Send {
+    /// The KV of `blocks`, one buffer per block.
+    fn read(&self, blocks: &[u32]) -> Result<Vec<Vec<u8>>>;
+    /// Writes buffers read by [`BlockIo::read`] into `blocks`.
+    fn write(&self, blocks: &[u32], data: &[BlockData]) -> Result<()>;
+}
+
+/// When admission loads a prompt's blocks from host or disk rather than recomputing them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LoadPolicy {
+    /// Always load (tests; a device whose prefill is known to be slower than its copies).
+    Always,
+    /// Never load: recompute (tiers keep blocks, e.g. across a restart, but serve none).
+    Never,
+    /// Load when the copy time at the measured rates beats recomputing at the measured
+    /// prefill rate.
+    Measured {
+        /// Host-to-device bytes per second.
+        host_bytes_per_s: f64,
+        /// Disk-to-device bytes per second (read and verify, then copy).
+        disk_bytes_per_s: f64,
+        /// Prefill tokens per second.
+        prefill_tokens_per_s: f64,
+    },
+}
+
+impl LoadPolicy {
+    /// Whether loading `host_bytes` from host and `disk_bytes` from disk beats recomputing
+    /// `tokens` tokens.
+    pub fn should_load(&self, host_bytes: usize, disk_bytes: usize, tokens: usize) -> bool {
+        match *self {
+            LoadPolicy::Always => true,
+            LoadPolicy::Never => false,
+            LoadPolicy::Measured {
+                host_bytes_per_s,
+                disk_bytes_per_s,
+                prefill_tokens_per_s,
+            } => {
+                let load = host_bytes as f64 / host_bytes_per_s.max(1.0)
+                    + disk_bytes as f64 / disk_bytes_per_s.max(1.0);
+                load < tokens as f64 / prefill_tokens_per_s.max(1.0)
+            }
+        }
+    }
+}
+
+/// How the tiers are set up.
+#[derive(Debug, Clone)]
+pub struct TierConfig {
+    /// Host bytes for blocks and swapped-out sequences together.
+    pub host_bytes: usize,
+    /// The disk tier's directory and cap in bytes (`None`: no disk tier).
+    pub disk: Option<(PathBuf, usize)>,
+    /// When to load rather than recompute.
+    pub load: LoadPolicy,
+    /// The weights' content digest (block keys start from it).
+    pub model: String,
+    /// The KV's form (dtype, layers, heads, head dim): blocks of another layout never match.
+    pub layout: String,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Bytes of one block's KV.
+    pub block_bytes: usize,
+}
+
+/// Counters of the tiers below the GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct TierStats {
+    /// Blocks in host memory now.
+    pub host_blocks: usize,
+    /// Bytes of those blocks.
+    pub host_bytes: usize,
+    /// Blocks on disk now.
+    pub disk_blocks: usize,
+    /// Bytes of those blocks.
+    pub disk_bytes: usize,
+    /// Whether the disk tier is on (configured, and no error turned it off).
+    pub disk_on: bool,
+    /// Blocks copied from the GPU to host on eviction.
+    pub demoted_blocks: u64,
+    /// Blocks moved from host to disk.
+    pub spilled_blocks: u64,
+    /// Blocks dropped from the lowest tier.
+    pub dropped_blocks: u64,
+    /// Blocks loaded back to the GPU from host.
+    pub host_loads: u64,
+    /// Blocks loaded back to the GPU from disk.
+    pub disk_loads: u64,
+    /// Bytes loaded back to the GPU.
+    pub load_bytes: u64,
+    /// Blocks found below the GPU but recomputed, because loading them was slower.
+    pub recomputes_chosen: u64,
+    /// Disk blocks that failed their checksum or were truncated (recomputed instead).
+    pub checksum_failures: u64,
+    /// Disk blocks indexed but whose file was gone (recomputed instead).
+    pub missing_blocks: u64,
+    /// Blocks pinned by open episodes now.
+    pub pinned_blocks: usize,
+}
+
+/// Where a block below the GPU was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// Host memory.
+    Host,
+    /// Local disk.
+    Disk,
+}
+
+/// Blocks found below the GPU for a prompt, in order, ready to copy to the device.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// The blocks' bytes.
+    pub data: Vec<BlockData>,
+    /// How many of them came from host.
+    pub from_host: usize,
+    /// How many of them came from disk.
+    pub from_disk: usize,
+}
+
+/// The host and disk tiers, the episodes' pins and the counters.
+pub struct Tiers {
+    io: Box<dyn BlockIo>,
+    seed: KeySeed,
+    layout: String,
+    block_bytes: usize,
+    host_budget: usize,
+    host: HostTier,
+    disk: Option<DiskTier>,
+    pins: HashMap<BlockKey, u32>,
+    pin_sets: HashMap<u64, Vec<BlockKey>>,
+    load: LoadPolicy,
+    stats: TierStats,
+}
+
+impl Tiers {
+    /// Tiers as `cfg` says, moving blocks through `io`.
+    pub fn new(cfg: TierConfig, io: Box<dyn BlockIo>) -> Self {
+        Self {
+            io,
+            seed: KeySeed::new(&cfg.model, &cfg.layout, cfg.block_size),
+            layout: cfg.layout,
+            block_bytes: cfg.block_bytes,
+            host_budget: cfg.host_bytes,
+            host: HostTier::default(),
+            disk: cfg.disk.map(|(dir, cap)| DiskTier::open(&dir, cap)),
+            pins: HashMap::new(),
+            pin_sets: HashMap::new(),
+            load: cfg.load,
+            stats: TierStats::default(),
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> TierStats {
+        let disk = self.disk.as_ref().filter(|d| d.enabled());
+        TierStats {
+            host_blocks: self.host.len(),
+            host_bytes: self.host.bytes(),
+            disk_blocks: disk.map_or(0, DiskTier::len),
+            disk_bytes: disk.map_or(0, DiskTier::bytes),
+            disk_on: disk.is_some(),
+            pinned_blocks: self.pins.len(),
+            ..self.stats
+        }
+    }
+
+    /// The host budget in bytes (blocks and swap together).
+    pub fn host_budget(&self) -> usize {
+        self.host_budget
+    }
+
+    /// The keys of `tokens`' whole blocks in namespace `ns`.
+    pub fn keys(&self, ns: u64, tokens: &[u32]) -> Vec<BlockKey> {
+        self.seed.chain(ns, tokens)
+    }
+
+    /// Starts the keys from other weights (`model`: their digest) after a weight update:
+    /// blocks of the old weights are never found again. The host tier is emptied; the disk
+    /// keeps its blocks (another process, or the old weights coming back, may use them).
+    pub fn reseed(&mut self, model: &str) {
+        self.seed = KeySeed::new(model, &self.layout, self.seed.block_size());
+        self.host = HostTier::default();
+    }
+
+    /// Empties the host tier (a reset of the prefix cache).
+    pub fn clear_host(&mut self) {
+        self.host = HostTier::default();
+    }
+
+    fn pinned(pins: &HashMap<BlockKey, u32>, k: &BlockKey) -> bool {
+        pins.contains_key(k)
+    }
+
+    fn disk_on(&self) -> bool {
+        self.disk.as_ref().is_some_and(DiskTier::enabled)
+    }
+
+    /// Moves one block to disk, making room there first (unpinned blocks first; a pinned one
+    /// only when nothing else can go); counts it dropped if it does not fit.
+    fn to_disk(&mut self, key: BlockKey, data: &[u8]) {
+        let Some(disk) = self.disk.as_mut().filter(|d| d.enabled()) else {
+            self.stats.dropped_blocks += 1;
+            return;
+        };
+        if disk.contains(&key) {
+            return;
+        }
+        let pins = &self.pins;
+        while !disk.room_for(data.len()) {
+            if disk.drop_lru(|k| Self::pinned(pins, k)) {
+                self.stats.dropped_blocks += 1;
+            } else if Self::pinned(pins, &key) && disk.drop_lru(|_| false) {
+                self.stats.dropped_blocks += 1;
+            } else {
+                break;
+            }
+        }
+        if disk.room_for(data.len()) && disk.write(key, data) {
+            self.stats.spilled_blocks += 1;
+        } else {
+            self.stats.dropped_blocks += 1;
+        }
+    }
+
+    /// Makes host room for `bytes` more with `reserved` bytes held by swapped-out sequences:
+    /// least recently used blocks move to disk (or, without a disk tier, unpinned ones are
+    /// dropped). False when the room cannot be made.
+    pub fn make_host_room(&mut self, bytes: usize, reserved: usize) -> bool {
+        while self.host.bytes() + reserved + bytes > self.host_budget {
+            let popped = if self.disk_on() {
+                self.host.pop_lru(|_| false)
+            } else {
+                let pins = &self.pins;
+                self.host.pop_lru(|k| Self::pinned(pins, k))
+            };
+            let Some((key, data)) = popped else {
+                return false;
+            };
+            self.to_disk(key, &data);
+        }
+        true
+    }
+
+    /// Copies the blocks of an evicted prefix-cache node to host: `tokens` run from its
+    /// namespace's root to its end, `blocks` hold its last `blocks.len()` whole blocks. Blocks
+    /// a lower tier already holds are not copied again. `reserved`: host bytes held by swap.
+    pub fn demote(&mut self, ns: u64, tokens: &[u32], blocks: &[u32], reserved: usize) {
+        let keys = self.keys(ns, tokens);
+        let first = keys.len().saturating_sub(blocks.len());
+        let (todo_blocks, todo_keys): (Vec<u32>, Vec<BlockKey>) = blocks
+            .iter()
+            .zip(&keys[first..])
+            .filter(|(_, k)| {
+                !self.host.contains(k) && !self.disk.as_ref().is_some_and(|d| d.contains(k))
+            })
+            .map(|(b, k)| (*b, *k))
+            .unzip();
+        if todo_blocks.is_empty() {
+            return;
+        }
+        let data = match self.io.read(&todo_blocks) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, blocks = todo_blocks.len(), "copying evicted KV blocks to host failed; they are dropped");
+                self.stats.dropped_blocks += todo_blocks.len() as u64;
+                return;
+            }
+        };
+        for (key, data) in todo_keys.into_iter().zip(data) {
+            self.stats.demoted_blocks += 1;
+            if self.make_host_room(data.len(), reserved) {
+                self.host.insert(key, std::sync::Arc::new(data));
+            } else {
+                self.to_disk(key, &data);
+            }
+        }
+    }
+
+    /// Finds the blocks of `tokens` (namespace `ns`) below the GPU from block `from` on, in
+    /// order, stopping at the first block no tier holds.
+    pub fn probe(&self, ns: u64, tokens: &[u32], from: usize) -> Vec<(BlockKey, Tier)> {
+        if self.host.is_empty() && !self.disk.as_ref().is_some_and(|d| !d.is_empty()) {
+            return vec![];
+        }
+        self.keys(ns, tokens)
+            .into_iter()
+            .skip(from)
+            .map_while(|k| {
+                if self.host.contains(&k) {
+                    Some((k, Tier::Host))
+                } else if self.disk.as_ref().is_some_and(|d| d.contains(&k)) {
+                    Some((k, Tier::Disk))
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// Whether loading the `found` blocks beats recomputing them (counted when it does not).
+    pub fn worth_loading(&mut self, found: &[(BlockKey, Tier)], block_size: usize) -> bool {
+        let host = found.iter().filter(|(_, t)| *t == Tier::Host).count();
+        let disk = found.len() - host;
+        let yes = self.load.should_load(
+            host * self.block_bytes,
+            disk * self.block_bytes,
+            found.len() * block_size,
+        );
+        if !yes {
+            self.stats.recomputes_chosen += found.len() as u64;
+        }
+        yes
+    }
+
+    /// Reads the `found` blocks' bytes, in order, stopping at the first that is gone or fails
+    /// its checksum (counted; the rest is recomputed). Disk blocks read are kept on host too.
+    pub fn fetch(&mut self, found: &[(BlockKey, Tier)], reserved: usize) -> Loaded {
+        let mut out = Loaded::default();
+        for (key, _) in found {
+            if let Some(d) = self.host.get(key) {
+                out.data.push(d);
+                out.from_host += 1;
+                continue;
+            }
+            let Some(disk) = self.disk.as_mut() else {
+                break;
+            };
+            match disk.read(key, self.block_bytes) {
+                DiskRead::Ok(v) => {
+                    let d = std::sync::Arc::new(v);
+                    if self.make_host_room(d.len(), reserved) {
+                        self.host.insert(*key, d.clone());
+                    }
+                    out.data.push(d);
+                    out.from_disk += 1;
+                }
+                DiskRead::Missing => {
+                    self.stats.missing_blocks += 1;
+                    break;
+                }
+                DiskRead::Corrupt => {
+                    self.stats.checksum_failures += 1;
+                    tracing::warn!(key = %key.hex(), "a disk KV block failed its checksum; recomputing it");
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// Copies fetched blocks into device `blocks` (as many as `loaded` has); counts the loads.
+    pub fn upload(&mut self, blocks: &[u32], loaded: &Loaded) -> Result<()> {
+        self.io.write(blocks, &loaded.data)?;
+        self.stats.host_loads += loaded.from_host as u64;
+        self.stats.disk_loads += loaded.from_disk as u64;
+        self.stats.load_bytes += loaded.data.iter().map(|d| d.len() as u64).sum::<u64>();
+        Ok(())
+    }
+
+    /// Pins the whole blocks of `tokens` (namespace `ns`) for an open episode: they may move
+    /// down tiers but the lowest tier drops them only when it has no room for anything else.
+    /// `id` names the pin for [`Tiers::unpin`] (pinning under an id in use replaces that pin).
+    pub fn pin(&mut self, id: u64, ns: u64, tokens: &[u32]) {
+        self.unpin(id);
+        let keys = self.keys(ns, tokens);
+        for k in &keys {
+            *self.pins.entry(*k).or_insert(0) += 1;
+        }
+        self.pin_sets.insert(id, keys);
+    }
+
+    /// Releases a pin (unknown ids are ignored: a pin is released once).
+    pub fn unpin(&mut self, id: u64) {
+        for k in self.pin_sets.remove(&id).unwrap_or_default() {
+            if let Some(n) = self.pins.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    self.pins.remove(&k);
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Tiers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tiers")
+            .field("host_budget", &self.host_budget)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
