@@ -8,6 +8,7 @@ mod limits;
 mod lora;
 mod lora_keys;
 mod speculative;
+mod tiers;
 mod transfer;
 mod weights;
 
