@@ -68,6 +68,13 @@ struct Args {
     /// Agent mode: the episodes' transcript mode (template or append_only).
     #[arg(long, default_value = "append_only")]
     transcript_mode: String,
+    /// Agent mode: words per tool result (about 1.3 tokens each).
+    #[arg(long, default_value_t = 75)]
+    tool_result_words: usize,
+    /// Agent mode: the tool's latency before each turn after the first (milliseconds): the
+    /// episode sits paused, its transcript's KV free to leave the GPU.
+    #[arg(long, default_value_t = 0)]
+    think_ms: u64,
 }
 
 /// SplitMix64 for prompts and arrivals.
@@ -383,14 +390,18 @@ async fn agent_mode(args: Arc<Args>, spec: &str) -> Result<(), Box<dyn std::erro
                 if t == 0 {
                     format!("Task {ep}: how many orders shipped last month?")
                 } else {
-                    format!("rows: {}", words(&mut rng, 75))
+                    format!("rows: {}", words(&mut rng, args.tool_result_words))
                 }
             })
             .collect();
         let (post_ep, b) = (post.clone(), bar.clone());
+        let think = Duration::from_millis(args.think_ms);
         tasks.push(tokio::spawn(async move {
             let mut out = Vec::new();
-            for obs in observations {
+            for (turn, obs) in observations.into_iter().enumerate() {
+                if turn > 0 {
+                    tokio::time::sleep(think).await;
+                }
                 let t0 = Instant::now();
                 let r = post_ep(
                     format!("/v1/episodes/{id}/act"),
@@ -409,6 +420,7 @@ async fn agent_mode(args: Arc<Args>, spec: &str) -> Result<(), Box<dyn std::erro
         }));
     }
     let (mut lat, mut prompt, mut cached, mut failed) = (Vec::new(), 0u64, 0u64, 0usize);
+    let (mut host, mut disk) = (0u64, 0u64);
     for t in tasks {
         for (ms, v) in t.await? {
             if v.get("cost").is_none() {
@@ -418,14 +430,20 @@ async fn agent_mode(args: Arc<Args>, spec: &str) -> Result<(), Box<dyn std::erro
             lat.push(ms);
             prompt += v["cost"]["prompt_tokens"].as_u64().unwrap_or(0);
             cached += v["cost"]["cached_prompt_tokens"].as_u64().unwrap_or(0);
+            host += v["cost"]["cached_prompt_tokens_host"].as_u64().unwrap_or(0);
+            disk += v["cost"]["cached_prompt_tokens_disk"].as_u64().unwrap_or(0);
         }
     }
     bar.finish_and_clear();
     println!(
-        "agent {episodes} x {turns} ({}): turns {} failed {failed}; prompt tokens {prompt}, from the prefix cache {cached} ({:.1}%); turn ms p50 {:.1} p99 {:.1}; wall s {:.2}",
+        "agent {episodes} x {turns} ({}, think {} ms): turns {} failed {failed}; prompt tokens {prompt}, from the prefix cache {cached} ({:.1}%: GPU {:.1}%, host {:.1}%, disk {:.1}%); turn ms p50 {:.1} p99 {:.1}; wall s {:.2}",
         args.transcript_mode,
+        args.think_ms,
         lat.len(),
         100.0 * cached as f64 / prompt.max(1) as f64,
+        100.0 * (cached - host - disk) as f64 / prompt.max(1) as f64,
+        100.0 * host as f64 / prompt.max(1) as f64,
+        100.0 * disk as f64 / prompt.max(1) as f64,
         pct(&mut lat.clone(), 0.5),
         pct(&mut lat, 0.99),
         start.elapsed().as_secs_f64()

@@ -24,6 +24,7 @@ if [ "${N:-500}" != 0 ]; then
   timeout ${T1:-120} .gpu/load --base http://127.0.0.1:$port --model m --requests ${N:-500} --input-len ${INPUT_LEN:-512} --output-len ${OUTPUT_LEN:-128} ${LOAD_ARGS:-} 2>&1 | tee -a "$OUT/load-$shape.txt"
 fi
 if [ "${AGENT:-64,10}" != 0 ]; then
-  timeout ${T2:-120} .gpu/load --base http://127.0.0.1:$port --model m --agent ${AGENT:-64,10} --transcript-mode ${MODE:-append_only} 2>&1 | tee -a "$OUT/agent-$shape.txt"
+  timeout ${T2:-120} .gpu/load --base http://127.0.0.1:$port --model m --agent ${AGENT:-64,10} --transcript-mode ${MODE:-append_only} ${LOAD_EXTRA:-} 2>&1 | tee -a "$OUT/agent-$shape.txt"
 fi
+curl -s localhost:$port/metrics > "$OUT/metrics-$shape-$port.txt" 2>/dev/null
 kill $pid 2>/dev/null; wait $pid 2>/dev/null

@@ -41,8 +41,8 @@
 pub struct ReadmeDoctests;
 
 pub mod cache;
-pub mod engine;
 mod digest;
+pub mod engine;
 mod error;
 pub mod grammar;
 pub mod policy;

@@ -136,7 +136,11 @@ mod tiers {
         [x.to_le_bytes(), (!x).to_le_bytes()].concat()
     }
 
-    fn manager(blocks: usize, host_blocks: usize, disk: Option<(&str, usize)>) -> (KvManager, MemIo) {
+    fn manager(
+        blocks: usize,
+        host_blocks: usize,
+        disk: Option<(&str, usize)>,
+    ) -> (KvManager, MemIo) {
         let io = MemIo::default();
         let mut kv = KvManager::new(blocks, BS, BYTES, true, 0);
         let disk = disk.map(|(name, n)| {
@@ -216,7 +220,10 @@ mod tiers {
         let (r, hit) = admit(&mut kv, &io, &a).unwrap();
         assert_eq!(hit, 8, "all of a came back");
         let t = kv.stats().tiers.unwrap();
-        assert!(t.host_loads + t.disk_loads >= 4 && t.disk_loads > 0, "{t:?}");
+        assert!(
+            t.host_loads + t.disk_loads >= 4 && t.disk_loads > 0,
+            "{t:?}"
+        );
         release(&mut kv, r);
     }
 
@@ -327,10 +334,10 @@ mod tiers {
                         }
                     }
                     Op::Pin(i) => {
-                        if !pinned.contains_key(&i) {
+                        if let std::collections::hash_map::Entry::Vacant(e) = pinned.entry(i) {
                             let id = 10 + i as u64;
                             kv.pin(id, 0, &ts[i]);
-                            pinned.insert(i, id);
+                            e.insert(id);
                         }
                     }
                     Op::Unpin(i) => {

@@ -14,6 +14,7 @@ mod bare;
 mod lora;
 mod mixed;
 mod rows;
+mod tiers;
 
 use agent::agent_workload;
 use bare::{nccl_selftest, profile_steps, tp_link};
@@ -126,6 +127,13 @@ struct Args {
     /// Rank of `--adapters`' adapters (also the engine's `max_lora_rank`).
     #[arg(long, default_value_t = 16)]
     adapter_rank: usize,
+    /// Host memory for KV below the GPU (`EngineOptions::kv_host_gib`; 0: the tiers off).
+    #[arg(long, default_value_t = policy_serve::engine::defaults::KV_HOST_GIB)]
+    kv_host_gib: f64,
+    /// KV tiers: the time to first token of resuming one transcript of each of these lengths
+    /// from the GPU, host memory, disk and by recompute (then exit).
+    #[arg(long, value_delimiter = ',')]
+    tiers_resume: Vec<usize>,
     /// The kernel switches (`--no-fused-decode`, `--no-clusters`, ...), as the CLI has them.
     #[command(flatten)]
     kernels: policy_serve::engine::KernelFlags,
@@ -235,6 +243,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         max_graph_batch: a.max_graph_batch,
         profile_steps: (a.profile_steps > 0).then_some(a.profile_steps),
         kernels: a.kernels.options(),
+        kv_host_gib: a.kv_host_gib,
         ..EngineOptions::default()
     };
     if a.adapters > 0 {
@@ -246,6 +255,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if a.world_size > 1 {
         opts.tensor_parallel = Some(tp_link(&a, &dev)?);
         println!("# tensor-parallel: rank 0 of {}", a.world_size);
+    }
+    if !a.tiers_resume.is_empty() {
+        tiers::tiers_resume(&dir, &opts, &cfg, &a.tiers_resume)?;
+        if owned_dir {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        return Ok(());
     }
     if a.agent_only {
         if let Some((n, t)) = a.agent {

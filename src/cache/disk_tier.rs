@@ -289,7 +289,10 @@ mod tests {
         std::fs::write(&pc, &bytes[..HEADER + 10]).unwrap();
         assert!(matches!(t.read(&b, 100), DiskRead::Corrupt));
         assert!(matches!(t.read(&c, 100), DiskRead::Corrupt));
-        assert!(!pb.exists() && !t.contains(&b), "a corrupt block is removed");
+        assert!(
+            !pb.exists() && !t.contains(&b),
+            "a corrupt block is removed"
+        );
         assert!(matches!(t.read(&b, 100), DiskRead::Missing));
         assert_eq!(t.len(), 1);
         let _ = std::fs::remove_dir_all(&d);

@@ -105,11 +105,18 @@ mod tests {
         assert_eq!(a.len(), 2, "the partial block has no key");
         assert_eq!(s.chain(0, &[1, 2, 3, 4]), a, "deterministic");
         assert_eq!(s.chain(0, &[1, 2, 9, 9])[0], a[0]);
-        assert_ne!(s.chain(0, &[9, 2, 3, 4])[1], a[1], "an earlier token changes later keys");
+        assert_ne!(
+            s.chain(0, &[9, 2, 3, 4])[1],
+            a[1],
+            "an earlier token changes later keys"
+        );
         assert_ne!(s.chain(1, &[1, 2, 3, 4]), a, "namespace");
         assert_ne!(KeySeed::new("w2", "bf16", 2).chain(0, &[1, 2, 3, 4]), a);
         assert_ne!(KeySeed::new("w1", "f32", 2).chain(0, &[1, 2, 3, 4]), a);
-        assert_ne!(KeySeed::new("w1", "bf16", 4).chain(0, &[1, 2, 3, 4])[0], a[1]);
+        assert_ne!(
+            KeySeed::new("w1", "bf16", 4).chain(0, &[1, 2, 3, 4])[0],
+            a[1]
+        );
         assert_eq!(BlockKey::from_hex(&a[1].hex()), Some(a[1]));
     }
 }

@@ -12,9 +12,9 @@ mod radix;
 mod tiers;
 
 pub use block_pool::BlockPool;
-pub use manager::{Admitted, KvManager, KvStats};
 pub use disk_tier::{DiskRead, DiskTier};
 pub use host_tier::{BlockData, HostTier};
 pub use keys::{BlockKey, KeySeed, checksum};
+pub use manager::{Admitted, KvManager, KvStats};
 pub use radix::{CacheStats, Evicted, PrefixMatch, RadixCache};
 pub use tiers::{BlockIo, LoadPolicy, Loaded, Tier, TierConfig, TierStats, Tiers};

@@ -223,7 +223,7 @@ impl Tiers {
 
     /// Moves one block to disk, making room there first (unpinned blocks first; a pinned one
     /// only when nothing else can go); counts it dropped if it does not fit.
-    fn to_disk(&mut self, key: BlockKey, data: &[u8]) {
+    fn spill(&mut self, key: BlockKey, data: &[u8]) {
         let Some(disk) = self.disk.as_mut().filter(|d| d.enabled()) else {
             self.stats.dropped_blocks += 1;
             return;
@@ -233,13 +233,13 @@ impl Tiers {
         }
         let pins = &self.pins;
         while !disk.room_for(data.len()) {
-            if disk.drop_lru(|k| Self::pinned(pins, k)) {
-                self.stats.dropped_blocks += 1;
-            } else if Self::pinned(pins, &key) && disk.drop_lru(|_| false) {
-                self.stats.dropped_blocks += 1;
-            } else {
+            // Unpinned blocks go first; a pinned one only to make room for another pinned one.
+            let dropped = disk.drop_lru(|k| Self::pinned(pins, k))
+                || (Self::pinned(pins, &key) && disk.drop_lru(|_| false));
+            if !dropped {
                 break;
             }
+            self.stats.dropped_blocks += 1;
         }
         if disk.room_for(data.len()) && disk.write(key, data) {
             self.stats.spilled_blocks += 1;
@@ -262,7 +262,7 @@ impl Tiers {
             let Some((key, data)) = popped else {
                 return false;
             };
-            self.to_disk(key, &data);
+            self.spill(key, &data);
         }
         true
     }
@@ -297,7 +297,7 @@ impl Tiers {
             if self.make_host_room(data.len(), reserved) {
                 self.host.insert(key, std::sync::Arc::new(data));
             } else {
-                self.to_disk(key, &data);
+                self.spill(key, &data);
             }
         }
     }
@@ -305,7 +305,7 @@ impl Tiers {
     /// Finds the blocks of `tokens` (namespace `ns`) below the GPU from block `from` on, in
     /// order, stopping at the first block no tier holds.
     pub fn probe(&self, ns: u64, tokens: &[u32], from: usize) -> Vec<(BlockKey, Tier)> {
-        if self.host.is_empty() && !self.disk.as_ref().is_some_and(|d| !d.is_empty()) {
+        if self.host.is_empty() && self.disk.as_ref().is_none_or(DiskTier::is_empty) {
             return vec![];
         }
         self.keys(ns, tokens)

@@ -277,7 +277,10 @@ mod tests {
             (o.max_running, o.max_batched_tokens, o.prefill_chunk),
             (Some(7), 300, 100)
         );
-        assert_eq!((o.block_size, o.prefix_cache, o.kv_host_gib), (32, false, 0.0));
+        assert_eq!(
+            (o.block_size, o.prefix_cache, o.kv_host_gib),
+            (32, false, 0.0)
+        );
         assert!(!o.cuda_graphs);
         assert!(!o.pipelined_decode);
         // Defaults: 90% of free GPU memory; the engine sizes max_running.

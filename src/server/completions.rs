@@ -109,8 +109,16 @@ async fn run(st: &Arc<AppState>, body: &[u8]) -> ApiResult<Response> {
     let completion_tokens: usize = done.iter().map(|g| g.generated_tokens).sum();
     // Cached prompt tokens are counted once per prompt: its first sample's.
     let cached: usize = done.iter().step_by(n).map(|g| g.cached_prompt_tokens).sum();
-    let host: usize = done.iter().step_by(n).map(|g| g.cached_prompt_tokens_host).sum();
-    let disk: usize = done.iter().step_by(n).map(|g| g.cached_prompt_tokens_disk).sum();
+    let host: usize = done
+        .iter()
+        .step_by(n)
+        .map(|g| g.cached_prompt_tokens_host)
+        .sum();
+    let disk: usize = done
+        .iter()
+        .step_by(n)
+        .map(|g| g.cached_prompt_tokens_disk)
+        .sum();
     st.counters.tokens(prompt_tokens, completion_tokens, cached);
     let name = |t: u32| token_name(&engine, t, tokens_as_ids);
     let choices: Vec<Value> = done

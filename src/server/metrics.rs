@@ -59,14 +59,50 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let (mut drafted, mut kept) = (vec![], vec![]);
     let (mut adapters, mut moves) = (vec![], vec![]);
     // The KV tiers: (name, type, help, [(labels, value)]).
-    let mut tiers: Vec<(&str, &str, &str, Vec<(String, f64)>)> = vec![
-        ("policy_serve_kv_tier_blocks", "gauge", "KV blocks held per tier (gpu: cached prefixes).", vec![]),
-        ("policy_serve_kv_tier_bytes", "gauge", "Bytes of KV blocks held below the GPU per tier.", vec![]),
-        ("policy_serve_kv_tier_loads_total", "counter", "KV blocks loaded back to the GPU per tier.", vec![]),
-        ("policy_serve_kv_tier_load_bytes_total", "counter", "Bytes of KV loaded back to the GPU.", vec![]),
-        ("policy_serve_kv_tier_recomputes_total", "counter", "KV blocks found below the GPU but recomputed (loading was slower).", vec![]),
-        ("policy_serve_kv_tier_checksum_failures_total", "counter", "Disk KV blocks that failed their checksum or were truncated (recomputed).", vec![]),
-        ("policy_serve_kv_tier_missing_total", "counter", "Disk KV blocks whose file was gone (recomputed).", vec![]),
+    type Rows = Vec<(String, f64)>;
+    let mut tiers: Vec<(&str, &str, &str, Rows)> = vec![
+        (
+            "policy_serve_kv_tier_blocks",
+            "gauge",
+            "KV blocks held per tier (gpu: cached prefixes).",
+            vec![],
+        ),
+        (
+            "policy_serve_kv_tier_bytes",
+            "gauge",
+            "Bytes of KV blocks held below the GPU per tier.",
+            vec![],
+        ),
+        (
+            "policy_serve_kv_tier_loads_total",
+            "counter",
+            "KV blocks loaded back to the GPU per tier.",
+            vec![],
+        ),
+        (
+            "policy_serve_kv_tier_load_bytes_total",
+            "counter",
+            "Bytes of KV loaded back to the GPU.",
+            vec![],
+        ),
+        (
+            "policy_serve_kv_tier_recomputes_total",
+            "counter",
+            "KV blocks found below the GPU but recomputed (loading was slower).",
+            vec![],
+        ),
+        (
+            "policy_serve_kv_tier_checksum_failures_total",
+            "counter",
+            "Disk KV blocks that failed their checksum or were truncated (recomputed).",
+            vec![],
+        ),
+        (
+            "policy_serve_kv_tier_missing_total",
+            "counter",
+            "Disk KV blocks whose file was gone (recomputed).",
+            vec![],
+        ),
     ];
     for key in &st.offered {
         // Engine-level figures once per engine: an adapter key shares its base's.
@@ -97,8 +133,14 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
                         (l("host"), t.host_blocks as f64),
                         (l("disk"), t.disk_blocks as f64),
                     ],
-                    vec![(l("host"), t.host_bytes as f64), (l("disk"), t.disk_bytes as f64)],
-                    vec![(l("host"), t.host_loads as f64), (l("disk"), t.disk_loads as f64)],
+                    vec![
+                        (l("host"), t.host_bytes as f64),
+                        (l("disk"), t.disk_bytes as f64),
+                    ],
+                    vec![
+                        (l("host"), t.host_loads as f64),
+                        (l("disk"), t.disk_loads as f64),
+                    ],
                     vec![(m.clone(), t.load_bytes as f64)],
                     vec![(m.clone(), t.recomputes_chosen as f64)],
                     vec![(m.clone(), t.checksum_failures as f64)],

@@ -7,7 +7,9 @@
 use std::path::{Path, PathBuf};
 
 use policy_serve::engine::{KvBudget, KvDiskOptions, KvLoad};
-use policy_serve::{Engine, EngineOptions, Generation, GenerationRequest, ModelRegistry, ModelSpec};
+use policy_serve::{
+    Engine, EngineOptions, Generation, GenerationRequest, ModelRegistry, ModelSpec,
+};
 
 use super::{common, options, registry_with};
 use common::prompt;
@@ -69,9 +71,16 @@ fn a_paused_transcript_comes_back_from_host_and_disk_with_the_same_answer() {
     let engine = r.model("tiny").unwrap().engine().clone();
     let (next, _pin) = pause(&engine);
     let t = engine.stats().kv_tiers.expect("tiers on");
-    assert!(t.demoted_blocks > 0 && t.spilled_blocks > 0 && t.disk_on, "{t:?}");
+    assert!(
+        t.demoted_blocks > 0 && t.spilled_blocks > 0 && t.disk_on,
+        "{t:?}"
+    );
     let g = greedy(&engine, next.clone());
-    assert_eq!(g.tokens, reference(&next), "the reloaded KV gives the same answer");
+    assert_eq!(
+        g.tokens,
+        reference(&next),
+        "the reloaded KV gives the same answer"
+    );
     // Everything of the old transcript but its last (never computed) token is whole blocks
     // of 16 from the tiers.
     let old = next.len() - 20;
@@ -143,7 +152,10 @@ fn a_restarted_engine_reuses_the_disk_over_the_same_weights_only() {
         .unwrap()
         .with_options(tier_options(1, Some(&dir)));
     let g = greedy(r.model("tiny").unwrap().engine(), next);
-    assert_eq!((g.cached_prompt_tokens_disk, g.cached_prompt_tokens), (0, 0));
+    assert_eq!(
+        (g.cached_prompt_tokens_disk, g.cached_prompt_tokens),
+        (0, 0)
+    );
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&other);
 }

@@ -157,53 +157,64 @@ impl KvIo {
     }
 }
 
-/// A host tensor's bytes, little-endian.
+/// A host tensor's bytes as they lie in memory (a memcpy, not an element-wise conversion:
+/// a 32k-token transcript of the 1.7B is 3.7 GB).
 fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
-    let t = t.flatten_all()?;
-    Ok(match t.dtype() {
-        DType::BF16 => t
-            .to_vec1::<half::bf16>()?
-            .iter()
-            .flat_map(|x| x.to_bits().to_le_bytes())
-            .collect(),
-        DType::F16 => t
-            .to_vec1::<half::f16>()?
-            .iter()
-            .flat_map(|x| x.to_bits().to_le_bytes())
-            .collect(),
-        _ => t
-            .to_dtype(DType::F32)?
-            .to_vec1::<f32>()?
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect(),
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    let candle_core::Storage::Cpu(cpu) = &*storage else {
+        return Err(crate::error::Error::Engine(
+            "KV block bytes must be read from a host tensor".into(),
+        ));
+    };
+    let (a, b) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| crate::error::Error::Engine("a non-contiguous host tensor".into()))?;
+    fn raw<T: Copy>(v: &[T]) -> Vec<u8> {
+        // SAFETY: `T` is a plain numeric type (f32, f16, bf16: no padding, every bit pattern
+        // valid as bytes); the slice is live for the duration of the copy.
+        unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+            .to_vec()
+    }
+    Ok(match cpu {
+        candle_core::CpuStorage::BF16(v) => raw(&v[a..b]),
+        candle_core::CpuStorage::F16(v) => raw(&v[a..b]),
+        candle_core::CpuStorage::F32(v) => raw(&v[a..b]),
+        _ => {
+            return Err(crate::error::Error::Engine(format!(
+                "KV blocks of dtype {:?} cannot move between tiers",
+                t.dtype()
+            )));
+        }
     })
 }
 
 impl BlockIo for KvIo {
     fn read(&self, blocks: &[u32]) -> crate::error::Result<Vec<Vec<u8>>> {
         let n = blocks.len();
-        let part = self.part_bytes();
-        let mut out = vec![Vec::with_capacity(part * 2 * self.k.len()); n];
         if n == 0 {
-            return Ok(out);
+            return Ok(vec![]);
         }
         let idx = self.slots(blocks)?;
-        let (heads, _, _) = self.k[0].dims3()?;
-        let row = part / heads; // one head's rows of one block
-        for (k, v) in self.k.iter().zip(&self.v) {
-            for t in [k, v] {
-                // [heads, n * bs, hd] on the host: head h's rows of block j at (h * n + j) * row.
-                let bytes = host_bytes(&t.index_select(&idx, 1)?.to_device(&Device::Cpu)?)?;
-                for (j, o) in out.iter_mut().enumerate() {
-                    for h in 0..heads {
-                        let at = (h * n + j) * row;
-                        o.extend_from_slice(&bytes[at..at + row]);
-                    }
-                }
-            }
-        }
-        Ok(out)
+        let (heads, _, hd) = self.k[0].dims3()?;
+        let row = self.block_size * hd;
+        // On the device: each layer's K and V rows of the blocks, block-major
+        // ([n, heads, bs * hd]), all layers side by side: one copy to the host.
+        let parts = self
+            .k
+            .iter()
+            .zip(&self.v)
+            .flat_map(|(k, v)| [k, v])
+            .map(|t| {
+                t.index_select(&idx, 1)?
+                    .reshape((heads, n, row))?
+                    .transpose(0, 1)
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let all = Tensor::stack(&parts, 1)?.to_device(&Device::Cpu)?;
+        let bytes = host_bytes(&all)?;
+        let per = bytes.len() / n;
+        Ok(bytes.chunks_exact(per).map(<[u8]>::to_vec).collect())
     }
 
     fn write(&self, blocks: &[u32], data: &[BlockData]) -> crate::error::Result<()> {
@@ -221,26 +232,35 @@ impl BlockIo for KvIo {
         }
         let idx = self.slots(&blocks[..n])?;
         let (heads, _, hd) = self.k[0].dims3()?;
-        let row = part / heads;
-        let dtype = self.k[0].dtype();
-        for (l, (k, v)) in self.k.iter().zip(&self.v).enumerate() {
-            for (which, t) in [k, v].into_iter().enumerate() {
-                let base = (2 * l + which) * part;
-                let mut buf = vec![0u8; n * part];
-                for (j, d) in data[..n].iter().enumerate() {
-                    for h in 0..heads {
-                        let at = (h * n + j) * row;
-                        buf[at..at + row].copy_from_slice(&d[base + h * row..base + (h + 1) * row]);
-                    }
-                }
-                let host = Tensor::from_raw_buffer(
-                    &buf,
-                    dtype,
-                    &[heads, n * self.block_size, hd],
-                    &Device::Cpu,
-                )?;
-                scatter_rows(t, &idx, &host.to_device(t.device())?)?;
-            }
+        let row = self.block_size * hd;
+        let mut staged = Vec::with_capacity(n * want);
+        for d in &data[..n] {
+            staged.extend_from_slice(d);
+        }
+        // One copy to the device ([n, layers * 2, heads, bs * hd]), then per layer and K/V a
+        // strided view back to the cache's head-major rows.
+        let dev = self.k[0].device();
+        let all = Tensor::from_raw_buffer(
+            &staged,
+            self.k[0].dtype(),
+            &[n, 2 * self.k.len(), heads, row],
+            &Device::Cpu,
+        )?
+        .to_device(dev)?;
+        for (i, t) in self
+            .k
+            .iter()
+            .zip(&self.v)
+            .flat_map(|(k, v)| [k, v])
+            .enumerate()
+        {
+            let rows = all
+                .narrow(1, i, 1)?
+                .squeeze(1)?
+                .transpose(0, 1)?
+                .contiguous()?
+                .reshape((heads, n * self.block_size, hd))?;
+            scatter_rows(t, &idx, &rows)?;
         }
         Ok(())
     }

@@ -74,7 +74,10 @@ fn check_options(opts: &EngineOptions) -> Result<()> {
         ("--kv-cache-gib", opts.kv_budget.gpu_gib.unwrap_or(0.0)),
         ("--kv-cache-gib", opts.kv_budget.cpu_gib),
         ("--kv-host-gib", opts.kv_host_gib),
-        ("--kv-disk-gib", opts.kv_disk.as_ref().map_or(0.0, |d| d.gib)),
+        (
+            "--kv-disk-gib",
+            opts.kv_disk.as_ref().map_or(0.0, |d| d.gib),
+        ),
         ("--gpu-memory-utilization", opts.kv_budget.gpu_fraction),
     ];
     for (name, v) in gib {

@@ -35,14 +35,19 @@ impl Scheduler {
             if disk.is_some() {
                 tracing::warn!(reason = why, "the disk KV tier is off");
             }
-            tracing::info!(reason = why, "the host KV tier is off (swap on preemption only)");
+            tracing::info!(
+                reason = why,
+                "the host KV tier is off (swap on preemption only)"
+            );
             return;
         }
         let io = self.runner.kv_io();
         let load = match self.opts.kv_load {
             KvLoad::Always => LoadPolicy::Always,
             KvLoad::Never => LoadPolicy::Never,
-            KvLoad::Measured => self.measure_rates(&io, block_bytes, disk.as_ref().map(|d| d.dir.as_path())),
+            KvLoad::Measured => {
+                self.measure_rates(&io, block_bytes, disk.as_ref().map(|d| d.dir.as_path()))
+            }
         };
         let layout = format!(
             "{:?} layers {} kv_heads {} head_dim {}",
@@ -165,7 +170,9 @@ fn disk_read_rate(dir: &std::path::Path, bytes: usize) -> Option<f64> {
     let path = dir.join(".rate-probe.tmp");
     std::fs::write(&path, vec![7u8; bytes]).ok()?;
     let t = Instant::now();
-    let back = std::fs::read(&path).ok().map(|b| crate::cache::checksum(&b));
+    let back = std::fs::read(&path)
+        .ok()
+        .map(|b| crate::cache::checksum(&b));
     let secs = t.elapsed().as_secs_f64();
     let _ = std::fs::remove_file(&path);
     back.map(|_| bytes as f64 / secs.max(1e-9))

@@ -1,0 +1,100 @@
+//! `--tiers-resume LEN,...`: the time to first token of resuming one LEN-token transcript
+//! whose KV is on the GPU, in host memory, on disk, or nowhere (recompute), on one engine whose
+//! GPU pool holds 1.5 transcripts and whose host tier holds 1.5 (the disk the rest): filler
+//! prompts push the transcript down a tier between resumes. Each row prints where its prompt
+//! tokens came from (the engine's per-tier counts), so a row measures what it says.
+
+use std::path::Path;
+
+use policy_serve::engine::{KvBudget, KvDiskOptions, KvLoad};
+use policy_serve::testing::synthetic_prompt;
+use policy_serve::{EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+pub(crate) fn tiers_resume(
+    dir: &Path,
+    opts: &EngineOptions,
+    cfg: &serde_json::Value,
+    lens: &[usize],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let get = |k: &str| cfg[k].as_u64().unwrap_or(0) as usize;
+    let head_dim = cfg["head_dim"].as_u64().map_or(
+        get("hidden_size") / get("num_attention_heads").max(1),
+        |h| h as usize,
+    );
+    // bf16 K and V of every layer.
+    let per_token = get("num_hidden_layers") * 2 * get("num_key_value_heads") * head_dim * 2;
+    println!("| transcript | from | prompt tokens | GPU | host | disk | TTFT ms |");
+    println!("|---|---|---|---|---|---|---|");
+    for &len in lens {
+        let bytes = (len * per_token) as f64;
+        let disk = std::env::temp_dir().join(format!("policy-serve-tiers-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&disk);
+        let o = EngineOptions {
+            kv_budget: KvBudget {
+                gpu_gib: Some(1.5 * bytes / GIB),
+                ..KvBudget::default()
+            },
+            kv_host_gib: 1.5 * bytes / GIB,
+            kv_disk: Some(KvDiskOptions {
+                dir: disk.clone(),
+                gib: 8.0 * bytes / GIB,
+            }),
+            kv_load: KvLoad::Always,
+            max_running: Some(4),
+            ..opts.clone()
+        };
+        let registry =
+            ModelRegistry::new(vec![ModelSpec::local("bench", "bench", dir)])?.with_options(o);
+        let engine = registry.model("bench")?.engine().clone();
+        let transcript = synthetic_prompt(len, 1);
+        let run = |salt: usize, tail: usize| -> Result<_, policy_serve::Error> {
+            let mut t = if tail == 0 {
+                synthetic_prompt(len, salt)
+            } else {
+                transcript.clone()
+            };
+            t.extend(synthetic_prompt(32, 1000 + salt + tail));
+            engine.generate(GenerationRequest::new(t).max_new_tokens(1))
+        };
+        let row = |from: &str, g: &policy_serve::Generation| {
+            let below = g.cached_prompt_tokens_host + g.cached_prompt_tokens_disk;
+            println!(
+                "| {len} | {from} | {} | {} | {} | {} | {:.1} |",
+                g.prompt_tokens,
+                g.cached_prompt_tokens - below,
+                g.cached_prompt_tokens_host,
+                g.cached_prompt_tokens_disk,
+                g.time_to_first_token.as_secs_f64() * 1e3
+            );
+        };
+        row("recompute", &run(0, 1)?);
+        row("GPU", &run(0, 2)?);
+        for salt in 10..12 {
+            run(salt, 0)?;
+        }
+        row("host", &run(0, 3)?);
+        for salt in 12..15 {
+            run(salt, 0)?;
+        }
+        // Best effort: drop the page cache, so "disk" reads the device (root only).
+        let _ = std::process::Command::new("sync").status();
+        let cold = std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok();
+        row(
+            if cold {
+                "disk (page cache dropped)"
+            } else {
+                "disk (page cache warm)"
+            },
+            &run(0, 4)?,
+        );
+        if let Some(t) = engine.stats().kv_tiers {
+            println!("# {len}: {t:?}");
+        }
+        drop(engine);
+        drop(registry);
+        let _ = std::fs::remove_dir_all(&disk);
+    }
+    Ok(())
+}
