@@ -112,17 +112,17 @@ mod tiers {
     struct MemIo(Arc<Mutex<HashMap<u32, Vec<u8>>>>);
 
     impl BlockIo for MemIo {
-        fn read(&self, blocks: &[u32]) -> policy_serve::Result<Vec<Vec<u8>>> {
+        fn read(&self, blocks: &[u32]) -> policy_serve::Result<Vec<BlockData>> {
             let m = self.0.lock();
             Ok(blocks
                 .iter()
-                .map(|b| m.get(b).cloned().unwrap_or(vec![0; BYTES]))
+                .map(|b| Arc::new(m.get(b).cloned().unwrap_or(vec![0; BYTES])) as BlockData)
                 .collect())
         }
         fn write(&self, blocks: &[u32], data: &[BlockData]) -> policy_serve::Result<()> {
             let mut m = self.0.lock();
             for (b, d) in blocks.iter().zip(data) {
-                m.insert(*b, d.to_vec());
+                m.insert(*b, d.bytes().to_vec());
             }
             Ok(())
         }
@@ -217,6 +217,8 @@ mod tiers {
         }
         let t = kv.stats().tiers.unwrap();
         assert!(t.demoted_blocks >= 4 && t.spilled_blocks > 0, "{t:?}");
+        // Disk writes land on their own thread (until then the blocks load from memory).
+        std::thread::sleep(std::time::Duration::from_millis(200));
         let (r, hit) = admit(&mut kv, &io, &a).unwrap();
         assert_eq!(hit, 8, "all of a came back");
         let t = kv.stats().tiers.unwrap();

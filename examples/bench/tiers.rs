@@ -1,7 +1,8 @@
 //! `--tiers-resume LEN,...`: the time to first token of resuming one LEN-token transcript
 //! whose KV is on the GPU, in host memory, on disk, or nowhere (recompute), on one engine whose
-//! GPU pool holds 1.5 transcripts and whose host tier holds 1.5 (the disk the rest): filler
-//! prompts push the transcript down a tier between resumes. Each row prints where its prompt
+//! GPU pool holds 1.5 transcripts and whose host tier holds 3.5 (the disk the rest): filler
+//! prompts push the transcript down a tier between resumes. Then the same engine with the
+//! measured load policy (what `--kv-load measured` chooses from host). Each row prints where its prompt
 //! tokens came from (the engine's per-tier counts), so a row measures what it says.
 
 use std::path::Path;
@@ -31,33 +32,12 @@ pub(crate) fn tiers_resume(
         let bytes = (len * per_token) as f64;
         let disk = std::env::temp_dir().join(format!("policy-serve-tiers-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&disk);
-        let o = EngineOptions {
-            kv_budget: KvBudget {
-                gpu_gib: Some(1.5 * bytes / GIB),
-                ..KvBudget::default()
-            },
-            kv_host_gib: 1.5 * bytes / GIB,
-            kv_disk: Some(KvDiskOptions {
-                dir: disk.clone(),
-                gib: 8.0 * bytes / GIB,
-            }),
-            kv_load: KvLoad::Always,
-            max_running: Some(4),
-            ..opts.clone()
-        };
+        let o = engine_options(opts, bytes, &disk);
         let registry =
             ModelRegistry::new(vec![ModelSpec::local("bench", "bench", dir)])?.with_options(o);
         let engine = registry.model("bench")?.engine().clone();
         let transcript = synthetic_prompt(len, 1);
-        let run = |salt: usize, tail: usize| -> Result<_, policy_serve::Error> {
-            let mut t = if tail == 0 {
-                synthetic_prompt(len, salt)
-            } else {
-                transcript.clone()
-            };
-            t.extend(synthetic_prompt(32, 1000 + salt + tail));
-            engine.generate(GenerationRequest::new(t).max_new_tokens(1))
-        };
+        let run = |salt: usize, tail: usize| one(&engine, &transcript, len, salt, tail);
         let row = |from: &str, g: &policy_serve::Generation| {
             let below = g.cached_prompt_tokens_host + g.cached_prompt_tokens_disk;
             println!(
@@ -75,9 +55,11 @@ pub(crate) fn tiers_resume(
             run(salt, 0)?;
         }
         row("host", &run(0, 3)?);
-        for salt in 12..15 {
+        for salt in 12..17 {
             run(salt, 0)?;
         }
+        // Let the disk writer finish, so the row reads files, not blocks still queued.
+        std::thread::sleep(std::time::Duration::from_secs(2));
         // Best effort: drop the page cache, so "disk" reads the device (root only).
         let _ = std::process::Command::new("sync").status();
         let cold = std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok();
@@ -92,9 +74,70 @@ pub(crate) fn tiers_resume(
         if let Some(t) = engine.stats().kv_tiers {
             println!("# {len}: {t:?}");
         }
+        // The measured policy on a fresh engine: what it picks for a transcript in host memory.
+        drop(engine);
+        drop(registry);
+        let _ = std::fs::remove_dir_all(&disk);
+        let registry = ModelRegistry::new(vec![ModelSpec::local("bench", "bench", dir)])?
+            .with_options(EngineOptions {
+                kv_load: KvLoad::Measured,
+                ..engine_options(opts, bytes, &disk)
+            });
+        let engine = registry.model("bench")?.engine().clone();
+        let run = |salt: usize, tail: usize| one(&engine, &transcript, len, salt, tail);
+        run(0, 1)?;
+        for salt in 10..12 {
+            run(salt, 0)?;
+        }
+        row("host, measured policy", &run(0, 3)?);
+        if let Some(t) = engine.stats().kv_tiers {
+            println!(
+                "# {len}: measured at start-up: host-to-device {:.1} GB/s, prefill {:.0} tok/s; recomputes chosen {}",
+                t.measured_load_bytes_per_s / 1e9,
+                t.measured_prefill_tokens_per_s,
+                t.recomputes_chosen
+            );
+        }
         drop(engine);
         drop(registry);
         let _ = std::fs::remove_dir_all(&disk);
     }
     Ok(())
+}
+
+/// The engine of one transcript length: a GPU pool of 1.5 transcripts, host 3.5, disk 8; loads
+/// always (the rows measure the copies whatever they cost).
+fn engine_options(opts: &EngineOptions, bytes: f64, disk: &Path) -> EngineOptions {
+    EngineOptions {
+        kv_budget: KvBudget {
+            gpu_gib: Some(1.5 * bytes / GIB),
+            ..KvBudget::default()
+        },
+        kv_host_gib: 3.5 * bytes / GIB,
+        kv_disk: Some(KvDiskOptions {
+            dir: disk.to_path_buf(),
+            gib: 8.0 * bytes / GIB,
+        }),
+        kv_load: KvLoad::Always,
+        max_running: Some(4),
+        ..opts.clone()
+    }
+}
+
+/// One request of one token: the transcript plus a 32-token tail (`tail` > 0), or a filler of
+/// `len` tokens (`tail` 0, seeded by `salt`).
+fn one(
+    engine: &policy_serve::Engine,
+    transcript: &[u32],
+    len: usize,
+    salt: usize,
+    tail: usize,
+) -> Result<policy_serve::Generation, policy_serve::Error> {
+    let mut t = if tail == 0 {
+        synthetic_prompt(len, salt)
+    } else {
+        transcript.to_vec()
+    };
+    t.extend(synthetic_prompt(32, 1000 + salt + tail));
+    engine.generate(GenerationRequest::new(t).max_new_tokens(1))
 }

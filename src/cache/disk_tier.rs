@@ -186,36 +186,43 @@ impl DiskTier {
         if !self.enabled || data.len() > self.cap {
             return false;
         }
-        let tmp = self.dir.join(format!("{}.tmp", key.hex()));
-        let res = (|| -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            let mut head = Vec::with_capacity(HEADER);
-            head.extend_from_slice(MAGIC);
-            head.extend_from_slice(&key.0.to_le_bytes());
-            head.extend_from_slice(&(data.len() as u64).to_le_bytes());
-            head.extend_from_slice(&checksum(data).to_le_bytes());
-            f.write_all(&head)?;
-            f.write_all(data)?;
-            f.flush()?;
-            drop(f);
-            std::fs::rename(&tmp, self.path(&key))
-        })();
-        match res {
+        match write_file(&self.dir, key, data) {
             Ok(()) => {
                 self.index_block(key, data.len());
                 true
             }
             Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
                 self.turn_off("writing a block", &e);
                 false
             }
         }
     }
 
+    /// Indexes a block written by [`write_file`] (on another thread).
+    pub fn record(&mut self, key: BlockKey, len: usize) {
+        if self.enabled {
+            self.index_block(key, len);
+        }
+    }
+
+    /// A write of [`write_file`] failed: the tier turns off (once, with a warning).
+    pub fn fail(&mut self, e: &std::io::Error) {
+        self.turn_off("writing a block", e);
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Whether `bytes` more fit under the cap now.
     pub fn room_for(&self, bytes: usize) -> bool {
         self.used + bytes <= self.cap
+    }
+
+    /// Whether `bytes` more fit under the cap with `queued` bytes still on their way.
+    pub fn room_with(&self, queued: usize, bytes: usize) -> bool {
+        self.used + queued + bytes <= self.cap
     }
 
     /// Reads a block of `len` bytes, verifying the header and the checksum; a bad block is
@@ -257,6 +264,29 @@ impl DiskTier {
         buf.drain(..HEADER);
         DiskRead::Ok(buf)
     }
+}
+
+/// Writes one block's file under `dir` (a temporary name, then renamed): the tier's writer
+/// thread does this; [`DiskTier::record`] indexes it after.
+pub fn write_file(dir: &Path, key: BlockKey, data: &[u8]) -> std::io::Result<()> {
+    let tmp = dir.join(format!("{}.tmp", key.hex()));
+    let res = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        let mut head = Vec::with_capacity(HEADER);
+        head.extend_from_slice(MAGIC);
+        head.extend_from_slice(&key.0.to_le_bytes());
+        head.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        head.extend_from_slice(&checksum(data).to_le_bytes());
+        f.write_all(&head)?;
+        f.write_all(data)?;
+        f.flush()?;
+        drop(f);
+        std::fs::rename(&tmp, dir.join(format!("{}.kv", key.hex())))
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
 }
 
 #[cfg(test)]

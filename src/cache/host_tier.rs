@@ -10,8 +10,35 @@ use std::sync::Arc;
 
 use super::keys::BlockKey;
 
-/// One block's KV bytes (every layer's K and V), shared between tiers without copying.
-pub type BlockData = Arc<Vec<u8>>;
+/// Host memory holding one block's KV bytes (every layer's K and V): a plain buffer, or (on
+/// CUDA) a slot of pinned memory a copy from the device may still be filling.
+pub trait HostBuf: Send + Sync {
+    /// The bytes (waiting first for a copy still filling them).
+    fn bytes(&self) -> &[u8];
+    /// Their length (without waiting).
+    fn len(&self) -> usize;
+    /// Whether there are none.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// For a [`BlockIo`](super::BlockIo) to recognise buffers of its own kind.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+impl HostBuf for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// One block's KV in host memory, shared between tiers without copying.
+pub type BlockData = Arc<dyn HostBuf>;
 
 struct Entry {
     data: BlockData,

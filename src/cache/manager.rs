@@ -230,9 +230,8 @@ impl KvManager {
             return give_up(self);
         }
         // Read before allocating: the allocation may evict, and so move blocks between tiers.
-        let reserved = self.swap_used;
         let mut loaded = match &mut self.tiers {
-            Some(t) if !found.is_empty() => t.fetch(&found, reserved),
+            Some(t) if !found.is_empty() => t.fetch(&found),
             _ => Default::default(),
         };
         let Some(fresh) = self.allocate(need) else {

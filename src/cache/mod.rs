@@ -5,6 +5,7 @@
 
 mod block_pool;
 mod disk_tier;
+mod disk_writer;
 mod host_tier;
 mod keys;
 mod manager;
@@ -12,8 +13,9 @@ mod radix;
 mod tiers;
 
 pub use block_pool::BlockPool;
-pub use disk_tier::{DiskRead, DiskTier};
-pub use host_tier::{BlockData, HostTier};
+pub use disk_tier::{DiskRead, DiskTier, write_file};
+pub use disk_writer::DiskWriter;
+pub use host_tier::{BlockData, HostBuf, HostTier};
 pub use keys::{BlockKey, KeySeed, checksum};
 pub use manager::{Admitted, KvManager, KvStats};
 pub use radix::{CacheStats, Evicted, PrefixMatch, RadixCache};

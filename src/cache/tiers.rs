@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::disk_tier::{DiskRead, DiskTier};
+use super::disk_writer::DiskWriter;
 use super::host_tier::{BlockData, HostTier};
 use super::keys::{BlockKey, KeySeed};
 use crate::error::Result;
@@ -24,8 +25,9 @@ use crate::error::Result;
 /// Moves blocks of KV between the device's cache and host bytes (one `Vec<u8>` per block, the
 /// same layout both ways).
 pub trait BlockIo: Send {
-    /// The KV of `blocks`, one buffer per block.
-    fn read(&self, blocks: &[u32]) -> Result<Vec<Vec<u8>>>;
+    /// The KV of `blocks`, one buffer per block (the copy may still be running: a buffer's
+    /// [`HostBuf::bytes`](super::HostBuf::bytes) waits for it).
+    fn read(&self, blocks: &[u32]) -> Result<Vec<BlockData>>;
     /// Writes buffers read by [`BlockIo::read`] into `blocks`.
     fn write(&self, blocks: &[u32], data: &[BlockData]) -> Result<()>;
 }
@@ -121,6 +123,10 @@ pub struct TierStats {
     pub missing_blocks: u64,
     /// Blocks pinned by open episodes now.
     pub pinned_blocks: usize,
+    /// The host-to-device rate measured at start-up (bytes/s; 0: not measured).
+    pub measured_load_bytes_per_s: f64,
+    /// The prefill rate measured at start-up (tokens/s; 0: not measured).
+    pub measured_prefill_tokens_per_s: f64,
 }
 
 /// Where a block below the GPU was found.
@@ -133,7 +139,7 @@ pub enum Tier {
 }
 
 /// Blocks found below the GPU for a prompt, in order, ready to copy to the device.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Loaded {
     /// The blocks' bytes.
     pub data: Vec<BlockData>,
@@ -152,6 +158,8 @@ pub struct Tiers {
     host_budget: usize,
     host: HostTier,
     disk: Option<DiskTier>,
+    /// The disk's writes, off the scheduler's thread (with the disk tier).
+    writer: Option<DiskWriter>,
     pins: HashMap<BlockKey, u32>,
     pin_sets: HashMap<u64, Vec<BlockKey>>,
     load: LoadPolicy,
@@ -161,6 +169,11 @@ pub struct Tiers {
 impl Tiers {
     /// Tiers as `cfg` says, moving blocks through `io`.
     pub fn new(cfg: TierConfig, io: Box<dyn BlockIo>) -> Self {
+        let disk = cfg.disk.map(|(dir, cap)| DiskTier::open(&dir, cap));
+        let writer = disk
+            .as_ref()
+            .filter(|d| d.enabled())
+            .map(|d| DiskWriter::new(d.dir().to_path_buf()));
         Self {
             io,
             seed: KeySeed::new(&cfg.model, &cfg.layout, cfg.block_size),
@@ -168,7 +181,8 @@ impl Tiers {
             block_bytes: cfg.block_bytes,
             host_budget: cfg.host_bytes,
             host: HostTier::default(),
-            disk: cfg.disk.map(|(dir, cap)| DiskTier::open(&dir, cap)),
+            disk,
+            writer,
             pins: HashMap::new(),
             pin_sets: HashMap::new(),
             load: cfg.load,
@@ -186,6 +200,19 @@ impl Tiers {
             disk_bytes: disk.map_or(0, DiskTier::bytes),
             disk_on: disk.is_some(),
             pinned_blocks: self.pins.len(),
+            measured_load_bytes_per_s: match self.load {
+                LoadPolicy::Measured {
+                    host_bytes_per_s, ..
+                } => host_bytes_per_s,
+                _ => 0.0,
+            },
+            measured_prefill_tokens_per_s: match self.load {
+                LoadPolicy::Measured {
+                    prefill_tokens_per_s,
+                    ..
+                } => prefill_tokens_per_s,
+                _ => 0.0,
+            },
             ..self.stats
         }
     }
@@ -213,6 +240,24 @@ impl Tiers {
         self.host = HostTier::default();
     }
 
+    /// Indexes the disk writes that finished since the last call.
+    fn drain(&mut self) {
+        if let (Some(w), Some(d)) = (&mut self.writer, &mut self.disk) {
+            w.drain(d);
+        }
+    }
+
+    /// Whether a tier below the GPU holds `k` (host memory, on its way to disk, or disk).
+    fn below(&self, k: &BlockKey) -> Option<Tier> {
+        if self.host.contains(k) || self.writer.as_ref().is_some_and(|w| w.contains(k)) {
+            Some(Tier::Host)
+        } else if self.disk.as_ref().is_some_and(|d| d.contains(k)) {
+            Some(Tier::Disk)
+        } else {
+            None
+        }
+    }
+
     fn pinned(pins: &HashMap<BlockKey, u32>, k: &BlockKey) -> bool {
         pins.contains_key(k)
     }
@@ -223,16 +268,20 @@ impl Tiers {
 
     /// Moves one block to disk, making room there first (unpinned blocks first; a pinned one
     /// only when nothing else can go); counts it dropped if it does not fit.
-    fn spill(&mut self, key: BlockKey, data: &[u8]) {
+    fn spill(&mut self, key: BlockKey, data: &BlockData) {
         let Some(disk) = self.disk.as_mut().filter(|d| d.enabled()) else {
             self.stats.dropped_blocks += 1;
             return;
         };
-        if disk.contains(&key) {
+        let Some(writer) = self.writer.as_mut() else {
+            self.stats.dropped_blocks += 1;
+            return;
+        };
+        if disk.contains(&key) || writer.contains(&key) {
             return;
         }
         let pins = &self.pins;
-        while !disk.room_for(data.len()) {
+        while !disk.room_with(writer.pending_bytes(), data.len()) {
             // Unpinned blocks go first; a pinned one only to make room for another pinned one.
             let dropped = disk.drop_lru(|k| Self::pinned(pins, k))
                 || (Self::pinned(pins, &key) && disk.drop_lru(|_| false));
@@ -241,7 +290,9 @@ impl Tiers {
             }
             self.stats.dropped_blocks += 1;
         }
-        if disk.room_for(data.len()) && disk.write(key, data) {
+        if disk.room_with(writer.pending_bytes(), data.len())
+            && writer.submit(key, data.clone(), disk)
+        {
             self.stats.spilled_blocks += 1;
         } else {
             self.stats.dropped_blocks += 1;
@@ -271,14 +322,13 @@ impl Tiers {
     /// namespace's root to its end, `blocks` hold its last `blocks.len()` whole blocks. Blocks
     /// a lower tier already holds are not copied again. `reserved`: host bytes held by swap.
     pub fn demote(&mut self, ns: u64, tokens: &[u32], blocks: &[u32], reserved: usize) {
+        self.drain();
         let keys = self.keys(ns, tokens);
         let first = keys.len().saturating_sub(blocks.len());
         let (todo_blocks, todo_keys): (Vec<u32>, Vec<BlockKey>) = blocks
             .iter()
             .zip(&keys[first..])
-            .filter(|(_, k)| {
-                !self.host.contains(k) && !self.disk.as_ref().is_some_and(|d| d.contains(k))
-            })
+            .filter(|(_, k)| self.below(k).is_none())
             .map(|(b, k)| (*b, *k))
             .unzip();
         if todo_blocks.is_empty() {
@@ -295,7 +345,7 @@ impl Tiers {
         for (key, data) in todo_keys.into_iter().zip(data) {
             self.stats.demoted_blocks += 1;
             if self.make_host_room(data.len(), reserved) {
-                self.host.insert(key, std::sync::Arc::new(data));
+                self.host.insert(key, data);
             } else {
                 self.spill(key, &data);
             }
@@ -304,22 +354,16 @@ impl Tiers {
 
     /// Finds the blocks of `tokens` (namespace `ns`) below the GPU from block `from` on, in
     /// order, stopping at the first block no tier holds.
-    pub fn probe(&self, ns: u64, tokens: &[u32], from: usize) -> Vec<(BlockKey, Tier)> {
-        if self.host.is_empty() && self.disk.as_ref().is_none_or(DiskTier::is_empty) {
+    pub fn probe(&mut self, ns: u64, tokens: &[u32], from: usize) -> Vec<(BlockKey, Tier)> {
+        self.drain();
+        let queued = self.writer.as_ref().is_some_and(|w| w.pending_bytes() > 0);
+        if self.host.is_empty() && !queued && self.disk.as_ref().is_none_or(DiskTier::is_empty) {
             return vec![];
         }
         self.keys(ns, tokens)
             .into_iter()
             .skip(from)
-            .map_while(|k| {
-                if self.host.contains(&k) {
-                    Some((k, Tier::Host))
-                } else if self.disk.as_ref().is_some_and(|d| d.contains(&k)) {
-                    Some((k, Tier::Disk))
-                } else {
-                    None
-                }
-            })
+            .map_while(|k| self.below(&k).map(|t| (k, t)))
             .collect()
     }
 
@@ -339,11 +383,17 @@ impl Tiers {
     }
 
     /// Reads the `found` blocks' bytes, in order, stopping at the first that is gone or fails
-    /// its checksum (counted; the rest is recomputed). Disk blocks read are kept on host too.
-    pub fn fetch(&mut self, found: &[(BlockKey, Tier)], reserved: usize) -> Loaded {
+    /// its checksum (counted; the rest is recomputed). Disk blocks read are not kept on host
+    /// (that would push other blocks down to disk in their place); once loaded they are the
+    /// GPU's, and the disk keeps its copy.
+    pub fn fetch(&mut self, found: &[(BlockKey, Tier)]) -> Loaded {
         let mut out = Loaded::default();
         for (key, _) in found {
-            if let Some(d) = self.host.get(key) {
+            if let Some(d) = self
+                .host
+                .get(key)
+                .or_else(|| self.writer.as_ref().and_then(|w| w.get(key)))
+            {
                 out.data.push(d);
                 out.from_host += 1;
                 continue;
@@ -353,11 +403,7 @@ impl Tiers {
             };
             match disk.read(key, self.block_bytes) {
                 DiskRead::Ok(v) => {
-                    let d = std::sync::Arc::new(v);
-                    if self.make_host_room(d.len(), reserved) {
-                        self.host.insert(*key, d.clone());
-                    }
-                    out.data.push(d);
+                    out.data.push(std::sync::Arc::new(v));
                     out.from_disk += 1;
                 }
                 DiskRead::Missing => {

@@ -314,5 +314,31 @@ mod tests {
             .options();
         assert!(!k.kernels.gemv && !k.kernels.graph_pdl && k.kernels.pdl);
         assert_eq!(k.profile_steps, Some(5));
+        let t = Cli::parse_from([
+            "x",
+            "--kv-host-gib",
+            "2",
+            "--kv-disk-dir",
+            "/tmp/kv",
+            "--kv-disk-gib",
+            "3",
+            "--kv-load",
+            "never",
+        ])
+        .engine
+        .options();
+        assert_eq!(t.kv_host_gib, 2.0);
+        assert_eq!(
+            t.kv_disk,
+            Some(super::super::options::KvDiskOptions {
+                dir: "/tmp/kv".into(),
+                gib: 3.0
+            })
+        );
+        assert_eq!(t.kv_load, super::super::options::KvLoad::Never);
+        assert_eq!(
+            d.kv_disk, None,
+            "the disk tier is off unless a directory is given"
+        );
     }
 }

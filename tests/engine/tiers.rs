@@ -56,6 +56,8 @@ fn pause(engine: &Engine) -> (Vec<u32>, policy_serve::KvPin) {
         greedy(engine, prompt(100, salt));
     }
     transcript.extend(prompt(20, 99));
+    // Disk writes run on a thread of their own: let them land before anyone looks.
+    std::thread::sleep(std::time::Duration::from_millis(300));
     (transcript, pin)
 }
 
@@ -125,6 +127,7 @@ fn corrupt_and_truncated_block_files_and_a_vanished_disk_are_recomputed() {
     for salt in 10..16 {
         greedy(&engine, prompt(100, salt));
     }
+    std::thread::sleep(std::time::Duration::from_millis(300));
     let g = greedy(&engine, next.clone());
     assert_eq!(g.tokens, reference(&next));
     assert!(!engine.stats().kv_tiers.unwrap().disk_on);

@@ -56,6 +56,9 @@ async fn chat_on_the_tiny_qwen3_reports_usage_and_cached_tokens() {
             > 100,
         "{b}"
     );
+    // Nothing left the GPU: none of it came from the tiers below.
+    assert_eq!(b["usage"]["prompt_tokens_details"]["cached_tokens_host"], 0);
+    assert_eq!(b["usage"]["prompt_tokens_details"]["cached_tokens_disk"], 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -303,6 +306,10 @@ async fn metrics_are_prometheus_text_with_requests_tokens_cache_queue_and_episod
         "policy_serve_cache_hit_rate{model=\"tiny\"}",
         "policy_serve_queue_depth{model=\"tiny\"}",
         "policy_serve_episodes_open 0",
+        // The KV tiers (the host tier is on by default): blocks per tier, loads, checksums.
+        "policy_serve_kv_tier_blocks{model=\"tiny\",tier=\"host\"} 0",
+        "policy_serve_kv_tier_loads_total{model=\"tiny\",tier=\"disk\"} 0",
+        "policy_serve_kv_tier_checksum_failures_total{model=\"tiny\"} 0",
     ] {
         assert!(text.contains(name), "missing {name} in\n{text}");
     }

@@ -134,6 +134,7 @@ fn scatter_rows(dst: &Tensor, idx: &Tensor, src: &Tensor) -> Result<()> {
 /// Moves whole blocks of a [`PagedKvCache`] to and from host bytes: a block's bytes are, for
 /// every layer, its K rows then its V rows (`[kv_heads, block_size, head_dim]` each, in the
 /// cache's dtype).
+#[derive(Clone)]
 pub struct KvIo {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
@@ -189,17 +190,19 @@ fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
     })
 }
 
-impl BlockIo for KvIo {
-    fn read(&self, blocks: &[u32]) -> crate::error::Result<Vec<Vec<u8>>> {
+impl KvIo {
+    /// Bytes of one block (every layer's K and V).
+    pub fn block_bytes(&self) -> usize {
+        self.part_bytes() * 2 * self.k.len()
+    }
+
+    /// The KV of `blocks` gathered on the cache's device, block-major:
+    /// `[n, layers * 2, kv_heads, block_size * head_dim]` (a block's bytes are contiguous).
+    pub fn gather(&self, blocks: &[u32]) -> Result<Tensor> {
         let n = blocks.len();
-        if n == 0 {
-            return Ok(vec![]);
-        }
         let idx = self.slots(blocks)?;
         let (heads, _, hd) = self.k[0].dims3()?;
         let row = self.block_size * hd;
-        // On the device: each layer's K and V rows of the blocks, block-major
-        // ([n, heads, bs * hd]), all layers side by side: one copy to the host.
         let parts = self
             .k
             .iter()
@@ -211,42 +214,14 @@ impl BlockIo for KvIo {
                     .transpose(0, 1)
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
-        let all = Tensor::stack(&parts, 1)?.to_device(&Device::Cpu)?;
-        let bytes = host_bytes(&all)?;
-        let per = bytes.len() / n;
-        Ok(bytes.chunks_exact(per).map(<[u8]>::to_vec).collect())
+        Ok(Tensor::stack(&parts, 1)?.contiguous()?)
     }
 
-    fn write(&self, blocks: &[u32], data: &[BlockData]) -> crate::error::Result<()> {
-        let n = blocks.len().min(data.len());
-        if n == 0 {
-            return Ok(());
-        }
-        let part = self.part_bytes();
-        let want = part * 2 * self.k.len();
-        if let Some(bad) = data[..n].iter().find(|d| d.len() != want) {
-            return Err(crate::error::Error::Engine(format!(
-                "a KV block of {} bytes where this cache's blocks have {want}",
-                bad.len()
-            )));
-        }
-        let idx = self.slots(&blocks[..n])?;
+    /// Writes a tensor laid out as [`KvIo::gather`]'s (on the cache's device) into `blocks`.
+    pub fn scatter(&self, blocks: &[u32], staged: &Tensor) -> Result<()> {
+        let n = blocks.len();
+        let idx = self.slots(blocks)?;
         let (heads, _, hd) = self.k[0].dims3()?;
-        let row = self.block_size * hd;
-        let mut staged = Vec::with_capacity(n * want);
-        for d in &data[..n] {
-            staged.extend_from_slice(d);
-        }
-        // One copy to the device ([n, layers * 2, heads, bs * hd]), then per layer and K/V a
-        // strided view back to the cache's head-major rows.
-        let dev = self.k[0].device();
-        let all = Tensor::from_raw_buffer(
-            &staged,
-            self.k[0].dtype(),
-            &[n, 2 * self.k.len(), heads, row],
-            &Device::Cpu,
-        )?
-        .to_device(dev)?;
         for (i, t) in self
             .k
             .iter()
@@ -254,13 +229,83 @@ impl BlockIo for KvIo {
             .flat_map(|(k, v)| [k, v])
             .enumerate()
         {
-            let rows = all
+            let rows = staged
                 .narrow(1, i, 1)?
                 .squeeze(1)?
                 .transpose(0, 1)?
                 .contiguous()?
                 .reshape((heads, n * self.block_size, hd))?;
             scatter_rows(t, &idx, &rows)?;
+        }
+        Ok(())
+    }
+
+    /// The shape [`KvIo::gather`] gives for `n` blocks.
+    pub fn staged_shape(&self, n: usize) -> [usize; 4] {
+        let (heads, _, hd) = self.k[0].dims3().unwrap_or((0, 0, 0));
+        [n, 2 * self.k.len(), heads, self.block_size * hd]
+    }
+
+    /// The cache's device.
+    pub fn device(&self) -> Device {
+        self.k[0].device().clone()
+    }
+
+    /// The cache's dtype.
+    pub fn dtype(&self) -> DType {
+        self.k[0].dtype()
+    }
+
+    /// Checks that every buffer is one block of this cache.
+    pub fn check(&self, data: &[BlockData]) -> crate::error::Result<()> {
+        let want = self.block_bytes();
+        match data.iter().find(|d| d.len() != want) {
+            Some(bad) => Err(crate::error::Error::Engine(format!(
+                "a KV block of {} bytes where this cache's blocks have {want}",
+                bad.len()
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Blocks per gather or scatter: bounds the device memory a move takes beside the KV pool
+/// (64 blocks of the 1.7B: 117 MB).
+pub const MOVE_CHUNK: usize = 64;
+
+impl BlockIo for KvIo {
+    fn read(&self, blocks: &[u32]) -> crate::error::Result<Vec<BlockData>> {
+        let mut out: Vec<BlockData> = Vec::with_capacity(blocks.len());
+        for chunk in blocks.chunks(MOVE_CHUNK) {
+            let bytes = host_bytes(&self.gather(chunk)?.to_device(&Device::Cpu)?)?;
+            let per = bytes.len() / chunk.len();
+            out.extend(
+                bytes
+                    .chunks_exact(per)
+                    .map(|b| std::sync::Arc::new(b.to_vec()) as BlockData),
+            );
+        }
+        Ok(out)
+    }
+
+    fn write(&self, blocks: &[u32], data: &[BlockData]) -> crate::error::Result<()> {
+        let n = blocks.len().min(data.len());
+        self.check(&data[..n])?;
+        for (chunk, data) in blocks[..n]
+            .chunks(MOVE_CHUNK)
+            .zip(data[..n].chunks(MOVE_CHUNK))
+        {
+            let mut staged = Vec::with_capacity(chunk.len() * self.block_bytes());
+            for d in data {
+                staged.extend_from_slice(d.bytes());
+            }
+            let host = Tensor::from_raw_buffer(
+                &staged,
+                self.dtype(),
+                &self.staged_shape(chunk.len()),
+                &Device::Cpu,
+            )?;
+            self.scatter(chunk, &host.to_device(self.k[0].device())?)?;
         }
         Ok(())
     }

@@ -29,6 +29,8 @@ mod kernel_lora;
 #[cfg(feature = "cuda")]
 mod kernel_trace;
 pub mod kv_cache;
+#[cfg(feature = "cuda")]
+pub mod kv_pinned;
 pub mod loader;
 pub mod lora;
 pub mod lora_slots;

@@ -232,9 +232,21 @@ impl ModelRunner {
         self.forward(&tokens, inputs)
     }
 
-    /// A handle that moves whole KV blocks to and from host bytes (the tiers below the GPU).
-    pub(crate) fn kv_io(&self) -> crate::engine::model::kv_cache::KvIo {
-        self.cache.io()
+    /// What moves whole KV blocks to and from host memory (the tiers below the GPU): on
+    /// CUDA pinned slots and asynchronous copies, elsewhere plain buffers.
+    pub(crate) fn kv_io(&self) -> Box<dyn crate::cache::BlockIo> {
+        let io = self.cache.io();
+        #[cfg(feature = "cuda")]
+        if self.model.qwen3.device().is_cuda() {
+            let dev = self.model.qwen3.device().clone();
+            match crate::engine::model::kv_pinned::PinnedKvIo::new(io.clone(), &dev) {
+                Ok(p) => return Box::new(p),
+                Err(e) => {
+                    tracing::warn!(error = %e, "pinned KV copies unavailable; moving blocks through pageable memory")
+                }
+            }
+        }
+        Box::new(io)
     }
 
     /// Copies the KV of `blocks` to host memory (swap-out).

@@ -45,9 +45,11 @@ impl Scheduler {
         let load = match self.opts.kv_load {
             KvLoad::Always => LoadPolicy::Always,
             KvLoad::Never => LoadPolicy::Never,
-            KvLoad::Measured => {
-                self.measure_rates(&io, block_bytes, disk.as_ref().map(|d| d.dir.as_path()))
-            }
+            KvLoad::Measured => self.measure_rates(
+                io.as_ref(),
+                block_bytes,
+                disk.as_ref().map(|d| d.dir.as_path()),
+            ),
         };
         let layout = format!(
             "{:?} layers {} kv_heads {} head_dim {}",
@@ -68,7 +70,7 @@ impl Scheduler {
                 block_size: self.opts.block_size,
                 block_bytes,
             },
-            Box::new(io),
+            io,
         );
         let disk_on = tiers.stats().disk_on;
         tracing::info!(
@@ -104,12 +106,11 @@ impl Scheduler {
             let data2 = io.read(few)?;
             self.runner.synchronize()?;
             let d2h = t.elapsed().as_secs_f64();
-            let shared: Vec<_> = data.into_iter().map(std::sync::Arc::new).collect();
             let t = Instant::now();
-            io.write(few, &shared)?;
+            io.write(few, &data)?;
             self.runner.synchronize()?;
             let h2d = t.elapsed().as_secs_f64();
-            let bytes = data2.iter().map(Vec::len).sum::<usize>() as f64;
+            let bytes = data2.iter().map(|d| d.bytes().len()).sum::<usize>() as f64;
             Ok((bytes / d2h.max(1e-9), bytes / h2d.max(1e-9)))
         })();
         let prefill = (|| -> crate::error::Result<f64> {
