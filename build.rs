@@ -17,6 +17,7 @@ const KERNELS: &[&str] = &[
     "logit_edits",
     "lora",
     "gemv",
+    "kv_move",
 ];
 
 fn main() {

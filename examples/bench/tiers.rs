@@ -26,8 +26,10 @@ pub(crate) fn tiers_resume(
     );
     // bf16 K and V of every layer.
     let per_token = get("num_hidden_layers") * 2 * get("num_key_value_heads") * head_dim * 2;
-    println!("| transcript | from | prompt tokens | GPU | host | disk | TTFT ms |");
-    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| transcript | from | prompt tokens | GPU | host | disk | TTFT ms | answer = recompute's |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     for &len in lens {
         let bytes = (len * per_token) as f64;
         let disk = std::env::temp_dir().join(format!("policy-serve-tiers-{}", std::process::id()));
@@ -38,15 +40,18 @@ pub(crate) fn tiers_resume(
         let engine = registry.model("bench")?.engine().clone();
         let transcript = synthetic_prompt(len, 1);
         let run = |salt: usize, tail: usize| one(&engine, &transcript, len, salt, tail);
+        let first = std::cell::RefCell::new(None::<Vec<u32>>);
         let row = |from: &str, g: &policy_serve::Generation| {
             let below = g.cached_prompt_tokens_host + g.cached_prompt_tokens_disk;
+            let same = first.borrow_mut().get_or_insert_with(|| g.tokens.clone()) == &g.tokens;
             println!(
-                "| {len} | {from} | {} | {} | {} | {} | {:.1} |",
+                "| {len} | {from} | {} | {} | {} | {} | {:.1} | {} |",
                 g.prompt_tokens,
                 g.cached_prompt_tokens - below,
                 g.cached_prompt_tokens_host,
                 g.cached_prompt_tokens_disk,
-                g.time_to_first_token.as_secs_f64() * 1e3
+                g.time_to_first_token.as_secs_f64() * 1e3,
+                if same { "yes" } else { "NO" }
             );
         };
         row("recompute", &run(0, 1)?);
@@ -124,8 +129,8 @@ fn engine_options(opts: &EngineOptions, bytes: f64, disk: &Path) -> EngineOption
     }
 }
 
-/// One request of one token: the transcript plus a 32-token tail (`tail` > 0), or a filler of
-/// `len` tokens (`tail` 0, seeded by `salt`).
+/// One request of 8 greedy tokens: the transcript plus a fixed 32-token tail (`tail` > 0), or
+/// a filler of `len` tokens (`tail` 0, seeded by `salt`).
 fn one(
     engine: &policy_serve::Engine,
     transcript: &[u32],
@@ -138,6 +143,10 @@ fn one(
     } else {
         transcript.to_vec()
     };
-    t.extend(synthetic_prompt(32, 1000 + salt + tail));
-    engine.generate(GenerationRequest::new(t).max_new_tokens(1))
+    // The transcript's rows share one tail, so their greedy answers must be equal.
+    t.extend(synthetic_prompt(
+        32,
+        if tail == 0 { 1000 + salt } else { 7 },
+    ));
+    engine.generate(GenerationRequest::new(t).max_new_tokens(8))
 }

@@ -246,6 +246,20 @@ impl KvIo {
         [n, 2 * self.k.len(), heads, self.block_size * hd]
     }
 
+    /// The cache tensors in a block's order: K then V of layer 0, then of layer 1, ...
+    pub fn parts(&self) -> Vec<&Tensor> {
+        self.k
+            .iter()
+            .zip(&self.v)
+            .flat_map(|(k, v)| [k, v])
+            .collect()
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
     /// The cache's device.
     pub fn device(&self) -> Device {
         self.k[0].device().clone()

@@ -1,26 +1,34 @@
 //! KV blocks moved between the GPU cache and pinned host memory without the host waiting:
-//! the [`BlockIo`] of the KV tiers on CUDA. A move gathers (or scatters) blocks on the device
-//! with [`KvIo`]'s ops and copies each block between a device staging tensor and a slot of a
-//! pinned slab with `cuMemcpy*Async` on the engine's one stream, then records an event.
+//! the [`BlockIo`] of the KV tiers on CUDA. A demotion gathers the blocks into a block-major
+//! device staging buffer with one kernel (`kernels/kv_move.cu`) and copies each block to a
+//! slot of a pinned slab with `cuMemcpyDtoHAsync`; a load copies each block's slot into the
+//! staging buffer and scatters it into the cache with one kernel. Everything goes on the
+//! engine's one stream, followed by an event; the host returns at once.
 //!
-//! Invariants: every copy goes on the engine's stream, so a slot handed back and reused, or a
-//! cache block freed and written again, is always touched after the copies queued before it;
-//! the host reads a slot only after its copy's event (`PinnedBlock::bytes`); a staging
-//! tensor, and the host buffers an upload reads, stay alive until their copies' event has
-//! completed (`in_flight`); slabs are freed only after the stream is idle.
+//! Invariants: every copy and kernel is on the engine's stream, so a slot handed back and
+//! reused, or a cache block freed and written again, is always touched after the moves queued
+//! before it; the host reads a slot only after its copy's event (`PinnedBlock::bytes`); the
+//! staging buffers and the host blocks a load reads stay alive until their event completed
+//! (`in_flight`); slabs are freed only after the stream is idle.
 
 use std::sync::Arc;
 
-use candle_core::cuda_backend::cudarc::driver::{CudaEvent, CudaStream, DevicePtr, result, sys};
-use candle_core::{Device, Storage, Tensor};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, result,
+    sys,
+};
+use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
+use candle_core::{Device, Storage};
 use parking_lot::Mutex;
 
 use super::kv_cache::{KvIo, MOVE_CHUNK};
 use crate::cache::{BlockData, BlockIo, HostBuf};
 use crate::error::{Error, Result};
 
+static KV_MOVE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kv_move.fatbin"));
+
 /// Blocks per pinned slab (one `cuMemHostAlloc`).
-const SLAB_BLOCKS: usize = 32;
+const SLAB_BLOCKS: usize = 128;
 
 fn cuda_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Engine(format!("KV tier copy: {what}: {e}"))
@@ -41,11 +49,8 @@ struct SlabState {
 }
 
 impl Slabs {
-    fn take(&self, stream: &CudaStream) -> Result<usize> {
-        let mut st = self.state.lock();
-        if let Some(p) = st.free.pop() {
-            return Ok(p);
-        }
+    /// Allocates one slab (its slots go to the free list).
+    fn grow(&self, stream: &CudaStream) -> Result<()> {
         stream
             .context()
             .bind_to_thread()
@@ -53,21 +58,35 @@ impl Slabs {
         // SAFETY: a fresh allocation; its slots are written by a copy before any read.
         let base = unsafe { result::malloc_host(SLAB_BLOCKS * self.block_bytes, 0) }
             .map_err(|e| cuda_err("pinned host memory", e))? as usize;
+        let mut st = self.state.lock();
         st.slabs.push(base);
         st.free
-            .extend((1..SLAB_BLOCKS).map(|i| base + i * self.block_bytes));
-        Ok(base)
+            .extend((0..SLAB_BLOCKS).map(|i| base + i * self.block_bytes));
+        Ok(())
+    }
+
+    fn take(&self, stream: &CudaStream) -> Result<usize> {
+        loop {
+            if let Some(p) = self.state.lock().free.pop() {
+                return Ok(p);
+            }
+            self.grow(stream)?;
+        }
     }
 
     fn give_back(&self, slot: usize) {
         self.state.lock().free.push(slot);
+    }
+
+    fn bytes(&self) -> usize {
+        self.state.lock().slabs.len() * SLAB_BLOCKS * self.block_bytes
     }
 }
 
 impl Drop for Slabs {
     fn drop(&mut self) {
         for &p in &self.state.get_mut().slabs {
-            // SAFETY: allocated by `malloc_host`; the owner synchronized the stream first.
+            // SAFETY: allocated by `malloc_host`; the stream was synchronized first.
             let _ = unsafe { result::free_host(p as *mut std::ffi::c_void) };
         }
     }
@@ -110,48 +129,104 @@ impl Drop for PinnedBlock {
 /// What a queued move keeps alive until its event completes.
 struct InFlight {
     done: CudaEvent,
-    _staging: Tensor,
+    _staging: CudaSlice<u8>,
+    _blocks: CudaSlice<u32>,
     _sources: Vec<BlockData>,
 }
 
-/// The KV tiers' block mover on CUDA: pinned slots, asynchronous copies.
+/// The KV tiers' block mover on CUDA: pinned slots, asynchronous copies, one kernel a chunk.
 pub struct PinnedKvIo {
-    io: KvIo,
     stream: Arc<CudaStream>,
     slabs: Arc<Slabs>,
     in_flight: Mutex<Vec<InFlight>>,
+    gather: CudaFunction,
+    scatter: CudaFunction,
+    /// The cache tensors' base pointers in a block's order (K, V of each layer).
+    caches: CudaSlice<u64>,
+    /// Keeps the cache tensors (whose pointers `caches` holds) alive.
+    _io: KvIo,
+    parts: i32,
+    heads: i32,
+    row_units: i32,
+    head_pitch: i64,
 }
 
 impl PinnedKvIo {
-    /// A mover for the cache `io` moves, on `device` (a CUDA device).
-    pub fn new(io: KvIo, device: &Device) -> Result<Self> {
+    /// A mover for the cache `io` moves, on `device` (a CUDA device), with `reserve` bytes
+    /// of pinned slots allocated now (pinning is slow: it must not happen while serving).
+    pub fn new(io: KvIo, device: &Device, reserve: usize) -> Result<Self> {
         let Device::Cuda(d) = device else {
             return Err(Error::Engine("pinned KV copies need a CUDA device".into()));
         };
+        let stream = d.cuda_stream();
+        let parts = io.parts();
+        let (heads, slots, hd) = parts[0].dims3()?;
+        let elt = parts[0].dtype().size_in_bytes();
+        let row_bytes = io.block_size() * hd * elt;
+        if row_bytes % 16 != 0 || (slots * hd * elt) % 16 != 0 {
+            return Err(cuda_err("layout", "rows are not whole 16-byte units"));
+        }
+        let mut ptrs = Vec::with_capacity(parts.len());
+        for t in &parts {
+            let (storage, layout) = t.storage_and_layout();
+            let Storage::Cuda(cs) = &*storage else {
+                return Err(cuda_err("cache", "not on the GPU"));
+            };
+            use candle_core::cuda_backend::CudaStorageSlice as S;
+            let base = match &cs.slice {
+                S::BF16(s) => s.device_ptr(&stream).0,
+                S::F16(s) => s.device_ptr(&stream).0,
+                S::F32(s) => s.device_ptr(&stream).0,
+                _ => return Err(cuda_err("cache", "unsupported dtype")),
+            };
+            ptrs.push(base + (layout.start_offset() * elt) as u64);
+        }
+        let caches = stream
+            .clone_htod(&ptrs)
+            .map_err(|e| cuda_err("cache pointers", e))?;
+        let module = stream
+            .context()
+            .load_module(Ptx::from_binary(KV_MOVE.to_vec()))
+            .map_err(|e| cuda_err("module kv_move", e))?;
+        let f = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(|e| cuda_err(&format!("function {name}"), e))
+        };
+        let slabs = Arc::new(Slabs {
+            block_bytes: io.block_bytes(),
+            state: Mutex::new(SlabState::default()),
+        });
+        // Pinned at start-up, all of it: pinning runs at ~2 GB/s and holds the driver's lock,
+        // so pinning while serving (on demand, or on a thread of its own) stalled every step
+        // behind it (BENCHMARKS.md). Past the reserve (swap beyond it) slabs are pinned on use.
+        let t = std::time::Instant::now();
+        while slabs.bytes() < reserve {
+            if let Err(e) = slabs.grow(&stream) {
+                tracing::warn!(error = %e, pinned = slabs.bytes(), "pinning host memory for the KV tiers stopped early");
+                break;
+            }
+        }
+        if reserve > 0 {
+            tracing::info!(
+                gib = format!("{:.1}", slabs.bytes() as f64 / (1u64 << 30) as f64),
+                ms = t.elapsed().as_millis() as u64,
+                "pinned host memory for the KV tiers"
+            );
+        }
         Ok(Self {
-            slabs: Arc::new(Slabs {
-                block_bytes: io.block_bytes(),
-                state: Mutex::new(SlabState::default()),
-            }),
-            io,
-            stream: d.cuda_stream(),
+            gather: f("kv_gather")?,
+            scatter: f("kv_scatter")?,
+            caches,
+            parts: parts.len() as i32,
+            heads: heads as i32,
+            row_units: (row_bytes / 16) as i32,
+            head_pitch: ((slots * hd * elt) / 16) as i64,
+            _io: io,
+            stream,
+            slabs,
             in_flight: Mutex::new(Vec::new()),
         })
-    }
-
-    fn ptr(&self, t: &Tensor) -> Result<u64> {
-        let (storage, layout) = t.storage_and_layout();
-        let Storage::Cuda(cs) = &*storage else {
-            return Err(cuda_err("staging", "not on the GPU"));
-        };
-        use candle_core::cuda_backend::CudaStorageSlice as S;
-        let (base, size) = match &cs.slice {
-            S::BF16(s) => (s.device_ptr(&self.stream).0, 2),
-            S::F16(s) => (s.device_ptr(&self.stream).0, 2),
-            S::F32(s) => (s.device_ptr(&self.stream).0, 4),
-            _ => return Err(cuda_err("staging", "unsupported dtype")),
-        };
-        Ok(base + (layout.start_offset() * size) as u64)
     }
 
     /// Drops what completed moves kept alive.
@@ -168,6 +243,49 @@ impl PinnedKvIo {
         e.record(&self.stream).map_err(|e| cuda_err("event", e))?;
         Ok(e)
     }
+
+    /// Launches `f` (gather or scatter) over `n` blocks between the caches and `staging`.
+    fn launch(
+        &self,
+        f: &CudaFunction,
+        n: usize,
+        blocks: &CudaSlice<u32>,
+        staging: u64,
+    ) -> Result<()> {
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, self.parts as u32, self.heads as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&self.caches)
+            .arg(blocks)
+            .arg(&staging)
+            .arg(&self.parts)
+            .arg(&self.heads)
+            .arg(&self.row_units)
+            .arg(&self.head_pitch);
+        // SAFETY: the arguments match the kernel's signature; `blocks` holds n cache blocks of
+        // this cache, `staging` n blocks' bytes, both alive until the move's event.
+        unsafe { b.launch(cfg) }.map_err(|e| cuda_err("kv_move kernel", e))?;
+        Ok(())
+    }
+
+    /// A staging buffer for `n` blocks and the chunk's block ids on the device.
+    fn staging(&self, chunk: &[u32]) -> Result<(CudaSlice<u8>, CudaSlice<u32>, u64)> {
+        // SAFETY: every byte is written (by the gather kernel or the uploads) before it is read.
+        let staging = unsafe {
+            self.stream
+                .alloc::<u8>(chunk.len() * self.slabs.block_bytes)
+        }
+        .map_err(|e| cuda_err("staging", e))?;
+        let blocks = self
+            .stream
+            .clone_htod(chunk)
+            .map_err(|e| cuda_err("block ids", e))?;
+        let ptr = staging.device_ptr(&self.stream).0;
+        Ok((staging, blocks, ptr))
+    }
 }
 
 impl Drop for PinnedKvIo {
@@ -182,13 +300,13 @@ impl BlockIo for PinnedKvIo {
         let bb = self.slabs.block_bytes;
         let mut out: Vec<BlockData> = Vec::with_capacity(blocks.len());
         for chunk in blocks.chunks(MOVE_CHUNK) {
-            let staged = self.io.gather(chunk)?;
-            let src = self.ptr(&staged)?;
+            let (staging, ids, src) = self.staging(chunk)?;
+            self.launch(&self.gather, chunk.len(), &ids, src)?;
             let mut slots = Vec::with_capacity(chunk.len());
             for j in 0..chunk.len() {
                 let slot = self.slabs.take(&self.stream)?;
                 // SAFETY: the slot has bb bytes and is owned by the block made below; the
-                // staging tensor holds chunk.len() * bb bytes and lives until `done`.
+                // staging buffer holds chunk.len() * bb bytes and lives until `done`.
                 let dst = unsafe { std::slice::from_raw_parts_mut(slot as *mut u8, bb) };
                 if let Err(e) = unsafe {
                     result::memcpy_dtoh_async(dst, src + (j * bb) as u64, self.stream.cu_stream())
@@ -208,7 +326,8 @@ impl BlockIo for PinnedKvIo {
             }));
             self.in_flight.lock().push(InFlight {
                 done: self.event()?,
-                _staging: staged,
+                _staging: staging,
+                _blocks: ids,
                 _sources: vec![],
             });
         }
@@ -218,36 +337,33 @@ impl BlockIo for PinnedKvIo {
     fn write(&self, blocks: &[u32], data: &[BlockData]) -> Result<()> {
         self.reap();
         let n = blocks.len().min(data.len());
-        self.io.check(&data[..n])?;
+        self._io.check(&data[..n])?;
         let bb = self.slabs.block_bytes;
         for (chunk, data) in blocks[..n]
             .chunks(MOVE_CHUNK)
             .zip(data[..n].chunks(MOVE_CHUNK))
         {
-            let staging = Tensor::zeros(
-                &self.io.staged_shape(chunk.len()),
-                self.io.dtype(),
-                &self.io.device(),
-            )?;
-            let dst = self.ptr(&staging)?;
+            let (staging, ids, dst) = self.staging(chunk)?;
             for (j, d) in data.iter().enumerate() {
-                let at = dst + (j * bb) as u64;
-                // A pinned slot is read by the copy engine directly; other buffers (blocks read
-                // from disk) go through the driver's staging (it has read them on return).
+                // A pinned slot is read by the copy engine directly; other buffers (blocks
+                // read from disk) go through the driver's staging (read by the time it returns).
                 let src: &[u8] = match d.as_any().downcast_ref::<PinnedBlock>() {
                     // SAFETY: the slot's D2H copy, if any, is queued before this one on the
                     // one stream; the block lives in `in_flight` until `done`.
                     Some(p) => unsafe { std::slice::from_raw_parts(p.slot as *const u8, bb) },
                     None => d.bytes(),
                 };
-                // SAFETY: `at` has bb bytes of the staging tensor, alive until `done`.
-                unsafe { result::memcpy_htod_async(at, src, self.stream.cu_stream()) }
-                    .map_err(|e| cuda_err("host to device", e))?;
+                // SAFETY: dst + j * bb has bb bytes of the staging buffer, alive until `done`.
+                unsafe {
+                    result::memcpy_htod_async(dst + (j * bb) as u64, src, self.stream.cu_stream())
+                }
+                .map_err(|e| cuda_err("host to device", e))?;
             }
-            self.io.scatter(chunk, &staging)?;
+            self.launch(&self.scatter, chunk.len(), &ids, dst)?;
             self.in_flight.lock().push(InFlight {
                 done: self.event()?,
                 _staging: staging,
+                _blocks: ids,
                 _sources: data.to_vec(),
             });
         }

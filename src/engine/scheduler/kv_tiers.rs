@@ -41,7 +41,7 @@ impl Scheduler {
             );
             return;
         }
-        let io = self.runner.kv_io();
+        let io = self.runner.kv_io(host_bytes);
         let load = match self.opts.kv_load {
             KvLoad::Always => LoadPolicy::Always,
             KvLoad::Never => LoadPolicy::Never,
