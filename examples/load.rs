@@ -421,12 +421,23 @@ async fn agent_mode(args: Arc<Args>, spec: &str) -> Result<(), Box<dyn std::erro
     }
     let (mut lat, mut prompt, mut cached, mut failed) = (Vec::new(), 0u64, 0u64, 0usize);
     let (mut host, mut disk) = (0u64, 0u64);
+    // The most a cache could serve: each turn's prompt up to the previous turn's prompt and
+    // answer (the first turn: all but its ~32-token task line, the system prompt being shared).
+    let mut reusable = 0u64;
     for t in tasks {
+        let mut prev: Option<u64> = None;
         for (ms, v) in t.await? {
             if v.get("cost").is_none() {
                 failed += 1;
+                prev = None;
                 continue;
             }
+            let p = v["cost"]["prompt_tokens"].as_u64().unwrap_or(0);
+            reusable += match prev {
+                Some(before) => before.min(p),
+                None => p.saturating_sub(32),
+            };
+            prev = Some(p + v["cost"]["generated_tokens"].as_u64().unwrap_or(0));
             lat.push(ms);
             prompt += v["cost"]["prompt_tokens"].as_u64().unwrap_or(0);
             cached += v["cost"]["cached_prompt_tokens"].as_u64().unwrap_or(0);
@@ -436,11 +447,12 @@ async fn agent_mode(args: Arc<Args>, spec: &str) -> Result<(), Box<dyn std::erro
     }
     bar.finish_and_clear();
     println!(
-        "agent {episodes} x {turns} ({}, think {} ms): turns {} failed {failed}; prompt tokens {prompt}, from the prefix cache {cached} ({:.1}%: GPU {:.1}%, host {:.1}%, disk {:.1}%); turn ms p50 {:.1} p99 {:.1}; wall s {:.2}",
+        "agent {episodes} x {turns} ({}, think {} ms): turns {} failed {failed}; prompt tokens {prompt}, from the prefix cache {cached} ({:.1}% of at most {:.1}% reusable: GPU {:.1}%, host {:.1}%, disk {:.1}%); turn ms p50 {:.1} p99 {:.1}; wall s {:.2}",
         args.transcript_mode,
         args.think_ms,
         lat.len(),
         100.0 * cached as f64 / prompt.max(1) as f64,
+        100.0 * reusable as f64 / prompt.max(1) as f64,
         100.0 * (cached - host - disk) as f64 / prompt.max(1) as f64,
         100.0 * host as f64 / prompt.max(1) as f64,
         100.0 * disk as f64 / prompt.max(1) as f64,

@@ -119,12 +119,16 @@ mod tiers {
                 .map(|b| Arc::new(m.get(b).cloned().unwrap_or(vec![0; BYTES])) as BlockData)
                 .collect())
         }
-        fn write(&self, blocks: &[u32], data: &[BlockData]) -> policy_serve::Result<()> {
+        fn write(
+            &self,
+            blocks: &[u32],
+            data: &[BlockData],
+        ) -> policy_serve::Result<Option<policy_serve::cache::LoadTicket>> {
             let mut m = self.0.lock();
             for (b, d) in blocks.iter().zip(data) {
                 m.insert(*b, d.bytes().to_vec());
             }
-            Ok(())
+            Ok(None)
         }
     }
 

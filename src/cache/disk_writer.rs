@@ -69,9 +69,20 @@ impl DiskWriter {
         self.pending.contains_key(key)
     }
 
-    /// Queues a block (waiting for the thread when too many are queued); false when the
-    /// thread is gone.
-    pub fn submit(&mut self, key: BlockKey, data: BlockData, disk: &mut DiskTier) -> bool {
+    /// Queues a block; false when it was not queued: the thread is gone, or too many blocks
+    /// are queued and `wait` is false (the disk cannot keep up: the block is dropped rather
+    /// than the scheduler waiting; pinned blocks wait).
+    pub fn submit(
+        &mut self,
+        key: BlockKey,
+        data: BlockData,
+        disk: &mut DiskTier,
+        wait: bool,
+    ) -> bool {
+        self.drain(disk);
+        if self.pending.len() >= MAX_PENDING && !wait {
+            return false;
+        }
         while self.pending.len() >= MAX_PENDING {
             match self.rx.recv() {
                 Ok(d) => self.finish(d, disk),

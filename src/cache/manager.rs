@@ -9,11 +9,11 @@
 
 use serde::Serialize;
 
-use super::tiers::{TierStats, Tiers};
+use super::tiers::{LoadTicket, TierStats, Tiers};
 use super::{BlockPool, CacheStats, RadixCache};
 
 /// What a sequence holds after admission.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Admitted {
     /// Its blocks: the cached prefix's first, then fresh ones.
     pub blocks: Vec<u32>,
@@ -25,6 +25,8 @@ pub struct Admitted {
     pub host_tokens: usize,
     /// Of `cached_tokens`, those loaded back from disk.
     pub disk_tokens: usize,
+    /// The copy of loaded blocks still running: the sequence must not run before it is done.
+    pub loading: Option<LoadTicket>,
 }
 
 /// Counters of the KV memory.
@@ -237,12 +239,17 @@ impl KvManager {
         let Some(fresh) = self.allocate(need) else {
             return give_up(self);
         };
+        let mut loading = None;
         if !loaded.data.is_empty()
             && let Some(t) = &mut self.tiers
-            && let Err(e) = t.upload(&fresh[..loaded.data.len()], &loaded)
         {
-            tracing::warn!(error = %e, "loading KV blocks back to the device failed; recomputing them");
-            loaded = Default::default();
+            match t.upload(&fresh[..loaded.data.len()], &loaded) {
+                Ok(ticket) => loading = ticket,
+                Err(e) => {
+                    tracing::warn!(error = %e, "loading KV blocks back to the device failed; recomputing them");
+                    loaded = Default::default();
+                }
+            }
         }
         if let Err(e) = self.pool.retain(&cached) {
             tracing::error!(error = %e, "block accounting error while reusing a prefix");
@@ -255,8 +262,9 @@ impl KvManager {
         let mut blocks = cached;
         let gpu_blocks = blocks.len();
         blocks.extend(fresh);
-        if below > 0 {
-            // Loaded blocks are the GPU's again: other requests find them there.
+        if below > 0 && loading.is_none() {
+            // Loaded blocks are the GPU's again: other requests find them there. (A load still
+            // copying is published by its owner once done: nobody may read them before.)
             self.publish_in(ns, &tokens[..cached_tokens], &blocks[..gpu_blocks + below]);
         }
         Some(Admitted {
@@ -265,6 +273,7 @@ impl KvManager {
             pin: hit.map(|m| m.node),
             host_tokens: loaded.from_host * bs,
             disk_tokens: loaded.from_disk * bs,
+            loading,
         })
     }
 

@@ -19,4 +19,6 @@ pub use host_tier::{BlockData, HostBuf, HostTier};
 pub use keys::{BlockKey, KeySeed, checksum};
 pub use manager::{Admitted, KvManager, KvStats};
 pub use radix::{CacheStats, Evicted, PrefixMatch, RadixCache};
-pub use tiers::{BlockIo, LoadPolicy, Loaded, Tier, TierConfig, TierStats, Tiers};
+pub use tiers::{
+    BlockIo, LoadPolicy, LoadTicket, Loaded, Ticket, Tier, TierConfig, TierStats, Tiers,
+};

@@ -22,14 +22,41 @@ use super::host_tier::{BlockData, HostTier};
 use super::keys::{BlockKey, KeySeed};
 use crate::error::Result;
 
+/// A load on its way to the device ([`BlockIo::write`] on a copy stream of its own): the
+/// sequence it is for waits until it is done; nobody else does.
+pub trait Ticket: Send + Sync {
+    /// Whether the blocks are in the cache (a poll; never waits).
+    fn done(&self) -> bool;
+    /// Waits until they are.
+    fn wait(&self);
+    /// Once done: whether the copy succeeded (when not, the blocks hold garbage and the
+    /// sequence recomputes them).
+    fn ok(&self) -> bool {
+        true
+    }
+}
+
+/// A shared [`Ticket`].
+#[derive(Clone)]
+pub struct LoadTicket(pub std::sync::Arc<dyn Ticket>);
+
+impl std::fmt::Debug for LoadTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadTicket")
+            .field("done", &self.0.done())
+            .finish()
+    }
+}
+
 /// Moves blocks of KV between the device's cache and host bytes (one `Vec<u8>` per block, the
 /// same layout both ways).
 pub trait BlockIo: Send {
     /// The KV of `blocks`, one buffer per block (the copy may still be running: a buffer's
     /// [`HostBuf::bytes`](super::HostBuf::bytes) waits for it).
     fn read(&self, blocks: &[u32]) -> Result<Vec<BlockData>>;
-    /// Writes buffers read by [`BlockIo::read`] into `blocks`.
-    fn write(&self, blocks: &[u32], data: &[BlockData]) -> Result<()>;
+    /// Writes buffers read by [`BlockIo::read`] into `blocks`: done on return (`None`), or a
+    /// ticket to wait on before anything reads those blocks.
+    fn write(&self, blocks: &[u32], data: &[BlockData]) -> Result<Option<LoadTicket>>;
 }
 
 /// When admission loads a prompt's blocks from host or disk rather than recomputing them.
@@ -291,7 +318,7 @@ impl Tiers {
             self.stats.dropped_blocks += 1;
         }
         if disk.room_with(writer.pending_bytes(), data.len())
-            && writer.submit(key, data.clone(), disk)
+            && writer.submit(key, data.clone(), disk, Self::pinned(pins, &key))
         {
             self.stats.spilled_blocks += 1;
         } else {
@@ -421,12 +448,13 @@ impl Tiers {
     }
 
     /// Copies fetched blocks into device `blocks` (as many as `loaded` has); counts the loads.
-    pub fn upload(&mut self, blocks: &[u32], loaded: &Loaded) -> Result<()> {
-        self.io.write(blocks, &loaded.data)?;
+    /// Returns the ticket of a copy still running.
+    pub fn upload(&mut self, blocks: &[u32], loaded: &Loaded) -> Result<Option<LoadTicket>> {
+        let ticket = self.io.write(blocks, &loaded.data)?;
         self.stats.host_loads += loaded.from_host as u64;
         self.stats.disk_loads += loaded.from_disk as u64;
         self.stats.load_bytes += loaded.data.iter().map(|d| d.len() as u64).sum::<u64>();
-        Ok(())
+        Ok(ticket)
     }
 
     /// Pins the whole blocks of `tokens` (namespace `ns`) for an open episode: they may move

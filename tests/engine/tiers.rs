@@ -77,7 +77,17 @@ fn a_paused_transcript_comes_back_from_host_and_disk_with_the_same_answer() {
         t.demoted_blocks > 0 && t.spilled_blocks > 0 && t.disk_on,
         "{t:?}"
     );
-    let g = greedy(&engine, next.clone());
+    // The resume loads while two other requests run beside it: every answer is its own.
+    let others = [prompt(40, 50), prompt(30, 51)];
+    let pending: Vec<_> = std::iter::once(next.clone())
+        .chain(others.iter().cloned())
+        .map(|p| engine.submit(GenerationRequest::new(p).max_new_tokens(8)))
+        .collect();
+    let mut got: Vec<Generation> = pending.into_iter().map(|p| p.wait().unwrap()).collect();
+    for (o, g) in others.iter().zip(&got[1..]) {
+        assert_eq!(g.tokens, reference(o));
+    }
+    let g = got.swap_remove(0);
     assert_eq!(
         g.tokens,
         reference(&next),

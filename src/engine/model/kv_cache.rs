@@ -7,6 +7,8 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use std::sync::Arc;
+
 use crate::cache::{BlockData, BlockIo};
 
 use super::config::ModelConfig;
@@ -302,13 +304,36 @@ impl BlockIo for KvIo {
         Ok(out)
     }
 
-    fn write(&self, blocks: &[u32], data: &[BlockData]) -> crate::error::Result<()> {
+    /// On a thread of its own (the scheduler goes on with other sequences meanwhile, as
+    /// with CUDA's copy stream); candle's storage locks order it with the forwards.
+    fn write(
+        &self,
+        blocks: &[u32],
+        data: &[BlockData],
+    ) -> crate::error::Result<Option<crate::cache::LoadTicket>> {
         let n = blocks.len().min(data.len());
         self.check(&data[..n])?;
-        for (chunk, data) in blocks[..n]
-            .chunks(MOVE_CHUNK)
-            .zip(data[..n].chunks(MOVE_CHUNK))
-        {
+        if n == 0 {
+            return Ok(None);
+        }
+        let (io, blocks, data) = (self.clone(), blocks[..n].to_vec(), data[..n].to_vec());
+        let ticket = Arc::new(ThreadTicket::default());
+        let t = ticket.clone();
+        std::thread::spawn(move || {
+            let r = io.write_now(&blocks, &data);
+            if let Err(e) = &r {
+                tracing::warn!(error = %e, "loading KV blocks failed");
+            }
+            *t.state.lock() = Some(r.is_ok());
+            t.cv.notify_all();
+        });
+        Ok(Some(crate::cache::LoadTicket(ticket)))
+    }
+}
+
+impl KvIo {
+    fn write_now(&self, blocks: &[u32], data: &[BlockData]) -> crate::error::Result<()> {
+        for (chunk, data) in blocks.chunks(MOVE_CHUNK).zip(data.chunks(MOVE_CHUNK)) {
             let mut staged = Vec::with_capacity(chunk.len() * self.block_bytes());
             for d in data {
                 staged.extend_from_slice(d.bytes());
@@ -322,5 +347,27 @@ impl BlockIo for KvIo {
             self.scatter(chunk, &host.to_device(self.k[0].device())?)?;
         }
         Ok(())
+    }
+}
+
+/// A load on a thread: `None` while it runs, then whether it succeeded.
+#[derive(Default)]
+struct ThreadTicket {
+    state: parking_lot::Mutex<Option<bool>>,
+    cv: parking_lot::Condvar,
+}
+
+impl crate::cache::Ticket for ThreadTicket {
+    fn done(&self) -> bool {
+        self.state.lock().is_some()
+    }
+    fn wait(&self) {
+        let mut s = self.state.lock();
+        while s.is_none() {
+            self.cv.wait(&mut s);
+        }
+    }
+    fn ok(&self) -> bool {
+        *self.state.lock() == Some(true)
     }
 }

@@ -1,15 +1,20 @@
-//! KV blocks moved between the GPU cache and pinned host memory without the host waiting:
-//! the [`BlockIo`] of the KV tiers on CUDA. A demotion gathers the blocks into a block-major
-//! device staging buffer with one kernel (`kernels/kv_move.cu`) and copies each block to a
-//! slot of a pinned slab with `cuMemcpyDtoHAsync`; a load copies each block's slot into the
-//! staging buffer and scatters it into the cache with one kernel. Everything goes on the
-//! engine's one stream, followed by an event; the host returns at once.
+//! KV blocks moved between the GPU cache and pinned host memory on a copy stream of their own,
+//! overlapped with the engine's steps: the [`BlockIo`] of the KV tiers on CUDA.
 //!
-//! Invariants: every copy and kernel is on the engine's stream, so a slot handed back and
-//! reused, or a cache block freed and written again, is always touched after the moves queued
-//! before it; the host reads a slot only after its copy's event (`PinnedBlock::bytes`); the
-//! staging buffers and the host blocks a load reads stay alive until their event completed
-//! (`in_flight`); slabs are freed only after the stream is idle.
+//! - A demotion gathers the blocks into a block-major device staging buffer with one kernel
+//!   (`kernels/kv_move.cu`) on the engine's stream (so it reads them before anything after it
+//!   can reuse them), then the copy stream waits for that and copies each block to a slot of
+//!   a pinned slab with `cuMemcpyDtoHAsync`.
+//! - A load copies each block's slot into a staging buffer on the copy stream, waits there for
+//!   the engine's stream to reach the point of the load (the fresh blocks' previous owner is
+//!   done with them), scatters the staging into the cache with one kernel, and hands back a
+//!   ticket: the sequence runs once it is done; nobody else waits.
+//!
+//! Invariants: slots are written and read only on the copy stream (in order) or by the host
+//! after the copy's event (`PinnedBlock::bytes`); a loaded block is read by the engine's
+//! stream only after the host saw its ticket done; staging buffers and the host blocks a load
+//! reads stay alive until their event completed (`in_flight`); slabs are freed only after
+//! both streams are idle.
 
 use std::sync::Arc;
 
@@ -22,7 +27,7 @@ use candle_core::{Device, Storage};
 use parking_lot::Mutex;
 
 use super::kv_cache::{KvIo, MOVE_CHUNK};
-use crate::cache::{BlockData, BlockIo, HostBuf};
+use crate::cache::{BlockData, BlockIo, HostBuf, LoadTicket};
 use crate::error::{Error, Result};
 
 static KV_MOVE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kv_move.fatbin"));
@@ -136,7 +141,10 @@ struct InFlight {
 
 /// The KV tiers' block mover on CUDA: pinned slots, asynchronous copies, one kernel a chunk.
 pub struct PinnedKvIo {
+    /// The engine's stream.
     stream: Arc<CudaStream>,
+    /// The copies' stream.
+    copy: Arc<CudaStream>,
     slabs: Arc<Slabs>,
     in_flight: Mutex<Vec<InFlight>>,
     gather: CudaFunction,
@@ -184,6 +192,12 @@ impl PinnedKvIo {
         let caches = stream
             .clone_htod(&ptrs)
             .map_err(|e| cuda_err("cache pointers", e))?;
+        let copy = stream
+            .context()
+            .new_stream()
+            .map_err(|e| cuda_err("copy stream", e))?;
+        // The pointer table is read on the copy stream too.
+        stream.synchronize().map_err(|e| cuda_err("stream", e))?;
         let module = stream
             .context()
             .load_module(Ptx::from_binary(KV_MOVE.to_vec()))
@@ -224,6 +238,7 @@ impl PinnedKvIo {
             head_pitch: ((slots * hd * elt) / 16) as i64,
             _io: io,
             stream,
+            copy,
             slabs,
             in_flight: Mutex::new(Vec::new()),
         })
@@ -234,19 +249,28 @@ impl PinnedKvIo {
         self.in_flight.lock().retain(|f| !f.done.is_complete());
     }
 
-    fn event(&self) -> Result<CudaEvent> {
+    /// An event recorded on `on` now.
+    fn event(&self, on: &CudaStream) -> Result<CudaEvent> {
         let e = self
             .stream
             .context()
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
             .map_err(|e| cuda_err("event", e))?;
-        e.record(&self.stream).map_err(|e| cuda_err("event", e))?;
+        e.record(on).map_err(|e| cuda_err("event", e))?;
         Ok(e)
     }
 
-    /// Launches `f` (gather or scatter) over `n` blocks between the caches and `staging`.
+    /// Makes `waiter` wait for what `on` has queued so far.
+    fn order(&self, waiter: &CudaStream, on: &CudaStream) -> Result<()> {
+        let e = self.event(on)?;
+        waiter.wait(&e).map_err(|e| cuda_err("stream wait", e))
+    }
+
+    /// Launches `f` (gather or scatter) over `n` blocks between the caches and `staging`, on
+    /// stream `on`.
     fn launch(
         &self,
+        on: &CudaStream,
         f: &CudaFunction,
         n: usize,
         blocks: &CudaSlice<u32>,
@@ -257,7 +281,7 @@ impl PinnedKvIo {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(f);
+        let mut b = on.launch_builder(f);
         b.arg(&self.caches)
             .arg(blocks)
             .arg(&staging)
@@ -271,26 +295,38 @@ impl PinnedKvIo {
         Ok(())
     }
 
-    /// A staging buffer for `n` blocks and the chunk's block ids on the device.
-    fn staging(&self, chunk: &[u32]) -> Result<(CudaSlice<u8>, CudaSlice<u32>, u64)> {
+    /// A staging buffer for `n` blocks and the chunk's block ids on the device, allocated on
+    /// (and freed in the order of) stream `on`.
+    fn staging(
+        &self,
+        on: &Arc<CudaStream>,
+        chunk: &[u32],
+    ) -> Result<(CudaSlice<u8>, CudaSlice<u32>, u64)> {
         // SAFETY: every byte is written (by the gather kernel or the uploads) before it is read.
-        let staging = unsafe {
-            self.stream
-                .alloc::<u8>(chunk.len() * self.slabs.block_bytes)
-        }
-        .map_err(|e| cuda_err("staging", e))?;
-        let blocks = self
-            .stream
-            .clone_htod(chunk)
-            .map_err(|e| cuda_err("block ids", e))?;
-        let ptr = staging.device_ptr(&self.stream).0;
+        let staging = unsafe { on.alloc::<u8>(chunk.len() * self.slabs.block_bytes) }
+            .map_err(|e| cuda_err("staging", e))?;
+        let blocks = on.clone_htod(chunk).map_err(|e| cuda_err("block ids", e))?;
+        let ptr = staging.device_ptr(on).0;
         Ok((staging, blocks, ptr))
     }
 }
 
 impl Drop for PinnedKvIo {
     fn drop(&mut self) {
+        let _ = self.copy.synchronize();
         let _ = self.stream.synchronize();
+    }
+}
+
+/// A load's completion: an event on the copy stream after its scatter.
+struct CopyDone(CudaEvent);
+
+impl crate::cache::Ticket for CopyDone {
+    fn done(&self) -> bool {
+        self.0.is_complete()
+    }
+    fn wait(&self) {
+        let _ = self.0.synchronize();
     }
 }
 
@@ -300,8 +336,11 @@ impl BlockIo for PinnedKvIo {
         let bb = self.slabs.block_bytes;
         let mut out: Vec<BlockData> = Vec::with_capacity(blocks.len());
         for chunk in blocks.chunks(MOVE_CHUNK) {
-            let (staging, ids, src) = self.staging(chunk)?;
-            self.launch(&self.gather, chunk.len(), &ids, src)?;
+            // The gather on the engine's stream: it reads the blocks before anything queued
+            // after it (a new owner) writes them.
+            let (staging, ids, src) = self.staging(&self.stream, chunk)?;
+            self.launch(&self.stream, &self.gather, chunk.len(), &ids, src)?;
+            self.order(&self.copy, &self.stream)?;
             let mut slots = Vec::with_capacity(chunk.len());
             for j in 0..chunk.len() {
                 let slot = self.slabs.take(&self.stream)?;
@@ -309,14 +348,14 @@ impl BlockIo for PinnedKvIo {
                 // staging buffer holds chunk.len() * bb bytes and lives until `done`.
                 let dst = unsafe { std::slice::from_raw_parts_mut(slot as *mut u8, bb) };
                 if let Err(e) = unsafe {
-                    result::memcpy_dtoh_async(dst, src + (j * bb) as u64, self.stream.cu_stream())
+                    result::memcpy_dtoh_async(dst, src + (j * bb) as u64, self.copy.cu_stream())
                 } {
                     self.slabs.give_back(slot);
                     return Err(cuda_err("device to host", e));
                 }
                 slots.push(slot);
             }
-            let ready = Arc::new(self.event()?);
+            let ready = Arc::new(self.event(&self.copy)?);
             out.extend(slots.into_iter().map(|slot| {
                 Arc::new(PinnedBlock {
                     slabs: self.slabs.clone(),
@@ -324,8 +363,10 @@ impl BlockIo for PinnedKvIo {
                     ready: ready.clone(),
                 }) as BlockData
             }));
+            // The staging buffer was allocated on the engine's stream: it is dropped (freed in
+            // that stream's order) only once `done`, after the copies that read it, completed.
             self.in_flight.lock().push(InFlight {
-                done: self.event()?,
+                done: self.event(&self.copy)?,
                 _staging: staging,
                 _blocks: ids,
                 _sources: vec![],
@@ -334,39 +375,50 @@ impl BlockIo for PinnedKvIo {
         Ok(out)
     }
 
-    fn write(&self, blocks: &[u32], data: &[BlockData]) -> Result<()> {
+    fn write(&self, blocks: &[u32], data: &[BlockData]) -> Result<Option<LoadTicket>> {
         self.reap();
         let n = blocks.len().min(data.len());
         self._io.check(&data[..n])?;
+        if n == 0 {
+            return Ok(None);
+        }
         let bb = self.slabs.block_bytes;
+        // The fresh blocks' previous owner (an evicted prefix's gather, a finished sequence's
+        // last step) is queued on the engine's stream before this point.
+        let before = self.event(&self.stream)?;
         for (chunk, data) in blocks[..n]
             .chunks(MOVE_CHUNK)
             .zip(data[..n].chunks(MOVE_CHUNK))
         {
-            let (staging, ids, dst) = self.staging(chunk)?;
+            let (staging, ids, dst) = self.staging(&self.copy, chunk)?;
             for (j, d) in data.iter().enumerate() {
                 // A pinned slot is read by the copy engine directly; other buffers (blocks
                 // read from disk) go through the driver's staging (read by the time it returns).
                 let src: &[u8] = match d.as_any().downcast_ref::<PinnedBlock>() {
                     // SAFETY: the slot's D2H copy, if any, is queued before this one on the
-                    // one stream; the block lives in `in_flight` until `done`.
+                    // copy stream; the block lives in `in_flight` until `done`.
                     Some(p) => unsafe { std::slice::from_raw_parts(p.slot as *const u8, bb) },
                     None => d.bytes(),
                 };
                 // SAFETY: dst + j * bb has bb bytes of the staging buffer, alive until `done`.
                 unsafe {
-                    result::memcpy_htod_async(dst + (j * bb) as u64, src, self.stream.cu_stream())
+                    result::memcpy_htod_async(dst + (j * bb) as u64, src, self.copy.cu_stream())
                 }
                 .map_err(|e| cuda_err("host to device", e))?;
             }
-            self.launch(&self.scatter, chunk.len(), &ids, dst)?;
+            self.copy
+                .wait(&before)
+                .map_err(|e| cuda_err("stream wait", e))?;
+            self.launch(&self.copy, &self.scatter, chunk.len(), &ids, dst)?;
             self.in_flight.lock().push(InFlight {
-                done: self.event()?,
+                done: self.event(&self.copy)?,
                 _staging: staging,
                 _blocks: ids,
                 _sources: data.to_vec(),
             });
         }
-        Ok(())
+        Ok(Some(LoadTicket(Arc::new(CopyDone(
+            self.event(&self.copy)?,
+        )))))
     }
 }

@@ -67,6 +67,9 @@ pub(crate) struct Scheduler {
     pub(super) update: Option<PendingUpdate>,
     /// LoRA adapters: registered, and resident in the device's slots (`adapters.rs`).
     pub(super) adapters: super::adapter_table::AdapterTable,
+    /// Admitted sequences whose prefix is still being copied back from the tiers below the
+    /// GPU (`kv_tiers.rs`): they join `running` when their copy is done.
+    pub(super) loading: Vec<(Seq, crate::cache::LoadTicket)>,
 }
 
 impl Scheduler {
@@ -171,6 +174,7 @@ impl Scheduler {
             weights,
             update: None,
             adapters: super::adapter_table::AdapterTable::new(opts.lora.map_or(0, |l| l.max_loras)),
+            loading: Vec::new(),
         };
         s.start_tiers(block_bytes, world);
         Ok(s)
@@ -186,6 +190,10 @@ impl Scheduler {
 
     pub(crate) fn run(mut self, rx: Receiver<Command>) {
         loop {
+            if self.running.is_empty() && self.waiting.is_empty() && !self.loading.is_empty() {
+                // Nothing else to do: wait for the loads here rather than spin.
+                self.wait_loading();
+            }
             let idle = self.running.is_empty() && self.waiting.is_empty();
             let t_top = Instant::now();
             let first = if idle {
@@ -231,6 +239,7 @@ impl Scheduler {
                     Command::UnpinKv { id } => self.kv.unpin(id),
                     Command::ResetPrefixCache { reply } => {
                         self.settle();
+                        self.wait_loading();
                         let freed = self.kv.reset_prefix_cache();
                         tracing::info!(blocks = freed, "prefix cache reset");
                         self.publish_stats();
@@ -240,19 +249,24 @@ impl Scheduler {
                         source,
                         drain,
                         reply,
-                    } => self.ask_update(source, drain, reply),
+                    } => {
+                        self.wait_loading();
+                        self.ask_update(source, drain, reply)
+                    }
                     Command::AddAdapter {
                         name,
                         adapter,
                         reply,
                     } => self.add_adapter(name, adapter, reply),
                     Command::RetireAdapter { id, drain, reply } => {
+                        self.wait_loading();
                         self.retire_adapter(id, drain, reply)
                     }
                     Command::Shutdown => shutdown = true,
                 }
             }
             if shutdown {
+                self.wait_loading();
                 break;
             }
             self.progress_update();
@@ -265,6 +279,7 @@ impl Scheduler {
                 self.settle();
             }
             self.drop_abandoned();
+            self.poll_loading();
             if self.inflight.is_none() {
                 self.admit();
             }

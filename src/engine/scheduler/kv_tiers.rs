@@ -107,7 +107,9 @@ impl Scheduler {
             self.runner.synchronize()?;
             let d2h = t.elapsed().as_secs_f64();
             let t = Instant::now();
-            io.write(few, &data)?;
+            if let Some(t) = io.write(few, &data)? {
+                t.0.wait();
+            }
             self.runner.synchronize()?;
             let h2d = t.elapsed().as_secs_f64();
             let bytes = data2.iter().map(|d| d.bytes().len()).sum::<usize>() as f64;
@@ -153,6 +155,47 @@ impl Scheduler {
             disk_bytes_per_s: disk,
             prefill_tokens_per_s: prefill,
         }
+    }
+
+    /// Moves the sequences whose loaded blocks have reached the cache from `loading` to
+    /// `running` (the others keep waiting; nobody waits for them). A sequence whose caller
+    /// went away is released once its copy is done (its blocks are written until then).
+    pub(super) fn poll_loading(&mut self) {
+        let mut i = 0;
+        while i < self.loading.len() {
+            if !self.loading[i].1.0.done() {
+                i += 1;
+                continue;
+            }
+            let (mut seq, ticket) = self.loading.swap_remove(i);
+            if !ticket.0.ok() {
+                tracing::warn!(
+                    "loading KV blocks back to the device failed; recomputing the sequence"
+                );
+                seq.computed = 0;
+                seq.cached_prompt_tokens = 0;
+                seq.tier_prompt_tokens = (0, 0);
+            }
+            if seq.reply.is_abandoned() {
+                self.release_seq(&mut seq);
+                self.cancelled += 1;
+            } else {
+                // Its loaded blocks are in the cache now: other requests may find them.
+                self.kv
+                    .publish_in(seq.ns, &seq.tokens[..seq.computed], &seq.blocks);
+                self.running.push(seq);
+            }
+            // `swap_remove` moved the last one here: look at index i again.
+        }
+    }
+
+    /// Waits for every load in progress and moves its sequence to `running` (before a
+    /// weight update, a prefix-cache reset or shutdown).
+    pub(super) fn wait_loading(&mut self) {
+        for (_, t) in &self.loading {
+            t.0.wait();
+        }
+        self.poll_loading();
     }
 
     /// After a weight update: blocks below the GPU of the old weights are never found again.

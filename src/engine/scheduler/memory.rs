@@ -73,7 +73,7 @@ impl Scheduler {
 
     pub(super) fn admission_possible(&self) -> bool {
         !self.waiting.is_empty()
-            && self.running.len() < self.max_running()
+            && self.running.len() + self.loading.len() < self.max_running()
             && self.kv_blocked_at.is_none_or(|room| self.kv_room() > room)
     }
 
@@ -85,7 +85,7 @@ impl Scheduler {
         // Requests whose adapter waits for a device slot are passed over (they wait; nobody
         // else does).
         let mut skip = 0;
-        while self.running.len() < self.max_running() {
+        while self.running.len() + self.loading.len() < self.max_running() {
             let Some(seq) = self.waiting.get(skip) else {
                 break;
             };
@@ -160,7 +160,11 @@ impl Scheduler {
                 seq.tier_prompt_tokens = (host, a.disk_tokens.min(below - host));
             }
             seq.admitted.get_or_insert_with(Instant::now);
-            self.running.push(seq);
+            match a.loading {
+                // Its prefix is still on its way to the device: it waits, nobody else does.
+                Some(t) if !t.0.done() => self.loading.push((seq, t)),
+                _ => self.running.push(seq),
+            }
         }
     }
 
