@@ -3,27 +3,32 @@
 // of the 2 * layers cache tensors (K then V of layer 0, then layer 1, ...), each head-major
 // [kv_heads, num_slots, head_dim]; a block's rows of one head are row_units 16-byte units at
 // unit (head * head_pitch + block * row_units). `staged` is [n, parts, kv_heads, row_units]:
-// block j of the move is cache block blocks[j]. Grid (n, parts, kv_heads), 128 threads: one
-// row each. Launched without programmatic dependent launch: it starts after everything before
+// block j of the move is cache block ids.b[j] (the ids come by value, at most 64: nothing is
+// uploaded for them, so queueing a move never waits for the device). Grid (n, parts,
+// kv_heads), 128 threads: one row each. Launched without programmatic dependent launch: it starts after everything before
 // it on the stream and everything after it starts after it.
 #include <stdint.h>
 
+struct KvIds {
+  uint32_t b[64];
+};
+
 extern "C" __global__ void kv_gather(const uint4* const* __restrict__ caches,
-                                     const uint32_t* __restrict__ blocks,
+                                     const KvIds ids,
                                      uint4* __restrict__ staged, int parts, int heads,
                                      int row_units, long long head_pitch) {
   const int j = blockIdx.x, i = blockIdx.y, h = blockIdx.z;
-  const uint4* src = caches[i] + h * head_pitch + (long long)blocks[j] * row_units;
+  const uint4* src = caches[i] + h * head_pitch + (long long)ids.b[j] * row_units;
   uint4* dst = staged + (((long long)j * parts + i) * heads + h) * row_units;
   for (int u = threadIdx.x; u < row_units; u += blockDim.x) dst[u] = src[u];
 }
 
 extern "C" __global__ void kv_scatter(uint4* const* __restrict__ caches,
-                                      const uint32_t* __restrict__ blocks,
+                                      const KvIds ids,
                                       const uint4* __restrict__ staged, int parts, int heads,
                                       int row_units, long long head_pitch) {
   const int j = blockIdx.x, i = blockIdx.y, h = blockIdx.z;
-  uint4* dst = caches[i] + h * head_pitch + (long long)blocks[j] * row_units;
+  uint4* dst = caches[i] + h * head_pitch + (long long)ids.b[j] * row_units;
   const uint4* src = staged + (((long long)j * parts + i) * heads + h) * row_units;
   for (int u = threadIdx.x; u < row_units; u += blockDim.x) dst[u] = src[u];
 }

@@ -55,6 +55,9 @@ pub(crate) fn tiers_resume(
             );
         };
         row("recompute", &run(0, 1)?);
+        // A paused episode pins its transcript: when the disk cannot keep up, unpinned blocks
+        // are dropped rather than waited for; this one is written.
+        let _pin = engine.pin_kv(transcript.clone(), None);
         row("GPU", &run(0, 2)?);
         for salt in 10..12 {
             run(salt, 0)?;

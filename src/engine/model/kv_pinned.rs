@@ -19,8 +19,8 @@
 use std::sync::Arc;
 
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, result,
-    sys,
+    CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    PushKernelArg, result, sys,
 };
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::{Device, Storage};
@@ -97,11 +97,12 @@ impl Drop for Slabs {
     }
 }
 
-/// One block in a pinned slot; its bytes are valid once `ready` has completed.
+/// One block in a pinned slot; its bytes are valid once `ready` has completed (`None`: the
+/// host wrote them).
 struct PinnedBlock {
     slabs: Arc<Slabs>,
     slot: usize,
-    ready: Arc<CudaEvent>,
+    ready: Option<Arc<CudaEvent>>,
 }
 
 // SAFETY: the slot is plain host memory owned by this value until drop; reads wait on the
@@ -111,7 +112,9 @@ unsafe impl Sync for PinnedBlock {}
 
 impl HostBuf for PinnedBlock {
     fn bytes(&self) -> &[u8] {
-        let _ = self.ready.synchronize();
+        if let Some(r) = &self.ready {
+            let _ = r.synchronize();
+        }
         // SAFETY: the slot holds block_bytes bytes, written by the copy waited for above, and
         // no copy writes it while this value lives.
         unsafe { std::slice::from_raw_parts(self.slot as *const u8, self.slabs.block_bytes) }
@@ -135,8 +138,23 @@ impl Drop for PinnedBlock {
 struct InFlight {
     done: CudaEvent,
     _staging: CudaSlice<u8>,
-    _blocks: CudaSlice<u32>,
     _sources: Vec<BlockData>,
+}
+
+/// A chunk's block ids, passed to the kernels by value (`KvIds` in `kernels/kv_move.cu`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct KvIds([u32; MOVE_CHUNK]);
+
+// SAFETY: plain old data, laid out as the kernel's `struct KvIds { uint32_t b[64]; }`.
+unsafe impl DeviceRepr for KvIds {}
+
+impl KvIds {
+    fn of(chunk: &[u32]) -> Self {
+        let mut b = [0u32; MOVE_CHUNK];
+        b[..chunk.len()].copy_from_slice(chunk);
+        Self(b)
+    }
 }
 
 /// The KV tiers' block mover on CUDA: pinned slots, asynchronous copies, one kernel a chunk.
@@ -268,14 +286,9 @@ impl PinnedKvIo {
 
     /// Launches `f` (gather or scatter) over `n` blocks between the caches and `staging`, on
     /// stream `on`.
-    fn launch(
-        &self,
-        on: &CudaStream,
-        f: &CudaFunction,
-        n: usize,
-        blocks: &CudaSlice<u32>,
-        staging: u64,
-    ) -> Result<()> {
+    fn launch(&self, on: &CudaStream, f: &CudaFunction, chunk: &[u32], staging: u64) -> Result<()> {
+        let n = chunk.len();
+        let ids = KvIds::of(chunk);
         let cfg = LaunchConfig {
             grid_dim: (n as u32, self.parts as u32, self.heads as u32),
             block_dim: (128, 1, 1),
@@ -283,31 +296,26 @@ impl PinnedKvIo {
         };
         let mut b = on.launch_builder(f);
         b.arg(&self.caches)
-            .arg(blocks)
+            .arg(&ids)
             .arg(&staging)
             .arg(&self.parts)
             .arg(&self.heads)
             .arg(&self.row_units)
             .arg(&self.head_pitch);
-        // SAFETY: the arguments match the kernel's signature; `blocks` holds n cache blocks of
-        // this cache, `staging` n blocks' bytes, both alive until the move's event.
+        // SAFETY: the arguments match the kernel's signature; `ids` holds n (<= 64) cache blocks
+        // of this cache, `staging` n blocks' bytes, alive until the move's event.
         unsafe { b.launch(cfg) }.map_err(|e| cuda_err("kv_move kernel", e))?;
         Ok(())
     }
 
-    /// A staging buffer for `n` blocks and the chunk's block ids on the device, allocated on
-    /// (and freed in the order of) stream `on`.
-    fn staging(
-        &self,
-        on: &Arc<CudaStream>,
-        chunk: &[u32],
-    ) -> Result<(CudaSlice<u8>, CudaSlice<u32>, u64)> {
+    /// A staging buffer for `n` blocks, allocated on (and freed in the order of) stream `on`
+    /// (stream-ordered: nothing waits).
+    fn staging(&self, on: &Arc<CudaStream>, n: usize) -> Result<(CudaSlice<u8>, u64)> {
         // SAFETY: every byte is written (by the gather kernel or the uploads) before it is read.
-        let staging = unsafe { on.alloc::<u8>(chunk.len() * self.slabs.block_bytes) }
+        let staging = unsafe { on.alloc::<u8>(n * self.slabs.block_bytes) }
             .map_err(|e| cuda_err("staging", e))?;
-        let blocks = on.clone_htod(chunk).map_err(|e| cuda_err("block ids", e))?;
         let ptr = staging.device_ptr(on).0;
-        Ok((staging, blocks, ptr))
+        Ok((staging, ptr))
     }
 }
 
@@ -338,8 +346,8 @@ impl BlockIo for PinnedKvIo {
         for chunk in blocks.chunks(MOVE_CHUNK) {
             // The gather on the engine's stream: it reads the blocks before anything queued
             // after it (a new owner) writes them.
-            let (staging, ids, src) = self.staging(&self.stream, chunk)?;
-            self.launch(&self.stream, &self.gather, chunk.len(), &ids, src)?;
+            let (staging, src) = self.staging(&self.stream, chunk.len())?;
+            self.launch(&self.stream, &self.gather, chunk, src)?;
             self.order(&self.copy, &self.stream)?;
             let mut slots = Vec::with_capacity(chunk.len());
             for j in 0..chunk.len() {
@@ -360,7 +368,7 @@ impl BlockIo for PinnedKvIo {
                 Arc::new(PinnedBlock {
                     slabs: self.slabs.clone(),
                     slot,
-                    ready: ready.clone(),
+                    ready: Some(ready.clone()),
                 }) as BlockData
             }));
             // The staging buffer was allocated on the engine's stream: it is dropped (freed in
@@ -368,7 +376,6 @@ impl BlockIo for PinnedKvIo {
             self.in_flight.lock().push(InFlight {
                 done: self.event(&self.copy)?,
                 _staging: staging,
-                _blocks: ids,
                 _sources: vec![],
             });
         }
@@ -390,31 +397,47 @@ impl BlockIo for PinnedKvIo {
             .chunks(MOVE_CHUNK)
             .zip(data[..n].chunks(MOVE_CHUNK))
         {
-            let (staging, ids, dst) = self.staging(&self.copy, chunk)?;
+            let (staging, dst) = self.staging(&self.copy, chunk.len())?;
+            let mut sources = Vec::with_capacity(data.len());
             for (j, d) in data.iter().enumerate() {
-                // A pinned slot is read by the copy engine directly; other buffers (blocks
-                // read from disk) go through the driver's staging (read by the time it returns).
-                let src: &[u8] = match d.as_any().downcast_ref::<PinnedBlock>() {
-                    // SAFETY: the slot's D2H copy, if any, is queued before this one on the
-                    // copy stream; the block lives in `in_flight` until `done`.
-                    Some(p) => unsafe { std::slice::from_raw_parts(p.slot as *const u8, bb) },
-                    None => d.bytes(),
+                // Blocks not in a pinned slot (read from disk) are put in one first: a copy
+                // from pageable memory would make the host wait for the copy stream.
+                let d = if d.as_any().is::<PinnedBlock>() {
+                    d.clone()
+                } else {
+                    let slot = self.slabs.take(&self.stream)?;
+                    // SAFETY: a free slot of bb bytes, owned by the block made here; no copy
+                    // touches it until the one queued below.
+                    unsafe { std::slice::from_raw_parts_mut(slot as *mut u8, bb) }
+                        .copy_from_slice(d.bytes());
+                    Arc::new(PinnedBlock {
+                        slabs: self.slabs.clone(),
+                        slot,
+                        ready: None,
+                    }) as BlockData
                 };
+                let p = d
+                    .as_any()
+                    .downcast_ref::<PinnedBlock>()
+                    .expect("a pinned block");
+                // SAFETY: the slot's D2H copy, if any, is queued before this one on the copy
+                // stream; the block lives in `in_flight` until `done`.
+                let src: &[u8] = unsafe { std::slice::from_raw_parts(p.slot as *const u8, bb) };
                 // SAFETY: dst + j * bb has bb bytes of the staging buffer, alive until `done`.
                 unsafe {
                     result::memcpy_htod_async(dst + (j * bb) as u64, src, self.copy.cu_stream())
                 }
                 .map_err(|e| cuda_err("host to device", e))?;
+                sources.push(d);
             }
             self.copy
                 .wait(&before)
                 .map_err(|e| cuda_err("stream wait", e))?;
-            self.launch(&self.copy, &self.scatter, chunk.len(), &ids, dst)?;
+            self.launch(&self.copy, &self.scatter, chunk, dst)?;
             self.in_flight.lock().push(InFlight {
                 done: self.event(&self.copy)?,
                 _staging: staging,
-                _blocks: ids,
-                _sources: data.to_vec(),
+                _sources: sources,
             });
         }
         Ok(Some(LoadTicket(Arc::new(CopyDone(
