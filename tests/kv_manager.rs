@@ -261,6 +261,25 @@ mod tiers {
         release(&mut kv, r);
     }
 
+    #[test]
+    fn the_measured_policy_loads_when_the_copy_queue_finishes_before_the_prefill_queue() {
+        let p = LoadPolicy::Measured {
+            host_bytes_per_s: 10e9,
+            disk_bytes_per_s: 1e9,
+            prefill_tokens_per_s: 1e5,
+        };
+        // 1 MB from host (0.1 ms) vs 16 tokens of prefill (0.16 ms): load.
+        assert!(p.should_load((1 << 20, 0, 16), (0, 0)));
+        // The same from disk (1 ms): recompute.
+        assert!(!p.should_load((0, 1 << 20, 16), (0, 0)));
+        // 1 GB of loads still copying: the copy finishes in 100 ms, the prefill in 0.16: recompute.
+        assert!(!p.should_load((1 << 20, 0, 16), (1 << 30, 0)));
+        // ... unless the prefill queue holds a million tokens (10 s): load.
+        assert!(p.should_load((1 << 20, 0, 16), (1 << 30, 1_000_000)));
+        assert!(LoadPolicy::Always.should_load((0, 1 << 40, 1), (1 << 40, 0)));
+        assert!(!LoadPolicy::Never.should_load((1, 0, 1 << 20), (0, 1 << 40)));
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Admit(usize),

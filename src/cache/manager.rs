@@ -213,7 +213,8 @@ impl KvManager {
         let found = match &mut self.tiers {
             Some(t) => {
                 let f = t.probe(ns, tokens, cached.len());
-                if !f.is_empty() && t.worth_loading(&f, bs) {
+                let rest = tokens.len().saturating_sub((cached.len() + f.len()) * bs);
+                if !f.is_empty() && t.worth_loading(&f, bs, rest) {
                     f
                 } else {
                     vec![]

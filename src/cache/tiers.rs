@@ -80,8 +80,15 @@ pub enum LoadPolicy {
 
 impl LoadPolicy {
     /// Whether loading `host_bytes` from host and `disk_bytes` from disk beats recomputing
-    /// `tokens` tokens.
-    pub fn should_load(&self, host_bytes: usize, disk_bytes: usize, tokens: usize) -> bool {
+    /// `tokens` tokens, each behind its queue: `queued_bytes` of loads still copying (one copy
+    /// engine serves them in order) and `queued_tokens` of prefill already admitted (the SMs).
+    /// When many episodes resume at once the copies queue up; past the point where the copy
+    /// queue would finish later than the prefill queue, recomputing is faster.
+    pub fn should_load(
+        &self,
+        (host_bytes, disk_bytes, tokens): (usize, usize, usize),
+        (queued_bytes, queued_tokens): (usize, usize),
+    ) -> bool {
         match *self {
             LoadPolicy::Always => true,
             LoadPolicy::Never => false,
@@ -90,9 +97,9 @@ impl LoadPolicy {
                 disk_bytes_per_s,
                 prefill_tokens_per_s,
             } => {
-                let load = host_bytes as f64 / host_bytes_per_s.max(1.0)
+                let load = (queued_bytes + host_bytes) as f64 / host_bytes_per_s.max(1.0)
                     + disk_bytes as f64 / disk_bytes_per_s.max(1.0);
-                load < tokens as f64 / prefill_tokens_per_s.max(1.0)
+                load < (queued_tokens + tokens) as f64 / prefill_tokens_per_s.max(1.0)
             }
         }
     }
@@ -189,6 +196,10 @@ pub struct Tiers {
     writer: Option<DiskWriter>,
     pins: HashMap<BlockKey, u32>,
     pin_sets: HashMap<u64, Vec<BlockKey>>,
+    /// Loads still copying (their tickets and bytes): the copy queue `worth_loading` weighs.
+    copying: Vec<(LoadTicket, usize)>,
+    /// Prefill tokens admitted and not computed yet (set by the scheduler each pass).
+    prefill_queue: usize,
     load: LoadPolicy,
     stats: TierStats,
 }
@@ -212,6 +223,8 @@ impl Tiers {
             writer,
             pins: HashMap::new(),
             pin_sets: HashMap::new(),
+            copying: Vec::new(),
+            prefill_queue: 0,
             load: cfg.load,
             stats: TierStats::default(),
         }
@@ -395,18 +408,33 @@ impl Tiers {
     }
 
     /// Whether loading the `found` blocks beats recomputing them (counted when it does not).
-    pub fn worth_loading(&mut self, found: &[(BlockKey, Tier)], block_size: usize) -> bool {
+    /// `rest`: the tokens the request computes anyway (its prompt past `found`), queued for
+    /// prefill either way.
+    pub fn worth_loading(
+        &mut self,
+        found: &[(BlockKey, Tier)],
+        block_size: usize,
+        rest: usize,
+    ) -> bool {
         let host = found.iter().filter(|(_, t)| *t == Tier::Host).count();
         let disk = found.len() - host;
+        self.copying.retain(|(t, _)| !t.0.done());
+        let queued = self.copying.iter().map(|(_, b)| b).sum::<usize>();
+        let tokens = found.len() * block_size;
         let yes = self.load.should_load(
-            host * self.block_bytes,
-            disk * self.block_bytes,
-            found.len() * block_size,
+            (host * self.block_bytes, disk * self.block_bytes, tokens),
+            (queued, self.prefill_queue),
         );
+        self.prefill_queue += rest + if yes { 0 } else { tokens };
         if !yes {
             self.stats.recomputes_chosen += found.len() as u64;
         }
         yes
+    }
+
+    /// The prefill tokens admitted and not computed yet, before an admission pass.
+    pub fn set_prefill_queue(&mut self, tokens: usize) {
+        self.prefill_queue = tokens;
     }
 
     /// Reads the `found` blocks' bytes, in order, stopping at the first that is gone or fails
@@ -451,6 +479,10 @@ impl Tiers {
     /// Returns the ticket of a copy still running.
     pub fn upload(&mut self, blocks: &[u32], loaded: &Loaded) -> Result<Option<LoadTicket>> {
         let ticket = self.io.write(blocks, &loaded.data)?;
+        if let Some(t) = &ticket {
+            self.copying
+                .push((t.clone(), loaded.data.len() * self.block_bytes));
+        }
         self.stats.host_loads += loaded.from_host as u64;
         self.stats.disk_loads += loaded.from_disk as u64;
         self.stats.load_bytes += loaded.data.iter().map(|d| d.len() as u64).sum::<u64>();

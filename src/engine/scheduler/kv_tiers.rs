@@ -100,7 +100,7 @@ impl Scheduler {
             return LoadPolicy::Always;
         };
         let copies = (|| -> crate::error::Result<(f64, f64)> {
-            let few = &blocks[..blocks.len().min(4)];
+            let few = &blocks[..blocks.len().min(32)];
             let data = io.read(few)?; // warm
             let t = Instant::now();
             let data2 = io.read(few)?;

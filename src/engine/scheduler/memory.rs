@@ -82,6 +82,15 @@ impl Scheduler {
     /// Records when it stops for lack of KV memory (`kv_blocked_at`).
     pub(super) fn admit(&mut self) {
         self.kv_blocked_at = None;
+        // What the SMs still have to prefill: the tiers weigh a load against it.
+        let queued: usize = self
+            .running
+            .iter()
+            .map(|s| s.tokens.len() - s.computed.min(s.tokens.len()))
+            .sum();
+        if let Some(t) = self.kv.tiers_mut() {
+            t.set_prefill_queue(queued);
+        }
         // Requests whose adapter waits for a device slot are passed over (they wait; nobody
         // else does).
         let mut skip = 0;
