@@ -22,12 +22,13 @@ if [ "$part" = resume ]; then
 else
   model 1.7b
   E=${E:-128}
-  for tiers in on off; do
+  for tiers in ${TIERS:-on off}; do
     if [ $tiers = on ]; then
       args="--kv-host-gib ${HOST_GIB:-64} --kv-disk-dir /tmp/kvdisk --kv-disk-gib ${DISK_GIB:-40}"
     else
       args="--kv-host-gib 0"
     fi
+    args="$args ${EXTRA:-}"
     rm -rf /tmp/kvdisk
     SHAPE=1.7b N=0 AGENT=$E,10 T2=${T2:-240} PORT=1818${#tiers} \
       SERVE_ARGS="--kv-cache-gib ${GPU_GIB:-30} $args" \

@@ -344,10 +344,14 @@ impl Tiers {
     /// dropped). False when the room cannot be made.
     pub fn make_host_room(&mut self, bytes: usize, reserved: usize) -> bool {
         while self.host.bytes() + reserved + bytes > self.host_budget {
+            let pins = &self.pins;
             let popped = if self.disk_on() {
-                self.host.pop_lru(|_| false)
+                // While the disk's writer is behind, a pinned block would wait for it (or be
+                // dropped): unpinned ones go first, pinned ones only when nothing else can.
+                let behind = self.writer.as_ref().is_some_and(DiskWriter::saturated);
+                let first = self.host.pop_lru(|k| behind && Self::pinned(pins, k));
+                first.or_else(|| self.host.pop_lru(|_| false))
             } else {
-                let pins = &self.pins;
                 self.host.pop_lru(|k| Self::pinned(pins, k))
             };
             let Some((key, data)) = popped else {
