@@ -137,20 +137,9 @@ impl Drop for PinnedBlock {
 /// What a queued move keeps alive until its event completes.
 struct InFlight {
     done: CudaEvent,
-    staging: Staging,
+    _staging: CudaSlice<u8>,
     _sources: Vec<BlockData>,
 }
-
-/// A move's device staging buffer: one of the pool's (back to the pool when the move is done)
-/// or, when every pooled one is in use, one allocated for this move alone.
-enum Staging {
-    Pooled(u64),
-    Own { _buf: CudaSlice<u8> },
-}
-
-/// Staging buffers kept for reuse (allocating 117 MB on every move cost the scheduler's thread
-/// time on every admission).
-const STAGING_POOL: usize = 8;
 
 /// A chunk's block ids, passed to the kernels by value (`KvIds` in `kernels/kv_move.cu`).
 #[repr(C)]
@@ -176,9 +165,6 @@ pub struct PinnedKvIo {
     copy: Arc<CudaStream>,
     slabs: Arc<Slabs>,
     in_flight: Mutex<Vec<InFlight>>,
-    /// Pooled staging buffers free now, and every one allocated (freed on drop).
-    staging_free: Mutex<Vec<u64>>,
-    staging_all: Mutex<Vec<u64>>,
     gather: CudaFunction,
     scatter: CudaFunction,
     /// The cache tensors' base pointers in a block's order (K, V of each layer).
@@ -273,22 +259,12 @@ impl PinnedKvIo {
             copy,
             slabs,
             in_flight: Mutex::new(Vec::new()),
-            staging_free: Mutex::new(Vec::new()),
-            staging_all: Mutex::new(Vec::new()),
         })
     }
 
     /// Drops what completed moves kept alive.
     fn reap(&self) {
-        let mut done = Vec::new();
-        self.in_flight.lock().retain_mut(|f| {
-            let finished = f.done.is_complete();
-            if finished && let Staging::Pooled(p) = f.staging {
-                done.push(p);
-            }
-            !finished
-        });
-        self.staging_free.lock().extend(done);
+        self.in_flight.lock().retain(|f| !f.done.is_complete());
     }
 
     /// An event recorded on `on` now.
@@ -334,26 +310,12 @@ impl PinnedKvIo {
 
     /// A staging buffer for `n` blocks, allocated on (and freed in the order of) stream `on`
     /// (stream-ordered: nothing waits).
-    fn staging(&self, on: &Arc<CudaStream>, n: usize) -> Result<(Staging, u64)> {
-        if let Some(p) = self.staging_free.lock().pop() {
-            return Ok((Staging::Pooled(p), p));
-        }
-        {
-            let mut all = self.staging_all.lock();
-            if all.len() < STAGING_POOL {
-                // SAFETY: a fresh allocation of a whole chunk's bytes, written before it is
-                // read by every move that uses it; freed in `drop` after both streams finished.
-                let p = unsafe { result::malloc_sync(MOVE_CHUNK * self.slabs.block_bytes) }
-                    .map_err(|e| cuda_err("staging", e))?;
-                all.push(p);
-                return Ok((Staging::Pooled(p), p));
-            }
-        }
+    fn staging(&self, on: &Arc<CudaStream>, n: usize) -> Result<(CudaSlice<u8>, u64)> {
         // SAFETY: every byte is written (by the gather kernel or the uploads) before it is read.
         let staging = unsafe { on.alloc::<u8>(n * self.slabs.block_bytes) }
             .map_err(|e| cuda_err("staging", e))?;
         let ptr = staging.device_ptr(on).0;
-        Ok((Staging::Own { _buf: staging }, ptr))
+        Ok((staging, ptr))
     }
 }
 
@@ -361,11 +323,6 @@ impl Drop for PinnedKvIo {
     fn drop(&mut self) {
         let _ = self.copy.synchronize();
         let _ = self.stream.synchronize();
-        self.in_flight.get_mut().clear();
-        for &p in self.staging_all.get_mut().iter() {
-            // SAFETY: allocated by `malloc_sync`; both streams are idle.
-            let _ = unsafe { result::free_sync(p) };
-        }
     }
 }
 
@@ -418,7 +375,7 @@ impl BlockIo for PinnedKvIo {
             // that stream's order) only once `done`, after the copies that read it, completed.
             self.in_flight.lock().push(InFlight {
                 done: self.event(&self.copy)?,
-                staging,
+                _staging: staging,
                 _sources: vec![],
             });
         }
@@ -479,7 +436,7 @@ impl BlockIo for PinnedKvIo {
             self.launch(&self.copy, &self.scatter, chunk, dst)?;
             self.in_flight.lock().push(InFlight {
                 done: self.event(&self.copy)?,
-                staging,
+                _staging: staging,
                 _sources: sources,
             });
         }
