@@ -14,7 +14,7 @@ mod tiers;
 
 pub use block_pool::BlockPool;
 pub use disk_tier::{DiskRead, DiskTier, write_file};
-pub use disk_writer::DiskWriter;
+pub use disk_writer::{DISK_QUEUE_BLOCKS, DiskWriter};
 pub use host_tier::{BlockData, HostBuf, HostTier};
 pub use keys::{BlockKey, KeySeed, checksum};
 pub use manager::{Admitted, KvManager, KvStats};

@@ -200,6 +200,8 @@ pub struct Tiers {
     copying: Vec<(LoadTicket, usize)>,
     /// Prefill tokens admitted and not computed yet (set by the scheduler each pass).
     prefill_queue: usize,
+    /// A failed copy to host was logged (later ones are only counted).
+    warned_copy: bool,
     load: LoadPolicy,
     stats: TierStats,
 }
@@ -225,6 +227,7 @@ impl Tiers {
             pin_sets: HashMap::new(),
             copying: Vec::new(),
             prefill_queue: 0,
+            warned_copy: false,
             load: cfg.load,
             stats: TierStats::default(),
         }
@@ -381,7 +384,10 @@ impl Tiers {
         let data = match self.io.read(&todo_blocks) {
             Ok(d) => d,
             Err(e) => {
-                tracing::warn!(error = %e, blocks = todo_blocks.len(), "copying evicted KV blocks to host failed; they are dropped");
+                if !self.warned_copy {
+                    self.warned_copy = true;
+                    tracing::warn!(error = %e, blocks = todo_blocks.len(), "copying evicted KV blocks to host failed; they are dropped (counted in dropped_blocks; warned once)");
+                }
                 self.stats.dropped_blocks += todo_blocks.len() as u64;
                 return;
             }

@@ -39,7 +39,9 @@ fn cuda_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Engine(format!("KV tier copy: {what}: {e}"))
 }
 
-/// Pinned slabs cut into block-sized slots.
+/// Pinned slabs cut into block-sized slots. All are pinned at start-up: afterwards a move that
+/// finds no free slot fails (its blocks are dropped, or recomputed) rather than pinning more,
+/// which would stall every step behind the driver (BENCHMARKS.md).
 struct Slabs {
     block_bytes: usize,
     state: Mutex<SlabState>,
@@ -70,13 +72,12 @@ impl Slabs {
         Ok(())
     }
 
-    fn take(&self, stream: &CudaStream) -> Result<usize> {
-        loop {
-            if let Some(p) = self.state.lock().free.pop() {
-                return Ok(p);
-            }
-            self.grow(stream)?;
-        }
+    fn take(&self) -> Result<usize> {
+        self.state
+            .lock()
+            .free
+            .pop()
+            .ok_or_else(|| cuda_err("pinned host memory", "every slot is in use"))
     }
 
     fn give_back(&self, slot: usize) {
@@ -231,8 +232,11 @@ impl PinnedKvIo {
         });
         // Pinned at start-up, all of it: pinning runs at ~2 GB/s and holds the driver's lock,
         // so pinning while serving (on demand, or on a thread of its own) stalled every step
-        // behind it (BENCHMARKS.md). Past the reserve (swap beyond it) slabs are pinned on use.
+        // behind it (BENCHMARKS.md). Beyond the host tier's budget, room for the blocks on
+        // their way: the disk writer's queue and a few moves in flight.
         let t = std::time::Instant::now();
+        let reserve =
+            reserve + (crate::cache::DISK_QUEUE_BLOCKS + 8 * MOVE_CHUNK) * io.block_bytes();
         while slabs.bytes() < reserve {
             if let Err(e) = slabs.grow(&stream) {
                 tracing::warn!(error = %e, pinned = slabs.bytes(), "pinning host memory for the KV tiers stopped early");
@@ -344,24 +348,46 @@ impl BlockIo for PinnedKvIo {
         let bb = self.slabs.block_bytes;
         let mut out: Vec<BlockData> = Vec::with_capacity(blocks.len());
         for chunk in blocks.chunks(MOVE_CHUNK) {
+            // The chunk's slots first: none free, and nothing of this chunk is queued.
+            let mut slots = Vec::with_capacity(chunk.len());
+            for _ in chunk {
+                match self.slabs.take() {
+                    Ok(p) => slots.push(p),
+                    Err(e) => {
+                        slots.iter().for_each(|&p| self.slabs.give_back(p));
+                        return Err(e);
+                    }
+                }
+            }
             // The gather on the engine's stream: it reads the blocks before anything queued
             // after it (a new owner) writes them.
-            let (staging, src) = self.staging(&self.stream, chunk.len())?;
-            self.launch(&self.stream, &self.gather, chunk, src)?;
-            self.order(&self.copy, &self.stream)?;
-            let mut slots = Vec::with_capacity(chunk.len());
-            for j in 0..chunk.len() {
-                let slot = self.slabs.take(&self.stream)?;
+            let queued = self
+                .staging(&self.stream, chunk.len())
+                .and_then(|(staging, src)| {
+                    self.launch(&self.stream, &self.gather, chunk, src)?;
+                    self.order(&self.copy, &self.stream)?;
+                    Ok((staging, src))
+                });
+            let (staging, src) = match queued {
+                Ok(q) => q,
+                Err(e) => {
+                    slots.iter().for_each(|&p| self.slabs.give_back(p));
+                    return Err(e);
+                }
+            };
+            for (j, &slot) in slots.iter().enumerate() {
                 // SAFETY: the slot has bb bytes and is owned by the block made below; the
                 // staging buffer holds chunk.len() * bb bytes and lives until `done`.
                 let dst = unsafe { std::slice::from_raw_parts_mut(slot as *mut u8, bb) };
                 if let Err(e) = unsafe {
                     result::memcpy_dtoh_async(dst, src + (j * bb) as u64, self.copy.cu_stream())
                 } {
-                    self.slabs.give_back(slot);
+                    // A failed copy call is the device's error: wait until nothing reads the
+                    // staging buffer or writes the slots, then give them back.
+                    let _ = self.copy.synchronize();
+                    slots.iter().for_each(|&p| self.slabs.give_back(p));
                     return Err(cuda_err("device to host", e));
                 }
-                slots.push(slot);
             }
             let ready = Arc::new(self.event(&self.copy)?);
             out.extend(slots.into_iter().map(|slot| {
@@ -390,36 +416,50 @@ impl BlockIo for PinnedKvIo {
             return Ok(None);
         }
         let bb = self.slabs.block_bytes;
+        // Every source in a pinned slot before anything is queued: blocks read from disk are
+        // copied into one (a copy from pageable memory would make the host wait for the copy
+        // stream). No free slot: the load fails here, with nothing queued.
+        let mut sources: Vec<BlockData> = Vec::with_capacity(n);
+        for d in &data[..n] {
+            if d.as_any().is::<PinnedBlock>() {
+                sources.push(d.clone());
+                continue;
+            }
+            let slot = self.slabs.take()?;
+            // SAFETY: a free slot of bb bytes, owned by the block made here; no copy touches
+            // it until the ones queued below.
+            unsafe { std::slice::from_raw_parts_mut(slot as *mut u8, bb) }
+                .copy_from_slice(d.bytes());
+            sources.push(Arc::new(PinnedBlock {
+                slabs: self.slabs.clone(),
+                slot,
+                ready: None,
+            }));
+        }
+        let r = self.queue_load(&blocks[..n], &sources);
+        if r.is_err() {
+            // Chunks already queued may still be writing the blocks the sequence will now
+            // recompute on the engine's stream.
+            let _ = self.copy.synchronize();
+        }
+        r
+    }
+}
+
+impl PinnedKvIo {
+    /// Queues a load of `sources` (pinned blocks) into `blocks` on the copy stream.
+    fn queue_load(&self, blocks: &[u32], sources: &[BlockData]) -> Result<Option<LoadTicket>> {
+        let bb = self.slabs.block_bytes;
         // The fresh blocks' previous owner (an evicted prefix's gather, a finished sequence's
         // last step) is queued on the engine's stream before this point.
         let before = self.event(&self.stream)?;
-        for (chunk, data) in blocks[..n]
-            .chunks(MOVE_CHUNK)
-            .zip(data[..n].chunks(MOVE_CHUNK))
-        {
+        for (chunk, data) in blocks.chunks(MOVE_CHUNK).zip(sources.chunks(MOVE_CHUNK)) {
             let (staging, dst) = self.staging(&self.copy, chunk.len())?;
-            let mut sources = Vec::with_capacity(data.len());
             for (j, d) in data.iter().enumerate() {
-                // Blocks not in a pinned slot (read from disk) are put in one first: a copy
-                // from pageable memory would make the host wait for the copy stream.
-                let d = if d.as_any().is::<PinnedBlock>() {
-                    d.clone()
-                } else {
-                    let slot = self.slabs.take(&self.stream)?;
-                    // SAFETY: a free slot of bb bytes, owned by the block made here; no copy
-                    // touches it until the one queued below.
-                    unsafe { std::slice::from_raw_parts_mut(slot as *mut u8, bb) }
-                        .copy_from_slice(d.bytes());
-                    Arc::new(PinnedBlock {
-                        slabs: self.slabs.clone(),
-                        slot,
-                        ready: None,
-                    }) as BlockData
-                };
                 let p = d
                     .as_any()
                     .downcast_ref::<PinnedBlock>()
-                    .expect("a pinned block");
+                    .expect("sources are pinned");
                 // SAFETY: the slot's D2H copy, if any, is queued before this one on the copy
                 // stream; the block lives in `in_flight` until `done`.
                 let src: &[u8] = unsafe { std::slice::from_raw_parts(p.slot as *const u8, bb) };
@@ -428,7 +468,6 @@ impl BlockIo for PinnedKvIo {
                     result::memcpy_htod_async(dst + (j * bb) as u64, src, self.copy.cu_stream())
                 }
                 .map_err(|e| cuda_err("host to device", e))?;
-                sources.push(d);
             }
             self.copy
                 .wait(&before)
@@ -437,7 +476,7 @@ impl BlockIo for PinnedKvIo {
             self.in_flight.lock().push(InFlight {
                 done: self.event(&self.copy)?,
                 _staging: staging,
-                _sources: sources,
+                _sources: data.to_vec(),
             });
         }
         Ok(Some(LoadTicket(Arc::new(CopyDone(
