@@ -1,11 +1,17 @@
-//! Hot CPU paths of the prefix cache: lookup and insert on a tree of 10k cached sequences.
+//! Hot CPU paths of the prefix cache: lookup and insert on a tree of 10k cached sequences; the
+//! KV tiers' bookkeeping of an agent turn (admission with loads from a full host tier,
+//! eviction with demotion, release), with a device that moves nothing.
 //!
 //!     cargo bench --bench radix
 
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use policy_serve::cache::{BlockPool, RadixCache};
+use std::sync::Arc;
+
+use policy_serve::cache::{
+    BlockData, BlockIo, BlockPool, KvManager, LoadPolicy, LoadTicket, RadixCache, TierConfig, Tiers,
+};
 
 const BS: usize = 16;
 
@@ -80,9 +86,69 @@ fn bench(c: &mut Criterion) {
     });
 }
 
+/// A device whose blocks are 16 bytes and whose moves cost nothing: what is left is the tiers'
+/// own work on the scheduler's thread.
+struct NoDevice;
+
+impl BlockIo for NoDevice {
+    fn read(&self, blocks: &[u32]) -> policy_serve::Result<Vec<BlockData>> {
+        Ok(blocks
+            .iter()
+            .map(|_| Arc::new(vec![0u8; 16]) as BlockData)
+            .collect())
+    }
+    fn write(&self, _: &[u32], _: &[BlockData]) -> policy_serve::Result<Option<LoadTicket>> {
+        Ok(None)
+    }
+}
+
+/// The agent workload of BENCHMARKS.md's tier rows, bookkeeping only: 128 transcripts growing
+/// by ~690 tokens a turn over a 17,554-block GPU pool and a 37,449-block host tier; one
+/// iteration is one turn of one episode (admit with loads, release with its answer).
+fn tiers(c: &mut Criterion) {
+    let mut kv = KvManager::new(17_554, BS, 16, true, 0);
+    kv.set_tiers(Tiers::new(
+        TierConfig {
+            host_bytes: 37_449 * 16,
+            disk: None,
+            load: LoadPolicy::Always,
+            model: "bench".into(),
+            layout: "bench".into(),
+            block_size: BS,
+            block_bytes: 16,
+        },
+        Box::new(NoDevice),
+    ));
+    let mut ts: Vec<Vec<u32>> = (0..128u32)
+        .map(|e| {
+            let mut t: Vec<u32> = (0..700).collect();
+            t.extend((0..32).map(|x| e * 100_000 + x));
+            t
+        })
+        .collect();
+    let mut turn = 0u32;
+    c.bench_function("tiers: one agent turn (admit with loads, release)", |b| {
+        b.iter(|| {
+            let e = (turn % 128) as usize;
+            let t = &mut ts[e];
+            if t.len() > 8_000 {
+                t.truncate(732);
+            }
+            t.extend((0..690).map(|x| e as u32 * 100_000 + (turn / 128) * 1000 + x + 50));
+            let a = kv
+                .admit(black_box(t), t.len() + 41, |_| false)
+                .expect("room");
+            let mut full = t.clone();
+            full.extend((0..40).map(|x| 7_000_000 + x));
+            kv.release(&full, &a.blocks, a.pin);
+            turn += 1;
+        })
+    });
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20);
-    targets = bench
+    targets = bench, tiers
 }
 criterion_main!(benches);

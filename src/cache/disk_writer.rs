@@ -19,7 +19,7 @@ use super::keys::BlockKey;
 /// as behind: unpinned blocks are then dropped, pinned ones wait.
 const MAX_PENDING: usize = 1024;
 
-/// [`MAX_PENDING`] for those who size host memory around the queue.
+/// The most blocks the writer queues (for those who size host memory around the queue).
 pub const DISK_QUEUE_BLOCKS: usize = MAX_PENDING;
 
 type Done = (BlockKey, usize, std::io::Result<()>);

@@ -10,6 +10,8 @@ mod host_tier;
 mod keys;
 mod manager;
 mod radix;
+mod radix_types;
+mod tier_types;
 mod tiers;
 
 pub use block_pool::BlockPool;
