@@ -170,9 +170,10 @@ impl Scheduler {
             }
             seq.admitted.get_or_insert_with(Instant::now);
             match a.loading {
-                // Its prefix is still on its way to the device: it waits, nobody else does.
-                Some(t) if !t.0.done() => self.loading.push((seq, t)),
-                _ => self.running.push(seq),
+                // Its prefix is on its way to the device: it waits, nobody else does; once done
+                // (checked, its blocks published) it runs (`poll_loading`).
+                Some(t) => self.loading.push((seq, t)),
+                None => self.running.push(seq),
             }
         }
     }
