@@ -180,6 +180,7 @@ pub struct PinnedKvIo {
 
 impl PinnedKvIo {
     /// A mover for the cache `io` moves, on `device` (a CUDA device), with `reserve` bytes
+    /// (the host tier's budget plus the disk writer's queue, when there is a disk tier)
     /// of pinned slots allocated now (pinning is slow: it must not happen while serving).
     pub fn new(io: KvIo, device: &Device, reserve: usize) -> Result<Self> {
         let Device::Cuda(d) = device else {
@@ -232,11 +233,10 @@ impl PinnedKvIo {
         });
         // Pinned at start-up, all of it: pinning runs at ~2 GB/s and holds the driver's lock,
         // so pinning while serving (on demand, or on a thread of its own) stalled every step
-        // behind it (BENCHMARKS.md). Beyond the host tier's budget, room for the blocks on
-        // their way: the disk writer's queue and a few moves in flight.
+        // behind it (BENCHMARKS.md). `reserve` holds the host tier's budget and the disk
+        // writer's queue; eight moves in flight come on top.
         let t = std::time::Instant::now();
-        let reserve =
-            reserve + (crate::cache::DISK_QUEUE_BLOCKS + 8 * MOVE_CHUNK) * io.block_bytes();
+        let reserve = reserve + 8 * MOVE_CHUNK * io.block_bytes();
         while slabs.bytes() < reserve {
             if let Err(e) = slabs.grow(&stream) {
                 tracing::warn!(error = %e, pinned = slabs.bytes(), "pinning host memory for the KV tiers stopped early");

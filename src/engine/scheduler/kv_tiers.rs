@@ -41,7 +41,13 @@ impl Scheduler {
             );
             return;
         }
-        let io = self.runner.kv_io(host_bytes);
+        // Pinned memory for the host tier, and (with a disk tier) for the blocks queued for it.
+        let queue = if disk.is_some() {
+            crate::cache::DISK_QUEUE_BLOCKS * block_bytes
+        } else {
+            0
+        };
+        let io = self.runner.kv_io(host_bytes + queue);
         let load = match self.opts.kv_load {
             KvLoad::Always => LoadPolicy::Always,
             KvLoad::Never => LoadPolicy::Never,
