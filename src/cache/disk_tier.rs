@@ -164,11 +164,6 @@ impl DiskTier {
         self.used
     }
 
-    /// The cap in bytes.
-    pub fn cap(&self) -> usize {
-        self.cap
-    }
-
     /// Removes the least recently used block for which `keep` is false; false if none.
     pub fn drop_lru(&mut self, keep: impl Fn(&BlockKey) -> bool) -> bool {
         let Some(key) = self.lru.values().find(|k| !keep(k)).copied() else {
@@ -177,25 +172,6 @@ impl DiskTier {
         self.unindex(&key);
         let _ = std::fs::remove_file(self.path(&key));
         true
-    }
-
-    /// Writes a block. Returns false when it was not stored: the tier is off, or the block
-    /// is larger than the cap, or an error turned the tier off. Room must have been made by
-    /// the caller ([`DiskTier::room_for`]).
-    pub fn write(&mut self, key: BlockKey, data: &[u8]) -> bool {
-        if !self.enabled || data.len() > self.cap {
-            return false;
-        }
-        match write_file(&self.dir, key, data) {
-            Ok(()) => {
-                self.index_block(key, data.len());
-                true
-            }
-            Err(e) => {
-                self.turn_off("writing a block", &e);
-                false
-            }
-        }
     }
 
     /// Indexes a block written by [`write_file`] (on another thread).
@@ -213,11 +189,6 @@ impl DiskTier {
     /// The directory.
     pub fn dir(&self) -> &Path {
         &self.dir
-    }
-
-    /// Whether `bytes` more fit under the cap now.
-    pub fn room_for(&self, bytes: usize) -> bool {
-        self.used + bytes <= self.cap
     }
 
     /// Whether `bytes` more fit under the cap with `queued` bytes still on their way.
@@ -293,6 +264,14 @@ pub fn write_file(dir: &Path, key: BlockKey, data: &[u8]) -> std::io::Result<()>
 mod tests {
     use super::*;
 
+    /// Writes and indexes a block as the writer thread and `DiskWriter::drain` do.
+    fn put(t: &mut DiskTier, key: BlockKey, data: &[u8]) -> bool {
+        write_file(&t.dir, key, data).is_ok() && {
+            t.record(key, data.len());
+            true
+        }
+    }
+
     fn dir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("ps-disk-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
@@ -304,7 +283,9 @@ mod tests {
         let d = dir("reopen");
         let (a, b, c) = (BlockKey(1), BlockKey(2), BlockKey(3));
         let mut t = DiskTier::open(&d, 1 << 20);
-        assert!(t.write(a, &[7; 100]) && t.write(b, &[8; 100]) && t.write(c, &[9; 100]));
+        assert!(
+            put(&mut t, a, &[7; 100]) && put(&mut t, b, &[8; 100]) && put(&mut t, c, &[9; 100])
+        );
         drop(t);
         let mut t = DiskTier::open(&d, 1 << 20);
         assert_eq!((t.len(), t.bytes()), (3, 300));
@@ -332,11 +313,11 @@ mod tests {
     fn the_cap_drops_the_oldest_unkept_block() {
         let d = dir("cap");
         let mut t = DiskTier::open(&d, 250);
-        assert!(t.write(BlockKey(1), &[1; 100]) && t.write(BlockKey(2), &[2; 100]));
-        assert!(!t.room_for(100));
+        assert!(put(&mut t, BlockKey(1), &[1; 100]) && put(&mut t, BlockKey(2), &[2; 100]));
+        assert!(!t.room_with(0, 100));
         assert!(t.drop_lru(|k| *k == BlockKey(1)), "1 is kept: 2 goes");
         assert!(t.contains(&BlockKey(1)) && !t.contains(&BlockKey(2)));
-        assert!(!t.write(BlockKey(3), &[3; 300]), "larger than the cap");
+        assert!(!t.room_with(0, 300), "larger than the cap");
         let _ = std::fs::remove_dir_all(&d);
     }
 }

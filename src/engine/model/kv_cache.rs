@@ -111,14 +111,18 @@ impl PagedKvCache {
     }
 
     fn block_slots(&self, blocks: &[u32]) -> Result<Tensor> {
-        let bs = self.block_size as u32;
-        let slots: Vec<u32> = blocks
-            .iter()
-            .flat_map(|b| (0..bs).map(move |o| b * bs + o))
-            .collect();
-        let dev = self.k[0].device();
-        Ok(Tensor::new(slots.as_slice(), dev)?)
+        block_slots(blocks, self.block_size, self.k[0].device())
     }
+}
+
+/// The slots (u32 `[blocks.len() * block_size]`, on `device`) of whole blocks, in order.
+fn block_slots(blocks: &[u32], block_size: usize, device: &Device) -> Result<Tensor> {
+    let bs = block_size as u32;
+    let slots: Vec<u32> = blocks
+        .iter()
+        .flat_map(|b| (0..bs).map(move |o| b * bs + o))
+        .collect();
+    Ok(Tensor::new(slots.as_slice(), device)?)
 }
 
 /// Writes `src` (`[kv_heads, n, head_dim]`) into the slots `idx` (u32 `[n]`) of a head-major
@@ -144,15 +148,6 @@ pub struct KvIo {
 }
 
 impl KvIo {
-    fn slots(&self, blocks: &[u32]) -> Result<Tensor> {
-        let bs = self.block_size as u32;
-        let slots: Vec<u32> = blocks
-            .iter()
-            .flat_map(|b| (0..bs).map(move |o| b * bs + o))
-            .collect();
-        Ok(Tensor::new(slots.as_slice(), self.k[0].device())?)
-    }
-
     /// Bytes of one block's part of one layer's K (or V).
     fn part_bytes(&self) -> usize {
         let (heads, _, hd) = self.k[0].dims3().unwrap_or((0, 0, 0));
@@ -202,14 +197,12 @@ impl KvIo {
     /// `[n, layers * 2, kv_heads, block_size * head_dim]` (a block's bytes are contiguous).
     pub fn gather(&self, blocks: &[u32]) -> Result<Tensor> {
         let n = blocks.len();
-        let idx = self.slots(blocks)?;
+        let idx = block_slots(blocks, self.block_size, self.k[0].device())?;
         let (heads, _, hd) = self.k[0].dims3()?;
         let row = self.block_size * hd;
         let parts = self
-            .k
-            .iter()
-            .zip(&self.v)
-            .flat_map(|(k, v)| [k, v])
+            .parts()
+            .into_iter()
             .map(|t| {
                 t.index_select(&idx, 1)?
                     .reshape((heads, n, row))?
@@ -222,15 +215,9 @@ impl KvIo {
     /// Writes a tensor laid out as [`KvIo::gather`]'s (on the cache's device) into `blocks`.
     pub fn scatter(&self, blocks: &[u32], staged: &Tensor) -> Result<()> {
         let n = blocks.len();
-        let idx = self.slots(blocks)?;
+        let idx = block_slots(blocks, self.block_size, self.k[0].device())?;
         let (heads, _, hd) = self.k[0].dims3()?;
-        for (i, t) in self
-            .k
-            .iter()
-            .zip(&self.v)
-            .flat_map(|(k, v)| [k, v])
-            .enumerate()
-        {
+        for (i, t) in self.parts().into_iter().enumerate() {
             let rows = staged
                 .narrow(1, i, 1)?
                 .squeeze(1)?
