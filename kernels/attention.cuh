@@ -6,6 +6,7 @@
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <mma.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -29,6 +30,42 @@ __device__ __forceinline__ void load8(const float* p, float* out) {
   float4 b = reinterpret_cast<const float4*>(p)[1];
   out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
   out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+}
+
+// Eight e4m3 (one 8-byte load) as f32, times s.
+__device__ __forceinline__ void fp8x8_to_f32(uint2 raw, float s, float* out) {
+  const __nv_fp8x2_storage_t* h = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(h[i], __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
+    out[2 * i] = f.x * s;
+    out[2 * i + 1] = f.y * s;
+  }
+}
+
+__device__ __forceinline__ void load8(const fp8* p, float s, float* out) {
+  fp8x8_to_f32(*reinterpret_cast<const uint2*>(p), s, out);
+}
+// A cache in the compute dtype has no scale.
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float, float* out) {
+  load8(p, out);
+}
+
+// One lane's 8 cache elements as loaded (16 bytes of bf16, 8 of e4m3), and as f32 (times s
+// for e4m3; a bf16 cache has no scale).
+template <typename KT>
+struct KvRaw {
+  using type = uint4;
+};
+template <>
+struct KvRaw<fp8> {
+  using type = uint2;
+};
+__device__ __forceinline__ void raw8_to_f32(uint4 r, float, float* out) { bf16x8_to_f32(r, out); }
+__device__ __forceinline__ void raw8_to_f32(uint2 r, float s, float* out) {
+  fp8x8_to_f32(r, s, out);
 }
 
 // Tokens per partition of a context of ctx tokens in `splits` partitions of at least part_min
@@ -143,10 +180,12 @@ struct DecodeParams {
   int block_size;
   int nkv;
   int part;
+  float k_scale;  // fp8 caches: the layer's K and V scales (1 otherwise)
+  float v_scale;
 };
-static_assert(sizeof(DecodeParams) == 96, "DecodeParams layout");
+static_assert(sizeof(DecodeParams) == 104, "DecodeParams layout");
 static_assert(offsetof(DecodeParams, width) == 64 && offsetof(DecodeParams, num_slots) == 72 &&
-                  offsetof(DecodeParams, part) == 92,
+                  offsetof(DecodeParams, part) == 92 && offsetof(DecodeParams, v_scale) == 100,
               "DecodeParams layout");
 
 struct FusedDecodeParams {
@@ -156,8 +195,8 @@ struct FusedDecodeParams {
   const float* inv_freq;
   const uint32_t* pos;
   const uint32_t* slots;
-  __nv_bfloat16* k_cache;
-  __nv_bfloat16* v_cache;
+  void* k_cache;
+  void* v_cache;
   const uint32_t* block_tables;
   const uint32_t* ctx_lens;
   __nv_bfloat16* out;
@@ -170,11 +209,13 @@ struct FusedDecodeParams {
   int block_size;
   int nkv;
   int part;
+  float k_scale;
+  float v_scale;
   float eps;
   int stop;
 };
-static_assert(sizeof(FusedDecodeParams) == 152, "FusedDecodeParams layout");
-static_assert(offsetof(FusedDecodeParams, width) == 112 && offsetof(FusedDecodeParams, eps) == 144,
+static_assert(sizeof(FusedDecodeParams) == 160, "FusedDecodeParams layout");
+static_assert(offsetof(FusedDecodeParams, width) == 112 && offsetof(FusedDecodeParams, eps) == 152,
               "FusedDecodeParams layout");
 
 struct PrefillParams {
@@ -195,8 +236,10 @@ struct PrefillParams {
   float* part_ml;
   int splits;
   int rows;  // rows of q / out (T), for the partials' layout
+  float k_scale;  // fp8 caches: the layer's K and V scales (1 otherwise)
+  float v_scale;
 };
-static_assert(sizeof(PrefillParams) == 96, "PrefillParams layout");
+static_assert(sizeof(PrefillParams) == 104, "PrefillParams layout");
 static_assert(offsetof(PrefillParams, num_slots) == 56 && offsetof(PrefillParams, nkv) == 68 &&
                   offsetof(PrefillParams, splits) == 88,
               "PrefillParams layout");

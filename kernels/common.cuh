@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 namespace {
@@ -75,6 +76,32 @@ template <typename T> __device__ __forceinline__ T from_f(float x);
 template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
   return __float2bfloat16(x);
+}
+
+// fp8 KV (e4m3, `src/engine/kv_format.rs`): a stored value is x / scale saturated at +-448;
+// kernels read it back as stored * scale in registers (K's scale is folded into q).
+using fp8 = __nv_fp8_e4m3;
+
+template <typename KT>
+struct IsFp8 {
+  static constexpr bool value = false;
+};
+template <>
+struct IsFp8<fp8> {
+  static constexpr bool value = true;
+};
+
+// A K or V element as the cache stores it: the compute dtype as is, e4m3 as x * inv (inv =
+// 1 / scale) with saturation.
+template <typename KT>
+__device__ __forceinline__ KT kv_store(float x, float inv) {
+  if constexpr (IsFp8<KT>::value) {
+    KT r;
+    r.__x = __nv_cvt_float_to_fp8(x * inv, __NV_SATFINITE, __NV_E4M3);
+    return r;
+  } else {
+    return from_f<KT>(x);
+  }
 }
 
 // One q or k head of one token, by one warp: RMSNorm over the head (weight w), then RoPE

@@ -21,14 +21,15 @@
 
 namespace {
 
-template <typename T, int G>
-__device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ k_cache,
-                             const T* __restrict__ v_cache,
+// KT: the caches' element type (T, or fp8 with the scales ks / vs; K's is folded into q).
+template <typename T, typename KT, int G>
+__device__ void paged_decode(const T* __restrict__ q, const KT* __restrict__ k_cache,
+                             const KT* __restrict__ v_cache,
                              const uint32_t* __restrict__ block_tables,
                              const uint32_t* __restrict__ ctx_lens, T* __restrict__ out,
                              float* __restrict__ part_acc, float* __restrict__ part_ml, int W,
                              const uint32_t* __restrict__ width, int block_size,
-                             long long num_slots, int nkv, int part_min) {
+                             long long num_slots, int nkv, int part_min, float ks, float vs) {
   const int b = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int nh = nkv * G;
   const int ctx = (int)ctx_lens[b];
@@ -46,6 +47,12 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ k_ca
   float qv[G][PER];
 #pragma unroll
   for (int g = 0; g < G; ++g) load8(q + ((size_t)b * nh + kh * G + g) * HD + lane * PER, qv[g]);
+  if constexpr (IsFp8<KT>::value) {
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int i = 0; i < PER; ++i) qv[g][i] *= ks;
+  }
 
   float m[G], l[G], acc[G][PER];
   empty_groups<G>(m, l, acc);
@@ -61,7 +68,7 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ k_ca
     if (valid) {
       size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
       off = (head_base + slot) * HD + lane * PER;
-      load8(k_cache + off, kv);
+      load8(k_cache + off, 1.f, kv);
     } else {
 #pragma unroll
       for (int i = 0; i < PER; ++i) kv[i] = 0.f;
@@ -69,7 +76,7 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ k_ca
     float s[G];
     head_scores<G>(qv, kv, s);
     if (!valid) continue;
-    load8(v_cache + off, kv);
+    load8(v_cache + off, vs, kv);
     softmax_step<G>(s, kv, m, l, acc);
   }
 
@@ -124,14 +131,16 @@ __device__ void paged_decode_reduce(const float* __restrict__ part_acc,
 
 }  // namespace
 
-#define PS_DECODE(T, NAME, G)                                                                    \
+#define PS_DECODE_KV(T, KT, NAME, G)                                                             \
   extern "C" __global__ void __launch_bounds__(THREADS)                                         \
       paged_decode_g##G##_##NAME(const DecodeParams p) {                                        \
     pdl_entry();                                                                                \
-    paged_decode<T, G>((const T*)p.q, (const T*)p.k_cache, (const T*)p.v_cache, p.block_tables, \
-                       p.ctx_lens, (T*)p.out, p.part_acc, p.part_ml, p.W, p.width,               \
-                       p.block_size, p.num_slots, p.nkv, p.part);                               \
+    paged_decode<T, KT, G>((const T*)p.q, (const KT*)p.k_cache, (const KT*)p.v_cache,           \
+                           p.block_tables, p.ctx_lens, (T*)p.out, p.part_acc, p.part_ml, p.W,   \
+                           p.width, p.block_size, p.num_slots, p.nkv, p.part, p.k_scale,        \
+                           p.v_scale);                                                          \
   }
+#define PS_DECODE(T, NAME, G) PS_DECODE_KV(T, T, NAME, G)
 
 #define PS_DECODE_ALL(T, NAME)                                                                   \
   PS_DECODE(T, NAME, 1)                                                                          \
@@ -146,3 +155,8 @@ __device__ void paged_decode_reduce(const float* __restrict__ part_acc,
 
 PS_DECODE_ALL(__nv_bfloat16, bf16)
 PS_DECODE_ALL(float, f32)
+// bf16 compute over an fp8 cache (the reduce is bf16's).
+PS_DECODE_KV(__nv_bfloat16, fp8, fp8, 1)
+PS_DECODE_KV(__nv_bfloat16, fp8, fp8, 2)
+PS_DECODE_KV(__nv_bfloat16, fp8, fp8, 4)
+PS_DECODE_KV(__nv_bfloat16, fp8, fp8, 8)

@@ -140,11 +140,30 @@ struct FlashLoader {
     }
   }
 
-  __device__ __forceinline__ void tile(const __nv_bfloat16* cache, __nv_bfloat16* dst) const {
+  __device__ __forceinline__ void tile(const __nv_bfloat16* cache, float,
+                                      __nv_bfloat16* dst) const {
 #pragma unroll
     for (int x = 0; x < N; ++x) {
       int r = lr + STEP * x;
       cp_async16(smem_addr(dst + sw128(r, lc * 8)), cache + off[x], ok[x]);
+    }
+  }
+
+  // An fp8 cache's tile: every row's 8 bytes loaded at once, then dequantized (times `scale`)
+  // into the same bf16 tile in registers and stored (synchronously: the tile is in shared
+  // memory when the caller's next barrier passes; keys past kend are zeros).
+  __device__ __forceinline__ void tile(const fp8* cache, float scale, __nv_bfloat16* dst) const {
+    uint2 raw[N];
+#pragma unroll
+    for (int x = 0; x < N; ++x)
+      raw[x] = ok[x] ? *reinterpret_cast<const uint2*>(cache + off[x]) : make_uint2(0u, 0u);
+#pragma unroll
+    for (int x = 0; x < N; ++x) {
+      float f[8];
+      fp8x8_to_f32(raw[x], scale, f);
+      const uint4 v = make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]),
+                                 pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
+      *reinterpret_cast<uint4*>(dst + sw128(lr + STEP * x, lc * 8)) = v;
     }
   }
 };

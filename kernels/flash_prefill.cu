@@ -45,14 +45,14 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
 
 constexpr int ROWS = 64;
 
-template <int G>
+template <int G, typename KT>
 __device__ void flash_prefill(const PrefillParams& p) {
   extern __shared__ __align__(1024) unsigned char fa_raw[];
   __nv_bfloat16* sq = flash_smem(fa_raw);
   __nv_bfloat16* sk = sq + ROWS * HD;    // [2][FA_TILE]
   __nv_bfloat16* sv = sk + 2 * FA_TILE;  // [2][FA_TILE]
-  const __nv_bfloat16* k_cache = (const __nv_bfloat16*)p.k_cache;
-  const __nv_bfloat16* v_cache = (const __nv_bfloat16*)p.v_cache;
+  const KT* k_cache = (const KT*)p.k_cache;  // bf16, or fp8 (dequantized into the tiles)
+  const KT* v_cache = (const KT*)p.v_cache;
   const int nh = p.nkv * G;
   const FlashTile t = flash_tile<G, ROWS>(p, 1);
   const int lane = threadIdx.x % 32, wrow = (threadIdx.x / 32) * 16;
@@ -63,9 +63,9 @@ __device__ void flash_prefill(const PrefillParams& p) {
   FlashLoader<THREADS> ld(threadIdx.x);
   ld.q<G, ROWS>((const __nv_bfloat16*)p.q, t, nh, sq);
   ld.slots(t, 0, p.block_size);
-  ld.tile(k_cache, sk);
+  ld.tile(k_cache, p.k_scale, sk);
   cp_async_commit();
-  ld.tile(v_cache, sv);
+  ld.tile(v_cache, p.v_scale, sv);
   cp_async_commit();
   cp_async_wait<1>();
   __syncthreads();
@@ -90,7 +90,7 @@ __device__ void flash_prefill(const PrefillParams& p) {
     // previous iteration).
     if (j + 1 < t.n_tiles) {
       ld.slots(t, j + 1, p.block_size);
-      ld.tile(k_cache, sk + (buf ^ 1) * FA_TILE);
+      ld.tile(k_cache, p.k_scale, sk + (buf ^ 1) * FA_TILE);
     }
     cp_async_commit();
 
@@ -116,7 +116,7 @@ __device__ void flash_prefill(const PrefillParams& p) {
     // V tile j is the older of the two groups in flight (K j+1 is the newer).
     cp_async_wait<1>();
     __syncthreads();
-    if (j + 1 < t.n_tiles) ld.tile(v_cache, sv + (buf ^ 1) * FA_TILE);
+    if (j + 1 < t.n_tiles) ld.tile(v_cache, p.v_scale, sv + (buf ^ 1) * FA_TILE);
     cp_async_commit();
 
     // O += P V: 4 steps of 16 keys, 8 pairs of 8-dim blocks.
@@ -142,13 +142,18 @@ __device__ void flash_prefill(const PrefillParams& p) {
 }  // namespace
 
 // Two blocks per SM (81 KB of shared memory and at most 255 registers a thread each).
-#define PS_FLASH_PREFILL(G)                                                                      \
+// `_fp8`: bf16 compute over fp8 caches.
+#define PS_FLASH_PREFILL(G, KT, NAME)                                                            \
   extern "C" __global__ void __launch_bounds__(THREADS, 2)                                      \
-      flash_prefill_g##G##_bf16(const PrefillParams p) {                                        \
+      flash_prefill_g##G##_##NAME(const PrefillParams p) {                                      \
     pdl_entry();                                                                                \
-    flash_prefill<G>(p);                                                                        \
+    flash_prefill<G, KT>(p);                                                                    \
   }
-PS_FLASH_PREFILL(1)
-PS_FLASH_PREFILL(2)
-PS_FLASH_PREFILL(4)
-PS_FLASH_PREFILL(8)
+PS_FLASH_PREFILL(1, __nv_bfloat16, bf16)
+PS_FLASH_PREFILL(2, __nv_bfloat16, bf16)
+PS_FLASH_PREFILL(4, __nv_bfloat16, bf16)
+PS_FLASH_PREFILL(8, __nv_bfloat16, bf16)
+PS_FLASH_PREFILL(1, fp8, fp8)
+PS_FLASH_PREFILL(2, fp8, fp8)
+PS_FLASH_PREFILL(4, fp8, fp8)
+PS_FLASH_PREFILL(8, fp8, fp8)

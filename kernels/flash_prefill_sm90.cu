@@ -82,14 +82,14 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[HD / 8][4], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
-template <int G>
+template <int G, typename KT>
 __device__ void flash_prefill_wgmma(const PrefillParams& p) {
   extern __shared__ __align__(1024) unsigned char fa_raw[];
   __nv_bfloat16* sq = flash_smem(fa_raw);
   __nv_bfloat16* sk = sq + ROWS * HD;    // [2][FA_TILE]
   __nv_bfloat16* sv = sk + 2 * FA_TILE;  // [2][FA_TILE]
-  const __nv_bfloat16* k_cache = (const __nv_bfloat16*)p.k_cache;
-  const __nv_bfloat16* v_cache = (const __nv_bfloat16*)p.v_cache;
+  const KT* k_cache = (const KT*)p.k_cache;  // bf16, or fp8 (dequantized into the tiles)
+  const KT* v_cache = (const KT*)p.v_cache;
   const int nh = p.nkv * G;
   const int splits = max(p.splits, 1);
   const FlashTile t = flash_tile<G, ROWS>(p, splits);
@@ -103,9 +103,9 @@ __device__ void flash_prefill_wgmma(const PrefillParams& p) {
   FlashLoader<NT> ld(threadIdx.x);
   ld.q<G, ROWS>((const __nv_bfloat16*)p.q, t, nh, sq);
   ld.slots(t, j0, p.block_size);
-  ld.tile(k_cache, sk);
+  ld.tile(k_cache, p.k_scale, sk);
   cp_async_commit();
-  ld.tile(v_cache, sv);
+  ld.tile(v_cache, p.v_scale, sv);
   cp_async_commit();
   cp_async_wait<1>();
   fence_async_smem();
@@ -122,7 +122,7 @@ __device__ void flash_prefill_wgmma(const PrefillParams& p) {
     const __nv_bfloat16* vt = sv + buf * FA_TILE;
     if (j + 1 < j1) {
       ld.slots(t, j + 1, p.block_size);
-      ld.tile(k_cache, sk + (buf ^ 1) * FA_TILE);
+      ld.tile(k_cache, p.k_scale, sk + (buf ^ 1) * FA_TILE);
     }
     cp_async_commit();
 
@@ -146,7 +146,7 @@ __device__ void flash_prefill_wgmma(const PrefillParams& p) {
     cp_async_wait<1>();
     fence_async_smem();
     __syncthreads();
-    if (j + 1 < j1) ld.tile(v_cache, sv + (buf ^ 1) * FA_TILE);
+    if (j + 1 < j1) ld.tile(v_cache, p.v_scale, sv + (buf ^ 1) * FA_TILE);
     cp_async_commit();
 
     // O += P V.
@@ -173,7 +173,7 @@ __device__ void flash_prefill_wgmma(const PrefillParams& p) {
 
 #else
 
-template <int G>
+template <int G, typename KT>
 __device__ void flash_prefill_wgmma(const PrefillParams&) {
   __trap();  // built for sm_90a only
 }
@@ -184,20 +184,24 @@ __device__ void flash_prefill_wgmma(const PrefillParams&) {
 
 // Blocks of 8 warps and 97 KB of shared memory: one per SM (148 registers a thread), or two
 // (capped at 128 registers: ptxas spills 4 bytes), the `_x2` kernels.
-#define PS_FLASH_PREFILL_SM90(G, BLOCKS, SUFFIX)                                                 \
+// `_fp8`: bf16 compute over fp8 caches.
+#define PS_FLASH_PREFILL_SM90(G, BLOCKS, SUFFIX, KT, NAME)                                       \
   extern "C" __global__ void __launch_bounds__(NT, BLOCKS)                                      \
-      flash_prefill_sm90##SUFFIX##_g##G##_bf16(const PrefillParams p) {                         \
+      flash_prefill_sm90##SUFFIX##_g##G##_##NAME(const PrefillParams p) {                       \
     pdl_entry();                                                                                \
-    flash_prefill_wgmma<G>(p);                                                                  \
+    flash_prefill_wgmma<G, KT>(p);                                                              \
   }
-PS_FLASH_PREFILL_SM90(1, 1, )
-PS_FLASH_PREFILL_SM90(2, 1, )
-PS_FLASH_PREFILL_SM90(4, 1, )
-PS_FLASH_PREFILL_SM90(8, 1, )
-PS_FLASH_PREFILL_SM90(1, 2, _x2)
-PS_FLASH_PREFILL_SM90(2, 2, _x2)
-PS_FLASH_PREFILL_SM90(4, 2, _x2)
-PS_FLASH_PREFILL_SM90(8, 2, _x2)
+#define PS_FLASH_PREFILL_SM90_ALL(KT, NAME)                                                      \
+  PS_FLASH_PREFILL_SM90(1, 1, , KT, NAME)                                                        \
+  PS_FLASH_PREFILL_SM90(2, 1, , KT, NAME)                                                        \
+  PS_FLASH_PREFILL_SM90(4, 1, , KT, NAME)                                                        \
+  PS_FLASH_PREFILL_SM90(8, 1, , KT, NAME)                                                        \
+  PS_FLASH_PREFILL_SM90(1, 2, _x2, KT, NAME)                                                     \
+  PS_FLASH_PREFILL_SM90(2, 2, _x2, KT, NAME)                                                     \
+  PS_FLASH_PREFILL_SM90(4, 2, _x2, KT, NAME)                                                     \
+  PS_FLASH_PREFILL_SM90(8, 2, _x2, KT, NAME)
+PS_FLASH_PREFILL_SM90_ALL(__nv_bfloat16, bf16)
+PS_FLASH_PREFILL_SM90_ALL(fp8, fp8)
 
 // The merge of split-KV partials (grid: tiles x KV heads, 256 threads).
 #define PS_FLASH_MERGE(G)                                                                        \

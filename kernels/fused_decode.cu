@@ -133,20 +133,23 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
   }
 }
 
-template <int G>
+// KT: the caches' element type (bf16, or fp8 with the scales ks / vs: K's folded into q, the
+// new token's K/V kept in shared memory as stored, so both paths read the same values).
+template <int G, typename KT>
 __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              const __nv_bfloat16* __restrict__ q_w,
                              const __nv_bfloat16* __restrict__ k_w,
                              const float* __restrict__ inv_freq,
                              const uint32_t* __restrict__ positions,
-                             const uint32_t* __restrict__ slots, __nv_bfloat16* k_cache,
-                             __nv_bfloat16* v_cache, const uint32_t* __restrict__ block_tables,
+                             const uint32_t* __restrict__ slots, KT* k_cache,
+                             KT* v_cache, const uint32_t* __restrict__ block_tables,
                              const uint32_t* __restrict__ ctx_lens,
                              __nv_bfloat16* __restrict__ out, float* part_acc, float* part_ml,
                              uint32_t* counters, int W, const uint32_t* __restrict__ width,
                              int block_size, long long num_slots, int nkv, int part_min,
-                             float eps, int stop) {
+                             float ks, float vs, float eps, int stop) {
   using T = __nv_bfloat16;
+  using Raw = typename KvRaw<KT>::type;
   pdl_trigger();
   const int b = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int nh = nkv * G;
@@ -170,7 +173,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   const size_t head_base = (size_t)kh * num_slots;
 
   // 1: this half-warp's tokens base + grp + GROUPS * u, their K/V rows (not the new token's).
-  uint4 kr[FETCH], vr[FETCH];
+  Raw kr[FETCH], vr[FETCH];
   auto fetch = [&](int base) {
 #pragma unroll
     for (int u = 0; u < FETCH; ++u) {
@@ -178,8 +181,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       if (p < end && p != newp) {
         const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
         const size_t off = (head_base + slot) * HD + lane * PER;
-        kr[u] = *reinterpret_cast<const uint4*>(k_cache + off);
-        vr[u] = *reinterpret_cast<const uint4*>(v_cache + off);
+        kr[u] = *reinterpret_cast<const Raw*>(k_cache + off);
+        vr[u] = *reinterpret_cast<const Raw*>(v_cache + off);
       }
     }
   };
@@ -197,8 +200,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   const bool active = start < ctx;
   const bool holds_new = active && end == ctx;
   __shared__ __align__(16) T qs[G][HD];
-  __shared__ __align__(16) T knew[HD];
-  __shared__ __align__(16) T vnew[HD];
+  __shared__ __align__(16) KT knew[HD];
+  __shared__ __align__(16) KT vnew[HD];
   if (active) {
     const int warp = threadIdx.x / 32, wl = threadIdx.x % 32;
     const T* row = qkv + (size_t)b * (nh + 2 * nkv) * HD;
@@ -217,7 +220,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
         const size_t off = ((size_t)kh * num_slots + (write ? slots[b] : 0)) * HD;
 #pragma unroll
         for (int j = 0; j < HD / 32; ++j) {
-          const T kv = (T)o[j], vv = vsrc[wl + 32 * j];
+          const KT kv = kv_store<KT>(o[j], 1.f / ks);
+          const KT vv = kv_store<KT>(to_f(vsrc[wl + 32 * j]), 1.f / vs);
           knew[wl + 32 * j] = kv;
           vnew[wl + 32 * j] = vv;
           if (write) {
@@ -235,6 +239,12 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   float qv[G][PER];
 #pragma unroll
   for (int g = 0; g < G; ++g) load8(&qs[g][lane * PER], qv[g]);
+  if constexpr (IsFp8<KT>::value) {
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int i = 0; i < PER; ++i) qv[g][i] *= ks;
+  }
   float m[G], l[G], acc[G][PER];
   empty_groups<G>(m, l, acc);
   for (int base = start; base < end; base += GROUPS * FETCH) {
@@ -248,15 +258,15 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 #pragma unroll
         for (int i = 0; i < PER; ++i) kv[i] = 0.f;
       } else if (p == newp) {
-        load8(&knew[lane * PER], kv);
+        load8(&knew[lane * PER], 1.f, kv);
       } else {
-        bf16x8_to_f32(kr[u], kv);
+        raw8_to_f32(kr[u], 1.f, kv);
       }
       float sc[G];
       head_scores<G>(qv, kv, sc);
       if (!valid) continue;
-      if (p == newp) load8(&vnew[lane * PER], kv);
-      else bf16x8_to_f32(vr[u], kv);
+      if (p == newp) load8(&vnew[lane * PER], vs, kv);
+      else raw8_to_f32(vr[u], vs, kv);
       softmax_step<G>(sc, kv, m, l, acc);
     }
   }
@@ -345,14 +355,19 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 
 }  // namespace
 
-#define PS_DECODE_FUSED(G)                                                                       \
+#define PS_DECODE_FUSED(G, KT, NAME)                                                             \
   extern "C" __global__ void __launch_bounds__(THREADS)                                         \
-      decode_fused_g##G##_bf16(const FusedDecodeParams p) {                                     \
-    decode_fused<G>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, p.k_cache, p.v_cache,       \
-                    p.block_tables, p.ctx_lens, p.out, p.part_acc, p.part_ml, p.counters, p.W,  \
-                    p.width, p.block_size, p.num_slots, p.nkv, p.part, p.eps, p.stop);          \
+      decode_fused_g##G##_##NAME(const FusedDecodeParams p) {                                   \
+    decode_fused<G, KT>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,          \
+                        (KT*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc,            \
+                        p.part_ml, p.counters, p.W, p.width, p.block_size, p.num_slots, p.nkv,  \
+                        p.part, p.k_scale, p.v_scale, p.eps, p.stop);                           \
   }
-PS_DECODE_FUSED(1)
-PS_DECODE_FUSED(2)
-PS_DECODE_FUSED(4)
-PS_DECODE_FUSED(8)
+PS_DECODE_FUSED(1, __nv_bfloat16, bf16)
+PS_DECODE_FUSED(2, __nv_bfloat16, bf16)
+PS_DECODE_FUSED(4, __nv_bfloat16, bf16)
+PS_DECODE_FUSED(8, __nv_bfloat16, bf16)
+PS_DECODE_FUSED(1, fp8, fp8)
+PS_DECODE_FUSED(2, fp8, fp8)
+PS_DECODE_FUSED(4, fp8, fp8)
+PS_DECODE_FUSED(8, fp8, fp8)

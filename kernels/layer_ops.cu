@@ -68,14 +68,16 @@ __device__ void add_rmsnorm(const T* __restrict__ x, const T* res_in, T* res_out
 // the head (head_dim = 32 * PER), so rotate-half pairs (i, i + hd/2) sit in one lane.
 // q is written [T, nh, hd]; k and v go to slot slots[t] of the head-major caches
 // [nkv, num_slots, hd]. cos/sin are computed in f32 from inv_freq [hd/2] and the position.
-template <typename T, int PER>
+// KT: the caches' element type (T, or fp8: stored as x / scale, saturated; ks / vs the scales).
+template <typename T, typename KT, int PER>
 __device__ void qk_norm_rope_kv_write(const T* __restrict__ qkv, const T* __restrict__ q_w,
                                       const T* __restrict__ k_w, const float* __restrict__ inv_freq,
                                       const uint32_t* __restrict__ positions,
                                       const uint32_t* __restrict__ slots, T* __restrict__ q_out,
-                                      T* __restrict__ k_cache, T* __restrict__ v_cache, int nh,
-                                      int nkv, long long num_slots, float eps) {
+                                      KT* __restrict__ k_cache, KT* __restrict__ v_cache, int nh,
+                                      int nkv, long long num_slots, float eps, float ks, float vs) {
   constexpr int HD = 32 * PER;
+  const float kinv = 1.f / ks, vinv = 1.f / vs;
   int t = blockIdx.x;
   const int lane = threadIdx.x & 31;
   const T* row = qkv + (size_t)t * (nh + 2 * nkv) * HD;
@@ -95,8 +97,8 @@ __device__ void qk_norm_rope_kv_write(const T* __restrict__ qkv, const T* __rest
       const T* vsrc = row + (size_t)(nh + nkv + kh) * HD;
 #pragma unroll
       for (int j = 0; j < PER; ++j) {
-        k_cache[off + lane + 32 * j] = from_f<T>(o[j]);
-        v_cache[off + lane + 32 * j] = vsrc[lane + 32 * j];
+        k_cache[off + lane + 32 * j] = kv_store<KT>(o[j], kinv);
+        v_cache[off + lane + 32 * j] = kv_store<KT>(to_f(vsrc[lane + 32 * j]), vinv);
       }
     }
   }
@@ -267,8 +269,8 @@ __device__ void topk_rows(const float* __restrict__ x, int n, int k, float* __re
       const T* qkv, const T* q_w, const T* k_w, const float* inv_freq, const uint32_t* pos,     \
       const uint32_t* slots, T* q_out, T* k_cache, T* v_cache, int nh, int nkv,                 \
       long long num_slots, float eps) { pdl_entry();                                                         \
-    qk_norm_rope_kv_write<T, 4>(qkv, q_w, k_w, inv_freq, pos, slots, q_out, k_cache, v_cache,   \
-                                nh, nkv, num_slots, eps);                                       \
+    qk_norm_rope_kv_write<T, T, 4>(qkv, q_w, k_w, inv_freq, pos, slots, q_out, k_cache, v_cache, \
+                                   nh, nkv, num_slots, eps, 1.f, 1.f);                          \
   }                                                                                             \
   extern "C" __global__ void silu_mul_##NAME(const T* gu, T* out, long long rows, int inter) { pdl_entry(); \
     silu_mul<T>(gu, out, rows, inter);                                                          \
@@ -287,6 +289,17 @@ __device__ void topk_rows(const float* __restrict__ x, int n, int k, float* __re
 
 PS_LAYER_OPS(__nv_bfloat16, bf16)
 PS_LAYER_OPS(float, f32)
+
+// The KV write into fp8 caches (bf16 compute), with the layer's scales.
+extern "C" __global__ void qk_norm_rope_kv_write_hd128_fp8(
+    const __nv_bfloat16* qkv, const __nv_bfloat16* q_w, const __nv_bfloat16* k_w,
+    const float* inv_freq, const uint32_t* pos, const uint32_t* slots, __nv_bfloat16* q_out,
+    fp8* k_cache, fp8* v_cache, int nh, int nkv, long long num_slots, float eps, float ks,
+    float vs) {
+  pdl_entry();
+  qk_norm_rope_kv_write<__nv_bfloat16, fp8, 4>(qkv, q_w, k_w, inv_freq, pos, slots, q_out, k_cache,
+                                               v_cache, nh, nkv, num_slots, eps, ks, vs);
+}
 
 extern "C" __global__ void topk_rows_f32(const float* x, int n, int k, float* vals, uint32_t* idx) { pdl_entry();
   topk_rows(x, n, k, vals, idx);

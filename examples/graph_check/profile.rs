@@ -9,6 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use policy_serve::engine::ModelConfig;
 use policy_serve::engine::batch::{LogitRows, SeqInput};
 use policy_serve::engine::cuda::{CudaKernels, LaunchOptions};
+use policy_serve::engine::kv_format::KvRef;
 use policy_serve::engine::model::Model;
 use policy_serve::engine::model::kv_cache::PagedKvCache;
 use policy_serve::engine::model::loader::served_context;
@@ -113,7 +114,7 @@ pub fn run(
                     (&qn, &qn, 1e-6),
                     &inv_freq,
                     (&pos, &slots),
-                    (&kc, &vc),
+                    KvRef::plain(&kc, &vc),
                     (&tables, None),
                     &ctx_t,
                     16,
@@ -165,7 +166,7 @@ pub fn run(
                         (&qn, &qn),
                         &inv_freq,
                         (&pos, &slots),
-                        (&kc, &vc),
+                        KvRef::plain(&kc, &vc),
                         (nh, nkv, hd),
                         1e-6,
                         &q,
@@ -178,8 +179,7 @@ pub fn run(
                 time_us(dev, || {
                     Ok(k.paged_decode_into(
                         &q,
-                        &kc,
-                        &vc,
+                        KvRef::plain(&kc, &vc),
                         (&tables, None),
                         &ctx_t,
                         16,

@@ -6,17 +6,20 @@
 
 use candle_core::{DType, Device, Tensor};
 use policy_serve::engine::cuda::{CudaKernels, LaunchOptions};
+use policy_serve::engine::kv_format::{KvRef, KvScale, quantize};
 
 use super::{Res, Table, randn, rel};
 
 /// One case: `b` rows with ragged contexts (row 1 a padding row when `pad`), `nh`/`nkv`
-/// heads, attention in `splits` partitions (None: as many as an eager step takes).
-fn case(
+/// heads, attention in `splits` partitions (None: as many as an eager step takes); with
+/// `fp8`, over fp8 caches with those scales.
+pub(crate) fn case(
     k: &CudaKernels,
     dev: &Device,
     (b, max_ctx, pad): (usize, usize, bool),
     (nh, nkv): (usize, usize),
     splits: Option<usize>,
+    fp8: Option<KvScale>,
 ) -> Res<(f32, f32, u32, bool)> {
     let (hd, bs, dt) = (128usize, 16usize, DType::BF16);
     let ctx: Vec<usize> = (0..b)
@@ -62,8 +65,13 @@ fn case(
     let ctx_t = Tensor::new(ctx_u.as_slice(), dev)?;
     let tables = Tensor::from_vec(flat, (b, w), dev)?;
     let width = Tensor::new(&[w as u32], dev)?;
-    let kc0 = randn(&[nkv, total * bs, hd], dt, dev)?;
-    let vc0 = randn(&[nkv, total * bs, hd], dt, dev)?;
+    let mut kc0 = randn(&[nkv, total * bs, hd], dt, dev)?;
+    let mut vc0 = randn(&[nkv, total * bs, hd], dt, dev)?;
+    let scale = fp8.unwrap_or(KvScale::ONE);
+    if fp8.is_some() {
+        kc0 = quantize(&kc0, scale.k)?;
+        vc0 = quantize(&vc0, scale.v)?;
+    }
     let part = CudaKernels::decode_partition(b);
     let splits =
         splits.unwrap_or_else(|| k.cluster_splits(b, CudaKernels::decode_splits(w, bs, part)));
@@ -88,7 +96,11 @@ fn case(
         (&qw, &kw),
         &inv,
         (&pos, &slots_t),
-        (&kc1, &vc1),
+        KvRef {
+            k: &kc1,
+            v: &vc1,
+            scale,
+        },
         (nh, nkv, hd),
         1e-6,
         &q,
@@ -96,8 +108,11 @@ fn case(
     let out1 = Tensor::zeros((b, nh * hd), dt, dev)?;
     k.paged_decode_into(
         &q,
-        &kc1,
-        &vc1,
+        KvRef {
+            k: &kc1,
+            v: &vc1,
+            scale,
+        },
         (&tables, Some(&width)),
         &ctx_t,
         bs,
@@ -115,7 +130,11 @@ fn case(
             (&qw, &kw, 1e-6),
             &inv,
             (&pos, &slots_t),
-            (&kc2, &vc2),
+            KvRef {
+                k: &kc2,
+                v: &vc2,
+                scale,
+            },
             (&tables, Some(&width)),
             &ctx_t,
             bs,
@@ -159,7 +178,7 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         ((200, 300, true), (16, 8), Some(4)),
     ];
     for &(rows, heads, splits) in cases {
-        let (out, cache, left, exact) = case(&k, dev, rows, heads, splits)?;
+        let (out, cache, left, exact) = case(&k, dev, rows, heads, splits, None)?;
         let name = format!(
             "decode_fused B {} ctx {} nh {} nkv {} splits {}",
             rows.0,

@@ -7,6 +7,7 @@
 //!     cargo build --release --features cuda --example kernel_check
 //!     .gpu/bench --write-model /tmp/m && .gpu/kernel_check --model-dir /tmp/m
 
+mod fp8;
 mod fused;
 mod gemv;
 mod lora;
@@ -21,6 +22,7 @@ use candle_core::{D, DType, Device, IndexOp, Tensor};
 use clap::Parser;
 use policy_serve::engine::batch::{LogitRows, SeqInput};
 use policy_serve::engine::cuda::{CudaKernels, LaunchOptions};
+use policy_serve::engine::kv_format::KvRef;
 use policy_serve::engine::model::kv_cache::PagedKvCache;
 use policy_serve::engine::model::loader::load_shard;
 use policy_serve::engine::model::shard::Shard;
@@ -397,8 +399,7 @@ fn qk_rope_checks(k: &CudaKernels, dev: &Device, dt: DType, t: &mut Table) -> Re
             &inv_t,
             &Tensor::new(positions.as_slice(), dev)?,
             &Tensor::new(slots.as_slice(), dev)?,
-            &kc,
-            &vc,
+            KvRef::plain(&kc, &vc),
             (nh, nkv, hd),
             1e-6,
         )?;
@@ -492,8 +493,7 @@ fn decode_check(
     let ctx_u: Vec<u32> = ctx.iter().map(|&c| c as u32).collect();
     let out = k.paged_decode(
         &q,
-        &kc,
-        &vc,
+        KvRef::plain(&kc, &vc),
         &Tensor::from_vec(flat, (b, w), dev)?,
         &Tensor::new(ctx_u.as_slice(), dev)?,
         bs,
@@ -524,6 +524,7 @@ fn main() -> Res<()> {
     }
     let mut t = Table { rows: Vec::new() };
     fused::checks(&dev, &mut t)?;
+    fp8::checks(&dev, &mut t)?;
     gemv::checks(&dev, &mut t)?;
     prefill::checks(&dev, &mut t)?;
     prefill::timings(&dev)?;

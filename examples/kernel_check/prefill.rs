@@ -29,8 +29,7 @@ pub(super) fn prefill_rows_check(
     let out = Tensor::zeros((q_len, nh * hd), dt, dev)?;
     k.paged_prefill_into(
         &q,
-        &kc,
-        &vc,
+        KvRef::plain(&kc, &vc),
         &Tensor::new(tiles.as_slice(), dev)?,
         &Tensor::new(&meta[..], dev)?,
         &Tensor::new(table.as_slice(), dev)?,
@@ -218,7 +217,16 @@ pub(super) fn timings(dev: &Device) -> Res<()> {
             for _ in 0..4 {
                 dev.synchronize()?;
                 let t0 = std::time::Instant::now();
-                k.paged_prefill_into(&q, &kc, &vc, &tiles, &meta, &table, bs, ctx, &out)?;
+                k.paged_prefill_into(
+                    &q,
+                    KvRef::plain(&kc, &vc),
+                    &tiles,
+                    &meta,
+                    &table,
+                    bs,
+                    ctx,
+                    &out,
+                )?;
                 dev.synchronize()?;
                 best = best.min(t0.elapsed().as_secs_f64());
             }
@@ -271,8 +279,7 @@ pub(super) fn prefill_check(
     let out = Tensor::zeros((t, nh * hd), dt, dev)?;
     k.paged_prefill_into(
         &q,
-        &kc,
-        &vc,
+        KvRef::plain(&kc, &vc),
         &Tensor::new(tiles.as_slice(), dev)?,
         &Tensor::new(meta.as_slice(), dev)?,
         &Tensor::new(tables.as_slice(), dev)?,

@@ -53,6 +53,10 @@ pub struct EngineFlags {
     /// When a prompt's blocks found in host or disk are loaded back rather than recomputed.
     #[arg(long, value_enum, default_value_t = super::options::KvLoad::Measured)]
     pub kv_load: super::options::KvLoad,
+    /// How the KV cache stores K and V: `auto` (the compute dtype), `bf16`, or `fp8` (e4m3
+    /// with per-layer scales from the checkpoint or a start-up calibration: twice the tokens).
+    #[arg(long, value_enum, default_value_t = super::options::KvCacheDtype::Auto)]
+    pub kv_cache_dtype: super::options::KvCacheDtype,
     /// Run decode steps eagerly instead of replaying CUDA graphs (debugging, comparisons).
     #[arg(long)]
     pub no_cuda_graphs: bool,
@@ -209,6 +213,7 @@ impl EngineFlags {
                     gib: self.kv_disk_gib,
                 }),
             kv_load: self.kv_load,
+            kv_dtype: self.kv_cache_dtype,
             cuda_graphs: !self.no_cuda_graphs,
             pipelined_decode: !self.no_pipelined_decode,
             profile_steps: (self.profile_steps > 0).then_some(self.profile_steps),
@@ -289,6 +294,7 @@ mod tests {
         assert!(d.cuda_graphs);
         assert!(d.pipelined_decode);
         assert_eq!(d.kernels, KernelOptions::default());
+        assert_eq!(d.kv_dtype, EngineOptions::default().kv_dtype);
         // One table: the flags' defaults are `EngineOptions::default()`'s (a mutation of
         // either side's batching defaults fails here).
         let lib = EngineOptions::default();
@@ -324,6 +330,8 @@ mod tests {
             "3",
             "--kv-load",
             "never",
+            "--kv-cache-dtype",
+            "fp8",
         ])
         .engine
         .options();
@@ -336,6 +344,7 @@ mod tests {
             })
         );
         assert_eq!(t.kv_load, super::super::options::KvLoad::Never);
+        assert_eq!(t.kv_dtype, super::super::options::KvCacheDtype::Fp8);
         assert_eq!(
             d.kv_disk, None,
             "the disk tier is off unless a directory is given"

@@ -23,6 +23,7 @@ pub mod defaults;
 mod device;
 mod flags;
 mod handle;
+pub mod kv_format;
 pub mod model;
 mod options;
 pub mod parallel;
@@ -46,8 +47,8 @@ pub use handle::{CancelOnDrop, CancelToken, NextChunk, Pending, TokenStream};
 pub use model::config::{GenerationConfig, ModelConfig};
 pub use model::files::ModelFiles;
 pub use options::{
-    EngineOptions, KernelOptions, KvDiskOptions, KvLoad, LoraOptions, SpeculativeMethod,
-    SpeculativeOptions,
+    EngineOptions, KernelOptions, KvCacheDtype, KvDiskOptions, KvLoad, LoraOptions,
+    SpeculativeMethod, SpeculativeOptions,
 };
 pub use parallel::comm::{
     CommBackend, CommHandle, InProcessComm, RankSettings, WorkerCommand, agree,
@@ -129,6 +130,7 @@ impl Engine {
             model = key,
             device = %info.device,
             dtype = ?info.dtype,
+            kv_dtype = ?info.kv_dtype,
             kv_blocks = info.num_blocks,
             kv_tokens = info.num_blocks * info.block_size,
             block_size = info.block_size,

@@ -130,6 +130,12 @@ pub struct EngineOptions {
     /// When admission loads a prompt's blocks back from host or disk rather than
     /// recomputing them.
     pub kv_load: KvLoad,
+    /// How the KV cache stores K and V: the compute dtype (`Auto`, the default), bf16, or fp8
+    /// e4m3 with a per-layer scale for K and for V (half the bytes of bf16: twice the tokens
+    /// in the same memory). fp8 scales come from the checkpoint's `k_scale` / `v_scale`
+    /// tensors when it has them, otherwise from a calibration pass over a fixed prompt at
+    /// start-up (logged). One rank only; on CUDA with the flash prefill kernels (sm_89+).
+    pub kv_dtype: KvCacheDtype,
     /// Tensor parallelism: this process's link to the other ranks (it must be rank 0; the
     /// others run `run_worker`). `None`: one rank.
     pub tensor_parallel: Option<CommHandle>,
@@ -198,6 +204,7 @@ impl Default for EngineOptions {
             kv_host_gib: defaults::KV_HOST_GIB,
             kv_disk: None,
             kv_load: KvLoad::Measured,
+            kv_dtype: KvCacheDtype::Auto,
             tensor_parallel: None,
             worker_timeout: Duration::from_secs(defaults::WORKER_TIMEOUT_SECS),
             cuda_graphs: true,
@@ -231,6 +238,18 @@ pub enum KvLoad {
     Always,
     /// Never: recompute.
     Never,
+}
+
+/// How the KV cache stores K and V (`EngineOptions::kv_dtype`, `--kv-cache-dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum KvCacheDtype {
+    /// The compute dtype.
+    #[default]
+    Auto,
+    /// bf16 (with a bf16 compute dtype; on the CPU with any).
+    Bf16,
+    /// fp8 e4m3 with per-layer K and V scales.
+    Fp8,
 }
 
 /// Where draft tokens come from.

@@ -312,6 +312,9 @@ pub struct EngineInfo {
     pub device: String,
     /// Compute dtype.
     pub dtype: DType,
+    /// The KV cache's storage dtype (`EngineOptions::kv_dtype`: the compute dtype, or
+    /// `F8E4M3` with per-layer scales).
+    pub kv_dtype: DType,
     /// KV blocks.
     pub num_blocks: usize,
     /// Tokens per block.

@@ -101,13 +101,24 @@ pub fn write_tiny_model(dir: &Path, seed: u64) -> PathBuf {
 
 /// Writes a model directory for `cfg`.
 pub fn write_model(dir: &Path, cfg: &Value, seed: u64) -> PathBuf {
+    write_model_with(dir, cfg, seed, |_| {})
+}
+
+/// Writes a model directory for `cfg` whose tensors `edit` changed (or added to) first.
+pub fn write_model_with(
+    dir: &Path,
+    cfg: &Value,
+    seed: u64,
+    edit: impl FnOnce(&mut HashMap<String, Tensor>),
+) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(
         dir.join("config.json"),
         serde_json::to_string_pretty(cfg).unwrap(),
     )
     .unwrap();
-    let tensors = random_tensors(cfg, seed);
+    let mut tensors = random_tensors(cfg, seed);
+    edit(&mut tensors);
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
     for f in [
         "tokenizer.json",

@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod constrained;
+mod kv_fp8;
 mod limits;
 mod lora;
 mod lora_keys;

@@ -17,7 +17,7 @@ use common::prompt;
 /// One block of the tiny model's KV: 2 layers x K,V x 2 heads x 16 dims x 16 tokens x f32.
 const BLOCK_BYTES: f64 = 8192.0;
 
-fn tier_options(host_blocks: usize, disk: Option<&Path>) -> EngineOptions {
+pub(crate) fn tier_options(host_blocks: usize, disk: Option<&Path>) -> EngineOptions {
     EngineOptions {
         kv_budget: KvBudget {
             blocks: Some(12),
@@ -33,13 +33,13 @@ fn tier_options(host_blocks: usize, disk: Option<&Path>) -> EngineOptions {
     }
 }
 
-fn temp_dir(name: &str) -> PathBuf {
+pub(crate) fn temp_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("ps-tiers-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
 }
 
-fn greedy(engine: &Engine, tokens: Vec<u32>) -> Generation {
+pub(crate) fn greedy(engine: &Engine, tokens: Vec<u32>) -> Generation {
     engine
         .generate(GenerationRequest::new(tokens).max_new_tokens(8))
         .unwrap()
@@ -47,7 +47,7 @@ fn greedy(engine: &Engine, tokens: Vec<u32>) -> Generation {
 
 /// An episode's first turn, its transcript pinned; then six other prompts that push it off
 /// the GPU. Returns the transcript of the next turn (the old one plus a tool's answer).
-fn pause(engine: &Engine) -> (Vec<u32>, policy_serve::KvPin) {
+pub(crate) fn pause(engine: &Engine) -> (Vec<u32>, policy_serve::KvPin) {
     let mut transcript = prompt(100, 1);
     let g = greedy(engine, transcript.clone());
     transcript.extend(&g.tokens);

@@ -24,6 +24,7 @@ pub const FUSED_MAX_ROWS: usize = 16;
 /// Most decode sequences whose fused attention runs in clusters: small batches, whose few
 /// partitions leave most SMs idle, so the merge's latency is the step's.
 pub const CLUSTER_MAX_ROWS: usize = 16;
+use crate::engine::kv_format::KvRef;
 use crate::error::Result;
 
 impl CudaKernels {
@@ -50,8 +51,7 @@ impl CudaKernels {
     pub fn paged_decode(
         &self,
         q: &Tensor,
-        k_cache: &Tensor,
-        v_cache: &Tensor,
+        kv: KvRef<'_>,
         block_tables: &Tensor,
         ctx_lens: &Tensor,
         block_size: usize,
@@ -64,8 +64,7 @@ impl CudaKernels {
         let scratch = self.decode_scratch(b, nh, splits)?;
         self.paged_decode_into(
             q,
-            k_cache,
-            v_cache,
+            kv,
             (block_tables, None),
             ctx_lens,
             block_size,
@@ -140,8 +139,7 @@ impl CudaKernels {
     pub fn paged_decode_into(
         &self,
         q: &Tensor,
-        k_cache: &Tensor,
-        v_cache: &Tensor,
+        kv: KvRef<'_>,
         (block_tables, width): (&Tensor, Option<&Tensor>),
         ctx_lens: &Tensor,
         block_size: usize,
@@ -149,6 +147,7 @@ impl CudaKernels {
         (splits, part, scratch): (usize, usize, Option<&(Tensor, Tensor)>),
     ) -> Result<()> {
         self.check_dtype(q)?;
+        let (k_cache, v_cache) = (kv.k, kv.v);
         let (b, nh, hd) = q.dims3()?;
         let (nkv, num_slots, _) = k_cache.dims3()?;
         let w = block_tables.elem_count() / b.max(1);
@@ -158,11 +157,16 @@ impl CudaKernels {
                 format!("nh {nh} nkv {nkv} hd {hd}"),
             ));
         }
+        let funcs = if kv.is_fp8() {
+            &self.fp8_kernels("paged_decode")?.decode
+        } else {
+            &self.decode
+        };
         let func = match nh / nkv {
-            1 => &self.decode[0],
-            2 => &self.decode[1],
-            4 => &self.decode[2],
-            8 => &self.decode[3],
+            1 => &funcs[0],
+            2 => &funcs[1],
+            4 => &funcs[2],
+            8 => &funcs[3],
             g => return Err(kernel_err("paged_decode", format!("GQA group {g}"))),
         };
         let splits = splits.max(1);
@@ -176,7 +180,15 @@ impl CudaKernels {
             out: self.ptr(out)?,
             part_acc: self.ptr(&acc)?,
             part_ml: self.ptr(&ml)?,
-            geometry: DecodeGeometry::new(self, (w, width), block_size, num_slots, nkv, part)?,
+            geometry: DecodeGeometry::new(
+                self,
+                (w, width),
+                block_size,
+                num_slots,
+                nkv,
+                part,
+                kv.scale,
+            )?,
         };
         let mut lb = self.launcher(func);
         lb.arg(&params);
@@ -247,7 +259,7 @@ impl CudaKernels {
         norms: (&Tensor, &Tensor, f64),
         inv_freq: &Tensor,
         pos_slots: (&Tensor, &Tensor),
-        caches: (&Tensor, &Tensor),
+        caches: KvRef<'_>,
         tables: (&Tensor, Option<&Tensor>),
         ctx_lens: &Tensor,
         block_size: usize,
@@ -272,7 +284,7 @@ impl CudaKernels {
         (q_w, k_w, eps): (&Tensor, &Tensor, f64),
         inv_freq: &Tensor,
         (positions, slots): (&Tensor, &Tensor),
-        (k_cache, v_cache): (&Tensor, &Tensor),
+        kv: KvRef<'_>,
         (block_tables, width): (&Tensor, Option<&Tensor>),
         ctx_lens: &Tensor,
         block_size: usize,
@@ -281,6 +293,7 @@ impl CudaKernels {
         stop: i32,
     ) -> Result<()> {
         self.check_dtype(qkv)?;
+        let (k_cache, v_cache) = (kv.k, kv.v);
         let (nkv, num_slots, hd) = k_cache.dims3()?;
         let b = ctx_lens.elem_count();
         let nh = out.elem_count() / (b * hd).max(1);
@@ -294,7 +307,12 @@ impl CudaKernels {
                 format!("nh {nh} nkv {nkv} hd {hd} rows {b}"),
             ));
         }
-        let Some(funcs) = &self.decode_fused else {
+        let loaded = if kv.is_fp8() {
+            &self.fp8_kernels("decode_fused")?.decode_fused
+        } else {
+            &self.decode_fused
+        };
+        let Some(funcs) = loaded else {
             return Err(kernel_err("decode_fused", "not loaded"));
         };
         let func = &funcs[(nh / nkv).trailing_zeros() as usize];
@@ -316,7 +334,15 @@ impl CudaKernels {
             part_acc: self.ptr(&acc)?,
             part_ml: self.ptr(&ml)?,
             counters: self.ptr(counters)?,
-            geometry: DecodeGeometry::new(self, (w, width), block_size, num_slots, nkv, part)?,
+            geometry: DecodeGeometry::new(
+                self,
+                (w, width),
+                block_size,
+                num_slots,
+                nkv,
+                part,
+                kv.scale,
+            )?,
             eps: eps as f32,
             stop,
         };

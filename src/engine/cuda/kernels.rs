@@ -170,6 +170,17 @@ pub struct CudaKernels {
     /// Launch with programmatic dependent launch (sm_90+ with `LaunchOptions::pdl`; the graph
     /// capture sets it for its own launches).
     pub(super) pdl: std::sync::atomic::AtomicBool,
+    /// The kernels over fp8 KV caches (bf16 compute on sm_89+), or why there are none.
+    pub(super) fp8: std::result::Result<Fp8Kernels, String>,
+}
+
+/// The kernels that read or write an fp8 (e4m3) KV cache, bf16 compute: the `_fp8` variants
+/// of the KV write, the decode attention (fused and not) and the flash prefill.
+pub(super) struct Fp8Kernels {
+    pub(super) kv_write: CudaFunction,
+    pub(super) decode: [CudaFunction; 4],
+    pub(super) decode_fused: Option<[CudaFunction; 4]>,
+    pub(super) prefill_flash: [CudaFunction; 4],
 }
 
 impl std::fmt::Debug for CudaKernels {
@@ -248,6 +259,57 @@ impl CudaKernels {
         };
         let s = suffix;
         let flash_on = dtype == DType::BF16 && opts.flash_prefill;
+        let smem_attr = |fs: &[CudaFunction; 4]| -> Result<()> {
+            use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
+            let smem = if wgmma {
+                FLASH_PREFILL_SMEM_SM90
+            } else {
+                FLASH_PREFILL_SMEM
+            };
+            for func in fs {
+                func.set_attribute(
+                    A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+                .map_err(|e| kernel_err("flash_prefill shared memory", e))?;
+            }
+            Ok(())
+        };
+        let cluster_attr = |fs: &[CudaFunction; 4]| -> Result<()> {
+            if hopper {
+                use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
+                for func in fs {
+                    func.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+                        .map_err(|e| kernel_err("decode_fused cluster size", e))?;
+                }
+            }
+            Ok(())
+        };
+        // fp8 KV: e4m3 conversions in hardware from sm_89, bf16 compute, the flash prefill.
+        let fp8 = if dtype != DType::BF16 {
+            Err(format!("fp8 KV needs bf16 compute, not {dtype:?}"))
+        } else if (major, minor) < (8, 9) {
+            Err(format!(
+                "fp8 KV needs a GPU with fp8 (compute capability 8.9+); this one is {major}.{minor}"
+            ))
+        } else if !flash_on {
+            Err("fp8 KV needs the flash prefill kernels (drop --no-flash-prefill)".to_string())
+        } else {
+            let prefill_flash = groups(&flash_mod, flash, "fp8")?;
+            smem_attr(&prefill_flash)?;
+            Ok(Fp8Kernels {
+                kv_write: f(&layer_ops, "qk_norm_rope_kv_write_hd128_fp8")?,
+                decode: groups(&decode_mod, "paged_decode", "fp8")?,
+                decode_fused: if opts.fused_decode {
+                    let fs = groups(&fused_mod, "decode_fused", "fp8")?;
+                    cluster_attr(&fs)?;
+                    Some(fs)
+                } else {
+                    None
+                },
+                prefill_flash,
+            })
+        };
         Ok(Some(Self {
             device: dev.clone(),
             dtype,
@@ -287,19 +349,7 @@ impl CudaKernels {
             },
             prefill_flash: if flash_on {
                 let fs = groups(&flash_mod, flash, "bf16")?;
-                use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
-                let smem = if wgmma {
-                    FLASH_PREFILL_SMEM_SM90
-                } else {
-                    FLASH_PREFILL_SMEM
-                };
-                for func in &fs {
-                    func.set_attribute(
-                        A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        smem as i32,
-                    )
-                    .map_err(|e| kernel_err("flash_prefill shared memory", e))?;
-                }
+                smem_attr(&fs)?;
                 Some(fs)
             } else {
                 None
@@ -315,16 +365,7 @@ impl CudaKernels {
             decode_reduce: f(&decode_mod, &format!("paged_decode_reduce_{s}"))?,
             decode_fused: if dtype == DType::BF16 && opts.fused_decode {
                 let fs = groups(&fused_mod, "decode_fused", "bf16")?;
-                if hopper {
-                    use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
-                    for func in &fs {
-                        func.set_attribute(
-                            A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-                            1,
-                        )
-                        .map_err(|e| kernel_err("decode_fused cluster size", e))?;
-                    }
-                }
+                cluster_attr(&fs)?;
                 Some(fs)
             } else {
                 None
@@ -366,6 +407,7 @@ impl CudaKernels {
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),
+            fp8,
             pinned: Arc::default(),
             stream,
             _modules: [
@@ -390,6 +432,16 @@ impl CudaKernels {
     /// whether it was on.
     pub(crate) fn set_pdl(&self, on: bool) -> bool {
         self.pdl.swap(on, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether these kernels serve fp8 KV caches (`Err`: why not, for the start-up error).
+    pub fn fp8_kv(&self) -> std::result::Result<(), String> {
+        self.fp8.as_ref().map(|_| ()).map_err(Clone::clone)
+    }
+
+    /// The fp8 kernels, for a launch over an fp8 cache.
+    pub(super) fn fp8_kernels(&self, what: &str) -> Result<&Fp8Kernels> {
+        self.fp8.as_ref().map_err(|why| kernel_err(what, why))
     }
 
     /// Whether rows sampled over the whole vocabulary are drawn on the device.
@@ -421,6 +473,7 @@ impl CudaKernels {
             CudaStorageSlice::F16(s) => (s.device_ptr(&self.stream).0, 2),
             CudaStorageSlice::F32(s) => (s.device_ptr(&self.stream).0, 4),
             CudaStorageSlice::U32(s) => (s.device_ptr(&self.stream).0, 4),
+            CudaStorageSlice::F8E4M3(s) => (s.device_ptr(&self.stream).0, 1),
             _ => return Err(kernel_err("input", "unsupported dtype")),
         };
         Ok(base + (layout.start_offset() * size) as u64)

@@ -8,6 +8,7 @@ use candle_core::{DType, Tensor};
 
 use super::kernels::CudaKernels;
 use super::launch::kernel_err;
+use crate::engine::kv_format::KvRef;
 use crate::error::Result;
 
 impl CudaKernels {
@@ -90,8 +91,7 @@ impl CudaKernels {
         inv_freq: &Tensor,
         positions: &Tensor,
         slots: &Tensor,
-        k_cache: &Tensor,
-        v_cache: &Tensor,
+        kv: KvRef<'_>,
         (nh, nkv, hd): (usize, usize, usize),
         eps: f64,
     ) -> Result<Tensor> {
@@ -101,7 +101,7 @@ impl CudaKernels {
             (q_w, k_w),
             inv_freq,
             (positions, slots),
-            (k_cache, v_cache),
+            kv,
             (nh, nkv, hd),
             eps,
             &q,
@@ -117,17 +117,19 @@ impl CudaKernels {
         (q_w, k_w): (&Tensor, &Tensor),
         inv_freq: &Tensor,
         (positions, slots): (&Tensor, &Tensor),
-        (k_cache, v_cache): (&Tensor, &Tensor),
+        kv: KvRef<'_>,
         (nh, nkv, hd): (usize, usize, usize),
         eps: f64,
         q: &Tensor,
     ) -> Result<()> {
+        let (k_cache, v_cache) = (kv.k, kv.v);
         self.check_dtype(qkv)?;
         let t = qkv.dim(0)?;
         if q.elem_count() != t * nh * hd {
             return Err(kernel_err("qk_norm_rope", "q output of the wrong size"));
         }
         let func = match hd {
+            128 if kv.is_fp8() => &self.fp8_kernels("qk_norm_rope")?.kv_write,
             128 => &self.qk_rope_hd128,
             other => return Err(kernel_err("qk_norm_rope", format!("head_dim {other}"))),
         };
@@ -154,6 +156,11 @@ impl CudaKernels {
             b.arg(p);
         }
         b.arg(&nh32).arg(&nkv32).arg(&num_slots).arg(&eps32);
+        // The fp8 kernel takes the layer's scales after the others.
+        let (ks, vs) = (kv.scale.k, kv.scale.v);
+        if kv.is_fp8() {
+            b.arg(&ks).arg(&vs);
+        }
         // SAFETY: argument types match the kernel's signature; buffers are sized above.
         unsafe { b.launch(cfg) }.w()?;
         Ok(())

@@ -4,6 +4,7 @@
 //! compile time here and in the header.
 
 use super::kernels::CudaKernels;
+use crate::engine::kv_format::KvScale;
 use crate::error::Result;
 use candle_core::Tensor;
 
@@ -19,6 +20,9 @@ pub(super) struct DecodeGeometry {
     block_size: i32,
     nkv: i32,
     part: i32,
+    /// The layer's K and V scales (fp8 caches; 1 otherwise).
+    k_scale: f32,
+    v_scale: f32,
 }
 
 impl DecodeGeometry {
@@ -29,6 +33,7 @@ impl DecodeGeometry {
         num_slots: usize,
         nkv: usize,
         part: usize,
+        scale: KvScale,
     ) -> Result<Self> {
         Ok(Self {
             w: w as i32,
@@ -40,6 +45,8 @@ impl DecodeGeometry {
             num_slots: num_slots as i64,
             nkv: nkv as i32,
             part: part as i32,
+            k_scale: scale.k,
+            v_scale: scale.v,
         })
     }
 }
@@ -101,18 +108,20 @@ pub(super) struct PrefillParams {
     pub(super) part_ml: u64,
     pub(super) splits: i32,
     pub(super) rows: i32,
+    pub(super) k_scale: f32,
+    pub(super) v_scale: f32,
 }
 
 // The sizes `kernels/attention.cuh` asserts for the same structs (a field added on one side
 // only fails the build).
-const _: () = assert!(std::mem::size_of::<DecodeParams>() == 96);
-const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 152);
-const _: () = assert!(std::mem::size_of::<PrefillParams>() == 96);
+const _: () = assert!(std::mem::size_of::<DecodeParams>() == 104);
+const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 160);
+const _: () = assert!(std::mem::size_of::<PrefillParams>() == 104);
 const _: () = {
     use std::mem::offset_of;
     assert!(offset_of!(DecodeParams, geometry) == 64);
     assert!(offset_of!(FusedDecodeParams, geometry) == 112);
-    assert!(offset_of!(FusedDecodeParams, eps) == 144);
+    assert!(offset_of!(FusedDecodeParams, eps) == 152);
     assert!(offset_of!(PrefillParams, num_slots) == 56);
     assert!(offset_of!(PrefillParams, nkv) == 68);
     assert!(offset_of!(PrefillParams, splits) == 88);

@@ -9,6 +9,7 @@ use candle_core::{DType, Tensor};
 use super::kernels::{CudaKernels, FLASH_PREFILL_SMEM, FLASH_PREFILL_SMEM_SM90, PREFILL_TILE};
 use super::launch::kernel_err;
 use super::params::PrefillParams;
+use crate::engine::kv_format::KvRef;
 use crate::error::Result;
 
 impl CudaKernels {
@@ -42,8 +43,7 @@ impl CudaKernels {
     pub fn paged_prefill_into(
         &self,
         q: &Tensor,
-        k_cache: &Tensor,
-        v_cache: &Tensor,
+        kv: KvRef<'_>,
         tiles: &Tensor,
         seq_meta: &Tensor,
         tables: &Tensor,
@@ -52,10 +52,22 @@ impl CudaKernels {
         out: &Tensor,
     ) -> Result<()> {
         self.check_dtype(q)?;
+        let (k_cache, v_cache) = (kv.k, kv.v);
         let (rows, nh, hd) = q.dims3()?;
         let (nkv, num_slots, _) = k_cache.dims3()?;
         let g = nh / nkv.max(1);
-        let flash = self.prefill_flash.as_ref().filter(|_| hd == 128);
+        // An fp8 cache has the flash kernels only.
+        let flash = if kv.is_fp8() {
+            Some(&self.fp8_kernels("paged_prefill")?.prefill_flash).filter(|_| hd == 128)
+        } else {
+            self.prefill_flash.as_ref().filter(|_| hd == 128)
+        };
+        if kv.is_fp8() && flash.is_none() {
+            return Err(kernel_err(
+                "paged_prefill",
+                format!("fp8 KV with head_dim {hd}"),
+            ));
+        }
         let func = match (
             flash.or(self.prefill_tc.as_ref()),
             hd,
@@ -115,6 +127,8 @@ impl CudaKernels {
             part_ml,
             splits: splits as i32,
             rows: rows as i32,
+            k_scale: kv.scale.k,
+            v_scale: kv.scale.v,
         };
         // The flash kernel takes one linear grid (split fastest, then KV head, tiles
         // longest-first).

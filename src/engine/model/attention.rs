@@ -9,6 +9,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::engine::batch::SeqInput;
+use crate::engine::kv_format::{KvRef, dequantize};
 use crate::error::Result;
 
 /// How attention runs for one batch: runs of decode sequences batched with a padding mask,
@@ -136,11 +137,11 @@ impl AttnPlan {
 }
 
 /// The gather path of paged attention: `q` `[T, heads, hd]` (post-RoPE) attends to the cached
-/// K/V named by the plan. Returns `[T, heads * hd]`.
+/// K/V named by the plan (dequantized to q's dtype when the cache is fp8). Returns
+/// `[T, heads * hd]`.
 pub(crate) fn attend(
     q: &Tensor,
-    kc: &Tensor,
-    vc: &Tensor,
+    kv: KvRef<'_>,
     plan: &AttnPlan,
     nh: usize,
     nkv: usize,
@@ -150,15 +151,7 @@ pub(crate) fn attend(
     let mut t0 = 0;
     for group in &plan.groups {
         let n = group.tokens();
-        outs.push(attend_group(
-            &q.narrow(0, t0, n)?,
-            kc,
-            vc,
-            group,
-            nh,
-            nkv,
-            hd,
-        )?);
+        outs.push(attend_group(&q.narrow(0, t0, n)?, kv, group, nh, nkv, hd)?);
         t0 += n;
     }
     let out = if outs.len() == 1 {
@@ -182,14 +175,16 @@ impl AttnGroup {
 /// One group of the gather path: `q` `[tokens, heads, hd]` holds the group's query rows.
 pub(crate) fn attend_group(
     q: &Tensor,
-    kc: &Tensor,
-    vc: &Tensor,
+    kv: KvRef<'_>,
     group: &AttnGroup,
     nh: usize,
     nkv: usize,
     hd: usize,
 ) -> Result<Tensor> {
     let g = nh / nkv;
+    // The gathered rows in q's dtype (fp8: times the layer's scales).
+    let k_rows = |idx: &Tensor| dequantize(&kv.k.index_select(idx, 1)?, kv.scale.k, q.dtype());
+    let v_rows = |idx: &Tensor| dequantize(&kv.v.index_select(idx, 1)?, kv.scale.v, q.dtype());
     match group {
         AttnGroup::KernelDecode { .. } | AttnGroup::KernelPrefill { .. } => Err(
             crate::error::Error::Engine("a kernel group reached the gather path".into()),
@@ -204,8 +199,8 @@ pub(crate) fn attend_group(
             // One query token: the G query heads of a KV head become the "query length".
             let qg = q.reshape((n, nkv, g, hd))?.transpose(0, 1)?.contiguous()?; // [nkv, n, g, hd]
             // The head-major cache gathers straight into [nkv, n, l, hd]: no transpose.
-            let k = kc.index_select(idx, 1)?.reshape((nkv, n, l, hd))?;
-            let v = vc.index_select(idx, 1)?.reshape((nkv, n, l, hd))?;
+            let k = k_rows(idx)?.reshape((nkv, n, l, hd))?;
+            let v = v_rows(idx)?.reshape((nkv, n, l, hd))?;
             let scores = qg.matmul(&k.transpose(2, 3)?)?; // [nkv, n, g, l], q pre-scaled
             let scores = match mask {
                 Some(m) => scores.broadcast_add(m)?,
@@ -223,8 +218,8 @@ pub(crate) fn attend_group(
         } => {
             let (n, c) = (*q_len, *ctx);
             let qs = q.transpose(0, 1)?.contiguous()?.reshape((nkv, g * n, hd))?; // [nkv, g*n, hd]
-            let k = kc.index_select(idx, 1)?; // [nkv, c, hd]
-            let v = vc.index_select(idx, 1)?;
+            let k = k_rows(idx)?; // [nkv, c, hd]
+            let v = v_rows(idx)?;
             let scores = qs
                 .matmul(&k.transpose(1, 2)?)?
                 .reshape((nkv, g, n, c))?

@@ -123,6 +123,20 @@ impl Model {
         self.qwen3.lora.as_ref()
     }
 
+    /// Whether this model's forward serves an fp8 KV cache (`Err`: why not): the candle path
+    /// on the CPU does; on CUDA the engine's kernels must (bf16 compute on an fp8 GPU).
+    pub fn fp8_kv(&self) -> std::result::Result<(), String> {
+        #[cfg(feature = "cuda")]
+        if let Some(k) = &self.kernels {
+            return k.fp8_kv();
+        }
+        if self.device().is_cpu() {
+            Ok(())
+        } else {
+            Err("fp8 KV on a GPU needs the engine's kernels (drop --no-kernels)".into())
+        }
+    }
+
     /// Runs the candle-op path from now on (the reference the kernels are tested against).
     pub fn disable_kernels(&mut self) {
         #[cfg(feature = "cuda")]

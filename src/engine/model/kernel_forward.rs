@@ -19,6 +19,7 @@ use super::kv_cache::PagedKvCache;
 use super::qwen3::{Qwen3, reduce};
 use crate::engine::batch::{SeqInput, logit_rows, positions_and_slots};
 use crate::engine::cuda::CudaKernels;
+use crate::engine::kv_format::KvRef;
 use crate::engine::parallel::comm::CommBackend;
 use crate::error::Result;
 
@@ -240,14 +241,14 @@ impl KernelForward<'_> {
             if delta.is_some() {
                 cur = 1 - cur;
             }
-            let (kc, vc) = cache.layer(li);
+            let kv = cache.layer(li);
             let out = if fused {
                 k.decode_fused_into(
                     &a.qkv,
                     (&at.q_norm.weight, &at.k_norm.weight, at.q_norm.eps),
                     &m.inv_freq,
                     (&inputs.pos, &inputs.slots),
-                    (kc, vc),
+                    kv,
                     (&inputs.tables, inputs.width.as_ref()),
                     &inputs.ctx_lens,
                     bs,
@@ -261,12 +262,12 @@ impl KernelForward<'_> {
                     (&at.q_norm.weight, &at.k_norm.weight),
                     &m.inv_freq,
                     (&inputs.pos, &inputs.slots),
-                    (kc, vc),
+                    kv,
                     (at.num_heads, at.num_kv_heads, at.head_dim),
                     at.q_norm.eps,
                     &a.q,
                 )?;
-                self.attend_kernels((kc, vc), plan, inputs, acts, bs)?
+                self.attend_kernels(kv, plan, inputs, acts, bs)?
             };
             k.linear_next_into(
                 &out,
@@ -324,7 +325,7 @@ impl KernelForward<'_> {
     /// launch); groups the kernels do not serve go through the gather path.
     fn attend_kernels(
         &self,
-        (kc, vc): (&Tensor, &Tensor),
+        kv: KvRef<'_>,
         plan: &AttnPlan,
         inputs: &StepInputs,
         acts: &Activations,
@@ -362,8 +363,7 @@ impl KernelForward<'_> {
                         let (tables, ctx) = rows_of(*first, *n)?;
                         k.paged_decode_into(
                             &q.narrow(0, t0, *n)?,
-                            kc,
-                            vc,
+                            kv,
                             (&tables, inputs.width.as_ref()),
                             &ctx,
                             bs,
@@ -377,7 +377,7 @@ impl KernelForward<'_> {
             }
             if prefill {
                 let keys = inputs.prefill_keys;
-                k.paged_prefill_into(q, kc, vc, tiles, meta, ptables, bs, keys, out)?;
+                k.paged_prefill_into(q, kv, tiles, meta, ptables, bs, keys, out)?;
             }
             return Ok(out.clone());
         }
@@ -391,9 +391,9 @@ impl KernelForward<'_> {
                 AttnGroup::KernelDecode { n, first } => {
                     let (tables, ctx) = rows_of(*first, *n)?;
                     let w = tables.elem_count() / n;
-                    k.paged_decode(&qg, kc, vc, &tables.reshape((*n, w))?, &ctx, bs)?
+                    k.paged_decode(&qg, kv, &tables.reshape((*n, w))?, &ctx, bs)?
                 }
-                other => attend_group(&qg, kc, vc, other, nh, a.num_kv_heads, hd)?,
+                other => attend_group(&qg, kv, other, nh, a.num_kv_heads, hd)?,
             });
             t0 += n;
         }

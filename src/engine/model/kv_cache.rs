@@ -10,6 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use std::sync::Arc;
 
 use crate::cache::{BlockData, BlockIo};
+use crate::engine::kv_format::{KvRef, KvScale, quantize};
 
 use super::config::ModelConfig;
 use crate::error::Result;
@@ -19,13 +20,16 @@ use crate::error::Result;
 pub struct PagedKvCache {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
+    /// Per layer, the scales of K and V ([`KvScale::ONE`] unless the cache is fp8).
+    scales: Vec<KvScale>,
     block_size: usize,
     num_blocks: usize,
 }
 
 impl PagedKvCache {
-    /// Allocates `num_blocks` blocks of `block_size` tokens for every layer.
-    /// `kv_heads` is the number of KV heads this rank holds.
+    /// Allocates `num_blocks` blocks of `block_size` tokens for every layer, stored as
+    /// `dtype` (the compute dtype, or `F8E4M3` with scales 1 until
+    /// [`PagedKvCache::set_scales`]). `kv_heads` is the number of KV heads this rank holds.
     pub fn new(
         cfg: &ModelConfig,
         kv_heads: usize,
@@ -44,28 +48,80 @@ impl PagedKvCache {
         Ok(Self {
             k,
             v,
+            scales: vec![KvScale::ONE; cfg.num_hidden_layers],
             block_size,
             num_blocks,
         })
     }
 
-    /// Writes the new tokens' K and V (`[tokens, kv_heads, head_dim]`) of layer `layer` into
-    /// their slots; `slot_idx` is u32 `[kv_heads, tokens, head_dim]` (the slot of each token,
-    /// broadcast), built once per step.
-    pub fn write(&self, layer: usize, k: &Tensor, v: &Tensor, slot_idx: &Tensor) -> Result<()> {
-        self.k[layer].scatter_set(slot_idx, &k.transpose(0, 1)?.contiguous()?, 1)?;
-        self.v[layer].scatter_set(slot_idx, &v.transpose(0, 1)?.contiguous()?, 1)?;
+    /// Sets the per-layer scales of an fp8 cache (before anything is stored in it: stored
+    /// values are not rescaled). One per layer, each finite and positive.
+    pub fn set_scales(&mut self, scales: Vec<KvScale>) -> Result<()> {
+        if scales.len() != self.k.len() || !scales.iter().all(KvScale::is_valid) {
+            return Err(crate::error::Error::Engine(format!(
+                "{} KV scales for {} layers (each finite and positive): {scales:?}",
+                scales.len(),
+                self.k.len()
+            )));
+        }
+        self.scales = scales;
         Ok(())
     }
 
-    /// Layer `layer`'s K and V tensors.
-    pub fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
-        (&self.k[layer], &self.v[layer])
+    /// The per-layer scales.
+    pub fn scales(&self) -> &[KvScale] {
+        &self.scales
+    }
+
+    /// What a block's bytes mean: the storage dtype, and for fp8 the scales' bits (blocks
+    /// written under other scales are other data). Part of the KV tiers' block keys.
+    pub fn format_tag(&self) -> String {
+        let dtype = self.dtype();
+        if dtype != DType::F8E4M3 {
+            return format!("{dtype:?}");
+        }
+        let mut h = crate::digest::Hasher::default();
+        for s in &self.scales {
+            h.word(u64::from(s.k.to_bits()) << 32 | u64::from(s.v.to_bits()));
+        }
+        format!("{dtype:?} scales {:016x}", h.finish())
+    }
+
+    /// Writes the new tokens' K and V (`[tokens, kv_heads, head_dim]`) of layer `layer` into
+    /// their slots (quantized with the layer's scales for fp8); `slot_idx` is u32
+    /// `[kv_heads, tokens, head_dim]` (the slot of each token, broadcast), built once per step.
+    pub fn write(&self, layer: usize, k: &Tensor, v: &Tensor, slot_idx: &Tensor) -> Result<()> {
+        let store = |x: &Tensor, scale: f32| -> Result<Tensor> {
+            let x = x.transpose(0, 1)?.contiguous()?;
+            match self.dtype() {
+                DType::F8E4M3 => quantize(&x, scale),
+                d if d != x.dtype() => Ok(x.to_dtype(d)?),
+                _ => Ok(x),
+            }
+        };
+        let s = self.scales[layer];
+        self.k[layer].scatter_set(slot_idx, &store(k, s.k)?, 1)?;
+        self.v[layer].scatter_set(slot_idx, &store(v, s.v)?, 1)?;
+        Ok(())
+    }
+
+    /// Layer `layer`'s K and V tensors with their scales.
+    pub fn layer(&self, layer: usize) -> KvRef<'_> {
+        KvRef {
+            k: &self.k[layer],
+            v: &self.v[layer],
+            scale: self.scales[layer],
+        }
     }
 
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.block_size
+    }
+
+    /// The storage dtype (the compute dtype, or `F8E4M3`).
+    pub fn dtype(&self) -> DType {
+        self.k[0].dtype()
     }
 
     /// Number of blocks.
@@ -169,7 +225,7 @@ fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
         .contiguous_offsets()
         .ok_or_else(|| crate::error::Error::Engine("a non-contiguous host tensor".into()))?;
     fn raw<T: Copy>(v: &[T]) -> Vec<u8> {
-        // SAFETY: `T` is a plain numeric type (f32, f16, bf16: no padding, every bit pattern
+        // SAFETY: `T` is a plain numeric type (f32, f16, bf16, e4m3: no padding, every bit pattern
         // valid as bytes); the slice is live for the duration of the copy.
         unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
             .to_vec()
@@ -178,6 +234,7 @@ fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
         candle_core::CpuStorage::BF16(v) => raw(&v[a..b]),
         candle_core::CpuStorage::F16(v) => raw(&v[a..b]),
         candle_core::CpuStorage::F32(v) => raw(&v[a..b]),
+        candle_core::CpuStorage::F8E4M3(v) => raw(&v[a..b]),
         _ => {
             return Err(crate::error::Error::Engine(format!(
                 "KV blocks of dtype {:?} cannot move between tiers",

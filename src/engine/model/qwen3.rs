@@ -124,8 +124,7 @@ impl Attention {
         };
         let (q, k) = (rope(&q)?, rope(&k)?);
         ctx.cache.write(li, &k, &v, &ctx.slot_idx)?;
-        let (kc, vc) = ctx.cache.layer(li);
-        let attn = attend(&q, kc, vc, &ctx.plan, nh, nkv, hd)?;
+        let attn = attend(&q, ctx.cache.layer(li), &ctx.plan, nh, nkv, hd)?;
         ctx.lora(self.o_proj.forward(&attn)?, li, 1, &attn)
     }
 }

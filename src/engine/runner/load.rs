@@ -29,6 +29,8 @@ pub struct Loaded {
     pub(crate) runner: ModelRunner,
     /// Compute dtype.
     pub dtype: DType,
+    /// The KV cache's storage dtype (the compute dtype, or `F8E4M3`).
+    pub kv_dtype: DType,
     /// KV blocks allocated.
     pub num_blocks: usize,
     /// Bytes of one KV block on this rank.
@@ -88,6 +90,38 @@ fn check_options(opts: &EngineOptions) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// An fp8 cache's scales: the checkpoint's, or calibrated (logged either way).
+fn fp8_scales(
+    key: &str,
+    cfg: &ModelConfig,
+    weights: &[PathBuf],
+    model: &crate::engine::model::Model,
+    block_size: usize,
+) -> Result<Vec<crate::engine::kv_format::KvScale>> {
+    let (scales, source) = match super::kv_scales::checkpoint_scales(key, cfg, weights)? {
+        Some(s) => (s, "checkpoint k_scale/v_scale"),
+        None => (
+            super::kv_scales::calibrate(model, cfg, block_size)?,
+            "calibration (a fixed prompt of 512 tokens, amax / 448)",
+        ),
+    };
+    let range = |f: fn(&crate::engine::kv_format::KvScale) -> f32| {
+        scales
+            .iter()
+            .map(f)
+            .fold((f32::MAX, 0f32), |(lo, hi), x| (lo.min(x), hi.max(x)))
+    };
+    let (k, v) = (range(|s| s.k), range(|s| s.v));
+    tracing::info!(
+        model = key,
+        source,
+        k_scale = format!("{:.3e}..{:.3e}", k.0, k.1),
+        v_scale = format!("{:.3e}..{:.3e}", v.0, v.1),
+        "fp8 (e4m3) KV cache scales, per layer"
+    );
+    Ok(scales)
 }
 
 impl ModelRunner {
@@ -167,8 +201,15 @@ impl ModelRunner {
         let dtype = model.dtype();
         let kernels = model.uses_kernels();
         let max_context = served_context(cfg);
+        let kv_dtype = super::kv_scales::kv_dtype(opts.kv_dtype, &model, shard.world)?;
+        // fp8 scales before anything is sized (the calibration's small cache is freed).
+        let kv_scales = if kv_dtype == DType::F8E4M3 {
+            Some(fp8_scales(key, cfg, weights, &model, opts.block_size)?)
+        } else {
+            None
+        };
         let block_bytes =
-            cfg.kv_bytes_per_token(dtype.size_in_bytes()) * opts.block_size / shard.world;
+            cfg.kv_bytes_per_token(kv_dtype.size_in_bytes()) * opts.block_size / shard.world;
         // `max_running` left to the engine follows the KV pool the budget gives before the
         // graphs take their share (they are small next to it).
         let (max_running, max_running_why) = match opts.max_running {
@@ -214,14 +255,17 @@ impl ModelRunner {
                 ),
             });
         }
-        let cache = PagedKvCache::new(
+        let mut cache = PagedKvCache::new(
             cfg,
             model.local_kv_heads(),
             num_blocks,
             opts.block_size,
-            dtype,
+            kv_dtype,
             device,
         )?;
+        if let Some(s) = kv_scales {
+            cache.set_scales(s)?;
+        }
         if let Some(c) = &comm {
             // Every worker allocates the same blocks up front; the block tables of each step
             // travel with its command, so the ranks agree on slots and cached prefixes.
@@ -252,6 +296,7 @@ impl ModelRunner {
         Ok(Loaded {
             runner,
             dtype,
+            kv_dtype,
             num_blocks,
             block_bytes,
             max_context,

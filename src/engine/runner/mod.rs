@@ -3,11 +3,13 @@
 //! owns the model, the KV tensors and the link to the workers; the scheduler hands it a batch
 //! (tokens and `SeqInput`s) and gets logits back, then the ids drawn from them
 //! (`ModelRunner::draw_ids` with each row's [`RowDraw`], `sampler.rs`). Also here: the graph buckets (`buckets.rs`),
-//! the graphs (`graphs.rs`, CUDA) and the loop ranks above 0 run (`worker.rs`).
+//! the graphs (`graphs.rs`, CUDA), the KV cache's dtype and fp8 scales (`kv_scales.rs`) and the
+//! loop ranks above 0 run (`worker.rs`).
 
 pub mod buckets;
 #[cfg(feature = "cuda")]
 pub mod graphs;
+mod kv_scales;
 mod load;
 pub mod logprobs;
 mod mask;

@@ -252,6 +252,11 @@ impl ModelRunner {
         Box::new(io)
     }
 
+    /// What the KV cache's block bytes mean (dtype; fp8 scales): part of the KV tiers' keys.
+    pub(crate) fn kv_format_tag(&self) -> String {
+        self.cache.format_tag()
+    }
+
     /// Copies the KV of `blocks` to host memory (swap-out).
     pub(crate) fn swap_out(&self, blocks: &[u32]) -> Result<Vec<(Tensor, Tensor)>> {
         self.cache.read_blocks(blocks)

@@ -85,6 +85,7 @@ impl Scheduler {
         let Loaded {
             runner,
             dtype,
+            kv_dtype,
             num_blocks,
             block_bytes,
             max_context,
@@ -148,6 +149,7 @@ impl Scheduler {
                 key: key.to_string(),
                 device: device::name(device),
                 dtype,
+                kv_dtype,
                 num_blocks,
                 block_size: opts.block_size,
                 max_context,

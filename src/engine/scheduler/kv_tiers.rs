@@ -58,8 +58,8 @@ impl Scheduler {
             ),
         };
         let layout = format!(
-            "{:?} layers {} kv_heads {} head_dim {}",
-            self.info.dtype,
+            "{} layers {} kv_heads {} head_dim {}",
+            self.runner.kv_format_tag(),
             self.cfg.num_hidden_layers,
             self.cfg.num_key_value_heads,
             self.cfg.head_dim()

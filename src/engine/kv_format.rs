@@ -1,0 +1,145 @@
+//! The KV cache's storage format: its dtype (the compute dtype, or fp8 e4m3) and, for fp8,
+//! one f32 scale per layer for K and one for V. A stored value is `x / scale` rounded to e4m3
+//! with saturation at ±448; a read value is `stored * scale`. Both the candle-op path
+//! ([`quantize`], [`dequantize`]) and the CUDA kernels (which dequantize in registers) follow
+//! this one definition.
+//!
+//! A bottom room: the model (the cache, the gather path) and the CUDA launchers both use it,
+//! and it uses neither.
+
+use candle_core::{DType, Tensor};
+
+use crate::error::Result;
+
+/// The largest finite e4m3 value: a stored K or V saturates there.
+pub const FP8_E4M3_MAX: f32 = 448.0;
+
+/// The scales of one layer's K and V: the real value is the stored one times the scale (1.0
+/// for a cache in the compute dtype).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvScale {
+    /// K's scale.
+    pub k: f32,
+    /// V's scale.
+    pub v: f32,
+}
+
+impl KvScale {
+    /// No scaling (a cache in the compute dtype).
+    pub const ONE: Self = Self { k: 1.0, v: 1.0 };
+
+    /// The scales that map the largest magnitudes seen (`amax`) onto e4m3's largest value
+    /// (`amax / 448`); a zero or non-finite magnitude keeps 1.0.
+    pub fn from_amax(k_amax: f32, v_amax: f32) -> Self {
+        let s = |a: f32| {
+            if a.is_finite() && a > 0.0 {
+                a / FP8_E4M3_MAX
+            } else {
+                1.0
+            }
+        };
+        Self {
+            k: s(k_amax),
+            v: s(v_amax),
+        }
+    }
+
+    /// Whether both scales are finite and positive (what a checkpoint's must be).
+    pub fn is_valid(&self) -> bool {
+        [self.k, self.v].iter().all(|s| s.is_finite() && *s > 0.0)
+    }
+}
+
+/// One layer's K and V cache tensors (head-major `[kv_heads, slots, head_dim]`) with their
+/// scales: what the attention of that layer reads and writes.
+#[derive(Debug, Clone, Copy)]
+pub struct KvRef<'a> {
+    /// The K cache.
+    pub k: &'a Tensor,
+    /// The V cache.
+    pub v: &'a Tensor,
+    /// Their scales ([`KvScale::ONE`] unless fp8).
+    pub scale: KvScale,
+}
+
+impl<'a> KvRef<'a> {
+    /// Caches in the compute dtype (scale 1).
+    pub fn plain(k: &'a Tensor, v: &'a Tensor) -> Self {
+        Self {
+            k,
+            v,
+            scale: KvScale::ONE,
+        }
+    }
+
+    /// Whether the caches hold fp8 e4m3.
+    pub fn is_fp8(&self) -> bool {
+        self.k.dtype() == DType::F8E4M3
+    }
+}
+
+/// `x / scale`, saturated to ±448 and rounded to e4m3 (the candle-op path's KV write).
+pub fn quantize(x: &Tensor, scale: f32) -> Result<Tensor> {
+    let m = FP8_E4M3_MAX as f64;
+    Ok(x.to_dtype(DType::F32)?
+        .affine(1.0 / scale as f64, 0.0)?
+        .clamp(-m, m)?
+        .to_dtype(DType::F8E4M3)?)
+}
+
+/// Stored values back in `dtype`: `stored * scale` for e4m3, a conversion (or nothing)
+/// otherwise.
+pub fn dequantize(x: &Tensor, scale: f32, dtype: DType) -> Result<Tensor> {
+    if x.dtype() == DType::F8E4M3 {
+        return Ok(x
+            .to_dtype(DType::F32)?
+            .affine(scale as f64, 0.0)?
+            .to_dtype(dtype)?);
+    }
+    if x.dtype() == dtype {
+        return Ok(x.clone());
+    }
+    Ok(x.to_dtype(dtype)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn round_trips_within_e4m3_precision_and_saturates_at_448() {
+        let x = Tensor::new(
+            &[0.0f32, 1.0, -3.3, 100.0, 1000.0, -1e6, 0.01],
+            &Device::Cpu,
+        )
+        .unwrap();
+        let q = quantize(&x, 2.0).unwrap();
+        assert_eq!(q.dtype(), DType::F8E4M3);
+        let back: Vec<f32> = dequantize(&q, 2.0, DType::F32).unwrap().to_vec1().unwrap();
+        // 1000 / 2 = 500 and -1e6 / 2 saturate to ±448 (times the scale: ±896).
+        assert_eq!(back[4], 896.0);
+        assert_eq!(back[5], -896.0);
+        for (a, b) in [0.0f32, 1.0, -3.3, 100.0].iter().zip(&back) {
+            assert!((a - b).abs() <= a.abs() / 16.0 + 1e-6, "{a} -> {b}");
+        }
+        // 0.01 / 2 is an e4m3 subnormal: kept to within its step (2^-9 * 2).
+        assert!((back[6] - 0.01).abs() <= 2.0 * 2f32.powi(-9));
+    }
+
+    #[test]
+    fn scales_come_from_the_largest_magnitude() {
+        let s = KvScale::from_amax(896.0, 0.0);
+        assert_eq!(s.k, 2.0);
+        assert_eq!(s.v, 1.0);
+        assert!(s.is_valid());
+        assert!(!KvScale { k: 0.0, v: 1.0 }.is_valid());
+        assert!(
+            !KvScale {
+                k: f32::NAN,
+                v: 1.0
+            }
+            .is_valid()
+        );
+    }
+}
