@@ -63,7 +63,19 @@ template <>
 struct KvRaw<fp8> {
   using type = uint2;
 };
+// f32 caches (f32 compute): 8 floats.
+struct F32x8 {
+  float4 a, b;
+};
+template <>
+struct KvRaw<float> {
+  using type = F32x8;
+};
 __device__ __forceinline__ void raw8_to_f32(uint4 r, float, float* out) { bf16x8_to_f32(r, out); }
+__device__ __forceinline__ void raw8_to_f32(F32x8 r, float, float* out) {
+  out[0] = r.a.x; out[1] = r.a.y; out[2] = r.a.z; out[3] = r.a.w;
+  out[4] = r.b.x; out[5] = r.b.y; out[6] = r.b.z; out[7] = r.b.w;
+}
 __device__ __forceinline__ void raw8_to_f32(uint2 r, float s, float* out) {
   fp8x8_to_f32(r, s, out);
 }

@@ -58,26 +58,41 @@ __device__ void paged_decode(const T* __restrict__ q, const KT* __restrict__ k_c
   empty_groups<G>(m, l, acc);
   const uint32_t* table = block_tables + (size_t)b * W;
   const size_t head_base = (size_t)kh * num_slots;
-  // Both half-warps of a warp run the same number of iterations (the shuffles below need the
-  // whole warp); a half-warp past the end computes nothing and keeps its state.
-  for (int base = start + (grp & ~1); base < end; base += GROUPS) {
-    const int p = base + (grp & 1);
-    const bool valid = p < end;
-    float kv[PER];
-    size_t off = 0;
-    if (valid) {
-      size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
-      off = (head_base + slot) * HD + lane * PER;
-      load8(k_cache + off, 1.f, kv);
-    } else {
+  // Half-warp grp takes tokens start + grp + GROUPS * k in order (the fused kernel's order:
+  // the same sums), FETCH of them a round with every K/V load of the round in flight at once.
+  // Every half-warp runs the same rounds (the shuffles need the whole warp); a token past the
+  // end computes nothing and leaves the state as it was.
+  constexpr int FETCH = G >= 8 ? 2 : 4;
+  using Raw = typename KvRaw<KT>::type;
+  for (int base = start; base < end; base += GROUPS * FETCH) {
+    Raw kr[FETCH], vr[FETCH];
 #pragma unroll
-      for (int i = 0; i < PER; ++i) kv[i] = 0.f;
+    for (int u = 0; u < FETCH; ++u) {
+      const int p = base + grp + GROUPS * u;
+      if (p < end) {
+        const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
+        const size_t off = (head_base + slot) * HD + lane * PER;
+        kr[u] = *reinterpret_cast<const Raw*>(k_cache + off);
+        vr[u] = *reinterpret_cast<const Raw*>(v_cache + off);
+      }
     }
-    float s[G];
-    head_scores<G>(qv, kv, s);
-    if (!valid) continue;
-    load8(v_cache + off, vs, kv);
-    softmax_step<G>(s, kv, m, l, acc);
+#pragma unroll
+    for (int u = 0; u < FETCH; ++u) {
+      const int p = base + grp + GROUPS * u;
+      const bool valid = p < end;
+      float kv[PER];
+      if (valid) {
+        raw8_to_f32(kr[u], 1.f, kv);
+      } else {
+#pragma unroll
+        for (int i = 0; i < PER; ++i) kv[i] = 0.f;
+      }
+      float s[G];
+      head_scores<G>(qv, kv, s);
+      if (!valid) continue;
+      raw8_to_f32(vr[u], vs, kv);
+      softmax_step<G>(s, kv, m, l, acc);
+    }
   }
 
   // Merge the half-warps: [GROUPS][G] max/sum, [GROUPS][G][HD] accumulators.

@@ -134,6 +134,9 @@ struct Args {
     /// from the GPU, host memory, disk and by recompute (then exit).
     #[arg(long, value_delimiter = ',')]
     tiers_resume: Vec<usize>,
+    /// How the KV cache stores K and V (`auto`, `bf16`, `fp8`).
+    #[arg(long, value_enum, default_value_t = policy_serve::engine::KvCacheDtype::Auto)]
+    kv_cache_dtype: policy_serve::engine::KvCacheDtype,
     /// The kernel switches (`--no-fused-decode`, `--no-clusters`, ...), as the CLI has them.
     #[command(flatten)]
     kernels: policy_serve::engine::KernelFlags,
@@ -244,6 +247,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         profile_steps: (a.profile_steps > 0).then_some(a.profile_steps),
         kernels: a.kernels.options(),
         kv_host_gib: a.kv_host_gib,
+        kv_dtype: a.kv_cache_dtype,
         ..EngineOptions::default()
     };
     if a.adapters > 0 {

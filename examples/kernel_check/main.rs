@@ -44,6 +44,9 @@ struct Args {
     /// Where the trace goes.
     #[arg(long, default_value = "/tmp/trace.npz")]
     trace_out: PathBuf,
+    /// Only the fp8 KV checks (kernels, then the engine over fp8 KV).
+    #[arg(long)]
+    fp8_only: bool,
     /// The kernel switches of the model-level checks (`--gemv-mma`, `--l2-prefetch`, ...).
     #[command(flatten)]
     kernels: policy_serve::engine::KernelFlags,
@@ -523,6 +526,11 @@ fn main() -> Res<()> {
         return model::trace(&a.model_dir, ids, &a.trace_out, &dev);
     }
     let mut t = Table { rows: Vec::new() };
+    if a.fp8_only {
+        fp8::checks(&dev, &mut t)?;
+        fp8::engine_check(&a, &mut t)?;
+        return report(t);
+    }
     fused::checks(&dev, &mut t)?;
     fp8::checks(&dev, &mut t)?;
     gemv::checks(&dev, &mut t)?;
@@ -534,7 +542,13 @@ fn main() -> Res<()> {
         lora::lora_model_checks(&a, &dev, dt, &mut t)?;
     }
     greedy_check(&a, &mut t)?;
+    fp8::engine_check(&a, &mut t)?;
     lora::lora_graph_check(&a, &mut t)?;
+    report(t)
+}
+
+/// Prints the totals and the failed checks; an error when any failed.
+fn report(t: Table) -> Res<()> {
     let failed: Vec<_> = t
         .rows
         .iter()

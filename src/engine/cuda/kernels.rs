@@ -473,7 +473,7 @@ impl CudaKernels {
             CudaStorageSlice::F16(s) => (s.device_ptr(&self.stream).0, 2),
             CudaStorageSlice::F32(s) => (s.device_ptr(&self.stream).0, 4),
             CudaStorageSlice::U32(s) => (s.device_ptr(&self.stream).0, 4),
-            CudaStorageSlice::F8E4M3(s) => (s.device_ptr(&self.stream).0, 1),
+            CudaStorageSlice::U8(s) => (s.device_ptr(&self.stream).0, 1),
             _ => return Err(kernel_err("input", "unsupported dtype")),
         };
         Ok(base + (layout.start_offset() * size) as u64)

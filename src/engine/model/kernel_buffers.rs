@@ -107,7 +107,7 @@ impl Activations {
             down: n(&self.down)?,
             scratch: self.scratch.clone(),
             counters: self.counters.clone(),
-            lora_y: self.lora_y.as_ref().map(|y| n(y)).transpose()?,
+            lora_y: self.lora_y.as_ref().map(n).transpose()?,
         })
     }
 

@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use std::sync::Arc;
 
 use crate::cache::{BlockData, BlockIo};
-use crate::engine::kv_format::{KvRef, KvScale, quantize};
+use crate::engine::kv_format::{FP8_STORAGE, KvRef, KvScale, quantize};
 
 use super::config::ModelConfig;
 use crate::error::Result;
@@ -39,6 +39,12 @@ impl PagedKvCache {
         device: &Device,
     ) -> Result<Self> {
         let shape = (kv_heads, num_blocks * block_size, cfg.head_dim());
+        // e4m3 is kept as its bytes (see `kv_format`).
+        let dtype = if dtype == DType::F8E4M3 {
+            FP8_STORAGE
+        } else {
+            dtype
+        };
         let mut k = Vec::with_capacity(cfg.num_hidden_layers);
         let mut v = Vec::with_capacity(cfg.num_hidden_layers);
         for _ in 0..cfg.num_hidden_layers {
@@ -80,6 +86,7 @@ impl PagedKvCache {
         if dtype != DType::F8E4M3 {
             return format!("{dtype:?}");
         }
+        // Scales only: e4m3 bytes hold what the scales say.
         let mut h = crate::digest::Hasher::default();
         for s in &self.scales {
             h.word(u64::from(s.k.to_bits()) << 32 | u64::from(s.v.to_bits()));
@@ -93,8 +100,8 @@ impl PagedKvCache {
     pub fn write(&self, layer: usize, k: &Tensor, v: &Tensor, slot_idx: &Tensor) -> Result<()> {
         let store = |x: &Tensor, scale: f32| -> Result<Tensor> {
             let x = x.transpose(0, 1)?.contiguous()?;
-            match self.dtype() {
-                DType::F8E4M3 => quantize(&x, scale),
+            match self.k[0].dtype() {
+                FP8_STORAGE => quantize(&x, scale),
                 d if d != x.dtype() => Ok(x.to_dtype(d)?),
                 _ => Ok(x),
             }
@@ -119,9 +126,12 @@ impl PagedKvCache {
         self.block_size
     }
 
-    /// The storage dtype (the compute dtype, or `F8E4M3`).
+    /// The KV dtype (the compute dtype, or `F8E4M3`, held as its bytes).
     pub fn dtype(&self) -> DType {
-        self.k[0].dtype()
+        match self.k[0].dtype() {
+            FP8_STORAGE => DType::F8E4M3,
+            d => d,
+        }
     }
 
     /// Number of blocks.
@@ -225,7 +235,7 @@ fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
         .contiguous_offsets()
         .ok_or_else(|| crate::error::Error::Engine("a non-contiguous host tensor".into()))?;
     fn raw<T: Copy>(v: &[T]) -> Vec<u8> {
-        // SAFETY: `T` is a plain numeric type (f32, f16, bf16, e4m3: no padding, every bit pattern
+        // SAFETY: `T` is a plain numeric type (f32, f16, bf16: no padding, every bit pattern
         // valid as bytes); the slice is live for the duration of the copy.
         unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
             .to_vec()
@@ -234,7 +244,7 @@ fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
         candle_core::CpuStorage::BF16(v) => raw(&v[a..b]),
         candle_core::CpuStorage::F16(v) => raw(&v[a..b]),
         candle_core::CpuStorage::F32(v) => raw(&v[a..b]),
-        candle_core::CpuStorage::F8E4M3(v) => raw(&v[a..b]),
+        candle_core::CpuStorage::U8(v) => v[a..b].to_vec(),
         _ => {
             return Err(crate::error::Error::Engine(format!(
                 "KV blocks of dtype {:?} cannot move between tiers",
@@ -360,8 +370,19 @@ impl BlockIo for KvIo {
         if n == 0 {
             return Ok(None);
         }
-        let (io, blocks, data) = (self.clone(), blocks[..n].to_vec(), data[..n].to_vec());
         let ticket = Arc::new(ThreadTicket::default());
+        // On a GPU (the fallback when pinned copies are unavailable) the copy runs here, on
+        // the thread that owns the device's stream: a second thread driving candle's CUDA
+        // ops was seen to hang there.
+        if !self.k[0].device().is_cpu() {
+            let ok = self.write_now(&blocks[..n], &data[..n]);
+            if let Err(e) = &ok {
+                tracing::warn!(error = %e, "loading KV blocks failed");
+            }
+            *ticket.state.lock() = Some(ok.is_ok());
+            return Ok(Some(crate::cache::LoadTicket(ticket)));
+        }
+        let (io, blocks, data) = (self.clone(), blocks[..n].to_vec(), data[..n].to_vec());
         let t = ticket.clone();
         std::thread::spawn(move || {
             let r = io.write_now(&blocks, &data);

@@ -191,7 +191,7 @@ impl PinnedKvIo {
         let (heads, slots, hd) = parts[0].dims3()?;
         let elt = parts[0].dtype().size_in_bytes();
         let row_bytes = io.block_size() * hd * elt;
-        if row_bytes % 16 != 0 || (slots * hd * elt) % 16 != 0 {
+        if !row_bytes.is_multiple_of(16) || !(slots * hd * elt).is_multiple_of(16) {
             return Err(cuda_err("layout", "rows are not whole 16-byte units"));
         }
         let mut ptrs = Vec::with_capacity(parts.len());
@@ -205,6 +205,8 @@ impl PinnedKvIo {
                 S::BF16(s) => s.device_ptr(&stream).0,
                 S::F16(s) => s.device_ptr(&stream).0,
                 S::F32(s) => s.device_ptr(&stream).0,
+                // fp8 caches hold e4m3 bytes (`kv_format::FP8_STORAGE`).
+                S::U8(s) => s.device_ptr(&stream).0,
                 _ => return Err(cuda_err("cache", "unsupported dtype")),
             };
             ptrs.push(base + (layout.start_offset() * elt) as u64);

@@ -215,7 +215,7 @@ pub(crate) enum Pending {
     Ready(Vec<TokenLogprob>),
     /// Launched on the engine's kernels.
     #[cfg(feature = "cuda")]
-    Device(OnDevice),
+    Device(Box<OnDevice>),
 }
 
 /// Whether a row's log-probs can be taken on the device without its logits on the host
@@ -238,7 +238,7 @@ pub(crate) fn launch(
         if rows.iter().all(|r| on_device(&r.params))
             && let Some(d) = launch_on_kernels(model, logits, ids, rows, &all)?
         {
-            return Ok(Pending::Device(d));
+            return Ok(Pending::Device(Box::new(d)));
         }
     }
     let drawn: Vec<u32> = ids.to_vec1()?;

@@ -155,7 +155,11 @@ pub(super) struct InFlight {
 pub(crate) enum CheckedWeights {
     /// A checkpoint on disk (its directory, for the other ranks), the table of tensors to
     /// write, in order.
-    Dir(std::path::PathBuf, Checkpoint, Vec<(String, Vec<usize>)>),
+    Dir(
+        std::path::PathBuf,
+        Box<Checkpoint>,
+        Vec<(String, Vec<usize>)>,
+    ),
     /// Tensors in host memory.
     Host(Vec<HostTensor>),
 }

@@ -95,7 +95,7 @@ impl Scheduler {
                 let ck = Checkpoint::open(&self.info.key, &files, model.dtype(), model.device())?;
                 let table = check_checkpoint(cfg, &ck, model.tied())?;
                 self.on_workers(WorkerCommand::CheckWeights { dir: dir.clone() })?;
-                Ok(CheckedWeights::Dir(dir, ck, table))
+                Ok(CheckedWeights::Dir(dir, Box::new(ck), table))
             }
             WeightSource::Host(tensors) => {
                 for t in &tensors {
