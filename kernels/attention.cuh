@@ -250,8 +250,12 @@ struct PrefillParams {
   int rows;  // rows of q / out (T), for the partials' layout
   float k_scale;  // fp8 caches: the layer's K and V scales (1 otherwise)
   float v_scale;
+  // fp8 caches: the chunks' own keys and values unrounded (bf16 [rows, nkv, 128], written by
+  // the KV write), attended instead of their e4m3 copies; null: every key from the cache.
+  const void* k_new;
+  const void* v_new;
 };
-static_assert(sizeof(PrefillParams) == 104, "PrefillParams layout");
+static_assert(sizeof(PrefillParams) == 120, "PrefillParams layout");
 static_assert(offsetof(PrefillParams, num_slots) == 56 && offsetof(PrefillParams, nkv) == 68 &&
                   offsetof(PrefillParams, splits) == 88,
               "PrefillParams layout");

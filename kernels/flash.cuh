@@ -76,6 +76,9 @@ struct FlashTile {
   int n_tiles;  // K/V tiles of FA_BK keys
   const uint32_t* table;
   size_t head_base;
+  int prefix;   // keys before the chunk (cached); the chunk's own are rows row0 + (pos - prefix)
+  int nkv;
+  bool fresh;   // the chunk's keys and values come unrounded from p.k_new / p.v_new
 };
 
 template <int G, int ROWS>
@@ -97,6 +100,9 @@ __device__ __forceinline__ FlashTile flash_tile(const PrefillParams& p, int spli
   t.kend = t.q_first + t.tok;
   t.n_tiles = (t.kend + FA_BK - 1) / FA_BK;
   t.head_base = (size_t)t.kh * (size_t)p.num_slots;
+  t.prefix = ctx - (int)q_len;
+  t.nkv = nkv;
+  t.fresh = p.k_new != nullptr && p.v_new != nullptr;
   return t;
 }
 
@@ -108,6 +114,8 @@ struct FlashLoader {
   int lc, lr;
   size_t off[N];  // element offsets in the caches of this thread's rows
   bool ok[N];
+  bool fresh[N];   // a key of the chunk itself, read from the unrounded rows (fp8 caches)
+  size_t foff[N];  // its element offset there ([rows, nkv, 128])
 
   __device__ __forceinline__ explicit FlashLoader(int tid) : lc(tid % 16), lr(tid / 16) {}
 
@@ -137,10 +145,12 @@ struct FlashLoader {
       int blk = pow2 ? pos >> shift : pos / bs, in = pow2 ? pos & (bs - 1) : pos % bs;
       size_t slot = ok[x] ? (size_t)t.table[blk] * bs + in : 0;
       off[x] = (t.head_base + slot) * HD + lc * 8;
+      fresh[x] = ok[x] && t.fresh && pos >= t.prefix;
+      foff[x] = fresh[x] ? ((size_t)(t.row0 + (pos - t.prefix)) * t.nkv + t.kh) * HD + lc * 8 : 0;
     }
   }
 
-  __device__ __forceinline__ void tile(const __nv_bfloat16* cache, float,
+  __device__ __forceinline__ void tile(const __nv_bfloat16* cache, float, const void*,
                                       __nv_bfloat16* dst) const {
 #pragma unroll
     for (int x = 0; x < N; ++x) {
@@ -151,14 +161,22 @@ struct FlashLoader {
 
   // An fp8 cache's tile: every row's 8 bytes loaded at once, then dequantized (times `scale`)
   // into the same bf16 tile in registers and stored (synchronously: the tile is in shared
-  // memory when the caller's next barrier passes; keys past kend are zeros).
-  __device__ __forceinline__ void tile(const fp8* cache, float scale, __nv_bfloat16* dst) const {
+  // memory when the caller's next barrier passes; keys past kend are zeros). Keys of the
+  // chunk itself come unrounded from `fresh_rows` (bf16 [rows, nkv, 128]) when given.
+  __device__ __forceinline__ void tile(const fp8* cache, float scale, const void* fresh_rows,
+                                      __nv_bfloat16* dst) const {
+    const __nv_bfloat16* fr = (const __nv_bfloat16*)fresh_rows;
     uint2 raw[N];
 #pragma unroll
     for (int x = 0; x < N; ++x)
-      raw[x] = ok[x] ? *reinterpret_cast<const uint2*>(cache + off[x]) : make_uint2(0u, 0u);
+      raw[x] = ok[x] && !fresh[x] ? *reinterpret_cast<const uint2*>(cache + off[x])
+                                  : make_uint2(0u, 0u);
 #pragma unroll
     for (int x = 0; x < N; ++x) {
+      if (fresh[x]) {
+        cp_async16(smem_addr(dst + sw128(lr + STEP * x, lc * 8)), fr + foff[x], true);
+        continue;
+      }
       float f[8];
       fp8x8_to_f32(raw[x], scale, f);
       const uint4 v = make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]),

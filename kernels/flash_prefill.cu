@@ -63,9 +63,9 @@ __device__ void flash_prefill(const PrefillParams& p) {
   FlashLoader<THREADS> ld(threadIdx.x);
   ld.q<G, ROWS>((const __nv_bfloat16*)p.q, t, nh, sq);
   ld.slots(t, 0, p.block_size);
-  ld.tile(k_cache, p.k_scale, sk);
+  ld.tile(k_cache, p.k_scale, p.k_new, sk);
   cp_async_commit();
-  ld.tile(v_cache, p.v_scale, sv);
+  ld.tile(v_cache, p.v_scale, p.v_new, sv);
   cp_async_commit();
   cp_async_wait<1>();
   __syncthreads();
@@ -90,7 +90,7 @@ __device__ void flash_prefill(const PrefillParams& p) {
     // previous iteration).
     if (j + 1 < t.n_tiles) {
       ld.slots(t, j + 1, p.block_size);
-      ld.tile(k_cache, p.k_scale, sk + (buf ^ 1) * FA_TILE);
+      ld.tile(k_cache, p.k_scale, p.k_new, sk + (buf ^ 1) * FA_TILE);
     }
     cp_async_commit();
 
@@ -116,7 +116,7 @@ __device__ void flash_prefill(const PrefillParams& p) {
     // V tile j is the older of the two groups in flight (K j+1 is the newer).
     cp_async_wait<1>();
     __syncthreads();
-    if (j + 1 < t.n_tiles) ld.tile(v_cache, p.v_scale, sv + (buf ^ 1) * FA_TILE);
+    if (j + 1 < t.n_tiles) ld.tile(v_cache, p.v_scale, p.v_new, sv + (buf ^ 1) * FA_TILE);
     cp_async_commit();
 
     // O += P V: 4 steps of 16 keys, 8 pairs of 8-dim blocks.

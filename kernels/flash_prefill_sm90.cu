@@ -103,9 +103,9 @@ __device__ void flash_prefill_wgmma(const PrefillParams& p) {
   FlashLoader<NT> ld(threadIdx.x);
   ld.q<G, ROWS>((const __nv_bfloat16*)p.q, t, nh, sq);
   ld.slots(t, j0, p.block_size);
-  ld.tile(k_cache, p.k_scale, sk);
+  ld.tile(k_cache, p.k_scale, p.k_new, sk);
   cp_async_commit();
-  ld.tile(v_cache, p.v_scale, sv);
+  ld.tile(v_cache, p.v_scale, p.v_new, sv);
   cp_async_commit();
   cp_async_wait<1>();
   fence_async_smem();
@@ -122,7 +122,7 @@ __device__ void flash_prefill_wgmma(const PrefillParams& p) {
     const __nv_bfloat16* vt = sv + buf * FA_TILE;
     if (j + 1 < j1) {
       ld.slots(t, j + 1, p.block_size);
-      ld.tile(k_cache, p.k_scale, sk + (buf ^ 1) * FA_TILE);
+      ld.tile(k_cache, p.k_scale, p.k_new, sk + (buf ^ 1) * FA_TILE);
     }
     cp_async_commit();
 
@@ -146,7 +146,7 @@ __device__ void flash_prefill_wgmma(const PrefillParams& p) {
     cp_async_wait<1>();
     fence_async_smem();
     __syncthreads();
-    if (j + 1 < j1) ld.tile(v_cache, p.v_scale, sv + (buf ^ 1) * FA_TILE);
+    if (j + 1 < j1) ld.tile(v_cache, p.v_scale, p.v_new, sv + (buf ^ 1) * FA_TILE);
     cp_async_commit();
 
     // O += P V.
@@ -201,7 +201,11 @@ __device__ void flash_prefill_wgmma(const PrefillParams&) {
   PS_FLASH_PREFILL_SM90(4, 2, _x2, KT, NAME)                                                     \
   PS_FLASH_PREFILL_SM90(8, 2, _x2, KT, NAME)
 PS_FLASH_PREFILL_SM90_ALL(__nv_bfloat16, bf16)
-PS_FLASH_PREFILL_SM90_ALL(fp8, fp8)
+// fp8: one block per SM only (capped at 128 registers the tile dequantization spills ~300 bytes).
+PS_FLASH_PREFILL_SM90(1, 1, , fp8, fp8)
+PS_FLASH_PREFILL_SM90(2, 1, , fp8, fp8)
+PS_FLASH_PREFILL_SM90(4, 1, , fp8, fp8)
+PS_FLASH_PREFILL_SM90(8, 1, , fp8, fp8)
 
 // The merge of split-KV partials (grid: tiles x KV heads, 256 threads).
 #define PS_FLASH_MERGE(G)                                                                        \

@@ -75,7 +75,9 @@ __device__ void qk_norm_rope_kv_write(const T* __restrict__ qkv, const T* __rest
                                       const uint32_t* __restrict__ positions,
                                       const uint32_t* __restrict__ slots, T* __restrict__ q_out,
                                       KT* __restrict__ k_cache, KT* __restrict__ v_cache, int nh,
-                                      int nkv, long long num_slots, float eps, float ks, float vs) {
+                                      int nkv, long long num_slots, float eps, float ks, float vs,
+                                      T* __restrict__ k_new = nullptr,
+                                      T* __restrict__ v_new = nullptr) {
   constexpr int HD = 32 * PER;
   const float kinv = 1.f / ks, vinv = 1.f / vs;
   int t = blockIdx.x;
@@ -99,6 +101,15 @@ __device__ void qk_norm_rope_kv_write(const T* __restrict__ qkv, const T* __rest
       for (int j = 0; j < PER; ++j) {
         k_cache[off + lane + 32 * j] = kv_store<KT>(o[j], kinv);
         v_cache[off + lane + 32 * j] = kv_store<KT>(to_f(vsrc[lane + 32 * j]), vinv);
+      }
+      // The unrounded rows a prefill over an fp8 cache attends to for the chunk's own keys.
+      if (k_new != nullptr) {
+        const size_t row = ((size_t)t * nkv + kh) * HD;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+          k_new[row + lane + 32 * j] = from_f<T>(o[j]);
+          v_new[row + lane + 32 * j] = vsrc[lane + 32 * j];
+        }
       }
     }
   }
@@ -290,15 +301,17 @@ __device__ void topk_rows(const float* __restrict__ x, int n, int k, float* __re
 PS_LAYER_OPS(__nv_bfloat16, bf16)
 PS_LAYER_OPS(float, f32)
 
-// The KV write into fp8 caches (bf16 compute), with the layer's scales.
+// The KV write into fp8 caches (bf16 compute), with the layer's scales; with k_new / v_new
+// (bf16 [T, nkv, 128], or null) also the rows unrounded, for the prefill of the chunk.
 extern "C" __global__ void qk_norm_rope_kv_write_hd128_fp8(
     const __nv_bfloat16* qkv, const __nv_bfloat16* q_w, const __nv_bfloat16* k_w,
     const float* inv_freq, const uint32_t* pos, const uint32_t* slots, __nv_bfloat16* q_out,
     fp8* k_cache, fp8* v_cache, int nh, int nkv, long long num_slots, float eps, float ks,
-    float vs) {
+    float vs, __nv_bfloat16* k_new, __nv_bfloat16* v_new) {
   pdl_entry();
   qk_norm_rope_kv_write<__nv_bfloat16, fp8, 4>(qkv, q_w, k_w, inv_freq, pos, slots, q_out, k_cache,
-                                               v_cache, nh, nkv, num_slots, eps, ks, vs);
+                                               v_cache, nh, nkv, num_slots, eps, ks, vs, k_new,
+                                               v_new);
 }
 
 extern "C" __global__ void topk_rows_f32(const float* x, int n, int k, float* vals, uint32_t* idx) { pdl_entry();

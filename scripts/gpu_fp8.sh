@@ -5,9 +5,10 @@
 #          dequantized reference, then the engine over fp8 KV (graphs = eager, vs bf16 KV);
 #  bench   capacity (the engine line: kv_dtype, kv_blocks) and decode tok/s, bf16 vs fp8 KV
 #          in one run per shape: 0.6B at BATCHES06 (1,64,256,512), 1.7B at BATCHES17 (64,256);
-#  parity  logits with bf16 KV and with fp8 KV against HF transformers (torch f32 math
-#          reference, torch bf16 beside) on transformers-initialised 0.6B and 1.7B checkpoints
-#          (scripts/hf_init_model.py) at 203 and LONG (4096) tokens (last 256 positions);
+#  parity  logits with bf16 KV and with fp8 KV (one prefill chunk; chunks of 64) against HF
+#          transformers (torch f32 math reference, torch bf16 beside) on transformers-initialised
+#          0.6B and 1.7B checkpoints (scripts/hf_init_model.py) at 203 and LONG (4096) tokens
+#          (last 256 positions);
 #  http    the 500-request HTTP run (scripts/gpu_defaults.sh HTTP=1) with --kv-cache-dtype fp8.
 set -u
 source scripts/gpu_lib.sh
@@ -55,15 +56,19 @@ import numpy as np
 r = np.random.RandomState($n)
 print(','.join(str(x) for x in [151644, 8948, 198] + list(r.randint(0, 151643, $n - 3))))" > /tmp/ids-$n.txt
       last=$([ $n -gt 256 ] && echo 256 || echo $n)
-      for kv in bf16 fp8; do
+      # fp8: the prompt in one chunk (its own K/V attended unrounded), and in chunks of 64
+      # (every later chunk attends over a prefix read back from the fp8 cache).
+      for run in bf16:4096 fp8:4096 fp8:64; do
+        kv=${run%%:*}; chunk=${run##*:}
         timeout 120 .gpu/policy-serve logits --model-dir $dir --ids "$(cat /tmp/ids-$n.txt)" --last $last \
-          --out /tmp/ours-$shape-$n-$kv.npy --device cuda --dtype bf16 --kv-cache-dtype $kv \
-          > "$OUT/logits-$shape-$n-$kv.log" 2>&1 || tail -3 "$OUT/logits-$shape-$n-$kv.log" | tee -a "$S"
+          --out /tmp/ours-$shape-$n-$kv-$chunk.npy --device cuda --dtype bf16 --kv-cache-dtype $kv \
+          --prefill-chunk $chunk > "$OUT/logits-$shape-$n-$kv-$chunk.log" 2>&1 \
+          || tail -3 "$OUT/logits-$shape-$n-$kv-$chunk.log" | tee -a "$S"
       done
       echo "== parity $shape hf-init $n tokens" | tee -a "$S"
       LAST=$last timeout 200 python3 scripts/hf_logits_check.py $dir @/tmp/ids-$n.txt \
-        ours-bf16=/tmp/ours-$shape-$n-bf16.npy ours-fp8kv=/tmp/ours-$shape-$n-fp8.npy 2>&1 \
-        | grep -E "hf-check|Error|error" | tee -a "$S"
+        ours-bf16=/tmp/ours-$shape-$n-bf16-4096.npy ours-fp8kv=/tmp/ours-$shape-$n-fp8-4096.npy \
+        ours-fp8kv-c64=/tmp/ours-$shape-$n-fp8-64.npy 2>&1 | grep -E "hf-check|Error|error" | tee -a "$S"
     done
   done
 fi

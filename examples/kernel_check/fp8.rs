@@ -68,6 +68,7 @@ fn decode(
         k: &k8,
         v: &v8,
         scale,
+        fresh: None,
     };
     let out = k.paged_decode(&q, fp8, &tables_t, &ctx_t, bs)?;
     let reference = k.paged_decode(&q, KvRef::plain(&kb, &vb), &tables_t, &ctx_t, bs)?;
@@ -89,13 +90,16 @@ fn decode(
 }
 
 /// Flash prefill chunks `(q_len, ctx)` over fp8 caches against the bf16 flash kernel on the
-/// dequantized caches.
+/// dequantized caches; with `fresh`, the chunks' own keys and values come unrounded from
+/// rows beside the cache (random bf16 values), and the reference's caches hold those values
+/// at the chunks' slots.
 fn prefill(
     k: &CudaKernels,
     dev: &Device,
     specs: &[(usize, usize)],
     (nh, nkv): (usize, usize),
     scale: KvScale,
+    fresh: bool,
 ) -> Res<f32> {
     let (hd, bs, tile) = (128usize, 16usize, k.prefill_tile(nh / nkv));
     let blocks: usize = specs.iter().map(|(_, c)| c.div_ceil(bs)).sum::<usize>() + 1;
@@ -115,11 +119,33 @@ fn prefill(
         next += n;
         row += ql;
     }
+    // The chunks' slots, row by row (row r of the chunks is position ctx - q_len + i).
+    let mut chunk_slots = Vec::with_capacity(t);
+    for (si, &(ql, ctx)) in specs.iter().enumerate() {
+        let first = meta[4 * si + 3] as usize;
+        for i in 0..ql {
+            let pos = ctx - ql + i;
+            chunk_slots.push(tables[first + pos / bs] * bs as u32 + (pos % bs) as u32);
+        }
+    }
     let (tiles, meta, tables) = (
         Tensor::new(tiles.as_slice(), dev)?,
         Tensor::new(meta.as_slice(), dev)?,
         Tensor::new(tables.as_slice(), dev)?,
     );
+    let new_k = (randn(&[t, nkv, hd], DType::F32, dev)? * (50.0 * scale.k as f64))?
+        .to_dtype(DType::BF16)?;
+    let new_v = (randn(&[t, nkv, hd], DType::F32, dev)? * (50.0 * scale.v as f64))?
+        .to_dtype(DType::BF16)?;
+    if fresh {
+        // The reference sees the unrounded values at the chunks' slots.
+        let idx = Tensor::new(chunk_slots.as_slice(), dev)?
+            .reshape((1, t, 1))?
+            .broadcast_as((nkv, t, hd))?
+            .contiguous()?;
+        kb.scatter_set(&idx, &new_k.transpose(0, 1)?.contiguous()?, 1)?;
+        vb.scatter_set(&idx, &new_v.transpose(0, 1)?.contiguous()?, 1)?;
+    }
     let keys = specs.iter().map(|s| s.1).max().unwrap_or(0);
     let run = |kv: KvRef<'_>| -> Res<Tensor> {
         let out = Tensor::zeros((t, nh * hd), DType::BF16, dev)?;
@@ -130,6 +156,7 @@ fn prefill(
         k: &k8,
         v: &v8,
         scale,
+        fresh: fresh.then_some((&new_k, &new_v)),
     })?;
     rel(&out, &run(KvRef::plain(&kb, &vb))?)
 }
@@ -170,6 +197,7 @@ fn write(k: &CudaKernels, dev: &Device, tokens: usize, scale: KvScale) -> Res<(f
             k: &k8,
             v: &v8,
             scale,
+            fresh: None,
         },
     ] {
         k.qk_norm_rope_kv_write(
@@ -278,13 +306,19 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     ];
     for spec in specs {
         for (name, s) in [("pow2", pow2), ("calibrated", odd)] {
-            let d = prefill(&k, dev, spec, (16, 8), s)?;
+            let d = prefill(&k, dev, spec, (16, 8), s, false)?;
             t.check(
                 format!("fp8 flash prefill {spec:?} ({name} scales) = bf16 on dequantized"),
                 d,
                 1e-3,
             );
         }
+        let d = prefill(&k, dev, spec, (16, 8), odd, true)?;
+        t.check(
+            format!("fp8 flash prefill {spec:?}, the chunks' own K/V unrounded = bf16"),
+            d,
+            1e-3,
+        );
     }
     Ok(())
 }

@@ -83,6 +83,11 @@ pub struct KvRef<'a> {
     pub v: &'a Tensor,
     /// Their scales ([`KvScale::ONE`] unless fp8).
     pub scale: KvScale,
+    /// fp8 caches: this forward's own K and V before rounding (`[tokens, kv_heads, head_dim]`
+    /// in the compute dtype). A prefill attends to its chunk's keys and values from here and
+    /// only to the cached prefix's from the cache (a prompt prefilled in one chunk is then
+    /// exact; decode reads the cache). The KV write fills them on the kernels.
+    pub fresh: Option<(&'a Tensor, &'a Tensor)>,
 }
 
 impl<'a> KvRef<'a> {
@@ -92,6 +97,7 @@ impl<'a> KvRef<'a> {
             k,
             v,
             scale: KvScale::ONE,
+            fresh: None,
         }
     }
 

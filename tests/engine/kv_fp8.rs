@@ -15,9 +15,12 @@ use super::tiers::{greedy, pause, temp_dir, tier_options};
 use super::{common, max_rel_err, options, reference_logits, registry_with};
 use common::prompt;
 
+/// fp8 KV, prompts in chunks of 8: every chunk after the first attends over a prefix read
+/// back from the cache (a chunk's own keys and values are attended unrounded).
 fn fp8() -> EngineOptions {
     EngineOptions {
         kv_dtype: KvCacheDtype::Fp8,
+        prefill_chunk: 8,
         ..options()
     }
 }
@@ -94,6 +97,20 @@ fn fp8_kv_logits_stay_near_full_precision_kv_and_hold_four_times_f32s_tokens() {
         "argmax agrees on {agree}/{}",
         ours.len()
     );
+    // One chunk: every position attends to the chunk's own keys and values unrounded, so the
+    // logits are full precision's (a prefill that read the chunk back from the cache fails).
+    let one_chunk = registry_with(EngineOptions {
+        prefill_chunk: 4096,
+        ..fp8()
+    });
+    let exact_too = one_chunk
+        .model("tiny")
+        .unwrap()
+        .engine()
+        .logits(tokens.clone())
+        .unwrap();
+    let err = max_rel_err(&exact_too, &exact);
+    assert!(err <= 1e-4, "one chunk over fp8 KV: relative error {err}");
     // The same budget in blocks: e4m3 is a quarter of f32 and half of bf16.
     let blocks = |kv_dtype| {
         let r = registry_with(EngineOptions {

@@ -295,7 +295,13 @@ impl CudaKernels {
         } else if !flash_on {
             Err("fp8 KV needs the flash prefill kernels (drop --no-flash-prefill)".to_string())
         } else {
-            let prefill_flash = groups(&flash_mod, flash, "fp8")?;
+            // One warpgroup-MMA block per SM: two spill (see flash_prefill_sm90.cu).
+            let flash_fp8 = if wgmma {
+                "flash_prefill_sm90"
+            } else {
+                "flash_prefill"
+            };
+            let prefill_flash = groups(&flash_mod, flash_fp8, "fp8")?;
             smem_attr(&prefill_flash)?;
             Ok(Fp8Kernels {
                 kv_write: f(&layer_ops, "qk_norm_rope_kv_write_hd128_fp8")?,

@@ -156,10 +156,15 @@ impl CudaKernels {
             b.arg(p);
         }
         b.arg(&nh32).arg(&nkv32).arg(&num_slots).arg(&eps32);
-        // The fp8 kernel takes the layer's scales after the others.
+        // The fp8 kernel takes the layer's scales after the others, then where the rows go
+        // unrounded (0: nowhere).
         let (ks, vs) = (kv.scale.k, kv.scale.v);
+        let fresh = match kv.fresh {
+            Some((k, v)) => [self.ptr(k)?, self.ptr(v)?],
+            None => [0, 0],
+        };
         if kv.is_fp8() {
-            b.arg(&ks).arg(&vs);
+            b.arg(&ks).arg(&vs).arg(&fresh[0]).arg(&fresh[1]);
         }
         // SAFETY: argument types match the kernel's signature; buffers are sized above.
         unsafe { b.launch(cfg) }.w()?;

@@ -110,13 +110,16 @@ pub(super) struct PrefillParams {
     pub(super) rows: i32,
     pub(super) k_scale: f32,
     pub(super) v_scale: f32,
+    /// fp8 caches: the chunks' own K and V unrounded (bf16 `[rows, nkv, 128]`), or 0.
+    pub(super) k_new: u64,
+    pub(super) v_new: u64,
 }
 
 // The sizes `kernels/attention.cuh` asserts for the same structs (a field added on one side
 // only fails the build).
 const _: () = assert!(std::mem::size_of::<DecodeParams>() == 104);
 const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 160);
-const _: () = assert!(std::mem::size_of::<PrefillParams>() == 104);
+const _: () = assert!(std::mem::size_of::<PrefillParams>() == 120);
 const _: () = {
     use std::mem::offset_of;
     assert!(offset_of!(DecodeParams, geometry) == 64);

@@ -129,6 +129,14 @@ impl CudaKernels {
             rows: rows as i32,
             k_scale: kv.scale.k,
             v_scale: kv.scale.v,
+            k_new: match kv.fresh {
+                Some((k, _)) if kv.is_fp8() => self.ptr(k)?,
+                _ => 0,
+            },
+            v_new: match kv.fresh {
+                Some((_, v)) if kv.is_fp8() => self.ptr(v)?,
+                _ => 0,
+            },
         };
         // The flash kernel takes one linear grid (split fastest, then KV head, tiles
         // longest-first).

@@ -151,7 +151,15 @@ pub(crate) fn attend(
     let mut t0 = 0;
     for group in &plan.groups {
         let n = group.tokens();
-        outs.push(attend_group(&q.narrow(0, t0, n)?, kv, group, nh, nkv, hd)?);
+        outs.push(attend_group(
+            &q.narrow(0, t0, n)?,
+            kv,
+            t0,
+            group,
+            nh,
+            nkv,
+            hd,
+        )?);
         t0 += n;
     }
     let out = if outs.len() == 1 {
@@ -172,10 +180,12 @@ impl AttnGroup {
     }
 }
 
-/// One group of the gather path: `q` `[tokens, heads, hd]` holds the group's query rows.
+/// One group of the gather path: `q` `[tokens, heads, hd]` holds the group's query rows,
+/// rows `t0..` of the forward's (where an fp8 cache's `fresh` rows for them start).
 pub(crate) fn attend_group(
     q: &Tensor,
     kv: KvRef<'_>,
+    t0: usize,
     group: &AttnGroup,
     nh: usize,
     nkv: usize,
@@ -218,8 +228,20 @@ pub(crate) fn attend_group(
         } => {
             let (n, c) = (*q_len, *ctx);
             let qs = q.transpose(0, 1)?.contiguous()?.reshape((nkv, g * n, hd))?; // [nkv, g*n, hd]
-            let k = k_rows(idx)?; // [nkv, c, hd]
-            let v = v_rows(idx)?;
+            let (k, v) = match kv.fresh.filter(|_| kv.is_fp8()) {
+                // The cached prefix from the fp8 cache, the chunk's own rows unrounded.
+                Some((fk, fv)) => {
+                    let prefix = idx.narrow(0, 0, c - n)?;
+                    let own = |x: &Tensor| -> Result<Tensor> {
+                        Ok(x.narrow(0, t0, n)?.transpose(0, 1)?.to_dtype(q.dtype())?)
+                    };
+                    (
+                        Tensor::cat(&[k_rows(&prefix)?, own(fk)?], 1)?,
+                        Tensor::cat(&[v_rows(&prefix)?, own(fv)?], 1)?,
+                    )
+                }
+                None => (k_rows(idx)?, v_rows(idx)?), // [nkv, c, hd]
+            };
             let scores = qs
                 .matmul(&k.transpose(1, 2)?)?
                 .reshape((nkv, g, n, c))?

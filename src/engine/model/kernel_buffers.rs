@@ -55,6 +55,9 @@ pub(crate) struct Activations {
     pub(super) counters: Tensor,
     /// The LoRA shrink's f32 scratch (`[t, 3 * rank]`), on a model with adapter slots.
     pub(crate) lora_y: Option<Tensor>,
+    /// A step with prefill over an fp8 cache: the tokens' K and V unrounded
+    /// (`[t, kv_heads, head_dim]`), which the prefill attends to for its chunks' own keys.
+    pub(super) kv_new: Option<(Tensor, Tensor)>,
 }
 
 impl Activations {
@@ -88,6 +91,7 @@ impl Activations {
                 Some(l) => Some(k.alloc((t, 3 * l.rank()), candle_core::DType::F32)?),
                 None => None,
             },
+            kv_new: None,
         })
     }
 
@@ -108,6 +112,7 @@ impl Activations {
             scratch: self.scratch.clone(),
             counters: self.counters.clone(),
             lora_y: self.lora_y.as_ref().map(n).transpose()?,
+            kv_new: None,
         })
     }
 

@@ -176,7 +176,11 @@ impl KernelForward<'_> {
             },
         };
         let plan = AttnPlan::new(seqs, bs, dev, m.dtype(), true, prefill_kernel)?;
-        let acts = Activations::new(k, m, t, nd, splits)?;
+        let mut acts = Activations::new(k, m, t, nd, splits)?;
+        if cache.dtype() == candle_core::DType::F8E4M3 && seqs.iter().any(|s| s.q_len > 1) {
+            let (nkv, hd) = (m.local_kv_heads(), m.layers[0].attn.head_dim);
+            acts.kv_new = Some((k.alloc_out((t, nkv, hd))?, k.alloc_out((t, nkv, hd))?));
+        }
         Ok((inputs, plan, acts))
     }
 
@@ -241,7 +245,8 @@ impl KernelForward<'_> {
             if delta.is_some() {
                 cur = 1 - cur;
             }
-            let kv = cache.layer(li);
+            let mut kv = cache.layer(li);
+            kv.fresh = a.kv_new.as_ref().map(|(k, v)| (k, v));
             let out = if fused {
                 k.decode_fused_into(
                     &a.qkv,
@@ -393,7 +398,7 @@ impl KernelForward<'_> {
                     let w = tables.elem_count() / n;
                     k.paged_decode(&qg, kv, &tables.reshape((*n, w))?, &ctx, bs)?
                 }
-                other => attend_group(&qg, kv, other, nh, a.num_kv_heads, hd)?,
+                other => attend_group(&qg, kv, t0, other, nh, a.num_kv_heads, hd)?,
             });
             t0 += n;
         }

@@ -118,6 +118,7 @@ impl PagedKvCache {
             k: &self.k[layer],
             v: &self.v[layer],
             scale: self.scales[layer],
+            fresh: None,
         }
     }
 

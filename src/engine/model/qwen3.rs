@@ -124,7 +124,11 @@ impl Attention {
         };
         let (q, k) = (rope(&q)?, rope(&k)?);
         ctx.cache.write(li, &k, &v, &ctx.slot_idx)?;
-        let attn = attend(&q, ctx.cache.layer(li), &ctx.plan, nh, nkv, hd)?;
+        let mut kv = ctx.cache.layer(li);
+        if kv.is_fp8() {
+            kv.fresh = Some((&k, &v));
+        }
+        let attn = attend(&q, kv, &ctx.plan, nh, nkv, hd)?;
         ctx.lora(self.o_proj.forward(&attn)?, li, 1, &attn)
     }
 }
