@@ -44,6 +44,15 @@ struct Group {
 }
 
 fn group(world: usize, worker_opts: impl Fn(usize) -> WorkerOptions) -> Group {
+    group_with(world, options(), worker_opts)
+}
+
+/// A group whose head runs with `head` (its tensor-parallel link added).
+fn group_with(
+    world: usize,
+    head_opts: EngineOptions,
+    worker_opts: impl Fn(usize) -> WorkerOptions,
+) -> Group {
     let dir = tp_model();
     let mut comms: Vec<Arc<InProcessComm>> = InProcessComm::group(world, Duration::from_secs(5))
         .into_iter()
@@ -61,7 +70,7 @@ fn group(world: usize, worker_opts: impl Fn(usize) -> WorkerOptions) -> Group {
         .collect();
     let opts = EngineOptions {
         tensor_parallel: Some(CommHandle(head.clone())),
-        ..options()
+        ..head_opts
     };
     let registry = ModelRegistry::new(vec![ModelSpec::local("tp", "TP", &dir)])
         .unwrap()
@@ -360,4 +369,71 @@ fn a_tensor_parallel_engine_updates_every_rank() {
     for w in g.workers {
         assert!(w.join().unwrap().unwrap().clean_shutdown);
     }
+}
+
+#[test]
+fn fp8_kv_runs_on_every_rank_with_its_own_calibrated_scales() {
+    use policy_serve::engine::KvCacheDtype;
+    // Chunks of 8: the later chunks attend over an fp8 prefix read back from every rank.
+    let fp8 = EngineOptions {
+        kv_dtype: KvCacheDtype::Fp8,
+        prefill_chunk: 8,
+        ..options()
+    };
+    let tokens = prompt(40, 3);
+    let single = |opts: EngineOptions| {
+        let r = ModelRegistry::new(vec![ModelSpec::local("tp", "TP", tp_model())])
+            .unwrap()
+            .with_options(opts);
+        r.model("tp")
+            .unwrap()
+            .engine()
+            .logits(tokens.clone())
+            .unwrap()
+    };
+    let exact = single(options());
+    let one_rank_fp8 = single(fp8.clone());
+    let rel = |a: &[Vec<f32>], b: &[Vec<f32>]| {
+        let mut worst = 0f32;
+        for (x, y) in a.iter().zip(b) {
+            let scale = y.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (p, q) in x.iter().zip(y) {
+                worst = worst.max((p - q).abs() / scale);
+            }
+        }
+        worst
+    };
+    let worker = |_: usize| WorkerOptions {
+        engine: fp8.clone(),
+        fail_command: None,
+    };
+    let g = group_with(2, fp8.clone(), worker);
+    let engine = g.registry.model("tp").unwrap().engine().clone();
+    assert_eq!(engine.info().kv_dtype, candle_core::DType::F8E4M3);
+    let tp = engine.logits(tokens.clone()).unwrap();
+    // Each rank rounds its own heads' K/V with its own scales: fp8's error, not more (a rank
+    // reading its cache without its scales, or with the other rank's, is far off).
+    let (err, err_one) = (rel(&tp, &exact), rel(&one_rank_fp8, &exact));
+    assert!(err <= 5e-2, "2 ranks, fp8 KV: relative error {err}");
+    assert!(err > 1e-5, "fp8 rounding shows ({err}): is the cache fp8?");
+    assert!(
+        err <= 2.0 * err_one + 1e-3,
+        "2 ranks {err} vs one rank {err_one}"
+    );
+    drop(engine);
+    drop(g.registry);
+    for w in g.workers {
+        assert!(w.join().unwrap().unwrap().clean_shutdown);
+    }
+    // A worker not told to store fp8 refuses the head's Hello, naming the flag.
+    let plain = |_: usize| WorkerOptions {
+        engine: options(),
+        fail_command: None,
+    };
+    let g = group_with(2, fp8, plain);
+    let Err(err) = g.registry.model("tp") else {
+        panic!("the ranks disagree on the KV dtype")
+    };
+    let err = err.to_string();
+    assert!(err.contains("--kv-cache-dtype"), "{err}");
 }

@@ -59,6 +59,10 @@ pub struct RankSettings {
     pub dtype: String,
     /// `model_type`, layers and hidden size of the checkpoint (same model on every rank).
     pub model: String,
+    /// The KV cache's dtype (`--kv-cache-dtype`: `bf16`, `f32`, `f8e4m3`; empty: the
+    /// compute dtype's). fp8 scales are each rank's own (its KV heads').
+    #[serde(default)]
+    pub kv_cache: String,
 }
 
 impl RankSettings {
@@ -75,7 +79,14 @@ impl RankSettings {
             num_blocks,
             dtype: format!("{dtype:?}").to_lowercase(),
             model,
+            kv_cache: String::new(),
         }
+    }
+
+    /// These settings with the KV cache stored as `kv` (see [`RankSettings::kv_cache`]).
+    pub fn with_kv_cache(mut self, kv: candle_core::DType) -> Self {
+        self.kv_cache = format!("{kv:?}").to_lowercase();
+        self
     }
 
     /// Checks a worker's own settings against the head's; the error names the flag to mirror.
@@ -93,6 +104,14 @@ impl RankSettings {
         }
         if self.model != head.model {
             return flag("--model", &self.model, &head.model);
+        }
+        if self.kv_cache != head.kv_cache {
+            let name = |s: &str| if s == "f8e4m3" { "fp8" } else { "auto" }.to_string();
+            return flag(
+                "--kv-cache-dtype",
+                &name(&self.kv_cache),
+                &name(&head.kv_cache),
+            );
         }
         Ok(())
     }

@@ -14,14 +14,15 @@ use crate::engine::model::config::ModelConfig;
 use crate::engine::model::kv_cache::PagedKvCache;
 use crate::engine::model::weights::Checkpoint;
 use crate::engine::options::KvCacheDtype;
+use crate::engine::parallel::comm::CommBackend;
 use crate::error::{Error, Result};
 
 /// Tokens of the calibration prompt.
 pub const CALIBRATION_TOKENS: usize = 512;
 
 /// The cache's storage dtype for `choice` on this model (an error says why a choice cannot
-/// be served: fp8 under tensor parallelism, on a GPU without fp8, bf16 under f32 kernels).
-pub(crate) fn kv_dtype(choice: KvCacheDtype, model: &Model, world: usize) -> Result<DType> {
+/// be served: fp8 on a GPU without fp8, bf16 under f32 kernels).
+pub(crate) fn kv_dtype(choice: KvCacheDtype, model: &Model) -> Result<DType> {
     let compute = model.dtype();
     let refuse = |why: String| {
         Err(Error::InvalidInput(format!(
@@ -38,9 +39,6 @@ pub(crate) fn kv_dtype(choice: KvCacheDtype, model: &Model, world: usize) -> Res
         KvCacheDtype::Bf16 if compute == DType::BF16 || !model.uses_kernels() => Ok(DType::BF16),
         KvCacheDtype::Bf16 => refuse(format!(
             "the CUDA kernels keep KV in the compute dtype ({compute:?}); use auto or --dtype bf16"
-        )),
-        KvCacheDtype::Fp8 if world > 1 => refuse(format!(
-            "fp8 KV is not served on tensor-parallel engines yet ({world} ranks); use one GPU"
         )),
         KvCacheDtype::Fp8 => match model.fp8_kv() {
             Ok(()) => Ok(DType::F8E4M3),
@@ -114,11 +112,13 @@ fn calibration_ids(vocab: usize) -> Vec<u32> {
 }
 
 /// Scales from one prefill of the calibration prompt into a cache in the compute dtype: per
-/// layer, the largest |K| and |V| written / 448.
+/// layer, the largest |K| and |V| written / 448 (this rank's KV heads; under tensor
+/// parallelism every rank runs it at once, `comm` pairing the collectives).
 pub(crate) fn calibrate(
     model: &Model,
     cfg: &ModelConfig,
     block_size: usize,
+    comm: Option<&dyn CommBackend>,
 ) -> Result<Vec<KvScale>> {
     let ids = calibration_ids(cfg.vocab_size);
     let blocks = ids.len().div_ceil(block_size);
@@ -138,7 +138,7 @@ pub(crate) fn calibrate(
         logits: LogitRows::None,
         adapter: None,
     };
-    model.forward(&ids, &[seq], &cache, None)?;
+    model.forward(&ids, &[seq], &cache, comm)?;
     let amax = |t: &candle_core::Tensor| -> Result<f32> {
         Ok(t.to_dtype(DType::F32)?
             .abs()?

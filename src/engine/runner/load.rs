@@ -99,11 +99,12 @@ fn fp8_scales(
     weights: &[PathBuf],
     model: &crate::engine::model::Model,
     block_size: usize,
+    comm: Option<&dyn crate::engine::parallel::comm::CommBackend>,
 ) -> Result<Vec<crate::engine::kv_format::KvScale>> {
     let (scales, source) = match super::kv_scales::checkpoint_scales(key, cfg, weights)? {
         Some(s) => (s, "checkpoint k_scale/v_scale"),
         None => (
-            super::kv_scales::calibrate(model, cfg, block_size)?,
+            super::kv_scales::calibrate(model, cfg, block_size, comm)?,
             "calibration (a fixed prompt of 512 tokens, amax / 448)",
         ),
     };
@@ -201,13 +202,7 @@ impl ModelRunner {
         let dtype = model.dtype();
         let kernels = model.uses_kernels();
         let max_context = served_context(cfg);
-        let kv_dtype = super::kv_scales::kv_dtype(opts.kv_dtype, &model, shard.world)?;
-        // fp8 scales before anything is sized (the calibration's small cache is freed).
-        let kv_scales = if kv_dtype == DType::F8E4M3 {
-            Some(fp8_scales(key, cfg, weights, &model, opts.block_size)?)
-        } else {
-            None
-        };
+        let kv_dtype = super::kv_scales::kv_dtype(opts.kv_dtype, &model)?;
         let block_bytes =
             cfg.kv_bytes_per_token(kv_dtype.size_in_bytes()) * opts.block_size / shard.world;
         // `max_running` left to the engine follows the KV pool the budget gives before the
@@ -263,14 +258,16 @@ impl ModelRunner {
             kv_dtype,
             device,
         )?;
-        if let Some(s) = kv_scales {
-            cache.set_scales(s)?;
-        }
+
         if let Some(c) = &comm {
             // Every worker allocates the same blocks up front; the block tables of each step
             // travel with its command, so the ranks agree on slots and cached prefixes.
-            let hello =
-                WorkerCommand::Hello(rank_settings(cfg, dtype, opts.block_size, num_blocks));
+            let hello = WorkerCommand::Hello(rank_settings(
+                cfg,
+                (dtype, kv_dtype),
+                opts.block_size,
+                num_blocks,
+            ));
             for (i, ack) in c
                 .send_command(&hello, HELLO_TIMEOUT)?
                 .into_iter()
@@ -285,6 +282,12 @@ impl ModelRunner {
                 world = c.world_size(),
                 "tensor-parallel workers ready"
             );
+        }
+        if kv_dtype == DType::F8E4M3 {
+            // Under tensor parallelism the workers run the same calibration now (each its own
+            // KV heads' scales); its collectives pair with this rank's.
+            let scales = fp8_scales(key, cfg, weights, &model, opts.block_size, comm.as_deref())?;
+            cache.set_scales(scales)?;
         }
         let world = shard.world;
         #[allow(unused_mut)]

@@ -98,22 +98,40 @@ pub fn run_worker(
             return Err(Error::Engine(msg));
         }
     };
-    let mine = rank_settings(&cfg, dtype, opts.block_size, head.num_blocks);
+    let kv_dtype = match super::kv_scales::kv_dtype(opts.kv_dtype, &model) {
+        Ok(d) => d,
+        Err(e) => {
+            let _ = comm.ack(Err(e.to_string()));
+            return Err(e);
+        }
+    };
+    let mine = rank_settings(&cfg, (dtype, kv_dtype), opts.block_size, head.num_blocks);
     if let Err(e) = mine.check_against_head(&head) {
         let _ = comm.ack(Err(e.to_string()));
         tracing::error!(rank, error = %e, "refusing to start");
         return Err(e);
     }
     // Every block up front, in index order: block i here is the head's block i.
-    let cache = PagedKvCache::new(
+    let mut cache = PagedKvCache::new(
         &cfg,
         model.local_kv_heads(),
         head.num_blocks,
         head.block_size,
-        dtype,
+        kv_dtype,
         &device,
     )?;
     comm.ack(Ok(()))?;
+    if kv_dtype == DType::F8E4M3 {
+        // The head does the same now: from the checkpoint, or one calibration prefill run
+        // together (its collectives pair with the head's); this rank's heads, its own scales.
+        let scales = match super::kv_scales::checkpoint_scales(&key, &cfg, &files.weights)? {
+            Some(s) => s,
+            None => {
+                super::kv_scales::calibrate(&model, &cfg, head.block_size, Some(comm.as_ref()))?
+            }
+        };
+        cache.set_scales(scales)?;
+    }
 
     let mut report = WorkerReport::default();
     loop {
@@ -209,7 +227,7 @@ fn check_seqs(seqs: &[SeqCommand], cache: &PagedKvCache) -> std::result::Result<
 /// tokens must share (the head sends its own in `Hello`; a worker compares).
 pub(crate) fn rank_settings(
     cfg: &ModelConfig,
-    dtype: DType,
+    (dtype, kv_dtype): (DType, DType),
     block_size: usize,
     num_blocks: usize,
 ) -> RankSettings {
@@ -217,7 +235,7 @@ pub(crate) fn rank_settings(
         "{}:{}x{}",
         cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size
     );
-    RankSettings::new(model, dtype, block_size, num_blocks)
+    RankSettings::new(model, dtype, block_size, num_blocks).with_kv_cache(kv_dtype)
 }
 
 /// Starts ranks `1..world` of a tensor-parallel model as threads of this process (the
