@@ -62,8 +62,8 @@ __device__ void paged_decode(const T* __restrict__ q, const KT* __restrict__ k_c
   // the same sums), FETCH of them a round with every K/V load of the round in flight at once.
   // Every half-warp runs the same rounds (the shuffles need the whole warp); a token past the
   // end computes nothing and leaves the state as it was.
-  // fp8 rows are half the registers: twice the tokens in flight (fewer dependent rounds).
-  constexpr int FETCH = (G >= 8 ? 2 : 4) * (IsFp8<KT>::value ? 2 : 1);
+  // (fp8 with 8 tokens a round measured 6-7% slower than 4 at batch 256-512 on the H200.)
+  constexpr int FETCH = G >= 8 ? 2 : 4;
   using Raw = typename KvRaw<KT>::type;
   for (int base = start; base < end; base += GROUPS * FETCH) {
     Raw kr[FETCH], vr[FETCH];
