@@ -42,32 +42,64 @@ fn main() {
              or build without `--features cuda`."
         )
     });
-    for k in KERNELS {
-        let src = Path::new("kernels").join(format!("{k}.cu"));
-        let dst = out.join(format!("{k}.fatbin"));
-        let mut cmd = Command::new(&nvcc);
-        cmd.args(["-O3", "-std=c++17", "-fatbin", "-lineinfo"]);
-        if k.ends_with("_sm90") {
-            // Hopper-only instructions (wgmma): sm_90a machine code and nothing else; the host
-            // loads these only on sm_90 GPUs.
-            cmd.args(["-gencode", "arch=compute_90a,code=sm_90a"]);
-        } else {
-            cmd.args(["-gencode", "arch=compute_80,code=sm_80"])
-                .args(["-gencode", "arch=compute_90,code=sm_90"])
-                .args(["-gencode", "arch=compute_90,code=compute_90"]);
+    // The files compile concurrently, as many at once as cargo gives this build jobs (the
+    // sm_90a flash prefill alone takes a quarter of the time).
+    let jobs = std::env::var("NUM_JOBS")
+        .ok()
+        .and_then(|j| j.parse::<usize>().ok())
+        .unwrap_or(1)
+        .max(1);
+    let mut pending: Vec<&str> = KERNELS.to_vec();
+    // Longest first: the Hopper flash prefill, then the rest in order.
+    pending.sort_by_key(|k| !k.ends_with("_sm90"));
+    let mut running: Vec<(&str, std::process::Child)> = Vec::new();
+    while !pending.is_empty() || !running.is_empty() {
+        while running.len() < jobs && !pending.is_empty() {
+            let k = pending.remove(0);
+            running.push((k, nvcc_command(&nvcc, k, &out)));
         }
-        let status = cmd
-            .arg("-o")
-            .arg(&dst)
-            .arg(&src)
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
-        assert!(
-            status.success(),
-            "nvcc failed on {} (see the errors above)",
-            src.display()
-        );
+        // Whichever finishes first frees its slot.
+        let mut done = None;
+        for (i, (k, child)) in running.iter_mut().enumerate() {
+            if let Some(status) = child
+                .try_wait()
+                .unwrap_or_else(|e| panic!("cannot wait for nvcc on {k}.cu: {e}"))
+            {
+                assert!(
+                    status.success(),
+                    "nvcc failed on kernels/{k}.cu (see the errors above)"
+                );
+                done = Some(i);
+                break;
+            }
+        }
+        match done {
+            Some(i) => drop(running.remove(i)),
+            None => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
     }
+}
+
+/// Starts nvcc on `kernels/{k}.cu`, writing `{out}/{k}.fatbin`.
+fn nvcc_command(nvcc: &Path, k: &str, out: &Path) -> std::process::Child {
+    let src = Path::new("kernels").join(format!("{k}.cu"));
+    let dst = out.join(format!("{k}.fatbin"));
+    let mut cmd = Command::new(nvcc);
+    cmd.args(["-O3", "-std=c++17", "-fatbin", "-lineinfo"]);
+    if k.ends_with("_sm90") {
+        // Hopper-only instructions (wgmma): sm_90a machine code and nothing else; the host
+        // loads these only on sm_90 GPUs.
+        cmd.args(["-gencode", "arch=compute_90a,code=sm_90a"]);
+    } else {
+        cmd.args(["-gencode", "arch=compute_80,code=sm_80"])
+            .args(["-gencode", "arch=compute_90,code=sm_90"])
+            .args(["-gencode", "arch=compute_90,code=compute_90"]);
+    }
+    cmd.arg("-o")
+        .arg(&dst)
+        .arg(&src)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()))
 }
 
 fn find_nvcc() -> Option<PathBuf> {
