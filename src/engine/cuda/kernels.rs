@@ -14,7 +14,9 @@ use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Shape, Storage, Tensor};
 
 use super::blas::Blas;
+use super::fp8::Fp8Kernels;
 use super::launch::{self, kernel_err};
+pub use super::launch_options::LaunchOptions;
 use crate::error::Result;
 
 static DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/decode.fatbin"));
@@ -48,61 +50,6 @@ pub(crate) const PREFILL_TILE: usize = 16;
 pub(crate) const FLASH_PREFILL_SMEM: usize = 82944;
 /// The same for the 128-row blocks of the warpgroup-MMA kernel (`flash_smem_bytes<128>()`).
 pub(crate) const FLASH_PREFILL_SMEM_SM90: usize = 99328;
-
-/// Which launch paths the kernels take where the hardware allows them (the kernel half of the
-/// engine's `KernelOptions`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LaunchOptions {
-    /// Skinny-matmul kernels for 1-2 rows (bf16).
-    pub gemv: bool,
-    /// Tensor-core skinny-matmul kernels for 3-8 rows (bf16; with `gemv`; off: cuBLAS and
-    /// the separate norm and SiLU kernels).
-    pub gemv_mma: bool,
-    /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
-    /// while it runs (sm_90+).
-    pub l2_prefetch: bool,
-    /// Draw rows sampled over the whole vocabulary (no top-k, top-p off) on the device
-    /// (`sample_full_f32`) instead of reading their logits to the host.
-    pub sample_full: bool,
-    /// The 1-2-row skinny matmuls behind a norm compute it per warp (no shared memory, no
-    /// block barrier) instead of once per block.
-    pub warp_norm: bool,
-    /// The fused decode attention (bf16).
-    pub fused_decode: bool,
-    /// Thread-block clusters in the fused decode attention (sm_90+).
-    pub clusters: bool,
-    /// The flash prefill attention (bf16).
-    pub flash_prefill: bool,
-    /// The flash prefill on warpgroup MMA where the GPU has it (sm_90).
-    pub wgmma_prefill: bool,
-    /// Two warpgroup-MMA prefill blocks per SM (registers capped at 128 a thread) instead of
-    /// one: 360 vs 284 TFLOP/s of attention at 32k on the H200 (BENCHMARKS.md).
-    pub wgmma_prefill_x2: bool,
-    /// Split the keys of a warpgroup-MMA prefill launch that would not fill the GPU (a short
-    /// chunk over a long prefix) across blocks, merging their partial outputs.
-    pub split_kv: bool,
-    /// Programmatic dependent launch (sm_90+).
-    pub pdl: bool,
-}
-
-impl Default for LaunchOptions {
-    fn default() -> Self {
-        Self {
-            gemv: true,
-            gemv_mma: false,
-            l2_prefetch: false,
-            sample_full: true,
-            warp_norm: false,
-            fused_decode: true,
-            clusters: true,
-            flash_prefill: true,
-            wgmma_prefill: true,
-            wgmma_prefill_x2: true,
-            split_kv: true,
-            pdl: true,
-        }
-    }
-}
 
 /// Pinned host buffers for [`CudaKernels::read_ids`], reused across steps.
 #[derive(Default)]
@@ -172,15 +119,6 @@ pub struct CudaKernels {
     pub(super) pdl: std::sync::atomic::AtomicBool,
     /// The kernels over fp8 KV caches (bf16 compute on sm_89+), or why there are none.
     pub(super) fp8: std::result::Result<Fp8Kernels, String>,
-}
-
-/// The kernels that read or write an fp8 (e4m3) KV cache, bf16 compute: the `_fp8` variants
-/// of the KV write, the decode attention (fused and not) and the flash prefill.
-pub(super) struct Fp8Kernels {
-    pub(super) kv_write: CudaFunction,
-    pub(super) decode: [CudaFunction; 4],
-    pub(super) decode_fused: Option<[CudaFunction; 4]>,
-    pub(super) prefill_flash: [CudaFunction; 4],
 }
 
 impl std::fmt::Debug for CudaKernels {
@@ -438,16 +376,6 @@ impl CudaKernels {
     /// whether it was on.
     pub(crate) fn set_pdl(&self, on: bool) -> bool {
         self.pdl.swap(on, std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Whether these kernels serve fp8 KV caches (`Err`: why not, for the start-up error).
-    pub fn fp8_kv(&self) -> std::result::Result<(), String> {
-        self.fp8.as_ref().map(|_| ()).map_err(Clone::clone)
-    }
-
-    /// The fp8 kernels, for a launch over an fp8 cache.
-    pub(super) fn fp8_kernels(&self, what: &str) -> Result<&Fp8Kernels> {
-        self.fp8.as_ref().map_err(|why| kernel_err(what, why))
     }
 
     /// Whether rows sampled over the whole vocabulary are drawn on the device.

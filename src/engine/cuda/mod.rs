@@ -2,7 +2,8 @@
 //! fatbins with sm_80/sm_90 machine code and embedded here) and their launches on candle
 //! tensors: attention (`attention.rs` decode, `prefill.rs` prefill), layer ops (`layer_ops.rs`),
 //! the logits' draws, log-probs and penalty (`logits_ops.rs`), LoRA deltas (`lora_ops.rs`), matmuls
-//! (`gemm.rs`), the launcher (`launch.rs`) and id read-back (`readback.rs`). It knows nothing of
+//! (`gemm.rs`), the launcher (`launch.rs`, its options `launch_options.rs`), the fp8 KV
+//! kernels' handles (`fp8.rs`) and id read-back (`readback.rs`). It knows nothing of
 //! models or serving: the forward built from these launches is `model::kernel_forward`, the
 //! CUDA graphs that replay it are `runner::graphs`.
 //!
@@ -16,9 +17,11 @@
 
 mod attention;
 mod blas;
+mod fp8;
 mod gemm;
 mod kernels;
 mod launch;
+mod launch_options;
 mod layer_ops;
 mod logits_ops;
 mod lora_ops;

@@ -1,0 +1,57 @@
+//! [`LaunchOptions`]: which launch paths the kernels take (the kernel half of the engine's
+//! `KernelOptions`).
+
+/// Which launch paths the kernels take where the hardware allows them (the kernel half of the
+/// engine's `KernelOptions`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchOptions {
+    /// Skinny-matmul kernels for 1-2 rows (bf16).
+    pub gemv: bool,
+    /// Tensor-core skinny-matmul kernels for 3-8 rows (bf16; with `gemv`; off: cuBLAS and
+    /// the separate norm and SiLU kernels).
+    pub gemv_mma: bool,
+    /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
+    /// while it runs (sm_90+).
+    pub l2_prefetch: bool,
+    /// Draw rows sampled over the whole vocabulary (no top-k, top-p off) on the device
+    /// (`sample_full_f32`) instead of reading their logits to the host.
+    pub sample_full: bool,
+    /// The 1-2-row skinny matmuls behind a norm compute it per warp (no shared memory, no
+    /// block barrier) instead of once per block.
+    pub warp_norm: bool,
+    /// The fused decode attention (bf16).
+    pub fused_decode: bool,
+    /// Thread-block clusters in the fused decode attention (sm_90+).
+    pub clusters: bool,
+    /// The flash prefill attention (bf16).
+    pub flash_prefill: bool,
+    /// The flash prefill on warpgroup MMA where the GPU has it (sm_90).
+    pub wgmma_prefill: bool,
+    /// Two warpgroup-MMA prefill blocks per SM (registers capped at 128 a thread) instead of
+    /// one: 360 vs 284 TFLOP/s of attention at 32k on the H200 (BENCHMARKS.md).
+    pub wgmma_prefill_x2: bool,
+    /// Split the keys of a warpgroup-MMA prefill launch that would not fill the GPU (a short
+    /// chunk over a long prefix) across blocks, merging their partial outputs.
+    pub split_kv: bool,
+    /// Programmatic dependent launch (sm_90+).
+    pub pdl: bool,
+}
+
+impl Default for LaunchOptions {
+    fn default() -> Self {
+        Self {
+            gemv: true,
+            gemv_mma: false,
+            l2_prefetch: false,
+            sample_full: true,
+            warp_norm: false,
+            fused_decode: true,
+            clusters: true,
+            flash_prefill: true,
+            wgmma_prefill: true,
+            wgmma_prefill_x2: true,
+            split_kv: true,
+            pdl: true,
+        }
+    }
+}
