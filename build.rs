@@ -14,6 +14,7 @@ const KERNELS: &[&str] = &[
     "flash_prefill",
     "flash_prefill_sm90",
     "layer_ops",
+    "kv_write",
     "logit_edits",
     "lora",
     "gemv",

@@ -26,6 +26,7 @@ static FLASH_PREFILL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/flash_pr
 static FLASH_PREFILL_SM90: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/flash_prefill_sm90.fatbin"));
 static LAYER_OPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/layer_ops.fatbin"));
+static KV_WRITE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kv_write.fatbin"));
 static LOGIT_EDITS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/logit_edits.fatbin"));
 static LORA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
@@ -60,7 +61,7 @@ pub struct CudaKernels {
     pub(super) device: CudaDevice,
     pub(super) stream: Arc<CudaStream>,
     pub(super) dtype: DType,
-    pub(super) _modules: [Arc<CudaModule>; 6],
+    pub(super) _modules: [Arc<CudaModule>; 7],
     pub(super) add_rmsnorm: CudaFunction,
     pub(super) qk_rope_hd128: CudaFunction,
     pub(super) silu_mul: CudaFunction,
@@ -179,6 +180,7 @@ impl CudaKernels {
             _ => "flash_prefill",
         };
         let layer_ops = load(LAYER_OPS, "layer_ops")?;
+        let kv_write = load(KV_WRITE, "kv_write")?;
         let logit_edits = load(LOGIT_EDITS, "logit_edits")?;
         let gemv_mod = load(GEMV, "gemv")?;
         let lora_mod = load(LORA, "lora")?;
@@ -242,7 +244,7 @@ impl CudaKernels {
             let prefill_flash = groups(&flash_mod, flash_fp8, "fp8")?;
             smem_attr(&prefill_flash)?;
             Ok(Fp8Kernels {
-                kv_write: f(&layer_ops, "qk_norm_rope_kv_write_hd128_fp8")?,
+                kv_write: f(&kv_write, "qk_norm_rope_kv_write_hd128_fp8")?,
                 decode: groups(&decode_mod, "paged_decode", "fp8")?,
                 decode_fused: if opts.fused_decode {
                     let fs = groups(&fused_mod, "decode_fused", "fp8")?;
@@ -258,7 +260,7 @@ impl CudaKernels {
             device: dev.clone(),
             dtype,
             add_rmsnorm: f(&layer_ops, &format!("add_rmsnorm_{s}"))?,
-            qk_rope_hd128: f(&layer_ops, &format!("qk_norm_rope_kv_write_hd128_{s}"))?,
+            qk_rope_hd128: f(&kv_write, &format!("qk_norm_rope_kv_write_hd128_{s}"))?,
             silu_mul: f(&layer_ops, &format!("silu_mul_{s}"))?,
             argmax_f32: f(&layer_ops, "argmax_rows_f32")?,
             argmax_merge: f(&layer_ops, "argmax_merge")?,
@@ -360,6 +362,7 @@ impl CudaKernels {
                 prefill_mod,
                 flash_mod,
                 layer_ops,
+                kv_write,
                 gemv_mod,
             ],
         }))

@@ -1,6 +1,6 @@
-//! Launches of the per-layer kernels (`kernels/layer_ops.cu`): fused add+RMSNorm, q/k norm +
-//! RoPE + KV write, SiLU*up, row gather (embedding), f32 cast, and weight stacking by device
-//! copies. What a step does with its logits is `logits_ops.rs`.
+//! Launches of the per-layer kernels (`kernels/layer_ops.cu`, the KV write
+//! `kernels/kv_write.cu`): fused add+RMSNorm, q/k norm + RoPE + KV write, SiLU*up, row gather
+//! (embedding), f32 cast, and weight stacking by device copies. What a step does with its logits is `logits_ops.rs`.
 
 use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig};
