@@ -282,24 +282,8 @@ fn the_disk_tier_never_serves_one_kv_dtypes_blocks_to_another() {
 
 #[test]
 fn fp8_blocks_swap_out_and_back_with_the_answers_of_a_pool_that_never_preempts() {
-    let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(20 + i * 3, 80 + i as u32)).collect();
-    let run = |opts: EngineOptions| {
-        let r = registry_with(opts);
-        let engine = r.model("tiny").unwrap().engine().clone();
-        let pending: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                engine.submit(policy_serve::GenerationRequest::new(p.clone()).max_new_tokens(24))
-            })
-            .collect();
-        let out: Vec<Vec<u32>> = pending
-            .into_iter()
-            .map(|p| p.wait().unwrap().tokens)
-            .collect();
-        (out, engine.stats())
-    };
-    let (free, _) = run(fp8());
-    let (tight, stats) = run(EngineOptions {
+    let (free, _) = super::limits::six_at_once(fp8());
+    let (tight, stats) = super::limits::six_at_once(EngineOptions {
         kv_budget: KvBudget {
             blocks: Some(10),
             ..KvBudget::default()

@@ -31,23 +31,28 @@ fn bad_requests_fail_alone_with_clear_errors() {
     assert_eq!(ok.wait().unwrap().generated_tokens, 4);
 }
 
+/// Six prompts of 20-35 tokens, 24 new tokens each, submitted at once to an engine with
+/// `opts`: their greedy tokens and the engine's stats after (the preemption workload).
+pub(crate) fn six_at_once(
+    opts: EngineOptions,
+) -> (Vec<Vec<u32>>, policy_serve::engine::EngineStats) {
+    let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(20 + i * 3, 80 + i as u32)).collect();
+    let r = registry_with(opts);
+    let engine = r.model("tiny").unwrap().engine().clone();
+    let pending: Vec<_> = prompts
+        .iter()
+        .map(|p| engine.submit(GenerationRequest::new(p.clone()).max_new_tokens(24)))
+        .collect();
+    let out: Vec<Vec<u32>> = pending
+        .into_iter()
+        .map(|p| p.wait().unwrap().tokens)
+        .collect();
+    (out, engine.stats())
+}
+
 #[test]
 fn a_tiny_kv_pool_preempts_and_still_gives_identical_outputs() {
-    let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(20 + i * 3, 80 + i as u32)).collect();
-    let run = |opts: EngineOptions| {
-        let r = registry_with(opts);
-        let engine = r.model("tiny").unwrap().engine().clone();
-        let pending: Vec<_> = prompts
-            .iter()
-            .map(|p| engine.submit(GenerationRequest::new(p.clone()).max_new_tokens(24)))
-            .collect();
-        let out: Vec<Vec<u32>> = pending
-            .into_iter()
-            .map(|p| p.wait().unwrap().tokens)
-            .collect();
-        (out, engine.stats())
-    };
-    let (free, _) = run(options());
+    let (free, _) = six_at_once(options());
     for (prefix_cache, kv_host_gib) in [(true, 1.0), (true, 0.0), (false, 0.0), (false, 1.0)] {
         let small = EngineOptions {
             kv_budget: KvBudget {
@@ -58,7 +63,7 @@ fn a_tiny_kv_pool_preempts_and_still_gives_identical_outputs() {
             kv_host_gib,
             ..options()
         };
-        let (tight, stats) = run(small);
+        let (tight, stats) = six_at_once(small);
         assert_eq!(
             free, tight,
             "prefix cache {prefix_cache}, swap {kv_host_gib} GiB"
