@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# On the GPU machine (#26): kernel_check (mask_tokens_f32 among the rest), then decode tok/s
-# with every row constrained (tool_choice required over tests/fixtures/tools/nested.json) next
-# to unconstrained in one bench run, and the host's CPU time per mask per row.
+# On the GPU machine (#26): kernel_check (mask_tokens_f32 among the rest; CHECK=0 skips it),
+# then decode tok/s with every row constrained (tool_choice required over
+# tests/fixtures/tools/nested.json) next to unconstrained in one bench run, and the host's
+# time per mask per row (whole and split). PROFILE=1 adds a profiled run (0.6B, batches 1 and
+# 64: where a constrained step's time goes). EXTRA: more bench flags (--grammar-mask-parts 1).
 set -u
 source scripts/gpu_lib.sh
-model 0.6b
-timeout 200 .gpu/kernel_check --model-dir /tmp/m-0.6b > "$OUT/kernel_check.log" 2>&1
-grep -E "mask_tokens|checks|failed" "$OUT/kernel_check.log" | tail -4 | tee -a "$S"
+if [ "${CHECK:-1}" = 1 ]; then
+  model 0.6b
+  timeout 200 .gpu/kernel_check --model-dir /tmp/m-0.6b > "$OUT/kernel_check.log" 2>&1
+  grep -E "mask_tokens|checks|failed" "$OUT/kernel_check.log" | tail -4 | tee -a "$S"
+fi
 for shape in ${SHAPES:-0.6b}; do
-  timeout 400 .gpu/bench --config tests/fixtures/qwen3/config-$shape.json --batches ${BATCHES:-1,8,64,256} \
-    --new ${NEW:-128} --prompt 256 --no-peer --constrained > "$OUT/bench-$shape.log" 2>&1
+  timeout 300 .gpu/bench --config tests/fixtures/qwen3/config-$shape.json --batches ${BATCHES:-1,8,64,256} \
+    --new ${NEW:-128} --prompt 256 --no-peer --constrained ${EXTRA:-} > "$OUT/bench-$shape.log" 2>&1
   grep -E "^(ours|constrained)|grammar" "$OUT/bench-$shape.log" | grep -v prefill | sed "s/^/$shape /" | tee -a "$S"
 done
+if [ "${PROFILE:-0}" = 1 ]; then
+  RUST_LOG=policy_serve::profile=info timeout 200 .gpu/bench --config tests/fixtures/qwen3/config-0.6b.json \
+    --batches 1,64 --new 128 --prompt 256 --no-peer --constrained --profile-steps 100 ${EXTRA:-} \
+    > "$OUT/bench-profile.log" 2>&1
+  grep -E "^(ours|constrained) decode|step profile" "$OUT/bench-profile.log" | tee -a "$S"
+fi

@@ -23,7 +23,7 @@ use rows::decode_rows;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
@@ -115,6 +115,10 @@ struct Args {
     /// Log the step profile every N steps (`EngineOptions::profile_steps`; 0: off).
     #[arg(long, default_value_t = 0)]
     profile_steps: u64,
+    /// In how many parts a wide grammar mask is computed at once
+    /// (`EngineOptions::grammar_mask_parts`; default: the machine's threads, at most 8).
+    #[arg(long)]
+    grammar_mask_parts: Option<usize>,
     /// Also measure decode with every row constrained to tool calls (`tool_choice`
     /// required over tests/fixtures/tools/nested.json), printed as `constrained` rows.
     #[arg(long)]
@@ -245,6 +249,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         pipelined_decode: !a.no_pipelined_decode,
         max_graph_batch: a.max_graph_batch,
         profile_steps: (a.profile_steps > 0).then_some(a.profile_steps),
+        grammar_mask_parts: a.grammar_mask_parts,
         kernels: a.kernels.options(),
         kv_host_gib: a.kv_host_gib,
         kv_dtype: a.kv_cache_dtype,
@@ -345,23 +350,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "# grammar compiler + three-tool grammar ready in {:.0} ms",
             t.elapsed().as_secs_f64() * 1e3
         );
-        // This host's CPU time per mask per row: walks along a call (mask, then its token).
+        // This host's time per mask per row: walks along a call (mask, then its token), one
+        // after another as requests follow each other (a finished matcher goes back to the
+        // grammar, rewound); masks whole (the CPU time a row costs) and split in parts (what
+        // a row waits when threads are free), with the slowest mask of the walks.
         let call = "<tool_call>\n{\"name\": \"update\", \"arguments\": {\"id\": 4211, \"fields\": {\"name\": \"ana\", \"active\": true}}}\n</tool_call>";
         let ids = engine.tokenize(call)?;
         let walks = 200;
-        let mut matchers: Vec<_> = (0..walks).map(|_| grammar.matcher()).collect();
-        let t = Instant::now();
-        for m in &mut matchers {
-            for &tok in &ids {
-                std::hint::black_box(m.mask()?);
-                m.consume(tok)?;
+        for (label, may_split) in [("whole", false), ("split", true)] {
+            let (mut total, mut slowest) = (Duration::ZERO, Duration::ZERO);
+            for _ in 0..walks {
+                let mut m = grammar.matcher();
+                for &tok in &ids {
+                    let t = Instant::now();
+                    std::hint::black_box(m.mask_with(may_split)?);
+                    m.consume(tok)?;
+                    total += t.elapsed();
+                    slowest = slowest.max(t.elapsed());
+                }
             }
+            println!(
+                "constrained mask+consume per row, {label}: {:.1} us (mean of {walks} walks over a {}-token call; slowest {:.0} us; {} parts)",
+                total.as_secs_f64() * 1e6 / (walks * ids.len()) as f64,
+                ids.len(),
+                slowest.as_secs_f64() * 1e6,
+                engine.grammar_compiler()?.mask_parts()
+            );
         }
-        println!(
-            "constrained mask+consume per row: {:.1} us (mean of {walks} walks over a {}-token call)",
-            t.elapsed().as_secs_f64() * 1e6 / (walks * ids.len()) as f64,
-            ids.len()
-        );
         decode_rows(&engine, &a, "constrained", &|r, _| {
             r.grammar = Some(grammar.clone())
         })?;
@@ -399,7 +414,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let flag = Path::new("/tmp/policy-serve-killed");
         let t = Instant::now();
         while !flag.exists() && t.elapsed().as_secs() < 120 {
-            std::thread::sleep(std::time::Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(100));
         }
         let t = Instant::now();
         let r = engine.generate(one(prompt(32, 77), 8));

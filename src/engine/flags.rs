@@ -57,6 +57,10 @@ pub struct EngineFlags {
     /// with per-layer scales from the checkpoint or a start-up calibration: twice the tokens).
     #[arg(long, value_enum, default_value_t = super::options::KvCacheDtype::Auto)]
     pub kv_cache_dtype: super::options::KvCacheDtype,
+    /// In how many parts of the vocabulary a wide grammar mask is computed at once (one
+    /// thread each; 1: never split). Default: the machine's threads, at most 8.
+    #[arg(long)]
+    pub grammar_mask_parts: Option<usize>,
     /// Run decode steps eagerly instead of replaying CUDA graphs (debugging, comparisons).
     #[arg(long)]
     pub no_cuda_graphs: bool,
@@ -232,6 +236,7 @@ impl EngineFlags {
                 max_loras: self.max_loras,
                 max_lora_rank: self.max_lora_rank,
             }),
+            grammar_mask_parts: self.grammar_mask_parts,
             kernels: self.kernels.options(),
             ..EngineOptions::default()
         }

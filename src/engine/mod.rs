@@ -75,6 +75,7 @@ struct Inner {
     tokenizer: Arc<Tokenizer>,
     eos: Vec<u32>,
     grammars: once_cell::sync::OnceCell<GrammarCompiler>,
+    grammar_mask_parts: Option<usize>,
     info: EngineInfo,
     /// The model's config (adapters are checked against it).
     cfg: ModelConfig,
@@ -156,6 +157,7 @@ impl Engine {
                 tokenizer,
                 eos: eos_token_ids.to_vec(),
                 grammars: once_cell::sync::OnceCell::new(),
+                grammar_mask_parts: options.grammar_mask_parts,
                 info,
                 cfg: cfg.clone(),
                 device,
@@ -194,7 +196,14 @@ impl Engine {
                     "the model names no end-of-sequence token, so no grammar could end".into(),
                 )
             })?;
-            GrammarCompiler::new(&self.inner.tokenizer, self.inner.info.vocab_size, eos)
+            GrammarCompiler::with_mask_parts(
+                &self.inner.tokenizer,
+                self.inner.info.vocab_size,
+                eos,
+                self.inner
+                    .grammar_mask_parts
+                    .unwrap_or_else(crate::grammar::default_mask_parts),
+            )
         })
     }
 

@@ -163,6 +163,12 @@ pub struct EngineOptions {
     /// LoRA adapters over this engine's weights (`None`: off, the default; nothing is
     /// reserved for them).
     pub lora: Option<LoraOptions>,
+    /// In how many parts of the vocabulary a wide grammar mask is computed at once, one
+    /// thread each (inside a JSON string llguidance walks most of the token trie: ~1 ms
+    /// whole); the same mask either way. `None`: [`crate::grammar::default_mask_parts`] (the
+    /// machine's threads, at most 8); 1: never split. Used when the first constrained
+    /// request builds the engine's grammar compiler.
+    pub grammar_mask_parts: Option<usize>,
     /// The engine's own CUDA kernels.
     pub kernels: KernelOptions,
 }
@@ -212,6 +218,7 @@ impl Default for EngineOptions {
             profile_steps: None,
             speculative: None,
             lora: None,
+            grammar_mask_parts: None,
             kernels: KernelOptions::default(),
         }
     }

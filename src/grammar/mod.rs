@@ -12,6 +12,7 @@
 //! Invariants: a grammar that does not compile within [`GrammarCompiler::timeout`] is an error,
 //! never a hang; a [`Grammar`] is immutable (each request starts its own matcher from it).
 
+mod split;
 mod state;
 mod vocab;
 
@@ -19,11 +20,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use llguidance::ParserFactory;
 use llguidance::api::TopLevelGrammar;
-use llguidance::{ParserFactory, TokenParser};
 use parking_lot::Mutex;
+use split::MaskParts;
 use tokenizers::Tokenizer;
 
+use state::Compiled;
 pub use state::GrammarMatcher;
 
 use crate::error::{Error, Result};
@@ -33,7 +36,8 @@ use crate::error::{Error, Result};
 #[derive(Clone)]
 pub struct Grammar {
     source: Arc<str>,
-    parser: Arc<TokenParser>,
+    compiled: Arc<Compiled>,
+    parts: Option<Arc<MaskParts>>,
     vocab_size: usize,
 }
 
@@ -50,10 +54,7 @@ impl Grammar {
 
     /// A matcher at the start of the grammar (the engine starts one per constrained request).
     pub fn matcher(&self) -> GrammarMatcher {
-        GrammarMatcher::new(
-            llguidance::Matcher::new(Ok(self.parser.deep_clone())),
-            self.vocab_size,
-        )
+        GrammarMatcher::new(self.compiled.clone(), self.parts.clone(), self.vocab_size)
     }
 }
 
@@ -71,6 +72,22 @@ impl PartialEq for Grammar {
     }
 }
 
+/// In how many parts a long mask is split unless told: the threads of the machine, at most 8.
+pub fn default_mask_parts() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+}
+
+/// llguidance's slices (token sets it ORs into a mask instead of walking them: JSON string
+/// content) plus string content of at most 1..=9 characters, so that inside a string with a
+/// `maxLength` the tokens that fit the remaining length are not walked either.
+fn slices() -> Vec<String> {
+    let mut slices = llguidance::earley::SlicedBiasComputer::json_slices();
+    for k in 1..=9 {
+        slices.push(format!(r#"[^"\\\x00-\x1F\x7F]{{1,{k}}}"#));
+    }
+    slices
+}
+
 /// Most compiled grammars kept for reuse (an episode's turns compile the same one).
 const CACHED_GRAMMARS: usize = 256;
 
@@ -78,7 +95,8 @@ const CACHED_GRAMMARS: usize = 256;
 /// (~0.1-0.5 s for Qwen3's 152k tokens); the engine builds one on the first constrained request.
 pub struct GrammarCompiler {
     factory: Arc<ParserFactory>,
-    cache: Mutex<HashMap<Arc<str>, Arc<TokenParser>>>,
+    parts: Option<Arc<MaskParts>>,
+    cache: Mutex<HashMap<Arc<str>, Arc<Compiled>>>,
     timeout: Duration,
     vocab_size: usize,
 }
@@ -88,27 +106,47 @@ impl std::fmt::Debug for GrammarCompiler {
         f.debug_struct("GrammarCompiler")
             .field("cached", &self.cache.lock().len())
             .field("timeout", &self.timeout)
+            .field("mask_parts", &self.mask_parts())
             .finish()
     }
 }
 
 impl GrammarCompiler {
     /// A compiler over `tokenizer`'s vocabulary for a model of `vocab_size` logits whose
-    /// generation ends with `eos` (the token a complete grammar allows).
+    /// generation ends with `eos` (the token a complete grammar allows), its masks split in
+    /// [`default_mask_parts`] parts.
     pub fn new(tokenizer: &Tokenizer, vocab_size: usize, eos: u32) -> Result<Self> {
+        Self::with_mask_parts(tokenizer, vocab_size, eos, default_mask_parts())
+    }
+
+    /// [`new`](Self::new) with the vocabulary cut in `parts` parts (by the tokens' first
+    /// byte) for masks that take long: such a row's mask is computed by up to `parts` threads
+    /// at once, each over its part, and is the same mask. 0 or 1: never split.
+    pub fn with_mask_parts(
+        tokenizer: &Tokenizer,
+        vocab_size: usize,
+        eos: u32,
+        parts: usize,
+    ) -> Result<Self> {
         let started = std::time::Instant::now();
+        let words = vocab::token_bytes(tokenizer, vocab_size)?;
+        let tokenizer = Arc::new(tokenizer.clone());
         let env: llguidance::toktrie::TokEnv =
-            Arc::new(vocab::TokenEnv::new(tokenizer, vocab_size, eos)?);
-        let mut factory =
-            ParserFactory::new_simple(&env).map_err(|e| Error::Grammar(e.to_string()))?;
+            Arc::new(vocab::TokenEnv::from_words(&words, tokenizer.clone(), eos)?);
+        let slices = slices();
+        let mut factory = ParserFactory::new(&env, Default::default(), &slices)
+            .map_err(|e| Error::Grammar(e.to_string()))?;
         factory.quiet();
+        let parts = MaskParts::new(&words, &tokenizer, eos, &slices, parts)?.map(Arc::new);
         tracing::info!(
             vocab_size,
+            mask_parts = parts.as_ref().map_or(1, |p| p.computers.len()),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "grammar compiler ready"
         );
         Ok(Self {
             factory: Arc::new(factory),
+            parts,
             cache: Mutex::new(HashMap::new()),
             timeout: Duration::from_secs(5),
             vocab_size,
@@ -121,6 +159,11 @@ impl GrammarCompiler {
         self
     }
 
+    /// In how many parts a long mask is split (1: never split).
+    pub fn mask_parts(&self) -> usize {
+        self.parts.as_ref().map_or(1, |p| p.computers.len())
+    }
+
     /// The limit on the time one grammar may take to compile (5 s unless set).
     pub fn timeout(&self) -> Duration {
         self.timeout
@@ -130,10 +173,11 @@ impl GrammarCompiler {
     /// refused (an unsupported JSON Schema keyword, an unknown token, a grammar too large) or
     /// that it did not compile within the time limit.
     pub fn compile(&self, lark: &str) -> Result<Grammar> {
-        if let Some(parser) = self.cache.lock().get(lark) {
+        if let Some(compiled) = self.cache.lock().get(lark) {
             return Ok(Grammar {
                 source: lark.into(),
-                parser: parser.clone(),
+                compiled: compiled.clone(),
+                parts: self.parts.clone(),
                 vocab_size: self.vocab_size,
             });
         }
@@ -149,8 +193,8 @@ impl GrammarCompiler {
                 let _ = tx.send(parsed.map_err(|e| e.to_string()));
             })
             .map_err(|e| Error::Grammar(format!("cannot start the compile thread: {e}")))?;
-        let parser = match rx.recv_timeout(self.timeout) {
-            Ok(Ok(p)) => Arc::new(p),
+        let compiled = match rx.recv_timeout(self.timeout) {
+            Ok(Ok(p)) => Arc::new(Compiled::new(p)),
             Ok(Err(e)) => return Err(Error::Grammar(e)),
             Err(_) => {
                 return Err(Error::Grammar(format!(
@@ -164,10 +208,11 @@ impl GrammarCompiler {
         if cache.len() >= CACHED_GRAMMARS {
             cache.clear();
         }
-        cache.insert(source.clone(), parser.clone());
+        cache.insert(source.clone(), compiled.clone());
         Ok(Grammar {
             source,
-            parser,
+            compiled,
+            parts: self.parts.clone(),
             vocab_size: self.vocab_size,
         })
     }

@@ -2,50 +2,163 @@
 //! and the tokens it took.
 //!
 //! Invariant: the matcher has consumed exactly the output's tokens so far (the scheduler
-//! feeds it each token it appends to a constrained sequence, EOS included).
+//! feeds it each token it appends to a constrained sequence, except an end-of-sequence token).
 
-use llguidance::Matcher;
+use std::sync::Arc;
 
+use llguidance::toktrie::SimpleVob;
+use llguidance::{Matcher, TokenParser};
+use parking_lot::Mutex;
+
+use super::split::MaskParts;
 use crate::error::{Error, Result};
+
+/// A mask that allowed more tokens than this makes the next mask of the same matcher a split
+/// one (wide masks come in runs, inside a string, and cost ~1 ms; a mask of a few tokens costs
+/// 10-100 us whole and more split).
+const SPLIT_ABOVE_ALLOWED: usize = 100;
+
+/// A compiled grammar's parser at its start, and the matchers of finished outputs, rewound to
+/// the start: a new output takes one of those (whose lexer has already built the states a
+/// walk through this grammar needs; a fresh copy of the parser builds them again, which
+/// doubles the cost of its first masks).
+pub(super) struct Compiled {
+    template: TokenParser,
+    pool: Mutex<Vec<(Matcher, Vec<Matcher>)>>,
+}
+
+/// Most rewound matchers a grammar keeps.
+const POOLED: usize = 64;
+
+impl Compiled {
+    pub(super) fn new(template: TokenParser) -> Self {
+        Self {
+            template,
+            pool: Mutex::new(Vec::new()),
+        }
+    }
+}
 
 /// A place in a [`Grammar`](super::Grammar): which tokens may come next, and the tokens taken
 /// so far. The engine keeps one per constrained sequence; hosts may walk one to check a token
 /// sequence against a grammar ([`Grammar::matcher`](super::Grammar::matcher)).
 pub struct GrammarMatcher {
-    matcher: Matcher,
+    /// The matcher over the whole vocabulary (`None` only while it is given back on drop).
+    whole: Option<Matcher>,
+    compiled: Arc<Compiled>,
+    parts: Option<Arc<MaskParts>>,
+    /// One matcher per part of the vocabulary (made on the first split mask), and how many of
+    /// `taken` each has consumed.
+    split: Vec<(Matcher, usize)>,
+    /// Every token taken (kept only when masks can be split).
+    taken: Vec<u32>,
+    split_next: bool,
+    masks_split: u64,
     vocab_size: usize,
 }
 
 impl std::fmt::Debug for GrammarMatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GrammarMatcher")
-            .field("stopped", &self.matcher.is_stopped())
+            .field("stopped", &self.whole.as_ref().map(Matcher::is_stopped))
             .finish()
     }
 }
 
+fn grammar_error(e: impl std::fmt::Display) -> Error {
+    Error::Grammar(format!("the grammar failed: {e}"))
+}
+
 impl GrammarMatcher {
-    pub(super) fn new(matcher: Matcher, vocab_size: usize) -> Self {
+    pub(super) fn new(
+        compiled: Arc<Compiled>,
+        parts: Option<Arc<MaskParts>>,
+        vocab_size: usize,
+    ) -> Self {
+        let (whole, split) = compiled
+            .pool
+            .lock()
+            .pop()
+            .unwrap_or_else(|| (Matcher::new(Ok(compiled.template.deep_clone())), Vec::new()));
         Self {
-            matcher,
+            whole: Some(whole),
+            compiled,
+            parts,
+            split: split.into_iter().map(|m| (m, 0)).collect(),
+            taken: Vec::new(),
+            split_next: false,
+            masks_split: 0,
             vocab_size,
         }
     }
 
     /// The tokens allowed next, one bit per token id (bit `t % 32` of word `t / 32`; as many
     /// words as the vocabulary needs): only the end-of-sequence token once the grammar is
-    /// complete and admits nothing more.
+    /// complete and admits nothing more. A mask that follows a long or wide one is computed
+    /// by one thread per part of the vocabulary ([`GrammarCompiler::with_mask_parts`](super::GrammarCompiler::with_mask_parts)):
+    /// the same mask, sooner.
     pub fn mask(&mut self) -> Result<Vec<u32>> {
-        let mask = self
-            .matcher
-            .compute_mask_or_eos()
-            .map_err(|e| Error::Grammar(format!("the grammar failed: {e}")))?;
-        let mut out = mask.as_slice().to_vec();
+        self.mask_with(true)
+    }
+
+    /// [`mask`](Self::mask), split in parts only if `may_split` (a caller computing many rows'
+    /// masks at once keeps its threads busy with whole masks: splitting costs each part a
+    /// walk's fixed work).
+    pub fn mask_with(&mut self, may_split: bool) -> Result<Vec<u32>> {
+        let set = match self.parts.clone() {
+            Some(parts) if self.split_next && may_split => {
+                self.masks_split += 1;
+                self.split_mask(&parts)?
+            }
+            _ => self.whole().compute_mask_or_eos().map_err(grammar_error)?,
+        };
+        self.split_next = self.parts.is_some() && set.num_set() > SPLIT_ABOVE_ALLOWED;
+        let mut out = set.as_slice().to_vec();
         out.resize(self.vocab_size.div_ceil(32), 0);
         if out.iter().all(|&w| w == 0) {
             return Err(Error::Grammar("the grammar allows no token here".into()));
         }
         Ok(out)
+    }
+
+    fn whole(&mut self) -> &mut Matcher {
+        self.whole
+            .as_mut()
+            .expect("a matcher has its whole-vocabulary matcher until it is dropped")
+    }
+
+    /// How many of this matcher's masks were computed split in parts.
+    pub fn masks_split(&self) -> u64 {
+        self.masks_split
+    }
+
+    /// The union of the parts' masks, each part's matcher brought up to the tokens taken.
+    fn split_mask(&mut self, parts: &MaskParts) -> Result<SimpleVob> {
+        use rayon::prelude::*;
+        if self.split.is_empty() {
+            self.split = parts
+                .computers
+                .iter()
+                .map(|c| {
+                    let mut p = self.compiled.template.deep_clone();
+                    p.bias_computer = c.clone();
+                    (Matcher::new(Ok(p)), 0)
+                })
+                .collect();
+        }
+        let taken = &self.taken;
+        let masks: Vec<SimpleVob> = self
+            .split
+            .par_iter_mut()
+            .map(|(m, n)| {
+                if *n < taken.len() {
+                    m.consume_tokens(&taken[*n..]).map_err(grammar_error)?;
+                    *n = taken.len();
+                }
+                m.compute_mask_or_eos().map_err(grammar_error)
+            })
+            .collect::<Result<_>>()?;
+        Ok(parts.union(&masks))
     }
 
     /// Whether `token` may come next.
@@ -59,14 +172,46 @@ impl GrammarMatcher {
     /// Takes `token` (an error, leaving the matcher unusable, when the grammar does not allow
     /// it).
     pub fn consume(&mut self, token: u32) -> Result<()> {
-        self.matcher
+        self.whole()
             .consume_token(token)
-            .map_err(|e| Error::Grammar(format!("the grammar refused token {token}: {e}")))
+            .map_err(|e| Error::Grammar(format!("the grammar refused token {token}: {e}")))?;
+        if self.parts.is_some() {
+            self.taken.push(token);
+        }
+        Ok(())
     }
 
     /// Whether the output so far is a complete sentence of the grammar (the end-of-sequence
     /// token may come next).
     pub fn is_complete(&mut self) -> bool {
-        self.matcher.is_accepting().unwrap_or(false)
+        self.whole().is_accepting().unwrap_or(false)
+    }
+}
+
+impl Drop for GrammarMatcher {
+    /// Rewinds the matchers to the grammar's start and gives them back to the grammar, for
+    /// the next output (unless one of them failed, or the grammar keeps enough).
+    fn drop(&mut self) {
+        if self.compiled.pool.lock().len() >= POOLED {
+            return;
+        }
+        let Some(mut whole) = self.whole.take() else {
+            return;
+        };
+        let split = std::mem::take(&mut self.split);
+        if whole.is_error() || whole.reset().is_err() {
+            return;
+        }
+        let mut rewound = Vec::with_capacity(split.len());
+        for (mut m, _) in split {
+            if m.is_error() || m.reset().is_err() {
+                return;
+            }
+            rewound.push(m);
+        }
+        let mut pool = self.compiled.pool.lock();
+        if pool.len() < POOLED {
+            pool.push((whole, rewound));
+        }
     }
 }

@@ -7,6 +7,8 @@
 //! so free text can never spell one and a grammar names it as `<tool_call>`; the other tokens
 //! are their byte-level BPE bytes.
 
+use std::sync::Arc;
+
 use llguidance::toktrie::{TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use tokenizers::Tokenizer;
 
@@ -15,23 +17,28 @@ use crate::error::{Error, Result};
 /// llguidance's view of the model's tokenizer.
 pub(crate) struct TokenEnv {
     trie: TokTrie,
-    tokenizer: Tokenizer,
+    tokenizer: Arc<Tokenizer>,
 }
 
 impl TokenEnv {
-    /// The environment of `tokenizer` for `vocab_size` logits columns, whose end-of-sequence
-    /// token is `eos` (what a grammar that is complete allows).
-    pub(crate) fn new(tokenizer: &Tokenizer, vocab_size: usize, eos: u32) -> Result<Self> {
-        let words = token_bytes(tokenizer, vocab_size)?;
-        if eos as usize >= vocab_size {
+    /// The environment of `words` (the bytes of each logits column, [`token_bytes`]) whose
+    /// end-of-sequence token is `eos` (what a grammar that is complete allows); `tokenizer`
+    /// splits grammar literals.
+    pub(crate) fn from_words(
+        words: &[Vec<u8>],
+        tokenizer: Arc<Tokenizer>,
+        eos: u32,
+    ) -> Result<Self> {
+        if eos as usize >= words.len() {
             return Err(Error::InvalidInput(format!(
-                "the end-of-sequence token {eos} is outside the vocabulary of {vocab_size}"
+                "the end-of-sequence token {eos} is outside the vocabulary of {}",
+                words.len()
             )));
         }
-        let info = TokRxInfo::new(vocab_size as u32, eos);
+        let info = TokRxInfo::new(words.len() as u32, eos);
         Ok(Self {
-            trie: TokTrie::from(&info, &words),
-            tokenizer: tokenizer.clone(),
+            trie: TokTrie::from(&info, words),
+            tokenizer,
         })
     }
 }

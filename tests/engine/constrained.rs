@@ -379,6 +379,104 @@ proptest! {
     }
 }
 
+/// Constrained rows decode pipelined (the next step's forward queued before this step's
+/// tokens are read; its masks computed once they are, while that forward runs) and get the
+/// tokens of unpipelined decoding: six sampled constrained requests and two greedy
+/// unconstrained ones at once, on an engine with and one without pipelined decode. Mutations
+/// caught: masks computed before the grammars took the step in flight's tokens (stale by one
+/// token: other tokens, or a refused one), constrained rows kept out of pipelining (no
+/// pipelined steps).
+#[test]
+fn constrained_rows_pipelined_get_the_tokens_of_unpipelined_decoding() {
+    let run = |pipelined: bool| {
+        let engine = common::tiny_registry(EngineOptions {
+            pipelined_decode: pipelined,
+            ..options()
+        })
+        .model("tiny")
+        .unwrap()
+        .engine()
+        .clone();
+        let grammar = compile(
+            &engine,
+            &OutputConstraint::tools(ToolChoice::Required),
+            &tools(),
+        );
+        let pending: Vec<_> = (0..8u64)
+            .map(|i| {
+                let mut r = GenerationRequest::new(prompt(10 + i as usize, 3)).max_new_tokens(60);
+                if i < 6 {
+                    r = r.sampling(SamplingParams {
+                        temperature: 1.0,
+                        seed: i,
+                        ..SamplingParams::greedy()
+                    });
+                    r.grammar = Some(grammar.clone());
+                }
+                engine.submit(r)
+            })
+            .collect();
+        let tokens: Vec<Vec<u32>> = pending
+            .into_iter()
+            .map(|p| p.wait().unwrap().tokens)
+            .collect();
+        (tokens, engine.stats().pipelined_steps)
+    };
+    let (plain, plain_steps) = run(false);
+    let (piped, piped_steps) = run(true);
+    assert_eq!(plain_steps, 0);
+    assert!(piped_steps > 10, "only {piped_steps} pipelined steps");
+    assert_eq!(plain, piped);
+}
+
+/// A mask split in parts (one thread each) is the mask of the whole vocabulary, and a matcher
+/// rewound for the next output (taken from the grammar's pool) masks as a fresh one: every
+/// position of calls of the three tools (strings with `maxLength`, whose wide masks are the
+/// ones split) compared with a compiler that never splits, twice over, the second walk with
+/// the matchers the first one gave back. Mutations caught: a part's mask left out of the
+/// union, the sentinel left in, parts not brought up to the tokens taken, a rewound matcher
+/// that keeps its place.
+#[test]
+fn split_and_rewound_masks_are_the_whole_masks() {
+    let engine = engine();
+    let (vocab, eos) = (engine.info().vocab_size, 151_645);
+    let whole = GrammarCompiler::with_mask_parts(engine.tokenizer(), vocab, eos, 1).unwrap();
+    let split = GrammarCompiler::with_mask_parts(engine.tokenizer(), vocab, eos, 4).unwrap();
+    assert_eq!((whole.mask_parts(), split.mask_parts()), (1, 4));
+    let required = OutputConstraint::tools(ToolChoice::Required);
+    let (gw, gs) = (
+        required.compile(&whole, &tools(), false).unwrap(),
+        required.compile(&split, &tools(), false).unwrap(),
+    );
+    let calls = [
+        r#"{"name": "update", "arguments": {"id": 42, "fields": {"name": "ana b", "active": true}}}"#,
+        r#"{"name": "answer", "arguments": {"value": "\"x\" été", "score": -3}}"#,
+        r#"{"name": "answer", "arguments": {"value": "0123456789"}}"#,
+    ];
+    let mut split_masks = 0;
+    for round in 0..2 {
+        for call in calls {
+            let ids = engine
+                .tokenize(&format!("<tool_call>\n{call}\n</tool_call>"))
+                .unwrap();
+            let (mut mw, mut ms) = (gw.matcher(), gs.matcher());
+            for (i, &t) in ids.iter().enumerate() {
+                assert_eq!(
+                    mw.mask().unwrap(),
+                    ms.mask().unwrap(),
+                    "round {round}, {call}, token {i}"
+                );
+                mw.consume(t).unwrap();
+                ms.consume(t).unwrap();
+            }
+            assert!(mw.is_complete() && ms.is_complete());
+            assert_eq!(mw.masks_split(), 0);
+            split_masks += ms.masks_split();
+        }
+    }
+    assert!(split_masks >= 6, "only {split_masks} masks were split");
+}
+
 #[test]
 fn a_constrained_episode_acts_with_valid_calls_every_step() {
     let registry = common::tiny_registry(options());

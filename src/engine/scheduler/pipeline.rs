@@ -12,7 +12,9 @@
 //! host (correct, but the step then waits as before), and so do steps with a row that asks
 //! for log-probabilities (they are read with the ids). Each sampled row takes its uniform
 //! numbers from its own generator in step order, so a sampled request draws what it draws
-//! unpipelined.
+//! unpipelined. A step with grammar-constrained rows queues only its forward behind step n;
+//! its masks need step n's tokens, so its draw is queued once they are read and applied, the
+//! masks computed while that forward runs.
 //!
 //! Invariants:
 //! - While a step is in flight (`Scheduler::inflight`), `running` neither loses nor reorders
@@ -48,14 +50,12 @@ impl Scheduler {
             && plan.iter().all(|p| {
                 let s = &self.running[p.index];
                 // Log-probabilities of a cut distribution need the logits on the host, and a
-                // repetition penalty every token drawn so far, a grammar's mask the last
-                // token; such steps wait for them.
+                // repetition penalty every token drawn so far; such steps wait for them.
                 // Whole-vocabulary log-probs travel with the ids.
                 p.q_len == 1
                     && s.computed + 1 == s.tokens.len()
                     && (s.request.logprobs.is_none() || on_device(&s.request.sampling))
                     && s.request.repetition_penalty.is_none_or(|p| p == 1.0)
-                    && s.grammar.is_none()
             })
     }
 
@@ -75,7 +75,8 @@ impl Scheduler {
         self.in_flight(plan, start, logits)
     }
 
-    /// A launched step's draw, queued with the read-back of its ids: the step in flight.
+    /// A launched step's draw (its constrained rows masked, from their grammars as they are
+    /// now), queued with the read-back of its ids: the step in flight.
     fn in_flight(
         &mut self,
         plan: Vec<Planned>,
@@ -83,6 +84,7 @@ impl Scheduler {
         logits: Result<Option<Tensor>>,
     ) -> Result<InFlight> {
         let logits = logits?.ok_or_else(no_logits)?;
+        let logits = self.constrained(logits, &indices(&plan))?;
         let ids = self.draw_ids(&logits, &indices(&plan))?;
         let lp_rows: Vec<LogprobRow> = plan
             .iter()
@@ -121,8 +123,9 @@ impl Scheduler {
     /// Launches the step after `prev`, fed with `prev`'s tokens on the device, when it can
     /// run without anything `prev`'s tokens decide: every sequence below its token cap and
     /// the context, blocks for its next position free without preempting. Allocates those
-    /// blocks.
-    fn launch_next(&mut self, prev: &InFlight) -> Option<InFlight> {
+    /// blocks. Its draw is queued too, unless a row has a grammar (then [`Next::Forward`]:
+    /// the masks wait for `prev`'s tokens).
+    fn launch_next(&mut self, prev: &InFlight) -> Option<Next> {
         if self.admission_possible() || prev.plan.len() != self.running.len() || self.speculating()
         {
             return None;
@@ -153,10 +156,24 @@ impl Scheduler {
         let start = self.gpu_event();
         let logits = self.runner.forward_fed(&prev.ids, &inputs);
         drop(inputs);
-        match self.in_flight(prev.plan.clone(), start, logits) {
+        let plan = prev.plan.clone();
+        if plan.iter().any(|p| self.running[p.index].grammar.is_some()) {
+            return Some(Next::Forward(plan, start, logits));
+        }
+        self.draw_next(plan, start, logits).map(Next::Drawn)
+    }
+
+    /// [`in_flight`](Self::in_flight) for a continuation: `None` (with a warning) when it
+    /// fails; nothing of it is applied and the sequences go on unpipelined.
+    fn draw_next(
+        &mut self,
+        plan: Vec<Planned>,
+        start: Option<GpuEvent>,
+        logits: Result<Option<Tensor>>,
+    ) -> Option<InFlight> {
+        match self.in_flight(plan, start, logits) {
             Ok(next) => Some(next),
             Err(e) => {
-                // Nothing of it is applied; the sequences go on unpipelined.
                 tracing::warn!(error = %e, "pipelined decode step failed; running unpipelined");
                 None
             }
@@ -171,21 +188,33 @@ impl Scheduler {
         if !self.settle_one(prev) {
             // `prev` was rerun sequence by sequence: `running` may have changed under `next`,
             // whose tokens are dropped (its KV lies past every sequence's computed tokens).
-            if let Some(next) = next {
+            if let Some(Next::Drawn(next)) = next {
                 let _ = next.host.wait();
             }
             self.finish_done();
             return;
         }
+        // `prev`'s tokens are applied (the grammars have taken them): a constrained
+        // continuation's masks now, while its forward runs, then its draw.
+        let next = match next {
+            Some(Next::Forward(plan, start, logits)) => self.draw_next(plan, start, logits),
+            Some(Next::Drawn(next)) => Some(next),
+            None => None,
+        };
         let Some(next) = next else {
             self.finish_done();
             return;
         };
         self.stats.lock().pipelined_steps += 1;
+        // Sequences that `prev`'s token ended, or whose grammar refused it (failed by
+        // `finish_done`): `running` loses them, so the continuation is read now.
         let ended: Vec<bool> = next
             .plan
             .iter()
-            .map(|p| self.finish_reason(&self.running[p.index]).is_some())
+            .map(|p| {
+                let s = &self.running[p.index];
+                self.finish_reason(s).is_some() || s.grammar_error.is_some()
+            })
             .collect();
         if ended.iter().any(|e| *e) {
             // Read the continuation now; keep the rows of the sequences that go on.
@@ -279,6 +308,15 @@ impl Scheduler {
         }
         Ok(ids)
     }
+}
+
+/// A continuation launched behind the step in flight.
+enum Next {
+    /// Forward and draw queued.
+    Drawn(InFlight),
+    /// Only the forward queued (a row has a grammar): the draw waits for the step in flight's
+    /// tokens.
+    Forward(Vec<Planned>, Option<GpuEvent>, Result<Option<Tensor>>),
 }
 
 /// The `running` indices of a plan's sequences.

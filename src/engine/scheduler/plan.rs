@@ -246,9 +246,10 @@ impl Scheduler {
 
     /// `logits` masked to the tokens each constrained row's grammar allows (rows without a
     /// grammar as they are). The masks are computed here, on CPU threads in parallel, while
-    /// the GPU still runs the step's forward; a grammar that fails fails the step (whose
+    /// the GPU still runs the step's forward (a wide mask split in parts of the vocabulary
+    /// when the rows leave threads idle); a grammar that fails fails the step (whose
     /// sequences are then retried one by one, so only its own fails).
-    fn constrained(&mut self, logits: Tensor, rows: &[usize]) -> Result<Tensor> {
+    pub(super) fn constrained(&mut self, logits: Tensor, rows: &[usize]) -> Result<Tensor> {
         use rayon::prelude::*;
         if !rows.iter().any(|&i| self.running[i].grammar.is_some()) {
             return Ok(logits);
@@ -261,15 +262,16 @@ impl Scheduler {
             .enumerate()
             .filter_map(|(i, s)| Some((*row_of.get(&i)?, s.grammar.as_mut()?)))
             .collect();
+        let may_split = states.len() * 2 <= rayon::current_num_threads();
         let masks: Result<Vec<(usize, Vec<u32>)>> = if states.len() > 1 {
             states
                 .par_iter_mut()
-                .map(|(row, g)| Ok((*row, g.mask()?)))
+                .map(|(row, g)| Ok((*row, g.mask_with(may_split)?)))
                 .collect()
         } else {
             states
                 .iter_mut()
-                .map(|(row, g)| Ok((*row, g.mask()?)))
+                .map(|(row, g)| Ok((*row, g.mask_with(may_split)?)))
                 .collect()
         };
         let masks = masks?;
