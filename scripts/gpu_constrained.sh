@@ -14,7 +14,7 @@ fi
 for shape in ${SHAPES:-0.6b}; do
   timeout 300 .gpu/bench --config tests/fixtures/qwen3/config-$shape.json --batches ${BATCHES:-1,8,64,256} \
     --new ${NEW:-128} --prompt 256 --no-peer --constrained ${EXTRA:-} > "$OUT/bench-$shape.log" 2>&1
-  grep -E "^(ours|constrained)|grammar" "$OUT/bench-$shape.log" | grep -v prefill | sed "s/^/$shape /" | tee -a "$S"
+  grep -E "^(ours|constrained) decode|grammar|mask" "$OUT/bench-$shape.log" | sed "s/^/$shape /" | tee -a "$S"
 done
 if [ "${PROFILE:-0}" = 1 ]; then
   RUST_LOG=policy_serve::profile=info timeout 200 .gpu/bench --config tests/fixtures/qwen3/config-0.6b.json \

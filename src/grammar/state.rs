@@ -52,6 +52,8 @@ pub struct GrammarMatcher {
     split: Vec<(Matcher, usize)>,
     /// Every token taken (kept only when masks can be split).
     taken: Vec<u32>,
+    /// Tokens handed over by [`defer`](Self::defer), taken at the next mask.
+    deferred: Vec<u32>,
     split_next: bool,
     masks_split: u64,
     vocab_size: usize,
@@ -86,6 +88,7 @@ impl GrammarMatcher {
             parts,
             split: split.into_iter().map(|m| (m, 0)).collect(),
             taken: Vec::new(),
+            deferred: Vec::new(),
             split_next: false,
             masks_split: 0,
             vocab_size,
@@ -105,6 +108,9 @@ impl GrammarMatcher {
     /// masks at once keeps its threads busy with whole masks: splitting costs each part a
     /// walk's fixed work).
     pub fn mask_with(&mut self, may_split: bool) -> Result<Vec<u32>> {
+        for t in std::mem::take(&mut self.deferred) {
+            self.consume(t)?;
+        }
         let set = match self.parts.clone() {
             Some(parts) if self.split_next && may_split => {
                 self.masks_split += 1;
@@ -181,9 +187,21 @@ impl GrammarMatcher {
         Ok(())
     }
 
+    /// Hands `token` over to be taken ([`consume`](Self::consume)) at the next mask: the
+    /// engine's rows take their tokens on the threads that compute their masks, not one
+    /// after another on the scheduler's. A refusal is the next mask's error.
+    pub(crate) fn defer(&mut self, token: u32) {
+        self.deferred.push(token);
+    }
+
     /// Whether the output so far is a complete sentence of the grammar (the end-of-sequence
     /// token may come next).
     pub fn is_complete(&mut self) -> bool {
+        for t in std::mem::take(&mut self.deferred) {
+            if self.consume(t).is_err() {
+                return false;
+            }
+        }
         self.whole().is_accepting().unwrap_or(false)
     }
 }

@@ -115,6 +115,8 @@ pub struct CudaKernels {
     pub(super) clusters: bool,
     /// Pinned host buffers for token ids read back without waiting for the stream.
     pub(crate) pinned: Arc<PinnedPool>,
+    /// The pinned buffer host data goes through to the device ([`CudaKernels::upload_u32`]).
+    pub(super) staging: super::upload::Staging,
     /// Launch with programmatic dependent launch (sm_90+ with `LaunchOptions::pdl`; the graph
     /// capture sets it for its own launches).
     pub(super) pdl: std::sync::atomic::AtomicBool,
@@ -355,6 +357,7 @@ impl CudaKernels {
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),
             fp8,
             pinned: Arc::default(),
+            staging: Default::default(),
             stream,
             _modules: [
                 decode_mod,

@@ -28,6 +28,7 @@ mod lora_ops;
 mod params;
 mod prefill;
 mod readback;
+mod upload;
 
 pub use attention::{CLUSTER_MAX_ROWS, DECODE_CLUSTER, FUSED_MAX_ROWS};
 pub use kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, GpuEvent, LaunchOptions};

@@ -35,13 +35,20 @@ pub(crate) fn mask_logits(
     let dev = logits.device();
     #[cfg(feature = "cuda")]
     if let Some(k) = &model.kernels {
-        let flat: Vec<u32> = masks.iter().flat_map(|(_, m)| m.iter().copied()).collect();
-        let rows: Vec<u32> = masks.iter().map(|(row, _)| *row as u32).collect();
+        // The rows, then their masks, in one upload through pinned memory (the host does not
+        // wait for the step's forward, which is still running).
+        let m = masks.len();
+        let mut host: Vec<u32> = Vec::with_capacity(m * (words + 1));
+        host.extend(masks.iter().map(|(row, _)| *row as u32));
+        for (_, mask) in masks {
+            host.extend_from_slice(mask);
+        }
+        let up = k.upload_u32(&host)?;
         let out = logits.copy()?;
         k.mask_tokens(
             &out,
-            &Tensor::from_vec(flat, (masks.len(), words), dev)?,
-            &Tensor::new(rows.as_slice(), dev)?,
+            &up.narrow(0, m, m * words)?.reshape((m, words))?,
+            &up.narrow(0, 0, m)?,
         )?;
         return Ok(out);
     }

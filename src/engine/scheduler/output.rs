@@ -285,16 +285,16 @@ fn stream_delta(s: &mut Seq) {
     }
 }
 
-/// Feeds a generated token to the sequence's grammar, if it has one (a refusal is kept for
-/// `finish_done`). An EOS token ends the sequence, not the grammar's sentence: it is not fed
-/// (a complete grammar allows it and stops; with `ignore_eos` the grammar keeps allowing only
-/// EOS).
+/// Hands a generated token to the sequence's grammar, if it has one; the grammar takes it
+/// when it computes the next mask, on a mask thread (a refusal fails that step, which is then
+/// rerun sequence by sequence, so only this sequence fails). An EOS token ends the sequence,
+/// not the grammar's sentence: it is not fed (a complete grammar allows it and stops; with
+/// `ignore_eos` the grammar keeps allowing only EOS).
 fn take_in_grammar(s: &mut Seq, t: u32, eos: bool) {
     if let Some(g) = &mut s.grammar
         && !eos
         && s.grammar_error.is_none()
-        && let Err(e) = g.consume(t)
     {
-        s.grammar_error = Some(e);
+        g.defer(t);
     }
 }
