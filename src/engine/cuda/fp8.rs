@@ -1,20 +1,10 @@
 //! The kernels over fp8 (e4m3) KV caches: their handles ([`Fp8Kernels`], loaded with the
 //! others by `CudaKernels::new` where the GPU has fp8) and how a launch finds them.
 
-use candle_core::cuda_backend::cudarc::driver::CudaFunction;
-
+use super::handles::Fp8Kernels;
 use super::kernels::CudaKernels;
 use super::launch::kernel_err;
 use crate::error::Result;
-
-/// The kernels that read or write an fp8 (e4m3) KV cache, bf16 compute: the `_fp8` variants
-/// of the KV write, the decode attention (fused and not) and the flash prefill.
-pub(super) struct Fp8Kernels {
-    pub(super) kv_write: CudaFunction,
-    pub(super) decode: [CudaFunction; 4],
-    pub(super) decode_fused: Option<[CudaFunction; 4]>,
-    pub(super) prefill_flash: [CudaFunction; 4],
-}
 
 impl CudaKernels {
     /// Whether these kernels serve fp8 KV caches (`Err`: why not, for the start-up error).

@@ -14,7 +14,7 @@ use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Shape, Storage, Tensor};
 
 use super::blas::Blas;
-use super::fp8::Fp8Kernels;
+use super::handles::Fp8Kernels;
 use super::launch::{self, kernel_err};
 pub use super::launch_options::LaunchOptions;
 use crate::error::Result;
@@ -116,7 +116,7 @@ pub struct CudaKernels {
     /// Pinned host buffers for token ids read back without waiting for the stream.
     pub(crate) pinned: Arc<PinnedPool>,
     /// The pinned buffer host data goes through to the device ([`CudaKernels::upload_u32`]).
-    pub(super) staging: super::upload::Staging,
+    pub(super) staging: super::handles::Staging,
     /// Launch with programmatic dependent launch (sm_90+ with `LaunchOptions::pdl`; the graph
     /// capture sets it for its own launches).
     pub(super) pdl: std::sync::atomic::AtomicBool,

@@ -19,6 +19,7 @@ mod attention;
 mod blas;
 mod fp8;
 mod gemm;
+mod handles;
 mod kernels;
 mod launch;
 mod launch_options;

@@ -6,7 +6,7 @@
 //! Invariant: the staging buffer is written only after the copy that last read it completed
 //! (its event was waited on), and freed only then.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaEvent, PinnedHostSlice, result, sys};
+use candle_core::cuda_backend::cudarc::driver::{result, sys};
 use candle_core::{DType, Tensor};
 
 use super::kernels::CudaKernels;
@@ -15,10 +15,6 @@ use crate::error::Result;
 
 /// Least length of the staging buffer (u32 elements: 256 KB).
 const MIN_STAGING: usize = 1 << 16;
-
-/// The pinned buffer uploads go through, and the event after the copy that last read it.
-#[derive(Default)]
-pub(crate) struct Staging(parking_lot::Mutex<Option<(PinnedHostSlice<u32>, Option<CudaEvent>)>>);
 
 impl CudaKernels {
     /// `words` in a new device tensor (u32 `[n]`), copied from pinned memory behind the work
