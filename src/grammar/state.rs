@@ -133,6 +133,15 @@ impl GrammarMatcher {
             .expect("a matcher has its whole-vocabulary matcher until it is dropped")
     }
 
+    /// How many threads this matcher's next mask would take if allowed to split (the parts of
+    /// the vocabulary after a wide mask; 1 otherwise).
+    pub(crate) fn next_mask_threads(&self) -> usize {
+        match &self.parts {
+            Some(p) if self.split_next => p.computers.len(),
+            _ => 1,
+        }
+    }
+
     /// How many of this matcher's masks were computed split in parts.
     pub fn masks_split(&self) -> u64 {
         self.masks_split

@@ -246,8 +246,9 @@ impl Scheduler {
 
     /// `logits` masked to the tokens each constrained row's grammar allows (rows without a
     /// grammar as they are). The masks are computed here, on CPU threads in parallel, while
-    /// the GPU still runs the step's forward (a wide mask split in parts of the vocabulary
-    /// when the rows leave threads idle); a grammar that fails fails the step (whose
+    /// the GPU still runs the step's forward (wide masks split in parts of the vocabulary, so
+    /// that the step does not wait for its slowest row, unless their parts would be more
+    /// than four rounds of the threads); a grammar that fails fails the step (whose
     /// sequences are then retried one by one, so only its own fails).
     pub(super) fn constrained(&mut self, logits: Tensor, rows: &[usize]) -> Result<Tensor> {
         use rayon::prelude::*;
@@ -262,7 +263,12 @@ impl Scheduler {
             .enumerate()
             .filter_map(|(i, s)| Some((*row_of.get(&i)?, s.grammar.as_mut()?)))
             .collect();
-        let may_split = states.len() * 2 <= rayon::current_num_threads();
+        let wide: usize = states
+            .iter()
+            .map(|(_, g)| g.next_mask_threads())
+            .filter(|&n| n > 1)
+            .sum();
+        let may_split = wide <= 4 * rayon::current_num_threads();
         let masks: Result<Vec<(usize, Vec<u32>)>> = if states.len() > 1 {
             states
                 .par_iter_mut()
