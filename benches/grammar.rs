@@ -59,6 +59,29 @@ fn masks(c: &mut Criterion) {
                 &slow[..3]
             );
         }
+        // Memory of matchers as an engine holds them: 64 walked at once, then given back to
+        // the grammar's pool (resident set growth; Linux).
+        let rss = || -> f64 {
+            let s = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+                * 4096.0
+                / 1e6
+        };
+        let before = rss();
+        {
+            let mut ms: Vec<_> = (0..64).map(|_| grammar.matcher()).collect();
+            for m in &mut ms {
+                for &tok in &ids {
+                    std::hint::black_box(m.mask().unwrap());
+                    m.consume(tok).unwrap();
+                }
+            }
+            println!("64 matchers walked: +{:.1} MB", rss() - before);
+        }
+        println!("64 matchers pooled: +{:.1} MB", rss() - before);
         // The engine's work per constrained row per step: the mask, then the sampled token
         // taken. Timed per mask: a walk along the call divided by its length (matchers made
         // untimed).
