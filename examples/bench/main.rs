@@ -49,6 +49,12 @@ struct Args {
     /// New tokens per sequence.
     #[arg(long = "new", default_value_t = 128)]
     new_tokens: usize,
+    /// New tokens per sequence of the warm-up round before each measured batch (a constrained
+    /// batch's matchers are the warm-up's, rewound: with as many tokens as measured, the
+    /// measured wave runs on matchers that have built their lexer states, as a server's
+    /// later waves do).
+    #[arg(long, default_value_t = 4)]
+    warmup_new: usize,
     /// Device: auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
     device: DeviceChoice,

@@ -20,7 +20,7 @@ pub(crate) fn decode_rows(
     };
     for &b in &a.batches {
         let warm: Vec<_> = (0..b)
-            .map(|i| engine.submit(one(prompt(a.prompt, 100 + i), 4, i)))
+            .map(|i| engine.submit(one(prompt(a.prompt, 100 + i), a.warmup_new.max(1), i)))
             .collect();
         for p in warm {
             p.wait()?;
