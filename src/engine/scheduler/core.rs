@@ -377,7 +377,6 @@ impl Scheduler {
             verified: Vec::new(),
             verified_logprobs: Vec::new(),
             grammar: request_grammar,
-            grammar_error: None,
             slot: None,
             ns,
         });

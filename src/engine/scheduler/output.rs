@@ -155,17 +155,7 @@ impl Scheduler {
     }
 
     /// Finishes sequences that hit EOS, a stop string or their cap; streams the others' text.
-    /// Fails those whose grammar refused their token.
     pub(super) fn finish_done(&mut self) {
-        let refused: Vec<(usize, Error)> = self
-            .running
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(i, s)| s.grammar_error.take().map(|e| (i, e)))
-            .collect();
-        if !refused.is_empty() {
-            self.fail(refused);
-        }
         let mut i = 0;
         while i < self.running.len() {
             let s = &self.running[i];
@@ -293,7 +283,6 @@ fn stream_delta(s: &mut Seq) {
 fn take_in_grammar(s: &mut Seq, t: u32, eos: bool) {
     if let Some(g) = &mut s.grammar
         && !eos
-        && s.grammar_error.is_none()
     {
         g.defer(t);
     }

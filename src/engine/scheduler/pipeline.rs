@@ -206,15 +206,13 @@ impl Scheduler {
             return;
         };
         self.stats.lock().pipelined_steps += 1;
-        // Sequences that `prev`'s token ended, or whose grammar refused it (failed by
-        // `finish_done`): `running` loses them, so the continuation is read now.
+        // Sequences that `prev`'s token ended: `running` loses them, so the continuation is
+        // read now. (A grammar that refuses a token fails the next mask, so the step that
+        // computes it: a continuation is dropped, a plain step rerun sequence by sequence.)
         let ended: Vec<bool> = next
             .plan
             .iter()
-            .map(|p| {
-                let s = &self.running[p.index];
-                self.finish_reason(s).is_some() || s.grammar_error.is_some()
-            })
+            .map(|p| self.finish_reason(&self.running[p.index]).is_some())
             .collect();
         if ended.iter().any(|e| *e) {
             // Read the continuation now; keep the rows of the sequences that go on.

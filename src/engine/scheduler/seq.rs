@@ -105,10 +105,9 @@ pub(super) struct Seq {
     /// Speculative decoding: the log-prob of each position of a step with drafts (requests
     /// that ask), taken with the tokens `verified` keeps.
     pub(super) verified_logprobs: Vec<TokenLogprob>,
-    /// A constrained request's place in its grammar (it has taken every generated token).
+    /// A constrained request's place in its grammar (it is handed every generated token but
+    /// EOS, and takes them when it computes the next mask).
     pub(super) grammar: Option<GrammarMatcher>,
-    /// Why the grammar refused a generated token (the sequence fails at the end of the step).
-    pub(super) grammar_error: Option<crate::error::Error>,
     /// The device slot of its LoRA adapter while it runs (`None`: the base, or not running).
     pub(super) slot: Option<u32>,
     /// Its prefix-cache namespace (its adapter's content; 0: the base).
