@@ -97,6 +97,8 @@ pub struct GrammarCompiler {
     factory: Arc<ParserFactory>,
     parts: Option<Arc<MaskParts>>,
     cache: Mutex<HashMap<Arc<str>, Arc<Compiled>>>,
+    /// Rewound matchers its grammars keep, together (at most `state::POOLED_PER_COMPILER`).
+    pooled: Arc<std::sync::atomic::AtomicUsize>,
     timeout: Duration,
     vocab_size: usize,
 }
@@ -148,6 +150,7 @@ impl GrammarCompiler {
             factory: Arc::new(factory),
             parts,
             cache: Mutex::new(HashMap::new()),
+            pooled: Arc::default(),
             timeout: Duration::from_secs(5),
             vocab_size,
         })
@@ -157,6 +160,12 @@ impl GrammarCompiler {
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
+    }
+
+    /// How many finished matchers, rewound, this compiler's grammars keep for the next outputs
+    /// (together at most 256, at most 64 a grammar).
+    pub fn pooled_matchers(&self) -> usize {
+        self.pooled.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// In how many parts a long mask is split (1: never split).
@@ -194,7 +203,7 @@ impl GrammarCompiler {
             })
             .map_err(|e| Error::Grammar(format!("cannot start the compile thread: {e}")))?;
         let compiled = match rx.recv_timeout(self.timeout) {
-            Ok(Ok(p)) => Arc::new(Compiled::new(p)),
+            Ok(Ok(p)) => Arc::new(Compiled::new(p, self.pooled.clone())),
             Ok(Err(e)) => return Err(Error::Grammar(e)),
             Err(_) => {
                 return Err(Error::Grammar(format!(

@@ -5,6 +5,7 @@
 //! feeds it each token it appends to a constrained sequence, except an end-of-sequence token).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use llguidance::toktrie::SimpleVob;
 use llguidance::{Matcher, TokenParser};
@@ -25,17 +26,54 @@ const SPLIT_ABOVE_ALLOWED: usize = 100;
 pub(super) struct Compiled {
     template: TokenParser,
     pool: Mutex<Vec<(Matcher, Vec<Matcher>)>>,
+    /// Rewound matchers kept by all the grammars of one compiler.
+    pooled: Arc<AtomicUsize>,
 }
 
 /// Most rewound matchers a grammar keeps.
 const POOLED: usize = 64;
+/// Most rewound matchers the grammars of one compiler keep together (a walked matcher holds
+/// ~0.15 MB of lexer states, its parts as much again each; a server cycling through many tool
+/// sets keeps at most this many).
+pub(super) const POOLED_PER_COMPILER: usize = 256;
 
 impl Compiled {
-    pub(super) fn new(template: TokenParser) -> Self {
+    pub(super) fn new(template: TokenParser, pooled: Arc<AtomicUsize>) -> Self {
         Self {
             template,
             pool: Mutex::new(Vec::new()),
+            pooled,
         }
+    }
+
+    /// A rewound matcher, if the grammar keeps one.
+    fn take(&self) -> Option<(Matcher, Vec<Matcher>)> {
+        let m = self.pool.lock().pop()?;
+        self.pooled.fetch_sub(1, Ordering::Relaxed);
+        Some(m)
+    }
+
+    /// Keeps `m` (rewound) for the next output, unless this grammar or the compiler's
+    /// grammars keep enough.
+    fn give_back(&self, m: (Matcher, Vec<Matcher>)) {
+        let mut pool = self.pool.lock();
+        if pool.len() < POOLED
+            && self
+                .pooled
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n < POOLED_PER_COMPILER).then_some(n + 1)
+                })
+                .is_ok()
+        {
+            pool.push(m);
+        }
+    }
+}
+
+impl Drop for Compiled {
+    fn drop(&mut self) {
+        let n = self.pool.get_mut().len();
+        self.pooled.fetch_sub(n, Ordering::Relaxed);
     }
 }
 
@@ -78,9 +116,7 @@ impl GrammarMatcher {
         vocab_size: usize,
     ) -> Self {
         let (whole, split) = compiled
-            .pool
-            .lock()
-            .pop()
+            .take()
             .unwrap_or_else(|| (Matcher::new(Ok(compiled.template.deep_clone())), Vec::new()));
         Self {
             whole: Some(whole),
@@ -219,7 +255,9 @@ impl Drop for GrammarMatcher {
     /// Rewinds the matchers to the grammar's start and gives them back to the grammar, for
     /// the next output (unless one of them failed, or the grammar keeps enough).
     fn drop(&mut self) {
-        if self.compiled.pool.lock().len() >= POOLED {
+        if self.compiled.pool.lock().len() >= POOLED
+            || self.compiled.pooled.load(Ordering::Relaxed) >= POOLED_PER_COMPILER
+        {
             return;
         }
         let Some(mut whole) = self.whole.take() else {
@@ -236,9 +274,6 @@ impl Drop for GrammarMatcher {
             }
             rewound.push(m);
         }
-        let mut pool = self.compiled.pool.lock();
-        if pool.len() < POOLED {
-            pool.push((whole, rewound));
-        }
+        self.compiled.give_back((whole, rewound));
     }
 }

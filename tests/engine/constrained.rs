@@ -477,6 +477,46 @@ fn split_and_rewound_masks_are_the_whole_masks() {
     assert!(split_masks >= 6, "only {split_masks} masks were split");
 }
 
+/// Finished matchers are kept, rewound, for the next outputs: at most 64 a grammar and 256
+/// for all the grammars of a compiler (a server cycling through many tool sets keeps no
+/// more); one taken from a pool is counted out. Mutation caught: a pool without the
+/// compiler-wide cap (320 kept).
+#[test]
+fn finished_matchers_are_kept_within_the_compilers_cap() {
+    let engine = engine();
+    let (vocab, eos) = (engine.info().vocab_size, 151_645);
+    let compiler = GrammarCompiler::with_mask_parts(engine.tokenizer(), vocab, eos, 1).unwrap();
+    let all = tools();
+    let grammars: Vec<Grammar> = (0..5)
+        .map(|i| {
+            // Five distinct grammars: each tool alone, two tools, and all three.
+            let set: Vec<ToolDefinition> = match i {
+                0..=2 => vec![all[i].clone()],
+                3 => all[..2].to_vec(),
+                _ => all.clone(),
+            };
+            OutputConstraint::tools(ToolChoice::Required)
+                .compile(&compiler, &set, false)
+                .unwrap()
+        })
+        .collect();
+    for g in &grammars[..1] {
+        let matchers: Vec<_> = (0..80).map(|_| g.matcher()).collect();
+        drop(matchers);
+    }
+    assert_eq!(compiler.pooled_matchers(), 64, "at most 64 a grammar");
+    for g in &grammars[1..] {
+        let matchers: Vec<_> = (0..64).map(|_| g.matcher()).collect();
+        drop(matchers);
+    }
+    assert_eq!(compiler.pooled_matchers(), 256, "at most 256 a compiler");
+    // A matcher taken from a pool is counted out; given back, in again.
+    let m = grammars[0].matcher();
+    assert_eq!(compiler.pooled_matchers(), 255);
+    drop(m);
+    assert_eq!(compiler.pooled_matchers(), 256);
+}
+
 #[test]
 fn a_constrained_episode_acts_with_valid_calls_every_step() {
     let registry = common::tiny_registry(options());
