@@ -133,7 +133,7 @@ impl GrammarMatcher {
 
     /// The tokens allowed next, one bit per token id (bit `t % 32` of word `t / 32`; as many
     /// words as the vocabulary needs): only the end-of-sequence token once the grammar is
-    /// complete and admits nothing more. A mask that follows a long or wide one is computed
+    /// complete and admits nothing more. A mask that follows a wide one is computed
     /// by one thread per part of the vocabulary ([`GrammarCompiler::with_mask_parts`](super::GrammarCompiler::with_mask_parts)):
     /// the same mask, sooner.
     pub fn mask(&mut self) -> Result<Vec<u32>> {
