@@ -144,9 +144,7 @@ impl GrammarMatcher {
     /// masks at once keeps its threads busy with whole masks: splitting costs each part a
     /// walk's fixed work).
     pub fn mask_with(&mut self, may_split: bool) -> Result<Vec<u32>> {
-        for t in std::mem::take(&mut self.deferred) {
-            self.consume(t)?;
-        }
+        self.take_deferred()?;
         let set = match self.parts.clone() {
             Some(parts) if self.split_next && may_split => {
                 self.masks_split += 1;
@@ -239,13 +237,19 @@ impl GrammarMatcher {
         self.deferred.push(token);
     }
 
+    /// Takes the tokens handed over by [`defer`](Self::defer).
+    fn take_deferred(&mut self) -> Result<()> {
+        for t in std::mem::take(&mut self.deferred) {
+            self.consume(t)?;
+        }
+        Ok(())
+    }
+
     /// Whether the output so far is a complete sentence of the grammar (the end-of-sequence
     /// token may come next).
     pub fn is_complete(&mut self) -> bool {
-        for t in std::mem::take(&mut self.deferred) {
-            if self.consume(t).is_err() {
-                return false;
-            }
+        if self.take_deferred().is_err() {
+            return false;
         }
         self.whole().is_accepting().unwrap_or(false)
     }

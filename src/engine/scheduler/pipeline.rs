@@ -84,8 +84,9 @@ impl Scheduler {
         logits: Result<Option<Tensor>>,
     ) -> Result<InFlight> {
         let logits = logits?.ok_or_else(no_logits)?;
-        let logits = self.constrained(logits, &indices(&plan))?;
-        let ids = self.draw_ids(&logits, &indices(&plan))?;
+        let rows = indices(&plan);
+        let logits = self.constrained(logits, &rows)?;
+        let ids = self.draw_ids(&logits, &rows)?;
         let lp_rows: Vec<LogprobRow> = plan
             .iter()
             .enumerate()
