@@ -15,18 +15,24 @@ fn cpu_options() -> EngineOptions {
 }
 
 #[test]
-fn the_default_registry_lists_the_demo_first_and_the_three_qwen3_models() {
+fn the_default_registry_lists_the_demo_first_and_the_four_qwen3_models() {
     let r = ModelRegistry::with_defaults();
     let keys: Vec<String> = r.specs().map(|s| s.key.clone()).collect();
     assert_eq!(
         keys,
-        ["demo", "qwen3-0.6b", "qwen3-1.7b", "sqlenv-qwen3-1.7b-grpo"]
+        [
+            "demo",
+            "qwen3-0.6b",
+            "qwen3-1.7b",
+            "sqlenv-qwen3-1.7b-grpo",
+            "qwen3-30b-a3b"
+        ]
     );
     assert_eq!(r.default_key(), "demo");
     assert!(r.specs().all(|s| !s.enable_thinking));
     let choices = r.choices();
     assert_eq!(choices[0].1, "demo");
-    assert_eq!(choices.len(), 4);
+    assert_eq!(choices.len(), 5);
 }
 
 #[test]

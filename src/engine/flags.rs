@@ -93,6 +93,10 @@ pub struct EngineFlags {
     /// The largest LoRA rank served.
     #[arg(long, default_value_t = defaults::MAX_LORA_RANK)]
     pub max_lora_rank: usize,
+    /// Split a mixture-of-experts model's experts whole across the `--world-size` ranks
+    /// (expert parallelism; attention stays tensor-parallel). Every rank needs the same.
+    #[arg(long)]
+    pub expert_parallel: bool,
     /// Which of the engine's own kernels run (`--no-kernels`, `--no-gemv`, ...).
     #[command(flatten)]
     pub kernels: KernelFlags,
@@ -237,6 +241,7 @@ impl EngineFlags {
                 max_lora_rank: self.max_lora_rank,
             }),
             grammar_mask_parts: self.grammar_mask_parts,
+            expert_parallel: self.expert_parallel,
             kernels: self.kernels.options(),
             ..EngineOptions::default()
         }

@@ -139,6 +139,11 @@ pub struct EngineOptions {
     /// Tensor parallelism: this process's link to the other ranks (it must be rank 0; the
     /// others run `run_worker`). `None`: one rank.
     pub tensor_parallel: Option<CommHandle>,
+    /// Expert parallelism for a mixture-of-experts model over `tensor_parallel`'s ranks: each
+    /// rank holds `num_experts / world` whole experts (attention stays tensor-parallel);
+    /// `false`: every rank holds a slice of every expert. Workers must be started with the
+    /// same setting (`--expert-parallel`); a dense model refuses it.
+    pub expert_parallel: bool,
     /// How long the head waits for workers to acknowledge a step.
     pub worker_timeout: Duration,
     /// Replay pure decode steps as CUDA graphs (captured at start-up per batch-size bucket up
@@ -212,6 +217,7 @@ impl Default for EngineOptions {
             kv_load: KvLoad::Measured,
             kv_dtype: KvCacheDtype::Auto,
             tensor_parallel: None,
+            expert_parallel: false,
             worker_timeout: Duration::from_secs(defaults::WORKER_TIMEOUT_SECS),
             cuda_graphs: true,
             pipelined_decode: true,

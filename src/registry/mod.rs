@@ -83,8 +83,9 @@ impl ModelRegistry {
         })
     }
 
-    /// The reference registry: the demo (default), Qwen3-0.6B, Qwen3-1.7B and the fine-tuned
-    /// Qwen3-1.7B SQL agent, all with `enable_thinking = false`.
+    /// The reference registry: the demo (default), Qwen3-0.6B, Qwen3-1.7B, the fine-tuned
+    /// Qwen3-1.7B SQL agent and the Qwen3-30B-A3B mixture of experts, all with
+    /// `enable_thinking = false`.
     pub fn with_defaults() -> Self {
         Self::new(vec![
             ModelSpec::demo(),
@@ -94,6 +95,12 @@ impl ModelRegistry {
                 "sqlenv-qwen3-1.7b-grpo",
                 "Qwen3 1.7B SQL agent (GRPO fine-tune)",
                 "hjerpe/sqlenv-qwen3-1.7b-grpo-v2",
+                "main",
+            ),
+            ModelSpec::hub(
+                "qwen3-30b-a3b",
+                "Qwen3 30B-A3B (MoE)",
+                "Qwen/Qwen3-30B-A3B",
                 "main",
             ),
         ])

@@ -25,8 +25,8 @@ pub struct Architecture {
     pub note: &'static str,
 }
 
-/// Known architectures. Only `qwen3` runs today; the others are listed so that the cache and
-/// swap gates answer correctly (and say why) when they are added.
+/// Known architectures. `qwen3` and `qwen3_moe` run; the others are listed so that the cache
+/// and swap gates answer correctly (and say why) when they are added.
 pub const ARCHITECTURES: &[Architecture] = &[
     Architecture {
         model_type: "qwen3",
@@ -36,7 +36,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     },
     Architecture {
         model_type: "qwen3_moe",
-        supported: false,
+        supported: true,
         state_is_kv_only: true,
         note: "",
     },
@@ -66,7 +66,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     },
 ];
 
-/// A Qwen3 `config.json`.
+/// A Qwen3 or Qwen3-MoE `config.json` (the MoE fields default to a dense model).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct ModelConfig {
     /// HF `model_type`.
@@ -110,6 +110,29 @@ pub struct ModelConfig {
     /// `eos_token_id` of the config (int or list).
     #[serde(default)]
     pub eos_token_id: Option<Value>,
+    /// MoE: routed experts per sparse layer (0: a dense model).
+    #[serde(default)]
+    pub num_experts: usize,
+    /// MoE: experts each token is routed to (top-k).
+    #[serde(default)]
+    pub num_experts_per_tok: usize,
+    /// MoE: each expert's MLP inner size.
+    #[serde(default)]
+    pub moe_intermediate_size: usize,
+    /// MoE: the top-k routing weights are renormalized to sum to 1 (HF's default: false).
+    #[serde(default)]
+    pub norm_topk_prob: bool,
+    /// MoE: every `decoder_sparse_step`-th layer is sparse (layer `i` when `(i + 1) %
+    /// step == 0`).
+    #[serde(default = "default_sparse_step")]
+    pub decoder_sparse_step: usize,
+    /// MoE: layers that keep a dense MLP (of `intermediate_size`) whatever the step says.
+    #[serde(default)]
+    pub mlp_only_layers: Vec<usize>,
+}
+
+fn default_sparse_step() -> usize {
+    1
 }
 
 fn default_max_pos() -> usize {
@@ -211,7 +234,65 @@ impl ModelConfig {
                 self.head_dim()
             ));
         }
+        self.check_moe()
+    }
+
+    /// The MoE fields: absent for `qwen3`; for `qwen3_moe` an expert count, a top-k within
+    /// it, an expert size and a positive sparse step.
+    fn check_moe(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidInput(format!("config.json: {m}")));
+        if self.model_type != "qwen3_moe" {
+            if self.num_experts > 0 {
+                return bad(format!(
+                    "num_experts = {} in a `{}` config; an MoE checkpoint has model_type qwen3_moe",
+                    self.num_experts, self.model_type
+                ));
+            }
+            return Ok(());
+        }
+        for (name, value, max) in [
+            ("num_experts", self.num_experts, 1usize << 12),
+            ("num_experts_per_tok", self.num_experts_per_tok, 1 << 12),
+            ("moe_intermediate_size", self.moe_intermediate_size, 1 << 20),
+            ("decoder_sparse_step", self.decoder_sparse_step, 1 << 12),
+        ] {
+            if value == 0 || value > max {
+                return bad(format!(
+                    "{name} = {value} is outside 1..={max} in a qwen3_moe config"
+                ));
+            }
+        }
+        if self.num_experts_per_tok > self.num_experts {
+            return bad(format!(
+                "num_experts_per_tok ({}) exceeds num_experts ({})",
+                self.num_experts_per_tok, self.num_experts
+            ));
+        }
+        if let Some(l) = self
+            .mlp_only_layers
+            .iter()
+            .find(|&&l| l >= self.num_hidden_layers)
+        {
+            return bad(format!(
+                "mlp_only_layers names layer {l} of a model with {} layers",
+                self.num_hidden_layers
+            ));
+        }
         Ok(())
+    }
+
+    /// Whether this is a mixture-of-experts model (some layers route tokens to experts).
+    pub fn is_moe(&self) -> bool {
+        self.num_experts > 0 && (0..self.num_hidden_layers).any(|l| self.is_sparse_layer(l))
+    }
+
+    /// Whether layer `layer` is a sparse (MoE) layer, as transformers' `Qwen3MoeDecoderLayer`
+    /// decides: not in `mlp_only_layers`, experts configured, and `(layer + 1)` a multiple of
+    /// `decoder_sparse_step`.
+    pub fn is_sparse_layer(&self, layer: usize) -> bool {
+        !self.mlp_only_layers.contains(&layer)
+            && self.num_experts > 0
+            && (layer + 1).is_multiple_of(self.decoder_sparse_step.max(1))
     }
 
     /// Per-head dimension (`head_dim`, else hidden/heads).
@@ -246,8 +327,20 @@ impl ModelConfig {
 
     /// The fields that fix the weights' names and shapes, as `field = value` pairs.
     pub fn shape_summary(&self) -> String {
+        let moe = if self.num_experts > 0 {
+            format!(
+                ", num_experts = {}, num_experts_per_tok = {}, moe_intermediate_size = {}, decoder_sparse_step = {}, mlp_only_layers = {:?}",
+                self.num_experts,
+                self.num_experts_per_tok,
+                self.moe_intermediate_size,
+                self.decoder_sparse_step,
+                self.mlp_only_layers
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "model_type = {}, vocab_size = {}, hidden_size = {}, intermediate_size = {}, num_hidden_layers = {}, num_attention_heads = {}, num_key_value_heads = {}, head_dim = {}, attention_bias = {}",
+            "model_type = {}, vocab_size = {}, hidden_size = {}, intermediate_size = {}, num_hidden_layers = {}, num_attention_heads = {}, num_key_value_heads = {}, head_dim = {}, attention_bias = {}{moe}",
             self.model_type,
             self.vocab_size,
             self.hidden_size,

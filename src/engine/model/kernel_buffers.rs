@@ -75,6 +75,9 @@ impl Activations {
         };
         let (nh, hd) = (l0.attn.num_heads, l0.attn.head_dim);
         let hidden = m.embed.dim(1)?;
+        let mlp = l0.ffn.dense().ok_or_else(|| {
+            crate::error::Error::Engine("the kernels serve dense layers only".into())
+        })?;
         Ok(Self {
             residual: [k.alloc_out((t, hidden))?, k.alloc_out((t, hidden))?],
             h: k.alloc_out((t, hidden))?,
@@ -82,8 +85,8 @@ impl Activations {
             q: k.alloc_out((t, nh, hd))?,
             attn: k.alloc_out((t, nh * hd))?,
             o: k.alloc_out((t, hidden))?,
-            gu: k.alloc_out((t, l0.mlp.gate_up.weight().dim(0)?))?,
-            act: k.alloc_out((t, l0.mlp.intermediate))?,
+            gu: k.alloc_out((t, mlp.gate_up.weight().dim(0)?))?,
+            act: k.alloc_out((t, mlp.intermediate))?,
             down: k.alloc_out((t, hidden))?,
             scratch: k.decode_scratch(nd, nh, splits)?,
             counters: k.decode_counters(t.min(FUSED_MAX_ROWS), nh)?,

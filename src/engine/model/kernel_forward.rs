@@ -217,6 +217,9 @@ impl KernelForward<'_> {
         let lora = self.lora_step(inputs, acts)?;
         for (li, layer) in m.layers.iter().enumerate() {
             let at = &layer.attn;
+            let mlp = layer.ffn.dense().ok_or_else(|| {
+                crate::error::Error::Engine("the kernels serve dense layers only".into())
+            })?;
             let norm = &layer.input_norm;
             // Each skinny matmul prefetches the next one's weights into L2 (with
             // `l2_prefetch`): qkv -> o (across the attention), o -> gate|up, gate|up -> down,
@@ -274,19 +277,14 @@ impl KernelForward<'_> {
                 )?;
                 self.attend_kernels(kv, plan, inputs, acts, bs)?
             };
-            k.linear_next_into(
-                &out,
-                at.o_proj.weight(),
-                &a.o,
-                Some(layer.mlp.gate_up.weight()),
-            )?;
+            k.linear_next_into(&out, at.o_proj.weight(), &a.o, Some(mlp.gate_up.weight()))?;
             if let Some(l) = &lora {
                 self.lora_add(&out, &a.o, (l, li, 1))?;
             }
             let o = reduce(a.o.clone(), comm)?;
             let norm = &layer.post_norm;
             let res = (&a.residual[cur], Some(&o), &a.residual[1 - cur]);
-            let gu_w = layer.mlp.gate_up.weight();
+            let gu_w = mlp.gate_up.weight();
             let silu = Some((&a.gu, &a.act));
             match &lora {
                 Some(l) => self.norm_linear_lora(res, norm, &a.h, gu_w, &a.gu, silu, (l, li, 2))?,
@@ -297,12 +295,12 @@ impl KernelForward<'_> {
                     gu_w,
                     &a.gu,
                     silu,
-                    Some(layer.mlp.down.weight()),
+                    Some(mlp.down.weight()),
                 )?,
             }
             cur = 1 - cur;
             let next = m.layers.get(li + 1).map(|l| l.attn.qkv.weight());
-            k.linear_next_into(&a.act, layer.mlp.down.weight(), &a.down, next)?;
+            k.linear_next_into(&a.act, mlp.down.weight(), &a.down, next)?;
             if let Some(l) = &lora {
                 self.lora_add(&a.act, &a.down, (l, li, 3))?;
             }

@@ -3,8 +3,9 @@
 //! - `config` (HF `config.json` / `generation_config.json`), `files` (the one list of a
 //!   model's files, for local dirs and the hub alike), `weights` (safetensors checkpoints),
 //!   `shard` (tensor-parallel slicing), `loader` (one rank's load);
-//! - `qwen3` (structs with `load`/`forward`, like candle's model files), its `blocks` and its
-//!   gather-path `attention` (planning + candle-op attention over paged KV);
+//! - `qwen3` (structs with `load`/`forward`, like candle's model files), its `blocks`, its
+//!   gather-path `attention` (planning + candle-op attention over paged KV) and `moe` (the
+//!   sparse MLP of Qwen3-MoE: router, top-k, experts);
 //! - `kernel_forward` (the same forward on the engine's own CUDA kernels, a type of its own)
 //!   and `forward` ([`Model`]: the weights plus whichever forward runs them);
 //! - `lora` (PEFT adapters read and checked), `lora_slots` (the adapters' device slots and
@@ -34,6 +35,7 @@ pub mod kv_pinned;
 pub mod loader;
 pub mod lora;
 pub mod lora_slots;
+pub mod moe;
 pub mod qwen3;
 pub mod shard;
 pub mod update;

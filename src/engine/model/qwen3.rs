@@ -18,6 +18,7 @@ use super::blocks::{Kx, Norm, cat0, inv_freq, rms, rope_tables};
 use super::config::ModelConfig;
 use super::kv_cache::PagedKvCache;
 use super::lora_slots::{LoraSlots, Segment, segments};
+use super::moe::MoeBlock;
 use super::shard::Shard;
 use super::weights::Checkpoint;
 use crate::engine::batch::{SeqInput, logit_rows, positions_and_slots};
@@ -163,12 +164,36 @@ impl Mlp {
     }
 }
 
-/// One decoder layer: pre-norm attention and MLP, each with a residual.
+/// A layer's feed-forward part: a dense SwiGLU MLP or a sparse mixture of experts.
+pub(crate) enum Ffn {
+    Dense(Mlp),
+    Sparse(MoeBlock),
+}
+
+impl Ffn {
+    /// The dense MLP (None: a sparse layer).
+    pub(crate) fn dense(&self) -> Option<&Mlp> {
+        match self {
+            Ffn::Dense(m) => Some(m),
+            Ffn::Sparse(_) => None,
+        }
+    }
+
+    /// The mixture of experts (None: a dense layer).
+    pub(crate) fn sparse(&self) -> Option<&MoeBlock> {
+        match self {
+            Ffn::Dense(_) => None,
+            Ffn::Sparse(m) => Some(m),
+        }
+    }
+}
+
+/// One decoder layer: pre-norm attention and MLP (dense or experts), each with a residual.
 pub(crate) struct Layer {
     pub(crate) input_norm: Norm,
     pub(crate) attn: Attention,
     pub(crate) post_norm: Norm,
-    pub(crate) mlp: Mlp,
+    pub(crate) ffn: Ffn,
 }
 
 impl Layer {
@@ -185,14 +210,22 @@ impl Layer {
             input_norm: rms(ck, &format!("{p}.input_layernorm.weight"), h, eps)?,
             attn: Attention::load(cfg, ck, &p, shard, kx)?,
             post_norm: rms(ck, &format!("{p}.post_attention_layernorm.weight"), h, eps)?,
-            mlp: Mlp::load(cfg, ck, &p, shard, kx)?,
+            ffn: if cfg.is_sparse_layer(i) {
+                Ffn::Sparse(MoeBlock::load(cfg, ck, &p, shard, kx)?)
+            } else {
+                Ffn::Dense(Mlp::load(cfg, ck, &p, shard, kx)?)
+            },
         })
     }
 
     fn forward(&self, x: &Tensor, li: usize, ctx: &StepContext<'_>) -> Result<Tensor> {
         let h = self.attn.forward(&self.input_norm.forward(x)?, li, ctx)?;
         let x = (reduce(h, ctx.comm)? + x)?;
-        let h = self.mlp.forward(&self.post_norm.forward(&x)?, li, ctx)?;
+        let normed = self.post_norm.forward(&x)?;
+        let h = match &self.ffn {
+            Ffn::Dense(mlp) => mlp.forward(&normed, li, ctx)?,
+            Ffn::Sparse(moe) => moe.forward(&normed)?,
+        };
         Ok((reduce(h, ctx.comm)? + x)?)
     }
 }

@@ -31,6 +31,18 @@ enum Part {
     Down,
     InputNorm,
     PostNorm,
+    /// MoE: the router `mlp.gate.weight`.
+    Router,
+    /// MoE: expert `e`'s `gate_proj`.
+    ExpertGate(usize),
+    /// MoE: expert `e`'s `up_proj`.
+    ExpertUp(usize),
+    /// MoE: expert `e`'s `down_proj`.
+    ExpertDown(usize),
+    /// MoE, transformers 5's stacked layout: `mlp.experts.gate_up_proj` `[E, 2I, hidden]`.
+    ExpertsGateUp,
+    /// MoE, stacked: `mlp.experts.down_proj` `[E, hidden, I]`.
+    ExpertsDown,
 }
 
 /// Where an HF tensor lives in the model.
@@ -61,8 +73,47 @@ const LAYER_PARTS: [(&str, Part); 14] = [
     ("self_attn.v_proj.bias", Part::VBias),
 ];
 
+/// A sparse layer's tensors, expert by expert (the published checkpoints' layout).
+fn sparse_parts(cfg: &ModelConfig) -> Vec<(String, Part)> {
+    let mut t = vec![("mlp.gate.weight".to_string(), Part::Router)];
+    for e in 0..cfg.num_experts {
+        t.push((
+            format!("mlp.experts.{e}.gate_proj.weight"),
+            Part::ExpertGate(e),
+        ));
+        t.push((format!("mlp.experts.{e}.up_proj.weight"), Part::ExpertUp(e)));
+        t.push((
+            format!("mlp.experts.{e}.down_proj.weight"),
+            Part::ExpertDown(e),
+        ));
+    }
+    t
+}
+
+/// Parses a sparse layer's tensor name (either layout).
+fn sparse_part(cfg: &ModelConfig, name: &str) -> Option<Part> {
+    match name {
+        "mlp.gate.weight" => return Some(Part::Router),
+        "mlp.experts.gate_up_proj" => return Some(Part::ExpertsGateUp),
+        "mlp.experts.down_proj" => return Some(Part::ExpertsDown),
+        _ => {}
+    }
+    let (e, proj) = name.strip_prefix("mlp.experts.")?.split_once('.')?;
+    let e: usize = e.parse().ok()?;
+    if e >= cfg.num_experts || name != format!("mlp.experts.{e}.{proj}") {
+        return None;
+    }
+    match proj {
+        "gate_proj.weight" => Some(Part::ExpertGate(e)),
+        "up_proj.weight" => Some(Part::ExpertUp(e)),
+        "down_proj.weight" => Some(Part::ExpertDown(e)),
+        _ => None,
+    }
+}
+
 fn part_shape(cfg: &ModelConfig, part: Part) -> Option<Vec<usize>> {
     let (h, hd, inter) = (cfg.hidden_size, cfg.head_dim(), cfg.intermediate_size);
+    let (ne, mi) = (cfg.num_experts, cfg.moe_intermediate_size);
     let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
     let bias = cfg.attention_bias;
     Some(match part {
@@ -76,6 +127,11 @@ fn part_shape(cfg: &ModelConfig, part: Part) -> Option<Vec<usize>> {
         Part::Gate | Part::Up => vec![inter, h],
         Part::Down => vec![h, inter],
         Part::InputNorm | Part::PostNorm => vec![h],
+        Part::Router => vec![ne, h],
+        Part::ExpertGate(_) | Part::ExpertUp(_) => vec![mi, h],
+        Part::ExpertDown(_) => vec![h, mi],
+        Part::ExpertsGateUp => vec![ne, 2 * mi, h],
+        Part::ExpertsDown => vec![ne, h, mi],
     })
 }
 
@@ -95,8 +151,19 @@ fn locate(cfg: &ModelConfig, name: &str) -> Option<(Slot, Vec<usize>)> {
     if i >= cfg.num_hidden_layers || index != i.to_string() {
         return None;
     }
-    let (_, p) = LAYER_PARTS.iter().find(|(n, _)| *n == part)?;
-    Some((Slot::Layer(i, *p), part_shape(cfg, *p)?))
+    let dense_mlp = |p: &Part| matches!(p, Part::Gate | Part::Up | Part::Down);
+    let p = if cfg.is_sparse_layer(i) {
+        match sparse_part(cfg, part) {
+            Some(p) => p,
+            None => *LAYER_PARTS
+                .iter()
+                .find(|(n, p)| *n == part && !dense_mlp(p))
+                .map(|(_, p)| p)?,
+        }
+    } else {
+        LAYER_PARTS.iter().find(|(n, _)| *n == part)?.1
+    };
+    Some((Slot::Layer(i, p), part_shape(cfg, p)?))
 }
 
 /// The HF tensors a complete update of a model of `cfg` holds, with their full shapes, in
@@ -108,9 +175,20 @@ pub fn weight_table(cfg: &ModelConfig, tied: bool) -> Vec<(String, Vec<usize>)> 
         vec![cfg.vocab_size, cfg.hidden_size],
     )];
     for i in 0..cfg.num_hidden_layers {
+        let sparse = cfg.is_sparse_layer(i);
         for (n, p) in LAYER_PARTS {
+            if sparse && matches!(p, Part::Gate | Part::Up | Part::Down) {
+                continue;
+            }
             if let Some(shape) = part_shape(cfg, p) {
                 t.push((format!("model.layers.{i}.{n}"), shape));
+            }
+        }
+        if sparse {
+            for (n, p) in sparse_parts(cfg) {
+                if let Some(shape) = part_shape(cfg, p) {
+                    t.push((format!("model.layers.{i}.{n}"), shape));
+                }
             }
         }
     }
@@ -200,11 +278,31 @@ impl Qwen3 {
                     }
                     Part::KNorm => put(&l.attn.k_norm.weight, on_dev()?, 0),
                     Part::O => put(l.attn.o_proj.weight(), shard.slice(on_dev()?, 1)?, 0),
-                    Part::Gate => put(l.mlp.gate_up.weight(), shard.slice(on_dev()?, 0)?, 0),
-                    Part::Up => put(l.mlp.gate_up.weight(), shard.slice(on_dev()?, 0)?, inter),
-                    Part::Down => put(l.mlp.down.weight(), shard.slice(on_dev()?, 1)?, 0),
+                    Part::Gate | Part::Up | Part::Down => {
+                        let Some(mlp) = l.ffn.dense() else {
+                            unreachable!("locate gives dense parts of dense layers only")
+                        };
+                        match part {
+                            Part::Gate => put(mlp.gate_up.weight(), shard.slice(on_dev()?, 0)?, 0),
+                            Part::Up => {
+                                put(mlp.gate_up.weight(), shard.slice(on_dev()?, 0)?, inter)
+                            }
+                            _ => put(mlp.down.weight(), shard.slice(on_dev()?, 1)?, 0),
+                        }
+                    }
                     Part::InputNorm => put(&l.input_norm.weight, on_dev()?, 0),
                     Part::PostNorm => put(&l.post_norm.weight, on_dev()?, 0),
+                    Part::Router
+                    | Part::ExpertGate(_)
+                    | Part::ExpertUp(_)
+                    | Part::ExpertDown(_)
+                    | Part::ExpertsGateUp
+                    | Part::ExpertsDown => {
+                        let Some(moe) = l.ffn.sparse() else {
+                            unreachable!("locate gives expert parts of sparse layers only")
+                        };
+                        set_expert_weight(moe, part, on_dev()?, shard)
+                    }
                 }
             }
         }
@@ -224,6 +322,58 @@ impl Qwen3 {
             self.set_weight(cfg, name, &ck.get(name, shape)?)?;
         }
         Ok(())
+    }
+}
+
+/// Writes an MoE tensor (full, on the device, in the compute dtype) into this rank's stacked
+/// experts, as [`MoeBlock::load`] slices it: experts this rank does not hold are skipped.
+fn set_expert_weight(
+    moe: &super::moe::MoeBlock,
+    part: Part,
+    value: Tensor,
+    shard: super::shard::Shard,
+) -> Result<()> {
+    let (first, local, il) = (moe.first_expert, moe.local_experts(), moe.intermediate);
+    let put = |dst: &Tensor, src: Tensor, offset: usize| -> Result<()> {
+        Ok(dst.slice_set(&src.contiguous()?, 0, offset)?)
+    };
+    // Expert `e`'s slot in the stacked tensors, when this rank holds it.
+    let slot = |e: usize| (e >= first && e < first + local).then(|| e - first);
+    let flat_gu = moe.gate_up.flatten(0, 1)?;
+    let flat_down = moe.down.flatten(0, 1)?;
+    let h = moe.down.dim(1)?;
+    match part {
+        Part::Router => put(&moe.router, value, 0),
+        Part::ExpertGate(e) | Part::ExpertUp(e) => {
+            let Some(s) = slot(e) else { return Ok(()) };
+            let up = usize::from(matches!(part, Part::ExpertUp(_)));
+            put(&flat_gu, shard.slice_expert(value, 0)?, (2 * s + up) * il)
+        }
+        Part::ExpertDown(e) => {
+            let Some(s) = slot(e) else { return Ok(()) };
+            put(&flat_down, shard.slice_expert(value, 1)?, s * h)
+        }
+        Part::ExpertsGateUp | Part::ExpertsDown => {
+            let full = value.dim(1)?
+                / if matches!(part, Part::ExpertsGateUp) {
+                    2
+                } else {
+                    1
+                };
+            for s in 0..local {
+                let v = value.get(first + s)?;
+                if matches!(part, Part::ExpertsGateUp) {
+                    let g = shard.slice_expert(v.narrow(0, 0, full)?, 0)?;
+                    let u = shard.slice_expert(v.narrow(0, full, full)?, 0)?;
+                    put(&flat_gu, g, 2 * s * il)?;
+                    put(&flat_gu, u, (2 * s + 1) * il)?;
+                } else {
+                    put(&flat_down, shard.slice_expert(v, 1)?, s * h)?;
+                }
+            }
+            Ok(())
+        }
+        _ => unreachable!("set_expert_weight takes expert parts only"),
     }
 }
 

@@ -63,6 +63,15 @@ pub struct RankSettings {
     /// compute dtype's). fp8 scales are each rank's own (its KV heads').
     #[serde(default)]
     pub kv_cache: String,
+    /// How MoE experts are split (`experts sliced` or `expert-parallel`: `--expert-parallel`).
+    #[serde(default)]
+    pub parallel: String,
+    /// Speculative decoding (`off`, or its method and draft length: `--speculative-method`).
+    #[serde(default)]
+    pub speculative: String,
+    /// The weights' content digest (the same files on every rank).
+    #[serde(default)]
+    pub digest: String,
 }
 
 impl RankSettings {
@@ -80,7 +89,29 @@ impl RankSettings {
             dtype: format!("{dtype:?}").to_lowercase(),
             model,
             kv_cache: String::new(),
+            parallel: String::new(),
+            speculative: String::new(),
+            digest: String::new(),
         }
+    }
+
+    /// These settings with the expert split, the speculative settings and the weights'
+    /// digest (see the fields).
+    pub fn with_model_settings(
+        mut self,
+        expert_parallel: bool,
+        speculative: String,
+        digest: String,
+    ) -> Self {
+        self.parallel = if expert_parallel {
+            "expert-parallel"
+        } else {
+            "experts sliced"
+        }
+        .into();
+        self.speculative = speculative;
+        self.digest = digest;
+        self
     }
 
     /// These settings with the KV cache stored as `kv` (see [`RankSettings::kv_cache`]).
@@ -104,6 +135,25 @@ impl RankSettings {
         }
         if self.model != head.model {
             return flag("--model", &self.model, &head.model);
+        }
+        if self.parallel != head.parallel {
+            let name = |s: &str| if s == "expert-parallel" { "on" } else { "off" };
+            return Err(Error::InvalidInput(format!(
+                "this worker's --expert-parallel is {} ({}) but the head's is {} ({}); start every rank with the same --expert-parallel",
+                name(&self.parallel),
+                self.parallel,
+                name(&head.parallel),
+                head.parallel
+            )));
+        }
+        if self.speculative != head.speculative {
+            return flag("--speculative-method", &self.speculative, &head.speculative);
+        }
+        if self.digest != head.digest {
+            return Err(Error::InvalidInput(format!(
+                "this worker's weights (digest {}) are not the head's (digest {}); give every rank the same checkpoint",
+                self.digest, head.digest
+            )));
         }
         if self.kv_cache != head.kv_cache {
             let name = |s: &str| if s == "f8e4m3" { "fp8" } else { "auto" }.to_string();

@@ -17,6 +17,7 @@ use crate::engine::model::config::ModelConfig;
 use crate::engine::model::kv_cache::PagedKvCache;
 use crate::engine::model::loader::{layer_progress, load_shard, served_context};
 use crate::engine::model::shard::Shard;
+use crate::engine::model::weights::Checkpoint;
 use crate::engine::options::EngineOptions;
 use crate::engine::parallel::comm::WorkerCommand;
 use crate::error::{Error, Result};
@@ -47,6 +48,8 @@ pub struct Loaded {
     pub max_running: usize,
     /// Why `max_running` is what it is (the start-up line says it).
     pub max_running_why: String,
+    /// The weights' content digest (as stored in the files).
+    pub digest: String,
 }
 
 /// Checks the options that size allocations, before anything is allocated.
@@ -148,11 +151,8 @@ impl ModelRunner {
                     c.rank()
                 )));
             }
-            Some(c) => Shard {
-                rank: 0,
-                world: c.world_size(),
-            },
-            None => Shard::FULL,
+            Some(c) => Shard::tensor(0, c.world_size()).with_expert_parallel(opts.expert_parallel),
+            None => Shard::FULL.with_expert_parallel(opts.expert_parallel),
         };
         let pb = layer_progress(cfg.num_hidden_layers, key);
         let mut model = load_shard(
@@ -167,6 +167,11 @@ impl ModelRunner {
         )?;
         pb.finish_and_clear();
         if let Some(l) = &opts.lora {
+            if cfg.is_moe() {
+                return Err(Error::Unsupported(
+                    "LoRA adapters on mixture-of-experts models are not served yet; serve the adapters of a dense Qwen3".into(),
+                ));
+            }
             if shard.world > 1 {
                 return Err(Error::InvalidInput(format!(
                     "LoRA adapters are not served on tensor-parallel engines yet ({} ranks); serve the adapters' base on one GPU",
@@ -259,14 +264,16 @@ impl ModelRunner {
             device,
         )?;
 
+        let digest = Checkpoint::open(key, weights, dtype, device)?.digest()?;
         if let Some(c) = &comm {
             // Every worker allocates the same blocks up front; the block tables of each step
             // travel with its command, so the ranks agree on slots and cached prefixes.
             let hello = WorkerCommand::Hello(rank_settings(
                 cfg,
                 (dtype, kv_dtype),
-                opts.block_size,
+                opts,
                 num_blocks,
+                digest.clone(),
             ));
             for (i, ack) in c
                 .send_command(&hello, HELLO_TIMEOUT)?
@@ -308,6 +315,7 @@ impl ModelRunner {
             world,
             max_running,
             max_running_why,
+            digest,
         })
     }
 }

@@ -83,7 +83,7 @@ pub fn run_worker(
         &files.weights,
         opts.dtype,
         &device,
-        Shard { rank, world },
+        Shard::tensor(rank, world).with_expert_parallel(opts.expert_parallel),
         &opts.kernels,
         || {},
     )?;
@@ -105,7 +105,8 @@ pub fn run_worker(
             return Err(e);
         }
     };
-    let mine = rank_settings(&cfg, (dtype, kv_dtype), opts.block_size, head.num_blocks);
+    let digest = Checkpoint::open(&key, &files.weights, dtype, &device)?.digest()?;
+    let mine = rank_settings(&cfg, (dtype, kv_dtype), opts, head.num_blocks, digest);
     if let Err(e) = mine.check_against_head(&head) {
         let _ = comm.ack(Err(e.to_string()));
         tracing::error!(rank, error = %e, "refusing to start");
@@ -223,19 +224,26 @@ fn check_seqs(seqs: &[SeqCommand], cache: &PagedKvCache) -> std::result::Result<
     })
 }
 
-/// The settings every rank serving `cfg` in `dtype` over `num_blocks` blocks of `block_size`
-/// tokens must share (the head sends its own in `Hello`; a worker compares).
+/// The settings every rank serving `cfg` (weights of `digest`) in `dtype` with `opts` over
+/// `num_blocks` blocks must share (the head sends its own in `Hello`; a worker compares).
 pub(crate) fn rank_settings(
     cfg: &ModelConfig,
     (dtype, kv_dtype): (DType, DType),
-    block_size: usize,
+    opts: &EngineOptions,
     num_blocks: usize,
+    digest: String,
 ) -> RankSettings {
     let model = format!(
         "{}:{}x{}",
         cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size
     );
-    RankSettings::new(model, dtype, block_size, num_blocks).with_kv_cache(kv_dtype)
+    let speculative = match &opts.speculative {
+        None => "off".to_string(),
+        Some(s) => format!("{:?} x{}", s.method, s.num_tokens),
+    };
+    RankSettings::new(model, dtype, opts.block_size, num_blocks)
+        .with_kv_cache(kv_dtype)
+        .with_model_settings(opts.expert_parallel, speculative, digest)
 }
 
 /// Starts ranks `1..world` of a tensor-parallel model as threads of this process (the

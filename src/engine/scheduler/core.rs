@@ -94,6 +94,7 @@ impl Scheduler {
             world,
             max_running,
             max_running_why,
+            digest,
         } = ModelRunner::load(key, cfg, weights, device, opts)?;
         let prefix_cache = opts.prefix_cache
             && {
@@ -126,8 +127,7 @@ impl Scheduler {
         );
         let weights = WeightsVersion {
             version: 0,
-            digest: crate::engine::model::weights::Checkpoint::open(key, weights, dtype, device)?
-                .digest()?,
+            digest,
             adapter: None,
         };
         let stats = EngineStats {
