@@ -19,6 +19,7 @@ const KERNELS: &[&str] = &[
     "lora",
     "gemv",
     "kv_move",
+    "moe",
 ];
 
 fn main() {

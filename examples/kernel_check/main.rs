@@ -47,6 +47,10 @@ struct Args {
     /// Only the fp8 KV checks (kernels, then the engine over fp8 KV).
     #[arg(long)]
     fp8_only: bool,
+    /// Only the model-level checks (kernels vs candle ops, greedy tokens of two engines):
+    /// for a mixture-of-experts model, which serves no LoRA adapters.
+    #[arg(long)]
+    model_only: bool,
     /// The kernel switches of the model-level checks (`--gemv-mma`, `--l2-prefetch`, ...).
     #[command(flatten)]
     kernels: policy_serve::engine::KernelFlags,
@@ -526,6 +530,13 @@ fn main() -> Res<()> {
         return model::trace(&a.model_dir, ids, &a.trace_out, &dev);
     }
     let mut t = Table { rows: Vec::new() };
+    if a.model_only {
+        for dt in [DType::BF16, DType::F32] {
+            model_checks(&a, &dev, dt, &mut t)?;
+        }
+        greedy_check(&a, &mut t)?;
+        return report(t);
+    }
     if a.fp8_only {
         fp8::checks(&dev, &mut t)?;
         fp8::engine_check(&a, &mut t)?;

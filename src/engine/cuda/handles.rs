@@ -1,7 +1,22 @@
 //! Handles that `CudaKernels` holds and the launch files use (kept apart so that those files
 //! and `kernels.rs` do not import from each other).
 
-use candle_core::cuda_backend::cudarc::driver::{CudaEvent, CudaFunction, PinnedHostSlice};
+use std::sync::Arc;
+
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaEvent, CudaFunction, CudaModule, PinnedHostSlice,
+};
+
+/// The MoE kernels (`kernels/moe.cu`), `[bf16, f32]` each, the tiled ones also by tile
+/// (`super::moe_ops::MOE_TILES`).
+pub(super) struct MoeKernels {
+    pub(super) _module: Arc<CudaModule>,
+    pub(super) route: [CudaFunction; 2],
+    pub(super) align: CudaFunction,
+    pub(super) gate_up: [[CudaFunction; 2]; 2],
+    pub(super) down: [[CudaFunction; 2]; 2],
+    pub(super) sum: [CudaFunction; 2],
+}
 
 /// The kernels that read or write an fp8 (e4m3) KV cache, bf16 compute: the `_fp8` variants
 /// of the KV write, the decode attention (fused and not) and the flash prefill.

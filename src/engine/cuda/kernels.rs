@@ -14,7 +14,7 @@ use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Shape, Storage, Tensor};
 
 use super::blas::Blas;
-use super::handles::Fp8Kernels;
+use super::handles::{Fp8Kernels, MoeKernels};
 use super::launch::{self, kernel_err};
 pub use super::launch_options::LaunchOptions;
 use crate::error::Result;
@@ -30,6 +30,7 @@ static KV_WRITE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kv_write.fatb
 static LOGIT_EDITS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/logit_edits.fatbin"));
 static LORA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
+static MOE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe.fatbin"));
 
 /// Most token rows the CUDA-core skinny-matmul kernels (`kernels/gemv.cu`) take: where they
 /// beat cuBLAS on the H200 (at 3-8 rows their FMAs bound them; BENCHMARKS.md, "Decode steps
@@ -75,6 +76,8 @@ pub struct CudaKernels {
     /// [`super::LORA_TILE`].
     pub(super) lora: [[CudaFunction; 2]; 2],
     pub(super) gather_rows_f32: CudaFunction,
+    /// The MoE layers' kernels (`kernels/moe.cu`).
+    pub(super) moe: MoeKernels,
     pub(super) sample_topk: CudaFunction,
     pub(super) sample_full: CudaFunction,
     pub(super) gather_rows: CudaFunction,
@@ -186,6 +189,7 @@ impl CudaKernels {
         let logit_edits = load(LOGIT_EDITS, "logit_edits")?;
         let gemv_mod = load(GEMV, "gemv")?;
         let lora_mod = load(LORA, "lora")?;
+        let moe_mod = load(MOE, "moe")?;
         let f = |m: &Arc<CudaModule>, name: &str| {
             m.load_function(name)
                 .map_err(|e| kernel_err(&format!("function {name}"), e))
@@ -281,6 +285,35 @@ impl CudaKernels {
                 ],
             ],
             gather_rows_f32: f(&layer_ops, "gather_rows_f32")?,
+            moe: MoeKernels {
+                route: [
+                    f(&moe_mod, "moe_route_bf16")?,
+                    f(&moe_mod, "moe_route_f32")?,
+                ],
+                align: f(&moe_mod, "moe_align")?,
+                gate_up: [
+                    [
+                        f(&moe_mod, "moe_gate_up_t8_bf16")?,
+                        f(&moe_mod, "moe_gate_up_t32_bf16")?,
+                    ],
+                    [
+                        f(&moe_mod, "moe_gate_up_t8_f32")?,
+                        f(&moe_mod, "moe_gate_up_t32_f32")?,
+                    ],
+                ],
+                down: [
+                    [
+                        f(&moe_mod, "moe_down_t8_bf16")?,
+                        f(&moe_mod, "moe_down_t32_bf16")?,
+                    ],
+                    [
+                        f(&moe_mod, "moe_down_t8_f32")?,
+                        f(&moe_mod, "moe_down_t32_f32")?,
+                    ],
+                ],
+                sum: [f(&moe_mod, "moe_sum_bf16")?, f(&moe_mod, "moe_sum_f32")?],
+                _module: moe_mod.clone(),
+            },
             sample_topk: f(&layer_ops, "sample_topk_f32")?,
             sample_full: f(&layer_ops, "sample_full_f32")?,
             gather_rows: f(&layer_ops, &format!("gather_rows_{s}"))?,

@@ -2,7 +2,7 @@
 //! fatbins with sm_80/sm_90 machine code and embedded here) and their launches on candle
 //! tensors: attention (`attention.rs` decode, `prefill.rs` prefill), layer ops (`layer_ops.rs`),
 //! the logits' draws, log-probs and penalty (`logits_ops.rs`), LoRA deltas (`lora_ops.rs`), matmuls
-//! (`gemm.rs`), the launcher (`launch.rs`, its options `launch_options.rs`), the fp8 KV
+//! (`gemm.rs`), the experts of MoE layers (`moe_ops.rs`), the launcher (`launch.rs`, its options `launch_options.rs`), the fp8 KV
 //! kernels' handles (`fp8.rs`) and id read-back (`readback.rs`). It knows nothing of
 //! models or serving: the forward built from these launches is `model::kernel_forward`, the
 //! CUDA graphs that replay it are `runner::graphs`.
@@ -26,6 +26,7 @@ mod launch_options;
 mod layer_ops;
 mod logits_ops;
 mod lora_ops;
+mod moe_ops;
 mod params;
 mod prefill;
 mod readback;
@@ -35,4 +36,6 @@ pub use attention::{CLUSTER_MAX_ROWS, DECODE_CLUSTER, FUSED_MAX_ROWS};
 pub use kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, GpuEvent, LaunchOptions};
 pub(crate) use launch::kernel_err;
 pub use lora_ops::{LORA_TILE, LORA_TILE_ONE_MAX, lora_tile};
+pub(crate) use moe_ops::MoeScratch;
+pub use moe_ops::{MOE_TILES, moe_max_tiles, moe_tile};
 pub use readback::PendingIds;

@@ -55,12 +55,6 @@ pub fn kernels_for(
     if cfg.head_dim() != 128 || cfg.attention_bias {
         return Ok(None);
     }
-    if cfg.is_moe() {
-        tracing::warn!(
-            "the engine's kernels do not serve mixture-of-experts layers yet: this model runs on candle ops (no CUDA graphs)"
-        );
-        return Ok(None);
-    }
     let launch = LaunchOptions {
         gemv: opts.gemv,
         gemv_mma: opts.gemv_mma,

@@ -6,7 +6,7 @@
 use candle_core::Tensor;
 
 use super::qwen3::Qwen3;
-use crate::engine::cuda::{CudaKernels, FUSED_MAX_ROWS};
+use crate::engine::cuda::{CudaKernels, FUSED_MAX_ROWS, MoeScratch};
 use crate::error::Result;
 
 /// Device views of one step's integer inputs (all slices of one upload).
@@ -48,6 +48,8 @@ pub(crate) struct Activations {
     pub(super) gu: Tensor,
     pub(super) act: Tensor,
     pub(super) down: Tensor,
+    /// The sparse layers' buffers, on an MoE model.
+    pub(super) moe: Option<MoeScratch>,
     /// Decode-attention partials (None with one partition).
     pub(super) scratch: Option<(Tensor, Tensor)>,
     /// Merge counters of the fused decode attention (one per row and head, kept zero), for
@@ -75,9 +77,20 @@ impl Activations {
         };
         let (nh, hd) = (l0.attn.num_heads, l0.attn.head_dim);
         let hidden = m.embed.dim(1)?;
-        let mlp = l0.ffn.dense().ok_or_else(|| {
-            crate::error::Error::Engine("the kernels serve dense layers only".into())
-        })?;
+        // Dense layers' buffers (a model of sparse layers only keeps token-sized stubs).
+        let (gu_n, act_n) = m
+            .layers
+            .iter()
+            .find_map(|l| l.ffn.dense())
+            .map_or(Ok((2, 1)), |d| -> Result<_> {
+                Ok((d.gate_up.weight().dim(0)?, d.intermediate))
+            })?;
+        let moe = match m.layers.iter().find_map(|l| l.ffn.sparse()) {
+            Some(s) => {
+                Some(k.moe_scratch(t, (s.router.dim(0)?, s.top_k), s.intermediate, hidden)?)
+            }
+            None => None,
+        };
         Ok(Self {
             residual: [k.alloc_out((t, hidden))?, k.alloc_out((t, hidden))?],
             h: k.alloc_out((t, hidden))?,
@@ -85,8 +98,9 @@ impl Activations {
             q: k.alloc_out((t, nh, hd))?,
             attn: k.alloc_out((t, nh * hd))?,
             o: k.alloc_out((t, hidden))?,
-            gu: k.alloc_out((t, mlp.gate_up.weight().dim(0)?))?,
-            act: k.alloc_out((t, mlp.intermediate))?,
+            gu: k.alloc_out((t, gu_n))?,
+            act: k.alloc_out((t, act_n))?,
+            moe,
             down: k.alloc_out((t, hidden))?,
             scratch: k.decode_scratch(nd, nh, splits)?,
             counters: k.decode_counters(t.min(FUSED_MAX_ROWS), nh)?,
@@ -112,6 +126,7 @@ impl Activations {
             gu: n(&self.gu)?,
             act: n(&self.act)?,
             down: n(&self.down)?,
+            moe: self.moe.as_ref().map(|s| s.rows(t)).transpose()?,
             scratch: self.scratch.clone(),
             counters: self.counters.clone(),
             lora_y: self.lora_y.as_ref().map(n).transpose()?,
@@ -142,6 +157,9 @@ impl Activations {
         }
         if let Some(y) = &self.lora_y {
             n += b(y);
+        }
+        if let Some(s) = &self.moe {
+            n += s.bytes();
         }
         n + b(&self.counters)
     }

@@ -16,7 +16,7 @@ use candle_core::Tensor;
 use super::attention::{AttnGroup, AttnPlan, attend_group};
 pub(crate) use super::kernel_buffers::{Activations, StepInputs};
 use super::kv_cache::PagedKvCache;
-use super::qwen3::{Qwen3, reduce};
+use super::qwen3::{Ffn, Qwen3, reduce};
 use crate::engine::batch::{SeqInput, logit_rows, positions_and_slots};
 use crate::engine::cuda::CudaKernels;
 use crate::engine::kv_format::KvRef;
@@ -217,9 +217,6 @@ impl KernelForward<'_> {
         let lora = self.lora_step(inputs, acts)?;
         for (li, layer) in m.layers.iter().enumerate() {
             let at = &layer.attn;
-            let mlp = layer.ffn.dense().ok_or_else(|| {
-                crate::error::Error::Engine("the kernels serve dense layers only".into())
-            })?;
             let norm = &layer.input_norm;
             // Each skinny matmul prefetches the next one's weights into L2 (with
             // `l2_prefetch`): qkv -> o (across the attention), o -> gate|up, gate|up -> down,
@@ -277,13 +274,38 @@ impl KernelForward<'_> {
                 )?;
                 self.attend_kernels(kv, plan, inputs, acts, bs)?
             };
-            k.linear_next_into(&out, at.o_proj.weight(), &a.o, Some(mlp.gate_up.weight()))?;
+            let ffn_w = match &layer.ffn {
+                Ffn::Dense(mlp) => mlp.gate_up.weight(),
+                Ffn::Sparse(moe) => &moe.router,
+            };
+            k.linear_next_into(&out, at.o_proj.weight(), &a.o, Some(ffn_w))?;
             if let Some(l) = &lora {
                 self.lora_add(&out, &a.o, (l, li, 1))?;
             }
             let o = reduce(a.o.clone(), comm)?;
             let norm = &layer.post_norm;
             let res = (&a.residual[cur], Some(&o), &a.residual[1 - cur]);
+            let mlp = match &layer.ffn {
+                Ffn::Dense(mlp) => mlp,
+                Ffn::Sparse(moe) => {
+                    // The norm, the router's matmul, then the experts on the device.
+                    let s = a
+                        .moe
+                        .as_ref()
+                        .ok_or_else(|| crate::error::Error::Engine("MoE buffers missing".into()))?;
+                    // The experts read the normed state: the norm on its own (the fused
+                    // norm + skinny matmul keeps it in shared memory).
+                    k.add_rmsnorm_to(res.1, res.0, res.2, &norm.weight, norm.eps, &a.h)?;
+                    k.linear_into(&a.h, &moe.router, &s.logits)?;
+                    cur = 1 - cur;
+                    let experts = (&moe.gate_up, &moe.down);
+                    let how = (moe.first_expert, moe.norm_topk);
+                    k.moe_experts_into(&a.h, experts, how, s, &a.down)?;
+                    delta = Some(reduce(a.down.clone(), comm)?);
+                    self.trace_layer(trace.as_deref_mut(), li, &o, &a.residual[cur], &a.down)?;
+                    continue;
+                }
+            };
             let gu_w = mlp.gate_up.weight();
             let silu = Some((&a.gu, &a.act));
             match &lora {
@@ -305,13 +327,7 @@ impl KernelForward<'_> {
                 self.lora_add(&a.act, &a.down, (l, li, 3))?;
             }
             delta = Some(reduce(a.down.clone(), comm)?);
-            if let Some(tr) = trace.as_deref_mut() {
-                let f32 = |x: &Tensor| x.to_dtype(candle_core::DType::F32);
-                tr.push((format!("attn.{li}"), o.copy()?));
-                tr.push((format!("mlp.{li}"), a.down.copy()?));
-                let resid = (f32(&a.residual[cur])? + f32(&a.down)?)?;
-                tr.push((format!("resid.{li}"), resid));
-            }
+            self.trace_layer(trace.as_deref_mut(), li, &o, &a.residual[cur], &a.down)?;
         }
         k.add_rmsnorm_to(
             delta.as_ref(),
@@ -321,6 +337,25 @@ impl KernelForward<'_> {
             m.norm.eps,
             &a.h,
         )
+    }
+
+    /// Records layer `li`'s attention output, MLP output and residual into `trace` (when
+    /// tracing).
+    fn trace_layer(
+        &self,
+        trace: Option<&mut Vec<(String, Tensor)>>,
+        li: usize,
+        o: &Tensor,
+        residual: &Tensor,
+        down: &Tensor,
+    ) -> Result<()> {
+        if let Some(tr) = trace {
+            let f32 = |x: &Tensor| x.to_dtype(candle_core::DType::F32);
+            tr.push((format!("attn.{li}"), o.copy()?));
+            tr.push((format!("mlp.{li}"), down.copy()?));
+            tr.push((format!("resid.{li}"), (f32(residual)? + f32(down)?)?));
+        }
+        Ok(())
     }
 
     /// One layer's attention on the kernels: every group writes its rows of one `[T, nh * hd]`

@@ -1,0 +1,218 @@
+//! Launches of the MoE kernels (`kernels/moe.cu`): one sparse layer's experts on the device,
+//! from the normed hidden state to the layer's (partial) output, with the router's matmul
+//! on the dense kernels. No host synchronization, launch shapes fixed by the token count:
+//! decode steps of MoE models are captured in CUDA graphs as dense ones are.
+
+use candle_core::cuda_backend::WrapErr;
+use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+use candle_core::{DType, Tensor};
+
+use super::kernels::CudaKernels;
+use super::launch::kernel_err;
+use crate::error::Result;
+
+/// Pairs (token, expert) of one expert a tile of the expert kernels takes: the narrow tile
+/// (decode: a few pairs per expert) and the wide one (prefill: each expert's rows read once
+/// per 32 pairs).
+pub const MOE_TILES: [usize; 2] = [8, 32];
+
+/// The tile for `pairs` pairs over `experts` experts: wide once an expert averages 16 pairs.
+pub fn moe_tile(pairs: usize, experts: usize) -> usize {
+    if pairs >= 16 * experts.max(1) {
+        MOE_TILES[1]
+    } else {
+        MOE_TILES[0]
+    }
+}
+
+/// Tiles a step of `pairs` pairs over `experts` experts may need with tiles of `tm`: each
+/// expert's last tile may be partial.
+pub fn moe_max_tiles(pairs: usize, experts: usize, tm: usize) -> usize {
+    pairs.div_ceil(tm) + experts.min(pairs)
+}
+
+/// The buffers of one sparse layer's launches for up to `t` tokens (shared by every layer).
+pub struct MoeScratch {
+    /// Router logits `[T, E]` (compute dtype).
+    pub(crate) logits: Tensor,
+    /// Chosen experts `[T * k]` (u32).
+    ids: Tensor,
+    /// Their weights `[T * k]` (f32).
+    w: Tensor,
+    /// Pair indices grouped by expert `[T * k]` (u32).
+    order: Tensor,
+    /// Tiles (start, count, expert) (u32, room for the narrow tile's worst case).
+    tiles: Tensor,
+    /// SiLU(gate) * up per pair `[T * k, I]`.
+    act: Tensor,
+    /// Each pair's weighted expert output `[T * k, hidden]`.
+    y: Tensor,
+    top_k: usize,
+}
+
+impl MoeScratch {
+    /// The first `t` tokens' share (a graph bucket's of the largest bucket's buffers).
+    pub(crate) fn rows(&self, t: usize) -> Result<Self> {
+        let p = t * self.top_k;
+        let e = self.logits.dim(1)?;
+        let n = |x: &Tensor, r: usize| -> Result<Tensor> { Ok(x.narrow(0, 0, r)?) };
+        Ok(Self {
+            logits: n(&self.logits, t)?,
+            ids: n(&self.ids, p)?,
+            w: n(&self.w, p)?,
+            order: n(&self.order, p)?,
+            tiles: n(&self.tiles, 3 * moe_max_tiles(p, e, MOE_TILES[0]))?,
+            act: n(&self.act, p)?,
+            y: n(&self.y, p)?,
+            top_k: self.top_k,
+        })
+    }
+
+    /// Bytes these buffers hold.
+    pub(crate) fn bytes(&self) -> usize {
+        [
+            &self.logits,
+            &self.ids,
+            &self.w,
+            &self.order,
+            &self.tiles,
+            &self.act,
+            &self.y,
+        ]
+        .iter()
+        .map(|x| x.elem_count() * x.dtype().size_in_bytes())
+        .sum()
+    }
+}
+
+impl CudaKernels {
+    /// Buffers for sparse layers of `experts` experts, top-`top_k`, expert MLP size `inter`
+    /// (this rank's) and `hidden`, for up to `t` tokens.
+    pub(crate) fn moe_scratch(
+        &self,
+        t: usize,
+        (experts, top_k): (usize, usize),
+        inter: usize,
+        hidden: usize,
+    ) -> Result<MoeScratch> {
+        let p = t.max(1) * top_k;
+        Ok(MoeScratch {
+            logits: self.alloc_out((t.max(1), experts))?,
+            ids: self.alloc(p, DType::U32)?,
+            w: self.alloc(p, DType::F32)?,
+            order: self.alloc(p, DType::U32)?,
+            tiles: self.alloc(3 * moe_max_tiles(p, experts, MOE_TILES[0]), DType::U32)?,
+            act: self.alloc_out((p, inter))?,
+            y: self.alloc_out((p, hidden))?,
+            top_k,
+        })
+    }
+
+    /// One sparse layer's experts: `h` `[T, hidden]` (normed) with the router's logits
+    /// already in `s.logits` (`[T, E]`) -> `out` `[T, hidden]`, this rank's experts
+    /// `first..first + local` (the stacked `gate_up` `[local, 2I, hidden]` and `down`
+    /// `[local, hidden, I]`), top-`k` with the weights renormalized when `norm`.
+    pub fn moe_experts_into(
+        &self,
+        h: &Tensor,
+        (gate_up, down): (&Tensor, &Tensor),
+        (first, norm): (usize, bool),
+        s: &MoeScratch,
+        out: &Tensor,
+    ) -> Result<()> {
+        for x in [h, gate_up, down, out, &s.logits, &s.act, &s.y] {
+            self.check_dtype(x)?;
+        }
+        let (t, hidden) = h.dims2()?;
+        let (local, two_i, _) = gate_up.dims3()?;
+        let inter = two_i / 2;
+        let (e, k) = (s.logits.dim(1)?, s.top_k);
+        let p = t * k;
+        let tm = moe_tile(p, e);
+        let max_tiles = moe_max_tiles(p, e, tm);
+        let fits = s.logits.dim(0)? == t
+            && gate_up.dims3()? == (local, 2 * inter, hidden)
+            && down.dims3()? == (local, hidden, inter)
+            && out.elem_count() == t * hidden
+            && s.ids.elem_count() == p
+            && s.act.elem_count() == p * inter
+            && s.y.elem_count() == p * hidden
+            && s.tiles.elem_count() >= 3 * max_tiles
+            && (1..=32).contains(&k)
+            && k <= e
+            && e <= 1024
+            && first + local <= e
+            && hidden.is_multiple_of(8)
+            && inter.is_multiple_of(8);
+        if !fits {
+            return Err(kernel_err(
+                "moe_experts",
+                format!(
+                    "shapes do not fit: T {t}, hidden {hidden}, experts {e} (local {local} from {first}), top-{k}, inter {inter}"
+                ),
+            ));
+        }
+        let m = &self.moe;
+        let bf = usize::from(self.dtype == DType::F32);
+        let ti = usize::from(tm == MOE_TILES[1]);
+        let (pl, pids, pw) = (self.ptr(&s.logits)?, self.ptr(&s.ids)?, self.ptr(&s.w)?);
+        let (porder, ptiles) = (self.ptr(&s.order)?, self.ptr(&s.tiles)?);
+        let (ph, pgu, pdn) = (self.ptr(h)?, self.ptr(gate_up)?, self.ptr(down)?);
+        let (pact, py, pout) = (self.ptr(&s.act)?, self.ptr(&s.y)?, self.ptr(out)?);
+        let (t32, e32, k32, n32) = (t as i32, e as i32, k as i32, i32::from(norm));
+        let (p32, tm32, mt32) = (p as i32, tm as i32, max_tiles as i32);
+        let (h32, i32_, f32_, l32) = (hidden as i32, inter as i32, first as i32, local as i32);
+        let grid = |x: usize, y: usize, threads: u32, smem: u32| LaunchConfig {
+            grid_dim: (x.max(1) as u32, y.max(1) as u32, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        // Route: one warp per token.
+        let mut b = self.launcher(&m.route[bf]);
+        b.arg(&pl)
+            .arg(&pids)
+            .arg(&pw)
+            .arg(&t32)
+            .arg(&e32)
+            .arg(&k32)
+            .arg(&n32);
+        // SAFETY: argument types match `moe_route_*`; buffers sized and checked above.
+        unsafe { b.launch(grid(t.div_ceil(8), 1, 256, 0)) }.w()?;
+        let mut b = self.launcher(&m.align);
+        b.arg(&pids)
+            .arg(&porder)
+            .arg(&ptiles)
+            .arg(&p32)
+            .arg(&e32)
+            .arg(&tm32)
+            .arg(&mt32);
+        // SAFETY: as above (`moe_align`: 2 * e ints of dynamic shared memory).
+        unsafe { b.launch(grid(1, 1, 1024, (2 * e * 4) as u32)) }.w()?;
+        let mut b = self.launcher(&m.gate_up[bf][ti]);
+        b.arg(&ph).arg(&pgu).arg(&porder).arg(&ptiles).arg(&pact);
+        b.arg(&h32).arg(&i32_).arg(&k32).arg(&f32_).arg(&l32);
+        // SAFETY: as above (`moe_gate_up_t*`).
+        unsafe { b.launch(grid(inter.div_ceil(8), max_tiles, 256, 0)) }.w()?;
+        let mut b = self.launcher(&m.down[bf][ti]);
+        b.arg(&pact)
+            .arg(&pdn)
+            .arg(&porder)
+            .arg(&ptiles)
+            .arg(&pw)
+            .arg(&py);
+        b.arg(&h32).arg(&i32_).arg(&f32_).arg(&l32);
+        // SAFETY: as above (`moe_down_t*`).
+        unsafe { b.launch(grid(hidden.div_ceil(8), max_tiles, 256, 0)) }.w()?;
+        let mut b = self.launcher(&m.sum[bf]);
+        b.arg(&py)
+            .arg(&pids)
+            .arg(&pout)
+            .arg(&h32)
+            .arg(&k32)
+            .arg(&f32_)
+            .arg(&l32);
+        // SAFETY: as above (`moe_sum_*`).
+        unsafe { b.launch(grid(t, 1, 256, 0)) }.w()?;
+        Ok(())
+    }
+}
