@@ -5,11 +5,12 @@
 //  * moe_route:   per token, softmax (f32) and top-k (ties to the lower id), weights
 //                 renormalized when asked and rounded to the compute dtype (as HF casts them);
 //                 ids [T * k] u32, w [T * k] f32.
-//  * moe_align:   one block: the pairs (token, slot) grouped by expert, `order` [P] (pair
+//  * moe_align:   one block (with the routing, `moe_route_align`, for up to 32 tokens): the pairs (token, slot) grouped by expert, `order` [P] (pair
 //                 indices, grouped by expert), and tiles (start in order, count <= TM, expert)
 //                 over each expert's run, the unused tail of the tile table zeroed.
 //  * moe_gate_up: per tile and 8 rows of the expert's gate and up, act = silu(gate) * up for
-//                 the tile's pairs (rows of the expert read once per tile).
+//                 the tile's pairs (rows of the expert read once per tile); bf16 tiles of 64
+//                 pairs (prefill, large batches) on tensor cores (`_mma_`, wmma 16x16x16).
 //  * moe_down:    per tile and 8 rows of the expert's down, y[pair] = down · act, times the
 //                 pair's weight, rounded as HF rounds it.
 //  * moe_sum:     out[t] = the token's pairs' y summed in ascending expert order.
@@ -18,6 +19,7 @@
 // worst case), so decode steps are captured in CUDA graphs. Experts outside this rank's range
 // (expert parallelism) are skipped and add nothing.
 #include <cuda_bf16.h>
+#include <mma.h>
 #include <stdint.h>
 
 #include "common.cuh"
@@ -81,71 +83,148 @@ __device__ void moe_route(const T* __restrict__ logits, uint32_t* __restrict__ i
 
 }  // namespace
 
-// One block of 1024 threads, 2 * e ints of dynamic shared memory.
-extern "C" __global__ void moe_align(const uint32_t* __restrict__ ids, uint32_t* __restrict__ order,
-                                     uint32_t* __restrict__ tiles, int pairs, int e, int tm,
-                                     int max_tiles) {
-  pdl_entry();
+// One block of 1024 threads, 2 * e ints of dynamic shared memory (e <= 1024): counts per
+// expert, then one thread per expert scans the counts and its tile counts (warp shuffles, then
+// the warps' totals) and writes its own tiles; then every pair takes its place.
+__device__ __forceinline__ void align_pairs(const uint32_t* __restrict__ ids,
+                                            uint32_t* __restrict__ order,
+                                            uint32_t* __restrict__ tiles, int pairs, int e, int tm,
+                                            int max_tiles) {
   extern __shared__ int sh[];
   int* counts = sh;
   int* cursor = sh + e;
+  __shared__ int warp_pairs[32], warp_tiles[32];
   __shared__ int ntiles;
-  for (int i = threadIdx.x; i < e; i += blockDim.x) counts[i] = 0;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int i = tid; i < e; i += blockDim.x) counts[i] = 0;
   __syncthreads();
-  for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&counts[ids[p] % e], 1);
+  for (int p = tid; p < pairs; p += blockDim.x) atomicAdd(&counts[ids[p] % e], 1);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int run = 0, tile = 0;
-    for (int x = 0; x < e; ++x) {
-      cursor[x] = run;
-      for (int s = 0; s < counts[x] && tile < max_tiles; s += tm, ++tile) {
-        tiles[3 * tile] = run + s;
-        tiles[3 * tile + 1] = min(tm, counts[x] - s);
-        tiles[3 * tile + 2] = x;
-      }
-      run += counts[x];
+  const int c = tid < e ? counts[tid] : 0;
+  const int nt = (c + tm - 1) / tm;
+  int sc = c, st = nt;  // inclusive scans within the warp
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int yc = __shfl_up_sync(0xffffffffu, sc, o);
+    const int yt = __shfl_up_sync(0xffffffffu, st, o);
+    if (lane >= o) {
+      sc += yc;
+      st += yt;
     }
-    ntiles = tile;
+  }
+  if (lane == 31) {
+    warp_pairs[warp] = sc;
+    warp_tiles[warp] = st;
   }
   __syncthreads();
-  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+  if (warp == 0) {
+    const int nw = blockDim.x >> 5;
+    int vc = lane < nw ? warp_pairs[lane] : 0, vt = lane < nw ? warp_tiles[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int yc = __shfl_up_sync(0xffffffffu, vc, o);
+      const int yt = __shfl_up_sync(0xffffffffu, vt, o);
+      if (lane >= o) {
+        vc += yc;
+        vt += yt;
+      }
+    }
+    warp_pairs[lane] = vc;  // inclusive over warps
+    warp_tiles[lane] = vt;
+  }
+  __syncthreads();
+  if (tid < e) {
+    const int run = sc - c + (warp > 0 ? warp_pairs[warp - 1] : 0);
+    int tile = st - nt + (warp > 0 ? warp_tiles[warp - 1] : 0);
+    cursor[tid] = run;
+    for (int s = 0; s < c && tile < max_tiles; s += tm, ++tile) {
+      tiles[3 * tile] = run + s;
+      tiles[3 * tile + 1] = min(tm, c - s);
+      tiles[3 * tile + 2] = tid;
+    }
+  }
+  if (tid == 0) ntiles = min(warp_tiles[((e + 31) >> 5) - 1], max_tiles);
+  __syncthreads();
+  for (int p = tid; p < pairs; p += blockDim.x) {
     const int pos = atomicAdd(&cursor[ids[p] % e], 1);
     order[pos] = p;
   }
-  for (int i = ntiles + threadIdx.x; i < max_tiles; i += blockDim.x) {
+  for (int i = ntiles + tid; i < max_tiles; i += blockDim.x) {
     tiles[3 * i] = 0;
     tiles[3 * i + 1] = 0;
     tiles[3 * i + 2] = 0;
   }
 }
 
+extern "C" __global__ void moe_align(const uint32_t* ids, uint32_t* order, uint32_t* tiles,
+                                     int pairs, int e, int tm, int max_tiles) {
+  pdl_entry();
+  align_pairs(ids, order, tiles, pairs, e, tm, max_tiles);
+}
+
+// Small steps (tokens <= 32): the routing and the alignment in one block of 1024 threads (warp
+// w routes token w), one launch fewer a layer.
+#define MOE_ROUTE_ALIGN(T, S)                                                                   \
+  extern "C" __global__ void moe_route_align_##S(const T* logits, uint32_t* ids, float* w,      \
+                                                 uint32_t* order, uint32_t* tiles, int tokens,  \
+                                                 int e, int k, int norm, int tm,                \
+                                                 int max_tiles) {                               \
+    pdl_entry();                                                                                \
+    moe_route<T>(logits, ids, w, tokens, e, k, norm);                                           \
+    __syncthreads();                                                                            \
+    align_pairs(ids, order, tiles, tokens * k, e, tm, max_tiles);                               \
+  }
+MOE_ROUTE_ALIGN(__nv_bfloat16, bf16)
+MOE_ROUTE_ALIGN(float, f32)
+
 namespace {
 
-// Dot products of one weight row (bf16: eight a load) with the tile's x rows; acc[c] for the
-// tile's pair c. `rows[c]` points at pair c's input row.
-template <typename T, int TM>
-__device__ __forceinline__ void tile_dot(const T* __restrict__ wr, const T* const* rows, int n,
-                                         int len, int lane, float* acc) {
+// Dot products of R weight rows (bf16: eight values a load, four loads of each row in flight
+// before their FMAs) with the tile's x rows; acc[r][c] for row r and the tile's pair c.
+// `rows[c]` points at pair c's input row.
+template <typename T, int TM, int R>
+__device__ __forceinline__ void tile_dot(const T* const* wr, const T* const* rows, int n, int len,
+                                         int lane, float (*acc)[TM]) {
   if constexpr (sizeof(T) == 2) {
-    for (int k = lane * 8; k < len; k += 32 * 8) {
-      float wv[8];
-      bf16x8_to_f32(*reinterpret_cast<const uint4*>(wr + k), wv);
+    constexpr int U = 4;
+    for (int k0 = lane * 8; k0 < len; k0 += 32 * 8 * U) {
+      uint4 wv[R][U];
 #pragma unroll
-      for (int c = 0; c < TM; ++c) {
-        if (c < n) {
-          float xv[8];
-          bf16x8_to_f32(*reinterpret_cast<const uint4*>(rows[c] + k), xv);
+      for (int u = 0; u < U; ++u) {
+        const int k = k0 + u * 256;
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[c] += xv[i] * wv[i];
+        for (int r = 0; r < R; ++r)
+          if (k < len) wv[r][u] = *reinterpret_cast<const uint4*>(wr[r] + k);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int k = k0 + u * 256;
+        if (k >= len) break;
+        float wf[R][8];
+#pragma unroll
+        for (int r = 0; r < R; ++r) bf16x8_to_f32(wv[r][u], wf[r]);
+#pragma unroll
+        for (int c = 0; c < TM; ++c) {
+          if (c < n) {
+            float xv[8];
+            bf16x8_to_f32(*reinterpret_cast<const uint4*>(rows[c] + k), xv);
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+              for (int i = 0; i < 8; ++i) acc[r][c] += xv[i] * wf[r][i];
+          }
         }
       }
     }
   } else {
     for (int k = lane; k < len; k += 32) {
-      const float wv = to_f(wr[k]);
 #pragma unroll
-      for (int c = 0; c < TM; ++c)
-        if (c < n) acc[c] += to_f(rows[c][k]) * wv;
+      for (int r = 0; r < R; ++r) {
+        const float wv = to_f(wr[r][k]);
+#pragma unroll
+        for (int c = 0; c < TM; ++c)
+          if (c < n) acc[r][c] += to_f(rows[c][k]) * wv;
+      }
     }
   }
 }
@@ -169,18 +248,17 @@ __device__ void moe_gate_up(const T* __restrict__ x, const T* __restrict__ gate_
 #pragma unroll
   for (int c = 0; c < TM; ++c) rows[c] = x + (size_t)(order[start + min(c, n - 1)] / k) * hidden;
   const T* g = gate_up + ((size_t)ex * 2 * inter + j) * hidden;
-  const T* u = g + (size_t)inter * hidden;
-  float ag[TM], au[TM];
+  const T* wr[2] = {g, g + (size_t)inter * hidden};
+  float acc[2][TM];
 #pragma unroll
-  for (int c = 0; c < TM; ++c) ag[c] = au[c] = 0.f;
-  tile_dot<T, TM>(g, rows, n, hidden, lane, ag);
-  tile_dot<T, TM>(u, rows, n, hidden, lane, au);
+  for (int c = 0; c < TM; ++c) acc[0][c] = acc[1][c] = 0.f;
+  tile_dot<T, TM, 2>(wr, rows, n, hidden, lane, acc);
 #pragma unroll
   for (int c = 0; c < TM; ++c) {
     if (c < n) {
       // As the dense path: gate and up rounded to T, then silu(gate) * up in f32.
-      const float gv = to_f(from_f<T>(warp_sum(ag[c])));
-      const float uv = to_f(from_f<T>(warp_sum(au[c])));
+      const float gv = to_f(from_f<T>(warp_sum(acc[0][c])));
+      const float uv = to_f(from_f<T>(warp_sum(acc[1][c])));
       if (lane == 0) act[(size_t)(start + c) * inter + j] = from_f<T>(gv / (1.f + __expf(-gv)) * uv);
     }
   }
@@ -205,15 +283,15 @@ __device__ void moe_down(const T* __restrict__ act, const T* __restrict__ down,
   const T* rows[TM];
 #pragma unroll
   for (int c = 0; c < TM; ++c) rows[c] = act + (size_t)(start + min(c, n - 1)) * inter;
-  const T* dr = down + ((size_t)ex * hidden + o) * inter;
-  float acc[TM];
+  const T* wr[1] = {down + ((size_t)ex * hidden + o) * inter};
+  float acc[1][TM];
 #pragma unroll
-  for (int c = 0; c < TM; ++c) acc[c] = 0.f;
-  tile_dot<T, TM>(dr, rows, n, inter, lane, acc);
+  for (int c = 0; c < TM; ++c) acc[0][c] = 0.f;
+  tile_dot<T, TM, 1>(wr, rows, n, inter, lane, acc);
 #pragma unroll
   for (int c = 0; c < TM; ++c) {
     if (c < n) {
-      const float v = to_f(from_f<T>(warp_sum(acc[c])));
+      const float v = to_f(from_f<T>(warp_sum(acc[0][c])));
       if (lane == 0) {
         const uint32_t pair = order[start + c];
         y[(size_t)pair * hidden + o] = from_f<T>(v * w[pair]);
@@ -256,6 +334,135 @@ __device__ void moe_sum(const T* __restrict__ y, const uint32_t* __restrict__ id
 
 }  // namespace
 
+// ---- wide tiles on tensor cores (bf16): 64 pairs of one expert x 64 output columns ----
+
+namespace mma_tile {
+using namespace nvcuda;
+constexpr int BM = 64, BN = 64, BK = 32, LD = BK + 8, LDC = BN + 4;
+
+// C[64 x 64] (f32, row-major in `cs`, LDC) = A · Bᵀ over `len` inputs: A's row m is `a[m]`
+// (rows past n read row n - 1; their results are not written), B's row j is `b[j]`.
+// 128 threads: warp (wm, wn) computes rows wm * 32.. and columns wn * 32.. as 2 x 2
+// fragments of 16 x 16.
+__device__ __forceinline__ void gemm(const __nv_bfloat16* const* a, const __nv_bfloat16* const* b,
+                                     int len, __nv_bfloat16 (*as)[LD], __nv_bfloat16 (*bs)[LD],
+                                     float* cs) {
+  const int tid = threadIdx.x, warp = tid >> 5;
+  const int wm = warp >> 1, wn = warp & 1;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+  // Each thread loads 16 bytes of two rows of A and two of B per k-step: row tid / 4 and
+  // tid / 4 + 32, columns (tid % 4) * 8 ...
+  const int r0 = tid >> 2, cc = (tid & 3) * 8;
+  for (int k0 = 0; k0 < len; k0 += BK) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + 32 * h;
+      *reinterpret_cast<uint4*>(&as[r][cc]) = *reinterpret_cast<const uint4*>(a[r] + k0 + cc);
+      *reinterpret_cast<uint4*>(&bs[r][cc]) = *reinterpret_cast<const uint4*>(b[r] + k0 + cc);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &as[wm * 32 + i * 16][kk], LD);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], &bs[wn * 32 + j * 16][kk], LD);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      wmma::store_matrix_sync(cs + (wm * 32 + i * 16) * LDC + wn * 32 + j * 16, acc[i][j], LDC,
+                              wmma::mem_row_major);
+  __syncthreads();
+}
+}  // namespace mma_tile
+
+// Grid (inter / 32, tiles), 128 threads: block (bx, tile) computes gate rows bx * 32.. and the
+// same up rows for the tile's (up to 64) pairs, then act = silu(gate) * up as the narrow
+// kernels round it. inter and hidden are multiples of 32.
+extern "C" __global__ void moe_gate_up_mma_bf16(const __nv_bfloat16* __restrict__ x,
+                                                const __nv_bfloat16* __restrict__ gate_up,
+                                                const uint32_t* __restrict__ order,
+                                                const uint32_t* __restrict__ tiles,
+                                                __nv_bfloat16* __restrict__ act, int hidden,
+                                                int inter, int k, int first, int local) {
+  using namespace mma_tile;
+  pdl_entry();
+  __shared__ __align__(128) __nv_bfloat16 as[BM][LD];
+  __shared__ __align__(128) __nv_bfloat16 bs[BN][LD];
+  __shared__ __align__(128) float cs[BM * LDC];
+  __shared__ const __nv_bfloat16* ap[BM];
+  __shared__ const __nv_bfloat16* bp[BN];
+  const uint32_t* tl = tiles + 3 * blockIdx.y;
+  const int start = tl[0], n = tl[1];
+  const int ex = (int)tl[2] - first;
+  if (n == 0 || ex < 0 || ex >= local) return;  // uniform over the block
+  const int j0 = blockIdx.x * 32;
+  const int tid = threadIdx.x;
+  if (tid < BM) ap[tid] = x + (size_t)(order[start + min(tid, n - 1)] / k) * hidden;
+  else {
+    const int j = tid - BM;  // 0..63: gate rows j0.. then up rows inter + j0..
+    const size_t row = (size_t)ex * 2 * inter + (j < 32 ? j0 + j : inter + j0 + j - 32);
+    bp[j] = gate_up + row * hidden;
+  }
+  __syncthreads();
+  gemm(ap, bp, hidden, as, bs, cs);
+  for (int i = tid; i < n * 32; i += blockDim.x) {
+    const int m = i / 32, j = i % 32;
+    const float gv = to_f(from_f<__nv_bfloat16>(cs[m * LDC + j]));
+    const float uv = to_f(from_f<__nv_bfloat16>(cs[m * LDC + 32 + j]));
+    act[(size_t)(start + m) * inter + j0 + j] =
+        from_f<__nv_bfloat16>(gv / (1.f + __expf(-gv)) * uv);
+  }
+}
+
+// Grid (hidden / 64, tiles), 128 threads: block (bx, tile) computes output columns bx * 64..
+// of the expert's down for the tile's pairs, rounded, times each pair's weight, rounded.
+extern "C" __global__ void moe_down_mma_bf16(const __nv_bfloat16* __restrict__ act,
+                                             const __nv_bfloat16* __restrict__ down,
+                                             const uint32_t* __restrict__ order,
+                                             const uint32_t* __restrict__ tiles,
+                                             const float* __restrict__ w,
+                                             __nv_bfloat16* __restrict__ y, int hidden, int inter,
+                                             int first, int local) {
+  using namespace mma_tile;
+  pdl_entry();
+  __shared__ __align__(128) __nv_bfloat16 as[BM][LD];
+  __shared__ __align__(128) __nv_bfloat16 bs[BN][LD];
+  __shared__ __align__(128) float cs[BM * LDC];
+  __shared__ const __nv_bfloat16* ap[BM];
+  __shared__ const __nv_bfloat16* bp[BN];
+  const uint32_t* tl = tiles + 3 * blockIdx.y;
+  const int start = tl[0], n = tl[1];
+  const int ex = (int)tl[2] - first;
+  if (n == 0 || ex < 0 || ex >= local) return;  // uniform over the block
+  const int o0 = blockIdx.x * BN;
+  const int tid = threadIdx.x;
+  if (tid < BM) ap[tid] = act + (size_t)(start + min(tid, n - 1)) * inter;
+  else bp[tid - BM] = down + ((size_t)ex * hidden + o0 + tid - BM) * inter;
+  __syncthreads();
+  gemm(ap, bp, inter, as, bs, cs);
+  for (int i = tid; i < n * BN; i += blockDim.x) {
+    const int m = i / BN, j = i % BN;
+    const uint32_t pair = order[start + m];
+    const float v = to_f(from_f<__nv_bfloat16>(cs[m * LDC + j]));
+    y[(size_t)pair * hidden + o0 + j] = from_f<__nv_bfloat16>(v * w[pair]);
+  }
+}
+
 #define MOE_KERNELS(T, S)                                                                       \
   extern "C" __global__ void moe_route_##S(const T* logits, uint32_t* ids, float* w, int tokens, \
                                            int e, int k, int norm) {                            \
@@ -283,6 +490,5 @@ __device__ void moe_sum(const T* __restrict__ y, const uint32_t* __restrict__ id
 MOE_KERNELS(__nv_bfloat16, bf16)
 MOE_KERNELS(float, f32)
 MOE_TILE_KERNELS(__nv_bfloat16, bf16, 8)
-MOE_TILE_KERNELS(__nv_bfloat16, bf16, 32)
 MOE_TILE_KERNELS(float, f32, 8)
 MOE_TILE_KERNELS(float, f32, 32)

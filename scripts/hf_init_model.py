@@ -20,7 +20,12 @@ torch.manual_seed(0)
 raw = json.load(open(config_path))
 for k in ("architectures", "transformers_version", "torch_dtype"):
     raw.pop(k, None)
-cfg = AutoConfig.for_model(raw.pop("model_type"), **raw)
+model_type = raw.pop("model_type")
+try:
+    cfg = AutoConfig.for_model(model_type, **raw)
+except Exception:  # older/newer transformers without for_model
+    from transformers import CONFIG_MAPPING
+    cfg = CONFIG_MAPPING[model_type](**raw)
 # Initialised on the GPU when there is one (seconds instead of a minute for 1.7B on the CPU).
 with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
     model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)

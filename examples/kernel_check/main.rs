@@ -12,6 +12,7 @@ mod fused;
 mod gemv;
 mod lora;
 mod model;
+mod moe;
 mod prefill;
 
 use model::{greedy_check, model_checks};
@@ -531,6 +532,7 @@ fn main() -> Res<()> {
     }
     let mut t = Table { rows: Vec::new() };
     if a.model_only {
+        moe::checks(&dev, &mut t)?;
         for dt in [DType::BF16, DType::F32] {
             model_checks(&a, &dev, dt, &mut t)?;
         }
@@ -546,6 +548,7 @@ fn main() -> Res<()> {
     fp8::checks(&dev, &mut t)?;
     gemv::checks(&dev, &mut t)?;
     prefill::checks(&dev, &mut t)?;
+    moe::checks(&dev, &mut t)?;
     prefill::timings(&dev)?;
     for dt in [DType::BF16, DType::F32] {
         op_checks(&dev, dt, &mut t)?;

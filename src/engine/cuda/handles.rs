@@ -7,12 +7,13 @@ use candle_core::cuda_backend::cudarc::driver::{
     CudaEvent, CudaFunction, CudaModule, PinnedHostSlice,
 };
 
-/// The MoE kernels (`kernels/moe.cu`), `[bf16, f32]` each, the tiled ones also by tile
-/// (`super::moe_ops::MOE_TILES`).
+/// The MoE kernels (`kernels/moe.cu`), `[bf16, f32]` each, the tiled ones also `[narrow,
+/// wide]` (`super::moe_ops::moe_tile`: bf16's wide ones are the tensor-core kernels).
 pub(super) struct MoeKernels {
     pub(super) _module: Arc<CudaModule>,
     pub(super) route: [CudaFunction; 2],
     pub(super) align: CudaFunction,
+    pub(super) route_align: [CudaFunction; 2],
     pub(super) gate_up: [[CudaFunction; 2]; 2],
     pub(super) down: [[CudaFunction; 2]; 2],
     pub(super) sum: [CudaFunction; 2],

@@ -291,10 +291,14 @@ impl CudaKernels {
                     f(&moe_mod, "moe_route_f32")?,
                 ],
                 align: f(&moe_mod, "moe_align")?,
+                route_align: [
+                    f(&moe_mod, "moe_route_align_bf16")?,
+                    f(&moe_mod, "moe_route_align_f32")?,
+                ],
                 gate_up: [
                     [
                         f(&moe_mod, "moe_gate_up_t8_bf16")?,
-                        f(&moe_mod, "moe_gate_up_t32_bf16")?,
+                        f(&moe_mod, "moe_gate_up_mma_bf16")?,
                     ],
                     [
                         f(&moe_mod, "moe_gate_up_t8_f32")?,
@@ -304,7 +308,7 @@ impl CudaKernels {
                 down: [
                     [
                         f(&moe_mod, "moe_down_t8_bf16")?,
-                        f(&moe_mod, "moe_down_t32_bf16")?,
+                        f(&moe_mod, "moe_down_mma_bf16")?,
                     ],
                     [
                         f(&moe_mod, "moe_down_t8_f32")?,

@@ -12,14 +12,19 @@ use super::launch::kernel_err;
 use crate::error::Result;
 
 /// Pairs (token, expert) of one expert a tile of the expert kernels takes: the narrow tile
-/// (decode: a few pairs per expert) and the wide one (prefill: each expert's rows read once
-/// per 32 pairs).
-pub const MOE_TILES: [usize; 2] = [8, 32];
+/// (decode: a few pairs per expert, CUDA cores), the wide f32 one (CUDA cores) and the wide
+/// bf16 one (tensor cores, 64 pairs x 64 outputs a block).
+pub const MOE_TILES: [usize; 3] = [8, 32, 64];
 
-/// The tile for `pairs` pairs over `experts` experts: wide once an expert averages 16 pairs.
-pub fn moe_tile(pairs: usize, experts: usize) -> usize {
-    if pairs >= 16 * experts.max(1) {
+/// The tile for `pairs` pairs over `experts` experts: wide once an expert averages 16 pairs
+/// (`bf16`: the tensor-core tile, when `wide_ok`: the sizes are multiples of its 32 and 64).
+pub fn moe_tile(pairs: usize, experts: usize, bf16: bool, wide_ok: bool) -> usize {
+    if pairs < 16 * experts.max(1) {
+        MOE_TILES[0]
+    } else if !bf16 {
         MOE_TILES[1]
+    } else if wide_ok {
+        MOE_TILES[2]
     } else {
         MOE_TILES[0]
     }
@@ -108,6 +113,24 @@ impl CudaKernels {
         })
     }
 
+    /// [`Self::moe_experts_into`] from router logits `logits` `[T, E]` into a new output,
+    /// with buffers of its own (checks and tests; the forward reuses its buffers).
+    pub fn moe_experts(
+        &self,
+        h: &Tensor,
+        logits: &Tensor,
+        experts: (&Tensor, &Tensor),
+        (first, top_k, norm): (usize, usize, bool),
+    ) -> Result<Tensor> {
+        let (t, hidden) = h.dims2()?;
+        let (e, inter) = (logits.dim(1)?, experts.1.dim(2)?);
+        let s = self.moe_scratch(t, (e, top_k), inter, hidden)?;
+        s.logits.slice_set(&logits.contiguous()?, 0, 0)?;
+        let out = self.alloc_out((t, hidden))?;
+        self.moe_experts_into(h, experts, (first, norm), &s, &out)?;
+        Ok(out)
+    }
+
     /// One sparse layer's experts: `h` `[T, hidden]` (normed) with the router's logits
     /// already in `s.logits` (`[T, E]`) -> `out` `[T, hidden]`, this rank's experts
     /// `first..first + local` (the stacked `gate_up` `[local, 2I, hidden]` and `down`
@@ -128,7 +151,13 @@ impl CudaKernels {
         let inter = two_i / 2;
         let (e, k) = (s.logits.dim(1)?, s.top_k);
         let p = t * k;
-        let tm = moe_tile(p, e);
+        let bf16 = self.dtype == DType::BF16;
+        let tm = moe_tile(
+            p,
+            e,
+            bf16,
+            inter.is_multiple_of(32) && hidden.is_multiple_of(64),
+        );
         let max_tiles = moe_max_tiles(p, e, tm);
         let fits = s.logits.dim(0)? == t
             && gate_up.dims3()? == (local, 2 * inter, hidden)
@@ -154,7 +183,8 @@ impl CudaKernels {
         }
         let m = &self.moe;
         let bf = usize::from(self.dtype == DType::F32);
-        let ti = usize::from(tm == MOE_TILES[1]);
+        let ti = usize::from(tm != MOE_TILES[0]);
+        let mma = tm == MOE_TILES[2];
         let (pl, pids, pw) = (self.ptr(&s.logits)?, self.ptr(&s.ids)?, self.ptr(&s.w)?);
         let (porder, ptiles) = (self.ptr(&s.order)?, self.ptr(&s.tiles)?);
         let (ph, pgu, pdn) = (self.ptr(h)?, self.ptr(gate_up)?, self.ptr(down)?);
@@ -167,32 +197,53 @@ impl CudaKernels {
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem,
         };
-        // Route: one warp per token.
-        let mut b = self.launcher(&m.route[bf]);
-        b.arg(&pl)
-            .arg(&pids)
-            .arg(&pw)
-            .arg(&t32)
-            .arg(&e32)
-            .arg(&k32)
-            .arg(&n32);
-        // SAFETY: argument types match `moe_route_*`; buffers sized and checked above.
-        unsafe { b.launch(grid(t.div_ceil(8), 1, 256, 0)) }.w()?;
-        let mut b = self.launcher(&m.align);
-        b.arg(&pids)
-            .arg(&porder)
-            .arg(&ptiles)
-            .arg(&p32)
-            .arg(&e32)
-            .arg(&tm32)
-            .arg(&mt32);
-        // SAFETY: as above (`moe_align`: 2 * e ints of dynamic shared memory).
-        unsafe { b.launch(grid(1, 1, 1024, (2 * e * 4) as u32)) }.w()?;
+        if t <= 32 {
+            // Route (warp w: token w) and align in one block.
+            let mut b = self.launcher(&m.route_align[bf]);
+            b.arg(&pl).arg(&pids).arg(&pw).arg(&porder).arg(&ptiles);
+            b.arg(&t32)
+                .arg(&e32)
+                .arg(&k32)
+                .arg(&n32)
+                .arg(&tm32)
+                .arg(&mt32);
+            // SAFETY: argument types match `moe_route_align_*`; buffers sized and checked
+            // above; 2 * e ints of dynamic shared memory.
+            unsafe { b.launch(grid(1, 1, 1024, (2 * e * 4) as u32)) }.w()?;
+        } else {
+            // Route: one warp per token.
+            let mut b = self.launcher(&m.route[bf]);
+            b.arg(&pl)
+                .arg(&pids)
+                .arg(&pw)
+                .arg(&t32)
+                .arg(&e32)
+                .arg(&k32)
+                .arg(&n32);
+            // SAFETY: argument types match `moe_route_*`; buffers sized and checked above.
+            unsafe { b.launch(grid(t.div_ceil(8), 1, 256, 0)) }.w()?;
+            let mut b = self.launcher(&m.align);
+            b.arg(&pids)
+                .arg(&porder)
+                .arg(&ptiles)
+                .arg(&p32)
+                .arg(&e32)
+                .arg(&tm32)
+                .arg(&mt32);
+            // SAFETY: as above (`moe_align`: 2 * e ints of dynamic shared memory).
+            unsafe { b.launch(grid(1, 1, 1024, (2 * e * 4) as u32)) }.w()?;
+        }
         let mut b = self.launcher(&m.gate_up[bf][ti]);
         b.arg(&ph).arg(&pgu).arg(&porder).arg(&ptiles).arg(&pact);
         b.arg(&h32).arg(&i32_).arg(&k32).arg(&f32_).arg(&l32);
-        // SAFETY: as above (`moe_gate_up_t*`).
-        unsafe { b.launch(grid(inter.div_ceil(8), max_tiles, 256, 0)) }.w()?;
+        // SAFETY: as above (`moe_gate_up_t*`, `moe_gate_up_mma_bf16`: 32 gate and 32 up rows a
+        // block of 128 threads).
+        let cfg = if mma {
+            grid(inter / 32, max_tiles, 128, 0)
+        } else {
+            grid(inter.div_ceil(8), max_tiles, 256, 0)
+        };
+        unsafe { b.launch(cfg) }.w()?;
         let mut b = self.launcher(&m.down[bf][ti]);
         b.arg(&pact)
             .arg(&pdn)
@@ -201,8 +252,13 @@ impl CudaKernels {
             .arg(&pw)
             .arg(&py);
         b.arg(&h32).arg(&i32_).arg(&f32_).arg(&l32);
-        // SAFETY: as above (`moe_down_t*`).
-        unsafe { b.launch(grid(hidden.div_ceil(8), max_tiles, 256, 0)) }.w()?;
+        // SAFETY: as above (`moe_down_t*`, `moe_down_mma_bf16`: 64 outputs a block of 128).
+        let cfg = if mma {
+            grid(hidden / 64, max_tiles, 128, 0)
+        } else {
+            grid(hidden.div_ceil(8), max_tiles, 256, 0)
+        };
+        unsafe { b.launch(cfg) }.w()?;
         let mut b = self.launcher(&m.sum[bf]);
         b.arg(&py)
             .arg(&pids)

@@ -149,45 +149,62 @@ impl MoeBlock {
 
     /// This rank's experts applied to `x` as `routing` says, summed per token.
     pub fn experts_forward(&self, x: &Tensor, routing: &Routing) -> Result<Tensor> {
-        let (t, h) = x.dims2()?;
-        let k = self.top_k;
-        if routing.experts.len() != t * k {
-            return Err(Error::Engine(format!(
-                "MoE routing holds {} choices for {t} tokens of top-{k}",
-                routing.experts.len()
-            )));
-        }
-        let local = self.local_experts();
-        let mut rows: Vec<Vec<u32>> = vec![Vec::new(); local];
-        let mut ws: Vec<Vec<f32>> = vec![Vec::new(); local];
-        for (i, (&e, &w)) in routing.experts.iter().zip(&routing.weights).enumerate() {
-            let e = e as usize;
-            if e >= self.first_expert && e < self.first_expert + local {
-                rows[e - self.first_expert].push((i / k) as u32);
-                ws[e - self.first_expert].push(w);
-            }
-        }
-        let dev = x.device();
-        let mut out = Tensor::zeros((t, h), x.dtype(), dev)?;
-        let n = self.intermediate;
-        for (le, (r, w)) in rows.iter().zip(&ws).enumerate() {
-            if r.is_empty() {
-                continue;
-            }
-            let idx = Tensor::new(r.as_slice(), dev)?;
-            let xs = x.index_select(&idx, 0)?;
-            let gu = xs.matmul(&self.gate_up.get(le)?.t()?)?;
-            let act = (candle_nn::ops::silu(&gu.narrow(1, 0, n)?)? * gu.narrow(1, n, n)?)?;
-            let y = act.matmul(&self.down.get(le)?.t()?)?;
-            // HF casts the weights to the compute dtype before multiplying.
-            let w = Tensor::new(w.as_slice(), dev)?
-                .to_dtype(x.dtype())?
-                .unsqueeze(1)?;
-            let y = y.broadcast_mul(&w)?;
-            out = out.index_add(&idx, &y, 0)?;
-        }
-        Ok(out)
+        experts_forward(
+            x,
+            (&self.gate_up, &self.down),
+            (self.first_expert, self.top_k),
+            routing,
+        )
     }
+}
+
+/// Experts `first..first + E_local` (stacked `gate_up` `[E_local, 2I, hidden]`, `down`
+/// `[E_local, hidden, I]`) applied to `x` `[T, hidden]` as `routing` (top-`k`) says, summed
+/// per token in ascending expert order, in candle ops: the reference the kernels are checked
+/// against (`kernel_check`).
+pub fn experts_forward(
+    x: &Tensor,
+    (gate_up, down): (&Tensor, &Tensor),
+    (first, k): (usize, usize),
+    routing: &Routing,
+) -> Result<Tensor> {
+    let (t, h) = x.dims2()?;
+    if routing.experts.len() != t * k || routing.weights.len() != t * k {
+        return Err(Error::Engine(format!(
+            "MoE routing holds {} choices for {t} tokens of top-{k}",
+            routing.experts.len()
+        )));
+    }
+    let local = gate_up.dim(0)?;
+    let n = down.dim(2)?;
+    let mut rows: Vec<Vec<u32>> = vec![Vec::new(); local];
+    let mut ws: Vec<Vec<f32>> = vec![Vec::new(); local];
+    for (i, (&e, &w)) in routing.experts.iter().zip(&routing.weights).enumerate() {
+        let e = e as usize;
+        if e >= first && e < first + local {
+            rows[e - first].push((i / k) as u32);
+            ws[e - first].push(w);
+        }
+    }
+    let dev = x.device();
+    let mut out = Tensor::zeros((t, h), x.dtype(), dev)?;
+    for (le, (r, w)) in rows.iter().zip(&ws).enumerate() {
+        if r.is_empty() {
+            continue;
+        }
+        let idx = Tensor::new(r.as_slice(), dev)?;
+        let xs = x.index_select(&idx, 0)?;
+        let gu = xs.matmul(&gate_up.get(le)?.t()?)?;
+        let act = (candle_nn::ops::silu(&gu.narrow(1, 0, n)?)? * gu.narrow(1, n, n)?)?;
+        let y = act.matmul(&down.get(le)?.t()?)?;
+        // HF casts the weights to the compute dtype before multiplying.
+        let w = Tensor::new(w.as_slice(), dev)?
+            .to_dtype(x.dtype())?
+            .unsqueeze(1)?;
+        let y = y.broadcast_mul(&w)?;
+        out = out.index_add(&idx, &y, 0)?;
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
