@@ -592,6 +592,11 @@ fn moe_configs_are_checked_and_untied_configs_list_lm_head() {
     assert!(err.contains("mlp_only_layers names layer 7"), "{err}");
     let c = ModelConfig::from_json(&moe_config(false).to_string()).unwrap();
     assert!(c.is_moe() && c.is_sparse_layer(0) && !c.is_sparse_layer(1));
+    // transformers 5 writes the expert count as `num_local_experts`.
+    let mut v5 = moe_config(false);
+    let n = v5.as_object_mut().unwrap().remove("num_experts").unwrap();
+    v5["num_local_experts"] = n;
+    assert_eq!(ModelConfig::from_json(&v5.to_string()).unwrap(), c);
     // `bench --write-model` writes what this table lists: lm_head for an untied config.
     let eight: ModelConfig = serde_json::from_str(
         &std::fs::read_to_string(common::fixtures().join("qwen3/config-8b.json")).unwrap(),

@@ -25,7 +25,8 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             let logits = randn(&[tokens, e], dt, dev)?;
             let gu = (randn(&[local, 2 * inter, hidden], dt, dev)? * 0.02)?;
             let dn = (randn(&[local, hidden, inter], dt, dev)? * 0.02)?;
-            let ours = kk.moe_experts(&h, &logits, (&gu, &dn), (first, top, norm))?;
+            let (ours, _) =
+                kk.moe_experts(&h, &logits, (&gu, &dn), (first, top, norm), (None, 1))?;
             let probs = candle_nn::ops::softmax_last_dim(&logits.to_dtype(DType::F32)?)?
                 .to_vec2::<f32>()?;
             let mut routing = route(&probs, top, norm);
@@ -40,6 +41,37 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
                 format!("moe {dt:?} T{tokens} E{e} top{top} h{hidden} i{inter} experts {first}+{local} norm {norm}"),
                 rel(&ours, &theirs)?,
                 tol,
+            );
+        }
+    }
+    timings(&k, dev)
+}
+
+/// Wall time of one sparse layer's experts (routing from given logits to the summed output)
+/// in the Qwen3-30B-A3B shape, bf16, per tile kind: µs and the expert weights' bytes a run
+/// must read over that time.
+fn timings(k: &CudaKernels, dev: &Device) -> Res<()> {
+    let (e, top, hidden, inter) = (128, 8, 2048, 768);
+    let gu = (randn(&[e, 2 * inter, hidden], DType::BF16, dev)? * 0.02)?;
+    let dn = (randn(&[e, hidden, inter], DType::BF16, dev)? * 0.02)?;
+    for tokens in [1usize, 8, 64, 256, 2048] {
+        let h = randn(&[tokens, hidden], DType::BF16, dev)?;
+        let logits = randn(&[tokens, e], DType::BF16, dev)?;
+        let probs =
+            candle_nn::ops::softmax_last_dim(&logits.to_dtype(DType::F32)?)?.to_vec2::<f32>()?;
+        let r = route(&probs, top, true);
+        let mut used = r.experts.clone();
+        used.sort_unstable();
+        used.dedup();
+        let bytes = used.len() * 3 * inter * hidden * 2;
+        for tile in [8usize, 64] {
+            let (_, us) =
+                k.moe_experts(&h, &logits, (&gu, &dn), (0, top, true), (Some(tile), 20))?;
+            println!(
+                "moe timing T{tokens} tile {tile}: {us:.1} us, {} experts, {:.0} MB -> {:.2} TB/s",
+                used.len(),
+                bytes as f64 / 1e6,
+                bytes as f64 / us / 1e6
             );
         }
     }

@@ -114,21 +114,31 @@ impl CudaKernels {
     }
 
     /// [`Self::moe_experts_into`] from router logits `logits` `[T, E]` into a new output,
-    /// with buffers of its own (checks and tests; the forward reuses its buffers).
+    /// with buffers of its own, on tiles of `tile` pairs when given (one of [`MOE_TILES`]
+    /// the dtype has), run `iters` times (at least once): the output and the mean wall time
+    /// of one run in µs (checks and benchmarks; the forward reuses its buffers).
     pub fn moe_experts(
         &self,
         h: &Tensor,
         logits: &Tensor,
         experts: (&Tensor, &Tensor),
         (first, top_k, norm): (usize, usize, bool),
-    ) -> Result<Tensor> {
+        (tile, iters): (Option<usize>, usize),
+    ) -> Result<(Tensor, f64)> {
         let (t, hidden) = h.dims2()?;
         let (e, inter) = (logits.dim(1)?, experts.1.dim(2)?);
         let s = self.moe_scratch(t, (e, top_k), inter, hidden)?;
         s.logits.slice_set(&logits.contiguous()?, 0, 0)?;
         let out = self.alloc_out((t, hidden))?;
-        self.moe_experts_into(h, experts, (first, norm), &s, &out)?;
-        Ok(out)
+        self.moe_run(h, experts, (first, norm), &s, &out, tile)?;
+        candle_core::backend::BackendDevice::synchronize(&self.device)?;
+        let start = std::time::Instant::now();
+        for _ in 1..iters {
+            self.moe_run(h, experts, (first, norm), &s, &out, tile)?;
+        }
+        candle_core::backend::BackendDevice::synchronize(&self.device)?;
+        let us = start.elapsed().as_secs_f64() * 1e6 / iters.saturating_sub(1).max(1) as f64;
+        Ok((out, us))
     }
 
     /// One sparse layer's experts: `h` `[T, hidden]` (normed) with the router's logits
@@ -138,10 +148,23 @@ impl CudaKernels {
     pub fn moe_experts_into(
         &self,
         h: &Tensor,
+        experts: (&Tensor, &Tensor),
+        how: (usize, bool),
+        s: &MoeScratch,
+        out: &Tensor,
+    ) -> Result<()> {
+        self.moe_run(h, experts, how, s, out, None)
+    }
+
+    /// [`Self::moe_experts_into`] on tiles of `tile` pairs when given.
+    fn moe_run(
+        &self,
+        h: &Tensor,
         (gate_up, down): (&Tensor, &Tensor),
         (first, norm): (usize, bool),
         s: &MoeScratch,
         out: &Tensor,
+        tile: Option<usize>,
     ) -> Result<()> {
         for x in [h, gate_up, down, out, &s.logits, &s.act, &s.y] {
             self.check_dtype(x)?;
@@ -152,12 +175,19 @@ impl CudaKernels {
         let (e, k) = (s.logits.dim(1)?, s.top_k);
         let p = t * k;
         let bf16 = self.dtype == DType::BF16;
-        let tm = moe_tile(
-            p,
-            e,
-            bf16,
-            inter.is_multiple_of(32) && hidden.is_multiple_of(64),
-        );
+        let wide_ok = inter.is_multiple_of(32) && hidden.is_multiple_of(64);
+        let tm = match tile {
+            None => moe_tile(p, e, bf16, wide_ok),
+            Some(8) => 8,
+            Some(32) if !bf16 => 32,
+            Some(64) if bf16 && wide_ok => 64,
+            Some(other) => {
+                return Err(kernel_err(
+                    "moe_experts",
+                    format!("no {other}-pair tile for this dtype and these sizes"),
+                ));
+            }
+        };
         let max_tiles = moe_max_tiles(p, e, tm);
         let fits = s.logits.dim(0)? == t
             && gate_up.dims3()? == (local, 2 * inter, hidden)

@@ -161,8 +161,9 @@ impl ModelConfig {
 
     /// Parses and checks a `config.json` text.
     pub fn from_json(text: &str) -> Result<Self> {
-        let raw: Value = serde_json::from_str(text)
+        let mut raw: Value = serde_json::from_str(text)
             .map_err(|e| Error::InvalidInput(format!("config.json is not valid JSON: {e}")))?;
+        moe_aliases(&mut raw);
         let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or("");
         let supported: Vec<&str> = ARCHITECTURES
             .iter()
@@ -362,6 +363,37 @@ impl ModelConfig {
     /// Bytes of KV per token per layer-set (K and V, all layers) at `dtype_bytes`.
     pub fn kv_bytes_per_token(&self, dtype_bytes: usize) -> usize {
         2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim() * dtype_bytes
+    }
+}
+
+/// The MoE fields under the names other writers give them: transformers 5 saves a Qwen3-MoE
+/// config's expert count as `num_local_experts` (its MoE-wide name), other converters as
+/// `n_routed_experts`; the canonical key wins when both are present.
+fn moe_aliases(raw: &mut Value) {
+    let Some(obj) = raw.as_object_mut() else {
+        return;
+    };
+    for (key, aliases) in [
+        (
+            "num_experts",
+            &["num_local_experts", "n_routed_experts"][..],
+        ),
+        ("num_experts_per_tok", &["top_k", "moe_topk"][..]),
+    ] {
+        let missing = obj
+            .get(key)
+            .is_none_or(|v| v.is_null() || v.as_u64() == Some(0));
+        if !missing {
+            continue;
+        }
+        if let Some(v) = aliases
+            .iter()
+            .filter_map(|a| obj.get(*a))
+            .find(|v| v.as_u64().is_some_and(|n| n > 0))
+            .cloned()
+        {
+            obj.insert(key.to_string(), v);
+        }
     }
 }
 
