@@ -25,8 +25,6 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             let logits = randn(&[tokens, e], dt, dev)?;
             let gu = (randn(&[local, 2 * inter, hidden], dt, dev)? * 0.02)?;
             let dn = (randn(&[local, hidden, inter], dt, dev)? * 0.02)?;
-            let (ours, _) =
-                kk.moe_experts(&h, &logits, (&gu, &dn), (first, top, norm), (None, 1))?;
             let probs = candle_nn::ops::softmax_last_dim(&logits.to_dtype(DType::F32)?)?
                 .to_vec2::<f32>()?;
             let mut routing = route(&probs, top, norm);
@@ -37,11 +35,21 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
                 .to_vec1()?;
             let theirs = experts_forward(&h, (&gu, &dn), (first, top), &routing)?;
             let tol = if dt == DType::F32 { 1e-5 } else { 2e-2 };
-            t.check(
-                format!("moe {dt:?} T{tokens} E{e} top{top} h{hidden} i{inter} experts {first}+{local} norm {norm}"),
-                rel(&ours, &theirs)?,
-                tol,
-            );
+            // The tile the launcher picks, and in bf16 the 16-pair tensor-core tile too.
+            let tiles: &[Option<usize>] = if dt == DType::BF16 {
+                &[None, Some(16)]
+            } else {
+                &[None]
+            };
+            for &tile in tiles {
+                let how = (first, top, norm);
+                let (ours, _) = kk.moe_experts(&h, &logits, (&gu, &dn), how, (tile, 1))?;
+                t.check(
+                    format!("moe {dt:?} T{tokens} E{e} top{top} h{hidden} i{inter} experts {first}+{local} norm {norm} tile {tile:?}"),
+                    rel(&ours, &theirs)?,
+                    tol,
+                );
+            }
         }
     }
     timings(&k, dev)
@@ -64,7 +72,7 @@ fn timings(k: &CudaKernels, dev: &Device) -> Res<()> {
         used.sort_unstable();
         used.dedup();
         let bytes = used.len() * 3 * inter * hidden * 2;
-        for tile in [8usize, 64] {
+        for tile in [8usize, 16, 64] {
             let (_, us) =
                 k.moe_experts(&h, &logits, (&gu, &dn), (0, top, true), (Some(tile), 20))?;
             println!(

@@ -7,15 +7,18 @@ use candle_core::cuda_backend::cudarc::driver::{
     CudaEvent, CudaFunction, CudaModule, PinnedHostSlice,
 };
 
-/// The MoE kernels (`kernels/moe.cu`), `[bf16, f32]` each, the tiled ones also `[narrow,
-/// wide]` (`super::moe_ops::moe_tile`: bf16's wide ones are the tensor-core kernels).
+/// The MoE kernels (`kernels/moe.cu`): routing and sums `[bf16, f32]`; the experts' matmuls
+/// on CUDA cores `[bf16 tile 8, f32 tile 8, f32 tile 32]` and on tensor cores (bf16) `[tile
+/// 16, tile 64]` (see `super::moe_ops::moe_tile`).
 pub(super) struct MoeKernels {
     pub(super) _module: Arc<CudaModule>,
     pub(super) route: [CudaFunction; 2],
     pub(super) align: CudaFunction,
     pub(super) route_align: [CudaFunction; 2],
-    pub(super) gate_up: [[CudaFunction; 2]; 2],
-    pub(super) down: [[CudaFunction; 2]; 2],
+    pub(super) simt_gate_up: [CudaFunction; 3],
+    pub(super) simt_down: [CudaFunction; 3],
+    pub(super) mma_gate_up: [CudaFunction; 2],
+    pub(super) mma_down: [CudaFunction; 2],
     pub(super) sum: [CudaFunction; 2],
 }
 

@@ -295,25 +295,23 @@ impl CudaKernels {
                     f(&moe_mod, "moe_route_align_bf16")?,
                     f(&moe_mod, "moe_route_align_f32")?,
                 ],
-                gate_up: [
-                    [
-                        f(&moe_mod, "moe_gate_up_t8_bf16")?,
-                        f(&moe_mod, "moe_gate_up_mma_bf16")?,
-                    ],
-                    [
-                        f(&moe_mod, "moe_gate_up_t8_f32")?,
-                        f(&moe_mod, "moe_gate_up_t32_f32")?,
-                    ],
+                simt_gate_up: [
+                    f(&moe_mod, "moe_gate_up_t8_bf16")?,
+                    f(&moe_mod, "moe_gate_up_t8_f32")?,
+                    f(&moe_mod, "moe_gate_up_t32_f32")?,
                 ],
-                down: [
-                    [
-                        f(&moe_mod, "moe_down_t8_bf16")?,
-                        f(&moe_mod, "moe_down_mma_bf16")?,
-                    ],
-                    [
-                        f(&moe_mod, "moe_down_t8_f32")?,
-                        f(&moe_mod, "moe_down_t32_f32")?,
-                    ],
+                simt_down: [
+                    f(&moe_mod, "moe_down_t8_bf16")?,
+                    f(&moe_mod, "moe_down_t8_f32")?,
+                    f(&moe_mod, "moe_down_t32_f32")?,
+                ],
+                mma_gate_up: [
+                    f(&moe_mod, "moe_gate_up_m16_bf16")?,
+                    f(&moe_mod, "moe_gate_up_m64_bf16")?,
+                ],
+                mma_down: [
+                    f(&moe_mod, "moe_down_m16_bf16")?,
+                    f(&moe_mod, "moe_down_m64_bf16")?,
                 ],
                 sum: [f(&moe_mod, "moe_sum_bf16")?, f(&moe_mod, "moe_sum_f32")?],
                 _module: moe_mod.clone(),

@@ -11,20 +11,21 @@ use super::kernels::CudaKernels;
 use super::launch::kernel_err;
 use crate::error::Result;
 
-/// Pairs (token, expert) of one expert a tile of the expert kernels takes: the narrow tile
-/// (decode: a few pairs per expert, CUDA cores), the wide f32 one (CUDA cores) and the wide
-/// bf16 one (tensor cores, 64 pairs x 64 outputs a block).
-pub const MOE_TILES: [usize; 3] = [8, 32, 64];
+/// Pairs (token, expert) of one expert a tile of the expert kernels takes: 8 (decode: a few
+/// pairs per expert, CUDA cores, either dtype), 16 (bf16 on tensor cores, 16 pairs x 64
+/// outputs a block; chosen only when asked, until measured), 32 (f32's wide tile, CUDA
+/// cores) and 64 (bf16's wide tile, tensor cores, 64 pairs x 64 outputs a block).
+pub const MOE_TILES: [usize; 4] = [8, 16, 32, 64];
 
 /// The tile for `pairs` pairs over `experts` experts: wide once an expert averages 16 pairs
-/// (`bf16`: the tensor-core tile, when `wide_ok`: the sizes are multiples of its 32 and 64).
+/// (`bf16`: the tensor-core tile, when `wide_ok`: the sizes are multiples of its 64).
 pub fn moe_tile(pairs: usize, experts: usize, bf16: bool, wide_ok: bool) -> usize {
     if pairs < 16 * experts.max(1) {
         MOE_TILES[0]
     } else if !bf16 {
-        MOE_TILES[1]
-    } else if wide_ok {
         MOE_TILES[2]
+    } else if wide_ok {
+        MOE_TILES[3]
     } else {
         MOE_TILES[0]
     }
@@ -175,12 +176,12 @@ impl CudaKernels {
         let (e, k) = (s.logits.dim(1)?, s.top_k);
         let p = t * k;
         let bf16 = self.dtype == DType::BF16;
-        let wide_ok = inter.is_multiple_of(32) && hidden.is_multiple_of(64);
+        let wide_ok = inter.is_multiple_of(64) && hidden.is_multiple_of(64);
         let tm = match tile {
             None => moe_tile(p, e, bf16, wide_ok),
             Some(8) => 8,
             Some(32) if !bf16 => 32,
-            Some(64) if bf16 && wide_ok => 64,
+            Some(t @ (16 | 64)) if bf16 && wide_ok => t,
             Some(other) => {
                 return Err(kernel_err(
                     "moe_experts",
@@ -213,8 +214,13 @@ impl CudaKernels {
         }
         let m = &self.moe;
         let bf = usize::from(self.dtype == DType::F32);
-        let ti = usize::from(tm != MOE_TILES[0]);
-        let mma = tm == MOE_TILES[2];
+        // CUDA cores: [bf16 tile 8, f32 tile 8, f32 tile 32]; tensor cores: [16, 64].
+        let (mma, fi) = match tm {
+            16 => (true, 0),
+            64 => (true, 1),
+            32 => (false, 2),
+            _ => (false, bf),
+        };
         let (pl, pids, pw) = (self.ptr(&s.logits)?, self.ptr(&s.ids)?, self.ptr(&s.w)?);
         let (porder, ptiles) = (self.ptr(&s.order)?, self.ptr(&s.tiles)?);
         let (ph, pgu, pdn) = (self.ptr(h)?, self.ptr(gate_up)?, self.ptr(down)?);
@@ -263,10 +269,14 @@ impl CudaKernels {
             // SAFETY: as above (`moe_align`: 2 * e ints of dynamic shared memory).
             unsafe { b.launch(grid(1, 1, 1024, (2 * e * 4) as u32)) }.w()?;
         }
-        let mut b = self.launcher(&m.gate_up[bf][ti]);
+        let mut b = self.launcher(if mma {
+            &m.mma_gate_up[fi]
+        } else {
+            &m.simt_gate_up[fi]
+        });
         b.arg(&ph).arg(&pgu).arg(&porder).arg(&ptiles).arg(&pact);
         b.arg(&h32).arg(&i32_).arg(&k32).arg(&f32_).arg(&l32);
-        // SAFETY: as above (`moe_gate_up_t*`, `moe_gate_up_mma_bf16`: 32 gate and 32 up rows a
+        // SAFETY: as above (`moe_gate_up_t*`; `moe_gate_up_m*_bf16`: 32 gate and 32 up rows a
         // block of 128 threads).
         let cfg = if mma {
             grid(inter / 32, max_tiles, 128, 0)
@@ -274,7 +284,11 @@ impl CudaKernels {
             grid(inter.div_ceil(8), max_tiles, 256, 0)
         };
         unsafe { b.launch(cfg) }.w()?;
-        let mut b = self.launcher(&m.down[bf][ti]);
+        let mut b = self.launcher(if mma {
+            &m.mma_down[fi]
+        } else {
+            &m.simt_down[fi]
+        });
         b.arg(&pact)
             .arg(&pdn)
             .arg(&porder)
@@ -282,7 +296,7 @@ impl CudaKernels {
             .arg(&pw)
             .arg(&py);
         b.arg(&h32).arg(&i32_).arg(&f32_).arg(&l32);
-        // SAFETY: as above (`moe_down_t*`, `moe_down_mma_bf16`: 64 outputs a block of 128).
+        // SAFETY: as above (`moe_down_t*`; `moe_down_m*_bf16`: 64 outputs a block of 128).
         let cfg = if mma {
             grid(hidden / 64, max_tiles, 128, 0)
         } else {
