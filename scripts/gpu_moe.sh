@@ -51,7 +51,14 @@ PY
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   echo "== bench 30b-a3b shape, $LAYERS_BENCH of 48 layers ${BENCH_ARGS:-}" | tee -a "$S"
-  timeout 420 .gpu/bench --config $CFG --layers $LAYERS_BENCH --no-peer --new 64 ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  [ -d /tmp/m-moe$LAYERS_BENCH ] || timeout 200 .gpu/bench --config $CFG --layers $LAYERS_BENCH --write-model /tmp/m-moe$LAYERS_BENCH 2>&1 | tail -1
+  timeout 420 .gpu/bench --model-dir /tmp/m-moe$LAYERS_BENCH --no-peer --new 64 ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   echo "rc $?" | tee -a "$S"
   grep -E "^ours|^# engine|^#|Error|error" "$OUT/bench.log" | tail -30 | tee -a "$S"
+fi
+if [ -n "${HTTP:-}" ]; then
+  # The HTTP host on the same model: N streamed chat completions, 512 in / 128 out, at once.
+  echo "== HTTP ${N:-500} x 512/128, 30b-a3b shape, $LAYERS_BENCH layers" | tee -a "$S"
+  SHAPE=moe$LAYERS_BENCH AGENT=0 N=${N:-500} T1=${T1:-200} bash scripts/gpu_serve.sh > "$OUT/http.log" 2>&1
+  grep -E "engine ready|req/s|tok/s|TTFT|TPOT|fail|error" "$OUT/http.log" | cut -c1-300 | tail -12 | tee -a "$S"
 fi
