@@ -88,6 +88,9 @@ pub fn run_worker(
         || {},
     )?;
     let dtype = model.dtype();
+    // The weights' digest before the handshake (the head compares it); an unreadable file is
+    // the head's to hear about, in the ack.
+    let digest = Checkpoint::open(&key, &files.weights, dtype, &device).and_then(|c| c.digest());
     tracing::info!(rank, world, "worker loaded its shard; waiting for the head");
 
     let head = match comm.recv_command()? {
@@ -105,7 +108,13 @@ pub fn run_worker(
             return Err(e);
         }
     };
-    let digest = Checkpoint::open(&key, &files.weights, dtype, &device)?.digest()?;
+    let digest = match digest {
+        Ok(d) => d,
+        Err(e) => {
+            let _ = comm.ack(Err(e.to_string()));
+            return Err(e);
+        }
+    };
     let mine = rank_settings(&cfg, (dtype, kv_dtype), opts, head.num_blocks, digest);
     if let Err(e) = mine.check_against_head(&head) {
         let _ = comm.ack(Err(e.to_string()));
