@@ -19,7 +19,8 @@ fn models_json_lists_the_demo_first_with_all_fields() {
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v[0]["key"], "demo");
-    assert_eq!(v.as_array().unwrap().len(), 4);
+    assert_eq!(v.as_array().unwrap().len(), 5);
+    assert_eq!(v[4]["key"], "qwen3-30b-a3b");
     for m in v.as_array().unwrap() {
         for k in ["key", "label", "source", "thinking", "available"] {
             assert!(m.get(k).is_some(), "{k} missing in {m}");
