@@ -534,6 +534,7 @@ MOE_MMA_KERNELS(64)
 
 MOE_KERNELS(__nv_bfloat16, bf16)
 MOE_KERNELS(float, f32)
+MOE_TILE_KERNELS(__nv_bfloat16, bf16, 1)
 MOE_TILE_KERNELS(__nv_bfloat16, bf16, 8)
 MOE_TILE_KERNELS(float, f32, 8)
 MOE_TILE_KERNELS(float, f32, 32)

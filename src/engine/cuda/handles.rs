@@ -8,15 +8,15 @@ use candle_core::cuda_backend::cudarc::driver::{
 };
 
 /// The MoE kernels (`kernels/moe.cu`): routing and sums `[bf16, f32]`; the experts' matmuls
-/// on CUDA cores `[bf16 tile 8, f32 tile 8, f32 tile 32]` and on tensor cores (bf16) `[tile
-/// 16, tile 64]` (see `super::moe_ops::moe_tile`).
+/// on CUDA cores `[bf16 tile 8, f32 tile 8, f32 tile 32, bf16 tile 1]` and on tensor cores
+/// (bf16) `[tile 16, tile 64]` (see `super::moe_ops::moe_tile`).
 pub(super) struct MoeKernels {
     pub(super) _module: Arc<CudaModule>,
     pub(super) route: [CudaFunction; 2],
     pub(super) align: CudaFunction,
     pub(super) route_align: [CudaFunction; 2],
-    pub(super) simt_gate_up: [CudaFunction; 3],
-    pub(super) simt_down: [CudaFunction; 3],
+    pub(super) simt_gate_up: [CudaFunction; 4],
+    pub(super) simt_down: [CudaFunction; 4],
     pub(super) mma_gate_up: [CudaFunction; 2],
     pub(super) mma_down: [CudaFunction; 2],
     pub(super) sum: [CudaFunction; 2],

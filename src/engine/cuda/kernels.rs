@@ -299,11 +299,13 @@ impl CudaKernels {
                     f(&moe_mod, "moe_gate_up_t8_bf16")?,
                     f(&moe_mod, "moe_gate_up_t8_f32")?,
                     f(&moe_mod, "moe_gate_up_t32_f32")?,
+                    f(&moe_mod, "moe_gate_up_t1_bf16")?,
                 ],
                 simt_down: [
                     f(&moe_mod, "moe_down_t8_bf16")?,
                     f(&moe_mod, "moe_down_t8_f32")?,
                     f(&moe_mod, "moe_down_t32_f32")?,
+                    f(&moe_mod, "moe_down_t1_bf16")?,
                 ],
                 mma_gate_up: [
                     f(&moe_mod, "moe_gate_up_m16_bf16")?,

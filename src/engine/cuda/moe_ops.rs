@@ -13,8 +13,10 @@ use crate::error::Result;
 
 /// Pairs (token, expert) of one expert a tile of the expert kernels takes: 8 (CUDA cores,
 /// either dtype), 16 (bf16 on tensor cores, 16 pairs x 64 outputs a block), 32 (f32's wide
-/// tile, CUDA cores) and 64 (bf16's wide tile, tensor cores, 64 pairs x 64 outputs a block).
-pub const MOE_TILES: [usize; 4] = [8, 16, 32, 64];
+/// tile, CUDA cores), 64 (bf16's wide tile, tensor cores, 64 pairs x 64 outputs a block) and
+/// 1 (bf16, CUDA cores, a third of tile 8's registers: more warps in flight for one-token
+/// steps; chosen only when asked, until measured).
+pub const MOE_TILES: [usize; 5] = [8, 16, 32, 64, 1];
 
 /// The tile for `pairs` pairs over `experts` experts. bf16 with sizes the tensor-core tiles
 /// take (`wide_ok`: multiples of 64): 8 for steps of up to 16 pairs (one or two tokens), 16
@@ -55,7 +57,7 @@ pub struct MoeScratch {
     w: Tensor,
     /// Pair indices grouped by expert `[T * k]` (u32).
     order: Tensor,
-    /// Tiles (start, count, expert) (u32, room for the narrow tile's worst case).
+    /// Tiles (start, count, expert) (u32, room for the one-pair tile's worst case).
     tiles: Tensor,
     /// SiLU(gate) * up per pair `[T * k, I]`.
     act: Tensor,
@@ -75,7 +77,7 @@ impl MoeScratch {
             ids: n(&self.ids, p)?,
             w: n(&self.w, p)?,
             order: n(&self.order, p)?,
-            tiles: n(&self.tiles, 3 * moe_max_tiles(p, e, MOE_TILES[0]))?,
+            tiles: n(&self.tiles, 3 * moe_max_tiles(p, e, 1))?,
             act: n(&self.act, p)?,
             y: n(&self.y, p)?,
             top_k: self.top_k,
@@ -115,7 +117,7 @@ impl CudaKernels {
             ids: self.alloc(p, DType::U32)?,
             w: self.alloc(p, DType::F32)?,
             order: self.alloc(p, DType::U32)?,
-            tiles: self.alloc(3 * moe_max_tiles(p, experts, MOE_TILES[0]), DType::U32)?,
+            tiles: self.alloc(3 * moe_max_tiles(p, experts, 1), DType::U32)?,
             act: self.alloc_out((p, inter))?,
             y: self.alloc_out((p, hidden))?,
             top_k,
@@ -188,6 +190,7 @@ impl CudaKernels {
         let tm = match tile {
             None => moe_tile(p, e, bf16, wide_ok),
             Some(8) => 8,
+            Some(1) if bf16 => 1,
             Some(32) if !bf16 => 32,
             Some(t @ (16 | 64)) if bf16 && wide_ok => t,
             Some(other) => {
@@ -222,11 +225,13 @@ impl CudaKernels {
         }
         let m = &self.moe;
         let bf = usize::from(self.dtype == DType::F32);
-        // CUDA cores: [bf16 tile 8, f32 tile 8, f32 tile 32]; tensor cores: [16, 64].
+        // CUDA cores: [bf16 tile 8, f32 tile 8, f32 tile 32, bf16 tile 1]; tensor cores:
+        // [16, 64].
         let (mma, fi) = match tm {
             16 => (true, 0),
             64 => (true, 1),
             32 => (false, 2),
+            1 => (false, 3),
             _ => (false, bf),
         };
         let (pl, pids, pw) = (self.ptr(&s.logits)?, self.ptr(&s.ids)?, self.ptr(&s.w)?);
