@@ -345,7 +345,7 @@ __device__ __forceinline__ void cp16(void* dst, const void* src) {
   const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
 }
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void wait_groups() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
@@ -364,7 +364,7 @@ struct Smem {
 // 16 x 16 fragment each; BM 64: 2 x 2 warps of 2 x 2 fragments. Tiles come by cp.async, the
 // next one loading while the tensor cores take the current one.
 template <int BM>
-__device__ __forceinline__ void gemm(const __nv_bfloat16* const* a, const __nv_bfloat16* const* b,
+__device__ __forceinline__ void tile_gemm(const __nv_bfloat16* const* a, const __nv_bfloat16* const* b,
                                      int len, unsigned char* raw) {
   constexpr int WR = BM == 16 ? 1 : 2, WC = 4 / WR;
   constexpr int FR = BM / WR / 16, FC = BN / WC / 16;
@@ -376,18 +376,18 @@ __device__ __forceinline__ void gemm(const __nv_bfloat16* const* a, const __nv_b
   for (int i = 0; i < FR; ++i)
 #pragma unroll
     for (int j = 0; j < FC; ++j) wmma::fill_fragment(acc[i][j], 0.f);
-  auto load = [&](int s, int k0) {
+  auto stage_load = [&](int s, int k0) {
     for (int c = tid; c < (BM + BN) * (BK / 8); c += 128) {
       const int r = c / (BK / 8), col = (c % (BK / 8)) * 8;
       cp16(&st[s][r][col], (r < BM ? a[r] : b[r - BM]) + k0 + col);
     }
-    commit();
+    cp_commit();
   };
   const int steps = len / BK;
-  load(0, 0);
+  stage_load(0, 0);
   for (int i = 0; i < steps; ++i) {
     if (i + 1 < steps) {
-      load((i + 1) & 1, (i + 1) * BK);
+      stage_load((i + 1) & 1, (i + 1) * BK);
       wait_groups<1>();
     } else {
       wait_groups<0>();
@@ -425,7 +425,7 @@ __device__ __forceinline__ void gemm(const __nv_bfloat16* const* a, const __nv_b
 // same up rows for the tile's (up to BM) pairs, then act = silu(gate) * up as the narrow
 // kernels round it. inter and hidden are multiples of 64.
 template <int BM>
-__device__ void gate_up(const __nv_bfloat16* __restrict__ x,
+__device__ void tc_gate_up(const __nv_bfloat16* __restrict__ x,
                         const __nv_bfloat16* __restrict__ gate_up_w,
                         const uint32_t* __restrict__ order, const uint32_t* __restrict__ tiles,
                         __nv_bfloat16* __restrict__ act, int hidden, int inter, int k, int first,
@@ -449,7 +449,7 @@ __device__ void gate_up(const __nv_bfloat16* __restrict__ x,
     }
   }
   __syncthreads();
-  gemm<BM>(ap, bp, hidden, raw);
+  tile_gemm<BM>(ap, bp, hidden, raw);
   const float* cs = reinterpret_cast<const float*>(raw);
   for (int i = threadIdx.x; i < n * 32; i += blockDim.x) {
     const int m = i / 32, j = i % 32;
@@ -463,7 +463,7 @@ __device__ void gate_up(const __nv_bfloat16* __restrict__ x,
 // Grid (hidden / 64, tiles), 128 threads: block (bx, tile) computes output columns bx * 64..
 // of the expert's down for the tile's pairs, rounded, times each pair's weight, rounded.
 template <int BM>
-__device__ void down(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ down_w,
+__device__ void tc_down(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ down_w,
                      const uint32_t* __restrict__ order, const uint32_t* __restrict__ tiles,
                      const float* __restrict__ w, __nv_bfloat16* __restrict__ y, int hidden,
                      int inter, int first, int local) {
@@ -481,7 +481,7 @@ __device__ void down(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16*
     else bp[i - BM] = down_w + ((size_t)ex * hidden + o0 + i - BM) * inter;
   }
   __syncthreads();
-  gemm<BM>(ap, bp, inter, raw);
+  tile_gemm<BM>(ap, bp, inter, raw);
   const float* cs = reinterpret_cast<const float*>(raw);
   for (int i = threadIdx.x; i < n * BN; i += blockDim.x) {
     const int m = i / BN, j = i % BN;
@@ -497,13 +497,13 @@ __device__ void down(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16*
       const __nv_bfloat16* x, const __nv_bfloat16* gate_up, const uint32_t* order,              \
       const uint32_t* tiles, __nv_bfloat16* act, int hidden, int inter, int k, int first,       \
       int local) {                                                                              \
-    mma_tile::gate_up<BM>(x, gate_up, order, tiles, act, hidden, inter, k, first, local);       \
+    mma_tile::tc_gate_up<BM>(x, gate_up, order, tiles, act, hidden, inter, k, first, local);   \
   }                                                                                             \
   extern "C" __global__ void moe_down_m##BM##_bf16(                                            \
       const __nv_bfloat16* act, const __nv_bfloat16* down, const uint32_t* order,               \
       const uint32_t* tiles, const float* w, __nv_bfloat16* y, int hidden, int inter,           \
       int first, int local) {                                                                   \
-    mma_tile::down<BM>(act, down, order, tiles, w, y, hidden, inter, first, local);             \
+    mma_tile::tc_down<BM>(act, down, order, tiles, w, y, hidden, inter, first, local);         \
   }
 MOE_MMA_KERNELS(16)
 MOE_MMA_KERNELS(64)

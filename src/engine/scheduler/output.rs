@@ -210,7 +210,7 @@ impl Scheduler {
             total_time: now - s.submitted,
             preemptions: s.preemptions,
             logprobs: s.request.logprobs.map(|_| std::mem::take(&mut s.logprobs)),
-            weights_version: crate::engine::WeightsVersion {
+            weights_version: crate::engine::update::WeightsVersion {
                 adapter: s.request.adapter.as_ref().map(|h| h.version.clone()),
                 ..self.weights.clone()
             },

@@ -307,7 +307,7 @@ impl Scheduler {
     pub(super) fn score(
         &mut self,
         tokens: &[u32],
-        adapter: Option<crate::engine::AdapterHandle>,
+        adapter: Option<crate::engine::update::AdapterHandle>,
     ) -> Result<Vec<Vec<f32>>> {
         if tokens.is_empty() {
             return Err(Error::InvalidInput("no tokens to score".into()));
