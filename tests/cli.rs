@@ -468,3 +468,25 @@ fn logits_generate_and_episode_run_through_an_adapter() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("adapter_config.json"), "{stderr}");
 }
+
+#[test]
+fn expert_parallel_is_a_flag_of_the_head_and_the_worker_and_a_dense_model_refuses_it() {
+    for sub in ["episode", "worker", "generate"] {
+        let out = bin().args([sub, "--help"]).output().unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains("--expert-parallel"), "{sub}: {help}");
+    }
+    // A dense checkpoint: a clear refusal (exit 2), not a crash.
+    let out = bin()
+        .args(["generate", "--model-dir"])
+        .arg(common::shared_tiny_model())
+        .args(["--prompt", "hi", "--device", "cpu", "--expert-parallel"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("needs a mixture-of-experts checkpoint"),
+        "{err}"
+    );
+}
