@@ -20,6 +20,7 @@ const KERNELS: &[&str] = &[
     "gemv",
     "kv_move",
     "moe",
+    "moe_mma",
 ];
 
 fn main() {
@@ -30,6 +31,7 @@ fn main() {
     println!("cargo:rerun-if-changed=kernels/common.cuh");
     println!("cargo:rerun-if-changed=kernels/attention.cuh");
     println!("cargo:rerun-if-changed=kernels/flash.cuh");
+    println!("cargo:rerun-if-changed=kernels/moe.cuh");
     println!("cargo:rerun-if-env-changed=CUDA_ROOT");
     println!("cargo:rerun-if-env-changed=NVCC");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {

@@ -7,11 +7,11 @@ use candle_core::cuda_backend::cudarc::driver::{
     CudaEvent, CudaFunction, CudaModule, PinnedHostSlice,
 };
 
-/// The MoE kernels (`kernels/moe.cu`): routing and sums `[bf16, f32]`; the experts' matmuls
-/// on CUDA cores `[bf16 tile 8, f32 tile 8, f32 tile 32, bf16 tile 1]` and on tensor cores
-/// (bf16) `[tile 16, tile 64]` (see `super::moe_ops::moe_tile`).
+/// The MoE kernels (`kernels/moe.cu`, `kernels/moe_mma.cu`): routing and sums `[bf16, f32]`;
+/// the experts' matmuls on CUDA cores `[bf16 tile 8, f32 tile 8, f32 tile 32, bf16 tile 1]`
+/// and on tensor cores (bf16) `[tile 16, tile 64]` (see `super::moe_ops::moe_tile`).
 pub(super) struct MoeKernels {
-    pub(super) _module: Arc<CudaModule>,
+    pub(super) _modules: [Arc<CudaModule>; 2],
     pub(super) route: [CudaFunction; 2],
     pub(super) align: CudaFunction,
     pub(super) route_align: [CudaFunction; 2],
@@ -20,6 +20,48 @@ pub(super) struct MoeKernels {
     pub(super) mma_gate_up: [CudaFunction; 2],
     pub(super) mma_down: [CudaFunction; 2],
     pub(super) sum: [CudaFunction; 2],
+}
+
+impl MoeKernels {
+    /// The functions of the two modules by name (`f` loads one).
+    pub(super) fn load<E>(
+        moe: &Arc<CudaModule>,
+        mma: &Arc<CudaModule>,
+        f: impl Fn(&Arc<CudaModule>, &str) -> Result<CudaFunction, E>,
+    ) -> Result<Self, E> {
+        let both = |m: &Arc<CudaModule>, name: &str| -> Result<[CudaFunction; 2], E> {
+            Ok([
+                f(m, &format!("{name}_bf16"))?,
+                f(m, &format!("{name}_f32"))?,
+            ])
+        };
+        // CUDA cores: [bf16 tile 8, f32 tile 8, f32 tile 32, bf16 tile 1].
+        let simt = |kind: &str| -> Result<[CudaFunction; 4], E> {
+            Ok([
+                f(moe, &format!("moe_{kind}_t8_bf16"))?,
+                f(moe, &format!("moe_{kind}_t8_f32"))?,
+                f(moe, &format!("moe_{kind}_t32_f32"))?,
+                f(moe, &format!("moe_{kind}_t1_bf16"))?,
+            ])
+        };
+        let tensor = |kind: &str| -> Result<[CudaFunction; 2], E> {
+            Ok([
+                f(mma, &format!("moe_{kind}_m16_bf16"))?,
+                f(mma, &format!("moe_{kind}_m64_bf16"))?,
+            ])
+        };
+        Ok(Self {
+            route: both(moe, "moe_route")?,
+            align: f(moe, "moe_align")?,
+            route_align: both(moe, "moe_route_align")?,
+            simt_gate_up: simt("gate_up")?,
+            simt_down: simt("down")?,
+            mma_gate_up: tensor("gate_up")?,
+            mma_down: tensor("down")?,
+            sum: both(moe, "moe_sum")?,
+            _modules: [moe.clone(), mma.clone()],
+        })
+    }
 }
 
 /// The kernels that read or write an fp8 (e4m3) KV cache, bf16 compute: the `_fp8` variants

@@ -31,6 +31,7 @@ static LOGIT_EDITS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/logit_edit
 static LORA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
 static MOE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe.fatbin"));
+static MOE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_mma.fatbin"));
 
 /// Most token rows the CUDA-core skinny-matmul kernels (`kernels/gemv.cu`) take: where they
 /// beat cuBLAS on the H200 (at 3-8 rows their FMAs bound them; BENCHMARKS.md, "Decode steps
@@ -76,7 +77,7 @@ pub struct CudaKernels {
     /// [`super::LORA_TILE`].
     pub(super) lora: [[CudaFunction; 2]; 2],
     pub(super) gather_rows_f32: CudaFunction,
-    /// The MoE layers' kernels (`kernels/moe.cu`).
+    /// The MoE layers' kernels (`kernels/moe.cu`, `kernels/moe_mma.cu`).
     pub(super) moe: MoeKernels,
     pub(super) sample_topk: CudaFunction,
     pub(super) sample_full: CudaFunction,
@@ -190,6 +191,7 @@ impl CudaKernels {
         let gemv_mod = load(GEMV, "gemv")?;
         let lora_mod = load(LORA, "lora")?;
         let moe_mod = load(MOE, "moe")?;
+        let moe_mma_mod = load(MOE_MMA, "moe_mma")?;
         let f = |m: &Arc<CudaModule>, name: &str| {
             m.load_function(name)
                 .map_err(|e| kernel_err(&format!("function {name}"), e))
@@ -285,39 +287,7 @@ impl CudaKernels {
                 ],
             ],
             gather_rows_f32: f(&layer_ops, "gather_rows_f32")?,
-            moe: MoeKernels {
-                route: [
-                    f(&moe_mod, "moe_route_bf16")?,
-                    f(&moe_mod, "moe_route_f32")?,
-                ],
-                align: f(&moe_mod, "moe_align")?,
-                route_align: [
-                    f(&moe_mod, "moe_route_align_bf16")?,
-                    f(&moe_mod, "moe_route_align_f32")?,
-                ],
-                simt_gate_up: [
-                    f(&moe_mod, "moe_gate_up_t8_bf16")?,
-                    f(&moe_mod, "moe_gate_up_t8_f32")?,
-                    f(&moe_mod, "moe_gate_up_t32_f32")?,
-                    f(&moe_mod, "moe_gate_up_t1_bf16")?,
-                ],
-                simt_down: [
-                    f(&moe_mod, "moe_down_t8_bf16")?,
-                    f(&moe_mod, "moe_down_t8_f32")?,
-                    f(&moe_mod, "moe_down_t32_f32")?,
-                    f(&moe_mod, "moe_down_t1_bf16")?,
-                ],
-                mma_gate_up: [
-                    f(&moe_mod, "moe_gate_up_m16_bf16")?,
-                    f(&moe_mod, "moe_gate_up_m64_bf16")?,
-                ],
-                mma_down: [
-                    f(&moe_mod, "moe_down_m16_bf16")?,
-                    f(&moe_mod, "moe_down_m64_bf16")?,
-                ],
-                sum: [f(&moe_mod, "moe_sum_bf16")?, f(&moe_mod, "moe_sum_f32")?],
-                _module: moe_mod.clone(),
-            },
+            moe: MoeKernels::load(&moe_mod, &moe_mma_mod, |m, name| f(m, name))?,
             sample_topk: f(&layer_ops, "sample_topk_f32")?,
             sample_full: f(&layer_ops, "sample_full_f32")?,
             gather_rows: f(&layer_ops, &format!("gather_rows_{s}"))?,
