@@ -8,13 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use policy_serve::engine::{
-    CommBackend, CommHandle, DeviceChoice, InProcessComm, WorkerCommand, WorkerOptions,
-    WorkerReport, run_worker,
+    CommHandle, DeviceChoice, InProcessComm, WorkerCommand, WorkerOptions, WorkerReport,
 };
-use policy_serve::registry::resolve_files;
-use policy_serve::{
-    EngineOptions, Error, GenerationRequest, ModelRegistry, ModelSource, ModelSpec,
-};
+use policy_serve::{EngineOptions, Error, GenerationRequest, ModelRegistry, ModelSpec};
 
 /// A tiny config whose head counts and MLP size divide by 4.
 fn tp_model() -> std::path::PathBuf {
@@ -54,20 +50,7 @@ fn group_with(
     worker_opts: impl Fn(usize) -> WorkerOptions,
 ) -> Group {
     let dir = tp_model();
-    let mut comms: Vec<Arc<InProcessComm>> = InProcessComm::group(world, Duration::from_secs(5))
-        .into_iter()
-        .map(Arc::new)
-        .collect();
-    let head = comms.remove(0);
-    let files = resolve_files("tp", &ModelSource::Local(dir.clone())).unwrap();
-    let workers = comms
-        .into_iter()
-        .map(|c| {
-            let files = files.clone();
-            let o = worker_opts(c.rank());
-            std::thread::spawn(move || run_worker(&files, &o, c))
-        })
-        .collect();
+    let (head, workers) = common::in_process_group(&dir, world, worker_opts);
     let opts = EngineOptions {
         tensor_parallel: Some(CommHandle(head.clone())),
         ..head_opts

@@ -180,3 +180,37 @@ pub fn tiny_model_copy() -> PathBuf {
     }
     dir
 }
+
+/// Worker threads of an in-process group.
+pub type Workers =
+    Vec<std::thread::JoinHandle<policy_serve::Result<policy_serve::engine::WorkerReport>>>;
+
+/// An in-process group of `world` ranks: the head's link (rank 0) and ranks 1.. running
+/// `run_worker` on threads over the model in `dir`, each with `worker(rank)`'s options.
+pub fn in_process_group(
+    dir: &Path,
+    world: usize,
+    worker: impl Fn(usize) -> policy_serve::engine::WorkerOptions,
+) -> (std::sync::Arc<policy_serve::engine::InProcessComm>, Workers) {
+    use policy_serve::engine::{CommBackend, InProcessComm, run_worker};
+    let mut comms: Vec<std::sync::Arc<InProcessComm>> =
+        InProcessComm::group(world, std::time::Duration::from_secs(5))
+            .into_iter()
+            .map(std::sync::Arc::new)
+            .collect();
+    let head = comms.remove(0);
+    let files = policy_serve::registry::resolve_files(
+        "group",
+        &policy_serve::ModelSource::Local(dir.to_path_buf()),
+    )
+    .unwrap();
+    let workers = comms
+        .into_iter()
+        .map(|c| {
+            let files = files.clone();
+            let o = worker(c.rank());
+            std::thread::spawn(move || run_worker(&files, &o, c))
+        })
+        .collect();
+    (head, workers)
+}

@@ -16,12 +16,8 @@ use std::time::Duration;
 
 use candle_core::Tensor;
 use common::prompt;
-use policy_serve::engine::{
-    CommBackend, CommHandle, DeviceChoice, InProcessComm, WorkerCommand, WorkerOptions,
-    WorkerReport, run_worker,
-};
-use policy_serve::registry::resolve_files;
-use policy_serve::{EngineOptions, GenerationRequest, ModelRegistry, ModelSource, ModelSpec};
+use policy_serve::engine::{CommHandle, DeviceChoice, InProcessComm, WorkerCommand, WorkerOptions};
+use policy_serve::{EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
 use serde_json::Value;
 
 /// A tiny Qwen3-MoE config: 3 layers, layer 1 dense (`mlp_only_layers`), 8 experts, top-2;
@@ -125,25 +121,12 @@ fn greedy_tokens_through_the_engine_equal_the_references() {
 
 struct Group {
     registry: ModelRegistry,
-    workers: Vec<std::thread::JoinHandle<policy_serve::Result<WorkerReport>>>,
+    workers: common::Workers,
 }
 
 fn ep_group(world: usize, worker: impl Fn(usize) -> WorkerOptions) -> Group {
     let dir = moe_model(false);
-    let mut comms: Vec<Arc<InProcessComm>> = InProcessComm::group(world, Duration::from_secs(5))
-        .into_iter()
-        .map(Arc::new)
-        .collect();
-    let head = comms.remove(0);
-    let files = resolve_files("moe", &ModelSource::Local(dir.clone())).unwrap();
-    let workers = comms
-        .into_iter()
-        .map(|c| {
-            let files = files.clone();
-            let o = worker(c.rank());
-            std::thread::spawn(move || run_worker(&files, &o, c))
-        })
-        .collect();
+    let (head, workers) = common::in_process_group(&dir, world, worker);
     let opts = EngineOptions {
         tensor_parallel: Some(CommHandle(head)),
         expert_parallel: true,
@@ -204,22 +187,9 @@ fn expert_parallel_worlds_2_and_4_equal_one_rank_token_for_token() {
     }
     // Tensor-parallel experts (each expert sliced) agree too.
     let dir = moe_model(false);
-    let files = resolve_files("moe", &ModelSource::Local(dir.clone())).unwrap();
-    let mut comms: Vec<Arc<InProcessComm>> = InProcessComm::group(2, Duration::from_secs(5))
-        .into_iter()
-        .map(Arc::new)
-        .collect();
-    let head = comms.remove(0);
-    let c = comms.remove(0);
-    let w = std::thread::spawn(move || {
-        run_worker(
-            &files,
-            &WorkerOptions {
-                engine: options(),
-                fail_command: None,
-            },
-            c,
-        )
+    let (head, workers) = common::in_process_group(&dir, 2, |_| WorkerOptions {
+        engine: options(),
+        fail_command: None,
     });
     let tp = registry(
         &dir,
@@ -230,7 +200,9 @@ fn expert_parallel_worlds_2_and_4_equal_one_rank_token_for_token() {
     );
     assert_eq!(run_all(&tp).1, ref_tokens, "TP world 2 over sliced experts");
     drop(tp);
-    assert!(w.join().unwrap().unwrap().clean_shutdown);
+    for w in workers {
+        assert!(w.join().unwrap().unwrap().clean_shutdown);
+    }
 }
 
 #[test]
@@ -254,20 +226,13 @@ fn an_expert_parallel_worker_with_other_settings_is_refused_naming_both() {
 #[test]
 fn a_worker_with_other_weights_is_refused_naming_both_digests() {
     let dir = moe_model(false);
-    let mut comms: Vec<Arc<InProcessComm>> = InProcessComm::group(2, Duration::from_secs(5))
-        .into_iter()
-        .map(Arc::new)
-        .collect();
-    let head = comms.remove(0);
-    let c = comms.remove(0);
     // The same config and seed, one tensor changed: same names and shapes, other bytes.
     let mixed = tempfile::tempdir().unwrap().keep();
     common::write_model_with(&mixed, &moe_config(false), 11, |t| {
         let bumped = (&t["model.norm.weight"] + 0.5).unwrap();
         t.insert("model.norm.weight".into(), bumped);
     });
-    let files = resolve_files("moe", &ModelSource::Local(mixed)).unwrap();
-    let w = std::thread::spawn(move || run_worker(&files, &ep_worker(1), c));
+    let (head, workers) = common::in_process_group(&mixed, 2, ep_worker);
     let r = registry(
         &dir,
         EngineOptions {
@@ -281,7 +246,9 @@ fn a_worker_with_other_weights_is_refused_naming_both_digests() {
         err.contains("are not the head's") && err.matches("digest").count() >= 2,
         "{err}"
     );
-    assert!(w.join().unwrap().is_err());
+    for w in workers {
+        assert!(w.join().unwrap().is_err());
+    }
 }
 
 #[test]
