@@ -279,11 +279,14 @@ pub enum SpeculativeMethod {
 }
 
 /// Speculative decoding: a decode step feeds each eligible sequence its last token and up
-/// to `num_tokens` drafted ones, and keeps the drafts the model's own greedy choices
-/// confirm, plus the model's next token: greedy answers are token for token those without
-/// it. Eligible now: greedy requests without a repetition penalty (their log-probs, when
-/// asked, come from the verifying rows; the others decode as usual in the same step). Steps with drafts run eagerly (no CUDA graph, not
-/// pipelined).
+/// to `num_tokens` drafted ones, and keeps the drafts the model's own choices confirm (its
+/// argmax, or for a sampled request its draw at that position: rejection sampling of a
+/// one-hot proposal), plus the model's next token: answers are token for token those
+/// without it, greedy or seeded. Eligible: requests without a repetition penalty or a
+/// grammar (their log-probs, when asked, come from the verifying rows; the others decode
+/// as usual in the same step). On CUDA a step with drafts replays a decode graph with one
+/// row per verified position when its rows fit a bucket; steps with drafts are not
+/// pipelined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpeculativeOptions {
     /// Where drafts come from.

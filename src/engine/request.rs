@@ -292,6 +292,13 @@ pub struct EngineStats {
     /// Speculative decoding: drafts the model confirmed (each a token gained over plain
     /// decoding).
     pub spec_accepted_tokens: u64,
+    /// Speculative decoding: sequence-steps that verified drafts. Each gives its accepted
+    /// drafts plus the model's own token: `(spec_accepted_tokens + spec_verify_steps) /
+    /// spec_verify_steps` tokens a verify ([`EngineStats::spec_mean_accepted_length`]).
+    pub spec_verify_steps: u64,
+    /// Speculative decoding: decode steps run without drafts because more sequences ran
+    /// than `SpeculativeOptions::max_batch` allows.
+    pub spec_paused_steps: u64,
     /// LoRA adapters moved into a device slot (a first use, or back after the slot went to
     /// another adapter).
     pub adapter_loads: u64,
@@ -301,6 +308,17 @@ pub struct EngineStats {
     /// The KV tiers below the GPU (host, disk): blocks, bytes, loads, checksum failures
     /// (`None`: off).
     pub kv_tiers: Option<crate::cache::TierStats>,
+}
+
+impl EngineStats {
+    /// Speculative decoding: the mean number of tokens a sequence-step with drafts gave (its
+    /// accepted drafts and the model's own token; 1: no draft kept); `None` before any.
+    pub fn spec_mean_accepted_length(&self) -> Option<f64> {
+        (self.spec_verify_steps > 0).then(|| {
+            (self.spec_accepted_tokens + self.spec_verify_steps) as f64
+                / self.spec_verify_steps as f64
+        })
+    }
 }
 
 /// Facts about an engine.

@@ -57,6 +57,7 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let mut running = vec![];
     let (mut preempt, mut swaps) = (vec![], vec![]);
     let (mut drafted, mut kept) = (vec![], vec![]);
+    let (mut verifies, mut paused) = (vec![], vec![]);
     let (mut adapters, mut moves) = (vec![], vec![]);
     // The KV tiers: (name, type, help, [(labels, value)]).
     type Rows = Vec<(String, f64)>;
@@ -122,6 +123,8 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
                 format!("{{model=\"{key}\"}}"),
                 s.spec_accepted_tokens as f64,
             ));
+            verifies.push((format!("{{model=\"{key}\"}}"), s.spec_verify_steps as f64));
+            paused.push((format!("{{model=\"{key}\"}}"), s.spec_paused_steps as f64));
             adapters.push((format!("{{model=\"{key}\"}}"), s.adapters as f64));
             moves.push((format!("{{model=\"{key}\"}}"), s.adapter_loads as f64));
             if let Some(t) = s.kv_tiers {
@@ -193,6 +196,18 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         "counter",
         "Speculative decoding: drafts the model confirmed.",
         kept,
+    );
+    metric(
+        "policy_serve_spec_verify_steps_total",
+        "counter",
+        "Speculative decoding: sequence-steps that verified drafts (mean accepted length = (accepted + verify steps) / verify steps).",
+        verifies,
+    );
+    metric(
+        "policy_serve_spec_paused_steps_total",
+        "counter",
+        "Speculative decoding: decode steps without drafts because the batch exceeded --speculative-max-batch.",
+        paused,
     );
     metric(
         "policy_serve_lora_adapters",

@@ -110,10 +110,78 @@ fn greedy_answers_equal_plain_decoding_alone_and_batched() {
         stats.spec_accepted_tokens < stats.spec_draft_tokens,
         "some were dropped (the rejection path ran): {stats:?}"
     );
+    // Every token beyond one a verify is an accepted draft; the counters say so.
+    let mean = stats.spec_mean_accepted_length().unwrap();
+    assert!(stats.spec_verify_steps > 0 && mean > 1.0, "{stats:?}");
+    let plain_steps = plain.iter().map(|g| g.tokens.len()).sum::<usize>() as f64;
+    assert!(
+        stats.spec_verify_steps as f64 * mean <= plain_steps,
+        "{stats:?}"
+    );
+    assert_eq!(stats.spec_paused_steps, 0, "max_batch 16 never pauses");
     for (i, q) in reqs.iter().enumerate() {
         let (alone, _) = run(spec(), std::slice::from_ref(q));
         assert_eq!(tokens(&alone), tokens(&plain[i..=i]), "request {i} alone");
     }
+}
+
+/// Sampled requests are drafted too: each verifying row draws with the uniform number of
+/// its output position and a draft is kept when the draw equals it (rejection sampling of a
+/// one-hot proposal), so a seeded request gives the tokens and log-probs it gives without
+/// speculation, alone and batched with greedy ones, and twice the same. Mutations that fail
+/// it: drawing every verifying row with the step's first number (`Rng::nth` of the row's
+/// sequence position without its place), keeping a draft the draw did not confirm.
+#[test]
+fn sampled_answers_equal_plain_decoding_seed_for_seed() {
+    let sampled = |i: u32, temperature: f32, top_k: Option<usize>, top_p: Option<f32>| {
+        let mut r = GenerationRequest::new(repetitive(40 + i))
+            .max_new_tokens(32)
+            .sampling(SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                seed: 1000 + i as u64,
+                ..SamplingParams::greedy()
+            });
+        r.logprobs = (i % 3 == 0).then_some(2);
+        r
+    };
+    let mut reqs = Vec::new();
+    for i in 0..9u32 {
+        let t = [0.5, 1.0, 1.5][i as usize % 3];
+        let (k, p) = [(None, None), (Some(8), None), (None, Some(0.9))][i as usize / 3];
+        reqs.push(sampled(i, t, k, p));
+    }
+    let (plain, _) = run(options(), &reqs);
+    let mut with_greedy = reqs.clone();
+    with_greedy.push(GenerationRequest::new(repetitive(60)).max_new_tokens(32));
+    let (sp, stats) = run(spec(), &with_greedy);
+    assert_eq!(tokens(&plain), tokens(&sp[..reqs.len()]));
+    for (p, q) in plain.iter().zip(&sp).filter(|(p, _)| p.logprobs.is_some()) {
+        same_logprobs(p.logprobs.as_ref().unwrap(), q.logprobs.as_ref().unwrap());
+    }
+    let (again, _) = run(spec(), &with_greedy);
+    assert_eq!(
+        tokens(&again),
+        tokens(&sp),
+        "seeded requests repeat run to run"
+    );
+    for (i, q) in reqs.iter().enumerate().step_by(4) {
+        let (alone, st) = run(spec(), std::slice::from_ref(q));
+        let (plain_alone, _) = run(options(), std::slice::from_ref(q));
+        assert_eq!(tokens(&alone), tokens(&plain_alone), "request {i} alone");
+        assert!(st.spec_draft_tokens > 0, "request {i} was drafted: {st:?}");
+    }
+    // Sampled rows alone: drafts kept and drafts dropped (both paths of the sampler ran).
+    let (_, st) = run(spec(), &reqs);
+    assert!(
+        st.spec_accepted_tokens > 0 && st.spec_accepted_tokens < st.spec_draft_tokens,
+        "{st:?}"
+    );
+    assert!(stats.spec_accepted_tokens > 0, "{stats:?}");
+    // Different outputs across seeds (the draws are not degenerate).
+    let distinct: std::collections::HashSet<_> = plain.iter().map(|g| g.tokens.clone()).collect();
+    assert!(distinct.len() > 3);
 }
 
 /// Every cap from 1 to 12 tokens, and stop strings taken from the plain answer's own text
@@ -220,9 +288,9 @@ fn prefix_cache_hits_and_preemption_keep_the_answers() {
     }
 }
 
-/// Sampled requests and penalties are not drafted (they decode as before, in the same steps
-/// as drafted ones); greedy requests with log-probs are, and get the log-prob of each kept
-/// token from its verifying row; above `max_batch` running sequences nothing is drafted.
+/// Requests with a repetition penalty are not drafted (they decode as before, in the same
+/// steps as drafted ones); greedy requests with log-probs are, and get the log-prob of each
+/// kept token from its verifying row; above `max_batch` running sequences nothing is drafted.
 #[test]
 fn ineligible_requests_and_big_batches_decode_as_before() {
     let mut reqs: Vec<GenerationRequest> = (0..3)
@@ -272,4 +340,9 @@ fn ineligible_requests_and_big_batches_decode_as_before() {
     let pending: Vec<_> = six.iter().map(|q| engine.submit(q.clone())).collect();
     let out: Vec<_> = pending.into_iter().map(|p| p.wait().unwrap()).collect();
     assert_eq!(tokens(&out), tokens(&pending_plain));
+    let st = engine.stats();
+    assert!(
+        st.spec_paused_steps > 0,
+        "six running over max_batch 2: {st:?}"
+    );
 }

@@ -184,12 +184,27 @@ impl Rng {
     /// A uniform float in [0, 1).
     pub fn next_f32(&mut self) -> f32 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 40) as f32 / (1u64 << 24) as f32
+        mix(self.0)
     }
+
+    /// The `n`-th number (from 0) the generator gives from where it is, without moving it:
+    /// `nth(0)` is the next [`Rng::next_f32`]. The engine draws a request's token at output
+    /// position `n` with `nth(n)`, so a token's draw does not depend on how many steps
+    /// produced the tokens before it (speculative steps verify several positions at once).
+    pub fn nth(&self, n: u64) -> f32 {
+        mix(self
+            .0
+            .wrapping_add(0x9E37_79B9_7F4A_7C15u64.wrapping_mul(n.wrapping_add(1))))
+    }
+}
+
+/// SplitMix64's output function, as a uniform float in [0, 1).
+fn mix(state: u64) -> f32 {
+    let mut z = state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 40) as f32 / (1u64 << 24) as f32
 }
 
 /// Index of the largest value (the first on ties).
@@ -339,6 +354,16 @@ mod tests {
         assert_eq!(v[1], vec![1.0; 4], "rows not listed are untouched");
         let same = apply_repetition_penalty(&l, &[]).unwrap();
         assert_eq!(same.to_vec2::<f32>().unwrap(), l.to_vec2::<f32>().unwrap());
+    }
+
+    /// `nth(n)` is the stream's n-th number (mutation: an index off by one fails).
+    #[test]
+    fn nth_is_the_streams_number_at_that_place() {
+        let mut r = Rng::new(42);
+        let fixed = r.clone();
+        for n in 0..100 {
+            assert_eq!(fixed.nth(n), r.next_f32(), "n = {n}");
+        }
     }
 
     #[test]

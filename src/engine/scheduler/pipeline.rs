@@ -10,9 +10,9 @@
 //! Greedy rows, small top-k draws and whole-vocabulary draws stay on the device; other draws
 //! (top-p over the whole vocabulary, large top-k) read the logits to the
 //! host (correct, but the step then waits as before), and so do steps with a row that asks
-//! for log-probabilities (they are read with the ids). Each sampled row takes its uniform
-//! numbers from its own generator in step order, so a sampled request draws what it draws
-//! unpipelined. A step with grammar-constrained rows queues only its forward behind step n;
+//! for log-probabilities (they are read with the ids). Each sampled row takes the uniform
+//! number of the output position it draws (`Rng::nth`), so a sampled request draws what it
+//! draws unpipelined. A step with grammar-constrained rows queues only its forward behind step n;
 //! its masks need step n's tokens, so its draw is queued once they are read and applied, the
 //! masks computed while that forward runs.
 //!
@@ -72,21 +72,23 @@ impl Scheduler {
         let start = self.gpu_event();
         let logits = self.runner.forward(&tokens, &inputs);
         drop(inputs);
-        self.in_flight(plan, start, logits)
+        self.in_flight(plan, start, logits, 0)
     }
 
     /// A launched step's draw (its constrained rows masked, from their grammars as they are
-    /// now), queued with the read-back of its ids: the step in flight.
+    /// now), queued with the read-back of its ids: the step in flight. `ahead`: tokens each
+    /// sequence has drawn and not applied (1 while the step before is in flight).
     fn in_flight(
         &mut self,
         plan: Vec<Planned>,
         start: Option<GpuEvent>,
         logits: Result<Option<Tensor>>,
+        ahead: usize,
     ) -> Result<InFlight> {
         let logits = logits?.ok_or_else(no_logits)?;
         let rows = indices(&plan);
         let logits = self.constrained(logits, &rows)?;
-        let ids = self.draw_ids(&logits, &rows)?;
+        let ids = self.draw_ids(&logits, &rows, ahead)?;
         let lp_rows: Vec<LogprobRow> = plan
             .iter()
             .enumerate()
@@ -161,7 +163,7 @@ impl Scheduler {
         if plan.iter().any(|p| self.running[p.index].grammar.is_some()) {
             return Some(Next::Forward(plan, start, logits));
         }
-        self.draw_next(plan, start, logits).map(Next::Drawn)
+        self.draw_next(plan, start, logits, 1).map(Next::Drawn)
     }
 
     /// [`in_flight`](Self::in_flight) for a continuation: `None` (with a warning) when it
@@ -171,8 +173,9 @@ impl Scheduler {
         plan: Vec<Planned>,
         start: Option<GpuEvent>,
         logits: Result<Option<Tensor>>,
+        ahead: usize,
     ) -> Option<InFlight> {
-        match self.in_flight(plan, start, logits) {
+        match self.in_flight(plan, start, logits, ahead) {
             Ok(next) => Some(next),
             Err(e) => {
                 tracing::warn!(error = %e, "pipelined decode step failed; running unpipelined");
@@ -198,7 +201,7 @@ impl Scheduler {
         // `prev`'s tokens are applied (the grammars have taken them): a constrained
         // continuation's masks now, while its forward runs, then its draw.
         let next = match next {
-            Some(Next::Forward(plan, start, logits)) => self.draw_next(plan, start, logits),
+            Some(Next::Forward(plan, start, logits)) => self.draw_next(plan, start, logits, 0),
             Some(Next::Drawn(next)) => Some(next),
             None => None,
         };
@@ -207,6 +210,7 @@ impl Scheduler {
             return;
         };
         self.stats.lock().pipelined_steps += 1;
+        self.count_paused_speculation();
         // Sequences that `prev`'s token ended: `running` loses them, so the continuation is
         // read now. (A grammar that refuses a token fails the next mask, so the step that
         // computes it: a continuation is dropped, a plain step rerun sequence by sequence.)

@@ -61,6 +61,13 @@ impl Scheduler {
             budget -= q;
             i += 1;
         }
+        let decodes = plan.seqs.iter().any(|p| {
+            let s = &self.running[p.index];
+            s.tokens.len() - s.computed == 1
+        });
+        if decodes {
+            self.count_paused_speculation();
+        }
         plan
     }
 
@@ -169,7 +176,7 @@ impl Scheduler {
             .collect();
         let logits = self.penalized(logits, &rows)?;
         let logits = self.constrained(logits, &rows)?;
-        let ids = self.draw_ids(&logits, &rows)?;
+        let ids = self.draw_ids(&logits, &rows, 0)?;
         let chosen: Vec<u32> = ids.to_vec1()?;
         // Rows whose request asks for log-probabilities: computed now, with the ids.
         let lp_rows: Vec<LogprobRow> = rows
@@ -217,6 +224,7 @@ impl Scheduler {
                 let mut st = self.stats.lock();
                 st.spec_draft_tokens += s.draft.len() as u64;
                 st.spec_accepted_tokens += s.verified.len() as u64 - 1;
+                st.spec_verify_steps += 1;
             } else if c == 1 {
                 out[k] = Some(chosen[row]);
             }
@@ -284,18 +292,37 @@ impl Scheduler {
         self.runner.mask_logits(&logits, &masks)
     }
 
-    /// The next token of each of `rows` (indices into `running`, one per row of `logits`),
-    /// left where the logits are (u32 `[rows]`); each sampled row takes one uniform number
-    /// from its request's generator, here, and the runner draws with it.
-    pub(super) fn draw_ids(&mut self, logits: &Tensor, rows: &[usize]) -> Result<Tensor> {
+    /// The next token of each of `rows` (indices into `running`, one per row of `logits`;
+    /// a sequence's rows consecutive: a step with drafts has one per position it verifies),
+    /// left where the logits are (u32 `[rows]`). Each sampled row takes the uniform number
+    /// of the output position it draws from its request's generator (`Rng::nth`): the
+    /// sequence's next position plus `ahead` (tokens drawn but not yet applied, pipelined
+    /// decode) plus the row's place among its sequence's rows. So a sampled token is the same
+    /// draw whatever step produced it: with drafts (each verifying row draws from the
+    /// model's distribution at its position, and a draft is kept when the draw equals it:
+    /// rejection sampling of a one-hot proposal), pipelined or not, alone or batched.
+    pub(super) fn draw_ids(
+        &mut self,
+        logits: &Tensor,
+        rows: &[usize],
+        ahead: usize,
+    ) -> Result<Tensor> {
+        let mut place = 0;
         let draws: Vec<RowDraw> = rows
             .iter()
-            .map(|&i| {
-                let s = &mut self.running[i];
+            .enumerate()
+            .map(|(r, &i)| {
+                place = if r > 0 && rows[r - 1] == i {
+                    place + 1
+                } else {
+                    0
+                };
+                let s = &self.running[i];
                 let params = s.request.sampling;
+                let at = (s.generated() + ahead + place) as u64;
                 RowDraw {
                     params,
-                    uniform: (!params.is_greedy()).then(|| s.rng.next_f32()),
+                    uniform: (!params.is_greedy()).then(|| s.rng.nth(at)),
                 }
             })
             .collect();
