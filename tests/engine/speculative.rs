@@ -143,7 +143,7 @@ fn sampled_answers_equal_plain_decoding_seed_for_seed() {
                 seed: 1000 + i as u64,
                 ..SamplingParams::greedy()
             });
-        r.logprobs = (i % 3 == 0).then_some(2);
+        r.logprobs = i.is_multiple_of(3).then_some(2);
         r
     };
     let mut reqs = Vec::new();
