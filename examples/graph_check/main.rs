@@ -3,6 +3,9 @@
 //! 1. Every bucket: a ragged batch (exact for buckets 1-8, three rows of padding above), 128
 //!    greedy steps on each path from the same prefill; tokens must be equal and the logits
 //!    within 1e-3 relative (max |graph - eager| / max |eager| per row).
+//!    Then verify steps of speculative decoding (K = 4, 1-8 sequences, one graph row per
+//!    position): logits of every row against the same tokens decoded one eager step at a
+//!    time.
 //! 2. A batch that shrinks and grows across buckets (sequences finish and arrive on a fixed
 //!    schedule): every sequence's tokens equal on both paths.
 //! 3. Two engines (graphs on, off) through the public API, 24 staggered requests of different
@@ -19,6 +22,7 @@
 
 mod profile;
 mod stress;
+mod verify;
 
 use stress::{engine_check, stress_check};
 
@@ -305,8 +309,9 @@ fn main() -> Res<()> {
             PagedKvCache::new(&cfg, m.local_kv_heads(), 256 * 22, BS, DType::BF16, &dev)?,
             PagedKvCache::new(&cfg, m.local_kv_heads(), 256 * 22, BS, DType::BF16, &dev)?,
         ];
-        let mut g =
-            DecodeGraphs::allocate(&m, 256, 256, served_context(&cfg), BS)?.ok_or("no kernels")?;
+        let mut g = DecodeGraphs::allocate(&m, 256, 256, served_context(&cfg), BS)?
+            .ok_or("no kernels")?
+            .with_verify_rows(40);
         g.capture(&m, &caches[1], true)?;
         println!(
             "# buckets {:?} (expected {:?}) captured in {:.0} ms; {:.0} MiB of buffers and graphs",
@@ -318,6 +323,7 @@ fn main() -> Res<()> {
         let t = Instant::now();
         buckets_check(&m, &caches, &g, &mut fails)?;
         println!("# ({:.0} s)", t.elapsed().as_secs_f64());
+        verify::verify_check(&m, &caches, &g, &mut fails)?;
         let t = Instant::now();
         shrink_grow_check(&m, &caches, &g, &mut fails)?;
         println!("# ({:.0} s)", t.elapsed().as_secs_f64());

@@ -31,6 +31,12 @@ pub(crate) struct StepInputs {
     /// The LoRA tiles of the step (u32 `[tiles, 3]`: first token, count, slot; see
     /// `CudaKernels::lora_into`), when a row of it runs on an adapter.
     pub(crate) lora: Option<Tensor>,
+    /// Decode rows may be consecutive positions of one sequence (a graph replaying a step
+    /// that verifies speculative drafts, one row per position): a row's attention reads KV
+    /// that other rows write in the same step, so every layer writes all rows' KV before
+    /// any row attends (the fused decode attention, which writes and reads in one launch,
+    /// is not used).
+    pub(crate) verify: bool,
 }
 
 /// The forward's activations: one buffer each, reused by every layer (on one stream a layer's

@@ -174,6 +174,7 @@ impl KernelForward<'_> {
             } else {
                 None
             },
+            verify: false,
         };
         let plan = AttnPlan::new(seqs, bs, dev, m.dtype(), true, prefill_kernel)?;
         let mut acts = Activations::new(k, m, t, nd, splits)?;
@@ -182,6 +183,16 @@ impl KernelForward<'_> {
             acts.kv_new = Some((k.alloc_out((t, nkv, hd))?, k.alloc_out((t, nkv, hd))?));
         }
         Ok((inputs, plan, acts))
+    }
+
+    /// Whether a pure decode step of `rows` rows runs each layer's attention as one fused
+    /// launch (norm, RoPE, KV write and attention: rows must not read each other's KV).
+    pub(crate) fn fuses_decode(&self, rows: usize) -> bool {
+        self.model.layers.first().is_some_and(|l| {
+            let at = &l.attn;
+            self.kernels
+                .fused_decode_supports(rows, at.num_heads, at.num_kv_heads, at.head_dim)
+        })
     }
 
     /// Every layer and the final norm of one step, on `inputs`, into `acts` (`acts.h` ends as
@@ -207,12 +218,10 @@ impl KernelForward<'_> {
         // A pure decode step (every token a decode sequence, in order) of a small batch runs
         // each layer's attention as one fused launch.
         let t = a.h.dim(0)?;
-        let fused = matches!(plan.groups.as_slice(),
+        let fused = !inputs.verify
+            && matches!(plan.groups.as_slice(),
             [AttnGroup::KernelDecode { n, first: 0 }] if *n == t)
-            && m.layers.first().is_some_and(|l| {
-                let at = &l.attn;
-                k.fused_decode_supports(t, at.num_heads, at.num_kv_heads, at.head_dim)
-            });
+            && self.fuses_decode(t);
         let part = CudaKernels::decode_partition(inputs.ctx_lens.elem_count());
         let lora = self.lora_step(inputs, acts)?;
         for (li, layer) in m.layers.iter().enumerate() {

@@ -17,7 +17,11 @@
 //!   deltas; its tiles (`CudaKernels::lora_into`; count 0: unused) sit after the largest
 //!   bucket's inputs, one per row at most.
 //!   A step with a row on an adapter replays that one; others replay the base's.
-//! - Only pure decode steps of one rank replay; prefill chunks, larger batches and tensor
+//! - A step that verifies speculative drafts replays too, one row per position a sequence
+//!   verifies (`graph_rows.rs`), on graphs captured without the fused decode attention for
+//!   the buckets that have it (`verify_graphs`, up to `with_verify_rows`' rows; larger
+//!   buckets never fuse, so their graph serves both).
+//! - Only decode and verify steps of one rank replay; prefill chunks, larger batches and tensor
 //!   parallelism run eagerly (the workers would need graphs of their own, and the NCCL
 //!   all-reduce in the step is not captured).
 
@@ -28,7 +32,8 @@ use candle_core::cuda_backend::cudarc::driver::{CudaGraph, CudaStream, result, s
 use candle_core::{DType, Tensor};
 
 use super::buckets::{bucket_for, graph_buckets};
-use crate::engine::batch::{LogitRows, SeqInput, positions_and_slots};
+use super::graph_rows::{Row, StepKind, Variant, padding, step_kind, step_rows};
+use crate::engine::batch::SeqInput;
 use crate::engine::cuda::{CudaKernels, kernel_err};
 use crate::engine::model::Model;
 use crate::engine::model::attention::{AttnGroup, AttnPlan};
@@ -58,6 +63,15 @@ pub struct DecodeGraphs {
     graphs: Vec<CudaGraph>,
     /// The same steps with LoRA deltas (engines with adapter slots).
     lora_graphs: Vec<CudaGraph>,
+    /// Verify steps (rows of one sequence read each other's KV), for the buckets a verify
+    /// of up to `verify_rows` rows uses whose decode graph fuses the attention (`None`:
+    /// the decode graph serves).
+    verify_graphs: Vec<Option<CudaGraph>>,
+    /// Whether each bucket's decode graph fuses the attention (then a verify step needs its
+    /// verify graph).
+    fused: Vec<bool>,
+    /// The most rows a verify step replays (0: none).
+    verify_rows: usize,
     /// Where the rows' LoRA slots start in `input` (engines with adapter slots).
     lora_at: Option<usize>,
     stream: Arc<CudaStream>,
@@ -125,6 +139,9 @@ impl DecodeGraphs {
             buckets,
             graphs: Vec::new(),
             lora_graphs: Vec::new(),
+            verify_graphs: Vec::new(),
+            fused: Vec::new(),
+            verify_rows: 0,
             lora_at,
             stream: k.stream().clone(),
             input,
@@ -138,6 +155,13 @@ impl DecodeGraphs {
             bytes,
             capture_secs: 0.0,
         }))
+    }
+
+    /// Verify steps of speculative decoding (a sequence's last token and its drafts) of up to
+    /// `rows` rows in all replay too (captured by [`DecodeGraphs::capture`]; 0: none).
+    pub fn with_verify_rows(mut self, rows: usize) -> Self {
+        self.verify_rows = rows;
+        self
     }
 
     /// Device memory the static buffers and the captured graphs hold.
@@ -171,62 +195,90 @@ impl DecodeGraphs {
         k.set_pdl(pdl && graph_pdl);
         let captured = self.capture_all(model, k, cache);
         k.set_pdl(pdl);
-        let (graphs, lora_graphs) = captured?;
+        let (graphs, lora_graphs, verify_graphs) = captured?;
+        let fwd = KernelForward {
+            model: &model.qwen3,
+            kernels: k,
+        };
+        self.fused = self.buckets.iter().map(|&b| fwd.fuses_decode(b)).collect();
         self.stream
             .synchronize()
             .map_err(|e| kernel_err("graph capture", e))?;
         let (free_after, _) = mem_info()?;
         self.graphs = graphs;
         self.lora_graphs = lora_graphs;
+        self.verify_graphs = verify_graphs;
         self.bytes += free_before.saturating_sub(free_after);
         self.capture_secs = start.elapsed().as_secs_f64();
         Ok(())
     }
 
+    #[allow(clippy::type_complexity)]
     fn capture_all(
         &self,
         model: &Model,
         k: &CudaKernels,
         cache: &PagedKvCache,
-    ) -> Result<(Vec<CudaGraph>, Vec<CudaGraph>)> {
+    ) -> Result<(Vec<CudaGraph>, Vec<CudaGraph>, Vec<Option<CudaGraph>>)> {
+        let fwd = KernelForward {
+            model: &model.qwen3,
+            kernels: k,
+        };
         let mut graphs = Vec::with_capacity(self.buckets.len());
         let mut lora_graphs = Vec::new();
-        for (&b, lora) in self
-            .buckets
-            .iter()
-            .map(|b| (b, false))
-            .chain(self.buckets.iter().map(|b| (b, true)))
-        {
-            if lora && self.lora_at.is_none() {
-                break;
-            }
-            self.upload(b, &vec![padding(); b], 1)?;
-            if lora {
-                self.upload_lora(&vec![0; 3 * b])?;
-            }
-            self.run_bucket(model, k, cache, b, lora)?;
-            self.stream
-                .synchronize()
-                .map_err(|e| kernel_err("graph warm-up", e))?;
-            self.stream
-                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(|e| kernel_err("graph capture", e))?;
-            let ran = self.run_bucket(model, k, cache, b, lora);
-            // Capture ends whatever happened, so the stream is usable again.
-            let ended = self
-                .stream
-                .end_capture(sys::CUgraphInstantiate_flags(0))
-                .map_err(|e| kernel_err("graph capture", e));
-            ran?;
-            let graph = ended?.ok_or_else(|| kernel_err("graph capture", "empty graph"))?;
-            graph.upload().map_err(|e| kernel_err("graph upload", e))?;
-            if lora {
-                lora_graphs.push(graph);
-            } else {
-                graphs.push(graph);
+        let mut verify_graphs = Vec::new();
+        for &b in &self.buckets {
+            graphs.push(self.capture_one(model, k, cache, b, Variant::Decode)?);
+        }
+        if self.lora_at.is_some() {
+            for &b in &self.buckets {
+                lora_graphs.push(self.capture_one(model, k, cache, b, Variant::Lora)?);
             }
         }
-        Ok((graphs, lora_graphs))
+        let verified = match self.verify_rows {
+            0 => 0,
+            rows => bucket_for(&self.buckets, rows).map_or(self.buckets.len(), |i| i + 1),
+        };
+        for &b in &self.buckets[..verified] {
+            verify_graphs.push(if fwd.fuses_decode(b) {
+                Some(self.capture_one(model, k, cache, b, Variant::Verify)?)
+            } else {
+                None
+            });
+        }
+        Ok((graphs, lora_graphs, verify_graphs))
+    }
+
+    /// One bucket's graph (after one eager run of its launches).
+    fn capture_one(
+        &self,
+        model: &Model,
+        k: &CudaKernels,
+        cache: &PagedKvCache,
+        b: usize,
+        variant: Variant,
+    ) -> Result<CudaGraph> {
+        self.upload(b, &vec![padding(); b], 1)?;
+        if variant == Variant::Lora {
+            self.upload_lora(&vec![0; 3 * b])?;
+        }
+        self.run_bucket(model, k, cache, b, variant)?;
+        self.stream
+            .synchronize()
+            .map_err(|e| kernel_err("graph warm-up", e))?;
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| kernel_err("graph capture", e))?;
+        let ran = self.run_bucket(model, k, cache, b, variant);
+        // Capture ends whatever happened, so the stream is usable again.
+        let ended = self
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(|e| kernel_err("graph capture", e));
+        ran?;
+        let graph = ended?.ok_or_else(|| kernel_err("graph capture", "empty graph"))?;
+        graph.upload().map_err(|e| kernel_err("graph upload", e))?;
+        Ok(graph)
     }
 
     /// The launches a bucket's graph holds: the layers (with the LoRA deltas when `lora`),
@@ -237,12 +289,15 @@ impl DecodeGraphs {
         k: &CudaKernels,
         cache: &PagedKvCache,
         b: usize,
-        lora: bool,
+        variant: Variant,
     ) -> Result<()> {
         let mut inputs = self.inputs(b)?;
-        if lora && let Some(at) = self.lora_at {
+        if variant == Variant::Lora
+            && let Some(at) = self.lora_at
+        {
             inputs.lora = Some(self.input.narrow(0, at, 3 * b)?);
         }
+        inputs.verify = variant == Variant::Verify;
         let acts = self.acts.rows(b)?;
         let plan = AttnPlan {
             groups: vec![AttnGroup::KernelDecode { n: b, first: 0 }],
@@ -271,6 +326,7 @@ impl DecodeGraphs {
             prefill: (ids.clone(), ids.clone(), ids.clone()),
             prefill_keys: 0,
             lora: None,
+            verify: false,
             ids,
         })
     }
@@ -352,27 +408,37 @@ impl DecodeGraphs {
         ids: Ids<'_>,
         seqs: &[SeqInput<'_>],
     ) -> Result<Option<Tensor>> {
-        let n = seqs.len();
-        let Some(bi) = bucket_for(&self.buckets, n) else {
+        let Some(kind) = step_kind(seqs) else {
             return Ok(None);
         };
-        if seqs
-            .iter()
-            .any(|s| s.q_len != 1 || s.logits != LogitRows::Last)
-        {
-            return Ok(None);
-        }
         let lora = seqs.iter().any(|s| s.adapter.is_some());
         if lora && self.lora_graphs.len() != self.buckets.len() {
             return Ok(None);
         }
+        let verify = kind == StepKind::Verify;
+        if verify && (lora || matches!(ids, Ids::Device(_))) {
+            return Ok(None);
+        }
+        let n: usize = seqs.iter().map(|s| s.q_len).sum();
+        let Some(bi) = bucket_for(&self.buckets, n) else {
+            return Ok(None);
+        };
+        let graph = match (lora, verify) {
+            (true, _) => self.lora_graphs.get(bi),
+            (false, true) if self.fused.get(bi) == Some(&false) => self.graphs.get(bi),
+            (false, true) => self.verify_graphs.get(bi).and_then(Option::as_ref),
+            (false, false) => self.graphs.get(bi),
+        };
+        let Some(graph) = graph else {
+            return Ok(None);
+        };
         let bs = self.block_size;
         let width = seqs
             .iter()
             .map(|s| s.context_len.div_ceil(bs))
             .max()
             .unwrap_or(1);
-        if width > self.max_width || self.graphs.len() != self.buckets.len() {
+        if width > self.max_width {
             return Ok(None);
         }
         let placeholders;
@@ -383,20 +449,8 @@ impl DecodeGraphs {
                 &placeholders[..]
             }
         };
-        let (positions, slots) =
-            positions_and_slots(tokens, seqs, bs, model.qwen3.max_positions())?;
         let b = self.buckets[bi];
-        let mut rows: Vec<Row<'_>> = (0..n)
-            .map(|i| Row {
-                fields: [
-                    tokens[i],
-                    positions[i],
-                    slots[i],
-                    seqs[i].context_len as u32,
-                ],
-                table: &seqs[i].block_table[..seqs[i].context_len.div_ceil(bs)],
-            })
-            .collect();
+        let mut rows = step_rows(tokens, seqs, bs, model.qwen3.max_positions())?;
         rows.resize(b, padding());
         self.upload(b, &rows, width)?;
         if lora {
@@ -419,11 +473,6 @@ impl DecodeGraphs {
             }
             .map_err(|e| kernel_err("graph token ids", e))?;
         }
-        let graph = if lora {
-            &self.lora_graphs[bi]
-        } else {
-            &self.graphs[bi]
-        };
         graph
             .launch()
             .map_err(|e| Error::Engine(format!("CUDA graph launch (batch {b}): {e}")))?;
@@ -436,22 +485,6 @@ impl DecodeGraphs {
 enum Ids<'a> {
     Host(&'a [u32]),
     Device(&'a Tensor),
-}
-
-/// One row of a bucket's inputs.
-#[derive(Clone)]
-struct Row<'a> {
-    /// Token, position, cache slot, context length.
-    fields: [u32; 4],
-    table: &'a [u32],
-}
-
-/// A padding row: no KV write, no context.
-fn padding() -> Row<'static> {
-    Row {
-        fields: [0, 0, u32::MAX, 0],
-        table: &[],
-    }
 }
 
 fn mem_info() -> Result<(usize, usize)> {

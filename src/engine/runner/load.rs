@@ -236,6 +236,14 @@ impl ModelRunner {
                 max_context,
                 opts.block_size,
             )
+            .map(|g| {
+                // Verify steps of speculative decoding replay too: up to `max_batch`
+                // sequences, each its last token and K drafts.
+                let rows = opts
+                    .speculative
+                    .map_or(0, |o| o.max_batch.saturating_mul(o.num_tokens + 1));
+                g.map(|g| g.with_verify_rows(rows))
+            })
             .unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "no memory for CUDA graphs; decode steps run eagerly");
                 None

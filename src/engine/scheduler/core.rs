@@ -179,6 +179,14 @@ impl Scheduler {
             loading: Vec::new(),
         };
         s.start_tiers(block_bytes, world);
+        if let (true, Some(o)) = (s.pipelined, opts.speculative) {
+            tracing::info!(
+                max_batch = o.max_batch,
+                "speculative decoding and pipelined decode are both on: steps of up to \
+                 max_batch sequences verify drafts and are not pipelined (a verify step's \
+                 tokens decide the next step's inputs); larger batches run pipelined"
+            );
+        }
         Ok(s)
     }
 
