@@ -14,6 +14,7 @@ mod bare;
 mod lora;
 mod mixed;
 mod rows;
+mod spec;
 mod tiers;
 
 use agent::agent_workload;
@@ -147,6 +148,17 @@ struct Args {
     /// How the KV cache stores K and V (`auto`, `bf16`, `fp8`).
     #[arg(long, value_enum, default_value_t = policy_serve::engine::KvCacheDtype::Auto)]
     kv_cache_dtype: policy_serve::engine::KvCacheDtype,
+    /// Speculative decoding at chosen acceptance: for each K, drafts replayed from the
+    /// model's own greedy continuation with `--spec-corrupt` fractions of positions wrong,
+    /// each batch of `--batches` next to plain decode in the same engine (then exit).
+    #[arg(long, value_delimiter = ',')]
+    spec_ks: Vec<usize>,
+    /// Fractions of replayed draft positions that are wrong (`--spec-ks`).
+    #[arg(long, value_delimiter = ',', default_value = "1,0.5,0.2,0")]
+    spec_corrupt: Vec<f64>,
+    /// Speculation pauses above this many running sequences (`--spec-ks`).
+    #[arg(long, default_value_t = policy_serve::engine::SpeculativeOptions::default().max_batch)]
+    spec_max_batch: usize,
     /// The kernel switches (`--no-fused-decode`, `--no-clusters`, ...), as the CLI has them.
     #[command(flatten)]
     kernels: policy_serve::engine::KernelFlags,
@@ -270,6 +282,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if a.world_size > 1 {
         opts.tensor_parallel = Some(tp_link(&a, &dev)?);
         println!("# tensor-parallel: rank 0 of {}", a.world_size);
+    }
+    if !a.spec_ks.is_empty() {
+        spec::spec_sweep(&dir, &opts, &a)?;
+        if owned_dir {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        return Ok(());
     }
     if !a.tiers_resume.is_empty() {
         tiers::tiers_resume(&dir, &opts, &cfg, &a.tiers_resume)?;

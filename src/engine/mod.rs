@@ -53,6 +53,8 @@ pub use options::{
 pub use parallel::comm::{
     CommBackend, CommHandle, InProcessComm, RankSettings, WorkerCommand, agree,
 };
+#[doc(hidden)]
+pub use request::DraftReplay;
 pub use request::{
     EngineInfo, EngineStats, FinishReason, Generation, GenerationRequest, MAX_LOGPROBS,
     SamplingParams, TokenLogprob,

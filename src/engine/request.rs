@@ -129,6 +129,43 @@ pub struct GenerationRequest {
     /// [`Engine::load_adapter`](crate::Engine::load_adapter); `None`: the base weights).
     /// Requests on different adapters and on the base share steps.
     pub adapter: Option<super::update::AdapterHandle>,
+    /// Benchmarks only: with speculative decoding on, drafts are read from this known
+    /// continuation (some tokens corrupted) instead of the n-gram index, so that a bench
+    /// can measure speed at a chosen acceptance (`examples/bench`'s `--spec-ks`).
+    #[doc(hidden)]
+    pub draft_replay: Option<std::sync::Arc<DraftReplay>>,
+}
+
+/// Benchmarks only: drafts replayed from a known continuation of a request (the target's
+/// own greedy output), each position's token replaced by another with probability
+/// `corrupt` (decided once per position, by a hash of it).
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq)]
+pub struct DraftReplay {
+    /// The continuation: output token `i` is `tokens[i]`.
+    pub tokens: Vec<u32>,
+    /// The fraction of positions whose draft is wrong (0: every draft right).
+    pub corrupt: f64,
+}
+
+impl DraftReplay {
+    /// Up to `n` drafts for output positions `at..`.
+    pub fn propose(&self, at: usize, n: usize) -> Vec<u32> {
+        self.tokens
+            .iter()
+            .enumerate()
+            .skip(at)
+            .take(n)
+            .map(|(i, &t)| {
+                let u = crate::engine::runner::sampler::Rng::new(i as u64).nth(0);
+                if f64::from(u) < self.corrupt {
+                    t ^ 1
+                } else {
+                    t
+                }
+            })
+            .collect()
+    }
 }
 
 /// Most alternatives [`GenerationRequest::logprobs`] may ask for (OpenAI's and vLLM's 20).
@@ -160,6 +197,7 @@ impl GenerationRequest {
             repetition_penalty: None,
             grammar: None,
             adapter: None,
+            draft_replay: None,
         }
     }
 

@@ -346,3 +346,57 @@ fn ineligible_requests_and_big_batches_decode_as_before() {
         "six running over max_batch 2: {st:?}"
     );
 }
+
+/// The bench's replayed drafts (`DraftReplay`, hidden): the model's own continuation
+/// replayed is always kept (K tokens a step), fully corrupted never is, and half corrupted
+/// sits between; the answers equal plain decoding in every case, and an empty replay drafts
+/// nothing (the bench's plain rows). Mutation that fails it: a proposer offset by one
+/// position (it would draft the token after the one to verify).
+#[test]
+fn replayed_drafts_give_the_acceptance_asked_for() {
+    use policy_serve::engine::DraftReplay;
+    use std::sync::Arc;
+    let reqs: Vec<GenerationRequest> = (0..3)
+        .map(|i| {
+            let mut r = GenerationRequest::new(prompt(12, 80 + i)).max_new_tokens(24);
+            r.ignore_eos = true;
+            r
+        })
+        .collect();
+    let (plain, _) = run(options(), &reqs);
+    let with = |corrupt: f64| -> Vec<GenerationRequest> {
+        reqs.iter()
+            .zip(&plain)
+            .map(|(r, g)| {
+                let mut r = r.clone();
+                r.draft_replay = Some(Arc::new(DraftReplay {
+                    tokens: if corrupt < 0.0 {
+                        vec![]
+                    } else {
+                        g.tokens.clone()
+                    },
+                    corrupt: corrupt.max(0.0),
+                }));
+                r
+            })
+            .collect()
+    };
+    let mut rates = Vec::new();
+    for c in [0.0, 0.5, 1.0, -1.0] {
+        let (out, st) = run(spec(), &with(c));
+        assert_eq!(tokens(&out), tokens(&plain), "corrupt {c}");
+        rates.push(st.spec_accepted_tokens as f64 / st.spec_draft_tokens.max(1) as f64);
+        if c < 0.0 {
+            assert_eq!(st.spec_draft_tokens, 0, "an empty replay drafts nothing");
+        }
+        if c == 0.0 {
+            // After the prefill's token, each step verifies K = 4 drafts (fewer at the cap)
+            // and keeps them all plus its own token: 23 tokens in ceil(23 / 5) = 5 steps.
+            assert_eq!(st.spec_verify_steps, 3 * 5, "{st:?}");
+            assert_eq!(st.spec_accepted_tokens + st.spec_verify_steps, 3 * 23);
+        }
+    }
+    assert_eq!(rates[0], 1.0);
+    assert!(rates[1] > 0.0 && rates[1] < 1.0, "{rates:?}");
+    assert_eq!(rates[2], 0.0);
+}

@@ -69,6 +69,10 @@ impl Scheduler {
         if room == 0 {
             return 0;
         }
+        if let Some(replay) = &s.request.draft_replay {
+            s.draft = replay.propose(s.generated(), room);
+            return s.draft.len();
+        }
         let SpeculativeMethod::Ngram { min, max } = o.method;
         let index = s.ngram.get_or_insert_with(|| NgramIndex::new(min, max));
         s.draft = index.propose(&s.tokens, room);

@@ -1,0 +1,107 @@
+//! `--spec-ks K,..`: speculative decoding's speed against its acceptance. Random weights
+//! draft nothing useful, so each request's drafts are replayed from the model's own greedy
+//! continuation (recorded by a plain run of the same prompts in the same engine) with a
+//! chosen fraction of positions corrupted (`--spec-corrupt`); per K, batch and fraction:
+//! tok/s next to plain decode, the measured acceptance, the mean accepted length, the steps
+//! speculation paused for the batch size, and whether the answers equal plain decoding.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use policy_serve::engine::{DraftReplay, SpeculativeOptions};
+use policy_serve::{Engine, EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
+
+use crate::{Args, prompt};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// One timed round of `b` requests (prompt P, N new tokens, EOS ignored) after a warm-up
+/// round of the same size, request i drafting from `replay(i)`: decode tok/s and the tokens.
+fn round(
+    engine: &Engine,
+    a: &Args,
+    b: usize,
+    replay: &dyn Fn(usize) -> Arc<DraftReplay>,
+) -> Res<(f64, Vec<Vec<u32>>)> {
+    let one = |salt: usize, n: usize, i: usize| {
+        let mut r = GenerationRequest::new(prompt(a.prompt, salt)).max_new_tokens(n);
+        r.ignore_eos = true;
+        r.draft_replay = Some(replay(i));
+        r
+    };
+    let warm: Vec<_> = (0..b)
+        .map(|i| engine.submit(one(100 + i, a.warmup_new.max(1), i)))
+        .collect();
+    for p in warm {
+        p.wait()?;
+    }
+    let pending: Vec<_> = (0..b)
+        .map(|i| engine.submit(one(1000 + i, a.new_tokens, i)))
+        .collect();
+    let gens: Vec<_> = pending
+        .into_iter()
+        .map(|p| p.wait())
+        .collect::<Result<_, _>>()?;
+    let first = gens
+        .iter()
+        .map(|g| g.time_to_first_token)
+        .max()
+        .unwrap_or_default();
+    let end = gens.iter().map(|g| g.total_time).max().unwrap_or_default();
+    let tps = (b * (a.new_tokens - 1)) as f64 / (end - first).as_secs_f64();
+    Ok((tps, gens.into_iter().map(|g| g.tokens).collect()))
+}
+
+/// The sweep: one engine per K (`--spec-max-batch`), dropped before the next.
+pub(crate) fn spec_sweep(dir: &Path, opts: &EngineOptions, a: &Args) -> Res<()> {
+    println!(
+        "| K | batch | corrupt | tok/s | plain tok/s | x plain | acceptance | mean accepted length | paused steps | equal answers |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for &k in &a.spec_ks {
+        let registry = ModelRegistry::new(vec![ModelSpec::local("spec", "spec", dir)])?
+            .with_options(EngineOptions {
+                speculative: Some(SpeculativeOptions {
+                    num_tokens: k,
+                    max_batch: a.spec_max_batch,
+                    ..SpeculativeOptions::default()
+                }),
+                ..opts.clone()
+            });
+        let engine = registry.model("spec")?.engine().clone();
+        for &b in &a.batches {
+            // Plain decode in the same engine: an empty replay drafts nothing.
+            let none = Arc::new(DraftReplay {
+                tokens: Vec::new(),
+                corrupt: 0.0,
+            });
+            let (plain_tps, plain) = round(&engine, a, b, &|_| none.clone())?;
+            for &c in &a.spec_corrupt {
+                let replays: Vec<Arc<DraftReplay>> = plain
+                    .iter()
+                    .map(|t| {
+                        Arc::new(DraftReplay {
+                            tokens: t.clone(),
+                            corrupt: c,
+                        })
+                    })
+                    .collect();
+                let before = engine.stats();
+                let (tps, got) = round(&engine, a, b, &|i| replays[i].clone())?;
+                let after = engine.stats();
+                let drafted = after.spec_draft_tokens - before.spec_draft_tokens;
+                let kept = after.spec_accepted_tokens - before.spec_accepted_tokens;
+                let verifies = after.spec_verify_steps - before.spec_verify_steps;
+                let paused = after.spec_paused_steps - before.spec_paused_steps;
+                let equal = got.iter().zip(&plain).filter(|(x, y)| x == y).count();
+                println!(
+                    "| {k} | {b} | {c:.2} | {tps:.0} | {plain_tps:.0} | {:.2} | {:.0}% ({kept}/{drafted}) | {:.2} | {paused} | {equal}/{b} |",
+                    tps / plain_tps,
+                    100.0 * kept as f64 / drafted.max(1) as f64,
+                    (kept + verifies) as f64 / verifies.max(1) as f64,
+                );
+            }
+        }
+    }
+    Ok(())
+}
