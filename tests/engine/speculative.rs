@@ -400,3 +400,28 @@ fn replayed_drafts_give_the_acceptance_asked_for() {
     assert!(rates[1] > 0.0 && rates[1] < 1.0, "{rates:?}");
     assert_eq!(rates[2], 0.0);
 }
+
+/// Options the engine cannot serve are refused at load, naming the option: K of 0 or above
+/// 16, an n-gram range with MIN > MAX or MIN 0 (nothing is served half-configured).
+#[test]
+fn impossible_speculative_options_are_refused_at_load() {
+    use policy_serve::engine::SpeculativeMethod;
+    let bad = [
+        (0, 2, 4, "num-speculative-tokens"),
+        (17, 2, 4, "num-speculative-tokens"),
+        (4, 5, 3, "speculative-ngram"),
+        (4, 0, 3, "speculative-ngram"),
+    ];
+    for (k, min, max, named) in bad {
+        let r = registry_with(EngineOptions {
+            speculative: Some(SpeculativeOptions {
+                method: SpeculativeMethod::Ngram { min, max },
+                num_tokens: k,
+                max_batch: 8,
+            }),
+            ..options()
+        });
+        let e = r.model("tiny").err().expect("refused").to_string();
+        assert!(e.contains(named), "K {k} ngram {min},{max}: {e}");
+    }
+}

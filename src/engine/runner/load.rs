@@ -92,6 +92,20 @@ fn check_options(opts: &EngineOptions) -> Result<()> {
             )));
         }
     }
+    if let Some(o) = opts.speculative {
+        if !(1..=16).contains(&o.num_tokens) {
+            return Err(Error::InvalidInput(format!(
+                "--num-speculative-tokens (speculative.num_tokens) must be 1..=16, not {}",
+                o.num_tokens
+            )));
+        }
+        let crate::engine::options::SpeculativeMethod::Ngram { min, max } = o.method;
+        if min == 0 || min > max {
+            return Err(Error::InvalidInput(format!(
+                "--speculative-ngram (speculative.method) MIN,MAX must have 1 <= MIN <= MAX, not {min},{max}"
+            )));
+        }
+    }
     Ok(())
 }
 
