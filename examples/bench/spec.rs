@@ -1,9 +1,10 @@
 //! `--spec-ks K,..`: speculative decoding's speed against its acceptance. Random weights
 //! draft nothing useful, so each request's drafts are replayed from the model's own greedy
-//! continuation (recorded by a plain run of the same prompts in the same engine) with a
-//! chosen fraction of positions corrupted (`--spec-corrupt`); per K, batch and fraction:
-//! tok/s next to plain decode, the measured acceptance, the mean accepted length, the steps
-//! speculation paused for the batch size, and whether the answers equal plain decoding.
+//! continuation (recorded by a plain run of the same prompts on an engine without
+//! speculation, pipelined decode as configured) with a chosen fraction of positions corrupted
+//! (`--spec-corrupt`); per K, batch and fraction: tok/s next to that plain decode, the
+//! measured acceptance, the mean accepted length, the steps speculation paused for the batch
+//! size, and whether the answers equal plain decoding.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,12 +22,12 @@ fn round(
     engine: &Engine,
     a: &Args,
     b: usize,
-    replay: &dyn Fn(usize) -> Arc<DraftReplay>,
+    replay: &dyn Fn(usize) -> Option<Arc<DraftReplay>>,
 ) -> Res<(f64, Vec<Vec<u32>>)> {
     let one = |salt: usize, n: usize, i: usize| {
         let mut r = GenerationRequest::new(prompt(a.prompt, salt)).max_new_tokens(n);
         r.ignore_eos = true;
-        r.draft_replay = Some(replay(i));
+        r.draft_replay = replay(i);
         r
     };
     let warm: Vec<_> = (0..b)
@@ -52,30 +53,36 @@ fn round(
     Ok((tps, gens.into_iter().map(|g| g.tokens).collect()))
 }
 
-/// The sweep: one engine per K (`--spec-max-batch`), dropped before the next.
+/// The sweep: plain decode on an engine without speculation, then one engine per K
+/// (`--spec-max-batch`), each dropped before the next.
 pub(crate) fn spec_sweep(dir: &Path, opts: &EngineOptions, a: &Args) -> Res<()> {
+    let engine_with = |speculative: Option<SpeculativeOptions>| -> Res<(ModelRegistry, Engine)> {
+        let registry = ModelRegistry::new(vec![ModelSpec::local("spec", "spec", dir)])?
+            .with_options(EngineOptions {
+                speculative,
+                ..opts.clone()
+            });
+        let engine = registry.model("spec")?.engine().clone();
+        Ok((registry, engine))
+    };
+    let mut plain = Vec::new();
+    {
+        let (_registry, engine) = engine_with(None)?;
+        for &b in &a.batches {
+            plain.push(round(&engine, a, b, &|_| None)?);
+        }
+    }
     println!(
         "| K | batch | corrupt | tok/s | plain tok/s | x plain | acceptance | mean accepted length | paused steps | equal answers |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for &k in &a.spec_ks {
-        let registry = ModelRegistry::new(vec![ModelSpec::local("spec", "spec", dir)])?
-            .with_options(EngineOptions {
-                speculative: Some(SpeculativeOptions {
-                    num_tokens: k,
-                    max_batch: a.spec_max_batch,
-                    ..SpeculativeOptions::default()
-                }),
-                ..opts.clone()
-            });
-        let engine = registry.model("spec")?.engine().clone();
-        for &b in &a.batches {
-            // Plain decode in the same engine: an empty replay drafts nothing.
-            let none = Arc::new(DraftReplay {
-                tokens: Vec::new(),
-                corrupt: 0.0,
-            });
-            let (plain_tps, plain) = round(&engine, a, b, &|_| none.clone())?;
+        let (_registry, engine) = engine_with(Some(SpeculativeOptions {
+            num_tokens: k,
+            max_batch: a.spec_max_batch,
+            ..SpeculativeOptions::default()
+        }))?;
+        for (&b, (plain_tps, plain)) in a.batches.iter().zip(&plain) {
             for &c in &a.spec_corrupt {
                 let replays: Vec<Arc<DraftReplay>> = plain
                     .iter()
@@ -87,13 +94,13 @@ pub(crate) fn spec_sweep(dir: &Path, opts: &EngineOptions, a: &Args) -> Res<()> 
                     })
                     .collect();
                 let before = engine.stats();
-                let (tps, got) = round(&engine, a, b, &|i| replays[i].clone())?;
+                let (tps, got) = round(&engine, a, b, &|i| Some(replays[i].clone()))?;
                 let after = engine.stats();
                 let drafted = after.spec_draft_tokens - before.spec_draft_tokens;
                 let kept = after.spec_accepted_tokens - before.spec_accepted_tokens;
                 let verifies = after.spec_verify_steps - before.spec_verify_steps;
                 let paused = after.spec_paused_steps - before.spec_paused_steps;
-                let equal = got.iter().zip(&plain).filter(|(x, y)| x == y).count();
+                let equal = got.iter().zip(plain).filter(|(x, y)| x == y).count();
                 println!(
                     "| {k} | {b} | {c:.2} | {tps:.0} | {plain_tps:.0} | {:.2} | {:.0}% ({kept}/{drafted}) | {:.2} | {paused} | {equal}/{b} |",
                     tps / plain_tps,
