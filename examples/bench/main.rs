@@ -156,6 +156,9 @@ struct Args {
     /// Fractions of replayed draft positions that are wrong (`--spec-ks`).
     #[arg(long, value_delimiter = ',', default_value = "1,0.5,0.2,0")]
     spec_corrupt: Vec<f64>,
+    /// The backoff of sequences whose drafts fail (`SpeculativeOptions::backoff`; `--spec-ks`).
+    #[arg(long)]
+    spec_backoff: bool,
     /// Speculation pauses above this many running sequences (`--spec-ks`).
     #[arg(long, default_value_t = policy_serve::engine::SpeculativeOptions::default().max_batch)]
     spec_max_batch: usize,

@@ -72,6 +72,16 @@ pub(crate) fn spec_sweep(dir: &Path, opts: &EngineOptions, a: &Args) -> Res<()> 
             plain.push(round(&engine, a, b, &|_| None)?);
         }
     }
+    // Plain decode measured again after the sweep: the spread between the two is the
+    // run's noise.
+    let plain_again = |label: &str| -> Res<()> {
+        let (_registry, engine) = engine_with(None)?;
+        for (&b, (tps, _)) in a.batches.iter().zip(&plain) {
+            let (again, _) = round(&engine, a, b, &|_| None)?;
+            println!("# plain batch {b} {label}: {again:.0} tok/s (the table's {tps:.0})");
+        }
+        Ok(())
+    };
     println!(
         "| K | batch | corrupt | tok/s | plain tok/s | x plain | acceptance | mean accepted length | paused steps | equal answers |"
     );
@@ -80,6 +90,7 @@ pub(crate) fn spec_sweep(dir: &Path, opts: &EngineOptions, a: &Args) -> Res<()> 
         let (_registry, engine) = engine_with(Some(SpeculativeOptions {
             num_tokens: k,
             max_batch: a.spec_max_batch,
+            backoff: a.spec_backoff,
             ..SpeculativeOptions::default()
         }))?;
         for (&b, (plain_tps, plain)) in a.batches.iter().zip(&plain) {
@@ -110,5 +121,6 @@ pub(crate) fn spec_sweep(dir: &Path, opts: &EngineOptions, a: &Args) -> Res<()> 
             }
         }
     }
+    plain_again("again after the sweep")?;
     Ok(())
 }

@@ -312,12 +312,13 @@ fn main() -> Res<()> {
             PagedKvCache::new(&cfg, m.local_kv_heads(), 256 * 22, BS, DType::BF16, &dev)?,
             PagedKvCache::new(&cfg, m.local_kv_heads(), 256 * 22, BS, DType::BF16, &dev)?,
         ];
-        let mut g = DecodeGraphs::allocate(&m, 256, 256, served_context(&cfg), BS)?
-            .ok_or("no kernels")?
-            .with_verify_rows(40);
+        // Verify steps of K = 4 for 1..=8 sequences (check 1's second half).
+        let verify: Vec<usize> = (1..=8).map(|n| n * 5).collect();
+        let mut g = DecodeGraphs::allocate(&m, (256, 256), served_context(&cfg), BS, &verify)?
+            .ok_or("no kernels")?;
         g.capture(&m, &caches[1], true)?;
         println!(
-            "# buckets {:?} (expected {:?}) captured in {:.0} ms; {:.0} MiB of buffers and graphs",
+            "# buckets {:?} (expected {:?} and the verify sizes {verify:?}) captured in {:.0} ms; {:.0} MiB of buffers and graphs",
             g.buckets(),
             graph_buckets(256, 256),
             g.capture_secs() * 1e3,

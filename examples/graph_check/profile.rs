@@ -295,8 +295,8 @@ pub fn run(
     let per = (600 + 2 + 64usize).div_ceil(bs);
     let bmax = batches.iter().copied().max().unwrap_or(1);
     let cache = PagedKvCache::new(cfg, m.local_kv_heads(), bmax * per, bs, DType::BF16, dev)?;
-    let mut g =
-        DecodeGraphs::allocate(m, bmax, bmax, served_context(cfg), bs)?.ok_or("no kernels")?;
+    let mut g = DecodeGraphs::allocate(m, (bmax, bmax), served_context(cfg), bs, &[])?
+        .ok_or("no kernels")?;
     for graph_pdl in ["0", "1"] {
         g.capture(m, &cache, graph_pdl == "1")?;
         for &b in batches {

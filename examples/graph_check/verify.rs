@@ -13,8 +13,10 @@ use super::{BS, Path, Res, Seq, decode, prefill, row_rel, table_for};
 /// For 1, 2, 5 and 8 sequences with K = 4: each sequence's next five greedy tokens decoded
 /// eagerly one step at a time (the reference logits), then the same five tokens fed to one
 /// verify step on the graphs (cache 1): every row's argmax equal and its logits within 1e-3
-/// relative. A graph that let a row attend past its position, or read KV before the other
-/// rows wrote it (the fused attention), fails.
+/// relative. The reference steps carry filler sequences up to the verify step's row count,
+/// so that both run the matmuls of one row count (a matmul's rounding depends on it: ~1e-2
+/// on these random weights between 1 and 5 rows). A graph that let a row attend past its
+/// position, or read KV before the other rows wrote it (the fused attention), fails.
 pub(super) fn verify_check(
     m: &Model,
     caches: &[PagedKvCache; 2],
@@ -35,17 +37,21 @@ pub(super) fn verify_check(
                 .collect()
         };
         let (mut eager, mut graph) = (mk(), mk());
+        let mut fillers: Vec<Seq> = (0..n * K)
+            .map(|i| Seq {
+                tokens: synthetic_prompt(30 + (i * 17) % 200, 5000 + i),
+                table: table_for(n + i, width),
+            })
+            .collect();
         prefill(m, &caches[0], &mut eager.iter_mut().collect::<Vec<_>>())?;
+        prefill(m, &caches[0], &mut fillers.iter_mut().collect::<Vec<_>>())?;
         prefill(m, &caches[1], &mut graph.iter_mut().collect::<Vec<_>>())?;
-        // Reference: K + 1 plain eager steps; row j of sequence i is step j's row i.
+        // Reference: K + 1 plain eager steps of n * (K + 1) rows (the sequences first, then
+        // the fillers); row j of sequence i is step j's row i.
         let mut steps = Vec::new();
         for _ in 0..=K {
-            steps.push(decode(
-                m,
-                &caches[0],
-                &Path::Eager,
-                &mut eager.iter_mut().collect::<Vec<_>>(),
-            )?);
+            let mut batch: Vec<&mut Seq> = eager.iter_mut().chain(fillers.iter_mut()).collect();
+            steps.push(decode(m, &caches[0], &Path::Eager, &mut batch)?);
         }
         let mut rows = Vec::new();
         for i in 0..n {

@@ -83,6 +83,10 @@ pub struct EngineFlags {
     /// Speculation pauses while more sequences than this run.
     #[arg(long, default_value_t = 8)]
     pub speculative_max_batch: usize,
+    /// A sequence whose drafts all failed decodes its next steps without drafts (1, 3, 7,
+    /// then 15 steps as the failures repeat).
+    #[arg(long)]
+    pub speculative_backoff: bool,
     /// Reserve LoRA adapter slots (`EngineOptions::lora`; on by itself for a model that
     /// serves `--adapter`s).
     #[arg(long)]
@@ -235,6 +239,7 @@ impl EngineFlags {
                     },
                     num_tokens: self.num_speculative_tokens as usize,
                     max_batch: self.speculative_max_batch,
+                    backoff: self.speculative_backoff,
                 }),
             lora: self.enable_lora.then_some(super::options::LoraOptions {
                 max_loras: self.max_loras,

@@ -296,6 +296,11 @@ pub struct SpeculativeOptions {
     /// Speculation pauses while more sequences than this run (a big batch is bound by the
     /// weights' read, which drafts do not save).
     pub max_batch: usize,
+    /// Back off a sequence whose drafts keep failing: after a verify step that kept none of
+    /// its drafts it decodes the next 2^m - 1 steps without drafts (m: such verifies in a
+    /// row, at most 4), so a transcript whose repeats do not hold costs about plain decoding.
+    /// Answers are the same either way. Off by default until measured.
+    pub backoff: bool,
 }
 
 impl Default for SpeculativeOptions {
@@ -304,6 +309,7 @@ impl Default for SpeculativeOptions {
             method: SpeculativeMethod::Ngram { min: 2, max: 4 },
             num_tokens: 4,
             max_batch: 8,
+            backoff: false,
         }
     }
 }

@@ -418,10 +418,67 @@ fn impossible_speculative_options_are_refused_at_load() {
                 method: SpeculativeMethod::Ngram { min, max },
                 num_tokens: k,
                 max_batch: 8,
+                backoff: false,
             }),
             ..options()
         });
-        let e = r.model("tiny").err().expect("refused").to_string();
+        let Err(e) = r.model("tiny") else {
+            panic!("K {k} ngram {min},{max} was accepted")
+        };
+        let e = e.to_string();
         assert!(e.contains(named), "K {k} ngram {min},{max}: {e}");
     }
+}
+
+/// The backoff (`SpeculativeOptions::backoff`): fully wrong drafts are verified on fewer
+/// steps (1, 3, 7, 15 plain steps after each failed verify in a row), right ones on every
+/// step; the answers equal plain decoding either way. Mutation that fails it: the skip
+/// counter never reset by a kept draft (the right drafts would be verified less often too).
+#[test]
+fn the_backoff_verifies_failing_drafts_less_often_and_changes_no_answer() {
+    use policy_serve::engine::DraftReplay;
+    use std::sync::Arc;
+    let reqs: Vec<GenerationRequest> = (0..2)
+        .map(|i| {
+            let mut r = GenerationRequest::new(prompt(12, 90 + i)).max_new_tokens(40);
+            r.ignore_eos = true;
+            r
+        })
+        .collect();
+    let (plain, _) = run(options(), &reqs);
+    let with = |corrupt: f64| -> Vec<GenerationRequest> {
+        reqs.iter()
+            .zip(&plain)
+            .map(|(r, g)| {
+                let mut r = r.clone();
+                r.draft_replay = Some(Arc::new(DraftReplay {
+                    tokens: g.tokens.clone(),
+                    corrupt,
+                }));
+                r
+            })
+            .collect()
+    };
+    let backoff = |on: bool| EngineOptions {
+        speculative: Some(SpeculativeOptions {
+            max_batch: 16,
+            backoff: on,
+            ..SpeculativeOptions::default()
+        }),
+        ..options()
+    };
+    let (wrong_off, st_off) = run(backoff(false), &with(1.0));
+    let (wrong_on, st_on) = run(backoff(true), &with(1.0));
+    assert_eq!(tokens(&wrong_off), tokens(&plain));
+    assert_eq!(tokens(&wrong_on), tokens(&plain));
+    // Without the backoff each of the 39 steps after the prefill verifies but the last (no
+    // room for a draft under the cap); with it, a sequence verifies at steps 1, 3, 7, 15, 31
+    // (1, 3, 7, 15 plain steps between).
+    assert_eq!(st_off.spec_verify_steps, 2 * 38, "{st_off:?}");
+    assert_eq!(st_on.spec_verify_steps, 2 * 5, "{st_on:?}");
+    let (right, st) = run(backoff(true), &with(0.0));
+    assert_eq!(tokens(&right), tokens(&plain));
+    assert_eq!(st.spec_accepted_tokens, st.spec_draft_tokens, "{st:?}");
+    // 39 tokens after the prefill's, 5 a verify: 8 verifies each, none skipped.
+    assert_eq!(st.spec_verify_steps, 2 * 8, "{st:?}");
 }

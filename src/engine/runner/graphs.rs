@@ -19,8 +19,9 @@
 //!   A step with a row on an adapter replays that one; others replay the base's.
 //! - A step that verifies speculative drafts replays too, one row per position a sequence
 //!   verifies (`graph_rows.rs`), on graphs captured without the fused decode attention for
-//!   the buckets that have it (`verify_graphs`, up to `with_verify_rows`' rows; larger
-//!   buckets never fuse, so their graph serves both).
+//!   the buckets that have it (`verify_graphs`, up to the largest verify size `allocate` was
+//!   given, each of which is a bucket of its own; larger buckets never fuse, so their graph
+//!   serves both).
 //! - Only decode and verify steps of one rank replay; prefill chunks, larger batches and tensor
 //!   parallelism run eagerly (the workers would need graphs of their own, and the NCCL
 //!   all-reduce in the step is not captured).
@@ -97,18 +98,29 @@ unsafe impl Send for DecodeGraphs {}
 
 impl DecodeGraphs {
     /// Allocates the static buffers for the buckets `max_running` reaches, for contexts up to
-    /// `max_context` tokens in blocks of `block_size`. `None` without the kernels.
+    /// `max_context` tokens in blocks of `block_size`, and for verify steps of speculative
+    /// decoding of the row counts `verify_sizes` (each a bucket of its own, up to
+    /// `max_graph_batch`; empty: verify steps run eagerly). `None` without the kernels.
     pub fn allocate(
         model: &Model,
-        max_running: usize,
-        max_graph_batch: usize,
+        (max_running, max_graph_batch): (usize, usize),
         max_context: usize,
         block_size: usize,
+        verify_sizes: &[usize],
     ) -> Result<Option<Self>> {
         let Some(k) = model.kernels.as_ref() else {
             return Ok(None);
         };
-        let buckets = graph_buckets(max_running, max_graph_batch);
+        let mut buckets = graph_buckets(max_running, max_graph_batch);
+        let verify: Vec<usize> = verify_sizes
+            .iter()
+            .copied()
+            .filter(|&b| b > 0 && b <= max_graph_batch)
+            .collect();
+        buckets.extend(&verify);
+        buckets.sort_unstable();
+        buckets.dedup();
+        let verify_rows = verify.iter().copied().max().unwrap_or(0);
         let bmax = *buckets.last().unwrap_or(&1);
         let max_width = max_context.div_ceil(block_size);
         // Splits per bucket: no more than the widest table needs at the bucket's partition,
@@ -141,7 +153,7 @@ impl DecodeGraphs {
             lora_graphs: Vec::new(),
             verify_graphs: Vec::new(),
             fused: Vec::new(),
-            verify_rows: 0,
+            verify_rows,
             lora_at,
             stream: k.stream().clone(),
             input,
@@ -155,13 +167,6 @@ impl DecodeGraphs {
             bytes,
             capture_secs: 0.0,
         }))
-    }
-
-    /// Verify steps of speculative decoding (a sequence's last token and its drafts) of up to
-    /// `rows` rows in all replay too (captured by [`DecodeGraphs::capture`]; 0: none).
-    pub fn with_verify_rows(mut self, rows: usize) -> Self {
-        self.verify_rows = rows;
-        self
     }
 
     /// Device memory the static buffers and the captured graphs hold.

@@ -243,21 +243,20 @@ impl ModelRunner {
         #[cfg(feature = "cuda")]
         let graphs = if opts.cuda_graphs && comm.is_none() {
             // Without room for the graphs' buffers the engine still serves, eagerly.
+            // Verify steps of speculative decoding replay too: 1..=max_batch sequences,
+            // each its last token and K drafts, every row count a bucket of its own.
+            let verify: Vec<usize> = opts.speculative.map_or(Vec::new(), |o| {
+                (1..=o.max_batch.min(opts.max_graph_batch))
+                    .map(|m| m * (o.num_tokens + 1))
+                    .collect()
+            });
             super::graphs::DecodeGraphs::allocate(
                 &model,
-                max_running,
-                opts.max_graph_batch,
+                (max_running, opts.max_graph_batch),
                 max_context,
                 opts.block_size,
+                &verify,
             )
-            .map(|g| {
-                // Verify steps of speculative decoding replay too: up to `max_batch`
-                // sequences, each its last token and K drafts.
-                let rows = opts
-                    .speculative
-                    .map_or(0, |o| o.max_batch.saturating_mul(o.num_tokens + 1));
-                g.map(|g| g.with_verify_rows(rows))
-            })
             .unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "no memory for CUDA graphs; decode steps run eagerly");
                 None

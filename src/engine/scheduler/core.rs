@@ -382,6 +382,8 @@ impl Scheduler {
             logprobs: Vec::new(),
             ngram: None,
             draft: Vec::new(),
+            spec_misses: 0,
+            spec_skip: 0,
             verified: Vec::new(),
             verified_logprobs: Vec::new(),
             grammar: request_grammar,

@@ -99,6 +99,10 @@ pub(super) struct Seq {
     pub(super) ngram: Option<NgramIndex>,
     /// Speculative decoding: the drafts of the step being planned or run.
     pub(super) draft: Vec<u32>,
+    /// Speculative decoding's backoff (`SpeculativeOptions::backoff`): verify steps in a row
+    /// that kept no draft, and the steps left to decode without drafts.
+    pub(super) spec_misses: u32,
+    pub(super) spec_skip: u32,
     /// Speculative decoding: the tokens a step with drafts verified (kept drafts and the
     /// model's next token), waiting for `apply`.
     pub(super) verified: Vec<u32>,

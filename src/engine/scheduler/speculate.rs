@@ -61,6 +61,10 @@ impl Scheduler {
         if !eligible(s) {
             return 0;
         }
+        if o.backoff && s.spec_skip > 0 {
+            s.spec_skip -= 1;
+            return 0;
+        }
         // Room: the drafts and the model's own next token within the cap and the context.
         let room = (s.max_new.saturating_sub(s.generated() + 1))
             .min(max_context.saturating_sub(s.tokens.len() + 1))
@@ -77,6 +81,17 @@ impl Scheduler {
         let index = s.ngram.get_or_insert_with(|| NgramIndex::new(min, max));
         s.draft = index.propose(&s.tokens, room);
         s.draft.len()
+    }
+}
+
+/// After a verify step of `s` that kept `kept` drafts: the backoff's count of failed
+/// verifies in a row, and the plain steps it takes before drafting again (1, 3, 7, 15).
+pub(super) fn after_verify(s: &mut Seq, kept: usize) {
+    if kept > 0 {
+        s.spec_misses = 0;
+    } else {
+        s.spec_misses = (s.spec_misses + 1).min(4);
+        s.spec_skip = (1 << s.spec_misses) - 1;
     }
 }
 
