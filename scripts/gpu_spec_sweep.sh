@@ -32,4 +32,6 @@ for shape in ${SHAPES:-0.6b 1.7b}; do
 done
 if [ "${HTTP:-0}" = 1 ]; then
   SHAPE=0.6b bash scripts/gpu_spec.sh
+  echo "== sampled, temperature 0.3, seeded" | tee -a "$S"
+  SHAPE=0.6b TEMPERATURE=0.3 bash scripts/gpu_spec.sh
 fi

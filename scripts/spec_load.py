@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Greedy completions at batch B (B requests at once, one thread each) as an agent sends them:
+"""Greedy (or, with TEMPERATURE=T, seeded sampled) completions at batch B (B requests at once, one thread each) as an agent sends them:
 a prompt that repeats itself (a 64-token unit four times, then its first half: tool calls copy
 names from the prompt), 256 new tokens, `ignore_eos`. Prints tok/s per batch and writes the
 token ids to OUT_JSON (to compare two servers' answers).
@@ -29,6 +29,9 @@ def prompt(i):
 def ask(p, box, k):
     body = {"model": model, "prompt": p, "max_tokens": 256, "temperature": 0, "ignore_eos": True,
             "return_token_ids": True}
+    if os.environ.get("TEMPERATURE"):  # seeded sampling: the same seed per prompt either way
+        body["temperature"] = float(os.environ["TEMPERATURE"])
+        body["seed"] = 1000 + k
     if os.environ.get("LOGPROBS"):
         body["logprobs"] = int(os.environ["LOGPROBS"])
     req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
