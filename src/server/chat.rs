@@ -123,7 +123,7 @@ async fn prepare(st: &Arc<AppState>, req: ChatRequest, p: ChatParams) -> ApiResu
         let ids = engine.tokenize(&prompt)?;
         let thinking = enable_thinking.unwrap_or(spec.enable_thinking);
         let mut sampling = generation.sampling(model.generation_config(), fresh_seed);
-        sampling.top_k = extras.top_k.or(sampling.top_k);
+        sampling.top_k = extras.top_k.unwrap_or(sampling.top_k);
         sampling.min_p = extras.min_p;
         let mut request = GenerationRequest::new(ids).sampling(sampling);
         request.adapter = model.adapter();

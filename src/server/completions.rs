@@ -163,7 +163,7 @@ pub fn build_requests(
     let mut out = Vec::with_capacity(prompts.len() * p.n);
     for ids in prompts {
         let mut sampling = p.generation.sampling(defaults, fresh_seed);
-        sampling.top_k = p.extras.top_k;
+        sampling.top_k = p.extras.top_k.unwrap_or(sampling.top_k);
         sampling.min_p = p.extras.min_p;
         let mut r = GenerationRequest::new(ids.clone()).sampling(sampling);
         r.repetition_penalty = p.extras.repetition_penalty;

@@ -266,6 +266,50 @@ async fn sampled_logprobs_are_those_of_the_cut_distribution() {
     }
 }
 
+/// A request without `top_k` samples under the model's `generation_config.json` top-k (20
+/// for Qwen3, as vLLM applies it), on completions and chat alike; `top_k` 0 or -1 turns it
+/// off. Seeded draws say which: absent equals 20, and -1 differs from both at a temperature
+/// that makes the tail likely. (Before: completions dropped the default, so `temperature`
+/// alone sampled the whole vocabulary's top-p nucleus on the host, 0.5 s a token on an H200.)
+#[tokio::test]
+async fn a_request_without_top_k_takes_the_models_default() {
+    let s = start(&[]).await;
+    let draw = |top_k: Option<i64>, chat: bool| {
+        let mut body = json!({"model": "tiny", "max_tokens": 12, "min_tokens": 12,
+            "temperature": 2.0, "top_p": 1.0, "seed": 11, "return_token_ids": true});
+        if chat {
+            body["messages"] = json!([{"role": "user", "content": "Name three tables."}]);
+        } else {
+            body["prompt"] = json!([varied_prompt()]);
+        }
+        if let Some(k) = top_k {
+            body["top_k"] = json!(k);
+        }
+        let path = if chat {
+            "/v1/chat/completions"
+        } else {
+            "/v1/completions"
+        };
+        let s = &s;
+        async move {
+            let (code, body) = post(s, path, body).await;
+            assert_eq!(code, 200, "{body}");
+            ids(&body["choices"][0]["token_ids"])
+        }
+    };
+    for chat in [false, true] {
+        let absent = draw(None, chat).await;
+        assert_eq!(
+            absent,
+            draw(Some(20), chat).await,
+            "chat {chat}: absent is the default 20"
+        );
+        let off = draw(Some(-1), chat).await;
+        assert_ne!(absent, off, "chat {chat}: -1 turns the default off");
+        assert_eq!(off, draw(Some(0), chat).await, "chat {chat}: 0 is off too");
+    }
+}
+
 #[tokio::test]
 async fn min_p_keeps_only_tokens_near_the_most_likely_in_draws_and_logprobs() {
     let s = start(&[]).await;

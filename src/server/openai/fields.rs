@@ -211,8 +211,9 @@ pub fn min_tokens(
 /// vLLM's sampling extras of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct SamplingExtras {
-    /// `top_k` (None: absent, 0 or -1).
-    pub top_k: Option<usize>,
+    /// `top_k`: `None` absent (the model's `generation_config.json` default applies, as
+    /// vLLM applies it), `Some(None)` off (0 or -1), `Some(Some(k))`.
+    pub top_k: Option<Option<usize>>,
     /// `min_p` (None: absent or 0).
     pub min_p: Option<f32>,
     /// `repetition_penalty` (None: absent or 1).
@@ -246,8 +247,8 @@ pub fn sampling_extras(
     let top_k = match top_k {
         None | Some(Value::Null) => None,
         Some(v) => match v.as_i64() {
-            Some(0 | -1) => None,
-            Some(k) if k > 0 => Some(k as usize),
+            Some(0 | -1) => Some(None),
+            Some(k) if k > 0 => Some(Some(k as usize)),
             _ => {
                 return Err(ApiError::field(
                     "top_k",
