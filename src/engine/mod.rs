@@ -46,6 +46,8 @@ pub use flags::{EngineFlags, KernelFlags};
 pub use handle::{CancelOnDrop, CancelToken, NextChunk, Pending, TokenStream};
 pub use model::config::{GenerationConfig, ModelConfig};
 pub use model::files::ModelFiles;
+#[doc(hidden)]
+pub use options::DraftReplay;
 pub use options::{
     EngineOptions, KernelOptions, KvCacheDtype, KvDiskOptions, KvLoad, LoraOptions,
     SpeculativeMethod, SpeculativeOptions,
@@ -53,8 +55,6 @@ pub use options::{
 pub use parallel::comm::{
     CommBackend, CommHandle, InProcessComm, RankSettings, WorkerCommand, agree,
 };
-#[doc(hidden)]
-pub use request::DraftReplay;
 pub use request::{
     EngineInfo, EngineStats, FinishReason, Generation, GenerationRequest, MAX_LOGPROBS,
     SamplingParams, TokenLogprob,

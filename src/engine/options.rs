@@ -313,3 +313,35 @@ impl Default for SpeculativeOptions {
         }
     }
 }
+
+/// Benchmarks only: drafts replayed from a known continuation of a request (the target's
+/// own greedy output), each position's token replaced by another with probability
+/// `corrupt` (decided once per position, by a hash of it).
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq)]
+pub struct DraftReplay {
+    /// The continuation: output token `i` is `tokens[i]`.
+    pub tokens: Vec<u32>,
+    /// The fraction of positions whose draft is wrong (0: every draft right).
+    pub corrupt: f64,
+}
+
+impl DraftReplay {
+    /// Up to `n` drafts for output positions `at..`.
+    pub fn propose(&self, at: usize, n: usize) -> Vec<u32> {
+        self.tokens
+            .iter()
+            .enumerate()
+            .skip(at)
+            .take(n)
+            .map(|(i, &t)| {
+                let u = crate::engine::runner::sampler::Rng::new(i as u64).nth(0);
+                if f64::from(u) < self.corrupt {
+                    t ^ 1
+                } else {
+                    t
+                }
+            })
+            .collect()
+    }
+}
