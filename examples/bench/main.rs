@@ -156,6 +156,10 @@ struct Args {
     /// Fractions of replayed draft positions that are wrong (`--spec-ks`).
     #[arg(long, value_delimiter = ',', default_value = "1,0.5,0.2,0")]
     spec_corrupt: Vec<f64>,
+    /// A draft model for `--spec-ks` (`SpeculativeMethod::Draft`): its rows draft with it
+    /// (acceptance as measured) instead of replaying corrupted continuations.
+    #[arg(long)]
+    spec_draft: Option<PathBuf>,
     /// The backoff of sequences whose drafts fail (`SpeculativeOptions::backoff`; `--spec-ks`).
     #[arg(long)]
     spec_backoff: bool,

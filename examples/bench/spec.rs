@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use policy_serve::engine::{DraftReplay, SpeculativeOptions};
+use policy_serve::engine::{DraftReplay, SpeculativeMethod, SpeculativeOptions};
 use policy_serve::{Engine, EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
 
 use crate::{Args, prompt};
@@ -60,6 +60,7 @@ pub(crate) fn spec_sweep(dir: &Path, opts: &EngineOptions, a: &Args) -> Res<()> 
         let registry = ModelRegistry::new(vec![ModelSpec::local("spec", "spec", dir)])?
             .with_options(EngineOptions {
                 speculative,
+                speculative_model: a.spec_draft.clone(),
                 ..opts.clone()
             });
         let engine = registry.model("spec")?.engine().clone();
@@ -91,29 +92,41 @@ pub(crate) fn spec_sweep(dir: &Path, opts: &EngineOptions, a: &Args) -> Res<()> 
             num_tokens: k,
             max_batch: a.spec_max_batch,
             backoff: a.spec_backoff,
-            ..SpeculativeOptions::default()
+            method: if a.spec_draft.is_some() {
+                SpeculativeMethod::Draft
+            } else {
+                SpeculativeOptions::default().method
+            },
         }))?;
+        // With a draft model its drafts are measured as they come (one row, "draft").
+        let fractions: Vec<Option<f64>> = if a.spec_draft.is_some() {
+            vec![None]
+        } else {
+            a.spec_corrupt.iter().copied().map(Some).collect()
+        };
         for (&b, (plain_tps, plain)) in a.batches.iter().zip(&plain) {
-            for &c in &a.spec_corrupt {
+            for &c in &fractions {
                 let replays: Vec<Arc<DraftReplay>> = plain
                     .iter()
                     .map(|t| {
                         Arc::new(DraftReplay {
                             tokens: t.clone(),
-                            corrupt: c,
+                            corrupt: c.unwrap_or(0.0),
                         })
                     })
                     .collect();
                 let before = engine.stats();
-                let (tps, got) = round(&engine, a, b, &|i| Some(replays[i].clone()))?;
+                let replay = |i: usize| c.map(|_| replays[i].clone());
+                let (tps, got) = round(&engine, a, b, &replay)?;
                 let after = engine.stats();
                 let drafted = after.spec_draft_tokens - before.spec_draft_tokens;
                 let kept = after.spec_accepted_tokens - before.spec_accepted_tokens;
                 let verifies = after.spec_verify_steps - before.spec_verify_steps;
                 let paused = after.spec_paused_steps - before.spec_paused_steps;
                 let equal = got.iter().zip(plain).filter(|(x, y)| x == y).count();
+                let c = c.map_or("draft".to_string(), |c| format!("{c:.2}"));
                 println!(
-                    "| {k} | {b} | {c:.2} | {tps:.0} | {plain_tps:.0} | {:.2} | {:.0}% ({kept}/{drafted}) | {:.2} | {paused} | {equal}/{b} |",
+                    "| {k} | {b} | {c} | {tps:.0} | {plain_tps:.0} | {:.2} | {:.0}% ({kept}/{drafted}) | {:.2} | {paused} | {equal}/{b} |",
                     tps / plain_tps,
                     100.0 * kept as f64 / drafted.max(1) as f64,
                     (kept + verifies) as f64 / verifies.max(1) as f64,

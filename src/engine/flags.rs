@@ -71,9 +71,14 @@ pub struct EngineFlags {
     /// Log where each step's time goes, summed over this many steps (0: no profile).
     #[arg(long, default_value_t = 0)]
     pub profile_steps: u64,
-    /// Speculative decoding: `ngram` (prompt lookup). Off when absent.
-    #[arg(long, value_parser = ["ngram"])]
+    /// Speculative decoding: `ngram` (prompt lookup) or `draft` (a draft model,
+    /// `--speculative-model`). Off when absent.
+    #[arg(long, value_parser = ["ngram", "draft"])]
     pub speculative_method: Option<String>,
+    /// The draft model's directory for `--speculative-method draft` (the same tokenizer as
+    /// the served model).
+    #[arg(long)]
+    pub speculative_model: Option<std::path::PathBuf>,
     /// Most draft tokens per sequence and step.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=16))]
     pub num_speculative_tokens: u64,
@@ -232,15 +237,20 @@ impl EngineFlags {
             speculative: self
                 .speculative_method
                 .as_ref()
-                .map(|_| SpeculativeOptions {
-                    method: SpeculativeMethod::Ngram {
-                        min: self.speculative_ngram.0,
-                        max: self.speculative_ngram.1,
+                .map(|m| SpeculativeOptions {
+                    method: if m == "draft" {
+                        SpeculativeMethod::Draft
+                    } else {
+                        SpeculativeMethod::Ngram {
+                            min: self.speculative_ngram.0,
+                            max: self.speculative_ngram.1,
+                        }
                     },
                     num_tokens: self.num_speculative_tokens as usize,
                     max_batch: self.speculative_max_batch,
                     backoff: self.speculative_backoff,
                 }),
+            speculative_model: self.speculative_model.clone(),
             lora: self.enable_lora.then_some(super::options::LoraOptions {
                 max_loras: self.max_loras,
                 max_lora_rank: self.max_lora_rank,

@@ -165,6 +165,10 @@ pub struct EngineOptions {
     /// Speculative decoding (`None`: off, the default until measured; see
     /// [`SpeculativeOptions`]).
     pub speculative: Option<SpeculativeOptions>,
+    /// The draft model's directory (Hugging Face layout) for
+    /// [`SpeculativeMethod::Draft`]; it must share the target's tokenizer. Its KV cache holds
+    /// as many tokens as the target's, out of the same KV budget.
+    pub speculative_model: Option<std::path::PathBuf>,
     /// LoRA adapters over this engine's weights (`None`: off, the default; nothing is
     /// reserved for them).
     pub lora: Option<LoraOptions>,
@@ -223,6 +227,7 @@ impl Default for EngineOptions {
             pipelined_decode: true,
             profile_steps: None,
             speculative: None,
+            speculative_model: None,
             lora: None,
             grammar_mask_parts: None,
             kernels: KernelOptions::default(),
@@ -276,6 +281,9 @@ pub enum SpeculativeMethod {
         /// Longest suffix matched (tried first).
         max: usize,
     },
+    /// A draft model (`EngineOptions::speculative_model`): a smaller Qwen3 with the same
+    /// tokenizer drafts K tokens greedily, one forward a token, from its own paged KV cache.
+    Draft,
 }
 
 /// Speculative decoding: a decode step feeds each eligible sequence its last token and up

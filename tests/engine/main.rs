@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod constrained;
+mod draft_model;
 mod kv_fp8;
 mod limits;
 mod lora;

@@ -6,7 +6,7 @@
 //! Invariant: nothing is allocated from a size the options give before that size is checked
 //! against the device or host (an absurd flag is an error naming it, never an abort).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use candle_core::{DType, Device};
@@ -50,6 +50,8 @@ pub struct Loaded {
     pub max_running_why: String,
     /// The weights' content digest (as stored in the files).
     pub digest: String,
+    /// The draft model of speculative decoding (`SpeculativeMethod::Draft`).
+    pub(crate) draft: Option<super::draft::DraftRunner>,
 }
 
 /// Checks the options that size allocations, before anything is allocated.
@@ -99,8 +101,9 @@ fn check_options(opts: &EngineOptions) -> Result<()> {
                 o.num_tokens
             )));
         }
-        let crate::engine::options::SpeculativeMethod::Ngram { min, max } = o.method;
-        if min == 0 || min > max {
+        if let crate::engine::options::SpeculativeMethod::Ngram { min, max } = o.method
+            && (min == 0 || min > max)
+        {
             return Err(Error::InvalidInput(format!(
                 "--speculative-ngram (speculative.method) MIN,MAX must have 1 <= MIN <= MAX, not {min},{max}"
             )));
@@ -264,9 +267,35 @@ impl ModelRunner {
         } else {
             None
         };
+        // A draft model's cache holds as many tokens as the target's, out of the same budget.
+        let draft = match opts.speculative.map(|o| o.method) {
+            Some(crate::engine::options::SpeculativeMethod::Draft) => {
+                let dir = opts.speculative_model.as_ref().ok_or_else(|| {
+                    Error::InvalidInput(
+                        "--speculative-method draft needs --speculative-model DIR (speculative_model)".into(),
+                    )
+                })?;
+                if shard.world > 1 {
+                    return Err(Error::Unsupported(format!(
+                        "a draft model is not served on tensor-parallel engines yet ({} ranks); use --speculative-method ngram",
+                        shard.world
+                    )));
+                }
+                let target_dir = weights
+                    .first()
+                    .and_then(|w| w.parent())
+                    .unwrap_or(Path::new("."));
+                let (files, dcfg) = super::draft::draft_files(dir, cfg, target_dir)?;
+                let bytes =
+                    super::draft::block_bytes(&dcfg, dtype.size_in_bytes(), opts.block_size);
+                Some((files, dcfg, bytes))
+            }
+            _ => None,
+        };
+        let draft_bytes = draft.as_ref().map_or(0, |d| d.2);
         let num_blocks = opts
             .kv_budget
-            .blocks_for(device, block_bytes)?
+            .blocks_for(device, block_bytes + draft_bytes)?
             .min(max_useful);
         if num_blocks == 0 {
             return Err(Error::Load {
@@ -317,6 +346,11 @@ impl ModelRunner {
             let scales = fp8_scales(key, cfg, weights, &model, opts.block_size, comm.as_deref())?;
             cache.set_scales(scales)?;
         }
+        let draft = draft
+            .map(|(files, dcfg, _)| {
+                super::draft::DraftRunner::load(&files, &dcfg, device, opts, num_blocks)
+            })
+            .transpose()?;
         let world = shard.world;
         #[allow(unused_mut)]
         let mut runner = ModelRunner::new(model, cache, comm, opts.worker_timeout);
@@ -337,6 +371,7 @@ impl ModelRunner {
             max_running,
             max_running_why,
             digest,
+            draft,
         })
     }
 }

@@ -7,6 +7,7 @@
 //! loop ranks above 0 run (`worker.rs`).
 
 pub mod buckets;
+pub(crate) mod draft;
 // The CPU build runs its tests; only the CUDA graphs use it.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod graph_rows;

@@ -70,6 +70,8 @@ pub(crate) struct Scheduler {
     /// Admitted sequences whose prefix is still being copied back from the tiers below the
     /// GPU (`kv_tiers.rs`): they join `running` when their copy is done.
     pub(super) loading: Vec<(Seq, crate::cache::LoadTicket)>,
+    /// The draft model of speculative decoding (`SpeculativeMethod::Draft`).
+    pub(super) draft_model: Option<crate::engine::runner::draft::DraftRunner>,
 }
 
 impl Scheduler {
@@ -95,6 +97,7 @@ impl Scheduler {
             max_running,
             max_running_why,
             digest,
+            draft,
         } = ModelRunner::load(key, cfg, weights, device, opts)?;
         let prefix_cache = opts.prefix_cache
             && {
@@ -177,6 +180,7 @@ impl Scheduler {
             update: None,
             adapters: super::adapter_table::AdapterTable::new(opts.lora.map_or(0, |l| l.max_loras)),
             loading: Vec::new(),
+            draft_model: draft,
         };
         s.start_tiers(block_bytes, world);
         if let (true, Some(o)) = (s.pipelined, opts.speculative) {
@@ -382,6 +386,7 @@ impl Scheduler {
             logprobs: Vec::new(),
             ngram: None,
             draft: Vec::new(),
+            draft_kv: None,
             spec_misses: 0,
             spec_skip: 0,
             verified: Vec::new(),

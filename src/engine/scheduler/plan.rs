@@ -221,7 +221,11 @@ impl Scheduler {
             if c > 1 {
                 let s = &mut self.running[p.index];
                 s.verified = super::speculate::verified(&s.draft, &chosen[row..row + c]);
-                super::speculate::after_verify(s, s.verified.len() - 1);
+                let kept = s.verified.len() - 1;
+                super::speculate::after_verify(s, kept);
+                if let Some(kv) = s.draft_kv.as_mut() {
+                    kv.keep(s.tokens.len(), s.draft.len(), kept);
+                }
                 let mut st = self.stats.lock();
                 st.spec_draft_tokens += s.draft.len() as u64;
                 st.spec_accepted_tokens += s.verified.len() as u64 - 1;

@@ -99,6 +99,8 @@ pub(super) struct Seq {
     pub(super) ngram: Option<NgramIndex>,
     /// Speculative decoding: the drafts of the step being planned or run.
     pub(super) draft: Vec<u32>,
+    /// Speculative decoding with a draft model: this sequence's KV in its cache.
+    pub(super) draft_kv: Option<crate::engine::runner::draft::DraftKv>,
     /// Speculative decoding's backoff (`SpeculativeOptions::backoff`): verify steps in a row
     /// that kept no draft, and the steps left to decode without drafts.
     pub(super) spec_misses: u32,

@@ -55,6 +55,7 @@ impl Scheduler {
             return 0;
         };
         let max_context = self.max_context;
+        let draft_model = self.draft_model.as_ref();
         let s = &mut self.running[i];
         s.draft.clear();
         s.verified_logprobs.clear();
@@ -77,9 +78,24 @@ impl Scheduler {
             s.draft = replay.propose(s.generated(), room);
             return s.draft.len();
         }
-        let SpeculativeMethod::Ngram { min, max } = o.method;
-        let index = s.ngram.get_or_insert_with(|| NgramIndex::new(min, max));
-        s.draft = index.propose(&s.tokens, room);
+        match o.method {
+            SpeculativeMethod::Ngram { min, max } => {
+                let index = s.ngram.get_or_insert_with(|| NgramIndex::new(min, max));
+                s.draft = index.propose(&s.tokens, room);
+            }
+            SpeculativeMethod::Draft => {
+                let Some(dm) = draft_model else { return 0 };
+                let kv = s.draft_kv.get_or_insert_with(Default::default);
+                match dm.propose(&s.tokens, kv, room) {
+                    Ok(d) => s.draft = d,
+                    Err(e) => {
+                        // No drafts this step; the sequence decodes as usual.
+                        tracing::warn!(error = %e, "the draft model failed; decoding without drafts");
+                        s.draft_kv = None;
+                    }
+                }
+            }
+        }
         s.draft.len()
     }
 }

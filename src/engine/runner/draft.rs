@@ -1,0 +1,249 @@
+//! The draft model of speculative decoding (`SpeculativeMethod::Draft`): a second, smaller
+//! Qwen3 with the target's vocabulary and a paged KV cache of its own, holding as many tokens
+//! as the target's (its blocks come out of the same KV budget, `load.rs`). For a sequence it
+//! catches its KV up on the tokens it has not seen and drafts K tokens greedily, one forward
+//! a token; the target verifies them like n-gram drafts (a greedy draft is a one-hot
+//! proposal, so sampled requests keep the target's distribution exactly, `speculate.rs`).
+//!
+//! Invariants: a sequence's [`DraftKv`] holds the draft model's KV of its first `computed`
+//! tokens; after a verify it is cut back to the tokens the target kept
+//! ([`DraftKv::keep`]), so drafts are always made from the sequence's own tokens. Its blocks
+//! go back to the pool when it is dropped (a finished, failed or cancelled sequence).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use candle_core::Device;
+use parking_lot::Mutex;
+
+use crate::engine::batch::{LogitRows, SeqInput};
+use crate::engine::model::Model;
+use crate::engine::model::config::ModelConfig;
+use crate::engine::model::files::ModelFiles;
+use crate::engine::model::kv_cache::PagedKvCache;
+use crate::engine::model::loader::load_shard;
+use crate::engine::model::shard::Shard;
+use crate::engine::options::EngineOptions;
+use crate::error::{Error, Result};
+
+/// The draft model and its KV cache.
+pub(crate) struct DraftRunner {
+    model: Model,
+    cache: PagedKvCache,
+    free: Arc<Mutex<Vec<u32>>>,
+    block_size: usize,
+    prefill_chunk: usize,
+}
+
+/// One sequence's KV in the draft model's cache.
+#[derive(Default)]
+pub(crate) struct DraftKv {
+    blocks: Vec<u32>,
+    computed: usize,
+    pool: Option<Arc<Mutex<Vec<u32>>>>,
+}
+
+impl DraftKv {
+    /// After a verify of `drafted` drafts made after `len` tokens, `accepted` of them kept:
+    /// the draft model's KV stays valid for the tokens it saw that the sequence now holds.
+    pub(crate) fn keep(&mut self, len: usize, drafted: usize, accepted: usize) {
+        // It saw the `len` tokens and the drafts it fed back (all but the last).
+        let fed = drafted.saturating_sub(1);
+        self.computed = self.computed.min(len + accepted.min(fed));
+    }
+}
+
+impl Drop for DraftKv {
+    fn drop(&mut self) {
+        if let Some(pool) = &self.pool {
+            pool.lock().append(&mut self.blocks);
+        }
+    }
+}
+
+/// Bytes a block of `block_size` tokens of `dir`'s model takes in a KV cache of `elem` bytes.
+pub(crate) fn block_bytes(cfg: &ModelConfig, elem: usize, block_size: usize) -> usize {
+    cfg.kv_bytes_per_token(elem) * block_size
+}
+
+/// The draft model's files and config, checked against the target's: the same vocabulary
+/// (the `vocab_size` of both configs and the same `tokenizer.json`), else an error naming
+/// both files.
+pub(crate) fn draft_files(
+    dir: &Path,
+    target: &ModelConfig,
+    target_dir: &Path,
+) -> Result<(ModelFiles, ModelConfig)> {
+    let files = ModelFiles::from_dir("draft", dir)?;
+    let cfg = ModelConfig::from_file(&files.config)?;
+    let target_tok = target_dir.join("tokenizer.json");
+    let same_tokenizer = match (std::fs::read(&files.tokenizer), std::fs::read(&target_tok)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if cfg.vocab_size != target.vocab_size || !same_tokenizer {
+        return Err(Error::InvalidInput(format!(
+            "the draft model's vocabulary differs from the target's: {} (vocab_size {}) against {} (vocab_size {}); a draft model must share the target's tokenizer",
+            files.tokenizer.display(),
+            cfg.vocab_size,
+            target_tok.display(),
+            target.vocab_size
+        )));
+    }
+    if cfg.is_moe() {
+        return Err(Error::Unsupported(
+            "a mixture-of-experts draft model is not served; draft with a dense Qwen3".into(),
+        ));
+    }
+    Ok((files, cfg))
+}
+
+impl DraftRunner {
+    /// Loads the draft model of `files` on `device` with a cache of `num_blocks` blocks.
+    pub(crate) fn load(
+        files: &ModelFiles,
+        cfg: &ModelConfig,
+        device: &Device,
+        opts: &EngineOptions,
+        num_blocks: usize,
+    ) -> Result<Self> {
+        let model = load_shard(
+            "draft",
+            cfg,
+            &files.weights,
+            opts.dtype,
+            device,
+            Shard::FULL,
+            &opts.kernels,
+            || {},
+        )?;
+        let cache = PagedKvCache::new(
+            cfg,
+            model.local_kv_heads(),
+            num_blocks,
+            opts.block_size,
+            model.dtype(),
+            device,
+        )?;
+        tracing::info!(
+            dir = %files.dir.display(),
+            layers = cfg.num_hidden_layers,
+            hidden = cfg.hidden_size,
+            kv_blocks = num_blocks,
+            "speculative draft model loaded"
+        );
+        Ok(Self {
+            model,
+            cache,
+            free: Arc::new(Mutex::new((0..num_blocks as u32).rev().collect())),
+            block_size: opts.block_size,
+            prefill_chunk: opts.prefill_chunk.max(1),
+        })
+    }
+
+    /// Up to `k` greedy drafts after `tokens`: the draft model's KV of them caught up first
+    /// (in prefill chunks), then one forward a draft. Fewer (or none) when the pool has no
+    /// blocks for them.
+    pub(crate) fn propose(&self, tokens: &[u32], kv: &mut DraftKv, k: usize) -> Result<Vec<u32>> {
+        if k == 0 || tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        kv.pool.get_or_insert_with(|| self.free.clone());
+        // Positions up to len + k - 2 are written (the drafts fed back but the last).
+        let need = (tokens.len() + k - 1).div_ceil(self.block_size);
+        {
+            let mut free = self.free.lock();
+            while kv.blocks.len() < need {
+                match free.pop() {
+                    Some(b) => kv.blocks.push(b),
+                    None => return Ok(Vec::new()),
+                }
+            }
+        }
+        kv.computed = kv.computed.min(tokens.len() - 1);
+        let mut next = None;
+        while kv.computed < tokens.len() {
+            let q = (tokens.len() - kv.computed).min(self.prefill_chunk);
+            let end = kv.computed + q;
+            next = self.step(
+                &tokens[kv.computed..end],
+                end,
+                &kv.blocks,
+                end == tokens.len(),
+            )?;
+            kv.computed = end;
+        }
+        let mut drafts = Vec::with_capacity(k);
+        let mut next =
+            next.ok_or_else(|| Error::Engine("the draft model returned no logits".into()))?;
+        drafts.push(next);
+        for _ in 1..k {
+            let ctx = kv.computed + 1;
+            next = self
+                .step(&[next], ctx, &kv.blocks, true)?
+                .ok_or_else(|| Error::Engine("the draft model returned no logits".into()))?;
+            kv.computed = ctx;
+            drafts.push(next);
+        }
+        Ok(drafts)
+    }
+
+    /// One forward of `tokens` ending the context at `context_len`; the argmax after the last
+    /// when `last`.
+    fn step(
+        &self,
+        tokens: &[u32],
+        context_len: usize,
+        table: &[u32],
+        last: bool,
+    ) -> Result<Option<u32>> {
+        let input = [SeqInput {
+            q_len: tokens.len(),
+            context_len,
+            block_table: table,
+            logits: if last {
+                LogitRows::Last
+            } else {
+                LogitRows::None
+            },
+            adapter: None,
+        }];
+        let Some(logits) = self.model.forward(tokens, &input, &self.cache, None)? else {
+            return Ok(None);
+        };
+        let ids = crate::engine::runner::sampler::greedy_ids(&self.model, &logits)?;
+        Ok(ids.to_vec1::<u32>()?.first().copied())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// After a verify the draft KV keeps the tokens the draft model saw that the sequence now
+    /// holds: the `len` tokens and the kept drafts it fed back (all drafts but the last).
+    /// Mutations that fail it: keeping every fed draft (the rejected ones' KV would seed the
+    /// next drafts), keeping the last draft too (never fed: its KV was not written).
+    #[test]
+    fn keep_cuts_the_draft_kv_back_to_the_kept_tokens() {
+        let kv = |computed| {
+            let mut k = DraftKv::default();
+            k.computed = computed;
+            k
+        };
+        // 10 tokens, 4 drafts: the draft model saw the 10 and drafts 1-3 (computed 13).
+        for (accepted, want) in [(0, 10), (1, 11), (2, 12), (3, 13), (4, 13)] {
+            let mut k = kv(13);
+            k.keep(10, 4, accepted);
+            assert_eq!(k.computed, want, "{accepted} kept");
+        }
+        // One draft: nothing fed back.
+        let mut k = kv(10);
+        k.keep(10, 1, 1);
+        assert_eq!(k.computed, 10);
+        // Never more than it had.
+        let mut k = kv(5);
+        k.keep(10, 4, 4);
+        assert_eq!(k.computed, 5);
+    }
+}
