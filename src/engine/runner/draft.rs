@@ -99,15 +99,15 @@ pub(crate) fn draft_files(
 }
 
 impl DraftRunner {
-    /// Loads the draft model of `files` on `device` with a cache of `num_blocks` blocks.
-    pub(crate) fn load(
+    /// Loads the draft model's weights (before the KV budget is sized, so that the budget
+    /// sees the memory they take).
+    pub(crate) fn load_model(
         files: &ModelFiles,
         cfg: &ModelConfig,
         device: &Device,
         opts: &EngineOptions,
-        num_blocks: usize,
-    ) -> Result<Self> {
-        let model = load_shard(
+    ) -> Result<Model> {
+        load_shard(
             "draft",
             cfg,
             &files.weights,
@@ -116,7 +116,18 @@ impl DraftRunner {
             Shard::FULL,
             &opts.kernels,
             || {},
-        )?;
+        )
+    }
+
+    /// The draft model `model` (of `cfg`, from `dir`) with a KV cache of `num_blocks` blocks.
+    pub(crate) fn new(
+        model: Model,
+        cfg: &ModelConfig,
+        dir: &Path,
+        device: &Device,
+        opts: &EngineOptions,
+        num_blocks: usize,
+    ) -> Result<Self> {
         let cache = PagedKvCache::new(
             cfg,
             model.local_kv_heads(),
@@ -126,7 +137,7 @@ impl DraftRunner {
             device,
         )?;
         tracing::info!(
-            dir = %files.dir.display(),
+            dir = %dir.display(),
             layers = cfg.num_hidden_layers,
             hidden = cfg.hidden_size,
             kv_blocks = num_blocks,

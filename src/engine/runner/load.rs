@@ -286,9 +286,11 @@ impl ModelRunner {
                     .and_then(|w| w.parent())
                     .unwrap_or(Path::new("."));
                 let (files, dcfg) = super::draft::draft_files(dir, cfg, target_dir)?;
+                // Its weights first: the KV budget below sizes what memory is left.
+                let m = super::draft::DraftRunner::load_model(&files, &dcfg, device, opts)?;
                 let bytes =
-                    super::draft::block_bytes(&dcfg, dtype.size_in_bytes(), opts.block_size);
-                Some((files, dcfg, bytes))
+                    super::draft::block_bytes(&dcfg, m.dtype().size_in_bytes(), opts.block_size);
+                Some((files, dcfg, bytes, m))
             }
             _ => None,
         };
@@ -347,8 +349,8 @@ impl ModelRunner {
             cache.set_scales(scales)?;
         }
         let draft = draft
-            .map(|(files, dcfg, _)| {
-                super::draft::DraftRunner::load(&files, &dcfg, device, opts, num_blocks)
+            .map(|(files, dcfg, _, m)| {
+                super::draft::DraftRunner::new(m, &dcfg, &files.dir, device, opts, num_blocks)
             })
             .transpose()?;
         let world = shard.world;
