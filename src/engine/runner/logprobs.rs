@@ -88,9 +88,10 @@ pub(crate) fn logprobs(
             });
         }
     }
-    for i in cut {
+    let cut_rows: Vec<usize> = cut.iter().map(|&i| rows[i].row).collect();
+    let host = super::sampler::host_rows(model, logits, &cut_rows)?;
+    for (i, row) in cut.into_iter().zip(host) {
         let r = &rows[i];
-        let row: Vec<f32> = logits.get(r.row)?.to_vec1()?;
         out[i] = Some(cut_logprobs(&row, &r.params, drawn[r.row], r.k));
     }
     Ok(out.into_iter().flatten().collect())

@@ -44,7 +44,7 @@ pub(crate) fn mask_logits(
             host.extend_from_slice(mask);
         }
         let up = k.upload_u32(&host)?;
-        let out = logits.copy()?;
+        let out = super::sampler::owned_rows(k, logits)?;
         k.mask_tokens(
             &out,
             &up.narrow(0, m, m * words)?.reshape((m, words))?,

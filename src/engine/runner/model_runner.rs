@@ -202,6 +202,13 @@ impl ModelRunner {
         super::logprobs::logprobs(&self.model, logits, (ids, drawn), rows)
     }
 
+    /// Every row of f32 `[R, n]` logits on the host, copying those rows alone
+    /// (`sampler::host_rows`: a step's logits may be a view of a graph's static buffer).
+    pub(crate) fn host_rows(&self, logits: &Tensor) -> Result<Vec<Vec<f32>>> {
+        let rows: Vec<usize> = (0..logits.dim(0)?).collect();
+        super::sampler::host_rows(&self.model, logits, &rows)
+    }
+
     /// Starts reading u32 `ids` (`[n]`) to the host behind the work queued so far, without
     /// waiting for work queued later (the kernels' stream on CUDA; at once elsewhere).
     pub(crate) fn read_ids(&self, ids: &Tensor) -> Result<HostIds> {

@@ -85,17 +85,53 @@ pub(crate) fn draw_ids(model: &Model, logits: &Tensor, rows: &[RowDraw]) -> Resu
     }
     // Host sampling over whole rows (no kernels, or top_k absent or large).
     let greedy: Vec<u32> = greedy_ids(model, logits)?.to_vec1()?;
+    let sampled: Vec<usize> = (0..rows.len())
+        .filter(|&r| rows[r].uniform.is_some())
+        .collect();
+    let mut host = host_rows(model, logits, &sampled)?.into_iter();
     let mut ids = Vec::with_capacity(rows.len());
     for (row, r) in rows.iter().enumerate() {
         ids.push(match r.uniform {
             None => greedy[row],
             Some(u) => {
-                let l: Vec<f32> = logits.get(row)?.to_vec1()?;
+                let l = host.next().unwrap_or_default();
                 sample_with(&l, &r.params, u)
             }
         });
     }
     Ok(Tensor::new(ids.as_slice(), logits.device())?)
+}
+
+/// Rows `rows` of f32 `[R, n]` logits, on the host. On the engine's kernels the rows are
+/// gathered into a tensor of their own first: candle copies a CUDA tensor's whole storage
+/// to the host, and a step's logits are often a view of a CUDA graph's static buffer
+/// (`[largest bucket, vocab]`: 622 MB at 1,024 rows of Qwen3's vocabulary, ~0.5 s a copy on
+/// an H200 host, once per sampled row).
+pub(crate) fn host_rows(model: &Model, logits: &Tensor, rows: &[usize]) -> Result<Vec<Vec<f32>>> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(k) = &model.kernels {
+        let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        let idx = Tensor::new(idx.as_slice(), logits.device())?;
+        return Ok(k.gather_rows_f32(logits, &idx)?.to_vec2()?);
+    }
+    let _ = model;
+    rows.iter()
+        .map(|&r| Ok(logits.get(r)?.to_vec1()?))
+        .collect()
+}
+
+/// A copy of f32 `[R, n]` logits that a step may edit in place (a mask, a penalty): its `R`
+/// rows alone (candle's `copy` of a view clones the whole storage it sits in: a graph's
+/// `[largest bucket, vocab]` buffer every step).
+#[cfg(feature = "cuda")]
+pub(crate) fn owned_rows(k: &crate::engine::cuda::CudaKernels, logits: &Tensor) -> Result<Tensor> {
+    let n = logits.dim(0)?;
+    let idx: Vec<u32> = (0..n as u32).collect();
+    let idx = Tensor::new(idx.as_slice(), logits.device())?;
+    k.gather_rows_f32(logits, &idx)
 }
 
 /// The entries a repetition penalty touches in `[n_rows, vocab]` logits: for each
@@ -156,7 +192,7 @@ pub(crate) fn penalize(
     if let Some(k) = &model.kernels {
         let (n_rows, vocab) = logits.dims2()?;
         let (at, penalty) = penalty_entries(rows, n_rows, vocab);
-        let out = logits.copy()?;
+        let out = owned_rows(k, logits)?;
         if !at.is_empty() {
             let dev = logits.device();
             k.repetition_penalty(

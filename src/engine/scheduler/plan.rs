@@ -386,7 +386,7 @@ impl Scheduler {
                     .runner
                     .forward(&tokens[done..done + q], &input)?
                     .ok_or_else(|| Error::Engine("the model returned no logits".into()))?;
-                rows.extend(l.to_vec2::<f32>()?);
+                rows.extend(self.runner.host_rows(&l)?);
                 done += q;
             }
             Ok(())
