@@ -10,6 +10,7 @@
 //! decode figures for candle-transformers; a logits check (ours vs candle-transformers).
 
 mod agent;
+mod args;
 mod bare;
 mod lora;
 mod mixed;
@@ -18,166 +19,22 @@ mod spec;
 mod tiers;
 
 use agent::agent_workload;
+use args::Args;
 use bare::{nccl_selftest, profile_steps, tp_link};
 use mixed::mixed_latency;
 use rows::decode_rows;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::qwen3;
 use clap::Parser;
-use policy_serve::engine::{DTypeChoice, DeviceChoice, select_device};
+use policy_serve::engine::{DTypeChoice, select_device};
 use policy_serve::testing::{TensorRole, qwen3_tensor_specs};
 use policy_serve::{EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
-
-/// Engine benchmark with random weights in a real Qwen3 shape.
-#[derive(Parser, Debug)]
-#[command(name = "bench")]
-struct Args {
-    /// A Qwen3 config.json (the shape of the random model).
-    #[arg(long, default_value = "tests/fixtures/qwen3/config-0.6b.json")]
-    config: PathBuf,
-    /// Decode batch sizes.
-    #[arg(long, value_delimiter = ',', default_value = "1,8,64,256")]
-    batches: Vec<usize>,
-    /// Prompt tokens per sequence.
-    #[arg(long, default_value_t = 512)]
-    prompt: usize,
-    /// New tokens per sequence.
-    #[arg(long = "new", default_value_t = 128)]
-    new_tokens: usize,
-    /// New tokens per sequence of the warm-up round before each measured batch (a constrained
-    /// batch's matchers are the warm-up's, rewound: with as many tokens as measured, the
-    /// measured wave runs on matchers that have built their lexer states, as a server's
-    /// later waves do).
-    #[arg(long, default_value_t = 4)]
-    warmup_new: usize,
-    /// Device: auto, cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
-    device: DeviceChoice,
-    /// Compute dtype: auto, f32, bf16, f16.
-    #[arg(long, default_value = "auto")]
-    dtype: DTypeChoice,
-    /// Skip the candle-transformers peer.
-    #[arg(long)]
-    no_peer: bool,
-    /// Override the number of layers.
-    #[arg(long)]
-    layers: Option<usize>,
-    /// Agent workload: EPISODES,TURNS.
-    #[arg(long, value_parser = parse_pair)]
-    agent: Option<(usize, usize)>,
-    /// Skip the decode/prefill/peer part.
-    #[arg(long)]
-    agent_only: bool,
-    /// Keep the random model in this directory.
-    #[arg(long)]
-    keep: Option<PathBuf>,
-    /// Write the random model to this directory and exit.
-    #[arg(long)]
-    write_model: Option<PathBuf>,
-    /// Use the model in this directory instead of writing one.
-    #[arg(long)]
-    model_dir: Option<PathBuf>,
-    /// Tensor-parallel ranks (this process is rank 0; workers: `policy-serve worker`).
-    #[arg(long, default_value_t = 1)]
-    world_size: usize,
-    /// Rendezvous of the tensor-parallel group.
-    #[arg(long)]
-    rendezvous: Option<std::net::SocketAddr>,
-    /// Print the greedy tokens of a fixed batch of prompts (to compare runs).
-    #[arg(long)]
-    greedy_check: bool,
-    /// At the end: wait for the file /tmp/policy-serve-killed, then try one request.
-    #[arg(long)]
-    kill_test: bool,
-    /// Check the NCCL backend with a group of one on this GPU.
-    #[arg(long)]
-    nccl_selftest: bool,
-    /// Time bare model decode steps (no scheduler) at each batch size.
-    #[arg(long)]
-    profile_step: bool,
-    /// After the decode rows, the same rows on an engine without CUDA graphs.
-    #[arg(long)]
-    compare_eager: bool,
-    /// Prefill chunk in tokens (`EngineOptions::prefill_chunk`).
-    #[arg(long, default_value_t = policy_serve::engine::defaults::PREFILL_CHUNK)]
-    prefill_chunk: usize,
-    /// Token budget of one step (`EngineOptions::max_batched_tokens`).
-    #[arg(long, default_value_t = policy_serve::engine::defaults::MAX_BATCHED_TOKENS)]
-    max_batched_tokens: usize,
-    /// Also measure decode latency while one `--prompt`-token prompt prefills (8 streams).
-    #[arg(long)]
-    mixed: bool,
-    /// No pipelined decode (`EngineOptions::pipelined_decode` off).
-    #[arg(long)]
-    no_pipelined_decode: bool,
-    /// The largest decode batch replayed as a CUDA graph (`EngineOptions::max_graph_batch`).
-    #[arg(long, default_value_t = policy_serve::engine::defaults::MAX_GRAPH_BATCH)]
-    max_graph_batch: usize,
-    /// Log the step profile every N steps (`EngineOptions::profile_steps`; 0: off).
-    #[arg(long, default_value_t = 0)]
-    profile_steps: u64,
-    /// In how many parts a wide grammar mask is computed at once
-    /// (`EngineOptions::grammar_mask_parts`; default: the machine's threads, at most 8).
-    #[arg(long)]
-    grammar_mask_parts: Option<usize>,
-    /// Also measure decode with every row constrained to tool calls (`tool_choice`
-    /// required over tests/fixtures/tools/nested.json), printed as `constrained` rows.
-    #[arg(long)]
-    constrained: bool,
-    /// LoRA adapters: write this many random adapters (rank `--adapter-rank`, all seven
-    /// projections), load them (timed) and measure decode with row i on adapter i % N,
-    /// printed as `lora` rows next to the base's `ours` rows of the same engine.
-    #[arg(long, default_value_t = 0)]
-    adapters: usize,
-    /// Rank of `--adapters`' adapters (also the engine's `max_lora_rank`).
-    #[arg(long, default_value_t = 16)]
-    adapter_rank: usize,
-    /// Host memory for KV below the GPU (`EngineOptions::kv_host_gib`; 0: the tiers off).
-    #[arg(long, default_value_t = policy_serve::engine::defaults::KV_HOST_GIB)]
-    kv_host_gib: f64,
-    /// KV tiers: the time to first token of resuming one transcript of each of these lengths
-    /// from the GPU, host memory, disk and by recompute (then exit).
-    #[arg(long, value_delimiter = ',')]
-    tiers_resume: Vec<usize>,
-    /// How the KV cache stores K and V (`auto`, `bf16`, `fp8`).
-    #[arg(long, value_enum, default_value_t = policy_serve::engine::KvCacheDtype::Auto)]
-    kv_cache_dtype: policy_serve::engine::KvCacheDtype,
-    /// Speculative decoding at chosen acceptance: for each K, drafts replayed from the
-    /// model's own greedy continuation with `--spec-corrupt` fractions of positions wrong,
-    /// each batch of `--batches` next to plain decode in the same engine (then exit).
-    #[arg(long, value_delimiter = ',')]
-    spec_ks: Vec<usize>,
-    /// Fractions of replayed draft positions that are wrong (`--spec-ks`).
-    #[arg(long, value_delimiter = ',', default_value = "1,0.5,0.2,0")]
-    spec_corrupt: Vec<f64>,
-    /// A draft model for `--spec-ks` (`SpeculativeMethod::Draft`): its rows draft with it
-    /// (acceptance as measured) instead of replaying corrupted continuations.
-    #[arg(long)]
-    spec_draft: Option<PathBuf>,
-    /// The backoff of sequences whose drafts fail (`SpeculativeOptions::backoff`; `--spec-ks`).
-    #[arg(long)]
-    spec_backoff: bool,
-    /// Speculation pauses above this many running sequences (`--spec-ks`).
-    #[arg(long, default_value_t = policy_serve::engine::SpeculativeOptions::default().max_batch)]
-    spec_max_batch: usize,
-    /// The kernel switches (`--no-fused-decode`, `--no-clusters`, ...), as the CLI has them.
-    #[command(flatten)]
-    kernels: policy_serve::engine::KernelFlags,
-}
-
-fn parse_pair(s: &str) -> Result<(usize, usize), String> {
-    let (a, b) = s.split_once(',').ok_or("expected N,T")?;
-    Ok((
-        a.parse().map_err(|e| format!("{e}"))?,
-        b.parse().map_err(|e| format!("{e}"))?,
-    ))
-}
 
 fn sync(dev: &Device) {
     dev.synchronize().expect("synchronize");
