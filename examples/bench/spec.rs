@@ -10,47 +10,23 @@ use std::path::Path;
 use std::sync::Arc;
 
 use policy_serve::engine::{DraftReplay, SpeculativeMethod, SpeculativeOptions};
-use policy_serve::{Engine, EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
+use policy_serve::{Engine, EngineOptions, ModelRegistry, ModelSpec};
 
-use crate::{Args, prompt};
+use crate::Args;
+use crate::rows::decode_round;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// One timed round of `b` requests (prompt P, N new tokens, EOS ignored) after a warm-up
-/// round of the same size, request i drafting from `replay(i)`: decode tok/s and the tokens.
+/// One timed round of `b` requests ([`decode_round`]), request i drafting from `replay(i)`:
+/// decode tok/s and the tokens.
 fn round(
     engine: &Engine,
     a: &Args,
     b: usize,
     replay: &dyn Fn(usize) -> Option<Arc<DraftReplay>>,
 ) -> Res<(f64, Vec<Vec<u32>>)> {
-    let one = |salt: usize, n: usize, i: usize| {
-        let mut r = GenerationRequest::new(prompt(a.prompt, salt)).max_new_tokens(n);
-        r.ignore_eos = true;
-        r.draft_replay = replay(i);
-        r
-    };
-    let warm: Vec<_> = (0..b)
-        .map(|i| engine.submit(one(100 + i, a.warmup_new.max(1), i)))
-        .collect();
-    for p in warm {
-        p.wait()?;
-    }
-    let pending: Vec<_> = (0..b)
-        .map(|i| engine.submit(one(1000 + i, a.new_tokens, i)))
-        .collect();
-    let gens: Vec<_> = pending
-        .into_iter()
-        .map(|p| p.wait())
-        .collect::<Result<_, _>>()?;
-    let first = gens
-        .iter()
-        .map(|g| g.time_to_first_token)
-        .max()
-        .unwrap_or_default();
-    let end = gens.iter().map(|g| g.total_time).max().unwrap_or_default();
-    let tps = (b * (a.new_tokens - 1)) as f64 / (end - first).as_secs_f64();
-    Ok((tps, gens.into_iter().map(|g| g.tokens).collect()))
+    let r = decode_round(engine, a, b, &|q, i| q.draft_replay = replay(i))?;
+    Ok((r.tps, r.gens.into_iter().map(|g| g.tokens).collect()))
 }
 
 /// The sweep: plain decode on an engine without speculation, then one engine per K

@@ -333,29 +333,3 @@ pub struct DraftReplay {
     /// The fraction of positions whose draft is wrong (0: every draft right).
     pub corrupt: f64,
 }
-
-impl DraftReplay {
-    /// Up to `n` drafts for output positions `at..`.
-    pub fn propose(&self, at: usize, n: usize) -> Vec<u32> {
-        self.tokens
-            .iter()
-            .enumerate()
-            .skip(at)
-            .take(n)
-            .map(|(i, &t)| {
-                // A hash of the position (SplitMix64's output function) as a uniform in [0, 1).
-                let mut z = (i as u64)
-                    .wrapping_add(1)
-                    .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                let u = (z ^ (z >> 31)) >> 11;
-                if (u as f64) / ((1u64 << 53) as f64) < self.corrupt {
-                    t ^ 1
-                } else {
-                    t
-                }
-            })
-            .collect()
-    }
-}

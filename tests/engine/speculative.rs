@@ -347,6 +347,44 @@ fn ineligible_requests_and_big_batches_decode_as_before() {
     );
 }
 
+/// `n` greedy requests of `new` tokens (EOS ignored) on 12-token prompts salted from `salt`,
+/// and their answers without speculation.
+fn replay_setup(
+    n: u32,
+    salt: u32,
+    new: usize,
+) -> (Vec<GenerationRequest>, Vec<policy_serve::Generation>) {
+    let reqs: Vec<GenerationRequest> = (0..n)
+        .map(|i| {
+            let mut r = GenerationRequest::new(prompt(12, salt + i)).max_new_tokens(new);
+            r.ignore_eos = true;
+            r
+        })
+        .collect();
+    let (plain, _) = run(options(), &reqs);
+    (reqs, plain)
+}
+
+/// `reqs` drafting from replays of their plain answers with a fraction `corrupt` of the
+/// positions wrong (`None`: an empty replay, which drafts nothing).
+fn replayed(
+    reqs: &[GenerationRequest],
+    plain: &[policy_serve::Generation],
+    corrupt: Option<f64>,
+) -> Vec<GenerationRequest> {
+    reqs.iter()
+        .zip(plain)
+        .map(|(r, g)| {
+            let mut r = r.clone();
+            r.draft_replay = Some(std::sync::Arc::new(policy_serve::engine::DraftReplay {
+                tokens: corrupt.map_or(Vec::new(), |_| g.tokens.clone()),
+                corrupt: corrupt.unwrap_or(0.0),
+            }));
+            r
+        })
+        .collect()
+}
+
 /// The bench's replayed drafts (`DraftReplay`, hidden): the model's own continuation
 /// replayed is always kept (K tokens a step), fully corrupted never is, and half corrupted
 /// sits between; the answers equal plain decoding in every case, and an empty replay drafts
@@ -354,42 +392,16 @@ fn ineligible_requests_and_big_batches_decode_as_before() {
 /// position (it would draft the token after the one to verify).
 #[test]
 fn replayed_drafts_give_the_acceptance_asked_for() {
-    use policy_serve::engine::DraftReplay;
-    use std::sync::Arc;
-    let reqs: Vec<GenerationRequest> = (0..3)
-        .map(|i| {
-            let mut r = GenerationRequest::new(prompt(12, 80 + i)).max_new_tokens(24);
-            r.ignore_eos = true;
-            r
-        })
-        .collect();
-    let (plain, _) = run(options(), &reqs);
-    let with = |corrupt: f64| -> Vec<GenerationRequest> {
-        reqs.iter()
-            .zip(&plain)
-            .map(|(r, g)| {
-                let mut r = r.clone();
-                r.draft_replay = Some(Arc::new(DraftReplay {
-                    tokens: if corrupt < 0.0 {
-                        vec![]
-                    } else {
-                        g.tokens.clone()
-                    },
-                    corrupt: corrupt.max(0.0),
-                }));
-                r
-            })
-            .collect()
-    };
+    let (reqs, plain) = replay_setup(3, 80, 24);
     let mut rates = Vec::new();
-    for c in [0.0, 0.5, 1.0, -1.0] {
-        let (out, st) = run(spec(), &with(c));
-        assert_eq!(tokens(&out), tokens(&plain), "corrupt {c}");
+    for c in [Some(0.0), Some(0.5), Some(1.0), None] {
+        let (out, st) = run(spec(), &replayed(&reqs, &plain, c));
+        assert_eq!(tokens(&out), tokens(&plain), "corrupt {c:?}");
         rates.push(st.spec_accepted_tokens as f64 / st.spec_draft_tokens.max(1) as f64);
-        if c < 0.0 {
+        if c.is_none() {
             assert_eq!(st.spec_draft_tokens, 0, "an empty replay drafts nothing");
         }
-        if c == 0.0 {
+        if c == Some(0.0) {
             // After the prefill's token, each step verifies K = 4 drafts (fewer at the cap)
             // and keeps them all plus its own token: 23 tokens in ceil(23 / 5) = 5 steps.
             assert_eq!(st.spec_verify_steps, 3 * 5, "{st:?}");
@@ -436,29 +448,7 @@ fn impossible_speculative_options_are_refused_at_load() {
 /// counter never reset by a kept draft (the right drafts would be verified less often too).
 #[test]
 fn the_backoff_verifies_failing_drafts_less_often_and_changes_no_answer() {
-    use policy_serve::engine::DraftReplay;
-    use std::sync::Arc;
-    let reqs: Vec<GenerationRequest> = (0..2)
-        .map(|i| {
-            let mut r = GenerationRequest::new(prompt(12, 90 + i)).max_new_tokens(40);
-            r.ignore_eos = true;
-            r
-        })
-        .collect();
-    let (plain, _) = run(options(), &reqs);
-    let with = |corrupt: f64| -> Vec<GenerationRequest> {
-        reqs.iter()
-            .zip(&plain)
-            .map(|(r, g)| {
-                let mut r = r.clone();
-                r.draft_replay = Some(Arc::new(DraftReplay {
-                    tokens: g.tokens.clone(),
-                    corrupt,
-                }));
-                r
-            })
-            .collect()
-    };
+    let (reqs, plain) = replay_setup(2, 90, 40);
     let backoff = |on: bool| EngineOptions {
         speculative: Some(SpeculativeOptions {
             max_batch: 16,
@@ -467,8 +457,8 @@ fn the_backoff_verifies_failing_drafts_less_often_and_changes_no_answer() {
         }),
         ..options()
     };
-    let (wrong_off, st_off) = run(backoff(false), &with(1.0));
-    let (wrong_on, st_on) = run(backoff(true), &with(1.0));
+    let (wrong_off, st_off) = run(backoff(false), &replayed(&reqs, &plain, Some(1.0)));
+    let (wrong_on, st_on) = run(backoff(true), &replayed(&reqs, &plain, Some(1.0)));
     assert_eq!(tokens(&wrong_off), tokens(&plain));
     assert_eq!(tokens(&wrong_on), tokens(&plain));
     // Without the backoff each of the 39 steps after the prefill verifies but the last (no
@@ -476,7 +466,7 @@ fn the_backoff_verifies_failing_drafts_less_often_and_changes_no_answer() {
     // (1, 3, 7, 15 plain steps between).
     assert_eq!(st_off.spec_verify_steps, 2 * 38, "{st_off:?}");
     assert_eq!(st_on.spec_verify_steps, 2 * 5, "{st_on:?}");
-    let (right, st) = run(backoff(true), &with(0.0));
+    let (right, st) = run(backoff(true), &replayed(&reqs, &plain, Some(0.0)));
     assert_eq!(tokens(&right), tokens(&plain));
     assert_eq!(st.spec_accepted_tokens, st.spec_draft_tokens, "{st:?}");
     // 39 tokens after the prefill's, 5 a verify: 8 verifies each, none skipped.

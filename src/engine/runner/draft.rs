@@ -61,11 +61,6 @@ impl Drop for DraftKv {
     }
 }
 
-/// Bytes a block of `block_size` tokens of `dir`'s model takes in a KV cache of `elem` bytes.
-pub(crate) fn block_bytes(cfg: &ModelConfig, elem: usize, block_size: usize) -> usize {
-    cfg.kv_bytes_per_token(elem) * block_size
-}
-
 /// The draft model's files and config, checked against the target's: the same vocabulary
 /// (the `vocab_size` of both configs and the same `tokenizer.json`), else an error naming
 /// both files.

@@ -196,16 +196,16 @@ impl DecodeGraphs {
         // Programmatic dependent launch inside the graphs too (the matmuls prefetch their
         // weights while the kernel before them runs), unless `graph_pdl` is off
         // (`KernelOptions::graph_pdl`).
-        let pdl = k.set_pdl(false);
-        k.set_pdl(pdl && graph_pdl);
-        let captured = self.capture_all(model, k, cache);
-        k.set_pdl(pdl);
-        let (graphs, lora_graphs, verify_graphs) = captured?;
         let fwd = KernelForward {
             model: &model.qwen3,
             kernels: k,
         };
         self.fused = self.buckets.iter().map(|&b| fwd.fuses_decode(b)).collect();
+        let pdl = k.set_pdl(false);
+        k.set_pdl(pdl && graph_pdl);
+        let captured = self.capture_all(model, k, cache);
+        k.set_pdl(pdl);
+        let (graphs, lora_graphs, verify_graphs) = captured?;
         self.stream
             .synchronize()
             .map_err(|e| kernel_err("graph capture", e))?;
@@ -225,10 +225,6 @@ impl DecodeGraphs {
         k: &CudaKernels,
         cache: &PagedKvCache,
     ) -> Result<(Vec<CudaGraph>, Vec<CudaGraph>, Vec<Option<CudaGraph>>)> {
-        let fwd = KernelForward {
-            model: &model.qwen3,
-            kernels: k,
-        };
         let mut graphs = Vec::with_capacity(self.buckets.len());
         let mut lora_graphs = Vec::new();
         let mut verify_graphs = Vec::new();
@@ -244,8 +240,8 @@ impl DecodeGraphs {
             0 => 0,
             rows => bucket_for(&self.buckets, rows).map_or(self.buckets.len(), |i| i + 1),
         };
-        for &b in &self.buckets[..verified] {
-            verify_graphs.push(if fwd.fuses_decode(b) {
+        for (&b, &fused) in self.buckets[..verified].iter().zip(&self.fused) {
+            verify_graphs.push(if fused {
                 Some(self.capture_one(model, k, cache, b, Variant::Verify)?)
             } else {
                 None

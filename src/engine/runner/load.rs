@@ -288,8 +288,7 @@ impl ModelRunner {
                 let (files, dcfg) = super::draft::draft_files(dir, cfg, target_dir)?;
                 // Its weights first: the KV budget below sizes what memory is left.
                 let m = super::draft::DraftRunner::load_model(&files, &dcfg, device, opts)?;
-                let bytes =
-                    super::draft::block_bytes(&dcfg, m.dtype().size_in_bytes(), opts.block_size);
+                let bytes = dcfg.kv_bytes_per_token(m.dtype().size_in_bytes()) * opts.block_size;
                 Some((files, dcfg, bytes, m))
             }
             _ => None,

@@ -21,7 +21,8 @@
 use super::core::Scheduler;
 use super::ngram::NgramIndex;
 use super::seq::Seq;
-use crate::engine::options::SpeculativeMethod;
+use crate::engine::options::{DraftReplay, SpeculativeMethod};
+use crate::engine::runner::sampler::Rng;
 
 /// Whether a sequence may decode with drafts: no repetition penalty (it would need the
 /// drafts among the tokens so far of each verifying row) and no grammar (its masks follow
@@ -75,7 +76,7 @@ impl Scheduler {
             return 0;
         }
         if let Some(replay) = &s.request.draft_replay {
-            s.draft = replay.propose(s.generated(), room);
+            s.draft = replayed_drafts(replay, s.generated(), room);
             return s.draft.len();
         }
         match o.method {
@@ -98,6 +99,25 @@ impl Scheduler {
         }
         s.draft.len()
     }
+}
+
+/// Benchmarks only (`DraftReplay`): up to `n` drafts for output positions `at..` of the
+/// replayed continuation, position `i`'s token replaced by another when a hash of `i` (the
+/// first number of an `Rng` seeded with it) falls below the corrupted fraction.
+fn replayed_drafts(r: &DraftReplay, at: usize, n: usize) -> Vec<u32> {
+    r.tokens
+        .iter()
+        .enumerate()
+        .skip(at)
+        .take(n)
+        .map(|(i, &t)| {
+            if f64::from(Rng::new(i as u64).nth(0)) < r.corrupt {
+                t ^ 1
+            } else {
+                t
+            }
+        })
+        .collect()
 }
 
 /// After a verify step of `s` that kept `kept` drafts: the backoff's count of failed
