@@ -21,6 +21,7 @@ const KERNELS: &[&str] = &[
     "kv_move",
     "moe",
     "moe_mma",
+    "verify",
 ];
 
 fn main() {

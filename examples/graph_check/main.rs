@@ -325,14 +325,15 @@ fn main() -> Res<()> {
             g.bytes() as f64 / (1u64 << 20) as f64
         );
         let t = Instant::now();
+        let how = (!a.kernels.no_fused_decode, a.kernels.shared_kv_verify);
         if a.verify_only {
-            verify::verify_check(&m, &caches, &g, !a.kernels.no_fused_decode, &mut fails)?;
+            verify::verify_check(&m, &caches, &g, how, &mut fails)?;
             println!("graph-check: {fails} failed");
             std::process::exit(i32::from(fails > 0));
         }
         buckets_check(&m, &caches, &g, &mut fails)?;
         println!("# ({:.0} s)", t.elapsed().as_secs_f64());
-        verify::verify_check(&m, &caches, &g, !a.kernels.no_fused_decode, &mut fails)?;
+        verify::verify_check(&m, &caches, &g, how, &mut fails)?;
         let t = Instant::now();
         shrink_grow_check(&m, &caches, &g, &mut fails)?;
         println!("# ({:.0} s)", t.elapsed().as_secs_f64());

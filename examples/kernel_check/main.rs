@@ -14,6 +14,7 @@ mod lora;
 mod model;
 mod moe;
 mod prefill;
+mod verify;
 
 use model::{greedy_check, model_checks};
 
@@ -48,6 +49,9 @@ struct Args {
     /// Only the fp8 KV checks (kernels, then the engine over fp8 KV).
     #[arg(long)]
     fp8_only: bool,
+    /// Only the shared-K/V verify attention checks.
+    #[arg(long)]
+    verify_only: bool,
     /// Only the model-level checks (kernels vs candle ops, greedy tokens of two engines):
     /// for a mixture-of-experts model, which serves no LoRA adapters.
     #[arg(long)]
@@ -539,12 +543,17 @@ fn main() -> Res<()> {
         greedy_check(&a, &mut t)?;
         return report(t);
     }
+    if a.verify_only {
+        verify::checks(&dev, &mut t)?;
+        return report(t);
+    }
     if a.fp8_only {
         fp8::checks(&dev, &mut t)?;
         fp8::engine_check(&a, &mut t)?;
         return report(t);
     }
     fused::checks(&dev, &mut t)?;
+    verify::checks(&dev, &mut t)?;
     fp8::checks(&dev, &mut t)?;
     gemv::checks(&dev, &mut t)?;
     prefill::checks(&dev, &mut t)?;

@@ -154,6 +154,10 @@ pub struct KernelFlags {
     /// No programmatic dependent launch inside captured CUDA graphs.
     #[arg(long)]
     pub no_graph_pdl: bool,
+    /// Verify steps of speculative decoding through the shared-K/V verify attention
+    /// (`KernelOptions::shared_kv_verify`).
+    #[arg(long)]
+    pub shared_kv_verify: bool,
 }
 
 /// `MIN,MAX` n-gram lengths: 1 <= MIN <= MAX <= 16.
@@ -184,6 +188,7 @@ impl KernelFlags {
             split_kv: !self.no_split_kv,
             pdl: !self.no_pdl,
             graph_pdl: !self.no_graph_pdl,
+            shared_kv_verify: self.shared_kv_verify,
             ..KernelOptions::default()
         }
     }

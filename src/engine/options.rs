@@ -55,6 +55,11 @@ pub struct KernelOptions {
     pub pdl: bool,
     /// Programmatic dependent launch inside captured CUDA graphs too (with `pdl`).
     pub graph_pdl: bool,
+    /// Verify steps of speculative decoding attend through the shared-K/V verify kernel
+    /// (`kernels/decode.cu` `paged_verify_g*`: a block loads each K/V row once for up to 8 / G
+    /// rows of one sequence, causal within the draft) instead of one decode row at a time
+    /// (GQA groups 1, 2, 4).
+    pub shared_kv_verify: bool,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
     /// stream, where the events only cost time).
     pub event_tracking: bool,
@@ -76,6 +81,7 @@ impl Default for KernelOptions {
             split_kv: true,
             pdl: true,
             graph_pdl: true,
+            shared_kv_verify: false,
             event_tracking: false,
         }
     }

@@ -140,29 +140,20 @@ impl CudaKernels {
         &self,
         q: &Tensor,
         kv: KvRef<'_>,
-        (block_tables, width): (&Tensor, Option<&Tensor>),
+        tables: (&Tensor, Option<&Tensor>),
         ctx_lens: &Tensor,
         block_size: usize,
         out: &Tensor,
         (splits, part, scratch): (usize, usize, Option<&(Tensor, Tensor)>),
     ) -> Result<()> {
-        self.check_dtype(q)?;
-        let (k_cache, v_cache) = (kv.k, kv.v);
-        let (b, nh, hd) = q.dims3()?;
-        let (nkv, num_slots, _) = k_cache.dims3()?;
-        let w = block_tables.elem_count() / b.max(1);
-        if hd != 128 || nkv == 0 || nh % nkv != 0 {
-            return Err(kernel_err(
-                "paged_decode",
-                format!("nh {nh} nkv {nkv} hd {hd}"),
-            ));
-        }
+        let (b, nh, _) = q.dims3()?;
+        let nkv = kv.k.dim(0)?;
         let funcs = if kv.is_fp8() {
             &self.fp8_kernels("paged_decode")?.decode
         } else {
             &self.decode
         };
-        let func = match nh / nkv {
+        let func = match nh / nkv.max(1) {
             1 => &funcs[0],
             2 => &funcs[1],
             4 => &funcs[2],
@@ -170,8 +161,64 @@ impl CudaKernels {
             g => return Err(kernel_err("paged_decode", format!("GQA group {g}"))),
         };
         let splits = splits.max(1);
-        let (acc, ml) = partials(out, scratch, b * nh * splits * hd, splits, "paged_decode")?;
-        let params = DecodeParams {
+        let what = "paged_decode";
+        let params = self.decode_params(
+            q,
+            kv,
+            tables,
+            ctx_lens,
+            block_size,
+            out,
+            (splits, part, scratch),
+            what,
+        )?;
+        let mut lb = self.launcher(func);
+        lb.arg(&params);
+        // SAFETY: `DecodeParams` is the kernel's one parameter (same layout, checked at
+        // compile time on both sides); buffers are sized by `decode_params`.
+        unsafe { lb.launch(decode_grid(b, nkv, splits)) }.w()?;
+        if splits > 1 {
+            let part32 = part as i32;
+            let p = &params;
+            let (pa, pm, pc, po, s32) = (p.part_acc, p.part_ml, p.ctx_lens, p.out, splits as i32);
+            let mut rb = self.launcher(&self.decode_reduce);
+            rb.arg(&pa)
+                .arg(&pm)
+                .arg(&pc)
+                .arg(&po)
+                .arg(&s32)
+                .arg(&part32);
+            // SAFETY: as above.
+            unsafe { rb.launch(reduce_grid(b, nh)) }.w()?;
+        }
+        Ok(())
+    }
+
+    /// The parameters of a decode-attention launch (`paged_decode_g*`, `paged_verify_g*`)
+    /// after checking the shapes: q `[B, nh, 128]`, caches `[nkv, slots, 128]`, `out`, and
+    /// the partial buffers for `splits` partitions.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn decode_params(
+        &self,
+        q: &Tensor,
+        kv: KvRef<'_>,
+        (block_tables, width): (&Tensor, Option<&Tensor>),
+        ctx_lens: &Tensor,
+        block_size: usize,
+        out: &Tensor,
+        (splits, part, scratch): (usize, usize, Option<&(Tensor, Tensor)>),
+        what: &str,
+    ) -> Result<DecodeParams> {
+        self.check_dtype(q)?;
+        let (k_cache, v_cache) = (kv.k, kv.v);
+        let (b, nh, hd) = q.dims3()?;
+        let (nkv, num_slots, _) = k_cache.dims3()?;
+        let w = block_tables.elem_count() / b.max(1);
+        if hd != 128 || nkv == 0 || nh % nkv != 0 {
+            return Err(kernel_err(what, format!("nh {nh} nkv {nkv} hd {hd}")));
+        }
+        let (acc, ml) = partials(out, scratch, b * nh * splits * hd, splits, what)?;
+        Ok(DecodeParams {
             q: self.ptr(q)?,
             k_cache: self.ptr(k_cache)?,
             v_cache: self.ptr(v_cache)?,
@@ -189,32 +236,7 @@ impl CudaKernels {
                 part,
                 kv.scale,
             )?,
-        };
-        let mut lb = self.launcher(func);
-        lb.arg(&params);
-        // SAFETY: `DecodeParams` is the kernel's one parameter (same layout, checked at
-        // compile time on both sides); buffers are sized above.
-        unsafe { lb.launch(decode_grid(b, nkv, splits)) }.w()?;
-        if splits > 1 {
-            let part32 = part as i32;
-            let p = &params;
-            let (pa, pm, pc, po, s32) = (p.part_acc, p.part_ml, p.ctx_lens, p.out, splits as i32);
-            let cfg = LaunchConfig {
-                grid_dim: (b as u32, nh as u32, 1),
-                block_dim: (hd as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut rb = self.launcher(&self.decode_reduce);
-            rb.arg(&pa)
-                .arg(&pm)
-                .arg(&pc)
-                .arg(&po)
-                .arg(&s32)
-                .arg(&part32);
-            // SAFETY: as above.
-            unsafe { rb.launch(cfg) }.w()?;
-        }
-        Ok(())
+        })
     }
 
     /// Whether the forward runs a decode step of `rows` sequences through
@@ -374,8 +396,17 @@ fn partials(
     }
 }
 
+/// Grid (sequences, heads) of 128 threads: the merge of a decode launch's partitions.
+pub(super) fn reduce_grid(b: usize, nh: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (b as u32, nh as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// Grid (sequences, KV heads, partitions) of 128 threads: the decode kernels' launch.
-fn decode_grid(b: usize, nkv: usize, splits: usize) -> LaunchConfig {
+pub(super) fn decode_grid(b: usize, nkv: usize, splits: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (b as u32, nkv as u32, splits as u32),
         block_dim: (128, 1, 1),

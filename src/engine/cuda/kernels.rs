@@ -85,6 +85,8 @@ pub struct CudaKernels {
     pub(super) to_f32: CudaFunction,
     pub(super) decode: [CudaFunction; 4],
     pub(super) decode_reduce: CudaFunction,
+    /// The kernels of speculative verify steps (`kernels/verify.cu`).
+    pub(super) spec: super::verify::SpecKernels,
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge), bf16, GQA
     /// groups 1, 2, 4, 8; None for f32 or without `LaunchOptions::fused_decode`.
     pub(super) decode_fused: Option<[CudaFunction; 4]>,
@@ -318,6 +320,7 @@ impl CudaKernels {
             sms,
             decode: groups(&decode_mod, "paged_decode", s)?,
             decode_reduce: f(&decode_mod, &format!("paged_decode_reduce_{s}"))?,
+            spec: super::verify::SpecKernels::load(&ctx, dtype, s, opts.shared_kv_verify)?,
             decode_fused: if dtype == DType::BF16 && opts.fused_decode {
                 let fs = groups(&fused_mod, "decode_fused", "bf16")?;
                 cluster_attr(&fs)?;

@@ -35,6 +35,10 @@ pub struct LaunchOptions {
     pub split_kv: bool,
     /// Programmatic dependent launch (sm_90+).
     pub pdl: bool,
+    /// Verify steps of speculative decoding attend through the shared-K/V verify kernel
+    /// (`paged_verify_g*`: one K/V load for up to 8 / G rows of a sequence) instead of one
+    /// decode row at a time.
+    pub shared_kv_verify: bool,
 }
 
 impl Default for LaunchOptions {
@@ -52,6 +56,7 @@ impl Default for LaunchOptions {
             wgmma_prefill_x2: true,
             split_kv: true,
             pdl: true,
+            shared_kv_verify: false,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The kernels room: the engine's own CUDA kernels (`kernels/*.cu`, compiled by `build.rs` to
 //! fatbins with sm_80/sm_90 machine code and embedded here) and their launches on candle
-//! tensors: attention (`attention.rs` decode, `prefill.rs` prefill), layer ops (`layer_ops.rs`),
+//! tensors: attention (`attention.rs` decode, `verify.rs` speculative verify steps, `prefill.rs`
+//! prefill), layer ops (`layer_ops.rs`),
 //! the logits' draws, log-probs and penalty (`logits_ops.rs`), LoRA deltas (`lora_ops.rs`), matmuls
 //! (`gemm.rs`), the experts of MoE layers (`moe_ops.rs`), the launcher (`launch.rs`, its options `launch_options.rs`), the fp8 KV
 //! kernels' handles (`fp8.rs`) and id read-back (`readback.rs`). It knows nothing of
@@ -31,6 +32,7 @@ mod params;
 mod prefill;
 mod readback;
 mod upload;
+mod verify;
 
 pub use attention::{CLUSTER_MAX_ROWS, DECODE_CLUSTER, FUSED_MAX_ROWS};
 pub use kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, GpuEvent, LaunchOptions};

@@ -67,6 +67,7 @@ pub fn kernels_for(
         wgmma_prefill: opts.wgmma_prefill,
         split_kv: opts.split_kv,
         pdl: opts.pdl,
+        shared_kv_verify: opts.shared_kv_verify,
         ..LaunchOptions::default()
     };
     CudaKernels::new(device, dtype, &launch)

@@ -37,6 +37,10 @@ pub(crate) struct StepInputs {
     /// any row attends (the fused decode attention, which writes and reads in one launch,
     /// is not used).
     pub(crate) verify: bool,
+    /// With `verify`, where each row sits in its sequence's run of rows (u32 `[B]`,
+    /// `(j << 16) | n`: row `j` of `n`), for the shared-K/V verify attention
+    /// (`CudaKernels::paged_verify_into`); `None`: rows attend one at a time.
+    pub(crate) runs: Option<Tensor>,
 }
 
 /// The forward's activations: one buffer each, reused by every layer (on one stream a layer's

@@ -175,6 +175,7 @@ impl KernelForward<'_> {
                 None
             },
             verify: false,
+            runs: None,
         };
         let plan = AttnPlan::new(seqs, bs, dev, m.dtype(), true, prefill_kernel)?;
         let mut acts = Activations::new(k, m, t, nd, splits)?;
@@ -408,15 +409,16 @@ impl KernelForward<'_> {
                 match g {
                     AttnGroup::KernelDecode { n, first } => {
                         let (tables, ctx) = rows_of(*first, *n)?;
-                        k.paged_decode_into(
-                            &q.narrow(0, t0, *n)?,
-                            kv,
-                            (&tables, inputs.width.as_ref()),
-                            &ctx,
-                            bs,
-                            &out.narrow(0, t0, *n)?,
-                            (inputs.splits, part, acts.scratch.as_ref()),
-                        )?
+                        let (q, out) = (&q.narrow(0, t0, *n)?, &out.narrow(0, t0, *n)?);
+                        let tables = (&tables, inputs.width.as_ref());
+                        let splits = (inputs.splits, part, acts.scratch.as_ref());
+                        match inputs.runs.as_ref().filter(|_| inputs.verify) {
+                            Some(runs) => {
+                                let runs = runs.narrow(0, *first, *n)?;
+                                k.paged_verify_into(q, kv, tables, &ctx, &runs, bs, out, splits)?
+                            }
+                            None => k.paged_decode_into(q, kv, tables, &ctx, bs, out, splits)?,
+                        }
                     }
                     _ => prefill = true,
                 }

@@ -9,18 +9,22 @@
 use crate::engine::batch::{LogitRows, SeqInput, positions_and_slots};
 use crate::error::Result;
 
+/// The u32 fields of a row, each a `[bucket]` array of a graph's inputs.
+pub(super) const FIELDS: usize = 5;
+
 /// One row of a bucket's inputs.
 #[derive(Clone)]
 pub(super) struct Row<'a> {
-    /// Token, position, cache slot, context length.
-    pub(super) fields: [u32; 4],
+    /// Token, position, cache slot, context length, and where the row sits in its sequence's
+    /// rows (`(j << 16) | n`: row `j` of `n`; the shared-K/V verify attention reads it).
+    pub(super) fields: [u32; FIELDS],
     pub(super) table: &'a [u32],
 }
 
 /// A padding row: no KV write, no context.
 pub(super) fn padding() -> Row<'static> {
     Row {
-        fields: [0, 0, u32::MAX, 0],
+        fields: [0, 0, u32::MAX, 0, 1],
         table: &[],
     }
 }
@@ -74,8 +78,9 @@ pub(super) fn step_rows<'a>(
     for s in seqs {
         for j in 0..s.q_len {
             let context = s.context_len - s.q_len + j + 1;
+            let run = ((j as u32) << 16) | s.q_len as u32;
             rows.push(Row {
-                fields: [tokens[i], positions[i], slots[i], context as u32],
+                fields: [tokens[i], positions[i], slots[i], context as u32, run],
                 table: &s.block_table[..context.div_ceil(block_size)],
             });
             i += 1;
@@ -113,16 +118,16 @@ mod tests {
         assert_eq!(step_kind(&seqs), Some(StepKind::Verify));
         assert_eq!(step_kind(&seqs[..1]), Some(StepKind::Decode));
         let rows = step_rows(&[1, 2, 3, 4], &seqs, 4, 100).unwrap();
-        let fields: Vec<[u32; 4]> = rows.iter().map(|r| r.fields).collect();
+        let fields: Vec<[u32; FIELDS]> = rows.iter().map(|r| r.fields).collect();
         // Block size 4: position 4 of the first is its block 1 (8) slot 0; position 7 of the
         // second is block 1 (9) slot 3, position 8 block 2 (4) slot 0.
         assert_eq!(
             fields,
             vec![
-                [1, 4, 8 * 4, 5],
-                [2, 7, 9 * 4 + 3, 8],
-                [3, 8, 4 * 4, 9],
-                [4, 9, 4 * 4 + 1, 10]
+                [1, 4, 8 * 4, 5, 1],
+                [2, 7, 9 * 4 + 3, 8, 3],
+                [3, 8, 4 * 4, 9, (1 << 16) | 3],
+                [4, 9, 4 * 4 + 1, 10, (2 << 16) | 3]
             ]
         );
         let tables: Vec<&[u32]> = rows.iter().map(|r| r.table).collect();

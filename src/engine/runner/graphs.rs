@@ -33,7 +33,7 @@ use candle_core::cuda_backend::cudarc::driver::{CudaGraph, CudaStream, result, s
 use candle_core::{DType, Tensor};
 
 use super::buckets::{bucket_for, graph_buckets};
-use super::graph_rows::{Row, StepKind, Variant, padding, step_kind, step_rows};
+use super::graph_rows::{FIELDS, Row, StepKind, Variant, padding, step_kind, step_rows};
 use crate::engine::batch::SeqInput;
 use crate::engine::cuda::{CudaKernels, kernel_err};
 use crate::engine::model::Model;
@@ -136,8 +136,8 @@ impl DecodeGraphs {
             .qwen3
             .lora
             .as_ref()
-            .map(|_| bmax * (4 + max_width) + 1);
-        let input = k.alloc(bmax * (4 + max_width) + 1 + 3 * bmax, DType::U32)?;
+            .map(|_| bmax * (FIELDS + max_width) + 1);
+        let input = k.alloc(bmax * (FIELDS + max_width) + 1 + 3 * bmax, DType::U32)?;
         let input_ptr = k.ptr(&input)?;
         let acts = Activations::new(k, &model.qwen3, bmax, 1, partials)?;
         let splits = buckets.iter().map(|&b| splits_of(b)).collect();
@@ -240,8 +240,11 @@ impl DecodeGraphs {
             0 => 0,
             rows => bucket_for(&self.buckets, rows).map_or(self.buckets.len(), |i| i + 1),
         };
+        // With the shared-K/V verify attention every verify size has a graph of its own;
+        // without it, only the buckets whose decode graph fuses the attention.
+        let shared = k.shares_verify_kv();
         for (&b, &fused) in self.buckets[..verified].iter().zip(&self.fused) {
-            verify_graphs.push(if fused {
+            verify_graphs.push(if fused || shared {
                 Some(self.capture_one(model, k, cache, b, Variant::Verify)?)
             } else {
                 None
@@ -299,6 +302,9 @@ impl DecodeGraphs {
             inputs.lora = Some(self.input.narrow(0, at, 3 * b)?);
         }
         inputs.verify = variant == Variant::Verify;
+        if !inputs.verify || !k.shares_verify_kv() {
+            inputs.runs = None;
+        }
         let acts = self.acts.rows(b)?;
         let plan = AttnPlan {
             groups: vec![AttnGroup::KernelDecode { n: b, first: 0 }],
@@ -321,8 +327,9 @@ impl DecodeGraphs {
             pos: at(b, b)?,
             slots: at(2 * b, b)?,
             ctx_lens: at(3 * b, b)?,
-            width: Some(at(4 * b, 1)?),
-            tables: at(4 * b + 1, b * self.max_width)?,
+            runs: Some(at(4 * b, b)?),
+            width: Some(at(FIELDS * b, 1)?),
+            tables: at(FIELDS * b + 1, b * self.max_width)?,
             splits: self.splits[self.buckets.iter().position(|&x| x == b).unwrap_or(0)],
             prefill: (ids.clone(), ids.clone(), ids.clone()),
             prefill_keys: 0,
@@ -332,11 +339,11 @@ impl DecodeGraphs {
         })
     }
 
-    /// Writes a bucket's inputs: `rows` (token, position, slot, context length, block table)
-    /// padded to `b` rows, tables `width` blocks wide.
+    /// Writes a bucket's inputs: `rows` (token, position, slot, context length, run, block
+    /// table) padded to `b` rows, tables `width` blocks wide.
     fn upload(&self, b: usize, rows: &[Row<'_>], width: usize) -> Result<()> {
-        let mut host = Vec::with_capacity(4 * b + 1 + b * width);
-        for field in 0..4 {
+        let mut host = Vec::with_capacity(FIELDS * b + 1 + b * width);
+        for field in 0..FIELDS {
             host.extend(rows.iter().map(|r| r.fields[field]));
         }
         host.push(width as u32);
@@ -424,10 +431,12 @@ impl DecodeGraphs {
         let Some(bi) = bucket_for(&self.buckets, n) else {
             return Ok(None);
         };
+        let verify_graph = self.verify_graphs.get(bi).and_then(Option::as_ref);
         let graph = match (lora, verify) {
             (true, _) => self.lora_graphs.get(bi),
+            (false, true) if verify_graph.is_some() => verify_graph,
             (false, true) if self.fused.get(bi) == Some(&false) => self.graphs.get(bi),
-            (false, true) => self.verify_graphs.get(bi).and_then(Option::as_ref),
+            (false, true) => None,
             (false, false) => self.graphs.get(bi),
         };
         let Some(graph) = graph else {

@@ -2,10 +2,12 @@
 //! KV sizing, CUDA graphs, the tensor-parallel hello) and runs steps (`model_runner.rs`): it
 //! owns the model, the KV tensors and the link to the workers; the scheduler hands it a batch
 //! (tokens and `SeqInput`s) and gets logits back, then the ids drawn from them
-//! (`ModelRunner::draw_ids` with each row's [`RowDraw`], `sampler.rs`). Also here: the graph buckets (`buckets.rs`),
+//! (`ModelRunner::draw_ids` with each row's [`RowDraw`], `sampler.rs`), and the drafts a verify
+//! step keeps (`accept.rs`). Also here: the graph buckets (`buckets.rs`),
 //! the graphs (`graphs.rs`, CUDA), the KV cache's dtype and fp8 scales (`kv_scales.rs`) and the
 //! loop ranks above 0 run (`worker.rs`).
 
+pub mod accept;
 pub mod buckets;
 pub(crate) mod draft;
 // The CPU build runs its tests; only the CUDA graphs use it.

@@ -55,7 +55,7 @@ impl HostIds {
 
 /// The model, its KV tensors and (on a tensor-parallel head) the link to the workers.
 pub(crate) struct ModelRunner {
-    model: Model,
+    pub(super) model: Model,
     cache: PagedKvCache,
     /// Decode steps replayed as CUDA graphs (captured by [`ModelRunner::capture_graphs`]).
     #[cfg(feature = "cuda")]

@@ -177,7 +177,15 @@ impl Scheduler {
         let logits = self.penalized(logits, &rows)?;
         let logits = self.constrained(logits, &rows)?;
         let ids = self.draw_ids(&logits, &rows, 0)?;
-        let chosen: Vec<u32> = ids.to_vec1()?;
+        // The drawn ids, and (a step with drafts) the drafts each sequence keeps, decided on
+        // the device: one read.
+        let (chosen, kept) = if counts.iter().any(|&c| c > 1) {
+            let (drafts, starts) = self.draft_rows(plan, &counts);
+            self.runner.accept_drafts(&ids, &drafts, &starts)?
+        } else {
+            (ids.to_vec1()?, Vec::new())
+        };
+        let mut kept = kept.into_iter();
         // Rows whose request asks for log-probabilities: computed now, with the ids.
         let lp_rows: Vec<LogprobRow> = rows
             .iter()
@@ -218,10 +226,15 @@ impl Scheduler {
         let mut row = 0;
         for (k, p) in plan.iter().enumerate() {
             let c = counts[k];
+            let kept = if c > 0 {
+                kept.next().unwrap_or(0) as usize
+            } else {
+                0
+            };
             if c > 1 {
                 let s = &mut self.running[p.index];
-                s.verified = super::speculate::verified(&s.draft, &chosen[row..row + c]);
-                let kept = s.verified.len() - 1;
+                let kept = kept.min(c - 1);
+                s.verified = chosen[row..=row + kept].to_vec();
                 super::speculate::after_verify(s, kept);
                 if let Some(kv) = s.draft_kv.as_mut() {
                     kv.keep(s.tokens.len(), s.draft.len(), kept);

@@ -20,7 +20,7 @@
 
 use super::core::Scheduler;
 use super::ngram::NgramIndex;
-use super::seq::Seq;
+use super::seq::{Planned, Seq};
 use crate::engine::options::{DraftReplay, SpeculativeMethod};
 use crate::engine::runner::sampler::Rng;
 
@@ -46,6 +46,22 @@ impl Scheduler {
         if self.opts.speculative.is_some() && !self.speculating() {
             self.stats.lock().spec_paused_steps += 1;
         }
+    }
+
+    /// What the device checks a step's draws against (`ModelRunner::accept_drafts`): per
+    /// logits row the draft its draw must equal (`u32::MAX` after a sequence's last draft and
+    /// for rows without drafts), and where each sequence with logits rows (`counts`) starts.
+    pub(super) fn draft_rows(&self, plan: &[Planned], counts: &[usize]) -> (Vec<u32>, Vec<u32>) {
+        let (mut drafts, mut starts) = (Vec::new(), vec![0u32]);
+        for (p, &c) in plan.iter().zip(counts).filter(|(_, c)| **c > 0) {
+            let draft = &self.running[p.index].draft;
+            for j in 0..c {
+                let d = if c > 1 { draft.get(j).copied() } else { None };
+                drafts.push(d.unwrap_or(u32::MAX));
+            }
+            starts.push(drafts.len() as u32);
+        }
+        (drafts, starts)
     }
 
     /// Sets `running[i]`'s drafts for a decode step with at most `budget` tokens in all
@@ -131,21 +147,20 @@ pub(super) fn after_verify(s: &mut Seq, kept: usize) {
     }
 }
 
-/// How many drafts the model's choices confirm: `targets[i]` is the model's token (argmax
-/// or draw) after the last token and `i` drafts; drafts are kept while they equal it. The kept drafts and the
-/// target after them are the sequence's new tokens.
-pub(super) fn verified(draft: &[u32], targets: &[u32]) -> Vec<u32> {
-    let kept = draft
-        .iter()
-        .zip(targets)
-        .take_while(|(d, t)| d == t)
-        .count();
-    targets[..=kept.min(targets.len() - 1)].to_vec()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sequence's new tokens after a verify: the kept drafts and the target after them
+    /// (`targets[i]`: the model's token after the last token and `i` drafts), by the engine's
+    /// rule (`runner::accept::kept_drafts`).
+    fn verified(draft: &[u32], targets: &[u32]) -> Vec<u32> {
+        let mut drafts = draft.to_vec();
+        drafts.push(u32::MAX);
+        let n = targets.len() as u32;
+        let kept = crate::engine::runner::accept::kept_drafts(targets, &drafts, &[0, n])[0];
+        targets[..=kept as usize].to_vec()
+    }
 
     #[test]
     fn the_longest_earlier_suffix_proposes_what_followed_it() {
@@ -278,13 +293,5 @@ mod tests {
         }
         // 124 degrees of freedom: the 0.1% critical value is ~170.
         assert!(chi2 < 170.0, "chi-square {chi2:.1}");
-    }
-
-    #[test]
-    fn drafts_are_kept_while_they_equal_the_models_choice() {
-        assert_eq!(verified(&[5, 6, 7], &[5, 6, 9, 1]), vec![5, 6, 9]);
-        assert_eq!(verified(&[5, 6, 7], &[5, 6, 7, 1]), vec![5, 6, 7, 1]);
-        assert_eq!(verified(&[5, 6, 7], &[4, 6, 7, 1]), vec![4]);
-        assert_eq!(verified(&[], &[4]), vec![4]);
     }
 }
