@@ -74,7 +74,10 @@ __device__ void paged_verify(const DecodeParams& p, const uint32_t* __restrict__
   const uint32_t* table = p.block_tables + (size_t)(b + last) * W;
   const size_t head_base = (size_t)kh * p.num_slots;
   const int block_size = p.block_size;
-  constexpr int FETCH = 2;
+  // Every K/V load of a half-warp's tokens in flight at once where the partition allows
+  // (the launcher cuts partitions as short as the grid allows: a verify block's rounds of
+  // dependent loads, not its bytes, are its time).
+  constexpr int FETCH = 4;
   using Raw = typename KvRaw<KT>::type;
   for (int base = start; base < end; base += GROUPS * FETCH) {
     Raw kr[FETCH], vr[FETCH];

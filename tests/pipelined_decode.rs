@@ -18,6 +18,8 @@ fn engine(dir: &Path, pipelined: bool) -> (ModelRegistry, policy_serve::Engine) 
         .with_options(EngineOptions {
             device: DeviceChoice::Cpu,
             pipelined_decode: pipelined,
+            // Pipelining is what is tested: speculation (on by default) pauses it at small batches.
+            speculative: None,
             ..EngineOptions::default()
         });
     let e = r.model("tiny").unwrap().engine().clone();
@@ -175,6 +177,8 @@ fn decode_stays_pipelined_while_requests_wait_for_a_slot() {
                 device: DeviceChoice::Cpu,
                 pipelined_decode: pipelined,
                 max_running: Some(2),
+                // Pipelining is what is tested: speculation (on by default) pauses it at small batches.
+                speculative: None,
                 ..EngineOptions::default()
             });
         let e = r.model("tiny").unwrap().engine().clone();
@@ -287,6 +291,8 @@ fn pipelined_decode_under_kv_pressure_and_shared_prefixes_changes_no_answer() {
                     ..Default::default()
                 },
                 kv_host_gib,
+                // Pipelining is what is tested: speculation (on by default) pauses it at small batches.
+                speculative: None,
                 ..EngineOptions::default()
             });
         let e = r.model("tiny").unwrap().engine().clone();
@@ -373,6 +379,8 @@ fn soak_random_workloads_pipelined_equal_unpipelined() {
                     ..Default::default()
                 },
                 kv_host_gib: if d.below(2) == 0 { 0.0 } else { 1.0 },
+                // Pipelining is what is tested: speculation (on by default) pauses it at small batches.
+                speculative: None,
                 ..EngineOptions::default()
             });
         let e = r.model("tiny").unwrap().engine().clone();

@@ -133,6 +133,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         profile_steps: (a.profile_steps > 0).then_some(a.profile_steps),
         grammar_mask_parts: a.grammar_mask_parts,
         kernels: a.kernels.options(),
+        // Plain decode: speculation (on by default) is measured by `--spec-ks`.
+        speculative: None,
         kv_host_gib: a.kv_host_gib,
         kv_dtype: a.kv_cache_dtype,
         ..EngineOptions::default()

@@ -545,6 +545,7 @@ fn main() -> Res<()> {
     }
     if a.verify_only {
         verify::checks(&dev, &mut t)?;
+        verify::timings(&dev)?;
         return report(t);
     }
     if a.fp8_only {

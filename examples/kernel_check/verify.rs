@@ -11,8 +11,9 @@ use policy_serve::engine::runner::accept::kept_drafts;
 
 use super::{Res, Table, randn, rel};
 
-/// One case: sequences given as (rows, context of the first row); a padding row (context 0)
+/// One case (timed too with `time`): sequences given as (rows, context of the first row); a padding row (context 0)
 /// after the first sequence; `nh`/`nkv` heads; `splits` partitions (None: an eager step's).
+#[allow(clippy::too_many_arguments)]
 fn case(
     k: &CudaKernels,
     dev: &Device,
@@ -21,6 +22,7 @@ fn case(
     (nh, nkv): (usize, usize),
     splits: Option<usize>,
     fp8: Option<KvScale>,
+    time: bool,
 ) -> Res<f32> {
     let (hd, bs) = (128usize, 16usize);
     // Rows: (context, run field, sequence).
@@ -98,7 +100,59 @@ fn case(
     };
     let reference = run(false)?;
     let out = run(true)?;
+    if time {
+        // Microseconds a launch (with its reduce), 100 back to back between two events.
+        let mut us = [0f64; 2];
+        for (shared, u) in [false, true].into_iter().zip(&mut us) {
+            run(shared)?;
+            let t0 = k.event()?;
+            for _ in 0..100 {
+                run(shared)?;
+            }
+            *u = k.event()?.ms_since(&t0) * 10.0;
+        }
+        println!(
+            "| {seqs:?} | {b} | {splits} | {:.1} | {:.1} |",
+            us[0], us[1]
+        );
+    }
     Ok(rel(&out, &reference)?)
+}
+
+/// Both attentions timed on verify steps of K = 4 and 8 at the graphs' partitions
+/// (`graph_splits`: 16 for 5-16 rows, 8 for 17-64), contexts 600 and 8k.
+pub fn timings(dev: &Device) -> Res<()> {
+    let opts = LaunchOptions {
+        shared_kv_verify: true,
+        ..LaunchOptions::default()
+    };
+    let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
+    println!(
+        "| sequences (rows, first context) | rows | splits | one row a block, us | shared K/V, us |"
+    );
+    println!("|---|---|---|---|---|");
+    let one = |n: usize, ctx: usize| vec![(n, ctx)];
+    let eight = |n: usize, ctx: usize| vec![(n, ctx); 8];
+    for (seqs, splits) in [
+        (one(5, 600), 16),
+        (eight(5, 600), 8),
+        (one(9, 600), 16),
+        (one(5, 8192), 16),
+        (eight(5, 8192), 8),
+        (one(9, 32768), 16),
+    ] {
+        case(
+            &k,
+            dev,
+            DType::BF16,
+            &seqs,
+            (16, 8),
+            Some(splits),
+            None,
+            true,
+        )?;
+    }
+    Ok(())
 }
 
 /// `spec_accept` against the host rule (`kept_drafts`) on 300 sequences of 1-17 rows whose
@@ -169,7 +223,7 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         let k = CudaKernels::new(dev, dt, &opts)?.ok_or("no kernels")?;
         let tol = if dt == DType::F32 { 1e-4 } else { 1e-2 };
         for &(seqs, heads, splits) in cases {
-            let err = case(&k, dev, dt, seqs, heads, splits, None)?;
+            let err = case(&k, dev, dt, seqs, heads, splits, None, false)?;
             let name = format!(
                 "paged_verify {dt:?} seqs {seqs:?} nh {} nkv {} splits {}",
                 heads.0,
@@ -182,7 +236,16 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
     let scale = KvScale { k: 0.25, v: 4.0 };
     for &(seqs, heads, splits) in &cases[..6] {
-        let err = case(&k, dev, DType::BF16, seqs, heads, splits, Some(scale))?;
+        let err = case(
+            &k,
+            dev,
+            DType::BF16,
+            seqs,
+            heads,
+            splits,
+            Some(scale),
+            false,
+        )?;
         t.check(
             format!("paged_verify fp8 seqs {seqs:?} nh {}", heads.0),
             err,

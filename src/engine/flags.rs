@@ -71,10 +71,10 @@ pub struct EngineFlags {
     /// Log where each step's time goes, summed over this many steps (0: no profile).
     #[arg(long, default_value_t = 0)]
     pub profile_steps: u64,
-    /// Speculative decoding: `ngram` (prompt lookup) or `draft` (a draft model,
-    /// `--speculative-model`). Off when absent.
-    #[arg(long, value_parser = ["ngram", "draft"])]
-    pub speculative_method: Option<String>,
+    /// Speculative decoding: `ngram` (prompt lookup, the default), `draft` (a draft model,
+    /// `--speculative-model`) or `none` (off).
+    #[arg(long, default_value = "ngram", value_parser = ["none", "ngram", "draft"])]
+    pub speculative_method: String,
     /// The draft model's directory for `--speculative-method draft` (the same tokenizer as
     /// the served model).
     #[arg(long)]
@@ -89,8 +89,10 @@ pub struct EngineFlags {
     #[arg(long, default_value_t = 8)]
     pub speculative_max_batch: usize,
     /// A sequence whose drafts all failed decodes its next steps without drafts (1, 3, 7,
-    /// then 15 steps as the failures repeat).
-    #[arg(long)]
+    /// then 15 steps as the failures repeat). On by default; `--speculative-backoff false`
+    /// drafts every step.
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true",
+          action = clap::ArgAction::Set)]
     pub speculative_backoff: bool,
     /// Reserve LoRA adapter slots (`EngineOptions::lora`; on by itself for a model that
     /// serves `--adapter`s).
@@ -239,9 +241,8 @@ impl EngineFlags {
             cuda_graphs: !self.no_cuda_graphs,
             pipelined_decode: !self.no_pipelined_decode,
             profile_steps: (self.profile_steps > 0).then_some(self.profile_steps),
-            speculative: self
-                .speculative_method
-                .as_ref()
+            speculative: Some(self.speculative_method.as_str())
+                .filter(|m| *m != "none")
                 .map(|m| SpeculativeOptions {
                     method: if m == "draft" {
                         SpeculativeMethod::Draft

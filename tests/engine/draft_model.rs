@@ -13,6 +13,7 @@ fn with_draft(dir: std::path::PathBuf, blocks: Option<usize>) -> EngineOptions {
         speculative: Some(SpeculativeOptions {
             method: SpeculativeMethod::Draft,
             max_batch: 16,
+            backoff: false,
             ..SpeculativeOptions::default()
         }),
         speculative_model: Some(dir),

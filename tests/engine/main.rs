@@ -25,9 +25,12 @@ use policy_serve::{
     EngineOptions, Error, GenerationRequest, ModelRegistry, ModelSpec, SamplingParams,
 };
 
+/// The tests' engine: the CPU, plain decoding (speculation, on by default, is what
+/// `speculative.rs` and `draft_model.rs` turn on and compare against this).
 pub(crate) fn options() -> EngineOptions {
     EngineOptions {
         device: DeviceChoice::Cpu,
+        speculative: None,
         ..EngineOptions::default()
     }
 }

@@ -11,6 +11,7 @@ fn spec() -> EngineOptions {
     EngineOptions {
         speculative: Some(SpeculativeOptions {
             max_batch: 16,
+            backoff: false,
             ..SpeculativeOptions::default()
         }),
         ..options()
@@ -471,4 +472,45 @@ fn the_backoff_verifies_failing_drafts_less_often_and_changes_no_answer() {
     assert_eq!(st.spec_accepted_tokens, st.spec_draft_tokens, "{st:?}");
     // 39 tokens after the prefill's, 5 a verify: 8 verifies each, none skipped.
     assert_eq!(st.spec_verify_steps, 2 * 8, "{st:?}");
+}
+
+/// Speculation is on by default (n-gram drafts, K 4, the backoff, up to 8 running
+/// sequences), for the library's `EngineOptions::default()` and for the flags alike: an
+/// engine built with only its device chosen verifies drafts on self-repeating prompts and
+/// answers as plain decoding does; `--speculative-method none` turns it off. Mutation that
+/// fails it: the default left at `None` (no verify step).
+#[test]
+fn the_default_engine_speculates_and_answers_as_plain_decoding() {
+    use clap::Parser;
+    let reqs: Vec<GenerationRequest> = (0..3)
+        .map(|i| GenerationRequest::new(repetitive(50 + i)).max_new_tokens(24))
+        .collect();
+    let (plain, _) = run(options(), &reqs);
+    let defaults = EngineOptions {
+        device: DeviceChoice::Cpu,
+        ..EngineOptions::default()
+    };
+    assert_eq!(defaults.speculative, Some(SpeculativeOptions::default()));
+    assert!(SpeculativeOptions::default().backoff);
+    let (out, st) = run(defaults, &reqs);
+    assert_eq!(tokens(&out), tokens(&plain));
+    assert!(st.spec_verify_steps > 0, "{st:?}");
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        flags: policy_serve::engine::EngineFlags,
+    }
+    let flags = |args: &[&str]| {
+        let argv = std::iter::once("x").chain(args.iter().copied());
+        Cli::try_parse_from(argv)
+            .unwrap()
+            .flags
+            .options()
+            .speculative
+    };
+    assert_eq!(flags(&[]), Some(SpeculativeOptions::default()));
+    assert_eq!(flags(&["--speculative-method", "none"]), None);
+    let no_backoff = flags(&["--speculative-backoff", "false"]).unwrap();
+    assert!(!no_backoff.backoff);
+    assert!(flags(&["--speculative-backoff"]).unwrap().backoff);
 }

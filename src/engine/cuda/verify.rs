@@ -136,6 +136,10 @@ impl CudaKernels {
             &verify.attend[chunk]
         };
         let splits = splits.max(1);
+        // Partitions as short as `splits` allows (16 tokens at least): a chunk's block serves
+        // up to 8 query vectors, and its time is its rounds of dependent K/V loads, so short
+        // partitions over more blocks finish sooner (the reduce cuts them alike).
+        let part = 16.min(part);
         let what = "paged_verify";
         let sp = (splits, part, scratch);
         let params = self.decode_params(q, kv, tables, ctx_lens, block_size, out, sp, what)?;
