@@ -116,7 +116,7 @@ fn case(
             us[0], us[1]
         );
     }
-    Ok(rel(&out, &reference)?)
+    rel(&out, &reference)
 }
 
 /// Both attentions timed on verify steps of K = 4 and 8 at the graphs' partitions

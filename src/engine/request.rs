@@ -305,6 +305,9 @@ pub struct EngineStats {
     /// Speculative decoding: decode steps run without drafts because more sequences ran
     /// than `SpeculativeOptions::max_batch` allows.
     pub spec_paused_steps: u64,
+    /// Speculative decoding with a draft model: its forwards (each drafts one token for
+    /// every sequence drafting that step, or catches one up on a long stretch of tokens).
+    pub spec_draft_forwards: u64,
     /// LoRA adapters moved into a device slot (a first use, or back after the slot went to
     /// another adapter).
     pub adapter_loads: u64,

@@ -60,7 +60,8 @@ fn requests() -> Vec<GenerationRequest> {
 /// The target drafting for itself: every draft is the target's own choice (kept), and the
 /// answers, greedy and seeded, equal plain decoding's. Mutations that fail it: a draft KV
 /// not cut back after a verify (`DraftKv::keep`: later drafts from a stale context would be
-/// dropped), drafts made from the draft model's KV one position short.
+/// dropped), drafts made from the draft model's KV one position short, drafts made one
+/// sequence at a time (K forwards a sequence, not K a step).
 #[test]
 fn the_target_drafting_for_itself_keeps_every_greedy_draft_and_changes_no_answer() {
     let reqs = requests();
@@ -73,6 +74,14 @@ fn the_target_drafting_for_itself_keeps_every_greedy_draft_and_changes_no_answer
     assert_eq!(greedy, plain[..4].to_vec());
     assert_eq!(st.spec_accepted_tokens, st.spec_draft_tokens, "{st:?}");
     assert!(st.spec_mean_accepted_length().unwrap() > 4.0, "{st:?}");
+    // The four draft together: a step's K drafts take K forwards of the draft model for all
+    // of them (about one a verifying sequence-step), not K a sequence (four).
+    assert!(
+        st.spec_draft_forwards < 2 * st.spec_verify_steps,
+        "{} draft forwards for {} verifies",
+        st.spec_draft_forwards,
+        st.spec_verify_steps
+    );
 }
 
 /// Another model drafting (a tiny model of another seed, same tokenizer): most drafts are

@@ -514,3 +514,41 @@ fn the_default_engine_speculates_and_answers_as_plain_decoding() {
     assert!(!no_backoff.backoff);
     assert!(flags(&["--speculative-backoff"]).unwrap().backoff);
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(10))]
+    /// KV accounting under random acceptance: sequences draft from replays of their plain
+    /// answers with a random fraction wrong (so each verify keeps a random count of drafts),
+    /// K 1-6, in a pool of 8-16 blocks (blocks grown for drafts, then released when the
+    /// drafts are rejected, under preemption). Every answer equals plain decoding and, once
+    /// all are done, every block is free or cached: none is leaked or counted twice.
+    /// Mutations that fail it: blocks grown for rejected drafts kept past the sequence's end,
+    /// a draft's KV counted as computed.
+    #[test]
+    fn random_acceptance_keeps_the_block_counts(
+        corrupt in 0.0f64..=1.0,
+        k in 1usize..=6,
+        n in 1u32..=4,
+        new in 8usize..=28,
+        blocks in 8usize..=16,
+    ) {
+        let (reqs, plain) = replay_setup(n, 200 + n * 7 + new as u32, new);
+        let opts = EngineOptions {
+            speculative: Some(SpeculativeOptions {
+                num_tokens: k,
+                max_batch: 16,
+                backoff: false,
+                ..SpeculativeOptions::default()
+            }),
+            kv_budget: KvBudget {
+                blocks: Some(blocks),
+                ..KvBudget::default()
+            },
+            ..options()
+        };
+        let (out, st) = run(opts, &replayed(&reqs, &plain, Some(corrupt)));
+        proptest::prop_assert_eq!(tokens(&out), tokens(&plain));
+        proptest::prop_assert!(st.spec_verify_steps > 0, "{:?}", st);
+        proptest::prop_assert_eq!(st.blocks_free + st.cached_blocks, st.blocks_total, "{:?}", st);
+    }
+}

@@ -29,6 +29,8 @@ use crate::error::{Error, Result};
 /// The draft model and its KV cache.
 pub(crate) struct DraftRunner {
     model: Model,
+    /// Forwards run so far (`EngineStats::spec_draft_forwards`).
+    forwards: std::sync::atomic::AtomicU64,
     cache: PagedKvCache,
     free: Arc<Mutex<Vec<u32>>>,
     block_size: usize,
@@ -39,7 +41,11 @@ pub(crate) struct DraftRunner {
 #[derive(Default)]
 pub(crate) struct DraftKv {
     blocks: Vec<u32>,
+    /// Positions whose KV is written (the sequence's tokens, then drafts fed back).
     computed: usize,
+    /// Positions whose KV is of the sequence's own tokens (drafts not yet verified excluded):
+    /// a sequence that gains tokens without a verify (its drafts dropped) starts from here.
+    valid: usize,
     pool: Option<Arc<Mutex<Vec<u32>>>>,
 }
 
@@ -50,6 +56,7 @@ impl DraftKv {
         // It saw the `len` tokens and the drafts it fed back (all but the last).
         let fed = drafted.saturating_sub(1);
         self.computed = self.computed.min(len + accepted.min(fed));
+        self.valid = self.computed;
     }
 }
 
@@ -140,6 +147,7 @@ impl DraftRunner {
         );
         Ok(Self {
             model,
+            forwards: Default::default(),
             cache,
             free: Arc::new(Mutex::new((0..num_blocks as u32).rev().collect())),
             block_size: opts.block_size,
@@ -147,51 +155,113 @@ impl DraftRunner {
         })
     }
 
-    /// Up to `k` greedy drafts after `tokens`: the draft model's KV of them caught up first
-    /// (in prefill chunks), then one forward a draft. Fewer (or none) when the pool has no
-    /// blocks for them.
+    /// Up to `k` greedy drafts after `tokens` ([`DraftRunner::propose_batch`] of one).
     pub(crate) fn propose(&self, tokens: &[u32], kv: &mut DraftKv, k: usize) -> Result<Vec<u32>> {
-        if k == 0 || tokens.is_empty() {
-            return Ok(Vec::new());
-        }
-        kv.pool.get_or_insert_with(|| self.free.clone());
-        // Positions up to len + k - 2 are written (the drafts fed back but the last).
-        let need = (tokens.len() + k - 1).div_ceil(self.block_size);
-        {
-            let mut free = self.free.lock();
-            while kv.blocks.len() < need {
-                match free.pop() {
-                    Some(b) => kv.blocks.push(b),
-                    None => return Ok(Vec::new()),
-                }
+        let mut one = [(tokens, kv, k)];
+        Ok(self.propose_batch(&mut one)?.pop().unwrap_or_default())
+    }
+
+    /// Greedy drafts for several sequences at once: `items[i]` is (its tokens, its draft KV,
+    /// how many drafts). Each sequence's KV is caught up on the tokens it has not seen (all
+    /// but its last prefill chunk alone, the last one in the batch's first forward, whose last
+    /// logits are its first draft), then one forward of every sequence still drafting gives
+    /// each its next draft. A sequence whose blocks the pool cannot give gets none.
+    pub(crate) fn propose_batch(
+        &self,
+        items: &mut [(&[u32], &mut DraftKv, usize)],
+    ) -> Result<Vec<Vec<u32>>> {
+        let mut drafts = vec![Vec::new(); items.len()];
+        let mut live = Vec::with_capacity(items.len());
+        for (i, (tokens, kv, k)) in items.iter_mut().enumerate() {
+            if *k == 0 || tokens.is_empty() || !self.reserve(kv, tokens.len() + *k - 1) {
+                continue;
             }
+            kv.computed = kv.computed.min(kv.valid).min(tokens.len() - 1);
+            while tokens.len() - kv.computed > self.prefill_chunk {
+                let end = kv.computed + self.prefill_chunk;
+                self.step(&tokens[kv.computed..end], end, &kv.blocks, false)?;
+                kv.computed = end;
+                kv.valid = end;
+            }
+            live.push(i);
         }
-        kv.computed = kv.computed.min(tokens.len() - 1);
-        let mut next = None;
-        while kv.computed < tokens.len() {
-            let q = (tokens.len() - kv.computed).min(self.prefill_chunk);
-            let end = kv.computed + q;
-            next = self.step(
-                &tokens[kv.computed..end],
-                end,
-                &kv.blocks,
-                end == tokens.len(),
-            )?;
-            kv.computed = end;
-        }
-        let mut drafts = Vec::with_capacity(k);
-        let mut next =
-            next.ok_or_else(|| Error::Engine("the draft model returned no logits".into()))?;
-        drafts.push(next);
-        for _ in 1..k {
-            let ctx = kv.computed + 1;
-            next = self
-                .step(&[next], ctx, &kv.blocks, true)?
-                .ok_or_else(|| Error::Engine("the draft model returned no logits".into()))?;
-            kv.computed = ctx;
-            drafts.push(next);
+        let mut first = true;
+        while !live.is_empty() {
+            // The first round feeds each sequence's unseen tokens, the others its last draft.
+            let mut flat = Vec::new();
+            let mut fed = Vec::with_capacity(live.len());
+            for &i in &live {
+                let (tokens, kv, _) = &items[i];
+                let start = flat.len();
+                match drafts[i].last() {
+                    Some(&d) if !first => flat.push(d),
+                    _ => flat.extend_from_slice(&tokens[kv.computed..]),
+                }
+                fed.push(flat.len() - start);
+            }
+            let ids = {
+                let inputs: Vec<SeqInput<'_>> = live
+                    .iter()
+                    .zip(&fed)
+                    .map(|(&i, &q)| SeqInput {
+                        q_len: q,
+                        context_len: items[i].1.computed + q,
+                        block_table: &items[i].1.blocks,
+                        logits: LogitRows::Last,
+                        adapter: None,
+                    })
+                    .collect();
+                self.count_forward();
+                let logits = self
+                    .model
+                    .forward(&flat, &inputs, &self.cache, None)?
+                    .ok_or_else(|| Error::Engine("the draft model returned no logits".into()))?;
+                crate::engine::runner::sampler::greedy_ids(&self.model, &logits)?
+                    .to_vec1::<u32>()?
+            };
+            if ids.len() != live.len() {
+                return Err(Error::Engine(format!(
+                    "the draft model returned {} tokens for {} sequences",
+                    ids.len(),
+                    live.len()
+                )));
+            }
+            for ((&i, &q), id) in live.iter().zip(&fed).zip(ids) {
+                let kv = &mut items[i].1;
+                kv.computed += q;
+                if first {
+                    kv.valid = kv.computed;
+                }
+                drafts[i].push(id);
+            }
+            first = false;
+            live.retain(|&i| drafts[i].len() < items[i].2);
         }
         Ok(drafts)
+    }
+
+    /// The draft model's forwards so far.
+    pub(crate) fn forwards(&self) -> u64 {
+        self.forwards.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn count_forward(&self) {
+        self.forwards
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Blocks for `positions` KV positions of `kv` from the pool (false: not enough free).
+    fn reserve(&self, kv: &mut DraftKv, positions: usize) -> bool {
+        kv.pool.get_or_insert_with(|| self.free.clone());
+        let need = positions.div_ceil(self.block_size);
+        let mut free = self.free.lock();
+        while kv.blocks.len() < need {
+            match free.pop() {
+                Some(b) => kv.blocks.push(b),
+                None => return false,
+            }
+        }
+        true
     }
 
     /// One forward of `tokens` ending the context at `context_len`; the argmax after the last
@@ -214,6 +284,7 @@ impl DraftRunner {
             },
             adapter: None,
         }];
+        self.count_forward();
         let Some(logits) = self.model.forward(tokens, &input, &self.cache, None)? else {
             return Ok(None);
         };

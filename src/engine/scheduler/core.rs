@@ -387,6 +387,7 @@ impl Scheduler {
             ngram: None,
             draft: Vec::new(),
             draft_kv: None,
+            drafted_ahead: None,
             spec_misses: 0,
             spec_skip: 0,
             verified: Vec::new(),

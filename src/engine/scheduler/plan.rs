@@ -25,6 +25,7 @@ impl Scheduler {
             let prefill = s.tokens.len() - s.computed != 1;
             (prefill, if prefill { None } else { s.slot })
         });
+        self.draft_ahead();
         let mut budget = self.opts.max_batched_tokens;
         let mut plan = StepPlan::default();
         let mut i = 0;

@@ -101,6 +101,9 @@ pub(super) struct Seq {
     pub(super) draft: Vec<u32>,
     /// Speculative decoding with a draft model: this sequence's KV in its cache.
     pub(super) draft_kv: Option<crate::engine::runner::draft::DraftKv>,
+    /// Drafts the draft model made for this step in one batch with the other sequences'
+    /// (`Scheduler::draft_ahead`), for `Scheduler::draft` to take.
+    pub(super) drafted_ahead: Option<Vec<u32>>,
     /// Speculative decoding's backoff (`SpeculativeOptions::backoff`): verify steps in a row
     /// that kept no draft, and the steps left to decode without drafts.
     pub(super) spec_misses: u32,

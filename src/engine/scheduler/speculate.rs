@@ -64,6 +64,62 @@ impl Scheduler {
         (drafts, starts)
     }
 
+    /// With a draft model: the drafts of every decode sequence that may draft this step, made
+    /// in one batch (K forwards of all of them instead of K a sequence) and left for
+    /// [`Scheduler::draft`] to take (cut to the step's token budget there).
+    pub(super) fn draft_ahead(&mut self) {
+        let Some(o) = self.opts.speculative.filter(|_| self.speculating()) else {
+            return;
+        };
+        let Some(dm) = self.draft_model.as_ref() else {
+            return;
+        };
+        if o.method != SpeculativeMethod::Draft {
+            return;
+        }
+        let max_context = self.max_context;
+        let (mut items, mut who) = (Vec::new(), Vec::new());
+        for (i, s) in self.running.iter_mut().enumerate() {
+            s.drafted_ahead = None;
+            let skip = o.backoff && s.spec_skip > 0;
+            let decode = s.tokens.len() == s.computed + 1;
+            let k = room(s, max_context, o.num_tokens);
+            if !decode || skip || k == 0 || !eligible(s) || s.request.draft_replay.is_some() {
+                continue;
+            }
+            let Seq {
+                tokens, draft_kv, ..
+            } = s;
+            items.push((
+                &tokens[..],
+                draft_kv.get_or_insert_with(Default::default),
+                k,
+            ));
+            who.push(i);
+        }
+        if items.is_empty() {
+            return;
+        }
+        let made = dm.propose_batch(&mut items);
+        drop(items);
+        self.stats.lock().spec_draft_forwards = dm.forwards();
+        match made {
+            Ok(drafts) => {
+                for (i, d) in who.into_iter().zip(drafts) {
+                    self.running[i].drafted_ahead = Some(d);
+                }
+            }
+            Err(e) => {
+                // No drafts this step; those sequences decode as usual.
+                tracing::warn!(error = %e, "the draft model failed; decoding without drafts");
+                for i in who {
+                    self.running[i].draft_kv = None;
+                    self.running[i].drafted_ahead = Some(Vec::new());
+                }
+            }
+        }
+    }
+
     /// Sets `running[i]`'s drafts for a decode step with at most `budget` tokens in all
     /// (its last token included) and returns how many it got (0: a plain decode step).
     pub(super) fn draft(&mut self, i: usize, budget: usize) -> usize {
@@ -83,11 +139,7 @@ impl Scheduler {
             s.spec_skip -= 1;
             return 0;
         }
-        // Room: the drafts and the model's own next token within the cap and the context.
-        let room = (s.max_new.saturating_sub(s.generated() + 1))
-            .min(max_context.saturating_sub(s.tokens.len() + 1))
-            .min(budget.saturating_sub(1))
-            .min(o.num_tokens);
+        let room = room(s, max_context, o.num_tokens).min(budget.saturating_sub(1));
         if room == 0 {
             return 0;
         }
@@ -100,10 +152,16 @@ impl Scheduler {
                 let index = s.ngram.get_or_insert_with(|| NgramIndex::new(min, max));
                 s.draft = index.propose(&s.tokens, room);
             }
+            SpeculativeMethod::Draft if s.drafted_ahead.is_some() => {
+                s.draft = s.drafted_ahead.take().unwrap_or_default();
+                s.draft.truncate(room);
+            }
             SpeculativeMethod::Draft => {
                 let Some(dm) = draft_model else { return 0 };
                 let kv = s.draft_kv.get_or_insert_with(Default::default);
-                match dm.propose(&s.tokens, kv, room) {
+                let made = dm.propose(&s.tokens, kv, room);
+                self.stats.lock().spec_draft_forwards = dm.forwards();
+                match made {
                     Ok(d) => s.draft = d,
                     Err(e) => {
                         // No drafts this step; the sequence decodes as usual.
@@ -115,6 +173,13 @@ impl Scheduler {
         }
         s.draft.len()
     }
+}
+
+/// The drafts `s` may take (its next token's room within the cap and the context), at most `k`.
+fn room(s: &Seq, max_context: usize, k: usize) -> usize {
+    (s.max_new.saturating_sub(s.generated() + 1))
+        .min(max_context.saturating_sub(s.tokens.len() + 1))
+        .min(k)
 }
 
 /// Benchmarks only (`DraftReplay`): up to `n` drafts for output positions `at..` of the
