@@ -29,6 +29,10 @@ use crate::error::{Error, Result};
 /// The draft model and its KV cache.
 pub(crate) struct DraftRunner {
     model: Model,
+    /// Its decode rounds (one token a sequence) replayed as CUDA graphs, for up to
+    /// `SpeculativeOptions::max_batch` sequences (with `EngineOptions::cuda_graphs`).
+    #[cfg(feature = "cuda")]
+    graphs: Option<super::graphs::DecodeGraphs>,
     /// Forwards run so far (`EngineStats::spec_draft_forwards`).
     forwards: std::sync::atomic::AtomicU64,
     cache: PagedKvCache,
@@ -121,14 +125,15 @@ impl DraftRunner {
         )
     }
 
-    /// The draft model `model` (of `cfg`, from `dir`) with a KV cache of `num_blocks` blocks.
+    /// The draft model `model` (of `cfg`, from `dir`) with a KV cache of `num_blocks` blocks
+    /// for contexts of up to `max_context` tokens.
     pub(crate) fn new(
         model: Model,
         cfg: &ModelConfig,
         dir: &Path,
         device: &Device,
         opts: &EngineOptions,
-        num_blocks: usize,
+        (num_blocks, max_context): (usize, usize),
     ) -> Result<Self> {
         let cache = PagedKvCache::new(
             cfg,
@@ -145,7 +150,13 @@ impl DraftRunner {
             kv_blocks = num_blocks,
             "speculative draft model loaded"
         );
+        #[cfg(feature = "cuda")]
+        let graphs = draft_graphs(&model, &cache, opts, max_context);
+        #[cfg(not(feature = "cuda"))]
+        let _ = max_context;
         Ok(Self {
+            #[cfg(feature = "cuda")]
+            graphs,
             model,
             forwards: Default::default(),
             cache,
@@ -212,10 +223,22 @@ impl DraftRunner {
                     })
                     .collect();
                 self.count_forward();
-                let logits = self
-                    .model
-                    .forward(&flat, &inputs, &self.cache, None)?
-                    .ok_or_else(|| Error::Engine("the draft model returned no logits".into()))?;
+                #[cfg(feature = "cuda")]
+                let replayed = match &self.graphs {
+                    Some(g) if !first => g.replay(&self.model, &flat, &inputs)?,
+                    _ => None,
+                };
+                #[cfg(not(feature = "cuda"))]
+                let replayed = None;
+                let logits = match replayed {
+                    Some(l) => l,
+                    None => self
+                        .model
+                        .forward(&flat, &inputs, &self.cache, None)?
+                        .ok_or_else(|| {
+                            Error::Engine("the draft model returned no logits".into())
+                        })?,
+                };
                 crate::engine::runner::sampler::greedy_ids(&self.model, &logits)?
                     .to_vec1::<u32>()?
             };
@@ -290,6 +313,43 @@ impl DraftRunner {
         };
         let ids = crate::engine::runner::sampler::greedy_ids(&self.model, &logits)?;
         Ok(ids.to_vec1::<u32>()?.first().copied())
+    }
+}
+
+/// The draft model's decode graphs: buckets up to `SpeculativeOptions::max_batch` sequences
+/// (their buffers are a few MB, outside the KV budget); `None` without graphs or on failure
+/// (the rounds then run eagerly).
+#[cfg(feature = "cuda")]
+fn draft_graphs(
+    model: &Model,
+    cache: &PagedKvCache,
+    opts: &EngineOptions,
+    max_context: usize,
+) -> Option<super::graphs::DecodeGraphs> {
+    let rows = opts.speculative.map_or(1, |o| o.max_batch.max(1));
+    if !opts.cuda_graphs {
+        return None;
+    }
+    let bs = opts.block_size;
+    let made = super::graphs::DecodeGraphs::allocate(model, (rows, rows), max_context, bs, &[])
+        .and_then(|g| {
+            g.map(|mut g| {
+                g.capture(model, cache, opts.kernels.graph_pdl)?;
+                Ok(g)
+            })
+            .transpose()
+        });
+    match made {
+        Ok(g) => {
+            if let Some(g) = &g {
+                tracing::info!(buckets = ?g.buckets(), "draft model decode graphs captured");
+            }
+            g
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no CUDA graphs for the draft model; it drafts eagerly");
+            None
+        }
     }
 }
 

@@ -349,7 +349,8 @@ impl ModelRunner {
         }
         let draft = draft
             .map(|(files, dcfg, _, m)| {
-                super::draft::DraftRunner::new(m, &dcfg, &files.dir, device, opts, num_blocks)
+                let sizes = (num_blocks, max_context);
+                super::draft::DraftRunner::new(m, &dcfg, &files.dir, device, opts, sizes)
             })
             .transpose()?;
         let world = shard.world;
