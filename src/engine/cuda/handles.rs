@@ -3,9 +3,13 @@
 
 use std::sync::Arc;
 
+use candle_core::DType;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaEvent, CudaFunction, CudaModule, PinnedHostSlice,
 };
+
+use super::launch::kernel_err;
+use crate::error::Result;
 
 /// The MoE kernels (`kernels/moe.cu`, `kernels/moe_mma.cu`): routing and sums `[bf16, f32]`;
 /// the experts' matmuls on CUDA cores `[bf16 tile 8, f32 tile 8, f32 tile 32, bf16 tile 1]`
@@ -78,3 +82,61 @@ pub(super) struct Fp8Kernels {
 pub(crate) struct Staging(
     pub(super) parking_lot::Mutex<Option<(PinnedHostSlice<u32>, Option<CudaEvent>)>>,
 );
+
+/// The verify attention of one compute dtype: GQA groups 1, 2 and 4 (group 8 has one row a
+/// chunk: the decode kernel serves it), over caches of that dtype and over fp8 caches (bf16
+/// only), and the merge of their partitions.
+pub(super) struct SharedKv {
+    pub(super) attend: [CudaFunction; 3],
+    pub(super) attend_fp8: Option<[CudaFunction; 3]>,
+    pub(super) reduce: CudaFunction,
+}
+
+/// The kernels of verify steps (`kernels/verify.cu`, launched by `verify.rs`), loaded with
+/// the rest (`CudaKernels::new`).
+pub(crate) struct SpecKernels {
+    /// The shared-K/V attention (with `LaunchOptions::shared_kv_verify`).
+    pub(super) shared: Option<SharedKv>,
+    pub(super) accept: CudaFunction,
+}
+
+impl SpecKernels {
+    /// The verify kernels of `module` (`kernels/verify.cu`) for `dtype` (`suffix` `bf16` or
+    /// `f32`); the attention only when `shared` asks for it.
+    pub(super) fn load(
+        module: &Arc<CudaModule>,
+        dtype: DType,
+        suffix: &str,
+        shared: bool,
+    ) -> Result<Self> {
+        let f = |name: String| {
+            module
+                .load_function(&name)
+                .map_err(|e| kernel_err(&format!("function {name}"), e))
+        };
+        let groups = |dt: &str| -> Result<[CudaFunction; 3]> {
+            Ok([
+                f(format!("paged_verify_g1_{dt}"))?,
+                f(format!("paged_verify_g2_{dt}"))?,
+                f(format!("paged_verify_g4_{dt}"))?,
+            ])
+        };
+        let shared = if shared {
+            Some(SharedKv {
+                attend: groups(suffix)?,
+                attend_fp8: if dtype == DType::BF16 {
+                    Some(groups("fp8")?)
+                } else {
+                    None
+                },
+                reduce: f(format!("paged_verify_reduce_{suffix}"))?,
+            })
+        } else {
+            None
+        };
+        Ok(Self {
+            accept: f("spec_accept".into())?,
+            shared,
+        })
+    }
+}

@@ -14,7 +14,7 @@ use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Shape, Storage, Tensor};
 
 use super::blas::Blas;
-use super::handles::{Fp8Kernels, MoeKernels};
+use super::handles::{Fp8Kernels, MoeKernels, SpecKernels};
 use super::launch::{self, kernel_err};
 pub use super::launch_options::LaunchOptions;
 use crate::error::Result;
@@ -32,6 +32,7 @@ static LORA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
 static MOE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe.fatbin"));
 static MOE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_mma.fatbin"));
+static VERIFY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/verify.fatbin"));
 
 /// Most token rows the CUDA-core skinny-matmul kernels (`kernels/gemv.cu`) take: where they
 /// beat cuBLAS on the H200 (at 3-8 rows their FMAs bound them; BENCHMARKS.md, "Decode steps
@@ -86,7 +87,7 @@ pub struct CudaKernels {
     pub(super) decode: [CudaFunction; 4],
     pub(super) decode_reduce: CudaFunction,
     /// The kernels of speculative verify steps (`kernels/verify.cu`).
-    pub(super) spec: super::verify::SpecKernels,
+    pub(super) spec: SpecKernels,
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge), bf16, GQA
     /// groups 1, 2, 4, 8; None for f32 or without `LaunchOptions::fused_decode`.
     pub(super) decode_fused: Option<[CudaFunction; 4]>,
@@ -320,7 +321,7 @@ impl CudaKernels {
             sms,
             decode: groups(&decode_mod, "paged_decode", s)?,
             decode_reduce: f(&decode_mod, &format!("paged_decode_reduce_{s}"))?,
-            spec: super::verify::SpecKernels::load(&ctx, dtype, s, opts.shared_kv_verify)?,
+            spec: SpecKernels::load(&load(VERIFY, "verify")?, dtype, s, opts.shared_kv_verify)?,
             decode_fused: if dtype == DType::BF16 && opts.fused_decode {
                 let fs = groups(&fused_mod, "decode_fused", "bf16")?;
                 cluster_attr(&fs)?;

@@ -5,13 +5,8 @@
 //! `LaunchOptions::shared_kv_verify`), and the acceptance of drafts on the device
 //! (`spec_accept`: the drawn tokens and each sequence's kept drafts in one buffer, one read).
 
-use std::sync::Arc;
-
 use candle_core::cuda_backend::WrapErr;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, LaunchConfig,
-};
-use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
+use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Tensor};
 
 use super::attention::{decode_grid, reduce_grid};
@@ -19,70 +14,6 @@ use super::kernels::CudaKernels;
 use super::launch::kernel_err;
 use crate::engine::kv_format::KvRef;
 use crate::error::Result;
-
-static VERIFY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/verify.fatbin"));
-
-/// The verify attention of one compute dtype: GQA groups 1, 2 and 4 (group 8 has one row a
-/// chunk: the decode kernel serves it), over caches of that dtype and over fp8 caches (bf16
-/// only), and the merge of their partitions.
-struct SharedKv {
-    attend: [CudaFunction; 3],
-    attend_fp8: Option<[CudaFunction; 3]>,
-    reduce: CudaFunction,
-}
-
-/// The kernels of verify steps, loaded with the rest (`CudaKernels::new`).
-pub(crate) struct SpecKernels {
-    _module: Arc<CudaModule>,
-    /// The shared-K/V attention (with `LaunchOptions::shared_kv_verify`).
-    shared: Option<SharedKv>,
-    accept: CudaFunction,
-}
-
-impl SpecKernels {
-    /// Loads `kernels/verify.cu` for `dtype` (`suffix` `bf16` or `f32`); the attention only
-    /// when `shared` asks for it.
-    pub(super) fn load(
-        ctx: &Arc<CudaContext>,
-        dtype: DType,
-        suffix: &str,
-        shared: bool,
-    ) -> Result<Self> {
-        let module = ctx
-            .load_module(Ptx::from_binary(VERIFY.to_vec()))
-            .map_err(|e| kernel_err("module verify", e))?;
-        let f = |name: String| {
-            module
-                .load_function(&name)
-                .map_err(|e| kernel_err(&format!("function {name}"), e))
-        };
-        let groups = |dt: &str| -> Result<[CudaFunction; 3]> {
-            Ok([
-                f(format!("paged_verify_g1_{dt}"))?,
-                f(format!("paged_verify_g2_{dt}"))?,
-                f(format!("paged_verify_g4_{dt}"))?,
-            ])
-        };
-        let shared = if shared {
-            Some(SharedKv {
-                attend: groups(suffix)?,
-                attend_fp8: if dtype == DType::BF16 {
-                    Some(groups("fp8")?)
-                } else {
-                    None
-                },
-                reduce: f(format!("paged_verify_reduce_{suffix}"))?,
-            })
-        } else {
-            None
-        };
-        Ok(Self {
-            accept: f("spec_accept".into())?,
-            shared,
-            _module: module,
-        })
-    }
-}
 
 impl CudaKernels {
     /// Whether verify steps take the shared-K/V verify attention

@@ -240,11 +240,9 @@ impl DecodeGraphs {
             0 => 0,
             rows => bucket_for(&self.buckets, rows).map_or(self.buckets.len(), |i| i + 1),
         };
-        // With the shared-K/V verify attention every verify size has a graph of its own;
-        // without it, only the buckets whose decode graph fuses the attention.
-        let shared = k.shares_verify_kv();
+        // Every verify size with the shared-K/V verify attention, else fused buckets alone.
         for (&b, &fused) in self.buckets[..verified].iter().zip(&self.fused) {
-            verify_graphs.push(if fused || shared {
+            verify_graphs.push(if fused || k.shares_verify_kv() {
                 Some(self.capture_one(model, k, cache, b, Variant::Verify)?)
             } else {
                 None
@@ -302,9 +300,8 @@ impl DecodeGraphs {
             inputs.lora = Some(self.input.narrow(0, at, 3 * b)?);
         }
         inputs.verify = variant == Variant::Verify;
-        if !inputs.verify || !k.shares_verify_kv() {
-            inputs.runs = None;
-        }
+        let shared = inputs.verify && k.shares_verify_kv();
+        inputs.runs = inputs.runs.take().filter(|_| shared);
         let acts = self.acts.rows(b)?;
         let plan = AttnPlan {
             groups: vec![AttnGroup::KernelDecode { n: b, first: 0 }],
