@@ -56,9 +56,11 @@ pub struct KernelOptions {
     /// Programmatic dependent launch inside captured CUDA graphs too (with `pdl`).
     pub graph_pdl: bool,
     /// Verify steps of speculative decoding attend through the shared-K/V verify kernel
-    /// (`kernels/decode.cu` `paged_verify_g*`: a block loads each K/V row once for up to 8 / G
+    /// (`kernels/verify.cu` `paged_verify_g*`: a block loads each K/V row once for up to 8 / G
     /// rows of one sequence, causal within the draft) instead of one decode row at a time
-    /// (GQA groups 1, 2, 4).
+    /// (GQA groups 1, 2, 4). Off by default: slower on the H200 (its dot products, not the K/V
+    /// bytes L2 already serves, bound it: 0.6B batch 8 at K 4 15,202 against 19,187 tok/s;
+    /// BENCHMARKS.md, #24).
     pub shared_kv_verify: bool,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
     /// stream, where the events only cost time).
