@@ -388,9 +388,10 @@ proptest! {
 /// pipelined steps).
 #[test]
 fn constrained_rows_pipelined_get_the_tokens_of_unpipelined_decoding() {
-    let run = |pipelined: bool| {
+    let run = |pipelined: bool, speculative, n: u64| {
         let engine = common::tiny_registry(EngineOptions {
             pipelined_decode: pipelined,
+            speculative,
             ..options()
         })
         .model("tiny")
@@ -402,7 +403,7 @@ fn constrained_rows_pipelined_get_the_tokens_of_unpipelined_decoding() {
             &OutputConstraint::tools(ToolChoice::Required),
             &tools(),
         );
-        let pending: Vec<_> = (0..8u64)
+        let pending: Vec<_> = (0..n)
             .map(|i| {
                 let mut r = GenerationRequest::new(prompt(10 + i as usize, 3)).max_new_tokens(60);
                 if i < 6 {
@@ -422,11 +423,17 @@ fn constrained_rows_pipelined_get_the_tokens_of_unpipelined_decoding() {
             .collect();
         (tokens, engine.stats().pipelined_steps)
     };
-    let (plain, plain_steps) = run(false);
-    let (piped, piped_steps) = run(true);
+    let (plain, plain_steps) = run(false, None, 8);
+    let (piped, piped_steps) = run(true, None, 8);
     assert_eq!(plain_steps, 0);
     assert!(piped_steps > 10, "only {piped_steps} pipelined steps");
     assert_eq!(plain, piped);
+    // Speculation on (the default): constrained rows never draft, so a batch of them alone
+    // still pipelines (mutation: any speculating engine refusing to pipeline).
+    let spec = Some(policy_serve::engine::SpeculativeOptions::default());
+    let (alone, alone_steps) = run(true, spec, 6);
+    assert!(alone_steps > 10, "only {alone_steps} pipelined steps");
+    assert_eq!(alone, plain[..6].to_vec());
 }
 
 /// A mask split in parts (one thread each) is the mask of the whole vocabulary, and a matcher

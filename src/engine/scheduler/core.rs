@@ -186,9 +186,10 @@ impl Scheduler {
         if let (true, Some(o)) = (s.pipelined, opts.speculative) {
             tracing::info!(
                 max_batch = o.max_batch,
-                "speculative decoding and pipelined decode are both on: steps of up to \
-                 max_batch sequences verify drafts and are not pipelined (a verify step's \
-                 tokens decide the next step's inputs); larger batches run pipelined"
+                "speculative decoding and pipelined decode are both on: while up to \
+                 max_batch sequences run and one of them may draft (no grammar or repetition \
+                 penalty, not backing off), steps are not pipelined (a verify step's tokens \
+                 decide the next step's inputs); other steps run pipelined"
             );
         }
         Ok(s)

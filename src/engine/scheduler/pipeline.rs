@@ -43,7 +43,7 @@ impl Scheduler {
     /// no waiting request that could be admitted now.
     pub(super) fn pipelinable(&self, plan: &[Planned]) -> bool {
         self.pipelined
-            && !self.speculating()
+            && !self.may_draft()
             && self.runner.comm().is_none()
             && !self.admission_possible()
             && plan.len() == self.running.len()
@@ -129,8 +129,7 @@ impl Scheduler {
     /// blocks. Its draw is queued too, unless a row has a grammar (then [`Next::Forward`]:
     /// the masks wait for `prev`'s tokens).
     fn launch_next(&mut self, prev: &InFlight) -> Option<Next> {
-        if self.admission_possible() || prev.plan.len() != self.running.len() || self.speculating()
-        {
+        if self.admission_possible() || prev.plan.len() != self.running.len() || self.may_draft() {
             return None;
         }
         // After `prev`, each sequence has computed + 1 tokens and its drawn token pending:
@@ -160,6 +159,7 @@ impl Scheduler {
         let logits = self.runner.forward_fed(&prev.ids, &inputs);
         drop(inputs);
         let plan = prev.plan.clone();
+        self.skip_pipelined(&plan);
         if plan.iter().any(|p| self.running[p.index].grammar.is_some()) {
             return Some(Next::Forward(plan, start, logits));
         }

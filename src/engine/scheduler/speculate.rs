@@ -40,6 +40,25 @@ impl Scheduler {
             .is_some_and(|o| self.running.len() <= o.max_batch)
     }
 
+    /// Whether the next plan may give a sequence drafts: speculating, and some running
+    /// sequence eligible and not backing off. Only then are decode steps kept from pipelined
+    /// decode (drafts need the previous step's token); steps of ineligible (constrained,
+    /// penalized) or backing-off sequences pipeline.
+    pub(super) fn may_draft(&self) -> bool {
+        self.speculating() && self.running.iter().any(|s| eligible(s) && s.spec_skip == 0)
+    }
+
+    /// A step launched pipelined (without drafts) counts as one of the plain steps of each
+    /// backing-off sequence in `plan`, as a planned step does in [`Scheduler::draft`].
+    pub(super) fn skip_pipelined(&mut self, plan: &[Planned]) {
+        if self.opts.speculative.is_some_and(|o| o.backoff) {
+            for p in plan {
+                let s = &mut self.running[p.index];
+                s.spec_skip = s.spec_skip.saturating_sub(1);
+            }
+        }
+    }
+
     /// Counts a decode step that runs without drafts because speculation is paused by the
     /// batch size (`EngineStats::spec_paused_steps`).
     pub(super) fn count_paused_speculation(&self) {
