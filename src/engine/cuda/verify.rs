@@ -43,14 +43,14 @@ impl CudaKernels {
         let (b, nh, _) = q.dims3()?;
         let nkv = kv.k.dim(0)?;
         let g = nh / nkv.max(1);
+        // One kernel per GQA group 1, 2, 4 (group 8 takes one row a chunk: the decode kernel).
         let chunk = match g {
-            1 => 0,
-            2 => 1,
-            4 => 2,
-            _ => usize::MAX,
+            1 => Some(0),
+            2 => Some(1),
+            4 => Some(2),
+            _ => None,
         };
-        let verify = self.spec.shared.as_ref().filter(|_| chunk != usize::MAX);
-        let Some(verify) = verify else {
+        let (Some(verify), Some(chunk)) = (self.spec.shared.as_ref(), chunk) else {
             let splits = (splits, part, scratch);
             return self.paged_decode_into(q, kv, tables, ctx_lens, block_size, out, splits);
         };

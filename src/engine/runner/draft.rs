@@ -190,7 +190,7 @@ impl DraftRunner {
             kv.computed = kv.computed.min(kv.valid).min(tokens.len() - 1);
             while tokens.len() - kv.computed > self.prefill_chunk {
                 let end = kv.computed + self.prefill_chunk;
-                self.step(&tokens[kv.computed..end], end, &kv.blocks, false)?;
+                self.catch_up(&tokens[kv.computed..end], end, &kv.blocks)?;
                 kv.computed = end;
                 kv.valid = end;
             }
@@ -287,32 +287,19 @@ impl DraftRunner {
         true
     }
 
-    /// One forward of `tokens` ending the context at `context_len`; the argmax after the last
-    /// when `last`.
-    fn step(
-        &self,
-        tokens: &[u32],
-        context_len: usize,
-        table: &[u32],
-        last: bool,
-    ) -> Result<Option<u32>> {
+    /// One forward of `tokens` (a prefill chunk, no logits) ending the context at
+    /// `context_len`: the draft KV caught up on them.
+    fn catch_up(&self, tokens: &[u32], context_len: usize, table: &[u32]) -> Result<()> {
         let input = [SeqInput {
             q_len: tokens.len(),
             context_len,
             block_table: table,
-            logits: if last {
-                LogitRows::Last
-            } else {
-                LogitRows::None
-            },
+            logits: LogitRows::None,
             adapter: None,
         }];
         self.count_forward();
-        let Some(logits) = self.model.forward(tokens, &input, &self.cache, None)? else {
-            return Ok(None);
-        };
-        let ids = crate::engine::runner::sampler::greedy_ids(&self.model, &logits)?;
-        Ok(ids.to_vec1::<u32>()?.first().copied())
+        self.model.forward(tokens, &input, &self.cache, None)?;
+        Ok(())
     }
 }
 
