@@ -9,6 +9,7 @@ use std::process::Command;
 
 const KERNELS: &[&str] = &[
     "decode",
+    "decode_mma",
     "fused_decode",
     "prefill",
     "flash_prefill",

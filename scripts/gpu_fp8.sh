@@ -3,8 +3,12 @@
 # kernel_check, bf16 included):
 #  check   kernel_check --fp8-only on the 0.6B random model: every fp8 kernel against a
 #          dequantized reference, then the engine over fp8 KV (graphs = eager, vs bf16 KV);
+#  mma     kernel_check --mma-only: the tensor-core decode attention against an f32 reference
+#          and the CUDA-core kernel, the engine with it (32 greedy sequences), both timed;
 #  bench   capacity (the engine line: kv_dtype, kv_blocks) and decode tok/s, bf16 vs fp8 KV
 #          in one run per shape: 0.6B at BATCHES06 (1,64,256,512), 1.7B at BATCHES17 (64,256);
+#          for each of VARIANTS ("cores": the CUDA-core decode attention; "mmaN": the
+#          tensor-core one of N shared-memory stages, `--mma-decode N`);
 #  parity  logits with bf16 KV and with fp8 KV (one prefill chunk; chunks of 64) against HF
 #          transformers (torch f32 math reference, torch bf16 beside) on transformers-initialised
 #          0.6B and 1.7B checkpoints (scripts/hf_init_model.py) at 203 and LONG (4096) tokens
@@ -23,6 +27,14 @@ if has check; then
   grep -E "FAIL|kernel-check|skipped|fp8 vs bf16" "$OUT/kernel_check_fp8.log" | tee -a "$S"
 fi
 
+if has mma; then
+  model 0.6b
+  echo "== kernel_check --mma-only (0.6B)" | tee -a "$S"
+  timeout 300 .gpu/kernel_check --model-dir /tmp/m-0.6b --mma-only > "$OUT/kernel_check_mma.log" 2>&1
+  echo "exit $?" | tee -a "$S"
+  grep -E "FAIL|kernel-check|skipped|^\||before divergence" "$OUT/kernel_check_mma.log" | tee -a "$S"
+fi
+
 if has full; then
   model 0.6b
   echo "== kernel_check (every check, 0.6B)" | tee -a "$S"
@@ -35,12 +47,15 @@ if has bench; then
   for shape in 0.6b 1.7b; do
     model $shape
     b=$([ $shape = 0.6b ] && echo "${BATCHES06:-1,64,256,512}" || echo "${BATCHES17:-64,256}")
-    for kv in auto fp8; do
-      echo "== bench $shape kv $kv batches $b" | tee -a "$S"
-      timeout 200 .gpu/bench --no-peer --model-dir /tmp/m-$shape --batches $b --kv-cache-dtype $kv \
-        > "$OUT/bench-$shape-$kv.log" 2>&1
-      grep -oE "kv_dtype: [A-Z0-9a-z]+, num_blocks: [0-9]+" "$OUT/bench-$shape-$kv.log" | tee -a "$S"
-      grep -E "^ours" "$OUT/bench-$shape-$kv.log" | tee -a "$S"
+    for v in ${VARIANTS:-cores}; do
+      flag=$([ $v = cores ] || echo "--mma-decode ${v#mma}")
+      for kv in auto fp8; do
+        echo "== bench $shape $v kv $kv batches $b" | tee -a "$S"
+        timeout 200 .gpu/bench --no-peer --model-dir /tmp/m-$shape --batches $b --kv-cache-dtype $kv \
+          $flag > "$OUT/bench-$shape-$v-$kv.log" 2>&1
+        grep -oE "kv_dtype: [A-Z0-9a-z]+, num_blocks: [0-9]+" "$OUT/bench-$shape-$v-$kv.log" | tee -a "$S"
+        grep -E "^ours" "$OUT/bench-$shape-$v-$kv.log" | tee -a "$S"
+      done
     done
   done
 fi

@@ -7,13 +7,13 @@
 //! kernel that ignores a scale fails every check here (the scales are far from 1).
 
 use candle_core::{DType, Device, IndexOp, Tensor};
-use policy_serve::engine::cuda::{CudaKernels, LaunchOptions};
+use policy_serve::engine::cuda::CudaKernels;
 use policy_serve::engine::kv_format::{
     FP8_E4M3_MAX, FP8_STORAGE, KvRef, KvScale, dequantize, quantize,
 };
 
 use super::fused::case;
-use super::{Args, Res, Table, randn, rel};
+use super::{Args, Res, Table, cores, randn, rel};
 use policy_serve::engine::{DTypeChoice, DeviceChoice, KvCacheDtype};
 use policy_serve::testing::synthetic_prompt;
 use policy_serve::{EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
@@ -229,7 +229,7 @@ fn write(k: &CudaKernels, dev: &Device, tokens: usize, scale: KvScale) -> Res<(f
 }
 
 pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
-    let k = CudaKernels::new(dev, DType::BF16, &LaunchOptions::default())?.ok_or("no kernels")?;
+    let k = CudaKernels::new(dev, DType::BF16, &cores())?.ok_or("no kernels")?;
     if let Err(why) = k.fp8_kv() {
         println!("fp8 KV checks skipped: {why}");
         return Ok(());

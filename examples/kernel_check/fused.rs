@@ -5,10 +5,10 @@
 //! merge counters zero after every launch (they are reused by the next).
 
 use candle_core::{DType, Device, Tensor};
-use policy_serve::engine::cuda::{CudaKernels, LaunchOptions};
+use policy_serve::engine::cuda::CudaKernels;
 use policy_serve::engine::kv_format::{KvRef, KvScale, quantize};
 
-use super::{Res, Table, randn, rel};
+use super::{Res, Table, cores, randn, rel};
 
 /// One case: `b` rows with ragged contexts (row 1 a padding row when `pad`), `nh`/`nkv`
 /// heads, attention in `splits` partitions (None: as many as an eager step takes); with
@@ -164,7 +164,7 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> Res<f32> {
 }
 
 pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
-    let k = CudaKernels::new(dev, DType::BF16, &LaunchOptions::default())?.ok_or("no kernels")?;
+    let k = CudaKernels::new(dev, DType::BF16, &cores())?.ok_or("no kernels")?;
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),

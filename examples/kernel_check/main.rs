@@ -11,6 +11,7 @@ mod fp8;
 mod fused;
 mod gemv;
 mod lora;
+mod mma;
 mod model;
 mod moe;
 mod prefill;
@@ -49,6 +50,9 @@ struct Args {
     /// Only the fp8 KV checks (kernels, then the engine over fp8 KV).
     #[arg(long)]
     fp8_only: bool,
+    /// Only the tensor-core decode attention's checks and timings.
+    #[arg(long)]
+    mma_only: bool,
     /// Only the shared-K/V verify attention checks.
     #[arg(long)]
     verify_only: bool,
@@ -83,6 +87,16 @@ fn rel(a: &Tensor, b: &Tensor) -> Res<f32> {
     let d = (a - &b)?.abs()?.max(0)?.to_scalar::<f32>()?;
     let s = b.abs()?.max(0)?.to_scalar::<f32>()?;
     Ok(d / s.max(1e-6))
+}
+
+/// The default launch paths with the decode attention on CUDA cores: the kernel the fused
+/// decode and the fp8 kernels are held to bit for bit (the tensor-core one rounds q and the
+/// probabilities; `mma.rs` checks it).
+fn cores() -> LaunchOptions {
+    LaunchOptions {
+        mma_decode: false,
+        ..LaunchOptions::default()
+    }
 }
 
 fn randn(shape: &[usize], dt: DType, dev: &Device) -> Res<Tensor> {
@@ -543,6 +557,12 @@ fn main() -> Res<()> {
         greedy_check(&a, &mut t)?;
         return report(t);
     }
+    if a.mma_only {
+        mma::checks(&dev, &mut t)?;
+        mma::engine_check(&a, &mut t)?;
+        mma::timings(&dev)?;
+        return report(t);
+    }
     if a.verify_only {
         verify::checks(&dev, &mut t)?;
         verify::timings(&dev)?;
@@ -554,6 +574,7 @@ fn main() -> Res<()> {
         return report(t);
     }
     fused::checks(&dev, &mut t)?;
+    mma::checks(&dev, &mut t)?;
     verify::checks(&dev, &mut t)?;
     fp8::checks(&dev, &mut t)?;
     gemv::checks(&dev, &mut t)?;

@@ -124,7 +124,7 @@ fn case(
 pub fn timings(dev: &Device) -> Res<()> {
     let opts = LaunchOptions {
         shared_kv_verify: true,
-        ..LaunchOptions::default()
+        ..super::cores()
     };
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
     println!(
@@ -203,7 +203,7 @@ fn accept_check(k: &CudaKernels, dev: &Device, t: &mut Table) -> Res<()> {
 pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let opts = LaunchOptions {
         shared_kv_verify: true,
-        ..LaunchOptions::default()
+        ..super::cores()
     };
     // (sequences: rows, first context), heads, splits.
     type Case<'a> = (&'a [(usize, usize)], (usize, usize), Option<usize>);

@@ -160,6 +160,14 @@ pub struct KernelFlags {
     /// (`KernelOptions::shared_kv_verify`).
     #[arg(long)]
     pub shared_kv_verify: bool,
+    /// Decode attention on CUDA cores instead of tensor cores (turns
+    /// `KernelOptions::mma_decode` off).
+    #[arg(long)]
+    pub no_mma_decode: bool,
+    /// Shared-memory stages of the tensor-core decode attention (2-4, bf16 caches at most 3;
+    /// `KernelOptions::mma_decode_stages`; default: 2 over bf16 caches, 3 over fp8).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(2..=4))]
+    pub mma_decode_stages: Option<u8>,
 }
 
 /// `MIN,MAX` n-gram lengths: 1 <= MIN <= MAX <= 16.
@@ -191,6 +199,8 @@ impl KernelFlags {
             pdl: !self.no_pdl,
             graph_pdl: !self.no_graph_pdl,
             shared_kv_verify: self.shared_kv_verify,
+            mma_decode: !self.no_mma_decode,
+            mma_decode_stages: self.mma_decode_stages,
             ..KernelOptions::default()
         }
     }
@@ -351,6 +361,21 @@ mod tests {
             .options();
         assert!(!k.kernels.gemv && !k.kernels.graph_pdl && k.kernels.pdl);
         assert_eq!(k.profile_steps, Some(5));
+        assert!(k.kernels.mma_decode);
+        assert_eq!(k.kernels.mma_decode_stages, None);
+        let m = Cli::parse_from(["x", "--no-mma-decode", "--mma-decode-stages", "3"])
+            .engine
+            .options();
+        assert!(!m.kernels.mma_decode);
+        assert_eq!(m.kernels.mma_decode_stages, Some(3));
+        // Stages 2-4 only, refused at parsing with the range named.
+        let bad = Cli::try_parse_from(["x", "--mma-decode-stages", "5"])
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            bad.is_some_and(|e| e.contains("2..=4")),
+            "--mma-decode-stages 5"
+        );
         let t = Cli::parse_from([
             "x",
             "--kv-host-gib",

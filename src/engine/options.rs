@@ -62,6 +62,18 @@ pub struct KernelOptions {
     /// bytes L2 already serves, bound it: 0.6B batch 8 at K 4 15,202 against 19,187 tok/s;
     /// BENCHMARKS.md, #24).
     pub shared_kv_verify: bool,
+    /// Decode attention of the steps the fused decode kernel does not take (more than 16
+    /// sequences, verify rows) on tensor cores (`kernels/decode_mma.cu`: a warp takes 16
+    /// tokens at a time, scores and the weighted sum as MMAs, the caches streamed through
+    /// shared memory with cp.async; bf16 compute). Off: the CUDA-core kernel
+    /// (`kernels/decode.cu`). On the H200 it reads bf16 caches at 3.2-4.2 TB/s against
+    /// 2.7-3.5 and fp8 caches at 3.1-3.8 against 1.6-2.1 (0.6B batch 256: 39,868 -> 44,075
+    /// tok/s with bf16 KV, 44,383 -> 61,362 with fp8; BENCHMARKS.md, #27).
+    pub mma_decode: bool,
+    /// Shared-memory stages each warp of the tensor-core decode attention streams its chunks
+    /// of 16 tokens through (2..=4; bf16 caches take at most 3). None: the measured best for
+    /// the cache's dtype (2 for bf16, 3 for fp8).
+    pub mma_decode_stages: Option<u8>,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
     /// stream, where the events only cost time).
     pub event_tracking: bool,
@@ -84,6 +96,8 @@ impl Default for KernelOptions {
             pdl: true,
             graph_pdl: true,
             shared_kv_verify: false,
+            mma_decode: true,
+            mma_decode_stages: None,
             event_tracking: false,
         }
     }

@@ -148,10 +148,10 @@ impl CudaKernels {
     ) -> Result<()> {
         let (b, nh, _) = q.dims3()?;
         let nkv = kv.k.dim(0)?;
-        let funcs = if kv.is_fp8() {
-            &self.fp8_kernels("paged_decode")?.decode
+        let (funcs, smem) = if kv.is_fp8() {
+            self.fp8_kernels("paged_decode")?.decode.chosen()
         } else {
-            &self.decode
+            self.decode.chosen()
         };
         let func = match nh / nkv.max(1) {
             1 => &funcs[0],
@@ -176,7 +176,11 @@ impl CudaKernels {
         lb.arg(&params);
         // SAFETY: `DecodeParams` is the kernel's one parameter (same layout, checked at
         // compile time on both sides); buffers are sized by `decode_params`.
-        unsafe { lb.launch(decode_grid(b, nkv, splits)) }.w()?;
+        let cfg = LaunchConfig {
+            shared_mem_bytes: smem,
+            ..decode_grid(b, nkv, splits)
+        };
+        unsafe { lb.launch(cfg) }.w()?;
         if splits > 1 {
             let part32 = part as i32;
             let p = &params;

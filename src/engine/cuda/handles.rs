@@ -72,9 +72,29 @@ impl MoeKernels {
 /// of the KV write, the decode attention (fused and not) and the flash prefill.
 pub(super) struct Fp8Kernels {
     pub(super) kv_write: CudaFunction,
-    pub(super) decode: [CudaFunction; 4],
+    pub(super) decode: DecodeAttention,
     pub(super) decode_fused: Option<[CudaFunction; 4]>,
     pub(super) prefill_flash: [CudaFunction; 4],
+}
+
+/// The decode attention over caches of one dtype, GQA groups 1, 2, 4, 8: the CUDA-core kernel
+/// (`kernels/decode.cu`) and, with `LaunchOptions::mma_decode`, the tensor-core one
+/// (`kernels/decode_mma.cu`, with the dynamic shared memory a launch of it takes). Both write
+/// the same partials for the same reduce.
+pub(super) struct DecodeAttention {
+    pub(super) cores: [CudaFunction; 4],
+    pub(super) mma: Option<([CudaFunction; 4], u32)>,
+}
+
+impl DecodeAttention {
+    /// The kernels a launch takes (the tensor-core ones where loaded) and their dynamic shared
+    /// memory in bytes.
+    pub(super) fn chosen(&self) -> (&[CudaFunction; 4], u32) {
+        match &self.mma {
+            Some((fs, smem)) => (fs, *smem),
+            None => (&self.cores, 0),
+        }
+    }
 }
 
 /// The pinned buffer uploads go through, and the event after the copy that last read it.

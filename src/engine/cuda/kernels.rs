@@ -5,21 +5,21 @@
 
 use std::sync::Arc;
 
-use candle_core::cuda_backend::CudaStorageSlice;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaModule, CudaStream, DevicePtr, PinnedHostSlice,
+    CudaFunction, CudaModule, CudaStream, PinnedHostSlice,
 };
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
-use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, CudaStorage, DType, Device, Shape, Storage, Tensor};
+use candle_core::{CudaDevice, DType, Device};
 
 use super::blas::Blas;
-use super::handles::{Fp8Kernels, MoeKernels, SpecKernels};
+use super::handles::{DecodeAttention, Fp8Kernels, MoeKernels, SpecKernels};
 use super::launch::{self, kernel_err};
 pub use super::launch_options::LaunchOptions;
+use super::launch_options::{MMA_STAGES_BF16, MMA_STAGES_FP8};
 use crate::error::Result;
 
 static DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/decode.fatbin"));
+static DECODE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/decode_mma.fatbin"));
 static FUSED_DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fused_decode.fatbin"));
 static PREFILL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/prefill.fatbin"));
 static FLASH_PREFILL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/flash_prefill.fatbin"));
@@ -84,7 +84,9 @@ pub struct CudaKernels {
     pub(super) sample_full: CudaFunction,
     pub(super) gather_rows: CudaFunction,
     pub(super) to_f32: CudaFunction,
-    pub(super) decode: [CudaFunction; 4],
+    /// The decode attention over caches of the compute dtype (`kernels/decode.cu`,
+    /// `kernels/decode_mma.cu`).
+    pub(super) decode: DecodeAttention,
     pub(super) decode_reduce: CudaFunction,
     /// The kernels of speculative verify steps (`kernels/verify.cu`).
     pub(super) spec: SpecKernels,
@@ -176,6 +178,7 @@ impl CudaKernels {
         };
         let wgmma = (major, minor) == (9, 0) && opts.wgmma_prefill;
         let decode_mod = load(DECODE, "decode")?;
+        let mma_mod = load(DECODE_MMA, "decode_mma")?;
         let fused_mod = load(FUSED_DECODE, "fused_decode")?;
         let prefill_mod = load(PREFILL, "prefill")?;
         let flash_mod = if wgmma {
@@ -210,6 +213,38 @@ impl CudaKernels {
         };
         let s = suffix;
         let flash_on = dtype == DType::BF16 && opts.flash_prefill;
+        // The tensor-core decode attention (bf16 compute) with the stages asked for (bf16
+        // caches at most 3), and the dynamic shared memory of its stages: 4 warps x stages x a
+        // chunk's K and V (16 rows of 128 dims each).
+        let mma_decode = |dt: &str| -> Result<Option<([CudaFunction; 4], u32)>> {
+            if !opts.mma_decode || dtype != DType::BF16 {
+                return Ok(None);
+            }
+            let (d, elem) = if dt == "fp8" {
+                (
+                    opts.mma_decode_stages.unwrap_or(MMA_STAGES_FP8).clamp(2, 4),
+                    1,
+                )
+            } else {
+                (
+                    opts.mma_decode_stages
+                        .unwrap_or(MMA_STAGES_BF16)
+                        .clamp(2, 3),
+                    2,
+                )
+            };
+            let fs = groups(&mma_mod, &format!("paged_decode_mma_d{d}"), dt)?;
+            let smem = 4 * d as u32 * 2 * 16 * 128 * elem;
+            use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
+            for func in &fs {
+                func.set_attribute(
+                    A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+                .map_err(|e| kernel_err("paged_decode_mma shared memory", e))?;
+            }
+            Ok(Some((fs, smem)))
+        };
         let smem_attr = |fs: &[CudaFunction; 4]| -> Result<()> {
             use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
             let smem = if wgmma {
@@ -256,7 +291,10 @@ impl CudaKernels {
             smem_attr(&prefill_flash)?;
             Ok(Fp8Kernels {
                 kv_write: f(&kv_write, "qk_norm_rope_kv_write_hd128_fp8")?,
-                decode: groups(&decode_mod, "paged_decode", "fp8")?,
+                decode: DecodeAttention {
+                    cores: groups(&decode_mod, "paged_decode", "fp8")?,
+                    mma: mma_decode("fp8")?,
+                },
                 decode_fused: if opts.fused_decode {
                     let fs = groups(&fused_mod, "decode_fused", "fp8")?;
                     cluster_attr(&fs)?;
@@ -319,7 +357,10 @@ impl CudaKernels {
                 None
             },
             sms,
-            decode: groups(&decode_mod, "paged_decode", s)?,
+            decode: DecodeAttention {
+                cores: groups(&decode_mod, "paged_decode", s)?,
+                mma: mma_decode(s)?,
+            },
             decode_reduce: f(&decode_mod, &format!("paged_decode_reduce_{s}"))?,
             spec: SpecKernels::load(&load(VERIFY, "verify")?, dtype, s, opts.shared_kv_verify)?,
             decode_fused: if dtype == DType::BF16 && opts.fused_decode {
@@ -408,90 +449,5 @@ impl CudaKernels {
     /// The stream every launch goes on (candle's).
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
-    }
-
-    /// The device pointer of a contiguous CUDA tensor's first element.
-    pub(crate) fn ptr(&self, t: &Tensor) -> Result<u64> {
-        let (storage, layout) = t.storage_and_layout();
-        if !layout.is_contiguous() {
-            return Err(kernel_err("input", "a tensor is not contiguous"));
-        }
-        let Storage::Cuda(cs) = &*storage else {
-            return Err(kernel_err("input", "a tensor is not on the GPU"));
-        };
-        let (base, size) = match &cs.slice {
-            CudaStorageSlice::BF16(s) => (s.device_ptr(&self.stream).0, 2),
-            CudaStorageSlice::F16(s) => (s.device_ptr(&self.stream).0, 2),
-            CudaStorageSlice::F32(s) => (s.device_ptr(&self.stream).0, 4),
-            CudaStorageSlice::U32(s) => (s.device_ptr(&self.stream).0, 4),
-            CudaStorageSlice::U8(s) => (s.device_ptr(&self.stream).0, 1),
-            _ => return Err(kernel_err("input", "unsupported dtype")),
-        };
-        Ok(base + (layout.start_offset() * size) as u64)
-    }
-
-    /// An uninitialized tensor (every element is written by the kernel that gets it).
-    pub(crate) fn alloc(&self, shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
-        let shape = shape.into();
-        let n = shape.elem_count().max(1);
-        // SAFETY: the memory is written by the kernel it is allocated for before any read.
-        let slice = unsafe {
-            match dtype {
-                DType::BF16 => CudaStorageSlice::BF16(self.device.alloc::<half::bf16>(n)?),
-                DType::F32 => CudaStorageSlice::F32(self.device.alloc::<f32>(n)?),
-                DType::U32 => CudaStorageSlice::U32(self.device.alloc::<u32>(n)?),
-                DType::F16 => CudaStorageSlice::F16(self.device.alloc::<half::f16>(n)?),
-                other => return Err(kernel_err("alloc", format!("dtype {other:?}"))),
-            }
-        };
-        let storage = CudaStorage {
-            slice,
-            device: self.device.clone(),
-        };
-        Ok(Tensor::from_storage(
-            Storage::Cuda(storage),
-            shape,
-            BackpropOp::none(),
-            false,
-        ))
-    }
-
-    /// An output buffer of the activation dtype whose every element a kernel writes.
-    pub(crate) fn alloc_out(&self, shape: impl Into<Shape>) -> Result<Tensor> {
-        self.alloc(shape, self.dtype)
-    }
-
-    pub(super) fn check_dtype(&self, t: &Tensor) -> Result<()> {
-        if t.dtype() != self.dtype {
-            return Err(kernel_err(
-                "input",
-                format!("dtype {:?}, kernels loaded for {:?}", t.dtype(), self.dtype),
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// A timing event recorded on the kernels' stream.
-pub struct GpuEvent(candle_core::cuda_backend::cudarc::driver::CudaEvent);
-
-impl GpuEvent {
-    /// Milliseconds from `earlier` to this event (waits for both to complete).
-    pub fn ms_since(&self, earlier: &GpuEvent) -> f64 {
-        earlier.0.elapsed_ms(&self.0).map_or(0.0, f64::from)
-    }
-}
-
-impl CudaKernels {
-    /// Records a timing event on the stream now.
-    pub fn event(&self) -> Result<GpuEvent> {
-        use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
-        let e = self
-            .stream
-            .context()
-            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(|e| kernel_err("event", e))?;
-        e.record(&self.stream).map_err(|e| kernel_err("event", e))?;
-        Ok(GpuEvent(e))
     }
 }

@@ -1,6 +1,12 @@
 //! [`LaunchOptions`]: which launch paths the kernels take (the kernel half of the engine's
 //! `KernelOptions`).
 
+/// Stages of the tensor-core decode attention over bf16 caches unless asked otherwise: 2 (3
+/// takes 96 KB of shared memory a block, two blocks an SM, and was 9-11% slower on the H200).
+pub const MMA_STAGES_BF16: u8 = 2;
+/// Stages over fp8 caches: 3 (2 was within 1%, 4 9-13% slower on the H200).
+pub const MMA_STAGES_FP8: u8 = 3;
+
 /// Which launch paths the kernels take where the hardware allows them (the kernel half of the
 /// engine's `KernelOptions`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +45,12 @@ pub struct LaunchOptions {
     /// (`paged_verify_g*`: one K/V load for up to 8 / G rows of a sequence) instead of one
     /// decode row at a time.
     pub shared_kv_verify: bool,
+    /// Decode attention outside the fused kernel on tensor cores (`kernels/decode_mma.cu`;
+    /// bf16 compute); off: the CUDA-core kernel (`kernels/decode.cu`).
+    pub mma_decode: bool,
+    /// Shared-memory stages of the tensor-core decode attention (2..=4; bf16 caches take at
+    /// most 3); None: [`MMA_STAGES_BF16`] / [`MMA_STAGES_FP8`] by the cache's dtype.
+    pub mma_decode_stages: Option<u8>,
 }
 
 impl Default for LaunchOptions {
@@ -57,6 +69,8 @@ impl Default for LaunchOptions {
             split_kv: true,
             pdl: true,
             shared_kv_verify: false,
+            mma_decode: true,
+            mma_decode_stages: None,
         }
     }
 }

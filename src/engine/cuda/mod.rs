@@ -4,7 +4,7 @@
 //! prefill), layer ops (`layer_ops.rs`),
 //! the logits' draws, log-probs and penalty (`logits_ops.rs`), LoRA deltas (`lora_ops.rs`), matmuls
 //! (`gemm.rs`), the experts of MoE layers (`moe_ops.rs`), the launcher (`launch.rs`, its options `launch_options.rs`), the fp8 KV
-//! kernels' handles (`fp8.rs`) and id read-back (`readback.rs`). It knows nothing of
+//! kernels' handles (`fp8.rs`), output buffers and timing events (`buffers.rs`) and id read-back (`readback.rs`). It knows nothing of
 //! models or serving: the forward built from these launches is `model::kernel_forward`, the
 //! CUDA graphs that replay it are `runner::graphs`.
 //!
@@ -18,6 +18,7 @@
 
 mod attention;
 mod blas;
+mod buffers;
 mod fp8;
 mod gemm;
 mod handles;
@@ -35,7 +36,8 @@ mod upload;
 mod verify;
 
 pub use attention::{CLUSTER_MAX_ROWS, DECODE_CLUSTER, FUSED_MAX_ROWS};
-pub use kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, GpuEvent, LaunchOptions};
+pub use buffers::GpuEvent;
+pub use kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, LaunchOptions};
 pub(crate) use launch::kernel_err;
 pub use lora_ops::{LORA_TILE, LORA_TILE_ONE_MAX, lora_tile};
 pub(crate) use moe_ops::MoeScratch;

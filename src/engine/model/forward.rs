@@ -68,6 +68,8 @@ pub fn kernels_for(
         split_kv: opts.split_kv,
         pdl: opts.pdl,
         shared_kv_verify: opts.shared_kv_verify,
+        mma_decode: opts.mma_decode,
+        mma_decode_stages: opts.mma_decode_stages,
         ..LaunchOptions::default()
     };
     CudaKernels::new(device, dtype, &launch)
