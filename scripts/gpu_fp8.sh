@@ -7,8 +7,9 @@
 #          and the CUDA-core kernel, the engine with it (32 greedy sequences), both timed;
 #  bench   capacity (the engine line: kv_dtype, kv_blocks) and decode tok/s, bf16 vs fp8 KV
 #          in one run per shape: 0.6B at BATCHES06 (1,64,256,512), 1.7B at BATCHES17 (64,256);
-#          for each of VARIANTS ("cores": the CUDA-core decode attention; "mmaN": the
-#          tensor-core one of N shared-memory stages, `--mma-decode N`);
+#          for each of VARIANTS ("default": the default flags, the tensor-core decode attention;
+#          "cores": the CUDA-core one, `--no-mma-decode`; "mmaN": the tensor-core one of N
+#          shared-memory stages, `--mma-decode-stages N`); shapes BENCH_SHAPES (0.6b 1.7b);
 #  parity  logits with bf16 KV and with fp8 KV (one prefill chunk; chunks of 64) against HF
 #          transformers (torch f32 math reference, torch bf16 beside) on transformers-initialised
 #          0.6B and 1.7B checkpoints (scripts/hf_init_model.py) at 203 and LONG (4096) tokens
@@ -44,11 +45,15 @@ if has full; then
 fi
 
 if has bench; then
-  for shape in 0.6b 1.7b; do
+  for shape in ${BENCH_SHAPES:-0.6b 1.7b}; do
     model $shape
     b=$([ $shape = 0.6b ] && echo "${BATCHES06:-1,64,256,512}" || echo "${BATCHES17:-64,256}")
-    for v in ${VARIANTS:-cores}; do
-      flag=$([ $v = cores ] || echo "--mma-decode ${v#mma}")
+    for v in ${VARIANTS:-default}; do
+      case $v in
+        default) flag= ;;
+        cores) flag=--no-mma-decode ;;
+        *) flag="--mma-decode-stages ${v#mma}" ;;
+      esac
       for kv in auto fp8; do
         echo "== bench $shape $v kv $kv batches $b" | tee -a "$S"
         timeout 200 .gpu/bench --no-peer --model-dir /tmp/m-$shape --batches $b --kv-cache-dtype $kv \
