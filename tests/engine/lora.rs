@@ -377,7 +377,10 @@ fn a_new_adapter_version_takes_new_requests_and_the_old_one_drains() {
     let mut long = GenerationRequest::new(prompt(20, 990)).max_new_tokens(10);
     long.ignore_eos = true;
     long.adapter = Some(v1.clone());
-    let running = engine.submit(long);
+    let (running, mut stream) = engine.submit_streaming(long);
+    // Started on v1 before the new version arrives: its first text is out (a request still
+    // waiting when v1 retires would rightly start on v2).
+    let _ = stream.next_blocking();
     let spec2 = Spec {
         seed: 77,
         ..Spec::default()
