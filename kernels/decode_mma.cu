@@ -1,16 +1,18 @@
 // Paged decode attention on tensor cores (mma.sync m16n8k16, f32 accumulation): the grid,
 // partitions, outputs and partials of paged_decode (decode.cu), whose reduce merges them, so
-// a launch may take either kernel (`LaunchOptions::mma_decode`). What differs is the work per
-// token: paged_decode spends ~50 warp instructions on each token of each KV head (convert,
-// 8 FMAs and 4 shuffle rounds per query head, the online softmax per token), which at large
-// batches keeps it from reading the caches at the memory's rate, most of all over fp8 caches
-// (half the bytes, the same instructions). Here a warp takes 16 tokens at a time:
+// a launch may take either kernel (`LaunchOptions::mma_decode`). What differs is how the
+// caches are read: paged_decode spends ~50 warp instructions on each token of each KV head
+// (convert, 8 FMAs and 4 shuffle rounds per query head, the online softmax per token) and
+// keeps a lane's next few K/V rows in registers, 8 bytes a row over fp8 caches, too few bytes
+// in flight to read them at the memory's rate (1.6-2.1 TB/s on the H200, bf16 2.7-3.5). Here a
+// warp takes 16 tokens at a time:
 //   S = Q Kᵀ      A = the G query heads (rows 0..G-1 of 16; the rest zero), B = 8 tokens' keys;
 //   Oᵀ += Vᵀ Pᵀ   A = 16 dims of the 16 tokens' values, B = their probabilities (the lane holds
 //                 them as S's accumulator left them), 8 tiles of 16 dims x 8 heads;
-// 24 MMAs and ~150 other instructions per 16 tokens, the online softmax once per 16 tokens.
-// bf16 caches use bf16 MMAs (P rounded to bf16, as flash attention does); fp8 caches f16 MMAs
-// (e4m3 converts to f16 exactly in one instruction a pair; q and P are rounded to f16).
+// 24 MMAs (32 over bf16) and ~150 other instructions per 16 tokens, the online softmax once
+// per 16 tokens.
+// bf16 caches use bf16 MMAs (P as a bf16 pair, high part and remainder: two MMAs); fp8 caches
+// f16 MMAs (e4m3 converts to f16 exactly in one instruction a pair; q and P are rounded to f16).
 //
 // A dot product does not care in which order the head's dims are paired, so each lane loads
 // whole 16-byte pieces of a row and the MMA fragments are taken from them as they lie: lane
@@ -275,6 +277,15 @@ __device__ __forceinline__ void mma_chunk(const unsigned char* stg, const uint32
   // Pᵀ's fragment is S's accumulator as this lane holds it: tokens 2t, 2t + 1 (and 8 + 2t,
   // 9 + 2t) of head gr.
   const uint32_t pb0 = pack2<F16>(pv[0], pv[1]), pb1 = pack2<F16>(pv[2], pv[3]);
+  // bf16 keeps 8 bits of P (a 2e-3 error in the output, 10x the CUDA-core kernel's): P's
+  // remainder goes through a second MMA, which leaves ~16 bits. f16's 11 bits need none.
+  uint32_t pl0 = 0, pl1 = 0;
+  if constexpr (!F16) {
+    const float2 h0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pb0));
+    const float2 h1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pb1));
+    pl0 = pack2<false>(pv[0] - h0.x, pv[1] - h0.y);
+    pl1 = pack2<false>(pv[2] - h1.x, pv[3] - h1.y);
+  }
   uint32_t v0[8], v1[8], v2[8], v3[8];
   L::v_frags(vr[0], vr[1], v0, v1);
   L::v_frags(vr[2], vr[3], v2, v3);
@@ -282,6 +293,7 @@ __device__ __forceinline__ void mma_chunk(const unsigned char* stg, const uint32
   for (int mt = 0; mt < 8; ++mt) {
     const uint32_t a[4] = {v0[mt], v1[mt], v2[mt], v3[mt]};
     mma_full<F16>(st.acc[mt], a, pb0, pb1);
+    if constexpr (!F16) mma_full<F16>(st.acc[mt], a, pl0, pl1);
   }
 }
 
