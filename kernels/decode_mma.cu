@@ -9,10 +9,10 @@
 //   S = Q Kᵀ      A = the G query heads (rows 0..G-1 of 16; the rest zero), B = 8 tokens' keys;
 //   Oᵀ += Vᵀ Pᵀ   A = 16 dims of the 16 tokens' values, B = their probabilities (the lane holds
 //                 them as S's accumulator left them), 8 tiles of 16 dims x 8 heads;
-// 24 MMAs (32 over bf16) and ~150 other instructions per 16 tokens, the online softmax once
-// per 16 tokens.
-// bf16 caches use bf16 MMAs (P as a bf16 pair, high part and remainder: two MMAs); fp8 caches
-// f16 MMAs (e4m3 converts to f16 exactly in one instruction a pair; q and P are rounded to f16).
+// 24 MMAs and ~150 other instructions per 16 tokens, the online softmax once per 16 tokens.
+// bf16 caches use bf16 MMAs (P rounded to bf16, as flash attention does; or, with
+// `mma_decode_split_p`, as a bf16 pair, high part and remainder: 8 MMAs more); fp8 caches f16
+// MMAs (e4m3 converts to f16 exactly in one instruction a pair; q and P are rounded to f16).
 //
 // A dot product does not care in which order the head's dims are paired, so each lane loads
 // whole 16-byte pieces of a row and the MMA fragments are taken from them as they lie: lane
@@ -207,8 +207,9 @@ struct MmaState {
 };
 
 // One chunk into the state: scores (times sc: K's scale and log2 e), the chunk's max over the
-// quad, rescaling only when some row's max moved, then P V.
-template <typename KT>
+// quad, rescaling only when some row's max moved, then P V. SPLIT (bf16 only): P goes through
+// the MMA as a bf16 pair, its high part and the remainder.
+template <typename KT, bool SPLIT>
 __device__ __forceinline__ void mma_chunk(const unsigned char* stg, const uint32_t (&qa)[16],
                                           float sc, int base, int end, int gr, int t,
                                           MmaState& st) {
@@ -277,10 +278,11 @@ __device__ __forceinline__ void mma_chunk(const unsigned char* stg, const uint32
   // Pᵀ's fragment is S's accumulator as this lane holds it: tokens 2t, 2t + 1 (and 8 + 2t,
   // 9 + 2t) of head gr.
   const uint32_t pb0 = pack2<F16>(pv[0], pv[1]), pb1 = pack2<F16>(pv[2], pv[3]);
-  // bf16 keeps 8 bits of P (a 2e-3 error in the output, 10x the CUDA-core kernel's): P's
-  // remainder goes through a second MMA, which leaves ~16 bits. f16's 11 bits need none.
+  // bf16 keeps 8 bits of P (2e-3 from the f32 attention in the norm on the H200, the
+  // CUDA-core kernel 1.9e-4); with SPLIT, P's remainder goes through a second MMA, which
+  // leaves ~16 bits. f16's 11 bits need none.
   uint32_t pl0 = 0, pl1 = 0;
-  if constexpr (!F16) {
+  if constexpr (SPLIT && !F16) {
     const float2 h0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pb0));
     const float2 h1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pb1));
     pl0 = pack2<false>(pv[0] - h0.x, pv[1] - h0.y);
@@ -293,11 +295,11 @@ __device__ __forceinline__ void mma_chunk(const unsigned char* stg, const uint32
   for (int mt = 0; mt < 8; ++mt) {
     const uint32_t a[4] = {v0[mt], v1[mt], v2[mt], v3[mt]};
     mma_full<F16>(st.acc[mt], a, pb0, pb1);
-    if constexpr (!F16) mma_full<F16>(st.acc[mt], a, pl0, pl1);
+    if constexpr (SPLIT && !F16) mma_full<F16>(st.acc[mt], a, pl0, pl1);
   }
 }
 
-template <typename KT, int G, int DEPTH>
+template <typename KT, int G, int DEPTH, bool SPLIT>
 __device__ void paged_decode_mma(const DecodeParams& p) {
   using L = MmaKv<KT>;
   static_assert(G <= 8, "the query heads of a KV head are rows 0..7 of the MMA");
@@ -365,7 +367,7 @@ __device__ void paged_decode_mma(const DecodeParams& p) {
     cp_async_commit();
     cp_async_wait<DEPTH - 1>();
     __syncwarp();
-    mma_chunk<KT>(wsm + (k % DEPTH) * SB, qa, sc, start + c * CHUNK, end, gr, t, st);
+    mma_chunk<KT, SPLIT>(wsm + (k % DEPTH) * SB, qa, sc, start + c * CHUNK, end, gr, t, st);
     // Every lane has read the stage before the next iteration refills it.
     __syncwarp();
   }
@@ -430,21 +432,24 @@ __device__ void paged_decode_mma(const DecodeParams& p) {
 }  // namespace
 
 // Depth D: shared-memory stages a warp streams its chunks through (dynamic shared memory of
-// MMA_WARPS * D * stage_bytes: 16 KB a stage of fp8, 32 KB of bf16 per block).
-#define PS_DECODE_MMA(KT, NAME, D, G)                                                          \
-  extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, 4)                                 \
+// MMA_WARPS * D * stage_bytes: 16 KB a stage of fp8, 32 KB of bf16 per block). `bf16x2`: P as a
+// bf16 pair (LaunchOptions::mma_decode_split_p).
+#define PS_DECODE_MMA(KT, NAME, D, G, SPLIT)                                                   \
+  extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, 4)                              \
       paged_decode_mma_d##D##_g##G##_##NAME(const DecodeParams p) {                            \
     pdl_entry();                                                                               \
-    paged_decode_mma<KT, G, D>(p);                                                             \
+    paged_decode_mma<KT, G, D, SPLIT>(p);                                                      \
   }
-#define PS_DECODE_MMA_ALL(KT, NAME, D) \
-  PS_DECODE_MMA(KT, NAME, D, 1)        \
-  PS_DECODE_MMA(KT, NAME, D, 2)        \
-  PS_DECODE_MMA(KT, NAME, D, 4)        \
-  PS_DECODE_MMA(KT, NAME, D, 8)
+#define PS_DECODE_MMA_ALL(KT, NAME, D, SPLIT) \
+  PS_DECODE_MMA(KT, NAME, D, 1, SPLIT)        \
+  PS_DECODE_MMA(KT, NAME, D, 2, SPLIT)        \
+  PS_DECODE_MMA(KT, NAME, D, 4, SPLIT)        \
+  PS_DECODE_MMA(KT, NAME, D, 8, SPLIT)
 
-PS_DECODE_MMA_ALL(__nv_bfloat16, bf16, 2)
-PS_DECODE_MMA_ALL(__nv_bfloat16, bf16, 3)
-PS_DECODE_MMA_ALL(fp8, fp8, 2)
-PS_DECODE_MMA_ALL(fp8, fp8, 3)
-PS_DECODE_MMA_ALL(fp8, fp8, 4)
+PS_DECODE_MMA_ALL(__nv_bfloat16, bf16, 2, false)
+PS_DECODE_MMA_ALL(__nv_bfloat16, bf16, 3, false)
+PS_DECODE_MMA_ALL(__nv_bfloat16, bf16x2, 2, true)
+PS_DECODE_MMA_ALL(__nv_bfloat16, bf16x2, 3, true)
+PS_DECODE_MMA_ALL(fp8, fp8, 2, false)
+PS_DECODE_MMA_ALL(fp8, fp8, 3, false)
+PS_DECODE_MMA_ALL(fp8, fp8, 4, false)

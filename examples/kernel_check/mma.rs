@@ -168,39 +168,57 @@ impl Setup {
     }
 }
 
-/// The kernels with the CUDA-core decode (None) or the tensor-core one of d stages.
-fn kernels(dev: &Device, mma: Option<u8>) -> Res<CudaKernels> {
+/// The kernels with the CUDA-core decode (None) or the tensor-core one of d stages (with P
+/// as a bf16 pair over bf16 caches when `split`).
+fn kernels(dev: &Device, mma: Option<u8>, split: bool) -> Res<CudaKernels> {
     let opts = LaunchOptions {
         mma_decode: mma.is_some(),
         mma_decode_stages: mma,
+        mma_decode_split_p: split,
         ..LaunchOptions::default()
     };
     Ok(CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?)
 }
 
-/// The caches of a check: bf16, fp8 with power-of-two scales, fp8 with calibration-like ones;
-/// and the stage counts each takes.
-fn caches() -> [(&'static str, Option<KvScale>, &'static [u8]); 3] {
+/// The tensor-core kernels of 2, 3 and 4 stages: `[split P][stages - 2]`.
+fn mma_kernels(dev: &Device) -> Res<Vec<Vec<CudaKernels>>> {
+    [false, true]
+        .into_iter()
+        .map(|split| (2..=4).map(|d| kernels(dev, Some(d), split)).collect())
+        .collect()
+}
+
+/// A check's caches: name, fp8 scales (None: bf16), the stage counts taken, whether P is a
+/// bf16 pair, and the bound on the kernel's own error (the f32 reference rounded to bf16, in
+/// the norm): the 1e-3, but 2.5e-3 for bf16 caches with P rounded to bf16 (1.8e-3 to
+/// 2.2e-3 on the H200).
+type Cache = (&'static str, Option<KvScale>, &'static [u8], bool, f32);
+fn caches() -> [Cache; 4] {
+    let pow2 = KvScale { k: 0.0625, v: 0.25 };
     [
-        ("bf16", None, &[2, 3]),
-        ("fp8 pow2", Some(KvScale { k: 0.0625, v: 0.25 }), &[2, 3, 4]),
+        ("bf16", None, &[2, 3], false, 2.5e-3),
+        ("bf16, P split", None, &[2, 3], true, 1e-3),
+        ("fp8 pow2", Some(pow2), &[2, 3, 4], false, 1e-3),
         (
             "fp8 calibrated",
             Some(KvScale::from_amax(37.3, 5.9)),
             &[2, 3, 4],
+            false,
+            1e-3,
         ),
     ]
 }
 
 pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
-    let cores = kernels(dev, None)?;
+    let cores = kernels(dev, None, false)?;
     if let Err(why) = cores.fp8_kv() {
         println!("mma decode checks skipped: {why}");
         return Ok(());
     }
-    let mma: Vec<CudaKernels> = (2..=4).map(|d| kernels(dev, Some(d))).collect::<Res<_>>()?;
+    let mma = mma_kernels(dev)?;
     // (sequences, longest context, query heads, KV heads, block size, partitions)
-    let cases: &[(usize, usize, usize, usize, usize, Option<usize>)] = &[
+    type Case = (usize, usize, usize, usize, usize, Option<usize>);
+    let cases: &[Case] = &[
         (1, 600, 16, 8, 16, None),
         (3, 17, 16, 8, 16, None),
         (8, 3000, 16, 8, 16, None),
@@ -214,7 +232,7 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         (12, 333, 16, 8, 32, None),
     ];
     for &(b, ctx, nh, nkv, bs, splits) in cases {
-        for (name, fp8, depths) in caches() {
+        for (name, fp8, depths, split, bound) in caches() {
             let s = setup(dev, (b, ctx, false), (nh, nkv, bs), fp8)?;
             let reference = s.reference(dev)?;
             let base = s.out(dev)?;
@@ -225,9 +243,6 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             // The reference rounded to bf16 as the kernels' outputs are: the norm of the
             // difference then measures the kernel's own error, not the output's rounding.
             let rounded = reference.to_dtype(DType::BF16)?;
-            // The bound for fp8 kernels, and bf16's too (a kernel that rounds P to
-            // bf16 alone gives 2e-3).
-            let bound = 1e-3;
             t.check(
                 format!("{what}: CUDA-core kernel vs f32"),
                 rel(&base, &reference)?,
@@ -236,11 +251,11 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             t.check(
                 format!("{what}: CUDA-core kernel vs f32 in bf16 (norm)"),
                 norm_rel(&base, &rounded)?,
-                bound,
+                1e-3,
             );
             for &d in depths {
                 let out = s.out(dev)?;
-                s.run(&mma[d as usize - 2], &out, splits)?;
+                s.run(&mma[split as usize][d as usize - 2], &out, splits)?;
                 t.check(
                     format!("{what} {d} stages vs f32"),
                     rel(&out, &reference)?,
@@ -284,14 +299,14 @@ fn time(k: &CudaKernels, s: &Setup, out: &Tensor) -> Res<f64> {
 /// The CUDA-core and tensor-core kernels on the bench's shapes (0.6B / 1.7B: 16 query heads,
 /// 8 KV heads; every context 576 tokens, as 512-token prompts 64 tokens into their answers).
 pub fn timings(dev: &Device) -> Res<()> {
-    let cores = kernels(dev, None)?;
+    let cores = kernels(dev, None, false)?;
     if cores.fp8_kv().is_err() {
         return Ok(());
     }
-    let mma: Vec<CudaKernels> = (2..=4).map(|d| kernels(dev, Some(d))).collect::<Res<_>>()?;
+    let mma = mma_kernels(dev)?;
     println!("| cache | batch | context | CUDA cores us (TB/s) | mma d2 | mma d3 | mma d4 |");
     println!("|---|---|---|---|---|---|---|");
-    for (name, fp8, depths) in caches().into_iter().filter(|c| c.0 != "fp8 pow2") {
+    for (name, fp8, depths, split, _) in caches().into_iter().filter(|c| c.0 != "fp8 pow2") {
         for (b, ctx) in [(64, 576), (256, 576), (512, 576), (256, 2048), (32, 8192)] {
             let s = setup(dev, (b, ctx, true), (16, 8, 16), fp8)?;
             let out = s.out(dev)?;
@@ -302,7 +317,10 @@ pub fn timings(dev: &Device) -> Res<()> {
             );
             for d in 2..=4u8 {
                 if depths.contains(&d) {
-                    row += &format!(" {} |", cell(time(&mma[d as usize - 2], &s, &out)?));
+                    row += &format!(
+                        " {} |",
+                        cell(time(&mma[split as usize][d as usize - 2], &s, &out)?)
+                    );
                 } else {
                     row += " - |";
                 }

@@ -168,6 +168,10 @@ pub struct KernelFlags {
     /// `KernelOptions::mma_decode_stages`; default: 2 over bf16 caches, 3 over fp8).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(2..=4))]
     pub mma_decode_stages: Option<u8>,
+    /// Over bf16 caches, the tensor-core decode attention's probabilities as a bf16 pair
+    /// instead of rounded to bf16 (`KernelOptions::mma_decode_split_p`).
+    #[arg(long)]
+    pub mma_decode_split_p: bool,
 }
 
 /// `MIN,MAX` n-gram lengths: 1 <= MIN <= MAX <= 16.
@@ -201,6 +205,7 @@ impl KernelFlags {
             shared_kv_verify: self.shared_kv_verify,
             mma_decode: !self.no_mma_decode,
             mma_decode_stages: self.mma_decode_stages,
+            mma_decode_split_p: self.mma_decode_split_p,
             ..KernelOptions::default()
         }
     }
@@ -366,8 +371,12 @@ mod tests {
         let m = Cli::parse_from(["x", "--no-mma-decode", "--mma-decode-stages", "3"])
             .engine
             .options();
-        assert!(!m.kernels.mma_decode);
+        assert!(!m.kernels.mma_decode && !m.kernels.mma_decode_split_p);
         assert_eq!(m.kernels.mma_decode_stages, Some(3));
+        let p = Cli::parse_from(["x", "--mma-decode-split-p"])
+            .engine
+            .options();
+        assert!(p.kernels.mma_decode && p.kernels.mma_decode_split_p);
         // Stages 2-4 only, refused at parsing with the range named.
         let bad = Cli::try_parse_from(["x", "--mma-decode-stages", "5"])
             .err()

@@ -74,6 +74,11 @@ pub struct KernelOptions {
     /// of 16 tokens through (2..=4; bf16 caches take at most 3). None: the measured best for
     /// the cache's dtype (2 for bf16, 3 for fp8).
     pub mma_decode_stages: Option<u8>,
+    /// Over bf16 caches, the tensor-core decode attention takes the probabilities as a bf16
+    /// pair (high part and remainder, one more MMA a tile) instead of rounding them to bf16:
+    /// its output then comes within ~1e-4 of an f32 attention instead of 2e-3 (the CUDA-core
+    /// kernel: 1.9e-4). Off by default: built, not yet checked or timed on a GPU (#27).
+    pub mma_decode_split_p: bool,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
     /// stream, where the events only cost time).
     pub event_tracking: bool,
@@ -98,6 +103,7 @@ impl Default for KernelOptions {
             shared_kv_verify: false,
             mma_decode: true,
             mma_decode_stages: None,
+            mma_decode_split_p: false,
             event_tracking: false,
         }
     }

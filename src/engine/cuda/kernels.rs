@@ -233,6 +233,11 @@ impl CudaKernels {
                     2,
                 )
             };
+            let dt = if dt == "bf16" && opts.mma_decode_split_p {
+                "bf16x2"
+            } else {
+                dt
+            };
             let fs = groups(&mma_mod, &format!("paged_decode_mma_d{d}"), dt)?;
             let smem = 4 * d as u32 * 2 * 16 * 128 * elem;
             use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;

@@ -51,6 +51,9 @@ pub struct LaunchOptions {
     /// Shared-memory stages of the tensor-core decode attention (2..=4; bf16 caches take at
     /// most 3); None: [`MMA_STAGES_BF16`] / [`MMA_STAGES_FP8`] by the cache's dtype.
     pub mma_decode_stages: Option<u8>,
+    /// Over bf16 caches, P goes through the tensor-core decode attention as a bf16 pair (high
+    /// part and remainder) instead of rounded to bf16.
+    pub mma_decode_split_p: bool,
 }
 
 impl Default for LaunchOptions {
@@ -71,6 +74,7 @@ impl Default for LaunchOptions {
             shared_kv_verify: false,
             mma_decode: true,
             mma_decode_stages: None,
+            mma_decode_split_p: false,
         }
     }
 }

@@ -38,6 +38,7 @@ mod verify;
 pub use attention::{CLUSTER_MAX_ROWS, DECODE_CLUSTER, FUSED_MAX_ROWS};
 pub use buffers::GpuEvent;
 pub use kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, LaunchOptions};
+pub use launch_options::{MMA_STAGES_BF16, MMA_STAGES_FP8};
 pub(crate) use launch::kernel_err;
 pub use lora_ops::{LORA_TILE, LORA_TILE_ONE_MAX, lora_tile};
 pub(crate) use moe_ops::MoeScratch;

@@ -70,6 +70,7 @@ pub fn kernels_for(
         shared_kv_verify: opts.shared_kv_verify,
         mma_decode: opts.mma_decode,
         mma_decode_stages: opts.mma_decode_stages,
+        mma_decode_split_p: opts.mma_decode_split_p,
         ..LaunchOptions::default()
     };
     CudaKernels::new(device, dtype, &launch)
