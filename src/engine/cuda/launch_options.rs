@@ -2,9 +2,9 @@
 //! `KernelOptions`).
 
 /// Stages of the tensor-core decode attention over bf16 caches unless asked otherwise: 2 (3
-/// takes 96 KB of shared memory a block, two blocks an SM, and was 9-11% slower on the H200).
+/// takes 96 KB of shared memory a block, two blocks an SM, and was 5-16% slower on the H200).
 pub const MMA_STAGES_BF16: u8 = 2;
-/// Stages over fp8 caches: 3 (2 was within 1%, 4 9-13% slower on the H200).
+/// Stages over fp8 caches: 3 (2 was 0-2% slower, 4 11-15% slower on the H200).
 pub const MMA_STAGES_FP8: u8 = 3;
 
 /// Which launch paths the kernels take where the hardware allows them (the kernel half of the
