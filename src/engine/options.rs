@@ -75,9 +75,10 @@ pub struct KernelOptions {
     /// the cache's dtype (2 for bf16, 3 for fp8).
     pub mma_decode_stages: Option<u8>,
     /// Over bf16 caches, the tensor-core decode attention takes the probabilities as a bf16
-    /// pair (high part and remainder, one more MMA a tile) instead of rounding them to bf16:
-    /// its output then comes within ~1e-4 of an f32 attention instead of 2e-3 (the CUDA-core
-    /// kernel: 1.9e-4). Off by default: built, not yet checked or timed on a GPU (#27).
+    /// pair (high part and remainder, one more MMA a tile) instead of rounding them to bf16,
+    /// whose output is 2e-3 from an f32 attention (the CUDA-core kernel's 1.9e-4; measured on
+    /// the H200). Off by default: built, not yet checked or timed on a GPU, so how close it
+    /// comes and what it costs are unmeasured (#27).
     pub mma_decode_split_p: bool,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
     /// stream, where the events only cost time).
