@@ -35,24 +35,6 @@ constexpr int MMA_WARPS = 4;
 constexpr int CHUNK = 16;
 constexpr float LN2 = 0.6931471805599453f;
 
-// d += a (16x16; rows 8..15 zero: a1 = a3 = 0) * b (16x8).
-template <bool F16>
-__device__ __forceinline__ void mma_rows8(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0,
-                                          uint32_t b1) {
-  const uint32_t z = 0;
-  if constexpr (F16) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(z), "r"(a2), "r"(z), "r"(b0), "r"(b1));
-  } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(z), "r"(a2), "r"(z), "r"(b0), "r"(b1));
-  }
-}
-
 // d += a (16x16) * b (16x8).
 template <bool F16>
 __device__ __forceinline__ void mma_full(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
@@ -68,6 +50,14 @@ __device__ __forceinline__ void mma_full(float (&d)[4], const uint32_t (&a)[4], 
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+}
+
+// d += a (16x16; rows 8..15 zero: a1 = a3 = 0) * b (16x8).
+template <bool F16>
+__device__ __forceinline__ void mma_rows8(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0,
+                                          uint32_t b1) {
+  const uint32_t a[4] = {a0, 0u, a2, 0u};
+  mma_full<F16>(d, a, b0, b1);
 }
 
 template <bool F16>

@@ -13,10 +13,10 @@ use policy_serve::engine::kv_format::{
 };
 
 use super::fused::case;
-use super::{Args, Res, Table, cores, randn, rel};
+use super::{Args, Res, Table, cores, engine, randn, rel, tokens_of};
 use policy_serve::engine::{DTypeChoice, DeviceChoice, KvCacheDtype};
 use policy_serve::testing::synthetic_prompt;
-use policy_serve::{EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
+use policy_serve::{EngineOptions, GenerationRequest};
 
 /// Random caches `[nkv, slots, 128]` in fp8 with `scale`, and the same values dequantized to
 /// bf16 (the reference's caches).
@@ -336,21 +336,14 @@ pub fn engine_check(a: &Args, t: &mut Table) -> Res<()> {
             kernels: a.kernels.options(),
             ..EngineOptions::default()
         };
-        let r =
-            ModelRegistry::new(vec![ModelSpec::local("m", "m", &a.model_dir)])?.with_options(opts);
-        let e = r.model("m")?.engine().clone();
-        let pending: Vec<_> = (0..8)
-            .map(|i| {
-                let mut req = GenerationRequest::new(synthetic_prompt(20 + i * 61, 500 + i))
-                    .max_new_tokens(64);
-                req.ignore_eos = true;
-                e.submit(req)
-            })
-            .collect();
-        Ok(pending
-            .into_iter()
-            .map(|p| p.wait().map(|g| g.tokens))
-            .collect::<Result<_, _>>()?)
+        let (_r, e) = engine(a, opts)?;
+        let requests = (0..8).map(|i| {
+            let mut req =
+                GenerationRequest::new(synthetic_prompt(20 + i * 61, 500 + i)).max_new_tokens(64);
+            req.ignore_eos = true;
+            req
+        });
+        tokens_of(&e, requests)
     };
     let graphs = run(KvCacheDtype::Fp8, true)?;
     let eager = run(KvCacheDtype::Fp8, false)?;

@@ -148,27 +148,20 @@ pub(super) fn lora_graph_check(a: &Args, t: &mut Table) -> Res<()> {
             kernels: a.kernels.options(),
             ..EngineOptions::default()
         };
-        let r =
-            ModelRegistry::new(vec![ModelSpec::local("m", "m", &a.model_dir)])?.with_options(opts);
-        let e = r.model("m")?.engine().clone();
+        let (_r, e) = engine(a, opts)?;
         let hs = dirs
             .iter()
             .enumerate()
             .map(|(i, d)| e.load_adapter(&format!("a{i}"), d))
             .collect::<Result<Vec<_>, _>>()?;
-        let pending: Vec<_> = (0..8)
-            .map(|i| {
-                let mut req = GenerationRequest::new(synthetic_prompt(30 + i * 41, 600 + i))
-                    .max_new_tokens(32);
-                req.ignore_eos = true;
-                req.adapter = (i % 3 < 2).then(|| hs[i % 3].clone());
-                e.submit(req)
-            })
-            .collect();
-        Ok(pending
-            .into_iter()
-            .map(|p| p.wait().map(|g| g.tokens))
-            .collect::<Result<_, _>>()?)
+        let requests = (0..8).map(|i| {
+            let mut req =
+                GenerationRequest::new(synthetic_prompt(30 + i * 41, 600 + i)).max_new_tokens(32);
+            req.ignore_eos = true;
+            req.adapter = (i % 3 < 2).then(|| hs[i % 3].clone());
+            req
+        });
+        tokens_of(&e, requests)
     };
     let (graphs, eager) = (run(true)?, run(false)?);
     let equal = graphs.iter().zip(&eager).filter(|(g, e)| g == e).count();

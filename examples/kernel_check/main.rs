@@ -31,7 +31,9 @@ use policy_serve::engine::kv_format::KvRef;
 use policy_serve::engine::model::kv_cache::PagedKvCache;
 use policy_serve::engine::model::loader::load_shard;
 use policy_serve::engine::model::shard::Shard;
-use policy_serve::engine::{DTypeChoice, DeviceChoice, KernelOptions, ModelConfig, select_device};
+use policy_serve::engine::{
+    DTypeChoice, DeviceChoice, Engine, KernelOptions, ModelConfig, select_device,
+};
 use policy_serve::testing::synthetic_prompt;
 use policy_serve::{EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
 
@@ -99,6 +101,26 @@ fn cores() -> LaunchOptions {
         mma_decode: false,
         ..LaunchOptions::default()
     }
+}
+
+/// The checked model (`--model-dir`) under `opts`: its registry (the caller keeps it while it
+/// uses the engine) and its engine.
+fn engine(a: &Args, opts: EngineOptions) -> Res<(ModelRegistry, Engine)> {
+    let r = ModelRegistry::new(vec![ModelSpec::local("m", "m", &a.model_dir)])?.with_options(opts);
+    let e = r.model("m")?.engine().clone();
+    Ok((r, e))
+}
+
+/// Submits every request at once, then waits for each: their tokens, in order.
+fn tokens_of(
+    e: &Engine,
+    requests: impl IntoIterator<Item = GenerationRequest>,
+) -> Res<Vec<Vec<u32>>> {
+    let pending: Vec<_> = requests.into_iter().map(|r| e.submit(r)).collect();
+    Ok(pending
+        .into_iter()
+        .map(|p| p.wait().map(|g| g.tokens))
+        .collect::<Result<_, _>>()?)
 }
 
 fn randn(shape: &[usize], dt: DType, dev: &Device) -> Res<Tensor> {

@@ -13,10 +13,10 @@ use candle_core::{DType, Device, IndexOp, Tensor};
 use policy_serve::engine::cuda::{CudaKernels, LaunchOptions};
 use policy_serve::engine::kv_format::{KvRef, KvScale, dequantize, quantize};
 
-use super::{Args, Res, Table, randn, rel};
+use super::{Args, Res, Table, engine, randn, rel, tokens_of};
 use policy_serve::engine::{DTypeChoice, DeviceChoice, KvCacheDtype};
 use policy_serve::testing::synthetic_prompt;
-use policy_serve::{EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
+use policy_serve::{EngineOptions, GenerationRequest};
 
 /// Caches, tables and queries of `b` decode sequences.
 struct Setup {
@@ -352,21 +352,14 @@ pub fn engine_check(a: &Args, t: &mut Table) -> Res<()> {
             speculative: None,
             ..EngineOptions::default()
         };
-        let r =
-            ModelRegistry::new(vec![ModelSpec::local("m", "m", &a.model_dir)])?.with_options(opts);
-        let e = r.model("m")?.engine().clone();
-        let pending: Vec<_> = (0..32)
-            .map(|i| {
-                let mut req = GenerationRequest::new(synthetic_prompt(20 + i * 37, 900 + i))
-                    .max_new_tokens(n);
-                req.ignore_eos = true;
-                e.submit(req)
-            })
-            .collect();
-        Ok(pending
-            .into_iter()
-            .map(|p| p.wait().map(|g| g.tokens))
-            .collect::<Result<_, _>>()?)
+        let (_r, e) = engine(a, opts)?;
+        let requests = (0..32).map(|i| {
+            let mut req =
+                GenerationRequest::new(synthetic_prompt(20 + i * 37, 900 + i)).max_new_tokens(n);
+            req.ignore_eos = true;
+            req
+        });
+        tokens_of(&e, requests)
     };
     let lead = |x: &[u32], y: &[u32]| x.iter().zip(y).take_while(|(a, b)| a == b).count();
     for (name, kv) in [("bf16", KvCacheDtype::Auto), ("fp8", KvCacheDtype::Fp8)] {

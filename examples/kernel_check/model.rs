@@ -222,30 +222,23 @@ pub(super) fn greedy_check(a: &Args, t: &mut Table) -> Res<()> {
             },
             ..opts.clone()
         };
-        let r =
-            ModelRegistry::new(vec![ModelSpec::local("m", "m", &a.model_dir)])?.with_options(opts);
-        let e = r.model("m")?.engine().clone();
-        let pending: Vec<_> = (0..8)
-            .map(|i| {
-                let mut req = GenerationRequest::new(synthetic_prompt(20 + i * 61, 500 + i))
-                    .max_new_tokens(64);
-                req.ignore_eos = true;
-                if sampled {
-                    req.sampling = policy_serve::SamplingParams {
-                        temperature: 0.8,
-                        top_k: Some(20),
-                        top_p: Some(0.95),
-                        min_p: None,
-                        seed: 100 + i as u64,
-                    };
-                }
-                e.submit(req)
-            })
-            .collect();
-        Ok(pending
-            .into_iter()
-            .map(|p| p.wait().map(|g| g.tokens))
-            .collect::<Result<_, _>>()?)
+        let (_r, e) = engine(a, opts)?;
+        let requests = (0..8).map(|i| {
+            let mut req =
+                GenerationRequest::new(synthetic_prompt(20 + i * 61, 500 + i)).max_new_tokens(64);
+            req.ignore_eos = true;
+            if sampled {
+                req.sampling = policy_serve::SamplingParams {
+                    temperature: 0.8,
+                    top_k: Some(20),
+                    top_p: Some(0.95),
+                    min_p: None,
+                    seed: 100 + i as u64,
+                };
+            }
+            req
+        });
+        tokens_of(&e, requests)
     };
     let moe = ModelConfig::from_file(&a.model_dir.join("config.json"))?.is_moe();
     for sampled in [false, true] {
