@@ -342,7 +342,8 @@ proptest! {
 
     /// The mask is sound and complete on these samples: a call valid against the schema is
     /// allowed token by token and complete at its end; a mutated call is allowed to the end
-    /// exactly when it is still a valid call (parsed and validated without the grammar).
+    /// exactly when it is still a valid call (parsed and validated without the grammar, keys in
+    /// the schema's order).
     #[test]
     fn the_mask_allows_exactly_the_valid_calls(
         args in query_args(),
@@ -371,9 +372,18 @@ proptest! {
         } else {
             mutated.insert_str(pos, edit);
         }
-        let still_valid = valid_calls(&mutated, &tools) && mutated == call_text(
-            &parse_output(&mutated, Some(&tools)).calls[0].arguments.clone().into(),
-        );
+        // Valid, written as json.dumps writes it, and with the arguments' keys in the
+        // schema's order (the grammar writes an object's properties in that order, as the
+        // chat template's callers do; `"limit": 3` moved before `"table"` is refused).
+        let still_valid = valid_calls(&mutated, &tools) && {
+            let args: Value = parse_output(&mutated, Some(&tools)).calls[0].arguments.clone().into();
+            let keys: Vec<&str> = args.as_object().map_or(vec![], |o| o.keys().map(String::as_str).collect());
+            let schema_order: Vec<&str> = ["table", "limit", "columns"]
+                .into_iter()
+                .filter(|k| keys.contains(k))
+                .collect();
+            keys == schema_order && mutated == call_text(&args)
+        };
         let (_, accepted) = walk(grammar, &engine.tokenize(&mutated).unwrap());
         prop_assert_eq!(accepted, still_valid, "{}", mutated);
     }

@@ -1,7 +1,8 @@
 //! What a constrained answer may be, as a grammar: the tool-call syntax the model was trained
 //! on (`<tool_call>\n{"name": .., "arguments": {..}}\n</tool_call>`, several calls one per line,
 //! JSON as Python's `json.dumps` writes it, `name` before `arguments`) with each call's
-//! arguments valid against its tool's JSON schema, free text, JSON answers, and Qwen3's
+//! arguments valid against its tool's JSON schema (an object's properties in the order the
+//! schema lists them, as llguidance writes objects), free text, JSON answers, and Qwen3's
 //! optional `<think>` block first when thinking is on.
 //!
 //! The grammars are in llguidance's Lark dialect (see [`crate::grammar`]); `<tool_call>`,
