@@ -1,11 +1,13 @@
 //! CPU time of one grammar mask per row (what constrained decoding adds to a step for each
 //! constrained row): the real Qwen3 tokenizer, `tool_choice` required over the three tools of
-//! tests/fixtures/tools/nested.json, masks computed along a valid call token by token, and the
+//! tests/fixtures/tools/nested.json, masks computed along two valid calls token by token (as
+//! llguidance walks them, and with the bounded-string shortcut, whole and split), and the
 //! one-off cost of the grammar compiler and of compiling the grammar.
 //!
 //! `cargo bench --bench grammar`
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use policy_serve::grammar::{MaskOptions, default_mask_parts};
 use policy_serve::{GrammarCompiler, OutputConstraint, ToolChoice, ToolDefinition};
 
 fn masks(c: &mut Criterion) {
@@ -17,45 +19,65 @@ fn masks(c: &mut Criterion) {
         &std::fs::read_to_string(root.join("tests/fixtures/tools/nested.json")).unwrap(),
     )
     .unwrap();
-    let call = "<tool_call>\n{\"name\": \"update\", \"arguments\": {\"id\": 4211, \"fields\": {\"name\": \"ana\", \"active\": true}}}\n</tool_call>";
-    let ids = tokenizer.encode(call, false).unwrap().get_ids().to_vec();
-    let n = ids.len() as u32;
+    // Two calls: a short string ("ana", maxLength 8), and one that fills a maxLength-10
+    // string with ASCII and a multi-byte character.
+    let calls = [
+        "<tool_call>\n{\"name\": \"update\", \"arguments\": {\"id\": 4211, \"fields\": {\"name\": \"ana\", \"active\": true}}}\n</tool_call>",
+        "<tool_call>\n{\"name\": \"answer\", \"arguments\": {\"value\": \"caf\u{e9} 12 ab\", \"score\": 3}}\n</tool_call>",
+    ];
+    let walks: Vec<Vec<u32>> = calls
+        .iter()
+        .map(|call| tokenizer.encode(*call, false).unwrap().get_ids().to_vec())
+        .collect();
+    let n: u32 = walks.iter().map(|w| w.len() as u32).sum();
     let required = OutputConstraint::tools(ToolChoice::Required);
-    // Parts 1: one thread per mask (the CPU time a row costs); then the masks split in parts,
-    // one thread per part (the time a row waits for its mask).
-    for parts in [1, policy_serve::grammar::default_mask_parts()] {
+    // Masks as llguidance walks them (the bounded-string shortcut off), then with the
+    // shortcut: one thread per mask (the CPU time a row costs), then split in parts, one
+    // thread per part (the time a row waits for its mask).
+    let configs = [
+        ("walked", 1, false),
+        ("bounded", 1, true),
+        ("bounded, split", default_mask_parts(), true),
+    ];
+    for (name, parts, bounded_strings) in configs {
         let t = std::time::Instant::now();
+        let options = MaskOptions {
+            parts,
+            bounded_strings,
+        };
         let compiler =
-            GrammarCompiler::with_mask_parts(&tokenizer, 151_936, 151_645, parts).unwrap();
+            GrammarCompiler::with_options(&tokenizer, 151_936, 151_645, options).unwrap();
         println!(
-            "grammar compiler over 151,936 tokens, masks in {} part(s): {:.1} ms",
+            "[{name}] grammar compiler over 151,936 tokens, masks in {} part(s): {:.1} ms",
             compiler.mask_parts(),
             t.elapsed().as_secs_f64() * 1e3
         );
         let t = std::time::Instant::now();
         let grammar = required.compile(&compiler, &tools, false).unwrap();
         println!(
-            "three-tool grammar compiled in {:.1} ms",
+            "[{name}] three-tool grammar compiled in {:.1} ms",
             t.elapsed().as_secs_f64() * 1e3
         );
-        // The slowest positions of a walk (inside the strings with maxLength): the first walk
-        // (a fresh matcher), then one of a matcher rewound and reused.
+        // The slowest positions of the walks (inside the strings with maxLength): the first
+        // walks (fresh matchers), then those of matchers rewound and reused.
         for walk in ["first", "reused"] {
-            let mut m = grammar.matcher();
             let mut slow = Vec::new();
-            for &tok in &ids {
-                let t = std::time::Instant::now();
-                std::hint::black_box(m.mask().unwrap());
-                slow.push((
-                    t.elapsed().as_micros(),
-                    tokenizer.decode(&[tok], false).unwrap(),
-                ));
-                m.consume(tok).unwrap();
+            for ids in &walks {
+                let mut m = grammar.matcher();
+                for &tok in ids {
+                    let t = std::time::Instant::now();
+                    std::hint::black_box(m.mask().unwrap());
+                    slow.push((
+                        t.elapsed().as_micros(),
+                        tokenizer.decode(&[tok], false).unwrap(),
+                    ));
+                    m.consume(tok).unwrap();
+                }
             }
             let total: u128 = slow.iter().map(|s| s.0).sum();
             slow.sort_by_key(|s| std::cmp::Reverse(s.0));
             println!(
-                "{walk} walk: {total} us in all; slowest masks (us, the token taken after): {:?}",
+                "[{name}] {walk} walks: {total} us in all; slowest masks (us, the token taken after): {:?}",
                 &slow[..3]
             );
         }
@@ -74,30 +96,31 @@ fn masks(c: &mut Criterion) {
         {
             let mut ms: Vec<_> = (0..64).map(|_| grammar.matcher()).collect();
             for m in &mut ms {
-                for &tok in &ids {
+                for &tok in &walks[0] {
                     std::hint::black_box(m.mask().unwrap());
                     m.consume(tok).unwrap();
                 }
             }
-            println!("64 matchers walked: +{:.1} MB", rss() - before);
+            println!("[{name}] 64 matchers walked: +{:.1} MB", rss() - before);
         }
-        println!("64 matchers pooled: +{:.1} MB", rss() - before);
+        println!("[{name}] 64 matchers pooled: +{:.1} MB", rss() - before);
         // The engine's work per constrained row per step: the mask, then the sampled token
-        // taken. Timed per mask: a walk along the call divided by its length (matchers made
-        // untimed).
+        // taken. Timed per mask: walks along both calls divided by their length (matchers
+        // made untimed).
         c.bench_function(
-            &format!("mask + consume per row, masks in {parts} part(s) (mean over the {n} tokens of a call)"),
+            &format!("mask + consume per row, {name}, masks in {parts} part(s) (mean over the {n} tokens of two calls)"),
             |b| {
                 b.iter_custom(|iters| {
-                    let mut matchers: Vec<_> = (0..iters).map(|_| grammar.matcher()).collect();
+                    let mut matchers: Vec<_> =
+                        (0..iters * 2).map(|_| grammar.matcher()).collect();
                     let t = std::time::Instant::now();
-                    for m in &mut matchers {
-                        for &tok in &ids {
+                    for (i, m) in matchers.iter_mut().enumerate() {
+                        for &tok in &walks[i % 2] {
                             std::hint::black_box(m.mask().unwrap());
                             m.consume(tok).unwrap();
                         }
                     }
-                    t.elapsed() / n
+                    t.elapsed() * 2 / n
                 })
             },
         );

@@ -61,6 +61,11 @@ pub struct EngineFlags {
     /// thread each; 1: never split). Default: the machine's threads, at most 8.
     #[arg(long)]
     pub grammar_mask_parts: Option<usize>,
+    /// Walk every token inside JSON strings with `maxLength` as llguidance does, instead of
+    /// masking by the room left (turns `EngineOptions::grammar_bounded_strings` off; same masks,
+    /// for comparisons).
+    #[arg(long)]
+    pub no_grammar_bounded_strings: bool,
     /// Run decode steps eagerly instead of replaying CUDA graphs (debugging, comparisons).
     #[arg(long)]
     pub no_cuda_graphs: bool,
@@ -277,6 +282,7 @@ impl EngineFlags {
                 max_lora_rank: self.max_lora_rank,
             }),
             grammar_mask_parts: self.grammar_mask_parts,
+            grammar_bounded_strings: !self.no_grammar_bounded_strings,
             expert_parallel: self.expert_parallel,
             kernels: self.kernels.options(),
             ..EngineOptions::default()
@@ -377,6 +383,11 @@ mod tests {
             .engine
             .options();
         assert!(p.kernels.mma_decode && p.kernels.mma_decode_split_p);
+        assert!(d.grammar_bounded_strings && lib.grammar_bounded_strings);
+        let g = Cli::parse_from(["x", "--no-grammar-bounded-strings"])
+            .engine
+            .options();
+        assert!(!g.grammar_bounded_strings);
         // Stages 2-4 only, refused at parsing with the range named.
         let bad = Cli::try_parse_from(["x", "--mma-decode-stages", "5"])
             .err()

@@ -78,6 +78,7 @@ struct Inner {
     eos: Vec<u32>,
     grammars: once_cell::sync::OnceCell<GrammarCompiler>,
     grammar_mask_parts: Option<usize>,
+    grammar_bounded_strings: bool,
     info: EngineInfo,
     /// The model's config (adapters are checked against it).
     cfg: ModelConfig,
@@ -160,6 +161,7 @@ impl Engine {
                 eos: eos_token_ids.to_vec(),
                 grammars: once_cell::sync::OnceCell::new(),
                 grammar_mask_parts: options.grammar_mask_parts,
+                grammar_bounded_strings: options.grammar_bounded_strings,
                 info,
                 cfg: cfg.clone(),
                 device,
@@ -200,13 +202,17 @@ impl Engine {
                     "the model names no end-of-sequence token, so no grammar could end".into(),
                 )
             })?;
-            GrammarCompiler::with_mask_parts(
+            GrammarCompiler::with_options(
                 &self.inner.tokenizer,
                 self.inner.info.vocab_size,
                 eos,
-                self.inner
-                    .grammar_mask_parts
-                    .unwrap_or_else(crate::grammar::default_mask_parts),
+                crate::grammar::MaskOptions {
+                    parts: self
+                        .inner
+                        .grammar_mask_parts
+                        .unwrap_or_else(crate::grammar::default_mask_parts),
+                    bounded_strings: self.inner.grammar_bounded_strings,
+                },
             )
         })
     }

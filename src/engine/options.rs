@@ -210,6 +210,10 @@ pub struct EngineOptions {
     /// machine's threads, at most 8); 1: never split. Used when the first constrained
     /// request builds the engine's grammar compiler.
     pub grammar_mask_parts: Option<usize>,
+    /// Inside a JSON string with `maxLength`, grammar masks allow the tokens that fit the room
+    /// left at once and never walk the longer ones ([`crate::grammar::MaskOptions`]); the
+    /// same masks either way. On by default; off only for a comparison.
+    pub grammar_bounded_strings: bool,
     /// The engine's own CUDA kernels.
     pub kernels: KernelOptions,
 }
@@ -262,6 +266,7 @@ impl Default for EngineOptions {
             speculative_model: None,
             lora: None,
             grammar_mask_parts: None,
+            grammar_bounded_strings: true,
             kernels: KernelOptions::default(),
         }
     }

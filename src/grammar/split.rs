@@ -14,6 +14,8 @@ use llguidance::earley::{BiasComputer, ParserRecognizer, SlicedBiasComputer};
 use llguidance::toktrie::{SimpleVob, TokEnv, TokTrie};
 use tokenizers::Tokenizer;
 
+use super::MaskOptions;
+use super::bounded::Bounded;
 use super::vocab::TokenEnv;
 use crate::error::{Error, Result};
 
@@ -32,16 +34,18 @@ impl std::fmt::Debug for MaskParts {
 }
 
 impl MaskParts {
-    /// `parts` bias computers over `words` (one entry per logits column), each with the slices
-    /// `slices`; `None` when there is nothing to split (fewer than two parts, or no id without
-    /// bytes to carry as the sentinel).
+    /// `options.parts` bias computers over `words` (one entry per logits column), each with
+    /// the slices `slices` (and the bounded-string shortcut if `options` say so); `None` when
+    /// there is nothing to split (fewer than two parts, or no id without bytes to carry as the
+    /// sentinel).
     pub(crate) fn new(
         words: &[Vec<u8>],
         tokenizer: &Arc<Tokenizer>,
         eos: u32,
         slices: &[String],
-        parts: usize,
+        options: MaskOptions,
     ) -> Result<Option<Self>> {
+        let parts = options.parts;
         let Some(sentinel) = words.iter().position(|w| w.is_empty()) else {
             return Ok(None);
         };
@@ -63,8 +67,15 @@ impl MaskParts {
                         .collect();
                     let env: TokEnv =
                         Arc::new(TokenEnv::from_words(&mine, tokenizer.clone(), eos)?);
-                    let inner = SlicedBiasComputer::new(&env, slices)
-                        .map_err(|e| Error::Grammar(e.to_string()))?;
+                    let sliced: Arc<dyn BiasComputer> = Arc::new(
+                        SlicedBiasComputer::new(&env, slices)
+                            .map_err(|e| Error::Grammar(e.to_string()))?,
+                    );
+                    let inner = if options.bounded_strings {
+                        Arc::new(Bounded::new(sliced))
+                    } else {
+                        sliced
+                    };
                     Ok(Arc::new(Part {
                         inner,
                         sentinel: sentinel as u32,
@@ -118,10 +129,10 @@ fn part_of_prefix(
     part_of
 }
 
-/// One part's bias computer: llguidance's sliced computer over the part's trie, its masks
-/// carrying the sentinel.
+/// One part's bias computer: llguidance's sliced computer over the part's trie (under the
+/// bounded-string shortcut unless turned off), its masks carrying the sentinel.
 struct Part {
-    inner: SlicedBiasComputer,
+    inner: Arc<dyn BiasComputer>,
     sentinel: u32,
 }
 

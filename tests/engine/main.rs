@@ -9,6 +9,7 @@ mod kv_fp8;
 mod limits;
 mod lora;
 mod lora_keys;
+mod masks;
 mod speculative;
 mod tiers;
 mod transfer;
