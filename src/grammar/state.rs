@@ -26,6 +26,10 @@ const SPLIT_ABOVE_ALLOWED: usize = 100;
 pub(super) struct Compiled {
     template: TokenParser,
     pool: Mutex<Vec<(Matcher, Vec<Matcher>)>>,
+    /// A copy of the last matcher given back, rewound: new matchers are copied from it when
+    /// the pool is empty (its lexer has built the states of a walk; a copy of the template
+    /// builds them again, which doubles the cost of a new matcher's masks).
+    warm: Mutex<Option<(Matcher, Vec<Matcher>)>>,
     /// Rewound matchers kept by all the grammars of one compiler.
     pooled: Arc<AtomicUsize>,
 }
@@ -42,20 +46,33 @@ impl Compiled {
         Self {
             template,
             pool: Mutex::new(Vec::new()),
+            warm: Mutex::new(None),
             pooled,
         }
     }
 
-    /// A rewound matcher, if the grammar keeps one.
+    /// A rewound matcher, if the grammar keeps one, else a copy of the last one given back,
+    /// if any.
     fn take(&self) -> Option<(Matcher, Vec<Matcher>)> {
-        let m = self.pool.lock().pop()?;
-        self.pooled.fetch_sub(1, Ordering::Relaxed);
-        Some(m)
+        if let Some(m) = self.pool.lock().pop() {
+            self.pooled.fetch_sub(1, Ordering::Relaxed);
+            return Some(m);
+        }
+        let warm = self.warm.lock();
+        let (whole, split) = warm.as_ref()?;
+        Some((
+            whole.deep_clone(),
+            split.iter().map(Matcher::deep_clone).collect(),
+        ))
     }
 
     /// Keeps `m` (rewound) for the next output, unless this grammar or the compiler's
-    /// grammars keep enough.
+    /// grammars keep enough; keeps a copy of it to copy new matchers from.
     fn give_back(&self, m: (Matcher, Vec<Matcher>)) {
+        *self.warm.lock() = Some((
+            m.0.deep_clone(),
+            m.1.iter().map(Matcher::deep_clone).collect(),
+        ));
         let mut pool = self.pool.lock();
         if pool.len() < POOLED
             && self

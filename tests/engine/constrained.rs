@@ -449,10 +449,10 @@ fn constrained_rows_pipelined_get_the_tokens_of_unpipelined_decoding() {
 /// A mask split in parts (one thread each) is the mask of the whole vocabulary, and a matcher
 /// rewound for the next output (taken from the grammar's pool) masks as a fresh one: every
 /// position of calls of the three tools (strings with `maxLength`, whose wide masks are the
-/// ones split) compared with a compiler that never splits, twice over, the second walk with
-/// the matchers the first one gave back. Mutations caught: a part's mask left out of the
-/// union, the sentinel left in, parts not brought up to the tokens taken, a rewound matcher
-/// that keeps its place.
+/// ones split) compared with a compiler that never splits, three times over, the later walks
+/// with the matchers the first one gave back, the last also with a copy of one (the pool
+/// empty). Mutations caught: a part's mask left out of the union, the sentinel left in, parts
+/// not brought up to the tokens taken, a rewound matcher (or its copy) that keeps its place.
 #[test]
 fn split_and_rewound_masks_are_the_whole_masks() {
     let engine = engine();
@@ -471,18 +471,22 @@ fn split_and_rewound_masks_are_the_whole_masks() {
         r#"{"name": "answer", "arguments": {"value": "0123456789"}}"#,
     ];
     let mut split_masks = 0;
-    for round in 0..2 {
+    for round in 0..3 {
         for call in calls {
             let ids = engine
                 .tokenize(&format!("<tool_call>\n{call}\n</tool_call>"))
                 .unwrap();
             let (mut mw, mut ms) = (gw.matcher(), gs.matcher());
+            // In the last round, two at once: the pool holds one, so the second is a copy of
+            // the last matcher given back.
+            let mut copy = (round == 2).then(|| gs.matcher());
             for (i, &t) in ids.iter().enumerate() {
-                assert_eq!(
-                    mw.mask().unwrap(),
-                    ms.mask().unwrap(),
-                    "round {round}, {call}, token {i}"
-                );
+                let mask = mw.mask().unwrap();
+                assert_eq!(mask, ms.mask().unwrap(), "round {round}, {call}, token {i}");
+                if let Some(c) = copy.as_mut() {
+                    assert_eq!(mask, c.mask().unwrap(), "copy, {call}, token {i}");
+                    c.consume(t).unwrap();
+                }
                 mw.consume(t).unwrap();
                 ms.consume(t).unwrap();
             }
