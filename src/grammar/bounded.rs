@@ -26,6 +26,10 @@ pub(crate) const MAX_ROOM: usize = 32;
 /// A bias computer that takes the shortcut above where it applies and `inner` elsewhere.
 pub(crate) struct Bounded {
     inner: Arc<dyn BiasComputer>,
+    /// The index of llguidance's slice of unbounded string content among the parser's extra
+    /// lexemes: where it applies, llguidance's own mask is cheap, and the exploration would
+    /// run to its limit for nothing.
+    unbounded: usize,
     /// `upto[k]`: the tokens of 1..=k string-content characters.
     upto: Vec<SimpleVob>,
     /// The tokens that are not string content alone.
@@ -44,8 +48,9 @@ fn content_chars(bytes: &[u8]) -> Option<usize> {
 }
 
 impl Bounded {
-    /// The shortcut over `inner`'s trie, `inner` elsewhere.
-    pub(crate) fn new(inner: Arc<dyn BiasComputer>) -> Self {
+    /// The shortcut over `inner`'s trie, `inner` elsewhere; `unbounded` is the index of the
+    /// slice of unbounded string content among the slices the parsers were made with.
+    pub(crate) fn new(inner: Arc<dyn BiasComputer>, unbounded: usize) -> Self {
         let trie = inner.trie();
         let mut upto: Vec<SimpleVob> = (0..=MAX_ROOM).map(|_| trie.alloc_token_set()).collect();
         let mut rest = trie.alloc_token_set();
@@ -64,7 +69,12 @@ impl Bounded {
             }
         }
         let rest = trie.filter(&rest);
-        Self { inner, upto, rest }
+        Self {
+            inner,
+            unbounded,
+            upto,
+            rest,
+        }
     }
 }
 
@@ -72,7 +82,13 @@ impl BiasComputer for Bounded {
     fn compute_bias(&self, rec: &mut ParserRecognizer<'_>, start: &[u8]) -> SimpleVob {
         let room = if start.is_empty() {
             let state = rec.lexer_state();
-            room_left(&mut Dfa(rec), state)
+            room_left(
+                &mut Dfa {
+                    rec: &mut *rec,
+                    unbounded: self.unbounded,
+                },
+                state,
+            )
         } else {
             None
         };
@@ -99,24 +115,39 @@ trait Automaton {
     /// Whether a lexeme may end at `state` (a byte the automaton refuses there would start
     /// the next lexeme instead of failing).
     fn accepting(&mut self, state: StateID) -> bool;
+    /// Whether every string of content characters, however long, may follow `state` (an
+    /// unbounded string: no room to find).
+    fn unbounded(&mut self, state: StateID) -> bool;
 }
 
 /// The recognizer's lexer.
-struct Dfa<'r, 'a>(&'r mut ParserRecognizer<'a>);
+struct Dfa<'r, 'a> {
+    rec: &'r mut ParserRecognizer<'a>,
+    unbounded: usize,
+}
 
 impl Automaton for Dfa<'_, '_> {
     fn step(&mut self, state: StateID, byte: u8) -> StateID {
         // The transition the recognizer's own byte push takes (`Lexer::advance`).
-        self.0
+        self.rec
             .lexer_mut()
             .transition_start_state(state, Some(byte), &None)
+    }
+
+    fn unbounded(&mut self, state: StateID) -> bool {
+        // llguidance's own test for applying that slice (the budget its slicer gives it).
+        let lexer = self.rec.lexer_mut();
+        lexer.subsume_possible(state)
+            && lexer
+                .check_subsume(state, self.unbounded, 1000, None)
+                .unwrap_or(false)
     }
 
     fn accepting(&mut self, state: StateID) -> bool {
         // `try_lexeme_end` is an error exactly where no lexeme accepts; its result type is
         // private to llguidance, so it is told apart from the dead state's (which accepts
         // nothing) by its variant.
-        let lexer = self.0.lexer_mut();
+        let lexer = self.rec.lexer_mut();
         let nothing = discriminant(&lexer.try_lexeme_end(StateID::DEAD));
         discriminant(&lexer.try_lexeme_end(state)) != nothing
     }
@@ -242,6 +273,8 @@ fn room_left(a: &mut impl Automaton, state: StateID) -> Option<usize> {
     let mut live = vec![state];
     for room in 0..=MAX_ROOM {
         match one_char(a, &live) {
+            // String content here: unless it is unbounded.
+            Step::All(_) if room == 0 && a.unbounded(state) => return None,
             Step::All(next) => live = next,
             Step::None => return Some(room),
             Step::Mixed => return None,
@@ -260,6 +293,8 @@ mod tests {
         room: u32,
         accepting_at: Option<u32>,
         refuse: Option<u8>,
+        /// Steps taken, to see the exploration stop early.
+        steps: usize,
     }
 
     // State ids: 2 + 8 * chars_taken + continuation bytes still wanted (0..=3).
@@ -269,6 +304,7 @@ mod tests {
 
     impl Automaton for Toy {
         fn step(&mut self, state: StateID, byte: u8) -> StateID {
+            self.steps += 1;
             let n = state.as_u32() - 2;
             let (chars, want) = (n / 8, n % 8);
             if Some(byte) == self.refuse {
@@ -288,6 +324,10 @@ mod tests {
         fn accepting(&mut self, state: StateID) -> bool {
             Some((state.as_u32() - 2) / 8) == self.accepting_at
         }
+
+        fn unbounded(&mut self, _: StateID) -> bool {
+            self.room == u32::MAX
+        }
     }
 
     #[test]
@@ -296,6 +336,7 @@ mod tests {
             room,
             accepting_at,
             refuse,
+            steps: 0,
         };
         for room in [0, 1, 5, 17, MAX_ROOM as u32] {
             assert_eq!(
@@ -315,6 +356,15 @@ mod tests {
             room_left(&mut toy(MAX_ROOM as u32 + 1, None, None), id(0, 0)),
             None
         );
+        // Unbounded: given up after one character, not explored to the limit.
+        let mut t = toy(u32::MAX, None, None);
+        assert_eq!(room_left(&mut t, id(0, 0)), None);
+        let one_char_steps = {
+            let mut t = toy(5, None, None);
+            one_char(&mut t, &[id(0, 0)]);
+            t.steps
+        };
+        assert_eq!(t.steps, one_char_steps);
         // One character refused where others are taken (a pattern, an enum): no shortcut.
         assert_eq!(room_left(&mut toy(5, None, Some(b'q')), id(0, 0)), None);
         assert_eq!(room_left(&mut toy(5, None, Some(0xA3)), id(0, 0)), None);

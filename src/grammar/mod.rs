@@ -108,10 +108,25 @@ impl Default for MaskOptions {
 /// `maxLength` the tokens that fit the remaining length are not walked either.
 fn slices() -> Vec<String> {
     let mut slices = llguidance::earley::SlicedBiasComputer::json_slices();
+    if !slices.iter().any(|s| s == UNBOUNDED_STRING) {
+        slices.push(UNBOUNDED_STRING.into());
+    }
     for k in 1..=9 {
         slices.push(format!(r#"[^"\\\x00-\x1F\x7F]{{1,{k}}}"#));
     }
     slices
+}
+
+/// Unbounded JSON string content: llguidance's slice for it, which [`bounded`] leaves to
+/// llguidance.
+const UNBOUNDED_STRING: &str = r#"[^"\\\x00-\x1F\x7F]+"#;
+
+/// The index of [`UNBOUNDED_STRING`] among `slices` (the parsers' extra lexemes).
+fn unbounded_slice(slices: &[String]) -> usize {
+    slices
+        .iter()
+        .position(|s| s == UNBOUNDED_STRING)
+        .expect("slices() holds the unbounded string slice")
 }
 
 /// Most compiled grammars kept for reuse (an episode's turns compile the same one).
@@ -186,9 +201,12 @@ impl GrammarCompiler {
         let mut factory = ParserFactory::new(&env, Default::default(), &slices)
             .map_err(|e| Error::Grammar(e.to_string()))?;
         factory.quiet();
-        let whole = options
-            .bounded_strings
-            .then(|| Arc::new(bounded::Bounded::new(factory.slicer())) as Arc<dyn BiasComputer>);
+        let whole = options.bounded_strings.then(|| {
+            Arc::new(bounded::Bounded::new(
+                factory.slicer(),
+                unbounded_slice(&slices),
+            )) as Arc<dyn BiasComputer>
+        });
         let parts = MaskParts::new(&words, &tokenizer, eos, &slices, options)?.map(Arc::new);
         tracing::info!(
             vocab_size,

@@ -72,7 +72,7 @@ impl MaskParts {
                             .map_err(|e| Error::Grammar(e.to_string()))?,
                     );
                     let inner = if options.bounded_strings {
-                        Arc::new(Bounded::new(sliced))
+                        Arc::new(Bounded::new(sliced, super::unbounded_slice(slices)))
                     } else {
                         sliced
                     };

@@ -1,8 +1,8 @@
 //! Grammar masks with the bounded-string shortcut (`MaskOptions::bounded_strings`: inside a
 //! JSON string with `maxLength`, tokens that fit the room left allowed at once, longer ones
 //! never walked) equal llguidance's own walk, token for token, on the real Qwen3 tokenizer:
-//! random walks through tool calls, JSON answers with bounded, patterned and enumerated
-//! strings (ASCII and multi-byte), and a Lark grammar whose lexeme may end inside string
+//! random walks through tool calls, JSON answers with bounded, unbounded, patterned and
+//! enumerated strings (ASCII and multi-byte), and a Lark grammar whose lexeme may end inside string
 //! content, with the masks whole and split in parts.
 //!
 //! Mutations caught (each run): the tokens of one character more than the room allowed
@@ -63,9 +63,10 @@ fn bounded_string_masks_equal_llguidances_walk() {
             "c": {"type": "string", "pattern": "^[a-z]{0,6}$"},
             "d": {"type": "string", "maxLength": 40},
             "e": {"enum": ["ab", "abc", "\u{e9}t\u{e9}"]},
-            "f": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 3}
+            "f": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 3},
+            "h": {"type": "string"}
         },
-        "required": ["a", "b", "c", "d", "e", "f"]
+        "required": ["a", "b", "c", "d", "e", "f", "h"]
     });
     let sources = [
         OutputConstraint::tools(ToolChoice::Required)
