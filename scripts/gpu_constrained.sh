@@ -4,6 +4,8 @@
 # tests/fixtures/tools/nested.json) next to unconstrained in one bench run, and the host's
 # time per mask per row (whole and split). PROFILE=1 adds a profiled run (0.6B, batches 1 and
 # 64: where a constrained step's time goes). EXTRA: more bench flags (--grammar-mask-parts 1).
+# COMPARE=1: each shape's bench again with --no-grammar-bounded-strings (masks walked as
+# llguidance walks them), its lines tagged "walked".
 set -u
 source scripts/gpu_lib.sh
 if [ "${CHECK:-1}" = 1 ]; then
@@ -15,6 +17,12 @@ for shape in ${SHAPES:-0.6b}; do
   timeout 300 .gpu/bench --config tests/fixtures/qwen3/config-$shape.json --batches ${BATCHES:-1,8,64,256} \
     --new ${NEW:-128} --prompt 256 --no-peer --constrained ${EXTRA:-} > "$OUT/bench-$shape.log" 2>&1
   grep -E "^(ours|constrained) decode|grammar|mask" "$OUT/bench-$shape.log" | sed "s/^/$shape /" | tee -a "$S"
+  if [ "${COMPARE:-0}" = 1 ]; then
+    timeout 300 .gpu/bench --config tests/fixtures/qwen3/config-$shape.json --batches ${BATCHES:-1,8,64,256} \
+      --new ${NEW:-128} --prompt 256 --no-peer --constrained --no-grammar-bounded-strings ${EXTRA:-} \
+      > "$OUT/bench-$shape-walked.log" 2>&1
+    grep -E "^(ours|constrained) decode|mask" "$OUT/bench-$shape-walked.log" | sed "s/^/$shape walked /" | tee -a "$S"
+  fi
 done
 if [ "${PROFILE:-0}" = 1 ]; then
   RUST_LOG=policy_serve::profile=info timeout 200 .gpu/bench --config tests/fixtures/qwen3/config-0.6b.json \

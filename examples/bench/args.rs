@@ -97,6 +97,10 @@ pub(crate) struct Args {
     /// (`EngineOptions::grammar_mask_parts`; default: the machine's threads, at most 8).
     #[arg(long)]
     pub(crate) grammar_mask_parts: Option<usize>,
+    /// Walk every token inside JSON strings with `maxLength` as llguidance does
+    /// (`EngineOptions::grammar_bounded_strings` off; the same masks, for comparisons).
+    #[arg(long)]
+    pub(crate) no_grammar_bounded_strings: bool,
     /// Also measure decode with every row constrained to tool calls (`tool_choice`
     /// required over tests/fixtures/tools/nested.json), printed as `constrained` rows.
     #[arg(long)]

@@ -132,6 +132,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         max_graph_batch: a.max_graph_batch,
         profile_steps: (a.profile_steps > 0).then_some(a.profile_steps),
         grammar_mask_parts: a.grammar_mask_parts,
+        grammar_bounded_strings: !a.no_grammar_bounded_strings,
         kernels: a.kernels.options(),
         // Plain decode: speculation (on by default) is measured by `--spec-ks`.
         speculative: None,
@@ -245,28 +246,42 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // after another as requests follow each other (a finished matcher goes back to the
         // grammar, rewound); masks whole (the CPU time a row costs) and split in parts (what
         // a row waits when threads are free), with the slowest mask of the walks.
-        let call = "<tool_call>\n{\"name\": \"update\", \"arguments\": {\"id\": 4211, \"fields\": {\"name\": \"ana\", \"active\": true}}}\n</tool_call>";
-        let ids = engine.tokenize(call)?;
+        // The second call fills a maxLength-10 string (where rows with random weights spend
+        // most of their steps).
+        let calls = [
+            (
+                "call",
+                "<tool_call>\n{\"name\": \"update\", \"arguments\": {\"id\": 4211, \"fields\": {\"name\": \"ana\", \"active\": true}}}\n</tool_call>",
+            ),
+            (
+                "filled-string call",
+                "<tool_call>\n{\"name\": \"answer\", \"arguments\": {\"value\": \"caf\u{e9} 12 ab\", \"score\": 3}}\n</tool_call>",
+            ),
+        ];
         let walks = 200;
-        for (label, may_split) in [("whole", false), ("split", true)] {
-            let (mut total, mut slowest) = (Duration::ZERO, Duration::ZERO);
-            for _ in 0..walks {
-                let mut m = grammar.matcher();
-                for &tok in &ids {
-                    let t = Instant::now();
-                    std::hint::black_box(m.mask_with(may_split)?);
-                    m.consume(tok)?;
-                    total += t.elapsed();
-                    slowest = slowest.max(t.elapsed());
+        for (what, call) in calls {
+            let ids = engine.tokenize(call)?;
+            for (label, may_split) in [("whole", false), ("split", true)] {
+                let (mut total, mut slowest) = (Duration::ZERO, Duration::ZERO);
+                for _ in 0..walks {
+                    let mut m = grammar.matcher();
+                    for &tok in &ids {
+                        let t = Instant::now();
+                        std::hint::black_box(m.mask_with(may_split)?);
+                        m.consume(tok)?;
+                        total += t.elapsed();
+                        slowest = slowest.max(t.elapsed());
+                    }
                 }
+                println!(
+                    "constrained mask+consume per row, {label}: {:.1} us (mean of {walks} walks over a {}-token {what}; slowest {:.0} us; {} parts; bounded strings {})",
+                    total.as_secs_f64() * 1e6 / (walks * ids.len()) as f64,
+                    ids.len(),
+                    slowest.as_secs_f64() * 1e6,
+                    engine.grammar_compiler()?.mask_parts(),
+                    !a.no_grammar_bounded_strings
+                );
             }
-            println!(
-                "constrained mask+consume per row, {label}: {:.1} us (mean of {walks} walks over a {}-token call; slowest {:.0} us; {} parts)",
-                total.as_secs_f64() * 1e6 / (walks * ids.len()) as f64,
-                ids.len(),
-                slowest.as_secs_f64() * 1e6,
-                engine.grammar_compiler()?.mask_parts()
-            );
         }
         decode_rows(&engine, &a, "constrained", &|r, _| {
             r.grammar = Some(grammar.clone())
