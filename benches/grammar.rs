@@ -74,6 +74,30 @@ fn masks(c: &mut Criterion) {
                     m.consume(tok).unwrap();
                 }
             }
+            if walk == "first" {
+                // Positions where the grammar allows exactly one token: what fast-forwarding
+                // forced tokens (appended without a draw, several per forward) could skip.
+                let forced: usize = walks
+                    .iter()
+                    .map(|ids| {
+                        let mut m = grammar.matcher();
+                        ids.iter()
+                            .filter(|&&tok| {
+                                let one = m
+                                    .mask()
+                                    .unwrap()
+                                    .iter()
+                                    .map(|w| w.count_ones())
+                                    .sum::<u32>()
+                                    == 1;
+                                m.consume(tok).unwrap();
+                                one
+                            })
+                            .count()
+                    })
+                    .sum();
+                println!("[{name}] forced positions: {forced} of {n}");
+            }
             let total: u128 = slow.iter().map(|s| s.0).sum();
             slow.sort_by_key(|s| std::cmp::Reverse(s.0));
             println!(

@@ -101,6 +101,9 @@ pub(crate) struct Args {
     /// (`EngineOptions::grammar_bounded_strings` off; the same masks, for comparisons).
     #[arg(long)]
     pub(crate) no_grammar_bounded_strings: bool,
+    /// Fast-forward the tokens a grammar forces (`EngineOptions::grammar_fast_forward`).
+    #[arg(long)]
+    pub(crate) grammar_fast_forward: bool,
     /// Also measure decode with every row constrained to tool calls (`tool_choice`
     /// required over tests/fixtures/tools/nested.json), printed as `constrained` rows.
     #[arg(long)]

@@ -133,6 +133,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         profile_steps: (a.profile_steps > 0).then_some(a.profile_steps),
         grammar_mask_parts: a.grammar_mask_parts,
         grammar_bounded_strings: !a.no_grammar_bounded_strings,
+        grammar_fast_forward: a.grammar_fast_forward,
         kernels: a.kernels.options(),
         // Plain decode: speculation (on by default) is measured by `--spec-ks`.
         speculative: None,

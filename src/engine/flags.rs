@@ -66,6 +66,10 @@ pub struct EngineFlags {
     /// for comparisons).
     #[arg(long)]
     pub no_grammar_bounded_strings: bool,
+    /// Fast-forward the tokens a grammar forces, several per forward, as drafts the masked
+    /// draw keeps (`EngineOptions::grammar_fast_forward`; same tokens).
+    #[arg(long)]
+    pub grammar_fast_forward: bool,
     /// Run decode steps eagerly instead of replaying CUDA graphs (debugging, comparisons).
     #[arg(long)]
     pub no_cuda_graphs: bool,
@@ -283,6 +287,7 @@ impl EngineFlags {
             }),
             grammar_mask_parts: self.grammar_mask_parts,
             grammar_bounded_strings: !self.no_grammar_bounded_strings,
+            grammar_fast_forward: self.grammar_fast_forward,
             expert_parallel: self.expert_parallel,
             kernels: self.kernels.options(),
             ..EngineOptions::default()
@@ -384,10 +389,15 @@ mod tests {
             .options();
         assert!(p.kernels.mma_decode && p.kernels.mma_decode_split_p);
         assert!(d.grammar_bounded_strings && lib.grammar_bounded_strings);
-        let g = Cli::parse_from(["x", "--no-grammar-bounded-strings"])
-            .engine
-            .options();
-        assert!(!g.grammar_bounded_strings);
+        assert!(!d.grammar_fast_forward && !lib.grammar_fast_forward);
+        let g = Cli::parse_from([
+            "x",
+            "--no-grammar-bounded-strings",
+            "--grammar-fast-forward",
+        ])
+        .engine
+        .options();
+        assert!(!g.grammar_bounded_strings && g.grammar_fast_forward);
         // Stages 2-4 only, refused at parsing with the range named.
         let bad = Cli::try_parse_from(["x", "--mma-decode-stages", "5"])
             .err()

@@ -227,6 +227,49 @@ impl GrammarMatcher {
         Ok(parts.union(&masks))
     }
 
+    /// The tokens the grammar forces from here (each the only token its mask allows; at most
+    /// `max`, never an end-of-sequence token), and the masks of the positions they are drawn at followed by the
+    /// mask after them: `masks.len() == tokens.len() + 1` when there are forced tokens, both
+    /// empty otherwise. The matcher stays where it is (the forced tokens are taken and rolled
+    /// back).
+    pub(crate) fn forced(
+        &mut self,
+        max: usize,
+        is_eos: impl Fn(u32) -> bool,
+    ) -> Result<(Vec<u32>, Vec<Vec<u32>>)> {
+        self.take_deferred()?;
+        let words = self.vocab_size.div_ceil(32);
+        let (mut tokens, mut masks) = (Vec::new(), Vec::new());
+        let m = self.whole();
+        let walked: Result<()> = (|| {
+            loop {
+                let set = m.compute_mask_or_eos().map_err(grammar_error)?;
+                let mut mask = set.as_slice().to_vec();
+                mask.resize(words, 0);
+                let only = (set.num_set() == 1)
+                    .then(|| set.first_bit_set())
+                    .flatten()
+                    .map(|t| t as u32);
+                masks.push(mask);
+                match only {
+                    Some(t) if !is_eos(t) && tokens.len() < max => {
+                        m.consume_token(t).map_err(grammar_error)?;
+                        tokens.push(t);
+                    }
+                    _ => return Ok(()),
+                }
+            }
+        })();
+        if !tokens.is_empty() {
+            m.rollback(tokens.len()).map_err(grammar_error)?;
+        }
+        walked?;
+        if tokens.is_empty() {
+            masks.clear();
+        }
+        Ok((tokens, masks))
+    }
+
     /// Whether `token` may come next.
     pub fn allows(&mut self, token: u32) -> Result<bool> {
         let mask = self.mask()?;

@@ -387,6 +387,7 @@ impl Scheduler {
             logprobs: Vec::new(),
             ngram: None,
             draft: Vec::new(),
+            draft_masks: Vec::new(),
             draft_kv: None,
             drafted_ahead: None,
             spec_misses: 0,

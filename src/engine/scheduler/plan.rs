@@ -282,14 +282,31 @@ impl Scheduler {
         if !rows.iter().any(|&i| self.running[i].grammar.is_some()) {
             return Ok(logits);
         }
-        let row_of: std::collections::HashMap<usize, usize> =
-            rows.iter().enumerate().map(|(row, &i)| (i, row)).collect();
-        let mut states: Vec<(usize, &mut crate::grammar::GrammarMatcher)> = self
-            .running
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(i, s)| Some((*row_of.get(&i)?, s.grammar.as_mut()?)))
-            .collect();
+        // Each sequence's first row and its number of rows (more than one: a step with
+        // drafts, whose constrained rows come with their masks).
+        let mut row_of: std::collections::HashMap<usize, (usize, usize)> =
+            std::collections::HashMap::new();
+        for (row, &i) in rows.iter().enumerate() {
+            row_of.entry(i).or_insert((row, 0)).1 += 1;
+        }
+        let mut made: Vec<(usize, Vec<u32>)> = Vec::new();
+        let mut states: Vec<(usize, &mut crate::grammar::GrammarMatcher)> = Vec::new();
+        for (i, s) in self.running.iter_mut().enumerate() {
+            let (Some(&(row, count)), Some(g)) = (row_of.get(&i), s.grammar.as_mut()) else {
+                continue;
+            };
+            if count == 1 {
+                states.push((row, g));
+            } else if s.draft_masks.len() == count {
+                // Kept until the next plan: a failed step is rerun with the same drafts.
+                made.extend((row..).zip(s.draft_masks.iter().cloned()));
+            } else {
+                return Err(crate::error::Error::Engine(format!(
+                    "a constrained sequence verifies {count} rows with {} masks",
+                    s.draft_masks.len()
+                )));
+            }
+        }
         let wide: usize = states
             .iter()
             .map(|(_, g)| g.next_mask_threads())
@@ -307,7 +324,8 @@ impl Scheduler {
                 .map(|(row, g)| Ok((*row, g.mask_with(may_split)?)))
                 .collect()
         };
-        let masks = masks?;
+        let mut masks = masks?;
+        masks.extend(made);
         self.runner.mask_logits(&logits, &masks)
     }
 

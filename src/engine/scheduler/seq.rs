@@ -99,6 +99,9 @@ pub(super) struct Seq {
     pub(super) ngram: Option<NgramIndex>,
     /// Speculative decoding: the drafts of the step being planned or run.
     pub(super) draft: Vec<u32>,
+    /// A constrained sequence's drafts are the tokens its grammar forces: the mask of each
+    /// position the step draws at (`draft.len() + 1` of them), made with the drafts.
+    pub(super) draft_masks: Vec<Vec<u32>>,
     /// Speculative decoding with a draft model: this sequence's KV in its cache.
     pub(super) draft_kv: Option<crate::engine::runner::draft::DraftKv>,
     /// Drafts the draft model made for this step in one batch with the other sequences'

@@ -32,6 +32,13 @@ pub(super) fn eligible(s: &Seq) -> bool {
     s.request.repetition_penalty.is_none_or(|p| p == 1.0) && s.grammar.is_none()
 }
 
+/// Whether a constrained sequence's forced tokens may go into its steps as drafts
+/// (`EngineOptions::grammar_fast_forward`): no repetition penalty (the row after the drafts
+/// would need them among its tokens so far).
+fn forced_eligible(s: &Seq, fast_forward: bool) -> bool {
+    fast_forward && s.grammar.is_some() && s.request.repetition_penalty.is_none_or(|p| p == 1.0)
+}
+
 impl Scheduler {
     /// Whether drafts are made this step (speculation on, and few enough sequences run).
     pub(super) fn speculating(&self) -> bool {
@@ -45,7 +52,12 @@ impl Scheduler {
     /// decode (drafts need the previous step's token); steps of ineligible (constrained,
     /// penalized) or backing-off sequences pipeline.
     pub(super) fn may_draft(&self) -> bool {
-        self.speculating() && self.running.iter().any(|s| eligible(s) && s.spec_skip == 0)
+        let ff = self.opts.grammar_fast_forward;
+        self.speculating()
+            && self
+                .running
+                .iter()
+                .any(|s| (eligible(s) && s.spec_skip == 0) || forced_eligible(s, ff))
     }
 
     /// A step launched pipelined (without drafts) counts as one of the plain steps of each
@@ -148,9 +160,24 @@ impl Scheduler {
         };
         let max_context = self.max_context;
         let draft_model = self.draft_model.as_ref();
+        let eos = &self.eos;
         let s = &mut self.running[i];
         s.draft.clear();
+        s.draft_masks.clear();
         s.verified_logprobs.clear();
+        if forced_eligible(s, self.opts.grammar_fast_forward) {
+            // The drafts are the tokens the grammar forces, each kept by its masked draw.
+            let room = room(s, max_context, o.num_tokens).min(budget.saturating_sub(1));
+            let Some(g) = s.grammar.as_mut().filter(|_| room > 0) else {
+                return 0;
+            };
+            // A grammar that fails here fails the step's mask of this sequence as usual.
+            if let Ok((tokens, masks)) = g.forced(room, |t| eos.contains(&t)) {
+                s.draft = tokens;
+                s.draft_masks = masks;
+            }
+            return s.draft.len();
+        }
         if !eligible(s) {
             return 0;
         }
