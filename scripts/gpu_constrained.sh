@@ -5,7 +5,8 @@
 # time per mask per row (whole and split). PROFILE=1 adds a profiled run (0.6B, batches 1 and
 # 64: where a constrained step's time goes). EXTRA: more bench flags (--grammar-mask-parts 1).
 # COMPARE=1: each shape's bench again with --no-grammar-bounded-strings (masks walked as
-# llguidance walks them), its lines tagged "walked".
+# llguidance walks them), its lines tagged "walked". FF=1: again with --grammar-fast-forward
+# (forced tokens as drafts; batches 1 and 8 only: speculation pauses above 8), tagged "ff".
 set -u
 source scripts/gpu_lib.sh
 if [ "${CHECK:-1}" = 1 ]; then
@@ -22,6 +23,12 @@ for shape in ${SHAPES:-0.6b}; do
       --new ${NEW:-128} --prompt 256 --no-peer --constrained --no-grammar-bounded-strings ${EXTRA:-} \
       > "$OUT/bench-$shape-walked.log" 2>&1
     grep -E "^(ours|constrained) decode|mask" "$OUT/bench-$shape-walked.log" | sed "s/^/$shape walked /" | tee -a "$S"
+  fi
+  if [ "${FF:-0}" = 1 ]; then
+    timeout 300 .gpu/bench --config tests/fixtures/qwen3/config-$shape.json --batches 1,8 \
+      --new ${NEW:-128} --prompt 256 --no-peer --constrained --grammar-fast-forward ${EXTRA:-} \
+      > "$OUT/bench-$shape-ff.log" 2>&1
+    grep -E "^(ours|constrained) decode" "$OUT/bench-$shape-ff.log" | sed "s/^/$shape ff /" | tee -a "$S"
   fi
 done
 if [ "${PROFILE:-0}" = 1 ]; then
