@@ -201,13 +201,13 @@ impl GrammarCompiler {
         let mut factory = ParserFactory::new(&env, Default::default(), &slices)
             .map_err(|e| Error::Grammar(e.to_string()))?;
         factory.quiet();
-        let whole = options.bounded_strings.then(|| {
-            Arc::new(bounded::Bounded::new(
-                factory.slicer(),
-                unbounded_slice(&slices),
-            )) as Arc<dyn BiasComputer>
+        // The shortcut, with the index of the slice it leaves to llguidance.
+        let bounded = options.bounded_strings.then(|| unbounded_slice(&slices));
+        let whole = bounded.map(|unbounded| {
+            Arc::new(bounded::Bounded::new(factory.slicer(), unbounded)) as Arc<dyn BiasComputer>
         });
-        let parts = MaskParts::new(&words, &tokenizer, eos, &slices, options)?.map(Arc::new);
+        let parts =
+            MaskParts::new(&words, &tokenizer, eos, &slices, options.parts, bounded)?.map(Arc::new);
         tracing::info!(
             vocab_size,
             mask_parts = parts.as_ref().map_or(1, |p| p.computers.len()),

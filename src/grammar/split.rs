@@ -14,7 +14,6 @@ use llguidance::earley::{BiasComputer, ParserRecognizer, SlicedBiasComputer};
 use llguidance::toktrie::{SimpleVob, TokEnv, TokTrie};
 use tokenizers::Tokenizer;
 
-use super::MaskOptions;
 use super::bounded::Bounded;
 use super::vocab::TokenEnv;
 use crate::error::{Error, Result};
@@ -34,18 +33,18 @@ impl std::fmt::Debug for MaskParts {
 }
 
 impl MaskParts {
-    /// `options.parts` bias computers over `words` (one entry per logits column), each with
-    /// the slices `slices` (and the bounded-string shortcut if `options` say so); `None` when
-    /// there is nothing to split (fewer than two parts, or no id without bytes to carry as the
-    /// sentinel).
+    /// `parts` bias computers over `words` (one entry per logits column), each with the slices
+    /// `slices`, under the bounded-string shortcut when `bounded` is the index of the slice of
+    /// unbounded string content among them; `None` when there is nothing to split (fewer than
+    /// two parts, or no id without bytes to carry as the sentinel).
     pub(crate) fn new(
         words: &[Vec<u8>],
         tokenizer: &Arc<Tokenizer>,
         eos: u32,
         slices: &[String],
-        options: MaskOptions,
+        parts: usize,
+        bounded: Option<usize>,
     ) -> Result<Option<Self>> {
-        let parts = options.parts;
         let Some(sentinel) = words.iter().position(|w| w.is_empty()) else {
             return Ok(None);
         };
@@ -71,10 +70,9 @@ impl MaskParts {
                         SlicedBiasComputer::new(&env, slices)
                             .map_err(|e| Error::Grammar(e.to_string()))?,
                     );
-                    let inner = if options.bounded_strings {
-                        Arc::new(Bounded::new(sliced, super::unbounded_slice(slices)))
-                    } else {
-                        sliced
+                    let inner = match bounded {
+                        Some(unbounded) => Arc::new(Bounded::new(sliced, unbounded)),
+                        None => sliced,
                     };
                     Ok(Arc::new(Part {
                         inner,
