@@ -112,6 +112,9 @@ pub struct GrammarMatcher {
     split_next: bool,
     masks_split: u64,
     vocab_size: usize,
+    /// Set when tokens taken ahead could not be rolled back ([`forced`](Self::forced)): the
+    /// matcher is no longer where its output is, and every later mask fails with this.
+    broken: Option<String>,
 }
 
 impl std::fmt::Debug for GrammarMatcher {
@@ -145,6 +148,7 @@ impl GrammarMatcher {
             split_next: false,
             masks_split: 0,
             vocab_size,
+            broken: None,
         }
     }
 
@@ -161,6 +165,9 @@ impl GrammarMatcher {
     /// masks at once keeps its threads busy with whole masks: splitting costs each part a
     /// walk's fixed work).
     pub fn mask_with(&mut self, may_split: bool) -> Result<Vec<u32>> {
+        if let Some(e) = &self.broken {
+            return Err(Error::Grammar(e.clone()));
+        }
         self.take_deferred()?;
         let set = match self.parts.clone() {
             Some(parts) if self.split_next && may_split => {
@@ -260,8 +267,12 @@ impl GrammarMatcher {
                 }
             }
         })();
-        if !tokens.is_empty() {
-            m.rollback(tokens.len()).map_err(grammar_error)?;
+        if !tokens.is_empty()
+            && let Err(e) = m.rollback(tokens.len())
+        {
+            let e = format!("the grammar could not take back tokens it forced: {e}");
+            self.broken = Some(e.clone());
+            return Err(Error::Grammar(e));
         }
         walked?;
         if tokens.is_empty() {
@@ -319,7 +330,8 @@ impl Drop for GrammarMatcher {
     /// Rewinds the matchers to the grammar's start and gives them back to the grammar, for
     /// the next output (unless one of them failed, or the grammar keeps enough).
     fn drop(&mut self) {
-        if self.compiled.pool.lock().len() >= POOLED
+        if self.broken.is_some()
+            || self.compiled.pool.lock().len() >= POOLED
             || self.compiled.pooled.load(Ordering::Relaxed) >= POOLED_PER_COMPILER
         {
             return;
