@@ -235,10 +235,10 @@ impl GrammarMatcher {
     }
 
     /// The tokens the grammar forces from here (each the only token its mask allows; at most
-    /// `max`, never an end-of-sequence token), and the masks of the positions they are drawn at followed by the
-    /// mask after them: `masks.len() == tokens.len() + 1` when there are forced tokens, both
-    /// empty otherwise. The matcher stays where it is (the forced tokens are taken and rolled
-    /// back).
+    /// `max`, never an end-of-sequence token), and the masks of the positions they are drawn
+    /// at followed by the mask after them: `masks.len() == tokens.len() + 1` when there are
+    /// forced tokens, both empty otherwise. The matcher stays where it is (the forced tokens
+    /// are taken and rolled back).
     pub(crate) fn forced(
         &mut self,
         max: usize,
