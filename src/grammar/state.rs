@@ -125,6 +125,13 @@ impl std::fmt::Debug for GrammarMatcher {
     }
 }
 
+/// `set` as mask words: bit `t % 32` of word `t / 32`, as many words as `vocab_size` needs.
+fn mask_words(set: &SimpleVob, vocab_size: usize) -> Vec<u32> {
+    let mut words = set.as_slice().to_vec();
+    words.resize(vocab_size.div_ceil(32), 0);
+    words
+}
+
 fn grammar_error(e: impl std::fmt::Display) -> Error {
     Error::Grammar(format!("the grammar failed: {e}"))
 }
@@ -165,9 +172,7 @@ impl GrammarMatcher {
     /// masks at once keeps its threads busy with whole masks: splitting costs each part a
     /// walk's fixed work).
     pub fn mask_with(&mut self, may_split: bool) -> Result<Vec<u32>> {
-        if let Some(e) = &self.broken {
-            return Err(Error::Grammar(e.clone()));
-        }
+        self.not_broken()?;
         self.take_deferred()?;
         let set = match self.parts.clone() {
             Some(parts) if self.split_next && may_split => {
@@ -177,12 +182,19 @@ impl GrammarMatcher {
             _ => self.whole().compute_mask_or_eos().map_err(grammar_error)?,
         };
         self.split_next = self.parts.is_some() && set.num_set() > SPLIT_ABOVE_ALLOWED;
-        let mut out = set.as_slice().to_vec();
-        out.resize(self.vocab_size.div_ceil(32), 0);
+        let out = mask_words(&set, self.vocab_size);
         if out.iter().all(|&w| w == 0) {
             return Err(Error::Grammar("the grammar allows no token here".into()));
         }
         Ok(out)
+    }
+
+    /// The error of a matcher whose forced tokens could not be rolled back, if it is one.
+    fn not_broken(&self) -> Result<()> {
+        match &self.broken {
+            Some(e) => Err(Error::Grammar(e.clone())),
+            None => Ok(()),
+        }
     }
 
     fn whole(&mut self) -> &mut Matcher {
@@ -244,15 +256,15 @@ impl GrammarMatcher {
         max: usize,
         is_eos: impl Fn(u32) -> bool,
     ) -> Result<(Vec<u32>, Vec<Vec<u32>>)> {
+        self.not_broken()?;
         self.take_deferred()?;
-        let words = self.vocab_size.div_ceil(32);
+        let vocab_size = self.vocab_size;
         let (mut tokens, mut masks) = (Vec::new(), Vec::new());
         let m = self.whole();
         let walked: Result<()> = (|| {
             loop {
                 let set = m.compute_mask_or_eos().map_err(grammar_error)?;
-                let mut mask = set.as_slice().to_vec();
-                mask.resize(words, 0);
+                let mask = mask_words(&set, vocab_size);
                 let only = (set.num_set() == 1)
                     .then(|| set.first_bit_set())
                     .flatten()
