@@ -38,7 +38,7 @@ pub(crate) fn tools() -> Vec<ToolDefinition> {
     ToolDefinition::list_from_json(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-fn compile(engine: &Engine, c: &OutputConstraint, tools: &[ToolDefinition]) -> Grammar {
+pub(crate) fn compile(engine: &Engine, c: &OutputConstraint, tools: &[ToolDefinition]) -> Grammar {
     c.compile(engine.grammar_compiler().unwrap(), tools, false)
         .unwrap()
 }
@@ -389,6 +389,38 @@ proptest! {
     }
 }
 
+/// The tokens of `n` requests submitted together (prompts of 10 + i tokens): the first six
+/// sampled at temperature 1 (seed i), the rest greedy; request i carries `grammar` when
+/// `constrained(i)` and takes at most `cap(i)` new tokens.
+pub(crate) fn batch_tokens(
+    engine: &Engine,
+    grammar: &Grammar,
+    n: u64,
+    constrained: impl Fn(u64) -> bool,
+    cap: impl Fn(u64) -> usize,
+) -> Vec<Vec<u32>> {
+    let pending: Vec<_> = (0..n)
+        .map(|i| {
+            let mut r = GenerationRequest::new(prompt(10 + i as usize, 3)).max_new_tokens(cap(i));
+            if i < 6 {
+                r = r.sampling(SamplingParams {
+                    temperature: 1.0,
+                    seed: i,
+                    ..SamplingParams::greedy()
+                });
+            }
+            if constrained(i) {
+                r.grammar = Some(grammar.clone());
+            }
+            engine.submit(r)
+        })
+        .collect();
+    pending
+        .into_iter()
+        .map(|p| p.wait().unwrap().tokens)
+        .collect()
+}
+
 /// Constrained rows decode pipelined (the next step's forward queued before this step's
 /// tokens are read; its masks computed once they are, while that forward runs) and get the
 /// tokens of unpipelined decoding: six sampled constrained requests and two greedy
@@ -413,24 +445,7 @@ fn constrained_rows_pipelined_get_the_tokens_of_unpipelined_decoding() {
             &OutputConstraint::tools(ToolChoice::Required),
             &tools(),
         );
-        let pending: Vec<_> = (0..n)
-            .map(|i| {
-                let mut r = GenerationRequest::new(prompt(10 + i as usize, 3)).max_new_tokens(60);
-                if i < 6 {
-                    r = r.sampling(SamplingParams {
-                        temperature: 1.0,
-                        seed: i,
-                        ..SamplingParams::greedy()
-                    });
-                    r.grammar = Some(grammar.clone());
-                }
-                engine.submit(r)
-            })
-            .collect();
-        let tokens: Vec<Vec<u32>> = pending
-            .into_iter()
-            .map(|p| p.wait().unwrap().tokens)
-            .collect();
+        let tokens = batch_tokens(&engine, &grammar, n, |i| i < 6, |_| 60);
         (tokens, engine.stats().pipelined_steps)
     };
     let (plain, plain_steps) = run(false, None, 8);

@@ -147,34 +147,18 @@ fn forced_tokens_fast_forwarded_are_the_tokens_of_one_at_a_time() {
         .unwrap()
         .engine()
         .clone();
-        let grammar = OutputConstraint::tools(ToolChoice::Required)
-            .compile(
-                engine.grammar_compiler().unwrap(),
-                &constrained::tools(),
-                false,
-            )
-            .unwrap();
-        let pending: Vec<_> = (0..8u64)
-            .map(|i| {
-                let mut r = GenerationRequest::new(prompt(10 + i as usize, 3))
-                    .max_new_tokens(if i == 7 { 20 } else { 80 });
-                if i < 6 {
-                    r = r.sampling(SamplingParams {
-                        temperature: 1.0,
-                        seed: i,
-                        ..SamplingParams::greedy()
-                    });
-                }
-                if i < 7 {
-                    r.grammar = Some(grammar.clone());
-                }
-                engine.submit(r)
-            })
-            .collect();
-        let tokens: Vec<Vec<u32>> = pending
-            .into_iter()
-            .map(|p| p.wait().unwrap().tokens)
-            .collect();
+        let grammar = constrained::compile(
+            &engine,
+            &OutputConstraint::tools(ToolChoice::Required),
+            &constrained::tools(),
+        );
+        let tokens = constrained::batch_tokens(
+            &engine,
+            &grammar,
+            8,
+            |i| i < 7,
+            |i| if i == 7 { 20 } else { 80 },
+        );
         let st = engine.stats();
         (tokens, st.steps, st.spec_accepted_tokens)
     };

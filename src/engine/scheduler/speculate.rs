@@ -29,14 +29,20 @@ use crate::engine::runner::sampler::Rng;
 /// one token at a time). Greedy and sampled requests both may; log-probs are taken from the
 /// verifying step's rows, one a kept token.
 pub(super) fn eligible(s: &Seq) -> bool {
-    s.request.repetition_penalty.is_none_or(|p| p == 1.0) && s.grammar.is_none()
+    unpenalized(s) && s.grammar.is_none()
+}
+
+/// Whether a sequence decodes without a repetition penalty (drafts would need to be among
+/// each verifying row's tokens so far for one).
+fn unpenalized(s: &Seq) -> bool {
+    s.request.repetition_penalty.is_none_or(|p| p == 1.0)
 }
 
 /// Whether a constrained sequence's forced tokens may go into its steps as drafts
 /// (`EngineOptions::grammar_fast_forward`): no repetition penalty (the row after the drafts
 /// would need them among its tokens so far).
 fn forced_eligible(s: &Seq, fast_forward: bool) -> bool {
-    fast_forward && s.grammar.is_some() && s.request.repetition_penalty.is_none_or(|p| p == 1.0)
+    fast_forward && s.grammar.is_some() && unpenalized(s)
 }
 
 impl Scheduler {
