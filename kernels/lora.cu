@@ -127,6 +127,139 @@ __device__ __forceinline__ void lora_expand(const float* __restrict__ y, const T
   }
 }
 
+// Eight consecutive values of a row (8-aligned), as f32.
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&v)[8]) {
+  bf16x8_to_f32(*reinterpret_cast<const uint4*>(p), v);
+}
+__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
+  const float4 lo = *reinterpret_cast<const float4*>(p);
+  const float4 hi = *reinterpret_cast<const float4*>(p + 4);
+  v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
+  v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+}
+
+// Shrink and expand in one launch (sm_90): a thread-block cluster of C blocks per tile, grid
+// (1, tiles, C), clusters along z. Every block of a cluster has the same tile, so a cluster
+// with nothing to do leaves whole and the others all reach both cluster barriers.
+//  1. Block `rank` takes chunks [rank * cpb, (rank + 1) * cpb) of the pr rows of a (8 values a
+//     chunk, cpb = ceil(in / 8 / C)): L lanes a row (L the power of two >= cpb, at most 32),
+//     32 / L rows a warp at a time, four such groups of rows at once, and writes its partial
+//     sums of y (TM x pr floats) to its own shared memory.
+//  2. Cluster barrier; every block sums the C partials of y from its peers' shared memory
+//     (same order in every block: the same y everywhere), then arrives at the second barrier
+//     (its reads of its peers are done) and only waits there before it exits, so the expand
+//     overlaps the others' reads.
+//  3. Block `rank` expands output rows [rank * opb, (rank + 1) * opb), opb = ceil(nout / C),
+//     as lora_expand does, into `out` in place.
+// Shared memory: 2 * TM * pr floats.
+template <typename T, int TM>
+__device__ __forceinline__ void lora_fused(const T* __restrict__ x, const T* __restrict__ a,
+                                           const T* __restrict__ b,
+                                           const uint32_t* __restrict__ tiles, T* __restrict__ out,
+                                           int in, int pr, int nout, int r, int s1, int s2,
+                                           int slots) {
+  pdl_entry();
+  extern __shared__ float fsm[];
+  float* part = fsm;            // [TM][pr]: this block's partial sums
+  float* ys = fsm + TM * pr;    // [TM][pr]: the cluster's sums
+  const uint32_t* tl = tiles + 3 * blockIdx.y;
+  const int t0 = tl[0], n = tl[1];
+  const uint32_t s = tl[2];
+  if (n == 0 || s >= (uint32_t)slots) return;  // uniform over the cluster
+  const int C = cluster_blocks();
+  const int rank = blockIdx.z % C;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  // 1. Partial shrink over this block's chunks of the inputs.
+  const int chunks = in / 8;
+  const int cpb = (chunks + C - 1) / C;
+  const int c_lo = rank * cpb, c_hi = min(chunks, c_lo + cpb);
+  int L = 1;
+  while (L < cpb && L < 32) L *= 2;
+  const int per_warp = 32 / L;
+  const T* as = a + (size_t)s * pr * in;
+  // Four row groups at a time: each lane loads its chunk of x once for them, and their four
+  // loads of a are in flight together.
+  const int rpp = 8 * per_warp;  // rows of one group
+  for (int jb = 0; jb < pr; jb += 4 * rpp) {
+    int jq[4];
+    float acc[4][TM];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      jq[q] = jb + q * rpp + warp * per_warp + lane / L;
+#pragma unroll
+      for (int c = 0; c < TM; ++c) acc[q][c] = 0.f;
+    }
+    for (int ch = c_lo + lane % L; ch < c_hi; ch += L) {
+      float xv[TM][8];
+#pragma unroll
+      for (int c = 0; c < TM; ++c)
+        if (c < n) load8(x + (size_t)(t0 + c) * in + ch * 8, xv[c]);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        if (jq[q] < pr) {
+          float av[8];
+          load8(as + (size_t)jq[q] * in + ch * 8, av);
+#pragma unroll
+          for (int c = 0; c < TM; ++c)
+            if (c < n) {
+#pragma unroll
+              for (int i = 0; i < 8; ++i) acc[q][c] = fmaf(xv[c][i], av[i], acc[q][c]);
+            }
+        }
+      }
+    }
+    // Sums over each group of L lanes (aligned groups: xor offsets below L stay inside).
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+      for (int c = 0; c < TM; ++c) {
+        for (int o = L / 2; o > 0; o /= 2) acc[q][c] += __shfl_xor_sync(0xffffffffu, acc[q][c], o);
+        if (jq[q] < pr && lane % L == 0) part[c * pr + jq[q]] = acc[q][c];
+      }
+  }
+  // 2. The cluster's sums.
+  __syncthreads();
+  cluster_arrive();
+  cluster_wait();
+  for (int i = threadIdx.x; i < n * pr; i += blockDim.x) {
+    float sum = 0.f;
+    for (int q = 0; q < C; ++q) sum += cluster_peer(part, q)[i];
+    ys[i] = sum;
+  }
+  __syncthreads();
+  cluster_arrive();
+  // 3. Expand this block's output rows.
+  const int opb = (nout + C - 1) / C;
+  const int o_hi = min(nout, (rank + 1) * opb);
+#pragma unroll 2
+  for (int o = rank * opb + threadIdx.x; o < o_hi; o += blockDim.x) {
+    const int p = (o >= s1) + (o >= s2);
+    const T* br = b + ((size_t)s * nout + o) * r;
+    float acc[TM];
+#pragma unroll
+    for (int c = 0; c < TM; ++c) acc[c] = 0.f;
+    for (int i0 = 0; i0 < r; i0 += 8) {
+      float bv[8];
+      load8(br + i0, bv);
+#pragma unroll
+      for (int c = 0; c < TM; ++c) {
+        if (c < n) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[c] = fmaf(ys[c * pr + p * r + i0 + i], bv[i], acc[c]);
+        }
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < TM; ++c) {
+      if (c < n) {
+        T* dst = out + (size_t)(t0 + c) * nout + o;
+        *dst = from_f<T>(to_f(*dst) + acc[c]);
+      }
+    }
+  }
+  cluster_wait();  // no peer reads this block's partials any more
+}
+
 #define LORA_KERNELS(T, S, TM)                                                                  \
   extern "C" __global__ void lora_shrink_t##TM##_##S(const T* x, const T* a,                    \
                                                     const uint32_t* tiles, float* y, int in,    \
@@ -137,6 +270,12 @@ __device__ __forceinline__ void lora_expand(const float* __restrict__ y, const T
                                                     const uint32_t* tiles, T* out, int nout,    \
                                                     int r, int pr, int s1, int s2, int slots) { \
     lora_expand<T, TM>(y, b, tiles, out, nout, r, pr, s1, s2, slots);                           \
+  }                                                                                             \
+  extern "C" __global__ void lora_fused_t##TM##_##S(const T* x, const T* a, const T* b,         \
+                                                   const uint32_t* tiles, T* out, int in,       \
+                                                   int pr, int nout, int r, int s1, int s2,     \
+                                                   int slots) {                                 \
+    lora_fused<T, TM>(x, a, b, tiles, out, in, pr, nout, r, s1, s2, slots);                     \
   }
 
 // Tiles of one token (small decode steps: one warp per row of a, latency-bound) and of up to

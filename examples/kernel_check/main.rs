@@ -60,6 +60,9 @@ struct Args {
     /// Only the shared-K/V verify attention checks.
     #[arg(long)]
     verify_only: bool,
+    /// Only the LoRA checks (kernels vs candle ops with adapters, graphs vs eager).
+    #[arg(long)]
+    lora_only: bool,
     /// Only the model-level checks (kernels vs candle ops, greedy tokens of two engines):
     /// for a mixture-of-experts model, which serves no LoRA adapters.
     #[arg(long)]
@@ -165,6 +168,13 @@ fn main() -> Res<()> {
     if a.verify_only {
         verify::checks(&dev, &mut t)?;
         verify::timings(&dev)?;
+        return report(t);
+    }
+    if a.lora_only {
+        for dt in [DType::BF16, DType::F32] {
+            lora::lora_model_checks(&a, &dev, dt, &mut t)?;
+        }
+        lora::lora_graph_check(&a, &mut t)?;
         return report(t);
     }
     if a.fp8_only {

@@ -181,6 +181,10 @@ pub struct KernelFlags {
     /// instead of rounded to bf16 (`KernelOptions::mma_decode_split_p`).
     #[arg(long)]
     pub mma_decode_split_p: bool,
+    /// Each LoRA delta in one launch (shrink and expand in a thread-block cluster;
+    /// `KernelOptions::lora_fused`).
+    #[arg(long)]
+    pub lora_fused: bool,
 }
 
 /// `MIN,MAX` n-gram lengths: 1 <= MIN <= MAX <= 16.
@@ -215,6 +219,7 @@ impl KernelFlags {
             mma_decode: !self.no_mma_decode,
             mma_decode_stages: self.mma_decode_stages,
             mma_decode_split_p: self.mma_decode_split_p,
+            lora_fused: self.lora_fused,
             ..KernelOptions::default()
         }
     }

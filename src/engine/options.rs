@@ -80,6 +80,12 @@ pub struct KernelOptions {
     /// the H200). Off by default: built, not yet checked or timed on a GPU, so how close it
     /// comes and what it costs are unmeasured (#27).
     pub mma_decode_split_p: bool,
+    /// Each fused matmul's LoRA delta in one launch (`kernels/lora.cu` `lora_fused_*`: a
+    /// thread-block cluster of 8 blocks per tile of tokens shrinks into its blocks' shared
+    /// memory, sums across the cluster, then expands; sm_90) instead of two launches (shrink
+    /// into a global scratch, then expand). Off by default: built, not yet timed on a GPU
+    /// (#23).
+    pub lora_fused: bool,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
     /// stream, where the events only cost time).
     pub event_tracking: bool,
@@ -105,6 +111,7 @@ impl Default for KernelOptions {
             mma_decode: true,
             mma_decode_stages: None,
             mma_decode_split_p: false,
+            lora_fused: false,
             event_tracking: false,
         }
     }

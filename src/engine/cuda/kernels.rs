@@ -74,9 +74,11 @@ pub struct CudaKernels {
     pub(super) logprob_rows: CudaFunction,
     pub(super) repetition_penalty: CudaFunction,
     pub(super) mask_tokens: CudaFunction,
-    /// LoRA shrink and expand (`kernels/lora.cu`), for tiles of one token and of
-    /// [`super::LORA_TILE`].
-    pub(super) lora: [[CudaFunction; 2]; 2],
+    /// LoRA shrink, expand, and both in one cluster launch (`kernels/lora.cu`), for tiles
+    /// of one token and of [`super::LORA_TILE`].
+    pub(super) lora: [[CudaFunction; 3]; 2],
+    /// LoRA deltas in one cluster launch (sm_90+ with `LaunchOptions::lora_fused`).
+    pub(super) lora_fused: bool,
     pub(super) gather_rows_f32: CudaFunction,
     /// The MoE layers' kernels (`kernels/moe.cu`, `kernels/moe_mma.cu`).
     pub(super) moe: MoeKernels,
@@ -326,10 +328,12 @@ impl CudaKernels {
                 [
                     f(&lora_mod, &format!("lora_shrink_t1_{s}"))?,
                     f(&lora_mod, &format!("lora_expand_t1_{s}"))?,
+                    f(&lora_mod, &format!("lora_fused_t1_{s}"))?,
                 ],
                 [
                     f(&lora_mod, &format!("lora_shrink_t8_{s}"))?,
                     f(&lora_mod, &format!("lora_expand_t8_{s}"))?,
+                    f(&lora_mod, &format!("lora_fused_t8_{s}"))?,
                 ],
             ],
             gather_rows_f32: f(&layer_ops, "gather_rows_f32")?,
@@ -411,6 +415,7 @@ impl CudaKernels {
             l2_prefetch: hopper && opts.l2_prefetch,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,
+            lora_fused: hopper && opts.lora_fused,
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),
             fp8,
             pinned: Arc::default(),
