@@ -7,7 +7,7 @@
 //! `cargo bench --bench grammar`
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use policy_serve::grammar::{MaskOptions, default_mask_parts};
+use policy_serve::grammar::{MaskOptions, machine_mask_parts};
 use policy_serve::{GrammarCompiler, OutputConstraint, ResponseFormat, ToolChoice, ToolDefinition};
 
 fn masks(c: &mut Criterion) {
@@ -37,7 +37,7 @@ fn masks(c: &mut Criterion) {
     let configs = [
         ("walked", 1, false),
         ("bounded", 1, true),
-        ("bounded, split", default_mask_parts(), true),
+        ("bounded, split", machine_mask_parts(), true),
     ];
     for (name, parts, bounded_strings) in configs {
         let t = std::time::Instant::now();

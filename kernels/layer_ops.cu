@@ -143,14 +143,18 @@ __device__ void argmax_merge_rows(const float* __restrict__ part_v, const int* _
   if (lane == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
 }
 
-// out[r] = x[rows[r]]: one block per output row (the embedding lookup too: rows = token
-// ids).
+// out[r] = x[rows[r]] for r < nrows (the embedding lookup too: rows = token ids). Grid
+// (chunks of a row, rows), both strided: a row of a vocabulary's logits (600 KB) is copied by
+// hundreds of blocks, not one (a single block's dependent loads and stores made it ~0.1 ms).
 template <typename T>
 __device__ void gather_rows(const T* __restrict__ x, const uint32_t* __restrict__ rows,
-                            T* __restrict__ out, int n) {
-  const T* src = x + (size_t)rows[blockIdx.x] * n;
-  T* dst = out + (size_t)blockIdx.x * n;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+                            T* __restrict__ out, int n, int nrows) {
+  for (int r = blockIdx.y; r < nrows; r += gridDim.y) {
+    const T* src = x + (size_t)rows[r] * n;
+    T* dst = out + (size_t)r * n;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+      dst[i] = src[i];
+  }
 }
 
 // f32 copy of x (logits for the host and for sampling).
@@ -231,8 +235,8 @@ __device__ void topk_rows(const float* __restrict__ x, int n, int k, float* __re
     argmax_rows<T>(x, out, n, pv, pi);                                                          \
   }                                                                                             \
   extern "C" __global__ void gather_rows_##NAME(const T* x, const uint32_t* rows, T* out,       \
-                                                int n) { pdl_entry();                                        \
-    gather_rows<T>(x, rows, out, n);                                                            \
+                                                int n, int nrows) { pdl_entry();                             \
+    gather_rows<T>(x, rows, out, n, nrows);                                                     \
   }                                                                                             \
   extern "C" __global__ void to_f32_##NAME(const T* x, float* out, long long n) { pdl_entry();              \
     to_f32<T>(x, out, n);                                                                       \

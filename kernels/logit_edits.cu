@@ -15,15 +15,24 @@ extern "C" __global__ void repetition_penalty_f32(float* logits, const uint32_t*
   *v = *v > 0.f ? *v / p[i] : *v * p[i];
 }
 
-// A grammar's token masks on f32 logits in place: mask m (words u32 words, bit t % 32 of
-// word t / 32 set = token t allowed) applies to row rows[m] of [*, vocab] logits; every
-// token it does not allow becomes -inf. Grid: (ceil(vocab / 256), masks).
+// A grammar's token masks on f32 logits in place. Entry m of n (spec: rows [n], forced [n],
+// at [n]) applies to row rows[m] of [*, vocab] logits: when forced[m] is a token id, that
+// token alone stays (a mask that allows one token: no words uploaded for it); otherwise
+// mask at[m] of `masks` (words u32 words, bit t % 32 of word t / 32 set = token t allowed).
+// Every token not allowed becomes -inf. Grid: (ceil(vocab / 256), n).
 extern "C" __global__ void mask_tokens_f32(float* logits, const uint32_t* masks,
-                                           const uint32_t* rows, int vocab, int words) {
+                                           const uint32_t* spec, int n, int vocab, int words) {
   pdl_entry();
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= vocab) return;
   const int m = blockIdx.y;
-  const uint32_t w = masks[(size_t)m * words + (t >> 5)];
-  if (!((w >> (t & 31)) & 1u)) logits[(size_t)rows[m] * vocab + t] = -INFINITY;
+  const uint32_t row = spec[m], forced = spec[n + m];
+  bool allowed;
+  if (forced != 0xffffffffu) {
+    allowed = (uint32_t)t == forced;
+  } else {
+    const uint32_t w = masks[(size_t)spec[2 * n + m] * words + (t >> 5)];
+    allowed = (w >> (t & 31)) & 1u;
+  }
+  if (!allowed) logits[(size_t)row * vocab + t] = -INFINITY;
 }

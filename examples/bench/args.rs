@@ -94,16 +94,22 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 0)]
     pub(crate) profile_steps: u64,
     /// In how many parts a wide grammar mask is computed at once
-    /// (`EngineOptions::grammar_mask_parts`; default: the machine's threads, at most 8).
+    /// (`EngineOptions::grammar_mask_parts`; default 1: never split).
     #[arg(long)]
     pub(crate) grammar_mask_parts: Option<usize>,
     /// Walk every token inside JSON strings with `maxLength` as llguidance does
     /// (`EngineOptions::grammar_bounded_strings` off; the same masks, for comparisons).
     #[arg(long)]
     pub(crate) no_grammar_bounded_strings: bool,
-    /// Fast-forward the tokens a grammar forces (`EngineOptions::grammar_fast_forward`).
+    /// Fast-forward the tokens a grammar forces (`EngineOptions::grammar_fast_forward`) up
+    /// to `--grammar-fast-forward-max-batch` running sequences; the engine then speculates as
+    /// by default (the forced tokens ride on it), plain rows too.
     #[arg(long)]
     pub(crate) grammar_fast_forward: bool,
+    /// Most running sequences at which forced tokens are fast-forwarded
+    /// (`EngineOptions::grammar_fast_forward_max_batch`).
+    #[arg(long, default_value_t = 4)]
+    pub(crate) grammar_fast_forward_max_batch: usize,
     /// Also measure decode with every row constrained to tool calls (`tool_choice`
     /// required over tests/fixtures/tools/nested.json), printed as `constrained` rows.
     #[arg(long)]

@@ -134,9 +134,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         grammar_mask_parts: a.grammar_mask_parts,
         grammar_bounded_strings: !a.no_grammar_bounded_strings,
         grammar_fast_forward: a.grammar_fast_forward,
+        grammar_fast_forward_max_batch: a.grammar_fast_forward_max_batch,
         kernels: a.kernels.options(),
-        // Plain decode: speculation (on by default) is measured by `--spec-ks`.
-        speculative: None,
+        // Plain decode: speculation (on by default) is measured by `--spec-ks`; forced tokens
+        // fast-forwarded ride on it, so `--grammar-fast-forward` keeps it at its default.
+        speculative: if a.grammar_fast_forward {
+            EngineOptions::default().speculative
+        } else {
+            None
+        },
         kv_host_gib: a.kv_host_gib,
         kv_dtype: a.kv_cache_dtype,
         ..EngineOptions::default()
@@ -264,8 +270,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let ids = engine.tokenize(call)?;
             for (label, may_split) in [("whole", false), ("split", true)] {
                 let (mut total, mut slowest) = (Duration::ZERO, Duration::ZERO);
+                let (mut start, mut end) = (Duration::ZERO, Duration::ZERO);
                 for _ in 0..walks {
+                    let t = Instant::now();
                     let mut m = grammar.matcher();
+                    start += t.elapsed();
                     for &tok in &ids {
                         let t = Instant::now();
                         std::hint::black_box(m.mask_with(may_split)?);
@@ -273,14 +282,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         total += t.elapsed();
                         slowest = slowest.max(t.elapsed());
                     }
+                    // Given back to the grammar (rewound), as a finished request's is.
+                    let t = Instant::now();
+                    drop(m);
+                    end += t.elapsed();
                 }
                 println!(
-                    "constrained mask+consume per row, {label}: {:.1} us (mean of {walks} walks over a {}-token {what}; slowest {:.0} us; {} parts; bounded strings {})",
+                    "constrained mask+consume per row, {label}: {:.1} us (mean of {walks} walks over a {}-token {what}; slowest {:.0} us; {} parts; bounded strings {}; a matcher's start {:.1} us, give-back {:.1} us)",
                     total.as_secs_f64() * 1e6 / (walks * ids.len()) as f64,
                     ids.len(),
                     slowest.as_secs_f64() * 1e6,
                     engine.grammar_compiler()?.mask_parts(),
-                    !a.no_grammar_bounded_strings
+                    !a.no_grammar_bounded_strings,
+                    start.as_secs_f64() * 1e6 / walks as f64,
+                    end.as_secs_f64() * 1e6 / walks as f64,
                 );
             }
         }

@@ -221,25 +221,32 @@ pub(super) fn op_checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
             wrong as f32,
             0.0,
         );
-        // A grammar's masks (bits) on rows 6 and 1: disallowed entries -inf, the rest and
-        // the other rows untouched.
+        // A grammar's masks (bits) on rows 6 and 1, and row 3 forced to token 100,003 (a
+        // mask of one token travels as the token): disallowed entries -inf, the rest and the
+        // other rows untouched.
         let words = vocab.div_ceil(32);
-        let mask_rows: Vec<u32> = vec![6, 1];
-        let masks: Vec<u32> = (0..mask_rows.len() * words)
+        let mask_rows: Vec<u32> = vec![6, 3, 1];
+        let forced: [u32; 3] = [u32::MAX, 100_003, u32::MAX];
+        let at: [u32; 3] = [1, u32::MAX, 0];
+        let masks: Vec<u32> = (0..2 * words)
             .map(|i| (i as u32).wrapping_mul(2_654_435_761) ^ if i % 7 == 0 { u32::MAX } else { 0 })
             .collect();
+        let spec: Vec<u32> = [mask_rows.as_slice(), &forced, &at].concat();
         let masked = l.copy()?;
         k.mask_tokens(
             &masked,
-            &Tensor::from_vec(masks.clone(), (mask_rows.len(), words), dev)?,
-            &Tensor::new(mask_rows.as_slice(), dev)?,
+            &Tensor::from_vec(masks.clone(), (2, words), dev)?,
+            &Tensor::new(spec.as_slice(), dev)?,
         )?;
         let got: Vec<Vec<f32>> = masked.to_vec2()?;
         let mut wrong = 0usize;
         for (r, row) in got.iter().enumerate() {
             let m = mask_rows.iter().position(|&x| x as usize == r);
             for (t, &v) in row.iter().enumerate() {
-                let allowed = m.is_none_or(|m| (masks[m * words + t / 32] >> (t % 32)) & 1 == 1);
+                let allowed = m.is_none_or(|m| match forced[m] {
+                    u32::MAX => (masks[at[m] as usize * words + t / 32] >> (t % 32)) & 1 == 1,
+                    f => t as u32 == f,
+                });
                 let want = if allowed {
                     before[r][t]
                 } else {
@@ -249,7 +256,7 @@ pub(super) fn op_checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
             }
         }
         t.check(
-            "mask_tokens f32 2 masks on 8 x 151936 (entries wrong)".to_string(),
+            "mask_tokens f32 2 masks + 1 forced on 8 x 151936 (entries wrong)".to_string(),
             wrong as f32,
             0.0,
         );

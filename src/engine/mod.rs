@@ -191,9 +191,9 @@ impl Engine {
     }
 
     /// The compiler of grammars over this engine's tokenizer ([`GenerationRequest::grammar`]),
-    /// built on first use (it walks the vocabulary once per mask part,
-    /// [`EngineOptions::grammar_mask_parts`]: 1.3-1.7 s for Qwen3's on the H200 host, in
-    /// parallel); a complete grammar ends the output with the model's first end-of-sequence
+    /// built on first use (it walks the vocabulary once, and once per mask part where
+    /// [`EngineOptions::grammar_mask_parts`] asks for split masks: 1.3-1.9 s for Qwen3's on the
+    /// H200 host); a complete grammar ends the output with the model's first end-of-sequence
     /// token.
     pub fn grammar_compiler(&self) -> Result<&GrammarCompiler> {
         self.inner.grammars.get_or_try_init(|| {

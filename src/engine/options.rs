@@ -80,12 +80,6 @@ pub struct KernelOptions {
     /// the H200). Off by default: built, not yet checked or timed on a GPU, so how close it
     /// comes and what it costs are unmeasured (#27).
     pub mma_decode_split_p: bool,
-    /// Each fused matmul's LoRA delta in one launch (`kernels/lora.cu` `lora_fused_*`: a
-    /// thread-block cluster of 8 blocks per tile of tokens shrinks into its blocks' shared
-    /// memory, sums across the cluster, then expands; sm_90) instead of two launches (shrink
-    /// into a global scratch, then expand). Off by default: built, not yet timed on a GPU
-    /// (#23).
-    pub lora_fused: bool,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
     /// stream, where the events only cost time).
     pub event_tracking: bool,
@@ -111,7 +105,6 @@ impl Default for KernelOptions {
             mma_decode: true,
             mma_decode_stages: None,
             mma_decode_split_p: false,
-            lora_fused: false,
             event_tracking: false,
         }
     }
@@ -212,10 +205,9 @@ pub struct EngineOptions {
     /// reserved for them).
     pub lora: Option<LoraOptions>,
     /// In how many parts of the vocabulary a wide grammar mask is computed at once, one
-    /// thread each (inside a JSON string llguidance walks most of the token trie: ~1 ms
-    /// whole); the same mask either way. `None`: [`crate::grammar::default_mask_parts`] (the
-    /// machine's threads, at most 8); 1: never split. Used when the first constrained
-    /// request builds the engine's grammar compiler.
+    /// thread each; the same mask either way. `None`: [`crate::grammar::default_mask_parts`]
+    /// (1: never split, the measured best since masks inside bounded strings are cheap).
+    /// Used when the first constrained request builds the engine's grammar compiler.
     pub grammar_mask_parts: Option<usize>,
     /// Inside a JSON string with `maxLength`, grammar masks allow the tokens that fit the room
     /// left at once and never walk the longer ones ([`crate::grammar::MaskOptions`]); the
@@ -225,10 +217,15 @@ pub struct EngineOptions {
     /// tool call, `{"name": "`, the keys, the separators; 41 of the 65 tokens of the grammar
     /// bench's two calls): they go into the step as drafts that the masked draw keeps, so one
     /// forward verifies them all and draws the token after them. Rides on speculative decoding
-    /// (`speculative` set, batches up to its `max_batch`; requests without a repetition
-    /// penalty); the tokens are those of decoding one at a time. Off by default until
-    /// measured on the GPU.
+    /// (`speculative` set; requests without a repetition penalty) up to
+    /// `grammar_fast_forward_max_batch` running sequences; the tokens are those of decoding
+    /// one at a time. On by default: on the H200 constrained requests decoded 1.8x (0.6B) and
+    /// 2.1x (1.7B) faster with it alone, 1.8x / 1.56x at batch 2, 1.19x / 1.08x at batch 4
+    /// (BENCHMARKS.md, #26).
     pub grammar_fast_forward: bool,
+    /// Most running sequences at which forced tokens are fast-forwarded (default 4: at batch
+    /// 8 the verify rows cost more than the forced tokens save, 0.86x / 0.96x on the H200).
+    pub grammar_fast_forward_max_batch: usize,
     /// The engine's own CUDA kernels.
     pub kernels: KernelOptions,
 }
@@ -282,7 +279,8 @@ impl Default for EngineOptions {
             lora: None,
             grammar_mask_parts: None,
             grammar_bounded_strings: true,
-            grammar_fast_forward: false,
+            grammar_fast_forward: true,
+            grammar_fast_forward_max_batch: 4,
             kernels: KernelOptions::default(),
         }
     }

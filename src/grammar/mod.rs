@@ -74,8 +74,18 @@ impl PartialEq for Grammar {
     }
 }
 
-/// In how many parts a long mask is split unless told: the threads of the machine, at most 8.
+/// In how many parts a long mask is split unless told: 1, never. With masks inside bounded
+/// strings by the room left ([`MaskOptions::bounded_strings`]) no mask is wide enough for
+/// splitting to pay: on the H200 host (16 threads) whole masks took 17-36 us a row on average
+/// against 40-72 us split in 8, the slowest 0.3-0.4 ms against 0.8-3.3 ms, and constrained
+/// decode ran 1-8% faster whole (BENCHMARKS.md, #26).
 pub fn default_mask_parts() -> usize {
+    1
+}
+
+/// In how many parts a long mask may usefully be split on this machine: its threads, at
+/// most 8 (for [`GrammarCompiler::with_mask_parts`] where a caller wants splitting).
+pub fn machine_mask_parts() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
 }
 

@@ -26,9 +26,11 @@ const SPLIT_ABOVE_ALLOWED: usize = 100;
 pub(super) struct Compiled {
     template: TokenParser,
     pool: Mutex<Vec<(Matcher, Vec<Matcher>)>>,
-    /// A copy of the last matcher given back, rewound: new matchers are copied from it when
+    /// A copy of the first matcher given back, rewound: new matchers are copied from it when
     /// the pool is empty (its lexer has built the states of a walk; a copy of the template
-    /// builds them again, which doubles the cost of a new matcher's masks).
+    /// builds them again, which doubles the cost of a new matcher's masks). Copied once: a
+    /// walked matcher and its parts are ~1 MB of lexer states, and copying them at every
+    /// give-back cost the H200 host ~2 ms per finished request on the scheduler's thread.
     warm: Mutex<Option<(Matcher, Vec<Matcher>)>>,
     /// Rewound matchers kept by all the grammars of one compiler.
     pooled: Arc<AtomicUsize>,
@@ -51,7 +53,7 @@ impl Compiled {
         }
     }
 
-    /// A rewound matcher, if the grammar keeps one, else a copy of the last one given back,
+    /// A rewound matcher, if the grammar keeps one, else a copy of the first one given back,
     /// if any.
     fn take(&self) -> Option<(Matcher, Vec<Matcher>)> {
         if let Some(m) = self.pool.lock().pop() {
@@ -67,12 +69,18 @@ impl Compiled {
     }
 
     /// Keeps `m` (rewound) for the next output, unless this grammar or the compiler's
-    /// grammars keep enough; keeps a copy of it to copy new matchers from.
+    /// grammars keep enough; the first one given back is also copied to copy new matchers
+    /// from.
     fn give_back(&self, m: (Matcher, Vec<Matcher>)) {
-        *self.warm.lock() = Some((
-            m.0.deep_clone(),
-            m.1.iter().map(Matcher::deep_clone).collect(),
-        ));
+        {
+            let mut warm = self.warm.lock();
+            if warm.is_none() {
+                *warm = Some((
+                    m.0.deep_clone(),
+                    m.1.iter().map(Matcher::deep_clone).collect(),
+                ));
+            }
+        }
         let mut pool = self.pool.lock();
         if pool.len() < POOLED
             && self

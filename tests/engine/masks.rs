@@ -140,6 +140,8 @@ fn forced_tokens_fast_forwarded_are_the_tokens_of_one_at_a_time() {
     let run = |fast_forward: bool| {
         let engine = common::tiny_registry(EngineOptions {
             grammar_fast_forward: fast_forward,
+            // Eight requests run at once (the default fast-forwards up to four).
+            grammar_fast_forward_max_batch: 8,
             speculative: Some(SpeculativeOptions::default()),
             ..options()
         })

@@ -74,11 +74,9 @@ pub struct CudaKernels {
     pub(super) logprob_rows: CudaFunction,
     pub(super) repetition_penalty: CudaFunction,
     pub(super) mask_tokens: CudaFunction,
-    /// LoRA shrink, expand, and both in one cluster launch (`kernels/lora.cu`), for tiles
-    /// of one token and of [`super::LORA_TILE`].
-    pub(super) lora: [[CudaFunction; 3]; 2],
-    /// LoRA deltas in one cluster launch (sm_90+ with `LaunchOptions::lora_fused`).
-    pub(super) lora_fused: bool,
+    /// LoRA shrink and expand (`kernels/lora.cu`), for tiles of one token and of
+    /// [`super::LORA_TILE`].
+    pub(super) lora: [[CudaFunction; 2]; 2],
     pub(super) gather_rows_f32: CudaFunction,
     /// The MoE layers' kernels (`kernels/moe.cu`, `kernels/moe_mma.cu`).
     pub(super) moe: MoeKernels,
@@ -128,6 +126,8 @@ pub struct CudaKernels {
     pub(crate) pinned: Arc<PinnedPool>,
     /// The pinned buffer host data goes through to the device ([`CudaKernels::upload_u32`]).
     pub(super) staging: super::handles::Staging,
+    /// Row indices `0..len` on the device ([`CudaKernels::row_ids`]), grown on demand.
+    pub(super) row_ids: parking_lot::Mutex<Option<candle_core::Tensor>>,
     /// Launch with programmatic dependent launch (sm_90+ with `LaunchOptions::pdl`; the graph
     /// capture sets it for its own launches).
     pub(super) pdl: std::sync::atomic::AtomicBool,
@@ -328,12 +328,10 @@ impl CudaKernels {
                 [
                     f(&lora_mod, &format!("lora_shrink_t1_{s}"))?,
                     f(&lora_mod, &format!("lora_expand_t1_{s}"))?,
-                    f(&lora_mod, &format!("lora_fused_t1_{s}"))?,
                 ],
                 [
                     f(&lora_mod, &format!("lora_shrink_t8_{s}"))?,
                     f(&lora_mod, &format!("lora_expand_t8_{s}"))?,
-                    f(&lora_mod, &format!("lora_fused_t8_{s}"))?,
                 ],
             ],
             gather_rows_f32: f(&layer_ops, "gather_rows_f32")?,
@@ -415,11 +413,11 @@ impl CudaKernels {
             l2_prefetch: hopper && opts.l2_prefetch,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,
-            lora_fused: hopper && opts.lora_fused,
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),
             fp8,
             pinned: Arc::default(),
             staging: Default::default(),
+            row_ids: Default::default(),
             stream,
             _modules: [
                 decode_mod,

@@ -54,9 +54,6 @@ pub struct LaunchOptions {
     /// Over bf16 caches, P goes through the tensor-core decode attention as a bf16 pair (high
     /// part and remainder) instead of rounded to bf16.
     pub mma_decode_split_p: bool,
-    /// A LoRA delta in one launch per fused matmul (shrink and expand in a thread-block
-    /// cluster, sm_90) instead of two.
-    pub lora_fused: bool,
 }
 
 impl Default for LaunchOptions {
@@ -78,7 +75,6 @@ impl Default for LaunchOptions {
             mma_decode: true,
             mma_decode_stages: None,
             mma_decode_split_p: false,
-            lora_fused: false,
         }
     }
 }

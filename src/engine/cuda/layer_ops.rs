@@ -237,14 +237,26 @@ impl CudaKernels {
         if r == 0 {
             return Ok(());
         }
-        let (px, pr, po, n32) = (self.ptr(x)?, self.ptr(rows)?, self.ptr(out)?, n as i32);
+        let (px, pr, po, n32, r32) = (
+            self.ptr(x)?,
+            self.ptr(rows)?,
+            self.ptr(out)?,
+            n as i32,
+            r as i32,
+        );
         let cfg = LaunchConfig {
-            grid_dim: (r as u32, 1, 1),
+            // Chunks of 256 elements of a row (at most 1,024 blocks a row), rows at most
+            // 65,535 at once (the kernel strides both).
+            grid_dim: (
+                n.div_ceil(256).clamp(1, 1024) as u32,
+                r.min(65_535) as u32,
+                1,
+            ),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = self.launcher(f);
-        b.arg(&px).arg(&pr).arg(&po).arg(&n32);
+        b.arg(&px).arg(&pr).arg(&po).arg(&n32).arg(&r32);
         // SAFETY: argument types match the kernel's signature; row ids are checked by the
         // caller (token ids against the vocabulary, row ids against the batch).
         unsafe { b.launch(cfg) }.w()?;

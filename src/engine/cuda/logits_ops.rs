@@ -84,11 +84,13 @@ impl CudaKernels {
         Ok(())
     }
 
-    /// A grammar's masks on f32 `[T, vocab]` logits in place: mask `m` of `masks` (u32
-    /// `[M, words]`, bit `t % 32` of word `t / 32` set: token `t` allowed) applies to row
-    /// `rows[m]` (u32 `[M]`, each below `T`: the caller's to check); disallowed tokens become
-    /// -inf.
-    pub fn mask_tokens(&self, logits: &Tensor, masks: &Tensor, rows: &Tensor) -> Result<()> {
+    /// A grammar's masks on f32 `[T, vocab]` logits in place. `spec` (u32 `[3 * n]`: rows,
+    /// then forced tokens, then mask indices, `n` each) says for entry `m`: row `rows[m]`
+    /// (below `T`: the caller's to check) keeps token `forced[m]` alone when that is a token id
+    /// (below `vocab`), else the tokens mask `at[m]` of `masks` allows (u32 `[K, words]`, bit
+    /// `t % 32` of word `t / 32` set: token `t` allowed; `at[m] < K`). Disallowed tokens
+    /// become -inf.
+    pub fn mask_tokens(&self, logits: &Tensor, masks: &Tensor, spec: &Tensor) -> Result<()> {
         if logits.dtype() != DType::F32 || masks.dtype() != DType::U32 {
             return Err(kernel_err(
                 "mask tokens",
@@ -96,27 +98,28 @@ impl CudaKernels {
             ));
         }
         let (_, vocab) = logits.dims2()?;
-        let (m, words) = masks.dims2()?;
-        if words * 32 < vocab || rows.elem_count() != m {
+        let (_, words) = masks.dims2()?;
+        let n = spec.elem_count() / 3;
+        if words * 32 < vocab || spec.elem_count() != 3 * n || spec.dtype() != DType::U32 {
             return Err(kernel_err(
                 "mask tokens",
-                "masks must cover the vocabulary, one row each",
+                "masks must cover the vocabulary, the spec three u32 a row",
             ));
         }
-        if m == 0 {
+        if n == 0 {
             return Ok(());
         }
-        let (pl, pm, pr) = (self.ptr(logits)?, self.ptr(masks)?, self.ptr(rows)?);
-        let (v32, w32) = (vocab as i32, words as i32);
+        let (pl, pm, ps) = (self.ptr(logits)?, self.ptr(masks)?, self.ptr(spec)?);
+        let (n32, v32, w32) = (n as i32, vocab as i32, words as i32);
         let cfg = LaunchConfig {
-            grid_dim: (vocab.div_ceil(256) as u32, m as u32, 1),
+            grid_dim: (vocab.div_ceil(256) as u32, n as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = self.launcher(&self.mask_tokens);
-        b.arg(&pl).arg(&pm).arg(&pr).arg(&v32).arg(&w32);
+        b.arg(&pl).arg(&pm).arg(&ps).arg(&n32).arg(&v32).arg(&w32);
         // SAFETY: argument types match the kernel's signature; shapes are checked above and
-        // the rows by the caller.
+        // the rows, forced tokens and mask indices by the caller.
         unsafe { b.launch(cfg) }.w()?;
         Ok(())
     }

@@ -1,8 +1,7 @@
 //! Launches of the LoRA kernels (`kernels/lora.cu`): a fused matmul's output gains, for each
 //! token on an adapter, `b[slot] · (a[slot] · x)` — shrink into an f32 scratch, then expand
 //! into the output in place, both by tiles of up to [`LORA_TILE`] consecutive tokens on one
-//! slot (each block reads its adapter rows once per tile). With `LaunchOptions::lora_fused`
-//! both in one launch: a thread-block cluster per tile, y in its blocks' shared memory.
+//! slot (each block reads its adapter rows once per tile).
 
 use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
@@ -11,10 +10,6 @@ use candle_core::{DType, Tensor};
 use super::kernels::CudaKernels;
 use super::launch::kernel_err;
 use crate::error::Result;
-
-/// Blocks of the thread-block cluster that takes one tile in the one-launch LoRA kernel
-/// (`LaunchOptions::lora_fused`; 8: the portable most).
-const LORA_CLUSTER: u32 = 8;
 
 /// Most tokens of one LoRA tile.
 pub const LORA_TILE: usize = 8;
@@ -63,7 +58,7 @@ impl CudaKernels {
             && y.elem_count() >= t * pr
             && (tile == 1 || tile == LORA_TILE)
             && r.is_multiple_of(8)
-            && 2 * tile * pr * 4 <= 48 * 1024
+            && tile * pr * 4 <= 48 * 1024
             && fan_in.is_multiple_of(8);
         if !fits {
             return Err(kernel_err("lora", "shapes do not fit"));
@@ -88,26 +83,6 @@ impl CudaKernels {
         );
         let s1 = splits.get(1).copied().filter(|_| parts > 1).unwrap_or(nout) as i32;
         let s2 = splits.get(2).copied().filter(|_| parts > 2).unwrap_or(nout) as i32;
-        let fs = &self.lora[usize::from(tile != 1)];
-        if self.lora_fused {
-            let cfg = LaunchConfig {
-                // A cluster of LORA_CLUSTER blocks per tile (clusters along z).
-                grid_dim: (1, ntiles as u32, LORA_CLUSTER),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: (2 * tile * pr * 4) as u32,
-            };
-            let mut l = self.launcher(&fs[2]);
-            l.cluster_z(LORA_CLUSTER);
-            l.arg(&px).arg(&pa).arg(&pb).arg(&ps).arg(&po).arg(&in32);
-            l.arg(&pr32)
-                .arg(&n32)
-                .arg(&r32)
-                .arg(&s1)
-                .arg(&s2)
-                .arg(&slots32);
-            // SAFETY: argument types match `lora_fused_*`; shapes are checked above.
-            return unsafe { l.launch(cfg) }.w().map_err(Into::into);
-        }
         let cfg = LaunchConfig {
             // Tiles of one token: a block per row of a; wider: a warp per row.
             grid_dim: (
@@ -118,6 +93,7 @@ impl CudaKernels {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
+        let fs = &self.lora[usize::from(tile != 1)];
         let mut l = self.launcher(&fs[0]);
         l.arg(&px)
             .arg(&pa)

@@ -71,4 +71,21 @@ impl CudaKernels {
         }
         Ok(out)
     }
+
+    /// Row indices `0..n` (u32 `[n]`) on the device, uploaded once (through pinned memory)
+    /// and kept: a gather of a step's first `n` rows needs no upload of its own, which from
+    /// pageable memory could make the host wait for the step's forward.
+    pub fn row_ids(&self, n: usize) -> Result<Tensor> {
+        let mut ids = self.row_ids.lock();
+        let have = ids.as_ref().map_or(0, |t| t.elem_count());
+        if have < n {
+            let len = n.next_power_of_two().max(1024);
+            let all: Vec<u32> = (0..len as u32).collect();
+            *ids = Some(self.upload_u32(&all)?);
+        }
+        match ids.as_ref() {
+            Some(t) => Ok(t.narrow(0, 0, n)?),
+            None => Err(kernel_err("row ids", "not uploaded")),
+        }
+    }
 }

@@ -71,7 +71,6 @@ pub fn kernels_for(
         mma_decode: opts.mma_decode,
         mma_decode_stages: opts.mma_decode_stages,
         mma_decode_split_p: opts.mma_decode_split_p,
-        lora_fused: opts.lora_fused,
         ..LaunchOptions::default()
     };
     CudaKernels::new(device, dtype, &launch)

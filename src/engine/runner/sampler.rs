@@ -128,10 +128,7 @@ pub(crate) fn host_rows(model: &Model, logits: &Tensor, rows: &[usize]) -> Resul
 /// `[largest bucket, vocab]` buffer every step).
 #[cfg(feature = "cuda")]
 pub(crate) fn owned_rows(k: &crate::engine::cuda::CudaKernels, logits: &Tensor) -> Result<Tensor> {
-    let n = logits.dim(0)?;
-    let idx: Vec<u32> = (0..n as u32).collect();
-    let idx = Tensor::new(idx.as_slice(), logits.device())?;
-    k.gather_rows_f32(logits, &idx)
+    k.gather_rows_f32(logits, &k.row_ids(logits.dim(0)?)?)
 }
 
 /// The entries a repetition penalty touches in `[n_rows, vocab]` logits: for each

@@ -53,12 +53,19 @@ impl Scheduler {
             .is_some_and(|o| self.running.len() <= o.max_batch)
     }
 
+    /// Whether constrained sequences' forced tokens go into steps as drafts now
+    /// (`EngineOptions::grammar_fast_forward`, few enough sequences running).
+    fn fast_forwarding(&self) -> bool {
+        self.opts.grammar_fast_forward
+            && self.running.len() <= self.opts.grammar_fast_forward_max_batch
+    }
+
     /// Whether the next plan may give a sequence drafts: speculating, and some running
     /// sequence eligible and not backing off. Only then are decode steps kept from pipelined
     /// decode (drafts need the previous step's token); steps of ineligible (constrained,
     /// penalized) or backing-off sequences pipeline.
     pub(super) fn may_draft(&self) -> bool {
-        let ff = self.opts.grammar_fast_forward;
+        let ff = self.fast_forwarding();
         self.speculating()
             && self
                 .running
@@ -164,6 +171,7 @@ impl Scheduler {
             self.running[i].draft.clear();
             return 0;
         };
+        let ff = self.fast_forwarding();
         let max_context = self.max_context;
         let draft_model = self.draft_model.as_ref();
         let eos = &self.eos;
@@ -171,7 +179,7 @@ impl Scheduler {
         s.draft.clear();
         s.draft_masks.clear();
         s.verified_logprobs.clear();
-        if forced_eligible(s, self.opts.grammar_fast_forward) {
+        if forced_eligible(s, ff) {
             // The drafts are the tokens the grammar forces, each kept by its masked draw.
             let room = room(s, max_context, o.num_tokens).min(budget.saturating_sub(1));
             let Some(g) = s.grammar.as_mut().filter(|_| room > 0) else {
