@@ -199,42 +199,103 @@ impl DiskTier {
     /// Reads a block of `len` bytes, verifying the header and the checksum; a bad block is
     /// removed (index and file).
     pub fn read(&mut self, key: &BlockKey, len: usize) -> DiskRead {
-        if !self.enabled || !self.index.contains_key(key) {
-            return DiskRead::Missing;
-        }
-        let path = self.path(key);
-        let mut buf = Vec::with_capacity(HEADER + len);
-        let res = std::fs::File::open(&path).and_then(|mut f| f.read_to_end(&mut buf));
-        match res {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                self.unindex(key);
-                return DiskRead::Missing;
-            }
-            Err(e) => {
-                self.turn_off("reading a block", &e);
-                return DiskRead::Missing;
-            }
-            Ok(_) => {}
-        }
-        let ok = buf.len() == HEADER + len
-            && &buf[..8] == MAGIC
-            && buf[8..24] == key.0.to_le_bytes()
-            && buf[24..32] == (len as u64).to_le_bytes()
-            && buf[32..40] == checksum(&buf[HEADER..]).to_le_bytes();
-        if !ok {
-            self.unindex(key);
-            let _ = std::fs::remove_file(&path);
-            return DiskRead::Corrupt;
-        }
-        self.clock += 1;
-        if let Some(e) = self.index.get_mut(key) {
-            self.lru.remove(&e.tick);
-            e.tick = self.clock;
-            self.lru.insert(self.clock, *key);
-        }
-        buf.drain(..HEADER);
-        DiskRead::Ok(buf)
+        self.read_many(std::slice::from_ref(key), len)
+            .pop()
+            .unwrap_or(DiskRead::Missing)
     }
+
+    /// Reads the blocks of `keys` (`len` bytes each), their files read and checked on the
+    /// rayon pool at once (a transcript's blocks are hundreds of files: one thread read and
+    /// checked them at ~0.6 GB/s with the page cache dropped, on the H200 host), then taken
+    /// in order: the reads up to and including the first that is not [`DiskRead::Ok`], whose
+    /// block is dropped from the index as [`DiskTier::read`] drops it; the blocks after it
+    /// are left as they were.
+    pub fn read_many(&mut self, keys: &[BlockKey], len: usize) -> Vec<DiskRead> {
+        use rayon::prelude::*;
+        if !self.enabled {
+            return keys
+                .first()
+                .map(|_| DiskRead::Missing)
+                .into_iter()
+                .collect();
+        }
+        let files: Vec<Option<PathBuf>> = keys
+            .iter()
+            .map(|k| self.index.contains_key(k).then(|| self.path(k)))
+            .collect();
+        let read: Vec<Option<Result<Vec<u8>, ReadFail>>> = files
+            .par_iter()
+            .zip(keys)
+            .map(|(path, key)| path.as_ref().map(|p| read_file(p, key, len)))
+            .collect();
+        let mut out = Vec::with_capacity(keys.len());
+        for ((key, path), res) in keys.iter().zip(&files).zip(read) {
+            let got = match (path, res) {
+                (Some(path), Some(res)) => self.settle(key, path, res),
+                _ => DiskRead::Missing,
+            };
+            let ok = matches!(got, DiskRead::Ok(_));
+            out.push(got);
+            if !ok {
+                break;
+            }
+        }
+        out
+    }
+
+    /// What one file's read gave, the index and the LRU order updated for it.
+    fn settle(&mut self, key: &BlockKey, path: &Path, res: Result<Vec<u8>, ReadFail>) -> DiskRead {
+        match res {
+            Err(ReadFail::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.unindex(key);
+                DiskRead::Missing
+            }
+            Err(ReadFail::Corrupt) => {
+                self.unindex(key);
+                let _ = std::fs::remove_file(path);
+                DiskRead::Corrupt
+            }
+            Err(ReadFail::Io(e)) => {
+                self.turn_off("reading a block", &e);
+                DiskRead::Missing
+            }
+            Ok(data) => {
+                self.clock += 1;
+                if let Some(e) = self.index.get_mut(key) {
+                    self.lru.remove(&e.tick);
+                    e.tick = self.clock;
+                    self.lru.insert(self.clock, *key);
+                }
+                DiskRead::Ok(data)
+            }
+        }
+    }
+}
+
+/// Why a block's file gave no data.
+enum ReadFail {
+    /// Opening or reading it failed.
+    Io(std::io::Error),
+    /// It is short or long, has another key or length, or fails its checksum.
+    Corrupt,
+}
+
+/// The data of block `key`'s file at `path` (`len` bytes).
+fn read_file(path: &Path, key: &BlockKey, len: usize) -> Result<Vec<u8>, ReadFail> {
+    let mut buf = Vec::with_capacity(HEADER + len);
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut buf))
+        .map_err(ReadFail::Io)?;
+    let ok = buf.len() == HEADER + len
+        && &buf[..8] == MAGIC
+        && buf[8..24] == key.0.to_le_bytes()
+        && buf[24..32] == (len as u64).to_le_bytes()
+        && buf[32..40] == checksum(&buf[HEADER..]).to_le_bytes();
+    if !ok {
+        return Err(ReadFail::Corrupt);
+    }
+    buf.drain(..HEADER);
+    Ok(buf)
 }
 
 /// Writes one block's file under `dir` (a temporary name, then renamed): the tier's writer
@@ -306,6 +367,44 @@ mod tests {
         );
         assert!(matches!(t.read(&b, 100), DiskRead::Missing));
         assert_eq!(t.len(), 1);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Blocks read at once come back in order up to the first that fails, which is dropped;
+    /// the ones after it stay indexed and readable. Mutations that fail it: the results in
+    /// completion order, no stop at the failure (d's read returned), the failed block kept
+    /// in the index, the blocks after it dropped too.
+    #[test]
+    fn blocks_read_at_once_stop_at_the_first_that_fails() {
+        let d = dir("many");
+        let keys: Vec<BlockKey> = (1..=5).map(BlockKey).collect();
+        let mut t = DiskTier::open(&d, 1 << 20);
+        for (i, k) in keys.iter().enumerate() {
+            assert!(put(&mut t, *k, &[i as u8; 100]));
+        }
+        let all = t.read_many(&keys, 100);
+        assert_eq!(all.len(), 5);
+        for (i, r) in all.iter().enumerate() {
+            assert!(
+                matches!(r, DiskRead::Ok(v) if *v == vec![i as u8; 100]),
+                "block {i}"
+            );
+        }
+        // The third block's checksum fails: the first two, then Corrupt, nothing after.
+        let p3 = t.path(&keys[2]);
+        let mut bytes = std::fs::read(&p3).unwrap();
+        bytes[HEADER] ^= 1;
+        std::fs::write(&p3, bytes).unwrap();
+        let some = t.read_many(&keys, 100);
+        assert_eq!(some.len(), 3);
+        assert!(matches!(some[1], DiskRead::Ok(ref v) if *v == vec![1; 100]));
+        assert!(matches!(some[2], DiskRead::Corrupt));
+        assert!(!t.contains(&keys[2]) && !p3.exists());
+        assert!(t.contains(&keys[3]) && t.contains(&keys[4]));
+        assert!(matches!(
+            t.read_many(&keys[3..], 100)[..],
+            [DiskRead::Ok(_), DiskRead::Ok(_)]
+        ));
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -291,34 +291,50 @@ impl Tiers {
     /// (that would push other blocks down to disk in their place); once loaded they are the
     /// GPU's, and the disk keeps its copy.
     pub fn fetch(&mut self, found: &[(BlockKey, Tier)]) -> Loaded {
+        // The blocks host memory holds (or the disk writer still has), and the disk's files
+        // of the others read at once ([`DiskTier::read_many`]), then taken in order.
+        let held: Vec<Option<BlockData>> = found
+            .iter()
+            .map(|(key, _)| {
+                self.host
+                    .get(key)
+                    .or_else(|| self.writer.as_ref().and_then(|w| w.get(key)))
+            })
+            .collect();
+        let on_disk: Vec<BlockKey> = found
+            .iter()
+            .zip(&held)
+            .filter(|(_, h)| h.is_none())
+            .map(|((key, _), _)| *key)
+            .collect();
+        let mut read = match self.disk.as_mut() {
+            Some(disk) if !on_disk.is_empty() => disk.read_many(&on_disk, self.block_bytes),
+            _ => Vec::new(),
+        }
+        .into_iter();
         let mut out = Loaded::default();
-        for (key, _) in found {
-            if let Some(d) = self
-                .host
-                .get(key)
-                .or_else(|| self.writer.as_ref().and_then(|w| w.get(key)))
-            {
+        for ((key, _), h) in found.iter().zip(held) {
+            if let Some(d) = h {
                 out.data.push(d);
                 out.from_host += 1;
                 continue;
             }
-            let Some(disk) = self.disk.as_mut() else {
-                break;
-            };
-            match disk.read(key, self.block_bytes) {
-                DiskRead::Ok(v) => {
+            match read.next() {
+                Some(DiskRead::Ok(v)) => {
                     out.data.push(std::sync::Arc::new(v));
                     out.from_disk += 1;
                 }
-                DiskRead::Missing => {
+                Some(DiskRead::Missing) => {
                     self.stats.missing_blocks += 1;
                     break;
                 }
-                DiskRead::Corrupt => {
+                Some(DiskRead::Corrupt) => {
                     self.stats.checksum_failures += 1;
                     tracing::warn!(key = %key.hex(), "a disk KV block failed its checksum; recomputing it");
                     break;
                 }
+                // No disk tier: the block is gone.
+                None => break,
             }
         }
         out
