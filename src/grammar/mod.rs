@@ -78,7 +78,7 @@ impl PartialEq for Grammar {
 /// strings by the room left ([`MaskOptions::bounded_strings`]) no mask is wide enough for
 /// splitting to pay: on the H200 host (16 threads) whole masks took 17-36 us a row on average
 /// against 40-72 us split in 8, the slowest 0.3-0.4 ms against 0.8-3.3 ms, and constrained
-/// decode ran 1-8% faster whole (BENCHMARKS.md, #26).
+/// decode ran 0-9% faster whole (BENCHMARKS.md, #26).
 pub fn default_mask_parts() -> usize {
     1
 }

@@ -38,7 +38,7 @@ pub(crate) fn mask_logits(
         // The spec, then the masks that allow more than one token, in one upload through
         // pinned memory (the host does not wait for the step's forward, which is still
         // running).
-        let (host, kept) = pack(masks, words);
+        let (host, kept) = pack(masks, words, vocab);
         let m = masks.len();
         let up = k.upload_u32(&host)?;
         // In place: the step's logits are read only by its draw and log-probs, which want
@@ -96,11 +96,15 @@ fn single_token(mask: &[u32]) -> Option<u32> {
 /// then the masks that allow more than one token, `words` each; and how many of those. A
 /// mask that allows one token (a grammar's forced token: most of a tool call's structure, and
 /// end-of-sequence once the grammar is complete) travels as that token: 12 bytes instead of
-/// the vocabulary's bits (19 KB for Qwen3's).
+/// the vocabulary's bits (19 KB for Qwen3's); one whose token lies past `vocab` (no logit)
+/// travels as words, as before, and masks the whole row.
 #[cfg(any(feature = "cuda", test))]
-fn pack(masks: &[(usize, Vec<u32>)], words: usize) -> (Vec<u32>, usize) {
+fn pack(masks: &[(usize, Vec<u32>)], words: usize, vocab: usize) -> (Vec<u32>, usize) {
     let n = masks.len();
-    let forced: Vec<Option<u32>> = masks.iter().map(|(_, m)| single_token(m)).collect();
+    let forced: Vec<Option<u32>> = masks
+        .iter()
+        .map(|(_, m)| single_token(m).filter(|&t| (t as usize) < vocab))
+        .collect();
     let kept = forced.iter().filter(|f| f.is_none()).count();
     let mut host = Vec::with_capacity(3 * n + kept * words);
     host.extend(masks.iter().map(|(row, _)| *row as u32));
@@ -123,8 +127,8 @@ mod tests {
     use super::*;
 
     /// Mutations that fail it: a mask of two bits in one word taken as forced, the forced
-    /// token's word index dropped (t % 32 only), forced rows' masks uploaded anyway, or the
-    /// mask indices counting the forced rows.
+    /// token's word index dropped (t % 32 only), forced rows' masks uploaded anyway, the
+    /// mask indices counting the forced rows, a token past the vocabulary taken as forced.
     #[test]
     fn masks_of_one_token_travel_as_that_token() {
         let words = 4;
@@ -139,13 +143,21 @@ mod tests {
         assert_eq!(single_token(&two_in_a_word), None);
         assert_eq!(single_token(&two_words), None);
         assert_eq!(single_token(&[0, 0, 0, 1 << 31]), Some(127));
-        let masks = vec![(3, two_words.clone()), (0, one), (5, two_in_a_word.clone())];
-        let (host, kept) = pack(&masks, words);
+        let masks = vec![
+            (3, two_words.clone()),
+            (0, one.clone()),
+            (5, two_in_a_word.clone()),
+        ];
+        let (host, kept) = pack(&masks, words, 128);
         assert_eq!(kept, 2);
         assert_eq!(&host[..3], &[3, 0, 5], "rows");
         assert_eq!(&host[3..6], &[u32::MAX, 69, u32::MAX], "forced tokens");
         assert_eq!(&host[6..9], &[0, u32::MAX, 1], "mask indices");
         assert_eq!(&host[9..13], two_words.as_slice());
         assert_eq!(&host[13..], two_in_a_word.as_slice());
+        // A vocabulary of 60 logits: token 69 has none, so its mask travels as words.
+        let (host, kept) = pack(&[(0, one.clone())], words, 60);
+        assert_eq!((kept, &host[..3]), (1, &[0, u32::MAX, 0][..]));
+        assert_eq!(&host[3..], one.as_slice());
     }
 }
