@@ -211,25 +211,42 @@ impl DiskTier {
     /// block is dropped from the index as [`DiskTier::read`] drops it; the blocks after it
     /// are left as they were.
     pub fn read_many(&mut self, keys: &[BlockKey], len: usize) -> Vec<DiskRead> {
-        use rayon::prelude::*;
+        let job = self.plan_reads(keys, len);
+        let files = match io_pool() {
+            Some(pool) => pool.install(|| job.run()),
+            None => job.run(),
+        };
+        self.settle_reads(files)
+    }
+
+    /// The files of `keys` as a job any thread may run ([`DiskReads::run`]); its results go
+    /// back through [`DiskTier::settle_reads`]. (The split lets a reader thread do the I/O
+    /// while this tier stays with its owner.)
+    pub fn plan_reads(&self, keys: &[BlockKey], len: usize) -> DiskReads {
+        DiskReads {
+            keys: keys.to_vec(),
+            files: keys
+                .iter()
+                .map(|k| (self.enabled && self.index.contains_key(k)).then(|| self.path(k)))
+                .collect(),
+            len,
+        }
+    }
+
+    /// [`DiskTier::read_many`]'s results from a job's reads: in order, up to and including
+    /// the first that is not [`DiskRead::Ok`].
+    pub fn settle_reads(&mut self, done: ReadFiles) -> Vec<DiskRead> {
+        let ReadFiles { job, read } = done;
         if !self.enabled {
-            return keys
+            return job
+                .keys
                 .first()
                 .map(|_| DiskRead::Missing)
                 .into_iter()
                 .collect();
         }
-        let files: Vec<Option<PathBuf>> = keys
-            .iter()
-            .map(|k| self.index.contains_key(k).then(|| self.path(k)))
-            .collect();
-        let read: Vec<Option<Result<Vec<u8>, ReadFail>>> = files
-            .par_iter()
-            .zip(keys)
-            .map(|(path, key)| path.as_ref().map(|p| read_file(p, key, len)))
-            .collect();
-        let mut out = Vec::with_capacity(keys.len());
-        for ((key, path), res) in keys.iter().zip(&files).zip(read) {
+        let mut out = Vec::with_capacity(job.keys.len());
+        for ((key, path), res) in job.keys.iter().zip(&job.files).zip(read) {
             let got = match (path, res) {
                 (Some(path), Some(res)) => self.settle(key, path, res),
                 _ => DiskRead::Missing,
@@ -270,6 +287,61 @@ impl DiskTier {
             }
         }
     }
+}
+
+/// The threads block files are read on: a pool of their own (8 threads), so that reads never
+/// hold up the rayon pool the grammar masks use; `None` if its threads could not be started
+/// (reads then run on the caller's pool).
+pub fn io_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: once_cell::sync::Lazy<Option<rayon::ThreadPool>> =
+        once_cell::sync::Lazy::new(|| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(8)
+                .thread_name(|i| format!("kv-disk-read-{i}"))
+                .build()
+                .map_err(|e| tracing::warn!(error = %e, "no threads for KV disk reads"))
+                .ok()
+        });
+    POOL.as_ref()
+}
+
+/// Block files to read, planned by [`DiskTier::plan_reads`]: plain paths, so any thread may
+/// read them.
+pub struct DiskReads {
+    keys: Vec<BlockKey>,
+    /// Each key's file, `None` for a block the tier does not hold.
+    files: Vec<Option<PathBuf>>,
+    len: usize,
+}
+
+impl DiskReads {
+    /// Reads and checks the files, on the current rayon pool at once.
+    pub fn run(self) -> ReadFiles {
+        use rayon::prelude::*;
+        let read = self
+            .files
+            .par_iter()
+            .zip(&self.keys)
+            .map(|(path, key)| path.as_ref().map(|p| read_file(p, key, self.len)))
+            .collect();
+        ReadFiles { job: self, read }
+    }
+
+    /// How many blocks it reads.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether it reads nothing.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+/// A [`DiskReads`] job's results, for [`DiskTier::settle_reads`].
+pub struct ReadFiles {
+    job: DiskReads,
+    read: Vec<Option<Result<Vec<u8>, ReadFail>>>,
 }
 
 /// Why a block's file gave no data.

@@ -9,7 +9,7 @@
 
 use serde::Serialize;
 
-use super::tiers::{LoadTicket, TierStats, Tiers};
+use super::tiers::{LoadTicket, PendingFetch, TierStats, Tiers};
 use super::{BlockPool, CacheStats, RadixCache};
 
 /// What a sequence holds after admission.
@@ -26,6 +26,48 @@ pub struct Admitted {
     /// Of `cached_tokens`, those loaded back from disk.
     pub disk_tokens: usize,
     /// The copy of loaded blocks still running: the sequence must not run before it is done.
+    pub loading: Option<LoadTicket>,
+    /// Blocks still being read from disk ([`KvManager::admit_with`]): the sequence must
+    /// not run before [`KvManager::finish_read`] took them; `cached_tokens` and the tier
+    /// counts above assume every block comes.
+    pub reading: Option<PendingRead>,
+}
+
+/// An admission's blocks on their way from disk ([`Admitted::reading`]).
+#[derive(Debug, Clone)]
+pub struct PendingRead {
+    fetch: PendingFetch,
+    /// The device blocks the fetched blocks go to, in order.
+    blocks: Vec<u32>,
+}
+
+impl PendingRead {
+    /// Whether the reads are done (a poll; never waits).
+    pub fn done(&self) -> bool {
+        self.fetch.done()
+    }
+
+    /// Waits until the reads are done.
+    pub fn wait(&self) {
+        self.fetch.wait();
+    }
+
+    /// Blocks it loads at most.
+    pub fn planned(&self) -> usize {
+        self.blocks.len()
+    }
+}
+
+/// What a finished [`PendingRead`] loaded ([`KvManager::finish_read`]).
+#[derive(Debug, Default)]
+pub struct ReadDone {
+    /// Blocks loaded (from the first of the read on; the rest is recomputed).
+    pub blocks: usize,
+    /// Of those, from host memory.
+    pub from_host: usize,
+    /// Of those, from disk.
+    pub from_disk: usize,
+    /// Their copy to the device, still running.
     pub loading: Option<LoadTicket>,
 }
 
@@ -203,6 +245,45 @@ impl KvManager {
         total_tokens: usize,
         defer: impl FnOnce(usize) -> bool,
     ) -> Option<Admitted> {
+        self.admit_with(ns, tokens, total_tokens, defer, false)
+    }
+
+    /// The blocks a [`PendingRead`] brought (waiting for its reads), copied into its device
+    /// blocks: how many, and the copy's ticket. Fewer than planned when a file was gone or
+    /// failed its checksum (counted): the sequence recomputes from there.
+    pub fn finish_read(&mut self, r: PendingRead) -> ReadDone {
+        let Some(t) = &mut self.tiers else {
+            return ReadDone::default();
+        };
+        let loaded = t.finish_fetch(r.fetch);
+        if loaded.data.is_empty() {
+            return ReadDone::default();
+        }
+        match t.upload(&r.blocks[..loaded.data.len()], &loaded) {
+            Ok(loading) => ReadDone {
+                blocks: loaded.data.len(),
+                from_host: loaded.from_host,
+                from_disk: loaded.from_disk,
+                loading,
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "loading KV blocks back to the device failed; recomputing them");
+                ReadDone::default()
+            }
+        }
+    }
+
+    /// [`KvManager::admit_in`]; with `background`, the blocks a tier holds on disk are read
+    /// off the caller's thread ([`Admitted::reading`]): the caller keeps its sequence from
+    /// running until [`KvManager::finish_read`] took them, and nobody else waits for the disk.
+    pub fn admit_with(
+        &mut self,
+        ns: u64,
+        tokens: &[u32],
+        total_tokens: usize,
+        defer: impl FnOnce(usize) -> bool,
+        background: bool,
+    ) -> Option<Admitted> {
         let hit = self.radix.as_mut().map(|r| r.lookup_in(ns, tokens));
         let (cached, gpu_tokens) = hit
             .as_ref()
@@ -232,13 +313,61 @@ impl KvManager {
         if defer(gpu_tokens + found.len() * bs) {
             return give_up(self);
         }
-        // Read before allocating: the allocation may evict, and so move blocks between tiers.
-        let mut loaded = match &mut self.tiers {
-            Some(t) if !found.is_empty() => t.fetch(&found),
-            _ => Default::default(),
+        // Read before allocating: the allocation may evict, and so move blocks between tiers
+        // (a disk file read in the background that eviction removes reads as gone).
+        let pending = match &mut self.tiers {
+            Some(t) if !found.is_empty() => Some(t.start_fetch(&found, background)),
+            _ => None,
         };
         let Some(fresh) = self.allocate(need) else {
             return give_up(self);
+        };
+        let pending = match pending {
+            Some(p) if background && p.reads_disk() => p,
+            other => {
+                return self.admit_loaded(ns, tokens, (hit, cached, gpu_tokens), other, fresh);
+            }
+        };
+        // The disk reads go on: the sequence waits for them, not the caller.
+        let (host, disk) = pending.planned();
+        if let Err(e) = self.pool.retain(&cached) {
+            tracing::error!(error = %e, "block accounting error while reusing a prefix");
+        }
+        let cached_tokens = gpu_tokens + found.len() * bs;
+        if let Some(r) = &mut self.radix {
+            r.record_lookup(tokens.len(), cached_tokens);
+        }
+        let reading = PendingRead {
+            fetch: pending,
+            blocks: fresh[..found.len()].to_vec(),
+        };
+        let mut blocks = cached;
+        blocks.extend(fresh);
+        Some(Admitted {
+            blocks,
+            cached_tokens,
+            pin: hit.map(|m| m.node),
+            host_tokens: host * bs,
+            disk_tokens: disk * bs,
+            loading: None,
+            reading: Some(reading),
+        })
+    }
+
+    /// The end of an admission whose loaded blocks are read already (`pending`: a fetch whose
+    /// disk reads, if any, ran): copies them into `fresh`, publishes them when the copy is done.
+    fn admit_loaded(
+        &mut self,
+        ns: u64,
+        tokens: &[u32],
+        (hit, cached, gpu_tokens): (Option<super::radix_types::PrefixMatch>, Vec<u32>, usize),
+        pending: Option<PendingFetch>,
+        fresh: Vec<u32>,
+    ) -> Option<Admitted> {
+        let bs = self.block_size;
+        let mut loaded = match (pending, &mut self.tiers) {
+            (Some(p), Some(t)) => t.finish_fetch(p),
+            _ => Default::default(),
         };
         let mut loading = None;
         if !loaded.data.is_empty()
@@ -275,6 +404,7 @@ impl KvManager {
             host_tokens: loaded.from_host * bs,
             disk_tokens: loaded.from_disk * bs,
             loading,
+            reading: None,
         })
     }
 

@@ -15,12 +15,13 @@ mod tier_types;
 mod tiers;
 
 pub use block_pool::BlockPool;
-pub use disk_tier::{DiskRead, DiskTier, write_file};
+pub use disk_tier::{DiskRead, DiskReads, DiskTier, ReadFiles, io_pool, write_file};
 pub use disk_writer::{DISK_QUEUE_BLOCKS, DiskWriter};
 pub use host_tier::{BlockData, HostBuf, HostTier};
 pub use keys::{BlockKey, KeySeed, checksum};
-pub use manager::{Admitted, KvManager, KvStats};
+pub use manager::{Admitted, KvManager, KvStats, PendingRead, ReadDone};
 pub use radix::{CacheStats, Evicted, PrefixMatch, RadixCache};
 pub use tiers::{
-    BlockIo, LoadPolicy, LoadTicket, Loaded, Ticket, Tier, TierConfig, TierStats, Tiers,
+    BlockIo, LoadPolicy, LoadTicket, Loaded, PendingFetch, Ticket, Tier, TierConfig, TierStats,
+    Tiers,
 };

@@ -3,10 +3,15 @@
 //! ([`TierStats`]). The behaviour is `tiers.rs`'s.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
 
 use serde::Serialize;
 
+use super::disk_tier::ReadFiles;
 use super::host_tier::BlockData;
+use super::keys::BlockKey;
 use crate::error::Result;
 
 /// A load on its way to the device ([`BlockIo::write`] on a copy stream of its own): the
@@ -168,4 +173,88 @@ pub struct Loaded {
     pub from_host: usize,
     /// How many of them came from disk.
     pub from_disk: usize,
+}
+
+/// A fetch whose disk files may still be being read ([`Tiers::start_fetch`](super::Tiers::start_fetch)); finished by
+/// [`Tiers::finish_fetch`](super::Tiers::finish_fetch) on the tiers' owner.
+#[derive(Clone)]
+pub struct PendingFetch {
+    pub(super) keys: Vec<BlockKey>,
+    /// Each block's bytes where host memory (or the disk writer) had them.
+    pub(super) held: Vec<Option<BlockData>>,
+    /// The disk reads of the others (`None`: none to read).
+    pub(super) reads: Option<Arc<ReadSlot>>,
+}
+
+impl PendingFetch {
+    /// Whether its disk reads are done (a poll; never waits).
+    pub fn done(&self) -> bool {
+        self.reads.as_ref().is_none_or(|s| s.done())
+    }
+
+    /// Waits until its disk reads are done.
+    pub fn wait(&self) {
+        if let Some(s) = &self.reads {
+            s.wait();
+        }
+    }
+
+    /// Whether it reads anything from disk.
+    pub fn reads_disk(&self) -> bool {
+        self.reads.is_some()
+    }
+
+    /// Blocks it fetches at most: from host memory, from disk.
+    pub fn planned(&self) -> (usize, usize) {
+        let host = self.held.iter().filter(|h| h.is_some()).count();
+        (host, self.held.len() - host)
+    }
+}
+
+impl std::fmt::Debug for PendingFetch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingFetch")
+            .field("blocks", &self.keys.len())
+            .field("done", &self.done())
+            .finish()
+    }
+}
+
+/// Where a disk-read job leaves its results.
+#[derive(Default)]
+pub(super) struct ReadSlot {
+    /// The results; `taken` once settled.
+    files: Mutex<Option<ReadFiles>>,
+    filled: std::sync::atomic::AtomicBool,
+    ready: Condvar,
+}
+
+impl ReadSlot {
+    pub(super) fn fill(&self, r: ReadFiles) {
+        let mut g = self.files.lock();
+        *g = Some(r);
+        // Under the lock: a waiter checks the flag and sleeps holding it, so it cannot miss
+        // the notification below.
+        self.filled
+            .store(true, std::sync::atomic::Ordering::Release);
+        drop(g);
+        self.ready.notify_all();
+    }
+
+    fn done(&self) -> bool {
+        self.filled.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn wait(&self) {
+        let mut g = self.files.lock();
+        while !self.done() {
+            self.ready.wait(&mut g);
+        }
+    }
+
+    /// The results, once (waiting for them).
+    pub(super) fn take(&self) -> Option<ReadFiles> {
+        self.wait();
+        self.files.lock().take()
+    }
 }

@@ -12,13 +12,15 @@
 //! the host budget; a pinned block is dropped only when the lowest tier has no room for it.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::disk_tier::{DiskRead, DiskTier};
 use super::disk_writer::DiskWriter;
 use super::host_tier::{BlockData, HostTier};
 use super::keys::{BlockKey, KeySeed};
+use super::tier_types::ReadSlot;
 pub use super::tier_types::{
-    BlockIo, LoadPolicy, LoadTicket, Loaded, Ticket, Tier, TierConfig, TierStats,
+    BlockIo, LoadPolicy, LoadTicket, Loaded, PendingFetch, Ticket, Tier, TierConfig, TierStats,
 };
 use crate::error::Result;
 
@@ -291,8 +293,15 @@ impl Tiers {
     /// (that would push other blocks down to disk in their place); once loaded they are the
     /// GPU's, and the disk keeps its copy.
     pub fn fetch(&mut self, found: &[(BlockKey, Tier)]) -> Loaded {
-        // The blocks host memory holds (or the disk writer still has), and the disk's files
-        // of the others read at once ([`DiskTier::read_many`]), then taken in order.
+        let pending = self.start_fetch(found, false);
+        self.finish_fetch(pending)
+    }
+
+    /// [`Tiers::fetch`] in two halves: the blocks host memory holds (or the disk writer still
+    /// has) are taken now, the disk's files of the others are read on the disk-read threads
+    /// ([`super::disk_tier::io_pool`]) — in the background when `background`, else before
+    /// this returns. [`Tiers::finish_fetch`] gives the blocks.
+    pub fn start_fetch(&mut self, found: &[(BlockKey, Tier)], background: bool) -> PendingFetch {
         let held: Vec<Option<BlockData>> = found
             .iter()
             .map(|(key, _)| {
@@ -307,13 +316,39 @@ impl Tiers {
             .filter(|(_, h)| h.is_none())
             .map(|((key, _), _)| *key)
             .collect();
-        let mut read = match self.disk.as_mut() {
-            Some(disk) if !on_disk.is_empty() => disk.read_many(&on_disk, self.block_bytes),
-            _ => Vec::new(),
+        let job = match self.disk.as_ref() {
+            Some(disk) if !on_disk.is_empty() => Some(disk.plan_reads(&on_disk, self.block_bytes)),
+            _ => None,
+        };
+        let reads = job.map(|job| {
+            let slot = Arc::new(ReadSlot::default());
+            let filled = slot.clone();
+            let run = move || filled.fill(job.run());
+            match super::disk_tier::io_pool() {
+                Some(pool) if background => pool.spawn(run),
+                Some(pool) => pool.install(run),
+                None => run(),
+            }
+            slot
+        });
+        PendingFetch {
+            keys: found.iter().map(|(k, _)| *k).collect(),
+            held,
+            reads,
         }
-        .into_iter();
+    }
+
+    /// The blocks of a fetch [`Tiers::start_fetch`] began (waiting for its disk reads), in
+    /// order, up to the first that is gone or fails its checksum (counted).
+    pub fn finish_fetch(&mut self, pending: PendingFetch) -> Loaded {
+        let PendingFetch { keys, held, reads } = pending;
+        let read = match (reads, self.disk.as_mut()) {
+            (Some(slot), Some(disk)) => slot.take().map_or_else(Vec::new, |r| disk.settle_reads(r)),
+            _ => Vec::new(),
+        };
+        let mut read = read.into_iter();
         let mut out = Loaded::default();
-        for ((key, _), h) in found.iter().zip(held) {
+        for (key, h) in keys.iter().zip(held) {
             if let Some(d) = h {
                 out.data.push(d);
                 out.from_host += 1;

@@ -104,6 +104,10 @@ fn a_paused_transcript_comes_back_from_host_and_disk_with_the_same_answer() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Disk blocks are read off the scheduler's thread after admission, which counts them as
+/// cached until the reads say otherwise. Mutations caught: a sequence not cut back to the
+/// blocks that came (garbage KV: other tokens), its prompt counts left as admission guessed
+/// (disk tokens reported for blocks that never loaded).
 #[test]
 fn corrupt_and_truncated_block_files_and_a_vanished_disk_are_recomputed() {
     let dir = temp_dir("corrupt");
@@ -131,6 +135,10 @@ fn corrupt_and_truncated_block_files_and_a_vanished_disk_are_recomputed() {
     assert_eq!(g.tokens, reference(&next));
     let t = engine.stats().kv_tiers.unwrap();
     assert!(t.checksum_failures >= 1, "{t:?}");
+    assert_eq!(
+        g.cached_prompt_tokens_disk, 0,
+        "no disk block loaded: {g:?}"
+    );
     // The disk goes away (a file where the directory was): the tier turns off, serving goes on.
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::write(&dir, b"not a directory").unwrap();

@@ -67,9 +67,9 @@ pub(crate) struct Scheduler {
     pub(super) update: Option<PendingUpdate>,
     /// LoRA adapters: registered, and resident in the device's slots (`adapters.rs`).
     pub(super) adapters: super::adapter_table::AdapterTable,
-    /// Admitted sequences whose prefix is still being copied back from the tiers below the
-    /// GPU (`kv_tiers.rs`): they join `running` when their copy is done.
-    pub(super) loading: Vec<(Seq, crate::cache::LoadTicket)>,
+    /// Admitted sequences whose prefix is still being read from disk or copied back from the
+    /// tiers below the GPU (`kv_tiers.rs`): they join `running` when their copy is done.
+    pub(super) loading: Vec<(Seq, super::seq::Loading)>,
     /// The draft model of speculative decoding (`SpeculativeMethod::Draft`).
     pub(super) draft_model: Option<crate::engine::runner::draft::DraftRunner>,
 }

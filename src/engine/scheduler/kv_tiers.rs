@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use super::core::Scheduler;
+use super::seq::{Loading, Seq};
 use crate::cache::{BlockIo, LoadPolicy, TierConfig, Tiers};
 use crate::engine::batch::{LogitRows, SeqInput};
 use crate::engine::options::KvLoad;
@@ -164,16 +165,31 @@ impl Scheduler {
     }
 
     /// Moves the sequences whose loaded blocks have reached the cache from `loading` to
-    /// `running` (the others keep waiting; nobody waits for them). A sequence whose caller
+    /// `running` (the others keep waiting; nobody waits for them); a sequence whose disk
+    /// reads are done gets its blocks copied and waits for that copy. A sequence whose caller
     /// went away is released once its copy is done (its blocks are written until then).
     pub(super) fn poll_loading(&mut self) {
         let mut i = 0;
         while i < self.loading.len() {
-            if !self.loading[i].1.0.done() {
+            if !self.loading[i].1.done() {
                 i += 1;
                 continue;
             }
-            let (mut seq, ticket) = self.loading.swap_remove(i);
+            let (mut seq, state) = self.loading.swap_remove(i);
+            let ticket = match state {
+                Loading::Copy(t) => t,
+                Loading::Read(r, first) => match self.read_done(&mut seq, r, first) {
+                    Some(t) => {
+                        // Copying now: polled again (the last one moved to index i).
+                        self.loading.push((seq, Loading::Copy(t)));
+                        continue;
+                    }
+                    None => {
+                        self.start_running(seq);
+                        continue;
+                    }
+                },
+            };
             if !ticket.0.ok() {
                 tracing::warn!(
                     "loading KV blocks back to the device failed; recomputing the sequence"
@@ -182,26 +198,61 @@ impl Scheduler {
                 seq.cached_prompt_tokens = 0;
                 seq.tier_prompt_tokens = (0, 0);
             }
-            if seq.reply.is_abandoned() {
-                self.release_seq(&mut seq);
-                self.cancelled += 1;
-            } else {
-                // Its loaded blocks are in the cache now: other requests may find them.
-                self.kv
-                    .publish_in(seq.ns, &seq.tokens[..seq.computed], &seq.blocks);
-                self.running.push(seq);
-            }
+            self.start_running(seq);
             // `swap_remove` moved the last one here: look at index i again.
         }
     }
 
-    /// Waits for every load in progress and moves its sequence to `running` (before a
-    /// weight update, a prefix-cache reset or shutdown).
-    pub(super) fn wait_loading(&mut self) {
-        for (_, t) in &self.loading {
-            t.0.wait();
+    /// A loaded sequence runs (its blocks published: other requests may find them), unless
+    /// its caller went away.
+    fn start_running(&mut self, mut seq: Seq) {
+        if seq.reply.is_abandoned() {
+            self.release_seq(&mut seq);
+            self.cancelled += 1;
+        } else {
+            self.kv
+                .publish_in(seq.ns, &seq.tokens[..seq.computed], &seq.blocks);
+            self.running.push(seq);
         }
-        self.poll_loading();
+    }
+
+    /// A sequence's disk reads are done: its blocks go to the device (the copy's ticket, if
+    /// still running). When fewer came than admission counted (a file gone or corrupt), the
+    /// sequence computes from the first missing block, and its prompt's counts say so.
+    fn read_done(
+        &mut self,
+        seq: &mut Seq,
+        r: crate::cache::PendingRead,
+        first: bool,
+    ) -> Option<crate::cache::LoadTicket> {
+        let planned = r.planned();
+        let done = self.kv.finish_read(r);
+        let missing = planned - done.blocks.min(planned);
+        if missing > 0 {
+            let bs = self.opts.block_size;
+            seq.computed -= (missing * bs).min(seq.computed);
+            if first {
+                let prompt = seq.prompt_len();
+                let below = (done.from_host + done.from_disk) * bs;
+                let gpu = seq.computed - below.min(seq.computed);
+                seq.cached_prompt_tokens = seq.computed.min(prompt);
+                let rest = prompt.saturating_sub(gpu);
+                let host = (done.from_host * bs).min(rest);
+                seq.tier_prompt_tokens = (host, (done.from_disk * bs).min(rest - host));
+            }
+        }
+        done.loading
+    }
+
+    /// Waits for every load in progress (disk reads, then copies) and moves its sequence to
+    /// `running` (before a weight update, a prefix-cache reset or shutdown).
+    pub(super) fn wait_loading(&mut self) {
+        while !self.loading.is_empty() {
+            for (_, l) in &self.loading {
+                l.wait();
+            }
+            self.poll_loading();
+        }
     }
 
     /// After a weight update: blocks below the GPU of the old weights are never found again.

@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use super::core::Scheduler;
-use super::seq::Seq;
+use super::seq::{Loading, Seq};
 
 impl Scheduler {
     /// Stops the work of callers that went away (dropped their `Pending`): their blocks are
@@ -144,10 +144,11 @@ impl Scheduler {
             let running = &self.running;
             let bs = self.opts.block_size;
             let mut deferred = false;
-            let admitted = self.kv.admit_in(seq.ns, lookup, total, |cached| {
+            let defer = |cached| {
                 deferred = prefix_cache && prefix_in_flight(running, (seq.ns, lookup), cached, bs);
                 deferred
-            });
+            };
+            let admitted = self.kv.admit_with(seq.ns, lookup, total, defer, true);
             let Some(a) = admitted else {
                 if !deferred {
                     self.kv_blocked_at = Some(self.kv_room());
@@ -168,12 +169,15 @@ impl Scheduler {
                 let host = a.host_tokens.min(below);
                 seq.tier_prompt_tokens = (host, a.disk_tokens.min(below - host));
             }
+            let first = seq.admitted.is_none();
             seq.admitted.get_or_insert_with(Instant::now);
-            match a.loading {
-                // Its prefix is on its way to the device: it waits, nobody else does; once done
-                // (checked, its blocks published) it runs (`poll_loading`).
-                Some(t) => self.loading.push((seq, t)),
-                None => self.running.push(seq),
+            match (a.reading, a.loading) {
+                // Its prefix is on its way to the device (read from disk first): it waits,
+                // nobody else does; once done (checked, its blocks published) it runs
+                // (`poll_loading`).
+                (Some(r), _) => self.loading.push((seq, Loading::Read(r, first))),
+                (None, Some(t)) => self.loading.push((seq, Loading::Copy(t))),
+                (None, None) => self.running.push(seq),
             }
         }
     }

@@ -182,3 +182,28 @@ pub(crate) struct PendingUpdate {
     pub(crate) reply: Replier<WeightsVersion>,
     pub(crate) asked: Instant,
 }
+
+/// Where an admitted sequence's prefix is on its way back to the device.
+pub(super) enum Loading {
+    /// Being read from disk (the bool: the sequence's first admission, whose prompt counts
+    /// are its own).
+    Read(crate::cache::PendingRead, bool),
+    /// Being copied to the device.
+    Copy(crate::cache::LoadTicket),
+}
+
+impl Loading {
+    pub(super) fn done(&self) -> bool {
+        match self {
+            Loading::Read(r, _) => r.done(),
+            Loading::Copy(t) => t.0.done(),
+        }
+    }
+
+    pub(super) fn wait(&self) {
+        match self {
+            Loading::Read(r, _) => r.wait(),
+            Loading::Copy(t) => t.0.wait(),
+        }
+    }
+}
