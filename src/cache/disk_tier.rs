@@ -307,6 +307,7 @@ pub fn io_pool() -> Option<&'static rayon::ThreadPool> {
 
 /// Block files to read, planned by [`DiskTier::plan_reads`]: plain paths, so any thread may
 /// read them.
+#[derive(Clone)]
 pub struct DiskReads {
     keys: Vec<BlockKey>,
     /// Each key's file, `None` for a block the tier does not hold.

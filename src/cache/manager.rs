@@ -322,13 +322,15 @@ impl KvManager {
         let Some(fresh) = self.allocate(need) else {
             return give_up(self);
         };
-        let pending = match pending {
+        let mut pending = match pending {
             Some(p) if background && p.reads_disk() => p,
             other => {
                 return self.admit_loaded(ns, tokens, (hit, cached, gpu_tokens), other, fresh);
             }
         };
-        // The disk reads go on: the sequence waits for them, not the caller.
+        // The disk reads go on (started only now that the blocks they go to are there): the
+        // sequence waits for them, not the caller.
+        pending.launch(true);
         let (host, disk) = pending.planned();
         if let Err(e) = self.pool.retain(&cached) {
             tracing::error!(error = %e, "block accounting error while reusing a prefix");

@@ -9,7 +9,7 @@ use parking_lot::{Condvar, Mutex};
 
 use serde::Serialize;
 
-use super::disk_tier::ReadFiles;
+use super::disk_tier::{DiskReads, ReadFiles, io_pool};
 use super::host_tier::BlockData;
 use super::keys::BlockKey;
 use crate::error::Result;
@@ -175,24 +175,46 @@ pub struct Loaded {
     pub from_disk: usize,
 }
 
-/// A fetch whose disk files may still be being read ([`Tiers::start_fetch`](super::Tiers::start_fetch)); finished by
+/// A fetch ([`Tiers::start_fetch`](super::Tiers::start_fetch)) whose disk files are to be
+/// read, are being read or were read; finished by
 /// [`Tiers::finish_fetch`](super::Tiers::finish_fetch) on the tiers' owner.
 #[derive(Clone)]
 pub struct PendingFetch {
     pub(super) keys: Vec<BlockKey>,
     /// Each block's bytes where host memory (or the disk writer) had them.
     pub(super) held: Vec<Option<BlockData>>,
-    /// The disk reads of the others (`None`: none to read).
+    /// The disk reads of the others, not started yet.
+    pub(super) job: Option<DiskReads>,
+    /// The disk reads started (`None`: none started, or none to read).
     pub(super) reads: Option<Arc<ReadSlot>>,
 }
 
 impl PendingFetch {
-    /// Whether its disk reads are done (a poll; never waits).
+    /// Starts its disk reads on the disk-read threads ([`io_pool`]), in the background when
+    /// `background` (else they are done on return); nothing if they started already.
+    pub fn launch(&mut self, background: bool) {
+        let Some(job) = self.job.take() else {
+            return;
+        };
+        let slot = Arc::new(ReadSlot::default());
+        let filled = slot.clone();
+        let run = move || filled.fill(job.run());
+        match io_pool() {
+            Some(pool) if background => pool.spawn(run),
+            Some(pool) => pool.install(run),
+            None => run(),
+        }
+        self.reads = Some(slot);
+    }
+
+    /// Whether nothing is left to wait for: its disk reads are done, or were never started
+    /// (then [`Tiers::finish_fetch`](super::Tiers::finish_fetch) does them itself). A poll;
+    /// never waits.
     pub fn done(&self) -> bool {
         self.reads.as_ref().is_none_or(|s| s.done())
     }
 
-    /// Waits until its disk reads are done.
+    /// Waits until its started disk reads are done.
     pub fn wait(&self) {
         if let Some(s) = &self.reads {
             s.wait();
@@ -201,7 +223,7 @@ impl PendingFetch {
 
     /// Whether it reads anything from disk.
     pub fn reads_disk(&self) -> bool {
-        self.reads.is_some()
+        self.job.is_some() || self.reads.is_some()
     }
 
     /// Blocks it fetches at most: from host memory, from disk.

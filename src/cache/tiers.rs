@@ -12,13 +12,11 @@
 //! the host budget; a pinned block is dropped only when the lowest tier has no room for it.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use super::disk_tier::{DiskRead, DiskTier};
 use super::disk_writer::DiskWriter;
 use super::host_tier::{BlockData, HostTier};
 use super::keys::{BlockKey, KeySeed};
-use super::tier_types::ReadSlot;
 pub use super::tier_types::{
     BlockIo, LoadPolicy, LoadTicket, Loaded, PendingFetch, Ticket, Tier, TierConfig, TierStats,
 };
@@ -299,8 +297,9 @@ impl Tiers {
 
     /// [`Tiers::fetch`] in two halves: the blocks host memory holds (or the disk writer still
     /// has) are taken now, the disk's files of the others are read on the disk-read threads
-    /// ([`super::disk_tier::io_pool`]) — in the background when `background`, else before
-    /// this returns. [`Tiers::finish_fetch`] gives the blocks.
+    /// ([`super::io_pool`]): with `background`, once the caller starts them
+    /// ([`PendingFetch::launch`]) and while it goes on; else before this returns.
+    /// [`Tiers::finish_fetch`] gives the blocks.
     pub fn start_fetch(&mut self, found: &[(BlockKey, Tier)], background: bool) -> PendingFetch {
         let held: Vec<Option<BlockData>> = found
             .iter()
@@ -320,28 +319,26 @@ impl Tiers {
             Some(disk) if !on_disk.is_empty() => Some(disk.plan_reads(&on_disk, self.block_bytes)),
             _ => None,
         };
-        let reads = job.map(|job| {
-            let slot = Arc::new(ReadSlot::default());
-            let filled = slot.clone();
-            let run = move || filled.fill(job.run());
-            match super::disk_tier::io_pool() {
-                Some(pool) if background => pool.spawn(run),
-                Some(pool) => pool.install(run),
-                None => run(),
-            }
-            slot
-        });
-        PendingFetch {
+        let mut pending = PendingFetch {
             keys: found.iter().map(|(k, _)| *k).collect(),
             held,
-            reads,
+            job,
+            reads: None,
+        };
+        if !background {
+            pending.launch(false);
         }
+        pending
     }
 
     /// The blocks of a fetch [`Tiers::start_fetch`] began (waiting for its disk reads), in
     /// order, up to the first that is gone or fails its checksum (counted).
     pub fn finish_fetch(&mut self, pending: PendingFetch) -> Loaded {
-        let PendingFetch { keys, held, reads } = pending;
+        let mut pending = pending;
+        pending.launch(false);
+        let PendingFetch {
+            keys, held, reads, ..
+        } = pending;
         let read = match (reads, self.disk.as_mut()) {
             (Some(slot), Some(disk)) => slot.take().map_or_else(Vec::new, |r| disk.settle_reads(r)),
             _ => Vec::new(),
