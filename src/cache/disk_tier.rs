@@ -211,11 +211,7 @@ impl DiskTier {
     /// block is dropped from the index as [`DiskTier::read`] drops it; the blocks after it
     /// are left as they were.
     pub fn read_many(&mut self, keys: &[BlockKey], len: usize) -> Vec<DiskRead> {
-        let job = self.plan_reads(keys, len);
-        let files = match io_pool() {
-            Some(pool) => pool.install(|| job.run()),
-            None => job.run(),
-        };
+        let files = self.plan_reads(keys, len).read_now();
         self.settle_reads(files)
     }
 
@@ -316,6 +312,14 @@ pub struct DiskReads {
 }
 
 impl DiskReads {
+    /// [`DiskReads::run`] on the disk-read threads ([`io_pool`]), the caller waiting.
+    pub fn read_now(self) -> ReadFiles {
+        match io_pool() {
+            Some(pool) => pool.install(|| self.run()),
+            None => self.run(),
+        }
+    }
+
     /// Reads and checks the files, on the current rayon pool at once.
     pub fn run(self) -> ReadFiles {
         use rayon::prelude::*;

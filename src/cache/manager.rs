@@ -356,8 +356,9 @@ impl KvManager {
         })
     }
 
-    /// The end of an admission whose loaded blocks are read already (`pending`: a fetch whose
-    /// disk reads, if any, ran): copies them into `fresh`, publishes them when the copy is done.
+    /// The end of an admission that waits for its loaded blocks' reads (`pending`: a fetch
+    /// whose disk reads, if any, ran or run now): copies them into `fresh`
+    /// ([`KvManager::finish_read`]), publishes them when the copy is done.
     fn admit_loaded(
         &mut self,
         ns: u64,
@@ -367,26 +368,20 @@ impl KvManager {
         fresh: Vec<u32>,
     ) -> Option<Admitted> {
         let bs = self.block_size;
-        let mut loaded = match (pending, &mut self.tiers) {
-            (Some(p), Some(t)) => t.finish_fetch(p),
-            _ => Default::default(),
-        };
-        let mut loading = None;
-        if !loaded.data.is_empty()
-            && let Some(t) = &mut self.tiers
-        {
-            match t.upload(&fresh[..loaded.data.len()], &loaded) {
-                Ok(ticket) => loading = ticket,
-                Err(e) => {
-                    tracing::warn!(error = %e, "loading KV blocks back to the device failed; recomputing them");
-                    loaded = Default::default();
-                }
+        let done = match pending {
+            Some(fetch) => {
+                let (host, disk) = fetch.planned();
+                self.finish_read(PendingRead {
+                    blocks: fresh[..host + disk].to_vec(),
+                    fetch,
+                })
             }
-        }
+            None => ReadDone::default(),
+        };
         if let Err(e) = self.pool.retain(&cached) {
             tracing::error!(error = %e, "block accounting error while reusing a prefix");
         }
-        let below = loaded.data.len();
+        let below = done.blocks;
         let cached_tokens = gpu_tokens + below * bs;
         if let Some(r) = &mut self.radix {
             r.record_lookup(tokens.len(), cached_tokens);
@@ -394,7 +389,7 @@ impl KvManager {
         let mut blocks = cached;
         let gpu_blocks = blocks.len();
         blocks.extend(fresh);
-        if below > 0 && loading.is_none() {
+        if below > 0 && done.loading.is_none() {
             // Loaded blocks are the GPU's again: other requests find them there. (A load still
             // copying is published by its owner once done: nobody may read them before.)
             self.publish_in(ns, &tokens[..cached_tokens], &blocks[..gpu_blocks + below]);
@@ -403,9 +398,9 @@ impl KvManager {
             blocks,
             cached_tokens,
             pin: hit.map(|m| m.node),
-            host_tokens: loaded.from_host * bs,
-            disk_tokens: loaded.from_disk * bs,
-            loading,
+            host_tokens: done.from_host * bs,
+            disk_tokens: done.from_disk * bs,
+            loading: done.loading,
             reading: None,
         })
     }

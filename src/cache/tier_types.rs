@@ -197,12 +197,12 @@ impl PendingFetch {
             return;
         };
         let slot = Arc::new(ReadSlot::default());
-        let filled = slot.clone();
-        let run = move || filled.fill(job.run());
         match io_pool() {
-            Some(pool) if background => pool.spawn(run),
-            Some(pool) => pool.install(run),
-            None => run(),
+            Some(pool) if background => {
+                let filled = slot.clone();
+                pool.spawn(move || filled.fill(job.run()));
+            }
+            _ => slot.fill(job.read_now()),
         }
         self.reads = Some(slot);
     }

@@ -333,8 +333,7 @@ impl Tiers {
 
     /// The blocks of a fetch [`Tiers::start_fetch`] began (waiting for its disk reads), in
     /// order, up to the first that is gone or fails its checksum (counted).
-    pub fn finish_fetch(&mut self, pending: PendingFetch) -> Loaded {
-        let mut pending = pending;
+    pub fn finish_fetch(&mut self, mut pending: PendingFetch) -> Loaded {
         pending.launch(false);
         let PendingFetch {
             keys, held, reads, ..

@@ -232,13 +232,7 @@ impl Scheduler {
             let bs = self.opts.block_size;
             seq.computed -= (missing * bs).min(seq.computed);
             if first {
-                let prompt = seq.prompt_len();
-                let below = (done.from_host + done.from_disk) * bs;
-                let gpu = seq.computed - below.min(seq.computed);
-                seq.cached_prompt_tokens = seq.computed.min(prompt);
-                let rest = prompt.saturating_sub(gpu);
-                let host = (done.from_host * bs).min(rest);
-                seq.tier_prompt_tokens = (host, (done.from_disk * bs).min(rest - host));
+                seq.count_prompt_cache(seq.computed, done.from_host * bs, done.from_disk * bs);
             }
         }
         done.loading

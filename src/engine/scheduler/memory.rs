@@ -160,16 +160,10 @@ impl Scheduler {
             seq.blocks = a.blocks;
             seq.computed = a.cached_tokens;
             seq.pin = a.pin;
-            if seq.admitted.is_none() {
-                let prompt = seq.prompt_len();
-                seq.cached_prompt_tokens = a.cached_tokens.min(prompt);
-                // Loaded blocks follow the GPU's: what a tier gave past the prompt is not the prompt's.
-                let gpu = a.cached_tokens - a.host_tokens - a.disk_tokens;
-                let below = prompt.saturating_sub(gpu);
-                let host = a.host_tokens.min(below);
-                seq.tier_prompt_tokens = (host, a.disk_tokens.min(below - host));
-            }
             let first = seq.admitted.is_none();
+            if first {
+                seq.count_prompt_cache(a.cached_tokens, a.host_tokens, a.disk_tokens);
+            }
             seq.admitted.get_or_insert_with(Instant::now);
             match (a.reading, a.loading) {
                 // Its prefix is on its way to the device (read from disk first): it waits,

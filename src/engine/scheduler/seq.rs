@@ -130,6 +130,19 @@ impl Seq {
     pub(super) fn prompt_len(&self) -> usize {
         self.request.prompt.len()
     }
+
+    /// Its prompt's cached tokens and those of them a tier below the GPU gave, from the
+    /// `cached` tokens its blocks hold (`host` and `disk` of them loaded from those tiers,
+    /// after the GPU's): loaded blocks follow the GPU's, so what a tier gave past the prompt
+    /// is not the prompt's.
+    pub(super) fn count_prompt_cache(&mut self, cached: usize, host: usize, disk: usize) {
+        let prompt = self.prompt_len();
+        self.cached_prompt_tokens = cached.min(prompt);
+        let gpu = cached - (host + disk).min(cached);
+        let below = prompt.saturating_sub(gpu);
+        let host = host.min(below);
+        self.tier_prompt_tokens = (host, disk.min(below - host));
+    }
     pub(super) fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len()
     }
