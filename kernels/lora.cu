@@ -3,7 +3,9 @@
 // projections: a = [slots, P * R, in], b = [slots, out, R]. The tokens on adapters come as
 // tiles: (first token, count <= TM, slot), tokens of a tile consecutive and on one slot, so
 // each block reads its rows of a and b once for up to tm tokens. A tile with count 0 (the
-// unused tail of a graph's table) or a slot >= slots does nothing.
+// unused tail of a graph's table) or a slot >= slots does nothing. The tile table and the
+// adapter rows are written by no kernel of a step, so both kernels read them before waiting on
+// the kernel before them (programmatic dependent launch, common.cuh).
 #include <stdint.h>
 #include "common.cuh"
 
@@ -18,38 +20,62 @@ template <typename T, int TM>
 __device__ __forceinline__ void lora_shrink(const T* __restrict__ x, const T* __restrict__ a,
                                             const uint32_t* __restrict__ tiles,
                                             float* __restrict__ y, int in, int pr, int slots) {
-  pdl_entry();
+  constexpr bool BLOCK_ROW = TM == 1;  // a block per row of a
+  // The tile table (uploaded before the step) and the adapter rows (uploaded when an adapter
+  // takes its slot) are written by no kernel of the step: the block reads its tile and its
+  // first chunks of a before waiting on the kernel before it (common.cuh), so their latency
+  // overlaps that kernel; x is read after the wait.
+  pdl_trigger();
   __shared__ float part[8][TM];
   const uint32_t* tl = tiles + 3 * blockIdx.y;
   const int t0 = tl[0], n = tl[1];
   const uint32_t s = tl[2];
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  const int j = TM == 1 ? blockIdx.x : blockIdx.x * 8 + warp;
+  const int j = BLOCK_ROW ? blockIdx.x : blockIdx.x * 8 + warp;
   if (n == 0 || s >= (uint32_t)slots) return;  // uniform over the block
-  if (TM != 1 && j >= pr) return;              // uniform over the warp; no block barrier follows
+  if (!BLOCK_ROW && j >= pr) return;           // uniform over the warp; no block barrier follows
   const T* ar = a + ((size_t)s * pr + j) * in;
-  // TM 1: the block's threads stride the row; TM 8: the warp's lanes do.
-  const int first = TM == 1 ? threadIdx.x : lane;
-  const int stride = TM == 1 ? 256 : 32;
+  // A block per row: the block's threads stride the row; a warp per row: its lanes do.
+  const int first = BLOCK_ROW ? threadIdx.x : lane;
+  const int stride = BLOCK_ROW ? 256 : 32;
   float acc[TM];
 #pragma unroll
   for (int c = 0; c < TM; ++c) acc[c] = 0.f;
   if constexpr (sizeof(T) == 2) {
-    // Eight bf16 a load (in is a multiple of 8: the launcher checks).
-    for (int k = first * 8; k < in; k += stride * 8) {
+    // Eight bf16 a load (in is a multiple of 8: the launcher checks); the first PRE loads of
+    // the row before the wait.
+    constexpr int PRE = 4;
+    uint4 pre[PRE];
+#pragma unroll
+    for (int i = 0; i < PRE; ++i) {
+      const int k = (first + i * stride) * 8;
+      if (k < in) pre[i] = *reinterpret_cast<const uint4*>(ar + k);
+    }
+    pdl_wait();
+    int i = 0;
+    for (int k = first * 8; k < in; k += stride * 8, ++i) {
       float av[8];
-      bf16x8_to_f32(*reinterpret_cast<const uint4*>(ar + k), av);
+      uint4 raw;
+      if (i < PRE) {
+#pragma unroll
+        for (int q = 0; q < PRE; ++q)
+          if (q == i) raw = pre[q];
+      } else {
+        raw = *reinterpret_cast<const uint4*>(ar + k);
+      }
+      bf16x8_to_f32(raw, av);
 #pragma unroll
       for (int c = 0; c < TM; ++c) {
         if (c < n) {
           float xv[8];
           bf16x8_to_f32(*reinterpret_cast<const uint4*>(x + (size_t)(t0 + c) * in + k), xv);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[c] += xv[i] * av[i];
+          for (int q = 0; q < 8; ++q) acc[c] += xv[q] * av[q];
         }
       }
     }
   } else {
+    pdl_wait();
     for (int k = first; k < in; k += stride) {
       const float av = to_f(ar[k]);
 #pragma unroll
@@ -57,7 +83,7 @@ __device__ __forceinline__ void lora_shrink(const T* __restrict__ x, const T* __
         if (c < n) acc[c] += to_f(x[(size_t)(t0 + c) * in + k]) * av;
     }
   }
-  if constexpr (TM == 1) {
+  if constexpr (BLOCK_ROW) {
     const float v = warp_sum(acc[0]);
     if (lane == 0) part[warp][0] = v;
     __syncthreads();
@@ -87,25 +113,43 @@ __device__ __forceinline__ void lora_expand(const float* __restrict__ y, const T
                                             const uint32_t* __restrict__ tiles,
                                             T* __restrict__ out, int nout, int r, int pr, int s1,
                                             int s2, int slots) {
-  pdl_entry();
+  // As the shrink: the tile and the first chunks of this thread's row of b before the wait;
+  // y and out after it.
+  pdl_trigger();
   extern __shared__ float ys[];
   const uint32_t* tl = tiles + 3 * blockIdx.y;
   const int t0 = tl[0], n = tl[1];
   const uint32_t s = tl[2];
   if (n == 0 || s >= (uint32_t)slots) return;  // uniform over the block
+  const int o = blockIdx.x * blockDim.x + threadIdx.x;
+  const T* br = b + ((size_t)s * nout + min(o, nout - 1)) * r;
+  constexpr int PRE = 4;  // ranks up to 32 (bf16) come whole before the wait
+  uint4 pre[PRE];
+  if constexpr (sizeof(T) == 2) {
+#pragma unroll
+    for (int i = 0; i < PRE; ++i)
+      if (o < nout && i * 8 < r) pre[i] = *reinterpret_cast<const uint4*>(br + i * 8);
+  }
+  pdl_wait();
   for (int i = threadIdx.x; i < n * pr; i += blockDim.x) ys[i] = y[(size_t)t0 * pr + i];
   __syncthreads();
-  const int o = blockIdx.x * blockDim.x + threadIdx.x;
   if (o >= nout) return;
   const int p = (o >= s1) + (o >= s2);
-  const T* br = b + ((size_t)s * nout + o) * r;
   float acc[TM];
 #pragma unroll
   for (int c = 0; c < TM; ++c) acc[c] = 0.f;
   for (int i0 = 0; i0 < r; i0 += 8) {
     float bv[8];
     if constexpr (sizeof(T) == 2) {
-      bf16x8_to_f32(*reinterpret_cast<const uint4*>(br + i0), bv);
+      uint4 raw;
+      if (i0 < PRE * 8) {
+#pragma unroll
+        for (int q = 0; q < PRE; ++q)
+          if (q * 8 == i0) raw = pre[q];
+      } else {
+        raw = *reinterpret_cast<const uint4*>(br + i0);
+      }
+      bf16x8_to_f32(raw, bv);
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) bv[i] = to_f(br[i0 + i]);

@@ -17,6 +17,6 @@ for v in "" ${VARIANTS:-}; do
     timeout 100 .gpu/bench --config tests/fixtures/qwen3/config-$shape.json --batches ${BATCHES:-8,64,256} \
       --new ${NEW:-128} --prompt 256 --no-peer --adapters ${ADAPTERS:-8} --adapter-rank 16 $v \
       > "$OUT/bench-$shape$v.log" 2>&1
-    grep -E "^(ours|lora)|adapter" "$OUT/bench-$shape$v.log" | grep -v prefill | sed "s/^/$tag $shape /" | tee -a "$S"
+    grep -E "^(ours|lora)|adapter" "$OUT/bench-$shape$v.log" | grep -vE "^(ours|lora) (prefill|batched|first)" | sed "s/^/$tag $shape /" | tee -a "$S"
   done
 done

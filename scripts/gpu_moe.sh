@@ -4,7 +4,9 @@
 #     our bf16 logits vs transformers (f32 math reference, torch bf16 beside ours);
 #  2. kernel_check --model-only on a random model with a dense layer among sparse ones
 #     (kernels vs candle ops: prefill, chunk, decode 8/2/1 rows; greedy tokens of two engines);
-#  3. bench: decode tok/s at batch 1, 8, 64, 256 and prefill, LAYERS_BENCH layers.
+#  3. bench: decode tok/s at batch 1, 8, 64, 256 and prefill, LAYERS_BENCH layers; then once
+#     more per kernel variant in VARIANTS (';'-separated flag sets, e.g.
+#     VARIANTS="--moe-tile-one 1;--moe-stages 3"), with VARIANT_ARGS (default: the same).
 set -u
 source scripts/gpu_lib.sh
 LAYERS_HF=${LAYERS_HF:-4}
@@ -55,6 +57,13 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   timeout 420 .gpu/bench --model-dir /tmp/m-moe$LAYERS_BENCH --no-peer --new 64 ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   echo "rc $?" | tee -a "$S"
   grep -E "^ours|^# engine|^#|Error|error" "$OUT/bench.log" | tail -30 | tee -a "$S"
+  IFS=';' read -ra vs <<< "${VARIANTS:-}"
+  for v in "${vs[@]}"; do
+    echo "== bench variant $v" | tee -a "$S"
+    timeout 300 .gpu/bench --model-dir /tmp/m-moe$LAYERS_BENCH --no-peer --new 64 ${VARIANT_ARGS:-${BENCH_ARGS:-}} $v \
+      > "$OUT/bench-variant.log" 2>&1
+    grep -E "^ours decode|Error|error" "$OUT/bench-variant.log" | sed "s/^/[$v] /" | tee -a "$S"
+  done
 fi
 if [ -n "${HTTP:-}" ]; then
   # The HTTP host on the same model: N streamed chat completions, 512 in / 128 out, at once.

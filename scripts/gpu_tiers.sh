@@ -17,7 +17,7 @@ if [ "$part" = resume ]; then
   for host in 4 0; do
     timeout 120 .gpu/bench --model-dir /tmp/m-0.6b --no-peer --batches ${BATCHES:-1,64,256} --new 128 \
       --prompt 256 --kv-host-gib $host > "$OUT/decode-host$host.log" 2>&1
-    grep -E "^ours" "$OUT/decode-host$host.log" | grep -v prefill | sed "s/^/kv-host-gib $host: /" | tee -a "$S"
+    grep -E "^ours decode" "$OUT/decode-host$host.log" | sed "s/^/kv-host-gib $host: /" | tee -a "$S"
   done
 else
   model 1.7b

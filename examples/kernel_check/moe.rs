@@ -35,15 +35,15 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
                 .to_vec1()?;
             let theirs = experts_forward(&h, (&gu, &dn), (first, top), &routing)?;
             let tol = if dt == DType::F32 { 1e-5 } else { 2e-2 };
-            // The tile the launcher picks, and in bf16 the 16-pair tensor-core tile too.
+            // The tile the launcher picks, and in bf16 the others of decode steps too.
             let tiles: &[Option<usize>] = if dt == DType::BF16 {
-                &[None, Some(16), Some(1)]
+                &[None, Some(1), Some(8), Some(16)]
             } else {
                 &[None]
             };
+            let how = (first, top, norm);
             for &tile in tiles {
-                let how = (first, top, norm);
-                let (ours, _) = kk.moe_experts(&h, &logits, (&gu, &dn), how, (tile, 1))?;
+                let (ours, ..) = kk.moe_experts(&h, &logits, (&gu, &dn), how, (tile, 1))?;
                 t.check(
                     format!("moe {dt:?} T{tokens} E{e} top{top} h{hidden} i{inter} experts {first}+{local} norm {norm} tile {tile:?}"),
                     rel(&ours, &theirs)?,
@@ -56,13 +56,13 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
 }
 
 /// Wall time of one sparse layer's experts (routing from given logits to the summed output)
-/// in the Qwen3-30B-A3B shape, bf16, per tile kind: µs and the expert weights' bytes a run
-/// must read over that time.
+/// in the Qwen3-30B-A3B shape, bf16, per tile kind: µs, the expert weights' bytes
+/// a run must read over that time, and each launch alone (routing, gate|up, down, sum).
 fn timings(k: &CudaKernels, dev: &Device) -> Res<()> {
     let (e, top, hidden, inter) = (128, 8, 2048, 768);
     let gu = (randn(&[e, 2 * inter, hidden], DType::BF16, dev)? * 0.02)?;
     let dn = (randn(&[e, hidden, inter], DType::BF16, dev)? * 0.02)?;
-    for tokens in [1usize, 8, 64, 256, 2048] {
+    for tokens in [1usize, 2, 8, 64, 256, 2048] {
         let h = randn(&[tokens, hidden], DType::BF16, dev)?;
         let logits = randn(&[tokens, e], DType::BF16, dev)?;
         let probs =
@@ -76,13 +76,18 @@ fn timings(k: &CudaKernels, dev: &Device) -> Res<()> {
             if tile == 1 && tokens > 64 {
                 continue; // every pair reads its expert's rows: seconds at 2,048 tokens
             }
-            let (_, us) =
-                k.moe_experts(&h, &logits, (&gu, &dn), (0, top, true), (Some(tile), 20))?;
+            let how = (0, top, true);
+            let (_, us, each) = k.moe_experts(&h, &logits, (&gu, &dn), how, (Some(tile), 20))?;
             println!(
-                "moe timing T{tokens} tile {tile}: {us:.1} us, {} experts, {:.0} MB -> {:.2} TB/s",
+                "moe timing T{tokens} tile {tile}: {us:.1} us, {} experts, {:.0} MB -> {:.2} TB/s \
+                 (alone: route {:.1}, gate_up {:.1}, down {:.1}, sum {:.1} us)",
                 used.len(),
                 bytes as f64 / 1e6,
-                bytes as f64 / us / 1e6
+                bytes as f64 / us / 1e6,
+                each[0],
+                each[1],
+                each[2],
+                each[3]
             );
         }
     }

@@ -187,6 +187,10 @@ pub struct KernelFlags {
     /// instead of rounded to bf16 (`KernelOptions::mma_decode_split_p`).
     #[arg(long)]
     pub mma_decode_split_p: bool,
+    /// MoE steps of up to 64 pairs on the eight- and sixteen-pair expert tiles instead of
+    /// one-pair tiles (turns `KernelOptions::moe_tile_one` off).
+    #[arg(long)]
+    pub no_moe_tile_one: bool,
 }
 
 /// `MIN,MAX` n-gram lengths: 1 <= MIN <= MAX <= 16.
@@ -221,6 +225,7 @@ impl KernelFlags {
             mma_decode: !self.no_mma_decode,
             mma_decode_stages: self.mma_decode_stages,
             mma_decode_split_p: self.mma_decode_split_p,
+            moe_tile_one: !self.no_moe_tile_one,
             ..KernelOptions::default()
         }
     }

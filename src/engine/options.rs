@@ -80,6 +80,12 @@ pub struct KernelOptions {
     /// the H200). Off by default: built, not yet checked or timed on a GPU, so how close it
     /// comes and what it costs are unmeasured (#27).
     pub mma_decode_split_p: bool,
+    /// MoE steps of up to 64 (token, expert) pairs (eight tokens of a top-8 model) run their
+    /// experts on one-pair tiles (bf16, CUDA cores: a third of the eight-pair tile's
+    /// registers, so more warps in flight; the down kernel four rows a warp). Off: eight-pair
+    /// tiles up to 16 pairs, then 16-pair tensor-core tiles. On the H200, one layer of the
+    /// 30B-A3B shape: 1 token 54 against 69 us, 8 tokens 188 against 219 (BENCHMARKS.md, #29).
+    pub moe_tile_one: bool,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
     /// stream, where the events only cost time).
     pub event_tracking: bool,
@@ -105,6 +111,7 @@ impl Default for KernelOptions {
             mma_decode: true,
             mma_decode_stages: None,
             mma_decode_split_p: false,
+            moe_tile_one: true,
             event_tracking: false,
         }
     }

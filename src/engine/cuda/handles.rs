@@ -24,6 +24,8 @@ pub(super) struct MoeKernels {
     pub(super) mma_gate_up: [CudaFunction; 2],
     pub(super) mma_down: [CudaFunction; 2],
     pub(super) sum: [CudaFunction; 2],
+    /// Steps of up to 64 pairs take one-pair tiles (bf16; `LaunchOptions::moe_tile_one`).
+    pub(super) tile_one: bool,
 }
 
 impl MoeKernels {
@@ -31,6 +33,7 @@ impl MoeKernels {
     pub(super) fn load<E>(
         moe: &Arc<CudaModule>,
         mma: &Arc<CudaModule>,
+        tile_one: bool,
         f: impl Fn(&Arc<CudaModule>, &str) -> Result<CudaFunction, E>,
     ) -> Result<Self, E> {
         let both = |m: &Arc<CudaModule>, name: &str| -> Result<[CudaFunction; 2], E> {
@@ -63,6 +66,7 @@ impl MoeKernels {
             mma_gate_up: tensor("gate_up")?,
             mma_down: tensor("down")?,
             sum: both(moe, "moe_sum")?,
+            tile_one,
             _modules: [moe.clone(), mma.clone()],
         })
     }

@@ -54,6 +54,9 @@ pub struct LaunchOptions {
     /// Over bf16 caches, P goes through the tensor-core decode attention as a bf16 pair (high
     /// part and remainder) instead of rounded to bf16.
     pub mma_decode_split_p: bool,
+    /// MoE steps of up to 64 (token, expert) pairs on one-pair tiles (bf16); off: eight-
+    /// and sixteen-pair tiles.
+    pub moe_tile_one: bool,
 }
 
 impl Default for LaunchOptions {
@@ -75,6 +78,7 @@ impl Default for LaunchOptions {
             mma_decode: true,
             mma_decode_stages: None,
             mma_decode_split_p: false,
+            moe_tile_one: true,
         }
     }
 }

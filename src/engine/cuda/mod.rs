@@ -42,5 +42,5 @@ pub(crate) use launch::kernel_err;
 pub use launch_options::{MMA_STAGES_BF16, MMA_STAGES_FP8};
 pub use lora_ops::{LORA_TILE, LORA_TILE_ONE_MAX, lora_tile};
 pub(crate) use moe_ops::MoeScratch;
-pub use moe_ops::{MOE_TILES, moe_max_tiles, moe_tile};
+pub use moe_ops::{MOE_TILE_ONE_MAX, MOE_TILES, moe_max_tiles, moe_tile};
 pub use readback::PendingIds;

@@ -14,9 +14,12 @@ use crate::error::Result;
 /// Pairs (token, expert) of one expert a tile of the expert kernels takes: 8 (CUDA cores,
 /// either dtype), 16 (bf16 on tensor cores, 16 pairs x 64 outputs a block), 32 (f32's wide
 /// tile, CUDA cores), 64 (bf16's wide tile, tensor cores, 64 pairs x 64 outputs a block) and
-/// 1 (bf16, CUDA cores, a third of tile 8's registers: more warps in flight for one-token
-/// steps; chosen only when asked, until measured).
+/// 1 (bf16, CUDA cores, a third of tile 8's registers: more warps in flight for steps of up
+/// to 64 pairs, with `LaunchOptions::moe_tile_one`).
 pub const MOE_TILES: [usize; 5] = [8, 16, 32, 64, 1];
+
+/// Most pairs of a step on one-pair tiles (with `LaunchOptions::moe_tile_one`).
+pub const MOE_TILE_ONE_MAX: usize = 64;
 
 /// The tile for `pairs` pairs over `experts` experts. bf16 with sizes the tensor-core tiles
 /// take (`wide_ok`: multiples of 64): 8 for steps of up to 16 pairs (one or two tokens), 16
@@ -24,9 +27,13 @@ pub const MOE_TILES: [usize; 5] = [8, 16, 32, 64, 1];
 /// the 30B-A3B shape) one token takes 72 µs on tile 8 against 93 on 16, 8 tokens 226 µs on 16
 /// against 273 on 8, 64 tokens 409 against 932, 256 tokens 497 against 734 on 64, 2,048
 /// tokens 1,432 on 64 against 2,199 on 16. f32 (checks): 8, and 32 from 16 pairs an expert.
-pub fn moe_tile(pairs: usize, experts: usize, bf16: bool, wide_ok: bool) -> usize {
+/// `one`: bf16 steps of up to [`MOE_TILE_ONE_MAX`] pairs take tile 1 (one token 54 µs against
+/// 69 on tile 8, eight tokens 188 against 219 on 16; 64 tokens 915 against 402: not there).
+pub fn moe_tile(pairs: usize, experts: usize, bf16: bool, wide_ok: bool, one: bool) -> usize {
     let e = experts.max(1);
-    if bf16 && wide_ok {
+    if bf16 && one && pairs <= MOE_TILE_ONE_MAX {
+        MOE_TILES[4]
+    } else if bf16 && wide_ok {
         if pairs <= 16 {
             MOE_TILES[0]
         } else if pairs < 32 * e {
@@ -127,7 +134,9 @@ impl CudaKernels {
     /// [`Self::moe_experts_into`] from router logits `logits` `[T, E]` into a new output,
     /// with buffers of its own, on tiles of `tile` pairs when given (one of [`MOE_TILES`]
     /// the dtype has), run `iters` times (at least once): the output and the mean wall time
-    /// of one run in µs (checks and benchmarks; the forward reuses its buffers).
+    /// of one run in µs, then of each of its launches alone — routing (+ alignment), gate|up,
+    /// down, sum — each run `iters` times back to back (checks and benchmarks; the forward
+    /// reuses its buffers).
     pub fn moe_experts(
         &self,
         h: &Tensor,
@@ -135,21 +144,33 @@ impl CudaKernels {
         experts: (&Tensor, &Tensor),
         (first, top_k, norm): (usize, usize, bool),
         (tile, iters): (Option<usize>, usize),
-    ) -> Result<(Tensor, f64)> {
+    ) -> Result<(Tensor, f64, [f64; 4])> {
         let (t, hidden) = h.dims2()?;
         let (e, inter) = (logits.dim(1)?, experts.1.dim(2)?);
         let s = self.moe_scratch(t, (e, top_k), inter, hidden)?;
         s.logits.slice_set(&logits.contiguous()?, 0, 0)?;
         let out = self.alloc_out((t, hidden))?;
-        self.moe_run(h, experts, (first, norm), &s, &out, tile)?;
-        candle_core::backend::BackendDevice::synchronize(&self.device)?;
-        let start = std::time::Instant::now();
-        for _ in 1..iters {
-            self.moe_run(h, experts, (first, norm), &s, &out, tile)?;
+        let run = |stages: std::ops::Range<usize>| {
+            self.moe_run(h, experts, (first, norm), &s, &out, (tile, stages))
+        };
+        run(0..4)?;
+        let time = |stages: std::ops::Range<usize>| -> Result<f64> {
+            candle_core::backend::BackendDevice::synchronize(&self.device)?;
+            let start = std::time::Instant::now();
+            for _ in 1..iters {
+                run(stages.clone())?;
+            }
+            candle_core::backend::BackendDevice::synchronize(&self.device)?;
+            Ok(start.elapsed().as_secs_f64() * 1e6 / iters.saturating_sub(1).max(1) as f64)
+        };
+        let us = time(0..4)?;
+        let mut each = [0.0; 4];
+        if iters > 1 {
+            for (i, x) in each.iter_mut().enumerate() {
+                *x = time(i..i + 1)?;
+            }
         }
-        candle_core::backend::BackendDevice::synchronize(&self.device)?;
-        let us = start.elapsed().as_secs_f64() * 1e6 / iters.saturating_sub(1).max(1) as f64;
-        Ok((out, us))
+        Ok((out, us, each))
     }
 
     /// One sparse layer's experts: `h` `[T, hidden]` (normed) with the router's logits
@@ -164,10 +185,12 @@ impl CudaKernels {
         s: &MoeScratch,
         out: &Tensor,
     ) -> Result<()> {
-        self.moe_run(h, experts, how, s, out, None)
+        self.moe_run(h, experts, how, s, out, (None, 0..4))
     }
 
-    /// [`Self::moe_experts_into`] on tiles of `tile` pairs when given.
+    /// [`Self::moe_experts_into`] on tiles of `tile` pairs when given, launching only the
+    /// launches of `stages` (0 routing and alignment, 1 gate|up, 2 down, 3 sum; timing runs
+    /// one at a time, over buffers a full run filled).
     fn moe_run(
         &self,
         h: &Tensor,
@@ -175,7 +198,7 @@ impl CudaKernels {
         (first, norm): (usize, bool),
         s: &MoeScratch,
         out: &Tensor,
-        tile: Option<usize>,
+        (tile, stages): (Option<usize>, std::ops::Range<usize>),
     ) -> Result<()> {
         for x in [h, gate_up, down, out, &s.logits, &s.act, &s.y] {
             self.check_dtype(x)?;
@@ -188,7 +211,7 @@ impl CudaKernels {
         let bf16 = self.dtype == DType::BF16;
         let wide_ok = inter.is_multiple_of(64) && hidden.is_multiple_of(64);
         let tm = match tile {
-            None => moe_tile(p, e, bf16, wide_ok),
+            None => moe_tile(p, e, bf16, wide_ok, self.moe.tile_one),
             Some(8) => 8,
             Some(1) if bf16 => 1,
             Some(32) if !bf16 => 32,
@@ -246,7 +269,8 @@ impl CudaKernels {
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem,
         };
-        if t <= 32 {
+        let route = stages.contains(&0);
+        if route && t <= 32 {
             // Route (warp w: token w) and align in one block.
             let mut b = self.launcher(&m.route_align[bf]);
             b.arg(&pl).arg(&pids).arg(&pw).arg(&porder).arg(&ptiles);
@@ -259,7 +283,7 @@ impl CudaKernels {
             // SAFETY: argument types match `moe_route_align_*`; buffers sized and checked
             // above; 2 * e ints of dynamic shared memory.
             unsafe { b.launch(grid(1, 1, 1024, (2 * e * 4) as u32)) }.w()?;
-        } else {
+        } else if route {
             // Route: one warp per token.
             let mut b = self.launcher(&m.route[bf]);
             b.arg(&pl)
@@ -282,40 +306,49 @@ impl CudaKernels {
             // SAFETY: as above (`moe_align`: 2 * e ints of dynamic shared memory).
             unsafe { b.launch(grid(1, 1, 1024, (2 * e * 4) as u32)) }.w()?;
         }
-        let mut b = self.launcher(if mma {
-            &m.mma_gate_up[fi]
-        } else {
-            &m.simt_gate_up[fi]
-        });
-        b.arg(&ph).arg(&pgu).arg(&porder).arg(&ptiles).arg(&pact);
-        b.arg(&h32).arg(&i32_).arg(&k32).arg(&f32_).arg(&l32);
-        // SAFETY: as above (`moe_gate_up_t*`; `moe_gate_up_m*_bf16`: 32 gate and 32 up rows a
-        // block of 128 threads).
-        let cfg = if mma {
-            grid(inter / 32, max_tiles, 128, 0)
-        } else {
-            grid(inter.div_ceil(8), max_tiles, 256, 0)
-        };
-        unsafe { b.launch(cfg) }.w()?;
-        let mut b = self.launcher(if mma {
-            &m.mma_down[fi]
-        } else {
-            &m.simt_down[fi]
-        });
-        b.arg(&pact)
-            .arg(&pdn)
-            .arg(&porder)
-            .arg(&ptiles)
-            .arg(&pw)
-            .arg(&py);
-        b.arg(&h32).arg(&i32_).arg(&f32_).arg(&l32);
-        // SAFETY: as above (`moe_down_t*`; `moe_down_m*_bf16`: 64 outputs a block of 128).
-        let cfg = if mma {
-            grid(hidden / 64, max_tiles, 128, 0)
-        } else {
-            grid(hidden.div_ceil(8), max_tiles, 256, 0)
-        };
-        unsafe { b.launch(cfg) }.w()?;
+        if stages.contains(&1) {
+            let mut b = self.launcher(if mma {
+                &m.mma_gate_up[fi]
+            } else {
+                &m.simt_gate_up[fi]
+            });
+            b.arg(&ph).arg(&pgu).arg(&porder).arg(&ptiles).arg(&pact);
+            b.arg(&h32).arg(&i32_).arg(&k32).arg(&f32_).arg(&l32);
+            // SAFETY: as above (`moe_gate_up_t*`; `moe_gate_up_m*_bf16`: 32 gate and 32 up rows a
+            // block of 128 threads).
+            let cfg = if mma {
+                grid(inter / 32, max_tiles, 128, 0)
+            } else {
+                grid(inter.div_ceil(8), max_tiles, 256, 0)
+            };
+            unsafe { b.launch(cfg) }.w()?;
+        }
+        if stages.contains(&2) {
+            let mut b = self.launcher(if mma {
+                &m.mma_down[fi]
+            } else {
+                &m.simt_down[fi]
+            });
+            b.arg(&pact)
+                .arg(&pdn)
+                .arg(&porder)
+                .arg(&ptiles)
+                .arg(&pw)
+                .arg(&py);
+            b.arg(&h32).arg(&i32_).arg(&f32_).arg(&l32);
+            // SAFETY: as above (`moe_down_t*`; `moe_down_m*_bf16`: 64 outputs a block of 128;
+            // `moe_down_t1_bf16`: 4 rows a warp).
+            let rows = if tm == 1 { 4 } else { 1 };
+            let cfg = if mma {
+                grid(hidden / 64, max_tiles, 128, 0)
+            } else {
+                grid(hidden.div_ceil(8 * rows), max_tiles, 256, 0)
+            };
+            unsafe { b.launch(cfg) }.w()?;
+        }
+        if !stages.contains(&3) {
+            return Ok(());
+        }
         let mut b = self.launcher(&m.sum[bf]);
         b.arg(&py)
             .arg(&pids)
@@ -325,7 +358,7 @@ impl CudaKernels {
             .arg(&f32_)
             .arg(&l32);
         // SAFETY: as above (`moe_sum_*`).
-        unsafe { b.launch(grid(t, 1, 256, 0)) }.w()?;
+        unsafe { b.launch(grid(t, hidden.div_ceil(256), 256, 0)) }.w()?;
         Ok(())
     }
 }

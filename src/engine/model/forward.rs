@@ -71,6 +71,7 @@ pub fn kernels_for(
         mma_decode: opts.mma_decode,
         mma_decode_stages: opts.mma_decode_stages,
         mma_decode_split_p: opts.mma_decode_split_p,
+        moe_tile_one: opts.moe_tile_one,
         ..LaunchOptions::default()
     };
     CudaKernels::new(device, dtype, &launch)
