@@ -100,23 +100,63 @@ mod tiers {
     use std::collections::HashMap;
     use std::hash::{DefaultHasher, Hash, Hasher};
     use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     use parking_lot::Mutex;
-    use policy_serve::cache::{BlockData, BlockIo, KvManager, LoadPolicy, TierConfig, Tiers};
+    use policy_serve::cache::{
+        BlockData, BlockIo, HostBuf, KvManager, LoadPolicy, TierConfig, Tiers,
+    };
     use proptest::prelude::*;
 
     const BS: usize = 2;
     const BYTES: usize = 16;
 
+    /// The device's blocks, and optionally a pool of host buffers as the CUDA engine's pinned
+    /// slots are: at most `cap` alive at once, a read that needs more fails whole.
     #[derive(Clone, Default)]
-    struct MemIo(Arc<Mutex<HashMap<u32, Vec<u8>>>>);
+    struct MemIo(
+        Arc<Mutex<HashMap<u32, Vec<u8>>>>,
+        Option<(usize, Arc<AtomicUsize>)>,
+    );
+
+    /// A host buffer of the bounded pool: its slot is free again once every tier lets go.
+    struct Slot(Vec<u8>, Arc<AtomicUsize>);
+
+    impl HostBuf for Slot {
+        fn bytes(&self) -> &[u8] {
+            &self.0
+        }
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    impl Drop for Slot {
+        fn drop(&mut self) {
+            self.1.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
 
     impl BlockIo for MemIo {
         fn read(&self, blocks: &[u32]) -> policy_serve::Result<Vec<BlockData>> {
             let m = self.0.lock();
+            let bytes = |b: &u32| m.get(b).cloned().unwrap_or(vec![0; BYTES]);
+            let Some((cap, live)) = &self.1 else {
+                return Ok(blocks
+                    .iter()
+                    .map(|b| Arc::new(bytes(b)) as BlockData)
+                    .collect());
+            };
+            if live.load(Ordering::SeqCst) + blocks.len() > *cap {
+                return Err(policy_serve::Error::Engine("every slot is in use".into()));
+            }
+            live.fetch_add(blocks.len(), Ordering::SeqCst);
             Ok(blocks
                 .iter()
-                .map(|b| Arc::new(m.get(b).cloned().unwrap_or(vec![0; BYTES])) as BlockData)
+                .map(|b| Arc::new(Slot(bytes(b), live.clone())) as BlockData)
                 .collect())
         }
         fn write(
@@ -145,7 +185,15 @@ mod tiers {
         host_blocks: usize,
         disk: Option<(&str, usize)>,
     ) -> (KvManager, MemIo) {
-        let io = MemIo::default();
+        manager_with(blocks, host_blocks, disk, MemIo::default())
+    }
+
+    fn manager_with(
+        blocks: usize,
+        host_blocks: usize,
+        disk: Option<(&str, usize)>,
+        io: MemIo,
+    ) -> (KvManager, MemIo) {
         let mut kv = KvManager::new(blocks, BS, BYTES, true, 0);
         let disk = disk.map(|(name, n)| {
             let d = std::env::temp_dir().join(format!("ps-kvm-{name}-{}", std::process::id()));
@@ -229,6 +277,38 @@ mod tiers {
         assert!(
             t.host_loads + t.disk_loads >= 4 && t.disk_loads > 0,
             "{t:?}"
+        );
+        release(&mut kv, r);
+    }
+
+    #[test]
+    fn a_burst_of_evictions_pushes_the_oldest_host_blocks_out_not_itself() {
+        // 8 GPU blocks, host room for 8, host buffers as the CUDA engine's pinned pool: the
+        // budget plus 2 slots of headroom. Each prompt is 6 blocks (7 with its next token),
+        // so every admission evicts the previous prompt whole: a burst of 6 blocks.
+        let io = MemIo(
+            Default::default(),
+            Some((10, Arc::new(AtomicUsize::new(0)))),
+        );
+        let (mut kv, io) = manager_with(8, 8, None, io);
+        let prompts: Vec<Vec<u32>> = (1..=3u32)
+            .map(|p| (p * 100..p * 100 + 12).collect())
+            .collect();
+        for p in &prompts {
+            let (r, _) = admit(&mut kv, &io, p).unwrap();
+            release(&mut kv, r);
+        }
+        // Host held the first prompt's 6 blocks when the second's 6 came down: 2 slots free.
+        // Reading before making room failed whole (the second prompt dropped, the first kept);
+        // room first moves 4 of the first prompt's out (no disk: dropped) and the second
+        // prompt comes down whole. Mutation: the read before the room (the old order) fails
+        // the first assertion (6 demoted, 6 dropped).
+        let t = kv.stats().tiers.unwrap();
+        assert_eq!(t.demoted_blocks, 12, "{t:?}");
+        let (r, hit) = admit(&mut kv, &io, &prompts[1]).unwrap();
+        assert_eq!(
+            hit, 12,
+            "the most recently evicted prompt is on host, whole"
         );
         release(&mut kv, r);
     }

@@ -220,6 +220,13 @@ impl Tiers {
         if todo_blocks.is_empty() {
             return;
         }
+        // Room first: the copy takes a host buffer per block (on CUDA a slot of the pinned
+        // pool, sized to the budget plus headroom), so the least recently used blocks move on
+        // before the evicted ones are read. Read first, a burst larger than the free slots
+        // failed whole: the newest blocks were dropped and the oldest stayed.
+        let fit = (self.host_budget.saturating_sub(reserved) / self.block_bytes.max(1))
+            .min(todo_blocks.len());
+        self.make_host_room(fit * self.block_bytes, reserved);
         let data = match self.io.read(&todo_blocks) {
             Ok(d) => d,
             Err(e) => {
