@@ -246,8 +246,14 @@ impl CudaKernels {
     /// Whether the forward runs a decode step of `rows` sequences through
     /// [`CudaKernels::decode_fused_into`] on a layer of `nh` query heads over `nkv` KV heads of
     /// `hd` dims: at most [`FUSED_MAX_ROWS`] rows of a shape the kernel serves.
+    /// GQA group 8 (the 30B-A3B's 32 query / 4 KV heads) stays unfused: no cluster merges it
+    /// ([`CudaKernels::decode_cluster`]), and its merge through global memory made the fused
+    /// kernel 22.8 us at batch 1 and 35.3 at 8 against 2.9 + 8.5 and 3.0 + 8.8 unfused
+    /// (`graph_check --profile`, H200).
     pub fn fused_decode_supports(&self, rows: usize, nh: usize, nkv: usize, hd: usize) -> bool {
-        rows <= FUSED_MAX_ROWS && self.fused_decode_serves(nh, nkv, hd)
+        rows <= FUSED_MAX_ROWS
+            && self.fused_decode_serves(nh, nkv, hd)
+            && matches!(nh / nkv, 1 | 2 | 4)
     }
 
     /// Whether [`CudaKernels::decode_fused_into`] serves the shape (bf16, head_dim 128, GQA

@@ -417,19 +417,53 @@ impl BlockIo for PinnedKvIo {
         if n == 0 {
             return Ok(None);
         }
+        // By chunks: each chunk's sources in pinned slots (blocks read from disk are copied
+        // into one: a copy from pageable memory would make the host wait for the copy stream),
+        // then its copies queued. A chunk that finds no free slot waits for the copies queued
+        // so far (this load's earlier chunks among them) to finish and give theirs back, then
+        // tries once more; only then does the load fail (a whole transcript read from disk
+        // can need more slots than a full host tier leaves free).
+        let mut ticket = None;
+        for (bs, ds) in blocks[..n]
+            .chunks(MOVE_CHUNK)
+            .zip(data[..n].chunks(MOVE_CHUNK))
+        {
+            let sources = match self.pin_sources(ds) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = self.copy.synchronize();
+                    self.reap();
+                    self.pin_sources(ds)?
+                }
+            };
+            match self.queue_load(bs, &sources) {
+                Ok(t) => ticket = t,
+                Err(e) => {
+                    // Chunks already queued may still be writing the blocks the sequence will
+                    // now recompute on the engine's stream.
+                    let _ = self.copy.synchronize();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(ticket)
+    }
+}
+
+impl PinnedKvIo {
+    /// `data` with every block in a pinned slot: pinned blocks as they are, others copied into
+    /// a free slot (none free: an error, the slots taken so far given back).
+    fn pin_sources(&self, data: &[BlockData]) -> Result<Vec<BlockData>> {
         let bb = self.slabs.block_bytes;
-        // Every source in a pinned slot before anything is queued: blocks read from disk are
-        // copied into one (a copy from pageable memory would make the host wait for the copy
-        // stream). No free slot: the load fails here, with nothing queued.
-        let mut sources: Vec<BlockData> = Vec::with_capacity(n);
-        for d in &data[..n] {
+        let mut sources: Vec<BlockData> = Vec::with_capacity(data.len());
+        for d in data {
             if d.as_any().is::<PinnedBlock>() {
                 sources.push(d.clone());
                 continue;
             }
             let slot = self.slabs.take()?;
             // SAFETY: a free slot of bb bytes, owned by the block made here; no copy touches
-            // it until the ones queued below.
+            // it until the ones queued after this.
             unsafe { std::slice::from_raw_parts_mut(slot as *mut u8, bb) }
                 .copy_from_slice(d.bytes());
             sources.push(Arc::new(PinnedBlock {
@@ -438,17 +472,9 @@ impl BlockIo for PinnedKvIo {
                 ready: None,
             }));
         }
-        let r = self.queue_load(&blocks[..n], &sources);
-        if r.is_err() {
-            // Chunks already queued may still be writing the blocks the sequence will now
-            // recompute on the engine's stream.
-            let _ = self.copy.synchronize();
-        }
-        r
+        Ok(sources)
     }
-}
 
-impl PinnedKvIo {
     /// Queues a load of `sources` (pinned blocks) into `blocks` on the copy stream.
     fn queue_load(&self, blocks: &[u32], sources: &[BlockData]) -> Result<Option<LoadTicket>> {
         let bb = self.slabs.block_bytes;
