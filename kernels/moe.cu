@@ -27,6 +27,68 @@
 
 namespace {
 
+// Routing of one token by one warp for up to 128 experts: lane l holds the probabilities of
+// experts l, l + 32, l + 64, l + 96 in registers, read and exponentiated once (the same values
+// the general path below recomputes at every pick); a pick marks its expert -2 (probabilities
+// are >= 0, experts past e hold -1), lane s keeps pick s and writes it.
+template <typename T>
+__device__ __forceinline__ void route_small(const T* __restrict__ row, uint32_t* __restrict__ ids,
+                                            float* __restrict__ w, int t, int e, int k, int norm,
+                                            int lane) {
+  float p[4];
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    p[j] = lane + 32 * j < e ? to_f(row[lane + 32 * j]) : -INFINITY;
+    m = fmaxf(m, p[j]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  float z = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    p[j] = lane + 32 * j < e ? expf(p[j] - m) : 0.f;
+    z += p[j];
+  }
+  z = warp_sum(z);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) p[j] = lane + 32 * j < e ? p[j] / z : -1.f;
+  float mine_p = 0.f, sum = 0.f;
+  uint32_t mine_id = 0;
+  for (int s = 0; s < k; ++s) {
+    float best = -1.f;
+    int best_id = 0x7fffffff;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (p[j] > best) {  // ascending ids within a lane: the first of equals stays
+        best = p[j];
+        best_id = lane + 32 * j;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, best_id, o);
+      if (ob > best || (ob == best && oi < best_id)) {
+        best = ob;
+        best_id = oi;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (best_id == lane + 32 * j) p[j] = -2.f;
+    if (lane == s) {
+      mine_p = best;
+      mine_id = (uint32_t)best_id;
+    }
+    sum += best;
+  }
+  if (lane < k) {
+    ids[(size_t)t * k + lane] = mine_id;
+    w[(size_t)t * k + lane] = to_f(from_f<T>(norm ? mine_p / sum : mine_p));
+  }
+}
+
 // One warp per token.
 template <typename T>
 __device__ void moe_route(const T* __restrict__ logits, uint32_t* __restrict__ ids,
@@ -35,6 +97,10 @@ __device__ void moe_route(const T* __restrict__ logits, uint32_t* __restrict__ i
   const int t = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
   if (t >= tokens) return;
   const T* row = logits + (size_t)t * e;
+  if (e <= 128) {
+    route_small<T>(row, ids, w, t, e, k, norm, lane);
+    return;
+  }
   float m = -INFINITY;
   for (int i = lane; i < e; i += 32) m = fmaxf(m, to_f(row[i]));
 #pragma unroll
