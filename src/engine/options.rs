@@ -83,8 +83,9 @@ pub struct KernelOptions {
     /// MoE steps of up to 64 (token, expert) pairs (eight tokens of a top-8 model) run their
     /// experts on one-pair tiles (bf16, CUDA cores: a third of the eight-pair tile's
     /// registers, so more warps in flight; the down kernel four rows a warp). Off: eight-pair
-    /// tiles up to 16 pairs, then 16-pair tensor-core tiles. On the H200, one layer of the
-    /// 30B-A3B shape: 1 token 54 against 69 us, 8 tokens 188 against 219 (BENCHMARKS.md, #29).
+    /// tiles up to 16 pairs, then 16-pair tensor-core tiles. On the H200, one layer's experts
+    /// of the 30B-A3B shape: 1 token 42 against 54 us, 8 tokens 162 against 197 (BENCHMARKS.md,
+    /// #29).
     pub moe_tile_one: bool,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
     /// stream, where the events only cost time).

@@ -27,8 +27,8 @@ pub const MOE_TILE_ONE_MAX: usize = 64;
 /// the 30B-A3B shape) one token takes 72 µs on tile 8 against 93 on 16, 8 tokens 226 µs on 16
 /// against 273 on 8, 64 tokens 409 against 932, 256 tokens 497 against 734 on 64, 2,048
 /// tokens 1,432 on 64 against 2,199 on 16. f32 (checks): 8, and 32 from 16 pairs an expert.
-/// `one`: bf16 steps of up to [`MOE_TILE_ONE_MAX`] pairs take tile 1 (one token 54 µs against
-/// 69 on tile 8, eight tokens 188 against 219 on 16; 64 tokens 915 against 402: not there).
+/// `one`: bf16 steps of up to [`MOE_TILE_ONE_MAX`] pairs take tile 1 (one token 42 µs against
+/// 54 on tile 8, eight tokens 162 against 197 on 16; 64 tokens 883 against 371: not there).
 pub fn moe_tile(pairs: usize, experts: usize, bf16: bool, wide_ok: bool, one: bool) -> usize {
     let e = experts.max(1);
     if bf16 && one && pairs <= MOE_TILE_ONE_MAX {
