@@ -53,6 +53,25 @@ pub(crate) fn tiers_resume(
                 g.time_to_first_token.as_secs_f64() * 1e3,
                 if same { "yes" } else { "NO" }
             );
+            // A row whose tokens did not come from the tier it is named after says so (the
+            // 32k "disk" row once loaded from host and read like a fast disk).
+            let (gpu, host, disk) = (
+                g.cached_prompt_tokens - below,
+                g.cached_prompt_tokens_host,
+                g.cached_prompt_tokens_disk,
+            );
+            let as_named = match from.split(' ').next() {
+                Some("recompute") => g.cached_prompt_tokens == 0,
+                Some("GPU") => gpu >= host + disk && gpu > 0,
+                Some("host" | "host,") => host >= gpu + disk && host > 0,
+                Some("disk") => disk >= gpu + host && disk > 0,
+                _ => true,
+            };
+            if !as_named {
+                println!(
+                    "# WARNING {len} {from}: the prompt's cached tokens came from GPU {gpu} / host {host} / disk {disk}, not mostly from the tier the row is named after"
+                );
+            }
         };
         row("recompute", &run(0, 1)?);
         // A paused episode pins its transcript: when the disk cannot keep up, unpinned blocks
