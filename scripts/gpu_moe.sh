@@ -6,7 +6,7 @@
 #     (kernels vs candle ops: prefill, chunk, decode 8/2/1 rows; greedy tokens of two engines);
 #  3. bench: decode tok/s at batch 1, 8, 64, 256 and prefill, LAYERS_BENCH layers; then once
 #     more per kernel variant in VARIANTS (';'-separated flag sets, e.g.
-#     VARIANTS="--moe-tile-one 1;--moe-stages 3"), with VARIANT_ARGS (default: the same).
+#     VARIANTS="--no-moe-tile-one;--moe-norm-router"), with VARIANT_ARGS (default: the same).
 set -u
 source scripts/gpu_lib.sh
 LAYERS_HF=${LAYERS_HF:-4}

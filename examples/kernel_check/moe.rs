@@ -52,7 +52,39 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             }
         }
     }
+    norm_router(&k, dev, t)?;
     timings(&k, dev)
+}
+
+/// The add+RMSNorm and the router's matmul in one launch (`LaunchOptions::moe_norm_router`)
+/// against the two launches it replaces: the normed rows, the residual sums and the logits,
+/// 1 and 2 rows of the 30B-A3B shape.
+fn norm_router(k: &CudaKernels, dev: &Device, t: &mut Table) -> Res<()> {
+    let opts = LaunchOptions {
+        moe_norm_router: true,
+        ..LaunchOptions::default()
+    };
+    let kn = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
+    let (hidden, e, eps) = (2048, 128, 1e-6);
+    for rows in [1usize, 2] {
+        let res = randn(&[rows, hidden], DType::BF16, dev)?;
+        let delta = randn(&[rows, hidden], DType::BF16, dev)?;
+        let nw = randn(&[hidden], DType::BF16, dev)?;
+        let router = (randn(&[e, hidden], DType::BF16, dev)? * 0.02)?;
+        let zeros = |r: usize, c: usize| Tensor::zeros((r, c), DType::BF16, dev);
+        let (h1, ro1, l1) = (zeros(rows, hidden)?, zeros(rows, hidden)?, zeros(rows, e)?);
+        let (h2, ro2, l2) = (zeros(rows, hidden)?, zeros(rows, hidden)?, zeros(rows, e)?);
+        k.add_rmsnorm_to(Some(&delta), &res, &ro1, &nw, eps, &h1)?;
+        k.linear_into(&h1, &router, &l1)?;
+        let ran =
+            kn.moe_norm_router_into((&res, Some(&delta), &ro2), (&nw, eps), &h2, &router, &l2)?;
+        let name = |what: &str| format!("moe norm+router in one launch, {rows} rows: {what}");
+        t.check(name("launched"), if ran { 0.0 } else { 1.0 }, 0.0);
+        t.check(name("residual sums"), rel(&ro2, &ro1)?, 0.0);
+        t.check(name("normed rows"), rel(&h2, &h1)?, 1e-2);
+        t.check(name("router logits"), rel(&l2, &l1)?, 2e-2);
+    }
+    Ok(())
 }
 
 /// Wall time of one sparse layer's experts (routing from given logits to the summed output)

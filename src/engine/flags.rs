@@ -191,6 +191,10 @@ pub struct KernelFlags {
     /// one-pair tiles (turns `KernelOptions::moe_tile_one` off).
     #[arg(long)]
     pub no_moe_tile_one: bool,
+    /// A sparse layer's add+RMSNorm and router matmul in one launch for decode steps of 1-2
+    /// rows (`KernelOptions::moe_norm_router`).
+    #[arg(long)]
+    pub moe_norm_router: bool,
 }
 
 /// `MIN,MAX` n-gram lengths: 1 <= MIN <= MAX <= 16.
@@ -226,6 +230,7 @@ impl KernelFlags {
             mma_decode_stages: self.mma_decode_stages,
             mma_decode_split_p: self.mma_decode_split_p,
             moe_tile_one: !self.no_moe_tile_one,
+            moe_norm_router: self.moe_norm_router,
             ..KernelOptions::default()
         }
     }

@@ -87,6 +87,10 @@ pub struct KernelOptions {
     /// of the 30B-A3B shape: 1 token 42 against 54 us, 8 tokens 162 against 197 (BENCHMARKS.md,
     /// #29).
     pub moe_tile_one: bool,
+    /// Decode steps of 1-2 rows run a sparse layer's add+RMSNorm and router matmul as one
+    /// launch (`kernels/moe.cu` `moe_norm_router_t*`, bf16) instead of two. Off by default:
+    /// built without a GPU, unmeasured (#29: one launch of the nine a layer at batch 1).
+    pub moe_norm_router: bool,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
     /// stream, where the events only cost time).
     pub event_tracking: bool,
@@ -113,6 +117,7 @@ impl Default for KernelOptions {
             mma_decode_stages: None,
             mma_decode_split_p: false,
             moe_tile_one: true,
+            moe_norm_router: false,
             event_tracking: false,
         }
     }

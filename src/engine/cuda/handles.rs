@@ -26,6 +26,9 @@ pub(super) struct MoeKernels {
     pub(super) sum: [CudaFunction; 2],
     /// Steps of up to 64 pairs take one-pair tiles (bf16; `LaunchOptions::moe_tile_one`).
     pub(super) tile_one: bool,
+    /// The add+RMSNorm and the router's matmul in one launch for 1 and 2 rows (bf16 with
+    /// `LaunchOptions::moe_norm_router`).
+    pub(super) norm_router: Option<[CudaFunction; 2]>,
 }
 
 impl MoeKernels {
@@ -33,7 +36,7 @@ impl MoeKernels {
     pub(super) fn load<E>(
         moe: &Arc<CudaModule>,
         mma: &Arc<CudaModule>,
-        tile_one: bool,
+        (tile_one, norm_router): (bool, bool),
         f: impl Fn(&Arc<CudaModule>, &str) -> Result<CudaFunction, E>,
     ) -> Result<Self, E> {
         let both = |m: &Arc<CudaModule>, name: &str| -> Result<[CudaFunction; 2], E> {
@@ -67,6 +70,11 @@ impl MoeKernels {
             mma_down: tensor("down")?,
             sum: both(moe, "moe_sum")?,
             tile_one,
+            norm_router: if norm_router {
+                Some([f(moe, "moe_norm_router_t1")?, f(moe, "moe_norm_router_t2")?])
+            } else {
+                None
+            },
             _modules: [moe.clone(), mma.clone()],
         })
     }

@@ -335,9 +335,15 @@ impl CudaKernels {
                 ],
             ],
             gather_rows_f32: f(&layer_ops, "gather_rows_f32")?,
-            moe: MoeKernels::load(&moe_mod, &moe_mma_mod, opts.moe_tile_one, |m, name| {
-                f(m, name)
-            })?,
+            moe: MoeKernels::load(
+                &moe_mod,
+                &moe_mma_mod,
+                (
+                    opts.moe_tile_one,
+                    opts.moe_norm_router && dtype == DType::BF16,
+                ),
+                |m, name| f(m, name),
+            )?,
             sample_topk: f(&layer_ops, "sample_topk_f32")?,
             sample_full: f(&layer_ops, "sample_full_f32")?,
             gather_rows: f(&layer_ops, &format!("gather_rows_{s}"))?,

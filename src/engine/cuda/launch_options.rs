@@ -57,6 +57,9 @@ pub struct LaunchOptions {
     /// MoE steps of up to 64 (token, expert) pairs on one-pair tiles (bf16); off: eight-
     /// and sixteen-pair tiles.
     pub moe_tile_one: bool,
+    /// Before a sparse layer's router, the add+RMSNorm and the router's matmul in one launch
+    /// for decode steps of 1-2 rows (bf16).
+    pub moe_norm_router: bool,
 }
 
 impl Default for LaunchOptions {
@@ -79,6 +82,7 @@ impl Default for LaunchOptions {
             mma_decode_stages: None,
             mma_decode_split_p: false,
             moe_tile_one: true,
+            moe_norm_router: false,
         }
     }
 }

@@ -305,8 +305,11 @@ impl KernelForward<'_> {
                         .ok_or_else(|| crate::error::Error::Engine("MoE buffers missing".into()))?;
                     // The experts read the normed state: the norm on its own (the fused
                     // norm + skinny matmul keeps it in shared memory).
-                    k.add_rmsnorm_to(res.1, res.0, res.2, &norm.weight, norm.eps, &a.h)?;
-                    k.linear_into(&a.h, &moe.router, &s.logits)?;
+                    let normw = (&norm.weight, norm.eps);
+                    if !k.moe_norm_router_into(res, normw, &a.h, &moe.router, &s.logits)? {
+                        k.add_rmsnorm_to(res.1, res.0, res.2, &norm.weight, norm.eps, &a.h)?;
+                        k.linear_into(&a.h, &moe.router, &s.logits)?;
+                    }
                     cur = 1 - cur;
                     let experts = (&moe.gate_up, &moe.down);
                     let how = (moe.first_expert, moe.norm_topk);
