@@ -303,8 +303,9 @@ impl KernelForward<'_> {
                         .moe
                         .as_ref()
                         .ok_or_else(|| crate::error::Error::Engine("MoE buffers missing".into()))?;
-                    // The experts read the normed state: the norm on its own (the fused
-                    // norm + skinny matmul keeps it in shared memory).
+                    // The experts read the normed state, which the dense fused norm +
+                    // matmul keeps in shared memory: here the norm and the router's matmul
+                    // run as one launch that writes it (`moe_norm_router`, 1-2 rows) or apart.
                     let normw = (&norm.weight, norm.eps);
                     if !k.moe_norm_router_into(res, normw, &a.h, &moe.router, &s.logits)? {
                         k.add_rmsnorm_to(res.1, res.0, res.2, &norm.weight, norm.eps, &a.h)?;
