@@ -405,6 +405,12 @@ mod tests {
             .engine
             .options();
         assert!(p.kernels.mma_decode && p.kernels.mma_decode_split_p);
+        // MoE kernel switches: one-pair tiles on and the norm+router launch off by default.
+        assert!(d.kernels.moe_tile_one && !d.kernels.moe_norm_router);
+        let e = Cli::parse_from(["x", "--no-moe-tile-one", "--moe-norm-router"])
+            .engine
+            .options();
+        assert!(!e.kernels.moe_tile_one && e.kernels.moe_norm_router);
         assert!(d.grammar_bounded_strings && lib.grammar_bounded_strings);
         assert!(d.grammar_fast_forward && lib.grammar_fast_forward);
         assert_eq!(
