@@ -22,6 +22,7 @@ const KERNELS: &[&str] = &[
     "kv_move",
     "moe",
     "moe_mma",
+    "moe_route",
     "verify",
 ];
 

@@ -88,7 +88,7 @@ pub struct KernelOptions {
     /// #29).
     pub moe_tile_one: bool,
     /// Decode steps of 1-2 rows run a sparse layer's add+RMSNorm and router matmul as one
-    /// launch (`kernels/moe.cu` `moe_norm_router_t*`, bf16) instead of two. Off by default:
+    /// launch (`kernels/moe_route.cu` `moe_norm_router_t*`, bf16) instead of two. Off by default:
     /// built without a GPU, unmeasured (#29: one launch of the nine a layer at batch 1).
     pub moe_norm_router: bool,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one

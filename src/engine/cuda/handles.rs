@@ -11,11 +11,12 @@ use candle_core::cuda_backend::cudarc::driver::{
 use super::launch::kernel_err;
 use crate::error::Result;
 
-/// The MoE kernels (`kernels/moe.cu`, `kernels/moe_mma.cu`): routing and sums `[bf16, f32]`;
+/// The MoE kernels (`kernels/moe_route.cu`, `kernels/moe.cu`, `kernels/moe_mma.cu`): routing
+/// and sums `[bf16, f32]`;
 /// the experts' matmuls on CUDA cores `[bf16 tile 8, f32 tile 8, f32 tile 32, bf16 tile 1]`
 /// and on tensor cores (bf16) `[tile 16, tile 64]` (see `super::moe_ops::moe_tile`).
 pub(super) struct MoeKernels {
-    pub(super) _modules: [Arc<CudaModule>; 2],
+    pub(super) _modules: [Arc<CudaModule>; 3],
     pub(super) route: [CudaFunction; 2],
     pub(super) align: CudaFunction,
     pub(super) route_align: [CudaFunction; 2],
@@ -32,10 +33,10 @@ pub(super) struct MoeKernels {
 }
 
 impl MoeKernels {
-    /// The functions of the two modules by name (`f` loads one).
+    /// The functions of the three modules (routing, experts on CUDA cores, experts on tensor
+    /// cores) by name (`f` loads one).
     pub(super) fn load<E>(
-        moe: &Arc<CudaModule>,
-        mma: &Arc<CudaModule>,
+        [route, moe, mma]: [&Arc<CudaModule>; 3],
         (tile_one, norm_router): (bool, bool),
         f: impl Fn(&Arc<CudaModule>, &str) -> Result<CudaFunction, E>,
     ) -> Result<Self, E> {
@@ -61,9 +62,9 @@ impl MoeKernels {
             ])
         };
         Ok(Self {
-            route: both(moe, "moe_route")?,
-            align: f(moe, "moe_align")?,
-            route_align: both(moe, "moe_route_align")?,
+            route: both(route, "moe_route")?,
+            align: f(route, "moe_align")?,
+            route_align: both(route, "moe_route_align")?,
             simt_gate_up: simt("gate_up")?,
             simt_down: simt("down")?,
             mma_gate_up: tensor("gate_up")?,
@@ -75,7 +76,7 @@ impl MoeKernels {
             } else {
                 None
             },
-            _modules: [moe.clone(), mma.clone()],
+            _modules: [route.clone(), moe.clone(), mma.clone()],
         })
     }
 }

@@ -32,6 +32,7 @@ static LORA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
 static MOE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe.fatbin"));
 static MOE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_mma.fatbin"));
+static MOE_ROUTE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_route.fatbin"));
 static VERIFY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/verify.fatbin"));
 
 /// Most token rows the CUDA-core skinny-matmul kernels (`kernels/gemv.cu`) take: where they
@@ -78,7 +79,7 @@ pub struct CudaKernels {
     /// [`super::LORA_TILE`].
     pub(super) lora: [[CudaFunction; 2]; 2],
     pub(super) gather_rows_f32: CudaFunction,
-    /// The MoE layers' kernels (`kernels/moe.cu`, `kernels/moe_mma.cu`).
+    /// The MoE layers' kernels (`kernels/moe_route.cu`, `kernels/moe.cu`, `kernels/moe_mma.cu`).
     pub(super) moe: MoeKernels,
     pub(super) sample_topk: CudaFunction,
     pub(super) sample_full: CudaFunction,
@@ -200,6 +201,7 @@ impl CudaKernels {
         let lora_mod = load(LORA, "lora")?;
         let moe_mod = load(MOE, "moe")?;
         let moe_mma_mod = load(MOE_MMA, "moe_mma")?;
+        let moe_route_mod = load(MOE_ROUTE, "moe_route")?;
         let f = |m: &Arc<CudaModule>, name: &str| {
             m.load_function(name)
                 .map_err(|e| kernel_err(&format!("function {name}"), e))
@@ -336,8 +338,7 @@ impl CudaKernels {
             ],
             gather_rows_f32: f(&layer_ops, "gather_rows_f32")?,
             moe: MoeKernels::load(
-                &moe_mod,
-                &moe_mma_mod,
+                [&moe_route_mod, &moe_mod, &moe_mma_mod],
                 (
                     opts.moe_tile_one,
                     opts.moe_norm_router && dtype == DType::BF16,

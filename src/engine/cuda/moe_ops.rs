@@ -1,4 +1,4 @@
-//! Launches of the MoE kernels (`kernels/moe.cu`, the tensor-core tiles in `kernels/moe_mma.cu`): one sparse layer's experts on the device,
+//! Launches of the MoE kernels (`kernels/moe_route.cu`, `kernels/moe.cu`, the tensor-core tiles in `kernels/moe_mma.cu`): one sparse layer's experts on the device,
 //! from the normed hidden state to the layer's (partial) output, with the router's matmul
 //! on the dense kernels. No host synchronization, launch shapes fixed by the token count:
 //! decode steps of MoE models are captured in CUDA graphs as dense ones are.

@@ -27,113 +27,11 @@ use candle_core::{Device, Storage};
 use parking_lot::Mutex;
 
 use super::kv_cache::{KvIo, MOVE_CHUNK};
-use crate::cache::{BlockData, BlockIo, HostBuf, LoadTicket};
+use super::kv_slabs::{PinnedBlock, Slabs, cuda_err};
+use crate::cache::{BlockData, BlockIo, LoadTicket};
 use crate::error::{Error, Result};
 
 static KV_MOVE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kv_move.fatbin"));
-
-/// Blocks per pinned slab (one `cuMemHostAlloc`).
-const SLAB_BLOCKS: usize = 128;
-
-fn cuda_err(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::Engine(format!("KV tier copy: {what}: {e}"))
-}
-
-/// Pinned slabs cut into block-sized slots. All are pinned at start-up: afterwards a move that
-/// finds no free slot fails (its blocks are dropped, or recomputed) rather than pinning more,
-/// which would stall every step behind the driver (BENCHMARKS.md).
-struct Slabs {
-    block_bytes: usize,
-    state: Mutex<SlabState>,
-}
-
-#[derive(Default)]
-struct SlabState {
-    /// Base addresses of the slabs (freed on drop).
-    slabs: Vec<usize>,
-    /// Free slot addresses.
-    free: Vec<usize>,
-}
-
-impl Slabs {
-    /// Allocates one slab (its slots go to the free list).
-    fn grow(&self, stream: &CudaStream) -> Result<()> {
-        stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| cuda_err("context", e))?;
-        // SAFETY: a fresh allocation; its slots are written by a copy before any read.
-        let base = unsafe { result::malloc_host(SLAB_BLOCKS * self.block_bytes, 0) }
-            .map_err(|e| cuda_err("pinned host memory", e))? as usize;
-        let mut st = self.state.lock();
-        st.slabs.push(base);
-        st.free
-            .extend((0..SLAB_BLOCKS).map(|i| base + i * self.block_bytes));
-        Ok(())
-    }
-
-    fn take(&self) -> Result<usize> {
-        self.state
-            .lock()
-            .free
-            .pop()
-            .ok_or_else(|| cuda_err("pinned host memory", "every slot is in use"))
-    }
-
-    fn give_back(&self, slot: usize) {
-        self.state.lock().free.push(slot);
-    }
-
-    fn bytes(&self) -> usize {
-        self.state.lock().slabs.len() * SLAB_BLOCKS * self.block_bytes
-    }
-}
-
-impl Drop for Slabs {
-    fn drop(&mut self) {
-        for &p in &self.state.get_mut().slabs {
-            // SAFETY: allocated by `malloc_host`; the stream was synchronized first.
-            let _ = unsafe { result::free_host(p as *mut std::ffi::c_void) };
-        }
-    }
-}
-
-/// One block in a pinned slot; its bytes are valid once `ready` has completed (`None`: the
-/// host wrote them).
-struct PinnedBlock {
-    slabs: Arc<Slabs>,
-    slot: usize,
-    ready: Option<Arc<CudaEvent>>,
-}
-
-// SAFETY: the slot is plain host memory owned by this value until drop; reads wait on the
-// event, and the only writer is the copy that event follows.
-unsafe impl Send for PinnedBlock {}
-unsafe impl Sync for PinnedBlock {}
-
-impl HostBuf for PinnedBlock {
-    fn bytes(&self) -> &[u8] {
-        if let Some(r) = &self.ready {
-            let _ = r.synchronize();
-        }
-        // SAFETY: the slot holds block_bytes bytes, written by the copy waited for above, and
-        // no copy writes it while this value lives.
-        unsafe { std::slice::from_raw_parts(self.slot as *const u8, self.slabs.block_bytes) }
-    }
-    fn len(&self) -> usize {
-        self.slabs.block_bytes
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
-impl Drop for PinnedBlock {
-    fn drop(&mut self) {
-        // Later copies into the slot queue behind this block's on the one stream.
-        self.slabs.give_back(self.slot);
-    }
-}
 
 /// What a queued move keeps alive until its event completes.
 struct InFlight {
@@ -229,10 +127,7 @@ impl PinnedKvIo {
                 .load_function(name)
                 .map_err(|e| cuda_err(&format!("function {name}"), e))
         };
-        let slabs = Arc::new(Slabs {
-            block_bytes: io.block_bytes(),
-            state: Mutex::new(SlabState::default()),
-        });
+        let slabs = Arc::new(Slabs::new(io.block_bytes()));
         // Pinned at start-up, all of it: pinning runs at ~2 GB/s and holds the driver's lock,
         // so pinning while serving (on demand, or on a thread of its own) stalled every step
         // behind it (BENCHMARKS.md). `reserve` holds the host tier's budget and the disk
@@ -454,25 +349,7 @@ impl PinnedKvIo {
     /// `data` with every block in a pinned slot: pinned blocks as they are, others copied into
     /// a free slot (none free: an error, the slots taken so far given back).
     fn pin_sources(&self, data: &[BlockData]) -> Result<Vec<BlockData>> {
-        let bb = self.slabs.block_bytes;
-        let mut sources: Vec<BlockData> = Vec::with_capacity(data.len());
-        for d in data {
-            if d.as_any().is::<PinnedBlock>() {
-                sources.push(d.clone());
-                continue;
-            }
-            let slot = self.slabs.take()?;
-            // SAFETY: a free slot of bb bytes, owned by the block made here; no copy touches
-            // it until the ones queued after this.
-            unsafe { std::slice::from_raw_parts_mut(slot as *mut u8, bb) }
-                .copy_from_slice(d.bytes());
-            sources.push(Arc::new(PinnedBlock {
-                slabs: self.slabs.clone(),
-                slot,
-                ready: None,
-            }));
-        }
-        Ok(sources)
+        data.iter().map(|d| Slabs::pin(&self.slabs, d)).collect()
     }
 
     /// Queues a load of `sources` (pinned blocks) into `blocks` on the copy stream.

@@ -32,6 +32,8 @@ mod kernel_trace;
 pub mod kv_cache;
 #[cfg(feature = "cuda")]
 pub mod kv_pinned;
+#[cfg(feature = "cuda")]
+mod kv_slabs;
 pub mod loader;
 pub mod lora;
 pub mod lora_slots;
