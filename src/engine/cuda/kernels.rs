@@ -78,6 +78,9 @@ pub struct CudaKernels {
     /// LoRA shrink and expand (`kernels/lora.cu`), for tiles of one token and of
     /// [`super::LORA_TILE`].
     pub(super) lora: [[CudaFunction; 2]; 2],
+    /// The LoRA decode path fused into the norms and SiLU (`lora_norm_shrink`,
+    /// `lora_silu_shrink`); None without `LaunchOptions::lora_fused`.
+    pub(super) lora_fused: Option<[CudaFunction; 2]>,
     pub(super) gather_rows_f32: CudaFunction,
     /// The MoE layers' kernels (`kernels/moe_route.cu`, `kernels/moe.cu`, `kernels/moe_mma.cu`).
     pub(super) moe: MoeKernels,
@@ -336,6 +339,14 @@ impl CudaKernels {
                     f(&lora_mod, &format!("lora_expand_t8_{s}"))?,
                 ],
             ],
+            lora_fused: if opts.lora_fused {
+                Some([
+                    f(&lora_mod, &format!("lora_norm_shrink_{s}"))?,
+                    f(&lora_mod, &format!("lora_silu_shrink_{s}"))?,
+                ])
+            } else {
+                None
+            },
             gather_rows_f32: f(&layer_ops, "gather_rows_f32")?,
             moe: MoeKernels::load(
                 [&moe_route_mod, &moe_mod, &moe_mma_mod],

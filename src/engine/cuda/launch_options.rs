@@ -60,6 +60,9 @@ pub struct LaunchOptions {
     /// Before a sparse layer's router, the add+RMSNorm and the router's matmul in one launch
     /// for decode steps of 1-2 rows (bf16).
     pub moe_norm_router: bool,
+    /// LoRA decode steps (one-token tiles) with the deltas fused into the norms and the SiLU
+    /// (`kernels/lora.cu` `lora_norm_shrink_*`, `lora_silu_shrink_*`).
+    pub lora_fused: bool,
 }
 
 impl Default for LaunchOptions {
@@ -83,6 +86,7 @@ impl Default for LaunchOptions {
             mma_decode_split_p: false,
             moe_tile_one: true,
             moe_norm_router: false,
+            lora_fused: false,
         }
     }
 }

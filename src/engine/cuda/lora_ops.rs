@@ -39,50 +39,46 @@ impl CudaKernels {
         y: &Tensor,
         out: &Tensor,
     ) -> Result<()> {
-        for t in [x, a, b, out] {
+        let fan_in = a.dim(2)?;
+        let nout = b.dim(1)?;
+        let t = x.elem_count() / fan_in.max(1);
+        if out.elem_count() != t * nout {
+            return Err(kernel_err("lora", "shapes do not fit"));
+        }
+        self.lora_shrink_into(x, a, (tiles, tile), y)?;
+        self.lora_expand_into(y, (b, splits), (tiles, tile), out)
+    }
+
+    /// The shrink half of [`CudaKernels::lora_into`]: `y[t] = a[s] · x[t]` (f32 `[T, P * r]`)
+    /// for the tokens of each tile.
+    pub fn lora_shrink_into(
+        &self,
+        x: &Tensor,
+        a: &Tensor,
+        (tiles, tile): (&Tensor, usize),
+        y: &Tensor,
+    ) -> Result<()> {
+        for t in [x, a] {
             self.check_dtype(t)?;
         }
         let (slots, pr, fan_in) = a.dims3()?;
-        let (_, nout, r) = b.dims3()?;
         let t = x.elem_count() / fan_in.max(1);
         let ntiles = tiles.elem_count() / 3;
-        let parts = splits.len().saturating_sub(1);
         let fits = x.elem_count() == t * fan_in
-            && out.elem_count() == t * nout
-            && (1..=3).contains(&parts)
-            && pr == parts * r
-            && splits.last() == Some(&nout)
             && tiles.dtype() == DType::U32
             && tiles.elem_count() == 3 * ntiles
             && y.dtype() == DType::F32
             && y.elem_count() >= t * pr
             && (tile == 1 || tile == LORA_TILE)
-            && r.is_multiple_of(8)
-            && tile * pr * 4 <= 48 * 1024
             && fan_in.is_multiple_of(8);
         if !fits {
-            return Err(kernel_err("lora", "shapes do not fit"));
+            return Err(kernel_err("lora shrink", "shapes do not fit"));
         }
         if ntiles == 0 || t == 0 {
             return Ok(());
         }
-        let (px, pa, pb, ps, py, po) = (
-            self.ptr(x)?,
-            self.ptr(a)?,
-            self.ptr(b)?,
-            self.ptr(tiles)?,
-            self.ptr(y)?,
-            self.ptr(out)?,
-        );
-        let (in32, pr32, slots32, n32, r32) = (
-            fan_in as i32,
-            pr as i32,
-            slots as i32,
-            nout as i32,
-            r as i32,
-        );
-        let s1 = splits.get(1).copied().filter(|_| parts > 1).unwrap_or(nout) as i32;
-        let s2 = splits.get(2).copied().filter(|_| parts > 2).unwrap_or(nout) as i32;
+        let (px, pa, ps, py) = (self.ptr(x)?, self.ptr(a)?, self.ptr(tiles)?, self.ptr(y)?);
+        let (in32, pr32, slots32) = (fan_in as i32, pr as i32, slots as i32);
         let cfg = LaunchConfig {
             // Tiles of one token: a block per row of a; wider: a warp per row.
             grid_dim: (
@@ -104,11 +100,52 @@ impl CudaKernels {
             .arg(&slots32);
         // SAFETY: argument types match `lora_shrink_*`; shapes are checked above.
         unsafe { l.launch(cfg) }.w()?;
+        Ok(())
+    }
+
+    /// The expand half of [`CudaKernels::lora_into`]: `out[t] += b[s] · y[t]` for the tokens
+    /// of each tile, `y` as [`CudaKernels::lora_shrink_into`] wrote it.
+    pub fn lora_expand_into(
+        &self,
+        y: &Tensor,
+        (b, splits): (&Tensor, &[usize]),
+        (tiles, tile): (&Tensor, usize),
+        out: &Tensor,
+    ) -> Result<()> {
+        for t in [b, out] {
+            self.check_dtype(t)?;
+        }
+        let (slots, nout, r) = b.dims3()?;
+        let t = out.elem_count() / nout.max(1);
+        let ntiles = tiles.elem_count() / 3;
+        let parts = splits.len().saturating_sub(1);
+        let pr = parts * r;
+        let fits = out.elem_count() == t * nout
+            && (1..=3).contains(&parts)
+            && splits.last() == Some(&nout)
+            && tiles.dtype() == DType::U32
+            && tiles.elem_count() == 3 * ntiles
+            && y.dtype() == DType::F32
+            && y.elem_count() >= t * pr
+            && (tile == 1 || tile == LORA_TILE)
+            && r.is_multiple_of(8)
+            && tile * pr * 4 <= 48 * 1024;
+        if !fits {
+            return Err(kernel_err("lora expand", "shapes do not fit"));
+        }
+        if ntiles == 0 || t == 0 {
+            return Ok(());
+        }
+        let (pb, ps, py, po) = (self.ptr(b)?, self.ptr(tiles)?, self.ptr(y)?, self.ptr(out)?);
+        let (pr32, slots32, n32, r32) = (pr as i32, slots as i32, nout as i32, r as i32);
+        let s1 = splits.get(1).copied().filter(|_| parts > 1).unwrap_or(nout) as i32;
+        let s2 = splits.get(2).copied().filter(|_| parts > 2).unwrap_or(nout) as i32;
         let cfg = LaunchConfig {
             grid_dim: (nout.div_ceil(256) as u32, ntiles as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: (tile * pr * 4) as u32,
         };
+        let fs = &self.lora[usize::from(tile != 1)];
         let mut l = self.launcher(&fs[1]);
         l.arg(&py).arg(&pb).arg(&ps).arg(&po).arg(&n32).arg(&r32);
         l.arg(&pr32).arg(&s1).arg(&s2).arg(&slots32);

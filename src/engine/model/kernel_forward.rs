@@ -196,6 +196,57 @@ impl KernelForward<'_> {
         })
     }
 
+    /// Whether the step's attention runs as the fused decode launch: a pure decode step
+    /// (every token a decode sequence, in order) of a batch the fused kernel takes.
+    pub(crate) fn attention_fused(&self, inputs: &StepInputs, plan: &AttnPlan, t: usize) -> bool {
+        !inputs.verify
+            && matches!(plan.groups.as_slice(),
+            [AttnGroup::KernelDecode { n, first: 0 }] if *n == t)
+            && self.fuses_decode(t)
+    }
+
+    /// Layer `li`'s attention from `acts.qkv`: the fused decode launch (`fused`), or the q/k
+    /// norm + RoPE + KV write and then the attention kernels; returns the attention output.
+    pub(crate) fn layer_attention(
+        &self,
+        li: usize,
+        (inputs, acts, plan, cache): (&StepInputs, &Activations, &AttnPlan, &PagedKvCache),
+        (fused, part): (bool, usize),
+    ) -> Result<Tensor> {
+        let (m, k, a) = (self.model, self.kernels, acts);
+        let at = &m.layers[li].attn;
+        let bs = cache.block_size();
+        let mut kv = cache.layer(li);
+        kv.fresh = a.kv_new.as_ref().map(|(k, v)| (k, v));
+        Ok(if fused {
+            k.decode_fused_into(
+                &a.qkv,
+                (&at.q_norm.weight, &at.k_norm.weight, at.q_norm.eps),
+                &m.inv_freq,
+                (&inputs.pos, &inputs.slots),
+                kv,
+                (&inputs.tables, inputs.width.as_ref()),
+                &inputs.ctx_lens,
+                bs,
+                &a.attn,
+                (inputs.splits, part, a.scratch.as_ref(), &a.counters),
+            )?;
+            a.attn.clone()
+        } else {
+            k.qk_norm_rope_kv_write_into(
+                &a.qkv,
+                (&at.q_norm.weight, &at.k_norm.weight),
+                &m.inv_freq,
+                (&inputs.pos, &inputs.slots),
+                kv,
+                (at.num_heads, at.num_kv_heads, at.head_dim),
+                at.q_norm.eps,
+                &a.q,
+            )?;
+            self.attend_kernels(kv, plan, inputs, acts, bs)?
+        })
+    }
+
     /// Every layer and the final norm of one step, on `inputs`, into `acts` (`acts.h` ends as
     /// the normed last hidden state of every token). Allocates nothing, copies nothing from
     /// the host and never synchronizes when the step is pure decode on one rank, unless
@@ -210,7 +261,6 @@ impl KernelForward<'_> {
         mut trace: Option<&mut Vec<(String, Tensor)>>,
     ) -> Result<()> {
         let (m, k) = (self.model, self.kernels);
-        let bs = cache.block_size();
         let a = &acts;
         k.embedding_into(&m.embed, &inputs.ids, &a.residual[0])?;
         // Which residual buffer holds the stream; each add+norm with a delta moves it.
@@ -219,12 +269,16 @@ impl KernelForward<'_> {
         // A pure decode step (every token a decode sequence, in order) of a small batch runs
         // each layer's attention as one fused launch.
         let t = a.h.dim(0)?;
-        let fused = !inputs.verify
-            && matches!(plan.groups.as_slice(),
-            [AttnGroup::KernelDecode { n, first: 0 }] if *n == t)
-            && self.fuses_decode(t);
+        let fused = self.attention_fused(inputs, plan, t);
         let part = CudaKernels::decode_partition(inputs.ctx_lens.elem_count());
         let lora = self.lora_step(inputs, acts)?;
+        if let Some(l) = &lora
+            && comm.is_none()
+            && trace.is_none()
+            && self.lora_fuses(l)?
+        {
+            return self.layers_lora_fused(l, (inputs, acts, plan, cache), (fused, part));
+        }
         for (li, layer) in m.layers.iter().enumerate() {
             let at = &layer.attn;
             let norm = &layer.input_norm;
@@ -255,35 +309,7 @@ impl KernelForward<'_> {
             if delta.is_some() {
                 cur = 1 - cur;
             }
-            let mut kv = cache.layer(li);
-            kv.fresh = a.kv_new.as_ref().map(|(k, v)| (k, v));
-            let out = if fused {
-                k.decode_fused_into(
-                    &a.qkv,
-                    (&at.q_norm.weight, &at.k_norm.weight, at.q_norm.eps),
-                    &m.inv_freq,
-                    (&inputs.pos, &inputs.slots),
-                    kv,
-                    (&inputs.tables, inputs.width.as_ref()),
-                    &inputs.ctx_lens,
-                    bs,
-                    &a.attn,
-                    (inputs.splits, part, a.scratch.as_ref(), &a.counters),
-                )?;
-                a.attn.clone()
-            } else {
-                k.qk_norm_rope_kv_write_into(
-                    &a.qkv,
-                    (&at.q_norm.weight, &at.k_norm.weight),
-                    &m.inv_freq,
-                    (&inputs.pos, &inputs.slots),
-                    kv,
-                    (at.num_heads, at.num_kv_heads, at.head_dim),
-                    at.q_norm.eps,
-                    &a.q,
-                )?;
-                self.attend_kernels(kv, plan, inputs, acts, bs)?
-            };
+            let out = self.layer_attention(li, (inputs, acts, plan, cache), (fused, part))?;
             let ffn_w = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.gate_up.weight(),
                 Ffn::Sparse(moe) => &moe.router,
