@@ -18,6 +18,7 @@ const KERNELS: &[&str] = &[
     "kv_write",
     "logit_edits",
     "lora",
+    "lora_fused",
     "gemv",
     "kv_move",
     "moe",

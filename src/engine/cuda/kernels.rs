@@ -29,6 +29,7 @@ static LAYER_OPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/layer_ops.fa
 static KV_WRITE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kv_write.fatbin"));
 static LOGIT_EDITS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/logit_edits.fatbin"));
 static LORA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora.fatbin"));
+static LORA_FUSED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_fused.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
 static MOE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe.fatbin"));
 static MOE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_mma.fatbin"));
@@ -78,9 +79,10 @@ pub struct CudaKernels {
     /// LoRA shrink and expand (`kernels/lora.cu`), for tiles of one token and of
     /// [`super::LORA_TILE`].
     pub(super) lora: [[CudaFunction; 2]; 2],
-    /// The LoRA decode path fused into the norms and SiLU (`lora_norm_shrink`,
-    /// `lora_silu_shrink`); None without `LaunchOptions::lora_fused`.
-    pub(super) lora_fused: Option<[CudaFunction; 2]>,
+    /// The LoRA decode path fused into the norms and SiLU (`kernels/lora_fused.cu`:
+    /// `lora_norm_shrink`, `lora_silu_shrink`, for ranks up to 16 and up to 64); None without
+    /// `LaunchOptions::lora_fused`.
+    pub(super) lora_fused: Option<[[CudaFunction; 2]; 2]>,
     pub(super) gather_rows_f32: CudaFunction,
     /// The MoE layers' kernels (`kernels/moe_route.cu`, `kernels/moe.cu`, `kernels/moe_mma.cu`).
     pub(super) moe: MoeKernels,
@@ -340,10 +342,14 @@ impl CudaKernels {
                 ],
             ],
             lora_fused: if opts.lora_fused {
-                Some([
-                    f(&lora_mod, &format!("lora_norm_shrink_{s}"))?,
-                    f(&lora_mod, &format!("lora_silu_shrink_{s}"))?,
-                ])
+                let m = load(LORA_FUSED, "lora_fused")?;
+                let pair = |r: usize| -> Result<[CudaFunction; 2]> {
+                    Ok([
+                        f(&m, &format!("lora_norm_shrink_r{r}_{s}"))?,
+                        f(&m, &format!("lora_silu_shrink_r{r}_{s}"))?,
+                    ])
+                };
+                Some([pair(16)?, pair(64)?])
             } else {
                 None
             },

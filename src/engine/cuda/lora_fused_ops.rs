@@ -1,5 +1,5 @@
 //! Launches of the LoRA decode path with the deltas fused into the step's norms and SiLU
-//! (`kernels/lora.cu` `lora_norm_shrink_*`, `lora_silu_shrink_*`; `LaunchOptions::lora_fused`):
+//! (`kernels/lora_fused.cu`; `LaunchOptions::lora_fused`):
 //! steps whose LoRA tiles are one token each. Per layer the deltas then take two launches
 //! besides the base's (the qkv expand and the o shrink, [`super::lora_ops`]) instead of eight.
 
@@ -11,10 +11,11 @@ use super::kernels::CudaKernels;
 use super::launch::kernel_err;
 use crate::error::Result;
 
-/// The largest adapter rank the fused path takes (`SS_MAX_R` in `kernels/lora.cu`).
+/// The largest adapter rank the fused path takes (its kernels' `RMAX`: 16 and 64).
 pub const LORA_FUSED_MAX_RANK: usize = 64;
 
-/// The largest hidden size the fused norm takes (`NS_CHUNKS * 256 * 8` in `kernels/lora.cu`).
+/// The largest hidden size the fused norm takes (`NS_CHUNKS * 256 * 8` in
+/// `kernels/lora_fused.cu`).
 pub const LORA_FUSED_MAX_HIDDEN: usize = 8192;
 
 /// Rows of `a` one block of the fused norm shrinks (`NS_ROWS`).
@@ -63,6 +64,7 @@ impl CudaKernels {
             && k.is_multiple_of(8)
             && k <= LORA_FUSED_MAX_HIDDEN
             && tiles.dtype() == DType::U32;
+        // Without an expand, r stays 0 and the rank-16 kernel runs.
         let (mut slots, mut r, mut parts) = (0, 0, 0);
         if let Some((y, p, b)) = expand {
             self.check_dtype(b)?;
@@ -70,6 +72,7 @@ impl CudaKernels {
             (slots, r, parts) = (s, rb, p);
             fits &= kb == k
                 && rb.is_multiple_of(8)
+                && rb <= LORA_FUSED_MAX_RANK
                 && y.dtype() == DType::F32
                 && y.elem_count() >= t * p * rb
                 && delta.is_some();
@@ -118,7 +121,7 @@ impl CudaKernels {
             block_dim: (256, 1, 1),
             shared_mem_bytes: (r * 4) as u32,
         };
-        let mut l = self.launcher(&f[0]);
+        let mut l = self.launcher(&f[usize::from(r > 16)][0]);
         l.arg(&pres).arg(&pd).arg(&pro).arg(&pnw).arg(&eps32).arg(&add);
         l.arg(&pyin).arg(&parts32).arg(&pb).arg(&ph).arg(&pa).arg(&pyout);
         l.arg(&pr32).arg(&pt).arg(&nt32).arg(&slots32).arg(&k32).arg(&r32);
@@ -177,7 +180,7 @@ impl CudaKernels {
             block_dim: (LORA_SILU_COLS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut l = self.launcher(&f[1]);
+        let mut l = self.launcher(&f[usize::from(r > 16)][1]);
         l.arg(&pgu).arg(&py).arg(&pb).arg(&pact).arg(&pa).arg(&pyd);
         l.arg(&pt).arg(&nt32).arg(&slots32).arg(&n32).arg(&r32);
         // SAFETY: argument types match `lora_silu_shrink_*`; shapes are checked above.
