@@ -18,7 +18,7 @@ const KERNELS: &[&str] = &[
     "kv_write",
     "logit_edits",
     "lora",
-    "lora_fused",
+    "lora_silu",
     "gemv",
     "kv_move",
     "moe",

@@ -195,10 +195,10 @@ pub struct KernelFlags {
     /// rows (`KernelOptions::moe_norm_router`).
     #[arg(long)]
     pub moe_norm_router: bool,
-    /// LoRA decode steps with the adapters' deltas fused into the norms and the SiLU
-    /// (`KernelOptions::lora_fused`).
+    /// LoRA steps of up to 64 rows with the shrinks on a second stream beside the base
+    /// matmuls and the gate|up expand fused with the SiLU (`KernelOptions::lora_overlap`).
     #[arg(long)]
-    pub lora_fused: bool,
+    pub lora_overlap: bool,
 }
 
 /// `MIN,MAX` n-gram lengths: 1 <= MIN <= MAX <= 16.
@@ -235,7 +235,7 @@ impl KernelFlags {
             mma_decode_split_p: self.mma_decode_split_p,
             moe_tile_one: !self.no_moe_tile_one,
             moe_norm_router: self.moe_norm_router,
-            lora_fused: self.lora_fused,
+            lora_overlap: self.lora_overlap,
             ..KernelOptions::default()
         }
     }
@@ -416,10 +416,10 @@ mod tests {
             .engine
             .options();
         assert!(!e.kernels.moe_tile_one && e.kernels.moe_norm_router);
-        // The fused LoRA decode path: off unless asked for.
-        assert!(!d.kernels.lora_fused && !e.kernels.lora_fused);
-        let f = Cli::parse_from(["x", "--lora-fused"]).engine.options();
-        assert!(f.kernels.lora_fused);
+        // The LoRA shrinks beside the base matmuls: off unless asked for.
+        assert!(!d.kernels.lora_overlap && !e.kernels.lora_overlap);
+        let f = Cli::parse_from(["x", "--lora-overlap"]).engine.options();
+        assert!(f.kernels.lora_overlap);
         assert!(d.grammar_bounded_strings && lib.grammar_bounded_strings);
         assert!(d.grammar_fast_forward && lib.grammar_fast_forward);
         assert_eq!(

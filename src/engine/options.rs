@@ -91,12 +91,12 @@ pub struct KernelOptions {
     /// launch (`kernels/moe_route.cu` `moe_norm_router_t*`, bf16) instead of two. Off by default:
     /// built without a GPU, unmeasured (#29: one launch of the nine a layer at batch 1).
     pub moe_norm_router: bool,
-    /// LoRA decode steps of up to 64 rows (one-token tiles, one rank, dense layers) run the
-    /// adapters' deltas fused into the step's norms and SiLU: each add+RMSNorm expands the
-    /// delta of the matmul before it and shrinks for the matmul after it, the SiLU expands the
-    /// gate|up delta and shrinks for down (`kernels/lora.cu`), so the deltas take two launches
-    /// a layer besides the base's instead of eight (#23). Off by default: unmeasured.
-    pub lora_fused: bool,
+    /// LoRA steps of up to 64 rows (one-token tiles) take the adapters' shrinks off the
+    /// step's critical path: each runs on a second stream beside the base matmul that reads
+    /// the same input (joined before its expand), and the gate|up expand is one launch with
+    /// the SiLU product (`kernels/lora_silu.cu`): four launches a layer on the critical path
+    /// instead of nine (#23). Off by default: unmeasured.
+    pub lora_overlap: bool,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
     /// stream, where the events only cost time).
     pub event_tracking: bool,
@@ -124,7 +124,7 @@ impl Default for KernelOptions {
             mma_decode_split_p: false,
             moe_tile_one: true,
             moe_norm_router: false,
-            lora_fused: false,
+            lora_overlap: false,
             event_tracking: false,
         }
     }

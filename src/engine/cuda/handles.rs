@@ -72,7 +72,10 @@ impl MoeKernels {
             sum: both(moe, "moe_sum")?,
             tile_one,
             norm_router: if norm_router {
-                Some([f(moe, "moe_norm_router_t1")?, f(moe, "moe_norm_router_t2")?])
+                Some([
+                    f(route, "moe_norm_router_t1")?,
+                    f(route, "moe_norm_router_t2")?,
+                ])
             } else {
                 None
             },

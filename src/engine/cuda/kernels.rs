@@ -29,7 +29,7 @@ static LAYER_OPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/layer_ops.fa
 static KV_WRITE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kv_write.fatbin"));
 static LOGIT_EDITS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/logit_edits.fatbin"));
 static LORA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora.fatbin"));
-static LORA_FUSED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_fused.fatbin"));
+static LORA_SILU: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_silu.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
 static MOE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe.fatbin"));
 static MOE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_mma.fatbin"));
@@ -79,10 +79,10 @@ pub struct CudaKernels {
     /// LoRA shrink and expand (`kernels/lora.cu`), for tiles of one token and of
     /// [`super::LORA_TILE`].
     pub(super) lora: [[CudaFunction; 2]; 2],
-    /// The LoRA decode path fused into the norms and SiLU (`kernels/lora_fused.cu`:
-    /// `lora_norm_shrink`, `lora_silu_shrink`, for ranks up to 16 and up to 64); None without
-    /// `LaunchOptions::lora_fused`.
-    pub(super) lora_fused: Option<[[CudaFunction; 2]; 2]>,
+    /// LoRA steps with the shrinks beside the base matmuls (`LaunchOptions::lora_overlap`):
+    /// the second stream and the gate|up expand with the SiLU (`kernels/lora_silu.cu`, ranks
+    /// up to 16 and up to 64); None without the option.
+    pub(super) lora_overlap: Option<super::lora_overlap::LoraOverlap>,
     pub(super) gather_rows_f32: CudaFunction,
     /// The MoE layers' kernels (`kernels/moe_route.cu`, `kernels/moe.cu`, `kernels/moe_mma.cu`).
     pub(super) moe: MoeKernels,
@@ -341,15 +341,13 @@ impl CudaKernels {
                     f(&lora_mod, &format!("lora_expand_t8_{s}"))?,
                 ],
             ],
-            lora_fused: if opts.lora_fused {
-                let m = load(LORA_FUSED, "lora_fused")?;
-                let pair = |r: usize| -> Result<[CudaFunction; 2]> {
-                    Ok([
-                        f(&m, &format!("lora_norm_shrink_r{r}_{s}"))?,
-                        f(&m, &format!("lora_silu_shrink_r{r}_{s}"))?,
-                    ])
-                };
-                Some([pair(16)?, pair(64)?])
+            lora_overlap: if opts.lora_overlap {
+                let m = load(LORA_SILU, "lora_silu")?;
+                let silu = [
+                    f(&m, &format!("lora_expand_silu_r16_{s}"))?,
+                    f(&m, &format!("lora_expand_silu_r64_{s}"))?,
+                ];
+                Some(super::lora_overlap::LoraOverlap::new(&stream, silu, m)?)
             } else {
                 None
             },

@@ -60,9 +60,9 @@ pub struct LaunchOptions {
     /// Before a sparse layer's router, the add+RMSNorm and the router's matmul in one launch
     /// for decode steps of 1-2 rows (bf16).
     pub moe_norm_router: bool,
-    /// LoRA decode steps (one-token tiles) with the deltas fused into the norms and the SiLU
-    /// (`kernels/lora.cu` `lora_norm_shrink_*`, `lora_silu_shrink_*`).
-    pub lora_fused: bool,
+    /// LoRA steps of one-token tiles with the shrinks on a second stream beside the base
+    /// matmuls and the gate|up expand fused with the SiLU (`kernels/lora_silu.cu`).
+    pub lora_overlap: bool,
 }
 
 impl Default for LaunchOptions {
@@ -86,7 +86,7 @@ impl Default for LaunchOptions {
             mma_decode_split_p: false,
             moe_tile_one: true,
             moe_norm_router: false,
-            lora_fused: false,
+            lora_overlap: false,
         }
     }
 }

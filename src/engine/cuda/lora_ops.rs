@@ -4,7 +4,7 @@
 //! slot (each block reads its adapter rows once per tile).
 
 use candle_core::cuda_backend::WrapErr;
-use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+use candle_core::cuda_backend::cudarc::driver::{CudaStream, LaunchConfig};
 use candle_core::{DType, Tensor};
 
 use super::kernels::CudaKernels;
@@ -55,6 +55,18 @@ impl CudaKernels {
         &self,
         x: &Tensor,
         a: &Tensor,
+        tiles: (&Tensor, usize),
+        y: &Tensor,
+    ) -> Result<()> {
+        self.lora_shrink_on(None, x, a, tiles, y)
+    }
+
+    /// [`CudaKernels::lora_shrink_into`] on `side` (or the kernels' stream).
+    pub(super) fn lora_shrink_on(
+        &self,
+        side: Option<&CudaStream>,
+        x: &Tensor,
+        a: &Tensor,
         (tiles, tile): (&Tensor, usize),
         y: &Tensor,
     ) -> Result<()> {
@@ -90,7 +102,7 @@ impl CudaKernels {
             shared_mem_bytes: 0,
         };
         let fs = &self.lora[usize::from(tile != 1)];
-        let mut l = self.launcher(&fs[0]);
+        let mut l = self.launcher_on(side, &fs[0]);
         l.arg(&px)
             .arg(&pa)
             .arg(&ps)

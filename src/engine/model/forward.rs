@@ -73,7 +73,7 @@ pub fn kernels_for(
         mma_decode_split_p: opts.mma_decode_split_p,
         moe_tile_one: opts.moe_tile_one,
         moe_norm_router: opts.moe_norm_router,
-        lora_fused: opts.lora_fused,
+        lora_overlap: opts.lora_overlap,
         ..LaunchOptions::default()
     };
     CudaKernels::new(device, dtype, &launch)

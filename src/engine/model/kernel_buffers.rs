@@ -65,8 +65,7 @@ pub(crate) struct Activations {
     /// Merge counters of the fused decode attention (one per row and head, kept zero), for
     /// the rows it serves (at most [`FUSED_MAX_ROWS`]).
     pub(super) counters: Tensor,
-    /// The LoRA shrinks' f32 scratch (`[t, (4 + ceil(intermediate / 256)) * rank]`: the
-    /// regions `super::kernel_lora::LoraStep` names), on a model with adapter slots.
+    /// The LoRA shrink's f32 scratch (`[t, 3 * rank]`), on a model with adapter slots.
     pub(crate) lora_y: Option<Tensor>,
     /// A step with prefill over an fp8 cache: the tokens' K and V unrounded
     /// (`[t, kv_heads, head_dim]`), which the prefill attends to for its chunks' own keys.
@@ -116,13 +115,7 @@ impl Activations {
             scratch: k.decode_scratch(nd, nh, splits)?,
             counters: k.decode_counters(t.min(FUSED_MAX_ROWS), nh)?,
             lora_y: match &m.lora {
-                // The shrinks' y (3 ranks: qkv or gate|up), o's y (1), then the fused path's
-                // down partials (a rank per `LORA_SILU_COLS` columns of the SiLU product).
-                Some(l) => {
-                    let parts = act_n.div_ceil(crate::engine::cuda::LORA_SILU_COLS);
-                    let width = (4 + parts) * l.rank();
-                    Some(k.alloc((t, width), candle_core::DType::F32)?)
-                }
+                Some(l) => Some(k.alloc((t, 3 * l.rank()), candle_core::DType::F32)?),
                 None => None,
             },
             kv_new: None,

@@ -272,13 +272,6 @@ impl KernelForward<'_> {
         let fused = self.attention_fused(inputs, plan, t);
         let part = CudaKernels::decode_partition(inputs.ctx_lens.elem_count());
         let lora = self.lora_step(inputs, acts)?;
-        if let Some(l) = &lora
-            && comm.is_none()
-            && trace.is_none()
-            && self.lora_fuses(l)?
-        {
-            return self.layers_lora_fused(l, (inputs, acts, plan, cache), (fused, part));
-        }
         for (li, layer) in m.layers.iter().enumerate() {
             let at = &layer.attn;
             let norm = &layer.input_norm;
@@ -314,6 +307,9 @@ impl KernelForward<'_> {
                 Ffn::Dense(mlp) => mlp.gate_up.weight(),
                 Ffn::Sparse(moe) => &moe.router,
             };
+            if let Some(l) = &lora {
+                self.lora_shrink(&out, (l, li, 1))?;
+            }
             k.linear_next_into(&out, at.o_proj.weight(), &a.o, Some(ffn_w))?;
             if let Some(l) = &lora {
                 self.lora_add(&out, &a.o, (l, li, 1))?;
@@ -362,6 +358,9 @@ impl KernelForward<'_> {
             }
             cur = 1 - cur;
             let next = m.layers.get(li + 1).map(|l| l.attn.qkv.weight());
+            if let Some(l) = &lora {
+                self.lora_shrink(&a.act, (l, li, 3))?;
+            }
             k.linear_next_into(&a.act, mlp.down.weight(), &a.down, next)?;
             if let Some(l) = &lora {
                 self.lora_add(&a.act, &a.down, (l, li, 3))?;

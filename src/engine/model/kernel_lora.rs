@@ -1,36 +1,30 @@
 //! The LoRA side of the kernel forward: a step with a row on an adapter runs each layer's
 //! norms and matmuls unfused (the normed input must exist for the delta) and adds each fused
-//! matmul's LoRA delta on the kernels (`kernels/lora.cu`) before the output is used; with
-//! `KernelOptions::lora_fused`, steps of one-token tiles instead fold the deltas into the
-//! norms and the SiLU ([`KernelForward::layers_lora_fused`]).
+//! matmul's LoRA delta on the kernels (`kernels/lora.cu`) before the output is used. With
+//! `KernelOptions::lora_overlap`, steps of one-token tiles queue each shrink on a second
+//! stream before the base matmul that reads the same input ([`KernelForward::lora_shrink`])
+//! and join it before the expand ([`KernelForward::lora_add`]); the gate|up expand is then one
+//! launch with the SiLU.
 //!
 //! Invariant: a step without a row on an adapter never comes here (its launches are those
 //! of an engine without adapters, graphs included).
 
 use candle_core::Tensor;
 
-use super::attention::AttnPlan;
 use super::blocks::Norm;
 use super::kernel_forward::{Activations, KernelForward, StepInputs};
-use super::kv_cache::PagedKvCache;
 use super::lora_slots::LoraSlots;
-use super::qwen3::Ffn;
-use crate::engine::cuda::{LORA_FUSED_MAX_HIDDEN, LORA_FUSED_MAX_RANK, LORA_SILU_COLS};
 use crate::error::Result;
 
-/// What a step's LoRA deltas need: the slots, the step's tiles and the shrinks' scratch.
+/// What a step's LoRA deltas need: the slots, the step's tiles and the shrink's scratch.
 pub(crate) struct LoraStep<'a> {
     slots: &'a LoraSlots,
     tiles: Tensor,
     /// Tokens per tile (`crate::engine::cuda::lora_tile` of the step's tokens).
     tile: usize,
-    /// The shrink's y of the qkv and gate|up matmuls (`[t, 3 * rank]`, f32; every matmul's
-    /// on the two-launch path).
     y: Tensor,
-    /// The fused path's: o's y (`[t, rank]`) and down's partial sums (`[t, parts, rank]`,
-    /// a part per [`LORA_SILU_COLS`] columns of the SiLU product).
-    y_o: Tensor,
-    y_down: (Tensor, usize),
+    /// The shrinks run beside the base matmuls (one-token tiles, `KernelOptions::lora_overlap`).
+    overlap: bool,
 }
 
 impl<'m> KernelForward<'m> {
@@ -49,116 +43,49 @@ impl<'m> KernelForward<'m> {
         let y = acts.lora_y.clone().ok_or_else(|| {
             crate::engine::cuda::kernel_err("lora", "activations without the LoRA scratch")
         })?;
-        let (r, n) = (slots.rank(), acts.act.dim(1)?);
-        let parts = n.div_ceil(LORA_SILU_COLS);
-        let flat = y.flatten_all()?;
-        if flat.elem_count() < t * (4 + parts) * r {
-            return Err(crate::engine::cuda::kernel_err("lora", "LoRA scratch too small"));
-        }
+        let tile = crate::engine::cuda::lora_tile(t);
+        let overlap = tile == 1
+            && self.kernels.lora_overlap()
+            && slots.rank() <= crate::engine::cuda::LORA_OVERLAP_MAX_RANK;
         Ok(Some(LoraStep {
             slots,
             tiles: tiles.clone(),
-            tile: crate::engine::cuda::lora_tile(t),
-            y: flat.narrow(0, 0, t * 3 * r)?,
-            y_o: flat.narrow(0, t * 3 * r, t * r)?,
-            y_down: (flat.narrow(0, t * 4 * r, t * parts * r)?, parts),
+            tile,
+            y,
+            overlap,
         }))
     }
 
-    /// Whether step `l` takes the fused LoRA decode path (`KernelOptions::lora_fused`):
-    /// one-token tiles, dense layers, a rank and hidden size its kernels take.
-    pub(crate) fn lora_fuses(&self, l: &LoraStep<'_>) -> Result<bool> {
-        let m = self.model;
-        let hidden = m.embed.dim(1)?;
-        Ok(self.kernels.lora_fused()
-            && l.tile == 1
-            && l.slots.rank() <= LORA_FUSED_MAX_RANK
-            && hidden <= LORA_FUSED_MAX_HIDDEN
-            && m.layers.iter().all(|layer| layer.ffn.dense().is_some()))
-    }
-
-    /// Every layer and the final norm of a LoRA step on the fused path (the embedding
-    /// already written into `acts.residual[0]`): per layer the norm + shrink (with the
-    /// previous down's expand), qkv, its expand, the attention, o, its shrink, the norm +
-    /// shrink (with o's expand), gate|up, the SiLU + expand + down's shrink, down.
-    pub(crate) fn layers_lora_fused(
+    /// With the overlap, queues the shrink of fused matmul `g` of layer `li` for input `x` on
+    /// the second stream (before the base matmul on `x`); nothing otherwise.
+    pub(crate) fn lora_shrink(
         &self,
-        l: &LoraStep<'_>,
-        (inputs, acts, plan, cache): (&StepInputs, &Activations, &AttnPlan, &PagedKvCache),
-        attn: (bool, usize),
+        x: &Tensor,
+        (l, li, g): (&LoraStep<'_>, usize, usize),
     ) -> Result<()> {
-        let (m, k, a) = (self.model, self.kernels, acts);
-        let tiles = &l.tiles;
-        let (yd, parts) = (&l.y_down.0, l.y_down.1);
-        let mut cur = 0;
-        let mut delta: Option<&Tensor> = None;
-        for (li, layer) in m.layers.iter().enumerate() {
-            let (at, sg) = (&layer.attn, &l.slots.layers[li]);
-            let Ffn::Dense(mlp) = &layer.ffn else {
-                return Err(crate::engine::cuda::kernel_err("lora", "a sparse layer"));
-            };
-            let norm = &layer.input_norm;
-            let down_before = li
-                .checked_sub(1)
-                .filter(|_| delta.is_some())
-                .map(|p| (yd, parts, &l.slots.layers[p][3].b));
-            k.lora_norm_shrink_into(
-                (&a.residual[cur], delta, &a.residual[1 - cur]),
-                (&norm.weight, norm.eps),
-                down_before,
-                &a.h,
-                Some((&sg[0].a, &l.y)),
-                tiles,
-            )?;
-            if delta.is_some() {
-                cur = 1 - cur;
-            }
-            k.linear_next_into(&a.h, at.qkv.weight(), &a.qkv, Some(at.o_proj.weight()))?;
-            k.lora_expand_into(&l.y, (&sg[0].b, &sg[0].splits), (tiles, 1), &a.qkv)?;
-            let out = self.layer_attention(li, (inputs, acts, plan, cache), attn)?;
-            let gu_w = mlp.gate_up.weight();
-            k.linear_next_into(&out, at.o_proj.weight(), &a.o, Some(gu_w))?;
-            k.lora_shrink_into(&out, &sg[1].a, (tiles, 1), &l.y_o)?;
-            let norm = &layer.post_norm;
-            k.lora_norm_shrink_into(
-                (&a.residual[cur], Some(&a.o), &a.residual[1 - cur]),
-                (&norm.weight, norm.eps),
-                Some((&l.y_o, 1, &sg[1].b)),
-                &a.h,
-                Some((&sg[2].a, &l.y)),
-                tiles,
-            )?;
-            cur = 1 - cur;
-            k.linear_next_into(&a.h, gu_w, &a.gu, Some(mlp.down.weight()))?;
-            k.lora_silu_shrink_into(&a.gu, (&l.y, &sg[2].b), &a.act, (&sg[3].a, yd), tiles)?;
-            let next = m.layers.get(li + 1).map(|l| l.attn.qkv.weight());
-            k.linear_next_into(&a.act, mlp.down.weight(), &a.down, next)?;
-            delta = Some(&a.down);
+        if !l.overlap {
+            return Ok(());
         }
-        let last = l.slots.layers.len().checked_sub(1);
-        let down_before = last
-            .filter(|_| delta.is_some())
-            .map(|p| (yd, parts, &l.slots.layers[p][3].b));
-        k.lora_norm_shrink_into(
-            (&a.residual[cur], delta, &a.residual[1 - cur]),
-            (&m.norm.weight, m.norm.eps),
-            down_before,
-            &a.h,
-            None,
-            tiles,
-        )
+        let sg = &l.slots.layers[li][g];
+        self.kernels
+            .lora_shrink_beside(x, &sg.a, (&l.tiles, l.tile), &l.y)
     }
 
-    /// `out += delta` of fused matmul `g` of layer `li` for input `x`.
+    /// `out += delta` of fused matmul `g` of layer `li` for input `x` (with the overlap: the
+    /// join and the expand of the shrink [`KernelForward::lora_shrink`] queued).
     pub(crate) fn lora_add(
         &self,
         x: &Tensor,
         out: &Tensor,
         (l, li, g): (&LoraStep<'_>, usize, usize),
     ) -> Result<()> {
-        let sg = &l.slots.layers[li][g];
-        self.kernels
-            .lora_into(x, (&sg.a, &sg.b, &sg.splits), (&l.tiles, l.tile), &l.y, out)
+        let (k, sg) = (self.kernels, &l.slots.layers[li][g]);
+        let tiles = (&l.tiles, l.tile);
+        if l.overlap {
+            k.lora_join()?;
+            return k.lora_expand_into(&l.y, (&sg.b, &sg.splits), tiles, out);
+        }
+        k.lora_into(x, (&sg.a, &sg.b, &sg.splits), tiles, &l.y, out)
     }
 
     /// `h = rmsnorm(res + delta)`, `out = h · wᵀ + LoRA delta`, then with `silu`
@@ -176,11 +103,20 @@ impl<'m> KernelForward<'m> {
     ) -> Result<()> {
         let k = self.kernels;
         k.add_rmsnorm_to(delta, res, res_out, &norm.weight, norm.eps, h)?;
+        self.lora_shrink(h, lora)?;
         k.linear_into(h, w, out)?;
-        self.lora_add(h, out, lora)?;
-        if let Some((gu, act)) = silu {
-            k.silu_mul_into(gu, act)?;
+        let (l, li, g) = lora;
+        match silu {
+            Some((gu, act)) if l.overlap => {
+                k.lora_join()?;
+                let sg = &l.slots.layers[li][g];
+                k.lora_expand_silu_into(gu, (&l.y, &sg.b), act, &l.tiles)
+            }
+            Some((gu, act)) => {
+                self.lora_add(h, out, lora)?;
+                k.silu_mul_into(gu, act)
+            }
+            None => self.lora_add(h, out, lora),
         }
-        Ok(())
     }
 }

@@ -1,0 +1,119 @@
+// LoRA steps of one-token tiles with fewer launches on the step's critical path
+// (LaunchOptions::lora_overlap; launchers: src/engine/cuda/lora_fused_ops.rs, the slots'
+// layout: src/engine/model/lora_slots.rs): the shrinks run on a second stream beside the base
+// matmul that reads the same input, and the gate|up delta's expand is one launch with the
+// SiLU product (lora_expand_silu), which rounds where the two launches round (the expanded
+// gate and up to T, then the product). Adapter weights and the tile table are written by no
+// kernel of a step: the kernel loads them before waiting on the kernel before it, with the
+// rank loops unrolled to RMAX (16 or 64) so that a row's loads go out together.
+#include <stdint.h>
+#include "common.cuh"
+
+// Eight values of T from one (bf16) or two (f32) 16-byte loads.
+template <typename T> struct Vec8;
+template <> struct Vec8<__nv_bfloat16> {
+  uint4 v;
+  __device__ __forceinline__ void load(const __nv_bfloat16* p) {
+    v = *reinterpret_cast<const uint4*>(p);
+  }
+  __device__ __forceinline__ void to(float* o) const { bf16x8_to_f32(v, o); }
+};
+template <> struct Vec8<float> {
+  float4 a, b;
+  __device__ __forceinline__ void load(const float* p) {
+    a = reinterpret_cast<const float4*>(p)[0];
+    b = reinterpret_cast<const float4*>(p)[1];
+  }
+  __device__ __forceinline__ void to(float* o) const {
+    o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
+    o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+  }
+};
+
+template <typename T> __device__ __forceinline__ float round_t(float x) {
+  return to_f(from_f<T>(x));
+}
+
+// The slot of token `tok` in a table of one-token tiles (triples (token, count, slot)), or
+// 0xffffffff for a token on no adapter (base rows have no tile; count-0 tiles are padding).
+// The whole block calls it.
+__device__ __forceinline__ uint32_t token_slot(const uint32_t* __restrict__ tiles, int ntiles,
+                                               int tok, int slots) {
+  __shared__ uint32_t found;
+  if (threadIdx.x == 0) found = 0xffffffffu;
+  __syncthreads();
+  for (int i = threadIdx.x; i < ntiles; i += blockDim.x) {
+    const uint32_t* tl = tiles + 3 * i;
+    if ((int)tl[0] == tok && tl[1] > 0 && tl[2] < (uint32_t)slots) found = tl[2];
+  }
+  __syncthreads();
+  return found;
+}
+
+// A row of r <= RMAX (a multiple of 8) values of b, all its loads issued at once.
+template <typename T, int RMAX> struct RankRow {
+  Vec8<T> v[RMAX / 8];
+  __device__ __forceinline__ void load(const T* __restrict__ row, int r) {
+#pragma unroll
+    for (int c = 0; c < RMAX / 8; ++c)
+      if (c * 8 < r) v[c].load(row + c * 8);
+  }
+  // sum_i ys[i] * row[i]
+  __device__ __forceinline__ float dot(const float* ys, int r) const {
+    float acc = 0.f;
+#pragma unroll
+    for (int c = 0; c < RMAX / 8; ++c) {
+      if (c * 8 < r) {
+        float bv[8];
+        v[c].to(bv);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc += ys[c * 8 + i] * bv[i];
+      }
+    }
+    return acc;
+  }
+};
+
+// Grid (ceil(n / 256), T), 256 threads. Column c = blockIdx.x * 256 + tid of token t on slot s:
+//   g = bf16(gu[t, c] + y[t, :r] · b[s, c]),  u = bf16(gu[t, n + c] + y[t, r:] · b[s, n + c])
+//   act[t, c] = bf16(silu(g) * u)
+// (y [T, 2r]: the gate|up shrink; b [slots, 2n, r]). A token on no adapter gets the plain
+// SiLU product.
+template <typename T, int RMAX>
+__device__ void lora_expand_silu(const T* __restrict__ gu, const float* __restrict__ y,
+                                 const T* __restrict__ b, T* __restrict__ act,
+                                 const uint32_t* __restrict__ tiles, int ntiles, int slots, int n,
+                                 int r) {
+  pdl_trigger();
+  const int tok = blockIdx.y, c = blockIdx.x * 256 + threadIdx.x;
+  const uint32_t s = token_slot(tiles, ntiles, tok, slots);
+  const bool on = s != 0xffffffffu, in = c < n;
+  RankRow<T, RMAX> bg, bu;  // b's gate and up rows of this column
+  if (on && in) {
+    bg.load(b + ((size_t)s * 2 * n + c) * r, r);
+    bu.load(b + ((size_t)s * 2 * n + n + c) * r, r);
+  }
+  pdl_wait();
+  if (!in) return;
+  float g = to_f(gu[(size_t)tok * 2 * n + c]);
+  float u = to_f(gu[(size_t)tok * 2 * n + n + c]);
+  if (on) {
+    const float* yt = y + (size_t)tok * 2 * r;
+    g = round_t<T>(g + bg.dot(yt, r));
+    u = round_t<T>(u + bu.dot(yt + r, r));
+  }
+  act[(size_t)tok * n + c] = from_f<T>(g / (1.f + __expf(-g)) * u);
+}
+
+#define LORA_FUSED(T, S, RMAX)                                                                  \
+  extern "C" __global__ void __launch_bounds__(256) lora_expand_silu_r##RMAX##_##S(             \
+      const T* gu, const float* y, const T* b, T* act, const uint32_t* tiles, int ntiles,       \
+      int slots, int n, int r) {                                                                \
+    lora_expand_silu<T, RMAX>(gu, y, b, act, tiles, ntiles, slots, n, r);                       \
+  }
+
+// Ranks up to 16 (the common adapters) and up to 64.
+LORA_FUSED(__nv_bfloat16, bf16, 16)
+LORA_FUSED(__nv_bfloat16, bf16, 64)
+LORA_FUSED(float, f32, 16)
+LORA_FUSED(float, f32, 64)

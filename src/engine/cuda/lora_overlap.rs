@@ -1,0 +1,157 @@
+//! LoRA steps of one-token tiles with the shrinks off the critical path
+//! (`LaunchOptions::lora_overlap`): each shrink runs on a second stream beside the base matmul
+//! that reads the same input (the stream forks from the kernels' stream before it and the
+//! kernels' stream joins it before the expand; inside a CUDA graph these become two branches),
+//! and the gate|up delta's expand is one launch with the SiLU product
+//! (`kernels/lora_silu.cu`).
+//!
+//! Invariant: every fork is joined before the step ends (a captured step must come back to
+//! the capturing stream), and a shrink's scratch is written only after the kernels' stream
+//! has queued the expand that reads the previous shrink's (the fork comes after it).
+
+use std::sync::Arc;
+
+use candle_core::cuda_backend::WrapErr;
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaEvent, CudaFunction, CudaModule, CudaStream, LaunchConfig,
+};
+use candle_core::{DType, Tensor};
+
+use super::kernels::CudaKernels;
+use super::launch::{Launch, kernel_err};
+use crate::error::Result;
+
+/// The largest adapter rank the fused expand+SiLU takes (its kernels' `RMAX`: 16 and 64).
+pub const LORA_OVERLAP_MAX_RANK: usize = 64;
+
+/// The second stream, its fork and join events, and the expand+SiLU kernels.
+pub(crate) struct LoraOverlap {
+    side: Arc<CudaStream>,
+    fork: CudaEvent,
+    join: CudaEvent,
+    /// `lora_expand_silu` for ranks up to 16 and up to 64.
+    silu: [CudaFunction; 2],
+    _module: Arc<CudaModule>,
+}
+
+impl LoraOverlap {
+    /// The second stream forked from `main` and the kernels of `module`.
+    pub(crate) fn new(
+        main: &Arc<CudaStream>,
+        silu: [CudaFunction; 2],
+        module: Arc<CudaModule>,
+    ) -> Result<Self> {
+        let side = main.fork().map_err(|e| kernel_err("lora stream", e))?;
+        let ctx = main.context();
+        let event = || ctx.new_event(None).map_err(|e| kernel_err("lora event", e));
+        Ok(Self {
+            side,
+            fork: event()?,
+            join: event()?,
+            silu,
+            _module: module,
+        })
+    }
+}
+
+impl CudaKernels {
+    /// Whether LoRA shrinks run beside the base matmuls (`LaunchOptions::lora_overlap`).
+    pub fn lora_overlap(&self) -> bool {
+        self.lora_overlap.is_some()
+    }
+
+    /// [`CudaKernels::lora_shrink_into`] on the second stream, after everything queued on the
+    /// kernels' stream so far; [`CudaKernels::lora_join`] makes the kernels' stream wait for
+    /// it. Without the overlap, on the kernels' stream.
+    pub fn lora_shrink_beside(
+        &self,
+        x: &Tensor,
+        a: &Tensor,
+        tiles: (&Tensor, usize),
+        y: &Tensor,
+    ) -> Result<()> {
+        let Some(o) = &self.lora_overlap else {
+            return self.lora_shrink_into(x, a, tiles, y);
+        };
+        let err = |e| kernel_err("lora fork", e);
+        o.fork.record(&self.stream).map_err(err)?;
+        o.side.wait(&o.fork).map_err(err)?;
+        self.lora_shrink_on(Some(&o.side), x, a, tiles, y)?;
+        o.join.record(&o.side).map_err(err)
+    }
+
+    /// The kernels' stream waits for the last shrink queued beside it (nothing without the
+    /// overlap).
+    pub fn lora_join(&self) -> Result<()> {
+        match &self.lora_overlap {
+            Some(o) => self
+                .stream
+                .wait(&o.join)
+                .map_err(|e| kernel_err("lora join", e)),
+            None => Ok(()),
+        }
+    }
+
+    /// A launch of `f` on `side` (no programmatic dependent launch: the event is its
+    /// dependency), or on the kernels' stream.
+    pub(super) fn launcher_on<'a>(
+        &'a self,
+        side: Option<&'a CudaStream>,
+        f: &'a CudaFunction,
+    ) -> Launch<'a> {
+        match side {
+            Some(s) => Launch::new(s, f, false),
+            None => self.launcher(f),
+        }
+    }
+
+    /// The gate|up delta expanded into `gu` (`[T, 2n]`, from the shrink's `y` `[T, 2r]` and
+    /// `b` `[slots, 2n, r]`) and `act = silu(gate) * up` (`[T, n]`) in one launch, for the
+    /// tokens of the one-token `tiles`; tokens on no adapter get the plain product (`gu`
+    /// itself is left as the matmul wrote it).
+    pub fn lora_expand_silu_into(
+        &self,
+        gu: &Tensor,
+        (y, b): (&Tensor, &Tensor),
+        act: &Tensor,
+        tiles: &Tensor,
+    ) -> Result<()> {
+        let o = self
+            .lora_overlap
+            .as_ref()
+            .ok_or_else(|| kernel_err("lora silu", "the LoRA overlap kernels are not loaded"))?;
+        for x in [gu, b, act] {
+            self.check_dtype(x)?;
+        }
+        let n = act.dim(candle_core::D::Minus1)?;
+        let t = act.elem_count() / n.max(1);
+        let (slots, n2, r) = b.dims3()?;
+        let fits = gu.elem_count() == t * 2 * n
+            && n2 == 2 * n
+            && r.is_multiple_of(8)
+            && r <= LORA_OVERLAP_MAX_RANK
+            && y.dtype() == DType::F32
+            && y.elem_count() >= t * 2 * r
+            && tiles.dtype() == DType::U32;
+        if !fits {
+            return Err(kernel_err("lora silu", "shapes do not fit"));
+        }
+        if t == 0 {
+            return Ok(());
+        }
+        let (pgu, py, pb) = (self.ptr(gu)?, self.ptr(y)?, self.ptr(b)?);
+        let (pact, pt) = (self.ptr(act)?, self.ptr(tiles)?);
+        let [nt32, slots32, n32, r32] = [tiles.elem_count() / 3, slots, n, r].map(|v| v as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(256) as u32, t as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.launcher(&o.silu[usize::from(r > 16)]);
+        l.arg(&pgu).arg(&py).arg(&pb).arg(&pact);
+        l.arg(&pt).arg(&nt32).arg(&slots32).arg(&n32).arg(&r32);
+        // SAFETY: argument types match `lora_expand_silu_*`; shapes are checked above.
+        unsafe { l.launch(cfg) }.w()?;
+        Ok(())
+    }
+}
