@@ -20,6 +20,7 @@
 //! .gpu/graph_check --model-dir /tmp/m --profile 1,2,8   # where a step's GPU time goes
 //! ```
 
+mod lora_profile;
 mod profile;
 mod stress;
 mod verify;

@@ -18,7 +18,7 @@ use policy_serve::engine::runner::graphs::DecodeGraphs;
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// Microseconds per launch of `f`, from 20 launches captured in a graph and replayed 10 times.
-fn time_us(dev: &Device, mut f: impl FnMut() -> Res<()>) -> Res<f64> {
+pub fn time_us(dev: &Device, mut f: impl FnMut() -> Res<()>) -> Res<f64> {
     let Device::Cuda(cd) = dev else {
         return Err("not CUDA".into());
     };
@@ -289,6 +289,7 @@ pub fn run(
             "sum of ops: {layer_us:.1} us per layer, {:.0} us per step ({layers} layers + head)",
             layer_us * layers + lm + f32c
         );
+        super::lora_profile::rows(cfg, dev, b)?;
     }
     // Whole steps on the engine's graphs.
     let bs = 16;
