@@ -1,20 +1,21 @@
 // LoRA deltas added to a fused matmul's output (src/engine/model/lora_slots.rs has the
 // layout; launchers: src/engine/cuda/lora_ops.rs). Per layer and fused matmul of P
 // projections: a = [slots, P * R, in], b = [slots, out, R]. The tokens on adapters come as
-// tiles: (first, count <= TM, slot) over an order of rows that follows the gridDim.y triples
-// (the tile's rows are order[first..first + count], all on one slot), so each block reads its
-// rows of a and b once for up to TM tokens; y is indexed by position in the order. A tile with
-// count 0 (the unused tail of a graph's table) or a slot >= slots does nothing. The tile table
-// and the adapter rows are written by no kernel of a step, so both kernels read them before
-// waiting on the kernel before them (programmatic dependent launch, common.cuh).
+// tiles: (first token, count <= TM, slot), tokens of a tile consecutive and on one slot, so
+// each block reads its rows of a and b once for up to tm tokens. A tile with count 0 (the
+// unused tail of a graph's table) or a slot >= slots does nothing. The tile table and the
+// adapter rows are written by no kernel of a step, so both kernels read them before waiting on
+// the kernel before them (programmatic dependent launch, common.cuh).
 #include <stdint.h>
 #include "common.cuh"
 
-// Shrink: y[p, j] = sum_k x[order[p], k] * a[slot, j, k] (f32) for the positions p of a tile,
-// j < pr. Tiles of one token (TM 1): grid (pr, tiles), 256 threads: the block splits row j of
-// a over its threads (eight values a thread a step, so a row of 1-6k inputs takes each thread
-// 1-3 independent loads; small steps are latency-bound) and the warps' sums meet in shared
-// memory. Wider tiles (TM 8): lora_shrink_tiled below.
+// Shrink: y[t, j] = sum_k x[t, k] * a[slot, j, k] (f32) for the tokens t of a tile, j < pr.
+// Tiles of one token (TM 1): grid (pr, tiles), 256 threads: the block splits row j of a over
+// its threads (eight values a thread a step, so a row of 1-6k inputs takes each thread 1-3
+// independent loads; small steps are latency-bound) and the warps' sums meet in shared
+// memory. Wider tiles (TM 8): grid (ceil(pr / 8), tiles), warp w of block (bx, tile) takes
+// row j = bx * 8 + w for every token of the tile, so the tile's rows of x are read by 8 warps
+// and not by a block per row of a (large batches are bound by those reads).
 template <typename T, int TM>
 __device__ __forceinline__ void lora_shrink(const T* __restrict__ x, const T* __restrict__ a,
                                             const uint32_t* __restrict__ tiles,
@@ -27,7 +28,6 @@ __device__ __forceinline__ void lora_shrink(const T* __restrict__ x, const T* __
   pdl_trigger();
   __shared__ float part[8][TM];
   const uint32_t* tl = tiles + 3 * blockIdx.y;
-  const uint32_t* order = tiles + 3 * gridDim.y;
   const int t0 = tl[0], n = tl[1];
   const uint32_t s = tl[2];
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
@@ -68,7 +68,7 @@ __device__ __forceinline__ void lora_shrink(const T* __restrict__ x, const T* __
       for (int c = 0; c < TM; ++c) {
         if (c < n) {
           float xv[8];
-          bf16x8_to_f32(*reinterpret_cast<const uint4*>(x + (size_t)order[t0 + c] * in + k), xv);
+          bf16x8_to_f32(*reinterpret_cast<const uint4*>(x + (size_t)(t0 + c) * in + k), xv);
 #pragma unroll
           for (int q = 0; q < 8; ++q) acc[c] += xv[q] * av[q];
         }
@@ -80,7 +80,7 @@ __device__ __forceinline__ void lora_shrink(const T* __restrict__ x, const T* __
       const float av = to_f(ar[k]);
 #pragma unroll
       for (int c = 0; c < TM; ++c)
-        if (c < n) acc[c] += to_f(x[(size_t)order[t0 + c] * in + k]) * av;
+        if (c < n) acc[c] += to_f(x[(size_t)(t0 + c) * in + k]) * av;
     }
   }
   if constexpr (BLOCK_ROW) {
@@ -104,92 +104,8 @@ __device__ __forceinline__ void lora_shrink(const T* __restrict__ x, const T* __
   }
 }
 
-// Shrink for tiles of up to 8 tokens: grid (ceil(pr / 8), tiles), 256 threads. The block
-// stages the tile's rows of x in shared memory SH_KC inputs at a time (16-byte copies, all
-// threads), and warp w takes row j = blockIdx.x * 8 + w of a for every token of the tile, so
-// each row of a is read once per tile and each row of x once per block.
-constexpr int SH_KC = 1024;
-template <typename T>
-__device__ __forceinline__ void lora_shrink_tiled(const T* __restrict__ x, const T* __restrict__ a,
-                                                  const uint32_t* __restrict__ tiles,
-                                                  float* __restrict__ y, int in, int pr,
-                                                  int slots) {
-  __shared__ __align__(16) T xs[8][SH_KC];
-  pdl_trigger();
-  const uint32_t* tl = tiles + 3 * blockIdx.y;
-  const uint32_t* order = tiles + 3 * gridDim.y;
-  const int t0 = tl[0], n = tl[1];
-  const uint32_t s = tl[2];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  const int j = blockIdx.x * 8 + warp;
-  if (n == 0 || s >= (uint32_t)slots) return;  // uniform over the block
-  const bool row = j < pr;
-  const T* ar = a + ((size_t)s * pr + min(j, pr - 1)) * in;
-  // The first SH_KC inputs of the warp's row of a before the wait (bf16: 4 loads a lane).
-  constexpr int PRE = SH_KC / 256;
-  uint4 pre[PRE];
-  if constexpr (sizeof(T) == 2) {
-#pragma unroll
-    for (int i = 0; i < PRE; ++i) {
-      const int k = lane * 8 + i * 256;
-      if (row && k < in) pre[i] = *reinterpret_cast<const uint4*>(ar + k);
-    }
-  }
-  pdl_wait();
-  float acc[8];
-#pragma unroll
-  for (int c = 0; c < 8; ++c) acc[c] = 0.f;
-  constexpr int EPV = 16 / sizeof(T);  // elements per 16-byte copy
-  for (int k0 = 0; k0 < in; k0 += SH_KC) {
-    const int kc = min(SH_KC, in - k0);
-    __syncthreads();  // the chunk before is consumed
-    for (int v = threadIdx.x; v < 8 * (SH_KC / EPV); v += blockDim.x) {
-      const int c = v / (SH_KC / EPV), e = (v % (SH_KC / EPV)) * EPV;
-      if (c < n && e < kc)
-        *reinterpret_cast<uint4*>(&xs[c][e]) =
-            *reinterpret_cast<const uint4*>(x + (size_t)order[t0 + c] * in + k0 + e);
-    }
-    __syncthreads();
-    if (!row) continue;
-#pragma unroll
-    for (int i = 0; i < PRE; ++i) {
-      const int kk = lane * 8 + i * 256;
-      if (kk >= kc) break;
-      float av[8];
-      if constexpr (sizeof(T) == 2) {
-        bf16x8_to_f32(k0 == 0 ? pre[i] : *reinterpret_cast<const uint4*>(ar + k0 + kk), av);
-      } else {
-#pragma unroll
-        for (int q = 0; q < 8; ++q) av[q] = to_f(ar[k0 + kk + q]);
-      }
-#pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        if (c < n) {
-          float xv[8];
-          if constexpr (sizeof(T) == 2) {
-            bf16x8_to_f32(*reinterpret_cast<const uint4*>(&xs[c][kk]), xv);
-          } else {
-#pragma unroll
-            for (int q = 0; q < 8; ++q) xv[q] = to_f(xs[c][kk + q]);
-          }
-#pragma unroll
-          for (int q = 0; q < 8; ++q) acc[c] += xv[q] * av[q];
-        }
-      }
-    }
-  }
-  if (!row) return;
-#pragma unroll
-  for (int c = 0; c < 8; ++c) {
-    if (c < n) {
-      const float v = warp_sum(acc[c]);
-      if (lane == 0) y[(size_t)(t0 + c) * pr + j] = v;
-    }
-  }
-}
-
-// Expand: out[order[q], o] += sum_r y[q, p * R + r] * b[slot, o, r] for the positions q of a
-// tile, p = (o >= s1) + (o >= s2) the projection output row o belongs to. Grid (ceil(nout / 256),
+// Expand: out[t, o] += sum_r y[t, p * R + r] * b[slot, o, r] for the tokens t of a tile, p =
+// (o >= s1) + (o >= s2) the projection output row o belongs to. Grid (ceil(nout / 256),
 // tiles), 256 threads, TM * pr floats of shared memory. R is a multiple of 8 (the slots pad
 // it): a thread reads its row of b eight values a load.
 template <typename T, int TM>
@@ -202,7 +118,6 @@ __device__ __forceinline__ void lora_expand(const float* __restrict__ y, const T
   pdl_trigger();
   extern __shared__ float ys[];
   const uint32_t* tl = tiles + 3 * blockIdx.y;
-  const uint32_t* order = tiles + 3 * gridDim.y;
   const int t0 = tl[0], n = tl[1];
   const uint32_t s = tl[2];
   if (n == 0 || s >= (uint32_t)slots) return;  // uniform over the block
@@ -250,7 +165,7 @@ __device__ __forceinline__ void lora_expand(const float* __restrict__ y, const T
 #pragma unroll
   for (int c = 0; c < TM; ++c) {
     if (c < n) {
-      T* dst = out + (size_t)order[t0 + c] * nout + o;
+      T* dst = out + (size_t)(t0 + c) * nout + o;
       *dst = from_f<T>(to_f(*dst) + acc[c]);
     }
   }
@@ -260,8 +175,7 @@ __device__ __forceinline__ void lora_expand(const float* __restrict__ y, const T
   extern "C" __global__ void lora_shrink_t##TM##_##S(const T* x, const T* a,                    \
                                                     const uint32_t* tiles, float* y, int in,    \
                                                     int pr, int slots) {                        \
-    if constexpr (TM == 1) lora_shrink<T, 1>(x, a, tiles, y, in, pr, slots);                     \
-    else lora_shrink_tiled<T>(x, a, tiles, y, in, pr, slots);                                   \
+    lora_shrink<T, TM>(x, a, tiles, y, in, pr, slots);                                          \
   }                                                                                             \
   extern "C" __global__ void lora_expand_t##TM##_##S(const float* y, const T* b,                \
                                                     const uint32_t* tiles, T* out, int nout,    \

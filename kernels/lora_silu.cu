@@ -34,21 +34,17 @@ template <typename T> __device__ __forceinline__ float round_t(float x) {
   return to_f(from_f<T>(x));
 }
 
-// The slot of row `tok` and its position in the order, from the tile table (ntiles triples
-// (first, count, slot) over the order that follows them; see kernels/lora.cu), or slot
-// 0xffffffff for a row on no adapter (base rows are in no tile; count-0 tiles are padding).
+// The slot of token `tok` in a table of one-token tiles (triples (token, count, slot)), or
+// 0xffffffff for a token on no adapter (base rows have no tile; count-0 tiles are padding).
 // The whole block calls it.
-__device__ __forceinline__ uint2 token_slot(const uint32_t* __restrict__ tiles, int ntiles,
-                                            int tok, int slots) {
-  __shared__ uint2 found;
-  if (threadIdx.x == 0) found = make_uint2(0xffffffffu, 0);
+__device__ __forceinline__ uint32_t token_slot(const uint32_t* __restrict__ tiles, int ntiles,
+                                               int tok, int slots) {
+  __shared__ uint32_t found;
+  if (threadIdx.x == 0) found = 0xffffffffu;
   __syncthreads();
-  const uint32_t* order = tiles + 3 * ntiles;
   for (int i = threadIdx.x; i < ntiles; i += blockDim.x) {
     const uint32_t* tl = tiles + 3 * i;
-    if (tl[2] >= (uint32_t)slots) continue;
-    for (uint32_t c = 0; c < tl[1]; ++c)
-      if ((int)order[tl[0] + c] == tok) found = make_uint2(tl[2], tl[0] + c);
+    if ((int)tl[0] == tok && tl[1] > 0 && tl[2] < (uint32_t)slots) found = tl[2];
   }
   __syncthreads();
   return found;
@@ -78,12 +74,11 @@ template <typename T, int RMAX> struct RankRow {
   }
 };
 
-// Grid (ceil(n / 256), T), 256 threads. Column c = blockIdx.x * 256 + tid of row t on slot s
-// at position q of the tiles' order:
-//   g = bf16(gu[t, c] + y[q, :r] · b[s, c]),  u = bf16(gu[t, n + c] + y[q, r:] · b[s, n + c])
+// Grid (ceil(n / 256), T), 256 threads. Column c = blockIdx.x * 256 + tid of token t on slot s:
+//   g = bf16(gu[t, c] + y[t, :r] · b[s, c]),  u = bf16(gu[t, n + c] + y[t, r:] · b[s, n + c])
 //   act[t, c] = bf16(silu(g) * u)
-// (y [T, 2r]: the gate|up shrink; b [slots, 2n, r]). A row on no adapter gets the plain SiLU
-// product.
+// (y [T, 2r]: the gate|up shrink; b [slots, 2n, r]). A token on no adapter gets the plain
+// SiLU product.
 template <typename T, int RMAX>
 __device__ void lora_expand_silu(const T* __restrict__ gu, const float* __restrict__ y,
                                  const T* __restrict__ b, T* __restrict__ act,
@@ -91,8 +86,7 @@ __device__ void lora_expand_silu(const T* __restrict__ gu, const float* __restri
                                  int r) {
   pdl_trigger();
   const int tok = blockIdx.y, c = blockIdx.x * 256 + threadIdx.x;
-  const uint2 sq = token_slot(tiles, ntiles, tok, slots);
-  const uint32_t s = sq.x;
+  const uint32_t s = token_slot(tiles, ntiles, tok, slots);
   const bool on = s != 0xffffffffu, in = c < n;
   RankRow<T, RMAX> bg, bu;  // b's gate and up rows of this column
   if (on && in) {
@@ -104,7 +98,7 @@ __device__ void lora_expand_silu(const T* __restrict__ gu, const float* __restri
   float g = to_f(gu[(size_t)tok * 2 * n + c]);
   float u = to_f(gu[(size_t)tok * 2 * n + n + c]);
   if (on) {
-    const float* yt = y + (size_t)sq.y * 2 * r;
+    const float* yt = y + (size_t)tok * 2 * r;
     g = round_t<T>(g + bg.dot(yt, r));
     u = round_t<T>(u + bu.dot(yt + r, r));
   }

@@ -32,33 +32,15 @@ pub fn rows(cfg: &ModelConfig, dev: &Device, b: usize) -> Res<()> {
         ("gate|up", h, vec![0, inter, 2 * inter]),
         ("down", inter, vec![0, h]),
     ];
-    // One-token tiles (row i on slot i % 8, in the batch's order), and the rows grouped by slot
-    // in tiles of up to 8 (`lora_grouped_tiles`).
-    let mut one: Vec<u32> = (0..b as u32).flat_map(|i| [i, 1, i % 8]).collect();
-    one.extend(0..b as u32);
-    let order: Vec<u32> = (0..8u32)
-        .flat_map(|s| (0..b as u32).filter(move |i| i % 8 == s))
-        .collect();
-    let mut grouped = Vec::new();
-    let mut first = 0u32;
-    for s in 0..8u32 {
-        let n = order.iter().filter(|&&i| i % 8 == s).count() as u32;
-        let mut done = 0;
-        while done < n {
-            let c = (n - done).min(8);
-            grouped.extend([first + done, c, s]);
-            done += c;
-        }
-        first += n;
-    }
-    grouped.extend(&order);
-    let tiles1 = Tensor::new(one.as_slice(), dev)?;
-    let tiles8 = Tensor::new(grouped.as_slice(), dev)?;
+    let tiles: Vec<u32> = (0..b as u32).flat_map(|i| [i, 1, i % 8]).collect();
+    let tiles = Tensor::from_vec(tiles, (b, 3), dev)?;
     let y = Tensor::zeros((b, 3 * r), DType::F32, dev)?;
-    println!("\n## batch {b}: LoRA kernels alone (8 adapters, rank 16, row i on slot i % 8; us)");
-    println!("| fused matmul | shrink | expand | grouped x8: shrink | expand | base matmul |");
-    println!("|---|---|---|---|---|---|");
-    let (mut total, mut total8) = (0.0, 0.0);
+    println!(
+        "\n## batch {b}: LoRA kernels alone (8 adapters, rank 16, a slot per row; us per launch)"
+    );
+    println!("| fused matmul | shrink | expand | base matmul (ours) |");
+    println!("|---|---|---|---|");
+    let mut total = 0.0;
     for (name, fan_in, splits) in &groups {
         let parts = splits.len() - 1;
         let nout = *splits.last().ok_or("splits")?;
@@ -67,34 +49,22 @@ pub fn rows(cfg: &ModelConfig, dev: &Device, b: usize) -> Res<()> {
         let w = randn(&[nout, *fan_in], dev)?;
         let x = randn(&[b, *fan_in], dev)?;
         let out = randn(&[b, nout], dev)?;
-        let mut each = Vec::new();
-        for (tiles, tile) in [(&tiles1, 1), (&tiles8, 8)] {
-            let shrink = time_us(dev, || Ok(k.lora_shrink_into(&x, &a, (tiles, tile), &y)?))?;
-            let expand = time_us(dev, || {
-                Ok(k.lora_expand_into(&y, (&bm, splits), (tiles, tile), &out)?)
-            })?;
-            each.push((shrink, expand));
-        }
+        let shrink = time_us(dev, || Ok(k.lora_shrink_into(&x, &a, (&tiles, 1), &y)?))?;
+        let expand = time_us(dev, || {
+            Ok(k.lora_expand_into(&y, (&bm, splits), (&tiles, 1), &out)?)
+        })?;
         let base = time_us(dev, || Ok(k.linear_into(&x, &w, &out)?))?;
-        let ((s1, e1), (s8, e8)) = (each[0], each[1]);
-        total += s1 + e1;
-        total8 += s8 + e8;
-        println!("| {name} | {s1:.1} | {e1:.1} | {s8:.1} | {e8:.1} | {base:.1} |");
+        total += shrink + expand;
+        println!("| {name} | {shrink:.1} | {expand:.1} | {base:.1} |");
     }
     let gu = randn(&[b, 2 * inter], dev)?;
     let act = randn(&[b, inter], dev)?;
     let bgu = randn(&[slots, 2 * inter, r], dev)?;
     let silu = time_us(dev, || Ok(k.silu_mul_into(&gu, &act)?))?;
-    let mut fused = Vec::new();
-    for tiles in [&tiles1, &tiles8] {
-        fused.push(time_us(dev, || {
-            Ok(k.lora_expand_silu_into(&gu, (&y, &bgu), &act, tiles)?)
-        })?);
-    }
-    println!(
-        "| SiLU*up alone {silu:.1}; gate|up expand + SiLU in one launch | | {:.1} | | {:.1} | |",
-        fused[0], fused[1]
-    );
-    println!("sum of the LoRA launches: {total:.1} us per layer (grouped x8: {total8:.1})");
+    let fused = time_us(dev, || {
+        Ok(k.lora_expand_silu_into(&gu, (&y, &bgu), &act, &tiles)?)
+    })?;
+    println!("| SiLU*up alone / gate|up expand + SiLU in one launch | {silu:.1} | {fused:.1} | |");
+    println!("sum of the LoRA launches: {total:.1} us per layer");
     Ok(())
 }

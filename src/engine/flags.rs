@@ -199,9 +199,6 @@ pub struct KernelFlags {
     /// matmuls and the gate|up expand fused with the SiLU (`KernelOptions::lora_overlap`).
     #[arg(long)]
     pub lora_overlap: bool,
-    /// LoRA tiles grouped by slot across sequences (`KernelOptions::lora_grouped_tiles`).
-    #[arg(long)]
-    pub lora_grouped_tiles: bool,
 }
 
 /// `MIN,MAX` n-gram lengths: 1 <= MIN <= MAX <= 16.
@@ -239,7 +236,6 @@ impl KernelFlags {
             moe_tile_one: !self.no_moe_tile_one,
             moe_norm_router: self.moe_norm_router,
             lora_overlap: self.lora_overlap,
-            lora_grouped_tiles: self.lora_grouped_tiles,
             ..KernelOptions::default()
         }
     }
@@ -422,11 +418,8 @@ mod tests {
         assert!(!e.kernels.moe_tile_one && e.kernels.moe_norm_router);
         // The LoRA shrinks beside the base matmuls: off unless asked for.
         assert!(!d.kernels.lora_overlap && !e.kernels.lora_overlap);
-        let f = Cli::parse_from(["x", "--lora-overlap", "--lora-grouped-tiles"])
-            .engine
-            .options();
-        assert!(f.kernels.lora_overlap && f.kernels.lora_grouped_tiles);
-        assert!(!d.kernels.lora_grouped_tiles);
+        let f = Cli::parse_from(["x", "--lora-overlap"]).engine.options();
+        assert!(f.kernels.lora_overlap);
         assert!(d.grammar_bounded_strings && lib.grammar_bounded_strings);
         assert!(d.grammar_fast_forward && lib.grammar_fast_forward);
         assert_eq!(

@@ -89,20 +89,14 @@ pub struct KernelOptions {
     pub moe_tile_one: bool,
     /// Decode steps of 1-2 rows run a sparse layer's add+RMSNorm and router matmul as one
     /// launch (`kernels/moe_route.cu` `moe_norm_router_t*`, bf16) instead of two. Off by default:
-    /// slower on the H200 (30B-A3B shape, 12 layers: batch 1 991 against 1,008 tok/s, batch 2
-    /// 1,540 against 1,568; BENCHMARKS.md, #29).
+    /// built without a GPU, unmeasured (#29: one launch of the nine a layer at batch 1).
     pub moe_norm_router: bool,
-    /// LoRA steps of up to 64 rows take the adapters' shrinks off the
+    /// LoRA steps of up to 64 rows (one-token tiles) take the adapters' shrinks off the
     /// step's critical path: each runs on a second stream beside the base matmul that reads
     /// the same input (joined before its expand), and the gate|up expand is one launch with
     /// the SiLU product (`kernels/lora_silu.cu`): four launches a layer on the critical path
     /// instead of nine (#23). Off by default: unmeasured.
     pub lora_overlap: bool,
-    /// LoRA tiles group a step's rows by slot across sequences (the kernels read a row list),
-    /// so each tile of up to 8 rows reads its adapter's weights once: tiles of 8 from 9 rows up
-    /// (one-token tiles up to 64 rows without it), and the 8-row shrink stages its tile's
-    /// inputs in shared memory (#23). Off by default: unmeasured.
-    pub lora_grouped_tiles: bool,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
     /// stream, where the events only cost time).
     pub event_tracking: bool,
@@ -131,7 +125,6 @@ impl Default for KernelOptions {
             moe_tile_one: true,
             moe_norm_router: false,
             lora_overlap: false,
-            lora_grouped_tiles: false,
             event_tracking: false,
         }
     }

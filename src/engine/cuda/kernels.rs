@@ -83,8 +83,6 @@ pub struct CudaKernels {
     /// the second stream and the gate|up expand with the SiLU (`kernels/lora_silu.cu`, ranks
     /// up to 16 and up to 64); None without the option.
     pub(super) lora_overlap: Option<super::lora_overlap::LoraOverlap>,
-    /// LoRA tiles grouped by slot (`LaunchOptions::lora_grouped_tiles`).
-    pub(super) lora_grouped: bool,
     pub(super) gather_rows_f32: CudaFunction,
     /// The MoE layers' kernels (`kernels/moe_route.cu`, `kernels/moe.cu`, `kernels/moe_mma.cu`).
     pub(super) moe: MoeKernels,
@@ -343,7 +341,6 @@ impl CudaKernels {
                     f(&lora_mod, &format!("lora_expand_t8_{s}"))?,
                 ],
             ],
-            lora_grouped: opts.lora_grouped_tiles,
             lora_overlap: if opts.lora_overlap {
                 let m = load(LORA_SILU, "lora_silu")?;
                 let silu = [

@@ -63,9 +63,6 @@ pub struct LaunchOptions {
     /// LoRA steps of one-token tiles with the shrinks on a second stream beside the base
     /// matmuls and the gate|up expand fused with the SiLU (`kernels/lora_silu.cu`).
     pub lora_overlap: bool,
-    /// LoRA tiles grouped by slot across sequences, tiles of 8 from
-    /// [`super::LORA_GROUPED_TILE_ONE_MAX`] rows up.
-    pub lora_grouped_tiles: bool,
 }
 
 impl Default for LaunchOptions {
@@ -90,7 +87,6 @@ impl Default for LaunchOptions {
             moe_tile_one: true,
             moe_norm_router: false,
             lora_overlap: false,
-            lora_grouped_tiles: false,
         }
     }
 }

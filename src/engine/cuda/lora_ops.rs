@@ -18,32 +18,16 @@ pub const LORA_TILE: usize = 8;
 /// latency-bound; a wider tile only adds work per block).
 pub const LORA_TILE_ONE_MAX: usize = 64;
 
-/// With tiles grouped by slot (`LaunchOptions::lora_grouped_tiles`), steps of at most this
-/// many tokens take tiles of one token.
-pub const LORA_GROUPED_TILE_ONE_MAX: usize = 8;
-
-/// The tile size for a step of `t` tokens: 1 up to [`LORA_TILE_ONE_MAX`] (with `grouped`:
-/// [`LORA_GROUPED_TILE_ONE_MAX`]), else [`LORA_TILE`].
-pub fn lora_tile(t: usize, grouped: bool) -> usize {
-    let one = if grouped {
-        LORA_GROUPED_TILE_ONE_MAX
-    } else {
-        LORA_TILE_ONE_MAX
-    };
-    if t <= one { 1 } else { LORA_TILE }
-}
-
-/// The tiles of a table of `len` u32 over a step of `t` tokens (`3 * tiles` then an order of
-/// `t` rows; `crate::engine::model::lora_slots::tiles`), or None if `len` is no such table.
-fn table_tiles(len: usize, t: usize) -> Option<usize> {
-    len.checked_sub(t).filter(|n| n % 3 == 0).map(|n| n / 3)
+/// The tile size for a step of `t` tokens: 1 up to [`LORA_TILE_ONE_MAX`], else
+/// [`LORA_TILE`].
+pub fn lora_tile(t: usize) -> usize {
+    if t <= LORA_TILE_ONE_MAX { 1 } else { LORA_TILE }
 }
 
 impl CudaKernels {
-    /// `out[t] += b[s] · (a[s] · x[t])` for the tokens of each tile of `tiles` (u32: `[tiles,
-    /// 3]` triples (first, count of at most `tile` (1 or [`LORA_TILE`]; 0: none), slot) over the
-    /// order of `T` rows that follows them, a tile's rows being `order[first..first + count]`;
-    /// rows outside every tile, and slots past those held, are left alone). `a`: `[slots, P * r,
+    /// `out[t] += b[s] · (a[s] · x[t])` for the tokens of each tile of `tiles` (u32
+    /// `[tiles, 3]`: first token, count of at most `tile` (1 or [`LORA_TILE`]; 0: none), slot; tokens
+    /// outside every tile, and slots past those held, are left alone). `a`: `[slots, P * r,
     /// in]`, `b`: `[slots, out, r]`, `splits`: the first output row of each of the `P` (1-3)
     /// projections and `out` at the end; `y`: f32 scratch of at least `T * P * r`. The tiles'
     /// tokens must lie within `x`'s rows (the caller's to build).
@@ -65,8 +49,8 @@ impl CudaKernels {
         self.lora_expand_into(y, (b, splits), (tiles, tile), out)
     }
 
-    /// The shrink half of [`CudaKernels::lora_into`]: `y[q] = a[s] · x[order[q]]` (f32 `[T, P *
-    /// r]`, by position `q` in the tiles' order) for the rows of each tile.
+    /// The shrink half of [`CudaKernels::lora_into`]: `y[t] = a[s] · x[t]` (f32 `[T, P * r]`)
+    /// for the tokens of each tile.
     pub fn lora_shrink_into(
         &self,
         x: &Tensor,
@@ -91,10 +75,10 @@ impl CudaKernels {
         }
         let (slots, pr, fan_in) = a.dims3()?;
         let t = x.elem_count() / fan_in.max(1);
-        let ntiles = table_tiles(tiles.elem_count(), t).unwrap_or(usize::MAX);
+        let ntiles = tiles.elem_count() / 3;
         let fits = x.elem_count() == t * fan_in
             && tiles.dtype() == DType::U32
-            && ntiles != usize::MAX
+            && tiles.elem_count() == 3 * ntiles
             && y.dtype() == DType::F32
             && y.elem_count() >= t * pr
             && (tile == 1 || tile == LORA_TILE)
@@ -131,8 +115,8 @@ impl CudaKernels {
         Ok(())
     }
 
-    /// The expand half of [`CudaKernels::lora_into`]: `out[order[q]] += b[s] · y[q]` for the
-    /// rows of each tile, `y` as [`CudaKernels::lora_shrink_into`] wrote it.
+    /// The expand half of [`CudaKernels::lora_into`]: `out[t] += b[s] · y[t]` for the tokens
+    /// of each tile, `y` as [`CudaKernels::lora_shrink_into`] wrote it.
     pub fn lora_expand_into(
         &self,
         y: &Tensor,
@@ -145,14 +129,14 @@ impl CudaKernels {
         }
         let (slots, nout, r) = b.dims3()?;
         let t = out.elem_count() / nout.max(1);
-        let ntiles = table_tiles(tiles.elem_count(), t).unwrap_or(usize::MAX);
+        let ntiles = tiles.elem_count() / 3;
         let parts = splits.len().saturating_sub(1);
         let pr = parts * r;
         let fits = out.elem_count() == t * nout
             && (1..=3).contains(&parts)
             && splits.last() == Some(&nout)
             && tiles.dtype() == DType::U32
-            && ntiles != usize::MAX
+            && tiles.elem_count() == 3 * ntiles
             && y.dtype() == DType::F32
             && y.elem_count() >= t * pr
             && (tile == 1 || tile == LORA_TILE)

@@ -1,4 +1,4 @@
-//! LoRA steps of up to 64 rows with the shrinks off the critical path
+//! LoRA steps of one-token tiles with the shrinks off the critical path
 //! (`LaunchOptions::lora_overlap`): each shrink runs on a second stream beside the base matmul
 //! that reads the same input (the stream forks from the kernels' stream before it and the
 //! kernels' stream joins it before the expand; inside a CUDA graph these become two branches),
@@ -55,13 +55,6 @@ impl LoraOverlap {
 }
 
 impl CudaKernels {
-    /// The LoRA tiles of a step of `t` tokens: their size
-    /// ([`super::lora_tile`]) and whether they group rows by slot across sequences
-    /// (`LaunchOptions::lora_grouped_tiles`).
-    pub fn lora_tiling(&self, t: usize) -> (usize, bool) {
-        (super::lora_tile(t, self.lora_grouped), self.lora_grouped)
-    }
-
     /// Whether LoRA shrinks run beside the base matmuls (`LaunchOptions::lora_overlap`).
     pub fn lora_overlap(&self) -> bool {
         self.lora_overlap.is_some()
@@ -114,8 +107,8 @@ impl CudaKernels {
 
     /// The gate|up delta expanded into `gu` (`[T, 2n]`, from the shrink's `y` `[T, 2r]` and
     /// `b` `[slots, 2n, r]`) and `act = silu(gate) * up` (`[T, n]`) in one launch, for the
-    /// rows of `tiles` (as [`CudaKernels::lora_into`] takes them); rows on no adapter get the
-    /// plain product (`gu` itself is left as the matmul wrote it).
+    /// tokens of the one-token `tiles`; tokens on no adapter get the plain product (`gu`
+    /// itself is left as the matmul wrote it).
     pub fn lora_expand_silu_into(
         &self,
         gu: &Tensor,
@@ -139,9 +132,7 @@ impl CudaKernels {
             && r <= LORA_OVERLAP_MAX_RANK
             && y.dtype() == DType::F32
             && y.elem_count() >= t * 2 * r
-            && tiles.dtype() == DType::U32
-            && tiles.elem_count() >= t
-            && (tiles.elem_count() - t).is_multiple_of(3);
+            && tiles.dtype() == DType::U32;
         if !fits {
             return Err(kernel_err("lora silu", "shapes do not fit"));
         }
@@ -150,8 +141,7 @@ impl CudaKernels {
         }
         let (pgu, py, pb) = (self.ptr(gu)?, self.ptr(y)?, self.ptr(b)?);
         let (pact, pt) = (self.ptr(act)?, self.ptr(tiles)?);
-        let ntiles = (tiles.elem_count() - t) / 3;
-        let [nt32, slots32, n32, r32] = [ntiles, slots, n, r].map(|v| v as i32);
+        let [nt32, slots32, n32, r32] = [tiles.elem_count() / 3, slots, n, r].map(|v| v as i32);
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(256) as u32, t as u32, 1),
             block_dim: (256, 1, 1),

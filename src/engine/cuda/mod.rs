@@ -41,7 +41,7 @@ pub use buffers::GpuEvent;
 pub use kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, LaunchOptions};
 pub(crate) use launch::kernel_err;
 pub use launch_options::{MMA_STAGES_BF16, MMA_STAGES_FP8};
-pub use lora_ops::{LORA_GROUPED_TILE_ONE_MAX, LORA_TILE, LORA_TILE_ONE_MAX, lora_tile};
+pub use lora_ops::{LORA_TILE, LORA_TILE_ONE_MAX, lora_tile};
 pub use lora_overlap::LORA_OVERLAP_MAX_RANK;
 pub(crate) use moe_ops::MoeScratch;
 pub use moe_ops::{MOE_TILE_ONE_MAX, MOE_TILES, moe_max_tiles, moe_tile};

@@ -74,7 +74,6 @@ pub fn kernels_for(
         moe_tile_one: opts.moe_tile_one,
         moe_norm_router: opts.moe_norm_router,
         lora_overlap: opts.lora_overlap,
-        lora_grouped_tiles: opts.lora_grouped_tiles,
         ..LaunchOptions::default()
     };
     CudaKernels::new(device, dtype, &launch)

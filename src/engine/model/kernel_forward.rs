@@ -126,8 +126,7 @@ impl KernelForward<'_> {
         let lora_at = packed.len();
         let lora = m.lora.is_some() && seqs.iter().any(|s| s.adapter.is_some());
         let lora_tiles = if lora {
-            let (tile, group) = self.kernels.lora_tiling(t);
-            super::lora_slots::tiles(seqs, tile, group, (0, t)).0
+            super::lora_slots::tiles(seqs, crate::engine::cuda::lora_tile(t))
         } else {
             Vec::new()
         };

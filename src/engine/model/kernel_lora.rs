@@ -23,8 +23,7 @@ pub(crate) struct LoraStep<'a> {
     /// Tokens per tile (`crate::engine::cuda::lora_tile` of the step's tokens).
     tile: usize,
     y: Tensor,
-    /// The shrinks run beside the base matmuls (steps of up to 64 tokens,
-    /// `KernelOptions::lora_overlap`).
+    /// The shrinks run beside the base matmuls (one-token tiles, `KernelOptions::lora_overlap`).
     overlap: bool,
 }
 
@@ -44,9 +43,9 @@ impl<'m> KernelForward<'m> {
         let y = acts.lora_y.clone().ok_or_else(|| {
             crate::engine::cuda::kernel_err("lora", "activations without the LoRA scratch")
         })?;
-        let tile = self.kernels.lora_tiling(t).0;
-        let overlap = self.kernels.lora_overlap()
-            && t <= crate::engine::cuda::LORA_TILE_ONE_MAX
+        let tile = crate::engine::cuda::lora_tile(t);
+        let overlap = tile == 1
+            && self.kernels.lora_overlap()
             && slots.rank() <= crate::engine::cuda::LORA_OVERLAP_MAX_RANK;
         Ok(Some(LoraStep {
             slots,

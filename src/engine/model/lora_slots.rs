@@ -271,44 +271,23 @@ impl SlotImage {
     }
 }
 
-/// The LoRA tile table of a batch for the kernels: `(first, count, slot)` triples of at most
-/// `tile` tokens on one slot for every token on an adapter (base tokens have none), padded with
-/// zero triples to `cap` tiles (at least the tiles made), then the order (`cap_tokens` u32, the
-/// tokens' rows): tile `(first, count, slot)` holds rows `order[first..first + count]`.
-/// `group`: every token of a slot in one run of the order (a tile then spans the slot's rows
-/// across sequences, so a kernel reads the slot's weights once per `tile` tokens); otherwise
-/// the order is the batch's and a tile one run of consecutive tokens of a segment. Returns the
-/// table and its tile count.
-pub fn tiles(
-    seqs: &[crate::engine::batch::SeqInput<'_>],
-    tile: usize,
-    group: bool,
-    (cap, cap_tokens): (usize, usize),
-) -> (Vec<u32>, usize) {
-    let segs = segments(seqs);
-    let mut runs: Vec<(u32, Vec<u32>)> = Vec::new();
-    for s in &segs {
+/// The LoRA tiles of a batch for the kernels: `(first token, count, slot)` triples of at most
+/// `tile` consecutive tokens on one slot, for every token on an adapter (base tokens have
+/// none), flattened.
+pub fn tiles(seqs: &[crate::engine::batch::SeqInput<'_>], tile: usize) -> Vec<u32> {
+    let mut out = Vec::new();
+    for s in segments(seqs) {
         let Some(slot) = s.slot else {
             continue;
         };
-        let rows = (s.start..s.start + s.len).map(|t| t as u32);
-        match runs.iter_mut().find(|(sl, _)| group && *sl == slot) {
-            Some((_, r)) => r.extend(rows),
-            None => runs.push((slot, rows.collect())),
+        let mut t = s.start;
+        while t < s.start + s.len {
+            let n = tile.min(s.start + s.len - t);
+            out.extend([t as u32, n as u32, slot]);
+            t += n;
         }
     }
-    let (mut table, mut order) = (Vec::new(), Vec::new());
-    for (slot, rows) in runs {
-        for chunk in rows.chunks(tile.max(1)) {
-            table.extend([order.len() as u32, chunk.len() as u32, slot]);
-            order.extend_from_slice(chunk);
-        }
-    }
-    let n = table.len() / 3;
-    table.resize(3 * cap.max(n), 0);
-    order.resize(cap_tokens.max(order.len()), 0);
-    table.extend(order);
-    (table, cap.max(n))
+    out
 }
 
 /// The segments of a batch: consecutive tokens of sequences on the same slot, in order.
@@ -375,30 +354,6 @@ mod tests {
                 },
             ]
         );
-        let order = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12];
-        let mut want = vec![0, 8, 1, 8, 2, 1, 10, 1, 0];
-        want.extend(order);
-        assert_eq!(tiles(&seqs, 8, false, (0, 0)), (want, 3));
-    }
-
-    /// Grouped, a slot's rows from different sequences share tiles (the order lists them);
-    /// ungrouped, each sequence of one row is a tile; both padded to the capacity given.
-    /// Mutation: grouping ignored, or the order left as the batch's rows under grouping.
-    #[test]
-    fn grouped_tiles_span_a_slots_rows_across_sequences() {
-        let seqs = [
-            seq(1, Some(0)),
-            seq(1, Some(1)),
-            seq(1, None),
-            seq(1, Some(0)),
-            seq(1, Some(1)),
-        ];
-        let grouped = [0, 2, 0, 2, 2, 1, 0, 0, 0, 0, 0, 0, 0, 3, 1, 4, 0];
-        assert_eq!(tiles(&seqs, 8, true, (4, 5)), (grouped.to_vec(), 4));
-        let plain = [0, 1, 0, 1, 1, 1, 2, 1, 0, 3, 1, 1, 0, 1, 3, 4];
-        assert_eq!(tiles(&seqs, 8, false, (0, 0)), (plain.to_vec(), 4));
-        // Tiles of one token under grouping: the slot's rows in order, one tile each.
-        let one = [0, 1, 0, 1, 1, 0, 2, 1, 1, 3, 1, 1, 0, 3, 1, 4];
-        assert_eq!(tiles(&seqs, 1, true, (0, 0)), (one.to_vec(), 4));
+        assert_eq!(tiles(&seqs, 8), vec![0, 8, 1, 8, 2, 1, 12, 1, 0]);
     }
 }

@@ -14,8 +14,8 @@
 //!   read the width from the device and run a fixed number of partitions, so one graph serves
 //!   every context length the engine serves.
 //! - On an engine with LoRA slots every bucket has a second graph that adds the adapters'
-//!   deltas; its tile table (`CudaKernels::lora_into`: a tile per row at most, count 0:
-//!   unused, then the order of the rows) sits after the largest bucket's inputs.
+//!   deltas; its tiles (`CudaKernels::lora_into`; count 0: unused) sit after the largest
+//!   bucket's inputs, one per row at most.
 //!   A step with a row on an adapter replays that one; others replay the base's.
 //! - A step that verifies speculative drafts replays too, one row per position a sequence
 //!   verifies (`graph_rows.rs`), on graphs captured without the fused decode attention for
@@ -137,7 +137,7 @@ impl DecodeGraphs {
             .lora
             .as_ref()
             .map(|_| bmax * (FIELDS + max_width) + 1);
-        let input = k.alloc(bmax * (FIELDS + max_width) + 1 + 4 * bmax, DType::U32)?;
+        let input = k.alloc(bmax * (FIELDS + max_width) + 1 + 3 * bmax, DType::U32)?;
         let input_ptr = k.ptr(&input)?;
         let acts = Activations::new(k, &model.qwen3, bmax, 1, partials)?;
         let splits = buckets.iter().map(|&b| splits_of(b)).collect();
@@ -262,7 +262,7 @@ impl DecodeGraphs {
     ) -> Result<CudaGraph> {
         self.upload(b, &vec![padding(); b], 1)?;
         if variant == Variant::Lora {
-            self.upload_lora(&vec![0; 4 * b])?;
+            self.upload_lora(&vec![0; 3 * b])?;
         }
         self.run_bucket(model, k, cache, b, variant)?;
         self.stream
@@ -297,7 +297,7 @@ impl DecodeGraphs {
         if variant == Variant::Lora
             && let Some(at) = self.lora_at
         {
-            inputs.lora = Some(self.input.narrow(0, at, 4 * b)?);
+            inputs.lora = Some(self.input.narrow(0, at, 3 * b)?);
         }
         inputs.verify = variant == Variant::Verify;
         let shared = inputs.verify && k.shares_verify_kv();
@@ -461,12 +461,9 @@ impl DecodeGraphs {
         rows.resize(b, padding());
         self.upload(b, &rows, width)?;
         if lora {
-            let k = model
-                .kernels
-                .as_ref()
-                .ok_or_else(|| kernel_err("graph replay", "the model runs without kernels"))?;
-            let (tile, group) = k.lora_tiling(b);
-            let (tiles, _) = crate::engine::model::lora_slots::tiles(seqs, tile, group, (b, b));
+            let mut tiles =
+                crate::engine::model::lora_slots::tiles(seqs, crate::engine::cuda::lora_tile(b));
+            tiles.resize(3 * b, 0);
             self.upload_lora(&tiles)?;
         }
         if let Ids::Device(d) = ids {
