@@ -89,13 +89,16 @@ pub struct KernelOptions {
     pub moe_tile_one: bool,
     /// Decode steps of 1-2 rows run a sparse layer's add+RMSNorm and router matmul as one
     /// launch (`kernels/moe_route.cu` `moe_norm_router_t*`, bf16) instead of two. Off by default:
-    /// built without a GPU, unmeasured (#29: one launch of the nine a layer at batch 1).
+    /// slower on the H200 (30B-A3B shape, 12 layers: batch 1 991 against 1,008 tok/s, batch 2
+    /// 1,540 against 1,568; BENCHMARKS.md, #29).
     pub moe_norm_router: bool,
     /// LoRA steps of up to 64 rows (one-token tiles) take the adapters' shrinks off the
     /// step's critical path: each runs on a second stream beside the base matmul that reads
     /// the same input (joined before its expand), and the gate|up expand is one launch with
     /// the SiLU product (`kernels/lora_silu.cu`): four launches a layer on the critical path
-    /// instead of nine (#23). Off by default: unmeasured.
+    /// instead of nine (#23). Off by default: on the H200 it gains 2-3% at batch 16-64 and
+    /// -1% to +0.5% at batch 8 (the shrinks compete with the base matmul for the SMs rather
+    /// than fill idle ones; BENCHMARKS.md).
     pub lora_overlap: bool,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
     /// stream, where the events only cost time).
