@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use candle_core::DType;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaEvent, CudaFunction, CudaModule, PinnedHostSlice,
+    CudaEvent, CudaFunction, CudaModule, CudaStream, PinnedHostSlice,
 };
 
 use super::launch::kernel_err;
@@ -173,6 +173,37 @@ impl SpecKernels {
         Ok(Self {
             accept: f("spec_accept".into())?,
             shared,
+        })
+    }
+}
+
+/// LoRA shrinks beside the base matmuls (`super::lora_overlap`): the second stream, its fork
+/// and join events, and the expand+SiLU kernels (`kernels/lora_silu.cu`).
+pub(super) struct LoraOverlap {
+    pub(super) side: Arc<CudaStream>,
+    pub(super) fork: CudaEvent,
+    pub(super) join: CudaEvent,
+    /// `lora_expand_silu` for ranks up to 16 and up to 64.
+    pub(super) silu: [CudaFunction; 2],
+    _module: Arc<CudaModule>,
+}
+
+impl LoraOverlap {
+    /// The second stream forked from `main` and the kernels of `module`.
+    pub(super) fn new(
+        main: &Arc<CudaStream>,
+        silu: [CudaFunction; 2],
+        module: Arc<CudaModule>,
+    ) -> Result<Self> {
+        let side = main.fork().map_err(|e| kernel_err("lora stream", e))?;
+        let ctx = main.context();
+        let event = || ctx.new_event(None).map_err(|e| kernel_err("lora event", e));
+        Ok(Self {
+            side,
+            fork: event()?,
+            join: event()?,
+            silu,
+            _module: module,
         })
     }
 }

@@ -82,7 +82,7 @@ pub struct CudaKernels {
     /// LoRA steps with the shrinks beside the base matmuls (`LaunchOptions::lora_overlap`):
     /// the second stream and the gate|up expand with the SiLU (`kernels/lora_silu.cu`, ranks
     /// up to 16 and up to 64); None without the option.
-    pub(super) lora_overlap: Option<super::lora_overlap::LoraOverlap>,
+    pub(super) lora_overlap: Option<super::handles::LoraOverlap>,
     pub(super) gather_rows_f32: CudaFunction,
     /// The MoE layers' kernels (`kernels/moe_route.cu`, `kernels/moe.cu`, `kernels/moe_mma.cu`).
     pub(super) moe: MoeKernels,
@@ -347,7 +347,7 @@ impl CudaKernels {
                     f(&m, &format!("lora_expand_silu_r16_{s}"))?,
                     f(&m, &format!("lora_expand_silu_r64_{s}"))?,
                 ];
-                Some(super::lora_overlap::LoraOverlap::new(&stream, silu, m)?)
+                Some(super::handles::LoraOverlap::new(&stream, silu, m)?)
             } else {
                 None
             },

@@ -9,12 +9,8 @@
 //! the capturing stream), and a shrink's scratch is written only after the kernels' stream
 //! has queued the expand that reads the previous shrink's (the fork comes after it).
 
-use std::sync::Arc;
-
 use candle_core::cuda_backend::WrapErr;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaEvent, CudaFunction, CudaModule, CudaStream, LaunchConfig,
-};
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaStream, LaunchConfig};
 use candle_core::{DType, Tensor};
 
 use super::kernels::CudaKernels;
@@ -23,36 +19,6 @@ use crate::error::Result;
 
 /// The largest adapter rank the fused expand+SiLU takes (its kernels' `RMAX`: 16 and 64).
 pub const LORA_OVERLAP_MAX_RANK: usize = 64;
-
-/// The second stream, its fork and join events, and the expand+SiLU kernels.
-pub(crate) struct LoraOverlap {
-    side: Arc<CudaStream>,
-    fork: CudaEvent,
-    join: CudaEvent,
-    /// `lora_expand_silu` for ranks up to 16 and up to 64.
-    silu: [CudaFunction; 2],
-    _module: Arc<CudaModule>,
-}
-
-impl LoraOverlap {
-    /// The second stream forked from `main` and the kernels of `module`.
-    pub(crate) fn new(
-        main: &Arc<CudaStream>,
-        silu: [CudaFunction; 2],
-        module: Arc<CudaModule>,
-    ) -> Result<Self> {
-        let side = main.fork().map_err(|e| kernel_err("lora stream", e))?;
-        let ctx = main.context();
-        let event = || ctx.new_event(None).map_err(|e| kernel_err("lora event", e));
-        Ok(Self {
-            side,
-            fork: event()?,
-            join: event()?,
-            silu,
-            _module: module,
-        })
-    }
-}
 
 impl CudaKernels {
     /// Whether LoRA shrinks run beside the base matmuls (`LaunchOptions::lora_overlap`).
