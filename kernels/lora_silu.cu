@@ -1,9 +1,10 @@
-// LoRA steps of one-token tiles with fewer launches on the step's critical path
-// (LaunchOptions::lora_overlap; launchers: src/engine/cuda/lora_fused_ops.rs, the slots'
-// layout: src/engine/model/lora_slots.rs): the shrinks run on a second stream beside the base
-// matmul that reads the same input, and the gate|up delta's expand is one launch with the
-// SiLU product (lora_expand_silu), which rounds where the two launches round (the expanded
-// gate and up to T, then the product). Adapter weights and the tile table are written by no
+// LoRA steps of up to 64 rows with fewer launches on the step's critical path
+// (LaunchOptions::lora_overlap; launchers: src/engine/cuda/lora_overlap.rs, the slots'
+// layout: src/engine/model/lora_slots.rs): the gate|up delta's expand is one launch with the
+// SiLU product (lora_expand_silu), and the o and down deltas' expands are one launch with the
+// add+RMSNorm after them (lora_add_rmsnorm); both round where the separate launches round
+// (the expanded output to T, then the SiLU product or the residual sum), so their results are
+// those launches' bit for bit. Adapter weights and the tile table are written by no
 // kernel of a step: the kernel loads them before waiting on the kernel before it, with the
 // rank loops unrolled to RMAX (16 or 64) so that a row's loads go out together.
 #include <stdint.h>
@@ -34,9 +35,9 @@ template <typename T> __device__ __forceinline__ float round_t(float x) {
   return to_f(from_f<T>(x));
 }
 
-// The slot of token `tok` in a table of one-token tiles (triples (token, count, slot)), or
-// 0xffffffff for a token on no adapter (base rows have no tile; count-0 tiles are padding).
-// The whole block calls it.
+// The slot of token `tok` in the tile table (triples (first token, count, slot) of consecutive
+// tokens), or 0xffffffff for a token on no adapter (base rows have no tile; count-0 tiles are
+// padding). The whole block calls it.
 __device__ __forceinline__ uint32_t token_slot(const uint32_t* __restrict__ tiles, int ntiles,
                                                int tok, int slots) {
   __shared__ uint32_t found;
@@ -44,7 +45,7 @@ __device__ __forceinline__ uint32_t token_slot(const uint32_t* __restrict__ tile
   __syncthreads();
   for (int i = threadIdx.x; i < ntiles; i += blockDim.x) {
     const uint32_t* tl = tiles + 3 * i;
-    if ((int)tl[0] == tok && tl[1] > 0 && tl[2] < (uint32_t)slots) found = tl[2];
+    if ((int)tl[0] <= tok && tok < (int)(tl[0] + tl[1]) && tl[2] < (uint32_t)slots) found = tl[2];
   }
   __syncthreads();
   return found;
@@ -105,11 +106,63 @@ __device__ void lora_expand_silu(const T* __restrict__ gu, const float* __restri
   act[(size_t)tok * n + c] = from_f<T>(g / (1.f + __expf(-g)) * u);
 }
 
+// add_rmsnorm (kernels/layer_ops.cu) with the delta of the one-projection matmul before it
+// (o, or the previous layer's down) expanded into its input first. A block per row t, on slot
+// s from the tiles:
+//   d = bf16(delta[t] + y[t] · b[s]ᵀ)   (rows on no adapter: d = delta[t])
+//   res_out[t] = bf16(res[t] + d),  out[t] = bf16(res_out[t] * rsqrt(mean(res_out[t]²) + eps) * w)
+// (y [T, r]: the matmul's shrink; b [slots, n, r]). res and res_out may be one buffer (each
+// element is read, then written, by the same thread).
+template <typename T, int RMAX>
+__device__ void lora_add_rmsnorm(const T* __restrict__ delta, const T* res, T* res_out,
+                                 const T* __restrict__ w, T* __restrict__ out, int n, float eps,
+                                 const float* __restrict__ y, const T* __restrict__ b,
+                                 const uint32_t* __restrict__ tiles, int ntiles, int slots,
+                                 int r) {
+  __shared__ float part[32];
+  pdl_trigger();
+  const size_t row = blockIdx.x;
+  const uint32_t s = token_slot(tiles, ntiles, (int)row, slots);
+  const bool on = s != 0xffffffffu;
+  pdl_wait();
+  float ys[RMAX];
+#pragma unroll
+  for (int i = 0; i < RMAX; ++i) ys[i] = (on && i < r) ? y[row * r + i] : 0.f;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    float d = to_f(delta[row * n + i]);
+    if (on) {
+      RankRow<T, RMAX> br;
+      br.load(b + ((size_t)s * n + i) * r, r);
+      d = round_t<T>(d + br.dot(ys, r));
+    }
+    const T sum = from_f<T>(to_f(res[row * n + i]) + d);
+    res_out[row * n + i] = sum;
+    const float v = to_f(sum);
+    ss += v * v;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  ss = warp_sum(ss);
+  if (lane == 0) part[warp] = ss;
+  __syncthreads();
+  float tot = 0.f;
+  for (int i = 0; i < (int)(blockDim.x + 31) / 32; ++i) tot += part[i];
+  const float inv = rsqrtf(tot / n + eps);
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    out[row * n + i] = from_f<T>(to_f(res_out[row * n + i]) * inv * to_f(w[i]));
+}
+
 #define LORA_FUSED(T, S, RMAX)                                                                  \
   extern "C" __global__ void __launch_bounds__(256) lora_expand_silu_r##RMAX##_##S(             \
       const T* gu, const float* y, const T* b, T* act, const uint32_t* tiles, int ntiles,       \
       int slots, int n, int r) {                                                                \
     lora_expand_silu<T, RMAX>(gu, y, b, act, tiles, ntiles, slots, n, r);                       \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(1024) lora_add_rmsnorm_r##RMAX##_##S(            \
+      const T* delta, const T* res, T* res_out, const T* w, T* out, int n, float eps,           \
+      const float* y, const T* b, const uint32_t* tiles, int ntiles, int slots, int r) {        \
+    lora_add_rmsnorm<T, RMAX>(delta, res, res_out, w, out, n, eps, y, b, tiles, ntiles, slots, \
+                              r);                                                               \
   }
 
 // Ranks up to 16 (the common adapters) and up to 64.

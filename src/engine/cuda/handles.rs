@@ -185,6 +185,8 @@ pub(super) struct LoraOverlap {
     pub(super) join: CudaEvent,
     /// `lora_expand_silu` for ranks up to 16 and up to 64.
     pub(super) silu: [CudaFunction; 2],
+    /// `lora_add_rmsnorm` for ranks up to 16 and up to 64.
+    pub(super) norm: [CudaFunction; 2],
     _module: Arc<CudaModule>,
 }
 
@@ -192,7 +194,7 @@ impl LoraOverlap {
     /// The second stream forked from `main` and the kernels of `module`.
     pub(super) fn new(
         main: &Arc<CudaStream>,
-        silu: [CudaFunction; 2],
+        (silu, norm): ([CudaFunction; 2], [CudaFunction; 2]),
         module: Arc<CudaModule>,
     ) -> Result<Self> {
         let side = main.fork().map_err(|e| kernel_err("lora stream", e))?;
@@ -203,6 +205,7 @@ impl LoraOverlap {
             fork: event()?,
             join: event()?,
             silu,
+            norm,
             _module: module,
         })
     }

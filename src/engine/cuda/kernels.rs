@@ -343,11 +343,14 @@ impl CudaKernels {
             ],
             lora_overlap: if opts.lora_overlap {
                 let m = load(LORA_SILU, "lora_silu")?;
-                let silu = [
-                    f(&m, &format!("lora_expand_silu_r16_{s}"))?,
-                    f(&m, &format!("lora_expand_silu_r64_{s}"))?,
-                ];
-                Some(super::handles::LoraOverlap::new(&stream, silu, m)?)
+                let pair = |name: &str| -> Result<[CudaFunction; 2]> {
+                    Ok([
+                        f(&m, &format!("{name}_r16_{s}"))?,
+                        f(&m, &format!("{name}_r64_{s}"))?,
+                    ])
+                };
+                let fs = (pair("lora_expand_silu")?, pair("lora_add_rmsnorm")?);
+                Some(super::handles::LoraOverlap::new(&stream, fs, m)?)
             } else {
                 None
             },

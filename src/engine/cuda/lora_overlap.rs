@@ -1,9 +1,10 @@
-//! LoRA steps of one-token tiles with the shrinks off the critical path
-//! (`LaunchOptions::lora_overlap`): each shrink runs on a second stream beside the base matmul
-//! that reads the same input (the stream forks from the kernels' stream before it and the
-//! kernels' stream joins it before the expand; inside a CUDA graph these become two branches),
-//! and the gate|up delta's expand is one launch with the SiLU product
-//! (`kernels/lora_silu.cu`).
+//! LoRA steps of up to 64 rows with fewer launches on the critical path
+//! (`LaunchOptions::lora_overlap`): the gate|up delta's expand is one launch with the SiLU
+//! product, and the o and down deltas' expands are one launch with the add+RMSNorm after them
+//! (`kernels/lora_silu.cu`); in steps of more than 8 rows each shrink also runs on a second
+//! stream beside the base matmul that reads the same input (the stream forks from the kernels'
+//! stream before it and the kernels' stream joins it before the expand; inside a CUDA graph
+//! these become two branches).
 //!
 //! Invariant: every fork is joined before the step ends (a captured step must come back to
 //! the capturing stream), and a shrink's scratch is written only after the kernels' stream
@@ -117,6 +118,73 @@ impl CudaKernels {
         l.arg(&pgu).arg(&py).arg(&pb).arg(&pact);
         l.arg(&pt).arg(&nt32).arg(&slots32).arg(&n32).arg(&r32);
         // SAFETY: argument types match `lora_expand_silu_*`; shapes are checked above.
+        unsafe { l.launch(cfg) }.w()?;
+        Ok(())
+    }
+
+    /// `add_rmsnorm` with the delta of the one-projection matmul before it (o, or the previous
+    /// layer's down) expanded into `delta` first, for the rows of `tiles` (as
+    /// [`CudaKernels::lora_into`] takes them): `d = delta + y · b[s]ᵀ` (rounded as the
+    /// expand writes it; `y` `[T, r]` f32, `b` `[slots, n, r]`), `res_out = res + d`,
+    /// `h = rmsnorm(res_out) * w` (rounded as `add_rmsnorm` rounds them: the same values as
+    /// the expand and the norm launched apart).
+    pub fn lora_add_rmsnorm_into(
+        &self,
+        (delta, res, res_out): (&Tensor, &Tensor, &Tensor),
+        (w, eps): (&Tensor, f64),
+        h: &Tensor,
+        (y, b): (&Tensor, &Tensor),
+        tiles: &Tensor,
+    ) -> Result<()> {
+        let o = self
+            .lora_overlap
+            .as_ref()
+            .ok_or_else(|| kernel_err("lora norm", "the LoRA overlap kernels are not loaded"))?;
+        for x in [delta, res, res_out, w, h, b] {
+            self.check_dtype(x)?;
+        }
+        let n = res.dim(candle_core::D::Minus1)?;
+        let t = res.elem_count() / n.max(1);
+        let (slots, nb, r) = b.dims3()?;
+        let fits = [delta, res_out, h].iter().all(|x| x.elem_count() == t * n)
+            && w.elem_count() == n
+            && nb == n
+            && r.is_multiple_of(8)
+            && r <= LORA_OVERLAP_MAX_RANK
+            && y.dtype() == DType::F32
+            && y.elem_count() >= t * r
+            && tiles.dtype() == DType::U32;
+        if !fits {
+            return Err(kernel_err("lora norm", "shapes do not fit"));
+        }
+        if t == 0 {
+            return Ok(());
+        }
+        let (pd, pr, pro) = (self.ptr(delta)?, self.ptr(res)?, self.ptr(res_out)?);
+        let (pw, ph, py, pb) = (self.ptr(w)?, self.ptr(h)?, self.ptr(y)?, self.ptr(b)?);
+        let pt = self.ptr(tiles)?;
+        let [n32, nt32, slots32, r32] = [n, tiles.elem_count() / 3, slots, r].map(|v| v as i32);
+        let eps32 = eps as f32;
+        let cfg = LaunchConfig {
+            grid_dim: (t as u32, 1, 1),
+            block_dim: (n.clamp(32, 1024).next_multiple_of(32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.launcher(&o.norm[usize::from(r > 16)]);
+        l.arg(&pd)
+            .arg(&pr)
+            .arg(&pro)
+            .arg(&pw)
+            .arg(&ph)
+            .arg(&n32)
+            .arg(&eps32);
+        l.arg(&py)
+            .arg(&pb)
+            .arg(&pt)
+            .arg(&nt32)
+            .arg(&slots32)
+            .arg(&r32);
+        // SAFETY: argument types match `lora_add_rmsnorm_*`; shapes are checked above.
         unsafe { l.launch(cfg) }.w()?;
         Ok(())
     }

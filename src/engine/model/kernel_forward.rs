@@ -271,7 +271,11 @@ impl KernelForward<'_> {
         let t = a.h.dim(0)?;
         let fused = self.attention_fused(inputs, plan, t);
         let part = CudaKernels::decode_partition(inputs.ctx_lens.elem_count());
-        let lora = self.lora_step(inputs, acts)?;
+        // The overlap's deferred expands leave `a.o` without its delta: not with a trace of
+        // it, nor with the all-reduce of tensor parallelism.
+        let lora = self.lora_step(inputs, acts, comm.is_none() && trace.is_none())?;
+        // The down whose LoRA expand the next add+RMSNorm takes over (overlap path).
+        let mut down_before: Option<(usize, usize)> = None;
         for (li, layer) in m.layers.iter().enumerate() {
             let at = &layer.attn;
             let norm = &layer.input_norm;
@@ -287,7 +291,7 @@ impl KernelForward<'_> {
                     at.qkv.weight(),
                     &a.qkv,
                     None,
-                    (l, li, 0),
+                    ((l, li, 0), down_before),
                 )?,
                 None => k.norm_linear_into(
                     res,
@@ -338,6 +342,7 @@ impl KernelForward<'_> {
                     let how = (moe.first_expert, moe.norm_topk);
                     k.moe_experts_into(&a.h, experts, how, s, &a.down)?;
                     delta = Some(reduce(a.down.clone(), comm)?);
+                    down_before = None;
                     self.trace_layer(trace.as_deref_mut(), li, &o, &a.residual[cur], &a.down)?;
                     continue;
                 }
@@ -345,7 +350,10 @@ impl KernelForward<'_> {
             let gu_w = mlp.gate_up.weight();
             let silu = Some((&a.gu, &a.act));
             match &lora {
-                Some(l) => self.norm_linear_lora(res, norm, &a.h, gu_w, &a.gu, silu, (l, li, 2))?,
+                Some(l) => {
+                    let lora = ((l, li, 2), Some((li, 1)));
+                    self.norm_linear_lora(res, norm, &a.h, gu_w, &a.gu, silu, lora)?
+                }
                 None => k.norm_linear_into(
                     res,
                     (&norm.weight, norm.eps),
@@ -365,17 +373,15 @@ impl KernelForward<'_> {
             if let Some(l) = &lora {
                 self.lora_add(&a.act, &a.down, (l, li, 3))?;
             }
+            down_before = Some((li, 3));
             delta = Some(reduce(a.down.clone(), comm)?);
             self.trace_layer(trace.as_deref_mut(), li, &o, &a.residual[cur], &a.down)?;
         }
-        k.add_rmsnorm_to(
-            delta.as_ref(),
-            &a.residual[cur],
-            &a.residual[1 - cur],
-            &m.norm.weight,
-            m.norm.eps,
-            &a.h,
-        )
+        let res = (&a.residual[cur], delta.as_ref(), &a.residual[1 - cur]);
+        match &lora {
+            Some(l) => self.lora_norm_into(res, &m.norm, &a.h, (l, down_before)),
+            None => k.add_rmsnorm_to(res.1, res.0, res.2, &m.norm.weight, m.norm.eps, &a.h),
+        }
     }
 
     /// Records layer `li`'s attention output, MLP output and residual into `trace` (when

@@ -1,10 +1,13 @@
 //! The LoRA side of the kernel forward: a step with a row on an adapter runs each layer's
 //! norms and matmuls unfused (the normed input must exist for the delta) and adds each fused
-//! matmul's LoRA delta on the kernels (`kernels/lora.cu`) before the output is used. With
-//! `KernelOptions::lora_overlap`, steps of one-token tiles queue each shrink on a second
-//! stream before the base matmul that reads the same input ([`KernelForward::lora_shrink`])
-//! and join it before the expand ([`KernelForward::lora_add`]); the gate|up expand is then one
-//! launch with the SiLU.
+//! matmul's LoRA delta on the kernels (`kernels/lora.cu`) before the output is used.
+//!
+//! With `KernelOptions::lora_overlap`, steps of up to 64 rows (one-token tiles) shrink before
+//! the base matmul instead of after it ([`KernelForward::lora_shrink`]; above 8 rows on a
+//! second stream beside it), expand the gate|up delta in the SiLU's launch, and defer the o
+//! and down expands into the add+RMSNorm that follows them
+//! ([`KernelForward::lora_norm_into`]): four LoRA launches a layer instead of eight plus the
+//! SiLU, with the same rounding (the logits equal the serial path's bit for bit).
 //!
 //! Invariant: a step without a row on an adapter never comes here (its launches are those
 //! of an engine without adapters, graphs included).
@@ -16,6 +19,11 @@ use super::kernel_forward::{Activations, KernelForward, StepInputs};
 use super::lora_slots::LoraSlots;
 use crate::error::Result;
 
+/// Steps of more than this many rows (and at most 64) run the overlap's shrinks on the second
+/// stream; smaller ones on the kernels' stream (their launches are short, and a join in a
+/// graph costs the next launch its early start).
+const SIDE_MIN_ROWS: usize = 8;
+
 /// What a step's LoRA deltas need: the slots, the step's tiles and the shrink's scratch.
 pub(crate) struct LoraStep<'a> {
     slots: &'a LoraSlots,
@@ -23,18 +31,26 @@ pub(crate) struct LoraStep<'a> {
     /// Tokens per tile (`crate::engine::cuda::lora_tile` of the step's tokens).
     tile: usize,
     y: Tensor,
-    /// The shrinks run beside the base matmuls (one-token tiles, `KernelOptions::lora_overlap`).
+    /// The overlap's path (one-token tiles, `KernelOptions::lora_overlap`, one rank, dense
+    /// layers, no trace).
     overlap: bool,
+    /// Its shrinks on the second stream.
+    side: bool,
 }
+
+/// The fused matmul whose expand an add+RMSNorm takes over on the overlap's path: layer and
+/// group (1: o, 3: down).
+pub(crate) type Deferred = Option<(usize, usize)>;
 
 impl<'m> KernelForward<'m> {
     /// The step's LoRA inputs, when a row of it runs on an adapter (the scratch is the
     /// activations' own, allocated with them on a model with slots, so a captured step
-    /// allocates nothing).
+    /// allocates nothing); `one_rank`: no tensor parallelism (the overlap needs it).
     pub(crate) fn lora_step(
         &self,
         inputs: &StepInputs,
         acts: &Activations,
+        one_rank: bool,
     ) -> Result<Option<LoraStep<'m>>> {
         let (Some(slots), Some(tiles)) = (self.model.lora.as_ref(), inputs.lora.as_ref()) else {
             return Ok(None);
@@ -44,7 +60,9 @@ impl<'m> KernelForward<'m> {
             crate::engine::cuda::kernel_err("lora", "activations without the LoRA scratch")
         })?;
         let tile = crate::engine::cuda::lora_tile(t);
-        let overlap = tile == 1
+        let overlap = one_rank
+            && tile == 1
+            && self.model.layers.iter().all(|l| l.ffn.dense().is_some())
             && self.kernels.lora_overlap()
             && slots.rank() <= crate::engine::cuda::LORA_OVERLAP_MAX_RANK;
         Ok(Some(LoraStep {
@@ -53,11 +71,13 @@ impl<'m> KernelForward<'m> {
             tile,
             y,
             overlap,
+            side: overlap && t > SIDE_MIN_ROWS,
         }))
     }
 
-    /// With the overlap, queues the shrink of fused matmul `g` of layer `li` for input `x` on
-    /// the second stream (before the base matmul on `x`); nothing otherwise.
+    /// On the overlap's path, the shrink of fused matmul `g` of layer `li` for input `x`,
+    /// queued before the base matmul on `x` (on the second stream above 8 rows); nothing
+    /// otherwise.
     pub(crate) fn lora_shrink(
         &self,
         x: &Tensor,
@@ -66,13 +86,18 @@ impl<'m> KernelForward<'m> {
         if !l.overlap {
             return Ok(());
         }
-        let sg = &l.slots.layers[li][g];
-        self.kernels
-            .lora_shrink_beside(x, &sg.a, (&l.tiles, l.tile), &l.y)
+        let (k, sg) = (self.kernels, &l.slots.layers[li][g]);
+        let tiles = (&l.tiles, l.tile);
+        if l.side {
+            k.lora_shrink_beside(x, &sg.a, tiles, &l.y)
+        } else {
+            k.lora_shrink_into(x, &sg.a, tiles, &l.y)
+        }
     }
 
-    /// `out += delta` of fused matmul `g` of layer `li` for input `x` (with the overlap: the
-    /// join and the expand of the shrink [`KernelForward::lora_shrink`] queued).
+    /// `out += delta` of fused matmul `g` of layer `li` for input `x`. On the overlap's path
+    /// the shrink ([`KernelForward::lora_shrink`]) is queued already: the qkv delta is
+    /// expanded here, the o and down deltas by the add+RMSNorm after them.
     pub(crate) fn lora_add(
         &self,
         x: &Tensor,
@@ -82,33 +107,66 @@ impl<'m> KernelForward<'m> {
         let (k, sg) = (self.kernels, &l.slots.layers[li][g]);
         let tiles = (&l.tiles, l.tile);
         if l.overlap {
-            k.lora_join()?;
+            if g == 1 || g == 3 {
+                return Ok(());
+            }
+            self.lora_join(l)?;
             return k.lora_expand_into(&l.y, (&sg.b, &sg.splits), tiles, out);
         }
         k.lora_into(x, (&sg.a, &sg.b, &sg.splits), tiles, &l.y, out)
     }
 
-    /// `h = rmsnorm(res + delta)`, `out = h · wᵀ + LoRA delta`, then with `silu`
-    /// (`Some((gu, act))`, `out` being `gu`) the SiLU product into `act`.
+    /// The kernels' stream waits for the shrink on the second stream (when one is there).
+    fn lora_join(&self, l: &LoraStep<'_>) -> Result<()> {
+        if l.side {
+            self.kernels.lora_join()?;
+        }
+        Ok(())
+    }
+
+    /// The add+RMSNorm `h = rmsnorm(res + delta)` (`res_out` the sum), with `before`'s delta
+    /// expanded into `delta` first on the overlap's path.
+    pub(crate) fn lora_norm_into(
+        &self,
+        (res, delta, res_out): (&Tensor, Option<&Tensor>, &Tensor),
+        norm: &Norm,
+        h: &Tensor,
+        (l, before): (&LoraStep<'_>, Deferred),
+    ) -> Result<()> {
+        let k = self.kernels;
+        match (delta, before) {
+            (Some(d), Some((li, g))) if l.overlap => {
+                self.lora_join(l)?;
+                let b = &l.slots.layers[li][g].b;
+                let nw = (&norm.weight, norm.eps);
+                k.lora_add_rmsnorm_into((d, res, res_out), nw, h, (&l.y, b), &l.tiles)
+            }
+            _ => k.add_rmsnorm_to(delta, res, res_out, &norm.weight, norm.eps, h),
+        }
+    }
+
+    /// `h = rmsnorm(res + delta)` (with `before`'s deferred expand), `out = h · wᵀ + LoRA
+    /// delta`, then with `silu` (`Some((gu, act))`, `out` being `gu`) the SiLU product into
+    /// `act`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn norm_linear_lora(
         &self,
-        (res, delta, res_out): (&Tensor, Option<&Tensor>, &Tensor),
+        res: (&Tensor, Option<&Tensor>, &Tensor),
         norm: &Norm,
         h: &Tensor,
         w: &Tensor,
         out: &Tensor,
         silu: Option<(&Tensor, &Tensor)>,
-        lora: (&LoraStep<'_>, usize, usize),
+        (lora, before): ((&LoraStep<'_>, usize, usize), Deferred),
     ) -> Result<()> {
         let k = self.kernels;
-        k.add_rmsnorm_to(delta, res, res_out, &norm.weight, norm.eps, h)?;
+        let (l, li, g) = lora;
+        self.lora_norm_into(res, norm, h, (l, before))?;
         self.lora_shrink(h, lora)?;
         k.linear_into(h, w, out)?;
-        let (l, li, g) = lora;
         match silu {
             Some((gu, act)) if l.overlap => {
-                k.lora_join()?;
+                self.lora_join(l)?;
                 let sg = &l.slots.layers[li][g];
                 k.lora_expand_silu_into(gu, (&l.y, &sg.b), act, &l.tiles)
             }
