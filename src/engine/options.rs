@@ -92,13 +92,13 @@ pub struct KernelOptions {
     /// slower on the H200 (30B-A3B shape, 12 layers: batch 1 991 against 1,008 tok/s, batch 2
     /// 1,540 against 1,568; BENCHMARKS.md, #29).
     pub moe_norm_router: bool,
-    /// LoRA steps of up to 64 rows (one-token tiles) take the adapters' shrinks off the
-    /// step's critical path: each runs on a second stream beside the base matmul that reads
-    /// the same input (joined before its expand), and the gate|up expand is one launch with
-    /// the SiLU product (`kernels/lora_silu.cu`): four launches a layer on the critical path
-    /// instead of nine (#23). Off by default: on the H200 it gains 2-3% at batch 16-64 and
-    /// -1% to +0.5% at batch 8 (the shrinks compete with the base matmul for the SMs rather
-    /// than fill idle ones; BENCHMARKS.md).
+    /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
+    /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
+    /// input (above 8 rows on a second stream beside it), the gate|up expand is one launch
+    /// with the SiLU product and the o and down expands one launch each with the add+RMSNorm
+    /// after them (`kernels/lora_silu.cu`); the logits are the serial path's bit for bit
+    /// (#23). Off by default: on the H200 +2.6-2.9% at batch 64, -0.5% to +0.7% at batch 8
+    /// (BENCHMARKS.md).
     pub lora_overlap: bool,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
     /// stream, where the events only cost time).
