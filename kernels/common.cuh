@@ -59,6 +59,26 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Sum over a block of up to 1024 threads (every thread gets the result), in one fixed order:
+// each warp's butterfly, then warp 0's over the warps' sums. Called at most once a kernel
+// (its shared result is not guarded against a second call).
+__device__ float block_sum(float v) {
+  __shared__ float part[32];
+  __shared__ float total;
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    int nw = (blockDim.x + 31) >> 5;
+    float s = lane < nw ? part[lane] : 0.f;
+    s = warp_sum(s);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  return total;
+}
+
 // Eight bf16 (one 16-byte load) as f32.
 __device__ __forceinline__ void bf16x8_to_f32(uint4 raw, float* out) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);

@@ -15,24 +15,6 @@
 
 namespace {
 
-// Sum over a block of up to 1024 threads (every thread gets the result).
-__device__ float block_sum(float v) {
-  __shared__ float part[32];
-  __shared__ float total;
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_sum(v);
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    int nw = (blockDim.x + 31) >> 5;
-    float s = lane < nw ? part[lane] : 0.f;
-    s = warp_sum(s);
-    if (lane == 0) total = s;
-  }
-  __syncthreads();
-  return total;
-}
-
 // One block per row. If `add`, res_out[row] = res_in[row] + x[row] (rounded to T, as the
 // residual stream is stored), else the residual is res_in; then
 // out[row] = residual * rsqrt(mean(residual^2) + eps) * w.

@@ -119,7 +119,6 @@ __device__ void lora_add_rmsnorm(const T* __restrict__ delta, const T* res, T* r
                                  const float* __restrict__ y, const T* __restrict__ b,
                                  const uint32_t* __restrict__ tiles, int ntiles, int slots,
                                  int r) {
-  __shared__ float part[32];
   pdl_trigger();
   const size_t row = blockIdx.x;
   const uint32_t s = token_slot(tiles, ntiles, (int)row, slots);
@@ -141,20 +140,8 @@ __device__ void lora_add_rmsnorm(const T* __restrict__ delta, const T* res, T* r
     const float v = to_f(sum);
     ss += v * v;
   }
-  // The block's sum in add_rmsnorm's order (its block_sum), so the norm is the same bits.
-  __shared__ float total;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  ss = warp_sum(ss);
-  if (lane == 0) part[warp] = ss;
-  __syncthreads();
-  if (warp == 0) {
-    const int nw = (blockDim.x + 31) >> 5;
-    float v = lane < nw ? part[lane] : 0.f;
-    v = warp_sum(v);
-    if (lane == 0) total = v;
-  }
-  __syncthreads();
-  const float inv = rsqrtf(total / n + eps);
+  // add_rmsnorm's block_sum, so the norm is the same bits.
+  const float inv = rsqrtf(block_sum(ss) / n + eps);
   for (int i = threadIdx.x; i < n; i += blockDim.x)
     out[row * n + i] = from_f<T>(to_f(res_out[row * n + i]) * inv * to_f(w[i]));
 }
