@@ -19,6 +19,7 @@ const KERNELS: &[&str] = &[
     "logit_edits",
     "lora",
     "lora_silu",
+    "lora_grouped",
     "gemv",
     "kv_move",
     "moe",

@@ -79,6 +79,19 @@ __device__ float block_sum(float v) {
   return total;
 }
 
+// d += a (16x16, row) * b (16x8, col) as mma.sync m16n8k16: bf16 in, f32 accumulation (sm_80+).
+// Fragments: a0/a2 row g = lane / 4, a1/a3 row g + 8, k pairs (2c, 2c + 1) and (2c + 8, 2c + 9)
+// for c = lane % 4; b0/b1 column g, the same k pairs; d0/d1 row g, d2/d3 row g + 8, columns 2c
+// and 2c + 1.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // Eight bf16 (one 16-byte load) as f32.
 __device__ __forceinline__ void bf16x8_to_f32(uint4 raw, float* out) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);

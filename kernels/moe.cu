@@ -151,17 +151,12 @@ __device__ void moe_down(const T* __restrict__ act, const T* __restrict__ down,
   }
 }
 
-// Grid (tokens, ceil(hidden / 256)), 256 threads: out[t] = sum of the token's pairs' y in
-// ascending expert order, each add rounded to T (HF's index_add in the compute dtype); pairs on
-// other ranks' experts add nothing. Thread c of block (t, bx) takes column bx * 256 + c and
-// issues its pairs' loads eight at a time before the ordered adds.
-template <typename T>
-__device__ void moe_sum(const T* __restrict__ y, const uint32_t* __restrict__ ids,
-                        T* __restrict__ out, int hidden, int k, int first, int local) {
-  pdl_entry();
-  const int t = blockIdx.x;
-  __shared__ uint32_t sid[32];
-  __shared__ int slot_order[32];
+// Token t's pairs on this rank's experts (first..first + local) in ascending expert order, the
+// order HF adds them in: sid[s] the expert of the token's slot s, slot_order[0..n) the slots;
+// returns n. The whole block calls it (at most 32 slots).
+__device__ __forceinline__ int token_experts(const uint32_t* __restrict__ ids, int t, int k,
+                                             int first, int local, uint32_t* sid,
+                                             int* slot_order) {
   __shared__ int live;
   if (threadIdx.x < k) sid[threadIdx.x] = ids[(size_t)t * k + threadIdx.x];
   __syncthreads();
@@ -180,9 +175,23 @@ __device__ void moe_sum(const T* __restrict__ y, const uint32_t* __restrict__ id
     live = n;
   }
   __syncthreads();
+  return live;
+}
+
+// Grid (tokens, ceil(hidden / 256)), 256 threads: out[t] = sum of the token's pairs' y in
+// ascending expert order, each add rounded to T (HF's index_add in the compute dtype); pairs on
+// other ranks' experts add nothing. Thread c of block (t, bx) takes column bx * 256 + c and
+// issues its pairs' loads eight at a time before the ordered adds.
+template <typename T>
+__device__ void moe_sum(const T* __restrict__ y, const uint32_t* __restrict__ ids,
+                        T* __restrict__ out, int hidden, int k, int first, int local) {
+  pdl_entry();
+  const int t = blockIdx.x;
+  __shared__ uint32_t sid[32];
+  __shared__ int slot_order[32];
+  const int n = token_experts(ids, t, k, first, local, sid, slot_order);
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= hidden) return;
-  const int n = live;
   const T* yt = y + (size_t)t * k * hidden + c;
   float acc = 0.f;
   for (int i0 = 0; i0 < n; i0 += 8) {
@@ -196,7 +205,94 @@ __device__ void moe_sum(const T* __restrict__ y, const uint32_t* __restrict__ id
   out[(size_t)t * hidden + c] = from_f<T>(acc);
 }
 
+// Down and sum in one launch for one-pair tiles (LaunchOptions::moe_down_sum, bf16): grid
+// (ceil(hidden / 8), tokens), 256 threads; warp w of block (bx, t) takes output row o = bx * 8
+// + w of token t and runs through its pairs on this rank's experts in ascending expert order,
+// four experts' loads in flight at a time: each expert's dot product summed as moe_down's
+// (a lane's values in ascending k, then warp_sum), rounded to T, times the pair's weight,
+// rounded, and added to the row's sum rounded as moe_sum adds. So out holds moe_down then
+// moe_sum's bits without y's round trip or the second launch. act rows are found by the pair's
+// position in `order` (at most 32 pairs a token).
+template <typename T>
+__device__ void moe_down_sum(const T* __restrict__ act, const T* __restrict__ down,
+                             const uint32_t* __restrict__ ids, const uint32_t* __restrict__ order,
+                             const float* __restrict__ w, T* __restrict__ out, int hidden,
+                             int inter, int k, int first, int local) {
+  pdl_entry();
+  const int t = blockIdx.y;
+  __shared__ uint32_t sid[32];
+  __shared__ int pos[32];
+  __shared__ int slot_order[32];
+  const int pairs = gridDim.y * k;
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const uint32_t p = order[i];
+    if ((int)(p / k) == t) pos[p % k] = i;
+  }
+  const int n = token_experts(ids, t, k, first, local, sid, slot_order);  // syncs the block
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int o = blockIdx.x * 8 + warp;
+  if (o >= hidden) return;
+  constexpr int E = 4, U = 3;  // experts, and chunks of 256 inputs, in flight
+  float sum = 0.f;
+  for (int e0 = 0; e0 < n; e0 += E) {
+    const T* wr[E];
+    const T* ar[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int s = slot_order[min(e0 + e, n - 1)];
+      wr[e] = down + ((size_t)((int)sid[s] - first) * hidden + o) * inter;
+      ar[e] = act + (size_t)pos[s] * inter;
+    }
+    float acc[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = 0.f;
+    for (int k0 = lane * 8; k0 < inter; k0 += 256 * U) {
+      uint4 wv[E][U], av[E][U];
+#pragma unroll
+      for (int e = 0; e < E; ++e)
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int kk = k0 + u * 256;
+          if (e0 + e < n && kk < inter) {
+            wv[e][u] = *reinterpret_cast<const uint4*>(wr[e] + kk);
+            av[e][u] = *reinterpret_cast<const uint4*>(ar[e] + kk);
+          }
+        }
+#pragma unroll
+      for (int e = 0; e < E; ++e)
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (e0 + e < n && k0 + u * 256 < inter) {
+            float wf[8], xf[8];
+            bf16x8_to_f32(wv[e][u], wf);
+            bf16x8_to_f32(av[e][u], xf);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[e] += xf[i] * wf[i];
+          }
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const float v = to_f(from_f<T>(warp_sum(acc[e])));
+      if (e0 + e < n) {
+        const uint32_t pair = (uint32_t)(t * k + slot_order[e0 + e]);
+        const float y = to_f(from_f<T>(v * w[pair]));
+        sum = to_f(from_f<T>(sum + y));
+      }
+    }
+  }
+  if (lane == 0) out[(size_t)t * hidden + o] = from_f<T>(sum);
+}
+
 }  // namespace
+
+// Two blocks an SM (registers capped at 128): the 256 blocks of a 2,048-wide token in one wave.
+extern "C" __global__ void __launch_bounds__(256, 2) moe_down_sum_bf16(const __nv_bfloat16* act, const __nv_bfloat16* down,
+                                             const uint32_t* ids, const uint32_t* order,
+                                             const float* w, __nv_bfloat16* out, int hidden,
+                                             int inter, int k, int first, int local) {
+  moe_down_sum<__nv_bfloat16>(act, down, ids, order, w, out, hidden, inter, k, first, local);
+}
 
 #define MOE_KERNELS(T, S)                                                                       \
   extern "C" __global__ void moe_sum_##S(const T* y, const uint32_t* ids, T* out, int hidden,   \

@@ -1,6 +1,7 @@
 //! The LoRA kernels of a decode step timed alone (`--profile`): each fused matmul's shrink
 //! and expand with eight rank-16 adapters, every row on its own slot (one-token tiles, as the
-//! bench's mixed batches), beside the base ops they go with.
+//! bench's mixed batches), beside the base ops they go with; and the grouped kernels
+//! (`LaunchOptions::lora_grouped`: the same tiles sorted by slot; steps of 9-64 rows).
 
 use candle_core::{DType, Device, Tensor};
 use policy_serve::engine::ModelConfig;
@@ -21,6 +22,11 @@ pub fn rows(cfg: &ModelConfig, dev: &Device, b: usize) -> Res<()> {
         ..LaunchOptions::default()
     };
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("kernels")?;
+    let grouped = LaunchOptions {
+        lora_grouped: true,
+        ..LaunchOptions::default()
+    };
+    let kg = CudaKernels::new(dev, DType::BF16, &grouped)?.ok_or("kernels")?;
     let (h, hd, inter) = (cfg.hidden_size, cfg.head_dim(), cfg.intermediate_size);
     let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
     let (slots, r) = (8usize, 16usize);
@@ -34,13 +40,21 @@ pub fn rows(cfg: &ModelConfig, dev: &Device, b: usize) -> Res<()> {
     ];
     let tiles: Vec<u32> = (0..b as u32).flat_map(|i| [i, 1, i % 8]).collect();
     let tiles = Tensor::from_vec(tiles, (b, 3), dev)?;
-    let y = Tensor::zeros((b, 3 * r), DType::F32, dev)?;
+    let mut sorted: Vec<u32> = (0..b as u32).flat_map(|i| [i, 1, i % 8]).collect();
+    let mut triples: Vec<[u32; 3]> = sorted.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect();
+    triples.sort_by_key(|c| c[2]);
+    sorted = triples.concat();
+    let sorted = Tensor::from_vec(sorted, (b, 3), dev)?;
+    let cols = policy_serve::engine::cuda::lora_scratch_cols(r, true);
+    let y = Tensor::zeros((b, cols), DType::F32, dev)?;
     println!(
         "\n## batch {b}: LoRA kernels alone (8 adapters, rank 16, a slot per row; us per launch)"
     );
-    println!("| fused matmul | shrink | expand | base matmul (ours) |");
-    println!("|---|---|---|---|");
-    let mut total = 0.0;
+    println!(
+        "| fused matmul | shrink | expand | grouped shrink | grouped expand | base matmul (ours) |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let (mut total, mut total_g) = (0.0, 0.0);
     for (name, fan_in, splits) in &groups {
         let parts = splits.len() - 1;
         let nout = *splits.last().ok_or("splits")?;
@@ -53,9 +67,16 @@ pub fn rows(cfg: &ModelConfig, dev: &Device, b: usize) -> Res<()> {
         let expand = time_us(dev, || {
             Ok(k.lora_expand_into(&y, (&bm, splits), (&tiles, 1), &out)?)
         })?;
+        let g_shrink = time_us(dev, || Ok(kg.lora_shrink_into(&x, &a, (&sorted, 1), &y)?))?;
+        let g_expand = time_us(dev, || {
+            Ok(kg.lora_expand_into(&y, (&bm, splits), (&sorted, 1), &out)?)
+        })?;
         let base = time_us(dev, || Ok(k.linear_into(&x, &w, &out)?))?;
         total += shrink + expand;
-        println!("| {name} | {shrink:.1} | {expand:.1} | {base:.1} |");
+        total_g += g_shrink + g_expand;
+        println!(
+            "| {name} | {shrink:.1} | {expand:.1} | {g_shrink:.1} | {g_expand:.1} | {base:.1} |"
+        );
     }
     let gu = randn(&[b, 2 * inter], dev)?;
     let act = randn(&[b, inter], dev)?;
@@ -65,6 +86,24 @@ pub fn rows(cfg: &ModelConfig, dev: &Device, b: usize) -> Res<()> {
         Ok(k.lora_expand_silu_into(&gu, (&y, &bgu), &act, &tiles)?)
     })?;
     println!("| SiLU*up alone / gate|up expand + SiLU in one launch | {silu:.1} | {fused:.1} | |");
-    println!("sum of the LoRA launches: {total:.1} us per layer");
+    println!(
+        "sum of the LoRA launches: {total:.1} us per layer (grouped: {total_g:.1}, SiLU apart)"
+    );
+    // The grouped shrink's split of the input features, swept (the rule: 1,024 a slice).
+    if b > policy_serve::engine::cuda::LORA_GROUPED_MIN_ROWS {
+        for (name, fan_in, splits) in &groups {
+            let parts = splits.len() - 1;
+            let a = randn(&[slots, parts * r, *fan_in], dev)?;
+            let x = randn(&[b, *fan_in], dev)?;
+            let mut line = format!("grouped shrink {name} by slices (us):");
+            for s in [1usize, 2, 4, 8, 16] {
+                kg.set_lora_grouped_slices(Some(s));
+                let us = time_us(dev, || Ok(kg.lora_shrink_into(&x, &a, (&sorted, 1), &y)?))?;
+                line += &format!(" {s}: {us:.1}");
+            }
+            kg.set_lora_grouped_slices(None);
+            println!("{line}");
+        }
+    }
     Ok(())
 }

@@ -25,41 +25,58 @@ pub(super) fn lora_model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table
     let dirs = adapters(&cfg)?;
     // The kernels as the flags say, with the shrinks beside the base matmuls, the candle ops,
     // and the candle ops in f32 (the reference: bf16 logits are held to their distance from
-    // it, not to another bf16 rounding's).
-    let load =
-        |kernels: bool, overlap: bool, dt: DType| -> Res<policy_serve::engine::model::Model> {
-            let opts = KernelOptions {
-                lora_overlap: overlap,
-                ..a.kernels.options()
-            };
-            let choice = dtype_choice(dt);
-            let mut m = load_shard(
-                "lora",
-                &cfg,
-                &weights,
-                choice,
-                dev,
-                Shard::FULL,
-                &opts,
-                || {},
-            )?;
-            if !kernels {
-                m.disable_kernels();
-            }
-            m.set_lora_slots(LoraSlots::new(&cfg, 2, 16, m.dtype(), dev)?);
-            for (i, d) in dirs.iter().enumerate() {
-                let ad = LoraAdapter::load(d, &cfg, 16)?;
-                let image = SlotImage::new(&ad, &cfg, 16, m.dtype())?;
-                m.lora_slots().ok_or("slots")?.load(i, &image)?;
-            }
-            Ok(m)
+    // it, not to another bf16 rounding's); then the grouped kernels, alone and with the
+    // overlap.
+    let load = |kernels: bool,
+                (overlap, grouped): (bool, bool),
+                dt: DType|
+     -> Res<policy_serve::engine::model::Model> {
+        let opts = KernelOptions {
+            lora_overlap: overlap,
+            lora_grouped: grouped,
+            ..a.kernels.options()
         };
-    let (fast, overlap) = (load(true, false, dt)?, load(true, true, dt)?);
-    let (slow, reference) = (load(false, false, dt)?, load(false, false, DType::F32)?);
+        let choice = dtype_choice(dt);
+        let mut m = load_shard(
+            "lora",
+            &cfg,
+            &weights,
+            choice,
+            dev,
+            Shard::FULL,
+            &opts,
+            || {},
+        )?;
+        if !kernels {
+            m.disable_kernels();
+        }
+        m.set_lora_slots(LoraSlots::new(&cfg, 2, 16, m.dtype(), dev)?);
+        for (i, d) in dirs.iter().enumerate() {
+            let ad = LoraAdapter::load(d, &cfg, 16)?;
+            let image = SlotImage::new(&ad, &cfg, 16, m.dtype())?;
+            m.lora_slots().ok_or("slots")?.load(i, &image)?;
+        }
+        Ok(m)
+    };
+    let (fast, overlap) = (
+        load(true, (false, false), dt)?,
+        load(true, (true, false), dt)?,
+    );
+    let slow = load(false, (false, false), dt)?;
+    let reference = load(false, (false, false), DType::F32)?;
+    let grouped = load(true, (false, true), dt)?;
+    let grouped_overlap = load(true, (true, true), dt)?;
     let bs = 16;
     let slots = [Some(0u32), None, Some(1), Some(0), None, Some(1)];
     let mut out = Vec::new();
-    for m in [&fast, &overlap, &slow, &reference] {
+    for m in [
+        &fast,
+        &overlap,
+        &slow,
+        &reference,
+        &grouped,
+        &grouped_overlap,
+    ] {
         let c = PagedKvCache::new(&cfg, m.local_kv_heads(), 256, bs, m.dtype(), dev)?;
         let tables: Vec<Vec<u32>> = (0..6u32)
             .map(|i| (0..12).map(|j| i * 12 + j).collect())
@@ -139,6 +156,18 @@ pub(super) fn lora_model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table
             rel(&out[1][i], &out[0][i])?,
             0.0,
         );
+        // The grouped shrink sums in another order (f32): held to the reference like the
+        // serial path; with the overlap it feeds the same fused expands: bit for bit.
+        t.check(
+            format!("lora {dt:?} grouped: {what}"),
+            rel(&out[4][i], &out[3][i])?,
+            tl,
+        );
+        t.check(
+            format!("lora {dt:?} grouped overlap = grouped: {what}"),
+            rel(&out[5][i], &out[4][i])?,
+            0.0,
+        );
     }
     // Positive control: the same prompt through slot 0 and on the base differ.
     let c = PagedKvCache::new(&cfg, fast.local_kv_heads(), 16, bs, dt, dev)?;
@@ -173,7 +202,7 @@ pub(super) fn lora_graph_check(a: &Args, t: &mut Table) -> Res<()> {
     const N: usize = 12;
     let cfg = ModelConfig::from_file(&a.model_dir.join("config.json"))?;
     let dirs = adapters(&cfg)?;
-    let run = |graphs: bool, lora_overlap: bool| -> Res<Vec<Vec<u32>>> {
+    let run = |graphs: bool, (lora_overlap, lora_grouped): (bool, bool)| -> Res<Vec<Vec<u32>>> {
         let opts = EngineOptions {
             device: DeviceChoice::Cuda(0),
             dtype: DTypeChoice::BF16,
@@ -185,6 +214,7 @@ pub(super) fn lora_graph_check(a: &Args, t: &mut Table) -> Res<()> {
             }),
             kernels: KernelOptions {
                 lora_overlap,
+                lora_grouped,
                 ..a.kernels.options()
             },
             ..EngineOptions::default()
@@ -205,10 +235,14 @@ pub(super) fn lora_graph_check(a: &Args, t: &mut Table) -> Res<()> {
         tokens_of(&e, requests)
     };
     let mut eagers = Vec::new();
-    for overlap in [false, true] {
-        let (graphs, eager) = (run(true, overlap)?, run(false, overlap)?);
+    for variant in [(false, false), (true, false), (false, true)] {
+        let (graphs, eager) = (run(true, variant)?, run(false, variant)?);
         let equal = graphs.iter().zip(&eager).filter(|(g, e)| g == e).count();
-        let how = if overlap { " (overlap)" } else { "" };
+        let how = match variant {
+            (true, _) => " (overlap)",
+            (_, true) => " (grouped)",
+            _ => "",
+        };
         println!("lora greedy graphs vs eager{how}: {equal}/{N} requests equal");
         t.check(
             format!("lora graphs vs eager{how}: {equal}/{N} greedy answers equal ?"),
@@ -230,8 +264,133 @@ pub(super) fn lora_graph_check(a: &Args, t: &mut Table) -> Res<()> {
         if same == N { 0.0 } else { 1.0 },
         0.0,
     );
+    // The grouped shrink rounds differently: printed, not held to equality (its logits are
+    // held to the f32 reference in `lora_model_checks`).
+    let same = eagers[0]
+        .iter()
+        .zip(&eagers[2])
+        .filter(|(a, b)| a == b)
+        .count();
+    println!("lora greedy grouped vs serial (eager): {same}/{N} requests equal");
     for d in dirs {
         let _ = std::fs::remove_dir_all(d);
     }
+    Ok(())
+}
+
+/// A tile table case: name, rows, slots held, and the tiles as (token, slot).
+type TileCase = (&'static str, usize, usize, Vec<(u32, u32)>);
+
+/// The grouped LoRA kernels (`LaunchOptions::lora_grouped`) against the one-token kernels on
+/// random adapters: the shrink's `y` within f32 rounding of theirs (the same products summed in
+/// another order, on tensor cores, over 1-16 slices of the input features) and the expand bit
+/// for bit from the same `y`. Tables: a slot per row sorted by slot, one slot for all rows, rows
+/// on 13 of 16 slots unsorted with base rows, count-0 padding and a slot past those held; rank
+/// 8 (a partial tile of 16 rows), 16 and 64; the fan-ins of the 0.6B and 1.7B shapes.
+pub(super) fn lora_grouped_checks(dev: &Device, t: &mut Table) -> Res<()> {
+    use policy_serve::engine::cuda::{LORA_GROUPED_MIN_ROWS, lora_scratch_cols};
+    let kern = |grouped: bool| -> Res<CudaKernels> {
+        let o = LaunchOptions {
+            lora_grouped: grouped,
+            ..LaunchOptions::default()
+        };
+        Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("kernels")?)
+    };
+    let (plain, grouped) = (kern(false)?, kern(true)?);
+    let randn = |shape: &[usize], s: f64| -> Res<Tensor> {
+        Ok((Tensor::randn(0f32, 1.0, shape, dev)? * s)?.to_dtype(DType::BF16)?)
+    };
+    // (rows, slots held, tiles as (token, slot)): the slot ids may exceed `slots` (skipped).
+    let by_slot = |rows: usize| -> Vec<(u32, u32)> {
+        let mut v: Vec<(u32, u32)> = (0..rows as u32).map(|i| (i, i % 8)).collect();
+        v.sort_by_key(|&(_, s)| s);
+        v
+    };
+    let scattered: Vec<(u32, u32)> = (0..40u32)
+        .filter(|i| i % 5 != 3)
+        .map(|i| (i, if i == 17 { 99 } else { (i * 7) % 13 }))
+        .collect();
+    let tables: [TileCase; 4] = [
+        ("64 rows, a slot per row", 64, 8, by_slot(64)),
+        (
+            "64 rows on one slot",
+            64,
+            8,
+            (0..64).map(|i| (i, 3)).collect(),
+        ),
+        ("40 rows on 13 slots, unsorted", 40, 16, scattered),
+        ("9 rows", LORA_GROUPED_MIN_ROWS + 1, 8, by_slot(9)),
+    ];
+    // (name, fan in, projections' output rows): 0.6B qkv / o / gate|up / down, 1.7B down.
+    let shapes: [(&str, usize, Vec<usize>); 5] = [
+        ("qkv 1024", 1024, vec![0, 2048, 3072, 4096]),
+        ("o 2048", 2048, vec![0, 1024]),
+        ("gate|up 1024", 1024, vec![0, 3072, 6144]),
+        ("down 3072", 3072, vec![0, 1024]),
+        ("down 6144", 6144, vec![0, 2048]),
+    ];
+    for (tname, rows, slots, table) in &tables {
+        let mut flat: Vec<u32> = table.iter().flat_map(|&(i, s)| [i, 1, s]).collect();
+        // Two count-0 tiles of padding, as a graph's table has.
+        flat.extend([0, 0, 0, 0, 0, 0]);
+        let ntiles = flat.len() / 3;
+        let tiles = Tensor::from_vec(flat, (ntiles, 3), dev)?;
+        for r in [8usize, 16, 64] {
+            for (sname, fan_in, splits) in &shapes {
+                if r != 16 && !sname.starts_with("qkv") && !sname.starts_with("down 6") {
+                    continue;
+                }
+                let parts = splits.len() - 1;
+                let nout = *splits.last().ok_or("splits")?;
+                let a = randn(&[*slots, parts * r, *fan_in], 0.05)?;
+                let b = randn(&[*slots, nout, r], 0.05)?;
+                let x = randn(&[*rows, *fan_in], 1.0)?;
+                let cols = lora_scratch_cols(r, true);
+                let y_ref = Tensor::zeros((*rows, cols), DType::F32, dev)?;
+                let y = Tensor::zeros((*rows, cols), DType::F32, dev)?;
+                plain.lora_shrink_into(&x, &a, (&tiles, 1), &y_ref)?;
+                let n = rows * parts * r;
+                let head = |v: &Tensor| v.flatten_all()?.narrow(0, 0, n);
+                let yr = head(&y_ref)?;
+                // The rule's slices, then asked for 2 and 16 (taken where the shape can).
+                for asked in [None, Some(2), Some(16)] {
+                    grouped.set_lora_grouped_slices(asked);
+                    y.zero_set()?;
+                    grouped.lora_shrink_into(&x, &a, (&tiles, 1), &y)?;
+                    t.check(
+                        format!("lora grouped shrink: {tname}, {sname}, r{r}, slices {asked:?}"),
+                        rel(&head(&y)?, &yr)?,
+                        1e-5,
+                    );
+                }
+                grouped.set_lora_grouped_slices(None);
+                let out0 = randn(&[*rows, nout], 1.0)?;
+                let (o_ref, o_grp) = (out0.copy()?, out0.copy()?);
+                plain.lora_expand_into(&y_ref, (&b, splits), (&tiles, 1), &o_ref)?;
+                grouped.lora_expand_into(&y_ref, (&b, splits), (&tiles, 1), &o_grp)?;
+                t.check(
+                    format!("lora grouped expand = one-token: {tname}, {sname}, r{r}"),
+                    rel(&o_grp, &o_ref)?,
+                    0.0,
+                );
+            }
+        }
+    }
+    // Positive control: the expand changed the rows on adapters.
+    let x = randn(&[16, 1024], 1.0)?;
+    let a = randn(&[8, 16, 1024], 0.05)?;
+    let b = randn(&[8, 1024, 16], 0.05)?;
+    let flat: Vec<u32> = by_slot(16).iter().flat_map(|&(i, s)| [i, 1, s]).collect();
+    let tiles = Tensor::from_vec(flat, (16, 3), dev)?;
+    let y = Tensor::zeros((16, lora_scratch_cols(16, true)), DType::F32, dev)?;
+    let out = randn(&[16, 1024], 1.0)?;
+    let before = out.copy()?;
+    grouped.lora_into(&x, (&a, &b, &[0, 1024]), (&tiles, 1), &y, &out)?;
+    let moved = rel(&out, &before)?;
+    t.check(
+        format!("lora grouped: the delta moves the output (rel {moved:.3}) ?"),
+        if moved > 1e-3 { 0.0 } else { 1.0 },
+        0.0,
+    );
     Ok(())
 }

@@ -174,6 +174,7 @@ fn main() -> Res<()> {
         for dt in [DType::BF16, DType::F32] {
             lora::lora_model_checks(&a, &dev, dt, &mut t)?;
         }
+        lora::lora_grouped_checks(&dev, &mut t)?;
         lora::lora_graph_check(&a, &mut t)?;
         return report(t);
     }
@@ -197,6 +198,7 @@ fn main() -> Res<()> {
     }
     greedy_check(&a, &mut t)?;
     fp8::engine_check(&a, &mut t)?;
+    lora::lora_grouped_checks(&dev, &mut t)?;
     lora::lora_graph_check(&a, &mut t)?;
     report(t)
 }

@@ -53,7 +53,57 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         }
     }
     norm_router(&k, dev, t)?;
+    down_sum(&k, dev, t)?;
     timings(&k, dev)
+}
+
+/// Down and the experts' sum in one launch (`LaunchOptions::moe_down_sum`) against the two
+/// launches on the same one-pair tiles: bit for bit (the same sums in the same order), at 1,
+/// 2, 5 and 8 tokens of the 30B-A3B shape, one rank's half of the experts, a small shape with
+/// top-2; then both timed at 1 and 2 tokens.
+fn down_sum(k: &CudaKernels, dev: &Device, t: &mut Table) -> Res<()> {
+    let opts = LaunchOptions {
+        moe_down_sum: true,
+        ..LaunchOptions::default()
+    };
+    let kd = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
+    let cases = [
+        (1, 128, 8, 2048, 768, 0, 128, true),
+        (2, 128, 8, 2048, 768, 0, 128, false),
+        (5, 128, 8, 2048, 768, 64, 64, true),
+        (8, 128, 8, 2048, 768, 0, 128, true),
+        (7, 8, 2, 256, 64, 4, 4, false),
+    ];
+    for (tokens, e, top, hidden, inter, first, local, norm) in cases {
+        let h = randn(&[tokens, hidden], DType::BF16, dev)?;
+        let logits = randn(&[tokens, e], DType::BF16, dev)?;
+        let gu = (randn(&[local, 2 * inter, hidden], DType::BF16, dev)? * 0.02)?;
+        let dn = (randn(&[local, hidden, inter], DType::BF16, dev)? * 0.02)?;
+        let how = (first, top, norm);
+        let (two, ..) = k.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
+        let (one, ..) = kd.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
+        t.check(
+            format!("moe down+sum in one launch = two: T{tokens} E{e} top{top} h{hidden} experts {first}+{local}"),
+            rel(&one, &two)?,
+            0.0,
+        );
+    }
+    let (e, top, hidden, inter) = (128, 8, 2048, 768);
+    let gu = (randn(&[e, 2 * inter, hidden], DType::BF16, dev)? * 0.02)?;
+    let dn = (randn(&[e, hidden, inter], DType::BF16, dev)? * 0.02)?;
+    for tokens in [1usize, 2, 8] {
+        let h = randn(&[tokens, hidden], DType::BF16, dev)?;
+        let logits = randn(&[tokens, e], DType::BF16, dev)?;
+        let how = (0, top, true);
+        let (_, two, each) = k.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
+        let (_, one, _) = kd.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
+        println!(
+            "moe timing T{tokens} tile 1: down+sum in one launch {one:.1} us a layer's experts, \
+             two launches {two:.1} (down {:.1} + sum {:.1} alone)",
+            each[2], each[3]
+        );
+    }
+    Ok(())
 }
 
 /// The add+RMSNorm and the router's matmul in one launch (`LaunchOptions::moe_norm_router`)

@@ -195,10 +195,18 @@ pub struct KernelFlags {
     /// rows (`KernelOptions::moe_norm_router`).
     #[arg(long)]
     pub moe_norm_router: bool,
+    /// MoE steps on one-pair tiles run the experts' down matmul and their sum in one launch
+    /// (`KernelOptions::moe_down_sum`).
+    #[arg(long)]
+    pub moe_down_sum: bool,
     /// LoRA steps of up to 64 rows with the shrinks on a second stream beside the base
     /// matmuls and the gate|up expand fused with the SiLU (`KernelOptions::lora_overlap`).
     #[arg(long)]
     pub lora_overlap: bool,
+    /// LoRA steps of 9-64 rows read each adapter's rows once per run of its tokens (tile
+    /// table sorted by slot, tensor-core shrink; `KernelOptions::lora_grouped`).
+    #[arg(long)]
+    pub lora_grouped: bool,
 }
 
 /// `MIN,MAX` n-gram lengths: 1 <= MIN <= MAX <= 16.
@@ -235,7 +243,9 @@ impl KernelFlags {
             mma_decode_split_p: self.mma_decode_split_p,
             moe_tile_one: !self.no_moe_tile_one,
             moe_norm_router: self.moe_norm_router,
+            moe_down_sum: self.moe_down_sum,
             lora_overlap: self.lora_overlap,
+            lora_grouped: self.lora_grouped,
             ..KernelOptions::default()
         }
     }
@@ -416,10 +426,17 @@ mod tests {
             .engine
             .options();
         assert!(!e.kernels.moe_tile_one && e.kernels.moe_norm_router);
+        assert!(!d.kernels.moe_down_sum && !e.kernels.moe_down_sum);
+        let s = Cli::parse_from(["x", "--moe-down-sum"]).engine.options();
+        assert!(s.kernels.moe_down_sum && s.kernels.moe_tile_one);
         // The LoRA shrinks beside the base matmuls: off unless asked for.
         assert!(!d.kernels.lora_overlap && !e.kernels.lora_overlap);
         let f = Cli::parse_from(["x", "--lora-overlap"]).engine.options();
-        assert!(f.kernels.lora_overlap);
+        assert!(f.kernels.lora_overlap && !f.kernels.lora_grouped);
+        // The grouped LoRA kernels: off unless asked for, apart from the overlap.
+        assert!(!d.kernels.lora_grouped);
+        let g = Cli::parse_from(["x", "--lora-grouped"]).engine.options();
+        assert!(g.kernels.lora_grouped && !g.kernels.lora_overlap);
         assert!(d.grammar_bounded_strings && lib.grammar_bounded_strings);
         assert!(d.grammar_fast_forward && lib.grammar_fast_forward);
         assert_eq!(

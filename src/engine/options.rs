@@ -92,6 +92,12 @@ pub struct KernelOptions {
     /// slower on the H200 (30B-A3B shape, 12 layers: batch 1 991 against 1,008 tok/s, batch 2
     /// 1,540 against 1,568; BENCHMARKS.md, #29).
     pub moe_norm_router: bool,
+    /// MoE steps on one-pair tiles run the experts' down matmul and the sum over a token's
+    /// experts in one launch (`kernels/moe.cu` `moe_down_sum_bf16`: a warp per output row
+    /// through the token's experts in ascending order; the same bits as the two launches,
+    /// without the per-pair outputs' round trip). Off by default: built for #29's batch-1
+    /// floor, not yet measured on the GPU.
+    pub moe_down_sum: bool,
     /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
     /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
     /// input (above 8 rows on a second stream beside it), the gate|up expand is one launch
@@ -100,6 +106,14 @@ pub struct KernelOptions {
     /// (#23). Off by default: on the H200 +2.6-2.9% at batch 64, -0.5% to +0.7% at batch 8
     /// (BENCHMARKS.md).
     pub lora_overlap: bool,
+    /// LoRA steps of 9-64 rows (one-token tiles) read each adapter's rows once per run of
+    /// its tokens instead of once per token: the tile table sorted by slot, the shrink on
+    /// tensor cores over eight tokens at a time (the input features split into slices of at
+    /// most 1,024, partial sums added in order) and an expand that loads each row of `b` once
+    /// a run (`kernels/lora_grouped.cu`; bf16). The expand's sums are the one-token kernel's;
+    /// the shrink sums in another order (f32). Off by default: built for #23's batch-64 floor,
+    /// not yet measured on the GPU.
+    pub lora_grouped: bool,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
     /// stream, where the events only cost time).
     pub event_tracking: bool,
@@ -127,7 +141,9 @@ impl Default for KernelOptions {
             mma_decode_split_p: false,
             moe_tile_one: true,
             moe_norm_router: false,
+            moe_down_sum: false,
             lora_overlap: false,
+            lora_grouped: false,
             event_tracking: false,
         }
     }

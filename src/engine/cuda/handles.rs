@@ -3,10 +3,11 @@
 
 use std::sync::Arc;
 
-use candle_core::DType;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaEvent, CudaFunction, CudaModule, CudaStream, PinnedHostSlice,
 };
+
+use candle_core::{DType, Device, Tensor};
 
 use super::launch::kernel_err;
 use crate::error::Result;
@@ -30,6 +31,9 @@ pub(super) struct MoeKernels {
     /// The add+RMSNorm and the router's matmul in one launch for 1 and 2 rows (bf16 with
     /// `LaunchOptions::moe_norm_router`).
     pub(super) norm_router: Option<[CudaFunction; 2]>,
+    /// Down and the experts' sum in one launch on one-pair tiles (bf16 with
+    /// `LaunchOptions::moe_down_sum`).
+    pub(super) down_sum: Option<CudaFunction>,
 }
 
 impl MoeKernels {
@@ -37,7 +41,7 @@ impl MoeKernels {
     /// cores) by name (`f` loads one).
     pub(super) fn load<E>(
         [route, moe, mma]: [&Arc<CudaModule>; 3],
-        (tile_one, norm_router): (bool, bool),
+        (tile_one, norm_router, down_sum): (bool, bool, bool),
         f: impl Fn(&Arc<CudaModule>, &str) -> Result<CudaFunction, E>,
     ) -> Result<Self, E> {
         let both = |m: &Arc<CudaModule>, name: &str| -> Result<[CudaFunction; 2], E> {
@@ -76,6 +80,11 @@ impl MoeKernels {
                     f(route, "moe_norm_router_t1")?,
                     f(route, "moe_norm_router_t2")?,
                 ])
+            } else {
+                None
+            },
+            down_sum: if down_sum {
+                Some(f(moe, "moe_down_sum_bf16")?)
             } else {
                 None
             },
@@ -206,6 +215,43 @@ impl LoraOverlap {
             join: event()?,
             silu,
             norm,
+            _module: module,
+        })
+    }
+}
+
+/// Counters of the grouped LoRA shrink's (rows, window) pairs (`super::lora_grouped_ops`).
+pub(super) const LORA_GROUPED_COUNTERS: usize = 256;
+
+/// The grouped kernels and the split shrink's counters (zero between launches: the last
+/// block of each pair resets its own).
+pub(super) struct LoraGrouped {
+    pub(super) shrink: CudaFunction,
+    /// The expand for ranks up to 16 and up to 64.
+    pub(super) expand: [CudaFunction; 2],
+    pub(super) counters: Tensor,
+    /// Slices the shrink is asked to take (0: its rule; profiling).
+    pub(super) slices: std::sync::atomic::AtomicUsize,
+    _module: Arc<CudaModule>,
+}
+
+impl LoraGrouped {
+    /// The kernels of `module` (`kernels/lora_grouped.cu`, bf16; launched by
+    /// `super::lora_grouped_ops`) and zeroed counters on `dev`.
+    pub(super) fn new(module: Arc<CudaModule>, dev: &Device) -> Result<Self> {
+        let f = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(|e| kernel_err(&format!("function {name}"), e))
+        };
+        Ok(Self {
+            shrink: f("lora_shrink_grouped_bf16")?,
+            expand: [
+                f("lora_expand_grouped_r16_bf16")?,
+                f("lora_expand_grouped_r64_bf16")?,
+            ],
+            counters: Tensor::zeros(LORA_GROUPED_COUNTERS, DType::U32, dev)?,
+            slices: std::sync::atomic::AtomicUsize::new(0),
             _module: module,
         })
     }

@@ -12,7 +12,7 @@ use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::{CudaDevice, DType, Device};
 
 use super::blas::Blas;
-use super::handles::{DecodeAttention, Fp8Kernels, MoeKernels, SpecKernels};
+use super::handles::{DecodeAttention, Fp8Kernels, LoraGrouped, MoeKernels, SpecKernels};
 use super::launch::{self, kernel_err};
 pub use super::launch_options::LaunchOptions;
 use super::launch_options::{MMA_STAGES_BF16, MMA_STAGES_FP8};
@@ -30,6 +30,7 @@ static KV_WRITE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kv_write.fatb
 static LOGIT_EDITS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/logit_edits.fatbin"));
 static LORA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora.fatbin"));
 static LORA_SILU: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_silu.fatbin"));
+static LORA_GROUPED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_grouped.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
 static MOE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe.fatbin"));
 static MOE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_mma.fatbin"));
@@ -83,6 +84,8 @@ pub struct CudaKernels {
     /// the second stream and the gate|up expand with the SiLU (`kernels/lora_silu.cu`, ranks
     /// up to 16 and up to 64); None without the option.
     pub(super) lora_overlap: Option<super::handles::LoraOverlap>,
+    /// The grouped LoRA kernels (`LaunchOptions::lora_grouped`, bf16); None without them.
+    pub(super) lora_grouped: Option<LoraGrouped>,
     pub(super) gather_rows_f32: CudaFunction,
     /// The MoE layers' kernels (`kernels/moe_route.cu`, `kernels/moe.cu`, `kernels/moe_mma.cu`).
     pub(super) moe: MoeKernels,
@@ -354,12 +357,16 @@ impl CudaKernels {
             } else {
                 None
             },
+            lora_grouped: (opts.lora_grouped && dtype == DType::BF16)
+                .then(|| LoraGrouped::new(load(LORA_GROUPED, "lora_grouped")?, device))
+                .transpose()?,
             gather_rows_f32: f(&layer_ops, "gather_rows_f32")?,
             moe: MoeKernels::load(
                 [&moe_route_mod, &moe_mod, &moe_mma_mod],
                 (
                     opts.moe_tile_one,
                     opts.moe_norm_router && dtype == DType::BF16,
+                    opts.moe_down_sum && dtype == DType::BF16,
                 ),
                 |m, name| f(m, name),
             )?,

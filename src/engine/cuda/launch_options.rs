@@ -60,9 +60,14 @@ pub struct LaunchOptions {
     /// Before a sparse layer's router, the add+RMSNorm and the router's matmul in one launch
     /// for decode steps of 1-2 rows (bf16).
     pub moe_norm_router: bool,
+    /// MoE steps on one-pair tiles run down and the experts' sum in one launch (bf16).
+    pub moe_down_sum: bool,
     /// LoRA steps of one-token tiles with the shrinks on a second stream beside the base
     /// matmuls and the gate|up expand fused with the SiLU (`kernels/lora_silu.cu`).
     pub lora_overlap: bool,
+    /// LoRA steps of 9-64 rows on one-token tiles read a slot's rows once per run of its
+    /// tokens (`kernels/lora_grouped.cu`; bf16).
+    pub lora_grouped: bool,
 }
 
 impl Default for LaunchOptions {
@@ -86,7 +91,9 @@ impl Default for LaunchOptions {
             mma_decode_split_p: false,
             moe_tile_one: true,
             moe_norm_router: false,
+            moe_down_sum: false,
             lora_overlap: false,
+            lora_grouped: false,
         }
     }
 }

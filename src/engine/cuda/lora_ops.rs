@@ -1,7 +1,8 @@
 //! Launches of the LoRA kernels (`kernels/lora.cu`): a fused matmul's output gains, for each
 //! token on an adapter, `b[slot] · (a[slot] · x)` — shrink into an f32 scratch, then expand
 //! into the output in place, both by tiles of up to [`LORA_TILE`] consecutive tokens on one
-//! slot (each block reads its adapter rows once per tile).
+//! slot (each block reads its adapter rows once per tile). With `LaunchOptions::lora_grouped`
+//! steps of 9-64 rows take the grouped kernels instead (`lora_grouped_ops.rs`).
 
 use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::{CudaStream, LaunchConfig};
@@ -86,7 +87,7 @@ impl CudaKernels {
         if !fits {
             return Err(kernel_err("lora shrink", "shapes do not fit"));
         }
-        if ntiles == 0 || t == 0 {
+        if ntiles == 0 || t == 0 || self.lora_shrink_grouped(side, (x, a), (tiles, tile), y)? {
             return Ok(());
         }
         let (px, pa, ps, py) = (self.ptr(x)?, self.ptr(a)?, self.ptr(tiles)?, self.ptr(y)?);
@@ -148,10 +149,13 @@ impl CudaKernels {
         if ntiles == 0 || t == 0 {
             return Ok(());
         }
-        let (pb, ps, py, po) = (self.ptr(b)?, self.ptr(tiles)?, self.ptr(y)?, self.ptr(out)?);
-        let (pr32, slots32, n32, r32) = (pr as i32, slots as i32, nout as i32, r as i32);
         let s1 = splits.get(1).copied().filter(|_| parts > 1).unwrap_or(nout) as i32;
         let s2 = splits.get(2).copied().filter(|_| parts > 2).unwrap_or(nout) as i32;
+        if self.lora_expand_grouped((y, b), (tiles, tile), out, (pr, s1, s2))? {
+            return Ok(());
+        }
+        let (pb, ps, py, po) = (self.ptr(b)?, self.ptr(tiles)?, self.ptr(y)?, self.ptr(out)?);
+        let (pr32, slots32, n32, r32) = (pr as i32, slots as i32, nout as i32, r as i32);
         let cfg = LaunchConfig {
             grid_dim: (nout.div_ceil(256) as u32, ntiles as u32, 1),
             block_dim: (256, 1, 1),

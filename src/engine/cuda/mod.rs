@@ -2,7 +2,8 @@
 //! fatbins with sm_80/sm_90 machine code and embedded here) and their launches on candle
 //! tensors: attention (`attention.rs` decode, `verify.rs` speculative verify steps, `prefill.rs`
 //! prefill), layer ops (`layer_ops.rs`),
-//! the logits' draws, log-probs and penalty (`logits_ops.rs`), LoRA deltas (`lora_ops.rs`), matmuls
+//! the logits' draws, log-probs and penalty (`logits_ops.rs`), LoRA deltas (`lora_ops.rs`; grouped by
+//! slot: `lora_grouped_ops.rs`; beside the base matmuls: `lora_overlap.rs`), matmuls
 //! (`gemm.rs`), the experts of MoE layers (`moe_ops.rs`), the launcher (`launch.rs`, its options `launch_options.rs`), the fp8 KV
 //! kernels' handles (`fp8.rs`), output buffers and timing events (`buffers.rs`) and id read-back (`readback.rs`). It knows nothing of
 //! models or serving: the forward built from these launches is `model::kernel_forward`, the
@@ -27,6 +28,7 @@ mod launch;
 mod launch_options;
 mod layer_ops;
 mod logits_ops;
+mod lora_grouped_ops;
 mod lora_ops;
 mod lora_overlap;
 mod moe_ops;
@@ -41,6 +43,7 @@ pub use buffers::GpuEvent;
 pub use kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, LaunchOptions};
 pub(crate) use launch::kernel_err;
 pub use launch_options::{MMA_STAGES_BF16, MMA_STAGES_FP8};
+pub use lora_grouped_ops::{LORA_GROUPED_MIN_ROWS, LORA_GROUPED_SLICES, lora_scratch_cols};
 pub use lora_ops::{LORA_TILE, LORA_TILE_ONE_MAX, lora_tile};
 pub use lora_overlap::LORA_OVERLAP_MAX_RANK;
 pub(crate) use moe_ops::MoeScratch;

@@ -323,6 +323,22 @@ impl CudaKernels {
             };
             unsafe { b.launch(cfg) }.w()?;
         }
+        let fused = tm == 1 && stages.contains(&2) && stages.contains(&3);
+        if let Some(f) = m.down_sum.as_ref().filter(|_| fused) {
+            // Down and the sum in one launch (one-pair tiles, `LaunchOptions::moe_down_sum`).
+            let mut b = self.launcher(f);
+            b.arg(&pact).arg(&pdn).arg(&pids).arg(&porder).arg(&pw);
+            b.arg(&pout)
+                .arg(&h32)
+                .arg(&i32_)
+                .arg(&k32)
+                .arg(&f32_)
+                .arg(&l32);
+            // SAFETY: argument types match `moe_down_sum_bf16` (bf16: `down_sum` is loaded for
+            // bf16 only); buffers sized and checked above (k <= 32); a warp per output row.
+            unsafe { b.launch(grid(hidden.div_ceil(8), t, 256, 0)) }.w()?;
+            return Ok(());
+        }
         if stages.contains(&2) {
             let mut b = self.launcher(if mma {
                 &m.mma_down[fi]

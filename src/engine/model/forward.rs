@@ -73,7 +73,9 @@ pub fn kernels_for(
         mma_decode_split_p: opts.mma_decode_split_p,
         moe_tile_one: opts.moe_tile_one,
         moe_norm_router: opts.moe_norm_router,
+        moe_down_sum: opts.moe_down_sum,
         lora_overlap: opts.lora_overlap,
+        lora_grouped: opts.lora_grouped,
         ..LaunchOptions::default()
     };
     CudaKernels::new(device, dtype, &launch)

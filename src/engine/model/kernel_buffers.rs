@@ -115,7 +115,10 @@ impl Activations {
             scratch: k.decode_scratch(nd, nh, splits)?,
             counters: k.decode_counters(t.min(FUSED_MAX_ROWS), nh)?,
             lora_y: match &m.lora {
-                Some(l) => Some(k.alloc((t, 3 * l.rank()), candle_core::DType::F32)?),
+                Some(l) => {
+                    let cols = crate::engine::cuda::lora_scratch_cols(l.rank(), k.lora_grouped());
+                    Some(k.alloc((t, cols), candle_core::DType::F32)?)
+                }
                 None => None,
             },
             kv_new: None,

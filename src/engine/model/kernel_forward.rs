@@ -126,7 +126,8 @@ impl KernelForward<'_> {
         let lora_at = packed.len();
         let lora = m.lora.is_some() && seqs.iter().any(|s| s.adapter.is_some());
         let lora_tiles = if lora {
-            super::lora_slots::tiles(seqs, crate::engine::cuda::lora_tile(t))
+            let tile = crate::engine::cuda::lora_tile(t);
+            super::lora_slots::tiles(seqs, tile, k.lora_grouped())
         } else {
             Vec::new()
         };

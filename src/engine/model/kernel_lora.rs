@@ -9,6 +9,11 @@
 //! ([`KernelForward::lora_norm_into`]): four LoRA launches a layer instead of eight plus the
 //! SiLU, with the same rounding (the logits equal the serial path's bit for bit).
 //!
+//! With `KernelOptions::lora_grouped`, steps of 9-64 rows take the grouped kernels for their
+//! shrinks and expands (`CudaKernels::lora_shrink_into` / `lora_expand_into` choose them; the
+//! tiles come sorted by slot), on either path; the overlap's gate|up delta then takes the
+//! grouped expand and the SiLU apart.
+//!
 //! Invariant: a step without a row on an adapter never comes here (its launches are those
 //! of an engine without adapters, graphs included).
 
@@ -36,6 +41,10 @@ pub(crate) struct LoraStep<'a> {
     overlap: bool,
     /// Its shrinks on the second stream.
     side: bool,
+    /// The grouped kernels serve the step (`KernelOptions::lora_grouped`, 9-64 rows): the
+    /// overlap's gate|up delta then takes the grouped expand and the SiLU apart, not the
+    /// fused one-token expand+SiLU.
+    grouped: bool,
 }
 
 /// The fused matmul whose expand an add+RMSNorm takes over on the overlap's path: layer and
@@ -65,6 +74,9 @@ impl<'m> KernelForward<'m> {
             && self.model.layers.iter().all(|l| l.ffn.dense().is_some())
             && self.kernels.lora_overlap()
             && slots.rank() <= crate::engine::cuda::LORA_OVERLAP_MAX_RANK;
+        let grouped = self.kernels.lora_grouped()
+            && tile == 1
+            && t > crate::engine::cuda::LORA_GROUPED_MIN_ROWS;
         Ok(Some(LoraStep {
             slots,
             tiles: tiles.clone(),
@@ -72,6 +84,7 @@ impl<'m> KernelForward<'m> {
             y,
             overlap,
             side: overlap && t > SIDE_MIN_ROWS,
+            grouped,
         }))
     }
 
@@ -165,7 +178,7 @@ impl<'m> KernelForward<'m> {
         self.lora_shrink(h, lora)?;
         k.linear_into(h, w, out)?;
         match silu {
-            Some((gu, act)) if l.overlap => {
+            Some((gu, act)) if l.overlap && !l.grouped => {
                 self.lora_join(l)?;
                 let sg = &l.slots.layers[li][g];
                 k.lora_expand_silu_into(gu, (&l.y, &sg.b), act, &l.tiles)

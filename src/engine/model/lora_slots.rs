@@ -273,8 +273,10 @@ impl SlotImage {
 
 /// The LoRA tiles of a batch for the kernels: `(first token, count, slot)` triples of at most
 /// `tile` consecutive tokens on one slot, for every token on an adapter (base tokens have
-/// none), flattened.
-pub fn tiles(seqs: &[crate::engine::batch::SeqInput<'_>], tile: usize) -> Vec<u32> {
+/// none), flattened; in the batch's order, or with `by_slot` in the order of their slots
+/// (stable: by token within a slot), which the grouped kernels read eight tiles at a time
+/// (`KernelOptions::lora_grouped`; the other kernels take the tiles in any order).
+pub fn tiles(seqs: &[crate::engine::batch::SeqInput<'_>], tile: usize, by_slot: bool) -> Vec<u32> {
     let mut out = Vec::new();
     for s in segments(seqs) {
         let Some(slot) = s.slot else {
@@ -286,6 +288,11 @@ pub fn tiles(seqs: &[crate::engine::batch::SeqInput<'_>], tile: usize) -> Vec<u3
             out.extend([t as u32, n as u32, slot]);
             t += n;
         }
+    }
+    if by_slot {
+        let mut triples: Vec<[u32; 3]> = out.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect();
+        triples.sort_by_key(|c| c[2]);
+        out = triples.concat();
     }
     out
 }
@@ -354,6 +361,29 @@ mod tests {
                 },
             ]
         );
-        assert_eq!(tiles(&seqs, 8), vec![0, 8, 1, 8, 2, 1, 12, 1, 0]);
+        assert_eq!(tiles(&seqs, 8, false), vec![0, 8, 1, 8, 2, 1, 12, 1, 0]);
+    }
+
+    /// By slot, the same tiles ordered by their slots, and by token within a slot (the
+    /// grouped kernels read a window's run of one slot together). Mutation: an unstable or
+    /// token-major order, or tiles lost or merged by the sort.
+    #[test]
+    fn tiles_by_slot_keep_every_tile_in_slot_then_token_order() {
+        let seqs = [
+            seq(1, Some(2)),
+            seq(1, Some(0)),
+            seq(1, None),
+            seq(1, Some(2)),
+            seq(2, Some(0)),
+            seq(1, Some(1)),
+        ];
+        assert_eq!(
+            tiles(&seqs, 1, false),
+            vec![0, 1, 2, 1, 1, 0, 3, 1, 2, 4, 1, 0, 5, 1, 0, 6, 1, 1]
+        );
+        assert_eq!(
+            tiles(&seqs, 1, true),
+            vec![1, 1, 0, 4, 1, 0, 5, 1, 0, 6, 1, 1, 0, 1, 2, 3, 1, 2]
+        );
     }
 }

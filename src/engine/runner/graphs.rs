@@ -461,8 +461,9 @@ impl DecodeGraphs {
         rows.resize(b, padding());
         self.upload(b, &rows, width)?;
         if lora {
-            let mut tiles =
-                crate::engine::model::lora_slots::tiles(seqs, crate::engine::cuda::lora_tile(b));
+            let by_slot = model.kernels.as_ref().is_some_and(|k| k.lora_grouped());
+            let tile = crate::engine::cuda::lora_tile(b);
+            let mut tiles = crate::engine::model::lora_slots::tiles(seqs, tile, by_slot);
             tiles.resize(3 * b, 0);
             self.upload_lora(&tiles)?;
         }

@@ -1,0 +1,200 @@
+//! LoRA steps of one-token tiles with a slot's tokens read together
+//! (`LaunchOptions::lora_grouped`, `kernels/lora_grouped.cu`): the shrink on tensor cores, a
+//! block per 16 rows of `a`, window of eight tiles and slice of the input features, and an
+//! expand that loads each row of `b` once per run of one slot in a window, where the
+//! one-token kernels of `lora_ops.rs` read a slot's rows once per token. The forward sorts
+//! the tile table by slot (`model::lora_slots::tiles` with `by_slot`) so a window is mostly
+//! one run; the kernels are correct for any order.
+//!
+//! Invariant: the grouped kernels write the same `y` (`[T, P * r]` f32, as the shrink of
+//! `lora_ops.rs` writes it; the partial sums of a split shrink lie after it in the same
+//! scratch) and the expand the same bits given the same `y`, so every consumer of `y` (the
+//! overlap's fused expands included) takes either shrink.
+
+use candle_core::Tensor;
+use candle_core::cuda_backend::WrapErr;
+use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+
+use super::handles::LoraGrouped;
+use super::kernels::CudaKernels;
+use crate::error::Result;
+
+/// Steps of more rows than this (and at most [`super::LORA_TILE_ONE_MAX`]) take the grouped
+/// kernels; smaller ones are launch-bound and keep the one-token kernels.
+pub const LORA_GROUPED_MIN_ROWS: usize = 8;
+
+/// Most slices of the input features one grouped shrink splits into (partial sums in the
+/// scratch after `y`; see [`lora_scratch_cols`]).
+pub const LORA_GROUPED_SLICES: usize = 16;
+
+/// The largest adapter rank the grouped expand takes (its kernels' `RMAX`: 16 and 64).
+const GROUPED_MAX_RANK: usize = 64;
+
+/// Tiles of one window (`WIN` in the kernels).
+const WINDOW: usize = 8;
+
+/// Input features of one slice of a warp (32) for each of the shrink's 4 warps.
+const SLICE_QUANTUM: usize = 128;
+
+/// Counters of the split shrink's (rows, window) pairs.
+const COUNTERS: usize = super::handles::LORA_GROUPED_COUNTERS;
+
+/// Input features of one block's slice at most, where the features allow: 16 rows of `a` x
+/// 1,024 bf16 = 32 KB a block, two rounds of loads a warp.
+const SLICE_FEATURES: usize = 1024;
+
+/// Columns per row of the LoRA scratch for adapters of (padded) rank `r`: `y` of up to three
+/// projections, and with `grouped` room for the split shrink's partial sums after it.
+pub fn lora_scratch_cols(r: usize, grouped: bool) -> usize {
+    3 * r * if grouped { 1 + LORA_GROUPED_SLICES } else { 1 }
+}
+
+/// Slices of `fan_in` for a grouped shrink with `room` slices of partial sums in the scratch:
+/// `asked` when it is one the shrink can take (a power of two within the room whose slices
+/// are multiples of [`SLICE_QUANTUM`]), else powers of two until a slice is at most
+/// [`SLICE_FEATURES`] (each split costs the last block a round trip through memory).
+fn slices_for(fan_in: usize, room: usize, asked: Option<usize>) -> usize {
+    let max = LORA_GROUPED_SLICES.min(room).max(1);
+    let ok = |s: usize| s.is_power_of_two() && s <= max && fan_in.is_multiple_of(s * SLICE_QUANTUM);
+    if let Some(s) = asked.filter(|&s| ok(s)) {
+        return s;
+    }
+    let mut s = 1;
+    while fan_in / s > SLICE_FEATURES && ok(s * 2) {
+        s *= 2;
+    }
+    s
+}
+
+impl CudaKernels {
+    /// Whether steps of one-token tiles read a slot's tokens together
+    /// (`LaunchOptions::lora_grouped`; bf16 only).
+    pub fn lora_grouped(&self) -> bool {
+        self.lora_grouped.is_some()
+    }
+
+    /// Profiling: grouped shrinks split their input features into `slices` (a power of two up
+    /// to [`LORA_GROUPED_SLICES`]; ignored where a shape cannot take it) instead of the rule
+    /// ([`SLICE_FEATURES`] a block); None restores the rule. Nothing without the grouped
+    /// kernels.
+    pub fn set_lora_grouped_slices(&self, slices: Option<usize>) {
+        if let Some(g) = &self.lora_grouped {
+            let n = slices.unwrap_or(0);
+            g.slices.store(n, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The grouped kernels, when they serve a step of `t` rows on `tile`-token tiles.
+    fn grouped_for(&self, t: usize, tile: usize) -> Option<&LoraGrouped> {
+        let rows = LORA_GROUPED_MIN_ROWS + 1..=super::LORA_TILE_ONE_MAX;
+        self.lora_grouped
+            .as_ref()
+            .filter(|_| tile == 1 && rows.contains(&t))
+    }
+
+    /// The grouped shrink of [`CudaKernels::lora_shrink_into`] when it serves the step (true),
+    /// else nothing (false). Shapes as checked there.
+    pub(super) fn lora_shrink_grouped(
+        &self,
+        side: Option<&candle_core::cuda_backend::cudarc::driver::CudaStream>,
+        (x, a): (&Tensor, &Tensor),
+        (tiles, tile): (&Tensor, usize),
+        y: &Tensor,
+    ) -> Result<bool> {
+        let (slots, pr, fan_in) = a.dims3()?;
+        let t = x.elem_count() / fan_in.max(1);
+        let Some(g) = self.grouped_for(t, tile) else {
+            return Ok(false);
+        };
+        let ntiles = tiles.elem_count() / 3;
+        let (mtiles, windows) = (pr.div_ceil(16), ntiles.div_ceil(WINDOW));
+        let room = (y.elem_count() / (t * pr).max(1)).saturating_sub(1);
+        if !fan_in.is_multiple_of(SLICE_QUANTUM) || mtiles * windows > COUNTERS || pr == 0 {
+            return Ok(false);
+        }
+        let asked = g.slices.load(std::sync::atomic::Ordering::Relaxed);
+        let slices = slices_for(fan_in, room, (asked > 0).then_some(asked));
+        let (px, pa, ps, py) = (self.ptr(x)?, self.ptr(a)?, self.ptr(tiles)?, self.ptr(y)?);
+        // The partial sums after y (f32).
+        let ppart = py + (t * pr * 4) as u64;
+        let pc = self.ptr(&g.counters)?;
+        let [nt32, rows32, in32, pr32, slots32] = [ntiles, t, fan_in, pr, slots].map(|v| v as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (mtiles as u32, windows as u32, slices as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.launcher_on(side, &g.shrink);
+        l.arg(&px).arg(&pa).arg(&ps).arg(&nt32).arg(&py).arg(&ppart);
+        l.arg(&pc).arg(&rows32).arg(&in32).arg(&pr32).arg(&slots32);
+        // SAFETY: argument types match `lora_shrink_grouped_bf16`; the caller checked the
+        // shapes, the scratch holds `slices` partial copies of y after it (`room`), and the
+        // counters hold `mtiles * windows` entries.
+        unsafe { l.launch(cfg) }.w()?;
+        Ok(true)
+    }
+
+    /// The grouped expand of [`CudaKernels::lora_expand_into`] when it serves the step (true),
+    /// else nothing (false). Shapes as checked there; `(s1, s2)` the projections' splits.
+    pub(super) fn lora_expand_grouped(
+        &self,
+        (y, b): (&Tensor, &Tensor),
+        (tiles, tile): (&Tensor, usize),
+        out: &Tensor,
+        (pr, s1, s2): (usize, i32, i32),
+    ) -> Result<bool> {
+        let (slots, nout, r) = b.dims3()?;
+        let t = out.elem_count() / nout.max(1);
+        let Some(g) = self.grouped_for(t, tile) else {
+            return Ok(false);
+        };
+        if r > GROUPED_MAX_RANK {
+            return Ok(false);
+        }
+        let ntiles = tiles.elem_count() / 3;
+        let (pb, ps, py, po) = (self.ptr(b)?, self.ptr(tiles)?, self.ptr(y)?, self.ptr(out)?);
+        let [nt32, n32, r32, pr32, slots32] = [ntiles, nout, r, pr, slots].map(|v| v as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (nout.div_ceil(128) as u32, ntiles.div_ceil(WINDOW) as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.launcher(&g.expand[usize::from(r > 16)]);
+        l.arg(&py).arg(&pb).arg(&ps).arg(&nt32).arg(&po).arg(&n32);
+        l.arg(&r32).arg(&pr32).arg(&s1).arg(&s2).arg(&slots32);
+        // SAFETY: argument types match `lora_expand_grouped_r*_bf16`; r <= the kernel's RMAX
+        // and the caller checked the shapes.
+        unsafe { l.launch(cfg) }.w()?;
+        Ok(true)
+    }
+}
+
+// Pure host arithmetic; these run with `cargo test --features cuda` (no GPU needed).
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_bound_a_block_s_features_within_the_room() {
+        // 0.6B qkv / gate|up (1,024 features): whole; o (2,048): 2; down (3,072): 4.
+        assert_eq!(slices_for(1024, 16, None), 1);
+        assert_eq!(slices_for(2048, 16, None), 2);
+        assert_eq!(slices_for(3072, 16, None), 4);
+        // 1.7B down (6,144): 8; the scratch's room bounds it.
+        assert_eq!(slices_for(6144, 16, None), 8);
+        assert_eq!(slices_for(6144, 3, None), 2);
+        // Features not a multiple of two slices' quantum stay whole.
+        assert_eq!(slices_for(1152, 16, None), 1);
+        // Asked for: taken when possible, else the rule.
+        assert_eq!(slices_for(1024, 16, Some(8)), 8);
+        assert_eq!(slices_for(1024, 16, Some(3)), 1);
+        assert_eq!(slices_for(1024, 16, Some(16)), 1);
+        assert_eq!(slices_for(6144, 4, Some(16)), 4);
+    }
+
+    #[test]
+    fn the_scratch_has_room_for_every_slice() {
+        assert_eq!(lora_scratch_cols(16, false), 48);
+        assert_eq!(lora_scratch_cols(16, true), 48 * (1 + LORA_GROUPED_SLICES));
+    }
+}
