@@ -32,3 +32,20 @@ extern "C" __global__ void kv_scatter(uint4* const* __restrict__ caches,
   const uint4* src = staged + (((long long)j * parts + i) * heads + h) * row_units;
   for (int u = threadIdx.x; u < row_units; u += blockDim.x) dst[u] = src[u];
 }
+
+// The host tier's loads without staging (LaunchOptions / KernelOptions::kv_load_direct): block j
+// of the move is read straight from its pinned host slot src.p[j] (laid out as one block of
+// `staged`: [parts, kv_heads, row_units]; pinned memory is mapped at the same address on the
+// device under unified addressing) over PCIe, and written to cache block ids.b[j]. Same grid.
+struct KvSrcs {
+  const uint4* p[64];
+};
+
+extern "C" __global__ void kv_scatter_host(uint4* const* __restrict__ caches, const KvIds ids,
+                                           const KvSrcs srcs, int parts, int heads,
+                                           int row_units, long long head_pitch) {
+  const int j = blockIdx.x, i = blockIdx.y, h = blockIdx.z;
+  uint4* dst = caches[i] + h * head_pitch + (long long)ids.b[j] * row_units;
+  const uint4* src = srcs.p[j] + ((long long)i * heads + h) * row_units;
+  for (int u = threadIdx.x; u < row_units; u += blockDim.x) dst[u] = src[u];
+}

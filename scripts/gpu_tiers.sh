@@ -5,6 +5,7 @@
 # and off in one script. PART=agent: the agent workload over HTTP (1.7B shape, E episodes x 10
 # turns, tool results of ~650 tokens so transcripts grow to ~8k, 2 s think time, the GPU's KV
 # cache a quarter of the live transcripts) with tiers on, then off (recompute).
+# RESUME_VARIANTS: ';'-separated flag sets for more resume runs (e.g. "--kv-load-direct").
 set -u
 source scripts/gpu_lib.sh
 part=${PART:-resume}
@@ -13,6 +14,12 @@ if [ "$part" = resume ]; then
   timeout 200 .gpu/bench --model-dir /tmp/m-1.7b --no-peer --tiers-resume ${LENS:-8192,32768} \
     > "$OUT/resume.log" 2>&1
   grep -E "^\||^#|rates|KV tiers|error" "$OUT/resume.log" | cut -c1-400 | tee -a "$S"
+  IFS=';' read -ra rvs <<< "${RESUME_VARIANTS:-}"
+  for v in "${rvs[@]}"; do
+    timeout 200 .gpu/bench --model-dir /tmp/m-1.7b --no-peer --tiers-resume ${LENS:-8192,32768} $v \
+      > "$OUT/resume-variant.log" 2>&1
+    grep -E "^\||rates|error|warn" "$OUT/resume-variant.log" | cut -c1-400 | sed "s/^/[$v] /" | tee -a "$S"
+  done
   model 0.6b
   for host in 4 0; do
     timeout 120 .gpu/bench --model-dir /tmp/m-0.6b --no-peer --batches ${BATCHES:-1,64,256} --new 128 \

@@ -7,7 +7,7 @@
 //!
 //! Rooms, arrows pointing down this list only:
 //! - this file (the handle), `options` ([`EngineOptions`], [`KernelOptions`]; `defaults`
-//!   is the one table of defaults), `flags` (the CLI face of the options), `request`
+//!   is the one table of defaults), `flags` and `kernel_flags` (the CLI face of the options), `request`
 //!   (requests, generations, stats, [`EngineInfo`]), `handle` (reply slots and streams),
 //!   `update` (weight sources and versions);
 //! - `scheduler/`: plan a step -> runner -> update from the step's output;
@@ -23,6 +23,7 @@ pub mod defaults;
 mod device;
 mod flags;
 mod handle;
+mod kernel_flags;
 pub mod kv_format;
 pub mod model;
 mod options;

@@ -114,6 +114,12 @@ pub struct KernelOptions {
     /// the shrink sums in another order (f32). Off by default: built for #23's batch-64 floor,
     /// not yet measured on the GPU.
     pub lora_grouped: bool,
+    /// The host KV tier's loads read the pinned host slots from the scatter kernel itself
+    /// (over PCIe, `kernels/kv_move.cu` `kv_scatter_host`) instead of copying each block into
+    /// a device staging buffer first (one `cuMemcpyHtoDAsync` a block, ~27 GB/s measured on
+    /// the H200 against the link's ~55). Off by default: built for #25's host resume at 32k
+    /// tokens, not yet measured on the GPU.
+    pub kv_load_direct: bool,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
     /// stream, where the events only cost time).
     pub event_tracking: bool,
@@ -144,6 +150,7 @@ impl Default for KernelOptions {
             moe_down_sum: false,
             lora_overlap: false,
             lora_grouped: false,
+            kv_load_direct: false,
             event_tracking: false,
         }
     }

@@ -8,7 +8,9 @@
 //! - A load copies each block's slot into a staging buffer on the copy stream, waits there for
 //!   the engine's stream to reach the point of the load (the fresh blocks' previous owner is
 //!   done with them), scatters the staging into the cache with one kernel, and hands back a
-//!   ticket: the sequence runs once it is done; nobody else waits.
+//!   ticket: the sequence runs once it is done; nobody else waits. With `direct`
+//!   (`KernelOptions::kv_load_direct`) the scatter kernel reads the pinned slots itself over
+//!   PCIe (no staging buffer, no copy a block).
 //!
 //! Invariants: slots are written and read only on the copy stream (in order) or by the host
 //! after the copy's event (`PinnedBlock::bytes`); a loaded block is read by the engine's
@@ -36,7 +38,7 @@ static KV_MOVE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kv_move.fatbin
 /// What a queued move keeps alive until its event completes.
 struct InFlight {
     done: CudaEvent,
-    _staging: CudaSlice<u8>,
+    _staging: Option<CudaSlice<u8>>,
     _sources: Vec<BlockData>,
 }
 
@@ -47,6 +49,15 @@ struct KvIds([u32; MOVE_CHUNK]);
 
 // SAFETY: plain old data, laid out as the kernel's `struct KvIds { uint32_t b[64]; }`.
 unsafe impl DeviceRepr for KvIds {}
+
+/// A chunk's pinned source slots, by value (`KvSrcs` in `kernels/kv_move.cu`): host addresses,
+/// which unified addressing maps at the same address on the device.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct KvSrcs([u64; MOVE_CHUNK]);
+
+// SAFETY: plain old data, laid out as the kernel's `struct KvSrcs { const uint4* p[64]; }`.
+unsafe impl DeviceRepr for KvSrcs {}
 
 impl KvIds {
     fn of(chunk: &[u32]) -> Self {
@@ -66,6 +77,8 @@ pub struct PinnedKvIo {
     in_flight: Mutex<Vec<InFlight>>,
     gather: CudaFunction,
     scatter: CudaFunction,
+    /// Loads read the pinned slots from the scatter kernel (`kv_scatter_host`), no staging.
+    scatter_host: Option<CudaFunction>,
     /// The cache tensors' base pointers in a block's order (K, V of each layer).
     caches: CudaSlice<u64>,
     /// Keeps the cache tensors (whose pointers `caches` holds) alive.
@@ -79,8 +92,9 @@ pub struct PinnedKvIo {
 impl PinnedKvIo {
     /// A mover for the cache `io` moves, on `device` (a CUDA device), with `reserve` bytes
     /// (the host tier's budget plus the disk writer's queue, when there is a disk tier)
-    /// of pinned slots allocated now (pinning is slow: it must not happen while serving).
-    pub fn new(io: KvIo, device: &Device, reserve: usize) -> Result<Self> {
+    /// of pinned slots allocated now (pinning is slow: it must not happen while serving);
+    /// `direct`: loads read the slots from the scatter kernel instead of copying them first.
+    pub fn new(io: KvIo, device: &Device, reserve: usize, direct: bool) -> Result<Self> {
         let Device::Cuda(d) = device else {
             return Err(Error::Engine("pinned KV copies need a CUDA device".into()));
         };
@@ -150,6 +164,7 @@ impl PinnedKvIo {
         Ok(Self {
             gather: f("kv_gather")?,
             scatter: f("kv_scatter")?,
+            scatter_host: direct.then(|| f("kv_scatter_host")).transpose()?,
             caches,
             parts: parts.len() as i32,
             heads: heads as i32,
@@ -298,7 +313,7 @@ impl BlockIo for PinnedKvIo {
             // that stream's order) only once `done`, after the copies that read it, completed.
             self.in_flight.lock().push(InFlight {
                 done: self.event(&self.copy)?,
-                _staging: staging,
+                _staging: Some(staging),
                 _sources: vec![],
             });
         }
@@ -358,6 +373,9 @@ impl PinnedKvIo {
         // The fresh blocks' previous owner (an evicted prefix's gather, a finished sequence's
         // last step) is queued on the engine's stream before this point.
         let before = self.event(&self.stream)?;
+        if let Some(f) = &self.scatter_host {
+            return self.queue_direct(f, blocks, sources, &before);
+        }
         for (chunk, data) in blocks.chunks(MOVE_CHUNK).zip(sources.chunks(MOVE_CHUNK)) {
             let (staging, dst) = self.staging(&self.copy, chunk.len())?;
             for (j, d) in data.iter().enumerate() {
@@ -380,7 +398,58 @@ impl PinnedKvIo {
             self.launch(&self.copy, &self.scatter, chunk, dst)?;
             self.in_flight.lock().push(InFlight {
                 done: self.event(&self.copy)?,
-                _staging: staging,
+                _staging: Some(staging),
+                _sources: data.to_vec(),
+            });
+        }
+        Ok(Some(LoadTicket(Arc::new(CopyDone(
+            self.event(&self.copy)?,
+        )))))
+    }
+
+    /// [`Self::queue_load`] with the scatter kernel `f` (`kv_scatter_host`) reading the pinned
+    /// slots itself, a launch a chunk, after `before` (the engine's stream at the load).
+    fn queue_direct(
+        &self,
+        f: &CudaFunction,
+        blocks: &[u32],
+        sources: &[BlockData],
+        before: &CudaEvent,
+    ) -> Result<Option<LoadTicket>> {
+        self.copy
+            .wait(before)
+            .map_err(|e| cuda_err("stream wait", e))?;
+        for (chunk, data) in blocks.chunks(MOVE_CHUNK).zip(sources.chunks(MOVE_CHUNK)) {
+            let mut srcs = KvSrcs([0; MOVE_CHUNK]);
+            for (s, d) in srcs.0.iter_mut().zip(data) {
+                let p = d
+                    .as_any()
+                    .downcast_ref::<PinnedBlock>()
+                    .ok_or_else(|| cuda_err("load", "a source is not pinned"))?;
+                *s = p.slot as u64;
+            }
+            let ids = KvIds::of(chunk);
+            let cfg = LaunchConfig {
+                grid_dim: (chunk.len() as u32, self.parts as u32, self.heads as u32),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = self.copy.launch_builder(f);
+            b.arg(&self.caches)
+                .arg(&ids)
+                .arg(&srcs)
+                .arg(&self.parts)
+                .arg(&self.heads)
+                .arg(&self.row_units)
+                .arg(&self.head_pitch);
+            // SAFETY: the arguments match `kv_scatter_host`; `ids` holds chunk.len() (<= 64)
+            // blocks of this cache and `srcs` as many pinned slots of a block's bytes each (a
+            // D2H copy into a slot is queued before this on the copy stream), alive in
+            // `in_flight` until the launch's event.
+            unsafe { b.launch(cfg) }.map_err(|e| cuda_err("kv_scatter_host", e))?;
+            self.in_flight.lock().push(InFlight {
+                done: self.event(&self.copy)?,
+                _staging: None,
                 _sources: data.to_vec(),
             });
         }

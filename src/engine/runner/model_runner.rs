@@ -241,15 +241,21 @@ impl ModelRunner {
 
     /// What moves whole KV blocks to and from host memory (the tiers below the GPU): on
     /// CUDA pinned slots and asynchronous copies, elsewhere plain buffers.
-    /// `reserve`: host bytes to pin ahead (the host tier's budget).
-    pub(crate) fn kv_io(&self, reserve: usize) -> Box<dyn crate::cache::BlockIo> {
+    /// `reserve`: host bytes to pin ahead (the host tier's budget); `direct`: loads read the
+    /// pinned slots from the scatter kernel (`KernelOptions::kv_load_direct`).
+    pub(crate) fn kv_io(&self, reserve: usize, direct: bool) -> Box<dyn crate::cache::BlockIo> {
         let io = self.cache.io();
         #[cfg(not(feature = "cuda"))]
-        let _ = reserve;
+        let _ = (reserve, direct);
         #[cfg(feature = "cuda")]
         if self.model.qwen3.device().is_cuda() {
             let dev = self.model.qwen3.device().clone();
-            match crate::engine::model::kv_pinned::PinnedKvIo::new(io.clone(), &dev, reserve) {
+            match crate::engine::model::kv_pinned::PinnedKvIo::new(
+                io.clone(),
+                &dev,
+                reserve,
+                direct,
+            ) {
                 Ok(p) => return Box::new(p),
                 Err(e) => {
                     tracing::warn!(error = %e, "pinned KV copies unavailable; moving blocks through pageable memory")

@@ -48,7 +48,9 @@ impl Scheduler {
         } else {
             0
         };
-        let io = self.runner.kv_io(host_bytes + queue);
+        let io = self
+            .runner
+            .kv_io(host_bytes + queue, self.opts.kernels.kv_load_direct);
         let load = match self.opts.kv_load {
             KvLoad::Always => LoadPolicy::Always,
             KvLoad::Never => LoadPolicy::Never,

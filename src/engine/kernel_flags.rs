@@ -1,0 +1,121 @@
+//! `KernelFlags`: the command-line face of [`KernelOptions`] (all on by default unless a
+//! variant is still being measured), flattened into `EngineFlags` and the bench's flags.
+
+use super::options::KernelOptions;
+
+/// The kernel switches as flags (all on by default), shared by `EngineFlags` and the bench.
+#[derive(clap::Args, Debug, Clone, Default, PartialEq)]
+pub struct KernelFlags {
+    /// Run the forward on candle ops instead of the engine's own CUDA kernels.
+    #[arg(long)]
+    pub no_kernels: bool,
+    /// Use cuBLAS instead of the skinny-matmul kernels for decode steps of 1-2 rows.
+    #[arg(long)]
+    pub no_gemv: bool,
+    /// Tensor-core skinny matmuls for decode steps of 3-8 rows (`KernelOptions::gemv_mma`).
+    #[arg(long)]
+    pub gemv_mma: bool,
+    /// Skinny matmuls prefetch the next matmul's weights into L2
+    /// (`KernelOptions::l2_prefetch`).
+    #[arg(long)]
+    pub l2_prefetch: bool,
+    /// Draw whole-vocabulary samples on the host (turns `KernelOptions::sample_full` off).
+    #[arg(long)]
+    pub no_device_full_sampling: bool,
+    /// Per-warp fused norms in the 1-2-row skinny matmuls (`KernelOptions::warp_norm`).
+    #[arg(long)]
+    pub warp_norm: bool,
+    /// Run decode attention unfused (norm/RoPE/KV write, then attention).
+    #[arg(long)]
+    pub no_fused_decode: bool,
+    /// No thread-block clusters in the fused decode attention.
+    #[arg(long)]
+    pub no_clusters: bool,
+    /// Prefill attention on the two-pass WMMA kernel instead of the flash prefill kernel.
+    #[arg(long)]
+    pub no_flash_prefill: bool,
+    /// On Hopper, the mma.sync flash prefill instead of the warpgroup-MMA one.
+    #[arg(long)]
+    pub no_wgmma_prefill: bool,
+    /// No split-KV prefill for short chunks over long prefixes (`KernelOptions::split_kv`).
+    #[arg(long)]
+    pub no_split_kv: bool,
+    /// No programmatic dependent launch (eager steps and graphs).
+    #[arg(long)]
+    pub no_pdl: bool,
+    /// No programmatic dependent launch inside captured CUDA graphs.
+    #[arg(long)]
+    pub no_graph_pdl: bool,
+    /// Verify steps of speculative decoding through the shared-K/V verify attention
+    /// (`KernelOptions::shared_kv_verify`).
+    #[arg(long)]
+    pub shared_kv_verify: bool,
+    /// Decode attention on CUDA cores instead of tensor cores (turns
+    /// `KernelOptions::mma_decode` off).
+    #[arg(long)]
+    pub no_mma_decode: bool,
+    /// Shared-memory stages of the tensor-core decode attention (2-4, bf16 caches at most 3;
+    /// `KernelOptions::mma_decode_stages`; default: 2 over bf16 caches, 3 over fp8).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(2..=4))]
+    pub mma_decode_stages: Option<u8>,
+    /// Over bf16 caches, the tensor-core decode attention's probabilities as a bf16 pair
+    /// instead of rounded to bf16 (`KernelOptions::mma_decode_split_p`).
+    #[arg(long)]
+    pub mma_decode_split_p: bool,
+    /// MoE steps of up to 64 pairs on the eight- and sixteen-pair expert tiles instead of
+    /// one-pair tiles (turns `KernelOptions::moe_tile_one` off).
+    #[arg(long)]
+    pub no_moe_tile_one: bool,
+    /// A sparse layer's add+RMSNorm and router matmul in one launch for decode steps of 1-2
+    /// rows (`KernelOptions::moe_norm_router`).
+    #[arg(long)]
+    pub moe_norm_router: bool,
+    /// MoE steps on one-pair tiles run the experts' down matmul and their sum in one launch
+    /// (`KernelOptions::moe_down_sum`).
+    #[arg(long)]
+    pub moe_down_sum: bool,
+    /// LoRA steps of up to 64 rows with the shrinks on a second stream beside the base
+    /// matmuls and the gate|up expand fused with the SiLU (`KernelOptions::lora_overlap`).
+    #[arg(long)]
+    pub lora_overlap: bool,
+    /// LoRA steps of 9-64 rows read each adapter's rows once per run of its tokens (tile
+    /// table sorted by slot, tensor-core shrink; `KernelOptions::lora_grouped`).
+    #[arg(long)]
+    pub lora_grouped: bool,
+    /// Host KV tier loads read pinned memory from the scatter kernel, no staging copy
+    /// (`KernelOptions::kv_load_direct`).
+    #[arg(long)]
+    pub kv_load_direct: bool,
+}
+
+impl KernelFlags {
+    /// The kernel options these flags describe.
+    pub fn options(&self) -> KernelOptions {
+        KernelOptions {
+            kernels: !self.no_kernels,
+            gemv: !self.no_gemv,
+            gemv_mma: self.gemv_mma,
+            l2_prefetch: self.l2_prefetch,
+            warp_norm: self.warp_norm,
+            sample_full: !self.no_device_full_sampling,
+            fused_decode: !self.no_fused_decode,
+            clusters: !self.no_clusters,
+            flash_prefill: !self.no_flash_prefill,
+            wgmma_prefill: !self.no_wgmma_prefill,
+            split_kv: !self.no_split_kv,
+            pdl: !self.no_pdl,
+            graph_pdl: !self.no_graph_pdl,
+            shared_kv_verify: self.shared_kv_verify,
+            mma_decode: !self.no_mma_decode,
+            mma_decode_stages: self.mma_decode_stages,
+            mma_decode_split_p: self.mma_decode_split_p,
+            moe_tile_one: !self.no_moe_tile_one,
+            moe_norm_router: self.moe_norm_router,
+            moe_down_sum: self.moe_down_sum,
+            lora_overlap: self.lora_overlap,
+            lora_grouped: self.lora_grouped,
+            kv_load_direct: self.kv_load_direct,
+            ..KernelOptions::default()
+        }
+    }
+}
