@@ -106,11 +106,11 @@ pub struct KernelOptions {
     /// (#23). Off by default: on the H200 +2.6-2.9% at batch 64, -0.5% to +0.7% at batch 8
     /// (BENCHMARKS.md).
     pub lora_overlap: bool,
-    /// LoRA steps of 9-64 rows (one-token tiles) read each adapter's rows once per run of
-    /// its tokens instead of once per token: the tile table sorted by slot, the shrink on
-    /// tensor cores over eight tokens at a time (the input features split into slices of at
-    /// most 1,024, partial sums added in order) and an expand that loads each row of `b` once
-    /// a run (`kernels/lora_grouped.cu`; bf16). The expand's sums are the one-token kernel's;
+    /// LoRA steps of 9-64 rows (one-token tiles) read each adapter's rows once per group of
+    /// up to eight of its tokens instead of once per token: the tile table sorted by slot,
+    /// the shrink on tensor cores a group at a time (the input features split into slices of
+    /// at most 1,024, partial sums added in order) and an expand that loads each row of `b`
+    /// once a group (`kernels/lora_grouped.cu`; bf16). The expand's sums are the one-token kernel's;
     /// the shrink sums in another order (f32). Off by default: built for #23's batch-64 floor,
     /// not yet measured on the GPU.
     pub lora_grouped: bool,

@@ -220,8 +220,9 @@ impl LoraOverlap {
     }
 }
 
-/// Counters of the grouped LoRA shrink's (rows, window) pairs (`super::lora_grouped_ops`).
-pub(super) const LORA_GROUPED_COUNTERS: usize = 256;
+/// Counters of the grouped LoRA shrink's (rows, group) pairs (`super::lora_grouped_ops`): 12
+/// row tiles (rank 64, three projections) x 64 groups at most.
+pub(super) const LORA_GROUPED_COUNTERS: usize = 1024;
 
 /// The grouped kernels and the split shrink's counters (zero between launches: the last
 /// block of each pair resets its own).

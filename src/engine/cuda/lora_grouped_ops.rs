@@ -1,10 +1,13 @@
 //! LoRA steps of one-token tiles with a slot's tokens read together
-//! (`LaunchOptions::lora_grouped`, `kernels/lora_grouped.cu`): the shrink on tensor cores, a
-//! block per 16 rows of `a`, window of eight tiles and slice of the input features, and an
-//! expand that loads each row of `b` once per run of one slot in a window, where the
-//! one-token kernels of `lora_ops.rs` read a slot's rows once per token. The forward sorts
-//! the tile table by slot (`model::lora_slots::tiles` with `by_slot`) so a window is mostly
-//! one run; the kernels are correct for any order.
+//! (`LaunchOptions::lora_grouped`, `kernels/lora_grouped.cu`): the tile table (at most 64
+//! tiles) is cut into groups, runs of consecutive tiles on one slot in pieces of at most
+//! eight, found by each block itself; the shrink runs on tensor cores, a block per 16 rows of
+//! `a`, group and slice of the input features, and the expand loads each row of `b` once a
+//! group, where the one-token kernels of `lora_ops.rs` read a slot's rows once per token. The
+//! forward sorts the tile table by slot (`model::lora_slots::tiles` with `by_slot`) so a
+//! slot's tokens make as few groups as they can; any order is served. The grid has a row of
+//! blocks for every tile (the most groups there can be; a launch's shape must not depend on
+//! the table, which graphs replay): blocks past the last group return at once.
 //!
 //! Invariant: the grouped kernels write the same `y` (`[T, P * r]` f32, as the shrink of
 //! `lora_ops.rs` writes it; the partial sums of a split shrink lie after it in the same
@@ -30,13 +33,13 @@ pub const LORA_GROUPED_SLICES: usize = 16;
 /// The largest adapter rank the grouped expand takes (its kernels' `RMAX`: 16 and 64).
 const GROUPED_MAX_RANK: usize = 64;
 
-/// Tiles of one window (`WIN` in the kernels).
-const WINDOW: usize = 8;
+/// Most tiles of a step the grouped kernels take (one per thread of their first two warps).
+const MAX_TILES: usize = 64;
 
 /// Input features of one slice of a warp (32) for each of the shrink's 4 warps.
 const SLICE_QUANTUM: usize = 128;
 
-/// Counters of the split shrink's (rows, window) pairs.
+/// Counters of the split shrink's (rows, group) pairs.
 const COUNTERS: usize = super::handles::LORA_GROUPED_COUNTERS;
 
 /// Input features of one block's slice at most, where the features allow: 16 rows of `a` x
@@ -107,9 +110,13 @@ impl CudaKernels {
             return Ok(false);
         };
         let ntiles = tiles.elem_count() / 3;
-        let (mtiles, windows) = (pr.div_ceil(16), ntiles.div_ceil(WINDOW));
+        let mtiles = pr.div_ceil(16);
         let room = (y.elem_count() / (t * pr).max(1)).saturating_sub(1);
-        if !fan_in.is_multiple_of(SLICE_QUANTUM) || mtiles * windows > COUNTERS || pr == 0 {
+        let fits = fan_in.is_multiple_of(SLICE_QUANTUM)
+            && ntiles <= MAX_TILES
+            && mtiles * ntiles <= COUNTERS
+            && pr > 0;
+        if !fits {
             return Ok(false);
         }
         let asked = g.slices.load(std::sync::atomic::Ordering::Relaxed);
@@ -120,7 +127,7 @@ impl CudaKernels {
         let pc = self.ptr(&g.counters)?;
         let [nt32, rows32, in32, pr32, slots32] = [ntiles, t, fan_in, pr, slots].map(|v| v as i32);
         let cfg = LaunchConfig {
-            grid_dim: (mtiles as u32, windows as u32, slices as u32),
+            grid_dim: (mtiles as u32, ntiles as u32, slices as u32),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -129,7 +136,7 @@ impl CudaKernels {
         l.arg(&pc).arg(&rows32).arg(&in32).arg(&pr32).arg(&slots32);
         // SAFETY: argument types match `lora_shrink_grouped_bf16`; the caller checked the
         // shapes, the scratch holds `slices` partial copies of y after it (`room`), and the
-        // counters hold `mtiles * windows` entries.
+        // counters hold `mtiles * ntiles` entries.
         unsafe { l.launch(cfg) }.w()?;
         Ok(true)
     }
@@ -148,14 +155,14 @@ impl CudaKernels {
         let Some(g) = self.grouped_for(t, tile) else {
             return Ok(false);
         };
-        if r > GROUPED_MAX_RANK {
+        let ntiles = tiles.elem_count() / 3;
+        if r > GROUPED_MAX_RANK || ntiles > MAX_TILES {
             return Ok(false);
         }
-        let ntiles = tiles.elem_count() / 3;
         let (pb, ps, py, po) = (self.ptr(b)?, self.ptr(tiles)?, self.ptr(y)?, self.ptr(out)?);
         let [nt32, n32, r32, pr32, slots32] = [ntiles, nout, r, pr, slots].map(|v| v as i32);
         let cfg = LaunchConfig {
-            grid_dim: (nout.div_ceil(128) as u32, ntiles.div_ceil(WINDOW) as u32, 1),
+            grid_dim: (nout.div_ceil(128) as u32, ntiles as u32, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };

@@ -274,7 +274,7 @@ impl SlotImage {
 /// The LoRA tiles of a batch for the kernels: `(first token, count, slot)` triples of at most
 /// `tile` consecutive tokens on one slot, for every token on an adapter (base tokens have
 /// none), flattened; in the batch's order, or with `by_slot` in the order of their slots
-/// (stable: by token within a slot), which the grouped kernels read eight tiles at a time
+/// (stable: by token within a slot), which the grouped kernels cut into groups of one slot
 /// (`KernelOptions::lora_grouped`; the other kernels take the tiles in any order).
 pub fn tiles(seqs: &[crate::engine::batch::SeqInput<'_>], tile: usize, by_slot: bool) -> Vec<u32> {
     let mut out = Vec::new();
@@ -365,7 +365,7 @@ mod tests {
     }
 
     /// By slot, the same tiles ordered by their slots, and by token within a slot (the
-    /// grouped kernels read a window's run of one slot together). Mutation: an unstable or
+    /// grouped kernels read a group of one slot's tokens together). Mutation: an unstable or
     /// token-major order, or tiles lost or merged by the sort.
     #[test]
     fn tiles_by_slot_keep_every_tile_in_slot_then_token_order() {
