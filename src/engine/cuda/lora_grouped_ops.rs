@@ -78,7 +78,7 @@ impl CudaKernels {
 
     /// Profiling: grouped shrinks split their input features into `slices` (a power of two up
     /// to [`LORA_GROUPED_SLICES`]; ignored where a shape cannot take it) instead of the rule
-    /// ([`SLICE_FEATURES`] a block); None restores the rule. Nothing without the grouped
+    /// (1,024 input features a block); None restores the rule. Nothing without the grouped
     /// kernels.
     pub fn set_lora_grouped_slices(&self, slices: Option<usize>) {
         if let Some(g) = &self.lora_grouped {
