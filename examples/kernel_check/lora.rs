@@ -331,9 +331,21 @@ pub(super) fn lora_grouped_checks(dev: &Device, t: &mut Table) -> Res<()> {
     ];
     for (tname, rows, slots, table) in &tables {
         let mut flat: Vec<u32> = table.iter().flat_map(|&(i, s)| [i, 1, s]).collect();
-        // Two count-0 tiles of padding, as a graph's table has.
-        flat.extend([0, 0, 0, 0, 0, 0]);
+        // Two count-0 tiles of padding, as a graph's table has, where the table has room (a
+        // graph's table has a tile per row at most: 64).
+        if table.len() + 2 <= *rows {
+            flat.extend([0, 0, 0, 0, 0, 0]);
+        }
         let ntiles = flat.len() / 3;
+        t.check(
+            format!("lora grouped kernels serve {tname} ({ntiles} tiles) ?"),
+            if grouped.lora_grouped_serves(*rows, ntiles) {
+                0.0
+            } else {
+                1.0
+            },
+            0.0,
+        );
         let tiles = Tensor::from_vec(flat, (ntiles, 3), dev)?;
         for r in [8usize, 16, 64] {
             for (sname, fan_in, splits) in &shapes {

@@ -87,6 +87,13 @@ impl CudaKernels {
         }
     }
 
+    /// Whether the grouped kernels serve a step of `rows` rows on one-token tiles with a tile
+    /// table of `ntiles` entries (padding included): with the option, 9-64 rows, at most 64
+    /// tiles (bf16 adapters of rank up to 64 for the expand).
+    pub fn lora_grouped_serves(&self, rows: usize, ntiles: usize) -> bool {
+        self.grouped_for(rows, 1).is_some() && ntiles <= MAX_TILES
+    }
+
     /// The grouped kernels, when they serve a step of `t` rows on `tile`-token tiles.
     fn grouped_for(&self, t: usize, tile: usize) -> Option<&LoraGrouped> {
         let rows = LORA_GROUPED_MIN_ROWS + 1..=super::LORA_TILE_ONE_MAX;
