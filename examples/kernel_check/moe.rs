@@ -67,6 +67,16 @@ fn down_sum(k: &CudaKernels, dev: &Device, t: &mut Table) -> Res<()> {
         ..LaunchOptions::default()
     };
     let kd = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
+    // One-pair tiles (asked for below) take the one launch whenever it is loaded.
+    t.check(
+        "moe down+sum kernel loaded ?".to_string(),
+        if kd.moe_down_sum() && !k.moe_down_sum() {
+            0.0
+        } else {
+            1.0
+        },
+        0.0,
+    );
     let cases = [
         (1, 128, 8, 2048, 768, 0, 128, true),
         (2, 128, 8, 2048, 768, 0, 128, false),

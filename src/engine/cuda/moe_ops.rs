@@ -173,6 +173,12 @@ impl CudaKernels {
         Ok((out, us, each))
     }
 
+    /// Whether MoE steps on one-pair tiles run down and the experts' sum in one launch
+    /// (`LaunchOptions::moe_down_sum`, bf16).
+    pub fn moe_down_sum(&self) -> bool {
+        self.moe.down_sum.is_some()
+    }
+
     /// One sparse layer's experts: `h` `[T, hidden]` (normed) with the router's logits
     /// already in `s.logits` (`[T, E]`) -> `out` `[T, hidden]`, this rank's experts
     /// `first..first + local` (the stacked `gate_up` `[local, 2I, hidden]` and `down`
