@@ -161,6 +161,9 @@ impl PinnedKvIo {
                 "pinned host memory for the KV tiers"
             );
         }
+        if direct {
+            tracing::info!("KV tier loads read the pinned host slots from the scatter kernel");
+        }
         Ok(Self {
             gather: f("kv_gather")?,
             scatter: f("kv_scatter")?,
