@@ -13,10 +13,10 @@
 // slice of k (at most 1,024 by the launcher's rule); its 4 warps split the slice and meet in
 // shared memory. With more than one slice (gridDim.z) the blocks write partial sums and the
 // last block of a (rows, group) pair to finish (a counter it resets) adds them in slice
-// order: the sums do not depend on which block ran first. Within a lane, mma's k order is a permutation of memory order (each lane
-// loads eight consecutive values of a row of a and of x, and the same permutation applies to
-// both operands), so one 16-byte load feeds two mmas (gemv.cu's tensor-core kernels do the
-// same).
+// order: the sums do not depend on which block ran first. Within a lane, mma's k order is a
+// permutation of memory order (each lane loads eight consecutive values of a row of a and of
+// x, and the same permutation applies to both operands), so one 16-byte load feeds two mmas
+// (gemv.cu's tensor-core kernels do the same).
 //
 // Expand: out[t, o] += sum_r y[t, p * R + r] * b[slot, o, r], p the projection of output row
 // o; a thread per output row, a block per 128 rows and group; the row of b is loaded once a

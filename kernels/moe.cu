@@ -287,10 +287,10 @@ __device__ void moe_down_sum(const T* __restrict__ act, const T* __restrict__ do
 }  // namespace
 
 // Two blocks an SM (registers capped at 128): the 256 blocks of a 2,048-wide token in one wave.
-extern "C" __global__ void __launch_bounds__(256, 2) moe_down_sum_bf16(const __nv_bfloat16* act, const __nv_bfloat16* down,
-                                             const uint32_t* ids, const uint32_t* order,
-                                             const float* w, __nv_bfloat16* out, int hidden,
-                                             int inter, int k, int first, int local) {
+extern "C" __global__ void __launch_bounds__(256, 2)
+    moe_down_sum_bf16(const __nv_bfloat16* act, const __nv_bfloat16* down, const uint32_t* ids,
+                      const uint32_t* order, const float* w, __nv_bfloat16* out, int hidden,
+                      int inter, int k, int first, int local) {
   moe_down_sum<__nv_bfloat16>(act, down, ids, order, w, out, hidden, inter, k, first, local);
 }
 
