@@ -6,7 +6,9 @@
 // sorted by slot by the host) is cut into groups: runs of consecutive tiles on one slot, in
 // pieces of at most eight; block y takes group y (blocks past the last group return at once),
 // and reads its slot's rows of a or b once for all its tokens. Any order of the table is
-// served (an unsorted one makes more, shorter groups).
+// served (an unsorted one makes more, shorter groups). Blocks without a group return before
+// waiting on the kernel before them (common.cuh); a LoRA step has a tile on a held slot, so
+// some block of every launch waits, and the launch ends after the kernel before it.
 //
 // Shrink: y[t, j] = sum_k x[t, k] * a[slot, j, k] on tensor cores (mma m16n8k16, bf16 in, f32
 // sums): a block takes 16 rows of a, one group (the mma's 8 columns are its tokens) and a
