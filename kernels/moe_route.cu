@@ -138,6 +138,19 @@ __device__ void moe_route(const T* __restrict__ logits, uint32_t* __restrict__ i
   }
 }
 
+// Inclusive scans of a and b over the warp's lanes (lane l gets the sums of lanes 0..l).
+__device__ __forceinline__ void warp_scan2(int& a, int& b, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int ya = __shfl_up_sync(0xffffffffu, a, o);
+    const int yb = __shfl_up_sync(0xffffffffu, b, o);
+    if (lane >= o) {
+      a += ya;
+      b += yb;
+    }
+  }
+}
+
 }  // namespace
 
 // One block of 1024 threads, 2 * e ints of dynamic shared memory (e <= 1024): counts per
@@ -160,15 +173,7 @@ __device__ __forceinline__ void align_pairs(const uint32_t* __restrict__ ids,
   const int c = tid < e ? counts[tid] : 0;
   const int nt = (c + tm - 1) / tm;
   int sc = c, st = nt;  // inclusive scans within the warp
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int yc = __shfl_up_sync(0xffffffffu, sc, o);
-    const int yt = __shfl_up_sync(0xffffffffu, st, o);
-    if (lane >= o) {
-      sc += yc;
-      st += yt;
-    }
-  }
+  warp_scan2(sc, st, lane);
   if (lane == 31) {
     warp_pairs[warp] = sc;
     warp_tiles[warp] = st;
@@ -177,15 +182,7 @@ __device__ __forceinline__ void align_pairs(const uint32_t* __restrict__ ids,
   if (warp == 0) {
     const int nw = blockDim.x >> 5;
     int vc = lane < nw ? warp_pairs[lane] : 0, vt = lane < nw ? warp_tiles[lane] : 0;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int yc = __shfl_up_sync(0xffffffffu, vc, o);
-      const int yt = __shfl_up_sync(0xffffffffu, vt, o);
-      if (lane >= o) {
-        vc += yc;
-        vt += yt;
-      }
-    }
+    warp_scan2(vc, vt, lane);
     warp_pairs[lane] = vc;  // inclusive over warps
     warp_tiles[lane] = vt;
   }

@@ -40,10 +40,10 @@ pub fn rows(cfg: &ModelConfig, dev: &Device, b: usize) -> Res<()> {
     ];
     let tiles: Vec<u32> = (0..b as u32).flat_map(|i| [i, 1, i % 8]).collect();
     let tiles = Tensor::from_vec(tiles, (b, 3), dev)?;
-    let mut sorted: Vec<u32> = (0..b as u32).flat_map(|i| [i, 1, i % 8]).collect();
-    let mut triples: Vec<[u32; 3]> = sorted.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect();
-    triples.sort_by_key(|c| c[2]);
-    sorted = triples.concat();
+    // The same tiles in slot order, as the forward hands them to the grouped kernels.
+    let mut rows: Vec<u32> = (0..b as u32).collect();
+    rows.sort_by_key(|i| i % 8);
+    let sorted: Vec<u32> = rows.iter().flat_map(|&i| [i, 1, i % 8]).collect();
     let sorted = Tensor::from_vec(sorted, (b, 3), dev)?;
     let cols = policy_serve::engine::cuda::lora_scratch_cols(r, true);
     let y = Tensor::zeros((b, cols), DType::F32, dev)?;

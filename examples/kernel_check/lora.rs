@@ -297,9 +297,9 @@ pub(super) fn lora_grouped_checks(dev: &Device, t: &mut Table) -> Res<()> {
         Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("kernels")?)
     };
     let (plain, grouped) = (kern(false)?, kern(true)?);
-    let randn = |shape: &[usize], s: f64| -> Res<Tensor> {
-        Ok((Tensor::randn(0f32, 1.0, shape, dev)? * s)?.to_dtype(DType::BF16)?)
-    };
+    // The checks' bf16 normals (`super::randn`) scaled by `s`.
+    let normal =
+        |shape: &[usize], s: f64| -> Res<Tensor> { Ok((randn(shape, DType::BF16, dev)? * s)?) };
     // (rows, slots held, tiles as (token, slot)): the slot ids may exceed `slots` (skipped).
     let by_slot = |rows: usize| -> Vec<(u32, u32)> {
         let mut v: Vec<(u32, u32)> = (0..rows as u32).map(|i| (i, i % 8)).collect();
@@ -354,9 +354,9 @@ pub(super) fn lora_grouped_checks(dev: &Device, t: &mut Table) -> Res<()> {
                 }
                 let parts = splits.len() - 1;
                 let nout = *splits.last().ok_or("splits")?;
-                let a = randn(&[*slots, parts * r, *fan_in], 0.05)?;
-                let b = randn(&[*slots, nout, r], 0.05)?;
-                let x = randn(&[*rows, *fan_in], 1.0)?;
+                let a = normal(&[*slots, parts * r, *fan_in], 0.05)?;
+                let b = normal(&[*slots, nout, r], 0.05)?;
+                let x = normal(&[*rows, *fan_in], 1.0)?;
                 let cols = lora_scratch_cols(r, true);
                 let y_ref = Tensor::zeros((*rows, cols), DType::F32, dev)?;
                 let y = Tensor::zeros((*rows, cols), DType::F32, dev)?;
@@ -376,7 +376,7 @@ pub(super) fn lora_grouped_checks(dev: &Device, t: &mut Table) -> Res<()> {
                     );
                 }
                 grouped.set_lora_grouped_slices(None);
-                let out0 = randn(&[*rows, nout], 1.0)?;
+                let out0 = normal(&[*rows, nout], 1.0)?;
                 let (o_ref, o_grp) = (out0.copy()?, out0.copy()?);
                 plain.lora_expand_into(&y_ref, (&b, splits), (&tiles, 1), &o_ref)?;
                 grouped.lora_expand_into(&y_ref, (&b, splits), (&tiles, 1), &o_grp)?;
@@ -389,13 +389,13 @@ pub(super) fn lora_grouped_checks(dev: &Device, t: &mut Table) -> Res<()> {
         }
     }
     // Positive control: the expand changed the rows on adapters.
-    let x = randn(&[16, 1024], 1.0)?;
-    let a = randn(&[8, 16, 1024], 0.05)?;
-    let b = randn(&[8, 1024, 16], 0.05)?;
+    let x = normal(&[16, 1024], 1.0)?;
+    let a = normal(&[8, 16, 1024], 0.05)?;
+    let b = normal(&[8, 1024, 16], 0.05)?;
     let flat: Vec<u32> = by_slot(16).iter().flat_map(|&(i, s)| [i, 1, s]).collect();
     let tiles = Tensor::from_vec(flat, (16, 3), dev)?;
     let y = Tensor::zeros((16, lora_scratch_cols(16, true)), DType::F32, dev)?;
-    let out = randn(&[16, 1024], 1.0)?;
+    let out = normal(&[16, 1024], 1.0)?;
     let before = out.copy()?;
     grouped.lora_into(&x, (&a, &b, &[0, 1024]), (&tiles, 1), &y, &out)?;
     let moved = rel(&out, &before)?;

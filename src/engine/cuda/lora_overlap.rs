@@ -47,6 +47,13 @@ impl CudaKernels {
         o.join.record(&o.side).map_err(err)
     }
 
+    /// The overlap's handles, or an error naming `what` when they are not loaded.
+    fn overlap_kernels(&self, what: &str) -> Result<&super::handles::LoraOverlap> {
+        self.lora_overlap
+            .as_ref()
+            .ok_or_else(|| kernel_err(what, "the LoRA overlap kernels are not loaded"))
+    }
+
     /// The kernels' stream waits for the last shrink queued beside it (nothing without the
     /// overlap).
     pub fn lora_join(&self) -> Result<()> {
@@ -83,10 +90,7 @@ impl CudaKernels {
         act: &Tensor,
         tiles: &Tensor,
     ) -> Result<()> {
-        let o = self
-            .lora_overlap
-            .as_ref()
-            .ok_or_else(|| kernel_err("lora silu", "the LoRA overlap kernels are not loaded"))?;
+        let o = self.overlap_kernels("lora silu")?;
         for x in [gu, b, act] {
             self.check_dtype(x)?;
         }
@@ -136,10 +140,7 @@ impl CudaKernels {
         (y, b): (&Tensor, &Tensor),
         tiles: &Tensor,
     ) -> Result<()> {
-        let o = self
-            .lora_overlap
-            .as_ref()
-            .ok_or_else(|| kernel_err("lora norm", "the LoRA overlap kernels are not loaded"))?;
+        let o = self.overlap_kernels("lora norm")?;
         for x in [delta, res, res_out, w, h, b] {
             self.check_dtype(x)?;
         }

@@ -74,9 +74,7 @@ impl<'m> KernelForward<'m> {
             && self.model.layers.iter().all(|l| l.ffn.dense().is_some())
             && self.kernels.lora_overlap()
             && slots.rank() <= crate::engine::cuda::LORA_OVERLAP_MAX_RANK;
-        let grouped = self.kernels.lora_grouped()
-            && tile == 1
-            && t > crate::engine::cuda::LORA_GROUPED_MIN_ROWS;
+        let grouped = self.kernels.lora_grouped_serves(t, tiles.elem_count() / 3);
         Ok(Some(LoraStep {
             slots,
             tiles: tiles.clone(),

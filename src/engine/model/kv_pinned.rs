@@ -203,9 +203,16 @@ impl PinnedKvIo {
         waiter.wait(&e).map_err(|e| cuda_err("stream wait", e))
     }
 
-    /// Launches `f` (gather or scatter) over `n` blocks between the caches and `staging`, on
-    /// stream `on`.
-    fn launch(&self, on: &CudaStream, f: &CudaFunction, chunk: &[u32], staging: u64) -> Result<()> {
+    /// Launches `f` over the chunk's blocks between the caches and `other`, on stream `on`:
+    /// gather or scatter with a staging buffer's address, or `kv_scatter_host` with the chunk's
+    /// pinned slots ([`KvSrcs`]).
+    fn launch<A: DeviceRepr>(
+        &self,
+        on: &CudaStream,
+        f: &CudaFunction,
+        chunk: &[u32],
+        other: &A,
+    ) -> Result<()> {
         let n = chunk.len();
         let ids = KvIds::of(chunk);
         let cfg = LaunchConfig {
@@ -216,13 +223,14 @@ impl PinnedKvIo {
         let mut b = on.launch_builder(f);
         b.arg(&self.caches)
             .arg(&ids)
-            .arg(&staging)
+            .arg(other)
             .arg(&self.parts)
             .arg(&self.heads)
             .arg(&self.row_units)
             .arg(&self.head_pitch);
         // SAFETY: the arguments match the kernel's signature; `ids` holds n (<= 64) cache blocks
-        // of this cache, `staging` n blocks' bytes, alive until the move's event.
+        // of this cache, `other` (a staging buffer or the pinned slots) n blocks' bytes, alive
+        // until the move's event.
         unsafe { b.launch(cfg) }.map_err(|e| cuda_err("kv_move kernel", e))?;
         Ok(())
     }
@@ -279,7 +287,7 @@ impl BlockIo for PinnedKvIo {
             let queued = self
                 .staging(&self.stream, chunk.len())
                 .and_then(|(staging, src)| {
-                    self.launch(&self.stream, &self.gather, chunk, src)?;
+                    self.launch(&self.stream, &self.gather, chunk, &src)?;
                     self.order(&self.copy, &self.stream)?;
                     Ok((staging, src))
                 });
@@ -398,7 +406,7 @@ impl PinnedKvIo {
             self.copy
                 .wait(&before)
                 .map_err(|e| cuda_err("stream wait", e))?;
-            self.launch(&self.copy, &self.scatter, chunk, dst)?;
+            self.launch(&self.copy, &self.scatter, chunk, &dst)?;
             self.in_flight.lock().push(InFlight {
                 done: self.event(&self.copy)?,
                 _staging: Some(staging),
@@ -431,25 +439,9 @@ impl PinnedKvIo {
                     .ok_or_else(|| cuda_err("load", "a source is not pinned"))?;
                 *s = p.slot as u64;
             }
-            let ids = KvIds::of(chunk);
-            let cfg = LaunchConfig {
-                grid_dim: (chunk.len() as u32, self.parts as u32, self.heads as u32),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = self.copy.launch_builder(f);
-            b.arg(&self.caches)
-                .arg(&ids)
-                .arg(&srcs)
-                .arg(&self.parts)
-                .arg(&self.heads)
-                .arg(&self.row_units)
-                .arg(&self.head_pitch);
-            // SAFETY: the arguments match `kv_scatter_host`; `ids` holds chunk.len() (<= 64)
-            // blocks of this cache and `srcs` as many pinned slots of a block's bytes each (a
-            // D2H copy into a slot is queued before this on the copy stream), alive in
-            // `in_flight` until the launch's event.
-            unsafe { b.launch(cfg) }.map_err(|e| cuda_err("kv_scatter_host", e))?;
+            // The slots are alive in `in_flight` until the launch's event; a D2H copy into a
+            // slot is queued before this on the copy stream.
+            self.launch(&self.copy, f, chunk, &srcs)?;
             self.in_flight.lock().push(InFlight {
                 done: self.event(&self.copy)?,
                 _staging: None,
