@@ -4,7 +4,7 @@
 # tok/s with every row on one of 8 rank-16 adapters (all seven projections) next to the base
 # in one bench run per shape, and each adapter's read+check time. VARIANTS: kernel flags
 # whose checks and bench rows run after the default's, each its own run, tagged by the flag
-# (e.g. VARIANTS="--lora-overlap"; SKIP_VARIANT_CHECK=1: the variants' benches only).
+# (e.g. VARIANTS="--no-lora-overlap"; SKIP_VARIANT_CHECK=1: the variants' benches only).
 set -u
 source scripts/gpu_lib.sh
 model 0.6b

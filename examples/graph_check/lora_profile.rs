@@ -1,7 +1,7 @@
 //! The LoRA kernels of a decode step timed alone (`--profile`): each fused matmul's shrink
 //! and expand with eight rank-16 adapters, every row on its own slot (one-token tiles, as the
 //! bench's mixed batches), beside the base ops they go with; and the grouped kernels
-//! (`LaunchOptions::lora_grouped`: the same tiles sorted by slot; steps of 9-64 rows).
+//! (`LaunchOptions::lora_grouped`: the same tiles sorted by slot; steps of 33-64 rows).
 
 use candle_core::{DType, Device, Tensor};
 use policy_serve::engine::ModelConfig;
@@ -19,6 +19,7 @@ fn randn(shape: &[usize], dev: &Device) -> Res<Tensor> {
 pub fn rows(cfg: &ModelConfig, dev: &Device, b: usize) -> Res<()> {
     let opts = LaunchOptions {
         lora_overlap: true,
+        lora_grouped: false,
         ..LaunchOptions::default()
     };
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("kernels")?;
@@ -27,6 +28,8 @@ pub fn rows(cfg: &ModelConfig, dev: &Device, b: usize) -> Res<()> {
         ..LaunchOptions::default()
     };
     let kg = CudaKernels::new(dev, DType::BF16, &grouped)?.ok_or("kernels")?;
+    // Every projection's shrink and expand (the forward's rule takes some shrinks only).
+    kg.set_lora_grouped_everywhere(true);
     let (h, hd, inter) = (cfg.hidden_size, cfg.head_dim(), cfg.intermediate_size);
     let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
     let (slots, r) = (8usize, 16usize);

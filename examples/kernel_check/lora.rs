@@ -112,12 +112,12 @@ pub(super) fn lora_model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table
             let tk: Vec<u32> = rows.map(|i| 3000 + 10 * round as u32 + i as u32).collect();
             steps.push(m.forward(&tk, &s, &c, None)?.ok_or("logits")?);
         }
-        // A prefill step of 31 tokens (one-token tiles: the overlap's) over three new
-        // prompts on slot 0, the base and slot 1.
+        // A prefill step of 39 tokens (one-token tiles: the overlap's, and more rows than
+        // the grouped shrink's minimum) over three new prompts on slot 0, the base and slot 1.
         let more: Vec<Vec<u32>> = (0..3u32)
             .map(|i| (0..4).map(|j| 100 + i * 4 + j).collect())
             .collect();
-        let (plens, pslots) = ([9usize, 17, 5], [Some(0u32), None, Some(1)]);
+        let (plens, pslots) = ([13usize, 17, 9], [Some(0u32), None, Some(1)]);
         let toks: Vec<u32> = (0..3)
             .flat_map(|i| synthetic_prompt(plens[i], 90 + i))
             .collect();
@@ -139,7 +139,7 @@ pub(super) fn lora_model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table
         "decode 6 mixed",
         "decode 1 (slot 1)",
         "decode 2 (slot 0, base)",
-        "prefill 3 x 5-17 mixed",
+        "prefill 3 x 9-17 mixed",
     ]
     .iter()
     .enumerate()
@@ -297,6 +297,8 @@ pub(super) fn lora_grouped_checks(dev: &Device, t: &mut Table) -> Res<()> {
         Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("kernels")?)
     };
     let (plain, grouped) = (kern(false)?, kern(true)?);
+    // Every shrink and expand of the table (not only the shrinks of the rule).
+    grouped.set_lora_grouped_everywhere(true);
     // The checks' bf16 normals (`super::randn`) scaled by `s`.
     let normal =
         |shape: &[usize], s: f64| -> Res<Tensor> { Ok((randn(shape, DType::BF16, dev)? * s)?) };
@@ -388,14 +390,16 @@ pub(super) fn lora_grouped_checks(dev: &Device, t: &mut Table) -> Res<()> {
             }
         }
     }
-    // Positive control: the expand changed the rows on adapters.
-    let x = normal(&[16, 1024], 1.0)?;
+    // Positive control: the expand changed the rows on adapters (a step the grouped kernels
+    // serve).
+    let n = 40;
+    let x = normal(&[n, 1024], 1.0)?;
     let a = normal(&[8, 16, 1024], 0.05)?;
     let b = normal(&[8, 1024, 16], 0.05)?;
-    let flat: Vec<u32> = by_slot(16).iter().flat_map(|&(i, s)| [i, 1, s]).collect();
-    let tiles = Tensor::from_vec(flat, (16, 3), dev)?;
-    let y = Tensor::zeros((16, lora_scratch_cols(16, true)), DType::F32, dev)?;
-    let out = normal(&[16, 1024], 1.0)?;
+    let flat: Vec<u32> = by_slot(n).iter().flat_map(|&(i, s)| [i, 1, s]).collect();
+    let tiles = Tensor::from_vec(flat, (n, 3), dev)?;
+    let y = Tensor::zeros((n, lora_scratch_cols(16, true)), DType::F32, dev)?;
+    let out = normal(&[n, 1024], 1.0)?;
     let before = out.copy()?;
     grouped.lora_into(&x, (&a, &b, &[0, 1024]), (&tiles, 1), &y, &out)?;
     let moved = rel(&out, &before)?;

@@ -316,17 +316,16 @@ mod tests {
             .engine
             .options();
         assert!(!e.kernels.moe_tile_one && e.kernels.moe_norm_router);
-        assert!(!d.kernels.moe_down_sum && !e.kernels.moe_down_sum);
-        let s = Cli::parse_from(["x", "--moe-down-sum"]).engine.options();
-        assert!(s.kernels.moe_down_sum && s.kernels.moe_tile_one);
-        // The LoRA shrinks beside the base matmuls: off unless asked for.
-        assert!(!d.kernels.lora_overlap && !e.kernels.lora_overlap);
-        let f = Cli::parse_from(["x", "--lora-overlap"]).engine.options();
-        assert!(f.kernels.lora_overlap && !f.kernels.lora_grouped);
-        // The grouped LoRA kernels: off unless asked for, apart from the overlap.
-        assert!(!d.kernels.lora_grouped);
-        let g = Cli::parse_from(["x", "--lora-grouped"]).engine.options();
-        assert!(g.kernels.lora_grouped && !g.kernels.lora_overlap);
+        assert!(d.kernels.moe_down_sum && e.kernels.moe_down_sum && lib.kernels.moe_down_sum);
+        let s = Cli::parse_from(["x", "--no-moe-down-sum"]).engine.options();
+        assert!(!s.kernels.moe_down_sum && s.kernels.moe_tile_one);
+        // The LoRA shrinks beside the base matmuls and the grouped shrinks: on unless turned
+        // off, each apart from the other.
+        assert!(d.kernels.lora_overlap && d.kernels.lora_grouped && lib.kernels.lora_overlap);
+        let f = Cli::parse_from(["x", "--no-lora-overlap"]).engine.options();
+        assert!(!f.kernels.lora_overlap && f.kernels.lora_grouped);
+        let g = Cli::parse_from(["x", "--no-lora-grouped"]).engine.options();
+        assert!(!g.kernels.lora_grouped && g.kernels.lora_overlap);
         // Host tier loads through a staging copy unless asked to read the slots directly.
         assert!(!d.kernels.kv_load_direct && !g.kernels.kv_load_direct);
         let k = Cli::parse_from(["x", "--kv-load-direct"]).engine.options();

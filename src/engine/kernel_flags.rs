@@ -70,18 +70,19 @@ pub struct KernelFlags {
     /// rows (`KernelOptions::moe_norm_router`).
     #[arg(long)]
     pub moe_norm_router: bool,
-    /// MoE steps on one-pair tiles run the experts' down matmul and their sum in one launch
-    /// (`KernelOptions::moe_down_sum`).
+    /// MoE steps on one-pair tiles run the experts' down matmul and their sum in two
+    /// launches (turns `KernelOptions::moe_down_sum` off).
     #[arg(long)]
-    pub moe_down_sum: bool,
-    /// LoRA steps of up to 64 rows with the shrinks on a second stream beside the base
-    /// matmuls and the gate|up expand fused with the SiLU (`KernelOptions::lora_overlap`).
+    pub no_moe_down_sum: bool,
+    /// LoRA steps launched one shrink and one expand per fused matmul, in order (turns
+    /// `KernelOptions::lora_overlap` off: no second stream, no expands fused with the SiLU or
+    /// the norms).
     #[arg(long)]
-    pub lora_overlap: bool,
-    /// LoRA steps of 9-64 rows read each adapter's rows once per run of its tokens (tile
-    /// table sorted by slot, tensor-core shrink; `KernelOptions::lora_grouped`).
+    pub no_lora_overlap: bool,
+    /// LoRA steps of 33-64 rows read each adapter's rows once per token (turns
+    /// `KernelOptions::lora_grouped` off).
     #[arg(long)]
-    pub lora_grouped: bool,
+    pub no_lora_grouped: bool,
     /// Host KV tier loads read pinned memory from the scatter kernel, no staging copy
     /// (`KernelOptions::kv_load_direct`).
     #[arg(long)]
@@ -111,9 +112,9 @@ impl KernelFlags {
             mma_decode_split_p: self.mma_decode_split_p,
             moe_tile_one: !self.no_moe_tile_one,
             moe_norm_router: self.moe_norm_router,
-            moe_down_sum: self.moe_down_sum,
-            lora_overlap: self.lora_overlap,
-            lora_grouped: self.lora_grouped,
+            moe_down_sum: !self.no_moe_down_sum,
+            lora_overlap: !self.no_lora_overlap,
+            lora_grouped: !self.no_lora_grouped,
             kv_load_direct: self.kv_load_direct,
             ..KernelOptions::default()
         }

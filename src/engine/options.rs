@@ -95,24 +95,26 @@ pub struct KernelOptions {
     /// MoE steps on one-pair tiles run the experts' down matmul and the sum over a token's
     /// experts in one launch (`kernels/moe.cu` `moe_down_sum_bf16`: a warp per output row
     /// through the token's experts in ascending order; the same bits as the two launches,
-    /// without the per-pair outputs' round trip). Off by default: built for #29's batch-1
-    /// floor, not yet measured on the GPU.
+    /// without the per-pair outputs' round trip). On by default: on the H200 (30B-A3B shape,
+    /// 12 layers) batch 1 1,018 against 1,002 tok/s, batch 2 1,599 against 1,561, batch 8
+    /// 3,140 against 3,136 (BENCHMARKS.md, #29).
     pub moe_down_sum: bool,
     /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
     /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
     /// input (above 8 rows on a second stream beside it), the gate|up expand is one launch
     /// with the SiLU product and the o and down expands one launch each with the add+RMSNorm
     /// after them (`kernels/lora_silu.cu`); the logits are the serial path's bit for bit
-    /// (#23). Off by default: on the H200 +2.6-2.9% at batch 64, -0.5% to +0.7% at batch 8
-    /// (BENCHMARKS.md).
+    /// (#23). On by default: on the H200 +1-4% at batches 8-64 over five runs, at batch 256
+    /// (where it does not apply) within the runs' noise (BENCHMARKS.md).
     pub lora_overlap: bool,
-    /// LoRA steps of 9-64 rows (one-token tiles) read each adapter's rows once per group of
-    /// up to eight of its tokens instead of once per token: the tile table sorted by slot,
-    /// the shrink on tensor cores a group at a time (the input features split into slices of
-    /// at most 1,024, partial sums added in order) and an expand that loads each row of `b`
-    /// once a group (`kernels/lora_grouped.cu`; bf16). The expand's sums are the one-token kernel's;
-    /// the shrink sums in another order (f32). Off by default: built for #23's batch-64 floor,
-    /// not yet measured on the GPU.
+    /// LoRA steps of 33-64 rows (one-token tiles) read each adapter's rows of `a` once per
+    /// group of up to eight of its tokens instead of once per token where that measured
+    /// faster (shrinks over at most 1,024 input features: the 0.6B's qkv and gate|up): the
+    /// tile table sorted by slot, the shrink on tensor cores a group at a time
+    /// (`kernels/lora_grouped.cu`; bf16; the sums in another order than the one-token
+    /// shrink's, f32). On by default: with `lora_overlap` +6% at 0.6B batch 64 on the H200,
+    /// no other row changed (BENCHMARKS.md). The kernel's expand, bit for bit the one-token
+    /// expand, lost in every shape and is left to profiling.
     pub lora_grouped: bool,
     /// The host KV tier's loads read the pinned host slots from the scatter kernel itself
     /// (over PCIe, `kernels/kv_move.cu` `kv_scatter_host`) instead of copying each block into
@@ -147,9 +149,9 @@ impl Default for KernelOptions {
             mma_decode_split_p: false,
             moe_tile_one: true,
             moe_norm_router: false,
-            moe_down_sum: false,
-            lora_overlap: false,
-            lora_grouped: false,
+            moe_down_sum: true,
+            lora_overlap: true,
+            lora_grouped: true,
             kv_load_direct: false,
             event_tracking: false,
         }

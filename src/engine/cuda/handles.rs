@@ -233,6 +233,9 @@ pub(super) struct LoraGrouped {
     pub(super) counters: Tensor,
     /// Slices the shrink is asked to take (0: its rule; profiling).
     pub(super) slices: std::sync::atomic::AtomicUsize,
+    /// Every shrink and expand of a step they serve, not only the shrinks where they measured
+    /// faster (profiling and checks).
+    pub(super) everywhere: std::sync::atomic::AtomicBool,
     _module: Arc<CudaModule>,
 }
 
@@ -253,6 +256,7 @@ impl LoraGrouped {
             ],
             counters: Tensor::zeros(LORA_GROUPED_COUNTERS, DType::U32, dev)?,
             slices: std::sync::atomic::AtomicUsize::new(0),
+            everywhere: std::sync::atomic::AtomicBool::new(false),
             _module: module,
         })
     }

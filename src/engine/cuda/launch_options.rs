@@ -65,7 +65,7 @@ pub struct LaunchOptions {
     /// LoRA steps of one-token tiles with the shrinks on a second stream beside the base
     /// matmuls and the gate|up expand fused with the SiLU (`kernels/lora_silu.cu`).
     pub lora_overlap: bool,
-    /// LoRA steps of 9-64 rows on one-token tiles read a slot's rows once per run of its
+    /// LoRA steps of 33-64 rows on one-token tiles read a slot's rows once per run of its
     /// tokens (`kernels/lora_grouped.cu`; bf16).
     pub lora_grouped: bool,
 }
@@ -91,9 +91,9 @@ impl Default for LaunchOptions {
             mma_decode_split_p: false,
             moe_tile_one: true,
             moe_norm_router: false,
-            moe_down_sum: false,
-            lora_overlap: false,
-            lora_grouped: false,
+            moe_down_sum: true,
+            lora_overlap: true,
+            lora_grouped: true,
         }
     }
 }

@@ -4,8 +4,8 @@
 //! eight, found by each block itself; the shrink runs on tensor cores, a block per 16 rows of
 //! `a`, group and slice of the input features, and the expand loads each row of `b` once a
 //! group, where the one-token kernels of `lora_ops.rs` read a slot's rows once per token. The
-//! forward sorts the tile table by slot (`model::lora_slots::tiles` with `by_slot`) so a
-//! slot's tokens make as few groups as they can; any order is served. The grid has a row of
+//! forward sorts the tile table of the steps they serve by slot (`model::lora_slots::tiles`
+//! with `by_slot`) so a slot's tokens make as few groups as they can; any order is served. The grid has a row of
 //! blocks for every tile (the most groups there can be; a launch's shape must not depend on
 //! the table, which graphs replay): blocks past the last group return at once.
 //!
@@ -23,8 +23,10 @@ use super::kernels::CudaKernels;
 use crate::error::Result;
 
 /// Steps of more rows than this (and at most [`super::LORA_TILE_ONE_MAX`]) take the grouped
-/// kernels; smaller ones are launch-bound and keep the one-token kernels.
-pub const LORA_GROUPED_MIN_ROWS: usize = 8;
+/// kernels; smaller ones keep the one-token kernels, which are faster there (H200, 16 rows:
+/// qkv shrink 2.0 against 2.8 us grouped, gate|up 1.3 against 2.7; at 64 rows the grouped
+/// ones win, see [`shrink_pays`]).
+pub const LORA_GROUPED_MIN_ROWS: usize = 32;
 
 /// Most slices of the input features one grouped shrink splits into (partial sums in the
 /// scratch after `y`; see [`lora_scratch_cols`]).
@@ -41,6 +43,19 @@ const SLICE_QUANTUM: usize = 128;
 
 /// Counters of the split shrink's (rows, group) pairs.
 const COUNTERS: usize = super::handles::LORA_GROUPED_COUNTERS;
+
+/// Whether the grouped shrink of `pr` rows of `a` over `fan_in` input features serves a step
+/// by default: where it won on the H200 (`graph_check --profile 64`, 8 rank-16 adapters, a
+/// slot per row; BENCHMARKS.md), the 0.6B's qkv (48 rows over 1,024 features: 2.9 against 5.5
+/// us one-token) and gate|up (32 rows: 2.8 against 4.0), whole (one slice). It loses where a
+/// projection of 16 rows leaves it a row of blocks per group (o: 4.4 against 2.5, down: 4.1
+/// against 3.0); the 1.7B's qkv won alone (4.6 against 5.9) but not in the step (decode at
+/// batch 64 -0.5%), its gate|up lost (4.5 against 4.2). The grouped expand lost in every shape
+/// (0.6B qkv 4.1 against 3.1, o 2.5 against 1.6): steps keep the one-token expand
+/// ([`CudaKernels::set_lora_grouped_everywhere`] turns both on everywhere).
+fn shrink_pays(pr: usize, fan_in: usize) -> bool {
+    pr >= 32 && fan_in <= SLICE_FEATURES
+}
 
 /// Input features of one block's slice at most, where the features allow: 16 rows of `a` x
 /// 1,024 bf16 = 32 KB a block, two rounds of loads a warp.
@@ -87,11 +102,37 @@ impl CudaKernels {
         }
     }
 
+    /// Profiling and checks: the grouped kernels take every shrink and expand of the steps
+    /// they serve (`true`), not only the shrinks where they measured faster (`false`, the
+    /// default). Nothing without the grouped kernels.
+    pub fn set_lora_grouped_everywhere(&self, everywhere: bool) {
+        if let Some(g) = &self.lora_grouped {
+            g.everywhere
+                .store(everywhere, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the grouped expand serves a step of `rows` rows with `ntiles` tiles (only
+    /// with [`CudaKernels::set_lora_grouped_everywhere`]).
+    pub fn lora_grouped_expands(&self, rows: usize, ntiles: usize) -> bool {
+        self.lora_grouped_serves(rows, ntiles)
+            && self
+                .lora_grouped
+                .as_ref()
+                .is_some_and(|g| g.everywhere.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// Whether the grouped kernels serve a step of `rows` rows on one-token tiles with a tile
-    /// table of `ntiles` entries (padding included): with the option, 9-64 rows, at most 64
+    /// table of `ntiles` entries (padding included): with the option, 33-64 rows, at most 64
     /// tiles (bf16 adapters of rank up to 64 for the expand).
     pub fn lora_grouped_serves(&self, rows: usize, ntiles: usize) -> bool {
         self.grouped_for(rows, 1).is_some() && ntiles <= MAX_TILES
+    }
+
+    /// Whether a step of `rows` rows gets its tile table sorted by slot: the grouped kernels
+    /// serve it (other steps keep the table in row order, as without the option).
+    pub fn lora_grouped_sorts(&self, rows: usize) -> bool {
+        self.grouped_for(rows, super::lora_tile(rows)).is_some()
     }
 
     /// The grouped kernels, when they serve a step of `t` rows on `tile`-token tiles.
@@ -119,7 +160,9 @@ impl CudaKernels {
         let ntiles = tiles.elem_count() / 3;
         let mtiles = pr.div_ceil(16);
         let room = (y.elem_count() / (t * pr).max(1)).saturating_sub(1);
-        let fits = fan_in.is_multiple_of(SLICE_QUANTUM)
+        let everywhere = g.everywhere.load(std::sync::atomic::Ordering::Relaxed);
+        let fits = (everywhere || shrink_pays(pr, fan_in))
+            && fan_in.is_multiple_of(SLICE_QUANTUM)
             && ntiles <= MAX_TILES
             && mtiles * ntiles <= COUNTERS
             && pr > 0;
@@ -163,7 +206,8 @@ impl CudaKernels {
             return Ok(false);
         };
         let ntiles = tiles.elem_count() / 3;
-        if r > GROUPED_MAX_RANK || ntiles > MAX_TILES {
+        let everywhere = g.everywhere.load(std::sync::atomic::Ordering::Relaxed);
+        if !everywhere || r > GROUPED_MAX_RANK || ntiles > MAX_TILES {
             return Ok(false);
         }
         let (pb, ps, py, po) = (self.ptr(b)?, self.ptr(tiles)?, self.ptr(y)?, self.ptr(out)?);
@@ -204,6 +248,15 @@ mod tests {
         assert_eq!(slices_for(1024, 16, Some(3)), 1);
         assert_eq!(slices_for(1024, 16, Some(16)), 1);
         assert_eq!(slices_for(6144, 4, Some(16)), 4);
+    }
+
+    #[test]
+    fn the_shrink_is_grouped_where_it_measured_faster() {
+        // 0.6B: qkv (48 rows) and gate|up (32) over 1,024 features; not o or down (16 rows).
+        assert!(shrink_pays(48, 1024) && shrink_pays(32, 1024));
+        assert!(!shrink_pays(16, 2048) && !shrink_pays(16, 3072));
+        // 1.7B (2,048 features): neither qkv nor gate|up.
+        assert!(!shrink_pays(48, 2048) && !shrink_pays(32, 2048));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! token on an adapter, `b[slot] · (a[slot] · x)` — shrink into an f32 scratch, then expand
 //! into the output in place, both by tiles of up to [`LORA_TILE`] consecutive tokens on one
 //! slot (each block reads its adapter rows once per tile). With `LaunchOptions::lora_grouped`
-//! steps of 9-64 rows take the grouped kernels instead (`lora_grouped_ops.rs`).
+//! steps of 33-64 rows take the grouped kernels instead (`lora_grouped_ops.rs`).
 
 use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::{CudaStream, LaunchConfig};

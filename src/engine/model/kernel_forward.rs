@@ -127,7 +127,7 @@ impl KernelForward<'_> {
         let lora = m.lora.is_some() && seqs.iter().any(|s| s.adapter.is_some());
         let lora_tiles = if lora {
             let tile = crate::engine::cuda::lora_tile(t);
-            super::lora_slots::tiles(seqs, tile, k.lora_grouped())
+            super::lora_slots::tiles(seqs, tile, k.lora_grouped_sorts(t))
         } else {
             Vec::new()
         };

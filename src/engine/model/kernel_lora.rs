@@ -9,10 +9,10 @@
 //! ([`KernelForward::lora_norm_into`]): four LoRA launches a layer instead of eight plus the
 //! SiLU, with the same rounding (the logits equal the serial path's bit for bit).
 //!
-//! With `KernelOptions::lora_grouped`, steps of 9-64 rows take the grouped kernels for their
-//! shrinks and expands (`CudaKernels::lora_shrink_into` / `lora_expand_into` choose them; the
-//! tiles come sorted by slot), on either path; the overlap's gate|up delta then takes the
-//! grouped expand and the SiLU apart.
+//! With `KernelOptions::lora_grouped`, steps of 33-64 rows take the grouped shrink where it
+//! measured faster (`CudaKernels::lora_shrink_into` chooses it; the tiles come sorted by
+//! slot), on either path; the grouped expand only where the kernels are told to use them
+//! everywhere (profiling), and then the overlap's gate|up delta takes it and the SiLU apart.
 //!
 //! Invariant: a step without a row on an adapter never comes here (its launches are those
 //! of an engine without adapters, graphs included).
@@ -41,9 +41,9 @@ pub(crate) struct LoraStep<'a> {
     overlap: bool,
     /// Its shrinks on the second stream.
     side: bool,
-    /// The grouped kernels serve the step (`KernelOptions::lora_grouped`, 9-64 rows): the
-    /// overlap's gate|up delta then takes the grouped expand and the SiLU apart, not the
-    /// fused one-token expand+SiLU.
+    /// The grouped expand serves the step (`KernelOptions::lora_grouped`, 33-64 rows, and
+    /// `CudaKernels::set_lora_grouped_everywhere`): the overlap's gate|up delta then takes the
+    /// grouped expand and the SiLU apart, not the fused one-token expand+SiLU.
     grouped: bool,
 }
 
@@ -74,7 +74,7 @@ impl<'m> KernelForward<'m> {
             && self.model.layers.iter().all(|l| l.ffn.dense().is_some())
             && self.kernels.lora_overlap()
             && slots.rank() <= crate::engine::cuda::LORA_OVERLAP_MAX_RANK;
-        let grouped = self.kernels.lora_grouped_serves(t, tiles.elem_count() / 3);
+        let grouped = self.kernels.lora_grouped_expands(t, tiles.elem_count() / 3);
         Ok(Some(LoraStep {
             slots,
             tiles: tiles.clone(),

@@ -461,7 +461,10 @@ impl DecodeGraphs {
         rows.resize(b, padding());
         self.upload(b, &rows, width)?;
         if lora {
-            let by_slot = model.kernels.as_ref().is_some_and(|k| k.lora_grouped());
+            let by_slot = model
+                .kernels
+                .as_ref()
+                .is_some_and(|k| k.lora_grouped_sorts(b));
             let tile = crate::engine::cuda::lora_tile(b);
             let mut tiles = crate::engine::model::lora_slots::tiles(seqs, tile, by_slot);
             tiles.resize(3 * b, 0);
