@@ -25,7 +25,7 @@ use crate::error::Result;
 /// Steps of more rows than this (and at most [`super::LORA_TILE_ONE_MAX`]) take the grouped
 /// kernels; smaller ones keep the one-token kernels, which are faster there (H200, 16 rows:
 /// qkv shrink 2.0 against 2.8 us grouped, gate|up 1.3 against 2.7; at 64 rows the grouped
-/// ones win, see [`shrink_pays`]).
+/// ones win where a projection has 32-48 rows of `a` over at most 1,024 features).
 pub const LORA_GROUPED_MIN_ROWS: usize = 32;
 
 /// Most slices of the input features one grouped shrink splits into (partial sums in the
