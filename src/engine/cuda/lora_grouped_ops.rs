@@ -5,9 +5,12 @@
 //! `a`, group and slice of the input features, and the expand loads each row of `b` once a
 //! group, where the one-token kernels of `lora_ops.rs` read a slot's rows once per token. The
 //! forward sorts the tile table of the steps they serve by slot (`model::lora_slots::tiles`
-//! with `by_slot`) so a slot's tokens make as few groups as they can; any order is served. The grid has a row of
-//! blocks for every tile (the most groups there can be; a launch's shape must not depend on
-//! the table, which graphs replay): blocks past the last group return at once.
+//! with `by_slot`) so a slot's tokens make as few groups as they can; any order is served.
+//! The grid has a row of blocks for every tile (the most groups there can be; a launch's shape
+//! must not depend on the table, which graphs replay): blocks past the last group return at
+//! once. By default only the shrinks over at most 1,024 input features take them (see
+//! `shrink_pays`); `CudaKernels::set_lora_grouped_everywhere` gives them every shrink and
+//! expand (profiling, checks).
 //!
 //! Invariant: the grouped kernels write the same `y` (`[T, P * r]` f32, as the shrink of
 //! `lora_ops.rs` writes it; the partial sums of a split shrink lie after it in the same
