@@ -260,4 +260,9 @@ impl LoraGrouped {
             _module: module,
         })
     }
+
+    /// Whether the kernels take every shrink and expand of the steps they serve.
+    pub(super) fn everywhere(&self) -> bool {
+        self.everywhere.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }

@@ -119,10 +119,7 @@ impl CudaKernels {
     /// with [`CudaKernels::set_lora_grouped_everywhere`]).
     pub fn lora_grouped_expands(&self, rows: usize, ntiles: usize) -> bool {
         self.lora_grouped_serves(rows, ntiles)
-            && self
-                .lora_grouped
-                .as_ref()
-                .is_some_and(|g| g.everywhere.load(std::sync::atomic::Ordering::Relaxed))
+            && self.lora_grouped.as_ref().is_some_and(|g| g.everywhere())
     }
 
     /// Whether the grouped kernels serve a step of `rows` rows on one-token tiles with a tile
@@ -163,8 +160,7 @@ impl CudaKernels {
         let ntiles = tiles.elem_count() / 3;
         let mtiles = pr.div_ceil(16);
         let room = (y.elem_count() / (t * pr).max(1)).saturating_sub(1);
-        let everywhere = g.everywhere.load(std::sync::atomic::Ordering::Relaxed);
-        let fits = (everywhere || shrink_pays(pr, fan_in))
+        let fits = (g.everywhere() || shrink_pays(pr, fan_in))
             && fan_in.is_multiple_of(SLICE_QUANTUM)
             && ntiles <= MAX_TILES
             && mtiles * ntiles <= COUNTERS
@@ -209,8 +205,7 @@ impl CudaKernels {
             return Ok(false);
         };
         let ntiles = tiles.elem_count() / 3;
-        let everywhere = g.everywhere.load(std::sync::atomic::Ordering::Relaxed);
-        if !everywhere || r > GROUPED_MAX_RANK || ntiles > MAX_TILES {
+        if !g.everywhere() || r > GROUPED_MAX_RANK || ntiles > MAX_TILES {
             return Ok(false);
         }
         let (pb, ps, py, po) = (self.ptr(b)?, self.ptr(tiles)?, self.ptr(y)?, self.ptr(out)?);

@@ -126,8 +126,7 @@ impl KernelForward<'_> {
         let lora_at = packed.len();
         let lora = m.lora.is_some() && seqs.iter().any(|s| s.adapter.is_some());
         let lora_tiles = if lora {
-            let tile = crate::engine::cuda::lora_tile(t);
-            super::lora_slots::tiles(seqs, tile, k.lora_grouped_sorts(t))
+            super::lora_slots::kernel_tiles(seqs, t, Some(k))
         } else {
             Vec::new()
         };

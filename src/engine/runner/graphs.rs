@@ -461,12 +461,8 @@ impl DecodeGraphs {
         rows.resize(b, padding());
         self.upload(b, &rows, width)?;
         if lora {
-            let by_slot = model
-                .kernels
-                .as_ref()
-                .is_some_and(|k| k.lora_grouped_sorts(b));
-            let tile = crate::engine::cuda::lora_tile(b);
-            let mut tiles = crate::engine::model::lora_slots::tiles(seqs, tile, by_slot);
+            let k = model.kernels.as_ref();
+            let mut tiles = crate::engine::model::lora_slots::kernel_tiles(seqs, b, k);
             tiles.resize(3 * b, 0);
             self.upload_lora(&tiles)?;
         }
