@@ -21,6 +21,7 @@
 //    is and res_out is not written.
 //  * wnorm_gemv_t{T}_bf16, wnorm_gemv_silu_t{T}_bf16: the norm kernels with the per-warp norm
 //    (WarpNorm: no shared memory, no block barrier; warp 0 of block 0 writes res_out).
+//  * sgemv_*, snorm_gemv_* (T = 1, 2): the first four on streamed rows (below), bit for bit.
 //  * mma_*_t{T}_bf16 (T = 3..8): the same four on tensor cores (below), where CUDA-core FMAs
 //    would bound the step (8 rows x 8 products per 16 weight bytes).
 //
@@ -375,6 +376,169 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
   }
 }
 
+// ---- Streamed rows (LaunchOptions::gemv_stream) -------------------------------------------
+//
+// gemv_kernel's products, bit for bit, on a grid sized to the GPU instead of to the rows: warp
+// gw of the G in the grid takes rows gw, gw + G, ..., and a lane's weight loads run as one
+// stream over its rows' chunks (a row's chunks lane, lane + 32, ..., as gemv_kernel sums them):
+// BATCH loads stay in flight, each slot refilled with the load BATCH chunks ahead as soon as its
+// chunk is converted, across rows. So the loads issued before the wait cover
+// BATCH / ceil(K / 256) rows of each warp (all of a 1,024-wide matrix at two rows a warp), and a
+// row longer than BATCH chunks a lane never waits for a whole batch. The norm kernels load the
+// norm weights into registers before the wait as well (K <= NW_REGS * 256).
+
+constexpr int NW_REGS = 16;  // norm weights a thread holds
+
+// norm_rows with the norm weights already in registers (wk[e] = w[threadIdx.x + 256 e], kept
+// as bf16): the same sums in the same order.
+template <int T>
+__device__ void norm_rows_pre(const __nv_bfloat16* __restrict__ res,
+                              const __nv_bfloat16* __restrict__ delta,
+                              __nv_bfloat16* __restrict__ res_out, const __nv_bfloat16 (&wk)[NW_REGS],
+                              float eps, int add, int K, __nv_bfloat16* x_s) {
+  __shared__ float ss[WARPS][T];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float part[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) part[t] = 0.f;
+#pragma unroll
+  for (int e = 0; e < NW_REGS; ++e) {
+    const int k = threadIdx.x + e * WARPS * 32;
+    if (k < K) {
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        float v = __bfloat162float(res[(size_t)t * K + k]);
+        if (add) v = __bfloat162float(__float2bfloat16(v + __bfloat162float(delta[(size_t)t * K + k])));
+        x_s[t * K + k] = __float2bfloat16(v);
+        part[t] += v * v;
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    float s = warp_sum(part[t]);
+    if (lane == 0) ss[warp][t] = s;
+  }
+  __syncthreads();
+  float inv[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    float tot = 0.f;
+#pragma unroll
+    for (int i = 0; i < WARPS; ++i) tot += ss[i][t];
+    inv[t] = rsqrtf(tot / K + eps);
+  }
+#pragma unroll
+  for (int e = 0; e < NW_REGS; ++e) {
+    const int k = threadIdx.x + e * WARPS * 32;
+    if (k < K) {
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const __nv_bfloat16 r = x_s[t * K + k];
+        if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = r;
+        x_s[t * K + k] = __float2bfloat16(__bfloat162float(r) * inv[t] * __bfloat162float(wk[e]));
+      }
+    }
+  }
+  __syncthreads();
+}
+
+template <int T, int NR, bool NORM>
+__device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W,
+                                             const __nv_bfloat16* x,
+                                             const __nv_bfloat16* __restrict__ delta,
+                                             __nv_bfloat16* __restrict__ res_out,
+                                             const __nv_bfloat16* __restrict__ nw, float eps,
+                                             int add, __nv_bfloat16* __restrict__ out, int N,
+                                             int K, __nv_bfloat16* x_s, const void* pf,
+                                             unsigned long long pf_bytes) {
+  pdl_trigger();
+  l2_prefetch_share(pf, pf_bytes);
+  const int lane = threadIdx.x % 32;
+  const int G = gridDim.x * WARPS;
+  const int gw = blockIdx.x * WARPS + threadIdx.x / 32;
+  const int chunks = K / 8;
+  const int P = (chunks + 31) / 32;                  // chunks of a row per lane (padded)
+  const int R = gw < N ? (N - 1 - gw) / G + 1 : 0;   // rows of this warp
+  const int total = R * P;
+  // The next slot to load: this warp's row lr (gw + lr * G), chunk lane + 32 * lp.
+  int lr = 0, lp = 0;
+  uint4 w[NR][BATCH];
+#pragma unroll
+  for (int i = 0; i < BATCH; ++i) {
+    if (lr < R) {
+      const int c = lane + 32 * lp;
+      const size_t row = (size_t)gw + (size_t)lr * G;
+#pragma unroll
+      for (int r = 0; r < NR; ++r)
+        w[r][i] = c < chunks ? ld_stream(W + (row + (size_t)r * N) * K + c * 8) : make_uint4(0, 0, 0, 0);
+      if (++lp == P) { lp = 0; ++lr; }
+    }
+  }
+  __nv_bfloat16 wk[NW_REGS];
+  if (NORM) {
+#pragma unroll
+    for (int e = 0; e < NW_REGS; ++e) {
+      const int k = threadIdx.x + e * WARPS * 32;
+      wk[e] = k < K ? nw[k] : __float2bfloat16(0.f);
+    }
+  }
+  pdl_wait();
+  if (NORM) {
+    norm_rows_pre<T>(x, delta, res_out, wk, eps, add, K, x_s);
+    x = x_s;
+  }
+  float acc[NR][T];
+#pragma unroll
+  for (int r = 0; r < NR; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
+  const PlainX xs{x, K};
+  int cr = 0, cp = 0;  // the slot being summed: row cr, chunk lane + 32 * cp
+  for (int base = 0; base < total; base += BATCH) {
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i) {
+      if (base + i >= total) break;
+      float wf[NR][8];
+#pragma unroll
+      for (int r = 0; r < NR; ++r) bf16x8_to_f32(w[r][i], wf[r]);
+      if (lr < R) {  // refill the slot BATCH chunks ahead
+        const int c = lane + 32 * lp;
+        const size_t row = (size_t)gw + (size_t)lr * G;
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+          w[r][i] = c < chunks ? ld_stream(W + (row + (size_t)r * N) * K + c * 8) : make_uint4(0, 0, 0, 0);
+        if (++lp == P) { lp = 0; ++lr; }
+      }
+      const int c = lane + 32 * cp;
+      if (c < chunks) {
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+          float xf[8];
+          bf16x8_to_f32(xs.chunk(t, c), xf);
+#pragma unroll
+          for (int r = 0; r < NR; ++r)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[r][t] = fmaf(wf[r][j], xf[j], acc[r][t]);
+        }
+      }
+      if (++cp == P) {  // the row's last chunk: reduce, store, next row
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+#pragma unroll
+          for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
+        store_rows<T, NR>(acc, out, N, gw + cr * G, lane);
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+#pragma unroll
+          for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
+        cp = 0;
+        ++cr;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 #define MMA_GEMV(T)                                                                          \
@@ -453,8 +617,40 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
                          pf_bytes);                                                          \
   }
 
+#define SGEMV(T)                                                                             \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) sgemv_t##T##_bf16(                \
+      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
+      const void* pf, unsigned long long pf_bytes) {                                         \
+    sgemv_kernel<T, 1, false>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K, nullptr,   \
+                              pf, pf_bytes);                                                 \
+  }                                                                                          \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) sgemv_silu_t##T##_bf16(           \
+      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int I, int K,      \
+      const void* pf, unsigned long long pf_bytes) {                                         \
+    sgemv_kernel<T, 2, false>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, I, K, nullptr,   \
+                              pf, pf_bytes);                                                 \
+  }                                                                                          \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) snorm_gemv_t##T##_bf16(           \
+      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
+      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
+      __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
+    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
+    sgemv_kernel<T, 1, true>(W, res, delta, res_out, nw, eps, add, out, N, K, x_s, pf,       \
+                             pf_bytes);                                                      \
+  }                                                                                          \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) snorm_gemv_silu_t##T##_bf16(      \
+      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
+      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
+      __nv_bfloat16* out, int I, int K, const void* pf, unsigned long long pf_bytes) {       \
+    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
+    sgemv_kernel<T, 2, true>(W, res, delta, res_out, nw, eps, add, out, I, K, x_s, pf,       \
+                             pf_bytes);                                                      \
+  }
+
 GEMV(1)
 GEMV(2)
+SGEMV(1)
+SGEMV(2)
 WNORM_GEMV(1)
 WNORM_GEMV(2)
 MMA_GEMV(3)

@@ -295,6 +295,7 @@ fn main() -> Res<()> {
         let kopts = a.kernels.options();
         let ours = policy_serve::engine::cuda::LaunchOptions {
             gemv_mma: kopts.gemv_mma,
+            gemv_stream: kopts.gemv_stream,
             l2_prefetch: kopts.l2_prefetch,
             warp_norm: kopts.warp_norm,
             ..Default::default()

@@ -1,7 +1,8 @@
 //! The skinny matmuls of decode steps (`kernels/gemv.cu`): CUDA-core kernels for 1-2 rows and
 //! tensor-core kernels for 3-8, plain, with SiLU*up, and behind the fused add+RMSNorm, with
 //! the L2 prefetch of a next weight on, against f32 math on the same bf16 inputs. Shapes of
-//! Qwen3-0.6B/1.7B layers plus ragged ones (output rows not a multiple of a block's 16).
+//! Qwen3-0.6B/1.7B layers plus ragged ones (output rows not a multiple of a block's 16); the
+//! streamed-rows kernels against the default ones, bit for bit.
 
 use super::*;
 
@@ -15,6 +16,104 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         };
         let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
         check_with(&k, if warp_norm { " (warp norm)" } else { "" }, dev, t)?;
+    }
+    let plain =
+        CudaKernels::new(dev, DType::BF16, &LaunchOptions::default())?.ok_or("no kernels")?;
+    for blocks in [1u8, 2] {
+        let opts = LaunchOptions {
+            gemv_stream: Some(blocks),
+            ..LaunchOptions::default()
+        };
+        let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
+        stream_bits(
+            &plain,
+            &k,
+            &format!(" (streamed, {blocks} blocks an SM)"),
+            dev,
+            t,
+        )?;
+    }
+    Ok(())
+}
+
+/// The streamed-rows kernels (`LaunchOptions::gemv_stream`) against the default ones, bit for
+/// bit (tolerance 0), on 1-2 rows: plain, SiLU*up and behind the fused norm (with the
+/// residual sum), over shapes where a warp takes one row, several, or none, with rows of
+/// fewer chunks than a lane's loads in flight and of more.
+fn stream_bits(
+    plain: &CudaKernels,
+    k: &CudaKernels,
+    tag: &str,
+    dev: &Device,
+    t: &mut Table,
+) -> Res<()> {
+    let dt = DType::BF16;
+    let diff = |a: &Tensor, b: &Tensor| -> Res<f32> {
+        let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
+        Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
+    };
+    let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
+    for rows in 1..=2usize {
+        for &(n, kk) in &[
+            (4096usize, 1024usize),
+            (1024, 2048),
+            (1000, 96),
+            (2048, 6144),
+            (12288, 2048),
+            (6144, 1024),
+        ] {
+            let x = randn(&[rows, kk], dt, dev)?;
+            let w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;
+            let (o1, o2) = (zeros(rows, n)?, zeros(rows, n)?);
+            plain.linear_into(&x, &w, &o1)?;
+            k.linear_into(&x, &w, &o2)?;
+            t.check(
+                format!("gemv rows {rows} n {n} k {kk}{tag}"),
+                diff(&o1, &o2)?,
+                0.0,
+            );
+            let i = n / 2;
+            let (a1, a2, gu) = (zeros(rows, i)?, zeros(rows, i)?, zeros(rows, n)?);
+            plain.gate_up_silu_into(&x, &w, &gu, &a1)?;
+            k.gate_up_silu_into(&x, &w, &gu, &a2)?;
+            t.check(
+                format!("gemv_silu rows {rows} I {i} k {kk}{tag}"),
+                diff(&a1, &a2)?,
+                0.0,
+            );
+            let res = randn(&[rows, kk], dt, dev)?;
+            let delta = randn(&[rows, kk], dt, dev)?;
+            let nw = randn(&[kk], dt, dev)?.affine(0.1, 1.0)?.to_dtype(dt)?;
+            let h = zeros(rows, kk)?;
+            for silu in [false, true] {
+                let mut outs = Vec::new();
+                for kern in [plain, k] {
+                    let res_out = zeros(rows, kk)?;
+                    let (out, act) = (zeros(rows, n)?, zeros(rows, i)?);
+                    kern.norm_linear_into(
+                        (&res, Some(&delta), &res_out),
+                        (&nw, 1e-6),
+                        &h,
+                        &w,
+                        &out,
+                        silu.then_some((&gu, &act)),
+                        None,
+                    )?;
+                    outs.push((if silu { act } else { out }, res_out));
+                }
+                let name = if silu { "norm_gemv_silu" } else { "norm_gemv" };
+                t.check(
+                    format!("{name} rows {rows} n {n} k {kk}{tag}"),
+                    diff(&outs[0].0, &outs[1].0)?,
+                    0.0,
+                );
+                t.check(
+                    format!("{name} rows {rows} k {kk} residual sum{tag}"),
+                    diff(&outs[0].1, &outs[1].1)?,
+                    0.0,
+                );
+            }
+        }
     }
     Ok(())
 }

@@ -67,6 +67,10 @@ struct Args {
     /// for a mixture-of-experts model, which serves no LoRA adapters.
     #[arg(long)]
     model_only: bool,
+    /// Only the skinny-matmul checks (every variant; the streamed rows against the default
+    /// kernels bit for bit), then the model-level checks and greedy tokens (bf16).
+    #[arg(long)]
+    gemv_only: bool,
     /// The kernel switches of the model-level checks (`--gemv-mma`, `--l2-prefetch`, ...).
     #[command(flatten)]
     kernels: policy_serve::engine::KernelFlags,
@@ -156,6 +160,12 @@ fn main() -> Res<()> {
         for dt in [DType::BF16, DType::F32] {
             model_checks(&a, &dev, dt, &mut t)?;
         }
+        greedy_check(&a, &mut t)?;
+        return report(t);
+    }
+    if a.gemv_only {
+        gemv::checks(&dev, &mut t)?;
+        model_checks(&a, &dev, DType::BF16, &mut t)?;
         greedy_check(&a, &mut t)?;
         return report(t);
     }

@@ -24,6 +24,13 @@ pub struct KernelOptions {
     /// rows (bf16, with `gemv`; off: cuBLAS and separate norm and SiLU kernels). Off by
     /// default: no faster than cuBLAS on the H200 (BENCHMARKS.md, #21).
     pub gemv_mma: bool,
+    /// The 1-2-row skinny matmuls on streamed rows (`kernels/gemv.cu` `sgemv_*`): a grid of
+    /// this many blocks per SM (1..=8) instead of a block per eight output rows, each warp
+    /// taking every G-th row with its weight loads kept in flight across rows (the loads
+    /// issued before the wait on the kernel before cover several rows a warp), and the fused
+    /// norms' weights loaded before that wait; the same sums in the same order (bit for bit).
+    /// None (the default): built for #21's batch-1 step, not yet measured on the GPU.
+    pub gemv_stream: Option<u8>,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
     pub l2_prefetch: bool,
@@ -99,6 +106,11 @@ pub struct KernelOptions {
     /// 12 layers) batch 1 1,018 against 1,002 tok/s, batch 2 1,599 against 1,561, batch 8
     /// 3,140 against 3,136 (BENCHMARKS.md, #29).
     pub moe_down_sum: bool,
+    /// MoE steps on one-pair tiles read each gate|up row pair with eight loads a lane in
+    /// flight instead of four (`kernels/moe.cu` `moe_gate_up_t1w_bf16`: a row of 2,048 inputs
+    /// in one round of loads; the same sums in the same order). Off by default: built for
+    /// #29's batch-1 step, not yet measured on the GPU.
+    pub moe_wide_gate_up: bool,
     /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
     /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
     /// input (above 8 rows on a second stream beside it), the gate|up expand is one launch
@@ -118,9 +130,9 @@ pub struct KernelOptions {
     pub lora_grouped: bool,
     /// The host KV tier's loads read the pinned host slots from the scatter kernel itself
     /// (over PCIe, `kernels/kv_move.cu` `kv_scatter_host`) instead of copying each block into
-    /// a device staging buffer first (one `cuMemcpyHtoDAsync` a block, ~27 GB/s measured on
-    /// the H200 against the link's ~55). Off by default: built for #25's host resume at 32k
-    /// tokens, not yet measured on the GPU.
+    /// a device staging buffer first (one `cuMemcpyHtoDAsync` a block). Off by default: no
+    /// faster on the H200 (a 32k-token host resume 155.2 against 156.1 ms; both move the
+    /// 3.76 GB at the ~25 GB/s the host link gives; BENCHMARKS.md, #25).
     pub kv_load_direct: bool,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
     /// stream, where the events only cost time).
@@ -133,6 +145,7 @@ impl Default for KernelOptions {
             kernels: true,
             gemv: true,
             gemv_mma: false,
+            gemv_stream: None,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
@@ -150,6 +163,7 @@ impl Default for KernelOptions {
             moe_tile_one: true,
             moe_norm_router: false,
             moe_down_sum: true,
+            moe_wide_gate_up: false,
             lora_overlap: true,
             lora_grouped: true,
             kv_load_direct: false,

@@ -9,13 +9,14 @@
 //! once, so a matmul inside graph capture allocates nothing.
 
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::cublas::{result as blas, sys};
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, LaunchConfig};
 use candle_core::{DType, Tensor};
 
-use super::kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS};
+use super::kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, LaunchOptions};
 use super::launch::kernel_err;
 use crate::error::Result;
 
@@ -31,6 +32,61 @@ struct Gemv<'a> {
     rows_per_block: usize,
     /// Whether its norm variant holds the normed rows in shared memory (T * K bf16).
     norm_smem: bool,
+    /// The most blocks its grid takes (streamed rows: each warp takes every G-th row).
+    max_blocks: Option<usize>,
+}
+
+impl Gemv<'_> {
+    /// The blocks of a launch over `n` output rows (or gate/up pairs).
+    fn blocks(&self, n: usize) -> u32 {
+        let b = n.div_ceil(self.rows_per_block);
+        self.max_blocks.map_or(b, |m| b.min(m)) as u32
+    }
+}
+
+/// Widest input (K) of the streamed-rows norm kernels: the norm weights a thread holds in
+/// registers (`NW_REGS` of `kernels/gemv.cu`) times a block's 256 threads.
+const STREAM_NORM_MAX_K: usize = 16 * 32 * GEMV_WARPS;
+
+/// The skinny-matmul kernels of 1..=[`GEMV_MAX_ROWS`] rows an engine launches (`kernels/gemv.cu`)
+/// and how their grids are sized.
+pub(crate) struct GemvSet {
+    /// Plain, fused with SiLU*up, and both behind the fused add+RMSNorm, a function per row
+    /// count.
+    fs: [Vec<CudaFunction>; 4],
+    /// Whether the norm kernels hold the normed rows in shared memory (off: the per-warp norm).
+    norm_smem: bool,
+    /// Streamed rows (`LaunchOptions::gemv_stream`): at most this many blocks a launch.
+    max_blocks: Option<usize>,
+}
+
+impl GemvSet {
+    /// The functions `opts` asks for from the loaded `gemv` module, for a GPU of `sms` SMs.
+    pub(super) fn load(m: &Arc<CudaModule>, opts: &LaunchOptions, sms: usize) -> Result<Self> {
+        // The per-warp norm has no streamed-rows kernels.
+        let stream = opts.gemv_stream.filter(|_| !opts.warp_norm);
+        let s = if stream.is_some() { "s" } else { "" };
+        let norm = if opts.warp_norm { "wnorm" } else { "norm" };
+        let all = |kind: String| -> Result<Vec<CudaFunction>> {
+            (1..=GEMV_MAX_ROWS)
+                .map(|t| {
+                    let name = format!("{kind}_t{t}_bf16");
+                    m.load_function(&name)
+                        .map_err(|e| kernel_err(&format!("function {name}"), e))
+                })
+                .collect()
+        };
+        Ok(Self {
+            fs: [
+                all(format!("{s}gemv"))?,
+                all(format!("{s}gemv_silu"))?,
+                all(format!("{s}{norm}_gemv"))?,
+                all(format!("{s}{norm}_gemv_silu"))?,
+            ],
+            norm_smem: !opts.warp_norm,
+            max_blocks: stream.map(|b| sms * usize::from(b)),
+        })
+    }
 }
 
 /// Widest weight (output rows) the skinny-matmul kernels take.
@@ -198,7 +254,7 @@ impl CudaKernels {
         let (n32, k32, eps32) = (n as i32, k as i32, eps as f32);
         let (ppf, pf_bytes) = self.prefetch_of(next)?;
         let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(g.rows_per_block) as u32, 1, 1),
+            grid_dim: (g.blocks(n), 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: if g.norm_smem { (t * k * 2) as u32 } else { 0 },
         };
@@ -224,11 +280,16 @@ impl CudaKernels {
             return None;
         }
         if t <= GEMV_MAX_ROWS {
-            let fs = self.gemv.as_ref()?;
+            let set = self.gemv.as_ref()?;
+            // The streamed norm kernels hold the norm weights of K <= STREAM_NORM_MAX_K.
+            if kind >= 2 && set.max_blocks.is_some() && k > STREAM_NORM_MAX_K {
+                return None;
+            }
             return Some(Gemv {
-                f: &fs[kind][t - 1],
+                f: &set.fs[kind][t - 1],
                 rows_per_block: GEMV_WARPS,
-                norm_smem: !self.warp_norm,
+                norm_smem: set.norm_smem,
+                max_blocks: set.max_blocks,
             });
         }
         let fs = self.gemv_mma.as_ref()?;
@@ -236,6 +297,7 @@ impl CudaKernels {
             f: &fs[kind][t - GEMV_MAX_ROWS - 1],
             rows_per_block: GEMV_MMA_ROWS,
             norm_smem: true,
+            max_blocks: None,
         })
     }
 
@@ -263,7 +325,7 @@ impl CudaKernels {
         let (n32, k32) = (n as i32, k as i32);
         let (ppf, pf_bytes) = self.prefetch_of(next)?;
         let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(g.rows_per_block) as u32, 1, 1),
+            grid_dim: (g.blocks(n), 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: 0,
         };

@@ -114,9 +114,9 @@ pub struct CudaKernels {
     pub(super) prefill_merge: Option<[CudaFunction; 4]>,
     /// Streaming multiprocessors of the GPU.
     pub(super) sms: usize,
-    /// Skinny matmuls for 1..=GEMV_MAX_ROWS rows: plain, fused with SiLU*up, and both
-    /// behind a fused add+RMSNorm (bf16 only; None without `LaunchOptions::gemv`).
-    pub(super) gemv: Option<[Vec<CudaFunction>; 4]>,
+    /// Skinny matmuls for 1..=GEMV_MAX_ROWS rows (bf16 only; None without
+    /// `LaunchOptions::gemv`).
+    pub(super) gemv: Option<super::gemm::GemvSet>,
     /// The same four on tensor cores for `GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS` rows (None
     /// without `LaunchOptions::gemv_mma`).
     pub(super) gemv_mma: Option<[Vec<CudaFunction>; 4]>,
@@ -124,9 +124,6 @@ pub struct CudaKernels {
     pub(super) l2_prefetch: bool,
     /// Whether whole-vocabulary draws run on the device (`LaunchOptions::sample_full`).
     sample_full_on: bool,
-    /// Whether the 1-2-row norm kernels in `gemv` are the per-warp-norm ones (no shared
-    /// memory).
-    pub(super) warp_norm: bool,
     pub(crate) blas: Blas,
     /// Fused decode attention merges in thread-block clusters (sm_90+ with
     /// `LaunchOptions::clusters`; see [`CudaKernels::decode_cluster`]).
@@ -367,6 +364,7 @@ impl CudaKernels {
                     opts.moe_tile_one,
                     opts.moe_norm_router && dtype == DType::BF16,
                     opts.moe_down_sum && dtype == DType::BF16,
+                    opts.moe_wide_gate_up,
                 ),
                 |m, name| f(m, name),
             )?,
@@ -412,22 +410,10 @@ impl CudaKernels {
                 None
             },
             gemv: if dtype == DType::BF16 && opts.gemv {
-                let all = |kind: &str| -> Result<Vec<CudaFunction>> {
-                    (1..=GEMV_MAX_ROWS)
-                        .map(|t| f(&gemv_mod, &format!("{kind}_t{t}_bf16")))
-                        .collect()
-                };
-                let norm = if opts.warp_norm { "wnorm" } else { "norm" };
-                Some([
-                    all("gemv")?,
-                    all("gemv_silu")?,
-                    all(&format!("{norm}_gemv"))?,
-                    all(&format!("{norm}_gemv_silu"))?,
-                ])
+                Some(super::gemm::GemvSet::load(&gemv_mod, opts, sms)?)
             } else {
                 None
             },
-            warp_norm: opts.warp_norm,
             sample_full_on: opts.sample_full,
             gemv_mma: if dtype == DType::BF16 && opts.gemv && opts.gemv_mma {
                 let all = |kind: &str| -> Result<Vec<CudaFunction>> {
