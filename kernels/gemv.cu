@@ -21,7 +21,10 @@
 //    is and res_out is not written.
 //  * wnorm_gemv_t{T}_bf16, wnorm_gemv_silu_t{T}_bf16: the norm kernels with the per-warp norm
 //    (WarpNorm: no shared memory, no block barrier; warp 0 of block 0 writes res_out).
-//  * sgemv_*, snorm_gemv_* (T = 1, 2): the first four on streamed rows (below), bit for bit.
+//  * sgemv_silu_t{T}_bf16, snorm_gemv_silu_t{T}_bf16 (T = 1, 2): the gate|up kernels on
+//    streamed rows (below), bit for bit.
+//  * gemv_db_t{T}_bf16, norm_gemv_db_t{T}_bf16 (T = 1, 2): gemv/norm_gemv with two batches of
+//    weight loads in flight (dot_rows2), bit for bit.
 //  * mma_*_t{T}_bf16 (T = 3..8): the same four on tensor cores (below), where CUDA-core FMAs
 //    would bound the step (8 rows x 8 products per 16 weight bytes).
 //
@@ -134,6 +137,30 @@ struct WarpNorm {
   }
 };
 
+// acc[r][t] += W[rows[r]] . x[t] over one batch: chunks c0, c0 + 32, ... (below `chunks`), the
+// weights in w.
+template <int T, int NR, typename X>
+__device__ __forceinline__ void sum_batch(const X& xs, int c0, int chunks,
+                                          const uint4 (&w)[NR][BATCH], float (&acc)[NR][T]) {
+#pragma unroll
+  for (int i = 0; i < BATCH; ++i) {
+    const int c = c0 + 32 * i;
+    if (c >= chunks) break;
+    float wf[NR][8];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) bf16x8_to_f32(w[r][i], wf[r]);
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float xf[8];
+      bf16x8_to_f32(xs.chunk(t, c), xf);
+#pragma unroll
+      for (int r = 0; r < NR; ++r)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[r][t] = fmaf(wf[r][j], xf[j], acc[r][t]);
+    }
+  }
+}
+
 // acc[r][t] = W[rows[r]] . x[t] for NR rows (all < N), x chunks from `xs`; w holds the first
 // batch (load_batch at c0 = lane), loaded by the caller before it waited.
 template <int T, int NR, typename X>
@@ -147,23 +174,34 @@ __device__ __forceinline__ void dot_rows(const __nv_bfloat16* __restrict__ W, co
   const int chunks = K / 8;
   for (int c0 = lane; c0 < chunks; c0 += 32 * BATCH) {
     if (c0 != lane) load_batch<NR>(W, rows, K, c0, w);
+    sum_batch<T, NR>(xs, c0, chunks, w, acc);
+  }
 #pragma unroll
-    for (int i = 0; i < BATCH; ++i) {
-      const int c = c0 + 32 * i;
-      if (c >= chunks) break;
-      float wf[NR][8];
+  for (int r = 0; r < NR; ++r)
 #pragma unroll
-      for (int r = 0; r < NR; ++r) bf16x8_to_f32(w[r][i], wf[r]);
+    for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
+}
+
+// dot_rows with two batches in flight (LaunchOptions::gemv_double_buffer): w holds the batch
+// at lane and w2 the one after it (both loaded before the wait); while a batch is summed the
+// next is in flight. The same sums in the same order.
+template <int T, int NR, typename X>
+__device__ __forceinline__ void dot_rows2(const __nv_bfloat16* __restrict__ W, const X& xs,
+                                          const int (&rows)[NR], int K, int lane,
+                                          uint4 (&w)[NR][BATCH], uint4 (&w2)[NR][BATCH],
+                                          float (&acc)[NR][T]) {
 #pragma unroll
-      for (int t = 0; t < T; ++t) {
-        float xf[8];
-        bf16x8_to_f32(xs.chunk(t, c), xf);
+  for (int r = 0; r < NR; ++r)
 #pragma unroll
-        for (int r = 0; r < NR; ++r)
-#pragma unroll
-          for (int j = 0; j < 8; ++j) acc[r][t] = fmaf(wf[r][j], xf[j], acc[r][t]);
-      }
-    }
+    for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
+  const int chunks = K / 8;
+  for (int c0 = lane; c0 < chunks; c0 += 2 * 32 * BATCH) {
+    const int c1 = c0 + 32 * BATCH, c2 = c1 + 32 * BATCH;
+    sum_batch<T, NR>(xs, c0, chunks, w, acc);
+    if (c1 >= chunks) break;
+    if (c2 < chunks) load_batch<NR>(W, rows, K, c2, w);
+    sum_batch<T, NR>(xs, c1, chunks, w2, acc);
+    if (c2 + 32 * BATCH < chunks) load_batch<NR>(W, rows, K, c2 + 32 * BATCH, w2);
   }
 #pragma unroll
   for (int r = 0; r < NR; ++r)
@@ -242,7 +280,7 @@ __device__ __forceinline__ void store_rows(const float (&acc)[NR][T], __nv_bfloa
 // runs the dot products. NR 2 is the gate/up pair with SiLU (N = I).
 // NORM: 0 none, 1 the block-wide norm into shared memory (norm_rows), 2 the per-warp norm
 // (WarpNorm).
-template <int T, int NR, int NORM>
+template <int T, int NR, int NORM, bool DB = false>
 __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
                                             const __nv_bfloat16* x,
                                             const __nv_bfloat16* __restrict__ delta,
@@ -257,7 +295,11 @@ __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
   int rows[NR];
   const bool ok = warp_rows<NR>(N, rows);
   uint4 w[NR][BATCH];
+  uint4 w2[NR][DB ? BATCH : 1];
   if (ok) load_batch<NR>(W, rows, K, lane, w);
+  if constexpr (DB) {
+    if (ok) load_batch<NR>(W, rows, K, lane + 32 * BATCH, w2);
+  }
   pdl_wait();
   float acc[NR][T];
   if (NORM == 2) {
@@ -271,7 +313,8 @@ __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
       x = x_s;
     }
     if (!ok) return;
-    dot_rows<T, NR>(W, PlainX{x, K}, rows, K, lane, w, acc);
+    if constexpr (DB) dot_rows2<T, NR>(W, PlainX{x, K}, rows, K, lane, w, w2, acc);
+    else dot_rows<T, NR>(W, PlainX{x, K}, rows, K, lane, w, acc);
   }
   store_rows<T, NR>(acc, out, N, rows[0], lane);
 }
@@ -378,14 +421,14 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
 
 // ---- Streamed rows (LaunchOptions::gemv_stream) -------------------------------------------
 //
-// gemv_kernel's products, bit for bit, on a grid sized to the GPU instead of to the rows: warp
-// gw of the G in the grid takes rows gw, gw + G, ..., and a lane's weight loads run as one
-// stream over its rows' chunks (a row's chunks lane, lane + 32, ..., as gemv_kernel sums them):
-// BATCH loads stay in flight, each slot refilled with the load BATCH chunks ahead as soon as its
-// chunk is converted, across rows. So the loads issued before the wait cover
-// BATCH / ceil(K / 256) rows of each warp (all of a 1,024-wide matrix at two rows a warp), and a
-// row longer than BATCH chunks a lane never waits for a whole batch. The norm kernels load the
-// norm weights into registers before the wait as well (K <= NW_REGS * 256).
+// The gate|up kernels (NR 2) of gemv_kernel, bit for bit, on a grid sized to the GPU instead of
+// to the rows: warp gw of the G in the grid takes row pairs gw, gw + G, ..., and a lane's weight
+// loads run in batches of BATCH over its rows' chunks as one sequence (a row's chunks lane,
+// lane + 32, ..., as gemv_kernel sums them), so the batch issued before the wait covers up to
+// BATCH / ceil(K / 256) rows of each warp: all of a 1,024-wide gate|up at two pairs a warp. The
+// norm kernel loads the norm weights into registers before the wait too (K <= NW_REGS * 256).
+// (Loads refilled one at a time as each chunk is summed, and the plain and norm kernels of qkv,
+// o and down on such grids, were slower on the H200: BENCHMARKS.md, #21.)
 
 constexpr int NW_REGS = 16;  // norm weights a thread holds
 
@@ -443,6 +486,26 @@ __device__ void norm_rows_pre(const __nv_bfloat16* __restrict__ res,
   __syncthreads();
 }
 
+// Loads the next BATCH slots of this warp's sequence (row lr, chunk lane + 32 lp onwards) into
+// w, zeros past a row's end; advances (lr, lp).
+template <int NR>
+__device__ __forceinline__ void load_slots(const __nv_bfloat16* __restrict__ W, int N, int K,
+                                           int gw, int G, int R, int P, int lane, int& lr,
+                                           int& lp, uint4 (&w)[NR][BATCH]) {
+  const int chunks = K / 8;
+#pragma unroll
+  for (int i = 0; i < BATCH; ++i) {
+    if (lr < R) {
+      const int c = lane + 32 * lp;
+      const size_t row = (size_t)gw + (size_t)lr * G;
+#pragma unroll
+      for (int r = 0; r < NR; ++r)
+        w[r][i] = c < chunks ? ld_stream(W + (row + (size_t)r * N) * K + c * 8) : make_uint4(0, 0, 0, 0);
+      if (++lp == P) { lp = 0; ++lr; }
+    }
+  }
+}
+
 template <int T, int NR, bool NORM>
 __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W,
                                              const __nv_bfloat16* x,
@@ -461,20 +524,9 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
   const int P = (chunks + 31) / 32;                  // chunks of a row per lane (padded)
   const int R = gw < N ? (N - 1 - gw) / G + 1 : 0;   // rows of this warp
   const int total = R * P;
-  // The next slot to load: this warp's row lr (gw + lr * G), chunk lane + 32 * lp.
-  int lr = 0, lp = 0;
+  int lr = 0, lp = 0;  // the next slot to load
   uint4 w[NR][BATCH];
-#pragma unroll
-  for (int i = 0; i < BATCH; ++i) {
-    if (lr < R) {
-      const int c = lane + 32 * lp;
-      const size_t row = (size_t)gw + (size_t)lr * G;
-#pragma unroll
-      for (int r = 0; r < NR; ++r)
-        w[r][i] = c < chunks ? ld_stream(W + (row + (size_t)r * N) * K + c * 8) : make_uint4(0, 0, 0, 0);
-      if (++lp == P) { lp = 0; ++lr; }
-    }
-  }
+  load_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, w);
   __nv_bfloat16 wk[NW_REGS];
   if (NORM) {
 #pragma unroll
@@ -496,22 +548,15 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
   const PlainX xs{x, K};
   int cr = 0, cp = 0;  // the slot being summed: row cr, chunk lane + 32 * cp
   for (int base = 0; base < total; base += BATCH) {
+    if (base != 0) load_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, w);
 #pragma unroll
     for (int i = 0; i < BATCH; ++i) {
       if (base + i >= total) break;
-      float wf[NR][8];
-#pragma unroll
-      for (int r = 0; r < NR; ++r) bf16x8_to_f32(w[r][i], wf[r]);
-      if (lr < R) {  // refill the slot BATCH chunks ahead
-        const int c = lane + 32 * lp;
-        const size_t row = (size_t)gw + (size_t)lr * G;
-#pragma unroll
-        for (int r = 0; r < NR; ++r)
-          w[r][i] = c < chunks ? ld_stream(W + (row + (size_t)r * N) * K + c * 8) : make_uint4(0, 0, 0, 0);
-        if (++lp == P) { lp = 0; ++lr; }
-      }
       const int c = lane + 32 * cp;
       if (c < chunks) {
+        float wf[NR][8];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) bf16x8_to_f32(w[r][i], wf[r]);
 #pragma unroll
         for (int t = 0; t < T; ++t) {
           float xf[8];
@@ -618,25 +663,11 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
   }
 
 #define SGEMV(T)                                                                             \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) sgemv_t##T##_bf16(                \
-      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
-      const void* pf, unsigned long long pf_bytes) {                                         \
-    sgemv_kernel<T, 1, false>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K, nullptr,   \
-                              pf, pf_bytes);                                                 \
-  }                                                                                          \
   extern "C" __global__ void __launch_bounds__(WARPS * 32) sgemv_silu_t##T##_bf16(           \
       const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int I, int K,      \
       const void* pf, unsigned long long pf_bytes) {                                         \
     sgemv_kernel<T, 2, false>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, I, K, nullptr,   \
                               pf, pf_bytes);                                                 \
-  }                                                                                          \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) snorm_gemv_t##T##_bf16(           \
-      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
-      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
-    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
-    sgemv_kernel<T, 1, true>(W, res, delta, res_out, nw, eps, add, out, N, K, x_s, pf,       \
-                             pf_bytes);                                                      \
   }                                                                                          \
   extern "C" __global__ void __launch_bounds__(WARPS * 32) snorm_gemv_silu_t##T##_bf16(      \
       const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
@@ -647,10 +678,30 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
                              pf_bytes);                                                      \
   }
 
+// Two batches in flight (LaunchOptions::gemv_double_buffer), plain and behind the norm, for
+// rows of more than BATCH * 256 inputs.
+#define GEMV_DB(T)                                                                           \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_db_t##T##_bf16(              \
+      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
+      const void* pf, unsigned long long pf_bytes) {                                         \
+    gemv_kernel<T, 1, 0, true>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K, nullptr,  \
+                               pf, pf_bytes);                                                \
+  }                                                                                          \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) norm_gemv_db_t##T##_bf16(         \
+      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
+      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
+      __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
+    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
+    gemv_kernel<T, 1, 1, true>(W, res, delta, res_out, nw, eps, add, out, N, K, x_s, pf,     \
+                               pf_bytes);                                                    \
+  }
+
 GEMV(1)
 GEMV(2)
 SGEMV(1)
 SGEMV(2)
+GEMV_DB(1)
+GEMV_DB(2)
 WNORM_GEMV(1)
 WNORM_GEMV(2)
 MMA_GEMV(3)

@@ -296,6 +296,7 @@ fn main() -> Res<()> {
         let ours = policy_serve::engine::cuda::LaunchOptions {
             gemv_mma: kopts.gemv_mma,
             gemv_stream: kopts.gemv_stream,
+            gemv_double_buffer: kopts.gemv_double_buffer,
             l2_prefetch: kopts.l2_prefetch,
             warp_norm: kopts.warp_norm,
             ..Default::default()

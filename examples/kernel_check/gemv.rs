@@ -2,7 +2,8 @@
 //! tensor-core kernels for 3-8, plain, with SiLU*up, and behind the fused add+RMSNorm, with
 //! the L2 prefetch of a next weight on, against f32 math on the same bf16 inputs. Shapes of
 //! Qwen3-0.6B/1.7B layers plus ragged ones (output rows not a multiple of a block's 16); the
-//! streamed-rows kernels against the default ones, bit for bit.
+//! streamed-rows gate|up kernels and the double-buffered ones against the default ones, bit
+//! for bit.
 
 use super::*;
 
@@ -33,13 +34,65 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             t,
         )?;
     }
+    let opts = LaunchOptions {
+        gemv_double_buffer: true,
+        ..LaunchOptions::default()
+    };
+    let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
+    double_bits(&plain, &k, dev, t)
+}
+
+/// The double-buffered plain and norm kernels (`LaunchOptions::gemv_double_buffer`) against
+/// the default ones, bit for bit, on 1-2 rows over more than 2,048 inputs: a second batch
+/// of one chunk for some lanes only (2,056), of half a batch (3,072), of a whole one (4,096),
+/// and five batches (10,240).
+fn double_bits(plain: &CudaKernels, k: &CudaKernels, dev: &Device, t: &mut Table) -> Res<()> {
+    let dt = DType::BF16;
+    let diff = |a: &Tensor, b: &Tensor| -> Res<f32> {
+        let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
+        Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
+    };
+    let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
+    for rows in 1..=2usize {
+        for &(n, kk) in &[
+            (1000usize, 2056usize),
+            (1024, 3072),
+            (2048, 6144),
+            (1000, 4096),
+            (512, 10240),
+        ] {
+            let x = randn(&[rows, kk], dt, dev)?;
+            let w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;
+            let (o1, o2) = (zeros(rows, n)?, zeros(rows, n)?);
+            plain.linear_into(&x, &w, &o1)?;
+            k.linear_into(&x, &w, &o2)?;
+            let name = format!("gemv rows {rows} n {n} k {kk} (two batches in flight)");
+            t.check(name, diff(&o1, &o2)?, 0.0);
+            let res = randn(&[rows, kk], dt, dev)?;
+            let delta = randn(&[rows, kk], dt, dev)?;
+            let nw = randn(&[kk], dt, dev)?.affine(0.1, 1.0)?.to_dtype(dt)?;
+            let h = zeros(rows, kk)?;
+            let mut outs = Vec::new();
+            for kern in [plain, k] {
+                let res_out = zeros(rows, kk)?;
+                let out = zeros(rows, n)?;
+                let r = (&res, Some(&delta), &res_out);
+                kern.norm_linear_into(r, (&nw, 1e-6), &h, &w, &out, None, None)?;
+                outs.push((out, res_out));
+            }
+            let name = format!("norm_gemv rows {rows} n {n} k {kk} (two batches in flight)");
+            t.check(name, diff(&outs[0].0, &outs[1].0)?, 0.0);
+            let name = format!("norm_gemv rows {rows} k {kk} residual sum (two batches in flight)");
+            t.check(name, diff(&outs[0].1, &outs[1].1)?, 0.0);
+        }
+    }
     Ok(())
 }
 
-/// The streamed-rows kernels (`LaunchOptions::gemv_stream`) against the default ones, bit for
-/// bit (tolerance 0), on 1-2 rows: plain, SiLU*up and behind the fused norm (with the
-/// residual sum), over shapes where a warp takes one row, several, or none, with rows of
-/// fewer chunks than a lane's loads in flight and of more.
+/// The streamed-rows gate|up kernels (`LaunchOptions::gemv_stream`) against the default ones,
+/// bit for bit (tolerance 0), on 1-2 rows: SiLU*up alone and behind the fused norm (with the
+/// residual sum), over shapes where a warp takes one row pair, several, or none, with rows of
+/// fewer chunks than a lane's batch of loads and of more.
 fn stream_bits(
     plain: &CudaKernels,
     k: &CudaKernels,
@@ -64,55 +117,28 @@ fn stream_bits(
         ] {
             let x = randn(&[rows, kk], dt, dev)?;
             let w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;
-            let (o1, o2) = (zeros(rows, n)?, zeros(rows, n)?);
-            plain.linear_into(&x, &w, &o1)?;
-            k.linear_into(&x, &w, &o2)?;
-            t.check(
-                format!("gemv rows {rows} n {n} k {kk}{tag}"),
-                diff(&o1, &o2)?,
-                0.0,
-            );
             let i = n / 2;
             let (a1, a2, gu) = (zeros(rows, i)?, zeros(rows, i)?, zeros(rows, n)?);
             plain.gate_up_silu_into(&x, &w, &gu, &a1)?;
             k.gate_up_silu_into(&x, &w, &gu, &a2)?;
-            t.check(
-                format!("gemv_silu rows {rows} I {i} k {kk}{tag}"),
-                diff(&a1, &a2)?,
-                0.0,
-            );
+            let name = format!("gemv_silu rows {rows} I {i} k {kk}{tag}");
+            t.check(name, diff(&a1, &a2)?, 0.0);
             let res = randn(&[rows, kk], dt, dev)?;
             let delta = randn(&[rows, kk], dt, dev)?;
             let nw = randn(&[kk], dt, dev)?.affine(0.1, 1.0)?.to_dtype(dt)?;
             let h = zeros(rows, kk)?;
-            for silu in [false, true] {
-                let mut outs = Vec::new();
-                for kern in [plain, k] {
-                    let res_out = zeros(rows, kk)?;
-                    let (out, act) = (zeros(rows, n)?, zeros(rows, i)?);
-                    kern.norm_linear_into(
-                        (&res, Some(&delta), &res_out),
-                        (&nw, 1e-6),
-                        &h,
-                        &w,
-                        &out,
-                        silu.then_some((&gu, &act)),
-                        None,
-                    )?;
-                    outs.push((if silu { act } else { out }, res_out));
-                }
-                let name = if silu { "norm_gemv_silu" } else { "norm_gemv" };
-                t.check(
-                    format!("{name} rows {rows} n {n} k {kk}{tag}"),
-                    diff(&outs[0].0, &outs[1].0)?,
-                    0.0,
-                );
-                t.check(
-                    format!("{name} rows {rows} k {kk} residual sum{tag}"),
-                    diff(&outs[0].1, &outs[1].1)?,
-                    0.0,
-                );
+            let mut outs = Vec::new();
+            for kern in [plain, k] {
+                let res_out = zeros(rows, kk)?;
+                let (out, act) = (zeros(rows, n)?, zeros(rows, i)?);
+                let r = (&res, Some(&delta), &res_out);
+                kern.norm_linear_into(r, (&nw, 1e-6), &h, &w, &out, Some((&gu, &act)), None)?;
+                outs.push((act, res_out));
             }
+            let name = format!("norm_gemv_silu rows {rows} I {i} k {kk}{tag}");
+            t.check(name, diff(&outs[0].0, &outs[1].0)?, 0.0);
+            let name = format!("norm_gemv_silu rows {rows} k {kk} residual sum{tag}");
+            t.check(name, diff(&outs[0].1, &outs[1].1)?, 0.0);
         }
     }
     Ok(())

@@ -15,10 +15,14 @@ pub struct KernelFlags {
     /// Tensor-core skinny matmuls for decode steps of 3-8 rows (`KernelOptions::gemv_mma`).
     #[arg(long)]
     pub gemv_mma: bool,
-    /// The 1-2-row skinny matmuls on streamed rows, a grid of N blocks per SM
+    /// The 1-2-row gate|up matmuls on streamed rows, a grid of N blocks per SM
     /// (`KernelOptions::gemv_stream`).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=8))]
     pub gemv_stream: Option<u8>,
+    /// Two batches of weight loads in flight in the 1-2-row matmuls over more than 2,048
+    /// inputs (`KernelOptions::gemv_double_buffer`).
+    #[arg(long)]
+    pub gemv_double_buffer: bool,
     /// Skinny matmuls prefetch the next matmul's weights into L2
     /// (`KernelOptions::l2_prefetch`).
     #[arg(long)]
@@ -78,10 +82,6 @@ pub struct KernelFlags {
     /// launches (turns `KernelOptions::moe_down_sum` off).
     #[arg(long)]
     pub no_moe_down_sum: bool,
-    /// MoE one-pair tiles load each gate|up row with eight loads a lane in flight
-    /// (`KernelOptions::moe_wide_gate_up`).
-    #[arg(long)]
-    pub moe_wide_gate_up: bool,
     /// LoRA steps launched one shrink and one expand per fused matmul, in order (turns
     /// `KernelOptions::lora_overlap` off: no second stream, no expands fused with the SiLU or
     /// the norms).
@@ -105,6 +105,7 @@ impl KernelFlags {
             gemv: !self.no_gemv,
             gemv_mma: self.gemv_mma,
             gemv_stream: self.gemv_stream,
+            gemv_double_buffer: self.gemv_double_buffer,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
             sample_full: !self.no_device_full_sampling,
@@ -122,7 +123,6 @@ impl KernelFlags {
             moe_tile_one: !self.no_moe_tile_one,
             moe_norm_router: self.moe_norm_router,
             moe_down_sum: !self.no_moe_down_sum,
-            moe_wide_gate_up: self.moe_wide_gate_up,
             lora_overlap: !self.no_lora_overlap,
             lora_grouped: !self.no_lora_grouped,
             kv_load_direct: self.kv_load_direct,

@@ -24,13 +24,22 @@ pub struct KernelOptions {
     /// rows (bf16, with `gemv`; off: cuBLAS and separate norm and SiLU kernels). Off by
     /// default: no faster than cuBLAS on the H200 (BENCHMARKS.md, #21).
     pub gemv_mma: bool,
-    /// The 1-2-row skinny matmuls on streamed rows (`kernels/gemv.cu` `sgemv_*`): a grid of
-    /// this many blocks per SM (1..=8) instead of a block per eight output rows, each warp
-    /// taking every G-th row with its weight loads kept in flight across rows (the loads
-    /// issued before the wait on the kernel before cover several rows a warp), and the fused
-    /// norms' weights loaded before that wait; the same sums in the same order (bit for bit).
-    /// None (the default): built for #21's batch-1 step, not yet measured on the GPU.
+    /// The 1-2-row gate|up matmuls (with SiLU, alone or behind the fused norm) on streamed
+    /// rows (`kernels/gemv.cu` `sgemv_silu_*`, `snorm_gemv_silu_*`): a grid of this many blocks
+    /// per SM (1..=8) instead of a block per eight row pairs, each warp taking every G-th pair
+    /// with its batches of weight loads running across pairs (the batch issued before the wait
+    /// on the kernel before covers two pairs a warp of a 1,024-wide gate|up), the norm weights
+    /// loaded before that wait; the same sums in the same order (bit for bit). With every
+    /// skinny matmul streamed (loads refilled one at a time) the H200 lost 3-15% at batches
+    /// 1-2 while the gate|up alone gained 1-2 us a layer (BENCHMARKS.md, #21). None (the
+    /// default): the gate|up-only form is not yet measured.
     pub gemv_stream: Option<u8>,
+    /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
+    /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
+    /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one
+    /// while the one before is summed; the same sums in the same order). Off by default:
+    /// built for #21's batch-1 step, not yet measured on the GPU.
+    pub gemv_double_buffer: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
     pub l2_prefetch: bool,
@@ -106,11 +115,6 @@ pub struct KernelOptions {
     /// 12 layers) batch 1 1,018 against 1,002 tok/s, batch 2 1,599 against 1,561, batch 8
     /// 3,140 against 3,136 (BENCHMARKS.md, #29).
     pub moe_down_sum: bool,
-    /// MoE steps on one-pair tiles read each gate|up row pair with eight loads a lane in
-    /// flight instead of four (`kernels/moe.cu` `moe_gate_up_t1w_bf16`: a row of 2,048 inputs
-    /// in one round of loads; the same sums in the same order). Off by default: built for
-    /// #29's batch-1 step, not yet measured on the GPU.
-    pub moe_wide_gate_up: bool,
     /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
     /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
     /// input (above 8 rows on a second stream beside it), the gate|up expand is one launch
@@ -146,6 +150,7 @@ impl Default for KernelOptions {
             gemv: true,
             gemv_mma: false,
             gemv_stream: None,
+            gemv_double_buffer: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
@@ -163,7 +168,6 @@ impl Default for KernelOptions {
             moe_tile_one: true,
             moe_norm_router: false,
             moe_down_sum: true,
-            moe_wide_gate_up: false,
             lora_overlap: true,
             lora_grouped: true,
             kv_load_direct: false,

@@ -44,7 +44,7 @@ impl Gemv<'_> {
     }
 }
 
-/// Widest input (K) of the streamed-rows norm kernels: the norm weights a thread holds in
+/// Widest input (K) of the streamed-rows norm kernel: the norm weights a thread holds in
 /// registers (`NW_REGS` of `kernels/gemv.cu`) times a block's 256 threads.
 const STREAM_NORM_MAX_K: usize = 16 * 32 * GEMV_WARPS;
 
@@ -56,14 +56,23 @@ pub(crate) struct GemvSet {
     fs: [Vec<CudaFunction>; 4],
     /// Whether the norm kernels hold the normed rows in shared memory (off: the per-warp norm).
     norm_smem: bool,
-    /// Streamed rows (`LaunchOptions::gemv_stream`): at most this many blocks a launch.
+    /// Streamed rows for the gate|up kernels (`LaunchOptions::gemv_stream`): at most this many
+    /// blocks a launch.
     max_blocks: Option<usize>,
+    /// The plain and norm kernels with two batches of loads in flight, for rows of more than
+    /// [`DOUBLE_BUFFER_MIN_K`] inputs (`LaunchOptions::gemv_double_buffer`).
+    double: Option<[Vec<CudaFunction>; 2]>,
 }
+
+/// Inputs a lane's one batch of weight loads covers (8 loads of 8 bf16, 32 lanes): rows longer
+/// than this take the double-buffered kernels when they are loaded.
+const DOUBLE_BUFFER_MIN_K: usize = 8 * 8 * 32;
 
 impl GemvSet {
     /// The functions `opts` asks for from the loaded `gemv` module, for a GPU of `sms` SMs.
     pub(super) fn load(m: &Arc<CudaModule>, opts: &LaunchOptions, sms: usize) -> Result<Self> {
-        // The per-warp norm has no streamed-rows kernels.
+        // Only the gate|up kernels have streamed rows (the others measured slower on them), and
+        // not behind the per-warp norm.
         let stream = opts.gemv_stream.filter(|_| !opts.warp_norm);
         let s = if stream.is_some() { "s" } else { "" };
         let norm = if opts.warp_norm { "wnorm" } else { "norm" };
@@ -78,13 +87,18 @@ impl GemvSet {
         };
         Ok(Self {
             fs: [
-                all(format!("{s}gemv"))?,
+                all("gemv".into())?,
                 all(format!("{s}gemv_silu"))?,
-                all(format!("{s}{norm}_gemv"))?,
+                all(format!("{norm}_gemv"))?,
                 all(format!("{s}{norm}_gemv_silu"))?,
             ],
             norm_smem: !opts.warp_norm,
             max_blocks: stream.map(|b| sms * usize::from(b)),
+            double: if opts.gemv_double_buffer && !opts.warp_norm {
+                Some([all("gemv_db".into())?, all("norm_gemv_db".into())?])
+            } else {
+                None
+            },
         })
     }
 }
@@ -281,15 +295,21 @@ impl CudaKernels {
         }
         if t <= GEMV_MAX_ROWS {
             let set = self.gemv.as_ref()?;
-            // The streamed norm kernels hold the norm weights of K <= STREAM_NORM_MAX_K.
-            if kind >= 2 && set.max_blocks.is_some() && k > STREAM_NORM_MAX_K {
+            // Kinds 1 and 3 (gate|up) stream; the streamed norm kernel holds the norm weights
+            // of K <= STREAM_NORM_MAX_K.
+            let max_blocks = set.max_blocks.filter(|_| kind % 2 == 1);
+            if kind == 3 && max_blocks.is_some() && k > STREAM_NORM_MAX_K {
                 return None;
             }
+            let f = match &set.double {
+                Some(d) if kind.is_multiple_of(2) && k > DOUBLE_BUFFER_MIN_K => &d[kind / 2][t - 1],
+                _ => &set.fs[kind][t - 1],
+            };
             return Some(Gemv {
-                f: &set.fs[kind][t - 1],
+                f,
                 rows_per_block: GEMV_WARPS,
                 norm_smem: set.norm_smem,
-                max_blocks: set.max_blocks,
+                max_blocks,
             });
         }
         let fs = self.gemv_mma.as_ref()?;

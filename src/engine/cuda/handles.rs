@@ -41,7 +41,7 @@ impl MoeKernels {
     /// cores) by name (`f` loads one).
     pub(super) fn load<E>(
         [route, moe, mma]: [&Arc<CudaModule>; 3],
-        (tile_one, norm_router, down_sum, wide): (bool, bool, bool, bool),
+        (tile_one, norm_router, down_sum): (bool, bool, bool),
         f: impl Fn(&Arc<CudaModule>, &str) -> Result<CudaFunction, E>,
     ) -> Result<Self, E> {
         let both = |m: &Arc<CudaModule>, name: &str| -> Result<[CudaFunction; 2], E> {
@@ -50,19 +50,13 @@ impl MoeKernels {
                 f(m, &format!("{name}_f32"))?,
             ])
         };
-        // CUDA cores: [bf16 tile 8, f32 tile 8, f32 tile 32, bf16 tile 1]; gate|up's one-pair
-        // tile with eight loads in flight when `wide` (`LaunchOptions::moe_wide_gate_up`).
+        // CUDA cores: [bf16 tile 8, f32 tile 8, f32 tile 32, bf16 tile 1].
         let simt = |kind: &str| -> Result<[CudaFunction; 4], E> {
-            let one = if wide && kind == "gate_up" {
-                "t1w"
-            } else {
-                "t1"
-            };
             Ok([
                 f(moe, &format!("moe_{kind}_t8_bf16"))?,
                 f(moe, &format!("moe_{kind}_t8_f32"))?,
                 f(moe, &format!("moe_{kind}_t32_f32"))?,
-                f(moe, &format!("moe_{kind}_{one}_bf16"))?,
+                f(moe, &format!("moe_{kind}_t1_bf16"))?,
             ])
         };
         let tensor = |kind: &str| -> Result<[CudaFunction; 2], E> {

@@ -364,7 +364,6 @@ impl CudaKernels {
                     opts.moe_tile_one,
                     opts.moe_norm_router && dtype == DType::BF16,
                     opts.moe_down_sum && dtype == DType::BF16,
-                    opts.moe_wide_gate_up,
                 ),
                 |m, name| f(m, name),
             )?,

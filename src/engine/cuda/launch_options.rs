@@ -16,9 +16,12 @@ pub struct LaunchOptions {
     /// Tensor-core skinny-matmul kernels for 3-8 rows (bf16; with `gemv`; off: cuBLAS and
     /// the separate norm and SiLU kernels).
     pub gemv_mma: bool,
-    /// The 1-2-row skinny matmuls on streamed rows, this many blocks per SM (`gemv.cu`
-    /// `sgemv_*`; None: a block per eight rows).
+    /// The 1-2-row gate|up matmuls on streamed rows, this many blocks per SM (`gemv.cu`
+    /// `sgemv_silu_*`, `snorm_gemv_silu_*`; None: a block per eight row pairs).
     pub gemv_stream: Option<u8>,
+    /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
+    /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
+    pub gemv_double_buffer: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
     /// while it runs (sm_90+).
     pub l2_prefetch: bool,
@@ -65,8 +68,6 @@ pub struct LaunchOptions {
     pub moe_norm_router: bool,
     /// MoE steps on one-pair tiles run down and the experts' sum in one launch (bf16).
     pub moe_down_sum: bool,
-    /// MoE one-pair tiles read gate|up rows eight loads a lane at a time (bf16).
-    pub moe_wide_gate_up: bool,
     /// LoRA steps of one-token tiles with the shrinks on a second stream beside the base
     /// matmuls and the gate|up expand fused with the SiLU (`kernels/lora_silu.cu`).
     pub lora_overlap: bool,
@@ -81,6 +82,7 @@ impl Default for LaunchOptions {
             gemv: true,
             gemv_mma: false,
             gemv_stream: None,
+            gemv_double_buffer: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
@@ -98,7 +100,6 @@ impl Default for LaunchOptions {
             moe_tile_one: true,
             moe_norm_router: false,
             moe_down_sum: true,
-            moe_wide_gate_up: false,
             lora_overlap: true,
             lora_grouped: true,
         }

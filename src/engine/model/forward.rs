@@ -59,6 +59,7 @@ pub fn kernels_for(
         gemv: opts.gemv,
         gemv_mma: opts.gemv_mma,
         gemv_stream: opts.gemv_stream,
+        gemv_double_buffer: opts.gemv_double_buffer,
         l2_prefetch: opts.l2_prefetch,
         warp_norm: opts.warp_norm,
         sample_full: opts.sample_full,
@@ -75,7 +76,6 @@ pub fn kernels_for(
         moe_tile_one: opts.moe_tile_one,
         moe_norm_router: opts.moe_norm_router,
         moe_down_sum: opts.moe_down_sum,
-        moe_wide_gate_up: opts.moe_wide_gate_up,
         lora_overlap: opts.lora_overlap,
         lora_grouped: opts.lora_grouped,
         ..LaunchOptions::default()
