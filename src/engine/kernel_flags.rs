@@ -15,14 +15,18 @@ pub struct KernelFlags {
     /// Tensor-core skinny matmuls for decode steps of 3-8 rows (`KernelOptions::gemv_mma`).
     #[arg(long)]
     pub gemv_mma: bool,
-    /// The 1-2-row gate|up matmuls on streamed rows, a grid of N blocks per SM
-    /// (`KernelOptions::gemv_stream`).
+    /// Blocks per SM of the streamed-rows 1-2-row gate|up matmuls
+    /// (`KernelOptions::gemv_stream`; default 2).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=8))]
     pub gemv_stream: Option<u8>,
-    /// Two batches of weight loads in flight in the 1-2-row matmuls over more than 2,048
-    /// inputs (`KernelOptions::gemv_double_buffer`).
+    /// The 1-2-row gate|up matmuls on a block per eight row pairs (turns
+    /// `KernelOptions::gemv_stream` off).
+    #[arg(long, conflicts_with = "gemv_stream")]
+    pub no_gemv_stream: bool,
+    /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
+    /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
-    pub gemv_double_buffer: bool,
+    pub no_gemv_double_buffer: bool,
     /// Skinny matmuls prefetch the next matmul's weights into L2
     /// (`KernelOptions::l2_prefetch`).
     #[arg(long)]
@@ -104,8 +108,11 @@ impl KernelFlags {
             kernels: !self.no_kernels,
             gemv: !self.no_gemv,
             gemv_mma: self.gemv_mma,
-            gemv_stream: self.gemv_stream,
-            gemv_double_buffer: self.gemv_double_buffer,
+            gemv_stream: (!self.no_gemv_stream).then(|| {
+                self.gemv_stream
+                    .unwrap_or(super::options::GEMV_STREAM_BLOCKS)
+            }),
+            gemv_double_buffer: !self.no_gemv_double_buffer,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
             sample_full: !self.no_device_full_sampling,

@@ -11,6 +11,10 @@ use super::defaults;
 use super::device::{DTypeChoice, DeviceChoice, KvBudget};
 use super::parallel::comm::CommHandle;
 
+/// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;
+/// 2 measured fastest of 1, 2 and 4 on the H200).
+pub const GEMV_STREAM_BLOCKS: u8 = 2;
+
 /// Which of the engine's own CUDA kernels a forward uses. Every switch is on by default and
 /// only takes effect where the hardware and dtype allow it; turning one off runs the slower
 /// path it replaces (for comparisons and debugging). Ignored without the `cuda` feature.
@@ -29,16 +33,16 @@ pub struct KernelOptions {
     /// per SM (1..=8) instead of a block per eight row pairs, each warp taking every G-th pair
     /// with its batches of weight loads running across pairs (the batch issued before the wait
     /// on the kernel before covers two pairs a warp of a 1,024-wide gate|up), the norm weights
-    /// loaded before that wait; the same sums in the same order (bit for bit). With every
-    /// skinny matmul streamed (loads refilled one at a time) the H200 lost 3-15% at batches
-    /// 1-2 while the gate|up alone gained 1-2 us a layer (BENCHMARKS.md, #21). None (the
-    /// default): the gate|up-only form is not yet measured.
+    /// loaded before that wait; the same sums in the same order (bit for bit). Default
+    /// `Some(GEMV_STREAM_BLOCKS)`: with `gemv_double_buffer`, on the H200 batch 1 1,072 ->
+    /// 1,136 tok/s (0.6B) and 640 -> 669 (1.7B), batch 2 +6% / +3% (BENCHMARKS.md, #21); one
+    /// block an SM, or every skinny matmul streamed, was slower. None: a block per eight pairs.
     pub gemv_stream: Option<u8>,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
     /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one
-    /// while the one before is summed; the same sums in the same order). Off by default:
-    /// built for #21's batch-1 step, not yet measured on the GPU.
+    /// while the one before is summed; the same sums in the same order). On by default: on
+    /// the H200 1.7B's down 10.5 -> 9.9 us alone, batch 2 +1-2% (BENCHMARKS.md, #21).
     pub gemv_double_buffer: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
@@ -149,8 +153,8 @@ impl Default for KernelOptions {
             kernels: true,
             gemv: true,
             gemv_mma: false,
-            gemv_stream: None,
-            gemv_double_buffer: false,
+            gemv_stream: Some(GEMV_STREAM_BLOCKS),
+            gemv_double_buffer: true,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,

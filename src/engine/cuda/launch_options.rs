@@ -17,7 +17,7 @@ pub struct LaunchOptions {
     /// the separate norm and SiLU kernels).
     pub gemv_mma: bool,
     /// The 1-2-row gate|up matmuls on streamed rows, this many blocks per SM (`gemv.cu`
-    /// `sgemv_silu_*`, `snorm_gemv_silu_*`; None: a block per eight row pairs).
+    /// `sgemv_silu_*`, `snorm_gemv_silu_*`; None: a block per eight row pairs; default 2).
     pub gemv_stream: Option<u8>,
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
@@ -81,8 +81,8 @@ impl Default for LaunchOptions {
         Self {
             gemv: true,
             gemv_mma: false,
-            gemv_stream: None,
-            gemv_double_buffer: false,
+            gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
+            gemv_double_buffer: true,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
