@@ -21,3 +21,5 @@ for m in 0.6b 1.7b; do
   timeout 60 .gpu/bench --no-peer --model-dir /tmp/m-$m --batches 1,2 --gemv-stream 3 > "$OUT/b3-$m.log" 2>&1
   echo "== $m [--gemv-stream 3] rc $?"; grep -E "^ours decode|Error" "$OUT/b3-$m.log" | sed 's/ (.*//; s/ours decode batch //' | paste -sd' '
 done
+# What profilers the machine has (for the next round's stall analysis).
+ls /usr/local/cuda/bin 2>/dev/null | grep -E "^(ncu|nsys|nvprof|cupti)" ; which ncu nsys 2>/dev/null; ls -d /usr/local/cuda/nsight* /opt/nvidia/nsight* 2>/dev/null | head
