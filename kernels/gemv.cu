@@ -25,6 +25,7 @@
 //    streamed rows (below), bit for bit.
 //  * gemv_db_t{T}_bf16, norm_gemv_db_t{T}_bf16 (T = 1, 2): gemv/norm_gemv with two batches of
 //    weight loads in flight (dot_rows2), bit for bit.
+//  * gemv_split_t{T}_bf16 (T = 1, 2): gemv with two warps a row, a half of K each (below).
 //  * mma_*_t{T}_bf16 (T = 3..8): the same four on tensor cores (below), where CUDA-core FMAs
 //    would bound the step (8 rows x 8 products per 16 weight bytes).
 //
@@ -584,6 +585,56 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
   }
 }
 
+// ---- Rows split in two (LaunchOptions::gemv_split_k) ---------------------------------------
+//
+// For rows of more than BATCH * 256 inputs (down): two warps a row, each over one half of K
+// (two batches of loads in flight, both issued before the wait), their sums added in shared
+// memory, half 0 first. A block takes WARPS / 2 rows: twice the blocks and half the chain of
+// batches a warp waits through. The sum is in another order than gemv_kernel's (f32). K must
+// be a multiple of 16.
+template <int T>
+__device__ __forceinline__ void gemv_split_kernel(const __nv_bfloat16* __restrict__ W,
+                                                  const __nv_bfloat16* x,
+                                                  __nv_bfloat16* __restrict__ out, int N, int K) {
+  __shared__ float part[WARPS][T];
+  pdl_trigger();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row = blockIdx.x * (WARPS / 2) + warp / 2, half = warp % 2;
+  const int hc = K / 16;  // chunks of a half
+  const bool ok = row < N;
+  const __nv_bfloat16* wr = W + (size_t)(ok ? row : 0) * K + (size_t)half * hc * 8;
+  uint4 w[1][BATCH], w2[1][BATCH];
+  auto load = [&](int c0, uint4 (&dst)[1][BATCH]) {
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i) {
+      const int c = c0 + 32 * i;
+      dst[0][i] = ok && c < hc ? ld_stream(wr + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  load(lane, w);
+  load(lane + 32 * BATCH, w2);
+  pdl_wait();
+  float acc[1][T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) acc[0][t] = 0.f;
+  const PlainX xs{x + (size_t)half * hc * 8, K};
+  for (int c0 = lane; c0 < hc; c0 += 2 * 32 * BATCH) {
+    const int c1 = c0 + 32 * BATCH, c2 = c1 + 32 * BATCH;
+    sum_batch<T, 1>(xs, c0, hc, w, acc);
+    if (c1 >= hc) break;
+    if (c2 < hc) load(c2, w);
+    sum_batch<T, 1>(xs, c1, hc, w2, acc);
+    if (c2 + 32 * BATCH < hc) load(c2 + 32 * BATCH, w2);
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    const float v = warp_sum(acc[0][t]);
+    if (lane == 0) part[warp][t] = v;
+  }
+  __syncthreads();
+  if (half == 0 && ok && lane < T) out[(size_t)lane * N + row] = __float2bfloat16(part[warp][lane] + part[warp + 1][lane]);
+}
+
 }  // namespace
 
 #define MMA_GEMV(T)                                                                          \
@@ -702,6 +753,18 @@ SGEMV(1)
 SGEMV(2)
 GEMV_DB(1)
 GEMV_DB(2)
+
+// Rows split in two (LaunchOptions::gemv_split_k), plain only.
+#define GEMV_SPLIT(T)                                                                        \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_split_t##T##_bf16(           \
+      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
+      const void* pf, unsigned long long pf_bytes) {                                         \
+    (void)pf;                                                                                \
+    (void)pf_bytes;                                                                          \
+    gemv_split_kernel<T>(W, x, out, N, K);                                                   \
+  }
+GEMV_SPLIT(1)
+GEMV_SPLIT(2)
 WNORM_GEMV(1)
 WNORM_GEMV(2)
 MMA_GEMV(3)

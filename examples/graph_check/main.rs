@@ -297,6 +297,7 @@ fn main() -> Res<()> {
             gemv_mma: kopts.gemv_mma,
             gemv_stream: kopts.gemv_stream,
             gemv_double_buffer: kopts.gemv_double_buffer,
+            gemv_split_k: kopts.gemv_split_k,
             l2_prefetch: kopts.l2_prefetch,
             warp_norm: kopts.warp_norm,
             ..Default::default()

@@ -45,7 +45,38 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         ..base
     };
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
-    double_bits(&plain, &k, dev, t)
+    double_bits(&plain, &k, dev, t)?;
+    split_rows(dev, t)
+}
+
+/// The plain kernel with two warps a row (`LaunchOptions::gemv_split_k`) against f32 math on
+/// the same bf16 inputs, 1-2 rows over 2,064 to 10,240 inputs (a second batch of one chunk
+/// for some lanes, half a batch, two, five), with a ragged row count.
+fn split_rows(dev: &Device, t: &mut Table) -> Res<()> {
+    let opts = LaunchOptions {
+        gemv_split_k: true,
+        ..LaunchOptions::default()
+    };
+    let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
+    let dt = DType::BF16;
+    for rows in 1..=2usize {
+        for &(n, kk) in &[
+            (1000usize, 2064usize),
+            (1024, 3072),
+            (2047, 6144),
+            (512, 10240),
+        ] {
+            let x = randn(&[rows, kk], dt, dev)?;
+            let w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;
+            let out = Tensor::zeros((rows, n), dt, dev)?;
+            k.linear_into(&x, &w, &out)?;
+            let f = |x: &Tensor| x.to_dtype(DType::F32);
+            let reference = f(&x)?.matmul(&f(&w)?.t()?)?;
+            let name = format!("gemv rows {rows} n {n} k {kk} (two warps a row)");
+            t.check(name, rel(&out, &reference)?, 2e-2);
+        }
+    }
+    Ok(())
 }
 
 /// The double-buffered plain and norm kernels (`LaunchOptions::gemv_double_buffer`) against

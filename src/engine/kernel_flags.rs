@@ -27,6 +27,10 @@ pub struct KernelFlags {
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
     pub no_gemv_double_buffer: bool,
+    /// Two warps a row in the 1-2-row plain matmuls over more than 2,048 inputs
+    /// (`KernelOptions::gemv_split_k`).
+    #[arg(long)]
+    pub gemv_split_k: bool,
     /// Skinny matmuls prefetch the next matmul's weights into L2
     /// (`KernelOptions::l2_prefetch`).
     #[arg(long)]
@@ -113,6 +117,7 @@ impl KernelFlags {
                     .unwrap_or(super::options::GEMV_STREAM_BLOCKS)
             }),
             gemv_double_buffer: !self.no_gemv_double_buffer,
+            gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
             sample_full: !self.no_device_full_sampling,

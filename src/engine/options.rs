@@ -44,6 +44,12 @@ pub struct KernelOptions {
     /// while the one before is summed; the same sums in the same order). On by default: on
     /// the H200 1.7B's down 10.5 -> 9.9 us alone, batch 2 +1-2% (BENCHMARKS.md, #21).
     pub gemv_double_buffer: bool,
+    /// The 1-2-row plain matmuls over rows of more than 2,048 inputs (down) run two warps a
+    /// row, each over half of the inputs with its loads issued before the wait, the halves
+    /// added in shared memory (`gemv.cu` `gemv_split_*`; f32 sums in another order). Off by
+    /// default: built for #21's 1.7B batch-1 step (its down reads 25 MB at 2.5 TB/s), not yet
+    /// measured on the GPU.
+    pub gemv_split_k: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
     pub l2_prefetch: bool,
@@ -155,6 +161,7 @@ impl Default for KernelOptions {
             gemv_mma: false,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
+            gemv_split_k: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,

@@ -62,6 +62,9 @@ pub(crate) struct GemvSet {
     /// The plain and norm kernels with two batches of loads in flight, for rows of more than
     /// [`DOUBLE_BUFFER_MIN_K`] inputs (`LaunchOptions::gemv_double_buffer`).
     double: Option<[Vec<CudaFunction>; 2]>,
+    /// The plain kernel with two warps a row, for rows of more than [`DOUBLE_BUFFER_MIN_K`]
+    /// inputs, a multiple of 16 (`LaunchOptions::gemv_split_k`).
+    split: Option<Vec<CudaFunction>>,
 }
 
 /// Inputs a lane's one batch of weight loads covers (8 loads of 8 bf16, 32 lanes): rows longer
@@ -96,6 +99,11 @@ impl GemvSet {
             max_blocks: stream.map(|b| sms * usize::from(b)),
             double: if opts.gemv_double_buffer && !opts.warp_norm {
                 Some([all("gemv_db".into())?, all("norm_gemv_db".into())?])
+            } else {
+                None
+            },
+            split: if opts.gemv_split_k {
+                Some(all("gemv_split".into())?)
             } else {
                 None
             },
@@ -301,8 +309,18 @@ impl CudaKernels {
             if kind == 3 && max_blocks.is_some() && k > STREAM_NORM_MAX_K {
                 return None;
             }
+            let long = k > DOUBLE_BUFFER_MIN_K;
+            let split = kind == 0 && long && k.is_multiple_of(16);
+            if let Some(s) = set.split.as_ref().filter(|_| split) {
+                return Some(Gemv {
+                    f: &s[t - 1],
+                    rows_per_block: GEMV_WARPS / 2,
+                    norm_smem: false,
+                    max_blocks: None,
+                });
+            }
             let f = match &set.double {
-                Some(d) if kind.is_multiple_of(2) && k > DOUBLE_BUFFER_MIN_K => &d[kind / 2][t - 1],
+                Some(d) if kind.is_multiple_of(2) && long => &d[kind / 2][t - 1],
                 _ => &set.fs[kind][t - 1],
             };
             return Some(Gemv {

@@ -22,6 +22,9 @@ pub struct LaunchOptions {
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
     pub gemv_double_buffer: bool,
+    /// Two warps a row (a half of K each) in the 1-2-row plain matmuls over more than 2,048
+    /// inputs (`gemv.cu` `gemv_split_*`).
+    pub gemv_split_k: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
     /// while it runs (sm_90+).
     pub l2_prefetch: bool,
@@ -83,6 +86,7 @@ impl Default for LaunchOptions {
             gemv_mma: false,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
+            gemv_split_k: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
