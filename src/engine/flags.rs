@@ -330,6 +330,24 @@ mod tests {
         assert!(!d.kernels.kv_load_direct && !g.kernels.kv_load_direct);
         let k = Cli::parse_from(["x", "--kv-load-direct"]).engine.options();
         assert!(k.kernels.kv_load_direct);
+        // The streamed gate|up (2 blocks an SM) and the double-buffered long rows by default,
+        // the two-warps-a-row long rows off; each switched apart; a grid size with the switch
+        // that turns streaming off is refused.
+        assert_eq!(d.kernels.gemv_stream, Some(2));
+        assert_eq!(lib.kernels.gemv_stream, d.kernels.gemv_stream);
+        assert!(d.kernels.gemv_double_buffer && lib.kernels.gemv_double_buffer);
+        assert!(!d.kernels.gemv_split_k && !lib.kernels.gemv_split_k);
+        let n = Cli::parse_from(["x", "--no-gemv-stream"]).engine.options();
+        assert_eq!(n.kernels.gemv_stream, None);
+        assert!(n.kernels.gemv_double_buffer);
+        let n = Cli::parse_from(["x", "--gemv-stream", "3", "--no-gemv-double-buffer"]);
+        let n = n.engine.options();
+        assert_eq!(n.kernels.gemv_stream, Some(3));
+        assert!(!n.kernels.gemv_double_buffer && !n.kernels.gemv_split_k);
+        assert!(Cli::try_parse_from(["x", "--gemv-stream", "2", "--no-gemv-stream"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--gemv-stream", "0"]).is_err());
+        let n = Cli::parse_from(["x", "--gemv-split-k"]).engine.options();
+        assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);
         assert!(d.grammar_bounded_strings && lib.grammar_bounded_strings);
         assert!(d.grammar_fast_forward && lib.grammar_fast_forward);
         assert_eq!(
