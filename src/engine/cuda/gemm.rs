@@ -56,9 +56,9 @@ pub(crate) struct GemvSet {
     fs: [Vec<CudaFunction>; 4],
     /// Whether the norm kernels hold the normed rows in shared memory (off: the per-warp norm).
     norm_smem: bool,
-    /// Streamed rows for the gate|up kernels (`LaunchOptions::gemv_stream`): at most this many
-    /// blocks a launch.
-    max_blocks: Option<usize>,
+    /// The gate|up kernels (SiLU*up alone and behind the norm) on streamed rows
+    /// (`LaunchOptions::gemv_stream`), and the most blocks a launch of them takes.
+    stream: Option<([Vec<CudaFunction>; 2], usize)>,
     /// The plain and norm kernels with two batches of loads in flight, for rows of more than
     /// [`DOUBLE_BUFFER_MIN_K`] inputs (`LaunchOptions::gemv_double_buffer`).
     double: Option<[Vec<CudaFunction>; 2]>,
@@ -74,10 +74,6 @@ const DOUBLE_BUFFER_MIN_K: usize = 8 * 8 * 32;
 impl GemvSet {
     /// The functions `opts` asks for from the loaded `gemv` module, for a GPU of `sms` SMs.
     pub(super) fn load(m: &Arc<CudaModule>, opts: &LaunchOptions, sms: usize) -> Result<Self> {
-        // Only the gate|up kernels have streamed rows (the others measured slower on them), and
-        // not behind the per-warp norm.
-        let stream = opts.gemv_stream.filter(|_| !opts.warp_norm);
-        let s = if stream.is_some() { "s" } else { "" };
         let norm = if opts.warp_norm { "wnorm" } else { "norm" };
         let all = |kind: String| -> Result<Vec<CudaFunction>> {
             (1..=GEMV_MAX_ROWS)
@@ -91,12 +87,20 @@ impl GemvSet {
         Ok(Self {
             fs: [
                 all("gemv".into())?,
-                all(format!("{s}gemv_silu"))?,
+                all("gemv_silu".into())?,
                 all(format!("{norm}_gemv"))?,
-                all(format!("{s}{norm}_gemv_silu"))?,
+                all(format!("{norm}_gemv_silu"))?,
             ],
             norm_smem: !opts.warp_norm,
-            max_blocks: stream.map(|b| sms * usize::from(b)),
+            // Only the gate|up kernels have streamed rows (the others measured slower on
+            // them), and not beside the per-warp norm.
+            stream: match opts.gemv_stream.filter(|_| !opts.warp_norm) {
+                Some(b) => Some((
+                    [all("sgemv_silu".into())?, all("snorm_gemv_silu".into())?],
+                    sms * usize::from(b),
+                )),
+                None => None,
+            },
             double: if opts.gemv_double_buffer && !opts.warp_norm {
                 Some([all("gemv_db".into())?, all("norm_gemv_db".into())?])
             } else {
@@ -304,10 +308,15 @@ impl CudaKernels {
         if t <= GEMV_MAX_ROWS {
             let set = self.gemv.as_ref()?;
             // Kinds 1 and 3 (gate|up) stream; the streamed norm kernel holds the norm weights
-            // of K <= STREAM_NORM_MAX_K.
-            let max_blocks = set.max_blocks.filter(|_| kind % 2 == 1);
-            if kind == 3 && max_blocks.is_some() && k > STREAM_NORM_MAX_K {
-                return None;
+            // of K <= STREAM_NORM_MAX_K (wider ones take the kernel a block per eight pairs).
+            let streams = kind == 1 || (kind == 3 && k <= STREAM_NORM_MAX_K);
+            if let Some((s, max)) = set.stream.as_ref().filter(|_| streams) {
+                return Some(Gemv {
+                    f: &s[kind / 2][t - 1],
+                    rows_per_block: GEMV_WARPS,
+                    norm_smem: set.norm_smem,
+                    max_blocks: Some(*max),
+                });
             }
             let long = k > DOUBLE_BUFFER_MIN_K;
             let split = kind == 0 && long && k.is_multiple_of(16);
@@ -327,7 +336,7 @@ impl CudaKernels {
                 f,
                 rows_per_block: GEMV_WARPS,
                 norm_smem: set.norm_smem,
-                max_blocks,
+                max_blocks: None,
             });
         }
         let fs = self.gemv_mma.as_ref()?;
