@@ -9,14 +9,13 @@
 //! once, so a matmul inside graph capture allocates nothing.
 
 use std::ffi::c_void;
-use std::sync::Arc;
 
 use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::cublas::{result as blas, sys};
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig};
 use candle_core::{DType, Tensor};
 
-use super::kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, LaunchOptions};
+use super::kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS};
 use super::launch::kernel_err;
 use crate::error::Result;
 
@@ -48,72 +47,9 @@ impl Gemv<'_> {
 /// registers (`NW_REGS` of `kernels/gemv.cu`) times a block's 256 threads.
 const STREAM_NORM_MAX_K: usize = 16 * 32 * GEMV_WARPS;
 
-/// The skinny-matmul kernels of 1..=[`GEMV_MAX_ROWS`] rows an engine launches (`kernels/gemv.cu`)
-/// and how their grids are sized.
-pub(crate) struct GemvSet {
-    /// Plain, fused with SiLU*up, and both behind the fused add+RMSNorm, a function per row
-    /// count.
-    fs: [Vec<CudaFunction>; 4],
-    /// Whether the norm kernels hold the normed rows in shared memory (off: the per-warp norm).
-    norm_smem: bool,
-    /// The gate|up kernels (SiLU*up alone and behind the norm) on streamed rows
-    /// (`LaunchOptions::gemv_stream`), and the most blocks a launch of them takes.
-    stream: Option<([Vec<CudaFunction>; 2], usize)>,
-    /// The plain and norm kernels with two batches of loads in flight, for rows of more than
-    /// [`DOUBLE_BUFFER_MIN_K`] inputs (`LaunchOptions::gemv_double_buffer`).
-    double: Option<[Vec<CudaFunction>; 2]>,
-    /// The plain kernel with two warps a row, for rows of more than [`DOUBLE_BUFFER_MIN_K`]
-    /// inputs, a multiple of 16 (`LaunchOptions::gemv_split_k`).
-    split: Option<Vec<CudaFunction>>,
-}
-
 /// Inputs a lane's one batch of weight loads covers (8 loads of 8 bf16, 32 lanes): rows longer
 /// than this take the double-buffered kernels when they are loaded.
 const DOUBLE_BUFFER_MIN_K: usize = 8 * 8 * 32;
-
-impl GemvSet {
-    /// The functions `opts` asks for from the loaded `gemv` module, for a GPU of `sms` SMs.
-    pub(super) fn load(m: &Arc<CudaModule>, opts: &LaunchOptions, sms: usize) -> Result<Self> {
-        let norm = if opts.warp_norm { "wnorm" } else { "norm" };
-        let all = |kind: String| -> Result<Vec<CudaFunction>> {
-            (1..=GEMV_MAX_ROWS)
-                .map(|t| {
-                    let name = format!("{kind}_t{t}_bf16");
-                    m.load_function(&name)
-                        .map_err(|e| kernel_err(&format!("function {name}"), e))
-                })
-                .collect()
-        };
-        Ok(Self {
-            fs: [
-                all("gemv".into())?,
-                all("gemv_silu".into())?,
-                all(format!("{norm}_gemv"))?,
-                all(format!("{norm}_gemv_silu"))?,
-            ],
-            norm_smem: !opts.warp_norm,
-            // Only the gate|up kernels have streamed rows (the others measured slower on
-            // them), and not beside the per-warp norm.
-            stream: match opts.gemv_stream.filter(|_| !opts.warp_norm) {
-                Some(b) => Some((
-                    [all("sgemv_silu".into())?, all("snorm_gemv_silu".into())?],
-                    sms * usize::from(b),
-                )),
-                None => None,
-            },
-            double: if opts.gemv_double_buffer && !opts.warp_norm {
-                Some([all("gemv_db".into())?, all("norm_gemv_db".into())?])
-            } else {
-                None
-            },
-            split: if opts.gemv_split_k {
-                Some(all("gemv_split".into())?)
-            } else {
-                None
-            },
-        })
-    }
-}
 
 /// Widest weight (output rows) the skinny-matmul kernels take.
 const GEMV_MAX_N: usize = 1 << 15;

@@ -12,6 +12,76 @@ use candle_core::{DType, Device, Tensor};
 use super::launch::kernel_err;
 use crate::error::Result;
 
+/// The skinny-matmul kernels of 1-2 rows an engine launches (`kernels/gemv.cu`; launched from
+/// `gemm.rs`) and how their grids are sized.
+pub(crate) struct GemvSet {
+    /// Plain, fused with SiLU*up, and both behind the fused add+RMSNorm, a function per row
+    /// count.
+    pub(super) fs: [Vec<CudaFunction>; 4],
+    /// Whether the norm kernels hold the normed rows in shared memory (off: the per-warp norm).
+    pub(super) norm_smem: bool,
+    /// The gate|up kernels (SiLU*up alone and behind the norm) on streamed rows
+    /// (`LaunchOptions::gemv_stream`), and the most blocks a launch of them takes.
+    pub(super) stream: Option<([Vec<CudaFunction>; 2], usize)>,
+    /// The plain and norm kernels with two batches of loads in flight, for rows of more than
+    /// 2,048 inputs (`LaunchOptions::gemv_double_buffer`).
+    pub(super) double: Option<[Vec<CudaFunction>; 2]>,
+    /// The plain kernel with two warps a row, for rows of more than 2,048
+    /// inputs, a multiple of 16 (`LaunchOptions::gemv_split_k`).
+    pub(super) split: Option<Vec<CudaFunction>>,
+}
+
+impl GemvSet {
+    /// The functions for 1..=`rows` rows that the launch options (`gemv_stream`,
+    /// `gemv_double_buffer`, `gemv_split_k`, `warp_norm`) ask for, from the loaded `gemv`
+    /// module, for a GPU of `sms` SMs.
+    pub(super) fn load(
+        m: &Arc<CudaModule>,
+        (gemv_stream, double, split, warp_norm): (Option<u8>, bool, bool, bool),
+        sms: usize,
+        rows: usize,
+    ) -> Result<Self> {
+        let norm = if warp_norm { "wnorm" } else { "norm" };
+        let all = |kind: String| -> Result<Vec<CudaFunction>> {
+            (1..=rows)
+                .map(|t| {
+                    let name = format!("{kind}_t{t}_bf16");
+                    m.load_function(&name)
+                        .map_err(|e| kernel_err(&format!("function {name}"), e))
+                })
+                .collect()
+        };
+        Ok(Self {
+            fs: [
+                all("gemv".into())?,
+                all("gemv_silu".into())?,
+                all(format!("{norm}_gemv"))?,
+                all(format!("{norm}_gemv_silu"))?,
+            ],
+            norm_smem: !warp_norm,
+            // Only the gate|up kernels have streamed rows (the others measured slower on
+            // them), and not beside the per-warp norm.
+            stream: match gemv_stream.filter(|_| !warp_norm) {
+                Some(b) => Some((
+                    [all("sgemv_silu".into())?, all("snorm_gemv_silu".into())?],
+                    sms * usize::from(b),
+                )),
+                None => None,
+            },
+            double: if double && !warp_norm {
+                Some([all("gemv_db".into())?, all("norm_gemv_db".into())?])
+            } else {
+                None
+            },
+            split: if split {
+                Some(all("gemv_split".into())?)
+            } else {
+                None
+            },
+        })
+    }
+}
+
 /// The MoE kernels (`kernels/moe_route.cu`, `kernels/moe.cu`, `kernels/moe_mma.cu`): routing
 /// and sums `[bf16, f32]`;
 /// the experts' matmuls on CUDA cores `[bf16 tile 8, f32 tile 8, f32 tile 32, bf16 tile 1]`

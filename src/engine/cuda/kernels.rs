@@ -12,7 +12,7 @@ use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::{CudaDevice, DType, Device};
 
 use super::blas::Blas;
-use super::handles::{DecodeAttention, Fp8Kernels, LoraGrouped, MoeKernels, SpecKernels};
+use super::handles::{DecodeAttention, Fp8Kernels, GemvSet, LoraGrouped, MoeKernels, SpecKernels};
 use super::launch::{self, kernel_err};
 pub use super::launch_options::LaunchOptions;
 use super::launch_options::{MMA_STAGES_BF16, MMA_STAGES_FP8};
@@ -116,7 +116,7 @@ pub struct CudaKernels {
     pub(super) sms: usize,
     /// Skinny matmuls for 1..=GEMV_MAX_ROWS rows (bf16 only; None without
     /// `LaunchOptions::gemv`).
-    pub(super) gemv: Option<super::gemm::GemvSet>,
+    pub(super) gemv: Option<GemvSet>,
     /// The same four on tensor cores for `GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS` rows (None
     /// without `LaunchOptions::gemv_mma`).
     pub(super) gemv_mma: Option<[Vec<CudaFunction>; 4]>,
@@ -409,7 +409,13 @@ impl CudaKernels {
                 None
             },
             gemv: if dtype == DType::BF16 && opts.gemv {
-                Some(super::gemm::GemvSet::load(&gemv_mod, opts, sms)?)
+                let which = (
+                    opts.gemv_stream,
+                    opts.gemv_double_buffer,
+                    opts.gemv_split_k,
+                    opts.warp_norm,
+                );
+                Some(GemvSet::load(&gemv_mod, which, sms, GEMV_MAX_ROWS)?)
             } else {
                 None
             },
