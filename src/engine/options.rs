@@ -47,8 +47,8 @@ pub struct KernelOptions {
     /// The 1-2-row plain matmuls over rows of more than 2,048 inputs (down) run two warps a
     /// row, each over half of the inputs with its loads issued before the wait, the halves
     /// added in shared memory (`gemv.cu` `gemv_split_*`; f32 sums in another order). Off by
-    /// default: built for #21's 1.7B batch-1 step (its down reads 25 MB at 2.5 TB/s), not yet
-    /// measured on the GPU.
+    /// default: on the H200 1.7B batch 1 641 against 669 tok/s (its down 11.2 against 9.9 us
+    /// alone), 0.6B within noise (BENCHMARKS.md, #21).
     pub gemv_split_k: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
