@@ -138,6 +138,24 @@ struct WarpNorm {
   }
 };
 
+// acc[r][t] += W[rows[r]] . x[t] over chunk c (8 inputs), the weights in slot i of w.
+template <int T, int NR, typename X>
+__device__ __forceinline__ void sum_chunk(const X& xs, int c, const uint4 (&w)[NR][BATCH], int i,
+                                          float (&acc)[NR][T]) {
+  float wf[NR][8];
+#pragma unroll
+  for (int r = 0; r < NR; ++r) bf16x8_to_f32(w[r][i], wf[r]);
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    float xf[8];
+    bf16x8_to_f32(xs.chunk(t, c), xf);
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[r][t] = fmaf(wf[r][j], xf[j], acc[r][t]);
+  }
+}
+
 // acc[r][t] += W[rows[r]] . x[t] over one batch: chunks c0, c0 + 32, ... (below `chunks`), the
 // weights in w.
 template <int T, int NR, typename X>
@@ -147,18 +165,7 @@ __device__ __forceinline__ void sum_batch(const X& xs, int c0, int chunks,
   for (int i = 0; i < BATCH; ++i) {
     const int c = c0 + 32 * i;
     if (c >= chunks) break;
-    float wf[NR][8];
-#pragma unroll
-    for (int r = 0; r < NR; ++r) bf16x8_to_f32(w[r][i], wf[r]);
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      float xf[8];
-      bf16x8_to_f32(xs.chunk(t, c), xf);
-#pragma unroll
-      for (int r = 0; r < NR; ++r)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[r][t] = fmaf(wf[r][j], xf[j], acc[r][t]);
-    }
+    sum_chunk<T, NR>(xs, c, w, i, acc);
   }
 }
 
@@ -554,20 +561,7 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
     for (int i = 0; i < BATCH; ++i) {
       if (base + i >= total) break;
       const int c = lane + 32 * cp;
-      if (c < chunks) {
-        float wf[NR][8];
-#pragma unroll
-        for (int r = 0; r < NR; ++r) bf16x8_to_f32(w[r][i], wf[r]);
-#pragma unroll
-        for (int t = 0; t < T; ++t) {
-          float xf[8];
-          bf16x8_to_f32(xs.chunk(t, c), xf);
-#pragma unroll
-          for (int r = 0; r < NR; ++r)
-#pragma unroll
-            for (int j = 0; j < 8; ++j) acc[r][t] = fmaf(wf[r][j], xf[j], acc[r][t]);
-        }
-      }
+      if (c < chunks) sum_chunk<T, NR>(xs, c, w, i, acc);
       if (++cp == P) {  // the row's last chunk: reduce, store, next row
 #pragma unroll
         for (int r = 0; r < NR; ++r)
