@@ -85,10 +85,6 @@ fn split_rows(dev: &Device, t: &mut Table) -> Res<()> {
 /// and five batches (10,240).
 fn double_bits(plain: &CudaKernels, k: &CudaKernels, dev: &Device, t: &mut Table) -> Res<()> {
     let dt = DType::BF16;
-    let diff = |a: &Tensor, b: &Tensor| -> Res<f32> {
-        let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
-        Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
-    };
     let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
     for rows in 1..=2usize {
         for &(n, kk) in &[
@@ -104,23 +100,12 @@ fn double_bits(plain: &CudaKernels, k: &CudaKernels, dev: &Device, t: &mut Table
             plain.linear_into(&x, &w, &o1)?;
             k.linear_into(&x, &w, &o2)?;
             let name = format!("gemv rows {rows} n {n} k {kk} (two batches in flight)");
-            t.check(name, diff(&o1, &o2)?, 0.0);
-            let res = randn(&[rows, kk], dt, dev)?;
-            let delta = randn(&[rows, kk], dt, dev)?;
-            let nw = randn(&[kk], dt, dev)?.affine(0.1, 1.0)?.to_dtype(dt)?;
-            let h = zeros(rows, kk)?;
-            let mut outs = Vec::new();
-            for kern in [plain, k] {
-                let res_out = zeros(rows, kk)?;
-                let out = zeros(rows, n)?;
-                let r = (&res, Some(&delta), &res_out);
-                kern.norm_linear_into(r, (&nw, 1e-6), &h, &w, &out, None, None)?;
-                outs.push((out, res_out));
-            }
-            let name = format!("norm_gemv rows {rows} n {n} k {kk} (two batches in flight)");
-            t.check(name, diff(&outs[0].0, &outs[1].0)?, 0.0);
-            let name = format!("norm_gemv rows {rows} k {kk} residual sum (two batches in flight)");
-            t.check(name, diff(&outs[0].1, &outs[1].1)?, 0.0);
+            t.check(name, max_diff(&o1, &o2)?, 0.0);
+            let names = [
+                format!("norm_gemv rows {rows} n {n} k {kk} (two batches in flight)"),
+                format!("norm_gemv rows {rows} k {kk} residual sum (two batches in flight)"),
+            ];
+            norm_bits((plain, k), &w, (rows, false), names, dev, t)?;
         }
     }
     Ok(())
@@ -138,10 +123,6 @@ fn stream_bits(
     t: &mut Table,
 ) -> Res<()> {
     let dt = DType::BF16;
-    let diff = |a: &Tensor, b: &Tensor| -> Res<f32> {
-        let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
-        Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
-    };
     let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
     for rows in 1..=2usize {
         for &(n, kk) in &[
@@ -159,25 +140,53 @@ fn stream_bits(
             plain.gate_up_silu_into(&x, &w, &gu, &a1)?;
             k.gate_up_silu_into(&x, &w, &gu, &a2)?;
             let name = format!("gemv_silu rows {rows} I {i} k {kk}{tag}");
-            t.check(name, diff(&a1, &a2)?, 0.0);
-            let res = randn(&[rows, kk], dt, dev)?;
-            let delta = randn(&[rows, kk], dt, dev)?;
-            let nw = randn(&[kk], dt, dev)?.affine(0.1, 1.0)?.to_dtype(dt)?;
-            let h = zeros(rows, kk)?;
-            let mut outs = Vec::new();
-            for kern in [plain, k] {
-                let res_out = zeros(rows, kk)?;
-                let (out, act) = (zeros(rows, n)?, zeros(rows, i)?);
-                let r = (&res, Some(&delta), &res_out);
-                kern.norm_linear_into(r, (&nw, 1e-6), &h, &w, &out, Some((&gu, &act)), None)?;
-                outs.push((act, res_out));
-            }
-            let name = format!("norm_gemv_silu rows {rows} I {i} k {kk}{tag}");
-            t.check(name, diff(&outs[0].0, &outs[1].0)?, 0.0);
-            let name = format!("norm_gemv_silu rows {rows} k {kk} residual sum{tag}");
-            t.check(name, diff(&outs[0].1, &outs[1].1)?, 0.0);
+            t.check(name, max_diff(&a1, &a2)?, 0.0);
+            let names = [
+                format!("norm_gemv_silu rows {rows} I {i} k {kk}{tag}"),
+                format!("norm_gemv_silu rows {rows} k {kk} residual sum{tag}"),
+            ];
+            norm_bits((plain, k), &w, (rows, true), names, dev, t)?;
         }
     }
+    Ok(())
+}
+
+/// The largest |a - b| (0: bit for bit, up to the sign of zeros).
+fn max_diff(a: &Tensor, b: &Tensor) -> Res<f32> {
+    let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
+    Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
+}
+
+/// `w` behind the fused norm (SiLU*up with `silu`) on `rows` random residual rows, delta and
+/// norm weight, run by `plain` and by `k`: output and residual sum checked bit for bit as
+/// `names`.
+fn norm_bits(
+    (plain, k): (&CudaKernels, &CudaKernels),
+    w: &Tensor,
+    (rows, silu): (usize, bool),
+    names: [String; 2],
+    dev: &Device,
+    t: &mut Table,
+) -> Res<()> {
+    let dt = DType::BF16;
+    let (n, kk) = w.dims2()?;
+    let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
+    let res = randn(&[rows, kk], dt, dev)?;
+    let delta = randn(&[rows, kk], dt, dev)?;
+    let nw = randn(&[kk], dt, dev)?.affine(0.1, 1.0)?.to_dtype(dt)?;
+    let (h, gu) = (zeros(rows, kk)?, zeros(rows, n)?);
+    let mut outs = Vec::new();
+    for kern in [plain, k] {
+        let res_out = zeros(rows, kk)?;
+        let (out, act) = (zeros(rows, n)?, zeros(rows, n / 2)?);
+        let r = (&res, Some(&delta), &res_out);
+        let s = silu.then_some((&gu, &act));
+        kern.norm_linear_into(r, (&nw, 1e-6), &h, w, &out, s, None)?;
+        outs.push((if silu { act } else { out }, res_out));
+    }
+    let [out_name, sum_name] = names;
+    t.check(out_name, max_diff(&outs[0].0, &outs[1].0)?, 0.0);
+    t.check(sum_name, max_diff(&outs[0].1, &outs[1].1)?, 0.0);
     Ok(())
 }
 
