@@ -20,6 +20,7 @@ const KERNELS: &[&str] = &[
     "lora",
     "lora_silu",
     "lora_grouped",
+    "lora_runs",
     "gemv",
     "kv_move",
     "moe",
@@ -37,6 +38,7 @@ fn main() {
     println!("cargo:rerun-if-changed=kernels/attention.cuh");
     println!("cargo:rerun-if-changed=kernels/flash.cuh");
     println!("cargo:rerun-if-changed=kernels/moe.cuh");
+    println!("cargo:rerun-if-changed=kernels/lora.cuh");
     println!("cargo:rerun-if-env-changed=CUDA_ROOT");
     println!("cargo:rerun-if-env-changed=NVCC");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {

@@ -8,32 +8,7 @@
 // kernel of a step: the kernel loads them before waiting on the kernel before it, with the
 // rank loops unrolled to RMAX (16 or 64) so that a row's loads go out together.
 #include <stdint.h>
-#include "common.cuh"
-
-// Eight values of T from one (bf16) or two (f32) 16-byte loads.
-template <typename T> struct Vec8;
-template <> struct Vec8<__nv_bfloat16> {
-  uint4 v;
-  __device__ __forceinline__ void load(const __nv_bfloat16* p) {
-    v = *reinterpret_cast<const uint4*>(p);
-  }
-  __device__ __forceinline__ void to(float* o) const { bf16x8_to_f32(v, o); }
-};
-template <> struct Vec8<float> {
-  float4 a, b;
-  __device__ __forceinline__ void load(const float* p) {
-    a = reinterpret_cast<const float4*>(p)[0];
-    b = reinterpret_cast<const float4*>(p)[1];
-  }
-  __device__ __forceinline__ void to(float* o) const {
-    o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
-    o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
-  }
-};
-
-template <typename T> __device__ __forceinline__ float round_t(float x) {
-  return to_f(from_f<T>(x));
-}
+#include "lora.cuh"
 
 // The slot of token `tok` in the tile table (triples (first token, count, slot) of consecutive
 // tokens), or 0xffffffff for a token on no adapter (base rows have no tile; count-0 tiles are
@@ -50,30 +25,6 @@ __device__ __forceinline__ uint32_t token_slot(const uint32_t* __restrict__ tile
   __syncthreads();
   return found;
 }
-
-// A row of r <= RMAX (a multiple of 8) values of b, all its loads issued at once.
-template <typename T, int RMAX> struct RankRow {
-  Vec8<T> v[RMAX / 8];
-  __device__ __forceinline__ void load(const T* __restrict__ row, int r) {
-#pragma unroll
-    for (int c = 0; c < RMAX / 8; ++c)
-      if (c * 8 < r) v[c].load(row + c * 8);
-  }
-  // sum_i ys[i] * row[i]
-  __device__ __forceinline__ float dot(const float* ys, int r) const {
-    float acc = 0.f;
-#pragma unroll
-    for (int c = 0; c < RMAX / 8; ++c) {
-      if (c * 8 < r) {
-        float bv[8];
-        v[c].to(bv);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc += ys[c * 8 + i] * bv[i];
-      }
-    }
-    return acc;
-  }
-};
 
 // Grid (ceil(n / 256), T), 256 threads. Column c = blockIdx.x * 256 + tid of token t on slot s:
 //   g = bf16(gu[t, c] + y[t, :r] · b[s, c]),  u = bf16(gu[t, n + c] + y[t, r:] · b[s, n + c])

@@ -11,6 +11,7 @@ mod fp8;
 mod fused;
 mod gemv;
 mod lora;
+mod lora_runs;
 mod mma;
 mod model;
 mod moe;
@@ -185,6 +186,8 @@ fn main() -> Res<()> {
             lora::lora_model_checks(&a, &dev, dt, &mut t)?;
         }
         lora::lora_grouped_checks(&dev, &mut t)?;
+        lora_runs::checks(&dev, &mut t)?;
+        fused::lora_checks(&dev, &mut t)?;
         lora::lora_graph_check(&a, &mut t)?;
         return report(t);
     }
@@ -209,6 +212,7 @@ fn main() -> Res<()> {
     greedy_check(&a, &mut t)?;
     fp8::engine_check(&a, &mut t)?;
     lora::lora_grouped_checks(&dev, &mut t)?;
+    lora_runs::checks(&dev, &mut t)?;
     lora::lora_graph_check(&a, &mut t)?;
     report(t)
 }

@@ -31,6 +31,7 @@ static LOGIT_EDITS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/logit_edit
 static LORA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora.fatbin"));
 static LORA_SILU: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_silu.fatbin"));
 static LORA_GROUPED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_grouped.fatbin"));
+static LORA_RUNS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_runs.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
 static MOE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe.fatbin"));
 static MOE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_mma.fatbin"));
@@ -86,6 +87,9 @@ pub struct CudaKernels {
     pub(super) lora_overlap: Option<super::handles::LoraOverlap>,
     /// The grouped LoRA kernels (`LaunchOptions::lora_grouped`, bf16); None without them.
     pub(super) lora_grouped: Option<LoraGrouped>,
+    /// The LoRA kernels that read the tile table by runs (`LaunchOptions::lora_runs`); None
+    /// without them.
+    pub(super) lora_runs: Option<super::handles::LoraRuns>,
     pub(super) gather_rows_f32: CudaFunction,
     /// The MoE layers' kernels (`kernels/moe_route.cu`, `kernels/moe.cu`, `kernels/moe_mma.cu`).
     pub(super) moe: MoeKernels,
@@ -102,6 +106,9 @@ pub struct CudaKernels {
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge), bf16, GQA
     /// groups 1, 2, 4, 8; None for f32 or without `LaunchOptions::fused_decode`.
     pub(super) decode_fused: Option<[CudaFunction; 4]>,
+    /// The same with the qkv matmul's LoRA delta added in its first phase
+    /// (`LaunchOptions::lora_attn_expand`, bf16 caches).
+    pub(super) decode_fused_lora: Option<[CudaFunction; 4]>,
     pub(super) prefill: [CudaFunction; 3],
     /// The tensor-core prefill kernels (bf16 only), for GQA groups 1, 2, 4, 8.
     pub(super) prefill_tc: Option<[CudaFunction; 4]>,
@@ -357,6 +364,10 @@ impl CudaKernels {
             lora_grouped: (opts.lora_grouped && dtype == DType::BF16)
                 .then(|| LoraGrouped::new(load(LORA_GROUPED, "lora_grouped")?, device))
                 .transpose()?,
+            lora_runs: opts
+                .lora_runs
+                .then(|| super::handles::LoraRuns::new(load(LORA_RUNS, "lora_runs")?, s))
+                .transpose()?,
             gather_rows_f32: f(&layer_ops, "gather_rows_f32")?,
             moe: MoeKernels::load(
                 [&moe_route_mod, &moe_mod, &moe_mma_mod],
@@ -403,6 +414,14 @@ impl CudaKernels {
             spec: SpecKernels::load(&load(VERIFY, "verify")?, dtype, s, opts.shared_kv_verify)?,
             decode_fused: if dtype == DType::BF16 && opts.fused_decode {
                 let fs = groups(&fused_mod, "decode_fused", "bf16")?;
+                cluster_attr(&fs)?;
+                Some(fs)
+            } else {
+                None
+            },
+            decode_fused_lora: if dtype == DType::BF16 && opts.fused_decode && opts.lora_attn_expand
+            {
+                let fs = groups(&fused_mod, "decode_fused_lora", "bf16")?;
                 cluster_attr(&fs)?;
                 Some(fs)
             } else {

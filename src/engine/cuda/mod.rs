@@ -3,9 +3,11 @@
 //! tensors: attention (`attention.rs` decode, `verify.rs` speculative verify steps, `prefill.rs`
 //! prefill), layer ops (`layer_ops.rs`),
 //! the logits' draws, log-probs and penalty (`logits_ops.rs`), LoRA deltas (`lora_ops.rs`; grouped by
-//! slot: `lora_grouped_ops.rs`; beside the base matmuls: `lora_overlap.rs`), matmuls
+//! slot: `lora_grouped_ops.rs`; by runs of the tile table: `lora_runs.rs`; beside the base
+//! matmuls: `lora_overlap.rs`), matmuls
 //! (`gemm.rs`), the experts of MoE layers (`moe_ops.rs`), the launcher (`launch.rs`, its options `launch_options.rs`), the fp8 KV
-//! kernels' handles (`fp8.rs`), output buffers and timing events (`buffers.rs`) and id read-back (`readback.rs`). It knows nothing of
+//! kernels' handles (`fp8.rs`), the qkv LoRA delta the fused decode attention adds
+//! (`fused_lora.rs`), output buffers and timing events (`buffers.rs`) and id read-back (`readback.rs`). It knows nothing of
 //! models or serving: the forward built from these launches is `model::kernel_forward`, the
 //! CUDA graphs that replay it are `runner::graphs`.
 //!
@@ -21,6 +23,7 @@ mod attention;
 mod blas;
 mod buffers;
 mod fp8;
+mod fused_lora;
 mod gemm;
 mod handles;
 mod kernels;
@@ -31,6 +34,7 @@ mod logits_ops;
 mod lora_grouped_ops;
 mod lora_ops;
 mod lora_overlap;
+mod lora_runs;
 mod moe_ops;
 mod params;
 mod prefill;
@@ -40,12 +44,14 @@ mod verify;
 
 pub use attention::{CLUSTER_MAX_ROWS, DECODE_CLUSTER, FUSED_MAX_ROWS};
 pub use buffers::GpuEvent;
+pub use fused_lora::{FUSED_LORA_MAX_RANK, FusedLora};
 pub use kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, LaunchOptions};
 pub(crate) use launch::kernel_err;
 pub use launch_options::{MMA_STAGES_BF16, MMA_STAGES_FP8};
 pub use lora_grouped_ops::{LORA_GROUPED_MIN_ROWS, LORA_GROUPED_SLICES, lora_scratch_cols};
 pub use lora_ops::{LORA_TILE, LORA_TILE_ONE_MAX, lora_tile};
 pub use lora_overlap::LORA_OVERLAP_MAX_RANK;
+pub use lora_runs::LORA_RUNS_MIN_ROWS;
 pub(crate) use moe_ops::MoeScratch;
 pub use moe_ops::{MOE_TILE_ONE_MAX, MOE_TILES, moe_max_tiles, moe_tile};
 pub use readback::PendingIds;

@@ -79,6 +79,8 @@ pub fn kernels_for(
         moe_down_sum: opts.moe_down_sum,
         lora_overlap: opts.lora_overlap,
         lora_grouped: opts.lora_grouped,
+        lora_runs: opts.lora_runs,
+        lora_attn_expand: opts.lora_attn_expand,
         ..LaunchOptions::default()
     };
     CudaKernels::new(device, dtype, &launch)

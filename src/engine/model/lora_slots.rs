@@ -298,8 +298,8 @@ pub fn tiles(seqs: &[crate::engine::batch::SeqInput<'_>], tile: usize, by_slot: 
 }
 
 /// [`tiles`] of a kernel step of `rows` rows (`rows` being the graph bucket's on a replay):
-/// tiles of `cuda::lora_tile(rows)` tokens, sorted by slot when the grouped kernels serve the
-/// step. The eager forward and the graph replay both take it from here, so a replayed bucket
+/// tiles of `cuda::lora_tile(rows)` tokens, sorted by slot when the grouped kernels or the
+/// run kernels (`KernelOptions::lora_runs`) serve the step. The eager forward and the graph replay both take it from here, so a replayed bucket
 /// and an eager step of as many rows lay the table out alike.
 #[cfg(feature = "cuda")]
 pub fn kernel_tiles(
@@ -307,8 +307,9 @@ pub fn kernel_tiles(
     rows: usize,
     k: Option<&crate::engine::cuda::CudaKernels>,
 ) -> Vec<u32> {
-    let by_slot = k.is_some_and(|k| k.lora_grouped_sorts(rows));
-    tiles(seqs, crate::engine::cuda::lora_tile(rows), by_slot)
+    let tile = crate::engine::cuda::lora_tile(rows);
+    let by_slot = k.is_some_and(|k| k.lora_grouped_sorts(rows) || k.lora_runs_serve(rows, tile));
+    tiles(seqs, tile, by_slot)
 }
 
 /// The segments of a batch: consecutive tokens of sequences on the same slot, in order.

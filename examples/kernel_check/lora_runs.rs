@@ -1,0 +1,161 @@
+//! The run LoRA kernels (`LaunchOptions::lora_runs`, `kernels/lora_runs.cu`) against the
+//! one-token kernels on random adapters: the shrink's `y` within f32 rounding of theirs (the
+//! same products summed in another order) and bit for bit the same whatever the table's order;
+//! the expand and the expand+SiLU bit for bit the one-token ones' from the same `y`. Tables: a
+//! slot per row sorted by slot, one slot for all rows, rows on 13 of 16 slots unsorted with
+//! base rows, count-0 padding and a slot past those held, and the fewest rows the kernels take;
+//! ranks 8, 16 and 64; the fan-ins of the 0.6B and 1.7B shapes.
+
+use super::*;
+use policy_serve::engine::cuda::{LORA_RUNS_MIN_ROWS, lora_scratch_cols};
+
+/// A tile table case: name, rows, slots held, and the tiles as (token, slot).
+type Case = (&'static str, usize, usize, Vec<(u32, u32)>);
+
+/// The flattened tile table of `table`, with two count-0 tiles of padding where a graph's
+/// table (a tile per row at most) has room.
+fn flat(table: &[(u32, u32)], rows: usize, dev: &Device) -> Res<Tensor> {
+    let mut v: Vec<u32> = table.iter().flat_map(|&(i, s)| [i, 1, s]).collect();
+    if table.len() + 2 <= rows {
+        v.extend([0, 0, 0, 0, 0, 0]);
+    }
+    let n = v.len() / 3;
+    Ok(Tensor::from_vec(v, (n, 3), dev)?)
+}
+
+pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
+    let kern = |runs: bool| -> Res<CudaKernels> {
+        let o = LaunchOptions {
+            lora_grouped: false,
+            lora_overlap: true,
+            lora_runs: runs,
+            ..LaunchOptions::default()
+        };
+        Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("kernels")?)
+    };
+    let (plain, runs) = (kern(false)?, kern(true)?);
+    let normal =
+        |shape: &[usize], s: f64| -> Res<Tensor> { Ok((randn(shape, DType::BF16, dev)? * s)?) };
+    let by_slot = |rows: usize| -> Vec<(u32, u32)> {
+        let mut v: Vec<(u32, u32)> = (0..rows as u32).map(|i| (i, i % 8)).collect();
+        v.sort_by_key(|&(_, s)| s);
+        v
+    };
+    // Rows 3, 8, 13, .. on no adapter; row 17 on a slot past those held (a base row too).
+    let scattered: Vec<(u32, u32)> = (0..40u32)
+        .filter(|i| i % 5 != 3)
+        .map(|i| (i, if i == 17 { 99 } else { (i * 7) % 13 }))
+        .collect();
+    let cases: [Case; 4] = [
+        ("64 rows, a slot per row", 64, 8, by_slot(64)),
+        (
+            "64 rows on one slot",
+            64,
+            8,
+            (0..64).map(|i| (i, 3)).collect(),
+        ),
+        ("40 rows on 13 slots, unsorted", 40, 16, scattered),
+        ("17 rows", LORA_RUNS_MIN_ROWS + 1, 8, by_slot(17)),
+    ];
+    let shapes: [(&str, usize, Vec<usize>); 5] = [
+        ("qkv 1024", 1024, vec![0, 2048, 3072, 4096]),
+        ("o 2048", 2048, vec![0, 1024]),
+        ("gate|up 1024", 1024, vec![0, 3072, 6144]),
+        ("down 3072", 3072, vec![0, 1024]),
+        ("down 6144", 6144, vec![0, 2048]),
+    ];
+    for (tname, rows, slots, table) in &cases {
+        let tiles = flat(table, *rows, dev)?;
+        t.check(
+            format!("lora runs serve {tname} ?"),
+            if runs.lora_runs_serve(*rows, 1) {
+                0.0
+            } else {
+                1.0
+            },
+            0.0,
+        );
+        // The same tiles in row order (the shrink's sums must not depend on it).
+        let mut in_rows = table.clone();
+        in_rows.sort_by_key(|&(i, _)| i);
+        let row_order = flat(&in_rows, *rows, dev)?;
+        for r in [8usize, 16, 64] {
+            for (sname, fan_in, splits) in &shapes {
+                if r != 16 && !sname.starts_with("qkv") && !sname.starts_with("down 6") {
+                    continue;
+                }
+                let parts = splits.len() - 1;
+                let nout = *splits.last().ok_or("splits")?;
+                let a = normal(&[*slots, parts * r, *fan_in], 0.05)?;
+                let b = normal(&[*slots, nout, r], 0.05)?;
+                let x = normal(&[*rows, *fan_in], 1.0)?;
+                let cols = lora_scratch_cols(r, false);
+                let zeros = || Tensor::zeros((*rows, cols), DType::F32, dev);
+                let (y_ref, y, y_rows) = (zeros()?, zeros()?, zeros()?);
+                plain.lora_shrink_into(&x, &a, (&tiles, 1), &y_ref)?;
+                runs.lora_shrink_into(&x, &a, (&tiles, 1), &y)?;
+                runs.lora_shrink_into(&x, &a, (&row_order, 1), &y_rows)?;
+                t.check(
+                    format!("lora runs shrink: {tname}, {sname}, r{r}"),
+                    rel(&y, &y_ref)?,
+                    1e-5,
+                );
+                t.check(
+                    format!(
+                        "lora runs shrink, table in row order = sorted: {tname}, {sname}, r{r}"
+                    ),
+                    rel(&y_rows, &y)?,
+                    0.0,
+                );
+                let out0 = normal(&[*rows, nout], 1.0)?;
+                let (o_ref, o_run) = (out0.copy()?, out0.copy()?);
+                plain.lora_expand_into(&y_ref, (&b, splits), (&tiles, 1), &o_ref)?;
+                runs.lora_expand_into(&y_ref, (&b, splits), (&tiles, 1), &o_run)?;
+                t.check(
+                    format!("lora runs expand = one-token: {tname}, {sname}, r{r}"),
+                    rel(&o_run, &o_ref)?,
+                    0.0,
+                );
+                if sname.starts_with("gate") || (r != 16 && sname.starts_with("qkv")) {
+                    // The gate|up expand with the SiLU (qkv's rows stand in for gate|up at
+                    // ranks 8 and 64: n = 2048 columns of gate and of up).
+                    let n = nout / 2;
+                    let bgu = normal(&[*slots, 2 * n, r], 0.05)?;
+                    let gu = normal(&[*rows, 2 * n], 1.0)?;
+                    let act0 = normal(&[*rows, n], 1.0)?;
+                    let (a_ref, a_run) = (act0.copy()?, act0.copy()?);
+                    plain.lora_expand_silu_into(&gu, (&y_ref, &bgu), &a_ref, &tiles)?;
+                    runs.lora_expand_silu_into(&gu, (&y_ref, &bgu), &a_run, &tiles)?;
+                    t.check(
+                        format!("lora runs expand+SiLU = one-token: {tname}, n {n}, r{r}"),
+                        rel(&a_run, &a_ref)?,
+                        0.0,
+                    );
+                }
+            }
+        }
+    }
+    // Positive control: the run expand changed the rows on adapters, and left a base row.
+    let n = 24;
+    let x = normal(&[n, 1024], 1.0)?;
+    let a = normal(&[8, 16, 1024], 0.05)?;
+    let b = normal(&[8, 1024, 16], 0.05)?;
+    let table: Vec<(u32, u32)> = by_slot(n).into_iter().filter(|&(i, _)| i != 5).collect();
+    let tiles = flat(&table, n, dev)?;
+    let y = Tensor::zeros((n, lora_scratch_cols(16, false)), DType::F32, dev)?;
+    let out = normal(&[n, 1024], 1.0)?;
+    let before = out.copy()?;
+    runs.lora_into(&x, (&a, &b, &[0, 1024]), (&tiles, 1), &y, &out)?;
+    let moved = rel(&out, &before)?;
+    let base_row = rel(&out.narrow(0, 5, 1)?, &before.narrow(0, 5, 1)?)?;
+    t.check(
+        format!("lora runs: the delta moves the output (rel {moved:.3}), not a base row ?"),
+        if moved > 1e-3 && base_row == 0.0 {
+            0.0
+        } else {
+            1.0
+        },
+        0.0,
+    );
+    Ok(())
+}
