@@ -225,21 +225,9 @@ struct FusedDecodeParams {
   float v_scale;
   float eps;
   int stop;
-  // The qkv matmul's LoRA delta, added here instead of by an expand launch (null lora_b:
-  // none): the shrink's y [B, 3 r] (f32), b [slots, (nh + 2 nkv) * 128, r] (r <= 16), and the
-  // one-token tile table (first token, count, slot) of lora_ntiles tiles.
-  const float* lora_y;
-  const __nv_bfloat16* lora_b;
-  const uint32_t* lora_tiles;
-  int lora_ntiles;
-  int lora_r;
-  int lora_slots;
-  int lora_pad;
 };
-static_assert(sizeof(FusedDecodeParams) == 200, "FusedDecodeParams layout");
-static_assert(offsetof(FusedDecodeParams, width) == 112 && offsetof(FusedDecodeParams, eps) == 152 &&
-                  offsetof(FusedDecodeParams, lora_y) == 160 &&
-                  offsetof(FusedDecodeParams, lora_ntiles) == 184,
+static_assert(sizeof(FusedDecodeParams) == 160, "FusedDecodeParams layout");
+static_assert(offsetof(FusedDecodeParams, width) == 112 && offsetof(FusedDecodeParams, eps) == 152,
               "FusedDecodeParams layout");
 
 struct PrefillParams {

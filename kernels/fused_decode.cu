@@ -2,7 +2,6 @@
 // (see the comment on decode_fused below).
 
 #include "attention.cuh"
-#include "lora.cuh"
 
 namespace {
 
@@ -33,25 +32,6 @@ namespace {
 constexpr int FETCH = 4;          // tokens per half-warp whose K/V loads are in flight together
 constexpr int CLUSTER_PART = 128;  // longest partition of a context one cluster covers
 constexpr int MERGE_STAGE = 32;    // partials a global merge stages in shared memory
-
-// The LoRA slot of row `row` in a one-token tile table (first token, count, slot) of
-// `ntiles` tiles, or 0xffffffff (no tile holds it, or its slot is past those held): each lane
-// of the warp tests a tile, 32 at a time.
-__device__ __forceinline__ uint32_t lora_row_slot(const uint32_t* __restrict__ tiles,
-                                                  int ntiles, int row, int slots, int lane) {
-  uint32_t found = 0xffffffffu;
-  for (int i0 = 0; i0 < ntiles; i0 += 32) {
-    const int i = i0 + lane;
-    uint32_t s = 0xffffffffu;
-    if (i < ntiles) {
-      const uint32_t* tl = tiles + 3 * i;
-      if ((int)tl[0] <= row && row < (int)(tl[0] + tl[1]) && tl[2] < (uint32_t)slots) s = tl[2];
-    }
-    const unsigned hit = __ballot_sync(0xffffffffu, s != 0xffffffffu);
-    if (hit != 0) found = __shfl_sync(0xffffffffu, s, __ffs(hit) - 1);
-  }
-  return found;
-}
 
 // Blocks in this block's cluster and its rank there (1 and 0 without clusters).
 __device__ __forceinline__ int cluster_blocks() {
@@ -155,7 +135,7 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
 
 // KT: the caches' element type (bf16, or fp8 with the scales ks / vs: K's folded into q, the
 // new token's K/V kept in shared memory as stored, so both paths read the same values).
-template <int G, typename KT, bool LORA>
+template <int G, typename KT>
 __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              const __nv_bfloat16* __restrict__ q_w,
                              const __nv_bfloat16* __restrict__ k_w,
@@ -167,11 +147,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              __nv_bfloat16* __restrict__ out, float* part_acc, float* part_ml,
                              uint32_t* counters, int W, const uint32_t* __restrict__ width,
                              int block_size, long long num_slots, int nkv, int part_min,
-                             float ks, float vs, float eps, int stop,
-                             const float* __restrict__ lora_y,
-                             const __nv_bfloat16* __restrict__ lora_b,
-                             const uint32_t* __restrict__ lora_tiles, int lora_ntiles,
-                             int lora_r, int lora_slots) {
+                             float ks, float vs, float eps, int stop) {
   using T = __nv_bfloat16;
   using Raw = typename KvRaw<KT>::type;
   pdl_trigger();
@@ -211,29 +187,6 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     }
   };
   fetch(start);
-  const bool active = start < ctx;
-  const bool holds_new = active && end == ctx;
-  const int warp = threadIdx.x / 32, wl = threadIdx.x % 32;
-  // The qkv delta of row b's adapter (the one-token expand's sums and rounding): its slot
-  // (the tile table, uploaded before the step) and b's rows for this warp's first head (and
-  // the value head's, for the warp of the new key) before the wait; y after it.
-  const int nrow = (nh + 2 * nkv) * HD;
-  const uint32_t ls = LORA && lora_b != nullptr && active
-                          ? lora_row_slot(lora_tiles, lora_ntiles, b, lora_slots, wl)
-                          : 0xffffffffu;
-  RankRow<T, 16> lb[HD / 32], lv[HD / 32];
-  auto lora_load = [&](int h) {
-    const int hr = h < G ? kh * G + h : nh + kh;
-    const T* br = lora_b + ((size_t)ls * nrow + hr * HD + wl) * lora_r;
-#pragma unroll
-    for (int j = 0; j < HD / 32; ++j) lb[j].load(br + (size_t)32 * j * lora_r, lora_r);
-    if (h == G) {
-      const T* bv = lora_b + ((size_t)ls * nrow + (nh + nkv + kh) * HD + wl) * lora_r;
-#pragma unroll
-      for (int j = 0; j < HD / 32; ++j) lv[j].load(bv + (size_t)32 * j * lora_r, lora_r);
-    }
-  };
-  if (ls != 0xffffffffu && warp < G + (holds_new ? 1 : 0)) lora_load(warp);
   pdl_wait();
   if (stop == 1) return;
   if (ctx == 0) {  // the same for the whole row b
@@ -244,37 +197,20 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   }
 
   // 2: q heads into shared memory; the new key and value into the cache and shared memory.
+  const bool active = start < ctx;
+  const bool holds_new = active && end == ctx;
   __shared__ __align__(16) T qs[G][HD];
   __shared__ __align__(16) KT knew[HD];
   __shared__ __align__(16) KT vnew[HD];
   if (active) {
+    const int warp = threadIdx.x / 32, wl = threadIdx.x % 32;
     const T* row = qkv + (size_t)b * (nh + 2 * nkv) * HD;
     const float pos = (float)positions[b];
-    // Row b's y (q's r values, k's, v's), when it is on an adapter.
-    float ly[3][16];
-    if (ls != 0xffffffffu) {
-#pragma unroll
-      for (int p = 0; p < 3; ++p)
-#pragma unroll
-        for (int i = 0; i < 16; ++i)
-          ly[p][i] = i < lora_r ? lora_y[(size_t)b * 3 * lora_r + p * lora_r + i] : 0.f;
-    }
     for (int h = warp; h < G + (holds_new ? 1 : 0); h += THREADS / 32) {
       const bool is_q = h < G;
       float o[HD / 32];
-      const T* src = row + (size_t)(is_q ? kh * G + h : nh + kh) * HD;
-      if (ls != 0xffffffffu) {
-        if (h != warp) lora_load(h);
-        float v[HD / 32], yh[16];
-#pragma unroll
-        for (int i = 0; i < 16; ++i) yh[i] = is_q ? ly[0][i] : ly[1][i];
-#pragma unroll
-        for (int j = 0; j < HD / 32; ++j)
-          v[j] = round_t<T>(to_f(src[wl + 32 * j]) + lb[j].dot(yh, lora_r));
-        norm_rope_vals<T, HD / 32>(v, is_q ? q_w : k_w, inv_freq, pos, eps, wl, o);
-      } else {
-        norm_rope_head<T, HD / 32>(src, is_q ? q_w : k_w, inv_freq, pos, eps, wl, o);
-      }
+      norm_rope_head<T, HD / 32>(row + (size_t)(is_q ? kh * G + h : nh + kh) * HD,
+                                 is_q ? q_w : k_w, inv_freq, pos, eps, wl, o);
       if (is_q) {
 #pragma unroll
         for (int j = 0; j < HD / 32; ++j) qs[h][wl + 32 * j] = (T)o[j];
@@ -285,9 +221,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 #pragma unroll
         for (int j = 0; j < HD / 32; ++j) {
           const KT kv = kv_store<KT>(o[j], 1.f / ks);
-          float vf = to_f(vsrc[wl + 32 * j]);
-          if (ls != 0xffffffffu) vf = round_t<T>(vf + lv[j].dot(ly[2], lora_r));
-          const KT vv = kv_store<KT>(vf, 1.f / vs);
+          const KT vv = kv_store<KT>(to_f(vsrc[wl + 32 * j]), 1.f / vs);
           knew[wl + 32 * j] = kv;
           vnew[wl + 32 * j] = vv;
           if (write) {
@@ -421,26 +355,19 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 
 }  // namespace
 
-// LORA: the qkv matmul's LoRA delta added in phase 2 (bf16 caches; the engine launches these
-// only for steps with a row on an adapter, so the others keep their registers).
-#define PS_DECODE_FUSED(G, KT, NAME, LORA, L)                                                    \
+#define PS_DECODE_FUSED(G, KT, NAME)                                                             \
   extern "C" __global__ void __launch_bounds__(THREADS)                                         \
-      decode_fused##L##_g##G##_##NAME(const FusedDecodeParams p) {                              \
-    decode_fused<G, KT, LORA>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,    \
-                              (KT*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc,      \
-                              p.part_ml, p.counters, p.W, p.width, p.block_size, p.num_slots,     \
-                              p.nkv, p.part, p.k_scale, p.v_scale, p.eps, p.stop, p.lora_y,       \
-                              p.lora_b, p.lora_tiles, p.lora_ntiles, p.lora_r, p.lora_slots);     \
+      decode_fused_g##G##_##NAME(const FusedDecodeParams p) {                                   \
+    decode_fused<G, KT>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,          \
+                        (KT*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc,            \
+                        p.part_ml, p.counters, p.W, p.width, p.block_size, p.num_slots, p.nkv,  \
+                        p.part, p.k_scale, p.v_scale, p.eps, p.stop);                           \
   }
-PS_DECODE_FUSED(1, __nv_bfloat16, bf16, false, )
-PS_DECODE_FUSED(2, __nv_bfloat16, bf16, false, )
-PS_DECODE_FUSED(4, __nv_bfloat16, bf16, false, )
-PS_DECODE_FUSED(8, __nv_bfloat16, bf16, false, )
-PS_DECODE_FUSED(1, fp8, fp8, false, )
-PS_DECODE_FUSED(2, fp8, fp8, false, )
-PS_DECODE_FUSED(4, fp8, fp8, false, )
-PS_DECODE_FUSED(8, fp8, fp8, false, )
-PS_DECODE_FUSED(1, __nv_bfloat16, bf16, true, _lora)
-PS_DECODE_FUSED(2, __nv_bfloat16, bf16, true, _lora)
-PS_DECODE_FUSED(4, __nv_bfloat16, bf16, true, _lora)
-PS_DECODE_FUSED(8, __nv_bfloat16, bf16, true, _lora)
+PS_DECODE_FUSED(1, __nv_bfloat16, bf16)
+PS_DECODE_FUSED(2, __nv_bfloat16, bf16)
+PS_DECODE_FUSED(4, __nv_bfloat16, bf16)
+PS_DECODE_FUSED(8, __nv_bfloat16, bf16)
+PS_DECODE_FUSED(1, fp8, fp8)
+PS_DECODE_FUSED(2, fp8, fp8)
+PS_DECODE_FUSED(4, fp8, fp8)
+PS_DECODE_FUSED(8, fp8, fp8)

@@ -2,7 +2,7 @@
 //! and expand with eight rank-16 adapters, every row on its own slot (one-token tiles, as the
 //! bench's mixed batches), beside the base ops they go with; and the grouped kernels
 //! (`LaunchOptions::lora_grouped`: the same tiles sorted by slot; steps of 33-64 rows) and the
-//! run kernels (`LaunchOptions::lora_runs`: the sorted tiles by runs; steps of 17-64 rows).
+//! run shrink (`LaunchOptions::lora_runs`: the sorted tiles by runs; steps of 17-64 rows).
 
 use candle_core::{DType, Device, Tensor};
 use policy_serve::engine::ModelConfig;
@@ -62,9 +62,9 @@ pub fn rows(cfg: &ModelConfig, dev: &Device, b: usize) -> Res<()> {
         "\n## batch {b}: LoRA kernels alone (8 adapters, rank 16, a slot per row; us per launch)"
     );
     println!(
-        "| fused matmul | shrink | expand | grouped shrink | grouped expand | runs shrink | runs expand | base matmul (ours) |"
+        "| fused matmul | shrink | expand | grouped shrink | grouped expand | runs shrink | base matmul (ours) |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     let (mut total, mut total_g, mut total_r) = (0.0, 0.0, 0.0);
     for (name, fan_in, splits) in &groups {
         let parts = splits.len() - 1;
@@ -84,15 +84,12 @@ pub fn rows(cfg: &ModelConfig, dev: &Device, b: usize) -> Res<()> {
         })?;
         // The run kernels (none below their rows: the one-token kernels' figures again).
         let r_shrink = time_us(dev, || Ok(kr.lora_shrink_into(&x, &a, (&sorted, 1), &y)?))?;
-        let r_expand = time_us(dev, || {
-            Ok(kr.lora_expand_into(&y, (&bm, splits), (&sorted, 1), &out)?)
-        })?;
         let base = time_us(dev, || Ok(k.linear_into(&x, &w, &out)?))?;
         total += shrink + expand;
         total_g += g_shrink + g_expand;
-        total_r += r_shrink + r_expand;
+        total_r += r_shrink + expand;
         println!(
-            "| {name} | {shrink:.1} | {expand:.1} | {g_shrink:.1} | {g_expand:.1} | {r_shrink:.1} | {r_expand:.1} | {base:.1} |"
+            "| {name} | {shrink:.1} | {expand:.1} | {g_shrink:.1} | {g_expand:.1} | {r_shrink:.1} | {base:.1} |"
         );
     }
     let gu = randn(&[b, 2 * inter], dev)?;
@@ -102,14 +99,9 @@ pub fn rows(cfg: &ModelConfig, dev: &Device, b: usize) -> Res<()> {
     let fused = time_us(dev, || {
         Ok(k.lora_expand_silu_into(&gu, (&y, &bgu), &act, &tiles)?)
     })?;
-    let fused_r = time_us(dev, || {
-        Ok(kr.lora_expand_silu_into(&gu, (&y, &bgu), &act, &sorted)?)
-    })?;
+    println!("| SiLU*up alone / gate|up expand + SiLU in one launch | {silu:.1} | {fused:.1} | |");
     println!(
-        "| SiLU*up alone / gate|up expand + SiLU in one launch / by runs | {silu:.1} | {fused:.1} | {fused_r:.1} |"
-    );
-    println!(
-        "sum of the LoRA launches: {total:.1} us per layer (grouped: {total_g:.1}, runs{}: {total_r:.1}; SiLU apart)",
+        "sum of the LoRA launches: {total:.1} us per layer (grouped: {total_g:.1}, run shrink{}: {total_r:.1}; SiLU apart)",
         if with_runs {
             ""
         } else {

@@ -16,25 +16,10 @@ use super::{Res, Table, cores, randn, rel};
 pub(crate) fn case(
     k: &CudaKernels,
     dev: &Device,
-    rows: (usize, usize, bool),
-    heads: (usize, usize),
+    (b, max_ctx, pad): (usize, usize, bool),
+    (nh, nkv): (usize, usize),
     splits: Option<usize>,
     fp8: Option<KvScale>,
-) -> Res<(f32, f32, u32, bool)> {
-    lora_case(k, dev, (rows, heads), splits, fp8, None)
-}
-
-/// [`case`], with `lora` (rank): rows on four random rank-`lora` adapters (row i on slot i %
-/// 5, slot 4 past those held: a base row, as are the rows no tile names) whose qkv delta the
-/// fused launch adds, against the unfused kernels on `qkv` with the delta expanded into it
-/// first (`lora_expand_into`).
-pub(crate) fn lora_case(
-    k: &CudaKernels,
-    dev: &Device,
-    ((b, max_ctx, pad), (nh, nkv)): ((usize, usize, bool), (usize, usize)),
-    splits: Option<usize>,
-    fp8: Option<KvScale>,
-    lora: Option<usize>,
 ) -> Res<(f32, f32, u32, bool)> {
     let (hd, bs, dt) = (128usize, 16usize, DType::BF16);
     let ctx: Vec<usize> = (0..b)
@@ -103,39 +88,11 @@ pub(crate) fn lora_case(
     };
     let ref_scratch = k.decode_scratch(b, nh, ref_splits)?;
 
-    // The adapters: y, b and the tile table (rows 3, 7, .. on no tile).
-    let nrow = (nh + 2 * nkv) * hd;
-    let adapters = match lora {
-        Some(r) => {
-            let y = (Tensor::randn(0f32, 1.0, (b, 3 * r), dev)? * 0.5)?;
-            let bm = (randn(&[4, nrow, r], dt, dev)? * 0.05)?;
-            let flat: Vec<u32> = (0..b as u32)
-                .filter(|i| i % 4 != 3)
-                .flat_map(|i| [i, 1, i % 5])
-                .collect();
-            let n = flat.len() / 3;
-            Some((y, bm, Tensor::from_vec(flat, (n, 3), dev)?))
-        }
-        None => None,
-    };
-    let qkv_ref = match &adapters {
-        Some((y, bm, tiles)) => {
-            let q = qkv.copy()?;
-            let splits = [0, nh * hd, (nh + nkv) * hd, nrow];
-            k.lora_expand_into(y, (bm, &splits), (tiles, 1), &q)?;
-            q
-        }
-        None => qkv.clone(),
-    };
-    let fused_lora = adapters
-        .as_ref()
-        .map(|(y, b, tiles)| policy_serve::engine::cuda::FusedLora { y, b, tiles });
-
     // Unfused: norm + RoPE + KV write, then attention and its merge.
     let (kc1, vc1) = (kc0.copy()?, vc0.copy()?);
     let q = Tensor::zeros((b, nh, hd), dt, dev)?;
     k.qk_norm_rope_kv_write_into(
-        &qkv_ref,
+        &qkv,
         (&qw, &kw),
         &inv,
         (&pos, &slots_t),
@@ -186,7 +143,6 @@ pub(crate) fn lora_case(
             bs,
             &out2,
             (splits, part, scratch.as_ref(), &counters),
-            fused_lora,
         )?;
         worst = worst.max(if exact {
             max_abs_diff(&out1, &out2)?
@@ -245,44 +201,6 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             );
         }
         t.check(format!("{name} (K/V = unfused)"), cache, 0.0);
-        t.check(format!("{name} (counters left)"), left as f32, 0.0);
-    }
-    lora_checks(dev, t)
-}
-
-/// The qkv LoRA delta added by the fused launch against the expand launch before the unfused
-/// kernels.
-pub fn lora_checks(dev: &Device, t: &mut Table) -> Res<()> {
-    // The qkv LoRA delta added by the fused launch (`LaunchOptions::lora_attn_expand`): the
-    // same bits as the expand launch before the unfused kernels, at ranks 8 and 16, GQA 2 and
-    // 4, one row and many, contexts one cluster holds (mutation: the delta rounded into the
-    // wrong head, or y of another row, moves the output).
-    let opts = policy_serve::engine::cuda::LaunchOptions {
-        lora_attn_expand: true,
-        ..cores()
-    };
-    let kl = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
-    let lora_cases: &[(Case, usize)] = &[
-        (((1, 600, false), (16, 8), None), 16),
-        (((8, 700, true), (32, 8), Some(16)), 16),
-        (((16, 300, false), (16, 8), None), 8),
-        (((12, 90, true), (16, 4), None), 16),
-    ];
-    for &((rows, heads, splits), r) in lora_cases {
-        let (out, cache, left, exact) = lora_case(&kl, dev, (rows, heads), splits, None, Some(r))?;
-        let name = format!(
-            "decode_fused + LoRA r{r} B {} ctx {} nh {} nkv {}",
-            rows.0, rows.1, heads.0, heads.1
-        );
-        t.check(
-            format!(
-                "{name} (out = expand then unfused, bits{})",
-                if exact { "" } else { "?" }
-            ),
-            out,
-            if exact { 0.0 } else { 1e-2 },
-        );
-        t.check(format!("{name} (K/V = expand then unfused)"), cache, 0.0);
         t.check(format!("{name} (counters left)"), left as f32, 0.0);
     }
     Ok(())

@@ -35,7 +35,6 @@ pub(super) fn lora_model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table
             lora_overlap: overlap,
             lora_grouped: grouped,
             lora_runs: runs,
-            lora_attn_expand: runs,
             ..a.kernels.options()
         };
         let choice = dtype_choice(dt);

@@ -1,10 +1,10 @@
-//! The run LoRA kernels (`LaunchOptions::lora_runs`, `kernels/lora_runs.cu`) against the
-//! one-token kernels on random adapters: the shrink's `y` within f32 rounding of theirs (the
-//! same products summed in another order) and bit for bit the same whatever the table's order;
-//! the expand and the expand+SiLU bit for bit the one-token ones' from the same `y`. Tables: a
+//! The run LoRA shrink (`LaunchOptions::lora_runs`, `kernels/lora_runs.cu`) against the
+//! one-token shrink on random adapters: `y` within f32 rounding of theirs (the same products
+//! summed in another order) and bit for bit the same whatever the table's order. Tables: a
 //! slot per row sorted by slot, one slot for all rows, rows on 13 of 16 slots unsorted with
-//! base rows, count-0 padding and a slot past those held, and the fewest rows the kernels take;
-//! ranks 8, 16 and 64; the fan-ins of the 0.6B and 1.7B shapes.
+//! base rows, count-0 padding and a slot past those held, and the fewest rows it takes; ranks
+//! 8, 16 and 64; the fan-ins of the 0.6B and 1.7B shapes (the 1.7B's down, 6,144, is left to
+//! the one-token shrink: its `y` must then be theirs exactly).
 
 use super::*;
 use policy_serve::engine::cuda::{LORA_RUNS_MIN_ROWS, lora_scratch_cols};
@@ -85,9 +85,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
                     continue;
                 }
                 let parts = splits.len() - 1;
-                let nout = *splits.last().ok_or("splits")?;
                 let a = normal(&[*slots, parts * r, *fan_in], 0.05)?;
-                let b = normal(&[*slots, nout, r], 0.05)?;
                 let x = normal(&[*rows, *fan_in], 1.0)?;
                 let cols = lora_scratch_cols(r, false);
                 let zeros = || Tensor::zeros((*rows, cols), DType::F32, dev);
@@ -95,10 +93,12 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
                 plain.lora_shrink_into(&x, &a, (&tiles, 1), &y_ref)?;
                 runs.lora_shrink_into(&x, &a, (&tiles, 1), &y)?;
                 runs.lora_shrink_into(&x, &a, (&row_order, 1), &y_rows)?;
+                // The 1.7B's down stays on the one-token shrink: exactly its y.
+                let tol = if *fan_in > 4096 { 0.0 } else { 1e-5 };
                 t.check(
                     format!("lora runs shrink: {tname}, {sname}, r{r}"),
                     rel(&y, &y_ref)?,
-                    1e-5,
+                    tol,
                 );
                 t.check(
                     format!(
@@ -107,35 +107,11 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
                     rel(&y_rows, &y)?,
                     0.0,
                 );
-                let out0 = normal(&[*rows, nout], 1.0)?;
-                let (o_ref, o_run) = (out0.copy()?, out0.copy()?);
-                plain.lora_expand_into(&y_ref, (&b, splits), (&tiles, 1), &o_ref)?;
-                runs.lora_expand_into(&y_ref, (&b, splits), (&tiles, 1), &o_run)?;
-                t.check(
-                    format!("lora runs expand = one-token: {tname}, {sname}, r{r}"),
-                    rel(&o_run, &o_ref)?,
-                    0.0,
-                );
-                if sname.starts_with("gate") || (r != 16 && sname.starts_with("qkv")) {
-                    // The gate|up expand with the SiLU (qkv's rows stand in for gate|up at
-                    // ranks 8 and 64: n = 2048 columns of gate and of up).
-                    let n = nout / 2;
-                    let bgu = normal(&[*slots, 2 * n, r], 0.05)?;
-                    let gu = normal(&[*rows, 2 * n], 1.0)?;
-                    let act0 = normal(&[*rows, n], 1.0)?;
-                    let (a_ref, a_run) = (act0.copy()?, act0.copy()?);
-                    plain.lora_expand_silu_into(&gu, (&y_ref, &bgu), &a_ref, &tiles)?;
-                    runs.lora_expand_silu_into(&gu, (&y_ref, &bgu), &a_run, &tiles)?;
-                    t.check(
-                        format!("lora runs expand+SiLU = one-token: {tname}, n {n}, r{r}"),
-                        rel(&a_run, &a_ref)?,
-                        0.0,
-                    );
-                }
             }
         }
     }
-    // Positive control: the run expand changed the rows on adapters, and left a base row.
+    // Positive control: the delta through the run shrink changed the rows on adapters, and
+    // left a base row.
     let n = 24;
     let x = normal(&[n, 1024], 1.0)?;
     let a = normal(&[8, 16, 1024], 0.05)?;

@@ -187,7 +187,6 @@ fn main() -> Res<()> {
         }
         lora::lora_grouped_checks(&dev, &mut t)?;
         lora_runs::checks(&dev, &mut t)?;
-        fused::lora_checks(&dev, &mut t)?;
         lora::lora_graph_check(&a, &mut t)?;
         return report(t);
     }

@@ -330,11 +330,6 @@ mod tests {
         assert!(!d.kernels.lora_runs && !lib.kernels.lora_runs && !g.kernels.lora_runs);
         let r = Cli::parse_from(["x", "--lora-runs"]).engine.options();
         assert!(r.kernels.lora_runs && r.kernels.lora_overlap && r.kernels.lora_grouped);
-        assert!(!d.kernels.lora_attn_expand && !r.kernels.lora_attn_expand);
-        let x = Cli::parse_from(["x", "--lora-attn-expand"])
-            .engine
-            .options();
-        assert!(x.kernels.lora_attn_expand && !x.kernels.lora_runs);
         // Host tier loads through a staging copy unless asked to read the slots directly.
         assert!(!d.kernels.kv_load_direct && !g.kernels.kv_load_direct);
         let k = Cli::parse_from(["x", "--kv-load-direct"]).engine.options();

@@ -99,14 +99,10 @@ pub struct KernelFlags {
     /// `KernelOptions::lora_grouped` off).
     #[arg(long)]
     pub no_lora_grouped: bool,
-    /// LoRA steps of 17-64 rows read the tile table sorted by slot, by runs
+    /// The shrinks of LoRA steps of 17-64 rows read the tile table sorted by slot, by runs
     /// (`KernelOptions::lora_runs`).
     #[arg(long)]
     pub lora_runs: bool,
-    /// LoRA decode steps of up to 16 rows add the qkv delta inside the fused decode attention
-    /// (`KernelOptions::lora_attn_expand`).
-    #[arg(long)]
-    pub lora_attn_expand: bool,
     /// Host KV tier loads read pinned memory from the scatter kernel, no staging copy
     /// (`KernelOptions::kv_load_direct`).
     #[arg(long)]
@@ -146,7 +142,6 @@ impl KernelFlags {
             lora_overlap: !self.no_lora_overlap,
             lora_grouped: !self.no_lora_grouped,
             lora_runs: self.lora_runs,
-            lora_attn_expand: self.lora_attn_expand,
             kv_load_direct: self.kv_load_direct,
             ..KernelOptions::default()
         }

@@ -142,21 +142,15 @@ pub struct KernelOptions {
     /// no other row changed (BENCHMARKS.md). The kernel's expand, bit for bit the one-token
     /// expand, lost in every shape and is left to profiling.
     pub lora_grouped: bool,
-    /// LoRA steps of 17-64 rows (one-token tiles) read the tile table sorted by slot, by runs
-    /// (`kernels/lora_runs.cu`): a block takes several tiles and reads each adapter row once
-    /// for neighbouring tiles on one slot, where the one-token kernels read a token's adapter
-    /// rows once per token (64 rows x 393 KB of L2 reads for the 1.7B's gate|up expand). The
-    /// shrink (a warp per token and two rows of `a`, eight loads a lane in flight) takes every
-    /// shrink of those steps, the grouped one's included; the expands, with the SiLU and
-    /// without, give the one-token expands' bits. Off by default until measured (#23).
+    /// The shrinks of LoRA steps of 17-64 rows (one-token tiles) over at most 4,096 inputs
+    /// read the tile table sorted by slot, by runs (`kernels/lora_runs.cu`): a block takes
+    /// eight tiles, a warp each with two rows of `a` and eight loads a lane in flight, and its
+    /// warps on one slot read that slot's rows once, where the one-token shrink re-reads a
+    /// row of `a` from L2 for every token (a block per row and token). Each `y` entry is summed
+    /// in one order whatever the table's order or the step's size (f32; another order than
+    /// the one-token shrink's). It takes those steps' shrinks from the grouped one too. Off by
+    /// default until measured in the engine (#23).
     pub lora_runs: bool,
-    /// LoRA decode steps on the fused decode attention (up to 16 rows) add the qkv matmul's
-    /// delta in the attention's first phase, where it reads the qkv row anyway, instead of in
-    /// an expand launch between the matmul and the attention (`kernels/fused_decode.cu`
-    /// `decode_fused_lora_*`: the one-token expand's sums and rounding, so the same bits; bf16
-    /// caches, adapters of rank up to 16, on the `lora_overlap` path). One launch a layer
-    /// less on the critical path of the batch-8/16 steps. Off by default until measured (#23).
-    pub lora_attn_expand: bool,
     /// The host KV tier's loads read the pinned host slots from the scatter kernel itself
     /// (over PCIe, `kernels/kv_move.cu` `kv_scatter_host`) instead of copying each block into
     /// a device staging buffer first (one `cuMemcpyHtoDAsync` a block). Off by default: no
@@ -197,7 +191,6 @@ impl Default for KernelOptions {
             lora_overlap: true,
             lora_grouped: true,
             lora_runs: false,
-            lora_attn_expand: false,
             kv_load_direct: false,
             event_tracking: false,
         }

@@ -5,7 +5,6 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Tensor};
 
-use super::fused_lora::FusedLora;
 use super::kernels::{CudaKernels, DECODE_PARTITION};
 use super::launch::kernel_err;
 use super::params::{DecodeGeometry, DecodeParams, FusedDecodeParams};
@@ -284,10 +283,7 @@ impl CudaKernels {
     /// The same bits as [`CudaKernels::qk_norm_rope_kv_write_into`] followed by
     /// [`CudaKernels::paged_decode_into`]. `counters` is from
     /// [`CudaKernels::decode_counters`] for at least `B` sequences; the rest as
-    /// [`CudaKernels::paged_decode_into`]. With `lora` (where
-    /// [`CudaKernels::fused_lora_serves`]), each row on an adapter first gains the qkv matmul's
-    /// LoRA delta, as [`CudaKernels::lora_expand_into`] would have added it to `qkv` (the same
-    /// bits; `qkv` itself is left alone).
+    /// [`CudaKernels::paged_decode_into`].
     #[allow(clippy::too_many_arguments)]
     pub fn decode_fused_into(
         &self,
@@ -301,20 +297,9 @@ impl CudaKernels {
         block_size: usize,
         out: &Tensor,
         parts: (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
-        lora: Option<FusedLora<'_>>,
     ) -> Result<()> {
         self.decode_fused_stage_into(
-            qkv,
-            norms,
-            inv_freq,
-            pos_slots,
-            caches,
-            tables,
-            ctx_lens,
-            block_size,
-            out,
-            parts,
-            (0, lora),
+            qkv, norms, inv_freq, pos_slots, caches, tables, ctx_lens, block_size, out, parts, 0,
         )
     }
 
@@ -337,7 +322,7 @@ impl CudaKernels {
         block_size: usize,
         out: &Tensor,
         (splits, part, scratch, counters): (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
-        (stop, lora): (i32, Option<FusedLora<'_>>),
+        stop: i32,
     ) -> Result<()> {
         self.check_dtype(qkv)?;
         let (k_cache, v_cache) = (kv.k, kv.v);
@@ -354,14 +339,8 @@ impl CudaKernels {
                 format!("nh {nh} nkv {nkv} hd {hd} rows {b}"),
             ));
         }
-        let lora = match lora {
-            Some(l) => Some(self.fused_lora_params(l, kv.is_fp8(), b, (nh + 2 * nkv) * hd)?),
-            None => None,
-        };
         let loaded = if kv.is_fp8() {
             &self.fp8_kernels("decode_fused")?.decode_fused
-        } else if lora.is_some() {
-            &self.decode_fused_lora
         } else {
             &self.decode_fused
         };
@@ -398,7 +377,6 @@ impl CudaKernels {
             )?,
             eps: eps as f32,
             stop,
-            lora: lora.unwrap_or_default(),
         };
         let mut lb = self.launcher(func);
         if stop == 0 {

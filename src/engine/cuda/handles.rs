@@ -337,35 +337,21 @@ impl LoraGrouped {
     }
 }
 
-/// The LoRA kernels that read the tile table by runs (`super::lora_runs`,
+/// The LoRA shrink that reads the tile table by runs (`super::lora_runs`,
 /// `kernels/lora_runs.cu`).
 pub(super) struct LoraRuns {
     pub(super) shrink: CudaFunction,
-    /// The expand in place, for ranks up to 16 and up to 64.
-    pub(super) expand: [CudaFunction; 2],
-    /// The gate|up expand with the SiLU product, for ranks up to 16 and up to 64.
-    pub(super) silu: [CudaFunction; 2],
     _module: Arc<CudaModule>,
 }
 
 impl LoraRuns {
-    /// The kernels of `module` for the dtype suffix `s` (`bf16`, `f32`).
+    /// The kernel of `module` for the dtype suffix `s` (`bf16`, `f32`).
     pub(super) fn new(module: Arc<CudaModule>, s: &str) -> Result<Self> {
-        let f = |name: String| {
-            module
-                .load_function(&name)
-                .map_err(|e| kernel_err(&format!("function {name}"), e))
-        };
+        let name = format!("lora_shrink_runs_{s}");
         Ok(Self {
-            shrink: f(format!("lora_shrink_runs_{s}"))?,
-            expand: [
-                f(format!("lora_expand_runs_r16_{s}"))?,
-                f(format!("lora_expand_runs_r64_{s}"))?,
-            ],
-            silu: [
-                f(format!("lora_expand_silu_runs_r16_{s}"))?,
-                f(format!("lora_expand_silu_runs_r64_{s}"))?,
-            ],
+            shrink: module
+                .load_function(&name)
+                .map_err(|e| kernel_err(&format!("function {name}"), e))?,
             _module: module,
         })
     }

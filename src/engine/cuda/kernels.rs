@@ -87,8 +87,8 @@ pub struct CudaKernels {
     pub(super) lora_overlap: Option<super::handles::LoraOverlap>,
     /// The grouped LoRA kernels (`LaunchOptions::lora_grouped`, bf16); None without them.
     pub(super) lora_grouped: Option<LoraGrouped>,
-    /// The LoRA kernels that read the tile table by runs (`LaunchOptions::lora_runs`); None
-    /// without them.
+    /// The LoRA shrink that reads the tile table by runs (`LaunchOptions::lora_runs`); None
+    /// without it.
     pub(super) lora_runs: Option<super::handles::LoraRuns>,
     pub(super) gather_rows_f32: CudaFunction,
     /// The MoE layers' kernels (`kernels/moe_route.cu`, `kernels/moe.cu`, `kernels/moe_mma.cu`).
@@ -106,9 +106,6 @@ pub struct CudaKernels {
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge), bf16, GQA
     /// groups 1, 2, 4, 8; None for f32 or without `LaunchOptions::fused_decode`.
     pub(super) decode_fused: Option<[CudaFunction; 4]>,
-    /// The same with the qkv matmul's LoRA delta added in its first phase
-    /// (`LaunchOptions::lora_attn_expand`, bf16 caches).
-    pub(super) decode_fused_lora: Option<[CudaFunction; 4]>,
     pub(super) prefill: [CudaFunction; 3],
     /// The tensor-core prefill kernels (bf16 only), for GQA groups 1, 2, 4, 8.
     pub(super) prefill_tc: Option<[CudaFunction; 4]>,
@@ -414,14 +411,6 @@ impl CudaKernels {
             spec: SpecKernels::load(&load(VERIFY, "verify")?, dtype, s, opts.shared_kv_verify)?,
             decode_fused: if dtype == DType::BF16 && opts.fused_decode {
                 let fs = groups(&fused_mod, "decode_fused", "bf16")?;
-                cluster_attr(&fs)?;
-                Some(fs)
-            } else {
-                None
-            },
-            decode_fused_lora: if dtype == DType::BF16 && opts.fused_decode && opts.lora_attn_expand
-            {
-                let fs = groups(&fused_mod, "decode_fused_lora", "bf16")?;
                 cluster_attr(&fs)?;
                 Some(fs)
             } else {

@@ -77,14 +77,10 @@ pub struct LaunchOptions {
     /// LoRA steps of 33-64 rows on one-token tiles read a slot's rows once per run of its
     /// tokens (`kernels/lora_grouped.cu`; bf16).
     pub lora_grouped: bool,
-    /// LoRA steps of 17-64 rows on one-token tiles read the tile table, sorted by slot, by
-    /// runs: a block takes several tiles and reads each adapter row once for neighbouring
-    /// tiles on one slot (`kernels/lora_runs.cu`).
+    /// The shrinks of LoRA steps of 17-64 rows on one-token tiles (at most 4,096 inputs) read
+    /// the tile table, sorted by slot, by runs: a block takes eight tiles and its warps on one
+    /// slot read the slot's rows of `a` once (`kernels/lora_runs.cu`).
     pub lora_runs: bool,
-    /// LoRA decode steps on the fused decode attention add the qkv matmul's delta in the
-    /// attention's first phase instead of an expand launch (`kernels/fused_decode.cu`
-    /// `decode_fused_lora_*`; bf16 caches, ranks up to 16, with `lora_overlap`).
-    pub lora_attn_expand: bool,
 }
 
 impl Default for LaunchOptions {
@@ -115,7 +111,6 @@ impl Default for LaunchOptions {
             lora_overlap: true,
             lora_grouped: true,
             lora_runs: false,
-            lora_attn_expand: false,
         }
     }
 }

@@ -3,8 +3,8 @@
 //! into the output in place, both by tiles of up to [`LORA_TILE`] consecutive tokens on one
 //! slot (each block reads its adapter rows once per tile). With `LaunchOptions::lora_grouped`
 //! steps of 33-64 rows take the grouped kernels instead (`lora_grouped_ops.rs`), with
-//! `LaunchOptions::lora_runs` steps of 17-64 rows the run kernels (`lora_runs.rs`; their
-//! shrink before the grouped one).
+//! `LaunchOptions::lora_runs` the shrinks of steps of 17-64 rows the run shrink
+//! (`lora_runs.rs`; before the grouped one).
 
 use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::{CudaStream, LaunchConfig};
@@ -157,9 +157,7 @@ impl CudaKernels {
         }
         let s1 = splits.get(1).copied().filter(|_| parts > 1).unwrap_or(nout) as i32;
         let s2 = splits.get(2).copied().filter(|_| parts > 2).unwrap_or(nout) as i32;
-        if self.lora_expand_grouped((y, b), (tiles, tile), out, (pr, s1, s2))?
-            || self.lora_expand_runs((y, b), (tiles, tile), out, (pr, s1, s2))?
-        {
+        if self.lora_expand_grouped((y, b), (tiles, tile), out, (pr, s1, s2))? {
             return Ok(());
         }
         let (pb, ps, py, po) = (self.ptr(b)?, self.ptr(tiles)?, self.ptr(y)?, self.ptr(out)?);

@@ -6,8 +6,7 @@
 //! slot: `lora_grouped_ops.rs`; by runs of the tile table: `lora_runs.rs`; beside the base
 //! matmuls: `lora_overlap.rs`), matmuls
 //! (`gemm.rs`), the experts of MoE layers (`moe_ops.rs`), the launcher (`launch.rs`, its options `launch_options.rs`), the fp8 KV
-//! kernels' handles (`fp8.rs`), the qkv LoRA delta the fused decode attention adds
-//! (`fused_lora.rs`), output buffers and timing events (`buffers.rs`) and id read-back (`readback.rs`). It knows nothing of
+//! kernels' handles (`fp8.rs`), output buffers and timing events (`buffers.rs`) and id read-back (`readback.rs`). It knows nothing of
 //! models or serving: the forward built from these launches is `model::kernel_forward`, the
 //! CUDA graphs that replay it are `runner::graphs`.
 //!
@@ -23,7 +22,6 @@ mod attention;
 mod blas;
 mod buffers;
 mod fp8;
-mod fused_lora;
 mod gemm;
 mod handles;
 mod kernels;
@@ -44,7 +42,6 @@ mod verify;
 
 pub use attention::{CLUSTER_MAX_ROWS, DECODE_CLUSTER, FUSED_MAX_ROWS};
 pub use buffers::GpuEvent;
-pub use fused_lora::{FUSED_LORA_MAX_RANK, FusedLora};
 pub use kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, LaunchOptions};
 pub(crate) use launch::kernel_err;
 pub use launch_options::{MMA_STAGES_BF16, MMA_STAGES_FP8};

@@ -88,23 +88,6 @@ pub(super) struct FusedDecodeParams {
     pub(super) geometry: DecodeGeometry,
     pub(super) eps: f32,
     pub(super) stop: i32,
-    /// The qkv matmul's LoRA delta added by the kernel (0 pointers: none; see
-    /// `CudaKernels::decode_fused_into`).
-    pub(super) lora: FusedLoraParams,
-}
-
-/// The LoRA half of `FusedDecodeParams`: the shrink's `y`, the adapters' `b` of the fused
-/// qkv, the one-token tile table and its length, the rank, the slots held.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct FusedLoraParams {
-    pub(super) y: u64,
-    pub(super) b: u64,
-    pub(super) tiles: u64,
-    pub(super) ntiles: i32,
-    pub(super) r: i32,
-    pub(super) slots: i32,
-    pub(super) pad: i32,
 }
 
 /// `PrefillParams` of `kernels/attention.cuh`: the one parameter of `paged_prefill_*`.
@@ -135,15 +118,13 @@ pub(super) struct PrefillParams {
 // The sizes `kernels/attention.cuh` asserts for the same structs (a field added on one side
 // only fails the build).
 const _: () = assert!(std::mem::size_of::<DecodeParams>() == 104);
-const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 200);
+const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 160);
 const _: () = assert!(std::mem::size_of::<PrefillParams>() == 120);
 const _: () = {
     use std::mem::offset_of;
     assert!(offset_of!(DecodeParams, geometry) == 64);
     assert!(offset_of!(FusedDecodeParams, geometry) == 112);
     assert!(offset_of!(FusedDecodeParams, eps) == 152);
-    assert!(offset_of!(FusedDecodeParams, lora) == 160);
-    assert!(offset_of!(FusedLoraParams, ntiles) == 24);
     assert!(offset_of!(PrefillParams, num_slots) == 56);
     assert!(offset_of!(PrefillParams, nkv) == 68);
     assert!(offset_of!(PrefillParams, splits) == 88);

@@ -80,7 +80,6 @@ pub fn kernels_for(
         lora_overlap: opts.lora_overlap,
         lora_grouped: opts.lora_grouped,
         lora_runs: opts.lora_runs,
-        lora_attn_expand: opts.lora_attn_expand,
         ..LaunchOptions::default()
     };
     CudaKernels::new(device, dtype, &launch)

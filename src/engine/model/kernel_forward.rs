@@ -207,13 +207,11 @@ impl KernelForward<'_> {
 
     /// Layer `li`'s attention from `acts.qkv`: the fused decode launch (`fused`), or the q/k
     /// norm + RoPE + KV write and then the attention kernels; returns the attention output.
-    /// `lora`: the qkv delta the fused launch adds (only with `fused`).
     pub(crate) fn layer_attention(
         &self,
         li: usize,
         (inputs, acts, plan, cache): (&StepInputs, &Activations, &AttnPlan, &PagedKvCache),
         (fused, part): (bool, usize),
-        lora: Option<crate::engine::cuda::FusedLora<'_>>,
     ) -> Result<Tensor> {
         let (m, k, a) = (self.model, self.kernels, acts);
         let at = &m.layers[li].attn;
@@ -232,7 +230,6 @@ impl KernelForward<'_> {
                 bs,
                 &a.attn,
                 (inputs.splits, part, a.scratch.as_ref(), &a.counters),
-                lora,
             )?;
             a.attn.clone()
         } else {
@@ -276,9 +273,7 @@ impl KernelForward<'_> {
         let part = CudaKernels::decode_partition(inputs.ctx_lens.elem_count());
         // The overlap's deferred expands leave `a.o` without its delta: not with a trace of
         // it, nor with the all-reduce of tensor parallelism.
-        let one_rank = comm.is_none() && trace.is_none();
-        let fused_fp8 = (fused, cache.layer(0).is_fp8());
-        let lora = self.lora_step(inputs, acts, one_rank, fused_fp8)?;
+        let lora = self.lora_step(inputs, acts, comm.is_none() && trace.is_none())?;
         // The down whose LoRA expand the next add+RMSNorm takes over (overlap path).
         let mut down_before: Option<(usize, usize)> = None;
         for (li, layer) in m.layers.iter().enumerate() {
@@ -311,9 +306,7 @@ impl KernelForward<'_> {
             if delta.is_some() {
                 cur = 1 - cur;
             }
-            let attn_lora = self.lora_attn(lora.as_ref(), li);
-            let out =
-                self.layer_attention(li, (inputs, acts, plan, cache), (fused, part), attn_lora)?;
+            let out = self.layer_attention(li, (inputs, acts, plan, cache), (fused, part))?;
             let ffn_w = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.gate_up.weight(),
                 Ffn::Sparse(moe) => &moe.router,

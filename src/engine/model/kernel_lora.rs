@@ -9,9 +9,6 @@
 //! ([`KernelForward::lora_norm_into`]): four LoRA launches a layer instead of eight plus the
 //! SiLU, with the same rounding (the logits equal the serial path's bit for bit).
 //!
-//! With `KernelOptions::lora_attn_expand`, decode steps on the fused decode attention leave
-//! the qkv delta to it ([`KernelForward::lora_attn`]): three LoRA launches a layer.
-//!
 //! With `KernelOptions::lora_grouped`, steps of 33-64 rows take the grouped shrink where it
 //! measured faster (`CudaKernels::lora_shrink_into` chooses it; the tiles come sorted by
 //! slot), on either path; the grouped expand only where the kernels are told to use them
@@ -48,9 +45,6 @@ pub(crate) struct LoraStep<'a> {
     /// `CudaKernels::set_lora_grouped_everywhere`): the overlap's gate|up delta then takes the
     /// grouped expand and the SiLU apart, not the fused one-token expand+SiLU.
     grouped: bool,
-    /// The fused decode attention adds the qkv delta (`KernelOptions::lora_attn_expand`, on
-    /// the overlap's path): no qkv expand launch.
-    attn_expand: bool,
 }
 
 /// The fused matmul whose expand an add+RMSNorm takes over on the overlap's path: layer and
@@ -60,14 +54,12 @@ pub(crate) type Deferred = Option<(usize, usize)>;
 impl<'m> KernelForward<'m> {
     /// The step's LoRA inputs, when a row of it runs on an adapter (the scratch is the
     /// activations' own, allocated with them on a model with slots, so a captured step
-    /// allocates nothing); `one_rank`: no tensor parallelism (the overlap needs it);
-    /// `fused_attn`: the step's attention is the fused decode launch, over caches of `fp8`.
+    /// allocates nothing); `one_rank`: no tensor parallelism (the overlap needs it).
     pub(crate) fn lora_step(
         &self,
         inputs: &StepInputs,
         acts: &Activations,
         one_rank: bool,
-        (fused_attn, fp8): (bool, bool),
     ) -> Result<Option<LoraStep<'m>>> {
         let (Some(slots), Some(tiles)) = (self.model.lora.as_ref(), inputs.lora.as_ref()) else {
             return Ok(None);
@@ -83,8 +75,6 @@ impl<'m> KernelForward<'m> {
             && self.kernels.lora_overlap()
             && slots.rank() <= crate::engine::cuda::LORA_OVERLAP_MAX_RANK;
         let grouped = self.kernels.lora_grouped_expands(t, tiles.elem_count() / 3);
-        let attn_expand =
-            overlap && fused_attn && self.kernels.fused_lora_serves(slots.rank(), fp8);
         Ok(Some(LoraStep {
             slots,
             tiles: tiles.clone(),
@@ -93,23 +83,7 @@ impl<'m> KernelForward<'m> {
             overlap,
             side: overlap && t > SIDE_MIN_ROWS,
             grouped,
-            attn_expand,
         }))
-    }
-
-    /// The qkv delta of layer `li` for the fused decode attention to add, when it takes it
-    /// over from the expand (`KernelOptions::lora_attn_expand`).
-    pub(crate) fn lora_attn<'s>(
-        &self,
-        l: Option<&'s LoraStep<'_>>,
-        li: usize,
-    ) -> Option<crate::engine::cuda::FusedLora<'s>> {
-        let l = l.filter(|l| l.attn_expand)?;
-        Some(crate::engine::cuda::FusedLora {
-            y: &l.y,
-            b: &l.slots.layers[li][0].b,
-            tiles: &l.tiles,
-        })
     }
 
     /// On the overlap's path, the shrink of fused matmul `g` of layer `li` for input `x`,
@@ -148,10 +122,6 @@ impl<'m> KernelForward<'m> {
                 return Ok(());
             }
             self.lora_join(l)?;
-            if g == 0 && l.attn_expand {
-                // The fused decode attention adds it (`KernelForward::lora_attn`).
-                return Ok(());
-            }
             return k.lora_expand_into(&l.y, (&sg.b, &sg.splits), tiles, out);
         }
         k.lora_into(x, (&sg.a, &sg.b, &sg.splits), tiles, &l.y, out)
