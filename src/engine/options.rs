@@ -142,7 +142,8 @@ pub struct KernelOptions {
     /// no other row changed (BENCHMARKS.md). The kernel's expand, bit for bit the one-token
     /// expand, lost in every shape and is left to profiling.
     pub lora_grouped: bool,
-    /// The shrinks of LoRA steps of 17-64 rows (one-token tiles) over at most 4,096 inputs
+    /// The shrinks of LoRA steps of 17-64 rows (one-token tiles) over at most 4,096 inputs,
+    /// with at least 64 blocks of work (qkv and gate|up from 32 rows, o and down at 64),
     /// read the tile table sorted by slot, by runs (`kernels/lora_runs.cu`): a block takes
     /// eight tiles, a warp each with two rows of `a` and eight loads a lane in flight, and its
     /// warps on one slot read that slot's rows once, where the one-token shrink re-reads a
