@@ -21,11 +21,13 @@ pub fn rows(cfg: &ModelConfig, dev: &Device, b: usize) -> Res<()> {
     let opts = LaunchOptions {
         lora_overlap: true,
         lora_grouped: false,
+        lora_runs: false,
         ..LaunchOptions::default()
     };
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("kernels")?;
     let grouped = LaunchOptions {
         lora_grouped: true,
+        lora_runs: false,
         ..LaunchOptions::default()
     };
     let kg = CudaKernels::new(dev, DType::BF16, &grouped)?.ok_or("kernels")?;

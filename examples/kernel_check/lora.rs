@@ -319,6 +319,7 @@ pub(super) fn lora_grouped_checks(dev: &Device, t: &mut Table) -> Res<()> {
     let kern = |grouped: bool| -> Res<CudaKernels> {
         let o = LaunchOptions {
             lora_grouped: grouped,
+            lora_runs: false,
             ..LaunchOptions::default()
         };
         Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("kernels")?)

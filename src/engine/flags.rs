@@ -326,10 +326,10 @@ mod tests {
         assert!(!f.kernels.lora_overlap && f.kernels.lora_grouped);
         let g = Cli::parse_from(["x", "--no-lora-grouped"]).engine.options();
         assert!(!g.kernels.lora_grouped && g.kernels.lora_overlap);
-        // The run kernels: off unless asked for, leaving the other two as they are.
-        assert!(!d.kernels.lora_runs && !lib.kernels.lora_runs && !g.kernels.lora_runs);
-        let r = Cli::parse_from(["x", "--lora-runs"]).engine.options();
-        assert!(r.kernels.lora_runs && r.kernels.lora_overlap && r.kernels.lora_grouped);
+        // The run shrink: on unless turned off, apart from the other two.
+        assert!(d.kernels.lora_runs && lib.kernels.lora_runs && g.kernels.lora_runs);
+        let r = Cli::parse_from(["x", "--no-lora-runs"]).engine.options();
+        assert!(!r.kernels.lora_runs && r.kernels.lora_overlap && r.kernels.lora_grouped);
         // Host tier loads through a staging copy unless asked to read the slots directly.
         assert!(!d.kernels.kv_load_direct && !g.kernels.kv_load_direct);
         let k = Cli::parse_from(["x", "--kv-load-direct"]).engine.options();

@@ -99,10 +99,10 @@ pub struct KernelFlags {
     /// `KernelOptions::lora_grouped` off).
     #[arg(long)]
     pub no_lora_grouped: bool,
-    /// The shrinks of LoRA steps of 17-64 rows read the tile table sorted by slot, by runs
-    /// (`KernelOptions::lora_runs`).
+    /// The shrinks of LoRA steps of 17-64 rows read adapter rows once per token, the table in
+    /// row order (turns `KernelOptions::lora_runs` off).
     #[arg(long)]
-    pub lora_runs: bool,
+    pub no_lora_runs: bool,
     /// Host KV tier loads read pinned memory from the scatter kernel, no staging copy
     /// (`KernelOptions::kv_load_direct`).
     #[arg(long)]
@@ -141,7 +141,7 @@ impl KernelFlags {
             moe_down_sum: !self.no_moe_down_sum,
             lora_overlap: !self.no_lora_overlap,
             lora_grouped: !self.no_lora_grouped,
-            lora_runs: self.lora_runs,
+            lora_runs: !self.no_lora_runs,
             kv_load_direct: self.kv_load_direct,
             ..KernelOptions::default()
         }

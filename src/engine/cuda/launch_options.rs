@@ -110,7 +110,7 @@ impl Default for LaunchOptions {
             moe_down_sum: true,
             lora_overlap: true,
             lora_grouped: true,
-            lora_runs: false,
+            lora_runs: true,
         }
     }
 }

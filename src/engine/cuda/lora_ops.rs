@@ -3,8 +3,8 @@
 //! into the output in place, both by tiles of up to [`LORA_TILE`] consecutive tokens on one
 //! slot (each block reads its adapter rows once per tile). With `LaunchOptions::lora_grouped`
 //! steps of 33-64 rows take the grouped kernels instead (`lora_grouped_ops.rs`), with
-//! `LaunchOptions::lora_runs` the shrinks of steps of 17-64 rows the run shrink
-//! (`lora_runs.rs`; before the grouped one).
+//! `LaunchOptions::lora_runs` the other shrinks of steps of 17-64 rows the run shrink
+//! (`lora_runs.rs`).
 
 use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::{CudaStream, LaunchConfig};
@@ -91,8 +91,8 @@ impl CudaKernels {
         }
         if ntiles == 0
             || t == 0
-            || self.lora_shrink_runs(side, (x, a), (tiles, tile), y)?
             || self.lora_shrink_grouped(side, (x, a), (tiles, tile), y)?
+            || self.lora_shrink_runs(side, (x, a), (tiles, tile), y)?
         {
             return Ok(());
         }

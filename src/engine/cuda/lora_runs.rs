@@ -31,15 +31,22 @@ const RUN_SHRINK: usize = 8;
 /// slower than the one-token shrink on the H200: 4.4 against 3.9 us at 64 rows).
 const RUNS_SHRINK_MAX_IN: usize = 4096;
 
-/// The run shrink takes a launch only when it has at least this many blocks: with fewer, each
-/// block's warps do serially what the one-token shrink's blocks do side by side (H200, 32
-/// rows: o and down, 32 blocks, 1.7 / 2.4 us against 1.4 / 1.7; qkv and gate|up at 32 rows
-/// and every projection at 64, 64-192 blocks, 1.4-2.5 us against 2.3-5.9).
-const RUNS_MIN_BLOCKS: usize = 64;
+/// Shrinks of fewer rows of `a` than this (o and down at rank 16: 16 rows, two warps' worth
+/// a tile) take the run shrink only in steps of more than [`RUNS_NARROW_MIN_ROWS`] rows: with
+/// fewer, its few blocks do serially what the one-token shrink's blocks do side by side
+/// (H200, 32 rows: o and down, 32 blocks, 1.7 / 2.4 us against 1.4 / 1.7; qkv and gate|up at
+/// 32 rows and every projection at 64 rows, 64-192 blocks, 1.4-2.5 us against 2.3-6.0). The
+/// rule goes by the graph buckets' bounds (steps of 17-32 rows replay on the bucket of 32,
+/// 33-64 on 64), so an eager step and its bucket's replay take the same shrink.
+const RUNS_NARROW_PR: usize = 32;
 
-/// The run shrink's grid for `pr` rows of `a` and a table of `ntiles` tiles.
-fn shrink_grid(pr: usize, ntiles: usize) -> (usize, usize) {
-    (pr.div_ceil(2), ntiles.div_ceil(RUN_SHRINK))
+/// See [`RUNS_NARROW_PR`].
+const RUNS_NARROW_MIN_ROWS: usize = 32;
+
+/// Whether the run shrink takes a launch of `pr` rows of `a` over `fan_in` inputs in a step of
+/// `rows` rows (within the served 17-64).
+fn shrink_pays(pr: usize, fan_in: usize, rows: usize) -> bool {
+    fan_in <= RUNS_SHRINK_MAX_IN && (pr >= RUNS_NARROW_PR || rows > RUNS_NARROW_MIN_ROWS)
 }
 
 impl CudaKernels {
@@ -73,16 +80,17 @@ impl CudaKernels {
     ) -> Result<bool> {
         let (slots, pr, fan_in) = a.dims3()?;
         let t = x.elem_count() / fan_in.max(1);
-        let ntiles = tiles.elem_count() / 3;
-        let (gx, gy) = shrink_grid(pr, ntiles);
-        let pays = fan_in <= RUNS_SHRINK_MAX_IN && gx * gy >= RUNS_MIN_BLOCKS;
-        let Some(k) = self.runs_for(t, tile).filter(|_| pays) else {
+        let Some(k) = self
+            .runs_for(t, tile)
+            .filter(|_| shrink_pays(pr, fan_in, t))
+        else {
             return Ok(false);
         };
+        let ntiles = tiles.elem_count() / 3;
         let (px, pa, ps, py) = (self.ptr(x)?, self.ptr(a)?, self.ptr(tiles)?, self.ptr(y)?);
         let [nt32, in32, pr32, slots32] = [ntiles, fan_in, pr, slots].map(|v| v as i32);
         let cfg = LaunchConfig {
-            grid_dim: (gx as u32, gy as u32, 1),
+            grid_dim: (pr.div_ceil(2) as u32, ntiles.div_ceil(RUN_SHRINK) as u32, 1),
             block_dim: (32 * RUN_SHRINK as u32, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -102,17 +110,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_run_shrink_takes_the_launches_with_blocks_enough() {
-        let takes = |pr: usize, ntiles: usize| {
-            let (x, y) = shrink_grid(pr, ntiles);
-            x * y >= RUNS_MIN_BLOCKS
-        };
-        // 32 rows: qkv (48 rows of a) and gate|up (32), not o or down (16).
-        assert!(takes(48, 32) && takes(32, 32));
-        assert!(!takes(16, 32));
-        // 64 rows: every projection.
-        assert!(takes(16, 64) && takes(48, 64));
-        // 20 rows: qkv only.
-        assert!(takes(48, 20) && !takes(32, 20));
+    fn the_run_shrink_takes_the_launches_where_it_measured_faster() {
+        // 17-32 rows: qkv (48 rows of a) and gate|up (32), not o or down (16).
+        assert!(shrink_pays(48, 1024, 32) && shrink_pays(32, 2048, 17));
+        assert!(!shrink_pays(16, 2048, 32) && !shrink_pays(16, 3072, 20));
+        // 33-64 rows: every projection over at most 4,096 inputs.
+        assert!(shrink_pays(16, 2048, 33) && shrink_pays(16, 3072, 64));
+        assert!(!shrink_pays(16, 6144, 64));
+        // Rank 8: qkv's 24 rows of a count as narrow.
+        assert!(!shrink_pays(24, 1024, 32) && shrink_pays(24, 1024, 40));
     }
 }

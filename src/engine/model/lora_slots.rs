@@ -299,7 +299,7 @@ pub fn tiles(seqs: &[crate::engine::batch::SeqInput<'_>], tile: usize, by_slot: 
 
 /// [`tiles`] of a kernel step of `rows` rows (`rows` being the graph bucket's on a replay):
 /// tiles of `cuda::lora_tile(rows)` tokens, sorted by slot when the grouped kernels or the
-/// run kernels (`KernelOptions::lora_runs`) serve the step. The eager forward and the graph replay both take it from here, so a replayed bucket
+/// run shrink (`KernelOptions::lora_runs`) serve the step. The eager forward and the graph replay both take it from here, so a replayed bucket
 /// and an eager step of as many rows lay the table out alike.
 #[cfg(feature = "cuda")]
 pub fn kernel_tiles(
