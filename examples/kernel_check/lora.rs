@@ -209,8 +209,9 @@ pub(super) fn lora_model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table
 
 /// Greedy tokens of 12 requests on two adapters and the base, with CUDA graphs and without:
 /// equal token for token (the same kernels run in both; steps of 9-12 rows take the overlap's
-/// second stream, captured as a branch of the graph); and of 32 requests with the run kernels
-/// (`KernelOptions::lora_runs`), whose 32-row steps they take.
+/// second stream, captured as a branch of the graph); and of 32 short requests in lockstep
+/// (one prefill step, then 32-row decode steps, the graphs' bucket of 32) with the run shrink
+/// (`KernelOptions::lora_runs`) and without it.
 pub(super) fn lora_graph_check(a: &Args, t: &mut Table) -> Res<()> {
     const N: usize = 12;
     let cfg = ModelConfig::from_file(&a.model_dir.join("config.json"))?;
@@ -243,8 +244,10 @@ pub(super) fn lora_graph_check(a: &Args, t: &mut Table) -> Res<()> {
             .map(|(i, d)| e.load_adapter(&format!("a{i}"), d))
             .collect::<Result<Vec<_>, _>>()?;
         let requests = (0..n).map(|i| {
-            let mut req =
-                GenerationRequest::new(synthetic_prompt(30 + i * 41, 600 + i)).max_new_tokens(32);
+            // Many requests: short prompts (about 2k tokens in all, one prefill step), so every
+            // decode step holds them all.
+            let len = if n > N { 30 + (i % 8) * 9 } else { 30 + i * 41 };
+            let mut req = GenerationRequest::new(synthetic_prompt(len, 600 + i)).max_new_tokens(32);
             req.ignore_eos = true;
             req.adapter = (i % 3 < 2).then(|| hs[i % 3].clone());
             req
@@ -252,21 +255,25 @@ pub(super) fn lora_graph_check(a: &Args, t: &mut Table) -> Res<()> {
         tokens_of(&e, requests)
     };
     let mut eagers = Vec::new();
-    // The run kernels with 32 requests: their decode steps (32 rows, the graphs' bucket of
-    // 32) are steps the run kernels take, eager and replayed.
+    // The run shrink with 32 requests: their decode steps (32 rows, the graphs' bucket of 32)
+    // are steps it takes (qkv and gate|up), eager and replayed; and the same without it.
     for (variant, n) in [
         ((false, false, false), N),
         ((true, false, false), N),
         ((false, true, false), N),
         ((true, false, true), 32),
+        ((true, false, false), 32),
     ] {
         let (graphs, eager) = (run(true, variant, n)?, run(false, variant, n)?);
         let equal = graphs.iter().zip(&eager).filter(|(g, e)| g == e).count();
-        let how = match variant {
-            (_, _, true) => " (runs)",
-            (true, _, _) => " (overlap)",
-            (_, true, _) => " (grouped)",
-            _ => "",
+        let how = match (variant, n > N) {
+            ((_, _, true), _) => " (runs)",
+            (_, true) => " (overlap, 32 requests)",
+            (variant, _) => match variant {
+                (true, _, _) => " (overlap)",
+                (_, true, _) => " (grouped)",
+                _ => "",
+            },
         };
         println!("lora greedy graphs vs eager{how}: {equal}/{n} requests equal");
         t.check(
