@@ -143,14 +143,15 @@ pub struct KernelOptions {
     /// expand, lost in every shape and is left to profiling.
     pub lora_grouped: bool,
     /// The shrinks of LoRA steps of 17-64 rows (one-token tiles) over at most 4,096 inputs
-    /// that the grouped shrink does not take (qkv and gate|up from 17 rows, o and down from
-    /// 33) read the tile table sorted by slot, by runs (`kernels/lora_runs.cu`): a block takes
-    /// eight tiles, a warp each with two rows of `a` and eight loads a lane in flight, and its
-    /// warps on one slot read that slot's rows once, where the one-token shrink re-reads a row
-    /// of `a` from L2 for every token (a block per row and token). Each `y` entry is summed in
-    /// one order whatever the table's order or the step's size (f32; another order than the
-    /// one-token shrink's). On by default: on the H200, every row on one of 8 rank-16
-    /// adapters, 0.6B batch 32 +2.9%, 1.7B batch 32 +2.7% and 64 +3.2% (BENCHMARKS.md, #23).
+    /// that the grouped shrink does not take (at rank 16: qkv and gate|up from 17 rows, o and
+    /// down from 33) read the tile table sorted by slot, by runs (`kernels/lora_runs.cu`): a
+    /// block takes eight tiles, a warp each with two rows of `a` and eight loads a lane in
+    /// flight, and its warps on one slot read that slot's rows once, where the one-token
+    /// shrink re-reads a row of `a` from L2 for every token (a block per row and token). Each
+    /// `y` entry is summed in one order whatever the table's order or the step's size (f32;
+    /// another order than the one-token shrink's). On by default: on the H200, every row on one of 8 rank-16
+    /// adapters, batch 32 +3.0% (0.6B) / +2.6% (1.7B), batch 64 +0.8% / +3.4%
+    /// (BENCHMARKS.md, #23).
     pub lora_runs: bool,
     /// The host KV tier's loads read the pinned host slots from the scatter kernel itself
     /// (over PCIe, `kernels/kv_move.cu` `kv_scatter_host`) instead of copying each block into
