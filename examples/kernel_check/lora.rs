@@ -26,7 +26,7 @@ pub(super) fn lora_model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table
     // The kernels as the flags say, with the shrinks beside the base matmuls, the candle ops,
     // and the candle ops in f32 (the reference: bf16 logits are held to their distance from
     // it, not to another bf16 rounding's); then the grouped kernels, alone and with the
-    // overlap; then the run kernels with the overlap and the qkv delta in the fused attention.
+    // overlap; then the run shrink with the overlap.
     let load = |kernels: bool,
                 (overlap, grouped, runs): (bool, bool, bool),
                 dt: DType|
