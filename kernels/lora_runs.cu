@@ -33,8 +33,9 @@ __device__ __forceinline__ void tile_at(const uint32_t* __restrict__ tiles, int 
 // blockIdx.y * 8 + w (token t on slot s) and rows j0 = 2 * blockIdx.x, j0 + 1 of a[s]:
 //   y[t, j] = warp_sum over lanes of (sum over the lane's chunks k = 8 * lane + 256 * q, q
 //   ascending, of the chunk's eight products x[t, k + e] * a[s, j, k + e], e ascending).
-// The block's warps on one slot read the same rows of a (one L2 read, the rest from L1); a
-// lane has B chunks of a and of x in flight at once (1.7B's 2,048 inputs: one round).
+// The block's warps on one slot read the same rows of a (close together in time, so L1 can
+// serve all but the first); a lane has B chunks of a and of x in flight at once (the 1.7B's
+// 2,048 inputs: one round of loads).
 template <typename T>
 __device__ void lora_shrink_runs(const T* __restrict__ x, const T* __restrict__ a,
                                  const uint32_t* __restrict__ tiles, int ntiles,
