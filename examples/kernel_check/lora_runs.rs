@@ -27,7 +27,6 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let kern = |runs: bool| -> Res<CudaKernels> {
         let o = LaunchOptions {
             lora_grouped: false,
-            lora_overlap: true,
             lora_runs: runs,
             ..LaunchOptions::default()
         };
