@@ -312,7 +312,65 @@ pub(super) fn lora_graph_check(a: &Args, t: &mut Table) -> Res<()> {
 }
 
 /// A tile table case: name, rows, slots held, and the tiles as (token, slot).
-type TileCase = (&'static str, usize, usize, Vec<(u32, u32)>);
+pub(super) type TileCase = (&'static str, usize, usize, Vec<(u32, u32)>);
+
+/// The checks' bf16 normals (`super::randn`) scaled by `s`.
+pub(super) fn normal(shape: &[usize], s: f64, dev: &Device) -> Res<Tensor> {
+    Ok((randn(shape, DType::BF16, dev)? * s)?)
+}
+
+/// A slot per row (row i on slot i % 8), the tiles sorted by slot.
+pub(super) fn by_slot(rows: usize) -> Vec<(u32, u32)> {
+    let mut v: Vec<(u32, u32)> = (0..rows as u32).map(|i| (i, i % 8)).collect();
+    v.sort_by_key(|&(_, s)| s);
+    v
+}
+
+/// The LoRA kernel checks' tables (rows, slots held, tiles as (token, slot); slot ids may
+/// exceed the slots held: skipped): a slot per row, one slot for all rows, rows on 13 of 16
+/// slots unsorted with base rows (3, 8, 13, ..) and a slot past those held (row 17), and
+/// `fewest` rows (the fewest the kernels under check take).
+pub(super) fn tile_cases((name, fewest): (&'static str, usize)) -> [TileCase; 4] {
+    let scattered: Vec<(u32, u32)> = (0..40u32)
+        .filter(|i| i % 5 != 3)
+        .map(|i| (i, if i == 17 { 99 } else { (i * 7) % 13 }))
+        .collect();
+    [
+        ("64 rows, a slot per row", 64, 8, by_slot(64)),
+        (
+            "64 rows on one slot",
+            64,
+            8,
+            (0..64).map(|i| (i, 3)).collect(),
+        ),
+        ("40 rows on 13 slots, unsorted", 40, 16, scattered),
+        (name, fewest, 8, by_slot(fewest)),
+    ]
+}
+
+/// (name, fan in, projections' output rows) of the LoRA kernel checks: 0.6B qkv / o /
+/// gate|up / down, 1.7B down.
+pub(super) fn lora_shapes() -> [(&'static str, usize, Vec<usize>); 5] {
+    [
+        ("qkv 1024", 1024, vec![0, 2048, 3072, 4096]),
+        ("o 2048", 2048, vec![0, 1024]),
+        ("gate|up 1024", 1024, vec![0, 3072, 6144]),
+        ("down 3072", 3072, vec![0, 1024]),
+        ("down 6144", 6144, vec![0, 2048]),
+    ]
+}
+
+/// The flattened tile table (u32 `[tiles, 3]`, one-token tiles) of `table`, with two count-0
+/// tiles of padding, as a graph's table has, where the table has room (a graph's table has a
+/// tile per row at most).
+pub(super) fn flat_tiles(table: &[(u32, u32)], rows: usize, dev: &Device) -> Res<Tensor> {
+    let mut v: Vec<u32> = table.iter().flat_map(|&(i, s)| [i, 1, s]).collect();
+    if table.len() + 2 <= rows {
+        v.extend([0, 0, 0, 0, 0, 0]);
+    }
+    let n = v.len() / 3;
+    Ok(Tensor::from_vec(v, (n, 3), dev)?)
+}
 
 /// The grouped LoRA kernels (`LaunchOptions::lora_grouped`) against the one-token kernels on
 /// random adapters: the shrink's `y` within f32 rounding of theirs (the same products summed in
@@ -333,46 +391,12 @@ pub(super) fn lora_grouped_checks(dev: &Device, t: &mut Table) -> Res<()> {
     let (plain, grouped) = (kern(false)?, kern(true)?);
     // Every shrink and expand of the table (not only the shrinks of the rule).
     grouped.set_lora_grouped_everywhere(true);
-    // The checks' bf16 normals (`super::randn`) scaled by `s`.
-    let normal =
-        |shape: &[usize], s: f64| -> Res<Tensor> { Ok((randn(shape, DType::BF16, dev)? * s)?) };
-    // (rows, slots held, tiles as (token, slot)): the slot ids may exceed `slots` (skipped).
-    let by_slot = |rows: usize| -> Vec<(u32, u32)> {
-        let mut v: Vec<(u32, u32)> = (0..rows as u32).map(|i| (i, i % 8)).collect();
-        v.sort_by_key(|&(_, s)| s);
-        v
-    };
-    let scattered: Vec<(u32, u32)> = (0..40u32)
-        .filter(|i| i % 5 != 3)
-        .map(|i| (i, if i == 17 { 99 } else { (i * 7) % 13 }))
-        .collect();
-    let tables: [TileCase; 4] = [
-        ("64 rows, a slot per row", 64, 8, by_slot(64)),
-        (
-            "64 rows on one slot",
-            64,
-            8,
-            (0..64).map(|i| (i, 3)).collect(),
-        ),
-        ("40 rows on 13 slots, unsorted", 40, 16, scattered),
-        ("9 rows", LORA_GROUPED_MIN_ROWS + 1, 8, by_slot(9)),
-    ];
-    // (name, fan in, projections' output rows): 0.6B qkv / o / gate|up / down, 1.7B down.
-    let shapes: [(&str, usize, Vec<usize>); 5] = [
-        ("qkv 1024", 1024, vec![0, 2048, 3072, 4096]),
-        ("o 2048", 2048, vec![0, 1024]),
-        ("gate|up 1024", 1024, vec![0, 3072, 6144]),
-        ("down 3072", 3072, vec![0, 1024]),
-        ("down 6144", 6144, vec![0, 2048]),
-    ];
+    let normal = |shape: &[usize], s: f64| normal(shape, s, dev);
+    let tables = tile_cases(("9 rows", LORA_GROUPED_MIN_ROWS + 1));
+    let shapes = lora_shapes();
     for (tname, rows, slots, table) in &tables {
-        let mut flat: Vec<u32> = table.iter().flat_map(|&(i, s)| [i, 1, s]).collect();
-        // Two count-0 tiles of padding, as a graph's table has, where the table has room (a
-        // graph's table has a tile per row at most: 64).
-        if table.len() + 2 <= *rows {
-            flat.extend([0, 0, 0, 0, 0, 0]);
-        }
-        let ntiles = flat.len() / 3;
+        let tiles = flat_tiles(table, *rows, dev)?;
+        let ntiles = tiles.dim(0)?;
         t.check(
             format!("lora grouped kernels serve {tname} ({ntiles} tiles) ?"),
             if grouped.lora_grouped_serves(*rows, ntiles) {
@@ -382,7 +406,6 @@ pub(super) fn lora_grouped_checks(dev: &Device, t: &mut Table) -> Res<()> {
             },
             0.0,
         );
-        let tiles = Tensor::from_vec(flat, (ntiles, 3), dev)?;
         for r in [8usize, 16, 64] {
             for (sname, fan_in, splits) in &shapes {
                 if r != 16 && !sname.starts_with("qkv") && !sname.starts_with("down 6") {
@@ -430,8 +453,7 @@ pub(super) fn lora_grouped_checks(dev: &Device, t: &mut Table) -> Res<()> {
     let x = normal(&[n, 1024], 1.0)?;
     let a = normal(&[8, 16, 1024], 0.05)?;
     let b = normal(&[8, 1024, 16], 0.05)?;
-    let flat: Vec<u32> = by_slot(n).iter().flat_map(|&(i, s)| [i, 1, s]).collect();
-    let tiles = Tensor::from_vec(flat, (n, 3), dev)?;
+    let tiles = flat_tiles(&by_slot(n), n, dev)?;
     let y = Tensor::zeros((n, lora_scratch_cols(16, true)), DType::F32, dev)?;
     let out = normal(&[n, 1024], 1.0)?;
     let before = out.copy()?;

@@ -6,22 +6,9 @@
 //! 8, 16 and 64; the fan-ins of the 0.6B and 1.7B shapes (the 1.7B's down, 6,144, is left to
 //! the one-token shrink: its `y` must then be theirs exactly).
 
+use super::lora::{by_slot, flat_tiles, lora_shapes, normal, tile_cases};
 use super::*;
 use policy_serve::engine::cuda::{LORA_RUNS_MIN_ROWS, lora_scratch_cols};
-
-/// A tile table case: name, rows, slots held, and the tiles as (token, slot).
-type Case = (&'static str, usize, usize, Vec<(u32, u32)>);
-
-/// The flattened tile table of `table`, with two count-0 tiles of padding where a graph's
-/// table (a tile per row at most) has room.
-fn flat(table: &[(u32, u32)], rows: usize, dev: &Device) -> Res<Tensor> {
-    let mut v: Vec<u32> = table.iter().flat_map(|&(i, s)| [i, 1, s]).collect();
-    if table.len() + 2 <= rows {
-        v.extend([0, 0, 0, 0, 0, 0]);
-    }
-    let n = v.len() / 3;
-    Ok(Tensor::from_vec(v, (n, 3), dev)?)
-}
 
 pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let kern = |runs: bool| -> Res<CudaKernels> {
@@ -33,38 +20,11 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("kernels")?)
     };
     let (plain, runs) = (kern(false)?, kern(true)?);
-    let normal =
-        |shape: &[usize], s: f64| -> Res<Tensor> { Ok((randn(shape, DType::BF16, dev)? * s)?) };
-    let by_slot = |rows: usize| -> Vec<(u32, u32)> {
-        let mut v: Vec<(u32, u32)> = (0..rows as u32).map(|i| (i, i % 8)).collect();
-        v.sort_by_key(|&(_, s)| s);
-        v
-    };
-    // Rows 3, 8, 13, .. on no adapter; row 17 on a slot past those held (a base row too).
-    let scattered: Vec<(u32, u32)> = (0..40u32)
-        .filter(|i| i % 5 != 3)
-        .map(|i| (i, if i == 17 { 99 } else { (i * 7) % 13 }))
-        .collect();
-    let cases: [Case; 4] = [
-        ("64 rows, a slot per row", 64, 8, by_slot(64)),
-        (
-            "64 rows on one slot",
-            64,
-            8,
-            (0..64).map(|i| (i, 3)).collect(),
-        ),
-        ("40 rows on 13 slots, unsorted", 40, 16, scattered),
-        ("17 rows", LORA_RUNS_MIN_ROWS + 1, 8, by_slot(17)),
-    ];
-    let shapes: [(&str, usize, Vec<usize>); 5] = [
-        ("qkv 1024", 1024, vec![0, 2048, 3072, 4096]),
-        ("o 2048", 2048, vec![0, 1024]),
-        ("gate|up 1024", 1024, vec![0, 3072, 6144]),
-        ("down 3072", 3072, vec![0, 1024]),
-        ("down 6144", 6144, vec![0, 2048]),
-    ];
+    let normal = |shape: &[usize], s: f64| normal(shape, s, dev);
+    let cases = tile_cases(("17 rows", LORA_RUNS_MIN_ROWS + 1));
+    let shapes = lora_shapes();
     for (tname, rows, slots, table) in &cases {
-        let tiles = flat(table, *rows, dev)?;
+        let tiles = flat_tiles(table, *rows, dev)?;
         t.check(
             format!("lora runs serve {tname} ?"),
             if runs.lora_runs_serve(*rows, 1) {
@@ -77,7 +37,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         // The same tiles in row order (the shrink's sums must not depend on it).
         let mut in_rows = table.clone();
         in_rows.sort_by_key(|&(i, _)| i);
-        let row_order = flat(&in_rows, *rows, dev)?;
+        let row_order = flat_tiles(&in_rows, *rows, dev)?;
         for r in [8usize, 16, 64] {
             for (sname, fan_in, splits) in &shapes {
                 if r != 16 && !sname.starts_with("qkv") && !sname.starts_with("down 6") {
@@ -117,7 +77,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let a = normal(&[8, 16, 1024], 0.05)?;
     let b = normal(&[8, 1024, 16], 0.05)?;
     let table: Vec<(u32, u32)> = by_slot(n).into_iter().filter(|&(i, _)| i != 5).collect();
-    let tiles = flat(&table, n, dev)?;
+    let tiles = flat_tiles(&table, n, dev)?;
     let y = Tensor::zeros((n, lora_scratch_cols(16, false)), DType::F32, dev)?;
     let out = normal(&[n, 1024], 1.0)?;
     let before = out.copy()?;

@@ -137,10 +137,9 @@ impl CudaKernels {
 
     /// The grouped kernels, when they serve a step of `t` rows on `tile`-token tiles.
     fn grouped_for(&self, t: usize, tile: usize) -> Option<&LoraGrouped> {
-        let rows = LORA_GROUPED_MIN_ROWS + 1..=super::LORA_TILE_ONE_MAX;
         self.lora_grouped
             .as_ref()
-            .filter(|_| tile == 1 && rows.contains(&t))
+            .filter(|_| super::lora_ops::one_token_step(t, tile, LORA_GROUPED_MIN_ROWS))
     }
 
     /// The grouped shrink of [`CudaKernels::lora_shrink_into`] when it serves the step (true),

@@ -21,6 +21,13 @@ pub const LORA_TILE: usize = 8;
 /// latency-bound; a wider tile only adds work per block).
 pub const LORA_TILE_ONE_MAX: usize = 64;
 
+/// Whether a step of `rows` rows on `tile`-token tiles is one the one-token kernels' variants
+/// that start above `above` rows take (the grouped and the run kernels: one-token tiles,
+/// `above + 1..=`[`LORA_TILE_ONE_MAX`] rows).
+pub(super) fn one_token_step(rows: usize, tile: usize, above: usize) -> bool {
+    tile == 1 && (above + 1..=LORA_TILE_ONE_MAX).contains(&rows)
+}
+
 /// The tile size for a step of `t` tokens: 1 up to [`LORA_TILE_ONE_MAX`], else
 /// [`LORA_TILE`].
 pub fn lora_tile(t: usize) -> usize {

@@ -63,10 +63,9 @@ impl CudaKernels {
 
     /// The run kernels, when they serve a step of `rows` rows on `tile`-token tiles.
     fn runs_for(&self, rows: usize, tile: usize) -> Option<&LoraRuns> {
-        let served = LORA_RUNS_MIN_ROWS + 1..=super::LORA_TILE_ONE_MAX;
         self.lora_runs
             .as_ref()
-            .filter(|_| tile == 1 && served.contains(&rows))
+            .filter(|_| super::lora_ops::one_token_step(rows, tile, LORA_RUNS_MIN_ROWS))
     }
 
     /// The run shrink of [`CudaKernels::lora_shrink_into`] when it serves the step (true),
