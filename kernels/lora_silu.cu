@@ -64,26 +64,57 @@ __device__ void lora_expand_silu(const T* __restrict__ gu, const float* __restri
 //   res_out[t] = bf16(res[t] + d),  out[t] = bf16(res_out[t] * rsqrt(mean(res_out[t]²) + eps) * w)
 // (y [T, r]: the matmul's shrink; b [slots, n, r]). res and res_out may be one buffer (each
 // element is read, then written, by the same thread).
+//
+// With PRE (LaunchOptions::lora_norm_preload) each thread loads the rows of b and the norm
+// weights of its first pre_cols<T, RMAX>() columns before waiting on the kernel before it (written
+// by no kernel of a step), so those loads overlap that kernel instead of following the wait;
+// the same values in the same order, so the same bits.
 template <typename T, int RMAX>
+__host__ __device__ constexpr int pre_cols() {
+  // bf16 at ranks up to 16 only: at 1024 threads a block (64 registers a thread) f32 rows or
+  // ranks above 16 (y then takes 64 registers) would spill.
+  return sizeof(T) * RMAX <= 32 ? 2 : 0;
+}
+
+template <typename T, int RMAX, bool PRE>
 __device__ void lora_add_rmsnorm(const T* __restrict__ delta, const T* res, T* res_out,
                                  const T* __restrict__ w, T* __restrict__ out, int n, float eps,
                                  const float* __restrict__ y, const T* __restrict__ b,
                                  const uint32_t* __restrict__ tiles, int ntiles, int slots,
                                  int r) {
+  constexpr int NP = PRE ? pre_cols<T, RMAX>() : 0;
+  constexpr int NA = NP > 0 ? NP : 1;  // array sizes
   pdl_trigger();
   const size_t row = blockIdx.x;
   const uint32_t s = token_slot(tiles, ntiles, (int)row, slots);
   const bool on = s != 0xffffffffu;
+  RankRow<T, RMAX> pb[NA];
+  T pw[NA];
+#pragma unroll
+  for (int q = 0; q < NP; ++q) {
+    const int i = threadIdx.x + q * blockDim.x;
+    if (i < n) {
+      pw[q] = w[i];
+      if (on) pb[q].load(b + ((size_t)s * n + i) * r, r);
+    }
+  }
   pdl_wait();
   float ys[RMAX];
 #pragma unroll
   for (int i = 0; i < RMAX; ++i) ys[i] = (on && i < r) ? y[row * r + i] : 0.f;
   float ss = 0.f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+  int q = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x, ++q) {
     float d = to_f(delta[row * n + i]);
     if (on) {
       RankRow<T, RMAX> br;
-      br.load(b + ((size_t)s * n + i) * r, r);
+      if (q < NP) {
+#pragma unroll
+        for (int e = 0; e < NP; ++e)
+          if (e == q) br = pb[e];
+      } else {
+        br.load(b + ((size_t)s * n + i) * r, r);
+      }
       d = round_t<T>(d + br.dot(ys, r));
     }
     const T sum = from_f<T>(to_f(res[row * n + i]) + d);
@@ -93,8 +124,18 @@ __device__ void lora_add_rmsnorm(const T* __restrict__ delta, const T* res, T* r
   }
   // add_rmsnorm's block_sum, so the norm is the same bits.
   const float inv = rsqrtf(block_sum(ss) / n + eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x)
-    out[row * n + i] = from_f<T>(to_f(res_out[row * n + i]) * inv * to_f(w[i]));
+  q = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x, ++q) {
+    T wi;
+    if (q < NP) {
+#pragma unroll
+      for (int e = 0; e < NP; ++e)
+        if (e == q) wi = pw[e];
+    } else {
+      wi = w[i];
+    }
+    out[row * n + i] = from_f<T>(to_f(res_out[row * n + i]) * inv * to_f(wi));
+  }
 }
 
 #define LORA_FUSED(T, S, RMAX)                                                                  \
@@ -106,8 +147,14 @@ __device__ void lora_add_rmsnorm(const T* __restrict__ delta, const T* res, T* r
   extern "C" __global__ void __launch_bounds__(1024) lora_add_rmsnorm_r##RMAX##_##S(            \
       const T* delta, const T* res, T* res_out, const T* w, T* out, int n, float eps,           \
       const float* y, const T* b, const uint32_t* tiles, int ntiles, int slots, int r) {        \
-    lora_add_rmsnorm<T, RMAX>(delta, res, res_out, w, out, n, eps, y, b, tiles, ntiles, slots, \
-                              r);                                                               \
+    lora_add_rmsnorm<T, RMAX, false>(delta, res, res_out, w, out, n, eps, y, b, tiles, ntiles,  \
+                                     slots, r);                                                 \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(1024) lora_add_rmsnorm_pre_r##RMAX##_##S(        \
+      const T* delta, const T* res, T* res_out, const T* w, T* out, int n, float eps,           \
+      const float* y, const T* b, const uint32_t* tiles, int ntiles, int slots, int r) {        \
+    lora_add_rmsnorm<T, RMAX, true>(delta, res, res_out, w, out, n, eps, y, b, tiles, ntiles,   \
+                                    slots, r);                                                  \
   }
 
 // Ranks up to 16 (the common adapters) and up to 64.

@@ -330,6 +330,12 @@ mod tests {
         assert!(d.kernels.lora_runs && lib.kernels.lora_runs && g.kernels.lora_runs);
         let r = Cli::parse_from(["x", "--no-lora-runs"]).engine.options();
         assert!(!r.kernels.lora_runs && r.kernels.lora_overlap && r.kernels.lora_grouped);
+        // The norm's loads before the wait: off unless asked for, apart from the others.
+        assert!(!d.kernels.lora_norm_preload && !lib.kernels.lora_norm_preload);
+        let n = Cli::parse_from(["x", "--lora-norm-preload"])
+            .engine
+            .options();
+        assert!(n.kernels.lora_norm_preload && n.kernels.lora_overlap && n.kernels.lora_runs);
         // Host tier loads through a staging copy unless asked to read the slots directly.
         assert!(!d.kernels.kv_load_direct && !g.kernels.kv_load_direct);
         let k = Cli::parse_from(["x", "--kv-load-direct"]).engine.options();

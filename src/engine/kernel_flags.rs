@@ -103,6 +103,10 @@ pub struct KernelFlags {
     /// row order (turns `KernelOptions::lora_runs` off).
     #[arg(long)]
     pub no_lora_runs: bool,
+    /// The LoRA add+RMSNorm loads adapter rows and norm weights before its wait
+    /// (`KernelOptions::lora_norm_preload`).
+    #[arg(long)]
+    pub lora_norm_preload: bool,
     /// Host KV tier loads read pinned memory from the scatter kernel, no staging copy
     /// (`KernelOptions::kv_load_direct`).
     #[arg(long)]
@@ -142,6 +146,7 @@ impl KernelFlags {
             lora_overlap: !self.no_lora_overlap,
             lora_grouped: !self.no_lora_grouped,
             lora_runs: !self.no_lora_runs,
+            lora_norm_preload: self.lora_norm_preload,
             kv_load_direct: self.kv_load_direct,
             ..KernelOptions::default()
         }

@@ -153,6 +153,11 @@ pub struct KernelOptions {
     /// adapters, batch 32 +3.0% (0.6B) / +2.6% (1.7B), batch 64 +0.8% / +3.4%
     /// (BENCHMARKS.md, #23).
     pub lora_runs: bool,
+    /// The add+RMSNorm that takes the o and down deltas' expands (`lora_overlap`) loads each
+    /// thread's rows of the adapter's `b` and the norm weights before waiting on the kernel
+    /// before it (bf16, ranks up to 16), so their reads overlap that kernel; the same sums,
+    /// the same bits (`kernels/lora_silu.cu`, #23). Off by default until measured.
+    pub lora_norm_preload: bool,
     /// The host KV tier's loads read the pinned host slots from the scatter kernel itself
     /// (over PCIe, `kernels/kv_move.cu` `kv_scatter_host`) instead of copying each block into
     /// a device staging buffer first (one `cuMemcpyHtoDAsync` a block). Off by default: no
@@ -193,6 +198,7 @@ impl Default for KernelOptions {
             lora_overlap: true,
             lora_grouped: true,
             lora_runs: true,
+            lora_norm_preload: false,
             kv_load_direct: false,
             event_tracking: false,
         }

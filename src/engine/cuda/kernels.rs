@@ -353,7 +353,12 @@ impl CudaKernels {
                         f(&m, &format!("{name}_r64_{s}"))?,
                     ])
                 };
-                let fs = (pair("lora_expand_silu")?, pair("lora_add_rmsnorm")?);
+                let norm = if opts.lora_norm_preload {
+                    "lora_add_rmsnorm_pre"
+                } else {
+                    "lora_add_rmsnorm"
+                };
+                let fs = (pair("lora_expand_silu")?, pair(norm)?);
                 Some(super::handles::LoraOverlap::new(&stream, fs, m)?)
             } else {
                 None

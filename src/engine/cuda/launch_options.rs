@@ -81,6 +81,9 @@ pub struct LaunchOptions {
     /// the tile table, sorted by slot, by runs: a block takes eight tiles and its warps on one
     /// slot read the slot's rows of `a` once (`kernels/lora_runs.cu`).
     pub lora_runs: bool,
+    /// The LoRA add+RMSNorm (`lora_overlap`) loads each thread's rows of `b` and its norm
+    /// weights before the wait (`kernels/lora_silu.cu` `lora_add_rmsnorm_pre_*`).
+    pub lora_norm_preload: bool,
 }
 
 impl Default for LaunchOptions {
@@ -111,6 +114,7 @@ impl Default for LaunchOptions {
             lora_overlap: true,
             lora_grouped: true,
             lora_runs: true,
+            lora_norm_preload: false,
         }
     }
 }

@@ -80,6 +80,7 @@ pub fn kernels_for(
         lora_overlap: opts.lora_overlap,
         lora_grouped: opts.lora_grouped,
         lora_runs: opts.lora_runs,
+        lora_norm_preload: opts.lora_norm_preload,
         ..LaunchOptions::default()
     };
     CudaKernels::new(device, dtype, &launch)
