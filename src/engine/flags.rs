@@ -330,12 +330,22 @@ mod tests {
         assert!(d.kernels.lora_runs && lib.kernels.lora_runs && g.kernels.lora_runs);
         let r = Cli::parse_from(["x", "--no-lora-runs"]).engine.options();
         assert!(!r.kernels.lora_runs && r.kernels.lora_overlap && r.kernels.lora_grouped);
-        // The norm's loads before the wait: off unless asked for, apart from the others.
-        assert!(!d.kernels.lora_norm_preload && !lib.kernels.lora_norm_preload);
-        let n = Cli::parse_from(["x", "--lora-norm-preload"])
+        // The norm's loads before the wait: on unless turned off, apart from the others; the
+        // second stream's row bound: 8 unless set.
+        assert!(d.kernels.lora_norm_preload && lib.kernels.lora_norm_preload);
+        let n = Cli::parse_from(["x", "--no-lora-norm-preload"])
             .engine
             .options();
-        assert!(n.kernels.lora_norm_preload && n.kernels.lora_overlap && n.kernels.lora_runs);
+        assert!(!n.kernels.lora_norm_preload && n.kernels.lora_overlap && n.kernels.lora_runs);
+        assert_eq!(
+            (d.kernels.lora_side_min_rows, lib.kernels.lora_side_min_rows),
+            (8, 8)
+        );
+        let m = Cli::parse_from(["x", "--lora-side-min-rows", "16"])
+            .engine
+            .options();
+        assert_eq!(m.kernels.lora_side_min_rows, 16);
+        assert!(m.kernels.lora_norm_preload);
         // Host tier loads through a staging copy unless asked to read the slots directly.
         assert!(!d.kernels.kv_load_direct && !g.kernels.kv_load_direct);
         let k = Cli::parse_from(["x", "--kv-load-direct"]).engine.options();

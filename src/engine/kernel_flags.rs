@@ -103,10 +103,18 @@ pub struct KernelFlags {
     /// row order (turns `KernelOptions::lora_runs` off).
     #[arg(long)]
     pub no_lora_runs: bool,
-    /// The LoRA add+RMSNorm loads adapter rows and norm weights before its wait
-    /// (`KernelOptions::lora_norm_preload`).
+    /// The LoRA add+RMSNorm loads adapter rows and norm weights after its wait (turns
+    /// `KernelOptions::lora_norm_preload` off).
     #[arg(long)]
-    pub lora_norm_preload: bool,
+    pub no_lora_norm_preload: bool,
+    /// LoRA steps of more than this many rows run their shrinks on a second stream
+    /// (`KernelOptions::lora_side_min_rows`; default 8).
+    #[arg(long, value_name = "ROWS")]
+    pub lora_side_min_rows: Option<usize>,
+    /// LoRA steps with unfused attention add the qkv delta inside the q/k norm + RoPE + KV
+    /// write (`KernelOptions::lora_qkv_rope`).
+    #[arg(long)]
+    pub lora_qkv_rope: bool,
     /// Host KV tier loads read pinned memory from the scatter kernel, no staging copy
     /// (`KernelOptions::kv_load_direct`).
     #[arg(long)]
@@ -146,7 +154,11 @@ impl KernelFlags {
             lora_overlap: !self.no_lora_overlap,
             lora_grouped: !self.no_lora_grouped,
             lora_runs: !self.no_lora_runs,
-            lora_norm_preload: self.lora_norm_preload,
+            lora_norm_preload: !self.no_lora_norm_preload,
+            lora_side_min_rows: self
+                .lora_side_min_rows
+                .unwrap_or(super::options::LORA_SIDE_MIN_ROWS),
+            lora_qkv_rope: self.lora_qkv_rope,
             kv_load_direct: self.kv_load_direct,
             ..KernelOptions::default()
         }

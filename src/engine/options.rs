@@ -11,6 +11,10 @@ use super::defaults;
 use super::device::{DTypeChoice, DeviceChoice, KvBudget};
 use super::parallel::comm::CommHandle;
 
+/// The default of `KernelOptions::lora_side_min_rows`: steps of up to 8 rows keep their LoRA
+/// shrinks on the kernels' stream (measured on the H200 when the overlap was built, #23).
+pub const LORA_SIDE_MIN_ROWS: usize = 8;
+
 /// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
 pub const GEMV_STREAM_BLOCKS: u8 = 2;
@@ -127,7 +131,7 @@ pub struct KernelOptions {
     pub moe_down_sum: bool,
     /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
     /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
-    /// input (above 8 rows on a second stream beside it), the gate|up expand is one launch
+    /// input (above `lora_side_min_rows` rows on a second stream beside it), the gate|up expand is one launch
     /// with the SiLU product and the o and down expands one launch each with the add+RMSNorm
     /// after them (`kernels/lora_silu.cu`); the logits are the serial path's bit for bit
     /// (#23). On by default: on the H200 +1-4% at batches 8-64 over five runs, at batch 256
@@ -156,8 +160,21 @@ pub struct KernelOptions {
     /// The add+RMSNorm that takes the o and down deltas' expands (`lora_overlap`) loads each
     /// thread's rows of the adapter's `b` and the norm weights before waiting on the kernel
     /// before it (bf16, ranks up to 16), so their reads overlap that kernel; the same sums,
-    /// the same bits (`kernels/lora_silu.cu`, #23). Off by default until measured.
+    /// the same bits (`kernels/lora_silu.cu`, #23). On by default: on the H200, every row on
+    /// one of 8 rank-16 adapters, +0.2-0.8% (0.6B) and +0.4-1.4% (1.7B) at batches 8-32,
+    /// +0.4% / -0.4% at 64 (BENCHMARKS.md).
     pub lora_norm_preload: bool,
+    /// With `lora_overlap`, LoRA steps of more than this many rows (and at most 64) run
+    /// their shrinks on a second stream beside the base matmuls; smaller steps on the
+    /// kernels' stream, where each launch's early start (programmatic dependent launch) is
+    /// kept. Default [`LORA_SIDE_MIN_ROWS`].
+    pub lora_side_min_rows: usize,
+    /// LoRA steps on the `lora_overlap` path whose attention runs unfused (more than 16 decode
+    /// rows, or prefill rows among them) add the qkv delta inside the q/k norm + RoPE + KV
+    /// write instead of a launch of its own before it (bf16 caches and activations, ranks up
+    /// to 16; rounded as the expand rounds it, so the same bits; `kernels/lora_silu.cu`,
+    /// #23). Off by default until measured.
+    pub lora_qkv_rope: bool,
     /// The host KV tier's loads read the pinned host slots from the scatter kernel itself
     /// (over PCIe, `kernels/kv_move.cu` `kv_scatter_host`) instead of copying each block into
     /// a device staging buffer first (one `cuMemcpyHtoDAsync` a block). Off by default: no
@@ -198,7 +215,9 @@ impl Default for KernelOptions {
             lora_overlap: true,
             lora_grouped: true,
             lora_runs: true,
-            lora_norm_preload: false,
+            lora_norm_preload: true,
+            lora_side_min_rows: LORA_SIDE_MIN_ROWS,
+            lora_qkv_rope: false,
             kv_load_direct: false,
             event_tracking: false,
         }

@@ -84,6 +84,13 @@ pub struct LaunchOptions {
     /// The LoRA add+RMSNorm (`lora_overlap`) loads each thread's rows of `b` and its norm
     /// weights before the wait (`kernels/lora_silu.cu` `lora_add_rmsnorm_pre_*`).
     pub lora_norm_preload: bool,
+    /// LoRA steps of more than this many rows run the overlap's shrinks on its second
+    /// stream.
+    pub lora_side_min_rows: usize,
+    /// LoRA steps on the overlap's path whose attention is not the fused decode kernel add the
+    /// qkv delta inside the q/k norm + RoPE + KV write (bf16 caches and activations, ranks up
+    /// to 16; `kernels/lora_silu.cu` `lora_qk_norm_rope_kv_write_r16_bf16`).
+    pub lora_qkv_rope: bool,
 }
 
 impl Default for LaunchOptions {
@@ -114,7 +121,9 @@ impl Default for LaunchOptions {
             lora_overlap: true,
             lora_grouped: true,
             lora_runs: true,
-            lora_norm_preload: false,
+            lora_norm_preload: true,
+            lora_side_min_rows: crate::engine::options::LORA_SIDE_MIN_ROWS,
+            lora_qkv_rope: false,
         }
     }
 }

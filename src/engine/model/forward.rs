@@ -81,6 +81,8 @@ pub fn kernels_for(
         lora_grouped: opts.lora_grouped,
         lora_runs: opts.lora_runs,
         lora_norm_preload: opts.lora_norm_preload,
+        lora_side_min_rows: opts.lora_side_min_rows,
+        lora_qkv_rope: opts.lora_qkv_rope,
         ..LaunchOptions::default()
     };
     CudaKernels::new(device, dtype, &launch)

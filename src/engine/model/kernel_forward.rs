@@ -212,6 +212,7 @@ impl KernelForward<'_> {
         li: usize,
         (inputs, acts, plan, cache): (&StepInputs, &Activations, &AttnPlan, &PagedKvCache),
         (fused, part): (bool, usize),
+        lora: Option<&super::kernel_lora::LoraStep<'_>>,
     ) -> Result<Tensor> {
         let (m, k, a) = (self.model, self.kernels, acts);
         let at = &m.layers[li].attn;
@@ -233,16 +234,30 @@ impl KernelForward<'_> {
             )?;
             a.attn.clone()
         } else {
-            k.qk_norm_rope_kv_write_into(
+            let norms = (&at.q_norm.weight, &at.k_norm.weight);
+            let pos_slots = (&inputs.pos, &inputs.slots);
+            let heads = (at.num_heads, at.num_kv_heads, at.q_norm.eps);
+            if !self.lora_qk_rope(
+                lora,
+                li,
                 &a.qkv,
-                (&at.q_norm.weight, &at.k_norm.weight),
-                &m.inv_freq,
-                (&inputs.pos, &inputs.slots),
+                norms,
+                (&m.inv_freq, pos_slots),
                 kv,
-                (at.num_heads, at.num_kv_heads, at.head_dim),
-                at.q_norm.eps,
+                heads,
                 &a.q,
-            )?;
+            )? {
+                k.qk_norm_rope_kv_write_into(
+                    &a.qkv,
+                    norms,
+                    &m.inv_freq,
+                    pos_slots,
+                    kv,
+                    (at.num_heads, at.num_kv_heads, at.head_dim),
+                    at.q_norm.eps,
+                    &a.q,
+                )?;
+            }
             self.attend_kernels(kv, plan, inputs, acts, bs)?
         })
     }
@@ -273,7 +288,12 @@ impl KernelForward<'_> {
         let part = CudaKernels::decode_partition(inputs.ctx_lens.elem_count());
         // The overlap's deferred expands leave `a.o` without its delta: not with a trace of
         // it, nor with the all-reduce of tensor parallelism.
-        let lora = self.lora_step(inputs, acts, comm.is_none() && trace.is_none())?;
+        let unfused_bf16 = !fused && !cache.layer(0).is_fp8();
+        let lora = self.lora_step(
+            inputs,
+            acts,
+            (comm.is_none() && trace.is_none(), unfused_bf16),
+        )?;
         // The down whose LoRA expand the next add+RMSNorm takes over (overlap path).
         let mut down_before: Option<(usize, usize)> = None;
         for (li, layer) in m.layers.iter().enumerate() {
@@ -306,7 +326,12 @@ impl KernelForward<'_> {
             if delta.is_some() {
                 cur = 1 - cur;
             }
-            let out = self.layer_attention(li, (inputs, acts, plan, cache), (fused, part))?;
+            let out = self.layer_attention(
+                li,
+                (inputs, acts, plan, cache),
+                (fused, part),
+                lora.as_ref(),
+            )?;
             let ffn_w = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.gate_up.weight(),
                 Ffn::Sparse(moe) => &moe.router,
