@@ -8,6 +8,8 @@ set -u
 source scripts/gpu_lib.sh; model 0.6b; model 1.7b
 timeout 240 .gpu/kernel_check --model-dir /tmp/m-0.6b --lora-only --lora-qkv-rope > $OUT/kc-rope.log 2>&1
 echo "kc rope rc $?"; grep -E "checks|FAILED|greedy" $OUT/kc-rope.log | cut -c1-140
+timeout 200 .gpu/kernel_check --model-dir /tmp/m-0.6b --model-only > $OUT/kc-model.log 2>&1
+echo "kc model rc $?"; grep -E "checks|FAILED" $OUT/kc-model.log | cut -c1-140
 PART=none SHAPES="0.6b 1.7b" \
   VARIANTS="${VARIANTS:-;--lora-qkv-rope;--lora-side-min-rows 16;;--lora-qkv-rope;--lora-side-min-rows 16}" \
   bash scripts/gpu_call_round26.sh
