@@ -36,11 +36,11 @@ impl CudaKernels {
             .is_some_and(|o| rows > o.side_min_rows)
     }
 
-    /// Whether the q/k norm + RoPE + KV write takes the qkv delta
-    /// (`LaunchOptions::lora_qkv_rope`): bf16, caches not fp8, ranks up to 16.
-    pub fn lora_qkv_rope_serves(&self, kv_fp8: bool, rank: usize) -> bool {
-        !kv_fp8
-            && rank <= 16
+    /// Whether the q/k norm + RoPE + KV write can take the qkv delta of adapters of `rank`
+    /// (`LaunchOptions::lora_qkv_rope`: bf16 activations, ranks up to 16; the caller checks
+    /// that the caches are not fp8).
+    pub fn lora_qkv_rope_serves(&self, rank: usize) -> bool {
+        rank <= 16
             && self
                 .lora_overlap
                 .as_ref()

@@ -4,10 +4,14 @@
 //!
 //! With `KernelOptions::lora_overlap`, steps of up to 64 rows (one-token tiles) shrink before
 //! the base matmul instead of after it ([`KernelForward::lora_shrink`]; above
-//! `KernelOptions::lora_side_min_rows` rows, 8 by default, on a second stream beside it), expand the gate|up delta in the SiLU's launch, and defer the o
-//! and down expands into the add+RMSNorm that follows them
+//! `KernelOptions::lora_side_min_rows` rows, 8 by default, on a second stream beside it),
+//! expand the gate|up delta in the SiLU's launch, and defer the o and down expands into the
+//! add+RMSNorm that follows them
 //! ([`KernelForward::lora_norm_into`]): four LoRA launches a layer instead of eight plus the
 //! SiLU, with the same rounding (the logits equal the serial path's bit for bit).
+//! With `KernelOptions::lora_qkv_rope` the qkv delta of a step whose attention runs unfused
+//! goes into the q/k norm + RoPE + KV write instead ([`KernelForward::lora_qk_rope`]; bf16
+//! caches, ranks up to 16; the expand's rounding): three LoRA launches a layer.
 //!
 //! With `KernelOptions::lora_grouped`, steps of 33-64 rows take the grouped shrink where it
 //! measured faster (`CudaKernels::lora_shrink_into` chooses it; the tiles come sorted by
@@ -84,14 +88,14 @@ impl<'m> KernelForward<'m> {
             side: overlap && self.kernels.lora_side(t),
             qkv_rope: overlap
                 && unfused_bf16_attn
-                && self.kernels.lora_qkv_rope_serves(false, slots.rank()),
+                && self.kernels.lora_qkv_rope_serves(slots.rank()),
             grouped,
         }))
     }
 
     /// On the overlap's path, the shrink of fused matmul `g` of layer `li` for input `x`,
-    /// queued before the base matmul on `x` (on the second stream above `KernelOptions::lora_side_min_rows` rows); nothing
-    /// otherwise.
+    /// queued before the base matmul on `x` (on the second stream above
+    /// `KernelOptions::lora_side_min_rows` rows); nothing otherwise.
     pub(crate) fn lora_shrink(
         &self,
         x: &Tensor,
