@@ -142,15 +142,18 @@ __device__ __forceinline__ KT kv_store(float x, float inv) {
 // (head_dim = 32 * PER), so the rotate-half pairs (i, i + hd/2) sit in one lane; o[j] is
 // element lane + 32 * j. cos/sin in f32 from inv_freq [hd/2]. The unfused
 // qk_norm_rope_kv_write and the fused decode attention both use it, so both give the same bits.
-// norm_rope_vals takes the head's values already in registers (v[j]: element lane + 32 * j).
 template <typename T, int PER>
-__device__ __forceinline__ void norm_rope_vals(float (&v)[PER], const T* __restrict__ w,
+__device__ __forceinline__ void norm_rope_head(const T* __restrict__ src, const T* __restrict__ w,
                                                const float* __restrict__ inv_freq, float pos,
                                                float eps, int lane, float (&o)[PER]) {
   constexpr int HD = 32 * PER;
+  float v[PER];
   float ss = 0.f;
 #pragma unroll
-  for (int j = 0; j < PER; ++j) ss += v[j] * v[j];
+  for (int j = 0; j < PER; ++j) {
+    v[j] = to_f(src[lane + 32 * j]);
+    ss += v[j] * v[j];
+  }
   const float inv = rsqrtf(warp_sum(ss) / HD + eps);
 #pragma unroll
   for (int j = 0; j < PER; ++j) v[j] = v[j] * inv * to_f(w[lane + 32 * j]);
@@ -163,16 +166,6 @@ __device__ __forceinline__ void norm_rope_vals(float (&v)[PER], const T* __restr
     o[j] = a * c - b * s;
     o[j + PER / 2] = b * c + a * s;
   }
-}
-
-template <typename T, int PER>
-__device__ __forceinline__ void norm_rope_head(const T* __restrict__ src, const T* __restrict__ w,
-                                               const float* __restrict__ inv_freq, float pos,
-                                               float eps, int lane, float (&o)[PER]) {
-  float v[PER];
-#pragma unroll
-  for (int j = 0; j < PER; ++j) v[j] = to_f(src[lane + 32 * j]);
-  norm_rope_vals<T, PER>(v, w, inv_freq, pos, eps, lane, o);
 }
 
 }  // namespace

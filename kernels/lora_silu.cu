@@ -138,78 +138,6 @@ __device__ void lora_add_rmsnorm(const T* __restrict__ delta, const T* res, T* r
   }
 }
 
-// qk_norm_rope_kv_write (kernels/kv_write.cu, caches of the activations' dtype) with the qkv
-// delta expanded into each head's values first (LaunchOptions::lora_qkv_rope): a block per
-// token t on slot s from the tiles, a warp per head; element c of the qkv row becomes
-//   bf16(qkv[t, c] + y[t, p r : (p + 1) r] · b[s, c])   (p: 0 q, 1 k, 2 v; rows on no adapter as is)
-// as the one-token expand rounds it (the same products in the same order), then the q/k norm,
-// RoPE and KV write as qk_norm_rope_kv_write: the same bits as the expand then that kernel,
-// one launch less. y [T, 3r] is the qkv shrink, b [slots, (nh + 2 nkv) 128, r]. The warp's
-// first head's rows of b are loaded before the wait (written by no kernel of a step).
-template <typename T, int RMAX>
-__device__ void lora_qk_norm_rope_kv_write(const T* __restrict__ qkv, const T* __restrict__ q_w,
-                                           const T* __restrict__ k_w,
-                                           const float* __restrict__ inv_freq,
-                                           const uint32_t* __restrict__ positions,
-                                           const uint32_t* __restrict__ kv_slots,
-                                           T* __restrict__ q_out, T* __restrict__ k_cache,
-                                           T* __restrict__ v_cache, int nh, int nkv,
-                                           long long num_slots, float eps,
-                                           const float* __restrict__ y, const T* __restrict__ b,
-                                           const uint32_t* __restrict__ tiles, int ntiles,
-                                           int slots, int r) {
-  constexpr int PER = 4, HD = 128;
-  pdl_trigger();
-  const int t = blockIdx.x, lane = threadIdx.x & 31;
-  const int heads = nh + nkv, nout = (nh + 2 * nkv) * HD;
-  const uint32_t s = token_slot(tiles, ntiles, t, slots);
-  const bool on = s != 0xffffffffu;
-  const T* bs = b + (size_t)(on ? s : 0) * nout * r;
-  RankRow<T, RMAX> br[PER];
-  const int head0 = threadIdx.x >> 5;
-  if (on && head0 < heads) {
-#pragma unroll
-    for (int j = 0; j < PER; ++j) br[j].load(bs + (size_t)(head0 * HD + lane + 32 * j) * r, r);
-  }
-  pdl_wait();
-  const T* row = qkv + (size_t)t * nout;
-  const float* yt = y + (size_t)t * 3 * r;
-  for (int head = head0; head < heads; head += blockDim.x >> 5) {
-    const bool is_q = head < nh;
-    if (on && head != head0) {
-#pragma unroll
-      for (int j = 0; j < PER; ++j) br[j].load(bs + (size_t)(head * HD + lane + 32 * j) * r, r);
-    }
-    float v[PER];
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      v[j] = to_f(row[head * HD + lane + 32 * j]);
-      if (on) v[j] = round_t<T>(v[j] + br[j].dot(yt + (is_q ? 0 : r), r));
-    }
-    float o[PER];
-    norm_rope_vals<T, PER>(v, is_q ? q_w : k_w, inv_freq, (float)positions[t], eps, lane, o);
-    if (is_q) {
-      T* dst = q_out + ((size_t)t * nh + head) * HD;
-#pragma unroll
-      for (int j = 0; j < PER; ++j) dst[lane + 32 * j] = from_f<T>(o[j]);
-    } else if (kv_slots[t] != 0xffffffffu) {  // a padding row of a captured batch writes no KV
-      const int kh = head - nh, vc = (nh + nkv + kh) * HD;
-      const size_t off = ((size_t)kh * num_slots + kv_slots[t]) * HD;
-#pragma unroll
-      for (int j = 0; j < PER; ++j) {
-        float vv = to_f(row[vc + lane + 32 * j]);
-        if (on) {
-          RankRow<T, RMAX> bv;
-          bv.load(bs + (size_t)(vc + lane + 32 * j) * r, r);
-          vv = round_t<T>(vv + bv.dot(yt + 2 * r, r));
-        }
-        k_cache[off + lane + 32 * j] = from_f<T>(o[j]);
-        v_cache[off + lane + 32 * j] = from_f<T>(vv);
-      }
-    }
-  }
-}
-
 #define LORA_FUSED(T, S, RMAX)                                                                  \
   extern "C" __global__ void __launch_bounds__(256) lora_expand_silu_r##RMAX##_##S(             \
       const T* gu, const float* y, const T* b, T* act, const uint32_t* tiles, int ntiles,       \
@@ -228,20 +156,6 @@ __device__ void lora_qk_norm_rope_kv_write(const T* __restrict__ qkv, const T* _
     lora_add_rmsnorm<T, RMAX, true>(delta, res, res_out, w, out, n, eps, y, b, tiles, ntiles,   \
                                     slots, r);                                                  \
   }
-
-#define LORA_QKV_ROPE(T, S)                                                                     \
-  extern "C" __global__ void __launch_bounds__(768) lora_qk_norm_rope_kv_write_r16_##S(         \
-      const T* qkv, const T* q_w, const T* k_w, const float* inv_freq, const uint32_t* pos,     \
-      const uint32_t* kv_slots, T* q_out, T* k_cache, T* v_cache, int nh, int nkv,              \
-      long long num_slots, float eps, const float* y, const T* b, const uint32_t* tiles,        \
-      int ntiles, int slots, int r) {                                                           \
-    lora_qk_norm_rope_kv_write<T, 16>(qkv, q_w, k_w, inv_freq, pos, kv_slots, q_out, k_cache,   \
-                                      v_cache, nh, nkv, num_slots, eps, y, b, tiles, ntiles,    \
-                                      slots, r);                                                \
-  }
-
-// The qkv delta inside the q/k norm + RoPE + KV write: ranks up to 16.
-LORA_QKV_ROPE(__nv_bfloat16, bf16)
 
 // Ranks up to 16 (the common adapters) and up to 64.
 LORA_FUSED(__nv_bfloat16, bf16, 16)

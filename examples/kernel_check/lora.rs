@@ -208,9 +208,9 @@ pub(super) fn lora_model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table
 
 /// Greedy tokens of 12 requests on two adapters and the base, with CUDA graphs and without:
 /// equal token for token (the same kernels run in both; steps of 9-12 rows take the overlap's
-/// second stream, captured as a branch of the graph); and of 32 short requests in lockstep
-/// (one prefill step, then 32-row decode steps, the graphs' bucket of 32) with the run shrink
-/// (`KernelOptions::lora_runs`) and without it.
+/// second stream, `lora_side_min_rows` 8, captured as a branch of the graph); and of 32 short
+/// requests in lockstep (one prefill step, then 32-row decode steps, the graphs' bucket of 32)
+/// with the run shrink (`KernelOptions::lora_runs`) and without it.
 pub(super) fn lora_graph_check(a: &Args, t: &mut Table) -> Res<()> {
     const N: usize = 12;
     let cfg = ModelConfig::from_file(&a.model_dir.join("config.json"))?;
@@ -219,6 +219,7 @@ pub(super) fn lora_graph_check(a: &Args, t: &mut Table) -> Res<()> {
                (lora_overlap, lora_grouped, lora_runs): (bool, bool, bool),
                n: usize|
      -> Res<Vec<Vec<u32>>> {
+        let base = a.kernels.options();
         let opts = EngineOptions {
             device: DeviceChoice::Cuda(0),
             dtype: DTypeChoice::BF16,
@@ -232,7 +233,10 @@ pub(super) fn lora_graph_check(a: &Args, t: &mut Table) -> Res<()> {
                 lora_overlap,
                 lora_grouped,
                 lora_runs,
-                ..a.kernels.options()
+                // The 12 requests' steps of 9-12 rows take the second stream (not by default:
+                // `lora_side_min_rows`), the 32 requests' the flags' bound.
+                lora_side_min_rows: if n > N { base.lora_side_min_rows } else { 8 },
+                ..base
             },
             ..EngineOptions::default()
         };

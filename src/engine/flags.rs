@@ -319,19 +319,20 @@ mod tests {
         assert!(d.kernels.moe_down_sum && e.kernels.moe_down_sum && lib.kernels.moe_down_sum);
         let s = Cli::parse_from(["x", "--no-moe-down-sum"]).engine.options();
         assert!(!s.kernels.moe_down_sum && s.kernels.moe_tile_one);
-        // The LoRA shrinks beside the base matmuls and the grouped shrinks: on unless turned
-        // off, each apart from the other.
-        assert!(d.kernels.lora_overlap && d.kernels.lora_grouped && lib.kernels.lora_overlap);
+        // The LoRA overlap on unless turned off, the grouped shrinks off unless asked for,
+        // each apart from the other.
+        assert!(d.kernels.lora_overlap && !d.kernels.lora_grouped && lib.kernels.lora_overlap);
+        assert!(!lib.kernels.lora_grouped);
         let f = Cli::parse_from(["x", "--no-lora-overlap"]).engine.options();
-        assert!(!f.kernels.lora_overlap && f.kernels.lora_grouped);
-        let g = Cli::parse_from(["x", "--no-lora-grouped"]).engine.options();
-        assert!(!g.kernels.lora_grouped && g.kernels.lora_overlap);
+        assert!(!f.kernels.lora_overlap && !f.kernels.lora_grouped);
+        let g = Cli::parse_from(["x", "--lora-grouped"]).engine.options();
+        assert!(g.kernels.lora_grouped && g.kernels.lora_overlap);
         // The run shrink: on unless turned off, apart from the other two.
         assert!(d.kernels.lora_runs && lib.kernels.lora_runs && g.kernels.lora_runs);
         let r = Cli::parse_from(["x", "--no-lora-runs"]).engine.options();
-        assert!(!r.kernels.lora_runs && r.kernels.lora_overlap && r.kernels.lora_grouped);
+        assert!(!r.kernels.lora_runs && r.kernels.lora_overlap && !r.kernels.lora_grouped);
         // The norm's loads before the wait: on unless turned off, apart from the others; the
-        // second stream's row bound: 8 unless set.
+        // second stream's row bound: 64 (none) unless set.
         assert!(d.kernels.lora_norm_preload && lib.kernels.lora_norm_preload);
         let n = Cli::parse_from(["x", "--no-lora-norm-preload"])
             .engine
@@ -339,7 +340,7 @@ mod tests {
         assert!(!n.kernels.lora_norm_preload && n.kernels.lora_overlap && n.kernels.lora_runs);
         assert_eq!(
             (d.kernels.lora_side_min_rows, lib.kernels.lora_side_min_rows),
-            (8, 8)
+            (64, 64)
         );
         let m = Cli::parse_from(["x", "--lora-side-min-rows", "16"])
             .engine

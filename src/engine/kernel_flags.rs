@@ -95,10 +95,10 @@ pub struct KernelFlags {
     /// the norms).
     #[arg(long)]
     pub no_lora_overlap: bool,
-    /// LoRA steps of 33-64 rows read each adapter's rows once per token (turns
-    /// `KernelOptions::lora_grouped` off).
+    /// LoRA steps of 33-64 rows shrink over at most 1,024 inputs on tensor cores, a group of
+    /// tokens on one slot at a time (`KernelOptions::lora_grouped`).
     #[arg(long)]
-    pub no_lora_grouped: bool,
+    pub lora_grouped: bool,
     /// The shrinks of LoRA steps of 17-64 rows read adapter rows once per token, the table in
     /// row order (turns `KernelOptions::lora_runs` off).
     #[arg(long)]
@@ -108,13 +108,9 @@ pub struct KernelFlags {
     #[arg(long)]
     pub no_lora_norm_preload: bool,
     /// LoRA steps of more than this many rows run their shrinks on a second stream
-    /// (`KernelOptions::lora_side_min_rows`; default 8).
+    /// (`KernelOptions::lora_side_min_rows`; default 64: none).
     #[arg(long, value_name = "ROWS")]
     pub lora_side_min_rows: Option<usize>,
-    /// LoRA steps with unfused attention add the qkv delta inside the q/k norm + RoPE + KV
-    /// write (`KernelOptions::lora_qkv_rope`).
-    #[arg(long)]
-    pub lora_qkv_rope: bool,
     /// Host KV tier loads read pinned memory from the scatter kernel, no staging copy
     /// (`KernelOptions::kv_load_direct`).
     #[arg(long)]
@@ -152,13 +148,12 @@ impl KernelFlags {
             moe_norm_router: self.moe_norm_router,
             moe_down_sum: !self.no_moe_down_sum,
             lora_overlap: !self.no_lora_overlap,
-            lora_grouped: !self.no_lora_grouped,
+            lora_grouped: self.lora_grouped,
             lora_runs: !self.no_lora_runs,
             lora_norm_preload: !self.no_lora_norm_preload,
             lora_side_min_rows: self
                 .lora_side_min_rows
                 .unwrap_or(super::options::LORA_SIDE_MIN_ROWS),
-            lora_qkv_rope: self.lora_qkv_rope,
             kv_load_direct: self.kv_load_direct,
             ..KernelOptions::default()
         }

@@ -11,9 +11,12 @@ use super::defaults;
 use super::device::{DTypeChoice, DeviceChoice, KvBudget};
 use super::parallel::comm::CommHandle;
 
-/// The default of `KernelOptions::lora_side_min_rows`: steps of up to 8 rows keep their LoRA
-/// shrinks on the kernels' stream (measured on the H200 when the overlap was built, #23).
-pub const LORA_SIDE_MIN_ROWS: usize = 8;
+/// The default of `KernelOptions::lora_side_min_rows`: every step the overlap takes (up to 64
+/// rows) keeps its LoRA shrinks on the kernels' stream. On the H200, every row on one of 8
+/// rank-16 adapters, against a bound of 8 (the second stream above 8 rows): batch 16 +1.8% /
+/// +1.2% (0.6B / 1.7B), 32 +2.6% / +0.9%, 64 +2.4% on 1.7B; 0.6B at 64 loses 6% unless the
+/// grouped shrink is off too (then +1.3%; BENCHMARKS.md, #23).
+pub const LORA_SIDE_MIN_ROWS: usize = 64;
 
 /// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
@@ -131,8 +134,8 @@ pub struct KernelOptions {
     pub moe_down_sum: bool,
     /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
     /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
-    /// input (above `lora_side_min_rows` rows on a second stream beside it), the gate|up expand is one launch
-    /// with the SiLU product and the o and down expands one launch each with the add+RMSNorm
+    /// input (on a second stream beside it above `lora_side_min_rows` rows), the gate|up
+    /// expand is one launch with the SiLU product and the o and down expands one launch each with the add+RMSNorm
     /// after them (`kernels/lora_silu.cu`); the logits are the serial path's bit for bit
     /// (#23). On by default: on the H200 +1-4% at batches 8-64 over five runs, at batch 256
     /// (where it does not apply) within the runs' noise (BENCHMARKS.md).
@@ -142,9 +145,12 @@ pub struct KernelOptions {
     /// faster (shrinks over at most 1,024 input features: the 0.6B's qkv and gate|up): the
     /// tile table sorted by slot, the shrink on tensor cores a group at a time
     /// (`kernels/lora_grouped.cu`; bf16; the sums in another order than the one-token
-    /// shrink's, f32). On by default: with `lora_overlap` +6% at 0.6B batch 64 on the H200,
-    /// no other row changed (BENCHMARKS.md). The kernel's expand, bit for bit the one-token
-    /// expand, lost in every shape and is left to profiling.
+    /// shrink's, f32). Off by default: it gained +6% at 0.6B batch 64 with the shrinks on a
+    /// second stream, but with them on the kernels' stream (`lora_side_min_rows` 64) the run
+    /// shrink (`lora_runs`) takes these shrinks too and is faster (0.6B batch 64 on the H200:
+    /// 24,313-24,342 against 23,988-24,009 tok/s with the grouped shrink on a second stream,
+    /// 22,509 on the kernels' stream; BENCHMARKS.md). The kernel's expand, bit for bit the
+    /// one-token expand, lost in every shape and is left to profiling.
     pub lora_grouped: bool,
     /// The shrinks of LoRA steps of 17-64 rows (one-token tiles) over at most 4,096 inputs
     /// that the grouped shrink does not take (at rank 16: qkv and gate|up from 17 rows, o and
@@ -167,14 +173,8 @@ pub struct KernelOptions {
     /// With `lora_overlap`, LoRA steps of more than this many rows (and at most 64) run
     /// their shrinks on a second stream beside the base matmuls; smaller steps on the
     /// kernels' stream, where each launch's early start (programmatic dependent launch) is
-    /// kept. Default [`LORA_SIDE_MIN_ROWS`].
+    /// kept. Default [`LORA_SIDE_MIN_ROWS`] (64: no second stream).
     pub lora_side_min_rows: usize,
-    /// LoRA steps on the `lora_overlap` path whose attention runs unfused (more than 16 decode
-    /// rows, or prefill rows among them) add the qkv delta inside the q/k norm + RoPE + KV
-    /// write instead of a launch of its own before it (bf16 caches and activations, ranks up
-    /// to 16; rounded as the expand rounds it, so the same bits; `kernels/lora_silu.cu`,
-    /// #23). Off by default until measured.
-    pub lora_qkv_rope: bool,
     /// The host KV tier's loads read the pinned host slots from the scatter kernel itself
     /// (over PCIe, `kernels/kv_move.cu` `kv_scatter_host`) instead of copying each block into
     /// a device staging buffer first (one `cuMemcpyHtoDAsync` a block). Off by default: no
@@ -213,11 +213,10 @@ impl Default for KernelOptions {
             moe_norm_router: false,
             moe_down_sum: true,
             lora_overlap: true,
-            lora_grouped: true,
+            lora_grouped: false,
             lora_runs: true,
             lora_norm_preload: true,
             lora_side_min_rows: LORA_SIDE_MIN_ROWS,
-            lora_qkv_rope: false,
             kv_load_direct: false,
             event_tracking: false,
         }

@@ -268,8 +268,6 @@ pub(super) struct LoraOverlap {
     pub(super) norm: [CudaFunction; 2],
     /// Steps of more than this many rows shrink on `side`.
     pub(super) side_min_rows: usize,
-    /// `lora_qk_norm_rope_kv_write_r16` (`LaunchOptions::lora_qkv_rope`, bf16).
-    pub(super) qkv_rope: Option<CudaFunction>,
     _module: Arc<CudaModule>,
 }
 
@@ -279,7 +277,7 @@ impl LoraOverlap {
         main: &Arc<CudaStream>,
         (silu, norm): ([CudaFunction; 2], [CudaFunction; 2]),
         module: Arc<CudaModule>,
-        (side_min_rows, qkv_rope): (usize, Option<CudaFunction>),
+        side_min_rows: usize,
     ) -> Result<Self> {
         let side = main.fork().map_err(|e| kernel_err("lora stream", e))?;
         let ctx = main.context();
@@ -291,7 +289,6 @@ impl LoraOverlap {
             silu,
             norm,
             side_min_rows,
-            qkv_rope,
             _module: module,
         })
     }

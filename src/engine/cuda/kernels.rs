@@ -359,12 +359,8 @@ impl CudaKernels {
                     "lora_add_rmsnorm"
                 };
                 let fs = (pair("lora_expand_silu")?, pair(norm)?);
-                let rope = match (opts.lora_qkv_rope, dtype) {
-                    (true, DType::BF16) => Some(f(&m, "lora_qk_norm_rope_kv_write_r16_bf16")?),
-                    _ => None,
-                };
-                let extra = (opts.lora_side_min_rows, rope);
-                Some(super::handles::LoraOverlap::new(&stream, fs, m, extra)?)
+                let side = opts.lora_side_min_rows;
+                Some(super::handles::LoraOverlap::new(&stream, fs, m, side)?)
             } else {
                 None
             },

@@ -71,8 +71,9 @@ pub struct LaunchOptions {
     pub moe_norm_router: bool,
     /// MoE steps on one-pair tiles run down and the experts' sum in one launch (bf16).
     pub moe_down_sum: bool,
-    /// LoRA steps of one-token tiles with the shrinks on a second stream beside the base
-    /// matmuls and the gate|up expand fused with the SiLU (`kernels/lora_silu.cu`).
+    /// LoRA steps of one-token tiles with each shrink before its base matmul (on a second
+    /// stream beside it above `lora_side_min_rows` rows), the gate|up expand fused with the
+    /// SiLU and the o/down expands with the next add+RMSNorm (`kernels/lora_silu.cu`).
     pub lora_overlap: bool,
     /// LoRA steps of 33-64 rows on one-token tiles read a slot's rows once per run of its
     /// tokens (`kernels/lora_grouped.cu`; bf16).
@@ -87,10 +88,6 @@ pub struct LaunchOptions {
     /// LoRA steps of more than this many rows run the overlap's shrinks on its second
     /// stream.
     pub lora_side_min_rows: usize,
-    /// LoRA steps on the overlap's path whose attention is not the fused decode kernel add the
-    /// qkv delta inside the q/k norm + RoPE + KV write (bf16 caches and activations, ranks up
-    /// to 16; `kernels/lora_silu.cu` `lora_qk_norm_rope_kv_write_r16_bf16`).
-    pub lora_qkv_rope: bool,
 }
 
 impl Default for LaunchOptions {
@@ -119,11 +116,10 @@ impl Default for LaunchOptions {
             moe_norm_router: false,
             moe_down_sum: true,
             lora_overlap: true,
-            lora_grouped: true,
+            lora_grouped: false,
             lora_runs: true,
             lora_norm_preload: true,
             lora_side_min_rows: crate::engine::options::LORA_SIDE_MIN_ROWS,
-            lora_qkv_rope: false,
         }
     }
 }

@@ -16,7 +16,6 @@ use candle_core::{DType, Tensor};
 
 use super::kernels::CudaKernels;
 use super::launch::{Launch, kernel_err};
-use crate::engine::kv_format::KvRef;
 use crate::error::Result;
 
 /// The largest adapter rank the fused expand+SiLU takes (its kernels' `RMAX`: 16 and 64).
@@ -34,93 +33,6 @@ impl CudaKernels {
         self.lora_overlap
             .as_ref()
             .is_some_and(|o| rows > o.side_min_rows)
-    }
-
-    /// Whether the q/k norm + RoPE + KV write can take the qkv delta of adapters of `rank`
-    /// (`LaunchOptions::lora_qkv_rope`: bf16 activations, ranks up to 16; the caller checks
-    /// that the caches are not fp8).
-    pub fn lora_qkv_rope_serves(&self, rank: usize) -> bool {
-        rank <= 16
-            && self
-                .lora_overlap
-                .as_ref()
-                .is_some_and(|o| o.qkv_rope.is_some())
-    }
-
-    /// [`CudaKernels::qk_norm_rope_kv_write_into`] with the qkv delta expanded into each
-    /// head's values first (`y` `[T, 3r]` f32 from the qkv shrink, `b` `[slots, nout, r]`),
-    /// for the tokens of the one-token `tiles`: the same bits as
-    /// [`CudaKernels::lora_expand_into`] then that kernel (`kernels/lora_silu.cu`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn lora_qk_norm_rope_kv_write_into(
-        &self,
-        qkv: &Tensor,
-        (q_w, k_w): (&Tensor, &Tensor),
-        inv_freq: &Tensor,
-        (positions, slots): (&Tensor, &Tensor),
-        kv: KvRef<'_>,
-        (nh, nkv, eps): (usize, usize, f64),
-        q: &Tensor,
-        ((y, b), tiles): ((&Tensor, &Tensor), &Tensor),
-    ) -> Result<()> {
-        let o = self.overlap_kernels("lora qkv rope")?;
-        let func = o
-            .qkv_rope
-            .as_ref()
-            .ok_or_else(|| kernel_err("lora qkv rope", "the kernel is not loaded"))?;
-        for x in [qkv, q_w, k_w, q, b] {
-            self.check_dtype(x)?;
-        }
-        let t = qkv.dim(0)?;
-        let nout = (nh + 2 * nkv) * 128;
-        let (nslots, nb, r) = b.dims3()?;
-        let fits = !kv.is_fp8()
-            && qkv.elem_count() == t * nout
-            && q.elem_count() == t * nh * 128
-            && nb == nout
-            && r.is_multiple_of(8)
-            && r <= 16
-            && y.dtype() == DType::F32
-            && y.elem_count() >= t * 3 * r
-            && tiles.dtype() == DType::U32;
-        if !fits {
-            return Err(kernel_err("lora qkv rope", "shapes do not fit"));
-        }
-        if t == 0 {
-            return Ok(());
-        }
-        let num_slots = kv.k.dim(1)? as i64;
-        let ptrs = [
-            self.ptr(qkv)?,
-            self.ptr(q_w)?,
-            self.ptr(k_w)?,
-            self.ptr(inv_freq)?,
-            self.ptr(positions)?,
-            self.ptr(slots)?,
-            self.ptr(q)?,
-            self.ptr(kv.k)?,
-            self.ptr(kv.v)?,
-        ];
-        let (py, pb, pt) = (self.ptr(y)?, self.ptr(b)?, self.ptr(tiles)?);
-        let [nh32, nkv32, nt32, ns32, r32] =
-            [nh, nkv, tiles.elem_count() / 3, nslots, r].map(|v| v as i32);
-        let eps32 = eps as f32;
-        let cfg = LaunchConfig {
-            grid_dim: (t as u32, 1, 1),
-            // Warps step through the heads; the kernel is bounded to 768 threads.
-            block_dim: (32 * (nh + nkv).min(24) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut l = self.launcher(func);
-        for p in &ptrs {
-            l.arg(p);
-        }
-        l.arg(&nh32).arg(&nkv32).arg(&num_slots).arg(&eps32);
-        l.arg(&py).arg(&pb).arg(&pt).arg(&nt32).arg(&ns32).arg(&r32);
-        // SAFETY: argument types match `lora_qk_norm_rope_kv_write_r16_bf16`; shapes are
-        // checked above.
-        unsafe { l.launch(cfg) }.w()?;
-        Ok(())
     }
 
     /// [`CudaKernels::lora_shrink_into`] on the second stream, after everything queued on the

@@ -82,7 +82,6 @@ pub fn kernels_for(
         lora_runs: opts.lora_runs,
         lora_norm_preload: opts.lora_norm_preload,
         lora_side_min_rows: opts.lora_side_min_rows,
-        lora_qkv_rope: opts.lora_qkv_rope,
         ..LaunchOptions::default()
     };
     CudaKernels::new(device, dtype, &launch)

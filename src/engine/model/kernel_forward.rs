@@ -212,7 +212,6 @@ impl KernelForward<'_> {
         li: usize,
         (inputs, acts, plan, cache): (&StepInputs, &Activations, &AttnPlan, &PagedKvCache),
         (fused, part): (bool, usize),
-        lora: Option<&super::kernel_lora::LoraStep<'_>>,
     ) -> Result<Tensor> {
         let (m, k, a) = (self.model, self.kernels, acts);
         let at = &m.layers[li].attn;
@@ -234,30 +233,16 @@ impl KernelForward<'_> {
             )?;
             a.attn.clone()
         } else {
-            let norms = (&at.q_norm.weight, &at.k_norm.weight);
-            let pos_slots = (&inputs.pos, &inputs.slots);
-            let heads = (at.num_heads, at.num_kv_heads, at.q_norm.eps);
-            if !self.lora_qk_rope(
-                lora,
-                li,
+            k.qk_norm_rope_kv_write_into(
                 &a.qkv,
-                norms,
-                (&m.inv_freq, pos_slots),
+                (&at.q_norm.weight, &at.k_norm.weight),
+                &m.inv_freq,
+                (&inputs.pos, &inputs.slots),
                 kv,
-                heads,
+                (at.num_heads, at.num_kv_heads, at.head_dim),
+                at.q_norm.eps,
                 &a.q,
-            )? {
-                k.qk_norm_rope_kv_write_into(
-                    &a.qkv,
-                    norms,
-                    &m.inv_freq,
-                    pos_slots,
-                    kv,
-                    (at.num_heads, at.num_kv_heads, at.head_dim),
-                    at.q_norm.eps,
-                    &a.q,
-                )?;
-            }
+            )?;
             self.attend_kernels(kv, plan, inputs, acts, bs)?
         })
     }
@@ -288,12 +273,7 @@ impl KernelForward<'_> {
         let part = CudaKernels::decode_partition(inputs.ctx_lens.elem_count());
         // The overlap's deferred expands leave `a.o` without its delta: not with a trace of
         // it, nor with the all-reduce of tensor parallelism.
-        let unfused_bf16 = !fused && !cache.layer(0).is_fp8();
-        let lora = self.lora_step(
-            inputs,
-            acts,
-            (comm.is_none() && trace.is_none(), unfused_bf16),
-        )?;
+        let lora = self.lora_step(inputs, acts, comm.is_none() && trace.is_none())?;
         // The down whose LoRA expand the next add+RMSNorm takes over (overlap path).
         let mut down_before: Option<(usize, usize)> = None;
         for (li, layer) in m.layers.iter().enumerate() {
@@ -326,12 +306,7 @@ impl KernelForward<'_> {
             if delta.is_some() {
                 cur = 1 - cur;
             }
-            let out = self.layer_attention(
-                li,
-                (inputs, acts, plan, cache),
-                (fused, part),
-                lora.as_ref(),
-            )?;
+            let out = self.layer_attention(li, (inputs, acts, plan, cache), (fused, part))?;
             let ffn_w = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.gate_up.weight(),
                 Ffn::Sparse(moe) => &moe.router,

@@ -4,14 +4,11 @@
 //!
 //! With `KernelOptions::lora_overlap`, steps of up to 64 rows (one-token tiles) shrink before
 //! the base matmul instead of after it ([`KernelForward::lora_shrink`]; above
-//! `KernelOptions::lora_side_min_rows` rows, 8 by default, on a second stream beside it),
+//! `KernelOptions::lora_side_min_rows` rows (none by default) on a second stream beside it),
 //! expand the gate|up delta in the SiLU's launch, and defer the o and down expands into the
 //! add+RMSNorm that follows them
 //! ([`KernelForward::lora_norm_into`]): four LoRA launches a layer instead of eight plus the
 //! SiLU, with the same rounding (the logits equal the serial path's bit for bit).
-//! With `KernelOptions::lora_qkv_rope` the qkv delta of a step whose attention runs unfused
-//! goes into the q/k norm + RoPE + KV write instead ([`KernelForward::lora_qk_rope`]; bf16
-//! caches, ranks up to 16; the expand's rounding): three LoRA launches a layer.
 //!
 //! With `KernelOptions::lora_grouped`, steps of 33-64 rows take the grouped shrink where it
 //! measured faster (`CudaKernels::lora_shrink_into` chooses it; the tiles come sorted by
@@ -40,9 +37,6 @@ pub(crate) struct LoraStep<'a> {
     overlap: bool,
     /// Its shrinks on the second stream.
     side: bool,
-    /// The overlap's qkv delta goes into the q/k norm + RoPE + KV write
-    /// (`KernelOptions::lora_qkv_rope`; unfused attention, bf16 caches, ranks up to 16).
-    qkv_rope: bool,
     /// The grouped expand serves the step (`KernelOptions::lora_grouped`, 33-64 rows, and
     /// `CudaKernels::set_lora_grouped_everywhere`): the overlap's gate|up delta then takes the
     /// grouped expand and the SiLU apart, not the fused one-token expand+SiLU.
@@ -56,14 +50,12 @@ pub(crate) type Deferred = Option<(usize, usize)>;
 impl<'m> KernelForward<'m> {
     /// The step's LoRA inputs, when a row of it runs on an adapter (the scratch is the
     /// activations' own, allocated with them on a model with slots, so a captured step
-    /// allocates nothing); `one_rank`: no tensor parallelism (the overlap needs it);
-    /// `unfused_bf16_attn`: the step's attention runs the unfused q/k norm + RoPE + KV write
-    /// into caches that are not fp8.
+    /// allocates nothing); `one_rank`: no tensor parallelism (the overlap needs it).
     pub(crate) fn lora_step(
         &self,
         inputs: &StepInputs,
         acts: &Activations,
-        (one_rank, unfused_bf16_attn): (bool, bool),
+        one_rank: bool,
     ) -> Result<Option<LoraStep<'m>>> {
         let (Some(slots), Some(tiles)) = (self.model.lora.as_ref(), inputs.lora.as_ref()) else {
             return Ok(None);
@@ -86,9 +78,6 @@ impl<'m> KernelForward<'m> {
             y,
             overlap,
             side: overlap && self.kernels.lora_side(t),
-            qkv_rope: overlap
-                && unfused_bf16_attn
-                && self.kernels.lora_qkv_rope_serves(slots.rank()),
             grouped,
         }))
     }
@@ -125,46 +114,13 @@ impl<'m> KernelForward<'m> {
         let (k, sg) = (self.kernels, &l.slots.layers[li][g]);
         let tiles = (&l.tiles, l.tile);
         if l.overlap {
-            if g == 1 || g == 3 || (g == 0 && l.qkv_rope) {
+            if g == 1 || g == 3 {
                 return Ok(());
             }
             self.lora_join(l)?;
             return k.lora_expand_into(&l.y, (&sg.b, &sg.splits), tiles, out);
         }
         k.lora_into(x, (&sg.a, &sg.b, &sg.splits), tiles, &l.y, out)
-    }
-
-    /// On the `lora_qkv_rope` path, the q/k norm + RoPE + KV write of layer `li` with the qkv
-    /// delta inside it (after the qkv shrink's join); `Ok(false)` when the step is not on it
-    /// (the caller runs the plain kernel on the expanded qkv).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn lora_qk_rope(
-        &self,
-        l: Option<&LoraStep<'_>>,
-        li: usize,
-        qkv: &Tensor,
-        norms: (&Tensor, &Tensor),
-        (inv_freq, pos_slots): (&Tensor, (&Tensor, &Tensor)),
-        kv: crate::engine::kv_format::KvRef<'_>,
-        heads: (usize, usize, f64),
-        q: &Tensor,
-    ) -> Result<bool> {
-        let Some(l) = l.filter(|l| l.qkv_rope) else {
-            return Ok(false);
-        };
-        self.lora_join(l)?;
-        let b = &l.slots.layers[li][0].b;
-        self.kernels.lora_qk_norm_rope_kv_write_into(
-            qkv,
-            norms,
-            inv_freq,
-            pos_slots,
-            kv,
-            heads,
-            q,
-            ((&l.y, b), &l.tiles),
-        )?;
-        Ok(true)
     }
 
     /// The kernels' stream waits for the shrink on the second stream (when one is there).
