@@ -173,7 +173,7 @@ pub struct KernelOptions {
     /// With `lora_overlap`, LoRA steps of more than this many rows (and at most 64) run
     /// their shrinks on a second stream beside the base matmuls; smaller steps on the
     /// kernels' stream, where each launch's early start (programmatic dependent launch) is
-    /// kept. Default [`LORA_SIDE_MIN_ROWS`] (64: no second stream).
+    /// kept. Default 64 (no second stream).
     pub lora_side_min_rows: usize,
     /// The host KV tier's loads read the pinned host slots from the scatter kernel itself
     /// (over PCIe, `kernels/kv_move.cu` `kv_scatter_host`) instead of copying each block into
