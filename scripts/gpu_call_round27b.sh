@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the GPU machine, round 27, call 2 (#23): kernel_check --lora-only with --lora-qkv-rope (the
+# On the GPU machine, round 27, call 2 (#23; it ran commit 20121e2: --lora-qkv-rope is gone since,
+# measured slower, and the side-stream bound's default is now 64): kernel_check --lora-only with --lora-qkv-rope (the
 # qkv delta inside the q/k norm + RoPE + KV write, held bit for bit to the serial path, graphs vs
 # eager); decode with every row on one of 8 rank-16 adapters, the defaults against
 # --lora-qkv-rope and --lora-side-min-rows 16, both shapes, two runs each; Nsight Compute (real
