@@ -353,11 +353,8 @@ impl CudaKernels {
                         f(&m, &format!("{name}_r64_{s}"))?,
                     ])
                 };
-                let norm = if opts.lora_norm_preload {
-                    "lora_add_rmsnorm_pre"
-                } else {
-                    "lora_add_rmsnorm"
-                };
+                let norm = ["lora_add_rmsnorm", "lora_add_rmsnorm_pre"];
+                let norm = norm[usize::from(opts.lora_norm_preload)];
                 let fs = (pair("lora_expand_silu")?, pair(norm)?);
                 let side = opts.lora_side_min_rows;
                 Some(super::handles::LoraOverlap::new(&stream, fs, m, side)?)
