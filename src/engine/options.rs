@@ -135,10 +135,10 @@ pub struct KernelOptions {
     /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
     /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
     /// input (on a second stream beside it above `lora_side_min_rows` rows), the gate|up
-    /// expand is one launch with the SiLU product and the o and down expands one launch each with the add+RMSNorm
-    /// after them (`kernels/lora_silu.cu`); the logits are the serial path's bit for bit
-    /// (#23). On by default: on the H200 +1-4% at batches 8-64 over five runs, at batch 256
-    /// (where it does not apply) within the runs' noise (BENCHMARKS.md).
+    /// expand is one launch with the SiLU product and the o and down expands one launch each
+    /// with the add+RMSNorm after them (`kernels/lora_silu.cu`); the logits are the serial
+    /// path's bit for bit (#23). On by default: on the H200 +1-4% at batches 8-64 over five
+    /// runs, at batch 256 (where it does not apply) within the runs' noise (BENCHMARKS.md).
     pub lora_overlap: bool,
     /// LoRA steps of 33-64 rows (one-token tiles) read each adapter's rows of `a` once per
     /// group of up to eight of its tokens instead of once per token where that measured
@@ -165,10 +165,11 @@ pub struct KernelOptions {
     pub lora_runs: bool,
     /// The add+RMSNorm that takes the o and down deltas' expands (`lora_overlap`) loads each
     /// thread's rows of the adapter's `b` and the norm weights before waiting on the kernel
-    /// before it (bf16, ranks up to 16), so their reads overlap that kernel; the same sums,
-    /// the same bits (`kernels/lora_silu.cu`, #23). On by default: on the H200, every row on
-    /// one of 8 rank-16 adapters, +0.2-0.8% (0.6B) and +0.4-1.4% (1.7B) at batches 8-32,
-    /// +0.4% / -0.4% at 64 (BENCHMARKS.md).
+    /// before it (bf16, ranks up to 16), so their reads go out before the wait (overlapping
+    /// that kernel where it starts its successor early) and not one column after another;
+    /// the same sums, the same bits (`kernels/lora_silu.cu`, #23). On by default: on the
+    /// H200, every row on one of 8 rank-16 adapters, +0.2-0.8% (0.6B) and +0.8-1.4% (1.7B) at
+    /// batches 8-32, +0.4% / -0.4% at 64 (1.7B / 0.6B; BENCHMARKS.md).
     pub lora_norm_preload: bool,
     /// With `lora_overlap`, LoRA steps of more than this many rows (and at most 64) run
     /// their shrinks on a second stream beside the base matmuls; smaller steps on the
