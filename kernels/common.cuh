@@ -53,6 +53,17 @@ __device__ __forceinline__ void l2_prefetch_share(const void* p, unsigned long l
 }
 
 // Sum over a full warp (every lane gets the result).
+// a[i] of an array held in registers, for a run-time i < N: an unrolled select, so the array
+// is never indexed through local memory (loads issued early into such arrays are picked so).
+template <typename T, int N>
+__device__ __forceinline__ T reg_pick(const T (&a)[N], int i) {
+  T v = a[0];
+#pragma unroll
+  for (int e = 1; e < N; ++e)
+    if (e == i) v = a[e];
+  return v;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

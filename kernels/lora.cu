@@ -55,14 +55,7 @@ __device__ __forceinline__ void lora_shrink(const T* __restrict__ x, const T* __
     int i = 0;
     for (int k = first * 8; k < in; k += stride * 8, ++i) {
       float av[8];
-      uint4 raw;
-      if (i < PRE) {
-#pragma unroll
-        for (int q = 0; q < PRE; ++q)
-          if (q == i) raw = pre[q];
-      } else {
-        raw = *reinterpret_cast<const uint4*>(ar + k);
-      }
+      const uint4 raw = i < PRE ? reg_pick(pre, i) : *reinterpret_cast<const uint4*>(ar + k);
       bf16x8_to_f32(raw, av);
 #pragma unroll
       for (int c = 0; c < TM; ++c) {
@@ -141,14 +134,8 @@ __device__ __forceinline__ void lora_expand(const float* __restrict__ y, const T
   for (int i0 = 0; i0 < r; i0 += 8) {
     float bv[8];
     if constexpr (sizeof(T) == 2) {
-      uint4 raw;
-      if (i0 < PRE * 8) {
-#pragma unroll
-        for (int q = 0; q < PRE; ++q)
-          if (q * 8 == i0) raw = pre[q];
-      } else {
-        raw = *reinterpret_cast<const uint4*>(br + i0);
-      }
+      const uint4 raw =
+          i0 < PRE * 8 ? reg_pick(pre, i0 / 8) : *reinterpret_cast<const uint4*>(br + i0);
       bf16x8_to_f32(raw, bv);
     } else {
 #pragma unroll

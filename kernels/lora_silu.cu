@@ -108,13 +108,10 @@ __device__ void lora_add_rmsnorm(const T* __restrict__ delta, const T* res, T* r
     float d = to_f(delta[row * n + i]);
     if (on) {
       RankRow<T, RMAX> br;
-      if (q < NP) {
-#pragma unroll
-        for (int e = 0; e < NP; ++e)
-          if (e == q) br = pb[e];
-      } else {
+      if (q < NP)
+        br = reg_pick(pb, q);
+      else
         br.load(b + ((size_t)s * n + i) * r, r);
-      }
       d = round_t<T>(d + br.dot(ys, r));
     }
     const T sum = from_f<T>(to_f(res[row * n + i]) + d);
@@ -126,17 +123,19 @@ __device__ void lora_add_rmsnorm(const T* __restrict__ delta, const T* res, T* r
   const float inv = rsqrtf(block_sum(ss) / n + eps);
   q = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x, ++q) {
-    T wi;
-    if (q < NP) {
-#pragma unroll
-      for (int e = 0; e < NP; ++e)
-        if (e == q) wi = pw[e];
-    } else {
-      wi = w[i];
-    }
+    const T wi = q < NP ? reg_pick(pw, q) : w[i];
     out[row * n + i] = from_f<T>(to_f(res_out[row * n + i]) * inv * to_f(wi));
   }
 }
+
+// lora_add_rmsnorm_r{RMAX}_{S} (PRE false) and lora_add_rmsnorm_pre_r{RMAX}_{S} (PRE true).
+#define LORA_NORM(T, S, RMAX, NAME, PRE)                                                        \
+  extern "C" __global__ void __launch_bounds__(1024) NAME##_r##RMAX##_##S(                      \
+      const T* delta, const T* res, T* res_out, const T* w, T* out, int n, float eps,           \
+      const float* y, const T* b, const uint32_t* tiles, int ntiles, int slots, int r) {        \
+    lora_add_rmsnorm<T, RMAX, PRE>(delta, res, res_out, w, out, n, eps, y, b, tiles, ntiles,    \
+                                   slots, r);                                                   \
+  }
 
 #define LORA_FUSED(T, S, RMAX)                                                                  \
   extern "C" __global__ void __launch_bounds__(256) lora_expand_silu_r##RMAX##_##S(             \
@@ -144,18 +143,8 @@ __device__ void lora_add_rmsnorm(const T* __restrict__ delta, const T* res, T* r
       int slots, int n, int r) {                                                                \
     lora_expand_silu<T, RMAX>(gu, y, b, act, tiles, ntiles, slots, n, r);                       \
   }                                                                                             \
-  extern "C" __global__ void __launch_bounds__(1024) lora_add_rmsnorm_r##RMAX##_##S(            \
-      const T* delta, const T* res, T* res_out, const T* w, T* out, int n, float eps,           \
-      const float* y, const T* b, const uint32_t* tiles, int ntiles, int slots, int r) {        \
-    lora_add_rmsnorm<T, RMAX, false>(delta, res, res_out, w, out, n, eps, y, b, tiles, ntiles,  \
-                                     slots, r);                                                 \
-  }                                                                                             \
-  extern "C" __global__ void __launch_bounds__(1024) lora_add_rmsnorm_pre_r##RMAX##_##S(        \
-      const T* delta, const T* res, T* res_out, const T* w, T* out, int n, float eps,           \
-      const float* y, const T* b, const uint32_t* tiles, int ntiles, int slots, int r) {        \
-    lora_add_rmsnorm<T, RMAX, true>(delta, res, res_out, w, out, n, eps, y, b, tiles, ntiles,   \
-                                    slots, r);                                                  \
-  }
+  LORA_NORM(T, S, RMAX, lora_add_rmsnorm, false)                                                \
+  LORA_NORM(T, S, RMAX, lora_add_rmsnorm_pre, true)
 
 // Ranks up to 16 (the common adapters) and up to 64.
 LORA_FUSED(__nv_bfloat16, bf16, 16)

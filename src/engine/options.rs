@@ -145,12 +145,10 @@ pub struct KernelOptions {
     /// faster (shrinks over at most 1,024 input features: the 0.6B's qkv and gate|up): the
     /// tile table sorted by slot, the shrink on tensor cores a group at a time
     /// (`kernels/lora_grouped.cu`; bf16; the sums in another order than the one-token
-    /// shrink's, f32). Off by default: it gained +6% at 0.6B batch 64 with the shrinks on a
-    /// second stream, but with them on the kernels' stream (`lora_side_min_rows` 64) the run
-    /// shrink (`lora_runs`) takes these shrinks too and is faster (0.6B batch 64 on the H200:
-    /// 24,313-24,342 against 23,988-24,009 tok/s with the grouped shrink on a second stream,
-    /// 22,509 on the kernels' stream; BENCHMARKS.md). The kernel's expand, bit for bit the
-    /// one-token expand, lost in every shape and is left to profiling.
+    /// shrink's, f32). Off by default: with the shrinks on the kernels' stream
+    /// (`lora_side_min_rows` 64) the run shrink (`lora_runs`) is faster (0.6B batch 64 on the
+    /// H200: 24,313-24,342 tok/s against 23,988-24,009 grouped on a second stream, 22,509 on
+    /// the kernels' stream; BENCHMARKS.md). Its expand lost in every shape (profiling only).
     pub lora_grouped: bool,
     /// The shrinks of LoRA steps of 17-64 rows (one-token tiles) over at most 4,096 inputs
     /// that the grouped shrink does not take (at rank 16: qkv and gate|up from 17 rows, o and
