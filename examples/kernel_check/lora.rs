@@ -272,11 +272,9 @@ pub(super) fn lora_graph_check(a: &Args, t: &mut Table) -> Res<()> {
         let how = match (variant, n > N) {
             ((_, _, true), _) => " (runs)",
             (_, true) => " (overlap, 32 requests)",
-            (variant, _) => match variant {
-                (true, _, _) => " (overlap)",
-                (_, true, _) => " (grouped)",
-                _ => "",
-            },
+            ((true, _, _), _) => " (overlap)",
+            ((_, true, _), _) => " (grouped)",
+            _ => "",
         };
         println!("lora greedy graphs vs eager{how}: {equal}/{n} requests equal");
         t.check(
