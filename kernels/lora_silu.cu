@@ -6,7 +6,10 @@
 // (the expanded output to T, then the SiLU product or the residual sum), so their results are
 // those launches' bit for bit. Adapter weights and the tile table are written by no
 // kernel of a step: the kernel loads them before waiting on the kernel before it, with the
-// rank loops unrolled to RMAX (16 or 64) so that a row's loads go out together.
+// rank loops unrolled to RMAX (16 or 64) so that a row's loads go out together. With
+// LaunchOptions::lora_wide the shrinks are extra output columns of the base matmul (its weight
+// stored with every slot's `a` after the base rows, src/engine/model/lora_slots.rs): the `_w`
+// kernels read them (rounded to T) at strides, and lora_wide_expand writes the qkv output.
 #include <stdint.h>
 #include "lora.cuh"
 
@@ -26,17 +29,39 @@ __device__ __forceinline__ uint32_t token_slot(const uint32_t* __restrict__ tile
   return found;
 }
 
+// Token tok's shrink on slot s: `cols` values from y + tok * ldy + s * sy. An f32 shrink (the
+// shrink kernels' scratch) is read where it lies; a shrink of type T (the wide matmul's extra
+// columns, LaunchOptions::lora_wide) is converted once into shared memory `sh` by the block
+// (`on` is uniform over it).
+template <typename T, typename Y>
+__device__ __forceinline__ const float* shrink_row(const Y* __restrict__ y, int tok, int ldy,
+                                                   int sy, uint32_t s, bool on, int cols,
+                                                   float* sh) {
+  if constexpr (sizeof(Y) == 4) {
+    return on ? y + (size_t)tok * ldy + (size_t)s * sy : y;
+  } else {
+    if (on) {
+      const Y* row = y + (size_t)tok * ldy + (size_t)s * sy;
+      for (int i = threadIdx.x; i < cols; i += blockDim.x) sh[i] = to_f(row[i]);
+      __syncthreads();
+    }
+    return sh;
+  }
+}
+
 // Grid (ceil(n / 256), T), 256 threads. Column c = blockIdx.x * 256 + tid of token t on slot s:
 //   g = bf16(gu[t, c] + y[t, :r] · b[s, c]),  u = bf16(gu[t, n + c] + y[t, r:] · b[s, n + c])
 //   act[t, c] = bf16(silu(g) * u)
-// (y [T, 2r]: the gate|up shrink; b [slots, 2n, r]). A token on no adapter gets the plain
-// SiLU product.
-template <typename T, int RMAX>
-__device__ void lora_expand_silu(const T* __restrict__ gu, const float* __restrict__ y,
-                                 const T* __restrict__ b, T* __restrict__ act,
+// (gu rows ldg apart; y: the gate|up shrink, token t's on slot s at y + t * ldy + s * sy — the
+// shrink kernels' f32 [T, 2r] (ldy 2r, sy 0) or the wide matmul's extra columns;
+// b [slots, 2n, r]). A token on no adapter gets the plain SiLU product.
+template <typename T, int RMAX, typename Y>
+__device__ void lora_expand_silu(const T* __restrict__ gu, int ldg, const Y* __restrict__ y,
+                                 int ldy, int sy, const T* __restrict__ b, T* __restrict__ act,
                                  const uint32_t* __restrict__ tiles, int ntiles, int slots, int n,
                                  int r) {
   pdl_trigger();
+  __shared__ float ysh[sizeof(Y) == 4 ? 1 : 2 * RMAX];
   const int tok = blockIdx.y, c = blockIdx.x * 256 + threadIdx.x;
   const uint32_t s = token_slot(tiles, ntiles, tok, slots);
   const bool on = s != 0xffffffffu, in = c < n;
@@ -46,15 +71,40 @@ __device__ void lora_expand_silu(const T* __restrict__ gu, const float* __restri
     bu.load(b + ((size_t)s * 2 * n + n + c) * r, r);
   }
   pdl_wait();
+  const float* yt = shrink_row<T>(y, tok, ldy, sy, s, on, 2 * r, ysh);
   if (!in) return;
-  float g = to_f(gu[(size_t)tok * 2 * n + c]);
-  float u = to_f(gu[(size_t)tok * 2 * n + n + c]);
+  float g = to_f(gu[(size_t)tok * ldg + c]);
+  float u = to_f(gu[(size_t)tok * ldg + n + c]);
   if (on) {
-    const float* yt = y + (size_t)tok * 2 * r;
     g = round_t<T>(g + bg.dot(yt, r));
     u = round_t<T>(u + bu.dot(yt + r, r));
   }
   act[(size_t)tok * n + c] = from_f<T>(g / (1.f + __expf(-g)) * u);
+}
+
+// The qkv delta of the wide matmul (LaunchOptions::lora_wide): `wide` [T, ld] holds the base
+// output in columns 0..n and every slot's shrink after it (slot s's P * r values at n + s * pr);
+// out [T, n] gets out[t, o] = bf16(wide[t, o] + y · b[s, o]) (the expand's rounding; y the
+// projection p's r values, p = (o >= s1) + (o >= s2)) for a token on slot s, and wide[t, o]
+// itself for a token on no adapter. Grid (ceil(n / 256), T), 256 threads.
+template <typename T, int RMAX>
+__device__ void lora_wide_expand(const T* __restrict__ wide, int ld, const T* __restrict__ b,
+                                 T* __restrict__ out, const uint32_t* __restrict__ tiles,
+                                 int ntiles, int slots, int n, int r, int pr, int s1, int s2) {
+  pdl_trigger();
+  __shared__ float ysh[3 * RMAX];
+  const int tok = blockIdx.y, c = blockIdx.x * 256 + threadIdx.x;
+  const uint32_t s = token_slot(tiles, ntiles, tok, slots);
+  const bool on = s != 0xffffffffu, in = c < n;
+  RankRow<T, RMAX> br;
+  if (on && in) br.load(b + ((size_t)s * n + c) * r, r);
+  pdl_wait();
+  const T* row = wide + (size_t)tok * ld;
+  const float* ys = shrink_row<T>(row + n, 0, 0, pr, s, on, pr, ysh);
+  if (!in) return;
+  float v = to_f(row[c]);
+  if (on) v = round_t<T>(v + br.dot(ys + ((c >= s1) + (c >= s2)) * r, r));
+  out[(size_t)tok * n + c] = from_f<T>(v);
 }
 
 // add_rmsnorm (kernels/layer_ops.cu) with the delta of the one-projection matmul before it
@@ -62,7 +112,8 @@ __device__ void lora_expand_silu(const T* __restrict__ gu, const float* __restri
 // s from the tiles:
 //   d = bf16(delta[t] + y[t] · b[s]ᵀ)   (rows on no adapter: d = delta[t])
 //   res_out[t] = bf16(res[t] + d),  out[t] = bf16(res_out[t] * rsqrt(mean(res_out[t]²) + eps) * w)
-// (y [T, r]: the matmul's shrink; b [slots, n, r]). res and res_out may be one buffer (each
+// (delta rows ldd apart; y: the matmul's shrink, token t's on slot s at y + t * ldy + s * sy,
+// as lora_expand_silu reads it; b [slots, n, r]). res and res_out may be one buffer (each
 // element is read, then written, by the same thread).
 //
 // With PRE (LaunchOptions::lora_norm_preload) each thread loads the rows of b and the norm
@@ -76,12 +127,12 @@ __host__ __device__ constexpr int pre_cols() {
   return sizeof(T) * RMAX <= 32 ? 2 : 0;
 }
 
-template <typename T, int RMAX, bool PRE>
-__device__ void lora_add_rmsnorm(const T* __restrict__ delta, const T* res, T* res_out,
+template <typename T, int RMAX, bool PRE, typename Y>
+__device__ void lora_add_rmsnorm(const T* __restrict__ delta, int ldd, const T* res, T* res_out,
                                  const T* __restrict__ w, T* __restrict__ out, int n, float eps,
-                                 const float* __restrict__ y, const T* __restrict__ b,
-                                 const uint32_t* __restrict__ tiles, int ntiles, int slots,
-                                 int r) {
+                                 const Y* __restrict__ y, int ldy, int sy,
+                                 const T* __restrict__ b, const uint32_t* __restrict__ tiles,
+                                 int ntiles, int slots, int r) {
   constexpr int NP = PRE ? pre_cols<T, RMAX>() : 0;
   constexpr int NA = NP > 0 ? NP : 1;  // array sizes
   pdl_trigger();
@@ -101,11 +152,12 @@ __device__ void lora_add_rmsnorm(const T* __restrict__ delta, const T* res, T* r
   pdl_wait();
   float ys[RMAX];
 #pragma unroll
-  for (int i = 0; i < RMAX; ++i) ys[i] = (on && i < r) ? y[row * r + i] : 0.f;
+  for (int i = 0; i < RMAX; ++i)
+    ys[i] = (on && i < r) ? to_f(y[row * ldy + (size_t)s * sy + i]) : 0.f;
   float ss = 0.f;
   int q = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x, ++q) {
-    float d = to_f(delta[row * n + i]);
+    float d = to_f(delta[row * ldd + i]);
     if (on) {
       RankRow<T, RMAX> br;
       if (q < NP)
@@ -128,23 +180,34 @@ __device__ void lora_add_rmsnorm(const T* __restrict__ delta, const T* res, T* r
   }
 }
 
-// lora_add_rmsnorm_r{RMAX}_{S} (PRE false) and lora_add_rmsnorm_pre_r{RMAX}_{S} (PRE true).
-#define LORA_NORM(T, S, RMAX, NAME, PRE)                                                        \
-  extern "C" __global__ void __launch_bounds__(1024) NAME##_r##RMAX##_##S(                      \
-      const T* delta, const T* res, T* res_out, const T* w, T* out, int n, float eps,           \
-      const float* y, const T* b, const uint32_t* tiles, int ntiles, int slots, int r) {        \
-    lora_add_rmsnorm<T, RMAX, PRE>(delta, res, res_out, w, out, n, eps, y, b, tiles, ntiles,    \
-                                   slots, r);                                                   \
+// lora_add_rmsnorm{W}_r{RMAX}_{S} (PRE false) and lora_add_rmsnorm_pre{W}_r{RMAX}_{S} (PRE
+// true); W empty: the shrink kernels' f32 y, W _w: the wide matmul's y of type T.
+#define LORA_NORM(T, S, RMAX, NAME, PRE, Y, W)                                                  \
+  extern "C" __global__ void __launch_bounds__(1024) NAME##W##_r##RMAX##_##S(                   \
+      const T* delta, int ldd, const T* res, T* res_out, const T* w, T* out, int n, float eps,  \
+      const Y* y, int ldy, int sy, const T* b, const uint32_t* tiles, int ntiles, int slots,    \
+      int r) {                                                                                  \
+    lora_add_rmsnorm<T, RMAX, PRE, Y>(delta, ldd, res, res_out, w, out, n, eps, y, ldy, sy, b,  \
+                                      tiles, ntiles, slots, r);                                 \
   }
 
-#define LORA_FUSED(T, S, RMAX)                                                                  \
-  extern "C" __global__ void __launch_bounds__(256) lora_expand_silu_r##RMAX##_##S(             \
-      const T* gu, const float* y, const T* b, T* act, const uint32_t* tiles, int ntiles,       \
-      int slots, int n, int r) {                                                                \
-    lora_expand_silu<T, RMAX>(gu, y, b, act, tiles, ntiles, slots, n, r);                       \
+#define LORA_FUSED_Y(T, S, RMAX, Y, W)                                                          \
+  extern "C" __global__ void __launch_bounds__(256) lora_expand_silu##W##_r##RMAX##_##S(        \
+      const T* gu, int ldg, const Y* y, int ldy, int sy, const T* b, T* act,                    \
+      const uint32_t* tiles, int ntiles, int slots, int n, int r) {                             \
+    lora_expand_silu<T, RMAX, Y>(gu, ldg, y, ldy, sy, b, act, tiles, ntiles, slots, n, r);      \
   }                                                                                             \
-  LORA_NORM(T, S, RMAX, lora_add_rmsnorm, false)                                                \
-  LORA_NORM(T, S, RMAX, lora_add_rmsnorm_pre, true)
+  LORA_NORM(T, S, RMAX, lora_add_rmsnorm, false, Y, W)                                          \
+  LORA_NORM(T, S, RMAX, lora_add_rmsnorm_pre, true, Y, W)
+
+#define LORA_FUSED(T, S, RMAX)                                                                  \
+  LORA_FUSED_Y(T, S, RMAX, float, )                                                             \
+  LORA_FUSED_Y(T, S, RMAX, T, _w)                                                               \
+  extern "C" __global__ void __launch_bounds__(256) lora_wide_expand_r##RMAX##_##S(             \
+      const T* wide, int ld, const T* b, T* out, const uint32_t* tiles, int ntiles, int slots,  \
+      int n, int r, int pr, int s1, int s2) {                                                   \
+    lora_wide_expand<T, RMAX>(wide, ld, b, out, tiles, ntiles, slots, n, r, pr, s1, s2);        \
+  }
 
 // Ranks up to 16 (the common adapters) and up to 64.
 LORA_FUSED(__nv_bfloat16, bf16, 16)

@@ -111,6 +111,9 @@ pub struct KernelFlags {
     /// (`KernelOptions::lora_side_min_rows`; default 64: none).
     #[arg(long, value_name = "ROWS")]
     pub lora_side_min_rows: Option<usize>,
+    /// LoRA shrinks as extra output columns of the base matmuls (`KernelOptions::lora_wide`).
+    #[arg(long)]
+    pub lora_wide: bool,
     /// Host KV tier loads read pinned memory from the scatter kernel, no staging copy
     /// (`KernelOptions::kv_load_direct`).
     #[arg(long)]
@@ -154,6 +157,7 @@ impl KernelFlags {
             lora_side_min_rows: self
                 .lora_side_min_rows
                 .unwrap_or(super::options::LORA_SIDE_MIN_ROWS),
+            lora_wide: self.lora_wide,
             kv_load_direct: self.kv_load_direct,
             ..KernelOptions::default()
         }

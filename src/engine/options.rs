@@ -140,15 +140,11 @@ pub struct KernelOptions {
     /// path's bit for bit (#23). On by default: on the H200 +1-4% at batches 8-64 over five
     /// runs, at batch 256 (where it does not apply) within the runs' noise (BENCHMARKS.md).
     pub lora_overlap: bool,
-    /// LoRA steps of 33-64 rows (one-token tiles) read each adapter's rows of `a` once per
-    /// group of up to eight of its tokens instead of once per token where that measured
-    /// faster (shrinks over at most 1,024 input features: the 0.6B's qkv and gate|up): the
-    /// tile table sorted by slot, the shrink on tensor cores a group at a time
-    /// (`kernels/lora_grouped.cu`; bf16; the sums in another order than the one-token
-    /// shrink's, f32). Off by default: with the shrinks on the kernels' stream
-    /// (`lora_side_min_rows` 64) the run shrink (`lora_runs`) is faster (0.6B batch 64 on the
-    /// H200: 24,313-24,342 tok/s against 23,988-24,009 grouped on a second stream, 22,509 on
-    /// the kernels' stream; BENCHMARKS.md). Its expand lost in every shape (profiling only).
+    /// LoRA steps of 33-64 rows (one-token tiles) shrink on tensor cores, a slot's rows of `a`
+    /// read once per group of up to eight of its tokens (at most 1,024 inputs: the 0.6B's qkv
+    /// and gate|up; `kernels/lora_grouped.cu`, bf16, f32 sums in another order). Off by
+    /// default: the run shrink (`lora_runs`) is faster on the kernels' stream (0.6B batch 64
+    /// on the H200: 24,313-24,342 tok/s against 23,988-24,009; BENCHMARKS.md).
     pub lora_grouped: bool,
     /// The shrinks of LoRA steps of 17-64 rows (one-token tiles) over at most 4,096 inputs
     /// that the grouped shrink does not take (at rank 16: qkv and gate|up from 17 rows, o and
@@ -157,23 +153,26 @@ pub struct KernelOptions {
     /// flight, and its warps on one slot read that slot's rows once, where the one-token
     /// shrink re-reads a row of `a` from L2 for every token (a block per row and token). Each
     /// `y` entry is summed in one order whatever the table's order or the step's size (f32;
-    /// another order than the one-token shrink's). On by default: on the H200, every row on one of 8 rank-16
-    /// adapters, batch 32 +3.0% (0.6B) / +2.6% (1.7B), batch 64 +0.8% / +3.4%
-    /// (BENCHMARKS.md, #23).
+    /// another order than the one-token shrink's). On by default: on the H200, 8 rank-16
+    /// adapters, batch 32 +3.0% (0.6B) / +2.6% (1.7B), batch 64 +0.8% / +3.4% (#23).
     pub lora_runs: bool,
-    /// The add+RMSNorm that takes the o and down deltas' expands (`lora_overlap`) loads each
-    /// thread's rows of the adapter's `b` and the norm weights before waiting on the kernel
-    /// before it (bf16, ranks up to 16), so their reads go out before the wait (overlapping
-    /// that kernel where it starts its successor early) and not one column after another;
-    /// the same sums, the same bits (`kernels/lora_silu.cu`, #23). On by default: on the
-    /// H200, every row on one of 8 rank-16 adapters, +0.2-0.8% (0.6B) and +0.8-1.4% (1.7B) at
-    /// batches 8-32, +0.4% / -0.4% at 64 (1.7B / 0.6B; BENCHMARKS.md).
+    /// The add+RMSNorm that takes the o and down expands (`lora_overlap`) loads each thread's
+    /// rows of `b` and the norm weights before waiting on the kernel before it (bf16, ranks up
+    /// to 16; the same bits, `kernels/lora_silu.cu`). On by default: on the H200, 8 rank-16
+    /// adapters, +0.2-0.8% (0.6B) and +0.8-1.4% (1.7B) at batches 8-32 (BENCHMARKS.md, #23).
     pub lora_norm_preload: bool,
     /// With `lora_overlap`, LoRA steps of more than this many rows (and at most 64) run
     /// their shrinks on a second stream beside the base matmuls; smaller steps on the
     /// kernels' stream, where each launch's early start (programmatic dependent launch) is
     /// kept. Default 64 (no second stream).
     pub lora_side_min_rows: usize,
+    /// With `lora_overlap`, every shrink of a LoRA step of up to 64 rows is extra output
+    /// columns of the base matmul: each fused weight is stored as `[out + slots·P·R, in]`,
+    /// the slots' `a` after the base rows, so one matmul writes the base output and every
+    /// slot's shrink (`y` rounded to the compute dtype, as PEFT rounds it), and the expands
+    /// read both at strides (`kernels/lora_silu.cu` `_w`): no shrink launches. Off by default
+    /// (#23; not yet measured).
+    pub lora_wide: bool,
     /// The host KV tier's loads read the pinned host slots from the scatter kernel itself
     /// (over PCIe, `kernels/kv_move.cu` `kv_scatter_host`) instead of copying each block into
     /// a device staging buffer first (one `cuMemcpyHtoDAsync` a block). Off by default: no
@@ -216,6 +215,7 @@ impl Default for KernelOptions {
             lora_runs: true,
             lora_norm_preload: true,
             lora_side_min_rows: LORA_SIDE_MIN_ROWS,
+            lora_wide: false,
             kv_load_direct: false,
             event_tracking: false,
         }

@@ -396,3 +396,48 @@ fn a_new_adapter_version_takes_new_requests_and_the_old_one_drains() {
     assert_eq!(after, greedy_on(&engine, Some(&v2), 990));
     assert_ne!(after, want_v1);
 }
+
+/// The wide layout (`KernelOptions::lora_wide`: each fused weight and its slots' `a` in one
+/// buffer, the layer's weight a view of its first rows) serves on the candle path exactly
+/// what separate buffers serve: an adapter written into its slot through the `a` view, the
+/// base through the weight view, and new base weights written in place through it while the
+/// adapter stays in its slot. Mutations that fail it: the `a` view starting a row early
+/// (inside the base rows) or the weight view reaching into the tail; an update that writes a
+/// fresh tensor instead of into the view (the layer would lose its wide buffer's rows).
+#[test]
+fn the_wide_layout_serves_what_separate_buffers_serve() {
+    let wide_opts = EngineOptions {
+        kernels: policy_serve::engine::KernelOptions {
+            lora_wide: true,
+            ..Default::default()
+        },
+        ..lora_options(4)
+    };
+    let (_r, wide) = engine_on(&common::shared_tiny_model(), wide_opts);
+    let (_p, plain) = engine_on(&common::shared_tiny_model(), lora_options(4));
+    let dir = write_adapter(&Spec::default());
+    let hw = wide.load_adapter("a", &dir).unwrap();
+    let hp = plain.load_adapter("a", &dir).unwrap();
+    let tokens = prompt(30, 710);
+    let with = |e: &Engine, h: &AdapterHandle| e.logits_with(tokens.clone(), Some(h)).unwrap();
+    assert_eq!(with(&wide, &hw), with(&plain, &hp));
+    assert_eq!(
+        wide.logits(tokens.clone()).unwrap(),
+        plain.logits(tokens.clone()).unwrap()
+    );
+    assert_eq!(
+        greedy_on(&wide, Some(&hw), 711),
+        greedy_on(&plain, Some(&hp), 711)
+    );
+    let b = common::cached_model("tiny-v1-seed7", &common::tiny_config(), 7);
+    wide.update_weights(policy_serve::engine::WeightSource::Dir(b.clone()), true)
+        .wait()
+        .unwrap();
+    let (_q, fresh) = engine_on(&b, lora_options(4));
+    let hf = fresh.load_adapter("a", &dir).unwrap();
+    assert_eq!(with(&wide, &hw), with(&fresh, &hf));
+    assert!(
+        max_diff(&with(&fresh, &hf), &with(&plain, &hp)) > 1e-2,
+        "positive control: the new base answers differently"
+    );
+}

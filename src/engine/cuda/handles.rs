@@ -264,21 +264,44 @@ pub(super) struct LoraOverlap {
     pub(super) join: CudaEvent,
     /// `lora_expand_silu` for ranks up to 16 and up to 64.
     pub(super) silu: [CudaFunction; 2],
-    /// `lora_add_rmsnorm` for ranks up to 16 and up to 64.
+    /// `lora_add_rmsnorm` (or `_pre`) for ranks up to 16 and up to 64.
     pub(super) norm: [CudaFunction; 2],
+    /// The wide matmul's kernels (`LaunchOptions::lora_wide`): `lora_expand_silu_w`,
+    /// `lora_add_rmsnorm_w` (or `_pre_w`) and `lora_wide_expand`, by rank as above.
+    pub(super) wide: Option<[[CudaFunction; 2]; 3]>,
     /// Steps of more than this many rows shrink on `side`.
     pub(super) side_min_rows: usize,
     _module: Arc<CudaModule>,
 }
 
 impl LoraOverlap {
-    /// The second stream forked from `main` and the kernels of `module`.
+    /// The second stream forked from `main` and the kernels of `module`
+    /// (`kernels/lora_silu.cu`) for dtype suffix `dt`, as `opts` choose them.
     pub(super) fn new(
         main: &Arc<CudaStream>,
-        (silu, norm): ([CudaFunction; 2], [CudaFunction; 2]),
         module: Arc<CudaModule>,
-        side_min_rows: usize,
+        dt: &str,
+        opts: &super::LaunchOptions,
     ) -> Result<Self> {
+        let pair = |name: &str| -> Result<[CudaFunction; 2]> {
+            let f = |r: usize| {
+                let name = format!("{name}_r{r}_{dt}");
+                module
+                    .load_function(&name)
+                    .map_err(|e| kernel_err(&format!("function {name}"), e))
+            };
+            Ok([f(16)?, f(64)?])
+        };
+        let norm =
+            ["lora_add_rmsnorm", "lora_add_rmsnorm_pre"][usize::from(opts.lora_norm_preload)];
+        let wide = match opts.lora_wide {
+            true => Some([
+                pair("lora_expand_silu_w")?,
+                pair(&format!("{norm}_w"))?,
+                pair("lora_wide_expand")?,
+            ]),
+            false => None,
+        };
         let side = main.fork().map_err(|e| kernel_err("lora stream", e))?;
         let ctx = main.context();
         let event = || ctx.new_event(None).map_err(|e| kernel_err("lora event", e));
@@ -286,9 +309,10 @@ impl LoraOverlap {
             side,
             fork: event()?,
             join: event()?,
-            silu,
-            norm,
-            side_min_rows,
+            silu: pair("lora_expand_silu")?,
+            norm: pair(norm)?,
+            wide,
+            side_min_rows: opts.lora_side_min_rows,
             _module: module,
         })
     }

@@ -347,17 +347,7 @@ impl CudaKernels {
             ],
             lora_overlap: if opts.lora_overlap {
                 let m = load(LORA_SILU, "lora_silu")?;
-                let pair = |name: &str| -> Result<[CudaFunction; 2]> {
-                    Ok([
-                        f(&m, &format!("{name}_r16_{s}"))?,
-                        f(&m, &format!("{name}_r64_{s}"))?,
-                    ])
-                };
-                let norm = ["lora_add_rmsnorm", "lora_add_rmsnorm_pre"];
-                let norm = norm[usize::from(opts.lora_norm_preload)];
-                let fs = (pair("lora_expand_silu")?, pair(norm)?);
-                let side = opts.lora_side_min_rows;
-                Some(super::handles::LoraOverlap::new(&stream, fs, m, side)?)
+                Some(super::handles::LoraOverlap::new(&stream, m, s, opts)?)
             } else {
                 None
             },

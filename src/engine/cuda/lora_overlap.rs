@@ -56,7 +56,7 @@ impl CudaKernels {
     }
 
     /// The overlap's handles, or an error naming `what` when they are not loaded.
-    fn overlap_kernels(&self, what: &str) -> Result<&super::handles::LoraOverlap> {
+    pub(super) fn overlap_kernels(&self, what: &str) -> Result<&super::handles::LoraOverlap> {
         self.lora_overlap
             .as_ref()
             .ok_or_else(|| kernel_err(what, "the LoRA overlap kernels are not loaded"))
@@ -104,7 +104,7 @@ impl CudaKernels {
         }
         let n = act.dim(candle_core::D::Minus1)?;
         let t = act.elem_count() / n.max(1);
-        let (slots, n2, r) = b.dims3()?;
+        let (_, n2, r) = b.dims3()?;
         let fits = gu.elem_count() == t * 2 * n
             && n2 == 2 * n
             && r.is_multiple_of(8)
@@ -118,18 +118,44 @@ impl CudaKernels {
         if t == 0 {
             return Ok(());
         }
-        let (pgu, py, pb) = (self.ptr(gu)?, self.ptr(y)?, self.ptr(b)?);
-        let (pact, pt) = (self.ptr(act)?, self.ptr(tiles)?);
+        let y_at = YAt {
+            ptr: self.ptr(y)?,
+            ld: 2 * r,
+            slot: 0,
+        };
+        let f = &o.silu[usize::from(r > 16)];
+        self.silu_launch(f, (self.ptr(gu)?, 2 * n), y_at, (b, act, tiles), t)
+    }
+
+    /// Launches `f` (`lora_expand_silu*`) for `t` rows: `gu` (address, row stride), `y` as
+    /// `y_at` says, `b` `[slots, 2n, r]`, `act` `[T, n]` (the caller checked the shapes).
+    pub(super) fn silu_launch(
+        &self,
+        f: &CudaFunction,
+        (pgu, ldg): (u64, usize),
+        y_at: YAt,
+        (b, act, tiles): (&Tensor, &Tensor, &Tensor),
+        t: usize,
+    ) -> Result<()> {
+        let (slots, n2, r) = b.dims3()?;
+        let n = n2 / 2;
+        let (pb, pact, pt) = (self.ptr(b)?, self.ptr(act)?, self.ptr(tiles)?);
         let [nt32, slots32, n32, r32] = [tiles.elem_count() / 3, slots, n, r].map(|v| v as i32);
+        let [ldg32, ldy32, sy32] = [ldg, y_at.ld, y_at.slot].map(|v| v as i32);
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(256) as u32, t as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut l = self.launcher(&o.silu[usize::from(r > 16)]);
-        l.arg(&pgu).arg(&py).arg(&pb).arg(&pact);
+        let mut l = self.launcher(f);
+        l.arg(&pgu)
+            .arg(&ldg32)
+            .arg(&y_at.ptr)
+            .arg(&ldy32)
+            .arg(&sy32);
+        l.arg(&pb).arg(&pact);
         l.arg(&pt).arg(&nt32).arg(&slots32).arg(&n32).arg(&r32);
-        // SAFETY: argument types match `lora_expand_silu_*`; shapes are checked above.
+        // SAFETY: argument types match `lora_expand_silu*`; the callers check the shapes.
         unsafe { l.launch(cfg) }.w()?;
         Ok(())
     }
@@ -154,7 +180,7 @@ impl CudaKernels {
         }
         let n = res.dim(candle_core::D::Minus1)?;
         let t = res.elem_count() / n.max(1);
-        let (slots, nb, r) = b.dims3()?;
+        let (_, nb, r) = b.dims3()?;
         let fits = [delta, res_out, h].iter().all(|x| x.elem_count() == t * n)
             && w.elem_count() == n
             && nb == n
@@ -169,32 +195,69 @@ impl CudaKernels {
         if t == 0 {
             return Ok(());
         }
-        let (pd, pr, pro) = (self.ptr(delta)?, self.ptr(res)?, self.ptr(res_out)?);
-        let (pw, ph, py, pb) = (self.ptr(w)?, self.ptr(h)?, self.ptr(y)?, self.ptr(b)?);
+        let y_at = YAt {
+            ptr: self.ptr(y)?,
+            ld: r,
+            slot: 0,
+        };
+        let f = &o.norm[usize::from(r > 16)];
+        let d = (self.ptr(delta)?, n);
+        self.norm_launch(f, (d, res, res_out), (w, eps), h, (y_at, b), tiles)
+    }
+
+    /// Launches `f` (`lora_add_rmsnorm*`): `delta` (address, row stride), `res`/`res_out`/`h`
+    /// `[T, n]`, `y` as `y_at` says, `b` `[slots, n, r]` (the caller checked the shapes).
+    pub(super) fn norm_launch(
+        &self,
+        f: &CudaFunction,
+        ((pd, ldd), res, res_out): ((u64, usize), &Tensor, &Tensor),
+        (w, eps): (&Tensor, f64),
+        h: &Tensor,
+        (y_at, b): (YAt, &Tensor),
+        tiles: &Tensor,
+    ) -> Result<()> {
+        let n = res.dim(candle_core::D::Minus1)?;
+        let t = res.elem_count() / n.max(1);
+        let (slots, _, r) = b.dims3()?;
+        let (pr, pro) = (self.ptr(res)?, self.ptr(res_out)?);
+        let (pw, ph, pb) = (self.ptr(w)?, self.ptr(h)?, self.ptr(b)?);
         let pt = self.ptr(tiles)?;
         let [n32, nt32, slots32, r32] = [n, tiles.elem_count() / 3, slots, r].map(|v| v as i32);
+        let [ldd32, ldy32, sy32] = [ldd, y_at.ld, y_at.slot].map(|v| v as i32);
         let eps32 = eps as f32;
         let cfg = LaunchConfig {
             grid_dim: (t as u32, 1, 1),
             block_dim: (n.clamp(32, 1024).next_multiple_of(32) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut l = self.launcher(&o.norm[usize::from(r > 16)]);
+        let mut l = self.launcher(f);
         l.arg(&pd)
+            .arg(&ldd32)
             .arg(&pr)
             .arg(&pro)
             .arg(&pw)
             .arg(&ph)
             .arg(&n32)
             .arg(&eps32);
-        l.arg(&py)
+        l.arg(&y_at.ptr)
+            .arg(&ldy32)
+            .arg(&sy32)
             .arg(&pb)
             .arg(&pt)
             .arg(&nt32)
             .arg(&slots32)
             .arg(&r32);
-        // SAFETY: argument types match `lora_add_rmsnorm_*`; shapes are checked above.
+        // SAFETY: argument types match `lora_add_rmsnorm*`; the callers check the shapes.
         unsafe { l.launch(cfg) }.w()?;
         Ok(())
     }
+}
+
+/// Where a step's shrink `y` lies for the fused expands: its device address, and the
+/// elements between two tokens' rows (`ld`) and between two slots' values in a row (`slot`:
+/// 0 for the shrink kernels' `[T, P·r]`, `P·r` for the wide matmul's extra columns).
+pub(super) struct YAt {
+    pub(super) ptr: u64,
+    pub(super) ld: usize,
+    pub(super) slot: usize,
 }

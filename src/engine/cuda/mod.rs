@@ -4,7 +4,7 @@
 //! prefill), layer ops (`layer_ops.rs`),
 //! the logits' draws, log-probs and penalty (`logits_ops.rs`), LoRA deltas (`lora_ops.rs`; grouped by
 //! slot: `lora_grouped_ops.rs`; by runs of the tile table: `lora_runs.rs`; beside the base
-//! matmuls: `lora_overlap.rs`), matmuls
+//! matmuls: `lora_overlap.rs`; as extra columns of them: `lora_wide.rs`), matmuls
 //! (`gemm.rs`), the experts of MoE layers (`moe_ops.rs`), the launcher (`launch.rs`, its options `launch_options.rs`), the fp8 KV
 //! kernels' handles (`fp8.rs`), output buffers and timing events (`buffers.rs`) and id read-back (`readback.rs`). It knows nothing of
 //! models or serving: the forward built from these launches is `model::kernel_forward`, the
@@ -33,6 +33,7 @@ mod lora_grouped_ops;
 mod lora_ops;
 mod lora_overlap;
 mod lora_runs;
+mod lora_wide;
 mod moe_ops;
 mod params;
 mod prefill;

@@ -82,6 +82,7 @@ pub fn kernels_for(
         lora_runs: opts.lora_runs,
         lora_norm_preload: opts.lora_norm_preload,
         lora_side_min_rows: opts.lora_side_min_rows,
+        lora_wide: opts.lora_wide,
         ..LaunchOptions::default()
     };
     CudaKernels::new(device, dtype, &launch)
@@ -131,6 +132,14 @@ impl Model {
     /// `EngineOptions::lora`); a forward's rows on a slot (`SeqInput::adapter`) add its delta.
     pub fn set_lora_slots(&mut self, slots: super::lora_slots::LoraSlots) {
         self.qwen3.lora = Some(slots);
+    }
+
+    /// Stores the LoRA slots' `a` after each layer's fused weights, one buffer per matmul, so
+    /// that steps of up to 64 rows compute the shrinks as extra columns of the base matmuls
+    /// (`KernelOptions::lora_wide`; the same values, so the candle path gives what it gave).
+    /// Refused without slots, on tensor-parallel shards and on MoE models.
+    pub fn widen_lora_slots(&mut self) -> Result<()> {
+        self.qwen3.widen_lora()
     }
 
     /// The LoRA slots, when reserved (write an adapter into one with `LoraSlots::load`).

@@ -67,6 +67,10 @@ pub(crate) struct Activations {
     pub(super) counters: Tensor,
     /// The LoRA shrink's f32 scratch (`[t, 3 * rank]`), on a model with adapter slots.
     pub(crate) lora_y: Option<Tensor>,
+    /// The wide matmuls' outputs (`[t, out + slots·P·R]` per group: qkv, o, gate|up, down),
+    /// on a model whose slots store `a` after the base weights (`KernelOptions::lora_wide`),
+    /// for steps of up to `LORA_TILE_ONE_MAX` rows.
+    pub(crate) lora_wide: Option<[Tensor; 4]>,
     /// A step with prefill over an fp8 cache: the tokens' K and V unrounded
     /// (`[t, kv_heads, head_dim]`), which the prefill attends to for its chunks' own keys.
     pub(super) kv_new: Option<(Tensor, Tensor)>,
@@ -121,6 +125,17 @@ impl Activations {
                 }
                 None => None,
             },
+            lora_wide: match &m.lora {
+                Some(l) if l.is_wide() && k.lora_wide() => {
+                    let rows = t.min(crate::engine::cuda::LORA_TILE_ONE_MAX);
+                    let g = |i: usize| -> Result<Tensor> {
+                        let cols = l.layers[0][i].wide.as_ref().map_or(Ok(0), |w| w.dim(0))?;
+                        k.alloc_out((rows, cols))
+                    };
+                    Some([g(0)?, g(1)?, g(2)?, g(3)?])
+                }
+                _ => None,
+            },
             kv_new: None,
         })
     }
@@ -143,6 +158,10 @@ impl Activations {
             scratch: self.scratch.clone(),
             counters: self.counters.clone(),
             lora_y: self.lora_y.as_ref().map(n).transpose()?,
+            lora_wide: match &self.lora_wide {
+                Some([a, b, c, d]) if t <= a.dim(0)? => Some([n(a)?, n(b)?, n(c)?, n(d)?]),
+                _ => None,
+            },
             kv_new: None,
         })
     }
@@ -171,6 +190,7 @@ impl Activations {
         if let Some(y) = &self.lora_y {
             n += b(y);
         }
+        n += self.lora_wide.iter().flatten().map(b).sum::<usize>();
         if let Some(s) = &self.moe {
             n += s.bytes();
         }

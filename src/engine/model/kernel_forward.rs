@@ -311,13 +311,8 @@ impl KernelForward<'_> {
                 Ffn::Dense(mlp) => mlp.gate_up.weight(),
                 Ffn::Sparse(moe) => &moe.router,
             };
-            if let Some(l) = &lora {
-                self.lora_shrink(&out, (l, li, 1))?;
-            }
-            k.linear_next_into(&out, at.o_proj.weight(), &a.o, Some(ffn_w))?;
-            if let Some(l) = &lora {
-                self.lora_add(&out, &a.o, (l, li, 1))?;
-            }
+            let o_w = (&out, at.o_proj.weight(), &a.o);
+            self.linear_lora(o_w, Some(ffn_w), lora.as_ref().map(|l| (l, li, 1)))?;
             let o = reduce(a.o.clone(), comm)?;
             let norm = &layer.post_norm;
             let res = (&a.residual[cur], Some(&o), &a.residual[1 - cur]);
@@ -366,13 +361,8 @@ impl KernelForward<'_> {
             }
             cur = 1 - cur;
             let next = m.layers.get(li + 1).map(|l| l.attn.qkv.weight());
-            if let Some(l) = &lora {
-                self.lora_shrink(&a.act, (l, li, 3))?;
-            }
-            k.linear_next_into(&a.act, mlp.down.weight(), &a.down, next)?;
-            if let Some(l) = &lora {
-                self.lora_add(&a.act, &a.down, (l, li, 3))?;
-            }
+            let down_w = (&a.act, mlp.down.weight(), &a.down);
+            self.linear_lora(down_w, next, lora.as_ref().map(|l| (l, li, 3)))?;
             down_before = Some((li, 3));
             delta = Some(reduce(a.down.clone(), comm)?);
             self.trace_layer(trace.as_deref_mut(), li, &o, &a.residual[cur], &a.down)?;

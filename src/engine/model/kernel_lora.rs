@@ -10,6 +10,11 @@
 //! ([`KernelForward::lora_norm_into`]): four LoRA launches a layer instead of eight plus the
 //! SiLU, with the same rounding (the logits equal the serial path's bit for bit).
 //!
+//! With `KernelOptions::lora_wide` (slots stored after the base weights,
+//! `lora_slots::LoraSlots::is_wide`) the overlap's steps shrink inside the base matmuls: each
+//! matmul writes the step's `wide` output (base columns, then every slot's `y`), and the same
+//! fused expands read it (`engine::cuda::lora_wide`): no shrink launch, no second stream.
+//!
 //! With `KernelOptions::lora_grouped`, steps of 33-64 rows take the grouped shrink where it
 //! measured faster (`CudaKernels::lora_shrink_into` chooses it; the tiles come sorted by
 //! slot), on either path; the grouped expand only where the kernels are told to use them
@@ -41,6 +46,8 @@ pub(crate) struct LoraStep<'a> {
     /// `CudaKernels::set_lora_grouped_everywhere`): the overlap's gate|up delta then takes the
     /// grouped expand and the SiLU apart, not the fused one-token expand+SiLU.
     grouped: bool,
+    /// The wide matmuls' outputs (qkv, o, gate|up, down), when the step takes them.
+    wide: Option<[Tensor; 4]>,
 }
 
 /// The fused matmul whose expand an add+RMSNorm takes over on the overlap's path: layer and
@@ -70,15 +77,21 @@ impl<'m> KernelForward<'m> {
             && self.model.layers.iter().all(|l| l.ffn.dense().is_some())
             && self.kernels.lora_overlap()
             && slots.rank() <= crate::engine::cuda::LORA_OVERLAP_MAX_RANK;
-        let grouped = self.kernels.lora_grouped_expands(t, tiles.elem_count() / 3);
+        let wide = acts
+            .lora_wide
+            .clone()
+            .filter(|_| overlap && slots.is_wide() && self.kernels.lora_wide());
+        let grouped =
+            wide.is_none() && self.kernels.lora_grouped_expands(t, tiles.elem_count() / 3);
         Ok(Some(LoraStep {
             slots,
             tiles: tiles.clone(),
             tile,
             y,
             overlap,
-            side: overlap && self.kernels.lora_side(t),
+            side: overlap && wide.is_none() && self.kernels.lora_side(t),
             grouped,
+            wide,
         }))
     }
 
@@ -90,7 +103,7 @@ impl<'m> KernelForward<'m> {
         x: &Tensor,
         (l, li, g): (&LoraStep<'_>, usize, usize),
     ) -> Result<()> {
-        if !l.overlap {
+        if !l.overlap || l.wide.is_some() {
             return Ok(());
         }
         let (k, sg) = (self.kernels, &l.slots.layers[li][g]);
@@ -123,6 +136,28 @@ impl<'m> KernelForward<'m> {
         k.lora_into(x, (&sg.a, &sg.b, &sg.splits), tiles, &l.y, out)
     }
 
+    /// `out = x · wᵀ` (prefetching `next` as `CudaKernels::linear_next_into` does) plus
+    /// fused matmul `g`'s LoRA delta when the step has one: the overlap's shrink before it,
+    /// the delta after it (or deferred to the add+RMSNorm); on the wide path the one matmul
+    /// into the step's wide output of `g`, whose consumers add the delta.
+    pub(crate) fn linear_lora(
+        &self,
+        (x, w, out): (&Tensor, &Tensor, &Tensor),
+        next: Option<&Tensor>,
+        lora: Option<(&LoraStep<'_>, usize, usize)>,
+    ) -> Result<()> {
+        let k = self.kernels;
+        let Some((l, li, g)) = lora else {
+            return k.linear_next_into(x, w, out, next);
+        };
+        if let Some(wide) = &l.wide {
+            return k.linear_into(x, wide_weight(l, li, g)?, &wide[g]);
+        }
+        self.lora_shrink(x, (l, li, g))?;
+        k.linear_next_into(x, w, out, next)?;
+        self.lora_add(x, out, (l, li, g))
+    }
+
     /// The kernels' stream waits for the shrink on the second stream (when one is there).
     fn lora_join(&self, l: &LoraStep<'_>) -> Result<()> {
         if l.side {
@@ -141,8 +176,14 @@ impl<'m> KernelForward<'m> {
         (l, before): (&LoraStep<'_>, Deferred),
     ) -> Result<()> {
         let k = self.kernels;
-        match (delta, before) {
-            (Some(d), Some((li, g))) if l.overlap => {
+        match (delta, before, &l.wide) {
+            // The wide path: the delta and its shrink are the matmul's wide output.
+            (Some(_), Some((li, g)), Some(wide)) => {
+                let b = &l.slots.layers[li][g].b;
+                let nw = (&norm.weight, norm.eps);
+                k.lora_add_rmsnorm_wide_into((&wide[g], res, res_out), nw, h, b, &l.tiles)
+            }
+            (Some(d), Some((li, g)), None) if l.overlap => {
                 self.lora_join(l)?;
                 let b = &l.slots.layers[li][g].b;
                 let nw = (&norm.weight, norm.eps);
@@ -169,6 +210,14 @@ impl<'m> KernelForward<'m> {
         let k = self.kernels;
         let (l, li, g) = lora;
         self.lora_norm_into(res, norm, h, (l, before))?;
+        if let Some(wide) = &l.wide {
+            let sg = &l.slots.layers[li][g];
+            k.linear_into(h, wide_weight(l, li, g)?, &wide[g])?;
+            return match silu {
+                Some((_, act)) => k.lora_expand_silu_wide_into(&wide[g], &sg.b, act, &l.tiles),
+                None => k.lora_wide_expand_into(&wide[g], (&sg.b, &sg.splits), out, &l.tiles),
+            };
+        }
         self.lora_shrink(h, lora)?;
         k.linear_into(h, w, out)?;
         match silu {
@@ -184,4 +233,12 @@ impl<'m> KernelForward<'m> {
             None => self.lora_add(h, out, lora),
         }
     }
+}
+
+/// Fused matmul `g` of layer `li` with its slots' `a` after the base rows (the wide layout).
+fn wide_weight<'a>(l: &'a LoraStep<'_>, li: usize, g: usize) -> Result<&'a Tensor> {
+    l.slots.layers[li][g]
+        .wide
+        .as_ref()
+        .ok_or_else(|| crate::engine::cuda::kernel_err("lora", "slots without the wide layout"))
 }

@@ -9,6 +9,12 @@
 //! for a token `x` on slot `s`: `y = a[s] x` (`[P * R]`), and output row `o` of projection
 //! `p` gains `b[s, o] · y[p*R .. (p+1)*R]` — the same for the kernels and the candle ops.
 //!
+//! With the wide layout ([`Qwen3::widen_lora`], `KernelOptions::lora_wide`) each group's `a`
+//! lives in the same device buffer as the layer's fused weight, after its rows
+//! (`[out + slots * P * R, in]`, [`SlotGroup::wide`]): one matmul of a step's rows against the
+//! whole buffer gives the base output and every slot's `y`. The layer's weight is a view of the
+//! buffer's first `out` rows, so the base path and in-place weight updates see it unchanged.
+//!
 //! Invariant: a slot's weights are written only while no step in flight reads that slot
 //! (the scheduler's residency table guarantees it), and a zeroed slot adds nothing.
 
@@ -16,7 +22,9 @@ use candle_core::{DType, Device, Tensor};
 
 use super::config::ModelConfig;
 use super::lora::{LoraAdapter, LoraWeights, Proj};
+use super::qwen3::{Ffn, Qwen3};
 use crate::error::{Error, Result};
+use candle_nn::Linear;
 
 /// The fused matmuls a LoRA delta is added to.
 pub const GROUPS: usize = 4;
@@ -30,6 +38,9 @@ pub struct SlotGroup {
     pub b: Tensor,
     /// The first output row of each projection, and `out` at the end (`P + 1` entries).
     pub splits: Vec<usize>,
+    /// With the wide layout: the fused weight and `a` in one buffer, `[out + slots * P * R,
+    /// in]` (the layer's weight and `a` are views of it).
+    pub wide: Option<Tensor>,
 }
 
 /// The adapters' slots on the device.
@@ -98,6 +109,7 @@ impl LoraSlots {
                         a: Tensor::zeros((slots, parts * rank, fan_in), dtype, device)?,
                         b: Tensor::zeros((slots, out, rank), dtype, device)?,
                         splits,
+                        wide: None,
                     })
                 };
                 Ok([group(0)?, group(1)?, group(2)?, group(3)?])
@@ -118,6 +130,11 @@ impl LoraSlots {
     /// The rank every slot is padded to.
     pub fn rank(&self) -> usize {
         self.rank
+    }
+
+    /// Whether `a` lives after the base weights ([`Qwen3::widen_lora`]).
+    pub fn is_wide(&self) -> bool {
+        self.layers.iter().flatten().all(|g| g.wide.is_some())
     }
 
     /// Device bytes the slots take.
@@ -191,6 +208,52 @@ impl LoraSlots {
             parts.push(Tensor::cat(&outs, 1)?);
         }
         Ok(Some(Tensor::cat(&parts, 0)?))
+    }
+}
+
+impl Qwen3 {
+    /// Moves each layer's fused weights (qkv, o, gate|up, down) and its slots' `a` into one
+    /// buffer each, the base rows first (the module docs' wide layout); the values do not
+    /// change, so every forward gives what it gave before. Refused without slots, on a
+    /// tensor-parallel shard or with sparse layers (the wide matmul serves neither).
+    pub(crate) fn widen_lora(&mut self) -> Result<()> {
+        let world = self.shard().world;
+        let Self { lora, layers, .. } = self;
+        let Some(slots) = lora.as_mut() else {
+            return Err(Error::Engine(
+                "the wide LoRA layout needs adapter slots".into(),
+            ));
+        };
+        if world > 1 || layers.iter().any(|l| l.ffn.dense().is_none()) {
+            return Err(Error::Unsupported(
+                "the wide LoRA layout (KernelOptions::lora_wide) serves dense models on one GPU"
+                    .into(),
+            ));
+        }
+        for (layer, groups) in layers.iter_mut().zip(slots.layers.iter_mut()) {
+            let attn = &mut layer.attn;
+            let Ffn::Dense(mlp) = &mut layer.ffn else {
+                unreachable!("checked above: every layer is dense")
+            };
+            let lins = [
+                &mut attn.qkv,
+                &mut attn.o_proj,
+                &mut mlp.gate_up,
+                &mut mlp.down,
+            ];
+            for (lin, sg) in lins.into_iter().zip(groups.iter_mut()) {
+                if sg.wide.is_some() {
+                    continue;
+                }
+                let (n, k) = lin.weight().dims2()?;
+                let (s, pr, _) = sg.a.dims3()?;
+                let full = Tensor::cat(&[lin.weight(), &sg.a.reshape((s * pr, k))?], 0)?;
+                *lin = Linear::new(full.narrow(0, 0, n)?, lin.bias().cloned());
+                sg.a = full.narrow(0, n, s * pr)?.reshape((s, pr, k))?;
+                sg.wide = Some(full);
+            }
+        }
+        Ok(())
     }
 }
 

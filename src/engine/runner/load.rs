@@ -220,6 +220,9 @@ impl ModelRunner {
                 "LoRA adapter slots reserved"
             );
             model.qwen3.lora = Some(slots);
+            if opts.kernels.lora_wide {
+                model.widen_lora_slots()?;
+            }
         }
         let dtype = model.dtype();
         let kernels = model.uses_kernels();
