@@ -36,7 +36,8 @@ pub(super) fn lora_model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table
             lora_overlap: overlap,
             lora_grouped: grouped,
             lora_runs: runs,
-            lora_wide: wide,
+            // Every step of up to 64 rows (the 1-2 row steps too, not by default).
+            lora_wide: wide.then_some(1),
             ..a.kernels.options()
         };
         let choice = dtype_choice(dt);
@@ -251,7 +252,7 @@ pub(super) fn lora_graph_check(a: &Args, t: &mut Table) -> Res<()> {
                 lora_overlap,
                 lora_grouped,
                 lora_runs,
-                lora_wide,
+                lora_wide: lora_wide.then_some(1),
                 // The 12 requests' steps of 9-12 rows take the second stream (not by default:
                 // `lora_side_min_rows`), the 32 requests' the flags' bound.
                 lora_side_min_rows: if n > N { base.lora_side_min_rows } else { 8 },

@@ -347,6 +347,17 @@ mod tests {
             .options();
         assert_eq!(m.kernels.lora_side_min_rows, 16);
         assert!(m.kernels.lora_norm_preload);
+        // The shrinks inside the base matmuls from 3 rows unless turned off or bounded.
+        assert_eq!(
+            (d.kernels.lora_wide, lib.kernels.lora_wide),
+            (Some(3), Some(3))
+        );
+        let w = Cli::parse_from(["x", "--no-lora-wide"]).engine.options();
+        assert_eq!(w.kernels.lora_wide, None);
+        assert!(w.kernels.lora_overlap && w.kernels.lora_runs);
+        let w = Cli::parse_from(["x", "--lora-wide-min-rows", "1"]);
+        assert_eq!(w.engine.options().kernels.lora_wide, Some(1));
+        assert!(Cli::try_parse_from(["x", "--no-lora-wide", "--lora-wide-min-rows", "8"]).is_err());
         // Host tier loads through a staging copy unless asked to read the slots directly.
         assert!(!d.kernels.kv_load_direct && !g.kernels.kv_load_direct);
         let k = Cli::parse_from(["x", "--kv-load-direct"]).engine.options();

@@ -111,9 +111,14 @@ pub struct KernelFlags {
     /// (`KernelOptions::lora_side_min_rows`; default 64: none).
     #[arg(long, value_name = "ROWS")]
     pub lora_side_min_rows: Option<usize>,
-    /// LoRA shrinks as extra output columns of the base matmuls (`KernelOptions::lora_wide`).
+    /// LoRA shrinks in launches of their own, `a` in buffers apart from the base weights
+    /// (turns `KernelOptions::lora_wide` off).
     #[arg(long)]
-    pub lora_wide: bool,
+    pub no_lora_wide: bool,
+    /// LoRA steps of at least this many rows shrink inside the base matmuls
+    /// (`KernelOptions::lora_wide`; default 3).
+    #[arg(long, value_name = "ROWS", conflicts_with = "no_lora_wide")]
+    pub lora_wide_min_rows: Option<usize>,
     /// Host KV tier loads read pinned memory from the scatter kernel, no staging copy
     /// (`KernelOptions::kv_load_direct`).
     #[arg(long)]
@@ -157,7 +162,10 @@ impl KernelFlags {
             lora_side_min_rows: self
                 .lora_side_min_rows
                 .unwrap_or(super::options::LORA_SIDE_MIN_ROWS),
-            lora_wide: self.lora_wide,
+            lora_wide: (!self.no_lora_wide).then(|| {
+                self.lora_wide_min_rows
+                    .unwrap_or(super::options::LORA_WIDE_MIN_ROWS)
+            }),
             kv_load_direct: self.kv_load_direct,
             ..KernelOptions::default()
         }

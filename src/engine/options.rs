@@ -11,12 +11,15 @@ use super::defaults;
 use super::device::{DTypeChoice, DeviceChoice, KvBudget};
 use super::parallel::comm::CommHandle;
 
-/// The default of `KernelOptions::lora_side_min_rows`: every step the overlap takes (up to 64
-/// rows) keeps its LoRA shrinks on the kernels' stream. On the H200, every row on one of 8
-/// rank-16 adapters, against a bound of 8 (the second stream above 8 rows): batch 16 +1.8% /
-/// +1.2% (0.6B / 1.7B), 32 +2.6% / +0.9%, 64 +2.4% on 1.7B; 0.6B at 64 loses 6% unless the
-/// grouped shrink is off too (then +1.3%; BENCHMARKS.md, #23).
+/// The default of `KernelOptions::lora_side_min_rows`: no second stream (on the H200, 8
+/// rank-16 adapters, against a bound of 8: +0.9-2.6% at batches 16-64; BENCHMARKS.md, #23).
 pub const LORA_SIDE_MIN_ROWS: usize = 64;
+
+/// The default of `KernelOptions::lora_wide`: LoRA steps of 3-64 rows (whose base matmuls
+/// are cuBLAS's) shrink inside the base matmuls. On the H200, 8 rank-16 adapters, batches
+/// 8-64: +2.0-7.0% (0.6B) / +0.3-5.7% (1.7B), 0.87-0.90 of the base; at 1-2 rows 0.6B gains
+/// 6% / 2.5% but 1.7B loses 6% / 8% (BENCHMARKS.md, #23).
+pub const LORA_WIDE_MIN_ROWS: usize = 3;
 
 /// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
@@ -161,18 +164,15 @@ pub struct KernelOptions {
     /// to 16; the same bits, `kernels/lora_silu.cu`). On by default: on the H200, 8 rank-16
     /// adapters, +0.2-0.8% (0.6B) and +0.8-1.4% (1.7B) at batches 8-32 (BENCHMARKS.md, #23).
     pub lora_norm_preload: bool,
-    /// With `lora_overlap`, LoRA steps of more than this many rows (and at most 64) run
-    /// their shrinks on a second stream beside the base matmuls; smaller steps on the
-    /// kernels' stream, where each launch's early start (programmatic dependent launch) is
-    /// kept. Default 64 (no second stream).
+    /// With `lora_overlap`, LoRA steps of more than this many rows (at most 64) shrink on a
+    /// second stream beside the base matmuls. Default 64 (none).
     pub lora_side_min_rows: usize,
-    /// With `lora_overlap`, every shrink of a LoRA step of up to 64 rows is extra output
-    /// columns of the base matmul: each fused weight is stored as `[out + slots·P·R, in]`,
-    /// the slots' `a` after the base rows, so one matmul writes the base output and every
-    /// slot's shrink (`y` rounded to the compute dtype, as PEFT rounds it), and the expands
-    /// read both at strides (`kernels/lora_silu.cu` `_w`): no shrink launches. Off by default
-    /// (#23; not yet measured).
-    pub lora_wide: bool,
+    /// With `lora_overlap`, LoRA steps of at least this many rows (and at most 64) shrink
+    /// inside the base matmuls: each fused weight is stored as `[out + slots·P·R, in]` (the
+    /// slots' `a` after the base rows), one matmul writes the base output and every slot's `y`
+    /// (rounded to the compute dtype, as PEFT rounds it), the expands read both at strides
+    /// (`kernels/lora_silu.cu` `_w`). Default [`LORA_WIDE_MIN_ROWS`]; None: separate buffers.
+    pub lora_wide: Option<usize>,
     /// The host KV tier's loads read the pinned host slots from the scatter kernel itself
     /// (over PCIe, `kernels/kv_move.cu` `kv_scatter_host`) instead of copying each block into
     /// a device staging buffer first (one `cuMemcpyHtoDAsync` a block). Off by default: no
@@ -215,7 +215,7 @@ impl Default for KernelOptions {
             lora_runs: true,
             lora_norm_preload: true,
             lora_side_min_rows: LORA_SIDE_MIN_ROWS,
-            lora_wide: false,
+            lora_wide: Some(LORA_WIDE_MIN_ROWS),
             kv_load_direct: false,
             event_tracking: false,
         }

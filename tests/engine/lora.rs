@@ -408,13 +408,20 @@ fn a_new_adapter_version_takes_new_requests_and_the_old_one_drains() {
 fn the_wide_layout_serves_what_separate_buffers_serve() {
     let wide_opts = EngineOptions {
         kernels: policy_serve::engine::KernelOptions {
-            lora_wide: true,
+            lora_wide: Some(1),
             ..Default::default()
         },
         ..lora_options(4)
     };
     let (_r, wide) = engine_on(&common::shared_tiny_model(), wide_opts);
-    let (_p, plain) = engine_on(&common::shared_tiny_model(), lora_options(4));
+    let plain_opts = EngineOptions {
+        kernels: policy_serve::engine::KernelOptions {
+            lora_wide: None,
+            ..Default::default()
+        },
+        ..lora_options(4)
+    };
+    let (_p, plain) = engine_on(&common::shared_tiny_model(), plain_opts.clone());
     let dir = write_adapter(&Spec::default());
     let hw = wide.load_adapter("a", &dir).unwrap();
     let hp = plain.load_adapter("a", &dir).unwrap();
@@ -433,7 +440,7 @@ fn the_wide_layout_serves_what_separate_buffers_serve() {
     wide.update_weights(policy_serve::engine::WeightSource::Dir(b.clone()), true)
         .wait()
         .unwrap();
-    let (_q, fresh) = engine_on(&b, lora_options(4));
+    let (_q, fresh) = engine_on(&b, plain_opts);
     let hf = fresh.load_adapter("a", &dir).unwrap();
     assert_eq!(with(&wide, &hw), with(&fresh, &hf));
     assert!(

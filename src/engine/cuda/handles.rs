@@ -269,6 +269,8 @@ pub(super) struct LoraOverlap {
     /// The wide matmul's kernels (`LaunchOptions::lora_wide`): `lora_expand_silu_w`,
     /// `lora_add_rmsnorm_w` (or `_pre_w`) and `lora_wide_expand`, by rank as above.
     pub(super) wide: Option<[[CudaFunction; 2]; 3]>,
+    /// Steps of at least this many rows take `wide`.
+    pub(super) wide_min_rows: usize,
     /// Steps of more than this many rows shrink on `side`.
     pub(super) side_min_rows: usize,
     _module: Arc<CudaModule>,
@@ -295,12 +297,12 @@ impl LoraOverlap {
         let norm =
             ["lora_add_rmsnorm", "lora_add_rmsnorm_pre"][usize::from(opts.lora_norm_preload)];
         let wide = match opts.lora_wide {
-            true => Some([
+            Some(_) => Some([
                 pair("lora_expand_silu_w")?,
                 pair(&format!("{norm}_w"))?,
                 pair("lora_wide_expand")?,
             ]),
-            false => None,
+            None => None,
         };
         let side = main.fork().map_err(|e| kernel_err("lora stream", e))?;
         let ctx = main.context();
@@ -312,6 +314,7 @@ impl LoraOverlap {
             silu: pair("lora_expand_silu")?,
             norm: pair(norm)?,
             wide,
+            wide_min_rows: opts.lora_wide.unwrap_or(usize::MAX),
             side_min_rows: opts.lora_side_min_rows,
             _module: module,
         })

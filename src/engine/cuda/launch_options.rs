@@ -88,9 +88,9 @@ pub struct LaunchOptions {
     /// LoRA steps of more than this many rows run the overlap's shrinks on its second
     /// stream.
     pub lora_side_min_rows: usize,
-    /// The wide-matmul LoRA kernels (`kernels/lora_silu.cu` `_w`, `lora_wide_expand`) are
-    /// loaded: steps whose slots store `a` after the base weights take them.
-    pub lora_wide: bool,
+    /// The wide-matmul LoRA kernels (`kernels/lora_silu.cu` `_w`, `lora_wide_expand`) serve
+    /// steps of at least this many rows whose slots store `a` after the base weights.
+    pub lora_wide: Option<usize>,
 }
 
 impl Default for LaunchOptions {
@@ -123,7 +123,7 @@ impl Default for LaunchOptions {
             lora_runs: true,
             lora_norm_preload: true,
             lora_side_min_rows: crate::engine::options::LORA_SIDE_MIN_ROWS,
-            lora_wide: false,
+            lora_wide: Some(crate::engine::options::LORA_WIDE_MIN_ROWS),
         }
     }
 }

@@ -24,6 +24,13 @@ impl CudaKernels {
         self.lora_overlap.as_ref().is_some_and(|o| o.wide.is_some())
     }
 
+    /// Whether a LoRA step of `rows` rows takes the wide kernels (`LaunchOptions::lora_wide`).
+    pub fn lora_wide_serves(&self, rows: usize) -> bool {
+        self.lora_overlap
+            .as_ref()
+            .is_some_and(|o| o.wide.is_some() && rows >= o.wide_min_rows)
+    }
+
     /// The wide kernels (silu, norm, expand), or an error naming `what`.
     fn wide_kernels(&self, what: &str) -> Result<&[[CudaFunction; 2]; 3]> {
         self.overlap_kernels(what)?

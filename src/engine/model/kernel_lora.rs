@@ -11,7 +11,8 @@
 //! SiLU, with the same rounding (the logits equal the serial path's bit for bit).
 //!
 //! With `KernelOptions::lora_wide` (slots stored after the base weights,
-//! `lora_slots::LoraSlots::is_wide`) the overlap's steps shrink inside the base matmuls: each
+//! `lora_slots::LoraSlots::is_wide`) the overlap's steps of 3-64 rows (by default) shrink
+//! inside the base matmuls: each
 //! matmul writes the step's `wide` output (base columns, then every slot's `y`), and the same
 //! fused expands read it (`engine::cuda::lora_wide`): no shrink launch, no second stream.
 //!
@@ -80,7 +81,7 @@ impl<'m> KernelForward<'m> {
         let wide = acts
             .lora_wide
             .clone()
-            .filter(|_| overlap && slots.is_wide() && self.kernels.lora_wide());
+            .filter(|_| overlap && slots.is_wide() && self.kernels.lora_wide_serves(t));
         let grouped =
             wide.is_none() && self.kernels.lora_grouped_expands(t, tiles.elem_count() / 3);
         Ok(Some(LoraStep {

@@ -18,6 +18,10 @@ use crate::engine::model::kv_cache::PagedKvCache;
 use crate::engine::model::loader::{layer_progress, load_shard, served_context};
 use crate::engine::model::shard::Shard;
 use crate::engine::model::weights::Checkpoint;
+
+/// The most rows of `a` (`max_loras` x rank padded to 8) the wide LoRA layout is set up for
+/// (`KernelOptions::lora_wide`): twice the 8 x 16 it was measured at (BENCHMARKS.md, #23).
+const LORA_WIDE_MAX_SLOT_ROWS: usize = 256;
 use crate::engine::options::EngineOptions;
 use crate::engine::parallel::comm::WorkerCommand;
 use crate::error::{Error, Result};
@@ -220,8 +224,17 @@ impl ModelRunner {
                 "LoRA adapter slots reserved"
             );
             model.qwen3.lora = Some(slots);
-            if opts.kernels.lora_wide {
-                model.widen_lora_slots()?;
+            // The wide layout reads every slot's `a` in each matmul of the steps it serves:
+            // set up where that is at most twice the measured 8 slots of rank 16.
+            let slot_rows = l.max_loras * l.max_lora_rank.next_multiple_of(8);
+            match opts.kernels.lora_wide {
+                Some(_) if slot_rows <= LORA_WIDE_MAX_SLOT_ROWS => model.widen_lora_slots()?,
+                Some(_) => tracing::info!(
+                    model = key,
+                    slot_rows,
+                    "LoRA shrinks in launches of their own: max_loras x rank above {LORA_WIDE_MAX_SLOT_ROWS} (KernelOptions::lora_wide)"
+                ),
+                None => {}
             }
         }
         let dtype = model.dtype();
