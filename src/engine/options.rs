@@ -171,7 +171,7 @@ pub struct KernelOptions {
     /// inside the base matmuls: each fused weight is stored as `[out + slots·P·R, in]` (the
     /// slots' `a` after the base rows), one matmul writes the base output and every slot's `y`
     /// (rounded to the compute dtype, as PEFT rounds it), the expands read both at strides
-    /// (`kernels/lora_silu.cu` `_w`). Default [`LORA_WIDE_MIN_ROWS`]; None: separate buffers.
+    /// (`kernels/lora_silu.cu` `_w`). Default 3 rows; None: separate buffers.
     pub lora_wide: Option<usize>,
     /// The host KV tier's loads read the pinned host slots from the scatter kernel itself
     /// (over PCIe, `kernels/kv_move.cu` `kv_scatter_host`) instead of copying each block into

@@ -9,7 +9,7 @@
 //! for a token `x` on slot `s`: `y = a[s] x` (`[P * R]`), and output row `o` of projection
 //! `p` gains `b[s, o] · y[p*R .. (p+1)*R]` — the same for the kernels and the candle ops.
 //!
-//! With the wide layout ([`Qwen3::widen_lora`], `KernelOptions::lora_wide`) each group's `a`
+//! With the wide layout (`Model::widen_lora_slots`, `KernelOptions::lora_wide`) each group's `a`
 //! lives in the same device buffer as the layer's fused weight, after its rows
 //! (`[out + slots * P * R, in]`, [`SlotGroup::wide`]): one matmul of a step's rows against the
 //! whole buffer gives the base output and every slot's `y`. The layer's weight is a view of the
@@ -132,7 +132,7 @@ impl LoraSlots {
         self.rank
     }
 
-    /// Whether `a` lives after the base weights ([`Qwen3::widen_lora`]).
+    /// Whether `a` lives after the base weights (`Model::widen_lora_slots`).
     pub fn is_wide(&self) -> bool {
         self.layers.iter().flatten().all(|g| g.wide.is_some())
     }
