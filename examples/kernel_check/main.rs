@@ -64,8 +64,8 @@ struct Args {
     /// Only the LoRA checks (kernels vs candle ops with adapters, graphs vs eager).
     #[arg(long)]
     lora_only: bool,
-    /// Only the model-level checks (kernels vs candle ops, greedy tokens of two engines):
-    /// for a mixture-of-experts model, which serves no LoRA adapters.
+    /// Only the fused decode attention and the model-level checks (kernels vs candle ops, greedy
+    /// tokens of two engines): for a mixture-of-experts model, which serves no LoRA adapters.
     #[arg(long)]
     model_only: bool,
     /// Only the skinny-matmul checks (every variant; the streamed rows against the default
@@ -157,6 +157,8 @@ fn main() -> Res<()> {
     }
     let mut t = Table { rows: Vec::new() };
     if a.model_only {
+        // The fused decode attention too: MoE shapes (GQA group 8) run it.
+        fused::checks(&dev, &mut t)?;
         moe::checks(&dev, &mut t)?;
         for dt in [DType::BF16, DType::F32] {
             model_checks(&a, &dev, dt, &mut t)?;
