@@ -11,14 +11,15 @@ use super::config::ModelConfig;
 #[cfg(feature = "cuda")]
 use super::kernel_forward::KernelForward;
 use super::kv_cache::PagedKvCache;
-use super::qwen3::Qwen3;
+use super::qwen3::{Ffn, Qwen3};
 use super::shard::Shard;
 use crate::engine::batch::SeqInput;
 #[cfg(feature = "cuda")]
 use crate::engine::cuda::{CudaKernels, LaunchOptions};
 use crate::engine::options::KernelOptions;
 use crate::engine::parallel::comm::CommBackend;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use candle_nn::Linear;
 
 /// One rank's model: weights plus the kernels that run them (when there are any).
 pub struct Model {
@@ -139,7 +140,43 @@ impl Model {
     /// (`KernelOptions::lora_wide`; the same values, so the candle path gives what it gave).
     /// Refused without slots, on tensor-parallel shards and on MoE models.
     pub fn widen_lora_slots(&mut self) -> Result<()> {
-        self.qwen3.widen_lora()
+        let world = self.shard().world;
+        let Qwen3 { lora, layers, .. } = &mut self.qwen3;
+        let Some(slots) = lora.as_mut() else {
+            return Err(Error::Engine(
+                "the wide LoRA layout needs adapter slots".into(),
+            ));
+        };
+        if world > 1 || layers.iter().any(|l| l.ffn.dense().is_none()) {
+            return Err(Error::Unsupported(
+                "the wide LoRA layout (KernelOptions::lora_wide) serves dense models on one GPU"
+                    .into(),
+            ));
+        }
+        for (layer, groups) in layers.iter_mut().zip(slots.layers.iter_mut()) {
+            let attn = &mut layer.attn;
+            let Ffn::Dense(mlp) = &mut layer.ffn else {
+                unreachable!("checked above: every layer is dense")
+            };
+            let lins = [
+                &mut attn.qkv,
+                &mut attn.o_proj,
+                &mut mlp.gate_up,
+                &mut mlp.down,
+            ];
+            for (lin, sg) in lins.into_iter().zip(groups.iter_mut()) {
+                if sg.wide.is_some() {
+                    continue;
+                }
+                let (n, k) = lin.weight().dims2()?;
+                let (s, pr, _) = sg.a.dims3()?;
+                let full = Tensor::cat(&[lin.weight(), &sg.a.reshape((s * pr, k))?], 0)?;
+                *lin = Linear::new(full.narrow(0, 0, n)?, lin.bias().cloned());
+                sg.a = full.narrow(0, n, s * pr)?.reshape((s, pr, k))?;
+                sg.wide = Some(full);
+            }
+        }
+        Ok(())
     }
 
     /// The LoRA slots, when reserved (write an adapter into one with `LoraSlots::load`).

@@ -22,9 +22,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::config::ModelConfig;
 use super::lora::{LoraAdapter, LoraWeights, Proj};
-use super::qwen3::{Ffn, Qwen3};
 use crate::error::{Error, Result};
-use candle_nn::Linear;
 
 /// The fused matmuls a LoRA delta is added to.
 pub const GROUPS: usize = 4;
@@ -208,52 +206,6 @@ impl LoraSlots {
             parts.push(Tensor::cat(&outs, 1)?);
         }
         Ok(Some(Tensor::cat(&parts, 0)?))
-    }
-}
-
-impl Qwen3 {
-    /// Moves each layer's fused weights (qkv, o, gate|up, down) and its slots' `a` into one
-    /// buffer each, the base rows first (the module docs' wide layout); the values do not
-    /// change, so every forward gives what it gave before. Refused without slots, on a
-    /// tensor-parallel shard or with sparse layers (the wide matmul serves neither).
-    pub(crate) fn widen_lora(&mut self) -> Result<()> {
-        let world = self.shard().world;
-        let Self { lora, layers, .. } = self;
-        let Some(slots) = lora.as_mut() else {
-            return Err(Error::Engine(
-                "the wide LoRA layout needs adapter slots".into(),
-            ));
-        };
-        if world > 1 || layers.iter().any(|l| l.ffn.dense().is_none()) {
-            return Err(Error::Unsupported(
-                "the wide LoRA layout (KernelOptions::lora_wide) serves dense models on one GPU"
-                    .into(),
-            ));
-        }
-        for (layer, groups) in layers.iter_mut().zip(slots.layers.iter_mut()) {
-            let attn = &mut layer.attn;
-            let Ffn::Dense(mlp) = &mut layer.ffn else {
-                unreachable!("checked above: every layer is dense")
-            };
-            let lins = [
-                &mut attn.qkv,
-                &mut attn.o_proj,
-                &mut mlp.gate_up,
-                &mut mlp.down,
-            ];
-            for (lin, sg) in lins.into_iter().zip(groups.iter_mut()) {
-                if sg.wide.is_some() {
-                    continue;
-                }
-                let (n, k) = lin.weight().dims2()?;
-                let (s, pr, _) = sg.a.dims3()?;
-                let full = Tensor::cat(&[lin.weight(), &sg.a.reshape((s * pr, k))?], 0)?;
-                *lin = Linear::new(full.narrow(0, 0, n)?, lin.bias().cloned());
-                sg.a = full.narrow(0, n, s * pr)?.reshape((s, pr, k))?;
-                sg.wide = Some(full);
-            }
-        }
-        Ok(())
     }
 }
 
