@@ -54,11 +54,9 @@ pub struct KernelOptions {
     /// while the one before is summed; the same sums in the same order). On by default: on
     /// the H200 1.7B's down 10.5 -> 9.9 us alone, batch 2 +1-2% (BENCHMARKS.md, #21).
     pub gemv_double_buffer: bool,
-    /// The 1-2-row plain matmuls over rows of more than 2,048 inputs (down) run two warps a
-    /// row, each over half of the inputs with its loads issued before the wait, the halves
-    /// added in shared memory (`gemv.cu` `gemv_split_*`; f32 sums in another order). Off by
-    /// default: on the H200 1.7B batch 1 641 against 669 tok/s (its down 11.2 against 9.9 us
-    /// alone), 0.6B within noise (BENCHMARKS.md, #21).
+    /// The 1-2-row plain matmuls over more than 2,048 inputs (down) run two warps a row, half
+    /// of the inputs each (`gemv.cu` `gemv_split_*`). Off by default: on the H200 1.7B batch 1
+    /// 641 against 669 tok/s, 0.6B within noise (BENCHMARKS.md, #21).
     pub gemv_split_k: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
@@ -77,6 +75,9 @@ pub struct KernelOptions {
     pub fused_decode: bool,
     /// Merge fused decode attention in thread-block clusters (sm_90+).
     pub clusters: bool,
+    /// GQA group 8 (the 30B-A3B's heads) in the fused decode attention too, merged in clusters
+    /// of 8 (with `fused_decode` and `clusters`, up to 16 rows). Off: unfused (#29).
+    pub fused_decode_g8: bool,
     /// The flash prefill attention (`kernels/flash_prefill.cu`: mma.sync tensor cores,
     /// cp.async double buffering, online softmax; bf16). Off: the two-pass WMMA kernel.
     pub flash_prefill: bool,
@@ -111,10 +112,8 @@ pub struct KernelOptions {
     /// the cache's dtype (2 for bf16, 3 for fp8).
     pub mma_decode_stages: Option<u8>,
     /// Over bf16 caches, the tensor-core decode attention takes the probabilities as a bf16
-    /// pair (high part and remainder, one more MMA a tile) instead of rounding them to bf16,
-    /// whose output is 2e-3 from an f32 attention (the CUDA-core kernel's 1.9e-4; measured on
-    /// the H200). Off by default: built, not yet checked or timed on a GPU, so how close it
-    /// comes and what it costs are unmeasured (#27).
+    /// pair (high part and remainder, one more MMA a tile) instead of rounding them to bf16
+    /// (2e-3 from f32 attention on the H200). Off by default: not yet measured (#27).
     pub mma_decode_split_p: bool,
     /// MoE steps of up to 64 (token, expert) pairs (eight tokens of a top-8 model) run their
     /// experts on one-pair tiles (bf16, CUDA cores: a third of the eight-pair tile's
@@ -198,6 +197,7 @@ impl Default for KernelOptions {
             warp_norm: false,
             fused_decode: true,
             clusters: true,
+            fused_decode_g8: false,
             flash_prefill: true,
             wgmma_prefill: true,
             split_kv: true,

@@ -246,8 +246,9 @@ impl CudaKernels {
     /// Whether the forward runs a decode step of `rows` sequences through
     /// [`CudaKernels::decode_fused_into`] on a layer of `nh` query heads over `nkv` KV heads of
     /// `hd` dims: at most [`FUSED_MAX_ROWS`] rows of a shape the kernel serves.
-    /// GQA group 8 (the 30B-A3B's 32 query / 4 KV heads) is fused only where clusters merge
-    /// it ([`CudaKernels::decode_cluster`]: up to [`CLUSTER_MAX_ROWS`] rows, clusters on): its
+    /// GQA group 8 (the 30B-A3B's 32 query / 4 KV heads) is fused only with
+    /// `LaunchOptions::fused_decode_g8` where clusters merge it
+    /// ([`CudaKernels::decode_cluster`]: up to [`CLUSTER_MAX_ROWS`] rows, clusters on): its
     /// merge through global memory made the fused kernel 22.8 us at batch 1 and 35.3 at 8
     /// against 2.9 + 8.5 and 3.0 + 8.8 unfused (`graph_check --profile`, H200).
     pub fn fused_decode_supports(&self, rows: usize, nh: usize, nkv: usize, hd: usize) -> bool {
@@ -255,7 +256,7 @@ impl CudaKernels {
             && self.fused_decode_serves(nh, nkv, hd)
             && match nh / nkv {
                 1 | 2 | 4 => true,
-                8 => self.clusters && rows <= CLUSTER_MAX_ROWS,
+                8 => self.fused_g8 && self.clusters && rows <= CLUSTER_MAX_ROWS,
                 _ => false,
             }
     }
