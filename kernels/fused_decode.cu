@@ -164,9 +164,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   // for every block of a cluster, so none is left waiting at a cluster barrier.
   if (ctx > 0 && (split / C) * C * part >= ctx) return;
   // In a cluster: every block has started before any writes another's shared memory (step 4);
-  // this arrival is waited for there. (Group 8 arrives in step 4, after its own merge.)
-  constexpr bool ALIAS = G == 8;
-  if (C > 1 && !ALIAS) cluster_arrive();
+  // this arrival is waited for there.
+  if (C > 1) cluster_arrive();
   const int end = min(ctx, start + part);  // <= start for a partition past the context
   const int newp = ctx - 1;
   const int grp = threadIdx.x / LANES, lane = threadIdx.x % LANES;
@@ -279,20 +278,13 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 
   // 4: the block's partial (M, L, A per head and dim) from its half-warps'; in a cluster it
   // goes straight into block 0's shared memory (slot = this block's rank).
-  // Cluster slots: 16 blocks for G <= 2, 8 for G 4 and 8 (the host launches accordingly).
-  // Static shared memory holds no separate slots for G 8: there they alias the half-warps'
-  // accumulators (sacc, as large as 8 slots), so each block merges its own into registers
-  // first, and a cluster barrier lets block 0's sacc be overwritten only once every block
-  // of the cluster has read its own (and has started).
-  constexpr int CP = G <= 2 ? 16 : 8;
-  constexpr int PA = ALIAS ? 1 : CP;
-  static_assert(!ALIAS || CP <= GROUPS, "the slots must fit in sacc");
+  // Cluster slots: 16 blocks for G <= 2, 8 for G 4, none for G 8 (shared memory bounds it;
+  // the host launches accordingly).
+  constexpr int CP = G <= 2 ? 16 : (G <= 4 ? 8 : 1);
   __shared__ float sm[GROUPS][G], sl[GROUPS][G];
   __shared__ float sacc[GROUPS][G][HD];
   __shared__ float pM[CP][G], pL[CP][G];
-  __shared__ float pA_own[PA][ALIAS ? 1 : G][ALIAS ? 1 : HD];
-  float (*pA)[G][HD] =
-      reinterpret_cast<float (*)[G][HD]>(ALIAS ? &sacc[0][0][0] : &pA_own[0][0][0]);
+  __shared__ float pA[CP][G][HD];
   store_groups<G>(m, l, acc, grp, lane, sm, sl, sacc);
   __syncthreads();
   const int rank = split % C;
@@ -301,36 +293,13 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   float* dA = nullptr;
   if (C > 1 && splits > 1 && stop == 0) {
     if (C > CP) __trap();
-    // Not for G 8: every block of the cluster runs, block 0's shared memory is there.
-    if constexpr (!ALIAS) cluster_wait();
+    cluster_wait();  // every block of the cluster runs: block 0's shared memory is there
     dM = cluster_peer(&pM[rank][0], 0);
     dL = cluster_peer(&pL[rank][0], 0);
     dA = cluster_peer(&pA[rank][0][0], 0);
   }
   const size_t hb = (size_t)b * nh + kh * G;
-  bool pushed = false;
-  if constexpr (ALIAS) {
-    if (dA != nullptr) {
-      constexpr int PT = G * HD / THREADS;  // values a thread merges
-      float Ms[PT], Ls[PT], As[PT];
-#pragma unroll
-      for (int j = 0; j < PT; ++j) {
-        const int idx = threadIdx.x + j * THREADS;
-        merge_groups<G>(sm, sl, sacc, idx / HD, idx % HD, Ms[j], Ls[j], As[j]);
-      }
-      cluster_arrive();
-      cluster_wait();  // every block has started and has read its own sacc
-#pragma unroll
-      for (int j = 0; j < PT; ++j) {
-        const int idx = threadIdx.x + j * THREADS;
-        const int g = idx / HD, d = idx % HD;
-        dA[g * HD + d] = As[j];
-        if (d == 0) { dM[g] = Ms[j]; dL[g] = Ls[j]; }
-      }
-      pushed = true;
-    }
-  }
-  for (int idx = threadIdx.x; idx < G * HD && !pushed; idx += THREADS) {
+  for (int idx = threadIdx.x; idx < G * HD; idx += THREADS) {
     const int g = idx / HD, d = idx % HD;
     float M, L, A;
     merge_groups<G>(sm, sl, sacc, g, d, M, L, A);

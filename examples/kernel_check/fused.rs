@@ -179,8 +179,8 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         ((40, 900, true), (16, 8), Some(8)),
         ((40, 900, false), (16, 8), None),
         ((200, 300, true), (16, 8), Some(4)),
-        // GQA group 8 (the 30B-A3B's 32 / 4 heads) in clusters of 8: one cluster, two levels,
-        // padding rows, 8 rows.
+        // GQA group 8 (the 30B-A3B's 32 / 4 heads; no clusters, the merge through global
+        // memory): 1 row eager and at 32 partitions, padding rows, 8 rows.
         ((1, 600, false), (32, 4), None),
         ((1, 600, false), (32, 4), Some(32)),
         ((1, 1100, false), (32, 4), Some(32)),

@@ -347,10 +347,6 @@ mod tests {
             .options();
         assert_eq!(m.kernels.lora_side_min_rows, 16);
         assert!(m.kernels.lora_norm_preload);
-        // GQA group 8 unfused unless asked for.
-        assert!(!d.kernels.fused_decode_g8 && !lib.kernels.fused_decode_g8);
-        let f8 = Cli::parse_from(["x", "--fused-decode-g8"]).engine.options();
-        assert!(f8.kernels.fused_decode_g8 && f8.kernels.clusters);
         // The shrinks inside the base matmuls from 3 rows unless turned off or bounded.
         assert_eq!(
             (d.kernels.lora_wide, lib.kernels.lora_wide),

@@ -47,9 +47,6 @@ pub struct KernelFlags {
     /// No thread-block clusters in the fused decode attention.
     #[arg(long)]
     pub no_clusters: bool,
-    /// GQA group 8 in the fused decode attention (`KernelOptions::fused_decode_g8`).
-    #[arg(long)]
-    pub fused_decode_g8: bool,
     /// Prefill attention on the two-pass WMMA kernel instead of the flash prefill kernel.
     #[arg(long)]
     pub no_flash_prefill: bool,
@@ -146,7 +143,6 @@ impl KernelFlags {
             sample_full: !self.no_device_full_sampling,
             fused_decode: !self.no_fused_decode,
             clusters: !self.no_clusters,
-            fused_decode_g8: self.fused_decode_g8,
             flash_prefill: !self.no_flash_prefill,
             wgmma_prefill: !self.no_wgmma_prefill,
             split_kv: !self.no_split_kv,

@@ -75,9 +75,6 @@ pub struct KernelOptions {
     pub fused_decode: bool,
     /// Merge fused decode attention in thread-block clusters (sm_90+).
     pub clusters: bool,
-    /// GQA group 8 (the 30B-A3B's heads) in the fused decode attention too, merged in clusters
-    /// of 8 (with `fused_decode` and `clusters`, up to 16 rows). Off: unfused (#29).
-    pub fused_decode_g8: bool,
     /// The flash prefill attention (`kernels/flash_prefill.cu`: mma.sync tensor cores,
     /// cp.async double buffering, online softmax; bf16). Off: the two-pass WMMA kernel.
     pub flash_prefill: bool,
@@ -197,7 +194,6 @@ impl Default for KernelOptions {
             warp_norm: false,
             fused_decode: true,
             clusters: true,
-            fused_decode_g8: false,
             flash_prefill: true,
             wgmma_prefill: true,
             split_kv: true,

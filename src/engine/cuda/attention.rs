@@ -10,7 +10,7 @@ use super::launch::kernel_err;
 use super::params::{DecodeGeometry, DecodeParams, FusedDecodeParams};
 
 /// Most blocks per cluster of the fused decode attention (16 for GQA groups of up to 2, 8 for
-/// 4 and 8; `CLUSTER_PART` tokens each at most for a context one cluster covers,
+/// 4; `CLUSTER_PART` tokens each at most for a context one cluster covers,
 /// `kernels/fused_decode.cu`). 16 is above CUDA's portable cluster size: the functions are
 /// loaded with non-portable cluster sizes allowed (sm_90 has them).
 pub const DECODE_CLUSTER: usize = 16;
@@ -88,13 +88,13 @@ impl CudaKernels {
 
     /// Blocks per thread-block cluster of [`CudaKernels::decode_fused_into`] for `b` decode
     /// sequences of GQA group `g` in `splits` partitions: [`DECODE_CLUSTER`] (groups 1-2, up to
-    /// 4 rows) or 8 (groups 4 and 8, or more rows) for batches of up to [`CLUSTER_MAX_ROWS`] on sm_90+ when it divides `splits`
+    /// 4 rows) or 8 for batches of up to [`CLUSTER_MAX_ROWS`] on sm_90+ when it divides `splits`
     /// (a cluster merges its partitions in shared memory, and covers a context of up to 128
     /// tokens a block alone), else 1 (partials merged through global memory).
     pub fn decode_cluster(&self, b: usize, g: usize, splits: usize) -> usize {
         let c = match (g, Self::cluster_of(b)) {
             (1 | 2, c) => c,
-            (4 | 8, _) => 8,
+            (4, _) => 8,
             _ => return 1,
         };
         if self.clusters && b <= CLUSTER_MAX_ROWS && splits.is_multiple_of(c) {
@@ -246,19 +246,14 @@ impl CudaKernels {
     /// Whether the forward runs a decode step of `rows` sequences through
     /// [`CudaKernels::decode_fused_into`] on a layer of `nh` query heads over `nkv` KV heads of
     /// `hd` dims: at most [`FUSED_MAX_ROWS`] rows of a shape the kernel serves.
-    /// GQA group 8 (the 30B-A3B's 32 query / 4 KV heads) is fused only with
-    /// `LaunchOptions::fused_decode_g8` where clusters merge it
-    /// ([`CudaKernels::decode_cluster`]: up to [`CLUSTER_MAX_ROWS`] rows, clusters on): its
-    /// merge through global memory made the fused kernel 22.8 us at batch 1 and 35.3 at 8
-    /// against 2.9 + 8.5 and 3.0 + 8.8 unfused (`graph_check --profile`, H200).
+    /// GQA group 8 (the 30B-A3B's 32 query / 4 KV heads) stays unfused: no cluster merges it
+    /// ([`CudaKernels::decode_cluster`]), and its merge through global memory made the fused
+    /// kernel 22.8 us at batch 1 and 35.3 at 8 against 2.9 + 8.5 and 3.0 + 8.8 unfused
+    /// (`graph_check --profile`, H200).
     pub fn fused_decode_supports(&self, rows: usize, nh: usize, nkv: usize, hd: usize) -> bool {
         rows <= FUSED_MAX_ROWS
             && self.fused_decode_serves(nh, nkv, hd)
-            && match nh / nkv {
-                1 | 2 | 4 => true,
-                8 => self.fused_g8 && self.clusters && rows <= CLUSTER_MAX_ROWS,
-                _ => false,
-            }
+            && matches!(nh / nkv, 1 | 2 | 4)
     }
 
     /// Whether [`CudaKernels::decode_fused_into`] serves the shape (bf16, head_dim 128, GQA

@@ -132,8 +132,6 @@ pub struct CudaKernels {
     /// Fused decode attention merges in thread-block clusters (sm_90+ with
     /// `LaunchOptions::clusters`; see [`CudaKernels::decode_cluster`]).
     pub(super) clusters: bool,
-    /// `LaunchOptions::fused_decode_g8`.
-    pub(super) fused_g8: bool,
     /// Pinned host buffers for token ids read back without waiting for the stream.
     pub(crate) pinned: Arc<PinnedPool>,
     /// The pinned buffer host data goes through to the device ([`CudaKernels::upload_u32`]).
@@ -441,7 +439,6 @@ impl CudaKernels {
             l2_prefetch: hopper && opts.l2_prefetch,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,
-            fused_g8: opts.fused_decode_g8,
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),
             fp8,
             pinned: Arc::default(),

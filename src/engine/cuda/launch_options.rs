@@ -38,8 +38,6 @@ pub struct LaunchOptions {
     pub fused_decode: bool,
     /// Thread-block clusters in the fused decode attention (sm_90+).
     pub clusters: bool,
-    /// GQA group 8 in the fused decode attention (merged in clusters of 8).
-    pub fused_decode_g8: bool,
     /// The flash prefill attention (bf16).
     pub flash_prefill: bool,
     /// The flash prefill on warpgroup MMA where the GPU has it (sm_90).
@@ -108,7 +106,6 @@ impl Default for LaunchOptions {
             warp_norm: false,
             fused_decode: true,
             clusters: true,
-            fused_decode_g8: false,
             flash_prefill: true,
             wgmma_prefill: true,
             wgmma_prefill_x2: true,

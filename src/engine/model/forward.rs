@@ -67,7 +67,6 @@ pub fn kernels_for(
         sample_full: opts.sample_full,
         fused_decode: opts.fused_decode,
         clusters: opts.clusters,
-        fused_decode_g8: opts.fused_decode_g8,
         flash_prefill: opts.flash_prefill,
         wgmma_prefill: opts.wgmma_prefill,
         split_kv: opts.split_kv,
