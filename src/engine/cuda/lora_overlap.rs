@@ -1,10 +1,11 @@
 //! LoRA steps of up to 64 rows with fewer launches on the critical path
 //! (`LaunchOptions::lora_overlap`): the gate|up delta's expand is one launch with the SiLU
 //! product, and the o and down deltas' expands are one launch with the add+RMSNorm after them
-//! (`kernels/lora_silu.cu`); in steps of more than 8 rows each shrink also runs on a second
-//! stream beside the base matmul that reads the same input (the stream forks from the kernels'
-//! stream before it and the kernels' stream joins it before the expand; inside a CUDA graph
-//! these become two branches).
+//! (`kernels/lora_silu.cu`; the same kernels read the wide matmul's output, `lora_wide.rs`);
+//! in steps of more than `LaunchOptions::lora_side_min_rows` rows (none by default) each
+//! shrink also runs on a second stream beside the base matmul that reads the same input (the
+//! stream forks from the kernels' stream before it and the kernels' stream joins it before the
+//! expand; inside a CUDA graph these become two branches).
 //!
 //! Invariant: every fork is joined before the step ends (a captured step must come back to
 //! the capturing stream), and a shrink's scratch is written only after the kernels' stream

@@ -12,9 +12,9 @@
 //!
 //! With `KernelOptions::lora_wide` (slots stored after the base weights,
 //! `lora_slots::LoraSlots::is_wide`) the overlap's steps of 3-64 rows (by default) shrink
-//! inside the base matmuls: each
-//! matmul writes the step's `wide` output (base columns, then every slot's `y`), and the same
-//! fused expands read it (`engine::cuda::lora_wide`): no shrink launch, no second stream.
+//! inside the base matmuls: each matmul writes the step's `wide` output (base columns, then
+//! every slot's `y`), and the same fused expands read it (`engine::cuda::lora_wide`): no
+//! shrink launch, no second stream.
 //!
 //! With `KernelOptions::lora_grouped`, steps of 33-64 rows take the grouped shrink where it
 //! measured faster (`CudaKernels::lora_shrink_into` chooses it; the tiles come sorted by

@@ -228,7 +228,14 @@ impl ModelRunner {
             // set up where that is at most twice the measured 8 slots of rank 16.
             let slot_rows = l.max_loras * l.max_lora_rank.next_multiple_of(8);
             match opts.kernels.lora_wide {
-                Some(_) if slot_rows <= LORA_WIDE_MAX_SLOT_ROWS => model.widen_lora_slots()?,
+                Some(min_rows) if slot_rows <= LORA_WIDE_MAX_SLOT_ROWS => {
+                    model.widen_lora_slots()?;
+                    tracing::info!(
+                        model = key,
+                        min_rows,
+                        "LoRA slots stored after the base weights: steps of {min_rows}-64 rows shrink inside the base matmuls (KernelOptions::lora_wide)"
+                    );
+                }
                 Some(_) => tracing::info!(
                     model = key,
                     slot_rows,
