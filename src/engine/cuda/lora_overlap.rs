@@ -108,11 +108,9 @@ impl CudaKernels {
         let (_, n2, r) = b.dims3()?;
         let fits = gu.elem_count() == t * 2 * n
             && n2 == 2 * n
-            && r.is_multiple_of(8)
-            && r <= LORA_OVERLAP_MAX_RANK
+            && rank_fits(r, tiles)
             && y.dtype() == DType::F32
-            && y.elem_count() >= t * 2 * r
-            && tiles.dtype() == DType::U32;
+            && y.elem_count() >= t * 2 * r;
         if !fits {
             return Err(kernel_err("lora silu", "shapes do not fit"));
         }
@@ -185,11 +183,9 @@ impl CudaKernels {
         let fits = [delta, res_out, h].iter().all(|x| x.elem_count() == t * n)
             && w.elem_count() == n
             && nb == n
-            && r.is_multiple_of(8)
-            && r <= LORA_OVERLAP_MAX_RANK
+            && rank_fits(r, tiles)
             && y.dtype() == DType::F32
-            && y.elem_count() >= t * r
-            && tiles.dtype() == DType::U32;
+            && y.elem_count() >= t * r;
         if !fits {
             return Err(kernel_err("lora norm", "shapes do not fit"));
         }
@@ -252,6 +248,12 @@ impl CudaKernels {
         unsafe { l.launch(cfg) }.w()?;
         Ok(())
     }
+}
+
+/// Whether the fused expands take adapters of (padded) rank `r` and the tile table `tiles`:
+/// `r` a multiple of 8 up to [`LORA_OVERLAP_MAX_RANK`] (their `RMAX`), the table u32.
+pub(super) fn rank_fits(r: usize, tiles: &Tensor) -> bool {
+    r.is_multiple_of(8) && r <= LORA_OVERLAP_MAX_RANK && tiles.dtype() == DType::U32
 }
 
 /// Where a step's shrink `y` lies for the fused expands: its device address, and the

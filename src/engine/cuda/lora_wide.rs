@@ -9,13 +9,13 @@
 //! Invariant: a token reads only its own slot's `P·r` columns of its row; tokens on no adapter
 //! get the base output unchanged, so the launches cover every row of the step.
 
+use candle_core::Tensor;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig};
-use candle_core::{DType, Tensor};
 
 use super::kernels::CudaKernels;
 use super::launch::kernel_err;
-use super::lora_overlap::{LORA_OVERLAP_MAX_RANK, YAt};
+use super::lora_overlap::{YAt, rank_fits};
 use crate::error::Result;
 
 impl CudaKernels {
@@ -82,9 +82,7 @@ impl CudaKernels {
         let fits = (1..=3).contains(&parts)
             && splits.last() == Some(&n)
             && out.elem_count() == t * n
-            && r.is_multiple_of(8)
-            && r <= LORA_OVERLAP_MAX_RANK
-            && tiles.dtype() == DType::U32;
+            && rank_fits(r, tiles);
         if !fits {
             return Err(kernel_err("lora wide expand", "shapes do not fit"));
         }
@@ -140,10 +138,7 @@ impl CudaKernels {
         let n = act.dim(candle_core::D::Minus1)?;
         let t = act.elem_count() / n.max(1);
         let (slots, n2, r) = b.dims3()?;
-        let fits = n2 == 2 * n
-            && r.is_multiple_of(8)
-            && r <= LORA_OVERLAP_MAX_RANK
-            && tiles.dtype() == DType::U32;
+        let fits = n2 == 2 * n && rank_fits(r, tiles);
         if !fits {
             return Err(kernel_err("lora wide silu", "shapes do not fit"));
         }
@@ -185,9 +180,7 @@ impl CudaKernels {
         let fits = [res_out, h].iter().all(|x| x.elem_count() == t * n)
             && w.elem_count() == n
             && nb == n
-            && r.is_multiple_of(8)
-            && r <= LORA_OVERLAP_MAX_RANK
-            && tiles.dtype() == DType::U32;
+            && rank_fits(r, tiles);
         if !fits {
             return Err(kernel_err("lora wide norm", "shapes do not fit"));
         }
