@@ -22,6 +22,7 @@ const KERNELS: &[&str] = &[
     "lora_grouped",
     "lora_runs",
     "gemv",
+    "gemv_smem",
     "kv_move",
     "moe",
     "moe_mma",
@@ -39,6 +40,7 @@ fn main() {
     println!("cargo:rerun-if-changed=kernels/flash.cuh");
     println!("cargo:rerun-if-changed=kernels/moe.cuh");
     println!("cargo:rerun-if-changed=kernels/lora.cuh");
+    println!("cargo:rerun-if-changed=kernels/gemv.cuh");
     println!("cargo:rerun-if-env-changed=CUDA_ROOT");
     println!("cargo:rerun-if-env-changed=NVCC");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {

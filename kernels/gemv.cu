@@ -32,48 +32,9 @@
 // Every kernel also takes (pf, pf_bytes): weights of a later kernel of the step, which its
 // blocks prefetch into L2 while it runs (l2_prefetch_share; pf_bytes 0: none).
 
-#include <cuda_bf16.h>
-#include <stdint.h>
-
-#include "common.cuh"
+#include "gemv.cuh"
 
 namespace {
-
-constexpr int WARPS = 8;   // warps per block
-constexpr int BATCH = 8;   // chunk loads a lane keeps in flight
-
-__device__ __forceinline__ uint4 ld_stream(const __nv_bfloat16* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-// w[r][i] = chunk c0 + 32 * i of row rows[r] (zeros past the row's end).
-template <int NR>
-__device__ __forceinline__ void load_batch(const __nv_bfloat16* __restrict__ W,
-                                           const int (&rows)[NR], int K, int c0,
-                                           uint4 (&w)[NR][BATCH]) {
-  const int chunks = K / 8;
-#pragma unroll
-  for (int i = 0; i < BATCH; ++i) {
-    const int c = c0 + 32 * i;
-#pragma unroll
-    for (int r = 0; r < NR; ++r)
-      w[r][i] = c < chunks ? ld_stream(W + (size_t)rows[r] * K + c * 8) : make_uint4(0, 0, 0, 0);
-  }
-}
-
-// Chunk c (8 elements) of token row t of the matmul's input: read as is (x rows K apart, in
-// global or shared memory), or with the warp's own norm (WarpNorm) computed on the fly.
-struct PlainX {
-  const __nv_bfloat16* x;
-  int K;
-  __device__ __forceinline__ uint4 chunk(int t, int c) const {
-    return *reinterpret_cast<const uint4*>(x + (size_t)t * K + c * 8);
-  }
-};
 
 // bf16(a + b) element-wise, as the residual stream is stored.
 __device__ __forceinline__ uint4 add_bf16x8(uint4 a, uint4 b) {
@@ -138,58 +99,6 @@ struct WarpNorm {
   }
 };
 
-// acc[r][t] += W[rows[r]] . x[t] over chunk c (8 inputs), the weights in slot i of w.
-template <int T, int NR, typename X>
-__device__ __forceinline__ void sum_chunk(const X& xs, int c, const uint4 (&w)[NR][BATCH], int i,
-                                          float (&acc)[NR][T]) {
-  float wf[NR][8];
-#pragma unroll
-  for (int r = 0; r < NR; ++r) bf16x8_to_f32(w[r][i], wf[r]);
-#pragma unroll
-  for (int t = 0; t < T; ++t) {
-    float xf[8];
-    bf16x8_to_f32(xs.chunk(t, c), xf);
-#pragma unroll
-    for (int r = 0; r < NR; ++r)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[r][t] = fmaf(wf[r][j], xf[j], acc[r][t]);
-  }
-}
-
-// acc[r][t] += W[rows[r]] . x[t] over one batch: chunks c0, c0 + 32, ... (below `chunks`), the
-// weights in w.
-template <int T, int NR, typename X>
-__device__ __forceinline__ void sum_batch(const X& xs, int c0, int chunks,
-                                          const uint4 (&w)[NR][BATCH], float (&acc)[NR][T]) {
-#pragma unroll
-  for (int i = 0; i < BATCH; ++i) {
-    const int c = c0 + 32 * i;
-    if (c >= chunks) break;
-    sum_chunk<T, NR>(xs, c, w, i, acc);
-  }
-}
-
-// acc[r][t] = W[rows[r]] . x[t] for NR rows (all < N), x chunks from `xs`; w holds the first
-// batch (load_batch at c0 = lane), loaded by the caller before it waited.
-template <int T, int NR, typename X>
-__device__ __forceinline__ void dot_rows(const __nv_bfloat16* __restrict__ W, const X& xs,
-                                         const int (&rows)[NR], int K, int lane,
-                                         uint4 (&w)[NR][BATCH], float (&acc)[NR][T]) {
-#pragma unroll
-  for (int r = 0; r < NR; ++r)
-#pragma unroll
-    for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
-  const int chunks = K / 8;
-  for (int c0 = lane; c0 < chunks; c0 += 32 * BATCH) {
-    if (c0 != lane) load_batch<NR>(W, rows, K, c0, w);
-    sum_batch<T, NR>(xs, c0, chunks, w, acc);
-  }
-#pragma unroll
-  for (int r = 0; r < NR; ++r)
-#pragma unroll
-    for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
-}
-
 // dot_rows with two batches in flight (LaunchOptions::gemv_double_buffer): w holds the batch
 // at lane and w2 the one after it (both loaded before the wait); while a batch is summed the
 // next is in flight. The same sums in the same order.
@@ -217,48 +126,6 @@ __device__ __forceinline__ void dot_rows2(const __nv_bfloat16* __restrict__ W, c
     for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
 }
 
-// x_s[t][k] = bf16(bf16(res + delta) * inv_rms(t) * w[k]) for the block, in shared memory;
-// block 0 writes bf16(res + delta) to res_out when add.
-template <int T>
-__device__ void norm_rows(const __nv_bfloat16* __restrict__ res,
-                          const __nv_bfloat16* __restrict__ delta,
-                          __nv_bfloat16* __restrict__ res_out, const __nv_bfloat16* __restrict__ w,
-                          float eps, int add, int K, __nv_bfloat16* x_s) {
-  __shared__ float ss[WARPS][T];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float part[T];
-#pragma unroll
-  for (int t = 0; t < T; ++t) part[t] = 0.f;
-  for (int k = threadIdx.x; k < K; k += WARPS * 32) {
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      float v = __bfloat162float(res[(size_t)t * K + k]);
-      if (add) v = __bfloat162float(__float2bfloat16(v + __bfloat162float(delta[(size_t)t * K + k])));
-      x_s[t * K + k] = __float2bfloat16(v);  // the summed residual, normed below
-      part[t] += v * v;
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < T; ++t) {
-    float s = warp_sum(part[t]);
-    if (lane == 0) ss[warp][t] = s;
-  }
-  __syncthreads();
-  for (int k = threadIdx.x; k < K; k += WARPS * 32) {
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      float tot = 0.f;
-#pragma unroll
-      for (int i = 0; i < WARPS; ++i) tot += ss[i][t];
-      const float inv = rsqrtf(tot / K + eps);
-      const __nv_bfloat16 r = x_s[t * K + k];
-      if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = r;
-      x_s[t * K + k] = __float2bfloat16(__bfloat162float(r) * inv * __bfloat162float(w[k]));
-    }
-  }
-  __syncthreads();
-}
-
 // The output rows of this warp: one row (NR 1) or a gate/up pair (NR 2, up at N + row), and
 // whether the warp has one (a block's last warps may not).
 template <int NR>
@@ -268,19 +135,6 @@ __device__ __forceinline__ bool warp_rows(int N, int (&rows)[NR]) {
 #pragma unroll
   for (int r = 0; r < NR; ++r) rows[r] = ok ? row + r * N : 0;
   return ok;
-}
-
-// out[t][row] = acc (NR 1) or silu(gate) * up (NR 2), written by lane t.
-template <int T, int NR>
-__device__ __forceinline__ void store_rows(const float (&acc)[NR][T], __nv_bfloat16* __restrict__ out,
-                                           int N, int row, int lane) {
-#pragma unroll
-  for (int t = 0; t < T; ++t)
-    if (lane == t) {
-      float v = acc[0][t];
-      if (NR == 2) v = v / (1.f + __expf(-v)) * acc[NR - 1][t];
-      out[(size_t)t * N + row] = __float2bfloat16(v);
-    }
 }
 
 // The whole kernel: triggers the next launch, prefetches this warp's first weight batch,

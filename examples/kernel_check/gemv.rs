@@ -46,7 +46,88 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     };
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
     double_bits(&plain, &k, dev, t)?;
+    // 100 KiB: every shape but 1.7B's qkv and down (4096 x 2048, 2048 x 6144) on 132 SMs;
+    // 226: all of them.
+    for (kib, fit) in [(100u16, 64usize), (226, 80)] {
+        let opts = LaunchOptions {
+            gemv_smem: Some(kib),
+            ..base
+        };
+        let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
+        smem_bits(&plain, &k, (kib, fit), dev, t)?;
+    }
     split_rows(dev, t)
+}
+
+/// The kernels with each block's weight rows in shared memory (`LaunchOptions::gemv_smem`,
+/// `kib` KiB a block) against the one-block-a-row-group kernels, bit for bit, on 1-2 rows, all
+/// four kinds: the layers of 0.6B (qkv, o, gate|up, down) and 1.7B, rows fewer than the SMs
+/// (a block a row), ragged rows and a short K. Each shape says whether the shared-memory
+/// kernel took it (the others run the kernels they replace).
+fn smem_bits(
+    plain: &CudaKernels,
+    k: &CudaKernels,
+    (kib, fit): (u16, usize),
+    dev: &Device,
+    t: &mut Table,
+) -> Res<()> {
+    let dt = DType::BF16;
+    let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
+    let mut served = 0;
+    for rows in 1..=2usize {
+        for &(n, kk) in &[
+            (4096usize, 1024usize),
+            (1024, 2048),
+            (6144, 1024),
+            (1024, 3072),
+            (4096, 2048),
+            (2048, 2048),
+            (2048, 6144),
+            (100, 1024),
+            (1000, 96),
+            (1001, 776),
+        ] {
+            let x = randn(&[rows, kk], dt, dev)?;
+            let w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;
+            let i = n / 2;
+            let mut tag = |kind: usize, m: usize| {
+                let on = k.gemv_in_smem(kind, rows, kk, m);
+                served += usize::from(on);
+                format!(
+                    "({} KiB: {})",
+                    kib,
+                    if on { "shared memory" } else { "not taken" }
+                )
+            };
+            let (o1, o2) = (zeros(rows, n)?, zeros(rows, n)?);
+            plain.linear_into(&x, &w, &o1)?;
+            k.linear_into(&x, &w, &o2)?;
+            let name = format!("gemv rows {rows} n {n} k {kk} {}", tag(0, n));
+            t.check(name, max_diff(&o1, &o2)?, 0.0);
+            let (a1, a2, gu) = (zeros(rows, i)?, zeros(rows, i)?, zeros(rows, n)?);
+            plain.gate_up_silu_into(&x, &w, &gu, &a1)?;
+            k.gate_up_silu_into(&x, &w, &gu, &a2)?;
+            let name = format!("gemv_silu rows {rows} I {i} k {kk} {}", tag(1, i));
+            t.check(name, max_diff(&a1, &a2)?, 0.0);
+            for silu in [false, true] {
+                let (kind, m) = if silu { (3, i) } else { (2, n) };
+                let label = tag(kind, m);
+                let g = if silu { "norm_gemv_silu" } else { "norm_gemv" };
+                let names = [
+                    format!("{g} rows {rows} n {n} k {kk} {label}"),
+                    format!("{g} rows {rows} k {kk} residual sum {label}"),
+                ];
+                norm_bits((plain, k), &w, (rows, silu), names, dev, t)?;
+            }
+        }
+    }
+    // A fit rule that sends shapes elsewhere fails here (the bits above would still match).
+    t.check(
+        format!("gemv_smem {kib} KiB: {served} of 80 launches served, {fit} expected"),
+        served.abs_diff(fit) as f32,
+        0.0,
+    );
+    Ok(())
 }
 
 /// The plain kernel with two warps a row (`LaunchOptions::gemv_split_k`) against f32 math on

@@ -27,6 +27,10 @@ pub struct KernelFlags {
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
     pub no_gemv_double_buffer: bool,
+    /// The 1-2-row skinny matmuls on one block an SM with their weight rows copied into this
+    /// many KiB of shared memory before the wait (`KernelOptions::gemv_smem`).
+    #[arg(long, value_name = "KIB", value_parser = clap::value_parser!(u16).range(16..=226))]
+    pub gemv_smem: Option<u16>,
     /// Two warps a row in the 1-2-row plain matmuls over more than 2,048 inputs
     /// (`KernelOptions::gemv_split_k`).
     #[arg(long)]
@@ -137,6 +141,7 @@ impl KernelFlags {
                     .unwrap_or(super::options::GEMV_STREAM_BLOCKS)
             }),
             gemv_double_buffer: !self.no_gemv_double_buffer,
+            gemv_smem: self.gemv_smem,
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,

@@ -54,6 +54,11 @@ pub struct KernelOptions {
     /// while the one before is summed; the same sums in the same order). On by default: on
     /// the H200 1.7B's down 10.5 -> 9.9 us alone, batch 2 +1-2% (BENCHMARKS.md, #21).
     pub gemv_double_buffer: bool,
+    /// The 1-2-row skinny matmuls on one block an SM, each copying all of its weight rows into
+    /// shared memory (this many KiB at most, its norm's rows included) before waiting on the
+    /// kernel before (`kernels/gemv_smem.cu`; bit for bit), so the next matmuls' weight loads
+    /// overlap the chain. Matmuls whose rows do not fit keep the kernels above. Off by default.
+    pub gemv_smem: Option<u16>,
     /// The 1-2-row plain matmuls over more than 2,048 inputs (down) run two warps a row, half
     /// of the inputs each (`gemv.cu` `gemv_split_*`). Off by default: on the H200 1.7B batch 1
     /// 641 against 669 tok/s, 0.6B within noise (BENCHMARKS.md, #21).
@@ -140,10 +145,8 @@ pub struct KernelOptions {
     /// runs, at batch 256 (where it does not apply) within the runs' noise (BENCHMARKS.md).
     pub lora_overlap: bool,
     /// LoRA steps of 33-64 rows (one-token tiles) shrink on tensor cores, a slot's rows of `a`
-    /// read once per group of up to eight of its tokens (at most 1,024 inputs: the 0.6B's qkv
-    /// and gate|up; `kernels/lora_grouped.cu`, bf16, f32 sums in another order). Off by
-    /// default: the run shrink (`lora_runs`) is faster on the kernels' stream (0.6B batch 64
-    /// on the H200: 24,313-24,342 tok/s against 23,988-24,009; BENCHMARKS.md).
+    /// read once per group of up to eight of its tokens (at most 1,024 inputs;
+    /// `kernels/lora_grouped.cu`). Off by default: slower than `lora_runs` (BENCHMARKS.md).
     pub lora_grouped: bool,
     /// The shrinks of LoRA steps of 17-64 rows (one-token tiles) over at most 4,096 inputs
     /// that the grouped shrink does not take (at rank 16: qkv and gate|up from 17 rows, o and
@@ -170,10 +173,8 @@ pub struct KernelOptions {
     /// (`kernels/lora_silu.cu` `_w`). Default 3 rows; None: separate buffers.
     pub lora_wide: Option<usize>,
     /// The host KV tier's loads read the pinned host slots from the scatter kernel itself
-    /// (over PCIe, `kernels/kv_move.cu` `kv_scatter_host`) instead of copying each block into
-    /// a device staging buffer first (one `cuMemcpyHtoDAsync` a block). Off by default: no
-    /// faster on the H200 (a 32k-token host resume 155.2 against 156.1 ms; both move the
-    /// 3.76 GB at the ~25 GB/s the host link gives; BENCHMARKS.md, #25).
+    /// (`kernels/kv_move.cu` `kv_scatter_host`), no device staging copy a block. Off by
+    /// default: no faster on the H200 (32k tokens: 155.2 against 156.1 ms; BENCHMARKS.md, #25).
     pub kv_load_direct: bool,
     /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
     /// stream, where the events only cost time).
@@ -188,6 +189,7 @@ impl Default for KernelOptions {
             gemv_mma: false,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
+            gemv_smem: None,
             gemv_split_k: false,
             l2_prefetch: false,
             sample_full: true,

@@ -33,6 +33,7 @@ static LORA_SILU: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_silu.fa
 static LORA_GROUPED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_grouped.fatbin"));
 static LORA_RUNS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_runs.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
+static GEMV_SMEM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_smem.fatbin"));
 static MOE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe.fatbin"));
 static MOE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_mma.fatbin"));
 static MOE_ROUTE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_route.fatbin"));
@@ -416,7 +417,14 @@ impl CudaKernels {
                     opts.gemv_split_k,
                     opts.warp_norm,
                 );
-                Some(GemvSet::load(&gemv_mod, which, sms, GEMV_MAX_ROWS)?)
+                let set = GemvSet::load(&gemv_mod, which, sms, GEMV_MAX_ROWS)?;
+                Some(match opts.gemv_smem {
+                    Some(kib) => {
+                        let m = load(GEMV_SMEM, "gemv_smem")?;
+                        set.with_smem(&m, kib, sms, GEMV_MAX_ROWS)?
+                    }
+                    None => set,
+                })
             } else {
                 None
             },

@@ -22,6 +22,9 @@ pub struct LaunchOptions {
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
     pub gemv_double_buffer: bool,
+    /// The 1-2-row skinny matmuls whose block's weight rows fit this many KiB of shared memory
+    /// on one block an SM, the rows copied there before the wait (`kernels/gemv_smem.cu`).
+    pub gemv_smem: Option<u16>,
     /// Two warps a row (a half of K each) in the 1-2-row plain matmuls over more than 2,048
     /// inputs (`gemv.cu` `gemv_split_*`).
     pub gemv_split_k: bool,
@@ -100,6 +103,7 @@ impl Default for LaunchOptions {
             gemv_mma: false,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
+            gemv_smem: None,
             gemv_split_k: false,
             l2_prefetch: false,
             sample_full: true,

@@ -61,6 +61,7 @@ pub fn kernels_for(
         gemv_mma: opts.gemv_mma,
         gemv_stream: opts.gemv_stream,
         gemv_double_buffer: opts.gemv_double_buffer,
+        gemv_smem: opts.gemv_smem,
         gemv_split_k: opts.gemv_split_k,
         l2_prefetch: opts.l2_prefetch,
         warp_norm: opts.warp_norm,
