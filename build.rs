@@ -22,7 +22,6 @@ const KERNELS: &[&str] = &[
     "lora_grouped",
     "lora_runs",
     "gemv",
-    "gemv_smem",
     "kv_move",
     "moe",
     "moe_mma",

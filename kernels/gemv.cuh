@@ -1,6 +1,6 @@
-// Helpers of the skinny matmuls (`gemv.cu`, `gemv_smem.cu`): a warp's batches of weight
-// loads, the dot products over them, the block-wide fused norm and the stores. Included in
-// one anonymous namespace per file.
+// Helpers of the skinny matmuls (`gemv.cu`): a warp's batches of weight loads, the dot
+// products over them, the block-wide fused norm and the stores (in an anonymous namespace, so
+// another kernel file may include them too).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -57,22 +57,8 @@ __device__ void silu_mul(const T* __restrict__ gu, T* __restrict__ out, long lon
   }
 }
 
-// Grid (rows, parts): block (r, p) takes part p of row r; ties go to the lowest index (as
-// torch and candle do). With one part the block writes out[r]; otherwise its best value and
-// index go to part_v/part_i [rows, parts] for argmax_merge.
-template <typename T>
-__device__ void argmax_rows(const T* __restrict__ x, uint32_t* __restrict__ out, int n,
-                            float* __restrict__ part_v, int* __restrict__ part_i) {
-  const int parts = gridDim.y, p = blockIdx.y;
-  const int seg = (n + parts - 1) / parts;
-  const int start = p * seg, end = min(n, start + seg);
-  const T* r = x + (size_t)blockIdx.x * n;
-  float best = -INFINITY;
-  int idx = 0x7fffffff;
-  for (int i = start + threadIdx.x; i < end; i += blockDim.x) {
-    float v = to_f(r[i]);
-    if (v > best) { best = v; idx = i; }
-  }
+// (best, idx) of the block, in lane 0 of warp 0: the largest value, ties to the lowest index.
+__device__ __forceinline__ void argmax_block(float& best, int& idx) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     float ob = __shfl_xor_sync(0xffffffffu, best, o);
@@ -94,35 +80,72 @@ __device__ void argmax_rows(const T* __restrict__ x, uint32_t* __restrict__ out,
       int oi = __shfl_xor_sync(0xffffffffu, idx, o);
       if (ob > best || (ob == best && oi < idx)) { best = ob; idx = oi; }
     }
-    if (lane == 0) {
-      if (parts == 1) {
-        out[blockIdx.x] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
-      } else {
-        part_v[blockIdx.x * parts + p] = best;
-        part_i[blockIdx.x * parts + p] = idx;
+  }
+}
+
+template <typename T> struct IsF32 { static constexpr bool value = false; };
+template <> struct IsF32<float> { static constexpr bool value = true; };
+
+// Grid (rows, parts): block (r, p) takes part p of row r (parts of a multiple of 4 entries);
+// ties go to the lowest index (as torch and candle do). With one part the block writes
+// out[r]; otherwise its best value and index go to part_v/part_i [rows, parts] for
+// argmax_merge. f32 rows of a multiple of 4 entries are read as float4, four loads a thread in
+// flight (a scalar load at a time left a part's ~20 dependent round trips to memory in line).
+template <typename T>
+__device__ void argmax_rows(const T* __restrict__ x, uint32_t* __restrict__ out, int n,
+                            float* __restrict__ part_v, int* __restrict__ part_i) {
+  const int parts = gridDim.y, p = blockIdx.y;
+  const int seg = ((n + parts - 1) / parts + 3) & ~3;
+  const int start = min(n, p * seg), end = min(n, start + seg);
+  const T* r = x + (size_t)blockIdx.x * n;
+  float best = -INFINITY;
+  int idx = 0x7fffffff;
+  if (IsF32<T>::value && (n & 3) == 0) {
+    const float4* r4 = reinterpret_cast<const float4*>(r);
+    const int s4 = start >> 2, e4 = end >> 2, bd = blockDim.x;
+    for (int j0 = s4 + threadIdx.x; j0 < e4; j0 += 4 * bd) {
+      float4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = j0 + u * bd < e4 ? r4[j0 + u * bd] : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int j = j0 + u * bd;
+        if (j >= e4) break;
+        const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          if (e[q] > best) { best = e[q]; idx = 4 * j + q; }
       }
+    }
+  } else {
+    for (int i = start + threadIdx.x; i < end; i += blockDim.x) {
+      float v = to_f(r[i]);
+      if (v > best) { best = v; idx = i; }
+    }
+  }
+  argmax_block(best, idx);
+  if (threadIdx.x == 0) {
+    if (parts == 1) {
+      out[blockIdx.x] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
+    } else {
+      part_v[blockIdx.x * parts + p] = best;
+      part_i[blockIdx.x * parts + p] = idx;
     }
   }
 }
 
-// One warp per row: the best of the row's parts (ties: lowest index).
+// A block per row: the best of the row's parts (ties: lowest index).
 __device__ void argmax_merge_rows(const float* __restrict__ part_v, const int* __restrict__ part_i,
                              int parts, uint32_t* __restrict__ out) {
-  const int lane = threadIdx.x;
   float best = -INFINITY;
   int idx = 0x7fffffff;
-  for (int p = lane; p < parts; p += 32) {
+  for (int p = threadIdx.x; p < parts; p += blockDim.x) {
     float v = part_v[blockIdx.x * parts + p];
     int i = part_i[blockIdx.x * parts + p];
     if (v > best || (v == best && i < idx)) { best = v; idx = i; }
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    float ob = __shfl_xor_sync(0xffffffffu, best, o);
-    int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-    if (ob > best || (ob == best && oi < idx)) { best = ob; idx = oi; }
-  }
-  if (lane == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
+  argmax_block(best, idx);
+  if (threadIdx.x == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
 }
 
 // out[r] = x[rows[r]] for r < nrows (the embedding lookup too: rows = token ids). Grid

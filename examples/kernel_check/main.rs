@@ -167,6 +167,9 @@ fn main() -> Res<()> {
         return report(t);
     }
     if a.gemv_only {
+        let k =
+            CudaKernels::new(&dev, DType::BF16, &LaunchOptions::default())?.ok_or("no kernels")?;
+        ops::argmax_checks(&k, &dev, &mut t)?;
         gemv::checks(&dev, &mut t)?;
         model_checks(&a, &dev, DType::BF16, &mut t)?;
         greedy_check(&a, &mut t)?;

@@ -42,17 +42,7 @@ pub(super) fn op_checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
             tol(dt),
         );
     }
-    for &rows in &[1usize, 64, 256] {
-        let l = randn(&[rows, 151_936], DType::F32, dev)?;
-        let ours: Vec<u32> = k.argmax(&l)?.to_vec1()?;
-        let theirs: Vec<u32> = l.argmax(D::Minus1)?.to_vec1()?;
-        let wrong = ours.iter().zip(&theirs).filter(|(a, b)| a != b).count();
-        t.check(
-            format!("argmax f32 rows {rows} x 151936 (rows wrong)"),
-            wrong as f32,
-            0.0,
-        );
-    }
+    argmax_checks(&k, dev, t)?;
     for &(rows, kk) in &[(1usize, 20usize), (64, 20), (8, 64)] {
         // Logits with many exact ties (rounded to 0.25) to test the order on ties.
         let l = (randn(&[rows, 151_936], DType::F32, dev)? * 4.0)?
@@ -439,4 +429,49 @@ fn decode_check(
         worst = worst.max(rel(&out.i(i)?, &o)?);
     }
     Ok(worst)
+}
+
+/// The device argmax against candle's on random logits (1, 64, 256 rows of a vocabulary) and
+/// against the host's lowest-index argmax on rows full of exact ties, n a multiple of 4
+/// (float4 reads) and not.
+pub(super) fn argmax_checks(k: &CudaKernels, dev: &Device, t: &mut Table) -> Res<()> {
+    for &rows in &[1usize, 64, 256] {
+        let l = randn(&[rows, 151_936], DType::F32, dev)?;
+        let ours: Vec<u32> = k.argmax(&l)?.to_vec1()?;
+        let theirs: Vec<u32> = l.argmax(D::Minus1)?.to_vec1()?;
+        let wrong = ours.iter().zip(&theirs).filter(|(a, b)| a != b).count();
+        t.check(
+            format!("argmax f32 rows {rows} x 151936 (rows wrong)"),
+            wrong as f32,
+            0.0,
+        );
+    }
+    // Many exact ties (values rounded to 0.5): the lowest index of the maximum wins, over
+    // rows in parts read as float4 (n a multiple of 4) and read one entry at a time (not).
+    for &(rows, n) in &[
+        (1usize, 151_936usize),
+        (3, 151_935),
+        (8, 40_004),
+        (1, 32_769),
+    ] {
+        let l = (randn(&[rows, n], DType::F32, dev)? * 2.0)?
+            .round()?
+            .affine(0.5, 0.0)?;
+        let ours: Vec<u32> = k.argmax(&l)?.to_vec1()?;
+        let host: Vec<Vec<f32>> = l.to_vec2()?;
+        let wrong = host
+            .iter()
+            .zip(&ours)
+            .filter(|(row, o)| {
+                let best = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                row.iter().position(|&v| v == best) != Some(**o as usize)
+            })
+            .count();
+        t.check(
+            format!("argmax f32 rows {rows} x {n}, ties to the lowest index (rows wrong)"),
+            wrong as f32,
+            0.0,
+        );
+    }
+    Ok(())
 }

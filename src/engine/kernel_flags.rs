@@ -27,10 +27,6 @@ pub struct KernelFlags {
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
     pub no_gemv_double_buffer: bool,
-    /// The 1-2-row skinny matmuls on one block an SM with their weight rows copied into this
-    /// many KiB of shared memory before the wait (`KernelOptions::gemv_smem`).
-    #[arg(long, value_name = "KIB", value_parser = clap::value_parser!(u16).range(16..=226))]
-    pub gemv_smem: Option<u16>,
     /// Two warps a row in the 1-2-row plain matmuls over more than 2,048 inputs
     /// (`KernelOptions::gemv_split_k`).
     #[arg(long)]
@@ -51,6 +47,10 @@ pub struct KernelFlags {
     /// No thread-block clusters in the fused decode attention.
     #[arg(long)]
     pub no_clusters: bool,
+    /// The fused decode attention prefetches the layer's next weights into L2, at most this
+    /// many MiB (`KernelOptions::attn_prefetch_mib`).
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub attn_prefetch: Option<u16>,
     /// Prefill attention on the two-pass WMMA kernel instead of the flash prefill kernel.
     #[arg(long)]
     pub no_flash_prefill: bool,
@@ -141,13 +141,13 @@ impl KernelFlags {
                     .unwrap_or(super::options::GEMV_STREAM_BLOCKS)
             }),
             gemv_double_buffer: !self.no_gemv_double_buffer,
-            gemv_smem: self.gemv_smem,
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
             sample_full: !self.no_device_full_sampling,
             fused_decode: !self.no_fused_decode,
             clusters: !self.no_clusters,
+            attn_prefetch_mib: self.attn_prefetch,
             flash_prefill: !self.no_flash_prefill,
             wgmma_prefill: !self.no_wgmma_prefill,
             split_kv: !self.no_split_kv,

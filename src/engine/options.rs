@@ -54,11 +54,6 @@ pub struct KernelOptions {
     /// while the one before is summed; the same sums in the same order). On by default: on
     /// the H200 1.7B's down 10.5 -> 9.9 us alone, batch 2 +1-2% (BENCHMARKS.md, #21).
     pub gemv_double_buffer: bool,
-    /// The 1-2-row skinny matmuls on one block an SM, each copying all of its weight rows into
-    /// shared memory (this many KiB at most, its norm's rows included) before waiting on the
-    /// kernel before (`kernels/gemv_smem.cu`; bit for bit), so the next matmuls' weight loads
-    /// overlap the chain. Matmuls whose rows do not fit keep the kernels above. Off by default.
-    pub gemv_smem: Option<u16>,
     /// The 1-2-row plain matmuls over more than 2,048 inputs (down) run two warps a row, half
     /// of the inputs each (`gemv.cu` `gemv_split_*`). Off by default: on the H200 1.7B batch 1
     /// 641 against 669 tok/s, 0.6B within noise (BENCHMARKS.md, #21).
@@ -80,6 +75,10 @@ pub struct KernelOptions {
     pub fused_decode: bool,
     /// Merge fused decode attention in thread-block clusters (sm_90+).
     pub clusters: bool,
+    /// The fused decode attention (latency-bound, memory nearly idle) prefetches the layer's
+    /// next weights into L2 (o, then gate|up, then down; at most this many MiB), so those
+    /// matmuls read L2 instead of memory (sm_90+). Off by default: not yet measured (#21).
+    pub attn_prefetch_mib: Option<u16>,
     /// The flash prefill attention (`kernels/flash_prefill.cu`: mma.sync tensor cores,
     /// cp.async double buffering, online softmax; bf16). Off: the two-pass WMMA kernel.
     pub flash_prefill: bool,
@@ -189,13 +188,13 @@ impl Default for KernelOptions {
             gemv_mma: false,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
-            gemv_smem: None,
             gemv_split_k: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
             fused_decode: true,
             clusters: true,
+            attn_prefetch_mib: None,
             flash_prefill: true,
             wgmma_prefill: true,
             split_kv: true,

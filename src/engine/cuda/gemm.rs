@@ -33,9 +33,6 @@ struct Gemv<'a> {
     norm_smem: bool,
     /// The most blocks its grid takes (streamed rows: each warp takes every G-th row).
     max_blocks: Option<usize>,
-    /// The dynamic shared memory of every launch, when the kernel sizes its own use from it
-    /// (`kernels/gemv_smem.cu`: weight rows, then the normed rows).
-    smem: Option<usize>,
 }
 
 impl Gemv<'_> {
@@ -97,10 +94,7 @@ impl CudaKernels {
         }
         let (px, pw, po) = (self.ptr(x)?, self.ptr(w)?, self.ptr(out)?);
         // cuBLAS reads a wide matrix (lm_head) at least as fast (BENCHMARKS.md).
-        if let Some(g) = self
-            .gemv_for(0, t, k, n_out)
-            .filter(|_| n_out <= GEMV_MAX_N)
-        {
+        if let Some(g) = self.gemv_for(0, t, k).filter(|_| n_out <= GEMV_MAX_N) {
             return self.launch_gemv(g, (pw, px, po), n_out, k, next);
         }
         let ty = match self.dtype {
@@ -154,7 +148,7 @@ impl CudaKernels {
         let (two_i, k) = w.dims2()?;
         let t = x.elem_count() / k.max(1);
         let inter = two_i / 2;
-        if let Some(g) = self.gemv_for(1, t, k, inter) {
+        if let Some(g) = self.gemv_for(1, t, k) {
             self.check_dtype(x)?;
             self.check_dtype(w)?;
             self.check_dtype(act)?;
@@ -186,13 +180,9 @@ impl CudaKernels {
     ) -> Result<()> {
         let (n_w, k) = w.dims2()?;
         let t = res.elem_count() / k.max(1);
-        let (kind, n) = if silu.is_some() {
-            (3, n_w / 2)
-        } else {
-            (2, n_w)
-        };
+        let kind = if silu.is_some() { 3 } else { 2 };
         let fused = self
-            .gemv_for(kind, t, k, n)
+            .gemv_for(kind, t, k)
             .filter(|_| t * k * 2 <= NORM_SMEM && res.dim(candle_core::D::Minus1).ok() == Some(k));
         let Some(g) = fused else {
             self.add_rmsnorm_to(delta, res, res_out, norm_w, eps, h)?;
@@ -204,9 +194,9 @@ impl CudaKernels {
         for x in [res, res_out, norm_w, w, out] {
             self.check_dtype(x)?;
         }
-        let dst = match silu {
-            Some((_, act)) => act,
-            None => out,
+        let (dst, n) = match silu {
+            Some((_, act)) => (act, n_w / 2),
+            None => (out, n_w),
         };
         if dst.elem_count() != t * n || res_out.elem_count() != res.elem_count() {
             return Err(kernel_err("norm_linear", "shapes do not fit"));
@@ -228,11 +218,7 @@ impl CudaKernels {
         let cfg = LaunchConfig {
             grid_dim: (g.blocks(n), 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
-            shared_mem_bytes: match g.smem {
-                Some(bytes) => bytes as u32,
-                None if g.norm_smem => (t * k * 2) as u32,
-                None => 0,
-            },
+            shared_mem_bytes: if g.norm_smem { (t * k * 2) as u32 } else { 0 },
         };
         let mut b = self.launcher(g.f);
         b.arg(&pw)
@@ -250,29 +236,13 @@ impl CudaKernels {
     }
 
     /// The skinny-matmul kernel (`kind` 0: plain, 1: fused SiLU*up, 2 and 3: the same behind
-    /// the fused norm) for `t` rows over `k` inputs and `n` outputs (gate|up: pairs), when one
-    /// serves them.
-    fn gemv_for(&self, kind: usize, t: usize, k: usize, n: usize) -> Option<Gemv<'_>> {
-        if t == 0 || n == 0 || !k.is_multiple_of(8) {
+    /// the fused norm) for `t` rows over `k` inputs, when one serves them.
+    fn gemv_for(&self, kind: usize, t: usize, k: usize) -> Option<Gemv<'_>> {
+        if t == 0 || !k.is_multiple_of(8) {
             return None;
         }
         if t <= GEMV_MAX_ROWS {
             let set = self.gemv.as_ref()?;
-            // A block's rows (all parts) and its normed rows in the shared memory allowed.
-            if let Some(s) = set.smem.as_ref() {
-                let rows = n.div_ceil(s.blocks.min(n));
-                let parts = 1 + kind % 2;
-                let bytes = 2 * k * (rows * parts + if kind >= 2 { t } else { 0 });
-                if bytes <= s.bytes {
-                    return Some(Gemv {
-                        f: &s.fs[kind][t - 1],
-                        rows_per_block: rows,
-                        norm_smem: false,
-                        max_blocks: Some(s.blocks),
-                        smem: Some(bytes),
-                    });
-                }
-            }
             // Kinds 1 and 3 (gate|up) stream; the streamed norm kernel holds the norm weights
             // of K <= STREAM_NORM_MAX_K (wider ones take the kernel a block per eight pairs).
             let streams = kind == 1 || (kind == 3 && k <= STREAM_NORM_MAX_K);
@@ -282,7 +252,6 @@ impl CudaKernels {
                     rows_per_block: GEMV_WARPS,
                     norm_smem: set.norm_smem,
                     max_blocks: Some(*max),
-                    smem: None,
                 });
             }
             let long = k > DOUBLE_BUFFER_MIN_K;
@@ -293,7 +262,6 @@ impl CudaKernels {
                     rows_per_block: GEMV_WARPS / 2,
                     norm_smem: false,
                     max_blocks: None,
-                    smem: None,
                 });
             }
             let f = match &set.double {
@@ -305,7 +273,6 @@ impl CudaKernels {
                 rows_per_block: GEMV_WARPS,
                 norm_smem: set.norm_smem,
                 max_blocks: None,
-                smem: None,
             });
         }
         let fs = self.gemv_mma.as_ref()?;
@@ -314,18 +281,7 @@ impl CudaKernels {
             rows_per_block: GEMV_MMA_ROWS,
             norm_smem: true,
             max_blocks: None,
-            smem: None,
         })
-    }
-
-    /// Whether a skinny matmul of `kind` (0: plain, 1: SiLU*up, 2 and 3: the same behind the
-    /// fused norm) over `t` rows, `k` inputs and `n` outputs (gate|up: pairs) runs on the
-    /// shared-memory kernels (`LaunchOptions::gemv_smem`); for checks and benches.
-    pub fn gemv_in_smem(&self, kind: usize, t: usize, k: usize, n: usize) -> bool {
-        kind < 4
-            && self
-                .gemv_for(kind, t, k, n)
-                .is_some_and(|g| g.smem.is_some())
     }
 
     /// The device pointer and size of the weight a skinny matmul prefetches into L2 (0 bytes:
@@ -354,7 +310,7 @@ impl CudaKernels {
         let cfg = LaunchConfig {
             grid_dim: (g.blocks(n), 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
-            shared_mem_bytes: g.smem.unwrap_or(0) as u32,
+            shared_mem_bytes: 0,
         };
         let mut b = self.launcher(g.f);
         b.arg(&pw)

@@ -29,19 +29,6 @@ pub(crate) struct GemvSet {
     /// The plain kernel with two warps a row, for rows of more than 2,048
     /// inputs, a multiple of 16 (`LaunchOptions::gemv_split_k`).
     pub(super) split: Option<Vec<CudaFunction>>,
-    /// The four kinds with each block's weight rows in shared memory (`LaunchOptions::gemv_smem`).
-    pub(super) smem: Option<SmemGemv>,
-}
-
-/// The skinny matmuls of `kernels/gemv_smem.cu`: one block an SM, its weight rows copied into
-/// shared memory before the wait.
-pub(crate) struct SmemGemv {
-    /// Plain, SiLU*up, and both behind the norm, a function per row count.
-    pub(super) fs: [Vec<CudaFunction>; 4],
-    /// The most shared memory a launch takes (weights and normed rows), bytes.
-    pub(super) bytes: usize,
-    /// Blocks of a launch at most (the SMs).
-    pub(super) blocks: usize,
 }
 
 impl GemvSet {
@@ -91,48 +78,7 @@ impl GemvSet {
             } else {
                 None
             },
-            smem: None,
         })
-    }
-
-    /// Adds the kernels of `kernels/gemv_smem.cu` (loaded module `m`) for 1..=`rows` rows,
-    /// allowed `kib` KiB of shared memory a block, on a GPU of `sms` SMs.
-    pub(super) fn with_smem(
-        mut self,
-        m: &Arc<CudaModule>,
-        kib: u16,
-        sms: usize,
-        rows: usize,
-    ) -> Result<Self> {
-        use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
-        let bytes = usize::from(kib) << 10;
-        let all = |kind: &str| -> Result<Vec<CudaFunction>> {
-            (1..=rows)
-                .map(|t| {
-                    let name = format!("{kind}_t{t}_bf16");
-                    let f = m
-                        .load_function(&name)
-                        .map_err(|e| kernel_err(&format!("function {name}"), e))?;
-                    f.set_attribute(
-                        A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        bytes as i32,
-                    )
-                    .map_err(|e| kernel_err(&format!("{name} shared memory ({kib} KiB)"), e))?;
-                    Ok(f)
-                })
-                .collect()
-        };
-        self.smem = Some(SmemGemv {
-            fs: [
-                all("pgemv")?,
-                all("pgemv_silu")?,
-                all("pnorm_gemv")?,
-                all("pnorm_gemv_silu")?,
-            ],
-            bytes,
-            blocks: sms,
-        });
-        Ok(self)
     }
 }
 

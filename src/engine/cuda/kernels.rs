@@ -33,7 +33,6 @@ static LORA_SILU: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_silu.fa
 static LORA_GROUPED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_grouped.fatbin"));
 static LORA_RUNS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_runs.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
-static GEMV_SMEM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_smem.fatbin"));
 static MOE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe.fatbin"));
 static MOE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_mma.fatbin"));
 static MOE_ROUTE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_route.fatbin"));
@@ -133,6 +132,9 @@ pub struct CudaKernels {
     /// Fused decode attention merges in thread-block clusters (sm_90+ with
     /// `LaunchOptions::clusters`; see [`CudaKernels::decode_cluster`]).
     pub(super) clusters: bool,
+    /// Bytes of the layer's next weights the fused decode attention prefetches into L2 (0:
+    /// none; `LaunchOptions::attn_prefetch_mib`, sm_90+).
+    pub(super) attn_prefetch: usize,
     /// Pinned host buffers for token ids read back without waiting for the stream.
     pub(crate) pinned: Arc<PinnedPool>,
     /// The pinned buffer host data goes through to the device ([`CudaKernels::upload_u32`]).
@@ -417,14 +419,7 @@ impl CudaKernels {
                     opts.gemv_split_k,
                     opts.warp_norm,
                 );
-                let set = GemvSet::load(&gemv_mod, which, sms, GEMV_MAX_ROWS)?;
-                Some(match opts.gemv_smem {
-                    Some(kib) => {
-                        let m = load(GEMV_SMEM, "gemv_smem")?;
-                        set.with_smem(&m, kib, sms, GEMV_MAX_ROWS)?
-                    }
-                    None => set,
-                })
+                Some(GemvSet::load(&gemv_mod, which, sms, GEMV_MAX_ROWS)?)
             } else {
                 None
             },
@@ -447,6 +442,10 @@ impl CudaKernels {
             l2_prefetch: hopper && opts.l2_prefetch,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,
+            attn_prefetch: match opts.attn_prefetch_mib {
+                Some(mib) if hopper => usize::from(mib) << 20,
+                _ => 0,
+            },
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),
             fp8,
             pinned: Arc::default(),

@@ -22,9 +22,6 @@ pub struct LaunchOptions {
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
     pub gemv_double_buffer: bool,
-    /// The 1-2-row skinny matmuls whose block's weight rows fit this many KiB of shared memory
-    /// on one block an SM, the rows copied there before the wait (`kernels/gemv_smem.cu`).
-    pub gemv_smem: Option<u16>,
     /// Two warps a row (a half of K each) in the 1-2-row plain matmuls over more than 2,048
     /// inputs (`gemv.cu` `gemv_split_*`).
     pub gemv_split_k: bool,
@@ -41,6 +38,9 @@ pub struct LaunchOptions {
     pub fused_decode: bool,
     /// Thread-block clusters in the fused decode attention (sm_90+).
     pub clusters: bool,
+    /// The fused decode attention prefetches the layer's next weights into L2, at most this
+    /// many MiB (sm_90+; None: no prefetch).
+    pub attn_prefetch_mib: Option<u16>,
     /// The flash prefill attention (bf16).
     pub flash_prefill: bool,
     /// The flash prefill on warpgroup MMA where the GPU has it (sm_90).
@@ -103,13 +103,13 @@ impl Default for LaunchOptions {
             gemv_mma: false,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
-            gemv_smem: None,
             gemv_split_k: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
             fused_decode: true,
             clusters: true,
+            attn_prefetch_mib: None,
             flash_prefill: true,
             wgmma_prefill: true,
             wgmma_prefill_x2: true,

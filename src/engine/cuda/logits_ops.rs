@@ -23,7 +23,13 @@ impl CudaKernels {
         if rows == 0 {
             return Ok(out);
         }
-        let parts = if n >= 32 * 1024 { 32usize } else { 1 };
+        // Long rows in parts, at least two blocks an SM over the batch (a vocabulary's row in
+        // 264 parts of ~576 entries at batch 1 on the H200: one round of loads a thread).
+        let parts = if n >= 32 * 1024 {
+            (2 * self.sms).div_ceil(rows).clamp(32, 512)
+        } else {
+            1
+        };
         let (pv, pi) = (
             self.alloc(rows * parts, DType::F32)?,
             self.alloc(rows * parts, DType::U32)?,
@@ -42,7 +48,7 @@ impl CudaKernels {
         if parts > 1 {
             let cfg = LaunchConfig {
                 grid_dim: (rows as u32, 1, 1),
-                block_dim: (32, 1, 1),
+                block_dim: (parts.next_multiple_of(32).min(256) as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             let parts32 = parts as i32;
