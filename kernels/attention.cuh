@@ -225,11 +225,8 @@ struct FusedDecodeParams {
   float v_scale;
   float eps;
   int stop;
-  // Weights of the layer's next matmuls the blocks prefetch into L2 (bytes 0: none).
-  const void* pf[3];
-  unsigned long long pf_bytes[3];
 };
-static_assert(sizeof(FusedDecodeParams) == 208, "FusedDecodeParams layout");
+static_assert(sizeof(FusedDecodeParams) == 160, "FusedDecodeParams layout");
 static_assert(offsetof(FusedDecodeParams, width) == 112 && offsetof(FusedDecodeParams, eps) == 152,
               "FusedDecodeParams layout");
 

@@ -35,16 +35,13 @@ __device__ __forceinline__ void pdl_entry() {
 // (sm_90+; nothing before): weights a later kernel of the step reads, streamed from memory
 // while this kernel runs, so that kernel finds them in L2. `bytes` is a multiple of 16 and `p`
 // 16-byte aligned (bf16 weight rows of a multiple of 8).
-// Block `block` of `blocks` (a grid of any shape, flattened) takes its share.
-__device__ __forceinline__ void l2_prefetch_share_of(const void* p, unsigned long long bytes,
-                                                     unsigned long long block,
-                                                     unsigned long long blocks) {
+__device__ __forceinline__ void l2_prefetch_share(const void* p, unsigned long long bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (bytes == 0 || (threadIdx.x & 31) != 0) return;
   const unsigned long long warps = blockDim.x / 32;
-  const unsigned long long parts = blocks * warps;
+  const unsigned long long parts = (unsigned long long)gridDim.x * warps;
   const unsigned long long part = ((bytes + parts - 1) / parts + 15) & ~15ull;
-  const unsigned long long off = (block * warps + threadIdx.x / 32) * part;
+  const unsigned long long off = ((unsigned long long)blockIdx.x * warps + threadIdx.x / 32) * part;
   if (off >= bytes) return;
   const unsigned n = (unsigned)(bytes - off < part ? bytes - off : part);
   asm volatile(
@@ -53,10 +50,6 @@ __device__ __forceinline__ void l2_prefetch_share_of(const void* p, unsigned lon
       "r"(n)
       : "memory");
 #endif
-}
-
-__device__ __forceinline__ void l2_prefetch_share(const void* p, unsigned long long bytes) {
-  l2_prefetch_share_of(p, bytes, blockIdx.x, gridDim.x);
 }
 
 // Sum over a full warp (every lane gets the result).

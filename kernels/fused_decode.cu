@@ -147,17 +147,10 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              __nv_bfloat16* __restrict__ out, float* part_acc, float* part_ml,
                              uint32_t* counters, int W, const uint32_t* __restrict__ width,
                              int block_size, long long num_slots, int nkv, int part_min,
-                             float ks, float vs, float eps, int stop,
-                             const void* const (&pf)[3], const unsigned long long (&pf_bytes)[3]) {
+                             float ks, float vs, float eps, int stop) {
   using T = __nv_bfloat16;
   using Raw = typename KvRaw<KT>::type;
   pdl_trigger();
-  {  // The next matmuls' weights into L2 while this latency-bound kernel leaves memory idle.
-    const unsigned long long blk = blockIdx.x + (unsigned long long)gridDim.x * (blockIdx.y + (unsigned long long)gridDim.y * blockIdx.z);
-    const unsigned long long blks = (unsigned long long)gridDim.x * gridDim.y * gridDim.z;
-#pragma unroll
-    for (int i = 0; i < 3; ++i) l2_prefetch_share_of(pf[i], pf_bytes[i], blk, blks);
-  }
   const int b = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int nh = nkv * G;
   const int C = cluster_blocks();
@@ -368,7 +361,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     decode_fused<G, KT>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,          \
                         (KT*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc,            \
                         p.part_ml, p.counters, p.W, p.width, p.block_size, p.num_slots, p.nkv,  \
-                        p.part, p.k_scale, p.v_scale, p.eps, p.stop, p.pf, p.pf_bytes);         \
+                        p.part, p.k_scale, p.v_scale, p.eps, p.stop);                           \
   }
 PS_DECODE_FUSED(1, __nv_bfloat16, bf16)
 PS_DECODE_FUSED(2, __nv_bfloat16, bf16)

@@ -141,7 +141,7 @@ __device__ __forceinline__ bool warp_rows(int N, int (&rows)[NR]) {
 // waits for the previous kernel, optionally norms the input rows into shared memory, then
 // runs the dot products. NR 2 is the gate/up pair with SiLU (N = I).
 // NORM: 0 none, 1 the block-wide norm into shared memory (norm_rows), 2 the per-warp norm
-// (WarpNorm).
+// (WarpNorm), 3 the block-wide norm with its scale deferred to the sums (norm_rows_deferred).
 template <int T, int NR, int NORM, bool DB = false>
 __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
                                             const __nv_bfloat16* x,
@@ -170,13 +170,18 @@ __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
     if (!ok) return;
     dot_rows<T, NR>(W, xs, rows, K, lane, w, acc);
   } else {
+    float inv[T];
     if (NORM == 1) {
       norm_rows<T>(x, delta, res_out, nw, eps, add, K, x_s);
+      x = x_s;
+    } else if (NORM == 3) {
+      norm_rows_deferred<T>(x, delta, res_out, nw, eps, add, K, x_s, inv);
       x = x_s;
     }
     if (!ok) return;
     if constexpr (DB) dot_rows2<T, NR>(W, PlainX{x, K}, rows, K, lane, w, w2, acc);
     else dot_rows<T, NR>(W, PlainX{x, K}, rows, K, lane, w, acc);
+    if (NORM == 3) scale_rows<T, NR>(acc, inv);
   }
   store_rows<T, NR>(acc, out, N, rows[0], lane);
 }
@@ -295,12 +300,13 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
 constexpr int NW_REGS = 16;  // norm weights a thread holds
 
 // norm_rows with the norm weights already in registers (wk[e] = w[threadIdx.x + 256 e], kept
-// as bf16): the same sums in the same order.
-template <int T>
+// as bf16): the same sums in the same order. DEFER: norm_rows_deferred's (x_s scaled by w
+// only, in one pass; the scale in inv for the caller).
+template <int T, bool DEFER = false>
 __device__ void norm_rows_pre(const __nv_bfloat16* __restrict__ res,
                               const __nv_bfloat16* __restrict__ delta,
                               __nv_bfloat16* __restrict__ res_out, const __nv_bfloat16 (&wk)[NW_REGS],
-                              float eps, int add, int K, __nv_bfloat16* x_s) {
+                              float eps, int add, int K, __nv_bfloat16* x_s, float (&inv)[T]) {
   __shared__ float ss[WARPS][T];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float part[T];
@@ -314,7 +320,12 @@ __device__ void norm_rows_pre(const __nv_bfloat16* __restrict__ res,
       for (int t = 0; t < T; ++t) {
         float v = __bfloat162float(res[(size_t)t * K + k]);
         if (add) v = __bfloat162float(__float2bfloat16(v + __bfloat162float(delta[(size_t)t * K + k])));
-        x_s[t * K + k] = __float2bfloat16(v);
+        if (DEFER) {
+          if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = __float2bfloat16(v);
+          x_s[t * K + k] = __float2bfloat16(v * __bfloat162float(wk[e]));
+        } else {
+          x_s[t * K + k] = __float2bfloat16(v);
+        }
         part[t] += v * v;
       }
     }
@@ -325,7 +336,6 @@ __device__ void norm_rows_pre(const __nv_bfloat16* __restrict__ res,
     if (lane == 0) ss[warp][t] = s;
   }
   __syncthreads();
-  float inv[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) {
     float tot = 0.f;
@@ -333,6 +343,7 @@ __device__ void norm_rows_pre(const __nv_bfloat16* __restrict__ res,
     for (int i = 0; i < WARPS; ++i) tot += ss[i][t];
     inv[t] = rsqrtf(tot / K + eps);
   }
+  if (DEFER) return;
 #pragma unroll
   for (int e = 0; e < NW_REGS; ++e) {
     const int k = threadIdx.x + e * WARPS * 32;
@@ -368,7 +379,7 @@ __device__ __forceinline__ void load_slots(const __nv_bfloat16* __restrict__ W, 
   }
 }
 
-template <int T, int NR, bool NORM>
+template <int T, int NR, bool NORM, bool DEFER = false>
 __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W,
                                              const __nv_bfloat16* x,
                                              const __nv_bfloat16* __restrict__ delta,
@@ -398,8 +409,9 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
     }
   }
   pdl_wait();
+  float inv[T];
   if (NORM) {
-    norm_rows_pre<T>(x, delta, res_out, wk, eps, add, K, x_s);
+    norm_rows_pre<T, DEFER>(x, delta, res_out, wk, eps, add, K, x_s, inv);
     x = x_s;
   }
   float acc[NR][T];
@@ -421,6 +433,7 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
         for (int r = 0; r < NR; ++r)
 #pragma unroll
           for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
+        if (DEFER) scale_rows<T, NR>(acc, inv);
         store_rows<T, NR>(acc, out, N, gw + cr * G, lane);
 #pragma unroll
         for (int r = 0; r < NR; ++r)
@@ -596,8 +609,44 @@ __device__ __forceinline__ void gemv_split_kernel(const __nv_bfloat16* __restric
                                pf_bytes);                                                    \
   }
 
+// The norm kernels with the scale deferred (LaunchOptions::norm_deferred): plain and
+// double-buffered, gate|up a block per eight pairs and on streamed rows.
+#define DNORM_GEMV(T)                                                                        \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) dnorm_gemv_t##T##_bf16(           \
+      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
+      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
+      __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
+    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
+    gemv_kernel<T, 1, 3>(W, res, delta, res_out, nw, eps, add, out, N, K, x_s, pf, pf_bytes); \
+  }                                                                                          \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) dnorm_gemv_silu_t##T##_bf16(      \
+      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
+      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
+      __nv_bfloat16* out, int I, int K, const void* pf, unsigned long long pf_bytes) {       \
+    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
+    gemv_kernel<T, 2, 3>(W, res, delta, res_out, nw, eps, add, out, I, K, x_s, pf, pf_bytes); \
+  }                                                                                          \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) dnorm_gemv_db_t##T##_bf16(        \
+      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
+      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
+      __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
+    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
+    gemv_kernel<T, 1, 3, true>(W, res, delta, res_out, nw, eps, add, out, N, K, x_s, pf,     \
+                               pf_bytes);                                                    \
+  }                                                                                          \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) sdnorm_gemv_silu_t##T##_bf16(     \
+      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
+      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
+      __nv_bfloat16* out, int I, int K, const void* pf, unsigned long long pf_bytes) {       \
+    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
+    sgemv_kernel<T, 2, true, true>(W, res, delta, res_out, nw, eps, add, out, I, K, x_s, pf, \
+                                   pf_bytes);                                                \
+  }
+
 GEMV(1)
 GEMV(2)
+DNORM_GEMV(1)
+DNORM_GEMV(2)
 SGEMV(1)
 SGEMV(2)
 GEMV_DB(1)

@@ -140,6 +140,60 @@ __device__ void norm_rows(const __nv_bfloat16* __restrict__ res,
   __syncthreads();
 }
 
+// The norm with its scale deferred (LaunchOptions::norm_deferred): x_s[t][k] = bf16(bf16(res +
+// delta) * w[k]) and inv[t] = inv_rms(t), one pass and one block barrier; the caller scales
+// its dot products by inv[t] (linear in x), where norm_rows scales every input in a second
+// pass behind a second barrier. One rounding of the input row either way (at another scale).
+// Block 0 writes bf16(res + delta) to res_out when add.
+template <int T>
+__device__ void norm_rows_deferred(const __nv_bfloat16* __restrict__ res,
+                                   const __nv_bfloat16* __restrict__ delta,
+                                   __nv_bfloat16* __restrict__ res_out,
+                                   const __nv_bfloat16* __restrict__ w, float eps, int add, int K,
+                                   __nv_bfloat16* x_s, float (&inv)[T]) {
+  __shared__ float ss[WARPS][T];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float part[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) part[t] = 0.f;
+  for (int k = threadIdx.x; k < K; k += WARPS * 32) {
+    const float wk = __bfloat162float(w[k]);
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float v = __bfloat162float(res[(size_t)t * K + k]);
+      if (add) {
+        const __nv_bfloat16 s = __float2bfloat16(v + __bfloat162float(delta[(size_t)t * K + k]));
+        if (blockIdx.x == 0) res_out[(size_t)t * K + k] = s;
+        v = __bfloat162float(s);
+      }
+      x_s[t * K + k] = __float2bfloat16(v * wk);
+      part[t] += v * v;
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    float s = warp_sum(part[t]);
+    if (lane == 0) ss[warp][t] = s;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    float tot = 0.f;
+#pragma unroll
+    for (int i = 0; i < WARPS; ++i) tot += ss[i][t];
+    inv[t] = rsqrtf(tot / K + eps);
+  }
+}
+
+// acc[r][t] *= inv[t]: a deferred norm's scale on finished dot products.
+template <int T, int NR>
+__device__ __forceinline__ void scale_rows(float (&acc)[NR][T], const float (&inv)[T]) {
+#pragma unroll
+  for (int r = 0; r < NR; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] *= inv[t];
+}
+
 // out[t][row] = acc (NR 1) or silu(gate) * up (NR 2), written by lane t.
 template <int T, int NR>
 __device__ __forceinline__ void store_rows(const float (&acc)[NR][T], __nv_bfloat16* __restrict__ out,

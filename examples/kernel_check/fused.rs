@@ -143,7 +143,6 @@ pub(crate) fn case(
             bs,
             &out2,
             (splits, part, scratch.as_ref(), &counters),
-            &[&qkv],
         )?;
         worst = worst.max(if exact {
             max_abs_diff(&out1, &out2)?

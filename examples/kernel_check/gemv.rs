@@ -8,15 +8,20 @@
 use super::*;
 
 pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
-    for warp_norm in [false, true] {
+    for (warp_norm, norm_deferred, tag) in [
+        (false, false, ""),
+        (true, false, " (warp norm)"),
+        (false, true, " (deferred norm)"),
+    ] {
         let opts = LaunchOptions {
             gemv_mma: true,
             l2_prefetch: true,
             warp_norm,
+            norm_deferred,
             ..LaunchOptions::default()
         };
         let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
-        check_with(&k, if warp_norm { " (warp norm)" } else { "" }, dev, t)?;
+        check_with(&k, tag, dev, t)?;
     }
     // The one-block-a-row-group kernels with one batch of loads in flight (no longer the
     // defaults), against which the streamed and double-buffered ones are held.
@@ -201,6 +206,7 @@ fn check_with(k: &CudaKernels, tag: &str, dev: &Device, t: &mut Table) -> Res<()
             (1024, 2048),
             (1000, 96),
             (2048, 6144),
+            (1024, 3072),
         ] {
             let x = randn(&[rows, kk], dt, dev)?;
             let w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;
@@ -255,14 +261,14 @@ fn check_with(k: &CudaKernels, tag: &str, dev: &Device, t: &mut Table) -> Res<()
                 };
                 t.check(
                     format!(
-                        "norm_gemv{} rows {rows} n {n} k {kk}",
+                        "norm_gemv{} rows {rows} n {n} k {kk}{tag}",
                         if silu { "_silu" } else { "" }
                     ),
                     rel(dst, &reference)?,
                     2e-2,
                 );
                 t.check(
-                    format!("norm_gemv rows {rows} k {kk} (residual sum)"),
+                    format!("norm_gemv rows {rows} k {kk} (residual sum){tag}"),
                     rel(&res_out, &sum)?,
                     1e-2,
                 );

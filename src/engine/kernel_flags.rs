@@ -41,16 +41,16 @@ pub struct KernelFlags {
     /// Per-warp fused norms in the 1-2-row skinny matmuls (`KernelOptions::warp_norm`).
     #[arg(long)]
     pub warp_norm: bool,
+    /// The 1-2-row fused norms scale the dot products, not the inputs
+    /// (`KernelOptions::norm_deferred`).
+    #[arg(long, conflicts_with = "warp_norm")]
+    pub norm_deferred: bool,
     /// Run decode attention unfused (norm/RoPE/KV write, then attention).
     #[arg(long)]
     pub no_fused_decode: bool,
     /// No thread-block clusters in the fused decode attention.
     #[arg(long)]
     pub no_clusters: bool,
-    /// The fused decode attention prefetches the layer's next weights into L2, at most this
-    /// many MiB (`KernelOptions::attn_prefetch_mib`).
-    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub attn_prefetch: Option<u16>,
     /// Prefill attention on the two-pass WMMA kernel instead of the flash prefill kernel.
     #[arg(long)]
     pub no_flash_prefill: bool,
@@ -144,10 +144,10 @@ impl KernelFlags {
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
+            norm_deferred: self.norm_deferred,
             sample_full: !self.no_device_full_sampling,
             fused_decode: !self.no_fused_decode,
             clusters: !self.no_clusters,
-            attn_prefetch_mib: self.attn_prefetch,
             flash_prefill: !self.no_flash_prefill,
             wgmma_prefill: !self.no_wgmma_prefill,
             split_kv: !self.no_split_kv,

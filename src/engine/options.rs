@@ -71,14 +71,15 @@ pub struct KernelOptions {
     /// 16-24% slower on the H200 (every warp reads the rows the block read once; BENCHMARKS.md,
     /// #21).
     pub warp_norm: bool,
+    /// The 1-2-row skinny matmuls' fused norm scales the finished dot products by 1/rms
+    /// instead of every input (`kernels/gemv.cuh` `norm_rows_deferred`: one pass and one block
+    /// barrier instead of two; the input rounded to bf16 once at another scale, so not the
+    /// same bits). Off by default: not yet measured (#21).
+    pub norm_deferred: bool,
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge; bf16).
     pub fused_decode: bool,
     /// Merge fused decode attention in thread-block clusters (sm_90+).
     pub clusters: bool,
-    /// The fused decode attention (latency-bound, memory nearly idle) prefetches the layer's
-    /// next weights into L2 (o, then gate|up, then down; at most this many MiB), so those
-    /// matmuls read L2 instead of memory (sm_90+). Off by default: not yet measured (#21).
-    pub attn_prefetch_mib: Option<u16>,
     /// The flash prefill attention (`kernels/flash_prefill.cu`: mma.sync tensor cores,
     /// cp.async double buffering, online softmax; bf16). Off: the two-pass WMMA kernel.
     pub flash_prefill: bool,
@@ -192,9 +193,9 @@ impl Default for KernelOptions {
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
+            norm_deferred: false,
             fused_decode: true,
             clusters: true,
-            attn_prefetch_mib: None,
             flash_prefill: true,
             wgmma_prefill: true,
             split_kv: true,

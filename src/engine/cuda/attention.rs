@@ -297,52 +297,17 @@ impl CudaKernels {
         block_size: usize,
         out: &Tensor,
         parts: (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
-        prefetch: &[&Tensor],
     ) -> Result<()> {
-        let pf = self.attn_prefetch_ranges(prefetch)?;
         self.decode_fused_stage_into(
-            qkv,
-            norms,
-            inv_freq,
-            pos_slots,
-            caches,
-            tables,
-            ctx_lens,
-            block_size,
-            out,
-            parts,
-            (0, pf),
+            qkv, norms, inv_freq, pos_slots, caches, tables, ctx_lens, block_size, out, parts, 0,
         )
-    }
-
-    /// Whether [`CudaKernels::decode_fused_into`] prefetches the weights it is given
-    /// (`LaunchOptions::attn_prefetch_mib`).
-    pub fn attn_prefetches(&self) -> bool {
-        self.attn_prefetch > 0
-    }
-
-    /// The first three of `ws` as L2 prefetch ranges (pointers and bytes), in order, within
-    /// the `attn_prefetch` budget (zeros: none).
-    fn attn_prefetch_ranges(&self, ws: &[&Tensor]) -> Result<([u64; 3], [u64; 3])> {
-        let (mut pf, mut bytes) = ([0u64; 3], [0u64; 3]);
-        let mut left = self.attn_prefetch;
-        for (i, w) in ws.iter().take(3).enumerate() {
-            self.check_dtype(w)?;
-            let n = (w.elem_count() * w.dtype().size_in_bytes()).min(left) & !15;
-            if n == 0 {
-                break;
-            }
-            (pf[i], bytes[i]) = (self.ptr(w)?, n as u64);
-            left -= n;
-        }
-        Ok((pf, bytes))
     }
 
     /// Profiling only: [`CudaKernels::decode_fused_into`] with every block ending after phase
     /// `stop` of `kernels/fused_decode.cu`'s `decode_fused` (1: the K/V prefetch and the wait;
     /// 2: q/k norm + RoPE; 3: the attention loop; 4: the block's partial formed; 0: the
     /// whole kernel; -1: the whole kernel without clusters). Only `stop` 0 and -1 leave valid
-    /// outputs and merge counters. `pf`: L2 prefetch ranges (pointers, bytes; zeros: none).
+    /// outputs and merge counters.
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     pub fn decode_fused_stage_into(
@@ -357,7 +322,7 @@ impl CudaKernels {
         block_size: usize,
         out: &Tensor,
         (splits, part, scratch, counters): (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
-        (stop, (pf, pf_bytes)): (i32, ([u64; 3], [u64; 3])),
+        stop: i32,
     ) -> Result<()> {
         self.check_dtype(qkv)?;
         let (k_cache, v_cache) = (kv.k, kv.v);
@@ -412,8 +377,6 @@ impl CudaKernels {
             )?,
             eps: eps as f32,
             stop,
-            pf,
-            pf_bytes,
         };
         let mut lb = self.launcher(func);
         if stop == 0 {

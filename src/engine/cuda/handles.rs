@@ -33,15 +33,19 @@ pub(crate) struct GemvSet {
 
 impl GemvSet {
     /// The functions for 1..=`rows` rows that the launch options (`gemv_stream`,
-    /// `gemv_double_buffer`, `gemv_split_k`, `warp_norm`) ask for, from the loaded `gemv`
-    /// module, for a GPU of `sms` SMs.
+    /// `gemv_double_buffer`, `gemv_split_k`, `warp_norm`, `norm_deferred`) ask for, from the
+    /// loaded `gemv` module, for a GPU of `sms` SMs.
     pub(super) fn load(
         m: &Arc<CudaModule>,
-        (gemv_stream, double, split, warp_norm): (Option<u8>, bool, bool, bool),
+        (gemv_stream, double, split, (warp_norm, deferred)): (Option<u8>, bool, bool, (bool, bool)),
         sms: usize,
         rows: usize,
     ) -> Result<Self> {
-        let norm = if warp_norm { "wnorm" } else { "norm" };
+        let norm = match (warp_norm, deferred) {
+            (true, _) => "wnorm",
+            (false, true) => "dnorm",
+            (false, false) => "norm",
+        };
         let all = |kind: String| -> Result<Vec<CudaFunction>> {
             (1..=rows)
                 .map(|t| {
@@ -63,13 +67,16 @@ impl GemvSet {
             // them), and not beside the per-warp norm.
             stream: match gemv_stream.filter(|_| !warp_norm) {
                 Some(b) => Some((
-                    [all("sgemv_silu".into())?, all("snorm_gemv_silu".into())?],
+                    [
+                        all("sgemv_silu".into())?,
+                        all(format!("s{norm}_gemv_silu"))?,
+                    ],
                     sms * usize::from(b),
                 )),
                 None => None,
             },
             double: if double && !warp_norm {
-                Some([all("gemv_db".into())?, all("norm_gemv_db".into())?])
+                Some([all("gemv_db".into())?, all(format!("{norm}_gemv_db"))?])
             } else {
                 None
             },

@@ -132,9 +132,6 @@ pub struct CudaKernels {
     /// Fused decode attention merges in thread-block clusters (sm_90+ with
     /// `LaunchOptions::clusters`; see [`CudaKernels::decode_cluster`]).
     pub(super) clusters: bool,
-    /// Bytes of the layer's next weights the fused decode attention prefetches into L2 (0:
-    /// none; `LaunchOptions::attn_prefetch_mib`, sm_90+).
-    pub(super) attn_prefetch: usize,
     /// Pinned host buffers for token ids read back without waiting for the stream.
     pub(crate) pinned: Arc<PinnedPool>,
     /// The pinned buffer host data goes through to the device ([`CudaKernels::upload_u32`]).
@@ -417,7 +414,7 @@ impl CudaKernels {
                     opts.gemv_stream,
                     opts.gemv_double_buffer,
                     opts.gemv_split_k,
-                    opts.warp_norm,
+                    (opts.warp_norm, opts.norm_deferred),
                 );
                 Some(GemvSet::load(&gemv_mod, which, sms, GEMV_MAX_ROWS)?)
             } else {
@@ -442,10 +439,6 @@ impl CudaKernels {
             l2_prefetch: hopper && opts.l2_prefetch,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,
-            attn_prefetch: match opts.attn_prefetch_mib {
-                Some(mib) if hopper => usize::from(mib) << 20,
-                _ => 0,
-            },
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),
             fp8,
             pinned: Arc::default(),

@@ -34,13 +34,13 @@ pub struct LaunchOptions {
     /// The 1-2-row skinny matmuls behind a norm compute it per warp (no shared memory, no
     /// block barrier) instead of once per block.
     pub warp_norm: bool,
+    /// The 1-2-row skinny matmuls behind a norm scale their sums by 1/rms instead of the
+    /// inputs (`gemv.cu` `dnorm_*`, `sdnorm_*`; with `warp_norm` off).
+    pub norm_deferred: bool,
     /// The fused decode attention (bf16).
     pub fused_decode: bool,
     /// Thread-block clusters in the fused decode attention (sm_90+).
     pub clusters: bool,
-    /// The fused decode attention prefetches the layer's next weights into L2, at most this
-    /// many MiB (sm_90+; None: no prefetch).
-    pub attn_prefetch_mib: Option<u16>,
     /// The flash prefill attention (bf16).
     pub flash_prefill: bool,
     /// The flash prefill on warpgroup MMA where the GPU has it (sm_90).
@@ -107,9 +107,9 @@ impl Default for LaunchOptions {
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
+            norm_deferred: false,
             fused_decode: true,
             clusters: true,
-            attn_prefetch_mib: None,
             flash_prefill: true,
             wgmma_prefill: true,
             wgmma_prefill_x2: true,

@@ -88,9 +88,6 @@ pub(super) struct FusedDecodeParams {
     pub(super) geometry: DecodeGeometry,
     pub(super) eps: f32,
     pub(super) stop: i32,
-    /// Weights the blocks prefetch into L2 and their sizes (0: none).
-    pub(super) pf: [u64; 3],
-    pub(super) pf_bytes: [u64; 3],
 }
 
 /// `PrefillParams` of `kernels/attention.cuh`: the one parameter of `paged_prefill_*`.
@@ -121,7 +118,7 @@ pub(super) struct PrefillParams {
 // The sizes `kernels/attention.cuh` asserts for the same structs (a field added on one side
 // only fails the build).
 const _: () = assert!(std::mem::size_of::<DecodeParams>() == 104);
-const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 208);
+const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 160);
 const _: () = assert!(std::mem::size_of::<PrefillParams>() == 120);
 const _: () = {
     use std::mem::offset_of;

@@ -218,14 +218,6 @@ impl KernelForward<'_> {
         let bs = cache.block_size();
         let mut kv = cache.layer(li);
         kv.fresh = a.kv_new.as_ref().map(|(k, v)| (k, v));
-        // The weights the layer reads next, for the fused attention to prefetch into L2.
-        let mut next = Vec::new();
-        if fused && k.attn_prefetches() {
-            next.push(at.o_proj.weight());
-            if let Ffn::Dense(mlp) = &m.layers[li].ffn {
-                next.extend([mlp.gate_up.weight(), mlp.down.weight()]);
-            }
-        }
         Ok(if fused {
             k.decode_fused_into(
                 &a.qkv,
@@ -238,7 +230,6 @@ impl KernelForward<'_> {
                 bs,
                 &a.attn,
                 (inputs.splits, part, a.scratch.as_ref(), &a.counters),
-                &next,
             )?;
             a.attn.clone()
         } else {
