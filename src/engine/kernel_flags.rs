@@ -41,10 +41,13 @@ pub struct KernelFlags {
     /// Per-warp fused norms in the 1-2-row skinny matmuls (`KernelOptions::warp_norm`).
     #[arg(long)]
     pub warp_norm: bool,
-    /// The 1-2-row fused norms scale the dot products, not the inputs
-    /// (`KernelOptions::norm_deferred`).
-    #[arg(long, conflicts_with = "warp_norm")]
-    pub norm_deferred: bool,
+    /// The 1-2-row fused norms over at most K inputs scale the dot products, not the inputs
+    /// (`KernelOptions::norm_deferred`; default 1,024).
+    #[arg(long, value_name = "K", conflicts_with = "warp_norm")]
+    pub norm_deferred_max_k: Option<usize>,
+    /// Every 1-2-row fused norm scales its inputs (turns `KernelOptions::norm_deferred` off).
+    #[arg(long, conflicts_with = "norm_deferred_max_k")]
+    pub no_norm_deferred: bool,
     /// Run decode attention unfused (norm/RoPE/KV write, then attention).
     #[arg(long)]
     pub no_fused_decode: bool,
@@ -144,7 +147,10 @@ impl KernelFlags {
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
-            norm_deferred: self.norm_deferred,
+            norm_deferred: (!self.no_norm_deferred && !self.warp_norm).then(|| {
+                self.norm_deferred_max_k
+                    .unwrap_or(super::options::NORM_DEFERRED_MAX_K)
+            }),
             sample_full: !self.no_device_full_sampling,
             fused_decode: !self.no_fused_decode,
             clusters: !self.no_clusters,

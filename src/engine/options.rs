@@ -21,6 +21,10 @@ pub const LORA_SIDE_MIN_ROWS: usize = 64;
 /// 6% / 2.5% but 1.7B loses 6% / 8% (BENCHMARKS.md, #23).
 pub const LORA_WIDE_MIN_ROWS: usize = 3;
 
+/// The default of `KernelOptions::norm_deferred`: on the H200, 0.6B (1,024 inputs) batch 1
+/// +2.3%, 1.7B (2,048) batch 1 -2.2% (BENCHMARKS.md, #21).
+pub const NORM_DEFERRED_MAX_K: usize = 1024;
+
 /// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
 pub const GEMV_STREAM_BLOCKS: u8 = 2;
@@ -66,16 +70,14 @@ pub struct KernelOptions {
     /// probability, so the two draw different, equally distributed tokens for one seed).
     /// Off: their logits go to the host, 600 KB a row a step.
     pub sample_full: bool,
-    /// The skinny matmuls of 1-2 rows compute their fused norm per warp (no shared memory,
-    /// no block barrier before the first product) instead of once per block. Off by default:
-    /// 16-24% slower on the H200 (every warp reads the rows the block read once; BENCHMARKS.md,
-    /// #21).
+    /// The skinny matmuls of 1-2 rows compute their fused norm per warp (no shared memory, no
+    /// block barrier) instead of once per block. Off by default: 16-24% slower (#21).
     pub warp_norm: bool,
-    /// The 1-2-row skinny matmuls' fused norm scales the finished dot products by 1/rms
-    /// instead of every input (`kernels/gemv.cuh` `norm_rows_deferred`: one pass and one block
-    /// barrier instead of two; the input rounded to bf16 once at another scale, so not the
-    /// same bits). Off by default: not yet measured (#21).
-    pub norm_deferred: bool,
+    /// The 1-2-row skinny matmuls' fused norms over at most this many inputs scale the dot
+    /// products by 1/rms instead of every input (`kernels/gemv.cuh` `norm_rows_deferred`: one
+    /// pass and one block barrier instead of two; the input rounded to bf16 once, at another
+    /// scale). Default `Some(NORM_DEFERRED_MAX_K)`; None: every norm scales its inputs.
+    pub norm_deferred: Option<usize>,
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge; bf16).
     pub fused_decode: bool,
     /// Merge fused decode attention in thread-block clusters (sm_90+).
@@ -193,7 +195,7 @@ impl Default for KernelOptions {
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
-            norm_deferred: false,
+            norm_deferred: Some(NORM_DEFERRED_MAX_K),
             fused_decode: true,
             clusters: true,
             flash_prefill: true,

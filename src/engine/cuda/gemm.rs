@@ -54,8 +54,10 @@ const DOUBLE_BUFFER_MIN_K: usize = 8 * 8 * 32;
 /// Widest weight (output rows) the skinny-matmul kernels take.
 const GEMV_MAX_N: usize = 1 << 15;
 
-/// Shared memory the fused-norm kernels may take for the normed rows (T * K bf16).
-const NORM_SMEM: usize = 48 << 10;
+/// Shared memory the fused-norm kernels may take for the normed rows (T * K bf16): 48 KiB (no
+/// opt-in) less the tensor-core kernels' 8.25 KiB of static shared memory (at 8 rows over
+/// 3,072 inputs they asked for 51 KB and failed to launch).
+const NORM_SMEM: usize = 39 << 10;
 
 impl CudaKernels {
     /// `out = x · wᵀ` for x `[T, in]`, a weight `[out, in]` (a linear layer's layout) and
@@ -243,6 +245,10 @@ impl CudaKernels {
         }
         if t <= GEMV_MAX_ROWS {
             let set = self.gemv.as_ref()?;
+            let set = match &set.deferred {
+                Some((max_k, d)) if kind >= 2 && k <= *max_k => d.as_ref(),
+                _ => set,
+            };
             // Kinds 1 and 3 (gate|up) stream; the streamed norm kernel holds the norm weights
             // of K <= STREAM_NORM_MAX_K (wider ones take the kernel a block per eight pairs).
             let streams = kind == 1 || (kind == 3 && k <= STREAM_NORM_MAX_K);

@@ -29,6 +29,9 @@ pub(crate) struct GemvSet {
     /// The plain kernel with two warps a row, for rows of more than 2,048
     /// inputs, a multiple of 16 (`LaunchOptions::gemv_split_k`).
     pub(super) split: Option<Vec<CudaFunction>>,
+    /// The same set with the norms' scale deferred (`dnorm_*`), for norm kinds over at most
+    /// this many inputs (`LaunchOptions::norm_deferred`).
+    pub(super) deferred: Option<(usize, Box<GemvSet>)>,
 }
 
 impl GemvSet {
@@ -37,15 +40,33 @@ impl GemvSet {
     /// loaded `gemv` module, for a GPU of `sms` SMs.
     pub(super) fn load(
         m: &Arc<CudaModule>,
-        (gemv_stream, double, split, (warp_norm, deferred)): (Option<u8>, bool, bool, (bool, bool)),
+        (gemv_stream, double, split, (warp_norm, deferred)): (
+            Option<u8>,
+            bool,
+            bool,
+            (bool, Option<usize>),
+        ),
         sms: usize,
         rows: usize,
     ) -> Result<Self> {
-        let norm = match (warp_norm, deferred) {
-            (true, _) => "wnorm",
-            (false, true) => "dnorm",
-            (false, false) => "norm",
-        };
+        let which = (gemv_stream, double, split, warp_norm);
+        let norm = if warp_norm { "wnorm" } else { "norm" };
+        let mut set = Self::named(m, which, norm, sms, rows)?;
+        if let Some(max_k) = deferred.filter(|_| !warp_norm) {
+            let d = Self::named(m, which, "dnorm", sms, rows)?;
+            set.deferred = Some((max_k, Box::new(d)));
+        }
+        Ok(set)
+    }
+
+    /// [`GemvSet::load`] with the norm kernels named `{norm}_*`.
+    fn named(
+        m: &Arc<CudaModule>,
+        (gemv_stream, double, split, warp_norm): (Option<u8>, bool, bool, bool),
+        norm: &str,
+        sms: usize,
+        rows: usize,
+    ) -> Result<Self> {
         let all = |kind: String| -> Result<Vec<CudaFunction>> {
             (1..=rows)
                 .map(|t| {
@@ -85,6 +106,7 @@ impl GemvSet {
             } else {
                 None
             },
+            deferred: None,
         })
     }
 }

@@ -34,9 +34,10 @@ pub struct LaunchOptions {
     /// The 1-2-row skinny matmuls behind a norm compute it per warp (no shared memory, no
     /// block barrier) instead of once per block.
     pub warp_norm: bool,
-    /// The 1-2-row skinny matmuls behind a norm scale their sums by 1/rms instead of the
-    /// inputs (`gemv.cu` `dnorm_*`, `sdnorm_*`; with `warp_norm` off).
-    pub norm_deferred: bool,
+    /// The 1-2-row skinny matmuls behind a norm over at most this many inputs scale their
+    /// sums by 1/rms instead of the inputs (`gemv.cu` `dnorm_*`, `sdnorm_*`; with `warp_norm`
+    /// off).
+    pub norm_deferred: Option<usize>,
     /// The fused decode attention (bf16).
     pub fused_decode: bool,
     /// Thread-block clusters in the fused decode attention (sm_90+).
@@ -107,7 +108,7 @@ impl Default for LaunchOptions {
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
-            norm_deferred: false,
+            norm_deferred: Some(crate::engine::options::NORM_DEFERRED_MAX_K),
             fused_decode: true,
             clusters: true,
             flash_prefill: true,
