@@ -36,11 +36,12 @@ __device__ __forceinline__ void warp_argmax(float& best, int& best_id) {
 // Routing of one token by one warp for up to 128 experts: lane l holds the probabilities of
 // experts l, l + 32, l + 64, l + 96 in registers, read and exponentiated once (the same values
 // the general path below recomputes at every pick); a pick marks its expert -2 (probabilities
-// are >= 0, experts past e hold -1), lane s keeps pick s and writes it.
+// are >= 0, experts past e hold -1), lane s keeps pick s, writes it and returns its expert.
 template <typename T>
-__device__ __forceinline__ void route_small(const T* __restrict__ row, uint32_t* __restrict__ ids,
-                                            float* __restrict__ w, int t, int e, int k, int norm,
-                                            int lane) {
+__device__ __forceinline__ uint32_t route_small(const T* __restrict__ row,
+                                                uint32_t* __restrict__ ids,
+                                                float* __restrict__ w, int t, int e, int k,
+                                                int norm, int lane) {
   float p[4];
   float m = -INFINITY;
 #pragma unroll
@@ -85,6 +86,7 @@ __device__ __forceinline__ void route_small(const T* __restrict__ row, uint32_t*
     ids[(size_t)t * k + lane] = mine_id;
     w[(size_t)t * k + lane] = to_f(from_f<T>(norm ? mine_p / sum : mine_p));
   }
+  return mine_id;
 }
 
 // One warp per token.
@@ -230,6 +232,34 @@ extern "C" __global__ void moe_align(const uint32_t* ids, uint32_t* order, uint3
   }
 MOE_ROUTE_ALIGN(__nv_bfloat16, bf16)
 MOE_ROUTE_ALIGN(float, f32)
+
+// One token over at most 128 experts (LaunchOptions::moe_route_one): the routing and the
+// alignment by one warp, what moe_route_align writes for it. The token's k experts are
+// distinct, so each is a run (and a tile) of one pair, in ascending expert order: pick s goes
+// to position rank(s), the number of picks with a lower expert; tiles past k are zeroed.
+#define MOE_ROUTE_ONE(T, S)                                                                     \
+  extern "C" __global__ void moe_route_one_##S(const T* logits, uint32_t* ids, float* w,        \
+                                               uint32_t* order, uint32_t* tiles, int e, int k,  \
+                                               int norm, int max_tiles) {                       \
+    pdl_entry();                                                                                \
+    const int lane = threadIdx.x & 31;                                                          \
+    const uint32_t mine = route_small<T>(logits, ids, w, 0, e, k, norm, lane);                  \
+    int rank = 0;                                                                               \
+    for (int s = 0; s < k; ++s) rank += __shfl_sync(0xffffffffu, mine, s) < mine ? 1 : 0;       \
+    if (lane < k) order[rank] = (uint32_t)lane;                                                 \
+    if (lane < k && rank < max_tiles) {                                                         \
+      tiles[3 * rank] = (uint32_t)rank;                                                         \
+      tiles[3 * rank + 1] = 1u;                                                                 \
+      tiles[3 * rank + 2] = mine;                                                               \
+    }                                                                                           \
+    for (int i = k + lane; i < max_tiles; i += 32) {                                            \
+      tiles[3 * i] = 0u;                                                                        \
+      tiles[3 * i + 1] = 0u;                                                                    \
+      tiles[3 * i + 2] = 0u;                                                                    \
+    }                                                                                           \
+  }
+MOE_ROUTE_ONE(__nv_bfloat16, bf16)
+MOE_ROUTE_ONE(float, f32)
 
 #define MOE_ROUTE(T, S)                                                                         \
   extern "C" __global__ void moe_route_##S(const T* logits, uint32_t* ids, float* w, int tokens, \

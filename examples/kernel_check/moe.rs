@@ -54,6 +54,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     }
     norm_router(&k, dev, t)?;
     down_sum(dev, t)?;
+    route_one(dev, t)?;
     timings(&k, dev)
 }
 
@@ -115,6 +116,65 @@ fn down_sum(dev: &Device, t: &mut Table) -> Res<()> {
             each[2], each[3]
         );
     }
+    Ok(())
+}
+
+/// One token's routing and alignment by one warp (`LaunchOptions::moe_route_one`) against the
+/// block of 1,024 threads: the experts' output bit for bit (the same ids, weights, order and
+/// tiles feed them) on every tile kind a one-token step can take, both `norm_topk_prob`, one
+/// rank's half of the experts, a top-2 shape; then the routing stage timed both ways.
+fn route_one(dev: &Device, t: &mut Table) -> Res<()> {
+    let opts = LaunchOptions {
+        moe_route_one: false,
+        ..LaunchOptions::default()
+    };
+    let kb = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
+    let kw = CudaKernels::new(dev, DType::BF16, &LaunchOptions::default())?.ok_or("no kernels")?;
+    let kf = CudaKernels::new(dev, DType::F32, &opts)?.ok_or("no kernels")?;
+    let kfw = CudaKernels::new(dev, DType::F32, &LaunchOptions::default())?.ok_or("no kernels")?;
+    let cases = [
+        (128, 8, 2048, 768, 0, 128, true),
+        (128, 8, 2048, 768, 0, 128, false),
+        (128, 8, 2048, 768, 64, 64, true),
+        (8, 2, 256, 64, 4, 4, false),
+        (60, 4, 256, 64, 0, 60, true),
+    ];
+    for (e, top, hidden, inter, first, local, norm) in cases {
+        for (dt, block, warp) in [(DType::BF16, &kb, &kw), (DType::F32, &kf, &kfw)] {
+            let h = randn(&[1, hidden], dt, dev)?;
+            let logits = randn(&[1, e], dt, dev)?;
+            let gu = (randn(&[local, 2 * inter, hidden], dt, dev)? * 0.02)?;
+            let dn = (randn(&[local, hidden, inter], dt, dev)? * 0.02)?;
+            let how = (first, top, norm);
+            let tiles: &[Option<usize>] = if dt == DType::BF16 {
+                &[None, Some(1), Some(8), Some(16)]
+            } else {
+                &[None]
+            };
+            for &tile in tiles {
+                let (a, ..) = block.moe_experts(&h, &logits, (&gu, &dn), how, (tile, 1))?;
+                let (b, ..) = warp.moe_experts(&h, &logits, (&gu, &dn), how, (tile, 1))?;
+                t.check(
+                    format!("moe route by one warp = block: {dt:?} T1 E{e} top{top} h{hidden} experts {first}+{local} norm {norm} tile {tile:?}"),
+                    rel(&a, &b)?,
+                    0.0,
+                );
+            }
+        }
+    }
+    let (e, top, hidden, inter) = (128, 8, 2048, 768);
+    let h = randn(&[1, hidden], DType::BF16, dev)?;
+    let logits = randn(&[1, e], DType::BF16, dev)?;
+    let gu = (randn(&[e, 2 * inter, hidden], DType::BF16, dev)? * 0.02)?;
+    let dn = (randn(&[e, hidden, inter], DType::BF16, dev)? * 0.02)?;
+    let how = (0, top, true);
+    let (_, whole_b, each_b) = kb.moe_experts(&h, &logits, (&gu, &dn), how, (None, 20))?;
+    let (_, whole_w, each_w) = kw.moe_experts(&h, &logits, (&gu, &dn), how, (None, 20))?;
+    println!(
+        "moe timing T1 routing: one warp {:.1} us alone ({whole_w:.1} us a layer's experts), \
+         block of 1,024 {:.1} ({whole_b:.1})",
+        each_w[0], each_b[0]
+    );
     Ok(())
 }
 

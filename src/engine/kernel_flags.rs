@@ -97,6 +97,10 @@ pub struct KernelFlags {
     /// launches (turns `KernelOptions::moe_down_sum` off).
     #[arg(long)]
     pub no_moe_down_sum: bool,
+    /// One-token MoE steps route on a block of 1,024 threads (turns
+    /// `KernelOptions::moe_route_one` off).
+    #[arg(long)]
+    pub no_moe_route_one: bool,
     /// LoRA steps launched one shrink and one expand per fused matmul, in order (turns
     /// `KernelOptions::lora_overlap` off: no second stream, no expands fused with the SiLU or
     /// the norms).
@@ -166,6 +170,7 @@ impl KernelFlags {
             moe_tile_one: !self.no_moe_tile_one,
             moe_norm_router: self.moe_norm_router,
             moe_down_sum: !self.no_moe_down_sum,
+            moe_route_one: !self.no_moe_route_one,
             lora_overlap: !self.no_lora_overlap,
             lora_grouped: self.lora_grouped,
             lora_runs: !self.no_lora_runs,

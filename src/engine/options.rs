@@ -127,17 +127,16 @@ pub struct KernelOptions {
     /// #29).
     pub moe_tile_one: bool,
     /// Decode steps of 1-2 rows run a sparse layer's add+RMSNorm and router matmul as one
-    /// launch (`kernels/moe_route.cu` `moe_norm_router_t*`, bf16) instead of two. Off by default:
-    /// slower on the H200 (30B-A3B shape, 12 layers: batch 1 991 against 1,008 tok/s, batch 2
-    /// 1,540 against 1,568; BENCHMARKS.md, #29).
+    /// launch (`moe_norm_router_t*`). Off by default: 1-2% slower on the H200 (#29).
     pub moe_norm_router: bool,
     /// MoE steps on one-pair tiles run the experts' down matmul and the sum over a token's
-    /// experts in one launch (`kernels/moe.cu` `moe_down_sum_bf16`: a warp per output row
-    /// through the token's experts in ascending order; the same bits as the two launches,
-    /// without the per-pair outputs' round trip). On by default: on the H200 (30B-A3B shape,
-    /// 12 layers) batch 1 1,018 against 1,002 tok/s, batch 2 1,599 against 1,561, batch 8
-    /// 3,140 against 3,136 (BENCHMARKS.md, #29).
+    /// experts in one launch (`kernels/moe.cu` `moe_down_sum_bf16`; the same bits as the two
+    /// launches). On by default: on the H200 (30B-A3B shape) batch 1 +1.6% (#29).
     pub moe_down_sum: bool,
+    /// One-token MoE steps (at most 128 experts) route and group their pairs by one warp
+    /// (`kernels/moe_route.cu` `moe_route_one_*`: the same ids, weights and tiles as the block
+    /// of 1,024 threads it replaces). On by default (#29).
+    pub moe_route_one: bool,
     /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
     /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
     /// input (on a second stream beside it above `lora_side_min_rows` rows), the gate|up
@@ -210,6 +209,7 @@ impl Default for KernelOptions {
             moe_tile_one: true,
             moe_norm_router: false,
             moe_down_sum: true,
+            moe_route_one: true,
             lora_overlap: true,
             lora_grouped: false,
             lora_runs: true,

@@ -133,6 +133,9 @@ pub(super) struct MoeKernels {
     /// Down and the experts' sum in one launch on one-pair tiles (bf16 with
     /// `LaunchOptions::moe_down_sum`).
     pub(super) down_sum: Option<CudaFunction>,
+    /// One token's routing and alignment by one warp, `[bf16, f32]`
+    /// (`LaunchOptions::moe_route_one`).
+    pub(super) route_one: Option<[CudaFunction; 2]>,
 }
 
 impl MoeKernels {
@@ -140,7 +143,7 @@ impl MoeKernels {
     /// cores) by name (`f` loads one).
     pub(super) fn load<E>(
         [route, moe, mma]: [&Arc<CudaModule>; 3],
-        (tile_one, norm_router, down_sum): (bool, bool, bool),
+        (tile_one, norm_router, down_sum, route_one): (bool, bool, bool, bool),
         f: impl Fn(&Arc<CudaModule>, &str) -> Result<CudaFunction, E>,
     ) -> Result<Self, E> {
         let both = |m: &Arc<CudaModule>, name: &str| -> Result<[CudaFunction; 2], E> {
@@ -184,6 +187,11 @@ impl MoeKernels {
             },
             down_sum: if down_sum {
                 Some(f(moe, "moe_down_sum_bf16")?)
+            } else {
+                None
+            },
+            route_one: if route_one {
+                Some(both(route, "moe_route_one")?)
             } else {
                 None
             },

@@ -365,6 +365,7 @@ impl CudaKernels {
                     opts.moe_tile_one,
                     opts.moe_norm_router && dtype == DType::BF16,
                     opts.moe_down_sum && dtype == DType::BF16,
+                    opts.moe_route_one,
                 ),
                 |m, name| f(m, name),
             )?,

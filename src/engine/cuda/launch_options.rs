@@ -75,6 +75,9 @@ pub struct LaunchOptions {
     pub moe_norm_router: bool,
     /// MoE steps on one-pair tiles run down and the experts' sum in one launch (bf16).
     pub moe_down_sum: bool,
+    /// A one-token MoE step (at most 128 experts) routes and aligns by one warp
+    /// (`moe_route_one_*`) instead of a block of 1,024 threads.
+    pub moe_route_one: bool,
     /// LoRA steps of one-token tiles with each shrink before its base matmul (on a second
     /// stream beside it above `lora_side_min_rows` rows), the gate|up expand fused with the
     /// SiLU and the o/down expands with the next add+RMSNorm (`kernels/lora_silu.cu`).
@@ -123,6 +126,7 @@ impl Default for LaunchOptions {
             moe_tile_one: true,
             moe_norm_router: false,
             moe_down_sum: true,
+            moe_route_one: true,
             lora_overlap: true,
             lora_grouped: false,
             lora_runs: true,

@@ -276,7 +276,16 @@ impl CudaKernels {
             shared_mem_bytes: smem,
         };
         let route = stages.contains(&0);
-        if route && t <= 32 {
+        let one = m.route_one.as_ref().filter(|_| t == 1 && e <= 128);
+        if let Some(f) = one.filter(|_| route) {
+            // One token: routing and alignment by one warp.
+            let mut b = self.launcher(&f[bf]);
+            b.arg(&pl).arg(&pids).arg(&pw).arg(&porder).arg(&ptiles);
+            b.arg(&e32).arg(&k32).arg(&n32).arg(&mt32);
+            // SAFETY: argument types match `moe_route_one_*`; buffers sized and checked above
+            // (k <= 32, e <= 128).
+            unsafe { b.launch(grid(1, 1, 32, 0)) }.w()?;
+        } else if route && t <= 32 {
             // Route (warp w: token w) and align in one block.
             let mut b = self.launcher(&m.route_align[bf]);
             b.arg(&pl).arg(&pids).arg(&pw).arg(&porder).arg(&ptiles);

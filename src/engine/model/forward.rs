@@ -79,6 +79,7 @@ pub fn kernels_for(
         moe_tile_one: opts.moe_tile_one,
         moe_norm_router: opts.moe_norm_router,
         moe_down_sum: opts.moe_down_sum,
+        moe_route_one: opts.moe_route_one,
         lora_overlap: opts.lora_overlap,
         lora_grouped: opts.lora_grouped,
         lora_runs: opts.lora_runs,
