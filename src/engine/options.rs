@@ -134,8 +134,8 @@ pub struct KernelOptions {
     /// launches). On by default: on the H200 (30B-A3B shape) batch 1 +1.6% (#29).
     pub moe_down_sum: bool,
     /// One-token MoE steps (at most 128 experts) route and group their pairs by one warp
-    /// (`kernels/moe_route.cu` `moe_route_one_*`: the same ids, weights and tiles as the block
-    /// of 1,024 threads it replaces). On by default (#29).
+    /// (`moe_route_one_*`: the same ids, weights and tiles as the block of 1,024 threads). On by
+    /// default: on the H200 (30B-A3B shape) batch 1 +1.2%, ~1.3 us a layer (#29).
     pub moe_route_one: bool,
     /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
     /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
