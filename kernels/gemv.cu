@@ -307,8 +307,6 @@ __device__ void norm_rows_pre(const __nv_bfloat16* __restrict__ res,
                               const __nv_bfloat16* __restrict__ delta,
                               __nv_bfloat16* __restrict__ res_out, const __nv_bfloat16 (&wk)[NW_REGS],
                               float eps, int add, int K, __nv_bfloat16* x_s, float (&inv)[T]) {
-  __shared__ float ss[WARPS][T];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float part[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) part[t] = 0.f;
@@ -330,33 +328,22 @@ __device__ void norm_rows_pre(const __nv_bfloat16* __restrict__ res,
       }
     }
   }
+  block_inv_rms<T>(part, K, eps, inv);
+  if constexpr (!DEFER) {
 #pragma unroll
-  for (int t = 0; t < T; ++t) {
-    float s = warp_sum(part[t]);
-    if (lane == 0) ss[warp][t] = s;
-  }
-  __syncthreads();
+    for (int e = 0; e < NW_REGS; ++e) {
+      const int k = threadIdx.x + e * WARPS * 32;
+      if (k < K) {
 #pragma unroll
-  for (int t = 0; t < T; ++t) {
-    float tot = 0.f;
-#pragma unroll
-    for (int i = 0; i < WARPS; ++i) tot += ss[i][t];
-    inv[t] = rsqrtf(tot / K + eps);
-  }
-  if (DEFER) return;
-#pragma unroll
-  for (int e = 0; e < NW_REGS; ++e) {
-    const int k = threadIdx.x + e * WARPS * 32;
-    if (k < K) {
-#pragma unroll
-      for (int t = 0; t < T; ++t) {
-        const __nv_bfloat16 r = x_s[t * K + k];
-        if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = r;
-        x_s[t * K + k] = __float2bfloat16(__bfloat162float(r) * inv[t] * __bfloat162float(wk[e]));
+        for (int t = 0; t < T; ++t) {
+          const __nv_bfloat16 r = x_s[t * K + k];
+          if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = r;
+          x_s[t * K + k] = __float2bfloat16(__bfloat162float(r) * inv[t] * __bfloat162float(wk[e]));
+        }
       }
     }
+    __syncthreads();
   }
-  __syncthreads();
 }
 
 // Loads the next BATCH slots of this warp's sequence (row lr, chunk lane + 32 lp onwards) into

@@ -98,6 +98,29 @@ __device__ __forceinline__ void dot_rows(const __nv_bfloat16* __restrict__ W, co
     for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
 }
 
+// inv[t] = 1 / rms of row t over K inputs from each thread's partial sum of squares: the
+// warps' sums through shared memory behind one block barrier, added in one order by every
+// thread (the norms below all end their first pass here).
+template <int T>
+__device__ __forceinline__ void block_inv_rms(const float (&part)[T], int K, float eps,
+                                              float (&inv)[T]) {
+  __shared__ float ss[WARPS][T];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    float s = warp_sum(part[t]);
+    if (lane == 0) ss[warp][t] = s;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    float tot = 0.f;
+#pragma unroll
+    for (int i = 0; i < WARPS; ++i) tot += ss[i][t];
+    inv[t] = rsqrtf(tot / K + eps);
+  }
+}
+
 // x_s[t][k] = bf16(bf16(res + delta) * inv_rms(t) * w[k]) for the block, in shared memory;
 // block 0 writes bf16(res + delta) to res_out when add.
 template <int T>
@@ -105,8 +128,6 @@ __device__ void norm_rows(const __nv_bfloat16* __restrict__ res,
                           const __nv_bfloat16* __restrict__ delta,
                           __nv_bfloat16* __restrict__ res_out, const __nv_bfloat16* __restrict__ w,
                           float eps, int add, int K, __nv_bfloat16* x_s) {
-  __shared__ float ss[WARPS][T];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float part[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) part[t] = 0.f;
@@ -119,22 +140,14 @@ __device__ void norm_rows(const __nv_bfloat16* __restrict__ res,
       part[t] += v * v;
     }
   }
-#pragma unroll
-  for (int t = 0; t < T; ++t) {
-    float s = warp_sum(part[t]);
-    if (lane == 0) ss[warp][t] = s;
-  }
-  __syncthreads();
+  float inv[T];
+  block_inv_rms<T>(part, K, eps, inv);
   for (int k = threadIdx.x; k < K; k += WARPS * 32) {
 #pragma unroll
     for (int t = 0; t < T; ++t) {
-      float tot = 0.f;
-#pragma unroll
-      for (int i = 0; i < WARPS; ++i) tot += ss[i][t];
-      const float inv = rsqrtf(tot / K + eps);
       const __nv_bfloat16 r = x_s[t * K + k];
       if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = r;
-      x_s[t * K + k] = __float2bfloat16(__bfloat162float(r) * inv * __bfloat162float(w[k]));
+      x_s[t * K + k] = __float2bfloat16(__bfloat162float(r) * inv[t] * __bfloat162float(w[k]));
     }
   }
   __syncthreads();
@@ -151,8 +164,6 @@ __device__ void norm_rows_deferred(const __nv_bfloat16* __restrict__ res,
                                    __nv_bfloat16* __restrict__ res_out,
                                    const __nv_bfloat16* __restrict__ w, float eps, int add, int K,
                                    __nv_bfloat16* x_s, float (&inv)[T]) {
-  __shared__ float ss[WARPS][T];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float part[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) part[t] = 0.f;
@@ -170,19 +181,7 @@ __device__ void norm_rows_deferred(const __nv_bfloat16* __restrict__ res,
       part[t] += v * v;
     }
   }
-#pragma unroll
-  for (int t = 0; t < T; ++t) {
-    float s = warp_sum(part[t]);
-    if (lane == 0) ss[warp][t] = s;
-  }
-  __syncthreads();
-#pragma unroll
-  for (int t = 0; t < T; ++t) {
-    float tot = 0.f;
-#pragma unroll
-    for (int i = 0; i < WARPS; ++i) tot += ss[i][t];
-    inv[t] = rsqrtf(tot / K + eps);
-  }
+  block_inv_rms<T>(part, K, eps, inv);
 }
 
 // acc[r][t] *= inv[t]: a deferred norm's scale on finished dot products.
