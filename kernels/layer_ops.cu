@@ -89,8 +89,9 @@ template <> struct IsF32<float> { static constexpr bool value = true; };
 // Grid (rows, parts): block (r, p) takes part p of row r (parts of a multiple of 4 entries);
 // ties go to the lowest index (as torch and candle do). With one part the block writes
 // out[r]; otherwise its best value and index go to part_v/part_i [rows, parts] for
-// argmax_merge. f32 rows of a multiple of 4 entries are read as float4, four loads a thread in
-// flight (a scalar load at a time left a part's ~20 dependent round trips to memory in line).
+// argmax_merge. f32 rows of a multiple of 4 entries (16-byte aligned) are read as float4, four
+// loads a thread in flight (a scalar load at a time left a part's ~20 round trips to memory
+// in line).
 template <typename T>
 __device__ void argmax_rows(const T* __restrict__ x, uint32_t* __restrict__ out, int n,
                             float* __restrict__ part_v, int* __restrict__ part_i) {
@@ -100,7 +101,7 @@ __device__ void argmax_rows(const T* __restrict__ x, uint32_t* __restrict__ out,
   const T* r = x + (size_t)blockIdx.x * n;
   float best = -INFINITY;
   int idx = 0x7fffffff;
-  if (IsF32<T>::value && (n & 3) == 0) {
+  if (IsF32<T>::value && (n & 3) == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {
     const float4* r4 = reinterpret_cast<const float4*>(r);
     const int s4 = start >> 2, e4 = end >> 2, bd = blockDim.x;
     for (int j0 = s4 + threadIdx.x; j0 < e4; j0 += 4 * bd) {
