@@ -486,149 +486,70 @@ __device__ __forceinline__ void gemv_split_kernel(const __nv_bfloat16* __restric
 
 }  // namespace
 
+// The entry points. Every kernel takes one of two argument lists: a plain matmul's (W, x, out,
+// N, K, pf, pf_bytes) or a norm kernel's (W, res, delta, res_out, nw, eps, add, out, N, K, pf,
+// pf_bytes), whose normed rows live in dynamic shared memory (x_s). N is I (the pairs) for the
+// SiLU kernels.
+#define PLAIN_ENTRY(NAME, ...)                                                               \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
+      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
+      const void* pf, unsigned long long pf_bytes) {                                         \
+    (void)pf;                                                                                \
+    (void)pf_bytes;                                                                          \
+    __VA_ARGS__;                                                                             \
+  }
+#define NORM_ENTRY(NAME, ...)                                                                \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
+      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
+      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
+      __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
+    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
+    (void)x_s;                                                                               \
+    __VA_ARGS__;                                                                             \
+  }
+// The arguments a body passes on: a plain matmul's (no norm) and a norm kernel's.
+#define PLAIN_ARGS W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K, nullptr, pf, pf_bytes
+#define NORM_ARGS W, res, delta, res_out, nw, eps, add, out, N, K, x_s, pf, pf_bytes
+
+// Tensor cores, 3..8 rows: plain, SiLU*up, and both behind the norm.
 #define MMA_GEMV(T)                                                                          \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) mma_gemv_t##T##_bf16(             \
-      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
-      const void* pf, unsigned long long pf_bytes) {                                         \
-    mma_gemv_kernel<T, false, false>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K,     \
-                                     nullptr, pf, pf_bytes);                                 \
-  }                                                                                          \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) mma_gemv_silu_t##T##_bf16(        \
-      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int I, int K,      \
-      const void* pf, unsigned long long pf_bytes) {                                         \
-    mma_gemv_kernel<T, true, false>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, I, K,      \
-                                    nullptr, pf, pf_bytes);                                  \
-  }                                                                                          \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) mma_norm_gemv_t##T##_bf16(        \
-      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
-      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
-    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
-    mma_gemv_kernel<T, false, true>(W, res, delta, res_out, nw, eps, add, out, N, K, x_s,    \
-                                    pf, pf_bytes);                                           \
-  }                                                                                          \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) mma_norm_gemv_silu_t##T##_bf16(   \
-      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
-      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int I, int K, const void* pf, unsigned long long pf_bytes) {       \
-    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
-    mma_gemv_kernel<T, true, true>(W, res, delta, res_out, nw, eps, add, out, I, K, x_s, pf, \
-                                   pf_bytes);                                                \
-  }
+  PLAIN_ENTRY(mma_gemv_t##T##_bf16, mma_gemv_kernel<T, false, false>(PLAIN_ARGS))            \
+  PLAIN_ENTRY(mma_gemv_silu_t##T##_bf16, mma_gemv_kernel<T, true, false>(PLAIN_ARGS))        \
+  NORM_ENTRY(mma_norm_gemv_t##T##_bf16, mma_gemv_kernel<T, false, true>(NORM_ARGS))          \
+  NORM_ENTRY(mma_norm_gemv_silu_t##T##_bf16, mma_gemv_kernel<T, true, true>(NORM_ARGS))
 
+// CUDA cores, a block per eight rows: plain, SiLU*up, both behind the block norm, and both
+// behind the per-warp norm (WarpNorm; no shared memory used).
 #define GEMV(T)                                                                              \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_t##T##_bf16(                 \
-      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
-      const void* pf, unsigned long long pf_bytes) {                                         \
-    gemv_kernel<T, 1, 0>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K, nullptr,    \
-                             pf, pf_bytes);                                                  \
-  }                                                                                          \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_silu_t##T##_bf16(            \
-      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int I, int K,      \
-      const void* pf, unsigned long long pf_bytes) {                                         \
-    gemv_kernel<T, 2, 0>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, I, K, nullptr,    \
-                             pf, pf_bytes);                                                  \
-  }                                                                                          \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) norm_gemv_t##T##_bf16(            \
-      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
-      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
-    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
-    gemv_kernel<T, 1, 1>(W, res, delta, res_out, nw, eps, add, out, N, K, x_s, pf,        \
-                            pf_bytes);                                                       \
-  }                                                                                          \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) norm_gemv_silu_t##T##_bf16(       \
-      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
-      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int I, int K, const void* pf, unsigned long long pf_bytes) {       \
-    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
-    gemv_kernel<T, 2, 1>(W, res, delta, res_out, nw, eps, add, out, I, K, x_s, pf,        \
-                            pf_bytes);                                                       \
-  }
+  PLAIN_ENTRY(gemv_t##T##_bf16, gemv_kernel<T, 1, 0>(PLAIN_ARGS))                            \
+  PLAIN_ENTRY(gemv_silu_t##T##_bf16, gemv_kernel<T, 2, 0>(PLAIN_ARGS))                       \
+  NORM_ENTRY(norm_gemv_t##T##_bf16, gemv_kernel<T, 1, 1>(NORM_ARGS))                         \
+  NORM_ENTRY(norm_gemv_silu_t##T##_bf16, gemv_kernel<T, 2, 1>(NORM_ARGS))                    \
+  NORM_ENTRY(wnorm_gemv_t##T##_bf16, gemv_kernel<T, 1, 2>(NORM_ARGS))                        \
+  NORM_ENTRY(wnorm_gemv_silu_t##T##_bf16, gemv_kernel<T, 2, 2>(NORM_ARGS))
 
-#define WNORM_GEMV(T)                                                                        \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) wnorm_gemv_t##T##_bf16(           \
-      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
-      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
-    gemv_kernel<T, 1, 2>(W, res, delta, res_out, nw, eps, add, out, N, K, nullptr, pf,       \
-                         pf_bytes);                                                          \
-  }                                                                                          \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) wnorm_gemv_silu_t##T##_bf16(      \
-      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
-      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int I, int K, const void* pf, unsigned long long pf_bytes) {       \
-    gemv_kernel<T, 2, 2>(W, res, delta, res_out, nw, eps, add, out, I, K, nullptr, pf,       \
-                         pf_bytes);                                                          \
-  }
-
+// The gate|up kernels on streamed rows (LaunchOptions::gemv_stream), alone and behind the norm
+// (scale-first and deferred).
 #define SGEMV(T)                                                                             \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) sgemv_silu_t##T##_bf16(           \
-      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int I, int K,      \
-      const void* pf, unsigned long long pf_bytes) {                                         \
-    sgemv_kernel<T, 2, false>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, I, K, nullptr,   \
-                              pf, pf_bytes);                                                 \
-  }                                                                                          \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) snorm_gemv_silu_t##T##_bf16(      \
-      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
-      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int I, int K, const void* pf, unsigned long long pf_bytes) {       \
-    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
-    sgemv_kernel<T, 2, true>(W, res, delta, res_out, nw, eps, add, out, I, K, x_s, pf,       \
-                             pf_bytes);                                                      \
-  }
+  PLAIN_ENTRY(sgemv_silu_t##T##_bf16, sgemv_kernel<T, 2, false>(PLAIN_ARGS))                 \
+  NORM_ENTRY(snorm_gemv_silu_t##T##_bf16, sgemv_kernel<T, 2, true>(NORM_ARGS))               \
+  NORM_ENTRY(sdnorm_gemv_silu_t##T##_bf16, sgemv_kernel<T, 2, true, true>(NORM_ARGS))
 
 // Two batches in flight (LaunchOptions::gemv_double_buffer), plain and behind the norm, for
 // rows of more than BATCH * 256 inputs.
 #define GEMV_DB(T)                                                                           \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_db_t##T##_bf16(              \
-      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
-      const void* pf, unsigned long long pf_bytes) {                                         \
-    gemv_kernel<T, 1, 0, true>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K, nullptr,  \
-                               pf, pf_bytes);                                                \
-  }                                                                                          \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) norm_gemv_db_t##T##_bf16(         \
-      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
-      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
-    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
-    gemv_kernel<T, 1, 1, true>(W, res, delta, res_out, nw, eps, add, out, N, K, x_s, pf,     \
-                               pf_bytes);                                                    \
-  }
+  PLAIN_ENTRY(gemv_db_t##T##_bf16, gemv_kernel<T, 1, 0, true>(PLAIN_ARGS))                   \
+  NORM_ENTRY(norm_gemv_db_t##T##_bf16, gemv_kernel<T, 1, 1, true>(NORM_ARGS))
 
 // The norm kernels with the scale deferred (LaunchOptions::norm_deferred): plain and
-// double-buffered, gate|up a block per eight pairs and on streamed rows.
+// double-buffered, gate|up a block per eight pairs (on streamed rows: SGEMV).
 #define DNORM_GEMV(T)                                                                        \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) dnorm_gemv_t##T##_bf16(           \
-      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
-      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
-    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
-    gemv_kernel<T, 1, 3>(W, res, delta, res_out, nw, eps, add, out, N, K, x_s, pf, pf_bytes); \
-  }                                                                                          \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) dnorm_gemv_silu_t##T##_bf16(      \
-      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
-      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int I, int K, const void* pf, unsigned long long pf_bytes) {       \
-    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
-    gemv_kernel<T, 2, 3>(W, res, delta, res_out, nw, eps, add, out, I, K, x_s, pf, pf_bytes); \
-  }                                                                                          \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) dnorm_gemv_db_t##T##_bf16(        \
-      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
-      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
-    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
-    gemv_kernel<T, 1, 3, true>(W, res, delta, res_out, nw, eps, add, out, N, K, x_s, pf,     \
-                               pf_bytes);                                                    \
-  }                                                                                          \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) sdnorm_gemv_silu_t##T##_bf16(     \
-      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
-      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int I, int K, const void* pf, unsigned long long pf_bytes) {       \
-    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
-    sgemv_kernel<T, 2, true, true>(W, res, delta, res_out, nw, eps, add, out, I, K, x_s, pf, \
-                                   pf_bytes);                                                \
-  }
+  NORM_ENTRY(dnorm_gemv_t##T##_bf16, gemv_kernel<T, 1, 3>(NORM_ARGS))                        \
+  NORM_ENTRY(dnorm_gemv_silu_t##T##_bf16, gemv_kernel<T, 2, 3>(NORM_ARGS))                   \
+  NORM_ENTRY(dnorm_gemv_db_t##T##_bf16, gemv_kernel<T, 1, 3, true>(NORM_ARGS))
+
+// Rows split in two (LaunchOptions::gemv_split_k), plain only.
+#define GEMV_SPLIT(T) PLAIN_ENTRY(gemv_split_t##T##_bf16, gemv_split_kernel<T>(W, x, out, N, K))
 
 GEMV(1)
 GEMV(2)
@@ -638,20 +559,8 @@ SGEMV(1)
 SGEMV(2)
 GEMV_DB(1)
 GEMV_DB(2)
-
-// Rows split in two (LaunchOptions::gemv_split_k), plain only.
-#define GEMV_SPLIT(T)                                                                        \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_split_t##T##_bf16(           \
-      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
-      const void* pf, unsigned long long pf_bytes) {                                         \
-    (void)pf;                                                                                \
-    (void)pf_bytes;                                                                          \
-    gemv_split_kernel<T>(W, x, out, N, K);                                                   \
-  }
 GEMV_SPLIT(1)
 GEMV_SPLIT(2)
-WNORM_GEMV(1)
-WNORM_GEMV(2)
 MMA_GEMV(3)
 MMA_GEMV(4)
 MMA_GEMV(5)

@@ -151,7 +151,7 @@ impl KernelFlags {
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
-            norm_deferred: (!self.no_norm_deferred && !self.warp_norm).then(|| {
+            norm_deferred: (!self.no_norm_deferred).then(|| {
                 self.norm_deferred_max_k
                     .unwrap_or(super::options::NORM_DEFERRED_MAX_K)
             }),

@@ -73,10 +73,10 @@ pub struct KernelOptions {
     /// The skinny matmuls of 1-2 rows compute their fused norm per warp (no shared memory, no
     /// block barrier) instead of once per block. Off by default: 16-24% slower (#21).
     pub warp_norm: bool,
-    /// The 1-2-row skinny matmuls' fused norms over at most this many inputs scale the dot
-    /// products by 1/rms instead of every input (`kernels/gemv.cuh` `norm_rows_deferred`: one
-    /// pass and one block barrier instead of two; the input rounded to bf16 once, at another
-    /// scale). Default `Some(NORM_DEFERRED_MAX_K)`; None: every norm scales its inputs.
+    /// The 1-2-row fused norms over at most this many inputs scale the dot products by 1/rms,
+    /// not every input (`kernels/gemv.cuh` `norm_rows_deferred`: one pass and one barrier, not
+    /// two; the input rounded to bf16 once, at another scale; `warp_norm` takes precedence).
+    /// Default `Some(NORM_DEFERRED_MAX_K)`; None: every norm scales its inputs.
     pub norm_deferred: Option<usize>,
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge; bf16).
     pub fused_decode: bool,
