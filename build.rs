@@ -22,6 +22,7 @@ const KERNELS: &[&str] = &[
     "lora_grouped",
     "lora_runs",
     "gemv",
+    "gemv_mma",
     "kv_move",
     "moe",
     "moe_mma",

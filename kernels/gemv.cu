@@ -26,8 +26,7 @@
 //  * gemv_db_t{T}_bf16, norm_gemv_db_t{T}_bf16 (T = 1, 2): gemv/norm_gemv with two batches of
 //    weight loads in flight (dot_rows2), bit for bit.
 //  * gemv_split_t{T}_bf16 (T = 1, 2): gemv with two warps a row, a half of K each (below).
-//  * mma_*_t{T}_bf16 (T = 3..8): the same four on tensor cores (below), where CUDA-core FMAs
-//    would bound the step (8 rows x 8 products per 16 weight bytes).
+//  * the same four on tensor cores for 3..8 rows: gemv_mma.cu.
 //
 // Every kernel also takes (pf, pf_bytes): weights of a later kernel of the step, which its
 // blocks prefetch into L2 while it runs (l2_prefetch_share; pf_bytes 0: none).
@@ -184,106 +183,6 @@ __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
     if (NORM == 3) scale_rows<T, NR>(acc, inv);
   }
   store_rows<T, NR>(acc, out, N, rows[0], lane);
-}
-
-// ---- Tensor cores for 3..8 token rows -------------------------------------------------------
-//
-// out^T [N, T] = W [N, K] x^T [K, T] as mma.sync m16n8k16 (bf16 in, f32 accumulate): a block
-// takes 16 output rows (16 gate and the 16 matching up rows for SiLU), its 8 warps split K in
-// steps of 32 (warp w takes steps w, w + 8, ...), and the block sums the warps' tiles in shared
-// memory. Lane (g = lane / 4, c = lane % 4) loads 16 bytes of W rows g and g + 8 and of token row
-// g of x, all at k = 32 s + 8 c: k values 8c..8c+3 fill the fragment slots (2c, 2c+1, 2c+8,
-// 2c+9) of the step's first MMA and 8c+4..8c+7 those of its second, in A and B alike, so each
-// MMA sums 16 distinct k of the step: the dot product in another order. Token rows past T are
-// zeros. K must be a multiple of 32.
-
-template <int T, bool SILU, bool NORM>
-__device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict__ W,
-                                                const __nv_bfloat16* x,
-                                                const __nv_bfloat16* __restrict__ delta,
-                                                __nv_bfloat16* __restrict__ res_out,
-                                                const __nv_bfloat16* __restrict__ nw, float eps,
-                                                int add, __nv_bfloat16* __restrict__ out, int N,
-                                                int K, __nv_bfloat16* x_s, const void* pf,
-                                                unsigned long long pf_bytes) {
-  constexpr int P = SILU ? 2 : 1;   // gate (and up) tiles
-  constexpr int B = SILU ? 4 : 8;   // steps a warp keeps in flight
-  __shared__ float red[WARPS][P][16][8];
-  pdl_trigger();
-  l2_prefetch_share(pf, pf_bytes);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, c = lane % 4;
-  const int row0 = blockIdx.x * 16;
-  const int steps = K / 32;
-  const __nv_bfloat16* wr[P][2];
-#pragma unroll
-  for (int p = 0; p < P; ++p) {
-    wr[p][0] = W + (size_t)(min(row0 + g, N - 1) + p * N) * K + 8 * c;
-    wr[p][1] = W + (size_t)(min(row0 + g + 8, N - 1) + p * N) * K + 8 * c;
-  }
-  uint4 wv[P][2][B];
-  auto load = [&](int s0) {
-#pragma unroll
-    for (int i = 0; i < B; ++i) {
-      const int s = s0 + WARPS * i;
-#pragma unroll
-      for (int p = 0; p < P; ++p)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          wv[p][h][i] = s < steps ? ld_stream(wr[p][h] + (size_t)s * 32) : make_uint4(0, 0, 0, 0);
-    }
-  };
-  load(warp);
-  pdl_wait();
-  if (NORM) {
-    norm_rows<T>(x, delta, res_out, nw, eps, add, K, x_s);
-    x = x_s;
-  }
-  float d[P][4];
-#pragma unroll
-  for (int p = 0; p < P; ++p)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) d[p][j] = 0.f;
-  for (int s0 = warp; s0 < steps; s0 += WARPS * B) {
-    if (s0 != warp) load(s0);
-#pragma unroll
-    for (int i = 0; i < B; ++i) {
-      const int s = s0 + WARPS * i;
-      if (s >= steps) break;
-      const uint4 xv = g < T ? *reinterpret_cast<const uint4*>(x + (size_t)g * K + s * 32 + 8 * c)
-                             : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int p = 0; p < P; ++p) {
-        const uint4 lo = wv[p][0][i], hi = wv[p][1][i];
-        mma_bf16(d[p], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
-        mma_bf16(d[p], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
-      }
-    }
-  }
-  // d[p] = rows g (j 0, 1) and g + 8 (j 2, 3) at tokens 2c, 2c + 1.
-#pragma unroll
-  for (int p = 0; p < P; ++p) {
-    red[warp][p][g][2 * c] = d[p][0];
-    red[warp][p][g][2 * c + 1] = d[p][1];
-    red[warp][p][g + 8][2 * c] = d[p][2];
-    red[warp][p][g + 8][2 * c + 1] = d[p][3];
-  }
-  __syncthreads();
-  if (threadIdx.x < 16 * 8) {
-    const int r = threadIdx.x / 8, t = threadIdx.x % 8;
-    if (t < T && row0 + r < N) {
-      float v[P];
-#pragma unroll
-      for (int p = 0; p < P; ++p) {
-        v[p] = 0.f;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) v[p] += red[w][p][r][t];
-      }
-      float o = v[0];
-      if (SILU) o = o / (1.f + __expf(-o)) * v[P - 1];
-      out[(size_t)t * N + row0 + r] = __float2bfloat16(o);
-    }
-  }
 }
 
 // ---- Streamed rows (LaunchOptions::gemv_stream) -------------------------------------------
@@ -486,38 +385,6 @@ __device__ __forceinline__ void gemv_split_kernel(const __nv_bfloat16* __restric
 
 }  // namespace
 
-// The entry points. Every kernel takes one of two argument lists: a plain matmul's (W, x, out,
-// N, K, pf, pf_bytes) or a norm kernel's (W, res, delta, res_out, nw, eps, add, out, N, K, pf,
-// pf_bytes), whose normed rows live in dynamic shared memory (x_s). N is I (the pairs) for the
-// SiLU kernels.
-#define PLAIN_ENTRY(NAME, ...)                                                               \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
-      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
-      const void* pf, unsigned long long pf_bytes) {                                         \
-    (void)pf;                                                                                \
-    (void)pf_bytes;                                                                          \
-    __VA_ARGS__;                                                                             \
-  }
-#define NORM_ENTRY(NAME, ...)                                                                \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
-      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
-      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
-    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
-    (void)x_s;                                                                               \
-    __VA_ARGS__;                                                                             \
-  }
-// The arguments a body passes on: a plain matmul's (no norm) and a norm kernel's.
-#define PLAIN_ARGS W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K, nullptr, pf, pf_bytes
-#define NORM_ARGS W, res, delta, res_out, nw, eps, add, out, N, K, x_s, pf, pf_bytes
-
-// Tensor cores, 3..8 rows: plain, SiLU*up, and both behind the norm.
-#define MMA_GEMV(T)                                                                          \
-  PLAIN_ENTRY(mma_gemv_t##T##_bf16, mma_gemv_kernel<T, false, false>(PLAIN_ARGS))            \
-  PLAIN_ENTRY(mma_gemv_silu_t##T##_bf16, mma_gemv_kernel<T, true, false>(PLAIN_ARGS))        \
-  NORM_ENTRY(mma_norm_gemv_t##T##_bf16, mma_gemv_kernel<T, false, true>(NORM_ARGS))          \
-  NORM_ENTRY(mma_norm_gemv_silu_t##T##_bf16, mma_gemv_kernel<T, true, true>(NORM_ARGS))
-
 // CUDA cores, a block per eight rows: plain, SiLU*up, both behind the block norm, and both
 // behind the per-warp norm (WarpNorm; no shared memory used).
 #define GEMV(T)                                                                              \
@@ -561,9 +428,3 @@ GEMV_DB(1)
 GEMV_DB(2)
 GEMV_SPLIT(1)
 GEMV_SPLIT(2)
-MMA_GEMV(3)
-MMA_GEMV(4)
-MMA_GEMV(5)
-MMA_GEMV(6)
-MMA_GEMV(7)
-MMA_GEMV(8)

@@ -1,6 +1,6 @@
-// Helpers of the skinny matmuls (`gemv.cu`): a warp's batches of weight loads, the dot
-// products over them, the block-wide fused norm and the stores (in an anonymous namespace, so
-// another kernel file may include them too).
+// Helpers of the skinny matmuls (`gemv.cu`, `gemv_mma.cu`): a warp's batches of weight loads,
+// the dot products over them, the block-wide fused norms and the stores (in an anonymous
+// namespace, so each kernel file has its own), then the kernels' entry-point macros.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -207,3 +207,28 @@ __device__ __forceinline__ void store_rows(const float (&acc)[NR][T], __nv_bfloa
 }
 
 }  // namespace
+
+// The kernels' entry points (gemv.cu, gemv_mma.cu). Every kernel takes one of two argument lists: a plain matmul's (W, x, out,
+// N, K, pf, pf_bytes) or a norm kernel's (W, res, delta, res_out, nw, eps, add, out, N, K, pf,
+// pf_bytes), whose normed rows live in dynamic shared memory (x_s). N is I (the pairs) for the
+// SiLU kernels.
+#define PLAIN_ENTRY(NAME, ...)                                                               \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
+      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
+      const void* pf, unsigned long long pf_bytes) {                                         \
+    (void)pf;                                                                                \
+    (void)pf_bytes;                                                                          \
+    __VA_ARGS__;                                                                             \
+  }
+#define NORM_ENTRY(NAME, ...)                                                                \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
+      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
+      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
+      __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
+    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
+    (void)x_s;                                                                               \
+    __VA_ARGS__;                                                                             \
+  }
+// The arguments a body passes on: a plain matmul's (no norm) and a norm kernel's.
+#define PLAIN_ARGS W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K, nullptr, pf, pf_bytes
+#define NORM_ARGS W, res, delta, res_out, nw, eps, add, out, N, K, x_s, pf, pf_bytes

@@ -1,9 +1,9 @@
-//! The skinny matmuls of decode steps (`kernels/gemv.cu`): CUDA-core kernels for 1-2 rows and
-//! tensor-core kernels for 3-8, plain, with SiLU*up, and behind the fused add+RMSNorm, with
-//! the L2 prefetch of a next weight on, against f32 math on the same bf16 inputs. Shapes of
-//! Qwen3-0.6B/1.7B layers plus ragged ones (output rows not a multiple of a block's 16); the
-//! streamed-rows gate|up kernels and the double-buffered ones (the defaults) against the
-//! one-block-a-row-group, one-batch kernels, bit for bit.
+//! The skinny matmuls of decode steps (`kernels/gemv.cu`, `kernels/gemv_mma.cu`): CUDA-core
+//! kernels for 1-2 rows and tensor-core kernels for 3-8, plain, with SiLU*up, and behind the
+//! fused add+RMSNorm, with the L2 prefetch of a next weight on, against f32 math on the same
+//! bf16 inputs. Shapes of Qwen3-0.6B/1.7B layers plus ragged ones (output rows not a multiple
+//! of a block's 16); the streamed-rows gate|up kernels and the double-buffered ones (the
+//! defaults) against the one-block-a-row-group, one-batch kernels, bit for bit.
 
 use super::*;
 

@@ -1,9 +1,9 @@
 //! The forward's matmuls, written into buffers the caller owns (candle's matmul allocates its
 //! output, which a captured graph must not do): the skinny-matmul kernels of
 //! `kernels/gemv.cu` for decode steps of up to [`GEMV_MAX_ROWS`] rows (bf16; CUDA cores) and,
-//! with `LaunchOptions::gemv_mma`, up to [`GEMV_MMA_MAX_ROWS`] (tensor cores), cuBLAS
-//! otherwise. A skinny matmul can prefetch the weights of the matmul after it into L2
-//! (`next`, with `LaunchOptions::l2_prefetch`).
+//! with `LaunchOptions::gemv_mma`, up to [`GEMV_MMA_MAX_ROWS`] (tensor cores,
+//! `kernels/gemv_mma.cu`), cuBLAS otherwise. A skinny matmul can prefetch the weights of the
+//! matmul after it into L2 (`next`, with `LaunchOptions::l2_prefetch`).
 //!
 //! Invariant: the handle runs on the kernels' stream with a workspace of its own, allocated
 //! once, so a matmul inside graph capture allocates nothing.
@@ -231,8 +231,9 @@ impl CudaKernels {
             .arg(&eps32)
             .arg(&add);
         b.arg(&po).arg(&n32).arg(&k32).arg(&ppf).arg(&pf_bytes);
-        // SAFETY: argument types match `kernels/gemv.cu`; shapes are checked above; res and
-        // res_out are different buffers (the caller's ping-pong residual).
+        // SAFETY: argument types match the entries of `kernels/gemv.cuh` (NORM_ENTRY); shapes
+        // are checked above; res and res_out are different buffers (the caller's ping-pong
+        // residual).
         unsafe { b.launch(cfg) }.w()?;
         Ok(())
     }
@@ -326,8 +327,8 @@ impl CudaKernels {
             .arg(&k32)
             .arg(&ppf)
             .arg(&pf_bytes);
-        // SAFETY: argument types match `kernels/gemv.cu`; the callers checked the shapes, k is
-        // a multiple of 8 and the buffers are contiguous.
+        // SAFETY: argument types match the entries of `kernels/gemv.cuh` (PLAIN_ENTRY); the
+        // callers checked the shapes, k is a multiple of 8 and the buffers are contiguous.
         unsafe { b.launch(cfg) }.w()?;
         Ok(())
     }

@@ -33,6 +33,7 @@ static LORA_SILU: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_silu.fa
 static LORA_GROUPED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_grouped.fatbin"));
 static LORA_RUNS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_runs.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
+static GEMV_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_mma.fatbin"));
 static MOE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe.fatbin"));
 static MOE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_mma.fatbin"));
 static MOE_ROUTE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_route.fatbin"));
@@ -42,7 +43,7 @@ static VERIFY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/verify.fatbin")
 /// beat cuBLAS on the H200 (at 3-8 rows their FMAs bound them; BENCHMARKS.md, "Decode steps
 /// as CUDA graphs").
 pub const GEMV_MAX_ROWS: usize = 2;
-/// Most token rows the tensor-core skinny-matmul kernels (`mma_*` in `kernels/gemv.cu`, from
+/// Most token rows the tensor-core skinny-matmul kernels (`kernels/gemv_mma.cu`, from
 /// `GEMV_MAX_ROWS + 1` rows, `LaunchOptions::gemv_mma`) take: one MMA's 8 columns.
 pub const GEMV_MMA_MAX_ROWS: usize = 8;
 
@@ -423,9 +424,10 @@ impl CudaKernels {
             },
             sample_full_on: opts.sample_full,
             gemv_mma: if dtype == DType::BF16 && opts.gemv && opts.gemv_mma {
+                let m = load(GEMV_MMA, "gemv_mma")?;
                 let all = |kind: &str| -> Result<Vec<CudaFunction>> {
                     (GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS)
-                        .map(|t| f(&gemv_mod, &format!("mma_{kind}_t{t}_bf16")))
+                        .map(|t| f(&m, &format!("mma_{kind}_t{t}_bf16")))
                         .collect()
                 };
                 Some([
