@@ -206,6 +206,88 @@ __device__ __forceinline__ void store_rows(const float (&acc)[NR][T], __nv_bfloa
     }
 }
 
+// ---- Streamed rows: warp gw of the G in a grid takes rows gw, gw + G, ... (pairs for NR 2),
+// and a lane's weight loads run in batches of BATCH over its rows' chunks as one sequence (a
+// row's chunks lane, lane + 32, ..., as dot_rows sums them: the same sums in the same order).
+// Used by gemv.cu's streamed gate|up kernels and by the decode layer kernel (decode_layer.cu).
+
+// A warp's place in its sequence of (row, chunk) slots: R rows of P chunks a lane (padded),
+// and the next slot to load (row lr, chunk lane + 32 lp).
+struct Stream {
+  int R, P, lr, lp;
+};
+
+// Loads the next BATCH slots of this warp's sequence into w, zeros past a row's end; advances
+// (lr, lp).
+template <int NR>
+__device__ __forceinline__ void load_slots(const __nv_bfloat16* __restrict__ W, int N, int K,
+                                           int gw, int G, int lane, Stream& s,
+                                           uint4 (&w)[NR][BATCH]) {
+  const int chunks = K / 8;
+#pragma unroll
+  for (int i = 0; i < BATCH; ++i) {
+    if (s.lr < s.R) {
+      const int c = lane + 32 * s.lp;
+      const size_t row = (size_t)gw + (size_t)s.lr * G;
+#pragma unroll
+      for (int r = 0; r < NR; ++r)
+        w[r][i] = c < chunks ? ld_stream(W + (row + (size_t)r * N) * K + c * 8) : make_uint4(0, 0, 0, 0);
+      if (++s.lp == s.P) { s.lp = 0; ++s.lr; }
+    }
+  }
+}
+
+// The warp's sequence over N rows of K inputs, its first batch loaded into w (weights only:
+// callable before a wait).
+template <int NR>
+__device__ __forceinline__ Stream stream_start(const __nv_bfloat16* __restrict__ W, int N, int K,
+                                               int gw, int G, int lane, uint4 (&w)[NR][BATCH]) {
+  const int P = (K / 8 + 31) / 32;
+  Stream s{gw < N ? (N - 1 - gw) / G + 1 : 0, P, 0, 0};
+  load_slots<NR>(W, N, K, gw, G, lane, s, w);
+  return s;
+}
+
+// out[t][row] for the warp's rows (store_rows: plain, or SiLU * up for NR 2), x from xs, the
+// first batch in w (stream_start); DEFER scales each finished row by inv (a deferred norm's).
+template <int T, int NR, bool DEFER, typename X>
+__device__ __forceinline__ void stream_rows(const __nv_bfloat16* __restrict__ W, const X& xs,
+                                            __nv_bfloat16* __restrict__ out, int N, int K, int gw,
+                                            int G, int lane, const float (&inv)[T],
+                                            uint4 (&w)[NR][BATCH], Stream s) {
+  const int chunks = K / 8;
+  const int total = s.R * s.P;
+  float acc[NR][T];
+#pragma unroll
+  for (int r = 0; r < NR; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
+  int cr = 0, cp = 0;  // the slot being summed: row cr, chunk lane + 32 * cp
+  for (int base = 0; base < total; base += BATCH) {
+    if (base != 0) load_slots<NR>(W, N, K, gw, G, lane, s, w);
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i) {
+      if (base + i >= total) break;
+      const int c = lane + 32 * cp;
+      if (c < chunks) sum_chunk<T, NR>(xs, c, w, i, acc);
+      if (++cp == s.P) {  // the row's last chunk: reduce, store, next row
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+#pragma unroll
+          for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
+        if (DEFER) scale_rows<T, NR>(acc, inv);
+        store_rows<T, NR>(acc, out, N, gw + cr * G, lane);
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+#pragma unroll
+          for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
+        cp = 0;
+        ++cr;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // The kernels' entry points (gemv.cu, gemv_mma.cu). Every kernel takes one of two argument lists: a plain matmul's (W, x, out,
