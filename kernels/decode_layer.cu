@@ -71,7 +71,9 @@ struct LayerParams {
   int add;
   float eps;
   float qk_eps;
-  int pad;
+  // Profiling only (0 in the engine): bits 0-2 stop after phase 1-5 (A-E), bit 3 skips every
+  // phase's work (the barriers alone), bit 4 sleeps between barrier polls.
+  int mode;
 };
 static_assert(sizeof(LayerParams) == 288, "LayerParams layout");
 static_assert(offsetof(LayerParams, num_slots) == 232 && offsetof(LayerParams, W) == 248 &&
@@ -100,17 +102,25 @@ __device__ __forceinline__ unsigned long long bar_base(const unsigned long long*
 }
 
 // Every block of the grid has arrived here (the k-th barrier: target base + k * gridDim.x);
-// the writes before it are visible after it.
-__device__ __forceinline__ void grid_sync(unsigned long long* bar, unsigned long long target) {
+// the writes before it are visible after it (the block's writes ordered before thread 0's
+// release by the block barrier, the others' after its acquire). `nap`: thread 0 sleeps
+// between polls (profiling variant).
+__device__ __forceinline__ void grid_sync(unsigned long long* bar, unsigned long long target,
+                                          bool nap) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(bar, 1ull);
+    asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(bar) : "memory");
     while (ld_acquire(bar) < target) {
+      if (nap) __nanosleep(32);
     }
-    __threadfence();
   }
   __syncthreads();
+}
+
+// A launch that stops after phase k (profiling) adds the arrivals of the barriers it skips,
+// so that every launch adds PHASES * gridDim.x.
+__device__ __forceinline__ void stop_after(unsigned long long* bar, int k) {
+  if (threadIdx.x == 0) atomicAdd(bar, (unsigned long long)(PHASES - k));
 }
 
 // Barrier of one half of the block (128 threads; ids 1 and 2, 0 is __syncthreads').
@@ -378,32 +388,47 @@ __device__ void decode_layer(const LayerParams& p) {
   pdl_wait();
   unsigned long long base = 0;
   if (threadIdx.x == 0) base = bar_base(p.barrier);
+  const int stop = p.mode & 7;
+  const bool work = (p.mode & 8) == 0, nap = (p.mode & 16) != 0;
   float inv[T];
   // A
-  layer_norm<T, DEFER>(p.res, p.delta, p.res1, p.in_norm, p.eps, p.add, H, x_s, inv);
-  stream_rows<T, 1, DEFER>(p.w_qkv, PlainX{x_s, H}, p.qkv, nq, H, gw, NW, lane, inv, w1, s1);
-  grid_sync(p.barrier, base + gridDim.x);
+  if (work) {
+    layer_norm<T, DEFER>(p.res, p.delta, p.res1, p.in_norm, p.eps, p.add, H, x_s, inv);
+    stream_rows<T, 1, DEFER>(p.w_qkv, PlainX{x_s, H}, p.qkv, nq, H, gw, NW, lane, inv, w1, s1);
+  }
+  grid_sync(p.barrier, base + gridDim.x, nap);
+  if (stop == 1) return stop_after(p.barrier, 1);
   // B
-  attention_phase<G>(p, W, T * p.nkv * p.splits);
-  grid_sync(p.barrier, base + 2ull * gridDim.x);
+  if (work) attention_phase<G>(p, W, T * p.nkv * p.splits);
+  grid_sync(p.barrier, base + 2ull * gridDim.x, nap);
+  if (stop == 2) return stop_after(p.barrier, 2);
   // C
-  merge_phase<G>(p, T);
+  if (work) merge_phase<G>(p, T);
   s1 = stream_start<1>(p.w_o, H, nhd, gw, NW, lane, w1);
-  grid_sync(p.barrier, base + 3ull * gridDim.x);
+  grid_sync(p.barrier, base + 3ull * gridDim.x, nap);
+  if (stop == 3) return stop_after(p.barrier, 3);
   // D
-  stage(p.attn, T * nhd, x_s);
-  stream_rows<T, 1, false>(p.w_o, PlainX{x_s, nhd}, p.o, H, nhd, gw, NW, lane, inv, w1, s1);
+  if (work) {
+    stage(p.attn, T * nhd, x_s);
+    stream_rows<T, 1, false>(p.w_o, PlainX{x_s, nhd}, p.o, H, nhd, gw, NW, lane, inv, w1, s1);
+  }
   Stream s2 = stream_start<2>(p.w_gu, I, H, gw, NW, lane, w2);
-  grid_sync(p.barrier, base + 4ull * gridDim.x);
+  grid_sync(p.barrier, base + 4ull * gridDim.x, nap);
+  if (stop == 4) return stop_after(p.barrier, 4);
   // E
-  layer_norm<T, DEFER>(p.res_mid, p.o, p.res2, p.post_norm, p.eps, 1, H, x_s, inv);
-  stream_rows<T, 2, DEFER>(p.w_gu, PlainX{x_s, H}, p.act, I, H, gw, NW, lane, inv, w2, s2);
+  if (work) {
+    layer_norm<T, DEFER>(p.res_mid, p.o, p.res2, p.post_norm, p.eps, 1, H, x_s, inv);
+    stream_rows<T, 2, DEFER>(p.w_gu, PlainX{x_s, H}, p.act, I, H, gw, NW, lane, inv, w2, s2);
+  }
   s1 = stream_start<1>(p.w_down, H, I, gw, NW, lane, w1);
-  grid_sync(p.barrier, base + 5ull * gridDim.x);
+  grid_sync(p.barrier, base + 5ull * gridDim.x, nap);
+  if (stop == 5) return;
   // F
   pdl_trigger();
-  stage(p.act, T * I, x_s);
-  stream_rows<T, 1, false>(p.w_down, PlainX{x_s, I}, p.down, H, I, gw, NW, lane, inv, w1, s1);
+  if (work) {
+    stage(p.act, T * I, x_s);
+    stream_rows<T, 1, false>(p.w_down, PlainX{x_s, I}, p.down, H, I, gw, NW, lane, inv, w1, s1);
+  }
 }
 
 }  // namespace

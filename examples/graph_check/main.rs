@@ -305,6 +305,7 @@ fn main() -> Res<()> {
             gemv_split_k: kopts.gemv_split_k,
             l2_prefetch: kopts.l2_prefetch,
             warp_norm: kopts.warp_norm,
+            layer_kernel: kopts.layer_kernel,
             ..Default::default()
         };
         return profile::run(&m, &cfg, &dev, &a.profile, &ours);

@@ -107,7 +107,7 @@ struct LayerParams {
     add: i32,
     eps: f32,
     qk_eps: f32,
-    pad: i32,
+    mode: i32,
 }
 const _: () = assert!(std::mem::size_of::<LayerParams>() == 288);
 const _: () = assert!(std::mem::offset_of!(LayerParams, num_slots) == 232);
@@ -116,46 +116,40 @@ const _: () = assert!(std::mem::offset_of!(LayerParams, eps) == 276);
 
 /// One layer of a decode step for [`CudaKernels::decode_layer_into`]: its weights, the step's
 /// inputs and the buffers it writes.
-pub(crate) struct DecodeLayer<'a> {
+pub struct DecodeLayer<'a> {
     /// qkv `[(nh + 2 nkv) 128, H]`, o `[H, nh 128]`, gate|up `[2I, H]`, down `[H, I]`.
-    pub(crate) weights: [&'a Tensor; 4],
+    pub weights: [&'a Tensor; 4],
     /// The input and post-attention RMSNorm weights and their epsilon.
-    pub(crate) norms: (&'a Tensor, &'a Tensor, f64),
+    pub norms: (&'a Tensor, &'a Tensor, f64),
     /// The q and k head norms (q pre-scaled by 1/sqrt(128)) and their epsilon.
-    pub(crate) qk_norms: (&'a Tensor, &'a Tensor, f64),
+    pub qk_norms: (&'a Tensor, &'a Tensor, f64),
     /// RoPE's inverse frequencies (f32 `[64]`).
-    pub(crate) inv_freq: &'a Tensor,
+    pub inv_freq: &'a Tensor,
     /// The residual stream in, the previous layer's down (None for the first layer), the
     /// stream after the first add, after the second (`[T, H]` each; the two sums in buffers
     /// other than the one they read).
-    pub(crate) residual: (&'a Tensor, Option<&'a Tensor>, &'a Tensor, &'a Tensor),
+    pub residual: (&'a Tensor, Option<&'a Tensor>, &'a Tensor, &'a Tensor),
     /// qkv, attention, o, SiLU * up and down outputs (`[T, ..]`).
-    pub(crate) outs: [&'a Tensor; 5],
+    pub outs: [&'a Tensor; 5],
     /// Positions and cache slots of the rows (u32 `[T]`).
-    pub(crate) pos_slots: (&'a Tensor, &'a Tensor),
+    pub pos_slots: (&'a Tensor, &'a Tensor),
     /// The layer's K and V caches (`[nkv, slots, 128]`, bf16).
-    pub(crate) caches: (&'a Tensor, &'a Tensor),
+    pub caches: (&'a Tensor, &'a Tensor),
     /// Block tables (`[T, w]`), their width on the device (graphs), context lengths (`[T]`),
     /// the block size.
-    pub(crate) tables: (&'a Tensor, Option<&'a Tensor>, &'a Tensor, usize),
+    pub tables: (&'a Tensor, Option<&'a Tensor>, &'a Tensor, usize),
     /// The attention partials (`[T, nh, splits, 128]` and `[T, nh, splits, 2]`, f32) and
     /// `splits`.
-    pub(crate) scratch: (&'a Tensor, &'a Tensor, usize),
+    pub scratch: (&'a Tensor, &'a Tensor, usize),
     /// The grid barrier's counter (8 zeroed bytes the layer launches of one forward share;
     /// [`CudaKernels::layer_barrier`]).
-    pub(crate) barrier: &'a Tensor,
+    pub barrier: &'a Tensor,
 }
 
 impl CudaKernels {
     /// Whether [`CudaKernels::decode_layer_into`] serves a pure decode step of `rows` rows
     /// on a layer of `nh` query heads over `nkv` KV heads of `hd` dims (bf16, the option on).
-    pub(crate) fn layer_kernel_serves(
-        &self,
-        rows: usize,
-        nh: usize,
-        nkv: usize,
-        hd: usize,
-    ) -> bool {
+    pub fn layer_kernel_serves(&self, rows: usize, nh: usize, nkv: usize, hd: usize) -> bool {
         self.layer.is_some()
             && (1..=LAYER_KERNEL_MAX_ROWS).contains(&rows)
             && hd == 128
@@ -167,7 +161,7 @@ impl CudaKernels {
     /// The counter of the layer kernel's grid barriers (zeroed), when the kernel is loaded:
     /// one a forward, shared by its layers' launches (they run one after another on the
     /// stream).
-    pub(crate) fn layer_barrier(&self) -> Result<Option<Tensor>> {
+    pub fn layer_barrier(&self) -> Result<Option<Tensor>> {
         if self.layer.is_none() {
             return Ok(None);
         }
@@ -176,7 +170,15 @@ impl CudaKernels {
     }
 
     /// A whole dense decode layer in one launch (see [`DecodeLayer`]).
-    pub(crate) fn decode_layer_into(&self, l: &DecodeLayer<'_>) -> Result<()> {
+    pub fn decode_layer_into(&self, l: &DecodeLayer<'_>) -> Result<()> {
+        self.decode_layer_mode_into(l, 0)
+    }
+
+    /// Profiling only: [`CudaKernels::decode_layer_into`] with `kernels/decode_layer.cu`'s
+    /// `mode` (bits 0-2: stop after phase 1-5; bit 3: the barriers alone; bit 4: sleep
+    /// between barrier polls). Only mode 0 (or 16) leaves valid outputs.
+    #[doc(hidden)]
+    pub fn decode_layer_mode_into(&self, l: &DecodeLayer<'_>, mode: i32) -> Result<()> {
         let Some(lk) = &self.layer else {
             return Err(kernel_err("decode_layer", "not loaded"));
         };
@@ -250,7 +252,7 @@ impl CudaKernels {
             add: i32::from(delta.is_some()),
             eps: l.norms.2 as f32,
             qk_eps: l.qk_norms.2 as f32,
-            pad: 0,
+            mode,
         };
         let smem = t * hidden.max(nhd).max(inter) * 2;
         let mut lb = self.launcher(func);
