@@ -31,18 +31,6 @@ __device__ __forceinline__ void pdl_entry() {
   pdl_wait();
 }
 
-// One bulk prefetch of n bytes at p into L2 (sm_90+; nothing before): p 16-byte aligned, n a
-// multiple of 16.
-__device__ __forceinline__ void l2_prefetch(const void* p, unsigned n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
-      " cp.async.bulk.prefetch.L2.global [g], %1;\n}" ::"l"(p),
-      "r"(n)
-      : "memory");
-#endif
-}
-
 // Prefetches this block's share of the `bytes` bytes at `p` into L2, one bulk prefetch per warp
 // (sm_90+; nothing before): weights a later kernel of the step reads, streamed from memory
 // while this kernel runs, so that kernel finds them in L2. `bytes` is a multiple of 16 and `p`
@@ -55,7 +43,12 @@ __device__ __forceinline__ void l2_prefetch_share(const void* p, unsigned long l
   const unsigned long long part = ((bytes + parts - 1) / parts + 15) & ~15ull;
   const unsigned long long off = ((unsigned long long)blockIdx.x * warps + threadIdx.x / 32) * part;
   if (off >= bytes) return;
-  l2_prefetch((const char*)p + off, (unsigned)(bytes - off < part ? bytes - off : part));
+  const unsigned n = (unsigned)(bytes - off < part ? bytes - off : part);
+  asm volatile(
+      "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
+      " cp.async.bulk.prefetch.L2.global [g], %1;\n}" ::"l"((const char*)p + off),
+      "r"(n)
+      : "memory");
 #endif
 }
 
@@ -159,17 +152,19 @@ __device__ __forceinline__ KT kv_store(float x, float inv) {
 // (rotate-half) at position pos. Lane l holds elements l + 32 * j of the head
 // (head_dim = 32 * PER), so the rotate-half pairs (i, i + hd/2) sit in one lane; o[j] is
 // element lane + 32 * j. cos/sin in f32 from inv_freq [hd/2]. The unfused
-// qk_norm_rope_kv_write, the fused decode attention and the decode layer kernel all use it, so
-// all give the same bits. norm_rope_vals takes the head already loaded (v[j] = element lane +
-// 32 * j, as f32; the layer kernel loads it through L2), norm_rope_head loads it from src.
+// qk_norm_rope_kv_write and the fused decode attention both use it, so both give the same bits.
 template <typename T, int PER>
-__device__ __forceinline__ void norm_rope_vals(float (&v)[PER], const T* __restrict__ w,
+__device__ __forceinline__ void norm_rope_head(const T* __restrict__ src, const T* __restrict__ w,
                                                const float* __restrict__ inv_freq, float pos,
                                                float eps, int lane, float (&o)[PER]) {
   constexpr int HD = 32 * PER;
+  float v[PER];
   float ss = 0.f;
 #pragma unroll
-  for (int j = 0; j < PER; ++j) ss += v[j] * v[j];
+  for (int j = 0; j < PER; ++j) {
+    v[j] = to_f(src[lane + 32 * j]);
+    ss += v[j] * v[j];
+  }
   const float inv = rsqrtf(warp_sum(ss) / HD + eps);
 #pragma unroll
   for (int j = 0; j < PER; ++j) v[j] = v[j] * inv * to_f(w[lane + 32 * j]);
@@ -182,16 +177,6 @@ __device__ __forceinline__ void norm_rope_vals(float (&v)[PER], const T* __restr
     o[j] = a * c - b * s;
     o[j + PER / 2] = b * c + a * s;
   }
-}
-
-template <typename T, int PER>
-__device__ __forceinline__ void norm_rope_head(const T* __restrict__ src, const T* __restrict__ w,
-                                               const float* __restrict__ inv_freq, float pos,
-                                               float eps, int lane, float (&o)[PER]) {
-  float v[PER];
-#pragma unroll
-  for (int j = 0; j < PER; ++j) v[j] = to_f(src[lane + 32 * j]);
-  norm_rope_vals<T, PER>(v, w, inv_freq, pos, eps, lane, o);
 }
 
 }  // namespace

@@ -245,6 +245,26 @@ __device__ void norm_rows_pre(const __nv_bfloat16* __restrict__ res,
   }
 }
 
+// Loads the next BATCH slots of this warp's sequence (row lr, chunk lane + 32 lp onwards) into
+// w, zeros past a row's end; advances (lr, lp).
+template <int NR>
+__device__ __forceinline__ void load_slots(const __nv_bfloat16* __restrict__ W, int N, int K,
+                                           int gw, int G, int R, int P, int lane, int& lr,
+                                           int& lp, uint4 (&w)[NR][BATCH]) {
+  const int chunks = K / 8;
+#pragma unroll
+  for (int i = 0; i < BATCH; ++i) {
+    if (lr < R) {
+      const int c = lane + 32 * lp;
+      const size_t row = (size_t)gw + (size_t)lr * G;
+#pragma unroll
+      for (int r = 0; r < NR; ++r)
+        w[r][i] = c < chunks ? ld_stream(W + (row + (size_t)r * N) * K + c * 8) : make_uint4(0, 0, 0, 0);
+      if (++lp == P) { lp = 0; ++lr; }
+    }
+  }
+}
+
 template <int T, int NR, bool NORM, bool DEFER = false>
 __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W,
                                              const __nv_bfloat16* x,
@@ -259,8 +279,13 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
   const int lane = threadIdx.x % 32;
   const int G = gridDim.x * WARPS;
   const int gw = blockIdx.x * WARPS + threadIdx.x / 32;
+  const int chunks = K / 8;
+  const int P = (chunks + 31) / 32;                  // chunks of a row per lane (padded)
+  const int R = gw < N ? (N - 1 - gw) / G + 1 : 0;   // rows of this warp
+  const int total = R * P;
+  int lr = 0, lp = 0;  // the next slot to load
   uint4 w[NR][BATCH];
-  const Stream st = stream_start<NR>(W, N, K, gw, G, lane, w);
+  load_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, w);
   __nv_bfloat16 wk[NW_REGS];
   if (NORM) {
 #pragma unroll
@@ -275,7 +300,36 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
     norm_rows_pre<T, DEFER>(x, delta, res_out, wk, eps, add, K, x_s, inv);
     x = x_s;
   }
-  stream_rows<T, NR, NORM && DEFER>(W, PlainX{x, K}, out, N, K, gw, G, lane, inv, w, st);
+  float acc[NR][T];
+#pragma unroll
+  for (int r = 0; r < NR; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
+  const PlainX xs{x, K};
+  int cr = 0, cp = 0;  // the slot being summed: row cr, chunk lane + 32 * cp
+  for (int base = 0; base < total; base += BATCH) {
+    if (base != 0) load_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, w);
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i) {
+      if (base + i >= total) break;
+      const int c = lane + 32 * cp;
+      if (c < chunks) sum_chunk<T, NR>(xs, c, w, i, acc);
+      if (++cp == P) {  // the row's last chunk: reduce, store, next row
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+#pragma unroll
+          for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
+        if (DEFER) scale_rows<T, NR>(acc, inv);
+        store_rows<T, NR>(acc, out, N, gw + cr * G, lane);
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+#pragma unroll
+          for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
+        cp = 0;
+        ++cr;
+      }
+    }
+  }
 }
 
 // ---- Rows split in two (LaunchOptions::gemv_split_k) ---------------------------------------

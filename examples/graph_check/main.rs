@@ -18,10 +18,8 @@
 //! cargo build --release --features cuda --example graph_check
 //! .gpu/bench --write-model /tmp/m && .gpu/graph_check --model-dir /tmp/m
 //! .gpu/graph_check --model-dir /tmp/m --profile 1,2,8   # where a step's GPU time goes
-//! .gpu/graph_check --model-dir /tmp/m --layer-check     # the layer kernel vs five launches
 //! ```
 
-mod layer;
 mod lora_profile;
 mod profile;
 mod stress;
@@ -66,9 +64,6 @@ struct Args {
     /// Only the verify steps of speculative decoding (the second half of check 1).
     #[arg(long)]
     verify_only: bool,
-    /// Only the decode layer kernel against the five launches a layer (`layer.rs`).
-    #[arg(long)]
-    layer_check: bool,
     /// The kernel switches (`--gemv-mma`, `--l2-prefetch`, ...).
     #[command(flatten)]
     kernels: policy_serve::engine::KernelFlags,
@@ -305,18 +300,11 @@ fn main() -> Res<()> {
             gemv_split_k: kopts.gemv_split_k,
             l2_prefetch: kopts.l2_prefetch,
             warp_norm: kopts.warp_norm,
-            layer_kernel: kopts.layer_kernel,
             ..Default::default()
         };
         return profile::run(&m, &cfg, &dev, &a.profile, &ours);
     }
     let mut fails = 0u32;
-    if a.layer_check {
-        drop(m);
-        layer::layer_check(&a, &cfg, &dev, &mut fails)?;
-        println!("graph-check: {fails} failed");
-        std::process::exit(i32::from(fails > 0));
-    }
     if a.stress_only {
         drop(m);
         stress_check(&a, &mut fails)?;

@@ -8,7 +8,7 @@ use candle_core::cuda_backend::cudarc::driver::sys;
 use candle_core::{DType, Device, Tensor};
 use policy_serve::engine::ModelConfig;
 use policy_serve::engine::batch::{LogitRows, SeqInput};
-use policy_serve::engine::cuda::{CudaKernels, DecodeLayer, LAYER_KERNEL_MAX_ROWS, LaunchOptions};
+use policy_serve::engine::cuda::{CudaKernels, LaunchOptions};
 use policy_serve::engine::kv_format::KvRef;
 use policy_serve::engine::model::Model;
 use policy_serve::engine::model::kv_cache::PagedKvCache;
@@ -262,41 +262,6 @@ pub fn run(
                 0,
             ),
         ];
-        if let Some(bar) = k.layer_barrier()?.filter(|_| b <= LAYER_KERNEL_MAX_ROWS) {
-            let (acc, ml) = scratch.as_ref().ok_or("no scratch")?;
-            let (out_o, out_down) = (randn(&[b, h], dev)?, randn(&[b, h], dev)?);
-            let l = DecodeLayer {
-                weights: [&w_qkv, &w_o, &w_gu, &w_down],
-                norms: (&norm_w, &norm_w, 1e-6),
-                qk_norms: (&qn, &qn, 1e-6),
-                inv_freq: &inv_freq,
-                residual: (&res, Some(&x), &out_h2, &res),
-                outs: [&out_qkv, &attn, &out_o, &out_act, &out_down],
-                pos_slots: (&pos, &slots),
-                caches: (&kc, &vc),
-                tables: (&tables, None, &ctx_t, 16),
-                scratch: (acc, ml, splits),
-                barrier: &bar,
-            };
-            println!("\n## batch {b}: the layer kernel by phase (us per launch, ctx {ctx})");
-            println!("| mode | us |");
-            println!("|---|---|");
-            let modes = [
-                (0, "whole layer"),
-                (16, "whole layer, sleep between polls"),
-                (1, "A: norm + qkv, barrier"),
-                (2, "+ B: attention, barrier"),
-                (3, "+ C: merge, barrier"),
-                (4, "+ D: o, barrier"),
-                (5, "+ E: norm + gate|up, barrier"),
-                (8, "the five barriers alone"),
-                (24, "the five barriers alone, sleep between polls"),
-            ];
-            for (mode, name) in modes {
-                let us = time_us(dev, || Ok(k.decode_layer_mode_into(&l, mode)?))?;
-                println!("| {name} | {us:.1} |");
-            }
-        }
         let lm = time_us(dev, || Ok(k.linear_into(&x, &w_lm, &logits)?))?;
         let lm_blas = time_us(dev, || Ok(blas.linear_into(&x, &w_lm, &logits)?))?;
         let f32c = time_us(dev, || Ok(k.to_f32_into(&logits, &logits32)?))?;

@@ -48,10 +48,6 @@ pub struct KernelFlags {
     /// Every 1-2-row fused norm scales its inputs (turns `KernelOptions::norm_deferred` off).
     #[arg(long, conflicts_with = "norm_deferred_max_k")]
     pub no_norm_deferred: bool,
-    /// Each dense layer of a 1-2-row decode step as one launch, prefetching MIB of its
-    /// weights into L2 (`KernelOptions::layer_kernel`; 32 when no value is given).
-    #[arg(long, value_name = "MIB", num_args = 0..=1, default_missing_value = "32")]
-    pub layer_kernel: Option<usize>,
     /// Run decode attention unfused (norm/RoPE/KV write, then attention).
     #[arg(long)]
     pub no_fused_decode: bool,
@@ -153,7 +149,6 @@ impl KernelFlags {
             }),
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
-            layer_kernel: self.layer_kernel,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
             norm_deferred: (!self.no_norm_deferred).then(|| {

@@ -43,15 +43,15 @@ pub struct KernelOptions {
     /// default: no faster than cuBLAS on the H200 (BENCHMARKS.md, #21).
     pub gemv_mma: bool,
     /// The 1-2-row gate|up matmuls (with SiLU, alone or behind the fused norm) on streamed
-    /// rows (`kernels/gemv.cu` `sgemv_silu_*`): a grid of this many blocks per SM (1..=8), each
-    /// warp taking every G-th pair, its weight loads in batches across pairs; bit for bit a
-    /// block per eight pairs (None). Default `Some(GEMV_STREAM_BLOCKS)`: with
-    /// `gemv_double_buffer`, batch 1 +6% (0.6B) / +4.5% (1.7B) on the H200 (#21).
+    /// rows (`kernels/gemv.cu` `sgemv_silu_*`, `snorm_gemv_silu_*`): a grid of this many blocks
+    /// per SM (1..=8) instead of a block per eight row pairs, each warp taking every G-th pair
+    /// with its batches of weight loads running across pairs (the batch issued before the wait
+    /// on the kernel before covers two pairs a warp of a 1,024-wide gate|up), the norm weights
+    /// loaded before that wait; the same sums in the same order (bit for bit). Default
+    /// `Some(GEMV_STREAM_BLOCKS)`: with `gemv_double_buffer`, on the H200 batch 1 1,072 ->
+    /// 1,136 tok/s (0.6B) and 640 -> 669 (1.7B), batch 2 +6% / +3% (BENCHMARKS.md, #21); one
+    /// block an SM, or every skinny matmul streamed, was slower. None: a block per eight pairs.
     pub gemv_stream: Option<u8>,
-    /// Pure decode steps of 1-2 rows on one rank (bf16 KV, no adapter) run each dense layer as
-    /// one launch of one block per SM (`kernels/decode_layer.cu`: the same sums in the same
-    /// order), prefetching this many MiB of its weights into L2. None (default): five launches.
-    pub layer_kernel: Option<usize>,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
     /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one
@@ -164,7 +164,8 @@ pub struct KernelOptions {
     /// to 16; the same bits, `kernels/lora_silu.cu`). On by default: on the H200, 8 rank-16
     /// adapters, +0.2-0.8% (0.6B) and +0.8-1.4% (1.7B) at batches 8-32 (BENCHMARKS.md, #23).
     pub lora_norm_preload: bool,
-    /// With `lora_overlap`, steps of more than this many rows shrink on a second stream (64: none).
+    /// With `lora_overlap`, LoRA steps of more than this many rows (at most 64) shrink on a
+    /// second stream beside the base matmuls. Default 64 (none).
     pub lora_side_min_rows: usize,
     /// With `lora_overlap`, LoRA steps of at least this many rows (and at most 64) shrink
     /// inside the base matmuls: each fused weight is stored as `[out + slots·P·R, in]` (the
@@ -189,7 +190,6 @@ impl Default for KernelOptions {
             gemv_mma: false,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
-            layer_kernel: None,
             gemv_split_k: false,
             l2_prefetch: false,
             sample_full: true,

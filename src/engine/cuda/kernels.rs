@@ -127,8 +127,6 @@ pub struct CudaKernels {
     pub(super) gemv_mma: Option<[Vec<CudaFunction>; 4]>,
     /// Whether the skinny matmuls prefetch the next matmul's weights into L2.
     pub(super) l2_prefetch: bool,
-    /// The decode layer kernel (`LaunchOptions::layer_kernel`, bf16); None without it.
-    pub(super) layer: Option<super::layer_kernel::LayerKernels>,
     /// Whether whole-vocabulary draws run on the device (`LaunchOptions::sample_full`).
     sample_full_on: bool,
     pub(crate) blas: Blas,
@@ -442,7 +440,6 @@ impl CudaKernels {
                 None
             },
             l2_prefetch: hopper && opts.l2_prefetch,
-            layer: super::layer_kernel::LayerKernels::load(opts, dtype, &load)?,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),

@@ -98,10 +98,6 @@ pub struct LaunchOptions {
     /// The wide-matmul LoRA kernels (`kernels/lora_silu.cu` `_w`, `lora_wide_expand`) serve
     /// steps of at least this many rows whose slots store `a` after the base weights.
     pub lora_wide: Option<usize>,
-    /// Pure decode steps of 1-2 rows run each dense layer as one launch of one block per SM
-    /// (`kernels/decode_layer.cu`, bf16), its launches prefetching this many MiB of the
-    /// layer's weights into L2; None: five launches a layer.
-    pub layer_kernel: Option<usize>,
 }
 
 impl Default for LaunchOptions {
@@ -137,7 +133,6 @@ impl Default for LaunchOptions {
             lora_norm_preload: true,
             lora_side_min_rows: crate::engine::options::LORA_SIDE_MIN_ROWS,
             lora_wide: Some(crate::engine::options::LORA_WIDE_MIN_ROWS),
-            layer_kernel: None,
         }
     }
 }

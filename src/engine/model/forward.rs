@@ -86,7 +86,6 @@ pub fn kernels_for(
         lora_norm_preload: opts.lora_norm_preload,
         lora_side_min_rows: opts.lora_side_min_rows,
         lora_wide: opts.lora_wide,
-        layer_kernel: opts.layer_kernel,
         ..LaunchOptions::default()
     };
     CudaKernels::new(device, dtype, &launch)

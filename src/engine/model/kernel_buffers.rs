@@ -62,9 +62,6 @@ pub(crate) struct Activations {
     pub(super) moe: Option<MoeScratch>,
     /// Decode-attention partials (None with one partition).
     pub(super) scratch: Option<(Tensor, Tensor)>,
-    /// The decode layer kernel's grid-barrier counter (`CudaKernels::layer_barrier`), when
-    /// the kernel is loaded.
-    pub(super) layer_bar: Option<Tensor>,
     /// Merge counters of the fused decode attention (one per row and head, kept zero), for
     /// the rows it serves (at most [`FUSED_MAX_ROWS`]).
     pub(super) counters: Tensor,
@@ -121,7 +118,6 @@ impl Activations {
             down: k.alloc_out((t, hidden))?,
             scratch: k.decode_scratch(nd, nh, splits)?,
             counters: k.decode_counters(t.min(FUSED_MAX_ROWS), nh)?,
-            layer_bar: k.layer_barrier()?,
             lora_y: match &m.lora {
                 Some(l) => {
                     let cols = crate::engine::cuda::lora_scratch_cols(l.rank(), k.lora_grouped());
@@ -161,7 +157,6 @@ impl Activations {
             moe: self.moe.as_ref().map(|s| s.rows(t)).transpose()?,
             scratch: self.scratch.clone(),
             counters: self.counters.clone(),
-            layer_bar: self.layer_bar.clone(),
             lora_y: self.lora_y.as_ref().map(n).transpose()?,
             lora_wide: match &self.lora_wide {
                 Some([a, b, c, d]) if t <= a.dim(0)? => Some([n(a)?, n(b)?, n(c)?, n(d)?]),

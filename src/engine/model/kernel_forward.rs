@@ -276,17 +276,7 @@ impl KernelForward<'_> {
         let lora = self.lora_step(inputs, acts, comm.is_none() && trace.is_none())?;
         // The down whose LoRA expand the next add+RMSNorm takes over (overlap path).
         let mut down_before: Option<(usize, usize)> = None;
-        let whole = fused && lora.is_none() && comm.is_none() && trace.is_none();
-        let one_launch = self.layer_kernel_step(acts, cache, t, whole);
         for (li, layer) in m.layers.iter().enumerate() {
-            if one_launch
-                && let Some(next) =
-                    self.layer_launch(li, (inputs, acts, cache), cur, delta.as_ref())?
-            {
-                cur = next;
-                delta = Some(a.down.clone());
-                continue;
-            }
             let at = &layer.attn;
             let norm = &layer.input_norm;
             // Each skinny matmul prefetches the next one's weights into L2 (with

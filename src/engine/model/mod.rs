@@ -26,8 +26,6 @@ mod kernel_buffers;
 #[cfg(feature = "cuda")]
 pub mod kernel_forward;
 #[cfg(feature = "cuda")]
-mod kernel_layer;
-#[cfg(feature = "cuda")]
 mod kernel_lora;
 #[cfg(feature = "cuda")]
 mod kernel_trace;
