@@ -225,8 +225,10 @@ struct FusedDecodeParams {
   float v_scale;
   float eps;
   int stop;
+  int kv_shift;  // log2 of the grid's KV heads per cache KV head (fused_decode.cu)
+  int pad;
 };
-static_assert(sizeof(FusedDecodeParams) == 160, "FusedDecodeParams layout");
+static_assert(sizeof(FusedDecodeParams) == 168, "FusedDecodeParams layout");
 static_assert(offsetof(FusedDecodeParams, width) == 112 && offsetof(FusedDecodeParams, eps) == 152,
               "FusedDecodeParams layout");
 

@@ -26,6 +26,9 @@ namespace {
 // Bits: without clusters, and for contexts one cluster holds, the output equals the unfused
 // kernels' at the same partitioning (the merge sums the same terms in the same order); across
 // clusters the merge is two-level and differs in rounding only.
+// kv_shift: the grid's KV heads are virtual, 2^kv_shift of them a head of the cache (GQA group
+// 8 runs as two group-4 halves a KV head, which merge in clusters; G is then 4): each reads
+// its cache head's K/V and norms its new key; the first writes the new row.
 // qkv rows hold q heads, k heads, v heads; a padding row (context 0) writes zeros. `stop`
 // (profiling only; 0 in the engine, and no clusters) ends every block after phase 1-4
 // (phase 4: the block's partial formed), so `graph_check --profile` can time the phases.
@@ -147,12 +150,14 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              __nv_bfloat16* __restrict__ out, float* part_acc, float* part_ml,
                              uint32_t* counters, int W, const uint32_t* __restrict__ width,
                              int block_size, long long num_slots, int nkv, int part_min,
-                             float ks, float vs, float eps, int stop) {
+                             float ks, float vs, float eps, int stop, int kv_shift) {
   using T = __nv_bfloat16;
   using Raw = typename KvRaw<KT>::type;
   pdl_trigger();
   const int b = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int nh = nkv * G;
+  // The cache's KV head of this block's heads, and the cache's KV head count (see kv_shift).
+  const int rk = kh >> kv_shift, nkr = nkv >> kv_shift;
   const int C = cluster_blocks();
   // The step's inputs were uploaded before the step's first kernel: readable before the wait.
   const int ctx = (int)ctx_lens[b];
@@ -170,7 +175,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   const int newp = ctx - 1;
   const int grp = threadIdx.x / LANES, lane = threadIdx.x % LANES;
   const uint32_t* table = block_tables + (size_t)b * W;
-  const size_t head_base = (size_t)kh * num_slots;
+  const size_t head_base = (size_t)rk * num_slots;
 
   // 1: this half-warp's tokens base + grp + GROUPS * u, their K/V rows (not the new token's).
   Raw kr[FETCH], vr[FETCH];
@@ -204,20 +209,22 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   __shared__ __align__(16) KT vnew[HD];
   if (active) {
     const int warp = threadIdx.x / 32, wl = threadIdx.x % 32;
-    const T* row = qkv + (size_t)b * (nh + 2 * nkv) * HD;
+    const T* row = qkv + (size_t)b * (nh + 2 * nkr) * HD;
     const float pos = (float)positions[b];
     for (int h = warp; h < G + (holds_new ? 1 : 0); h += THREADS / 32) {
       const bool is_q = h < G;
       float o[HD / 32];
-      norm_rope_head<T, HD / 32>(row + (size_t)(is_q ? kh * G + h : nh + kh) * HD,
+      norm_rope_head<T, HD / 32>(row + (size_t)(is_q ? kh * G + h : nh + rk) * HD,
                                  is_q ? q_w : k_w, inv_freq, pos, eps, wl, o);
       if (is_q) {
 #pragma unroll
         for (int j = 0; j < HD / 32; ++j) qs[h][wl + 32 * j] = (T)o[j];
       } else {
-        const T* vsrc = row + (size_t)(nh + nkv + kh) * HD;
-        const bool write = slots[b] != 0xffffffffu;
-        const size_t off = ((size_t)kh * num_slots + (write ? slots[b] : 0)) * HD;
+        const T* vsrc = row + (size_t)(nh + nkr + rk) * HD;
+        // The first of a cache head's blocks writes its new row (the others keep their own
+        // copy in shared memory and never read that row from the cache).
+        const bool write = slots[b] != 0xffffffffu && (kh & ((1 << kv_shift) - 1)) == 0;
+        const size_t off = ((size_t)rk * num_slots + (write ? slots[b] : 0)) * HD;
 #pragma unroll
         for (int j = 0; j < HD / 32; ++j) {
           const KT kv = kv_store<KT>(o[j], 1.f / ks);
@@ -361,7 +368,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     decode_fused<G, KT>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,          \
                         (KT*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc,            \
                         p.part_ml, p.counters, p.W, p.width, p.block_size, p.num_slots, p.nkv,  \
-                        p.part, p.k_scale, p.v_scale, p.eps, p.stop);                           \
+                        p.part, p.k_scale, p.v_scale, p.eps, p.stop, p.kv_shift);               \
   }
 PS_DECODE_FUSED(1, __nv_bfloat16, bf16)
 PS_DECODE_FUSED(2, __nv_bfloat16, bf16)

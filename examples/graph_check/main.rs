@@ -300,6 +300,7 @@ fn main() -> Res<()> {
             gemv_split_k: kopts.gemv_split_k,
             l2_prefetch: kopts.l2_prefetch,
             warp_norm: kopts.warp_norm,
+            gqa8_split: kopts.gqa8_split,
             ..Default::default()
         };
         return profile::run(&m, &cfg, &dev, &a.profile, &ours);

@@ -5,7 +5,7 @@
 //! merge counters zero after every launch (they are reused by the next).
 
 use candle_core::{DType, Device, Tensor};
-use policy_serve::engine::cuda::CudaKernels;
+use policy_serve::engine::cuda::{CudaKernels, LaunchOptions};
 use policy_serve::engine::kv_format::{KvRef, KvScale, quantize};
 
 use super::{Res, Table, cores, randn, rel};
@@ -165,6 +165,15 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> Res<f32> {
 
 pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let k = CudaKernels::new(dev, DType::BF16, &cores())?.ok_or("no kernels")?;
+    // Group 8 as two group-4 halves a KV head, merged in clusters (`gqa8_split`): the same
+    // bits as the unfused kernels at the clusters' partitioning (a half that read the wrong
+    // KV head, wrote the new row twice with other values, or took the other half's query
+    // heads fails it).
+    let split = LaunchOptions {
+        gqa8_split: true,
+        ..cores()
+    };
+    let k8 = CudaKernels::new(dev, DType::BF16, &split)?.ok_or("no kernels")?;
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),
@@ -187,10 +196,15 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         ((4, 3000, true), (32, 4), Some(32)),
         ((8, 700, true), (32, 4), Some(16)),
     ];
-    for &(rows, heads, splits) in cases {
-        let (out, cache, left, exact) = case(&k, dev, rows, heads, splits, None)?;
+    let g8 = cases.iter().filter(|c| c.1.0 / c.1.1 == 8);
+    let runs = cases
+        .iter()
+        .map(|c| (&k, c, ""))
+        .chain(g8.map(|c| (&k8, c, " split")));
+    for (k, &(rows, heads, splits), how) in runs {
+        let (out, cache, left, exact) = case(k, dev, rows, heads, splits, None)?;
         let name = format!(
-            "decode_fused B {} ctx {} nh {} nkv {} splits {}",
+            "decode_fused{how} B {} ctx {} nh {} nkv {} splits {}",
             rows.0,
             rows.1,
             heads.0,

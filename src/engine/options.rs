@@ -43,14 +43,10 @@ pub struct KernelOptions {
     /// default: no faster than cuBLAS on the H200 (BENCHMARKS.md, #21).
     pub gemv_mma: bool,
     /// The 1-2-row gate|up matmuls (with SiLU, alone or behind the fused norm) on streamed
-    /// rows (`kernels/gemv.cu` `sgemv_silu_*`, `snorm_gemv_silu_*`): a grid of this many blocks
-    /// per SM (1..=8) instead of a block per eight row pairs, each warp taking every G-th pair
-    /// with its batches of weight loads running across pairs (the batch issued before the wait
-    /// on the kernel before covers two pairs a warp of a 1,024-wide gate|up), the norm weights
-    /// loaded before that wait; the same sums in the same order (bit for bit). Default
-    /// `Some(GEMV_STREAM_BLOCKS)`: with `gemv_double_buffer`, on the H200 batch 1 1,072 ->
-    /// 1,136 tok/s (0.6B) and 640 -> 669 (1.7B), batch 2 +6% / +3% (BENCHMARKS.md, #21); one
-    /// block an SM, or every skinny matmul streamed, was slower. None: a block per eight pairs.
+    /// rows (`kernels/gemv.cu` `sgemv_silu_*`): a grid of this many blocks per SM (1..=8), each
+    /// warp taking every G-th pair, its weight loads in batches across pairs; bit for bit a
+    /// block per eight pairs (None). Default `Some(GEMV_STREAM_BLOCKS)`: with
+    /// `gemv_double_buffer`, batch 1 +6% (0.6B) / +4.5% (1.7B) on the H200 (#21).
     pub gemv_stream: Option<u8>,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
@@ -82,6 +78,9 @@ pub struct KernelOptions {
     pub fused_decode: bool,
     /// Merge fused decode attention in thread-block clusters (sm_90+).
     pub clusters: bool,
+    /// GQA group 8 (Qwen3-30B-A3B) through the fused decode attention as two group-4 halves a
+    /// KV head, merged in clusters (off: group 8 unfused; `kernels/fused_decode.cu` `kv_shift`).
+    pub gqa8_split: bool,
     /// The flash prefill attention (`kernels/flash_prefill.cu`: mma.sync tensor cores,
     /// cp.async double buffering, online softmax; bf16). Off: the two-pass WMMA kernel.
     pub flash_prefill: bool,
@@ -197,6 +196,7 @@ impl Default for KernelOptions {
             norm_deferred: Some(NORM_DEFERRED_MAX_K),
             fused_decode: true,
             clusters: true,
+            gqa8_split: false,
             flash_prefill: true,
             wgmma_prefill: true,
             split_kv: true,

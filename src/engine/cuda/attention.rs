@@ -90,9 +90,10 @@ impl CudaKernels {
     /// sequences of GQA group `g` in `splits` partitions: [`DECODE_CLUSTER`] (groups 1-2, up to
     /// 4 rows) or 8 for batches of up to [`CLUSTER_MAX_ROWS`] on sm_90+ when it divides `splits`
     /// (a cluster merges its partitions in shared memory, and covers a context of up to 128
-    /// tokens a block alone), else 1 (partials merged through global memory).
+    /// tokens a block alone), else 1 (partials merged through global memory). Group 8 runs as
+    /// group 4 with `LaunchOptions::gqa8_split` ([`CudaKernels::fused_group`]).
     pub fn decode_cluster(&self, b: usize, g: usize, splits: usize) -> usize {
-        let c = match (g, Self::cluster_of(b)) {
+        let c = match (self.fused_group(g).0, Self::cluster_of(b)) {
             (1 | 2, c) => c,
             (4, _) => 8,
             _ => return 1,
@@ -112,6 +113,18 @@ impl CudaKernels {
             splits.max(1).next_multiple_of(Self::cluster_of(b))
         } else {
             splits
+        }
+    }
+
+    /// The GQA group the fused decode attention runs GQA group `g` as, and the log2 of the
+    /// grid's KV heads per cache KV head: group 8 as two group-4 halves a KV head with
+    /// `LaunchOptions::gqa8_split` (each half reads the head's K/V; the two merge in clusters,
+    /// where group 8's partials could only merge through global memory), else `g` itself.
+    pub fn fused_group(&self, g: usize) -> (usize, u32) {
+        if g == 8 && self.gqa8_split {
+            (4, 1)
+        } else {
+            (g, 0)
         }
     }
 
@@ -246,14 +259,15 @@ impl CudaKernels {
     /// Whether the forward runs a decode step of `rows` sequences through
     /// [`CudaKernels::decode_fused_into`] on a layer of `nh` query heads over `nkv` KV heads of
     /// `hd` dims: at most [`FUSED_MAX_ROWS`] rows of a shape the kernel serves.
-    /// GQA group 8 (the 30B-A3B's 32 query / 4 KV heads) stays unfused: no cluster merges it
-    /// ([`CudaKernels::decode_cluster`]), and its merge through global memory made the fused
-    /// kernel 22.8 us at batch 1 and 35.3 at 8 against 2.9 + 8.5 and 3.0 + 8.8 unfused
-    /// (`graph_check --profile`, H200).
+    /// GQA group 8 (the 30B-A3B's 32 query / 4 KV heads) is fused only as two group-4 halves
+    /// ([`CudaKernels::fused_group`]): as group 8 no cluster merges it, and its merge through
+    /// global memory made the fused kernel 22.8 us at batch 1 and 35.3 at 8 against 2.9 + 8.5
+    /// and 3.0 + 8.8 unfused (`graph_check --profile`, H200).
     pub fn fused_decode_supports(&self, rows: usize, nh: usize, nkv: usize, hd: usize) -> bool {
         rows <= FUSED_MAX_ROWS
             && self.fused_decode_serves(nh, nkv, hd)
-            && matches!(nh / nkv, 1 | 2 | 4)
+            && nkv > 0
+            && matches!(self.fused_group(nh / nkv).0, 1 | 2 | 4)
     }
 
     /// Whether [`CudaKernels::decode_fused_into`] serves the shape (bf16, head_dim 128, GQA
@@ -332,7 +346,7 @@ impl CudaKernels {
         if !self.fused_decode_serves(nh, nkv, hd)
             || qkv.elem_count() != b * (nh + 2 * nkv) * hd
             || out.elem_count() != b * nh * hd
-            || counters.elem_count() < b * nkv
+            || counters.elem_count() < b * (nkv << self.fused_group(nh / nkv.max(1)).1)
         {
             return Err(kernel_err(
                 "decode_fused",
@@ -347,7 +361,10 @@ impl CudaKernels {
         let Some(funcs) = loaded else {
             return Err(kernel_err("decode_fused", "not loaded"));
         };
-        let func = &funcs[(nh / nkv).trailing_zeros() as usize];
+        // Group 8 may run as group 4 over twice the KV heads (`fused_group`).
+        let (g, kv_shift) = self.fused_group(nh / nkv);
+        let func = &funcs[g.trailing_zeros() as usize];
+        let nkv_grid = nkv << kv_shift;
         let splits = splits.max(1);
         let (acc, ml) = partials(out, scratch, b * nh * splits * hd, splits, "decode_fused")?;
         let w = block_tables.elem_count() / b.max(1);
@@ -371,12 +388,14 @@ impl CudaKernels {
                 (w, width),
                 block_size,
                 num_slots,
-                nkv,
+                nkv_grid,
                 part,
                 kv.scale,
             )?,
             eps: eps as f32,
             stop,
+            kv_shift: kv_shift as i32,
+            pad: 0,
         };
         let mut lb = self.launcher(func);
         if stop == 0 {
@@ -385,7 +404,7 @@ impl CudaKernels {
         lb.arg(&params);
         // SAFETY: `FusedDecodeParams` is the kernel's one parameter (same layout, checked at
         // compile time on both sides); the buffers are sized above.
-        unsafe { lb.launch(decode_grid(b, nkv, splits)) }.w()?;
+        unsafe { lb.launch(decode_grid(b, nkv_grid, splits)) }.w()?;
         Ok(())
     }
 }

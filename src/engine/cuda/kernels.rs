@@ -133,6 +133,8 @@ pub struct CudaKernels {
     /// Fused decode attention merges in thread-block clusters (sm_90+ with
     /// `LaunchOptions::clusters`; see [`CudaKernels::decode_cluster`]).
     pub(super) clusters: bool,
+    /// GQA group 8 fused as two group-4 halves a KV head (`LaunchOptions::gqa8_split`).
+    pub(super) gqa8_split: bool,
     /// Pinned host buffers for token ids read back without waiting for the stream.
     pub(crate) pinned: Arc<PinnedPool>,
     /// The pinned buffer host data goes through to the device ([`CudaKernels::upload_u32`]).
@@ -442,6 +444,7 @@ impl CudaKernels {
             l2_prefetch: hopper && opts.l2_prefetch,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,
+            gqa8_split: opts.gqa8_split,
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),
             fp8,
             pinned: Arc::default(),

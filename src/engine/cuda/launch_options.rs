@@ -42,6 +42,9 @@ pub struct LaunchOptions {
     pub fused_decode: bool,
     /// Thread-block clusters in the fused decode attention (sm_90+).
     pub clusters: bool,
+    /// GQA group 8 through the fused decode attention as two group-4 halves a KV head (which
+    /// merge in clusters); off: group 8 unfused.
+    pub gqa8_split: bool,
     /// The flash prefill attention (bf16).
     pub flash_prefill: bool,
     /// The flash prefill on warpgroup MMA where the GPU has it (sm_90).
@@ -114,6 +117,7 @@ impl Default for LaunchOptions {
             norm_deferred: Some(crate::engine::options::NORM_DEFERRED_MAX_K),
             fused_decode: true,
             clusters: true,
+            gqa8_split: false,
             flash_prefill: true,
             wgmma_prefill: true,
             wgmma_prefill_x2: true,

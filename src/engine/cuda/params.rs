@@ -88,6 +88,9 @@ pub(super) struct FusedDecodeParams {
     pub(super) geometry: DecodeGeometry,
     pub(super) eps: f32,
     pub(super) stop: i32,
+    /// log2 of the grid's KV heads per cache KV head (`kernels/fused_decode.cu`).
+    pub(super) kv_shift: i32,
+    pub(super) pad: i32,
 }
 
 /// `PrefillParams` of `kernels/attention.cuh`: the one parameter of `paged_prefill_*`.
@@ -118,7 +121,7 @@ pub(super) struct PrefillParams {
 // The sizes `kernels/attention.cuh` asserts for the same structs (a field added on one side
 // only fails the build).
 const _: () = assert!(std::mem::size_of::<DecodeParams>() == 104);
-const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 160);
+const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 168);
 const _: () = assert!(std::mem::size_of::<PrefillParams>() == 120);
 const _: () = {
     use std::mem::offset_of;

@@ -68,6 +68,7 @@ pub fn kernels_for(
         sample_full: opts.sample_full,
         fused_decode: opts.fused_decode,
         clusters: opts.clusters,
+        gqa8_split: opts.gqa8_split,
         flash_prefill: opts.flash_prefill,
         wgmma_prefill: opts.wgmma_prefill,
         split_kv: opts.split_kv,
