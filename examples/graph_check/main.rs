@@ -22,6 +22,7 @@
 
 mod lora_profile;
 mod profile;
+mod rows;
 mod stress;
 mod verify;
 
@@ -64,6 +65,10 @@ struct Args {
     /// Only the verify steps of speculative decoding (the second half of check 1).
     #[arg(long)]
     verify_only: bool,
+    /// Only whether each cuBLAS matmul of the model's shapes gives a row the same bits at an
+    /// eager step's row count as inside its graph bucket (`rows.rs`).
+    #[arg(long)]
+    rows_check: bool,
     /// The kernel switches (`--gemv-mma`, `--l2-prefetch`, ...).
     #[command(flatten)]
     kernels: policy_serve::engine::KernelFlags,
@@ -306,6 +311,11 @@ fn main() -> Res<()> {
         return profile::run(&m, &cfg, &dev, &a.profile, &ours);
     }
     let mut fails = 0u32;
+    if a.rows_check {
+        rows::rows_check(&cfg, &dev, &mut fails)?;
+        println!("graph-check: {fails} failed");
+        std::process::exit(i32::from(fails > 0));
+    }
     if a.stress_only {
         drop(m);
         stress_check(&a, &mut fails)?;

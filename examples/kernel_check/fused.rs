@@ -165,15 +165,16 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> Res<f32> {
 
 pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let k = CudaKernels::new(dev, DType::BF16, &cores())?.ok_or("no kernels")?;
-    // Group 8 as two group-4 halves a KV head, merged in clusters (`gqa8_split`): the same
-    // bits as the unfused kernels at the clusters' partitioning (a half that read the wrong
-    // KV head, wrote the new row twice with other values, or took the other half's query
-    // heads fails it).
-    let split = LaunchOptions {
-        gqa8_split: true,
+    // Group 8 runs as two group-4 halves a KV head, merged in clusters (`gqa8_split`, on in
+    // `cores()`): the same bits as the unfused kernels at the clusters' partitioning (a half
+    // that read the wrong KV head, wrote the new row with other values, or took the other
+    // half's query heads fails it). The group-8 cases run once more whole (`--no-gqa8-split`:
+    // no clusters, the merge through global memory).
+    let whole = LaunchOptions {
+        gqa8_split: false,
         ..cores()
     };
-    let k8 = CudaKernels::new(dev, DType::BF16, &split)?.ok_or("no kernels")?;
+    let k8 = CudaKernels::new(dev, DType::BF16, &whole)?.ok_or("no kernels")?;
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),
@@ -188,8 +189,8 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         ((40, 900, true), (16, 8), Some(8)),
         ((40, 900, false), (16, 8), None),
         ((200, 300, true), (16, 8), Some(4)),
-        // GQA group 8 (the 30B-A3B's 32 / 4 heads; no clusters, the merge through global
-        // memory): 1 row eager and at 32 partitions, padding rows, 8 rows.
+        // GQA group 8 (the 30B-A3B's 32 / 4 heads): 1 row eager and at 32 partitions, padding
+        // rows, 8 rows.
         ((1, 600, false), (32, 4), None),
         ((1, 600, false), (32, 4), Some(32)),
         ((1, 1100, false), (32, 4), Some(32)),
@@ -200,7 +201,7 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let runs = cases
         .iter()
         .map(|c| (&k, c, ""))
-        .chain(g8.map(|c| (&k8, c, " split")));
+        .chain(g8.map(|c| (&k8, c, " whole")));
     for (k, &(rows, heads, splits), how) in runs {
         let (out, cache, left, exact) = case(k, dev, rows, heads, splits, None)?;
         let name = format!(

@@ -54,9 +54,9 @@ pub struct KernelFlags {
     /// No thread-block clusters in the fused decode attention.
     #[arg(long)]
     pub no_clusters: bool,
-    /// GQA group 8 fused as two group-4 halves a KV head (`KernelOptions::gqa8_split`).
+    /// GQA group 8 decode attention unfused (turns `KernelOptions::gqa8_split` off).
     #[arg(long)]
-    pub gqa8_split: bool,
+    pub no_gqa8_split: bool,
     /// Prefill attention on the two-pass WMMA kernel instead of the flash prefill kernel.
     #[arg(long)]
     pub no_flash_prefill: bool,
@@ -161,7 +161,7 @@ impl KernelFlags {
             sample_full: !self.no_device_full_sampling,
             fused_decode: !self.no_fused_decode,
             clusters: !self.no_clusters,
-            gqa8_split: self.gqa8_split,
+            gqa8_split: !self.no_gqa8_split,
             flash_prefill: !self.no_flash_prefill,
             wgmma_prefill: !self.no_wgmma_prefill,
             split_kv: !self.no_split_kv,

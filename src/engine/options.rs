@@ -78,8 +78,8 @@ pub struct KernelOptions {
     pub fused_decode: bool,
     /// Merge fused decode attention in thread-block clusters (sm_90+).
     pub clusters: bool,
-    /// GQA group 8 (Qwen3-30B-A3B) through the fused decode attention as two group-4 halves a
-    /// KV head, merged in clusters (off: group 8 unfused; `kernels/fused_decode.cu` `kv_shift`).
+    /// GQA group 8 (Qwen3-30B-A3B) decode steps of 1-2 rows through the fused attention as two
+    /// group-4 halves a KV head (`kv_shift`; off: unfused). On: batch 1 +2.5% on the H200 (#29).
     pub gqa8_split: bool,
     /// The flash prefill attention (`kernels/flash_prefill.cu`: mma.sync tensor cores,
     /// cp.async double buffering, online softmax; bf16). Off: the two-pass WMMA kernel.
@@ -196,7 +196,7 @@ impl Default for KernelOptions {
             norm_deferred: Some(NORM_DEFERRED_MAX_K),
             fused_decode: true,
             clusters: true,
-            gqa8_split: false,
+            gqa8_split: true,
             flash_prefill: true,
             wgmma_prefill: true,
             split_kv: true,

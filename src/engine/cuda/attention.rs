@@ -24,6 +24,11 @@ pub const FUSED_MAX_ROWS: usize = 16;
 /// Most decode sequences whose fused attention runs in clusters: small batches, whose few
 /// partitions leave most SMs idle, so the merge's latency is the step's.
 pub const CLUSTER_MAX_ROWS: usize = 16;
+
+/// Most decode sequences whose GQA-group-8 attention runs fused as two group-4 halves
+/// (`LaunchOptions::gqa8_split`): on the H200 (30B-A3B shape, ctx 600) one launch 11.1 us at
+/// batch 1 against 3.0 + 8.5 unfused, but 24.4 against 3.0 + 8.8 at batch 8.
+pub const GQA8_SPLIT_MAX_ROWS: usize = 2;
 use crate::engine::kv_format::KvRef;
 use crate::error::Result;
 
@@ -264,10 +269,11 @@ impl CudaKernels {
     /// global memory made the fused kernel 22.8 us at batch 1 and 35.3 at 8 against 2.9 + 8.5
     /// and 3.0 + 8.8 unfused (`graph_check --profile`, H200).
     pub fn fused_decode_supports(&self, rows: usize, nh: usize, nkv: usize, hd: usize) -> bool {
+        let g = nh / nkv.max(1);
         rows <= FUSED_MAX_ROWS
             && self.fused_decode_serves(nh, nkv, hd)
-            && nkv > 0
-            && matches!(self.fused_group(nh / nkv).0, 1 | 2 | 4)
+            && matches!(self.fused_group(g).0, 1 | 2 | 4)
+            && (g != 8 || rows <= GQA8_SPLIT_MAX_ROWS)
     }
 
     /// Whether [`CudaKernels::decode_fused_into`] serves the shape (bf16, head_dim 128, GQA

@@ -117,7 +117,7 @@ impl Default for LaunchOptions {
             norm_deferred: Some(crate::engine::options::NORM_DEFERRED_MAX_K),
             fused_decode: true,
             clusters: true,
-            gqa8_split: false,
+            gqa8_split: true,
             flash_prefill: true,
             wgmma_prefill: true,
             wgmma_prefill_x2: true,

@@ -41,7 +41,7 @@ mod readback;
 mod upload;
 mod verify;
 
-pub use attention::{CLUSTER_MAX_ROWS, DECODE_CLUSTER, FUSED_MAX_ROWS};
+pub use attention::{CLUSTER_MAX_ROWS, DECODE_CLUSTER, FUSED_MAX_ROWS, GQA8_SPLIT_MAX_ROWS};
 pub use buffers::GpuEvent;
 pub use kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, LaunchOptions};
 pub(crate) use launch::kernel_err;
