@@ -306,6 +306,7 @@ fn main() -> Res<()> {
             l2_prefetch: kopts.l2_prefetch,
             warp_norm: kopts.warp_norm,
             gqa8_split: kopts.gqa8_split,
+            blas_row_class: kopts.blas_row_class,
             ..Default::default()
         };
         return profile::run(&m, &cfg, &dev, &a.profile, &ours);

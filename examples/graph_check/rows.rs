@@ -9,8 +9,30 @@ use policy_serve::engine::{ModelConfig, graph_buckets};
 
 use super::Res;
 
+/// Both ways: cuBLAS's own choice for each row count (`--no-blas-row-class`; only reported),
+/// and the row class's algorithm (the default; a row that differs fails the check).
 pub(super) fn rows_check(cfg: &ModelConfig, dev: &Device, fails: &mut u32) -> Res<()> {
-    let k = CudaKernels::new(dev, DType::BF16, &LaunchOptions::default())?.ok_or("kernels")?;
+    for class in [false, true] {
+        let opts = LaunchOptions {
+            blas_row_class: class,
+            ..LaunchOptions::default()
+        };
+        let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("kernels")?;
+        println!(
+            "\n{}",
+            if class {
+                "row class algorithms (default):"
+            } else {
+                "cuBLAS's own choice:"
+            }
+        );
+        one_way(&k, cfg, dev, if class { Some(&mut *fails) } else { None })?;
+    }
+    Ok(())
+}
+
+fn one_way(k: &CudaKernels, cfg: &ModelConfig, dev: &Device, fails: Option<&mut u32>) -> Res<()> {
+    let mut failed = false;
     let (h, hd) = (cfg.hidden_size, cfg.head_dim());
     let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
     let mut shapes = vec![
@@ -49,13 +71,16 @@ pub(super) fn rows_check(cfg: &ModelConfig, dev: &Device, fails: &mut u32) -> Re
                 bad.push(m);
             }
         }
-        *fails += u32::from(!bad.is_empty());
+        failed |= !bad.is_empty();
         println!(
             "| {name} | {n} x {kk} | {} of {} differ: {:?} |",
             bad.len(),
             254,
             &bad[..bad.len().min(24)]
         );
+    }
+    if let Some(f) = fails {
+        *f += u32::from(failed);
     }
     Ok(())
 }

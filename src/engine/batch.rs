@@ -11,6 +11,28 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+/// Above this batch, graph buckets grow by steps of [`LARGE_BUCKET_STEP`] instead of doubling
+/// (a batch of 300 padded to 512 would do 70% more matmul work once the step is
+/// compute-bound; `runner::buckets`).
+pub const DOUBLING_UP_TO: usize = 256;
+/// The step between large graph buckets.
+pub const LARGE_BUCKET_STEP: usize = 128;
+
+/// The row class of a step of `t` token rows: the bound of the graph buckets' range that
+/// holds it (8 up to 8 rows, the next power of two up to [`DOUBLING_UP_TO`], then the next
+/// multiple of [`LARGE_BUCKET_STEP`] above it). Every bucket is such a bound, so a step and
+/// the bucket that replays it (padded) share a class; the kernels pick a cuBLAS algorithm by
+/// class, so both give every row the same bits.
+pub fn row_class(t: usize) -> usize {
+    if t <= 8 {
+        8
+    } else if t <= DOUBLING_UP_TO {
+        t.next_power_of_two()
+    } else {
+        DOUBLING_UP_TO + (t - DOUBLING_UP_TO).div_ceil(LARGE_BUCKET_STEP) * LARGE_BUCKET_STEP
+    }
+}
+
 /// One sequence of a varlen batch.
 #[derive(Debug, Clone)]
 pub struct SeqInput<'a> {

@@ -57,6 +57,9 @@ pub struct KernelFlags {
     /// GQA group 8 decode attention unfused (turns `KernelOptions::gqa8_split` off).
     #[arg(long)]
     pub no_gqa8_split: bool,
+    /// cuBLAS's own algorithm for each row count (turns `KernelOptions::blas_row_class` off).
+    #[arg(long)]
+    pub no_blas_row_class: bool,
     /// Prefill attention on the two-pass WMMA kernel instead of the flash prefill kernel.
     #[arg(long)]
     pub no_flash_prefill: bool,
@@ -162,6 +165,7 @@ impl KernelFlags {
             fused_decode: !self.no_fused_decode,
             clusters: !self.no_clusters,
             gqa8_split: !self.no_gqa8_split,
+            blas_row_class: !self.no_blas_row_class,
             flash_prefill: !self.no_flash_prefill,
             wgmma_prefill: !self.no_wgmma_prefill,
             split_kv: !self.no_split_kv,

@@ -78,6 +78,9 @@ pub struct KernelOptions {
     pub fused_decode: bool,
     /// Merge fused decode attention in thread-block clusters (sm_90+).
     pub clusters: bool,
+    /// cuBLAS matmuls of up to 2,048 rows take the cuBLASLt algorithm of their row class
+    /// (`batch::row_class`), so a step and its graph bucket give each row the same bits.
+    pub blas_row_class: bool,
     /// GQA group 8 (Qwen3-30B-A3B) decode steps of 1-2 rows through the fused attention as two
     /// group-4 halves a KV head (`kv_shift`; off: unfused). On: batch 1 +2.5% on the H200 (#29).
     pub gqa8_split: bool,
@@ -148,15 +151,10 @@ pub struct KernelOptions {
     /// read once per group of up to eight of its tokens (at most 1,024 inputs;
     /// `kernels/lora_grouped.cu`). Off by default: slower than `lora_runs` (BENCHMARKS.md).
     pub lora_grouped: bool,
-    /// The shrinks of LoRA steps of 17-64 rows (one-token tiles) over at most 4,096 inputs
-    /// that the grouped shrink does not take (at rank 16: qkv and gate|up from 17 rows, o and
-    /// down from 33) read the tile table sorted by slot, by runs (`kernels/lora_runs.cu`): a
-    /// block takes eight tiles, a warp each with two rows of `a` and eight loads a lane in
-    /// flight, and its warps on one slot read that slot's rows once, where the one-token
-    /// shrink re-reads a row of `a` from L2 for every token (a block per row and token). Each
-    /// `y` entry is summed in one order whatever the table's order or the step's size (f32;
-    /// another order than the one-token shrink's). On by default: on the H200, 8 rank-16
-    /// adapters, batch 32 +3.0% (0.6B) / +2.6% (1.7B), batch 64 +0.8% / +3.4% (#23).
+    /// The shrinks of LoRA steps of 17-64 rows (one-token tiles, at most 4,096 inputs) read the
+    /// tile table sorted by slot, by runs (`kernels/lora_runs.cu`): a slot's rows of `a` read
+    /// once by the warps on it (one order of sums whatever the table's order). On: 8 rank-16
+    /// adapters, batch 32 +3.0% (0.6B) / +2.6% (1.7B) on the H200 (#23).
     pub lora_runs: bool,
     /// The add+RMSNorm that takes the o and down expands (`lora_overlap`) loads each thread's
     /// rows of `b` and the norm weights before waiting on the kernel before it (bf16, ranks up
@@ -197,6 +195,7 @@ impl Default for KernelOptions {
             fused_decode: true,
             clusters: true,
             gqa8_split: true,
+            blas_row_class: true,
             flash_prefill: true,
             wgmma_prefill: true,
             split_kv: true,

@@ -1,10 +1,13 @@
 //! [`Blas`]: a cuBLAS handle on the kernels' stream with a workspace of its own, so matmuls
-//! write into the engine's buffers and allocate nothing (graph capture).
+//! write into the engine's buffers and allocate nothing (graph capture), and [`Lt`]: the
+//! cuBLASLt matmuls of decode-sized steps, one algorithm a row class.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 
 use candle_core::cuda_backend::cudarc::cublas::{CudaBlas, sys};
-use candle_core::cuda_backend::cudarc::driver::CudaSlice;
+use candle_core::cuda_backend::cudarc::cublaslt::{result as lt, sys as lt_sys};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream};
 
 use super::launch::kernel_err;
 use crate::error::Result;
@@ -12,9 +15,13 @@ use crate::error::Result;
 /// Bytes of the cuBLAS workspace (the size NVIDIA recommends for Hopper).
 const WORKSPACE_BYTES: usize = 32 << 20;
 
-/// A cuBLAS handle on the kernels' stream and its workspace.
+/// A cuBLAS handle on the kernels' stream, a cuBLASLt handle (matmuls of a row class's
+/// algorithm, [`Lt`]) and their workspace (one at a time on the stream).
 pub(crate) struct Blas {
     pub(crate) handle: CudaBlas,
+    pub(crate) lt: Lt,
+    /// The workspace's device address and size (the cuBLASLt calls pass it).
+    pub(crate) workspace: (u64, usize),
     _workspace: CudaSlice<u8>,
 }
 
@@ -38,7 +45,176 @@ impl Blas {
         drop(_guard);
         Ok(Self {
             handle,
+            lt: Lt::new()?,
+            workspace: (ptr, WORKSPACE_BYTES),
             _workspace: workspace,
+        })
+    }
+}
+
+/// cuBLASLt matmuls whose algorithm depends on the step's row class, not its row count
+/// ([`crate::engine::batch::row_class`]): cuBLAS's own choice changes with the row count
+/// (split-K for some counts and not others, on the H200 for the 30B-A3B's o at 57-63 rows and
+/// 0.6B's down at 73-80; `graph_check --rows-check`), so an eager step and the padded graph
+/// bucket that replays it gave some rows other bits. One algorithm a (weight shape, class)
+/// gives every row the same bits at any count of the class.
+pub(crate) struct Lt {
+    handle: lt_sys::cublasLtHandle_t,
+    /// The algorithm of each (out, in, row class, dtype); None where cuBLASLt offers none
+    /// (the matmul then goes through `cublasGemmEx`).
+    algos: parking_lot::Mutex<
+        HashMap<(usize, usize, usize, bool), Option<lt_sys::cublasLtMatmulAlgo_t>>,
+    >,
+}
+
+// SAFETY: the handle is only used under the kernels' one stream (every launch is ordered on
+// it) and cuBLASLt handles may be used from any host thread; the cache is behind a mutex.
+unsafe impl Send for Lt {}
+// SAFETY: as above.
+unsafe impl Sync for Lt {}
+
+impl Drop for Lt {
+    fn drop(&mut self) {
+        // SAFETY: the handle was created by `Lt::new` and is destroyed once.
+        let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}
+
+/// A matmul's cuBLASLt descriptors, destroyed when dropped.
+struct LtDescs {
+    desc: lt_sys::cublasLtMatmulDesc_t,
+    layouts: Vec<lt_sys::cublasLtMatrixLayout_t>,
+}
+
+impl Drop for LtDescs {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor was created once by `Lt::linear` and is destroyed once.
+        unsafe {
+            for l in &self.layouts {
+                let _ = lt::destroy_matrix_layout(*l);
+            }
+            let _ = lt::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+impl Lt {
+    fn new() -> Result<Self> {
+        Ok(Self {
+            handle: lt::create_handle().map_err(|e| kernel_err("cuBLASLt", e))?,
+            algos: Default::default(),
+        })
+    }
+
+    /// `out [t, n_out] = x [t, k] · w [n_out, k]ᵀ` (pointers of `ty` elements, f32 sums) on
+    /// `stream`, with the algorithm of `t`'s row class (`class` rows); false when cuBLASLt has
+    /// none for the shape (nothing launched).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn linear(
+        &self,
+        stream: &CudaStream,
+        ty: sys::cudaDataType,
+        (n_out, k, t, class): (usize, usize, usize, usize),
+        (pw, px, po): (u64, u64, u64),
+        (workspace, workspace_bytes): (u64, usize),
+    ) -> Result<bool> {
+        let err = |e| kernel_err("linear (cuBLASLt)", e);
+        let lty: lt_sys::cudaDataType = match ty {
+            sys::cudaDataType::CUDA_R_16BF => lt_sys::cudaDataType::CUDA_R_16BF,
+            _ => lt_sys::cudaDataType::CUDA_R_32F,
+        };
+        let desc = lt::create_matmul_desc(
+            lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            lt_sys::cudaDataType::CUDA_R_32F,
+        )
+        .map_err(err)?;
+        let mut d = LtDescs {
+            desc,
+            layouts: Vec::with_capacity(5),
+        };
+        let (op_t, op_n) = (1i32, 0i32);
+        // SAFETY: the attributes are i32 (cublasOperation_t) as the descriptor expects.
+        unsafe {
+            for (attr, v) in [
+                (
+                    lt_sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                    &op_t,
+                ),
+                (
+                    lt_sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+                    &op_n,
+                ),
+            ] {
+                lt::set_matmul_desc_attribute(d.desc, attr, (v as *const i32).cast(), 4)
+                    .map_err(err)?;
+            }
+        }
+        // Column-major: outᵀ [n_out, t] = W [n_out, k] (the row-major weight read as [k,
+        // n_out], transposed) · xᵀ [k, t].
+        let mut layout = |rows: usize, cols: usize| -> Result<lt_sys::cublasLtMatrixLayout_t> {
+            let l = lt::create_matrix_layout(lty, rows as u64, cols as u64, rows as i64)
+                .map_err(err)?;
+            d.layouts.push(l);
+            Ok(l)
+        };
+        let (a, b, c) = (layout(k, n_out)?, layout(k, t)?, layout(n_out, t)?);
+        let key = (n_out, k, class, lty == lt_sys::cudaDataType::CUDA_R_16BF);
+        let cached = self.algos.lock().get(&key).copied();
+        let algo = match cached {
+            Some(a) => a,
+            None => {
+                let (bc, cc) = (layout(k, class)?, layout(n_out, class)?);
+                let pref = lt::create_matmul_pref().map_err(err)?;
+                let bytes = workspace_bytes as u64;
+                // SAFETY: the preference and descriptors are live; the attribute is a u64.
+                let found = unsafe {
+                    let set = lt::set_matmul_pref_attribute(
+                        pref,
+                        lt_sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                        (&bytes as *const u64).cast(),
+                        8,
+                    );
+                    let h = set.and_then(|_| {
+                        lt::get_matmul_algo_heuristic(self.handle, d.desc, a, bc, cc, cc, pref)
+                    });
+                    let _ = lt::destroy_matmul_pref(pref);
+                    h.ok().map(|h| h.algo)
+                };
+                self.algos.lock().insert(key, found);
+                found
+            }
+        };
+        let Some(algo) = algo else {
+            return Ok(false);
+        };
+        let (alpha, beta) = (1f32, 0f32);
+        // SAFETY: the pointers are live device buffers of the sizes the caller checked, the
+        // workspace is the handle's own (`Blas`), everything on `stream`.
+        unsafe {
+            lt::matmul(
+                self.handle,
+                d.desc,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                pw as *const c_void,
+                a,
+                px as *const c_void,
+                b,
+                po as *const c_void,
+                c,
+                po as *mut c_void,
+                c,
+                &algo,
+                workspace as *mut c_void,
+                workspace_bytes,
+                stream.cu_stream() as lt_sys::cudaStream_t,
+            )
+        }
+        .map(|_| true)
+        .or_else(|e| {
+            // An algorithm the class found but this count cannot take: cublasGemmEx instead.
+            tracing::debug!(n_out, k, t, class, "cuBLASLt algorithm refused: {e}");
+            Ok(false)
         })
     }
 }

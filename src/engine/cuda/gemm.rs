@@ -59,6 +59,10 @@ const GEMV_MAX_N: usize = 1 << 15;
 /// 3,072 inputs they asked for 51 KB and failed to launch).
 const NORM_SMEM: usize = 39 << 10;
 
+/// Most rows a cuBLAS matmul takes on its row class's algorithm (`blas::Lt`): past the
+/// largest graph bucket an engine captures by default.
+const LT_MAX_ROWS: usize = 2048;
+
 impl CudaKernels {
     /// `out = x · wᵀ` for x `[T, in]`, a weight `[out, in]` (a linear layer's layout) and
     /// out `[T, out]`, all contiguous and of the kernels' dtype (f32 accumulation).
@@ -104,6 +108,20 @@ impl CudaKernels {
             DType::F32 => sys::cudaDataType::CUDA_R_32F,
             other => return Err(kernel_err("linear", format!("dtype {other:?}"))),
         };
+        // Steps of up to LT_MAX_ROWS rows: the algorithm of the row class (`blas::Lt`), so a
+        // step and the graph bucket that replays it give every row the same bits.
+        if self.blas_row_class && t <= LT_MAX_ROWS {
+            let class = crate::engine::batch::row_class(t);
+            let shape = (n_out, k, t, class);
+            let ws = self.blas.workspace;
+            if self
+                .blas
+                .lt
+                .linear(&self.stream, ty, shape, (pw, px, po), ws)?
+            {
+                return Ok(());
+            }
+        }
         let (alpha, beta) = (1f32, 0f32);
         let (m, n, kk) = (n_out as i32, t as i32, k as i32);
         // Column-major view: outᵀ [out, T] = W [out, in] (the row-major weight read

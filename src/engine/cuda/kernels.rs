@@ -135,6 +135,8 @@ pub struct CudaKernels {
     pub(super) clusters: bool,
     /// GQA group 8 fused as two group-4 halves a KV head (`LaunchOptions::gqa8_split`).
     pub(super) gqa8_split: bool,
+    /// cuBLAS matmuls on their row class's algorithm (`LaunchOptions::blas_row_class`).
+    pub(super) blas_row_class: bool,
     /// Pinned host buffers for token ids read back without waiting for the stream.
     pub(crate) pinned: Arc<PinnedPool>,
     /// The pinned buffer host data goes through to the device ([`CudaKernels::upload_u32`]).
@@ -445,6 +447,7 @@ impl CudaKernels {
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,
             gqa8_split: opts.gqa8_split,
+            blas_row_class: opts.blas_row_class,
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),
             fp8,
             pinned: Arc::default(),

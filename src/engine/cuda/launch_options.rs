@@ -45,6 +45,8 @@ pub struct LaunchOptions {
     /// GQA group 8 through the fused decode attention as two group-4 halves a KV head (which
     /// merge in clusters); off: group 8 unfused.
     pub gqa8_split: bool,
+    /// cuBLAS matmuls of up to 2,048 rows on the cuBLASLt algorithm of their row class.
+    pub blas_row_class: bool,
     /// The flash prefill attention (bf16).
     pub flash_prefill: bool,
     /// The flash prefill on warpgroup MMA where the GPU has it (sm_90).
@@ -118,6 +120,7 @@ impl Default for LaunchOptions {
             fused_decode: true,
             clusters: true,
             gqa8_split: true,
+            blas_row_class: true,
             flash_prefill: true,
             wgmma_prefill: true,
             wgmma_prefill_x2: true,

@@ -2,11 +2,7 @@
 //! one graph per bucket; a step of `n` sequences runs on the smallest bucket that holds it,
 //! padded). Plain arithmetic, so it is tested without a GPU.
 
-/// Above this batch, buckets grow by steps of [`LARGE_BUCKET_STEP`] instead of doubling (a
-/// batch of 300 padded to 512 would do 70% more matmul work once the step is compute-bound).
-pub const DOUBLING_UP_TO: usize = 256;
-/// The step between large buckets.
-pub const LARGE_BUCKET_STEP: usize = 128;
+pub use crate::engine::batch::{DOUBLING_UP_TO, LARGE_BUCKET_STEP, row_class};
 
 /// The buckets an engine of `max_running` sequences can reach, none above `max_graph_batch`:
 /// 1-8 exact (agents step few episodes at once, where padding would cost the most), powers
@@ -59,6 +55,30 @@ mod tests {
         );
         assert_eq!(graph_buckets(300, 1024)[12..], [256, 384]);
         assert_eq!(graph_buckets(1024, 600).last(), Some(&512));
+    }
+
+    #[test]
+    fn a_step_and_its_bucket_share_a_row_class() {
+        // The cuBLAS algorithm of a matmul is picked by row class (`CudaKernels::linear_into`):
+        // an eager step and the graph bucket that would replay it must fall in one class, or
+        // their rows' bits could differ. Fails if a class bound is not a bucket (e.g. classes
+        // of multiples of 100) or a bucket jumps a bound (buckets of 1.5x).
+        let b = graph_buckets(2048, 2048);
+        for t in 3..=2048 {
+            let at = b[bucket_for(&b, t).expect("a bucket")];
+            assert_eq!(row_class(t), row_class(at), "{t} rows, bucket {at}");
+            assert!(row_class(t) >= t);
+        }
+        // With the verify buckets of speculative decoding among them (K + 1 = 5 rows a
+        // sequence, up to 8 sequences), as the graphs capture them.
+        let mut v = graph_buckets(256, 256);
+        v.extend((1..=8).map(|n| 5 * n));
+        v.sort_unstable();
+        v.dedup();
+        for t in 3..=256usize {
+            let at = v[bucket_for(&v, t).expect("a bucket")];
+            assert_eq!(row_class(t), row_class(at), "{t} rows, bucket {at}");
+        }
     }
 
     #[test]
