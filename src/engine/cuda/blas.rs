@@ -52,6 +52,9 @@ impl Blas {
     }
 }
 
+/// A cached algorithm's key: the weight's out and in sizes, the row class, bf16 (else f32).
+type LtKey = (usize, usize, usize, bool);
+
 /// cuBLASLt matmuls whose algorithm depends on the step's row class, not its row count
 /// ([`crate::engine::batch::row_class`]): cuBLAS's own choice changes with the row count
 /// (split-K for some counts and not others, on the H200 for the 30B-A3B's o at 57-63 rows and
@@ -62,9 +65,7 @@ pub(crate) struct Lt {
     handle: lt_sys::cublasLtHandle_t,
     /// The algorithm of each (out, in, row class, dtype); None where cuBLASLt offers none
     /// (the matmul then goes through `cublasGemmEx`).
-    algos: parking_lot::Mutex<
-        HashMap<(usize, usize, usize, bool), Option<lt_sys::cublasLtMatmulAlgo_t>>,
-    >,
+    algos: parking_lot::Mutex<HashMap<LtKey, Option<lt_sys::cublasLtMatmulAlgo_t>>>,
 }
 
 // SAFETY: the handle is only used under the kernels' one stream (every launch is ordered on
