@@ -8,18 +8,12 @@
 # LAYERS layers both ways; dense 0.6B batch 1 and 8 (the kv_shift change in the fused kernel).
 set -u
 source scripts/gpu_lib.sh
-CFG=tests/fixtures/qwen3/config-30b-a3b.json
 L=${LAYERS:-12}
-python3 - "$CFG" > /tmp/cfg-mix.json <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 3; c["mlp_only_layers"] = [1]
-print(json.dumps(c))
-PY
-[ -d /tmp/m-mix ] || timeout 200 .gpu/bench --config /tmp/cfg-mix.json --write-model /tmp/m-mix > /dev/null 2>&1
+mix_model
 timeout 240 .gpu/kernel_check --model-dir /tmp/m-mix --model-only --gqa8-split > "$OUT/kc.log" 2>&1
 echo "kc rc $?"; grep -E "^kernel-check|FAILED|Error|panic" "$OUT/kc.log" | head -8
 grep -E "decode_fused split" "$OUT/kc.log" | head -20
-for l in 2 4 $L; do [ -d /tmp/m-moe$l ] || timeout 300 .gpu/bench --config $CFG --layers $l --write-model /tmp/m-moe$l > /dev/null 2>&1; done
+for l in 2 4 $L; do moe_model $l; done
 for v in "" "--gqa8-split"; do
   timeout 120 .gpu/graph_check --model-dir /tmp/m-moe2 --profile 1,8 $v > "$OUT/prof$v.log" 2>&1
   echo "== profile [$v] rc $?"; grep -E "fused decode attention|qk_norm_rope|paged_decode|o_proj \(ours|graph replay" "$OUT/prof$v.log" | head -12

@@ -3,8 +3,7 @@
 # defaults and with --gqa8-split (now 1-2 rows only), then decode at batches 1, 2, 8 both ways.
 set -u
 source scripts/gpu_lib.sh
-CFG=tests/fixtures/qwen3/config-30b-a3b.json
-[ -d /tmp/m-moe4 ] || timeout 300 .gpu/bench --config $CFG --layers 4 --write-model /tmp/m-moe4 > /dev/null 2>&1
+moe_model 4
 for v in "" "--gqa8-split"; do
   timeout 200 .gpu/graph_check --model-dir /tmp/m-moe4 --stress-steps 100 $v > "$OUT/gc$v.log" 2>&1
   echo "== gc [$v] rc $?"; grep -E "graph-check|FAIL|engine|verify seq|^\| [0-9] \| [0-9]+ \|" "$OUT/gc$v.log" | head -16

@@ -6,8 +6,7 @@
 # at batches 8-256 on 0.6B and 1.7B with and without it; MoE decode at 1, 2, 8.
 set -u
 source scripts/gpu_lib.sh
-CFG=tests/fixtures/qwen3/config-30b-a3b.json
-[ -d /tmp/m-moe4 ] || timeout 300 .gpu/bench --config $CFG --layers 4 --write-model /tmp/m-moe4 > /dev/null 2>&1
+moe_model 4
 model 0.6b; model 1.7b
 for m in moe4 1.7b 0.6b; do
   timeout 150 .gpu/graph_check --model-dir /tmp/m-$m --rows-check > "$OUT/rows-$m.log" 2>&1

@@ -5,13 +5,7 @@
 # on 0.6B (every bucket, verify, shrink/grow, engine graphs on/off, a short stress run).
 set -u
 source scripts/gpu_lib.sh
-CFG=tests/fixtures/qwen3/config-30b-a3b.json
-python3 - "$CFG" > /tmp/cfg-mix.json <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 3; c["mlp_only_layers"] = [1]
-print(json.dumps(c))
-PY
-[ -d /tmp/m-mix ] || timeout 200 .gpu/bench --config /tmp/cfg-mix.json --write-model /tmp/m-mix > /dev/null 2>&1
+mix_model
 timeout 150 .gpu/kernel_check --model-dir /tmp/m-mix --model-only > "$OUT/kc.log" 2>&1
 echo "kc rc $?"; grep -E "^kernel-check|FAILED|Error|panic" "$OUT/kc.log" | head -8
 model 0.6b

@@ -1,6 +1,6 @@
 # Sourced by the prefill scripts (scripts/gpu_prefill*.sh, gpu_split_kv.sh) on the GPU machine:
 # $OUT and the summary file $S, the CUDA libraries on the path, the binaries of .gpu/ unpacked,
-# and two helpers.
+# and the helpers below.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; S="$OUT/summary.txt"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 bash scripts/gpu_unpack.sh
@@ -9,6 +9,22 @@ bash scripts/gpu_unpack.sh
 model() {
   [ -d "/tmp/m-$1" ] || timeout 300 .gpu/bench --config "tests/fixtures/qwen3/config-$1.json" \
     --write-model "/tmp/m-$1" > /dev/null 2>&1
+}
+
+# moe_model LAYERS: a random model of the 30B-A3B shape with LAYERS layers in /tmp/m-moeLAYERS;
+# mix_model: its 3-layer variant with a dense layer among the sparse ones in /tmp/m-mix (once).
+moe_model() {
+  [ -d "/tmp/m-moe$1" ] || timeout 300 .gpu/bench --config tests/fixtures/qwen3/config-30b-a3b.json \
+    --layers "$1" --write-model "/tmp/m-moe$1" > /dev/null 2>&1
+}
+mix_model() {
+  [ -d /tmp/m-mix ] && return
+  python3 - tests/fixtures/qwen3/config-30b-a3b.json > /tmp/cfg-mix.json <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 3; c["mlp_only_layers"] = [1]
+print(json.dumps(c))
+PY
+  timeout 200 .gpu/bench --config /tmp/cfg-mix.json --write-model /tmp/m-mix > /dev/null 2>&1
 }
 
 # run NAME ARGS...: one bench of a single sequence (8 new tokens); its prefill/mixed rows into
