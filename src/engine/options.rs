@@ -78,7 +78,7 @@ pub struct KernelOptions {
     pub fused_decode: bool,
     /// Merge fused decode attention in thread-block clusters (sm_90+).
     pub clusters: bool,
-    /// cuBLAS matmuls of up to 2,048 rows take the cuBLASLt algorithm of their row class
+    /// cuBLAS matmuls of up to 1,024 rows take the cuBLASLt algorithm of their row class
     /// (`batch::row_class`), so a step and its graph bucket give each row the same bits.
     pub blas_row_class: bool,
     /// GQA group 8 (Qwen3-30B-A3B) decode steps of 1-2 rows through the fused attention as two

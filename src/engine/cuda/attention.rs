@@ -8,6 +8,8 @@ use candle_core::{DType, Tensor};
 use super::kernels::{CudaKernels, DECODE_PARTITION};
 use super::launch::kernel_err;
 use super::params::{DecodeGeometry, DecodeParams, FusedDecodeParams};
+use crate::engine::kv_format::KvRef;
+use crate::error::Result;
 
 /// Most blocks per cluster of the fused decode attention (16 for GQA groups of up to 2, 8 for
 /// 4; `CLUSTER_PART` tokens each at most for a context one cluster covers,
@@ -29,8 +31,6 @@ pub const CLUSTER_MAX_ROWS: usize = 16;
 /// (`LaunchOptions::gqa8_split`): on the H200 (30B-A3B shape, ctx 600) one launch 11.1 us at
 /// batch 1 against 3.0 + 8.5 unfused, but 24.4 against 3.0 + 8.8 at batch 8.
 pub const GQA8_SPLIT_MAX_ROWS: usize = 2;
-use crate::engine::kv_format::KvRef;
-use crate::error::Result;
 
 impl CudaKernels {
     /// Scratch for [`CudaKernels::paged_decode_into`]: partial results of `b` sequences in

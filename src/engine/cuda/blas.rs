@@ -110,7 +110,6 @@ impl Lt {
     /// `out [t, n_out] = x [t, k] · w [n_out, k]ᵀ` (pointers of `ty` elements, f32 sums) on
     /// `stream`, with the algorithm of `t`'s row class (`class` rows); false when cuBLASLt has
     /// none for the shape (nothing launched).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn linear(
         &self,
         stream: &CudaStream,

@@ -59,9 +59,10 @@ const GEMV_MAX_N: usize = 1 << 15;
 /// 3,072 inputs they asked for 51 KB and failed to launch).
 const NORM_SMEM: usize = 39 << 10;
 
-/// Most rows a cuBLAS matmul takes on its row class's algorithm (`blas::Lt`): past the
-/// largest graph bucket an engine captures by default.
-const LT_MAX_ROWS: usize = 2048;
+/// Most rows a cuBLAS matmul takes on its row class's algorithm (`blas::Lt`): the largest
+/// graph bucket an engine captures by default (`defaults::MAX_GRAPH_BATCH`). Prefill chunks
+/// of up to this many tokens take it too (not measured apart on the H200).
+const LT_MAX_ROWS: usize = 1024;
 
 impl CudaKernels {
     /// `out = x · wᵀ` for x `[T, in]`, a weight `[out, in]` (a linear layer's layout) and

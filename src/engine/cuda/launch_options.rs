@@ -45,7 +45,7 @@ pub struct LaunchOptions {
     /// GQA group 8 through the fused decode attention as two group-4 halves a KV head (which
     /// merge in clusters); off: group 8 unfused.
     pub gqa8_split: bool,
-    /// cuBLAS matmuls of up to 2,048 rows on the cuBLASLt algorithm of their row class.
+    /// cuBLAS matmuls of up to 1,024 rows on the cuBLASLt algorithm of their row class.
     pub blas_row_class: bool,
     /// The flash prefill attention (bf16).
     pub flash_prefill: bool,
