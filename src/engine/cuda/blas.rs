@@ -52,7 +52,8 @@ impl Blas {
     }
 }
 
-/// A cached algorithm's key: the weight's out and in sizes, the row class, bf16 (else f32).
+/// A cache key: the weight's out and in sizes, a row count (a step's, or a class's bound),
+/// bf16 (else f32).
 type LtKey = (usize, usize, usize, bool);
 
 /// cuBLASLt matmuls whose algorithm depends on the step's row class, not its row count
@@ -63,13 +64,37 @@ type LtKey = (usize, usize, usize, bool);
 /// gives every row the same bits at any count of the class.
 pub(crate) struct Lt {
     handle: lt_sys::cublasLtHandle_t,
+    cache: parking_lot::Mutex<LtCache>,
+}
+
+/// What [`Lt`] builds once: descriptors per (shape, row count), algorithms per (shape, class).
+/// Both are bounded: row counts go up to `gemm::LT_MAX_ROWS`, shapes are a model's.
+#[derive(Default)]
+struct LtCache {
+    /// The descriptors of each (out, in, rows, dtype): host objects an eager step would
+    /// otherwise build and destroy at every matmul.
+    descs: HashMap<LtKey, LtDescs>,
     /// The algorithm of each (out, in, row class, dtype); None where cuBLASLt offers none
     /// (the matmul then goes through `cublasGemmEx`).
-    algos: parking_lot::Mutex<HashMap<LtKey, Option<lt_sys::cublasLtMatmulAlgo_t>>>,
+    algos: HashMap<LtKey, Option<lt_sys::cublasLtMatmulAlgo_t>>,
+}
+
+impl LtCache {
+    /// The descriptors of `key` in `lty`, built on first use.
+    fn descs(&mut self, key: LtKey, lty: lt_sys::cudaDataType) -> Result<&LtDescs> {
+        Ok(match self.descs.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let (n_out, k, t, _) = key;
+                v.insert(LtDescs::new(lty, n_out, k, t)?)
+            }
+        })
+    }
 }
 
 // SAFETY: the handle is only used under the kernels' one stream (every launch is ordered on
-// it) and cuBLASLt handles may be used from any host thread; the cache is behind a mutex.
+// it) and cuBLASLt handles may be used from any host thread; the cache (host descriptors,
+// used by one call at a time) is behind a mutex.
 unsafe impl Send for Lt {}
 // SAFETY: as above.
 unsafe impl Sync for Lt {}
@@ -81,7 +106,8 @@ impl Drop for Lt {
     }
 }
 
-/// A matmul's cuBLASLt descriptors, destroyed when dropped.
+/// A matmul's cuBLASLt descriptors (the matmul, then the layouts of w, x and out), destroyed
+/// when dropped.
 struct LtDescs {
     desc: lt_sys::cublasLtMatmulDesc_t,
     layouts: Vec<lt_sys::cublasLtMatrixLayout_t>,
@@ -89,7 +115,7 @@ struct LtDescs {
 
 impl Drop for LtDescs {
     fn drop(&mut self) {
-        // SAFETY: each descriptor was created once by `Lt::linear` and is destroyed once.
+        // SAFETY: each descriptor was created once by `LtDescs::new` and is destroyed once.
         unsafe {
             for l in &self.layouts {
                 let _ = lt::destroy_matrix_layout(*l);
@@ -99,30 +125,12 @@ impl Drop for LtDescs {
     }
 }
 
-impl Lt {
-    fn new() -> Result<Self> {
-        Ok(Self {
-            handle: lt::create_handle().map_err(|e| kernel_err("cuBLASLt", e))?,
-            algos: Default::default(),
-        })
-    }
-
-    /// `out [t, n_out] = x [t, k] · w [n_out, k]ᵀ` (pointers of `ty` elements, f32 sums) on
-    /// `stream`, with the algorithm of `t`'s row class (`class` rows); false when cuBLASLt has
-    /// none for the shape (nothing launched).
-    pub(crate) fn linear(
-        &self,
-        stream: &CudaStream,
-        ty: sys::cudaDataType,
-        (n_out, k, t, class): (usize, usize, usize, usize),
-        (pw, px, po): (u64, u64, u64),
-        (workspace, workspace_bytes): (u64, usize),
-    ) -> Result<bool> {
+impl LtDescs {
+    /// The descriptors of `out [t, n_out] = x [t, k] · w [n_out, k]ᵀ` in `lty` with f32
+    /// sums. Column-major: outᵀ [n_out, t] = W [n_out, k] (the row-major weight read as
+    /// [k, n_out], transposed) · xᵀ [k, t].
+    fn new(lty: lt_sys::cudaDataType, n_out: usize, k: usize, t: usize) -> Result<Self> {
         let err = |e| kernel_err("linear (cuBLASLt)", e);
-        let lty: lt_sys::cudaDataType = match ty {
-            sys::cudaDataType::CUDA_R_16BF => lt_sys::cudaDataType::CUDA_R_16BF,
-            _ => lt_sys::cudaDataType::CUDA_R_32F,
-        };
         let desc = lt::create_matmul_desc(
             lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             lt_sys::cudaDataType::CUDA_R_32F,
@@ -130,7 +138,7 @@ impl Lt {
         .map_err(err)?;
         let mut d = LtDescs {
             desc,
-            layouts: Vec::with_capacity(5),
+            layouts: Vec::with_capacity(3),
         };
         let (op_t, op_n) = (1i32, 0i32);
         // SAFETY: the attributes are i32 (cublasOperation_t) as the descriptor expects.
@@ -149,44 +157,82 @@ impl Lt {
                     .map_err(err)?;
             }
         }
-        // Column-major: outᵀ [n_out, t] = W [n_out, k] (the row-major weight read as [k,
-        // n_out], transposed) · xᵀ [k, t].
-        let mut layout = |rows: usize, cols: usize| -> Result<lt_sys::cublasLtMatrixLayout_t> {
+        for (rows, cols) in [(k, n_out), (k, t), (n_out, t)] {
             let l = lt::create_matrix_layout(lty, rows as u64, cols as u64, rows as i64)
                 .map_err(err)?;
             d.layouts.push(l);
-            Ok(l)
+        }
+        Ok(d)
+    }
+
+    /// The layouts of w, x and out.
+    fn abc(&self) -> [lt_sys::cublasLtMatrixLayout_t; 3] {
+        [self.layouts[0], self.layouts[1], self.layouts[2]]
+    }
+}
+
+impl Lt {
+    fn new() -> Result<Self> {
+        Ok(Self {
+            handle: lt::create_handle().map_err(|e| kernel_err("cuBLASLt", e))?,
+            cache: Default::default(),
+        })
+    }
+
+    /// The algorithm cuBLASLt's heuristic ranks first for the matmul of `d` within a
+    /// workspace of `bytes`, if any.
+    fn heuristic(&self, d: &LtDescs, bytes: usize) -> Result<Option<lt_sys::cublasLtMatmulAlgo_t>> {
+        let pref = lt::create_matmul_pref().map_err(|e| kernel_err("linear (cuBLASLt)", e))?;
+        let bytes = bytes as u64;
+        let [a, b, c] = d.abc();
+        // SAFETY: the preference and descriptors are live; the attribute is a u64.
+        let found = unsafe {
+            let set = lt::set_matmul_pref_attribute(
+                pref,
+                lt_sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&bytes as *const u64).cast(),
+                8,
+            );
+            let h = set
+                .and_then(|_| lt::get_matmul_algo_heuristic(self.handle, d.desc, a, b, c, c, pref));
+            let _ = lt::destroy_matmul_pref(pref);
+            h.ok().map(|h| h.algo)
         };
-        let (a, b, c) = (layout(k, n_out)?, layout(k, t)?, layout(n_out, t)?);
-        let key = (n_out, k, class, lty == lt_sys::cudaDataType::CUDA_R_16BF);
-        let cached = self.algos.lock().get(&key).copied();
-        let algo = match cached {
-            Some(a) => a,
+        Ok(found)
+    }
+
+    /// `out [t, n_out] = x [t, k] · w [n_out, k]ᵀ` (pointers of `ty` elements, f32 sums) on
+    /// `stream`, with the algorithm of `t`'s row class (`class` rows); false when cuBLASLt has
+    /// none for the shape (nothing launched).
+    pub(crate) fn linear(
+        &self,
+        stream: &CudaStream,
+        ty: sys::cudaDataType,
+        (n_out, k, t, class): (usize, usize, usize, usize),
+        (pw, px, po): (u64, u64, u64),
+        (workspace, workspace_bytes): (u64, usize),
+    ) -> Result<bool> {
+        let lty: lt_sys::cudaDataType = match ty {
+            sys::cudaDataType::CUDA_R_16BF => lt_sys::cudaDataType::CUDA_R_16BF,
+            _ => lt_sys::cudaDataType::CUDA_R_32F,
+        };
+        let bf16 = lty == lt_sys::cudaDataType::CUDA_R_16BF;
+        // One call at a time: the descriptors are host objects cuBLASLt reads during the call.
+        let mut cache = self.cache.lock();
+        let class_key = (n_out, k, class, bf16);
+        let algo = match cache.algos.get(&class_key) {
+            Some(a) => *a,
             None => {
-                let (bc, cc) = (layout(k, class)?, layout(n_out, class)?);
-                let pref = lt::create_matmul_pref().map_err(err)?;
-                let bytes = workspace_bytes as u64;
-                // SAFETY: the preference and descriptors are live; the attribute is a u64.
-                let found = unsafe {
-                    let set = lt::set_matmul_pref_attribute(
-                        pref,
-                        lt_sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                        (&bytes as *const u64).cast(),
-                        8,
-                    );
-                    let h = set.and_then(|_| {
-                        lt::get_matmul_algo_heuristic(self.handle, d.desc, a, bc, cc, cc, pref)
-                    });
-                    let _ = lt::destroy_matmul_pref(pref);
-                    h.ok().map(|h| h.algo)
-                };
-                self.algos.lock().insert(key, found);
+                let found = self.heuristic(cache.descs(class_key, lty)?, workspace_bytes)?;
+                cache.algos.insert(class_key, found);
                 found
             }
         };
         let Some(algo) = algo else {
             return Ok(false);
         };
+        let d = cache.descs((n_out, k, t, bf16), lty)?;
+        let [a, b, c] = d.abc();
         let (alpha, beta) = (1f32, 0f32);
         // SAFETY: the pointers are live device buffers of the sizes the caller checked, the
         // workspace is the handle's own (`Blas`), everything on `stream`.
