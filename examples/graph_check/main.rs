@@ -9,7 +9,9 @@
 //! 2. A batch that shrinks and grows across buckets (sequences finish and arrive on a fixed
 //!    schedule): every sequence's tokens equal on both paths.
 //! 3. Two engines (graphs on, off) through the public API, 24 staggered requests of different
-//!    lengths: tokens equal per request.
+//!    lengths: tokens equal per request; and 32 requests in one `submit_batch` (both engines
+//!    run the same steps: an MoE token depends on its batch, so only this form isolates the
+//!    graphs there).
 //! 4. Stress: an engine with graphs through 10,000+ steps of random arrivals; every request
 //!    completes, a probe request gives the same tokens before and after, and neither the
 //!    allocation pool's used bytes nor memory outside the pool grows.

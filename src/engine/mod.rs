@@ -239,6 +239,31 @@ impl Engine {
         pending
     }
 
+    /// Submits `requests` as one batch: the scheduler queues them all before its next
+    /// admission, so they start in the same step as far as `max_running`, the KV memory and
+    /// the step's token budget allow (an offline batch of prompts, as vLLM's
+    /// `LLM.generate(prompts)`), where separate [`Engine::submit`] calls may be split across
+    /// steps by when each arrives. A bad request fails alone, on its own [`Pending`]; the
+    /// pendings come back in the order of `requests`.
+    pub fn submit_batch(
+        &self,
+        requests: impl IntoIterator<Item = GenerationRequest>,
+    ) -> Vec<Pending<Generation>> {
+        let (requests, pending): (Vec<_>, Vec<_>) = requests
+            .into_iter()
+            .map(|request| {
+                let (reply, pending) = handle::channel();
+                ((request, reply), pending)
+            })
+            .unzip();
+        let _ = self
+            .inner
+            .tx
+            .lock()
+            .send(Command::GenerateBatch { requests });
+        pending
+    }
+
     /// Submits a request whose text also arrives chunk by chunk on the returned
     /// [`TokenStream`] (text held back while it could still become a stop string). Dropping
     /// the `Pending` cancels the request.

@@ -286,6 +286,44 @@ fn requests_arriving_mid_generation_change_nothing() {
     }
 }
 
+/// `Engine::submit_batch`: eight requests of 12 tokens start together (one prefill step, then
+/// a decode step a token for all of them: 12 steps in all) and give the tokens each gives
+/// alone; an empty prompt among them fails alone. Fails if a bad request fails the batch,
+/// if the pendings come back in another order, or if the batch's requests are admitted in
+/// different steps (more than 12). (Sending the requests one by one passes here: the
+/// scheduler drains them in one pass in practice; the batch makes that a guarantee.)
+#[test]
+fn a_batch_submitted_together_runs_in_the_same_steps_and_a_bad_request_fails_alone() {
+    let r = registry_with(options());
+    let engine = r.model("tiny").unwrap().engine().clone();
+    let prompts: Vec<Vec<u32>> = (0..8).map(|i| prompt(5 + i * 9, i as u32 + 40)).collect();
+    let request = |p: &Vec<u32>| {
+        let mut q = GenerationRequest::new(p.clone()).max_new_tokens(12);
+        q.ignore_eos = true;
+        q
+    };
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| engine.generate(request(p)).unwrap().tokens)
+        .collect();
+    let before = engine.stats().steps;
+    let mut batch: Vec<GenerationRequest> = prompts.iter().map(request).collect();
+    batch.insert(3, GenerationRequest::new(vec![]).max_new_tokens(4));
+    let mut pending = engine.submit_batch(batch);
+    let empty = pending.remove(3).wait().unwrap_err();
+    assert!(empty.to_string().contains("empty"), "{empty}");
+    let batched: Vec<Vec<u32>> = pending
+        .into_iter()
+        .map(|p| p.wait().unwrap().tokens)
+        .collect();
+    assert_eq!(batched, alone);
+    assert_eq!(
+        engine.stats().steps - before,
+        12,
+        "the batch's eight requests should prefill in one step and decode together"
+    );
+}
+
 #[test]
 fn thirty_two_threads_generating_at_once_all_finish() {
     let r = Arc::new(registry_with(options()));

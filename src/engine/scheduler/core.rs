@@ -230,6 +230,9 @@ impl Scheduler {
             {
                 match cmd {
                     Command::Generate { request, reply } => self.enqueue(request, reply, None),
+                    Command::GenerateBatch { requests } => requests
+                        .into_iter()
+                        .for_each(|(request, reply)| self.enqueue(request, reply, None)),
                     Command::GenerateStreaming {
                         request,
                         reply,

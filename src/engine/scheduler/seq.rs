@@ -23,6 +23,10 @@ pub(crate) enum Command {
         request: GenerationRequest,
         reply: Replier<Generation>,
     },
+    /// Requests submitted together (`Engine::submit_batch`): queued in one scheduler pass.
+    GenerateBatch {
+        requests: Vec<(GenerationRequest, Replier<Generation>)>,
+    },
     GenerateStreaming {
         request: GenerationRequest,
         reply: Replier<Generation>,
