@@ -209,7 +209,8 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> ApiRes
             } => (engine, requests, tools),
         };
         let prompt_ids = requests[0].prompt.clone();
-        let pending: Vec<_> = requests.into_iter().map(|r| engine.submit(r)).collect();
+        // The prompts' samples (a GRPO group) start together: queued in one scheduler pass.
+        let pending = engine.submit_batch(requests);
         let mut done = Vec::with_capacity(pending.len());
         for p in pending {
             done.push(p.await?);

@@ -100,7 +100,8 @@ async fn run(st: &Arc<AppState>, body: &[u8]) -> ApiResult<Response> {
         Ok((engine, prompts, requests))
     })
     .await?;
-    let pending: Vec<_> = requests.into_iter().map(|r| engine.submit(r)).collect();
+    // The prompts' samples (a GRPO group) start together: queued in one scheduler pass.
+    let pending = engine.submit_batch(requests);
     let mut done = Vec::with_capacity(pending.len());
     for p in pending {
         done.push(p.await?);
