@@ -25,6 +25,14 @@ echo "exit $?" >> "$OUT/tp2.log"
 wait
 grep -E "^(ours|#)|exit" "$OUT/tp2.log"; tail -2 "$OUT/worker.log"
 
+echo "== two GPUs, decode steps on CUDA graphs on both ranks (--tp-graphs)"
+timeout 250 .gpu/policy-serve worker --rank 1 --world-size 2 --rendezvous 127.0.0.1:29513 --model qwen3-1.7b --model-dir $M --device cuda:1 > "$OUT/worker-g.log" 2>&1 &
+timeout 250 .gpu/bench --model-dir $M --greedy-check --batches $BATCHES --no-peer --device cuda:0 --world-size 2 --rendezvous 127.0.0.1:29513 --tp-graphs > "$OUT/tp2g.log" 2>&1
+echo "exit $?" >> "$OUT/tp2g.log"
+wait
+grep -E "^(ours|#)|exit|graphs|capture" "$OUT/tp2g.log"; grep -E "graphs|capture|ERROR|WARN" "$OUT/worker-g.log" | tail -4
+diff <(grep "^greedy prompt" "$OUT/tp2.log") <(grep "^greedy prompt" "$OUT/tp2g.log") > /dev/null && echo "greedy tokens, tp-graphs vs eager TP: equal" || echo "greedy tokens, tp-graphs vs eager TP: DIFFER"
+
 echo "== compare"
 diff <(grep "^greedy prompt" "$OUT/one.log") <(grep "^greedy prompt" "$OUT/tp2.log") > /dev/null && echo "greedy tokens: equal for 8 prompts x 24 tokens" || echo "greedy tokens: DIFFER"
 python3 - <<'PY'

@@ -279,6 +279,54 @@ fn a_worker_with_other_settings_refuses_to_start_and_names_the_flag() {
     }
 }
 
+/// `EngineOptions::tp_graphs` on the CPU: the engine serves as without it, and a worker told to
+/// capture CUDA graphs (`WorkerCommand::CaptureGraphs`, what a CUDA head sends) refuses in its
+/// ack, meets the head in the agreement that follows (so both stay eager), and keeps serving.
+/// Fails if the worker skips that agreement (the head's collective times out), leaves its loop
+/// on the refusal (the next request fails), or claims a replayed step.
+#[test]
+fn a_worker_that_cannot_capture_graphs_says_so_and_keeps_serving() {
+    let head_opts = EngineOptions {
+        tp_graphs: true,
+        ..options()
+    };
+    let g = group_with(2, head_opts, plain_worker);
+    let engine = g.registry.model("tp").unwrap().engine().clone();
+    let tokens = |salt| {
+        engine
+            .generate(GenerationRequest::new(prompt(9, salt)).max_new_tokens(5))
+            .unwrap()
+            .tokens
+    };
+    let before = tokens(11);
+    let cmd = WorkerCommand::CaptureGraphs {
+        max_running: 8,
+        max_graph_batch: 8,
+        max_context: 256,
+        graph_pdl: true,
+    };
+    let acks = policy_serve::engine::CommBackend::send_command(
+        g.head.as_ref(),
+        &cmd,
+        Duration::from_secs(20),
+    )
+    .unwrap();
+    let refusal = acks[0].clone().unwrap_err();
+    assert!(refusal.to_lowercase().contains("cuda"), "{refusal}");
+    let all_ok = policy_serve::engine::agree(g.head.as_ref(), true, &candle_core::Device::Cpu);
+    assert!(!all_ok.unwrap(), "the worker's refusal reaches every rank");
+    assert_eq!(tokens(11), before, "the group serves as before");
+    drop(engine);
+    drop(g.registry);
+    for w in g.workers {
+        let r = w.join().unwrap().unwrap();
+        assert!(
+            r.clean_shutdown && r.commands > 0 && r.replayed == 0,
+            "{r:?}"
+        );
+    }
+}
+
 /// The same config as [`tp_model`] with other weights (seed 8).
 fn tp_model_b() -> std::path::PathBuf {
     let mut cfg = common::tiny_config();

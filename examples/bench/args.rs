@@ -60,6 +60,9 @@ pub(crate) struct Args {
     /// Rendezvous of the tensor-parallel group.
     #[arg(long)]
     pub(crate) rendezvous: Option<std::net::SocketAddr>,
+    /// Tensor parallelism on CUDA graphs on every rank (`EngineOptions::tp_graphs`).
+    #[arg(long)]
+    pub(crate) tp_graphs: bool,
     /// Print the greedy tokens of a fixed batch of prompts (to compare runs).
     #[arg(long)]
     pub(crate) greedy_check: bool,

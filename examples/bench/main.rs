@@ -155,7 +155,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if a.world_size > 1 {
         opts.tensor_parallel = Some(tp_link(&a, &dev)?);
-        println!("# tensor-parallel: rank 0 of {}", a.world_size);
+        opts.tp_graphs = a.tp_graphs;
+        println!(
+            "# tensor-parallel: rank 0 of {} (graphs on every rank: {})",
+            a.world_size, a.tp_graphs
+        );
     }
     if !a.spec_ks.is_empty() {
         spec::spec_sweep(&dir, &opts, &a)?;

@@ -334,7 +334,7 @@ fn main() -> Res<()> {
         let verify: Vec<usize> = (1..=8).map(|n| n * 5).collect();
         let mut g = DecodeGraphs::allocate(&m, (256, 256), served_context(&cfg), BS, &verify)?
             .ok_or("no kernels")?;
-        g.capture(&m, &caches[1], true)?;
+        g.capture(&m, &caches[1], true, None)?;
         println!(
             "# buckets {:?} (expected {:?} and the verify sizes {verify:?}) captured in {:.0} ms; {:.0} MiB of buffers and graphs",
             g.buckets(),

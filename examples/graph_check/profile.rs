@@ -299,7 +299,7 @@ pub fn run(
     let mut g = DecodeGraphs::allocate(m, (bmax, bmax), served_context(cfg), bs, &[])?
         .ok_or("no kernels")?;
     for graph_pdl in ["0", "1"] {
-        g.capture(m, &cache, graph_pdl == "1")?;
+        g.capture(m, &cache, graph_pdl == "1", None)?;
         for &b in batches {
             replay_steps(m, &k, dev, &g, b, per, graph_pdl)?;
         }

@@ -80,6 +80,10 @@ pub struct EngineFlags {
     /// Run decode steps eagerly instead of replaying CUDA graphs (debugging, comparisons).
     #[arg(long)]
     pub no_cuda_graphs: bool,
+    /// Under tensor parallelism, capture and replay decode graphs on every rank too
+    /// (`EngineOptions::tp_graphs`; unmeasured, off by default).
+    #[arg(long)]
+    pub tp_graphs: bool,
     /// Wait for each decode step's tokens before launching the next (turns
     /// `EngineOptions::pipelined_decode` off).
     #[arg(long)]
@@ -183,6 +187,7 @@ impl EngineFlags {
             kv_load: self.kv_load,
             kv_dtype: self.kv_cache_dtype,
             cuda_graphs: !self.no_cuda_graphs,
+            tp_graphs: self.tp_graphs,
             pipelined_decode: !self.no_pipelined_decode,
             profile_steps: (self.profile_steps > 0).then_some(self.profile_steps),
             speculative: Some(self.speculative_method.as_str())

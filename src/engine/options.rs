@@ -287,17 +287,17 @@ pub struct EngineOptions {
     /// How long the head waits for workers to acknowledge a step.
     pub worker_timeout: Duration,
     /// Replay pure decode steps as CUDA graphs (captured at start-up per batch-size bucket up
-    /// to `max_running`). On by default; CUDA with the engine's kernels and one rank only.
+    /// to `max_running`). On by default; CUDA with the engine's kernels.
     pub cuda_graphs: bool,
+    /// With `cuda_graphs` under tensor parallelism, every rank captures and replays graphs (NCCL
+    /// all-reduces in them). Off by default: not yet run on two GPUs; off, TP runs eagerly.
+    pub tp_graphs: bool,
     /// Pipelined decode: a decode step of every running sequence is launched before the
-    /// previous step's tokens reach the host (a CUDA graph copies them into its inputs on the
-    /// device), so the GPU does not wait for the host between steps. The tokens are the same
-    /// as without it (sampled requests draw the same numbers); a sequence that ends costs one
-    /// dropped row of one step. Greedy and small top-k draws overlap; draws on the host (top_k
-    /// absent or over 64) wait as before. On by default: on the H200 `graph_check` gives every
-    /// request the tokens of graphs-off decode with 112 steps launched ahead, a 10,917-step
-    /// stress run keeps memory flat, and it gains 0-3% in `bench` and 2-3% over HTTP
-    /// (BENCHMARKS.md). The CPU path pipelines the same way (`tests/pipelined_decode.rs`).
+    /// previous step's tokens reach the host (a CUDA graph copies them into its inputs), so the
+    /// GPU does not wait for the host between steps; the same tokens (a sequence that ends
+    /// costs one dropped row of one step). Greedy and small top-k draws overlap; draws on the
+    /// host wait as before. On by default (measured on the H200: BENCHMARKS.md); the CPU path
+    /// pipelines the same way (`tests/pipelined_decode.rs`).
     pub pipelined_decode: bool,
     /// Log the step profile (where a step's wall time goes) every this many steps; `None`:
     /// no profile.
@@ -383,6 +383,7 @@ impl Default for EngineOptions {
             expert_parallel: false,
             worker_timeout: Duration::from_secs(defaults::WORKER_TIMEOUT_SECS),
             cuda_graphs: true,
+            tp_graphs: false,
             pipelined_decode: true,
             profile_steps: None,
             speculative: Some(SpeculativeOptions::default()),

@@ -41,6 +41,9 @@ pub(crate) struct StepInputs {
     /// `(j << 16) | n`: row `j` of `n`), for the shared-K/V verify attention
     /// (`CudaKernels::paged_verify_into`); `None`: rows attend one at a time.
     pub(crate) runs: Option<Tensor>,
+    /// Tensor parallelism: sum the ranks' partial outputs in their own buffers (a graph's
+    /// static activations), not into new tensors.
+    pub(crate) reduce_in_place: bool,
 }
 
 /// The forward's activations: one buffer each, reused by every layer (on one stream a layer's

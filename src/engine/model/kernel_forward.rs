@@ -16,7 +16,7 @@ use candle_core::Tensor;
 use super::attention::{AttnGroup, AttnPlan, attend_group};
 pub(crate) use super::kernel_buffers::{Activations, StepInputs};
 use super::kv_cache::PagedKvCache;
-use super::qwen3::{Ffn, Qwen3, reduce};
+use super::qwen3::{Ffn, Qwen3, reduce_at};
 use crate::engine::batch::{SeqInput, logit_rows, positions_and_slots};
 use crate::engine::cuda::CudaKernels;
 use crate::engine::kv_format::KvRef;
@@ -176,6 +176,7 @@ impl KernelForward<'_> {
             },
             verify: false,
             runs: None,
+            reduce_in_place: false,
         };
         let plan = AttnPlan::new(seqs, bs, dev, m.dtype(), true, prefill_kernel)?;
         let mut acts = Activations::new(k, m, t, nd, splits)?;
@@ -313,7 +314,7 @@ impl KernelForward<'_> {
             };
             let o_w = (&out, at.o_proj.weight(), &a.o);
             self.linear_lora(o_w, Some(ffn_w), lora.as_ref().map(|l| (l, li, 1)))?;
-            let o = reduce(a.o.clone(), comm)?;
+            let o = reduce_at(&a.o, comm, inputs.reduce_in_place)?;
             let norm = &layer.post_norm;
             let res = (&a.residual[cur], Some(&o), &a.residual[1 - cur]);
             let mlp = match &layer.ffn {
@@ -336,7 +337,7 @@ impl KernelForward<'_> {
                     let experts = (&moe.gate_up, &moe.down);
                     let how = (moe.first_expert, moe.norm_topk);
                     k.moe_experts_into(&a.h, experts, how, s, &a.down)?;
-                    delta = Some(reduce(a.down.clone(), comm)?);
+                    delta = Some(reduce_at(&a.down, comm, inputs.reduce_in_place)?);
                     down_before = None;
                     self.trace_layer(trace.as_deref_mut(), li, &o, &a.residual[cur], &a.down)?;
                     continue;
@@ -364,7 +365,7 @@ impl KernelForward<'_> {
             let down_w = (&a.act, mlp.down.weight(), &a.down);
             self.linear_lora(down_w, next, lora.as_ref().map(|l| (l, li, 3)))?;
             down_before = Some((li, 3));
-            delta = Some(reduce(a.down.clone(), comm)?);
+            delta = Some(reduce_at(&a.down, comm, inputs.reduce_in_place)?);
             self.trace_layer(trace.as_deref_mut(), li, &o, &a.residual[cur], &a.down)?;
         }
         let res = (&a.residual[cur], delta.as_ref(), &a.residual[1 - cur]);

@@ -392,3 +392,20 @@ pub(crate) fn reduce(partial: Tensor, comm: Option<&dyn CommBackend>) -> Result<
         _ => Ok(partial),
     }
 }
+
+/// [`reduce`] of a buffer, written back into it when `in_place` (a CUDA graph's static
+/// activations: the captured step allocates nothing), else into a new tensor.
+#[cfg(feature = "cuda")]
+pub(crate) fn reduce_at(
+    partial: &Tensor,
+    comm: Option<&dyn CommBackend>,
+    in_place: bool,
+) -> Result<Tensor> {
+    match comm {
+        Some(c) if c.world_size() > 1 && in_place => {
+            c.all_reduce_sum_in_place(partial)?;
+            Ok(partial.clone())
+        }
+        _ => reduce(partial.clone(), comm),
+    }
+}

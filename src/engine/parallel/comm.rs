@@ -44,6 +44,20 @@ pub enum WorkerCommand {
         /// The directory checked before.
         dir: std::path::PathBuf,
     },
+    /// Allocate and capture this rank's decode graphs (`EngineOptions::tp_graphs`), the same
+    /// buckets as the head's, in lockstep with it: ack when allocated, then every rank agrees,
+    /// captures (the graphs hold the step's all-reduces) and agrees again; a rank that could
+    /// not leaves every rank eager.
+    CaptureGraphs {
+        /// The head's `max_running` (the buckets reach the first that holds it).
+        max_running: usize,
+        /// The largest bucket (`--max-graph-batch`).
+        max_graph_batch: usize,
+        /// The longest context a graph serves (its block tables' width).
+        max_context: usize,
+        /// Programmatic dependent launch inside the graphs (`KernelOptions::graph_pdl`).
+        graph_pdl: bool,
+    },
     /// Stop serving: synchronize and tear down.
     Shutdown,
 }
@@ -187,6 +201,12 @@ pub trait CommBackend: Send + Sync + std::fmt::Debug {
     fn ack(&self, status: std::result::Result<(), String>) -> Result<()>;
     /// Element-wise sum over all ranks; every rank gets the result.
     fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor>;
+    /// [`CommBackend::all_reduce_sum`] written back into `t` (contiguous), allocating nothing
+    /// where the backend can (NCCL: in place on the stream, so a CUDA graph can hold it).
+    fn all_reduce_sum_in_place(&self, t: &Tensor) -> Result<()> {
+        let sum = self.all_reduce_sum(t)?;
+        Ok(t.slice_set(&sum, 0, 0)?)
+    }
     /// Concatenation over all ranks along `dim`, in rank order.
     fn all_gather(&self, t: &Tensor, dim: usize) -> Result<Tensor>;
     /// Waits until every rank is here.

@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::CudaStorage;
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, sys,
+};
 use candle_core::cuda_backend::cudarc::nccl::safe::{Comm, Id, ReduceOp};
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 use parking_lot::Mutex;
@@ -229,6 +232,33 @@ impl CustomOp1 for AllReduceSum {
     }
 }
 
+/// A tensor's own device memory as the buffer of an in-place NCCL all-reduce: it allocates
+/// nothing and records no event, so a stream capture holds the call as it is.
+struct InPlace<T> {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    stream: Arc<CudaStream>,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T> DeviceSlice<T> for InPlace<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T> DevicePtrMut<T> for InPlace<T> {
+    fn device_ptr_mut<'a>(&'a mut self, _: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        // Every launch of the step is on the one stream the NCCL communicator was made on,
+        // so ordering needs no event.
+        (self.ptr, SyncOnDrop::Record(None))
+    }
+}
+
 /// All-gather along dim 0 as a candle op on CUDA storage.
 struct AllGather0(Arc<SharedComm>, usize);
 
@@ -328,6 +358,47 @@ impl CommBackend for NcclComm {
     fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor> {
         Ok(t.contiguous()?
             .apply_op1_no_bwd(&AllReduceSum(self.comm.clone()))?)
+    }
+
+    fn all_reduce_sum_in_place(&self, t: &Tensor) -> Result<()> {
+        let (storage, layout) = t.storage_and_layout();
+        let candle_core::Storage::Cuda(s) = &*storage else {
+            return Err(Error::Engine(
+                "the NCCL all-reduce runs on CUDA tensors only".into(),
+            ));
+        };
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            return Err(Error::Engine(
+                "the NCCL all-reduce needs a contiguous tensor".into(),
+            ));
+        };
+        let stream = s.device().cuda_stream();
+        let comm = self.comm.0.lock();
+        macro_rules! reduce {
+            ($t:ty) => {{
+                let view = s.as_cuda_slice::<$t>()?.slice(start..end);
+                let (ptr, _read) = view.device_ptr(&stream);
+                let mut buf = InPlace::<$t> {
+                    ptr,
+                    len: end - start,
+                    stream: stream.clone(),
+                    _t: std::marker::PhantomData,
+                };
+                comm.all_reduce_in_place(&mut buf, &ReduceOp::Sum)
+                    .map_err(|e| Error::Engine(format!("NCCL all-reduce: {e:?}")))?;
+            }};
+        }
+        match t.dtype() {
+            DType::BF16 => reduce!(half::bf16),
+            DType::F16 => reduce!(half::f16),
+            DType::F32 => reduce!(f32),
+            other => {
+                return Err(Error::Engine(format!(
+                    "NCCL all-reduce: unsupported dtype {other:?}"
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn all_gather(&self, t: &Tensor, dim: usize) -> Result<Tensor> {

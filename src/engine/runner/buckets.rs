@@ -27,6 +27,20 @@ pub fn graph_buckets(max_running: usize, max_graph_batch: usize) -> Vec<usize> {
     out
 }
 
+/// Partitions of decode attention in a bucket's graph: a fixed grid, each partition growing
+/// past its least length (`CudaKernels::decode_partition`) when the context needs it.
+/// Partitions past a context exit at once, but in a large batch they are many: large buckets
+/// take few (their batch alone fills the GPU); each bucket covers 1,024 tokens at its least
+/// partition length.
+pub fn graph_splits(b: usize) -> usize {
+    match b {
+        0..=4 => 32,
+        5..=16 => 16,
+        17..=64 => 8,
+        _ => 4,
+    }
+}
+
 /// The index in `buckets` of the bucket a decode step of `n` sequences replays on, if any.
 pub fn bucket_for(buckets: &[usize], n: usize) -> Option<usize> {
     (n > 0).then(|| buckets.iter().position(|&b| b >= n))?

@@ -321,7 +321,7 @@ fn draft_graphs(
     let made = super::graphs::DecodeGraphs::allocate(model, (rows, rows), max_context, bs, &[])
         .and_then(|g| {
             g.map(|mut g| {
-                g.capture(model, cache, opts.kernels.graph_pdl)?;
+                g.capture(model, cache, opts.kernels.graph_pdl, None)?;
                 Ok(g)
             })
             .transpose()

@@ -21,6 +21,22 @@ pub(super) struct Row<'a> {
     pub(super) table: &'a [u32],
 }
 
+/// A bucket's inputs as uploaded: `rows` (padded to `b`) field by field, the tables' width,
+/// then each row's block table cut or padded to `width` blocks.
+pub(super) fn input_layout(b: usize, rows: &[Row<'_>], width: usize) -> Vec<u32> {
+    let mut host = Vec::with_capacity(FIELDS * b + 1 + b * width);
+    for field in 0..FIELDS {
+        host.extend(rows.iter().map(|r| r.fields[field]));
+    }
+    host.push(width as u32);
+    for r in rows {
+        let used = r.table.len().min(width);
+        host.extend_from_slice(&r.table[..used]);
+        host.extend(std::iter::repeat_n(0u32, width - used));
+    }
+    host
+}
+
 /// A padding row: no KV write, no context.
 pub(super) fn padding() -> Row<'static> {
     Row {

@@ -22,9 +22,10 @@
 //!   the buckets that have it (`verify_graphs`, up to the largest verify size `allocate` was
 //!   given, each of which is a bucket of its own; larger buckets never fuse, so their graph
 //!   serves both).
-//! - Only decode and verify steps of one rank replay; prefill chunks, larger batches and tensor
-//!   parallelism run eagerly (the workers would need graphs of their own, and the NCCL
-//!   all-reduce in the step is not captured).
+//! - Only decode and verify steps replay; prefill chunks and larger batches run eagerly. Under
+//!   tensor parallelism (`EngineOptions::tp_graphs`) every rank captures the same buckets in
+//!   the same order, its all-reduces in place on the static buffers (NCCL calls in the graph),
+//!   and replays its own graph on the head's command; ranks above 0 compute no logits.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -32,29 +33,18 @@ use std::time::Instant;
 use candle_core::cuda_backend::cudarc::driver::{CudaGraph, CudaStream, result, sys};
 use candle_core::{DType, Tensor};
 
-use super::buckets::{bucket_for, graph_buckets};
-use super::graph_rows::{FIELDS, Row, StepKind, Variant, padding, step_kind, step_rows};
+use super::buckets::{bucket_for, graph_buckets, graph_splits};
+use super::graph_rows::{
+    FIELDS, Row, StepKind, Variant, input_layout, padding, step_kind, step_rows,
+};
 use crate::engine::batch::SeqInput;
 use crate::engine::cuda::{CudaKernels, kernel_err};
 use crate::engine::model::Model;
 use crate::engine::model::attention::{AttnGroup, AttnPlan};
 use crate::engine::model::kernel_forward::{Activations, KernelForward, StepInputs};
 use crate::engine::model::kv_cache::PagedKvCache;
+use crate::engine::parallel::comm::CommBackend;
 use crate::error::{Error, Result};
-
-/// Partitions of decode attention in a bucket's graph: a fixed grid, each partition growing
-/// past its least length ([`CudaKernels::decode_partition`]) when the context needs it.
-/// Partitions past a context exit at once, but in a large batch they are many: large buckets
-/// take few (their batch alone fills the GPU); each bucket covers 1,024 tokens at its least
-/// partition length.
-fn graph_splits(b: usize) -> usize {
-    match b {
-        0..=4 => 32,
-        5..=16 => 16,
-        17..=64 => 8,
-        _ => 4,
-    }
-}
 
 /// Captured decode graphs and the static buffers they run on (the engine holds one per
 /// model; [`DecodeGraphs::replay`] is also how `examples/graph_check` compares a graph step
@@ -141,8 +131,14 @@ impl DecodeGraphs {
         let input_ptr = k.ptr(&input)?;
         let acts = Activations::new(k, &model.qwen3, bmax, 1, partials)?;
         let splits = buckets.iter().map(|&b| splits_of(b)).collect();
-        let logits_act = k.alloc_out((bmax, vocab))?;
-        let logits = k.alloc((bmax, vocab), DType::F32)?;
+        // Ranks above 0 compute no logits (the head samples): a column, for the views.
+        let cols = if model.qwen3.shard().rank == 0 {
+            vocab
+        } else {
+            1
+        };
+        let logits_act = k.alloc_out((bmax, cols))?;
+        let logits = k.alloc((bmax, cols), DType::F32)?;
         let bytes = acts.bytes()
             + input.elem_count() * 4
             + logits_act.elem_count() * k.dtype().size_in_bytes()
@@ -185,8 +181,15 @@ impl DecodeGraphs {
     }
 
     /// Captures one graph per bucket over `cache` (after one eager run of the same launches,
-    /// which loads what cuBLAS loads lazily).
-    pub fn capture(&mut self, model: &Model, cache: &PagedKvCache, graph_pdl: bool) -> Result<()> {
+    /// which loads what cuBLAS loads lazily). With `comm` (tensor parallelism) every rank
+    /// calls this at once: the eager runs' all-reduces meet, and the graphs hold theirs.
+    pub fn capture(
+        &mut self,
+        model: &Model,
+        cache: &PagedKvCache,
+        graph_pdl: bool,
+        comm: Option<&dyn CommBackend>,
+    ) -> Result<()> {
         let k = model
             .kernels
             .as_ref()
@@ -203,7 +206,7 @@ impl DecodeGraphs {
         self.fused = self.buckets.iter().map(|&b| fwd.fuses_decode(b)).collect();
         let pdl = k.set_pdl(false);
         k.set_pdl(pdl && graph_pdl);
-        let captured = self.capture_all(model, k, cache);
+        let captured = self.capture_all(model, k, cache, comm);
         k.set_pdl(pdl);
         let (graphs, lora_graphs, verify_graphs) = captured?;
         self.stream
@@ -224,16 +227,19 @@ impl DecodeGraphs {
         model: &Model,
         k: &CudaKernels,
         cache: &PagedKvCache,
+        comm: Option<&dyn CommBackend>,
     ) -> Result<(Vec<CudaGraph>, Vec<CudaGraph>, Vec<Option<CudaGraph>>)> {
+        let one =
+            |b: usize, variant: Variant| self.capture_one((model, k, cache, comm), b, variant);
         let mut graphs = Vec::with_capacity(self.buckets.len());
         let mut lora_graphs = Vec::new();
         let mut verify_graphs = Vec::new();
         for &b in &self.buckets {
-            graphs.push(self.capture_one(model, k, cache, b, Variant::Decode)?);
+            graphs.push(one(b, Variant::Decode)?);
         }
         if self.lora_at.is_some() {
             for &b in &self.buckets {
-                lora_graphs.push(self.capture_one(model, k, cache, b, Variant::Lora)?);
+                lora_graphs.push(one(b, Variant::Lora)?);
             }
         }
         let verified = match self.verify_rows {
@@ -243,7 +249,7 @@ impl DecodeGraphs {
         // Every verify size with the shared-K/V verify attention, else fused buckets alone.
         for (&b, &fused) in self.buckets[..verified].iter().zip(&self.fused) {
             verify_graphs.push(if fused || k.shares_verify_kv() {
-                Some(self.capture_one(model, k, cache, b, Variant::Verify)?)
+                Some(one(b, Variant::Verify)?)
             } else {
                 None
             });
@@ -252,26 +258,19 @@ impl DecodeGraphs {
     }
 
     /// One bucket's graph (after one eager run of its launches).
-    fn capture_one(
-        &self,
-        model: &Model,
-        k: &CudaKernels,
-        cache: &PagedKvCache,
-        b: usize,
-        variant: Variant,
-    ) -> Result<CudaGraph> {
+    fn capture_one(&self, on: OnRank<'_>, b: usize, variant: Variant) -> Result<CudaGraph> {
         self.upload(b, &vec![padding(); b], 1)?;
         if variant == Variant::Lora {
             self.upload_lora(&vec![0; 3 * b])?;
         }
-        self.run_bucket(model, k, cache, b, variant)?;
+        self.run_bucket(on, b, variant)?;
         self.stream
             .synchronize()
             .map_err(|e| kernel_err("graph warm-up", e))?;
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| kernel_err("graph capture", e))?;
-        let ran = self.run_bucket(model, k, cache, b, variant);
+        let ran = self.run_bucket(on, b, variant);
         // Capture ends whatever happened, so the stream is usable again.
         let ended = self
             .stream
@@ -284,15 +283,9 @@ impl DecodeGraphs {
     }
 
     /// The launches a bucket's graph holds: the layers (with the LoRA deltas when `lora`),
-    /// the final norm, lm_head and the f32 logits, on the static buffers.
-    fn run_bucket(
-        &self,
-        model: &Model,
-        k: &CudaKernels,
-        cache: &PagedKvCache,
-        b: usize,
-        variant: Variant,
-    ) -> Result<()> {
+    /// the final norm, lm_head and the f32 logits (rank 0), on the static buffers.
+    fn run_bucket(&self, on: OnRank<'_>, b: usize, variant: Variant) -> Result<()> {
+        let (model, k, cache, comm) = on;
         let mut inputs = self.inputs(b)?;
         if variant == Variant::Lora
             && let Some(at) = self.lora_at
@@ -310,7 +303,10 @@ impl DecodeGraphs {
             model: &model.qwen3,
             kernels: k,
         }
-        .layers_into(&inputs, &acts, &plan, cache, None, None)?;
+        .layers_into(&inputs, &acts, &plan, cache, comm, None)?;
+        if model.qwen3.shard().rank != 0 {
+            return Ok(());
+        }
         let logits_act = self.logits_act.narrow(0, 0, b)?;
         k.linear_into(&acts.h, model.qwen3.lm_head.weight(), &logits_act)?;
         k.to_f32_into(&logits_act, &self.logits.narrow(0, 0, b)?)
@@ -332,6 +328,7 @@ impl DecodeGraphs {
             prefill_keys: 0,
             lora: None,
             verify: false,
+            reduce_in_place: true,
             ids,
         })
     }
@@ -339,16 +336,7 @@ impl DecodeGraphs {
     /// Writes a bucket's inputs: `rows` (token, position, slot, context length, run, block
     /// table) padded to `b` rows, tables `width` blocks wide.
     fn upload(&self, b: usize, rows: &[Row<'_>], width: usize) -> Result<()> {
-        let mut host = Vec::with_capacity(FIELDS * b + 1 + b * width);
-        for field in 0..FIELDS {
-            host.extend(rows.iter().map(|r| r.fields[field]));
-        }
-        host.push(width as u32);
-        for r in rows {
-            let used = r.table.len().min(width);
-            host.extend_from_slice(&r.table[..used]);
-            host.extend(std::iter::repeat_n(0u32, width - used));
-        }
+        let host = input_layout(b, rows, width);
         let dst = self.input_ptr;
         // SAFETY: `input` holds the largest bucket at the widest table, which bounds `host`;
         // the copy is ordered on the stream before the graph that reads it.
@@ -486,6 +474,14 @@ impl DecodeGraphs {
         Ok(Some(self.logits.narrow(0, 0, n)?))
     }
 }
+
+/// What a capture runs on: the model, its kernels, the KV cache, the ranks' link.
+type OnRank<'a> = (
+    &'a Model,
+    &'a CudaKernels,
+    &'a PagedKvCache,
+    Option<&'a dyn CommBackend>,
+);
 
 /// Where a replayed step's token ids are.
 #[derive(Clone, Copy)]

@@ -267,15 +267,17 @@ impl ModelRunner {
         let max_useful = max_running.saturating_mul(max_context.div_ceil(opts.block_size));
         // The graphs' buffers come before the KV cache is sized, so its budget counts them.
         #[cfg(feature = "cuda")]
-        let graphs = if opts.cuda_graphs && comm.is_none() {
+        let graphs = if opts.cuda_graphs && (comm.is_none() || opts.tp_graphs) {
             // Without room for the graphs' buffers the engine still serves, eagerly.
             // Verify steps of speculative decoding replay too: 1..=max_batch sequences,
-            // each its last token and K drafts, every row count a bucket of its own.
-            let verify: Vec<usize> = opts.speculative.map_or(Vec::new(), |o| {
-                (1..=o.max_batch.min(opts.max_graph_batch))
+            // each its last token and K drafts, every row count a bucket of its own (one
+            // rank only: the workers capture decode buckets alone).
+            let verify: Vec<usize> = match (opts.speculative, &comm) {
+                (Some(o), None) => (1..=o.max_batch.min(opts.max_graph_batch))
                     .map(|m| m * (o.num_tokens + 1))
-                    .collect()
-            });
+                    .collect(),
+                _ => Vec::new(),
+            };
             super::graphs::DecodeGraphs::allocate(
                 &model,
                 (max_running, opts.max_graph_batch),
@@ -380,7 +382,11 @@ impl ModelRunner {
         #[allow(unused_mut)]
         let mut runner = ModelRunner::new(model, cache, comm, opts.worker_timeout);
         #[cfg(feature = "cuda")]
-        let cuda_graph_buckets = runner.capture_graphs(graphs, opts.kernels.graph_pdl);
+        let cuda_graph_buckets = runner.capture_graphs(
+            graphs,
+            opts.kernels.graph_pdl,
+            (max_running, opts.max_graph_batch, max_context),
+        );
         #[cfg(not(feature = "cuda"))]
         let cuda_graph_buckets = Vec::new();
         Ok(Loaded {

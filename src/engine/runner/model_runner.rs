@@ -85,18 +85,31 @@ impl ModelRunner {
 
     /// Captures the decode graphs whose buffers `graphs` holds (allocated before the KV cache
     /// was sized). A capture that fails leaves the engine eager, with a warning. Returns the
-    /// buckets captured.
+    /// buckets captured. On a tensor-parallel head the workers capture theirs at once
+    /// (`WorkerCommand::CaptureGraphs`, for `sizes`: max_running, max_graph_batch,
+    /// max_context); if one rank cannot, every rank stays eager.
     #[cfg(feature = "cuda")]
     pub(crate) fn capture_graphs(
         &mut self,
         graphs: Option<super::graphs::DecodeGraphs>,
         graph_pdl: bool,
+        sizes: (usize, usize, usize),
     ) -> Vec<usize> {
         let Some(mut g) = graphs else {
             return Vec::new();
         };
-        match g.capture(&self.model, &self.cache, graph_pdl) {
-            Ok(()) => {
+        let captured = match self.comm.clone() {
+            None => g
+                .capture(&self.model, &self.cache, graph_pdl, None)
+                .map(|()| Some(g)),
+            Some(c) => self.capture_with_workers(g, graph_pdl, sizes, c.as_ref()),
+        };
+        match captured {
+            Ok(None) => {
+                tracing::warn!("a worker could not capture CUDA graphs; decode steps run eagerly");
+                Vec::new()
+            }
+            Ok(Some(g)) => {
                 tracing::info!(
                     buckets = ?g.buckets(),
                     capture_ms = (g.capture_secs() * 1e3).round(),
@@ -112,6 +125,35 @@ impl ModelRunner {
                 Vec::new()
             }
         }
+    }
+
+    /// The head's side of [`WorkerCommand::CaptureGraphs`]: the workers allocate their
+    /// graphs' buffers, every rank agrees that all did, then all capture together
+    /// (`worker::capture_together`). `None`: a rank could not (none keeps graphs).
+    #[cfg(feature = "cuda")]
+    fn capture_with_workers(
+        &self,
+        g: super::graphs::DecodeGraphs,
+        graph_pdl: bool,
+        (max_running, max_graph_batch, max_context): (usize, usize, usize),
+        comm: &dyn CommBackend,
+    ) -> Result<Option<super::graphs::DecodeGraphs>> {
+        let cmd = WorkerCommand::CaptureGraphs {
+            max_running,
+            max_graph_batch,
+            max_context,
+            graph_pdl,
+        };
+        let acks = comm.send_command(&cmd, self.worker_timeout)?;
+        for (i, a) in acks.iter().enumerate() {
+            if let Err(e) = a {
+                tracing::warn!(rank = i + 1, error = %e, "worker cannot hold CUDA graphs");
+            }
+        }
+        if !agree(comm, acks.iter().all(|a| a.is_ok()), self.model.device())? {
+            return Ok(None);
+        }
+        super::worker::capture_together(g, &self.model, &self.cache, graph_pdl, comm)
     }
 
     /// An event recorded on the stream now (the step profile's GPU clock); `None` without the
@@ -314,6 +356,14 @@ impl ModelRunner {
                 "a worker failed this step ({})",
                 refused.join("; ")
             )));
+        }
+        // Every rank replays its graph for the same steps (the same buckets and the same
+        // inputs give the same choice), so their all-reduces meet.
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.graphs
+            && let Some(logits) = g.replay(&self.model, tokens, inputs)?
+        {
+            return Ok(Some(logits));
         }
         self.model
             .forward(tokens, inputs, &self.cache, Some(comm.as_ref()))

@@ -56,6 +56,8 @@ pub struct WorkerReport {
     pub commands: u64,
     /// Of those, the ones that failed (on this rank or another).
     pub failed: u64,
+    /// Of those, the ones this rank replayed as a CUDA graph (`EngineOptions::tp_graphs`).
+    pub replayed: u64,
     /// Whether the loop ended on a `Shutdown` (else: the link went away).
     pub clean_shutdown: bool,
 }
@@ -144,6 +146,8 @@ pub fn run_worker(
     }
 
     let mut report = WorkerReport::default();
+    #[cfg(feature = "cuda")]
+    let mut graphs: Option<super::graphs::DecodeGraphs> = None;
     loop {
         let cmd = match comm.recv_command() {
             Ok(c) => c,
@@ -175,6 +179,52 @@ pub fn run_worker(
                     break;
                 }
             }
+            WorkerCommand::CaptureGraphs {
+                max_running,
+                max_graph_batch,
+                max_context,
+                graph_pdl,
+            } => {
+                #[cfg(feature = "cuda")]
+                let allocated = super::graphs::DecodeGraphs::allocate(
+                    &model,
+                    (*max_running, *max_graph_batch),
+                    *max_context,
+                    head.block_size,
+                    &[],
+                )
+                .and_then(|g| g.ok_or_else(|| Error::Engine("no CUDA kernels here".into())));
+                #[cfg(not(feature = "cuda"))]
+                let allocated: Result<()> = Err(Error::Unsupported(
+                    "CUDA graphs need a build with the cuda feature".into(),
+                ));
+                let _ = (max_running, max_graph_batch, max_context, graph_pdl);
+                let status = allocated.as_ref().map(|_| ()).map_err(|e| e.to_string());
+                if let Err(e) = &status {
+                    tracing::warn!(rank, error = %e, "cannot hold CUDA graphs; staying eager");
+                }
+                if comm.ack(status.clone()).is_err() {
+                    break;
+                }
+                match agree(comm.as_ref(), status.is_ok(), &device) {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(e) => {
+                        tracing::info!(rank, error = %e, "collective failed; worker loop ends");
+                        break;
+                    }
+                }
+                #[cfg(feature = "cuda")]
+                if let Ok(g) = allocated {
+                    match capture_together(g, &model, &cache, *graph_pdl, comm.as_ref()) {
+                        Ok(g) => graphs = g,
+                        Err(e) => {
+                            tracing::info!(rank, error = %e, "collective failed; worker loop ends");
+                            break;
+                        }
+                    }
+                }
+            }
             WorkerCommand::Forward { step, tokens, seqs } => {
                 report.commands += 1;
                 let status = if options.fail_command.as_ref().is_some_and(|f| f(&cmd)) {
@@ -200,7 +250,22 @@ pub fn run_worker(
                     }
                 }
                 let inputs: Vec<SeqInput<'_>> = seqs.iter().map(SeqCommand::as_input).collect();
-                if let Err(e) = model.forward(tokens, &inputs, &cache, Some(comm.as_ref())) {
+                // The head replays its graph for exactly the steps this rank replays its own.
+                #[cfg(feature = "cuda")]
+                let replayed = graphs
+                    .as_ref()
+                    .map_or(Ok(None), |g| g.replay(&model, tokens, &inputs));
+                #[cfg(not(feature = "cuda"))]
+                let replayed: Result<Option<()>> = Ok(None);
+                let ran = match replayed {
+                    Ok(Some(_)) => {
+                        report.replayed += 1;
+                        Ok(None)
+                    }
+                    Ok(None) => model.forward(tokens, &inputs, &cache, Some(comm.as_ref())),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = ran {
                     report.failed += 1;
                     tracing::error!(rank, step, error = %e, "forward failed on this worker; staying up");
                 }
@@ -210,6 +275,25 @@ pub fn run_worker(
     device.synchronize()?;
     tracing::info!(rank, ?report, "worker stopped");
     Ok(report)
+}
+
+/// Captures `g` on this rank while every other rank captures its own (after all agreed that
+/// each holds its buffers: `WorkerCommand::CaptureGraphs`), then agrees with them that every
+/// capture succeeded. `Ok(None)`: one did not, and no rank keeps graphs (a step replayed on
+/// one rank and run eagerly on another would not meet in its all-reduces).
+#[cfg(feature = "cuda")]
+pub(super) fn capture_together(
+    mut g: super::graphs::DecodeGraphs,
+    model: &Model,
+    cache: &PagedKvCache,
+    graph_pdl: bool,
+    comm: &dyn CommBackend,
+) -> Result<Option<super::graphs::DecodeGraphs>> {
+    let captured = g.capture(model, cache, graph_pdl, Some(comm));
+    if let Err(e) = &captured {
+        tracing::warn!(rank = comm.rank(), error = %e, "CUDA graph capture failed on this rank");
+    }
+    Ok(agree(comm, captured.is_ok(), model.device())?.then_some(g))
 }
 
 /// Checks (and with `write`, writes into this rank's shard) the weights of checkpoint
