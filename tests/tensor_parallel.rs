@@ -327,6 +327,36 @@ fn a_worker_that_cannot_capture_graphs_says_so_and_keeps_serving() {
     }
 }
 
+/// `CommBackend::all_reduce_sum_in_place` (what a graph's all-reduces use): every rank's own
+/// buffer, a row view into a larger tensor as a graph's activations are, ends with the sum,
+/// and nothing outside the view changes. Fails if the sum lands in a new tensor only, or at
+/// the buffer's start instead of the view's.
+#[test]
+fn the_in_place_all_reduce_sums_into_each_ranks_own_view() {
+    use policy_serve::engine::CommBackend;
+    let comms = InProcessComm::group(3, Duration::from_secs(5));
+    let threads: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let r = c.rank() as f32;
+                let whole = candle_core::Tensor::new(
+                    &[[r, r], [r + 1.0, 10.0 * (r + 1.0)]],
+                    &candle_core::Device::Cpu,
+                )
+                .unwrap();
+                let view = whole.narrow(0, 1, 1).unwrap();
+                c.all_reduce_sum_in_place(&view).unwrap();
+                whole.to_vec2::<f32>().unwrap()
+            })
+        })
+        .collect();
+    for (r, t) in threads.into_iter().enumerate() {
+        let r = r as f32;
+        assert_eq!(t.join().unwrap(), vec![vec![r, r], vec![6.0, 60.0]]);
+    }
+}
+
 /// The same config as [`tp_model`] with other weights (seed 8).
 fn tp_model_b() -> std::path::PathBuf {
     let mut cfg = common::tiny_config();
