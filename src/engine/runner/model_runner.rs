@@ -144,13 +144,12 @@ impl ModelRunner {
             max_context,
             graph_pdl,
         };
-        let acks = comm.send_command(&cmd, self.worker_timeout)?;
-        for (i, a) in acks.iter().enumerate() {
-            if let Err(e) = a {
-                tracing::warn!(rank = i + 1, error = %e, "worker cannot hold CUDA graphs");
-            }
-        }
-        if !agree(comm, acks.iter().all(|a| a.is_ok()), self.model.device())? {
+        let refused = self.command_all(comm, &cmd)?;
+        if !refused.is_empty() {
+            tracing::warn!(
+                refused = refused.join("; "),
+                "workers cannot hold CUDA graphs"
+            );
             return Ok(None);
         }
         super::worker::capture_together(g, &self.model, &self.cache, graph_pdl, comm)
@@ -322,6 +321,19 @@ impl ModelRunner {
         self.cache.write_blocks(blocks, data)
     }
 
+    /// Sends `cmd` to every worker and agrees with all ranks on whether every one took it
+    /// (before the command's first collective); returns the refusals (`rank i: reason`).
+    fn command_all(&self, comm: &dyn CommBackend, cmd: &WorkerCommand) -> Result<Vec<String>> {
+        let refused: Vec<String> = comm
+            .send_command(cmd, self.worker_timeout)?
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, a)| a.err().map(|e| format!("rank {}: {e}", i + 1)))
+            .collect();
+        agree(comm, refused.is_empty(), self.model.device())?;
+        Ok(refused)
+    }
+
     /// One forward over the model: on a tensor-parallel head, the command goes to every worker
     /// first and the ranks agree that all of them took it before the first collective.
     pub(crate) fn forward(
@@ -344,13 +356,7 @@ impl ModelRunner {
             tokens: tokens.to_vec(),
             seqs: inputs.iter().map(SeqCommand::from_input).collect(),
         };
-        let acks = comm.send_command(&cmd, self.worker_timeout)?;
-        let refused: Vec<String> = acks
-            .into_iter()
-            .enumerate()
-            .filter_map(|(i, a)| a.err().map(|e| format!("rank {}: {e}", i + 1)))
-            .collect();
-        agree(comm.as_ref(), refused.is_empty(), self.model.device())?;
+        let refused = self.command_all(comm.as_ref(), &cmd)?;
         if !refused.is_empty() {
             return Err(Error::Engine(format!(
                 "a worker failed this step ({})",

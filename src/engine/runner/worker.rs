@@ -198,21 +198,16 @@ pub fn run_worker(
                 let allocated: Result<()> = Err(Error::Unsupported(
                     "CUDA graphs need a build with the cuda feature".into(),
                 ));
+                #[cfg(not(feature = "cuda"))]
                 let _ = (max_running, max_graph_batch, max_context, graph_pdl);
                 let status = allocated.as_ref().map(|_| ()).map_err(|e| e.to_string());
                 if let Err(e) = &status {
                     tracing::warn!(rank, error = %e, "cannot hold CUDA graphs; staying eager");
                 }
-                if comm.ack(status.clone()).is_err() {
-                    break;
-                }
-                match agree(comm.as_ref(), status.is_ok(), &device) {
-                    Ok(true) => {}
-                    Ok(false) => continue,
-                    Err(e) => {
-                        tracing::info!(rank, error = %e, "collective failed; worker loop ends");
-                        break;
-                    }
+                match ack_and_agree(comm.as_ref(), status, &device) {
+                    Some(true) => {}
+                    Some(false) => continue,
+                    None => break,
                 }
                 #[cfg(feature = "cuda")]
                 if let Ok(g) = allocated {
@@ -235,19 +230,13 @@ pub fn run_worker(
                 if let Err(e) = &status {
                     tracing::warn!(rank, step, error = %e, "command failed on this worker; staying up");
                 }
-                if comm.ack(status.clone()).is_err() {
-                    break;
-                }
-                match agree(comm.as_ref(), status.is_ok(), &device) {
-                    Ok(true) => {}
-                    Ok(false) => {
+                match ack_and_agree(comm.as_ref(), status, &device) {
+                    Some(true) => {}
+                    Some(false) => {
                         report.failed += 1;
                         continue;
                     }
-                    Err(e) => {
-                        tracing::info!(rank, error = %e, "collective failed; worker loop ends");
-                        break;
-                    }
+                    None => break,
                 }
                 let inputs: Vec<SeqInput<'_>> = seqs.iter().map(SeqCommand::as_input).collect();
                 // The head replays its graph for exactly the steps this rank replays its own.
@@ -275,6 +264,23 @@ pub fn run_worker(
     device.synchronize()?;
     tracing::info!(rank, ?report, "worker stopped");
     Ok(report)
+}
+
+/// Acknowledges a command with this rank's `status`, then agrees with every rank on whether
+/// all of them took it (before the command's first collective): `Some(all took it)`, or
+/// `None` when the link or the collective is gone (the worker loop ends).
+fn ack_and_agree(
+    comm: &dyn CommBackend,
+    status: std::result::Result<(), String>,
+    device: &candle_core::Device,
+) -> Option<bool> {
+    let ok = status.is_ok();
+    comm.ack(status).ok()?;
+    agree(comm, ok, device)
+        .inspect_err(|e| {
+            tracing::info!(rank = comm.rank(), error = %e, "collective failed; worker loop ends")
+        })
+        .ok()
 }
 
 /// Captures `g` on this rank while every other rank captures its own (after all agreed that
