@@ -24,6 +24,7 @@ mod device;
 mod flags;
 mod handle;
 mod kernel_flags;
+mod kernel_options;
 pub mod kv_format;
 pub mod model;
 mod options;

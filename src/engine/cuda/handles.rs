@@ -10,6 +10,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::{DType, Device, Tensor};
 
 use super::launch::kernel_err;
+use super::launch_options::{LaunchOptions, MMA_STAGES_BF16, MMA_STAGES_FP8};
 use crate::error::Result;
 
 /// The skinny-matmul kernels of 1-2 rows an engine launches (`kernels/gemv.cu`; launched from
@@ -219,6 +220,50 @@ pub(super) struct DecodeAttention {
 }
 
 impl DecodeAttention {
+    /// The tensor-core decode attention (`kernels/decode_mma.cu`, bf16 compute) over caches of
+    /// `dt` with the stages `opts` asks for (bf16 caches at most 3), and the dynamic shared
+    /// memory of its stages: 4 warps x stages x a chunk's K and V (16 rows of 128 dims each).
+    /// None without `LaunchOptions::mma_decode` or for f32 compute.
+    pub(super) fn load_mma(
+        m: &Arc<CudaModule>,
+        opts: &LaunchOptions,
+        dtype: DType,
+        dt: &str,
+    ) -> Result<Option<([CudaFunction; 4], u32)>> {
+        if !opts.mma_decode || dtype != DType::BF16 {
+            return Ok(None);
+        }
+        let (d, elem) = if dt == "fp8" {
+            (
+                opts.mma_decode_stages.unwrap_or(MMA_STAGES_FP8).clamp(2, 4),
+                1,
+            )
+        } else {
+            (
+                opts.mma_decode_stages
+                    .unwrap_or(MMA_STAGES_BF16)
+                    .clamp(2, 3),
+                2,
+            )
+        };
+        let dt = if dt == "bf16" && opts.mma_decode_split_p {
+            "bf16x2"
+        } else {
+            dt
+        };
+        let fs = group_functions(m, &format!("paged_decode_mma_d{d}"), dt)?;
+        let smem = 4 * d as u32 * 2 * 16 * 128 * elem;
+        use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
+        for func in &fs {
+            func.set_attribute(
+                A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| kernel_err("paged_decode_mma shared memory", e))?;
+        }
+        Ok(Some((fs, smem)))
+    }
+
     /// The kernels a launch takes (the tensor-core ones where loaded) and their dynamic shared
     /// memory in bytes.
     pub(super) fn chosen(&self) -> (&[CudaFunction; 4], u32) {
@@ -227,6 +272,20 @@ impl DecodeAttention {
             None => (&self.cores, 0),
         }
     }
+}
+
+/// One function per GQA group (1, 2, 4, 8) of module `m`: `{name}_g{G}_{dt}`.
+pub(super) fn group_functions(
+    m: &Arc<CudaModule>,
+    name: &str,
+    dt: &str,
+) -> Result<[CudaFunction; 4]> {
+    let f = |g: usize| {
+        let name = format!("{name}_g{g}_{dt}");
+        m.load_function(&name)
+            .map_err(|e| kernel_err(&format!("function {name}"), e))
+    };
+    Ok([f(1)?, f(2)?, f(4)?, f(8)?])
 }
 
 /// The pinned buffer uploads go through, and the event after the copy that last read it.

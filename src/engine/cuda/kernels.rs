@@ -12,10 +12,11 @@ use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::{CudaDevice, DType, Device};
 
 use super::blas::Blas;
-use super::handles::{DecodeAttention, Fp8Kernels, GemvSet, LoraGrouped, MoeKernels, SpecKernels};
+use super::handles::{
+    DecodeAttention, Fp8Kernels, GemvSet, LoraGrouped, MoeKernels, SpecKernels, group_functions,
+};
 use super::launch::{self, kernel_err};
 pub use super::launch_options::LaunchOptions;
-use super::launch_options::{MMA_STAGES_BF16, MMA_STAGES_FP8};
 use crate::error::Result;
 
 static DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/decode.fatbin"));
@@ -107,6 +108,9 @@ pub struct CudaKernels {
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge), bf16, GQA
     /// groups 1, 2, 4, 8; None for f32 or without `LaunchOptions::fused_decode`.
     pub(super) decode_fused: Option<[CudaFunction; 4]>,
+    /// The same with 8 tokens a half-warp in flight (group 8 keeps 4), and the most rows a
+    /// step takes them for (`LaunchOptions::fused_fetch8`).
+    pub(super) decode_fused_f8: Option<(usize, [CudaFunction; 4])>,
     pub(super) prefill: [CudaFunction; 3],
     /// The tensor-core prefill kernels (bf16 only), for GQA groups 1, 2, 4, 8.
     pub(super) prefill_tc: Option<[CudaFunction; 4]>,
@@ -220,54 +224,10 @@ impl CudaKernels {
             m.load_function(name)
                 .map_err(|e| kernel_err(&format!("function {name}"), e))
         };
-        // One function per GQA group (1, 2, 4, 8): `{name}_g{G}_{dt}`.
-        let groups = |m: &Arc<CudaModule>, name: &str, dt: &str| -> Result<[CudaFunction; 4]> {
-            Ok([
-                f(m, &format!("{name}_g1_{dt}"))?,
-                f(m, &format!("{name}_g2_{dt}"))?,
-                f(m, &format!("{name}_g4_{dt}"))?,
-                f(m, &format!("{name}_g8_{dt}"))?,
-            ])
-        };
+        let groups = |m: &Arc<CudaModule>, name: &str, dt: &str| group_functions(m, name, dt);
         let s = suffix;
         let flash_on = dtype == DType::BF16 && opts.flash_prefill;
-        // The tensor-core decode attention (bf16 compute) with the stages asked for (bf16
-        // caches at most 3), and the dynamic shared memory of its stages: 4 warps x stages x a
-        // chunk's K and V (16 rows of 128 dims each).
-        let mma_decode = |dt: &str| -> Result<Option<([CudaFunction; 4], u32)>> {
-            if !opts.mma_decode || dtype != DType::BF16 {
-                return Ok(None);
-            }
-            let (d, elem) = if dt == "fp8" {
-                (
-                    opts.mma_decode_stages.unwrap_or(MMA_STAGES_FP8).clamp(2, 4),
-                    1,
-                )
-            } else {
-                (
-                    opts.mma_decode_stages
-                        .unwrap_or(MMA_STAGES_BF16)
-                        .clamp(2, 3),
-                    2,
-                )
-            };
-            let dt = if dt == "bf16" && opts.mma_decode_split_p {
-                "bf16x2"
-            } else {
-                dt
-            };
-            let fs = groups(&mma_mod, &format!("paged_decode_mma_d{d}"), dt)?;
-            let smem = 4 * d as u32 * 2 * 16 * 128 * elem;
-            use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
-            for func in &fs {
-                func.set_attribute(
-                    A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem as i32,
-                )
-                .map_err(|e| kernel_err("paged_decode_mma shared memory", e))?;
-            }
-            Ok(Some((fs, smem)))
-        };
+        let mma_decode = |dt: &str| DecodeAttention::load_mma(&mma_mod, opts, dtype, dt);
         let smem_attr = |fs: &[CudaFunction; 4]| -> Result<()> {
             use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
             let smem = if wgmma {
@@ -414,6 +374,14 @@ impl CudaKernels {
                 Some(fs)
             } else {
                 None
+            },
+            decode_fused_f8: match opts.fused_fetch8 {
+                Some(rows) if dtype == DType::BF16 && opts.fused_decode => {
+                    let fs = groups(&fused_mod, "decode_fused_f8", "bf16")?;
+                    cluster_attr(&fs)?;
+                    Some((rows, fs))
+                }
+                _ => None,
             },
             gemv: if dtype == DType::BF16 && opts.gemv {
                 let which = (

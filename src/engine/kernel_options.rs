@@ -1,0 +1,228 @@
+//! The engine's kernel switches: [`KernelOptions`] (which of the engine's own CUDA kernels a
+//! forward uses) and the defaults their fields take. Re-exported by `options`.
+
+/// The default of `KernelOptions::lora_side_min_rows`: no second stream (on the H200, 8
+/// rank-16 adapters, against a bound of 8: +0.9-2.6% at batches 16-64; BENCHMARKS.md, #23).
+pub const LORA_SIDE_MIN_ROWS: usize = 64;
+
+/// The default of `KernelOptions::lora_wide`: LoRA steps of 3-64 rows (whose base matmuls
+/// are cuBLAS's) shrink inside the base matmuls. On the H200, 8 rank-16 adapters, batches
+/// 8-64: +2.0-7.0% (0.6B) / +0.3-5.7% (1.7B), 0.87-0.90 of the base; at 1-2 rows 0.6B gains
+/// 6% / 2.5% but 1.7B loses 6% / 8% (BENCHMARKS.md, #23).
+pub const LORA_WIDE_MIN_ROWS: usize = 3;
+
+/// The default of `KernelOptions::norm_deferred`: on the H200, 0.6B (1,024 inputs) batch 1
+/// +2.3%, 1.7B (2,048) batch 1 -2.2% (BENCHMARKS.md, #21).
+pub const NORM_DEFERRED_MAX_K: usize = 1024;
+
+/// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;
+/// 2 measured fastest of 1, 2 and 4 on the H200).
+pub const GEMV_STREAM_BLOCKS: u8 = 2;
+
+/// Which of the engine's own CUDA kernels a forward uses. Every switch is on by default and
+/// only takes effect where the hardware and dtype allow it; turning one off runs the slower
+/// path it replaces (for comparisons and debugging). Ignored without the `cuda` feature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelOptions {
+    /// The engine's own kernels at all (off: the forward runs candle ops, the reference path).
+    pub kernels: bool,
+    /// Skinny-matmul kernels for decode steps of 1-2 rows (bf16; off: cuBLAS).
+    pub gemv: bool,
+    /// Tensor-core skinny-matmul kernels, with their fused norms, for decode steps of 3-8
+    /// rows (bf16, with `gemv`; off: cuBLAS and separate norm and SiLU kernels). Off by
+    /// default: no faster than cuBLAS on the H200 (BENCHMARKS.md, #21).
+    pub gemv_mma: bool,
+    /// The 1-2-row gate|up matmuls (with SiLU, alone or behind the fused norm) on streamed
+    /// rows (`kernels/gemv.cu` `sgemv_silu_*`): a grid of this many blocks per SM (1..=8), each
+    /// warp taking every G-th pair, its weight loads in batches across pairs; bit for bit a
+    /// block per eight pairs (None). Default `Some(GEMV_STREAM_BLOCKS)`: with
+    /// `gemv_double_buffer`, batch 1 +6% (0.6B) / +4.5% (1.7B) on the H200 (#21).
+    pub gemv_stream: Option<u8>,
+    /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
+    /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
+    /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one
+    /// while the one before is summed; the same sums in the same order). On by default: on
+    /// the H200 1.7B's down 10.5 -> 9.9 us alone, batch 2 +1-2% (BENCHMARKS.md, #21).
+    pub gemv_double_buffer: bool,
+    /// The 1-2-row plain matmuls over more than 2,048 inputs (down) run two warps a row, half
+    /// of the inputs each (`gemv.cu` `gemv_split_*`). Off by default: on the H200 1.7B batch 1
+    /// 641 against 669 tok/s, 0.6B within noise (BENCHMARKS.md, #21).
+    pub gemv_split_k: bool,
+    /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
+    /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
+    pub l2_prefetch: bool,
+    /// Rows sampled over the whole vocabulary (no top-k, top-p 1: RL trainers' default) are
+    /// drawn on the device (the inverse CDF in token-id order; the host walks it by
+    /// probability, so the two draw different, equally distributed tokens for one seed).
+    /// Off: their logits go to the host, 600 KB a row a step.
+    pub sample_full: bool,
+    /// The skinny matmuls of 1-2 rows compute their fused norm per warp (no shared memory, no
+    /// block barrier) instead of once per block. Off by default: 16-24% slower (#21).
+    pub warp_norm: bool,
+    /// The 1-2-row fused norms over at most this many inputs scale the dot products by 1/rms,
+    /// not every input (`kernels/gemv.cuh` `norm_rows_deferred`: one pass and one barrier, not
+    /// two; the input rounded to bf16 once, at another scale; `warp_norm` takes precedence).
+    /// Default `Some(NORM_DEFERRED_MAX_K)`; None: every norm scales its inputs.
+    pub norm_deferred: Option<usize>,
+    /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge; bf16).
+    pub fused_decode: bool,
+    /// Merge fused decode attention in thread-block clusters (sm_90+).
+    pub clusters: bool,
+    /// cuBLAS matmuls of up to 1,024 rows take the cuBLASLt algorithm of their row class
+    /// (`batch::row_class`), so a step and its graph bucket give each row the same bits.
+    pub blas_row_class: bool,
+    /// GQA group 8 (Qwen3-30B-A3B) decode steps of 1-2 rows through the fused attention as two
+    /// group-4 halves a KV head (`kv_shift`; off: unfused). On: batch 1 +2.5% on the H200 (#29).
+    pub gqa8_split: bool,
+    /// Decode steps of at most this many rows (bf16 caches) run the fused decode attention
+    /// with 8 tokens a half-warp in flight instead of 4: a partition of up to 64 tokens loads
+    /// in one round, all of it before the wait on the qkv matmul (the same tokens in the same
+    /// order: the same bits). None (default): never; not yet measured (#21).
+    pub fused_fetch8: Option<usize>,
+    /// The flash prefill attention (`kernels/flash_prefill.cu`: mma.sync tensor cores,
+    /// cp.async double buffering, online softmax; bf16). Off: the two-pass WMMA kernel.
+    pub flash_prefill: bool,
+    /// On sm_90 GPUs, the flash prefill on warpgroup MMA (`kernels/flash_prefill_sm90.cu`);
+    /// off: the mma.sync flash prefill there too.
+    pub wgmma_prefill: bool,
+    /// Split the keys of a prefill launch that would not give every SM a block (a short chunk
+    /// over a long prefix) across blocks and merge their partial outputs (warpgroup-MMA
+    /// kernel; a 512-token chunk over 32k: 153 -> 238 TFLOP/s on the H200).
+    pub split_kv: bool,
+    /// Programmatic dependent launch for eager launches (sm_90+).
+    pub pdl: bool,
+    /// Programmatic dependent launch inside captured CUDA graphs too (with `pdl`).
+    pub graph_pdl: bool,
+    /// Verify steps of speculative decoding attend through the shared-K/V verify kernel
+    /// (`kernels/verify.cu` `paged_verify_g*`: a block loads each K/V row once for up to 8 / G
+    /// rows of one sequence, causal within the draft) instead of one decode row at a time
+    /// (GQA groups 1, 2, 4). Off by default: slower on the H200 (its dot products, not the K/V
+    /// bytes L2 already serves, bound it: 0.6B batch 8 at K 4 15,202 against 19,187 tok/s;
+    /// BENCHMARKS.md, #24).
+    pub shared_kv_verify: bool,
+    /// Decode attention of the steps the fused decode kernel does not take (more than 16
+    /// sequences, verify rows) on tensor cores (`kernels/decode_mma.cu`: a warp takes 16
+    /// tokens at a time, scores and the weighted sum as MMAs, the caches streamed through
+    /// shared memory with cp.async; bf16 compute). Off: the CUDA-core kernel
+    /// (`kernels/decode.cu`). On the H200 it reads bf16 caches at 3.2-4.2 TB/s against
+    /// 2.7-3.5 and fp8 caches at 3.1-3.8 against 1.6-2.1 (0.6B batch 256: 39,868 -> 44,075
+    /// tok/s with bf16 KV, 44,383 -> 61,362 with fp8; BENCHMARKS.md, #27).
+    pub mma_decode: bool,
+    /// Shared-memory stages each warp of the tensor-core decode attention streams its chunks
+    /// of 16 tokens through (2..=4; bf16 caches take at most 3). None: the measured best for
+    /// the cache's dtype (2 for bf16, 3 for fp8).
+    pub mma_decode_stages: Option<u8>,
+    /// Over bf16 caches, the tensor-core decode attention takes the probabilities as a bf16
+    /// pair (high part and remainder, one more MMA a tile) instead of rounding them to bf16
+    /// (2e-3 from f32 attention on the H200). Off by default: not yet measured (#27).
+    pub mma_decode_split_p: bool,
+    /// MoE steps of up to 64 (token, expert) pairs (eight tokens of a top-8 model) run their
+    /// experts on one-pair tiles (bf16, CUDA cores: a third of the eight-pair tile's
+    /// registers, so more warps in flight; the down kernel four rows a warp). Off: eight-pair
+    /// tiles up to 16 pairs, then 16-pair tensor-core tiles. On the H200, one layer's experts
+    /// of the 30B-A3B shape: 1 token 42 against 54 us, 8 tokens 162 against 197 (BENCHMARKS.md,
+    /// #29).
+    pub moe_tile_one: bool,
+    /// Decode steps of 1-2 rows run a sparse layer's add+RMSNorm and router matmul as one
+    /// launch (`moe_norm_router_t*`). Off by default: 1-2% slower on the H200 (#29).
+    pub moe_norm_router: bool,
+    /// MoE steps on one-pair tiles run the experts' down matmul and the sum over a token's
+    /// experts in one launch (`kernels/moe.cu` `moe_down_sum_bf16`; the same bits as the two
+    /// launches). On by default: on the H200 (30B-A3B shape) batch 1 +1.6% (#29).
+    pub moe_down_sum: bool,
+    /// One-token MoE steps (at most 128 experts) route and group their pairs by one warp
+    /// (`moe_route_one_*`: the same ids, weights and tiles as the block of 1,024 threads). On by
+    /// default: on the H200 (30B-A3B shape) batch 1 +1.2%, ~1.3 us a layer (#29).
+    pub moe_route_one: bool,
+    /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
+    /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
+    /// input (on a second stream beside it above `lora_side_min_rows` rows), the gate|up
+    /// expand is one launch with the SiLU product and the o and down expands one launch each
+    /// with the add+RMSNorm after them (`kernels/lora_silu.cu`); the logits are the serial
+    /// path's bit for bit (#23). On by default: on the H200 +1-4% at batches 8-64 over five
+    /// runs, at batch 256 (where it does not apply) within the runs' noise (BENCHMARKS.md).
+    pub lora_overlap: bool,
+    /// LoRA steps of 33-64 rows (one-token tiles) shrink on tensor cores, a slot's rows of `a`
+    /// read once per group of up to eight of its tokens (at most 1,024 inputs;
+    /// `kernels/lora_grouped.cu`). Off by default: slower than `lora_runs` (BENCHMARKS.md).
+    pub lora_grouped: bool,
+    /// The shrinks of LoRA steps of 17-64 rows (one-token tiles, at most 4,096 inputs) read the
+    /// tile table sorted by slot, by runs (`kernels/lora_runs.cu`): a slot's rows of `a` read
+    /// once by the warps on it (one order of sums whatever the table's order). On: 8 rank-16
+    /// adapters, batch 32 +3.0% (0.6B) / +2.6% (1.7B) on the H200 (#23).
+    pub lora_runs: bool,
+    /// The add+RMSNorm that takes the o and down expands (`lora_overlap`) loads each thread's
+    /// rows of `b` and the norm weights before waiting on the kernel before it (bf16, ranks up
+    /// to 16; the same bits, `kernels/lora_silu.cu`). On by default: on the H200, 8 rank-16
+    /// adapters, +0.2-0.8% (0.6B) and +0.8-1.4% (1.7B) at batches 8-32 (BENCHMARKS.md, #23).
+    pub lora_norm_preload: bool,
+    /// With `lora_overlap`, LoRA steps of more than this many rows (at most 64) shrink on a
+    /// second stream beside the base matmuls. Default 64 (none).
+    pub lora_side_min_rows: usize,
+    /// With `lora_overlap`, LoRA steps of at least this many rows (and at most 64) shrink
+    /// inside the base matmuls: each fused weight is stored as `[out + slots·P·R, in]` (the
+    /// slots' `a` after the base rows), one matmul writes the base output and every slot's `y`
+    /// (rounded to the compute dtype, as PEFT rounds it), the expands read both at strides
+    /// (`kernels/lora_silu.cu` `_w`). Default 3 rows; None: separate buffers.
+    pub lora_wide: Option<usize>,
+    /// The host KV tier's loads read the pinned host slots from the scatter kernel itself
+    /// (`kernels/kv_move.cu` `kv_scatter_host`), no device staging copy a block. Off by
+    /// default: no faster on the H200 (32k tokens: 155.2 against 156.1 ms; BENCHMARKS.md, #25).
+    pub kv_load_direct: bool,
+    /// Keep candle's per-tensor CUDA event tracking (off by default: the engine runs one
+    /// stream, where the events only cost time).
+    pub event_tracking: bool,
+}
+
+impl Default for KernelOptions {
+    fn default() -> Self {
+        Self {
+            kernels: true,
+            gemv: true,
+            gemv_mma: false,
+            gemv_stream: Some(GEMV_STREAM_BLOCKS),
+            gemv_double_buffer: true,
+            gemv_split_k: false,
+            l2_prefetch: false,
+            sample_full: true,
+            warp_norm: false,
+            norm_deferred: Some(NORM_DEFERRED_MAX_K),
+            fused_decode: true,
+            clusters: true,
+            gqa8_split: true,
+            fused_fetch8: None,
+            blas_row_class: true,
+            flash_prefill: true,
+            wgmma_prefill: true,
+            split_kv: true,
+            pdl: true,
+            graph_pdl: true,
+            shared_kv_verify: false,
+            mma_decode: true,
+            mma_decode_stages: None,
+            mma_decode_split_p: false,
+            moe_tile_one: true,
+            moe_norm_router: false,
+            moe_down_sum: true,
+            moe_route_one: true,
+            lora_overlap: true,
+            lora_grouped: false,
+            lora_runs: true,
+            lora_norm_preload: true,
+            lora_side_min_rows: LORA_SIDE_MIN_ROWS,
+            lora_wide: Some(LORA_WIDE_MIN_ROWS),
+            kv_load_direct: false,
+            event_tracking: false,
+        }
+    }
+}
+
+impl KernelOptions {
+    /// The candle-op forward only (the reference the kernels are checked against).
+    pub fn reference() -> Self {
+        Self {
+            kernels: false,
+            ..Self::default()
+        }
+    }
+}
