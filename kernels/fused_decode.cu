@@ -32,10 +32,7 @@ namespace {
 // qkv rows hold q heads, k heads, v heads; a padding row (context 0) writes zeros. `stop`
 // (profiling only; 0 in the engine, and no clusters) ends every block after phase 1-4
 // (phase 4: the block's partial formed), so `graph_check --profile` can time the phases.
-// FETCH (a template parameter, 4 or 8): tokens per half-warp whose K/V loads are in flight
-// together. 8 (LaunchOptions::fused_fetch8, small batches): a partition of up to 64 tokens is
-// loaded in one round, all of it before the wait; the same tokens in the same order, so the
-// same bits as 4.
+constexpr int FETCH = 4;          // tokens per half-warp whose K/V loads are in flight together
 constexpr int CLUSTER_PART = 128;  // longest partition of a context one cluster covers
 constexpr int MERGE_STAGE = 32;    // partials a global merge stages in shared memory
 
@@ -141,7 +138,7 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
 
 // KT: the caches' element type (bf16, or fp8 with the scales ks / vs: K's folded into q, the
 // new token's K/V kept in shared memory as stored, so both paths read the same values).
-template <int G, typename KT, int FETCH>
+template <int G, typename KT>
 __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              const __nv_bfloat16* __restrict__ q_w,
                              const __nv_bfloat16* __restrict__ k_w,
@@ -365,15 +362,14 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 
 }  // namespace
 
-#define PS_DECODE_FUSED_F(G, KT, NAME, F, PRE)                                                  \
+#define PS_DECODE_FUSED(G, KT, NAME)                                                             \
   extern "C" __global__ void __launch_bounds__(THREADS)                                         \
-      PRE##_g##G##_##NAME(const FusedDecodeParams p) {                                          \
-    decode_fused<G, KT, F>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,     \
-                        (KT*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc,          \
+      decode_fused_g##G##_##NAME(const FusedDecodeParams p) {                                   \
+    decode_fused<G, KT>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,          \
+                        (KT*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc,            \
                         p.part_ml, p.counters, p.W, p.width, p.block_size, p.num_slots, p.nkv,  \
                         p.part, p.k_scale, p.v_scale, p.eps, p.stop, p.kv_shift);               \
   }
-#define PS_DECODE_FUSED(G, KT, NAME) PS_DECODE_FUSED_F(G, KT, NAME, 4, decode_fused)
 PS_DECODE_FUSED(1, __nv_bfloat16, bf16)
 PS_DECODE_FUSED(2, __nv_bfloat16, bf16)
 PS_DECODE_FUSED(4, __nv_bfloat16, bf16)
@@ -382,9 +378,3 @@ PS_DECODE_FUSED(1, fp8, fp8)
 PS_DECODE_FUSED(2, fp8, fp8)
 PS_DECODE_FUSED(4, fp8, fp8)
 PS_DECODE_FUSED(8, fp8, fp8)
-// Eight tokens a half-warp in flight (LaunchOptions::fused_fetch8), bf16 caches, groups 1-4;
-// group 8 keeps four (eight would take its 241 registers a thread past 255).
-PS_DECODE_FUSED_F(1, __nv_bfloat16, bf16, 8, decode_fused_f8)
-PS_DECODE_FUSED_F(2, __nv_bfloat16, bf16, 8, decode_fused_f8)
-PS_DECODE_FUSED_F(4, __nv_bfloat16, bf16, 8, decode_fused_f8)
-PS_DECODE_FUSED_F(8, __nv_bfloat16, bf16, 4, decode_fused_f8)

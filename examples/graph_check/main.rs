@@ -308,7 +308,6 @@ fn main() -> Res<()> {
             l2_prefetch: kopts.l2_prefetch,
             warp_norm: kopts.warp_norm,
             gqa8_split: kopts.gqa8_split,
-            fused_fetch8: kopts.fused_fetch8,
             blas_row_class: kopts.blas_row_class,
             ..Default::default()
         };

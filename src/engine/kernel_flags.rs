@@ -57,10 +57,6 @@ pub struct KernelFlags {
     /// GQA group 8 decode attention unfused (turns `KernelOptions::gqa8_split` off).
     #[arg(long)]
     pub no_gqa8_split: bool,
-    /// Decode steps of at most ROWS rows run the fused attention with 8 tokens a half-warp in
-    /// flight (`KernelOptions::fused_fetch8`).
-    #[arg(long, value_name = "ROWS")]
-    pub fused_fetch8: Option<usize>,
     /// cuBLAS's own algorithm for each row count (turns `KernelOptions::blas_row_class` off).
     #[arg(long)]
     pub no_blas_row_class: bool,
@@ -169,7 +165,6 @@ impl KernelFlags {
             fused_decode: !self.no_fused_decode,
             clusters: !self.no_clusters,
             gqa8_split: !self.no_gqa8_split,
-            fused_fetch8: self.fused_fetch8,
             blas_row_class: !self.no_blas_row_class,
             flash_prefill: !self.no_flash_prefill,
             wgmma_prefill: !self.no_wgmma_prefill,

@@ -74,11 +74,6 @@ pub struct KernelOptions {
     /// GQA group 8 (Qwen3-30B-A3B) decode steps of 1-2 rows through the fused attention as two
     /// group-4 halves a KV head (`kv_shift`; off: unfused). On: batch 1 +2.5% on the H200 (#29).
     pub gqa8_split: bool,
-    /// Decode steps of at most this many rows (bf16 caches) run the fused decode attention
-    /// with 8 tokens a half-warp in flight instead of 4: a partition of up to 64 tokens loads
-    /// in one round, all of it before the wait on the qkv matmul (the same tokens in the same
-    /// order: the same bits). None (default): never; not yet measured (#21).
-    pub fused_fetch8: Option<usize>,
     /// The flash prefill attention (`kernels/flash_prefill.cu`: mma.sync tensor cores,
     /// cp.async double buffering, online softmax; bf16). Off: the two-pass WMMA kernel.
     pub flash_prefill: bool,
@@ -190,7 +185,6 @@ impl Default for KernelOptions {
             fused_decode: true,
             clusters: true,
             gqa8_split: true,
-            fused_fetch8: None,
             blas_row_class: true,
             flash_prefill: true,
             wgmma_prefill: true,

@@ -359,11 +359,10 @@ impl CudaKernels {
                 format!("nh {nh} nkv {nkv} hd {hd} rows {b}"),
             ));
         }
-        // Eight tokens a half-warp in flight for small bf16 steps (`decode_fused_f8`).
-        let loaded = match &self.decode_fused_f8 {
-            _ if kv.is_fp8() => self.fp8_kernels("decode_fused")?.decode_fused.as_ref(),
-            Some((rows, fs)) if b <= *rows => Some(fs),
-            _ => self.decode_fused.as_ref(),
+        let loaded = if kv.is_fp8() {
+            &self.fp8_kernels("decode_fused")?.decode_fused
+        } else {
+            &self.decode_fused
         };
         let Some(funcs) = loaded else {
             return Err(kernel_err("decode_fused", "not loaded"));

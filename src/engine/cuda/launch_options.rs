@@ -45,9 +45,6 @@ pub struct LaunchOptions {
     /// GQA group 8 through the fused decode attention as two group-4 halves a KV head (which
     /// merge in clusters); off: group 8 unfused.
     pub gqa8_split: bool,
-    /// Decode steps of at most this many rows run the fused attention with 8 tokens a
-    /// half-warp in flight instead of 4 (`decode_fused_f8_*`; the same bits); None: never.
-    pub fused_fetch8: Option<usize>,
     /// cuBLAS matmuls of up to 1,024 rows on the cuBLASLt algorithm of their row class.
     pub blas_row_class: bool,
     /// The flash prefill attention (bf16).
@@ -123,7 +120,6 @@ impl Default for LaunchOptions {
             fused_decode: true,
             clusters: true,
             gqa8_split: true,
-            fused_fetch8: None,
             blas_row_class: true,
             flash_prefill: true,
             wgmma_prefill: true,

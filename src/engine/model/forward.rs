@@ -69,7 +69,6 @@ pub fn kernels_for(
         fused_decode: opts.fused_decode,
         clusters: opts.clusters,
         gqa8_split: opts.gqa8_split,
-        fused_fetch8: opts.fused_fetch8,
         blas_row_class: opts.blas_row_class,
         flash_prefill: opts.flash_prefill,
         wgmma_prefill: opts.wgmma_prefill,
