@@ -57,10 +57,9 @@ pub struct KernelFlags {
     /// GQA group 8 decode attention unfused (turns `KernelOptions::gqa8_split` off).
     #[arg(long)]
     pub no_gqa8_split: bool,
-    /// Graph buckets of 1-2 rows cut decode attention in 128 / rows partitions
-    /// (`KernelOptions::graph_splits_wide`).
-    #[arg(long)]
-    pub graph_splits_wide: bool,
+    /// Decode attention partitions of the 1-row graph bucket (`KernelOptions::graph_splits_one`).
+    #[arg(long, value_name = "N")]
+    pub graph_splits_one: Option<usize>,
     /// cuBLAS's own algorithm for each row count (turns `KernelOptions::blas_row_class` off).
     #[arg(long)]
     pub no_blas_row_class: bool,
@@ -169,7 +168,7 @@ impl KernelFlags {
             fused_decode: !self.no_fused_decode,
             clusters: !self.no_clusters,
             gqa8_split: !self.no_gqa8_split,
-            graph_splits_wide: self.graph_splits_wide,
+            graph_splits_one: self.graph_splits_one,
             blas_row_class: !self.no_blas_row_class,
             flash_prefill: !self.no_flash_prefill,
             wgmma_prefill: !self.no_wgmma_prefill,

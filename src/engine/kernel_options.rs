@@ -74,11 +74,12 @@ pub struct KernelOptions {
     /// GQA group 8 (Qwen3-30B-A3B) decode steps of 1-2 rows through the fused attention as two
     /// group-4 halves a KV head (`kv_shift`; off: unfused). On: batch 1 +2.5% on the H200 (#29).
     pub gqa8_split: bool,
-    /// CUDA-graph buckets of 1-2 rows cut the decode attention in 128 / rows partitions
-    /// instead of 32 (partitions past a context exit at once; contexts of up to 2,048 tokens
-    /// stay in one cluster of 16): at 32k tokens of context a 1-row step then has 1,024
-    /// blocks reading K/V instead of 256. Off by default: not yet measured (#21).
-    pub graph_splits_wide: bool,
+    /// The decode attention partitions of the 1-row CUDA-graph bucket (a multiple of 16;
+    /// partitions past a context exit at once, and contexts of up to 2,048 tokens stay in one
+    /// cluster of 16). None: 32, as the buckets of 2-4 rows. At 32k tokens of context 32
+    /// partitions leave 256 blocks of an 8-KV-head model reading K/V, too few to keep the
+    /// memory busy (#21).
+    pub graph_splits_one: Option<usize>,
     /// The flash prefill attention (`kernels/flash_prefill.cu`: mma.sync tensor cores,
     /// cp.async double buffering, online softmax; bf16). Off: the two-pass WMMA kernel.
     pub flash_prefill: bool,
@@ -190,7 +191,7 @@ impl Default for KernelOptions {
             fused_decode: true,
             clusters: true,
             gqa8_split: true,
-            graph_splits_wide: false,
+            graph_splits_one: None,
             blas_row_class: true,
             flash_prefill: true,
             wgmma_prefill: true,

@@ -136,9 +136,8 @@ pub struct CudaKernels {
     pub(super) clusters: bool,
     /// GQA group 8 fused as two group-4 halves a KV head (`LaunchOptions::gqa8_split`).
     pub(super) gqa8_split: bool,
-    /// Graph buckets of 1-2 rows cut decode attention in 128 / rows partitions
-    /// (`LaunchOptions::graph_splits_wide`).
-    pub(crate) graph_splits_wide: bool,
+    /// Decode attention partitions of the 1-row graph bucket (`LaunchOptions::graph_splits_one`).
+    pub(crate) graph_splits_one: Option<usize>,
     /// cuBLAS matmuls on their row class's algorithm (`LaunchOptions::blas_row_class`).
     pub(super) blas_row_class: bool,
     /// Pinned host buffers for token ids read back without waiting for the stream.
@@ -407,7 +406,7 @@ impl CudaKernels {
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,
             gqa8_split: opts.gqa8_split,
-            graph_splits_wide: opts.graph_splits_wide,
+            graph_splits_one: opts.graph_splits_one,
             blas_row_class: opts.blas_row_class,
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),
             fp8,

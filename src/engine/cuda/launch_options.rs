@@ -45,8 +45,8 @@ pub struct LaunchOptions {
     /// GQA group 8 through the fused decode attention as two group-4 halves a KV head (which
     /// merge in clusters); off: group 8 unfused.
     pub gqa8_split: bool,
-    /// Graph buckets of 1-2 rows cut the decode attention in 128 / rows partitions.
-    pub graph_splits_wide: bool,
+    /// The decode attention partitions of the 1-row graph bucket (None: 32).
+    pub graph_splits_one: Option<usize>,
     /// cuBLAS matmuls of up to 1,024 rows on the cuBLASLt algorithm of their row class.
     pub blas_row_class: bool,
     /// The flash prefill attention (bf16).
@@ -122,7 +122,7 @@ impl Default for LaunchOptions {
             fused_decode: true,
             clusters: true,
             gqa8_split: true,
-            graph_splits_wide: false,
+            graph_splits_one: None,
             blas_row_class: true,
             flash_prefill: true,
             wgmma_prefill: true,

@@ -69,7 +69,7 @@ pub fn kernels_for(
         fused_decode: opts.fused_decode,
         clusters: opts.clusters,
         gqa8_split: opts.gqa8_split,
-        graph_splits_wide: opts.graph_splits_wide,
+        graph_splits_one: opts.graph_splits_one,
         blas_row_class: opts.blas_row_class,
         flash_prefill: opts.flash_prefill,
         wgmma_prefill: opts.wgmma_prefill,

@@ -31,14 +31,13 @@ pub fn graph_buckets(max_running: usize, max_graph_batch: usize) -> Vec<usize> {
 /// past its least length (`CudaKernels::decode_partition`) when the context needs it.
 /// Partitions past a context exit at once, but in a large batch they are many: large buckets
 /// take few (their batch alone fills the GPU); each bucket covers 1,024 tokens at its least
-/// partition length. `wide` (`KernelOptions::graph_splits_wide`): buckets of 1-2 rows take
-/// 128 / rows, so a long context keeps ~1,024 blocks of an 8-KV-head model reading K/V.
-pub fn graph_splits(b: usize, wide: bool) -> usize {
-    match b {
-        1 | 2 if wide => 128 / b,
-        0..=4 => 32,
-        5..=16 => 16,
-        17..=64 => 8,
+/// partition length. `one` (`KernelOptions::graph_splits_one`): the 1-row bucket's own count.
+pub fn graph_splits(b: usize, one: Option<usize>) -> usize {
+    match (b, one) {
+        (1, Some(s)) => s.max(1),
+        (0..=4, _) => 32,
+        (5..=16, _) => 16,
+        (17..=64, _) => 8,
         _ => 4,
     }
 }
