@@ -57,7 +57,8 @@ pub struct KernelFlags {
     /// GQA group 8 decode attention unfused (turns `KernelOptions::gqa8_split` off).
     #[arg(long)]
     pub no_gqa8_split: bool,
-    /// Decode attention partitions of the 1-row graph bucket (`KernelOptions::graph_splits_one`).
+    /// Decode attention partitions of the 1-row graph bucket (`KernelOptions::graph_splits_one`;
+    /// default 64, 32 as before).
     #[arg(long, value_name = "N")]
     pub graph_splits_one: Option<usize>,
     /// cuBLAS's own algorithm for each row count (turns `KernelOptions::blas_row_class` off).
@@ -168,7 +169,10 @@ impl KernelFlags {
             fused_decode: !self.no_fused_decode,
             clusters: !self.no_clusters,
             gqa8_split: !self.no_gqa8_split,
-            graph_splits_one: self.graph_splits_one,
+            graph_splits_one: Some(
+                self.graph_splits_one
+                    .unwrap_or(super::options::GRAPH_SPLITS_ONE),
+            ),
             blas_row_class: !self.no_blas_row_class,
             flash_prefill: !self.no_flash_prefill,
             wgmma_prefill: !self.no_wgmma_prefill,

@@ -15,6 +15,11 @@ pub const LORA_WIDE_MIN_ROWS: usize = 3;
 /// +2.3%, 1.7B (2,048) batch 1 -2.2% (BENCHMARKS.md, #21).
 pub const NORM_DEFERRED_MAX_K: usize = 1024;
 
+/// The default of `KernelOptions::graph_splits_one`: on the H200, batch 1 at 8k / 32k tokens of
+/// context 0.6B +23% / +51%, 1.7B +21% / +47% against 32; at 512 within 0.4% (BENCHMARKS.md,
+/// #21).
+pub const GRAPH_SPLITS_ONE: usize = 64;
+
 /// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
 pub const GEMV_STREAM_BLOCKS: u8 = 2;
@@ -76,9 +81,9 @@ pub struct KernelOptions {
     pub gqa8_split: bool,
     /// The decode attention partitions of the 1-row CUDA-graph bucket (a multiple of 16;
     /// partitions past a context exit at once, and contexts of up to 2,048 tokens stay in one
-    /// cluster of 16). None: 32, as the buckets of 2-4 rows. At 32k tokens of context 32
-    /// partitions leave 256 blocks of an 8-KV-head model reading K/V, too few to keep the
-    /// memory busy (#21).
+    /// cluster of 16). None: 32, as the buckets of 2-4 rows, whose 256 blocks (8 KV heads)
+    /// are too few to keep the memory busy over a long context. Default
+    /// `Some(GRAPH_SPLITS_ONE)` (64: 512 blocks, about one wave; 128 measured slower at 8k-32k).
     pub graph_splits_one: Option<usize>,
     /// The flash prefill attention (`kernels/flash_prefill.cu`: mma.sync tensor cores,
     /// cp.async double buffering, online softmax; bf16). Off: the two-pass WMMA kernel.
@@ -191,7 +196,7 @@ impl Default for KernelOptions {
             fused_decode: true,
             clusters: true,
             gqa8_split: true,
-            graph_splits_one: None,
+            graph_splits_one: Some(GRAPH_SPLITS_ONE),
             blas_row_class: true,
             flash_prefill: true,
             wgmma_prefill: true,

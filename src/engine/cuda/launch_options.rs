@@ -122,7 +122,7 @@ impl Default for LaunchOptions {
             fused_decode: true,
             clusters: true,
             gqa8_split: true,
-            graph_splits_one: None,
+            graph_splits_one: Some(crate::engine::options::GRAPH_SPLITS_ONE),
             blas_row_class: true,
             flash_prefill: true,
             wgmma_prefill: true,
