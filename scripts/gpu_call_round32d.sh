@@ -2,7 +2,8 @@
 # On the GPU machine, call 4 of round 32 (#21): graph buckets of 1-2 rows with 128 / rows
 # decode-attention partitions (--graph-splits-wide, off by default) against the 32 of the
 # default, at the prompt lengths of the decode rows (512: the cost of the idle partitions) and
-# of agents (8k, 32k: the gain), 0.6B and 1.7B; then graph_check with it on.
+# of agents (8k, 32k: the gain), 0.6B and 1.7B; then graph_check with it on. (The flag of commit
+# 4fa37e5; 8057cef replaced it with --graph-splits-one N, for the 1-row bucket only.)
 set -u
 source scripts/gpu_lib.sh
 model 0.6b; model 1.7b
