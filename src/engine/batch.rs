@@ -33,6 +33,24 @@ pub fn row_class(t: usize) -> usize {
     }
 }
 
+/// Partitions of decode attention in a bucket's graph: a fixed grid, each partition growing
+/// past its least length (`CudaKernels::decode_partition`) when the context needs it.
+/// Partitions past a context exit at once, but in a large batch they are many: large buckets
+/// take few (their batch alone fills the GPU); each bucket covers 1,024 tokens at its least
+/// partition length. `one` (`KernelOptions::graph_splits_one`): the 1-row bucket's own count.
+/// Its row ranges hold whole buckets (`runner::buckets::graph_buckets`), so a step of `b`
+/// rows and the bucket replaying it get the same count (eager steps take it with
+/// `KernelOptions::eager_graph_splits`).
+pub fn graph_splits(b: usize, one: Option<usize>) -> usize {
+    match (b, one) {
+        (1, Some(s)) => s.max(1),
+        (0..=4, _) => 32,
+        (5..=16, _) => 16,
+        (17..=64, _) => 8,
+        _ => 4,
+    }
+}
+
 /// One sequence of a varlen batch.
 #[derive(Debug, Clone)]
 pub struct SeqInput<'a> {

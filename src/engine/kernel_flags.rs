@@ -61,6 +61,10 @@ pub struct KernelFlags {
     /// default 64, 32 as before).
     #[arg(long, value_name = "N")]
     pub graph_splits_one: Option<usize>,
+    /// Eager decode steps cut the attention in at most their graph bucket's partitions
+    /// (`KernelOptions::eager_graph_splits`).
+    #[arg(long)]
+    pub eager_graph_splits: bool,
     /// cuBLAS's own algorithm for each row count (turns `KernelOptions::blas_row_class` off).
     #[arg(long)]
     pub no_blas_row_class: bool,
@@ -169,6 +173,7 @@ impl KernelFlags {
             fused_decode: !self.no_fused_decode,
             clusters: !self.no_clusters,
             gqa8_split: !self.no_gqa8_split,
+            eager_graph_splits: self.eager_graph_splits,
             graph_splits_one: Some(
                 self.graph_splits_one
                     .unwrap_or(super::options::GRAPH_SPLITS_ONE),

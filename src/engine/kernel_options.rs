@@ -85,6 +85,12 @@ pub struct KernelOptions {
     /// are too few to keep the memory busy over a long context. Default
     /// `Some(GRAPH_SPLITS_ONE)` (64: 512 blocks, about one wave; 128 measured slower at 8k-32k).
     pub graph_splits_one: Option<usize>,
+    /// Eager decode and verify steps (and a mixed step's decode rows) cut the attention in
+    /// at most the partitions their graph bucket takes (`batch::graph_splits`), so an eager
+    /// step and a graph replay cut a long context alike (the same bits); off: partitions of
+    /// 32-128 tokens (0.6B batch 1 at 32k tokens of context: 209 tok/s eager against 368 on the
+    /// graph, H200). Off by default: not yet measured (#21).
+    pub eager_graph_splits: bool,
     /// The flash prefill attention (`kernels/flash_prefill.cu`: mma.sync tensor cores,
     /// cp.async double buffering, online softmax; bf16). Off: the two-pass WMMA kernel.
     pub flash_prefill: bool,
@@ -197,6 +203,7 @@ impl Default for KernelOptions {
             clusters: true,
             gqa8_split: true,
             graph_splits_one: Some(GRAPH_SPLITS_ONE),
+            eager_graph_splits: false,
             blas_row_class: true,
             flash_prefill: true,
             wgmma_prefill: true,

@@ -138,6 +138,9 @@ pub struct CudaKernels {
     pub(super) gqa8_split: bool,
     /// Decode attention partitions of the 1-row graph bucket (`LaunchOptions::graph_splits_one`).
     pub(crate) graph_splits_one: Option<usize>,
+    /// Eager decode steps take their graph bucket's partitions at most
+    /// (`LaunchOptions::eager_graph_splits`).
+    pub(crate) eager_graph_splits: bool,
     /// cuBLAS matmuls on their row class's algorithm (`LaunchOptions::blas_row_class`).
     pub(super) blas_row_class: bool,
     /// Pinned host buffers for token ids read back without waiting for the stream.
@@ -407,6 +410,7 @@ impl CudaKernels {
             clusters: hopper && opts.clusters,
             gqa8_split: opts.gqa8_split,
             graph_splits_one: opts.graph_splits_one,
+            eager_graph_splits: opts.eager_graph_splits,
             blas_row_class: opts.blas_row_class,
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),
             fp8,

@@ -47,6 +47,8 @@ pub struct LaunchOptions {
     pub gqa8_split: bool,
     /// The decode attention partitions of the 1-row graph bucket (None: 32).
     pub graph_splits_one: Option<usize>,
+    /// Eager decode steps cut the attention in at most their graph bucket's partitions.
+    pub eager_graph_splits: bool,
     /// cuBLAS matmuls of up to 1,024 rows on the cuBLASLt algorithm of their row class.
     pub blas_row_class: bool,
     /// The flash prefill attention (bf16).
@@ -123,6 +125,7 @@ impl Default for LaunchOptions {
             clusters: true,
             gqa8_split: true,
             graph_splits_one: Some(crate::engine::options::GRAPH_SPLITS_ONE),
+            eager_graph_splits: false,
             blas_row_class: true,
             flash_prefill: true,
             wgmma_prefill: true,

@@ -70,6 +70,7 @@ pub fn kernels_for(
         clusters: opts.clusters,
         gqa8_split: opts.gqa8_split,
         graph_splits_one: opts.graph_splits_one,
+        eager_graph_splits: opts.eager_graph_splits,
         blas_row_class: opts.blas_row_class,
         flash_prefill: opts.flash_prefill,
         wgmma_prefill: opts.wgmma_prefill,

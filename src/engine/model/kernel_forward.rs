@@ -153,7 +153,11 @@ impl KernelForward<'_> {
             )
         };
         let part = CudaKernels::decode_partition(nd);
-        let splits = k.cluster_splits(nd, CudaKernels::decode_splits(width, bs, part));
+        let mut splits = CudaKernels::decode_splits(width, bs, part);
+        if k.eager_graph_splits {
+            splits = splits.min(crate::engine::batch::graph_splits(nd, k.graph_splits_one));
+        }
+        let splits = k.cluster_splits(nd, splits);
         let inputs = StepInputs {
             pos: packed.narrow(0, t, t)?,
             slots: packed.narrow(0, 2 * t, t)?,

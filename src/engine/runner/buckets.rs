@@ -2,7 +2,7 @@
 //! one graph per bucket; a step of `n` sequences runs on the smallest bucket that holds it,
 //! padded). Plain arithmetic, so it is tested without a GPU.
 
-pub use crate::engine::batch::{DOUBLING_UP_TO, LARGE_BUCKET_STEP, row_class};
+pub use crate::engine::batch::{DOUBLING_UP_TO, LARGE_BUCKET_STEP, graph_splits, row_class};
 
 /// The buckets an engine of `max_running` sequences can reach, none above `max_graph_batch`:
 /// 1-8 exact (agents step few episodes at once, where padding would cost the most), powers
@@ -25,21 +25,6 @@ pub fn graph_buckets(max_running: usize, max_graph_batch: usize) -> Vec<usize> {
         };
     }
     out
-}
-
-/// Partitions of decode attention in a bucket's graph: a fixed grid, each partition growing
-/// past its least length (`CudaKernels::decode_partition`) when the context needs it.
-/// Partitions past a context exit at once, but in a large batch they are many: large buckets
-/// take few (their batch alone fills the GPU); each bucket covers 1,024 tokens at its least
-/// partition length. `one` (`KernelOptions::graph_splits_one`): the 1-row bucket's own count.
-pub fn graph_splits(b: usize, one: Option<usize>) -> usize {
-    match (b, one) {
-        (1, Some(s)) => s.max(1),
-        (0..=4, _) => 32,
-        (5..=16, _) => 16,
-        (17..=64, _) => 8,
-        _ => 4,
-    }
 }
 
 /// The index in `buckets` of the bucket a decode step of `n` sequences replays on, if any.
@@ -70,6 +55,31 @@ mod tests {
         );
         assert_eq!(graph_buckets(300, 1024)[12..], [256, 384]);
         assert_eq!(graph_buckets(1024, 600).last(), Some(&512));
+    }
+
+    #[test]
+    fn a_step_and_its_bucket_cut_decode_attention_alike() {
+        // With `KernelOptions::eager_graph_splits` an eager decode step of t rows takes
+        // `graph_splits(t)` partitions, its graph bucket `graph_splits(bucket)`: equal, so both
+        // cut a long context alike (the same bits). Fails if a range bound of `graph_splits`
+        // falls inside a bucket (e.g. 5..=12); the asserts after the loop pin the 1-row
+        // bucket's own count (given to 1-2 rows, the loop alone would pass).
+        let mut v = graph_buckets(2048, 2048);
+        v.extend((1..=8).map(|n| 5 * n));
+        v.sort_unstable();
+        v.dedup();
+        for one in [None, Some(64), Some(128)] {
+            for t in 1..=2048 {
+                let at = v[bucket_for(&v, t).expect("a bucket")];
+                assert_eq!(
+                    graph_splits(t, one),
+                    graph_splits(at, one),
+                    "{t} rows, bucket {at}"
+                );
+            }
+        }
+        assert_eq!(graph_splits(1, Some(64)), 64);
+        assert_eq!(graph_splits(2, Some(64)), 32);
     }
 
     #[test]
