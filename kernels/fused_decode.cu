@@ -32,7 +32,12 @@ namespace {
 // qkv rows hold q heads, k heads, v heads; a padding row (context 0) writes zeros. `stop`
 // (profiling only; 0 in the engine, and no clusters) ends every block after phase 1-4
 // (phase 4: the block's partial formed), so `graph_check --profile` can time the phases.
-constexpr int FETCH = 4;          // tokens per half-warp whose K/V loads are in flight together
+// FETCH (a template parameter, 4 or 8): tokens per half-warp whose K/V loads are in flight
+// together. 8 (LaunchOptions::fused_fetch8, small batches): a partition of up to 64 tokens is
+// loaded in one round, all of it before the wait; the same tokens in the same order, so the
+// same bits as 4. PIPE (LaunchOptions::fused_pipelined): two rounds of FETCH in two register
+// sets, the next round's loads in flight while this one is attended to (both issued before
+// the wait); the same tokens in the same order again.
 constexpr int CLUSTER_PART = 128;  // longest partition of a context one cluster covers
 constexpr int MERGE_STAGE = 32;    // partials a global merge stages in shared memory
 
@@ -138,7 +143,7 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
 
 // KT: the caches' element type (bf16, or fp8 with the scales ks / vs: K's folded into q, the
 // new token's K/V kept in shared memory as stored, so both paths read the same values).
-template <int G, typename KT>
+template <int G, typename KT, int FETCH, bool PIPE = false>
 __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              const __nv_bfloat16* __restrict__ q_w,
                              const __nv_bfloat16* __restrict__ k_w,
@@ -177,21 +182,25 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   const uint32_t* table = block_tables + (size_t)b * W;
   const size_t head_base = (size_t)rk * num_slots;
 
-  // 1: this half-warp's tokens base + grp + GROUPS * u, their K/V rows (not the new token's).
+  // 1: this half-warp's tokens base + grp + GROUPS * u, their K/V rows (not the new token's);
+  // with PIPE the round after it too, into the second set.
+  constexpr int STEP = GROUPS * FETCH;  // tokens of a round
   Raw kr[FETCH], vr[FETCH];
-  auto fetch = [&](int base) {
+  Raw kr2[PIPE ? FETCH : 1], vr2[PIPE ? FETCH : 1];
+  auto fetch_into = [&](int base, auto& kd, auto& vd) {
 #pragma unroll
     for (int u = 0; u < FETCH; ++u) {
       const int p = base + grp + GROUPS * u;
       if (p < end && p != newp) {
         const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
         const size_t off = (head_base + slot) * HD + lane * PER;
-        kr[u] = *reinterpret_cast<const Raw*>(k_cache + off);
-        vr[u] = *reinterpret_cast<const Raw*>(v_cache + off);
+        kd[u] = *reinterpret_cast<const Raw*>(k_cache + off);
+        vd[u] = *reinterpret_cast<const Raw*>(v_cache + off);
       }
     }
   };
-  fetch(start);
+  fetch_into(start, kr, vr);
+  if constexpr (PIPE) fetch_into(start + STEP, kr2, vr2);
   pdl_wait();
   if (stop == 1) return;
   if (ctx == 0) {  // the same for the whole row b
@@ -254,8 +263,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   }
   float m[G], l[G], acc[G][PER];
   empty_groups<G>(m, l, acc);
-  for (int base = start; base < end; base += GROUPS * FETCH) {
-    if (base != start) fetch(base);
+  // The round of tokens base + grp + GROUPS * u, u < FETCH, from the set (kd, vd).
+  auto attend = [&](int base, const auto& kd, const auto& vd) {
 #pragma unroll
     for (int u = 0; u < FETCH; ++u) {
       const int p = base + grp + GROUPS * u;
@@ -267,14 +276,30 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       } else if (p == newp) {
         load8(&knew[lane * PER], 1.f, kv);
       } else {
-        raw8_to_f32(kr[u], 1.f, kv);
+        raw8_to_f32(kd[u], 1.f, kv);
       }
       float sc[G];
       head_scores<G>(qv, kv, sc);
       if (!valid) continue;
       if (p == newp) load8(&vnew[lane * PER], vs, kv);
-      else raw8_to_f32(vr[u], vs, kv);
+      else raw8_to_f32(vd[u], vs, kv);
       softmax_step<G>(sc, kv, m, l, acc);
+    }
+  };
+  if constexpr (PIPE) {
+    // Rounds alternate between the two sets; each set is refilled two rounds ahead as soon
+    // as it has been attended to.
+    for (int base = start; base < end; base += 2 * STEP) {
+      attend(base, kr, vr);
+      if (base + 2 * STEP < end) fetch_into(base + 2 * STEP, kr, vr);
+      if (base + STEP >= end) break;
+      attend(base + STEP, kr2, vr2);
+      if (base + 3 * STEP < end) fetch_into(base + 3 * STEP, kr2, vr2);
+    }
+  } else {
+    for (int base = start; base < end; base += STEP) {
+      if (base != start) fetch_into(base, kr, vr);
+      attend(base, kr, vr);
     }
   }
   if (stop == 3) {
@@ -362,14 +387,15 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 
 }  // namespace
 
-#define PS_DECODE_FUSED(G, KT, NAME)                                                             \
+#define PS_DECODE_FUSED_F(G, KT, NAME, F, PRE, ...)                                                  \
   extern "C" __global__ void __launch_bounds__(THREADS)                                         \
-      decode_fused_g##G##_##NAME(const FusedDecodeParams p) {                                   \
-    decode_fused<G, KT>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,          \
-                        (KT*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc,            \
+      PRE##_g##G##_##NAME(const FusedDecodeParams p) {                                          \
+    decode_fused<G, KT, F __VA_ARGS__>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,     \
+                        (KT*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc,          \
                         p.part_ml, p.counters, p.W, p.width, p.block_size, p.num_slots, p.nkv,  \
                         p.part, p.k_scale, p.v_scale, p.eps, p.stop, p.kv_shift);               \
   }
+#define PS_DECODE_FUSED(G, KT, NAME) PS_DECODE_FUSED_F(G, KT, NAME, 4, decode_fused)
 PS_DECODE_FUSED(1, __nv_bfloat16, bf16)
 PS_DECODE_FUSED(2, __nv_bfloat16, bf16)
 PS_DECODE_FUSED(4, __nv_bfloat16, bf16)
@@ -378,3 +404,15 @@ PS_DECODE_FUSED(1, fp8, fp8)
 PS_DECODE_FUSED(2, fp8, fp8)
 PS_DECODE_FUSED(4, fp8, fp8)
 PS_DECODE_FUSED(8, fp8, fp8)
+// Eight tokens a half-warp in flight (LaunchOptions::fused_fetch8), bf16 caches, groups 1-4;
+// group 8 keeps four (eight would take its 241 registers a thread past 255).
+PS_DECODE_FUSED_F(1, __nv_bfloat16, bf16, 8, decode_fused_f8)
+PS_DECODE_FUSED_F(2, __nv_bfloat16, bf16, 8, decode_fused_f8)
+PS_DECODE_FUSED_F(4, __nv_bfloat16, bf16, 8, decode_fused_f8)
+PS_DECODE_FUSED_F(8, __nv_bfloat16, bf16, 4, decode_fused_f8)
+// Two rounds of four in flight, pipelined (LaunchOptions::fused_pipelined), bf16 caches,
+// groups 1-4; group 8 keeps one round of four.
+PS_DECODE_FUSED_F(1, __nv_bfloat16, bf16, 4, decode_fused_p2, , true)
+PS_DECODE_FUSED_F(2, __nv_bfloat16, bf16, 4, decode_fused_p2, , true)
+PS_DECODE_FUSED_F(4, __nv_bfloat16, bf16, 4, decode_fused_p2, , true)
+PS_DECODE_FUSED_F(8, __nv_bfloat16, bf16, 4, decode_fused_p2)

@@ -308,6 +308,8 @@ fn main() -> Res<()> {
             l2_prefetch: kopts.l2_prefetch,
             warp_norm: kopts.warp_norm,
             gqa8_split: kopts.gqa8_split,
+            fused_fetch8: kopts.fused_fetch8,
+            fused_pipelined: kopts.fused_pipelined,
             blas_row_class: kopts.blas_row_class,
             ..Default::default()
         };

@@ -175,6 +175,21 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         ..cores()
     };
     let k8 = CudaKernels::new(dev, DType::BF16, &whole)?.ok_or("no kernels")?;
+    // Eight tokens a half-warp in flight (`fused_fetch8`, here at every batch): the same
+    // tokens in the same order, so the same checks hold (a round that dropped or repeated
+    // tokens past the first 64 of a partition fails the long contexts).
+    let fetch8 = LaunchOptions {
+        fused_fetch8: Some(usize::MAX),
+        ..cores()
+    };
+    let kf8 = CudaKernels::new(dev, DType::BF16, &fetch8)?.ok_or("no kernels")?;
+    // Two rounds pipelined (`fused_pipelined`): the same tokens in the same order too (a
+    // round attended from the wrong register set, or refilled before it was used, fails).
+    let pipelined = LaunchOptions {
+        fused_pipelined: Some(usize::MAX),
+        ..cores()
+    };
+    let kp2 = CudaKernels::new(dev, DType::BF16, &pipelined)?.ok_or("no kernels")?;
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),
@@ -201,7 +216,9 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let runs = cases
         .iter()
         .map(|c| (&k, c, ""))
-        .chain(g8.map(|c| (&k8, c, " whole")));
+        .chain(g8.map(|c| (&k8, c, " whole")))
+        .chain(cases.iter().map(|c| (&kf8, c, " fetch8")))
+        .chain(cases.iter().map(|c| (&kp2, c, " pipelined")));
     for (k, &(rows, heads, splits), how) in runs {
         let (out, cache, left, exact) = case(k, dev, rows, heads, splits, None)?;
         let name = format!(

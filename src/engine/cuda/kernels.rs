@@ -108,6 +108,12 @@ pub struct CudaKernels {
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge), bf16, GQA
     /// groups 1, 2, 4, 8; None for f32 or without `LaunchOptions::fused_decode`.
     pub(super) decode_fused: Option<[CudaFunction; 4]>,
+    /// The same with 8 tokens a half-warp in flight (group 8 keeps 4), and the most rows a
+    /// step takes them for (`LaunchOptions::fused_fetch8`).
+    pub(super) decode_fused_f8: Option<(usize, [CudaFunction; 4])>,
+    /// The same with two rounds of four tokens in flight, pipelined (group 8 keeps one), and
+    /// the most rows a step takes them for (`LaunchOptions::fused_pipelined`).
+    pub(super) decode_fused_p2: Option<(usize, [CudaFunction; 4])>,
     pub(super) prefill: [CudaFunction; 3],
     /// The tensor-core prefill kernels (bf16 only), for GQA groups 1, 2, 4, 8.
     pub(super) prefill_tc: Option<[CudaFunction; 4]>,
@@ -376,6 +382,22 @@ impl CudaKernels {
                 Some(fs)
             } else {
                 None
+            },
+            decode_fused_f8: match opts.fused_fetch8 {
+                Some(rows) if dtype == DType::BF16 && opts.fused_decode => {
+                    let fs = groups(&fused_mod, "decode_fused_f8", "bf16")?;
+                    cluster_attr(&fs)?;
+                    Some((rows, fs))
+                }
+                _ => None,
+            },
+            decode_fused_p2: match opts.fused_pipelined {
+                Some(rows) if dtype == DType::BF16 && opts.fused_decode => {
+                    let fs = groups(&fused_mod, "decode_fused_p2", "bf16")?;
+                    cluster_attr(&fs)?;
+                    Some((rows, fs))
+                }
+                _ => None,
             },
             gemv: if dtype == DType::BF16 && opts.gemv {
                 let which = (

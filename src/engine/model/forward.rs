@@ -69,6 +69,8 @@ pub fn kernels_for(
         fused_decode: opts.fused_decode,
         clusters: opts.clusters,
         gqa8_split: opts.gqa8_split,
+        fused_fetch8: opts.fused_fetch8,
+        fused_pipelined: opts.fused_pipelined,
         graph_splits_one: opts.graph_splits_one,
         eager_graph_splits: opts.eager_graph_splits,
         blas_row_class: opts.blas_row_class,
