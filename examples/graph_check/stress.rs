@@ -226,16 +226,21 @@ pub(super) fn stress_check(a: &Args, fails: &mut u32) -> Res<()> {
     let st = e.stats();
     let last = mems[mems.len() - 1];
     let used_growth = last.pool_used - mem0.pool_used;
+    // A leak raises the pool's used bytes quarter after quarter; the working set of what is in
+    // flight when a quarter ends moves them down as well as up (H200: 9,620-9,636 MiB over one
+    // run). So: growth above 1 MiB that rose at every quarter, or above 32 MiB at all.
+    let rising = mems.windows(2).all(|w| w[1].pool_used >= w[0].pool_used);
+    let leak = (rising && used_growth > 1.0) || used_growth > 32.0;
     let outside = (mem0.free - last.free) - (last.pool_reserved - mem0.pool_reserved);
     let ok = complete == submitted
         && before == after
-        && used_growth <= 1.0
+        && !leak
         && outside <= 4.0
         && steps >= a.stress_steps;
     *fails += u32::from(!ok);
     let trail: Vec<String> = mems.iter().map(|m| m.to_string()).collect();
     println!(
-        "stress: warm-up {w_steps} steps, then {steps} steps in {:.1}s, {complete}/{submitted} requests complete, {} preemptions; probe tokens equal before/after: {}; device memory MiB after warm-up and each quarter: {}; pool used grew {used_growth:.1} MiB, memory outside the pool {outside:.0} MiB (a steady leak would be under {:.1} KB per step); KV blocks free {}/{} (cached {}){}",
+        "stress: warm-up {w_steps} steps, then {steps} steps in {:.1}s, {complete}/{submitted} requests complete, {} preemptions; probe tokens equal before/after: {}; device memory MiB after warm-up and each quarter: {}; pool used grew {used_growth:.1} MiB (rising at every quarter: {rising}), memory outside the pool {outside:.0} MiB (a steady leak would be under {:.1} KB per step); KV blocks free {}/{} (cached {}){}",
         t.elapsed().as_secs_f64(),
         st.preemptions,
         before == after,
