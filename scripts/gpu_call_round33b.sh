@@ -5,6 +5,7 @@
 # (--compare-eager: its eager rows are the ones the option changes), with and without it; a
 # mixed step's decode rows (bench --mixed: 8 streams decoding while a 32k prompt prefills);
 # graph_check with it (the graph and eager steps then cut every context alike).
+# Call 3: scripts/gpu_call_round33c.sh.
 set -u
 source scripts/gpu_lib.sh
 model 0.6b; model 1.7b

@@ -37,18 +37,29 @@ pub fn row_class(t: usize) -> usize {
 /// past its least length (`CudaKernels::decode_partition`) when the context needs it.
 /// Partitions past a context exit at once, but in a large batch they are many: large buckets
 /// take few (their batch alone fills the GPU); each bucket covers 1,024 tokens at its least
-/// partition length. `one` (`KernelOptions::graph_splits_one`): the 1-row bucket's own count.
-/// Its row ranges hold whole buckets (`runner::buckets::graph_buckets`), so a step of `b`
+/// partition length. `small`: the counts of the 1-row and 3-4-row buckets where they are
+/// set. Its row ranges hold whole buckets (`runner::buckets::graph_buckets`), so a step of `b`
 /// rows and the bucket replaying it get the same count (eager steps take it with
 /// `KernelOptions::eager_graph_splits`).
-pub fn graph_splits(b: usize, one: Option<usize>) -> usize {
-    match (b, one) {
-        (1, Some(s)) => s.max(1),
-        (0..=4, _) => 32,
-        (5..=16, _) => 16,
-        (17..=64, _) => 8,
+pub fn graph_splits(b: usize, small: SmallSplits) -> usize {
+    match (b, small.one, small.few) {
+        (1, Some(s), _) | (3 | 4, _, Some(s)) => s.max(1),
+        (0..=4, ..) => 32,
+        (5..=16, ..) => 16,
+        (17..=64, ..) => 8,
         _ => 4,
     }
+}
+
+/// The decode-attention partition counts of the small graph buckets where they differ from
+/// [`graph_splits`]' defaults: 1 row (`KernelOptions::graph_splits_one`) and 3-4 rows
+/// (`KernelOptions::graph_splits_few`); None: 32.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SmallSplits {
+    /// The 1-row bucket's count.
+    pub one: Option<usize>,
+    /// The 3- and 4-row buckets' count.
+    pub few: Option<usize>,
 }
 
 /// One sequence of a varlen batch.

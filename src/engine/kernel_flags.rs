@@ -69,6 +69,9 @@ pub struct KernelFlags {
     /// default 64, 32 as before).
     #[arg(long, value_name = "N")]
     pub graph_splits_one: Option<usize>,
+    /// Decode attention partitions of the 3-4-row graph buckets (`KernelOptions::graph_splits_few`).
+    #[arg(long, value_name = "N")]
+    pub graph_splits_few: Option<usize>,
     /// Eager decode steps cut the attention in at most their graph bucket's partitions
     /// (`KernelOptions::eager_graph_splits`).
     #[arg(long)]
@@ -184,6 +187,7 @@ impl KernelFlags {
             fused_fetch8: self.fused_fetch8,
             fused_pipelined: self.fused_pipelined,
             eager_graph_splits: self.eager_graph_splits,
+            graph_splits_few: self.graph_splits_few,
             graph_splits_one: Some(
                 self.graph_splits_one
                     .unwrap_or(super::options::GRAPH_SPLITS_ONE),

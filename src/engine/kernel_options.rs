@@ -99,6 +99,11 @@ pub struct KernelOptions {
     /// are too few to keep the memory busy over a long context. Default
     /// `Some(GRAPH_SPLITS_ONE)` (64: 512 blocks, about one wave; 128 measured slower at 8k-32k).
     pub graph_splits_one: Option<usize>,
+    /// The decode attention partitions of the 3- and 4-row CUDA-graph buckets (a multiple of
+    /// 16). None (default): 32, 768-1,024 blocks of an 8-KV-head model, past one wave (~660 at
+    /// 96 registers a thread); 16 would give 384-512. Not yet measured (#21: batch 4 at 32k
+    /// tokens of context ran at 2.06x its roofline).
+    pub graph_splits_few: Option<usize>,
     /// Eager decode and verify steps (and a mixed step's decode rows) cut the attention in
     /// at most the partitions their graph bucket takes (`batch::graph_splits`), so an eager
     /// step and a graph replay cut a long context alike (the same bits); off: partitions of
@@ -219,6 +224,7 @@ impl Default for KernelOptions {
             fused_fetch8: None,
             fused_pipelined: None,
             graph_splits_one: Some(GRAPH_SPLITS_ONE),
+            graph_splits_few: None,
             eager_graph_splits: false,
             blas_row_class: true,
             flash_prefill: true,

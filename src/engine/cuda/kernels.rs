@@ -142,8 +142,9 @@ pub struct CudaKernels {
     pub(super) clusters: bool,
     /// GQA group 8 fused as two group-4 halves a KV head (`LaunchOptions::gqa8_split`).
     pub(super) gqa8_split: bool,
-    /// Decode attention partitions of the 1-row graph bucket (`LaunchOptions::graph_splits_one`).
-    pub(crate) graph_splits_one: Option<usize>,
+    /// Decode attention partitions of the 1-row and 3-4-row graph buckets
+    /// (`LaunchOptions::graph_splits_one`, `graph_splits_few`).
+    pub(crate) graph_splits: crate::engine::batch::SmallSplits,
     /// Eager decode steps take their graph bucket's partitions at most
     /// (`LaunchOptions::eager_graph_splits`).
     pub(crate) eager_graph_splits: bool,
@@ -431,7 +432,10 @@ impl CudaKernels {
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,
             gqa8_split: opts.gqa8_split,
-            graph_splits_one: opts.graph_splits_one,
+            graph_splits: crate::engine::batch::SmallSplits {
+                one: opts.graph_splits_one,
+                few: opts.graph_splits_few,
+            },
             eager_graph_splits: opts.eager_graph_splits,
             blas_row_class: opts.blas_row_class,
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),

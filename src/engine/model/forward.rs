@@ -72,6 +72,7 @@ pub fn kernels_for(
         fused_fetch8: opts.fused_fetch8,
         fused_pipelined: opts.fused_pipelined,
         graph_splits_one: opts.graph_splits_one,
+        graph_splits_few: opts.graph_splits_few,
         eager_graph_splits: opts.eager_graph_splits,
         blas_row_class: opts.blas_row_class,
         flash_prefill: opts.flash_prefill,

@@ -155,7 +155,7 @@ impl KernelForward<'_> {
         let part = CudaKernels::decode_partition(nd);
         let mut splits = CudaKernels::decode_splits(width, bs, part);
         if k.eager_graph_splits {
-            splits = splits.min(crate::engine::batch::graph_splits(nd, k.graph_splits_one));
+            splits = splits.min(crate::engine::batch::graph_splits(nd, k.graph_splits));
         }
         let splits = k.cluster_splits(nd, splits);
         let inputs = StepInputs {

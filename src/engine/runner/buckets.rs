@@ -2,7 +2,9 @@
 //! one graph per bucket; a step of `n` sequences runs on the smallest bucket that holds it,
 //! padded). Plain arithmetic, so it is tested without a GPU.
 
-pub use crate::engine::batch::{DOUBLING_UP_TO, LARGE_BUCKET_STEP, graph_splits, row_class};
+pub use crate::engine::batch::{
+    DOUBLING_UP_TO, LARGE_BUCKET_STEP, SmallSplits, graph_splits, row_class,
+};
 
 /// The buckets an engine of `max_running` sequences can reach, none above `max_graph_batch`:
 /// 1-8 exact (agents step few episodes at once, where padding would cost the most), powers
@@ -62,24 +64,33 @@ mod tests {
         // With `KernelOptions::eager_graph_splits` an eager decode step of t rows takes
         // `graph_splits(t)` partitions, its graph bucket `graph_splits(bucket)`: equal, so both
         // cut a long context alike (the same bits). Fails if a range bound of `graph_splits`
-        // falls inside a bucket (e.g. 5..=12); the asserts after the loop pin the 1-row
-        // bucket's own count (given to 1-2 rows, the loop alone would pass).
+        // falls inside a bucket (e.g. 5..=12); the asserts after the loop pin the small
+        // buckets' own counts (given to the wrong sizes, the loop alone would pass).
         let mut v = graph_buckets(2048, 2048);
         v.extend((1..=8).map(|n| 5 * n));
         v.sort_unstable();
         v.dedup();
-        for one in [None, Some(64), Some(128)] {
+        let sets = [None, Some(16), Some(64), Some(128)];
+        for small in sets
+            .iter()
+            .flat_map(|&one| sets.map(|few| SmallSplits { one, few }))
+        {
             for t in 1..=2048 {
                 let at = v[bucket_for(&v, t).expect("a bucket")];
                 assert_eq!(
-                    graph_splits(t, one),
-                    graph_splits(at, one),
+                    graph_splits(t, small),
+                    graph_splits(at, small),
                     "{t} rows, bucket {at}"
                 );
             }
         }
-        assert_eq!(graph_splits(1, Some(64)), 64);
-        assert_eq!(graph_splits(2, Some(64)), 32);
+        let small = SmallSplits {
+            one: Some(64),
+            few: Some(16),
+        };
+        let counts: Vec<usize> = (1..=6).map(|b| graph_splits(b, small)).collect();
+        assert_eq!(counts, [64, 32, 16, 16, 16, 16]);
+        assert_eq!(graph_splits(1, SmallSplits::default()), 32);
     }
 
     #[test]

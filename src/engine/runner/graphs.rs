@@ -117,7 +117,7 @@ impl DecodeGraphs {
         // rounded as eager steps round them (so both cut a context alike).
         let splits_of = |b: usize| {
             let part = CudaKernels::decode_partition(b);
-            let s = graph_splits(b, k.graph_splits_one)
+            let s = graph_splits(b, k.graph_splits)
                 .min(CudaKernels::decode_splits(max_width, block_size, part));
             k.cluster_splits(b, s)
         };
