@@ -263,6 +263,18 @@ impl CudaKernels {
             }
             Ok(())
         };
+        // A loop variant of the bf16 fused decode attention (`{name}_g{G}_bf16`) for steps of
+        // at most `rows` rows, where asked for.
+        let fused_variant = |rows: Option<usize>, name: &str| -> Result<_> {
+            match rows {
+                Some(rows) if dtype == DType::BF16 && opts.fused_decode => {
+                    let fs = groups(&fused_mod, name, "bf16")?;
+                    cluster_attr(&fs)?;
+                    Ok(Some((rows, fs)))
+                }
+                _ => Ok(None),
+            }
+        };
         // fp8 KV: e4m3 conversions in hardware from sm_89, bf16 compute, the flash prefill.
         let fp8 = if dtype != DType::BF16 {
             Err(format!("fp8 KV needs bf16 compute, not {dtype:?}"))
@@ -384,22 +396,8 @@ impl CudaKernels {
             } else {
                 None
             },
-            decode_fused_f8: match opts.fused_fetch8 {
-                Some(rows) if dtype == DType::BF16 && opts.fused_decode => {
-                    let fs = groups(&fused_mod, "decode_fused_f8", "bf16")?;
-                    cluster_attr(&fs)?;
-                    Some((rows, fs))
-                }
-                _ => None,
-            },
-            decode_fused_p2: match opts.fused_pipelined {
-                Some(rows) if dtype == DType::BF16 && opts.fused_decode => {
-                    let fs = groups(&fused_mod, "decode_fused_p2", "bf16")?;
-                    cluster_attr(&fs)?;
-                    Some((rows, fs))
-                }
-                _ => None,
-            },
+            decode_fused_f8: fused_variant(opts.fused_fetch8, "decode_fused_f8")?,
+            decode_fused_p2: fused_variant(opts.fused_pipelined, "decode_fused_p2")?,
             gemv: if dtype == DType::BF16 && opts.gemv {
                 let which = (
                     opts.gemv_stream,
