@@ -35,9 +35,10 @@ namespace {
 // FETCH (a template parameter, 4 or 8): tokens per half-warp whose K/V loads are in flight
 // together. 8 (LaunchOptions::fused_fetch8, small batches): a partition of up to 64 tokens is
 // loaded in one round, all of it before the wait; the same tokens in the same order, so the
-// same bits as 4. PIPE (LaunchOptions::fused_pipelined): two rounds of FETCH in two register
-// sets, the next round's loads in flight while this one is attended to (both issued before
-// the wait); the same tokens in the same order again.
+// same bits as 4. PIPE (LaunchOptions::fused_pipelined): the round after the one being
+// attended to is in flight in a second register set (both issued before the wait; at each
+// round the second set moves into the first and the next round is issued into it); the same
+// tokens in the same order again.
 constexpr int CLUSTER_PART = 128;  // longest partition of a context one cluster covers
 constexpr int MERGE_STAGE = 32;    // partials a global merge stages in shared memory
 
@@ -182,25 +183,36 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   const uint32_t* table = block_tables + (size_t)b * W;
   const size_t head_base = (size_t)rk * num_slots;
 
-  // 1: this half-warp's tokens base + grp + GROUPS * u, their K/V rows (not the new token's);
-  // with PIPE the round after it too, into the second set.
-  constexpr int STEP = GROUPS * FETCH;  // tokens of a round
+  // 1: this half-warp's tokens base + grp + GROUPS * u, their K/V rows (not the new token's).
   Raw kr[FETCH], vr[FETCH];
-  Raw kr2[PIPE ? FETCH : 1], vr2[PIPE ? FETCH : 1];
-  auto fetch_into = [&](int base, auto& kd, auto& vd) {
+  auto fetch = [&](int base) {
 #pragma unroll
     for (int u = 0; u < FETCH; ++u) {
       const int p = base + grp + GROUPS * u;
       if (p < end && p != newp) {
         const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
         const size_t off = (head_base + slot) * HD + lane * PER;
-        kd[u] = *reinterpret_cast<const Raw*>(k_cache + off);
-        vd[u] = *reinterpret_cast<const Raw*>(v_cache + off);
+        kr[u] = *reinterpret_cast<const Raw*>(k_cache + off);
+        vr[u] = *reinterpret_cast<const Raw*>(v_cache + off);
       }
     }
   };
-  fetch_into(start, kr, vr);
-  if constexpr (PIPE) fetch_into(start + STEP, kr2, vr2);
+  // PIPE: the next round's K/V rows in a second set (the same loads as `fetch`).
+  Raw kn[PIPE ? FETCH : 1], vn[PIPE ? FETCH : 1];
+  auto fetch_next = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < FETCH; ++u) {
+      const int p = base + grp + GROUPS * u;
+      if (p < end && p != newp) {
+        const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
+        const size_t off = (head_base + slot) * HD + lane * PER;
+        kn[u] = *reinterpret_cast<const Raw*>(k_cache + off);
+        vn[u] = *reinterpret_cast<const Raw*>(v_cache + off);
+      }
+    }
+  };
+  fetch(start);
+  if constexpr (PIPE) fetch_next(start + GROUPS * FETCH);
   pdl_wait();
   if (stop == 1) return;
   if (ctx == 0) {  // the same for the whole row b
@@ -263,8 +275,20 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   }
   float m[G], l[G], acc[G][PER];
   empty_groups<G>(m, l, acc);
-  // The round of tokens base + grp + GROUPS * u, u < FETCH, from the set (kd, vd).
-  auto attend = [&](int base, const auto& kd, const auto& vd) {
+  for (int base = start; base < end; base += GROUPS * FETCH) {
+    if constexpr (PIPE) {
+      if (base != start) {
+        // This round was in flight in the second set: move it, issue the next one there.
+#pragma unroll
+        for (int u = 0; u < FETCH; ++u) {
+          kr[u] = kn[u];
+          vr[u] = vn[u];
+        }
+        fetch_next(base + GROUPS * FETCH);
+      }
+    } else if (base != start) {
+      fetch(base);
+    }
 #pragma unroll
     for (int u = 0; u < FETCH; ++u) {
       const int p = base + grp + GROUPS * u;
@@ -276,30 +300,14 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       } else if (p == newp) {
         load8(&knew[lane * PER], 1.f, kv);
       } else {
-        raw8_to_f32(kd[u], 1.f, kv);
+        raw8_to_f32(kr[u], 1.f, kv);
       }
       float sc[G];
       head_scores<G>(qv, kv, sc);
       if (!valid) continue;
       if (p == newp) load8(&vnew[lane * PER], vs, kv);
-      else raw8_to_f32(vd[u], vs, kv);
+      else raw8_to_f32(vr[u], vs, kv);
       softmax_step<G>(sc, kv, m, l, acc);
-    }
-  };
-  if constexpr (PIPE) {
-    // Rounds alternate between the two sets; each set is refilled two rounds ahead as soon
-    // as it has been attended to.
-    for (int base = start; base < end; base += 2 * STEP) {
-      attend(base, kr, vr);
-      if (base + 2 * STEP < end) fetch_into(base + 2 * STEP, kr, vr);
-      if (base + STEP >= end) break;
-      attend(base + STEP, kr2, vr2);
-      if (base + 3 * STEP < end) fetch_into(base + 3 * STEP, kr2, vr2);
-    }
-  } else {
-    for (int base = start; base < end; base += STEP) {
-      if (base != start) fetch_into(base, kr, vr);
-      attend(base, kr, vr);
     }
   }
   if (stop == 3) {
@@ -387,10 +395,10 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 
 }  // namespace
 
-#define PS_DECODE_FUSED_F(G, KT, NAME, F, PRE, ...)                                                  \
+#define PS_DECODE_FUSED_F(G, KT, NAME, F, PRE)                                                  \
   extern "C" __global__ void __launch_bounds__(THREADS)                                         \
       PRE##_g##G##_##NAME(const FusedDecodeParams p) {                                          \
-    decode_fused<G, KT, F __VA_ARGS__>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,     \
+    decode_fused<G, KT, F>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,     \
                         (KT*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc,          \
                         p.part_ml, p.counters, p.W, p.width, p.block_size, p.num_slots, p.nkv,  \
                         p.part, p.k_scale, p.v_scale, p.eps, p.stop, p.kv_shift);               \
@@ -411,8 +419,18 @@ PS_DECODE_FUSED_F(2, __nv_bfloat16, bf16, 8, decode_fused_f8)
 PS_DECODE_FUSED_F(4, __nv_bfloat16, bf16, 8, decode_fused_f8)
 PS_DECODE_FUSED_F(8, __nv_bfloat16, bf16, 4, decode_fused_f8)
 // Two rounds of four in flight, pipelined (LaunchOptions::fused_pipelined), bf16 caches,
-// groups 1-4; group 8 keeps one round of four.
-PS_DECODE_FUSED_F(1, __nv_bfloat16, bf16, 4, decode_fused_p2, , true)
-PS_DECODE_FUSED_F(2, __nv_bfloat16, bf16, 4, decode_fused_p2, , true)
-PS_DECODE_FUSED_F(4, __nv_bfloat16, bf16, 4, decode_fused_p2, , true)
+// groups 1-4, groups 1-2 held to 128 registers a thread (four blocks an SM: the 512 blocks of
+// a 1-row step in 64 partitions in one wave); group 8 keeps one round of four.
+#define PS_DECODE_FUSED_P2(G, MINB)                                                               \
+  extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                   \
+      decode_fused_p2_g##G##_bf16(const FusedDecodeParams p) {                                  \
+    decode_fused<G, __nv_bfloat16, 4, true>(                                                    \
+        p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (__nv_bfloat16*)p.k_cache,             \
+        (__nv_bfloat16*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc, p.part_ml,    \
+        p.counters, p.W, p.width, p.block_size, p.num_slots, p.nkv, p.part, p.k_scale,          \
+        p.v_scale, p.eps, p.stop, p.kv_shift);                                                  \
+  }
+PS_DECODE_FUSED_P2(1, 4)
+PS_DECODE_FUSED_P2(2, 4)
+PS_DECODE_FUSED_P2(4, 1)
 PS_DECODE_FUSED_F(8, __nv_bfloat16, bf16, 4, decode_fused_p2)
