@@ -183,36 +183,25 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   const uint32_t* table = block_tables + (size_t)b * W;
   const size_t head_base = (size_t)rk * num_slots;
 
-  // 1: this half-warp's tokens base + grp + GROUPS * u, their K/V rows (not the new token's).
+  // 1: this half-warp's tokens base + grp + GROUPS * u, their K/V rows (not the new token's),
+  // into (kd, vd): the round attended to next (kr, vr), and with PIPE the round after it
+  // (kn, vn).
   Raw kr[FETCH], vr[FETCH];
-  auto fetch = [&](int base) {
-#pragma unroll
-    for (int u = 0; u < FETCH; ++u) {
-      const int p = base + grp + GROUPS * u;
-      if (p < end && p != newp) {
-        const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
-        const size_t off = (head_base + slot) * HD + lane * PER;
-        kr[u] = *reinterpret_cast<const Raw*>(k_cache + off);
-        vr[u] = *reinterpret_cast<const Raw*>(v_cache + off);
-      }
-    }
-  };
-  // PIPE: the next round's K/V rows in a second set (the same loads as `fetch`).
   Raw kn[PIPE ? FETCH : 1], vn[PIPE ? FETCH : 1];
-  auto fetch_next = [&](int base) {
+  auto fetch_into = [&](int base, auto& kd, auto& vd) {
 #pragma unroll
     for (int u = 0; u < FETCH; ++u) {
       const int p = base + grp + GROUPS * u;
       if (p < end && p != newp) {
         const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
         const size_t off = (head_base + slot) * HD + lane * PER;
-        kn[u] = *reinterpret_cast<const Raw*>(k_cache + off);
-        vn[u] = *reinterpret_cast<const Raw*>(v_cache + off);
+        kd[u] = *reinterpret_cast<const Raw*>(k_cache + off);
+        vd[u] = *reinterpret_cast<const Raw*>(v_cache + off);
       }
     }
   };
-  fetch(start);
-  if constexpr (PIPE) fetch_next(start + GROUPS * FETCH);
+  fetch_into(start, kr, vr);
+  if constexpr (PIPE) fetch_into(start + GROUPS * FETCH, kn, vn);
   pdl_wait();
   if (stop == 1) return;
   if (ctx == 0) {  // the same for the whole row b
@@ -284,10 +273,10 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
           kr[u] = kn[u];
           vr[u] = vn[u];
         }
-        fetch_next(base + GROUPS * FETCH);
+        fetch_into(base + GROUPS * FETCH, kn, vn);
       }
     } else if (base != start) {
-      fetch(base);
+      fetch_into(base, kr, vr);
     }
 #pragma unroll
     for (int u = 0; u < FETCH; ++u) {
