@@ -233,7 +233,6 @@ impl CudaKernels {
             m.load_function(name)
                 .map_err(|e| kernel_err(&format!("function {name}"), e))
         };
-        let groups = |m: &Arc<CudaModule>, name: &str, dt: &str| group_functions(m, name, dt);
         let s = suffix;
         let flash_on = dtype == DType::BF16 && opts.flash_prefill;
         let mma_decode = |dt: &str| DecodeAttention::load_mma(&mma_mod, opts, dtype, dt);
@@ -268,7 +267,7 @@ impl CudaKernels {
         let fused_variant = |rows: Option<usize>, name: &str| -> Result<_> {
             match rows {
                 Some(rows) if dtype == DType::BF16 && opts.fused_decode => {
-                    let fs = groups(&fused_mod, name, "bf16")?;
+                    let fs = group_functions(&fused_mod, name, "bf16")?;
                     cluster_attr(&fs)?;
                     Ok(Some((rows, fs)))
                 }
@@ -291,16 +290,16 @@ impl CudaKernels {
             } else {
                 "flash_prefill"
             };
-            let prefill_flash = groups(&flash_mod, flash_fp8, "fp8")?;
+            let prefill_flash = group_functions(&flash_mod, flash_fp8, "fp8")?;
             smem_attr(&prefill_flash)?;
             Ok(Fp8Kernels {
                 kv_write: f(&kv_write, "qk_norm_rope_kv_write_hd128_fp8")?,
                 decode: DecodeAttention {
-                    cores: groups(&decode_mod, "paged_decode", "fp8")?,
+                    cores: group_functions(&decode_mod, "paged_decode", "fp8")?,
                     mma: mma_decode("fp8")?,
                 },
                 decode_fused: if opts.fused_decode {
-                    let fs = groups(&fused_mod, "decode_fused", "fp8")?;
+                    let fs = group_functions(&fused_mod, "decode_fused", "fp8")?;
                     cluster_attr(&fs)?;
                     Some(fs)
                 } else {
@@ -365,12 +364,12 @@ impl CudaKernels {
                 f(&prefill_mod, &format!("paged_prefill_g4_{s}"))?,
             ],
             prefill_tc: if dtype == DType::BF16 {
-                Some(groups(&prefill_mod, "paged_prefill_tc", "bf16")?)
+                Some(group_functions(&prefill_mod, "paged_prefill_tc", "bf16")?)
             } else {
                 None
             },
             prefill_flash: if flash_on {
-                let fs = groups(&flash_mod, flash, "bf16")?;
+                let fs = group_functions(&flash_mod, flash, "bf16")?;
                 smem_attr(&fs)?;
                 Some(fs)
             } else {
@@ -378,19 +377,19 @@ impl CudaKernels {
             },
             prefill_wgmma: wgmma && flash_on,
             prefill_merge: if wgmma && flash_on && opts.split_kv {
-                Some(groups(&flash_mod, "flash_merge", "bf16")?)
+                Some(group_functions(&flash_mod, "flash_merge", "bf16")?)
             } else {
                 None
             },
             sms,
             decode: DecodeAttention {
-                cores: groups(&decode_mod, "paged_decode", s)?,
+                cores: group_functions(&decode_mod, "paged_decode", s)?,
                 mma: mma_decode(s)?,
             },
             decode_reduce: f(&decode_mod, &format!("paged_decode_reduce_{s}"))?,
             spec: SpecKernels::load(&load(VERIFY, "verify")?, dtype, s, opts.shared_kv_verify)?,
             decode_fused: if dtype == DType::BF16 && opts.fused_decode {
-                let fs = groups(&fused_mod, "decode_fused", "bf16")?;
+                let fs = group_functions(&fused_mod, "decode_fused", "bf16")?;
                 cluster_attr(&fs)?;
                 Some(fs)
             } else {
