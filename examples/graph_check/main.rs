@@ -299,20 +299,8 @@ fn main() -> Res<()> {
         || {},
     )?;
     if !a.profile.is_empty() {
-        let kopts = a.kernels.options();
-        let ours = policy_serve::engine::cuda::LaunchOptions {
-            gemv_mma: kopts.gemv_mma,
-            gemv_stream: kopts.gemv_stream,
-            gemv_double_buffer: kopts.gemv_double_buffer,
-            gemv_split_k: kopts.gemv_split_k,
-            l2_prefetch: kopts.l2_prefetch,
-            warp_norm: kopts.warp_norm,
-            gqa8_split: kopts.gqa8_split,
-            fused_fetch8: kopts.fused_fetch8,
-            fused_pipelined: kopts.fused_pipelined,
-            blas_row_class: kopts.blas_row_class,
-            ..Default::default()
-        };
+        // The launch paths the model was loaded with.
+        let ours = policy_serve::engine::model::forward::launch_options(&a.kernels.options());
         return profile::run(&m, &cfg, &dev, &a.profile, &ours);
     }
     let mut fails = 0u32;

@@ -56,7 +56,14 @@ pub fn kernels_for(
     if cfg.head_dim() != 128 || cfg.attention_bias {
         return Ok(None);
     }
-    let launch = LaunchOptions {
+    CudaKernels::new(device, dtype, &launch_options(opts))
+}
+
+/// The launch paths `opts` asks for, as the kernels take them (also what
+/// `examples/graph_check`'s op profile launches with).
+#[cfg(feature = "cuda")]
+pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
+    LaunchOptions {
         gemv: opts.gemv,
         gemv_mma: opts.gemv_mma,
         gemv_stream: opts.gemv_stream,
@@ -94,8 +101,7 @@ pub fn kernels_for(
         lora_side_min_rows: opts.lora_side_min_rows,
         lora_wide: opts.lora_wide,
         ..LaunchOptions::default()
-    };
-    CudaKernels::new(device, dtype, &launch)
+    }
 }
 
 /// The kernels for a model: none without the `cuda` feature.
