@@ -42,8 +42,8 @@ pub fn row_class(t: usize) -> usize {
 /// rows and the bucket replaying it get the same count (eager steps take it with
 /// `KernelOptions::eager_graph_splits`).
 pub fn graph_splits(b: usize, small: SmallSplits) -> usize {
-    match (b, small.one, small.few) {
-        (1, Some(s), _) | (3 | 4, _, Some(s)) => s.max(1),
+    match (b, small.one, small.few, small.mid) {
+        (1, Some(s), ..) | (3 | 4, _, Some(s), _) | (5..=16, .., Some(s)) => s.max(1),
         (0..=4, ..) => 32,
         (5..=16, ..) => 16,
         (17..=64, ..) => 8,
@@ -53,13 +53,16 @@ pub fn graph_splits(b: usize, small: SmallSplits) -> usize {
 
 /// The decode-attention partition counts of the small graph buckets where they differ from
 /// [`graph_splits`]' defaults: 1 row (`KernelOptions::graph_splits_one`) and 3-4 rows
-/// (`KernelOptions::graph_splits_few`); None: 32.
+/// (`KernelOptions::graph_splits_few`); 5-16 rows (`KernelOptions::graph_splits_mid`).
+/// None: [`graph_splits`]' defaults (32 up to 4 rows, 16 for 5-16).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SmallSplits {
     /// The 1-row bucket's count.
     pub one: Option<usize>,
     /// The 3- and 4-row buckets' count.
     pub few: Option<usize>,
+    /// The 5- to 16-row buckets' count.
+    pub mid: Option<usize>,
 }
 
 /// One sequence of a varlen batch.

@@ -72,6 +72,9 @@ pub struct KernelFlags {
     /// Decode attention partitions of the 3-4-row graph buckets (`KernelOptions::graph_splits_few`).
     #[arg(long, value_name = "N")]
     pub graph_splits_few: Option<usize>,
+    /// Decode attention partitions of the 5-16-row graph buckets (`KernelOptions::graph_splits_mid`).
+    #[arg(long, value_name = "N")]
+    pub graph_splits_mid: Option<usize>,
     /// Eager decode steps cut the attention in at most their graph bucket's partitions
     /// (`KernelOptions::eager_graph_splits`).
     #[arg(long)]
@@ -188,6 +191,7 @@ impl KernelFlags {
             fused_pipelined: self.fused_pipelined,
             eager_graph_splits: self.eager_graph_splits,
             graph_splits_few: self.graph_splits_few,
+            graph_splits_mid: self.graph_splits_mid,
             graph_splits_one: Some(
                 self.graph_splits_one
                     .unwrap_or(super::options::GRAPH_SPLITS_ONE),

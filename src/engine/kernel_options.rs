@@ -104,6 +104,11 @@ pub struct KernelOptions {
     /// 96 registers a thread); 16 would give 384-512. Not yet measured (#21: batch 4 at 32k
     /// tokens of context ran at 2.06x its roofline).
     pub graph_splits_few: Option<usize>,
+    /// The decode attention partitions of the 5- to 16-row CUDA-graph buckets (a power of two,
+    /// at most 16). None (default): 16, 640-2,048 blocks of an 8-KV-head model; at batch 8,
+    /// 1,024 blocks against ~660 a wave, where 8 would give 512 (each ~80 tokens of a
+    /// 600-token context). Not yet measured (#21: the batch-8 floor).
+    pub graph_splits_mid: Option<usize>,
     /// Eager decode and verify steps (and a mixed step's decode rows) cut the attention in
     /// at most the partitions their graph bucket takes (`batch::graph_splits`), so an eager
     /// step and a graph replay cut a long context alike (the same bits); off: partitions of
@@ -225,6 +230,7 @@ impl Default for KernelOptions {
             fused_pipelined: None,
             graph_splits_one: Some(GRAPH_SPLITS_ONE),
             graph_splits_few: None,
+            graph_splits_mid: None,
             eager_graph_splits: false,
             blas_row_class: true,
             flash_prefill: true,

@@ -432,6 +432,7 @@ impl CudaKernels {
             graph_splits: crate::engine::batch::SmallSplits {
                 one: opts.graph_splits_one,
                 few: opts.graph_splits_few,
+                mid: opts.graph_splits_mid,
             },
             eager_graph_splits: opts.eager_graph_splits,
             blas_row_class: opts.blas_row_class,

@@ -55,6 +55,8 @@ pub struct LaunchOptions {
     pub graph_splits_one: Option<usize>,
     /// The decode attention partitions of the 3-4-row graph buckets (None: 32).
     pub graph_splits_few: Option<usize>,
+    /// The decode attention partitions of the 5-16-row graph buckets (None: 16).
+    pub graph_splits_mid: Option<usize>,
     /// Eager decode steps cut the attention in at most their graph bucket's partitions.
     pub eager_graph_splits: bool,
     /// cuBLAS matmuls of up to 1,024 rows on the cuBLASLt algorithm of their row class.
@@ -136,6 +138,7 @@ impl Default for LaunchOptions {
             fused_pipelined: None,
             graph_splits_one: Some(crate::engine::options::GRAPH_SPLITS_ONE),
             graph_splits_few: None,
+            graph_splits_mid: None,
             eager_graph_splits: false,
             blas_row_class: true,
             flash_prefill: true,

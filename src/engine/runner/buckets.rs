@@ -70,11 +70,12 @@ mod tests {
         v.extend((1..=8).map(|n| 5 * n));
         v.sort_unstable();
         v.dedup();
-        let sets = [None, Some(16), Some(64), Some(128)];
-        for small in sets
-            .iter()
-            .flat_map(|&one| sets.map(|few| SmallSplits { one, few }))
-        {
+        let sets = [None, Some(8), Some(16), Some(64)];
+        let all = sets.iter().flat_map(|&one| {
+            sets.iter()
+                .flat_map(move |&few| sets.map(|mid| SmallSplits { one, few, mid }))
+        });
+        for small in all {
             for t in 1..=2048 {
                 let at = v[bucket_for(&v, t).expect("a bucket")];
                 assert_eq!(
@@ -87,10 +88,16 @@ mod tests {
         let small = SmallSplits {
             one: Some(64),
             few: Some(16),
+            mid: Some(8),
         };
-        let counts: Vec<usize> = (1..=6).map(|b| graph_splits(b, small)).collect();
-        assert_eq!(counts, [64, 32, 16, 16, 16, 16]);
-        assert_eq!(graph_splits(1, SmallSplits::default()), 32);
+        let counts: Vec<usize> = [1, 2, 3, 4, 5, 16, 17]
+            .map(|b| graph_splits(b, small))
+            .into();
+        assert_eq!(counts, [64, 32, 16, 16, 8, 8, 8]);
+        let counts: Vec<usize> = [1, 4, 5, 16, 17, 65]
+            .map(|b| graph_splits(b, SmallSplits::default()))
+            .into();
+        assert_eq!(counts, [32, 32, 16, 16, 8, 4]);
     }
 
     #[test]
