@@ -69,16 +69,18 @@ pub struct KernelFlags {
     /// default 64, 32 as before).
     #[arg(long, value_name = "N")]
     pub graph_splits_one: Option<usize>,
-    /// Decode attention partitions of the 3-4-row graph buckets (`KernelOptions::graph_splits_few`).
+    /// Decode attention partitions of the 3-4-row graph buckets (`KernelOptions::graph_splits_few`;
+    /// default 16, 32 as before).
     #[arg(long, value_name = "N")]
     pub graph_splits_few: Option<usize>,
-    /// Decode attention partitions of the 5-16-row graph buckets (`KernelOptions::graph_splits_mid`).
+    /// Decode attention partitions of the 5-16-row graph buckets (`KernelOptions::graph_splits_mid`;
+    /// default 8, 16 as before).
     #[arg(long, value_name = "N")]
     pub graph_splits_mid: Option<usize>,
-    /// Eager decode steps cut the attention in at most their graph bucket's partitions
-    /// (`KernelOptions::eager_graph_splits`).
+    /// Eager decode steps cut the attention in partitions of 32-128 tokens, as many as the
+    /// context needs (turns `KernelOptions::eager_graph_splits` off).
     #[arg(long)]
-    pub eager_graph_splits: bool,
+    pub no_eager_graph_splits: bool,
     /// cuBLAS's own algorithm for each row count (turns `KernelOptions::blas_row_class` off).
     #[arg(long)]
     pub no_blas_row_class: bool,
@@ -189,9 +191,15 @@ impl KernelFlags {
             gqa8_split: !self.no_gqa8_split,
             fused_fetch8: self.fused_fetch8,
             fused_pipelined: self.fused_pipelined,
-            eager_graph_splits: self.eager_graph_splits,
-            graph_splits_few: self.graph_splits_few,
-            graph_splits_mid: self.graph_splits_mid,
+            eager_graph_splits: !self.no_eager_graph_splits,
+            graph_splits_few: Some(
+                self.graph_splits_few
+                    .unwrap_or(super::options::GRAPH_SPLITS_FEW),
+            ),
+            graph_splits_mid: Some(
+                self.graph_splits_mid
+                    .unwrap_or(super::options::GRAPH_SPLITS_MID),
+            ),
             graph_splits_one: Some(
                 self.graph_splits_one
                     .unwrap_or(super::options::GRAPH_SPLITS_ONE),

@@ -20,6 +20,16 @@ pub const NORM_DEFERRED_MAX_K: usize = 1024;
 /// #21).
 pub const GRAPH_SPLITS_ONE: usize = 64;
 
+/// The default of `KernelOptions::graph_splits_few`: on the H200, batches 3 / 4 against 32
+/// partitions at 8k tokens of context 0.6B +12% / +9%, 1.7B +10% / +8%; at 32k +2-3%; at 512
+/// within 0.3% (BENCHMARKS.md, #21).
+pub const GRAPH_SPLITS_FEW: usize = 16;
+
+/// The default of `KernelOptions::graph_splits_mid`: on the H200, batches 8 / 16 against 16
+/// partitions at 8k tokens of context 0.6B +5.5% / +4.9%, 1.7B +4.9% / +3.7%; at 512 and 32k
+/// within 0.4% (BENCHMARKS.md, #21).
+pub const GRAPH_SPLITS_MID: usize = 8;
+
 /// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
 pub const GEMV_STREAM_BLOCKS: u8 = 2;
@@ -99,21 +109,21 @@ pub struct KernelOptions {
     /// are too few to keep the memory busy over a long context. Default
     /// `Some(GRAPH_SPLITS_ONE)` (64: 512 blocks, about one wave; 128 measured slower at 8k-32k).
     pub graph_splits_one: Option<usize>,
-    /// The decode attention partitions of the 3- and 4-row CUDA-graph buckets (a multiple of
-    /// 16). None (default): 32, 768-1,024 blocks of an 8-KV-head model, past one wave (~660 at
-    /// 96 registers a thread); 16 would give 384-512. Not yet measured (#21: batch 4 at 32k
-    /// tokens of context ran at 2.06x its roofline).
+    /// The decode attention partitions of the 3- and 4-row CUDA-graph buckets (a power of two).
+    /// Default `Some(GRAPH_SPLITS_FEW)` (16: 384-512 blocks of an 8-KV-head model, within one
+    /// wave of ~660 at 96 registers a thread); None: 32 (768-1,024 blocks, past one wave).
     pub graph_splits_few: Option<usize>,
     /// The decode attention partitions of the 5- to 16-row CUDA-graph buckets (a power of two,
-    /// at most 16). None (default): 16, 640-2,048 blocks of an 8-KV-head model; at batch 8,
-    /// 1,024 blocks against ~660 a wave, where 8 would give 512 (each ~80 tokens of a
-    /// 600-token context). Not yet measured (#21: the batch-8 floor).
+    /// at most 16). Default `Some(GRAPH_SPLITS_MID)` (8: 512 blocks at batch 8 of an
+    /// 8-KV-head model); None: 16 (1,024 blocks at batch 8, past one wave).
     pub graph_splits_mid: Option<usize>,
     /// Eager decode and verify steps (and a mixed step's decode rows) cut the attention in
     /// at most the partitions their graph bucket takes (`batch::graph_splits`), so an eager
     /// step and a graph replay cut a long context alike (the same bits); off: partitions of
-    /// 32-128 tokens (0.6B batch 1 at 32k tokens of context: 209 tok/s eager against 368 on the
-    /// graph, H200). Off by default: not yet measured (#21).
+    /// 32-128 tokens and, past 2,048 tokens, a merge of their cluster partials through global
+    /// memory. On by default: on the H200, eager 0.6B decode at 8k tokens of context batch 1 /
+    /// 4 540 -> 689 / 868 -> 1,268 tok/s, at 32k 212 -> 355 / 342 -> 582; graph steps and a
+    /// mixed step unchanged (#21).
     pub eager_graph_splits: bool,
     /// The flash prefill attention (`kernels/flash_prefill.cu`: mma.sync tensor cores,
     /// cp.async double buffering, online softmax; bf16). Off: the two-pass WMMA kernel.
@@ -229,9 +239,9 @@ impl Default for KernelOptions {
             fused_fetch8: None,
             fused_pipelined: None,
             graph_splits_one: Some(GRAPH_SPLITS_ONE),
-            graph_splits_few: None,
-            graph_splits_mid: None,
-            eager_graph_splits: false,
+            graph_splits_few: Some(GRAPH_SPLITS_FEW),
+            graph_splits_mid: Some(GRAPH_SPLITS_MID),
+            eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,
             wgmma_prefill: true,

@@ -53,9 +53,9 @@ pub struct LaunchOptions {
     pub fused_pipelined: Option<usize>,
     /// The decode attention partitions of the 1-row graph bucket (None: 32).
     pub graph_splits_one: Option<usize>,
-    /// The decode attention partitions of the 3-4-row graph buckets (None: 32).
+    /// The decode attention partitions of the 3-4-row graph buckets (None: 32; default 16).
     pub graph_splits_few: Option<usize>,
-    /// The decode attention partitions of the 5-16-row graph buckets (None: 16).
+    /// The decode attention partitions of the 5-16-row graph buckets (None: 16; default 8).
     pub graph_splits_mid: Option<usize>,
     /// Eager decode steps cut the attention in at most their graph bucket's partitions.
     pub eager_graph_splits: bool,
@@ -137,9 +137,9 @@ impl Default for LaunchOptions {
             fused_fetch8: None,
             fused_pipelined: None,
             graph_splits_one: Some(crate::engine::options::GRAPH_SPLITS_ONE),
-            graph_splits_few: None,
-            graph_splits_mid: None,
-            eager_graph_splits: false,
+            graph_splits_few: Some(crate::engine::options::GRAPH_SPLITS_FEW),
+            graph_splits_mid: Some(crate::engine::options::GRAPH_SPLITS_MID),
+            eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,
             wgmma_prefill: true,
