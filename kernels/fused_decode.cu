@@ -32,13 +32,11 @@ namespace {
 // qkv rows hold q heads, k heads, v heads; a padding row (context 0) writes zeros. `stop`
 // (profiling only; 0 in the engine, and no clusters) ends every block after phase 1-4
 // (phase 4: the block's partial formed), so `graph_check --profile` can time the phases.
-// FETCH (a template parameter, 4 or 8): tokens per half-warp whose K/V loads are in flight
-// together. 8 (LaunchOptions::fused_fetch8, small batches): a partition of up to 64 tokens is
-// loaded in one round, all of it before the wait; the same tokens in the same order, so the
-// same bits as 4. PIPE (LaunchOptions::fused_pipelined): the round after the one being
-// attended to is in flight in a second register set (both issued before the wait; at each
-// round the second set moves into the first and the next round is issued into it); the same
-// tokens in the same order again.
+// FETCH: tokens per half-warp whose K/V loads are in flight together (a round of GROUPS *
+// FETCH tokens a block). Eight, and two rounds of four in two register sets, were measured on
+// the H200 (128 registers a thread against 96) and lost 14-36% after 8k-32k-token prompts
+// (BENCHMARKS.md, #21).
+constexpr int FETCH = 4;
 constexpr int CLUSTER_PART = 128;  // longest partition of a context one cluster covers
 constexpr int MERGE_STAGE = 32;    // partials a global merge stages in shared memory
 
@@ -144,7 +142,7 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
 
 // KT: the caches' element type (bf16, or fp8 with the scales ks / vs: K's folded into q, the
 // new token's K/V kept in shared memory as stored, so both paths read the same values).
-template <int G, typename KT, int FETCH, bool PIPE = false>
+template <int G, typename KT>
 __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              const __nv_bfloat16* __restrict__ q_w,
                              const __nv_bfloat16* __restrict__ k_w,
@@ -184,10 +182,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   const size_t head_base = (size_t)rk * num_slots;
 
   // 1: this half-warp's tokens base + grp + GROUPS * u, their K/V rows (not the new token's),
-  // into (kd, vd): the round attended to next (kr, vr), and with PIPE the round after it
-  // (kn, vn).
+  // into (kd, vd): the round attended to next (kr, vr).
   Raw kr[FETCH], vr[FETCH];
-  Raw kn[PIPE ? FETCH : 1], vn[PIPE ? FETCH : 1];
   auto fetch_into = [&](int base, auto& kd, auto& vd) {
 #pragma unroll
     for (int u = 0; u < FETCH; ++u) {
@@ -201,7 +197,6 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     }
   };
   fetch_into(start, kr, vr);
-  if constexpr (PIPE) fetch_into(start + GROUPS * FETCH, kn, vn);
   pdl_wait();
   if (stop == 1) return;
   if (ctx == 0) {  // the same for the whole row b
@@ -265,19 +260,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   float m[G], l[G], acc[G][PER];
   empty_groups<G>(m, l, acc);
   for (int base = start; base < end; base += GROUPS * FETCH) {
-    if constexpr (PIPE) {
-      if (base != start) {
-        // This round was in flight in the second set: move it, issue the next one there.
-#pragma unroll
-        for (int u = 0; u < FETCH; ++u) {
-          kr[u] = kn[u];
-          vr[u] = vn[u];
-        }
-        fetch_into(base + GROUPS * FETCH, kn, vn);
-      }
-    } else if (base != start) {
-      fetch_into(base, kr, vr);
-    }
+    if (base != start) fetch_into(base, kr, vr);
 #pragma unroll
     for (int u = 0; u < FETCH; ++u) {
       const int p = base + grp + GROUPS * u;
@@ -384,15 +367,14 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 
 }  // namespace
 
-#define PS_DECODE_FUSED_F(G, KT, NAME, F, PRE)                                                  \
+#define PS_DECODE_FUSED(G, KT, NAME)                                                            \
   extern "C" __global__ void __launch_bounds__(THREADS)                                         \
-      PRE##_g##G##_##NAME(const FusedDecodeParams p) {                                          \
-    decode_fused<G, KT, F>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,     \
+      decode_fused_g##G##_##NAME(const FusedDecodeParams p) {                                   \
+    decode_fused<G, KT>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,        \
                         (KT*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc,          \
                         p.part_ml, p.counters, p.W, p.width, p.block_size, p.num_slots, p.nkv,  \
                         p.part, p.k_scale, p.v_scale, p.eps, p.stop, p.kv_shift);               \
   }
-#define PS_DECODE_FUSED(G, KT, NAME) PS_DECODE_FUSED_F(G, KT, NAME, 4, decode_fused)
 PS_DECODE_FUSED(1, __nv_bfloat16, bf16)
 PS_DECODE_FUSED(2, __nv_bfloat16, bf16)
 PS_DECODE_FUSED(4, __nv_bfloat16, bf16)
@@ -401,25 +383,3 @@ PS_DECODE_FUSED(1, fp8, fp8)
 PS_DECODE_FUSED(2, fp8, fp8)
 PS_DECODE_FUSED(4, fp8, fp8)
 PS_DECODE_FUSED(8, fp8, fp8)
-// Eight tokens a half-warp in flight (LaunchOptions::fused_fetch8), bf16 caches, groups 1-4;
-// group 8 keeps four (eight would take its 241 registers a thread past 255).
-PS_DECODE_FUSED_F(1, __nv_bfloat16, bf16, 8, decode_fused_f8)
-PS_DECODE_FUSED_F(2, __nv_bfloat16, bf16, 8, decode_fused_f8)
-PS_DECODE_FUSED_F(4, __nv_bfloat16, bf16, 8, decode_fused_f8)
-PS_DECODE_FUSED_F(8, __nv_bfloat16, bf16, 4, decode_fused_f8)
-// Two rounds of four in flight, pipelined (LaunchOptions::fused_pipelined), bf16 caches,
-// groups 1-4, groups 1-2 held to 128 registers a thread (four blocks an SM: the 512 blocks of
-// a 1-row step in 64 partitions in one wave); group 8 keeps one round of four.
-#define PS_DECODE_FUSED_P2(G, MINB)                                                               \
-  extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                   \
-      decode_fused_p2_g##G##_bf16(const FusedDecodeParams p) {                                  \
-    decode_fused<G, __nv_bfloat16, 4, true>(                                                    \
-        p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (__nv_bfloat16*)p.k_cache,             \
-        (__nv_bfloat16*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc, p.part_ml,    \
-        p.counters, p.W, p.width, p.block_size, p.num_slots, p.nkv, p.part, p.k_scale,          \
-        p.v_scale, p.eps, p.stop, p.kv_shift);                                                  \
-  }
-PS_DECODE_FUSED_P2(1, 4)
-PS_DECODE_FUSED_P2(2, 4)
-PS_DECODE_FUSED_P2(4, 1)
-PS_DECODE_FUSED_F(8, __nv_bfloat16, bf16, 4, decode_fused_p2)

@@ -175,26 +175,15 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         ..cores()
     };
     let k8 = CudaKernels::new(dev, DType::BF16, &whole)?.ok_or("no kernels")?;
-    // Eight tokens a half-warp in flight (`fused_fetch8`, here at every batch): the same
-    // tokens in the same order, so the same checks hold (a round that dropped or repeated
-    // tokens past the first 64 of a partition fails the long contexts).
-    let fetch8 = LaunchOptions {
-        fused_fetch8: Some(usize::MAX),
-        ..cores()
-    };
-    let kf8 = CudaKernels::new(dev, DType::BF16, &fetch8)?.ok_or("no kernels")?;
-    // Two rounds pipelined (`fused_pipelined`): the same tokens in the same order too (a
-    // round attended from the wrong register set, or refilled before it was used, fails).
-    let pipelined = LaunchOptions {
-        fused_pipelined: Some(usize::MAX),
-        ..cores()
-    };
-    let kp2 = CudaKernels::new(dev, DType::BF16, &pipelined)?.ok_or("no kernels")?;
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),
         ((1, 5000, false), (16, 8), Some(32)),
         ((4, 3000, true), (16, 8), Some(32)),
+        // The graphs' defaults for 3-4 and 5-16 rows (`GRAPH_SPLITS_FEW`, `GRAPH_SPLITS_MID`)
+        // over contexts past one cluster's 2,048 tokens.
+        ((4, 3000, true), (16, 8), Some(16)),
+        ((8, 3000, true), (16, 8), Some(8)),
         ((1, 1024, false), (16, 8), Some(32)),
         ((1, 1100, false), (16, 8), Some(32)),
         ((2, 300, false), (16, 8), Some(32)),
@@ -211,14 +200,13 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         ((1, 1100, false), (32, 4), Some(32)),
         ((4, 3000, true), (32, 4), Some(32)),
         ((8, 700, true), (32, 4), Some(16)),
+        ((8, 3000, true), (32, 4), Some(8)),
     ];
     let g8 = cases.iter().filter(|c| c.1.0 / c.1.1 == 8);
     let runs = cases
         .iter()
         .map(|c| (&k, c, ""))
-        .chain(g8.map(|c| (&k8, c, " whole")))
-        .chain(cases.iter().map(|c| (&kf8, c, " fetch8")))
-        .chain(cases.iter().map(|c| (&kp2, c, " pipelined")));
+        .chain(g8.map(|c| (&k8, c, " whole")));
     for (k, &(rows, heads, splits), how) in runs {
         let (out, cache, left, exact) = case(k, dev, rows, heads, splits, None)?;
         let name = format!(

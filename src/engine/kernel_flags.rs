@@ -57,14 +57,6 @@ pub struct KernelFlags {
     /// GQA group 8 decode attention unfused (turns `KernelOptions::gqa8_split` off).
     #[arg(long)]
     pub no_gqa8_split: bool,
-    /// Decode steps of at most ROWS rows run the fused attention with 8 tokens a half-warp in
-    /// flight (`KernelOptions::fused_fetch8`).
-    #[arg(long, value_name = "ROWS")]
-    pub fused_fetch8: Option<usize>,
-    /// Decode steps of at most ROWS rows run the fused attention with two rounds of loads in
-    /// flight, pipelined (`KernelOptions::fused_pipelined`).
-    #[arg(long, value_name = "ROWS")]
-    pub fused_pipelined: Option<usize>,
     /// Decode attention partitions of the 1-row graph bucket (`KernelOptions::graph_splits_one`;
     /// default 64, 32 as before).
     #[arg(long, value_name = "N")]
@@ -189,8 +181,6 @@ impl KernelFlags {
             fused_decode: !self.no_fused_decode,
             clusters: !self.no_clusters,
             gqa8_split: !self.no_gqa8_split,
-            fused_fetch8: self.fused_fetch8,
-            fused_pipelined: self.fused_pipelined,
             eager_graph_splits: !self.no_eager_graph_splits,
             graph_splits_few: Some(
                 self.graph_splits_few

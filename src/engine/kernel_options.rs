@@ -89,20 +89,6 @@ pub struct KernelOptions {
     /// GQA group 8 (Qwen3-30B-A3B) decode steps of 1-2 rows through the fused attention as two
     /// group-4 halves a KV head (`kv_shift`; off: unfused). On: batch 1 +2.5% on the H200 (#29).
     pub gqa8_split: bool,
-    /// Decode steps of at most this many rows (bf16 caches) run the fused decode attention
-    /// with 8 tokens a half-warp in flight instead of 4: a partition's rounds of K/V loads
-    /// hold 64 tokens, not 32 (the same tokens in the same order: the same bits). None
-    /// (default). Measured on the H200 after 512-token prompts (#21): batch 1 0.6B +1.8%,
-    /// 1.7B -1.5%, the 30B-A3B shape -0.9%, batch 8 -9 to -13% (128 registers a thread
-    /// against 96); after 8k-32k (a 1-row partition walks ~500 tokens) not yet measured.
-    pub fused_fetch8: Option<usize>,
-    /// Decode steps of at most this many rows (bf16 caches) run the fused decode attention
-    /// with two rounds of four tokens a half-warp in two register sets: the next round's
-    /// loads in flight while this one is attended to (the same tokens in the same order: the
-    /// same bits; 128 registers a thread, as `fused_fetch8`). Takes precedence over
-    /// `fused_fetch8`. None (default): not yet measured (#21: for the 1-row graph over 8k-32k
-    /// tokens of context, whose partitions walk ~500 tokens in serial rounds).
-    pub fused_pipelined: Option<usize>,
     /// The decode attention partitions of the 1-row CUDA-graph bucket (a multiple of 16;
     /// partitions past a context exit at once, and contexts of up to 2,048 tokens stay in one
     /// cluster of 16). None: 32, as the buckets of 2-4 rows, whose 256 blocks (8 KV heads)
@@ -236,8 +222,6 @@ impl Default for KernelOptions {
             fused_decode: true,
             clusters: true,
             gqa8_split: true,
-            fused_fetch8: None,
-            fused_pipelined: None,
             graph_splits_one: Some(GRAPH_SPLITS_ONE),
             graph_splits_few: Some(GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(GRAPH_SPLITS_MID),

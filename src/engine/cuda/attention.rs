@@ -359,13 +359,10 @@ impl CudaKernels {
                 format!("nh {nh} nkv {nkv} hd {hd} rows {b}"),
             ));
         }
-        // Small bf16 steps: two rounds pipelined (`decode_fused_p2`), else eight tokens a
-        // half-warp in flight (`decode_fused_f8`), where asked for.
-        let loaded = match (&self.decode_fused_p2, &self.decode_fused_f8) {
-            _ if kv.is_fp8() => self.fp8_kernels("decode_fused")?.decode_fused.as_ref(),
-            (Some((rows, fs)), _) if b <= *rows => Some(fs),
-            (_, Some((rows, fs))) if b <= *rows => Some(fs),
-            _ => self.decode_fused.as_ref(),
+        let loaded = if kv.is_fp8() {
+            self.fp8_kernels("decode_fused")?.decode_fused.as_ref()
+        } else {
+            self.decode_fused.as_ref()
         };
         let Some(funcs) = loaded else {
             return Err(kernel_err("decode_fused", "not loaded"));

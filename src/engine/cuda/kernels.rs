@@ -108,12 +108,6 @@ pub struct CudaKernels {
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge), bf16, GQA
     /// groups 1, 2, 4, 8; None for f32 or without `LaunchOptions::fused_decode`.
     pub(super) decode_fused: Option<[CudaFunction; 4]>,
-    /// The same with 8 tokens a half-warp in flight (group 8 keeps 4), and the most rows a
-    /// step takes them for (`LaunchOptions::fused_fetch8`).
-    pub(super) decode_fused_f8: Option<(usize, [CudaFunction; 4])>,
-    /// The same with two rounds of four tokens in flight, pipelined (group 8 keeps one), and
-    /// the most rows a step takes them for (`LaunchOptions::fused_pipelined`).
-    pub(super) decode_fused_p2: Option<(usize, [CudaFunction; 4])>,
     pub(super) prefill: [CudaFunction; 3],
     /// The tensor-core prefill kernels (bf16 only), for GQA groups 1, 2, 4, 8.
     pub(super) prefill_tc: Option<[CudaFunction; 4]>,
@@ -262,18 +256,6 @@ impl CudaKernels {
             }
             Ok(())
         };
-        // A loop variant of the bf16 fused decode attention (`{name}_g{G}_bf16`) for steps of
-        // at most `rows` rows, where asked for.
-        let fused_variant = |rows: Option<usize>, name: &str| -> Result<_> {
-            match rows {
-                Some(rows) if dtype == DType::BF16 && opts.fused_decode => {
-                    let fs = group_functions(&fused_mod, name, "bf16")?;
-                    cluster_attr(&fs)?;
-                    Ok(Some((rows, fs)))
-                }
-                _ => Ok(None),
-            }
-        };
         // fp8 KV: e4m3 conversions in hardware from sm_89, bf16 compute, the flash prefill.
         let fp8 = if dtype != DType::BF16 {
             Err(format!("fp8 KV needs bf16 compute, not {dtype:?}"))
@@ -395,8 +377,6 @@ impl CudaKernels {
             } else {
                 None
             },
-            decode_fused_f8: fused_variant(opts.fused_fetch8, "decode_fused_f8")?,
-            decode_fused_p2: fused_variant(opts.fused_pipelined, "decode_fused_p2")?,
             gemv: if dtype == DType::BF16 && opts.gemv {
                 let which = (
                     opts.gemv_stream,

@@ -45,12 +45,6 @@ pub struct LaunchOptions {
     /// GQA group 8 through the fused decode attention as two group-4 halves a KV head (which
     /// merge in clusters); off: group 8 unfused.
     pub gqa8_split: bool,
-    /// Decode steps of at most this many rows run the fused attention with 8 tokens a
-    /// half-warp in flight instead of 4 (`decode_fused_f8_*`; the same bits); None: never.
-    pub fused_fetch8: Option<usize>,
-    /// Decode steps of at most this many rows run the fused attention with two rounds of
-    /// four tokens in flight, pipelined (`decode_fused_p2_*`; the same bits); None: never.
-    pub fused_pipelined: Option<usize>,
     /// The decode attention partitions of the 1-row graph bucket (None: 32).
     pub graph_splits_one: Option<usize>,
     /// The decode attention partitions of the 3-4-row graph buckets (None: 32; default 16).
@@ -134,8 +128,6 @@ impl Default for LaunchOptions {
             fused_decode: true,
             clusters: true,
             gqa8_split: true,
-            fused_fetch8: None,
-            fused_pipelined: None,
             graph_splits_one: Some(crate::engine::options::GRAPH_SPLITS_ONE),
             graph_splits_few: Some(crate::engine::options::GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(crate::engine::options::GRAPH_SPLITS_MID),

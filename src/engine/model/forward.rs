@@ -76,8 +76,6 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         fused_decode: opts.fused_decode,
         clusters: opts.clusters,
         gqa8_split: opts.gqa8_split,
-        fused_fetch8: opts.fused_fetch8,
-        fused_pipelined: opts.fused_pipelined,
         graph_splits_one: opts.graph_splits_one,
         graph_splits_few: opts.graph_splits_few,
         graph_splits_mid: opts.graph_splits_mid,

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# On the GPU machine, call 1 of the next round (#21, #29), on the build after the fetch-8 and
+# pipelined variants' removal.
+# 1. kernel_check --model-only: the fused decode attention's first GPU check since its group-8
+#    bf16 kernel was scheduled anew (same PTX), with the new cases at the graphs' new partition
+#    counts (4 rows in 16, 8 rows in 8, over 3,000 tokens).
+# 2. MoE (30B-A3B shape, 4 of 48 layers; group 8): batches 1, 2, 8 against round 34 call 3
+#    (2,335 / 3,797 at batches 1 / 2).
+# 3. Batch 8 fresh against after a 1-row round (round 34 calls 4-5: 1.476 against 1.356 ms a
+#    step): the engine's step profile (GPU busy / idle and host phases, every 32 steps), to tell
+#    whether the slow state is the device or the host.
+set -u
+source scripts/gpu_lib.sh
+model 0.6b; mix_model; moe_model 4
+timeout 150 .gpu/kernel_check --model-dir /tmp/m-mix --model-only > "$OUT/kc.log" 2>&1
+echo "== kc rc $?"; grep -E "^kernel-check|FAILED|Error|panic" "$OUT/kc.log" | head -8
+grep -E "decode_fused.*(splits 8|splits 16)" "$OUT/kc.log" | head -6
+for r in 1 2; do
+  timeout 90 .gpu/bench --no-peer --model-dir /tmp/m-moe4 --prompt 256 --new 64 --batches 1,2,8 > "$OUT/b.log" 2>&1
+  echo "== moe4 run $r rc $?: $(grep -E "^ours decode|Error" "$OUT/b.log" | sed 's/ours decode batch //; s/ (.*//' | paste -sd' ')"
+done
+for bs in 8 1,8; do
+  RUST_LOG=policy_serve=info timeout 90 .gpu/bench --no-peer --model-dir /tmp/m-0.6b --batches $bs \
+    --new 256 --profile-steps 32 > "$OUT/p.log" 2>&1
+  echo "== profile batches $bs rc $?: $(grep -E "^ours decode" "$OUT/p.log" | sed 's/ours decode batch //' | paste -sd' ')"
+  grep "step profile" "$OUT/p.log" | grep "running=8" | tail -3 | sed "s/.*running=/running=/" | cut -c1-300
+done
