@@ -9,23 +9,15 @@
 # 4. --fused-pipelined 2 after 512-token prompts.
 set -u
 source scripts/gpu_lib.sh
-T0=$SECONDS
-left() { [ $((SECONDS - T0)) -lt "${1:-540}" ]; }
-b() {  # b LABEL ARGS...: one bench, its decode rows on one line
-  local l=$1; shift
-  left || { echo "== $l skipped (time)"; return; }
-  timeout 90 .gpu/bench --no-peer "$@" > "$OUT/b.log" 2>&1
-  echo "== $l rc $? t=$((SECONDS - T0)): $(grep -E "^ours decode|Error" "$OUT/b.log" | sed 's/; prefill.*//; s/ (.*//; s/ours decode batch //' | paste -sd' ')"
-}
 model 0.6b; model 1.7b; echo "models t=$((SECONDS - T0))"
 for p in 32000 8000; do for s in 0.6b 1.7b; do for v in "" "--fused-fetch8 2" "--fused-pipelined 2"; do
-  b "$s p$p ${v:-default}" --model-dir /tmp/m-$s --prompt $p --batches 1,2 --new 64 $v
+  row "$s p$p ${v:-default}" --model-dir /tmp/m-$s --prompt $p --batches 1,2 --new 64 $v
 done; done; done
 for s in 0.6b 1.7b; do for v in "" "--graph-splits-mid 8" "" "--graph-splits-mid 8"; do
-  b "$s p512 ${v:-default}" --model-dir /tmp/m-$s --batches 8,16 $v
+  row "$s p512 ${v:-default}" --model-dir /tmp/m-$s --batches 8,16 $v
 done; done
 for v in "" "--graph-splits-mid 8"; do
-  b "0.6b p8000 ${v:-default}" --model-dir /tmp/m-0.6b --prompt 8000 --batches 8 --new 64 $v
+  row "0.6b p8000 ${v:-default}" --model-dir /tmp/m-0.6b --prompt 8000 --batches 8 --new 64 $v
 done
 if left 420; then
   mix_model
@@ -34,6 +26,6 @@ if left 420; then
   grep -ciE "pipelined|p2" "$OUT/kc.log"
 fi
 for s in 0.6b 1.7b; do for v in "" "--fused-pipelined 2"; do
-  b "$s p512 ${v:-default}" --model-dir /tmp/m-$s --batches 1,2 $v
+  row "$s p512 ${v:-default}" --model-dir /tmp/m-$s --batches 1,2 $v
 done; done
 echo "done t=$((SECONDS - T0))"

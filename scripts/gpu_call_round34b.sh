@@ -8,30 +8,22 @@
 # 5. graph_check with the three on together.
 set -u
 source scripts/gpu_lib.sh
-T0=$SECONDS
-left() { [ $((SECONDS - T0)) -lt "${1:-540}" ]; }
-b() {  # b LABEL ARGS...: one bench, its decode rows on one line
-  local l=$1; shift
-  left || { echo "== $l skipped (time)"; return; }
-  timeout 120 .gpu/bench --no-peer "$@" > "$OUT/b.log" 2>&1
-  echo "== $l rc $? t=$((SECONDS - T0)): $(grep -E "^ours(-eager)? (decode|mixed)|Error" "$OUT/b.log" | sed 's/; prefill.*//; s/ (.*//; s/ours decode batch //' | paste -sd' ')"
-}
 model 0.6b; model 1.7b; echo "models t=$((SECONDS - T0))"
-b "0.6b p512 b1,2,8" --model-dir /tmp/m-0.6b --batches 1,2,8
-b "0.6b p512 b8" --model-dir /tmp/m-0.6b --batches 8
-b "1.7b p512 b1,2,8" --model-dir /tmp/m-1.7b --batches 1,2,8
+row "0.6b p512 b1,2,8" --model-dir /tmp/m-0.6b --batches 1,2,8
+row "0.6b p512 b8" --model-dir /tmp/m-0.6b --batches 8
+row "1.7b p512 b1,2,8" --model-dir /tmp/m-1.7b --batches 1,2,8
 for s in 0.6b 1.7b; do for v in "" "--graph-splits-mid 8"; do
-  b "$s p8000 ${v:-default}" --model-dir /tmp/m-$s --prompt 8000 --batches 8,16 --new 64 $v
-  b "$s p32000 ${v:-default}" --model-dir /tmp/m-$s --prompt 32000 --batches 8 --new 32 $v
+  row "$s p8000 ${v:-default}" --model-dir /tmp/m-$s --prompt 8000 --batches 8,16 --new 64 $v
+  row "$s p32000 ${v:-default}" --model-dir /tmp/m-$s --prompt 32000 --batches 8 --new 32 $v
 done; done
 for s in 0.6b 1.7b; do for p in 512 8000 32000; do for v in "" "--graph-splits-few 16"; do
-  b "$s p$p ${v:-default}" --model-dir /tmp/m-$s --prompt $p --batches 3,4 --new 64 $v
+  row "$s p$p ${v:-default}" --model-dir /tmp/m-$s --prompt $p --batches 3,4 --new 64 $v
 done; done; done
 for p in 8000 32000; do for v in "" "--eager-graph-splits"; do
-  b "0.6b p$p ${v:-default}" --model-dir /tmp/m-0.6b --prompt $p --batches 1,4 --new 32 --compare-eager $v
+  row "0.6b p$p ${v:-default}" --model-dir /tmp/m-0.6b --prompt $p --batches 1,4 --new 32 --compare-eager $v
 done; done
 for v in "" "--eager-graph-splits"; do
-  b "mixed ${v:-default}" --model-dir /tmp/m-0.6b --prompt 32000 --mixed --batches 16 $v
+  row "mixed ${v:-default}" --model-dir /tmp/m-0.6b --prompt 32000 --mixed --batches 16 $v
 done
 if left 430; then
   timeout 165 .gpu/graph_check --model-dir /tmp/m-0.6b --graph-splits-mid 8 --graph-splits-few 16 \

@@ -8,14 +8,6 @@
 #    against 32, batches 1 and 2 (never measured there).
 set -u
 source scripts/gpu_lib.sh
-T0=$SECONDS
-left() { [ $((SECONDS - T0)) -lt "${1:-540}" ]; }
-b() {  # b LABEL ARGS...: one bench, its decode rows on one line
-  local l=$1; shift
-  left || { echo "== $l skipped (time)"; return; }
-  timeout 120 .gpu/bench --no-peer "$@" > "$OUT/b.log" 2>&1
-  echo "== $l rc $? t=$((SECONDS - T0)): $(grep -E "^ours(-eager)? (decode|mixed)|Error" "$OUT/b.log" | sed 's/; prefill.*//; s/ (.*//; s/ours decode batch //' | paste -sd' ')"
-}
 model 0.6b; model 1.7b; mix_model; moe_model 4; echo "models t=$((SECONDS - T0))"
 timeout 150 .gpu/kernel_check --model-dir /tmp/m-mix --model-only > "$OUT/kc.log" 2>&1
 echo "== kc rc $? t=$((SECONDS - T0))"; grep -E "^kernel-check|FAILED|Error|panic" "$OUT/kc.log" | head -8
@@ -23,8 +15,8 @@ timeout 150 .gpu/graph_check --model-dir /tmp/m-0.6b --stress-steps 4000 > "$OUT
 echo "== gc rc $? t=$((SECONDS - T0))"; grep -E "graph-check|FAIL|engine|shrink|stress:" "$OUT/gc.log" | cut -c1-160 | head -14
 for s in 0.6b 1.7b 0.6b 1.7b; do b "$s p512" --model-dir /tmp/m-$s --batches 1,2,8; done
 for v in "" "--graph-splits-one 32" "" "--graph-splits-one 32"; do
-  b "moe4 p256 ${v:-default}" --model-dir /tmp/m-moe4 --prompt 256 --new 64 --batches 1,2 $v
+  row "moe4 p256 ${v:-default}" --model-dir /tmp/m-moe4 --prompt 256 --new 64 --batches 1,2 $v
 done
 for s in 0.6b 1.7b; do b "$s p8000" --model-dir /tmp/m-$s --prompt 8000 --batches 1,3,8 --new 64 --compare-eager; done
-b "0.6b p32000" --model-dir /tmp/m-0.6b --prompt 32000 --batches 1,3,8 --new 32 --compare-eager
+row "0.6b p32000" --model-dir /tmp/m-0.6b --prompt 32000 --batches 1,3,8 --new 32 --compare-eager
 echo "done t=$((SECONDS - T0))"

@@ -4,16 +4,11 @@
 # after other rounds, after a longer warm-up, with its rows' prompts cached or not.
 set -u
 source scripts/gpu_lib.sh
-b() {
-  local l=$1; shift
-  timeout 90 .gpu/bench --no-peer "$@" > "$OUT/b.log" 2>&1
-  echo "== $l rc $?: $(grep -E "^ours decode|Error" "$OUT/b.log" | sed 's/ours decode batch //; s/; prefill of batch/ pf/' | paste -sd' ')"
-}
 model 0.6b
-b "8" --model-dir /tmp/m-0.6b --batches 8
-b "8,8" --model-dir /tmp/m-0.6b --batches 8,8
-b "2,8" --model-dir /tmp/m-0.6b --batches 2,8
-b "1,2,8" --model-dir /tmp/m-0.6b --batches 1,2,8
-b "8 warmup 128" --model-dir /tmp/m-0.6b --batches 8 --warmup-new 128
-b "8 new 512" --model-dir /tmp/m-0.6b --batches 8 --new 512
-b "1,2,8 new 512" --model-dir /tmp/m-0.6b --batches 1,2,8 --new 512
+row "8" --model-dir /tmp/m-0.6b --batches 8
+row "8,8" --model-dir /tmp/m-0.6b --batches 8,8
+row "2,8" --model-dir /tmp/m-0.6b --batches 2,8
+row "1,2,8" --model-dir /tmp/m-0.6b --batches 1,2,8
+row "8 warmup 128" --model-dir /tmp/m-0.6b --batches 8 --warmup-new 128
+row "8 new 512" --model-dir /tmp/m-0.6b --batches 8 --new 512
+row "1,2,8 new 512" --model-dir /tmp/m-0.6b --batches 1,2,8 --new 512

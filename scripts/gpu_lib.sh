@@ -34,3 +34,18 @@ run() {
   timeout 100 .gpu/bench --no-peer --batches 1 --new 8 "$@" > "$OUT/bench-$name.log" 2>&1
   grep -E "^ours (prefill|batched|mixed)" "$OUT/bench-$name.log" | sed "s/^/$name /" | tee -a "$S"
 }
+
+# left [S]: whether this call has run less than S seconds (540 by default) since gpu_lib.sh was
+# sourced (a call is cut at 600).
+T0=$SECONDS
+left() { [ $((SECONDS - T0)) -lt "${1:-540}" ]; }
+
+# row LABEL ARGS...: one `bench --no-peer ARGS` (not started once `left` says no), its decode
+# and mixed rows (graphs and eager, with ms a step) on one line after LABEL and the call's time.
+row() {
+  local l=$1; shift
+  left || { echo "== $l skipped (time)"; return; }
+  timeout 120 .gpu/bench --no-peer "$@" > "$OUT/b.log" 2>&1
+  echo "== $l rc $? t=$((SECONDS - T0)): $(grep -E "^ours(-eager)? (decode|mixed)|Error" "$OUT/b.log" \
+    | sed 's/ours decode batch //; s/; prefill of batch/ pf/' | paste -sd' ')"
+}
