@@ -37,7 +37,7 @@ pub fn row_class(t: usize) -> usize {
 /// past its least length (`CudaKernels::decode_partition`) when the context needs it.
 /// Partitions past a context exit at once, but in a large batch they are many: large buckets
 /// take few (their batch alone fills the GPU); each bucket covers 1,024 tokens at its least
-/// partition length. `small`: the counts of the 1-row and 3-4-row buckets where they are
+/// partition length. `small`: the counts of the 1-row, 3-4-row and 5-16-row buckets where they are
 /// set. Its row ranges hold whole buckets (`runner::buckets::graph_buckets`), so a step of `b`
 /// rows and the bucket replaying it get the same count (eager steps take it with
 /// `KernelOptions::eager_graph_splits`).

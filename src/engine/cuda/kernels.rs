@@ -136,7 +136,7 @@ pub struct CudaKernels {
     pub(super) clusters: bool,
     /// GQA group 8 fused as two group-4 halves a KV head (`LaunchOptions::gqa8_split`).
     pub(super) gqa8_split: bool,
-    /// Decode attention partitions of the 1-row and 3-4-row graph buckets
+    /// Decode attention partitions of the 1-row, 3-4-row and 5-16-row graph buckets
     /// (`LaunchOptions::graph_splits_one`, `graph_splits_few`, `graph_splits_mid`).
     pub(crate) graph_splits: crate::engine::batch::SmallSplits,
     /// Eager decode steps take their graph bucket's partitions at most

@@ -88,12 +88,12 @@ mod tests {
         let small = SmallSplits {
             one: Some(64),
             few: Some(16),
-            mid: Some(8),
+            mid: Some(4),
         };
         let counts: Vec<usize> = [1, 2, 3, 4, 5, 16, 17]
             .map(|b| graph_splits(b, small))
             .into();
-        assert_eq!(counts, [64, 32, 16, 16, 8, 8, 8]);
+        assert_eq!(counts, [64, 32, 16, 16, 4, 4, 8]);
         let counts: Vec<usize> = [1, 4, 5, 16, 17, 65]
             .map(|b| graph_splits(b, SmallSplits::default()))
             .into();
