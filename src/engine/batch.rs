@@ -36,9 +36,10 @@ pub fn row_class(t: usize) -> usize {
 /// Partitions of decode attention in a bucket's graph: a fixed grid, each partition growing
 /// past its least length (`CudaKernels::decode_partition`) when the context needs it.
 /// Partitions past a context exit at once, but in a large batch they are many: large buckets
-/// take few (their batch alone fills the GPU); each bucket covers 1,024 tokens at its least
-/// partition length. `small`: the counts of the 1-row, 3-4-row and 5-16-row buckets where they are
-/// set. Its row ranges hold whole buckets (`runner::buckets::graph_buckets`), so a step of `b`
+/// take few (their batch alone fills the GPU); at its least partition length a bucket covers
+/// 512-2,048 tokens (with the defaults: 2,048 at 1 row, 1,024 at 2, 512 at 3-16, 1,024 past
+/// them) and longer contexts grow the partitions. `small`: the counts of the 1-row, 3-4-row and
+/// 5-16-row buckets where they are set. Its row ranges hold whole buckets (`runner::buckets::graph_buckets`), so a step of `b`
 /// rows and the bucket replaying it get the same count (eager steps take it with
 /// `KernelOptions::eager_graph_splits`).
 pub fn graph_splits(b: usize, small: SmallSplits) -> usize {
