@@ -146,6 +146,20 @@ impl CudaKernels {
         (w * block_size).div_ceil(part.max(1)).max(1)
     }
 
+    /// The decode attention partitions of a step of `b` decode rows over block tables `width`
+    /// blocks wide: as many partitions of [`CudaKernels::decode_partition`] tokens as the width
+    /// needs, at most the graph bucket's count (`batch::graph_splits`) on a graph (`graph`)
+    /// and, with `LaunchOptions::eager_graph_splits`, on an eager step too; in whole clusters
+    /// ([`CudaKernels::cluster_splits`]). Graph capture and eager steps both count here, so a
+    /// step and the bucket replaying it cut a context alike.
+    pub fn step_splits(&self, b: usize, width: usize, block_size: usize, graph: bool) -> usize {
+        let mut s = Self::decode_splits(width, block_size, Self::decode_partition(b));
+        if graph || self.eager_graph_splits {
+            s = s.min(crate::engine::batch::graph_splits(b, self.graph_splits));
+        }
+        self.cluster_splits(b, s)
+    }
+
     /// [`CudaKernels::paged_decode`] writing into `out` (a contiguous `[B, nh * 128]` view) in
     /// `splits` partitions of at least `part` tokens, with partials in `scratch` (from
     /// [`CudaKernels::decode_scratch`] for at least `B` sequences and `splits`). Each

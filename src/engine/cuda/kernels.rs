@@ -138,10 +138,10 @@ pub struct CudaKernels {
     pub(super) gqa8_split: bool,
     /// Decode attention partitions of the 1-row, 3-4-row and 5-16-row graph buckets
     /// (`LaunchOptions::graph_splits_one`, `graph_splits_few`, `graph_splits_mid`).
-    pub(crate) graph_splits: crate::engine::batch::SmallSplits,
+    pub(super) graph_splits: crate::engine::batch::SmallSplits,
     /// Eager decode steps take their graph bucket's partitions at most
     /// (`LaunchOptions::eager_graph_splits`).
-    pub(crate) eager_graph_splits: bool,
+    pub(super) eager_graph_splits: bool,
     /// cuBLAS matmuls on their row class's algorithm (`LaunchOptions::blas_row_class`).
     pub(super) blas_row_class: bool,
     /// Pinned host buffers for token ids read back without waiting for the stream.

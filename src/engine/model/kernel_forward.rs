@@ -152,12 +152,7 @@ impl KernelForward<'_> {
                 packed.narrow(0, pre_at + tiles.len() + meta.len(), ptables.len())?,
             )
         };
-        let part = CudaKernels::decode_partition(nd);
-        let mut splits = CudaKernels::decode_splits(width, bs, part);
-        if k.eager_graph_splits {
-            splits = splits.min(crate::engine::batch::graph_splits(nd, k.graph_splits));
-        }
-        let splits = k.cluster_splits(nd, splits);
+        let splits = k.step_splits(nd, width, bs, false);
         let inputs = StepInputs {
             pos: packed.narrow(0, t, t)?,
             slots: packed.narrow(0, 2 * t, t)?,

@@ -33,7 +33,7 @@ use std::time::Instant;
 use candle_core::cuda_backend::cudarc::driver::{CudaGraph, CudaStream, result, sys};
 use candle_core::{DType, Tensor};
 
-use super::buckets::{bucket_for, graph_buckets, graph_splits};
+use super::buckets::{bucket_for, graph_buckets};
 use super::graph_rows::{
     FIELDS, Row, StepKind, Variant, input_layout, padding, step_kind, step_rows,
 };
@@ -113,14 +113,8 @@ impl DecodeGraphs {
         let verify_rows = verify.iter().copied().max().unwrap_or(0);
         let bmax = *buckets.last().unwrap_or(&1);
         let max_width = max_context.div_ceil(block_size);
-        // Splits per bucket: no more than the widest table needs at the bucket's partition,
-        // rounded as eager steps round them (so both cut a context alike).
-        let splits_of = |b: usize| {
-            let part = CudaKernels::decode_partition(b);
-            let s = graph_splits(b, k.graph_splits)
-                .min(CudaKernels::decode_splits(max_width, block_size, part));
-            k.cluster_splits(b, s)
-        };
+        // Splits per bucket: no more than the widest table needs, counted as eager steps are.
+        let splits_of = |b: usize| k.step_splits(b, max_width, block_size, true);
         let partials = buckets.iter().map(|&b| b * splits_of(b)).max().unwrap_or(1);
         let vocab = model.qwen3.lm_head.weight().dim(0)?;
         let lora_at = model
