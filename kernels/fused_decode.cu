@@ -181,22 +181,21 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   const uint32_t* table = block_tables + (size_t)b * W;
   const size_t head_base = (size_t)rk * num_slots;
 
-  // 1: this half-warp's tokens base + grp + GROUPS * u, their K/V rows (not the new token's),
-  // into (kd, vd): the round attended to next (kr, vr).
+  // 1: this half-warp's tokens base + grp + GROUPS * u, their K/V rows (not the new token's).
   Raw kr[FETCH], vr[FETCH];
-  auto fetch_into = [&](int base, auto& kd, auto& vd) {
+  auto fetch = [&](int base) {
 #pragma unroll
     for (int u = 0; u < FETCH; ++u) {
       const int p = base + grp + GROUPS * u;
       if (p < end && p != newp) {
         const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
         const size_t off = (head_base + slot) * HD + lane * PER;
-        kd[u] = *reinterpret_cast<const Raw*>(k_cache + off);
-        vd[u] = *reinterpret_cast<const Raw*>(v_cache + off);
+        kr[u] = *reinterpret_cast<const Raw*>(k_cache + off);
+        vr[u] = *reinterpret_cast<const Raw*>(v_cache + off);
       }
     }
   };
-  fetch_into(start, kr, vr);
+  fetch(start);
   pdl_wait();
   if (stop == 1) return;
   if (ctx == 0) {  // the same for the whole row b
@@ -260,7 +259,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   float m[G], l[G], acc[G][PER];
   empty_groups<G>(m, l, acc);
   for (int base = start; base < end; base += GROUPS * FETCH) {
-    if (base != start) fetch_into(base, kr, vr);
+    if (base != start) fetch(base);
 #pragma unroll
     for (int u = 0; u < FETCH; ++u) {
       const int p = base + grp + GROUPS * u;
@@ -367,11 +366,11 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 
 }  // namespace
 
-#define PS_DECODE_FUSED(G, KT, NAME)                                                            \
+#define PS_DECODE_FUSED(G, KT, NAME)                                                             \
   extern "C" __global__ void __launch_bounds__(THREADS)                                         \
       decode_fused_g##G##_##NAME(const FusedDecodeParams p) {                                   \
-    decode_fused<G, KT>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,        \
-                        (KT*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc,          \
+    decode_fused<G, KT>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,          \
+                        (KT*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc,            \
                         p.part_ml, p.counters, p.W, p.width, p.block_size, p.num_slots, p.nkv,  \
                         p.part, p.k_scale, p.v_scale, p.eps, p.stop, p.kv_shift);               \
   }
