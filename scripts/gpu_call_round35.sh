@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine, call 1 of the next round (#21, #29), on the build after the fetch-8 and
 # pipelined variants' removal.
-# 1. kernel_check --model-only: the fused decode attention's first GPU check since its group-8
-#    bf16 kernel was scheduled anew (same PTX), with the new cases at the graphs' new partition
-#    counts (4 rows in 16, 8 rows in 8, over 3,000 tokens).
+# 1. kernel_check --model-only: the fused decode attention as built before round 32's variants
+#    (its group-8 bf16 kernel's scheduling differs from rounds 32-34's builds), with the new
+#    cases at the graphs' new partition counts (4 rows in 16, 8 rows in 8, over 3,000 tokens);
+#    then graph_check (the partition counts now come from CudaKernels::step_splits).
 # 2. MoE (30B-A3B shape, 4 of 48 layers; group 8): batches 1, 2, 8 against round 34 call 3
 #    (2,335 / 3,797 at batches 1 / 2).
 # 3. Batch 8 fresh against after a 1-row round (round 34 calls 4-5: 1.476 against 1.356 ms a
@@ -15,6 +16,8 @@ model 0.6b; mix_model; moe_model 4
 timeout 150 .gpu/kernel_check --model-dir /tmp/m-mix --model-only > "$OUT/kc.log" 2>&1
 echo "== kc rc $?"; grep -E "^kernel-check|FAILED|Error|panic" "$OUT/kc.log" | head -8
 grep -E "decode_fused.*(splits 8|splits 16)" "$OUT/kc.log" | head -6
+timeout 150 .gpu/graph_check --model-dir /tmp/m-0.6b --stress-steps 3000 > "$OUT/gc.log" 2>&1
+echo "== gc rc $?"; grep -E "graph-check|FAIL|engine|shrink" "$OUT/gc.log" | cut -c1-160 | head -8
 for r in 1 2; do
   timeout 90 .gpu/bench --no-peer --model-dir /tmp/m-moe4 --prompt 256 --new 64 --batches 1,2,8 > "$OUT/b.log" 2>&1
   echo "== moe4 run $r rc $?: $(grep -E "^ours decode|Error" "$OUT/b.log" | sed 's/ours decode batch //; s/ (.*//' | paste -sd' ')"
