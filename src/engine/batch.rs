@@ -39,9 +39,9 @@ pub fn row_class(t: usize) -> usize {
 /// take few (their batch alone fills the GPU); at its least partition length a bucket covers
 /// 512-2,048 tokens (with the defaults: 2,048 at 1 row, 1,024 at 2, 512 at 3-16, 1,024 past
 /// them) and longer contexts grow the partitions. `small`: the counts of the 1-row, 3-4-row and
-/// 5-16-row buckets where they are set. Its row ranges hold whole buckets (`runner::buckets::graph_buckets`), so a step of `b`
-/// rows and the bucket replaying it get the same count (eager steps take it with
-/// `KernelOptions::eager_graph_splits`).
+/// 5-16-row buckets where they are set. Its row ranges hold whole buckets
+/// (`runner::buckets::graph_buckets`), so a step of `b` rows and the bucket replaying it get the
+/// same count (eager steps take it with `KernelOptions::eager_graph_splits`).
 pub fn graph_splits(b: usize, small: SmallSplits) -> usize {
     match (b, small.one, small.few, small.mid) {
         (1, Some(s), ..) | (3 | 4, _, Some(s), _) | (5..=16, .., Some(s)) => s.max(1),
