@@ -28,6 +28,10 @@ for bs in 8 1,8; do
   echo "== profile batches $bs rc $?: $(grep -E "^ours decode" "$OUT/p.log" | sed 's/ours decode batch //' | paste -sd' ')"
   grep "step profile" "$OUT/p.log" | grep "running=8" | tail -3 | sed "s/.*running=/running=/" | cut -c1-300
 done
+# 3b. The ops of a step at batches 1 and 8 on the current defaults (20 launches of one op in a
+#     graph): what the next batch-1 / batch-8 work is sized on.
+timeout 120 .gpu/graph_check --model-dir /tmp/m-0.6b --profile 1,8 > "$OUT/prof.log" 2>&1
+echo "== ops profile rc $?"; grep -vE "^\s*$" "$OUT/prof.log" | grep -E "us|step|replay" | cut -c1-150 | head -70
 # 4. The 1-row fused attention after long prompts under Nsight Compute (L2 not flushed): where
 #    a ~500-token partition's 16 rounds go (round 34: ~4.3 us a round at 32k, 1.8 TB/s).
 NCU=/usr/local/cuda/bin/ncu
@@ -35,15 +39,16 @@ NCU=/usr/local/cuda/bin/ncu
 STALLS=$(for r in long_scoreboard barrier wait lg_throttle membar short_scoreboard drain \
   no_instruction math_pipe_throttle mio_throttle not_selected selected dispatch_stall sleeping; do
   printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' $r; done | sed 's/,$//')
-for p in 8000 32000; do
+for pb in 8000:1 600:8 32000:1; do
+  p=${pb%:*}; bb=${pb#*:}
   left 500 || break
   timeout 150 "$NCU" --clock-control none --cache-control none -k regex:decode_fused --launch-skip 300 \
     --launch-count 4 --section SpeedOfLight --section Occupancy --section LaunchStats \
     --section WarpStateStats --section SchedulerStats \
-    --metrics "dram__bytes_read.sum,gpu__time_duration.sum,$STALLS" -o "$OUT/ncu-att$p" -f \
-    .gpu/bench --model-dir /tmp/m-0.6b --no-peer --prompt $p --batches 1 --new 40 --warmup-new 2 \
-    > "$OUT/ncu-att$p.log" 2>&1
-  echo "== ncu attention p$p rc $?"
-  "$NCU" --import "$OUT/ncu-att$p.ncu-rep" --csv --page details > "$OUT/ncu-att$p.csv" 2>/dev/null
-  python3 scripts/ncu_table.py "$OUT/ncu-att$p.csv"
+    --metrics "dram__bytes_read.sum,gpu__time_duration.sum,$STALLS" -o "$OUT/ncu-att$p-b$bb" -f \
+    .gpu/bench --model-dir /tmp/m-0.6b --no-peer --prompt $p --batches $bb --new 40 --warmup-new 2 \
+    > "$OUT/ncu-att$p-b$bb.log" 2>&1
+  echo "== ncu attention p$p b$bb rc $?"
+  "$NCU" --import "$OUT/ncu-att$p-b$bb.ncu-rep" --csv --page details > "$OUT/ncu-att$p-b$bb.csv" 2>/dev/null
+  python3 scripts/ncu_table.py "$OUT/ncu-att$p-b$bb.csv"
 done
