@@ -315,6 +315,11 @@ mod tests {
             .engine
             .options();
         assert!(p.kernels.mma_decode && p.kernels.mma_decode_split_p);
+        // The fused decode attention's K/V ring: off unless asked for, 2 or 3 stages.
+        assert_eq!((d.kernels.fused_ring, lib.kernels.fused_ring), (None, None));
+        let r = Cli::parse_from(["x", "--fused-ring", "3"]).engine.options();
+        assert_eq!(r.kernels.fused_ring, Some(3));
+        assert!(Cli::try_parse_from(["x", "--fused-ring", "4"]).is_err());
         // MoE kernel switches: one-pair tiles on and the norm+router launch off by default.
         assert!(d.kernels.moe_tile_one && !d.kernels.moe_norm_router);
         let e = Cli::parse_from(["x", "--no-moe-tile-one", "--moe-norm-router"])

@@ -69,6 +69,10 @@ pub struct KernelFlags {
     /// default 8, 16 as before).
     #[arg(long, value_name = "N")]
     pub graph_splits_mid: Option<usize>,
+    /// The fused decode attention's K/V through a ring of N stages of shared memory
+    /// (`KernelOptions::fused_ring`; 2 or 3).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(2..=3))]
+    pub fused_ring: Option<u8>,
     /// Eager decode steps cut the attention in partitions of 32-128 tokens, as many as the
     /// context needs (turns `KernelOptions::eager_graph_splits` off).
     #[arg(long)]
@@ -182,6 +186,7 @@ impl KernelFlags {
             clusters: !self.no_clusters,
             gqa8_split: !self.no_gqa8_split,
             eager_graph_splits: !self.no_eager_graph_splits,
+            fused_ring: self.fused_ring,
             graph_splits_few: Some(
                 self.graph_splits_few
                     .unwrap_or(super::options::GRAPH_SPLITS_FEW),

@@ -103,6 +103,13 @@ pub struct KernelOptions {
     /// at most 16). Default `Some(GRAPH_SPLITS_MID)` (8: 512 blocks at batch 8 of an
     /// 8-KV-head model); None: 16 (1,024 blocks at batch 8, past one wave).
     pub graph_splits_mid: Option<usize>,
+    /// The fused decode attention loads a partition's K/V through a ring of this many stages
+    /// of shared memory (2 or 3; `kernels/fused_decode.cu` `decode_fused_ring*`): every
+    /// stage's loads of a block issued before its wait on the kernel before it, and each
+    /// stage refilled that many rounds ahead of the round attended to, so a partition of more
+    /// than 32 tokens no longer waits on memory once a round. The same tokens in the same
+    /// order: the same bits. None (default, until measured): one round's loads in registers.
+    pub fused_ring: Option<u8>,
     /// Eager decode and verify steps (and a mixed step's decode rows) cut the attention in
     /// at most the partitions their graph bucket takes (`batch::graph_splits`), so an eager
     /// step and a graph replay cut a long context alike (the same bits); off: partitions of
@@ -225,6 +232,7 @@ impl Default for KernelOptions {
             graph_splits_one: Some(GRAPH_SPLITS_ONE),
             graph_splits_few: Some(GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(GRAPH_SPLITS_MID),
+            fused_ring: None,
             eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,

@@ -108,6 +108,9 @@ pub struct CudaKernels {
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge), bf16, GQA
     /// groups 1, 2, 4, 8; None for f32 or without `LaunchOptions::fused_decode`.
     pub(super) decode_fused: Option<[CudaFunction; 4]>,
+    /// Stages of the fused decode attention's K/V ring in shared memory
+    /// (`LaunchOptions::fused_ring`; None: the loads in registers).
+    pub(super) fused_ring: Option<u8>,
     pub(super) prefill: [CudaFunction; 3],
     /// The tensor-core prefill kernels (bf16 only), for GQA groups 1, 2, 4, 8.
     pub(super) prefill_tc: Option<[CudaFunction; 4]>,
@@ -256,6 +259,30 @@ impl CudaKernels {
             }
             Ok(())
         };
+        // The fused decode attention, with its K/V ring's shared memory allowed
+        // (`LaunchOptions::fused_ring`: 2 or 3 stages are built), over caches of `dt`
+        // (elements of `elem` bytes).
+        let ring = opts.fused_ring.map(|s| s.clamp(2, 3));
+        let fused_decode = |dt: &str, elem: usize| -> Result<[CudaFunction; 4]> {
+            let name = match ring {
+                Some(s) => format!("decode_fused_ring{s}"),
+                None => "decode_fused".to_string(),
+            };
+            let fs = group_functions(&fused_mod, &name, dt)?;
+            cluster_attr(&fs)?;
+            if let Some(s) = ring {
+                use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
+                for (func, g) in fs.iter().zip([1, 2, 4, 8]) {
+                    let bytes = super::attention::fused_ring_bytes(s, elem, g);
+                    func.set_attribute(
+                        A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        bytes as i32,
+                    )
+                    .map_err(|e| kernel_err("decode_fused ring shared memory", e))?;
+                }
+            }
+            Ok(fs)
+        };
         // fp8 KV: e4m3 conversions in hardware from sm_89, bf16 compute, the flash prefill.
         let fp8 = if dtype != DType::BF16 {
             Err(format!("fp8 KV needs bf16 compute, not {dtype:?}"))
@@ -281,9 +308,7 @@ impl CudaKernels {
                     mma: mma_decode("fp8")?,
                 },
                 decode_fused: if opts.fused_decode {
-                    let fs = group_functions(&fused_mod, "decode_fused", "fp8")?;
-                    cluster_attr(&fs)?;
-                    Some(fs)
+                    Some(fused_decode("fp8", 1)?)
                 } else {
                     None
                 },
@@ -371,12 +396,11 @@ impl CudaKernels {
             decode_reduce: f(&decode_mod, &format!("paged_decode_reduce_{s}"))?,
             spec: SpecKernels::load(&load(VERIFY, "verify")?, dtype, s, opts.shared_kv_verify)?,
             decode_fused: if dtype == DType::BF16 && opts.fused_decode {
-                let fs = group_functions(&fused_mod, "decode_fused", "bf16")?;
-                cluster_attr(&fs)?;
-                Some(fs)
+                Some(fused_decode("bf16", 2)?)
             } else {
                 None
             },
+            fused_ring: ring,
             gemv: if dtype == DType::BF16 && opts.gemv {
                 let which = (
                     opts.gemv_stream,

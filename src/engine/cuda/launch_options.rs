@@ -53,6 +53,10 @@ pub struct LaunchOptions {
     pub graph_splits_mid: Option<usize>,
     /// Eager decode steps cut the attention in at most their graph bucket's partitions.
     pub eager_graph_splits: bool,
+    /// The fused decode attention loads its K/V through a ring of this many stages (2 or 3)
+    /// of shared memory, that many rounds ahead (`decode_fused_ring*`; None: one round in
+    /// registers).
+    pub fused_ring: Option<u8>,
     /// cuBLAS matmuls of up to 1,024 rows on the cuBLASLt algorithm of their row class.
     pub blas_row_class: bool,
     /// The flash prefill attention (bf16).
@@ -131,6 +135,7 @@ impl Default for LaunchOptions {
             graph_splits_one: Some(crate::engine::options::GRAPH_SPLITS_ONE),
             graph_splits_few: Some(crate::engine::options::GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(crate::engine::options::GRAPH_SPLITS_MID),
+            fused_ring: None,
             eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,
