@@ -51,7 +51,89 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     };
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
     double_bits(&plain, &k, dev, t)?;
+    mma_plain_dispatch(dev, t)?;
     split_rows(dev, t)
+}
+
+/// `LaunchOptions::gemv_mma_plain` (at 2,048 inputs) takes the tensor-core kernels for the
+/// plain and SiLU matmuls of 3-8 rows over at most 2,048 inputs and leaves the rest to the
+/// default path: bit for bit the `gemv_mma` set's outputs there (the same kernels), the
+/// default set's (cuBLAS) over 3,072 inputs and behind a norm (a dispatch that took the wrong
+/// kernel for a kind or a width fails it, as the two paths round differently).
+fn mma_plain_dispatch(dev: &Device, t: &mut Table) -> Res<()> {
+    let set = |o: LaunchOptions| -> Res<CudaKernels> {
+        Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
+    };
+    let d = LaunchOptions::default();
+    let (def, mma) = (
+        set(d)?,
+        set(LaunchOptions {
+            gemv_mma: true,
+            ..d
+        })?,
+    );
+    let k = set(LaunchOptions {
+        gemv_mma_plain: Some(2048),
+        ..d
+    })?;
+    let dt = DType::BF16;
+    let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
+    for rows in [3usize, 8] {
+        for &(n, kk) in &[(1024usize, 2048usize), (2048, 1024), (1024, 3072)] {
+            let same = if kk <= 2048 { &mma } else { &def };
+            let x = randn(&[rows, kk], dt, dev)?;
+            let w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;
+            let (o1, o2) = (zeros(rows, n)?, zeros(rows, n)?);
+            same.linear_into(&x, &w, &o1)?;
+            k.linear_into(&x, &w, &o2)?;
+            let path = if kk <= 2048 { "tensor cores" } else { "cuBLAS" };
+            let name = format!("gemv_mma_plain rows {rows} n {n} k {kk} = {path}");
+            t.check(name, max_diff(&o1, &o2)?, 0.0);
+            let i = n / 2;
+            let (a1, a2, gu) = (zeros(rows, i)?, zeros(rows, i)?, zeros(rows, n)?);
+            same.gate_up_silu_into(&x, &w, &gu, &a1)?;
+            k.gate_up_silu_into(&x, &w, &gu, &a2)?;
+            let name = format!("gemv_mma_plain silu rows {rows} I {i} k {kk} = {path}");
+            t.check(name, max_diff(&a1, &a2)?, 0.0);
+            let names = [
+                format!("gemv_mma_plain norm rows {rows} n {n} k {kk} = norm + {path}"),
+                format!("gemv_mma_plain norm rows {rows} k {kk} residual sum"),
+            ];
+            if kk <= 2048 {
+                // Behind a norm: the separate norm, then the tensor-core kernel.
+                norm_apart_bits((&def, &mma, &k), &w, rows, &names[0], dev, t)?;
+            } else {
+                norm_bits((&def, &k), &w, (rows, false), names, dev, t)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `k`'s fused-norm matmul (`norm_linear_into`) against the default set's add+RMSNorm
+/// (`def`) followed by the plain matmul of `mma`: the same bits.
+fn norm_apart_bits(
+    (def, mma, k): (&CudaKernels, &CudaKernels, &CudaKernels),
+    w: &Tensor,
+    rows: usize,
+    name: &str,
+    dev: &Device,
+    t: &mut Table,
+) -> Res<()> {
+    let dt = DType::BF16;
+    let kk = w.dim(1)?;
+    let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
+    let (res, delta) = (randn(&[rows, kk], dt, dev)?, randn(&[rows, kk], dt, dev)?);
+    let nw = randn(&[kk], dt, dev)?.affine(0.1, 1.0)?.to_dtype(dt)?;
+    let n = w.dim(0)?;
+    let (h1, r1, o1) = (zeros(rows, kk)?, zeros(rows, kk)?, zeros(rows, n)?);
+    def.add_rmsnorm_to(Some(&delta), &res, &r1, &nw, 1e-6, &h1)?;
+    mma.linear_into(&h1, w, &o1)?;
+    let (h2, r2, o2) = (zeros(rows, kk)?, zeros(rows, kk)?, zeros(rows, n)?);
+    k.norm_linear_into((&res, Some(&delta), &r2), (&nw, 1e-6), &h2, w, &o2, None, None)?;
+    t.check(name.to_string(), max_diff(&o1, &o2)?, 0.0);
+    t.check(format!("{name} (residual sum)"), max_diff(&r1, &r2)?, 0.0);
+    Ok(())
 }
 
 /// The plain kernel with two warps a row (`LaunchOptions::gemv_split_k`) against f32 math on

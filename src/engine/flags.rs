@@ -320,6 +320,12 @@ mod tests {
         let r = Cli::parse_from(["x", "--fused-ring", "3"]).engine.options();
         assert_eq!(r.kernels.fused_ring, Some(3));
         assert!(Cli::try_parse_from(["x", "--fused-ring", "4"]).is_err());
+        // The unnormed tensor-core skinny matmuls: off unless asked for, not with --gemv-mma.
+        assert_eq!((d.kernels.gemv_mma_plain, lib.kernels.gemv_mma_plain), (None, None));
+        let g = Cli::parse_from(["x", "--gemv-mma-plain", "4096"]).engine.options();
+        assert_eq!(g.kernels.gemv_mma_plain, Some(4096));
+        assert!(!g.kernels.gemv_mma);
+        assert!(Cli::try_parse_from(["x", "--gemv-mma", "--gemv-mma-plain", "64"]).is_err());
         // MoE kernel switches: one-pair tiles on and the norm+router launch off by default.
         assert!(d.kernels.moe_tile_one && !d.kernels.moe_norm_router);
         let e = Cli::parse_from(["x", "--no-moe-tile-one", "--moe-norm-router"])

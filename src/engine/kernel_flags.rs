@@ -15,6 +15,10 @@ pub struct KernelFlags {
     /// Tensor-core skinny matmuls for decode steps of 3-8 rows (`KernelOptions::gemv_mma`).
     #[arg(long)]
     pub gemv_mma: bool,
+    /// Tensor-core skinny matmuls without their fused norm for decode steps of 3-8 rows over
+    /// at most K inputs, the norms apart (`KernelOptions::gemv_mma_plain`).
+    #[arg(long, value_name = "K", conflicts_with = "gemv_mma")]
+    pub gemv_mma_plain: Option<usize>,
     /// Blocks per SM of the streamed-rows 1-2-row gate|up matmuls
     /// (`KernelOptions::gemv_stream`; default 2).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=8))]
@@ -169,6 +173,7 @@ impl KernelFlags {
             kernels: !self.no_kernels,
             gemv: !self.no_gemv,
             gemv_mma: self.gemv_mma,
+            gemv_mma_plain: self.gemv_mma_plain,
             gemv_stream: (!self.no_gemv_stream).then(|| {
                 self.gemv_stream
                     .unwrap_or(super::options::GEMV_STREAM_BLOCKS)

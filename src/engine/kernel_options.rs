@@ -47,6 +47,12 @@ pub struct KernelOptions {
     /// rows (bf16, with `gemv`; off: cuBLAS and separate norm and SiLU kernels). Off by
     /// default: no faster than cuBLAS on the H200 (BENCHMARKS.md, #21).
     pub gemv_mma: bool,
+    /// The tensor-core skinny-matmul kernels without their fused norm (the plain matmul and
+    /// gate|up with SiLU) for decode steps of 3-8 rows over at most this many inputs, the
+    /// norms as separate launches (with `gemv`, without `gemv_mma`): a step of 8 rows then
+    /// runs no split-K reduce after o and down and no SiLU launch after gate|up (cuBLAS's
+    /// 64x8 tiles run one each). None (default, until measured): cuBLAS.
+    pub gemv_mma_plain: Option<usize>,
     /// The 1-2-row gate|up matmuls (with SiLU, alone or behind the fused norm) on streamed
     /// rows (`kernels/gemv.cu` `sgemv_silu_*`): a grid of this many blocks per SM (1..=8), each
     /// warp taking every G-th pair, its weight loads in batches across pairs; bit for bit a
@@ -219,6 +225,7 @@ impl Default for KernelOptions {
             kernels: true,
             gemv: true,
             gemv_mma: false,
+            gemv_mma_plain: None,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
             gemv_split_k: false,

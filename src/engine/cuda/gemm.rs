@@ -302,6 +302,12 @@ impl CudaKernels {
             });
         }
         let fs = self.gemv_mma.as_ref()?;
+        // `gemv_mma_plain`: the kinds without a norm, over at most its K inputs.
+        if let Some(max_k) = self.gemv_mma_plain
+            && (kind >= 2 || k > max_k)
+        {
+            return None;
+        }
         (t <= GEMV_MMA_MAX_ROWS && k.is_multiple_of(32)).then(|| Gemv {
             f: &fs[kind][t - GEMV_MAX_ROWS - 1],
             rows_per_block: GEMV_MMA_ROWS,

@@ -129,6 +129,9 @@ pub struct CudaKernels {
     /// The same four on tensor cores for `GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS` rows (None
     /// without `LaunchOptions::gemv_mma`).
     pub(super) gemv_mma: Option<[Vec<CudaFunction>; 4]>,
+    /// With `gemv_mma` loaded for `LaunchOptions::gemv_mma_plain`: the widest input its
+    /// plain and SiLU kernels take (the norm kinds go to cuBLAS behind a separate norm).
+    pub(super) gemv_mma_plain: Option<usize>,
     /// Whether the skinny matmuls prefetch the next matmul's weights into L2.
     pub(super) l2_prefetch: bool,
     /// Whether whole-vocabulary draws run on the device (`LaunchOptions::sample_full`).
@@ -413,7 +416,11 @@ impl CudaKernels {
                 None
             },
             sample_full_on: opts.sample_full,
-            gemv_mma: if dtype == DType::BF16 && opts.gemv && opts.gemv_mma {
+            gemv_mma_plain: opts.gemv_mma_plain.filter(|_| !opts.gemv_mma),
+            gemv_mma: if dtype == DType::BF16
+                && opts.gemv
+                && (opts.gemv_mma || opts.gemv_mma_plain.is_some())
+            {
                 let m = load(GEMV_MMA, "gemv_mma")?;
                 let all = |kind: &str| -> Result<Vec<CudaFunction>> {
                     (GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS)

@@ -16,6 +16,9 @@ pub struct LaunchOptions {
     /// Tensor-core skinny-matmul kernels for 3-8 rows (bf16; with `gemv`; off: cuBLAS and
     /// the separate norm and SiLU kernels).
     pub gemv_mma: bool,
+    /// The tensor-core skinny-matmul kernels without their fused norm (plain and SiLU) for
+    /// 3-8 rows over at most this many inputs (with `gemv`; `gemv_mma` takes every kind).
+    pub gemv_mma_plain: Option<usize>,
     /// The 1-2-row gate|up matmuls on streamed rows, this many blocks per SM (`gemv.cu`
     /// `sgemv_silu_*`, `snorm_gemv_silu_*`; None: a block per eight row pairs; default 2).
     pub gemv_stream: Option<u8>,
@@ -122,6 +125,7 @@ impl Default for LaunchOptions {
         Self {
             gemv: true,
             gemv_mma: false,
+            gemv_mma_plain: None,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
             gemv_split_k: false,
