@@ -40,28 +40,6 @@ constexpr int FETCH = 4;
 constexpr int CLUSTER_PART = 128;  // longest partition of a context one cluster covers
 constexpr int MERGE_STAGE = 32;    // partials a global merge stages in shared memory
 
-// The K/V ring (LaunchOptions::fused_ring, S > 0 stages): round r of a partition (GROUPS *
-// FETCH tokens) is copied into stage r % S of dynamic shared memory with cp.async, S rounds
-// ahead of the one attended to; every lane copies the 8 elements it later reads itself, so
-// no block barrier orders the copies and the reads (each thread waits on its own groups).
-template <typename KT>
-__device__ __forceinline__ void ring_copy(KT* dst, const KT* src) {
-  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-  if constexpr (sizeof(typename KvRaw<KT>::type) == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
-  }
-}
-__device__ __forceinline__ void ring_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void ring_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// The ring's dynamic shared memory: S stages of K and V rows of a round (GROUPS * FETCH
-// tokens), and at least the half-warps' f32 accumulators of G heads, which take it over after
-// the loop. The host sizes the launch alike (attention.rs, fused_ring_bytes).
-
 // Blocks in this block's cluster and its rank there (1 and 0 without clusters).
 __device__ __forceinline__ int cluster_blocks() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -164,7 +142,7 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
 
 // KT: the caches' element type (bf16, or fp8 with the scales ks / vs: K's folded into q, the
 // new token's K/V kept in shared memory as stored, so both paths read the same values).
-template <int G, typename KT, int S>
+template <int G, typename KT>
 __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              const __nv_bfloat16* __restrict__ q_w,
                              const __nv_bfloat16* __restrict__ k_w,
@@ -217,36 +195,9 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       }
     }
   };
-  // The ring's stages (S > 0): K rows of stage s at ring + s * 2 * R * HD, V rows after them.
-  constexpr int R = GROUPS * FETCH;
-  extern __shared__ __align__(16) unsigned char ring_raw[];
-  KT* ring = reinterpret_cast<KT*>(ring_raw);
-  // Round base's loads of this lane into stage st (S > 0), as one commit group.
-  auto issue = [&](int base, int st) {
-#pragma unroll
-    for (int u = 0; u < FETCH; ++u) {
-      const int p = base + grp + GROUPS * u;
-      if (p < end && p != newp) {
-        const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
-        const size_t off = (head_base + slot) * HD + lane * PER;
-        KT* dk = ring + ((size_t)(st * 2) * R + grp + GROUPS * u) * HD + lane * PER;
-        ring_copy(dk, k_cache + off);
-        ring_copy(dk + (size_t)R * HD, v_cache + off);
-      }
-    }
-    ring_commit();
-  };
-  if constexpr (S > 0) {
-#pragma unroll
-    for (int st = 0; st < S; ++st) issue(start + st * R, st);
-  } else {
-    fetch(start);
-  }
+  fetch(start);
   pdl_wait();
-  if (stop == 1) {
-    if constexpr (S > 0) ring_wait<0>();
-    return;
-  }
+  if (stop == 1) return;
   if (ctx == 0) {  // the same for the whole row b
     if (split == 0)
       for (int i = threadIdx.x; i < G * HD; i += THREADS)
@@ -293,10 +244,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     }
   }
   __syncthreads();
-  if (stop == 2) {
-    if constexpr (S > 0) ring_wait<0>();
-    return;
-  }
+  if (stop == 2) return;
 
   // 3: paged_decode's loop (the same tokens in the same order), FETCH tokens at a time.
   float qv[G][PER];
@@ -310,23 +258,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   }
   float m[G], l[G], acc[G][PER];
   empty_groups<G>(m, l, acc);
-  for (int base = start, r = 0; base < end; base += GROUPS * FETCH, ++r) {
-    const int st = S > 0 ? r % S : 0;
-    if constexpr (S > 0) {
-      // This round's copies (the lane's own) have landed: the S - 1 after it may not have.
-      ring_wait<S - 1>();
-#pragma unroll
-      for (int u = 0; u < FETCH; ++u) {
-        const int p = base + grp + GROUPS * u;
-        if (p < end && p != newp) {
-          const KT* sk = ring + ((size_t)(st * 2) * R + grp + GROUPS * u) * HD + lane * PER;
-          kr[u] = *reinterpret_cast<const Raw*>(sk);
-          vr[u] = *reinterpret_cast<const Raw*>(sk + (size_t)R * HD);
-        }
-      }
-    } else if (base != start) {
-      fetch(base);
-    }
+  for (int base = start; base < end; base += GROUPS * FETCH) {
+    if (base != start) fetch(base);
 #pragma unroll
     for (int u = 0; u < FETCH; ++u) {
       const int p = base + grp + GROUPS * u;
@@ -347,8 +280,6 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       else raw8_to_f32(vr[u], vs, kv);
       softmax_step<G>(sc, kv, m, l, acc);
     }
-    // The stage just read (into registers, and summed) takes the round S ahead.
-    if constexpr (S > 0) issue(base + S * R, st);
   }
   if (stop == 3) {
     // Keep the loop's results live (a profiling stop must not let the compiler drop it).
@@ -362,12 +293,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   // the host launches accordingly).
   constexpr int CP = G <= 2 ? 16 : (G <= 4 ? 8 : 1);
   __shared__ float sm[GROUPS][G], sl[GROUPS][G];
-  // The half-warps' accumulators: in the ring (S > 0), dead once every thread has left the
-  // loop (the barrier below), else an array of their own.
-  __shared__ float sacc_own[S > 0 ? 1 : GROUPS][G][HD];
-  using Acc = float[GROUPS][G][HD];
-  Acc& sacc = *reinterpret_cast<Acc*>(S > 0 ? (void*)ring_raw : (void*)sacc_own);
-  if constexpr (S > 0) __syncthreads();
+  __shared__ float sacc[GROUPS][G][HD];
   __shared__ float pM[CP][G], pL[CP][G];
   __shared__ float pA[CP][G][HD];
   store_groups<G>(m, l, acc, grp, lane, sm, sl, sacc);
@@ -440,25 +366,19 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 
 }  // namespace
 
-#define PS_DECODE_FUSED(G, KT, NAME, S, PRE)                                                    \
+#define PS_DECODE_FUSED(G, KT, NAME)                                                             \
   extern "C" __global__ void __launch_bounds__(THREADS)                                         \
-      decode_fused##PRE##_g##G##_##NAME(const FusedDecodeParams p) {                            \
-    decode_fused<G, KT, S>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,       \
-                           (KT*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc,       \
-                           p.part_ml, p.counters, p.W, p.width, p.block_size, p.num_slots,      \
-                           p.nkv, p.part, p.k_scale, p.v_scale, p.eps, p.stop, p.kv_shift);     \
+      decode_fused_g##G##_##NAME(const FusedDecodeParams p) {                                   \
+    decode_fused<G, KT>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,          \
+                        (KT*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc,            \
+                        p.part_ml, p.counters, p.W, p.width, p.block_size, p.num_slots, p.nkv,  \
+                        p.part, p.k_scale, p.v_scale, p.eps, p.stop, p.kv_shift);               \
   }
-// The kernels with K/V loads in registers (decode_fused_*), and with a shared-memory ring of
-// two or three stages (decode_fused_ring{2,3}_*: the same tokens in the same order, the same
-// bits; LaunchOptions::fused_ring).
-#define PS_DECODE_FUSED_ALL(G)                           \
-  PS_DECODE_FUSED(G, __nv_bfloat16, bf16, 0, )            \
-  PS_DECODE_FUSED(G, fp8, fp8, 0, )                       \
-  PS_DECODE_FUSED(G, __nv_bfloat16, bf16, 2, _ring2)      \
-  PS_DECODE_FUSED(G, fp8, fp8, 2, _ring2)                 \
-  PS_DECODE_FUSED(G, __nv_bfloat16, bf16, 3, _ring3)      \
-  PS_DECODE_FUSED(G, fp8, fp8, 3, _ring3)
-PS_DECODE_FUSED_ALL(1)
-PS_DECODE_FUSED_ALL(2)
-PS_DECODE_FUSED_ALL(4)
-PS_DECODE_FUSED_ALL(8)
+PS_DECODE_FUSED(1, __nv_bfloat16, bf16)
+PS_DECODE_FUSED(2, __nv_bfloat16, bf16)
+PS_DECODE_FUSED(4, __nv_bfloat16, bf16)
+PS_DECODE_FUSED(8, __nv_bfloat16, bf16)
+PS_DECODE_FUSED(1, fp8, fp8)
+PS_DECODE_FUSED(2, fp8, fp8)
+PS_DECODE_FUSED(4, fp8, fp8)
+PS_DECODE_FUSED(8, fp8, fp8)

@@ -175,18 +175,6 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         ..cores()
     };
     let k8 = CudaKernels::new(dev, DType::BF16, &whole)?.ok_or("no kernels")?;
-    // The K/V ring (`LaunchOptions::fused_ring`): the same tokens in the same order, held to
-    // what the register kernel is held to (a stage read before its copies land, a round
-    // copied into the stage still being read, or a lane reading another lane's copy fails
-    // it). Two stages on every case, three on those of more than one round a partition.
-    let ring = |s: u8| {
-        let o = LaunchOptions {
-            fused_ring: Some(s),
-            ..cores()
-        };
-        CudaKernels::new(dev, DType::BF16, &o)
-    };
-    let (r2, r3) = (ring(2)?.ok_or("no kernels")?, ring(3)?.ok_or("no kernels")?);
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),
@@ -215,13 +203,10 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         ((8, 3000, true), (32, 4), Some(8)),
     ];
     let g8 = cases.iter().filter(|c| c.1.0 / c.1.1 == 8);
-    let long = cases.iter().filter(|c| c.0.1 >= 600);
     let runs = cases
         .iter()
         .map(|c| (&k, c, ""))
-        .chain(g8.map(|c| (&k8, c, " whole")))
-        .chain(cases.iter().map(|c| (&r2, c, " ring2")))
-        .chain(long.map(|c| (&r3, c, " ring3")));
+        .chain(g8.map(|c| (&k8, c, " whole")));
     for (k, &(rows, heads, splits), how) in runs {
         let (out, cache, left, exact) = case(k, dev, rows, heads, splits, None)?;
         let name = format!(

@@ -55,16 +55,20 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     split_rows(dev, t)
 }
 
-/// `LaunchOptions::gemv_mma_plain` (at 2,048 inputs) takes the tensor-core kernels for the
-/// plain and SiLU matmuls of 3-8 rows over at most 2,048 inputs and leaves the rest to the
-/// default path: bit for bit the `gemv_mma` set's outputs there (the same kernels), the
-/// default set's (cuBLAS) over 3,072 inputs and behind a norm (a dispatch that took the wrong
-/// kernel for a kind or a width fails it, as the two paths round differently).
+/// `LaunchOptions::gemv_mma_plain` (here weights of up to 4Mi elements) takes the tensor-core
+/// kernels for the plain and SiLU matmuls of 3-8 rows on such weights and leaves the rest to
+/// cuBLAS: bit for bit the `gemv_mma` set's outputs there (the same kernels), the cuBLAS
+/// set's on a 6Mi-element weight; behind a norm, the separate norm then the same matmul (a
+/// dispatch that took the wrong kernel for a kind or a size fails it, as the two paths round
+/// differently).
 fn mma_plain_dispatch(dev: &Device, t: &mut Table) -> Res<()> {
     let set = |o: LaunchOptions| -> Res<CudaKernels> {
         Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
     };
-    let d = LaunchOptions::default();
+    let d = LaunchOptions {
+        gemv_mma_plain: None,
+        ..LaunchOptions::default()
+    };
     let (def, mma) = (
         set(d)?,
         set(LaunchOptions {
@@ -73,20 +77,21 @@ fn mma_plain_dispatch(dev: &Device, t: &mut Table) -> Res<()> {
         })?,
     );
     let k = set(LaunchOptions {
-        gemv_mma_plain: Some(2048),
+        gemv_mma_plain: Some(4 << 20),
         ..d
     })?;
     let dt = DType::BF16;
     let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
     for rows in [3usize, 8] {
-        for &(n, kk) in &[(1024usize, 2048usize), (2048, 1024), (1024, 3072)] {
-            let same = if kk <= 2048 { &mma } else { &def };
+        for &(n, kk) in &[(1024usize, 2048usize), (2048, 1024), (2048, 3072)] {
+            let tc = n * kk <= 4 << 20;
+            let same = if tc { &mma } else { &def };
             let x = randn(&[rows, kk], dt, dev)?;
             let w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;
             let (o1, o2) = (zeros(rows, n)?, zeros(rows, n)?);
             same.linear_into(&x, &w, &o1)?;
             k.linear_into(&x, &w, &o2)?;
-            let path = if kk <= 2048 { "tensor cores" } else { "cuBLAS" };
+            let path = if tc { "tensor cores" } else { "cuBLAS" };
             let name = format!("gemv_mma_plain rows {rows} n {n} k {kk} = {path}");
             t.check(name, max_diff(&o1, &o2)?, 0.0);
             let i = n / 2;
@@ -99,7 +104,7 @@ fn mma_plain_dispatch(dev: &Device, t: &mut Table) -> Res<()> {
                 format!("gemv_mma_plain norm rows {rows} n {n} k {kk} = norm + {path}"),
                 format!("gemv_mma_plain norm rows {rows} k {kk} residual sum"),
             ];
-            if kk <= 2048 {
+            if tc {
                 // Behind a norm: the separate norm, then the tensor-core kernel.
                 norm_apart_bits((&def, &mma, &k), &w, rows, &names[0], dev, t)?;
             } else {
@@ -130,7 +135,15 @@ fn norm_apart_bits(
     def.add_rmsnorm_to(Some(&delta), &res, &r1, &nw, 1e-6, &h1)?;
     mma.linear_into(&h1, w, &o1)?;
     let (h2, r2, o2) = (zeros(rows, kk)?, zeros(rows, kk)?, zeros(rows, n)?);
-    k.norm_linear_into((&res, Some(&delta), &r2), (&nw, 1e-6), &h2, w, &o2, None, None)?;
+    k.norm_linear_into(
+        (&res, Some(&delta), &r2),
+        (&nw, 1e-6),
+        &h2,
+        w,
+        &o2,
+        None,
+        None,
+    )?;
     t.check(name.to_string(), max_diff(&o1, &o2)?, 0.0);
     t.check(format!("{name} (residual sum)"), max_diff(&r1, &r2)?, 0.0);
     Ok(())

@@ -315,17 +315,25 @@ mod tests {
             .engine
             .options();
         assert!(p.kernels.mma_decode && p.kernels.mma_decode_split_p);
-        // The fused decode attention's K/V ring: off unless asked for, 2 or 3 stages.
-        assert_eq!((d.kernels.fused_ring, lib.kernels.fused_ring), (None, None));
-        let r = Cli::parse_from(["x", "--fused-ring", "3"]).engine.options();
-        assert_eq!(r.kernels.fused_ring, Some(3));
-        assert!(Cli::try_parse_from(["x", "--fused-ring", "4"]).is_err());
-        // The unnormed tensor-core skinny matmuls: off unless asked for, not with --gemv-mma.
-        assert_eq!((d.kernels.gemv_mma_plain, lib.kernels.gemv_mma_plain), (None, None));
-        let g = Cli::parse_from(["x", "--gemv-mma-plain", "4096"]).engine.options();
+        // The unnormed tensor-core skinny matmuls: on for weights of up to 6Mi elements unless
+        // turned off; --gemv-mma (every kind) takes them over.
+        let max = Some(crate::engine::options::GEMV_MMA_PLAIN_MAX_WEIGHT);
+        assert_eq!(
+            (d.kernels.gemv_mma_plain, lib.kernels.gemv_mma_plain),
+            (max, max)
+        );
+        let g = Cli::parse_from(["x", "--gemv-mma-plain", "4096"])
+            .engine
+            .options();
         assert_eq!(g.kernels.gemv_mma_plain, Some(4096));
         assert!(!g.kernels.gemv_mma);
-        assert!(Cli::try_parse_from(["x", "--gemv-mma", "--gemv-mma-plain", "64"]).is_err());
+        let n = Cli::parse_from(["x", "--no-gemv-mma-plain"])
+            .engine
+            .options();
+        assert_eq!(n.kernels.gemv_mma_plain, None);
+        assert!(
+            Cli::try_parse_from(["x", "--no-gemv-mma-plain", "--gemv-mma-plain", "64"]).is_err()
+        );
         // MoE kernel switches: one-pair tiles on and the norm+router launch off by default.
         assert!(d.kernels.moe_tile_one && !d.kernels.moe_norm_router);
         let e = Cli::parse_from(["x", "--no-moe-tile-one", "--moe-norm-router"])

@@ -15,10 +15,14 @@ pub struct KernelFlags {
     /// Tensor-core skinny matmuls for decode steps of 3-8 rows (`KernelOptions::gemv_mma`).
     #[arg(long)]
     pub gemv_mma: bool,
-    /// Tensor-core skinny matmuls without their fused norm for decode steps of 3-8 rows over
-    /// at most K inputs, the norms apart (`KernelOptions::gemv_mma_plain`).
-    #[arg(long, value_name = "K", conflicts_with = "gemv_mma")]
+    /// Tensor-core skinny matmuls without their fused norm for decode steps of 3-8 rows on
+    /// weights of at most N elements, the norms apart (`KernelOptions::gemv_mma_plain`;
+    /// default 6Mi).
+    #[arg(long, value_name = "N")]
     pub gemv_mma_plain: Option<usize>,
+    /// cuBLAS for every matmul of 3-8 rows (turns `KernelOptions::gemv_mma_plain` off).
+    #[arg(long, conflicts_with = "gemv_mma_plain")]
+    pub no_gemv_mma_plain: bool,
     /// Blocks per SM of the streamed-rows 1-2-row gate|up matmuls
     /// (`KernelOptions::gemv_stream`; default 2).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=8))]
@@ -73,10 +77,6 @@ pub struct KernelFlags {
     /// default 8, 16 as before).
     #[arg(long, value_name = "N")]
     pub graph_splits_mid: Option<usize>,
-    /// The fused decode attention's K/V through a ring of N stages of shared memory
-    /// (`KernelOptions::fused_ring`; 2 or 3).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(2..=3))]
-    pub fused_ring: Option<u8>,
     /// Eager decode steps cut the attention in partitions of 32-128 tokens, as many as the
     /// context needs (turns `KernelOptions::eager_graph_splits` off).
     #[arg(long)]
@@ -173,7 +173,10 @@ impl KernelFlags {
             kernels: !self.no_kernels,
             gemv: !self.no_gemv,
             gemv_mma: self.gemv_mma,
-            gemv_mma_plain: self.gemv_mma_plain,
+            gemv_mma_plain: (!self.no_gemv_mma_plain).then(|| {
+                self.gemv_mma_plain
+                    .unwrap_or(super::options::GEMV_MMA_PLAIN_MAX_WEIGHT)
+            }),
             gemv_stream: (!self.no_gemv_stream).then(|| {
                 self.gemv_stream
                     .unwrap_or(super::options::GEMV_STREAM_BLOCKS)
@@ -191,7 +194,6 @@ impl KernelFlags {
             clusters: !self.no_clusters,
             gqa8_split: !self.no_gqa8_split,
             eager_graph_splits: !self.no_eager_graph_splits,
-            fused_ring: self.fused_ring,
             graph_splits_few: Some(
                 self.graph_splits_few
                     .unwrap_or(super::options::GRAPH_SPLITS_FEW),

@@ -30,6 +30,13 @@ pub const GRAPH_SPLITS_FEW: usize = 16;
 /// within 0.4% (BENCHMARKS.md, #21).
 pub const GRAPH_SPLITS_MID: usize = 8;
 
+/// The default of `KernelOptions::gemv_mma_plain`: weights of up to 6Mi elements (12 MiB of
+/// bf16), every matmul of a 0.6B layer and 1.7B's o (2,048 x 2,048). On the H200, 0.6B batch 8
+/// after 512-token prompts 5,864 -> 6,764 tok/s with all four on tensor cores; on 1.7B the
+/// kernels lose against cuBLAS on the larger weights (all four: batch 8 4,097 -> 3,943)
+/// (BENCHMARKS.md, #21).
+pub const GEMV_MMA_PLAIN_MAX_WEIGHT: usize = 6 << 20;
+
 /// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
 pub const GEMV_STREAM_BLOCKS: u8 = 2;
@@ -48,10 +55,11 @@ pub struct KernelOptions {
     /// default: no faster than cuBLAS on the H200 (BENCHMARKS.md, #21).
     pub gemv_mma: bool,
     /// The tensor-core skinny-matmul kernels without their fused norm (the plain matmul and
-    /// gate|up with SiLU) for decode steps of 3-8 rows over at most this many inputs, the
-    /// norms as separate launches (with `gemv`, without `gemv_mma`): a step of 8 rows then
-    /// runs no split-K reduce after o and down and no SiLU launch after gate|up (cuBLAS's
-    /// 64x8 tiles run one each). None (default, until measured): cuBLAS.
+    /// gate|up with SiLU, `kernels/gemv_mma.cu`) for decode steps of 3-8 rows on weights of
+    /// at most this many elements (rows x inputs), the norms as separate launches (with
+    /// `gemv`; `gemv_mma` takes every kind instead): such a step runs no split-K reduce after
+    /// o and down and no SiLU launch after gate|up, which cuBLAS's small-tile kernels need.
+    /// Default `Some(GEMV_MMA_PLAIN_MAX_WEIGHT)`; None: cuBLAS.
     pub gemv_mma_plain: Option<usize>,
     /// The 1-2-row gate|up matmuls (with SiLU, alone or behind the fused norm) on streamed
     /// rows (`kernels/gemv.cu` `sgemv_silu_*`): a grid of this many blocks per SM (1..=8), each
@@ -109,13 +117,6 @@ pub struct KernelOptions {
     /// at most 16). Default `Some(GRAPH_SPLITS_MID)` (8: 512 blocks at batch 8 of an
     /// 8-KV-head model); None: 16 (1,024 blocks at batch 8, past one wave).
     pub graph_splits_mid: Option<usize>,
-    /// The fused decode attention loads a partition's K/V through a ring of this many stages
-    /// of shared memory (2 or 3; `kernels/fused_decode.cu` `decode_fused_ring*`): every
-    /// stage's loads of a block issued before its wait on the kernel before it, and each
-    /// stage refilled that many rounds ahead of the round attended to, so a partition of more
-    /// than 32 tokens no longer waits on memory once a round. The same tokens in the same
-    /// order: the same bits. None (default, until measured): one round's loads in registers.
-    pub fused_ring: Option<u8>,
     /// Eager decode and verify steps (and a mixed step's decode rows) cut the attention in
     /// at most the partitions their graph bucket takes (`batch::graph_splits`), so an eager
     /// step and a graph replay cut a long context alike (the same bits); off: partitions of
@@ -225,7 +226,7 @@ impl Default for KernelOptions {
             kernels: true,
             gemv: true,
             gemv_mma: false,
-            gemv_mma_plain: None,
+            gemv_mma_plain: Some(GEMV_MMA_PLAIN_MAX_WEIGHT),
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
             gemv_split_k: false,
@@ -239,7 +240,6 @@ impl Default for KernelOptions {
             graph_splits_one: Some(GRAPH_SPLITS_ONE),
             graph_splits_few: Some(GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(GRAPH_SPLITS_MID),
-            fused_ring: None,
             eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,

@@ -422,26 +422,11 @@ impl CudaKernels {
             lb.cluster_z(self.decode_cluster(b, nh / nkv, splits) as u32);
         }
         lb.arg(&params);
-        let mut grid = decode_grid(b, nkv_grid, splits);
-        if let Some(s) = self.fused_ring {
-            let elem = if kv.is_fp8() { 1 } else { 2 };
-            grid.shared_mem_bytes = fused_ring_bytes(s, elem, g) as u32;
-        }
         // SAFETY: `FusedDecodeParams` is the kernel's one parameter (same layout, checked at
-        // compile time on both sides); the buffers are sized above, and the ring's shared
-        // memory is what `fused_ring_bytes` gives the kernel of this group (allowed at load).
-        unsafe { lb.launch(grid) }.w()?;
+        // compile time on both sides); the buffers are sized above.
+        unsafe { lb.launch(decode_grid(b, nkv_grid, splits)) }.w()?;
         Ok(())
     }
-}
-
-/// Bytes of dynamic shared memory the fused decode attention's K/V ring of `stages` stages
-/// takes over caches of `elem`-byte elements at GQA group `g` (`kernels/fused_decode.cu`):
-/// each stage one round's K and V rows (32 tokens of 128 elements), and at least the
-/// half-warps' f32 accumulators of `g` heads (8 x g x 128), which reuse it after the loop.
-pub(super) fn fused_ring_bytes(stages: u8, elem: usize, g: usize) -> usize {
-    let ring = stages as usize * 2 * 32 * 128 * elem;
-    ring.max(8 * g * 128 * 4)
 }
 
 /// The partial buffers of a decode launch in `splits` partitions: the scratch when there are

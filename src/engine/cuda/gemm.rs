@@ -101,7 +101,10 @@ impl CudaKernels {
         }
         let (px, pw, po) = (self.ptr(x)?, self.ptr(w)?, self.ptr(out)?);
         // cuBLAS reads a wide matrix (lm_head) at least as fast (BENCHMARKS.md).
-        if let Some(g) = self.gemv_for(0, t, k).filter(|_| n_out <= GEMV_MAX_N) {
+        if let Some(g) = self
+            .gemv_for(0, t, (n_out, k))
+            .filter(|_| n_out <= GEMV_MAX_N)
+        {
             return self.launch_gemv(g, (pw, px, po), n_out, k, next);
         }
         let ty = match self.dtype {
@@ -169,7 +172,7 @@ impl CudaKernels {
         let (two_i, k) = w.dims2()?;
         let t = x.elem_count() / k.max(1);
         let inter = two_i / 2;
-        if let Some(g) = self.gemv_for(1, t, k) {
+        if let Some(g) = self.gemv_for(1, t, (two_i, k)) {
             self.check_dtype(x)?;
             self.check_dtype(w)?;
             self.check_dtype(act)?;
@@ -203,7 +206,7 @@ impl CudaKernels {
         let t = res.elem_count() / k.max(1);
         let kind = if silu.is_some() { 3 } else { 2 };
         let fused = self
-            .gemv_for(kind, t, k)
+            .gemv_for(kind, t, (n_w, k))
             .filter(|_| t * k * 2 <= NORM_SMEM && res.dim(candle_core::D::Minus1).ok() == Some(k));
         let Some(g) = fused else {
             self.add_rmsnorm_to(delta, res, res_out, norm_w, eps, h)?;
@@ -258,8 +261,9 @@ impl CudaKernels {
     }
 
     /// The skinny-matmul kernel (`kind` 0: plain, 1: fused SiLU*up, 2 and 3: the same behind
-    /// the fused norm) for `t` rows over `k` inputs, when one serves them.
-    fn gemv_for(&self, kind: usize, t: usize, k: usize) -> Option<Gemv<'_>> {
+    /// the fused norm) for `t` rows over a weight of `n` rows of `k` inputs, when one serves
+    /// them.
+    fn gemv_for(&self, kind: usize, t: usize, (n, k): (usize, usize)) -> Option<Gemv<'_>> {
         if t == 0 || !k.is_multiple_of(8) {
             return None;
         }
@@ -302,9 +306,9 @@ impl CudaKernels {
             });
         }
         let fs = self.gemv_mma.as_ref()?;
-        // `gemv_mma_plain`: the kinds without a norm, over at most its K inputs.
-        if let Some(max_k) = self.gemv_mma_plain
-            && (kind >= 2 || k > max_k)
+        // `gemv_mma_plain`: the kinds without a norm, on weights of at most its elements.
+        if let Some(max) = self.gemv_mma_plain
+            && (kind >= 2 || n * k > max)
         {
             return None;
         }

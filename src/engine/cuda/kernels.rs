@@ -108,9 +108,6 @@ pub struct CudaKernels {
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge), bf16, GQA
     /// groups 1, 2, 4, 8; None for f32 or without `LaunchOptions::fused_decode`.
     pub(super) decode_fused: Option<[CudaFunction; 4]>,
-    /// Stages of the fused decode attention's K/V ring in shared memory
-    /// (`LaunchOptions::fused_ring`; None: the loads in registers).
-    pub(super) fused_ring: Option<u8>,
     pub(super) prefill: [CudaFunction; 3],
     /// The tensor-core prefill kernels (bf16 only), for GQA groups 1, 2, 4, 8.
     pub(super) prefill_tc: Option<[CudaFunction; 4]>,
@@ -129,8 +126,9 @@ pub struct CudaKernels {
     /// The same four on tensor cores for `GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS` rows (None
     /// without `LaunchOptions::gemv_mma`).
     pub(super) gemv_mma: Option<[Vec<CudaFunction>; 4]>,
-    /// With `gemv_mma` loaded for `LaunchOptions::gemv_mma_plain`: the widest input its
-    /// plain and SiLU kernels take (the norm kinds go to cuBLAS behind a separate norm).
+    /// With `gemv_mma` loaded for `LaunchOptions::gemv_mma_plain`: the largest weight (rows x
+    /// inputs) its plain and SiLU kernels take (the norm kinds go to cuBLAS or these behind a
+    /// separate norm).
     pub(super) gemv_mma_plain: Option<usize>,
     /// Whether the skinny matmuls prefetch the next matmul's weights into L2.
     pub(super) l2_prefetch: bool,
@@ -262,30 +260,6 @@ impl CudaKernels {
             }
             Ok(())
         };
-        // The fused decode attention, with its K/V ring's shared memory allowed
-        // (`LaunchOptions::fused_ring`: 2 or 3 stages are built), over caches of `dt`
-        // (elements of `elem` bytes).
-        let ring = opts.fused_ring.map(|s| s.clamp(2, 3));
-        let fused_decode = |dt: &str, elem: usize| -> Result<[CudaFunction; 4]> {
-            let name = match ring {
-                Some(s) => format!("decode_fused_ring{s}"),
-                None => "decode_fused".to_string(),
-            };
-            let fs = group_functions(&fused_mod, &name, dt)?;
-            cluster_attr(&fs)?;
-            if let Some(s) = ring {
-                use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
-                for (func, g) in fs.iter().zip([1, 2, 4, 8]) {
-                    let bytes = super::attention::fused_ring_bytes(s, elem, g);
-                    func.set_attribute(
-                        A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        bytes as i32,
-                    )
-                    .map_err(|e| kernel_err("decode_fused ring shared memory", e))?;
-                }
-            }
-            Ok(fs)
-        };
         // fp8 KV: e4m3 conversions in hardware from sm_89, bf16 compute, the flash prefill.
         let fp8 = if dtype != DType::BF16 {
             Err(format!("fp8 KV needs bf16 compute, not {dtype:?}"))
@@ -311,7 +285,9 @@ impl CudaKernels {
                     mma: mma_decode("fp8")?,
                 },
                 decode_fused: if opts.fused_decode {
-                    Some(fused_decode("fp8", 1)?)
+                    let fs = group_functions(&fused_mod, "decode_fused", "fp8")?;
+                    cluster_attr(&fs)?;
+                    Some(fs)
                 } else {
                     None
                 },
@@ -399,11 +375,12 @@ impl CudaKernels {
             decode_reduce: f(&decode_mod, &format!("paged_decode_reduce_{s}"))?,
             spec: SpecKernels::load(&load(VERIFY, "verify")?, dtype, s, opts.shared_kv_verify)?,
             decode_fused: if dtype == DType::BF16 && opts.fused_decode {
-                Some(fused_decode("bf16", 2)?)
+                let fs = group_functions(&fused_mod, "decode_fused", "bf16")?;
+                cluster_attr(&fs)?;
+                Some(fs)
             } else {
                 None
             },
-            fused_ring: ring,
             gemv: if dtype == DType::BF16 && opts.gemv {
                 let which = (
                     opts.gemv_stream,

@@ -17,7 +17,8 @@ pub struct LaunchOptions {
     /// the separate norm and SiLU kernels).
     pub gemv_mma: bool,
     /// The tensor-core skinny-matmul kernels without their fused norm (plain and SiLU) for
-    /// 3-8 rows over at most this many inputs (with `gemv`; `gemv_mma` takes every kind).
+    /// 3-8 rows on weights of at most this many elements (with `gemv`; `gemv_mma` takes every
+    /// kind).
     pub gemv_mma_plain: Option<usize>,
     /// The 1-2-row gate|up matmuls on streamed rows, this many blocks per SM (`gemv.cu`
     /// `sgemv_silu_*`, `snorm_gemv_silu_*`; None: a block per eight row pairs; default 2).
@@ -56,10 +57,6 @@ pub struct LaunchOptions {
     pub graph_splits_mid: Option<usize>,
     /// Eager decode steps cut the attention in at most their graph bucket's partitions.
     pub eager_graph_splits: bool,
-    /// The fused decode attention loads its K/V through a ring of this many stages (2 or 3)
-    /// of shared memory, that many rounds ahead (`decode_fused_ring*`; None: one round in
-    /// registers).
-    pub fused_ring: Option<u8>,
     /// cuBLAS matmuls of up to 1,024 rows on the cuBLASLt algorithm of their row class.
     pub blas_row_class: bool,
     /// The flash prefill attention (bf16).
@@ -125,7 +122,7 @@ impl Default for LaunchOptions {
         Self {
             gemv: true,
             gemv_mma: false,
-            gemv_mma_plain: None,
+            gemv_mma_plain: Some(crate::engine::options::GEMV_MMA_PLAIN_MAX_WEIGHT),
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
             gemv_split_k: false,
@@ -139,7 +136,6 @@ impl Default for LaunchOptions {
             graph_splits_one: Some(crate::engine::options::GRAPH_SPLITS_ONE),
             graph_splits_few: Some(crate::engine::options::GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(crate::engine::options::GRAPH_SPLITS_MID),
-            fused_ring: None,
             eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,
