@@ -94,12 +94,11 @@ fn mma_plain_dispatch(dev: &Device, t: &mut Table) -> Res<()> {
             let path = if tc { "tensor cores" } else { "cuBLAS" };
             let name = format!("gemv_mma_plain rows {rows} n {n} k {kk} = {path}");
             t.check(name, max_diff(&o1, &o2)?, 0.0);
-            let i = n / 2;
-            let (a1, a2, gu) = (zeros(rows, i)?, zeros(rows, i)?, zeros(rows, n)?);
-            same.gate_up_silu_into(&x, &w, &gu, &a1)?;
-            k.gate_up_silu_into(&x, &w, &gu, &a2)?;
-            let name = format!("gemv_mma_plain silu rows {rows} I {i} k {kk} = {path}");
-            t.check(name, max_diff(&a1, &a2)?, 0.0);
+            let name = format!(
+                "gemv_mma_plain silu rows {rows} I {} k {kk} = {path}",
+                n / 2
+            );
+            silu_bits((same, &k), (&x, &w), name, dev, t)?;
             let names = [
                 format!("gemv_mma_plain norm rows {rows} n {n} k {kk} = norm + {path}"),
                 format!("gemv_mma_plain norm rows {rows} k {kk} residual sum"),
@@ -223,7 +222,6 @@ fn stream_bits(
     t: &mut Table,
 ) -> Res<()> {
     let dt = DType::BF16;
-    let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
     for rows in 1..=2usize {
         for &(n, kk) in &[
             (4096usize, 1024usize),
@@ -236,11 +234,8 @@ fn stream_bits(
             let x = randn(&[rows, kk], dt, dev)?;
             let w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;
             let i = n / 2;
-            let (a1, a2, gu) = (zeros(rows, i)?, zeros(rows, i)?, zeros(rows, n)?);
-            plain.gate_up_silu_into(&x, &w, &gu, &a1)?;
-            k.gate_up_silu_into(&x, &w, &gu, &a2)?;
             let name = format!("gemv_silu rows {rows} I {i} k {kk}{tag}");
-            t.check(name, max_diff(&a1, &a2)?, 0.0);
+            silu_bits((plain, k), (&x, &w), name, dev, t)?;
             let names = [
                 format!("norm_gemv_silu rows {rows} I {i} k {kk}{tag}"),
                 format!("norm_gemv_silu rows {rows} k {kk} residual sum{tag}"),
@@ -248,6 +243,24 @@ fn stream_bits(
             norm_bits((plain, k), &w, (rows, true), names, dev, t)?;
         }
     }
+    Ok(())
+}
+
+/// The gate|up SiLU product of `x` and `w` by `a` and by `b`, checked bit for bit as `name`.
+fn silu_bits(
+    (a, b): (&CudaKernels, &CudaKernels),
+    (x, w): (&Tensor, &Tensor),
+    name: String,
+    dev: &Device,
+    t: &mut Table,
+) -> Res<()> {
+    let dt = DType::BF16;
+    let (rows, n) = (x.dim(0)?, w.dim(0)?);
+    let zeros = |c: usize| Tensor::zeros((rows, c), dt, dev);
+    let (a1, a2, gu) = (zeros(n / 2)?, zeros(n / 2)?, zeros(n)?);
+    a.gate_up_silu_into(x, w, &gu, &a1)?;
+    b.gate_up_silu_into(x, w, &gu, &a2)?;
+    t.check(name, max_diff(&a1, &a2)?, 0.0);
     Ok(())
 }
 
