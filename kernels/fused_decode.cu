@@ -142,7 +142,11 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
 
 // KT: the caches' element type (bf16, or fp8 with the scales ks / vs: K's folded into q, the
 // new token's K/V kept in shared memory as stored, so both paths read the same values).
-template <int G, typename KT>
+// LEAN (LaunchOptions::fused_lean): the same sums in the same order with fewer instructions a
+// token: a power-of-two block size's table index and offset by shift and mask instead of a
+// division, and a round's FETCH scores computed before its softmax steps (four independent
+// shuffle reductions in flight instead of one at a time).
+template <int G, typename KT, bool LEAN>
 __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              const __nv_bfloat16* __restrict__ q_w,
                              const __nv_bfloat16* __restrict__ k_w,
@@ -183,12 +187,16 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 
   // 1: this half-warp's tokens base + grp + GROUPS * u, their K/V rows (not the new token's).
   Raw kr[FETCH], vr[FETCH];
+  const bool bs_pow2 = LEAN && (block_size & (block_size - 1)) == 0;
+  const int bs_shift = 31 - __clz(block_size);
   auto fetch = [&](int base) {
 #pragma unroll
     for (int u = 0; u < FETCH; ++u) {
       const int p = base + grp + GROUPS * u;
       if (p < end && p != newp) {
-        const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
+        const int tb = bs_pow2 ? p >> bs_shift : p / block_size;
+        const int to = bs_pow2 ? p & (block_size - 1) : p % block_size;
+        const size_t slot = (size_t)table[tb] * block_size + to;
         const size_t off = (head_base + slot) * HD + lane * PER;
         kr[u] = *reinterpret_cast<const Raw*>(k_cache + off);
         vr[u] = *reinterpret_cast<const Raw*>(v_cache + off);
@@ -260,6 +268,35 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   empty_groups<G>(m, l, acc);
   for (int base = start; base < end; base += GROUPS * FETCH) {
     if (base != start) fetch(base);
+    if constexpr (LEAN) {
+      // Every score of the round first (independent reductions), then the softmax steps in
+      // token order: the same values in the same order as the loop below.
+      float sc[FETCH][G];
+#pragma unroll
+      for (int u = 0; u < FETCH; ++u) {
+        const int p = base + grp + GROUPS * u;
+        float kv[PER];
+        if (p >= end) {
+#pragma unroll
+          for (int i = 0; i < PER; ++i) kv[i] = 0.f;
+        } else if (p == newp) {
+          load8(&knew[lane * PER], 1.f, kv);
+        } else {
+          raw8_to_f32(kr[u], 1.f, kv);
+        }
+        head_scores<G>(qv, kv, sc[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < FETCH; ++u) {
+        const int p = base + grp + GROUPS * u;
+        if (p >= end) break;
+        float vv[PER];
+        if (p == newp) load8(&vnew[lane * PER], vs, vv);
+        else raw8_to_f32(vr[u], vs, vv);
+        softmax_step<G>(sc[u], vv, m, l, acc);
+      }
+      continue;
+    }
 #pragma unroll
     for (int u = 0; u < FETCH; ++u) {
       const int p = base + grp + GROUPS * u;
@@ -366,19 +403,28 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 
 }  // namespace
 
-#define PS_DECODE_FUSED(G, KT, NAME)                                                             \
+#define PS_DECODE_FUSED(G, KT, NAME, LEAN, PRE)                                                 \
   extern "C" __global__ void __launch_bounds__(THREADS)                                         \
-      decode_fused_g##G##_##NAME(const FusedDecodeParams p) {                                   \
-    decode_fused<G, KT>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,          \
-                        (KT*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc,            \
-                        p.part_ml, p.counters, p.W, p.width, p.block_size, p.num_slots, p.nkv,  \
-                        p.part, p.k_scale, p.v_scale, p.eps, p.stop, p.kv_shift);               \
+      decode_fused##PRE##_g##G##_##NAME(const FusedDecodeParams p) {                            \
+    decode_fused<G, KT, LEAN>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,    \
+                              (KT*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc,    \
+                              p.part_ml, p.counters, p.W, p.width, p.block_size, p.num_slots,   \
+                              p.nkv, p.part, p.k_scale, p.v_scale, p.eps, p.stop, p.kv_shift);  \
   }
-PS_DECODE_FUSED(1, __nv_bfloat16, bf16)
-PS_DECODE_FUSED(2, __nv_bfloat16, bf16)
-PS_DECODE_FUSED(4, __nv_bfloat16, bf16)
-PS_DECODE_FUSED(8, __nv_bfloat16, bf16)
-PS_DECODE_FUSED(1, fp8, fp8)
-PS_DECODE_FUSED(2, fp8, fp8)
-PS_DECODE_FUSED(4, fp8, fp8)
-PS_DECODE_FUSED(8, fp8, fp8)
+PS_DECODE_FUSED(1, __nv_bfloat16, bf16, false, )
+PS_DECODE_FUSED(2, __nv_bfloat16, bf16, false, )
+PS_DECODE_FUSED(4, __nv_bfloat16, bf16, false, )
+PS_DECODE_FUSED(8, __nv_bfloat16, bf16, false, )
+PS_DECODE_FUSED(1, fp8, fp8, false, )
+PS_DECODE_FUSED(2, fp8, fp8, false, )
+PS_DECODE_FUSED(4, fp8, fp8, false, )
+PS_DECODE_FUSED(8, fp8, fp8, false, )
+// The same with LaunchOptions::fused_lean (the same bits).
+PS_DECODE_FUSED(1, __nv_bfloat16, bf16, true, _lean)
+PS_DECODE_FUSED(2, __nv_bfloat16, bf16, true, _lean)
+PS_DECODE_FUSED(4, __nv_bfloat16, bf16, true, _lean)
+PS_DECODE_FUSED(8, __nv_bfloat16, bf16, true, _lean)
+PS_DECODE_FUSED(1, fp8, fp8, true, _lean)
+PS_DECODE_FUSED(2, fp8, fp8, true, _lean)
+PS_DECODE_FUSED(4, fp8, fp8, true, _lean)
+PS_DECODE_FUSED(8, fp8, fp8, true, _lean)

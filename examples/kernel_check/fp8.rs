@@ -7,7 +7,7 @@
 //! kernel that ignores a scale fails every check here (the scales are far from 1).
 
 use candle_core::{DType, Device, IndexOp, Tensor};
-use policy_serve::engine::cuda::CudaKernels;
+use policy_serve::engine::cuda::{CudaKernels, LaunchOptions};
 use policy_serve::engine::kv_format::{
     FP8_E4M3_MAX, FP8_STORAGE, KvRef, KvScale, dequantize, quantize,
 };
@@ -277,16 +277,25 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             t.check(format!("{what} vs f32 reference"), vs_f32, 1e-2);
         }
     }
+    // The default fused kernel and the lean one (`LaunchOptions::fused_lean`).
+    let lean = LaunchOptions {
+        fused_lean: true,
+        ..cores()
+    };
+    let kl = CudaKernels::new(dev, DType::BF16, &lean)?.ok_or("no kernels")?;
     for &(rows, heads, splits) in &[
         ((1, 600, false), (16, 8), Some(32)),
         ((4, 3000, true), (16, 8), Some(32)),
         ((8, 700, true), (32, 8), Some(16)),
         ((16, 900, false), (16, 8), None),
     ] {
-        for s in [pow2, odd] {
-            let (out, cache, left, exact) = case(&k, dev, rows, heads, splits, Some(s))?;
+        for ((k, how), s) in [(&k, ""), (&kl, " lean")]
+            .into_iter()
+            .flat_map(|k| [(k, pow2), (k, odd)])
+        {
+            let (out, cache, left, exact) = case(k, dev, rows, heads, splits, Some(s))?;
             let name = format!(
-                "fp8 decode_fused B {} ctx {} nh {} nkv {} scales {s:?}",
+                "fp8 decode_fused{how} B {} ctx {} nh {} nkv {} scales {s:?}",
                 rows.0, rows.1, heads.0, heads.1
             );
             t.check(

@@ -117,6 +117,14 @@ pub struct KernelOptions {
     /// at most 16). Default `Some(GRAPH_SPLITS_MID)` (8: 512 blocks at batch 8 of an
     /// 8-KV-head model); None: 16 (1,024 blocks at batch 8, past one wave).
     pub graph_splits_mid: Option<usize>,
+    /// The fused decode attention with fewer instructions a token (`kernels/fused_decode.cu`
+    /// `decode_fused_lean_*`): a power-of-two block size's table index by shift and mask
+    /// instead of a division, and each round's scores before its softmax steps (independent
+    /// shuffle reductions in flight together). The same sums in the same order: the same
+    /// bits. Off (default) until measured: on the H200 the batch-8 kernel issues an
+    /// instruction every ~10 cycles a warp at 16 warps an SM (round 36, #21); the variant takes
+    /// 123 registers a thread at GQA group 2 against 96 (four blocks an SM instead of five).
+    pub fused_lean: bool,
     /// Eager decode and verify steps (and a mixed step's decode rows) cut the attention in
     /// at most the partitions their graph bucket takes (`batch::graph_splits`), so an eager
     /// step and a graph replay cut a long context alike (the same bits); off: partitions of
@@ -240,6 +248,7 @@ impl Default for KernelOptions {
             graph_splits_one: Some(GRAPH_SPLITS_ONE),
             graph_splits_few: Some(GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(GRAPH_SPLITS_MID),
+            fused_lean: false,
             eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,

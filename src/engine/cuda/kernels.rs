@@ -260,6 +260,18 @@ impl CudaKernels {
             }
             Ok(())
         };
+        // The fused decode attention over caches of `dt`: the lean kernels with
+        // `LaunchOptions::fused_lean`.
+        let fused_decode = |dt: &str| -> Result<[CudaFunction; 4]> {
+            let name = if opts.fused_lean {
+                "decode_fused_lean"
+            } else {
+                "decode_fused"
+            };
+            let fs = group_functions(&fused_mod, name, dt)?;
+            cluster_attr(&fs)?;
+            Ok(fs)
+        };
         // fp8 KV: e4m3 conversions in hardware from sm_89, bf16 compute, the flash prefill.
         let fp8 = if dtype != DType::BF16 {
             Err(format!("fp8 KV needs bf16 compute, not {dtype:?}"))
@@ -285,9 +297,7 @@ impl CudaKernels {
                     mma: mma_decode("fp8")?,
                 },
                 decode_fused: if opts.fused_decode {
-                    let fs = group_functions(&fused_mod, "decode_fused", "fp8")?;
-                    cluster_attr(&fs)?;
-                    Some(fs)
+                    Some(fused_decode("fp8")?)
                 } else {
                     None
                 },
@@ -375,9 +385,7 @@ impl CudaKernels {
             decode_reduce: f(&decode_mod, &format!("paged_decode_reduce_{s}"))?,
             spec: SpecKernels::load(&load(VERIFY, "verify")?, dtype, s, opts.shared_kv_verify)?,
             decode_fused: if dtype == DType::BF16 && opts.fused_decode {
-                let fs = group_functions(&fused_mod, "decode_fused", "bf16")?;
-                cluster_attr(&fs)?;
-                Some(fs)
+                Some(fused_decode("bf16")?)
             } else {
                 None
             },

@@ -57,6 +57,9 @@ pub struct LaunchOptions {
     pub graph_splits_mid: Option<usize>,
     /// Eager decode steps cut the attention in at most their graph bucket's partitions.
     pub eager_graph_splits: bool,
+    /// The fused decode attention's lean kernels (`decode_fused_lean_*`: the same bits with
+    /// fewer instructions a token).
+    pub fused_lean: bool,
     /// cuBLAS matmuls of up to 1,024 rows on the cuBLASLt algorithm of their row class.
     pub blas_row_class: bool,
     /// The flash prefill attention (bf16).
@@ -136,6 +139,7 @@ impl Default for LaunchOptions {
             graph_splits_one: Some(crate::engine::options::GRAPH_SPLITS_ONE),
             graph_splits_few: Some(crate::engine::options::GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(crate::engine::options::GRAPH_SPLITS_MID),
+            fused_lean: false,
             eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,
