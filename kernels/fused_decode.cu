@@ -144,8 +144,9 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
 // new token's K/V kept in shared memory as stored, so both paths read the same values).
 // LEAN (LaunchOptions::fused_lean): the same sums in the same order with fewer instructions a
 // token: a power-of-two block size's table index and offset by shift and mask instead of a
-// division, and a round's FETCH scores computed before its softmax steps (four independent
-// shuffle reductions in flight instead of one at a time).
+// division. (A round's FETCH scores computed before its softmax steps, measured with it on the
+// H200, took 123 registers a thread against 96 and lost 9-27% at batch 8-16 and after 8k-32k
+// tokens, +2.5% at batch 1 after 512: BENCHMARKS.md, #21.)
 template <int G, typename KT, bool LEAN>
 __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              const __nv_bfloat16* __restrict__ q_w,
@@ -268,35 +269,6 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   empty_groups<G>(m, l, acc);
   for (int base = start; base < end; base += GROUPS * FETCH) {
     if (base != start) fetch(base);
-    if constexpr (LEAN) {
-      // Every score of the round first (independent reductions), then the softmax steps in
-      // token order: the same values in the same order as the loop below.
-      float sc[FETCH][G];
-#pragma unroll
-      for (int u = 0; u < FETCH; ++u) {
-        const int p = base + grp + GROUPS * u;
-        float kv[PER];
-        if (p >= end) {
-#pragma unroll
-          for (int i = 0; i < PER; ++i) kv[i] = 0.f;
-        } else if (p == newp) {
-          load8(&knew[lane * PER], 1.f, kv);
-        } else {
-          raw8_to_f32(kr[u], 1.f, kv);
-        }
-        head_scores<G>(qv, kv, sc[u]);
-      }
-#pragma unroll
-      for (int u = 0; u < FETCH; ++u) {
-        const int p = base + grp + GROUPS * u;
-        if (p >= end) break;
-        float vv[PER];
-        if (p == newp) load8(&vnew[lane * PER], vs, vv);
-        else raw8_to_f32(vr[u], vs, vv);
-        softmax_step<G>(sc[u], vv, m, l, acc);
-      }
-      continue;
-    }
 #pragma unroll
     for (int u = 0; u < FETCH; ++u) {
       const int p = base + grp + GROUPS * u;

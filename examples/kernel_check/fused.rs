@@ -176,8 +176,8 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     };
     let k8 = CudaKernels::new(dev, DType::BF16, &whole)?.ok_or("no kernels")?;
     // The lean kernels (`LaunchOptions::fused_lean`): every case once more, held to what the
-    // default kernel is held to (a shifted table index that missed a block, or a score
-    // paired with another token's value, fails it).
+    // default kernel is held to (a table index or offset by shift and mask that missed a
+    // block or a row fails it).
     let lean = LaunchOptions {
         fused_lean: true,
         ..cores()

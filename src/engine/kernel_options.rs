@@ -118,12 +118,12 @@ pub struct KernelOptions {
     /// 8-KV-head model); None: 16 (1,024 blocks at batch 8, past one wave).
     pub graph_splits_mid: Option<usize>,
     /// The fused decode attention with fewer instructions a token (`kernels/fused_decode.cu`
-    /// `decode_fused_lean_*`): a power-of-two block size's table index by shift and mask
-    /// instead of a division, and each round's scores before its softmax steps (independent
-    /// shuffle reductions in flight together). The same sums in the same order: the same
-    /// bits. Off (default) until measured: on the H200 the batch-8 kernel issues an
-    /// instruction every ~10 cycles a warp at 16 warps an SM (round 36, #21); the variant takes
-    /// 123 registers a thread at GQA group 2 against 96 (four blocks an SM instead of five).
+    /// `decode_fused_lean_*`): a power-of-two block size's table index and offset by shift
+    /// and mask instead of an integer division (the K/V loads of a round issue sooner). The
+    /// same sums in the same order: the same bits. Off (default) until measured: on the H200
+    /// the batch-8 kernel issues an instruction every ~10 cycles a warp at 16 warps an SM
+    /// (round 36, #21). (Each round's scores before its softmax steps, measured with it, lost
+    /// at batch 8-16 and long contexts and was dropped.)
     pub fused_lean: bool,
     /// Eager decode and verify steps (and a mixed step's decode rows) cut the attention in
     /// at most the partitions their graph bucket takes (`batch::graph_splits`), so an eager
