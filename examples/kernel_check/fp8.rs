@@ -277,19 +277,20 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             t.check(format!("{what} vs f32 reference"), vs_f32, 1e-2);
         }
     }
-    // The default fused kernel and the lean one (`LaunchOptions::fused_lean`).
-    let lean = LaunchOptions {
-        fused_lean: true,
+    // The default fused kernel (lean) and the one with the table index by division
+    // (`LaunchOptions::fused_lean` off).
+    let div = LaunchOptions {
+        fused_lean: false,
         ..cores()
     };
-    let kl = CudaKernels::new(dev, DType::BF16, &lean)?.ok_or("no kernels")?;
+    let kd = CudaKernels::new(dev, DType::BF16, &div)?.ok_or("no kernels")?;
     for &(rows, heads, splits) in &[
         ((1, 600, false), (16, 8), Some(32)),
         ((4, 3000, true), (16, 8), Some(32)),
         ((8, 700, true), (32, 8), Some(16)),
         ((16, 900, false), (16, 8), None),
     ] {
-        for ((k, how), s) in [(&k, ""), (&kl, " lean")]
+        for ((k, how), s) in [(&k, ""), (&kd, " division")]
             .into_iter()
             .flat_map(|k| [(k, pow2), (k, odd)])
         {

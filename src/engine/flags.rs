@@ -315,10 +315,10 @@ mod tests {
             .engine
             .options();
         assert!(p.kernels.mma_decode && p.kernels.mma_decode_split_p);
-        // The lean fused decode attention: off unless asked for.
-        assert!(!d.kernels.fused_lean && !lib.kernels.fused_lean);
-        let l = Cli::parse_from(["x", "--fused-lean"]).engine.options();
-        assert!(l.kernels.fused_lean);
+        // The lean fused decode attention: on unless turned off.
+        assert!(d.kernels.fused_lean && lib.kernels.fused_lean);
+        let l = Cli::parse_from(["x", "--no-fused-lean"]).engine.options();
+        assert!(!l.kernels.fused_lean);
         // The unnormed tensor-core skinny matmuls: on for weights of up to 6Mi elements unless
         // turned off; --gemv-mma (every kind) takes them over.
         let max = Some(crate::engine::options::GEMV_MMA_PLAIN_MAX_WEIGHT);

@@ -77,10 +77,10 @@ pub struct KernelFlags {
     /// default 8, 16 as before).
     #[arg(long, value_name = "N")]
     pub graph_splits_mid: Option<usize>,
-    /// The fused decode attention's lean kernels: the same bits with fewer instructions a
-    /// token (`KernelOptions::fused_lean`).
+    /// The fused decode attention's table index by an integer division instead of shift and
+    /// mask (turns `KernelOptions::fused_lean` off).
     #[arg(long)]
-    pub fused_lean: bool,
+    pub no_fused_lean: bool,
     /// Eager decode steps cut the attention in partitions of 32-128 tokens, as many as the
     /// context needs (turns `KernelOptions::eager_graph_splits` off).
     #[arg(long)]
@@ -198,7 +198,7 @@ impl KernelFlags {
             clusters: !self.no_clusters,
             gqa8_split: !self.no_gqa8_split,
             eager_graph_splits: !self.no_eager_graph_splits,
-            fused_lean: self.fused_lean,
+            fused_lean: !self.no_fused_lean,
             graph_splits_few: Some(
                 self.graph_splits_few
                     .unwrap_or(super::options::GRAPH_SPLITS_FEW),

@@ -120,10 +120,9 @@ pub struct KernelOptions {
     /// The fused decode attention with fewer instructions a token (`kernels/fused_decode.cu`
     /// `decode_fused_lean_*`): a power-of-two block size's table index and offset by shift
     /// and mask instead of an integer division (the K/V loads of a round issue sooner). The
-    /// same sums in the same order: the same bits. Off (default) until measured: on the H200
-    /// the batch-8 kernel issues an instruction every ~10 cycles a warp at 16 warps an SM
-    /// (round 36, #21). (Each round's scores before its softmax steps, measured with it, lost
-    /// at batch 8-16 and long contexts and was dropped.)
+    /// same sums in the same order: the same bits. On by default: on the H200 0.6B batch 8
+    /// after 512-token prompts +2.1%, after 8k +8.4%, batch 1 +1-2.4%, 1.7B +1% (BENCHMARKS.md,
+    /// #21); off: the division.
     pub fused_lean: bool,
     /// Eager decode and verify steps (and a mixed step's decode rows) cut the attention in
     /// at most the partitions their graph bucket takes (`batch::graph_splits`), so an eager
@@ -248,7 +247,7 @@ impl Default for KernelOptions {
             graph_splits_one: Some(GRAPH_SPLITS_ONE),
             graph_splits_few: Some(GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(GRAPH_SPLITS_MID),
-            fused_lean: false,
+            fused_lean: true,
             eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,

@@ -139,7 +139,7 @@ impl Default for LaunchOptions {
             graph_splits_one: Some(crate::engine::options::GRAPH_SPLITS_ONE),
             graph_splits_few: Some(crate::engine::options::GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(crate::engine::options::GRAPH_SPLITS_MID),
-            fused_lean: false,
+            fused_lean: true,
             eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,
