@@ -144,9 +144,9 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
 // new token's K/V kept in shared memory as stored, so both paths read the same values).
 // LEAN (LaunchOptions::fused_lean, on by default): the same sums in the same order with fewer
 // instructions a token: a power-of-two block size's table index and offset by shift and mask
-// instead of a division. (A round's FETCH scores computed before its softmax steps, measured with it on the
-// H200, took 123 registers a thread against 96 and lost 9-27% at batch 8-16 and after 8k-32k
-// tokens, +2.5% at batch 1 after 512: BENCHMARKS.md, #21.)
+// instead of a division. (A round's FETCH scores computed before its softmax steps, measured
+// with it on the H200, took 123 registers a thread against 96 and lost 9-27% at batches 8-16
+// and after 8k-32k tokens, +2.5% at batch 1 after 512: BENCHMARKS.md, #21.)
 template <int G, typename KT, bool LEAN>
 __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              const __nv_bfloat16* __restrict__ q_w,

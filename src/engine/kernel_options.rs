@@ -32,8 +32,8 @@ pub const GRAPH_SPLITS_MID: usize = 8;
 
 /// The default of `KernelOptions::gemv_mma_plain`: weights of up to 6Mi elements (12 MiB of
 /// bf16), every matmul of a 0.6B layer and 1.7B's o (2,048 x 2,048). On the H200, 0.6B batch 8
-/// after 512-token prompts 5,864 -> 6,764 tok/s with all four on tensor cores; on 1.7B the
-/// kernels lose against cuBLAS on the larger weights (all four: batch 8 4,097 -> 3,943)
+/// after 512-token prompts 5,870-5,883 -> 6,655-6,720 tok/s, 1.7B +2%; on 1.7B's larger
+/// weights the kernels lose against cuBLAS (all four on them: batch 8 4,097 -> 3,943)
 /// (BENCHMARKS.md, #21).
 pub const GEMV_MMA_PLAIN_MAX_WEIGHT: usize = 6 << 20;
 
