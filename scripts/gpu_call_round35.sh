@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Not run: round 36 ran its checks, the MoE rows, the batch-8 step profile, the ops profile
+# and the batch-8 ncu in scripts/gpu_call_round36.sh and 36b.sh (the 1-row ncu at 8k / 32k not).
 # On the GPU machine, call 1 of the next round (#21, #29), on the build after the fetch-8 and
 # pipelined variants' removal.
 # 1. kernel_check --model-only: the fused decode attention as built before round 32's variants

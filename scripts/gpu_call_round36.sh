@@ -11,11 +11,9 @@
 set -u
 source scripts/gpu_lib.sh
 model 0.6b; model 1.7b; mix_model; echo "models t=$((SECONDS - T0))"
-timeout 150 .gpu/kernel_check --model-dir /tmp/m-mix --model-only > "$OUT/kc.log" 2>&1
-echo "== kc rc $? t=$((SECONDS - T0))"; grep -E "^kernel-check|FAIL|Error|panic" "$OUT/kc.log" | head -8
+kc kc 150 --model-dir /tmp/m-mix --model-only
 echo "ring checks ok: $(grep -c "ring. .* ok" "$OUT/kc.log")"
-timeout 150 .gpu/kernel_check --model-dir /tmp/m-0.6b --gemv-only > "$OUT/kcg.log" 2>&1
-echo "== kc gemv rc $? t=$((SECONDS - T0))"; grep -E "^kernel-check|FAIL|Error|panic" "$OUT/kcg.log" | head -8
+kc kcg 150 --model-dir /tmp/m-0.6b --gemv-only
 grep "gemv_mma_plain" "$OUT/kcg.log" | head -30
 timeout 150 .gpu/graph_check --model-dir /tmp/m-0.6b --stress-steps 1500 --fused-ring 2 \
   --gemv-mma-plain 4096 > "$OUT/gc.log" 2>&1

@@ -5,8 +5,6 @@
 set -u
 source scripts/gpu_lib.sh
 model 0.6b; echo "models t=$((SECONDS - T0))"
-timeout 150 .gpu/kernel_check --model-dir /tmp/m-0.6b --lora-only > "$OUT/kcl.log" 2>&1
-echo "== kc lora rc $? t=$((SECONDS - T0))"; grep -E "^kernel-check|FAIL|Error|panic" "$OUT/kcl.log" | head -8
-timeout 150 .gpu/kernel_check --model-dir /tmp/m-0.6b --fp8-only > "$OUT/kc8.log" 2>&1
-echo "== kc fp8 rc $? t=$((SECONDS - T0))"; grep -E "^kernel-check|FAIL|Error|panic" "$OUT/kc8.log" | head -8
+kc kcl 150 --model-dir /tmp/m-0.6b --lora-only
+kc kc8 150 --model-dir /tmp/m-0.6b --fp8-only
 echo "done t=$((SECONDS - T0))"

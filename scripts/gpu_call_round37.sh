@@ -8,10 +8,8 @@
 set -u
 source scripts/gpu_lib.sh
 model 0.6b; model 1.7b; mix_model; moe_model 4; echo "models t=$((SECONDS - T0))"
-timeout 120 .gpu/kernel_check --model-dir /tmp/m-mix --model-only > "$OUT/kc.log" 2>&1
-echo "== kc model rc $? t=$((SECONDS - T0))"; grep -E "^kernel-check|FAIL|Error|panic" "$OUT/kc.log" | head -8
-timeout 100 .gpu/kernel_check --model-dir /tmp/m-0.6b --gemv-only > "$OUT/kcg.log" 2>&1
-echo "== kc gemv rc $? t=$((SECONDS - T0))"; grep -E "^kernel-check|FAIL|Error|panic" "$OUT/kcg.log" | head -8
+kc kc 120 --model-dir /tmp/m-mix --model-only
+kc kcg 100 --model-dir /tmp/m-0.6b --gemv-only
 timeout 150 .gpu/graph_check --model-dir /tmp/m-0.6b --stress-steps 3000 > "$OUT/gc.log" 2>&1
 echo "== gc rc $? t=$((SECONDS - T0))"
 grep -E "graph-check|FAIL|engine|shrink|stress:" "$OUT/gc.log" | cut -c1-160 | head -12

@@ -49,3 +49,12 @@ row() {
   echo "== $l rc $? t=$((SECONDS - T0)): $(grep -E "^ours(-eager)? (decode|mixed)|Error" "$OUT/b.log" \
     | sed 's/ours decode batch //; s/; prefill of batch/ pf/' | paste -sd' ')"
 }
+
+# kc NAME SECONDS ARGS...: one `kernel_check ARGS` (log $OUT/NAME.log, cut at SECONDS): its rc,
+# the call's time and the summary and failure lines.
+kc() {
+  local n=$1 s=$2; shift 2
+  timeout "$s" .gpu/kernel_check "$@" > "$OUT/$n.log" 2>&1
+  echo "== $n rc $? t=$((SECONDS - T0))"
+  grep -E "^kernel-check|FAIL|Error|panic" "$OUT/$n.log" | head -8
+}

@@ -105,8 +105,8 @@ pub struct KernelOptions {
     pub gqa8_split: bool,
     /// The decode attention partitions of the 1-row CUDA-graph bucket (a multiple of 16;
     /// partitions past a context exit at once, and contexts of up to 2,048 tokens stay in one
-    /// cluster of 16). None: 32, as the buckets of 2-4 rows, whose 256 blocks (8 KV heads)
-    /// are too few to keep the memory busy over a long context. Default
+    /// cluster of 16). None: 32, `batch::graph_splits`' count up to 4 rows, whose 256 blocks
+    /// at 1 row (8 KV heads) are too few to keep the memory busy over a long context. Default
     /// `Some(GRAPH_SPLITS_ONE)` (64: 512 blocks, about one wave; 128 measured slower at 8k-32k).
     pub graph_splits_one: Option<usize>,
     /// The decode attention partitions of the 3- and 4-row CUDA-graph buckets (a power of two).
