@@ -1,7 +1,7 @@
 // The fused decode attention: one launch per layer for pure decode steps of few sequences
 // (see the comment on decode_fused below).
 
-#include "attention.cuh"
+#include "decode_mma.cuh"
 
 namespace {
 
@@ -142,12 +142,17 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
 
 // KT: the caches' element type (bf16, or fp8 with the scales ks / vs: K's folded into q, the
 // new token's K/V kept in shared memory as stored, so both paths read the same values).
+// MMA (LaunchOptions::fused_mma; 0: off): step 3 on tensor cores, paged_decode_mma's loop
+// (decode_mma.cu: a warp takes every fourth chunk of 16 tokens through MMA stages of dynamic
+// shared memory a warp, issued before the wait; the new token's row patched into its stage from
+// shared memory) and its merge of the warps: the bits of the unfused tensor-core kernels at the
+// same partitioning, as the CUDA-core loop gives paged_decode's.
 // LEAN (LaunchOptions::fused_lean, on by default): the same sums in the same order with fewer
 // instructions a token: a power-of-two block size's table index and offset by shift and mask
 // instead of a division. (A round's FETCH scores computed before its softmax steps, measured
 // with it on the H200, took 123 registers a thread against 96 and lost 9-27% at batches 8-16
 // and after 8k-32k tokens, +2.5% at batch 1 after 512: BENCHMARKS.md, #21.)
-template <int G, typename KT, bool LEAN>
+template <int G, typename KT, bool LEAN, int MMA>
 __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              const __nv_bfloat16* __restrict__ q_w,
                              const __nv_bfloat16* __restrict__ k_w,
@@ -185,6 +190,9 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   const int grp = threadIdx.x / LANES, lane = threadIdx.x % LANES;
   const uint32_t* table = block_tables + (size_t)b * W;
   const size_t head_base = (size_t)rk * num_slots;
+  // MMA: the warp's stages, and the warps' states over them once every warp is done.
+  extern __shared__ __align__(16) unsigned char dsm[];
+  constexpr int SB = stage_bytes<KT>();
 
   // 1: this half-warp's tokens base + grp + GROUPS * u, their K/V rows (not the new token's).
   Raw kr[FETCH], vr[FETCH];
@@ -204,9 +212,26 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       }
     }
   };
-  fetch(start);
+  if constexpr (MMA > 0) {
+    // The warp's first MMA chunks (warp, warp + 4, ...) into its stages, a group each.
+    const int warp = threadIdx.x / 32, chunks = mma_chunks(start, end);
+    const MmaTable tb = mma_table(table, block_size, start);
+#pragma unroll
+    for (int i = 0; i < MMA; ++i) {
+      const int ci = warp + i * MMA_WARPS;
+      if (ci < chunks)
+        stage_load<KT>(dsm + (warp * MMA + i) * SB, k_cache, v_cache, tb, head_base,
+                       start + ci * CHUNK, end, threadIdx.x % 32);
+      cp_async_commit();
+    }
+  } else {
+    fetch(start);
+  }
   pdl_wait();
-  if (stop == 1) return;
+  if (stop == 1) {
+    if constexpr (MMA > 0) cp_async_wait<0>();
+    return;
+  }
   if (ctx == 0) {  // the same for the whole row b
     if (split == 0)
       for (int i = threadIdx.x; i < G * HD; i += THREADS)
@@ -255,58 +280,110 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   __syncthreads();
   if (stop == 2) return;
 
-  // 3: paged_decode's loop (the same tokens in the same order), FETCH tokens at a time.
-  float qv[G][PER];
-#pragma unroll
-  for (int g = 0; g < G; ++g) load8(&qs[g][lane * PER], qv[g]);
-  if constexpr (IsFp8<KT>::value) {
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-#pragma unroll
-      for (int i = 0; i < PER; ++i) qv[g][i] *= ks;
-  }
-  float m[G], l[G], acc[G][PER];
-  empty_groups<G>(m, l, acc);
-  for (int base = start; base < end; base += GROUPS * FETCH) {
-    if (base != start) fetch(base);
-#pragma unroll
-    for (int u = 0; u < FETCH; ++u) {
-      const int p = base + grp + GROUPS * u;
-      const bool valid = p < end;
-      float kv[PER];
-      if (!valid) {
-#pragma unroll
-        for (int i = 0; i < PER; ++i) kv[i] = 0.f;
-      } else if (p == newp) {
-        load8(&knew[lane * PER], 1.f, kv);
-      } else {
-        raw8_to_f32(kr[u], 1.f, kv);
+  // 3: paged_decode's loop (the same tokens in the same order), FETCH tokens at a time; or
+  // with MMA, paged_decode_mma's.
+  constexpr int NG = MMA > 0 ? 1 : GROUPS;  // the CUDA-core loop's half-warp states
+  __shared__ float sm[NG][G], sl[NG][G];
+  __shared__ float sacc[NG][G][HD];
+  if constexpr (MMA > 0) {
+    using L = MmaKv<KT>;
+    constexpr int P = L::PIECES, ROWB = P * 16;
+    const int warp = threadIdx.x / 32, wl = threadIdx.x % 32, gr = wl / 4, t = wl % 4;
+    const int chunks = mma_chunks(start, end);
+    const MmaTable tb = mma_table(table, block_size, start);
+    unsigned char* wsm = dsm + warp * MMA * SB;
+    uint32_t qa[16];
+    mma_q_frags<KT, G>(&qs[0][0], gr, t, qa);
+    const float sc = ks * LOG2E;
+    MmaState st;
+    mma_state_empty(st);
+    // Iteration k waits for the oldest of the warp's MMA groups (chunk c), attends to it, then
+    // refills its stage with chunk c + 4 MMA (a group each, empty past the last).
+    for (int k = 0, c = warp; c < chunks; ++k, c += MMA_WARPS) {
+      unsigned char* stg = wsm + (k % MMA) * SB;
+      const int cb = start + c * CHUNK;
+      cp_async_wait<MMA - 1>();
+      __syncwarp();
+      if (holds_new && newp >= cb && newp < cb + CHUNK) {
+        // The stage holds the cache's row of the new token as it was; this block has it as
+        // written in knew / vnew.
+        const int r = newp - cb;
+        if (wl < 2 * P) {
+          const bool isv = wl >= P;
+          const int pc = wl % P;
+          const uint4 v = reinterpret_cast<const uint4*>(isv ? (const void*)vnew
+                                                              : (const void*)knew)[pc];
+          *reinterpret_cast<uint4*>(stg + (isv ? (CHUNK + r) * ROWB + v_phys(r, pc) * 16
+                                               : r * ROWB + k_phys(r, pc) * 16)) = v;
+        }
+        __syncwarp();
       }
-      float sc[G];
-      head_scores<G>(qv, kv, sc);
-      if (!valid) continue;
-      if (p == newp) load8(&vnew[lane * PER], vs, kv);
-      else raw8_to_f32(vr[u], vs, kv);
-      softmax_step<G>(sc, kv, m, l, acc);
+      mma_chunk<KT, false>(stg, qa, sc, cb, end, gr, t, st);
+      // Every lane has read the stage before it is refilled.
+      __syncwarp();
+      const int cn = c + MMA * MMA_WARPS;
+      if (cn < chunks)
+        stage_load<KT>(stg, k_cache, v_cache, tb, head_base, start + cn * CHUNK, end, wl);
+      cp_async_commit();
     }
+    cp_async_wait<0>();
+    if (stop == 3) {
+      if (st.m == 12345.f) out[0] = (T)(st.l + st.acc[0][0]);
+      return;
+    }
+    __syncthreads();  // every warp is done with its stages: the states go over them
+    mma_store_warp<KT, G>(st, vs, warp, gr, t, *reinterpret_cast<MmaWarps<G>*>(dsm));
+  } else {
+    float qv[G][PER];
+#pragma unroll
+    for (int g = 0; g < G; ++g) load8(&qs[g][lane * PER], qv[g]);
+    if constexpr (IsFp8<KT>::value) {
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int i = 0; i < PER; ++i) qv[g][i] *= ks;
+    }
+    float m[G], l[G], acc[G][PER];
+    empty_groups<G>(m, l, acc);
+    for (int base = start; base < end; base += GROUPS * FETCH) {
+      if (base != start) fetch(base);
+#pragma unroll
+      for (int u = 0; u < FETCH; ++u) {
+        const int p = base + grp + GROUPS * u;
+        const bool valid = p < end;
+        float kv[PER];
+        if (!valid) {
+#pragma unroll
+          for (int i = 0; i < PER; ++i) kv[i] = 0.f;
+        } else if (p == newp) {
+          load8(&knew[lane * PER], 1.f, kv);
+        } else {
+          raw8_to_f32(kr[u], 1.f, kv);
+        }
+        float sc[G];
+        head_scores<G>(qv, kv, sc);
+        if (!valid) continue;
+        if (p == newp) load8(&vnew[lane * PER], vs, kv);
+        else raw8_to_f32(vr[u], vs, kv);
+        softmax_step<G>(sc, kv, m, l, acc);
+      }
+    }
+    if (stop == 3) {
+      // Keep the loop's results live (a profiling stop must not let the compiler drop it).
+      if (m[0] == 12345.f) out[0] = (T)(l[0] + acc[0][0]);
+      return;
+    }
+    store_groups<G>(m, l, acc, grp, lane, sm, sl, sacc);
   }
-  if (stop == 3) {
-    // Keep the loop's results live (a profiling stop must not let the compiler drop it).
-    if (m[0] == 12345.f) out[0] = (T)(l[0] + acc[0][0]);
-    return;
-  }
+  __syncthreads();
 
   // 4: the block's partial (M, L, A per head and dim) from its half-warps'; in a cluster it
   // goes straight into block 0's shared memory (slot = this block's rank).
   // Cluster slots: 16 blocks for G <= 2, 8 for G 4, none for G 8 (shared memory bounds it;
   // the host launches accordingly).
   constexpr int CP = G <= 2 ? 16 : (G <= 4 ? 8 : 1);
-  __shared__ float sm[GROUPS][G], sl[GROUPS][G];
-  __shared__ float sacc[GROUPS][G][HD];
   __shared__ float pM[CP][G], pL[CP][G];
   __shared__ float pA[CP][G][HD];
-  store_groups<G>(m, l, acc, grp, lane, sm, sl, sacc);
-  __syncthreads();
   const int rank = split % C;
   float* dM = nullptr;
   float* dL = nullptr;
@@ -322,7 +399,12 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   for (int idx = threadIdx.x; idx < G * HD; idx += THREADS) {
     const int g = idx / HD, d = idx % HD;
     float M, L, A;
-    merge_groups<G>(sm, sl, sacc, g, d, M, L, A);
+    if constexpr (MMA > 0) {
+      mma_merge_warps<G>(*reinterpret_cast<const MmaWarps<G>*>(dsm), g, d, M, L, A);
+      if (M != -INFINITY) M *= LN2;  // the merges below weigh by e^(m - M)
+    } else {
+      merge_groups<G>(sm, sl, sacc, g, d, M, L, A);
+    }
     if (splits == 1) {
       out[(hb + g) * HD + d] = (T)(L > 0.f ? A / L : 0.f);
     } else if (dA != nullptr) {
@@ -375,28 +457,28 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 
 }  // namespace
 
-#define PS_DECODE_FUSED(G, KT, NAME, LEAN, PRE)                                                 \
-  extern "C" __global__ void __launch_bounds__(THREADS)                                         \
+#define PS_DECODE_FUSED(G, KT, NAME, LEAN, MMA, BOUNDS, PRE)                                    \
+  extern "C" __global__ void BOUNDS                                                             \
       decode_fused##PRE##_g##G##_##NAME(const FusedDecodeParams p) {                            \
-    decode_fused<G, KT, LEAN>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache,    \
-                              (KT*)p.v_cache, p.block_tables, p.ctx_lens, p.out, p.part_acc,    \
-                              p.part_ml, p.counters, p.W, p.width, p.block_size, p.num_slots,   \
-                              p.nkv, p.part, p.k_scale, p.v_scale, p.eps, p.stop, p.kv_shift);  \
+    decode_fused<G, KT, LEAN, MMA>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots,             \
+                                   (KT*)p.k_cache, (KT*)p.v_cache, p.block_tables, p.ctx_lens,   \
+                                   p.out, p.part_acc, p.part_ml, p.counters, p.W, p.width,       \
+                                   p.block_size, p.num_slots, p.nkv, p.part, p.k_scale,          \
+                                   p.v_scale, p.eps, p.stop, p.kv_shift);                        \
   }
-PS_DECODE_FUSED(1, __nv_bfloat16, bf16, false, )
-PS_DECODE_FUSED(2, __nv_bfloat16, bf16, false, )
-PS_DECODE_FUSED(4, __nv_bfloat16, bf16, false, )
-PS_DECODE_FUSED(8, __nv_bfloat16, bf16, false, )
-PS_DECODE_FUSED(1, fp8, fp8, false, )
-PS_DECODE_FUSED(2, fp8, fp8, false, )
-PS_DECODE_FUSED(4, fp8, fp8, false, )
-PS_DECODE_FUSED(8, fp8, fp8, false, )
+#define PS_DECODE_FUSED_ALL(LEAN, MMA, BOUNDS, PRE)                  \
+  PS_DECODE_FUSED(1, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \
+  PS_DECODE_FUSED(2, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \
+  PS_DECODE_FUSED(4, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \
+  PS_DECODE_FUSED(8, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \
+  PS_DECODE_FUSED(1, fp8, fp8, LEAN, MMA, BOUNDS, PRE)              \
+  PS_DECODE_FUSED(2, fp8, fp8, LEAN, MMA, BOUNDS, PRE)              \
+  PS_DECODE_FUSED(4, fp8, fp8, LEAN, MMA, BOUNDS, PRE)              \
+  PS_DECODE_FUSED(8, fp8, fp8, LEAN, MMA, BOUNDS, PRE)
+PS_DECODE_FUSED_ALL(false, 0, __launch_bounds__(THREADS), )
 // The same with LaunchOptions::fused_lean (the same bits).
-PS_DECODE_FUSED(1, __nv_bfloat16, bf16, true, _lean)
-PS_DECODE_FUSED(2, __nv_bfloat16, bf16, true, _lean)
-PS_DECODE_FUSED(4, __nv_bfloat16, bf16, true, _lean)
-PS_DECODE_FUSED(8, __nv_bfloat16, bf16, true, _lean)
-PS_DECODE_FUSED(1, fp8, fp8, true, _lean)
-PS_DECODE_FUSED(2, fp8, fp8, true, _lean)
-PS_DECODE_FUSED(4, fp8, fp8, true, _lean)
-PS_DECODE_FUSED(8, fp8, fp8, true, _lean)
+PS_DECODE_FUSED_ALL(true, 0, __launch_bounds__(THREADS), _lean)
+// Step 3 on tensor cores (LaunchOptions::fused_mma) with 1 or 2 stages a warp: dynamic shared
+// memory of max(MMA_WARPS * stages * stage_bytes, MMA_WARPS_BYTES) (handles.rs).
+PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 3), _mma1)
+PS_DECODE_FUSED_ALL(true, 2, __launch_bounds__(THREADS, 3), _mma2)

@@ -284,13 +284,21 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         ..cores()
     };
     let kd = CudaKernels::new(dev, DType::BF16, &div)?.ok_or("no kernels")?;
+    // And the tensor-core loop (`LaunchOptions::fused_mma`) against the unfused tensor-core
+    // kernels over fp8 (f16 MMAs).
+    let mma = LaunchOptions {
+        mma_decode: true,
+        fused_mma: Some(2),
+        ..cores()
+    };
+    let km = CudaKernels::new(dev, DType::BF16, &mma)?.ok_or("no kernels")?;
     for &(rows, heads, splits) in &[
         ((1, 600, false), (16, 8), Some(32)),
         ((4, 3000, true), (16, 8), Some(32)),
         ((8, 700, true), (32, 8), Some(16)),
         ((16, 900, false), (16, 8), None),
     ] {
-        for ((k, how), s) in [(&k, ""), (&kd, " division")]
+        for ((k, how), s) in [(&k, ""), (&kd, " division"), (&km, " mma2")]
             .into_iter()
             .flat_map(|k| [(k, pow2), (k, odd)])
         {

@@ -183,6 +183,22 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         ..cores()
     };
     let kd = CudaKernels::new(dev, DType::BF16, &div)?.ok_or("no kernels")?;
+    // The tensor-core loop (`LaunchOptions::fused_mma`, 1 and 2 stages a warp), every case
+    // once more against the unfused tensor-core kernels (`mma_decode`), whose bits it must
+    // give at the same partitioning (a chunk of the wrong table block, a stage refilled before
+    // it was read, or the new token's row not patched into its stage fails it).
+    let mma = |d: u8| {
+        let o = LaunchOptions {
+            mma_decode: true,
+            fused_mma: Some(d),
+            ..cores()
+        };
+        CudaKernels::new(dev, DType::BF16, &o)
+    };
+    let (km1, km2) = (
+        mma(1)?.ok_or("no kernels")?,
+        mma(2)?.ok_or("no kernels")?,
+    );
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),
@@ -215,7 +231,9 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         .iter()
         .map(|c| (&k, c, ""))
         .chain(g8.map(|c| (&k8, c, " whole")))
-        .chain(cases.iter().map(|c| (&kd, c, " division")));
+        .chain(cases.iter().map(|c| (&kd, c, " division")))
+        .chain(cases.iter().map(|c| (&km1, c, " mma1")))
+        .chain(cases.iter().map(|c| (&km2, c, " mma2")));
     for (k, &(rows, heads, splits), how) in runs {
         let (out, cache, left, exact) = case(k, dev, rows, heads, splits, None)?;
         let name = format!(

@@ -81,6 +81,10 @@ pub struct KernelFlags {
     /// mask (turns `KernelOptions::fused_lean` off).
     #[arg(long)]
     pub no_fused_lean: bool,
+    /// The fused decode attention's loop on tensor cores with D stages a warp, 1 or 2
+    /// (`KernelOptions::fused_mma`).
+    #[arg(long, value_name = "D")]
+    pub fused_mma: Option<u8>,
     /// Eager decode steps cut the attention in partitions of 32-128 tokens, as many as the
     /// context needs (turns `KernelOptions::eager_graph_splits` off).
     #[arg(long)]
@@ -199,6 +203,7 @@ impl KernelFlags {
             gqa8_split: !self.no_gqa8_split,
             eager_graph_splits: !self.no_eager_graph_splits,
             fused_lean: !self.no_fused_lean,
+            fused_mma: self.fused_mma,
             graph_splits_few: Some(
                 self.graph_splits_few
                     .unwrap_or(super::options::GRAPH_SPLITS_FEW),

@@ -124,6 +124,15 @@ pub struct KernelOptions {
     /// after 512-token prompts +2.1%, after 8k +8.4%, batch 1 +1-2.4%, 1.7B +1% (BENCHMARKS.md,
     /// #21); off: the division.
     pub fused_lean: bool,
+    /// The fused decode attention's loop over the context on tensor cores
+    /// (`kernels/fused_decode.cu` `decode_fused_mma*`: the loop of `kernels/decode_mma.cu`,
+    /// a warp taking chunks of 16 tokens through this many stages of shared memory, 1 or 2,
+    /// the first issued before the wait on the qkv matmul), instead of a half-warp a token on
+    /// CUDA cores. P is rounded to bf16 for the MMA as in the unfused tensor-core kernel, whose
+    /// bits it gives at the same partitioning. None (default): the CUDA-core loop. Built for
+    /// #21: on the H200 the unfused tensor-core attention (three launches) already beat the
+    /// fused CUDA-core kernel after 8k-token prompts (0.6B batch 8 2,663 against 2,033 tok/s).
+    pub fused_mma: Option<u8>,
     /// Eager decode and verify steps (and a mixed step's decode rows) cut the attention in
     /// at most the partitions their graph bucket takes (`batch::graph_splits`), so an eager
     /// step and a graph replay cut a long context alike (the same bits); off: partitions of
@@ -248,6 +257,7 @@ impl Default for KernelOptions {
             graph_splits_few: Some(GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(GRAPH_SPLITS_MID),
             fused_lean: true,
+            fused_mma: None,
             eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,

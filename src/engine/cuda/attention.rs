@@ -378,12 +378,12 @@ impl CudaKernels {
         } else {
             self.decode_fused.as_ref()
         };
-        let Some(funcs) = loaded else {
+        let Some(fused) = loaded else {
             return Err(kernel_err("decode_fused", "not loaded"));
         };
         // Group 8 may run as group 4 over twice the KV heads (`fused_group`).
         let (g, kv_shift) = self.fused_group(nh / nkv);
-        let func = &funcs[g.trailing_zeros() as usize];
+        let func = &fused.fs[g.trailing_zeros() as usize];
         let nkv_grid = nkv << kv_shift;
         let splits = splits.max(1);
         let (acc, ml) = partials(out, scratch, b * nh * splits * hd, splits, "decode_fused")?;
@@ -424,7 +424,11 @@ impl CudaKernels {
         lb.arg(&params);
         // SAFETY: `FusedDecodeParams` is the kernel's one parameter (same layout, checked at
         // compile time on both sides); the buffers are sized above.
-        unsafe { lb.launch(decode_grid(b, nkv_grid, splits)) }.w()?;
+        let cfg = LaunchConfig {
+            shared_mem_bytes: fused.smem,
+            ..decode_grid(b, nkv_grid, splits)
+        };
+        unsafe { lb.launch(cfg) }.w()?;
         Ok(())
     }
 }

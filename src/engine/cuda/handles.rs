@@ -206,8 +206,58 @@ impl MoeKernels {
 pub(super) struct Fp8Kernels {
     pub(super) kv_write: CudaFunction,
     pub(super) decode: DecodeAttention,
-    pub(super) decode_fused: Option<[CudaFunction; 4]>,
+    pub(super) decode_fused: Option<FusedDecode>,
     pub(super) prefill_flash: [CudaFunction; 4],
+}
+
+/// The fused decode attention over caches of one dtype (`kernels/fused_decode.cu`), GQA
+/// groups 1, 2, 4, 8, and the dynamic shared memory a launch takes (its tensor-core loop's
+/// stages, `LaunchOptions::fused_mma`; none for the CUDA-core loop).
+pub(crate) struct FusedDecode {
+    pub(super) fs: [CudaFunction; 4],
+    pub(super) smem: u32,
+}
+
+impl FusedDecode {
+    /// The kernels `opts` asks for over caches of `dt` ("bf16" or "fp8"): the tensor-core loop
+    /// with `fused_mma` (1 or 2 stages a warp; more are clamped to 2), else the lean kernels
+    /// with `fused_lean`, else the division ones. On sm_90+ (`hopper`) they may run in
+    /// clusters of 16 (non-portable).
+    pub(super) fn load(
+        m: &Arc<CudaModule>,
+        opts: &LaunchOptions,
+        dt: &str,
+        hopper: bool,
+    ) -> Result<Self> {
+        use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
+        let (name, smem) = match opts.fused_mma {
+            Some(d) => {
+                let d = d.clamp(1, 2);
+                let elem = if dt == "fp8" { 1 } else { 2 };
+                // 4 warps x stages x a chunk's K and V (16 rows of 128 dims), at least the
+                // warps' merged states (MMA_WARPS_BYTES of kernels/decode_mma.cuh).
+                let stages = 4 * d as u32 * 2 * 16 * 128 * elem;
+                (format!("decode_fused_mma{d}"), stages.max(16_640))
+            }
+            None if opts.fused_lean => ("decode_fused_lean".to_string(), 0),
+            None => ("decode_fused".to_string(), 0),
+        };
+        let fs = group_functions(m, &name, dt)?;
+        for func in &fs {
+            if hopper {
+                func.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+                    .map_err(|e| kernel_err("decode_fused cluster size", e))?;
+            }
+            if smem > 0 {
+                func.set_attribute(
+                    A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+                .map_err(|e| kernel_err("decode_fused shared memory", e))?;
+            }
+        }
+        Ok(Self { fs, smem })
+    }
 }
 
 /// The decode attention over caches of one dtype, GQA groups 1, 2, 4, 8: the CUDA-core kernel

@@ -13,7 +13,8 @@ use candle_core::{CudaDevice, DType, Device};
 
 use super::blas::Blas;
 use super::handles::{
-    DecodeAttention, Fp8Kernels, GemvSet, LoraGrouped, MoeKernels, SpecKernels, group_functions,
+    DecodeAttention, Fp8Kernels, FusedDecode, GemvSet, LoraGrouped, MoeKernels, SpecKernels,
+    group_functions,
 };
 use super::launch::{self, kernel_err};
 pub use super::launch_options::LaunchOptions;
@@ -107,7 +108,7 @@ pub struct CudaKernels {
     pub(super) spec: SpecKernels,
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge), bf16, GQA
     /// groups 1, 2, 4, 8; None for f32 or without `LaunchOptions::fused_decode`.
-    pub(super) decode_fused: Option<[CudaFunction; 4]>,
+    pub(super) decode_fused: Option<FusedDecode>,
     pub(super) prefill: [CudaFunction; 3],
     /// The tensor-core prefill kernels (bf16 only), for GQA groups 1, 2, 4, 8.
     pub(super) prefill_tc: Option<[CudaFunction; 4]>,
@@ -250,28 +251,7 @@ impl CudaKernels {
             }
             Ok(())
         };
-        let cluster_attr = |fs: &[CudaFunction; 4]| -> Result<()> {
-            if hopper {
-                use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
-                for func in fs {
-                    func.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
-                        .map_err(|e| kernel_err("decode_fused cluster size", e))?;
-                }
-            }
-            Ok(())
-        };
-        // The fused decode attention over caches of `dt`: the lean kernels with
-        // `LaunchOptions::fused_lean`.
-        let fused_decode = |dt: &str| -> Result<[CudaFunction; 4]> {
-            let name = if opts.fused_lean {
-                "decode_fused_lean"
-            } else {
-                "decode_fused"
-            };
-            let fs = group_functions(&fused_mod, name, dt)?;
-            cluster_attr(&fs)?;
-            Ok(fs)
-        };
+        let fused_decode = |dt: &str| FusedDecode::load(&fused_mod, opts, dt, hopper);
         // fp8 KV: e4m3 conversions in hardware from sm_89, bf16 compute, the flash prefill.
         let fp8 = if dtype != DType::BF16 {
             Err(format!("fp8 KV needs bf16 compute, not {dtype:?}"))

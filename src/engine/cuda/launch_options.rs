@@ -60,6 +60,9 @@ pub struct LaunchOptions {
     /// The fused decode attention's lean kernels (`decode_fused_lean_*`: the same bits with
     /// fewer instructions a token).
     pub fused_lean: bool,
+    /// The fused decode attention's loop on tensor cores with this many K/V stages a warp (1
+    /// or 2; `decode_fused_mma*`); None: the CUDA-core loop.
+    pub fused_mma: Option<u8>,
     /// cuBLAS matmuls of up to 1,024 rows on the cuBLASLt algorithm of their row class.
     pub blas_row_class: bool,
     /// The flash prefill attention (bf16).
@@ -140,6 +143,7 @@ impl Default for LaunchOptions {
             graph_splits_few: Some(crate::engine::options::GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(crate::engine::options::GRAPH_SPLITS_MID),
             fused_lean: true,
+            fused_mma: None,
             eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,
