@@ -292,13 +292,12 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     const int chunks = mma_chunks(start, end);
     const MmaTable tb = mma_table(table, block_size, start);
     unsigned char* wsm = dsm + warp * MMA * SB;
-    uint32_t qa[16];
-    mma_q_frags<KT, G>(&qs[0][0], gr, t, qa);
     const float sc = ks * LOG2E;
     MmaState st;
     mma_state_empty(st);
     // Iteration k waits for the oldest of the warp's MMA groups (chunk c), attends to it, then
     // refills its stage with chunk c + 4 MMA (a group each, empty past the last).
+#pragma unroll 1
     for (int k = 0, c = warp; c < chunks; ++k, c += MMA_WARPS) {
       unsigned char* stg = wsm + (k % MMA) * SB;
       const int cb = start + c * CHUNK;
@@ -318,6 +317,10 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
         }
         __syncwarp();
       }
+      // q's fragment from shared memory for each chunk: 16 registers fewer across the loop
+      // (128 a thread: four blocks an SM).
+      uint32_t qa[16];
+      mma_q_frags<KT, G>(&qs[0][0], gr, t, qa);
       mma_chunk<KT, false>(stg, qa, sc, cb, end, gr, t, st);
       // Every lane has read the stage before it is refilled.
       __syncwarp();
@@ -480,5 +483,5 @@ PS_DECODE_FUSED_ALL(false, 0, __launch_bounds__(THREADS), )
 PS_DECODE_FUSED_ALL(true, 0, __launch_bounds__(THREADS), _lean)
 // Step 3 on tensor cores (LaunchOptions::fused_mma) with 1 or 2 stages a warp: dynamic shared
 // memory of max(MMA_WARPS * stages * stage_bytes, MMA_WARPS_BYTES) (handles.rs).
-PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 3), _mma1)
-PS_DECODE_FUSED_ALL(true, 2, __launch_bounds__(THREADS, 3), _mma2)
+PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 4), _mma1)
+PS_DECODE_FUSED_ALL(true, 2, __launch_bounds__(THREADS, 2), _mma2)

@@ -289,6 +289,7 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let mma = LaunchOptions {
         mma_decode: true,
         fused_mma: Some(2),
+        fused_mma_rows: usize::MAX,
         ..cores()
     };
     let km = CudaKernels::new(dev, DType::BF16, &mma)?.ok_or("no kernels")?;

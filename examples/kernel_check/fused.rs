@@ -191,14 +191,12 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         let o = LaunchOptions {
             mma_decode: true,
             fused_mma: Some(d),
+            fused_mma_rows: usize::MAX,
             ..cores()
         };
         CudaKernels::new(dev, DType::BF16, &o)
     };
-    let (km1, km2) = (
-        mma(1)?.ok_or("no kernels")?,
-        mma(2)?.ok_or("no kernels")?,
-    );
+    let (km1, km2) = (mma(1)?.ok_or("no kernels")?, mma(2)?.ok_or("no kernels")?);
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),

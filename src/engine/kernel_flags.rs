@@ -85,6 +85,10 @@ pub struct KernelFlags {
     /// (`KernelOptions::fused_mma`).
     #[arg(long, value_name = "D")]
     pub fused_mma: Option<u8>,
+    /// Most rows of a step whose fused attention takes `--fused-mma`'s loop
+    /// (`KernelOptions::fused_mma_rows`).
+    #[arg(long, value_name = "N")]
+    pub fused_mma_rows: Option<usize>,
     /// Eager decode steps cut the attention in partitions of 32-128 tokens, as many as the
     /// context needs (turns `KernelOptions::eager_graph_splits` off).
     #[arg(long)]
@@ -204,6 +208,9 @@ impl KernelFlags {
             eager_graph_splits: !self.no_eager_graph_splits,
             fused_lean: !self.no_fused_lean,
             fused_mma: self.fused_mma,
+            fused_mma_rows: self
+                .fused_mma_rows
+                .unwrap_or(super::options::FUSED_MMA_ROWS),
             graph_splits_few: Some(
                 self.graph_splits_few
                     .unwrap_or(super::options::GRAPH_SPLITS_FEW),

@@ -37,6 +37,10 @@ pub const GRAPH_SPLITS_MID: usize = 8;
 /// (BENCHMARKS.md, #21).
 pub const GEMV_MMA_PLAIN_MAX_WEIGHT: usize = 6 << 20;
 
+/// Default most rows of a decode step whose fused attention runs its loop on tensor cores when
+/// [`KernelOptions::fused_mma`] is on ([`KernelOptions::fused_mma_rows`]).
+pub const FUSED_MMA_ROWS: usize = 16;
+
 /// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
 pub const GEMV_STREAM_BLOCKS: u8 = 2;
@@ -133,6 +137,9 @@ pub struct KernelOptions {
     /// #21: on the H200 the unfused tensor-core attention (three launches) already beat the
     /// fused CUDA-core kernel after 8k-token prompts (0.6B batch 8 2,663 against 2,033 tok/s).
     pub fused_mma: Option<u8>,
+    /// Most rows of a decode step whose fused attention takes the tensor-core loop of
+    /// `fused_mma` (larger steps keep the CUDA-core loop). Default [`FUSED_MMA_ROWS`].
+    pub fused_mma_rows: usize,
     /// Eager decode and verify steps (and a mixed step's decode rows) cut the attention in
     /// at most the partitions their graph bucket takes (`batch::graph_splits`), so an eager
     /// step and a graph replay cut a long context alike (the same bits); off: partitions of
@@ -258,6 +265,7 @@ impl Default for KernelOptions {
             graph_splits_mid: Some(GRAPH_SPLITS_MID),
             fused_lean: true,
             fused_mma: None,
+            fused_mma_rows: FUSED_MMA_ROWS,
             eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,

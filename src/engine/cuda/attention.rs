@@ -383,7 +383,8 @@ impl CudaKernels {
         };
         // Group 8 may run as group 4 over twice the KV heads (`fused_group`).
         let (g, kv_shift) = self.fused_group(nh / nkv);
-        let func = &fused.fs[g.trailing_zeros() as usize];
+        let (funcs, smem) = fused.chosen(b);
+        let func = &funcs[g.trailing_zeros() as usize];
         let nkv_grid = nkv << kv_shift;
         let splits = splits.max(1);
         let (acc, ml) = partials(out, scratch, b * nh * splits * hd, splits, "decode_fused")?;
@@ -425,7 +426,7 @@ impl CudaKernels {
         // SAFETY: `FusedDecodeParams` is the kernel's one parameter (same layout, checked at
         // compile time on both sides); the buffers are sized above.
         let cfg = LaunchConfig {
-            shared_mem_bytes: fused.smem,
+            shared_mem_bytes: smem,
             ..decode_grid(b, nkv_grid, splits)
         };
         unsafe { lb.launch(cfg) }.w()?;

@@ -211,17 +211,19 @@ pub(super) struct Fp8Kernels {
 }
 
 /// The fused decode attention over caches of one dtype (`kernels/fused_decode.cu`), GQA
-/// groups 1, 2, 4, 8, and the dynamic shared memory a launch takes (its tensor-core loop's
-/// stages, `LaunchOptions::fused_mma`; none for the CUDA-core loop).
+/// groups 1, 2, 4, 8: the CUDA-core loop's kernels and, with `LaunchOptions::fused_mma`, the
+/// tensor-core loop's for steps of at most `mma_rows` rows with the dynamic shared memory a
+/// launch of them takes.
 pub(crate) struct FusedDecode {
-    pub(super) fs: [CudaFunction; 4],
-    pub(super) smem: u32,
+    pub(super) cores: [CudaFunction; 4],
+    pub(super) mma: Option<([CudaFunction; 4], u32)>,
+    pub(super) mma_rows: usize,
 }
 
 impl FusedDecode {
-    /// The kernels `opts` asks for over caches of `dt` ("bf16" or "fp8"): the tensor-core loop
-    /// with `fused_mma` (1 or 2 stages a warp; more are clamped to 2), else the lean kernels
-    /// with `fused_lean`, else the division ones. On sm_90+ (`hopper`) they may run in
+    /// The kernels `opts` asks for over caches of `dt` ("bf16" or "fp8"): the lean kernels
+    /// with `fused_lean`, else the division ones; with `fused_mma` also the tensor-core loop's
+    /// (1 or 2 stages a warp; more are clamped to 2). On sm_90+ (`hopper`) they may run in
     /// clusters of 16 (non-portable).
     pub(super) fn load(
         m: &Arc<CudaModule>,
@@ -230,33 +232,52 @@ impl FusedDecode {
         hopper: bool,
     ) -> Result<Self> {
         use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
-        let (name, smem) = match opts.fused_mma {
+        let set = |name: &str, smem: u32| -> Result<[CudaFunction; 4]> {
+            let fs = group_functions(m, name, dt)?;
+            for func in &fs {
+                if hopper {
+                    func.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+                        .map_err(|e| kernel_err("decode_fused cluster size", e))?;
+                }
+                if smem > 0 {
+                    func.set_attribute(
+                        A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem as i32,
+                    )
+                    .map_err(|e| kernel_err("decode_fused shared memory", e))?;
+                }
+            }
+            Ok(fs)
+        };
+        let cores = if opts.fused_lean {
+            set("decode_fused_lean", 0)?
+        } else {
+            set("decode_fused", 0)?
+        };
+        let mma = match opts.fused_mma {
             Some(d) => {
                 let d = d.clamp(1, 2);
                 let elem = if dt == "fp8" { 1 } else { 2 };
                 // 4 warps x stages x a chunk's K and V (16 rows of 128 dims), at least the
                 // warps' merged states (MMA_WARPS_BYTES of kernels/decode_mma.cuh).
-                let stages = 4 * d as u32 * 2 * 16 * 128 * elem;
-                (format!("decode_fused_mma{d}"), stages.max(16_640))
+                let smem = (4 * d as u32 * 2 * 16 * 128 * elem).max(16_640);
+                Some((set(&format!("decode_fused_mma{d}"), smem)?, smem))
             }
-            None if opts.fused_lean => ("decode_fused_lean".to_string(), 0),
-            None => ("decode_fused".to_string(), 0),
+            None => None,
         };
-        let fs = group_functions(m, &name, dt)?;
-        for func in &fs {
-            if hopper {
-                func.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
-                    .map_err(|e| kernel_err("decode_fused cluster size", e))?;
-            }
-            if smem > 0 {
-                func.set_attribute(
-                    A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem as i32,
-                )
-                .map_err(|e| kernel_err("decode_fused shared memory", e))?;
-            }
+        Ok(Self {
+            cores,
+            mma,
+            mma_rows: opts.fused_mma_rows,
+        })
+    }
+
+    /// The kernels a launch of `rows` rows takes and its dynamic shared memory in bytes.
+    pub(super) fn chosen(&self, rows: usize) -> (&[CudaFunction; 4], u32) {
+        match &self.mma {
+            Some((fs, smem)) if rows <= self.mma_rows => (fs, *smem),
+            _ => (&self.cores, 0),
         }
-        Ok(Self { fs, smem })
     }
 }
 

@@ -63,6 +63,8 @@ pub struct LaunchOptions {
     /// The fused decode attention's loop on tensor cores with this many K/V stages a warp (1
     /// or 2; `decode_fused_mma*`); None: the CUDA-core loop.
     pub fused_mma: Option<u8>,
+    /// Most rows of a step whose fused decode attention takes the tensor-core loop.
+    pub fused_mma_rows: usize,
     /// cuBLAS matmuls of up to 1,024 rows on the cuBLASLt algorithm of their row class.
     pub blas_row_class: bool,
     /// The flash prefill attention (bf16).
@@ -144,6 +146,7 @@ impl Default for LaunchOptions {
             graph_splits_mid: Some(crate::engine::options::GRAPH_SPLITS_MID),
             fused_lean: true,
             fused_mma: None,
+            fused_mma_rows: crate::engine::options::FUSED_MMA_ROWS,
             eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,

@@ -82,6 +82,7 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         graph_splits_mid: opts.graph_splits_mid,
         fused_lean: opts.fused_lean,
         fused_mma: opts.fused_mma,
+        fused_mma_rows: opts.fused_mma_rows,
         eager_graph_splits: opts.eager_graph_splits,
         blas_row_class: opts.blas_row_class,
         flash_prefill: opts.flash_prefill,
