@@ -188,10 +188,12 @@ struct MmaState {
   float acc[8][4];
 };
 
+// LATE_V: the V rows read from the stage after the scores (32 registers fewer while they
+// are formed; the fused kernel's tensor-core loop, which must fit 128 a thread).
 // One chunk into the state: scores (times sc: K's scale and log2 e), the chunk's max over the
 // quad, rescaling only when some row's max moved, then P V. SPLIT (bf16 only): P goes through
 // the MMA as a bf16 pair, its high part and the remainder.
-template <typename KT, bool SPLIT>
+template <typename KT, bool SPLIT, bool LATE_V = false>
 __device__ __forceinline__ void mma_chunk(const unsigned char* stg, const uint32_t (&qa)[16],
                                           float sc, int base, int end, int gr, int t,
                                           MmaState& st) {
@@ -208,14 +210,17 @@ __device__ __forceinline__ void mma_chunk(const unsigned char* stg, const uint32
       const int r = 8 * h + gr;
       kr[h][i] = *reinterpret_cast<const uint4*>(stg + r * ROWB + k_phys(r, 4 * i + t) * 16);
     }
+  auto load_v = [&]() {
 #pragma unroll
-  for (int u = 0; u < 4; ++u)
+    for (int u = 0; u < 4; ++u)
 #pragma unroll
-    for (int i = 0; i < L::VU; ++i) {
-      const int r = 2 * t + (u & 1) + 8 * (u >> 1);
-      vr[u][i] =
-          *reinterpret_cast<const uint4*>(stg + (CHUNK + r) * ROWB + v_phys(r, 8 * i + gr) * 16);
-    }
+      for (int i = 0; i < L::VU; ++i) {
+        const int r = 2 * t + (u & 1) + 8 * (u >> 1);
+        vr[u][i] = *reinterpret_cast<const uint4*>(stg + (CHUNK + r) * ROWB +
+                                                   v_phys(r, 8 * i + gr) * 16);
+      }
+  };
+  if constexpr (!LATE_V) load_v();
   float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
   {
     uint32_t k0[16], k1[16];
@@ -270,6 +275,7 @@ __device__ __forceinline__ void mma_chunk(const unsigned char* stg, const uint32
     pl0 = pack2<false>(pv[0] - h0.x, pv[1] - h0.y);
     pl1 = pack2<false>(pv[2] - h1.x, pv[3] - h1.y);
   }
+  if constexpr (LATE_V) load_v();
   uint32_t v0[8], v1[8], v2[8], v3[8];
   L::v_frags(vr[0], vr[1], v0, v1);
   L::v_frags(vr[2], vr[3], v2, v3);
@@ -315,9 +321,20 @@ struct MmaWarps {
   float m[MMA_WARPS][G], l[MMA_WARPS][G];
   float acc[MMA_WARPS][G][HD];
 };
-// Dynamic shared memory that holds any group's MmaWarps (the host sizes launches by it too).
 constexpr int MMA_WARPS_BYTES = (int)sizeof(MmaWarps<8>);
-static_assert(MMA_WARPS_BYTES == 16640, "src/engine/cuda/handles.rs sizes launches by it");
+
+// The CUDA-core loop's half-warp states (attention.cuh's store_groups / merge_groups), where
+// fused_decode.cu's tensor-core kernels keep them: over the stages, as MmaWarps.
+template <int G>
+struct GroupStates {
+  float m[GROUPS][G], l[GROUPS][G];
+  float acc[GROUPS][G][HD];
+};
+// Dynamic shared memory that holds any group's MmaWarps and GroupStates, at least (the host
+// sizes launches by it too).
+constexpr int MMA_STATES_BYTES = (int)sizeof(GroupStates<8>);
+static_assert(MMA_STATES_BYTES >= MMA_WARPS_BYTES && MMA_STATES_BYTES == 33280,
+              "src/engine/cuda/handles.rs sizes launches by it");
 
 // This warp's state into w (the caller synchronizes the block before and after): its row sums
 // over the quad first.

@@ -212,17 +212,21 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       }
     }
   };
-  if constexpr (MMA > 0) {
-    // The warp's first MMA chunks (warp, warp + 4, ...) into its stages, a group each.
-    const int warp = threadIdx.x / 32, chunks = mma_chunks(start, end);
-    const MmaTable tb = mma_table(table, block_size, start);
+  // With MMA, a context one cluster holds takes the tensor-core loop (uniform in a block).
+  const bool tc = MMA > 0 && one_cluster;
+  if (tc) {
+    if constexpr (MMA > 0) {
+      // The warp's first MMA chunks (warp, warp + 4, ...) into its stages, a group each.
+      const int warp = threadIdx.x / 32, chunks = mma_chunks(start, end);
+      const MmaTable tb = mma_table(table, block_size, start);
 #pragma unroll
-    for (int i = 0; i < MMA; ++i) {
-      const int ci = warp + i * MMA_WARPS;
-      if (ci < chunks)
-        stage_load<KT>(dsm + (warp * MMA + i) * SB, k_cache, v_cache, tb, head_base,
-                       start + ci * CHUNK, end, threadIdx.x % 32);
-      cp_async_commit();
+      for (int i = 0; i < MMA; ++i) {
+        const int ci = warp + i * MMA_WARPS;
+        if (ci < chunks)
+          stage_load<KT>(dsm + (warp * MMA + i) * SB, k_cache, v_cache, tb, head_base,
+                         start + ci * CHUNK, end, threadIdx.x % 32);
+        cp_async_commit();
+      }
     }
   } else {
     fetch(start);
@@ -281,11 +285,18 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   if (stop == 2) return;
 
   // 3: paged_decode's loop (the same tokens in the same order), FETCH tokens at a time; or
-  // with MMA, paged_decode_mma's.
-  constexpr int NG = MMA > 0 ? 1 : GROUPS;  // the CUDA-core loop's half-warp states
-  __shared__ float sm[NG][G], sl[NG][G];
-  __shared__ float sacc[NG][G][HD];
-  if constexpr (MMA > 0) {
+  // (tc) paged_decode_mma's. The CUDA-core loop's half-warp states: static shared memory, or
+  // with MMA over the stages (dynamic), which leaves four blocks an SM.
+  constexpr int NG = MMA > 0 ? 1 : GROUPS;
+  __shared__ float sm_[NG][G], sl_[NG][G];
+  __shared__ float sacc_[NG][G][HD];
+  GroupStates<G>* dgs = reinterpret_cast<GroupStates<G>*>(dsm);
+  float(&sm)[GROUPS][G] = MMA > 0 ? dgs->m : *reinterpret_cast<float(*)[GROUPS][G]>(&sm_[0][0]);
+  float(&sl)[GROUPS][G] = MMA > 0 ? dgs->l : *reinterpret_cast<float(*)[GROUPS][G]>(&sl_[0][0]);
+  float(&sacc)[GROUPS][G][HD] =
+      MMA > 0 ? dgs->acc : *reinterpret_cast<float(*)[GROUPS][G][HD]>(&sacc_[0][0][0]);
+  if (tc) {
+    if constexpr (MMA > 0) {
     using L = MmaKv<KT>;
     constexpr int P = L::PIECES, ROWB = P * 16;
     const int warp = threadIdx.x / 32, wl = threadIdx.x % 32, gr = wl / 4, t = wl % 4;
@@ -321,7 +332,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       // (128 a thread: four blocks an SM).
       uint32_t qa[16];
       mma_q_frags<KT, G>(&qs[0][0], gr, t, qa);
-      mma_chunk<KT, false>(stg, qa, sc, cb, end, gr, t, st);
+      mma_chunk<KT, false, true>(stg, qa, sc, cb, end, gr, t, st);
       // Every lane has read the stage before it is refilled.
       __syncwarp();
       const int cn = c + MMA * MMA_WARPS;
@@ -336,6 +347,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     }
     __syncthreads();  // every warp is done with its stages: the states go over them
     mma_store_warp<KT, G>(st, vs, warp, gr, t, *reinterpret_cast<MmaWarps<G>*>(dsm));
+    }
   } else {
     float qv[G][PER];
 #pragma unroll
@@ -402,7 +414,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   for (int idx = threadIdx.x; idx < G * HD; idx += THREADS) {
     const int g = idx / HD, d = idx % HD;
     float M, L, A;
-    if constexpr (MMA > 0) {
+    if (tc) {
       mma_merge_warps<G>(*reinterpret_cast<const MmaWarps<G>*>(dsm), g, d, M, L, A);
       if (M != -INFINITY) M *= LN2;  // the merges below weigh by e^(m - M)
     } else {
@@ -481,7 +493,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 PS_DECODE_FUSED_ALL(false, 0, __launch_bounds__(THREADS), )
 // The same with LaunchOptions::fused_lean (the same bits).
 PS_DECODE_FUSED_ALL(true, 0, __launch_bounds__(THREADS), _lean)
-// Step 3 on tensor cores (LaunchOptions::fused_mma) with 1 or 2 stages a warp: dynamic shared
-// memory of max(MMA_WARPS * stages * stage_bytes, MMA_WARPS_BYTES) (handles.rs).
+// Step 3 on tensor cores where a context fits one cluster (LaunchOptions::fused_mma) with 1 or
+// 2 stages a warp: dynamic shared memory of max(MMA_WARPS * stages * stage_bytes,
+// MMA_STATES_BYTES) (handles.rs).
 PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 4), _mma1)
 PS_DECODE_FUSED_ALL(true, 2, __launch_bounds__(THREADS, 2), _mma2)

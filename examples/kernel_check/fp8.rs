@@ -299,11 +299,11 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         ((8, 700, true), (32, 8), Some(16)),
         ((16, 900, false), (16, 8), None),
     ] {
-        for ((k, how), s) in [(&k, ""), (&kd, " division"), (&km, " mma2")]
+        for ((kf, kc, how), s) in [(&k, &k, ""), (&kd, &kd, " division"), (&km, &k, " mma2")]
             .into_iter()
             .flat_map(|k| [(k, pow2), (k, odd)])
         {
-            let (out, cache, left, exact) = case(k, dev, rows, heads, splits, Some(s))?;
+            let (out, cache, left, exact) = case((kf, kc), dev, rows, heads, splits, Some(s))?;
             let name = format!(
                 "fp8 decode_fused{how} B {} ctx {} nh {} nkv {} scales {s:?}",
                 rows.0, rows.1, heads.0, heads.1

@@ -12,9 +12,11 @@ use super::{Res, Table, cores, randn, rel};
 
 /// One case: `b` rows with ragged contexts (row 1 a padding row when `pad`), `nh`/`nkv`
 /// heads, attention in `splits` partitions (None: as many as an eager step takes); with
-/// `fp8`, over fp8 caches with those scales.
+/// `fp8`, over fp8 caches with those scales. The reference is `k`'s unfused kernels where
+/// the context fits one cluster, else `cores`' (`fused_mma` kernels attend on tensor cores in
+/// one cluster only; `cores` is `k` for the others).
 pub(crate) fn case(
-    k: &CudaKernels,
+    (k, cores): (&CudaKernels, &CudaKernels),
     dev: &Device,
     (b, max_ctx, pad): (usize, usize, bool),
     (nh, nkv): (usize, usize),
@@ -87,11 +89,16 @@ pub(crate) fn case(
         (splits, part)
     };
     let ref_scratch = k.decode_scratch(b, nh, ref_splits)?;
+    let r = if c > 1 && max_ctx <= c * 128 {
+        k
+    } else {
+        cores
+    };
 
     // Unfused: norm + RoPE + KV write, then attention and its merge.
     let (kc1, vc1) = (kc0.copy()?, vc0.copy()?);
     let q = Tensor::zeros((b, nh, hd), dt, dev)?;
-    k.qk_norm_rope_kv_write_into(
+    r.qk_norm_rope_kv_write_into(
         &qkv,
         (&qw, &kw),
         &inv,
@@ -107,7 +114,7 @@ pub(crate) fn case(
         &q,
     )?;
     let out1 = Tensor::zeros((b, nh * hd), dt, dev)?;
-    k.paged_decode_into(
+    r.paged_decode_into(
         &q,
         KvRef {
             k: &kc1,
@@ -184,9 +191,11 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     };
     let kd = CudaKernels::new(dev, DType::BF16, &div)?.ok_or("no kernels")?;
     // The tensor-core loop (`LaunchOptions::fused_mma`, 1 and 2 stages a warp), every case
-    // once more against the unfused tensor-core kernels (`mma_decode`), whose bits it must
-    // give at the same partitioning (a chunk of the wrong table block, a stage refilled before
-    // it was read, or the new token's row not patched into its stage fails it).
+    // once more: where a context fits one cluster against the unfused tensor-core kernels
+    // (`mma_decode`), whose bits it must give at the same partitioning (a chunk of the wrong
+    // table block, a stage refilled before it was read, or the new token's row not patched
+    // into its stage fails it); past one cluster (the CUDA-core loop) against the unfused
+    // CUDA-core kernels.
     let mma = |d: u8| {
         let o = LaunchOptions {
             mma_decode: true,
@@ -227,13 +236,13 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let g8 = cases.iter().filter(|c| c.1.0 / c.1.1 == 8);
     let runs = cases
         .iter()
-        .map(|c| (&k, c, ""))
-        .chain(g8.map(|c| (&k8, c, " whole")))
-        .chain(cases.iter().map(|c| (&kd, c, " division")))
-        .chain(cases.iter().map(|c| (&km1, c, " mma1")))
-        .chain(cases.iter().map(|c| (&km2, c, " mma2")));
-    for (k, &(rows, heads, splits), how) in runs {
-        let (out, cache, left, exact) = case(k, dev, rows, heads, splits, None)?;
+        .map(|c| (&k, &k, c, ""))
+        .chain(g8.map(|c| (&k8, &k8, c, " whole")))
+        .chain(cases.iter().map(|c| (&kd, &kd, c, " division")))
+        .chain(cases.iter().map(|c| (&km1, &k, c, " mma1")))
+        .chain(cases.iter().map(|c| (&km2, &k, c, " mma2")));
+    for (kf, kc, &(rows, heads, splits), how) in runs {
+        let (out, cache, left, exact) = case((kf, kc), dev, rows, heads, splits, None)?;
         let name = format!(
             "decode_fused{how} B {} ctx {} nh {} nkv {} splits {}",
             rows.0,

@@ -39,7 +39,7 @@ pub const GEMV_MMA_PLAIN_MAX_WEIGHT: usize = 6 << 20;
 
 /// Default most rows of a decode step whose fused attention runs its loop on tensor cores when
 /// [`KernelOptions::fused_mma`] is on ([`KernelOptions::fused_mma_rows`]).
-pub const FUSED_MMA_ROWS: usize = 16;
+pub const FUSED_MMA_ROWS: usize = 2;
 
 /// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
@@ -128,17 +128,19 @@ pub struct KernelOptions {
     /// after 512-token prompts +2.1%, after 8k +8.4%, batch 1 +1-2.4%, 1.7B +1% (BENCHMARKS.md,
     /// #21); off: the division.
     pub fused_lean: bool,
-    /// The fused decode attention's loop over the context on tensor cores
-    /// (`kernels/fused_decode.cu` `decode_fused_mma*`: the loop of `kernels/decode_mma.cu`,
-    /// a warp taking chunks of 16 tokens through this many stages of shared memory, 1 or 2,
-    /// the first issued before the wait on the qkv matmul), instead of a half-warp a token on
-    /// CUDA cores. P is rounded to bf16 for the MMA as in the unfused tensor-core kernel, whose
-    /// bits it gives at the same partitioning. None (default): the CUDA-core loop. Built for
-    /// #21: on the H200 the unfused tensor-core attention (three launches) already beat the
-    /// fused CUDA-core kernel after 8k-token prompts (0.6B batch 8 2,663 against 2,033 tok/s).
+    /// The fused decode attention's loop over a context that fits one cluster (up to 2,048
+    /// tokens at 1-4 rows, 1,024 at 5-16) on tensor cores (`kernels/fused_decode.cu`
+    /// `decode_fused_mma*`: the loop of `kernels/decode_mma.cu`, a warp taking chunks of 16
+    /// tokens through this many stages of shared memory, 1 or 2, the first issued before the
+    /// wait on the qkv matmul), in steps of at most [`KernelOptions::fused_mma_rows`] rows;
+    /// longer contexts keep the CUDA-core loop (a half-warp a token). P is rounded to bf16 for
+    /// the MMA as in the unfused tensor-core kernel, whose bits it gives at the same
+    /// partitioning. None: the CUDA-core loop everywhere.
     pub fused_mma: Option<u8>,
     /// Most rows of a decode step whose fused attention takes the tensor-core loop of
-    /// `fused_mma` (larger steps keep the CUDA-core loop). Default [`FUSED_MMA_ROWS`].
+    /// `fused_mma` (larger steps keep the CUDA-core loop). Default [`FUSED_MMA_ROWS`] (2: on
+    /// the H200 the loop lost 10-25% at batches 4-16 after 512-token prompts, in the form
+    /// that took it at every context).
     pub fused_mma_rows: usize,
     /// Eager decode and verify steps (and a mixed step's decode rows) cut the attention in
     /// at most the partitions their graph bucket takes (`batch::graph_splits`), so an eager

@@ -259,8 +259,8 @@ impl FusedDecode {
                 let d = d.clamp(1, 2);
                 let elem = if dt == "fp8" { 1 } else { 2 };
                 // 4 warps x stages x a chunk's K and V (16 rows of 128 dims), at least the
-                // warps' merged states (MMA_WARPS_BYTES of kernels/decode_mma.cuh).
-                let smem = (4 * d as u32 * 2 * 16 * 128 * elem).max(16_640);
+                // warps' or half-warps' states (MMA_STATES_BYTES of kernels/decode_mma.cuh).
+                let smem = (4 * d as u32 * 2 * 16 * 128 * elem).max(33_280);
                 Some((set(&format!("decode_fused_mma{d}"), smem)?, smem))
             }
             None => None,
