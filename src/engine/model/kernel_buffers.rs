@@ -44,6 +44,9 @@ pub(crate) struct StepInputs {
     /// Tensor parallelism: sum the ranks' partial outputs in their own buffers (a graph's
     /// static activations), not into new tensors.
     pub(crate) reduce_in_place: bool,
+    /// Every decode context fits one cluster of the fused attention: its tensor-core kernels
+    /// may run (`CudaKernels::fused_short_context`, `KernelOptions::fused_mma`).
+    pub(crate) short_ctx: bool,
 }
 
 /// The forward's activations: one buffer each, reused by every layer (on one stream a layer's

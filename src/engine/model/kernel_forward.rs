@@ -176,6 +176,11 @@ impl KernelForward<'_> {
             verify: false,
             runs: None,
             reduce_in_place: false,
+            short_ctx: self.short_context(
+                nd,
+                splits,
+                decode.iter().map(|s| s.context_len).max().unwrap_or(0),
+            ),
         };
         let plan = AttnPlan::new(seqs, bs, dev, m.dtype(), true, prefill_kernel)?;
         let mut acts = Activations::new(k, m, t, nd, splits)?;
@@ -184,6 +189,16 @@ impl KernelForward<'_> {
             acts.kv_new = Some((k.alloc_out((t, nkv, hd))?, k.alloc_out((t, nkv, hd))?));
         }
         Ok((inputs, plan, acts))
+    }
+
+    /// Whether a decode step of `rows` rows in `splits` partitions whose longest context is
+    /// `max_ctx` may take the fused attention's tensor-core kernels
+    /// ([`CudaKernels::fused_short_context`]).
+    pub(crate) fn short_context(&self, rows: usize, splits: usize, max_ctx: usize) -> bool {
+        self.model.layers.first().is_some_and(|l| {
+            let g = l.attn.num_heads / l.attn.num_kv_heads.max(1);
+            self.kernels.fused_short_context(rows, g, splits, max_ctx)
+        })
     }
 
     /// Whether a pure decode step of `rows` rows runs each layer's attention as one fused
@@ -270,6 +285,7 @@ impl KernelForward<'_> {
         // each layer's attention as one fused launch.
         let t = a.h.dim(0)?;
         let fused = self.attention_fused(inputs, plan, t);
+        k.set_fused_short(inputs.short_ctx);
         let part = CudaKernels::decode_partition(inputs.ctx_lens.elem_count());
         // The overlap's deferred expands leave `a.o` without its delta: not with a trace of
         // it, nor with the all-reduce of tensor parallelism.

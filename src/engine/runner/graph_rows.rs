@@ -54,6 +54,9 @@ pub(super) enum Variant {
     Lora,
     /// Verify steps: every row's KV written before any row attends.
     Verify,
+    /// Plain decode of contexts that fit one cluster of the fused attention, on its
+    /// tensor-core kernels (`KernelOptions::fused_mma`).
+    Short,
 }
 
 /// How a step maps onto graph rows.

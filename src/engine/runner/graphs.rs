@@ -58,6 +58,9 @@ pub struct DecodeGraphs {
     /// of up to `verify_rows` rows uses whose decode graph fuses the attention (`None`:
     /// the decode graph serves).
     verify_graphs: Vec<Option<CudaGraph>>,
+    /// Decode steps whose contexts fit one cluster of the fused attention, on its tensor-core
+    /// kernels (`KernelOptions::fused_mma`), for the buckets that take them.
+    short_graphs: Vec<Option<CudaGraph>>,
     /// Whether each bucket's decode graph fuses the attention (then a verify step needs its
     /// verify graph).
     fused: Vec<bool>,
@@ -143,6 +146,7 @@ impl DecodeGraphs {
             graphs: Vec::new(),
             lora_graphs: Vec::new(),
             verify_graphs: Vec::new(),
+            short_graphs: Vec::new(),
             fused: Vec::new(),
             verify_rows,
             lora_at,
@@ -203,7 +207,7 @@ impl DecodeGraphs {
         k.set_pdl(pdl && graph_pdl);
         let captured = self.capture_all(model, k, cache, comm);
         k.set_pdl(pdl);
-        let (graphs, lora_graphs, verify_graphs) = captured?;
+        let (graphs, lora_graphs, verify_graphs, short_graphs) = captured?;
         self.stream
             .synchronize()
             .map_err(|e| kernel_err("graph capture", e))?;
@@ -211,6 +215,7 @@ impl DecodeGraphs {
         self.graphs = graphs;
         self.lora_graphs = lora_graphs;
         self.verify_graphs = verify_graphs;
+        self.short_graphs = short_graphs;
         self.bytes += free_before.saturating_sub(free_after);
         self.capture_secs = start.elapsed().as_secs_f64();
         Ok(())
@@ -223,7 +228,12 @@ impl DecodeGraphs {
         k: &CudaKernels,
         cache: &PagedKvCache,
         comm: Option<&dyn CommBackend>,
-    ) -> Result<(Vec<CudaGraph>, Vec<CudaGraph>, Vec<Option<CudaGraph>>)> {
+    ) -> Result<(
+        Vec<CudaGraph>,
+        Vec<CudaGraph>,
+        Vec<Option<CudaGraph>>,
+        Vec<Option<CudaGraph>>,
+    )> {
         let one =
             |b: usize, variant: Variant| self.capture_one((model, k, cache, comm), b, variant);
         let mut graphs = Vec::with_capacity(self.buckets.len());
@@ -249,7 +259,23 @@ impl DecodeGraphs {
                 None
             });
         }
-        Ok((graphs, lora_graphs, verify_graphs))
+        // The buckets whose fused attention may take its tensor-core kernels (a context of
+        // one token fits any cluster).
+        let fwd = KernelForward {
+            model: &model.qwen3,
+            kernels: k,
+        };
+        let mut short_graphs = Vec::with_capacity(self.buckets.len());
+        for (i, &b) in self.buckets.iter().enumerate() {
+            short_graphs.push(
+                if self.fused[i] && fwd.short_context(b, self.splits[i], 1) {
+                    Some(one(b, Variant::Short)?)
+                } else {
+                    None
+                },
+            );
+        }
+        Ok((graphs, lora_graphs, verify_graphs, short_graphs))
     }
 
     /// One bucket's graph (after one eager run of its launches).
@@ -288,6 +314,7 @@ impl DecodeGraphs {
             inputs.lora = Some(self.input.narrow(0, at, 3 * b)?);
         }
         inputs.verify = variant == Variant::Verify;
+        inputs.short_ctx = variant == Variant::Short;
         let shared = inputs.verify && k.shares_verify_kv();
         inputs.runs = inputs.runs.take().filter(|_| shared);
         let acts = self.acts.rows(b)?;
@@ -324,6 +351,7 @@ impl DecodeGraphs {
             lora: None,
             verify: false,
             reduce_in_place: true,
+            short_ctx: false,
             ids,
         })
     }
@@ -419,15 +447,26 @@ impl DecodeGraphs {
             (false, true) => None,
             (false, false) => self.graphs.get(bi),
         };
-        let Some(graph) = graph else {
+        let Some(mut graph) = graph else {
             return Ok(None);
         };
         let bs = self.block_size;
-        let width = seqs
-            .iter()
-            .map(|s| s.context_len.div_ceil(bs))
-            .max()
-            .unwrap_or(1);
+        let longest = seqs.iter().map(|s| s.context_len).max().unwrap_or(1);
+        let width = longest.div_ceil(bs);
+        // Plain decode of contexts that fit one cluster: the tensor-core kernels' graph, where
+        // the bucket has one (the eager forward chooses alike: `StepInputs::short_ctx`).
+        if !lora
+            && !verify
+            && let Some(Some(short)) = self.short_graphs.get(bi)
+            && let Some(k) = model.kernels.as_ref()
+            && (KernelForward {
+                model: &model.qwen3,
+                kernels: k,
+            })
+            .short_context(self.buckets[bi], self.splits[bi], longest)
+        {
+            graph = short;
+        }
         if width > self.max_width {
             return Ok(None);
         }
