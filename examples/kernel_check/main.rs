@@ -101,12 +101,13 @@ fn rel(a: &Tensor, b: &Tensor) -> Res<f32> {
     Ok(d / s.max(1e-6))
 }
 
-/// The default launch paths with the decode attention on CUDA cores: the kernel the fused
-/// decode and the fp8 kernels are held to bit for bit (the tensor-core one rounds q and the
-/// probabilities; `mma.rs` checks it).
+/// The default launch paths with the decode attention on CUDA cores, fused or not: the kernel
+/// the fused decode and the fp8 kernels are held to bit for bit (the tensor-core one rounds q
+/// and the probabilities; `mma.rs` checks it, `fused.rs` the fused tensor-core loop against it).
 fn cores() -> LaunchOptions {
     LaunchOptions {
         mma_decode: false,
+        fused_mma: None,
         ..LaunchOptions::default()
     }
 }

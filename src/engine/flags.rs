@@ -319,6 +319,25 @@ mod tests {
         assert!(d.kernels.fused_lean && lib.kernels.fused_lean);
         let l = Cli::parse_from(["x", "--no-fused-lean"]).engine.options();
         assert!(!l.kernels.fused_lean);
+        // The fused attention's tensor-core loop: one stage for steps of up to 2 rows unless
+        // turned off; stages 1-2 only.
+        let one = Some(crate::engine::options::FUSED_MMA_STAGES);
+        assert_eq!((d.kernels.fused_mma, lib.kernels.fused_mma), (one, one));
+        assert_eq!(
+            d.kernels.fused_mma_rows,
+            crate::engine::options::FUSED_MMA_ROWS
+        );
+        let f = Cli::parse_from(["x", "--fused-mma", "2", "--fused-mma-rows", "1"])
+            .engine
+            .options();
+        assert_eq!(
+            (f.kernels.fused_mma, f.kernels.fused_mma_rows),
+            (Some(2), 1)
+        );
+        let n = Cli::parse_from(["x", "--no-fused-mma"]).engine.options();
+        assert_eq!(n.kernels.fused_mma, None);
+        assert!(Cli::try_parse_from(["x", "--fused-mma", "3"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--no-fused-mma", "--fused-mma", "2"]).is_err());
         // The unnormed tensor-core skinny matmuls: on for weights of up to 6Mi elements unless
         // turned off; --gemv-mma (every kind) takes them over.
         let max = Some(crate::engine::options::GEMV_MMA_PLAIN_MAX_WEIGHT);

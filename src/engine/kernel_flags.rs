@@ -82,9 +82,13 @@ pub struct KernelFlags {
     #[arg(long)]
     pub no_fused_lean: bool,
     /// The fused decode attention's loop on tensor cores with D stages a warp, 1 or 2
-    /// (`KernelOptions::fused_mma`).
-    #[arg(long, value_name = "D")]
+    /// (`KernelOptions::fused_mma`; default 1).
+    #[arg(long, value_name = "D", value_parser = clap::value_parser!(u8).range(1..=2))]
     pub fused_mma: Option<u8>,
+    /// The fused decode attention's loop on CUDA cores at every context (turns
+    /// `KernelOptions::fused_mma` off).
+    #[arg(long, conflicts_with = "fused_mma")]
+    pub no_fused_mma: bool,
     /// Most rows of a step whose fused attention takes `--fused-mma`'s loop
     /// (`KernelOptions::fused_mma_rows`).
     #[arg(long, value_name = "N")]
@@ -207,7 +211,8 @@ impl KernelFlags {
             gqa8_split: !self.no_gqa8_split,
             eager_graph_splits: !self.no_eager_graph_splits,
             fused_lean: !self.no_fused_lean,
-            fused_mma: self.fused_mma,
+            fused_mma: (!self.no_fused_mma)
+                .then(|| self.fused_mma.unwrap_or(super::options::FUSED_MMA_STAGES)),
             fused_mma_rows: self
                 .fused_mma_rows
                 .unwrap_or(super::options::FUSED_MMA_ROWS),

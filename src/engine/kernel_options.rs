@@ -41,6 +41,9 @@ pub const GEMV_MMA_PLAIN_MAX_WEIGHT: usize = 6 << 20;
 /// [`KernelOptions::fused_mma`] is on ([`KernelOptions::fused_mma_rows`]).
 pub const FUSED_MMA_ROWS: usize = 2;
 
+/// Default stages a warp of the fused attention's tensor-core loop ([`KernelOptions::fused_mma`]).
+pub const FUSED_MMA_STAGES: u8 = 1;
+
 /// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
 pub const GEMV_STREAM_BLOCKS: u8 = 2;
@@ -135,12 +138,17 @@ pub struct KernelOptions {
     /// wait on the qkv matmul), in steps of at most [`KernelOptions::fused_mma_rows`] rows;
     /// longer contexts keep the CUDA-core loop (a half-warp a token). P is rounded to bf16 for
     /// the MMA as in the unfused tensor-core kernel, whose bits it gives at the same
-    /// partitioning. None: the CUDA-core loop everywhere.
+    /// partitioning. Only steps whose contexts all fit one cluster take these kernels (eager
+    /// steps by their contexts; the graphs of those buckets are captured twice and replayed by
+    /// the longest context), so longer contexts run the CUDA-core kernels as before. Default
+    /// `Some(FUSED_MMA_STAGES)` (1: four blocks an SM): on the H200 after 512-token prompts
+    /// 0.6B batch 1 / 2 1,160 / 1,908 -> 1,234 / 2,076 tok/s (+6% / +9%), after 2k 938 / 1,552
+    /// -> 1,039 / 1,678, 1.7B 692 / 1,111 -> 721 / 1,170; after 8k-32k unchanged (BENCHMARKS.md,
+    /// #21). None: the CUDA-core loop everywhere.
     pub fused_mma: Option<u8>,
     /// Most rows of a decode step whose fused attention takes the tensor-core loop of
-    /// `fused_mma` (larger steps keep the CUDA-core loop). Default [`FUSED_MMA_ROWS`] (2: on
-    /// the H200 the loop lost 10-25% at batches 4-16 after 512-token prompts, in the form
-    /// that took it at every context).
+    /// `fused_mma` (larger steps keep the CUDA-core loop). Default `FUSED_MMA_ROWS` (2: on
+    /// the H200 the loop lost 10-25% at batches 4-16 after 512-token prompts).
     pub fused_mma_rows: usize,
     /// Eager decode and verify steps (and a mixed step's decode rows) cut the attention in
     /// at most the partitions their graph bucket takes (`batch::graph_splits`), so an eager
@@ -266,7 +274,7 @@ impl Default for KernelOptions {
             graph_splits_few: Some(GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(GRAPH_SPLITS_MID),
             fused_lean: true,
-            fused_mma: None,
+            fused_mma: Some(FUSED_MMA_STAGES),
             fused_mma_rows: FUSED_MMA_ROWS,
             eager_graph_splits: true,
             blas_row_class: true,

@@ -12,9 +12,9 @@ use super::device::{DTypeChoice, DeviceChoice, KvBudget};
 use super::parallel::comm::CommHandle;
 
 pub use super::kernel_options::{
-    FUSED_MMA_ROWS, GEMV_MMA_PLAIN_MAX_WEIGHT, GEMV_STREAM_BLOCKS, GRAPH_SPLITS_FEW,
-    GRAPH_SPLITS_MID, GRAPH_SPLITS_ONE, KernelOptions, LORA_SIDE_MIN_ROWS, LORA_WIDE_MIN_ROWS,
-    NORM_DEFERRED_MAX_K,
+    FUSED_MMA_ROWS, FUSED_MMA_STAGES, GEMV_MMA_PLAIN_MAX_WEIGHT, GEMV_STREAM_BLOCKS,
+    GRAPH_SPLITS_FEW, GRAPH_SPLITS_MID, GRAPH_SPLITS_ONE, KernelOptions, LORA_SIDE_MIN_ROWS,
+    LORA_WIDE_MIN_ROWS, NORM_DEFERRED_MAX_K,
 };
 
 /// How an engine is built and how it batches.

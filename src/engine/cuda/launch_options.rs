@@ -61,7 +61,7 @@ pub struct LaunchOptions {
     /// fewer instructions a token).
     pub fused_lean: bool,
     /// The fused decode attention's loop on tensor cores with this many K/V stages a warp (1
-    /// or 2; `decode_fused_mma*`); None: the CUDA-core loop.
+    /// or 2; `decode_fused_mma*`) for contexts that fit one cluster; None: the CUDA-core loop.
     pub fused_mma: Option<u8>,
     /// Most rows of a step whose fused decode attention takes the tensor-core loop.
     pub fused_mma_rows: usize,
@@ -145,7 +145,7 @@ impl Default for LaunchOptions {
             graph_splits_few: Some(crate::engine::options::GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(crate::engine::options::GRAPH_SPLITS_MID),
             fused_lean: true,
-            fused_mma: None,
+            fused_mma: Some(crate::engine::options::FUSED_MMA_STAGES),
             fused_mma_rows: crate::engine::options::FUSED_MMA_ROWS,
             eager_graph_splits: true,
             blas_row_class: true,
