@@ -337,6 +337,12 @@ mod tests {
         let n = Cli::parse_from(["x", "--no-fused-mma"]).engine.options();
         assert_eq!(n.kernels.fused_mma, None);
         assert!(Cli::try_parse_from(["x", "--fused-mma", "3"]).is_err());
+        // Long contexts unfused: off unless asked for.
+        assert_eq!(d.kernels.fused_long_ctx, None);
+        let u = Cli::parse_from(["x", "--fused-long-ctx", "4096"])
+            .engine
+            .options();
+        assert_eq!(u.kernels.fused_long_ctx, Some(4096));
         assert!(Cli::try_parse_from(["x", "--no-fused-mma", "--fused-mma", "2"]).is_err());
         // The unnormed tensor-core skinny matmuls: on for weights of up to 6Mi elements unless
         // turned off; --gemv-mma (every kind) takes them over.

@@ -93,6 +93,10 @@ pub struct KernelFlags {
     /// (`KernelOptions::fused_mma_rows`).
     #[arg(long, value_name = "N")]
     pub fused_mma_rows: Option<usize>,
+    /// Decode steps whose longest context passes N tokens run the attention unfused
+    /// (`KernelOptions::fused_long_ctx`).
+    #[arg(long, value_name = "N")]
+    pub fused_long_ctx: Option<usize>,
     /// Eager decode steps cut the attention in partitions of 32-128 tokens, as many as the
     /// context needs (turns `KernelOptions::eager_graph_splits` off).
     #[arg(long)]
@@ -216,6 +220,7 @@ impl KernelFlags {
             fused_mma_rows: self
                 .fused_mma_rows
                 .unwrap_or(super::options::FUSED_MMA_ROWS),
+            fused_long_ctx: self.fused_long_ctx,
             graph_splits_few: Some(
                 self.graph_splits_few
                     .unwrap_or(super::options::GRAPH_SPLITS_FEW),

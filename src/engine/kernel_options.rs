@@ -150,6 +150,14 @@ pub struct KernelOptions {
     /// `fused_mma` (larger steps keep the CUDA-core loop). Default `FUSED_MMA_ROWS` (2: on
     /// the H200 the loop lost 10-25% at batches 4-16 after 512-token prompts).
     pub fused_mma_rows: usize,
+    /// Decode steps whose longest context passes this many tokens run the attention unfused
+    /// (q/k norm + RoPE + KV write, the tensor-core paged decode of `mma_decode`, the merge:
+    /// three launches a layer), eager steps by their contexts and graph replays on a second
+    /// graph of each fused bucket captured unfused. None (default): the fused attention at
+    /// any context. Built for #21, not yet measured as such: on the H200 the unfused
+    /// tensor-core attention beat the fused kernel after 8k-token prompts (0.6B batch 1 / 4 /
+    /// 8: 770 / 1,916 / 2,663 against 725 / 1,612 / 2,033 tok/s, `--no-fused-decode`).
+    pub fused_long_ctx: Option<usize>,
     /// Eager decode and verify steps (and a mixed step's decode rows) cut the attention in
     /// at most the partitions their graph bucket takes (`batch::graph_splits`), so an eager
     /// step and a graph replay cut a long context alike (the same bits); off: partitions of
@@ -276,6 +284,7 @@ impl Default for KernelOptions {
             fused_lean: true,
             fused_mma: Some(FUSED_MMA_STAGES),
             fused_mma_rows: FUSED_MMA_ROWS,
+            fused_long_ctx: None,
             eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,

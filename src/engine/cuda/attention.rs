@@ -312,6 +312,12 @@ impl CudaKernels {
             }
     }
 
+    /// Whether a decode step whose longest context is `max_ctx` tokens runs its attention
+    /// unfused (`LaunchOptions::fused_long_ctx`).
+    pub fn fused_long_context(&self, max_ctx: usize) -> bool {
+        self.fused_long_ctx.is_some_and(|n| max_ctx > n)
+    }
+
     /// Whether [`CudaKernels::decode_fused_into`] serves the shape (bf16, head_dim 128, GQA
     /// group 1, 2, 4 or 8; only with `LaunchOptions::fused_decode`), at any batch.
     fn fused_decode_serves(&self, nh: usize, nkv: usize, hd: usize) -> bool {

@@ -162,6 +162,8 @@ pub struct CudaKernels {
     /// (`LaunchOptions::fused_mma`): set by the forward for each step whose contexts fit one
     /// cluster ([`CudaKernels::set_fused_short`]); on for direct callers.
     pub(super) fused_short: std::sync::atomic::AtomicBool,
+    /// `LaunchOptions::fused_long_ctx`.
+    pub(super) fused_long_ctx: Option<usize>,
     /// The kernels over fp8 KV caches (bf16 compute on sm_89+), or why there are none.
     pub(super) fp8: std::result::Result<Fp8Kernels, String>,
 }
@@ -418,6 +420,7 @@ impl CudaKernels {
             blas_row_class: opts.blas_row_class,
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),
             fused_short: std::sync::atomic::AtomicBool::new(true),
+            fused_long_ctx: opts.fused_long_ctx,
             fp8,
             pinned: Arc::default(),
             staging: Default::default(),

@@ -65,6 +65,9 @@ pub struct LaunchOptions {
     pub fused_mma: Option<u8>,
     /// Most rows of a step whose fused decode attention takes the tensor-core loop.
     pub fused_mma_rows: usize,
+    /// Decode steps whose longest context passes this many tokens run the attention unfused
+    /// (the tensor-core paged decode with `mma_decode`); None: fused at any context.
+    pub fused_long_ctx: Option<usize>,
     /// cuBLAS matmuls of up to 1,024 rows on the cuBLASLt algorithm of their row class.
     pub blas_row_class: bool,
     /// The flash prefill attention (bf16).
@@ -147,6 +150,7 @@ impl Default for LaunchOptions {
             fused_lean: true,
             fused_mma: Some(crate::engine::options::FUSED_MMA_STAGES),
             fused_mma_rows: crate::engine::options::FUSED_MMA_ROWS,
+            fused_long_ctx: None,
             eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,

@@ -83,6 +83,7 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         fused_lean: opts.fused_lean,
         fused_mma: opts.fused_mma,
         fused_mma_rows: opts.fused_mma_rows,
+        fused_long_ctx: opts.fused_long_ctx,
         eager_graph_splits: opts.eager_graph_splits,
         blas_row_class: opts.blas_row_class,
         flash_prefill: opts.flash_prefill,

@@ -47,6 +47,9 @@ pub(crate) struct StepInputs {
     /// Every decode context fits one cluster of the fused attention: its tensor-core kernels
     /// may run (`CudaKernels::fused_short_context`, `KernelOptions::fused_mma`).
     pub(crate) short_ctx: bool,
+    /// The longest decode context passes `KernelOptions::fused_long_ctx`: the attention runs
+    /// unfused.
+    pub(crate) long_ctx: bool,
 }
 
 /// The forward's activations: one buffer each, reused by every layer (on one stream a layer's

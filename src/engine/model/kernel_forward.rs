@@ -153,6 +153,7 @@ impl KernelForward<'_> {
             )
         };
         let splits = k.step_splits(nd, width, bs, false);
+        let longest = decode.iter().map(|s| s.context_len).max().unwrap_or(0);
         let inputs = StepInputs {
             pos: packed.narrow(0, t, t)?,
             slots: packed.narrow(0, 2 * t, t)?,
@@ -176,11 +177,8 @@ impl KernelForward<'_> {
             verify: false,
             runs: None,
             reduce_in_place: false,
-            short_ctx: self.short_context(
-                nd,
-                splits,
-                decode.iter().map(|s| s.context_len).max().unwrap_or(0),
-            ),
+            short_ctx: self.short_context(nd, splits, longest),
+            long_ctx: k.fused_long_context(longest),
         };
         let plan = AttnPlan::new(seqs, bs, dev, m.dtype(), true, prefill_kernel)?;
         let mut acts = Activations::new(k, m, t, nd, splits)?;
@@ -215,6 +213,7 @@ impl KernelForward<'_> {
     /// (every token a decode sequence, in order) of a batch the fused kernel takes.
     pub(crate) fn attention_fused(&self, inputs: &StepInputs, plan: &AttnPlan, t: usize) -> bool {
         !inputs.verify
+            && !inputs.long_ctx
             && matches!(plan.groups.as_slice(),
             [AttnGroup::KernelDecode { n, first: 0 }] if *n == t)
             && self.fuses_decode(t)

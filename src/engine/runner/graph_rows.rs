@@ -57,6 +57,8 @@ pub(super) enum Variant {
     /// Plain decode of contexts that fit one cluster of the fused attention, on its
     /// tensor-core kernels (`KernelOptions::fused_mma`).
     Short,
+    /// Plain decode of contexts past `KernelOptions::fused_long_ctx`: the attention unfused.
+    Long,
 }
 
 /// How a step maps onto graph rows.

@@ -61,6 +61,9 @@ pub struct DecodeGraphs {
     /// Decode steps whose contexts fit one cluster of the fused attention, on its tensor-core
     /// kernels (`KernelOptions::fused_mma`), for the buckets that take them.
     short_graphs: Vec<Option<CudaGraph>>,
+    /// Decode steps whose longest context passes `KernelOptions::fused_long_ctx`, the
+    /// attention unfused, for the buckets whose decode graph fuses it.
+    long_graphs: Vec<Option<CudaGraph>>,
     /// Whether each bucket's decode graph fuses the attention (then a verify step needs its
     /// verify graph).
     fused: Vec<bool>,
@@ -147,6 +150,7 @@ impl DecodeGraphs {
             lora_graphs: Vec::new(),
             verify_graphs: Vec::new(),
             short_graphs: Vec::new(),
+            long_graphs: Vec::new(),
             fused: Vec::new(),
             verify_rows,
             lora_at,
@@ -207,7 +211,7 @@ impl DecodeGraphs {
         k.set_pdl(pdl && graph_pdl);
         let captured = self.capture_all(model, k, cache, comm);
         k.set_pdl(pdl);
-        let (graphs, lora_graphs, verify_graphs, short_graphs) = captured?;
+        let (graphs, lora_graphs, verify_graphs, (short_graphs, long_graphs)) = captured?;
         self.stream
             .synchronize()
             .map_err(|e| kernel_err("graph capture", e))?;
@@ -216,6 +220,7 @@ impl DecodeGraphs {
         self.lora_graphs = lora_graphs;
         self.verify_graphs = verify_graphs;
         self.short_graphs = short_graphs;
+        self.long_graphs = long_graphs;
         self.bytes += free_before.saturating_sub(free_after);
         self.capture_secs = start.elapsed().as_secs_f64();
         Ok(())
@@ -232,7 +237,7 @@ impl DecodeGraphs {
         Vec<CudaGraph>,
         Vec<CudaGraph>,
         Vec<Option<CudaGraph>>,
-        Vec<Option<CudaGraph>>,
+        (Vec<Option<CudaGraph>>, Vec<Option<CudaGraph>>),
     )> {
         let one =
             |b: usize, variant: Variant| self.capture_one((model, k, cache, comm), b, variant);
@@ -275,7 +280,21 @@ impl DecodeGraphs {
                 },
             );
         }
-        Ok((graphs, lora_graphs, verify_graphs, short_graphs))
+        // And, with `fused_long_ctx`, the fused buckets once more unfused.
+        let mut long_graphs = Vec::with_capacity(self.buckets.len());
+        for (i, &b) in self.buckets.iter().enumerate() {
+            long_graphs.push(if self.fused[i] && k.fused_long_context(usize::MAX) {
+                Some(one(b, Variant::Long)?)
+            } else {
+                None
+            });
+        }
+        Ok((
+            graphs,
+            lora_graphs,
+            verify_graphs,
+            (short_graphs, long_graphs),
+        ))
     }
 
     /// One bucket's graph (after one eager run of its launches).
@@ -315,6 +334,7 @@ impl DecodeGraphs {
         }
         inputs.verify = variant == Variant::Verify;
         inputs.short_ctx = variant == Variant::Short;
+        inputs.long_ctx = variant == Variant::Long;
         let shared = inputs.verify && k.shares_verify_kv();
         inputs.runs = inputs.runs.take().filter(|_| shared);
         let acts = self.acts.rows(b)?;
@@ -352,6 +372,7 @@ impl DecodeGraphs {
             verify: false,
             reduce_in_place: true,
             short_ctx: false,
+            long_ctx: false,
             ids,
         })
     }
@@ -453,12 +474,20 @@ impl DecodeGraphs {
         let bs = self.block_size;
         let longest = seqs.iter().map(|s| s.context_len).max().unwrap_or(1);
         let width = longest.div_ceil(bs);
-        // Plain decode of contexts that fit one cluster: the tensor-core kernels' graph, where
-        // the bucket has one (the eager forward chooses alike: `StepInputs::short_ctx`).
+        // Plain decode past `fused_long_ctx`: the unfused graph; of contexts that fit one
+        // cluster: the tensor-core kernels' graph, where the bucket has one (the eager forward
+        // chooses alike: `StepInputs::long_ctx`, `short_ctx`).
+        let k = model.kernels.as_ref();
         if !lora
             && !verify
+            && let Some(Some(long)) = self.long_graphs.get(bi)
+            && k.is_some_and(|k| k.fused_long_context(longest))
+        {
+            graph = long;
+        } else if !lora
+            && !verify
             && let Some(Some(short)) = self.short_graphs.get(bi)
-            && let Some(k) = model.kernels.as_ref()
+            && let Some(k) = k
             && (KernelForward {
                 model: &model.qwen3,
                 kernels: k,
