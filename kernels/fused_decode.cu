@@ -142,11 +142,14 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
 
 // KT: the caches' element type (bf16, or fp8 with the scales ks / vs: K's folded into q, the
 // new token's K/V kept in shared memory as stored, so both paths read the same values).
-// MMA (LaunchOptions::fused_mma; 0: off): step 3 on tensor cores, paged_decode_mma's loop
-// (decode_mma.cu: a warp takes every fourth chunk of 16 tokens through MMA stages of dynamic
-// shared memory a warp, issued before the wait; the new token's row patched into its stage from
-// shared memory) and its merge of the warps: the bits of the unfused tensor-core kernels at the
-// same partitioning, as the CUDA-core loop gives paged_decode's.
+// MMA (LaunchOptions::fused_mma; 0: off): for a context one cluster holds, step 3 on tensor
+// cores, paged_decode_mma's loop (decode_mma.cu: a warp takes every fourth chunk of 16 tokens
+// through MMA stages of dynamic shared memory a warp, issued before the wait; the new token's
+// row patched into its stage from shared memory) and its merge of the warps: the bits of the
+// unfused tensor-core kernels at the same partitioning, as the CUDA-core loop gives
+// paged_decode's. Longer contexts take the CUDA-core loop, its states in the same dynamic
+// shared memory; the host launches these kernels only for steps whose contexts all fit (at 113
+// registers the CUDA-core loop here lost 23-33% after 8k-32k tokens on the H200).
 // LEAN (LaunchOptions::fused_lean, on by default): the same sums in the same order with fewer
 // instructions a token: a power-of-two block size's table index and offset by shift and mask
 // instead of a division. (A round's FETCH scores computed before its softmax steps, measured
@@ -297,56 +300,56 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       MMA > 0 ? dgs->acc : *reinterpret_cast<float(*)[GROUPS][G][HD]>(&sacc_[0][0][0]);
   if (tc) {
     if constexpr (MMA > 0) {
-    using L = MmaKv<KT>;
-    constexpr int P = L::PIECES, ROWB = P * 16;
-    const int warp = threadIdx.x / 32, wl = threadIdx.x % 32, gr = wl / 4, t = wl % 4;
-    const int chunks = mma_chunks(start, end);
-    const MmaTable tb = mma_table(table, block_size, start);
-    unsigned char* wsm = dsm + warp * MMA * SB;
-    const float sc = ks * LOG2E;
-    MmaState st;
-    mma_state_empty(st);
-    // Iteration k waits for the oldest of the warp's MMA groups (chunk c), attends to it, then
-    // refills its stage with chunk c + 4 MMA (a group each, empty past the last).
+      using L = MmaKv<KT>;
+      constexpr int P = L::PIECES, ROWB = P * 16;
+      const int warp = threadIdx.x / 32, wl = threadIdx.x % 32, gr = wl / 4, t = wl % 4;
+      const int chunks = mma_chunks(start, end);
+      const MmaTable tb = mma_table(table, block_size, start);
+      unsigned char* wsm = dsm + warp * MMA * SB;
+      const float sc = ks * LOG2E;
+      MmaState st;
+      mma_state_empty(st);
+      // Iteration k waits for the oldest of the warp's MMA groups (chunk c), attends to it, then
+      // refills its stage with chunk c + 4 MMA (a group each, empty past the last).
 #pragma unroll 1
-    for (int k = 0, c = warp; c < chunks; ++k, c += MMA_WARPS) {
-      unsigned char* stg = wsm + (k % MMA) * SB;
-      const int cb = start + c * CHUNK;
-      cp_async_wait<MMA - 1>();
-      __syncwarp();
-      if (holds_new && newp >= cb && newp < cb + CHUNK) {
-        // The stage holds the cache's row of the new token as it was; this block has it as
-        // written in knew / vnew.
-        const int r = newp - cb;
-        if (wl < 2 * P) {
-          const bool isv = wl >= P;
-          const int pc = wl % P;
-          const uint4 v = reinterpret_cast<const uint4*>(isv ? (const void*)vnew
-                                                              : (const void*)knew)[pc];
-          *reinterpret_cast<uint4*>(stg + (isv ? (CHUNK + r) * ROWB + v_phys(r, pc) * 16
-                                               : r * ROWB + k_phys(r, pc) * 16)) = v;
-        }
+      for (int k = 0, c = warp; c < chunks; ++k, c += MMA_WARPS) {
+        unsigned char* stg = wsm + (k % MMA) * SB;
+        const int cb = start + c * CHUNK;
+        cp_async_wait<MMA - 1>();
         __syncwarp();
+        if (holds_new && newp >= cb && newp < cb + CHUNK) {
+          // The stage holds the cache's row of the new token as it was; this block has it as
+          // written in knew / vnew.
+          const int r = newp - cb;
+          if (wl < 2 * P) {
+            const bool isv = wl >= P;
+            const int pc = wl % P;
+            const uint4 v = reinterpret_cast<const uint4*>(isv ? (const void*)vnew
+                                                                : (const void*)knew)[pc];
+            *reinterpret_cast<uint4*>(stg + (isv ? (CHUNK + r) * ROWB + v_phys(r, pc) * 16
+                                                 : r * ROWB + k_phys(r, pc) * 16)) = v;
+          }
+          __syncwarp();
+        }
+        // q's fragment from shared memory for each chunk: 16 registers fewer across the loop
+        // (128 a thread: four blocks an SM).
+        uint32_t qa[16];
+        mma_q_frags<KT, G>(&qs[0][0], gr, t, qa);
+        mma_chunk<KT, false, true>(stg, qa, sc, cb, end, gr, t, st);
+        // Every lane has read the stage before it is refilled.
+        __syncwarp();
+        const int cn = c + MMA * MMA_WARPS;
+        if (cn < chunks)
+          stage_load<KT>(stg, k_cache, v_cache, tb, head_base, start + cn * CHUNK, end, wl);
+        cp_async_commit();
       }
-      // q's fragment from shared memory for each chunk: 16 registers fewer across the loop
-      // (128 a thread: four blocks an SM).
-      uint32_t qa[16];
-      mma_q_frags<KT, G>(&qs[0][0], gr, t, qa);
-      mma_chunk<KT, false, true>(stg, qa, sc, cb, end, gr, t, st);
-      // Every lane has read the stage before it is refilled.
-      __syncwarp();
-      const int cn = c + MMA * MMA_WARPS;
-      if (cn < chunks)
-        stage_load<KT>(stg, k_cache, v_cache, tb, head_base, start + cn * CHUNK, end, wl);
-      cp_async_commit();
-    }
-    cp_async_wait<0>();
-    if (stop == 3) {
-      if (st.m == 12345.f) out[0] = (T)(st.l + st.acc[0][0]);
-      return;
-    }
-    __syncthreads();  // every warp is done with its stages: the states go over them
-    mma_store_warp<KT, G>(st, vs, warp, gr, t, *reinterpret_cast<MmaWarps<G>*>(dsm));
+      cp_async_wait<0>();
+      if (stop == 3) {
+        if (st.m == 12345.f) out[0] = (T)(st.l + st.acc[0][0]);
+        return;
+      }
+      __syncthreads();  // every warp is done with its stages: the states go over them
+      mma_store_warp<KT, G>(st, vs, warp, gr, t, *reinterpret_cast<MmaWarps<G>*>(dsm));
     }
   } else {
     float qv[G][PER];
