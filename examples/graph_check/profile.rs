@@ -120,6 +120,7 @@ pub fn run(
                     16,
                     &attn,
                     (splits, part, scratch.as_ref(), &counters),
+                    true,
                     stop,
                 )?)
             })

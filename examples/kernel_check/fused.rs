@@ -150,6 +150,7 @@ pub(crate) fn case(
             bs,
             &out2,
             (splits, part, scratch.as_ref(), &counters),
+            true,
         )?;
         worst = worst.max(if exact {
             max_abs_diff(&out1, &out2)?

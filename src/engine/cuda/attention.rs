@@ -345,7 +345,10 @@ impl CudaKernels {
     /// The same bits as [`CudaKernels::qk_norm_rope_kv_write_into`] followed by
     /// [`CudaKernels::paged_decode_into`]. `counters` is from
     /// [`CudaKernels::decode_counters`] for at least `B` sequences; the rest as
-    /// [`CudaKernels::paged_decode_into`].
+    /// [`CudaKernels::paged_decode_into`]. `short`: every context fits one cluster
+    /// ([`CudaKernels::fused_short_context`]), so the tensor-core kernels of
+    /// `LaunchOptions::fused_mma` may run (steps of up to `fused_mma_rows` rows); else the
+    /// CUDA-core ones.
     #[allow(clippy::too_many_arguments)]
     pub fn decode_fused_into(
         &self,
@@ -359,9 +362,11 @@ impl CudaKernels {
         block_size: usize,
         out: &Tensor,
         parts: (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
+        short: bool,
     ) -> Result<()> {
         self.decode_fused_stage_into(
-            qkv, norms, inv_freq, pos_slots, caches, tables, ctx_lens, block_size, out, parts, 0,
+            qkv, norms, inv_freq, pos_slots, caches, tables, ctx_lens, block_size, out, parts,
+            short, 0,
         )
     }
 
@@ -384,6 +389,7 @@ impl CudaKernels {
         block_size: usize,
         out: &Tensor,
         (splits, part, scratch, counters): (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
+        short: bool,
         stop: i32,
     ) -> Result<()> {
         self.check_dtype(qkv)?;
@@ -411,7 +417,6 @@ impl CudaKernels {
         };
         // Group 8 may run as group 4 over twice the KV heads (`fused_group`).
         let (g, kv_shift) = self.fused_group(nh / nkv);
-        let short = self.fused_short.load(std::sync::atomic::Ordering::Relaxed);
         let (funcs, smem) = fused.chosen(b, short);
         let func = &funcs[g.trailing_zeros() as usize];
         let nkv_grid = nkv << kv_shift;

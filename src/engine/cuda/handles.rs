@@ -273,7 +273,7 @@ impl FusedDecode {
     }
 
     /// The kernels a launch of `rows` rows takes (the tensor-core ones only when `short`:
-    /// `CudaKernels::set_fused_short`) and its dynamic shared memory in bytes.
+    /// every context fits one cluster) and its dynamic shared memory in bytes.
     pub(super) fn chosen(&self, rows: usize, short: bool) -> (&[CudaFunction; 4], u32) {
         match &self.mma {
             Some((fs, smem)) if short && rows <= self.mma_rows => (fs, *smem),

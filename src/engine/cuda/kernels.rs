@@ -158,10 +158,6 @@ pub struct CudaKernels {
     /// Launch with programmatic dependent launch (sm_90+ with `LaunchOptions::pdl`; the graph
     /// capture sets it for its own launches).
     pub(super) pdl: std::sync::atomic::AtomicBool,
-    /// Whether the fused decode attention may take its tensor-core kernels
-    /// (`LaunchOptions::fused_mma`): set by the forward for each step whose contexts fit one
-    /// cluster ([`CudaKernels::set_fused_short`]); on for direct callers.
-    pub(super) fused_short: std::sync::atomic::AtomicBool,
     /// `LaunchOptions::fused_long_ctx`.
     pub(super) fused_long_ctx: Option<usize>,
     /// The kernels over fp8 KV caches (bf16 compute on sm_89+), or why there are none.
@@ -419,7 +415,6 @@ impl CudaKernels {
             eager_graph_splits: opts.eager_graph_splits,
             blas_row_class: opts.blas_row_class,
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),
-            fused_short: std::sync::atomic::AtomicBool::new(true),
             fused_long_ctx: opts.fused_long_ctx,
             fp8,
             pinned: Arc::default(),
@@ -443,16 +438,6 @@ impl CudaKernels {
     pub(super) fn launcher<'a>(&'a self, f: &'a CudaFunction) -> launch::Launch<'a> {
         let pdl = self.pdl.load(std::sync::atomic::Ordering::Relaxed);
         launch::Launch::new(&self.stream, f, pdl)
-    }
-
-    /// Whether the fused decode attention's launches may take its tensor-core kernels
-    /// (`LaunchOptions::fused_mma`, steps of up to `fused_mma_rows` rows): the forward says so
-    /// for each step whose contexts all fit one cluster
-    /// ([`CudaKernels::fused_short_context`]); past it the CUDA-core kernels run. Returns the
-    /// previous setting.
-    pub(crate) fn set_fused_short(&self, on: bool) -> bool {
-        self.fused_short
-            .swap(on, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Turns programmatic dependent launch off (or back on, where the GPU has it); returns

@@ -244,6 +244,7 @@ impl KernelForward<'_> {
                 bs,
                 &a.attn,
                 (inputs.splits, part, a.scratch.as_ref(), &a.counters),
+                inputs.short_ctx,
             )?;
             a.attn.clone()
         } else {
@@ -284,7 +285,6 @@ impl KernelForward<'_> {
         // each layer's attention as one fused launch.
         let t = a.h.dim(0)?;
         let fused = self.attention_fused(inputs, plan, t);
-        k.set_fused_short(inputs.short_ctx);
         let part = CudaKernels::decode_partition(inputs.ctx_lens.elem_count());
         // The overlap's deferred expands leave `a.o` without its delta: not with a trace of
         // it, nor with the all-reduce of tensor parallelism.
