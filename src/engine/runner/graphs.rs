@@ -22,29 +22,31 @@
 //!   the buckets that have it (`verify_graphs`, up to the largest verify size `allocate` was
 //!   given, each of which is a bucket of its own; larger buckets never fuse, so their graph
 //!   serves both).
+//! - With `KernelOptions::fused_mma` the fused buckets that take its tensor-core kernels have
+//!   a second graph on them (`short_graphs`), and with `fused_long_ctx` every fused bucket a
+//!   graph captured unfused (`long_graphs`); a plain decode step replays by its longest
+//!   context, as the eager forward chooses (`StepInputs::short_ctx`, `long_ctx`).
 //! - Only decode and verify steps replay; prefill chunks and larger batches run eagerly. Under
 //!   tensor parallelism (`EngineOptions::tp_graphs`) every rank captures the same buckets in
 //!   the same order, its all-reduces in place on the static buffers (NCCL calls in the graph),
 //!   and replays its own graph on the head's command; ranks above 0 compute no logits.
 
 use std::sync::Arc;
-use std::time::Instant;
 
-use candle_core::cuda_backend::cudarc::driver::{CudaGraph, CudaStream, result, sys};
+use candle_core::cuda_backend::cudarc::driver::{CudaGraph, CudaStream, result};
 use candle_core::{DType, Tensor};
 
 use super::buckets::{bucket_for, graph_buckets};
-use super::graph_rows::{
-    FIELDS, Row, StepKind, Variant, input_layout, padding, step_kind, step_rows,
-};
+use super::graph_rows::{FIELDS, Row, StepKind, input_layout, padding, step_kind, step_rows};
 use crate::engine::batch::SeqInput;
 use crate::engine::cuda::{CudaKernels, kernel_err};
 use crate::engine::model::Model;
-use crate::engine::model::attention::{AttnGroup, AttnPlan};
 use crate::engine::model::kernel_forward::{Activations, KernelForward, StepInputs};
 use crate::engine::model::kv_cache::PagedKvCache;
 use crate::engine::parallel::comm::CommBackend;
 use crate::error::{Error, Result};
+
+mod capture;
 
 /// Captured decode graphs and the static buffers they run on (the engine holds one per
 /// model; [`DecodeGraphs::replay`] is also how `examples/graph_check` compares a graph step
@@ -183,177 +185,6 @@ impl DecodeGraphs {
         &self.buckets
     }
 
-    /// Captures one graph per bucket over `cache` (after one eager run of the same launches,
-    /// which loads what cuBLAS loads lazily). With `comm` (tensor parallelism) every rank
-    /// calls this at once: the eager runs' all-reduces meet, and the graphs hold theirs.
-    pub fn capture(
-        &mut self,
-        model: &Model,
-        cache: &PagedKvCache,
-        graph_pdl: bool,
-        comm: Option<&dyn CommBackend>,
-    ) -> Result<()> {
-        let k = model
-            .kernels
-            .as_ref()
-            .ok_or_else(|| kernel_err("graph", "the model runs without kernels"))?;
-        let start = Instant::now();
-        let (free_before, _) = mem_info()?;
-        // Programmatic dependent launch inside the graphs too (the matmuls prefetch their
-        // weights while the kernel before them runs), unless `graph_pdl` is off
-        // (`KernelOptions::graph_pdl`).
-        let fwd = KernelForward {
-            model: &model.qwen3,
-            kernels: k,
-        };
-        self.fused = self.buckets.iter().map(|&b| fwd.fuses_decode(b)).collect();
-        let pdl = k.set_pdl(false);
-        k.set_pdl(pdl && graph_pdl);
-        let captured = self.capture_all(model, k, cache, comm);
-        k.set_pdl(pdl);
-        let (graphs, lora_graphs, verify_graphs, (short_graphs, long_graphs)) = captured?;
-        self.stream
-            .synchronize()
-            .map_err(|e| kernel_err("graph capture", e))?;
-        let (free_after, _) = mem_info()?;
-        self.graphs = graphs;
-        self.lora_graphs = lora_graphs;
-        self.verify_graphs = verify_graphs;
-        self.short_graphs = short_graphs;
-        self.long_graphs = long_graphs;
-        self.bytes += free_before.saturating_sub(free_after);
-        self.capture_secs = start.elapsed().as_secs_f64();
-        Ok(())
-    }
-
-    #[allow(clippy::type_complexity)]
-    fn capture_all(
-        &self,
-        model: &Model,
-        k: &CudaKernels,
-        cache: &PagedKvCache,
-        comm: Option<&dyn CommBackend>,
-    ) -> Result<(
-        Vec<CudaGraph>,
-        Vec<CudaGraph>,
-        Vec<Option<CudaGraph>>,
-        (Vec<Option<CudaGraph>>, Vec<Option<CudaGraph>>),
-    )> {
-        let one =
-            |b: usize, variant: Variant| self.capture_one((model, k, cache, comm), b, variant);
-        let mut graphs = Vec::with_capacity(self.buckets.len());
-        let mut lora_graphs = Vec::new();
-        let mut verify_graphs = Vec::new();
-        for &b in &self.buckets {
-            graphs.push(one(b, Variant::Decode)?);
-        }
-        if self.lora_at.is_some() {
-            for &b in &self.buckets {
-                lora_graphs.push(one(b, Variant::Lora)?);
-            }
-        }
-        let verified = match self.verify_rows {
-            0 => 0,
-            rows => bucket_for(&self.buckets, rows).map_or(self.buckets.len(), |i| i + 1),
-        };
-        // Every verify size with the shared-K/V verify attention, else fused buckets alone.
-        for (&b, &fused) in self.buckets[..verified].iter().zip(&self.fused) {
-            verify_graphs.push(if fused || k.shares_verify_kv() {
-                Some(one(b, Variant::Verify)?)
-            } else {
-                None
-            });
-        }
-        // The buckets whose fused attention may take its tensor-core kernels (a context of
-        // one token fits any cluster).
-        let fwd = KernelForward {
-            model: &model.qwen3,
-            kernels: k,
-        };
-        let mut short_graphs = Vec::with_capacity(self.buckets.len());
-        for (i, &b) in self.buckets.iter().enumerate() {
-            short_graphs.push(
-                if self.fused[i] && fwd.short_context(b, self.splits[i], 1) {
-                    Some(one(b, Variant::Short)?)
-                } else {
-                    None
-                },
-            );
-        }
-        // And, with `fused_long_ctx`, the fused buckets once more unfused.
-        let mut long_graphs = Vec::with_capacity(self.buckets.len());
-        for (i, &b) in self.buckets.iter().enumerate() {
-            long_graphs.push(if self.fused[i] && k.fused_long_context(usize::MAX) {
-                Some(one(b, Variant::Long)?)
-            } else {
-                None
-            });
-        }
-        Ok((
-            graphs,
-            lora_graphs,
-            verify_graphs,
-            (short_graphs, long_graphs),
-        ))
-    }
-
-    /// One bucket's graph (after one eager run of its launches).
-    fn capture_one(&self, on: OnRank<'_>, b: usize, variant: Variant) -> Result<CudaGraph> {
-        self.upload(b, &vec![padding(); b], 1)?;
-        if variant == Variant::Lora {
-            self.upload_lora(&vec![0; 3 * b])?;
-        }
-        self.run_bucket(on, b, variant)?;
-        self.stream
-            .synchronize()
-            .map_err(|e| kernel_err("graph warm-up", e))?;
-        self.stream
-            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(|e| kernel_err("graph capture", e))?;
-        let ran = self.run_bucket(on, b, variant);
-        // Capture ends whatever happened, so the stream is usable again.
-        let ended = self
-            .stream
-            .end_capture(sys::CUgraphInstantiate_flags(0))
-            .map_err(|e| kernel_err("graph capture", e));
-        ran?;
-        let graph = ended?.ok_or_else(|| kernel_err("graph capture", "empty graph"))?;
-        graph.upload().map_err(|e| kernel_err("graph upload", e))?;
-        Ok(graph)
-    }
-
-    /// The launches a bucket's graph holds: the layers (with the LoRA deltas when `lora`),
-    /// the final norm, lm_head and the f32 logits (rank 0), on the static buffers.
-    fn run_bucket(&self, on: OnRank<'_>, b: usize, variant: Variant) -> Result<()> {
-        let (model, k, cache, comm) = on;
-        let mut inputs = self.inputs(b)?;
-        if variant == Variant::Lora
-            && let Some(at) = self.lora_at
-        {
-            inputs.lora = Some(self.input.narrow(0, at, 3 * b)?);
-        }
-        inputs.verify = variant == Variant::Verify;
-        inputs.short_ctx = variant == Variant::Short;
-        inputs.long_ctx = variant == Variant::Long;
-        let shared = inputs.verify && k.shares_verify_kv();
-        inputs.runs = inputs.runs.take().filter(|_| shared);
-        let acts = self.acts.rows(b)?;
-        let plan = AttnPlan {
-            groups: vec![AttnGroup::KernelDecode { n: b, first: 0 }],
-        };
-        KernelForward {
-            model: &model.qwen3,
-            kernels: k,
-        }
-        .layers_into(&inputs, &acts, &plan, cache, comm, None)?;
-        if model.qwen3.shard().rank != 0 {
-            return Ok(());
-        }
-        let logits_act = self.logits_act.narrow(0, 0, b)?;
-        k.linear_into(&acts.h, model.qwen3.lm_head.weight(), &logits_act)?;
-        k.to_f32_into(&logits_act, &self.logits.narrow(0, 0, b)?)
-    }
-
     /// Views of a bucket's inputs in the static input buffer.
     fn inputs(&self, b: usize) -> Result<StepInputs> {
         let at = |i: usize, n: usize| -> Result<Tensor> { Ok(self.input.narrow(0, i, n)?) };
@@ -477,24 +308,24 @@ impl DecodeGraphs {
         // Plain decode past `fused_long_ctx`: the unfused graph; of contexts that fit one
         // cluster: the tensor-core kernels' graph, where the bucket has one (the eager forward
         // chooses alike: `StepInputs::long_ctx`, `short_ctx`).
-        let k = model.kernels.as_ref();
         if !lora
             && !verify
-            && let Some(Some(long)) = self.long_graphs.get(bi)
-            && k.is_some_and(|k| k.fused_long_context(longest))
+            && let Some(k) = model.kernels.as_ref()
         {
-            graph = long;
-        } else if !lora
-            && !verify
-            && let Some(Some(short)) = self.short_graphs.get(bi)
-            && let Some(k) = k
-            && (KernelForward {
+            let fwd = KernelForward {
                 model: &model.qwen3,
                 kernels: k,
-            })
-            .short_context(self.buckets[bi], self.splits[bi], longest)
-        {
-            graph = short;
+            };
+            let other = if k.fused_long_context(longest) {
+                Some(&self.long_graphs)
+            } else if fwd.short_context(self.buckets[bi], self.splits[bi], longest) {
+                Some(&self.short_graphs)
+            } else {
+                None
+            };
+            if let Some(Some(g)) = other.and_then(|o| o.get(bi)) {
+                graph = g;
+            }
         }
         if width > self.max_width {
             return Ok(None);
