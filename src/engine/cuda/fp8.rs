@@ -1,7 +1,7 @@
 //! The kernels over fp8 (e4m3) KV caches: their handles ([`Fp8Kernels`], loaded with the
 //! others by `CudaKernels::new` where the GPU has fp8) and how a launch finds them.
 
-use super::handles::Fp8Kernels;
+use super::attention_handles::Fp8Kernels;
 use super::kernels::CudaKernels;
 use super::launch::kernel_err;
 use crate::error::Result;

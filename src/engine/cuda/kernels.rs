@@ -11,11 +11,9 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::{CudaDevice, DType, Device};
 
+use super::attention_handles::{DecodeAttention, Fp8Kernels, FusedDecode};
 use super::blas::Blas;
-use super::handles::{
-    DecodeAttention, Fp8Kernels, FusedDecode, GemvSet, LoraGrouped, MoeKernels, SpecKernels,
-    group_functions,
-};
+use super::handles::{GemvSet, LoraGrouped, MoeKernels, SpecKernels, group_functions};
 use super::launch::{self, kernel_err};
 pub use super::launch_options::LaunchOptions;
 use crate::error::Result;
