@@ -180,6 +180,21 @@ __device__ __forceinline__ void stage_load(unsigned char* st, const KT* __restri
   }
 }
 
+// Row r of a stage's K and V from k and v (HD elements each, 16-byte aligned): a piece a lane
+// (the caller synchronizes the warp after).
+template <typename KT>
+__device__ __forceinline__ void stage_put_row(unsigned char* st, int r, const KT* k, const KT* v,
+                                              int lane) {
+  constexpr int P = MmaKv<KT>::PIECES, ROWB = P * 16;
+  if (lane < 2 * P) {
+    const bool isv = lane >= P;
+    const int pc = lane % P;
+    const uint4 x = reinterpret_cast<const uint4*>(isv ? v : k)[pc];
+    *reinterpret_cast<uint4*>(st + (isv ? (CHUNK + r) * ROWB + v_phys(r, pc) * 16
+                                        : r * ROWB + k_phys(r, pc) * 16)) = x;
+  }
+}
+
 // A warp's online-softmax state: head gr's running max (log2 units) and this lane's share of
 // its sum, and Oᵀ's tiles: acc[mt] holds heads 2t, 2t + 1 at v_dim(gr, mt, 0) (0, 1) and at
 // v_dim(gr, mt, 1) (2, 3).
@@ -334,7 +349,7 @@ struct GroupStates {
 // sizes launches by it too).
 constexpr int MMA_STATES_BYTES = (int)sizeof(GroupStates<8>);
 static_assert(MMA_STATES_BYTES >= MMA_WARPS_BYTES && MMA_STATES_BYTES == 33280,
-              "src/engine/cuda/handles.rs sizes launches by it");
+              "src/engine/cuda/attention_handles.rs sizes launches by it");
 
 // This warp's state into w (the caller synchronizes the block before and after): its row sums
 // over the quad first.

@@ -300,8 +300,6 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       MMA > 0 ? dgs->acc : *reinterpret_cast<float(*)[GROUPS][G][HD]>(&sacc_[0][0][0]);
   if (tc) {
     if constexpr (MMA > 0) {
-      using L = MmaKv<KT>;
-      constexpr int P = L::PIECES, ROWB = P * 16;
       const int warp = threadIdx.x / 32, wl = threadIdx.x % 32, gr = wl / 4, t = wl % 4;
       const int chunks = mma_chunks(start, end);
       const MmaTable tb = mma_table(table, block_size, start);
@@ -320,15 +318,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
         if (holds_new && newp >= cb && newp < cb + CHUNK) {
           // The stage holds the cache's row of the new token as it was; this block has it as
           // written in knew / vnew.
-          const int r = newp - cb;
-          if (wl < 2 * P) {
-            const bool isv = wl >= P;
-            const int pc = wl % P;
-            const uint4 v = reinterpret_cast<const uint4*>(isv ? (const void*)vnew
-                                                                : (const void*)knew)[pc];
-            *reinterpret_cast<uint4*>(stg + (isv ? (CHUNK + r) * ROWB + v_phys(r, pc) * 16
-                                                 : r * ROWB + k_phys(r, pc) * 16)) = v;
-          }
+          stage_put_row<KT>(stg, newp - cb, knew, vnew, wl);
           __syncwarp();
         }
         // q's fragment from shared memory for each chunk: 16 registers fewer across the loop
@@ -498,6 +488,6 @@ PS_DECODE_FUSED_ALL(false, 0, __launch_bounds__(THREADS), )
 PS_DECODE_FUSED_ALL(true, 0, __launch_bounds__(THREADS), _lean)
 // Step 3 on tensor cores where a context fits one cluster (LaunchOptions::fused_mma) with 1 or
 // 2 stages a warp: dynamic shared memory of max(MMA_WARPS * stages * stage_bytes,
-// MMA_STATES_BYTES) (handles.rs).
+// MMA_STATES_BYTES) (attention_handles.rs).
 PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 4), _mma1)
 PS_DECODE_FUSED_ALL(true, 2, __launch_bounds__(THREADS, 2), _mma2)

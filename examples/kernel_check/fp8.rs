@@ -7,12 +7,12 @@
 //! kernel that ignores a scale fails every check here (the scales are far from 1).
 
 use candle_core::{DType, Device, IndexOp, Tensor};
-use policy_serve::engine::cuda::{CudaKernels, LaunchOptions};
+use policy_serve::engine::cuda::CudaKernels;
 use policy_serve::engine::kv_format::{
     FP8_E4M3_MAX, FP8_STORAGE, KvRef, KvScale, dequantize, quantize,
 };
 
-use super::fused::case;
+use super::fused::{case, division_kernels, mma_kernels};
 use super::{Args, Res, Table, cores, engine, randn, rel, tokens_of};
 use policy_serve::engine::{DTypeChoice, DeviceChoice, KvCacheDtype};
 use policy_serve::testing::synthetic_prompt;
@@ -279,20 +279,10 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     }
     // The default fused kernel (lean) and the one with the table index by division
     // (`LaunchOptions::fused_lean` off).
-    let div = LaunchOptions {
-        fused_lean: false,
-        ..cores()
-    };
-    let kd = CudaKernels::new(dev, DType::BF16, &div)?.ok_or("no kernels")?;
+    let kd = division_kernels(dev)?;
     // And the tensor-core loop (`LaunchOptions::fused_mma`) against the unfused tensor-core
     // kernels over fp8 (f16 MMAs).
-    let mma = LaunchOptions {
-        mma_decode: true,
-        fused_mma: Some(2),
-        fused_mma_rows: usize::MAX,
-        ..cores()
-    };
-    let km = CudaKernels::new(dev, DType::BF16, &mma)?.ok_or("no kernels")?;
+    let km = mma_kernels(dev, 2)?;
     for &(rows, heads, splits) in &[
         ((1, 600, false), (16, 8), Some(32)),
         ((4, 3000, true), (16, 8), Some(32)),

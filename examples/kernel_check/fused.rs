@@ -171,6 +171,29 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> Res<f32> {
     Ok(d.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
 }
 
+/// `cores()` with the fused decode attention's table index by division
+/// (`LaunchOptions::fused_lean` off).
+pub(crate) fn division_kernels(dev: &Device) -> Res<CudaKernels> {
+    let o = LaunchOptions {
+        fused_lean: false,
+        ..cores()
+    };
+    Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
+}
+
+/// `cores()` with the fused decode attention's tensor-core loop at `stages` a warp for every
+/// launch (`LaunchOptions::fused_mma`, no row bound) and the unfused tensor-core attention
+/// (`mma_decode`) it is held to.
+pub(crate) fn mma_kernels(dev: &Device, stages: u8) -> Res<CudaKernels> {
+    let o = LaunchOptions {
+        mma_decode: true,
+        fused_mma: Some(stages),
+        fused_mma_rows: usize::MAX,
+        ..cores()
+    };
+    Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
+}
+
 pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let k = CudaKernels::new(dev, DType::BF16, &cores())?.ok_or("no kernels")?;
     // Group 8 runs as two group-4 halves a KV head, merged in clusters (`gqa8_split`, on in
@@ -186,27 +209,14 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     // The lean kernels (`LaunchOptions::fused_lean`, on in `cores()`) and, every case once
     // more, the ones with the table index by division, both held to the same tolerances (a
     // table index or offset by shift and mask that missed a block or a row fails the first).
-    let div = LaunchOptions {
-        fused_lean: false,
-        ..cores()
-    };
-    let kd = CudaKernels::new(dev, DType::BF16, &div)?.ok_or("no kernels")?;
+    let kd = division_kernels(dev)?;
     // The tensor-core loop (`LaunchOptions::fused_mma`, 1 and 2 stages a warp), every case
     // once more: where a context fits one cluster against the unfused tensor-core kernels
     // (`mma_decode`), whose bits it must give at the same partitioning (a chunk of the wrong
     // table block, a stage refilled before it was read, or the new token's row not patched
     // into its stage fails it); past one cluster (the CUDA-core loop) against the unfused
     // CUDA-core kernels.
-    let mma = |d: u8| {
-        let o = LaunchOptions {
-            mma_decode: true,
-            fused_mma: Some(d),
-            fused_mma_rows: usize::MAX,
-            ..cores()
-        };
-        CudaKernels::new(dev, DType::BF16, &o)
-    };
-    let (km1, km2) = (mma(1)?.ok_or("no kernels")?, mma(2)?.ok_or("no kernels")?);
+    let (km1, km2) = (mma_kernels(dev, 1)?, mma_kernels(dev, 2)?);
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),
