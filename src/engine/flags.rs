@@ -337,12 +337,36 @@ mod tests {
         let n = Cli::parse_from(["x", "--no-fused-mma"]).engine.options();
         assert_eq!(n.kernels.fused_mma, None);
         assert!(Cli::try_parse_from(["x", "--fused-mma", "3"]).is_err());
-        // Long contexts unfused: off unless asked for.
-        assert_eq!(d.kernels.fused_long_ctx, None);
-        let u = Cli::parse_from(["x", "--fused-long-ctx", "4096"])
+        // Long contexts unfused: past 2,048 tokens (6,144 at one row) unless told otherwise.
+        assert_eq!(
+            (d.kernels.fused_long_ctx, d.kernels.fused_long_ctx_one),
+            (Some(2048), Some(6144))
+        );
+        let u = Cli::parse_from(["x", "--fused-long-ctx", "4096", "--fused-long-ctx-one", "9"])
             .engine
             .options();
-        assert_eq!(u.kernels.fused_long_ctx, Some(4096));
+        assert_eq!(
+            (u.kernels.fused_long_ctx, u.kernels.fused_long_ctx_one),
+            (Some(4096), Some(9))
+        );
+        let o = Cli::parse_from(["x", "--no-fused-long-ctx"])
+            .engine
+            .options();
+        assert_eq!(
+            (o.kernels.fused_long_ctx, o.kernels.fused_long_ctx_one),
+            (None, None)
+        );
+        assert!(
+            Cli::try_parse_from(["x", "--no-fused-long-ctx", "--fused-long-ctx", "1"]).is_err()
+        );
+        // The fused attention's row bound: 8 unless told otherwise; 0 and 17 refused.
+        assert_eq!(d.kernels.fused_max_rows, 8);
+        let r = Cli::parse_from(["x", "--fused-max-rows", "8"])
+            .engine
+            .options();
+        assert_eq!(r.kernels.fused_max_rows, 8);
+        assert!(Cli::try_parse_from(["x", "--fused-max-rows", "0"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--fused-max-rows", "17"]).is_err());
         assert!(Cli::try_parse_from(["x", "--no-fused-mma", "--fused-mma", "2"]).is_err());
         // The unnormed tensor-core skinny matmuls: on for weights of up to 6Mi elements unless
         // turned off; --gemv-mma (every kind) takes them over.

@@ -93,10 +93,20 @@ pub struct KernelFlags {
     /// (`KernelOptions::fused_mma_rows`).
     #[arg(long, value_name = "N")]
     pub fused_mma_rows: Option<usize>,
-    /// Decode steps whose longest context passes N tokens run the attention unfused
-    /// (`KernelOptions::fused_long_ctx`).
+    /// Decode steps of 2+ rows whose longest context passes N tokens run the attention
+    /// unfused (`KernelOptions::fused_long_ctx`; default 2,048).
     #[arg(long, value_name = "N")]
     pub fused_long_ctx: Option<usize>,
+    /// The same for 1-row steps (`KernelOptions::fused_long_ctx_one`; default 6,144).
+    #[arg(long, value_name = "N")]
+    pub fused_long_ctx_one: Option<usize>,
+    /// The fused attention at any context (both bounds above off).
+    #[arg(long, conflicts_with_all = ["fused_long_ctx", "fused_long_ctx_one"])]
+    pub no_fused_long_ctx: bool,
+    /// Decode steps of more than N rows run the attention unfused
+    /// (`KernelOptions::fused_max_rows`, 1-16; default 8).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub fused_max_rows: Option<u16>,
     /// Eager decode steps cut the attention in partitions of 32-128 tokens, as many as the
     /// context needs (turns `KernelOptions::eager_graph_splits` off).
     #[arg(long)]
@@ -220,7 +230,17 @@ impl KernelFlags {
             fused_mma_rows: self
                 .fused_mma_rows
                 .unwrap_or(super::options::FUSED_MMA_ROWS),
-            fused_long_ctx: self.fused_long_ctx,
+            fused_long_ctx: (!self.no_fused_long_ctx).then(|| {
+                self.fused_long_ctx
+                    .unwrap_or(super::options::FUSED_LONG_CTX)
+            }),
+            fused_long_ctx_one: (!self.no_fused_long_ctx).then(|| {
+                self.fused_long_ctx_one
+                    .unwrap_or(super::options::FUSED_LONG_CTX_ONE)
+            }),
+            fused_max_rows: self
+                .fused_max_rows
+                .map_or(super::options::FUSED_ROWS, usize::from),
             graph_splits_few: Some(
                 self.graph_splits_few
                     .unwrap_or(super::options::GRAPH_SPLITS_FEW),

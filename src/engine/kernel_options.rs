@@ -41,6 +41,23 @@ pub const GEMV_MMA_PLAIN_MAX_WEIGHT: usize = 6 << 20;
 /// [`KernelOptions::fused_mma`] is on ([`KernelOptions::fused_mma_rows`]).
 pub const FUSED_MMA_ROWS: usize = 2;
 
+/// Default most rows of a decode step that runs the fused decode attention
+/// ([`KernelOptions::fused_max_rows`]; the kernels serve at most 16): on the H200 the unfused
+/// attention at batch 16 after 512-token prompts 0.6B +10%, 1.7B +7%; at batch 8 -3% / -2%
+/// (BENCHMARKS.md, #21).
+pub const FUSED_ROWS: usize = 8;
+
+/// Default of [`KernelOptions::fused_long_ctx`]: steps of 2+ rows past 2,048 tokens of context
+/// run the attention unfused. On the H200, 0.6B after 2k / 4k / 8k-token prompts: batch 2
+/// +1% / +16% / +22%, batch 4 +2% / +10% / +20%, batch 8 +10% / +20% / +32%; 1.7B after 8k
+/// batch 4 / 8 +14% / +26% (BENCHMARKS.md, #21).
+pub const FUSED_LONG_CTX: usize = 2048;
+
+/// Default of [`KernelOptions::fused_long_ctx_one`]: 1-row steps past 6,144 tokens of context
+/// run the attention unfused. On the H200, 0.6B batch 1 after 4k-token prompts -3%, after 8k
+/// +5%, after 32k +24%; 1.7B after 8k +1% (BENCHMARKS.md, #21).
+pub const FUSED_LONG_CTX_ONE: usize = 6144;
+
 /// Default stages a warp of the fused attention's tensor-core loop ([`KernelOptions::fused_mma`]).
 pub const FUSED_MMA_STAGES: u8 = 1;
 
@@ -150,14 +167,22 @@ pub struct KernelOptions {
     /// `fused_mma` (larger steps keep the CUDA-core loop). Default `FUSED_MMA_ROWS` (2: on
     /// the H200 the loop lost 10-25% at batches 4-16 after 512-token prompts).
     pub fused_mma_rows: usize,
-    /// Decode steps whose longest context passes this many tokens run the attention unfused
-    /// (q/k norm + RoPE + KV write, the tensor-core paged decode of `mma_decode`, the merge:
-    /// three launches a layer), eager steps by their contexts and graph replays on a second
-    /// graph of each fused bucket captured unfused. None (default): the fused attention at
-    /// any context. Built for #21, not yet measured as such: on the H200 the unfused
-    /// tensor-core attention beat the fused kernel after 8k-token prompts (0.6B batch 1 / 4 /
-    /// 8: 770 / 1,916 / 2,663 against 725 / 1,612 / 2,033 tok/s, `--no-fused-decode`).
+    /// Decode steps of 2+ rows whose longest context passes this many tokens run the
+    /// attention unfused (q/k norm + RoPE + KV write, the tensor-core paged decode of
+    /// `mma_decode`, the merge: three launches a layer), eager steps by their contexts and
+    /// graph replays on a second graph of each fused bucket captured unfused. Default
+    /// `Some(FUSED_LONG_CTX)` (2,048: on the H200 0.6B batch 8 after 8k-token prompts 2,019 ->
+    /// 2,672 tok/s, batch 16 2,317 -> 3,605; BENCHMARKS.md, #21); None: fused at any context.
     pub fused_long_ctx: Option<usize>,
+    /// The same bound for 1-row steps. Default `Some(FUSED_LONG_CTX_ONE)` (6,144: on the H200
+    /// 0.6B batch 1 after 32k-token prompts 389 -> 484 tok/s); None: fused at any context.
+    pub fused_long_ctx_one: Option<usize>,
+    /// Most rows of a decode step whose attention runs fused (at most 16, the kernels'
+    /// bound); larger steps run it unfused (q/k norm + RoPE + KV write, the paged decode, the
+    /// merge), eager steps and graph buckets alike. Default `FUSED_ROWS` (8: on the H200 batch
+    /// 16 after 512-token prompts 0.6B 8,643 -> 9,510 tok/s, 1.7B 6,556 -> 7,005;
+    /// BENCHMARKS.md, #21).
+    pub fused_max_rows: usize,
     /// Eager decode and verify steps (and a mixed step's decode rows) cut the attention in
     /// at most the partitions their graph bucket takes (`batch::graph_splits`), so an eager
     /// step and a graph replay cut a long context alike (the same bits); off: partitions of
@@ -284,7 +309,9 @@ impl Default for KernelOptions {
             fused_lean: true,
             fused_mma: Some(FUSED_MMA_STAGES),
             fused_mma_rows: FUSED_MMA_ROWS,
-            fused_long_ctx: None,
+            fused_long_ctx: Some(FUSED_LONG_CTX),
+            fused_long_ctx_one: Some(FUSED_LONG_CTX_ONE),
+            fused_max_rows: FUSED_ROWS,
             eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,

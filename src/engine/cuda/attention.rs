@@ -277,14 +277,15 @@ impl CudaKernels {
 
     /// Whether the forward runs a decode step of `rows` sequences through
     /// [`CudaKernels::decode_fused_into`] on a layer of `nh` query heads over `nkv` KV heads of
-    /// `hd` dims: at most [`FUSED_MAX_ROWS`] rows of a shape the kernel serves.
+    /// `hd` dims: at most [`FUSED_MAX_ROWS`] rows (and `LaunchOptions::fused_max_rows`) of a
+    /// shape the kernel serves.
     /// GQA group 8 (the 30B-A3B's 32 query / 4 KV heads) is fused only as two group-4 halves
     /// ([`CudaKernels::fused_group`]): as group 8 no cluster merges it, and its merge through
     /// global memory made the fused kernel 22.8 us at batch 1 and 35.3 at 8 against 2.9 + 8.5
     /// and 3.0 + 8.8 unfused (`graph_check --profile`, H200).
     pub fn fused_decode_supports(&self, rows: usize, nh: usize, nkv: usize, hd: usize) -> bool {
         let g = nh / nkv.max(1);
-        rows <= FUSED_MAX_ROWS
+        rows <= FUSED_MAX_ROWS.min(self.fused_max_rows)
             && self.fused_decode_serves(nh, nkv, hd)
             && matches!(self.fused_group(g).0, 1 | 2 | 4)
             && (g != 8 || rows <= GQA8_SPLIT_MAX_ROWS)
@@ -312,10 +313,15 @@ impl CudaKernels {
             }
     }
 
-    /// Whether a decode step whose longest context is `max_ctx` tokens runs its attention
-    /// unfused (`LaunchOptions::fused_long_ctx`).
-    pub fn fused_long_context(&self, max_ctx: usize) -> bool {
-        self.fused_long_ctx.is_some_and(|n| max_ctx > n)
+    /// Whether a decode step of `rows` rows whose longest context is `max_ctx` tokens runs its
+    /// attention unfused (`LaunchOptions::fused_long_ctx`, `fused_long_ctx_one` for one row).
+    pub fn fused_long_context(&self, rows: usize, max_ctx: usize) -> bool {
+        let bound = if rows == 1 {
+            self.fused_long_ctx_one
+        } else {
+            self.fused_long_ctx
+        };
+        bound.is_some_and(|n| max_ctx > n)
     }
 
     /// Whether [`CudaKernels::decode_fused_into`] serves the shape (bf16, head_dim 128, GQA

@@ -158,6 +158,10 @@ pub struct CudaKernels {
     pub(super) pdl: std::sync::atomic::AtomicBool,
     /// `LaunchOptions::fused_long_ctx`.
     pub(super) fused_long_ctx: Option<usize>,
+    /// `LaunchOptions::fused_long_ctx_one`.
+    pub(super) fused_long_ctx_one: Option<usize>,
+    /// `LaunchOptions::fused_max_rows`.
+    pub(super) fused_max_rows: usize,
     /// The kernels over fp8 KV caches (bf16 compute on sm_89+), or why there are none.
     pub(super) fp8: std::result::Result<Fp8Kernels, String>,
 }
@@ -414,6 +418,8 @@ impl CudaKernels {
             blas_row_class: opts.blas_row_class,
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),
             fused_long_ctx: opts.fused_long_ctx,
+            fused_long_ctx_one: opts.fused_long_ctx_one,
+            fused_max_rows: opts.fused_max_rows,
             fp8,
             pinned: Arc::default(),
             staging: Default::default(),

@@ -65,9 +65,14 @@ pub struct LaunchOptions {
     pub fused_mma: Option<u8>,
     /// Most rows of a step whose fused decode attention takes the tensor-core loop.
     pub fused_mma_rows: usize,
-    /// Decode steps whose longest context passes this many tokens run the attention unfused
-    /// (the tensor-core paged decode with `mma_decode`); None: fused at any context.
+    /// Decode steps of 2+ rows whose longest context passes this many tokens run the
+    /// attention unfused (the tensor-core paged decode with `mma_decode`); None: fused at any
+    /// context.
     pub fused_long_ctx: Option<usize>,
+    /// The same bound for 1-row steps.
+    pub fused_long_ctx_one: Option<usize>,
+    /// Most rows of a decode step whose attention runs fused (at most `FUSED_MAX_ROWS`).
+    pub fused_max_rows: usize,
     /// cuBLAS matmuls of up to 1,024 rows on the cuBLASLt algorithm of their row class.
     pub blas_row_class: bool,
     /// The flash prefill attention (bf16).
@@ -150,7 +155,9 @@ impl Default for LaunchOptions {
             fused_lean: true,
             fused_mma: Some(crate::engine::options::FUSED_MMA_STAGES),
             fused_mma_rows: crate::engine::options::FUSED_MMA_ROWS,
-            fused_long_ctx: None,
+            fused_long_ctx: Some(crate::engine::options::FUSED_LONG_CTX),
+            fused_long_ctx_one: Some(crate::engine::options::FUSED_LONG_CTX_ONE),
+            fused_max_rows: crate::engine::options::FUSED_ROWS,
             eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,

@@ -84,6 +84,8 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         fused_mma: opts.fused_mma,
         fused_mma_rows: opts.fused_mma_rows,
         fused_long_ctx: opts.fused_long_ctx,
+        fused_long_ctx_one: opts.fused_long_ctx_one,
+        fused_max_rows: opts.fused_max_rows,
         eager_graph_splits: opts.eager_graph_splits,
         blas_row_class: opts.blas_row_class,
         flash_prefill: opts.flash_prefill,

@@ -178,7 +178,7 @@ impl KernelForward<'_> {
             runs: None,
             reduce_in_place: false,
             short_ctx: self.short_context(nd, splits, longest),
-            long_ctx: k.fused_long_context(longest),
+            long_ctx: k.fused_long_context(nd, longest),
         };
         let plan = AttnPlan::new(seqs, bs, dev, m.dtype(), true, prefill_kernel)?;
         let mut acts = Activations::new(k, m, t, nd, splits)?;

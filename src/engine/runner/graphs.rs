@@ -316,7 +316,7 @@ impl DecodeGraphs {
                 model: &model.qwen3,
                 kernels: k,
             };
-            let other = if k.fused_long_context(longest) {
+            let other = if k.fused_long_context(self.buckets[bi], longest) {
                 Some(&self.long_graphs)
             } else if fwd.short_context(self.buckets[bi], self.splits[bi], longest) {
                 Some(&self.short_graphs)
