@@ -17,8 +17,39 @@ namespace {
 // 2c+9) of the step's first MMA and 8c+4..8c+7 those of its second, in A and B alike, so each
 // MMA sums 16 distinct k of the step: the dot product in another order. Token rows past T are
 // zeros. K must be a multiple of 32.
+//
+// The presummed norm (LaunchOptions::norm_presum; PS): a plain matmul whose output is a
+// residual delta (o, down) adds it to the residual itself (PS 1: res_out = bf16(res +
+// bf16(out)), as add_rmsnorm adds) and writes its 16 columns' sums of squares of the sum per
+// token row (ss[block][t], 8 floats a block), so the matmul after the norm (qkv, gate|up; PS
+// 2) needs no norm launch: it sums the partials (a warp's butterfly, the same in every warp
+// and block), and normalizes its input rows as it loads them, bf16(h * inv_rms * w) as
+// add_rmsnorm rounds them.
+struct Presum {
+  const __nv_bfloat16* res;  // PS 1: the residual the delta is added to
+  __nv_bfloat16* res_out;    // PS 1: the sum
+  float* ss;                 // PS 1: written; PS 2: read ([nparts][8])
+  const __nv_bfloat16* nw;   // PS 2: the norm's weight [K]
+  float eps;                 // PS 2
+  int nparts;                // PS 2: partials a row
+};
 
-template <int T, bool SILU, bool NORM>
+// bf16(h * inv * w) of eight inputs (one 16-byte load of h and of w), packed.
+__device__ __forceinline__ uint4 norm8(uint4 h, uint4 w, float inv) {
+  float hf[8], wf[8];
+  bf16x8_to_f32(h, hf);
+  bf16x8_to_f32(w, wf);
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 v =
+        __floats2bfloat162_rn(hf[2 * i] * inv * wf[2 * i], hf[2 * i + 1] * inv * wf[2 * i + 1]);
+    o[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+template <int T, bool SILU, bool NORM, int PS = 0>
 __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict__ W,
                                                 const __nv_bfloat16* x,
                                                 const __nv_bfloat16* __restrict__ delta,
@@ -26,7 +57,8 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
                                                 const __nv_bfloat16* __restrict__ nw, float eps,
                                                 int add, __nv_bfloat16* __restrict__ out, int N,
                                                 int K, __nv_bfloat16* x_s, const void* pf,
-                                                unsigned long long pf_bytes) {
+                                                unsigned long long pf_bytes,
+                                                const Presum ps = Presum{}) {
   constexpr int P = SILU ? 2 : 1;   // gate (and up) tiles
   constexpr int B = SILU ? 4 : 8;   // steps a warp keeps in flight
   __shared__ float red[WARPS][P][16][8];
@@ -60,6 +92,15 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
     norm_rows<T>(x, delta, res_out, nw, eps, add, K, x_s);
     x = x_s;
   }
+  float inv_g = 0.f;  // PS 2: 1 / rms of token row g
+  if constexpr (PS == 2) {
+    for (int t = 0; t < T; ++t) {
+      float s = 0.f;
+      for (int p = lane; p < ps.nparts; p += 32) s += ps.ss[p * 8 + t];
+      s = warp_sum(s);
+      if (g == t) inv_g = rsqrtf(s / K + ps.eps);
+    }
+  }
   float d[P][4];
 #pragma unroll
   for (int p = 0; p < P; ++p)
@@ -71,8 +112,11 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
     for (int i = 0; i < B; ++i) {
       const int s = s0 + WARPS * i;
       if (s >= steps) break;
-      const uint4 xv = g < T ? *reinterpret_cast<const uint4*>(x + (size_t)g * K + s * 32 + 8 * c)
-                             : make_uint4(0, 0, 0, 0);
+      uint4 xv = g < T ? *reinterpret_cast<const uint4*>(x + (size_t)g * K + s * 32 + 8 * c)
+                       : make_uint4(0, 0, 0, 0);
+      if constexpr (PS == 2) {
+        if (g < T) xv = norm8(xv, *reinterpret_cast<const uint4*>(ps.nw + s * 32 + 8 * c), inv_g);
+      }
 #pragma unroll
       for (int p = 0; p < P; ++p) {
         const uint4 lo = wv[p][0][i], hi = wv[p][1][i];
@@ -90,6 +134,7 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
     red[warp][p][g + 8][2 * c + 1] = d[p][3];
   }
   __syncthreads();
+  float sq = 0.f;  // PS 1: this thread's column's square of the sum
   if (threadIdx.x < 16 * 8) {
     const int r = threadIdx.x / 8, t = threadIdx.x % 8;
     if (t < T && row0 + r < N) {
@@ -102,8 +147,29 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
       }
       float o = v[0];
       if (SILU) o = o / (1.f + __expf(-o)) * v[P - 1];
-      out[(size_t)t * N + row0 + r] = __float2bfloat16(o);
+      const size_t i = (size_t)t * N + row0 + r;
+      const __nv_bfloat16 ob = __float2bfloat16(o);
+      out[i] = ob;
+      if constexpr (PS == 1) {
+        const __nv_bfloat16 sum = __float2bfloat16(__bfloat162float(ps.res[i]) + __bfloat162float(ob));
+        ps.res_out[i] = sum;
+        const float f = __bfloat162float(sum);
+        sq = f * f;
+      }
     }
+  }
+  if constexpr (PS == 1) {
+    // Threads 0..127 hold column r = threadIdx.x / 8 of token row t = threadIdx.x % 8: the
+    // four columns of a warp's lanes with one t (lanes t, t + 8, t + 16, t + 24), then the
+    // four warps, in one order.
+    __shared__ float ssw[4][8];
+    sq += __shfl_xor_sync(0xffffffffu, sq, 8);
+    sq += __shfl_xor_sync(0xffffffffu, sq, 16);
+    if (warp < 4 && lane < 8) ssw[warp][lane] = sq;
+    __syncthreads();
+    if (threadIdx.x < 8)
+      ps.ss[blockIdx.x * 8 + threadIdx.x] =
+          ssw[0][threadIdx.x] + ssw[1][threadIdx.x] + ssw[2][threadIdx.x] + ssw[3][threadIdx.x];
   }
 }
 
@@ -115,6 +181,40 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
   PLAIN_ENTRY(mma_gemv_silu_t##T##_bf16, mma_gemv_kernel<T, true, false>(PLAIN_ARGS))        \
   NORM_ENTRY(mma_norm_gemv_t##T##_bf16, mma_gemv_kernel<T, false, true>(NORM_ARGS))          \
   NORM_ENTRY(mma_norm_gemv_silu_t##T##_bf16, mma_gemv_kernel<T, true, true>(NORM_ARGS))
+
+// The presummed norm (PS 1 and 2 above): a plain matmul that adds its output to the residual
+// and writes its sums of squares; plain and SiLU*up behind the presummed norm.
+#define MMA_PRESUM(T)                                                                          \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) mma_gemv_res_t##T##_bf16(            \
+      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,       \
+      const __nv_bfloat16* res, __nv_bfloat16* res_out, float* ss) {                          \
+    mma_gemv_kernel<T, false, false, 1>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K,   \
+                                        nullptr, nullptr, 0,                                  \
+                                        Presum{res, res_out, ss, nullptr, 0.f, 0});           \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) mma_gemv_pre_t##T##_bf16(            \
+      const __nv_bfloat16* W, const __nv_bfloat16* h, __nv_bfloat16* out, int N, int K,       \
+      const __nv_bfloat16* nw, float eps, const float* ss, int nparts) {                      \
+    mma_gemv_kernel<T, false, false, 2>(W, h, nullptr, nullptr, nullptr, 0.f, 0, out, N, K,   \
+                                        nullptr, nullptr, 0,                                  \
+                                        Presum{nullptr, nullptr, const_cast<float*>(ss), nw,  \
+                                               eps, nparts});                                 \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) mma_gemv_pre_silu_t##T##_bf16(       \
+      const __nv_bfloat16* W, const __nv_bfloat16* h, __nv_bfloat16* out, int N, int K,       \
+      const __nv_bfloat16* nw, float eps, const float* ss, int nparts) {                      \
+    mma_gemv_kernel<T, true, false, 2>(W, h, nullptr, nullptr, nullptr, 0.f, 0, out, N, K,    \
+                                       nullptr, nullptr, 0,                                   \
+                                       Presum{nullptr, nullptr, const_cast<float*>(ss), nw,   \
+                                              eps, nparts});                                  \
+  }
+
+MMA_PRESUM(3)
+MMA_PRESUM(4)
+MMA_PRESUM(5)
+MMA_PRESUM(6)
+MMA_PRESUM(7)
+MMA_PRESUM(8)
 
 MMA_GEMV(3)
 MMA_GEMV(4)

@@ -52,6 +52,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
     double_bits(&plain, &k, dev, t)?;
     mma_plain_dispatch(dev, t)?;
+    super::presum::checks(dev, t)?;
     split_rows(dev, t)
 }
 

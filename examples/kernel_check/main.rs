@@ -17,6 +17,7 @@ mod model;
 mod moe;
 mod ops;
 mod prefill;
+mod presum;
 mod verify;
 
 use model::{greedy_check, model_checks};

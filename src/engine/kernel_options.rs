@@ -85,6 +85,15 @@ pub struct KernelOptions {
     /// o and down and no SiLU launch after gate|up, which cuBLAS's small-tile kernels need.
     /// Default `Some(GEMV_MMA_PLAIN_MAX_WEIGHT)`; None: cuBLAS.
     pub gemv_mma_plain: Option<usize>,
+    /// The presummed norm for decode steps of 3-8 rows (`kernels/gemv_mma.cu` `PS`): where
+    /// `gemv_mma_plain` serves both the matmul before a norm (o, down) and the one after it
+    /// (gate|up, the next layer's qkv), the first adds its output to the residual and writes
+    /// the sum's squares summed over each block's columns, and the second normalizes its
+    /// input rows as it loads them from those sums: no norm launch (two fewer launches a
+    /// layer; not with LoRA rows, tensor parallelism or a trace). The same rounding as the
+    /// norm launch; 1 / rms from the partial sums in another order. Off by default: built for
+    /// #21, not yet measured.
+    pub norm_presum: bool,
     /// The 1-2-row gate|up matmuls (with SiLU, alone or behind the fused norm) on streamed
     /// rows (`kernels/gemv.cu` `sgemv_silu_*`): a grid of this many blocks per SM (1..=8), each
     /// warp taking every G-th pair, its weight loads in batches across pairs; bit for bit a
@@ -293,6 +302,7 @@ impl Default for KernelOptions {
             gemv: true,
             gemv_mma: false,
             gemv_mma_plain: Some(GEMV_MMA_PLAIN_MAX_WEIGHT),
+            norm_presum: false,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
             gemv_split_k: false,

@@ -129,6 +129,10 @@ pub struct CudaKernels {
     /// inputs) its plain and SiLU kernels take (the norm kinds go to cuBLAS or these behind a
     /// separate norm).
     pub(super) gemv_mma_plain: Option<usize>,
+    /// With `gemv_mma` and `LaunchOptions::norm_presum`: the presummed norm's kernels for
+    /// `GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS` rows (`gemm_presum.rs`): the matmul that adds
+    /// to the residual, and plain and SiLU behind the norm.
+    pub(super) gemv_presum: Option<[Vec<CudaFunction>; 3]>,
     /// Whether the skinny matmuls prefetch the next matmul's weights into L2.
     pub(super) l2_prefetch: bool,
     /// Whether whole-vocabulary draws run on the device (`LaunchOptions::sample_full`).
@@ -402,6 +406,21 @@ impl CudaKernels {
                     all("norm_gemv")?,
                     all("norm_gemv_silu")?,
                 ])
+            } else {
+                None
+            },
+            gemv_presum: if dtype == DType::BF16
+                && opts.gemv
+                && opts.norm_presum
+                && (opts.gemv_mma || opts.gemv_mma_plain.is_some())
+            {
+                let m = load(GEMV_MMA, "gemv_mma")?;
+                let all = |kind: &str| -> Result<Vec<CudaFunction>> {
+                    (GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS)
+                        .map(|t| f(&m, &format!("mma_gemv_{kind}_t{t}_bf16")))
+                        .collect()
+                };
+                Some([all("res")?, all("pre")?, all("pre_silu")?])
             } else {
                 None
             },

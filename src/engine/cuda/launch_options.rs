@@ -20,6 +20,8 @@ pub struct LaunchOptions {
     /// 3-8 rows on weights of at most this many elements (with `gemv`; `gemv_mma` takes every
     /// kind).
     pub gemv_mma_plain: Option<usize>,
+    /// The presummed norm for 3-8-row steps (`gemv_mma.cu` `mma_gemv_res_*`, `mma_gemv_pre_*`).
+    pub norm_presum: bool,
     /// The 1-2-row gate|up matmuls on streamed rows, this many blocks per SM (`gemv.cu`
     /// `sgemv_silu_*`, `snorm_gemv_silu_*`; None: a block per eight row pairs; default 2).
     pub gemv_stream: Option<u8>,
@@ -139,6 +141,7 @@ impl Default for LaunchOptions {
             gemv: true,
             gemv_mma: false,
             gemv_mma_plain: Some(crate::engine::options::GEMV_MMA_PLAIN_MAX_WEIGHT),
+            norm_presum: false,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
             gemv_split_k: false,

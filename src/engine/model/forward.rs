@@ -67,6 +67,7 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         gemv: opts.gemv,
         gemv_mma: opts.gemv_mma,
         gemv_mma_plain: opts.gemv_mma_plain,
+        norm_presum: opts.norm_presum,
         gemv_stream: opts.gemv_stream,
         gemv_double_buffer: opts.gemv_double_buffer,
         gemv_split_k: opts.gemv_split_k,

@@ -69,6 +69,9 @@ pub(crate) struct Activations {
     pub(super) down: Tensor,
     /// The sparse layers' buffers, on an MoE model.
     pub(super) moe: Option<MoeScratch>,
+    /// The presummed norm's partial sums of squares (f32 `[presum_len(hidden)]`,
+    /// `KernelOptions::norm_presum`).
+    pub(super) ss: Tensor,
     /// Decode-attention partials (None with one partition).
     pub(super) scratch: Option<(Tensor, Tensor)>,
     /// Merge counters of the fused decode attention (one per row and head, kept zero), for
@@ -125,6 +128,10 @@ impl Activations {
             act: k.alloc_out((t, act_n))?,
             moe,
             down: k.alloc_out((t, hidden))?,
+            ss: k.alloc(
+                crate::engine::cuda::presum_len(hidden),
+                candle_core::DType::F32,
+            )?,
             scratch: k.decode_scratch(nd, nh, splits)?,
             counters: k.decode_counters(t.min(FUSED_MAX_ROWS), nh)?,
             lora_y: match &m.lora {
@@ -164,6 +171,7 @@ impl Activations {
             act: n(&self.act)?,
             down: n(&self.down)?,
             moe: self.moe.as_ref().map(|s| s.rows(t)).transpose()?,
+            ss: self.ss.clone(),
             scratch: self.scratch.clone(),
             counters: self.counters.clone(),
             lora_y: self.lora_y.as_ref().map(n).transpose()?,
@@ -203,6 +211,6 @@ impl Activations {
         if let Some(s) = &self.moe {
             n += s.bytes();
         }
-        n + b(&self.counters)
+        n + b(&self.counters) + b(&self.ss)
     }
 }

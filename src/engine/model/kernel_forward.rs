@@ -189,36 +189,6 @@ impl KernelForward<'_> {
         Ok((inputs, plan, acts))
     }
 
-    /// Whether a decode step of `rows` rows in `splits` partitions whose longest context is
-    /// `max_ctx` may take the fused attention's tensor-core kernels
-    /// ([`CudaKernels::fused_short_context`]).
-    pub(crate) fn short_context(&self, rows: usize, splits: usize, max_ctx: usize) -> bool {
-        self.model.layers.first().is_some_and(|l| {
-            let g = l.attn.num_heads / l.attn.num_kv_heads.max(1);
-            self.kernels.fused_short_context(rows, g, splits, max_ctx)
-        })
-    }
-
-    /// Whether a pure decode step of `rows` rows runs each layer's attention as one fused
-    /// launch (norm, RoPE, KV write and attention: rows must not read each other's KV).
-    pub(crate) fn fuses_decode(&self, rows: usize) -> bool {
-        self.model.layers.first().is_some_and(|l| {
-            let at = &l.attn;
-            self.kernels
-                .fused_decode_supports(rows, at.num_heads, at.num_kv_heads, at.head_dim)
-        })
-    }
-
-    /// Whether the step's attention runs as the fused decode launch: a pure decode step
-    /// (every token a decode sequence, in order) of a batch the fused kernel takes.
-    pub(crate) fn attention_fused(&self, inputs: &StepInputs, plan: &AttnPlan, t: usize) -> bool {
-        !inputs.verify
-            && !inputs.long_ctx
-            && matches!(plan.groups.as_slice(),
-            [AttnGroup::KernelDecode { n, first: 0 }] if *n == t)
-            && self.fuses_decode(t)
-    }
-
     /// Layer `li`'s attention from `acts.qkv`: the fused decode launch (`fused`), or the q/k
     /// norm + RoPE + KV write and then the attention kernels; returns the attention output.
     pub(crate) fn layer_attention(
@@ -291,6 +261,10 @@ impl KernelForward<'_> {
         let lora = self.lora_step(inputs, acts, comm.is_none() && trace.is_none())?;
         // The down whose LoRA expand the next add+RMSNorm takes over (overlap path).
         let mut down_before: Option<(usize, usize)> = None;
+        // The presummed norm (`KernelOptions::norm_presum`, 3-8 rows): the matmul before a
+        // norm left the sum in `residual[1 - cur]` and its squares in `a.ss`.
+        let presum = lora.is_none() && comm.is_none() && trace.is_none();
+        let mut presummed = false;
         for (li, layer) in m.layers.iter().enumerate() {
             let at = &layer.attn;
             let norm = &layer.input_norm;
@@ -308,6 +282,17 @@ impl KernelForward<'_> {
                     None,
                     ((l, li, 0), down_before),
                 )?,
+                None if presummed => {
+                    let qkv_w = at.qkv.weight();
+                    k.presum_linear_into(
+                        res.2,
+                        (&norm.weight, norm.eps),
+                        &a.ss,
+                        qkv_w,
+                        &a.qkv,
+                        None,
+                    )?
+                }
                 None => k.norm_linear_into(
                     res,
                     (&norm.weight, norm.eps),
@@ -327,7 +312,15 @@ impl KernelForward<'_> {
                 Ffn::Sparse(moe) => &moe.router,
             };
             let o_w = (&out, at.o_proj.weight(), &a.o);
-            self.linear_lora(o_w, Some(ffn_w), lora.as_ref().map(|l| (l, li, 1)))?;
+            presummed = presum
+                && matches!(&layer.ffn,
+                    Ffn::Dense(d) if k.presum_serves(t, o_w.1, d.gate_up.weight()));
+            if presummed {
+                let sum = (&a.residual[cur], &a.residual[1 - cur]);
+                k.linear_res_into(o_w.0, o_w.1, o_w.2, sum, &a.ss)?;
+            } else {
+                self.linear_lora(o_w, Some(ffn_w), lora.as_ref().map(|l| (l, li, 1)))?;
+            }
             let o = reduce_at(&a.o, comm, inputs.reduce_in_place)?;
             let norm = &layer.post_norm;
             let res = (&a.residual[cur], Some(&o), &a.residual[1 - cur]);
@@ -364,6 +357,10 @@ impl KernelForward<'_> {
                     let lora = ((l, li, 2), Some((li, 1)));
                     self.norm_linear_lora(res, norm, &a.h, gu_w, &a.gu, silu, lora)?
                 }
+                None if presummed => {
+                    let nw = (&norm.weight, norm.eps);
+                    k.presum_linear_into(res.2, nw, &a.ss, gu_w, &a.gu, Some(&a.act))?
+                }
                 None => k.norm_linear_into(
                     res,
                     (&norm.weight, norm.eps),
@@ -377,7 +374,13 @@ impl KernelForward<'_> {
             cur = 1 - cur;
             let next = m.layers.get(li + 1).map(|l| l.attn.qkv.weight());
             let down_w = (&a.act, mlp.down.weight(), &a.down);
-            self.linear_lora(down_w, next, lora.as_ref().map(|l| (l, li, 3)))?;
+            presummed = presum && next.is_some_and(|q| k.presum_serves(t, down_w.1, q));
+            if presummed {
+                let sum = (&a.residual[cur], &a.residual[1 - cur]);
+                k.linear_res_into(down_w.0, down_w.1, down_w.2, sum, &a.ss)?;
+            } else {
+                self.linear_lora(down_w, next, lora.as_ref().map(|l| (l, li, 3)))?;
+            }
             down_before = Some((li, 3));
             delta = Some(reduce_at(&a.down, comm, inputs.reduce_in_place)?);
             self.trace_layer(trace.as_deref_mut(), li, &o, &a.residual[cur], &a.down)?;
@@ -387,25 +390,6 @@ impl KernelForward<'_> {
             Some(l) => self.lora_norm_into(res, &m.norm, &a.h, (l, down_before)),
             None => k.add_rmsnorm_to(res.1, res.0, res.2, &m.norm.weight, m.norm.eps, &a.h),
         }
-    }
-
-    /// Records layer `li`'s attention output, MLP output and residual into `trace` (when
-    /// tracing).
-    fn trace_layer(
-        &self,
-        trace: Option<&mut Vec<(String, Tensor)>>,
-        li: usize,
-        o: &Tensor,
-        residual: &Tensor,
-        down: &Tensor,
-    ) -> Result<()> {
-        if let Some(tr) = trace {
-            let f32 = |x: &Tensor| x.to_dtype(candle_core::DType::F32);
-            tr.push((format!("attn.{li}"), o.copy()?));
-            tr.push((format!("mlp.{li}"), down.copy()?));
-            tr.push((format!("resid.{li}"), (f32(residual)? + f32(down)?)?));
-        }
-        Ok(())
     }
 
     /// One layer's attention on the kernels: every group writes its rows of one `[T, nh * hd]`

@@ -30,4 +30,23 @@ impl KernelForward<'_> {
         }
         Ok(states)
     }
+
+    /// Records layer `li`'s attention output, MLP output and residual into `trace` (when
+    /// tracing).
+    pub(super) fn trace_layer(
+        &self,
+        trace: Option<&mut Vec<(String, Tensor)>>,
+        li: usize,
+        o: &Tensor,
+        residual: &Tensor,
+        down: &Tensor,
+    ) -> Result<()> {
+        if let Some(tr) = trace {
+            let f32 = |x: &Tensor| x.to_dtype(candle_core::DType::F32);
+            tr.push((format!("attn.{li}"), o.copy()?));
+            tr.push((format!("mlp.{li}"), down.copy()?));
+            tr.push((format!("resid.{li}"), (f32(residual)? + f32(down)?)?));
+        }
+        Ok(())
+    }
 }

@@ -24,6 +24,8 @@ pub mod forward;
 #[cfg(feature = "cuda")]
 mod kernel_buffers;
 #[cfg(feature = "cuda")]
+mod kernel_choice;
+#[cfg(feature = "cuda")]
 pub mod kernel_forward;
 #[cfg(feature = "cuda")]
 mod kernel_lora;

@@ -1,0 +1,82 @@
+//! The presummed norm of 3-8-row decode steps (`LaunchOptions::norm_presum`,
+//! `kernels/gemv_mma.cu` `mma_gemv_res_*`, `mma_gemv_pre_*`) against the path it replaces:
+//! the plain tensor-core matmul, the add+RMSNorm launch, then the plain or SiLU matmul. The
+//! matmul's output and the residual's sum bit for bit (a sum rounded otherwise, or written
+//! to the wrong row, fails them); the matmul after the norm within 2e-3 of the largest
+//! output of the norm launch's path (its 1 / rms comes from the partial sums in another
+//! order: an input now and then a bf16 ulp apart; one block's partial sum left out moves
+//! every output by ~0.8%, the norm weight left out by far more).
+
+use super::*;
+
+pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
+    let set = |o: LaunchOptions| -> Res<CudaKernels> {
+        Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
+    };
+    let base = set(LaunchOptions::default())?;
+    let k = set(LaunchOptions {
+        norm_presum: true,
+        ..LaunchOptions::default()
+    })?;
+    let dt = DType::BF16;
+    let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
+    // (hidden, producer inputs, consumer rows, SiLU): 0.6B's o -> gate|up and down -> qkv,
+    // and a ragged shape (66 column blocks; 1,000 consumer rows, not a multiple of 16).
+    let shapes = [
+        (1024usize, 2048usize, 6144usize, true),
+        (1024, 3072, 4096, false),
+        (1056, 1024, 1000, false),
+        (1056, 1024, 2000, true),
+    ];
+    for rows in 3..=8usize {
+        for &(hidden, kp, nc, silu) in &shapes {
+            let wp = (randn(&[hidden, kp], dt, dev)? * 0.03)?.to_dtype(dt)?;
+            let wc = (randn(&[nc, hidden], dt, dev)? * 0.03)?.to_dtype(dt)?;
+            let x = randn(&[rows, kp], dt, dev)?;
+            let res = randn(&[rows, hidden], dt, dev)?;
+            let nw = randn(&[hidden], dt, dev)?.affine(0.1, 1.0)?.to_dtype(dt)?;
+            if !k.presum_serves(rows, &wp, &wc) || base.presum_serves(rows, &wp, &wc) {
+                return Err(format!("presum_serves wrong at {rows} rows, hidden {hidden}").into());
+            }
+            let n_out = if silu { nc / 2 } else { nc };
+            // The path it replaces.
+            let (o1, r1, h1, y1) = (
+                zeros(rows, hidden)?,
+                zeros(rows, hidden)?,
+                zeros(rows, hidden)?,
+                zeros(rows, n_out)?,
+            );
+            base.linear_into(&x, &wp, &o1)?;
+            base.add_rmsnorm_to(Some(&o1), &res, &r1, &nw, 1e-6, &h1)?;
+            let gu = zeros(rows, nc)?;
+            if silu {
+                base.gate_up_silu_into(&h1, &wc, &gu, &y1)?;
+            } else {
+                base.linear_into(&h1, &wc, &y1)?;
+            }
+            // The presummed norm.
+            let (o2, r2, y2) = (
+                zeros(rows, hidden)?,
+                zeros(rows, hidden)?,
+                zeros(rows, n_out)?,
+            );
+            let ss = Tensor::zeros(
+                policy_serve::engine::cuda::presum_len(hidden),
+                DType::F32,
+                dev,
+            )?;
+            k.linear_res_into(&x, &wp, &o2, (&res, &r2), &ss)?;
+            let act = silu.then_some(&y2);
+            let out = if silu { &gu } else { &y2 };
+            k.presum_linear_into(&r2, (&nw, 1e-6), &ss, &wc, out, act)?;
+            let what = format!(
+                "presum rows {rows} hidden {hidden} k {kp} -> {nc}{}",
+                if silu { " silu" } else { "" }
+            );
+            t.check(format!("{what}: matmul before"), rel(&o2, &o1)?, 0.0);
+            t.check(format!("{what}: residual sum"), rel(&r2, &r1)?, 0.0);
+            t.check(format!("{what}: matmul after"), rel(&y2, &y1)?, 2e-3);
+        }
+    }
+    Ok(())
+}
