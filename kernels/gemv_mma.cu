@@ -20,11 +20,13 @@ namespace {
 //
 // The presummed norm (LaunchOptions::norm_presum; PS): a plain matmul whose output is a
 // residual delta (o, down) adds it to the residual itself (PS 1: res_out = bf16(res +
-// bf16(out)), as add_rmsnorm adds) and writes its 16 columns' sums of squares of the sum per
-// token row (ss[block][t], 8 floats a block), so the matmul after the norm (qkv, gate|up; PS
-// 2) needs no norm launch: it sums the partials (a warp's butterfly, the same in every warp
-// and block), and normalizes its input rows as it loads them, bf16(h * inv_rms * w) as
-// add_rmsnorm rounds them.
+// bf16(out)), as add_rmsnorm adds; the residual's values loaded right after the wait, used
+// after the loop) and writes its 16 columns' sums of squares of the sum per token row
+// (ss[block][t], 8 floats a block), so the matmul after the norm (qkv, gate|up; PS 2) needs
+// no norm launch: it multiplies its input rows by the norm weight as it loads them, bf16(h *
+// w), and its finished dot products by 1 / rms (the deferred norm's rounding), which warp t
+// sums from the partials (loaded right after the wait, summed after the loop: the same
+// order in every block).
 struct Presum {
   const __nv_bfloat16* res;  // PS 1: the residual the delta is added to
   __nv_bfloat16* res_out;    // PS 1: the sum
@@ -34,8 +36,11 @@ struct Presum {
   int nparts;                // PS 2: partials a row
 };
 
-// bf16(h * inv * w) of eight inputs (one 16-byte load of h and of w), packed.
-__device__ __forceinline__ uint4 norm8(uint4 h, uint4 w, float inv) {
+// Most partial sums a row of the presummed norm reads (a lane's 8: 4,096 columns).
+constexpr int PS_PARTS = 256;
+
+// bf16(h * w) of eight inputs (one 16-byte load of h and of w), packed.
+__device__ __forceinline__ uint4 mul8(uint4 h, uint4 w) {
   float hf[8], wf[8];
   bf16x8_to_f32(h, hf);
   bf16x8_to_f32(w, wf);
@@ -43,7 +48,7 @@ __device__ __forceinline__ uint4 norm8(uint4 h, uint4 w, float inv) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const __nv_bfloat162 v =
-        __floats2bfloat162_rn(hf[2 * i] * inv * wf[2 * i], hf[2 * i + 1] * inv * wf[2 * i + 1]);
+        __floats2bfloat162_rn(hf[2 * i] * wf[2 * i], hf[2 * i + 1] * wf[2 * i + 1]);
     o[i] = *reinterpret_cast<const uint32_t*>(&v);
   }
   return make_uint4(o[0], o[1], o[2], o[3]);
@@ -92,14 +97,21 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
     norm_rows<T>(x, delta, res_out, nw, eps, add, K, x_s);
     x = x_s;
   }
-  float inv_g = 0.f;  // PS 2: 1 / rms of token row g
+  // PS 2: warp t's lanes hold row t's partial sums of squares (p = lane + 32 j); PS 1: threads
+  // 0..127 the residual value of the column and row they store.
+  float ssv[PS_PARTS / 32];
+  float resv = 0.f;
   if constexpr (PS == 2) {
-    for (int t = 0; t < T; ++t) {
-      float s = 0.f;
-      for (int p = lane; p < ps.nparts; p += 32) s += ps.ss[p * 8 + t];
-      s = warp_sum(s);
-      if (g == t) inv_g = rsqrtf(s / K + ps.eps);
+#pragma unroll
+    for (int j = 0; j < PS_PARTS / 32; ++j) {
+      const int p = lane + 32 * j;
+      ssv[j] = warp < T && p < ps.nparts ? ps.ss[p * 8 + warp] : 0.f;
     }
+  }
+  if constexpr (PS == 1) {
+    const int r = threadIdx.x / 8, t = threadIdx.x % 8;
+    if (threadIdx.x < 16 * 8 && t < T && row0 + r < N)
+      resv = __bfloat162float(ps.res[(size_t)t * N + row0 + r]);
   }
   float d[P][4];
 #pragma unroll
@@ -115,7 +127,7 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
       uint4 xv = g < T ? *reinterpret_cast<const uint4*>(x + (size_t)g * K + s * 32 + 8 * c)
                        : make_uint4(0, 0, 0, 0);
       if constexpr (PS == 2) {
-        if (g < T) xv = norm8(xv, *reinterpret_cast<const uint4*>(ps.nw + s * 32 + 8 * c), inv_g);
+        if (g < T) xv = mul8(xv, *reinterpret_cast<const uint4*>(ps.nw + s * 32 + 8 * c));
       }
 #pragma unroll
       for (int p = 0; p < P; ++p) {
@@ -123,6 +135,16 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
         mma_bf16(d[p], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
         mma_bf16(d[p], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
       }
+    }
+  }
+  __shared__ float inv_s[8];  // PS 2: 1 / rms of each token row
+  if constexpr (PS == 2) {
+    if (warp < T) {
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < PS_PARTS / 32; ++j) sum += ssv[j];
+      sum = warp_sum(sum);
+      if (lane == 0) inv_s[warp] = rsqrtf(sum / K + ps.eps);
     }
   }
   // d[p] = rows g (j 0, 1) and g + 8 (j 2, 3) at tokens 2c, 2c + 1.
@@ -144,6 +166,7 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
         v[p] = 0.f;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) v[p] += red[w][p][r][t];
+        if constexpr (PS == 2) v[p] *= inv_s[t];
       }
       float o = v[0];
       if (SILU) o = o / (1.f + __expf(-o)) * v[P - 1];
@@ -151,7 +174,7 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
       const __nv_bfloat16 ob = __float2bfloat16(o);
       out[i] = ob;
       if constexpr (PS == 1) {
-        const __nv_bfloat16 sum = __float2bfloat16(__bfloat162float(ps.res[i]) + __bfloat162float(ob));
+        const __nv_bfloat16 sum = __float2bfloat16(resv + __bfloat162float(ob));
         ps.res_out[i] = sum;
         const float f = __bfloat162float(sum);
         sq = f * f;

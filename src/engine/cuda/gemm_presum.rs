@@ -19,6 +19,9 @@ use crate::error::Result;
 
 /// Output columns of one block of the tensor-core kernels (one MMA's 16 rows of W).
 const COLS: usize = 16;
+/// Most partial sums a row's norm reads (`PS_PARTS` of `kernels/gemv_mma.cu`): a residual
+/// of up to 4,096 columns.
+const MAX_PARTS: usize = 256;
 
 /// The f32 elements of the partial sums of squares for a residual of `hidden` columns.
 pub fn presum_len(hidden: usize) -> usize {
@@ -39,6 +42,7 @@ impl CudaKernels {
         self.gemv_presum.is_some()
             && (GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS).contains(&t)
             && kc == np
+            && np.div_ceil(COLS) <= MAX_PARTS
             && mma(np, kp)
             && mma(nc, kc)
     }
@@ -87,8 +91,9 @@ impl CudaKernels {
     }
 
     /// `out = rmsnorm(h) · wᵀ` (or with `act`, `act = silu(gate) * up` of a gate|up `w`) for
-    /// `t` rows (3-8) of the sum a [`Self::linear_res_into`] wrote to `h`, its norm's 1 / rms
-    /// from the partial sums `ss` it wrote.
+    /// `t` rows (3-8) of the sum a [`Self::linear_res_into`] wrote to `h`: the input rounded
+    /// as bf16(h * norm_w), the dot products scaled by 1 / rms from the partial sums `ss` it
+    /// wrote (the deferred norm's rounding).
     pub fn presum_linear_into(
         &self,
         h: &Tensor,
