@@ -13,11 +13,11 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let set = |o: LaunchOptions| -> Res<CudaKernels> {
         Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
     };
-    let base = set(LaunchOptions::default())?;
-    let k = set(LaunchOptions {
-        norm_presum: true,
+    let base = set(LaunchOptions {
+        norm_presum: false,
         ..LaunchOptions::default()
     })?;
+    let k = set(LaunchOptions::default())?;
     let dt = DType::BF16;
     let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
     // (hidden, producer inputs, consumer rows, SiLU): 0.6B's o -> gate|up and down -> qkv,

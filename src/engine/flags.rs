@@ -359,6 +359,10 @@ mod tests {
         assert!(
             Cli::try_parse_from(["x", "--no-fused-long-ctx", "--fused-long-ctx", "1"]).is_err()
         );
+        // The presummed norm: on unless turned off.
+        assert!(d.kernels.norm_presum);
+        let p = Cli::parse_from(["x", "--no-norm-presum"]).engine.options();
+        assert!(!p.kernels.norm_presum);
         // The fused attention's row bound: 8 unless told otherwise; 0 and 17 refused.
         assert_eq!(d.kernels.fused_max_rows, 8);
         let r = Cli::parse_from(["x", "--fused-max-rows", "8"])

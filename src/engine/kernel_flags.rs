@@ -23,10 +23,11 @@ pub struct KernelFlags {
     /// cuBLAS for every matmul of 3-8 rows (turns `KernelOptions::gemv_mma_plain` off).
     #[arg(long, conflicts_with = "gemv_mma_plain")]
     pub no_gemv_mma_plain: bool,
-    /// The presummed norm for 3-8-row steps: o and down add their output to the residual and
-    /// sum its squares, gate|up and qkv normalize as they load (`KernelOptions::norm_presum`).
+    /// The add+RMSNorm launch before qkv and gate|up in 3-8-row steps (turns
+    /// `KernelOptions::norm_presum` off: o and down no longer add their output to the residual
+    /// and sum its squares for the matmul after the norm).
     #[arg(long)]
-    pub norm_presum: bool,
+    pub no_norm_presum: bool,
     /// Blocks per SM of the streamed-rows 1-2-row gate|up matmuls
     /// (`KernelOptions::gemv_stream`; default 2).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=8))]
@@ -207,7 +208,7 @@ impl KernelFlags {
             kernels: !self.no_kernels,
             gemv: !self.no_gemv,
             gemv_mma: self.gemv_mma,
-            norm_presum: self.norm_presum,
+            norm_presum: !self.no_norm_presum,
             gemv_mma_plain: (!self.no_gemv_mma_plain).then(|| {
                 self.gemv_mma_plain
                     .unwrap_or(super::options::GEMV_MMA_PLAIN_MAX_WEIGHT)

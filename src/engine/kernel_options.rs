@@ -91,9 +91,11 @@ pub struct KernelOptions {
     /// the sum's squares summed over each block's columns, and the second normalizes its
     /// input rows as it loads them from those sums: no norm launch (two fewer launches a
     /// layer; not with LoRA rows, tensor parallelism or a trace). The input rounded as the
-    /// deferred norm rounds it (bf16(h * w), the dot products times 1 / rms). Off by default:
-    /// on the H200 a first form (1 / rms summed before the loop) lost 10% at 0.6B batch 8;
-    /// this one (the partial sums loaded before the loop, summed after it) not yet measured.
+    /// deferred norm rounds it (bf16(h * w), the dot products times 1 / rms; against f32 math
+    /// 2.99e-3 where the norm launch's path gives 3.16e-3). On by default: on the H200 0.6B
+    /// after 512-token prompts batch 3 / 4 / 8 +3.0% / +3.6% / +2.2% (BENCHMARKS.md, #21; a
+    /// first form that summed the partials before its loop lost 10% at batch 8); off: the
+    /// norm launch.
     pub norm_presum: bool,
     /// The 1-2-row gate|up matmuls (with SiLU, alone or behind the fused norm) on streamed
     /// rows (`kernels/gemv.cu` `sgemv_silu_*`): a grid of this many blocks per SM (1..=8), each
@@ -303,7 +305,7 @@ impl Default for KernelOptions {
             gemv: true,
             gemv_mma: false,
             gemv_mma_plain: Some(GEMV_MMA_PLAIN_MAX_WEIGHT),
-            norm_presum: false,
+            norm_presum: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
             gemv_split_k: false,

@@ -141,7 +141,7 @@ impl Default for LaunchOptions {
             gemv: true,
             gemv_mma: false,
             gemv_mma_plain: Some(crate::engine::options::GEMV_MMA_PLAIN_MAX_WEIGHT),
-            norm_presum: false,
+            norm_presum: true,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
             gemv_split_k: false,
