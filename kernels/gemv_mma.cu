@@ -207,30 +207,25 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
 
 // The presummed norm (PS 1 and 2 above): a plain matmul that adds its output to the residual
 // and writes its sums of squares; plain and SiLU*up behind the presummed norm.
-#define MMA_PRESUM(T)                                                                          \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) mma_gemv_res_t##T##_bf16(            \
-      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,       \
-      const __nv_bfloat16* res, __nv_bfloat16* res_out, float* ss) {                          \
-    mma_gemv_kernel<T, false, false, 1>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K,   \
-                                        nullptr, nullptr, 0,                                  \
-                                        Presum{res, res_out, ss, nullptr, 0.f, 0});           \
-  }                                                                                           \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) mma_gemv_pre_t##T##_bf16(            \
-      const __nv_bfloat16* W, const __nv_bfloat16* h, __nv_bfloat16* out, int N, int K,       \
-      const __nv_bfloat16* nw, float eps, const float* ss, int nparts) {                      \
-    mma_gemv_kernel<T, false, false, 2>(W, h, nullptr, nullptr, nullptr, 0.f, 0, out, N, K,   \
-                                        nullptr, nullptr, 0,                                  \
-                                        Presum{nullptr, nullptr, const_cast<float*>(ss), nw,  \
-                                               eps, nparts});                                 \
-  }                                                                                           \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) mma_gemv_pre_silu_t##T##_bf16(       \
-      const __nv_bfloat16* W, const __nv_bfloat16* h, __nv_bfloat16* out, int N, int K,       \
-      const __nv_bfloat16* nw, float eps, const float* ss, int nparts) {                      \
-    mma_gemv_kernel<T, true, false, 2>(W, h, nullptr, nullptr, nullptr, 0.f, 0, out, N, K,    \
-                                       nullptr, nullptr, 0,                                   \
-                                       Presum{nullptr, nullptr, const_cast<float*>(ss), nw,   \
-                                              eps, nparts});                                  \
+#define PRESUM_PRE(T, NAME, SILU)                                                            \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
+      const __nv_bfloat16* W, const __nv_bfloat16* h, __nv_bfloat16* out, int N, int K,      \
+      const __nv_bfloat16* nw, float eps, const float* ss, int nparts) {                     \
+    mma_gemv_kernel<T, SILU, false, 2>(W, h, nullptr, nullptr, nullptr, 0.f, 0, out, N, K,   \
+                                       nullptr, nullptr, 0,                                  \
+                                       Presum{nullptr, nullptr, const_cast<float*>(ss), nw,  \
+                                              eps, nparts});                                 \
   }
+#define MMA_PRESUM(T)                                                                        \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) mma_gemv_res_t##T##_bf16(          \
+      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
+      const __nv_bfloat16* res, __nv_bfloat16* res_out, float* ss) {                         \
+    mma_gemv_kernel<T, false, false, 1>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K,  \
+                                        nullptr, nullptr, 0,                                 \
+                                        Presum{res, res_out, ss, nullptr, 0.f, 0});          \
+  }                                                                                          \
+  PRESUM_PRE(T, mma_gemv_pre_t##T##_bf16, false)                                             \
+  PRESUM_PRE(T, mma_gemv_pre_silu_t##T##_bf16, true)
 
 MMA_PRESUM(3)
 MMA_PRESUM(4)

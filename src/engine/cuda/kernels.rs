@@ -240,6 +240,21 @@ impl CudaKernels {
             m.load_function(name)
                 .map_err(|e| kernel_err(&format!("function {name}"), e))
         };
+        // The tensor-core skinny matmuls (`gemv_mma.cu`) for 3-8 rows, with `gemv_mma` or
+        // `gemv_mma_plain`; a set is one kind's kernels for each row count.
+        let gemv_mma_mod = if dtype == DType::BF16
+            && opts.gemv
+            && (opts.gemv_mma || opts.gemv_mma_plain.is_some())
+        {
+            Some(load(GEMV_MMA, "gemv_mma")?)
+        } else {
+            None
+        };
+        let mma_set = |m: &Arc<CudaModule>, kind: &str| -> Result<Vec<CudaFunction>> {
+            (GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS)
+                .map(|t| f(m, &format!("{kind}_t{t}_bf16")))
+                .collect()
+        };
         let s = suffix;
         let flash_on = dtype == DType::BF16 && opts.flash_prefill;
         let mma_decode = |dt: &str| DecodeAttention::load_mma(&mma_mod, opts, dtype, dt);
@@ -390,39 +405,22 @@ impl CudaKernels {
             },
             sample_full_on: opts.sample_full,
             gemv_mma_plain: opts.gemv_mma_plain.filter(|_| !opts.gemv_mma),
-            gemv_mma: if dtype == DType::BF16
-                && opts.gemv
-                && (opts.gemv_mma || opts.gemv_mma_plain.is_some())
-            {
-                let m = load(GEMV_MMA, "gemv_mma")?;
-                let all = |kind: &str| -> Result<Vec<CudaFunction>> {
-                    (GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS)
-                        .map(|t| f(&m, &format!("mma_{kind}_t{t}_bf16")))
-                        .collect()
-                };
-                Some([
-                    all("gemv")?,
-                    all("gemv_silu")?,
-                    all("norm_gemv")?,
-                    all("norm_gemv_silu")?,
-                ])
-            } else {
-                None
+            gemv_mma: match &gemv_mma_mod {
+                Some(m) => Some([
+                    mma_set(m, "mma_gemv")?,
+                    mma_set(m, "mma_gemv_silu")?,
+                    mma_set(m, "mma_norm_gemv")?,
+                    mma_set(m, "mma_norm_gemv_silu")?,
+                ]),
+                None => None,
             },
-            gemv_presum: if dtype == DType::BF16
-                && opts.gemv
-                && opts.norm_presum
-                && (opts.gemv_mma || opts.gemv_mma_plain.is_some())
-            {
-                let m = load(GEMV_MMA, "gemv_mma")?;
-                let all = |kind: &str| -> Result<Vec<CudaFunction>> {
-                    (GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS)
-                        .map(|t| f(&m, &format!("mma_gemv_{kind}_t{t}_bf16")))
-                        .collect()
-                };
-                Some([all("res")?, all("pre")?, all("pre_silu")?])
-            } else {
-                None
+            gemv_presum: match &gemv_mma_mod {
+                Some(m) if opts.norm_presum => Some([
+                    mma_set(m, "mma_gemv_res")?,
+                    mma_set(m, "mma_gemv_pre")?,
+                    mma_set(m, "mma_gemv_pre_silu")?,
+                ]),
+                _ => None,
             },
             l2_prefetch: hopper && opts.l2_prefetch,
             blas: Blas::new(&stream)?,

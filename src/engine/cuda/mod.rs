@@ -19,6 +19,7 @@
 //! other models use the candle path.
 
 mod attention;
+mod attention_choice;
 mod attention_handles;
 mod blas;
 mod buffers;
