@@ -2,8 +2,10 @@
 //! the fused q/k norm + RoPE + KV write, paged attention, the o matmul, add+RMSNorm and the
 //! gate|up matmul with SiLU*up, the down matmul, all written into buffers of the forward's
 //! own. A pure decode step of 1-2 rows is 5 launches a layer (skinny-matmul kernels with the
-//! norms fused in, `gemm.rs`; norm+RoPE+KV write+attention+merge in one kernel); mixed steps
-//! and cuBLAS-sized batches take more.
+//! norms fused in, `gemm.rs`; norm+RoPE+KV write+attention+merge in one kernel), and one of 3-8
+//! rows on weights the tensor-core skinny matmuls take too (the presummed norm: o and down add
+//! to the residual and sum its squares for the matmul after the norm, `gemm_presum.rs`); mixed
+//! steps, long contexts (the attention unfused) and cuBLAS-sized batches take more.
 //!
 //! Invariants: the step's integer inputs (token ids, positions, cache slots, the decode
 //! sequences' context lengths and block tables, the prefill tiles) go to the device in one
