@@ -105,8 +105,11 @@ pub struct KernelFlags {
     /// The same for 1-row steps (`KernelOptions::fused_long_ctx_one`; default 6,144).
     #[arg(long, value_name = "N")]
     pub fused_long_ctx_one: Option<usize>,
-    /// The fused attention at any context (both bounds above off).
-    #[arg(long, conflicts_with_all = ["fused_long_ctx", "fused_long_ctx_one"])]
+    /// The same for steps of 5+ rows (`KernelOptions::fused_long_ctx_many`; default 1,024).
+    #[arg(long, value_name = "N")]
+    pub fused_long_ctx_many: Option<usize>,
+    /// The fused attention at any context (the three bounds above off).
+    #[arg(long, conflicts_with_all = ["fused_long_ctx", "fused_long_ctx_one", "fused_long_ctx_many"])]
     pub no_fused_long_ctx: bool,
     /// Decode steps of more than N rows run the attention unfused
     /// (`KernelOptions::fused_max_rows`, 1-16; default 8).
@@ -240,6 +243,10 @@ impl KernelFlags {
                 self.fused_long_ctx
                     .unwrap_or(super::options::FUSED_LONG_CTX)
             }),
+            fused_long_ctx_many: (!self.no_fused_long_ctx).then(|| {
+                self.fused_long_ctx_many
+                    .unwrap_or(super::options::FUSED_LONG_CTX_MANY)
+            }),
             fused_long_ctx_one: (!self.no_fused_long_ctx).then(|| {
                 self.fused_long_ctx_one
                     .unwrap_or(super::options::FUSED_LONG_CTX_ONE)
@@ -359,6 +366,12 @@ mod tests {
             (o.kernels.fused_long_ctx, o.kernels.fused_long_ctx_one),
             (None, None)
         );
+        assert_eq!(o.kernels.fused_long_ctx_many, None);
+        assert_eq!(d.kernels.fused_long_ctx_many, Some(1024));
+        let m = Cli::parse_from(["x", "--fused-long-ctx-many", "3000"])
+            .engine
+            .options();
+        assert_eq!(m.kernels.fused_long_ctx_many, Some(3000));
         assert!(
             Cli::try_parse_from(["x", "--no-fused-long-ctx", "--fused-long-ctx", "1"]).is_err()
         );

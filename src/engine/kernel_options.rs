@@ -53,6 +53,12 @@ pub const FUSED_ROWS: usize = 8;
 /// batch 4 / 8 +14% / +26% (BENCHMARKS.md, #21).
 pub const FUSED_LONG_CTX: usize = 2048;
 
+/// Default of [`KernelOptions::fused_long_ctx_many`]: steps of 5+ rows past 1,024 tokens of
+/// context run the attention unfused. Not yet measured as such: on the H200, 0.6B after
+/// 1k-token prompts every step of 2+ rows unfused past 512 tokens: batch 8 +4.8%, batch 4
+/// -0.6%, batch 2 -5%; after 512-token prompts batch 8 -3% (BENCHMARKS.md, #21).
+pub const FUSED_LONG_CTX_MANY: usize = 1024;
+
 /// Default of [`KernelOptions::fused_long_ctx_one`]: 1-row steps past 6,144 tokens of context
 /// run the attention unfused. On the H200, 0.6B batch 1 after 4k-token prompts -3%, after 8k
 /// +5%, after 32k +24%; 1.7B after 8k +1% (BENCHMARKS.md, #21).
@@ -189,6 +195,9 @@ pub struct KernelOptions {
     /// The same bound for 1-row steps. Default `Some(FUSED_LONG_CTX_ONE)` (6,144: on the H200
     /// 0.6B batch 1 after 32k-token prompts 389 -> 484 tok/s); None: fused at any context.
     pub fused_long_ctx_one: Option<usize>,
+    /// The same bound for steps of 5+ rows; None: `fused_long_ctx`'s. Default
+    /// `Some(FUSED_LONG_CTX_MANY)` (1,024; not yet measured as such).
+    pub fused_long_ctx_many: Option<usize>,
     /// Most rows of a decode step whose attention runs fused (at most 16, the kernels'
     /// bound); larger steps run it unfused (q/k norm + RoPE + KV write, the paged decode, the
     /// merge), eager steps and graph buckets alike. Default `FUSED_ROWS` (8: on the H200 batch
@@ -324,6 +333,7 @@ impl Default for KernelOptions {
             fused_mma_rows: FUSED_MMA_ROWS,
             fused_long_ctx: Some(FUSED_LONG_CTX),
             fused_long_ctx_one: Some(FUSED_LONG_CTX_ONE),
+            fused_long_ctx_many: Some(FUSED_LONG_CTX_MANY),
             fused_max_rows: FUSED_ROWS,
             eager_graph_splits: true,
             blas_row_class: true,

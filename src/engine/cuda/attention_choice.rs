@@ -46,12 +46,13 @@ impl CudaKernels {
     }
 
     /// Whether a decode step of `rows` rows whose longest context is `max_ctx` tokens runs its
-    /// attention unfused (`LaunchOptions::fused_long_ctx`, `fused_long_ctx_one` for one row).
+    /// attention unfused (`LaunchOptions::fused_long_ctx`; `fused_long_ctx_one` for one row,
+    /// `fused_long_ctx_many` for 5+ rows, where set).
     pub fn fused_long_context(&self, rows: usize, max_ctx: usize) -> bool {
-        let bound = if rows == 1 {
-            self.fused_long_ctx_one
-        } else {
-            self.fused_long_ctx
+        let bound = match rows {
+            1 => self.fused_long_ctx_one,
+            2..=4 => self.fused_long_ctx,
+            _ => self.fused_long_ctx_many.or(self.fused_long_ctx),
         };
         bound.is_some_and(|n| max_ctx > n)
     }

@@ -164,6 +164,8 @@ pub struct CudaKernels {
     pub(super) fused_long_ctx: Option<usize>,
     /// `LaunchOptions::fused_long_ctx_one`.
     pub(super) fused_long_ctx_one: Option<usize>,
+    /// `LaunchOptions::fused_long_ctx_many`.
+    pub(super) fused_long_ctx_many: Option<usize>,
     /// `LaunchOptions::fused_max_rows`.
     pub(super) fused_max_rows: usize,
     /// The kernels over fp8 KV caches (bf16 compute on sm_89+), or why there are none.
@@ -436,6 +438,7 @@ impl CudaKernels {
             pdl: std::sync::atomic::AtomicBool::new(hopper && opts.pdl),
             fused_long_ctx: opts.fused_long_ctx,
             fused_long_ctx_one: opts.fused_long_ctx_one,
+            fused_long_ctx_many: opts.fused_long_ctx_many,
             fused_max_rows: opts.fused_max_rows,
             fp8,
             pinned: Arc::default(),

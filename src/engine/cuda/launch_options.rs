@@ -73,6 +73,8 @@ pub struct LaunchOptions {
     pub fused_long_ctx: Option<usize>,
     /// The same bound for 1-row steps.
     pub fused_long_ctx_one: Option<usize>,
+    /// The same bound for steps of 5+ rows; None: `fused_long_ctx`'s.
+    pub fused_long_ctx_many: Option<usize>,
     /// Most rows of a decode step whose attention runs fused (at most `FUSED_MAX_ROWS`).
     pub fused_max_rows: usize,
     /// cuBLAS matmuls of up to 1,024 rows on the cuBLASLt algorithm of their row class.
@@ -160,6 +162,7 @@ impl Default for LaunchOptions {
             fused_mma_rows: crate::engine::options::FUSED_MMA_ROWS,
             fused_long_ctx: Some(crate::engine::options::FUSED_LONG_CTX),
             fused_long_ctx_one: Some(crate::engine::options::FUSED_LONG_CTX_ONE),
+            fused_long_ctx_many: Some(crate::engine::options::FUSED_LONG_CTX_MANY),
             fused_max_rows: crate::engine::options::FUSED_ROWS,
             eager_graph_splits: true,
             blas_row_class: true,

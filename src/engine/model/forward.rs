@@ -86,6 +86,7 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         fused_mma_rows: opts.fused_mma_rows,
         fused_long_ctx: opts.fused_long_ctx,
         fused_long_ctx_one: opts.fused_long_ctx_one,
+        fused_long_ctx_many: opts.fused_long_ctx_many,
         fused_max_rows: opts.fused_max_rows,
         eager_graph_splits: opts.eager_graph_splits,
         blas_row_class: opts.blas_row_class,

@@ -112,7 +112,7 @@ impl DecodeGraphs {
             kernels: k,
         };
         // On the tensor-core kernels (a context of one token fits any cluster), and with
-        // `fused_long_ctx` (`fused_long_ctx_one` for one row) unfused.
+        // `fused_long_ctx` (`fused_long_ctx_one` for one row, `_many` for 5+) unfused.
         let short_graphs = fused_again(Variant::Short, &|b, s| fwd.short_context(b, s, 1))?;
         let long_graphs = fused_again(Variant::Long, &|b, _| k.fused_long_context(b, usize::MAX))?;
         Ok((
