@@ -54,9 +54,9 @@ pub const FUSED_ROWS: usize = 8;
 pub const FUSED_LONG_CTX: usize = 2048;
 
 /// Default of [`KernelOptions::fused_long_ctx_many`]: steps of 5+ rows past 1,024 tokens of
-/// context run the attention unfused. Not yet measured as such: on the H200, 0.6B after
-/// 1k-token prompts every step of 2+ rows unfused past 512 tokens: batch 8 +4.8%, batch 4
-/// -0.6%, batch 2 -5%; after 512-token prompts batch 8 -3% (BENCHMARKS.md, #21).
+/// context run the attention unfused. On the H200, 0.6B after 1.2k-token prompts batch 5 / 6 /
+/// 8 +12.8% / +12.7% / +5.3% against 2,048; after 700 (under it) unchanged (BENCHMARKS.md,
+/// #21).
 pub const FUSED_LONG_CTX_MANY: usize = 1024;
 
 /// Default of [`KernelOptions::fused_long_ctx_one`]: 1-row steps past 6,144 tokens of context
@@ -196,7 +196,8 @@ pub struct KernelOptions {
     /// 0.6B batch 1 after 32k-token prompts 389 -> 484 tok/s); None: fused at any context.
     pub fused_long_ctx_one: Option<usize>,
     /// The same bound for steps of 5+ rows; None: `fused_long_ctx`'s. Default
-    /// `Some(FUSED_LONG_CTX_MANY)` (1,024; not yet measured as such).
+    /// `Some(FUSED_LONG_CTX_MANY)` (1,024: on the H200 0.6B batch 5 / 8 after 1.2k-token
+    /// prompts +12.8% / +5.3%).
     pub fused_long_ctx_many: Option<usize>,
     /// Most rows of a decode step whose attention runs fused (at most 16, the kernels'
     /// bound); larger steps run it unfused (q/k norm + RoPE + KV write, the paged decode, the
