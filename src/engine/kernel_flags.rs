@@ -98,8 +98,9 @@ pub struct KernelFlags {
     /// (`KernelOptions::fused_mma_rows`).
     #[arg(long, value_name = "N")]
     pub fused_mma_rows: Option<usize>,
-    /// Decode steps of 2+ rows whose longest context passes N tokens run the attention
-    /// unfused (`KernelOptions::fused_long_ctx`; default 2,048).
+    /// Decode steps of 2-4 rows (and 5+ without `--fused-long-ctx-many`'s own bound) whose
+    /// longest context passes N tokens run the attention unfused
+    /// (`KernelOptions::fused_long_ctx`; default 2,048).
     #[arg(long, value_name = "N")]
     pub fused_long_ctx: Option<usize>,
     /// The same for 1-row steps (`KernelOptions::fused_long_ctx_one`; default 6,144).

@@ -185,8 +185,8 @@ pub struct KernelOptions {
     /// `fused_mma` (larger steps keep the CUDA-core loop). Default `FUSED_MMA_ROWS` (2: on
     /// the H200 the loop lost 10-25% at batches 4-16 after 512-token prompts).
     pub fused_mma_rows: usize,
-    /// Decode steps of 2+ rows whose longest context passes this many tokens run the
-    /// attention unfused (q/k norm + RoPE + KV write, the tensor-core paged decode of
+    /// Decode steps of 2+ rows (5+: `fused_long_ctx_many`, where set) whose longest context
+    /// passes this many tokens run the attention unfused (q/k norm + RoPE + KV write, the tensor-core paged decode of
     /// `mma_decode`, the merge: three launches a layer), eager steps by their contexts and
     /// graph replays on a second graph of each fused bucket captured unfused. Default
     /// `Some(FUSED_LONG_CTX)` (2,048: on the H200 0.6B batch 8 after 8k-token prompts 2,019 ->

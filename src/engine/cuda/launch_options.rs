@@ -67,8 +67,8 @@ pub struct LaunchOptions {
     pub fused_mma: Option<u8>,
     /// Most rows of a step whose fused decode attention takes the tensor-core loop.
     pub fused_mma_rows: usize,
-    /// Decode steps of 2+ rows whose longest context passes this many tokens run the
-    /// attention unfused (the tensor-core paged decode with `mma_decode`); None: fused at any
+    /// Decode steps of 2+ rows (5+: `fused_long_ctx_many`, where set) whose longest context
+    /// passes this many tokens run the attention unfused (the tensor-core paged decode with `mma_decode`); None: fused at any
     /// context.
     pub fused_long_ctx: Option<usize>,
     /// The same bound for 1-row steps.
