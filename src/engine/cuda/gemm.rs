@@ -21,9 +21,9 @@ use crate::error::Result;
 
 /// Warps per block of `kernels/gemv.cu` (`WARPS`); a warp takes one output row (or gate/up
 /// pair) in the CUDA-core kernels.
-const GEMV_WARPS: usize = 8;
+pub(super) const GEMV_WARPS: usize = 8;
 /// Output rows of one block of the tensor-core kernels (one MMA's 16).
-const GEMV_MMA_ROWS: usize = 16;
+pub(super) const GEMV_MMA_ROWS: usize = 16;
 
 /// A skinny-matmul kernel and the output rows one of its blocks takes.
 struct Gemv<'a> {
@@ -318,6 +318,12 @@ impl CudaKernels {
             norm_smem: true,
             max_blocks: None,
         })
+    }
+
+    /// Whether a plain matmul of `t` rows over a weight of `n` rows of `k` inputs runs on the
+    /// tensor-core skinny-matmul kernels (3-8 rows; `gemv_mma_plain`'s bound).
+    pub(super) fn mma_gemv_serves(&self, t: usize, (n, k): (usize, usize)) -> bool {
+        t > GEMV_MAX_ROWS && self.gemv_for(0, t, (n, k)).is_some()
     }
 
     /// The device pointer and size of the weight a skinny matmul prefetches into L2 (0 bytes:

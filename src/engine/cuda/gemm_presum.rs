@@ -13,38 +13,34 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig};
 use candle_core::{DType, Tensor};
 
-use super::kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS};
+use super::gemm::{GEMV_MMA_ROWS, GEMV_WARPS};
+use super::kernels::{CudaKernels, GEMV_MAX_ROWS};
 use super::launch::kernel_err;
 use crate::error::Result;
 
-/// Output columns of one block of the tensor-core kernels (one MMA's 16 rows of W).
-const COLS: usize = 16;
 /// Most partial sums a row's norm reads (`PS_PARTS` of `kernels/gemv_mma.cu`): a residual
 /// of up to 4,096 columns.
 const MAX_PARTS: usize = 256;
 
 /// The f32 elements of the partial sums of squares for a residual of `hidden` columns.
 pub fn presum_len(hidden: usize) -> usize {
-    hidden.div_ceil(COLS) * 8
+    hidden.div_ceil(GEMV_MMA_ROWS) * 8
 }
 
 impl CudaKernels {
     /// Whether a step of `t` rows runs `producer` (`[hidden, k]`, the matmul before a norm)
     /// and `consumer` (`[n, hidden]`, the one after it) with the presummed norm: its kernels
-    /// are loaded, `t` is 3-8 and the tensor-core plain kernels take both weights.
+    /// are loaded and the skinny-matmul dispatch (`gemv_for`) takes both weights at `t` rows
+    /// on the tensor-core kernels (3-8 rows, weights within `gemv_mma_plain`'s bound).
     pub fn presum_serves(&self, t: usize, producer: &Tensor, consumer: &Tensor) -> bool {
         let (Ok((np, kp)), Ok((nc, kc))) = (producer.dims2(), consumer.dims2()) else {
             return false;
         };
-        let mma = |n: usize, k: usize| {
-            k.is_multiple_of(32) && self.gemv_mma_plain.is_none_or(|max| n * k <= max)
-        };
         self.gemv_presum.is_some()
-            && (GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS).contains(&t)
             && kc == np
-            && np.div_ceil(COLS) <= MAX_PARTS
-            && mma(np, kp)
-            && mma(nc, kc)
+            && np.div_ceil(GEMV_MMA_ROWS) <= MAX_PARTS
+            && self.mma_gemv_serves(t, (np, kp))
+            && self.mma_gemv_serves(t, (nc, kc))
     }
 
     /// `presum[rows - 3]` of kind `kind` (0: add to the residual, 1: plain behind the norm,
@@ -124,7 +120,7 @@ impl CudaKernels {
         let (pw, ph, po) = (self.ptr(w)?, self.ptr(h)?, self.ptr(dst)?);
         let (pnw, pss) = (self.ptr(norm_w)?, self.ptr(ss)?);
         let (n32, k32, eps32) = (n as i32, k as i32, eps as f32);
-        let parts = k.div_ceil(COLS) as i32;
+        let parts = k.div_ceil(GEMV_MMA_ROWS) as i32;
         let mut b = self.launcher(f);
         b.arg(&pw).arg(&ph).arg(&po).arg(&n32).arg(&k32);
         b.arg(&pnw).arg(&eps32).arg(&pss).arg(&parts);
@@ -134,11 +130,12 @@ impl CudaKernels {
         Ok(())
     }
 
-    /// A block of 8 warps per 16 output rows (gate/up pairs for SiLU).
+    /// A block of 8 warps per 16 output rows (gate/up pairs for SiLU), as the tensor-core
+    /// skinny matmuls launch.
     fn presum_grid(n: usize) -> LaunchConfig {
         LaunchConfig {
-            grid_dim: (n.div_ceil(COLS) as u32, 1, 1),
-            block_dim: (256, 1, 1),
+            grid_dim: (n.div_ceil(GEMV_MMA_ROWS) as u32, 1, 1),
+            block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: 0,
         }
     }

@@ -47,8 +47,8 @@ pub(crate) struct StepInputs {
     /// Every decode context fits one cluster of the fused attention: its tensor-core kernels
     /// may run (`CudaKernels::fused_short_context`, `KernelOptions::fused_mma`).
     pub(crate) short_ctx: bool,
-    /// The longest decode context passes `KernelOptions::fused_long_ctx`: the attention runs
-    /// unfused.
+    /// The longest decode context passes the step's bound (`KernelOptions::fused_long_ctx`,
+    /// `_one`, `_many`; `CudaKernels::fused_long_context`): the attention runs unfused.
     pub(crate) long_ctx: bool,
 }
 
