@@ -33,6 +33,22 @@ pub fn row_class(t: usize) -> usize {
     }
 }
 
+/// The largest row bound at most `n` that no graph bucket straddles: rows 1-8 are buckets of
+/// their own, and above 8 the powers of two to [`DOUBLING_UP_TO`] and then its multiples of
+/// [`LARGE_BUCKET_STEP`] are buckets whenever a step reaches them. A choice an eager step
+/// makes by its rows (`rows <= bound`) and the one its graph bucket made at capture then
+/// agree; the kernels round their row bounds by it (`KernelOptions::fused_max_rows`,
+/// `fused_mma_rows`: 12 acts as 8, since steps of 9-16 rows replay on buckets up to 16).
+pub fn bucket_bound(n: usize) -> usize {
+    if n <= 8 {
+        n
+    } else if n <= DOUBLING_UP_TO {
+        1 << n.ilog2()
+    } else {
+        DOUBLING_UP_TO + (n - DOUBLING_UP_TO) / LARGE_BUCKET_STEP * LARGE_BUCKET_STEP
+    }
+}
+
 /// Partitions of decode attention in a bucket's graph: a fixed grid, each partition growing
 /// past its least length (`CudaKernels::decode_partition`) when the context needs it.
 /// Partitions past a context exit at once, but in a large batch they are many: large buckets

@@ -113,7 +113,7 @@ pub struct KernelFlags {
     #[arg(long, conflicts_with_all = ["fused_long_ctx", "fused_long_ctx_one", "fused_long_ctx_many"])]
     pub no_fused_long_ctx: bool,
     /// Decode steps of more than N rows run the attention unfused
-    /// (`KernelOptions::fused_max_rows`, 1-16; default 8).
+    /// (`KernelOptions::fused_max_rows`, 1-16, 9-15 acting as 8; default 8).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=16))]
     pub fused_max_rows: Option<u16>,
     /// Eager decode steps cut the attention in partitions of 32-128 tokens, as many as the

@@ -182,7 +182,8 @@ pub struct KernelOptions {
     /// #21). None: the CUDA-core loop everywhere.
     pub fused_mma: Option<u8>,
     /// Most rows of a decode step whose fused attention takes the tensor-core loop of
-    /// `fused_mma` (larger steps keep the CUDA-core loop). Default `FUSED_MMA_ROWS` (2: on
+    /// `fused_mma` (larger steps keep the CUDA-core loop; rounded by `batch::bucket_bound`).
+    /// Default `FUSED_MMA_ROWS` (2: on
     /// the H200 the loop lost 10-25% at batches 4-16 after 512-token prompts).
     pub fused_mma_rows: usize,
     /// Decode steps of 2+ rows (5+: `fused_long_ctx_many`, where set) whose longest context
@@ -201,7 +202,8 @@ pub struct KernelOptions {
     pub fused_long_ctx_many: Option<usize>,
     /// Most rows of a decode step whose attention runs fused (at most 16, the kernels'
     /// bound); larger steps run it unfused (q/k norm + RoPE + KV write, the paged decode, the
-    /// merge), eager steps and graph buckets alike. Default `FUSED_ROWS` (8: on the H200 batch
+    /// merge), eager steps and graph buckets alike (rounded by `batch::bucket_bound`: 9-15
+    /// act as 8). Default `FUSED_ROWS` (8: on the H200 batch
     /// 16 after 512-token prompts 0.6B 8,643 -> 9,510 tok/s, 1.7B 6,556 -> 7,005;
     /// BENCHMARKS.md, #21).
     pub fused_max_rows: usize,

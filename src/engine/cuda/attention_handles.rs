@@ -79,7 +79,7 @@ impl FusedDecode {
         Ok(Self {
             cores,
             mma,
-            mma_rows: opts.fused_mma_rows,
+            mma_rows: crate::engine::batch::bucket_bound(opts.fused_mma_rows),
         })
     }
 

@@ -439,7 +439,8 @@ impl CudaKernels {
             fused_long_ctx: opts.fused_long_ctx,
             fused_long_ctx_one: opts.fused_long_ctx_one,
             fused_long_ctx_many: opts.fused_long_ctx_many,
-            fused_max_rows: opts.fused_max_rows,
+            // Eager steps choose by their rows, graph replays by their bucket's.
+            fused_max_rows: crate::engine::batch::bucket_bound(opts.fused_max_rows),
             fp8,
             pinned: Arc::default(),
             staging: Default::default(),

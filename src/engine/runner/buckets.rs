@@ -3,7 +3,7 @@
 //! padded). Plain arithmetic, so it is tested without a GPU.
 
 pub use crate::engine::batch::{
-    DOUBLING_UP_TO, LARGE_BUCKET_STEP, SmallSplits, graph_splits, row_class,
+    DOUBLING_UP_TO, LARGE_BUCKET_STEP, SmallSplits, bucket_bound, graph_splits, row_class,
 };
 
 /// The buckets an engine of `max_running` sequences can reach, none above `max_graph_batch`:
@@ -122,6 +122,30 @@ mod tests {
             let at = v[bucket_for(&v, t).expect("a bucket")];
             assert_eq!(row_class(t), row_class(at), "{t} rows, bucket {at}");
         }
+    }
+
+    #[test]
+    fn a_row_bound_rounded_by_bucket_bound_splits_steps_as_their_buckets() {
+        // The fused attention's row bounds choose by a step's rows eagerly and by its bucket's
+        // in a graph: rounded by `bucket_bound`, both sides agree for every step, the verify
+        // buckets (5 rows a sequence) among them. Fails if a bound were left as given (12: an
+        // 11-row step fused eagerly, its 15-row bucket not).
+        let mut v = graph_buckets(1024, 1024);
+        v.extend((1..=8).map(|n| 5 * n));
+        v.sort_unstable();
+        v.dedup();
+        for n in 1..=700 {
+            let b = bucket_bound(n);
+            assert!(b <= n && b >= 1, "{n} -> {b}");
+            for t in 1..=1024 {
+                let at = v[bucket_for(&v, t).expect("a bucket")];
+                assert_eq!(t <= b, at <= b, "bound {n} -> {b}, {t} rows, bucket {at}");
+            }
+        }
+        assert_eq!(
+            [1, 8, 9, 12, 16, 17, 300].map(bucket_bound),
+            [1, 8, 8, 8, 16, 16, 256]
+        );
     }
 
     #[test]
