@@ -184,6 +184,101 @@ __device__ void norm_rows_deferred(const __nv_bfloat16* __restrict__ res,
   block_inv_rms<T>(part, K, eps, inv);
 }
 
+constexpr int NW_REGS = 16;  // norm weights a thread holds
+
+// norm_rows with the norm weights already in registers (wk[e] = w[threadIdx.x + 256 e], kept
+// as bf16): the same sums in the same order. DEFER: norm_rows_deferred's (x_s scaled by w
+// only, in one pass; the scale in inv for the caller).
+template <int T, bool DEFER = false>
+__device__ void norm_rows_pre(const __nv_bfloat16* __restrict__ res,
+                              const __nv_bfloat16* __restrict__ delta,
+                              __nv_bfloat16* __restrict__ res_out, const __nv_bfloat16 (&wk)[NW_REGS],
+                              float eps, int add, int K, __nv_bfloat16* x_s, float (&inv)[T]) {
+  float part[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) part[t] = 0.f;
+#pragma unroll
+  for (int e = 0; e < NW_REGS; ++e) {
+    const int k = threadIdx.x + e * WARPS * 32;
+    if (k < K) {
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        float v = __bfloat162float(res[(size_t)t * K + k]);
+        if (add) v = __bfloat162float(__float2bfloat16(v + __bfloat162float(delta[(size_t)t * K + k])));
+        if (DEFER) {
+          if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = __float2bfloat16(v);
+          x_s[t * K + k] = __float2bfloat16(v * __bfloat162float(wk[e]));
+        } else {
+          x_s[t * K + k] = __float2bfloat16(v);
+        }
+        part[t] += v * v;
+      }
+    }
+  }
+  block_inv_rms<T>(part, K, eps, inv);
+  if constexpr (!DEFER) {
+#pragma unroll
+    for (int e = 0; e < NW_REGS; ++e) {
+      const int k = threadIdx.x + e * WARPS * 32;
+      if (k < K) {
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+          const __nv_bfloat16 r = x_s[t * K + k];
+          if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = r;
+          x_s[t * K + k] = __float2bfloat16(__bfloat162float(r) * inv[t] * __bfloat162float(wk[e]));
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// norm_rows_deferred on a delta given as NP f32 partial sums per row (`parts` [T][NP][K], the
+// fused MLP's cluster sums, `mlp_fused.cu`): d = bf16(sum of the partials in order), then the
+// residual's sum bf16(res + d), as where down wrote its bf16 output. Each thread takes four
+// consecutive inputs (float4 loads, eight partials' in flight at once); K a multiple of 4, NP
+// of 8.
+template <int T, int NP>
+__device__ void norm_rows_parts(const __nv_bfloat16* __restrict__ res,
+                                const float* __restrict__ parts,
+                                __nv_bfloat16* __restrict__ res_out,
+                                const __nv_bfloat16* __restrict__ w, float eps, int K,
+                                __nv_bfloat16* x_s, float (&inv)[T]) {
+  float part[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) part[t] = 0.f;
+  for (int k = threadIdx.x * 4; k < K; k += WARPS * 32 * 4) {
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int g = 0; g < NP; g += 8) {  // eight loads in flight (registers stay few)
+        float4 p[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          p[i] = *reinterpret_cast<const float4*>(parts + ((size_t)t * NP + g + i) * K + k);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          d[0] += p[i].x;
+          d[1] += p[i].y;
+          d[2] += p[i].z;
+          d[3] += p[i].w;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float r = __bfloat162float(res[(size_t)t * K + k + j]);
+        const __nv_bfloat16 s = __float2bfloat16(r + __bfloat162float(__float2bfloat16(d[j])));
+        if (blockIdx.x == 0) res_out[(size_t)t * K + k + j] = s;
+        const float v = __bfloat162float(s);
+        x_s[t * K + k + j] = __float2bfloat16(v * __bfloat162float(w[k + j]));
+        part[t] += v * v;
+      }
+    }
+  }
+  block_inv_rms<T>(part, K, eps, inv);
+}
+
 // acc[r][t] *= inv[t]: a deferred norm's scale on finished dot products.
 template <int T, int NR>
 __device__ __forceinline__ void scale_rows(float (&acc)[NR][T], const float (&inv)[T]) {

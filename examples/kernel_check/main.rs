@@ -12,6 +12,7 @@ mod fused;
 mod gemv;
 mod lora;
 mod lora_runs;
+mod mlp;
 mod mma;
 mod model;
 mod moe;

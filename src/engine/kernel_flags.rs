@@ -116,6 +116,10 @@ pub struct KernelFlags {
     /// (`KernelOptions::fused_max_rows`, 1-16, 9-15 acting as 8; default 8).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=16))]
     pub fused_max_rows: Option<u16>,
+    /// The MLP of 1-2-row decode steps in one launch, in clusters of N blocks (8 or 16;
+    /// `KernelOptions::mlp_fused`; off by default).
+    #[arg(long, value_name = "N", value_parser = mlp_cluster)]
+    pub mlp_fused: Option<usize>,
     /// Eager decode steps cut the attention in partitions of 32-128 tokens, as many as the
     /// context needs (turns `KernelOptions::eager_graph_splits` off).
     #[arg(long)]
@@ -205,6 +209,16 @@ pub struct KernelFlags {
     pub kv_load_direct: bool,
 }
 
+/// A fused-MLP cluster size: 8 or 16 blocks (the kernels built).
+fn mlp_cluster(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(c @ (8 | 16)) => Ok(c),
+        _ => Err(format!(
+            "{s}: the fused MLP runs in clusters of 8 or 16 blocks"
+        )),
+    }
+}
+
 impl KernelFlags {
     /// The kernel options these flags describe.
     pub fn options(&self) -> KernelOptions {
@@ -255,6 +269,7 @@ impl KernelFlags {
             fused_max_rows: self
                 .fused_max_rows
                 .map_or(super::options::FUSED_ROWS, usize::from),
+            mlp_fused: self.mlp_fused,
             graph_splits_few: Some(
                 self.graph_splits_few
                     .unwrap_or(super::options::GRAPH_SPLITS_FEW),
