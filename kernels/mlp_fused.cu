@@ -15,10 +15,13 @@
 //  * the block's down partial over its CH channels for every output row (f32, in channel
 //    order), in shared memory;
 //  * the cluster's sum of its CL blocks' partials (in rank order; rank r takes rows
-//    [r H / CL, (r + 1) H / CL)) from their shared memory, written to parts [T][NPARTS][H] f32
+//    [r H / CL, (r + 1) H / CL)), written to parts [T][NPARTS][H] f32
 //    (NPARTS = MLP_BLOCKS / CL cluster sums): the next layer's deferred norm kernel adds them
 //    in order and rounds the sum to bf16 where it added down's bf16 output (`gemv.cuh`
-//    norm_rows_parts).
+//    norm_rows_parts). PUSH: each block stores its partial's rows into the shared memory of
+//    the rank that sums them (one cluster barrier after the stores; the blocks' start is
+//    awaited by a barrier arrived at before the wait); otherwise each rank loads its rows from
+//    every block's shared memory (a barrier before the loads, one after them). The same sums.
 // Block 0 writes bf16(res + delta) to res_out, as the norm kernels do. The sums of down run in
 // another order than the down kernel's (channels by block, blocks by cluster rank, clusters),
 // so the step's bits differ from the unfused path's in rounding.
@@ -37,7 +40,7 @@ constexpr int mlp_smem_bytes() {
   return 256 * P * WARPS * CPW * 2 + T * 256 * P * 2 + T * WARPS * CPW * 4 + T * 256 * P * 4;
 }
 
-template <int T, int CPW, int P, int CL>
+template <int T, int CPW, int P, int CL, bool PUSH>
 __device__ __forceinline__ void mlp_fused(const __nv_bfloat16* __restrict__ gu_w,
                                           const __nv_bfloat16* __restrict__ down_w,
                                           const __nv_bfloat16* __restrict__ res,
@@ -55,12 +58,14 @@ __device__ __forceinline__ void mlp_fused(const __nv_bfloat16* __restrict__ gu_w
   __nv_bfloat16* down_s = reinterpret_cast<__nv_bfloat16*>(smem);  // [H][CH]
   __nv_bfloat16* x_s = down_s + H * CH;                            // [T][H]
   float* act_s = reinterpret_cast<float*>(x_s + T * H);             // [T][CH]
-  float* part_s = act_s + T * CH;                                   // [T][H]
+  float* part_s = act_s + T * CH;  // [T][H]; PUSH: [CL][T][RH], the rows this rank sums
 
   pdl_trigger();
+  if (PUSH) cluster_arrive();  // this block has started (awaited before the first store)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int b = blockIdx.x;
   const int c0 = b * CH;
+  const int rank = b % CL;
   // 1. The weights, before the wait: this warp's gate and up rows in registers, the block's
   //    columns of down into shared memory.
   uint4 w[CPW][2][BATCH];
@@ -114,7 +119,8 @@ __device__ __forceinline__ void mlp_fused(const __nv_bfloat16* __restrict__ gu_w
   cp_async_wait<0>();
   __syncthreads();
 
-  // 3. The block's down partial over its channels.
+  // 3. The block's down partial over its channels (PUSH: into the summing rank's memory).
+  if (PUSH) cluster_wait();
 #pragma unroll
   for (int e = 0; e < P; ++e) {
     const int n = threadIdx.x + e * WARPS * 32;
@@ -127,27 +133,29 @@ __device__ __forceinline__ void mlp_fused(const __nv_bfloat16* __restrict__ gu_w
       float s = 0.f;
 #pragma unroll
       for (int c = 0; c < CH; ++c) s = fmaf(wf[c], act_s[t * CH + c], s);
-      part_s[t * H + n] = s;
+      if (PUSH) *cluster_peer(part_s + (rank * T + t) * RH + n % RH, n / RH) = s;
+      else part_s[t * H + n] = s;
     }
   }
 
   // 4. The cluster's sum, rank by rank.
   cluster_arrive();
   cluster_wait();
-  const int rank = b % CL;
   if (threadIdx.x < T * RH) {
-    const int t = threadIdx.x / RH, n = rank * RH + threadIdx.x % RH;
+    const int t = threadIdx.x / RH, j = threadIdx.x % RH;
     float v[CL];
 #pragma unroll
-    for (int q = 0; q < CL; ++q) v[q] = *cluster_peer(part_s + t * H + n, q);
+    for (int q = 0; q < CL; ++q)
+      v[q] = PUSH ? part_s[(q * T + t) * RH + j] : *cluster_peer(part_s + t * H + rank * RH + j, q);
     float s = 0.f;
 #pragma unroll
     for (int q = 0; q < CL; ++q) s += v[q];
-    parts[((size_t)t * NPARTS + b / CL) * H + n] = s;
+    parts[((size_t)t * NPARTS + b / CL) * H + rank * RH + j] = s;
   }
-  // No block leaves while another may still read its partial.
-  cluster_arrive();
-  cluster_wait();
+  if (!PUSH) {  // no block leaves while another may still read its partial
+    cluster_arrive();
+    cluster_wait();
+  }
 }
 
 }  // namespace
@@ -155,18 +163,22 @@ __device__ __forceinline__ void mlp_fused(const __nv_bfloat16* __restrict__ gu_w
 // (gu_w [2I, H], down_w [H, I], res, delta, res_out [T, H] bf16, norm weight [H], eps, parts
 // [T][MLP_BLOCKS / CL][H] f32, I); grid MLP_BLOCKS in clusters of CL, 256
 // threads, mlp_smem_bytes of dynamic shared memory.
-#define MLP_ENTRY(T, CPW, P, CL)                                                                 \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32, 1)                                  \
-      mlp_fused_t##T##_c##CPW##_p##P##_cl##CL(                                                 \
+#define MLP_ENTRY(T, CPW, P, CL, PUSH, SUFFIX)                                                   \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32, 2)                                  \
+      mlp_fused_t##T##_c##CPW##_p##P##_cl##CL##SUFFIX(                                         \
           const __nv_bfloat16* gu_w, const __nv_bfloat16* down_w, const __nv_bfloat16* res,    \
           const __nv_bfloat16* delta, __nv_bfloat16* res_out, const __nv_bfloat16* nw,         \
           float eps, float* parts, int I) {                                                    \
-    mlp_fused<T, CPW, P, CL>(gu_w, down_w, res, delta, res_out, nw, eps, parts, I);            \
+    mlp_fused<T, CPW, P, CL, PUSH>(gu_w, down_w, res, delta, res_out, nw, eps, parts, I);      \
   }
 
 // Qwen3-0.6B's shape: H 1,024 (P 4), I 3,072 = 128 blocks x 24 channels (CPW 3).
 static_assert(mlp_smem_bytes<2, 3, 4>() == 61632, "the host's MLP_FUSED_SMEM for two rows");
-MLP_ENTRY(1, 3, 4, 8)
-MLP_ENTRY(2, 3, 4, 8)
-MLP_ENTRY(1, 3, 4, 16)
-MLP_ENTRY(2, 3, 4, 16)
+// Two blocks an SM at most (128 registers: none spilled), so clusters place more freely.
+#define MLP_ENTRIES(CL)                                                                          \
+  MLP_ENTRY(1, 3, 4, CL, true, )                                                               \
+  MLP_ENTRY(2, 3, 4, CL, true, )                                                               \
+  MLP_ENTRY(1, 3, 4, CL, false, _pull)                                                         \
+  MLP_ENTRY(2, 3, 4, CL, false, _pull)
+MLP_ENTRIES(8)
+MLP_ENTRIES(16)

@@ -1,7 +1,7 @@
 //! The fused MLP of 1-2-row decode steps (`LaunchOptions::mlp_fused`, `kernels/mlp_fused.cu`)
 //! and the norm + matmul that sums its partials (`pnorm_gemv_*`), against the three launches
 //! they replace (the norm + gate|up + SiLU kernel, down, the next norm + qkv) on Qwen3-0.6B's
-//! shape, clusters of 8 and 16:
+//! shape, clusters of 8 and 16, the cluster sums pushed and pulled:
 //! - the residual's sum (res + o) bit for bit (block 0 writing another row, or the add
 //!   rounded otherwise, fails it);
 //! - the partials summed on the host against f32 math on the replaced path's SiLU product
@@ -24,12 +24,13 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let nw = randn(&[hidden], dt, dev)?.affine(0.1, 1.0)?.to_dtype(dt)?;
     let nw2 = randn(&[hidden], dt, dev)?.affine(0.1, 1.0)?.to_dtype(dt)?;
     let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
-    for cluster in [8usize, 16] {
+    for (cluster, pull) in [(8usize, false), (16, false), (8, true), (16, true)] {
         let k = CudaKernels::new(
             dev,
             dt,
             &LaunchOptions {
                 mlp_fused: Some(cluster),
+                mlp_fused_pull: pull,
                 ..LaunchOptions::default()
             },
         )?
@@ -93,7 +94,8 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
                 None,
                 None,
             )?;
-            let what = format!("mlp fused rows {rows} cluster {cluster}");
+            let how = if pull { " pull" } else { "" };
+            let what = format!("mlp fused rows {rows} cluster {cluster}{how}");
             t.check(format!("{what}: residual sum"), rel(&r2, &r1)?, 0.0);
             let f = DType::F32;
             let down_ref = act.to_dtype(f)?.matmul(&down.to_dtype(f)?.t()?)?;

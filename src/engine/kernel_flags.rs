@@ -120,6 +120,9 @@ pub struct KernelFlags {
     /// `KernelOptions::mlp_fused`; off by default).
     #[arg(long, value_name = "N", value_parser = mlp_cluster)]
     pub mlp_fused: Option<usize>,
+    /// The fused MLP's cluster sums loaded from every block (`KernelOptions::mlp_fused_pull`).
+    #[arg(long, requires = "mlp_fused")]
+    pub mlp_fused_pull: bool,
     /// Eager decode steps cut the attention in partitions of 32-128 tokens, as many as the
     /// context needs (turns `KernelOptions::eager_graph_splits` off).
     #[arg(long)]
@@ -270,6 +273,7 @@ impl KernelFlags {
                 .fused_max_rows
                 .map_or(super::options::FUSED_ROWS, usize::from),
             mlp_fused: self.mlp_fused,
+            mlp_fused_pull: self.mlp_fused_pull,
             graph_splits_few: Some(
                 self.graph_splits_few
                     .unwrap_or(super::options::GRAPH_SPLITS_FEW),

@@ -216,6 +216,11 @@ pub struct KernelOptions {
     /// 3,072). Down's sums run in another order (its output rounded once, from f32 partials),
     /// so the bits differ from the two launches'. Default None (off): not yet measured.
     pub mlp_fused: Option<usize>,
+    /// With `mlp_fused`: each cluster rank loads the rows it sums from every block's shared
+    /// memory behind a cluster barrier (and a second before the blocks leave), instead of
+    /// every block storing them into that rank's shared memory (one barrier). The same sums.
+    /// Default off.
+    pub mlp_fused_pull: bool,
     /// Eager decode and verify steps (and a mixed step's decode rows) cut the attention in
     /// at most the partitions their graph bucket takes (`batch::graph_splits`), so an eager
     /// step and a graph replay cut a long context alike (the same bits); off: partitions of
@@ -348,6 +353,7 @@ impl Default for KernelOptions {
             fused_long_ctx_many: Some(FUSED_LONG_CTX_MANY),
             fused_max_rows: FUSED_ROWS,
             mlp_fused: None,
+            mlp_fused_pull: false,
             eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,

@@ -429,9 +429,13 @@ impl CudaKernels {
                 _ => None,
             },
             mlp_fused: match opts.mlp_fused {
-                Some(c) if dtype == DType::BF16 && hopper && opts.gemv => Some(
-                    super::mlp_fused::MlpFused::load(&load(MLP_FUSED, "mlp_fused")?, &gemv_mod, c)?,
-                ),
+                Some(c) if dtype == DType::BF16 && hopper && opts.gemv => {
+                    Some(super::mlp_fused::MlpFused::load(
+                        &load(MLP_FUSED, "mlp_fused")?,
+                        &gemv_mod,
+                        (c, opts.mlp_fused_pull),
+                    )?)
+                }
                 _ => None,
             },
             l2_prefetch: hopper && opts.l2_prefetch,

@@ -138,6 +138,9 @@ pub struct LaunchOptions {
     /// The fused MLP of 1-2-row decode steps in clusters of this many blocks (8 or 16;
     /// `kernels/mlp_fused.cu`, bf16, sm_90); None: off.
     pub mlp_fused: Option<usize>,
+    /// The fused MLP's cluster sums loaded from every block's shared memory (two cluster
+    /// barriers) instead of stored into the summing block's (one).
+    pub mlp_fused_pull: bool,
 }
 
 impl Default for LaunchOptions {
@@ -189,6 +192,7 @@ impl Default for LaunchOptions {
             lora_side_min_rows: crate::engine::options::LORA_SIDE_MIN_ROWS,
             lora_wide: Some(crate::engine::options::LORA_WIDE_MIN_ROWS),
             mlp_fused: None,
+            mlp_fused_pull: false,
         }
     }
 }

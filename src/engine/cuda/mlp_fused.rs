@@ -54,11 +54,13 @@ pub(super) struct MlpFused {
 }
 
 impl MlpFused {
-    /// The kernels of clusters of `cluster` blocks (8 or 16) from their modules (sm_90).
+    /// The kernels of clusters of `cluster` blocks (8 or 16) from their modules (sm_90);
+    /// `pull`: the cluster's ranks load their rows from every block (else each block stores
+    /// them into the rank's shared memory).
     pub(super) fn load(
         mlp: &Arc<CudaModule>,
         gemv: &Arc<CudaModule>,
-        cluster: usize,
+        (cluster, pull): (usize, bool),
     ) -> Result<Self> {
         use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
         if !matches!(cluster, 8 | 16) {
@@ -72,7 +74,8 @@ impl MlpFused {
                 .map_err(|e| kernel_err(&format!("function {name}"), e))
         };
         let mlp_t = |t: usize| -> Result<CudaFunction> {
-            let func = f(mlp, format!("mlp_fused_t{t}_c3_p4_cl{cluster}"))?;
+            let suffix = if pull { "_pull" } else { "" };
+            let func = f(mlp, format!("mlp_fused_t{t}_c3_p4_cl{cluster}{suffix}"))?;
             func.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
                 .map_err(|e| kernel_err("mlp_fused cluster size", e))?;
             func.set_attribute(
@@ -118,7 +121,7 @@ impl CudaKernels {
 
     /// The buffer the fused MLP writes its partials to for up to `t` rows of `hidden`, when it
     /// is loaded (f32 `[min(t, 2), MLP_BLOCKS / cluster, hidden]`).
-    pub(crate) fn mlp_parts(&self, t: usize, hidden: usize) -> Result<Option<Tensor>> {
+    pub fn mlp_parts(&self, t: usize, hidden: usize) -> Result<Option<Tensor>> {
         let Some(m) = &self.mlp_fused else {
             return Ok(None);
         };
