@@ -182,8 +182,8 @@ __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
     } else if (NORM == 4) {
       // delta holds add - 1 (8 or 16) f32 partials a row: the fused MLP's cluster sums.
       const float* parts = reinterpret_cast<const float*>(delta);
-      if (add == 1 + 16) norm_rows_parts<T, 16>(x, parts, res_out, nw, eps, K, x_s, inv);
-      else norm_rows_parts<T, 8>(x, parts, res_out, nw, eps, K, x_s, inv);
+      float* stage = reinterpret_cast<float*>(x_s + T * K);
+      norm_rows_parts<T, 8>(x, parts, res_out, nw, eps, K, x_s, stage, inv);
       x = x_s;
     }
     if (!ok) return;
@@ -376,7 +376,10 @@ __device__ __forceinline__ void gemv_split_kernel(const __nv_bfloat16* __restric
   NORM_ENTRY(dnorm_gemv_db_t##T##_bf16, gemv_kernel<T, 1, 3, true>(NORM_ARGS))
 
 // The deferred norm on the fused MLP's partials (LaunchOptions::mlp_fused), plain.
-#define PNORM_GEMV(T) NORM_ENTRY(pnorm_gemv_t##T##_bf16, gemv_kernel<T, 1, 4>(NORM_ARGS))
+// Held to four blocks an SM (64 registers) as the deferred kernel runs: at 74 registers its
+// grid of qkv took two waves. Dynamic shared memory: the normed rows (T x K bf16), then one
+// row's partials (NP x K f32).
+#define PNORM_GEMV(T) NORM_ENTRY_MIN(pnorm_gemv_t##T##_bf16, 4, gemv_kernel<T, 1, 4>(NORM_ARGS))
 
 // Rows split in two (LaunchOptions::gemv_split_k), plain only.
 #define GEMV_SPLIT(T) PLAIN_ENTRY(gemv_split_t##T##_bf16, gemv_split_kernel<T>(W, x, out, N, K))

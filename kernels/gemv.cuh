@@ -236,34 +236,36 @@ __device__ void norm_rows_pre(const __nv_bfloat16* __restrict__ res,
 // norm_rows_deferred on a delta given as NP f32 partial sums per row (`parts` [T][NP][K], the
 // fused MLP's cluster sums, `mlp_fused.cu`): d = bf16(sum of the partials in order), then the
 // residual's sum bf16(res + d), as where down wrote its bf16 output. Each thread takes four
-// consecutive inputs (float4 loads, eight partials' in flight at once); K a multiple of 4, NP
-// of 8.
+// consecutive inputs; a row's partials go through `stage` (NP x K f32 of shared memory after
+// the normed rows) by cp.async, every load in flight at once and none held in registers (the
+// kernel stays at 64 registers, four blocks an SM). Each thread reads back only what it
+// copied, so no barrier is needed. K a multiple of 4.
 template <int T, int NP>
 __device__ void norm_rows_parts(const __nv_bfloat16* __restrict__ res,
                                 const float* __restrict__ parts,
                                 __nv_bfloat16* __restrict__ res_out,
                                 const __nv_bfloat16* __restrict__ w, float eps, int K,
-                                __nv_bfloat16* x_s, float (&inv)[T]) {
+                                __nv_bfloat16* x_s, float* stage, float (&inv)[T]) {
   float part[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) part[t] = 0.f;
-  for (int k = threadIdx.x * 4; k < K; k += WARPS * 32 * 4) {
 #pragma unroll
-    for (int t = 0; t < T; ++t) {
+  for (int t = 0; t < T; ++t) {
+    for (int k = threadIdx.x * 4; k < K; k += WARPS * 32 * 4)
+#pragma unroll
+      for (int i = 0; i < NP; ++i)
+        cp_async16(smem_addr(stage + i * K + k), parts + ((size_t)t * NP + i) * K + k, true);
+    cp_async_commit();
+    cp_async_wait<0>();
+    for (int k = threadIdx.x * 4; k < K; k += WARPS * 32 * 4) {
       float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int g = 0; g < NP; g += 8) {  // eight loads in flight (registers stay few)
-        float4 p[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-          p[i] = *reinterpret_cast<const float4*>(parts + ((size_t)t * NP + g + i) * K + k);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          d[0] += p[i].x;
-          d[1] += p[i].y;
-          d[2] += p[i].z;
-          d[3] += p[i].w;
-        }
+      for (int i = 0; i < NP; ++i) {
+        const float4 p = *reinterpret_cast<const float4*>(stage + i * K + k);
+        d[0] += p.x;
+        d[1] += p.y;
+        d[2] += p.z;
+        d[3] += p.w;
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -317,6 +319,16 @@ __device__ __forceinline__ void store_rows(const float (&acc)[NR][T], __nv_bfloa
   }
 #define NORM_ENTRY(NAME, ...)                                                                \
   extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
+      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
+      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
+      __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
+    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
+    (void)x_s;                                                                               \
+    __VA_ARGS__;                                                                             \
+  }
+// A norm kernel's entry held to registers for MIN_BLOCKS blocks an SM.
+#define NORM_ENTRY_MIN(NAME, MIN_BLOCKS, ...)                                                                \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) NAME(                             \
       const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
       __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
       __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \

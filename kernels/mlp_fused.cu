@@ -3,7 +3,7 @@
 // kernel (`gemv.cu` sdnorm_gemv_silu_*) and then down (gemv_*) behind a whole-grid dependency.
 // Here down is split over the intermediate channels (split-K) instead, so no block waits on
 // another grid between the two matmuls:
-//  * the grid's MLP_BLOCKS (128) blocks run in clusters of CL (8 or 16); block b takes
+//  * the grid's MLP_BLOCKS (128) blocks run in clusters of CL (16); block b takes
 //    the CH = WARPS * CPW channels from b * CH. Before waiting on the kernel before it (o), each
 //    warp loads its CPW gate and up rows whole into registers (P chunks of 8 inputs a lane a
 //    row, H = 256 P inputs) and the block copies its CH columns of down (H rows) into shared
@@ -13,15 +13,15 @@
 //    by 1 / rms, and silu(gate) * up rounded to bf16 (these bit for bit the sdnorm kernel's
 //    output), kept in shared memory;
 //  * the block's down partial over its CH channels for every output row (f32, in channel
-//    order), in shared memory;
-//  * the cluster's sum of its CL blocks' partials (in rank order; rank r takes rows
-//    [r H / CL, (r + 1) H / CL)), written to parts [T][NPARTS][H] f32
-//    (NPARTS = MLP_BLOCKS / CL cluster sums): the next layer's deferred norm kernel adds them
-//    in order and rounds the sum to bf16 where it added down's bf16 output (`gemv.cuh`
-//    norm_rows_parts). PUSH: each block stores its partial's rows into the shared memory of
-//    the rank that sums them (one cluster barrier after the stores; the blocks' start is
-//    awaited by a barrier arrived at before the wait); otherwise each rank loads its rows from
-//    every block's shared memory (a barrier before the loads, one after them). The same sums.
+//    order), each row stored into the shared memory of the cluster rank that sums it (rank r
+//    takes rows [r H / CL, (r + 1) H / CL)); the blocks' start is awaited by a cluster barrier
+//    arrived at before the wait, the stores by one after them;
+//  * the cluster's sum of its CL blocks' partials (in rank order), written to parts
+//    [T][NPARTS][H] f32 (NPARTS = MLP_BLOCKS / CL = 8 cluster sums): the next layer's
+//    deferred norm kernel adds them in order and rounds the sum to bf16 where it added down's
+//    bf16 output (`gemv.cuh` norm_rows_parts).
+// (Measured on the H200, BENCHMARKS.md #21: clusters of 8, whose 16 partials cost the next
+// kernel more, and each rank loading its rows from every block behind two barriers, slower.)
 // Block 0 writes bf16(res + delta) to res_out, as the norm kernels do. The sums of down run in
 // another order than the down kernel's (channels by block, blocks by cluster rank, clusters),
 // so the step's bits differ from the unfused path's in rounding.
@@ -32,6 +32,7 @@
 namespace {
 
 constexpr int MLP_BLOCKS = 128;
+constexpr int CL = 16;  // blocks a cluster
 
 // Dynamic shared memory of a block: down's columns (H x CH bf16), the normed rows (T x H bf16),
 // silu(gate) * up (T x CH f32) and the down partial (T x H f32).
@@ -40,7 +41,7 @@ constexpr int mlp_smem_bytes() {
   return 256 * P * WARPS * CPW * 2 + T * 256 * P * 2 + T * WARPS * CPW * 4 + T * 256 * P * 4;
 }
 
-template <int T, int CPW, int P, int CL, bool PUSH>
+template <int T, int CPW, int P>
 __device__ __forceinline__ void mlp_fused(const __nv_bfloat16* __restrict__ gu_w,
                                           const __nv_bfloat16* __restrict__ down_w,
                                           const __nv_bfloat16* __restrict__ res,
@@ -58,10 +59,10 @@ __device__ __forceinline__ void mlp_fused(const __nv_bfloat16* __restrict__ gu_w
   __nv_bfloat16* down_s = reinterpret_cast<__nv_bfloat16*>(smem);  // [H][CH]
   __nv_bfloat16* x_s = down_s + H * CH;                            // [T][H]
   float* act_s = reinterpret_cast<float*>(x_s + T * H);             // [T][CH]
-  float* part_s = act_s + T * CH;  // [T][H]; PUSH: [CL][T][RH], the rows this rank sums
+  float* part_s = act_s + T * CH;  // [CL][T][RH]: the rows this rank sums, by block
 
   pdl_trigger();
-  if (PUSH) cluster_arrive();  // this block has started (awaited before the first store)
+  cluster_arrive();  // this block has started (awaited before the first store)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int b = blockIdx.x;
   const int c0 = b * CH;
@@ -119,8 +120,8 @@ __device__ __forceinline__ void mlp_fused(const __nv_bfloat16* __restrict__ gu_w
   cp_async_wait<0>();
   __syncthreads();
 
-  // 3. The block's down partial over its channels (PUSH: into the summing rank's memory).
-  if (PUSH) cluster_wait();
+  // 3. The block's down partial over its channels, into the summing rank's memory.
+  cluster_wait();
 #pragma unroll
   for (int e = 0; e < P; ++e) {
     const int n = threadIdx.x + e * WARPS * 32;
@@ -133,8 +134,7 @@ __device__ __forceinline__ void mlp_fused(const __nv_bfloat16* __restrict__ gu_w
       float s = 0.f;
 #pragma unroll
       for (int c = 0; c < CH; ++c) s = fmaf(wf[c], act_s[t * CH + c], s);
-      if (PUSH) *cluster_peer(part_s + (rank * T + t) * RH + n % RH, n / RH) = s;
-      else part_s[t * H + n] = s;
+      *cluster_peer(part_s + (rank * T + t) * RH + n % RH, n / RH) = s;
     }
   }
 
@@ -145,40 +145,31 @@ __device__ __forceinline__ void mlp_fused(const __nv_bfloat16* __restrict__ gu_w
     const int t = threadIdx.x / RH, j = threadIdx.x % RH;
     float v[CL];
 #pragma unroll
-    for (int q = 0; q < CL; ++q)
-      v[q] = PUSH ? part_s[(q * T + t) * RH + j] : *cluster_peer(part_s + t * H + rank * RH + j, q);
+    for (int q = 0; q < CL; ++q) v[q] = part_s[(q * T + t) * RH + j];
     float s = 0.f;
 #pragma unroll
     for (int q = 0; q < CL; ++q) s += v[q];
     parts[((size_t)t * NPARTS + b / CL) * H + rank * RH + j] = s;
-  }
-  if (!PUSH) {  // no block leaves while another may still read its partial
-    cluster_arrive();
-    cluster_wait();
   }
 }
 
 }  // namespace
 
 // (gu_w [2I, H], down_w [H, I], res, delta, res_out [T, H] bf16, norm weight [H], eps, parts
-// [T][MLP_BLOCKS / CL][H] f32, I); grid MLP_BLOCKS in clusters of CL, 256
-// threads, mlp_smem_bytes of dynamic shared memory.
-#define MLP_ENTRY(T, CPW, P, CL, PUSH, SUFFIX)                                                   \
+// [T][MLP_BLOCKS / CL][H] f32, I); grid MLP_BLOCKS in clusters of CL, 256 threads,
+// mlp_smem_bytes of dynamic shared memory. Two blocks an SM at most (128 registers), so
+// clusters place more freely (the first form, one block an SM at 151 registers with the loads
+// and two barriers, measured 12% slower on the H200).
+#define MLP_ENTRY(T, CPW, P)                                                                     \
   extern "C" __global__ void __launch_bounds__(WARPS * 32, 2)                                  \
-      mlp_fused_t##T##_c##CPW##_p##P##_cl##CL##SUFFIX(                                         \
+      mlp_fused_t##T##_c##CPW##_p##P(                                                          \
           const __nv_bfloat16* gu_w, const __nv_bfloat16* down_w, const __nv_bfloat16* res,    \
           const __nv_bfloat16* delta, __nv_bfloat16* res_out, const __nv_bfloat16* nw,         \
           float eps, float* parts, int I) {                                                    \
-    mlp_fused<T, CPW, P, CL, PUSH>(gu_w, down_w, res, delta, res_out, nw, eps, parts, I);      \
+    mlp_fused<T, CPW, P>(gu_w, down_w, res, delta, res_out, nw, eps, parts, I);                \
   }
 
 // Qwen3-0.6B's shape: H 1,024 (P 4), I 3,072 = 128 blocks x 24 channels (CPW 3).
-static_assert(mlp_smem_bytes<2, 3, 4>() == 61632, "the host's MLP_FUSED_SMEM for two rows");
-// Two blocks an SM at most (128 registers: none spilled), so clusters place more freely.
-#define MLP_ENTRIES(CL)                                                                          \
-  MLP_ENTRY(1, 3, 4, CL, true, )                                                               \
-  MLP_ENTRY(2, 3, 4, CL, true, )                                                               \
-  MLP_ENTRY(1, 3, 4, CL, false, _pull)                                                         \
-  MLP_ENTRY(2, 3, 4, CL, false, _pull)
-MLP_ENTRIES(8)
-MLP_ENTRIES(16)
+static_assert(mlp_smem_bytes<2, 3, 4>() == 61632, "mlp_smem in src/engine/cuda/mlp_fused.rs, two rows");
+MLP_ENTRY(1, 3, 4)
+MLP_ENTRY(2, 3, 4)

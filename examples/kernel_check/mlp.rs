@@ -1,7 +1,7 @@
 //! The fused MLP of 1-2-row decode steps (`LaunchOptions::mlp_fused`, `kernels/mlp_fused.cu`)
 //! and the norm + matmul that sums its partials (`pnorm_gemv_*`), against the three launches
 //! they replace (the norm + gate|up + SiLU kernel, down, the next norm + qkv) on Qwen3-0.6B's
-//! shape, clusters of 8 and 16, the cluster sums pushed and pulled:
+//! shape:
 //! - the residual's sum (res + o) bit for bit (block 0 writing another row, or the add
 //!   rounded otherwise, fails it);
 //! - the partials summed on the host against f32 math on the replaced path's SiLU product
@@ -24,96 +24,92 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let nw = randn(&[hidden], dt, dev)?.affine(0.1, 1.0)?.to_dtype(dt)?;
     let nw2 = randn(&[hidden], dt, dev)?.affine(0.1, 1.0)?.to_dtype(dt)?;
     let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
-    for (cluster, pull) in [(8usize, false), (16, false), (8, true), (16, true)] {
-        let k = CudaKernels::new(
-            dev,
-            dt,
-            &LaunchOptions {
-                mlp_fused: Some(cluster),
-                mlp_fused_pull: pull,
-                ..LaunchOptions::default()
-            },
-        )?
-        .ok_or("no kernels")?;
-        for rows in 1..=3usize {
-            let serves = k.mlp_fused_serves(rows, &gu, &down, &qkv);
-            if serves != (rows <= 2) || base.mlp_fused_serves(rows, &gu, &down, &qkv) {
-                return Err(format!("mlp_fused_serves wrong at {rows} rows").into());
-            }
+    let k = CudaKernels::new(
+        dev,
+        dt,
+        &LaunchOptions {
+            mlp_fused: true,
+            ..LaunchOptions::default()
+        },
+    )?
+    .ok_or("no kernels")?;
+    for rows in 1..=3usize {
+        let serves = k.mlp_fused_serves(rows, &gu, &down, &qkv);
+        if serves != (rows <= 2) || base.mlp_fused_serves(rows, &gu, &down, &qkv) {
+            return Err(format!("mlp_fused_serves wrong at {rows} rows").into());
         }
-        for rows in 1..=2usize {
-            let res = randn(&[rows, hidden], dt, dev)?;
-            let o = (randn(&[rows, hidden], dt, dev)? * 0.5)?.to_dtype(dt)?;
-            // The launches it replaces.
-            let (r1, h, act) = (
-                zeros(rows, hidden)?,
-                zeros(rows, hidden)?,
-                zeros(rows, inter)?,
-            );
-            let (gu_buf, d1, r1b, y1) = (
-                zeros(rows, 2 * inter)?,
-                zeros(rows, hidden)?,
-                zeros(rows, hidden)?,
-                zeros(rows, n_next)?,
-            );
-            let nwe = (&nw, 1e-6);
-            base.norm_linear_into(
-                (&res, Some(&o), &r1),
-                nwe,
-                &h,
-                &gu,
-                &gu_buf,
-                Some((&gu_buf, &act)),
-                None,
-            )?;
-            base.linear_into(&act, &down, &d1)?;
-            base.norm_linear_into(
-                (&r1, Some(&d1), &r1b),
-                (&nw2, 1e-6),
-                &h,
-                &qkv,
-                &y1,
-                None,
-                None,
-            )?;
-            // The fused MLP, then the norm + matmul on its partials.
-            let np = policy_serve::engine::cuda::MLP_BLOCKS / cluster;
-            let parts = Tensor::zeros((rows, np, hidden), DType::F32, dev)?;
-            let (r2, r2b, y2) = (
-                zeros(rows, hidden)?,
-                zeros(rows, hidden)?,
-                zeros(rows, n_next)?,
-            );
-            k.mlp_fused_into((&res, &o, &r2), nwe, &gu, &down, &parts)?;
-            k.norm_linear_into(
-                (&r2, Some(&parts), &r2b),
-                (&nw2, 1e-6),
-                &h,
-                &qkv,
-                &y2,
-                None,
-                None,
-            )?;
-            let how = if pull { " pull" } else { "" };
-            let what = format!("mlp fused rows {rows} cluster {cluster}{how}");
-            t.check(format!("{what}: residual sum"), rel(&r2, &r1)?, 0.0);
-            let f = DType::F32;
-            let down_ref = act.to_dtype(f)?.matmul(&down.to_dtype(f)?.t()?)?;
-            t.check(
-                format!("{what}: down (partials summed)"),
-                rel(&parts.sum(1)?, &down_ref)?,
-                1e-4,
-            );
-            t.check(format!("{what}: next residual"), rel(&r2b, &r1b)?, 8e-3);
-            let reference = super::presum::normed_matmul(&r2b, &nw2, &qkv, false)?;
-            t.check(format!("{what}: next matmul"), rel(&y2, &reference)?, 5e-3);
-            let reference = super::presum::normed_matmul(&r1b, &nw2, &qkv, false)?;
-            t.check(
-                format!("{what}: (three launches)"),
-                rel(&y1, &reference)?,
-                5e-3,
-            );
-        }
+    }
+    for rows in 1..=2usize {
+        let res = randn(&[rows, hidden], dt, dev)?;
+        let o = (randn(&[rows, hidden], dt, dev)? * 0.5)?.to_dtype(dt)?;
+        // The launches it replaces.
+        let (r1, h, act) = (
+            zeros(rows, hidden)?,
+            zeros(rows, hidden)?,
+            zeros(rows, inter)?,
+        );
+        let (gu_buf, d1, r1b, y1) = (
+            zeros(rows, 2 * inter)?,
+            zeros(rows, hidden)?,
+            zeros(rows, hidden)?,
+            zeros(rows, n_next)?,
+        );
+        let nwe = (&nw, 1e-6);
+        base.norm_linear_into(
+            (&res, Some(&o), &r1),
+            nwe,
+            &h,
+            &gu,
+            &gu_buf,
+            Some((&gu_buf, &act)),
+            None,
+        )?;
+        base.linear_into(&act, &down, &d1)?;
+        base.norm_linear_into(
+            (&r1, Some(&d1), &r1b),
+            (&nw2, 1e-6),
+            &h,
+            &qkv,
+            &y1,
+            None,
+            None,
+        )?;
+        // The fused MLP, then the norm + matmul on its partials.
+        let np = policy_serve::engine::cuda::MLP_PARTS;
+        let parts = Tensor::zeros((rows, np, hidden), DType::F32, dev)?;
+        let (r2, r2b, y2) = (
+            zeros(rows, hidden)?,
+            zeros(rows, hidden)?,
+            zeros(rows, n_next)?,
+        );
+        k.mlp_fused_into((&res, &o, &r2), nwe, &gu, &down, &parts)?;
+        k.norm_linear_into(
+            (&r2, Some(&parts), &r2b),
+            (&nw2, 1e-6),
+            &h,
+            &qkv,
+            &y2,
+            None,
+            None,
+        )?;
+        let what = format!("mlp fused rows {rows}");
+        t.check(format!("{what}: residual sum"), rel(&r2, &r1)?, 0.0);
+        let f = DType::F32;
+        let down_ref = act.to_dtype(f)?.matmul(&down.to_dtype(f)?.t()?)?;
+        t.check(
+            format!("{what}: down (partials summed)"),
+            rel(&parts.sum(1)?, &down_ref)?,
+            1e-4,
+        );
+        t.check(format!("{what}: next residual"), rel(&r2b, &r1b)?, 8e-3);
+        let reference = super::presum::normed_matmul(&r2b, &nw2, &qkv, false)?;
+        t.check(format!("{what}: next matmul"), rel(&y2, &reference)?, 5e-3);
+        let reference = super::presum::normed_matmul(&r1b, &nw2, &qkv, false)?;
+        t.check(
+            format!("{what}: (three launches)"),
+            rel(&y1, &reference)?,
+            5e-3,
+        );
     }
     Ok(())
 }

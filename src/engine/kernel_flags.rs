@@ -116,13 +116,10 @@ pub struct KernelFlags {
     /// (`KernelOptions::fused_max_rows`, 1-16, 9-15 acting as 8; default 8).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=16))]
     pub fused_max_rows: Option<u16>,
-    /// The MLP of 1-2-row decode steps in one launch, in clusters of N blocks (8 or 16;
-    /// `KernelOptions::mlp_fused`; off by default).
-    #[arg(long, value_name = "N", value_parser = mlp_cluster)]
-    pub mlp_fused: Option<usize>,
-    /// The fused MLP's cluster sums loaded from every block (`KernelOptions::mlp_fused_pull`).
-    #[arg(long, requires = "mlp_fused")]
-    pub mlp_fused_pull: bool,
+    /// The MLP of 1-2-row decode steps in one launch (`KernelOptions::mlp_fused`; off by
+    /// default).
+    #[arg(long)]
+    pub mlp_fused: bool,
     /// Eager decode steps cut the attention in partitions of 32-128 tokens, as many as the
     /// context needs (turns `KernelOptions::eager_graph_splits` off).
     #[arg(long)]
@@ -212,16 +209,6 @@ pub struct KernelFlags {
     pub kv_load_direct: bool,
 }
 
-/// A fused-MLP cluster size: 8 or 16 blocks (the kernels built).
-fn mlp_cluster(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(c @ (8 | 16)) => Ok(c),
-        _ => Err(format!(
-            "{s}: the fused MLP runs in clusters of 8 or 16 blocks"
-        )),
-    }
-}
-
 impl KernelFlags {
     /// The kernel options these flags describe.
     pub fn options(&self) -> KernelOptions {
@@ -273,7 +260,6 @@ impl KernelFlags {
                 .fused_max_rows
                 .map_or(super::options::FUSED_ROWS, usize::from),
             mlp_fused: self.mlp_fused,
-            mlp_fused_pull: self.mlp_fused_pull,
             graph_splits_few: Some(
                 self.graph_splits_few
                     .unwrap_or(super::options::GRAPH_SPLITS_FEW),
@@ -399,6 +385,10 @@ mod tests {
         assert!(d.kernels.norm_presum);
         let p = Cli::parse_from(["x", "--no-norm-presum"]).engine.options();
         assert!(!p.kernels.norm_presum);
+        // The fused MLP: off unless asked for.
+        assert!(!d.kernels.mlp_fused);
+        let f = Cli::parse_from(["x", "--mlp-fused"]).engine.options();
+        assert!(f.kernels.mlp_fused);
         // The fused attention's row bound: 8 unless told otherwise; 0 and 17 refused.
         assert_eq!(d.kernels.fused_max_rows, 8);
         let r = Cli::parse_from(["x", "--fused-max-rows", "8"])

@@ -428,16 +428,11 @@ impl CudaKernels {
                 ]),
                 _ => None,
             },
-            mlp_fused: match opts.mlp_fused {
-                Some(c) if dtype == DType::BF16 && hopper && opts.gemv => {
-                    Some(super::mlp_fused::MlpFused::load(
-                        &load(MLP_FUSED, "mlp_fused")?,
-                        &gemv_mod,
-                        (c, opts.mlp_fused_pull),
-                    )?)
-                }
-                _ => None,
-            },
+            mlp_fused: (opts.mlp_fused && dtype == DType::BF16 && hopper && opts.gemv)
+                .then(|| {
+                    super::mlp_fused::MlpFused::load(&load(MLP_FUSED, "mlp_fused")?, &gemv_mod)
+                })
+                .transpose()?,
             l2_prefetch: hopper && opts.l2_prefetch,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,

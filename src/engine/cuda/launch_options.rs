@@ -135,12 +135,8 @@ pub struct LaunchOptions {
     /// The wide-matmul LoRA kernels (`kernels/lora_silu.cu` `_w`, `lora_wide_expand`) serve
     /// steps of at least this many rows whose slots store `a` after the base weights.
     pub lora_wide: Option<usize>,
-    /// The fused MLP of 1-2-row decode steps in clusters of this many blocks (8 or 16;
-    /// `kernels/mlp_fused.cu`, bf16, sm_90); None: off.
-    pub mlp_fused: Option<usize>,
-    /// The fused MLP's cluster sums loaded from every block's shared memory (two cluster
-    /// barriers) instead of stored into the summing block's (one).
-    pub mlp_fused_pull: bool,
+    /// The fused MLP of 1-2-row decode steps (`kernels/mlp_fused.cu`, bf16, sm_90).
+    pub mlp_fused: bool,
 }
 
 impl Default for LaunchOptions {
@@ -191,8 +187,7 @@ impl Default for LaunchOptions {
             lora_norm_preload: true,
             lora_side_min_rows: crate::engine::options::LORA_SIDE_MIN_ROWS,
             lora_wide: Some(crate::engine::options::LORA_WIDE_MIN_ROWS),
-            mlp_fused: None,
-            mlp_fused_pull: false,
+            mlp_fused: false,
         }
     }
 }

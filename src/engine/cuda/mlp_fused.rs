@@ -22,7 +22,11 @@ use super::launch::kernel_err;
 use crate::error::Result;
 
 /// Blocks of a fused-MLP launch (`MLP_BLOCKS` of `kernels/mlp_fused.cu`).
-pub const MLP_BLOCKS: usize = 128;
+const MLP_BLOCKS: usize = 128;
+/// Blocks of one of its thread-block clusters (`CL`).
+const MLP_CLUSTER: usize = 16;
+/// The partial sums of down a row of its output holds: one per cluster.
+pub const MLP_PARTS: usize = MLP_BLOCKS / MLP_CLUSTER;
 /// The hidden size the kernels are built for (256 x P, P = 4: Qwen3-0.6B's).
 const MLP_HIDDEN: usize = 1024;
 /// Intermediate channels of one block (8 warps x CPW = 3): an intermediate size of
@@ -31,10 +35,10 @@ const MLP_CHANNELS: usize = 24;
 /// Most token rows a fused MLP takes.
 const MLP_MAX_ROWS: usize = 2;
 
-/// The f32 elements of the fused MLP's partial sums for `t` rows of `hidden` in clusters of
-/// `cluster` blocks: `[t, MLP_BLOCKS / cluster, hidden]`.
-pub fn mlp_parts_len(t: usize, hidden: usize, cluster: usize) -> usize {
-    t * (MLP_BLOCKS / cluster.max(1)) * hidden
+/// The f32 elements of the fused MLP's partial sums for `t` rows of `hidden`:
+/// `[t, MLP_PARTS, hidden]`.
+pub fn mlp_parts_len(t: usize, hidden: usize) -> usize {
+    t * MLP_PARTS * hidden
 }
 
 /// Dynamic shared memory of a block for `t` rows (`mlp_smem_bytes` of the kernel): down's
@@ -43,39 +47,24 @@ fn mlp_smem(t: usize) -> usize {
     MLP_HIDDEN * MLP_CHANNELS * 2 + t * MLP_HIDDEN * 2 + t * MLP_CHANNELS * 4 + t * MLP_HIDDEN * 4
 }
 
-/// The fused MLP's kernels for one cluster size.
+/// The fused MLP's kernels.
 pub(super) struct MlpFused {
     /// `mlp_fused_t{1,2}_*`.
     mlp: [CudaFunction; MLP_MAX_ROWS],
     /// `pnorm_gemv_t{1,2}_bf16`: the deferred norm + matmul on the partials.
     pnorm: [CudaFunction; MLP_MAX_ROWS],
-    /// Blocks per cluster (8 or 16).
-    cluster: usize,
 }
 
 impl MlpFused {
-    /// The kernels of clusters of `cluster` blocks (8 or 16) from their modules (sm_90);
-    /// `pull`: the cluster's ranks load their rows from every block (else each block stores
-    /// them into the rank's shared memory).
-    pub(super) fn load(
-        mlp: &Arc<CudaModule>,
-        gemv: &Arc<CudaModule>,
-        (cluster, pull): (usize, bool),
-    ) -> Result<Self> {
+    /// The kernels from their modules (sm_90).
+    pub(super) fn load(mlp: &Arc<CudaModule>, gemv: &Arc<CudaModule>) -> Result<Self> {
         use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
-        if !matches!(cluster, 8 | 16) {
-            return Err(kernel_err(
-                "mlp_fused",
-                format!("clusters of {cluster} blocks (8 or 16 are built)"),
-            ));
-        }
         let f = |m: &Arc<CudaModule>, name: String| {
             m.load_function(&name)
                 .map_err(|e| kernel_err(&format!("function {name}"), e))
         };
         let mlp_t = |t: usize| -> Result<CudaFunction> {
-            let suffix = if pull { "_pull" } else { "" };
-            let func = f(mlp, format!("mlp_fused_t{t}_c3_p4_cl{cluster}{suffix}"))?;
+            let func = f(mlp, format!("mlp_fused_t{t}_c3_p4"))?;
             func.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
                 .map_err(|e| kernel_err("mlp_fused cluster size", e))?;
             func.set_attribute(
@@ -91,7 +80,6 @@ impl MlpFused {
                 f(gemv, "pnorm_gemv_t1_bf16".into())?,
                 f(gemv, "pnorm_gemv_t2_bf16".into())?,
             ],
-            cluster,
         })
     }
 }
@@ -120,12 +108,12 @@ impl CudaKernels {
     }
 
     /// The buffer the fused MLP writes its partials to for up to `t` rows of `hidden`, when it
-    /// is loaded (f32 `[min(t, 2), MLP_BLOCKS / cluster, hidden]`).
+    /// is loaded (f32 `[min(t, 2), MLP_PARTS, hidden]`).
     pub fn mlp_parts(&self, t: usize, hidden: usize) -> Result<Option<Tensor>> {
-        let Some(m) = &self.mlp_fused else {
+        if self.mlp_fused.is_none() {
             return Ok(None);
-        };
-        let shape = (t.min(MLP_MAX_ROWS), MLP_BLOCKS / m.cluster, hidden);
+        }
+        let shape = (t.min(MLP_MAX_ROWS), MLP_PARTS, hidden);
         Ok(Some(self.alloc(shape, DType::F32)?))
     }
 
@@ -152,7 +140,7 @@ impl CudaKernels {
             && res_out.elem_count() == res.elem_count()
             && norm_w.elem_count() == MLP_HIDDEN
             && parts.dtype() == DType::F32
-            && parts.elem_count() == mlp_parts_len(t, MLP_HIDDEN, m.cluster);
+            && parts.elem_count() == mlp_parts_len(t, MLP_HIDDEN);
         if !fits {
             return Err(kernel_err("mlp_fused", "shapes do not fit"));
         }
@@ -175,7 +163,7 @@ impl CudaKernels {
             shared_mem_bytes: mlp_smem(t) as u32,
         };
         let mut b = self.launcher(&m.mlp[t - 1]);
-        b.cluster_x(m.cluster as u32);
+        b.cluster_x(MLP_CLUSTER as u32);
         b.arg(&pgu).arg(&pd).arg(&pr).arg(&pdl).arg(&pro).arg(&pnw);
         b.arg(&eps32).arg(&pp).arg(&i32_);
         // SAFETY: argument types match MLP_ENTRY of `kernels/mlp_fused.cu`; the shapes are
@@ -200,11 +188,10 @@ impl CudaKernels {
             .ok_or_else(|| kernel_err("norm_linear", "an f32 delta without the fused MLP"))?;
         let (n, k) = w.dims2()?;
         let t = res.elem_count() / k.max(1);
-        let np = MLP_BLOCKS / m.cluster;
         let fits = (1..=MLP_MAX_ROWS).contains(&t)
             && res.elem_count() == t * k
             && k == MLP_HIDDEN
-            && parts.elem_count() == mlp_parts_len(t, k, m.cluster)
+            && parts.elem_count() == mlp_parts_len(t, k)
             && res_out.elem_count() == res.elem_count()
             && out.elem_count() == t * n;
         if !fits {
@@ -221,12 +208,13 @@ impl CudaKernels {
             self.ptr(norm_w)?,
             self.ptr(out)?,
         );
-        let (eps32, add, n32, k32) = (eps as f32, 1 + np as i32, n as i32, k as i32);
+        let (eps32, add, n32, k32) = (eps as f32, 1 + MLP_PARTS as i32, n as i32, k as i32);
         let (pf, pf_bytes) = (0u64, 0u64);
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(GEMV_WARPS) as u32, 1, 1),
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
-            shared_mem_bytes: (t * k * 2) as u32,
+            // The normed rows, then one row's partials (`norm_rows_parts`'s stage).
+            shared_mem_bytes: (t * k * 2 + MLP_PARTS * k * 4) as u32,
         };
         let mut b = self.launcher(&m.pnorm[t - 1]);
         b.arg(&pw)
