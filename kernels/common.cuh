@@ -63,6 +63,10 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
   int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
+// The same through L1 (cp.async.ca): data several blocks of an SM read (each finds it there).
+__device__ __forceinline__ void cp_async16_l1(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -237,9 +237,12 @@ __device__ void norm_rows_pre(const __nv_bfloat16* __restrict__ res,
 // fused MLP's cluster sums, `mlp_fused.cu`): d = bf16(sum of the partials in order), then the
 // residual's sum bf16(res + d), as where down wrote its bf16 output. Each thread takes four
 // consecutive inputs; a row's partials go through `stage` (NP x K f32 of shared memory after
-// the normed rows) by cp.async, every load in flight at once and none held in registers (the
-// kernel stays at 64 registers, four blocks an SM). Each thread reads back only what it
-// copied, so no barrier is needed. K a multiple of 4.
+// the normed rows) by cp.async through L1 (the SM's other blocks of the grid find them there),
+// every load in flight at once and none held in registers (the kernel stays at 64 registers,
+// four blocks an SM). Each thread reads back only what it copied, so no barrier is needed. K a
+// multiple of 4. (Through L2 only, cp.async.cg, the kernel took 6.6 us alone on the H200; with
+// eight float4 loads in registers, 74 registers and two waves, 5.4; the deferred kernel on
+// down's bf16 output 3.6.)
 template <int T, int NP>
 __device__ void norm_rows_parts(const __nv_bfloat16* __restrict__ res,
                                 const float* __restrict__ parts,
@@ -254,7 +257,7 @@ __device__ void norm_rows_parts(const __nv_bfloat16* __restrict__ res,
     for (int k = threadIdx.x * 4; k < K; k += WARPS * 32 * 4)
 #pragma unroll
       for (int i = 0; i < NP; ++i)
-        cp_async16(smem_addr(stage + i * K + k), parts + ((size_t)t * NP + i) * K + k, true);
+        cp_async16_l1(smem_addr(stage + i * K + k), parts + ((size_t)t * NP + i) * K + k);
     cp_async_commit();
     cp_async_wait<0>();
     for (int k = threadIdx.x * 4; k < K; k += WARPS * 32 * 4) {
