@@ -23,7 +23,6 @@ const KERNELS: &[&str] = &[
     "lora_runs",
     "gemv",
     "gemv_mma",
-    "mlp_fused",
     "kv_move",
     "moe",
     "moe_mma",
@@ -43,7 +42,6 @@ fn main() {
     println!("cargo:rerun-if-changed=kernels/moe.cuh");
     println!("cargo:rerun-if-changed=kernels/lora.cuh");
     println!("cargo:rerun-if-changed=kernels/gemv.cuh");
-    println!("cargo:rerun-if-changed=kernels/cluster.cuh");
     println!("cargo:rerun-if-env-changed=CUDA_ROOT");
     println!("cargo:rerun-if-env-changed=NVCC");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {

@@ -19,8 +19,6 @@
 //    res + delta (rounded to bf16, as the residual stream is stored) to res_out, a buffer other
 //    than res (no block may see another's write). Without delta (add == 0) res is normed as
 //    is and res_out is not written.
-//  * pnorm_gemv_t{T}_bf16: the deferred-norm kernel on a delta of 8 or 16 f32 partial sums a
-//    row (add = 1 + their count; the fused MLP's output, `mlp_fused.cu`).
 //  * wnorm_gemv_t{T}_bf16, wnorm_gemv_silu_t{T}_bf16: the norm kernels with the per-warp norm
 //    (WarpNorm: no shared memory, no block barrier; warp 0 of block 0 writes res_out).
 //  * sgemv_silu_t{T}_bf16, snorm_gemv_silu_t{T}_bf16 (T = 1, 2): the gate|up kernels on
@@ -142,8 +140,7 @@ __device__ __forceinline__ bool warp_rows(int N, int (&rows)[NR]) {
 // waits for the previous kernel, optionally norms the input rows into shared memory, then
 // runs the dot products. NR 2 is the gate/up pair with SiLU (N = I).
 // NORM: 0 none, 1 the block-wide norm into shared memory (norm_rows), 2 the per-warp norm
-// (WarpNorm), 3 the block-wide norm with its scale deferred to the sums (norm_rows_deferred),
-// 4 the same on a delta of f32 partials (norm_rows_parts).
+// (WarpNorm), 3 the block-wide norm with its scale deferred to the sums (norm_rows_deferred).
 template <int T, int NR, int NORM, bool DB = false>
 __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
                                             const __nv_bfloat16* x,
@@ -179,17 +176,11 @@ __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
     } else if (NORM == 3) {
       norm_rows_deferred<T>(x, delta, res_out, nw, eps, add, K, x_s, inv);
       x = x_s;
-    } else if (NORM == 4) {
-      // delta holds add - 1 (8 or 16) f32 partials a row: the fused MLP's cluster sums.
-      const float* parts = reinterpret_cast<const float*>(delta);
-      float* stage = reinterpret_cast<float*>(x_s + T * K);
-      norm_rows_parts<T, 8>(x, parts, res_out, nw, eps, K, x_s, stage, inv);
-      x = x_s;
     }
     if (!ok) return;
     if constexpr (DB) dot_rows2<T, NR>(W, PlainX{x, K}, rows, K, lane, w, w2, acc);
     else dot_rows<T, NR>(W, PlainX{x, K}, rows, K, lane, w, acc);
-    if (NORM >= 3) scale_rows<T, NR>(acc, inv);
+    if (NORM == 3) scale_rows<T, NR>(acc, inv);
   }
   store_rows<T, NR>(acc, out, N, rows[0], lane);
 }
@@ -204,6 +195,55 @@ __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
 // norm kernel loads the norm weights into registers before the wait too (K <= NW_REGS * 256).
 // (Loads refilled one at a time as each chunk is summed, and the plain and norm kernels of qkv,
 // o and down on such grids, were slower on the H200: BENCHMARKS.md, #21.)
+
+constexpr int NW_REGS = 16;  // norm weights a thread holds
+
+// norm_rows with the norm weights already in registers (wk[e] = w[threadIdx.x + 256 e], kept
+// as bf16): the same sums in the same order. DEFER: norm_rows_deferred's (x_s scaled by w
+// only, in one pass; the scale in inv for the caller).
+template <int T, bool DEFER = false>
+__device__ void norm_rows_pre(const __nv_bfloat16* __restrict__ res,
+                              const __nv_bfloat16* __restrict__ delta,
+                              __nv_bfloat16* __restrict__ res_out, const __nv_bfloat16 (&wk)[NW_REGS],
+                              float eps, int add, int K, __nv_bfloat16* x_s, float (&inv)[T]) {
+  float part[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) part[t] = 0.f;
+#pragma unroll
+  for (int e = 0; e < NW_REGS; ++e) {
+    const int k = threadIdx.x + e * WARPS * 32;
+    if (k < K) {
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        float v = __bfloat162float(res[(size_t)t * K + k]);
+        if (add) v = __bfloat162float(__float2bfloat16(v + __bfloat162float(delta[(size_t)t * K + k])));
+        if (DEFER) {
+          if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = __float2bfloat16(v);
+          x_s[t * K + k] = __float2bfloat16(v * __bfloat162float(wk[e]));
+        } else {
+          x_s[t * K + k] = __float2bfloat16(v);
+        }
+        part[t] += v * v;
+      }
+    }
+  }
+  block_inv_rms<T>(part, K, eps, inv);
+  if constexpr (!DEFER) {
+#pragma unroll
+    for (int e = 0; e < NW_REGS; ++e) {
+      const int k = threadIdx.x + e * WARPS * 32;
+      if (k < K) {
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+          const __nv_bfloat16 r = x_s[t * K + k];
+          if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = r;
+          x_s[t * K + k] = __float2bfloat16(__bfloat162float(r) * inv[t] * __bfloat162float(wk[e]));
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
 
 // Loads the next BATCH slots of this warp's sequence (row lr, chunk lane + 32 lp onwards) into
 // w, zeros past a row's end; advances (lr, lp).
@@ -375,12 +415,6 @@ __device__ __forceinline__ void gemv_split_kernel(const __nv_bfloat16* __restric
   NORM_ENTRY(dnorm_gemv_silu_t##T##_bf16, gemv_kernel<T, 2, 3>(NORM_ARGS))                   \
   NORM_ENTRY(dnorm_gemv_db_t##T##_bf16, gemv_kernel<T, 1, 3, true>(NORM_ARGS))
 
-// The deferred norm on the fused MLP's partials (LaunchOptions::mlp_fused), plain.
-// Held to four blocks an SM (64 registers) as the deferred kernel runs: at 74 registers its
-// grid of qkv took two waves. Dynamic shared memory: the normed rows (T x K bf16), then one
-// row's partials (NP x K f32).
-#define PNORM_GEMV(T) NORM_ENTRY_MIN(pnorm_gemv_t##T##_bf16, 4, gemv_kernel<T, 1, 4>(NORM_ARGS))
-
 // Rows split in two (LaunchOptions::gemv_split_k), plain only.
 #define GEMV_SPLIT(T) PLAIN_ENTRY(gemv_split_t##T##_bf16, gemv_split_kernel<T>(W, x, out, N, K))
 
@@ -394,5 +428,3 @@ GEMV_DB(1)
 GEMV_DB(2)
 GEMV_SPLIT(1)
 GEMV_SPLIT(2)
-PNORM_GEMV(1)
-PNORM_GEMV(2)

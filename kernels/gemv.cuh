@@ -184,106 +184,6 @@ __device__ void norm_rows_deferred(const __nv_bfloat16* __restrict__ res,
   block_inv_rms<T>(part, K, eps, inv);
 }
 
-constexpr int NW_REGS = 16;  // norm weights a thread holds
-
-// norm_rows with the norm weights already in registers (wk[e] = w[threadIdx.x + 256 e], kept
-// as bf16): the same sums in the same order. DEFER: norm_rows_deferred's (x_s scaled by w
-// only, in one pass; the scale in inv for the caller).
-template <int T, bool DEFER = false>
-__device__ void norm_rows_pre(const __nv_bfloat16* __restrict__ res,
-                              const __nv_bfloat16* __restrict__ delta,
-                              __nv_bfloat16* __restrict__ res_out, const __nv_bfloat16 (&wk)[NW_REGS],
-                              float eps, int add, int K, __nv_bfloat16* x_s, float (&inv)[T]) {
-  float part[T];
-#pragma unroll
-  for (int t = 0; t < T; ++t) part[t] = 0.f;
-#pragma unroll
-  for (int e = 0; e < NW_REGS; ++e) {
-    const int k = threadIdx.x + e * WARPS * 32;
-    if (k < K) {
-#pragma unroll
-      for (int t = 0; t < T; ++t) {
-        float v = __bfloat162float(res[(size_t)t * K + k]);
-        if (add) v = __bfloat162float(__float2bfloat16(v + __bfloat162float(delta[(size_t)t * K + k])));
-        if (DEFER) {
-          if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = __float2bfloat16(v);
-          x_s[t * K + k] = __float2bfloat16(v * __bfloat162float(wk[e]));
-        } else {
-          x_s[t * K + k] = __float2bfloat16(v);
-        }
-        part[t] += v * v;
-      }
-    }
-  }
-  block_inv_rms<T>(part, K, eps, inv);
-  if constexpr (!DEFER) {
-#pragma unroll
-    for (int e = 0; e < NW_REGS; ++e) {
-      const int k = threadIdx.x + e * WARPS * 32;
-      if (k < K) {
-#pragma unroll
-        for (int t = 0; t < T; ++t) {
-          const __nv_bfloat16 r = x_s[t * K + k];
-          if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = r;
-          x_s[t * K + k] = __float2bfloat16(__bfloat162float(r) * inv[t] * __bfloat162float(wk[e]));
-        }
-      }
-    }
-    __syncthreads();
-  }
-}
-
-// norm_rows_deferred on a delta given as NP f32 partial sums per row (`parts` [T][NP][K], the
-// fused MLP's cluster sums, `mlp_fused.cu`): d = bf16(sum of the partials in order), then the
-// residual's sum bf16(res + d), as where down wrote its bf16 output. Each thread takes four
-// consecutive inputs; a row's partials go through `stage` (NP x K f32 of shared memory after
-// the normed rows) by cp.async through L1 (the SM's other blocks of the grid find them there),
-// every load in flight at once and none held in registers (the kernel stays at 64 registers,
-// four blocks an SM). Each thread reads back only what it copied, so no barrier is needed. K a
-// multiple of 4. (Through L2 only, cp.async.cg, the kernel took 6.6 us alone on the H200; with
-// eight float4 loads in registers, 74 registers and two waves, 5.4; the deferred kernel on
-// down's bf16 output 3.6.)
-template <int T, int NP>
-__device__ void norm_rows_parts(const __nv_bfloat16* __restrict__ res,
-                                const float* __restrict__ parts,
-                                __nv_bfloat16* __restrict__ res_out,
-                                const __nv_bfloat16* __restrict__ w, float eps, int K,
-                                __nv_bfloat16* x_s, float* stage, float (&inv)[T]) {
-  float part[T];
-#pragma unroll
-  for (int t = 0; t < T; ++t) part[t] = 0.f;
-#pragma unroll
-  for (int t = 0; t < T; ++t) {
-    for (int k = threadIdx.x * 4; k < K; k += WARPS * 32 * 4)
-#pragma unroll
-      for (int i = 0; i < NP; ++i)
-        cp_async16_l1(smem_addr(stage + i * K + k), parts + ((size_t)t * NP + i) * K + k);
-    cp_async_commit();
-    cp_async_wait<0>();
-    for (int k = threadIdx.x * 4; k < K; k += WARPS * 32 * 4) {
-      float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int i = 0; i < NP; ++i) {
-        const float4 p = *reinterpret_cast<const float4*>(stage + i * K + k);
-        d[0] += p.x;
-        d[1] += p.y;
-        d[2] += p.z;
-        d[3] += p.w;
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float r = __bfloat162float(res[(size_t)t * K + k + j]);
-        const __nv_bfloat16 s = __float2bfloat16(r + __bfloat162float(__float2bfloat16(d[j])));
-        if (blockIdx.x == 0) res_out[(size_t)t * K + k + j] = s;
-        const float v = __bfloat162float(s);
-        x_s[t * K + k + j] = __float2bfloat16(v * __bfloat162float(w[k + j]));
-        part[t] += v * v;
-      }
-    }
-  }
-  block_inv_rms<T>(part, K, eps, inv);
-}
-
 // acc[r][t] *= inv[t]: a deferred norm's scale on finished dot products.
 template <int T, int NR>
 __device__ __forceinline__ void scale_rows(float (&acc)[NR][T], const float (&inv)[T]) {
@@ -322,16 +222,6 @@ __device__ __forceinline__ void store_rows(const float (&acc)[NR][T], __nv_bfloa
   }
 #define NORM_ENTRY(NAME, ...)                                                                \
   extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
-      const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
-      __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
-      __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
-    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                     \
-    (void)x_s;                                                                               \
-    __VA_ARGS__;                                                                             \
-  }
-// A norm kernel's entry held to registers for MIN_BLOCKS blocks an SM.
-#define NORM_ENTRY_MIN(NAME, MIN_BLOCKS, ...)                                                                \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) NAME(                             \
       const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
       __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
       __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \

@@ -5,6 +5,8 @@
 # (the fused MLP against the three launches it replaces, clusters of 8 and 16; the model's 1-
 # and 2-row steps against candle; greedy tokens), graph_check with it, then 0.6B rows after
 # 512-token prompts at batches 1, 2 (and 8: not served) default / --mlp-fused 8 / 16, two runs.
+# Ran on commit 06e2e79's binaries; --mlp-fused and its kernels were removed after call 4 (slower;
+# BENCHMARKS.md), so this script needs that commit.
 set -u
 source scripts/gpu_lib.sh
 model 0.6b; echo "models t=$((SECONDS - T0))"

@@ -6,6 +6,8 @@
 # alone (graph_check --profile 1,2: the MLP as two launches / one, with the next norm + qkv),
 # rows at batches 1, 2 after 512-token prompts, and Nsight Compute on a batch-1 step's matmul
 # kernels, default and fused (each launch alone, L2 flushed).
+# Ran on commit acc6194's binaries; --mlp-fused and its kernels were removed after call 4 (slower;
+# BENCHMARKS.md), so this script needs that commit.
 set -u
 source scripts/gpu_lib.sh
 NCU=/usr/local/cuda/bin/ncu

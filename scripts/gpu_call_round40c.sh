@@ -4,6 +4,8 @@
 # qkv staging the partials in shared memory by cp.async (pnorm_gemv_*, 64 registers: four
 # blocks an SM, one wave of qkv; at 74 registers it took two). Checks, the ops alone, rows at
 # batches 1-2 after 512-token prompts (three runs, default / fused), after 2k and 8k.
+# Ran on commit 94934ca's binaries; --mlp-fused and its kernels were removed after call 4 (slower;
+# BENCHMARKS.md), so this script needs that commit.
 set -u
 source scripts/gpu_lib.sh
 model 0.6b; echo "models t=$((SECONDS - T0))"

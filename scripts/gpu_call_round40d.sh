@@ -2,6 +2,8 @@
 # On the GPU machine, round 40's call 4 (#21): the fused MLP's partials staged through L1
 # (cp.async.ca; call 3's cp.async.cg read them from L2 in every block: 6.6 us alone). Checks,
 # the ops alone, rows at batches 1-2 after 512 tokens (three runs) and after 8k.
+# Ran on commit 4c09824's binaries; --mlp-fused and its kernels were removed after call 4 (slower;
+# BENCHMARKS.md), so this script needs that commit.
 set -u
 source scripts/gpu_lib.sh
 model 0.6b; echo "models t=$((SECONDS - T0))"

@@ -263,11 +263,6 @@ pub fn run(
                 0,
             ),
         ];
-        // The fused MLP (`--mlp-fused N`): the two launches it replaces and the next norm +
-        // qkv, against the fused launch and the norm + qkv on its partials (not in the sum).
-        if k.mlp_fused_serves(b, &w_gu, &w_down, &w_qkv) {
-            mlp_rows(&k, b, (&w_gu, &w_down, &w_qkv, &norm_w), dev)?;
-        }
         let lm = time_us(dev, || Ok(k.linear_into(&x, &w_lm, &logits)?))?;
         let lm_blas = time_us(dev, || Ok(blas.linear_into(&x, &w_lm, &logits)?))?;
         let f32c = time_us(dev, || Ok(k.to_f32_into(&logits, &logits32)?))?;
@@ -360,70 +355,5 @@ fn replay_steps(
         b as f64 * 1e6 / replay_us,
         b as f64 * 1e6 / sync_us
     );
-    Ok(())
-}
-
-/// The fused MLP's ops at `b` rows (`--mlp-fused N`): the MLP as two launches and as one, and
-/// each followed by the next layer's norm + qkv (on down's output / on the partials).
-fn mlp_rows(
-    k: &CudaKernels,
-    b: usize,
-    (w_gu, w_down, w_qkv, norm_w): (&Tensor, &Tensor, &Tensor, &Tensor),
-    dev: &Device,
-) -> Res<()> {
-    let (h, inter) = w_down.dims2()?;
-    let (res, o, r1, r2) = (
-        randn(&[b, h], dev)?,
-        randn(&[b, h], dev)?,
-        randn(&[b, h], dev)?,
-        randn(&[b, h], dev)?,
-    );
-    let (hn, gu, act, down) = (
-        randn(&[b, h], dev)?,
-        randn(&[b, 2 * inter], dev)?,
-        randn(&[b, inter], dev)?,
-        randn(&[b, h], dev)?,
-    );
-    let qkv = randn(&[b, w_qkv.dim(0)?], dev)?;
-    let parts = k.mlp_parts(b, h)?.ok_or("no fused MLP")?;
-    let nw = (norm_w, 1e-6);
-    let two = || -> Res<()> {
-        k.norm_linear_into(
-            (&res, Some(&o), &r1),
-            nw,
-            &hn,
-            w_gu,
-            &gu,
-            Some((&gu, &act)),
-            None,
-        )?;
-        Ok(k.linear_into(&act, w_down, &down)?)
-    };
-    let one = || -> Res<()> { Ok(k.mlp_fused_into((&res, &o, &r1), nw, w_gu, w_down, &parts)?) };
-    let next = |d: &Tensor| -> Res<()> {
-        Ok(k.norm_linear_into((&r1, Some(d), &r2), nw, &hn, w_qkv, &qkv, None, None)?)
-    };
-    let rows = [
-        (
-            "MLP as two launches (norm+gate_up+silu, down)",
-            time_us(dev, two)?,
-        ),
-        ("MLP fused (one launch)", time_us(dev, one)?),
-        (
-            "... then norm+qkv on down",
-            time_us(dev, || two().and_then(|_| next(&down)))?,
-        ),
-        (
-            "... fused then norm+qkv on its partials",
-            time_us(dev, || one().and_then(|_| next(&parts)))?,
-        ),
-        (
-            "norm+qkv on the partials alone",
-            time_us(dev, || next(&parts))?,
-        ),
-    ];
-    for (name, us) in rows {
-        println!("| {name} | {us:.1} | - |");
-    }
     Ok(())
 }

@@ -53,7 +53,6 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     double_bits(&plain, &k, dev, t)?;
     mma_plain_dispatch(dev, t)?;
     super::presum::checks(dev, t)?;
-    super::mlp::checks(dev, t)?;
     split_rows(dev, t)
 }
 

@@ -12,7 +12,6 @@ mod fused;
 mod gemv;
 mod lora;
 mod lora_runs;
-mod mlp;
 mod mma;
 mod model;
 mod moe;

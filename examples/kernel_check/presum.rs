@@ -89,7 +89,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
 
 /// f32 math on bf16 inputs: rmsnorm(h) * w (eps 1e-6), times `wc`ᵀ; with `silu`, silu(gate) *
 /// up of the two halves of the result.
-pub(super) fn normed_matmul(h: &Tensor, nw: &Tensor, wc: &Tensor, silu: bool) -> Res<Tensor> {
+fn normed_matmul(h: &Tensor, nw: &Tensor, wc: &Tensor, silu: bool) -> Res<Tensor> {
     let f = DType::F32;
     let h = h.to_dtype(f)?;
     let inv = (h.sqr()?.mean_keepdim(1)? + 1e-6)?.sqrt()?.recip()?;

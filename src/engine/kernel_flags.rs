@@ -116,10 +116,6 @@ pub struct KernelFlags {
     /// (`KernelOptions::fused_max_rows`, 1-16, 9-15 acting as 8; default 8).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=16))]
     pub fused_max_rows: Option<u16>,
-    /// The MLP of 1-2-row decode steps in one launch (`KernelOptions::mlp_fused`; off by
-    /// default).
-    #[arg(long)]
-    pub mlp_fused: bool,
     /// Eager decode steps cut the attention in partitions of 32-128 tokens, as many as the
     /// context needs (turns `KernelOptions::eager_graph_splits` off).
     #[arg(long)]
@@ -259,7 +255,6 @@ impl KernelFlags {
             fused_max_rows: self
                 .fused_max_rows
                 .map_or(super::options::FUSED_ROWS, usize::from),
-            mlp_fused: self.mlp_fused,
             graph_splits_few: Some(
                 self.graph_splits_few
                     .unwrap_or(super::options::GRAPH_SPLITS_FEW),
@@ -385,10 +380,6 @@ mod tests {
         assert!(d.kernels.norm_presum);
         let p = Cli::parse_from(["x", "--no-norm-presum"]).engine.options();
         assert!(!p.kernels.norm_presum);
-        // The fused MLP: off unless asked for.
-        assert!(!d.kernels.mlp_fused);
-        let f = Cli::parse_from(["x", "--mlp-fused"]).engine.options();
-        assert!(f.kernels.mlp_fused);
         // The fused attention's row bound: 8 unless told otherwise; 0 and 17 refused.
         assert_eq!(d.kernels.fused_max_rows, 8);
         let r = Cli::parse_from(["x", "--fused-max-rows", "8"])

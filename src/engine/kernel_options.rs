@@ -207,15 +207,6 @@ pub struct KernelOptions {
     /// 16 after 512-token prompts 0.6B 8,643 -> 9,510 tok/s, 1.7B 6,556 -> 7,005;
     /// BENCHMARKS.md, #21).
     pub fused_max_rows: usize,
-    /// The MLP of 1-2-row decode steps in one launch (`kernels/mlp_fused.cu`, sm_90): the
-    /// add+RMSNorm, gate|up with SiLU*up and down split over the intermediate channels in
-    /// thread-block clusters of 16, each cluster's partial sum of down added by the next
-    /// layer's norm + qkv, so no whole-grid dependency between gate|up and down (one launch a
-    /// layer fewer; not with LoRA rows, tensor parallelism, a trace or on a model's last
-    /// layer). Built for Qwen3-0.6B's shape (hidden 1,024, intermediate 3,072). Down's sums run
-    /// in another order (its output rounded once, from f32 partials), so the bits differ from
-    /// the two launches'. Default off (BENCHMARKS.md, #21).
-    pub mlp_fused: bool,
     /// Eager decode and verify steps (and a mixed step's decode rows) cut the attention in
     /// at most the partitions their graph bucket takes (`batch::graph_splits`), so an eager
     /// step and a graph replay cut a long context alike (the same bits); off: partitions of
@@ -347,7 +338,6 @@ impl Default for KernelOptions {
             fused_long_ctx_one: Some(FUSED_LONG_CTX_ONE),
             fused_long_ctx_many: Some(FUSED_LONG_CTX_MANY),
             fused_max_rows: FUSED_ROWS,
-            mlp_fused: false,
             eager_graph_splits: true,
             blas_row_class: true,
             flash_prefill: true,

@@ -187,8 +187,7 @@ impl CudaKernels {
     }
 
     /// `h = rmsnorm(res + delta) * norm_w` (the sum also written to `res_out`, a buffer other
-    /// than `res`, when there is a delta; an f32 delta to bf16 kernels is the fused MLP's
-    /// partials, `mlp_fused.rs`, summed and rounded first), then `out = h · wᵀ`, or with `silu`
+    /// than `res`, when there is a delta), then `out = h · wᵀ`, or with `silu`
     /// (`Some((gu, act))`) the gate|up SiLU product into `act` (`out` unused). One launch for
     /// few rows (prefetching the weight `next` into L2 as [`Self::linear_next_into`] does);
     /// otherwise the add+RMSNorm kernel into `h`, then the matmul.
@@ -203,16 +202,6 @@ impl CudaKernels {
         silu: Option<(&Tensor, &Tensor)>,
         next: Option<&Tensor>,
     ) -> Result<()> {
-        // An f32 delta to bf16 kernels: the fused MLP's partial sums.
-        if let Some(parts) = delta.filter(|d| d.dtype() == DType::F32 && self.dtype != DType::F32) {
-            if silu.is_some() {
-                return Err(kernel_err(
-                    "norm_linear",
-                    "the MLP's partials before a gate|up",
-                ));
-            }
-            return self.parts_norm_linear_into((res, parts, res_out), (norm_w, eps), w, out);
-        }
         let (n_w, k) = w.dims2()?;
         let t = res.elem_count() / k.max(1);
         let kind = if silu.is_some() { 3 } else { 2 };

@@ -34,7 +34,6 @@ static LORA_GROUPED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_grou
 static LORA_RUNS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_runs.fatbin"));
 static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
 static GEMV_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_mma.fatbin"));
-static MLP_FUSED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mlp_fused.fatbin"));
 static MOE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe.fatbin"));
 static MOE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_mma.fatbin"));
 static MOE_ROUTE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_route.fatbin"));
@@ -134,9 +133,6 @@ pub struct CudaKernels {
     /// `GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS` rows (`gemm_presum.rs`): the matmul that adds
     /// to the residual, and plain and SiLU behind the norm.
     pub(super) gemv_presum: Option<[Vec<CudaFunction>; 3]>,
-    /// The fused MLP of 1-2-row steps and its partials' norm kernels
-    /// (`LaunchOptions::mlp_fused`); None without it.
-    pub(super) mlp_fused: Option<super::mlp_fused::MlpFused>,
     /// Whether the skinny matmuls prefetch the next matmul's weights into L2.
     pub(super) l2_prefetch: bool,
     /// Whether whole-vocabulary draws run on the device (`LaunchOptions::sample_full`).
@@ -428,11 +424,6 @@ impl CudaKernels {
                 ]),
                 _ => None,
             },
-            mlp_fused: (opts.mlp_fused && dtype == DType::BF16 && hopper && opts.gemv)
-                .then(|| {
-                    super::mlp_fused::MlpFused::load(&load(MLP_FUSED, "mlp_fused")?, &gemv_mod)
-                })
-                .transpose()?,
             l2_prefetch: hopper && opts.l2_prefetch,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,

@@ -26,8 +26,8 @@ pub(crate) struct Launch<'a> {
     func: sys::CUfunction,
     stream: &'a CudaStream,
     pdl: bool,
-    /// Blocks per thread-block cluster along the grid's x and z (1, 1: no clusters).
-    cluster: (u32, u32),
+    /// Blocks per thread-block cluster along the grid's z (1: no clusters).
+    cluster_z: u32,
     args: Vec<*mut c_void>,
     _values: PhantomData<&'a ()>,
 }
@@ -38,24 +38,16 @@ impl<'a> Launch<'a> {
             func: func.cu_function(),
             stream,
             pdl,
-            cluster: (1, 1),
+            cluster_z: 1,
             args: Vec::with_capacity(12),
             _values: PhantomData,
         }
     }
 
     /// Launches in thread-block clusters of `c` blocks along the grid's z (sm_90; `c` must
-    /// divide the grid's z and be at most 8, or 16 for a function loaded with non-portable
-    /// cluster sizes allowed).
+    /// divide the grid's z and be at most 8).
     pub(crate) fn cluster_z(&mut self, c: u32) -> &mut Self {
-        self.cluster = (1, c);
-        self
-    }
-
-    /// Launches in thread-block clusters of `c` blocks along the grid's x (as
-    /// [`Self::cluster_z`]).
-    pub(crate) fn cluster_x(&mut self, c: u32) -> &mut Self {
-        self.cluster = (c, 1);
+        self.cluster_z = c;
         self
     }
 
@@ -81,11 +73,11 @@ impl<'a> Launch<'a> {
             attrs[n].value.programmaticStreamSerializationAllowed = 1;
             n += 1;
         }
-        if self.cluster != (1, 1) {
+        if self.cluster_z > 1 {
             attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            attrs[n].value.clusterDim.x = self.cluster.0;
+            attrs[n].value.clusterDim.x = 1;
             attrs[n].value.clusterDim.y = 1;
-            attrs[n].value.clusterDim.z = self.cluster.1;
+            attrs[n].value.clusterDim.z = self.cluster_z;
             n += 1;
         }
         let config = sys::CUlaunchConfig {

@@ -135,8 +135,6 @@ pub struct LaunchOptions {
     /// The wide-matmul LoRA kernels (`kernels/lora_silu.cu` `_w`, `lora_wide_expand`) serve
     /// steps of at least this many rows whose slots store `a` after the base weights.
     pub lora_wide: Option<usize>,
-    /// The fused MLP of 1-2-row decode steps (`kernels/mlp_fused.cu`, bf16, sm_90).
-    pub mlp_fused: bool,
 }
 
 impl Default for LaunchOptions {
@@ -187,7 +185,6 @@ impl Default for LaunchOptions {
             lora_norm_preload: true,
             lora_side_min_rows: crate::engine::options::LORA_SIDE_MIN_ROWS,
             lora_wide: Some(crate::engine::options::LORA_WIDE_MIN_ROWS),
-            mlp_fused: false,
         }
     }
 }

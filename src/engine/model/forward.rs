@@ -88,7 +88,6 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         fused_long_ctx_one: opts.fused_long_ctx_one,
         fused_long_ctx_many: opts.fused_long_ctx_many,
         fused_max_rows: opts.fused_max_rows,
-        mlp_fused: opts.mlp_fused,
         eager_graph_splits: opts.eager_graph_splits,
         blas_row_class: opts.blas_row_class,
         flash_prefill: opts.flash_prefill,

@@ -72,9 +72,6 @@ pub(crate) struct Activations {
     /// The presummed norm's partial sums of squares (f32 `[presum_len(hidden)]`,
     /// `KernelOptions::norm_presum`).
     pub(super) ss: Tensor,
-    /// The fused MLP's partial sums of down (f32 `[min(t, 2), parts, hidden]`), with
-    /// `KernelOptions::mlp_fused`.
-    pub(super) parts: Option<Tensor>,
     /// Decode-attention partials (None with one partition).
     pub(super) scratch: Option<(Tensor, Tensor)>,
     /// Merge counters of the fused decode attention (one per row and head, kept zero), for
@@ -135,7 +132,6 @@ impl Activations {
                 crate::engine::cuda::presum_len(hidden),
                 candle_core::DType::F32,
             )?,
-            parts: k.mlp_parts(t, hidden)?,
             scratch: k.decode_scratch(nd, nh, splits)?,
             counters: k.decode_counters(t.min(FUSED_MAX_ROWS), nh)?,
             lora_y: match &m.lora {
@@ -176,10 +172,6 @@ impl Activations {
             down: n(&self.down)?,
             moe: self.moe.as_ref().map(|s| s.rows(t)).transpose()?,
             ss: self.ss.clone(),
-            parts: match &self.parts {
-                Some(p) if t <= p.dim(0)? => Some(n(p)?),
-                _ => None,
-            },
             scratch: self.scratch.clone(),
             counters: self.counters.clone(),
             lora_y: self.lora_y.as_ref().map(n).transpose()?,
@@ -214,9 +206,6 @@ impl Activations {
         }
         if let Some(y) = &self.lora_y {
             n += b(y);
-        }
-        if let Some(p) = &self.parts {
-            n += b(p);
         }
         n += self.lora_wide.iter().flatten().map(b).sum::<usize>();
         if let Some(s) = &self.moe {

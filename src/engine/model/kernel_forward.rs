@@ -353,19 +353,6 @@ impl KernelForward<'_> {
                 }
             };
             let gu_w = mlp.gate_up.weight();
-            let next = m.layers.get(li + 1).map(|l| l.attn.qkv.weight());
-            // The fused MLP (`KernelOptions::mlp_fused`, 1-2 rows): its partials are the next
-            // layer's delta, which that layer's norm + qkv sums.
-            if let (true, Some(parts), Some(q)) = (presum, a.parts.as_ref(), next)
-                && k.mlp_fused_serves(t, gu_w, mlp.down.weight(), q)
-            {
-                let nw = (&norm.weight, norm.eps);
-                k.mlp_fused_into((res.0, &o, res.2), nw, gu_w, mlp.down.weight(), parts)?;
-                cur = 1 - cur;
-                delta = Some(parts.clone());
-                presummed = false;
-                continue;
-            }
             let silu = Some((&a.gu, &a.act));
             match &lora {
                 Some(l) => {
@@ -387,6 +374,7 @@ impl KernelForward<'_> {
                 )?,
             }
             cur = 1 - cur;
+            let next = m.layers.get(li + 1).map(|l| l.attn.qkv.weight());
             let down_w = (&a.act, mlp.down.weight(), &a.down);
             presummed = presum && next.is_some_and(|q| k.presum_serves(t, down_w.1, q));
             if presummed {
