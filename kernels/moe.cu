@@ -19,7 +19,6 @@
 
 #include "common.cuh"
 #include "moe.cuh"
-#include "moe_route.cuh"
 
 
 namespace {
@@ -78,14 +77,20 @@ __device__ __forceinline__ void tile_dot(const T* const* wr, const T* const* row
 // Grid (ceil(inter / 8), tiles), 256 threads: warp w of block (bx, tile) takes row j = bx * 8
 // + w of the tile's expert's gate and of its up, for every pair of the tile. gate_up: [E_local,
 // 2 * inter, hidden]; act: [P, inter] by position in `order`.
-// The body of moe_gate_up: row j of gate and of up of live tile `tl`'s expert, its pairs'
-// input rows in `rows`.
 template <typename T, int TM>
-__device__ __forceinline__ void gate_up_tile(const T* const (&rows)[TM], const T* __restrict__ gate_up,
-                                             MoeTile tl, int j, T* __restrict__ act, int hidden,
-                                             int inter) {
+__device__ void moe_gate_up(const T* __restrict__ x, const T* __restrict__ gate_up,
+                            const uint32_t* __restrict__ order, const uint32_t* __restrict__ tiles,
+                            T* __restrict__ act, int hidden, int inter, int k, int first,
+                            int local) {
+  pdl_entry();
+  const MoeTile tl = moe_tile_of(tiles, first, local);
   const int start = tl.start, n = tl.n, ex = tl.ex;
-  const int lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int j = blockIdx.x * 8 + warp;
+  if (!tl.live || j >= inter) return;
+  const T* rows[TM];
+#pragma unroll
+  for (int c = 0; c < TM; ++c) rows[c] = x + (size_t)(order[start + min(c, n - 1)] / k) * hidden;
   const T* g = gate_up + ((size_t)ex * 2 * inter + j) * hidden;
   const T* wr[2] = {g, g + (size_t)inter * hidden};
   float acc[2][TM];
@@ -101,54 +106,6 @@ __device__ __forceinline__ void gate_up_tile(const T* const (&rows)[TM], const T
       if (lane == 0) act[(size_t)(start + c) * inter + j] = from_f<T>(gv / (1.f + __expf(-gv)) * uv);
     }
   }
-}
-
-template <typename T, int TM>
-__device__ void moe_gate_up(const T* __restrict__ x, const T* __restrict__ gate_up,
-                            const uint32_t* __restrict__ order, const uint32_t* __restrict__ tiles,
-                            T* __restrict__ act, int hidden, int inter, int k, int first,
-                            int local) {
-  pdl_entry();
-  const MoeTile tl = moe_tile_of(tiles, first, local);
-  const int j = blockIdx.x * 8 + threadIdx.x / 32;
-  if (!tl.live || j >= inter) return;
-  const T* rows[TM];
-#pragma unroll
-  for (int c = 0; c < TM; ++c) rows[c] = x + (size_t)(order[tl.start + min(c, tl.n - 1)] / k) * hidden;
-  gate_up_tile<T, TM>(rows, gate_up, tl, j, act, hidden, inter);
-}
-
-// One token's gate|up with its routing folded in (LaunchOptions::moe_route_fold; at most 128
-// experts, one-pair tiles, bf16): warp 0 of every block routes the token as moe_route_one
-// does (the same picks and weights) and finds the pick of rank blockIdx.y (ascending expert),
-// the expert of tile y; block (0, 0) writes what moe_route_one writes (ids, w, order, tiles)
-// for the down kernel after it; then moe_gate_up's tile y on that expert. The same bits as
-// the two launches, one launch a layer fewer. Grid (ceil(inter / 8), max_tiles), 256 threads.
-extern "C" __global__ void moe_gate_up_route_t1_bf16(
-    const __nv_bfloat16* x, const __nv_bfloat16* gate_up, const __nv_bfloat16* logits,
-    uint32_t* ids, float* w, uint32_t* order, uint32_t* tiles, __nv_bfloat16* act, int hidden,
-    int inter, int e, int k, int norm, int max_tiles, int first, int local) {
-  __shared__ int tile_ex;
-  pdl_entry();
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    const bool writer = blockIdx.x == 0 && blockIdx.y == 0;
-    const uint32_t mine = route_small<__nv_bfloat16>(logits, ids, w, 0, e, k, norm, lane, writer);
-    const int rank = route_one_tables(mine, order, tiles, k, max_tiles, lane, writer);
-    const unsigned hit = __ballot_sync(0xffffffffu, lane < k && rank == (int)blockIdx.y);
-    const uint32_t ex = __shfl_sync(0xffffffffu, mine, hit ? __ffs(hit) - 1 : 0);
-    if (lane == 0) tile_ex = hit ? (int)ex : -1;
-  }
-  __syncthreads();
-  MoeTile tl;
-  tl.start = blockIdx.y;
-  tl.n = tile_ex >= 0 ? 1 : 0;
-  tl.ex = tile_ex - first;
-  tl.live = tl.n != 0 && tl.ex >= 0 && tl.ex < local;
-  const int j = blockIdx.x * 8 + threadIdx.x / 32;
-  if (!tl.live || j >= inter) return;
-  const __nv_bfloat16* rows[1] = {x};
-  gate_up_tile<__nv_bfloat16, 1>(rows, gate_up, tl, j, act, hidden, inter);
 }
 
 // Grid (ceil(hidden / (8 R)), tiles), 256 threads: warp w of block (bx, tile) takes rows o =

@@ -17,9 +17,77 @@
 #include <stdint.h>
 
 #include "common.cuh"
-#include "moe_route.cuh"
 
 namespace {
+
+// The warp's largest (best, best_id), ties to the lower id, in every lane.
+__device__ __forceinline__ void warp_argmax(float& best, int& best_id) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, best_id, o);
+    if (ob > best || (ob == best && oi < best_id)) {
+      best = ob;
+      best_id = oi;
+    }
+  }
+}
+
+// Routing of one token by one warp for up to 128 experts: lane l holds the probabilities of
+// experts l, l + 32, l + 64, l + 96 in registers, read and exponentiated once (the same values
+// the general path below recomputes at every pick); a pick marks its expert -2 (probabilities
+// are >= 0, experts past e hold -1), lane s keeps pick s, writes it and returns its expert.
+template <typename T>
+__device__ __forceinline__ uint32_t route_small(const T* __restrict__ row,
+                                                uint32_t* __restrict__ ids,
+                                                float* __restrict__ w, int t, int e, int k,
+                                                int norm, int lane) {
+  float p[4];
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    p[j] = lane + 32 * j < e ? to_f(row[lane + 32 * j]) : -INFINITY;
+    m = fmaxf(m, p[j]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  float z = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    p[j] = lane + 32 * j < e ? expf(p[j] - m) : 0.f;
+    z += p[j];
+  }
+  z = warp_sum(z);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) p[j] = lane + 32 * j < e ? p[j] / z : -1.f;
+  float mine_p = 0.f, sum = 0.f;
+  uint32_t mine_id = 0;
+  for (int s = 0; s < k; ++s) {
+    float best = -1.f;
+    int best_id = 0x7fffffff;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (p[j] > best) {  // ascending ids within a lane: the first of equals stays
+        best = p[j];
+        best_id = lane + 32 * j;
+      }
+    }
+    warp_argmax(best, best_id);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (best_id == lane + 32 * j) p[j] = -2.f;
+    if (lane == s) {
+      mine_p = best;
+      mine_id = (uint32_t)best_id;
+    }
+    sum += best;
+  }
+  if (lane < k) {
+    ids[(size_t)t * k + lane] = mine_id;
+    w[(size_t)t * k + lane] = to_f(from_f<T>(norm ? mine_p / sum : mine_p));
+  }
+  return mine_id;
+}
 
 // One warp per token.
 template <typename T>
@@ -30,7 +98,7 @@ __device__ void moe_route(const T* __restrict__ logits, uint32_t* __restrict__ i
   if (t >= tokens) return;
   const T* row = logits + (size_t)t * e;
   if (e <= 128) {
-    route_small<T>(row, ids, w, t, e, k, norm, lane, true);
+    route_small<T>(row, ids, w, t, e, k, norm, lane);
     return;
   }
   float m = -INFINITY;
@@ -175,8 +243,20 @@ MOE_ROUTE_ALIGN(float, f32)
                                                int norm, int max_tiles) {                       \
     pdl_entry();                                                                                \
     const int lane = threadIdx.x & 31;                                                          \
-    const uint32_t mine = route_small<T>(logits, ids, w, 0, e, k, norm, lane, true);            \
-    route_one_tables(mine, order, tiles, k, max_tiles, lane, true);                             \
+    const uint32_t mine = route_small<T>(logits, ids, w, 0, e, k, norm, lane);                  \
+    int rank = 0;                                                                               \
+    for (int s = 0; s < k; ++s) rank += __shfl_sync(0xffffffffu, mine, s) < mine ? 1 : 0;       \
+    if (lane < k) order[rank] = (uint32_t)lane;                                                 \
+    if (lane < k && rank < max_tiles) {                                                         \
+      tiles[3 * rank] = (uint32_t)rank;                                                         \
+      tiles[3 * rank + 1] = 1u;                                                                 \
+      tiles[3 * rank + 2] = mine;                                                               \
+    }                                                                                           \
+    for (int i = k + lane; i < max_tiles; i += 32) {                                            \
+      tiles[3 * i] = 0u;                                                                        \
+      tiles[3 * i + 1] = 0u;                                                                    \
+      tiles[3 * i + 2] = 0u;                                                                    \
+    }                                                                                           \
   }
 MOE_ROUTE_ONE(__nv_bfloat16, bf16)
 MOE_ROUTE_ONE(float, f32)

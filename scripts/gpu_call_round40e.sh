@@ -5,6 +5,8 @@
 # routing and gate|up apart, bit for bit; the model against candle), graph_check on 4 layers
 # with it, then decode on 4 and 8 layers of the 30B-A3B shape (batches 1, 2, 8; default /
 # folded, two runs) for the per-layer difference.
+# Ran on commit 3dca6a5's binaries; --moe-route-fold and its kernel were removed after this call
+# (slower; BENCHMARKS.md), so this script needs that commit.
 set -u
 source scripts/gpu_lib.sh
 mix_model; moe_model 4; echo "models t=$((SECONDS - T0))"

@@ -130,11 +130,6 @@ fn route_one(dev: &Device, t: &mut Table) -> Res<()> {
     };
     let kb = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
     let kw = CudaKernels::new(dev, DType::BF16, &LaunchOptions::default())?.ok_or("no kernels")?;
-    let fold = LaunchOptions {
-        moe_route_fold: true,
-        ..LaunchOptions::default()
-    };
-    let kfold = CudaKernels::new(dev, DType::BF16, &fold)?.ok_or("no kernels")?;
     let kf = CudaKernels::new(dev, DType::F32, &opts)?.ok_or("no kernels")?;
     let kfw = CudaKernels::new(dev, DType::F32, &LaunchOptions::default())?.ok_or("no kernels")?;
     let cases = [
@@ -164,14 +159,6 @@ fn route_one(dev: &Device, t: &mut Table) -> Res<()> {
                     rel(&a, &b)?,
                     0.0,
                 );
-                if dt == DType::BF16 {
-                    let (c, ..) = kfold.moe_experts(&h, &logits, (&gu, &dn), how, (tile, 1))?;
-                    t.check(
-                        format!("moe route folded into gate|up = apart: T1 E{e} top{top} h{hidden} experts {first}+{local} norm {norm} tile {tile:?}"),
-                        rel(&c, &b)?,
-                        0.0,
-                    );
-                }
             }
         }
     }
@@ -183,10 +170,9 @@ fn route_one(dev: &Device, t: &mut Table) -> Res<()> {
     let how = (0, top, true);
     let (_, whole_b, each_b) = kb.moe_experts(&h, &logits, (&gu, &dn), how, (None, 20))?;
     let (_, whole_w, each_w) = kw.moe_experts(&h, &logits, (&gu, &dn), how, (None, 20))?;
-    let (_, whole_f, _) = kfold.moe_experts(&h, &logits, (&gu, &dn), how, (None, 20))?;
     println!(
         "moe timing T1 routing: one warp {:.1} us alone ({whole_w:.1} us a layer's experts), \
-         block of 1,024 {:.1} ({whole_b:.1}); folded into gate|up: {whole_f:.1} us a layer's experts",
+         block of 1,024 {:.1} ({whole_b:.1})",
         each_w[0], each_b[0]
     );
     Ok(())

@@ -170,10 +170,6 @@ pub struct KernelFlags {
     /// `KernelOptions::moe_route_one` off).
     #[arg(long)]
     pub no_moe_route_one: bool,
-    /// One token's MoE routing folded into the experts' gate|up launch
-    /// (`KernelOptions::moe_route_fold`).
-    #[arg(long, conflicts_with = "no_moe_route_one")]
-    pub moe_route_fold: bool,
     /// LoRA steps launched one shrink and one expand per fused matmul, in order (turns
     /// `KernelOptions::lora_overlap` off: no second stream, no expands fused with the SiLU or
     /// the norms).
@@ -285,7 +281,6 @@ impl KernelFlags {
             moe_norm_router: self.moe_norm_router,
             moe_down_sum: !self.no_moe_down_sum,
             moe_route_one: !self.no_moe_route_one,
-            moe_route_fold: self.moe_route_fold,
             lora_overlap: !self.no_lora_overlap,
             lora_grouped: self.lora_grouped,
             lora_runs: !self.no_lora_runs,
@@ -385,12 +380,6 @@ mod tests {
         assert!(d.kernels.norm_presum);
         let p = Cli::parse_from(["x", "--no-norm-presum"]).engine.options();
         assert!(!p.kernels.norm_presum);
-        // The MoE routing folded into gate|up: off unless asked for; not without the one-warp
-        // routing.
-        assert!(!d.kernels.moe_route_fold);
-        let f = Cli::parse_from(["x", "--moe-route-fold"]).engine.options();
-        assert!(f.kernels.moe_route_fold);
-        assert!(Cli::try_parse_from(["x", "--moe-route-fold", "--no-moe-route-one"]).is_err());
         // The fused attention's row bound: 8 unless told otherwise; 0 and 17 refused.
         assert_eq!(d.kernels.fused_max_rows, 8);
         let r = Cli::parse_from(["x", "--fused-max-rows", "8"])

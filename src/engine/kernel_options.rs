@@ -270,12 +270,6 @@ pub struct KernelOptions {
     /// (`moe_route_one_*`: the same ids, weights and tiles as the block of 1,024 threads). On by
     /// default: on the H200 (30B-A3B shape) batch 1 +1.2%, ~1.3 us a layer (#29).
     pub moe_route_one: bool,
-    /// One token's MoE routing folded into the experts' gate|up launch (with
-    /// `moe_route_one`, one-pair tiles, bf16): every gate|up block routes the token in one
-    /// warp as `moe_route_one` does and takes the tile of its pick (block (0, 0) writes the
-    /// tables the down launch reads): one launch a sparse layer fewer, the same bits. Default
-    /// off (not yet measured).
-    pub moe_route_fold: bool,
     /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
     /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
     /// input (on a second stream beside it above `lora_side_min_rows` rows), the gate|up
@@ -359,7 +353,6 @@ impl Default for KernelOptions {
             moe_norm_router: false,
             moe_down_sum: true,
             moe_route_one: true,
-            moe_route_fold: false,
             lora_overlap: true,
             lora_grouped: false,
             lora_runs: true,

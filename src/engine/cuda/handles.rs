@@ -136,9 +136,6 @@ pub(super) struct MoeKernels {
     /// One token's routing and alignment by one warp, `[bf16, f32]`
     /// (`LaunchOptions::moe_route_one`).
     pub(super) route_one: Option<[CudaFunction; 2]>,
-    /// One token's gate|up with the routing folded in (bf16 with `route_one` and
-    /// `LaunchOptions::moe_route_fold`).
-    pub(super) gate_up_route: Option<CudaFunction>,
 }
 
 impl MoeKernels {
@@ -146,7 +143,7 @@ impl MoeKernels {
     /// cores) by name (`f` loads one).
     pub(super) fn load<E>(
         [route, moe, mma]: [&Arc<CudaModule>; 3],
-        (tile_one, norm_router, down_sum, route_one, route_fold): (bool, bool, bool, bool, bool),
+        (tile_one, norm_router, down_sum, route_one): (bool, bool, bool, bool),
         f: impl Fn(&Arc<CudaModule>, &str) -> Result<CudaFunction, E>,
     ) -> Result<Self, E> {
         let both = |m: &Arc<CudaModule>, name: &str| -> Result<[CudaFunction; 2], E> {
@@ -195,11 +192,6 @@ impl MoeKernels {
             },
             route_one: if route_one {
                 Some(both(route, "moe_route_one")?)
-            } else {
-                None
-            },
-            gate_up_route: if route_one && route_fold {
-                Some(f(moe, "moe_gate_up_route_t1_bf16")?)
             } else {
                 None
             },

@@ -115,9 +115,6 @@ pub struct LaunchOptions {
     /// A one-token MoE step (at most 128 experts) routes and aligns by one warp
     /// (`moe_route_one_*`) instead of a block of 1,024 threads.
     pub moe_route_one: bool,
-    /// One token's MoE routing folded into the experts' gate|up launch (`kernels/moe.cu`
-    /// `moe_gate_up_route_t1_bf16`; bf16, with `moe_route_one` and one-pair tiles).
-    pub moe_route_fold: bool,
     /// LoRA steps of one-token tiles with each shrink before its base matmul (on a second
     /// stream beside it above `lora_side_min_rows` rows), the gate|up expand fused with the
     /// SiLU and the o/down expands with the next add+RMSNorm (`kernels/lora_silu.cu`).
@@ -182,7 +179,6 @@ impl Default for LaunchOptions {
             moe_norm_router: false,
             moe_down_sum: true,
             moe_route_one: true,
-            moe_route_fold: false,
             lora_overlap: true,
             lora_grouped: false,
             lora_runs: true,

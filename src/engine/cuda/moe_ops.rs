@@ -275,29 +275,8 @@ impl CudaKernels {
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem,
         };
-        let mut route = stages.contains(&0);
-        let mut gate_up_stage = stages.contains(&1);
+        let route = stages.contains(&0);
         let one = m.route_one.as_ref().filter(|_| t == 1 && e <= 128);
-        if let Some(f) = m
-            .gate_up_route
-            .as_ref()
-            .filter(|_| one.is_some() && tm == 1 && route && gate_up_stage)
-        {
-            // One token: the routing folded into gate|up (`LaunchOptions::moe_route_fold`).
-            let mut b = self.launcher(f);
-            b.arg(&ph).arg(&pgu).arg(&pl).arg(&pids).arg(&pw);
-            b.arg(&porder).arg(&ptiles).arg(&pact).arg(&h32).arg(&i32_);
-            b.arg(&e32)
-                .arg(&k32)
-                .arg(&n32)
-                .arg(&mt32)
-                .arg(&f32_)
-                .arg(&l32);
-            // SAFETY: argument types match `moe_gate_up_route_t1_bf16` (bf16: loaded for bf16
-            // only); buffers sized and checked above (k <= 32, e <= 128, one-pair tiles).
-            unsafe { b.launch(grid(inter.div_ceil(8), max_tiles, 256, 0)) }.w()?;
-            (route, gate_up_stage) = (false, false);
-        }
         if let Some(f) = one.filter(|_| route) {
             // One token: routing and alignment by one warp.
             let mut b = self.launcher(&f[bf]);
@@ -342,7 +321,7 @@ impl CudaKernels {
             // SAFETY: as above (`moe_align`: 2 * e ints of dynamic shared memory).
             unsafe { b.launch(grid(1, 1, 1024, (2 * e * 4) as u32)) }.w()?;
         }
-        if gate_up_stage {
+        if stages.contains(&1) {
             let mut b = self.launcher(if mma {
                 &m.mma_gate_up[fi]
             } else {
