@@ -76,20 +76,13 @@ __device__ __forceinline__ void tile_dot(const T* const* wr, const T* const* row
 
 // Grid (ceil(inter / 8), tiles), 256 threads: warp w of block (bx, tile) takes row j = bx * 8
 // + w of the tile's expert's gate and of its up, for every pair of the tile. gate_up: [E_local,
-// 2 * inter, hidden]; act: [P, inter] by position in `order`. LATE: the next launch is let in
-// only after the wait (the routing that wrote the tables has finished by then), so the down
-// kernel after it may read those tables before its own wait (moe_down_sum's EARLY).
-template <typename T, int TM, bool LATE = false>
+// 2 * inter, hidden]; act: [P, inter] by position in `order`.
+template <typename T, int TM>
 __device__ void moe_gate_up(const T* __restrict__ x, const T* __restrict__ gate_up,
                             const uint32_t* __restrict__ order, const uint32_t* __restrict__ tiles,
                             T* __restrict__ act, int hidden, int inter, int k, int first,
                             int local) {
-  if (LATE) {
-    pdl_wait();
-    pdl_trigger();
-  } else {
-    pdl_entry();
-  }
+  pdl_entry();
   const MoeTile tl = moe_tile_of(tiles, first, local);
   const int start = tl.start, n = tl.n, ex = tl.ex;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
@@ -161,16 +154,12 @@ __device__ void moe_down(const T* __restrict__ act, const T* __restrict__ down,
 
 // Token t's pairs on this rank's experts (first..first + local) in ascending expert order, the
 // order HF adds them in: sid[s] the expert of the token's slot s, slot_order[0..n) the slots;
-// returns n. The whole block calls it (at most 32 slots). `l2`: ids read past L1 (before a
-// kernel's wait, where this SM's L1 may hold an earlier step's).
+// returns n. The whole block calls it (at most 32 slots).
 __device__ __forceinline__ int token_experts(const uint32_t* __restrict__ ids, int t, int k,
                                              int first, int local, uint32_t* sid,
-                                             int* slot_order, bool l2 = false) {
+                                             int* slot_order) {
   __shared__ int live;
-  if (threadIdx.x < k) {
-    const uint32_t* p = ids + (size_t)t * k + threadIdx.x;
-    sid[threadIdx.x] = l2 ? __ldcg(p) : *p;
-  }
+  if (threadIdx.x < k) sid[threadIdx.x] = ids[(size_t)t * k + threadIdx.x];
   __syncthreads();
   if (threadIdx.x == 0) {
     int n = 0;
@@ -224,48 +213,27 @@ __device__ void moe_sum(const T* __restrict__ y, const uint32_t* __restrict__ id
 // (a lane's values in ascending k, then warp_sum), rounded to T, times the pair's weight,
 // rounded, and added to the row's sum rounded as moe_sum adds. So out holds moe_down then
 // moe_sum's bits without y's round trip or the second launch. act rows are found by the pair's
-// position in `order` (at most 32 pairs a token). EARLY (LaunchOptions::moe_down_early, after
-// moe_gate_up's LATE): the routing tables (ids, order; their writer finished before the kernel
-// before this one let it in) are read before the wait, past L1, and the first four experts'
-// first round of down copied into shared memory there too (48 KB a block), so those loads
-// overlap gate|up.
-template <typename T, bool EARLY = false>
+// position in `order` (at most 32 pairs a token).
+template <typename T>
 __device__ void moe_down_sum(const T* __restrict__ act, const T* __restrict__ down,
                              const uint32_t* __restrict__ ids, const uint32_t* __restrict__ order,
                              const float* __restrict__ w, T* __restrict__ out, int hidden,
                              int inter, int k, int first, int local) {
-  if (EARLY) pdl_trigger();
-  else pdl_entry();
+  pdl_entry();
   const int t = blockIdx.y;
   __shared__ uint32_t sid[32];
   __shared__ int pos[32];
   __shared__ int slot_order[32];
   const int pairs = gridDim.y * k;
   for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-    const uint32_t p = EARLY ? __ldcg(order + i) : order[i];
+    const uint32_t p = order[i];
     if ((int)(p / k) == t) pos[p % k] = i;
   }
-  const int n = token_experts(ids, t, k, first, local, sid, slot_order, EARLY);  // syncs the block
+  const int n = token_experts(ids, t, k, first, local, sid, slot_order);  // syncs the block
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int o = blockIdx.x * 8 + warp;
   if (o >= hidden) return;
   constexpr int E = 4, U = 3;  // experts, and chunks of 256 inputs, in flight
-  // EARLY: the first round's weights (experts 0..3, chunks from lane * 8) copied into shared
-  // memory (w0_s [warp][E][U][lane], no registers held) before the wait.
-  extern __shared__ __align__(16) uint4 w0_s[];
-  if constexpr (EARLY) {
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const T* wr = down + ((size_t)((int)sid[slot_order[min(e, n - 1)]] - first) * hidden + o) * inter;
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (e < n && lane * 8 + u * 256 < inter)
-          cp_async16(smem_addr(&w0_s[((warp * E + e) * U + u) * 32 + lane]), wr + lane * 8 + u * 256, true);
-    }
-    cp_async_commit();
-    pdl_wait();
-    cp_async_wait<0>();  // each thread reads back only its own copies
-  }
   float sum = 0.f;
   for (int e0 = 0; e0 < n; e0 += E) {
     const T* wr[E];
@@ -281,16 +249,13 @@ __device__ void moe_down_sum(const T* __restrict__ act, const T* __restrict__ do
     for (int e = 0; e < E; ++e) acc[e] = 0.f;
     for (int k0 = lane * 8; k0 < inter; k0 += 256 * U) {
       uint4 wv[E][U], av[E][U];
-      const bool pre = EARLY && e0 == 0 && k0 == lane * 8;  // wv is w0
 #pragma unroll
       for (int e = 0; e < E; ++e)
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const int kk = k0 + u * 256;
           if (e0 + e < n && kk < inter) {
-            if constexpr (EARLY)
-              wv[e][u] = pre ? w0_s[((warp * E + e) * U + u) * 32 + lane] : *reinterpret_cast<const uint4*>(wr[e] + kk);
-            else wv[e][u] = *reinterpret_cast<const uint4*>(wr[e] + kk);
+            wv[e][u] = *reinterpret_cast<const uint4*>(wr[e] + kk);
             av[e][u] = *reinterpret_cast<const uint4*>(ar[e] + kk);
           }
         }
@@ -329,15 +294,6 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                       int inter, int k, int first, int local) {
   moe_down_sum<__nv_bfloat16>(act, down, ids, order, w, out, hidden, inter, k, first, local);
 }
-// The same with the tables read and the first loads issued before the wait
-// (LaunchOptions::moe_down_early; after moe_gate_up_t1_late_bf16 only).
-extern "C" __global__ void __launch_bounds__(256, 2)
-    moe_down_sum_early_bf16(const __nv_bfloat16* act, const __nv_bfloat16* down,
-                            const uint32_t* ids, const uint32_t* order, const float* w,
-                            __nv_bfloat16* out, int hidden, int inter, int k, int first,
-                            int local) {
-  moe_down_sum<__nv_bfloat16, true>(act, down, ids, order, w, out, hidden, inter, k, first, local);
-}
 
 #define MOE_KERNELS(T, S)                                                                       \
   extern "C" __global__ void moe_sum_##S(const T* y, const uint32_t* ids, T* out, int hidden,   \
@@ -371,14 +327,6 @@ extern "C" __global__ void moe_gate_up_t1_bf16(const __nv_bfloat16* x, const __n
                                                __nv_bfloat16* act, int hidden, int inter, int k,
                                                int first, int local) {
   moe_gate_up<__nv_bfloat16, 1>(x, gate_up, order, tiles, act, hidden, inter, k, first, local);
-}
-// The same letting the next launch in after its wait (before moe_down_sum_early_bf16).
-extern "C" __global__ void moe_gate_up_t1_late_bf16(const __nv_bfloat16* x,
-                                                    const __nv_bfloat16* gate_up,
-                                                    const uint32_t* order, const uint32_t* tiles,
-                                                    __nv_bfloat16* act, int hidden, int inter,
-                                                    int k, int first, int local) {
-  moe_gate_up<__nv_bfloat16, 1, true>(x, gate_up, order, tiles, act, hidden, inter, k, first, local);
 }
 extern "C" __global__ void moe_down_t1_bf16(const __nv_bfloat16* act, const __nv_bfloat16* down,
                                             const uint32_t* order, const uint32_t* tiles,

@@ -5,6 +5,8 @@
 # kernel_check --model-only on the mixed MoE model with it (bit for bit against down + sum,
 # two routings; the model against candle), graph_check on 4 layers, decode on 4 and 8 layers
 # default / early.
+# Ran on commit 614656d's binaries; --moe-down-early and its kernels were removed after this call
+# (slower; BENCHMARKS.md), so this script needs that commit.
 set -u
 source scripts/gpu_lib.sh
 mix_model; moe_model 4; echo "models t=$((SECONDS - T0))"

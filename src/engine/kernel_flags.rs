@@ -170,10 +170,6 @@ pub struct KernelFlags {
     /// `KernelOptions::moe_route_one` off).
     #[arg(long)]
     pub no_moe_route_one: bool,
-    /// The MoE down + sum reads the routing tables and its first weights before its wait
-    /// (`KernelOptions::moe_down_early`).
-    #[arg(long, conflicts_with = "no_moe_down_sum")]
-    pub moe_down_early: bool,
     /// LoRA steps launched one shrink and one expand per fused matmul, in order (turns
     /// `KernelOptions::lora_overlap` off: no second stream, no expands fused with the SiLU or
     /// the norms).
@@ -285,7 +281,6 @@ impl KernelFlags {
             moe_norm_router: self.moe_norm_router,
             moe_down_sum: !self.no_moe_down_sum,
             moe_route_one: !self.no_moe_route_one,
-            moe_down_early: self.moe_down_early,
             lora_overlap: !self.no_lora_overlap,
             lora_grouped: self.lora_grouped,
             lora_runs: !self.no_lora_runs,
@@ -385,11 +380,6 @@ mod tests {
         assert!(d.kernels.norm_presum);
         let p = Cli::parse_from(["x", "--no-norm-presum"]).engine.options();
         assert!(!p.kernels.norm_presum);
-        // The MoE down's early reads: off unless asked for; not without down + sum.
-        assert!(!d.kernels.moe_down_early);
-        let f = Cli::parse_from(["x", "--moe-down-early"]).engine.options();
-        assert!(f.kernels.moe_down_early);
-        assert!(Cli::try_parse_from(["x", "--moe-down-early", "--no-moe-down-sum"]).is_err());
         // The fused attention's row bound: 8 unless told otherwise; 0 and 17 refused.
         assert_eq!(d.kernels.fused_max_rows, 8);
         let r = Cli::parse_from(["x", "--fused-max-rows", "8"])

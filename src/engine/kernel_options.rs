@@ -270,12 +270,6 @@ pub struct KernelOptions {
     /// (`moe_route_one_*`: the same ids, weights and tiles as the block of 1,024 threads). On by
     /// default: on the H200 (30B-A3B shape) batch 1 +1.2%, ~1.3 us a layer (#29).
     pub moe_route_one: bool,
-    /// The one-pair MoE down + sum (with `moe_down_sum`, bf16, sm_90) reads the routing
-    /// tables and copies its first round of weights into shared memory before its wait, where
-    /// it read everything after: the gate|up launch before it lets it in only after its own
-    /// wait, when the routing that wrote the tables has finished, so down's first weight loads
-    /// overlap gate|up. The same bits. Default off (not yet measured).
-    pub moe_down_early: bool,
     /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
     /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
     /// input (on a second stream beside it above `lora_side_min_rows` rows), the gate|up
@@ -359,7 +353,6 @@ impl Default for KernelOptions {
             moe_norm_router: false,
             moe_down_sum: true,
             moe_route_one: true,
-            moe_down_early: false,
             lora_overlap: true,
             lora_grouped: false,
             lora_runs: true,

@@ -136,28 +136,24 @@ pub(super) struct MoeKernels {
     /// One token's routing and alignment by one warp, `[bf16, f32]`
     /// (`LaunchOptions::moe_route_one`).
     pub(super) route_one: Option<[CudaFunction; 2]>,
-    /// The one-pair gate|up that lets the next launch in after its wait and the down + sum
-    /// that reads the routing tables and its first weights before its own (bf16 with
-    /// `down_sum` and `LaunchOptions::moe_down_early`).
-    pub(super) down_early: Option<(CudaFunction, CudaFunction)>,
 }
 
 impl MoeKernels {
     /// The functions of the three modules (routing, experts on CUDA cores, experts on tensor
     /// cores) by name (`f` loads one).
-    pub(super) fn load(
+    pub(super) fn load<E>(
         [route, moe, mma]: [&Arc<CudaModule>; 3],
-        (tile_one, norm_router, down_sum, route_one, down_early): (bool, bool, bool, bool, bool),
-        f: impl Fn(&Arc<CudaModule>, &str) -> Result<CudaFunction>,
-    ) -> Result<Self> {
-        let both = |m: &Arc<CudaModule>, name: &str| -> Result<[CudaFunction; 2]> {
+        (tile_one, norm_router, down_sum, route_one): (bool, bool, bool, bool),
+        f: impl Fn(&Arc<CudaModule>, &str) -> Result<CudaFunction, E>,
+    ) -> Result<Self, E> {
+        let both = |m: &Arc<CudaModule>, name: &str| -> Result<[CudaFunction; 2], E> {
             Ok([
                 f(m, &format!("{name}_bf16"))?,
                 f(m, &format!("{name}_f32"))?,
             ])
         };
         // CUDA cores: [bf16 tile 8, f32 tile 8, f32 tile 32, bf16 tile 1].
-        let simt = |kind: &str| -> Result<[CudaFunction; 4]> {
+        let simt = |kind: &str| -> Result<[CudaFunction; 4], E> {
             Ok([
                 f(moe, &format!("moe_{kind}_t8_bf16"))?,
                 f(moe, &format!("moe_{kind}_t8_f32"))?,
@@ -165,7 +161,7 @@ impl MoeKernels {
                 f(moe, &format!("moe_{kind}_t1_bf16"))?,
             ])
         };
-        let tensor = |kind: &str| -> Result<[CudaFunction; 2]> {
+        let tensor = |kind: &str| -> Result<[CudaFunction; 2], E> {
             Ok([
                 f(mma, &format!("moe_{kind}_m16_bf16"))?,
                 f(mma, &format!("moe_{kind}_m64_bf16"))?,
@@ -196,16 +192,6 @@ impl MoeKernels {
             },
             route_one: if route_one {
                 Some(both(route, "moe_route_one")?)
-            } else {
-                None
-            },
-            down_early: if down_sum && down_early {
-                use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
-                let down = f(moe, "moe_down_sum_early_bf16")?;
-                let smem = super::moe_ops::MOE_DOWN_EARLY_SMEM as i32;
-                down.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-                    .map_err(|e| kernel_err("moe_down_sum_early shared memory", e))?;
-                Some((f(moe, "moe_gate_up_t1_late_bf16")?, down))
             } else {
                 None
             },

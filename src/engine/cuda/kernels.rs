@@ -352,7 +352,6 @@ impl CudaKernels {
                     opts.moe_norm_router && dtype == DType::BF16,
                     opts.moe_down_sum && dtype == DType::BF16,
                     opts.moe_route_one,
-                    opts.moe_down_early && hopper,
                 ),
                 |m, name| f(m, name),
             )?,

@@ -115,10 +115,6 @@ pub struct LaunchOptions {
     /// A one-token MoE step (at most 128 experts) routes and aligns by one warp
     /// (`moe_route_one_*`) instead of a block of 1,024 threads.
     pub moe_route_one: bool,
-    /// The one-pair MoE down + sum reads the routing tables and issues its first weight
-    /// loads before its wait, the gate|up before it letting it in after its own wait
-    /// (`kernels/moe.cu` `moe_down_sum_early_bf16`; bf16 with `moe_down_sum`, sm_90).
-    pub moe_down_early: bool,
     /// LoRA steps of one-token tiles with each shrink before its base matmul (on a second
     /// stream beside it above `lora_side_min_rows` rows), the gate|up expand fused with the
     /// SiLU and the o/down expands with the next add+RMSNorm (`kernels/lora_silu.cu`).
@@ -183,7 +179,6 @@ impl Default for LaunchOptions {
             moe_norm_router: false,
             moe_down_sum: true,
             moe_route_one: true,
-            moe_down_early: false,
             lora_overlap: true,
             lora_grouped: false,
             lora_runs: true,

@@ -108,10 +108,6 @@ impl MoeScratch {
     }
 }
 
-/// Dynamic shared memory of `moe_down_sum_early_bf16`: each warp's first round of down, 4
-/// experts x 3 chunks x 32 lanes of 16 bytes, for 8 warps.
-pub(super) const MOE_DOWN_EARLY_SMEM: u32 = 8 * 4 * 3 * 32 * 16;
-
 impl CudaKernels {
     /// Buffers for sparse layers of `experts` experts, top-`top_k`, expert MLP size `inter`
     /// (this rank's) and `hidden`, for up to `t` tokens.
@@ -325,18 +321,11 @@ impl CudaKernels {
             // SAFETY: as above (`moe_align`: 2 * e ints of dynamic shared memory).
             unsafe { b.launch(grid(1, 1, 1024, (2 * e * 4) as u32)) }.w()?;
         }
-        let fused = tm == 1 && stages.contains(&2) && stages.contains(&3);
-        // `LaunchOptions::moe_down_early`: gate|up lets down in after its wait, and down reads
-        // the tables before its own (both launched here, in that order).
-        let early = m
-            .down_early
-            .as_ref()
-            .filter(|_| fused && stages.contains(&1) && m.down_sum.is_some());
         if stages.contains(&1) {
-            let mut b = self.launcher(match early {
-                Some((late, _)) => late,
-                None if mma => &m.mma_gate_up[fi],
-                None => &m.simt_gate_up[fi],
+            let mut b = self.launcher(if mma {
+                &m.mma_gate_up[fi]
+            } else {
+                &m.simt_gate_up[fi]
             });
             b.arg(&ph).arg(&pgu).arg(&porder).arg(&ptiles).arg(&pact);
             b.arg(&h32).arg(&i32_).arg(&k32).arg(&f32_).arg(&l32);
@@ -349,9 +338,9 @@ impl CudaKernels {
             };
             unsafe { b.launch(cfg) }.w()?;
         }
+        let fused = tm == 1 && stages.contains(&2) && stages.contains(&3);
         if let Some(f) = m.down_sum.as_ref().filter(|_| fused) {
             // Down and the sum in one launch (one-pair tiles, `LaunchOptions::moe_down_sum`).
-            let (f, smem) = early.map_or((f, 0), |(_, e)| (e, MOE_DOWN_EARLY_SMEM));
             let mut b = self.launcher(f);
             b.arg(&pact).arg(&pdn).arg(&pids).arg(&porder).arg(&pw);
             b.arg(&pout)
@@ -362,7 +351,7 @@ impl CudaKernels {
                 .arg(&l32);
             // SAFETY: argument types match `moe_down_sum_bf16` (bf16: `down_sum` is loaded for
             // bf16 only); buffers sized and checked above (k <= 32); a warp per output row.
-            unsafe { b.launch(grid(hidden.div_ceil(8), t, 256, smem)) }.w()?;
+            unsafe { b.launch(grid(hidden.div_ceil(8), t, 256, 0)) }.w()?;
             return Ok(());
         }
         if stages.contains(&2) {
