@@ -186,6 +186,15 @@ pub struct KernelOptions {
     /// Default `FUSED_MMA_ROWS` (2: on
     /// the H200 the loop lost 10-25% at batches 4-16 after 512-token prompts).
     pub fused_mma_rows: usize,
+    /// The stages a warp of the tensor-core loop of `fused_mma` takes in 1-row steps (1 or 2),
+    /// where they differ from `fused_mma`'s (which 2-row steps keep); the same bits at either.
+    /// On the H200 two stages for 1-row steps alone (`--fused-mma 2 --fused-mma-rows 1`, which
+    /// also sends 2-row steps to the CUDA-core loop) against the default, batch 1 after
+    /// 512-token prompts, interleaved runs: 0.6B 1,238-1,239 against 1,226-1,230 tok/s (+0.9%),
+    /// after 2k 961-963 against 963-970, 1.7B 730-731 against 716 (+2.0%) (BENCHMARKS.md,
+    /// #21). Default None (the same stages for both): this option's own form is not yet
+    /// measured.
+    pub fused_mma_one: Option<u8>,
     /// Decode steps of 2+ rows (5+: `fused_long_ctx_many`, where set) whose longest context
     /// passes this many tokens run the attention unfused (q/k norm + RoPE + KV write, the tensor-core paged decode of
     /// `mma_decode`, the merge: three launches a layer), eager steps by their contexts and
@@ -334,6 +343,7 @@ impl Default for KernelOptions {
             fused_lean: true,
             fused_mma: Some(FUSED_MMA_STAGES),
             fused_mma_rows: FUSED_MMA_ROWS,
+            fused_mma_one: None,
             fused_long_ctx: Some(FUSED_LONG_CTX),
             fused_long_ctx_one: Some(FUSED_LONG_CTX_ONE),
             fused_long_ctx_many: Some(FUSED_LONG_CTX_MANY),

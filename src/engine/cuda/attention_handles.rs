@@ -24,10 +24,11 @@ pub(super) struct Fp8Kernels {
 /// The fused decode attention over caches of one dtype (`kernels/fused_decode.cu`), GQA
 /// groups 1, 2, 4, 8: the CUDA-core loop's kernels and, with `LaunchOptions::fused_mma`, the
 /// tensor-core loop's for steps of at most `mma_rows` rows with the dynamic shared memory a
-/// launch of them takes.
+/// launch of them takes (`mma_one`: those of 1-row steps, `LaunchOptions::fused_mma_one`).
 pub(crate) struct FusedDecode {
     pub(super) cores: [CudaFunction; 4],
     pub(super) mma: Option<([CudaFunction; 4], u32)>,
+    pub(super) mma_one: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_rows: usize,
 }
 
@@ -65,20 +66,24 @@ impl FusedDecode {
         } else {
             set("decode_fused", 0)?
         };
-        let mma = match opts.fused_mma {
-            Some(d) => {
-                let d = d.clamp(1, 2);
-                let elem = if dt == "fp8" { 1 } else { 2 };
-                // 4 warps x stages x a chunk's K and V (16 rows of 128 dims), at least the
-                // warps' or half-warps' states (MMA_STATES_BYTES of kernels/decode_mma.cuh).
-                let smem = (4 * d as u32 * 2 * 16 * 128 * elem).max(33_280);
-                Some((set(&format!("decode_fused_mma{d}"), smem)?, smem))
-            }
-            None => None,
+        // The tensor-core loop's kernels of `d` stages and their dynamic shared memory.
+        let mma_set = |d: u8| -> Result<([CudaFunction; 4], u32)> {
+            let d = d.clamp(1, 2);
+            let elem = if dt == "fp8" { 1 } else { 2 };
+            // 4 warps x stages x a chunk's K and V (16 rows of 128 dims), at least the
+            // warps' or half-warps' states (MMA_STATES_BYTES of kernels/decode_mma.cuh).
+            let smem = (4 * d as u32 * 2 * 16 * 128 * elem).max(33_280);
+            Ok((set(&format!("decode_fused_mma{d}"), smem)?, smem))
+        };
+        let mma = opts.fused_mma.map(mma_set).transpose()?;
+        let mma_one = match (opts.fused_mma, opts.fused_mma_one) {
+            (Some(d), Some(one)) if one.clamp(1, 2) != d.clamp(1, 2) => Some(mma_set(one)?),
+            _ => None,
         };
         Ok(Self {
             cores,
             mma,
+            mma_one,
             mma_rows: crate::engine::batch::bucket_bound(opts.fused_mma_rows),
         })
     }
@@ -86,7 +91,11 @@ impl FusedDecode {
     /// The kernels a launch of `rows` rows takes (the tensor-core ones only when `short`:
     /// every context fits one cluster) and its dynamic shared memory in bytes.
     pub(super) fn chosen(&self, rows: usize, short: bool) -> (&[CudaFunction; 4], u32) {
-        match &self.mma {
+        let mma = match &self.mma_one {
+            Some(one) if rows == 1 => Some(one),
+            _ => self.mma.as_ref(),
+        };
+        match mma {
             Some((fs, smem)) if short && rows <= self.mma_rows => (fs, *smem),
             _ => (&self.cores, 0),
         }

@@ -67,6 +67,9 @@ pub struct LaunchOptions {
     pub fused_mma: Option<u8>,
     /// Most rows of a step whose fused decode attention takes the tensor-core loop.
     pub fused_mma_rows: usize,
+    /// The tensor-core fused attention's stages for 1-row steps when they differ from
+    /// `fused_mma`'s (1 or 2; None: `fused_mma`'s).
+    pub fused_mma_one: Option<u8>,
     /// Decode steps of 2+ rows (5+: `fused_long_ctx_many`, where set) whose longest context
     /// passes this many tokens run the attention unfused (the tensor-core paged decode with `mma_decode`); None: fused at any
     /// context.
@@ -160,6 +163,7 @@ impl Default for LaunchOptions {
             fused_lean: true,
             fused_mma: Some(crate::engine::options::FUSED_MMA_STAGES),
             fused_mma_rows: crate::engine::options::FUSED_MMA_ROWS,
+            fused_mma_one: None,
             fused_long_ctx: Some(crate::engine::options::FUSED_LONG_CTX),
             fused_long_ctx_one: Some(crate::engine::options::FUSED_LONG_CTX_ONE),
             fused_long_ctx_many: Some(crate::engine::options::FUSED_LONG_CTX_MANY),
