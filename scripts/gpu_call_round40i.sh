@@ -20,3 +20,11 @@ for r in 1 2 3; do
   done
 done
 echo "done t=$((SECONDS - T0))"
+# Added in round 41: the current batch-1 ops alone (default and --fused-mma-one 2), the base
+# for folding o into the fused attention.
+for v in "" "--fused-mma-one 2"; do
+  timeout 100 .gpu/graph_check --model-dir /tmp/m-0.6b --profile 1 $v > "$OUT/prof.log" 2>&1
+  echo "== profile 0.6b [$v] rc $? t=$((SECONDS - T0))"
+  grep -v "^\s*$" "$OUT/prof.log" | grep -v -E "^(graph-check|  [a-z]+ [0-9]+/[0-9]+)" | cut -c1-150 | head -40
+done
+echo "done2 t=$((SECONDS - T0))"
