@@ -99,7 +99,7 @@ pub struct KernelFlags {
     #[arg(long, value_name = "N")]
     pub fused_mma_rows: Option<usize>,
     /// The stages of `--fused-mma`'s loop in 1-row steps, 1 or 2
-    /// (`KernelOptions::fused_mma_one`; default: `--fused-mma`'s).
+    /// (`KernelOptions::fused_mma_one`; default 2).
     #[arg(long, value_name = "D", value_parser = clap::value_parser!(u8).range(1..=2), conflicts_with = "no_fused_mma")]
     pub fused_mma_one: Option<u8>,
     /// Decode steps of 2-4 rows (and 5+ without `--fused-long-ctx-many`'s own bound) whose
@@ -244,7 +244,7 @@ impl KernelFlags {
             fused_mma_rows: self
                 .fused_mma_rows
                 .unwrap_or(super::options::FUSED_MMA_ROWS),
-            fused_mma_one: self.fused_mma_one,
+            fused_mma_one: Some(self.fused_mma_one.unwrap_or(super::options::FUSED_MMA_ONE)),
             fused_long_ctx: (!self.no_fused_long_ctx).then(|| {
                 self.fused_long_ctx
                     .unwrap_or(super::options::FUSED_LONG_CTX)
@@ -385,12 +385,12 @@ mod tests {
         assert!(d.kernels.norm_presum);
         let p = Cli::parse_from(["x", "--no-norm-presum"]).engine.options();
         assert!(!p.kernels.norm_presum);
-        // The 1-row steps' own stages: none unless asked for; 1-2; not without the loop.
-        assert_eq!(d.kernels.fused_mma_one, None);
-        let s = Cli::parse_from(["x", "--fused-mma-one", "2"])
+        // The 1-row steps' own stages: two unless told otherwise; 1-2; not without the loop.
+        assert_eq!(d.kernels.fused_mma_one, Some(2));
+        let s = Cli::parse_from(["x", "--fused-mma-one", "1"])
             .engine
             .options();
-        assert_eq!(s.kernels.fused_mma_one, Some(2));
+        assert_eq!(s.kernels.fused_mma_one, Some(1));
         assert!(Cli::try_parse_from(["x", "--fused-mma-one", "3"]).is_err());
         assert!(Cli::try_parse_from(["x", "--fused-mma-one", "2", "--no-fused-mma"]).is_err());
         // The fused attention's row bound: 8 unless told otherwise; 0 and 17 refused.

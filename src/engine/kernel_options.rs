@@ -67,6 +67,11 @@ pub const FUSED_LONG_CTX_ONE: usize = 6144;
 /// Default stages a warp of the fused attention's tensor-core loop ([`KernelOptions::fused_mma`]).
 pub const FUSED_MMA_STAGES: u8 = 1;
 
+/// Default stages of the fused attention's tensor-core loop in 1-row steps
+/// ([`KernelOptions::fused_mma_one`]): two (on the H200 0.6B batch 1 after 512-token prompts
+/// 1,257-1,276 against 1,242-1,244 tok/s; BENCHMARKS.md, #21).
+pub const FUSED_MMA_ONE: u8 = 2;
+
 /// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
 pub const GEMV_STREAM_BLOCKS: u8 = 2;
@@ -188,12 +193,10 @@ pub struct KernelOptions {
     pub fused_mma_rows: usize,
     /// The stages a warp of the tensor-core loop of `fused_mma` takes in 1-row steps (1 or 2),
     /// where they differ from `fused_mma`'s (which 2-row steps keep); the same bits at either.
-    /// On the H200 two stages for 1-row steps alone (`--fused-mma 2 --fused-mma-rows 1`, which
-    /// also sends 2-row steps to the CUDA-core loop) against the default, batch 1 after
-    /// 512-token prompts, interleaved runs: 0.6B 1,238-1,239 against 1,226-1,230 tok/s (+0.9%),
-    /// after 2k 961-963 against 963-970, 1.7B 730-731 against 716 (+2.0%) (BENCHMARKS.md,
-    /// #21). Default None (the same stages for both): this option's own form is not yet
-    /// measured.
+    /// Default `Some(FUSED_MMA_ONE)` (2): on the H200, batch 1 after 512-token prompts, three
+    /// interleaved runs against one stage: 0.6B 1,257-1,276 against 1,242-1,244 tok/s
+    /// (+1.2-2.7%), after 2k equal (966 against 966-969), 1.7B 717-720 against 722-725 (-0.5%),
+    /// batch 2 unchanged (BENCHMARKS.md, #21). None: `fused_mma`'s stages for both.
     pub fused_mma_one: Option<u8>,
     /// Decode steps of 2+ rows (5+: `fused_long_ctx_many`, where set) whose longest context
     /// passes this many tokens run the attention unfused (q/k norm + RoPE + KV write, the tensor-core paged decode of
@@ -343,7 +346,7 @@ impl Default for KernelOptions {
             fused_lean: true,
             fused_mma: Some(FUSED_MMA_STAGES),
             fused_mma_rows: FUSED_MMA_ROWS,
-            fused_mma_one: None,
+            fused_mma_one: Some(FUSED_MMA_ONE),
             fused_long_ctx: Some(FUSED_LONG_CTX),
             fused_long_ctx_one: Some(FUSED_LONG_CTX_ONE),
             fused_long_ctx_many: Some(FUSED_LONG_CTX_MANY),

@@ -163,7 +163,7 @@ impl Default for LaunchOptions {
             fused_lean: true,
             fused_mma: Some(crate::engine::options::FUSED_MMA_STAGES),
             fused_mma_rows: crate::engine::options::FUSED_MMA_ROWS,
-            fused_mma_one: None,
+            fused_mma_one: Some(crate::engine::options::FUSED_MMA_ONE),
             fused_long_ctx: Some(crate::engine::options::FUSED_LONG_CTX),
             fused_long_ctx_one: Some(crate::engine::options::FUSED_LONG_CTX_ONE),
             fused_long_ctx_many: Some(crate::engine::options::FUSED_LONG_CTX_MANY),
