@@ -24,13 +24,21 @@ pub(super) struct Fp8Kernels {
 /// The fused decode attention over caches of one dtype (`kernels/fused_decode.cu`), GQA
 /// groups 1, 2, 4, 8: the CUDA-core loop's kernels and, with `LaunchOptions::fused_mma`, the
 /// tensor-core loop's for steps of at most `mma_rows` rows with the dynamic shared memory a
-/// launch of them takes (`mma_one`: those of 1-row steps, `LaunchOptions::fused_mma_one`).
+/// launch of them takes (`mma_one`: those of 1-row steps, `LaunchOptions::fused_mma_one`),
+/// and with `LaunchOptions::fused_o` the same with the o fold (`mma_o`, `mma_one_o`: dynamic
+/// shared memory before the staged weights; `kernels/fused_o.cuh`).
 pub(crate) struct FusedDecode {
     pub(super) cores: [CudaFunction; 4],
     pub(super) mma: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_one: Option<([CudaFunction; 4], u32)>,
+    pub(super) mma_o: Option<([CudaFunction; 4], u32)>,
+    pub(super) mma_one_o: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_rows: usize,
 }
+
+/// The most bytes of o's weights a block of the o fold stages (`O_SMEM_MAX` of
+/// `kernels/fused_o.cuh`).
+pub(super) const O_SMEM_MAX: usize = 64 * 1024;
 
 impl FusedDecode {
     /// The kernels `opts` asks for over caches of `dt` ("bf16" or "fp8"): the lean kernels
@@ -66,26 +74,51 @@ impl FusedDecode {
         } else {
             set("decode_fused", 0)?
         };
-        // The tensor-core loop's kernels of `d` stages and their dynamic shared memory.
-        let mma_set = |d: u8| -> Result<([CudaFunction; 4], u32)> {
+        // The tensor-core loop's kernels of `d` stages (`o`: with the o fold) and their
+        // dynamic shared memory (with the o fold: before the staged weights).
+        let mma_set = |d: u8, o: bool| -> Result<([CudaFunction; 4], u32)> {
             let d = d.clamp(1, 2);
             let elem = if dt == "fp8" { 1 } else { 2 };
             // 4 warps x stages x a chunk's K and V (16 rows of 128 dims), at least the
             // warps' or half-warps' states (MMA_STATES_BYTES of kernels/decode_mma.cuh).
             let smem = (4 * d as u32 * 2 * 16 * 128 * elem).max(33_280);
-            Ok((set(&format!("decode_fused_mma{d}"), smem)?, smem))
+            Ok(if o {
+                let most = smem + O_SMEM_MAX as u32;
+                (set(&format!("decode_fused_mma{d}o"), most)?, smem)
+            } else {
+                (set(&format!("decode_fused_mma{d}"), smem)?, smem)
+            })
         };
-        let mma = opts.fused_mma.map(mma_set).transpose()?;
-        let mma_one = match (opts.fused_mma, opts.fused_mma_one) {
-            (Some(d), Some(one)) if one.clamp(1, 2) != d.clamp(1, 2) => Some(mma_set(one)?),
+        let one = match (opts.fused_mma, opts.fused_mma_one) {
+            (Some(d), Some(one)) if one.clamp(1, 2) != d.clamp(1, 2) => Some(one),
             _ => None,
+        };
+        let o = |d: Option<u8>| -> Result<_> {
+            match d.filter(|_| opts.fused_o) {
+                Some(d) => Ok(Some(mma_set(d, true)?)),
+                None => Ok(None),
+            }
         };
         Ok(Self {
             cores,
-            mma,
-            mma_one,
+            mma: opts.fused_mma.map(|d| mma_set(d, false)).transpose()?,
+            mma_one: one.map(|d| mma_set(d, false)).transpose()?,
+            mma_o: o(opts.fused_mma)?,
+            mma_one_o: o(one)?,
             mma_rows: crate::engine::batch::bucket_bound(opts.fused_mma_rows),
         })
+    }
+
+    /// The o fold's kernels for a launch of `rows` rows whose contexts fit one cluster (the
+    /// stages `chosen` takes) and their dynamic shared memory before the staged weights;
+    /// None where they are not loaded or the step takes the CUDA-core loop.
+    pub(super) fn chosen_o(&self, rows: usize) -> Option<(&[CudaFunction; 4], u32)> {
+        let o = match (&self.mma_one, &self.mma_one_o) {
+            (Some(_), o) if rows == 1 => o.as_ref(),
+            _ => self.mma_o.as_ref(),
+        };
+        o.filter(|_| rows <= self.mma_rows)
+            .map(|(fs, smem)| (fs, *smem))
     }
 
     /// The kernels a launch of `rows` rows takes (the tensor-core ones only when `short`:
