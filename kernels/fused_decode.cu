@@ -373,7 +373,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   // the host launches accordingly).
   constexpr int CP = G <= 2 ? 16 : (G <= 4 ? 8 : 1);
   __shared__ float pM[CP][G], pL[CP][G];
-  __shared__ float pA[CP][G][HD];
+  __shared__ __align__(16) float pA[CP][G][HD];
   const int rank = split % C;
   float* dM = nullptr;
   float* dL = nullptr;
@@ -398,11 +398,9 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     if (splits == 1) {
       out[(hb + g) * HD + d] = (T)(L > 0.f ? A / L : 0.f);
     } else if (O && dA != nullptr) {
-      // The o fold: the partial into every block of the cluster (slot = this block's rank).
-      for (int q = 0; q < C; ++q) {
-        cluster_peer(&pA[rank][0][0], q)[g * HD + d] = A;
-        if (d == 0) { cluster_peer(&pM[rank][0], q)[g] = M; cluster_peer(&pL[rank][0], q)[g] = L; }
-      }
+      // The o fold: the partial into this block's own slot first (then to the others).
+      pA[rank][g][d] = A;
+      if (d == 0) { pM[rank][g] = M; pL[rank][g] = L; }
     } else if (dA != nullptr) {
       dA[g * HD + d] = A;
       if (d == 0) { dM[g] = M; dL[g] = L; }
@@ -412,6 +410,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       if (d == 0) { part_ml[pi * 2] = M; part_ml[pi * 2 + 1] = L; }
     }
   }
+  if (O && dA != nullptr) o_push<G, CP>(pM, pL, pA, rank, C);
   if (splits == 1 || stop == 4) return;
   const int used = min(splits, (ctx + part - 1) / part);
   if (dA == nullptr) {
@@ -490,7 +489,7 @@ PS_DECODE_FUSED_ALL(true, 0, __launch_bounds__(THREADS), _lean, false)
 // MMA_STATES_BYTES) (attention_handles.rs).
 PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 4), _mma1, false)
 PS_DECODE_FUSED_ALL(true, 2, __launch_bounds__(THREADS, 2), _mma2, false)
-// The same with the o fold (LaunchOptions::fused_o; fused_o.cuh): O_SMEM_MAX more bytes of
-// dynamic shared memory at most.
+// The same at one stage with the o fold (LaunchOptions::fused_o; fused_o.cuh): O_SMEM_MAX more
+// bytes of dynamic shared memory at most. (Two stages, 64 KB of them, left a block of 0.6B's
+// fold one an SM, and its clusters of 16 lost 26% at batch 1 on the H200.)
 PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 4), _mma1o, true)
-PS_DECODE_FUSED_ALL(true, 2, __launch_bounds__(THREADS, 2), _mma2o, true)

@@ -45,7 +45,7 @@ __device__ __forceinline__ V* cluster_peer(V* p, int rank) {
 //
 // A 1-2-row decode step whose contexts each fit one cluster can run the o projection inside
 // the fused attention: every block of a KV head's cluster merges the cluster's partials itself
-// (each block pushes its partial into every block's shared memory), rounds the heads' output
+// (each block pushes its partial into every block's shared memory: o_push), rounds the heads' output
 // to bf16 as the unfused path stores it, and multiplies it by its share of o's columns for
 // those heads: rows rank * R .. rank * R + R - 1 (R = hidden / C) of the [hidden, nh * HD]
 // weight, columns kh * G * HD .. + G * HD, staged into shared memory (cp.async) before the
@@ -63,6 +63,25 @@ __host__ __device__ constexpr int O_BASE() {
                                                                  : MMA_STATES_BYTES;
 }
 constexpr int O_SMEM_MAX = 64 * 1024;
+
+// The o fold's exchange: this block's partial (slot `rank` of its own pM / pL / pA, written
+// by the block) into the same slot of every other block of the cluster, 16 bytes a store.
+template <int G, int CP>
+__device__ __forceinline__ void o_push(float (&pM)[CP][G], float (&pL)[CP][G],
+                                       float (&pA)[CP][G][HD], int rank, int C) {
+  constexpr int V = G * HD / 4;  // float4s of a partial
+  __syncthreads();
+  const float4* src = reinterpret_cast<const float4*>(&pA[rank][0][0]);
+  for (int i = threadIdx.x; i < (C - 1) * V; i += THREADS) {
+    const int q = (rank + 1 + i / V) % C;
+    reinterpret_cast<float4*>(cluster_peer(&pA[rank][0][0], q))[i % V] = src[i % V];
+  }
+  for (int i = threadIdx.x; i < (C - 1) * G; i += THREADS) {
+    const int q = (rank + 1 + i / G) % C, g = i % G;
+    cluster_peer(&pM[rank][0], q)[g] = pM[rank][g];
+    cluster_peer(&pL[rank][0], q)[g] = pL[rank][g];
+  }
+}
 
 // Copies this block's share of o (R rows of G * HD columns, row-major, 16 bytes a lane and
 // copy) into ow and commits it as one cp.async group.

@@ -102,7 +102,7 @@ pub struct KernelFlags {
     /// (`KernelOptions::fused_mma_one`; default 2).
     #[arg(long, value_name = "D", value_parser = clap::value_parser!(u8).range(1..=2), conflicts_with = "no_fused_mma")]
     pub fused_mma_one: Option<u8>,
-    /// Fold o into the fused attention of 1-2-row steps (`KernelOptions::fused_o`).
+    /// Fold o into the fused attention of 1-row steps (`KernelOptions::fused_o`).
     #[arg(long, conflicts_with = "no_fused_mma")]
     pub fused_o: bool,
     /// Decode steps of 2-4 rows (and 5+ without `--fused-long-ctx-many`'s own bound) whose

@@ -198,13 +198,15 @@ pub struct KernelOptions {
     /// (+1.2-2.7%), after 2k equal (966 against 966-969), 1.7B 717-720 against 722-725 (-0.5%),
     /// batch 2 unchanged (BENCHMARKS.md, #21). None: `fused_mma`'s stages for both.
     pub fused_mma_one: Option<u8>,
-    /// The o fold: decode steps of 1-2 rows on `fused_mma`'s kernels (every context within one
+    /// The o fold: 1-row decode steps on `fused_mma`'s kernels (the context within one
     /// cluster) run the o projection inside the fused attention. Each block of a KV head's
     /// cluster merges the cluster's partials and multiplies the heads' output by its share of
     /// o's rows, staged in shared memory before its wait; the gate|up matmul's add + RMSNorm
     /// adds the KV heads' f32 partials (`kernels/fused_o.cuh`). One launch fewer a layer; o's
-    /// sums in another order (f32). Shapes of 8 KV heads whose share fits 64 KB (Qwen3-0.6B,
-    /// -1.7B), one rank, no adapters. Default false: not yet measured.
+    /// sums in another order (f32). Shapes of 8 KV heads whose share fits 64 KB and whose
+    /// gate|up norm defers its scale (Qwen3-0.6B), one rank, no adapters. Default false: on the
+    /// H200 0.6B batch 1 after 512-token prompts lost 26% with two stages a warp and 6% at
+    /// one (1,173-1,177 against 1,234-1,248 tok/s; BENCHMARKS.md, #21).
     pub fused_o: bool,
     /// Decode steps of 2+ rows (5+: `fused_long_ctx_many`, where set) whose longest context
     /// passes this many tokens run the attention unfused (q/k norm + RoPE + KV write, the tensor-core paged decode of

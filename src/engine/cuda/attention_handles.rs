@@ -25,14 +25,13 @@ pub(super) struct Fp8Kernels {
 /// groups 1, 2, 4, 8: the CUDA-core loop's kernels and, with `LaunchOptions::fused_mma`, the
 /// tensor-core loop's for steps of at most `mma_rows` rows with the dynamic shared memory a
 /// launch of them takes (`mma_one`: those of 1-row steps, `LaunchOptions::fused_mma_one`),
-/// and with `LaunchOptions::fused_o` the same with the o fold (`mma_o`, `mma_one_o`: dynamic
-/// shared memory before the staged weights; `kernels/fused_o.cuh`).
+/// and with `LaunchOptions::fused_o` the one-stage kernels with the o fold for 1-row steps
+/// (`mma_o`: dynamic shared memory before the staged weights; `kernels/fused_o.cuh`).
 pub(crate) struct FusedDecode {
     pub(super) cores: [CudaFunction; 4],
     pub(super) mma: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_one: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_o: Option<([CudaFunction; 4], u32)>,
-    pub(super) mma_one_o: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_rows: usize,
 }
 
@@ -93,31 +92,27 @@ impl FusedDecode {
             (Some(d), Some(one)) if one.clamp(1, 2) != d.clamp(1, 2) => Some(one),
             _ => None,
         };
-        let o = |d: Option<u8>| -> Result<_> {
-            match d.filter(|_| opts.fused_o) {
-                Some(d) => Ok(Some(mma_set(d, true)?)),
-                None => Ok(None),
-            }
-        };
         Ok(Self {
             cores,
             mma: opts.fused_mma.map(|d| mma_set(d, false)).transpose()?,
             mma_one: one.map(|d| mma_set(d, false)).transpose()?,
-            mma_o: o(opts.fused_mma)?,
-            mma_one_o: o(one)?,
+            mma_o: match opts.fused_mma {
+                Some(_) if opts.fused_o => Some(mma_set(1, true)?),
+                _ => None,
+            },
             mma_rows: crate::engine::batch::bucket_bound(opts.fused_mma_rows),
         })
     }
 
-    /// The o fold's kernels for a launch of `rows` rows whose contexts fit one cluster (the
-    /// stages `chosen` takes) and their dynamic shared memory before the staged weights;
-    /// None where they are not loaded or the step takes the CUDA-core loop.
+    /// The o fold's kernels for a launch of `rows` rows whose contexts fit one cluster (one
+    /// stage a warp, 1-row steps only) and their dynamic shared memory before the staged
+    /// weights; None where they are not loaded or do not serve the rows. (On the H200 two
+    /// stages left 0.6B's block one an SM and lost 26% at batch 1; 2-row steps, 32 clusters,
+    /// lost 29%.)
     pub(super) fn chosen_o(&self, rows: usize) -> Option<(&[CudaFunction; 4], u32)> {
-        let o = match (&self.mma_one, &self.mma_one_o) {
-            (Some(_), o) if rows == 1 => o.as_ref(),
-            _ => self.mma_o.as_ref(),
-        };
-        o.filter(|_| rows <= self.mma_rows)
+        self.mma_o
+            .as_ref()
+            .filter(|_| rows == 1 && rows <= self.mma_rows)
             .map(|(fs, smem)| (fs, *smem))
     }
 

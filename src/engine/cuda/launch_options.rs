@@ -70,7 +70,7 @@ pub struct LaunchOptions {
     /// The tensor-core fused attention's stages for 1-row steps when they differ from
     /// `fused_mma`'s (1 or 2; None: `fused_mma`'s).
     pub fused_mma_one: Option<u8>,
-    /// 1-2-row steps on `fused_mma`'s kernels run the o projection inside the fused attention
+    /// 1-row steps on `fused_mma`'s kernels run the o projection inside the fused attention
     /// (`kernels/fused_o.cuh`) and the gate|up norm adds its partials.
     pub fused_o: bool,
     /// Decode steps of 2+ rows (5+: `fused_long_ctx_many`, where set) whose longest context

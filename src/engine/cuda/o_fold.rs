@@ -1,4 +1,4 @@
-//! The o fold (`LaunchOptions::fused_o`): decode steps of 1-2 rows whose contexts each fit one
+//! The o fold (`LaunchOptions::fused_o`): 1-row decode steps whose context fits one
 //! cluster run the o projection inside the fused attention (`kernels/fused_o.cuh`), which
 //! writes one f32 partial of o's output per KV head; the gate|up matmul's add + RMSNorm
 //! (`spdnorm_*` of `kernels/gemv.cu`, [`CudaKernels::norm_linear_into`] given the partials as
