@@ -122,9 +122,11 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
 // with it on the H200, took 123 registers a thread against 96 and lost 9-27% at batches 8-16
 // and after 8k-32k tokens, +2.5% at batch 1 after 512: BENCHMARKS.md, #21.)
 // O (LaunchOptions::fused_o; MMA > 0, every context one cluster's): the o fold of fused_o.cuh
-// (o_w the [hidden, nh * HD] weight, o_part the f32 partials [B][gridDim.y][hidden]); the
+// (o_w the [hidden, nh * HD] weight, o_part the f32 partials [B][gridDim.y][hidden]), its
+// weights staged in shared memory before the wait (1) or read from global memory (L2, where
+// the qkv matmul prefetched them) after the merge (2, LaunchOptions::fused_o_l2); the
 // attention's output is written as well (by rank 0).
-template <int G, typename KT, bool LEAN, int MMA, bool O = false>
+template <int G, typename KT, bool LEAN, int MMA, int O = 0>
 __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              const __nv_bfloat16* __restrict__ q_w,
                              const __nv_bfloat16* __restrict__ k_w,
@@ -204,7 +206,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
         cp_async_commit();
       }
       // The o fold's weights after the stages (the newest group): waited for with them.
-      if constexpr (O) o_stage<G>(dsm + O_BASE<KT, MMA>(), o_w, nh, kh, split % C, hidden / C);
+      if constexpr (O == 1) o_stage<G>(dsm + O_BASE<KT, MMA>(), o_w, nh, kh, split % C, hidden / C);
     }
   } else {
     fetch(start);
@@ -450,8 +452,9 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   if constexpr (O) {
     const int R = hidden / C;
     __syncthreads();
-    o_rows<G>(dsm + O_BASE<KT, MMA>(), &qs[0][0], R,
-              o_part + ((size_t)b * gridDim.y + kh) * hidden + rank * R);
+    const __nv_bfloat16* ow = o_w + (size_t)rank * R * nh * HD + (size_t)kh * G * HD;
+    o_rows<G, O == 2>(dsm + O_BASE<KT, MMA>(), ow, nh * HD, &qs[0][0], R,
+                      o_part + ((size_t)b * gridDim.y + kh) * hidden + rank * R);
     return;
   }
   if (last_level) return;
@@ -481,15 +484,18 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   PS_DECODE_FUSED(2, fp8, fp8, LEAN, MMA, BOUNDS, PRE, O)              \
   PS_DECODE_FUSED(4, fp8, fp8, LEAN, MMA, BOUNDS, PRE, O)              \
   PS_DECODE_FUSED(8, fp8, fp8, LEAN, MMA, BOUNDS, PRE, O)
-PS_DECODE_FUSED_ALL(false, 0, __launch_bounds__(THREADS), , false)
+PS_DECODE_FUSED_ALL(false, 0, __launch_bounds__(THREADS), , 0)
 // The same with LaunchOptions::fused_lean (the same bits).
-PS_DECODE_FUSED_ALL(true, 0, __launch_bounds__(THREADS), _lean, false)
+PS_DECODE_FUSED_ALL(true, 0, __launch_bounds__(THREADS), _lean, 0)
 // Step 3 on tensor cores where a context fits one cluster (LaunchOptions::fused_mma) with 1 or
 // 2 stages a warp: dynamic shared memory of max(MMA_WARPS * stages * stage_bytes,
 // MMA_STATES_BYTES) (attention_handles.rs).
-PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 4), _mma1, false)
-PS_DECODE_FUSED_ALL(true, 2, __launch_bounds__(THREADS, 2), _mma2, false)
+PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 4), _mma1, 0)
+PS_DECODE_FUSED_ALL(true, 2, __launch_bounds__(THREADS, 2), _mma2, 0)
 // The same at one stage with the o fold (LaunchOptions::fused_o; fused_o.cuh): O_SMEM_MAX more
 // bytes of dynamic shared memory at most. (Two stages, 64 KB of them, left a block of 0.6B's
 // fold one an SM, and its clusters of 16 lost 26% at batch 1 on the H200.)
-PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 4), _mma1o, true)
+PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 4), _mma1o, 1)
+// The o fold reading its weights from global memory after the merge (fused_o_l2): no more
+// shared memory than _mma1.
+PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 4), _mma1l, 2)

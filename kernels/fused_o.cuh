@@ -43,7 +43,7 @@ __device__ __forceinline__ V* cluster_peer(V* p, int rank) {
 
 // ---- The o fold (LaunchOptions::fused_o) ---------------------------------------------------
 //
-// A 1-2-row decode step whose contexts each fit one cluster can run the o projection inside
+// A 1-row decode step whose context fits one cluster can run the o projection inside
 // the fused attention: every block of a KV head's cluster merges the cluster's partials itself
 // (each block pushes its partial into every block's shared memory: o_push), rounds the heads' output
 // to bf16 as the unfused path stores it, and multiplies it by its share of o's columns for
@@ -97,13 +97,14 @@ __device__ __forceinline__ void o_stage(unsigned char* ow, const __nv_bfloat16* 
   cp_async_commit();
 }
 
-// o_part[row] = ow[row] . x over this block's R rows (x: the G heads' merged output as bf16,
-// G * HD in shared memory; ow staged by o_stage and waited for): a warp a row at a time, a
-// lane 8 columns (16 for G 4), the lanes' sums by warp_sum.
-template <int G>
-__device__ __forceinline__ void o_rows(const unsigned char* ow, const __nv_bfloat16* x, int R,
-                                       float* __restrict__ o_part) {
-  constexpr int CPR = G * HD / 8, LC = (CPR + 31) / 32;
+// o_part[row] = W[row] . x over this block's R rows (x: the G heads' merged output as bf16,
+// G * HD in shared memory): W staged by o_stage in ow (and waited for), or with GL read from
+// gw (global memory, rows ld apart) a batch of OB rows a warp at a time. A warp takes a row at
+// a time, a lane 8 columns (16 for G 4), the lanes' sums by warp_sum.
+template <int G, bool GL>
+__device__ __forceinline__ void o_rows(const unsigned char* ow, const __nv_bfloat16* gw, int ld,
+                                       const __nv_bfloat16* x, int R, float* __restrict__ o_part) {
+  constexpr int CPR = G * HD / 8, LC = (CPR + 31) / 32, OB = 8;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float xv[LC][8];
 #pragma unroll
@@ -111,21 +112,36 @@ __device__ __forceinline__ void o_rows(const unsigned char* ow, const __nv_bfloa
     const int c = lane + 32 * j;
     if (c < CPR) load8(x + c * 8, xv[j]);
   }
-#pragma unroll 4
-  for (int r = warp; r < R; r += THREADS / 32) {
-    float s = 0.f;
+  for (int r0 = warp; r0 < R; r0 += OB * (THREADS / 32)) {
+    uint4 w[OB][LC];
 #pragma unroll
-    for (int j = 0; j < LC; ++j) {
-      const int c = lane + 32 * j;
-      if (c < CPR) {
-        float w[8];
-        load8(reinterpret_cast<const __nv_bfloat16*>(ow + ((size_t)r * CPR + c) * 16), w);
+    for (int u = 0; u < OB; ++u) {
+      const int r = r0 + u * (THREADS / 32);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) s += w[i] * xv[j][i];
+      for (int j = 0; j < LC; ++j) {
+        const int c = lane + 32 * j;
+        if (r < R && c < CPR)
+          w[u][j] = GL ? *reinterpret_cast<const uint4*>(gw + (size_t)r * ld + c * 8)
+                       : *reinterpret_cast<const uint4*>(ow + ((size_t)r * CPR + c) * 16);
       }
     }
-    s = warp_sum(s);
-    if (lane == 0) o_part[r] = s;
+#pragma unroll
+    for (int u = 0; u < OB; ++u) {
+      const int r = r0 + u * (THREADS / 32);
+      float s = 0.f;
+#pragma unroll
+      for (int j = 0; j < LC; ++j) {
+        const int c = lane + 32 * j;
+        if (r < R && c < CPR) {
+          float wf[8];
+          bf16x8_to_f32(w[u][j], wf);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) s += wf[i] * xv[j][i];
+        }
+      }
+      s = warp_sum(s);
+      if (lane == 0 && r < R) o_part[r] = s;
+    }
   }
 }
 

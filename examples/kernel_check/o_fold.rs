@@ -15,11 +15,13 @@ use super::{Res, Table, randn, rel};
 
 /// Kernels with the fused attention's tensor-core loop at `stages` a warp (the unfolded
 /// path's) and the o fold (one stage, 1-row steps).
-fn fold_kernels(dev: &Device, stages: u8) -> Res<CudaKernels> {
+/// With `l2` the fold reads o's weights after the merge (`fused_o_l2`).
+fn fold_kernels(dev: &Device, stages: u8, l2: bool) -> Res<CudaKernels> {
     let o = LaunchOptions {
         fused_mma: Some(stages),
         fused_mma_one: None,
         fused_o: true,
+        fused_o_l2: l2,
         ..LaunchOptions::default()
     };
     Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
@@ -126,8 +128,9 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         (1, 1500, false),
     ];
     let bf = DType::BF16;
-    for stages in [1u8, 2] {
-        let k = fold_kernels(dev, stages)?;
+    for (stages, l2) in [(1u8, false), (2, false), (1, true)] {
+        let k = fold_kernels(dev, stages, l2)?;
+        let stages = format!("{stages}{}", if l2 { " l2" } else { "" });
         let heads = (16, 8, 128);
         let (o17, gu17) = (
             Tensor::zeros((2048, 2048), bf, dev)?,

@@ -105,6 +105,9 @@ pub struct KernelFlags {
     /// Fold o into the fused attention of 1-row steps (`KernelOptions::fused_o`).
     #[arg(long, conflicts_with = "no_fused_mma")]
     pub fused_o: bool,
+    /// `--fused-o` reading o's weights after the merge (`KernelOptions::fused_o_l2`).
+    #[arg(long, requires = "fused_o")]
+    pub fused_o_l2: bool,
     /// Decode steps of 2-4 rows (and 5+ without `--fused-long-ctx-many`'s own bound) whose
     /// longest context passes N tokens run the attention unfused
     /// (`KernelOptions::fused_long_ctx`; default 2,048).
@@ -249,6 +252,7 @@ impl KernelFlags {
                 .unwrap_or(super::options::FUSED_MMA_ROWS),
             fused_mma_one: Some(self.fused_mma_one.unwrap_or(super::options::FUSED_MMA_ONE)),
             fused_o: self.fused_o,
+            fused_o_l2: self.fused_o_l2,
             fused_long_ctx: (!self.no_fused_long_ctx).then(|| {
                 self.fused_long_ctx
                     .unwrap_or(super::options::FUSED_LONG_CTX)
@@ -387,6 +391,8 @@ mod tests {
         assert!(Cli::try_parse_from(["x", "--fused-mma-one", "2", "--no-fused-mma"]).is_err());
         assert!(!d.kernels.fused_o && opts(&["x", "--fused-o"]).kernels.fused_o);
         assert!(Cli::try_parse_from(["x", "--fused-o", "--no-fused-mma"]).is_err());
+        assert!(opts(&["x", "--fused-o", "--fused-o-l2"]).kernels.fused_o_l2);
+        assert!(Cli::try_parse_from(["x", "--fused-o-l2"]).is_err());
         // The fused attention's row bound: 8 unless told otherwise; 0 and 17 refused.
         assert_eq!(d.kernels.fused_max_rows, 8);
         let r = opts(&["x", "--fused-max-rows", "8"]);

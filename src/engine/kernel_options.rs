@@ -208,6 +208,11 @@ pub struct KernelOptions {
     /// H200 0.6B batch 1 after 512-token prompts lost 26% with two stages a warp and 6% at
     /// one (1,173-1,177 against 1,234-1,248 tok/s; BENCHMARKS.md, #21).
     pub fused_o: bool,
+    /// With `fused_o`: the fold reads o's weights from global memory (L2, where the qkv
+    /// matmul prefetched them) after the merge instead of staging them in shared memory before
+    /// the wait, so a block takes no more shared memory than without the fold. Default false:
+    /// not yet measured.
+    pub fused_o_l2: bool,
     /// Decode steps of 2+ rows (5+: `fused_long_ctx_many`, where set) whose longest context
     /// passes this many tokens run the attention unfused (q/k norm + RoPE + KV write, the tensor-core paged decode of
     /// `mma_decode`, the merge: three launches a layer), eager steps by their contexts and
@@ -358,6 +363,7 @@ impl Default for KernelOptions {
             fused_mma_rows: FUSED_MMA_ROWS,
             fused_mma_one: Some(FUSED_MMA_ONE),
             fused_o: false,
+            fused_o_l2: false,
             fused_long_ctx: Some(FUSED_LONG_CTX),
             fused_long_ctx_one: Some(FUSED_LONG_CTX_ONE),
             fused_long_ctx_many: Some(FUSED_LONG_CTX_MANY),

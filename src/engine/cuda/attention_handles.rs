@@ -32,6 +32,9 @@ pub(crate) struct FusedDecode {
     pub(super) mma: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_one: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_o: Option<([CudaFunction; 4], u32)>,
+    /// Whether `mma_o` stages o's weights in shared memory (else it reads them from global
+    /// memory after the merge: `LaunchOptions::fused_o_l2`).
+    pub(super) o_staged: bool,
     pub(super) mma_rows: usize,
 }
 
@@ -81,7 +84,9 @@ impl FusedDecode {
             // 4 warps x stages x a chunk's K and V (16 rows of 128 dims), at least the
             // warps' or half-warps' states (MMA_STATES_BYTES of kernels/decode_mma.cuh).
             let smem = (4 * d as u32 * 2 * 16 * 128 * elem).max(33_280);
-            Ok(if o {
+            Ok(if o && opts.fused_o_l2 {
+                (set(&format!("decode_fused_mma{d}l"), smem)?, smem)
+            } else if o {
                 let most = smem + O_SMEM_MAX as u32;
                 (set(&format!("decode_fused_mma{d}o"), most)?, smem)
             } else {
@@ -100,6 +105,7 @@ impl FusedDecode {
                 Some(_) if opts.fused_o => Some(mma_set(1, true)?),
                 _ => None,
             },
+            o_staged: !opts.fused_o_l2,
             mma_rows: crate::engine::batch::bucket_bound(opts.fused_mma_rows),
         })
     }

@@ -206,8 +206,9 @@ impl CudaKernels {
         let (n_w, k) = w.dims2()?;
         let t = res.elem_count() / k.max(1);
         let kind = if silu.is_some() { 3 } else { 2 };
-        // An f32 delta: the o fold's partials (`super::o_fold`), which one kernel adds.
-        let parts = delta.is_some_and(|d| d.dtype() == DType::F32);
+        // An f32 delta to a bf16 residual: the o fold's partials (`super::o_fold`), which one
+        // kernel adds (an f32 model's deltas are f32 too).
+        let parts = delta.is_some_and(|d| d.dtype() == DType::F32 && res.dtype() != DType::F32);
         let fused = if parts {
             self.parts_gemv(t, (n_w, k)).filter(|_| silu.is_some())
         } else {

@@ -98,7 +98,8 @@ impl CudaKernels {
             return Err(err("the partials are not f32 [rows, 8, hidden]"));
         }
         let o = (self.ptr(o_w)?, self.ptr(o_part)?, hidden as i32);
-        Ok(((fs, smem + share as u32), c, o))
+        let staged = if fused.o_staged { share as u32 } else { 0 };
+        Ok(((fs, smem + staged), c, o))
     }
 
     /// [`CudaKernels::decode_fused_into`] with o folded in (`LaunchOptions::fused_o`; every
