@@ -226,13 +226,10 @@ struct FusedDecodeParams {
   float eps;
   int stop;
   int kv_shift;  // log2 of the grid's KV heads per cache KV head (fused_decode.cu)
-  int hidden;    // the o fold's output rows (fused_o.cuh; 0 without it)
-  const __nv_bfloat16* o_w;
-  float* o_part;
+  int pad;
 };
-static_assert(sizeof(FusedDecodeParams) == 184, "FusedDecodeParams layout");
-static_assert(offsetof(FusedDecodeParams, width) == 112 && offsetof(FusedDecodeParams, eps) == 152 &&
-                  offsetof(FusedDecodeParams, o_w) == 168,
+static_assert(sizeof(FusedDecodeParams) == 168, "FusedDecodeParams layout");
+static_assert(offsetof(FusedDecodeParams, width) == 112 && offsetof(FusedDecodeParams, eps) == 152,
               "FusedDecodeParams layout");
 
 struct PrefillParams {

@@ -2,7 +2,6 @@
 // (see the comment on decode_fused below).
 
 #include "decode_mma.cuh"
-#include "fused_o.cuh"
 
 namespace {
 
@@ -40,6 +39,41 @@ namespace {
 constexpr int FETCH = 4;
 constexpr int CLUSTER_PART = 128;  // longest partition of a context one cluster covers
 constexpr int MERGE_STAGE = 32;    // partials a global merge stages in shared memory
+
+// Blocks in this block's cluster and its rank there (1 and 0 without clusters).
+__device__ __forceinline__ int cluster_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return (int)cooperative_groups::this_cluster().num_blocks();
+#else
+  return 1;
+#endif
+}
+
+// Cluster barrier halves (sm_90; every thread of every block that has not exited takes
+// part): arrive (release: this thread's earlier writes, shared memory of other blocks
+// included, are visible to whoever waits after it), and wait (for every thread of the cluster
+// that has not exited to have arrived).
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// Block `rank`'s shared-memory address of p (a variable of this kernel's shared memory).
+template <typename V>
+__device__ __forceinline__ V* cluster_peer(V* p, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().map_shared_rank(p, rank);
+#else
+  return p;
+#endif
+}
 
 // The last of `nparts` partials (index 0 .. nparts-1 of the `splits` slots of heads
 // hb .. hb+G-1, hb = b * nh + kh * G) to be written merges them into out (rows hb ..): each
@@ -121,12 +155,7 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
 // instead of a division. (A round's FETCH scores computed before its softmax steps, measured
 // with it on the H200, took 123 registers a thread against 96 and lost 9-27% at batches 8-16
 // and after 8k-32k tokens, +2.5% at batch 1 after 512: BENCHMARKS.md, #21.)
-// O (LaunchOptions::fused_o; MMA > 0, every context one cluster's): the o fold of fused_o.cuh
-// (o_w the [hidden, nh * HD] weight, o_part the f32 partials [B][gridDim.y][hidden]), its
-// weights staged in shared memory before the wait (1) or read from global memory (L2, where
-// the qkv matmul prefetched them) after the merge (2, LaunchOptions::fused_o_l2); the
-// attention's output is written as well (by rank 0).
-template <int G, typename KT, bool LEAN, int MMA, int O = 0>
+template <int G, typename KT, bool LEAN, int MMA>
 __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              const __nv_bfloat16* __restrict__ q_w,
                              const __nv_bfloat16* __restrict__ k_w,
@@ -138,9 +167,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              __nv_bfloat16* __restrict__ out, float* part_acc, float* part_ml,
                              uint32_t* counters, int W, const uint32_t* __restrict__ width,
                              int block_size, long long num_slots, int nkv, int part_min,
-                             float ks, float vs, float eps, int stop, int kv_shift,
-                             const __nv_bfloat16* __restrict__ o_w = nullptr,
-                             float* __restrict__ o_part = nullptr, int hidden = 0) {
+                             float ks, float vs, float eps, int stop, int kv_shift) {
   using T = __nv_bfloat16;
   using Raw = typename KvRaw<KT>::type;
   pdl_trigger();
@@ -153,8 +180,6 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   const int ctx = (int)ctx_lens[b];
   if (width != nullptr) W = (int)*width;
   const bool one_cluster = C > 1 && ctx <= C * CLUSTER_PART;
-  // The o fold needs the one-cluster merge (the host launches it only then).
-  if (O && !one_cluster) __trap();
   const int part = one_cluster ? decode_part(ctx, C, 16) : decode_part(ctx, splits, part_min);
   const int start = split * part;
   // A cluster (or block) wholly past the context has nothing to write; the test is the same
@@ -205,8 +230,6 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                          start + ci * CHUNK, end, threadIdx.x % 32);
         cp_async_commit();
       }
-      // The o fold's weights after the stages (the newest group): waited for with them.
-      if constexpr (O == 1) o_stage<G>(dsm + O_BASE<KT, MMA>(), o_w, nh, kh, split % C, hidden / C);
     }
   } else {
     fetch(start);
@@ -220,13 +243,6 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     if (split == 0)
       for (int i = threadIdx.x; i < G * HD; i += THREADS)
         out[((size_t)b * nh + kh * G) * HD + i] = (T)0.f;
-    if constexpr (O) {
-      const int R = hidden / C;
-      cp_async_wait<0>();
-      if (split < C)
-        for (int r = threadIdx.x; r < R; r += THREADS)
-          o_part[((size_t)b * gridDim.y + kh) * hidden + split * R + r] = 0.f;
-    }
     return;
   }
 
@@ -375,7 +391,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   // the host launches accordingly).
   constexpr int CP = G <= 2 ? 16 : (G <= 4 ? 8 : 1);
   __shared__ float pM[CP][G], pL[CP][G];
-  __shared__ __align__(16) float pA[CP][G][HD];
+  __shared__ float pA[CP][G][HD];
   const int rank = split % C;
   float* dM = nullptr;
   float* dL = nullptr;
@@ -399,10 +415,6 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     }
     if (splits == 1) {
       out[(hb + g) * HD + d] = (T)(L > 0.f ? A / L : 0.f);
-    } else if (O && dA != nullptr) {
-      // The o fold: the partial into this block's own slot first (then to the others).
-      pA[rank][g][d] = A;
-      if (d == 0) { pM[rank][g] = M; pL[rank][g] = L; }
     } else if (dA != nullptr) {
       dA[g * HD + d] = A;
       if (d == 0) { dM[g] = M; dL[g] = L; }
@@ -412,7 +424,6 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       if (d == 0) { part_ml[pi * 2] = M; part_ml[pi * 2 + 1] = L; }
     }
   }
-  if (O && dA != nullptr) o_push<G, CP>(pM, pL, pA, rank, C);
   if (splits == 1 || stop == 4) return;
   const int used = min(splits, (ctx + part - 1) / part);
   if (dA == nullptr) {
@@ -420,10 +431,9 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     return;
   }
   // Block 0 merges the cluster's partials (those holding context, in partition order) from
-  // its own shared memory once every block has pushed its own; the others are done (with O
-  // every block merges, the same sums in the same order).
+  // its own shared memory once every block has pushed its own; the others are done.
   cluster_arrive();
-  if (!O && rank != 0) return;
+  if (rank != 0) return;
   cluster_wait();
   const int cl = split / C, cused = min(C, used - cl * C);
   const bool last_level = used <= C;
@@ -440,22 +450,12 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       }
     }
     if (last_level) {
-      const T v = (T)(L > 0.f ? A / L : 0.f);
-      if (rank == 0) out[(hb + g) * HD + d] = v;
-      if constexpr (O) qs[g][d] = v;  // q is done with: the o fold's input
+      out[(hb + g) * HD + d] = (T)(L > 0.f ? A / L : 0.f);
     } else {
       const size_t pi = (hb + g) * splits + cl;
       part_acc[pi * HD + d] = A;
       if (d == 0) { part_ml[pi * 2] = M; part_ml[pi * 2 + 1] = L; }
     }
-  }
-  if constexpr (O) {
-    const int R = hidden / C;
-    __syncthreads();
-    const __nv_bfloat16* ow = o_w + (size_t)rank * R * nh * HD + (size_t)kh * G * HD;
-    o_rows<G, O == 2>(dsm + O_BASE<KT, MMA>(), ow, nh * HD, &qs[0][0], R,
-                      o_part + ((size_t)b * gridDim.y + kh) * hidden + rank * R);
-    return;
   }
   if (last_level) return;
   __syncthreads();
@@ -465,37 +465,29 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 
 }  // namespace
 
-#define PS_DECODE_FUSED(G, KT, NAME, LEAN, MMA, BOUNDS, PRE, O)                                 \
+#define PS_DECODE_FUSED(G, KT, NAME, LEAN, MMA, BOUNDS, PRE)                                    \
   extern "C" __global__ void BOUNDS                                                             \
       decode_fused##PRE##_g##G##_##NAME(const FusedDecodeParams p) {                            \
-    decode_fused<G, KT, LEAN, MMA, O>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots,          \
-                                      (KT*)p.k_cache, (KT*)p.v_cache, p.block_tables,            \
-                                      p.ctx_lens, p.out, p.part_acc, p.part_ml, p.counters, p.W, \
-                                      p.width, p.block_size, p.num_slots, p.nkv, p.part,         \
-                                      p.k_scale, p.v_scale, p.eps, p.stop, p.kv_shift, p.o_w,    \
-                                      p.o_part, p.hidden);                                       \
+    decode_fused<G, KT, LEAN, MMA>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots,             \
+                                   (KT*)p.k_cache, (KT*)p.v_cache, p.block_tables, p.ctx_lens,   \
+                                   p.out, p.part_acc, p.part_ml, p.counters, p.W, p.width,       \
+                                   p.block_size, p.num_slots, p.nkv, p.part, p.k_scale,          \
+                                   p.v_scale, p.eps, p.stop, p.kv_shift);                        \
   }
-#define PS_DECODE_FUSED_ALL(LEAN, MMA, BOUNDS, PRE, O)                  \
-  PS_DECODE_FUSED(1, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE, O)   \
-  PS_DECODE_FUSED(2, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE, O)   \
-  PS_DECODE_FUSED(4, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE, O)   \
-  PS_DECODE_FUSED(8, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE, O)   \
-  PS_DECODE_FUSED(1, fp8, fp8, LEAN, MMA, BOUNDS, PRE, O)              \
-  PS_DECODE_FUSED(2, fp8, fp8, LEAN, MMA, BOUNDS, PRE, O)              \
-  PS_DECODE_FUSED(4, fp8, fp8, LEAN, MMA, BOUNDS, PRE, O)              \
-  PS_DECODE_FUSED(8, fp8, fp8, LEAN, MMA, BOUNDS, PRE, O)
-PS_DECODE_FUSED_ALL(false, 0, __launch_bounds__(THREADS), , 0)
+#define PS_DECODE_FUSED_ALL(LEAN, MMA, BOUNDS, PRE)                  \
+  PS_DECODE_FUSED(1, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \
+  PS_DECODE_FUSED(2, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \
+  PS_DECODE_FUSED(4, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \
+  PS_DECODE_FUSED(8, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \
+  PS_DECODE_FUSED(1, fp8, fp8, LEAN, MMA, BOUNDS, PRE)              \
+  PS_DECODE_FUSED(2, fp8, fp8, LEAN, MMA, BOUNDS, PRE)              \
+  PS_DECODE_FUSED(4, fp8, fp8, LEAN, MMA, BOUNDS, PRE)              \
+  PS_DECODE_FUSED(8, fp8, fp8, LEAN, MMA, BOUNDS, PRE)
+PS_DECODE_FUSED_ALL(false, 0, __launch_bounds__(THREADS), )
 // The same with LaunchOptions::fused_lean (the same bits).
-PS_DECODE_FUSED_ALL(true, 0, __launch_bounds__(THREADS), _lean, 0)
+PS_DECODE_FUSED_ALL(true, 0, __launch_bounds__(THREADS), _lean)
 // Step 3 on tensor cores where a context fits one cluster (LaunchOptions::fused_mma) with 1 or
 // 2 stages a warp: dynamic shared memory of max(MMA_WARPS * stages * stage_bytes,
 // MMA_STATES_BYTES) (attention_handles.rs).
-PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 4), _mma1, 0)
-PS_DECODE_FUSED_ALL(true, 2, __launch_bounds__(THREADS, 2), _mma2, 0)
-// The same at one stage with the o fold (LaunchOptions::fused_o; fused_o.cuh): O_SMEM_MAX more
-// bytes of dynamic shared memory at most. (Two stages, 64 KB of them, left a block of 0.6B's
-// fold one an SM, and its clusters of 16 lost 26% at batch 1 on the H200.)
-PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 4), _mma1o, 1)
-// The o fold reading its weights from global memory after the merge (fused_o_l2): no more
-// shared memory than _mma1.
-PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 4), _mma1l, 2)
+PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 4), _mma1)
+PS_DECODE_FUSED_ALL(true, 2, __launch_bounds__(THREADS, 2), _mma2)

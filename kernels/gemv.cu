@@ -23,8 +23,6 @@
 //    (WarpNorm: no shared memory, no block barrier; warp 0 of block 0 writes res_out).
 //  * sgemv_silu_t{T}_bf16, snorm_gemv_silu_t{T}_bf16 (T = 1, 2): the gate|up kernels on
 //    streamed rows (below), bit for bit.
-//  * spdnorm_gemv_silu_t{T}_bf16: the deferred-norm one on a delta of 8 f32 partials a row (the
-//    fused attention's o fold, LaunchOptions::fused_o).
 //  * gemv_db_t{T}_bf16, norm_gemv_db_t{T}_bf16 (T = 1, 2): gemv/norm_gemv with two batches of
 //    weight loads in flight (dot_rows2), bit for bit.
 //  * gemv_split_t{T}_bf16 (T = 1, 2): gemv with two warps a row, a half of K each (below).
@@ -202,10 +200,8 @@ constexpr int NW_REGS = 16;  // norm weights a thread holds
 
 // norm_rows with the norm weights already in registers (wk[e] = w[threadIdx.x + 256 e], kept
 // as bf16): the same sums in the same order. DEFER: norm_rows_deferred's (x_s scaled by w
-// only, in one pass; the scale in inv for the caller). NP > 0: delta holds NP f32 partials a
-// row ([T][NP][K], the fused attention's o fold, fused_o.cuh), added in order and rounded to
-// bf16 as the o matmul's output would be.
-template <int T, bool DEFER = false, int NP = 0>
+// only, in one pass; the scale in inv for the caller).
+template <int T, bool DEFER = false>
 __device__ void norm_rows_pre(const __nv_bfloat16* __restrict__ res,
                               const __nv_bfloat16* __restrict__ delta,
                               __nv_bfloat16* __restrict__ res_out, const __nv_bfloat16 (&wk)[NW_REGS],
@@ -220,15 +216,7 @@ __device__ void norm_rows_pre(const __nv_bfloat16* __restrict__ res,
 #pragma unroll
       for (int t = 0; t < T; ++t) {
         float v = __bfloat162float(res[(size_t)t * K + k]);
-        if constexpr (NP > 0) {
-          const float* parts = reinterpret_cast<const float*>(delta) + (size_t)t * NP * K + k;
-          float d = 0.f;
-#pragma unroll
-          for (int p = 0; p < NP; ++p) d += parts[(size_t)p * K];
-          v = __bfloat162float(__float2bfloat16(v + __bfloat162float(__float2bfloat16(d))));
-        } else if (add) {
-          v = __bfloat162float(__float2bfloat16(v + __bfloat162float(delta[(size_t)t * K + k])));
-        }
+        if (add) v = __bfloat162float(__float2bfloat16(v + __bfloat162float(delta[(size_t)t * K + k])));
         if (DEFER) {
           if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = __float2bfloat16(v);
           x_s[t * K + k] = __float2bfloat16(v * __bfloat162float(wk[e]));
@@ -277,7 +265,7 @@ __device__ __forceinline__ void load_slots(const __nv_bfloat16* __restrict__ W, 
   }
 }
 
-template <int T, int NR, bool NORM, bool DEFER = false, int NP = 0>
+template <int T, int NR, bool NORM, bool DEFER = false>
 __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W,
                                              const __nv_bfloat16* x,
                                              const __nv_bfloat16* __restrict__ delta,
@@ -309,7 +297,7 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
   pdl_wait();
   float inv[T];
   if (NORM) {
-    norm_rows_pre<T, DEFER, NP>(x, delta, res_out, wk, eps, add, K, x_s, inv);
+    norm_rows_pre<T, DEFER>(x, delta, res_out, wk, eps, add, K, x_s, inv);
     x = x_s;
   }
   float acc[NR][T];
@@ -408,13 +396,11 @@ __device__ __forceinline__ void gemv_split_kernel(const __nv_bfloat16* __restric
   NORM_ENTRY(wnorm_gemv_silu_t##T##_bf16, gemv_kernel<T, 2, 2>(NORM_ARGS))
 
 // The gate|up kernels on streamed rows (LaunchOptions::gemv_stream), alone and behind the norm
-// (scale-first and deferred; deferred on a delta of 8 f32 partials: LaunchOptions::fused_o,
-// add must be 1).
+// (scale-first and deferred).
 #define SGEMV(T)                                                                             \
   PLAIN_ENTRY(sgemv_silu_t##T##_bf16, sgemv_kernel<T, 2, false>(PLAIN_ARGS))                 \
   NORM_ENTRY(snorm_gemv_silu_t##T##_bf16, sgemv_kernel<T, 2, true>(NORM_ARGS))               \
-  NORM_ENTRY(sdnorm_gemv_silu_t##T##_bf16, sgemv_kernel<T, 2, true, true>(NORM_ARGS))      \
-  NORM_ENTRY(spdnorm_gemv_silu_t##T##_bf16, sgemv_kernel<T, 2, true, true, 8>(NORM_ARGS))
+  NORM_ENTRY(sdnorm_gemv_silu_t##T##_bf16, sgemv_kernel<T, 2, true, true>(NORM_ARGS))
 
 // Two batches in flight (LaunchOptions::gemv_double_buffer), plain and behind the norm, for
 // rows of more than BATCH * 256 inputs.

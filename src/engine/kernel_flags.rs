@@ -102,12 +102,6 @@ pub struct KernelFlags {
     /// (`KernelOptions::fused_mma_one`; default 2).
     #[arg(long, value_name = "D", value_parser = clap::value_parser!(u8).range(1..=2), conflicts_with = "no_fused_mma")]
     pub fused_mma_one: Option<u8>,
-    /// Fold o into the fused attention of 1-row steps (`KernelOptions::fused_o`).
-    #[arg(long, conflicts_with = "no_fused_mma")]
-    pub fused_o: bool,
-    /// `--fused-o` reading o's weights after the merge (`KernelOptions::fused_o_l2`).
-    #[arg(long, requires = "fused_o")]
-    pub fused_o_l2: bool,
     /// Decode steps of 2-4 rows (and 5+ without `--fused-long-ctx-many`'s own bound) whose
     /// longest context passes N tokens run the attention unfused
     /// (`KernelOptions::fused_long_ctx`; default 2,048).
@@ -251,8 +245,6 @@ impl KernelFlags {
                 .fused_mma_rows
                 .unwrap_or(super::options::FUSED_MMA_ROWS),
             fused_mma_one: Some(self.fused_mma_one.unwrap_or(super::options::FUSED_MMA_ONE)),
-            fused_o: self.fused_o,
-            fused_o_l2: self.fused_o_l2,
             fused_long_ctx: (!self.no_fused_long_ctx).then(|| {
                 self.fused_long_ctx
                     .unwrap_or(super::options::FUSED_LONG_CTX)
@@ -389,10 +381,6 @@ mod tests {
         assert_eq!(s.kernels.fused_mma_one, Some(1));
         assert!(Cli::try_parse_from(["x", "--fused-mma-one", "3"]).is_err());
         assert!(Cli::try_parse_from(["x", "--fused-mma-one", "2", "--no-fused-mma"]).is_err());
-        assert!(!d.kernels.fused_o && opts(&["x", "--fused-o"]).kernels.fused_o);
-        assert!(Cli::try_parse_from(["x", "--fused-o", "--no-fused-mma"]).is_err());
-        assert!(opts(&["x", "--fused-o", "--fused-o-l2"]).kernels.fused_o_l2);
-        assert!(Cli::try_parse_from(["x", "--fused-o-l2"]).is_err());
         // The fused attention's row bound: 8 unless told otherwise; 0 and 17 refused.
         assert_eq!(d.kernels.fused_max_rows, 8);
         let r = opts(&["x", "--fused-max-rows", "8"]);

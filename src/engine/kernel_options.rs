@@ -198,21 +198,6 @@ pub struct KernelOptions {
     /// (+1.2-2.7%), after 2k equal (966 against 966-969), 1.7B 717-720 against 722-725 (-0.5%),
     /// batch 2 unchanged (BENCHMARKS.md, #21). None: `fused_mma`'s stages for both.
     pub fused_mma_one: Option<u8>,
-    /// The o fold: 1-row decode steps on `fused_mma`'s kernels (the context within one
-    /// cluster) run the o projection inside the fused attention. Each block of a KV head's
-    /// cluster merges the cluster's partials and multiplies the heads' output by its share of
-    /// o's rows, staged in shared memory before its wait; the gate|up matmul's add + RMSNorm
-    /// adds the KV heads' f32 partials (`kernels/fused_o.cuh`). One launch fewer a layer; o's
-    /// sums in another order (f32). Shapes of 8 KV heads whose share fits 64 KB and whose
-    /// gate|up norm defers its scale (Qwen3-0.6B), one rank, no adapters. Default false: on the
-    /// H200 0.6B batch 1 after 512-token prompts lost 26% with two stages a warp and 6% at
-    /// one (1,173-1,177 against 1,234-1,248 tok/s; BENCHMARKS.md, #21).
-    pub fused_o: bool,
-    /// With `fused_o`: the fold reads o's weights from global memory (L2, where the qkv
-    /// matmul prefetched them) after the merge instead of staging them in shared memory before
-    /// the wait, so a block takes no more shared memory than without the fold. Default false:
-    /// not yet measured.
-    pub fused_o_l2: bool,
     /// Decode steps of 2+ rows (5+: `fused_long_ctx_many`, where set) whose longest context
     /// passes this many tokens run the attention unfused (q/k norm + RoPE + KV write, the tensor-core paged decode of
     /// `mma_decode`, the merge: three launches a layer), eager steps by their contexts and
@@ -362,8 +347,6 @@ impl Default for KernelOptions {
             fused_mma: Some(FUSED_MMA_STAGES),
             fused_mma_rows: FUSED_MMA_ROWS,
             fused_mma_one: Some(FUSED_MMA_ONE),
-            fused_o: false,
-            fused_o_l2: false,
             fused_long_ctx: Some(FUSED_LONG_CTX),
             fused_long_ctx_one: Some(FUSED_LONG_CTX_ONE),
             fused_long_ctx_many: Some(FUSED_LONG_CTX_MANY),

@@ -311,18 +311,9 @@ impl CudaKernels {
         parts: (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
         short: bool,
     ) -> Result<()> {
-        self.decode_fused_launch(
-            qkv,
-            norms,
-            inv_freq,
-            pos_slots,
-            caches,
-            tables,
-            ctx_lens,
-            block_size,
-            out,
-            parts,
-            (short, 0, None),
+        self.decode_fused_stage_into(
+            qkv, norms, inv_freq, pos_slots, caches, tables, ctx_lens, block_size, out, parts,
+            short, 0,
         )
     }
 
@@ -336,39 +327,6 @@ impl CudaKernels {
     pub fn decode_fused_stage_into(
         &self,
         qkv: &Tensor,
-        norms: (&Tensor, &Tensor, f64),
-        inv_freq: &Tensor,
-        pos_slots: (&Tensor, &Tensor),
-        kv: KvRef<'_>,
-        tables: (&Tensor, Option<&Tensor>),
-        ctx_lens: &Tensor,
-        block_size: usize,
-        out: &Tensor,
-        parts: (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
-        short: bool,
-        stop: i32,
-    ) -> Result<()> {
-        self.decode_fused_launch(
-            qkv,
-            norms,
-            inv_freq,
-            pos_slots,
-            kv,
-            tables,
-            ctx_lens,
-            block_size,
-            out,
-            parts,
-            (short, stop, None),
-        )
-    }
-
-    /// [`CudaKernels::decode_fused_stage_into`] with, in `fold`, o's weight and the o fold's
-    /// f32 partials (`super::o_fold`).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn decode_fused_launch(
-        &self,
-        qkv: &Tensor,
         (q_w, k_w, eps): (&Tensor, &Tensor, f64),
         inv_freq: &Tensor,
         (positions, slots): (&Tensor, &Tensor),
@@ -378,7 +336,8 @@ impl CudaKernels {
         block_size: usize,
         out: &Tensor,
         (splits, part, scratch, counters): (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
-        (short, stop, fold): (bool, i32, Option<(&Tensor, &Tensor)>),
+        short: bool,
+        stop: i32,
     ) -> Result<()> {
         self.check_dtype(qkv)?;
         let (k_cache, v_cache) = (kv.k, kv.v);
@@ -405,15 +364,11 @@ impl CudaKernels {
         };
         // Group 8 may run as group 4 over twice the KV heads (`fused_group`).
         let (g, kv_shift) = self.fused_group(nh / nkv);
+        let (funcs, smem) = fused.chosen(b, short);
+        let func = &funcs[g.trailing_zeros() as usize];
         let nkv_grid = nkv << kv_shift;
         let splits = splits.max(1);
         let (acc, ml) = partials(out, scratch, b * nh * splits * hd, splits, "decode_fused")?;
-        // The o fold: its kernels and their shared memory, in one cluster a KV head.
-        let ((funcs, smem), splits, o) = match fold {
-            Some(f) => self.o_fold_launch(fused, (b, nh, nkv), short, f)?,
-            None => (fused.chosen(b, short), splits, (0, 0, 0)),
-        };
-        let func = &funcs[g.trailing_zeros() as usize];
         let w = block_tables.elem_count() / b.max(1);
         let params = FusedDecodeParams {
             qkv: self.ptr(qkv)?,
@@ -442,9 +397,7 @@ impl CudaKernels {
             eps: eps as f32,
             stop,
             kv_shift: kv_shift as i32,
-            hidden: o.2,
-            o_w: o.0,
-            o_part: o.1,
+            pad: 0,
         };
         let mut lb = self.launcher(func);
         if stop == 0 {

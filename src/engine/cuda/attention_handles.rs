@@ -24,23 +24,13 @@ pub(super) struct Fp8Kernels {
 /// The fused decode attention over caches of one dtype (`kernels/fused_decode.cu`), GQA
 /// groups 1, 2, 4, 8: the CUDA-core loop's kernels and, with `LaunchOptions::fused_mma`, the
 /// tensor-core loop's for steps of at most `mma_rows` rows with the dynamic shared memory a
-/// launch of them takes (`mma_one`: those of 1-row steps, `LaunchOptions::fused_mma_one`),
-/// and with `LaunchOptions::fused_o` the one-stage kernels with the o fold for 1-row steps
-/// (`mma_o`: dynamic shared memory before the staged weights; `kernels/fused_o.cuh`).
+/// launch of them takes (`mma_one`: those of 1-row steps, `LaunchOptions::fused_mma_one`).
 pub(crate) struct FusedDecode {
     pub(super) cores: [CudaFunction; 4],
     pub(super) mma: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_one: Option<([CudaFunction; 4], u32)>,
-    pub(super) mma_o: Option<([CudaFunction; 4], u32)>,
-    /// Whether `mma_o` stages o's weights in shared memory (else it reads them from global
-    /// memory after the merge: `LaunchOptions::fused_o_l2`).
-    pub(super) o_staged: bool,
     pub(super) mma_rows: usize,
 }
-
-/// The most bytes of o's weights a block of the o fold stages (`O_SMEM_MAX` of
-/// `kernels/fused_o.cuh`).
-pub(super) const O_SMEM_MAX: usize = 64 * 1024;
 
 impl FusedDecode {
     /// The kernels `opts` asks for over caches of `dt` ("bf16" or "fp8"): the lean kernels
@@ -76,50 +66,26 @@ impl FusedDecode {
         } else {
             set("decode_fused", 0)?
         };
-        // The tensor-core loop's kernels of `d` stages (`o`: with the o fold) and their
-        // dynamic shared memory (with the o fold: before the staged weights).
-        let mma_set = |d: u8, o: bool| -> Result<([CudaFunction; 4], u32)> {
+        // The tensor-core loop's kernels of `d` stages and their dynamic shared memory.
+        let mma_set = |d: u8| -> Result<([CudaFunction; 4], u32)> {
             let d = d.clamp(1, 2);
             let elem = if dt == "fp8" { 1 } else { 2 };
             // 4 warps x stages x a chunk's K and V (16 rows of 128 dims), at least the
             // warps' or half-warps' states (MMA_STATES_BYTES of kernels/decode_mma.cuh).
             let smem = (4 * d as u32 * 2 * 16 * 128 * elem).max(33_280);
-            Ok(if o && opts.fused_o_l2 {
-                (set(&format!("decode_fused_mma{d}l"), smem)?, smem)
-            } else if o {
-                let most = smem + O_SMEM_MAX as u32;
-                (set(&format!("decode_fused_mma{d}o"), most)?, smem)
-            } else {
-                (set(&format!("decode_fused_mma{d}"), smem)?, smem)
-            })
+            Ok((set(&format!("decode_fused_mma{d}"), smem)?, smem))
         };
-        let one = match (opts.fused_mma, opts.fused_mma_one) {
-            (Some(d), Some(one)) if one.clamp(1, 2) != d.clamp(1, 2) => Some(one),
+        let mma = opts.fused_mma.map(mma_set).transpose()?;
+        let mma_one = match (opts.fused_mma, opts.fused_mma_one) {
+            (Some(d), Some(one)) if one.clamp(1, 2) != d.clamp(1, 2) => Some(mma_set(one)?),
             _ => None,
         };
         Ok(Self {
             cores,
-            mma: opts.fused_mma.map(|d| mma_set(d, false)).transpose()?,
-            mma_one: one.map(|d| mma_set(d, false)).transpose()?,
-            mma_o: match opts.fused_mma {
-                Some(_) if opts.fused_o => Some(mma_set(1, true)?),
-                _ => None,
-            },
-            o_staged: !opts.fused_o_l2,
+            mma,
+            mma_one,
             mma_rows: crate::engine::batch::bucket_bound(opts.fused_mma_rows),
         })
-    }
-
-    /// The o fold's kernels for a launch of `rows` rows whose contexts fit one cluster (one
-    /// stage a warp, 1-row steps only) and their dynamic shared memory before the staged
-    /// weights; None where they are not loaded or do not serve the rows. (On the H200 two
-    /// stages left 0.6B's block one an SM and lost 26% at batch 1; 2-row steps, 32 clusters,
-    /// lost 29%.)
-    pub(super) fn chosen_o(&self, rows: usize) -> Option<(&[CudaFunction; 4], u32)> {
-        self.mma_o
-            .as_ref()
-            .filter(|_| rows == 1 && rows <= self.mma_rows)
-            .map(|(fs, smem)| (fs, *smem))
     }
 
     /// The kernels a launch of `rows` rows takes (the tensor-core ones only when `short`:

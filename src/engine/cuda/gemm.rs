@@ -17,7 +17,6 @@ use candle_core::{DType, Tensor};
 
 use super::kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS};
 use super::launch::kernel_err;
-use super::o_fold::O_FOLD_PARTS;
 use crate::error::Result;
 
 /// Warps per block of `kernels/gemv.cu` (`WARPS`); a warp takes one output row (or gate/up
@@ -27,7 +26,7 @@ pub(super) const GEMV_WARPS: usize = 8;
 pub(super) const GEMV_MMA_ROWS: usize = 16;
 
 /// A skinny-matmul kernel and the output rows one of its blocks takes.
-pub(super) struct Gemv<'a> {
+struct Gemv<'a> {
     f: &'a CudaFunction,
     rows_per_block: usize,
     /// Whether its norm variant holds the normed rows in shared memory (T * K bf16).
@@ -206,23 +205,10 @@ impl CudaKernels {
         let (n_w, k) = w.dims2()?;
         let t = res.elem_count() / k.max(1);
         let kind = if silu.is_some() { 3 } else { 2 };
-        // An f32 delta to a bf16 residual: the o fold's partials (`super::o_fold`), which one
-        // kernel adds (an f32 model's deltas are f32 too).
-        let parts = delta.is_some_and(|d| d.dtype() == DType::F32 && res.dtype() != DType::F32);
-        let fused = if parts {
-            self.parts_gemv(t, (n_w, k)).filter(|_| silu.is_some())
-        } else {
-            self.gemv_for(kind, t, (n_w, k))
-        };
-        let fused = fused
+        let fused = self
+            .gemv_for(kind, t, (n_w, k))
             .filter(|_| t * k * 2 <= NORM_SMEM && res.dim(candle_core::D::Minus1).ok() == Some(k));
         let Some(g) = fused else {
-            if parts {
-                return Err(kernel_err(
-                    "norm_linear",
-                    "o fold partials without their kernel",
-                ));
-            }
             self.add_rmsnorm_to(delta, res, res_out, norm_w, eps, h)?;
             return match silu {
                 Some((gu, act)) => self.gate_up_silu_into(h, w, gu, act),
@@ -247,10 +233,7 @@ impl CudaKernels {
             self.ptr(dst)?,
         );
         let (pd, add) = match delta {
-            Some(d) if parts && d.elem_count() == O_FOLD_PARTS * res.elem_count() => {
-                (self.ptr(d)?, 1i32)
-            }
-            Some(d) if !parts && d.elem_count() == res.elem_count() => (self.ptr(d)?, 1i32),
+            Some(d) if d.elem_count() == res.elem_count() => (self.ptr(d)?, 1i32),
             Some(_) => return Err(kernel_err("norm_linear", "delta of the wrong size")),
             None => (pr, 0i32),
         };
@@ -335,16 +318,6 @@ impl CudaKernels {
             norm_smem: true,
             max_blocks: None,
         })
-    }
-
-    /// The streamed gate|up kernel behind the deferred norm on a delta of the o fold's
-    /// [`O_FOLD_PARTS`] f32 partials a row (`spdnorm_*`), for `t` rows over a gate|up weight of
-    /// `n` rows of `k` inputs, where it is loaded and serves them.
-    pub(super) fn parts_gemv(&self, t: usize, (n, k): (usize, usize)) -> Option<Gemv<'_>> {
-        let g = self.gemv_for(3, t, (n, k))?;
-        let (max_k, d) = self.gemv.as_ref()?.deferred.as_ref()?;
-        let f = d.parts.as_ref()?.get(t.checked_sub(1)?)?;
-        (k <= *max_k && g.max_blocks.is_some() && t * k * 2 <= NORM_SMEM).then_some(Gemv { f, ..g })
     }
 
     /// Whether a plain matmul of `t` rows over a weight of `n` rows of `k` inputs runs on the

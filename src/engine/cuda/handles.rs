@@ -32,23 +32,19 @@ pub(crate) struct GemvSet {
     /// The same set with the norms' scale deferred (`dnorm_*`), for norm kinds over at most
     /// this many inputs (`LaunchOptions::norm_deferred`).
     pub(super) deferred: Option<(usize, Box<GemvSet>)>,
-    /// In the deferred set, with `LaunchOptions::fused_o`: its streamed gate|up norm kernel
-    /// on a delta of `O_FOLD_PARTS` f32 partials a row (`spdnorm_*`, the fused attention's o
-    /// fold).
-    pub(super) parts: Option<Vec<CudaFunction>>,
 }
 
 impl GemvSet {
     /// The functions for 1..=`rows` rows that the launch options (`gemv_stream`,
-    /// `gemv_double_buffer`, `gemv_split_k`, `warp_norm`, `norm_deferred`, `fused_o`) ask for,
-    /// from the loaded `gemv` module, for a GPU of `sms` SMs.
+    /// `gemv_double_buffer`, `gemv_split_k`, `warp_norm`, `norm_deferred`) ask for, from the
+    /// loaded `gemv` module, for a GPU of `sms` SMs.
     pub(super) fn load(
         m: &Arc<CudaModule>,
-        (gemv_stream, double, split, (warp_norm, deferred, fused_o)): (
+        (gemv_stream, double, split, (warp_norm, deferred)): (
             Option<u8>,
             bool,
             bool,
-            (bool, Option<usize>, bool),
+            (bool, Option<usize>),
         ),
         sms: usize,
         rows: usize,
@@ -57,10 +53,7 @@ impl GemvSet {
         let norm = if warp_norm { "wnorm" } else { "norm" };
         let mut set = Self::named(m, which, norm, sms, rows)?;
         if let Some(max_k) = deferred.filter(|_| !warp_norm) {
-            let mut d = Self::named(m, which, "dnorm", sms, rows)?;
-            if fused_o && d.stream.is_some() {
-                d.parts = Some(row_functions(m, "spdnorm_gemv_silu", rows)?);
-            }
+            let d = Self::named(m, which, "dnorm", sms, rows)?;
             set.deferred = Some((max_k, Box::new(d)));
         }
         Ok(set)
@@ -74,7 +67,15 @@ impl GemvSet {
         sms: usize,
         rows: usize,
     ) -> Result<Self> {
-        let all = |kind: String| row_functions(m, &kind, rows);
+        let all = |kind: String| -> Result<Vec<CudaFunction>> {
+            (1..=rows)
+                .map(|t| {
+                    let name = format!("{kind}_t{t}_bf16");
+                    m.load_function(&name)
+                        .map_err(|e| kernel_err(&format!("function {name}"), e))
+                })
+                .collect()
+        };
         Ok(Self {
             fs: [
                 all("gemv".into())?,
@@ -106,20 +107,8 @@ impl GemvSet {
                 None
             },
             deferred: None,
-            parts: None,
         })
     }
-}
-
-/// `{kind}_t{t}_bf16` of `m` for t in 1..=`rows`.
-fn row_functions(m: &Arc<CudaModule>, kind: &str, rows: usize) -> Result<Vec<CudaFunction>> {
-    (1..=rows)
-        .map(|t| {
-            let name = format!("{kind}_t{t}_bf16");
-            m.load_function(&name)
-                .map_err(|e| kernel_err(&format!("function {name}"), e))
-        })
-        .collect()
 }
 
 /// The MoE kernels (`kernels/moe_route.cu`, `kernels/moe.cu`, `kernels/moe_mma.cu`): routing

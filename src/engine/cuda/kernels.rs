@@ -399,7 +399,7 @@ impl CudaKernels {
                     opts.gemv_stream,
                     opts.gemv_double_buffer,
                     opts.gemv_split_k,
-                    (opts.warp_norm, opts.norm_deferred, opts.fused_o),
+                    (opts.warp_norm, opts.norm_deferred),
                 );
                 Some(GemvSet::load(&gemv_mod, which, sms, GEMV_MAX_ROWS)?)
             } else {

@@ -70,12 +70,6 @@ pub struct LaunchOptions {
     /// The tensor-core fused attention's stages for 1-row steps when they differ from
     /// `fused_mma`'s (1 or 2; None: `fused_mma`'s).
     pub fused_mma_one: Option<u8>,
-    /// 1-row steps on `fused_mma`'s kernels run the o projection inside the fused attention
-    /// (`kernels/fused_o.cuh`) and the gate|up norm adds its partials.
-    pub fused_o: bool,
-    /// The o fold reads o's weights from global memory after the merge instead of staging them
-    /// in shared memory before the wait.
-    pub fused_o_l2: bool,
     /// Decode steps of 2+ rows (5+: `fused_long_ctx_many`, where set) whose longest context
     /// passes this many tokens run the attention unfused (the tensor-core paged decode with `mma_decode`); None: fused at any
     /// context.
@@ -170,8 +164,6 @@ impl Default for LaunchOptions {
             fused_mma: Some(crate::engine::options::FUSED_MMA_STAGES),
             fused_mma_rows: crate::engine::options::FUSED_MMA_ROWS,
             fused_mma_one: Some(crate::engine::options::FUSED_MMA_ONE),
-            fused_o: false,
-            fused_o_l2: false,
             fused_long_ctx: Some(crate::engine::options::FUSED_LONG_CTX),
             fused_long_ctx_one: Some(crate::engine::options::FUSED_LONG_CTX_ONE),
             fused_long_ctx_many: Some(crate::engine::options::FUSED_LONG_CTX_MANY),

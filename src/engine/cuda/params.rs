@@ -90,12 +90,7 @@ pub(super) struct FusedDecodeParams {
     pub(super) stop: i32,
     /// log2 of the grid's KV heads per cache KV head (`kernels/fused_decode.cu`).
     pub(super) kv_shift: i32,
-    /// The o fold's output rows (`kernels/fused_o.cuh`; 0 without it).
-    pub(super) hidden: i32,
-    /// The o fold's weight `[hidden, nh * hd]` and f32 partials `[B, KV heads, hidden]` (0
-    /// without it).
-    pub(super) o_w: u64,
-    pub(super) o_part: u64,
+    pub(super) pad: i32,
 }
 
 /// `PrefillParams` of `kernels/attention.cuh`: the one parameter of `paged_prefill_*`.
@@ -126,14 +121,13 @@ pub(super) struct PrefillParams {
 // The sizes `kernels/attention.cuh` asserts for the same structs (a field added on one side
 // only fails the build).
 const _: () = assert!(std::mem::size_of::<DecodeParams>() == 104);
-const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 184);
+const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 168);
 const _: () = assert!(std::mem::size_of::<PrefillParams>() == 120);
 const _: () = {
     use std::mem::offset_of;
     assert!(offset_of!(DecodeParams, geometry) == 64);
     assert!(offset_of!(FusedDecodeParams, geometry) == 112);
     assert!(offset_of!(FusedDecodeParams, eps) == 152);
-    assert!(offset_of!(FusedDecodeParams, o_w) == 168);
     assert!(offset_of!(PrefillParams, num_slots) == 56);
     assert!(offset_of!(PrefillParams, nkv) == 68);
     assert!(offset_of!(PrefillParams, splits) == 88);

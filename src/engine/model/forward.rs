@@ -85,8 +85,6 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         fused_mma: opts.fused_mma,
         fused_mma_rows: opts.fused_mma_rows,
         fused_mma_one: opts.fused_mma_one,
-        fused_o: opts.fused_o,
-        fused_o_l2: opts.fused_o_l2,
         fused_long_ctx: opts.fused_long_ctx,
         fused_long_ctx_one: opts.fused_long_ctx_one,
         fused_long_ctx_many: opts.fused_long_ctx_many,

@@ -72,9 +72,6 @@ pub(crate) struct Activations {
     /// The presummed norm's partial sums of squares (f32 `[presum_len(hidden)]`,
     /// `KernelOptions::norm_presum`).
     pub(super) ss: Tensor,
-    /// The o fold's f32 partials (`[r, O_FOLD_PARTS, hidden]` for the most rows `r <= t` it
-    /// serves; `KernelOptions::fused_o`).
-    pub(super) o_part: Option<Tensor>,
     /// Decode-attention partials (None with one partition).
     pub(super) scratch: Option<(Tensor, Tensor)>,
     /// Merge counters of the fused decode attention (one per row and head, kept zero), for
@@ -135,13 +132,6 @@ impl Activations {
                 crate::engine::cuda::presum_len(hidden),
                 candle_core::DType::F32,
             )?,
-            o_part: match (1..=t.min(FUSED_MAX_ROWS)).rfind(|&r| k.o_fold_loaded(r)) {
-                Some(r) => {
-                    let parts = crate::engine::cuda::O_FOLD_PARTS;
-                    Some(k.alloc((r, parts, hidden), candle_core::DType::F32)?)
-                }
-                None => None,
-            },
             scratch: k.decode_scratch(nd, nh, splits)?,
             counters: k.decode_counters(t.min(FUSED_MAX_ROWS), nh)?,
             lora_y: match &m.lora {
@@ -182,10 +172,6 @@ impl Activations {
             down: n(&self.down)?,
             moe: self.moe.as_ref().map(|s| s.rows(t)).transpose()?,
             ss: self.ss.clone(),
-            o_part: match &self.o_part {
-                Some(p) if t <= p.dim(0)? => Some(n(p)?),
-                _ => None,
-            },
             scratch: self.scratch.clone(),
             counters: self.counters.clone(),
             lora_y: self.lora_y.as_ref().map(n).transpose()?,
@@ -221,7 +207,6 @@ impl Activations {
         if let Some(y) = &self.lora_y {
             n += b(y);
         }
-        n += self.o_part.as_ref().map_or(0, b);
         n += self.lora_wide.iter().flatten().map(b).sum::<usize>();
         if let Some(s) = &self.moe {
             n += s.bytes();

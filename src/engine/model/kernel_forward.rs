@@ -198,32 +198,38 @@ impl KernelForward<'_> {
         li: usize,
         (inputs, acts, plan, cache): (&StepInputs, &Activations, &AttnPlan, &PagedKvCache),
         (fused, part): (bool, usize),
-        fold: Option<(&Tensor, &Tensor)>,
     ) -> Result<Tensor> {
         let (m, k, a) = (self.model, self.kernels, acts);
         let at = &m.layers[li].attn;
         let bs = cache.block_size();
         let mut kv = cache.layer(li);
         kv.fresh = a.kv_new.as_ref().map(|(k, v)| (k, v));
-        let norms = (&at.q_norm.weight, &at.k_norm.weight, at.q_norm.eps);
-        let pos_slots = (&inputs.pos, &inputs.slots);
-        let tables = (&inputs.tables, inputs.width.as_ref());
-        let parts = (inputs.splits, part, a.scratch.as_ref(), &a.counters);
-        let (q, f, c) = (&a.qkv, &m.inv_freq, &inputs.ctx_lens);
-        Ok(if let Some(o) = fold {
-            k.decode_fused_o_into(q, norms, f, pos_slots, kv, tables, c, bs, &a.attn, parts, o)?;
-            a.attn.clone()
-        } else if fused {
-            let short = inputs.short_ctx;
+        Ok(if fused {
             k.decode_fused_into(
-                q, norms, f, pos_slots, kv, tables, c, bs, &a.attn, parts, short,
+                &a.qkv,
+                (&at.q_norm.weight, &at.k_norm.weight, at.q_norm.eps),
+                &m.inv_freq,
+                (&inputs.pos, &inputs.slots),
+                kv,
+                (&inputs.tables, inputs.width.as_ref()),
+                &inputs.ctx_lens,
+                bs,
+                &a.attn,
+                (inputs.splits, part, a.scratch.as_ref(), &a.counters),
+                inputs.short_ctx,
             )?;
             a.attn.clone()
         } else {
-            let heads = (at.num_heads, at.num_kv_heads, at.head_dim);
-            let qk = (&at.q_norm.weight, &at.k_norm.weight);
-            let eps = at.q_norm.eps;
-            k.qk_norm_rope_kv_write_into(q, qk, f, pos_slots, kv, heads, eps, &a.q)?;
+            k.qk_norm_rope_kv_write_into(
+                &a.qkv,
+                (&at.q_norm.weight, &at.k_norm.weight),
+                &m.inv_freq,
+                (&inputs.pos, &inputs.slots),
+                kv,
+                (at.num_heads, at.num_kv_heads, at.head_dim),
+                at.q_norm.eps,
+                &a.q,
+            )?;
             self.attend_kernels(kv, plan, inputs, acts, bs)?
         })
     }
@@ -260,9 +266,6 @@ impl KernelForward<'_> {
         // The presummed norm (`KernelOptions::norm_presum`, 3-8 rows): the matmul before a
         // norm left the sum in `residual[1 - cur]` and its squares in `a.ss`.
         let presum = lora.is_none() && comm.is_none() && trace.is_none();
-        // The o fold (`KernelOptions::fused_o`): o inside the fused attention of a step whose
-        // contexts fit one cluster, its partials the next gate|up norm's delta.
-        let fold_on = presum && fused && inputs.short_ctx && a.o_part.is_some();
         let mut presummed = false;
         for (li, layer) in m.layers.iter().enumerate() {
             let at = &layer.attn;
@@ -305,35 +308,22 @@ impl KernelForward<'_> {
             if delta.is_some() {
                 cur = 1 - cur;
             }
-            let fold = match (&layer.ffn, &a.o_part) {
-                (Ffn::Dense(d), Some(p)) if fold_on => {
-                    let shape = (at.num_heads, at.num_kv_heads, at.head_dim);
-                    let serves = k.o_fold_serves(t, shape, at.o_proj.weight(), d.gate_up.weight());
-                    serves.then_some((at.o_proj.weight(), p))
-                }
-                _ => None,
-            };
-            let step = (inputs, acts, plan, cache);
-            let out = self.layer_attention(li, step, (fused, part), fold)?;
+            let out = self.layer_attention(li, (inputs, acts, plan, cache), (fused, part))?;
             let ffn_w = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.gate_up.weight(),
                 Ffn::Sparse(moe) => &moe.router,
             };
             let o_w = (&out, at.o_proj.weight(), &a.o);
-            presummed = fold.is_none()
-                && presum
+            presummed = presum
                 && matches!(&layer.ffn,
                     Ffn::Dense(d) if k.presum_serves(t, o_w.1, d.gate_up.weight()));
             if presummed {
                 let sum = (&a.residual[cur], &a.residual[1 - cur]);
                 k.linear_res_into(o_w.0, o_w.1, o_w.2, sum, &a.ss)?;
-            } else if fold.is_none() {
+            } else {
                 self.linear_lora(o_w, Some(ffn_w), lora.as_ref().map(|l| (l, li, 1)))?;
             }
-            let o = match fold {
-                Some((_, p)) => p.clone(),
-                None => reduce_at(&a.o, comm, inputs.reduce_in_place)?,
-            };
+            let o = reduce_at(&a.o, comm, inputs.reduce_in_place)?;
             let norm = &layer.post_norm;
             let res = (&a.residual[cur], Some(&o), &a.residual[1 - cur]);
             let mlp = match &layer.ffn {
