@@ -13,25 +13,26 @@ use super::{Res, Table, cores, randn, rel};
 /// A case's inputs: `b` rows with ragged contexts (row 1 a padding row when `pad`), `nh`/`nkv`
 /// heads of 128 dims, caches of 16-token blocks in non-contiguous tables (fp8 with `fp8`'s
 /// scales), attention in `splits` partitions (None: as many as an eager step on `k` takes).
-pub(crate) struct Inputs {
-    pub(crate) qkv: Tensor,
-    pub(crate) qw: Tensor,
-    pub(crate) kw: Tensor,
-    pub(crate) inv: Tensor,
-    pub(crate) pos: Tensor,
-    pub(crate) slots: Tensor,
-    pub(crate) ctx: Tensor,
-    pub(crate) tables: Tensor,
-    pub(crate) width: Tensor,
-    pub(crate) kc0: Tensor,
-    pub(crate) vc0: Tensor,
-    pub(crate) scale: KvScale,
-    pub(crate) splits: usize,
-    pub(crate) part: usize,
-    pub(crate) scratch: Option<(Tensor, Tensor)>,
+struct Inputs {
+    qkv: Tensor,
+    qw: Tensor,
+    kw: Tensor,
+    inv: Tensor,
+    pos: Tensor,
+    slots: Tensor,
+    ctx: Tensor,
+    tables: Tensor,
+    width: Tensor,
+    kc0: Tensor,
+    vc0: Tensor,
+    scale: KvScale,
+    splits: usize,
+    part: usize,
+    scratch: Option<(Tensor, Tensor)>,
 }
 
-pub(crate) fn inputs(
+/// The inputs of one case (see [`Inputs`]), on `k`'s partitioning.
+fn inputs(
     k: &CudaKernels,
     dev: &Device,
     (b, max_ctx, pad): (usize, usize, bool),
