@@ -26,8 +26,6 @@
 //  * gemv_db_t{T}_bf16, norm_gemv_db_t{T}_bf16 (T = 1, 2): gemv/norm_gemv with two batches of
 //    weight loads in flight (dot_rows2), bit for bit.
 //  * gemv_split_t{T}_bf16 (T = 1, 2): gemv with two warps a row, a half of K each (below).
-//  * gemv_tb_t{T}_bf16 (T = 1, 2): gemv with three batches of weight loads in flight, bit for
-//    bit (dot_rows3).
 //  * the same four on tensor cores for 3..8 rows: gemv_mma.cu.
 //
 // Every kernel also takes (pf, pf_bytes): weights of a later kernel of the step, which its
@@ -127,36 +125,6 @@ __device__ __forceinline__ void dot_rows2(const __nv_bfloat16* __restrict__ W, c
     for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
 }
 
-// dot_rows with three batches in flight (LaunchOptions::gemv_triple_buffer): w, w2 and w3 hold
-// the batches at lane, lane + 32 BATCH and lane + 64 BATCH (all three loaded before the wait:
-// all of a 6,144-wide row); each batch summed is refilled with the one three batches on. The
-// same sums in the same order.
-template <int T, int NR, typename X>
-__device__ __forceinline__ void dot_rows3(const __nv_bfloat16* __restrict__ W, const X& xs,
-                                          const int (&rows)[NR], int K, int lane,
-                                          uint4 (&w)[NR][BATCH], uint4 (&w2)[NR][BATCH],
-                                          uint4 (&w3)[NR][BATCH], float (&acc)[NR][T]) {
-#pragma unroll
-  for (int r = 0; r < NR; ++r)
-#pragma unroll
-    for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
-  const int chunks = K / 8, B = 32 * BATCH;
-  for (int c0 = lane; c0 < chunks; c0 += 3 * B) {
-    sum_batch<T, NR>(xs, c0, chunks, w, acc);
-    if (c0 + B >= chunks) break;
-    if (c0 + 3 * B < chunks) load_batch<NR>(W, rows, K, c0 + 3 * B, w);
-    sum_batch<T, NR>(xs, c0 + B, chunks, w2, acc);
-    if (c0 + 2 * B >= chunks) break;
-    if (c0 + 4 * B < chunks) load_batch<NR>(W, rows, K, c0 + 4 * B, w2);
-    sum_batch<T, NR>(xs, c0 + 2 * B, chunks, w3, acc);
-    if (c0 + 5 * B < chunks) load_batch<NR>(W, rows, K, c0 + 5 * B, w3);
-  }
-#pragma unroll
-  for (int r = 0; r < NR; ++r)
-#pragma unroll
-    for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
-}
-
 // The output rows of this warp: one row (NR 1) or a gate/up pair (NR 2, up at N + row), and
 // whether the warp has one (a block's last warps may not).
 template <int NR>
@@ -173,8 +141,7 @@ __device__ __forceinline__ bool warp_rows(int N, int (&rows)[NR]) {
 // runs the dot products. NR 2 is the gate/up pair with SiLU (N = I).
 // NORM: 0 none, 1 the block-wide norm into shared memory (norm_rows), 2 the per-warp norm
 // (WarpNorm), 3 the block-wide norm with its scale deferred to the sums (norm_rows_deferred).
-// DB: two batches of loads in flight (dot_rows2); TB (with DB): three (dot_rows3).
-template <int T, int NR, int NORM, bool DB = false, bool TB = false>
+template <int T, int NR, int NORM, bool DB = false>
 __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
                                             const __nv_bfloat16* x,
                                             const __nv_bfloat16* __restrict__ delta,
@@ -190,13 +157,9 @@ __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
   const bool ok = warp_rows<NR>(N, rows);
   uint4 w[NR][BATCH];
   uint4 w2[NR][DB ? BATCH : 1];
-  uint4 w3[NR][TB ? BATCH : 1];
   if (ok) load_batch<NR>(W, rows, K, lane, w);
   if constexpr (DB) {
     if (ok) load_batch<NR>(W, rows, K, lane + 32 * BATCH, w2);
-  }
-  if constexpr (TB) {
-    if (ok) load_batch<NR>(W, rows, K, lane + 64 * BATCH, w3);
   }
   pdl_wait();
   float acc[NR][T];
@@ -215,8 +178,7 @@ __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
       x = x_s;
     }
     if (!ok) return;
-    if constexpr (TB) dot_rows3<T, NR>(W, PlainX{x, K}, rows, K, lane, w, w2, w3, acc);
-    else if constexpr (DB) dot_rows2<T, NR>(W, PlainX{x, K}, rows, K, lane, w, w2, acc);
+    if constexpr (DB) dot_rows2<T, NR>(W, PlainX{x, K}, rows, K, lane, w, w2, acc);
     else dot_rows<T, NR>(W, PlainX{x, K}, rows, K, lane, w, acc);
     if (NORM == 3) scale_rows<T, NR>(acc, inv);
   }
@@ -453,15 +415,6 @@ __device__ __forceinline__ void gemv_split_kernel(const __nv_bfloat16* __restric
   NORM_ENTRY(dnorm_gemv_silu_t##T##_bf16, gemv_kernel<T, 2, 3>(NORM_ARGS))                   \
   NORM_ENTRY(dnorm_gemv_db_t##T##_bf16, gemv_kernel<T, 1, 3, true>(NORM_ARGS))
 
-// Three batches in flight (LaunchOptions::gemv_triple_buffer), plain, for rows of more than
-// 2 * BATCH * 256 inputs (1.7B's down), at two blocks an SM (128 registers at most).
-#define GEMV_TB(T)                                                                           \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) gemv_tb_t##T##_bf16(           \
-      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
-      const void* pf, unsigned long long pf_bytes) {                                         \
-    gemv_kernel<T, 1, 0, true, true>(PLAIN_ARGS);                                            \
-  }
-
 // Rows split in two (LaunchOptions::gemv_split_k), plain only.
 #define GEMV_SPLIT(T) PLAIN_ENTRY(gemv_split_t##T##_bf16, gemv_split_kernel<T>(W, x, out, N, K))
 
@@ -475,5 +428,3 @@ GEMV_DB(1)
 GEMV_DB(2)
 GEMV_SPLIT(1)
 GEMV_SPLIT(2)
-GEMV_TB(1)
-GEMV_TB(2)

@@ -51,12 +51,6 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     };
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
     double_bits(&plain, &k, dev, t)?;
-    let opts = LaunchOptions {
-        gemv_triple_buffer: true,
-        ..opts
-    };
-    let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
-    triple_bits(&plain, &k, dev, t)?;
     mma_plain_dispatch(dev, t)?;
     super::presum::checks(dev, t)?;
     split_rows(dev, t)
@@ -212,35 +206,6 @@ fn double_bits(plain: &CudaKernels, k: &CudaKernels, dev: &Device, t: &mut Table
                 format!("norm_gemv rows {rows} k {kk} residual sum (two batches in flight)"),
             ];
             norm_bits((plain, k), &w, (rows, false), names, dev, t)?;
-        }
-    }
-    Ok(())
-}
-
-/// The plain kernels with three batches of loads in flight (`LaunchOptions::gemv_triple_buffer`)
-/// against the default ones, bit for bit, on 1-2 rows over more than 4,096 inputs: a third batch
-/// of one chunk for lane 0 only (4,104), of whole batches (6,144: 1.7B's down), and five
-/// batches (10,240: a second round in the loop). A refill into the wrong buffer, or a batch
-/// summed twice or not at all, fails it.
-fn triple_bits(plain: &CudaKernels, k: &CudaKernels, dev: &Device, t: &mut Table) -> Res<()> {
-    let dt = DType::BF16;
-    for rows in 1..=2usize {
-        for &(n, kk) in &[
-            (1000usize, 4104usize),
-            (2048, 6144),
-            (512, 10240),
-            (300, 14336),
-        ] {
-            let x = randn(&[rows, kk], dt, dev)?;
-            let w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;
-            let (o1, o2) = (
-                Tensor::zeros((rows, n), dt, dev)?,
-                Tensor::zeros((rows, n), dt, dev)?,
-            );
-            plain.linear_into(&x, &w, &o1)?;
-            k.linear_into(&x, &w, &o2)?;
-            let name = format!("gemv rows {rows} n {n} k {kk} (three batches in flight)");
-            t.check(name, max_diff(&o1, &o2)?, 0.0);
         }
     }
     Ok(())

@@ -44,10 +44,6 @@ pub struct KernelFlags {
     /// (`KernelOptions::gemv_split_k`).
     #[arg(long)]
     pub gemv_split_k: bool,
-    /// Three batches of loads in flight in the 1-2-row plain matmuls over more than 4,096
-    /// inputs (`KernelOptions::gemv_triple_buffer`).
-    #[arg(long)]
-    pub gemv_triple_buffer: bool,
     /// Skinny matmuls prefetch the next matmul's weights into L2
     /// (`KernelOptions::l2_prefetch`).
     #[arg(long)]
@@ -231,7 +227,6 @@ impl KernelFlags {
             }),
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
-            gemv_triple_buffer: self.gemv_triple_buffer,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
             norm_deferred: (!self.no_norm_deferred).then(|| {
@@ -472,11 +467,5 @@ mod tests {
         assert!(Cli::try_parse_from(["x", "--gemv-stream", "0"]).is_err());
         let n = opts(&["x", "--gemv-split-k"]);
         assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);
-        assert!(!d.kernels.gemv_triple_buffer);
-        assert!(
-            opts(&["x", "--gemv-triple-buffer"])
-                .kernels
-                .gemv_triple_buffer
-        );
     }
 }

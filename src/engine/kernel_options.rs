@@ -124,11 +124,6 @@ pub struct KernelOptions {
     /// of the inputs each (`gemv.cu` `gemv_split_*`). Off by default: on the H200 1.7B batch 1
     /// 641 against 669 tok/s, 0.6B within noise (BENCHMARKS.md, #21).
     pub gemv_split_k: bool,
-    /// The 1-2-row plain matmuls over more than 4,096 inputs (1.7B's down, 6,144) keep three
-    /// batches of weight loads in flight, all three issued before the wait (`gemv.cu`
-    /// `gemv_tb_*`: the same sums in the same order as the double-buffered kernel; 122-128
-    /// registers, two blocks an SM). Default false: not yet measured.
-    pub gemv_triple_buffer: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
     pub l2_prefetch: bool,
@@ -338,7 +333,6 @@ impl Default for KernelOptions {
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
             gemv_split_k: false,
-            gemv_triple_buffer: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,

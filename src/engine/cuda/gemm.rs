@@ -294,13 +294,8 @@ impl CudaKernels {
                     max_blocks: None,
                 });
             }
-            let triple = set
-                .triple
-                .as_ref()
-                .filter(|_| kind == 0 && k > 2 * DOUBLE_BUFFER_MIN_K);
-            let f = match (&set.double, triple) {
-                (_, Some(tb)) => &tb[t - 1],
-                (Some(d), _) if kind.is_multiple_of(2) && long => &d[kind / 2][t - 1],
+            let f = match &set.double {
+                Some(d) if kind.is_multiple_of(2) && long => &d[kind / 2][t - 1],
                 _ => &set.fs[kind][t - 1],
             };
             return Some(Gemv {

@@ -12,10 +12,6 @@ use candle_core::{DType, Device, Tensor};
 use super::launch::kernel_err;
 use crate::error::Result;
 
-/// The launch options a [`GemvSet`] is loaded by: `gemv_stream`, `gemv_double_buffer`,
-/// (`gemv_split_k`, `gemv_triple_buffer`), (`warp_norm`, `norm_deferred`).
-pub(super) type GemvChoice = (Option<u8>, bool, (bool, bool), (bool, Option<usize>));
-
 /// The skinny-matmul kernels of 1-2 rows an engine launches (`kernels/gemv.cu`; launched from
 /// `gemm.rs`) and how their grids are sized.
 pub(crate) struct GemvSet {
@@ -33,9 +29,6 @@ pub(crate) struct GemvSet {
     /// The plain kernel with two warps a row, for rows of more than 2,048
     /// inputs, a multiple of 16 (`LaunchOptions::gemv_split_k`).
     pub(super) split: Option<Vec<CudaFunction>>,
-    /// The plain kernel with three batches of loads in flight, for rows of more than 4,096
-    /// inputs (`LaunchOptions::gemv_triple_buffer`).
-    pub(super) triple: Option<Vec<CudaFunction>>,
     /// The same set with the norms' scale deferred (`dnorm_*`), for norm kinds over at most
     /// this many inputs (`LaunchOptions::norm_deferred`).
     pub(super) deferred: Option<(usize, Box<GemvSet>)>,
@@ -43,20 +36,22 @@ pub(crate) struct GemvSet {
 
 impl GemvSet {
     /// The functions for 1..=`rows` rows that the launch options (`gemv_stream`,
-    /// `gemv_double_buffer`, `gemv_split_k`, `gemv_triple_buffer`, `warp_norm`,
-    /// `norm_deferred`) ask for, from the loaded `gemv` module, for a GPU of `sms` SMs.
+    /// `gemv_double_buffer`, `gemv_split_k`, `warp_norm`, `norm_deferred`) ask for, from the
+    /// loaded `gemv` module, for a GPU of `sms` SMs.
     pub(super) fn load(
         m: &Arc<CudaModule>,
-        (gemv_stream, double, (split, triple), (warp_norm, deferred)): GemvChoice,
+        (gemv_stream, double, split, (warp_norm, deferred)): (
+            Option<u8>,
+            bool,
+            bool,
+            (bool, Option<usize>),
+        ),
         sms: usize,
         rows: usize,
     ) -> Result<Self> {
         let which = (gemv_stream, double, split, warp_norm);
         let norm = if warp_norm { "wnorm" } else { "norm" };
         let mut set = Self::named(m, which, norm, sms, rows)?;
-        if triple {
-            set.triple = Some(Self::named_rows(m, "gemv_tb", rows)?);
-        }
         if let Some(max_k) = deferred.filter(|_| !warp_norm) {
             let d = Self::named(m, which, "dnorm", sms, rows)?;
             set.deferred = Some((max_k, Box::new(d)));
@@ -72,7 +67,15 @@ impl GemvSet {
         sms: usize,
         rows: usize,
     ) -> Result<Self> {
-        let all = |kind: String| Self::named_rows(m, &kind, rows);
+        let all = |kind: String| -> Result<Vec<CudaFunction>> {
+            (1..=rows)
+                .map(|t| {
+                    let name = format!("{kind}_t{t}_bf16");
+                    m.load_function(&name)
+                        .map_err(|e| kernel_err(&format!("function {name}"), e))
+                })
+                .collect()
+        };
         Ok(Self {
             fs: [
                 all("gemv".into())?,
@@ -103,20 +106,8 @@ impl GemvSet {
             } else {
                 None
             },
-            triple: None,
             deferred: None,
         })
-    }
-
-    /// `{kind}_t{t}_bf16` of `m` for t in 1..=`rows`.
-    fn named_rows(m: &Arc<CudaModule>, kind: &str, rows: usize) -> Result<Vec<CudaFunction>> {
-        (1..=rows)
-            .map(|t| {
-                let name = format!("{kind}_t{t}_bf16");
-                m.load_function(&name)
-                    .map_err(|e| kernel_err(&format!("function {name}"), e))
-            })
-            .collect()
     }
 }
 

@@ -398,7 +398,7 @@ impl CudaKernels {
                 let which = (
                     opts.gemv_stream,
                     opts.gemv_double_buffer,
-                    (opts.gemv_split_k, opts.gemv_triple_buffer),
+                    opts.gemv_split_k,
                     (opts.warp_norm, opts.norm_deferred),
                 );
                 Some(GemvSet::load(&gemv_mod, which, sms, GEMV_MAX_ROWS)?)

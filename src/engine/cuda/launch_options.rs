@@ -31,9 +31,6 @@ pub struct LaunchOptions {
     /// Two warps a row (a half of K each) in the 1-2-row plain matmuls over more than 2,048
     /// inputs (`gemv.cu` `gemv_split_*`).
     pub gemv_split_k: bool,
-    /// Three batches of weight loads in flight (all before the wait) in the 1-2-row plain
-    /// matmuls over more than 4,096 inputs (`gemv.cu` `gemv_tb_*`).
-    pub gemv_triple_buffer: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
     /// while it runs (sm_90+).
     pub l2_prefetch: bool,
@@ -153,7 +150,6 @@ impl Default for LaunchOptions {
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
             gemv_split_k: false,
-            gemv_triple_buffer: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
