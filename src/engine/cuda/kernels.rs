@@ -401,7 +401,11 @@ impl CudaKernels {
                     opts.gemv_split_k,
                     (opts.warp_norm, opts.norm_deferred),
                 );
-                Some(GemvSet::load(&gemv_mod, which, sms, GEMV_MAX_ROWS)?)
+                let set = GemvSet::load(&gemv_mod, which, sms, GEMV_MAX_ROWS)?;
+                Some(GemvSet {
+                    max_k: opts.gemv_max_k,
+                    ..set
+                })
             } else {
                 None
             },
