@@ -44,9 +44,6 @@ pub struct KernelFlags {
     /// (`KernelOptions::gemv_split_k`).
     #[arg(long)]
     pub gemv_split_k: bool,
-    /// 1-2-row matmuls over more than N inputs on cuBLAS (`KernelOptions::gemv_max_k`).
-    #[arg(long, value_name = "N")]
-    pub gemv_max_k: Option<usize>,
     /// Skinny matmuls prefetch the next matmul's weights into L2
     /// (`KernelOptions::l2_prefetch`).
     #[arg(long)]
@@ -230,7 +227,6 @@ impl KernelFlags {
             }),
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
-            gemv_max_k: self.gemv_max_k,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
             norm_deferred: (!self.no_norm_deferred).then(|| {
@@ -471,10 +467,5 @@ mod tests {
         assert!(Cli::try_parse_from(["x", "--gemv-stream", "0"]).is_err());
         let n = opts(&["x", "--gemv-split-k"]);
         assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);
-        assert_eq!(d.kernels.gemv_max_k, None);
-        assert_eq!(
-            opts(&["x", "--gemv-max-k", "4096"]).kernels.gemv_max_k,
-            Some(4096)
-        );
     }
 }

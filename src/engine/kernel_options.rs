@@ -124,12 +124,6 @@ pub struct KernelOptions {
     /// of the inputs each (`gemv.cu` `gemv_split_*`). Off by default: on the H200 1.7B batch 1
     /// 641 against 669 tok/s, 0.6B within noise (BENCHMARKS.md, #21).
     pub gemv_split_k: bool,
-    /// 1-2-row matmuls over more inputs than this run on cuBLAS instead of the skinny-matmul
-    /// kernels (a norm before one runs apart): with 4,096, 1.7B's down (6,144), whose kernel
-    /// took 9.9 us alone where cuBLAS took 8.8-8.9 (`graph_check --profile 1`, H200; in a step
-    /// the kernel's weight loads start before its wait, cuBLAS's do not). Default None (every
-    /// width on the kernels): not yet measured in a step.
-    pub gemv_max_k: Option<usize>,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
     pub l2_prefetch: bool,
@@ -339,7 +333,6 @@ impl Default for KernelOptions {
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
             gemv_split_k: false,
-            gemv_max_k: None,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,

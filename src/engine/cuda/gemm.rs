@@ -269,9 +269,6 @@ impl CudaKernels {
         }
         if t <= GEMV_MAX_ROWS {
             let set = self.gemv.as_ref()?;
-            if set.max_k.is_some_and(|m| k > m) {
-                return None;
-            }
             let set = match &set.deferred {
                 Some((max_k, d)) if kind >= 2 && k <= *max_k => d.as_ref(),
                 _ => set,

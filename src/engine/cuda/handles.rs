@@ -32,8 +32,6 @@ pub(crate) struct GemvSet {
     /// The same set with the norms' scale deferred (`dnorm_*`), for norm kinds over at most
     /// this many inputs (`LaunchOptions::norm_deferred`).
     pub(super) deferred: Option<(usize, Box<GemvSet>)>,
-    /// Matmuls over more inputs than this go to cuBLAS (`LaunchOptions::gemv_max_k`).
-    pub(super) max_k: Option<usize>,
 }
 
 impl GemvSet {
@@ -109,7 +107,6 @@ impl GemvSet {
                 None
             },
             deferred: None,
-            max_k: None,
         })
     }
 }

@@ -401,11 +401,7 @@ impl CudaKernels {
                     opts.gemv_split_k,
                     (opts.warp_norm, opts.norm_deferred),
                 );
-                let set = GemvSet::load(&gemv_mod, which, sms, GEMV_MAX_ROWS)?;
-                Some(GemvSet {
-                    max_k: opts.gemv_max_k,
-                    ..set
-                })
+                Some(GemvSet::load(&gemv_mod, which, sms, GEMV_MAX_ROWS)?)
             } else {
                 None
             },

@@ -31,8 +31,6 @@ pub struct LaunchOptions {
     /// Two warps a row (a half of K each) in the 1-2-row plain matmuls over more than 2,048
     /// inputs (`gemv.cu` `gemv_split_*`).
     pub gemv_split_k: bool,
-    /// 1-2-row matmuls over more inputs than this run on cuBLAS (None: every width).
-    pub gemv_max_k: Option<usize>,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
     /// while it runs (sm_90+).
     pub l2_prefetch: bool,
@@ -152,7 +150,6 @@ impl Default for LaunchOptions {
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             gemv_double_buffer: true,
             gemv_split_k: false,
-            gemv_max_k: None,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,

@@ -71,7 +71,6 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         gemv_stream: opts.gemv_stream,
         gemv_double_buffer: opts.gemv_double_buffer,
         gemv_split_k: opts.gemv_split_k,
-        gemv_max_k: opts.gemv_max_k,
         l2_prefetch: opts.l2_prefetch,
         warp_norm: opts.warp_norm,
         norm_deferred: opts.norm_deferred,
