@@ -226,7 +226,7 @@ struct FusedDecodeParams {
   float eps;
   int stop;
   int kv_shift;  // log2 of the grid's KV heads per cache KV head (fused_decode.cu)
-  int partials;  // 1: write the partials only, for merge_o (fused_decode.cu)
+  int pad;
 };
 static_assert(sizeof(FusedDecodeParams) == 168, "FusedDecodeParams layout");
 static_assert(offsetof(FusedDecodeParams, width) == 112 && offsetof(FusedDecodeParams, eps) == 152,

@@ -18,7 +18,6 @@
 // write, this attention and the merge in one launch.
 
 #include "attention.cuh"
-#include "gemv.cuh"
 
 namespace {
 
@@ -146,78 +145,6 @@ __device__ void paged_decode_reduce(const float* __restrict__ part_acc,
   out[((size_t)b * nh + h) * HD + d] = (T)(L > 0.f ? A / L : 0.f);
 }
 
-// ---- The merge of the fused attention's partials inside o (LaunchOptions::attn_merge_o) ----
-//
-// out [T, N] = x W^T for T = 1, 2 rows, where x [T, K = nh * HD] is the attention's output
-// merged from the partials decode_fused wrote with `partials` (S partitions a (row, head) of at
-// least part_min tokens, those holding context in order): each block first merges every head
-// into shared memory as paged_decode_reduce merges it (the same sums in the same order, rounded
-// to bf16 as that kernel stores its output), then runs gemv.cu's plain kernel on it (a warp an
-// output row, its first batch of weights loaded before the wait; the same sums in the same
-// order). So the output is the bits of paged_decode_reduce and the plain matmul after it, one
-// launch and no merge (cluster or global) in the attention. A thread's loads for a piece of 4
-// dims of a head (S partials' (m, l) and accumulators) are issued together. The step's context
-// lengths are read before the wait: uploaded before the step's first kernel.
-template <int T, int S>
-__device__ void merge_o(const __nv_bfloat16* __restrict__ W, const float* part_acc,
-                        const float* part_ml, const uint32_t* __restrict__ ctx_lens,
-                        __nv_bfloat16* __restrict__ out, int N, int K, int part_min,
-                        __nv_bfloat16* x_s) {
-  pdl_trigger();
-  const int lane = threadIdx.x % 32, row = blockIdx.x * WARPS + threadIdx.x / 32;
-  const bool ok = row < N;
-  const int rows[1] = {ok ? row : 0};
-  uint4 w[1][BATCH];
-  if (ok) load_batch<1>(W, rows, K, lane, w);
-  int used[T];
-#pragma unroll
-  for (int t = 0; t < T; ++t) {
-    const int ctx = (int)ctx_lens[t];
-    const int part = decode_part(ctx, S, part_min);
-    used[t] = ctx > 0 ? min(S, (ctx + part - 1) / part) : 0;
-  }
-  pdl_wait();
-  const int nh = K / HD, pieces = K / 4;
-  for (int i = threadIdx.x; i < T * pieces; i += WARPS * 32) {
-    const int t = i / pieces, k = (i % pieces) * 4;
-    const int n = T == 1 ? used[0] : (t == 0 ? used[0] : used[T - 1]);
-    const size_t base = ((size_t)t * nh + k / HD) * S;
-    float2 ml[S];
-    float4 a[S];
-#pragma unroll
-    for (int s = 0; s < S; ++s)
-      if (s < n) {
-        ml[s] = __ldcg(reinterpret_cast<const float2*>(part_ml + (base + s) * 2));
-        a[s] = __ldcg(reinterpret_cast<const float4*>(part_acc + (base + s) * HD + k % HD));
-      }
-    float M = -INFINITY;
-#pragma unroll
-    for (int s = 0; s < S; ++s)
-      if (s < n) M = fmaxf(M, ml[s].x);
-    float L = 0.f, A[4] = {0.f, 0.f, 0.f, 0.f};
-    if (M != -INFINITY) {
-#pragma unroll
-      for (int s = 0; s < S; ++s)
-        if (s < n) {
-          const float wt = __expf(ml[s].x - M);
-          L += ml[s].y * wt;
-          A[0] += a[s].x * wt;
-          A[1] += a[s].y * wt;
-          A[2] += a[s].z * wt;
-          A[3] += a[s].w * wt;
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      x_s[(size_t)t * K + k + j] = __float2bfloat16(L > 0.f ? A[j] / L : 0.f);
-  }
-  __syncthreads();
-  if (!ok) return;
-  float acc[1][T];
-  dot_rows<T, 1>(W, PlainX{x_s, K}, rows, K, lane, w, acc);
-  store_rows<T, 1>(acc, out, N, rows[0], lane);
-}
-
 }  // namespace
 
 #define PS_DECODE_KV(T, KT, NAME, G)                                                             \
@@ -249,19 +176,3 @@ PS_DECODE_KV(__nv_bfloat16, fp8, fp8, 1)
 PS_DECODE_KV(__nv_bfloat16, fp8, fp8, 2)
 PS_DECODE_KV(__nv_bfloat16, fp8, fp8, 4)
 PS_DECODE_KV(__nv_bfloat16, fp8, fp8, 8)
-
-// merge_o_t{T}_s{S}: partials of S partitions (4, 8 or 16) merged inside o for T rows; dynamic
-// shared memory T * K bf16.
-#define PS_MERGE_O(T, S)                                                                         \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) merge_o_t##T##_s##S(                \
-      const __nv_bfloat16* W, const float* part_acc, const float* part_ml,                      \
-      const uint32_t* ctx_lens, __nv_bfloat16* out, int N, int K, int part_min) {               \
-    extern __shared__ __align__(16) __nv_bfloat16 x_s[];                                        \
-    merge_o<T, S>(W, part_acc, part_ml, ctx_lens, out, N, K, part_min, x_s);                    \
-  }
-PS_MERGE_O(1, 4)
-PS_MERGE_O(1, 8)
-PS_MERGE_O(1, 16)
-PS_MERGE_O(2, 4)
-PS_MERGE_O(2, 8)
-PS_MERGE_O(2, 16)

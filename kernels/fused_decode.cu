@@ -32,8 +32,6 @@ namespace {
 // qkv rows hold q heads, k heads, v heads; a padding row (context 0) writes zeros. `stop`
 // (profiling only; 0 in the engine, and no clusters) ends every block after phase 1-4
 // (phase 4: the block's partial formed), so `graph_check --profile` can time the phases.
-// `partials` (no clusters; LaunchOptions::attn_merge_o): every block writes its partial and
-// ends, the tensor-core loop (MMA) at any partitioning; merge_o (decode.cu) merges them.
 // FETCH: tokens per half-warp whose K/V loads are in flight together (a round of GROUPS *
 // FETCH tokens a block). Eight, and two rounds of four in two register sets, were measured on
 // the H200 (128 registers a thread against 96) and lost 14-36% after 8k-32k-token prompts
@@ -169,8 +167,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              __nv_bfloat16* __restrict__ out, float* part_acc, float* part_ml,
                              uint32_t* counters, int W, const uint32_t* __restrict__ width,
                              int block_size, long long num_slots, int nkv, int part_min,
-                             float ks, float vs, float eps, int stop, int kv_shift,
-                             int partials) {
+                             float ks, float vs, float eps, int stop, int kv_shift) {
   using T = __nv_bfloat16;
   using Raw = typename KvRaw<KT>::type;
   pdl_trigger();
@@ -218,9 +215,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       }
     }
   };
-  // With MMA, a context one cluster holds takes the tensor-core loop (uniform in a block), and
-  // so does every partition of a launch that writes partials only.
-  const bool tc = MMA > 0 && (one_cluster || partials);
+  // With MMA, a context one cluster holds takes the tensor-core loop (uniform in a block).
+  const bool tc = MMA > 0 && one_cluster;
   if (tc) {
     if constexpr (MMA > 0) {
       // The warp's first MMA chunks (warp, warp + 4, ...) into its stages, a group each.
@@ -428,7 +424,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       if (d == 0) { part_ml[pi * 2] = M; part_ml[pi * 2 + 1] = L; }
     }
   }
-  if (splits == 1 || stop == 4 || partials) return;
+  if (splits == 1 || stop == 4) return;
   const int used = min(splits, (ctx + part - 1) / part);
   if (dA == nullptr) {
     merge_global<G>(part_acc, part_ml, &counters[b * nkv + kh], used, hb, splits, out);
@@ -476,7 +472,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                                    (KT*)p.k_cache, (KT*)p.v_cache, p.block_tables, p.ctx_lens,   \
                                    p.out, p.part_acc, p.part_ml, p.counters, p.W, p.width,       \
                                    p.block_size, p.num_slots, p.nkv, p.part, p.k_scale,          \
-                                   p.v_scale, p.eps, p.stop, p.kv_shift, p.partials);            \
+                                   p.v_scale, p.eps, p.stop, p.kv_shift);                        \
   }
 #define PS_DECODE_FUSED_ALL(LEAN, MMA, BOUNDS, PRE)                  \
   PS_DECODE_FUSED(1, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \

@@ -10,36 +10,19 @@ use policy_serve::engine::kv_format::{KvRef, KvScale, quantize};
 
 use super::{Res, Table, cores, randn, rel};
 
-/// A case's inputs: `b` rows with ragged contexts (row 1 a padding row when `pad`), `nh`/`nkv`
-/// heads of 128 dims, caches of 16-token blocks in non-contiguous tables (fp8 with `fp8`'s
-/// scales), attention in `splits` partitions (None: as many as an eager step on `k` takes).
-pub(crate) struct Inputs {
-    pub(crate) qkv: Tensor,
-    pub(crate) qw: Tensor,
-    pub(crate) kw: Tensor,
-    pub(crate) inv: Tensor,
-    pub(crate) pos: Tensor,
-    pub(crate) slots: Tensor,
-    pub(crate) ctx: Tensor,
-    pub(crate) tables: Tensor,
-    pub(crate) width: Tensor,
-    pub(crate) kc0: Tensor,
-    pub(crate) vc0: Tensor,
-    pub(crate) scale: KvScale,
-    pub(crate) splits: usize,
-    pub(crate) part: usize,
-    pub(crate) scratch: Option<(Tensor, Tensor)>,
-}
-
-/// The inputs of one case (see [`Inputs`]), on `k`'s partitioning.
-pub(crate) fn inputs(
-    k: &CudaKernels,
+/// One case: `b` rows with ragged contexts (row 1 a padding row when `pad`), `nh`/`nkv`
+/// heads, attention in `splits` partitions (None: as many as an eager step takes); with
+/// `fp8`, over fp8 caches with those scales. The reference is `k`'s unfused kernels where
+/// the context fits one cluster, else `cores`' (`fused_mma` kernels attend on tensor cores in
+/// one cluster only; `cores` is `k` for the others).
+pub(crate) fn case(
+    (k, cores): (&CudaKernels, &CudaKernels),
     dev: &Device,
     (b, max_ctx, pad): (usize, usize, bool),
     (nh, nkv): (usize, usize),
     splits: Option<usize>,
     fp8: Option<KvScale>,
-) -> Res<Inputs> {
+) -> Res<(f32, f32, u32, bool)> {
     let (hd, bs, dt) = (128usize, 16usize, DType::BF16);
     let ctx: Vec<usize> = (0..b)
         .map(|i| match i {
@@ -70,8 +53,20 @@ pub(crate) fn inputs(
         .step_by(2)
         .map(|i| 1f32 / theta.powf(i as f64 / hd as f64) as f32)
         .collect();
+    let inv = Tensor::new(inv.as_slice(), dev)?;
+    let qkv = randn(&[b, (nh + 2 * nkv) * hd], dt, dev)?;
+    let qw =
+        (randn(&[hd], dt, dev)?.affine(0.1, 1.0)? * (1.0 / (hd as f64).sqrt()))?.to_dtype(dt)?;
+    let kw = randn(&[hd], dt, dev)?.affine(0.1, 1.0)?;
     let pos: Vec<u32> = ctx.iter().map(|&c| c.saturating_sub(1) as u32).collect();
+    let (pos, slots_t) = (
+        Tensor::new(pos.as_slice(), dev)?,
+        Tensor::new(slots.as_slice(), dev)?,
+    );
     let ctx_u: Vec<u32> = ctx.iter().map(|&c| c as u32).collect();
+    let ctx_t = Tensor::new(ctx_u.as_slice(), dev)?;
+    let tables = Tensor::from_vec(flat, (b, w), dev)?;
+    let width = Tensor::new(&[w as u32], dev)?;
     let mut kc0 = randn(&[nkv, total * bs, hd], dt, dev)?;
     let mut vc0 = randn(&[nkv, total * bs, hd], dt, dev)?;
     let scale = fp8.unwrap_or(KvScale::ONE);
@@ -82,52 +77,7 @@ pub(crate) fn inputs(
     let part = CudaKernels::decode_partition(b);
     let splits =
         splits.unwrap_or_else(|| k.cluster_splits(b, CudaKernels::decode_splits(w, bs, part)));
-    Ok(Inputs {
-        qkv: randn(&[b, (nh + 2 * nkv) * hd], dt, dev)?,
-        qw: (randn(&[hd], dt, dev)?.affine(0.1, 1.0)? * (1.0 / (hd as f64).sqrt()))?
-            .to_dtype(dt)?,
-        kw: randn(&[hd], dt, dev)?.affine(0.1, 1.0)?,
-        inv: Tensor::new(inv.as_slice(), dev)?,
-        pos: Tensor::new(pos.as_slice(), dev)?,
-        slots: Tensor::new(slots.as_slice(), dev)?,
-        ctx: Tensor::new(ctx_u.as_slice(), dev)?,
-        tables: Tensor::from_vec(flat, (b, w), dev)?,
-        width: Tensor::new(&[w as u32], dev)?,
-        kc0,
-        vc0,
-        scale,
-        splits,
-        part,
-        scratch: k.decode_scratch(b, nh, splits)?,
-    })
-}
-
-/// One case ([`inputs`]' arguments). The reference is `k`'s unfused kernels where
-/// the context fits one cluster, else `cores`' (`fused_mma` kernels attend on tensor cores in
-/// one cluster only; `cores` is `k` for the others).
-pub(crate) fn case(
-    (k, cores): (&CudaKernels, &CudaKernels),
-    dev: &Device,
-    (b, max_ctx, pad): (usize, usize, bool),
-    (nh, nkv): (usize, usize),
-    splits: Option<usize>,
-    fp8: Option<KvScale>,
-) -> Res<(f32, f32, u32, bool)> {
-    let (hd, bs, dt) = (128usize, 16usize, DType::BF16);
-    let i = inputs(k, dev, (b, max_ctx, pad), (nh, nkv), splits, fp8)?;
-    let Inputs {
-        qkv,
-        qw,
-        kw,
-        inv,
-        scale,
-        splits,
-        part,
-        scratch,
-        ..
-    } = &i;
-    let (pos, slots_t, ctx_t, tables, width) = (&i.pos, &i.slots, &i.ctx, &i.tables, &i.width);
-    let (kc0, vc0, splits, part, scale) = (&i.kc0, &i.vc0, *splits, *part, *scale);
+    let scratch = k.decode_scratch(b, nh, splits)?;
     // In clusters, a context of up to C * 128 tokens is cut in C partitions of ceil(ctx / C)
     // (the unfused kernels' partitioning at C splits of at least 16 tokens) and merged in one
     // level: the same bits. Longer ones merge in two levels: rounding differs.
@@ -149,10 +99,10 @@ pub(crate) fn case(
     let (kc1, vc1) = (kc0.copy()?, vc0.copy()?);
     let q = Tensor::zeros((b, nh, hd), dt, dev)?;
     r.qk_norm_rope_kv_write_into(
-        qkv,
-        (qw, kw),
-        inv,
-        (pos, slots_t),
+        &qkv,
+        (&qw, &kw),
+        &inv,
+        (&pos, &slots_t),
         KvRef {
             k: &kc1,
             v: &vc1,
@@ -172,8 +122,8 @@ pub(crate) fn case(
             scale,
             fresh: None,
         },
-        (tables, Some(width)),
-        ctx_t,
+        (&tables, Some(&width)),
+        &ctx_t,
         bs,
         &out1,
         (ref_splits, ref_part, ref_scratch.as_ref()),
@@ -185,18 +135,18 @@ pub(crate) fn case(
     for _ in 0..2 {
         let out2 = Tensor::ones((b, nh * hd), dt, dev)?;
         k.decode_fused_into(
-            qkv,
-            (qw, kw, 1e-6),
-            inv,
-            (pos, slots_t),
+            &qkv,
+            (&qw, &kw, 1e-6),
+            &inv,
+            (&pos, &slots_t),
             KvRef {
                 k: &kc2,
                 v: &vc2,
                 scale,
                 fresh: None,
             },
-            (tables, Some(width)),
-            ctx_t,
+            (&tables, Some(&width)),
+            &ctx_t,
             bs,
             &out2,
             (splits, part, scratch.as_ref(), &counters),
@@ -216,7 +166,7 @@ pub(crate) fn case(
 /// (rows, longest context, row 1 padding), (nh, nkv), splits (None: an eager step's).
 type Case = ((usize, usize, bool), (usize, usize), Option<usize>);
 
-pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> Res<f32> {
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> Res<f32> {
     let d = (a.to_dtype(DType::F32)? - b.to_dtype(DType::F32)?)?;
     Ok(d.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
 }

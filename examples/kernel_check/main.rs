@@ -12,7 +12,6 @@ mod fused;
 mod gemv;
 mod lora;
 mod lora_runs;
-mod merge_o;
 mod mma;
 mod model;
 mod moe;
@@ -162,7 +161,6 @@ fn main() -> Res<()> {
     if a.model_only {
         // The fused decode attention too: MoE shapes (GQA group 8) run it.
         fused::checks(&dev, &mut t)?;
-        merge_o::checks(&dev, &mut t)?;
         moe::checks(&dev, &mut t)?;
         for dt in [DType::BF16, DType::F32] {
             model_checks(&a, &dev, dt, &mut t)?;
@@ -205,7 +203,6 @@ fn main() -> Res<()> {
         return report(t);
     }
     fused::checks(&dev, &mut t)?;
-    merge_o::checks(&dev, &mut t)?;
     mma::checks(&dev, &mut t)?;
     verify::checks(&dev, &mut t)?;
     fp8::checks(&dev, &mut t)?;

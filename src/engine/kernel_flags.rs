@@ -102,10 +102,6 @@ pub struct KernelFlags {
     /// (`KernelOptions::fused_mma_one`; default 2).
     #[arg(long, value_name = "D", value_parser = clap::value_parser!(u8).range(1..=2), conflicts_with = "no_fused_mma")]
     pub fused_mma_one: Option<u8>,
-    /// 1-2-row steps of short contexts: the fused attention in S partitions (4, 8, 16) merged
-    /// inside o (`KernelOptions::attn_merge_o`).
-    #[arg(long, value_name = "S", value_parser = clap::value_parser!(u16).range(2..=16))]
-    pub attn_merge_o: Option<u16>,
     /// Decode steps of 2-4 rows (and 5+ without `--fused-long-ctx-many`'s own bound) whose
     /// longest context passes N tokens run the attention unfused
     /// (`KernelOptions::fused_long_ctx`; default 2,048).
@@ -249,7 +245,6 @@ impl KernelFlags {
                 .fused_mma_rows
                 .unwrap_or(super::options::FUSED_MMA_ROWS),
             fused_mma_one: Some(self.fused_mma_one.unwrap_or(super::options::FUSED_MMA_ONE)),
-            attn_merge_o: self.attn_merge_o.map(usize::from),
             fused_long_ctx: (!self.no_fused_long_ctx).then(|| {
                 self.fused_long_ctx
                     .unwrap_or(super::options::FUSED_LONG_CTX)
@@ -384,10 +379,6 @@ mod tests {
         assert_eq!(d.kernels.fused_mma_one, Some(2));
         let s = opts(&["x", "--fused-mma-one", "1"]);
         assert_eq!(s.kernels.fused_mma_one, Some(1));
-        assert_eq!(d.kernels.attn_merge_o, None);
-        let m = opts(&["x", "--attn-merge-o", "8"]);
-        assert_eq!(m.kernels.attn_merge_o, Some(8));
-        assert!(Cli::try_parse_from(["x", "--attn-merge-o", "1"]).is_err());
         assert!(Cli::try_parse_from(["x", "--fused-mma-one", "3"]).is_err());
         assert!(Cli::try_parse_from(["x", "--fused-mma-one", "2", "--no-fused-mma"]).is_err());
         // The fused attention's row bound: 8 unless told otherwise; 0 and 17 refused.

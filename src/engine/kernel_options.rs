@@ -198,14 +198,6 @@ pub struct KernelOptions {
     /// (+1.2-2.7%), after 2k equal (966 against 966-969), 1.7B 717-720 against 722-725 (-0.5%),
     /// batch 2 unchanged (BENCHMARKS.md, #21). None: `fused_mma`'s stages for both.
     pub fused_mma_one: Option<u8>,
-    /// 1-2-row decode steps whose contexts fit one cluster (the tensor-core loop's steps of
-    /// `fused_mma`) cut the fused attention in this many partitions (4, 8 or 16; others round
-    /// up to one of them) of at least 16 tokens, with no merge in it (no clusters); o merges
-    /// them as it reads its input (`kernels/decode.cu` `merge_o`), the same bits as the
-    /// unfused kernels at that partitioning. At 16 a context's partitions are the clusters'
-    /// (the same bits as the default). Default None (the attention merges in clusters): not
-    /// yet measured.
-    pub attn_merge_o: Option<usize>,
     /// Decode steps of 2+ rows (5+: `fused_long_ctx_many`, where set) whose longest context
     /// passes this many tokens run the attention unfused (q/k norm + RoPE + KV write, the tensor-core paged decode of
     /// `mma_decode`, the merge: three launches a layer), eager steps by their contexts and
@@ -355,7 +347,6 @@ impl Default for KernelOptions {
             fused_mma: Some(FUSED_MMA_STAGES),
             fused_mma_rows: FUSED_MMA_ROWS,
             fused_mma_one: Some(FUSED_MMA_ONE),
-            attn_merge_o: None,
             fused_long_ctx: Some(FUSED_LONG_CTX),
             fused_long_ctx_one: Some(FUSED_LONG_CTX_ONE),
             fused_long_ctx_many: Some(FUSED_LONG_CTX_MANY),

@@ -339,40 +339,6 @@ impl CudaKernels {
         short: bool,
         stop: i32,
     ) -> Result<()> {
-        self.fused_launch(
-            qkv,
-            (q_w, k_w, eps),
-            inv_freq,
-            (positions, slots),
-            kv,
-            (block_tables, width),
-            ctx_lens,
-            block_size,
-            out,
-            (splits, part, scratch, counters),
-            short,
-            (stop, false),
-        )
-    }
-
-    /// [`CudaKernels::decode_fused_stage_into`]'s launch; with `partials_only` (no clusters)
-    /// every block writes its partial and ends (`partials_only`; `merge_o.rs`).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn fused_launch(
-        &self,
-        qkv: &Tensor,
-        (q_w, k_w, eps): (&Tensor, &Tensor, f64),
-        inv_freq: &Tensor,
-        (positions, slots): (&Tensor, &Tensor),
-        kv: KvRef<'_>,
-        (block_tables, width): (&Tensor, Option<&Tensor>),
-        ctx_lens: &Tensor,
-        block_size: usize,
-        out: &Tensor,
-        (splits, part, scratch, counters): (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
-        short: bool,
-        (stop, partials_only): (i32, bool),
-    ) -> Result<()> {
         self.check_dtype(qkv)?;
         let (k_cache, v_cache) = (kv.k, kv.v);
         let (nkv, num_slots, hd) = k_cache.dims3()?;
@@ -431,10 +397,10 @@ impl CudaKernels {
             eps: eps as f32,
             stop,
             kv_shift: kv_shift as i32,
-            partials: i32::from(partials_only),
+            pad: 0,
         };
         let mut lb = self.launcher(func);
-        if stop == 0 && !partials_only {
+        if stop == 0 {
             lb.cluster_z(self.decode_cluster(b, nh / nkv, splits) as u32);
         }
         lb.arg(&params);

@@ -30,19 +30,15 @@ pub(crate) struct FusedDecode {
     pub(super) mma: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_one: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_rows: usize,
-    /// With `LaunchOptions::attn_merge_o`: its partitions and the o matmuls that merge them
-    /// (`kernels/decode.cu` `merge_o_t{1,2}_s{S}`).
-    pub(super) merge_o: Option<(usize, [CudaFunction; 2])>,
 }
 
 impl FusedDecode {
     /// The kernels `opts` asks for over caches of `dt` ("bf16" or "fp8"): the lean kernels
     /// with `fused_lean`, else the division ones; with `fused_mma` also the tensor-core loop's
     /// (1 or 2 stages a warp; more are clamped to 2). On sm_90+ (`hopper`) they may run in
-    /// clusters of 16 (non-portable). `decode`: the module of `kernels/decode.cu` (the merge
-    /// in o of `attn_merge_o`).
+    /// clusters of 16 (non-portable).
     pub(super) fn load(
-        (m, decode): (&Arc<CudaModule>, &Arc<CudaModule>),
+        m: &Arc<CudaModule>,
         opts: &LaunchOptions,
         dt: &str,
         hopper: bool,
@@ -84,25 +80,11 @@ impl FusedDecode {
             (Some(d), Some(one)) if one.clamp(1, 2) != d.clamp(1, 2) => Some(mma_set(one)?),
             _ => None,
         };
-        let merge_o = match opts.attn_merge_o {
-            Some(s) => {
-                let s = super::merge_o::merge_o_partitions(s);
-                let f = |t: usize| {
-                    let name = format!("merge_o_t{t}_s{s}");
-                    decode
-                        .load_function(&name)
-                        .map_err(|e| kernel_err(&format!("function {name}"), e))
-                };
-                Some((s, [f(1)?, f(2)?]))
-            }
-            None => None,
-        };
         Ok(Self {
             cores,
             mma,
             mma_one,
             mma_rows: crate::engine::batch::bucket_bound(opts.fused_mma_rows),
-            merge_o,
         })
     }
 

@@ -67,10 +67,6 @@ pub struct LaunchOptions {
     pub fused_mma: Option<u8>,
     /// Most rows of a step whose fused decode attention takes the tensor-core loop.
     pub fused_mma_rows: usize,
-    /// 1-2-row decode steps whose contexts fit one cluster cut the fused attention in this many
-    /// partitions (4, 8 or 16; others round up to one of them) and merge them inside o
-    /// (`merge_o.rs`); None: the attention merges them itself.
-    pub attn_merge_o: Option<usize>,
     /// The tensor-core fused attention's stages for 1-row steps when they differ from
     /// `fused_mma`'s (1 or 2; None: `fused_mma`'s).
     pub fused_mma_one: Option<u8>,
@@ -168,7 +164,6 @@ impl Default for LaunchOptions {
             fused_mma: Some(crate::engine::options::FUSED_MMA_STAGES),
             fused_mma_rows: crate::engine::options::FUSED_MMA_ROWS,
             fused_mma_one: Some(crate::engine::options::FUSED_MMA_ONE),
-            attn_merge_o: None,
             fused_long_ctx: Some(crate::engine::options::FUSED_LONG_CTX),
             fused_long_ctx_one: Some(crate::engine::options::FUSED_LONG_CTX_ONE),
             fused_long_ctx_many: Some(crate::engine::options::FUSED_LONG_CTX_MANY),

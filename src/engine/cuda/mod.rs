@@ -37,7 +37,6 @@ mod lora_ops;
 mod lora_overlap;
 mod lora_runs;
 mod lora_wide;
-mod merge_o;
 mod moe_ops;
 mod params;
 mod prefill;
@@ -55,7 +54,6 @@ pub use lora_grouped_ops::{LORA_GROUPED_MIN_ROWS, LORA_GROUPED_SLICES, lora_scra
 pub use lora_ops::{LORA_TILE, LORA_TILE_ONE_MAX, lora_tile};
 pub use lora_overlap::LORA_OVERLAP_MAX_RANK;
 pub use lora_runs::LORA_RUNS_MIN_ROWS;
-pub use merge_o::MERGE_O_PART_MIN;
 pub(crate) use moe_ops::MoeScratch;
 pub use moe_ops::{MOE_TILE_ONE_MAX, MOE_TILES, moe_max_tiles, moe_tile};
 pub use readback::PendingIds;

@@ -90,8 +90,7 @@ pub(super) struct FusedDecodeParams {
     pub(super) stop: i32,
     /// log2 of the grid's KV heads per cache KV head (`kernels/fused_decode.cu`).
     pub(super) kv_shift: i32,
-    /// 1: every block writes its partial and ends (the merge is `merge_o`'s).
-    pub(super) partials: i32,
+    pub(super) pad: i32,
 }
 
 /// `PrefillParams` of `kernels/attention.cuh`: the one parameter of `paged_prefill_*`.

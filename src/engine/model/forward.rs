@@ -85,7 +85,6 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         fused_mma: opts.fused_mma,
         fused_mma_rows: opts.fused_mma_rows,
         fused_mma_one: opts.fused_mma_one,
-        attn_merge_o: opts.attn_merge_o,
         fused_long_ctx: opts.fused_long_ctx,
         fused_long_ctx_one: opts.fused_long_ctx_one,
         fused_long_ctx_many: opts.fused_long_ctx_many,

@@ -191,6 +191,49 @@ impl KernelForward<'_> {
         Ok((inputs, plan, acts))
     }
 
+    /// Layer `li`'s attention from `acts.qkv`: the fused decode launch (`fused`), or the q/k
+    /// norm + RoPE + KV write and then the attention kernels; returns the attention output.
+    pub(crate) fn layer_attention(
+        &self,
+        li: usize,
+        (inputs, acts, plan, cache): (&StepInputs, &Activations, &AttnPlan, &PagedKvCache),
+        (fused, part): (bool, usize),
+    ) -> Result<Tensor> {
+        let (m, k, a) = (self.model, self.kernels, acts);
+        let at = &m.layers[li].attn;
+        let bs = cache.block_size();
+        let mut kv = cache.layer(li);
+        kv.fresh = a.kv_new.as_ref().map(|(k, v)| (k, v));
+        Ok(if fused {
+            k.decode_fused_into(
+                &a.qkv,
+                (&at.q_norm.weight, &at.k_norm.weight, at.q_norm.eps),
+                &m.inv_freq,
+                (&inputs.pos, &inputs.slots),
+                kv,
+                (&inputs.tables, inputs.width.as_ref()),
+                &inputs.ctx_lens,
+                bs,
+                &a.attn,
+                (inputs.splits, part, a.scratch.as_ref(), &a.counters),
+                inputs.short_ctx,
+            )?;
+            a.attn.clone()
+        } else {
+            k.qk_norm_rope_kv_write_into(
+                &a.qkv,
+                (&at.q_norm.weight, &at.k_norm.weight),
+                &m.inv_freq,
+                (&inputs.pos, &inputs.slots),
+                kv,
+                (at.num_heads, at.num_kv_heads, at.head_dim),
+                at.q_norm.eps,
+                &a.q,
+            )?;
+            self.attend_kernels(kv, plan, inputs, acts, bs)?
+        })
+    }
+
     /// Every layer and the final norm of one step, on `inputs`, into `acts` (`acts.h` ends as
     /// the normed last hidden state of every token). Allocates nothing, copies nothing from
     /// the host and never synchronizes when the step is pure decode on one rank, unless
@@ -215,14 +258,9 @@ impl KernelForward<'_> {
         let t = a.h.dim(0)?;
         let fused = self.attention_fused(inputs, plan, t);
         let part = CudaKernels::decode_partition(inputs.ctx_lens.elem_count());
-
         // The overlap's deferred expands leave `a.o` without its delta: not with a trace of
         // it, nor with the all-reduce of tensor parallelism.
         let lora = self.lora_step(inputs, acts, comm.is_none() && trace.is_none())?;
-        // The attention's partials merged inside o (`attn_merge_o`): o's input is then built
-        // by o itself, so not where an adapter or a trace reads it, nor with tensor parallelism.
-        let plain = comm.is_none() && trace.is_none() && lora.is_none();
-        let merge_o = self.merge_o_splits(inputs, acts, fused && plain)?;
         // The down whose LoRA expand the next add+RMSNorm takes over (overlap path).
         let mut down_before: Option<(usize, usize)> = None;
         // The presummed norm (`KernelOptions::norm_presum`, 3-8 rows): the matmul before a
@@ -270,22 +308,18 @@ impl KernelForward<'_> {
             if delta.is_some() {
                 cur = 1 - cur;
             }
-            let out =
-                self.layer_attention(li, (inputs, acts, plan, cache), (fused, part, merge_o))?;
+            let out = self.layer_attention(li, (inputs, acts, plan, cache), (fused, part))?;
             let ffn_w = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.gate_up.weight(),
                 Ffn::Sparse(moe) => &moe.router,
             };
             let o_w = (&out, at.o_proj.weight(), &a.o);
             presummed = presum
-                && merge_o.is_none()
                 && matches!(&layer.ffn,
                     Ffn::Dense(d) if k.presum_serves(t, o_w.1, d.gate_up.weight()));
             if presummed {
                 let sum = (&a.residual[cur], &a.residual[1 - cur]);
                 k.linear_res_into(o_w.0, o_w.1, o_w.2, sum, &a.ss)?;
-            } else if let (Some(s), Some(scratch)) = (merge_o, a.scratch.as_ref()) {
-                k.merge_o_into(scratch, &inputs.ctx_lens, s, o_w.1, o_w.2)?;
             } else {
                 self.linear_lora(o_w, Some(ffn_w), lora.as_ref().map(|l| (l, li, 1)))?;
             }
@@ -363,7 +397,7 @@ impl KernelForward<'_> {
     /// One layer's attention on the kernels: every group writes its rows of one `[T, nh * hd]`
     /// output (decode runs through the decode kernel, all prefill chunks through one prefill
     /// launch); groups the kernels do not serve go through the gather path.
-    pub(super) fn attend_kernels(
+    fn attend_kernels(
         &self,
         kv: KvRef<'_>,
         plan: &AttnPlan,
