@@ -187,8 +187,7 @@ __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
 
 // ---- Streamed rows (LaunchOptions::gemv_stream) -------------------------------------------
 //
-// The gate|up kernels (NR 2) of gemv_kernel (and with gemv_stream_plain / gemv_stream_norm
-// its plain-row kernels, NR 1), bit for bit, on a grid sized to the GPU instead of
+// The gate|up kernels (NR 2) of gemv_kernel, bit for bit, on a grid sized to the GPU instead of
 // to the rows: warp gw of the G in the grid takes row pairs gw, gw + G, ..., and a lane's weight
 // loads run in batches of BATCH over its rows' chunks as one sequence (a row's chunks lane,
 // lane + 32, ..., as gemv_kernel sums them), so the batch issued before the wait covers up to
@@ -397,15 +396,11 @@ __device__ __forceinline__ void gemv_split_kernel(const __nv_bfloat16* __restric
   NORM_ENTRY(wnorm_gemv_silu_t##T##_bf16, gemv_kernel<T, 2, 2>(NORM_ARGS))
 
 // The gate|up kernels on streamed rows (LaunchOptions::gemv_stream), alone and behind the norm
-// (scale-first and deferred); the plain-row kernels on them (gemv_stream_plain: o and down;
-// gemv_stream_norm: qkv behind its norm).
+// (scale-first and deferred).
 #define SGEMV(T)                                                                             \
   PLAIN_ENTRY(sgemv_silu_t##T##_bf16, sgemv_kernel<T, 2, false>(PLAIN_ARGS))                 \
   NORM_ENTRY(snorm_gemv_silu_t##T##_bf16, sgemv_kernel<T, 2, true>(NORM_ARGS))               \
-  NORM_ENTRY(sdnorm_gemv_silu_t##T##_bf16, sgemv_kernel<T, 2, true, true>(NORM_ARGS))        \
-  PLAIN_ENTRY(sgemv_t##T##_bf16, sgemv_kernel<T, 1, false>(PLAIN_ARGS))                      \
-  NORM_ENTRY(snorm_gemv_t##T##_bf16, sgemv_kernel<T, 1, true>(NORM_ARGS))                    \
-  NORM_ENTRY(sdnorm_gemv_t##T##_bf16, sgemv_kernel<T, 1, true, true>(NORM_ARGS))
+  NORM_ENTRY(sdnorm_gemv_silu_t##T##_bf16, sgemv_kernel<T, 2, true, true>(NORM_ARGS))
 
 // Two batches in flight (LaunchOptions::gemv_double_buffer), plain and behind the norm, for
 // rows of more than BATCH * 256 inputs.

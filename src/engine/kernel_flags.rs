@@ -36,14 +36,6 @@ pub struct KernelFlags {
     /// `KernelOptions::gemv_stream` off).
     #[arg(long, conflicts_with = "gemv_stream")]
     pub no_gemv_stream: bool,
-    /// The 1-2-row plain matmuls (o, down) on streamed rows too
-    /// (`KernelOptions::gemv_stream_plain`).
-    #[arg(long, conflicts_with = "no_gemv_stream")]
-    pub gemv_stream_plain: bool,
-    /// The 1-2-row matmuls behind the fused norm (qkv) on streamed rows too
-    /// (`KernelOptions::gemv_stream_norm`).
-    #[arg(long, conflicts_with = "no_gemv_stream")]
-    pub gemv_stream_norm: bool,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
@@ -233,8 +225,6 @@ impl KernelFlags {
                 self.gemv_stream
                     .unwrap_or(super::options::GEMV_STREAM_BLOCKS)
             }),
-            gemv_stream_plain: self.gemv_stream_plain,
-            gemv_stream_norm: self.gemv_stream_norm,
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,
@@ -477,12 +467,5 @@ mod tests {
         assert!(Cli::try_parse_from(["x", "--gemv-stream", "0"]).is_err());
         let n = opts(&["x", "--gemv-split-k"]);
         assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);
-        // The plain and norm kinds on streamed rows: off unless asked, each apart.
-        assert!(!d.kernels.gemv_stream_plain && !d.kernels.gemv_stream_norm);
-        let n = opts(&["x", "--gemv-stream-norm"]);
-        assert!(n.kernels.gemv_stream_norm && !n.kernels.gemv_stream_plain);
-        let n = opts(&["x", "--gemv-stream-plain"]);
-        assert!(n.kernels.gemv_stream_plain && !n.kernels.gemv_stream_norm);
-        assert!(Cli::try_parse_from(["x", "--gemv-stream-norm", "--no-gemv-stream"]).is_err());
     }
 }

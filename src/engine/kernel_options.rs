@@ -114,17 +114,6 @@ pub struct KernelOptions {
     /// block per eight pairs (None). Default `Some(GEMV_STREAM_BLOCKS)`: with
     /// `gemv_double_buffer`, batch 1 +6% (0.6B) / +4.5% (1.7B) on the H200 (#21).
     pub gemv_stream: Option<u8>,
-    /// With `gemv_stream`: the 1-2-row plain matmuls (o, down) on its streamed rows too
-    /// (`sgemv_*`; bit for bit). Off by default: not yet measured in this form (round 25's
-    /// streamed o and down were slower, before the fused attention loaded its K/V before its
-    /// wait).
-    pub gemv_stream_plain: bool,
-    /// With `gemv_stream`: the 1-2-row matmuls behind the fused norm (qkv) on its streamed
-    /// rows too (`snorm_gemv_*`, `sdnorm_gemv_*`; bit for bit): a grid of two blocks an SM
-    /// leaves room for the fused attention's blocks to launch early (PDL) and load their K/V
-    /// before their wait, where 0.6B's qkv (512 blocks, four an SM) fills the SMs' registers.
-    /// Off by default: not yet measured.
-    pub gemv_stream_norm: bool,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
     /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one
@@ -342,8 +331,6 @@ impl Default for KernelOptions {
             gemv_mma_plain: Some(GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
-            gemv_stream_plain: false,
-            gemv_stream_norm: false,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,

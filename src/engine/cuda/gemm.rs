@@ -273,16 +273,12 @@ impl CudaKernels {
                 Some((max_k, d)) if kind >= 2 && k <= *max_k => d.as_ref(),
                 _ => set,
             };
-            // The kinds loaded streamed stream; the streamed norm kernels hold the norm
-            // weights of K <= STREAM_NORM_MAX_K (wider ones take a block per eight rows).
-            let streamed = set
-                .stream
-                .as_ref()
-                .and_then(|(s, max)| Some((s[kind].as_ref()?, max)))
-                .filter(|_| kind < 2 || k <= STREAM_NORM_MAX_K);
-            if let Some((s, max)) = streamed {
+            // Kinds 1 and 3 (gate|up) stream; the streamed norm kernel holds the norm weights
+            // of K <= STREAM_NORM_MAX_K (wider ones take the kernel a block per eight pairs).
+            let streams = kind == 1 || (kind == 3 && k <= STREAM_NORM_MAX_K);
+            if let Some((s, max)) = set.stream.as_ref().filter(|_| streams) {
                 return Some(Gemv {
-                    f: &s[t - 1],
+                    f: &s[kind / 2][t - 1],
                     rows_per_block: GEMV_WARPS,
                     norm_smem: set.norm_smem,
                     max_blocks: Some(*max),

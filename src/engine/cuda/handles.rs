@@ -12,10 +12,6 @@ use candle_core::{DType, Device, Tensor};
 use super::launch::kernel_err;
 use crate::error::Result;
 
-/// `LaunchOptions::gemv_stream` (blocks per SM), and whether the plain and the norm kinds
-/// stream too (`gemv_stream_plain`, `gemv_stream_norm`).
-pub(super) type Streamed = (Option<u8>, (bool, bool));
-
 /// The skinny-matmul kernels of 1-2 rows an engine launches (`kernels/gemv.cu`; launched from
 /// `gemm.rs`) and how their grids are sized.
 pub(crate) struct GemvSet {
@@ -24,10 +20,9 @@ pub(crate) struct GemvSet {
     pub(super) fs: [Vec<CudaFunction>; 4],
     /// Whether the norm kernels hold the normed rows in shared memory (off: the per-warp norm).
     pub(super) norm_smem: bool,
-    /// The kernels on streamed rows (`LaunchOptions::gemv_stream`) by kind as `fs` (the
-    /// gate|up ones always, the plain and norm ones with `gemv_stream_plain` /
-    /// `gemv_stream_norm`), and the most blocks a launch of them takes.
-    pub(super) stream: Option<([Option<Vec<CudaFunction>>; 4], usize)>,
+    /// The gate|up kernels (SiLU*up alone and behind the norm) on streamed rows
+    /// (`LaunchOptions::gemv_stream`), and the most blocks a launch of them takes.
+    pub(super) stream: Option<([Vec<CudaFunction>; 2], usize)>,
     /// The plain and norm kernels with two batches of loads in flight, for rows of more than
     /// 2,048 inputs (`LaunchOptions::gemv_double_buffer`).
     pub(super) double: Option<[Vec<CudaFunction>; 2]>,
@@ -40,14 +35,13 @@ pub(crate) struct GemvSet {
 }
 
 impl GemvSet {
-    /// The functions for 1..=`rows` rows that the launch options (`gemv_stream` with
-    /// `gemv_stream_plain` / `gemv_stream_norm`, `gemv_double_buffer`, `gemv_split_k`,
-    /// `warp_norm`, `norm_deferred`) ask for, from the loaded `gemv` module, for a GPU of `sms`
-    /// SMs.
+    /// The functions for 1..=`rows` rows that the launch options (`gemv_stream`,
+    /// `gemv_double_buffer`, `gemv_split_k`, `warp_norm`, `norm_deferred`) ask for, from the
+    /// loaded `gemv` module, for a GPU of `sms` SMs.
     pub(super) fn load(
         m: &Arc<CudaModule>,
         (gemv_stream, double, split, (warp_norm, deferred)): (
-            Streamed,
+            Option<u8>,
             bool,
             bool,
             (bool, Option<usize>),
@@ -68,7 +62,7 @@ impl GemvSet {
     /// [`GemvSet::load`] with the norm kernels named `{norm}_*`.
     fn named(
         m: &Arc<CudaModule>,
-        ((gemv_stream, (plain, normed)), double, split, warp_norm): (Streamed, bool, bool, bool),
+        (gemv_stream, double, split, warp_norm): (Option<u8>, bool, bool, bool),
         norm: &str,
         sms: usize,
         rows: usize,
@@ -90,15 +84,13 @@ impl GemvSet {
                 all(format!("{norm}_gemv_silu"))?,
             ],
             norm_smem: !warp_norm,
-            // The gate|up kernels on streamed rows (the others only when asked: they measured
-            // slower on them in round 25), not beside the per-warp norm.
+            // Only the gate|up kernels have streamed rows (the others measured slower on
+            // them), and not beside the per-warp norm.
             stream: match gemv_stream.filter(|_| !warp_norm) {
                 Some(b) => Some((
                     [
-                        plain.then(|| all("sgemv".into())).transpose()?,
-                        Some(all("sgemv_silu".into())?),
-                        normed.then(|| all(format!("s{norm}_gemv"))).transpose()?,
-                        Some(all(format!("s{norm}_gemv_silu"))?),
+                        all("sgemv_silu".into())?,
+                        all(format!("s{norm}_gemv_silu"))?,
                     ],
                     sms * usize::from(b),
                 )),

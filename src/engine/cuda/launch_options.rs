@@ -25,12 +25,6 @@ pub struct LaunchOptions {
     /// The 1-2-row gate|up matmuls on streamed rows, this many blocks per SM (`gemv.cu`
     /// `sgemv_silu_*`, `snorm_gemv_silu_*`; None: a block per eight row pairs; default 2).
     pub gemv_stream: Option<u8>,
-    /// With `gemv_stream`: the 1-2-row plain matmuls (o, down) on streamed rows too
-    /// (`sgemv_*`).
-    pub gemv_stream_plain: bool,
-    /// With `gemv_stream`: the 1-2-row plain matmuls behind the fused norm (qkv) on streamed
-    /// rows too (`snorm_gemv_*`, `sdnorm_gemv_*`).
-    pub gemv_stream_norm: bool,
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
     pub gemv_double_buffer: bool,
@@ -154,8 +148,6 @@ impl Default for LaunchOptions {
             gemv_mma_plain: Some(crate::engine::options::GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
-            gemv_stream_plain: false,
-            gemv_stream_norm: false,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,
