@@ -36,6 +36,10 @@ pub struct KernelFlags {
     /// `KernelOptions::gemv_stream` off).
     #[arg(long, conflicts_with = "gemv_stream")]
     pub no_gemv_stream: bool,
+    /// One shared-memory carveout, in percent of the SM's L1 / shared memory, for every
+    /// kernel of ours (`KernelOptions::smem_carveout`).
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub smem_carveout: Option<u8>,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
@@ -225,6 +229,7 @@ impl KernelFlags {
                 self.gemv_stream
                     .unwrap_or(super::options::GEMV_STREAM_BLOCKS)
             }),
+            smem_carveout: self.smem_carveout,
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,
@@ -467,5 +472,12 @@ mod tests {
         assert!(Cli::try_parse_from(["x", "--gemv-stream", "0"]).is_err());
         let n = opts(&["x", "--gemv-split-k"]);
         assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);
+        // One carveout for every kernel: the driver's choice unless asked; 0-100 only.
+        assert_eq!(d.kernels.smem_carveout, None);
+        assert_eq!(
+            opts(&["x", "--smem-carveout", "100"]).kernels.smem_carveout,
+            Some(100)
+        );
+        assert!(Cli::try_parse_from(["x", "--smem-carveout", "101"]).is_err());
     }
 }

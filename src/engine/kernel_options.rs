@@ -114,6 +114,15 @@ pub struct KernelOptions {
     /// block per eight pairs (None). Default `Some(GEMV_STREAM_BLOCKS)`: with
     /// `gemv_double_buffer`, batch 1 +6% (0.6B) / +4.5% (1.7B) on the H200 (#21).
     pub gemv_stream: Option<u8>,
+    /// The shared-memory carveout every kernel of ours asks for (percent of the SM's unified
+    /// L1 / shared memory, 0-100: `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`). By
+    /// default the driver picks a carveout a kernel, so a step's kernels alternate between
+    /// small ones (the skinny matmuls: a few KB) and large ones (the fused attention: 84 KB a
+    /// block at two stages); an SM holds blocks of one carveout at a time, which may keep a
+    /// kernel's blocks from starting early under PDL where the one before asked for another.
+    /// One carveout for all (100: the most shared memory) takes that away. Default None (the
+    /// driver's choice): not yet measured.
+    pub smem_carveout: Option<u8>,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
     /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one
@@ -331,6 +340,7 @@ impl Default for KernelOptions {
             gemv_mma_plain: Some(GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
+            smem_carveout: None,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,

@@ -170,6 +170,9 @@ pub struct CudaKernels {
     pub(super) fused_max_rows: usize,
     /// The kernels over fp8 KV caches (bf16 compute on sm_89+), or why there are none.
     pub(super) fp8: std::result::Result<Fp8Kernels, String>,
+    /// `LaunchOptions::smem_carveout`, and the functions already given it
+    /// ([`CudaKernels::carve`]).
+    pub(super) carveout: Option<(u8, parking_lot::Mutex<std::collections::HashSet<usize>>)>,
 }
 
 impl std::fmt::Debug for CudaKernels {
@@ -442,6 +445,7 @@ impl CudaKernels {
             // Eager steps choose by their rows, graph replays by their bucket's.
             fused_max_rows: crate::engine::batch::bucket_bound(opts.fused_max_rows),
             fp8,
+            carveout: opts.smem_carveout.map(|c| (c.min(100), Default::default())),
             pinned: Arc::default(),
             staging: Default::default(),
             row_ids: Default::default(),
@@ -462,6 +466,7 @@ impl CudaKernels {
     /// GPU has it).
     pub(super) fn launcher<'a>(&'a self, f: &'a CudaFunction) -> launch::Launch<'a> {
         let pdl = self.pdl.load(std::sync::atomic::Ordering::Relaxed);
+        self.carve(f);
         launch::Launch::new(&self.stream, f, pdl)
     }
 

@@ -19,6 +19,7 @@ use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaStream, DriverError, LaunchConfig, sys,
 };
 
+use super::kernels::CudaKernels;
 use crate::error::Error;
 
 /// The arguments of one launch (each a reference to a value that outlives the launch).
@@ -102,6 +103,24 @@ impl<'a> Launch<'a> {
                 std::ptr::null_mut(),
             )
             .result()
+        }
+    }
+}
+
+impl CudaKernels {
+    /// Gives `f` the shared-memory carveout of `LaunchOptions::smem_carveout` before its first
+    /// launch (once a function; where the driver refuses, the launch goes on with its own
+    /// choice, and the refusal is logged).
+    pub(super) fn carve(&self, f: &CudaFunction) {
+        let Some((c, done)) = &self.carveout else {
+            return;
+        };
+        if !done.lock().insert(f.cu_function() as usize) {
+            return;
+        }
+        let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT;
+        if let Err(e) = f.set_attribute(attr, i32::from(*c)) {
+            tracing::warn!("shared-memory carveout {c}% not set on a kernel: {e}");
         }
     }
 }

@@ -25,6 +25,10 @@ pub struct LaunchOptions {
     /// The 1-2-row gate|up matmuls on streamed rows, this many blocks per SM (`gemv.cu`
     /// `sgemv_silu_*`, `snorm_gemv_silu_*`; None: a block per eight row pairs; default 2).
     pub gemv_stream: Option<u8>,
+    /// The shared-memory carveout (percent of the SM's unified L1 / shared memory, 0-100; the
+    /// driver rounds up to a size the GPU has) every kernel of ours asks for; None: the
+    /// driver's choice a kernel.
+    pub smem_carveout: Option<u8>,
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
     pub gemv_double_buffer: bool,
@@ -148,6 +152,7 @@ impl Default for LaunchOptions {
             gemv_mma_plain: Some(crate::engine::options::GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
+            smem_carveout: None,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,

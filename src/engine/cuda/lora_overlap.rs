@@ -83,7 +83,10 @@ impl CudaKernels {
         f: &'a CudaFunction,
     ) -> Launch<'a> {
         match side {
-            Some(s) => Launch::new(s, f, false),
+            Some(s) => {
+                self.carve(f);
+                Launch::new(s, f, false)
+            }
             None => self.launcher(f),
         }
     }

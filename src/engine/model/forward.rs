@@ -69,6 +69,7 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         gemv_mma_plain: opts.gemv_mma_plain,
         norm_presum: opts.norm_presum,
         gemv_stream: opts.gemv_stream,
+        smem_carveout: opts.smem_carveout,
         gemv_double_buffer: opts.gemv_double_buffer,
         gemv_split_k: opts.gemv_split_k,
         l2_prefetch: opts.l2_prefetch,
