@@ -36,8 +36,8 @@ pub struct KernelFlags {
     /// `KernelOptions::gemv_stream` off).
     #[arg(long, conflicts_with = "gemv_stream")]
     pub no_gemv_stream: bool,
-    /// One shared-memory carveout, in percent of the SM's L1 / shared memory, for every
-    /// kernel of ours (`KernelOptions::smem_carveout`).
+    /// The shared-memory carveout, in percent of the SM's L1 / shared memory, of the kernels
+    /// of 1-2-row decode steps (`KernelOptions::smem_carveout`).
     #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u8).range(0..=100))]
     pub smem_carveout: Option<u8>,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
@@ -472,7 +472,7 @@ mod tests {
         assert!(Cli::try_parse_from(["x", "--gemv-stream", "0"]).is_err());
         let n = opts(&["x", "--gemv-split-k"]);
         assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);
-        // One carveout for every kernel: the driver's choice unless asked; 0-100 only.
+        // The 1-2-row kernels' carveout: the driver's choice unless asked; 0-100 only.
         assert_eq!(d.kernels.smem_carveout, None);
         assert_eq!(
             opts(&["x", "--smem-carveout", "100"]).kernels.smem_carveout,

@@ -114,14 +114,15 @@ pub struct KernelOptions {
     /// block per eight pairs (None). Default `Some(GEMV_STREAM_BLOCKS)`: with
     /// `gemv_double_buffer`, batch 1 +6% (0.6B) / +4.5% (1.7B) on the H200 (#21).
     pub gemv_stream: Option<u8>,
-    /// The shared-memory carveout every kernel of ours asks for (percent of the SM's unified
-    /// L1 / shared memory, 0-100: `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`). By
-    /// default the driver picks a carveout a kernel, so a step's kernels alternate between
-    /// small ones (the skinny matmuls: a few KB) and large ones (the fused attention: 84 KB a
-    /// block at two stages); an SM holds blocks of one carveout at a time, which may keep a
-    /// kernel's blocks from starting early under PDL where the one before asked for another.
-    /// One carveout for all (100: the most shared memory) takes that away. Default None (the
-    /// driver's choice): not yet measured.
+    /// The shared-memory carveout the kernels of 1-2-row decode steps ask for (the skinny
+    /// matmuls of `gemv.cu` and the fused attention's tensor-core kernels; percent of the SM's
+    /// unified L1 / shared memory, 0-100: `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`).
+    /// Left to the driver, the carveout follows each kernel's needs, so a 1-row step's
+    /// kernels alternate between the matmuls' few KB and the attention's 84 KB a block; an SM
+    /// holds blocks of one carveout at a time. On the H200 the same carveout (100) for every
+    /// kernel of ours made the 1-row graph replay 792 -> 769 us (0.6B), but batch 8, whose
+    /// other kernels then had 28 KB of L1, lost 21% (BENCHMARKS.md, #21); these kernels serve
+    /// 1-2 rows only. Default None (the driver's choice): not yet measured in this form.
     pub smem_carveout: Option<u8>,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`

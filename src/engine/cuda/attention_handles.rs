@@ -73,7 +73,14 @@ impl FusedDecode {
             // 4 warps x stages x a chunk's K and V (16 rows of 128 dims), at least the
             // warps' or half-warps' states (MMA_STATES_BYTES of kernels/decode_mma.cuh).
             let smem = (4 * d as u32 * 2 * 16 * 128 * elem).max(33_280);
-            Ok((set(&format!("decode_fused_mma{d}"), smem)?, smem))
+            let fs = set(&format!("decode_fused_mma{d}"), smem)?;
+            // They serve 1-2-row steps only (`fused_mma_rows`), as the skinny matmuls do.
+            if let Some(c) = opts.smem_carveout {
+                for f in &fs {
+                    super::launch::carve(f, c)?;
+                }
+            }
+            Ok((fs, smem))
         };
         let mma = opts.fused_mma.map(mma_set).transpose()?;
         let mma_one = match (opts.fused_mma, opts.fused_mma_one) {

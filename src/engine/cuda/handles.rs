@@ -59,6 +59,28 @@ impl GemvSet {
         Ok(set)
     }
 
+    /// Asks every function of the set for the shared-memory carveout `c`
+    /// (`LaunchOptions::smem_carveout`: they serve 1-2-row steps only).
+    pub(super) fn carve(&self, c: u8) -> Result<()> {
+        let mut fs: Vec<&CudaFunction> = self.fs.iter().flatten().collect();
+        if let Some((s, _)) = &self.stream {
+            fs.extend(s.iter().flatten());
+        }
+        if let Some(d) = &self.double {
+            fs.extend(d.iter().flatten());
+        }
+        if let Some(s) = &self.split {
+            fs.extend(s);
+        }
+        for f in fs {
+            super::launch::carve(f, c)?;
+        }
+        match &self.deferred {
+            Some((_, d)) => d.carve(c),
+            None => Ok(()),
+        }
+    }
+
     /// [`GemvSet::load`] with the norm kernels named `{norm}_*`.
     fn named(
         m: &Arc<CudaModule>,

@@ -170,9 +170,6 @@ pub struct CudaKernels {
     pub(super) fused_max_rows: usize,
     /// The kernels over fp8 KV caches (bf16 compute on sm_89+), or why there are none.
     pub(super) fp8: std::result::Result<Fp8Kernels, String>,
-    /// `LaunchOptions::smem_carveout`, and the functions already given it
-    /// ([`CudaKernels::carve`]).
-    pub(super) carveout: Option<(u8, parking_lot::Mutex<std::collections::HashSet<usize>>)>,
 }
 
 impl std::fmt::Debug for CudaKernels {
@@ -404,7 +401,11 @@ impl CudaKernels {
                     opts.gemv_split_k,
                     (opts.warp_norm, opts.norm_deferred),
                 );
-                Some(GemvSet::load(&gemv_mod, which, sms, GEMV_MAX_ROWS)?)
+                let set = GemvSet::load(&gemv_mod, which, sms, GEMV_MAX_ROWS)?;
+                if let Some(c) = opts.smem_carveout {
+                    set.carve(c)?;
+                }
+                Some(set)
             } else {
                 None
             },
@@ -445,7 +446,6 @@ impl CudaKernels {
             // Eager steps choose by their rows, graph replays by their bucket's.
             fused_max_rows: crate::engine::batch::bucket_bound(opts.fused_max_rows),
             fp8,
-            carveout: opts.smem_carveout.map(|c| (c.min(100), Default::default())),
             pinned: Arc::default(),
             staging: Default::default(),
             row_ids: Default::default(),
@@ -466,7 +466,6 @@ impl CudaKernels {
     /// GPU has it).
     pub(super) fn launcher<'a>(&'a self, f: &'a CudaFunction) -> launch::Launch<'a> {
         let pdl = self.pdl.load(std::sync::atomic::Ordering::Relaxed);
-        self.carve(f);
         launch::Launch::new(&self.stream, f, pdl)
     }
 

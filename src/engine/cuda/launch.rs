@@ -19,7 +19,6 @@ use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaStream, DriverError, LaunchConfig, sys,
 };
 
-use super::kernels::CudaKernels;
 use crate::error::Error;
 
 /// The arguments of one launch (each a reference to a value that outlives the launch).
@@ -107,22 +106,12 @@ impl<'a> Launch<'a> {
     }
 }
 
-impl CudaKernels {
-    /// Gives `f` the shared-memory carveout of `LaunchOptions::smem_carveout` before its first
-    /// launch (once a function; where the driver refuses, the launch goes on with its own
-    /// choice, and the refusal is logged).
-    pub(super) fn carve(&self, f: &CudaFunction) {
-        let Some((c, done)) = &self.carveout else {
-            return;
-        };
-        if !done.lock().insert(f.cu_function() as usize) {
-            return;
-        }
-        let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT;
-        if let Err(e) = f.set_attribute(attr, i32::from(*c)) {
-            tracing::warn!("shared-memory carveout {c}% not set on a kernel: {e}");
-        }
-    }
+/// Asks `f` for the shared-memory carveout `c` (percent of the SM's unified L1 / shared
+/// memory; `LaunchOptions::smem_carveout`).
+pub(crate) fn carve(f: &CudaFunction, c: u8) -> Result<(), Error> {
+    let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT;
+    f.set_attribute(attr, i32::from(c.min(100)))
+        .map_err(|e| kernel_err("shared-memory carveout", e))
 }
 
 /// An engine error naming the kernel step that failed.

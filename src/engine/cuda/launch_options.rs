@@ -26,8 +26,9 @@ pub struct LaunchOptions {
     /// `sgemv_silu_*`, `snorm_gemv_silu_*`; None: a block per eight row pairs; default 2).
     pub gemv_stream: Option<u8>,
     /// The shared-memory carveout (percent of the SM's unified L1 / shared memory, 0-100; the
-    /// driver rounds up to a size the GPU has) every kernel of ours asks for; None: the
-    /// driver's choice a kernel.
+    /// driver rounds up to a size the GPU has) the kernels of 1-2-row decode steps ask for
+    /// (the skinny matmuls of `gemv.cu`, the fused attention's tensor-core kernels); None:
+    /// the driver's choice a kernel.
     pub smem_carveout: Option<u8>,
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).

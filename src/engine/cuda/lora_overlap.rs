@@ -83,10 +83,7 @@ impl CudaKernels {
         f: &'a CudaFunction,
     ) -> Launch<'a> {
         match side {
-            Some(s) => {
-                self.carve(f);
-                Launch::new(s, f, false)
-            }
+            Some(s) => Launch::new(s, f, false),
             None => self.launcher(f),
         }
     }
