@@ -37,9 +37,13 @@ pub struct KernelFlags {
     #[arg(long, conflicts_with = "gemv_stream")]
     pub no_gemv_stream: bool,
     /// The shared-memory carveout, in percent of the SM's L1 / shared memory, of the kernels
-    /// of 1-2-row decode steps (`KernelOptions::smem_carveout`).
+    /// of 1-2-row decode steps (`KernelOptions::smem_carveout`; default 100).
     #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u8).range(0..=100))]
     pub smem_carveout: Option<u8>,
+    /// The kernels of 1-2-row decode steps on the driver's carveout (turns
+    /// `KernelOptions::smem_carveout` off).
+    #[arg(long, conflicts_with = "smem_carveout")]
+    pub no_smem_carveout: bool,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
@@ -229,7 +233,8 @@ impl KernelFlags {
                 self.gemv_stream
                     .unwrap_or(super::options::GEMV_STREAM_BLOCKS)
             }),
-            smem_carveout: self.smem_carveout,
+            smem_carveout: (!self.no_smem_carveout)
+                .then(|| self.smem_carveout.unwrap_or(super::options::SMEM_CARVEOUT)),
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,
@@ -472,12 +477,18 @@ mod tests {
         assert!(Cli::try_parse_from(["x", "--gemv-stream", "0"]).is_err());
         let n = opts(&["x", "--gemv-split-k"]);
         assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);
-        // The 1-2-row kernels' carveout: the driver's choice unless asked; 0-100 only.
-        assert_eq!(d.kernels.smem_carveout, None);
+        // The 1-2-row kernels' carveout: 100% unless told otherwise or off; 0-100 only.
+        assert_eq!(d.kernels.smem_carveout, Some(100));
+        assert_eq!(lib.kernels.smem_carveout, d.kernels.smem_carveout);
         assert_eq!(
-            opts(&["x", "--smem-carveout", "100"]).kernels.smem_carveout,
-            Some(100)
+            opts(&["x", "--smem-carveout", "75"]).kernels.smem_carveout,
+            Some(75)
+        );
+        assert_eq!(
+            opts(&["x", "--no-smem-carveout"]).kernels.smem_carveout,
+            None
         );
         assert!(Cli::try_parse_from(["x", "--smem-carveout", "101"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--smem-carveout", "9", "--no-smem-carveout"]).is_err());
     }
 }

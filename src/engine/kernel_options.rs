@@ -72,6 +72,11 @@ pub const FUSED_MMA_STAGES: u8 = 1;
 /// 1,257-1,276 against 1,242-1,244 tok/s; BENCHMARKS.md, #21).
 pub const FUSED_MMA_ONE: u8 = 2;
 
+/// Default shared-memory carveout of the kernels of 1-2-row decode steps
+/// ([`KernelOptions::smem_carveout`]): 100% (the most shared memory; on the H200 batch 1 after
+/// 512-token prompts +1-2% on 0.6B, +3% on 1.7B, +4% after 2k; BENCHMARKS.md, #21).
+pub const SMEM_CARVEOUT: u8 = 100;
+
 /// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
 pub const GEMV_STREAM_BLOCKS: u8 = 2;
@@ -118,11 +123,13 @@ pub struct KernelOptions {
     /// matmuls of `gemv.cu` and the fused attention's tensor-core kernels; percent of the SM's
     /// unified L1 / shared memory, 0-100: `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`).
     /// Left to the driver, the carveout follows each kernel's needs, so a 1-row step's
-    /// kernels alternate between the matmuls' few KB and the attention's 84 KB a block; an SM
-    /// holds blocks of one carveout at a time. On the H200 the same carveout (100) for every
-    /// kernel of ours made the 1-row graph replay 792 -> 769 us (0.6B), but batch 8, whose
-    /// other kernels then had 28 KB of L1, lost 21% (BENCHMARKS.md, #21); these kernels serve
-    /// 1-2 rows only. Default None (the driver's choice): not yet measured in this form.
+    /// kernels alternate between the matmuls' few KB and the attention's 84 KB a block, and an
+    /// SM holds blocks of one carveout at a time. Default `Some(SMEM_CARVEOUT)` (100): on the
+    /// H200 after 512-token prompts, two interleaved runs, 0.6B batch 1 / 2 1,259-1,262 /
+    /// 2,129-2,145 against 1,230-1,251 / 2,072-2,080 tok/s, 1.7B 733-736 / 1,176-1,179
+    /// against 712-714 / 1,165, 0.6B batch 1 after 2k 1,062 against 1,017; batch 8 and after
+    /// 8k unchanged. The same carveout for every kernel of ours lost 21% at batch 8, whose
+    /// kernels then had 28 KB of L1 (BENCHMARKS.md, #21). None: the driver's choice.
     pub smem_carveout: Option<u8>,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
@@ -341,7 +348,7 @@ impl Default for KernelOptions {
             gemv_mma_plain: Some(GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
-            smem_carveout: None,
+            smem_carveout: Some(SMEM_CARVEOUT),
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,

@@ -153,7 +153,7 @@ impl Default for LaunchOptions {
             gemv_mma_plain: Some(crate::engine::options::GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
-            smem_carveout: None,
+            smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,
