@@ -44,10 +44,6 @@ pub struct KernelFlags {
     /// `KernelOptions::smem_carveout` off).
     #[arg(long, conflicts_with = "smem_carveout")]
     pub no_smem_carveout: bool,
-    /// The shared-memory carveout of the kernels of 3-8-row steps and the fused attention's
-    /// CUDA-core kernels (`KernelOptions::smem_carveout_many`).
-    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u8).range(0..=100))]
-    pub smem_carveout_many: Option<u8>,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
@@ -239,7 +235,6 @@ impl KernelFlags {
             }),
             smem_carveout: (!self.no_smem_carveout)
                 .then(|| self.smem_carveout.unwrap_or(super::options::SMEM_CARVEOUT)),
-            smem_carveout_many: self.smem_carveout_many,
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,
@@ -495,9 +490,5 @@ mod tests {
         );
         assert!(Cli::try_parse_from(["x", "--smem-carveout", "101"]).is_err());
         assert!(Cli::try_parse_from(["x", "--smem-carveout", "9", "--no-smem-carveout"]).is_err());
-        assert_eq!(d.kernels.smem_carveout_many, None);
-        let m = opts(&["x", "--smem-carveout-many", "58"]);
-        assert_eq!(m.kernels.smem_carveout_many, Some(58));
-        assert_eq!(m.kernels.smem_carveout, Some(100));
     }
 }

@@ -131,12 +131,6 @@ pub struct KernelOptions {
     /// 8k unchanged. The same carveout for every kernel of ours lost 21% at batch 8, whose
     /// kernels then had 28 KB of L1 (BENCHMARKS.md, #21). None: the driver's choice.
     pub smem_carveout: Option<u8>,
-    /// The same for the kernels of 3-8-row steps (the tensor-core skinny matmuls of
-    /// `gemv_mma.cu`) and the fused attention's CUDA-core kernels (3-16 rows, and 1-2 rows
-    /// past one cluster's context). At 100% for every kernel batch 8 lost 21% on the H200
-    /// (28 KB of L1 left), so these take a carveout of their own. Default None (the
-    /// driver's choice): not yet measured.
-    pub smem_carveout_many: Option<u8>,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
     /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one
@@ -355,7 +349,6 @@ impl Default for KernelOptions {
             norm_presum: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             smem_carveout: Some(SMEM_CARVEOUT),
-            smem_carveout_many: None,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,

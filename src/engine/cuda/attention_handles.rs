@@ -66,11 +66,6 @@ impl FusedDecode {
         } else {
             set("decode_fused", 0)?
         };
-        if let Some(c) = opts.smem_carveout_many {
-            for f in &cores {
-                super::launch::carve(f, c)?;
-            }
-        }
         // The tensor-core loop's kernels of `d` stages and their dynamic shared memory.
         let mma_set = |d: u8| -> Result<([CudaFunction; 4], u32)> {
             let d = d.clamp(1, 2);

@@ -252,14 +252,10 @@ impl CudaKernels {
         } else {
             None
         };
-        // (With `smem_carveout_many`, each asks for that carveout: they serve 3-8 rows only.)
         let mma_set = |m: &Arc<CudaModule>, kind: &str| -> Result<Vec<CudaFunction>> {
-            let fs: Vec<CudaFunction> = (GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS)
+            (GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS)
                 .map(|t| f(m, &format!("{kind}_t{t}_bf16")))
-                .collect::<Result<_>>()?;
-            let c = opts.smem_carveout_many;
-            c.map_or(Ok(()), |c| fs.iter().try_for_each(|g| launch::carve(g, c)))?;
-            Ok(fs)
+                .collect()
         };
         let s = suffix;
         let flash_on = dtype == DType::BF16 && opts.flash_prefill;

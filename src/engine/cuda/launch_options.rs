@@ -30,9 +30,6 @@ pub struct LaunchOptions {
     /// (the skinny matmuls of `gemv.cu`, the fused attention's tensor-core kernels); None:
     /// the driver's choice a kernel.
     pub smem_carveout: Option<u8>,
-    /// The same for the kernels of 3-8-row steps (the tensor-core skinny matmuls) and the
-    /// fused attention's CUDA-core kernels; None: the driver's choice.
-    pub smem_carveout_many: Option<u8>,
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
     pub gemv_double_buffer: bool,
@@ -157,7 +154,6 @@ impl Default for LaunchOptions {
             norm_presum: true,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
-            smem_carveout_many: None,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,
