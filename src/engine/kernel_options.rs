@@ -74,7 +74,7 @@ pub const FUSED_MMA_ONE: u8 = 2;
 
 /// Default shared-memory carveout of the kernels of 1-2-row decode steps
 /// ([`KernelOptions::smem_carveout`]): 100% (the most shared memory; on the H200 batch 1 after
-/// 512-token prompts +1-2% on 0.6B, +3% on 1.7B, +4% after 2k; BENCHMARKS.md, #21).
+/// 512-token prompts +1-3% on 0.6B, +3% on 1.7B; after 2k-4k +3-4%; BENCHMARKS.md, #21).
 pub const SMEM_CARVEOUT: u8 = 100;
 
 /// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;

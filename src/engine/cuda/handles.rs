@@ -61,7 +61,7 @@ impl GemvSet {
 
     /// Asks every function of the set for the shared-memory carveout `c`
     /// (`LaunchOptions::smem_carveout`: they serve 1-2-row steps only).
-    pub(super) fn carve(&self, c: u8) -> Result<()> {
+    pub(super) fn carve(&self, c: u8) {
         let mut fs: Vec<&CudaFunction> = self.fs.iter().flatten().collect();
         if let Some((s, _)) = &self.stream {
             fs.extend(s.iter().flatten());
@@ -73,11 +73,10 @@ impl GemvSet {
             fs.extend(s);
         }
         for f in fs {
-            super::launch::carve(f, c)?;
+            super::launch::carve(f, c);
         }
-        match &self.deferred {
-            Some((_, d)) => d.carve(c),
-            None => Ok(()),
+        if let Some((_, d)) = &self.deferred {
+            d.carve(c);
         }
     }
 
