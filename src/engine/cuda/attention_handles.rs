@@ -76,9 +76,7 @@ impl FusedDecode {
             let fs = set(&format!("decode_fused_mma{d}"), smem)?;
             // They serve 1-2-row steps only (`fused_mma_rows`), as the skinny matmuls do.
             if let Some(c) = opts.smem_carveout {
-                for f in &fs {
-                    super::launch::carve(f, c);
-                }
+                super::launch::carve(&fs, c);
             }
             Ok((fs, smem))
         };

@@ -62,19 +62,17 @@ impl GemvSet {
     /// Asks every function of the set for the shared-memory carveout `c`
     /// (`LaunchOptions::smem_carveout`: they serve 1-2-row steps only).
     pub(super) fn carve(&self, c: u8) {
-        let mut fs: Vec<&CudaFunction> = self.fs.iter().flatten().collect();
-        if let Some((s, _)) = &self.stream {
-            fs.extend(s.iter().flatten());
-        }
-        if let Some(d) = &self.double {
-            fs.extend(d.iter().flatten());
-        }
-        if let Some(s) = &self.split {
-            fs.extend(s);
-        }
-        for f in fs {
-            super::launch::carve(f, c);
-        }
+        let stream = self.stream.iter().flat_map(|(s, _)| s.iter().flatten());
+        let double = self.double.iter().flat_map(|d| d.iter().flatten());
+        let split = self.split.iter().flatten();
+        let fs = self
+            .fs
+            .iter()
+            .flatten()
+            .chain(stream)
+            .chain(double)
+            .chain(split);
+        super::launch::carve(fs, c);
         if let Some((_, d)) = &self.deferred {
             d.carve(c);
         }

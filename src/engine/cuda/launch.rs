@@ -106,13 +106,15 @@ impl<'a> Launch<'a> {
     }
 }
 
-/// Asks `f` for the shared-memory carveout `c` (percent of the SM's unified L1 / shared
-/// memory; `LaunchOptions::smem_carveout`). A hint: where the driver refuses it, the kernel
-/// keeps the driver's choice and the refusal is logged.
-pub(crate) fn carve(f: &CudaFunction, c: u8) {
+/// Asks each of `fs` for the shared-memory carveout `c` (percent of the SM's unified L1 /
+/// shared memory; `LaunchOptions::smem_carveout`). A hint: where the driver refuses it, the
+/// kernel keeps the driver's choice and the refusal is logged.
+pub(crate) fn carve<'a>(fs: impl IntoIterator<Item = &'a CudaFunction>, c: u8) {
     let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT;
-    if let Err(e) = f.set_attribute(attr, i32::from(c.min(100))) {
-        tracing::warn!("shared-memory carveout {c}% not taken by a kernel: {e}");
+    for f in fs {
+        if let Err(e) = f.set_attribute(attr, i32::from(c.min(100))) {
+            tracing::warn!("shared-memory carveout {c}% not taken by a kernel: {e}");
+        }
     }
 }
 
