@@ -131,6 +131,14 @@ pub struct KernelOptions {
     /// 8k unchanged. The same carveout for every kernel of ours lost 21% at batch 8, whose
     /// kernels then had 28 KB of L1 (BENCHMARKS.md, #21). None: the driver's choice.
     pub smem_carveout: Option<u8>,
+    /// 1-row pure decode steps on one rank (bf16 weights and KV cache, no adapter, dense
+    /// layers) run each layer as one launch of one 8-warp block per SM whose weights the copy
+    /// engine streams into shared memory ahead of the phase that reads them
+    /// (`kernels/decode_stream_sm90.cu`, H100/H200 only): each warp keeps this many 2 KB
+    /// pieces of its rows in flight, across phases, the phases apart behind grid barriers and
+    /// per-head counters. The matmuls sum as the skinny matmuls do. None (default): five
+    /// launches a layer (still being measured, #21).
+    pub layer_stream: Option<u8>,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
     /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one
@@ -349,6 +357,7 @@ impl Default for KernelOptions {
             norm_presum: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             smem_carveout: Some(SMEM_CARVEOUT),
+            layer_stream: None,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,

@@ -267,7 +267,16 @@ impl KernelForward<'_> {
         // norm left the sum in `residual[1 - cur]` and its squares in `a.ss`.
         let presum = lora.is_none() && comm.is_none() && trace.is_none();
         let mut presummed = false;
+        let whole = lora.is_none() && comm.is_none() && trace.is_none();
+        let streamed = self.stream_step((inputs, plan, acts), cache, t, whole)?;
         for (li, layer) in m.layers.iter().enumerate() {
+            if streamed
+                && let Some(next) =
+                    self.stream_launch(li, (inputs, acts, cache), cur, delta.as_ref())?
+            {
+                (cur, delta) = (next, Some(a.down.clone()));
+                continue;
+            }
             let at = &layer.attn;
             let norm = &layer.input_norm;
             // Each skinny matmul prefetches the next one's weights into L2 (with

@@ -1,0 +1,566 @@
+// The streamed decode layer (LaunchOptions::layer_stream): a whole dense Qwen3 layer of a
+// 1-row pure decode step (bf16 weights and KV cache, head_dim 128) in one launch of one block
+// of 8 warps per SM, its weights streamed into shared memory by the copy engine (TMA bulk
+// copies, sm_90) ahead of the phase that reads them:
+//
+//  A. add + RMSNorm into shared memory, the qkv matmul;              grid barrier
+//  B. attention: each (KV head, partition) item, on half a block, does q/k norm + RoPE, writes
+//     the new K/V to the cache, runs the online softmax over its tokens and writes its
+//     partial; the last partition of a head to finish merges the head's partials (a counter
+//     a head) and counts the head as done;
+//  D. (every head done) the o matmul;                                 grid barrier
+//  E. add + RMSNorm and the gate|up matmul with SiLU * up;            grid barrier
+//  F. the down matmul.
+//
+// The weights: each warp owns a ring of `ns` slots of 2 KB in dynamic shared memory and the
+// rows it computes in every phase (rows gw, gw + NW, ... of each matmul, NW the warps of the
+// grid), split into pieces of 1,024 inputs. Lane 0 keeps the ring full: a piece is copied
+// (cp.async.bulk, its own mbarrier) as soon as its slot is free, across phases, so the next
+// phase's weights land while the warp waits at a barrier or runs the attention. The first
+// pieces are issued before the wait on the kernel before (PDL). Each row's sum is the skinny
+// matmuls' (`gemv.cuh` dot_rows: lane l sums chunks l, l + 32, ... in order, then the warp's
+// butterfly), so the matmuls give the five launches' bits on the same inputs.
+//
+// Data written by one block and read by another in the same launch is read through L2
+// (ld.global.cg, or ld.acquire for the counters), never L1: two of these launches can share
+// an SM (the next layer's block starts early and loads its first weights).
+
+#include "gemv.cuh"
+#include "attention.cuh"
+
+struct StreamParams {
+  const __nv_bfloat16* w_qkv;
+  const __nv_bfloat16* w_o;
+  const __nv_bfloat16* w_gu;    // gate | up, [2I, H]
+  const __nv_bfloat16* w_down;  // [H, I]
+  const __nv_bfloat16* in_norm;
+  const __nv_bfloat16* post_norm;
+  const __nv_bfloat16* q_w;  // q norm weight, pre-scaled by 1/sqrt(128)
+  const __nv_bfloat16* k_w;
+  const float* inv_freq;
+  const __nv_bfloat16* res;      // the residual stream in
+  const __nv_bfloat16* delta;    // the previous layer's down (with add)
+  __nv_bfloat16* res1;           // res + delta (with add)
+  const __nv_bfloat16* res_mid;  // the stream after the first add (res1, or res without add)
+  __nv_bfloat16* res2;           // res_mid + o
+  __nv_bfloat16* qkv;
+  __nv_bfloat16* attn;
+  __nv_bfloat16* o;
+  __nv_bfloat16* act;
+  __nv_bfloat16* down;
+  const uint32_t* pos;
+  const uint32_t* slots;
+  __nv_bfloat16* k_cache;
+  __nv_bfloat16* v_cache;
+  const uint32_t* block_tables;
+  const uint32_t* ctx_lens;
+  const uint32_t* width;  // unused (one row: the table's first row)
+  float* part_acc;        // [nh][splits][128]
+  float* part_ml;         // [nh][splits][2]
+  unsigned long long* sync;  // [0] grid-barrier arrivals, [1] heads merged (only ever added to)
+  unsigned* counters;        // partitions finished, one per KV head (kept zero between uses)
+  long long num_slots;
+  int W;
+  int block_size;
+  int nkv;
+  int splits;  // partial slots a head in the scratch
+  int hidden;
+  int inter;
+  int add;
+  float eps;
+  float qk_eps;
+  int ns;    // ring slots a warp
+  int mode;  // 0 (profiling modes: none yet)
+  int pad;
+};
+static_assert(sizeof(StreamParams) == 296, "StreamParams layout");
+static_assert(offsetof(StreamParams, num_slots) == 240 && offsetof(StreamParams, W) == 248 &&
+                  offsetof(StreamParams, eps) == 276,
+              "StreamParams layout");
+
+namespace {
+
+constexpr int ST = WARPS * 32;      // threads a block
+constexpr int PIECE = 1024;         // inputs a weight piece (2 KB; 4 chunks a lane)
+constexpr int PIECE_BYTES = PIECE * 2;
+constexpr int MAX_NS = 10;          // ring slots a warp at most
+constexpr int BARS = 3;             // grid barriers a launch
+constexpr int LFETCH = 4;           // tokens per half-warp whose K/V loads are in flight together
+constexpr int MIN_SPLITS = 16;      // partitions of a context up to MIN_SPLITS * 128 tokens
+
+__device__ __forceinline__ uint32_t saddr(const void* p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ unsigned long long ld_acquire(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Thread 0 waits until *c >= target, then the block goes on (the writes counted before it
+// visible after it).
+__device__ __forceinline__ void wait_count(const unsigned long long* c, unsigned long long target) {
+  if (threadIdx.x == 0)
+    while (ld_acquire(c) < target) {
+    }
+  __syncthreads();
+}
+
+// Every block of the grid has arrived here: this block's writes before it are visible to
+// every block after it.
+__device__ __forceinline__ void grid_sync(unsigned long long* bar, unsigned long long target) {
+  __syncthreads();
+  if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(bar) : "memory");
+  wait_count(bar, target);
+}
+
+// Barrier of one half of the block (128 threads; ids 1 and 2, 0 is __syncthreads').
+__device__ __forceinline__ void half_sync(int hi) {
+  asm volatile("bar.sync %0, %1;" ::"r"(1 + hi), "r"(THREADS) : "memory");
+}
+
+// Partitions of a context of ctx tokens (at most smax).
+__device__ __forceinline__ int layer_splits(int ctx, int smax) {
+  return min(smax, max(MIN_SPLITS, (ctx + 127) / 128));
+}
+
+// ---- The weight ring ----------------------------------------------------------------------
+
+// One matmul of the layer as the warps see it: rows of K inputs (pairs for NR 2: gate row r
+// and up row N + r), the warp's rows gw, gw + NW, ...
+struct Mat {
+  const __nv_bfloat16* w;
+  int N, K, nr;
+};
+
+// A warp's ring and its place in the layer's sequence of pieces: (matmul m, the warp's row
+// r, piece q of the row, gate and up alternating for pairs).
+struct Ring {
+  __nv_bfloat16* slots;  // ns * PIECE bf16
+  uint64_t* bars;        // ns mbarriers
+  int ns, gw, NW, lane;
+  int issued, used;      // pieces issued / consumed so far
+  int m, r, q;           // the next piece to issue
+};
+
+__device__ __forceinline__ int warp_rows(const Mat& a, int gw, int NW) {
+  return gw < a.N ? (a.N - 1 - gw) / NW + 1 : 0;
+}
+
+// Skips matmuls of which this warp has no rows, from the ring's current one.
+__device__ __forceinline__ void skip_empty(Ring& g, const Mat (&mats)[4]) {
+  while (g.m < 4 && warp_rows(mats[g.m], g.gw, g.NW) == 0) ++g.m;
+}
+
+// Issues pieces until the ring is full or the layer's pieces are all issued.
+__device__ __forceinline__ void refill(Ring& g, const Mat (&mats)[4]) {
+  while (g.issued < g.used + g.ns && g.m < 4) {
+    const Mat& a = mats[g.m];
+    if (g.lane == 0) {
+      const int s = g.issued % g.ns;
+      const int row = g.gw + g.r * g.NW + (g.q % a.nr) * a.N;
+      const __nv_bfloat16* src = a.w + (size_t)row * a.K + (size_t)(g.q / a.nr) * PIECE;
+      const uint32_t bar = saddr(g.bars + s);
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                   "r"(PIECE_BYTES)
+                   : "memory");
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+              saddr(g.slots + (size_t)s * PIECE)),
+          "l"(src), "r"(PIECE_BYTES), "r"(bar)
+          : "memory");
+    }
+    ++g.issued;
+    if (++g.q == a.nr * (a.K / PIECE)) {
+      g.q = 0;
+      if (++g.r == warp_rows(a, g.gw, g.NW)) {
+        g.r = 0;
+        ++g.m;
+        skip_empty(g, mats);
+      }
+    }
+  }
+}
+
+// The next piece in order, once it has landed.
+__device__ __forceinline__ const __nv_bfloat16* acquire(const Ring& g) {
+  const int s = g.used % g.ns;
+  const uint32_t parity = (uint32_t)(g.used / g.ns) & 1u, bar = saddr(g.bars + s);
+  uint32_t ok = 0;
+  while (!ok)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  return g.slots + (size_t)s * PIECE;
+}
+
+// The piece is summed (every lane's reads done): its slot takes the next piece.
+__device__ __forceinline__ void release(Ring& g, const Mat (&mats)[4]) {
+  __syncwarp();
+  ++g.used;
+  refill(g, mats);
+}
+
+// This warp's rows of matmul `mi` (NR 1 or a SiLU pair), x in shared memory (K inputs),
+// scaled by inv when the norm was deferred: the sums of gemv.cuh's dot_rows in its order.
+template <int NR>
+__device__ void ring_rows(Ring& g, const Mat (&mats)[4], int mi, const __nv_bfloat16* x_s,
+                          float inv, bool defer, __nv_bfloat16* out) {
+  const Mat& a = mats[mi];
+  const int R = warp_rows(a, g.gw, g.NW), P = a.K / PIECE;
+  for (int r = 0; r < R; ++r) {
+    float acc[NR];
+#pragma unroll
+    for (int k = 0; k < NR; ++k) acc[k] = 0.f;
+    for (int pc = 0; pc < P; ++pc) {
+#pragma unroll
+      for (int k = 0; k < NR; ++k) {
+        const __nv_bfloat16* w = acquire(g);
+#pragma unroll
+        for (int i = 0; i < PIECE / 256; ++i) {
+          const int c = g.lane + 32 * i;
+          float wf[8], xf[8];
+          bf16x8_to_f32(reinterpret_cast<const uint4*>(w)[c], wf);
+          bf16x8_to_f32(reinterpret_cast<const uint4*>(x_s)[pc * (PIECE / 8) + c], xf);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[k] = fmaf(wf[j], xf[j], acc[k]);
+        }
+        release(g, mats);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < NR; ++k) {
+      acc[k] = warp_sum(acc[k]);
+      if (defer) acc[k] *= inv;
+    }
+    if (g.lane == 0) {
+      float v = acc[0];
+      if (NR == 2) v = v / (1.f + __expf(-v)) * acc[NR - 1];
+      out[g.gw + r * g.NW] = __float2bfloat16(v);
+    }
+  }
+}
+
+// ---- Norms and staging --------------------------------------------------------------------
+
+// gemv.cuh's norm_rows (DEFER false) / norm_rows_deferred (true) for one row, the rows read
+// through L2: the same arithmetic. Returns the deferred scale (1 without DEFER).
+template <bool DEFER>
+__device__ float stream_norm(const __nv_bfloat16* res, const __nv_bfloat16* delta,
+                             __nv_bfloat16* res_out, const __nv_bfloat16* __restrict__ w, float eps,
+                             int add, int K, __nv_bfloat16* x_s) {
+  float part = 0.f;
+  for (int k = threadIdx.x; k < K; k += ST) {
+    const float wk = DEFER ? __bfloat162float(w[k]) : 0.f;
+    float v = __bfloat162float(__ldcg(res + k));
+    if (add) {
+      const __nv_bfloat16 s = __float2bfloat16(v + __bfloat162float(__ldcg(delta + k)));
+      if (DEFER && blockIdx.x == 0) res_out[k] = s;
+      v = __bfloat162float(s);
+    }
+    x_s[k] = __float2bfloat16(DEFER ? v * wk : v);
+    part += v * v;
+  }
+  float inv[1];
+  const float parts[1] = {part};
+  block_inv_rms<1>(parts, K, eps, inv);
+  if constexpr (!DEFER) {
+    for (int k = threadIdx.x; k < K; k += ST) {
+      const __nv_bfloat16 r = x_s[k];
+      if (add && blockIdx.x == 0) res_out[k] = r;
+      x_s[k] = __float2bfloat16(__bfloat162float(r) * inv[0] * __bfloat162float(w[k]));
+    }
+  }
+  __syncthreads();
+  return DEFER ? inv[0] : 1.f;
+}
+
+// n bf16 (a multiple of 8) from global (through L2) into shared memory, then a block barrier.
+__device__ __forceinline__ void stage(const __nv_bfloat16* src, int n, __nv_bfloat16* x_s) {
+  for (int i = threadIdx.x; i < n / 8; i += ST)
+    reinterpret_cast<uint4*>(x_s)[i] = __ldcg(reinterpret_cast<const uint4*>(src) + i);
+  __syncthreads();
+}
+
+// ---- Attention ----------------------------------------------------------------------------
+
+// The tokens of partition `split` of a context of ctx tokens in S partitions.
+__device__ __forceinline__ void part_range(int ctx, int S, int split, int& start, int& end) {
+  const int part = decode_part(ctx, S, 16);
+  start = min(ctx, split * part);
+  end = min(ctx, start + part);
+}
+
+// Before the wait: the K/V pages of this half's item into L2 (rows of earlier steps, and the
+// page the new token goes to: a prefetch only reads).
+__device__ __forceinline__ void prefetch_kv(const StreamParams& p, int items, int S) {
+  const int hi = threadIdx.x / THREADS, it = hi * gridDim.x + blockIdx.x;
+  if (it >= items || (threadIdx.x % 32) != 0) return;
+  const int ctx = (int)p.ctx_lens[0], kh = it / S;
+  int start, end;
+  part_range(ctx, S, it % S, start, end);
+  if (start >= end) return;
+  const int bs = p.block_size, warp = (threadIdx.x % THREADS) / 32;
+  for (int pg = start / bs + warp; pg <= (end - 1) / bs; pg += THREADS / 32) {
+    const int t0 = max(start, pg * bs), t1 = min(end, (pg + 1) * bs);
+    const size_t slot = (size_t)p.block_tables[pg] * bs + (t0 - pg * bs);
+    const size_t off = ((size_t)kh * p.num_slots + slot) * HD;
+    const unsigned bytes = (unsigned)(t1 - t0) * HD * 2;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.k_cache + off), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.v_cache + off), "r"(bytes)
+                 : "memory");
+  }
+}
+
+// common.cuh's norm_rope_head over a head read through L2: the same arithmetic.
+__device__ __forceinline__ void norm_rope_cg(const __nv_bfloat16* src, const __nv_bfloat16* w,
+                                             const float* inv_freq, float pos, float eps,
+                                             int lane, float (&o)[HD / 32]) {
+  constexpr int P = HD / 32;
+  float v[P];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    v[j] = __bfloat162float(__ldcg(src + lane + 32 * j));
+    ss += v[j] * v[j];
+  }
+  const float inv = rsqrtf(warp_sum(ss) / HD + eps);
+#pragma unroll
+  for (int j = 0; j < P; ++j) v[j] = v[j] * inv * __bfloat162float(w[lane + 32 * j]);
+#pragma unroll
+  for (int j = 0; j < P / 2; ++j) {
+    const int i = lane + 32 * j;
+    float s, c;
+    sincosf(pos * inv_freq[i], &s, &c);
+    const float a = v[j], b = v[j + P / 2];
+    o[j] = a * c - b * s;
+    o[j + P / 2] = b * c + a * s;
+  }
+}
+
+// Phase B for one half of the block (128 threads, attention.cuh's geometry): its items'
+// partials (fused_decode.cu's CUDA-core loop); the last partition of a head to finish merges
+// the head's partials into attn (the clustered fused attention's merge order) and counts it
+// in p.sync[1].
+template <int G>
+__device__ void attention_phase(const StreamParams& p, int S) {
+  using T = __nv_bfloat16;
+  const int hi = threadIdx.x / THREADS, tid = threadIdx.x % THREADS;
+  const int grp = tid / LANES, lane = tid % LANES;
+  const int nkv = p.nkv, nh = nkv * G, items = nkv * S;
+  const int ctx = (int)p.ctx_lens[0], newp = ctx - 1;
+  __shared__ __align__(16) T qs[2][G][HD];
+  __shared__ __align__(16) T knew[2][HD];
+  __shared__ __align__(16) T vnew[2][HD];
+  __shared__ float sm[2][GROUPS][G], sl[2][GROUPS][G];
+  __shared__ float sacc[2][GROUPS][G][HD];
+  __shared__ int last[2];
+  for (int it = hi * gridDim.x + blockIdx.x; it < items; it += 2 * gridDim.x) {
+    const int kh = it / S, split = it % S;
+    int start, end;
+    part_range(ctx, S, split, start, end);
+    if (start < end) {
+      const size_t head_base = (size_t)kh * p.num_slots;
+      uint4 kr[LFETCH], vr[LFETCH];
+      auto fetch = [&](int base) {
+#pragma unroll
+        for (int u = 0; u < LFETCH; ++u) {
+          const int q = base + grp + GROUPS * u;
+          if (q < end && q != newp) {
+            const size_t slot =
+                (size_t)p.block_tables[q / p.block_size] * p.block_size + q % p.block_size;
+            const size_t off = (head_base + slot) * HD + lane * PER;
+            kr[u] = __ldcg(reinterpret_cast<const uint4*>(p.k_cache + off));
+            vr[u] = __ldcg(reinterpret_cast<const uint4*>(p.v_cache + off));
+          }
+        }
+      };
+      fetch(start);
+      // q heads into shared memory; the new key and value into the cache and shared memory.
+      const bool holds_new = end == ctx;
+      {
+        const int warp = tid / 32, wl = tid % 32;
+        const float pos = (float)p.pos[0];
+        for (int h = warp; h < G + (holds_new ? 1 : 0); h += THREADS / 32) {
+          const bool is_q = h < G;
+          const T* src = p.qkv + (size_t)(is_q ? kh * G + h : nh + kh) * HD;
+          float o[HD / 32];
+          norm_rope_cg(src, is_q ? p.q_w : p.k_w, p.inv_freq, pos, p.qk_eps, wl, o);
+          if (is_q) {
+#pragma unroll
+            for (int j = 0; j < HD / 32; ++j) qs[hi][h][wl + 32 * j] = (T)o[j];
+          } else {
+            const T* vsrc = p.qkv + (size_t)(nh + nkv + kh) * HD;
+            const bool write = p.slots[0] != 0xffffffffu;
+            const size_t off = ((size_t)kh * p.num_slots + (write ? p.slots[0] : 0)) * HD;
+#pragma unroll
+            for (int j = 0; j < HD / 32; ++j) {
+              const T kv = (T)o[j];
+              const T vv = __ldcg(vsrc + wl + 32 * j);
+              knew[hi][wl + 32 * j] = kv;
+              vnew[hi][wl + 32 * j] = vv;
+              if (write) {
+                p.k_cache[off + wl + 32 * j] = kv;
+                p.v_cache[off + wl + 32 * j] = vv;
+              }
+            }
+          }
+        }
+      }
+      half_sync(hi);
+      float qv[G][PER];
+#pragma unroll
+      for (int g = 0; g < G; ++g) load8(&qs[hi][g][lane * PER], qv[g]);
+      float m[G], l[G], acc[G][PER];
+      empty_groups<G>(m, l, acc);
+      for (int base = start; base < end; base += GROUPS * LFETCH) {
+        if (base != start) fetch(base);
+#pragma unroll
+        for (int u = 0; u < LFETCH; ++u) {
+          const int q = base + grp + GROUPS * u;
+          const bool valid = q < end;
+          float kv[PER];
+          if (!valid) {
+#pragma unroll
+            for (int i = 0; i < PER; ++i) kv[i] = 0.f;
+          } else if (q == newp) {
+            load8(&knew[hi][lane * PER], kv);
+          } else {
+            raw8_to_f32(kr[u], 1.f, kv);
+          }
+          float sc[G];
+          head_scores<G>(qv, kv, sc);
+          if (!valid) continue;
+          if (q == newp) load8(&vnew[hi][lane * PER], kv);
+          else raw8_to_f32(vr[u], 1.f, kv);
+          softmax_step<G>(sc, kv, m, l, acc);
+        }
+      }
+      store_groups<G>(m, l, acc, grp, lane, sm[hi], sl[hi], sacc[hi]);
+      half_sync(hi);
+      for (int idx = tid; idx < G * HD; idx += THREADS) {
+        const int g = idx / HD, d = idx % HD;
+        float M, L, A;
+        merge_groups<G>(sm[hi], sl[hi], sacc[hi], g, d, M, L, A);
+        const size_t pi = (size_t)(kh * G + g) * p.splits + split;
+        p.part_acc[pi * HD + d] = A;
+        if (d == 0) {
+          p.part_ml[pi * 2] = M;
+          p.part_ml[pi * 2 + 1] = L;
+        }
+      }
+    }
+    // This partition is done (with or without tokens): the last of the head's S merges.
+    half_sync(hi);
+    if (tid == 0) {
+      __threadfence();
+      const unsigned before = atomicAdd(&p.counters[kh], 1u);
+      last[hi] = before == (unsigned)S - 1;
+      if (last[hi]) {
+        __threadfence();
+        p.counters[kh] = 0;  // kept zero for the next use
+      }
+    }
+    half_sync(hi);
+    if (last[hi]) {
+      const int part = decode_part(ctx, S, 16);
+      const int used = ctx > 0 ? min(S, (ctx + part - 1) / part) : 0;
+      for (int g = 0; g < G; ++g) {
+        const size_t base = (size_t)(kh * G + g) * p.splits;
+        const int d = tid;
+        float M = -INFINITY;
+        for (int r = 0; r < used; ++r) M = fmaxf(M, __ldcg(&p.part_ml[(base + r) * 2]));
+        float L = 0.f, A = 0.f;
+        if (M != -INFINITY) {
+          for (int r = 0; r < used; ++r) {
+            const float w = __expf(__ldcg(&p.part_ml[(base + r) * 2]) - M);
+            L += __ldcg(&p.part_ml[(base + r) * 2 + 1]) * w;
+            A += __ldcg(&p.part_acc[(base + r) * HD + d]) * w;
+          }
+        }
+        p.attn[(size_t)(kh * G + g) * HD + d] = __float2bfloat16(L > 0.f ? A / L : 0.f);
+      }
+      half_sync(hi);
+      if (tid == 0) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(p.sync + 1) : "memory");
+    }
+    half_sync(hi);  // the shared arrays are free for this half's next item
+  }
+}
+
+template <int G, bool DEFER>
+__device__ void decode_stream(const StreamParams& p) {
+  extern __shared__ __align__(128) __nv_bfloat16 dyn[];
+  __shared__ __align__(8) uint64_t bars[WARPS][MAX_NS];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int H = p.hidden, I = p.inter, nh = p.nkv * G, nhd = nh * HD;
+  const int nq = (nh + 2 * p.nkv) * HD;
+  const Mat mats[4] = {{p.w_qkv, nq, H, 1}, {p.w_o, H, nhd, 1}, {p.w_gu, I, H, 2}, {p.w_down, H, I, 1}};
+  Ring g;
+  g.ns = p.ns;
+  g.slots = dyn + (size_t)warp * p.ns * PIECE;
+  g.bars = bars[warp];
+  g.gw = blockIdx.x * WARPS + warp;
+  g.NW = gridDim.x * WARPS;
+  g.lane = lane;
+  g.issued = g.used = 0;
+  g.m = g.r = g.q = 0;
+  __nv_bfloat16* x_s = dyn + (size_t)WARPS * p.ns * PIECE;
+  if (lane == 0)
+    for (int s = 0; s < p.ns; ++s)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(bars[warp] + s)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncwarp();
+  // Before the wait: the first pieces (weights only), the K/V pages of this block's items.
+  skip_empty(g, mats);
+  refill(g, mats);
+  pdl_wait();
+  const int ctx = (int)p.ctx_lens[0];
+  const int S = layer_splits(ctx, p.splits);
+  prefetch_kv(p, p.nkv * S, S);
+  __shared__ unsigned long long bases[2];
+  if (threadIdx.x == 0) {
+    const unsigned long long v = ld_acquire(p.sync), m = ld_acquire(p.sync + 1);
+    bases[0] = v - v % ((unsigned long long)BARS * gridDim.x);
+    bases[1] = m - m % (unsigned long long)p.nkv;
+  }
+  // A
+  float inv = stream_norm<DEFER>(p.res, p.delta, p.res1, p.in_norm, p.eps, p.add, H, x_s);
+  ring_rows<1>(g, mats, 0, x_s, inv, DEFER, p.qkv);
+  const unsigned long long bar0 = bases[0], merged0 = bases[1];
+  grid_sync(p.sync, bar0 + gridDim.x);
+  pdl_trigger();
+  // B
+  attention_phase<G>(p, S);
+  // D
+  wait_count(p.sync + 1, merged0 + p.nkv);
+  stage(p.attn, nhd, x_s);
+  ring_rows<1>(g, mats, 1, x_s, 1.f, false, p.o);
+  grid_sync(p.sync, bar0 + 2ull * gridDim.x);
+  // E
+  inv = stream_norm<DEFER>(p.res_mid, p.o, p.res2, p.post_norm, p.eps, 1, H, x_s);
+  ring_rows<2>(g, mats, 2, x_s, inv, DEFER, p.act);
+  grid_sync(p.sync, bar0 + 3ull * gridDim.x);
+  // F
+  stage(p.act, I, x_s);
+  ring_rows<1>(g, mats, 3, x_s, 1.f, false, p.down);
+}
+
+}  // namespace
+
+#define PS_DECODE_STREAM(G, D, NAME)                                                           \
+  extern "C" __global__ void __launch_bounds__(ST, 2)                                          \
+      decode_stream_g##G##_##NAME(const StreamParams p) {                                      \
+    decode_stream<G, D>(p);                                                                    \
+  }
+PS_DECODE_STREAM(1, false, norm)
+PS_DECODE_STREAM(2, false, norm)
+PS_DECODE_STREAM(4, false, norm)
+PS_DECODE_STREAM(1, true, dnorm)
+PS_DECODE_STREAM(2, true, dnorm)
+PS_DECODE_STREAM(4, true, dnorm)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Round 43, call 1: the streamed decode layer (--layer-stream N, off by default): graph_check
+# --stream-check on both shapes, the 1-row graph replay, then batch 1 interleaved against the
+# default after 512-token prompts (N = 4, 5 and 8 pieces a warp) and after 2k / 8k.
+set -u
+source scripts/gpu_lib.sh
+model 0.6b; model 1.7b; echo "models t=$((SECONDS - T0))"
+for m in 0.6b 1.7b; do
+  timeout 150 .gpu/graph_check --model-dir /tmp/m-$m --stream-check --layer-stream 4 > "$OUT/sc-$m.log" 2>&1
+  echo "== stream-check $m rc $? t=$((SECONDS - T0))"
+  grep -E "^\||graph-check|Error|panic" "$OUT/sc-$m.log" | cut -c1-140 | head -10
+done
+V=("" "--layer-stream 4" "--layer-stream 5" "--layer-stream 8")
+for m in 0.6b 1.7b; do
+  for v in "${V[@]}"; do
+    timeout 60 .gpu/graph_check --model-dir /tmp/m-$m --profile 1 $v > "$OUT/prof.log" 2>&1
+    echo "== profile $m [$v] rc $?: $(grep -E "graph_pdl 1: graph replay|Error" "$OUT/prof.log" | cut -c1-90 | paste -sd' ')"
+  done
+done
+for r in 1 2; do
+  for m in 0.6b 1.7b; do
+    for v in "${V[@]}"; do
+      row "$m p512 b1 [$v] run $r" --model-dir /tmp/m-$m --prompt 512 --batches 1 --new 128 $v
+    done
+  done
+done
+for v in "" "--layer-stream 4" "--layer-stream 8"; do
+  row "0.6b p2k b1 [$v]" --model-dir /tmp/m-0.6b --prompt 2000 --batches 1 --new 128 $v
+  row "0.6b p8k b1 [$v]" --model-dir /tmp/m-0.6b --prompt 8000 --batches 1 --new 64 $v
+done
+echo "done t=$((SECONDS - T0))"
