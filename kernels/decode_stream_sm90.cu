@@ -70,7 +70,9 @@ struct StreamParams {
   float eps;
   float qk_eps;
   int ns;    // ring slots a warp
-  int mode;  // 0 (profiling modes: none yet)
+  // Profiling only (0 in the engine): bits 0-2 stop after phase 1-4 (A, B, D, E; the
+  // layer's outputs are then invalid), bit 3 skips every phase's work (the barriers alone).
+  int mode;
   int pad;
 };
 static_assert(sizeof(StreamParams) == 296, "StreamParams layout");
@@ -197,6 +199,15 @@ __device__ __forceinline__ const __nv_bfloat16* acquire(const Ring& g) {
         : "r"(bar), "r"(parity)
         : "memory");
   return g.slots + (size_t)s * PIECE;
+}
+
+// Waits for every piece issued (a launch that stops early must not exit with copies in
+// flight into its shared memory).
+__device__ __forceinline__ void drain(Ring& g) {
+  while (g.used < g.issued) {
+    acquire(g);
+    ++g.used;
+  }
 }
 
 // The piece is summed (every lane's reads done): its slot takes the next piece.
@@ -469,23 +480,43 @@ __device__ void attention_phase(const StreamParams& p, int S) {
     }
     half_sync(hi);
     if (last[hi]) {
+      // The head's partials, eight partitions' loads in flight at a time, merged online.
       const int part = decode_part(ctx, S, 16);
       const int used = ctx > 0 ? min(S, (ctx + part - 1) / part) : 0;
+      const int d = tid;
+      float M[G], L[G], A[G];
+#pragma unroll
       for (int g = 0; g < G; ++g) {
-        const size_t base = (size_t)(kh * G + g) * p.splits;
-        const int d = tid;
-        float M = -INFINITY;
-        for (int r = 0; r < used; ++r) M = fmaxf(M, __ldcg(&p.part_ml[(base + r) * 2]));
-        float L = 0.f, A = 0.f;
-        if (M != -INFINITY) {
-          for (int r = 0; r < used; ++r) {
-            const float w = __expf(__ldcg(&p.part_ml[(base + r) * 2]) - M);
-            L += __ldcg(&p.part_ml[(base + r) * 2 + 1]) * w;
-            A += __ldcg(&p.part_acc[(base + r) * HD + d]) * w;
-          }
-        }
-        p.attn[(size_t)(kh * G + g) * HD + d] = __float2bfloat16(L > 0.f ? A / L : 0.f);
+        M[g] = -INFINITY;
+        L[g] = A[g] = 0.f;
       }
+      for (int r0 = 0; r0 < used; r0 += 8) {
+        float mr[G][8], lr[G][8], ar[G][8];
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+          for (int u = 0; u < 8; ++u) {
+            const size_t pi = (size_t)(kh * G + g) * p.splits + r0 + u;
+            const bool ok = r0 + u < used;
+            mr[g][u] = ok ? __ldcg(&p.part_ml[pi * 2]) : -INFINITY;
+            lr[g][u] = ok ? __ldcg(&p.part_ml[pi * 2 + 1]) : 0.f;
+            ar[g][u] = ok ? __ldcg(&p.part_acc[pi * HD + d]) : 0.f;
+          }
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+          for (int u = 0; u < 8; ++u) {
+            if (mr[g][u] == -INFINITY) continue;
+            const float mn = fmaxf(M[g], mr[g][u]);
+            const float a = __expf(M[g] - mn), b = __expf(mr[g][u] - mn);
+            L[g] = L[g] * a + lr[g][u] * b;
+            A[g] = A[g] * a + ar[g][u] * b;
+            M[g] = mn;
+          }
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+        p.attn[(size_t)(kh * G + g) * HD + d] = __float2bfloat16(L[g] > 0.f ? A[g] / L[g] : 0.f);
       half_sync(hi);
       if (tid == 0) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(p.sync + 1) : "memory");
     }
@@ -516,6 +547,9 @@ __device__ void decode_stream(const StreamParams& p) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(bars[warp] + s)) : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   __syncwarp();
+  const int stop = p.mode & 7;
+  const bool work = (p.mode & 8) == 0;
+  if (!work) g.m = 4;  // no pieces
   // Before the wait: the first pieces (weights only), the K/V pages of this block's items.
   skip_empty(g, mats);
   refill(g, mats);
@@ -529,26 +563,46 @@ __device__ void decode_stream(const StreamParams& p) {
     bases[0] = v - v % ((unsigned long long)BARS * gridDim.x);
     bases[1] = m - m % (unsigned long long)p.nkv;
   }
-  // A
-  float inv = stream_norm<DEFER>(p.res, p.delta, p.res1, p.in_norm, p.eps, p.add, H, x_s);
-  ring_rows<1>(g, mats, 0, x_s, inv, DEFER, p.qkv);
+  __syncthreads();
   const unsigned long long bar0 = bases[0], merged0 = bases[1];
+  // A stopped launch adds the arrivals of the barriers it skips and waits for its copies.
+  auto stop_after = [&](int k) {
+    if (threadIdx.x == 0 && k < BARS) atomicAdd(p.sync, (unsigned long long)(BARS - k));
+    drain(g);
+  };
+  // A
+  float inv = 1.f;
+  if (work) {
+    inv = stream_norm<DEFER>(p.res, p.delta, p.res1, p.in_norm, p.eps, p.add, H, x_s);
+    ring_rows<1>(g, mats, 0, x_s, inv, DEFER, p.qkv);
+  }
   grid_sync(p.sync, bar0 + gridDim.x);
   pdl_trigger();
+  if (stop == 1) return stop_after(1);
   // B
-  attention_phase<G>(p, S);
+  if (work) attention_phase<G>(p, S);
+  else if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(p.sync + 1, (unsigned long long)p.nkv);
+  if (stop == 2) return stop_after(1);
   // D
   wait_count(p.sync + 1, merged0 + p.nkv);
-  stage(p.attn, nhd, x_s);
-  ring_rows<1>(g, mats, 1, x_s, 1.f, false, p.o);
+  if (work) {
+    stage(p.attn, nhd, x_s);
+    ring_rows<1>(g, mats, 1, x_s, 1.f, false, p.o);
+  }
   grid_sync(p.sync, bar0 + 2ull * gridDim.x);
+  if (stop == 3) return stop_after(2);
   // E
-  inv = stream_norm<DEFER>(p.res_mid, p.o, p.res2, p.post_norm, p.eps, 1, H, x_s);
-  ring_rows<2>(g, mats, 2, x_s, inv, DEFER, p.act);
+  if (work) {
+    inv = stream_norm<DEFER>(p.res_mid, p.o, p.res2, p.post_norm, p.eps, 1, H, x_s);
+    ring_rows<2>(g, mats, 2, x_s, inv, DEFER, p.act);
+  }
   grid_sync(p.sync, bar0 + 3ull * gridDim.x);
+  if (stop == 4) return stop_after(3);
   // F
-  stage(p.act, I, x_s);
-  ring_rows<1>(g, mats, 3, x_s, 1.f, false, p.down);
+  if (work) {
+    stage(p.act, I, x_s);
+    ring_rows<1>(g, mats, 3, x_s, 1.f, false, p.down);
+  }
 }
 
 }  // namespace

@@ -3,8 +3,9 @@
 //! eagerly and on a 1-row graph, every path fed the five launches' tokens (so every step is
 //! compared). The matmuls sum as the skinny matmuls do but the attention is the CUDA-core
 //! loop (the five launches' default for one row is the tensor-core loop), so logits are
-//! compared within 1e-2 relative (a wrong row, head, partition, merge or norm is off by far
-//! more) and the greedy tokens must agree on at least 60 of 64 steps (near-ties may flip).
+//! compared within 2.5e-2 relative (a wrong row, head, partition, merge or norm is off by
+//! far more; the table shows the five launches with the unfused attention beside them for
+//! scale) and the greedy tokens must agree on at least 60 of 64 steps (near-ties may flip).
 
 use candle_core::{D, DType, Tensor};
 use policy_serve::engine::model::Model;
@@ -50,14 +51,19 @@ pub(super) fn stream_check(
     })?;
     let width = (7100 + STEPS + 8).div_ceil(BS);
     let cache = |m: &Model| PagedKvCache::new(cfg, m.local_kv_heads(), width, BS, DType::BF16, dev);
-    let caches = [cache(&five)?, cache(&one)?, cache(&one)?];
+    let unfused = load(KernelOptions {
+        layer_stream: None,
+        fused_decode: false,
+        ..opts
+    })?;
+    let caches = [cache(&five)?, cache(&one)?, cache(&one)?, cache(&unfused)?];
     let mut g =
         DecodeGraphs::allocate(&one, (1, 1), served_context(cfg), BS, &[])?.ok_or("no kernels")?;
     g.capture(&one, &caches[2], true, None)?;
     println!(
-        "| prompt | max rel eager | max rel graph | argmax equal eager | graph | bits equal eager |"
+        "| prompt | max rel eager | max rel graph | argmax equal eager | graph | bits equal eager | unfused five: max rel |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for n in [5usize, 600, 1990, 3000, 7000] {
         let mk = || {
             vec![Seq {
@@ -65,9 +71,9 @@ pub(super) fn stream_check(
                 table: table_for(0, width),
             }]
         };
-        let mut runs = [mk(), mk(), mk()];
-        for (i, (r, c)) in runs.iter_mut().zip(&caches).enumerate() {
-            let m = if i == 0 { &five } else { &one };
+        let mut runs = [mk(), mk(), mk(), mk()];
+        let models = [&five, &one, &one, &unfused];
+        for ((r, c), m) in runs.iter_mut().zip(&caches).zip(models) {
             prefill(m, c, &mut r.iter_mut().collect::<Vec<_>>())?;
         }
         // Every path starts from the five launches' first token.
@@ -76,14 +82,17 @@ pub(super) fn stream_check(
             *r[0].tokens.last_mut().ok_or("no token")? = first;
         }
         let (mut worst, mut worst_g, mut eq, mut eq_g, mut bits) = (0f32, 0f32, 0, 0, 0);
+        let mut scale = 0f32;
         for _ in 0..STEPS {
-            let [r0, r1, r2] = &mut runs;
+            let [r0, r1, r2, r3] = &mut runs;
             let step = |m: &Model, c: &PagedKvCache, p: &Path<'_>, r: &mut Vec<Seq>| {
                 decode(m, c, p, &mut r.iter_mut().collect::<Vec<_>>())
             };
             let l0 = step(&five, &caches[0], &Path::Eager, r0)?;
             let l1 = step(&one, &caches[1], &Path::Eager, r1)?;
             let l2 = step(&one, &caches[2], &Path::Graph(&g), r2)?;
+            let l3 = step(&unfused, &caches[3], &Path::Eager, r3)?;
+            scale = scale.max(row_rel(&l0, &l3)?);
             worst = worst.max(row_rel(&l0, &l1)?);
             worst_g = worst_g.max(row_rel(&l0, &l2)?);
             let max_diff = |x: &Tensor| -> Res<f32> {
@@ -96,16 +105,17 @@ pub(super) fn stream_check(
             bits += usize::from(max_diff(&l1)? == 0.0);
             // Every path goes on with the five launches' token.
             let t0 = *r0[0].tokens.last().ok_or("no token")?;
+            *r3[0].tokens.last_mut().ok_or("no token")? = t0;
             for (r, e) in [(r1, &mut eq), (r2, &mut eq_g)] {
                 let t = r[0].tokens.last_mut().ok_or("no token")?;
                 *e += usize::from(*t == t0);
                 *t = t0;
             }
         }
-        let ok = worst <= 1e-2 && worst_g <= 1e-2 && eq >= STEPS - 4 && eq_g >= STEPS - 4;
+        let ok = worst <= 2.5e-2 && worst_g <= 2.5e-2 && eq >= STEPS - 4 && eq_g >= STEPS - 4;
         *fails += u32::from(!ok);
         println!(
-            "| {n} | {worst:.2e} | {worst_g:.2e} | {eq}/{STEPS} | {eq_g}/{STEPS} | {bits}/{STEPS} |{}",
+            "| {n} | {worst:.2e} | {worst_g:.2e} | {eq}/{STEPS} | {eq_g}/{STEPS} | {bits}/{STEPS} | {scale:.2e} |{}",
             if ok { "" } else { " FAIL" }
         );
     }

@@ -50,6 +50,10 @@ pub struct KernelFlags {
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "4",
           value_parser = clap::value_parser!(u8).range(1..=10))]
     pub layer_stream: Option<u8>,
+    /// Profiling only: the streamed layer's mode (`KernelOptions::layer_stream_mode`; bits
+    /// 0-2 stop after phase 1-4, bit 3 the barriers alone; wrong outputs).
+    #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..16))]
+    pub layer_stream_mode: u8,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
@@ -242,6 +246,7 @@ impl KernelFlags {
             smem_carveout: (!self.no_smem_carveout)
                 .then(|| self.smem_carveout.unwrap_or(super::options::SMEM_CARVEOUT)),
             layer_stream: self.layer_stream,
+            layer_stream_mode: self.layer_stream_mode,
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,

@@ -139,6 +139,9 @@ pub struct KernelOptions {
     /// per-head counters. The matmuls sum as the skinny matmuls do. None (default): five
     /// launches a layer (still being measured, #21).
     pub layer_stream: Option<u8>,
+    /// Profiling only (0 in the engine): the streamed layer's `mode` (bits 0-2 stop each
+    /// launch after phase 1-4, bit 3 runs its barriers alone; the outputs are then wrong).
+    pub layer_stream_mode: u8,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
     /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one
@@ -358,6 +361,7 @@ impl Default for KernelOptions {
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             smem_carveout: Some(SMEM_CARVEOUT),
             layer_stream: None,
+            layer_stream_mode: 0,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,

@@ -34,6 +34,8 @@ pub struct LaunchOptions {
     /// shared memory, this many 2 KB pieces in flight a warp (`kernels/decode_stream_sm90.cu`,
     /// sm_90, bf16); None: five launches a layer.
     pub layer_stream: Option<u8>,
+    /// Profiling only: the streamed layer's `mode` (`KernelOptions::layer_stream_mode`).
+    pub layer_stream_mode: u8,
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
     pub gemv_double_buffer: bool,
@@ -159,6 +161,7 @@ impl Default for LaunchOptions {
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
             layer_stream: None,
+            layer_stream_mode: 0,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,

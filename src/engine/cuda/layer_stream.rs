@@ -30,6 +30,8 @@ pub(crate) struct StreamKernels {
     fs: Vec<CudaFunction>,
     /// Ring slots a warp.
     slots: usize,
+    /// The kernel's profiling mode (0 in the engine).
+    mode: i32,
     /// Norms over at most this many inputs scale their sums (`dnorm`), as the skinny
     /// matmuls' (`LaunchOptions::norm_deferred`, off under `warp_norm`).
     deferred_max_k: usize,
@@ -77,6 +79,7 @@ impl StreamKernels {
         Ok(Some(Self {
             fs,
             slots,
+            mode: i32::from(opts.layer_stream_mode),
             deferred_max_k: deferred.unwrap_or(0),
         }))
     }
@@ -274,7 +277,7 @@ impl CudaKernels {
             eps: l.norms.2 as f32,
             qk_eps: l.qk_norms.2 as f32,
             ns: sk.slots as i32,
-            mode: 0,
+            mode: sk.mode,
             pad: 0,
         };
         let smem = 8 * sk.slots * LAYER_STREAM_PIECE * 2 + hidden.max(nhd).max(inter) * 2;
