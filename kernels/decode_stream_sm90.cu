@@ -89,6 +89,7 @@ constexpr int MAX_NS = 10;          // ring slots a warp at most
 constexpr int BARS = 3;             // grid barriers a launch
 constexpr int LFETCH = 4;           // tokens per half-warp whose K/V loads are in flight together
 constexpr int MIN_SPLITS = 16;      // partitions of a context up to MIN_SPLITS * 128 tokens
+constexpr int NORM_REGS = 16;       // inputs of a norm a thread holds (hidden <= 4,096)
 
 __device__ __forceinline__ uint32_t saddr(const void* p) {
   return (uint32_t)__cvta_generic_to_shared(p);
@@ -260,17 +261,28 @@ __device__ void ring_rows(Ring& g, const Mat (&mats)[4], int mi, const __nv_bflo
 // ---- Norms and staging --------------------------------------------------------------------
 
 // gemv.cuh's norm_rows (DEFER false) / norm_rows_deferred (true) for one row, the rows read
-// through L2: the same arithmetic. Returns the deferred scale (1 without DEFER).
+// through L2 with every load of a thread in flight at once, the norm weights from shared
+// memory (w_s): the same arithmetic. Returns the deferred scale (1 without DEFER).
 template <bool DEFER>
 __device__ float stream_norm(const __nv_bfloat16* res, const __nv_bfloat16* delta,
-                             __nv_bfloat16* res_out, const __nv_bfloat16* __restrict__ w, float eps,
+                             __nv_bfloat16* res_out, const __nv_bfloat16* w_s, float eps,
                              int add, int K, __nv_bfloat16* x_s) {
+  __nv_bfloat16 rv[NORM_REGS], dv[NORM_REGS];
+#pragma unroll
+  for (int e = 0; e < NORM_REGS; ++e) {
+    const int k = threadIdx.x + e * ST;
+    rv[e] = k < K ? __ldcg(res + k) : __float2bfloat16(0.f);
+    dv[e] = k < K && add ? __ldcg(delta + k) : __float2bfloat16(0.f);
+  }
   float part = 0.f;
-  for (int k = threadIdx.x; k < K; k += ST) {
-    const float wk = DEFER ? __bfloat162float(w[k]) : 0.f;
-    float v = __bfloat162float(__ldcg(res + k));
+#pragma unroll
+  for (int e = 0; e < NORM_REGS; ++e) {
+    const int k = threadIdx.x + e * ST;
+    if (k >= K) break;
+    const float wk = DEFER ? __bfloat162float(w_s[k]) : 0.f;
+    float v = __bfloat162float(rv[e]);
     if (add) {
-      const __nv_bfloat16 s = __float2bfloat16(v + __bfloat162float(__ldcg(delta + k)));
+      const __nv_bfloat16 s = __float2bfloat16(v + __bfloat162float(dv[e]));
       if (DEFER && blockIdx.x == 0) res_out[k] = s;
       v = __bfloat162float(s);
     }
@@ -284,7 +296,7 @@ __device__ float stream_norm(const __nv_bfloat16* res, const __nv_bfloat16* delt
     for (int k = threadIdx.x; k < K; k += ST) {
       const __nv_bfloat16 r = x_s[k];
       if (add && blockIdx.x == 0) res_out[k] = r;
-      x_s[k] = __float2bfloat16(__bfloat162float(r) * inv[0] * __bfloat162float(w[k]));
+      x_s[k] = __float2bfloat16(__bfloat162float(r) * inv[0] * __bfloat162float(w_s[k]));
     }
   }
   __syncthreads();
@@ -542,6 +554,12 @@ __device__ void decode_stream(const StreamParams& p) {
   g.issued = g.used = 0;
   g.m = g.r = g.q = 0;
   __nv_bfloat16* x_s = dyn + (size_t)WARPS * p.ns * PIECE;
+  // The two norms' weights, staged before the wait (weights only).
+  __nv_bfloat16* nw_s = x_s + max(max(H, nhd), I);
+  for (int k = threadIdx.x; k < H / 8; k += ST) {
+    reinterpret_cast<uint4*>(nw_s)[k] = reinterpret_cast<const uint4*>(p.in_norm)[k];
+    reinterpret_cast<uint4*>(nw_s + H)[k] = reinterpret_cast<const uint4*>(p.post_norm)[k];
+  }
   if (lane == 0)
     for (int s = 0; s < p.ns; ++s)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(bars[warp] + s)) : "memory");
@@ -573,7 +591,7 @@ __device__ void decode_stream(const StreamParams& p) {
   // A
   float inv = 1.f;
   if (work) {
-    inv = stream_norm<DEFER>(p.res, p.delta, p.res1, p.in_norm, p.eps, p.add, H, x_s);
+    inv = stream_norm<DEFER>(p.res, p.delta, p.res1, nw_s, p.eps, p.add, H, x_s);
     ring_rows<1>(g, mats, 0, x_s, inv, DEFER, p.qkv);
   }
   grid_sync(p.sync, bar0 + gridDim.x);
@@ -593,7 +611,7 @@ __device__ void decode_stream(const StreamParams& p) {
   if (stop == 3) return stop_after(2);
   // E
   if (work) {
-    inv = stream_norm<DEFER>(p.res_mid, p.o, p.res2, p.post_norm, p.eps, 1, H, x_s);
+    inv = stream_norm<DEFER>(p.res_mid, p.o, p.res2, nw_s + H, p.eps, 1, H, x_s);
     ring_rows<2>(g, mats, 2, x_s, inv, DEFER, p.act);
   }
   grid_sync(p.sync, bar0 + 3ull * gridDim.x);

@@ -170,7 +170,7 @@ pub struct StreamLayer<'a> {
 impl CudaKernels {
     /// Whether [`CudaKernels::decode_stream_into`] serves a pure decode step of `rows` rows
     /// on a layer of `nh` query heads over `nkv` KV heads of `hd` dims whose matmuls have
-    /// `hidden` and `inter` inputs (bf16, sm_90, the option on).
+    /// `hidden` (at most 4,096) and `inter` inputs (bf16, sm_90, the option on).
     pub fn layer_stream_serves(
         &self,
         rows: usize,
@@ -185,6 +185,7 @@ impl CudaKernels {
             && nh.is_multiple_of(nkv)
             && matches!(nh / nkv, 1 | 2 | 4)
             && piece(hidden)
+            && hidden <= 4096
             && piece(inter)
             && piece(nh * hd)
     }
@@ -280,7 +281,9 @@ impl CudaKernels {
             mode: sk.mode,
             pad: 0,
         };
-        let smem = 8 * sk.slots * LAYER_STREAM_PIECE * 2 + hidden.max(nhd).max(inter) * 2;
+        // The ring, the staged input row, the two norms' weights.
+        let smem =
+            8 * sk.slots * LAYER_STREAM_PIECE * 2 + (hidden.max(nhd).max(inter) + 2 * hidden) * 2;
         let mut lb = self.launcher(func);
         lb.arg(&params);
         // SAFETY: `StreamParams` is the kernel's one parameter (same layout, sizes checked on
