@@ -1,6 +1,6 @@
 // The streamed decode layer (LaunchOptions::layer_stream): a whole dense Qwen3 layer of a
 // 1-row pure decode step (bf16 weights and KV cache, head_dim 128) in one launch of one block
-// of 8 warps per SM, its weights streamed into shared memory by the copy engine (TMA bulk
+// of 8 compute warps and a copy warp per SM, its weights streamed into shared memory by the copy engine (TMA bulk
 // copies, sm_90) ahead of the phase that reads them:
 //
 //  A. add + RMSNorm into shared memory, the qkv matmul;              grid barrier
@@ -14,16 +14,16 @@
 //
 // The weights: each warp owns a ring of `ns` slots of 2 KB in dynamic shared memory and the
 // rows it computes in every phase (rows gw, gw + NW, ... of each matmul, NW the warps of the
-// grid), split into pieces of 1,024 inputs. Lane 0 keeps the ring full: a piece is copied
-// (cp.async.bulk, its own mbarrier) as soon as its slot is free, across phases, so the next
-// phase's weights land while the warp waits at a barrier or runs the attention. The first
-// pieces are issued before the wait on the kernel before (PDL). Each row's sum is the skinny
+// grid), split into pieces of 1,024 inputs. Lane w of the copy warp keeps warp w's ring full:
+// a piece is copied (cp.async.bulk; a full and an empty mbarrier a slot) as soon as its slot
+// is summed, across phases, so the next phase's weights land while the warp waits at a
+// barrier or runs the attention; the copy warp never waits on the kernel before (PDL) and
+// never fences, so the compute warps' barriers do not wait for its copies in flight. Each row's sum is the skinny
 // matmuls' (`gemv.cuh` dot_rows: lane l sums chunks l, l + 32, ... in order, then the warp's
 // butterfly), so the matmuls give the five launches' bits on the same inputs.
 //
 // Data written by one block and read by another in the same launch is read through L2
-// (ld.global.cg, or ld.acquire for the counters), never L1: two of these launches can share
-// an SM (the next layer's block starts early and loads its first weights).
+// (ld.global.cg, or ld.acquire for the counters), never L1.
 
 #include "gemv.cuh"
 #include "attention.cuh"
@@ -101,19 +101,22 @@ __device__ __forceinline__ unsigned long long ld_acquire(const unsigned long lon
   return v;
 }
 
+// Barrier of the compute warps (256 threads, id 3): the producer warp never joins one.
+__device__ __forceinline__ void csync() { asm volatile("bar.sync 3, %0;" ::"r"(ST) : "memory"); }
+
 // Thread 0 waits until *c >= target, then the block goes on (the writes counted before it
 // visible after it).
 __device__ __forceinline__ void wait_count(const unsigned long long* c, unsigned long long target) {
   if (threadIdx.x == 0)
     while (ld_acquire(c) < target) {
     }
-  __syncthreads();
+  csync();
 }
 
 // Every block of the grid has arrived here: this block's writes before it are visible to
 // every block after it.
 __device__ __forceinline__ void grid_sync(unsigned long long* bar, unsigned long long target) {
-  __syncthreads();
+  csync();
   if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(bar) : "memory");
   wait_count(bar, target);
 }
@@ -137,85 +140,94 @@ struct Mat {
   int N, K, nr;
 };
 
-// A warp's ring and its place in the layer's sequence of pieces: (matmul m, the warp's row
-// r, piece q of the row, gate and up alternating for pairs).
+// A compute warp's ring: its slots, their full (copy landed) and empty (piece summed)
+// mbarriers, and the pieces it has summed.
 struct Ring {
   __nv_bfloat16* slots;  // ns * PIECE bf16
-  uint64_t* bars;        // ns mbarriers
+  uint64_t* full;        // ns mbarriers
+  uint64_t* empty;       // ns mbarriers
   int ns, gw, NW, lane;
-  int issued, used;      // pieces issued / consumed so far
-  int m, r, q;           // the next piece to issue
+  int used;              // pieces summed so far
 };
 
 __device__ __forceinline__ int warp_rows(const Mat& a, int gw, int NW) {
   return gw < a.N ? (a.N - 1 - gw) / NW + 1 : 0;
 }
 
-// Skips matmuls of which this warp has no rows, from the ring's current one.
-__device__ __forceinline__ void skip_empty(Ring& g, const Mat (&mats)[4]) {
-  while (g.m < 4 && warp_rows(mats[g.m], g.gw, g.NW) == 0) ++g.m;
+// The pieces of the layer a warp sums (0 without work).
+__device__ __forceinline__ int warp_pieces(const Mat (&mats)[4], int gw, int NW) {
+  int n = 0;
+#pragma unroll
+  for (int m = 0; m < 4; ++m) n += warp_rows(mats[m], gw, NW) * mats[m].nr * (mats[m].K / PIECE);
+  return n;
 }
 
-// Issues pieces until the ring is full or the layer's pieces are all issued.
-__device__ __forceinline__ void refill(Ring& g, const Mat (&mats)[4]) {
-  while (g.issued < g.used + g.ns && g.m < 4) {
-    const Mat& a = mats[g.m];
-    if (g.lane == 0) {
-      const int s = g.issued % g.ns;
-      const int row = g.gw + g.r * g.NW + (g.q % a.nr) * a.N;
-      const __nv_bfloat16* src = a.w + (size_t)row * a.K + (size_t)(g.q / a.nr) * PIECE;
-      const uint32_t bar = saddr(g.bars + s);
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                   "r"(PIECE_BYTES)
-                   : "memory");
-      asm volatile(
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-              saddr(g.slots + (size_t)s * PIECE)),
-          "l"(src), "r"(PIECE_BYTES), "r"(bar)
-          : "memory");
-    }
-    ++g.issued;
-    if (++g.q == a.nr * (a.K / PIECE)) {
-      g.q = 0;
-      if (++g.r == warp_rows(a, g.gw, g.NW)) {
-        g.r = 0;
-        ++g.m;
-        skip_empty(g, mats);
+__device__ __forceinline__ bool mbar_done(uint64_t* b, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(ok)
+      : "r"(saddr(b)), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+
+// The producer: lane w of the block's last warp copies compute warp w's pieces, in the
+// order that warp sums them, each into its slot once the piece before it there is summed.
+// It never waits on the kernel before (weights only) and never fences, so the compute warps'
+// barriers and fences do not wait on its copies.
+__device__ void produce(const Mat (&mats)[4], __nv_bfloat16* slots, uint64_t* full,
+                        uint64_t* empty, int ns, int gw, int NW) {
+  int issued = 0;
+  for (int m = 0; m < 4; ++m) {
+    const Mat& a = mats[m];
+    const int R = warp_rows(a, gw, NW), Q = a.nr * (a.K / PIECE);
+    for (int r = 0; r < R; ++r)
+      for (int q = 0; q < Q; ++q, ++issued) {
+        const int s = issued % ns;
+        if (issued >= ns)
+          while (!mbar_done(empty + s, (uint32_t)(issued / ns - 1) & 1u)) {
+          }
+        const int row = gw + r * NW + (q % a.nr) * a.N;
+        const __nv_bfloat16* src = a.w + (size_t)row * a.K + (size_t)(q / a.nr) * PIECE;
+        const uint32_t bar = saddr(full + s);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                     "r"(PIECE_BYTES)
+                     : "memory");
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                saddr(slots + (size_t)s * PIECE)),
+            "l"(src), "r"(PIECE_BYTES), "r"(bar)
+            : "memory");
       }
-    }
   }
 }
 
 // The next piece in order, once it has landed.
 __device__ __forceinline__ const __nv_bfloat16* acquire(const Ring& g) {
   const int s = g.used % g.ns;
-  const uint32_t parity = (uint32_t)(g.used / g.ns) & 1u, bar = saddr(g.bars + s);
-  uint32_t ok = 0;
-  while (!ok)
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(ok)
-        : "r"(bar), "r"(parity)
-        : "memory");
+  while (!mbar_done(g.full + s, (uint32_t)(g.used / g.ns) & 1u)) {
+  }
   return g.slots + (size_t)s * PIECE;
 }
 
-// Waits for every piece issued (a launch that stops early must not exit with copies in
-// flight into its shared memory).
-__device__ __forceinline__ void drain(Ring& g) {
-  while (g.used < g.issued) {
-    acquire(g);
-    ++g.used;
-  }
+// The piece is summed (every lane's reads done): its slot is free for the producer.
+__device__ __forceinline__ void release(Ring& g) {
+  __syncwarp();
+  if (g.lane == 0)
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(g.empty + g.used % g.ns))
+                 : "memory");
+  ++g.used;
 }
 
-// The piece is summed (every lane's reads done): its slot takes the next piece.
-__device__ __forceinline__ void release(Ring& g, const Mat (&mats)[4]) {
-  __syncwarp();
-  ++g.used;
-  refill(g, mats);
+// Waits for (and frees) every piece of the warp not yet summed (a launch that stops early
+// must not exit with copies in flight into its shared memory).
+__device__ __forceinline__ void drain(Ring& g, int total) {
+  while (g.used < total) {
+    acquire(g);
+    release(g);
+  }
 }
 
 // This warp's rows of matmul `mi` (NR 1 or a SiLU pair), x in shared memory (K inputs),
@@ -242,7 +254,7 @@ __device__ void ring_rows(Ring& g, const Mat (&mats)[4], int mi, const __nv_bflo
 #pragma unroll
           for (int j = 0; j < 8; ++j) acc[k] = fmaf(wf[j], xf[j], acc[k]);
         }
-        release(g, mats);
+        release(g);
       }
     }
 #pragma unroll
@@ -289,9 +301,15 @@ __device__ float stream_norm(const __nv_bfloat16* res, const __nv_bfloat16* delt
     x_s[k] = __float2bfloat16(DEFER ? v * wk : v);
     part += v * v;
   }
-  float inv[1];
-  const float parts[1] = {part};
-  block_inv_rms<1>(parts, K, eps, inv);
+  // gemv.cuh's block_inv_rms on the compute warps' barrier: the same sums.
+  __shared__ float ss[WARPS];
+  const float wsum = warp_sum(part);
+  if (threadIdx.x % 32 == 0) ss[threadIdx.x / 32] = wsum;
+  csync();
+  float tot = 0.f;
+#pragma unroll
+  for (int i = 0; i < WARPS; ++i) tot += ss[i];
+  float inv[1] = {rsqrtf(tot / K + eps)};
   if constexpr (!DEFER) {
     for (int k = threadIdx.x; k < K; k += ST) {
       const __nv_bfloat16 r = x_s[k];
@@ -299,7 +317,7 @@ __device__ float stream_norm(const __nv_bfloat16* res, const __nv_bfloat16* delt
       x_s[k] = __float2bfloat16(__bfloat162float(r) * inv[0] * __bfloat162float(w_s[k]));
     }
   }
-  __syncthreads();
+  csync();
   return DEFER ? inv[0] : 1.f;
 }
 
@@ -307,7 +325,7 @@ __device__ float stream_norm(const __nv_bfloat16* res, const __nv_bfloat16* delt
 __device__ __forceinline__ void stage(const __nv_bfloat16* src, int n, __nv_bfloat16* x_s) {
   for (int i = threadIdx.x; i < n / 8; i += ST)
     reinterpret_cast<uint4*>(x_s)[i] = __ldcg(reinterpret_cast<const uint4*>(src) + i);
-  __syncthreads();
+  csync();
 }
 
 // ---- Attention ----------------------------------------------------------------------------
@@ -539,38 +557,45 @@ __device__ void attention_phase(const StreamParams& p, int S) {
 template <int G, bool DEFER>
 __device__ void decode_stream(const StreamParams& p) {
   extern __shared__ __align__(128) __nv_bfloat16 dyn[];
-  __shared__ __align__(8) uint64_t bars[WARPS][MAX_NS];
+  __shared__ __align__(8) uint64_t full[WARPS][MAX_NS], empty[WARPS][MAX_NS];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int H = p.hidden, I = p.inter, nh = p.nkv * G, nhd = nh * HD;
   const int nq = (nh + 2 * p.nkv) * HD;
   const Mat mats[4] = {{p.w_qkv, nq, H, 1}, {p.w_o, H, nhd, 1}, {p.w_gu, I, H, 2}, {p.w_down, H, I, 1}};
+  const int stop = p.mode & 7;
+  const bool work = (p.mode & 8) == 0;
+  __nv_bfloat16* x_s = dyn + (size_t)WARPS * p.ns * PIECE;
+  if (warp == WARPS) {
+    // The producer warp: the rings' mbarriers, then every compute warp's pieces.
+    if (lane < WARPS)
+      for (int s = 0; s < p.ns; ++s) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&full[lane][s])) : "memory");
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&empty[lane][s])) : "memory");
+      }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    __syncthreads();
+    if (lane < WARPS && work)
+      produce(mats, dyn + (size_t)lane * p.ns * PIECE, full[lane], empty[lane], p.ns,
+              blockIdx.x * WARPS + lane, gridDim.x * WARPS);
+    return;
+  }
   Ring g;
   g.ns = p.ns;
   g.slots = dyn + (size_t)warp * p.ns * PIECE;
-  g.bars = bars[warp];
+  g.full = full[warp];
+  g.empty = empty[warp];
   g.gw = blockIdx.x * WARPS + warp;
   g.NW = gridDim.x * WARPS;
   g.lane = lane;
-  g.issued = g.used = 0;
-  g.m = g.r = g.q = 0;
-  __nv_bfloat16* x_s = dyn + (size_t)WARPS * p.ns * PIECE;
-  // The two norms' weights, staged before the wait (weights only).
+  g.used = 0;
+  const int total = work ? warp_pieces(mats, g.gw, g.NW) : 0;
+  // Before the wait: the two norms' weights into shared memory (weights only).
   __nv_bfloat16* nw_s = x_s + max(max(H, nhd), I);
   for (int k = threadIdx.x; k < H / 8; k += ST) {
     reinterpret_cast<uint4*>(nw_s)[k] = reinterpret_cast<const uint4*>(p.in_norm)[k];
     reinterpret_cast<uint4*>(nw_s + H)[k] = reinterpret_cast<const uint4*>(p.post_norm)[k];
   }
-  if (lane == 0)
-    for (int s = 0; s < p.ns; ++s)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(bars[warp] + s)) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  __syncwarp();
-  const int stop = p.mode & 7;
-  const bool work = (p.mode & 8) == 0;
-  if (!work) g.m = 4;  // no pieces
-  // Before the wait: the first pieces (weights only), the K/V pages of this block's items.
-  skip_empty(g, mats);
-  refill(g, mats);
+  __syncthreads();  // the mbarriers are initialised (the producer's one block-wide barrier)
   pdl_wait();
   const int ctx = (int)p.ctx_lens[0];
   const int S = layer_splits(ctx, p.splits);
@@ -581,12 +606,12 @@ __device__ void decode_stream(const StreamParams& p) {
     bases[0] = v - v % ((unsigned long long)BARS * gridDim.x);
     bases[1] = m - m % (unsigned long long)p.nkv;
   }
-  __syncthreads();
+  csync();
   const unsigned long long bar0 = bases[0], merged0 = bases[1];
   // A stopped launch adds the arrivals of the barriers it skips and waits for its copies.
   auto stop_after = [&](int k) {
     if (threadIdx.x == 0 && k < BARS) atomicAdd(p.sync, (unsigned long long)(BARS - k));
-    drain(g);
+    drain(g, total);
   };
   // A
   float inv = 1.f;
@@ -626,7 +651,7 @@ __device__ void decode_stream(const StreamParams& p) {
 }  // namespace
 
 #define PS_DECODE_STREAM(G, D, NAME)                                                           \
-  extern "C" __global__ void __launch_bounds__(ST, 2)                                          \
+  extern "C" __global__ void __launch_bounds__(ST + 32, 1)                                     \
       decode_stream_g##G##_##NAME(const StreamParams p) {                                      \
     decode_stream<G, D>(p);                                                                    \
   }

@@ -287,14 +287,14 @@ impl CudaKernels {
         let mut lb = self.launcher(func);
         lb.arg(&params);
         // SAFETY: `StreamParams` is the kernel's one parameter (same layout, sizes checked on
-        // both sides); the buffers are sized above; the grid is one block per SM of 256
-        // threads, at most 128 registers a thread and under 114 KB of shared memory at the
-        // default ring, so every block of the grid is resident at once (its grid barriers
-        // need it) even beside a block of the launch before.
+        // both sides); the buffers are sized above; the grid is one block per SM of 288
+        // threads (8 compute warps and the copy warp), which fits an SM alone, so every block
+        // of the grid is resident at once (its grid barriers need it) once the launch before
+        // has left.
         unsafe {
             lb.launch(LaunchConfig {
                 grid_dim: (self.sms as u32, 1, 1),
-                block_dim: (256, 1, 1),
+                block_dim: (288, 1, 1),
                 shared_mem_bytes: smem as u32,
             })
         }
