@@ -1,26 +1,28 @@
-// The streamed decode layer (LaunchOptions::layer_stream): a whole dense Qwen3 layer of a
-// 1-row pure decode step (bf16 weights and KV cache, head_dim 128) in one launch of one block
-// of 8 compute warps and a copy warp per SM, its weights streamed into shared memory by the copy engine (TMA bulk
-// copies, sm_90) ahead of the phase that reads them:
+// The streamed decode step (LaunchOptions::layer_stream): every dense Qwen3 layer of a 1-row
+// pure decode step (bf16 weights and KV cache, head_dim 128) in one launch of one block per
+// SM, 8 compute warps and a copy warp, the weights streamed into shared memory by the copy
+// engine (TMA bulk copies, sm_90) ahead of the phase that reads them. A layer:
 //
 //  A. add + RMSNorm into shared memory, the qkv matmul;              grid barrier
 //  B. attention: each (KV head, partition) item, on half a block, does q/k norm + RoPE, writes
 //     the new K/V to the cache, runs the online softmax over its tokens and writes its
 //     partial; the last partition of a head to finish merges the head's partials (a counter
 //     a head) and counts the head as done;
-//  D. (every head done) the o matmul;                                 grid barrier
+//  D. (every head of the layer done) the o matmul;                    grid barrier
 //  E. add + RMSNorm and the gate|up matmul with SiLU * up;            grid barrier
-//  F. the down matmul.
+//  F. the down matmul;                                                grid barrier (not after
+//     the last layer: the kernel's end).
 //
-// The weights: each warp owns a ring of `ns` slots of 2 KB in dynamic shared memory and the
-// rows it computes in every phase (rows gw, gw + NW, ... of each matmul, NW the warps of the
-// grid), split into pieces of 1,024 inputs. Lane w of the copy warp keeps warp w's ring full:
-// a piece is copied (cp.async.bulk; a full and an empty mbarrier a slot) as soon as its slot
-// is summed, across phases, so the next phase's weights land while the warp waits at a
-// barrier or runs the attention; the copy warp never waits on the kernel before (PDL) and
-// never fences, so the compute warps' barriers do not wait for its copies in flight. Each row's sum is the skinny
-// matmuls' (`gemv.cuh` dot_rows: lane l sums chunks l, l + 32, ... in order, then the warp's
-// butterfly), so the matmuls give the five launches' bits on the same inputs.
+// The weights: each compute warp owns a ring of `ns` slots of 2 KB in dynamic shared memory
+// and the rows it computes in every phase of every layer (rows gw, gw + NW, ... of each
+// matmul, NW the compute warps of the grid), split into pieces of 1,024 inputs. Lane w of
+// the copy warp keeps warp w's ring full: a piece is copied (cp.async.bulk; a full and an
+// empty mbarrier a slot) as soon as its slot is summed, across phases and layers, so the next
+// weights land while the warp waits at a barrier or runs the attention; the copy warp never
+// waits on the kernel before (PDL) and never fences. Each row's sum is the skinny matmuls'
+// (`gemv.cuh` dot_rows: lane l sums chunks l, l + 32, ... in order, then the warp's
+// butterfly), so the matmuls give the five launches' bits on the same inputs. The residual
+// stream starts in res0 and ends in res1 with the last down still to add (the final norm).
 //
 // Data written by one block and read by another in the same launch is read through L2
 // (ld.global.cg, or ld.acquire for the counters), never L1.
@@ -28,7 +30,8 @@
 #include "gemv.cuh"
 #include "attention.cuh"
 
-struct StreamParams {
+// One layer's weights and caches.
+struct LayerPtrs {
   const __nv_bfloat16* w_qkv;
   const __nv_bfloat16* w_o;
   const __nv_bfloat16* w_gu;    // gate | up, [2I, H]
@@ -37,47 +40,47 @@ struct StreamParams {
   const __nv_bfloat16* post_norm;
   const __nv_bfloat16* q_w;  // q norm weight, pre-scaled by 1/sqrt(128)
   const __nv_bfloat16* k_w;
+  __nv_bfloat16* k_cache;
+  __nv_bfloat16* v_cache;
+};
+
+constexpr int STACK_MAX_LAYERS = 40;
+
+struct StreamParams {
+  LayerPtrs layers[STACK_MAX_LAYERS];
   const float* inv_freq;
-  const __nv_bfloat16* res;      // the residual stream in
-  const __nv_bfloat16* delta;    // the previous layer's down (with add)
-  __nv_bfloat16* res1;           // res + delta (with add)
-  const __nv_bfloat16* res_mid;  // the stream after the first add (res1, or res without add)
-  __nv_bfloat16* res2;           // res_mid + o
+  __nv_bfloat16* res0;  // the residual stream in (the embedding's output)
+  __nv_bfloat16* res1;  // the other residual buffer (the stream ends in it)
   __nv_bfloat16* qkv;
   __nv_bfloat16* attn;
   __nv_bfloat16* o;
   __nv_bfloat16* act;
-  __nv_bfloat16* down;
+  __nv_bfloat16* down;  // the last layer's down: the delta the final norm adds
   const uint32_t* pos;
   const uint32_t* slots;
-  __nv_bfloat16* k_cache;
-  __nv_bfloat16* v_cache;
-  const uint32_t* block_tables;
+  const uint32_t* block_tables;  // the row's table
   const uint32_t* ctx_lens;
-  const uint32_t* width;  // unused (one row: the table's first row)
-  float* part_acc;        // [nh][splits][128]
-  float* part_ml;         // [nh][splits][2]
+  float* part_acc;  // [nh][splits][128]
+  float* part_ml;   // [nh][splits][2]
   unsigned long long* sync;  // [0] grid-barrier arrivals, [1] heads merged (only ever added to)
   unsigned* counters;        // partitions finished, one per KV head (kept zero between uses)
   long long num_slots;
-  int W;
+  int nlayers;
   int block_size;
   int nkv;
   int splits;  // partial slots a head in the scratch
   int hidden;
   int inter;
-  int add;
   float eps;
   float qk_eps;
   int ns;    // ring slots a warp
-  // Profiling only (0 in the engine): bits 0-2 stop after phase 1-4 (A, B, D, E; the
-  // layer's outputs are then invalid), bit 3 skips every phase's work (the barriers alone).
+  // Profiling only (0 in the engine): bit 3 skips every phase's work (the barriers alone; the
+  // outputs are then wrong).
   int mode;
-  int pad;
 };
-static_assert(sizeof(StreamParams) == 296, "StreamParams layout");
-static_assert(offsetof(StreamParams, num_slots) == 240 && offsetof(StreamParams, W) == 248 &&
-                  offsetof(StreamParams, eps) == 276,
+static_assert(sizeof(LayerPtrs) == 80, "LayerPtrs layout");
+static_assert(sizeof(StreamParams) == 3376, "StreamParams layout");
+static_assert(offsetof(StreamParams, num_slots) == 3328 && offsetof(StreamParams, eps) == 3360,
               "StreamParams layout");
 
 namespace {
@@ -86,7 +89,6 @@ constexpr int ST = WARPS * 32;      // threads a block
 constexpr int PIECE = 1024;         // inputs a weight piece (2 KB; 4 chunks a lane)
 constexpr int PIECE_BYTES = PIECE * 2;
 constexpr int MAX_NS = 10;          // ring slots a warp at most
-constexpr int BARS = 3;             // grid barriers a launch
 constexpr int LFETCH = 4;           // tokens per half-warp whose K/V loads are in flight together
 constexpr int MIN_SPLITS = 16;      // partitions of a context up to MIN_SPLITS * 128 tokens
 constexpr int NORM_REGS = 16;       // inputs of a norm a thread holds (hidden <= 4,096)
@@ -140,6 +142,15 @@ struct Mat {
   int N, K, nr;
 };
 
+// The layer's four matmuls as the warps see them.
+__device__ __forceinline__ void layer_mats(const LayerPtrs& L, int nq, int H, int nhd, int I,
+                                           Mat (&mats)[4]) {
+  mats[0] = {L.w_qkv, nq, H, 1};
+  mats[1] = {L.w_o, H, nhd, 1};
+  mats[2] = {L.w_gu, I, H, 2};
+  mats[3] = {L.w_down, H, I, 1};
+}
+
 // A compute warp's ring: its slots, their full (copy landed) and empty (piece summed)
 // mbarriers, and the pieces it has summed.
 struct Ring {
@@ -152,14 +163,6 @@ struct Ring {
 
 __device__ __forceinline__ int warp_rows(const Mat& a, int gw, int NW) {
   return gw < a.N ? (a.N - 1 - gw) / NW + 1 : 0;
-}
-
-// The pieces of the layer a warp sums (0 without work).
-__device__ __forceinline__ int warp_pieces(const Mat (&mats)[4], int gw, int NW) {
-  int n = 0;
-#pragma unroll
-  for (int m = 0; m < 4; ++m) n += warp_rows(mats[m], gw, NW) * mats[m].nr * (mats[m].K / PIECE);
-  return n;
 }
 
 __device__ __forceinline__ bool mbar_done(uint64_t* b, uint32_t parity) {
@@ -177,30 +180,35 @@ __device__ __forceinline__ bool mbar_done(uint64_t* b, uint32_t parity) {
 // order that warp sums them, each into its slot once the piece before it there is summed.
 // It never waits on the kernel before (weights only) and never fences, so the compute warps'
 // barriers and fences do not wait on its copies.
-__device__ void produce(const Mat (&mats)[4], __nv_bfloat16* slots, uint64_t* full,
-                        uint64_t* empty, int ns, int gw, int NW) {
+__device__ void produce(const StreamParams& p, int nq, int nhd, __nv_bfloat16* slots,
+                        uint64_t* full, uint64_t* empty, int gw, int NW) {
+  const int ns = p.ns;
   int issued = 0;
-  for (int m = 0; m < 4; ++m) {
-    const Mat& a = mats[m];
-    const int R = warp_rows(a, gw, NW), Q = a.nr * (a.K / PIECE);
-    for (int r = 0; r < R; ++r)
-      for (int q = 0; q < Q; ++q, ++issued) {
-        const int s = issued % ns;
-        if (issued >= ns)
-          while (!mbar_done(empty + s, (uint32_t)(issued / ns - 1) & 1u)) {
-          }
-        const int row = gw + r * NW + (q % a.nr) * a.N;
-        const __nv_bfloat16* src = a.w + (size_t)row * a.K + (size_t)(q / a.nr) * PIECE;
-        const uint32_t bar = saddr(full + s);
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                     "r"(PIECE_BYTES)
-                     : "memory");
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                saddr(slots + (size_t)s * PIECE)),
-            "l"(src), "r"(PIECE_BYTES), "r"(bar)
-            : "memory");
-      }
+  for (int li = 0; li < p.nlayers; ++li) {
+    Mat mats[4];
+    layer_mats(p.layers[li], nq, p.hidden, nhd, p.inter, mats);
+    for (int m = 0; m < 4; ++m) {
+      const Mat& a = mats[m];
+      const int R = warp_rows(a, gw, NW), Q = a.nr * (a.K / PIECE);
+      for (int r = 0; r < R; ++r)
+        for (int q = 0; q < Q; ++q, ++issued) {
+          const int s = issued % ns;
+          if (issued >= ns)
+            while (!mbar_done(empty + s, (uint32_t)(issued / ns - 1) & 1u)) {
+            }
+          const int row = gw + r * NW + (q % a.nr) * a.N;
+          const __nv_bfloat16* src = a.w + (size_t)row * a.K + (size_t)(q / a.nr) * PIECE;
+          const uint32_t bar = saddr(full + s);
+          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                       "r"(PIECE_BYTES)
+                       : "memory");
+          asm volatile(
+              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                  saddr(slots + (size_t)s * PIECE)),
+              "l"(src), "r"(PIECE_BYTES), "r"(bar)
+              : "memory");
+        }
+    }
   }
 }
 
@@ -219,15 +227,6 @@ __device__ __forceinline__ void release(Ring& g) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(g.empty + g.used % g.ns))
                  : "memory");
   ++g.used;
-}
-
-// Waits for (and frees) every piece of the warp not yet summed (a launch that stops early
-// must not exit with copies in flight into its shared memory).
-__device__ __forceinline__ void drain(Ring& g, int total) {
-  while (g.used < total) {
-    acquire(g);
-    release(g);
-  }
 }
 
 // This warp's rows of matmul `mi` (NR 1 or a SiLU pair), x in shared memory (K inputs),
@@ -339,7 +338,7 @@ __device__ __forceinline__ void part_range(int ctx, int S, int split, int& start
 
 // Before the wait: the K/V pages of this half's item into L2 (rows of earlier steps, and the
 // page the new token goes to: a prefetch only reads).
-__device__ __forceinline__ void prefetch_kv(const StreamParams& p, int items, int S) {
+__device__ __forceinline__ void prefetch_kv(const StreamParams& p, const LayerPtrs& L, int items, int S) {
   const int hi = threadIdx.x / THREADS, it = hi * gridDim.x + blockIdx.x;
   if (it >= items || (threadIdx.x % 32) != 0) return;
   const int ctx = (int)p.ctx_lens[0], kh = it / S;
@@ -352,9 +351,9 @@ __device__ __forceinline__ void prefetch_kv(const StreamParams& p, int items, in
     const size_t slot = (size_t)p.block_tables[pg] * bs + (t0 - pg * bs);
     const size_t off = ((size_t)kh * p.num_slots + slot) * HD;
     const unsigned bytes = (unsigned)(t1 - t0) * HD * 2;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.k_cache + off), "r"(bytes)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(L.k_cache + off), "r"(bytes)
                  : "memory");
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.v_cache + off), "r"(bytes)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(L.v_cache + off), "r"(bytes)
                  : "memory");
   }
 }
@@ -390,7 +389,7 @@ __device__ __forceinline__ void norm_rope_cg(const __nv_bfloat16* src, const __n
 // the head's partials into attn (the clustered fused attention's merge order) and counts it
 // in p.sync[1].
 template <int G>
-__device__ void attention_phase(const StreamParams& p, int S) {
+__device__ void attention_phase(const StreamParams& p, const LayerPtrs& L, int S) {
   using T = __nv_bfloat16;
   const int hi = threadIdx.x / THREADS, tid = threadIdx.x % THREADS;
   const int grp = tid / LANES, lane = tid % LANES;
@@ -417,8 +416,8 @@ __device__ void attention_phase(const StreamParams& p, int S) {
             const size_t slot =
                 (size_t)p.block_tables[q / p.block_size] * p.block_size + q % p.block_size;
             const size_t off = (head_base + slot) * HD + lane * PER;
-            kr[u] = __ldcg(reinterpret_cast<const uint4*>(p.k_cache + off));
-            vr[u] = __ldcg(reinterpret_cast<const uint4*>(p.v_cache + off));
+            kr[u] = __ldcg(reinterpret_cast<const uint4*>(L.k_cache + off));
+            vr[u] = __ldcg(reinterpret_cast<const uint4*>(L.v_cache + off));
           }
         }
       };
@@ -432,7 +431,7 @@ __device__ void attention_phase(const StreamParams& p, int S) {
           const bool is_q = h < G;
           const T* src = p.qkv + (size_t)(is_q ? kh * G + h : nh + kh) * HD;
           float o[HD / 32];
-          norm_rope_cg(src, is_q ? p.q_w : p.k_w, p.inv_freq, pos, p.qk_eps, wl, o);
+          norm_rope_cg(src, is_q ? L.q_w : L.k_w, p.inv_freq, pos, p.qk_eps, wl, o);
           if (is_q) {
 #pragma unroll
             for (int j = 0; j < HD / 32; ++j) qs[hi][h][wl + 32 * j] = (T)o[j];
@@ -447,8 +446,8 @@ __device__ void attention_phase(const StreamParams& p, int S) {
               knew[hi][wl + 32 * j] = kv;
               vnew[hi][wl + 32 * j] = vv;
               if (write) {
-                p.k_cache[off + wl + 32 * j] = kv;
-                p.v_cache[off + wl + 32 * j] = vv;
+                L.k_cache[off + wl + 32 * j] = kv;
+                L.v_cache[off + wl + 32 * j] = vv;
               }
             }
           }
@@ -554,19 +553,33 @@ __device__ void attention_phase(const StreamParams& p, int S) {
   }
 }
 
+// The two norms' weights of a layer into shared memory, as async copies (cp.async; the
+// caller waits with cp.async.wait_all before reading them).
+__device__ __forceinline__ void stage_norms(const LayerPtrs& L, int H, __nv_bfloat16* nw_s) {
+  for (int k = threadIdx.x; k < H / 8; k += ST) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr(nw_s + 8 * k)),
+                 "l"(L.in_norm + 8 * k)
+                 : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr(nw_s + H + 8 * k)),
+                 "l"(L.post_norm + 8 * k)
+                 : "memory");
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Every layer of the step (see the top of the file): the stream in res0, ending in res1 with
+// the last layer's down in `down` (the final norm's delta).
 template <int G, bool DEFER>
 __device__ void decode_stream(const StreamParams& p) {
   extern __shared__ __align__(128) __nv_bfloat16 dyn[];
   __shared__ __align__(8) uint64_t full[WARPS][MAX_NS], empty[WARPS][MAX_NS];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int H = p.hidden, I = p.inter, nh = p.nkv * G, nhd = nh * HD;
+  const int H = p.hidden, I = p.inter, nh = p.nkv * G, nhd = nh * HD, NL = p.nlayers;
   const int nq = (nh + 2 * p.nkv) * HD;
-  const Mat mats[4] = {{p.w_qkv, nq, H, 1}, {p.w_o, H, nhd, 1}, {p.w_gu, I, H, 2}, {p.w_down, H, I, 1}};
-  const int stop = p.mode & 7;
   const bool work = (p.mode & 8) == 0;
   __nv_bfloat16* x_s = dyn + (size_t)WARPS * p.ns * PIECE;
   if (warp == WARPS) {
-    // The producer warp: the rings' mbarriers, then every compute warp's pieces.
+    // The copy warp: the rings' mbarriers, then every compute warp's pieces, layer by layer.
     if (lane < WARPS)
       for (int s = 0; s < p.ns; ++s) {
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&full[lane][s])) : "memory");
@@ -575,7 +588,7 @@ __device__ void decode_stream(const StreamParams& p) {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     __syncthreads();
     if (lane < WARPS && work)
-      produce(mats, dyn + (size_t)lane * p.ns * PIECE, full[lane], empty[lane], p.ns,
+      produce(p, nq, nhd, dyn + (size_t)lane * p.ns * PIECE, full[lane], empty[lane],
               blockIdx.x * WARPS + lane, gridDim.x * WARPS);
     return;
   }
@@ -588,63 +601,73 @@ __device__ void decode_stream(const StreamParams& p) {
   g.NW = gridDim.x * WARPS;
   g.lane = lane;
   g.used = 0;
-  const int total = work ? warp_pieces(mats, g.gw, g.NW) : 0;
-  // Before the wait: the two norms' weights into shared memory (weights only).
+  // The norms' weights, double-buffered by layer; layer 0's before the wait (weights only).
   __nv_bfloat16* nw_s = x_s + max(max(H, nhd), I);
-  for (int k = threadIdx.x; k < H / 8; k += ST) {
-    reinterpret_cast<uint4*>(nw_s)[k] = reinterpret_cast<const uint4*>(p.in_norm)[k];
-    reinterpret_cast<uint4*>(nw_s + H)[k] = reinterpret_cast<const uint4*>(p.post_norm)[k];
-  }
-  __syncthreads();  // the mbarriers are initialised (the producer's one block-wide barrier)
+  stage_norms(p.layers[0], H, nw_s);
+  __syncthreads();  // the mbarriers are initialised (the copy warp's one block-wide barrier)
   pdl_wait();
   const int ctx = (int)p.ctx_lens[0];
   const int S = layer_splits(ctx, p.splits);
-  prefetch_kv(p, p.nkv * S, S);
+  prefetch_kv(p, p.layers[0], p.nkv * S, S);
+  const unsigned long long bars = 4ull * NL - 1;  // grid barriers a launch
   __shared__ unsigned long long bases[2];
   if (threadIdx.x == 0) {
     const unsigned long long v = ld_acquire(p.sync), m = ld_acquire(p.sync + 1);
-    bases[0] = v - v % ((unsigned long long)BARS * gridDim.x);
-    bases[1] = m - m % (unsigned long long)p.nkv;
+    bases[0] = v - v % (bars * gridDim.x);
+    bases[1] = m - m % ((unsigned long long)p.nkv * NL);
   }
   csync();
-  const unsigned long long bar0 = bases[0], merged0 = bases[1];
-  // A stopped launch adds the arrivals of the barriers it skips and waits for its copies.
-  auto stop_after = [&](int k) {
-    if (threadIdx.x == 0 && k < BARS) atomicAdd(p.sync, (unsigned long long)(BARS - k));
-    drain(g, total);
+  unsigned long long bar = bases[0];
+  const unsigned long long merged0 = bases[1];
+  auto barrier = [&]() {
+    bar += gridDim.x;
+    grid_sync(p.sync, bar);
   };
-  // A
-  float inv = 1.f;
-  if (work) {
-    inv = stream_norm<DEFER>(p.res, p.delta, p.res1, nw_s, p.eps, p.add, H, x_s);
-    ring_rows<1>(g, mats, 0, x_s, inv, DEFER, p.qkv);
-  }
-  grid_sync(p.sync, bar0 + gridDim.x);
-  pdl_trigger();
-  if (stop == 1) return stop_after(1);
-  // B
-  if (work) attention_phase<G>(p, S);
-  else if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(p.sync + 1, (unsigned long long)p.nkv);
-  if (stop == 2) return stop_after(1);
-  // D
-  wait_count(p.sync + 1, merged0 + p.nkv);
-  if (work) {
-    stage(p.attn, nhd, x_s);
-    ring_rows<1>(g, mats, 1, x_s, 1.f, false, p.o);
-  }
-  grid_sync(p.sync, bar0 + 2ull * gridDim.x);
-  if (stop == 3) return stop_after(2);
-  // E
-  if (work) {
-    inv = stream_norm<DEFER>(p.res_mid, p.o, p.res2, nw_s + H, p.eps, 1, H, x_s);
-    ring_rows<2>(g, mats, 2, x_s, inv, DEFER, p.act);
-  }
-  grid_sync(p.sync, bar0 + 3ull * gridDim.x);
-  if (stop == 4) return stop_after(3);
-  // F
-  if (work) {
-    stage(p.act, I, x_s);
-    ring_rows<1>(g, mats, 3, x_s, 1.f, false, p.down);
+  for (int li = 0; li < NL; ++li) {
+    const LayerPtrs& L = p.layers[li];
+    Mat mats[4];
+    layer_mats(L, nq, H, nhd, I, mats);
+    // The stream: layer 0 reads res0 and adds nothing; every later layer reads res1 plus the
+    // down before it, leaves the first sum in res0 and the second in res1.
+    const bool add = li > 0;
+    __nv_bfloat16* res = add ? p.res1 : p.res0;
+    __nv_bfloat16* nw = nw_s + (li & 1) * 2 * H;
+    if (li == NL - 1) pdl_trigger();
+    // A
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    csync();
+    float inv = 1.f;
+    if (work) {
+      inv = stream_norm<DEFER>(res, p.down, p.res0, nw, p.eps, add, H, x_s);
+      ring_rows<1>(g, mats, 0, x_s, inv, DEFER, p.qkv);
+    }
+    barrier();
+    // B, and the next layer's norms and K/V pages on their way
+    if (li + 1 < NL) {
+      stage_norms(p.layers[li + 1], H, nw_s + ((li + 1) & 1) * 2 * H);
+      prefetch_kv(p, p.layers[li + 1], p.nkv * S, S);
+    }
+    if (work) attention_phase<G>(p, L, S);
+    else if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(p.sync + 1, (unsigned long long)p.nkv);
+    // D
+    wait_count(p.sync + 1, merged0 + (unsigned long long)(li + 1) * p.nkv);
+    if (work) {
+      stage(p.attn, nhd, x_s);
+      ring_rows<1>(g, mats, 1, x_s, 1.f, false, p.o);
+    }
+    barrier();
+    // E
+    if (work) {
+      inv = stream_norm<DEFER>(p.res0, p.o, p.res1, nw + H, p.eps, 1, H, x_s);
+      ring_rows<2>(g, mats, 2, x_s, inv, DEFER, p.act);
+    }
+    barrier();
+    // F
+    if (work) {
+      stage(p.act, I, x_s);
+      ring_rows<1>(g, mats, 3, x_s, 1.f, false, p.down);
+    }
+    if (li + 1 < NL) barrier();
   }
 }
 

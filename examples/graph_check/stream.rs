@@ -1,5 +1,5 @@
-//! `--stream-check`: the streamed decode layer (`KernelOptions::layer_stream`) against the
-//! five launches a layer, on the same weights and prompts: one row, 64 greedy steps a prompt,
+//! `--stream-check`: the streamed decode step (`KernelOptions::layer_stream`: every layer in
+//! one launch) against the five launches a layer, on the same weights and prompts: one row, 64 greedy steps a prompt,
 //! eagerly and on a 1-row graph, every path fed the five launches' tokens (so every step is
 //! compared). The matmuls sum as the skinny matmuls do but the attention is the CUDA-core
 //! loop (the five launches' default for one row is the tensor-core loop), so logits are

@@ -44,14 +44,14 @@ pub struct KernelFlags {
     /// `KernelOptions::smem_carveout` off).
     #[arg(long, conflicts_with = "smem_carveout")]
     pub no_smem_carveout: bool,
-    /// 1-row decode steps run each layer as one launch with its weights streamed into shared
+    /// 1-row decode steps run every layer in one launch with the weights streamed into shared
     /// memory, N 2 KB pieces in flight a warp (`KernelOptions::layer_stream`; 4 when no value
     /// is given; off by default).
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "4",
           value_parser = clap::value_parser!(u8).range(1..=10))]
     pub layer_stream: Option<u8>,
-    /// Profiling only: the streamed layer's mode (`KernelOptions::layer_stream_mode`; bits
-    /// 0-2 stop after phase 1-4, bit 3 the barriers alone; wrong outputs).
+    /// Profiling only: the streamed step's mode (`KernelOptions::layer_stream_mode`; 8: the
+    /// barriers alone; wrong outputs).
     #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..16))]
     pub layer_stream_mode: u8,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs

@@ -132,15 +132,16 @@ pub struct KernelOptions {
     /// kernels then had 28 KB of L1 (BENCHMARKS.md, #21). None: the driver's choice.
     pub smem_carveout: Option<u8>,
     /// 1-row pure decode steps on one rank (bf16 weights and KV cache, no adapter, dense
-    /// layers) run each layer as one launch of one 8-warp block per SM whose weights the copy
-    /// engine streams into shared memory ahead of the phase that reads them
-    /// (`kernels/decode_stream_sm90.cu`, H100/H200 only): each warp keeps this many 2 KB
-    /// pieces of its rows in flight, across phases, the phases apart behind grid barriers and
-    /// per-head counters. The matmuls sum as the skinny matmuls do. None (default): five
-    /// launches a layer (still being measured, #21).
+    /// layers, at most 40) run every layer in one launch of one block per SM (8 compute warps
+    /// and a copy warp) whose weights the copy engine streams into shared memory ahead of the
+    /// phase that reads them (`kernels/decode_stream_sm90.cu`, H100/H200 only): each compute
+    /// warp has a ring of this many 2 KB pieces of its rows, kept full across phases and
+    /// layers; the phases are apart behind grid barriers and per-head counters. The matmuls
+    /// sum as the skinny matmuls do. None (default): five launches a layer (still being
+    /// measured, #21).
     pub layer_stream: Option<u8>,
-    /// Profiling only (0 in the engine): the streamed layer's `mode` (bits 0-2 stop each
-    /// launch after phase 1-4, bit 3 runs its barriers alone; the outputs are then wrong).
+    /// Profiling only (0 in the engine): the streamed step's `mode` (bit 3 runs its barriers
+    /// alone; the outputs are then wrong).
     pub layer_stream_mode: u8,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`

@@ -30,11 +30,11 @@ pub struct LaunchOptions {
     /// (the skinny matmuls of `gemv.cu`, the fused attention's tensor-core kernels); None:
     /// the driver's choice a kernel.
     pub smem_carveout: Option<u8>,
-    /// 1-row decode steps run each dense layer as one launch, its weights streamed into
+    /// 1-row decode steps run every dense layer in one launch, the weights streamed into
     /// shared memory, this many 2 KB pieces in flight a warp (`kernels/decode_stream_sm90.cu`,
     /// sm_90, bf16); None: five launches a layer.
     pub layer_stream: Option<u8>,
-    /// Profiling only: the streamed layer's `mode` (`KernelOptions::layer_stream_mode`).
+    /// Profiling only: the streamed step's `mode` (`KernelOptions::layer_stream_mode`).
     pub layer_stream_mode: u8,
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).

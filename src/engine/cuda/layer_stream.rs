@@ -1,9 +1,10 @@
-//! The streamed decode layer (`kernels/decode_stream_sm90.cu`, `LaunchOptions::layer_stream`):
-//! a whole dense layer of a 1-row pure decode step in one launch of one 8-warp block per SM,
-//! its weights copied into shared memory by the copy engine ahead of the phase that reads
-//! them (each warp a ring of 2 KB pieces), its phases (norm + qkv, attention with the
-//! partitions' merge, o, norm + gate|up, down) apart behind grid barriers and per-head
-//! counters instead of five kernel boundaries. The matmuls sum as the skinny matmuls do.
+//! The streamed decode step (`kernels/decode_stream_sm90.cu`, `LaunchOptions::layer_stream`):
+//! every dense layer of a 1-row pure decode step in one launch of one block per SM (8
+//! compute warps and a copy warp), the weights copied into shared memory by the copy engine
+//! ahead of the phase that reads them (each compute warp a ring of 2 KB pieces, kept full
+//! across phases and layers), the phases (norm + qkv, attention with the partitions' merge,
+//! o, norm + gate|up, down) apart behind grid barriers and per-head counters instead of five
+//! kernel boundaries a layer. The matmuls sum as the skinny matmuls do.
 
 use std::sync::Arc;
 
@@ -85,22 +86,33 @@ impl StreamKernels {
     }
 }
 
-/// `StreamParams` of `kernels/decode_stream_sm90.cu` (pointers, then 64-bit, then 32-bit
-/// fields).
+/// Most layers a model served by the streamed step may have (its launch carries every
+/// layer's pointers by value).
+pub const LAYER_STREAM_MAX_LAYERS: usize = 40;
+
+/// `LayerPtrs` of `kernels/decode_stream_sm90.cu`.
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct StreamParams {
+#[derive(Debug, Clone, Copy, Default)]
+struct LayerPtrs {
+    /// qkv, o, gate|up, down.
     w: [u64; 4],
     in_norm: u64,
     post_norm: u64,
     q_w: u64,
     k_w: u64,
+    k_cache: u64,
+    v_cache: u64,
+}
+
+/// `StreamParams` of `kernels/decode_stream_sm90.cu` (pointers, then 64-bit, then 32-bit
+/// fields).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct StreamParams {
+    layers: [LayerPtrs; LAYER_STREAM_MAX_LAYERS],
     inv_freq: u64,
-    res: u64,
-    delta: u64,
+    res0: u64,
     res1: u64,
-    res_mid: u64,
-    res2: u64,
     qkv: u64,
     attn: u64,
     o: u64,
@@ -108,62 +120,64 @@ struct StreamParams {
     down: u64,
     pos: u64,
     slots: u64,
-    k_cache: u64,
-    v_cache: u64,
     block_tables: u64,
     ctx_lens: u64,
-    width: u64,
     part_acc: u64,
     part_ml: u64,
     sync: u64,
     counters: u64,
     num_slots: i64,
-    w_width: i32,
+    nlayers: i32,
     block_size: i32,
     nkv: i32,
     splits: i32,
     hidden: i32,
     inter: i32,
-    add: i32,
     eps: f32,
     qk_eps: f32,
     ns: i32,
     mode: i32,
-    pad: i32,
 }
-const _: () = assert!(std::mem::size_of::<StreamParams>() == 296);
-const _: () = assert!(std::mem::offset_of!(StreamParams, num_slots) == 240);
-const _: () = assert!(std::mem::offset_of!(StreamParams, w_width) == 248);
-const _: () = assert!(std::mem::offset_of!(StreamParams, eps) == 276);
+const _: () = assert!(std::mem::size_of::<LayerPtrs>() == 80);
+const _: () = assert!(std::mem::size_of::<StreamParams>() == 3376);
+const _: () = assert!(std::mem::offset_of!(StreamParams, num_slots) == 3328);
+const _: () = assert!(std::mem::offset_of!(StreamParams, eps) == 3360);
 
-/// One layer of a 1-row decode step for [`CudaKernels::decode_stream_into`]: its weights, the
-/// step's inputs and the buffers it writes.
+/// One dense layer's tensors for [`StreamStep`].
 pub struct StreamLayer<'a> {
     /// qkv `[(nh + 2 nkv) 128, H]`, o `[H, nh 128]`, gate|up `[2I, H]`, down `[H, I]`.
     pub weights: [&'a Tensor; 4],
-    /// The input and post-attention RMSNorm weights and their epsilon.
-    pub norms: (&'a Tensor, &'a Tensor, f64),
-    /// The q and k head norms (q pre-scaled by 1/sqrt(128)) and their epsilon.
-    pub qk_norms: (&'a Tensor, &'a Tensor, f64),
+    /// The input and post-attention RMSNorm weights.
+    pub norms: (&'a Tensor, &'a Tensor),
+    /// The q and k head norms (q pre-scaled by 1/sqrt(128)).
+    pub qk_norms: (&'a Tensor, &'a Tensor),
+    /// The layer's K and V caches (`[nkv, slots, 128]`, bf16).
+    pub caches: (&'a Tensor, &'a Tensor),
+}
+
+/// Every layer of a 1-row decode step for [`CudaKernels::decode_stream_into`]: the layers,
+/// the step's inputs and the buffers it writes.
+pub struct StreamStep<'a> {
+    /// The layers, in order (dense, at most [`LAYER_STREAM_MAX_LAYERS`]).
+    pub layers: Vec<StreamLayer<'a>>,
+    /// The RMSNorms' and the head norms' epsilon.
+    pub eps: (f64, f64),
     /// RoPE's inverse frequencies (f32 `[64]`).
     pub inv_freq: &'a Tensor,
-    /// The residual stream in, the previous layer's down (None for the first layer), the
-    /// stream after the first add, after the second (`[1, H]` each; the two sums in buffers
-    /// other than the one they read).
-    pub residual: (&'a Tensor, Option<&'a Tensor>, &'a Tensor, &'a Tensor),
+    /// The residual stream in (`[1, H]`: the embedding's output) and the other buffer, where
+    /// it ends (with the last layer's down still to add).
+    pub residual: (&'a Tensor, &'a Tensor),
     /// qkv, attention, o, SiLU * up and down outputs (`[1, ..]`).
     pub outs: [&'a Tensor; 5],
     /// Position and cache slot of the row (u32 `[1]`).
     pub pos_slots: (&'a Tensor, &'a Tensor),
-    /// The layer's K and V caches (`[nkv, slots, 128]`, bf16).
-    pub caches: (&'a Tensor, &'a Tensor),
     /// Block table (`[1, w]`), context length (`[1]`), the block size.
     pub tables: (&'a Tensor, &'a Tensor, usize),
     /// The attention partials (`[nh, splits, 128]` and `[nh, splits, 2]`, f32) and `splits`.
     pub scratch: (&'a Tensor, &'a Tensor, usize),
-    /// The grid barrier's and merged heads' counters (16 zeroed bytes the layer launches of
-    /// one forward share; [`CudaKernels::layer_stream_sync`]) and the per-head merge counters
-    /// (u32, at least `nkv`, zero).
+    /// The grid barrier's and merged heads' counters (16 zeroed bytes;
+    /// [`CudaKernels::layer_stream_sync`]) and the per-head merge counters (u32, at least
+    /// `nkv`, zero).
     pub sync: (&'a Tensor, &'a Tensor),
 }
 
@@ -190,9 +204,9 @@ impl CudaKernels {
             && piece(nh * hd)
     }
 
-    /// The counters of the streamed layer's grid barriers and merged heads (zeroed), when
-    /// the kernel is loaded: one pair a forward, shared by its layers' launches (they run one
-    /// after another on the stream).
+    /// The counters of the streamed step's grid barriers and merged heads (zeroed), when the
+    /// kernel is loaded: one pair a forward's buffers (its launches run one after another on
+    /// the stream).
     pub fn layer_stream_sync(&self) -> Result<Option<Tensor>> {
         if self.layer_stream.is_none() {
             return Ok(None);
@@ -201,56 +215,69 @@ impl CudaKernels {
         Ok(Some(Tensor::zeros(4, DType::U32, &dev)?))
     }
 
-    /// A whole dense 1-row decode layer in one launch (see [`StreamLayer`]).
-    pub fn decode_stream_into(&self, l: &StreamLayer<'_>) -> Result<()> {
+    /// Every dense layer of a 1-row decode step in one launch (see [`StreamStep`]).
+    pub fn decode_stream_into(&self, l: &StreamStep<'_>) -> Result<()> {
         let Some(sk) = &self.layer_stream else {
             return Err(kernel_err("decode_stream", "not loaded"));
         };
-        let (res, delta, res_mid, res2) = l.residual;
+        let (res0, res1) = l.residual;
         let (tables, ctx_lens, block_size) = l.tables;
         let (acc, ml, splits) = l.scratch;
-        let (k_cache, v_cache) = l.caches;
         let (sync, counters) = l.sync;
-        let (t, hidden) = res.dims2()?;
-        let (nkv, num_slots, hd) = k_cache.dims3()?;
+        let Some(first) = l.layers.first() else {
+            return Err(kernel_err("decode_stream", "no layers"));
+        };
+        let (t, hidden) = res0.dims2()?;
+        let (nkv, num_slots, hd) = first.caches.0.dims3()?;
         let nhd = l.outs[1].elem_count() / t.max(1);
         let nh = nhd / hd.max(1);
         let inter = l.outs[3].elem_count() / t.max(1);
         if !self.layer_stream_serves(t, (nh, nkv, hd), (hidden, inter))
+            || l.layers.len() > LAYER_STREAM_MAX_LAYERS
             || ctx_lens.elem_count() != 1
             || acc.elem_count() < nh * splits * hd
             || ml.elem_count() < nh * splits * 2
             || sync.elem_count() < 4
             || counters.elem_count() < nkv
-            || k_cache.dtype() != self.dtype
+            || first.caches.0.dtype() != self.dtype
         {
             return Err(kernel_err(
                 "decode_stream",
-                format!("rows {t} nh {nh} nkv {nkv} hd {hd} splits {splits}"),
+                format!(
+                    "rows {t} nh {nh} nkv {nkv} hd {hd} splits {splits} layers {}",
+                    l.layers.len()
+                ),
             ));
         }
         let deferred = hidden <= sk.deferred_max_k;
         let g = (nh / nkv).trailing_zeros() as usize;
         let func = &sk.fs[usize::from(deferred) * 3 + g];
         let p = |x: &Tensor| self.ptr(x);
+        let mut layers = [LayerPtrs::default(); LAYER_STREAM_MAX_LAYERS];
+        for (d, s) in layers.iter_mut().zip(&l.layers) {
+            if s.caches.0.dims3()? != (nkv, num_slots, hd) {
+                return Err(kernel_err("decode_stream", "caches of different shapes"));
+            }
+            *d = LayerPtrs {
+                w: [
+                    p(s.weights[0])?,
+                    p(s.weights[1])?,
+                    p(s.weights[2])?,
+                    p(s.weights[3])?,
+                ],
+                in_norm: p(s.norms.0)?,
+                post_norm: p(s.norms.1)?,
+                q_w: p(s.qk_norms.0)?,
+                k_w: p(s.qk_norms.1)?,
+                k_cache: p(s.caches.0)?,
+                v_cache: p(s.caches.1)?,
+            };
+        }
         let params = StreamParams {
-            w: [
-                p(l.weights[0])?,
-                p(l.weights[1])?,
-                p(l.weights[2])?,
-                p(l.weights[3])?,
-            ],
-            in_norm: p(l.norms.0)?,
-            post_norm: p(l.norms.1)?,
-            q_w: p(l.qk_norms.0)?,
-            k_w: p(l.qk_norms.1)?,
+            layers,
             inv_freq: p(l.inv_freq)?,
-            res: p(res)?,
-            delta: delta.map_or(Ok(0), p)?,
-            // Written only with a delta; then it is the stream after the first add.
-            res1: p(res_mid)?,
-            res_mid: p(if delta.is_some() { res_mid } else { res })?,
-            res2: p(res2)?,
+            res0: p(res0)?,
+            res1: p(res1)?,
             qkv: p(l.outs[0])?,
             attn: p(l.outs[1])?,
             o: p(l.outs[2])?,
@@ -258,39 +285,34 @@ impl CudaKernels {
             down: p(l.outs[4])?,
             pos: p(l.pos_slots.0)?,
             slots: p(l.pos_slots.1)?,
-            k_cache: p(k_cache)?,
-            v_cache: p(v_cache)?,
             block_tables: p(tables)?,
             ctx_lens: p(ctx_lens)?,
-            width: 0,
             part_acc: p(acc)?,
             part_ml: p(ml)?,
             sync: p(sync)?,
             counters: p(counters)?,
             num_slots: num_slots as i64,
-            w_width: tables.elem_count() as i32,
+            nlayers: l.layers.len() as i32,
             block_size: block_size as i32,
             nkv: nkv as i32,
             splits: splits as i32,
             hidden: hidden as i32,
             inter: inter as i32,
-            add: i32::from(delta.is_some()),
-            eps: l.norms.2 as f32,
-            qk_eps: l.qk_norms.2 as f32,
+            eps: l.eps.0 as f32,
+            qk_eps: l.eps.1 as f32,
             ns: sk.slots as i32,
             mode: sk.mode,
-            pad: 0,
         };
-        // The ring, the staged input row, the two norms' weights.
+        // The ring, the staged input row, the two norms' weights of two layers.
         let smem =
-            8 * sk.slots * LAYER_STREAM_PIECE * 2 + (hidden.max(nhd).max(inter) + 2 * hidden) * 2;
+            8 * sk.slots * LAYER_STREAM_PIECE * 2 + (hidden.max(nhd).max(inter) + 4 * hidden) * 2;
         let mut lb = self.launcher(func);
         lb.arg(&params);
         // SAFETY: `StreamParams` is the kernel's one parameter (same layout, sizes checked on
-        // both sides); the buffers are sized above; the grid is one block per SM of 288
-        // threads (8 compute warps and the copy warp), which fits an SM alone, so every block
-        // of the grid is resident at once (its grid barriers need it) once the launch before
-        // has left.
+        // both sides; 3,376 bytes, under the 4 KB every CUDA version takes); the buffers are
+        // sized above; the grid is one block per SM of 288 threads (8 compute warps and the
+        // copy warp), which fits an SM alone, so every block of the grid is resident at once
+        // (its grid barriers need it) once the launch before has left.
         unsafe {
             lb.launch(LaunchConfig {
                 grid_dim: (self.sms as u32, 1, 1),

@@ -268,15 +268,11 @@ impl KernelForward<'_> {
         let presum = lora.is_none() && comm.is_none() && trace.is_none();
         let mut presummed = false;
         let whole = lora.is_none() && comm.is_none() && trace.is_none();
-        let streamed = self.stream_step((inputs, plan, acts), cache, t, whole)?;
-        for (li, layer) in m.layers.iter().enumerate() {
-            if streamed
-                && let Some(next) =
-                    self.stream_launch(li, (inputs, acts, cache), cur, delta.as_ref())?
-            {
-                (cur, delta) = (next, Some(a.down.clone()));
-                continue;
-            }
+        let streamed = self.stream_layers((inputs, plan, acts), cache, whole)?;
+        if streamed {
+            (cur, delta) = (1, Some(a.down.clone()));
+        }
+        for (li, layer) in m.layers.iter().enumerate().filter(|_| !streamed) {
             let at = &layer.attn;
             let norm = &layer.input_norm;
             // Each skinny matmul prefetches the next one's weights into L2 (with
