@@ -176,39 +176,75 @@ __device__ __forceinline__ bool mbar_done(uint64_t* b, uint32_t parity) {
   return ok != 0;
 }
 
-// The producer: lane w of the block's last warp copies compute warp w's pieces, in the
+// Whether the mbarrier's phase of this parity has completed, without waiting.
+__device__ __forceinline__ bool mbar_test(uint64_t* b, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(ok)
+      : "r"(saddr(b)), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+
+// A copy lane's place in its compute warp's sequence of pieces: layer li, matmul m, the
+// warp's row r of it, piece q of the row (gate and up alternating for pairs).
+struct Cursor {
+  int li, m, r, q, issued;
+};
+
+// The producer: lane w (< 8) of the block's last warp copies compute warp w's pieces, in the
 // order that warp sums them, each into its slot once the piece before it there is summed.
-// It never waits on the kernel before (weights only) and never fences, so the compute warps'
-// barriers and fences do not wait on its copies.
+// The eight lanes poll without blocking and stay converged (a lane blocked on its own slot
+// does not hold the others back). It never waits on the kernel before (weights only) and
+// never fences, so the compute warps' barriers and fences do not wait for its copies.
 __device__ void produce(const StreamParams& p, int nq, int nhd, __nv_bfloat16* slots,
-                        uint64_t* full, uint64_t* empty, int gw, int NW) {
+                        uint64_t* full, uint64_t* empty, int gw, int NW, bool active) {
   const int ns = p.ns;
-  int issued = 0;
-  for (int li = 0; li < p.nlayers; ++li) {
-    Mat mats[4];
-    layer_mats(p.layers[li], nq, p.hidden, nhd, p.inter, mats);
-    for (int m = 0; m < 4; ++m) {
-      const Mat& a = mats[m];
-      const int R = warp_rows(a, gw, NW), Q = a.nr * (a.K / PIECE);
-      for (int r = 0; r < R; ++r)
-        for (int q = 0; q < Q; ++q, ++issued) {
-          const int s = issued % ns;
-          if (issued >= ns)
-            while (!mbar_done(empty + s, (uint32_t)(issued / ns - 1) & 1u)) {
-            }
-          const int row = gw + r * NW + (q % a.nr) * a.N;
-          const __nv_bfloat16* src = a.w + (size_t)row * a.K + (size_t)(q / a.nr) * PIECE;
-          const uint32_t bar = saddr(full + s);
-          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                       "r"(PIECE_BYTES)
-                       : "memory");
-          asm volatile(
-              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                  saddr(slots + (size_t)s * PIECE)),
-              "l"(src), "r"(PIECE_BYTES), "r"(bar)
-              : "memory");
-        }
+  Cursor c{0, 0, 0, 0, 0};
+  Mat mats[4];
+  layer_mats(p.layers[0], nq, p.hidden, nhd, p.inter, mats);
+  // Moves the cursor past matmuls (and layers) of which this warp has no rows.
+  auto settle = [&]() {
+    while (c.li < p.nlayers && warp_rows(mats[c.m], gw, NW) == 0) {
+      if (++c.m == 4) {
+        c.m = 0;
+        if (++c.li < p.nlayers) layer_mats(p.layers[c.li], nq, p.hidden, nhd, p.inter, mats);
+      }
     }
+  };
+  if (active) settle();
+  bool more = active && c.li < p.nlayers;
+  while (__any_sync(0xffu, more)) {
+    if (!more) continue;
+    const int s = c.issued % ns;
+    if (c.issued >= ns && !mbar_test(empty + s, (uint32_t)(c.issued / ns - 1) & 1u)) continue;
+    const Mat& a = mats[c.m];
+    const int row = gw + c.r * NW + (c.q % a.nr) * a.N;
+    const __nv_bfloat16* src = a.w + (size_t)row * a.K + (size_t)(c.q / a.nr) * PIECE;
+    const uint32_t bar = saddr(full + s);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                 "r"(PIECE_BYTES)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            saddr(slots + (size_t)s * PIECE)),
+        "l"(src), "r"(PIECE_BYTES), "r"(bar)
+        : "memory");
+    ++c.issued;
+    if (++c.q == a.nr * (a.K / PIECE)) {
+      c.q = 0;
+      if (++c.r == warp_rows(a, gw, NW)) {
+        c.r = 0;
+        if (++c.m == 4) {
+          c.m = 0;
+          if (++c.li < p.nlayers) layer_mats(p.layers[c.li], nq, p.hidden, nhd, p.inter, mats);
+        }
+        settle();
+      }
+    }
+    more = c.li < p.nlayers;
   }
 }
 
@@ -587,9 +623,11 @@ __device__ void decode_stream(const StreamParams& p) {
       }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     __syncthreads();
-    if (lane < WARPS && work)
-      produce(p, nq, nhd, dyn + (size_t)lane * p.ns * PIECE, full[lane], empty[lane],
-              blockIdx.x * WARPS + lane, gridDim.x * WARPS);
+    if (lane < WARPS) {
+      const int w = lane;
+      produce(p, nq, nhd, dyn + (size_t)w * p.ns * PIECE, full[w], empty[w],
+              blockIdx.x * WARPS + w, gridDim.x * WARPS, work);
+    }
     return;
   }
   Ring g;

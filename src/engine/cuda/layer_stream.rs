@@ -25,6 +25,16 @@ pub const LAYER_STREAM_MAX_SLOTS: u8 = 10;
 /// Loads a module from a fatbin, naming it in errors.
 type ModuleLoad<'a> = &'a dyn Fn(&[u8], &str) -> Result<Arc<CudaModule>>;
 
+/// Most dynamic shared memory a streamed step takes (with the attention's ~37 KB of static
+/// shared memory at GQA 4, within the H100/H200's 227 KB a block).
+const STREAM_MAX_SMEM: usize = 190 << 10;
+
+/// Dynamic shared memory of a streamed step: the rings (8 warps of `slots` 2 KB pieces), the
+/// staged input row, the two norms' weights of two layers.
+fn stream_smem(slots: usize, hidden: usize, nhd: usize, inter: usize) -> usize {
+    8 * slots * LAYER_STREAM_PIECE * 2 + (hidden.max(nhd).max(inter) + 4 * hidden) * 2
+}
+
 /// The loaded streamed-layer kernels.
 pub(crate) struct StreamKernels {
     /// `decode_stream_g{G}_{norm,dnorm}`, at `deferred * 3 + log2(G)`.
@@ -66,10 +76,10 @@ impl StreamKernels {
                 let f = m
                     .load_function(&name)
                     .map_err(|e| kernel_err(&format!("function {name}"), e))?;
-                // The ring (8 warps, up to 10 pieces of 2 KB) and the staged input rows.
+                // The ring, the staged input row and the norms' weights (`stream_smem`).
                 f.set_attribute(
                     A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    180 << 10,
+                    STREAM_MAX_SMEM as i32,
                 )
                 .map_err(|e| kernel_err("decode_stream shared memory", e))?;
                 fs.push(f);
@@ -184,7 +194,8 @@ pub struct StreamStep<'a> {
 impl CudaKernels {
     /// Whether [`CudaKernels::decode_stream_into`] serves a pure decode step of `rows` rows
     /// on a layer of `nh` query heads over `nkv` KV heads of `hd` dims whose matmuls have
-    /// `hidden` (at most 4,096) and `inter` inputs (bf16, sm_90, the option on).
+    /// `hidden` (at most 4,096) and `inter` inputs (bf16, sm_90, the option on, its rings
+    /// and rows within the shared memory a block has).
     pub fn layer_stream_serves(
         &self,
         rows: usize,
@@ -192,7 +203,9 @@ impl CudaKernels {
         (hidden, inter): (usize, usize),
     ) -> bool {
         let piece = |k: usize| k > 0 && k.is_multiple_of(LAYER_STREAM_PIECE);
-        self.layer_stream.is_some()
+        self.layer_stream
+            .as_ref()
+            .is_some_and(|s| stream_smem(s.slots, hidden, nh * hd, inter) <= STREAM_MAX_SMEM)
             && rows == 1
             && hd == 128
             && nkv > 0
@@ -303,9 +316,7 @@ impl CudaKernels {
             ns: sk.slots as i32,
             mode: sk.mode,
         };
-        // The ring, the staged input row, the two norms' weights of two layers.
-        let smem =
-            8 * sk.slots * LAYER_STREAM_PIECE * 2 + (hidden.max(nhd).max(inter) + 4 * hidden) * 2;
+        let smem = stream_smem(sk.slots, hidden, nhd, inter);
         let mut lb = self.launcher(func);
         lb.arg(&params);
         // SAFETY: `StreamParams` is the kernel's one parameter (same layout, sizes checked on
