@@ -75,7 +75,7 @@ struct StreamParams {
   float qk_eps;
   int ns;    // ring slots a warp
   // Profiling only (0 in the engine): bit 3 skips every phase's work (the barriers alone; the
-  // outputs are then wrong).
+  // outputs are then wrong); bit 4 prints the phases' times (SM cycles) of blocks 0 and 77.
   int mode;
 };
 static_assert(sizeof(LayerPtrs) == 80, "LayerPtrs layout");
@@ -268,8 +268,9 @@ __device__ __forceinline__ void release(Ring& g) {
 // This warp's rows of matmul `mi` (NR 1 or a SiLU pair), x in shared memory (K inputs),
 // scaled by inv when the norm was deferred: the sums of gemv.cuh's dot_rows in its order.
 template <int NR>
-__device__ void ring_rows(Ring& g, const Mat (&mats)[4], int mi, const __nv_bfloat16* x_s,
-                          float inv, bool defer, __nv_bfloat16* out) {
+__device__ long long ring_rows(Ring& g, const Mat (&mats)[4], int mi, const __nv_bfloat16* x_s,
+                               float inv, bool defer, __nv_bfloat16* out) {
+  long long waited = 0;
   const Mat& a = mats[mi];
   const int R = warp_rows(a, g.gw, g.NW), P = a.K / PIECE;
   for (int r = 0; r < R; ++r) {
@@ -279,7 +280,9 @@ __device__ void ring_rows(Ring& g, const Mat (&mats)[4], int mi, const __nv_bflo
     for (int pc = 0; pc < P; ++pc) {
 #pragma unroll
       for (int k = 0; k < NR; ++k) {
+        const long long t0 = clock64();
         const __nv_bfloat16* w = acquire(g);
+        waited += clock64() - t0;
 #pragma unroll
         for (int i = 0; i < PIECE / 256; ++i) {
           const int c = g.lane + 32 * i;
@@ -303,6 +306,7 @@ __device__ void ring_rows(Ring& g, const Mat (&mats)[4], int mi, const __nv_bflo
       out[g.gw + r * g.NW] = __float2bfloat16(v);
     }
   }
+  return waited;
 }
 
 // ---- Norms and staging --------------------------------------------------------------------
@@ -671,15 +675,24 @@ __device__ void decode_stream(const StreamParams& p) {
     __nv_bfloat16* res = add ? p.res1 : p.res0;
     __nv_bfloat16* nw = nw_s + (li & 1) * 2 * H;
     if (li == NL - 1) pdl_trigger();
+    // Profiling (mode bit 4): thread 0 of blocks 0 and 77 times the phases (SM cycles) of
+    // steps at positions that are multiples of 32 and prints them.
+    long long ts[13], wt[4] = {0, 0, 0, 0};
+    const bool trace = (p.mode & 16) && threadIdx.x == 0 && (blockIdx.x == 0 || blockIdx.x == 77) &&
+                       p.pos[0] % 32 == 0;
+    ts[0] = clock64();
     // A
     asm volatile("cp.async.wait_all;" ::: "memory");
     csync();
     float inv = 1.f;
     if (work) {
       inv = stream_norm<DEFER>(res, p.down, p.res0, nw, p.eps, add, H, x_s);
-      ring_rows<1>(g, mats, 0, x_s, inv, DEFER, p.qkv);
+      ts[1] = clock64();
+      wt[0] = ring_rows<1>(g, mats, 0, x_s, inv, DEFER, p.qkv);
     }
+    ts[2] = clock64();
     barrier();
+    ts[3] = clock64();
     // B, and the next layer's norms and K/V pages on their way
     if (li + 1 < NL) {
       stage_norms(p.layers[li + 1], H, nw_s + ((li + 1) & 1) * 2 * H);
@@ -687,25 +700,42 @@ __device__ void decode_stream(const StreamParams& p) {
     }
     if (work) attention_phase<G>(p, L, S);
     else if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(p.sync + 1, (unsigned long long)p.nkv);
+    ts[4] = clock64();
     // D
     wait_count(p.sync + 1, merged0 + (unsigned long long)(li + 1) * p.nkv);
+    ts[5] = clock64();
     if (work) {
       stage(p.attn, nhd, x_s);
-      ring_rows<1>(g, mats, 1, x_s, 1.f, false, p.o);
+      ts[6] = clock64();
+      wt[1] = ring_rows<1>(g, mats, 1, x_s, 1.f, false, p.o);
     }
+    ts[7] = clock64();
     barrier();
+    ts[8] = clock64();
     // E
     if (work) {
       inv = stream_norm<DEFER>(p.res0, p.o, p.res1, nw + H, p.eps, 1, H, x_s);
-      ring_rows<2>(g, mats, 2, x_s, inv, DEFER, p.act);
+      ts[9] = clock64();
+      wt[2] = ring_rows<2>(g, mats, 2, x_s, inv, DEFER, p.act);
     }
+    ts[10] = clock64();
     barrier();
+    ts[11] = clock64();
     // F
     if (work) {
       stage(p.act, I, x_s);
-      ring_rows<1>(g, mats, 3, x_s, 1.f, false, p.down);
+      wt[3] = ring_rows<1>(g, mats, 3, x_s, 1.f, false, p.down);
     }
+    ts[12] = clock64();
     if (li + 1 < NL) barrier();
+    if (trace && work)
+      printf("stream pos %u L%d b%d | A norm %lld qkv %lld (wait %lld) bar %lld | att %lld merged %lld"
+             " | o stage %lld o %lld (wait %lld) bar %lld | E norm %lld gu %lld (wait %lld) bar %lld"
+             " | F %lld (wait %lld) bar %lld\n",
+             p.pos[0], li, blockIdx.x, ts[1] - ts[0], ts[2] - ts[1], wt[0], ts[3] - ts[2],
+             ts[4] - ts[3], ts[5] - ts[4], ts[6] - ts[5], ts[7] - ts[6], wt[1], ts[8] - ts[7],
+             ts[9] - ts[8], ts[10] - ts[9], wt[2], ts[11] - ts[10], ts[12] - ts[11], wt[3],
+             clock64() - ts[12]);
   }
 }
 

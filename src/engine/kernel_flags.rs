@@ -51,8 +51,8 @@ pub struct KernelFlags {
           value_parser = clap::value_parser!(u8).range(1..=10))]
     pub layer_stream: Option<u8>,
     /// Profiling only: the streamed step's mode (`KernelOptions::layer_stream_mode`; 8: the
-    /// barriers alone; wrong outputs).
-    #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..16))]
+    /// barriers alone, wrong outputs; 16: print the phases' times of two blocks).
+    #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..32))]
     pub layer_stream_mode: u8,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).

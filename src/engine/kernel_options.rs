@@ -141,7 +141,7 @@ pub struct KernelOptions {
     /// measured, #21).
     pub layer_stream: Option<u8>,
     /// Profiling only (0 in the engine): the streamed step's `mode` (bit 3 runs its barriers
-    /// alone; the outputs are then wrong).
+    /// alone, the outputs then wrong; bit 4 prints the phases' times of two blocks).
     pub layer_stream_mode: u8,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
