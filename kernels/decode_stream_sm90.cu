@@ -75,7 +75,8 @@ struct StreamParams {
   float qk_eps;
   int ns;    // ring slots a warp
   // Profiling only (0 in the engine): bit 3 skips every phase's work (the barriers alone; the
-  // outputs are then wrong); bit 4 prints the phases' times (SM cycles) of blocks 0 and 77.
+  // outputs are then wrong); bit 4 prints the phases' times (SM cycles) of blocks 0 and 77;
+  // bit 5 copies the weights with L2's default policy instead of evict-first.
   int mode;
 };
 static_assert(sizeof(LayerPtrs) == 80, "LayerPtrs layout");
@@ -202,6 +203,14 @@ struct Cursor {
 __device__ void produce(const StreamParams& p, int nq, int nhd, __nv_bfloat16* slots,
                         uint64_t* full, uint64_t* empty, int gw, int NW, bool active) {
   const int ns = p.ns;
+  // Weights are read once a step: evict them from L2 first, so they do not push out the
+  // K/V pages prefetched for the attention or the activations (mode bit 5: the default
+  // policy, for measuring).
+  uint64_t policy;
+  if (p.mode & 32)
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   Cursor c{0, 0, 0, 0, 0};
   Mat mats[4];
   layer_mats(p.layers[0], nq, p.hidden, nhd, p.inter, mats);
@@ -228,9 +237,9 @@ __device__ void produce(const StreamParams& p, int nq, int nhd, __nv_bfloat16* s
                  "r"(PIECE_BYTES)
                  : "memory");
     asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-            saddr(slots + (size_t)s * PIECE)),
-        "l"(src), "r"(PIECE_BYTES), "r"(bar)
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1], %2, [%3], %4;" ::"r"(saddr(slots + (size_t)s * PIECE)),
+        "l"(src), "r"(PIECE_BYTES), "r"(bar), "l"(policy)
         : "memory");
     ++c.issued;
     if (++c.q == a.nr * (a.K / PIECE)) {
@@ -678,7 +687,7 @@ __device__ void decode_stream(const StreamParams& p) {
     // Profiling (mode bit 4): thread 0 of blocks 0 and 77 times the phases (SM cycles) of
     // steps at positions that are multiples of 32 and prints them.
     long long ts[13], wt[4] = {0, 0, 0, 0};
-    const bool trace = (p.mode & 16) && threadIdx.x == 0 && (blockIdx.x == 0 || blockIdx.x == 77) &&
+    const bool trace = (p.mode & 16) && threadIdx.x == 0 && (blockIdx.x == 0 || blockIdx.x == 77 || blockIdx.x == 5) &&
                        p.pos[0] % 32 == 0;
     ts[0] = clock64();
     // A

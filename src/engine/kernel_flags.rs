@@ -51,8 +51,9 @@ pub struct KernelFlags {
           value_parser = clap::value_parser!(u8).range(1..=10))]
     pub layer_stream: Option<u8>,
     /// Profiling only: the streamed step's mode (`KernelOptions::layer_stream_mode`; 8: the
-    /// barriers alone, wrong outputs; 16: print the phases' times of two blocks).
-    #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..32))]
+    /// barriers alone, wrong outputs; 16: print the phases' times of three blocks; 32: the
+    /// weights' copies on L2's default policy).
+    #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..64))]
     pub layer_stream_mode: u8,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).

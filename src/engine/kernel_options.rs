@@ -141,7 +141,8 @@ pub struct KernelOptions {
     /// measured, #21).
     pub layer_stream: Option<u8>,
     /// Profiling only (0 in the engine): the streamed step's `mode` (bit 3 runs its barriers
-    /// alone, the outputs then wrong; bit 4 prints the phases' times of two blocks).
+    /// alone, the outputs then wrong; bit 4 prints the phases' times of three blocks; bit 5
+    /// copies the weights on L2's default policy instead of evict-first).
     pub layer_stream_mode: u8,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
