@@ -28,7 +28,6 @@ const KERNELS: &[&str] = &[
     "moe_mma",
     "moe_route",
     "verify",
-    "decode_stream_sm90",
 ];
 
 fn main() {

@@ -20,13 +20,11 @@
 //! cargo build --release --features cuda --example graph_check
 //! .gpu/bench --write-model /tmp/m && .gpu/graph_check --model-dir /tmp/m
 //! .gpu/graph_check --model-dir /tmp/m --profile 1,2,8   # where a step's GPU time goes
-//! .gpu/graph_check --model-dir /tmp/m --stream-check    # the streamed layer vs five launches
 //! ```
 
 mod lora_profile;
 mod profile;
 mod rows;
-mod stream;
 mod stress;
 mod verify;
 
@@ -73,9 +71,6 @@ struct Args {
     /// eager step's row count as inside its graph bucket (`rows.rs`).
     #[arg(long)]
     rows_check: bool,
-    /// Only the streamed decode layer against the five launches a layer (`stream.rs`).
-    #[arg(long)]
-    stream_check: bool,
     /// The kernel switches (`--gemv-mma`, `--l2-prefetch`, ...).
     #[command(flatten)]
     kernels: policy_serve::engine::KernelFlags,
@@ -311,12 +306,6 @@ fn main() -> Res<()> {
     let mut fails = 0u32;
     if a.rows_check {
         rows::rows_check(&cfg, &dev, &mut fails)?;
-        println!("graph-check: {fails} failed");
-        std::process::exit(i32::from(fails > 0));
-    }
-    if a.stream_check {
-        drop(m);
-        stream::stream_check(&a, &cfg, &dev, &mut fails)?;
         println!("graph-check: {fails} failed");
         std::process::exit(i32::from(fails > 0));
     }

@@ -44,17 +44,6 @@ pub struct KernelFlags {
     /// `KernelOptions::smem_carveout` off).
     #[arg(long, conflicts_with = "smem_carveout")]
     pub no_smem_carveout: bool,
-    /// 1-row decode steps run every layer in one launch with the weights streamed into shared
-    /// memory, N 2 KB pieces in flight a warp (`KernelOptions::layer_stream`; 4 when no value
-    /// is given; off by default).
-    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "4",
-          value_parser = clap::value_parser!(u8).range(1..=10))]
-    pub layer_stream: Option<u8>,
-    /// Profiling only: the streamed step's mode (`KernelOptions::layer_stream_mode`; 8: the
-    /// barriers alone, wrong outputs; 16: print the phases' times of three blocks; 32: the
-    /// weights' copies on L2's default policy).
-    #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..64))]
-    pub layer_stream_mode: u8,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
@@ -246,8 +235,6 @@ impl KernelFlags {
             }),
             smem_carveout: (!self.no_smem_carveout)
                 .then(|| self.smem_carveout.unwrap_or(super::options::SMEM_CARVEOUT)),
-            layer_stream: self.layer_stream,
-            layer_stream_mode: self.layer_stream_mode,
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,
@@ -503,13 +490,5 @@ mod tests {
         );
         assert!(Cli::try_parse_from(["x", "--smem-carveout", "101"]).is_err());
         assert!(Cli::try_parse_from(["x", "--smem-carveout", "9", "--no-smem-carveout"]).is_err());
-        // The streamed layer: off unless asked for; 4 pieces a warp by default, 1-12.
-        assert_eq!(d.kernels.layer_stream, None);
-        assert_eq!(opts(&["x", "--layer-stream"]).kernels.layer_stream, Some(4));
-        assert_eq!(
-            opts(&["x", "--layer-stream", "6"]).kernels.layer_stream,
-            Some(6)
-        );
-        assert!(Cli::try_parse_from(["x", "--layer-stream", "11"]).is_err());
     }
 }

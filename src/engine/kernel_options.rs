@@ -131,19 +131,6 @@ pub struct KernelOptions {
     /// 8k unchanged. The same carveout for every kernel of ours lost 21% at batch 8, whose
     /// kernels then had 28 KB of L1 (BENCHMARKS.md, #21). None: the driver's choice.
     pub smem_carveout: Option<u8>,
-    /// 1-row pure decode steps on one rank (bf16 weights and KV cache, no adapter, dense
-    /// layers, at most 40) run every layer in one launch of one block per SM (8 compute warps
-    /// and a copy warp) whose weights the copy engine streams into shared memory ahead of the
-    /// phase that reads them (`kernels/decode_stream_sm90.cu`, H100/H200 only): each compute
-    /// warp has a ring of this many 2 KB pieces of its rows, kept full across phases and
-    /// layers; the phases are apart behind grid barriers and per-head counters. The matmuls
-    /// sum as the skinny matmuls do. None (default): five launches a layer (still being
-    /// measured, #21).
-    pub layer_stream: Option<u8>,
-    /// Profiling only (0 in the engine): the streamed step's `mode` (bit 3 runs its barriers
-    /// alone, the outputs then wrong; bit 4 prints the phases' times of three blocks; bit 5
-    /// copies the weights on L2's default policy instead of evict-first).
-    pub layer_stream_mode: u8,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
     /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one
@@ -362,8 +349,6 @@ impl Default for KernelOptions {
             norm_presum: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             smem_carveout: Some(SMEM_CARVEOUT),
-            layer_stream: None,
-            layer_stream_mode: 0,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,

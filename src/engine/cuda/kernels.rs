@@ -119,8 +119,6 @@ pub struct CudaKernels {
     pub(super) prefill_merge: Option<[CudaFunction; 4]>,
     /// Streaming multiprocessors of the GPU.
     pub(super) sms: usize,
-    /// The streamed decode layer (`LaunchOptions::layer_stream`, bf16, sm_90); None without.
-    pub(super) layer_stream: Option<super::layer_stream::StreamKernels>,
     /// Skinny matmuls for 1..=GEMV_MAX_ROWS rows (bf16 only; None without
     /// `LaunchOptions::gemv`).
     pub(super) gemv: Option<GemvSet>,
@@ -431,7 +429,6 @@ impl CudaKernels {
                 _ => None,
             },
             l2_prefetch: hopper && opts.l2_prefetch,
-            layer_stream: super::layer_stream::StreamKernels::load(opts, dtype, major == 9, &load)?,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,
             gqa8_split: opts.gqa8_split,

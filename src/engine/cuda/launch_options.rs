@@ -30,12 +30,6 @@ pub struct LaunchOptions {
     /// (the skinny matmuls of `gemv.cu`, the fused attention's tensor-core kernels); None:
     /// the driver's choice a kernel.
     pub smem_carveout: Option<u8>,
-    /// 1-row decode steps run every dense layer in one launch, the weights streamed into
-    /// shared memory, this many 2 KB pieces in flight a warp (`kernels/decode_stream_sm90.cu`,
-    /// sm_90, bf16); None: five launches a layer.
-    pub layer_stream: Option<u8>,
-    /// Profiling only: the streamed step's `mode` (`KernelOptions::layer_stream_mode`).
-    pub layer_stream_mode: u8,
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
     pub gemv_double_buffer: bool,
@@ -160,8 +154,6 @@ impl Default for LaunchOptions {
             norm_presum: true,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
-            layer_stream: None,
-            layer_stream_mode: 0,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,

@@ -5,8 +5,7 @@
 //! the logits' draws, log-probs and penalty (`logits_ops.rs`), LoRA deltas (`lora_ops.rs`; grouped by
 //! slot: `lora_grouped_ops.rs`; by runs of the tile table: `lora_runs.rs`; beside the base
 //! matmuls: `lora_overlap.rs`; as extra columns of them: `lora_wide.rs`), matmuls
-//! (`gemm.rs`), whole 1-row decode layers with their weights streamed into shared memory
-//! (`layer_stream.rs`), the experts of MoE layers (`moe_ops.rs`), the launcher (`launch.rs`, its options `launch_options.rs`), the fp8 KV
+//! (`gemm.rs`), the experts of MoE layers (`moe_ops.rs`), the launcher (`launch.rs`, its options `launch_options.rs`), the fp8 KV
 //! kernels' handles (`fp8.rs`), output buffers and timing events (`buffers.rs`) and id read-back (`readback.rs`). It knows nothing of
 //! models or serving: the forward built from these launches is `model::kernel_forward`, the
 //! CUDA graphs that replay it are `runner::graphs`.
@@ -32,7 +31,6 @@ mod kernels;
 mod launch;
 mod launch_options;
 mod layer_ops;
-mod layer_stream;
 mod logits_ops;
 mod lora_grouped_ops;
 mod lora_ops;
@@ -52,8 +50,6 @@ pub use gemm_presum::presum_len;
 pub use kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, LaunchOptions};
 pub(crate) use launch::kernel_err;
 pub use launch_options::{MMA_STAGES_BF16, MMA_STAGES_FP8};
-pub use layer_stream::{LAYER_STREAM_MAX_LAYERS, LAYER_STREAM_MAX_SLOTS, LAYER_STREAM_PIECE};
-pub(crate) use layer_stream::{StreamLayer, StreamStep};
 pub use lora_grouped_ops::{LORA_GROUPED_MIN_ROWS, LORA_GROUPED_SLICES, lora_scratch_cols};
 pub use lora_ops::{LORA_TILE, LORA_TILE_ONE_MAX, lora_tile};
 pub use lora_overlap::LORA_OVERLAP_MAX_RANK;

@@ -70,8 +70,6 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         norm_presum: opts.norm_presum,
         gemv_stream: opts.gemv_stream,
         smem_carveout: opts.smem_carveout,
-        layer_stream: opts.layer_stream,
-        layer_stream_mode: opts.layer_stream_mode,
         gemv_double_buffer: opts.gemv_double_buffer,
         gemv_split_k: opts.gemv_split_k,
         l2_prefetch: opts.l2_prefetch,

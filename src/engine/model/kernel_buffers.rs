@@ -77,9 +77,6 @@ pub(crate) struct Activations {
     /// Merge counters of the fused decode attention (one per row and head, kept zero), for
     /// the rows it serves (at most [`FUSED_MAX_ROWS`]).
     pub(super) counters: Tensor,
-    /// The streamed decode layer's grid-barrier and merged-head counters
-    /// (`CudaKernels::layer_stream_sync`), when that kernel is loaded.
-    pub(super) stream_sync: Option<Tensor>,
     /// The LoRA shrink's f32 scratch (`[t, 3 * rank]`), on a model with adapter slots.
     pub(crate) lora_y: Option<Tensor>,
     /// The wide matmuls' outputs (`[t, out + slots·P·R]` per group: qkv, o, gate|up, down),
@@ -137,7 +134,6 @@ impl Activations {
             )?,
             scratch: k.decode_scratch(nd, nh, splits)?,
             counters: k.decode_counters(t.min(FUSED_MAX_ROWS), nh)?,
-            stream_sync: k.layer_stream_sync()?,
             lora_y: match &m.lora {
                 Some(l) => {
                     let cols = crate::engine::cuda::lora_scratch_cols(l.rank(), k.lora_grouped());
@@ -178,7 +174,6 @@ impl Activations {
             ss: self.ss.clone(),
             scratch: self.scratch.clone(),
             counters: self.counters.clone(),
-            stream_sync: self.stream_sync.clone(),
             lora_y: self.lora_y.as_ref().map(n).transpose()?,
             lora_wide: match &self.lora_wide {
                 Some([a, b, c, d]) if t <= a.dim(0)? => Some([n(a)?, n(b)?, n(c)?, n(d)?]),

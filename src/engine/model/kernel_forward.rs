@@ -267,12 +267,7 @@ impl KernelForward<'_> {
         // norm left the sum in `residual[1 - cur]` and its squares in `a.ss`.
         let presum = lora.is_none() && comm.is_none() && trace.is_none();
         let mut presummed = false;
-        let whole = lora.is_none() && comm.is_none() && trace.is_none();
-        let streamed = self.stream_layers((inputs, plan, acts), cache, whole)?;
-        if streamed {
-            (cur, delta) = (1, Some(a.down.clone()));
-        }
-        for (li, layer) in m.layers.iter().enumerate().filter(|_| !streamed) {
+        for (li, layer) in m.layers.iter().enumerate() {
             let at = &layer.attn;
             let norm = &layer.input_norm;
             // Each skinny matmul prefetches the next one's weights into L2 (with

@@ -30,8 +30,6 @@ pub mod kernel_forward;
 #[cfg(feature = "cuda")]
 mod kernel_lora;
 #[cfg(feature = "cuda")]
-mod kernel_stream;
-#[cfg(feature = "cuda")]
 mod kernel_trace;
 pub mod kv_cache;
 #[cfg(feature = "cuda")]
