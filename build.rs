@@ -28,6 +28,7 @@ const KERNELS: &[&str] = &[
     "moe_mma",
     "moe_route",
     "verify",
+    "gemv_tma_sm90",
 ];
 
 fn main() {

@@ -53,7 +53,43 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     double_bits(&plain, &k, dev, t)?;
     mma_plain_dispatch(dev, t)?;
     super::presum::checks(dev, t)?;
+    tma_bits(dev, t)?;
     split_rows(dev, t)
+}
+
+/// The streamed 1-row matmul (`LaunchOptions::gemv_tma`, sm_90) against the default skinny
+/// matmuls, bit for bit (tolerance 0), at 1, 4 and 10 pieces a warp, over shapes where a warp
+/// takes several rows, one or none (7 rows), 0.6B's down among them (it serves 2,049-4,096
+/// inputs). On a GPU without sm_90 both are the default kernels.
+fn tma_bits(dev: &Device, t: &mut Table) -> Res<()> {
+    let dt = DType::BF16;
+    let def = CudaKernels::new(dev, dt, &LaunchOptions::default())?.ok_or("no kernels")?;
+    for ns in [1u8, 4, 10] {
+        let opts = LaunchOptions {
+            gemv_tma: Some(ns),
+            ..LaunchOptions::default()
+        };
+        let k = CudaKernels::new(dev, dt, &opts)?.ok_or("no kernels")?;
+        for &(n, kk) in &[
+            (1024usize, 3072usize),
+            (2048, 3072),
+            (1000, 4096),
+            (3000, 3072),
+            (7, 4096),
+        ] {
+            let x = randn(&[1, kk], dt, dev)?;
+            let w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;
+            let (o1, o2) = (
+                Tensor::zeros((1, n), dt, dev)?,
+                Tensor::zeros((1, n), dt, dev)?,
+            );
+            def.linear_into(&x, &w, &o1)?;
+            k.linear_into(&x, &w, &o2)?;
+            let name = format!("gemv_tma {ns} pieces a warp, n {n} k {kk} (bits of gemv.cu)");
+            t.check(name, max_diff(&o1, &o2)?, 0.0);
+        }
+    }
+    Ok(())
 }
 
 /// `LaunchOptions::gemv_mma_plain` (here weights of up to 4Mi elements) takes the tensor-core

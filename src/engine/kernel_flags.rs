@@ -44,6 +44,12 @@ pub struct KernelFlags {
     /// `KernelOptions::smem_carveout` off).
     #[arg(long, conflicts_with = "smem_carveout")]
     pub no_smem_carveout: bool,
+    /// The 1-row matmuls over more than 2,048 inputs (down) with their weights streamed into
+    /// shared memory, N 2 KB pieces in flight a warp (`KernelOptions::gemv_tma`; 4 when no
+    /// value is given; off by default).
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "4",
+          value_parser = clap::value_parser!(u8).range(1..=10))]
+    pub gemv_tma: Option<u8>,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
@@ -235,6 +241,7 @@ impl KernelFlags {
             }),
             smem_carveout: (!self.no_smem_carveout)
                 .then(|| self.smem_carveout.unwrap_or(super::options::SMEM_CARVEOUT)),
+            gemv_tma: self.gemv_tma,
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,
@@ -490,5 +497,10 @@ mod tests {
         );
         assert!(Cli::try_parse_from(["x", "--smem-carveout", "101"]).is_err());
         assert!(Cli::try_parse_from(["x", "--smem-carveout", "9", "--no-smem-carveout"]).is_err());
+        // The streamed 1-row matmul: off unless asked for; 4 pieces a warp by default, 1-10.
+        assert_eq!(d.kernels.gemv_tma, None);
+        assert_eq!(opts(&["x", "--gemv-tma"]).kernels.gemv_tma, Some(4));
+        assert_eq!(opts(&["x", "--gemv-tma", "8"]).kernels.gemv_tma, Some(8));
+        assert!(Cli::try_parse_from(["x", "--gemv-tma", "11"]).is_err());
     }
 }

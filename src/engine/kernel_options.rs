@@ -131,6 +131,12 @@ pub struct KernelOptions {
     /// 8k unchanged. The same carveout for every kernel of ours lost 21% at batch 8, whose
     /// kernels then had 28 KB of L1 (BENCHMARKS.md, #21). None: the driver's choice.
     pub smem_carveout: Option<u8>,
+    /// The 1-row plain matmuls over more than 2,048 inputs (a multiple of 1,024: down) run
+    /// on `kernels/gemv_tma_sm90.cu` (H100/H200): one block per SM, a copy warp streaming each
+    /// compute warp's rows into a ring of this many 2 KB shared-memory pieces from before the
+    /// wait on the kernel before; the same bits as the skinny matmuls. None (default): the
+    /// skinny matmuls (being measured, #21).
+    pub gemv_tma: Option<u8>,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
     /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one
@@ -349,6 +355,7 @@ impl Default for KernelOptions {
             norm_presum: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             smem_carveout: Some(SMEM_CARVEOUT),
+            gemv_tma: None,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,

@@ -100,6 +100,9 @@ impl CudaKernels {
             return Ok(());
         }
         let (px, pw, po) = (self.ptr(x)?, self.ptr(w)?, self.ptr(out)?);
+        if n_out <= GEMV_MAX_N && self.gemv_tma_into(t, (n_out, k), (pw, px, po))? {
+            return Ok(());
+        }
         // cuBLAS reads a wide matrix (lm_head) at least as fast (BENCHMARKS.md).
         if let Some(g) = self
             .gemv_for(0, t, (n_out, k))

@@ -30,6 +30,9 @@ pub struct LaunchOptions {
     /// (the skinny matmuls of `gemv.cu`, the fused attention's tensor-core kernels); None:
     /// the driver's choice a kernel.
     pub smem_carveout: Option<u8>,
+    /// The 1-row plain matmuls over more than 2,048 inputs on the streamed kernel
+    /// (`kernels/gemv_tma_sm90.cu`), this many 2 KB pieces in flight a warp; None: gemv.cu's.
+    pub gemv_tma: Option<u8>,
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
     pub gemv_double_buffer: bool,
@@ -154,6 +157,7 @@ impl Default for LaunchOptions {
             norm_presum: true,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
+            gemv_tma: None,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,

@@ -5,7 +5,7 @@
 //! the logits' draws, log-probs and penalty (`logits_ops.rs`), LoRA deltas (`lora_ops.rs`; grouped by
 //! slot: `lora_grouped_ops.rs`; by runs of the tile table: `lora_runs.rs`; beside the base
 //! matmuls: `lora_overlap.rs`; as extra columns of them: `lora_wide.rs`), matmuls
-//! (`gemm.rs`), the experts of MoE layers (`moe_ops.rs`), the launcher (`launch.rs`, its options `launch_options.rs`), the fp8 KV
+//! (`gemm.rs`; the 1-row matmul with its weights streamed into shared memory: `gemv_tma.rs`), the experts of MoE layers (`moe_ops.rs`), the launcher (`launch.rs`, its options `launch_options.rs`), the fp8 KV
 //! kernels' handles (`fp8.rs`), output buffers and timing events (`buffers.rs`) and id read-back (`readback.rs`). It knows nothing of
 //! models or serving: the forward built from these launches is `model::kernel_forward`, the
 //! CUDA graphs that replay it are `runner::graphs`.
@@ -26,6 +26,7 @@ mod buffers;
 mod fp8;
 mod gemm;
 mod gemm_presum;
+mod gemv_tma;
 mod handles;
 mod kernels;
 mod launch;
@@ -47,6 +48,7 @@ mod verify;
 pub use attention::{CLUSTER_MAX_ROWS, DECODE_CLUSTER, FUSED_MAX_ROWS, GQA8_SPLIT_MAX_ROWS};
 pub use buffers::GpuEvent;
 pub use gemm_presum::presum_len;
+pub use gemv_tma::GEMV_TMA_MAX_SLOTS;
 pub use kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, LaunchOptions};
 pub(crate) use launch::kernel_err;
 pub use launch_options::{MMA_STAGES_BF16, MMA_STAGES_FP8};

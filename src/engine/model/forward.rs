@@ -70,6 +70,7 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         norm_presum: opts.norm_presum,
         gemv_stream: opts.gemv_stream,
         smem_carveout: opts.smem_carveout,
+        gemv_tma: opts.gemv_tma,
         gemv_double_buffer: opts.gemv_double_buffer,
         gemv_split_k: opts.gemv_split_k,
         l2_prefetch: opts.l2_prefetch,
