@@ -4,77 +4,26 @@
 //! pieces full, from before the wait on the kernel before. The same sums in the same order as
 //! the skinny matmuls of `kernels/gemv.cu` (the same bits).
 
-use candle_core::DType;
-use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
-use std::sync::Arc;
+use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, LaunchConfig};
-
-use super::kernels::{CudaKernels, LaunchOptions};
+use super::handles::TMA_GEMV_MAX_SMEM;
+use super::kernels::CudaKernels;
 use super::launch::kernel_err;
 use crate::error::Result;
 
 /// Inputs a weight piece holds (2 KB of bf16); K must be a multiple.
 const PIECE: usize = 1024;
 /// Most ring slots (pieces in flight) a warp keeps.
-pub const GEMV_TMA_MAX_SLOTS: u8 = 10;
+pub const GEMV_TMA_MAX_SLOTS: u8 = super::handles::TMA_GEMV_MAX_SLOTS;
 /// The matmuls it serves: 1 row, more inputs than `MIN_K` and at most `MAX_K`, a multiple of
 /// [`PIECE`]: 0.6B's down (3,072). On the H200 0.6B batch 1 gained 3.8% with it, while 1.7B's
 /// down (6,144 inputs) lost 1.2% (the kernel alone 8.9 against 9.3 us; BENCHMARKS.md, #21).
 const MIN_K: usize = 2048;
 const MAX_K: usize = 4096;
 
-static GEMV_TMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_tma_sm90.fatbin"));
-
-/// Loads a module from a fatbin, naming it in errors.
-type ModuleLoad<'a> = &'a dyn Fn(&[u8], &str) -> Result<Arc<CudaModule>>;
-
-/// The loaded kernel and its ring's slots a warp.
-pub(crate) struct TmaGemv {
-    f: CudaFunction,
-    slots: usize,
-}
-
-impl TmaGemv {
-    /// The kernel when `opts.gemv_tma` asks for it on a bf16 model and an sm_90 GPU.
-    pub(super) fn load(
-        opts: &LaunchOptions,
-        dtype: DType,
-        sm90: bool,
-        load: ModuleLoad<'_>,
-    ) -> Result<Option<Self>> {
-        let Some(n) = opts.gemv_tma.filter(|_| dtype == DType::BF16) else {
-            return Ok(None);
-        };
-        if !sm90 {
-            tracing::warn!("gemv_tma needs an sm_90 GPU (H100/H200): the skinny matmuls instead");
-            return Ok(None);
-        }
-        let m = load(GEMV_TMA, "gemv_tma_sm90")?;
-        let f = m
-            .load_function("gemv_tma")
-            .map_err(|e| kernel_err("function gemv_tma", e))?;
-        f.set_attribute(
-            A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            200 << 10,
-        )
-        .map_err(|e| kernel_err("gemv_tma shared memory", e))?;
-        super::launch::carve([&f], 100);
-        Ok(Some(Self {
-            f,
-            slots: usize::from(n.clamp(1, GEMV_TMA_MAX_SLOTS)),
-        }))
-    }
-
-    /// Dynamic shared memory of a launch over `k` inputs: the rings and the input row.
-    fn smem(&self, k: usize) -> usize {
-        8 * self.slots * PIECE * 2 + k * 2
-    }
-}
-
 impl CudaKernels {
     /// `out[0] = x[0] · wᵀ` on the streamed kernel when it serves the shape (`t` rows of `k`
-    /// inputs, `n` outputs); false (nothing launched) when it does not.
+    /// inputs, `n` outputs) and the skinny matmuls are on; false (nothing launched) when not.
     pub(super) fn gemv_tma_into(
         &self,
         t: usize,
@@ -84,14 +33,10 @@ impl CudaKernels {
         let Some(g) = self.gemv_tma.as_ref() else {
             return Ok(false);
         };
-        let smem = g.smem(k);
-        if t != 1
-            || k <= MIN_K
-            || k > MAX_K
-            || !k.is_multiple_of(PIECE)
-            || smem > 200 << 10
-            || n == 0
-        {
+        // The rings (8 warps) and the input row.
+        let smem = 8 * g.slots * PIECE * 2 + k * 2;
+        let serves = t == 1 && k > MIN_K && k <= MAX_K && k.is_multiple_of(PIECE);
+        if !serves || smem > TMA_GEMV_MAX_SMEM || n == 0 || self.gemv.is_none() {
             return Ok(false);
         }
         let (n32, k32, ns) = (n as i32, k as i32, g.slots as i32);

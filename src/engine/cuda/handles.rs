@@ -12,6 +12,59 @@ use candle_core::{DType, Device, Tensor};
 use super::launch::kernel_err;
 use crate::error::Result;
 
+/// Most ring slots (2 KB pieces in flight) a warp of the streamed 1-row matmul keeps.
+pub(super) const TMA_GEMV_MAX_SLOTS: u8 = 10;
+/// Most dynamic shared memory a launch of the streamed 1-row matmul takes.
+pub(super) const TMA_GEMV_MAX_SMEM: usize = 200 << 10;
+
+/// Loads a module from a fatbin, naming it in errors.
+type ModuleLoad<'a> = &'a dyn Fn(&[u8], &str) -> Result<Arc<CudaModule>>;
+
+static GEMV_TMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_tma_sm90.fatbin"));
+
+/// The streamed 1-row matmul (`kernels/gemv_tma_sm90.cu`, `LaunchOptions::gemv_tma`; launched
+/// from `gemv_tma.rs`) and its ring's slots a warp.
+pub(crate) struct TmaGemv {
+    pub(super) f: CudaFunction,
+    pub(super) slots: usize,
+}
+
+impl TmaGemv {
+    /// The kernel when `slots` asks for it on a bf16 model and an sm_90 GPU, with the shared-
+    /// memory carveout of the 1-2-row kernels (`LaunchOptions::smem_carveout`); `load` loads a
+    /// module from a fatbin.
+    pub(super) fn load(
+        (slots, carveout): (Option<u8>, Option<u8>),
+        (dtype, sm90): (DType, bool),
+        load: ModuleLoad<'_>,
+    ) -> Result<Option<Self>> {
+        use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
+        let Some(n) = slots.filter(|_| dtype == DType::BF16) else {
+            return Ok(None);
+        };
+        if !sm90 {
+            tracing::warn!("gemv_tma needs an sm_90 GPU (H100/H200): the skinny matmuls instead");
+            return Ok(None);
+        }
+        let m = load(GEMV_TMA, "gemv_tma_sm90")?;
+        let f = m
+            .load_function("gemv_tma")
+            .map_err(|e| kernel_err("function gemv_tma", e))?;
+        f.set_attribute(
+            A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            TMA_GEMV_MAX_SMEM as i32,
+        )
+        .map_err(|e| kernel_err("gemv_tma shared memory", e))?;
+        if let Some(c) = carveout {
+            super::launch::carve([&f], c);
+        }
+        Ok(Some(Self {
+            f,
+            slots: usize::from(n.clamp(1, TMA_GEMV_MAX_SLOTS)),
+        }))
+    }
+}
+
 /// The skinny-matmul kernels of 1-2 rows an engine launches (`kernels/gemv.cu`; launched from
 /// `gemm.rs`) and how their grids are sized.
 pub(crate) struct GemvSet {
