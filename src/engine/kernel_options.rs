@@ -131,7 +131,7 @@ pub struct KernelOptions {
     /// 8k unchanged. The same carveout for every kernel of ours lost 21% at batch 8, whose
     /// kernels then had 28 KB of L1 (BENCHMARKS.md, #21). None: the driver's choice.
     pub smem_carveout: Option<u8>,
-    /// The 1-row plain matmuls over more than 2,048 inputs (a multiple of 1,024: down) run
+    /// The 1-row plain matmuls over 2,049-4,096 inputs (a multiple of 1,024: 0.6B's down) run
     /// on `kernels/gemv_tma_sm90.cu` (H100/H200): one block per SM, a copy warp streaming each
     /// compute warp's rows into a ring of this many 2 KB shared-memory pieces from before the
     /// wait on the kernel before; the same bits as the skinny matmuls. None (default): the

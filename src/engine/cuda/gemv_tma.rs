@@ -13,8 +13,6 @@ use crate::error::Result;
 
 /// Inputs a weight piece holds (2 KB of bf16); K must be a multiple.
 const PIECE: usize = 1024;
-/// Most ring slots (pieces in flight) a warp keeps.
-pub const GEMV_TMA_MAX_SLOTS: u8 = super::handles::TMA_GEMV_MAX_SLOTS;
 /// The matmuls it serves: 1 row, more inputs than `MIN_K` and at most `MAX_K`, a multiple of
 /// [`PIECE`]: 0.6B's down (3,072). On the H200 0.6B batch 1 gained 3.8% with it, while 1.7B's
 /// down (6,144 inputs) lost 1.2% (the kernel alone 8.9 against 9.3 us; BENCHMARKS.md, #21).

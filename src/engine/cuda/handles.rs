@@ -12,8 +12,9 @@ use candle_core::{DType, Device, Tensor};
 use super::launch::kernel_err;
 use crate::error::Result;
 
-/// Most ring slots (2 KB pieces in flight) a warp of the streamed 1-row matmul keeps.
-pub(super) const TMA_GEMV_MAX_SLOTS: u8 = 10;
+/// Most ring slots (2 KB pieces in flight) a warp of the streamed 1-row matmul keeps
+/// (`MAX_NS` of `kernels/gemv_tma_sm90.cu`).
+pub const GEMV_TMA_MAX_SLOTS: u8 = 10;
 /// Most dynamic shared memory a launch of the streamed 1-row matmul takes.
 pub(super) const TMA_GEMV_MAX_SMEM: usize = 200 << 10;
 
@@ -60,7 +61,7 @@ impl TmaGemv {
         }
         Ok(Some(Self {
             f,
-            slots: usize::from(n.clamp(1, TMA_GEMV_MAX_SLOTS)),
+            slots: usize::from(n.clamp(1, GEMV_TMA_MAX_SLOTS)),
         }))
     }
 }

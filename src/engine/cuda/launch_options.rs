@@ -30,7 +30,7 @@ pub struct LaunchOptions {
     /// (the skinny matmuls of `gemv.cu`, the fused attention's tensor-core kernels); None:
     /// the driver's choice a kernel.
     pub smem_carveout: Option<u8>,
-    /// The 1-row plain matmuls over more than 2,048 inputs on the streamed kernel
+    /// The 1-row plain matmuls over 2,049-4,096 inputs on the streamed kernel
     /// (`kernels/gemv_tma_sm90.cu`), this many 2 KB pieces in flight a warp; None: gemv.cu's.
     pub gemv_tma: Option<u8>,
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more

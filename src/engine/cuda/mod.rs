@@ -48,7 +48,7 @@ mod verify;
 pub use attention::{CLUSTER_MAX_ROWS, DECODE_CLUSTER, FUSED_MAX_ROWS, GQA8_SPLIT_MAX_ROWS};
 pub use buffers::GpuEvent;
 pub use gemm_presum::presum_len;
-pub use gemv_tma::GEMV_TMA_MAX_SLOTS;
+pub use handles::GEMV_TMA_MAX_SLOTS;
 pub use kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, LaunchOptions};
 pub(crate) use launch::kernel_err;
 pub use launch_options::{MMA_STAGES_BF16, MMA_STAGES_FP8};
