@@ -50,6 +50,10 @@ pub struct KernelFlags {
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "4",
           value_parser = clap::value_parser!(u8).range(1..=10))]
     pub gemv_tma: Option<u8>,
+    /// A 1-row step's add + RMSNorm + qkv matmul inside the fused decode attention's clusters
+    /// (`KernelOptions::attn_qkv`; off by default).
+    #[arg(long)]
+    pub attn_qkv: bool,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
@@ -242,6 +246,7 @@ impl KernelFlags {
             smem_carveout: (!self.no_smem_carveout)
                 .then(|| self.smem_carveout.unwrap_or(super::options::SMEM_CARVEOUT)),
             gemv_tma: self.gemv_tma,
+            attn_qkv: self.attn_qkv,
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,

@@ -137,6 +137,13 @@ pub struct KernelOptions {
     /// wait on the kernel before; the same bits as the skinny matmuls. None (default): the
     /// skinny matmuls (being measured, #21).
     pub gemv_tma: Option<u8>,
+    /// A 1-row decode step's add + RMSNorm + qkv matmul run inside the fused decode
+    /// attention's clusters (`kernels/fused_qkv.cuh`, H100/H200): each cluster of 16 blocks
+    /// computes its KV head's q, k and v rows from weights copied into shared memory before
+    /// the wait on the kernel before, and passes them round by a cluster barrier instead of a
+    /// launch boundary; the same bits as the skinny matmul. Serves GQA group 2 over bf16
+    /// caches without adapters or tensor parallelism. Default false (being measured, #21).
+    pub attn_qkv: bool,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
     /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one
@@ -356,6 +363,7 @@ impl Default for KernelOptions {
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: None,
+            attn_qkv: false,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,

@@ -30,7 +30,21 @@ pub(crate) struct FusedDecode {
     pub(super) mma: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_one: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_rows: usize,
+    /// The stages a warp of `mma`'s and `mma_one`'s kernels (0: not loaded).
+    pub(super) stages: (u8, u8),
+    /// With `LaunchOptions::attn_qkv` (bf16 caches, sm_90): the qkv phase's kernels
+    /// (`decode_fused_qkv{1,3}_{lean,mma1,mma2}_g2_bf16`), `[norm on the inputs, deferred]`
+    /// by `[CUDA-core loop, 1 stage, 2 stages]`, each allowing `ATTN_QKV_MAX_SMEM` of dynamic
+    /// shared memory.
+    pub(super) qkv: Option<[[CudaFunction; 3]; 2]>,
+    /// Whether the GPU holds a cluster a KV head at once, per (dynamic shared memory,
+    /// cluster size) of the qkv phase's launches (asked once each).
+    pub(super) qkv_fit: parking_lot::Mutex<Vec<(u32, usize, bool)>>,
 }
+
+/// Most dynamic shared memory of a `decode_fused_qkv*` launch (their ~19-28 KB of static
+/// shared memory on top stays within the H200's 227 KB a block).
+pub(crate) const ATTN_QKV_MAX_SMEM: u32 = 196 * 1024;
 
 impl FusedDecode {
     /// The kernels `opts` asks for over caches of `dt` ("bf16" or "fp8"): the lean kernels
@@ -85,11 +99,47 @@ impl FusedDecode {
             (Some(d), Some(one)) if one.clamp(1, 2) != d.clamp(1, 2) => Some(mma_set(one)?),
             _ => None,
         };
+        let stages = (
+            opts.fused_mma.map_or(0, |d| d.clamp(1, 2)),
+            match mma_one {
+                Some(_) => opts.fused_mma_one.map_or(0, |d| d.clamp(1, 2)),
+                None => 0,
+            },
+        );
+        let qkv = if opts.attn_qkv && hopper && dt == "bf16" {
+            let load = |name: String| -> Result<CudaFunction> {
+                let f = m
+                    .load_function(&name)
+                    .map_err(|e| kernel_err(&format!("function {name}"), e))?;
+                f.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+                    .map_err(|e| kernel_err("decode_fused_qkv cluster size", e))?;
+                let smem = ATTN_QKV_MAX_SMEM as i32;
+                f.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+                    .map_err(|e| kernel_err("decode_fused_qkv shared memory", e))?;
+                if let Some(c) = opts.smem_carveout {
+                    super::launch::carve([&f], c);
+                }
+                Ok(f)
+            };
+            let kinds = |n: u8| -> Result<[CudaFunction; 3]> {
+                Ok([
+                    load(format!("decode_fused_qkv{n}_lean_g2_bf16"))?,
+                    load(format!("decode_fused_qkv{n}_mma1_g2_bf16"))?,
+                    load(format!("decode_fused_qkv{n}_mma2_g2_bf16"))?,
+                ])
+            };
+            Some([kinds(1)?, kinds(3)?])
+        } else {
+            None
+        };
         Ok(Self {
             cores,
             mma,
             mma_one,
             mma_rows: crate::engine::batch::bucket_bound(opts.fused_mma_rows),
+            stages,
+            qkv,
+            qkv_fit: parking_lot::Mutex::new(Vec::new()),
         })
     }
 
@@ -104,6 +154,21 @@ impl FusedDecode {
             Some((fs, smem)) if short && rows <= self.mma_rows => (fs, *smem),
             _ => (&self.cores, 0),
         }
+    }
+
+    /// The qkv phase's kernel a 1-row launch takes (as [`FusedDecode::chosen`] chooses; its
+    /// norm's scale deferred to the sums when `deferred`, as the skinny matmuls do) and the
+    /// dynamic shared memory of the attention's part; None without `LaunchOptions::attn_qkv`.
+    pub(super) fn qkv_chosen(&self, short: bool, deferred: bool) -> Option<(&CudaFunction, u32)> {
+        let fs = &self.qkv.as_ref()?[usize::from(deferred)];
+        let (one, d) = match (&self.mma_one, self.stages) {
+            (Some(one), (_, d)) => (Some(one), d),
+            (None, (d, _)) => (self.mma.as_ref(), d),
+        };
+        Some(match one {
+            Some((_, smem)) if short && self.mma_rows >= 1 => (&fs[usize::from(d)], *smem),
+            _ => (&fs[0], 0),
+        })
     }
 }
 

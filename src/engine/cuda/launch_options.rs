@@ -33,6 +33,9 @@ pub struct LaunchOptions {
     /// The 1-row plain matmuls over 2,049-4,096 inputs on the streamed kernel
     /// (`kernels/gemv_tma_sm90.cu`), this many 2 KB pieces in flight a warp; None: gemv.cu's.
     pub gemv_tma: Option<u8>,
+    /// A 1-row step's add + RMSNorm + qkv matmul inside the fused decode attention
+    /// (`decode_fused_qkv*`, `kernels/fused_qkv.cuh`).
+    pub attn_qkv: bool,
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
     pub gemv_double_buffer: bool,
@@ -158,6 +161,7 @@ impl Default for LaunchOptions {
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
             gemv_tma: None,
+            attn_qkv: false,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,

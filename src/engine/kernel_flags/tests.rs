@@ -177,4 +177,7 @@ fn kernel_flags_become_kernel_options() {
     assert_eq!(opts(&["x", "--gemv-tma"]).kernels.gemv_tma, Some(4));
     assert_eq!(opts(&["x", "--gemv-tma", "8"]).kernels.gemv_tma, Some(8));
     assert!(Cli::try_parse_from(["x", "--gemv-tma", "11"]).is_err());
+    // The qkv matmul inside the fused attention: off unless asked for.
+    assert!(!d.kernels.attn_qkv);
+    assert!(opts(&["x", "--attn-qkv"]).kernels.attn_qkv);
 }
