@@ -205,28 +205,28 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     fetch(start);
   }
   // QKV: this block's rows of the cluster's qkv weights (see fused_qkv.cuh), before the wait.
-  constexpr int QR = (G + 2) * HD;  // qkv rows a cluster
-  const int qrb = QR / C, qrank = split % C;
+  const int qrank = split % C;
   __shared__ __align__(8) uint64_t qbar;
-  __shared__ __align__(16) T qkv_all[QKV ? QR : 1];
-  __shared__ __align__(16) T qkv_mine[QKV ? QKV_MAX_RB : 1];
+  __shared__ __align__(16) T qkv_all[QKV ? (G + 2) * HD : 1];
+  __shared__ __align__(16) T qkv_mine[QKV ? QRB : 1];
   __nv_bfloat16* qws = reinterpret_cast<__nv_bfloat16*>(dsm + qp.w_off);
+  uint4 qwr[QKV ? QRW : 1][REG_C];
   if constexpr (QKV > 0) {
-    const int r = qrank * qrb;  // the cluster's row r: q heads, then k, then v
+    const int r = qrank * QRB;  // the cluster's row r: q heads, then k, then v
     const int wrow = r < G * HD ? kh * G * HD + r
                      : r < (G + 1) * HD ? nh * HD + rk * HD + (r - G * HD)
                                         : (nh + nkr + rk) * HD + (r - (G + 1) * HD);
-    qkv_rows_load(qp, wrow, qrb, qws, &qbar);
+    qkv_rows_load(qp, wrow, qwr, qws, &qbar);
     __syncthreads();
   }
   pdl_wait();
   if constexpr (QKV > 0) {
-    __nv_bfloat16* x_s = qws + (size_t)qrb * qp.K;
+    __nv_bfloat16* x_s = reinterpret_cast<__nv_bfloat16*>(dsm + qp.x_off);
     const float inv = qkv_norm<QKV>(qp, x_s, b == 0 && kh == 0 && split == 0);
-    qkv_rows_wait(&qbar);  // (also before a return: no copy may outlive the block)
+    qkv_rows_wait(qp, &qbar);  // (also before a return: no copy may outlive the block)
     if (ctx != 0) {
       cluster_wait();  // every block of the cluster has started (the arrival above)
-      qkv_rows_sum<QKV>(qws, x_s, inv, qp.K, qrb, qrank, C, qkv_mine, qkv_all);
+      qkv_rows_sum<QKV>(qwr, qws, x_s, inv, qp.K, qrank, qkv_mine, qkv_all);
     }
   }
   if (stop == 1) {
@@ -388,7 +388,10 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   // the host launches accordingly).
   constexpr int CP = G <= 2 ? 16 : (G <= 4 ? 8 : 1);
   __shared__ float pM[CP][G], pL[CP][G];
-  __shared__ float pA[CP][G][HD];
+  // QKV: the partials in dynamic shared memory (at pa_off: the weight rows' space, once summed).
+  __shared__ float pA_[QKV ? 1 : CP][G][HD];
+  float(&pA)[CP][G][HD] = *reinterpret_cast<float(*)[CP][G][HD]>(
+      QKV ? reinterpret_cast<float*>(dsm + qp.pa_off) : &pA_[0][0][0]);
   const int rank = split % C;
   float* dM = nullptr;
   float* dL = nullptr;
@@ -474,7 +477,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       decode_fused##PRE##_g##G##_##NAME(const FusedDecodeParams p) {                            \
     decode_fused<G, KT, LEAN, MMA>(PS_FUSED_ARGS(KT), FusedQkvParams{});                        \
   }
-// The qkv phase's kernels (LaunchOptions::attn_qkv; QKV 1 or 3, GQA group 2, bf16 caches).
+// The qkv phase's kernels (LaunchOptions::attn_qkv; QKV 1 or 3, GQA group 2, bf16 caches),
+// two blocks an SM at most: their weights in registers may take up to 255 a thread.
 #define PS_DECODE_FUSED_QKV(N, MMA, BOUNDS, PRE)                                                \
   extern "C" __global__ void BOUNDS decode_fused_qkv##N##PRE##_g2_bf16(                         \
       const FusedDecodeParams p, const FusedQkvParams q) {                                      \
@@ -497,9 +501,9 @@ PS_DECODE_FUSED_ALL(true, 0, __launch_bounds__(THREADS), _lean)
 // MMA_STATES_BYTES) (attention_handles.rs).
 PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 4), _mma1)
 PS_DECODE_FUSED_ALL(true, 2, __launch_bounds__(THREADS, 2), _mma2)
-PS_DECODE_FUSED_QKV(1, 0, __launch_bounds__(THREADS), _lean)
-PS_DECODE_FUSED_QKV(3, 0, __launch_bounds__(THREADS), _lean)
-PS_DECODE_FUSED_QKV(1, 1, __launch_bounds__(THREADS, 4), _mma1)
-PS_DECODE_FUSED_QKV(3, 1, __launch_bounds__(THREADS, 4), _mma1)
+PS_DECODE_FUSED_QKV(1, 0, __launch_bounds__(THREADS, 2), _lean)
+PS_DECODE_FUSED_QKV(3, 0, __launch_bounds__(THREADS, 2), _lean)
+PS_DECODE_FUSED_QKV(1, 1, __launch_bounds__(THREADS, 2), _mma1)
+PS_DECODE_FUSED_QKV(3, 1, __launch_bounds__(THREADS, 2), _mma1)
 PS_DECODE_FUSED_QKV(1, 2, __launch_bounds__(THREADS, 2), _mma2)
 PS_DECODE_FUSED_QKV(3, 2, __launch_bounds__(THREADS, 2), _mma2)

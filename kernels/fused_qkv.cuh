@@ -3,19 +3,23 @@
 // that the qkv output reaches the attention through a cluster barrier instead of a launch
 // boundary. Included by fused_decode.cu after attention.cuh.
 //
-// The qkv phase. A cluster of C blocks serves one KV head: the (G + 2) * 128 rows of its G q
-// heads, its k and its v head, rb = that / C rows a block (a contiguous range of the weight).
-//  1. Before the wait on the kernel before (the weights are written by no kernel of the step),
-//     warp 0 copies the block's rb rows into dynamic shared memory (cp.async.bulk, a row a lane
-//     in turn, one mbarrier).
+// The qkv phase. A cluster of 16 blocks serves one KV head: the (G + 2) * 128 rows of its G q
+// heads, its k and its v head, QRB = 32 a block (a contiguous range of the weight), QRW = 8 a
+// warp (rows w, w + 4, ...).
+//  1. Before the wait on the kernel before (the weights are written by no kernel of the
+//     step), each lane loads its chunks (8 inputs) of the warp's rows among the first REG_K
+//     inputs into registers, as gemv.cuh's load_batch does (chunks l, l + 32, ...), and warp
+//     0 copies the rest of the block's rows (inputs REG_K ..) into dynamic shared memory
+//     (cp.async.bulk, one mbarrier). So the block fits twice on an SM: the GPU holds only 7
+//     clusters of 16 blocks at once at one block an SM, 8 are needed (cuOccupancy, H200).
 //  2. After it, every block norms the step's residual row (res + delta) into shared memory
 //     exactly as gemv.cu's norm kernels do with their 8 warps (norm_rows, or
 //     norm_rows_deferred for QKV 3: the same partial sums, the same order), and one block of
 //     the grid writes the summed residual to res_out.
-//  3. Each warp sums rows w, w + 4, ... of the block's rows as gemv.cuh's dot_rows does (lane l
-//     takes chunks l, l + 32, ...; fmaf over the 8 inputs of a chunk; the warp's butterfly)
-//     and rounds to bf16: the bits of the qkv matmul's output.
-//  4. The block's rb values go into every block's copy of the cluster's (G + 2) * 128 values
+//  3. Each warp sums its rows as gemv.cuh's dot_rows does (lane l takes chunks l, l + 32, ...
+//     in order; fmaf over the 8 inputs of a chunk; the warp's butterfly) and rounds to bf16:
+//     the bits of the qkv matmul's output.
+//  4. The block's 32 values go into every block's copy of the cluster's (G + 2) * 128 values
 //     (distributed shared memory), behind a cluster barrier.
 #pragma once
 
@@ -58,8 +62,9 @@ __device__ __forceinline__ V* cluster_peer(V* p, int rank) {
 
 // The qkv phase's inputs (`FusedQkvParams` of src/engine/cuda/params.rs): the qkv weight
 // [(nh + 2 nkv) * 128, K], the residual row, the delta added to it (add 1) and where the sum
-// goes, the norm's weight and eps, and the offset of the weight rows in dynamic shared memory
-// (after the attention's own; the normed row follows them).
+// goes, the norm's weight and eps, and where in dynamic shared memory (bytes) the rows' inputs
+// past REG_K go (w_off), the normed row (x_off) and the cluster merge's partials (pa_off; the
+// rows' space once they are summed, when it is large enough).
 struct FusedQkvParams {
   const __nv_bfloat16* w;
   const __nv_bfloat16* res;
@@ -70,44 +75,64 @@ struct FusedQkvParams {
   int add;
   int K;
   int w_off;
+  int x_off;
+  int pa_off;
 };
-static_assert(sizeof(FusedQkvParams) == 56, "FusedQkvParams layout");
+static_assert(sizeof(FusedQkvParams) == 64, "FusedQkvParams layout");
 
-constexpr int QKV_MAX_RB = 64;      // rows a block at most (the host checks)
-constexpr int NORM_THREADS = 256;   // the threads of gemv.cu's norm kernels (8 warps)
+constexpr int QRB = 32;            // rows a block (the host launches clusters of 16)
+constexpr int QRW = QRB / 4;       // rows a warp
+constexpr int REG_K = 1024;        // inputs a row held in registers (4 chunks a lane)
+constexpr int REG_C = REG_K / 256; // chunks a lane a row in registers
+constexpr int NORM_THREADS = 256;  // the threads of gemv.cu's norm kernels (8 warps)
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return (uint32_t)__cvta_generic_to_shared(p);
 }
 
-// Step 1 (thread 0 initialises `bar`; warp 0 issues the copies): rows r0 .. r0 + rb of w into
-// ws. The caller synchronizes the block before anyone waits on `bar`.
-__device__ __forceinline__ void qkv_rows_load(const FusedQkvParams& q, int r0, int rb,
-                                              __nv_bfloat16* ws, uint64_t* bar) {
+__device__ __forceinline__ uint4 ld_weights(const __nv_bfloat16* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// Step 1: this lane's register chunks of the warp's rows (block rows warp + 4 j, weight rows
+// r0 + that), and (thread 0 initialises `bar`; warp 0 issues the copies) the rows' inputs
+// past REG_K into ws. The caller synchronizes the block before anyone waits on `bar`.
+__device__ __forceinline__ void qkv_rows_load(const FusedQkvParams& q, int r0,
+                                              uint4 (&wr)[QRW][REG_C], __nv_bfloat16* ws,
+                                              uint64_t* bar) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < QRW; ++j)
+#pragma unroll
+    for (int i = 0; i < REG_C; ++i)
+      wr[j][i] = ld_weights(q.w + (size_t)(r0 + warp + 4 * j) * q.K + (lane + 32 * i) * 8);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (threadIdx.x >= 32) return;
-  const uint32_t row_bytes = (uint32_t)q.K * 2;
-  if (threadIdx.x == 0) {
+  if (warp != 0 || q.K <= REG_K) return;
+  const uint32_t row_bytes = (uint32_t)(q.K - REG_K) * 2;
+  if (lane == 0) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
-                 "r"(row_bytes * (uint32_t)rb)
+                 "r"(row_bytes * (uint32_t)QRB)
                  : "memory");
   }
   __syncwarp();
-  for (int i = threadIdx.x; i < rb; i += 32)
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-        ::"r"(smem_u32(ws + (size_t)i * q.K)),
-        "l"(q.w + (size_t)(r0 + i) * q.K), "r"(row_bytes), "r"(smem_u32(bar))
-        : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      ::"r"(smem_u32(ws + (size_t)lane * (q.K - REG_K))),
+      "l"(q.w + (size_t)(r0 + lane) * q.K + REG_K), "r"(row_bytes), "r"(smem_u32(bar))
+      : "memory");
 #endif
 }
 
-// Every thread: until the rows of step 1 are in shared memory.
-__device__ __forceinline__ void qkv_rows_wait(uint64_t* bar) {
+// Every thread: until the copies of step 1 are in shared memory (none when K <= REG_K).
+__device__ __forceinline__ void qkv_rows_wait(const FusedQkvParams& q, uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t ok = 0;
+  uint32_t ok = q.K <= REG_K;
   while (!ok)
     asm volatile(
         "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
@@ -164,33 +189,40 @@ __device__ float qkv_norm(const FusedQkvParams& q, __nv_bfloat16* x_s, bool writ
   return inv;
 }
 
-// Steps 3 and 4: the block's rb rows (ws) against x_s into mine, then into slots rank * rb ..
-// of every block's `all` (cluster barrier included: on return every block's `all` is whole).
-// The caller has waited for every block of the cluster to have started.
+// Steps 3 and 4: the warp's rows (registers wr, then ws past REG_K) against x_s into mine,
+// then into slots rank * QRB .. of every block's `all` (cluster barrier included: on return
+// every block's `all` is whole). The caller has waited for every block of the cluster to have
+// started.
 template <int QKV>
-__device__ void qkv_rows_sum(const __nv_bfloat16* ws, const __nv_bfloat16* x_s, float inv, int K,
-                             int rb, int rank, int C, __nv_bfloat16* mine,
-                             __nv_bfloat16* all) {
+__device__ void qkv_rows_sum(const uint4 (&wr)[QRW][REG_C], const __nv_bfloat16* ws,
+                             const __nv_bfloat16* x_s, float inv, int K, int rank,
+                             __nv_bfloat16* mine, __nv_bfloat16* all) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = warp; r < rb; r += THREADS / 32) {
-    const __nv_bfloat16* wr = ws + (size_t)r * K;
+#pragma unroll
+  for (int j = 0; j < QRW; ++j) {
+    const int r = warp + 4 * j;
     float acc = 0.f;
-    for (int c = lane; c < K / 8; c += 32) {
+    auto chunk = [&](uint4 wv, int c) {
       float wf[8], xf[8];
-      bf16x8_to_f32(reinterpret_cast<const uint4*>(wr)[c], wf);
+      bf16x8_to_f32(wv, wf);
       bf16x8_to_f32(reinterpret_cast<const uint4*>(x_s)[c], xf);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc = fmaf(wf[j], xf[j], acc);
-    }
+      for (int e = 0; e < 8; ++e) acc = fmaf(wf[e], xf[e], acc);
+    };
+#pragma unroll
+    for (int i = 0; i < REG_C; ++i) chunk(wr[j][i], lane + 32 * i);
+    const uint4* wsr = reinterpret_cast<const uint4*>(ws + (size_t)r * (K - REG_K));
+    for (int c = lane + REG_K / 8; c < K / 8; c += 32) chunk(wsr[c - REG_K / 8], c);
     acc = warp_sum(acc);
     if (QKV == 3) acc *= inv;
     if (lane == 0) mine[r] = __float2bfloat16(acc);
   }
   __syncthreads();
-  const int pieces = rb / 8;  // 16-byte pieces a block's values
-  for (int i = threadIdx.x; i < C * pieces; i += THREADS) {
-    const int peer = i / pieces, pc = i % pieces;
-    *cluster_peer(reinterpret_cast<uint4*>(all + rank * rb) + pc, peer) =
+  constexpr int PIECES = QRB / 8;  // 16-byte pieces a block's values
+  const int C = cluster_blocks();
+  for (int i = threadIdx.x; i < C * PIECES; i += THREADS) {
+    const int peer = i / PIECES, pc = i % PIECES;
+    *cluster_peer(reinterpret_cast<uint4*>(all + rank * QRB) + pc, peer) =
         reinterpret_cast<const uint4*>(mine)[pc];
   }
   cluster_arrive();

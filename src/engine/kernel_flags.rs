@@ -45,11 +45,13 @@ pub struct KernelFlags {
     #[arg(long, conflicts_with = "smem_carveout")]
     pub no_smem_carveout: bool,
     /// The 1-row matmuls over 2,049-4,096 inputs (0.6B's down) with their weights streamed into
-    /// shared memory, N 2 KB pieces in flight a warp (`KernelOptions::gemv_tma`; 4 when no
-    /// value is given; off by default).
-    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "4",
-          value_parser = clap::value_parser!(u8).range(1..=10))]
+    /// shared memory, N 2 KB pieces in flight a warp (`KernelOptions::gemv_tma`; default 4).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=10))]
     pub gemv_tma: Option<u8>,
+    /// The 1-row matmuls over 2,049-4,096 inputs on the skinny matmuls (turns
+    /// `KernelOptions::gemv_tma` off).
+    #[arg(long, conflicts_with = "gemv_tma")]
+    pub no_gemv_tma: bool,
     /// A 1-row step's add + RMSNorm + qkv matmul inside the fused decode attention's clusters
     /// (`KernelOptions::attn_qkv`; off by default).
     #[arg(long)]
@@ -245,7 +247,8 @@ impl KernelFlags {
             }),
             smem_carveout: (!self.no_smem_carveout)
                 .then(|| self.smem_carveout.unwrap_or(super::options::SMEM_CARVEOUT)),
-            gemv_tma: self.gemv_tma,
+            gemv_tma: (!self.no_gemv_tma)
+                .then(|| self.gemv_tma.unwrap_or(super::options::GEMV_TMA_PIECES)),
             attn_qkv: self.attn_qkv,
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,

@@ -77,6 +77,11 @@ pub const FUSED_MMA_ONE: u8 = 2;
 /// 512-token prompts +1-3% on 0.6B, +3% on 1.7B; after 2k-4k +3-4%; BENCHMARKS.md, #21).
 pub const SMEM_CARVEOUT: u8 = 100;
 
+/// Default pieces in flight a warp of the streamed 1-row matmul ([`KernelOptions::gemv_tma`]):
+/// four (on the H200 0.6B batch 1 after 512-token prompts 1,306-1,310 against 1,262-1,267
+/// tok/s, eight 1,218-1,226; its bits equal the skinny matmul's: BENCHMARKS.md, #21).
+pub const GEMV_TMA_PIECES: u8 = 4;
+
 /// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
 pub const GEMV_STREAM_BLOCKS: u8 = 2;
@@ -134,8 +139,9 @@ pub struct KernelOptions {
     /// The 1-row plain matmuls over 2,049-4,096 inputs (a multiple of 1,024: 0.6B's down) run
     /// on `kernels/gemv_tma_sm90.cu` (H100/H200): one block per SM, a copy warp streaming each
     /// compute warp's rows into a ring of this many 2 KB shared-memory pieces from before the
-    /// wait on the kernel before; the same bits as the skinny matmuls. None (default): the
-    /// skinny matmuls (being measured, #21).
+    /// wait on the kernel before; the same bits as the skinny matmuls (`kernel_check
+    /// --gemv-only`). Default `Some(GEMV_TMA_PIECES)`; None: the skinny matmuls. Rows of other
+    /// widths take the skinny matmuls (1.7B's down, 6,144 inputs, lost 1.2% on it).
     pub gemv_tma: Option<u8>,
     /// A 1-row decode step's add + RMSNorm + qkv matmul run inside the fused decode
     /// attention's clusters (`kernels/fused_qkv.cuh`, H100/H200): each cluster of 16 blocks
@@ -362,7 +368,7 @@ impl Default for KernelOptions {
             norm_presum: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             smem_carveout: Some(SMEM_CARVEOUT),
-            gemv_tma: None,
+            gemv_tma: Some(GEMV_TMA_PIECES),
             attn_qkv: false,
             gemv_double_buffer: true,
             gemv_split_k: false,

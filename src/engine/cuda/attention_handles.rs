@@ -37,13 +37,22 @@ pub(crate) struct FusedDecode {
     /// by `[CUDA-core loop, 1 stage, 2 stages]`, each allowing `ATTN_QKV_MAX_SMEM` of dynamic
     /// shared memory.
     pub(super) qkv: Option<[[CudaFunction; 3]; 2]>,
-    /// Whether the GPU holds a cluster a KV head at once, per (dynamic shared memory,
-    /// cluster size) of the qkv phase's launches (asked once each).
-    pub(super) qkv_fit: parking_lot::Mutex<Vec<(u32, usize, bool)>>,
+    /// Whether the GPU holds a cluster a KV head at once, per (stages, dynamic shared
+    /// memory, KV heads) of the qkv phase's launches (asked once each).
+    pub(super) qkv_fit: parking_lot::Mutex<Vec<(u8, u32, usize, bool)>>,
 }
 
-/// Most dynamic shared memory of a `decode_fused_qkv*` launch (their ~19-28 KB of static
-/// shared memory on top stays within the H200's 227 KB a block).
+/// The dynamic shared memory of the fused attention's tensor-core kernels of `d` stages over
+/// caches of `elem` bytes an element: 4 warps x stages x a chunk's K and V (16 rows of 128
+/// dims), at least the warps' or half-warps' states (MMA_STATES_BYTES of
+/// kernels/decode_mma.cuh).
+pub(super) fn mma_smem(d: u8, elem: u32) -> u32 {
+    (4 * u32::from(d) * 2 * 16 * 128 * elem).max(33_280)
+}
+
+/// Most dynamic shared memory of a `decode_fused_qkv*` launch (their 3-11 KB of static
+/// shared memory on top stays within the H200's 227 KB a block; a launch serves only where
+/// two blocks fit an SM, see `attention_qkv.rs`).
 pub(crate) const ATTN_QKV_MAX_SMEM: u32 = 196 * 1024;
 
 impl FusedDecode {
@@ -84,9 +93,7 @@ impl FusedDecode {
         let mma_set = |d: u8| -> Result<([CudaFunction; 4], u32)> {
             let d = d.clamp(1, 2);
             let elem = if dt == "fp8" { 1 } else { 2 };
-            // 4 warps x stages x a chunk's K and V (16 rows of 128 dims), at least the
-            // warps' or half-warps' states (MMA_STATES_BYTES of kernels/decode_mma.cuh).
-            let smem = (4 * d as u32 * 2 * 16 * 128 * elem).max(33_280);
+            let smem = mma_smem(d, elem);
             let fs = set(&format!("decode_fused_mma{d}"), smem)?;
             // They serve 1-2-row steps only (`fused_mma_rows`), as the skinny matmuls do.
             if let Some(c) = opts.smem_carveout {
@@ -156,19 +163,23 @@ impl FusedDecode {
         }
     }
 
-    /// The qkv phase's kernel a 1-row launch takes (as [`FusedDecode::chosen`] chooses; its
-    /// norm's scale deferred to the sums when `deferred`, as the skinny matmuls do) and the
-    /// dynamic shared memory of the attention's part; None without `LaunchOptions::attn_qkv`.
-    pub(super) fn qkv_chosen(&self, short: bool, deferred: bool) -> Option<(&CudaFunction, u32)> {
+    /// The stages a warp of the tensor-core kernels a 1-row launch takes (as
+    /// [`FusedDecode::chosen`] chooses; 0: the CUDA-core loop's kernels).
+    pub(super) fn stages_one(&self) -> u8 {
+        match (&self.mma_one, self.stages) {
+            _ if self.mma_rows == 0 => 0,
+            (Some(_), (_, d)) => d,
+            (None, (d, _)) => d,
+        }
+    }
+
+    /// The qkv phase's kernel of `stages` (0: the CUDA-core loop; its norm's scale deferred
+    /// to the sums when `deferred`, as the skinny matmuls do) and the dynamic shared memory
+    /// of the attention's own part; None without `LaunchOptions::attn_qkv`.
+    pub(super) fn qkv_kernel(&self, stages: u8, deferred: bool) -> Option<(&CudaFunction, u32)> {
         let fs = &self.qkv.as_ref()?[usize::from(deferred)];
-        let (one, d) = match (&self.mma_one, self.stages) {
-            (Some(one), (_, d)) => (Some(one), d),
-            (None, (d, _)) => (self.mma.as_ref(), d),
-        };
-        Some(match one {
-            Some((_, smem)) if short && self.mma_rows >= 1 => (&fs[usize::from(d)], *smem),
-            _ => (&fs[0], 0),
-        })
+        let d = stages.min(2);
+        Some((&fs[usize::from(d)], if d == 0 { 0 } else { mma_smem(d, 2) }))
     }
 }
 

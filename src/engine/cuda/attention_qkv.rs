@@ -21,71 +21,120 @@ pub type QkvInput<'a> = (
     &'a Tensor,
 );
 
-/// Most qkv rows a block of the qkv phase sums (`QKV_MAX_RB` of `kernels/fused_qkv.cuh`).
-const QKV_MAX_ROWS_A_BLOCK: usize = 64;
+/// Rows a block of the qkv phase sums, in clusters of 16 (`QRB` of
+/// `kernels/fused_qkv.cuh`), and the inputs a row it holds in registers (`REG_K`).
+const QKV_ROWS_A_BLOCK: usize = 32;
+const QKV_REG_K: usize = 1024;
+
+/// Bytes of the cluster merge's partials of a block (16 blocks x 2 heads x 128 f32).
+const MERGE_PARTIALS: usize = 16 * 2 * 128 * 4;
+
+/// A qkv-phase launch's dynamic shared memory after the attention's own `base` bytes, for
+/// rows of `k` inputs: (where the rows' inputs past `QKV_REG_K` go, the normed row, the
+/// merge's partials, the total). The partials reuse the rows' space when it is large enough.
+fn qkv_layout(base: usize, k: usize) -> (usize, usize, usize, usize) {
+    let rows = QKV_ROWS_A_BLOCK * (k - QKV_REG_K) * 2;
+    let x = base + rows;
+    let end = x + k * 2;
+    if rows >= MERGE_PARTIALS {
+        (base, x, base, end)
+    } else {
+        let pa = end.next_multiple_of(16);
+        (base, x, pa, pa + MERGE_PARTIALS)
+    }
+}
+
+/// How a layer's qkv-phase launches run: the norm's scale deferred (as the skinny matmul's),
+/// and the stages a warp of the kernel for contexts one cluster holds (0: the CUDA-core loop).
+#[derive(Clone, Copy)]
+struct QkvPlan {
+    deferred: bool,
+    short_stages: u8,
+}
 
 impl CudaKernels {
     /// Whether [`CudaKernels::decode_fused_qkv_into`] serves a 1-row step of a layer of `nh`
     /// query heads over `nkv` KV heads of `hd` dims whose qkv weight is `[n, k]`, in `splits`
     /// partitions: its kernels are loaded (`LaunchOptions::attn_qkv`), GQA group 2, clusters
-    /// of at least 8 blocks, the skinny matmuls' norm kernels in shared memory (whose bits it
-    /// gives: `Some(true)` when their norm's scale is deferred, `Some(false)` when not), the
-    /// block's weight rows within `ATTN_QKV_MAX_SMEM`, and one cluster a KV head fitting the
-    /// GPU at once. None: the step takes the qkv matmul's launch.
+    /// of 16 blocks, rows of 1,024 or more inputs (a multiple of 256), the skinny matmuls'
+    /// norm kernels in shared memory (whose bits it gives: `Some(true)` when their norm's
+    /// scale is deferred, `Some(false)` when not), and the GPU holding a cluster a KV head at
+    /// once (two blocks an SM: cuOccupancyMaxActiveClusters). None: the step takes the qkv
+    /// matmul's launch.
     pub fn attn_qkv_serves(
+        &self,
+        shape: (usize, usize, usize),
+        w: (usize, usize),
+        splits: usize,
+    ) -> Option<bool> {
+        self.qkv_plan(shape, w, splits).map(|p| p.deferred)
+    }
+
+    /// [`CudaKernels::attn_qkv_serves`]'s plan: the kernels that fit, the tensor-core ones
+    /// first (with the 1-row graphs' stages, then one stage, then the CUDA-core loop).
+    fn qkv_plan(
         &self,
         (nh, nkv, hd): (usize, usize, usize),
         (n, k): (usize, usize),
         splits: usize,
-    ) -> Option<bool> {
+    ) -> Option<QkvPlan> {
         let fused = self.decode_fused.as_ref()?;
         let gemv = self.gemv.as_ref()?;
         fused.qkv.as_ref()?;
         if !self.fused_decode_serves(nh, nkv, hd)
             || self.fused_group(nh / nkv) != (2, 0)
             || n != (nh + 2 * nkv) * hd
-            || !k.is_multiple_of(8)
+            || k < QKV_REG_K
+            || !k.is_multiple_of(256)
             || !gemv.norm_smem
+            || self.decode_cluster(1, 2, splits.max(1)) != 16
         {
             return None;
         }
         let deferred = matches!(&gemv.deferred, Some((max_k, _)) if k <= *max_k);
-        let c = self.decode_cluster(1, 2, splits.max(1));
-        let rb = (4 * hd).checked_div(c)?;
-        if c < 8 || (4 * hd) % c != 0 || rb > QKV_MAX_ROWS_A_BLOCK || rb % 8 != 0 {
-            return None;
-        }
-        // The most dynamic shared memory a launch takes: the tensor-core loop's, if any.
-        let (func, base) = fused.qkv_chosen(true, deferred)?;
-        let smem = base as usize + (rb + 1) * k * 2;
-        if smem > ATTN_QKV_MAX_SMEM as usize {
-            return None;
-        }
-        let smem = smem as u32;
-        let mut fits = fused.qkv_fit.lock();
-        let fit = match fits.iter().find(|(s, cl, _)| *s == smem && *cl == c) {
-            Some(&(_, _, f)) => f,
-            None => {
-                let cfg = LaunchConfig {
-                    shared_mem_bytes: smem,
-                    ..decode_grid(1, nkv, c)
-                };
-                let most = super::launch::max_active_clusters(func, cfg, c as u32);
-                let f = most.is_some_and(|m| m >= nkv as i32);
-                tracing::info!(
-                    "attn_qkv: clusters of {c} blocks with {smem} B of shared memory each: \
-                     {most:?} at once for {nkv} KV heads: {}",
-                    if f {
-                        "served"
-                    } else {
-                        "not served (the qkv matmul launches)"
-                    }
-                );
-                fits.push((smem, c, f));
-                f
+        let fits = |stages: u8| -> bool {
+            let Some((func, base)) = fused.qkv_kernel(stages, deferred) else {
+                return false;
+            };
+            let smem = qkv_layout(base as usize, k).3;
+            if smem > ATTN_QKV_MAX_SMEM as usize {
+                return false;
             }
+            let smem = smem as u32;
+            let mut known = fused.qkv_fit.lock();
+            if let Some(&(.., f)) = known
+                .iter()
+                .find(|e| (e.0, e.1, e.2) == (stages, smem, nkv))
+            {
+                return f;
+            }
+            let cfg = LaunchConfig {
+                shared_mem_bytes: smem,
+                ..decode_grid(1, nkv, 16)
+            };
+            let most = super::launch::max_active_clusters(func, cfg, 16);
+            let f = most.is_some_and(|m| m >= nkv as i32);
+            tracing::info!(
+                "attn_qkv: {stages}-stage kernel, {smem} B of shared memory a block: {most:?} \
+                 clusters of 16 at once for {nkv} KV heads{}",
+                if f { "" } else { ": not taken" }
+            );
+            known.push((stages, smem, nkv, f));
+            f
         };
-        fit.then_some(deferred)
+        if !fits(0) {
+            return None;
+        }
+        let pref = fused.stages_one();
+        let short_stages = [pref, 1]
+            .into_iter()
+            .filter(|&d| d > 0 && d <= pref)
+            .find(|&d| fits(d))
+            .unwrap_or(0);
+        Some(QkvPlan {
+            deferred,
+            short_stages,
+        })
     }
 
     /// [`CudaKernels::decode_fused_into`] for one row with the layer's add + RMSNorm + qkv
@@ -113,8 +162,8 @@ impl CudaKernels {
         let (n, k) = qkv_w.dims2()?;
         let (nkv, _, hd) = kv.k.dims3()?;
         let nh = out.elem_count() / hd.max(1);
-        let deferred = self
-            .attn_qkv_serves((nh, nkv, hd), (n, k), parts.0)
+        let plan = self
+            .qkv_plan((nh, nkv, hd), (n, k), parts.0)
             .filter(|_| ctx_lens.elem_count() == 1 && !kv.is_fp8())
             .ok_or_else(|| kernel_err(what, format!("not served: nh {nh} nkv {nkv} [{n}, {k}]")))?;
         for x in [res, res_out, norm_w].into_iter().chain(delta) {
@@ -139,10 +188,11 @@ impl CudaKernels {
             parts,
             0,
         )?;
+        let stages = if short { plan.short_stages } else { 0 };
         let (func, base) = fused
-            .qkv_chosen(short, deferred)
+            .qkv_kernel(stages, plan.deferred)
             .ok_or_else(|| kernel_err(what, "not loaded"))?;
-        let rb = 4 * hd / l.cluster;
+        let (w_off, x_off, pa_off, smem) = qkv_layout(base as usize, k);
         let q = FusedQkvParams {
             w: self.ptr(qkv_w)?,
             res: self.ptr(res)?,
@@ -152,13 +202,15 @@ impl CudaKernels {
             eps: norm_eps as f32,
             add: i32::from(delta.is_some()),
             k: k as i32,
-            w_off: base as i32,
+            w_off: w_off as i32,
+            x_off: x_off as i32,
+            pa_off: pa_off as i32,
         };
         let mut lb = self.launcher(func);
         lb.cluster_z(l.cluster as u32);
         lb.arg(&l.params).arg(&q);
         let cfg = LaunchConfig {
-            shared_mem_bytes: base + ((rb + 1) * k * 2) as u32,
+            shared_mem_bytes: smem as u32,
             ..l.grid
         };
         // SAFETY: the two parameters are the kernel's (`FusedDecodeParams`, `FusedQkvParams`:

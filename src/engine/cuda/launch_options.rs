@@ -160,7 +160,7 @@ impl Default for LaunchOptions {
             norm_presum: true,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
-            gemv_tma: None,
+            gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),
             attn_qkv: false,
             gemv_double_buffer: true,
             gemv_split_k: false,

@@ -172,11 +172,12 @@ fn kernel_flags_become_kernel_options() {
     );
     assert!(Cli::try_parse_from(["x", "--smem-carveout", "101"]).is_err());
     assert!(Cli::try_parse_from(["x", "--smem-carveout", "9", "--no-smem-carveout"]).is_err());
-    // The streamed 1-row matmul: off unless asked for; 4 pieces a warp by default, 1-10.
-    assert_eq!(d.kernels.gemv_tma, None);
-    assert_eq!(opts(&["x", "--gemv-tma"]).kernels.gemv_tma, Some(4));
+    // The streamed 1-row matmul: on with 4 pieces a warp by default, 1-10, or off.
+    assert_eq!(d.kernels.gemv_tma, Some(4));
     assert_eq!(opts(&["x", "--gemv-tma", "8"]).kernels.gemv_tma, Some(8));
+    assert_eq!(opts(&["x", "--no-gemv-tma"]).kernels.gemv_tma, None);
     assert!(Cli::try_parse_from(["x", "--gemv-tma", "11"]).is_err());
+    assert!(Cli::try_parse_from(["x", "--gemv-tma", "4", "--no-gemv-tma"]).is_err());
     // The qkv matmul inside the fused attention: off unless asked for.
     assert!(!d.kernels.attn_qkv);
     assert!(opts(&["x", "--attn-qkv"]).kernels.attn_qkv);
