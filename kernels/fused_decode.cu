@@ -211,7 +211,9 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   __shared__ __align__(16) T qkv_mine[QKV ? QRB : 1];
   __nv_bfloat16* qws = reinterpret_cast<__nv_bfloat16*>(dsm + qp.w_off);
   uint4 qwr[QKV ? QRW : 1][REG_C];
+  __nv_bfloat16 qnw[QKV ? NORM_E : 1];
   if constexpr (QKV > 0) {
+    qkv_norm_weights(qp, qnw);
     const int r = qrank * QRB;  // the cluster's row r: q heads, then k, then v
     const int wrow = r < G * HD ? kh * G * HD + r
                      : r < (G + 1) * HD ? nh * HD + rk * HD + (r - G * HD)
@@ -222,7 +224,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   pdl_wait();
   if constexpr (QKV > 0) {
     __nv_bfloat16* x_s = reinterpret_cast<__nv_bfloat16*>(dsm + qp.x_off);
-    const float inv = qkv_norm<QKV>(qp, x_s, b == 0 && kh == 0 && split == 0);
+    const float inv = qkv_norm<QKV>(qp, qnw, x_s, b == 0 && kh == 0 && split == 0);
     qkv_rows_wait(qp, &qbar);  // (also before a return: no copy may outlive the block)
     if (ctx != 0) {
       cluster_wait();  // every block of the cluster has started (the arrival above)
@@ -477,8 +479,9 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       decode_fused##PRE##_g##G##_##NAME(const FusedDecodeParams p) {                            \
     decode_fused<G, KT, LEAN, MMA>(PS_FUSED_ARGS(KT), FusedQkvParams{});                        \
   }
-// The qkv phase's kernels (LaunchOptions::attn_qkv; QKV 1 or 3, GQA group 2, bf16 caches),
-// two blocks an SM at most: their weights in registers may take up to 255 a thread.
+// The qkv phase's kernels (LaunchOptions::attn_qkv; QKV 1 or 3, GQA group 2, bf16 caches,
+// the tensor-core loop: contexts one cluster holds), two blocks an SM at most: their weights
+// in registers may take up to 255 a thread.
 #define PS_DECODE_FUSED_QKV(N, MMA, BOUNDS, PRE)                                                \
   extern "C" __global__ void BOUNDS decode_fused_qkv##N##PRE##_g2_bf16(                         \
       const FusedDecodeParams p, const FusedQkvParams q) {                                      \
@@ -501,8 +504,6 @@ PS_DECODE_FUSED_ALL(true, 0, __launch_bounds__(THREADS), _lean)
 // MMA_STATES_BYTES) (attention_handles.rs).
 PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 4), _mma1)
 PS_DECODE_FUSED_ALL(true, 2, __launch_bounds__(THREADS, 2), _mma2)
-PS_DECODE_FUSED_QKV(1, 0, __launch_bounds__(THREADS, 2), _lean)
-PS_DECODE_FUSED_QKV(3, 0, __launch_bounds__(THREADS, 2), _lean)
 PS_DECODE_FUSED_QKV(1, 1, __launch_bounds__(THREADS, 2), _mma1)
 PS_DECODE_FUSED_QKV(3, 1, __launch_bounds__(THREADS, 2), _mma1)
 PS_DECODE_FUSED_QKV(1, 2, __launch_bounds__(THREADS, 2), _mma2)

@@ -143,33 +143,52 @@ __device__ __forceinline__ void qkv_rows_wait(const FusedQkvParams& q, uint64_t*
 #endif
 }
 
+// The norm weights a thread holds (elements t + 128 e), loaded before the wait: K <= 2048.
+constexpr int NORM_E = 16;
+__device__ __forceinline__ void qkv_norm_weights(const FusedQkvParams& q,
+                                                 __nv_bfloat16 (&nw)[NORM_E]) {
+#pragma unroll
+  for (int e = 0; e < NORM_E; ++e) {
+    const int k = threadIdx.x + THREADS * e;
+    nw[e] = k < q.K ? q.nw[k] : __float2bfloat16(0.f);
+  }
+}
+
 // Step 2: x_s = the normed row as gemv.cu's norm kernels hold it (QKV 1: norm_rows; 3:
-// norm_rows_deferred, whose scale is returned for the sums), with their 256 threads' partial
-// sums emulated by this block's 128 (thread t takes the parts of threads t and t + 128).
+// norm_rows_deferred, whose scale is returned for the sums), their 256 threads' partial sums
+// emulated by this block's 128: element e of thread t (input t + 128 e) is the e / 2-th of
+// thread t + 128 (e & 1) there. Every load is issued before any sum (one round trip).
 // `writer`: this block writes the summed residual to res_out.
 template <int QKV>
-__device__ float qkv_norm(const FusedQkvParams& q, __nv_bfloat16* x_s, bool writer) {
-  constexpr int V = NORM_THREADS / THREADS;  // emulated threads a thread
+__device__ float qkv_norm(const FusedQkvParams& q, const __nv_bfloat16 (&nw)[NORM_E],
+                          __nv_bfloat16* x_s, bool writer) {
   const int K = q.K;
-  float part[V];
+  float xv[NORM_E], dv[NORM_E];
 #pragma unroll
-  for (int v = 0; v < V; ++v) {
-    part[v] = 0.f;
-    for (int k = threadIdx.x + v * THREADS; k < K; k += NORM_THREADS) {
-      float x = __bfloat162float(q.res[k]);
-      if (q.add) {
-        const __nv_bfloat16 s = __float2bfloat16(x + __bfloat162float(q.delta[k]));
-        if (QKV == 3 && writer) q.res_out[k] = s;
-        x = __bfloat162float(s);
-      }
-      x_s[k] = __float2bfloat16(QKV == 3 ? x * __bfloat162float(q.nw[k]) : x);
-      part[v] += x * x;
+  for (int e = 0; e < NORM_E; ++e) {
+    const int k = threadIdx.x + THREADS * e;
+    xv[e] = k < K ? __bfloat162float(q.res[k]) : 0.f;
+    dv[e] = k < K && q.add ? __bfloat162float(q.delta[k]) : 0.f;
+  }
+  float part[2] = {0.f, 0.f};
+#pragma unroll
+  for (int e = 0; e < NORM_E; ++e) {
+    const int k = threadIdx.x + THREADS * e;
+    if (k >= K) continue;
+    float x = xv[e];
+    if (q.add) {
+      const __nv_bfloat16 s = __float2bfloat16(x + dv[e]);
+      if (writer) q.res_out[k] = s;
+      x = __bfloat162float(s);
     }
+    xv[e] = x;
+    if (QKV == 3) x_s[k] = __float2bfloat16(x * __bfloat162float(nw[e]));
+    part[e & 1] += x * x;
   }
   __shared__ float ss[NORM_THREADS / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
-  for (int v = 0; v < V; ++v) {
+  for (int v = 0; v < 2; ++v) {
     const float s = warp_sum(part[v]);
     if (lane == 0) ss[warp + v * (THREADS / 32)] = s;
   }
@@ -179,10 +198,10 @@ __device__ float qkv_norm(const FusedQkvParams& q, __nv_bfloat16* x_s, bool writ
   for (int i = 0; i < NORM_THREADS / 32; ++i) tot += ss[i];
   const float inv = rsqrtf(tot / K + q.eps);
   if (QKV == 1) {
-    for (int k = threadIdx.x; k < K; k += THREADS) {
-      const __nv_bfloat16 r = x_s[k];
-      if (q.add && writer) q.res_out[k] = r;
-      x_s[k] = __float2bfloat16(__bfloat162float(r) * inv * __bfloat162float(q.nw[k]));
+#pragma unroll
+    for (int e = 0; e < NORM_E; ++e) {
+      const int k = threadIdx.x + THREADS * e;
+      if (k < K) x_s[k] = __float2bfloat16(xv[e] * inv * __bfloat162float(nw[e]));
     }
   }
   __syncthreads();

@@ -33,10 +33,10 @@ pub(crate) struct FusedDecode {
     /// The stages a warp of `mma`'s and `mma_one`'s kernels (0: not loaded).
     pub(super) stages: (u8, u8),
     /// With `LaunchOptions::attn_qkv` (bf16 caches, sm_90): the qkv phase's kernels
-    /// (`decode_fused_qkv{1,3}_{lean,mma1,mma2}_g2_bf16`), `[norm on the inputs, deferred]`
-    /// by `[CUDA-core loop, 1 stage, 2 stages]`, each allowing `ATTN_QKV_MAX_SMEM` of dynamic
-    /// shared memory.
-    pub(super) qkv: Option<[[CudaFunction; 3]; 2]>,
+    /// (`decode_fused_qkv{1,3}_mma{1,2}_g2_bf16`: the tensor-core loop), `[norm on the
+    /// inputs, deferred]` by `[1 stage, 2 stages]`, each allowing `ATTN_QKV_MAX_SMEM` of
+    /// dynamic shared memory.
+    pub(super) qkv: Option<[[CudaFunction; 2]; 2]>,
     /// Whether the GPU holds a cluster a KV head at once, per (stages, dynamic shared
     /// memory, KV heads) of the qkv phase's launches (asked once each).
     pub(super) qkv_fit: parking_lot::Mutex<Vec<(u8, u32, usize, bool)>>,
@@ -128,9 +128,8 @@ impl FusedDecode {
                 }
                 Ok(f)
             };
-            let kinds = |n: u8| -> Result<[CudaFunction; 3]> {
+            let kinds = |n: u8| -> Result<[CudaFunction; 2]> {
                 Ok([
-                    load(format!("decode_fused_qkv{n}_lean_g2_bf16"))?,
                     load(format!("decode_fused_qkv{n}_mma1_g2_bf16"))?,
                     load(format!("decode_fused_qkv{n}_mma2_g2_bf16"))?,
                 ])
@@ -173,13 +172,13 @@ impl FusedDecode {
         }
     }
 
-    /// The qkv phase's kernel of `stages` (0: the CUDA-core loop; its norm's scale deferred
-    /// to the sums when `deferred`, as the skinny matmuls do) and the dynamic shared memory
-    /// of the attention's own part; None without `LaunchOptions::attn_qkv`.
+    /// The qkv phase's kernel of `stages` (1 or 2; its norm's scale deferred to the sums when
+    /// `deferred`, as the skinny matmuls do) and the dynamic shared memory of the attention's
+    /// own part; None without `LaunchOptions::attn_qkv` or for other stages.
     pub(super) fn qkv_kernel(&self, stages: u8, deferred: bool) -> Option<(&CudaFunction, u32)> {
         let fs = &self.qkv.as_ref()?[usize::from(deferred)];
-        let d = stages.min(2);
-        Some((&fs[usize::from(d)], if d == 0 { 0 } else { mma_smem(d, 2) }))
+        let d = usize::from(stages).checked_sub(1).filter(|&d| d < 2)?;
+        Some((&fs[d], mma_smem(stages, 2)))
     }
 }
 

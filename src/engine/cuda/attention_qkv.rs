@@ -45,7 +45,7 @@ fn qkv_layout(base: usize, k: usize) -> (usize, usize, usize, usize) {
 }
 
 /// How a layer's qkv-phase launches run: the norm's scale deferred (as the skinny matmul's),
-/// and the stages a warp of the kernel for contexts one cluster holds (0: the CUDA-core loop).
+/// and the stages a warp of the tensor-core loop.
 #[derive(Clone, Copy)]
 struct QkvPlan {
     deferred: bool,
@@ -55,12 +55,13 @@ struct QkvPlan {
 impl CudaKernels {
     /// Whether [`CudaKernels::decode_fused_qkv_into`] serves a 1-row step of a layer of `nh`
     /// query heads over `nkv` KV heads of `hd` dims whose qkv weight is `[n, k]`, in `splits`
-    /// partitions: its kernels are loaded (`LaunchOptions::attn_qkv`), GQA group 2, clusters
-    /// of 16 blocks, rows of 1,024 or more inputs (a multiple of 256), the skinny matmuls'
-    /// norm kernels in shared memory (whose bits it gives: `Some(true)` when their norm's
-    /// scale is deferred, `Some(false)` when not), and the GPU holding a cluster a KV head at
-    /// once (two blocks an SM: cuOccupancyMaxActiveClusters). None: the step takes the qkv
-    /// matmul's launch.
+    /// partitions whose contexts fit one cluster (the tensor-core loop; `short` of
+    /// [`CudaKernels::decode_fused_into`]): its kernels are loaded (`LaunchOptions::attn_qkv`),
+    /// GQA group 2, clusters of 16 blocks, rows of 1,024-2,048 inputs (a multiple of 256), the
+    /// skinny matmuls' norm kernels in shared memory (whose bits it gives: `Some(true)` when
+    /// their norm's scale is deferred, `Some(false)` when not), and the GPU holding a cluster
+    /// a KV head at once (two blocks an SM: cuOccupancyMaxActiveClusters). None: the step
+    /// takes the qkv matmul's launch.
     pub fn attn_qkv_serves(
         &self,
         shape: (usize, usize, usize),
@@ -70,8 +71,8 @@ impl CudaKernels {
         self.qkv_plan(shape, w, splits).map(|p| p.deferred)
     }
 
-    /// [`CudaKernels::attn_qkv_serves`]'s plan: the kernels that fit, the tensor-core ones
-    /// first (with the 1-row graphs' stages, then one stage, then the CUDA-core loop).
+    /// [`CudaKernels::attn_qkv_serves`]'s plan: the 1-row graphs' stages if that kernel fits,
+    /// else one stage.
     fn qkv_plan(
         &self,
         (nh, nkv, hd): (usize, usize, usize),
@@ -84,7 +85,7 @@ impl CudaKernels {
         if !self.fused_decode_serves(nh, nkv, hd)
             || self.fused_group(nh / nkv) != (2, 0)
             || n != (nh + 2 * nkv) * hd
-            || k < QKV_REG_K
+            || !(QKV_REG_K..=2 * QKV_REG_K).contains(&k)
             || !k.is_multiple_of(256)
             || !gemv.norm_smem
             || self.decode_cluster(1, 2, splits.max(1)) != 16
@@ -122,15 +123,11 @@ impl CudaKernels {
             known.push((stages, smem, nkv, f));
             f
         };
-        if !fits(0) {
-            return None;
-        }
         let pref = fused.stages_one();
         let short_stages = [pref, 1]
             .into_iter()
             .filter(|&d| d > 0 && d <= pref)
-            .find(|&d| fits(d))
-            .unwrap_or(0);
+            .find(|&d| fits(d))?;
         Some(QkvPlan {
             deferred,
             short_stages,
@@ -164,7 +161,7 @@ impl CudaKernels {
         let nh = out.elem_count() / hd.max(1);
         let plan = self
             .qkv_plan((nh, nkv, hd), (n, k), parts.0)
-            .filter(|_| ctx_lens.elem_count() == 1 && !kv.is_fp8())
+            .filter(|_| ctx_lens.elem_count() == 1 && !kv.is_fp8() && short)
             .ok_or_else(|| kernel_err(what, format!("not served: nh {nh} nkv {nkv} [{n}, {k}]")))?;
         for x in [res, res_out, norm_w].into_iter().chain(delta) {
             self.check_dtype(x)?;
@@ -188,9 +185,8 @@ impl CudaKernels {
             parts,
             0,
         )?;
-        let stages = if short { plan.short_stages } else { 0 };
         let (func, base) = fused
-            .qkv_kernel(stages, plan.deferred)
+            .qkv_kernel(plan.short_stages, plan.deferred)
             .ok_or_else(|| kernel_err(what, "not loaded"))?;
         let (w_off, x_off, pa_off, smem) = qkv_layout(base as usize, k);
         let q = FusedQkvParams {

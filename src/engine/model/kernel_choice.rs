@@ -30,9 +30,12 @@ impl KernelForward<'_> {
 
     /// Whether a fused 1-row decode step of `t` rows runs each layer's add + norm + qkv
     /// matmul inside its fused attention (`KernelOptions::attn_qkv`, where the kernels serve
-    /// the shape: [`crate::engine::cuda::CudaKernels::attn_qkv_serves`]).
+    /// the shape: [`crate::engine::cuda::CudaKernels::attn_qkv_serves`]): its context fits one
+    /// cluster (the tensor-core loop; past it the kernel's long contexts measured 1.4-1.8x
+    /// slower on the H200).
     pub(crate) fn attn_qkv_step(&self, inputs: &StepInputs, t: usize, c: &PagedKvCache) -> bool {
         t == 1
+            && inputs.short_ctx
             && c.dtype() != candle_core::DType::F8E4M3
             && self.model.layers.iter().all(|l| {
                 let at = &l.attn;
