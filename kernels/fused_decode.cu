@@ -122,8 +122,9 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
 // with it on the H200, took 123 registers a thread against 96 and lost 9-27% at batches 8-16
 // and after 8k-32k tokens, +2.5% at batch 1 after 512: BENCHMARKS.md, #21.)
 // QKV (LaunchOptions::attn_qkv; 0: off): the layer's add + RMSNorm + qkv matmul inside the
-// clusters (fused_qkv.cuh; 1: the norm's scale on its inputs, 3: deferred to the sums), from
-// qp instead of `qkv`; 1-row steps in clusters of the host's choosing, kv_shift 0, stop 0.
+// clusters (fused_qkv.cuh; QKV & 3: 1 the norm's scale on its inputs, 3 deferred to the sums;
+// QKV & 4: the weights all in shared memory, else 1,024 inputs a row in registers), from qp
+// instead of `qkv`; 1-row steps in clusters of 16, kv_shift 0, stop 0.
 template <int G, typename KT, bool LEAN, int MMA, int QKV = 0>
 __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              const __nv_bfloat16* __restrict__ q_w,
@@ -210,7 +211,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   __shared__ __align__(16) T qkv_all[QKV ? (G + 2) * HD : 1];
   __shared__ __align__(16) T qkv_mine[QKV ? QRB : 1];
   __nv_bfloat16* qws = reinterpret_cast<__nv_bfloat16*>(dsm + qp.w_off);
-  uint4 qwr[QKV ? QRW : 1][REG_C];
+  constexpr int QN = QKV & 3, QRC = QKV & 4 ? 0 : 4;  // norm kind, chunks in registers
+  RegRows<QKV ? QRC : 0> qwr;
   __nv_bfloat16 qnw[QKV ? NORM_E : 1];
   if constexpr (QKV > 0) {
     qkv_norm_weights(qp, qnw);
@@ -218,17 +220,17 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     const int wrow = r < G * HD ? kh * G * HD + r
                      : r < (G + 1) * HD ? nh * HD + rk * HD + (r - G * HD)
                                         : (nh + nkr + rk) * HD + (r - (G + 1) * HD);
-    qkv_rows_load(qp, wrow, qwr, qws, &qbar);
+    qkv_rows_load<QRC>(qp, wrow, qwr, qws, &qbar);
     __syncthreads();
   }
   pdl_wait();
   if constexpr (QKV > 0) {
     __nv_bfloat16* x_s = reinterpret_cast<__nv_bfloat16*>(dsm + qp.x_off);
-    const float inv = qkv_norm<QKV>(qp, qnw, x_s, b == 0 && kh == 0 && split == 0);
-    qkv_rows_wait(qp, &qbar);  // (also before a return: no copy may outlive the block)
+    const float inv = qkv_norm<QN>(qp, qnw, x_s, b == 0 && kh == 0 && split == 0);
+    qkv_rows_wait<QRC>(qp, &qbar);  // (also before a return: no copy may outlive the block)
     if (ctx != 0) {
       cluster_wait();  // every block of the cluster has started (the arrival above)
-      qkv_rows_sum<QKV>(qwr, qws, x_s, inv, qp.K, qrank, qkv_mine, qkv_all);
+      qkv_rows_sum<QN, QRC>(qwr, qws, x_s, inv, qp.K, qrank, qkv_mine, qkv_all);
     }
   }
   if (stop == 1) {
@@ -482,10 +484,10 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 // The qkv phase's kernels (LaunchOptions::attn_qkv; QKV 1 or 3, GQA group 2, bf16 caches,
 // the tensor-core loop: contexts one cluster holds), two blocks an SM at most: their weights
 // in registers may take up to 255 a thread.
-#define PS_DECODE_FUSED_QKV(N, MMA, BOUNDS, PRE)                                                \
-  extern "C" __global__ void BOUNDS decode_fused_qkv##N##PRE##_g2_bf16(                         \
+#define PS_DECODE_FUSED_QKV(N, MMA, BOUNDS, PRE, S, SN)                                        \
+  extern "C" __global__ void BOUNDS decode_fused_qkv##S##N##PRE##_g2_bf16(                      \
       const FusedDecodeParams p, const FusedQkvParams q) {                                      \
-    decode_fused<2, __nv_bfloat16, true, MMA, N>(PS_FUSED_ARGS(__nv_bfloat16), q);              \
+    decode_fused<2, __nv_bfloat16, true, MMA, N + SN>(PS_FUSED_ARGS(__nv_bfloat16), q);         \
   }
 #define PS_DECODE_FUSED_ALL(LEAN, MMA, BOUNDS, PRE)                  \
   PS_DECODE_FUSED(1, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \
@@ -504,7 +506,12 @@ PS_DECODE_FUSED_ALL(true, 0, __launch_bounds__(THREADS), _lean)
 // MMA_STATES_BYTES) (attention_handles.rs).
 PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 4), _mma1)
 PS_DECODE_FUSED_ALL(true, 2, __launch_bounds__(THREADS, 2), _mma2)
-PS_DECODE_FUSED_QKV(1, 1, __launch_bounds__(THREADS, 2), _mma1)
-PS_DECODE_FUSED_QKV(3, 1, __launch_bounds__(THREADS, 2), _mma1)
-PS_DECODE_FUSED_QKV(1, 2, __launch_bounds__(THREADS, 2), _mma2)
-PS_DECODE_FUSED_QKV(3, 2, __launch_bounds__(THREADS, 2), _mma2)
+PS_DECODE_FUSED_QKV(1, 1, __launch_bounds__(THREADS, 2), _mma1, , 0)
+PS_DECODE_FUSED_QKV(3, 1, __launch_bounds__(THREADS, 2), _mma1, , 0)
+PS_DECODE_FUSED_QKV(1, 2, __launch_bounds__(THREADS, 2), _mma2, , 0)
+PS_DECODE_FUSED_QKV(3, 2, __launch_bounds__(THREADS, 2), _mma2, , 0)
+// The weights all in shared memory (QKV & 4; `decode_fused_qkvs*`).
+PS_DECODE_FUSED_QKV(1, 1, __launch_bounds__(THREADS, 2), _mma1, s, 4)
+PS_DECODE_FUSED_QKV(3, 1, __launch_bounds__(THREADS, 2), _mma1, s, 4)
+PS_DECODE_FUSED_QKV(1, 2, __launch_bounds__(THREADS, 2), _mma2, s, 4)
+PS_DECODE_FUSED_QKV(3, 2, __launch_bounds__(THREADS, 2), _mma2, s, 4)

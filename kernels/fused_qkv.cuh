@@ -7,11 +7,13 @@
 // heads, its k and its v head, QRB = 32 a block (a contiguous range of the weight), QRW = 8 a
 // warp (rows w, w + 4, ...).
 //  1. Before the wait on the kernel before (the weights are written by no kernel of the
-//     step), each lane loads its chunks (8 inputs) of the warp's rows among the first REG_K
-//     inputs into registers, as gemv.cuh's load_batch does (chunks l, l + 32, ...), and warp
-//     0 copies the rest of the block's rows (inputs REG_K ..) into dynamic shared memory
-//     (cp.async.bulk, one mbarrier). So the block fits twice on an SM: the GPU holds only 7
-//     clusters of 16 blocks at once at one block an SM, 8 are needed (cuOccupancy, H200).
+//     step), each lane loads its chunks (8 inputs) of the warp's rows among the first
+//     RC * 256 inputs into registers, as gemv.cuh's load_batch does (chunks l, l + 32, ...),
+//     and warp 0 copies the rest of the block's rows into dynamic shared memory
+//     (cp.async.bulk, one mbarrier). RC 4 (LaunchOptions::attn_qkv Registers: 1,024 inputs a
+//     row, 128 registers a thread) or 0 (Shared: every input in shared memory). Either way the
+//     block must fit twice on an SM: the GPU holds only 7 clusters of 16 blocks at once at one
+//     block an SM, and 8 are needed (cuOccupancyMaxActiveClusters, H200).
 //  2. After it, every block norms the step's residual row (res + delta) into shared memory
 //     exactly as gemv.cu's norm kernels do with their 8 warps (norm_rows, or
 //     norm_rows_deferred for QKV 3: the same partial sums, the same order), and one block of
@@ -82,8 +84,9 @@ static_assert(sizeof(FusedQkvParams) == 64, "FusedQkvParams layout");
 
 constexpr int QRB = 32;            // rows a block (the host launches clusters of 16)
 constexpr int QRW = QRB / 4;       // rows a warp
-constexpr int REG_K = 1024;        // inputs a row held in registers (4 chunks a lane)
-constexpr int REG_C = REG_K / 256; // chunks a lane a row in registers
+// Chunks a lane a row in registers: the array's size (at least 1) for RC of them.
+template <int RC>
+using RegRows = uint4[QRW][RC > 0 ? RC : 1];
 constexpr int NORM_THREADS = 256;  // the threads of gemv.cu's norm kernels (8 warps)
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -98,17 +101,18 @@ __device__ __forceinline__ uint4 ld_weights(const __nv_bfloat16* p) {
   return v;
 }
 
-// Step 1: this lane's register chunks of the warp's rows (block rows warp + 4 j, weight rows
-// r0 + that), and (thread 0 initialises `bar`; warp 0 issues the copies) the rows' inputs
-// past REG_K into ws. The caller synchronizes the block before anyone waits on `bar`.
-__device__ __forceinline__ void qkv_rows_load(const FusedQkvParams& q, int r0,
-                                              uint4 (&wr)[QRW][REG_C], __nv_bfloat16* ws,
-                                              uint64_t* bar) {
+// Step 1: this lane's RC register chunks of the warp's rows (block rows warp + 4 j, weight
+// rows r0 + that), and (thread 0 initialises `bar`; warp 0 issues the copies) the rows' inputs
+// past RC * 256 into ws. The caller synchronizes the block before anyone waits on `bar`.
+template <int RC>
+__device__ __forceinline__ void qkv_rows_load(const FusedQkvParams& q, int r0, RegRows<RC>& wr,
+                                              __nv_bfloat16* ws, uint64_t* bar) {
+  constexpr int REG_K = RC * 256;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int j = 0; j < QRW; ++j)
 #pragma unroll
-    for (int i = 0; i < REG_C; ++i)
+    for (int i = 0; i < RC; ++i)
       wr[j][i] = ld_weights(q.w + (size_t)(r0 + warp + 4 * j) * q.K + (lane + 32 * i) * 8);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (warp != 0 || q.K <= REG_K) return;
@@ -129,10 +133,11 @@ __device__ __forceinline__ void qkv_rows_load(const FusedQkvParams& q, int r0,
 #endif
 }
 
-// Every thread: until the copies of step 1 are in shared memory (none when K <= REG_K).
+// Every thread: until the copies of step 1 are in shared memory (none when K <= RC * 256).
+template <int RC>
 __device__ __forceinline__ void qkv_rows_wait(const FusedQkvParams& q, uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t ok = q.K <= REG_K;
+  uint32_t ok = q.K <= RC * 256;
   while (!ok)
     asm volatile(
         "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
@@ -208,12 +213,12 @@ __device__ float qkv_norm(const FusedQkvParams& q, const __nv_bfloat16 (&nw)[NOR
   return inv;
 }
 
-// Steps 3 and 4: the warp's rows (registers wr, then ws past REG_K) against x_s into mine,
+// Steps 3 and 4: the warp's rows (registers wr, then ws past RC * 256) against x_s into mine,
 // then into slots rank * QRB .. of every block's `all` (cluster barrier included: on return
 // every block's `all` is whole). The caller has waited for every block of the cluster to have
 // started.
-template <int QKV>
-__device__ void qkv_rows_sum(const uint4 (&wr)[QRW][REG_C], const __nv_bfloat16* ws,
+template <int QKV, int RC>
+__device__ void qkv_rows_sum(const RegRows<RC>& wr, const __nv_bfloat16* ws,
                              const __nv_bfloat16* x_s, float inv, int K, int rank,
                              __nv_bfloat16* mine, __nv_bfloat16* all) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -229,7 +234,8 @@ __device__ void qkv_rows_sum(const uint4 (&wr)[QRW][REG_C], const __nv_bfloat16*
       for (int e = 0; e < 8; ++e) acc = fmaf(wf[e], xf[e], acc);
     };
 #pragma unroll
-    for (int i = 0; i < REG_C; ++i) chunk(wr[j][i], lane + 32 * i);
+    for (int i = 0; i < RC; ++i) chunk(wr[j][i], lane + 32 * i);
+    constexpr int REG_K = RC * 256;
     const uint4* wsr = reinterpret_cast<const uint4*>(ws + (size_t)r * (K - REG_K));
     for (int c = lane + REG_K / 8; c < K / 8; c += 32) chunk(wsr[c - REG_K / 8], c);
     acc = warp_sum(acc);

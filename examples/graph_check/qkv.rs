@@ -11,7 +11,7 @@ use policy_serve::engine::model::kv_cache::PagedKvCache;
 use policy_serve::engine::model::loader::{load_shard, served_context};
 use policy_serve::engine::model::shard::Shard;
 use policy_serve::engine::runner::graphs::DecodeGraphs;
-use policy_serve::engine::{DTypeChoice, ModelConfig};
+use policy_serve::engine::{DTypeChoice, KernelOptions, ModelConfig};
 use policy_serve::testing::synthetic_prompt;
 
 use super::{Args, BS, Path, Res, Seq, decode, prefill, table_for};
@@ -24,7 +24,9 @@ pub fn qkv_check(a: &Args, dev: &candle_core::Device, fails: &mut u32) -> Res<()
     let weights = [a.model_dir.join("model.safetensors")];
     let base = a.kernels.options();
     let mut with = base.clone();
-    with.attn_qkv = true;
+    with.attn_qkv = with
+        .attn_qkv
+        .or(Some(policy_serve::engine::AttnQkv::Registers));
     let load = |o| {
         load_shard(
             "check",
@@ -36,6 +38,10 @@ pub fn qkv_check(a: &Args, dev: &candle_core::Device, fails: &mut u32) -> Res<()
             o,
             || {},
         )
+    };
+    let base = KernelOptions {
+        attn_qkv: None,
+        ..base
     };
     let (m0, m1) = (load(&base)?, load(&with)?);
     let kf = m1.kernel_forward().ok_or("no kernels")?;

@@ -52,10 +52,12 @@ pub struct KernelFlags {
     /// `KernelOptions::gemv_tma` off).
     #[arg(long, conflicts_with = "gemv_tma")]
     pub no_gemv_tma: bool,
-    /// A 1-row step's add + RMSNorm + qkv matmul inside the fused decode attention's clusters
-    /// (`KernelOptions::attn_qkv`; off by default).
-    #[arg(long)]
-    pub attn_qkv: bool,
+    /// A 1-row step's add + RMSNorm + qkv matmul inside the fused decode attention's clusters,
+    /// its weights in registers and shared memory or all in shared memory
+    /// (`KernelOptions::attn_qkv`; `registers` when no value is given; off by default).
+    #[arg(long, value_enum, value_name = "WHERE", num_args = 0..=1,
+          default_missing_value = "registers")]
+    pub attn_qkv: Option<super::options::AttnQkv>,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]

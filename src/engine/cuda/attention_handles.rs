@@ -33,10 +33,10 @@ pub(crate) struct FusedDecode {
     /// The stages a warp of `mma`'s and `mma_one`'s kernels (0: not loaded).
     pub(super) stages: (u8, u8),
     /// With `LaunchOptions::attn_qkv` (bf16 caches, sm_90): the qkv phase's kernels
-    /// (`decode_fused_qkv{1,3}_mma{1,2}_g2_bf16`: the tensor-core loop), `[norm on the
+    /// (`decode_fused_qkv{,s}{1,3}_mma{1,2}_g2_bf16`: the tensor-core loop), `[norm on the
     /// inputs, deferred]` by `[1 stage, 2 stages]`, each allowing `ATTN_QKV_MAX_SMEM` of
-    /// dynamic shared memory.
-    pub(super) qkv: Option<[[CudaFunction; 2]; 2]>,
+    /// dynamic shared memory, and the inputs a row they hold in registers (1,024 or 0).
+    pub(super) qkv: Option<([[CudaFunction; 2]; 2], usize)>,
     /// Whether the GPU holds a cluster a KV head at once, per (stages, dynamic shared
     /// memory, KV heads) of the qkv phase's launches (asked once each).
     pub(super) qkv_fit: parking_lot::Mutex<Vec<(u8, u32, usize, bool)>>,
@@ -113,7 +113,12 @@ impl FusedDecode {
                 None => 0,
             },
         );
-        let qkv = if opts.attn_qkv && hopper && dt == "bf16" {
+        let qkv = if let Some(how) = opts.attn_qkv.filter(|_| hopper && dt == "bf16") {
+            use crate::engine::options::AttnQkv;
+            let (s, reg_k) = match how {
+                AttnQkv::Registers => ("", 1024),
+                AttnQkv::Shared => ("s", 0),
+            };
             let load = |name: String| -> Result<CudaFunction> {
                 let f = m
                     .load_function(&name)
@@ -130,11 +135,11 @@ impl FusedDecode {
             };
             let kinds = |n: u8| -> Result<[CudaFunction; 2]> {
                 Ok([
-                    load(format!("decode_fused_qkv{n}_mma1_g2_bf16"))?,
-                    load(format!("decode_fused_qkv{n}_mma2_g2_bf16"))?,
+                    load(format!("decode_fused_qkv{s}{n}_mma1_g2_bf16"))?,
+                    load(format!("decode_fused_qkv{s}{n}_mma2_g2_bf16"))?,
                 ])
             };
-            Some([kinds(1)?, kinds(3)?])
+            Some(([kinds(1)?, kinds(3)?], reg_k))
         } else {
             None
         };
@@ -176,7 +181,7 @@ impl FusedDecode {
     /// `deferred`, as the skinny matmuls do) and the dynamic shared memory of the attention's
     /// own part; None without `LaunchOptions::attn_qkv` or for other stages.
     pub(super) fn qkv_kernel(&self, stages: u8, deferred: bool) -> Option<(&CudaFunction, u32)> {
-        let fs = &self.qkv.as_ref()?[usize::from(deferred)];
+        let fs = &self.qkv.as_ref()?.0[usize::from(deferred)];
         let d = usize::from(stages).checked_sub(1).filter(|&d| d < 2)?;
         Some((&fs[d], mma_smem(stages, 2)))
     }

@@ -22,18 +22,19 @@ pub type QkvInput<'a> = (
 );
 
 /// Rows a block of the qkv phase sums, in clusters of 16 (`QRB` of
-/// `kernels/fused_qkv.cuh`), and the inputs a row it holds in registers (`REG_K`).
+/// `kernels/fused_qkv.cuh`), and the most inputs a row (its norm's `NORM_E` a thread).
 const QKV_ROWS_A_BLOCK: usize = 32;
-const QKV_REG_K: usize = 1024;
+const QKV_MAX_K: usize = 2048;
 
 /// Bytes of the cluster merge's partials of a block (16 blocks x 2 heads x 128 f32).
 const MERGE_PARTIALS: usize = 16 * 2 * 128 * 4;
 
 /// A qkv-phase launch's dynamic shared memory after the attention's own `base` bytes, for
-/// rows of `k` inputs: (where the rows' inputs past `QKV_REG_K` go, the normed row, the
-/// merge's partials, the total). The partials reuse the rows' space when it is large enough.
-fn qkv_layout(base: usize, k: usize) -> (usize, usize, usize, usize) {
-    let rows = QKV_ROWS_A_BLOCK * (k - QKV_REG_K) * 2;
+/// rows of `k` inputs of which the first `reg_k` are in registers: (where the rows' other
+/// inputs go, the normed row, the merge's partials, the total). The partials reuse the rows'
+/// space when it is large enough.
+fn qkv_layout(base: usize, k: usize, reg_k: usize) -> (usize, usize, usize, usize) {
+    let rows = QKV_ROWS_A_BLOCK * (k - reg_k) * 2;
     let x = base + rows;
     let end = x + k * 2;
     if rows >= MERGE_PARTIALS {
@@ -81,11 +82,11 @@ impl CudaKernels {
     ) -> Option<QkvPlan> {
         let fused = self.decode_fused.as_ref()?;
         let gemv = self.gemv.as_ref()?;
-        fused.qkv.as_ref()?;
+        let reg_k = fused.qkv.as_ref()?.1;
         if !self.fused_decode_serves(nh, nkv, hd)
             || self.fused_group(nh / nkv) != (2, 0)
             || n != (nh + 2 * nkv) * hd
-            || !(QKV_REG_K..=2 * QKV_REG_K).contains(&k)
+            || !(reg_k.max(256)..=QKV_MAX_K).contains(&k)
             || !k.is_multiple_of(256)
             || !gemv.norm_smem
             || self.decode_cluster(1, 2, splits.max(1)) != 16
@@ -97,7 +98,7 @@ impl CudaKernels {
             let Some((func, base)) = fused.qkv_kernel(stages, deferred) else {
                 return false;
             };
-            let smem = qkv_layout(base as usize, k).3;
+            let smem = qkv_layout(base as usize, k, reg_k).3;
             if smem > ATTN_QKV_MAX_SMEM as usize {
                 return false;
             }
@@ -188,7 +189,8 @@ impl CudaKernels {
         let (func, base) = fused
             .qkv_kernel(plan.short_stages, plan.deferred)
             .ok_or_else(|| kernel_err(what, "not loaded"))?;
-        let (w_off, x_off, pa_off, smem) = qkv_layout(base as usize, k);
+        let reg_k = fused.qkv.as_ref().map_or(0, |q| q.1);
+        let (w_off, x_off, pa_off, smem) = qkv_layout(base as usize, k, reg_k);
         let q = FusedQkvParams {
             w: self.ptr(qkv_w)?,
             res: self.ptr(res)?,

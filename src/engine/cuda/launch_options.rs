@@ -35,7 +35,7 @@ pub struct LaunchOptions {
     pub gemv_tma: Option<u8>,
     /// A 1-row step's add + RMSNorm + qkv matmul inside the fused decode attention
     /// (`decode_fused_qkv*`, `kernels/fused_qkv.cuh`).
-    pub attn_qkv: bool,
+    pub attn_qkv: Option<crate::engine::options::AttnQkv>,
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
     pub gemv_double_buffer: bool,
@@ -161,7 +161,7 @@ impl Default for LaunchOptions {
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
             gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),
-            attn_qkv: false,
+            attn_qkv: None,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,

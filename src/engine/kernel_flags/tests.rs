@@ -179,6 +179,10 @@ fn kernel_flags_become_kernel_options() {
     assert!(Cli::try_parse_from(["x", "--gemv-tma", "11"]).is_err());
     assert!(Cli::try_parse_from(["x", "--gemv-tma", "4", "--no-gemv-tma"]).is_err());
     // The qkv matmul inside the fused attention: off unless asked for.
-    assert!(!d.kernels.attn_qkv);
-    assert!(opts(&["x", "--attn-qkv"]).kernels.attn_qkv);
+    use crate::engine::options::AttnQkv;
+    assert_eq!(d.kernels.attn_qkv, None);
+    let qkv = |a: &[&str]| opts(a).kernels.attn_qkv;
+    assert_eq!(qkv(&["x", "--attn-qkv"]), Some(AttnQkv::Registers));
+    assert_eq!(qkv(&["x", "--attn-qkv", "shared"]), Some(AttnQkv::Shared));
+    assert!(Cli::try_parse_from(["x", "--attn-qkv", "disk"]).is_err());
 }
