@@ -2,7 +2,6 @@
 // (see the comment on decode_fused below).
 
 #include "decode_mma.cuh"
-#include "fused_qkv.cuh"
 
 namespace {
 
@@ -40,6 +39,41 @@ namespace {
 constexpr int FETCH = 4;
 constexpr int CLUSTER_PART = 128;  // longest partition of a context one cluster covers
 constexpr int MERGE_STAGE = 32;    // partials a global merge stages in shared memory
+
+// Blocks in this block's cluster and its rank there (1 and 0 without clusters).
+__device__ __forceinline__ int cluster_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return (int)cooperative_groups::this_cluster().num_blocks();
+#else
+  return 1;
+#endif
+}
+
+// Cluster barrier halves (sm_90; every thread of every block that has not exited takes
+// part): arrive (release: this thread's earlier writes, shared memory of other blocks
+// included, are visible to whoever waits after it), and wait (for every thread of the cluster
+// that has not exited to have arrived).
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// Block `rank`'s shared-memory address of p (a variable of this kernel's shared memory).
+template <typename V>
+__device__ __forceinline__ V* cluster_peer(V* p, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().map_shared_rank(p, rank);
+#else
+  return p;
+#endif
+}
 
 // The last of `nparts` partials (index 0 .. nparts-1 of the `splits` slots of heads
 // hb .. hb+G-1, hb = b * nh + kh * G) to be written merges them into out (rows hb ..): each
@@ -121,11 +155,7 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
 // instead of a division. (A round's FETCH scores computed before its softmax steps, measured
 // with it on the H200, took 123 registers a thread against 96 and lost 9-27% at batches 8-16
 // and after 8k-32k tokens, +2.5% at batch 1 after 512: BENCHMARKS.md, #21.)
-// QKV (LaunchOptions::attn_qkv; 0: off): the layer's add + RMSNorm + qkv matmul inside the
-// clusters (fused_qkv.cuh; QKV & 3: 1 the norm's scale on its inputs, 3 deferred to the sums;
-// QKV & 4: the weights all in shared memory, else 1,024 inputs a row in registers), from qp
-// instead of `qkv`; 1-row steps in clusters of 16, kv_shift 0, stop 0.
-template <int G, typename KT, bool LEAN, int MMA, int QKV = 0>
+template <int G, typename KT, bool LEAN, int MMA>
 __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              const __nv_bfloat16* __restrict__ q_w,
                              const __nv_bfloat16* __restrict__ k_w,
@@ -137,8 +167,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              __nv_bfloat16* __restrict__ out, float* part_acc, float* part_ml,
                              uint32_t* counters, int W, const uint32_t* __restrict__ width,
                              int block_size, long long num_slots, int nkv, int part_min,
-                             float ks, float vs, float eps, int stop, int kv_shift,
-                             const FusedQkvParams& qp) {
+                             float ks, float vs, float eps, int stop, int kv_shift) {
   using T = __nv_bfloat16;
   using Raw = typename KvRaw<KT>::type;
   pdl_trigger();
@@ -205,34 +234,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   } else {
     fetch(start);
   }
-  // QKV: this block's rows of the cluster's qkv weights (see fused_qkv.cuh), before the wait.
-  const int qrank = split % C;
-  __shared__ __align__(8) uint64_t qbar;
-  __shared__ __align__(16) T qkv_all[QKV ? (G + 2) * HD : 1];
-  __shared__ __align__(16) T qkv_mine[QKV ? QRB : 1];
-  __nv_bfloat16* qws = reinterpret_cast<__nv_bfloat16*>(dsm + qp.w_off);
-  constexpr int QN = QKV & 3, QRC = QKV & 4 ? 0 : 4;  // norm kind, chunks in registers
-  RegRows<QKV ? QRC : 0> qwr;
-  __nv_bfloat16 qnw[QKV ? NORM_E : 1];
-  if constexpr (QKV > 0) {
-    qkv_norm_weights(qp, qnw);
-    const int r = qrank * QRB;  // the cluster's row r: q heads, then k, then v
-    const int wrow = r < G * HD ? kh * G * HD + r
-                     : r < (G + 1) * HD ? nh * HD + rk * HD + (r - G * HD)
-                                        : (nh + nkr + rk) * HD + (r - (G + 1) * HD);
-    qkv_rows_load<QRC>(qp, wrow, qwr, qws, &qbar);
-    __syncthreads();
-  }
   pdl_wait();
-  if constexpr (QKV > 0) {
-    __nv_bfloat16* x_s = reinterpret_cast<__nv_bfloat16*>(dsm + qp.x_off);
-    const float inv = qkv_norm<QN>(qp, qnw, x_s, b == 0 && kh == 0 && split == 0);
-    qkv_rows_wait<QRC>(qp, &qbar);  // (also before a return: no copy may outlive the block)
-    if (ctx != 0) {
-      cluster_wait();  // every block of the cluster has started (the arrival above)
-      qkv_rows_sum<QN, QRC>(qwr, qws, x_s, inv, qp.K, qrank, qkv_mine, qkv_all);
-    }
-  }
   if (stop == 1) {
     if constexpr (MMA > 0) cp_async_wait<0>();
     return;
@@ -257,16 +259,13 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     for (int h = warp; h < G + (holds_new ? 1 : 0); h += THREADS / 32) {
       const bool is_q = h < G;
       float o[HD / 32];
-      // QKV: the cluster's values in shared memory, its q heads, then k, then v.
-      const T* src = QKV ? qkv_all + (size_t)(is_q ? h : G) * HD
-                         : row + (size_t)(is_q ? kh * G + h : nh + rk) * HD;
-      norm_rope_head<T, HD / 32>(src,
+      norm_rope_head<T, HD / 32>(row + (size_t)(is_q ? kh * G + h : nh + rk) * HD,
                                  is_q ? q_w : k_w, inv_freq, pos, eps, wl, o);
       if (is_q) {
 #pragma unroll
         for (int j = 0; j < HD / 32; ++j) qs[h][wl + 32 * j] = (T)o[j];
       } else {
-        const T* vsrc = QKV ? qkv_all + (size_t)(G + 1) * HD : row + (size_t)(nh + nkr + rk) * HD;
+        const T* vsrc = row + (size_t)(nh + nkr + rk) * HD;
         // The first of a cache head's blocks writes its new row (the others keep their own
         // copy in shared memory and never read that row from the cache).
         const bool write = slots[b] != 0xffffffffu && (kh & ((1 << kv_shift) - 1)) == 0;
@@ -392,19 +391,14 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   // the host launches accordingly).
   constexpr int CP = G <= 2 ? 16 : (G <= 4 ? 8 : 1);
   __shared__ float pM[CP][G], pL[CP][G];
-  // QKV: the partials in dynamic shared memory (at pa_off: the weight rows' space, once summed).
-  __shared__ float pA_[QKV ? 1 : CP][G][HD];
-  float(&pA)[CP][G][HD] = *reinterpret_cast<float(*)[CP][G][HD]>(
-      QKV ? reinterpret_cast<float*>(dsm + qp.pa_off) : &pA_[0][0][0]);
+  __shared__ float pA[CP][G][HD];
   const int rank = split % C;
   float* dM = nullptr;
   float* dL = nullptr;
   float* dA = nullptr;
   if (C > 1 && splits > 1 && stop == 0) {
     if (C > CP) __trap();
-    // Every block of the cluster runs: block 0's shared memory is there (QKV: known since
-    // the qkv values went round).
-    if (!QKV) cluster_wait();
+    cluster_wait();  // every block of the cluster runs: block 0's shared memory is there
     dM = cluster_peer(&pM[rank][0], 0);
     dL = cluster_peer(&pL[rank][0], 0);
     dA = cluster_peer(&pA[rank][0][0], 0);
@@ -471,23 +465,14 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 
 }  // namespace
 
-// The kernel's arguments from its FusedDecodeParams p, the caches as KT.
-#define PS_FUSED_ARGS(KT)                                                                       \
-  p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache, (KT*)p.v_cache,              \
-      p.block_tables, p.ctx_lens, p.out, p.part_acc, p.part_ml, p.counters, p.W, p.width,       \
-      p.block_size, p.num_slots, p.nkv, p.part, p.k_scale, p.v_scale, p.eps, p.stop, p.kv_shift
 #define PS_DECODE_FUSED(G, KT, NAME, LEAN, MMA, BOUNDS, PRE)                                    \
   extern "C" __global__ void BOUNDS                                                             \
       decode_fused##PRE##_g##G##_##NAME(const FusedDecodeParams p) {                            \
-    decode_fused<G, KT, LEAN, MMA>(PS_FUSED_ARGS(KT), FusedQkvParams{});                        \
-  }
-// The qkv phase's kernels (LaunchOptions::attn_qkv; QKV 1 or 3, GQA group 2, bf16 caches,
-// the tensor-core loop: contexts one cluster holds), two blocks an SM at most: their weights
-// in registers may take up to 255 a thread.
-#define PS_DECODE_FUSED_QKV(N, MMA, BOUNDS, PRE, S, SN)                                        \
-  extern "C" __global__ void BOUNDS decode_fused_qkv##S##N##PRE##_g2_bf16(                      \
-      const FusedDecodeParams p, const FusedQkvParams q) {                                      \
-    decode_fused<2, __nv_bfloat16, true, MMA, N + SN>(PS_FUSED_ARGS(__nv_bfloat16), q);         \
+    decode_fused<G, KT, LEAN, MMA>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots,             \
+                                   (KT*)p.k_cache, (KT*)p.v_cache, p.block_tables, p.ctx_lens,   \
+                                   p.out, p.part_acc, p.part_ml, p.counters, p.W, p.width,       \
+                                   p.block_size, p.num_slots, p.nkv, p.part, p.k_scale,          \
+                                   p.v_scale, p.eps, p.stop, p.kv_shift);                        \
   }
 #define PS_DECODE_FUSED_ALL(LEAN, MMA, BOUNDS, PRE)                  \
   PS_DECODE_FUSED(1, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \
@@ -506,12 +491,3 @@ PS_DECODE_FUSED_ALL(true, 0, __launch_bounds__(THREADS), _lean)
 // MMA_STATES_BYTES) (attention_handles.rs).
 PS_DECODE_FUSED_ALL(true, 1, __launch_bounds__(THREADS, 4), _mma1)
 PS_DECODE_FUSED_ALL(true, 2, __launch_bounds__(THREADS, 2), _mma2)
-PS_DECODE_FUSED_QKV(1, 1, __launch_bounds__(THREADS, 2), _mma1, , 0)
-PS_DECODE_FUSED_QKV(3, 1, __launch_bounds__(THREADS, 2), _mma1, , 0)
-PS_DECODE_FUSED_QKV(1, 2, __launch_bounds__(THREADS, 2), _mma2, , 0)
-PS_DECODE_FUSED_QKV(3, 2, __launch_bounds__(THREADS, 2), _mma2, , 0)
-// The weights all in shared memory (QKV & 4; `decode_fused_qkvs*`).
-PS_DECODE_FUSED_QKV(1, 1, __launch_bounds__(THREADS, 2), _mma1, s, 4)
-PS_DECODE_FUSED_QKV(3, 1, __launch_bounds__(THREADS, 2), _mma1, s, 4)
-PS_DECODE_FUSED_QKV(1, 2, __launch_bounds__(THREADS, 2), _mma2, s, 4)
-PS_DECODE_FUSED_QKV(3, 2, __launch_bounds__(THREADS, 2), _mma2, s, 4)

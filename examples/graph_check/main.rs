@@ -24,7 +24,6 @@
 
 mod lora_profile;
 mod profile;
-mod qkv;
 mod rows;
 mod stress;
 mod verify;
@@ -72,9 +71,6 @@ struct Args {
     /// eager step's row count as inside its graph bucket (`rows.rs`).
     #[arg(long)]
     rows_check: bool,
-    /// Only the 1-row step with `--attn-qkv` against the same model without it (`qkv.rs`).
-    #[arg(long)]
-    qkv_check: bool,
     /// The kernel switches (`--gemv-mma`, `--l2-prefetch`, ...).
     #[command(flatten)]
     kernels: policy_serve::engine::KernelFlags,
@@ -308,12 +304,6 @@ fn main() -> Res<()> {
         return profile::run(&m, &cfg, &dev, &a.profile, &ours);
     }
     let mut fails = 0u32;
-    if a.qkv_check {
-        drop(m);
-        qkv::qkv_check(&a, &dev, &mut fails)?;
-        println!("graph-check: {fails} failed");
-        std::process::exit(i32::from(fails > 0));
-    }
     if a.rows_check {
         rows::rows_check(&cfg, &dev, &mut fails)?;
         println!("graph-check: {fails} failed");

@@ -24,10 +24,12 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         check_with(&k, tag, dev, t)?;
     }
     // The one-block-a-row-group kernels with one batch of loads in flight (no longer the
-    // defaults), against which the streamed and double-buffered ones are held.
+    // defaults), against which the streamed and double-buffered ones are held (without the
+    // streamed 1-row matmul, which would take their 1-row plain matmuls of 2,049+ inputs).
     let base = LaunchOptions {
         gemv_stream: None,
         gemv_double_buffer: false,
+        gemv_tma: None,
         ..LaunchOptions::default()
     };
     let plain = CudaKernels::new(dev, DType::BF16, &base)?.ok_or("no kernels")?;
@@ -57,16 +59,21 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     split_rows(dev, t)
 }
 
-/// The streamed 1-row matmul (`LaunchOptions::gemv_tma`, sm_90) against the default skinny
-/// matmuls, bit for bit (tolerance 0), at 1, 4 and 10 pieces a warp, over shapes where a warp
-/// takes several rows, one or none (7 rows), 0.6B's down among them (it serves 2,049-4,096
-/// inputs). On a GPU without sm_90 both are the default kernels.
+/// The streamed 1-row matmul (`LaunchOptions::gemv_tma`, sm_90) against the skinny matmuls
+/// (`gemv_tma` None), bit for bit (tolerance 0), at 1, 4 and 10 pieces a warp, over shapes
+/// where a warp takes several rows, one or none (7 rows), 0.6B's down and both shapes' o among
+/// them (taken from 2,048 inputs here). On a GPU without sm_90 both are the skinny matmuls.
 fn tma_bits(dev: &Device, t: &mut Table) -> Res<()> {
     let dt = DType::BF16;
-    let def = CudaKernels::new(dev, dt, &LaunchOptions::default())?.ok_or("no kernels")?;
+    let skinny = LaunchOptions {
+        gemv_tma: None,
+        ..LaunchOptions::default()
+    };
+    let def = CudaKernels::new(dev, dt, &skinny)?.ok_or("no kernels")?;
     for ns in [1u8, 4, 10] {
         let opts = LaunchOptions {
             gemv_tma: Some(ns),
+            gemv_tma_min_k: 2048,
             ..LaunchOptions::default()
         };
         let k = CudaKernels::new(dev, dt, &opts)?.ok_or("no kernels")?;
@@ -76,6 +83,8 @@ fn tma_bits(dev: &Device, t: &mut Table) -> Res<()> {
             (1000, 4096),
             (3000, 3072),
             (7, 4096),
+            (1024, 2048),
+            (2048, 2048),
         ] {
             let x = randn(&[1, kk], dt, dev)?;
             let w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;
@@ -191,6 +200,7 @@ fn norm_apart_bits(
 fn split_rows(dev: &Device, t: &mut Table) -> Res<()> {
     let opts = LaunchOptions {
         gemv_split_k: true,
+        gemv_tma: None,
         ..LaunchOptions::default()
     };
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;

@@ -52,12 +52,10 @@ pub struct KernelFlags {
     /// `KernelOptions::gemv_tma` off).
     #[arg(long, conflicts_with = "gemv_tma")]
     pub no_gemv_tma: bool,
-    /// A 1-row step's add + RMSNorm + qkv matmul inside the fused decode attention's clusters,
-    /// its weights in registers and shared memory or all in shared memory
-    /// (`KernelOptions::attn_qkv`; `registers` when no value is given; off by default).
-    #[arg(long, value_enum, value_name = "WHERE", num_args = 0..=1,
-          default_missing_value = "registers")]
-    pub attn_qkv: Option<super::options::AttnQkv>,
+    /// Fewest inputs of the 1-row matmuls the streamed kernel takes
+    /// (`KernelOptions::gemv_tma_min_k`; default 2,049; 2,048 adds o).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub gemv_tma_min_k: Option<u64>,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
@@ -251,7 +249,9 @@ impl KernelFlags {
                 .then(|| self.smem_carveout.unwrap_or(super::options::SMEM_CARVEOUT)),
             gemv_tma: (!self.no_gemv_tma)
                 .then(|| self.gemv_tma.unwrap_or(super::options::GEMV_TMA_PIECES)),
-            attn_qkv: self.attn_qkv,
+            gemv_tma_min_k: self
+                .gemv_tma_min_k
+                .map_or(super::options::GEMV_TMA_MIN_K, |k| k as usize),
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,

@@ -77,21 +77,14 @@ pub const FUSED_MMA_ONE: u8 = 2;
 /// 512-token prompts +1-3% on 0.6B, +3% on 1.7B; after 2k-4k +3-4%; BENCHMARKS.md, #21).
 pub const SMEM_CARVEOUT: u8 = 100;
 
-/// Where the qkv phase of [`KernelOptions::attn_qkv`] holds its weights before the wait.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum AttnQkv {
-    /// The first 1,024 inputs of each row in registers (128 a thread), the rest in shared
-    /// memory.
-    Registers,
-    /// Every input in shared memory (the 1-stage tensor-core loop's kernel then fits twice
-    /// an SM on 0.6B's shape; not 1.7B's).
-    Shared,
-}
-
 /// Default pieces in flight a warp of the streamed 1-row matmul ([`KernelOptions::gemv_tma`]):
 /// four (on the H200 0.6B batch 1 after 512-token prompts 1,306-1,310 against 1,262-1,267
 /// tok/s, eight 1,218-1,226; its bits equal the skinny matmul's: BENCHMARKS.md, #21).
 pub const GEMV_TMA_PIECES: u8 = 4;
+
+/// Fewest inputs of the 1-row matmuls the streamed kernel takes by default
+/// ([`KernelOptions::gemv_tma_min_k`]): 2,049 (0.6B's down, 3,072 inputs; not o's 2,048).
+pub const GEMV_TMA_MIN_K: usize = 2049;
 
 /// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
@@ -151,17 +144,12 @@ pub struct KernelOptions {
     /// on `kernels/gemv_tma_sm90.cu` (H100/H200): one block per SM, a copy warp streaming each
     /// compute warp's rows into a ring of this many 2 KB shared-memory pieces from before the
     /// wait on the kernel before; the same bits as the skinny matmuls (`kernel_check
-    /// --gemv-only`). Default `Some(GEMV_TMA_PIECES)`; None: the skinny matmuls. Rows of other
-    /// widths take the skinny matmuls (1.7B's down, 6,144 inputs, lost 1.2% on it).
+    /// --gemv-only`). Default `Some(GEMV_TMA_PIECES)`; None: the skinny matmuls. Rows of more
+    /// inputs take the skinny matmuls (1.7B's down, 6,144 inputs, lost 1.2% on it).
     pub gemv_tma: Option<u8>,
-    /// A 1-row decode step's add + RMSNorm + qkv matmul run inside the fused decode
-    /// attention's clusters (`kernels/fused_qkv.cuh`, H100/H200) where its context fits one
-    /// cluster: each cluster of 16 blocks computes its KV head's q, k and v rows from weights
-    /// loaded before the wait on the kernel before (where [`AttnQkv`] says), and passes them
-    /// round by a cluster barrier instead of a launch boundary; the same bits as the skinny
-    /// matmul. Serves GQA group 2 over bf16 caches without adapters or tensor parallelism.
-    /// Default None (measured slower on the H200, #21).
-    pub attn_qkv: Option<AttnQkv>,
+    /// Fewest inputs of the 1-row plain matmuls [`KernelOptions::gemv_tma`] takes (a multiple
+    /// of 1,024 from here up to 4,096). Default `GEMV_TMA_MIN_K` (2,049); 2,048 adds o.
+    pub gemv_tma_min_k: usize,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
     /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one
@@ -381,7 +369,7 @@ impl Default for KernelOptions {
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),
-            attn_qkv: None,
+            gemv_tma_min_k: GEMV_TMA_MIN_K,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,

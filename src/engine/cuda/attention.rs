@@ -7,7 +7,7 @@ use candle_core::{DType, Tensor};
 
 use super::kernels::{CudaKernels, DECODE_PARTITION};
 use super::launch::kernel_err;
-use super::params::{DecodeGeometry, DecodeParams};
+use super::params::{DecodeGeometry, DecodeParams, FusedDecodeParams};
 use crate::engine::kv_format::KvRef;
 use crate::error::Result;
 
@@ -327,43 +327,88 @@ impl CudaKernels {
     pub fn decode_fused_stage_into(
         &self,
         qkv: &Tensor,
-        norms: (&Tensor, &Tensor, f64),
+        (q_w, k_w, eps): (&Tensor, &Tensor, f64),
         inv_freq: &Tensor,
-        pos_slots: (&Tensor, &Tensor),
+        (positions, slots): (&Tensor, &Tensor),
         kv: KvRef<'_>,
-        tables: (&Tensor, Option<&Tensor>),
+        (block_tables, width): (&Tensor, Option<&Tensor>),
         ctx_lens: &Tensor,
         block_size: usize,
         out: &Tensor,
-        parts: (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
+        (splits, part, scratch, counters): (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
         short: bool,
         stop: i32,
     ) -> Result<()> {
-        let (l, fused) = self.fused_launch(
-            (qkv, 3),
-            norms,
-            inv_freq,
-            pos_slots,
-            kv,
-            tables,
-            ctx_lens,
-            block_size,
-            out,
-            parts,
+        self.check_dtype(qkv)?;
+        let (k_cache, v_cache) = (kv.k, kv.v);
+        let (nkv, num_slots, hd) = k_cache.dims3()?;
+        let b = ctx_lens.elem_count();
+        let nh = out.elem_count() / (b * hd).max(1);
+        if !self.fused_decode_serves(nh, nkv, hd)
+            || qkv.elem_count() != b * (nh + 2 * nkv) * hd
+            || out.elem_count() != b * nh * hd
+            || counters.elem_count() < b * (nkv << self.fused_group(nh / nkv.max(1)).1)
+        {
+            return Err(kernel_err(
+                "decode_fused",
+                format!("nh {nh} nkv {nkv} hd {hd} rows {b}"),
+            ));
+        }
+        let loaded = if kv.is_fp8() {
+            self.fp8_kernels("decode_fused")?.decode_fused.as_ref()
+        } else {
+            self.decode_fused.as_ref()
+        };
+        let Some(fused) = loaded else {
+            return Err(kernel_err("decode_fused", "not loaded"));
+        };
+        // Group 8 may run as group 4 over twice the KV heads (`fused_group`).
+        let (g, kv_shift) = self.fused_group(nh / nkv);
+        let (funcs, smem) = fused.chosen(b, short);
+        let func = &funcs[g.trailing_zeros() as usize];
+        let nkv_grid = nkv << kv_shift;
+        let splits = splits.max(1);
+        let (acc, ml) = partials(out, scratch, b * nh * splits * hd, splits, "decode_fused")?;
+        let w = block_tables.elem_count() / b.max(1);
+        let params = FusedDecodeParams {
+            qkv: self.ptr(qkv)?,
+            q_w: self.ptr(q_w)?,
+            k_w: self.ptr(k_w)?,
+            inv_freq: self.ptr(inv_freq)?,
+            pos: self.ptr(positions)?,
+            slots: self.ptr(slots)?,
+            k_cache: self.ptr(k_cache)?,
+            v_cache: self.ptr(v_cache)?,
+            block_tables: self.ptr(block_tables)?,
+            ctx_lens: self.ptr(ctx_lens)?,
+            out: self.ptr(out)?,
+            part_acc: self.ptr(&acc)?,
+            part_ml: self.ptr(&ml)?,
+            counters: self.ptr(counters)?,
+            geometry: DecodeGeometry::new(
+                self,
+                (w, width),
+                block_size,
+                num_slots,
+                nkv_grid,
+                part,
+                kv.scale,
+            )?,
+            eps: eps as f32,
             stop,
-        )?;
-        let (funcs, smem) = fused.chosen(l.rows, short);
-        let func = &funcs[l.group.trailing_zeros() as usize];
+            kv_shift: kv_shift as i32,
+            pad: 0,
+        };
         let mut lb = self.launcher(func);
         if stop == 0 {
-            lb.cluster_z(l.cluster as u32);
+            lb.cluster_z(self.decode_cluster(b, nh / nkv, splits) as u32);
         }
-        lb.arg(&l.params);
+        lb.arg(&params);
         // SAFETY: `FusedDecodeParams` is the kernel's one parameter (same layout, checked at
-        // compile time on both sides); the buffers are sized in `fused_launch`.
+        // compile time on both sides); the buffers are sized above.
         let cfg = LaunchConfig {
             shared_mem_bytes: smem,
-            ..l.grid
+            ..decode_grid(b, nkv_grid, splits)
         };
         unsafe { lb.launch(cfg) }.w()?;
         Ok(())
@@ -372,7 +417,7 @@ impl CudaKernels {
 
 /// The partial buffers of a decode launch in `splits` partitions: the scratch when there are
 /// several (it must hold `need` accumulators), `out` (unused by the kernel) for one.
-pub(super) fn partials(
+fn partials(
     out: &Tensor,
     scratch: Option<&(Tensor, Tensor)>,
     need: usize,

@@ -30,30 +30,7 @@ pub(crate) struct FusedDecode {
     pub(super) mma: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_one: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_rows: usize,
-    /// The stages a warp of `mma`'s and `mma_one`'s kernels (0: not loaded).
-    pub(super) stages: (u8, u8),
-    /// With `LaunchOptions::attn_qkv` (bf16 caches, sm_90): the qkv phase's kernels
-    /// (`decode_fused_qkv{,s}{1,3}_mma{1,2}_g2_bf16`: the tensor-core loop), `[norm on the
-    /// inputs, deferred]` by `[1 stage, 2 stages]`, each allowing `ATTN_QKV_MAX_SMEM` of
-    /// dynamic shared memory, and the inputs a row they hold in registers (1,024 or 0).
-    pub(super) qkv: Option<([[CudaFunction; 2]; 2], usize)>,
-    /// Whether the GPU holds a cluster a KV head at once, per (stages, dynamic shared
-    /// memory, KV heads) of the qkv phase's launches (asked once each).
-    pub(super) qkv_fit: parking_lot::Mutex<Vec<(u8, u32, usize, bool)>>,
 }
-
-/// The dynamic shared memory of the fused attention's tensor-core kernels of `d` stages over
-/// caches of `elem` bytes an element: 4 warps x stages x a chunk's K and V (16 rows of 128
-/// dims), at least the warps' or half-warps' states (MMA_STATES_BYTES of
-/// kernels/decode_mma.cuh).
-pub(super) fn mma_smem(d: u8, elem: u32) -> u32 {
-    (4 * u32::from(d) * 2 * 16 * 128 * elem).max(33_280)
-}
-
-/// Most dynamic shared memory of a `decode_fused_qkv*` launch (their 3-11 KB of static
-/// shared memory on top stays within the H200's 227 KB a block; a launch serves only where
-/// two blocks fit an SM, see `attention_qkv.rs`).
-pub(crate) const ATTN_QKV_MAX_SMEM: u32 = 196 * 1024;
 
 impl FusedDecode {
     /// The kernels `opts` asks for over caches of `dt` ("bf16" or "fp8"): the lean kernels
@@ -93,7 +70,9 @@ impl FusedDecode {
         let mma_set = |d: u8| -> Result<([CudaFunction; 4], u32)> {
             let d = d.clamp(1, 2);
             let elem = if dt == "fp8" { 1 } else { 2 };
-            let smem = mma_smem(d, elem);
+            // 4 warps x stages x a chunk's K and V (16 rows of 128 dims), at least the
+            // warps' or half-warps' states (MMA_STATES_BYTES of kernels/decode_mma.cuh).
+            let smem = (4 * d as u32 * 2 * 16 * 128 * elem).max(33_280);
             let fs = set(&format!("decode_fused_mma{d}"), smem)?;
             // They serve 1-2-row steps only (`fused_mma_rows`), as the skinny matmuls do.
             if let Some(c) = opts.smem_carveout {
@@ -106,51 +85,11 @@ impl FusedDecode {
             (Some(d), Some(one)) if one.clamp(1, 2) != d.clamp(1, 2) => Some(mma_set(one)?),
             _ => None,
         };
-        let stages = (
-            opts.fused_mma.map_or(0, |d| d.clamp(1, 2)),
-            match mma_one {
-                Some(_) => opts.fused_mma_one.map_or(0, |d| d.clamp(1, 2)),
-                None => 0,
-            },
-        );
-        let qkv = if let Some(how) = opts.attn_qkv.filter(|_| hopper && dt == "bf16") {
-            use crate::engine::options::AttnQkv;
-            let (s, reg_k) = match how {
-                AttnQkv::Registers => ("", 1024),
-                AttnQkv::Shared => ("s", 0),
-            };
-            let load = |name: String| -> Result<CudaFunction> {
-                let f = m
-                    .load_function(&name)
-                    .map_err(|e| kernel_err(&format!("function {name}"), e))?;
-                f.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
-                    .map_err(|e| kernel_err("decode_fused_qkv cluster size", e))?;
-                let smem = ATTN_QKV_MAX_SMEM as i32;
-                f.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-                    .map_err(|e| kernel_err("decode_fused_qkv shared memory", e))?;
-                if let Some(c) = opts.smem_carveout {
-                    super::launch::carve([&f], c);
-                }
-                Ok(f)
-            };
-            let kinds = |n: u8| -> Result<[CudaFunction; 2]> {
-                Ok([
-                    load(format!("decode_fused_qkv{s}{n}_mma1_g2_bf16"))?,
-                    load(format!("decode_fused_qkv{s}{n}_mma2_g2_bf16"))?,
-                ])
-            };
-            Some(([kinds(1)?, kinds(3)?], reg_k))
-        } else {
-            None
-        };
         Ok(Self {
             cores,
             mma,
             mma_one,
             mma_rows: crate::engine::batch::bucket_bound(opts.fused_mma_rows),
-            stages,
-            qkv,
-            qkv_fit: parking_lot::Mutex::new(Vec::new()),
         })
     }
 
@@ -165,25 +104,6 @@ impl FusedDecode {
             Some((fs, smem)) if short && rows <= self.mma_rows => (fs, *smem),
             _ => (&self.cores, 0),
         }
-    }
-
-    /// The stages a warp of the tensor-core kernels a 1-row launch takes (as
-    /// [`FusedDecode::chosen`] chooses; 0: the CUDA-core loop's kernels).
-    pub(super) fn stages_one(&self) -> u8 {
-        match (&self.mma_one, self.stages) {
-            _ if self.mma_rows == 0 => 0,
-            (Some(_), (_, d)) => d,
-            (None, (d, _)) => d,
-        }
-    }
-
-    /// The qkv phase's kernel of `stages` (1 or 2; its norm's scale deferred to the sums when
-    /// `deferred`, as the skinny matmuls do) and the dynamic shared memory of the attention's
-    /// own part; None without `LaunchOptions::attn_qkv` or for other stages.
-    pub(super) fn qkv_kernel(&self, stages: u8, deferred: bool) -> Option<(&CudaFunction, u32)> {
-        let fs = &self.qkv.as_ref()?.0[usize::from(deferred)];
-        let d = usize::from(stages).checked_sub(1).filter(|&d| d < 2)?;
-        Some((&fs[d], mma_smem(stages, 2)))
     }
 }
 

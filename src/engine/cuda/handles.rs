@@ -24,18 +24,20 @@ type ModuleLoad<'a> = &'a dyn Fn(&[u8], &str) -> Result<Arc<CudaModule>>;
 static GEMV_TMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_tma_sm90.fatbin"));
 
 /// The streamed 1-row matmul (`kernels/gemv_tma_sm90.cu`, `LaunchOptions::gemv_tma`; launched
-/// from `gemv_tma.rs`) and its ring's slots a warp.
+/// from `gemv_tma.rs`), its ring's slots a warp and the fewest inputs a row it takes.
 pub(crate) struct TmaGemv {
     pub(super) f: CudaFunction,
     pub(super) slots: usize,
+    pub(super) min_k: usize,
 }
 
 impl TmaGemv {
     /// The kernel when `slots` asks for it on a bf16 model and an sm_90 GPU, with the shared-
-    /// memory carveout of the 1-2-row kernels (`LaunchOptions::smem_carveout`); `load` loads a
-    /// module from a fatbin.
+    /// memory carveout of the 1-2-row kernels (`LaunchOptions::smem_carveout`), for rows of
+    /// at least `min_k` inputs (`LaunchOptions::gemv_tma_min_k`); `load` loads a module from a
+    /// fatbin.
     pub(super) fn load(
-        (slots, carveout): (Option<u8>, Option<u8>),
+        (slots, carveout, min_k): (Option<u8>, Option<u8>, usize),
         (dtype, sm90): (DType, bool),
         load: ModuleLoad<'_>,
     ) -> Result<Option<Self>> {
@@ -44,7 +46,7 @@ impl TmaGemv {
             return Ok(None);
         };
         if !sm90 {
-            tracing::warn!("gemv_tma needs an sm_90 GPU (H100/H200): the skinny matmuls instead");
+            tracing::debug!("gemv_tma needs an sm_90 GPU (H100/H200): the skinny matmuls instead");
             return Ok(None);
         }
         let m = load(GEMV_TMA, "gemv_tma_sm90")?;
@@ -62,6 +64,7 @@ impl TmaGemv {
         Ok(Some(Self {
             f,
             slots: usize::from(n.clamp(1, GEMV_TMA_MAX_SLOTS)),
+            min_k,
         }))
     }
 }

@@ -106,37 +106,6 @@ impl<'a> Launch<'a> {
     }
 }
 
-/// How many clusters of `cluster_z` blocks along z of launches of `func` with `cfg` the GPU
-/// can hold at once (`cuOccupancyMaxActiveClusters`); None where the driver does not say.
-pub(crate) fn max_active_clusters(
-    func: &CudaFunction,
-    cfg: LaunchConfig,
-    cluster_z: u32,
-) -> Option<i32> {
-    // SAFETY: the union is plain data; a zeroed attribute is then given its id and value.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim.x = 1;
-    attr.value.clusterDim.y = 1;
-    attr.value.clusterDim.z = cluster_z;
-    let config = sys::CUlaunchConfig {
-        gridDimX: cfg.grid_dim.0,
-        gridDimY: cfg.grid_dim.1,
-        gridDimZ: cfg.grid_dim.2,
-        blockDimX: cfg.block_dim.0,
-        blockDimY: cfg.block_dim.1,
-        blockDimZ: cfg.block_dim.2,
-        sharedMemBytes: cfg.shared_mem_bytes,
-        hStream: std::ptr::null_mut(),
-        attrs: &mut attr,
-        numAttrs: 1,
-    };
-    let mut n = 0;
-    // SAFETY: `config` and its one attribute live until the call returns; `n` is written.
-    let r = unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, func.cu_function(), &config) };
-    r.result().ok().map(|()| n)
-}
-
 /// Asks each of `fs` for the shared-memory carveout `c` (percent of the SM's unified L1 /
 /// shared memory; `LaunchOptions::smem_carveout`). A hint: where the driver refuses it, the
 /// kernel keeps the driver's choice and the refusal is logged.

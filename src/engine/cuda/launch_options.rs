@@ -33,9 +33,8 @@ pub struct LaunchOptions {
     /// The 1-row plain matmuls over 2,049-4,096 inputs on the streamed kernel
     /// (`kernels/gemv_tma_sm90.cu`), this many 2 KB pieces in flight a warp; None: gemv.cu's.
     pub gemv_tma: Option<u8>,
-    /// A 1-row step's add + RMSNorm + qkv matmul inside the fused decode attention
-    /// (`decode_fused_qkv*`, `kernels/fused_qkv.cuh`).
-    pub attn_qkv: Option<crate::engine::options::AttnQkv>,
+    /// Fewest inputs of the 1-row matmuls the streamed kernel takes.
+    pub gemv_tma_min_k: usize,
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
     pub gemv_double_buffer: bool,
@@ -161,7 +160,7 @@ impl Default for LaunchOptions {
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
             gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),
-            attn_qkv: None,
+            gemv_tma_min_k: crate::engine::options::GEMV_TMA_MIN_K,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,

@@ -21,7 +21,6 @@
 mod attention;
 mod attention_choice;
 mod attention_handles;
-mod attention_qkv;
 mod blas;
 mod buffers;
 mod fp8;
@@ -47,7 +46,6 @@ mod upload;
 mod verify;
 
 pub use attention::{CLUSTER_MAX_ROWS, DECODE_CLUSTER, FUSED_MAX_ROWS, GQA8_SPLIT_MAX_ROWS};
-pub use attention_qkv::QkvInput;
 pub use buffers::GpuEvent;
 pub use gemm_presum::presum_len;
 pub use handles::GEMV_TMA_MAX_SLOTS;

@@ -93,27 +93,6 @@ pub(super) struct FusedDecodeParams {
     pub(super) pad: i32,
 }
 
-/// `FusedQkvParams` of `kernels/fused_qkv.cuh`: the second parameter of
-/// `decode_fused_qkv*` (`LaunchOptions::attn_qkv`): the qkv weight, the residual row, the
-/// delta added to it (`add` 1) and where the sum goes, the norm's weight and eps, the inputs
-/// `k` and the offsets in dynamic shared memory of the weight rows' inputs past 1,024, the
-/// normed row and the cluster merge's partials.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub(super) struct FusedQkvParams {
-    pub(super) w: u64,
-    pub(super) res: u64,
-    pub(super) delta: u64,
-    pub(super) res_out: u64,
-    pub(super) nw: u64,
-    pub(super) eps: f32,
-    pub(super) add: i32,
-    pub(super) k: i32,
-    pub(super) w_off: i32,
-    pub(super) x_off: i32,
-    pub(super) pa_off: i32,
-}
-
 /// `PrefillParams` of `kernels/attention.cuh`: the one parameter of `paged_prefill_*`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -144,7 +123,6 @@ pub(super) struct PrefillParams {
 const _: () = assert!(std::mem::size_of::<DecodeParams>() == 104);
 const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 168);
 const _: () = assert!(std::mem::size_of::<PrefillParams>() == 120);
-const _: () = assert!(std::mem::size_of::<FusedQkvParams>() == 64);
 const _: () = {
     use std::mem::offset_of;
     assert!(offset_of!(DecodeParams, geometry) == 64);

@@ -71,7 +71,7 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         gemv_stream: opts.gemv_stream,
         smem_carveout: opts.smem_carveout,
         gemv_tma: opts.gemv_tma,
-        attn_qkv: opts.attn_qkv,
+        gemv_tma_min_k: opts.gemv_tma_min_k,
         gemv_double_buffer: opts.gemv_double_buffer,
         gemv_split_k: opts.gemv_split_k,
         l2_prefetch: opts.l2_prefetch,

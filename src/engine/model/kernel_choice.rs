@@ -5,7 +5,6 @@
 use super::attention::{AttnGroup, AttnPlan};
 use super::kernel_buffers::StepInputs;
 use super::kernel_forward::KernelForward;
-use super::kv_cache::PagedKvCache;
 
 impl KernelForward<'_> {
     /// Whether a decode step of `rows` rows in `splits` partitions whose longest context is
@@ -26,26 +25,6 @@ impl KernelForward<'_> {
             self.kernels
                 .fused_decode_supports(rows, at.num_heads, at.num_kv_heads, at.head_dim)
         })
-    }
-
-    /// Whether a fused 1-row decode step of `t` rows runs each layer's add + norm + qkv
-    /// matmul inside its fused attention (`KernelOptions::attn_qkv`, where the kernels serve
-    /// the shape: [`crate::engine::cuda::CudaKernels::attn_qkv_serves`]): its context fits one
-    /// cluster (the tensor-core loop; past it the kernel's long contexts measured 1.4-1.8x
-    /// slower on the H200).
-    pub(crate) fn attn_qkv_step(&self, inputs: &StepInputs, t: usize, c: &PagedKvCache) -> bool {
-        t == 1
-            && inputs.short_ctx
-            && c.dtype() != candle_core::DType::F8E4M3
-            && self.model.layers.iter().all(|l| {
-                let at = &l.attn;
-                let shape = (at.num_heads, at.num_kv_heads, at.head_dim);
-                at.qkv.weight().dims2().is_ok_and(|w| {
-                    self.kernels
-                        .attn_qkv_serves(shape, w, inputs.splits)
-                        .is_some()
-                })
-            })
     }
 
     /// Whether the step's attention runs as the fused decode launch: a pure decode step

@@ -191,6 +191,49 @@ impl KernelForward<'_> {
         Ok((inputs, plan, acts))
     }
 
+    /// Layer `li`'s attention from `acts.qkv`: the fused decode launch (`fused`), or the q/k
+    /// norm + RoPE + KV write and then the attention kernels; returns the attention output.
+    pub(crate) fn layer_attention(
+        &self,
+        li: usize,
+        (inputs, acts, plan, cache): (&StepInputs, &Activations, &AttnPlan, &PagedKvCache),
+        (fused, part): (bool, usize),
+    ) -> Result<Tensor> {
+        let (m, k, a) = (self.model, self.kernels, acts);
+        let at = &m.layers[li].attn;
+        let bs = cache.block_size();
+        let mut kv = cache.layer(li);
+        kv.fresh = a.kv_new.as_ref().map(|(k, v)| (k, v));
+        Ok(if fused {
+            k.decode_fused_into(
+                &a.qkv,
+                (&at.q_norm.weight, &at.k_norm.weight, at.q_norm.eps),
+                &m.inv_freq,
+                (&inputs.pos, &inputs.slots),
+                kv,
+                (&inputs.tables, inputs.width.as_ref()),
+                &inputs.ctx_lens,
+                bs,
+                &a.attn,
+                (inputs.splits, part, a.scratch.as_ref(), &a.counters),
+                inputs.short_ctx,
+            )?;
+            a.attn.clone()
+        } else {
+            k.qk_norm_rope_kv_write_into(
+                &a.qkv,
+                (&at.q_norm.weight, &at.k_norm.weight),
+                &m.inv_freq,
+                (&inputs.pos, &inputs.slots),
+                kv,
+                (at.num_heads, at.num_kv_heads, at.head_dim),
+                at.q_norm.eps,
+                &a.q,
+            )?;
+            self.attend_kernels(kv, plan, inputs, acts, bs)?
+        })
+    }
+
     /// Every layer and the final norm of one step, on `inputs`, into `acts` (`acts.h` ends as
     /// the normed last hidden state of every token). Allocates nothing, copies nothing from
     /// the host and never synchronizes when the step is pure decode on one rank, unless
@@ -218,9 +261,6 @@ impl KernelForward<'_> {
         // The overlap's deferred expands leave `a.o` without its delta: not with a trace of
         // it, nor with the all-reduce of tensor parallelism.
         let lora = self.lora_step(inputs, acts, comm.is_none() && trace.is_none())?;
-        // A 1-row step's add + norm + qkv inside the fused attention (`attn_qkv`).
-        let plain = lora.is_none() && comm.is_none() && trace.is_none();
-        let qkv_in = fused && plain && self.attn_qkv_step(inputs, t, cache);
         // The down whose LoRA expand the next add+RMSNorm takes over (overlap path).
         let mut down_before: Option<(usize, usize)> = None;
         // The presummed norm (`KernelOptions::norm_presum`, 3-8 rows): the matmul before a
@@ -244,7 +284,6 @@ impl KernelForward<'_> {
                     None,
                     ((l, li, 0), down_before),
                 )?,
-                None if qkv_in => {}
                 None if presummed => {
                     let qkv_w = at.qkv.weight();
                     k.presum_linear_into(
@@ -269,8 +308,7 @@ impl KernelForward<'_> {
             if delta.is_some() {
                 cur = 1 - cur;
             }
-            let step = (inputs, acts, plan, cache);
-            let out = self.layer_attention(li, step, (fused, part), qkv_in.then_some(res))?;
+            let out = self.layer_attention(li, (inputs, acts, plan, cache), (fused, part))?;
             let ffn_w = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.gate_up.weight(),
                 Ffn::Sparse(moe) => &moe.router,
@@ -359,7 +397,7 @@ impl KernelForward<'_> {
     /// One layer's attention on the kernels: every group writes its rows of one `[T, nh * hd]`
     /// output (decode runs through the decode kernel, all prefill chunks through one prefill
     /// launch); groups the kernels do not serve go through the gather path.
-    pub(super) fn attend_kernels(
+    fn attend_kernels(
         &self,
         kv: KvRef<'_>,
         plan: &AttnPlan,

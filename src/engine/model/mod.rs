@@ -22,8 +22,6 @@ pub mod config;
 pub mod files;
 pub mod forward;
 #[cfg(feature = "cuda")]
-mod kernel_attention;
-#[cfg(feature = "cuda")]
 mod kernel_buffers;
 #[cfg(feature = "cuda")]
 mod kernel_choice;
