@@ -61,8 +61,8 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
 
 /// The streamed 1-row matmul (`LaunchOptions::gemv_tma`, sm_90) against the skinny matmuls
 /// (`gemv_tma` None), bit for bit (tolerance 0), at 1, 4 and 10 pieces a warp, over shapes
-/// where a warp takes several rows, one or none (7 rows), 0.6B's down and both shapes' o among
-/// them (taken from 2,048 inputs here). On a GPU without sm_90 both are the skinny matmuls.
+/// where a warp takes several rows, one or none (7 rows), 0.6B's down and o among them (it
+/// serves at most 1,024 rows). On a GPU without sm_90 both are the skinny matmuls.
 fn tma_bits(dev: &Device, t: &mut Table) -> Res<()> {
     let dt = DType::BF16;
     let skinny = LaunchOptions {
@@ -73,18 +73,17 @@ fn tma_bits(dev: &Device, t: &mut Table) -> Res<()> {
     for ns in [1u8, 4, 10] {
         let opts = LaunchOptions {
             gemv_tma: Some(ns),
-            gemv_tma_min_k: 2048,
             ..LaunchOptions::default()
         };
         let k = CudaKernels::new(dev, dt, &opts)?.ok_or("no kernels")?;
         for &(n, kk) in &[
             (1024usize, 3072usize),
-            (2048, 3072),
+            (512, 3072),
             (1000, 4096),
-            (3000, 3072),
+            (1024, 4096),
             (7, 4096),
             (1024, 2048),
-            (2048, 2048),
+            (999, 2048),
         ] {
             let x = randn(&[1, kk], dt, dev)?;
             let w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;

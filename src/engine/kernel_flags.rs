@@ -44,16 +44,16 @@ pub struct KernelFlags {
     /// `KernelOptions::smem_carveout` off).
     #[arg(long, conflicts_with = "smem_carveout")]
     pub no_smem_carveout: bool,
-    /// The 1-row matmuls over 2,049-4,096 inputs (0.6B's down) with their weights streamed into
-    /// shared memory, N 2 KB pieces in flight a warp (`KernelOptions::gemv_tma`; default 4).
+    /// The 1-row matmuls of 2,048-4,096 inputs and at most 1,024 outputs (0.6B's o and down) with
+    /// their weights streamed into shared memory, N 2 KB pieces in flight a warp
+    /// (`KernelOptions::gemv_tma`; default 4).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=10))]
     pub gemv_tma: Option<u8>,
-    /// The 1-row matmuls over 2,049-4,096 inputs on the skinny matmuls (turns
-    /// `KernelOptions::gemv_tma` off).
+    /// Those 1-row matmuls on the skinny matmuls (turns `KernelOptions::gemv_tma` off).
     #[arg(long, conflicts_with = "gemv_tma")]
     pub no_gemv_tma: bool,
     /// Fewest inputs of the 1-row matmuls the streamed kernel takes
-    /// (`KernelOptions::gemv_tma_min_k`; default 2,049; 2,048 adds o).
+    /// (`KernelOptions::gemv_tma_min_k`; default 2,048; 2,049 leaves 0.6B's o out).
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub gemv_tma_min_k: Option<u64>,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs

@@ -83,8 +83,9 @@ pub const SMEM_CARVEOUT: u8 = 100;
 pub const GEMV_TMA_PIECES: u8 = 4;
 
 /// Fewest inputs of the 1-row matmuls the streamed kernel takes by default
-/// ([`KernelOptions::gemv_tma_min_k`]): 2,049 (0.6B's down, 3,072 inputs; not o's 2,048).
-pub const GEMV_TMA_MIN_K: usize = 2049;
+/// ([`KernelOptions::gemv_tma_min_k`]): 2,048, 0.6B's o as well as its down (on the H200 0.6B
+/// batch 1 after 512-token prompts 1,346 against 1,306-1,307 tok/s with the down alone).
+pub const GEMV_TMA_MIN_K: usize = 2048;
 
 /// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
@@ -144,11 +145,13 @@ pub struct KernelOptions {
     /// on `kernels/gemv_tma_sm90.cu` (H100/H200): one block per SM, a copy warp streaming each
     /// compute warp's rows into a ring of this many 2 KB shared-memory pieces from before the
     /// wait on the kernel before; the same bits as the skinny matmuls (`kernel_check
-    /// --gemv-only`). Default `Some(GEMV_TMA_PIECES)`; None: the skinny matmuls. Rows of more
-    /// inputs take the skinny matmuls (1.7B's down, 6,144 inputs, lost 1.2% on it).
+    /// --gemv-only`), for weights of at most 1,024 rows. Default `Some(GEMV_TMA_PIECES)`;
+    /// None: the skinny matmuls. Wider or longer weights take the skinny matmuls (on the H200
+    /// 1.7B batch 1 lost 1.2% with its down on it, 2,048 x 6,144, and 1.1% with its o, 2,048 x
+    /// 2,048).
     pub gemv_tma: Option<u8>,
     /// Fewest inputs of the 1-row plain matmuls [`KernelOptions::gemv_tma`] takes (a multiple
-    /// of 1,024 from here up to 4,096). Default `GEMV_TMA_MIN_K` (2,049); 2,048 adds o.
+    /// of 1,024 from here up to 4,096). Default `GEMV_TMA_MIN_K` (2,048: 0.6B's o and down).
     pub gemv_tma_min_k: usize,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`

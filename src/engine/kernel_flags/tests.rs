@@ -172,16 +172,16 @@ fn kernel_flags_become_kernel_options() {
     );
     assert!(Cli::try_parse_from(["x", "--smem-carveout", "101"]).is_err());
     assert!(Cli::try_parse_from(["x", "--smem-carveout", "9", "--no-smem-carveout"]).is_err());
-    // The streamed 1-row matmul: on with 4 pieces a warp by default, 1-10, or off; over
-    // 2,049+ inputs unless told.
+    // The streamed 1-row matmul: on with 4 pieces a warp by default, 1-10, or off; from
+    // 2,048 inputs unless told.
     assert_eq!(d.kernels.gemv_tma, Some(4));
     assert_eq!(opts(&["x", "--gemv-tma", "8"]).kernels.gemv_tma, Some(8));
     assert_eq!(opts(&["x", "--no-gemv-tma"]).kernels.gemv_tma, None);
     assert!(Cli::try_parse_from(["x", "--gemv-tma", "11"]).is_err());
     assert!(Cli::try_parse_from(["x", "--gemv-tma", "4", "--no-gemv-tma"]).is_err());
-    assert_eq!(d.kernels.gemv_tma_min_k, 2049);
-    let min_k = opts(&["x", "--gemv-tma-min-k", "2048"])
+    assert_eq!(d.kernels.gemv_tma_min_k, 2048);
+    let min_k = opts(&["x", "--gemv-tma-min-k", "2049"])
         .kernels
         .gemv_tma_min_k;
-    assert_eq!(min_k, 2048);
+    assert_eq!(min_k, 2049);
 }

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Round 44, call 6: the streamed 1-row matmul on 0.6B's o as well by default (2,048-4,096
+# inputs, at most 1,024 outputs): kernel_check --gemv-only (tma_bits), batch 1 after 512-token
+# prompts on both shapes (1.7B must be unchanged: its o and down stay on the skinny matmuls),
+# 0.6B batch 8 and after 2k, and graph_check with 1,000 stress steps on 0.6B.
+set -u
+source scripts/gpu_lib.sh
+model 0.6b; model 1.7b; echo "models t=$((SECONDS - T0))"
+kc gemv 100 --model-dir /tmp/m-0.6b --gemv-only
+echo "gemv_tma checks: $(grep -c "gemv_tma" "$OUT/gemv.log"), failed: $(grep "gemv_tma" "$OUT/gemv.log" | grep -c FAIL)"
+for r in 1 2; do
+  row "0.6b p512 b1,8 [] run $r" --model-dir /tmp/m-0.6b --prompt 512 --batches 1,8 --new 128
+  row "1.7b p512 b1 [] run $r" --model-dir /tmp/m-1.7b --prompt 512 --batches 1 --new 128
+done
+row "0.6b p2k b1 []" --model-dir /tmp/m-0.6b --prompt 2000 --batches 1 --new 128
+left 420 && { timeout 170 .gpu/graph_check --model-dir /tmp/m-0.6b --stress-steps 1000 > "$OUT/gc.log" 2>&1;
+  echo "== graph_check rc $? t=$((SECONDS - T0))"; grep -E "FAIL|graph-check|Error|panic" "$OUT/gc.log" | head; }
+echo "done t=$((SECONDS - T0))"
