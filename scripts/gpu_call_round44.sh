@@ -7,8 +7,7 @@
 set -u
 source scripts/gpu_lib.sh
 model 0.6b; model 1.7b; echo "models t=$((SECONDS - T0))"
-kc gemv 100 --model-dir /tmp/m-0.6b --gemv-only
-echo "gemv_tma checks: $(grep -c "gemv_tma" "$OUT/gemv.log"), failed: $(grep "gemv_tma" "$OUT/gemv.log" | grep -c FAIL)"
+tma_bits
 for s in 0.6b 1.7b; do
   RUST_LOG=policy_serve=info timeout 150 .gpu/graph_check --model-dir /tmp/m-$s --qkv-check \
     > "$OUT/qkv-$s.log" 2>&1

@@ -6,8 +6,7 @@
 set -u
 source scripts/gpu_lib.sh
 model 0.6b; model 1.7b; echo "models t=$((SECONDS - T0))"
-kc gemv 100 --model-dir /tmp/m-0.6b --gemv-only
-echo "gemv_tma checks: $(grep -c "gemv_tma" "$OUT/gemv.log"), failed: $(grep "gemv_tma" "$OUT/gemv.log" | grep -c FAIL)"
+tma_bits
 for r in 1 2; do
   for v in "" "--gemv-tma-min-k 2048"; do
     row "0.6b p512 b1 [$v] run $r" --model-dir /tmp/m-0.6b --prompt 512 --batches 1 --new 128 $v

@@ -6,8 +6,7 @@
 set -u
 source scripts/gpu_lib.sh
 model 0.6b; model 1.7b; echo "models t=$((SECONDS - T0))"
-kc gemv 100 --model-dir /tmp/m-0.6b --gemv-only
-echo "gemv_tma checks: $(grep -c "gemv_tma" "$OUT/gemv.log"), failed: $(grep "gemv_tma" "$OUT/gemv.log" | grep -c FAIL)"
+tma_bits
 for r in 1 2; do
   row "0.6b p512 b1,8 [] run $r" --model-dir /tmp/m-0.6b --prompt 512 --batches 1,8 --new 128
   row "1.7b p512 b1 [] run $r" --model-dir /tmp/m-1.7b --prompt 512 --batches 1 --new 128

@@ -58,3 +58,10 @@ kc() {
   echo "== $n rc $? t=$((SECONDS - T0))"
   grep -E "^kernel-check|FAIL|Error|panic" "$OUT/$n.log" | head -8
 }
+
+# tma_bits: kernel_check --gemv-only on /tmp/m-0.6b (log $OUT/gemv.log) and the count of its
+# streamed 1-row matmul checks (tma_bits) and their failures.
+tma_bits() {
+  kc gemv 100 --model-dir /tmp/m-0.6b --gemv-only
+  echo "gemv_tma checks: $(grep -c "gemv_tma" "$OUT/gemv.log"), failed: $(grep "gemv_tma" "$OUT/gemv.log" | grep -c FAIL)"
+}

@@ -25,7 +25,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     }
     // The one-block-a-row-group kernels with one batch of loads in flight (no longer the
     // defaults), against which the streamed and double-buffered ones are held (without the
-    // streamed 1-row matmul, which would take their 1-row plain matmuls of 2,049+ inputs).
+    // streamed 1-row matmul, which would take their 1-row plain matmuls of 2,048+ inputs).
     let base = LaunchOptions {
         gemv_stream: None,
         gemv_double_buffer: false,

@@ -393,9 +393,8 @@ pub(super) fn lora_shapes() -> [(&'static str, usize, Vec<usize>); 5] {
     ]
 }
 
-/// The flattened tile table (u32 `[tiles, 3]`, one-token tiles) of `table`, with two count-0
-/// tiles of padding, as a graph's table has, where the table has room (a graph's table has a
-/// tile per row at most).
+/// The flattened tile table (u32 `[tiles, 3]`, one-token tiles) of `table`, with a graph's two
+/// count-0 tiles of padding where there is room (a graph's table has a tile a row at most).
 pub(super) fn flat_tiles(table: &[(u32, u32)], rows: usize, dev: &Device) -> Res<Tensor> {
     let mut v: Vec<u32> = table.iter().flat_map(|&(i, s)| [i, 1, s]).collect();
     if table.len() + 2 <= rows {

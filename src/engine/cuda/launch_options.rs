@@ -30,8 +30,9 @@ pub struct LaunchOptions {
     /// (the skinny matmuls of `gemv.cu`, the fused attention's tensor-core kernels); None:
     /// the driver's choice a kernel.
     pub smem_carveout: Option<u8>,
-    /// The 1-row plain matmuls over 2,049-4,096 inputs on the streamed kernel
-    /// (`kernels/gemv_tma_sm90.cu`), this many 2 KB pieces in flight a warp; None: gemv.cu's.
+    /// The 1-row plain matmuls of `gemv_tma_min_k`-4,096 inputs and at most 1,024 outputs on
+    /// the streamed kernel (`kernels/gemv_tma_sm90.cu`), this many 2 KB pieces in flight a warp;
+    /// None: gemv.cu's.
     pub gemv_tma: Option<u8>,
     /// Fewest inputs of the 1-row matmuls the streamed kernel takes.
     pub gemv_tma_min_k: usize,
