@@ -60,7 +60,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
 }
 
 /// The streamed 1-row matmul (`LaunchOptions::gemv_tma`, sm_90) against the skinny matmuls
-/// (`gemv_tma` None), bit for bit (tolerance 0), at 1, 4 and 10 pieces a warp, over shapes
+/// (`gemv_tma` None), bit for bit (tolerance 0), at 1, 3, 4 and 10 pieces a warp, over shapes
 /// where a warp takes several rows, one or none (7 rows), 0.6B's down and o among them (it
 /// serves at most 1,024 rows). On a GPU without sm_90 both are the skinny matmuls.
 fn tma_bits(dev: &Device, t: &mut Table) -> Res<()> {
@@ -70,7 +70,7 @@ fn tma_bits(dev: &Device, t: &mut Table) -> Res<()> {
         ..LaunchOptions::default()
     };
     let def = CudaKernels::new(dev, dt, &skinny)?.ok_or("no kernels")?;
-    for ns in [1u8, 4, 10] {
+    for ns in [1u8, 3, 4, 10] {
         let opts = LaunchOptions {
             gemv_tma: Some(ns),
             ..LaunchOptions::default()

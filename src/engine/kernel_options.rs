@@ -78,9 +78,10 @@ pub const FUSED_MMA_ONE: u8 = 2;
 pub const SMEM_CARVEOUT: u8 = 100;
 
 /// Default pieces in flight a warp of the streamed 1-row matmul ([`KernelOptions::gemv_tma`]):
-/// four (on the H200 0.6B batch 1 after 512-token prompts 1,306-1,310 against 1,262-1,267
-/// tok/s, eight 1,218-1,226; its bits equal the skinny matmul's: BENCHMARKS.md, #21).
-pub const GEMV_TMA_PIECES: u8 = 4;
+/// three (on the H200 0.6B batch 1 after 512-token prompts, its o and down on it: 1,369-1,371
+/// tok/s at three, 1,351-1,354 at two, 1,347 at four, 1,309-1,310 at six; its bits equal the
+/// skinny matmul's: BENCHMARKS.md, #21).
+pub const GEMV_TMA_PIECES: u8 = 3;
 
 /// Fewest inputs of the 1-row matmuls the streamed kernel takes by default
 /// ([`KernelOptions::gemv_tma_min_k`]): 2,048, 0.6B's o as well as its down (on the H200 0.6B

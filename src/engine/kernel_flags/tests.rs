@@ -172,9 +172,9 @@ fn kernel_flags_become_kernel_options() {
     );
     assert!(Cli::try_parse_from(["x", "--smem-carveout", "101"]).is_err());
     assert!(Cli::try_parse_from(["x", "--smem-carveout", "9", "--no-smem-carveout"]).is_err());
-    // The streamed 1-row matmul: on with 4 pieces a warp by default, 1-10, or off; from
+    // The streamed 1-row matmul: on with 3 pieces a warp by default, 1-10, or off; from
     // 2,048 inputs unless told.
-    assert_eq!(d.kernels.gemv_tma, Some(4));
+    assert_eq!(d.kernels.gemv_tma, Some(3));
     assert_eq!(opts(&["x", "--gemv-tma", "8"]).kernels.gemv_tma, Some(8));
     assert_eq!(opts(&["x", "--no-gemv-tma"]).kernels.gemv_tma, None);
     assert!(Cli::try_parse_from(["x", "--gemv-tma", "11"]).is_err());
