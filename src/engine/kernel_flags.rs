@@ -44,7 +44,7 @@ pub struct KernelFlags {
     /// `KernelOptions::smem_carveout` off).
     #[arg(long, conflicts_with = "smem_carveout")]
     pub no_smem_carveout: bool,
-    /// The 1-row matmuls of 2,048-4,096 inputs and at most 1,024 outputs (0.6B's o and down) with
+    /// The 1-row matmuls of 2,048-4,096 inputs and 1,024 outputs (0.6B's o and down) with
     /// their weights streamed into shared memory, N 2 KB pieces in flight a warp
     /// (`KernelOptions::gemv_tma`; default 3).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=10))]

@@ -142,14 +142,14 @@ pub struct KernelOptions {
     /// 8k unchanged. The same carveout for every kernel of ours lost 21% at batch 8, whose
     /// kernels then had 28 KB of L1 (BENCHMARKS.md, #21). None: the driver's choice.
     pub smem_carveout: Option<u8>,
-    /// The 1-row plain matmuls of `gemv_tma_min_k`-4,096 inputs (a multiple of 1,024) and at
-    /// most 1,024 rows (0.6B's o and down) run on `kernels/gemv_tma_sm90.cu` (H100/H200): one
+    /// The 1-row plain matmuls of `gemv_tma_min_k`-4,096 inputs (a multiple of 1,024) and
+    /// 1,024 rows (0.6B's o and down) run on `kernels/gemv_tma_sm90.cu` (H100/H200): one
     /// block per SM, a copy warp streaming each compute warp's rows into a ring of this many
     /// 2 KB shared-memory pieces from before the wait on the kernel before; the same bits as
     /// the skinny matmuls (`kernel_check --gemv-only`). Default `Some(GEMV_TMA_PIECES)`;
-    /// None: the skinny matmuls. Wider or longer weights take the skinny matmuls (on the H200
-    /// 1.7B batch 1 lost 1.2% with its down on it, 2,048 x 6,144, and 1.1% with its o, 2,048 x
-    /// 2,048).
+    /// None: the skinny matmuls. Other weights take the skinny matmuls (on the H200 1.7B batch
+    /// 1 lost 1.2% with its down on it, 2,048 x 6,144, and 1.1% with its o, 2,048 x 2,048; the
+    /// 30B-A3B shape 2.2% with its router, 128 x 2,048).
     pub gemv_tma: Option<u8>,
     /// Fewest inputs of the 1-row plain matmuls [`KernelOptions::gemv_tma`] takes (a multiple
     /// of 1,024 from here up to 4,096). Default `GEMV_TMA_MIN_K` (2,048: 0.6B's o and down).

@@ -14,12 +14,14 @@ use crate::error::Result;
 /// Inputs a weight piece holds (2 KB of bf16); K must be a multiple.
 const PIECE: usize = 1024;
 /// The matmuls it serves: 1 row, at least `LaunchOptions::gemv_tma_min_k` inputs (by default
-/// 2,048) and at most `MAX_K`, a multiple of [`PIECE`], and at most `MAX_N` outputs: 0.6B's
-/// down (1,024 x 3,072) and o (1,024 x 2,048). On the H200 0.6B batch 1 gained 3.3% with the
-/// down on it and 3.0% more with o, while 1.7B lost 1.2% with its down (2,048 x 6,144; the
-/// kernel alone 8.9 against 9.3 us) and 1.1% with its o (2,048 x 2,048; BENCHMARKS.md, #21).
+/// 2,048) and at most `MAX_K`, a multiple of [`PIECE`], and `ROWS` outputs (any with
+/// `LaunchOptions::gemv_tma_any_rows`): 0.6B's down (1,024 x 3,072) and o (1,024 x 2,048). On
+/// the H200 0.6B batch 1 gained 3.3% with the down on it and 3.0% more with o, while 1.7B lost
+/// 1.2% with its down (2,048 x 6,144; the kernel alone 8.9 against 9.3 us) and 1.1% with its o
+/// (2,048 x 2,048), and the 30B-A3B shape 2.2% with its router (128 x 2,048; BENCHMARKS.md,
+/// #21): only 1,024-row weights were measured faster.
 const MAX_K: usize = 4096;
-const MAX_N: usize = 1024;
+const ROWS: std::ops::RangeInclusive<usize> = 1024..=1024;
 
 impl CudaKernels {
     /// `out[0] = x[0] · wᵀ` on the streamed kernel when it serves the shape (`t` rows of `k`
@@ -35,7 +37,8 @@ impl CudaKernels {
         };
         // The rings (8 warps) and the input row.
         let smem = 8 * g.slots * PIECE * 2 + k * 2;
-        let serves = t == 1 && k >= g.min_k && k <= MAX_K && k.is_multiple_of(PIECE) && n <= MAX_N;
+        let rows = g.any_rows || ROWS.contains(&n);
+        let serves = t == 1 && k >= g.min_k && k <= MAX_K && k.is_multiple_of(PIECE) && rows;
         if !serves || smem > TMA_GEMV_MAX_SMEM || n == 0 || self.gemv.is_none() {
             return Ok(false);
         }

@@ -24,20 +24,22 @@ type ModuleLoad<'a> = &'a dyn Fn(&[u8], &str) -> Result<Arc<CudaModule>>;
 static GEMV_TMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_tma_sm90.fatbin"));
 
 /// The streamed 1-row matmul (`kernels/gemv_tma_sm90.cu`, `LaunchOptions::gemv_tma`; launched
-/// from `gemv_tma.rs`), its ring's slots a warp and the fewest inputs a row it takes.
+/// from `gemv_tma.rs`), its ring's slots a warp, the fewest inputs a row it takes and whether
+/// it takes weights of any row count (checks only).
 pub(crate) struct TmaGemv {
     pub(super) f: CudaFunction,
     pub(super) slots: usize,
     pub(super) min_k: usize,
+    pub(super) any_rows: bool,
 }
 
 impl TmaGemv {
     /// The kernel when `slots` asks for it on a bf16 model and an sm_90 GPU, with the shared-
     /// memory carveout of the 1-2-row kernels (`LaunchOptions::smem_carveout`), for rows of
-    /// at least `min_k` inputs (`LaunchOptions::gemv_tma_min_k`); `load` loads a module from a
-    /// fatbin.
+    /// at least `min_k` inputs (`LaunchOptions::gemv_tma_min_k`), of any row count with
+    /// `any_rows` (`LaunchOptions::gemv_tma_any_rows`); `load` loads a module from a fatbin.
     pub(super) fn load(
-        (slots, carveout, min_k): (Option<u8>, Option<u8>, usize),
+        (slots, carveout, (min_k, any_rows)): (Option<u8>, Option<u8>, (usize, bool)),
         (dtype, sm90): (DType, bool),
         load: ModuleLoad<'_>,
     ) -> Result<Option<Self>> {
@@ -65,6 +67,7 @@ impl TmaGemv {
             f,
             slots: usize::from(n.clamp(1, GEMV_TMA_MAX_SLOTS)),
             min_k,
+            any_rows,
         }))
     }
 }

@@ -432,7 +432,7 @@ impl CudaKernels {
             },
             l2_prefetch: hopper && opts.l2_prefetch,
             gemv_tma: super::handles::TmaGemv::load(
-                (opts.gemv_tma, opts.smem_carveout, opts.gemv_tma_min_k),
+                (opts.gemv_tma, opts.smem_carveout, opts.gemv_tma_rows()),
                 (dtype, major == 9),
                 &load,
             )?,

@@ -30,12 +30,15 @@ pub struct LaunchOptions {
     /// (the skinny matmuls of `gemv.cu`, the fused attention's tensor-core kernels); None:
     /// the driver's choice a kernel.
     pub smem_carveout: Option<u8>,
-    /// The 1-row plain matmuls of `gemv_tma_min_k`-4,096 inputs and at most 1,024 outputs on
+    /// The 1-row plain matmuls of `gemv_tma_min_k`-4,096 inputs and 1,024 outputs on
     /// the streamed kernel (`kernels/gemv_tma_sm90.cu`), this many 2 KB pieces in flight a warp;
     /// None: gemv.cu's.
     pub gemv_tma: Option<u8>,
     /// Fewest inputs of the 1-row matmuls the streamed kernel takes.
     pub gemv_tma_min_k: usize,
+    /// The streamed kernel takes weights of any row count, not only the 1,024-row ones it was
+    /// measured faster on (`kernel_check`'s bit checks; the engine never sets it).
+    pub gemv_tma_any_rows: bool,
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
     pub gemv_double_buffer: bool,
@@ -151,6 +154,13 @@ pub struct LaunchOptions {
     pub lora_wide: Option<usize>,
 }
 
+impl LaunchOptions {
+    /// The streamed 1-row matmul's bounds: fewest inputs, and whether any row count.
+    pub(super) fn gemv_tma_rows(&self) -> (usize, bool) {
+        (self.gemv_tma_min_k, self.gemv_tma_any_rows)
+    }
+}
+
 impl Default for LaunchOptions {
     fn default() -> Self {
         Self {
@@ -162,6 +172,7 @@ impl Default for LaunchOptions {
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
             gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),
             gemv_tma_min_k: crate::engine::options::GEMV_TMA_MIN_K,
+            gemv_tma_any_rows: false,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,
