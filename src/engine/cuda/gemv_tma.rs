@@ -21,7 +21,7 @@ const PIECE: usize = 1024;
 /// (2,048 x 2,048), and the 30B-A3B shape 2.2% with its router (128 x 2,048; BENCHMARKS.md,
 /// #21): only 1,024-row weights were measured faster.
 const MAX_K: usize = 4096;
-const ROWS: std::ops::RangeInclusive<usize> = 1024..=1024;
+const ROWS: usize = 1024;
 
 impl CudaKernels {
     /// `out[0] = x[0] · wᵀ` on the streamed kernel when it serves the shape (`t` rows of `k`
@@ -37,7 +37,7 @@ impl CudaKernels {
         };
         // The rings (8 warps) and the input row.
         let smem = 8 * g.slots * PIECE * 2 + k * 2;
-        let rows = g.any_rows || ROWS.contains(&n);
+        let rows = g.any_rows || n == ROWS;
         let serves = t == 1 && k >= g.min_k && k <= MAX_K && k.is_multiple_of(PIECE) && rows;
         if !serves || smem > TMA_GEMV_MAX_SMEM || n == 0 || self.gemv.is_none() {
             return Ok(false);

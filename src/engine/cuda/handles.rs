@@ -10,6 +10,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::{DType, Device, Tensor};
 
 use super::launch::kernel_err;
+use super::launch_options::LaunchOptions;
 use crate::error::Result;
 
 /// Most ring slots (2 KB pieces in flight) a warp of the streamed 1-row matmul keeps
@@ -34,17 +35,16 @@ pub(crate) struct TmaGemv {
 }
 
 impl TmaGemv {
-    /// The kernel when `slots` asks for it on a bf16 model and an sm_90 GPU, with the shared-
-    /// memory carveout of the 1-2-row kernels (`LaunchOptions::smem_carveout`), for rows of
-    /// at least `min_k` inputs (`LaunchOptions::gemv_tma_min_k`), of any row count with
-    /// `any_rows` (`LaunchOptions::gemv_tma_any_rows`); `load` loads a module from a fatbin.
+    /// The kernel when `opts.gemv_tma` asks for it on a bf16 model and an sm_90 GPU, with the
+    /// shared-memory carveout of the 1-2-row kernels (`smem_carveout`) and the bounds
+    /// `gemv_tma_min_k` and `gemv_tma_any_rows`; `load` loads a module from a fatbin.
     pub(super) fn load(
-        (slots, carveout, (min_k, any_rows)): (Option<u8>, Option<u8>, (usize, bool)),
+        opts: &LaunchOptions,
         (dtype, sm90): (DType, bool),
         load: ModuleLoad<'_>,
     ) -> Result<Option<Self>> {
         use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
-        let Some(n) = slots.filter(|_| dtype == DType::BF16) else {
+        let Some(n) = opts.gemv_tma.filter(|_| dtype == DType::BF16) else {
             return Ok(None);
         };
         if !sm90 {
@@ -60,14 +60,14 @@ impl TmaGemv {
             TMA_GEMV_MAX_SMEM as i32,
         )
         .map_err(|e| kernel_err("gemv_tma shared memory", e))?;
-        if let Some(c) = carveout {
+        if let Some(c) = opts.smem_carveout {
             super::launch::carve([&f], c);
         }
         Ok(Some(Self {
             f,
             slots: usize::from(n.clamp(1, GEMV_TMA_MAX_SLOTS)),
-            min_k,
-            any_rows,
+            min_k: opts.gemv_tma_min_k,
+            any_rows: opts.gemv_tma_any_rows,
         }))
     }
 }

@@ -431,11 +431,7 @@ impl CudaKernels {
                 _ => None,
             },
             l2_prefetch: hopper && opts.l2_prefetch,
-            gemv_tma: super::handles::TmaGemv::load(
-                (opts.gemv_tma, opts.smem_carveout, opts.gemv_tma_rows()),
-                (dtype, major == 9),
-                &load,
-            )?,
+            gemv_tma: super::handles::TmaGemv::load(opts, (dtype, major == 9), &load)?,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,
             gqa8_split: opts.gqa8_split,

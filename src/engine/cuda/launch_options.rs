@@ -154,13 +154,6 @@ pub struct LaunchOptions {
     pub lora_wide: Option<usize>,
 }
 
-impl LaunchOptions {
-    /// The streamed 1-row matmul's bounds: fewest inputs, and whether any row count.
-    pub(super) fn gemv_tma_rows(&self) -> (usize, bool) {
-        (self.gemv_tma_min_k, self.gemv_tma_any_rows)
-    }
-}
-
 impl Default for LaunchOptions {
     fn default() -> Self {
         Self {
