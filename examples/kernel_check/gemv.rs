@@ -56,7 +56,6 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     mma_plain_dispatch(dev, t)?;
     super::presum::checks(dev, t)?;
     tma_bits(dev, t)?;
-    tma_norm_bits(dev, t)?;
     split_rows(dev, t)
 }
 
@@ -98,55 +97,6 @@ fn tma_bits(dev: &Device, t: &mut Table) -> Res<()> {
             k.linear_into(&x, &w, &o2)?;
             let name = format!("gemv_tma {ns} pieces a warp, n {n} k {kk} (bits of gemv.cu)");
             t.check(name, max_diff(&o1, &o2)?, 0.0);
-        }
-    }
-    Ok(())
-}
-
-/// The streamed 1-row matmuls behind the fused norm (`LaunchOptions::gemv_tma_norm`,
-/// `gemv_tma_norm_silu`) against the skinny matmuls' norm kernels, bit for bit (the output
-/// and the residual sum), at 1 (plain norm) or 2 (gate|up), 4 and 10 pieces a warp: qkv and gate|up of 0.6B (the
-/// deferred scale) and 1.7B (scale first), 4,096 inputs, ragged row counts, and each shape
-/// with the deferred scale on every width and off on every width.
-fn tma_norm_bits(dev: &Device, t: &mut Table) -> Res<()> {
-    let dt = DType::BF16;
-    for (deferred, tag) in [
-        (LaunchOptions::default().norm_deferred, ""),
-        (Some(1 << 20), ", deferred"),
-        (None, ", scale first"),
-    ] {
-        let base = LaunchOptions {
-            norm_deferred: deferred,
-            ..LaunchOptions::default()
-        };
-        let def = CudaKernels::new(dev, dt, &base)?.ok_or("no kernels")?;
-        for ns in [2u8, 4, 10] {
-            let opts = LaunchOptions {
-                gemv_tma_norm: Some(if ns == 2 { 1 } else { ns }),
-                gemv_tma_norm_silu: Some(ns),
-                ..base
-            };
-            let k = CudaKernels::new(dev, dt, &opts)?.ok_or("no kernels")?;
-            for &(n, kk) in &[
-                (4096usize, 1024usize),
-                (6144, 1024),
-                (4096, 2048),
-                (12288, 2048),
-                (1000, 4096),
-                (14, 1024),
-                (2002, 3072),
-            ] {
-                let w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;
-                for silu in [false, true] {
-                    let kind = if silu { "norm_silu" } else { "norm" };
-                    let what = format!("gemv_tma_{kind} {ns} pieces, n {n} k {kk}{tag}");
-                    let names = [
-                        format!("{what} (bits of gemv.cu)"),
-                        format!("{what} residual sum"),
-                    ];
-                    norm_bits((&def, &k), &w, (1, silu), names, dev, t)?;
-                }
-            }
         }
     }
     Ok(())

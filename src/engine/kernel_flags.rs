@@ -56,14 +56,6 @@ pub struct KernelFlags {
     /// (`KernelOptions::gemv_tma_min_k`; default 2,048; 2,049 leaves 0.6B's o out).
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub gemv_tma_min_k: Option<u64>,
-    /// The 1-row matmuls behind the fused norm (qkv) with their weights streamed into shared
-    /// memory, N 2 KB pieces in flight a warp (`KernelOptions::gemv_tma_norm`; default off).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=10))]
-    pub gemv_tma_norm: Option<u8>,
-    /// The 1-row gate|up matmuls behind the fused norm streamed the same way, N pieces a warp
-    /// (`KernelOptions::gemv_tma_norm_silu`; default off).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(2..=10))]
-    pub gemv_tma_norm_silu: Option<u8>,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
@@ -260,8 +252,6 @@ impl KernelFlags {
             gemv_tma_min_k: self
                 .gemv_tma_min_k
                 .map_or(super::options::GEMV_TMA_MIN_K, |k| k as usize),
-            gemv_tma_norm: self.gemv_tma_norm,
-            gemv_tma_norm_silu: self.gemv_tma_norm_silu,
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,

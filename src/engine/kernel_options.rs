@@ -154,16 +154,6 @@ pub struct KernelOptions {
     /// Fewest inputs of the 1-row plain matmuls [`KernelOptions::gemv_tma`] takes (a multiple
     /// of 1,024 from here up to 4,096). Default `GEMV_TMA_MIN_K` (2,048: 0.6B's o and down).
     pub gemv_tma_min_k: usize,
-    /// The 1-row matmuls behind the fused add+RMSNorm without SiLU (qkv) on the streamed
-    /// kernel (`kernels/gemv_tma_sm90.cu` `gemv_tma_norm`, `gemv_tma_dnorm`; H100/H200), this
-    /// many 2 KB pieces in flight a warp, for weights of 1,024-4,096 inputs (a multiple of
-    /// 1,024): the norm as the skinny matmuls compute it (scale first, or deferred where
-    /// `norm_deferred` says), the same bits. Default None (not yet measured on the H200).
-    pub gemv_tma_norm: Option<u8>,
-    /// [`KernelOptions::gemv_tma_norm`] for the 1-row gate|up matmuls behind the norm with
-    /// SiLU*up (`gemv_tma_norm_silu`, `gemv_tma_dnorm_silu`): this many pieces a warp, a
-    /// pair's gate and up piece in turn (at least 2). Default None (not yet measured).
-    pub gemv_tma_norm_silu: Option<u8>,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
     /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one
@@ -384,8 +374,6 @@ impl Default for KernelOptions {
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),
             gemv_tma_min_k: GEMV_TMA_MIN_K,
-            gemv_tma_norm: None,
-            gemv_tma_norm_silu: None,
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,

@@ -241,17 +241,6 @@ impl CudaKernels {
             None => (pr, 0i32),
         };
         let (n32, k32, eps32) = (n as i32, k as i32, eps as f32);
-        // One row behind the block norm (not the per-warp one, which sums in another order):
-        // the streamed kernel when its option is on, with the set's deferred scale.
-        if t == 1 && g.norm_smem {
-            let set = self.gemv.as_ref().and_then(|s| s.deferred.as_ref());
-            let deferred = set.is_some_and(|(max_k, _)| k <= *max_k);
-            let norm = (pr, delta.map(|_| pd), pro, pnw, eps32);
-            let shape = (n, k, silu.is_some(), deferred);
-            if self.gemv_tma_norm_into(shape, norm, (pw, po))? {
-                return Ok(());
-            }
-        }
         let (ppf, pf_bytes) = self.prefetch_of(next)?;
         let cfg = LaunchConfig {
             grid_dim: (g.blocks(n), 1, 1),

@@ -10,7 +10,67 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::{DType, Device, Tensor};
 
 use super::launch::kernel_err;
+use super::launch_options::LaunchOptions;
 use crate::error::Result;
+
+/// Most ring slots (2 KB pieces in flight) a warp of the streamed 1-row matmul keeps
+/// (`MAX_NS` of `kernels/gemv_tma_sm90.cu`).
+pub const GEMV_TMA_MAX_SLOTS: u8 = 10;
+/// Most dynamic shared memory a launch of the streamed 1-row matmul takes.
+pub(super) const TMA_GEMV_MAX_SMEM: usize = 200 << 10;
+
+/// Loads a module from a fatbin, naming it in errors.
+type ModuleLoad<'a> = &'a dyn Fn(&[u8], &str) -> Result<Arc<CudaModule>>;
+
+static GEMV_TMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_tma_sm90.fatbin"));
+
+/// The streamed 1-row matmul (`kernels/gemv_tma_sm90.cu`, `LaunchOptions::gemv_tma`; launched
+/// from `gemv_tma.rs`), its ring's slots a warp, the fewest inputs a row it takes and whether
+/// it takes weights of any row count (checks only).
+pub(crate) struct TmaGemv {
+    pub(super) f: CudaFunction,
+    pub(super) slots: usize,
+    pub(super) min_k: usize,
+    pub(super) any_rows: bool,
+}
+
+impl TmaGemv {
+    /// The kernel when `opts.gemv_tma` asks for it on a bf16 model and an sm_90 GPU, with the
+    /// shared-memory carveout of the 1-2-row kernels (`smem_carveout`) and the bounds
+    /// `gemv_tma_min_k` and `gemv_tma_any_rows`; `load` loads a module from a fatbin.
+    pub(super) fn load(
+        opts: &LaunchOptions,
+        (dtype, sm90): (DType, bool),
+        load: ModuleLoad<'_>,
+    ) -> Result<Option<Self>> {
+        use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
+        let Some(n) = opts.gemv_tma.filter(|_| dtype == DType::BF16) else {
+            return Ok(None);
+        };
+        if !sm90 {
+            tracing::debug!("gemv_tma needs an sm_90 GPU (H100/H200): the skinny matmuls instead");
+            return Ok(None);
+        }
+        let m = load(GEMV_TMA, "gemv_tma_sm90")?;
+        let f = m
+            .load_function("gemv_tma")
+            .map_err(|e| kernel_err("function gemv_tma", e))?;
+        f.set_attribute(
+            A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            TMA_GEMV_MAX_SMEM as i32,
+        )
+        .map_err(|e| kernel_err("gemv_tma shared memory", e))?;
+        if let Some(c) = opts.smem_carveout {
+            super::launch::carve([&f], c);
+        }
+        Ok(Some(Self {
+            f,
+            slots: usize::from(n.clamp(1, GEMV_TMA_MAX_SLOTS)),
+            min_k: opts.gemv_tma_min_k,
+            any_rows: opts.gemv_tma_any_rows,
+        }))
+    }
+}
 
 /// The skinny-matmul kernels of 1-2 rows an engine launches (`kernels/gemv.cu`; launched from
 /// `gemm.rs`) and how their grids are sized.

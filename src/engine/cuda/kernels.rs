@@ -120,7 +120,7 @@ pub struct CudaKernels {
     /// Streaming multiprocessors of the GPU.
     pub(super) sms: usize,
     /// The streamed 1-row matmul (`LaunchOptions::gemv_tma`, bf16, sm_90); None without.
-    pub(super) gemv_tma: Option<super::tma_handle::TmaGemv>,
+    pub(super) gemv_tma: Option<super::handles::TmaGemv>,
     /// Skinny matmuls for 1..=GEMV_MAX_ROWS rows (bf16 only; None without
     /// `LaunchOptions::gemv`).
     pub(super) gemv: Option<GemvSet>,
@@ -431,7 +431,7 @@ impl CudaKernels {
                 _ => None,
             },
             l2_prefetch: hopper && opts.l2_prefetch,
-            gemv_tma: super::tma_handle::TmaGemv::load(opts, (dtype, major == 9), &load)?,
+            gemv_tma: super::handles::TmaGemv::load(opts, (dtype, major == 9), &load)?,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,
             gqa8_split: opts.gqa8_split,

@@ -36,12 +36,6 @@ pub struct LaunchOptions {
     pub gemv_tma: Option<u8>,
     /// Fewest inputs of the 1-row matmuls the streamed kernel takes.
     pub gemv_tma_min_k: usize,
-    /// The 1-row matmuls behind the fused norm (qkv) on the streamed kernel, this many pieces
-    /// a warp (`gemv_tma_norm`, `gemv_tma_dnorm`).
-    pub gemv_tma_norm: Option<u8>,
-    /// The 1-row gate|up matmuls behind the fused norm on the streamed kernel, this many
-    /// pieces a warp (`gemv_tma_norm_silu`, `gemv_tma_dnorm_silu`).
-    pub gemv_tma_norm_silu: Option<u8>,
     /// The streamed kernel takes weights of any row count, not only the 1,024-row ones it was
     /// measured faster on (`kernel_check`'s bit checks; the engine never sets it).
     pub gemv_tma_any_rows: bool,
@@ -171,8 +165,6 @@ impl Default for LaunchOptions {
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
             gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),
             gemv_tma_min_k: crate::engine::options::GEMV_TMA_MIN_K,
-            gemv_tma_norm: None,
-            gemv_tma_norm_silu: None,
             gemv_tma_any_rows: false,
             gemv_double_buffer: true,
             gemv_split_k: false,

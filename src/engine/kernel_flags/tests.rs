@@ -184,13 +184,4 @@ fn kernel_flags_become_kernel_options() {
         .kernels
         .gemv_tma_min_k;
     assert_eq!(min_k, 2049);
-    // The norm kinds on it: off unless asked, 1-10 pieces (2-10 for gate|up's pairs).
-    assert_eq!(
-        (d.kernels.gemv_tma_norm, d.kernels.gemv_tma_norm_silu),
-        (None, None)
-    );
-    let o = opts(&["x", "--gemv-tma-norm", "4", "--gemv-tma-norm-silu", "6"]).kernels;
-    assert_eq!((o.gemv_tma_norm, o.gemv_tma_norm_silu), (Some(4), Some(6)));
-    assert!(Cli::try_parse_from(["x", "--gemv-tma-norm-silu", "1"]).is_err());
-    assert!(Cli::try_parse_from(["x", "--gemv-tma-norm", "11"]).is_err());
 }

@@ -72,8 +72,6 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         smem_carveout: opts.smem_carveout,
         gemv_tma: opts.gemv_tma,
         gemv_tma_min_k: opts.gemv_tma_min_k,
-        gemv_tma_norm: opts.gemv_tma_norm,
-        gemv_tma_norm_silu: opts.gemv_tma_norm_silu,
         gemv_tma_any_rows: false,
         gemv_double_buffer: opts.gemv_double_buffer,
         gemv_split_k: opts.gemv_split_k,
