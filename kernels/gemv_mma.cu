@@ -3,6 +3,8 @@
 // the block-wide fused norm, with gemv.cu's arguments. Where CUDA-core FMAs would bound the
 // step (8 rows x 8 products per 16 weight bytes).
 
+#include <cooperative_groups.h>
+
 #include "gemv.cuh"
 
 namespace {
@@ -17,6 +19,12 @@ namespace {
 // 2c+9) of the step's first MMA and 8c+4..8c+7 those of its second, in A and B alike, so each
 // MMA sums 16 distinct k of the step: the dot product in another order. Token rows past T are
 // zeros. K must be a multiple of 32.
+//
+// Split (LaunchOptions::gemv_mma_split; CL 2, sm_90): a group of 16 rows on a cluster of two
+// blocks of 4 warps (grid z: the cluster's rank), for weights of fewer groups than SMs (0.6B's
+// o and down: 64 blocks of 8 warps leave half the H200 idle). Block h's warps are warps 4h ..
+// 4h + 3 of the one-block kernel (the same steps, the same sums); block 1 writes its warps'
+// tiles into block 0's shared memory and block 0 adds the 8 in order: the same bits.
 //
 // The presummed norm (LaunchOptions::norm_presum; PS): a plain matmul whose output is a
 // residual delta (o, down) adds it to the residual itself (PS 1: res_out = bf16(res +
@@ -54,7 +62,32 @@ __device__ __forceinline__ uint4 mul8(uint4 h, uint4 w) {
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-template <int T, bool SILU, bool NORM, int PS = 0>
+// Thread-block cluster barriers (sm_90; nothing elsewhere, where CL 2 is never launched):
+// arrive (release: this thread's writes, remote ones included, visible to whoever waits after
+// it) and wait (acquire).
+__device__ __forceinline__ void cl_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// Block `rank`'s address of p (this kernel's shared memory) in the cluster.
+template <typename V>
+__device__ __forceinline__ V* cl_peer(V* p, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().map_shared_rank(p, rank);
+#else
+  (void)rank;
+  return p;
+#endif
+}
+
+template <int T, bool SILU, bool NORM, int PS = 0, int CL = 1>
 __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict__ W,
                                                 const __nv_bfloat16* x,
                                                 const __nv_bfloat16* __restrict__ delta,
@@ -66,10 +99,15 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
                                                 const Presum ps = Presum{}) {
   constexpr int P = SILU ? 2 : 1;   // gate (and up) tiles
   constexpr int B = SILU ? 4 : 8;   // steps a warp keeps in flight
+  static_assert(CL == 1 || (CL == 2 && !NORM && PS < 2), "split: plain and PS 1 kernels only");
   __shared__ float red[WARPS][P][16][8];
   pdl_trigger();
   l2_prefetch_share(pf, pf_bytes);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // CL 2: this block's rank (grid z) and its warps' place among the group's 8.
+  const int rank = CL == 1 ? 0 : (int)blockIdx.z;
+  // Every block of the cluster has started before block 1 writes block 0's shared memory.
+  if (CL > 1) cl_arrive();
+  const int warp = rank * (WARPS / CL) + threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
   const int row0 = blockIdx.x * 16;
   const int steps = K / 32;
@@ -110,7 +148,7 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
   }
   if constexpr (PS == 1) {
     const int r = threadIdx.x / 8, t = threadIdx.x % 8;
-    if (threadIdx.x < 16 * 8 && t < T && row0 + r < N)
+    if (rank == 0 && threadIdx.x < 16 * 8 && t < T && row0 + r < N)
       resv = __bfloat162float(ps.res[(size_t)t * N + row0 + r]);
   }
   float d[P][4];
@@ -147,15 +185,27 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
       if (lane == 0) inv_s[warp] = rsqrtf(sum / K + ps.eps);
     }
   }
-  // d[p] = rows g (j 0, 1) and g + 8 (j 2, 3) at tokens 2c, 2c + 1.
+  // d[p] = rows g (j 0, 1) and g + 8 (j 2, 3) at tokens 2c, 2c + 1; CL 2: into block 0's
+  // shared memory, which block 0 reads once both blocks' tiles are in.
+  float(*rd)[P][16][8] = red;
+  if (CL > 1) {
+    cl_wait();
+    rd = reinterpret_cast<float(*)[P][16][8]>(cl_peer(&red[0][0][0][0], 0));
+  }
 #pragma unroll
   for (int p = 0; p < P; ++p) {
-    red[warp][p][g][2 * c] = d[p][0];
-    red[warp][p][g][2 * c + 1] = d[p][1];
-    red[warp][p][g + 8][2 * c] = d[p][2];
-    red[warp][p][g + 8][2 * c + 1] = d[p][3];
+    rd[warp][p][g][2 * c] = d[p][0];
+    rd[warp][p][g][2 * c + 1] = d[p][1];
+    rd[warp][p][g + 8][2 * c] = d[p][2];
+    rd[warp][p][g + 8][2 * c + 1] = d[p][3];
   }
-  __syncthreads();
+  if (CL > 1) {
+    cl_arrive();
+    if (rank != 0) return;
+    cl_wait();
+  } else {
+    __syncthreads();
+  }
   float sq = 0.f;  // PS 1: this thread's column's square of the sum
   if (threadIdx.x < 16 * 8) {
     const int r = threadIdx.x / 8, t = threadIdx.x % 8;
@@ -226,6 +276,30 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
   }                                                                                          \
   PRESUM_PRE(T, mma_gemv_pre_t##T##_bf16, false)                                             \
   PRESUM_PRE(T, mma_gemv_pre_silu_t##T##_bf16, true)
+
+// The split kernels (CL 2 above: a cluster of two 4-warp blocks a group, grid z 2): plain and
+// the presummed norm's residual add.
+#define MMA_SPLIT(T)                                                                         \
+  extern "C" __global__ void __launch_bounds__(WARPS * 16) mma_gemv_c2_t##T##_bf16(          \
+      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
+      const void* pf, unsigned long long pf_bytes) {                                         \
+    mma_gemv_kernel<T, false, false, 0, 2>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N,  \
+                                           K, nullptr, pf, pf_bytes);                        \
+  }                                                                                          \
+  extern "C" __global__ void __launch_bounds__(WARPS * 16) mma_gemv_res_c2_t##T##_bf16(      \
+      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
+      const __nv_bfloat16* res, __nv_bfloat16* res_out, float* ss) {                         \
+    mma_gemv_kernel<T, false, false, 1, 2>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N,  \
+                                           K, nullptr, nullptr, 0,                           \
+                                           Presum{res, res_out, ss, nullptr, 0.f, 0});       \
+  }
+
+MMA_SPLIT(3)
+MMA_SPLIT(4)
+MMA_SPLIT(5)
+MMA_SPLIT(6)
+MMA_SPLIT(7)
+MMA_SPLIT(8)
 
 MMA_PRESUM(3)
 MMA_PRESUM(4)

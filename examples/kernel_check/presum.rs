@@ -6,6 +6,8 @@
 //! another scale (bf16(h * w), then 1 / rms on the dot products), against f32 math on the
 //! residual's sum within 5e-3 of the largest output, as the path it replaces (one block's
 //! partial sum left out moves every output by ~0.8%, the norm weight left out by far more).
+//! Then the split kernels (`LaunchOptions::gemv_mma_split`: a group of 16 rows on a cluster of
+//! two 4-warp blocks) against the one-block ones, bit for bit.
 
 use super::*;
 
@@ -82,6 +84,54 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
                 rel(&y1, &reference)?,
                 5e-3,
             );
+        }
+    }
+    split_bits(&k, dev, t)
+}
+
+/// The split kernels (`LaunchOptions::gemv_mma_split`, sm_90) against `def`'s one-block
+/// ones: the plain matmul, and the residual add's output, sum and partial sums of squares,
+/// bit for bit (tolerance 0; a tile of block 1 left out, added out of order or written to
+/// the wrong warp's slot fails them), at 3-8 rows over 0.6B's o and down, 1.7B's o, ragged
+/// row counts (63 and 7 groups of 16, a last group of 8 rows) and 132 groups (an H200's
+/// SMs: not split, the one-block kernel either way).
+fn split_bits(def: &CudaKernels, dev: &Device, t: &mut Table) -> Res<()> {
+    let opts = LaunchOptions {
+        gemv_mma_split: true,
+        ..LaunchOptions::default()
+    };
+    let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
+    let dt = DType::BF16;
+    let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
+    for rows in 3..=8usize {
+        for &(n, kk) in &[
+            (1024usize, 2048usize),
+            (1024, 3072),
+            (2048, 2048),
+            (1000, 1024),
+            (104, 1024),
+            (2112, 1024),
+        ] {
+            let w = (randn(&[n, kk], dt, dev)? * 0.03)?.to_dtype(dt)?;
+            let x = randn(&[rows, kk], dt, dev)?;
+            let res = randn(&[rows, n], dt, dev)?;
+            let what = format!("gemv_mma_split rows {rows} n {n} k {kk}");
+            let (p1, p2) = (zeros(rows, n)?, zeros(rows, n)?);
+            def.linear_into(&x, &w, &p1)?;
+            k.linear_into(&x, &w, &p2)?;
+            t.check(format!("{what}: plain"), rel(&p2, &p1)?, 0.0);
+            let mut outs = Vec::new();
+            for kern in [def, &k] {
+                let (o, r) = (zeros(rows, n)?, zeros(rows, n)?);
+                let len = policy_serve::engine::cuda::presum_len(n);
+                let ss = Tensor::zeros(len, DType::F32, dev)?;
+                kern.linear_res_into(&x, &w, &o, (&res, &r), &ss)?;
+                outs.push((o, r, ss));
+            }
+            let ((o1, r1, s1), (o2, r2, s2)) = (&outs[0], &outs[1]);
+            t.check(format!("{what}: residual add's output"), rel(o2, o1)?, 0.0);
+            t.check(format!("{what}: residual sum"), rel(r2, r1)?, 0.0);
+            t.check(format!("{what}: sums of squares"), rel(s2, s1)?, 0.0);
         }
     }
     Ok(())

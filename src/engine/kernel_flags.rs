@@ -28,6 +28,10 @@ pub struct KernelFlags {
     /// and sum its squares for the matmul after the norm).
     #[arg(long)]
     pub no_norm_presum: bool,
+    /// The 3-8-row tensor-core matmuls over fewer 16-row groups than SMs (0.6B's o and down)
+    /// on clusters of two 4-warp blocks a group (`KernelOptions::gemv_mma_split`).
+    #[arg(long)]
+    pub gemv_mma_split: bool,
     /// Blocks per SM of the streamed-rows 1-2-row gate|up matmuls
     /// (`KernelOptions::gemv_stream`; default 2).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=8))]
@@ -237,6 +241,7 @@ impl KernelFlags {
             gemv: !self.no_gemv,
             gemv_mma: self.gemv_mma,
             norm_presum: !self.no_norm_presum,
+            gemv_mma_split: self.gemv_mma_split,
             gemv_mma_plain: (!self.no_gemv_mma_plain).then(|| {
                 self.gemv_mma_plain
                     .unwrap_or(super::options::GEMV_MMA_PLAIN_MAX_WEIGHT)

@@ -17,6 +17,7 @@ use candle_core::{DType, Tensor};
 
 use super::kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS};
 use super::launch::kernel_err;
+use super::mma_split::MmaSplit;
 use crate::error::Result;
 
 /// Warps per block of `kernels/gemv.cu` (`WARPS`); a warp takes one output row (or gate/up
@@ -33,6 +34,9 @@ struct Gemv<'a> {
     norm_smem: bool,
     /// The most blocks its grid takes (streamed rows: each warp takes every G-th row).
     max_blocks: Option<usize>,
+    /// The split kernel that serves the launch instead (`LaunchOptions::gemv_mma_split`: a
+    /// cluster of two blocks a group of 16 rows, grid `MmaSplit::config`).
+    split: Option<&'a CudaFunction>,
 }
 
 impl Gemv<'_> {
@@ -285,6 +289,7 @@ impl CudaKernels {
                     rows_per_block: GEMV_WARPS,
                     norm_smem: set.norm_smem,
                     max_blocks: Some(*max),
+                    split: None,
                 });
             }
             let long = k > DOUBLE_BUFFER_MIN_K;
@@ -295,6 +300,7 @@ impl CudaKernels {
                     rows_per_block: GEMV_WARPS / 2,
                     norm_smem: false,
                     max_blocks: None,
+                    split: None,
                 });
             }
             let f = match &set.double {
@@ -306,6 +312,7 @@ impl CudaKernels {
                 rows_per_block: GEMV_WARPS,
                 norm_smem: set.norm_smem,
                 max_blocks: None,
+                split: None,
             });
         }
         let fs = self.gemv_mma.as_ref()?;
@@ -315,11 +322,14 @@ impl CudaKernels {
         {
             return None;
         }
+        let groups = n.div_ceil(GEMV_MMA_ROWS);
+        let split = self.gemv_mma_split.as_ref().filter(|_| kind == 0);
         (t <= GEMV_MMA_MAX_ROWS && k.is_multiple_of(32)).then(|| Gemv {
             f: &fs[kind][t - GEMV_MAX_ROWS - 1],
             rows_per_block: GEMV_MMA_ROWS,
             norm_smem: true,
             max_blocks: None,
+            split: split.and_then(|s| s.kernel(0, t, groups, self.sms)),
         })
     }
 
@@ -357,7 +367,14 @@ impl CudaKernels {
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.launcher(g.f);
+        let (cfg, mut b) = match g.split {
+            Some(f) => {
+                let mut b = self.launcher(f);
+                b.cluster_z(2);
+                (MmaSplit::config(n.div_ceil(GEMV_MMA_ROWS)), b)
+            }
+            None => (cfg, self.launcher(g.f)),
+        };
         b.arg(&pw)
             .arg(&px)
             .arg(&po)
@@ -365,8 +382,9 @@ impl CudaKernels {
             .arg(&k32)
             .arg(&ppf)
             .arg(&pf_bytes);
-        // SAFETY: argument types match the entries of `kernels/gemv.cuh` (PLAIN_ENTRY); the
-        // callers checked the shapes, k is a multiple of 8 and the buffers are contiguous.
+        // SAFETY: argument types match the entries of `kernels/gemv.cuh` (PLAIN_ENTRY) and the
+        // split kernels' (`mma_gemv_c2_*`, the same list); the callers checked the shapes, k is
+        // a multiple of 8 and the buffers are contiguous.
         unsafe { b.launch(cfg) }.w()?;
         Ok(())
     }

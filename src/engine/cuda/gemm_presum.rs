@@ -16,6 +16,7 @@ use candle_core::{DType, Tensor};
 use super::gemm::{GEMV_MMA_ROWS, GEMV_WARPS};
 use super::kernels::{CudaKernels, GEMV_MAX_ROWS};
 use super::launch::kernel_err;
+use super::mma_split::MmaSplit;
 use crate::error::Result;
 
 /// Most partial sums a row's norm reads (`PS_PARTS` of `kernels/gemv_mma.cu`): a residual
@@ -78,11 +79,23 @@ impl CudaKernels {
         let (pw, px, po) = (self.ptr(w)?, self.ptr(x)?, self.ptr(out)?);
         let (pr, pro, pss) = (self.ptr(res)?, self.ptr(res_out)?, self.ptr(ss)?);
         let (n32, k32) = (n as i32, k as i32);
+        // `LaunchOptions::gemv_mma_split`: a cluster of two blocks a group of 16 columns
+        // (the same bits, the same partial sums).
+        let groups = n.div_ceil(GEMV_MMA_ROWS);
+        let split = (self.gemv_mma_split.as_ref()).and_then(|s| s.kernel(1, t, groups, self.sms));
+        let (f, cfg) = match split {
+            Some(f) => (f, MmaSplit::config(groups)),
+            None => (f, Self::presum_grid(n)),
+        };
         let mut b = self.launcher(f);
+        if split.is_some() {
+            b.cluster_z(2);
+        }
         b.arg(&pw).arg(&px).arg(&po).arg(&n32).arg(&k32);
         b.arg(&pr).arg(&pro).arg(&pss);
-        // SAFETY: argument types match `mma_gemv_res_t*_bf16`; shapes are checked above.
-        unsafe { b.launch(Self::presum_grid(n)) }.w()?;
+        // SAFETY: argument types match `mma_gemv_res_t*_bf16` (and `mma_gemv_res_c2_t*_bf16`,
+        // the same list); shapes are checked above.
+        unsafe { b.launch(cfg) }.w()?;
         Ok(())
     }
 
