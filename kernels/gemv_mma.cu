@@ -99,7 +99,7 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
                                                 const Presum ps = Presum{}) {
   constexpr int P = SILU ? 2 : 1;   // gate (and up) tiles
   constexpr int B = SILU ? 4 : 8;   // steps a warp keeps in flight
-  static_assert(CL == 1 || (CL == 2 && !NORM && PS < 2), "split: plain and PS 1 kernels only");
+  static_assert(CL == 1 || (CL == 2 && !NORM), "split: the kernels without the fused norm");
   __shared__ float red[WARPS][P][16][8];
   pdl_trigger();
   l2_prefetch_share(pf, pf_bytes);
@@ -137,13 +137,20 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
   }
   // PS 2: warp t's lanes hold row t's partial sums of squares (p = lane + 32 j); PS 1: threads
   // 0..127 the residual value of the column and row they store.
-  float ssv[PS_PARTS / 32];
+  // PS 2 with CL 2: block 0's warp w sums rows w and w + 4 (block 1 none), the same sums.
+  constexpr int RW = CL == 1 ? 1 : 2;
+  float ssv[RW][PS_PARTS / 32];
   float resv = 0.f;
   if constexpr (PS == 2) {
 #pragma unroll
-    for (int j = 0; j < PS_PARTS / 32; ++j) {
-      const int p = lane + 32 * j;
-      ssv[j] = warp < T && p < ps.nparts ? ps.ss[p * 8 + warp] : 0.f;
+    for (int q = 0; q < RW; ++q) {
+      const int tr = CL == 1 ? warp : (int)threadIdx.x / 32 + 4 * q;
+      const bool mine = rank == 0 && tr < T;
+#pragma unroll
+      for (int j = 0; j < PS_PARTS / 32; ++j) {
+        const int p = lane + 32 * j;
+        ssv[q][j] = mine && p < ps.nparts ? ps.ss[p * 8 + tr] : 0.f;
+      }
     }
   }
   if constexpr (PS == 1) {
@@ -177,12 +184,16 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
   }
   __shared__ float inv_s[8];  // PS 2: 1 / rms of each token row
   if constexpr (PS == 2) {
-    if (warp < T) {
-      float sum = 0.f;
 #pragma unroll
-      for (int j = 0; j < PS_PARTS / 32; ++j) sum += ssv[j];
-      sum = warp_sum(sum);
-      if (lane == 0) inv_s[warp] = rsqrtf(sum / K + ps.eps);
+    for (int q = 0; q < RW; ++q) {
+      const int tr = CL == 1 ? warp : (int)threadIdx.x / 32 + 4 * q;
+      if (rank == 0 && tr < T) {
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < PS_PARTS / 32; ++j) sum += ssv[q][j];
+        sum = warp_sum(sum);
+        if (lane == 0) inv_s[tr] = rsqrtf(sum / K + ps.eps);
+      }
     }
   }
   // d[p] = rows g (j 0, 1) and g + 8 (j 2, 3) at tokens 2c, 2c + 1; CL 2: into block 0's
@@ -257,11 +268,13 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
 
 // The presummed norm (PS 1 and 2 above): a plain matmul that adds its output to the residual
 // and writes its sums of squares; plain and SiLU*up behind the presummed norm.
-#define PRESUM_PRE(T, NAME, SILU)                                                            \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
+#define PRESUM_PRE(T, NAME, SILU) PRESUM_PRE_CL(T, NAME, SILU, 1)
+#define PRESUM_PRE_CL(T, NAME, SILU, CL)                                                     \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32 / CL) NAME(                        \
       const __nv_bfloat16* W, const __nv_bfloat16* h, __nv_bfloat16* out, int N, int K,      \
       const __nv_bfloat16* nw, float eps, const float* ss, int nparts) {                     \
-    mma_gemv_kernel<T, SILU, false, 2>(W, h, nullptr, nullptr, nullptr, 0.f, 0, out, N, K,   \
+    mma_gemv_kernel<T, SILU, false, 2, CL>(W, h, nullptr, nullptr, nullptr, 0.f, 0, out, N,  \
+                                           K,                                                \
                                        nullptr, nullptr, 0,                                  \
                                        Presum{nullptr, nullptr, const_cast<float*>(ss), nw,  \
                                               eps, nparts});                                 \
@@ -292,7 +305,15 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
     mma_gemv_kernel<T, false, false, 1, 2>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N,  \
                                            K, nullptr, nullptr, 0,                           \
                                            Presum{res, res_out, ss, nullptr, 0.f, 0});       \
-  }
+  }                                                                                          \
+  extern "C" __global__ void __launch_bounds__(WARPS * 16) mma_gemv_silu_c2_t##T##_bf16(     \
+      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
+      const void* pf, unsigned long long pf_bytes) {                                         \
+    mma_gemv_kernel<T, true, false, 0, 2>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N,   \
+                                          K, nullptr, pf, pf_bytes);                         \
+  }                                                                                          \
+  PRESUM_PRE_CL(T, mma_gemv_pre_c2_t##T##_bf16, false, 2)                                    \
+  PRESUM_PRE_CL(T, mma_gemv_pre_silu_c2_t##T##_bf16, true, 2)
 
 MMA_SPLIT(3)
 MMA_SPLIT(4)

@@ -28,10 +28,11 @@ pub struct KernelFlags {
     /// and sum its squares for the matmul after the norm).
     #[arg(long)]
     pub no_norm_presum: bool,
-    /// The 3-8-row tensor-core matmuls over fewer 16-row groups than SMs (0.6B's o and down)
-    /// on clusters of two 4-warp blocks a group (`KernelOptions::gemv_mma_split`).
-    #[arg(long)]
-    pub gemv_mma_split: bool,
+    /// The 3-8-row tensor-core matmuls over weights of at most N groups of 16 rows on
+    /// clusters of two 4-warp blocks a group (`KernelOptions::gemv_mma_split`; 131: 0.6B's o
+    /// and down on an H200, 192: its gate|up too).
+    #[arg(long, value_name = "N")]
+    pub gemv_mma_split: Option<usize>,
     /// Blocks per SM of the streamed-rows 1-2-row gate|up matmuls
     /// (`KernelOptions::gemv_stream`; default 2).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=8))]

@@ -124,14 +124,15 @@ pub struct KernelOptions {
     /// first form that summed the partials before its loop lost 10% at batch 8); off: the
     /// norm launch.
     pub norm_presum: bool,
-    /// The tensor-core skinny matmuls of 3-8 rows (plain, and the presummed norm's residual
-    /// add) over weights of fewer 16-row groups than the GPU has SMs run each group on a
-    /// cluster of two 4-warp blocks (`kernels/gemv_mma.cu` `mma_gemv_c2_*`,
-    /// `mma_gemv_res_c2_*`; sm_90): 0.6B's o and down take 64 blocks of 8 warps, half of an
-    /// H200's 132 SMs, and would take 128. The same bits (each block's warps are warps of the
-    /// one-block kernel; block 0 adds all eight tiles in order). Default off (not yet measured
-    /// on the H200).
-    pub gemv_mma_split: bool,
+    /// The tensor-core skinny matmuls of 3-8 rows (every kind without the fused norm: plain,
+    /// SiLU*up, the presummed norm's residual add and the matmuls behind it) over weights of
+    /// at most this many groups of 16 output rows (gate|up pairs) run each group on a cluster
+    /// of two 4-warp blocks (`kernels/gemv_mma.cu` `*_c2_*`; sm_90) instead of one 8-warp
+    /// block: 0.6B's o and down (64 groups) take 64 of an H200's 132 SMs, its gate|up (192)
+    /// two blocks on 60 SMs and one on 72. The same bits (each block's warps are warps of the
+    /// one-block kernel; block 0 adds all eight tiles in order). Default None (not yet
+    /// measured on the H200).
+    pub gemv_mma_split: Option<usize>,
     /// The 1-2-row gate|up matmuls (with SiLU, alone or behind the fused norm) on streamed
     /// rows (`kernels/gemv.cu` `sgemv_silu_*`): a grid of this many blocks per SM (1..=8), each
     /// warp taking every G-th pair, its weight loads in batches across pairs; bit for bit a
@@ -378,7 +379,7 @@ impl Default for KernelOptions {
             gemv_mma: false,
             gemv_mma_plain: Some(GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
-            gemv_mma_split: false,
+            gemv_mma_split: None,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),

@@ -17,7 +17,7 @@ use candle_core::{DType, Tensor};
 
 use super::kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS};
 use super::launch::kernel_err;
-use super::mma_split::MmaSplit;
+use super::mma_split::{MmaSplit, PLAIN, SILU};
 use crate::error::Result;
 
 /// Warps per block of `kernels/gemv.cu` (`WARPS`); a warp takes one output row (or gate/up
@@ -34,9 +34,10 @@ struct Gemv<'a> {
     norm_smem: bool,
     /// The most blocks its grid takes (streamed rows: each warp takes every G-th row).
     max_blocks: Option<usize>,
-    /// The split kernel that serves the launch instead (`LaunchOptions::gemv_mma_split`: a
-    /// cluster of two blocks a group of 16 rows, grid `MmaSplit::config`).
-    split: Option<&'a CudaFunction>,
+    /// A tensor-core kernel's split kind and rows (`LaunchOptions::gemv_mma_split`: a
+    /// cluster of two blocks a group of 16 rows, `MmaSplit`), which serves the launch
+    /// instead where it takes the weight.
+    split: Option<(usize, usize)>,
 }
 
 impl Gemv<'_> {
@@ -322,14 +323,16 @@ impl CudaKernels {
         {
             return None;
         }
-        let groups = n.div_ceil(GEMV_MMA_ROWS);
-        let split = self.gemv_mma_split.as_ref().filter(|_| kind == 0);
         (t <= GEMV_MMA_MAX_ROWS && k.is_multiple_of(32)).then(|| Gemv {
             f: &fs[kind][t - GEMV_MAX_ROWS - 1],
             rows_per_block: GEMV_MMA_ROWS,
             norm_smem: true,
             max_blocks: None,
-            split: split.and_then(|s| s.kernel(0, t, groups, self.sms)),
+            split: [Some(PLAIN), Some(SILU)]
+                .get(kind)
+                .copied()
+                .flatten()
+                .map(|s| (s, t)),
         })
     }
 
@@ -367,11 +370,16 @@ impl CudaKernels {
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (cfg, mut b) = match g.split {
+        let groups = n.div_ceil(GEMV_MMA_ROWS);
+        let split = (g.split).and_then(|(kind, t)| {
+            let s = self.gemv_mma_split.as_ref()?;
+            s.kernel(kind, t, groups)
+        });
+        let (cfg, mut b) = match split {
             Some(f) => {
                 let mut b = self.launcher(f);
                 b.cluster_z(2);
-                (MmaSplit::config(n.div_ceil(GEMV_MMA_ROWS)), b)
+                (MmaSplit::config(groups), b)
             }
             None => (cfg, self.launcher(g.f)),
         };

@@ -16,7 +16,7 @@ use candle_core::{DType, Tensor};
 use super::gemm::{GEMV_MMA_ROWS, GEMV_WARPS};
 use super::kernels::{CudaKernels, GEMV_MAX_ROWS};
 use super::launch::kernel_err;
-use super::mma_split::MmaSplit;
+use super::mma_split::{MmaSplit, PRE, PRE_SILU, RES};
 use crate::error::Result;
 
 /// Most partial sums a row's norm reads (`PS_PARTS` of `kernels/gemv_mma.cu`): a residual
@@ -81,21 +81,12 @@ impl CudaKernels {
         let (n32, k32) = (n as i32, k as i32);
         // `LaunchOptions::gemv_mma_split`: a cluster of two blocks a group of 16 columns
         // (the same bits, the same partial sums).
-        let groups = n.div_ceil(GEMV_MMA_ROWS);
-        let split = (self.gemv_mma_split.as_ref()).and_then(|s| s.kernel(1, t, groups, self.sms));
-        let (f, cfg) = match split {
-            Some(f) => (f, MmaSplit::config(groups)),
-            None => (f, Self::presum_grid(n)),
-        };
-        let mut b = self.launcher(f);
-        if split.is_some() {
-            b.cluster_z(2);
-        }
+        let mut b = self.presum_launcher(f, RES, t, n);
         b.arg(&pw).arg(&px).arg(&po).arg(&n32).arg(&k32);
         b.arg(&pr).arg(&pro).arg(&pss);
         // SAFETY: argument types match `mma_gemv_res_t*_bf16` (and `mma_gemv_res_c2_t*_bf16`,
         // the same list); shapes are checked above.
-        unsafe { b.launch(cfg) }.w()?;
+        unsafe { b.launch(self.presum_config(RES, t, n)) }.w()?;
         Ok(())
     }
 
@@ -134,13 +125,48 @@ impl CudaKernels {
         let (pnw, pss) = (self.ptr(norm_w)?, self.ptr(ss)?);
         let (n32, k32, eps32) = (n as i32, k as i32, eps as f32);
         let parts = k.div_ceil(GEMV_MMA_ROWS) as i32;
-        let mut b = self.launcher(f);
+        let kind = if act.is_some() { PRE_SILU } else { PRE };
+        let mut b = self.presum_launcher(f, kind, t, n);
         b.arg(&pw).arg(&ph).arg(&po).arg(&n32).arg(&k32);
         b.arg(&pnw).arg(&eps32).arg(&pss).arg(&parts);
-        // SAFETY: argument types match `mma_gemv_pre{,_silu}_t*_bf16`; shapes are checked
-        // above.
-        unsafe { b.launch(Self::presum_grid(n)) }.w()?;
+        // SAFETY: argument types match `mma_gemv_pre{,_silu}_t*_bf16` (and their `_c2`
+        // kernels, the same list); shapes are checked above.
+        unsafe { b.launch(self.presum_config(kind, t, n)) }.w()?;
         Ok(())
+    }
+
+    /// The split kernel of `kind` (`LaunchOptions::gemv_mma_split`) for `t` rows over `n`
+    /// output rows (pairs), when it takes them.
+    fn presum_split(&self, kind: usize, t: usize, n: usize) -> Option<&CudaFunction> {
+        let s = self.gemv_mma_split.as_ref()?;
+        s.kernel(kind, t, n.div_ceil(GEMV_MMA_ROWS))
+    }
+
+    /// A launch of the one-block kernel `f`, or of the split kernel of `kind` where it serves
+    /// (in clusters of two).
+    fn presum_launcher<'a>(
+        &'a self,
+        f: &'a CudaFunction,
+        kind: usize,
+        t: usize,
+        n: usize,
+    ) -> super::launch::Launch<'a> {
+        match self.presum_split(kind, t, n) {
+            Some(s) => {
+                let mut b = self.launcher(s);
+                b.cluster_z(2);
+                b
+            }
+            None => self.launcher(f),
+        }
+    }
+
+    /// The grid of a [`Self::presum_launcher`] launch.
+    fn presum_config(&self, kind: usize, t: usize, n: usize) -> LaunchConfig {
+        match self.presum_split(kind, t, n) {
+            Some(_) => MmaSplit::config(n.div_ceil(GEMV_MMA_ROWS)),
+            None => Self::presum_grid(n),
+        }
     }
 
     /// A block of 8 warps per 16 output rows (gate/up pairs for SiLU), as the tensor-core

@@ -22,9 +22,10 @@ pub struct LaunchOptions {
     pub gemv_mma_plain: Option<usize>,
     /// The presummed norm for 3-8-row steps (`gemv_mma.cu` `mma_gemv_res_*`, `mma_gemv_pre_*`).
     pub norm_presum: bool,
-    /// The 3-8-row tensor-core matmuls (plain, residual add) over fewer 16-row groups than SMs
-    /// on clusters of two 4-warp blocks a group (`gemv_mma.cu` `mma_gemv_c2_*`; sm_90).
-    pub gemv_mma_split: bool,
+    /// The 3-8-row tensor-core matmuls without the fused norm over weights of at most this
+    /// many 16-row groups on clusters of two 4-warp blocks a group (`gemv_mma.cu` `*_c2_*`;
+    /// sm_90).
+    pub gemv_mma_split: Option<usize>,
     /// The 1-2-row gate|up matmuls on streamed rows, this many blocks per SM (`gemv.cu`
     /// `sgemv_silu_*`, `snorm_gemv_silu_*`; None: a block per eight row pairs; default 2).
     pub gemv_stream: Option<u8>,
@@ -164,7 +165,7 @@ impl Default for LaunchOptions {
             gemv_mma: false,
             gemv_mma_plain: Some(crate::engine::options::GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
-            gemv_mma_split: false,
+            gemv_mma_split: None,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
             gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),
