@@ -61,6 +61,11 @@ struct Args {
     /// sizes, and exit.
     #[arg(long, value_delimiter = ',')]
     profile: Vec<usize>,
+    /// With `--profile`: also time whole steps (PDL in the graph) captured without the ops of
+    /// each mask (`kernel_forward::skip` bits: 1 qkv, 2 attention, 4 o, 8 gate|up, 16 down,
+    /// 32 lm_head and f32 logits), each op's share of the chain.
+    #[arg(long, value_delimiter = ',')]
+    profile_skip: Vec<u8>,
     /// Only the stress run (check 4).
     #[arg(long)]
     stress_only: bool,
@@ -301,7 +306,7 @@ fn main() -> Res<()> {
     if !a.profile.is_empty() {
         // The launch paths the model was loaded with.
         let ours = policy_serve::engine::model::forward::launch_options(&a.kernels.options());
-        return profile::run(&m, &cfg, &dev, &a.profile, &ours);
+        return profile::run(&m, &cfg, &dev, (&a.profile, &a.profile_skip), &ours);
     }
     let mut fails = 0u32;
     if a.rows_check {

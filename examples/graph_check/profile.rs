@@ -48,12 +48,12 @@ fn randn(shape: &[usize], dev: &Device) -> Res<Tensor> {
 }
 
 /// `ours` times the kernels as `opts` switches them (`--gemv-mma`: tensor-core matmuls at 3-8
-/// rows).
+/// rows); `skips`: masks of ops whole steps are also timed without (`--profile-skip`).
 pub fn run(
     m: &Model,
     cfg: &ModelConfig,
     dev: &Device,
-    batches: &[usize],
+    (batches, skips): (&[usize], &[u8]),
     ours: &LaunchOptions,
 ) -> Res<()> {
     let no_gemv = LaunchOptions {
@@ -303,6 +303,14 @@ pub fn run(
         g.capture(m, &cache, graph_pdl == "1", None)?;
         for &b in batches {
             replay_steps(m, &k, dev, &g, b, per, graph_pdl)?;
+        }
+    }
+    // Each op's share of the chain: the step without it (its outputs are then garbage).
+    for &mask in skips {
+        g.set_profile_skip(mask);
+        g.capture(m, &cache, true, None)?;
+        for &b in batches {
+            replay_steps(m, &k, dev, &g, b, per, &format!("1, without ops {mask}"))?;
         }
     }
     Ok(())

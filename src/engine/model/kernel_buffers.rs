@@ -50,6 +50,26 @@ pub(crate) struct StepInputs {
     /// The longest decode context passes the step's bound (`KernelOptions::fused_long_ctx`,
     /// `_one`, `_many`; `CudaKernels::fused_long_context`): the attention runs unfused.
     pub(crate) long_ctx: bool,
+    /// Profiling only (`DecodeGraphs::set_profile_skip`; 0 in the engine): the ops of every
+    /// dense layer whose [`skip`] bits are set are not launched, so a graph replay times the
+    /// step without them. What the step computes is then meaningless.
+    pub(crate) skip: u8,
+}
+
+/// The ops [`StepInputs::skip`] can leave out of a step, one bit each.
+pub mod skip {
+    /// The add+RMSNorm and qkv matmul.
+    pub const QKV: u8 = 1;
+    /// The attention (fused: q/k norm, RoPE, KV write, attention, merge).
+    pub const ATTENTION: u8 = 2;
+    /// The o matmul.
+    pub const O: u8 = 4;
+    /// The add+RMSNorm and gate|up matmul with SiLU*up.
+    pub const GATE_UP: u8 = 8;
+    /// The down matmul.
+    pub const DOWN: u8 = 16;
+    /// The lm_head and the f32 logits (graph captures).
+    pub const HEAD: u8 = 32;
 }
 
 /// The forward's activations: one buffer each, reused by every layer (on one stream a layer's

@@ -16,6 +16,7 @@
 use candle_core::Tensor;
 
 use super::attention::{AttnGroup, AttnPlan, attend_group};
+pub use super::kernel_buffers::skip;
 pub(crate) use super::kernel_buffers::{Activations, StepInputs};
 use super::kv_cache::PagedKvCache;
 use super::qwen3::{Ffn, Qwen3, reduce_at};
@@ -181,6 +182,7 @@ impl KernelForward<'_> {
             reduce_in_place: false,
             short_ctx: self.short_context(nd, splits, longest),
             long_ctx: k.fused_long_context(nd, longest),
+            skip: 0,
         };
         let plan = AttnPlan::new(seqs, bs, dev, m.dtype(), true, prefill_kernel)?;
         let mut acts = Activations::new(k, m, t, nd, splits)?;
@@ -267,6 +269,7 @@ impl KernelForward<'_> {
         // norm left the sum in `residual[1 - cur]` and its squares in `a.ss`.
         let presum = lora.is_none() && comm.is_none() && trace.is_none();
         let mut presummed = false;
+        let on = |op: u8| inputs.skip & op == 0;
         for (li, layer) in m.layers.iter().enumerate() {
             let at = &layer.attn;
             let norm = &layer.input_norm;
@@ -275,6 +278,7 @@ impl KernelForward<'_> {
             // down -> the next layer's qkv.
             let res = (&a.residual[cur], delta.as_ref(), &a.residual[1 - cur]);
             match &lora {
+                _ if !on(skip::QKV) => {}
                 Some(l) => self.norm_linear_lora(
                     res,
                     norm,
@@ -308,7 +312,10 @@ impl KernelForward<'_> {
             if delta.is_some() {
                 cur = 1 - cur;
             }
-            let out = self.layer_attention(li, (inputs, acts, plan, cache), (fused, part))?;
+            let out = match on(skip::ATTENTION) {
+                true => self.layer_attention(li, (inputs, acts, plan, cache), (fused, part))?,
+                false => a.attn.clone(),
+            };
             let ffn_w = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.gate_up.weight(),
                 Ffn::Sparse(moe) => &moe.router,
@@ -317,7 +324,8 @@ impl KernelForward<'_> {
             presummed = presum
                 && matches!(&layer.ffn,
                     Ffn::Dense(d) if k.presum_serves(t, o_w.1, d.gate_up.weight()));
-            if presummed {
+            if !on(skip::O) {
+            } else if presummed {
                 let sum = (&a.residual[cur], &a.residual[1 - cur]);
                 k.linear_res_into(o_w.0, o_w.1, o_w.2, sum, &a.ss)?;
             } else {
@@ -355,6 +363,7 @@ impl KernelForward<'_> {
             let gu_w = mlp.gate_up.weight();
             let silu = Some((&a.gu, &a.act));
             match &lora {
+                _ if !on(skip::GATE_UP) => {}
                 Some(l) => {
                     let lora = ((l, li, 2), Some((li, 1)));
                     self.norm_linear_lora(res, norm, &a.h, gu_w, &a.gu, silu, lora)?
@@ -377,7 +386,8 @@ impl KernelForward<'_> {
             let next = m.layers.get(li + 1).map(|l| l.attn.qkv.weight());
             let down_w = (&a.act, mlp.down.weight(), &a.down);
             presummed = presum && next.is_some_and(|q| k.presum_serves(t, down_w.1, q));
-            if presummed {
+            if !on(skip::DOWN) {
+            } else if presummed {
                 let sum = (&a.residual[cur], &a.residual[1 - cur]);
                 k.linear_res_into(down_w.0, down_w.1, down_w.2, sum, &a.ss)?;
             } else {

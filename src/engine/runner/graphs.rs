@@ -71,6 +71,8 @@ pub struct DecodeGraphs {
     fused: Vec<bool>,
     /// The most rows a verify step replays (0: none).
     verify_rows: usize,
+    /// Profiling only: the ops the captures leave out ([`DecodeGraphs::set_profile_skip`]).
+    profile_skip: u8,
     /// Where the rows' LoRA slots start in `input` (engines with adapter slots).
     lora_at: Option<usize>,
     stream: Arc<CudaStream>,
@@ -155,6 +157,7 @@ impl DecodeGraphs {
             long_graphs: Vec::new(),
             fused: Vec::new(),
             verify_rows,
+            profile_skip: 0,
             lora_at,
             stream: k.stream().clone(),
             input,
@@ -173,6 +176,13 @@ impl DecodeGraphs {
     /// Device memory the static buffers and the captured graphs hold.
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Profiling only (`graph_check --profile-skip`): the next captures leave out the ops
+    /// whose `crate::engine::model::kernel_forward::skip` bits `mask` sets (0: none), so a
+    /// replay times the step without them; what such a step computes is meaningless.
+    pub fn set_profile_skip(&mut self, mask: u8) {
+        self.profile_skip = mask;
     }
 
     /// Seconds the capture took (warm-up runs included).
@@ -204,6 +214,7 @@ impl DecodeGraphs {
             reduce_in_place: true,
             short_ctx: false,
             long_ctx: false,
+            skip: self.profile_skip,
             ids,
         })
     }

@@ -11,7 +11,7 @@ use super::{DecodeGraphs, OnRank, mem_info};
 use crate::engine::cuda::{CudaKernels, kernel_err};
 use crate::engine::model::Model;
 use crate::engine::model::attention::{AttnGroup, AttnPlan};
-use crate::engine::model::kernel_forward::KernelForward;
+use crate::engine::model::kernel_forward::{KernelForward, skip};
 use crate::engine::model::kv_cache::PagedKvCache;
 use crate::engine::parallel::comm::CommBackend;
 use crate::error::Result;
@@ -173,6 +173,9 @@ impl DecodeGraphs {
         }
         .layers_into(&inputs, &acts, &plan, cache, comm, None)?;
         if model.qwen3.shard().rank != 0 {
+            return Ok(());
+        }
+        if inputs.skip & skip::HEAD != 0 {
             return Ok(());
         }
         let logits_act = self.logits_act.narrow(0, 0, b)?;
