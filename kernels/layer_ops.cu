@@ -171,6 +171,52 @@ __device__ void to_f32(const T* __restrict__ x, float* __restrict__ out, long lo
     out[i] = to_f(x[i]);
 }
 
+// to_f32 of rows [rows, n] and each row's argmax as argmax_rows_f32 and argmax_merge give it
+// on that f32 copy (the largest value, ties to the lowest index; 0 for a row with no value
+// above -inf), in one launch (LaunchOptions::graph_argmax): grid (rows, parts); block (r, p)
+// converts part p of row r and writes its best to pv/pi [rows, parts]; the row's last block to
+// finish (counters[r]: zero at allocation, reset by that block) merges the row's parts into
+// ids[r]. Which parts there are does not change the answer (the best value's lowest index).
+template <typename T>
+__device__ void to_f32_argmax(const T* __restrict__ x, float* __restrict__ out, int n,
+                              float* pv, int* pi, uint32_t* counters, uint32_t* __restrict__ ids) {
+  const int parts = gridDim.y, p = blockIdx.y, r = blockIdx.x;
+  const int seg = ((n + parts - 1) / parts + 3) & ~3;
+  const int start = min(n, p * seg), end = min(n, start + seg);
+  const T* xr = x + (size_t)r * n;
+  float* orow = out + (size_t)r * n;
+  float best = -INFINITY;
+  int idx = 0x7fffffff;
+  for (int i = start + threadIdx.x; i < end; i += blockDim.x) {
+    const float v = to_f(xr[i]);
+    orow[i] = v;
+    if (v > best) { best = v; idx = i; }
+  }
+  argmax_block(best, idx);
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    pv[(size_t)r * parts + p] = best;
+    pi[(size_t)r * parts + p] = idx;
+    __threadfence();
+    last = atomicAdd(&counters[r], 1u) == (uint32_t)parts - 1;
+  }
+  __syncthreads();  // also: every thread is done with argmax_block's shared memory
+  if (!last) return;
+  __threadfence();
+  best = -INFINITY;
+  idx = 0x7fffffff;
+  for (int q = threadIdx.x; q < parts; q += blockDim.x) {
+    const float v = reinterpret_cast<volatile float*>(pv)[(size_t)r * parts + q];
+    const int i = reinterpret_cast<volatile int*>(pi)[(size_t)r * parts + q];
+    if (v > best || (v == best && i < idx)) { best = v; idx = i; }
+  }
+  argmax_block(best, idx);
+  if (threadIdx.x == 0) {
+    ids[r] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
+    counters[r] = 0;  // ready for the next launch (a graph's next replay)
+  }
+}
+
 // The k largest values of each f32 row with their indices, in order (value descending, index
 // ascending on ties): k rounds of a block-wide arg-max over the elements that come after the
 // previous round's pick in that order. One block per row; k is small (sampling's top-k).
@@ -246,6 +292,11 @@ __device__ void topk_rows(const float* __restrict__ x, int n, int k, float* __re
   }                                                                                             \
   extern "C" __global__ void to_f32_##NAME(const T* x, float* out, long long n) { pdl_entry();              \
     to_f32<T>(x, out, n);                                                                       \
+  }                                                                                             \
+  extern "C" __global__ void to_f32_argmax_##NAME(const T* x, float* out, int n, float* pv,     \
+                                                  int* pi, uint32_t* counters, uint32_t* ids) { \
+    pdl_entry();                                                                                \
+    to_f32_argmax<T>(x, out, n, pv, pi, counters, ids);                                         \
   }
 
 PS_LAYER_OPS(__nv_bfloat16, bf16)

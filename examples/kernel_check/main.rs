@@ -10,6 +10,7 @@
 mod fp8;
 mod fused;
 mod gemv;
+mod greedy;
 mod lora;
 mod lora_runs;
 mod mma;
@@ -172,6 +173,7 @@ fn main() -> Res<()> {
         let k =
             CudaKernels::new(&dev, DType::BF16, &LaunchOptions::default())?.ok_or("no kernels")?;
         ops::argmax_checks(&k, &dev, &mut t)?;
+        greedy::checks(&dev, DType::BF16, &mut t)?;
         gemv::checks(&dev, &mut t)?;
         model_checks(&a, &dev, DType::BF16, &mut t)?;
         greedy_check(&a, &mut t)?;

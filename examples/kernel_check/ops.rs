@@ -43,6 +43,7 @@ pub(super) fn op_checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
         );
     }
     argmax_checks(&k, dev, t)?;
+    super::greedy::checks(dev, dt, t)?;
     for &(rows, kk) in &[(1usize, 20usize), (64, 20), (8, 64)] {
         // Logits with many exact ties (rounded to 0.25) to test the order on ties.
         let l = (randn(&[rows, 151_936], DType::F32, dev)? * 4.0)?

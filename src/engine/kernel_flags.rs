@@ -33,6 +33,10 @@ pub struct KernelFlags {
     /// and down on an H200, 192: its gate|up too).
     #[arg(long, value_name = "N")]
     pub gemv_mma_split: Option<usize>,
+    /// Decode graphs compute the greedy tokens with the f32 logits; all-greedy steps take
+    /// them (`KernelOptions::graph_argmax`).
+    #[arg(long)]
+    pub graph_argmax: bool,
     /// Blocks per SM of the streamed-rows 1-2-row gate|up matmuls
     /// (`KernelOptions::gemv_stream`; default 2).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=8))]
@@ -243,6 +247,7 @@ impl KernelFlags {
             gemv_mma: self.gemv_mma,
             norm_presum: !self.no_norm_presum,
             gemv_mma_split: self.gemv_mma_split,
+            graph_argmax: self.graph_argmax,
             gemv_mma_plain: (!self.no_gemv_mma_plain).then(|| {
                 self.gemv_mma_plain
                     .unwrap_or(super::options::GEMV_MMA_PLAIN_MAX_WEIGHT)

@@ -133,6 +133,13 @@ pub struct KernelOptions {
     /// one-block kernel; block 0 adds all eight tiles in order). Default None (not yet
     /// measured on the H200).
     pub gemv_mma_split: Option<usize>,
+    /// Decode graphs compute each row's greedy token in the launch that writes the f32 logits
+    /// (`kernels/layer_ops.cu` `to_f32_argmax_*`: each block's best, the row's last block
+    /// merging them), and a step whose rows are all greedy and whose logits nothing edited
+    /// takes those tokens instead of launching the argmax after the graph (two launches a
+    /// step fewer). The same tokens: the best value's lowest index, whatever the parts.
+    /// Default off (not yet measured on the H200).
+    pub graph_argmax: bool,
     /// The 1-2-row gate|up matmuls (with SiLU, alone or behind the fused norm) on streamed
     /// rows (`kernels/gemv.cu` `sgemv_silu_*`): a grid of this many blocks per SM (1..=8), each
     /// warp taking every G-th pair, its weight loads in batches across pairs; bit for bit a
@@ -380,6 +387,7 @@ impl Default for KernelOptions {
             gemv_mma_plain: Some(GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
             gemv_mma_split: None,
+            graph_argmax: false,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),

@@ -98,6 +98,8 @@ pub struct CudaKernels {
     pub(super) sample_full: CudaFunction,
     pub(super) gather_rows: CudaFunction,
     pub(super) to_f32: CudaFunction,
+    /// `to_f32` with each row's argmax (`LaunchOptions::graph_argmax`), when asked for.
+    pub(super) to_f32_argmax: Option<CudaFunction>,
     /// The decode attention over caches of the compute dtype (`kernels/decode.cu`,
     /// `kernels/decode_mma.cu`).
     pub(super) decode: DecodeAttention,
@@ -140,7 +142,7 @@ pub struct CudaKernels {
     /// Whether the skinny matmuls prefetch the next matmul's weights into L2.
     pub(super) l2_prefetch: bool,
     /// Whether whole-vocabulary draws run on the device (`LaunchOptions::sample_full`).
-    sample_full_on: bool,
+    pub(super) sample_full_on: bool,
     pub(crate) blas: Blas,
     /// Fused decode attention merges in thread-block clusters (sm_90+ with
     /// `LaunchOptions::clusters`; see [`CudaKernels::decode_cluster`]).
@@ -363,6 +365,9 @@ impl CudaKernels {
             sample_full: f(&layer_ops, "sample_full_f32")?,
             gather_rows: f(&layer_ops, &format!("gather_rows_{s}"))?,
             to_f32: f(&layer_ops, &format!("to_f32_{s}"))?,
+            to_f32_argmax: (opts.graph_argmax)
+                .then(|| f(&layer_ops, &format!("to_f32_argmax_{s}")))
+                .transpose()?,
             prefill: [
                 f(&prefill_mod, &format!("paged_prefill_g1_{s}"))?,
                 f(&prefill_mod, &format!("paged_prefill_g2_{s}"))?,
@@ -479,11 +484,6 @@ impl CudaKernels {
     /// whether it was on.
     pub(crate) fn set_pdl(&self, on: bool) -> bool {
         self.pdl.swap(on, std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Whether rows sampled over the whole vocabulary are drawn on the device.
-    pub fn samples_full(&self) -> bool {
-        self.sample_full_on
     }
 
     /// The activation dtype these kernels serve.

@@ -26,6 +26,9 @@ pub struct LaunchOptions {
     /// many 16-row groups on clusters of two 4-warp blocks a group (`gemv_mma.cu` `*_c2_*`;
     /// sm_90).
     pub gemv_mma_split: Option<usize>,
+    /// The greedy tokens computed with the f32 logits (`layer_ops.cu` `to_f32_argmax_*`),
+    /// for the decode graphs.
+    pub graph_argmax: bool,
     /// The 1-2-row gate|up matmuls on streamed rows, this many blocks per SM (`gemv.cu`
     /// `sgemv_silu_*`, `snorm_gemv_silu_*`; None: a block per eight row pairs; default 2).
     pub gemv_stream: Option<u8>,
@@ -166,6 +169,7 @@ impl Default for LaunchOptions {
             gemv_mma_plain: Some(crate::engine::options::GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
             gemv_mma_split: None,
+            graph_argmax: false,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
             gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),

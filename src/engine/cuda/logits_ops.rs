@@ -11,7 +11,104 @@ use super::kernels::CudaKernels;
 use super::launch::kernel_err;
 use crate::error::Result;
 
+/// Partials of the argmax kernels: at least two blocks an SM over `rows` rows of `n` entries
+/// for long rows (a vocabulary's row in 264 parts of ~576 entries at batch 1 on the H200: one
+/// round of loads a thread), one block a row otherwise.
+fn argmax_parts(sms: usize, rows: usize, n: usize) -> usize {
+    if n >= 32 * 1024 {
+        (2 * sms).div_ceil(rows.max(1)).clamp(32, 512)
+    } else {
+        1
+    }
+}
+
+/// The buffers of [`CudaKernels::to_f32_argmax_into`] for up to `rows` rows: each block's best
+/// value and index, and a counter a row (zero between launches).
+pub struct GreedyScratch {
+    values: Tensor,
+    indices: Tensor,
+    counters: Tensor,
+}
+
 impl CudaKernels {
+    /// Whether rows sampled over the whole vocabulary are drawn on the device.
+    pub fn samples_full(&self) -> bool {
+        self.sample_full_on
+    }
+
+    /// Whether the decode graphs compute the greedy tokens with the f32 logits
+    /// (`LaunchOptions::graph_argmax`).
+    pub fn graph_argmax(&self) -> bool {
+        self.to_f32_argmax.is_some()
+    }
+
+    /// The buffers [`Self::to_f32_argmax_into`] needs for steps of up to `rows` rows of `n`
+    /// logits.
+    pub fn greedy_scratch(&self, rows: usize, n: usize) -> Result<GreedyScratch> {
+        let most = (1..=rows.max(1))
+            .map(|r| r * argmax_parts(self.sms, r, n))
+            .max()
+            .unwrap_or(1);
+        Ok(GreedyScratch {
+            values: self.alloc(most, DType::F32)?,
+            indices: self.alloc(most, DType::U32)?,
+            counters: self.decode_counters(rows, 1)?,
+        })
+    }
+
+    /// `out = x` in f32 (`[rows, n]`, as [`Self::to_f32_into`]) and `ids[r]` = row r's
+    /// argmax of it, as [`Self::argmax`] gives it, in one launch (`layer_ops.cu`
+    /// `to_f32_argmax_*`); `scratch` from [`Self::greedy_scratch`] for at least `rows` rows.
+    /// An error when the kernel is not loaded (`LaunchOptions::graph_argmax` off).
+    pub fn to_f32_argmax_into(
+        &self,
+        x: &Tensor,
+        out: &Tensor,
+        ids: &Tensor,
+        scratch: &GreedyScratch,
+    ) -> Result<()> {
+        let f = (self.to_f32_argmax.as_ref())
+            .ok_or_else(|| kernel_err("to_f32_argmax", "not loaded (graph_argmax off)"))?;
+        self.check_dtype(x)?;
+        let (rows, n) = x.dims2()?;
+        let parts = argmax_parts(self.sms, rows, n);
+        let fits = out.dtype() == DType::F32
+            && out.elem_count() == rows * n
+            && ids.dtype() == DType::U32
+            && ids.elem_count() == rows
+            && scratch.counters.elem_count() >= rows
+            && scratch.values.elem_count() >= rows * parts;
+        if !fits {
+            return Err(kernel_err(
+                "to_f32_argmax",
+                "buffers of the wrong size or dtype",
+            ));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        let (px, po, pid, n32) = (self.ptr(x)?, self.ptr(out)?, self.ptr(ids)?, n as i32);
+        let (pv, pi) = (self.ptr(&scratch.values)?, self.ptr(&scratch.indices)?);
+        let pc = self.ptr(&scratch.counters)?;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, parts as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.launcher(f);
+        b.arg(&px)
+            .arg(&po)
+            .arg(&n32)
+            .arg(&pv)
+            .arg(&pi)
+            .arg(&pc)
+            .arg(&pid);
+        // SAFETY: argument types match `to_f32_argmax_*`; the buffers are sized above and the
+        // counters are zero between launches (the kernel's last block a row resets its own).
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(())
+    }
+
     /// The index of the largest value of each row of f32 `[rows, n]` logits (ties: lowest).
     /// Long rows (a vocabulary) are split over 32 blocks each, then merged.
     pub fn argmax(&self, logits: &Tensor) -> Result<Tensor> {
@@ -23,13 +120,7 @@ impl CudaKernels {
         if rows == 0 {
             return Ok(out);
         }
-        // Long rows in parts, at least two blocks an SM over the batch (a vocabulary's row in
-        // 264 parts of ~576 entries at batch 1 on the H200: one round of loads a thread).
-        let parts = if n >= 32 * 1024 {
-            (2 * self.sms).div_ceil(rows).clamp(32, 512)
-        } else {
-            1
-        };
+        let parts = argmax_parts(self.sms, rows, n);
         let (pv, pi) = (
             self.alloc(rows * parts, DType::F32)?,
             self.alloc(rows * parts, DType::U32)?,

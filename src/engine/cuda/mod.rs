@@ -53,6 +53,7 @@ pub use handles::GEMV_TMA_MAX_SLOTS;
 pub use kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, LaunchOptions};
 pub(crate) use launch::kernel_err;
 pub use launch_options::{MMA_STAGES_BF16, MMA_STAGES_FP8};
+pub use logits_ops::GreedyScratch;
 pub use lora_grouped_ops::{LORA_GROUPED_MIN_ROWS, LORA_GROUPED_SLICES, lora_scratch_cols};
 pub use lora_ops::{LORA_TILE, LORA_TILE_ONE_MAX, lora_tile};
 pub use lora_overlap::LORA_OVERLAP_MAX_RANK;

@@ -190,4 +190,7 @@ fn kernel_flags_become_kernel_options() {
         .kernels
         .gemv_mma_split;
     assert_eq!(split, Some(192));
+    // The greedy tokens inside the graphs: off unless asked.
+    assert!(!d.kernels.graph_argmax);
+    assert!(opts(&["x", "--graph-argmax"]).kernels.graph_argmax);
 }

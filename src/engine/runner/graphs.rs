@@ -39,7 +39,7 @@ use candle_core::{DType, Tensor};
 use super::buckets::{bucket_for, graph_buckets};
 use super::graph_rows::{FIELDS, Row, StepKind, input_layout, padding, step_kind, step_rows};
 use crate::engine::batch::SeqInput;
-use crate::engine::cuda::{CudaKernels, kernel_err};
+use crate::engine::cuda::{CudaKernels, GreedyScratch, kernel_err};
 use crate::engine::model::Model;
 use crate::engine::model::kernel_forward::{Activations, KernelForward, StepInputs};
 use crate::engine::model::kv_cache::PagedKvCache;
@@ -83,6 +83,9 @@ pub struct DecodeGraphs {
     /// lm_head output in the activation dtype, then in f32: `[max bucket, vocab]`.
     logits_act: Tensor,
     logits: Tensor,
+    /// With `KernelOptions::graph_argmax` (rank 0): each row's greedy token, computed with
+    /// the f32 logits (`[max bucket]`), and the kernel's scratch.
+    greedy: Option<(Tensor, GreedyScratch)>,
     max_width: usize,
     /// Decode-attention partitions per bucket.
     splits: Vec<usize>,
@@ -144,6 +147,10 @@ impl DecodeGraphs {
         };
         let logits_act = k.alloc_out((bmax, cols))?;
         let logits = k.alloc((bmax, cols), DType::F32)?;
+        let greedy = match k.graph_argmax() && cols == vocab {
+            true => Some((k.alloc(bmax, DType::U32)?, k.greedy_scratch(bmax, vocab)?)),
+            false => None,
+        };
         let bytes = acts.bytes()
             + input.elem_count() * 4
             + logits_act.elem_count() * k.dtype().size_in_bytes()
@@ -165,6 +172,7 @@ impl DecodeGraphs {
             acts,
             logits_act,
             logits,
+            greedy,
             max_width,
             splits,
             block_size,
@@ -176,6 +184,16 @@ impl DecodeGraphs {
     /// Device memory the static buffers and the captured graphs hold.
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// The greedy token of each of the first `n` rows of the last replay's logits, computed
+    /// with them (`KernelOptions::graph_argmax`; None when off): a view of a static buffer,
+    /// valid until the next replay, like the logits.
+    pub fn greedy_ids(&self, n: usize) -> Result<Option<Tensor>> {
+        match &self.greedy {
+            Some((ids, _)) => Ok(Some(ids.narrow(0, 0, n)?)),
+            None => Ok(None),
+        }
     }
 
     /// Profiling only (`graph_check --profile-skip`): the next captures leave out the ops

@@ -60,6 +60,11 @@ pub(crate) struct ModelRunner {
     /// Decode steps replayed as CUDA graphs (captured by [`ModelRunner::capture_graphs`]).
     #[cfg(feature = "cuda")]
     graphs: Option<super::graphs::DecodeGraphs>,
+    /// The greedy tokens the last graph replay computed with its logits
+    /// (`KernelOptions::graph_argmax`): the logits' id and the tokens. Cleared by the next
+    /// forward and by masks written into those logits, so a draw takes them only for the
+    /// logits they were computed from, unedited.
+    graph_greedy: parking_lot::Mutex<Option<(candle_core::TensorId, Tensor)>>,
     comm: Option<Arc<dyn CommBackend>>,
     worker_timeout: Duration,
     steps_sent: u64,
@@ -77,6 +82,7 @@ impl ModelRunner {
             cache,
             #[cfg(feature = "cuda")]
             graphs: None,
+            graph_greedy: parking_lot::Mutex::new(None),
             comm,
             worker_timeout,
             steps_sent: 0,
@@ -180,6 +186,10 @@ impl ModelRunner {
         logits: &Tensor,
         masks: &[(usize, Vec<u32>)],
     ) -> Result<Tensor> {
+        if !masks.is_empty() {
+            // In place (a graph's logits too): the greedy tokens computed with them are stale.
+            *self.graph_greedy.lock() = None;
+        }
         super::mask::mask_logits(&self.model, logits, masks)
     }
 
@@ -229,6 +239,13 @@ impl ModelRunner {
     /// Greedy rows and small top-k draws run on the device; other draws (no kernels, top_k
     /// absent or large) read the logits to the host.
     pub(crate) fn draw_ids(&self, logits: &Tensor, draws: &[RowDraw]) -> Result<Tensor> {
+        // Every row greedy on a graph replay's own logits: the tokens computed with them.
+        if draws.iter().all(|d| d.uniform.is_none())
+            && let Some((id, ids)) = &*self.graph_greedy.lock()
+            && *id == logits.id()
+        {
+            return Ok(ids.clone());
+        }
         sampler::draw_ids(&self.model, logits, draws)
     }
 
@@ -269,15 +286,28 @@ impl ModelRunner {
         ids: &Tensor,
         inputs: &[SeqInput<'_>],
     ) -> Result<Option<Tensor>> {
+        *self.graph_greedy.get_mut() = None;
         #[cfg(feature = "cuda")]
         if self.comm.is_none()
             && let Some(g) = &self.graphs
             && let Some(logits) = g.replay_fed(&self.model, ids, inputs)?
         {
-            return Ok(Some(logits));
+            return self.replayed(logits);
         }
         let tokens: Vec<u32> = ids.to_vec1()?;
         self.forward(&tokens, inputs)
+    }
+
+    /// A graph replay's logits, its greedy tokens remembered where the graphs computed them
+    /// (`KernelOptions::graph_argmax`).
+    #[cfg(feature = "cuda")]
+    fn replayed(&self, logits: Tensor) -> Result<Option<Tensor>> {
+        let ids = match &self.graphs {
+            Some(g) => g.greedy_ids(logits.dim(0)?)?,
+            None => None,
+        };
+        *self.graph_greedy.lock() = ids.map(|ids| (logits.id(), ids));
+        Ok(Some(logits))
     }
 
     /// What moves whole KV blocks to and from host memory (the tiers below the GPU): on
@@ -341,12 +371,13 @@ impl ModelRunner {
         tokens: &[u32],
         inputs: &[SeqInput<'_>],
     ) -> Result<Option<Tensor>> {
+        *self.graph_greedy.get_mut() = None;
         let Some(comm) = self.comm.clone() else {
             #[cfg(feature = "cuda")]
             if let Some(g) = &self.graphs
                 && let Some(logits) = g.replay(&self.model, tokens, inputs)?
             {
-                return Ok(Some(logits));
+                return self.replayed(logits);
             }
             return self.model.forward(tokens, inputs, &self.cache, None);
         };
@@ -369,7 +400,7 @@ impl ModelRunner {
         if let Some(g) = &self.graphs
             && let Some(logits) = g.replay(&self.model, tokens, inputs)?
         {
-            return Ok(Some(logits));
+            return self.replayed(logits);
         }
         self.model
             .forward(tokens, inputs, &self.cache, Some(comm.as_ref()))

@@ -180,6 +180,12 @@ impl DecodeGraphs {
         }
         let logits_act = self.logits_act.narrow(0, 0, b)?;
         k.linear_into(&acts.h, model.qwen3.lm_head.weight(), &logits_act)?;
-        k.to_f32_into(&logits_act, &self.logits.narrow(0, 0, b)?)
+        let logits = self.logits.narrow(0, 0, b)?;
+        match &self.greedy {
+            Some((ids, scratch)) => {
+                k.to_f32_argmax_into(&logits_act, &logits, &ids.narrow(0, 0, b)?, scratch)
+            }
+            None => k.to_f32_into(&logits_act, &logits),
+        }
     }
 }
