@@ -63,7 +63,8 @@ struct Args {
     profile: Vec<usize>,
     /// With `--profile`: also time whole steps (PDL in the graph) captured without the ops of
     /// each mask (`kernel_forward::skip` bits: 1 qkv, 2 attention, 4 o, 8 gate|up, 16 down,
-    /// 32 lm_head and f32 logits), each op's share of the chain.
+    /// 32 lm_head and f32 logits, 64 MoE norm + router, 128 MoE experts), each op's share of
+    /// the chain.
     #[arg(long, value_delimiter = ',')]
     profile_skip: Vec<u8>,
     /// Only the stress run (check 4).

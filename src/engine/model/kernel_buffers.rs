@@ -51,8 +51,8 @@ pub(crate) struct StepInputs {
     /// `_one`, `_many`; `CudaKernels::fused_long_context`): the attention runs unfused.
     pub(crate) long_ctx: bool,
     /// Profiling only (`DecodeGraphs::set_profile_skip`; 0 in the engine): the ops of every
-    /// dense layer whose [`skip`] bits are set are not launched, so a graph replay times the
-    /// step without them. What the step computes is then meaningless.
+    /// layer whose [`skip`] bits are set are not launched, so a graph replay times the step
+    /// without them. What the step computes is then meaningless.
     pub(crate) skip: u8,
 }
 
@@ -70,6 +70,10 @@ pub mod skip {
     pub const DOWN: u8 = 16;
     /// The lm_head and the f32 logits (graph captures).
     pub const HEAD: u8 = 32;
+    /// MoE layers: the add+RMSNorm and the router's matmul.
+    pub const ROUTER: u8 = 64;
+    /// MoE layers: the experts (routing, gate|up, down and their sum).
+    pub const EXPERTS: u8 = 128;
 }
 
 /// The forward's activations: one buffer each, reused by every layer (on one stream a layer's

@@ -346,14 +346,17 @@ impl KernelForward<'_> {
                     // matmul keeps in shared memory: here the norm and the router's matmul
                     // run as one launch that writes it (`moe_norm_router`, 1-2 rows) or apart.
                     let normw = (&norm.weight, norm.eps);
-                    if !k.moe_norm_router_into(res, normw, &a.h, &moe.router, &s.logits)? {
+                    if !on(skip::ROUTER) {
+                    } else if !k.moe_norm_router_into(res, normw, &a.h, &moe.router, &s.logits)? {
                         k.add_rmsnorm_to(res.1, res.0, res.2, &norm.weight, norm.eps, &a.h)?;
                         k.linear_into(&a.h, &moe.router, &s.logits)?;
                     }
                     cur = 1 - cur;
                     let experts = (&moe.gate_up, &moe.down);
                     let how = (moe.first_expert, moe.norm_topk);
-                    k.moe_experts_into(&a.h, experts, how, s, &a.down)?;
+                    if on(skip::EXPERTS) {
+                        k.moe_experts_into(&a.h, experts, how, s, &a.down)?;
+                    }
                     delta = Some(reduce_at(&a.down, comm, inputs.reduce_in_place)?);
                     down_before = None;
                     self.trace_layer(trace.as_deref_mut(), li, &o, &a.residual[cur], &a.down)?;
