@@ -56,7 +56,8 @@ pub(crate) struct StepInputs {
     pub(crate) skip: u8,
 }
 
-/// The ops [`StepInputs::skip`] can leave out of a step, one bit each.
+/// The ops a profiling capture can leave out of a step (`StepInputs::skip`, set by
+/// `DecodeGraphs::set_profile_skip`), one bit each.
 pub mod skip {
     /// The add+RMSNorm and qkv matmul.
     pub const QKV: u8 = 1;
