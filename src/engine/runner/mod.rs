@@ -10,6 +10,7 @@
 pub mod accept;
 pub mod buckets;
 pub(crate) mod draft;
+mod graph_greedy;
 // The CPU build runs its tests; only the CUDA graphs use it.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod graph_rows;

@@ -64,7 +64,7 @@ pub(crate) struct ModelRunner {
     /// (`KernelOptions::graph_argmax`): the logits' id and the tokens. Cleared by the next
     /// forward and by masks written into those logits, so a draw takes them only for the
     /// logits they were computed from, unedited.
-    graph_greedy: parking_lot::Mutex<Option<(candle_core::TensorId, Tensor)>>,
+    graph_greedy: super::graph_greedy::GraphGreedy,
     comm: Option<Arc<dyn CommBackend>>,
     worker_timeout: Duration,
     steps_sent: u64,
@@ -82,7 +82,7 @@ impl ModelRunner {
             cache,
             #[cfg(feature = "cuda")]
             graphs: None,
-            graph_greedy: parking_lot::Mutex::new(None),
+            graph_greedy: Default::default(),
             comm,
             worker_timeout,
             steps_sent: 0,
@@ -188,7 +188,7 @@ impl ModelRunner {
     ) -> Result<Tensor> {
         if !masks.is_empty() {
             // In place (a graph's logits too): the greedy tokens computed with them are stale.
-            *self.graph_greedy.lock() = None;
+            self.graph_greedy.forget();
         }
         super::mask::mask_logits(&self.model, logits, masks)
     }
@@ -240,11 +240,8 @@ impl ModelRunner {
     /// absent or large) read the logits to the host.
     pub(crate) fn draw_ids(&self, logits: &Tensor, draws: &[RowDraw]) -> Result<Tensor> {
         // Every row greedy on a graph replay's own logits: the tokens computed with them.
-        if draws.iter().all(|d| d.uniform.is_none())
-            && let Some((id, ids)) = &*self.graph_greedy.lock()
-            && *id == logits.id()
-        {
-            return Ok(ids.clone());
+        if let Some(ids) = self.graph_greedy.take_for(logits, draws) {
+            return Ok(ids);
         }
         sampler::draw_ids(&self.model, logits, draws)
     }
@@ -286,7 +283,7 @@ impl ModelRunner {
         ids: &Tensor,
         inputs: &[SeqInput<'_>],
     ) -> Result<Option<Tensor>> {
-        *self.graph_greedy.get_mut() = None;
+        self.graph_greedy.forget();
         #[cfg(feature = "cuda")]
         if self.comm.is_none()
             && let Some(g) = &self.graphs
@@ -306,7 +303,7 @@ impl ModelRunner {
             Some(g) => g.greedy_ids(logits.dim(0)?)?,
             None => None,
         };
-        *self.graph_greedy.lock() = ids.map(|ids| (logits.id(), ids));
+        self.graph_greedy.remember(&logits, ids);
         Ok(Some(logits))
     }
 
@@ -371,7 +368,7 @@ impl ModelRunner {
         tokens: &[u32],
         inputs: &[SeqInput<'_>],
     ) -> Result<Option<Tensor>> {
-        *self.graph_greedy.get_mut() = None;
+        self.graph_greedy.forget();
         let Some(comm) = self.comm.clone() else {
             #[cfg(feature = "cuda")]
             if let Some(g) = &self.graphs
