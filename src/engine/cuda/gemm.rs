@@ -328,11 +328,11 @@ impl CudaKernels {
             rows_per_block: GEMV_MMA_ROWS,
             norm_smem: true,
             max_blocks: None,
-            split: [Some(PLAIN), Some(SILU)]
-                .get(kind)
-                .copied()
-                .flatten()
-                .map(|s| (s, t)),
+            split: match kind {
+                0 => Some((PLAIN, t)),
+                1 => Some((SILU, t)),
+                _ => None,
+            },
         })
     }
 
