@@ -37,6 +37,7 @@ fn main() {
         println!("cargo:rerun-if-changed=kernels/{k}.cu");
     }
     println!("cargo:rerun-if-changed=kernels/common.cuh");
+    println!("cargo:rerun-if-changed=kernels/cluster.cuh");
     println!("cargo:rerun-if-changed=kernels/attention.cuh");
     println!("cargo:rerun-if-changed=kernels/flash.cuh");
     println!("cargo:rerun-if-changed=kernels/decode_mma.cuh");

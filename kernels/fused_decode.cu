@@ -1,6 +1,7 @@
 // The fused decode attention: one launch per layer for pure decode steps of few sequences
 // (see the comment on decode_fused below).
 
+#include "cluster.cuh"
 #include "decode_mma.cuh"
 
 namespace {
@@ -39,41 +40,6 @@ namespace {
 constexpr int FETCH = 4;
 constexpr int CLUSTER_PART = 128;  // longest partition of a context one cluster covers
 constexpr int MERGE_STAGE = 32;    // partials a global merge stages in shared memory
-
-// Blocks in this block's cluster and its rank there (1 and 0 without clusters).
-__device__ __forceinline__ int cluster_blocks() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return (int)cooperative_groups::this_cluster().num_blocks();
-#else
-  return 1;
-#endif
-}
-
-// Cluster barrier halves (sm_90; every thread of every block that has not exited takes
-// part): arrive (release: this thread's earlier writes, shared memory of other blocks
-// included, are visible to whoever waits after it), and wait (for every thread of the cluster
-// that has not exited to have arrived).
-__device__ __forceinline__ void cluster_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-
-// Block `rank`'s shared-memory address of p (a variable of this kernel's shared memory).
-template <typename V>
-__device__ __forceinline__ V* cluster_peer(V* p, int rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return cooperative_groups::this_cluster().map_shared_rank(p, rank);
-#else
-  return p;
-#endif
-}
 
 // The last of `nparts` partials (index 0 .. nparts-1 of the `splits` slots of heads
 // hb .. hb+G-1, hb = b * nh + kh * G) to be written merges them into out (rows hb ..): each

@@ -3,8 +3,7 @@
 // the block-wide fused norm, with gemv.cu's arguments. Where CUDA-core FMAs would bound the
 // step (8 rows x 8 products per 16 weight bytes).
 
-#include <cooperative_groups.h>
-
+#include "cluster.cuh"
 #include "gemv.cuh"
 
 namespace {
@@ -62,31 +61,6 @@ __device__ __forceinline__ uint4 mul8(uint4 h, uint4 w) {
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-// Thread-block cluster barriers (sm_90; nothing elsewhere, where CL 2 is never launched):
-// arrive (release: this thread's writes, remote ones included, visible to whoever waits after
-// it) and wait (acquire).
-__device__ __forceinline__ void cl_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-
-// Block `rank`'s address of p (this kernel's shared memory) in the cluster.
-template <typename V>
-__device__ __forceinline__ V* cl_peer(V* p, int rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return cooperative_groups::this_cluster().map_shared_rank(p, rank);
-#else
-  (void)rank;
-  return p;
-#endif
-}
-
 template <int T, bool SILU, bool NORM, int PS = 0, int CL = 1>
 __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict__ W,
                                                 const __nv_bfloat16* x,
@@ -106,7 +80,7 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
   // CL 2: this block's rank (grid z) and its warps' place among the group's 8.
   const int rank = CL == 1 ? 0 : (int)blockIdx.z;
   // Every block of the cluster has started before block 1 writes block 0's shared memory.
-  if (CL > 1) cl_arrive();
+  if (CL > 1) cluster_arrive();
   const int warp = rank * (WARPS / CL) + threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
   const int row0 = blockIdx.x * 16;
@@ -200,8 +174,8 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
   // shared memory, which block 0 reads once both blocks' tiles are in.
   float(*rd)[P][16][8] = red;
   if (CL > 1) {
-    cl_wait();
-    rd = reinterpret_cast<float(*)[P][16][8]>(cl_peer(&red[0][0][0][0], 0));
+    cluster_wait();
+    rd = reinterpret_cast<float(*)[P][16][8]>(cluster_peer(&red[0][0][0][0], 0));
   }
 #pragma unroll
   for (int p = 0; p < P; ++p) {
@@ -211,9 +185,9 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
     rd[warp][p][g + 8][2 * c + 1] = d[p][3];
   }
   if (CL > 1) {
-    cl_arrive();
+    cluster_arrive();
     if (rank != 0) return;
-    cl_wait();
+    cluster_wait();
   } else {
     __syncthreads();
   }
