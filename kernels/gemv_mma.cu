@@ -3,7 +3,6 @@
 // the block-wide fused norm, with gemv.cu's arguments. Where CUDA-core FMAs would bound the
 // step (8 rows x 8 products per 16 weight bytes).
 
-#include "cluster.cuh"
 #include "gemv.cuh"
 
 namespace {
@@ -18,12 +17,6 @@ namespace {
 // 2c+9) of the step's first MMA and 8c+4..8c+7 those of its second, in A and B alike, so each
 // MMA sums 16 distinct k of the step: the dot product in another order. Token rows past T are
 // zeros. K must be a multiple of 32.
-//
-// Split (LaunchOptions::gemv_mma_split; CL 2, sm_90): a group of 16 rows on a cluster of two
-// blocks of 4 warps (grid z: the cluster's rank), for weights of fewer groups than SMs (0.6B's
-// o and down: 64 blocks of 8 warps leave half the H200 idle). Block h's warps are warps 4h ..
-// 4h + 3 of the one-block kernel (the same steps, the same sums); block 1 writes its warps'
-// tiles into block 0's shared memory and block 0 adds the 8 in order: the same bits.
 //
 // The presummed norm (LaunchOptions::norm_presum; PS): a plain matmul whose output is a
 // residual delta (o, down) adds it to the residual itself (PS 1: res_out = bf16(res +
@@ -61,7 +54,7 @@ __device__ __forceinline__ uint4 mul8(uint4 h, uint4 w) {
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-template <int T, bool SILU, bool NORM, int PS = 0, int CL = 1>
+template <int T, bool SILU, bool NORM, int PS = 0>
 __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict__ W,
                                                 const __nv_bfloat16* x,
                                                 const __nv_bfloat16* __restrict__ delta,
@@ -73,15 +66,10 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
                                                 const Presum ps = Presum{}) {
   constexpr int P = SILU ? 2 : 1;   // gate (and up) tiles
   constexpr int B = SILU ? 4 : 8;   // steps a warp keeps in flight
-  static_assert(CL == 1 || (CL == 2 && !NORM), "split: the kernels without the fused norm");
   __shared__ float red[WARPS][P][16][8];
   pdl_trigger();
   l2_prefetch_share(pf, pf_bytes);
-  // CL 2: this block's rank (grid z) and its warps' place among the group's 8.
-  const int rank = CL == 1 ? 0 : (int)blockIdx.z;
-  // Every block of the cluster has started before block 1 writes block 0's shared memory.
-  if (CL > 1) cluster_arrive();
-  const int warp = rank * (WARPS / CL) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
   const int row0 = blockIdx.x * 16;
   const int steps = K / 32;
@@ -111,25 +99,18 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
   }
   // PS 2: warp t's lanes hold row t's partial sums of squares (p = lane + 32 j); PS 1: threads
   // 0..127 the residual value of the column and row they store.
-  // PS 2 with CL 2: block 0's warp w sums rows w and w + 4 (block 1 none), the same sums.
-  constexpr int RW = CL == 1 ? 1 : 2;
-  float ssv[RW][PS_PARTS / 32];
+  float ssv[PS_PARTS / 32];
   float resv = 0.f;
   if constexpr (PS == 2) {
 #pragma unroll
-    for (int q = 0; q < RW; ++q) {
-      const int tr = CL == 1 ? warp : (int)threadIdx.x / 32 + 4 * q;
-      const bool mine = rank == 0 && tr < T;
-#pragma unroll
-      for (int j = 0; j < PS_PARTS / 32; ++j) {
-        const int p = lane + 32 * j;
-        ssv[q][j] = mine && p < ps.nparts ? ps.ss[p * 8 + tr] : 0.f;
-      }
+    for (int j = 0; j < PS_PARTS / 32; ++j) {
+      const int p = lane + 32 * j;
+      ssv[j] = warp < T && p < ps.nparts ? ps.ss[p * 8 + warp] : 0.f;
     }
   }
   if constexpr (PS == 1) {
     const int r = threadIdx.x / 8, t = threadIdx.x % 8;
-    if (rank == 0 && threadIdx.x < 16 * 8 && t < T && row0 + r < N)
+    if (threadIdx.x < 16 * 8 && t < T && row0 + r < N)
       resv = __bfloat162float(ps.res[(size_t)t * N + row0 + r]);
   }
   float d[P][4];
@@ -158,39 +139,23 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
   }
   __shared__ float inv_s[8];  // PS 2: 1 / rms of each token row
   if constexpr (PS == 2) {
+    if (warp < T) {
+      float sum = 0.f;
 #pragma unroll
-    for (int q = 0; q < RW; ++q) {
-      const int tr = CL == 1 ? warp : (int)threadIdx.x / 32 + 4 * q;
-      if (rank == 0 && tr < T) {
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < PS_PARTS / 32; ++j) sum += ssv[q][j];
-        sum = warp_sum(sum);
-        if (lane == 0) inv_s[tr] = rsqrtf(sum / K + ps.eps);
-      }
+      for (int j = 0; j < PS_PARTS / 32; ++j) sum += ssv[j];
+      sum = warp_sum(sum);
+      if (lane == 0) inv_s[warp] = rsqrtf(sum / K + ps.eps);
     }
   }
-  // d[p] = rows g (j 0, 1) and g + 8 (j 2, 3) at tokens 2c, 2c + 1; CL 2: into block 0's
-  // shared memory, which block 0 reads once both blocks' tiles are in.
-  float(*rd)[P][16][8] = red;
-  if (CL > 1) {
-    cluster_wait();
-    rd = reinterpret_cast<float(*)[P][16][8]>(cluster_peer(&red[0][0][0][0], 0));
-  }
+  // d[p] = rows g (j 0, 1) and g + 8 (j 2, 3) at tokens 2c, 2c + 1.
 #pragma unroll
   for (int p = 0; p < P; ++p) {
-    rd[warp][p][g][2 * c] = d[p][0];
-    rd[warp][p][g][2 * c + 1] = d[p][1];
-    rd[warp][p][g + 8][2 * c] = d[p][2];
-    rd[warp][p][g + 8][2 * c + 1] = d[p][3];
+    red[warp][p][g][2 * c] = d[p][0];
+    red[warp][p][g][2 * c + 1] = d[p][1];
+    red[warp][p][g + 8][2 * c] = d[p][2];
+    red[warp][p][g + 8][2 * c + 1] = d[p][3];
   }
-  if (CL > 1) {
-    cluster_arrive();
-    if (rank != 0) return;
-    cluster_wait();
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
   float sq = 0.f;  // PS 1: this thread's column's square of the sum
   if (threadIdx.x < 16 * 8) {
     const int r = threadIdx.x / 8, t = threadIdx.x % 8;
@@ -242,13 +207,11 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
 
 // The presummed norm (PS 1 and 2 above): a plain matmul that adds its output to the residual
 // and writes its sums of squares; plain and SiLU*up behind the presummed norm.
-#define PRESUM_PRE(T, NAME, SILU) PRESUM_PRE_CL(T, NAME, SILU, 1)
-#define PRESUM_PRE_CL(T, NAME, SILU, CL)                                                     \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32 / CL) NAME(                        \
+#define PRESUM_PRE(T, NAME, SILU)                                                            \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
       const __nv_bfloat16* W, const __nv_bfloat16* h, __nv_bfloat16* out, int N, int K,      \
       const __nv_bfloat16* nw, float eps, const float* ss, int nparts) {                     \
-    mma_gemv_kernel<T, SILU, false, 2, CL>(W, h, nullptr, nullptr, nullptr, 0.f, 0, out, N,  \
-                                           K,                                                \
+    mma_gemv_kernel<T, SILU, false, 2>(W, h, nullptr, nullptr, nullptr, 0.f, 0, out, N, K,   \
                                        nullptr, nullptr, 0,                                  \
                                        Presum{nullptr, nullptr, const_cast<float*>(ss), nw,  \
                                               eps, nparts});                                 \
@@ -263,38 +226,6 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
   }                                                                                          \
   PRESUM_PRE(T, mma_gemv_pre_t##T##_bf16, false)                                             \
   PRESUM_PRE(T, mma_gemv_pre_silu_t##T##_bf16, true)
-
-// The split kernels (CL 2 above: a cluster of two 4-warp blocks a group, grid z 2): plain and
-// the presummed norm's residual add.
-#define MMA_SPLIT(T)                                                                         \
-  extern "C" __global__ void __launch_bounds__(WARPS * 16) mma_gemv_c2_t##T##_bf16(          \
-      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
-      const void* pf, unsigned long long pf_bytes) {                                         \
-    mma_gemv_kernel<T, false, false, 0, 2>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N,  \
-                                           K, nullptr, pf, pf_bytes);                        \
-  }                                                                                          \
-  extern "C" __global__ void __launch_bounds__(WARPS * 16) mma_gemv_res_c2_t##T##_bf16(      \
-      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
-      const __nv_bfloat16* res, __nv_bfloat16* res_out, float* ss) {                         \
-    mma_gemv_kernel<T, false, false, 1, 2>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N,  \
-                                           K, nullptr, nullptr, 0,                           \
-                                           Presum{res, res_out, ss, nullptr, 0.f, 0});       \
-  }                                                                                          \
-  extern "C" __global__ void __launch_bounds__(WARPS * 16) mma_gemv_silu_c2_t##T##_bf16(     \
-      const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
-      const void* pf, unsigned long long pf_bytes) {                                         \
-    mma_gemv_kernel<T, true, false, 0, 2>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N,   \
-                                          K, nullptr, pf, pf_bytes);                         \
-  }                                                                                          \
-  PRESUM_PRE_CL(T, mma_gemv_pre_c2_t##T##_bf16, false, 2)                                    \
-  PRESUM_PRE_CL(T, mma_gemv_pre_silu_c2_t##T##_bf16, true, 2)
-
-MMA_SPLIT(3)
-MMA_SPLIT(4)
-MMA_SPLIT(5)
-MMA_SPLIT(6)
-MMA_SPLIT(7)
-MMA_SPLIT(8)
 
 MMA_PRESUM(3)
 MMA_PRESUM(4)

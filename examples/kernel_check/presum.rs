@@ -6,8 +6,6 @@
 //! another scale (bf16(h * w), then 1 / rms on the dot products), against f32 math on the
 //! residual's sum within 5e-3 of the largest output, as the path it replaces (one block's
 //! partial sum left out moves every output by ~0.8%, the norm weight left out by far more).
-//! Then the split kernels (`LaunchOptions::gemv_mma_split`: a group of 16 rows on a cluster of
-//! two 4-warp blocks) against the one-block ones, bit for bit.
 
 use super::*;
 
@@ -84,88 +82,6 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
                 rel(&y1, &reference)?,
                 5e-3,
             );
-        }
-    }
-    split_bits(&k, dev, t)
-}
-
-/// The split kernels (`LaunchOptions::gemv_mma_split`, sm_90; here on every weight) against
-/// `def`'s one-block ones, bit for bit (tolerance 0; a tile of block 1 left out, added out of
-/// order or written to the wrong warp's slot fails them): the plain and SiLU*up matmuls, the
-/// residual add's output, sum and partial sums of squares, and the plain and SiLU*up matmuls
-/// behind the presummed norm (whose 1 / rms block 0 sums for all rows), at 3-8 rows over
-/// 0.6B's o, down, qkv and gate|up, 1.7B's o and ragged row counts (63 and 7 groups of 16, a
-/// last group of 8 rows).
-fn split_bits(def: &CudaKernels, dev: &Device, t: &mut Table) -> Res<()> {
-    let opts = LaunchOptions {
-        gemv_mma_split: Some(usize::MAX),
-        ..LaunchOptions::default()
-    };
-    let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
-    let dt = DType::BF16;
-    let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
-    let w = |n: usize, kk: usize| -> Res<Tensor> {
-        Ok((randn(&[n, kk], dt, dev)? * 0.03)?.to_dtype(dt)?)
-    };
-    for rows in 3..=8usize {
-        for &(n, kk) in &[
-            (1024usize, 2048usize),
-            (1024, 3072),
-            (4096, 1024),
-            (6144, 1024),
-            (2048, 2048),
-            (2000, 1024),
-            (104, 1024),
-        ] {
-            let (wp, x) = (w(n, kk)?, randn(&[rows, kk], dt, dev)?);
-            let what = format!("gemv_mma_split rows {rows} n {n} k {kk}");
-            let (p1, p2) = (zeros(rows, n)?, zeros(rows, n)?);
-            def.linear_into(&x, &wp, &p1)?;
-            k.linear_into(&x, &wp, &p2)?;
-            t.check(format!("{what}: plain"), rel(&p2, &p1)?, 0.0);
-            let (gu, a1, a2) = (zeros(rows, n)?, zeros(rows, n / 2)?, zeros(rows, n / 2)?);
-            def.gate_up_silu_into(&x, &wp, &gu, &a1)?;
-            k.gate_up_silu_into(&x, &wp, &gu, &a2)?;
-            t.check(format!("{what}: silu"), rel(&a2, &a1)?, 0.0);
-        }
-        for &hidden in &[1024usize, 1056] {
-            let (wp, x) = (w(hidden, 2048)?, randn(&[rows, 2048], dt, dev)?);
-            let res = randn(&[rows, hidden], dt, dev)?;
-            let nw = randn(&[hidden], dt, dev)?.affine(0.1, 1.0)?.to_dtype(dt)?;
-            let mut outs = Vec::new();
-            for kern in [def, &k] {
-                let (o, r) = (zeros(rows, hidden)?, zeros(rows, hidden)?);
-                let len = policy_serve::engine::cuda::presum_len(hidden);
-                let ss = Tensor::zeros(len, DType::F32, dev)?;
-                kern.linear_res_into(&x, &wp, &o, (&res, &r), &ss)?;
-                outs.push((o, r, ss));
-            }
-            let ((o1, r1, s1), (o2, r2, s2)) = (&outs[0], &outs[1]);
-            let what = format!("gemv_mma_split rows {rows} hidden {hidden}");
-            t.check(format!("{what}: residual add's output"), rel(o2, o1)?, 0.0);
-            t.check(format!("{what}: residual sum"), rel(r2, r1)?, 0.0);
-            t.check(format!("{what}: sums of squares"), rel(s2, s1)?, 0.0);
-            for &(nc, silu) in &[
-                (4096usize, false),
-                (6144, true),
-                (1000, false),
-                (2000, true),
-            ] {
-                let wc = w(nc, hidden)?;
-                let n_out = if silu { nc / 2 } else { nc };
-                let mut ys = Vec::new();
-                for kern in [def, &k] {
-                    let (gu, y) = (zeros(rows, nc)?, zeros(rows, n_out)?);
-                    let (out, act) = if silu { (&gu, Some(&y)) } else { (&y, None) };
-                    kern.presum_linear_into(r1, (&nw, 1e-6), s1, &wc, out, act)?;
-                    ys.push(y);
-                }
-                let name = format!(
-                    "{what}: behind the norm -> {nc}{}",
-                    ["", " silu"][silu as usize]
-                );
-                t.check(name, rel(&ys[1], &ys[0])?, 0.0);
-            }
         }
     }
     Ok(())

@@ -28,11 +28,6 @@ pub struct KernelFlags {
     /// and sum its squares for the matmul after the norm).
     #[arg(long)]
     pub no_norm_presum: bool,
-    /// The 3-8-row tensor-core matmuls over weights of at most N groups of 16 rows on
-    /// clusters of two 4-warp blocks a group (`KernelOptions::gemv_mma_split`; 131: 0.6B's o
-    /// and down on an H200, 192: its gate|up too).
-    #[arg(long, value_name = "N")]
-    pub gemv_mma_split: Option<usize>,
     /// Decode graphs compute the greedy tokens with the f32 logits; all-greedy steps take
     /// them (`KernelOptions::graph_argmax`).
     #[arg(long)]
@@ -246,7 +241,6 @@ impl KernelFlags {
             gemv: !self.no_gemv,
             gemv_mma: self.gemv_mma,
             norm_presum: !self.no_norm_presum,
-            gemv_mma_split: self.gemv_mma_split,
             graph_argmax: self.graph_argmax,
             gemv_mma_plain: (!self.no_gemv_mma_plain).then(|| {
                 self.gemv_mma_plain

@@ -124,15 +124,6 @@ pub struct KernelOptions {
     /// first form that summed the partials before its loop lost 10% at batch 8); off: the
     /// norm launch.
     pub norm_presum: bool,
-    /// The tensor-core skinny matmuls of 3-8 rows (every kind without the fused norm: plain,
-    /// SiLU*up, the presummed norm's residual add and the matmuls behind it) over weights of
-    /// at most this many groups of 16 output rows (gate|up pairs) run each group on a cluster
-    /// of two 4-warp blocks (`kernels/gemv_mma.cu` `*_c2_*`; sm_90) instead of one 8-warp
-    /// block: 0.6B's o and down (64 groups) take 64 of an H200's 132 SMs, its gate|up (192)
-    /// two blocks on 60 SMs and one on 72. The same bits (each block's warps are warps of the
-    /// one-block kernel; block 0 adds all eight tiles in order). Default None (not yet
-    /// measured on the H200).
-    pub gemv_mma_split: Option<usize>,
     /// Decode graphs compute each row's greedy token in the launch that writes the f32 logits
     /// (`kernels/layer_ops.cu` `to_f32_argmax_*`: each block's best, the row's last block
     /// merging them), and a step whose rows are all greedy and whose logits nothing edited
@@ -386,7 +377,6 @@ impl Default for KernelOptions {
             gemv_mma: false,
             gemv_mma_plain: Some(GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
-            gemv_mma_split: None,
             graph_argmax: false,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             smem_carveout: Some(SMEM_CARVEOUT),

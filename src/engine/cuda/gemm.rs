@@ -17,7 +17,6 @@ use candle_core::{DType, Tensor};
 
 use super::kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS};
 use super::launch::kernel_err;
-use super::mma_split::{MmaSplit, PLAIN, SILU};
 use crate::error::Result;
 
 /// Warps per block of `kernels/gemv.cu` (`WARPS`); a warp takes one output row (or gate/up
@@ -34,10 +33,6 @@ struct Gemv<'a> {
     norm_smem: bool,
     /// The most blocks its grid takes (streamed rows: each warp takes every G-th row).
     max_blocks: Option<usize>,
-    /// A tensor-core kernel's split kind and rows (`LaunchOptions::gemv_mma_split`: a
-    /// cluster of two blocks a group of 16 rows, `MmaSplit`), which serves the launch
-    /// instead where it takes the weight.
-    split: Option<(usize, usize)>,
 }
 
 impl Gemv<'_> {
@@ -290,7 +285,6 @@ impl CudaKernels {
                     rows_per_block: GEMV_WARPS,
                     norm_smem: set.norm_smem,
                     max_blocks: Some(*max),
-                    split: None,
                 });
             }
             let long = k > DOUBLE_BUFFER_MIN_K;
@@ -301,7 +295,6 @@ impl CudaKernels {
                     rows_per_block: GEMV_WARPS / 2,
                     norm_smem: false,
                     max_blocks: None,
-                    split: None,
                 });
             }
             let f = match &set.double {
@@ -313,7 +306,6 @@ impl CudaKernels {
                 rows_per_block: GEMV_WARPS,
                 norm_smem: set.norm_smem,
                 max_blocks: None,
-                split: None,
             });
         }
         let fs = self.gemv_mma.as_ref()?;
@@ -328,11 +320,6 @@ impl CudaKernels {
             rows_per_block: GEMV_MMA_ROWS,
             norm_smem: true,
             max_blocks: None,
-            split: match kind {
-                0 => Some((PLAIN, t)),
-                1 => Some((SILU, t)),
-                _ => None,
-            },
         })
     }
 
@@ -370,19 +357,7 @@ impl CudaKernels {
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let groups = n.div_ceil(GEMV_MMA_ROWS);
-        let split = (g.split).and_then(|(kind, t)| {
-            let s = self.gemv_mma_split.as_ref()?;
-            s.kernel(kind, t, groups)
-        });
-        let (cfg, mut b) = match split {
-            Some(f) => {
-                let mut b = self.launcher(f);
-                b.cluster_z(2);
-                (MmaSplit::config(groups), b)
-            }
-            None => (cfg, self.launcher(g.f)),
-        };
+        let mut b = self.launcher(g.f);
         b.arg(&pw)
             .arg(&px)
             .arg(&po)
@@ -390,9 +365,8 @@ impl CudaKernels {
             .arg(&k32)
             .arg(&ppf)
             .arg(&pf_bytes);
-        // SAFETY: argument types match the entries of `kernels/gemv.cuh` (PLAIN_ENTRY) and the
-        // split kernels' (`mma_gemv_c2_*`, the same list); the callers checked the shapes, k is
-        // a multiple of 8 and the buffers are contiguous.
+        // SAFETY: argument types match the entries of `kernels/gemv.cuh` (PLAIN_ENTRY); the
+        // callers checked the shapes, k is a multiple of 8 and the buffers are contiguous.
         unsafe { b.launch(cfg) }.w()?;
         Ok(())
     }

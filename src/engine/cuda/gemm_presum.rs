@@ -16,7 +16,6 @@ use candle_core::{DType, Tensor};
 use super::gemm::{GEMV_MMA_ROWS, GEMV_WARPS};
 use super::kernels::{CudaKernels, GEMV_MAX_ROWS};
 use super::launch::kernel_err;
-use super::mma_split::{MmaSplit, PRE, PRE_SILU, RES};
 use crate::error::Result;
 
 /// Most partial sums a row's norm reads (`PS_PARTS` of `kernels/gemv_mma.cu`): a residual
@@ -79,14 +78,11 @@ impl CudaKernels {
         let (pw, px, po) = (self.ptr(w)?, self.ptr(x)?, self.ptr(out)?);
         let (pr, pro, pss) = (self.ptr(res)?, self.ptr(res_out)?, self.ptr(ss)?);
         let (n32, k32) = (n as i32, k as i32);
-        // `LaunchOptions::gemv_mma_split`: a cluster of two blocks a group of 16 columns
-        // (the same bits, the same partial sums).
-        let mut b = self.presum_launcher(f, RES, t, n);
+        let mut b = self.launcher(f);
         b.arg(&pw).arg(&px).arg(&po).arg(&n32).arg(&k32);
         b.arg(&pr).arg(&pro).arg(&pss);
-        // SAFETY: argument types match `mma_gemv_res_t*_bf16` (and `mma_gemv_res_c2_t*_bf16`,
-        // the same list); shapes are checked above.
-        unsafe { b.launch(self.presum_config(RES, t, n)) }.w()?;
+        // SAFETY: argument types match `mma_gemv_res_t*_bf16`; shapes are checked above.
+        unsafe { b.launch(Self::presum_grid(n)) }.w()?;
         Ok(())
     }
 
@@ -125,48 +121,13 @@ impl CudaKernels {
         let (pnw, pss) = (self.ptr(norm_w)?, self.ptr(ss)?);
         let (n32, k32, eps32) = (n as i32, k as i32, eps as f32);
         let parts = k.div_ceil(GEMV_MMA_ROWS) as i32;
-        let kind = if act.is_some() { PRE_SILU } else { PRE };
-        let mut b = self.presum_launcher(f, kind, t, n);
+        let mut b = self.launcher(f);
         b.arg(&pw).arg(&ph).arg(&po).arg(&n32).arg(&k32);
         b.arg(&pnw).arg(&eps32).arg(&pss).arg(&parts);
-        // SAFETY: argument types match `mma_gemv_pre{,_silu}_t*_bf16` (and their `_c2`
-        // kernels, the same list); shapes are checked above.
-        unsafe { b.launch(self.presum_config(kind, t, n)) }.w()?;
+        // SAFETY: argument types match `mma_gemv_pre{,_silu}_t*_bf16`; shapes are checked
+        // above.
+        unsafe { b.launch(Self::presum_grid(n)) }.w()?;
         Ok(())
-    }
-
-    /// The split kernel of `kind` (`LaunchOptions::gemv_mma_split`) for `t` rows over `n`
-    /// output rows (pairs), when it takes them.
-    fn presum_split(&self, kind: usize, t: usize, n: usize) -> Option<&CudaFunction> {
-        let s = self.gemv_mma_split.as_ref()?;
-        s.kernel(kind, t, n.div_ceil(GEMV_MMA_ROWS))
-    }
-
-    /// A launch of the one-block kernel `f`, or of the split kernel of `kind` where it serves
-    /// (in clusters of two).
-    fn presum_launcher<'a>(
-        &'a self,
-        f: &'a CudaFunction,
-        kind: usize,
-        t: usize,
-        n: usize,
-    ) -> super::launch::Launch<'a> {
-        match self.presum_split(kind, t, n) {
-            Some(s) => {
-                let mut b = self.launcher(s);
-                b.cluster_z(2);
-                b
-            }
-            None => self.launcher(f),
-        }
-    }
-
-    /// The grid of a [`Self::presum_launcher`] launch.
-    fn presum_config(&self, kind: usize, t: usize, n: usize) -> LaunchConfig {
-        match self.presum_split(kind, t, n) {
-            Some(_) => MmaSplit::config(n.div_ceil(GEMV_MMA_ROWS)),
-            None => Self::presum_grid(n),
-        }
     }
 
     /// A block of 8 warps per 16 output rows (gate/up pairs for SiLU), as the tensor-core

@@ -137,8 +137,6 @@ pub struct CudaKernels {
     /// `GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS` rows (`gemm_presum.rs`): the matmul that adds
     /// to the residual, and plain and SiLU behind the norm.
     pub(super) gemv_presum: Option<[Vec<CudaFunction>; 3]>,
-    /// With `gemv_mma` and `LaunchOptions::gemv_mma_split` (sm_90): the split kernels.
-    pub(super) gemv_mma_split: Option<super::mma_split::MmaSplit>,
     /// Whether the skinny matmuls prefetch the next matmul's weights into L2.
     pub(super) l2_prefetch: bool,
     /// Whether whole-vocabulary draws run on the device (`LaunchOptions::sample_full`).
@@ -437,7 +435,6 @@ impl CudaKernels {
                 ]),
                 _ => None,
             },
-            gemv_mma_split: super::mma_split::MmaSplit::load(gemv_mma_mod.as_ref(), opts, hopper)?,
             l2_prefetch: hopper && opts.l2_prefetch,
             gemv_tma: super::handles::TmaGemv::load(opts, (dtype, major == 9), &load)?,
             blas: Blas::new(&stream)?,

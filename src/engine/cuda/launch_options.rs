@@ -22,10 +22,6 @@ pub struct LaunchOptions {
     pub gemv_mma_plain: Option<usize>,
     /// The presummed norm for 3-8-row steps (`gemv_mma.cu` `mma_gemv_res_*`, `mma_gemv_pre_*`).
     pub norm_presum: bool,
-    /// The 3-8-row tensor-core matmuls without the fused norm over weights of at most this
-    /// many 16-row groups on clusters of two 4-warp blocks a group (`gemv_mma.cu` `*_c2_*`;
-    /// sm_90).
-    pub gemv_mma_split: Option<usize>,
     /// The greedy tokens computed with the f32 logits (`layer_ops.cu` `to_f32_argmax_*`),
     /// for the decode graphs.
     pub graph_argmax: bool,
@@ -168,7 +164,6 @@ impl Default for LaunchOptions {
             gemv_mma: false,
             gemv_mma_plain: Some(crate::engine::options::GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
-            gemv_mma_split: None,
             graph_argmax: false,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),

@@ -38,7 +38,6 @@ mod lora_ops;
 mod lora_overlap;
 mod lora_runs;
 mod lora_wide;
-mod mma_split;
 mod moe_ops;
 mod params;
 mod prefill;

@@ -184,12 +184,6 @@ fn kernel_flags_become_kernel_options() {
         .kernels
         .gemv_tma_min_k;
     assert_eq!(min_k, 2049);
-    // The split 3-8-row matmuls: off unless asked, up to the groups given.
-    assert_eq!(d.kernels.gemv_mma_split, None);
-    let split = opts(&["x", "--gemv-mma-split", "192"])
-        .kernels
-        .gemv_mma_split;
-    assert_eq!(split, Some(192));
     // The greedy tokens inside the graphs: off unless asked.
     assert!(!d.kernels.graph_argmax);
     assert!(opts(&["x", "--graph-argmax"]).kernels.graph_argmax);
