@@ -215,6 +215,7 @@ struct FusedDecodeParams {
   float* part_acc;
   float* part_ml;
   uint32_t* counters;
+  L2Ranges pf;  // weights prefetched into L2 after the wait (LaunchOptions::attn_l2_prefetch)
   const uint32_t* width;
   long long num_slots;
   int W;
@@ -228,8 +229,8 @@ struct FusedDecodeParams {
   int kv_shift;  // log2 of the grid's KV heads per cache KV head (fused_decode.cu)
   int pad;
 };
-static_assert(sizeof(FusedDecodeParams) == 168, "FusedDecodeParams layout");
-static_assert(offsetof(FusedDecodeParams, width) == 112 && offsetof(FusedDecodeParams, eps) == 152,
+static_assert(sizeof(FusedDecodeParams) == 216, "FusedDecodeParams layout");
+static_assert(offsetof(FusedDecodeParams, width) == 160 && offsetof(FusedDecodeParams, eps) == 200,
               "FusedDecodeParams layout");
 
 struct PrefillParams {

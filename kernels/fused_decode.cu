@@ -133,7 +133,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              __nv_bfloat16* __restrict__ out, float* part_acc, float* part_ml,
                              uint32_t* counters, int W, const uint32_t* __restrict__ width,
                              int block_size, long long num_slots, int nkv, int part_min,
-                             float ks, float vs, float eps, int stop, int kv_shift) {
+                             float ks, float vs, float eps, int stop, int kv_shift,
+                             const L2Ranges& pf) {
   using T = __nv_bfloat16;
   using Raw = typename KvRaw<KT>::type;
   pdl_trigger();
@@ -201,6 +202,12 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     fetch(start);
   }
   pdl_wait();
+  // The weights of the matmuls after this kernel (o, gate|up, down) into L2 while the memory
+  // is idle here, shared by the blocks of every (row, KV head)'s first cluster (all of which
+  // get here); nothing with no ranges (LaunchOptions::attn_l2_prefetch off).
+  if (split < C)
+    l2_prefetch_ranges(pf, ((unsigned long long)b * gridDim.y + kh) * C + split,
+                       (unsigned long long)gridDim.x * gridDim.y * C);
   if (stop == 1) {
     if constexpr (MMA > 0) cp_async_wait<0>();
     return;
@@ -438,7 +445,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                                    (KT*)p.k_cache, (KT*)p.v_cache, p.block_tables, p.ctx_lens,   \
                                    p.out, p.part_acc, p.part_ml, p.counters, p.W, p.width,       \
                                    p.block_size, p.num_slots, p.nkv, p.part, p.k_scale,          \
-                                   p.v_scale, p.eps, p.stop, p.kv_shift);                        \
+                                   p.v_scale, p.eps, p.stop, p.kv_shift, p.pf);                  \
   }
 #define PS_DECODE_FUSED_ALL(LEAN, MMA, BOUNDS, PRE)                  \
   PS_DECODE_FUSED(1, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \

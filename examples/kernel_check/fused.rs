@@ -151,6 +151,8 @@ pub(crate) fn case(
             &out2,
             (splits, part, scratch.as_ref(), &counters),
             true,
+            // Prefetched into L2 by kernels with `attn_l2_prefetch` (`l2_kernels`).
+            [Some(&qkv), Some(&kw), Some(&inv)],
         )?;
         worst = worst.max(if exact {
             max_abs_diff(&out1, &out2)?
@@ -194,6 +196,21 @@ pub(crate) fn mma_kernels(dev: &Device, stages: u8) -> Res<CudaKernels> {
     Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
 }
 
+/// `mma_kernels(dev, 1)` with the L2 prefetch after the wait at 1 MiB
+/// (`LaunchOptions::attn_l2_prefetch`): the ranges `case` passes (its qkv rows, the k norm's
+/// weight, the RoPE frequencies) cut where the budget ends. Same outputs: a parameter struct
+/// out of step with the kernel's (a field added on one side only) fails it.
+fn l2_kernels(dev: &Device) -> Res<CudaKernels> {
+    let o = LaunchOptions {
+        mma_decode: true,
+        fused_mma: Some(1),
+        fused_mma_rows: usize::MAX,
+        attn_l2_prefetch: Some(1),
+        ..cores()
+    };
+    Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
+}
+
 pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let k = CudaKernels::new(dev, DType::BF16, &cores())?.ok_or("no kernels")?;
     // Group 8 runs as two group-4 halves a KV head, merged in clusters (`gqa8_split`, on in
@@ -217,6 +234,7 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     // into its stage fails it); past one cluster (the CUDA-core loop) against the unfused
     // CUDA-core kernels.
     let (km1, km2) = (mma_kernels(dev, 1)?, mma_kernels(dev, 2)?);
+    let kl2 = l2_kernels(dev)?;
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),
@@ -251,7 +269,8 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         .chain(g8.map(|c| (&k8, &k8, c, " whole")))
         .chain(cases.iter().map(|c| (&kd, &kd, c, " division")))
         .chain(cases.iter().map(|c| (&km1, &k, c, " mma1")))
-        .chain(cases.iter().map(|c| (&km2, &k, c, " mma2")));
+        .chain(cases.iter().map(|c| (&km2, &k, c, " mma2")))
+        .chain(cases.iter().map(|c| (&kl2, &k, c, " l2 prefetch")));
     for (kf, kc, &(rows, heads, splits), how) in runs {
         let (out, cache, left, exact) = case((kf, kc), dev, rows, heads, splits, None)?;
         let name = format!(

@@ -28,10 +28,10 @@ pub struct KernelFlags {
     /// and sum its squares for the matmul after the norm).
     #[arg(long)]
     pub no_norm_presum: bool,
-    /// Decode graphs compute the greedy tokens with the f32 logits; all-greedy steps take
-    /// them (`KernelOptions::graph_argmax`).
+    /// Decode graphs leave the greedy tokens to an argmax after the graph instead of computing
+    /// them with the f32 logits (turns `KernelOptions::graph_argmax` off).
     #[arg(long)]
-    pub graph_argmax: bool,
+    pub no_graph_argmax: bool,
     /// Blocks per SM of the streamed-rows 1-2-row gate|up matmuls
     /// (`KernelOptions::gemv_stream`; default 2).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=8))]
@@ -72,6 +72,10 @@ pub struct KernelFlags {
     /// (`KernelOptions::l2_prefetch`).
     #[arg(long)]
     pub l2_prefetch: bool,
+    /// The fused decode attention prefetches up to MIB MiB of the layer's next weights (o,
+    /// gate|up, down) into L2 (`KernelOptions::attn_l2_prefetch`).
+    #[arg(long, value_name = "MIB")]
+    pub attn_l2_prefetch: Option<usize>,
     /// Draw whole-vocabulary samples on the host (turns `KernelOptions::sample_full` off).
     #[arg(long)]
     pub no_device_full_sampling: bool,
@@ -241,7 +245,7 @@ impl KernelFlags {
             gemv: !self.no_gemv,
             gemv_mma: self.gemv_mma,
             norm_presum: !self.no_norm_presum,
-            graph_argmax: self.graph_argmax,
+            graph_argmax: !self.no_graph_argmax,
             gemv_mma_plain: (!self.no_gemv_mma_plain).then(|| {
                 self.gemv_mma_plain
                     .unwrap_or(super::options::GEMV_MMA_PLAIN_MAX_WEIGHT)
@@ -260,6 +264,7 @@ impl KernelFlags {
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,
+            attn_l2_prefetch: self.attn_l2_prefetch,
             warp_norm: self.warp_norm,
             norm_deferred: (!self.no_norm_deferred).then(|| {
                 self.norm_deferred_max_k

@@ -129,7 +129,9 @@ pub struct KernelOptions {
     /// merging them), and a step whose rows are all greedy and whose logits nothing edited
     /// takes those tokens instead of launching the argmax after the graph (two launches a
     /// step fewer). The same tokens: the best value's lowest index, whatever the parts.
-    /// Default off (not yet measured on the H200).
+    /// On by default: on the H200 0.6B batch 1 after 512-token prompts 1,377-1,378 against
+    /// 1,371-1,372 tok/s, 1.7B 744 against 741-742, batch 8 unchanged (BENCHMARKS.md, #21);
+    /// off: the argmax after the graph.
     pub graph_argmax: bool,
     /// The 1-2-row gate|up matmuls (with SiLU, alone or behind the fused norm) on streamed
     /// rows (`kernels/gemv.cu` `sgemv_silu_*`): a grid of this many blocks per SM (1..=8), each
@@ -174,6 +176,14 @@ pub struct KernelOptions {
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
     pub l2_prefetch: bool,
+    /// The fused decode attention prefetches up to this many MiB of the weights the layer
+    /// reads after it (o, then gate|up, then down; o alone in MoE layers) into L2 once its
+    /// wait is over: the memory is almost idle through the attention of a small batch (2 MB
+    /// of K/V a layer at 512 tokens, ~6 us in the chain on the H200), so the matmuls after it
+    /// find their weights in L2. The blocks of each row and KV head's first cluster share the
+    /// prefetch, one bulk prefetch a warp. Same outputs. Default None (off; not yet measured
+    /// on the H200).
+    pub attn_l2_prefetch: Option<usize>,
     /// Rows sampled over the whole vocabulary (no top-k, top-p 1: RL trainers' default) are
     /// drawn on the device (the inverse CDF in token-id order; the host walks it by
     /// probability, so the two draw different, equally distributed tokens for one seed).
@@ -377,7 +387,7 @@ impl Default for KernelOptions {
             gemv_mma: false,
             gemv_mma_plain: Some(GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
-            graph_argmax: false,
+            graph_argmax: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),
@@ -385,6 +395,7 @@ impl Default for KernelOptions {
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,
+            attn_l2_prefetch: None,
             sample_full: true,
             warp_norm: false,
             norm_deferred: Some(NORM_DEFERRED_MAX_K),

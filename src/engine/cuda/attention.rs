@@ -7,7 +7,7 @@ use candle_core::{DType, Tensor};
 
 use super::kernels::{CudaKernels, DECODE_PARTITION};
 use super::launch::kernel_err;
-use super::params::{DecodeGeometry, DecodeParams, FusedDecodeParams};
+use super::params::{DecodeGeometry, DecodeParams, FusedDecodeParams, L2Ranges};
 use crate::engine::kv_format::KvRef;
 use crate::error::Result;
 
@@ -295,7 +295,9 @@ impl CudaKernels {
     /// [`CudaKernels::paged_decode_into`]. `short`: every context fits one cluster
     /// ([`CudaKernels::fused_short_context`]), so the tensor-core kernels of
     /// `LaunchOptions::fused_mma` may run (steps of up to `fused_mma_rows` rows); else the
-    /// CUDA-core ones.
+    /// CUDA-core ones. `next`: the weights the layer reads after the attention, in order (o,
+    /// gate|up, down), of which `LaunchOptions::attn_l2_prefetch` MiB at most are prefetched
+    /// into L2 once the kernel's wait is over (none without it).
     #[allow(clippy::too_many_arguments)]
     pub fn decode_fused_into(
         &self,
@@ -310,10 +312,21 @@ impl CudaKernels {
         out: &Tensor,
         parts: (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
         short: bool,
+        next: [Option<&Tensor>; 3],
     ) -> Result<()> {
         self.decode_fused_stage_into(
-            qkv, norms, inv_freq, pos_slots, caches, tables, ctx_lens, block_size, out, parts,
-            short, 0,
+            qkv,
+            norms,
+            inv_freq,
+            pos_slots,
+            caches,
+            tables,
+            ctx_lens,
+            block_size,
+            out,
+            parts,
+            short,
+            (0, next),
         )
     }
 
@@ -321,7 +334,7 @@ impl CudaKernels {
     /// `stop` of `kernels/fused_decode.cu`'s `decode_fused` (1: the K/V prefetch and the wait;
     /// 2: q/k norm + RoPE; 3: the attention loop; 4: the block's partial formed; 0: the
     /// whole kernel; -1: the whole kernel without clusters). Only `stop` 0 and -1 leave valid
-    /// outputs and merge counters.
+    /// outputs and merge counters. `next` as [`CudaKernels::decode_fused_into`]'s.
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     pub fn decode_fused_stage_into(
@@ -337,7 +350,7 @@ impl CudaKernels {
         out: &Tensor,
         (splits, part, scratch, counters): (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
         short: bool,
-        stop: i32,
+        (stop, next): (i32, [Option<&Tensor>; 3]),
     ) -> Result<()> {
         self.check_dtype(qkv)?;
         let (k_cache, v_cache) = (kv.k, kv.v);
@@ -385,6 +398,7 @@ impl CudaKernels {
             part_acc: self.ptr(&acc)?,
             part_ml: self.ptr(&ml)?,
             counters: self.ptr(counters)?,
+            pf: self.l2_ranges(next, fused.l2_prefetch)?,
             geometry: DecodeGeometry::new(
                 self,
                 (w, width),
@@ -412,6 +426,26 @@ impl CudaKernels {
         };
         unsafe { lb.launch(cfg) }.w()?;
         Ok(())
+    }
+}
+
+impl CudaKernels {
+    /// The first `budget` bytes of `weights` taken end to end (each range cut to a multiple
+    /// of 16 bytes; a weight not 16-byte aligned ends them) as the ranges a kernel prefetches
+    /// into L2.
+    fn l2_ranges(&self, weights: [Option<&Tensor>; 3], budget: u64) -> Result<L2Ranges> {
+        let mut r = L2Ranges::default();
+        let mut left = budget;
+        for (i, w) in weights.into_iter().flatten().enumerate() {
+            let bytes = (w.elem_count() * w.dtype().size_in_bytes()) as u64;
+            let (p, n) = (self.ptr(w)?, bytes.min(left) & !15);
+            if n == 0 || p % 16 != 0 {
+                break;
+            }
+            (r.p[i], r.n[i]) = (p, n);
+            left -= n;
+        }
+        Ok(r)
     }
 }
 

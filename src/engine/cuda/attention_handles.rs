@@ -30,6 +30,9 @@ pub(crate) struct FusedDecode {
     pub(super) mma: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_one: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_rows: usize,
+    /// Bytes of the weights after the attention a launch prefetches into L2 at most
+    /// (`LaunchOptions::attn_l2_prefetch`; 0: none).
+    pub(super) l2_prefetch: u64,
 }
 
 impl FusedDecode {
@@ -90,6 +93,7 @@ impl FusedDecode {
             mma,
             mma_one,
             mma_rows: crate::engine::batch::bucket_bound(opts.fused_mma_rows),
+            l2_prefetch: opts.attn_l2_prefetch.unwrap_or(0) as u64 * (1 << 20),
         })
     }
 

@@ -51,6 +51,9 @@ pub struct LaunchOptions {
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
     /// while it runs (sm_90+).
     pub l2_prefetch: bool,
+    /// The fused decode attention prefetches up to this many MiB of the weights given to
+    /// `CudaKernels::decode_fused_into` (o, gate|up, down) into L2 after its wait.
+    pub attn_l2_prefetch: Option<usize>,
     /// Draw rows sampled over the whole vocabulary (no top-k, top-p off) on the device
     /// (`sample_full_f32`) instead of reading their logits to the host.
     pub sample_full: bool,
@@ -173,6 +176,7 @@ impl Default for LaunchOptions {
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,
+            attn_l2_prefetch: None,
             sample_full: true,
             warp_norm: false,
             norm_deferred: Some(crate::engine::options::NORM_DEFERRED_MAX_K),

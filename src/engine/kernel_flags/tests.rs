@@ -184,7 +184,13 @@ fn kernel_flags_become_kernel_options() {
         .kernels
         .gemv_tma_min_k;
     assert_eq!(min_k, 2049);
-    // The greedy tokens inside the graphs: off unless asked.
-    assert!(!d.kernels.graph_argmax);
-    assert!(opts(&["x", "--graph-argmax"]).kernels.graph_argmax);
+    // The attention's L2 prefetch of the next weights: off unless asked, in MiB.
+    assert_eq!(d.kernels.attn_l2_prefetch, None);
+    let pf = opts(&["x", "--attn-l2-prefetch", "24"])
+        .kernels
+        .attn_l2_prefetch;
+    assert_eq!(pf, Some(24));
+    // The greedy tokens inside the graphs: on unless turned off.
+    assert!(d.kernels.graph_argmax);
+    assert!(!opts(&["x", "--no-graph-argmax"]).kernels.graph_argmax);
 }

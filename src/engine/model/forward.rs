@@ -77,6 +77,7 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         gemv_double_buffer: opts.gemv_double_buffer,
         gemv_split_k: opts.gemv_split_k,
         l2_prefetch: opts.l2_prefetch,
+        attn_l2_prefetch: opts.attn_l2_prefetch,
         warp_norm: opts.warp_norm,
         norm_deferred: opts.norm_deferred,
         sample_full: opts.sample_full,
