@@ -227,10 +227,10 @@ struct FusedDecodeParams {
   float eps;
   int stop;
   int kv_shift;  // log2 of the grid's KV heads per cache KV head (fused_decode.cu)
-  int pad;
+  int kv_pf;     // tokens of a partition prefetched into L2 before the wait (0: none)
 };
-static_assert(sizeof(FusedDecodeParams) == 216, "FusedDecodeParams layout");
-static_assert(offsetof(FusedDecodeParams, width) == 160 && offsetof(FusedDecodeParams, eps) == 200,
+static_assert(sizeof(FusedDecodeParams) == 232, "FusedDecodeParams layout");
+static_assert(offsetof(FusedDecodeParams, width) == 176 && offsetof(FusedDecodeParams, eps) == 216,
               "FusedDecodeParams layout");
 
 struct PrefillParams {

@@ -59,11 +59,12 @@ __device__ __forceinline__ void l2_prefetch_share(const void* p, unsigned long l
 #endif
 }
 
-// Up to three weight ranges a kernel prefetches into L2 for the kernels after it (each p
+// Up to four weight ranges a kernel prefetches into L2 for the kernels after it (each p
 // 16-byte aligned, each n a multiple of 16; n 0: none). Mirrored in src/engine/cuda/params.rs.
+constexpr int L2_RANGES = 4;
 struct L2Ranges {
-  const char* p[3];
-  unsigned long long n[3];
+  const char* p[L2_RANGES];
+  unsigned long long n[L2_RANGES];
 };
 
 // Prefetches share `block` of `blocks` of the ranges taken end to end (their bytes split in
@@ -71,7 +72,9 @@ struct L2Ranges {
 __device__ __forceinline__ void l2_prefetch_ranges(const L2Ranges& r, unsigned long long block,
                                                    unsigned long long blocks) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const unsigned long long total = r.n[0] + r.n[1] + r.n[2];
+  unsigned long long total = 0;
+#pragma unroll
+  for (int i = 0; i < L2_RANGES; ++i) total += r.n[i];
   if (total == 0 || (threadIdx.x & 31) != 0) return;
   const unsigned long long warps = blockDim.x / 32, parts = blocks * warps;
   const unsigned long long part = ((total + parts - 1) / parts + 15) & ~15ull;
@@ -79,7 +82,7 @@ __device__ __forceinline__ void l2_prefetch_ranges(const L2Ranges& r, unsigned l
   const unsigned long long hi = lo + part < total ? lo + part : total;
   unsigned long long base = 0;
 #pragma unroll
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < L2_RANGES; ++i) {
     const unsigned long long a = lo > base ? lo : base;
     const unsigned long long e = hi < base + r.n[i] ? hi : base + r.n[i];
     if (a < e) l2_prefetch_bulk(r.p[i] + (a - base), (unsigned)(e - a));

@@ -134,7 +134,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              uint32_t* counters, int W, const uint32_t* __restrict__ width,
                              int block_size, long long num_slots, int nkv, int part_min,
                              float ks, float vs, float eps, int stop, int kv_shift,
-                             const L2Ranges& pf) {
+                             const L2Ranges& pf, int kv_pf) {
   using T = __nv_bfloat16;
   using Raw = typename KvRaw<KT>::type;
   pdl_trigger();
@@ -201,10 +201,24 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   } else {
     fetch(start);
   }
+  // (kv_pf > 0, LaunchOptions::attn_kv_prefetch) The partition's K/V rows past those just
+  // loaded, up to its first kv_pf tokens, into L2: a bulk prefetch of each table block's
+  // rows a thread (K and V), so the loop's later rounds read them from L2, not memory.
+  const int ahead = tc ? (MMA > 0 ? MMA : 1) * MMA_WARPS * CHUNK : GROUPS * FETCH;
+  const int pf_from = start + ahead, pf_to = min(end, start + kv_pf);
+  if (pf_from < pf_to) {
+    for (int pg = pf_from / block_size + threadIdx.x; pg * block_size < pf_to; pg += THREADS) {
+      const int t0 = max(pf_from, pg * block_size), t1 = min(pf_to, (pg + 1) * block_size);
+      const size_t off = (head_base + (size_t)table[pg] * block_size + t0 - pg * block_size) * HD;
+      const unsigned n = (unsigned)((t1 - t0) * HD * sizeof(KT));
+      l2_prefetch_bulk(reinterpret_cast<const char*>(k_cache + off), n);
+      l2_prefetch_bulk(reinterpret_cast<const char*>(v_cache + off), n);
+    }
+  }
   pdl_wait();
-  // The weights of the matmuls after this kernel (o, gate|up, down) into L2 while the memory
-  // is idle here, shared by the blocks of every (row, KV head)'s first cluster (all of which
-  // get here); nothing with no ranges (LaunchOptions::attn_l2_prefetch off).
+  // The weights of the matmuls after this kernel (o, gate|up, down, the next qkv) into L2
+  // while the memory is idle here, shared by the blocks of every (row, KV head)'s first
+  // cluster (all of which get here); nothing with no ranges (attn_l2_prefetch off).
   if (split < C)
     l2_prefetch_ranges(pf, ((unsigned long long)b * gridDim.y + kh) * C + split,
                        (unsigned long long)gridDim.x * gridDim.y * C);
@@ -445,7 +459,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                                    (KT*)p.k_cache, (KT*)p.v_cache, p.block_tables, p.ctx_lens,   \
                                    p.out, p.part_acc, p.part_ml, p.counters, p.W, p.width,       \
                                    p.block_size, p.num_slots, p.nkv, p.part, p.k_scale,          \
-                                   p.v_scale, p.eps, p.stop, p.kv_shift, p.pf);                  \
+                                   p.v_scale, p.eps, p.stop, p.kv_shift, p.pf, p.kv_pf);         \
   }
 #define PS_DECODE_FUSED_ALL(LEAN, MMA, BOUNDS, PRE)                  \
   PS_DECODE_FUSED(1, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \

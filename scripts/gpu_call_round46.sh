@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Round 46, call 3: the fused decode attention prefetching the layer's next weights into L2
-# after its wait (--attn-l2-prefetch MIB, off by default: o, then gate|up, then down; the
-# chain map of call 2 showed the attention ~6 us a layer in the chain with 2 MB of K/V, the
-# memory nearly idle). kernel_check --model-only with it on the mixed MoE model (the fused
-# cases once more on l2_kernels; the MoE forward against candle), bench rows beside the
+# Round 46, call 3 (NOT RUN in round 46: no device was lent after call 2; run it on the
+# binaries of the commit that added --attn-kv-prefetch, then scripts/gpu_call_round46b.sh):
+# the fused decode attention prefetching the weights after it into L2 once its wait is over
+# (--attn-l2-prefetch MIB, off by default: o, then gate|up, then down, then the next layer's
+# qkv; the chain map of call 2 showed the attention ~6 us a layer in the chain with 2.5 MB of
+# K/V, the memory nearly idle). kernel_check --model-only with it on the mixed MoE model (the
+# fused cases once more on l2_kernels; the MoE forward against candle), bench rows beside the
 # default (two interleaved runs): 0.6B batches 1 and 8 at 4 (o), 16 (o + gate|up) and 22 MiB
-# (all three), 1.7B batch 1 at 8, 20 and 32, the 30B-A3B shape on 4 layers at 16 (o);
-# the chain map of 0.6B batch 1 with it at 22; graph_check stress with it.
+# (all three), 1.7B batch 1 at 8, 20 and 32, the 30B-A3B shape on 4 layers at 16 (o); the
+# chain map of 0.6B batch 1 with it at 22; graph_check stress with it.
 set -u
 source scripts/gpu_lib.sh
 model 0.6b; model 1.7b; moe_model 4; mix_model; echo "models t=$((SECONDS - T0))"

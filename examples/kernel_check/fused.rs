@@ -152,7 +152,7 @@ pub(crate) fn case(
             (splits, part, scratch.as_ref(), &counters),
             true,
             // Prefetched into L2 by kernels with `attn_l2_prefetch` (`l2_kernels`).
-            [Some(&qkv), Some(&kw), Some(&inv)],
+            [Some(&qkv), Some(&kw), Some(&inv), Some(&qw)],
         )?;
         worst = worst.max(if exact {
             max_abs_diff(&out1, &out2)?
@@ -198,14 +198,17 @@ pub(crate) fn mma_kernels(dev: &Device, stages: u8) -> Res<CudaKernels> {
 
 /// `mma_kernels(dev, 1)` with the L2 prefetch after the wait at 1 MiB
 /// (`LaunchOptions::attn_l2_prefetch`): the ranges `case` passes (its qkv rows, the k norm's
-/// weight, the RoPE frequencies) cut where the budget ends. Same outputs: a parameter struct
-/// out of step with the kernel's (a field added on one side only) fails it.
+/// weight, the RoPE frequencies, the q norm's weight) cut where the budget ends; and each block's first 200 tokens
+/// of K/V prefetched before the wait (`attn_kv_prefetch`: whole table blocks and a cut one).
+/// Same outputs: a parameter struct out of step with the kernel's (a field added on one side
+/// only) fails it.
 fn l2_kernels(dev: &Device) -> Res<CudaKernels> {
     let o = LaunchOptions {
         mma_decode: true,
         fused_mma: Some(1),
         fused_mma_rows: usize::MAX,
         attn_l2_prefetch: Some(1),
+        attn_kv_prefetch: Some(200),
         ..cores()
     };
     Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)

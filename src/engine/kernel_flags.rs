@@ -72,10 +72,14 @@ pub struct KernelFlags {
     /// (`KernelOptions::l2_prefetch`).
     #[arg(long)]
     pub l2_prefetch: bool,
-    /// The fused decode attention prefetches up to MIB MiB of the layer's next weights (o,
-    /// gate|up, down) into L2 (`KernelOptions::attn_l2_prefetch`).
+    /// The fused decode attention prefetches up to MIB MiB of the weights after it (o,
+    /// gate|up, down, the next layer's qkv) into L2 (`KernelOptions::attn_l2_prefetch`).
     #[arg(long, value_name = "MIB")]
     pub attn_l2_prefetch: Option<usize>,
+    /// Each fused decode attention block prefetches its partition's first TOKENS tokens of
+    /// K/V into L2 before its wait (`KernelOptions::attn_kv_prefetch`).
+    #[arg(long, value_name = "TOKENS")]
+    pub attn_kv_prefetch: Option<usize>,
     /// Draw whole-vocabulary samples on the host (turns `KernelOptions::sample_full` off).
     #[arg(long)]
     pub no_device_full_sampling: bool,
@@ -265,6 +269,7 @@ impl KernelFlags {
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,
             attn_l2_prefetch: self.attn_l2_prefetch,
+            attn_kv_prefetch: self.attn_kv_prefetch,
             warp_norm: self.warp_norm,
             norm_deferred: (!self.no_norm_deferred).then(|| {
                 self.norm_deferred_max_k

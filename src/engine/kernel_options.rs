@@ -176,14 +176,24 @@ pub struct KernelOptions {
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
     pub l2_prefetch: bool,
-    /// The fused decode attention prefetches up to this many MiB of the weights the layer
-    /// reads after it (o, then gate|up, then down; o alone in MoE layers) into L2 once its
+    /// The fused decode attention prefetches up to this many MiB of the weights read after it
+    /// (o, then gate|up, then down, then the next layer's qkv; MoE layers: o and the next
+    /// qkv) into L2 once its
     /// wait is over: the memory is almost idle through the attention of a small batch (2 MB
     /// of K/V a layer at 512 tokens, ~6 us in the chain on the H200), so the matmuls after it
     /// find their weights in L2. The blocks of each row and KV head's first cluster share the
     /// prefetch, one bulk prefetch a warp. Same outputs. Default None (off; not yet measured
     /// on the H200).
     pub attn_l2_prefetch: Option<usize>,
+    /// Each block of the fused decode attention prefetches the K/V rows of its partition's
+    /// first this many tokens into L2 before its wait (past those it loads into registers or
+    /// shared memory there: 32 tokens on the CUDA-core loop, 64-128 on the tensor-core one),
+    /// a bulk prefetch a table block. The blocks launch while the qkv matmul runs, so the
+    /// loop's later rounds read L2, not memory: at batch 8 after 512-token prompts a block
+    /// holds ~80 tokens and loads 32 before the wait, and the attention costs 14.9 us a layer
+    /// in the chain against 11.1 alone with its K/V in L2 (BENCHMARKS.md, #21). Same outputs.
+    /// Default None (off; not yet measured on the H200).
+    pub attn_kv_prefetch: Option<usize>,
     /// Rows sampled over the whole vocabulary (no top-k, top-p 1: RL trainers' default) are
     /// drawn on the device (the inverse CDF in token-id order; the host walks it by
     /// probability, so the two draw different, equally distributed tokens for one seed).
@@ -396,6 +406,7 @@ impl Default for KernelOptions {
             gemv_split_k: false,
             l2_prefetch: false,
             attn_l2_prefetch: None,
+            attn_kv_prefetch: None,
             sample_full: true,
             warp_norm: false,
             norm_deferred: Some(NORM_DEFERRED_MAX_K),

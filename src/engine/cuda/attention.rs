@@ -295,8 +295,8 @@ impl CudaKernels {
     /// [`CudaKernels::paged_decode_into`]. `short`: every context fits one cluster
     /// ([`CudaKernels::fused_short_context`]), so the tensor-core kernels of
     /// `LaunchOptions::fused_mma` may run (steps of up to `fused_mma_rows` rows); else the
-    /// CUDA-core ones. `next`: the weights the layer reads after the attention, in order (o,
-    /// gate|up, down), of which `LaunchOptions::attn_l2_prefetch` MiB at most are prefetched
+    /// CUDA-core ones. `next`: the weights read after the attention, in order (o, gate|up,
+    /// down, the next layer's qkv), of which `LaunchOptions::attn_l2_prefetch` MiB at most are prefetched
     /// into L2 once the kernel's wait is over (none without it).
     #[allow(clippy::too_many_arguments)]
     pub fn decode_fused_into(
@@ -312,7 +312,7 @@ impl CudaKernels {
         out: &Tensor,
         parts: (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
         short: bool,
-        next: [Option<&Tensor>; 3],
+        next: [Option<&Tensor>; 4],
     ) -> Result<()> {
         self.decode_fused_stage_into(
             qkv,
@@ -350,7 +350,7 @@ impl CudaKernels {
         out: &Tensor,
         (splits, part, scratch, counters): (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
         short: bool,
-        (stop, next): (i32, [Option<&Tensor>; 3]),
+        (stop, next): (i32, [Option<&Tensor>; 4]),
     ) -> Result<()> {
         self.check_dtype(qkv)?;
         let (k_cache, v_cache) = (kv.k, kv.v);
@@ -411,7 +411,7 @@ impl CudaKernels {
             eps: eps as f32,
             stop,
             kv_shift: kv_shift as i32,
-            pad: 0,
+            kv_pf: fused.kv_prefetch,
         };
         let mut lb = self.launcher(func);
         if stop == 0 {
@@ -433,7 +433,7 @@ impl CudaKernels {
     /// The first `budget` bytes of `weights` taken end to end (each range cut to a multiple
     /// of 16 bytes; a weight not 16-byte aligned ends them) as the ranges a kernel prefetches
     /// into L2.
-    fn l2_ranges(&self, weights: [Option<&Tensor>; 3], budget: u64) -> Result<L2Ranges> {
+    fn l2_ranges(&self, weights: [Option<&Tensor>; 4], budget: u64) -> Result<L2Ranges> {
         let mut r = L2Ranges::default();
         let mut left = budget;
         for (i, w) in weights.into_iter().flatten().enumerate() {

@@ -33,6 +33,9 @@ pub(crate) struct FusedDecode {
     /// Bytes of the weights after the attention a launch prefetches into L2 at most
     /// (`LaunchOptions::attn_l2_prefetch`; 0: none).
     pub(super) l2_prefetch: u64,
+    /// Tokens of its partition a block prefetches into L2 before its wait
+    /// (`LaunchOptions::attn_kv_prefetch`; 0: none).
+    pub(super) kv_prefetch: i32,
 }
 
 impl FusedDecode {
@@ -94,6 +97,7 @@ impl FusedDecode {
             mma_one,
             mma_rows: crate::engine::batch::bucket_bound(opts.fused_mma_rows),
             l2_prefetch: opts.attn_l2_prefetch.unwrap_or(0) as u64 * (1 << 20),
+            kv_prefetch: opts.attn_kv_prefetch.unwrap_or(0).min(i32::MAX as usize) as i32,
         })
     }
 

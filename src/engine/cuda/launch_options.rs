@@ -52,8 +52,11 @@ pub struct LaunchOptions {
     /// while it runs (sm_90+).
     pub l2_prefetch: bool,
     /// The fused decode attention prefetches up to this many MiB of the weights given to
-    /// `CudaKernels::decode_fused_into` (o, gate|up, down) into L2 after its wait.
+    /// `CudaKernels::decode_fused_into` (o, gate|up, down, the next qkv) into L2 after its wait.
     pub attn_l2_prefetch: Option<usize>,
+    /// Each block of the fused decode attention prefetches the K/V rows of its partition's
+    /// first this many tokens, past those it loads before its wait, into L2 before the wait.
+    pub attn_kv_prefetch: Option<usize>,
     /// Draw rows sampled over the whole vocabulary (no top-k, top-p off) on the device
     /// (`sample_full_f32`) instead of reading their logits to the host.
     pub sample_full: bool,
@@ -177,6 +180,7 @@ impl Default for LaunchOptions {
             gemv_split_k: false,
             l2_prefetch: false,
             attn_l2_prefetch: None,
+            attn_kv_prefetch: None,
             sample_full: true,
             warp_norm: false,
             norm_deferred: Some(crate::engine::options::NORM_DEFERRED_MAX_K),

@@ -190,6 +190,11 @@ fn kernel_flags_become_kernel_options() {
         .kernels
         .attn_l2_prefetch;
     assert_eq!(pf, Some(24));
+    assert_eq!(d.kernels.attn_kv_prefetch, None);
+    let kv = opts(&["x", "--attn-kv-prefetch", "128"])
+        .kernels
+        .attn_kv_prefetch;
+    assert_eq!(kv, Some(128));
     // The greedy tokens inside the graphs: on unless turned off.
     assert!(d.kernels.graph_argmax);
     assert!(!opts(&["x", "--no-graph-argmax"]).kernels.graph_argmax);
