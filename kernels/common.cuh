@@ -31,10 +31,6 @@ __device__ __forceinline__ void pdl_entry() {
   pdl_wait();
 }
 
-// Prefetches this block's share of the `bytes` bytes at `p` into L2, one bulk prefetch per warp
-// (sm_90+; nothing before): weights a later kernel of the step reads, streamed from memory
-// while this kernel runs, so that kernel finds them in L2. `bytes` is a multiple of 16 and `p`
-// 16-byte aligned (bf16 weight rows of a multiple of 8).
 // One bulk prefetch of the n bytes at p into L2 (p 16-byte aligned, n a multiple of 16).
 __device__ __forceinline__ void l2_prefetch_bulk(const char* p, unsigned n) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -46,6 +42,10 @@ __device__ __forceinline__ void l2_prefetch_bulk(const char* p, unsigned n) {
 #endif
 }
 
+// Prefetches this block's share of the `bytes` bytes at `p` into L2, one bulk prefetch per warp
+// (sm_90+; nothing before): weights a later kernel of the step reads, streamed from memory
+// while this kernel runs, so that kernel finds them in L2. `bytes` is a multiple of 16 and `p`
+// 16-byte aligned (bf16 weight rows of a multiple of 8).
 __device__ __forceinline__ void l2_prefetch_share(const void* p, unsigned long long bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (bytes == 0 || (threadIdx.x & 31) != 0) return;

@@ -12,7 +12,9 @@ namespace {
 // C blocks along the partitions (sm_90; C divides splits). A block
 //  1. before waiting on the kernel before it (the qkv matmul), loads the K/V rows of its
 //     partition's first FETCH tokens per half-warp: they were written by earlier steps, and
-//     nothing in this step writes them (the new token's row is not among them);
+//     nothing in this step writes them (the new token's row is not among them); with kv_pf,
+//     also prefetches the rows of its partition's next tokens into L2; after the wait, with
+//     ranges in pf, the weights of the matmuls after it into L2 (the first cluster's blocks);
 //  2. norms and rotates its G query heads from the qkv row (one warp per head, the helper the
 //     unfused kernel uses) into shared memory, rounded to bf16 as the unfused path stores q;
 //     if its partition holds the new token (position ctx - 1), also the new key, which it

@@ -296,8 +296,8 @@ impl CudaKernels {
     /// ([`CudaKernels::fused_short_context`]), so the tensor-core kernels of
     /// `LaunchOptions::fused_mma` may run (steps of up to `fused_mma_rows` rows); else the
     /// CUDA-core ones. `next`: the weights read after the attention, in order (o, gate|up,
-    /// down, the next layer's qkv), of which `LaunchOptions::attn_l2_prefetch` MiB at most are prefetched
-    /// into L2 once the kernel's wait is over (none without it).
+    /// down, the next layer's qkv), of which `LaunchOptions::attn_l2_prefetch` MiB at most
+    /// are prefetched into L2 once the kernel's wait is over (none without it).
     #[allow(clippy::too_many_arguments)]
     pub fn decode_fused_into(
         &self,
