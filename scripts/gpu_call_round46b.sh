@@ -8,7 +8,8 @@
 # and 8 after 512-token prompts at 64 / 128 / 256 tokens, 128 with --attn-l2-prefetch 22, and
 # --attn-l2-prefetch 30 alone (22 MiB: o, gate|up, down; 30: the next layer's qkv too); after
 # 8k-token prompts (partitions past L2's room?) at 128 and 512; 1.7B batches 1 and 8 at 128;
-# graph_check stress with both.
+# the older --l2-prefetch (each matmul prefetching the next one's weights; 2-10% slower when
+# last measured, on older kernels) on both shapes again; graph_check stress with both.
 set -u
 source scripts/gpu_lib.sh
 model 0.6b; model 1.7b; mix_model; echo "models t=$((SECONDS - T0))"
@@ -20,6 +21,7 @@ for r in 1 2; do
   for t in 64 128 256; do row "0.6b [kv $t] run $r" --model-dir /tmp/m-0.6b $B --attn-kv-prefetch $t; done
   row "0.6b [kv 128, l2 22] run $r" --model-dir /tmp/m-0.6b $B --attn-kv-prefetch 128 --attn-l2-prefetch 22
   row "0.6b [l2 30] run $r" --model-dir /tmp/m-0.6b $B --attn-l2-prefetch 30
+  row "0.6b [--l2-prefetch] run $r" --model-dir /tmp/m-0.6b $B --l2-prefetch
 done
 L="--prompt 8000 --batches 1,8 --new 64"
 row "0.6b 8k [] run 1" --model-dir /tmp/m-0.6b $L
@@ -27,6 +29,7 @@ for t in 128 512; do row "0.6b 8k [kv $t] run 1" --model-dir /tmp/m-0.6b $L --at
 for r in 1 2; do
   row "1.7b [] run $r" --model-dir /tmp/m-1.7b $B
   row "1.7b [kv 128] run $r" --model-dir /tmp/m-1.7b $B --attn-kv-prefetch 128
+  row "1.7b [--l2-prefetch] run $r" --model-dir /tmp/m-1.7b $B --l2-prefetch
 done
 left 420 && { timeout 170 .gpu/graph_check --model-dir /tmp/m-0.6b --stress-steps 600 --attn-kv-prefetch 128 \
   --attn-l2-prefetch 22 > "$OUT/gc.log" 2>&1;
