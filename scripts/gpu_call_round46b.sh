@@ -8,8 +8,10 @@
 # and 8 after 512-token prompts at 64 / 128 / 256 tokens, 128 with --attn-l2-prefetch 22, and
 # --attn-l2-prefetch 30 alone (22 MiB: o, gate|up, down; 30: the next layer's qkv too); after
 # 8k-token prompts (partitions past L2's room?) at 128 and 512; 1.7B batches 1 and 8 at 128;
-# the older --l2-prefetch (each matmul prefetching the next one's weights; 2-10% slower when
-# last measured, on older kernels) on both shapes again; graph_check stress with both.
+# batch 8 in 4 partitions instead of 8 with 256 tokens prefetched (longer partitions may pay
+# once their later rounds read L2); the older --l2-prefetch (each matmul prefetching the
+# next one's weights; 2-10% slower when last measured, on older kernels) on both shapes
+# again; graph_check stress with both.
 set -u
 source scripts/gpu_lib.sh
 model 0.6b; model 1.7b; mix_model; echo "models t=$((SECONDS - T0))"
@@ -22,6 +24,7 @@ for r in 1 2; do
   row "0.6b [kv 128, l2 22] run $r" --model-dir /tmp/m-0.6b $B --attn-kv-prefetch 128 --attn-l2-prefetch 22
   row "0.6b [l2 30] run $r" --model-dir /tmp/m-0.6b $B --attn-l2-prefetch 30
   row "0.6b [--l2-prefetch] run $r" --model-dir /tmp/m-0.6b $B --l2-prefetch
+  row "0.6b [kv 256, mid 4] run $r" --model-dir /tmp/m-0.6b $B --attn-kv-prefetch 256 --graph-splits-mid 4
 done
 L="--prompt 8000 --batches 1,8 --new 64"
 row "0.6b 8k [] run 1" --model-dir /tmp/m-0.6b $L
