@@ -2,16 +2,18 @@
 # Round 46, call 4 (NOT RUN in round 46; after scripts/gpu_call_round46.sh, same binaries):
 # each fused decode attention block prefetching its partition's first TOKENS tokens of K/V
 # into L2 before its wait (--attn-kv-prefetch TOKENS, off by default; the chain map put batch
-# 8's attention at 14.9 us a layer in the chain against 11.1 alone with its K/V in L2).
-# kernel_check --model-only on the mixed MoE model with both prefetches (the fused cases once
-# more on l2_kernels), bench rows beside the default (two interleaved runs): 0.6B batches 1
-# and 8 after 512-token prompts at 64 / 128 / 256 tokens, 128 with --attn-l2-prefetch 22, and
-# --attn-l2-prefetch 30 alone (22 MiB: o, gate|up, down; 30: the next layer's qkv too); after
-# 8k-token prompts (partitions past L2's room?) at 128 and 512; 1.7B batches 1 and 8 at 128;
-# batch 8 in 4 partitions instead of 8 with 256 tokens prefetched (longer partitions may pay
-# once their later rounds read L2); the older --l2-prefetch (each matmul prefetching the
-# next one's weights; 2-10% slower when last measured, on older kernels) on both shapes
-# again; graph_check stress with both.
+# 8's attention at 14.9 us a layer in the chain against 11.1 alone with its K/V in L2), and
+# 1-4-row steps in clusters of 8 instead of 16 (--fused-cluster-few 8: 8 partitions of 64
+# tokens a KV head after 512-token prompts, a merge of 8 partials). kernel_check --model-only
+# on the mixed MoE model with both prefetches (the fused cases once more on l2_kernels and at
+# cluster 8), bench rows beside the default (two interleaved runs): 0.6B batches 1 and 8
+# after 512-token prompts at 64 / 128 / 256 tokens, 128 with --attn-l2-prefetch 22,
+# --attn-l2-prefetch 30 alone (22 MiB: o, gate|up, down; 30: the next layer's qkv too),
+# batch 8 in 4 partitions with 256 tokens prefetched (longer partitions may pay once their
+# later rounds read L2), the older --l2-prefetch (each matmul prefetching the next one's
+# weights; 2-10% slower when last measured, on older kernels), cluster 8; after 8k-token
+# prompts (partitions past L2's room?) at 128 and 512; 1.7B batches 1 and 8 at 128, the
+# older --l2-prefetch, cluster 8; graph_check stress with the prefetches and cluster 8.
 set -u
 source scripts/gpu_lib.sh
 model 0.6b; model 1.7b; mix_model; echo "models t=$((SECONDS - T0))"
@@ -25,6 +27,7 @@ for r in 1 2; do
   row "0.6b [l2 30] run $r" --model-dir /tmp/m-0.6b $B --attn-l2-prefetch 30
   row "0.6b [--l2-prefetch] run $r" --model-dir /tmp/m-0.6b $B --l2-prefetch
   row "0.6b [kv 256, mid 4] run $r" --model-dir /tmp/m-0.6b $B --attn-kv-prefetch 256 --graph-splits-mid 4
+  row "0.6b [cluster 8] run $r" --model-dir /tmp/m-0.6b $B --fused-cluster-few 8
 done
 L="--prompt 8000 --batches 1,8 --new 64"
 row "0.6b 8k [] run 1" --model-dir /tmp/m-0.6b $L
@@ -33,8 +36,9 @@ for r in 1 2; do
   row "1.7b [] run $r" --model-dir /tmp/m-1.7b $B
   row "1.7b [kv 128] run $r" --model-dir /tmp/m-1.7b $B --attn-kv-prefetch 128
   row "1.7b [--l2-prefetch] run $r" --model-dir /tmp/m-1.7b $B --l2-prefetch
+  row "1.7b [cluster 8] run $r" --model-dir /tmp/m-1.7b $B --fused-cluster-few 8
 done
 left 420 && { timeout 170 .gpu/graph_check --model-dir /tmp/m-0.6b --stress-steps 600 --attn-kv-prefetch 128 \
-  --attn-l2-prefetch 22 > "$OUT/gc.log" 2>&1;
+  --attn-l2-prefetch 22 --fused-cluster-few 8 > "$OUT/gc.log" 2>&1;
   echo "== graph_check rc $? t=$((SECONDS - T0))"; grep -E "FAIL|graph-check|Error|panic" "$OUT/gc.log" | head; }
 echo "done t=$((SECONDS - T0))"

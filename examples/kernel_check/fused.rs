@@ -214,6 +214,21 @@ fn l2_kernels(dev: &Device) -> Res<CudaKernels> {
     Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
 }
 
+/// `mma_kernels(dev, 1)` with 1-4-row steps in clusters of 8 (`LaunchOptions::fused_cluster_few`):
+/// a context of up to 1,024 tokens in one cluster, in partitions of ceil(ctx / 8), whose bits
+/// the unfused kernels give at 8 splits (a merge that read 16 partials, or a cut that assumed
+/// 16 blocks, fails it); longer ones in two levels, as with 16.
+fn cluster8_kernels(dev: &Device) -> Res<CudaKernels> {
+    let o = LaunchOptions {
+        mma_decode: true,
+        fused_mma: Some(1),
+        fused_mma_rows: usize::MAX,
+        fused_cluster_few: 8,
+        ..cores()
+    };
+    Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
+}
+
 pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     let k = CudaKernels::new(dev, DType::BF16, &cores())?.ok_or("no kernels")?;
     // Group 8 runs as two group-4 halves a KV head, merged in clusters (`gqa8_split`, on in
@@ -237,7 +252,7 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     // into its stage fails it); past one cluster (the CUDA-core loop) against the unfused
     // CUDA-core kernels.
     let (km1, km2) = (mma_kernels(dev, 1)?, mma_kernels(dev, 2)?);
-    let kl2 = l2_kernels(dev)?;
+    let (kl2, kc8) = (l2_kernels(dev)?, cluster8_kernels(dev)?);
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),
@@ -273,7 +288,8 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         .chain(cases.iter().map(|c| (&kd, &kd, c, " division")))
         .chain(cases.iter().map(|c| (&km1, &k, c, " mma1")))
         .chain(cases.iter().map(|c| (&km2, &k, c, " mma2")))
-        .chain(cases.iter().map(|c| (&kl2, &k, c, " l2 prefetch")));
+        .chain(cases.iter().map(|c| (&kl2, &k, c, " l2 prefetch")))
+        .chain(cases.iter().map(|c| (&kc8, &k, c, " cluster 8")));
     for (kf, kc, &(rows, heads, splits), how) in runs {
         let (out, cache, left, exact) = case((kf, kc), dev, rows, heads, splits, None)?;
         let name = format!(

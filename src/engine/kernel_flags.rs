@@ -99,6 +99,10 @@ pub struct KernelFlags {
     /// No thread-block clusters in the fused decode attention.
     #[arg(long)]
     pub no_clusters: bool,
+    /// Blocks per cluster of the fused decode attention of 1-4-row steps
+    /// (`KernelOptions::fused_cluster_few`; default 16).
+    #[arg(long, value_name = "N")]
+    pub fused_cluster_few: Option<usize>,
     /// GQA group 8 decode attention unfused (turns `KernelOptions::gqa8_split` off).
     #[arg(long)]
     pub no_gqa8_split: bool,
@@ -278,6 +282,9 @@ impl KernelFlags {
             sample_full: !self.no_device_full_sampling,
             fused_decode: !self.no_fused_decode,
             clusters: !self.no_clusters,
+            fused_cluster_few: self
+                .fused_cluster_few
+                .unwrap_or(super::options::FUSED_CLUSTER_FEW),
             gqa8_split: !self.no_gqa8_split,
             eager_graph_splits: !self.no_eager_graph_splits,
             fused_lean: !self.no_fused_lean,

@@ -30,6 +30,10 @@ pub const GRAPH_SPLITS_FEW: usize = 16;
 /// within 0.4% (BENCHMARKS.md, #21).
 pub const GRAPH_SPLITS_MID: usize = 8;
 
+/// The default of `KernelOptions::fused_cluster_few`: the fused decode attention of 1-4-row
+/// steps in clusters of 16 blocks (a context of up to 2,048 tokens in one cluster).
+pub const FUSED_CLUSTER_FEW: usize = 16;
+
 /// The default of `KernelOptions::gemv_mma_plain`: weights of up to 6Mi elements (12 MiB of
 /// bf16), every matmul of a 0.6B layer and 1.7B's o (2,048 x 2,048). On the H200, 0.6B batch 8
 /// after 512-token prompts 5,870-5,883 -> 6,655-6,720 tok/s, 1.7B +2%; on 1.7B's larger
@@ -211,6 +215,14 @@ pub struct KernelOptions {
     pub fused_decode: bool,
     /// Merge fused decode attention in thread-block clusters (sm_90+).
     pub clusters: bool,
+    /// Blocks per cluster of the fused decode attention of 1-4-row steps, GQA groups 1-2
+    /// (rounded up to a power of two, 2-16): a context of up to 128 tokens a block stays in one
+    /// cluster, cut in as many partitions, merged in the first block's shared memory. Default
+    /// [`FUSED_CLUSTER_FEW`] (16, above CUDA's portable 8); 8 halves the blocks and the
+    /// partials a merge reads after 512-token prompts (64 tokens a block: every warp of the
+    /// tensor-core loop takes a chunk) but sends contexts past 1,024 tokens to the CUDA-core
+    /// loop. Not yet measured at 8 on the H200.
+    pub fused_cluster_few: usize,
     /// cuBLAS matmuls of up to 1,024 rows take the cuBLASLt algorithm of their row class
     /// (`batch::row_class`), so a step and its graph bucket give each row the same bits.
     pub blas_row_class: bool,
@@ -412,6 +424,7 @@ impl Default for KernelOptions {
             norm_deferred: Some(NORM_DEFERRED_MAX_K),
             fused_decode: true,
             clusters: true,
+            fused_cluster_few: FUSED_CLUSTER_FEW,
             gqa8_split: true,
             graph_splits_one: Some(GRAPH_SPLITS_ONE),
             graph_splits_few: Some(GRAPH_SPLITS_FEW),

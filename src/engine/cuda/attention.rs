@@ -98,12 +98,15 @@ impl CudaKernels {
     /// tokens a block alone), else 1 (partials merged through global memory). Group 8 runs as
     /// group 4 with `LaunchOptions::gqa8_split` ([`CudaKernels::fused_group`]).
     pub fn decode_cluster(&self, b: usize, g: usize, splits: usize) -> usize {
-        let c = match (self.fused_group(g).0, Self::cluster_of(b)) {
-            (1 | 2, c) => c,
-            (4, _) => 8,
+        let Some(few) = self.clusters else {
+            return 1;
+        };
+        let c = match self.fused_group(g).0 {
+            1 | 2 => Self::cluster_of(b, few),
+            4 => 8,
             _ => return 1,
         };
-        if self.clusters && b <= CLUSTER_MAX_ROWS && splits.is_multiple_of(c) {
+        if b <= CLUSTER_MAX_ROWS && splits.is_multiple_of(c) {
             c
         } else {
             1
@@ -114,8 +117,8 @@ impl CudaKernels {
     /// [`CudaKernels::decode_cluster`] takes (partitions past a context cost a block that
     /// exits at once). Eager steps and graphs then cut a context one cluster covers alike.
     pub fn cluster_splits(&self, b: usize, splits: usize) -> usize {
-        if self.clusters && b <= CLUSTER_MAX_ROWS {
-            splits.max(1).next_multiple_of(Self::cluster_of(b))
+        if let Some(few) = self.clusters.filter(|_| b <= CLUSTER_MAX_ROWS) {
+            splits.max(1).next_multiple_of(Self::cluster_of(b, few))
         } else {
             splits
         }
@@ -133,11 +136,12 @@ impl CudaKernels {
         }
     }
 
-    /// The cluster size for `b` decode sequences of GQA group 1-2: [`DECODE_CLUSTER`] (16)
-    /// up to 4 rows, where a step has few blocks; 8 above, where clusters of 16 are hard to
-    /// place (on the H200 they made attention at batch 8 1.6x slower than clusters of 8).
-    fn cluster_of(b: usize) -> usize {
-        if b <= 4 { DECODE_CLUSTER } else { 8 }
+    /// The cluster size for `b` decode sequences of GQA group 1-2: `few`
+    /// (`LaunchOptions::fused_cluster_few`, by default [`DECODE_CLUSTER`], 16) up to 4 rows,
+    /// where a step has few blocks; 8 above, where clusters of 16 are hard to place (on the
+    /// H200 they made attention at batch 8 1.6x slower than clusters of 8).
+    fn cluster_of(b: usize, few: usize) -> usize {
+        if b <= 4 { few } else { 8 }
     }
 
     /// Partitions of flash-decoding for block tables `w` blocks wide (one per `part` tokens

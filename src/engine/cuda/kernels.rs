@@ -143,8 +143,9 @@ pub struct CudaKernels {
     pub(super) sample_full_on: bool,
     pub(crate) blas: Blas,
     /// Fused decode attention merges in thread-block clusters (sm_90+ with
-    /// `LaunchOptions::clusters`; see [`CudaKernels::decode_cluster`]).
-    pub(super) clusters: bool,
+    /// `LaunchOptions::clusters`; see [`CudaKernels::decode_cluster`]): the cluster size of
+    /// 1-4-row steps (`LaunchOptions::fused_cluster_few`), None without clusters.
+    pub(super) clusters: Option<usize>,
     /// GQA group 8 fused as two group-4 halves a KV head (`LaunchOptions::gqa8_split`).
     pub(super) gqa8_split: bool,
     /// Decode attention partitions of the 1-row, 3-4-row and 5-16-row graph buckets
@@ -438,7 +439,8 @@ impl CudaKernels {
             l2_prefetch: hopper && opts.l2_prefetch,
             gemv_tma: super::handles::TmaGemv::load(opts, (dtype, major == 9), &load)?,
             blas: Blas::new(&stream)?,
-            clusters: hopper && opts.clusters,
+            clusters: (hopper && opts.clusters)
+                .then(|| opts.fused_cluster_few.clamp(2, 16).next_power_of_two()),
             gqa8_split: opts.gqa8_split,
             graph_splits: crate::engine::batch::SmallSplits {
                 one: opts.graph_splits_one,

@@ -71,6 +71,9 @@ pub struct LaunchOptions {
     pub fused_decode: bool,
     /// Thread-block clusters in the fused decode attention (sm_90+).
     pub clusters: bool,
+    /// Blocks per cluster of the fused decode attention of 1-4-row steps, GQA groups 1-2
+    /// (rounded up to a power of two, 2-16).
+    pub fused_cluster_few: usize,
     /// GQA group 8 through the fused decode attention as two group-4 halves a KV head (which
     /// merge in clusters); off: group 8 unfused.
     pub gqa8_split: bool,
@@ -186,6 +189,7 @@ impl Default for LaunchOptions {
             norm_deferred: Some(crate::engine::options::NORM_DEFERRED_MAX_K),
             fused_decode: true,
             clusters: true,
+            fused_cluster_few: crate::engine::options::FUSED_CLUSTER_FEW,
             gqa8_split: true,
             graph_splits_one: Some(crate::engine::options::GRAPH_SPLITS_ONE),
             graph_splits_few: Some(crate::engine::options::GRAPH_SPLITS_FEW),

@@ -195,6 +195,12 @@ fn kernel_flags_become_kernel_options() {
         .kernels
         .attn_kv_prefetch;
     assert_eq!(kv, Some(128));
+    // The 1-4-row cluster size: 16 unless asked.
+    assert_eq!(d.kernels.fused_cluster_few, 16);
+    let few = opts(&["x", "--fused-cluster-few", "8"])
+        .kernels
+        .fused_cluster_few;
+    assert_eq!(few, 8);
     // The greedy tokens inside the graphs: on unless turned off.
     assert!(d.kernels.graph_argmax);
     assert!(!opts(&["x", "--no-graph-argmax"]).kernels.graph_argmax);

@@ -84,6 +84,7 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         sample_full: opts.sample_full,
         fused_decode: opts.fused_decode,
         clusters: opts.clusters,
+        fused_cluster_few: opts.fused_cluster_few,
         gqa8_split: opts.gqa8_split,
         graph_splits_one: opts.graph_splits_one,
         graph_splits_few: opts.graph_splits_few,
