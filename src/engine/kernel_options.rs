@@ -218,7 +218,7 @@ pub struct KernelOptions {
     /// Blocks per cluster of the fused decode attention of 1-4-row steps, GQA groups 1-2
     /// (rounded up to a power of two, 2-16): a context of up to 128 tokens a block stays in one
     /// cluster, cut in as many partitions, merged in the first block's shared memory. Default
-    /// [`FUSED_CLUSTER_FEW`] (16, above CUDA's portable 8); 8 halves the blocks and the
+    /// `FUSED_CLUSTER_FEW` (16, above CUDA's portable 8); 8 halves the blocks and the
     /// partials a merge reads after 512-token prompts (64 tokens a block: every warp of the
     /// tensor-core loop takes a chunk) but sends contexts past 1,024 tokens to the CUDA-core
     /// loop. Not yet measured at 8 on the H200.
