@@ -7,7 +7,7 @@
 # K/V, the memory nearly idle). kernel_check --model-only with it on the mixed MoE model (the
 # fused cases once more on l2_kernels; the MoE forward against candle), bench rows beside the
 # default (two interleaved runs): 0.6B batches 1 and 8 at 4 (o), 16 (o + gate|up) and 22 MiB
-# (all three), 1.7B batch 1 at 8, 20 and 32, the 30B-A3B shape on 4 layers at 16 (o) and 36
+# (all three), 1.7B batch 1 at 8, 20, 32 and 44, the 30B-A3B shape on 4 layers at 16 (o) and 36
 # (o and the next layer's qkv); the
 # chain map of 0.6B batch 1 with it at 22; graph_check stress with it.
 set -u
@@ -22,7 +22,7 @@ for r in 1 2; do
 done
 for r in 1 2; do
   row "1.7b [] run $r" --model-dir /tmp/m-1.7b --prompt 512 --batches 1 --new 128
-  for mib in 8 20 32; do row "1.7b [pf $mib] run $r" --model-dir /tmp/m-1.7b --prompt 512 --batches 1 --new 128 --attn-l2-prefetch $mib; done
+  for mib in 8 20 32 44; do row "1.7b [pf $mib] run $r" --model-dir /tmp/m-1.7b --prompt 512 --batches 1 --new 128 --attn-l2-prefetch $mib; done
 done
 for r in 1 2; do
   row "moe4 [] run $r" --model-dir /tmp/m-moe4 --prompt 512 --batches 1 --new 128
