@@ -38,6 +38,12 @@ for r in 1 2; do
   row "1.7b [--l2-prefetch] run $r" --model-dir /tmp/m-1.7b $B --l2-prefetch
   row "1.7b [cluster 8] run $r" --model-dir /tmp/m-1.7b $B --fused-cluster-few 8
 done
+# The attention's share of the chain with each (mask 2), beside the default's.
+for v in "" "--attn-kv-prefetch 128" "--fused-cluster-few 8"; do
+  timeout 60 .gpu/graph_check --model-dir /tmp/m-0.6b --profile 1,8 --profile-skip 2 $v > "$OUT/skip2.log" 2>&1
+  echo "== 0.6b profile-skip 2 [$v] rc $? t=$((SECONDS - T0))"
+  grep -E "^batch .* graph_pdl (1|1, without)" "$OUT/skip2.log" | sed 's/ back to back//; s/; with argmax.*//'
+done
 left 420 && { timeout 170 .gpu/graph_check --model-dir /tmp/m-0.6b --stress-steps 600 --attn-kv-prefetch 128 \
   --attn-l2-prefetch 22 --fused-cluster-few 8 > "$OUT/gc.log" 2>&1;
   echo "== graph_check rc $? t=$((SECONDS - T0))"; grep -E "FAIL|graph-check|Error|panic" "$OUT/gc.log" | head; }
