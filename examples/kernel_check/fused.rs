@@ -198,10 +198,10 @@ pub(crate) fn mma_kernels(dev: &Device, stages: u8) -> Res<CudaKernels> {
 
 /// `mma_kernels(dev, 1)` with the L2 prefetch after the wait at 1 MiB
 /// (`LaunchOptions::attn_l2_prefetch`): the ranges `case` passes (its qkv rows, the k norm's
-/// weight, the RoPE frequencies, the q norm's weight) cut where the budget ends; and each block's first 200 tokens
-/// of K/V prefetched before the wait (`attn_kv_prefetch`: whole table blocks and a cut one).
-/// Same outputs: a parameter struct out of step with the kernel's (a field added on one side
-/// only) fails it.
+/// weight, the RoPE frequencies, the q norm's weight) cut where the budget ends; and each
+/// block's first 200 tokens of K/V prefetched before the wait (`attn_kv_prefetch`: whole
+/// table blocks and a cut one). Same outputs: a parameter struct out of step with the
+/// kernel's (a field added on one side only) fails it.
 fn l2_kernels(dev: &Device) -> Res<CudaKernels> {
     let o = LaunchOptions {
         mma_decode: true,
@@ -214,10 +214,11 @@ fn l2_kernels(dev: &Device) -> Res<CudaKernels> {
     Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
 }
 
-/// `mma_kernels(dev, 1)` with 1-4-row steps in clusters of 8 (`LaunchOptions::fused_cluster_few`):
-/// a context of up to 1,024 tokens in one cluster, in partitions of ceil(ctx / 8), whose bits
-/// the unfused kernels give at 8 splits (a merge that read 16 partials, or a cut that assumed
-/// 16 blocks, fails it); longer ones in two levels, as with 16.
+/// `mma_kernels(dev, 1)` with 1-4-row steps in clusters of 8
+/// (`LaunchOptions::fused_cluster_few`): a context of up to 1,024 tokens in one cluster, in
+/// partitions of ceil(ctx / 8), whose bits the unfused kernels give at 8 splits (a merge that
+/// read 16 partials, or a cut that assumed 16 blocks, fails it); longer ones in two levels,
+/// as with 16.
 fn cluster8_kernels(dev: &Device) -> Res<CudaKernels> {
     let o = LaunchOptions {
         mma_decode: true,
