@@ -228,8 +228,10 @@ struct FusedDecodeParams {
   int stop;
   int kv_shift;  // log2 of the grid's KV heads per cache KV head (fused_decode.cu)
   int kv_pf;     // tokens of a partition prefetched into L2 before the wait (0: none)
+  int pf_early;  // pf prefetched before the wait, not after (LaunchOptions::attn_l2_prefetch_early)
+  int pad;
 };
-static_assert(sizeof(FusedDecodeParams) == 232, "FusedDecodeParams layout");
+static_assert(sizeof(FusedDecodeParams) == 240, "FusedDecodeParams layout");
 static_assert(offsetof(FusedDecodeParams, width) == 176 && offsetof(FusedDecodeParams, eps) == 216,
               "FusedDecodeParams layout");
 

@@ -136,7 +136,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              uint32_t* counters, int W, const uint32_t* __restrict__ width,
                              int block_size, long long num_slots, int nkv, int part_min,
                              float ks, float vs, float eps, int stop, int kv_shift,
-                             const L2Ranges& pf, int kv_pf) {
+                             const L2Ranges& pf, int kv_pf, int pf_early) {
   using T = __nv_bfloat16;
   using Raw = typename KvRaw<KT>::type;
   pdl_trigger();
@@ -217,13 +217,15 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       l2_prefetch_bulk(reinterpret_cast<const char*>(v_cache + off), n);
     }
   }
-  pdl_wait();
   // The weights of the matmuls after this kernel (o, gate|up, down, the next qkv) into L2
-  // while the memory is idle here, shared by the blocks of every (row, KV head)'s first
-  // cluster (all of which get here); nothing with no ranges (attn_l2_prefetch off).
-  if (split < C)
-    l2_prefetch_ranges(pf, ((unsigned long long)b * gridDim.y + kh) * C + split,
-                       (unsigned long long)gridDim.x * gridDim.y * C);
+  // while the memory is idle here (after the wait; pf_early: before it, beside the qkv
+  // matmul), shared by the blocks of every (row, KV head)'s first cluster (all of which get
+  // here); nothing with no ranges (attn_l2_prefetch off).
+  const unsigned long long pf_block = ((unsigned long long)b * gridDim.y + kh) * C + split;
+  const unsigned long long pf_blocks = (unsigned long long)gridDim.x * gridDim.y * C;
+  if (pf_early && split < C) l2_prefetch_ranges(pf, pf_block, pf_blocks);
+  pdl_wait();
+  if (!pf_early && split < C) l2_prefetch_ranges(pf, pf_block, pf_blocks);
   if (stop == 1) {
     if constexpr (MMA > 0) cp_async_wait<0>();
     return;
@@ -461,7 +463,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                                    (KT*)p.k_cache, (KT*)p.v_cache, p.block_tables, p.ctx_lens,   \
                                    p.out, p.part_acc, p.part_ml, p.counters, p.W, p.width,       \
                                    p.block_size, p.num_slots, p.nkv, p.part, p.k_scale,          \
-                                   p.v_scale, p.eps, p.stop, p.kv_shift, p.pf, p.kv_pf);         \
+                                   p.v_scale, p.eps, p.stop, p.kv_shift, p.pf, p.kv_pf,          \
+                                   p.pf_early);                                                  \
   }
 #define PS_DECODE_FUSED_ALL(LEAN, MMA, BOUNDS, PRE)                  \
   PS_DECODE_FUSED(1, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \

@@ -200,14 +200,16 @@ pub(crate) fn mma_kernels(dev: &Device, stages: u8) -> Res<CudaKernels> {
 /// (`LaunchOptions::attn_l2_prefetch`): the ranges `case` passes (its qkv rows, the k norm's
 /// weight, the RoPE frequencies, the q norm's weight) cut where the budget ends; and each
 /// block's first 200 tokens of K/V prefetched before the wait (`attn_kv_prefetch`: whole
-/// table blocks and a cut one). Same outputs: a parameter struct out of step with the
+/// table blocks and a cut one); `early`: the weight prefetch before the wait
+/// (`attn_l2_prefetch_early`). Same outputs: a parameter struct out of step with the
 /// kernel's (a field added on one side only) fails it.
-fn l2_kernels(dev: &Device) -> Res<CudaKernels> {
+fn l2_kernels(dev: &Device, early: bool) -> Res<CudaKernels> {
     let o = LaunchOptions {
         mma_decode: true,
         fused_mma: Some(1),
         fused_mma_rows: usize::MAX,
         attn_l2_prefetch: Some(1),
+        attn_l2_prefetch_early: early,
         attn_kv_prefetch: Some(200),
         ..cores()
     };
@@ -253,7 +255,8 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     // into its stage fails it); past one cluster (the CUDA-core loop) against the unfused
     // CUDA-core kernels.
     let (km1, km2) = (mma_kernels(dev, 1)?, mma_kernels(dev, 2)?);
-    let (kl2, kc8) = (l2_kernels(dev)?, cluster8_kernels(dev)?);
+    let (kl2, kc8) = (l2_kernels(dev, false)?, cluster8_kernels(dev)?);
+    let kl2e = l2_kernels(dev, true)?;
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),
@@ -290,6 +293,7 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         .chain(cases.iter().map(|c| (&km1, &k, c, " mma1")))
         .chain(cases.iter().map(|c| (&km2, &k, c, " mma2")))
         .chain(cases.iter().map(|c| (&kl2, &k, c, " l2 prefetch")))
+        .chain(cases.iter().map(|c| (&kl2e, &k, c, " l2 prefetch early")))
         .chain(cases.iter().map(|c| (&kc8, &k, c, " cluster 8")));
     for (kf, kc, &(rows, heads, splits), how) in runs {
         let (out, cache, left, exact) = case((kf, kc), dev, rows, heads, splits, None)?;

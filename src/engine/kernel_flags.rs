@@ -76,6 +76,10 @@ pub struct KernelFlags {
     /// gate|up, down, the next layer's qkv) into L2 (`KernelOptions::attn_l2_prefetch`).
     #[arg(long, value_name = "MIB")]
     pub attn_l2_prefetch: Option<usize>,
+    /// The attention's weight prefetch before its wait, beside the qkv matmul
+    /// (`KernelOptions::attn_l2_prefetch_early`).
+    #[arg(long)]
+    pub attn_l2_prefetch_early: bool,
     /// Each fused decode attention block prefetches its partition's first TOKENS tokens of
     /// K/V into L2 before its wait (`KernelOptions::attn_kv_prefetch`).
     #[arg(long, value_name = "TOKENS")]
@@ -273,6 +277,7 @@ impl KernelFlags {
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,
             attn_l2_prefetch: self.attn_l2_prefetch,
+            attn_l2_prefetch_early: self.attn_l2_prefetch_early,
             attn_kv_prefetch: self.attn_kv_prefetch,
             warp_norm: self.warp_norm,
             norm_deferred: (!self.no_norm_deferred).then(|| {

@@ -189,6 +189,11 @@ pub struct KernelOptions {
     /// prefetch, one bulk prefetch a warp. Same outputs. Default None (off; not yet measured
     /// on the H200).
     pub attn_l2_prefetch: Option<usize>,
+    /// [`KernelOptions::attn_l2_prefetch`] issued as the attention's blocks start, while the
+    /// qkv matmul before them still runs (PDL launches them early), instead of after their
+    /// wait: the qkv matmul moves 2.1 TB/s of a 1-row step in the chain, so the prefetch has
+    /// the qkv's time too, at the risk of slowing it. Default off (not yet measured).
+    pub attn_l2_prefetch_early: bool,
     /// Each block of the fused decode attention prefetches the K/V rows of its partition's
     /// first this many tokens into L2 before its wait (past those it loads into registers or
     /// shared memory there: 32 tokens on the CUDA-core loop, 64-128 on the tensor-core one),
@@ -418,6 +423,7 @@ impl Default for KernelOptions {
             gemv_split_k: false,
             l2_prefetch: false,
             attn_l2_prefetch: None,
+            attn_l2_prefetch_early: false,
             attn_kv_prefetch: None,
             sample_full: true,
             warp_norm: false,

@@ -416,6 +416,8 @@ impl CudaKernels {
             stop,
             kv_shift: kv_shift as i32,
             kv_pf: fused.kv_prefetch,
+            pf_early: i32::from(fused.l2_early),
+            pad: 0,
         };
         let mut lb = self.launcher(func);
         if stop == 0 {

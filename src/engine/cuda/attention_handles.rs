@@ -36,6 +36,8 @@ pub(crate) struct FusedDecode {
     /// Tokens of its partition a block prefetches into L2 before its wait
     /// (`LaunchOptions::attn_kv_prefetch`; 0: none).
     pub(super) kv_prefetch: i32,
+    /// The weight prefetch before the wait (`LaunchOptions::attn_l2_prefetch_early`).
+    pub(super) l2_early: bool,
 }
 
 impl FusedDecode {
@@ -98,6 +100,7 @@ impl FusedDecode {
             mma_rows: crate::engine::batch::bucket_bound(opts.fused_mma_rows),
             l2_prefetch: opts.attn_l2_prefetch.unwrap_or(0) as u64 * (1 << 20),
             kv_prefetch: opts.attn_kv_prefetch.unwrap_or(0).min(i32::MAX as usize) as i32,
+            l2_early: opts.attn_l2_prefetch_early,
         })
     }
 

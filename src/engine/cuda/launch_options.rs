@@ -54,6 +54,9 @@ pub struct LaunchOptions {
     /// The fused decode attention prefetches up to this many MiB of the weights given to
     /// `CudaKernels::decode_fused_into` (o, gate|up, down, the next qkv) into L2 after its wait.
     pub attn_l2_prefetch: Option<usize>,
+    /// `attn_l2_prefetch` issued when the attention's blocks start (beside the qkv matmul),
+    /// not after their wait.
+    pub attn_l2_prefetch_early: bool,
     /// Each block of the fused decode attention prefetches the K/V rows of its partition's
     /// first this many tokens, past those it loads before its wait, into L2 before the wait.
     pub attn_kv_prefetch: Option<usize>,
@@ -183,6 +186,7 @@ impl Default for LaunchOptions {
             gemv_split_k: false,
             l2_prefetch: false,
             attn_l2_prefetch: None,
+            attn_l2_prefetch_early: false,
             attn_kv_prefetch: None,
             sample_full: true,
             warp_norm: false,

@@ -94,6 +94,9 @@ pub(super) struct FusedDecodeParams {
     pub(super) kv_shift: i32,
     /// Tokens of a block's partition prefetched into L2 before the wait (0: none).
     pub(super) kv_pf: i32,
+    /// `pf` prefetched before the wait instead of after it (1) or not (0).
+    pub(super) pf_early: i32,
+    pub(super) pad: i32,
 }
 
 /// `L2Ranges` of `kernels/common.cuh`: up to four ranges of weights (16-byte aligned
@@ -133,7 +136,7 @@ pub(super) struct PrefillParams {
 // The sizes `kernels/attention.cuh` asserts for the same structs (a field added on one side
 // only fails the build).
 const _: () = assert!(std::mem::size_of::<DecodeParams>() == 104);
-const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 232);
+const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 240);
 const _: () = assert!(std::mem::size_of::<PrefillParams>() == 120);
 const _: () = {
     use std::mem::offset_of;

@@ -190,6 +190,12 @@ fn kernel_flags_become_kernel_options() {
         .kernels
         .attn_l2_prefetch;
     assert_eq!(pf, Some(24));
+    assert!(!d.kernels.attn_l2_prefetch_early);
+    assert!(
+        opts(&["x", "--attn-l2-prefetch-early"])
+            .kernels
+            .attn_l2_prefetch_early
+    );
     assert_eq!(d.kernels.attn_kv_prefetch, None);
     let kv = opts(&["x", "--attn-kv-prefetch", "128"])
         .kernels

@@ -78,6 +78,7 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         gemv_split_k: opts.gemv_split_k,
         l2_prefetch: opts.l2_prefetch,
         attn_l2_prefetch: opts.attn_l2_prefetch,
+        attn_l2_prefetch_early: opts.attn_l2_prefetch_early,
         attn_kv_prefetch: opts.attn_kv_prefetch,
         warp_norm: opts.warp_norm,
         norm_deferred: opts.norm_deferred,
