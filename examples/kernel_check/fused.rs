@@ -187,13 +187,17 @@ pub(crate) fn division_kernels(dev: &Device) -> Res<CudaKernels> {
 /// launch (`LaunchOptions::fused_mma`, no row bound) and the unfused tensor-core attention
 /// (`mma_decode`) it is held to.
 pub(crate) fn mma_kernels(dev: &Device, stages: u8) -> Res<CudaKernels> {
-    let o = LaunchOptions {
+    Ok(CudaKernels::new(dev, DType::BF16, &mma_options(stages))?.ok_or("no kernels")?)
+}
+
+/// The options of [`mma_kernels`].
+fn mma_options(stages: u8) -> LaunchOptions {
+    LaunchOptions {
         mma_decode: true,
         fused_mma: Some(stages),
         fused_mma_rows: usize::MAX,
         ..cores()
-    };
-    Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
+    }
 }
 
 /// `mma_kernels(dev, 1)` with the L2 prefetch after the wait at 1 MiB
@@ -205,13 +209,10 @@ pub(crate) fn mma_kernels(dev: &Device, stages: u8) -> Res<CudaKernels> {
 /// kernel's (a field added on one side only) fails it.
 fn l2_kernels(dev: &Device, early: bool) -> Res<CudaKernels> {
     let o = LaunchOptions {
-        mma_decode: true,
-        fused_mma: Some(1),
-        fused_mma_rows: usize::MAX,
         attn_l2_prefetch: Some(1),
         attn_l2_prefetch_early: early,
         attn_kv_prefetch: Some(200),
-        ..cores()
+        ..mma_options(1)
     };
     Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
 }
@@ -223,11 +224,8 @@ fn l2_kernels(dev: &Device, early: bool) -> Res<CudaKernels> {
 /// as with 16.
 fn cluster8_kernels(dev: &Device) -> Res<CudaKernels> {
     let o = LaunchOptions {
-        mma_decode: true,
-        fused_mma: Some(1),
-        fused_mma_rows: usize::MAX,
         fused_cluster_few: 8,
-        ..cores()
+        ..mma_options(1)
     };
     Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
 }

@@ -433,19 +433,21 @@ impl CudaKernels {
         unsafe { lb.launch(cfg) }.w()?;
         Ok(())
     }
-}
 
-impl CudaKernels {
     /// The first `budget` bytes of `weights` taken end to end (each range cut to a multiple
     /// of 16 bytes; a weight not 16-byte aligned ends them) as the ranges a kernel prefetches
-    /// into L2.
+    /// into L2. With no budget left (0: the option off) no pointer is taken.
     fn l2_ranges(&self, weights: [Option<&Tensor>; 4], budget: u64) -> Result<L2Ranges> {
         let mut r = L2Ranges::default();
         let mut left = budget;
         for (i, w) in weights.into_iter().flatten().enumerate() {
             let bytes = (w.elem_count() * w.dtype().size_in_bytes()) as u64;
-            let (p, n) = (self.ptr(w)?, bytes.min(left) & !15);
-            if n == 0 || p % 16 != 0 {
+            let n = bytes.min(left) & !15;
+            if n == 0 {
+                break;
+            }
+            let p = self.ptr(w)?;
+            if p % 16 != 0 {
                 break;
             }
             (r.p[i], r.n[i]) = (p, n);
