@@ -27,7 +27,9 @@ namespace {
 // before their FMAs) with the tile's x rows; acc[r][c] for row r and the tile's pair c.
 // `rows[c]` points at pair c's input row. (Eight loads in flight, a 2,048-wide row in one
 // round: no faster on the H200, 34.6 against 34.8 us for a token's experts, slower at 8 tokens.)
-template <typename T, int TM, int R>
+// CS: the weights loaded evict-first (ld.global.cs), so lines prefetched into L2 for a later
+// launch outlive them (the same values, so the same sums).
+template <typename T, int TM, int R, bool CS = false>
 __device__ __forceinline__ void tile_dot(const T* const* wr, const T* const* rows, int n, int len,
                                          int lane, float (*acc)[TM]) {
   if constexpr (sizeof(T) == 2) {
@@ -38,8 +40,13 @@ __device__ __forceinline__ void tile_dot(const T* const* wr, const T* const* row
       for (int u = 0; u < U; ++u) {
         const int k = k0 + u * 256;
 #pragma unroll
-        for (int r = 0; r < R; ++r)
-          if (k < len) wv[r][u] = *reinterpret_cast<const uint4*>(wr[r] + k);
+        for (int r = 0; r < R; ++r) {
+          if (k < len) {
+            const uint4* src = reinterpret_cast<const uint4*>(wr[r] + k);
+            if constexpr (CS) wv[r][u] = __ldcs(src);
+            else wv[r][u] = *src;
+          }
+        }
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -77,16 +84,27 @@ __device__ __forceinline__ void tile_dot(const T* const* wr, const T* const* row
 // Grid (ceil(inter / 8), tiles), 256 threads: warp w of block (bx, tile) takes row j = bx * 8
 // + w of the tile's expert's gate and of its up, for every pair of the tile. gate_up: [E_local,
 // 2 * inter, hidden]; act: [P, inter] by position in `order`.
-template <typename T, int TM>
+// PF (LaunchOptions::moe_down_prefetch, one-token steps): the blocks of tile y first prefetch
+// their share of the tile expert's down weights ([hidden, inter] of `down`) into L2, the
+// bytes of the first pf of the experts' down taken tile after tile (tile y: [y * E, (y + 1) *
+// E) of pf, E an expert's bytes), and load their own weights evict-first; the down launch
+// after them then reads those experts from L2. The same sums (prefetches are hints).
+template <typename T, int TM, bool PF = false>
 __device__ void moe_gate_up(const T* __restrict__ x, const T* __restrict__ gate_up,
                             const uint32_t* __restrict__ order, const uint32_t* __restrict__ tiles,
                             T* __restrict__ act, int hidden, int inter, int k, int first,
-                            int local) {
+                            int local, const T* down = nullptr, unsigned long long pf = 0) {
   pdl_entry();
   const MoeTile tl = moe_tile_of(tiles, first, local);
   const int start = tl.start, n = tl.n, ex = tl.ex;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int j = blockIdx.x * 8 + warp;
+  if constexpr (PF) {
+    const unsigned long long eb = (unsigned long long)hidden * inter * sizeof(T);
+    const unsigned long long from = (unsigned long long)blockIdx.y * eb;
+    if (tl.live && pf > from)
+      l2_prefetch_share(down + (size_t)ex * hidden * inter, pf - from < eb ? pf - from : eb);
+  }
   if (!tl.live || j >= inter) return;
   const T* rows[TM];
 #pragma unroll
@@ -96,7 +114,7 @@ __device__ void moe_gate_up(const T* __restrict__ x, const T* __restrict__ gate_
   float acc[2][TM];
 #pragma unroll
   for (int c = 0; c < TM; ++c) acc[0][c] = acc[1][c] = 0.f;
-  tile_dot<T, TM, 2>(wr, rows, n, hidden, lane, acc);
+  tile_dot<T, TM, 2, PF>(wr, rows, n, hidden, lane, acc);
 #pragma unroll
   for (int c = 0; c < TM; ++c) {
     if (c < n) {
@@ -327,6 +345,18 @@ extern "C" __global__ void moe_gate_up_t1_bf16(const __nv_bfloat16* x, const __n
                                                __nv_bfloat16* act, int hidden, int inter, int k,
                                                int first, int local) {
   moe_gate_up<__nv_bfloat16, 1>(x, gate_up, order, tiles, act, hidden, inter, k, first, local);
+}
+// The same with LaunchOptions::moe_down_prefetch: pf bytes of the tiles' experts' down into L2
+// (see moe_gate_up), the gate and up rows loaded evict-first.
+extern "C" __global__ void moe_gate_up_t1_pf_bf16(const __nv_bfloat16* x,
+                                                  const __nv_bfloat16* gate_up,
+                                                  const uint32_t* order, const uint32_t* tiles,
+                                                  __nv_bfloat16* act, int hidden, int inter,
+                                                  int k, int first, int local,
+                                                  const __nv_bfloat16* down,
+                                                  unsigned long long pf) {
+  moe_gate_up<__nv_bfloat16, 1, true>(x, gate_up, order, tiles, act, hidden, inter, k, first,
+                                      local, down, pf);
 }
 extern "C" __global__ void moe_down_t1_bf16(const __nv_bfloat16* act, const __nv_bfloat16* down,
                                             const uint32_t* order, const uint32_t* tiles,

@@ -21,10 +21,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     ];
     for (tokens, e, top, hidden, inter, first, local, norm) in cases {
         for (dt, kk) in [(DType::BF16, &k), (DType::F32, &kf)] {
-            let h = randn(&[tokens, hidden], dt, dev)?;
-            let logits = randn(&[tokens, e], dt, dev)?;
-            let gu = (randn(&[local, 2 * inter, hidden], dt, dev)? * 0.02)?;
-            let dn = (randn(&[local, hidden, inter], dt, dev)? * 0.02)?;
+            let (h, logits, gu, dn) = layer(dev, dt, (tokens, e), (hidden, inter, local))?;
             let probs = candle_nn::ops::softmax_last_dim(&logits.to_dtype(DType::F32)?)?
                 .to_vec2::<f32>()?;
             let mut routing = route(&probs, top, norm);
@@ -55,7 +52,75 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     norm_router(&k, dev, t)?;
     down_sum(dev, t)?;
     route_one(dev, t)?;
+    down_prefetch(&k, dev, t)?;
     timings(&k, dev)
+}
+
+/// One-token gate|up prefetching the routed experts' down into L2
+/// (`LaunchOptions::moe_down_prefetch`) against the default: the experts' output bit for bit
+/// (prefetches and evict-first loads change no value; a kernel reading its arguments out of
+/// step with the launcher's fails it) at 0 MiB (the evict-first loads alone), 1 MiB (cut
+/// inside the first expert's share), 12 (four whole experts) and 64 (all of them), on the
+/// 30B-A3B shape, one rank's half of the experts and a top-2 shape; then timed alone.
+fn down_prefetch(k: &CudaKernels, dev: &Device, t: &mut Table) -> Res<()> {
+    let pf = |mib: usize| -> Res<CudaKernels> {
+        let opts = LaunchOptions {
+            moe_down_prefetch: Some(mib),
+            ..LaunchOptions::default()
+        };
+        Ok(CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?)
+    };
+    let budgets = [0usize, 1, 12, 64];
+    let kp = budgets.iter().map(|&m| pf(m)).collect::<Res<Vec<_>>>()?;
+    let cases = [
+        (128, 8, 2048, 768, 0, 128, true),
+        (128, 8, 2048, 768, 64, 64, false),
+        (8, 2, 256, 64, 4, 4, true),
+    ];
+    for (e, top, hidden, inter, first, local, norm) in cases {
+        let (h, logits, gu, dn) = layer(dev, DType::BF16, (1, e), (hidden, inter, local))?;
+        let how = (first, top, norm);
+        let (base, ..) = k.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
+        for (mib, kk) in budgets.iter().zip(&kp) {
+            let (ours, ..) = kk.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
+            t.check(
+                format!("moe down prefetch {mib} MiB = default: T1 E{e} top{top} h{hidden} experts {first}+{local} norm {norm}"),
+                rel(&ours, &base)?,
+                0.0,
+            );
+        }
+    }
+    let (e, top, hidden, inter) = (128, 8, 2048, 768);
+    let (h, logits, gu, dn) = layer(dev, DType::BF16, (1, e), (hidden, inter, e))?;
+    let how = (0, top, true);
+    let (_, whole, each) = k.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
+    print!(
+        "moe timing T1 down prefetch (alone, L2-warm): default {whole:.1} us (gate|up {:.1})",
+        each[1]
+    );
+    for (mib, kk) in budgets.iter().zip(&kp) {
+        let (_, whole, each) = kk.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
+        print!(", {mib} MiB {whole:.1} ({:.1})", each[1]);
+    }
+    println!();
+    Ok(())
+}
+
+/// Random inputs of one sparse layer's experts in `dt`: `h` `[tokens, hidden]`, router logits
+/// `[tokens, e]`, and `local` experts' gate|up `[local, 2 * inter, hidden]` and down `[local,
+/// hidden, inter]` (times 0.02).
+fn layer(
+    dev: &Device,
+    dt: DType,
+    (tokens, e): (usize, usize),
+    (hidden, inter, local): (usize, usize, usize),
+) -> Res<(Tensor, Tensor, Tensor, Tensor)> {
+    Ok((
+        randn(&[tokens, hidden], dt, dev)?,
+        randn(&[tokens, e], dt, dev)?,
+        (randn(&[local, 2 * inter, hidden], dt, dev)? * 0.02)?,
+        (randn(&[local, hidden, inter], dt, dev)? * 0.02)?,
+    ))
 }
 
 /// Down and the experts' sum in one launch (`LaunchOptions::moe_down_sum`) against the two
@@ -88,10 +153,7 @@ fn down_sum(dev: &Device, t: &mut Table) -> Res<()> {
         (7, 8, 2, 256, 64, 4, 4, false),
     ];
     for (tokens, e, top, hidden, inter, first, local, norm) in cases {
-        let h = randn(&[tokens, hidden], DType::BF16, dev)?;
-        let logits = randn(&[tokens, e], DType::BF16, dev)?;
-        let gu = (randn(&[local, 2 * inter, hidden], DType::BF16, dev)? * 0.02)?;
-        let dn = (randn(&[local, hidden, inter], DType::BF16, dev)? * 0.02)?;
+        let (h, logits, gu, dn) = layer(dev, DType::BF16, (tokens, e), (hidden, inter, local))?;
         let how = (first, top, norm);
         let (two, ..) = k.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
         let (one, ..) = kd.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
@@ -141,10 +203,7 @@ fn route_one(dev: &Device, t: &mut Table) -> Res<()> {
     ];
     for (e, top, hidden, inter, first, local, norm) in cases {
         for (dt, block, warp) in [(DType::BF16, &kb, &kw), (DType::F32, &kf, &kfw)] {
-            let h = randn(&[1, hidden], dt, dev)?;
-            let logits = randn(&[1, e], dt, dev)?;
-            let gu = (randn(&[local, 2 * inter, hidden], dt, dev)? * 0.02)?;
-            let dn = (randn(&[local, hidden, inter], dt, dev)? * 0.02)?;
+            let (h, logits, gu, dn) = layer(dev, dt, (1, e), (hidden, inter, local))?;
             let how = (first, top, norm);
             let tiles: &[Option<usize>] = if dt == DType::BF16 {
                 &[None, Some(1), Some(8), Some(16)]
@@ -163,10 +222,7 @@ fn route_one(dev: &Device, t: &mut Table) -> Res<()> {
         }
     }
     let (e, top, hidden, inter) = (128, 8, 2048, 768);
-    let h = randn(&[1, hidden], DType::BF16, dev)?;
-    let logits = randn(&[1, e], DType::BF16, dev)?;
-    let gu = (randn(&[e, 2 * inter, hidden], DType::BF16, dev)? * 0.02)?;
-    let dn = (randn(&[e, hidden, inter], DType::BF16, dev)? * 0.02)?;
+    let (h, logits, gu, dn) = layer(dev, DType::BF16, (1, e), (hidden, inter, e))?;
     let how = (0, top, true);
     let (_, whole_b, each_b) = kb.moe_experts(&h, &logits, (&gu, &dn), how, (None, 20))?;
     let (_, whole_w, each_w) = kw.moe_experts(&h, &logits, (&gu, &dn), how, (None, 20))?;

@@ -214,6 +214,11 @@ pub struct KernelFlags {
     /// `KernelOptions::moe_route_one` off).
     #[arg(long)]
     pub no_moe_route_one: bool,
+    /// One-token MoE steps: the experts' gate|up prefetches up to MIB MiB of the routed
+    /// experts' down weights into L2 (`KernelOptions::moe_down_prefetch`; 0: only its own
+    /// loads evict-first).
+    #[arg(long, value_name = "MIB")]
+    pub moe_down_prefetch: Option<usize>,
     /// LoRA steps launched one shrink and one expand per fused matmul, in order (turns
     /// `KernelOptions::lora_overlap` off: no second stream, no expands fused with the SiLU or
     /// the norms).
@@ -340,6 +345,7 @@ impl KernelFlags {
             moe_norm_router: self.moe_norm_router,
             moe_down_sum: !self.no_moe_down_sum,
             moe_route_one: !self.no_moe_route_one,
+            moe_down_prefetch: self.moe_down_prefetch,
             lora_overlap: !self.no_lora_overlap,
             lora_grouped: self.lora_grouped,
             lora_runs: !self.no_lora_runs,

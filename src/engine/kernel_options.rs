@@ -366,6 +366,14 @@ pub struct KernelOptions {
     /// (`moe_route_one_*`: the same ids, weights and tiles as the block of 1,024 threads). On by
     /// default: on the H200 (30B-A3B shape) batch 1 +1.2%, ~1.3 us a layer (#29).
     pub moe_route_one: bool,
+    /// One-token MoE steps on one-pair tiles: the experts' gate|up blocks prefetch up to this
+    /// many MiB of the routed experts' down weights into L2 (the experts in ascending order,
+    /// as the down launch reads them) and load their own gate and up rows evict-first, so
+    /// the memory streams down's weights across the gate|up / down boundary and down reads
+    /// them from L2 (`kernels/moe.cu` `moe_gate_up_t1_pf_bf16`; `Some(0)`: the evict-first
+    /// loads alone). The same outputs. Round 46's chain map has a 30B-A3B layer's experts at
+    /// 32.5 us for 75.5 MB (2.3 TB/s). Default None (off; not yet measured on the H200).
+    pub moe_down_prefetch: Option<usize>,
     /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
     /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
     /// input (on a second stream beside it above `lora_side_min_rows` rows), the gate|up
@@ -458,6 +466,7 @@ impl Default for KernelOptions {
             moe_norm_router: false,
             moe_down_sum: true,
             moe_route_one: true,
+            moe_down_prefetch: None,
             lora_overlap: true,
             lora_grouped: false,
             lora_runs: true,

@@ -215,6 +215,9 @@ pub(super) struct MoeKernels {
     /// One token's routing and alignment by one warp, `[bf16, f32]`
     /// (`LaunchOptions::moe_route_one`).
     pub(super) route_one: Option<[CudaFunction; 2]>,
+    /// One-token steps' one-pair gate|up prefetching this many bytes of the routed experts'
+    /// down into L2 (bf16 with `LaunchOptions::moe_down_prefetch`).
+    pub(super) gate_up_pf: Option<(CudaFunction, u64)>,
 }
 
 impl MoeKernels {
@@ -223,6 +226,7 @@ impl MoeKernels {
     pub(super) fn load<E>(
         [route, moe, mma]: [&Arc<CudaModule>; 3],
         (tile_one, norm_router, down_sum, route_one): (bool, bool, bool, bool),
+        down_pf: Option<u64>,
         f: impl Fn(&Arc<CudaModule>, &str) -> Result<CudaFunction, E>,
     ) -> Result<Self, E> {
         let both = |m: &Arc<CudaModule>, name: &str| -> Result<[CudaFunction; 2], E> {
@@ -273,6 +277,10 @@ impl MoeKernels {
                 Some(both(route, "moe_route_one")?)
             } else {
                 None
+            },
+            gate_up_pf: match down_pf {
+                Some(bytes) => Some((f(moe, "moe_gate_up_t1_pf_bf16")?, bytes)),
+                None => None,
             },
             _modules: [route.clone(), moe.clone(), mma.clone()],
         })

@@ -358,6 +358,9 @@ impl CudaKernels {
                     opts.moe_down_sum && dtype == DType::BF16,
                     opts.moe_route_one,
                 ),
+                opts.moe_down_prefetch
+                    .filter(|_| dtype == DType::BF16)
+                    .map(|mib| (mib as u64) << 20),
                 |m, name| f(m, name),
             )?,
             sample_topk: f(&layer_ops, "sample_topk_f32")?,

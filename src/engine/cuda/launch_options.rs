@@ -147,6 +147,9 @@ pub struct LaunchOptions {
     /// A one-token MoE step (at most 128 experts) routes and aligns by one warp
     /// (`moe_route_one_*`) instead of a block of 1,024 threads.
     pub moe_route_one: bool,
+    /// One-token MoE steps on one-pair tiles: gate|up prefetches up to this many MiB of the
+    /// routed experts' down weights into L2 and loads its own weights evict-first (bf16).
+    pub moe_down_prefetch: Option<usize>,
     /// LoRA steps of one-token tiles with each shrink before its base matmul (on a second
     /// stream beside it above `lora_side_min_rows` rows), the gate|up expand fused with the
     /// SiLU and the o/down expands with the next add+RMSNorm (`kernels/lora_silu.cu`).
@@ -221,6 +224,7 @@ impl Default for LaunchOptions {
             moe_norm_router: false,
             moe_down_sum: true,
             moe_route_one: true,
+            moe_down_prefetch: None,
             lora_overlap: true,
             lora_grouped: false,
             lora_runs: true,

@@ -184,6 +184,12 @@ fn kernel_flags_become_kernel_options() {
         .kernels
         .gemv_tma_min_k;
     assert_eq!(min_k, 2049);
+    // The MoE gate|up's prefetch of the routed experts' down: off unless asked, in MiB.
+    assert_eq!(d.kernels.moe_down_prefetch, None);
+    let mdp = opts(&["x", "--moe-down-prefetch", "12"])
+        .kernels
+        .moe_down_prefetch;
+    assert_eq!(mdp, Some(12));
     // The attention's L2 prefetch of the next weights: off unless asked, in MiB.
     assert_eq!(d.kernels.attn_l2_prefetch, None);
     let pf = opts(&["x", "--attn-l2-prefetch", "24"])
