@@ -173,10 +173,33 @@ __device__ void moe_down(const T* __restrict__ act, const T* __restrict__ down,
 // Token t's pairs on this rank's experts (first..first + local) in ascending expert order, the
 // order HF adds them in: sid[s] the expert of the token's slot s, slot_order[0..n) the slots;
 // returns n. The whole block calls it (at most 32 slots).
+// RANK (LaunchOptions::moe_rank_sort): warp 0 finds the same order in parallel instead of
+// thread 0's insertion sort (k dependent rounds of shared-memory loads, ~1 us at k = 8): lane
+// s holds slot s's expert and counts the live slots before it in (expert, slot) order, the
+// order a stable sort gives, which the insertion sort is; one barrier instead of two.
+template <bool RANK = false>
 __device__ __forceinline__ int token_experts(const uint32_t* __restrict__ ids, int t, int k,
                                              int first, int local, uint32_t* sid,
                                              int* slot_order) {
   __shared__ int live;
+  if constexpr (RANK) {
+    if (threadIdx.x < 32) {
+      const int s = threadIdx.x;
+      const uint32_t me = s < k ? ids[(size_t)t * k + s] : 0xffffffffu;
+      const bool on = s < k && (int)me - first >= 0 && (int)me - first < local;
+      const unsigned lives = __ballot_sync(0xffffffffu, on);
+      int rank = 0;
+      for (int j = 0; j < k; ++j) {
+        const uint32_t other = __shfl_sync(0xffffffffu, me, j);
+        if (((lives >> j) & 1u) && (other < me || (other == me && j < s))) ++rank;
+      }
+      if (s < k) sid[s] = me;
+      if (on) slot_order[rank] = s;
+      if (s == 0) live = __popc(lives);
+    }
+    __syncthreads();
+    return live;
+  }
   if (threadIdx.x < k) sid[threadIdx.x] = ids[(size_t)t * k + threadIdx.x];
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -232,7 +255,7 @@ __device__ void moe_sum(const T* __restrict__ y, const uint32_t* __restrict__ id
 // rounded, and added to the row's sum rounded as moe_sum adds. So out holds moe_down then
 // moe_sum's bits without y's round trip or the second launch. act rows are found by the pair's
 // position in `order` (at most 32 pairs a token).
-template <typename T>
+template <typename T, bool RANK = false>
 __device__ void moe_down_sum(const T* __restrict__ act, const T* __restrict__ down,
                              const uint32_t* __restrict__ ids, const uint32_t* __restrict__ order,
                              const float* __restrict__ w, T* __restrict__ out, int hidden,
@@ -247,7 +270,7 @@ __device__ void moe_down_sum(const T* __restrict__ act, const T* __restrict__ do
     const uint32_t p = order[i];
     if ((int)(p / k) == t) pos[p % k] = i;
   }
-  const int n = token_experts(ids, t, k, first, local, sid, slot_order);  // syncs the block
+  const int n = token_experts<RANK>(ids, t, k, first, local, sid, slot_order);  // syncs the block
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int o = blockIdx.x * 8 + warp;
   if (o >= hidden) return;
@@ -311,6 +334,15 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                       const uint32_t* order, const float* w, __nv_bfloat16* out, int hidden,
                       int inter, int k, int first, int local) {
   moe_down_sum<__nv_bfloat16>(act, down, ids, order, w, out, hidden, inter, k, first, local);
+}
+
+// The same with the tokens' expert order ranked by one warp (LaunchOptions::moe_rank_sort).
+extern "C" __global__ void __launch_bounds__(256, 2)
+    moe_down_sum_rk_bf16(const __nv_bfloat16* act, const __nv_bfloat16* down, const uint32_t* ids,
+                         const uint32_t* order, const float* w, __nv_bfloat16* out, int hidden,
+                         int inter, int k, int first, int local) {
+  moe_down_sum<__nv_bfloat16, true>(act, down, ids, order, w, out, hidden, inter, k, first,
+                                    local);
 }
 
 #define MOE_KERNELS(T, S)                                                                       \

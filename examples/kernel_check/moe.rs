@@ -126,7 +126,8 @@ fn layer(
 /// Down and the experts' sum in one launch (`LaunchOptions::moe_down_sum`) against the two
 /// launches on the same one-pair tiles: bit for bit (the same sums in the same order), at 1,
 /// 2, 5 and 8 tokens of the 30B-A3B shape, one rank's half of the experts, a small shape with
-/// top-2; then both timed at 1 and 2 tokens.
+/// top-2; the one launch with the experts ranked by one warp (`LaunchOptions::moe_rank_sort`)
+/// against it the same way; then the three timed at 1, 2 and 8 tokens.
 fn down_sum(dev: &Device, t: &mut Table) -> Res<()> {
     // The one launch is the default; `k` runs the two.
     let opts = LaunchOptions {
@@ -135,6 +136,11 @@ fn down_sum(dev: &Device, t: &mut Table) -> Res<()> {
     };
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
     let kd = CudaKernels::new(dev, DType::BF16, &LaunchOptions::default())?.ok_or("no kernels")?;
+    let ranked = LaunchOptions {
+        moe_rank_sort: true,
+        ..LaunchOptions::default()
+    };
+    let kr = CudaKernels::new(dev, DType::BF16, &ranked)?.ok_or("no kernels")?;
     // One-pair tiles (asked for below) take the one launch whenever it is loaded.
     t.check(
         "moe down+sum kernel loaded ?".to_string(),
@@ -162,6 +168,12 @@ fn down_sum(dev: &Device, t: &mut Table) -> Res<()> {
             rel(&one, &two)?,
             0.0,
         );
+        let (rk, ..) = kr.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
+        t.check(
+            format!("moe down+sum ranked by a warp = sorted: T{tokens} E{e} top{top} h{hidden} experts {first}+{local}"),
+            rel(&rk, &one)?,
+            0.0,
+        );
     }
     let (e, top, hidden, inter) = (128, 8, 2048, 768);
     let gu = (randn(&[e, 2 * inter, hidden], DType::BF16, dev)? * 0.02)?;
@@ -172,9 +184,10 @@ fn down_sum(dev: &Device, t: &mut Table) -> Res<()> {
         let how = (0, top, true);
         let (_, two, each) = k.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
         let (_, one, _) = kd.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
+        let (_, rk, _) = kr.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
         println!(
             "moe timing T{tokens} tile 1: down+sum in one launch {one:.1} us a layer's experts, \
-             two launches {two:.1} (down {:.1} + sum {:.1} alone)",
+             ranked by a warp {rk:.1}, two launches {two:.1} (down {:.1} + sum {:.1} alone)",
             each[2], each[3]
         );
     }

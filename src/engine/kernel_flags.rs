@@ -219,6 +219,10 @@ pub struct KernelFlags {
     /// loads evict-first).
     #[arg(long, value_name = "MIB")]
     pub moe_down_prefetch: Option<usize>,
+    /// The MoE down + sum launch orders each token's experts by one warp's ranks
+    /// (`KernelOptions::moe_rank_sort`).
+    #[arg(long)]
+    pub moe_rank_sort: bool,
     /// LoRA steps launched one shrink and one expand per fused matmul, in order (turns
     /// `KernelOptions::lora_overlap` off: no second stream, no expands fused with the SiLU or
     /// the norms).
@@ -346,6 +350,7 @@ impl KernelFlags {
             moe_down_sum: !self.no_moe_down_sum,
             moe_route_one: !self.no_moe_route_one,
             moe_down_prefetch: self.moe_down_prefetch,
+            moe_rank_sort: self.moe_rank_sort,
             lora_overlap: !self.no_lora_overlap,
             lora_grouped: self.lora_grouped,
             lora_runs: !self.no_lora_runs,

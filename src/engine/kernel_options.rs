@@ -374,6 +374,12 @@ pub struct KernelOptions {
     /// loads alone). The same outputs. Round 46's chain map has a 30B-A3B layer's experts at
     /// 32.5 us for 75.5 MB (2.3 TB/s). Default None (off; not yet measured on the H200).
     pub moe_down_prefetch: Option<usize>,
+    /// The MoE down + sum launch (one-pair tiles, `moe_down_sum`) finds each token's experts
+    /// in ascending order by one warp's ranks (a shuffle round a slot) instead of thread 0's
+    /// insertion sort, which puts k dependent rounds of shared-memory loads (~1 us at top-8)
+    /// between its wait and its first weight load (`kernels/moe.cu` `moe_down_sum_rk_bf16`).
+    /// The same order, so the same sums. Default off (not yet measured on the H200).
+    pub moe_rank_sort: bool,
     /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
     /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
     /// input (on a second stream beside it above `lora_side_min_rows` rows), the gate|up
@@ -467,6 +473,7 @@ impl Default for KernelOptions {
             moe_down_sum: true,
             moe_route_one: true,
             moe_down_prefetch: None,
+            moe_rank_sort: false,
             lora_overlap: true,
             lora_grouped: false,
             lora_runs: true,

@@ -210,7 +210,8 @@ pub(super) struct MoeKernels {
     /// `LaunchOptions::moe_norm_router`).
     pub(super) norm_router: Option<[CudaFunction; 2]>,
     /// Down and the experts' sum in one launch on one-pair tiles (bf16 with
-    /// `LaunchOptions::moe_down_sum`).
+    /// `LaunchOptions::moe_down_sum`; the tokens' expert order ranked by one warp with
+    /// `LaunchOptions::moe_rank_sort`).
     pub(super) down_sum: Option<CudaFunction>,
     /// One token's routing and alignment by one warp, `[bf16, f32]`
     /// (`LaunchOptions::moe_route_one`).
@@ -222,11 +223,11 @@ pub(super) struct MoeKernels {
 
 impl MoeKernels {
     /// The functions of the three modules (routing, experts on CUDA cores, experts on tensor
-    /// cores) by name (`f` loads one).
+    /// cores) by name (`f` loads one), the variants `opts` asks for (those of bf16 only when
+    /// `bf16`).
     pub(super) fn load<E>(
         [route, moe, mma]: [&Arc<CudaModule>; 3],
-        (tile_one, norm_router, down_sum, route_one): (bool, bool, bool, bool),
-        down_pf: Option<u64>,
+        (opts, bf16): (&LaunchOptions, bool),
         f: impl Fn(&Arc<CudaModule>, &str) -> Result<CudaFunction, E>,
     ) -> Result<Self, E> {
         let both = |m: &Arc<CudaModule>, name: &str| -> Result<[CudaFunction; 2], E> {
@@ -259,8 +260,8 @@ impl MoeKernels {
             mma_gate_up: tensor("gate_up")?,
             mma_down: tensor("down")?,
             sum: both(moe, "moe_sum")?,
-            tile_one,
-            norm_router: if norm_router {
+            tile_one: opts.moe_tile_one,
+            norm_router: if opts.moe_norm_router && bf16 {
                 Some([
                     f(route, "moe_norm_router_t1")?,
                     f(route, "moe_norm_router_t2")?,
@@ -268,18 +269,18 @@ impl MoeKernels {
             } else {
                 None
             },
-            down_sum: if down_sum {
-                Some(f(moe, "moe_down_sum_bf16")?)
-            } else {
-                None
+            down_sum: match (opts.moe_down_sum && bf16, opts.moe_rank_sort) {
+                (true, false) => Some(f(moe, "moe_down_sum_bf16")?),
+                (true, true) => Some(f(moe, "moe_down_sum_rk_bf16")?),
+                (false, _) => None,
             },
-            route_one: if route_one {
+            route_one: if opts.moe_route_one {
                 Some(both(route, "moe_route_one")?)
             } else {
                 None
             },
-            gate_up_pf: match down_pf {
-                Some(bytes) => Some((f(moe, "moe_gate_up_t1_pf_bf16")?, bytes)),
+            gate_up_pf: match opts.moe_down_prefetch.filter(|_| bf16) {
+                Some(mib) => Some((f(moe, "moe_gate_up_t1_pf_bf16")?, (mib as u64) << 20)),
                 None => None,
             },
             _modules: [route.clone(), moe.clone(), mma.clone()],

@@ -352,15 +352,7 @@ impl CudaKernels {
             gather_rows_f32: f(&layer_ops, "gather_rows_f32")?,
             moe: MoeKernels::load(
                 [&moe_route_mod, &moe_mod, &moe_mma_mod],
-                (
-                    opts.moe_tile_one,
-                    opts.moe_norm_router && dtype == DType::BF16,
-                    opts.moe_down_sum && dtype == DType::BF16,
-                    opts.moe_route_one,
-                ),
-                opts.moe_down_prefetch
-                    .filter(|_| dtype == DType::BF16)
-                    .map(|mib| (mib as u64) << 20),
+                (opts, dtype == DType::BF16),
                 |m, name| f(m, name),
             )?,
             sample_topk: f(&layer_ops, "sample_topk_f32")?,

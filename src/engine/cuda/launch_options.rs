@@ -150,6 +150,9 @@ pub struct LaunchOptions {
     /// One-token MoE steps on one-pair tiles: gate|up prefetches up to this many MiB of the
     /// routed experts' down weights into L2 and loads its own weights evict-first (bf16).
     pub moe_down_prefetch: Option<usize>,
+    /// The MoE down + sum launch orders each token's experts by one warp's ranks instead of
+    /// one thread's insertion sort (the same order).
+    pub moe_rank_sort: bool,
     /// LoRA steps of one-token tiles with each shrink before its base matmul (on a second
     /// stream beside it above `lora_side_min_rows` rows), the gate|up expand fused with the
     /// SiLU and the o/down expands with the next add+RMSNorm (`kernels/lora_silu.cu`).
@@ -225,6 +228,7 @@ impl Default for LaunchOptions {
             moe_down_sum: true,
             moe_route_one: true,
             moe_down_prefetch: None,
+            moe_rank_sort: false,
             lora_overlap: true,
             lora_grouped: false,
             lora_runs: true,

@@ -113,6 +113,7 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         moe_down_sum: opts.moe_down_sum,
         moe_route_one: opts.moe_route_one,
         moe_down_prefetch: opts.moe_down_prefetch,
+        moe_rank_sort: opts.moe_rank_sort,
         lora_overlap: opts.lora_overlap,
         lora_grouped: opts.lora_grouped,
         lora_runs: opts.lora_runs,
