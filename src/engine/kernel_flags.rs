@@ -28,6 +28,10 @@ pub struct KernelFlags {
     /// and sum its squares for the matmul after the norm).
     #[arg(long)]
     pub no_norm_presum: bool,
+    /// The presummed norm's o and down matmuls with 12 steps a warp in flight on weights of
+    /// more than 2,048 inputs (`KernelOptions::mma_res_deep`).
+    #[arg(long)]
+    pub mma_res_deep: bool,
     /// Decode graphs leave the greedy tokens to an argmax after the graph instead of computing
     /// them with the f32 logits (turns `KernelOptions::graph_argmax` off).
     #[arg(long)]
@@ -266,6 +270,7 @@ impl KernelFlags {
             gemv: !self.no_gemv,
             gemv_mma: self.gemv_mma,
             norm_presum: !self.no_norm_presum,
+            mma_res_deep: self.mma_res_deep,
             graph_argmax: !self.no_graph_argmax,
             gemv_mma_plain: (!self.no_gemv_mma_plain).then(|| {
                 self.gemv_mma_plain

@@ -128,6 +128,14 @@ pub struct KernelOptions {
     /// first form that summed the partials before its loop lost 10% at batch 8); off: the
     /// norm launch.
     pub norm_presum: bool,
+    /// The presummed norm's first matmul (o, down: `mma_gemv_res_*`) keeps 12 steps of 32
+    /// inputs a warp in flight instead of 8 on weights of more than 2,048 inputs whose blocks
+    /// (16 rows each) fit one wave of two an SM (`mma_gemv_res_deep_*`): 0.6B's down (3,072 inputs)
+    /// in one round of loads, all issued before its wait, instead of two (1.7B's: two instead
+    /// of three). The same steps in the same order, so the same bits; 128 registers a thread
+    /// against 98-100, still two blocks an SM. Round 46's chain map has batch 8's down at 6.5
+    /// us a layer against o's 4.8 on two thirds of the bytes. Default off (not yet measured).
+    pub mma_res_deep: bool,
     /// Decode graphs compute each row's greedy token in the launch that writes the f32 logits
     /// (`kernels/layer_ops.cu` `to_f32_argmax_*`: each block's best, the row's last block
     /// merging them), and a step whose rows are all greedy and whose logits nothing edited
@@ -428,6 +436,7 @@ impl Default for KernelOptions {
             gemv_mma: false,
             gemv_mma_plain: Some(GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
+            mma_res_deep: false,
             graph_argmax: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             smem_carveout: Some(SMEM_CARVEOUT),

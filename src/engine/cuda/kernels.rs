@@ -135,8 +135,9 @@ pub struct CudaKernels {
     pub(super) gemv_mma_plain: Option<usize>,
     /// With `gemv_mma` and `LaunchOptions::norm_presum`: the presummed norm's kernels for
     /// `GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS` rows (`gemm_presum.rs`): the matmul that adds
-    /// to the residual, and plain and SiLU behind the norm.
-    pub(super) gemv_presum: Option<[Vec<CudaFunction>; 3]>,
+    /// to the residual, and plain and SiLU behind the norm; then the first with 12 steps a warp
+    /// in flight (empty without `LaunchOptions::mma_res_deep`).
+    pub(super) gemv_presum: Option<[Vec<CudaFunction>; 4]>,
     /// Whether the skinny matmuls prefetch the next matmul's weights into L2.
     pub(super) l2_prefetch: bool,
     /// Whether whole-vocabulary draws run on the device (`LaunchOptions::sample_full`).
@@ -428,6 +429,10 @@ impl CudaKernels {
                     mma_set(m, "mma_gemv_res")?,
                     mma_set(m, "mma_gemv_pre")?,
                     mma_set(m, "mma_gemv_pre_silu")?,
+                    match opts.mma_res_deep {
+                        true => mma_set(m, "mma_gemv_res_deep")?,
+                        false => Vec::new(),
+                    },
                 ]),
                 _ => None,
             },

@@ -22,6 +22,9 @@ pub struct LaunchOptions {
     pub gemv_mma_plain: Option<usize>,
     /// The presummed norm for 3-8-row steps (`gemv_mma.cu` `mma_gemv_res_*`, `mma_gemv_pre_*`).
     pub norm_presum: bool,
+    /// The presummed norm's first matmul with 12 steps a warp in flight on weights of more
+    /// than 2,048 inputs whose blocks fit one wave (`mma_gemv_res_deep_*`; the same bits).
+    pub mma_res_deep: bool,
     /// The greedy tokens computed with the f32 logits (`layer_ops.cu` `to_f32_argmax_*`),
     /// for the decode graphs.
     pub graph_argmax: bool,
@@ -182,6 +185,7 @@ impl Default for LaunchOptions {
             gemv_mma: false,
             gemv_mma_plain: Some(crate::engine::options::GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
+            mma_res_deep: false,
             graph_argmax: false,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),

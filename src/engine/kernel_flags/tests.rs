@@ -191,6 +191,8 @@ fn kernel_flags_become_kernel_options() {
         .moe_down_prefetch;
     assert_eq!(mdp, Some(12));
     assert!(!d.kernels.moe_rank_sort);
+    assert!(!d.kernels.mma_res_deep);
+    assert!(opts(&["x", "--mma-res-deep"]).kernels.mma_res_deep);
     assert!(opts(&["x", "--moe-rank-sort"]).kernels.moe_rank_sort);
     // The attention's L2 prefetch of the next weights: off unless asked, in MiB.
     assert_eq!(d.kernels.attn_l2_prefetch, None);

@@ -68,6 +68,7 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         gemv_mma: opts.gemv_mma,
         gemv_mma_plain: opts.gemv_mma_plain,
         norm_presum: opts.norm_presum,
+        mma_res_deep: opts.mma_res_deep,
         graph_argmax: opts.graph_argmax,
         gemv_stream: opts.gemv_stream,
         smem_carveout: opts.smem_carveout,
