@@ -128,13 +128,10 @@ pub struct KernelOptions {
     /// first form that summed the partials before its loop lost 10% at batch 8); off: the
     /// norm launch.
     pub norm_presum: bool,
-    /// The presummed norm's first matmul (o, down: `mma_gemv_res_*`) keeps 12 steps of 32
-    /// inputs a warp in flight instead of 8 on weights of more than 2,048 inputs whose blocks
-    /// (16 rows each) fit one wave of two an SM (`mma_gemv_res_deep_*`): 0.6B's down (3,072 inputs)
-    /// in one round of loads, all issued before its wait, instead of two (1.7B's: two instead
-    /// of three). The same steps in the same order, so the same bits; 128 registers a thread
-    /// against 98-100, still two blocks an SM. Round 46's chain map has batch 8's down at 6.5
-    /// us a layer against o's 4.8 on two thirds of the bytes. Default off (not yet measured).
+    /// The presummed norm's first matmul (o, down) keeps 12 steps of 32 inputs a warp in
+    /// flight instead of 8 on weights of more than 2,048 inputs whose blocks fit one wave
+    /// (`mma_gemv_res_deep_*`): 0.6B's 3-8-row down issues all its loads before its wait
+    /// (one round instead of two). The same bits. Default off (not yet measured).
     pub mma_res_deep: bool,
     /// Decode graphs compute each row's greedy token in the launch that writes the f32 logits
     /// (`kernels/layer_ops.cu` `to_f32_argmax_*`: each block's best, the row's last block
@@ -374,19 +371,16 @@ pub struct KernelOptions {
     /// (`moe_route_one_*`: the same ids, weights and tiles as the block of 1,024 threads). On by
     /// default: on the H200 (30B-A3B shape) batch 1 +1.2%, ~1.3 us a layer (#29).
     pub moe_route_one: bool,
-    /// One-token MoE steps on one-pair tiles: the experts' gate|up blocks prefetch up to this
-    /// many MiB of the routed experts' down weights into L2 (the experts in ascending order,
-    /// as the down launch reads them) and load their own gate and up rows evict-first, so
-    /// the memory streams down's weights across the gate|up / down boundary and down reads
-    /// them from L2 (`kernels/moe.cu` `moe_gate_up_t1_pf_bf16`; `Some(0)`: the evict-first
-    /// loads alone). The same outputs. Round 46's chain map has a 30B-A3B layer's experts at
-    /// 32.5 us for 75.5 MB (2.3 TB/s). Default None (off; not yet measured on the H200).
+    /// One-token MoE steps on one-pair tiles: the experts' gate|up prefetches up to this many
+    /// MiB of the routed experts' down weights into L2 (in ascending expert order, as down
+    /// reads them) and loads its own rows evict-first, so the memory streams down's weights
+    /// across the boundary (`moe_gate_up_t1_pf_bf16`; `Some(0)`: the evict-first loads
+    /// alone). The same outputs. Default None (off; not yet measured on the H200).
     pub moe_down_prefetch: Option<usize>,
-    /// The MoE down + sum launch (one-pair tiles, `moe_down_sum`) finds each token's experts
-    /// in ascending order by one warp's ranks (a shuffle round a slot) instead of thread 0's
-    /// insertion sort, which puts k dependent rounds of shared-memory loads (~1 us at top-8)
-    /// between its wait and its first weight load (`kernels/moe.cu` `moe_down_sum_rk_bf16`).
-    /// The same order, so the same sums. Default off (not yet measured on the H200).
+    /// The MoE down + sum launch finds each token's experts in ascending order by one warp's
+    /// ranks instead of thread 0's insertion sort (~1 us of dependent shared-memory rounds
+    /// before its first weight load at top-8; `moe_down_sum_rk_bf16`). The same order, so the
+    /// same sums. Default off (not yet measured on the H200).
     pub moe_rank_sort: bool,
     /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
     /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
