@@ -52,7 +52,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     norm_router(&k, dev, t)?;
     down_sum(dev, t)?;
     route_one(dev, t)?;
-    down_prefetch(&k, dev, t)?;
+    down_prefetch(dev, t)?;
     timings(&k, dev)
 }
 
@@ -61,17 +61,22 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
 /// (prefetches and evict-first loads change no value; a kernel reading its arguments out of
 /// step with the launcher's fails it) at 0 MiB (the evict-first loads alone), 1 MiB (cut
 /// inside the first expert's share), 12 (four whole experts) and 64 (all of them), on the
-/// 30B-A3B shape, one rank's half of the experts and a top-2 shape; then timed alone.
-fn down_prefetch(k: &CudaKernels, dev: &Device, t: &mut Table) -> Res<()> {
-    let pf = |mib: usize| -> Res<CudaKernels> {
+/// 30B-A3B shape, one rank's half of the experts and a top-2 shape; then timed alone. The
+/// baseline is built without the prefetch whatever the default, so it never meets itself.
+fn down_prefetch(dev: &Device, t: &mut Table) -> Res<()> {
+    let pf = |mib: Option<usize>| -> Res<CudaKernels> {
         let opts = LaunchOptions {
-            moe_down_prefetch: Some(mib),
+            moe_down_prefetch: mib,
             ..LaunchOptions::default()
         };
         Ok(CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?)
     };
+    let k = &pf(None)?;
     let budgets = [0usize, 1, 12, 64];
-    let kp = budgets.iter().map(|&m| pf(m)).collect::<Res<Vec<_>>>()?;
+    let kp = budgets
+        .iter()
+        .map(|&m| pf(Some(m)))
+        .collect::<Res<Vec<_>>>()?;
     let cases = [
         (128, 8, 2048, 768, 0, 128, true),
         (128, 8, 2048, 768, 64, 64, false),
@@ -135,12 +140,17 @@ fn down_sum(dev: &Device, t: &mut Table) -> Res<()> {
         ..LaunchOptions::default()
     };
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
-    let kd = CudaKernels::new(dev, DType::BF16, &LaunchOptions::default())?.ok_or("no kernels")?;
-    let ranked = LaunchOptions {
-        moe_rank_sort: true,
-        ..LaunchOptions::default()
+    // The one launch with the insertion sort (`kd`) and with the ranks (`kr`), whatever the
+    // default.
+    let one = |moe_rank_sort: bool| -> Res<CudaKernels> {
+        let o = LaunchOptions {
+            moe_down_sum: true,
+            moe_rank_sort,
+            ..LaunchOptions::default()
+        };
+        Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
     };
-    let kr = CudaKernels::new(dev, DType::BF16, &ranked)?.ok_or("no kernels")?;
+    let (kd, kr) = (one(false)?, one(true)?);
     // One-pair tiles (asked for below) take the one launch whenever it is loaded.
     t.check(
         "moe down+sum kernel loaded ?".to_string(),

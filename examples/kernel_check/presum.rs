@@ -84,15 +84,15 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             );
         }
     }
-    deep_bits(
-        &k,
-        &set(LaunchOptions {
-            mma_res_deep: true,
+    // Without and with the deep kernel, each asked for by name, so the check never compares
+    // a kernel with itself whatever the default becomes.
+    let deep = |mma_res_deep: bool| {
+        set(LaunchOptions {
+            mma_res_deep,
             ..LaunchOptions::default()
-        })?,
-        dev,
-        t,
-    )
+        })
+    };
+    deep_bits(&deep(false)?, &deep(true)?, dev, t)
 }
 
 /// The residual-adding matmul with 12 steps a warp in flight (`LaunchOptions::mma_res_deep`)
