@@ -322,13 +322,13 @@ impl CudaKernels {
             unsafe { b.launch(grid(1, 1, 1024, (2 * e * 4) as u32)) }.w()?;
         }
         // One token on one-pair tiles: gate|up may prefetch the experts' down into L2
-        // (`LaunchOptions::moe_down_prefetch`; byte counts and addresses in 16-byte units).
-        let pf = m.gate_up_pf.as_ref().filter(|_| {
-            bf16 && tm == 1
-                && t == 1
-                && (hidden * inter).is_multiple_of(8)
-                && pdn.is_multiple_of(16)
-        });
+        // (`LaunchOptions::moe_down_prefetch`). Its byte counts are in 16-byte units (whole
+        // MiB; an expert's `hidden * inter` bf16 with `hidden` a multiple of 8, as `fits`
+        // checks); down's address must be too.
+        let pf = m
+            .gate_up_pf
+            .as_ref()
+            .filter(|_| bf16 && tm == 1 && t == 1 && pdn.is_multiple_of(16));
         if stages.contains(&1) {
             let mut b = self.launcher(match pf {
                 Some((f, _)) => f,
@@ -337,9 +337,8 @@ impl CudaKernels {
             });
             b.arg(&ph).arg(&pgu).arg(&porder).arg(&ptiles).arg(&pact);
             b.arg(&h32).arg(&i32_).arg(&k32).arg(&f32_).arg(&l32);
-            let pf_bytes = pf.map_or(0, |(_, n)| n & !15);
-            if pf.is_some() {
-                b.arg(&pdn).arg(&pf_bytes);
+            if let Some((_, pf_bytes)) = pf {
+                b.arg(&pdn).arg(pf_bytes);
             }
             // SAFETY: as above (`moe_gate_up_t*`; `moe_gate_up_t1_pf_bf16` then takes down's
             // pointer and a u64 byte count, a multiple of 16 as an expert's down bytes are;
