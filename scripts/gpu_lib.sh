@@ -50,6 +50,22 @@ row() {
     | sed 's/ours decode batch //; s/; prefill of batch/ pf/' | paste -sd' ')"
 }
 
+# sweep NAME SECONDS "BENCH ARGS" VARIANT...: one `bench --no-peer BENCH_ARGS` with each VARIANT
+# (a string of kernel flags, "" for the defaults) as a `--variant` (log $OUT/sweep-NAME.log, cut
+# at SECONDS; not started once `left` says no): the variants' engines one after another in one
+# process, `--variant-rounds` (default 2) rounds interleaved; a line a variant, round and batch.
+sweep() {
+  local n=$1 s=$2 args=$3; shift 3
+  left || { echo "== sweep $n skipped (time)"; return; }
+  local v=() x
+  for x in "$@"; do v+=(--variant "$x"); done
+  # shellcheck disable=SC2086 # the bench's arguments are words
+  timeout "$s" .gpu/bench --no-peer $args "${v[@]}" > "$OUT/sweep-$n.log" 2>&1
+  echo "== sweep $n rc $? t=$((SECONDS - T0))"
+  grep -E "^variant .* decode|^variant .* run 1 setup|Error|panic" "$OUT/sweep-$n.log" \
+    | sed 's/^variant //; s/ decode batch / b/; s/; prefill of batch [0-9]* ms//'
+}
+
 # kc NAME SECONDS ARGS...: one `kernel_check ARGS` (log $OUT/NAME.log, cut at SECONDS): its rc,
 # the call's time and the summary and failure lines.
 kc() {

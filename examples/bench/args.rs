@@ -153,6 +153,14 @@ pub(crate) struct Args {
     /// Speculation pauses above this many running sequences (`--spec-ks`).
     #[arg(long, default_value_t = policy_serve::engine::SpeculativeOptions::default().max_batch)]
     pub(crate) spec_max_batch: usize,
+    /// Kernel variants side by side in this process (then exit): each value a set of kernel
+    /// flags (`""` for the defaults), an engine each in turn, `--variant-rounds` rounds of
+    /// the decode rows of `--batches` (`variants.rs`). Kernel flags go inside the values.
+    #[arg(long = "variant", value_name = "FLAGS", allow_hyphen_values = true)]
+    pub(crate) variants: Vec<String>,
+    /// Rounds of `--variant` (the variants interleaved in each).
+    #[arg(long, default_value_t = 2)]
+    pub(crate) variant_rounds: usize,
     /// The kernel switches (`--no-fused-decode`, `--no-clusters`, ...), as the CLI has them.
     #[command(flatten)]
     pub(crate) kernels: policy_serve::engine::KernelFlags,

@@ -17,6 +17,7 @@ mod mixed;
 mod rows;
 mod spec;
 mod tiers;
+mod variants;
 
 use agent::agent_workload;
 use args::Args;
@@ -80,6 +81,7 @@ fn prompt(n: usize, salt: usize) -> Vec<u32> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     policy_serve::init_logging("warn");
     let a = Args::parse();
+    let variants = variants::parse_variants(&a)?;
     let dev = select_device(a.device)?;
     let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&a.config)?)?;
     if let Some(l) = a.layers {
@@ -163,6 +165,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if !a.spec_ks.is_empty() {
         spec::spec_sweep(&dir, &opts, &a)?;
+        if owned_dir {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        return Ok(());
+    }
+    if !variants.is_empty() {
+        variants::variant_sweep(&dir, &opts, &a, &variants)?;
         if owned_dir {
             let _ = std::fs::remove_dir_all(&dir);
         }
