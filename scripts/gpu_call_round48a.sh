@@ -40,10 +40,13 @@ left 470 && { timeout 100 .gpu/graph_check --model-dir /tmp/m-0.6b --stress-step
   echo "== graph_check rc $? t=$((SECONDS - T0))"; grep -E "FAIL|graph-check|Error|panic" "$OUT/gc.log" | head; }
 sweep 06b-8k 70 "--model-dir /tmp/m-0.6b --prompt 8000 --batches 1,8 --new 64 --variant-rounds 1" "" \
   "--attn-kv-prefetch 128" "--attn-kv-prefetch 512"
+i=0
 for v in "" "--attn-l2-prefetch 22" "--attn-kv-prefetch 128" "--fused-cluster-few 8" "--mma-res-deep"; do
   left 560 || break
-  timeout 40 .gpu/graph_check --model-dir /tmp/m-0.6b --profile 1,8 --profile-skip 2,4,8,16 $v > "$OUT/skip.log" 2>&1
+  i=$((i + 1))
+  timeout 40 .gpu/graph_check --model-dir /tmp/m-0.6b --profile 1,8 --profile-skip 2,4,8,16 $v > "$OUT/skip$i.log" 2>&1
   echo "== 0.6b profile-skip [$v] rc $? t=$((SECONDS - T0))"
-  grep -E "^batch .* graph_pdl (1|1, without)" "$OUT/skip.log" | sed 's/ back to back//; s/; with argmax.*//'
+  grep -E "^\| (o_proj|down) \(ours|^batch .* graph_pdl (1|1, without)" "$OUT/skip$i.log" \
+    | sed 's/ back to back//; s/; with argmax.*//' | cut -c1-160
 done
 echo "done t=$((SECONDS - T0))"
