@@ -215,7 +215,6 @@ struct FusedDecodeParams {
   float* part_acc;
   float* part_ml;
   uint32_t* counters;
-  L2Ranges pf;  // weights prefetched into L2 after the wait (LaunchOptions::attn_l2_prefetch)
   const uint32_t* width;
   long long num_slots;
   int W;
@@ -227,12 +226,10 @@ struct FusedDecodeParams {
   float eps;
   int stop;
   int kv_shift;  // log2 of the grid's KV heads per cache KV head (fused_decode.cu)
-  int kv_pf;     // tokens of a partition prefetched into L2 before the wait (0: none)
-  int pf_early;  // pf prefetched before the wait, not after (LaunchOptions::attn_l2_prefetch_early)
   int pad;
 };
-static_assert(sizeof(FusedDecodeParams) == 240, "FusedDecodeParams layout");
-static_assert(offsetof(FusedDecodeParams, width) == 176 && offsetof(FusedDecodeParams, eps) == 216,
+static_assert(sizeof(FusedDecodeParams) == 168, "FusedDecodeParams layout");
+static_assert(offsetof(FusedDecodeParams, width) == 112 && offsetof(FusedDecodeParams, eps) == 152,
               "FusedDecodeParams layout");
 
 struct PrefillParams {

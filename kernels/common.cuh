@@ -31,17 +31,6 @@ __device__ __forceinline__ void pdl_entry() {
   pdl_wait();
 }
 
-// One bulk prefetch of the n bytes at p into L2 (p 16-byte aligned, n a multiple of 16).
-__device__ __forceinline__ void l2_prefetch_bulk(const char* p, unsigned n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
-      " cp.async.bulk.prefetch.L2.global [g], %1;\n}" ::"l"(p),
-      "r"(n)
-      : "memory");
-#endif
-}
-
 // Prefetches this block's share of the `bytes` bytes at `p` into L2, one bulk prefetch per warp
 // (sm_90+; nothing before): weights a later kernel of the step reads, streamed from memory
 // while this kernel runs, so that kernel finds them in L2. `bytes` is a multiple of 16 and `p`
@@ -55,39 +44,11 @@ __device__ __forceinline__ void l2_prefetch_share(const void* p, unsigned long l
   const unsigned long long off = ((unsigned long long)blockIdx.x * warps + threadIdx.x / 32) * part;
   if (off >= bytes) return;
   const unsigned n = (unsigned)(bytes - off < part ? bytes - off : part);
-  l2_prefetch_bulk((const char*)p + off, n);
-#endif
-}
-
-// Up to four weight ranges a kernel prefetches into L2 for the kernels after it (each p
-// 16-byte aligned, each n a multiple of 16; n 0: none). Mirrored in src/engine/cuda/params.rs.
-constexpr int L2_RANGES = 4;
-struct L2Ranges {
-  const char* p[L2_RANGES];
-  unsigned long long n[L2_RANGES];
-};
-
-// Prefetches share `block` of `blocks` of the ranges taken end to end (their bytes split in
-// 16-byte-aligned parts a warp, one bulk prefetch per range a part touches) into L2.
-__device__ __forceinline__ void l2_prefetch_ranges(const L2Ranges& r, unsigned long long block,
-                                                   unsigned long long blocks) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  unsigned long long total = 0;
-#pragma unroll
-  for (int i = 0; i < L2_RANGES; ++i) total += r.n[i];
-  if (total == 0 || (threadIdx.x & 31) != 0) return;
-  const unsigned long long warps = blockDim.x / 32, parts = blocks * warps;
-  const unsigned long long part = ((total + parts - 1) / parts + 15) & ~15ull;
-  const unsigned long long lo = (block * warps + threadIdx.x / 32) * part;
-  const unsigned long long hi = lo + part < total ? lo + part : total;
-  unsigned long long base = 0;
-#pragma unroll
-  for (int i = 0; i < L2_RANGES; ++i) {
-    const unsigned long long a = lo > base ? lo : base;
-    const unsigned long long e = hi < base + r.n[i] ? hi : base + r.n[i];
-    if (a < e) l2_prefetch_bulk(r.p[i] + (a - base), (unsigned)(e - a));
-    base += r.n[i];
-  }
+  asm volatile(
+      "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
+      " cp.async.bulk.prefetch.L2.global [g], %1;\n}" ::"l"((const char*)p + off),
+      "r"(n)
+      : "memory");
 #endif
 }
 

@@ -12,9 +12,7 @@ namespace {
 // C blocks along the partitions (sm_90; C divides splits). A block
 //  1. before waiting on the kernel before it (the qkv matmul), loads the K/V rows of its
 //     partition's first FETCH tokens per half-warp: they were written by earlier steps, and
-//     nothing in this step writes them (the new token's row is not among them); with kv_pf,
-//     also prefetches the rows of its partition's next tokens into L2; after the wait, with
-//     ranges in pf, the weights of the matmuls after it into L2 (the first cluster's blocks);
+//     nothing in this step writes them (the new token's row is not among them);
 //  2. norms and rotates its G query heads from the qkv row (one warp per head, the helper the
 //     unfused kernel uses) into shared memory, rounded to bf16 as the unfused path stores q;
 //     if its partition holds the new token (position ctx - 1), also the new key, which it
@@ -135,8 +133,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              __nv_bfloat16* __restrict__ out, float* part_acc, float* part_ml,
                              uint32_t* counters, int W, const uint32_t* __restrict__ width,
                              int block_size, long long num_slots, int nkv, int part_min,
-                             float ks, float vs, float eps, int stop, int kv_shift,
-                             const L2Ranges& pf, int kv_pf, int pf_early) {
+                             float ks, float vs, float eps, int stop, int kv_shift) {
   using T = __nv_bfloat16;
   using Raw = typename KvRaw<KT>::type;
   pdl_trigger();
@@ -203,29 +200,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   } else {
     fetch(start);
   }
-  // (kv_pf > 0, LaunchOptions::attn_kv_prefetch) The partition's K/V rows past those just
-  // loaded, up to its first kv_pf tokens, into L2: a bulk prefetch of each table block's
-  // rows a thread (K and V), so the loop's later rounds read them from L2, not memory.
-  const int ahead = tc ? (MMA > 0 ? MMA : 1) * MMA_WARPS * CHUNK : GROUPS * FETCH;
-  const int pf_from = start + ahead, pf_to = min(end, start + kv_pf);
-  if (pf_from < pf_to) {
-    for (int pg = pf_from / block_size + threadIdx.x; pg * block_size < pf_to; pg += THREADS) {
-      const int t0 = max(pf_from, pg * block_size), t1 = min(pf_to, (pg + 1) * block_size);
-      const size_t off = (head_base + (size_t)table[pg] * block_size + t0 - pg * block_size) * HD;
-      const unsigned n = (unsigned)((t1 - t0) * HD * sizeof(KT));
-      l2_prefetch_bulk(reinterpret_cast<const char*>(k_cache + off), n);
-      l2_prefetch_bulk(reinterpret_cast<const char*>(v_cache + off), n);
-    }
-  }
-  // The weights of the matmuls after this kernel (o, gate|up, down, the next qkv) into L2
-  // while the memory is idle here (after the wait; pf_early: before it, beside the qkv
-  // matmul), shared by the blocks of every (row, KV head)'s first cluster (all of which get
-  // here); nothing with no ranges (attn_l2_prefetch off).
-  const unsigned long long pf_block = ((unsigned long long)b * gridDim.y + kh) * C + split;
-  const unsigned long long pf_blocks = (unsigned long long)gridDim.x * gridDim.y * C;
-  if (pf_early && split < C) l2_prefetch_ranges(pf, pf_block, pf_blocks);
   pdl_wait();
-  if (!pf_early && split < C) l2_prefetch_ranges(pf, pf_block, pf_blocks);
   if (stop == 1) {
     if constexpr (MMA > 0) cp_async_wait<0>();
     return;
@@ -463,8 +438,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                                    (KT*)p.k_cache, (KT*)p.v_cache, p.block_tables, p.ctx_lens,   \
                                    p.out, p.part_acc, p.part_ml, p.counters, p.W, p.width,       \
                                    p.block_size, p.num_slots, p.nkv, p.part, p.k_scale,          \
-                                   p.v_scale, p.eps, p.stop, p.kv_shift, p.pf, p.kv_pf,          \
-                                   p.pf_early);                                                  \
+                                   p.v_scale, p.eps, p.stop, p.kv_shift);                        \
   }
 #define PS_DECODE_FUSED_ALL(LEAN, MMA, BOUNDS, PRE)                  \
   PS_DECODE_FUSED(1, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \

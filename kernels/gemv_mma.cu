@@ -54,9 +54,7 @@ __device__ __forceinline__ uint4 mul8(uint4 h, uint4 w) {
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-// BB (0: the default B): steps a warp keeps in flight. The steps, and so the sums, are taken in
-// the same order at any B; only when their loads are issued changes.
-template <int T, bool SILU, bool NORM, int PS = 0, int BB = 0>
+template <int T, bool SILU, bool NORM, int PS = 0>
 __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict__ W,
                                                 const __nv_bfloat16* x,
                                                 const __nv_bfloat16* __restrict__ delta,
@@ -67,7 +65,7 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
                                                 unsigned long long pf_bytes,
                                                 const Presum ps = Presum{}) {
   constexpr int P = SILU ? 2 : 1;   // gate (and up) tiles
-  constexpr int B = BB > 0 ? BB : (SILU ? 4 : 8);  // steps a warp keeps in flight
+  constexpr int B = SILU ? 4 : 8;   // steps a warp keeps in flight
   __shared__ float red[WARPS][P][16][8];
   pdl_trigger();
   l2_prefetch_share(pf, pf_bytes);
@@ -218,20 +216,14 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
                                        Presum{nullptr, nullptr, const_cast<float*>(ss), nw,  \
                                               eps, nparts});                                 \
   }
-#define PRESUM_RES(T, NAME, BB)                                                              \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
+#define MMA_PRESUM(T)                                                                        \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) mma_gemv_res_t##T##_bf16(          \
       const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
       const __nv_bfloat16* res, __nv_bfloat16* res_out, float* ss) {                         \
-    mma_gemv_kernel<T, false, false, 1, BB>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, \
-                                            K, nullptr, nullptr, 0,                          \
-                                            Presum{res, res_out, ss, nullptr, 0.f, 0});      \
-  }
-// mma_gemv_res_deep_*: the same with 12 steps a warp in flight (LaunchOptions::mma_res_deep):
-// K of 2,049-3,072 (0.6B's down) in one round of loads, all issued before the wait, instead of
-// two; 6,144 (1.7B's down) in two instead of three.
-#define MMA_PRESUM(T)                                                                        \
-  PRESUM_RES(T, mma_gemv_res_t##T##_bf16, 0)                                                 \
-  PRESUM_RES(T, mma_gemv_res_deep_t##T##_bf16, 12)                                           \
+    mma_gemv_kernel<T, false, false, 1>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K,  \
+                                        nullptr, nullptr, 0,                                 \
+                                        Presum{res, res_out, ss, nullptr, 0.f, 0});          \
+  }                                                                                          \
   PRESUM_PRE(T, mma_gemv_pre_t##T##_bf16, false)                                             \
   PRESUM_PRE(T, mma_gemv_pre_silu_t##T##_bf16, true)
 

@@ -27,8 +27,8 @@ namespace {
 // before their FMAs) with the tile's x rows; acc[r][c] for row r and the tile's pair c.
 // `rows[c]` points at pair c's input row. (Eight loads in flight, a 2,048-wide row in one
 // round: no faster on the H200, 34.6 against 34.8 us for a token's experts, slower at 8 tokens.)
-// CS: the weights loaded evict-first (ld.global.cs), so lines prefetched into L2 for a later
-// launch outlive them (the same values, so the same sums).
+// CS: the weights loaded evict-first (ld.global.cs; the same values, so the same sums): on the
+// H200 the one-token gate|up 2% faster a step (30B-A3B shape, #29).
 template <typename T, int TM, int R, bool CS = false>
 __device__ __forceinline__ void tile_dot(const T* const* wr, const T* const* rows, int n, int len,
                                          int lane, float (*acc)[TM]) {
@@ -84,27 +84,17 @@ __device__ __forceinline__ void tile_dot(const T* const* wr, const T* const* row
 // Grid (ceil(inter / 8), tiles), 256 threads: warp w of block (bx, tile) takes row j = bx * 8
 // + w of the tile's expert's gate and of its up, for every pair of the tile. gate_up: [E_local,
 // 2 * inter, hidden]; act: [P, inter] by position in `order`.
-// PF (LaunchOptions::moe_down_prefetch, one-token steps): the blocks of tile y first prefetch
-// their share of the tile expert's down weights ([hidden, inter] of `down`) into L2, the
-// bytes of the first pf of the experts' down taken tile after tile (tile y: [y * E, (y + 1) *
-// E) of pf, E an expert's bytes), and load their own weights evict-first; the down launch
-// after them then reads those experts from L2. The same sums (prefetches are hints).
-template <typename T, int TM, bool PF = false>
+// CS (LaunchOptions::moe_gate_up_cs): the weight rows loaded evict-first (see tile_dot).
+template <typename T, int TM, bool CS = false>
 __device__ void moe_gate_up(const T* __restrict__ x, const T* __restrict__ gate_up,
                             const uint32_t* __restrict__ order, const uint32_t* __restrict__ tiles,
                             T* __restrict__ act, int hidden, int inter, int k, int first,
-                            int local, const T* down = nullptr, unsigned long long pf = 0) {
+                            int local) {
   pdl_entry();
   const MoeTile tl = moe_tile_of(tiles, first, local);
   const int start = tl.start, n = tl.n, ex = tl.ex;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int j = blockIdx.x * 8 + warp;
-  if constexpr (PF) {
-    const unsigned long long eb = (unsigned long long)hidden * inter * sizeof(T);
-    const unsigned long long from = (unsigned long long)blockIdx.y * eb;
-    if (tl.live && pf > from)
-      l2_prefetch_share(down + (size_t)ex * hidden * inter, pf - from < eb ? pf - from : eb);
-  }
   if (!tl.live || j >= inter) return;
   const T* rows[TM];
 #pragma unroll
@@ -114,7 +104,7 @@ __device__ void moe_gate_up(const T* __restrict__ x, const T* __restrict__ gate_
   float acc[2][TM];
 #pragma unroll
   for (int c = 0; c < TM; ++c) acc[0][c] = acc[1][c] = 0.f;
-  tile_dot<T, TM, 2, PF>(wr, rows, n, hidden, lane, acc);
+  tile_dot<T, TM, 2, CS>(wr, rows, n, hidden, lane, acc);
 #pragma unroll
   for (int c = 0; c < TM; ++c) {
     if (c < n) {
@@ -254,8 +244,9 @@ __device__ void moe_sum(const T* __restrict__ y, const uint32_t* __restrict__ id
 // (a lane's values in ascending k, then warp_sum), rounded to T, times the pair's weight,
 // rounded, and added to the row's sum rounded as moe_sum adds. So out holds moe_down then
 // moe_sum's bits without y's round trip or the second launch. act rows are found by the pair's
-// position in `order` (at most 32 pairs a token).
-template <typename T, bool RANK = false>
+// position in `order` (at most 32 pairs a token). CS (LaunchOptions::moe_down_cs): the weights
+// loaded evict-first, as moe_gate_up's may be (the same values).
+template <typename T, bool RANK = false, bool CS = false>
 __device__ void moe_down_sum(const T* __restrict__ act, const T* __restrict__ down,
                              const uint32_t* __restrict__ ids, const uint32_t* __restrict__ order,
                              const float* __restrict__ w, T* __restrict__ out, int hidden,
@@ -296,7 +287,9 @@ __device__ void moe_down_sum(const T* __restrict__ act, const T* __restrict__ do
         for (int u = 0; u < U; ++u) {
           const int kk = k0 + u * 256;
           if (e0 + e < n && kk < inter) {
-            wv[e][u] = *reinterpret_cast<const uint4*>(wr[e] + kk);
+            const uint4* src = reinterpret_cast<const uint4*>(wr[e] + kk);
+            if constexpr (CS) wv[e][u] = __ldcs(src);
+            else wv[e][u] = *src;
             av[e][u] = *reinterpret_cast<const uint4*>(ar[e] + kk);
           }
         }
@@ -336,14 +329,19 @@ extern "C" __global__ void __launch_bounds__(256, 2)
   moe_down_sum<__nv_bfloat16>(act, down, ids, order, w, out, hidden, inter, k, first, local);
 }
 
-// The same with the tokens' expert order ranked by one warp (LaunchOptions::moe_rank_sort).
-extern "C" __global__ void __launch_bounds__(256, 2)
-    moe_down_sum_rk_bf16(const __nv_bfloat16* act, const __nv_bfloat16* down, const uint32_t* ids,
-                         const uint32_t* order, const float* w, __nv_bfloat16* out, int hidden,
-                         int inter, int k, int first, int local) {
-  moe_down_sum<__nv_bfloat16, true>(act, down, ids, order, w, out, hidden, inter, k, first,
-                                    local);
-}
+// The same with the tokens' expert order ranked by one warp (LaunchOptions::moe_rank_sort, rk)
+// and / or the weights loaded evict-first (LaunchOptions::moe_down_cs, cs).
+#define MOE_DOWN_SUM(NAME, RANK, CS)                                                              \
+  extern "C" __global__ void __launch_bounds__(256, 2)                                            \
+      NAME(const __nv_bfloat16* act, const __nv_bfloat16* down, const uint32_t* ids,              \
+           const uint32_t* order, const float* w, __nv_bfloat16* out, int hidden, int inter,      \
+           int k, int first, int local) {                                                         \
+    moe_down_sum<__nv_bfloat16, RANK, CS>(act, down, ids, order, w, out, hidden, inter, k, first, \
+                                          local);                                                 \
+  }
+MOE_DOWN_SUM(moe_down_sum_rk_bf16, true, false)
+MOE_DOWN_SUM(moe_down_sum_cs_bf16, false, true)
+MOE_DOWN_SUM(moe_down_sum_rk_cs_bf16, true, true)
 
 #define MOE_KERNELS(T, S)                                                                       \
   extern "C" __global__ void moe_sum_##S(const T* y, const uint32_t* ids, T* out, int hidden,   \
@@ -378,17 +376,14 @@ extern "C" __global__ void moe_gate_up_t1_bf16(const __nv_bfloat16* x, const __n
                                                int first, int local) {
   moe_gate_up<__nv_bfloat16, 1>(x, gate_up, order, tiles, act, hidden, inter, k, first, local);
 }
-// The same with LaunchOptions::moe_down_prefetch: pf bytes of the tiles' experts' down into L2
-// (see moe_gate_up), the gate and up rows loaded evict-first.
-extern "C" __global__ void moe_gate_up_t1_pf_bf16(const __nv_bfloat16* x,
+// The same with the gate and up rows loaded evict-first (LaunchOptions::moe_gate_up_cs).
+extern "C" __global__ void moe_gate_up_t1_cs_bf16(const __nv_bfloat16* x,
                                                   const __nv_bfloat16* gate_up,
                                                   const uint32_t* order, const uint32_t* tiles,
                                                   __nv_bfloat16* act, int hidden, int inter,
-                                                  int k, int first, int local,
-                                                  const __nv_bfloat16* down,
-                                                  unsigned long long pf) {
+                                                  int k, int first, int local) {
   moe_gate_up<__nv_bfloat16, 1, true>(x, gate_up, order, tiles, act, hidden, inter, k, first,
-                                      local, down, pf);
+                                      local);
 }
 extern "C" __global__ void moe_down_t1_bf16(const __nv_bfloat16* act, const __nv_bfloat16* down,
                                             const uint32_t* order, const uint32_t* tiles,

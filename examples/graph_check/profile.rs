@@ -121,7 +121,7 @@ pub fn run(
                     &attn,
                     (splits, part, scratch.as_ref(), &counters),
                     true,
-                    (stop, [None; 4]),
+                    stop,
                 )?)
             })
         };

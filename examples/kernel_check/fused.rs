@@ -151,8 +151,6 @@ pub(crate) fn case(
             &out2,
             (splits, part, scratch.as_ref(), &counters),
             true,
-            // Prefetched into L2 by kernels with `attn_l2_prefetch` (`l2_kernels`).
-            [Some(&qkv), Some(&kw), Some(&inv), Some(&qw)],
         )?;
         worst = worst.max(if exact {
             max_abs_diff(&out1, &out2)?
@@ -187,45 +185,11 @@ pub(crate) fn division_kernels(dev: &Device) -> Res<CudaKernels> {
 /// launch (`LaunchOptions::fused_mma`, no row bound) and the unfused tensor-core attention
 /// (`mma_decode`) it is held to.
 pub(crate) fn mma_kernels(dev: &Device, stages: u8) -> Res<CudaKernels> {
-    Ok(CudaKernels::new(dev, DType::BF16, &mma_options(stages))?.ok_or("no kernels")?)
-}
-
-/// The options of [`mma_kernels`].
-fn mma_options(stages: u8) -> LaunchOptions {
-    LaunchOptions {
+    let o = LaunchOptions {
         mma_decode: true,
         fused_mma: Some(stages),
         fused_mma_rows: usize::MAX,
         ..cores()
-    }
-}
-
-/// `mma_kernels(dev, 1)` with the L2 prefetch after the wait at 1 MiB
-/// (`LaunchOptions::attn_l2_prefetch`): the ranges `case` passes (its qkv rows, the k norm's
-/// weight, the RoPE frequencies, the q norm's weight) cut where the budget ends; and each
-/// block's first 200 tokens of K/V prefetched before the wait (`attn_kv_prefetch`: whole
-/// table blocks and a cut one); `early`: the weight prefetch before the wait
-/// (`attn_l2_prefetch_early`). Same outputs: a parameter struct out of step with the
-/// kernel's (a field added on one side only) fails it.
-fn l2_kernels(dev: &Device, early: bool) -> Res<CudaKernels> {
-    let o = LaunchOptions {
-        attn_l2_prefetch: Some(1),
-        attn_l2_prefetch_early: early,
-        attn_kv_prefetch: Some(200),
-        ..mma_options(1)
-    };
-    Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
-}
-
-/// `mma_kernels(dev, 1)` with 1-4-row steps in clusters of 8
-/// (`LaunchOptions::fused_cluster_few`): a context of up to 1,024 tokens in one cluster, in
-/// partitions of ceil(ctx / 8), whose bits the unfused kernels give at 8 splits (a merge that
-/// read 16 partials, or a cut that assumed 16 blocks, fails it); longer ones in two levels,
-/// as with 16.
-fn cluster8_kernels(dev: &Device) -> Res<CudaKernels> {
-    let o = LaunchOptions {
-        fused_cluster_few: 8,
-        ..mma_options(1)
     };
     Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
 }
@@ -253,8 +217,6 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     // into its stage fails it); past one cluster (the CUDA-core loop) against the unfused
     // CUDA-core kernels.
     let (km1, km2) = (mma_kernels(dev, 1)?, mma_kernels(dev, 2)?);
-    let (kl2, kc8) = (l2_kernels(dev, false)?, cluster8_kernels(dev)?);
-    let kl2e = l2_kernels(dev, true)?;
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),
@@ -289,10 +251,7 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         .chain(g8.map(|c| (&k8, &k8, c, " whole")))
         .chain(cases.iter().map(|c| (&kd, &kd, c, " division")))
         .chain(cases.iter().map(|c| (&km1, &k, c, " mma1")))
-        .chain(cases.iter().map(|c| (&km2, &k, c, " mma2")))
-        .chain(cases.iter().map(|c| (&kl2, &k, c, " l2 prefetch")))
-        .chain(cases.iter().map(|c| (&kl2e, &k, c, " l2 prefetch early")))
-        .chain(cases.iter().map(|c| (&kc8, &k, c, " cluster 8")));
+        .chain(cases.iter().map(|c| (&km2, &k, c, " mma2")));
     for (kf, kc, &(rows, heads, splits), how) in runs {
         let (out, cache, left, exact) = case((kf, kc), dev, rows, heads, splits, None)?;
         let name = format!(

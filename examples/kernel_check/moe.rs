@@ -52,62 +52,64 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     norm_router(&k, dev, t)?;
     down_sum(dev, t)?;
     route_one(dev, t)?;
-    down_prefetch(dev, t)?;
+    gate_up_cs(dev, t)?;
     timings(&k, dev)
 }
 
-/// One-token gate|up prefetching the routed experts' down into L2
-/// (`LaunchOptions::moe_down_prefetch`) against the default: the experts' output bit for bit
-/// (prefetches and evict-first loads change no value; a kernel reading its arguments out of
-/// step with the launcher's fails it) at 0 MiB (the evict-first loads alone), 1 MiB (cut
-/// inside the first expert's share), 12 (four whole experts) and 64 (all of them), on the
-/// 30B-A3B shape, one rank's half of the experts and a top-2 shape; then timed alone. The
-/// baseline is built without the prefetch whatever the default, so it never meets itself.
-fn down_prefetch(dev: &Device, t: &mut Table) -> Res<()> {
-    let pf = |mib: Option<usize>| -> Res<CudaKernels> {
+/// The one-pair gate|up loading its weights evict-first (`LaunchOptions::moe_gate_up_cs`)
+/// against the plain loads: the experts' output bit for bit (an evict-first load reads the
+/// same values; a kernel reading its arguments out of step with the launcher's fails it) at 1,
+/// 2, 5 (one rank's half of the experts) and 8 tokens of the 30B-A3B shape and a top-2 shape;
+/// then both timed alone. The baseline is built with the option off whatever the default, so
+/// it never meets itself; the check that the option's kernel is loaded keeps it from passing
+/// by falling back.
+fn gate_up_cs(dev: &Device, t: &mut Table) -> Res<()> {
+    let with = |moe_gate_up_cs: bool| -> Res<CudaKernels> {
         let opts = LaunchOptions {
-            moe_down_prefetch: mib,
+            moe_gate_up_cs,
             ..LaunchOptions::default()
         };
         Ok(CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?)
     };
-    let k = &pf(None)?;
-    let budgets = [0usize, 1, 12, 64];
-    let kp = budgets
-        .iter()
-        .map(|&m| pf(Some(m)))
-        .collect::<Res<Vec<_>>>()?;
+    let (k, kc) = (with(false)?, with(true)?);
+    t.check(
+        "moe gate|up evict-first kernel loaded ?".to_string(),
+        if kc.moe_gate_up_cs() && !k.moe_gate_up_cs() {
+            0.0
+        } else {
+            1.0
+        },
+        0.0,
+    );
     let cases = [
-        (128, 8, 2048, 768, 0, 128, true),
-        (128, 8, 2048, 768, 64, 64, false),
-        (8, 2, 256, 64, 4, 4, true),
+        (1, 128, 8, 2048, 768, 0, 128, true),
+        (2, 128, 8, 2048, 768, 0, 128, false),
+        (5, 128, 8, 2048, 768, 64, 64, true),
+        (8, 128, 8, 2048, 768, 0, 128, true),
+        (7, 8, 2, 256, 64, 4, 4, false),
     ];
-    for (e, top, hidden, inter, first, local, norm) in cases {
-        let (h, logits, gu, dn) = layer(dev, DType::BF16, (1, e), (hidden, inter, local))?;
+    for (tokens, e, top, hidden, inter, first, local, norm) in cases {
+        let (h, logits, gu, dn) = layer(dev, DType::BF16, (tokens, e), (hidden, inter, local))?;
         let how = (first, top, norm);
         let (base, ..) = k.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
-        for (mib, kk) in budgets.iter().zip(&kp) {
-            let (ours, ..) = kk.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
-            t.check(
-                format!("moe down prefetch {mib} MiB = default: T1 E{e} top{top} h{hidden} experts {first}+{local} norm {norm}"),
-                rel(&ours, &base)?,
-                0.0,
-            );
-        }
+        let (ours, ..) = kc.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
+        t.check(
+            format!("moe gate|up evict-first = plain: T{tokens} E{e} top{top} h{hidden} experts {first}+{local} norm {norm}"),
+            rel(&ours, &base)?,
+            0.0,
+        );
     }
     let (e, top, hidden, inter) = (128, 8, 2048, 768);
-    let (h, logits, gu, dn) = layer(dev, DType::BF16, (1, e), (hidden, inter, e))?;
-    let how = (0, top, true);
-    let (_, whole, each) = k.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
-    print!(
-        "moe timing T1 down prefetch (alone, L2-warm): default {whole:.1} us (gate|up {:.1})",
-        each[1]
-    );
-    for (mib, kk) in budgets.iter().zip(&kp) {
-        let (_, whole, each) = kk.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
-        print!(", {mib} MiB {whole:.1} ({:.1})", each[1]);
+    for tokens in [1usize, 8] {
+        let (h, logits, gu, dn) = layer(dev, DType::BF16, (tokens, e), (hidden, inter, e))?;
+        let how = (0, top, true);
+        let (_, plain, each) = k.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
+        let (_, cs, each_cs) = kc.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
+        println!(
+            "moe timing T{tokens} gate|up evict-first (alone, L2-warm): plain {plain:.1} us (gate|up {:.1}), evict-first {cs:.1} ({:.1})",
+            each[1], each_cs[1]
+        );
     }
-    println!();
     Ok(())
 }
 
@@ -142,15 +144,18 @@ fn down_sum(dev: &Device, t: &mut Table) -> Res<()> {
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
     // The one launch with the insertion sort (`kd`) and with the ranks (`kr`), whatever the
     // default.
-    let one = |moe_rank_sort: bool| -> Res<CudaKernels> {
+    let one = |moe_rank_sort: bool, moe_down_cs: bool| -> Res<CudaKernels> {
         let o = LaunchOptions {
             moe_down_sum: true,
             moe_rank_sort,
+            moe_down_cs,
             ..LaunchOptions::default()
         };
         Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
     };
-    let (kd, kr) = (one(false)?, one(true)?);
+    let (kd, kr) = (one(false, false)?, one(true, false)?);
+    // The ranked one with its weights loaded evict-first (`LaunchOptions::moe_down_cs`).
+    let kc = one(true, true)?;
     // One-pair tiles (asked for below) take the one launch whenever it is loaded.
     t.check(
         "moe down+sum kernel loaded ?".to_string(),
@@ -184,6 +189,12 @@ fn down_sum(dev: &Device, t: &mut Table) -> Res<()> {
             rel(&rk, &one)?,
             0.0,
         );
+        let (cs, ..) = kc.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
+        t.check(
+            format!("moe down+sum evict-first = plain: T{tokens} E{e} top{top} h{hidden} experts {first}+{local}"),
+            rel(&cs, &rk)?,
+            0.0,
+        );
     }
     let (e, top, hidden, inter) = (128, 8, 2048, 768);
     let gu = (randn(&[e, 2 * inter, hidden], DType::BF16, dev)? * 0.02)?;
@@ -195,9 +206,11 @@ fn down_sum(dev: &Device, t: &mut Table) -> Res<()> {
         let (_, two, each) = k.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
         let (_, one, _) = kd.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
         let (_, rk, _) = kr.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
+        let (_, cs, _) = kc.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
         println!(
             "moe timing T{tokens} tile 1: down+sum in one launch {one:.1} us a layer's experts, \
-             ranked by a warp {rk:.1}, two launches {two:.1} (down {:.1} + sum {:.1} alone)",
+             ranked by a warp {rk:.1}, ranked and evict-first {cs:.1}, two launches {two:.1} \
+             (down {:.1} + sum {:.1} alone)",
             each[2], each[3]
         );
     }

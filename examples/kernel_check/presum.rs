@@ -84,55 +84,6 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             );
         }
     }
-    // Without and with the deep kernel, each asked for by name, so the check never compares
-    // a kernel with itself whatever the default becomes.
-    let deep = |mma_res_deep: bool| {
-        set(LaunchOptions {
-            mma_res_deep,
-            ..LaunchOptions::default()
-        })
-    };
-    deep_bits(&deep(false)?, &deep(true)?, dev, t)
-}
-
-/// The residual-adding matmul with 12 steps a warp in flight (`LaunchOptions::mma_res_deep`)
-/// against the default's 8: its output, the residual's sum and the partial sums of squares bit
-/// for bit (the same steps in the same order; a step loaded into the wrong slot, or one left
-/// out past the first round, fails them), on 0.6B's and 1.7B's down (3,072 and 6,144 inputs)
-/// and a ragged 2,080 (8-9 steps a warp), at 3-8 rows; the deep kernel must serve them.
-fn deep_bits(k: &CudaKernels, kd: &CudaKernels, dev: &Device, t: &mut Table) -> Res<()> {
-    let dt = DType::BF16;
-    for (n, kk) in [(1024usize, 3072usize), (2048, 6144), (1056, 2080)] {
-        t.check(
-            format!("presum deep serves {n} x {kk} ?"),
-            if kd.mma_res_deep(n, kk) && !k.mma_res_deep(n, kk) {
-                0.0
-            } else {
-                1.0
-            },
-            0.0,
-        );
-        let w = (randn(&[n, kk], dt, dev)? * 0.03)?.to_dtype(dt)?;
-        for rows in 3..=8usize {
-            let x = randn(&[rows, kk], dt, dev)?;
-            let res = randn(&[rows, n], dt, dev)?;
-            let run = |kern: &CudaKernels| -> Res<(Tensor, Tensor, Tensor)> {
-                let (o, r) = (
-                    Tensor::zeros((rows, n), dt, dev)?,
-                    Tensor::zeros((rows, n), dt, dev)?,
-                );
-                let len = policy_serve::engine::cuda::presum_len(n);
-                let ss = Tensor::zeros(len, DType::F32, dev)?;
-                kern.linear_res_into(&x, &w, &o, (&res, &r), &ss)?;
-                Ok((o, r, ss))
-            };
-            let ((o1, r1, s1), (o2, r2, s2)) = (run(k)?, run(kd)?);
-            let what = format!("presum deep = default: rows {rows} {n} x {kk}");
-            t.check(format!("{what}: out"), rel(&o2, &o1)?, 0.0);
-            t.check(format!("{what}: residual sum"), rel(&r2, &r1)?, 0.0);
-            t.check(format!("{what}: squares"), rel(&s2, &s1)?, 0.0);
-        }
-    }
     Ok(())
 }
 

@@ -28,10 +28,6 @@ pub struct KernelFlags {
     /// and sum its squares for the matmul after the norm).
     #[arg(long)]
     pub no_norm_presum: bool,
-    /// The presummed norm's o and down matmuls with 12 steps a warp in flight on weights of
-    /// more than 2,048 inputs (`KernelOptions::mma_res_deep`).
-    #[arg(long)]
-    pub mma_res_deep: bool,
     /// Decode graphs leave the greedy tokens to an argmax after the graph instead of computing
     /// them with the f32 logits (turns `KernelOptions::graph_argmax` off).
     #[arg(long)]
@@ -76,18 +72,6 @@ pub struct KernelFlags {
     /// (`KernelOptions::l2_prefetch`).
     #[arg(long)]
     pub l2_prefetch: bool,
-    /// The fused decode attention prefetches up to MIB MiB of the weights after it (o,
-    /// gate|up, down, the next layer's qkv) into L2 (`KernelOptions::attn_l2_prefetch`).
-    #[arg(long, value_name = "MIB")]
-    pub attn_l2_prefetch: Option<usize>,
-    /// The attention's weight prefetch before its wait, beside the qkv matmul
-    /// (`KernelOptions::attn_l2_prefetch_early`).
-    #[arg(long)]
-    pub attn_l2_prefetch_early: bool,
-    /// Each fused decode attention block prefetches its partition's first TOKENS tokens of
-    /// K/V into L2 before its wait (`KernelOptions::attn_kv_prefetch`).
-    #[arg(long, value_name = "TOKENS")]
-    pub attn_kv_prefetch: Option<usize>,
     /// Draw whole-vocabulary samples on the host (turns `KernelOptions::sample_full` off).
     #[arg(long)]
     pub no_device_full_sampling: bool,
@@ -107,10 +91,6 @@ pub struct KernelFlags {
     /// No thread-block clusters in the fused decode attention.
     #[arg(long)]
     pub no_clusters: bool,
-    /// Blocks per cluster of the fused decode attention of 1-4-row steps
-    /// (`KernelOptions::fused_cluster_few`; default 16).
-    #[arg(long, value_name = "N")]
-    pub fused_cluster_few: Option<usize>,
     /// GQA group 8 decode attention unfused (turns `KernelOptions::gqa8_split` off).
     #[arg(long)]
     pub no_gqa8_split: bool,
@@ -218,15 +198,17 @@ pub struct KernelFlags {
     /// `KernelOptions::moe_route_one` off).
     #[arg(long)]
     pub no_moe_route_one: bool,
-    /// One-token MoE steps: the experts' gate|up prefetches up to MIB MiB of the routed
-    /// experts' down weights into L2 (`KernelOptions::moe_down_prefetch`; 0: only its own
-    /// loads evict-first).
-    #[arg(long, value_name = "MIB")]
-    pub moe_down_prefetch: Option<usize>,
-    /// The MoE down + sum launch orders each token's experts by one warp's ranks
-    /// (`KernelOptions::moe_rank_sort`).
+    /// MoE one-pair tiles load the experts' gate|up rows as other loads (turns
+    /// `KernelOptions::moe_gate_up_cs` off).
     #[arg(long)]
-    pub moe_rank_sort: bool,
+    pub no_moe_gate_up_cs: bool,
+    /// The MoE down + sum launch loads its weights evict-first (`KernelOptions::moe_down_cs`).
+    #[arg(long)]
+    pub moe_down_cs: bool,
+    /// The MoE down + sum launch orders each token's experts by one thread's insertion sort
+    /// (turns `KernelOptions::moe_rank_sort` off).
+    #[arg(long)]
+    pub no_moe_rank_sort: bool,
     /// LoRA steps launched one shrink and one expand per fused matmul, in order (turns
     /// `KernelOptions::lora_overlap` off: no second stream, no expands fused with the SiLU or
     /// the norms).
@@ -270,7 +252,6 @@ impl KernelFlags {
             gemv: !self.no_gemv,
             gemv_mma: self.gemv_mma,
             norm_presum: !self.no_norm_presum,
-            mma_res_deep: self.mma_res_deep,
             graph_argmax: !self.no_graph_argmax,
             gemv_mma_plain: (!self.no_gemv_mma_plain).then(|| {
                 self.gemv_mma_plain
@@ -290,9 +271,6 @@ impl KernelFlags {
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
             l2_prefetch: self.l2_prefetch,
-            attn_l2_prefetch: self.attn_l2_prefetch,
-            attn_l2_prefetch_early: self.attn_l2_prefetch_early,
-            attn_kv_prefetch: self.attn_kv_prefetch,
             warp_norm: self.warp_norm,
             norm_deferred: (!self.no_norm_deferred).then(|| {
                 self.norm_deferred_max_k
@@ -301,9 +279,6 @@ impl KernelFlags {
             sample_full: !self.no_device_full_sampling,
             fused_decode: !self.no_fused_decode,
             clusters: !self.no_clusters,
-            fused_cluster_few: self
-                .fused_cluster_few
-                .unwrap_or(super::options::FUSED_CLUSTER_FEW),
             gqa8_split: !self.no_gqa8_split,
             eager_graph_splits: !self.no_eager_graph_splits,
             fused_lean: !self.no_fused_lean,
@@ -354,8 +329,9 @@ impl KernelFlags {
             moe_norm_router: self.moe_norm_router,
             moe_down_sum: !self.no_moe_down_sum,
             moe_route_one: !self.no_moe_route_one,
-            moe_down_prefetch: self.moe_down_prefetch,
-            moe_rank_sort: self.moe_rank_sort,
+            moe_gate_up_cs: !self.no_moe_gate_up_cs,
+            moe_down_cs: self.moe_down_cs,
+            moe_rank_sort: !self.no_moe_rank_sort,
             lora_overlap: !self.no_lora_overlap,
             lora_grouped: self.lora_grouped,
             lora_runs: !self.no_lora_runs,

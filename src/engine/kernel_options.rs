@@ -30,10 +30,6 @@ pub const GRAPH_SPLITS_FEW: usize = 16;
 /// within 0.4% (BENCHMARKS.md, #21).
 pub const GRAPH_SPLITS_MID: usize = 8;
 
-/// The default of `KernelOptions::fused_cluster_few`: the fused decode attention of 1-4-row
-/// steps in clusters of 16 blocks (a context of up to 2,048 tokens in one cluster).
-pub const FUSED_CLUSTER_FEW: usize = 16;
-
 /// The default of `KernelOptions::gemv_mma_plain`: weights of up to 6Mi elements (12 MiB of
 /// bf16), every matmul of a 0.6B layer and 1.7B's o (2,048 x 2,048). On the H200, 0.6B batch 8
 /// after 512-token prompts 5,870-5,883 -> 6,655-6,720 tok/s, 1.7B +2%; on 1.7B's larger
@@ -128,11 +124,6 @@ pub struct KernelOptions {
     /// first form that summed the partials before its loop lost 10% at batch 8); off: the
     /// norm launch.
     pub norm_presum: bool,
-    /// The presummed norm's first matmul (o, down) keeps 12 steps of 32 inputs a warp in
-    /// flight instead of 8 on weights of more than 2,048 inputs whose blocks fit one wave
-    /// (`mma_gemv_res_deep_*`): 0.6B's 3-8-row down issues all its loads before its wait
-    /// (one round instead of two). The same bits. Default off (not yet measured).
-    pub mma_res_deep: bool,
     /// Decode graphs compute each row's greedy token in the launch that writes the f32 logits
     /// (`kernels/layer_ops.cu` `to_f32_argmax_*`: each block's best, the row's last block
     /// merging them), and a step whose rows are all greedy and whose logits nothing edited
@@ -185,29 +176,6 @@ pub struct KernelOptions {
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
     pub l2_prefetch: bool,
-    /// The fused decode attention prefetches up to this many MiB of the weights read after it
-    /// (o, then gate|up, then down, then the next layer's qkv; MoE layers: o and the next
-    /// qkv) into L2 once its
-    /// wait is over: the memory is almost idle through the attention of a small batch (2 MB
-    /// of K/V a layer at 512 tokens, ~6 us in the chain on the H200), so the matmuls after it
-    /// find their weights in L2. The blocks of each row and KV head's first cluster share the
-    /// prefetch, one bulk prefetch a warp. Same outputs. Default None (off; not yet measured
-    /// on the H200).
-    pub attn_l2_prefetch: Option<usize>,
-    /// [`KernelOptions::attn_l2_prefetch`] issued as the attention's blocks start, while the
-    /// qkv matmul before them still runs (PDL launches them early), instead of after their
-    /// wait: the qkv matmul moves 2.1 TB/s of a 1-row step in the chain, so the prefetch has
-    /// the qkv's time too, at the risk of slowing it. Default off (not yet measured).
-    pub attn_l2_prefetch_early: bool,
-    /// Each block of the fused decode attention prefetches the K/V rows of its partition's
-    /// first this many tokens into L2 before its wait (past those it loads into registers or
-    /// shared memory there: 32 tokens on the CUDA-core loop, 64-128 on the tensor-core one),
-    /// a bulk prefetch a table block. The blocks launch while the qkv matmul runs, so the
-    /// loop's later rounds read L2, not memory: at batch 8 after 512-token prompts a block
-    /// holds ~80 tokens and loads 32 before the wait, and the attention costs 14.9 us a layer
-    /// in the chain against 11.1 alone with its K/V in L2 (BENCHMARKS.md, #21). Same outputs.
-    /// Default None (off; not yet measured on the H200).
-    pub attn_kv_prefetch: Option<usize>,
     /// Rows sampled over the whole vocabulary (no top-k, top-p 1: RL trainers' default) are
     /// drawn on the device (the inverse CDF in token-id order; the host walks it by
     /// probability, so the two draw different, equally distributed tokens for one seed).
@@ -225,14 +193,6 @@ pub struct KernelOptions {
     pub fused_decode: bool,
     /// Merge fused decode attention in thread-block clusters (sm_90+).
     pub clusters: bool,
-    /// Blocks per cluster of the fused decode attention of 1-4-row steps, GQA groups 1-2
-    /// (rounded up to a power of two, 2-16): a context of up to 128 tokens a block stays in one
-    /// cluster, cut in as many partitions, merged in the first block's shared memory. Default
-    /// `FUSED_CLUSTER_FEW` (16, above CUDA's portable 8); 8 halves the blocks and the
-    /// partials a merge reads after 512-token prompts (64 tokens a block: every warp of the
-    /// tensor-core loop takes a chunk) but sends contexts past 1,024 tokens to the CUDA-core
-    /// loop. Not yet measured at 8 on the H200.
-    pub fused_cluster_few: usize,
     /// cuBLAS matmuls of up to 1,024 rows take the cuBLASLt algorithm of their row class
     /// (`batch::row_class`), so a step and its graph bucket give each row the same bits.
     pub blas_row_class: bool,
@@ -371,16 +331,15 @@ pub struct KernelOptions {
     /// (`moe_route_one_*`: the same ids, weights and tiles as the block of 1,024 threads). On by
     /// default: on the H200 (30B-A3B shape) batch 1 +1.2%, ~1.3 us a layer (#29).
     pub moe_route_one: bool,
-    /// One-token MoE steps on one-pair tiles: the experts' gate|up prefetches up to this many
-    /// MiB of the routed experts' down weights into L2 (in ascending expert order, as down
-    /// reads them) and loads its own rows evict-first, so the memory streams down's weights
-    /// across the boundary (`moe_gate_up_t1_pf_bf16`; `Some(0)`: the evict-first loads
-    /// alone). The same outputs. Default None (off; not yet measured on the H200).
-    pub moe_down_prefetch: Option<usize>,
-    /// The MoE down + sum launch finds each token's experts in ascending order by one warp's
-    /// ranks instead of thread 0's insertion sort (~1 us of dependent shared-memory rounds
-    /// before its first weight load at top-8; `moe_down_sum_rk_bf16`). The same order, so the
-    /// same sums. Default off (not yet measured on the H200).
+    /// MoE steps on one-pair tiles load the experts' gate|up rows evict-first
+    /// (`moe_gate_up_t1_cs_bf16`; the same values). On by default: 30B-A3B shape batch 1 +2%.
+    pub moe_gate_up_cs: bool,
+    /// The MoE down + sum launch loads its weights evict-first (`moe_down_sum_*cs_bf16`).
+    /// Default off (not yet measured on the H200).
+    pub moe_down_cs: bool,
+    /// The MoE down + sum launch orders each token's experts by one warp's ranks instead of
+    /// thread 0's insertion sort (`moe_down_sum_rk_bf16`; the same order, so the same sums).
+    /// On by default: 30B-A3B shape batches 1 / 2 / 8 +1.7% / +2.2% / +5.1% on the H200.
     pub moe_rank_sort: bool,
     /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
     /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
@@ -430,7 +389,6 @@ impl Default for KernelOptions {
             gemv_mma: false,
             gemv_mma_plain: Some(GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
-            mma_res_deep: false,
             graph_argmax: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             smem_carveout: Some(SMEM_CARVEOUT),
@@ -439,15 +397,11 @@ impl Default for KernelOptions {
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,
-            attn_l2_prefetch: None,
-            attn_l2_prefetch_early: false,
-            attn_kv_prefetch: None,
             sample_full: true,
             warp_norm: false,
             norm_deferred: Some(NORM_DEFERRED_MAX_K),
             fused_decode: true,
             clusters: true,
-            fused_cluster_few: FUSED_CLUSTER_FEW,
             gqa8_split: true,
             graph_splits_one: Some(GRAPH_SPLITS_ONE),
             graph_splits_few: Some(GRAPH_SPLITS_FEW),
@@ -475,8 +429,9 @@ impl Default for KernelOptions {
             moe_norm_router: false,
             moe_down_sum: true,
             moe_route_one: true,
-            moe_down_prefetch: None,
-            moe_rank_sort: false,
+            moe_gate_up_cs: true,
+            moe_down_cs: false,
+            moe_rank_sort: true,
             lora_overlap: true,
             lora_grouped: false,
             lora_runs: true,

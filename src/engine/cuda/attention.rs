@@ -7,7 +7,7 @@ use candle_core::{DType, Tensor};
 
 use super::kernels::{CudaKernels, DECODE_PARTITION};
 use super::launch::kernel_err;
-use super::params::{DecodeGeometry, DecodeParams, FusedDecodeParams, L2Ranges};
+use super::params::{DecodeGeometry, DecodeParams, FusedDecodeParams};
 use crate::engine::kv_format::KvRef;
 use crate::error::Result;
 
@@ -98,15 +98,12 @@ impl CudaKernels {
     /// tokens a block alone), else 1 (partials merged through global memory). Group 8 runs as
     /// group 4 with `LaunchOptions::gqa8_split` ([`CudaKernels::fused_group`]).
     pub fn decode_cluster(&self, b: usize, g: usize, splits: usize) -> usize {
-        let Some(few) = self.clusters else {
-            return 1;
-        };
-        let c = match self.fused_group(g).0 {
-            1 | 2 => Self::cluster_of(b, few),
-            4 => 8,
+        let c = match (self.fused_group(g).0, Self::cluster_of(b)) {
+            (1 | 2, c) => c,
+            (4, _) => 8,
             _ => return 1,
         };
-        if b <= CLUSTER_MAX_ROWS && splits.is_multiple_of(c) {
+        if self.clusters && b <= CLUSTER_MAX_ROWS && splits.is_multiple_of(c) {
             c
         } else {
             1
@@ -117,8 +114,8 @@ impl CudaKernels {
     /// [`CudaKernels::decode_cluster`] takes (partitions past a context cost a block that
     /// exits at once). Eager steps and graphs then cut a context one cluster covers alike.
     pub fn cluster_splits(&self, b: usize, splits: usize) -> usize {
-        if let Some(few) = self.clusters.filter(|_| b <= CLUSTER_MAX_ROWS) {
-            splits.max(1).next_multiple_of(Self::cluster_of(b, few))
+        if self.clusters && b <= CLUSTER_MAX_ROWS {
+            splits.max(1).next_multiple_of(Self::cluster_of(b))
         } else {
             splits
         }
@@ -136,12 +133,11 @@ impl CudaKernels {
         }
     }
 
-    /// The cluster size for `b` decode sequences of GQA group 1-2: `few`
-    /// (`LaunchOptions::fused_cluster_few`, by default [`DECODE_CLUSTER`], 16) up to 4 rows,
-    /// where a step has few blocks; 8 above, where clusters of 16 are hard to place (on the
-    /// H200 they made attention at batch 8 1.6x slower than clusters of 8).
-    fn cluster_of(b: usize, few: usize) -> usize {
-        if b <= 4 { few } else { 8 }
+    /// The cluster size for `b` decode sequences of GQA group 1-2: [`DECODE_CLUSTER`] (16)
+    /// up to 4 rows, where a step has few blocks; 8 above, where clusters of 16 are hard to
+    /// place (on the H200 they made attention at batch 8 1.6x slower than clusters of 8).
+    fn cluster_of(b: usize) -> usize {
+        if b <= 4 { DECODE_CLUSTER } else { 8 }
     }
 
     /// Partitions of flash-decoding for block tables `w` blocks wide (one per `part` tokens
@@ -299,9 +295,7 @@ impl CudaKernels {
     /// [`CudaKernels::paged_decode_into`]. `short`: every context fits one cluster
     /// ([`CudaKernels::fused_short_context`]), so the tensor-core kernels of
     /// `LaunchOptions::fused_mma` may run (steps of up to `fused_mma_rows` rows); else the
-    /// CUDA-core ones. `next`: the weights read after the attention, in order (o, gate|up,
-    /// down, the next layer's qkv), of which `LaunchOptions::attn_l2_prefetch` MiB at most
-    /// are prefetched into L2 once the kernel's wait is over (none without it).
+    /// CUDA-core ones.
     #[allow(clippy::too_many_arguments)]
     pub fn decode_fused_into(
         &self,
@@ -316,21 +310,10 @@ impl CudaKernels {
         out: &Tensor,
         parts: (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
         short: bool,
-        next: [Option<&Tensor>; 4],
     ) -> Result<()> {
         self.decode_fused_stage_into(
-            qkv,
-            norms,
-            inv_freq,
-            pos_slots,
-            caches,
-            tables,
-            ctx_lens,
-            block_size,
-            out,
-            parts,
-            short,
-            (0, next),
+            qkv, norms, inv_freq, pos_slots, caches, tables, ctx_lens, block_size, out, parts,
+            short, 0,
         )
     }
 
@@ -338,7 +321,7 @@ impl CudaKernels {
     /// `stop` of `kernels/fused_decode.cu`'s `decode_fused` (1: the K/V prefetch and the wait;
     /// 2: q/k norm + RoPE; 3: the attention loop; 4: the block's partial formed; 0: the
     /// whole kernel; -1: the whole kernel without clusters). Only `stop` 0 and -1 leave valid
-    /// outputs and merge counters. `next` as [`CudaKernels::decode_fused_into`]'s.
+    /// outputs and merge counters.
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     pub fn decode_fused_stage_into(
@@ -354,7 +337,7 @@ impl CudaKernels {
         out: &Tensor,
         (splits, part, scratch, counters): (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
         short: bool,
-        (stop, next): (i32, [Option<&Tensor>; 4]),
+        stop: i32,
     ) -> Result<()> {
         self.check_dtype(qkv)?;
         let (k_cache, v_cache) = (kv.k, kv.v);
@@ -402,7 +385,6 @@ impl CudaKernels {
             part_acc: self.ptr(&acc)?,
             part_ml: self.ptr(&ml)?,
             counters: self.ptr(counters)?,
-            pf: self.l2_ranges(next, fused.l2_prefetch)?,
             geometry: DecodeGeometry::new(
                 self,
                 (w, width),
@@ -415,8 +397,6 @@ impl CudaKernels {
             eps: eps as f32,
             stop,
             kv_shift: kv_shift as i32,
-            kv_pf: fused.kv_prefetch,
-            pf_early: i32::from(fused.l2_early),
             pad: 0,
         };
         let mut lb = self.launcher(func);
@@ -432,28 +412,6 @@ impl CudaKernels {
         };
         unsafe { lb.launch(cfg) }.w()?;
         Ok(())
-    }
-
-    /// The first `budget` bytes of `weights` taken end to end (each range cut to a multiple
-    /// of 16 bytes; a weight not 16-byte aligned ends them) as the ranges a kernel prefetches
-    /// into L2. With no budget left (0: the option off) no pointer is taken.
-    fn l2_ranges(&self, weights: [Option<&Tensor>; 4], budget: u64) -> Result<L2Ranges> {
-        let mut r = L2Ranges::default();
-        let mut left = budget;
-        for (i, w) in weights.into_iter().flatten().enumerate() {
-            let bytes = (w.elem_count() * w.dtype().size_in_bytes()) as u64;
-            let n = bytes.min(left) & !15;
-            if n == 0 {
-                break;
-            }
-            let p = self.ptr(w)?;
-            if p % 16 != 0 {
-                break;
-            }
-            (r.p[i], r.n[i]) = (p, n);
-            left -= n;
-        }
-        Ok(r)
     }
 }
 

@@ -30,14 +30,6 @@ pub(crate) struct FusedDecode {
     pub(super) mma: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_one: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_rows: usize,
-    /// Bytes of the weights after the attention a launch prefetches into L2 at most
-    /// (`LaunchOptions::attn_l2_prefetch`; 0: none).
-    pub(super) l2_prefetch: u64,
-    /// Tokens of its partition a block prefetches into L2 before its wait
-    /// (`LaunchOptions::attn_kv_prefetch`; 0: none).
-    pub(super) kv_prefetch: i32,
-    /// The weight prefetch before the wait (`LaunchOptions::attn_l2_prefetch_early`).
-    pub(super) l2_early: bool,
 }
 
 impl FusedDecode {
@@ -98,9 +90,6 @@ impl FusedDecode {
             mma,
             mma_one,
             mma_rows: crate::engine::batch::bucket_bound(opts.fused_mma_rows),
-            l2_prefetch: opts.attn_l2_prefetch.unwrap_or(0) as u64 * (1 << 20),
-            kv_prefetch: opts.attn_kv_prefetch.unwrap_or(0).min(i32::MAX as usize) as i32,
-            l2_early: opts.attn_l2_prefetch_early,
         })
     }
 

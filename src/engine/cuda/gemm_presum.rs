@@ -28,14 +28,6 @@ pub fn presum_len(hidden: usize) -> usize {
 }
 
 impl CudaKernels {
-    /// Whether [`Self::linear_res_into`] runs a `[n, k]` weight with 12 steps a warp in
-    /// flight (`LaunchOptions::mma_res_deep`; more than 2,048 inputs, one wave of blocks).
-    pub fn mma_res_deep(&self, n: usize, k: usize) -> bool {
-        self.gemv_presum.as_ref().is_some_and(|p| !p[3].is_empty())
-            && k > 8 * 32 * GEMV_WARPS
-            && n.div_ceil(GEMV_MMA_ROWS) <= 2 * self.sms
-    }
-
     /// Whether a step of `t` rows runs `producer` (`[hidden, k]`, the matmul before a norm)
     /// and `consumer` (`[n, hidden]`, the one after it) with the presummed norm: its kernels
     /// are loaded and the skinny-matmul dispatch (`gemv_for`) takes both weights at `t` rows
@@ -52,7 +44,7 @@ impl CudaKernels {
     }
 
     /// `presum[rows - 3]` of kind `kind` (0: add to the residual, 1: plain behind the norm,
-    /// 2: SiLU*up behind it, 3: kind 0 with 12 steps a warp in flight).
+    /// 2: SiLU*up behind it).
     fn presum_kernel(&self, kind: usize, t: usize) -> Result<&CudaFunction> {
         self.gemv_presum
             .as_ref()
@@ -82,7 +74,7 @@ impl CudaKernels {
         if !fits {
             return Err(kernel_err("linear_res", "shapes do not fit"));
         }
-        let f = self.presum_kernel(if self.mma_res_deep(n, k) { 3 } else { 0 }, t)?;
+        let f = self.presum_kernel(0, t)?;
         let (pw, px, po) = (self.ptr(w)?, self.ptr(x)?, self.ptr(out)?);
         let (pr, pro, pss) = (self.ptr(res)?, self.ptr(res_out)?, self.ptr(ss)?);
         let (n32, k32) = (n as i32, k as i32);

@@ -211,14 +211,14 @@ pub(super) struct MoeKernels {
     pub(super) norm_router: Option<[CudaFunction; 2]>,
     /// Down and the experts' sum in one launch on one-pair tiles (bf16 with
     /// `LaunchOptions::moe_down_sum`; the tokens' expert order ranked by one warp with
-    /// `LaunchOptions::moe_rank_sort`).
+    /// `LaunchOptions::moe_rank_sort`, the weights loaded evict-first with
+    /// `LaunchOptions::moe_down_cs`).
     pub(super) down_sum: Option<CudaFunction>,
     /// One token's routing and alignment by one warp, `[bf16, f32]`
     /// (`LaunchOptions::moe_route_one`).
     pub(super) route_one: Option<[CudaFunction; 2]>,
-    /// One-token steps' one-pair gate|up prefetching this many bytes of the routed experts'
-    /// down into L2 (bf16 with `LaunchOptions::moe_down_prefetch`).
-    pub(super) gate_up_pf: Option<(CudaFunction, u64)>,
+    /// The one-pair gate|up loading its weights evict-first (`LaunchOptions::moe_gate_up_cs`).
+    pub(super) gate_up_cs: Option<CudaFunction>,
 }
 
 impl MoeKernels {
@@ -269,20 +269,21 @@ impl MoeKernels {
             } else {
                 None
             },
-            down_sum: match (opts.moe_down_sum && bf16, opts.moe_rank_sort) {
-                (true, false) => Some(f(moe, "moe_down_sum_bf16")?),
-                (true, true) => Some(f(moe, "moe_down_sum_rk_bf16")?),
-                (false, _) => None,
-            },
+            down_sum: (opts.moe_down_sum && bf16)
+                .then(|| {
+                    let rk = if opts.moe_rank_sort { "_rk" } else { "" };
+                    let cs = if opts.moe_down_cs { "_cs" } else { "" };
+                    f(moe, &format!("moe_down_sum{rk}{cs}_bf16"))
+                })
+                .transpose()?,
             route_one: if opts.moe_route_one {
                 Some(both(route, "moe_route_one")?)
             } else {
                 None
             },
-            gate_up_pf: match opts.moe_down_prefetch.filter(|_| bf16) {
-                Some(mib) => Some((f(moe, "moe_gate_up_t1_pf_bf16")?, (mib as u64) << 20)),
-                None => None,
-            },
+            gate_up_cs: (opts.moe_gate_up_cs && bf16)
+                .then(|| f(moe, "moe_gate_up_t1_cs_bf16"))
+                .transpose()?,
             _modules: [route.clone(), moe.clone(), mma.clone()],
         })
     }

@@ -135,18 +135,16 @@ pub struct CudaKernels {
     pub(super) gemv_mma_plain: Option<usize>,
     /// With `gemv_mma` and `LaunchOptions::norm_presum`: the presummed norm's kernels for
     /// `GEMV_MAX_ROWS + 1..=GEMV_MMA_MAX_ROWS` rows (`gemm_presum.rs`): the matmul that adds
-    /// to the residual, and plain and SiLU behind the norm; then the first with 12 steps a warp
-    /// in flight (empty without `LaunchOptions::mma_res_deep`).
-    pub(super) gemv_presum: Option<[Vec<CudaFunction>; 4]>,
+    /// to the residual, and plain and SiLU behind the norm.
+    pub(super) gemv_presum: Option<[Vec<CudaFunction>; 3]>,
     /// Whether the skinny matmuls prefetch the next matmul's weights into L2.
     pub(super) l2_prefetch: bool,
     /// Whether whole-vocabulary draws run on the device (`LaunchOptions::sample_full`).
     pub(super) sample_full_on: bool,
     pub(crate) blas: Blas,
     /// Fused decode attention merges in thread-block clusters (sm_90+ with
-    /// `LaunchOptions::clusters`; see [`CudaKernels::decode_cluster`]): the cluster size of
-    /// 1-4-row steps (`LaunchOptions::fused_cluster_few`), None without clusters.
-    pub(super) clusters: Option<usize>,
+    /// `LaunchOptions::clusters`; see [`CudaKernels::decode_cluster`]).
+    pub(super) clusters: bool,
     /// GQA group 8 fused as two group-4 halves a KV head (`LaunchOptions::gqa8_split`).
     pub(super) gqa8_split: bool,
     /// Decode attention partitions of the 1-row, 3-4-row and 5-16-row graph buckets
@@ -429,18 +427,13 @@ impl CudaKernels {
                     mma_set(m, "mma_gemv_res")?,
                     mma_set(m, "mma_gemv_pre")?,
                     mma_set(m, "mma_gemv_pre_silu")?,
-                    match opts.mma_res_deep {
-                        true => mma_set(m, "mma_gemv_res_deep")?,
-                        false => Vec::new(),
-                    },
                 ]),
                 _ => None,
             },
             l2_prefetch: hopper && opts.l2_prefetch,
             gemv_tma: super::handles::TmaGemv::load(opts, (dtype, major == 9), &load)?,
             blas: Blas::new(&stream)?,
-            clusters: (hopper && opts.clusters)
-                .then(|| opts.fused_cluster_few.clamp(2, 16).next_power_of_two()),
+            clusters: hopper && opts.clusters,
             gqa8_split: opts.gqa8_split,
             graph_splits: crate::engine::batch::SmallSplits {
                 one: opts.graph_splits_one,

@@ -22,9 +22,6 @@ pub struct LaunchOptions {
     pub gemv_mma_plain: Option<usize>,
     /// The presummed norm for 3-8-row steps (`gemv_mma.cu` `mma_gemv_res_*`, `mma_gemv_pre_*`).
     pub norm_presum: bool,
-    /// The presummed norm's first matmul with 12 steps a warp in flight on weights of more
-    /// than 2,048 inputs whose blocks fit one wave (`mma_gemv_res_deep_*`; the same bits).
-    pub mma_res_deep: bool,
     /// The greedy tokens computed with the f32 logits (`layer_ops.cu` `to_f32_argmax_*`),
     /// for the decode graphs.
     pub graph_argmax: bool,
@@ -54,15 +51,6 @@ pub struct LaunchOptions {
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
     /// while it runs (sm_90+).
     pub l2_prefetch: bool,
-    /// The fused decode attention prefetches up to this many MiB of the weights given to
-    /// `CudaKernels::decode_fused_into` (o, gate|up, down, the next qkv) into L2 after its wait.
-    pub attn_l2_prefetch: Option<usize>,
-    /// `attn_l2_prefetch` issued when the attention's blocks start (beside the qkv matmul),
-    /// not after their wait.
-    pub attn_l2_prefetch_early: bool,
-    /// Each block of the fused decode attention prefetches the K/V rows of its partition's
-    /// first this many tokens, past those it loads before its wait, into L2 before the wait.
-    pub attn_kv_prefetch: Option<usize>,
     /// Draw rows sampled over the whole vocabulary (no top-k, top-p off) on the device
     /// (`sample_full_f32`) instead of reading their logits to the host.
     pub sample_full: bool,
@@ -77,9 +65,6 @@ pub struct LaunchOptions {
     pub fused_decode: bool,
     /// Thread-block clusters in the fused decode attention (sm_90+).
     pub clusters: bool,
-    /// Blocks per cluster of the fused decode attention of 1-4-row steps, GQA groups 1-2
-    /// (rounded up to a power of two, 2-16).
-    pub fused_cluster_few: usize,
     /// GQA group 8 through the fused decode attention as two group-4 halves a KV head (which
     /// merge in clusters); off: group 8 unfused.
     pub gqa8_split: bool,
@@ -150,9 +135,10 @@ pub struct LaunchOptions {
     /// A one-token MoE step (at most 128 experts) routes and aligns by one warp
     /// (`moe_route_one_*`) instead of a block of 1,024 threads.
     pub moe_route_one: bool,
-    /// One-token MoE steps on one-pair tiles: gate|up prefetches up to this many MiB of the
-    /// routed experts' down weights into L2 and loads its own weights evict-first (bf16).
-    pub moe_down_prefetch: Option<usize>,
+    /// MoE steps on one-pair tiles load the experts' gate|up rows evict-first (bf16).
+    pub moe_gate_up_cs: bool,
+    /// The MoE down + sum launch loads its weights evict-first (bf16).
+    pub moe_down_cs: bool,
     /// The MoE down + sum launch orders each token's experts by one warp's ranks instead of
     /// one thread's insertion sort (the same order).
     pub moe_rank_sort: bool,
@@ -185,7 +171,6 @@ impl Default for LaunchOptions {
             gemv_mma: false,
             gemv_mma_plain: Some(crate::engine::options::GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
-            mma_res_deep: false,
             graph_argmax: false,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
@@ -195,15 +180,11 @@ impl Default for LaunchOptions {
             gemv_double_buffer: true,
             gemv_split_k: false,
             l2_prefetch: false,
-            attn_l2_prefetch: None,
-            attn_l2_prefetch_early: false,
-            attn_kv_prefetch: None,
             sample_full: true,
             warp_norm: false,
             norm_deferred: Some(crate::engine::options::NORM_DEFERRED_MAX_K),
             fused_decode: true,
             clusters: true,
-            fused_cluster_few: crate::engine::options::FUSED_CLUSTER_FEW,
             gqa8_split: true,
             graph_splits_one: Some(crate::engine::options::GRAPH_SPLITS_ONE),
             graph_splits_few: Some(crate::engine::options::GRAPH_SPLITS_FEW),
@@ -231,8 +212,9 @@ impl Default for LaunchOptions {
             moe_norm_router: false,
             moe_down_sum: true,
             moe_route_one: true,
-            moe_down_prefetch: None,
-            moe_rank_sort: false,
+            moe_gate_up_cs: true,
+            moe_down_cs: false,
+            moe_rank_sort: true,
             lora_overlap: true,
             lora_grouped: false,
             lora_runs: true,

@@ -179,6 +179,12 @@ impl CudaKernels {
         self.moe.down_sum.is_some()
     }
 
+    /// Whether one-pair tiles load the experts' gate|up evict-first
+    /// (`LaunchOptions::moe_gate_up_cs`, bf16).
+    pub fn moe_gate_up_cs(&self) -> bool {
+        self.moe.gate_up_cs.is_some()
+    }
+
     /// One sparse layer's experts: `h` `[T, hidden]` (normed) with the router's logits
     /// already in `s.logits` (`[T, E]`) -> `out` `[T, hidden]`, this rank's experts
     /// `first..first + local` (the stacked `gate_up` `[local, 2I, hidden]` and `down`
@@ -321,27 +327,17 @@ impl CudaKernels {
             // SAFETY: as above (`moe_align`: 2 * e ints of dynamic shared memory).
             unsafe { b.launch(grid(1, 1, 1024, (2 * e * 4) as u32)) }.w()?;
         }
-        // One token on one-pair tiles: gate|up may prefetch the experts' down into L2
-        // (`LaunchOptions::moe_down_prefetch`). Its byte counts are in 16-byte units (whole
-        // MiB; an expert's `hidden * inter` bf16 with `hidden` a multiple of 8, as `fits`
-        // checks); down's address must be too.
-        let pf = m
-            .gate_up_pf
-            .as_ref()
-            .filter(|_| bf16 && tm == 1 && t == 1 && pdn.is_multiple_of(16));
+        // One-pair tiles may load gate|up evict-first (`LaunchOptions::moe_gate_up_cs`).
+        let cs = m.gate_up_cs.as_ref().filter(|_| bf16 && tm == 1);
         if stages.contains(&1) {
-            let mut b = self.launcher(match pf {
-                Some((f, _)) => f,
+            let mut b = self.launcher(match cs {
+                Some(f) => f,
                 None if mma => &m.mma_gate_up[fi],
                 None => &m.simt_gate_up[fi],
             });
             b.arg(&ph).arg(&pgu).arg(&porder).arg(&ptiles).arg(&pact);
             b.arg(&h32).arg(&i32_).arg(&k32).arg(&f32_).arg(&l32);
-            if let Some((_, pf_bytes)) = pf {
-                b.arg(&pdn).arg(pf_bytes);
-            }
-            // SAFETY: as above (`moe_gate_up_t*`; `moe_gate_up_t1_pf_bf16` then takes down's
-            // pointer and a u64 byte count, a multiple of 16 as an expert's down bytes are;
+            // SAFETY: as above (`moe_gate_up_t*`, `moe_gate_up_t1_cs_bf16` the same arguments;
             // `moe_gate_up_m*_bf16`: 32 gate and 32 up rows a block of 128 threads).
             let cfg = if mma {
                 grid(inter / 32, max_tiles, 128, 0)

@@ -85,27 +85,12 @@ pub(super) struct FusedDecodeParams {
     pub(super) part_acc: u64,
     pub(super) part_ml: u64,
     pub(super) counters: u64,
-    /// `L2Ranges` of `kernels/common.cuh`: the weights prefetched into L2 after the wait.
-    pub(super) pf: L2Ranges,
     pub(super) geometry: DecodeGeometry,
     pub(super) eps: f32,
     pub(super) stop: i32,
     /// log2 of the grid's KV heads per cache KV head (`kernels/fused_decode.cu`).
     pub(super) kv_shift: i32,
-    /// Tokens of a block's partition prefetched into L2 before the wait (0: none).
-    pub(super) kv_pf: i32,
-    /// `pf` prefetched before the wait instead of after it (1) or not (0).
-    pub(super) pf_early: i32,
     pub(super) pad: i32,
-}
-
-/// `L2Ranges` of `kernels/common.cuh`: up to four ranges of weights (16-byte aligned
-/// pointers, byte counts a multiple of 16; 0: none) a kernel prefetches into L2.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct L2Ranges {
-    pub(super) p: [u64; 4],
-    pub(super) n: [u64; 4],
 }
 
 /// `PrefillParams` of `kernels/attention.cuh`: the one parameter of `paged_prefill_*`.
@@ -136,13 +121,13 @@ pub(super) struct PrefillParams {
 // The sizes `kernels/attention.cuh` asserts for the same structs (a field added on one side
 // only fails the build).
 const _: () = assert!(std::mem::size_of::<DecodeParams>() == 104);
-const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 240);
+const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 168);
 const _: () = assert!(std::mem::size_of::<PrefillParams>() == 120);
 const _: () = {
     use std::mem::offset_of;
     assert!(offset_of!(DecodeParams, geometry) == 64);
-    assert!(offset_of!(FusedDecodeParams, geometry) == 176);
-    assert!(offset_of!(FusedDecodeParams, eps) == 216);
+    assert!(offset_of!(FusedDecodeParams, geometry) == 112);
+    assert!(offset_of!(FusedDecodeParams, eps) == 152);
     assert!(offset_of!(PrefillParams, num_slots) == 56);
     assert!(offset_of!(PrefillParams, nkv) == 68);
     assert!(offset_of!(PrefillParams, splits) == 88);

@@ -184,39 +184,11 @@ fn kernel_flags_become_kernel_options() {
         .kernels
         .gemv_tma_min_k;
     assert_eq!(min_k, 2049);
-    // The MoE gate|up's prefetch of the routed experts' down: off unless asked, in MiB.
-    assert_eq!(d.kernels.moe_down_prefetch, None);
-    let mdp = opts(&["x", "--moe-down-prefetch", "12"])
-        .kernels
-        .moe_down_prefetch;
-    assert_eq!(mdp, Some(12));
-    assert!(!d.kernels.moe_rank_sort);
-    assert!(!d.kernels.mma_res_deep);
-    assert!(opts(&["x", "--mma-res-deep"]).kernels.mma_res_deep);
-    assert!(opts(&["x", "--moe-rank-sort"]).kernels.moe_rank_sort);
-    // The attention's L2 prefetch of the next weights: off unless asked, in MiB.
-    assert_eq!(d.kernels.attn_l2_prefetch, None);
-    let pf = opts(&["x", "--attn-l2-prefetch", "24"])
-        .kernels
-        .attn_l2_prefetch;
-    assert_eq!(pf, Some(24));
-    assert!(!d.kernels.attn_l2_prefetch_early);
-    assert!(
-        opts(&["x", "--attn-l2-prefetch-early"])
-            .kernels
-            .attn_l2_prefetch_early
-    );
-    assert_eq!(d.kernels.attn_kv_prefetch, None);
-    let kv = opts(&["x", "--attn-kv-prefetch", "128"])
-        .kernels
-        .attn_kv_prefetch;
-    assert_eq!(kv, Some(128));
-    // The 1-4-row cluster size: 16 unless asked.
-    assert_eq!(d.kernels.fused_cluster_few, 16);
-    let few = opts(&["x", "--fused-cluster-few", "8"])
-        .kernels
-        .fused_cluster_few;
-    assert_eq!(few, 8);
+    // The MoE experts' evict-first loads (gate|up on, down off) and ranked order (on).
+    assert!(d.kernels.moe_gate_up_cs && !d.kernels.moe_down_cs && d.kernels.moe_rank_sort);
+    assert!(!opts(&["x", "--no-moe-gate-up-cs"]).kernels.moe_gate_up_cs);
+    assert!(opts(&["x", "--moe-down-cs"]).kernels.moe_down_cs);
+    assert!(!opts(&["x", "--no-moe-rank-sort"]).kernels.moe_rank_sort);
     // The greedy tokens inside the graphs: on unless turned off.
     assert!(d.kernels.graph_argmax);
     assert!(!opts(&["x", "--no-graph-argmax"]).kernels.graph_argmax);

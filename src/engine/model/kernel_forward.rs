@@ -219,7 +219,6 @@ impl KernelForward<'_> {
                 &a.attn,
                 (inputs.splits, part, a.scratch.as_ref(), &a.counters),
                 inputs.short_ctx,
-                m.layers[li].weights_after_attention(m.layers.get(li + 1)),
             )?;
             a.attn.clone()
         } else {

@@ -197,23 +197,6 @@ pub(crate) struct Layer {
 }
 
 impl Layer {
-    /// The weights read after the layer's attention, in order: o, then gate|up and down
-    /// (dense layers; a sparse layer's experts are known only once routed), then the `next`
-    /// layer's qkv. The fused decode attention may prefetch them into L2
-    /// (`KernelOptions::attn_l2_prefetch`).
-    #[cfg(feature = "cuda")]
-    pub(crate) fn weights_after_attention<'a>(
-        &'a self,
-        next: Option<&'a Layer>,
-    ) -> [Option<&'a Tensor>; 4] {
-        let o = Some(self.attn.o_proj.weight());
-        let qkv = next.map(|l| l.attn.qkv.weight());
-        match &self.ffn {
-            Ffn::Dense(d) => [o, Some(d.gate_up.weight()), Some(d.down.weight()), qkv],
-            Ffn::Sparse(_) => [o, qkv, None, None],
-        }
-    }
-
     fn load(
         cfg: &ModelConfig,
         ck: &Checkpoint,
