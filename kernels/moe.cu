@@ -244,9 +244,9 @@ __device__ void moe_sum(const T* __restrict__ y, const uint32_t* __restrict__ id
 // (a lane's values in ascending k, then warp_sum), rounded to T, times the pair's weight,
 // rounded, and added to the row's sum rounded as moe_sum adds. So out holds moe_down then
 // moe_sum's bits without y's round trip or the second launch. act rows are found by the pair's
-// position in `order` (at most 32 pairs a token). CS (LaunchOptions::moe_down_cs): the weights
-// loaded evict-first, as moe_gate_up's may be (the same values).
-template <typename T, bool RANK = false, bool CS = false>
+// position in `order` (at most 32 pairs a token). (Its weights loaded evict-first, as the
+// gate|up's are, measured 2-6% slower on the H200 at batches 1-8: BENCHMARKS.md, #29.)
+template <typename T, bool RANK = false>
 __device__ void moe_down_sum(const T* __restrict__ act, const T* __restrict__ down,
                              const uint32_t* __restrict__ ids, const uint32_t* __restrict__ order,
                              const float* __restrict__ w, T* __restrict__ out, int hidden,
@@ -287,9 +287,7 @@ __device__ void moe_down_sum(const T* __restrict__ act, const T* __restrict__ do
         for (int u = 0; u < U; ++u) {
           const int kk = k0 + u * 256;
           if (e0 + e < n && kk < inter) {
-            const uint4* src = reinterpret_cast<const uint4*>(wr[e] + kk);
-            if constexpr (CS) wv[e][u] = __ldcs(src);
-            else wv[e][u] = *src;
+            wv[e][u] = *reinterpret_cast<const uint4*>(wr[e] + kk);
             av[e][u] = *reinterpret_cast<const uint4*>(ar[e] + kk);
           }
         }
@@ -329,19 +327,14 @@ extern "C" __global__ void __launch_bounds__(256, 2)
   moe_down_sum<__nv_bfloat16>(act, down, ids, order, w, out, hidden, inter, k, first, local);
 }
 
-// The same with the tokens' expert order ranked by one warp (LaunchOptions::moe_rank_sort, rk)
-// and / or the weights loaded evict-first (LaunchOptions::moe_down_cs, cs).
-#define MOE_DOWN_SUM(NAME, RANK, CS)                                                              \
-  extern "C" __global__ void __launch_bounds__(256, 2)                                            \
-      NAME(const __nv_bfloat16* act, const __nv_bfloat16* down, const uint32_t* ids,              \
-           const uint32_t* order, const float* w, __nv_bfloat16* out, int hidden, int inter,      \
-           int k, int first, int local) {                                                         \
-    moe_down_sum<__nv_bfloat16, RANK, CS>(act, down, ids, order, w, out, hidden, inter, k, first, \
-                                          local);                                                 \
-  }
-MOE_DOWN_SUM(moe_down_sum_rk_bf16, true, false)
-MOE_DOWN_SUM(moe_down_sum_cs_bf16, false, true)
-MOE_DOWN_SUM(moe_down_sum_rk_cs_bf16, true, true)
+// The same with the tokens' expert order ranked by one warp (LaunchOptions::moe_rank_sort).
+extern "C" __global__ void __launch_bounds__(256, 2)
+    moe_down_sum_rk_bf16(const __nv_bfloat16* act, const __nv_bfloat16* down, const uint32_t* ids,
+                         const uint32_t* order, const float* w, __nv_bfloat16* out, int hidden,
+                         int inter, int k, int first, int local) {
+  moe_down_sum<__nv_bfloat16, true>(act, down, ids, order, w, out, hidden, inter, k, first,
+                                    local);
+}
 
 #define MOE_KERNELS(T, S)                                                                       \
   extern "C" __global__ void moe_sum_##S(const T* y, const uint32_t* ids, T* out, int hidden,   \

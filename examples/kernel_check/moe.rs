@@ -144,18 +144,15 @@ fn down_sum(dev: &Device, t: &mut Table) -> Res<()> {
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
     // The one launch with the insertion sort (`kd`) and with the ranks (`kr`), whatever the
     // default.
-    let one = |moe_rank_sort: bool, moe_down_cs: bool| -> Res<CudaKernels> {
+    let one = |moe_rank_sort: bool| -> Res<CudaKernels> {
         let o = LaunchOptions {
             moe_down_sum: true,
             moe_rank_sort,
-            moe_down_cs,
             ..LaunchOptions::default()
         };
         Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
     };
-    let (kd, kr) = (one(false, false)?, one(true, false)?);
-    // The ranked one with its weights loaded evict-first (`LaunchOptions::moe_down_cs`).
-    let kc = one(true, true)?;
+    let (kd, kr) = (one(false)?, one(true)?);
     // One-pair tiles (asked for below) take the one launch whenever it is loaded.
     t.check(
         "moe down+sum kernel loaded ?".to_string(),
@@ -189,12 +186,6 @@ fn down_sum(dev: &Device, t: &mut Table) -> Res<()> {
             rel(&rk, &one)?,
             0.0,
         );
-        let (cs, ..) = kc.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
-        t.check(
-            format!("moe down+sum evict-first = plain: T{tokens} E{e} top{top} h{hidden} experts {first}+{local}"),
-            rel(&cs, &rk)?,
-            0.0,
-        );
     }
     let (e, top, hidden, inter) = (128, 8, 2048, 768);
     let gu = (randn(&[e, 2 * inter, hidden], DType::BF16, dev)? * 0.02)?;
@@ -206,11 +197,9 @@ fn down_sum(dev: &Device, t: &mut Table) -> Res<()> {
         let (_, two, each) = k.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
         let (_, one, _) = kd.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
         let (_, rk, _) = kr.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
-        let (_, cs, _) = kc.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
         println!(
             "moe timing T{tokens} tile 1: down+sum in one launch {one:.1} us a layer's experts, \
-             ranked by a warp {rk:.1}, ranked and evict-first {cs:.1}, two launches {two:.1} \
-             (down {:.1} + sum {:.1} alone)",
+             ranked by a warp {rk:.1}, two launches {two:.1} (down {:.1} + sum {:.1} alone)",
             each[2], each[3]
         );
     }

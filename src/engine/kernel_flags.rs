@@ -202,9 +202,6 @@ pub struct KernelFlags {
     /// `KernelOptions::moe_gate_up_cs` off).
     #[arg(long)]
     pub no_moe_gate_up_cs: bool,
-    /// The MoE down + sum launch loads its weights evict-first (`KernelOptions::moe_down_cs`).
-    #[arg(long)]
-    pub moe_down_cs: bool,
     /// The MoE down + sum launch orders each token's experts by one thread's insertion sort
     /// (turns `KernelOptions::moe_rank_sort` off).
     #[arg(long)]
@@ -330,7 +327,6 @@ impl KernelFlags {
             moe_down_sum: !self.no_moe_down_sum,
             moe_route_one: !self.no_moe_route_one,
             moe_gate_up_cs: !self.no_moe_gate_up_cs,
-            moe_down_cs: self.moe_down_cs,
             moe_rank_sort: !self.no_moe_rank_sort,
             lora_overlap: !self.no_lora_overlap,
             lora_grouped: self.lora_grouped,

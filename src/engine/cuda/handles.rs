@@ -211,8 +211,7 @@ pub(super) struct MoeKernels {
     pub(super) norm_router: Option<[CudaFunction; 2]>,
     /// Down and the experts' sum in one launch on one-pair tiles (bf16 with
     /// `LaunchOptions::moe_down_sum`; the tokens' expert order ranked by one warp with
-    /// `LaunchOptions::moe_rank_sort`, the weights loaded evict-first with
-    /// `LaunchOptions::moe_down_cs`).
+    /// `LaunchOptions::moe_rank_sort`).
     pub(super) down_sum: Option<CudaFunction>,
     /// One token's routing and alignment by one warp, `[bf16, f32]`
     /// (`LaunchOptions::moe_route_one`).
@@ -272,8 +271,7 @@ impl MoeKernels {
             down_sum: (opts.moe_down_sum && bf16)
                 .then(|| {
                     let rk = if opts.moe_rank_sort { "_rk" } else { "" };
-                    let cs = if opts.moe_down_cs { "_cs" } else { "" };
-                    f(moe, &format!("moe_down_sum{rk}{cs}_bf16"))
+                    f(moe, &format!("moe_down_sum{rk}_bf16"))
                 })
                 .transpose()?,
             route_one: if opts.moe_route_one {

@@ -137,8 +137,6 @@ pub struct LaunchOptions {
     pub moe_route_one: bool,
     /// MoE steps on one-pair tiles load the experts' gate|up rows evict-first (bf16).
     pub moe_gate_up_cs: bool,
-    /// The MoE down + sum launch loads its weights evict-first (bf16).
-    pub moe_down_cs: bool,
     /// The MoE down + sum launch orders each token's experts by one warp's ranks instead of
     /// one thread's insertion sort (the same order).
     pub moe_rank_sort: bool,
@@ -213,7 +211,6 @@ impl Default for LaunchOptions {
             moe_down_sum: true,
             moe_route_one: true,
             moe_gate_up_cs: true,
-            moe_down_cs: false,
             moe_rank_sort: true,
             lora_overlap: true,
             lora_grouped: false,

@@ -184,10 +184,9 @@ fn kernel_flags_become_kernel_options() {
         .kernels
         .gemv_tma_min_k;
     assert_eq!(min_k, 2049);
-    // The MoE experts' evict-first loads (gate|up on, down off) and ranked order (on).
-    assert!(d.kernels.moe_gate_up_cs && !d.kernels.moe_down_cs && d.kernels.moe_rank_sort);
+    // The MoE gate|up's evict-first loads and the down + sum's ranked order: on.
+    assert!(d.kernels.moe_gate_up_cs && d.kernels.moe_rank_sort);
     assert!(!opts(&["x", "--no-moe-gate-up-cs"]).kernels.moe_gate_up_cs);
-    assert!(opts(&["x", "--moe-down-cs"]).kernels.moe_down_cs);
     assert!(!opts(&["x", "--no-moe-rank-sort"]).kernels.moe_rank_sort);
     // The greedy tokens inside the graphs: on unless turned off.
     assert!(d.kernels.graph_argmax);
