@@ -23,13 +23,24 @@
 
 namespace {
 
+// A weight chunk of the experts' matmuls: LD 0 a plain load (cached in L1); 1 evict-first in
+// L1 and L2 (ld.global.cs: on the H200 the one-pair gate|up 1-2% faster a step on the 30B-A3B
+// shape, #29); 2 cached in L2 only, no L1 line (ld.global.cg, the intrinsic's form of the dense
+// skinny matmuls' ld.global.nc.L1::no_allocate). The down + sum's loads with either hint need
+// more than its 128 registers (88 bytes spilled; the evict-first form measured 2-6% slower).
+template <int LD>
+__device__ __forceinline__ uint4 ld_weight(const uint4* p) {
+  if constexpr (LD == 1) return __ldcs(p);
+  if constexpr (LD == 2) return __ldcg(p);
+  return *p;
+}
+
 // Dot products of R weight rows (bf16: eight values a load, four loads of each row in flight
 // before their FMAs) with the tile's x rows; acc[r][c] for row r and the tile's pair c.
 // `rows[c]` points at pair c's input row. (Eight loads in flight, a 2,048-wide row in one
 // round: no faster on the H200, 34.6 against 34.8 us for a token's experts, slower at 8 tokens.)
-// CS: the weights loaded evict-first (ld.global.cs; the same values, so the same sums): on the
-// H200 the one-token gate|up 2% faster a step (30B-A3B shape, #29).
-template <typename T, int TM, int R, bool CS = false>
+// LD: how the weights are loaded (the same values, so the same sums; see ld_weight).
+template <typename T, int TM, int R, int LD = 0>
 __device__ __forceinline__ void tile_dot(const T* const* wr, const T* const* rows, int n, int len,
                                          int lane, float (*acc)[TM]) {
   if constexpr (sizeof(T) == 2) {
@@ -43,8 +54,7 @@ __device__ __forceinline__ void tile_dot(const T* const* wr, const T* const* row
         for (int r = 0; r < R; ++r) {
           if (k < len) {
             const uint4* src = reinterpret_cast<const uint4*>(wr[r] + k);
-            if constexpr (CS) wv[r][u] = __ldcs(src);
-            else wv[r][u] = *src;
+            wv[r][u] = ld_weight<LD>(src);
           }
         }
       }
@@ -84,8 +94,8 @@ __device__ __forceinline__ void tile_dot(const T* const* wr, const T* const* row
 // Grid (ceil(inter / 8), tiles), 256 threads: warp w of block (bx, tile) takes row j = bx * 8
 // + w of the tile's expert's gate and of its up, for every pair of the tile. gate_up: [E_local,
 // 2 * inter, hidden]; act: [P, inter] by position in `order`.
-// CS (LaunchOptions::moe_gate_up_cs): the weight rows loaded evict-first (see tile_dot).
-template <typename T, int TM, bool CS = false>
+// LD: how the weight rows are loaded (ld_weight; LaunchOptions::moe_gate_up_cs / _nc).
+template <typename T, int TM, int LD = 0>
 __device__ void moe_gate_up(const T* __restrict__ x, const T* __restrict__ gate_up,
                             const uint32_t* __restrict__ order, const uint32_t* __restrict__ tiles,
                             T* __restrict__ act, int hidden, int inter, int k, int first,
@@ -104,7 +114,7 @@ __device__ void moe_gate_up(const T* __restrict__ x, const T* __restrict__ gate_
   float acc[2][TM];
 #pragma unroll
   for (int c = 0; c < TM; ++c) acc[0][c] = acc[1][c] = 0.f;
-  tile_dot<T, TM, 2, CS>(wr, rows, n, hidden, lane, acc);
+  tile_dot<T, TM, 2, LD>(wr, rows, n, hidden, lane, acc);
 #pragma unroll
   for (int c = 0; c < TM; ++c) {
     if (c < n) {
@@ -244,8 +254,8 @@ __device__ void moe_sum(const T* __restrict__ y, const uint32_t* __restrict__ id
 // (a lane's values in ascending k, then warp_sum), rounded to T, times the pair's weight,
 // rounded, and added to the row's sum rounded as moe_sum adds. So out holds moe_down then
 // moe_sum's bits without y's round trip or the second launch. act rows are found by the pair's
-// position in `order` (at most 32 pairs a token). (Its weights loaded evict-first, as the
-// gate|up's are, measured 2-6% slower on the H200 at batches 1-8: BENCHMARKS.md, #29.)
+// position in `order` (at most 32 pairs a token). (Its weights loaded evict-first spilled and
+// measured 2-6% slower on the H200 at batches 1-8: ld_weight.)
 template <typename T, bool RANK = false>
 __device__ void moe_down_sum(const T* __restrict__ act, const T* __restrict__ down,
                              const uint32_t* __restrict__ ids, const uint32_t* __restrict__ order,
@@ -375,8 +385,17 @@ extern "C" __global__ void moe_gate_up_t1_cs_bf16(const __nv_bfloat16* x,
                                                   const uint32_t* order, const uint32_t* tiles,
                                                   __nv_bfloat16* act, int hidden, int inter,
                                                   int k, int first, int local) {
-  moe_gate_up<__nv_bfloat16, 1, true>(x, gate_up, order, tiles, act, hidden, inter, k, first,
-                                      local);
+  moe_gate_up<__nv_bfloat16, 1, 1>(x, gate_up, order, tiles, act, hidden, inter, k, first,
+                                   local);
+}
+// The same cached in L2 only, no L1 line (LaunchOptions::moe_gate_up_nc).
+extern "C" __global__ void moe_gate_up_t1_nc_bf16(const __nv_bfloat16* x,
+                                                  const __nv_bfloat16* gate_up,
+                                                  const uint32_t* order, const uint32_t* tiles,
+                                                  __nv_bfloat16* act, int hidden, int inter,
+                                                  int k, int first, int local) {
+  moe_gate_up<__nv_bfloat16, 1, 2>(x, gate_up, order, tiles, act, hidden, inter, k, first,
+                                   local);
 }
 extern "C" __global__ void moe_down_t1_bf16(const __nv_bfloat16* act, const __nv_bfloat16* down,
                                             const uint32_t* order, const uint32_t* tiles,

@@ -63,18 +63,20 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
 /// then both timed alone. The baseline is built with the option off whatever the default, so
 /// it never meets itself; the check that the option's kernel is loaded keeps it from passing
 /// by falling back.
+/// Its loads cached in L2 only (`LaunchOptions::moe_gate_up_nc`) are checked the same way.
 fn gate_up_cs(dev: &Device, t: &mut Table) -> Res<()> {
-    let with = |moe_gate_up_cs: bool| -> Res<CudaKernels> {
+    let with = |moe_gate_up_cs: bool, moe_gate_up_nc: bool| -> Res<CudaKernels> {
         let opts = LaunchOptions {
             moe_gate_up_cs,
+            moe_gate_up_nc,
             ..LaunchOptions::default()
         };
         Ok(CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?)
     };
-    let (k, kc) = (with(false)?, with(true)?);
+    let (k, kc, kn) = (with(false, false)?, with(true, false)?, with(false, true)?);
     t.check(
         "moe gate|up evict-first kernel loaded ?".to_string(),
-        if kc.moe_gate_up_cs() && !k.moe_gate_up_cs() {
+        if kc.moe_gate_up_cs() && kn.moe_gate_up_cs() && !k.moe_gate_up_cs() {
             0.0
         } else {
             1.0
@@ -98,6 +100,12 @@ fn gate_up_cs(dev: &Device, t: &mut Table) -> Res<()> {
             rel(&ours, &base)?,
             0.0,
         );
+        let (nc, ..) = kn.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
+        t.check(
+            format!("moe gate|up L2-only = plain: T{tokens} E{e} top{top} h{hidden} experts {first}+{local} norm {norm}"),
+            rel(&nc, &base)?,
+            0.0,
+        );
     }
     let (e, top, hidden, inter) = (128, 8, 2048, 768);
     for tokens in [1usize, 8] {
@@ -105,9 +113,10 @@ fn gate_up_cs(dev: &Device, t: &mut Table) -> Res<()> {
         let how = (0, top, true);
         let (_, plain, each) = k.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
         let (_, cs, each_cs) = kc.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
+        let (_, nc, each_nc) = kn.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
         println!(
-            "moe timing T{tokens} gate|up evict-first (alone, L2-warm): plain {plain:.1} us (gate|up {:.1}), evict-first {cs:.1} ({:.1})",
-            each[1], each_cs[1]
+            "moe timing T{tokens} gate|up evict-first (alone, L2-warm): plain {plain:.1} us (gate|up {:.1}), evict-first {cs:.1} ({:.1}), L2-only {nc:.1} ({:.1})",
+            each[1], each_cs[1], each_nc[1]
         );
     }
     Ok(())

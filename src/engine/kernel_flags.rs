@@ -202,6 +202,9 @@ pub struct KernelFlags {
     /// `KernelOptions::moe_gate_up_cs` off).
     #[arg(long)]
     pub no_moe_gate_up_cs: bool,
+    /// MoE one-pair tiles load gate|up cached in L2 only (`KernelOptions::moe_gate_up_nc`).
+    #[arg(long)]
+    pub moe_gate_up_nc: bool,
     /// The MoE down + sum launch orders each token's experts by one thread's insertion sort
     /// (turns `KernelOptions::moe_rank_sort` off).
     #[arg(long)]
@@ -327,6 +330,7 @@ impl KernelFlags {
             moe_down_sum: !self.no_moe_down_sum,
             moe_route_one: !self.no_moe_route_one,
             moe_gate_up_cs: !self.no_moe_gate_up_cs,
+            moe_gate_up_nc: self.moe_gate_up_nc,
             moe_rank_sort: !self.no_moe_rank_sort,
             lora_overlap: !self.no_lora_overlap,
             lora_grouped: self.lora_grouped,

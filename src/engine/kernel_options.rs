@@ -334,6 +334,10 @@ pub struct KernelOptions {
     /// MoE steps on one-pair tiles load the experts' gate|up rows evict-first
     /// (`moe_gate_up_t1_cs_bf16`; the same values). On by default: 30B-A3B shape batch 1 +2%.
     pub moe_gate_up_cs: bool,
+    /// MoE one-pair tiles load the experts' gate|up rows cached in L2 only instead
+    /// (`ld.global.cg`, `moe_gate_up_t1_nc_bf16`: no L1 line, as the dense skinny matmuls load
+    /// theirs; over `moe_gate_up_cs`). Default off (not yet measured on the H200).
+    pub moe_gate_up_nc: bool,
     /// The MoE down + sum launch orders each token's experts by one warp's ranks instead of
     /// thread 0's insertion sort (`moe_down_sum_rk_bf16`; the same order, so the same sums).
     /// On by default: 30B-A3B shape batches 1 / 2 / 8 +1.7% / +2.2% / +5.1% on the H200.
@@ -427,6 +431,7 @@ impl Default for KernelOptions {
             moe_down_sum: true,
             moe_route_one: true,
             moe_gate_up_cs: true,
+            moe_gate_up_nc: false,
             moe_rank_sort: true,
             lora_overlap: true,
             lora_grouped: false,

@@ -13,9 +13,10 @@ use candle_core::{CudaDevice, DType, Device};
 
 use super::attention_handles::{DecodeAttention, Fp8Kernels, FusedDecode};
 use super::blas::Blas;
-use super::handles::{GemvSet, LoraGrouped, MoeKernels, SpecKernels, group_functions};
+use super::handles::{GemvSet, LoraGrouped, SpecKernels, group_functions};
 use super::launch::{self, kernel_err};
 pub use super::launch_options::LaunchOptions;
+use super::moe_handles::MoeKernels;
 use crate::error::Result;
 
 static DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/decode.fatbin"));

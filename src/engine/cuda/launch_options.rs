@@ -137,6 +137,8 @@ pub struct LaunchOptions {
     pub moe_route_one: bool,
     /// MoE steps on one-pair tiles load the experts' gate|up rows evict-first (bf16).
     pub moe_gate_up_cs: bool,
+    /// MoE one-pair tiles load gate|up cached in L2 only (over `moe_gate_up_cs`; bf16).
+    pub moe_gate_up_nc: bool,
     /// The MoE down + sum launch orders each token's experts by one warp's ranks instead of
     /// one thread's insertion sort (the same order).
     pub moe_rank_sort: bool,
@@ -211,6 +213,7 @@ impl Default for LaunchOptions {
             moe_down_sum: true,
             moe_route_one: true,
             moe_gate_up_cs: true,
+            moe_gate_up_nc: false,
             moe_rank_sort: true,
             lora_overlap: true,
             lora_grouped: false,

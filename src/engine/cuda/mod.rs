@@ -5,7 +5,7 @@
 //! the logits' draws, log-probs and penalty (`logits_ops.rs`), LoRA deltas (`lora_ops.rs`; grouped by
 //! slot: `lora_grouped_ops.rs`; by runs of the tile table: `lora_runs.rs`; beside the base
 //! matmuls: `lora_overlap.rs`; as extra columns of them: `lora_wide.rs`), matmuls
-//! (`gemm.rs`; the 1-row matmul with its weights streamed into shared memory: `gemv_tma.rs`), the experts of MoE layers (`moe_ops.rs`), the launcher (`launch.rs`, its options `launch_options.rs`), the fp8 KV
+//! (`gemm.rs`; the 1-row matmul with its weights streamed into shared memory: `gemv_tma.rs`), the experts of MoE layers (`moe_ops.rs`, their handles `moe_handles.rs`), the launcher (`launch.rs`, its options `launch_options.rs`), the fp8 KV
 //! kernels' handles (`fp8.rs`), output buffers and timing events (`buffers.rs`) and id read-back (`readback.rs`). It knows nothing of
 //! models or serving: the forward built from these launches is `model::kernel_forward`, the
 //! CUDA graphs that replay it are `runner::graphs`.
@@ -38,6 +38,7 @@ mod lora_ops;
 mod lora_overlap;
 mod lora_runs;
 mod lora_wide;
+mod moe_handles;
 mod moe_ops;
 mod params;
 mod prefill;

@@ -109,6 +109,7 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         moe_down_sum: opts.moe_down_sum,
         moe_route_one: opts.moe_route_one,
         moe_gate_up_cs: opts.moe_gate_up_cs,
+        moe_gate_up_nc: opts.moe_gate_up_nc,
         moe_rank_sort: opts.moe_rank_sort,
         lora_overlap: opts.lora_overlap,
         lora_grouped: opts.lora_grouped,
