@@ -75,8 +75,8 @@ fn gate_up_cs(dev: &Device, t: &mut Table) -> Res<()> {
     };
     let (k, kc, kn) = (with(false, false)?, with(true, false)?, with(false, true)?);
     t.check(
-        "moe gate|up evict-first kernel loaded ?".to_string(),
-        if kc.moe_gate_up_cs() && kn.moe_gate_up_cs() && !k.moe_gate_up_cs() {
+        "moe gate|up hinted kernels loaded ?".to_string(),
+        if kc.moe_gate_up_hinted() && kn.moe_gate_up_hinted() && !k.moe_gate_up_hinted() {
             0.0
         } else {
             1.0

@@ -332,7 +332,7 @@ pub struct KernelOptions {
     /// default: on the H200 (30B-A3B shape) batch 1 +1.2%, ~1.3 us a layer (#29).
     pub moe_route_one: bool,
     /// MoE steps on one-pair tiles load the experts' gate|up rows evict-first
-    /// (`moe_gate_up_t1_cs_bf16`; the same values). On by default: 30B-A3B shape batch 1 +2%.
+    /// (`moe_gate_up_t1_cs_bf16`; the same values). On by default: 30B-A3B shape batch 1 +1-2%.
     pub moe_gate_up_cs: bool,
     /// MoE one-pair tiles load the experts' gate|up rows cached in L2 only instead
     /// (`ld.global.cg`, `moe_gate_up_t1_nc_bf16`: no L1 line, as the dense skinny matmuls load

@@ -35,7 +35,7 @@ pub(super) struct MoeKernels {
     pub(super) route_one: Option<[CudaFunction; 2]>,
     /// The one-pair gate|up loading its weights evict-first (`LaunchOptions::moe_gate_up_cs`)
     /// or in L2 only (`moe_gate_up_nc`).
-    pub(super) gate_up_cs: Option<CudaFunction>,
+    pub(super) gate_up_hinted: Option<CudaFunction>,
 }
 
 impl MoeKernels {
@@ -97,7 +97,7 @@ impl MoeKernels {
             } else {
                 None
             },
-            gate_up_cs: match (bf16, opts.moe_gate_up_nc, opts.moe_gate_up_cs) {
+            gate_up_hinted: match (bf16, opts.moe_gate_up_nc, opts.moe_gate_up_cs) {
                 (true, true, _) => Some(f(moe, "moe_gate_up_t1_nc_bf16")?),
                 (true, false, true) => Some(f(moe, "moe_gate_up_t1_cs_bf16")?),
                 _ => None,

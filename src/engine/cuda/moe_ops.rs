@@ -179,10 +179,10 @@ impl CudaKernels {
         self.moe.down_sum.is_some()
     }
 
-    /// Whether one-pair tiles load the experts' gate|up evict-first
-    /// (`LaunchOptions::moe_gate_up_cs`, bf16).
-    pub fn moe_gate_up_cs(&self) -> bool {
-        self.moe.gate_up_cs.is_some()
+    /// Whether one-pair tiles load the experts' gate|up with a cache hint: evict-first
+    /// (`LaunchOptions::moe_gate_up_cs`) or in L2 only (`LaunchOptions::moe_gate_up_nc`; bf16).
+    pub fn moe_gate_up_hinted(&self) -> bool {
+        self.moe.gate_up_hinted.is_some()
     }
 
     /// One sparse layer's experts: `h` `[T, hidden]` (normed) with the router's logits
@@ -327,8 +327,9 @@ impl CudaKernels {
             // SAFETY: as above (`moe_align`: 2 * e ints of dynamic shared memory).
             unsafe { b.launch(grid(1, 1, 1024, (2 * e * 4) as u32)) }.w()?;
         }
-        // One-pair tiles may load gate|up evict-first (`LaunchOptions::moe_gate_up_cs`).
-        let cs = m.gate_up_cs.as_ref().filter(|_| bf16 && tm == 1);
+        // One-pair tiles may load gate|up with a cache hint (`LaunchOptions::moe_gate_up_cs`,
+        // `moe_gate_up_nc`).
+        let cs = m.gate_up_hinted.as_ref().filter(|_| bf16 && tm == 1);
         if stages.contains(&1) {
             let mut b = self.launcher(match cs {
                 Some(f) => f,
@@ -337,7 +338,7 @@ impl CudaKernels {
             });
             b.arg(&ph).arg(&pgu).arg(&porder).arg(&ptiles).arg(&pact);
             b.arg(&h32).arg(&i32_).arg(&k32).arg(&f32_).arg(&l32);
-            // SAFETY: as above (`moe_gate_up_t*`, `moe_gate_up_t1_cs_bf16` the same arguments;
+            // SAFETY: as above (`moe_gate_up_t*`; `moe_gate_up_t1_{cs,nc}_bf16` the same arguments;
             // `moe_gate_up_m*_bf16`: 32 gate and 32 up rows a block of 128 threads).
             let cfg = if mma {
                 grid(inter / 32, max_tiles, 128, 0)
