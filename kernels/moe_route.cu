@@ -33,11 +33,24 @@ __device__ __forceinline__ void warp_argmax(float& best, int& best_id) {
   }
 }
 
+// The same pick by two warp reductions (redux.sync, sm_80+) instead of five shuffle rounds:
+// the largest value as order-preserving bits (a float's bits with the sign bit set, or all
+// bits flipped when negative), then the lowest id among the lanes that hold it. The same
+// value and id as warp_argmax for every non-NaN input (LaunchOptions::moe_route_redux).
+__device__ __forceinline__ void redux_argmax(float& best, int& best_id) {
+  const uint32_t b = __float_as_uint(best);
+  const uint32_t key = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  const uint32_t top = __reduce_max_sync(0xffffffffu, key);
+  best_id = (int)__reduce_min_sync(0xffffffffu, key == top ? (uint32_t)best_id : 0xffffffffu);
+  best = __uint_as_float((top & 0x80000000u) ? (top & 0x7fffffffu) : ~top);
+}
+
 // Routing of one token by one warp for up to 128 experts: lane l holds the probabilities of
 // experts l, l + 32, l + 64, l + 96 in registers, read and exponentiated once (the same values
 // the general path below recomputes at every pick); a pick marks its expert -2 (probabilities
 // are >= 0, experts past e hold -1), lane s keeps pick s, writes it and returns its expert.
-template <typename T>
+// REDUX: each pick by redux_argmax (the same picks).
+template <typename T, bool REDUX = false>
 __device__ __forceinline__ uint32_t route_small(const T* __restrict__ row,
                                                 uint32_t* __restrict__ ids,
                                                 float* __restrict__ w, int t, int e, int k,
@@ -72,7 +85,8 @@ __device__ __forceinline__ uint32_t route_small(const T* __restrict__ row,
         best_id = lane + 32 * j;
       }
     }
-    warp_argmax(best, best_id);
+    if constexpr (REDUX) redux_argmax(best, best_id);
+    else warp_argmax(best, best_id);
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       if (best_id == lane + 32 * j) p[j] = -2.f;
@@ -237,13 +251,13 @@ MOE_ROUTE_ALIGN(float, f32)
 // alignment by one warp, what moe_route_align writes for it. The token's k experts are
 // distinct, so each is a run (and a tile) of one pair, in ascending expert order: pick s goes
 // to position rank(s), the number of picks with a lower expert; tiles past k are zeroed.
-#define MOE_ROUTE_ONE(T, S)                                                                     \
-  extern "C" __global__ void moe_route_one_##S(const T* logits, uint32_t* ids, float* w,        \
-                                               uint32_t* order, uint32_t* tiles, int e, int k,  \
-                                               int norm, int max_tiles) {                       \
+// NAME_rx: the picks by redux_argmax (LaunchOptions::moe_route_redux).
+#define MOE_ROUTE_ONE(T, NAME, RX)                                                              \
+  extern "C" __global__ void NAME(const T* logits, uint32_t* ids, float* w, uint32_t* order,    \
+                                  uint32_t* tiles, int e, int k, int norm, int max_tiles) {     \
     pdl_entry();                                                                                \
     const int lane = threadIdx.x & 31;                                                          \
-    const uint32_t mine = route_small<T>(logits, ids, w, 0, e, k, norm, lane);                  \
+    const uint32_t mine = route_small<T, RX>(logits, ids, w, 0, e, k, norm, lane);              \
     int rank = 0;                                                                               \
     for (int s = 0; s < k; ++s) rank += __shfl_sync(0xffffffffu, mine, s) < mine ? 1 : 0;       \
     if (lane < k) order[rank] = (uint32_t)lane;                                                 \
@@ -258,8 +272,10 @@ MOE_ROUTE_ALIGN(float, f32)
       tiles[3 * i + 2] = 0u;                                                                    \
     }                                                                                           \
   }
-MOE_ROUTE_ONE(__nv_bfloat16, bf16)
-MOE_ROUTE_ONE(float, f32)
+MOE_ROUTE_ONE(__nv_bfloat16, moe_route_one_bf16, false)
+MOE_ROUTE_ONE(float, moe_route_one_f32, false)
+MOE_ROUTE_ONE(__nv_bfloat16, moe_route_one_rx_bf16, true)
+MOE_ROUTE_ONE(float, moe_route_one_rx_f32, true)
 
 #define MOE_ROUTE(T, S)                                                                         \
   extern "C" __global__ void moe_route_##S(const T* logits, uint32_t* ids, float* w, int tokens, \

@@ -228,6 +228,14 @@ fn route_one(dev: &Device, t: &mut Table) -> Res<()> {
     let kw = CudaKernels::new(dev, DType::BF16, &LaunchOptions::default())?.ok_or("no kernels")?;
     let kf = CudaKernels::new(dev, DType::F32, &opts)?.ok_or("no kernels")?;
     let kfw = CudaKernels::new(dev, DType::F32, &LaunchOptions::default())?.ok_or("no kernels")?;
+    // The one warp's picks by warp reductions (`LaunchOptions::moe_route_redux`), named on.
+    let rx = LaunchOptions {
+        moe_route_one: true,
+        moe_route_redux: true,
+        ..LaunchOptions::default()
+    };
+    let kr = CudaKernels::new(dev, DType::BF16, &rx)?.ok_or("no kernels")?;
+    let kfr = CudaKernels::new(dev, DType::F32, &rx)?.ok_or("no kernels")?;
     let cases = [
         (128, 8, 2048, 768, 0, 128, true),
         (128, 8, 2048, 768, 0, 128, false),
@@ -236,7 +244,9 @@ fn route_one(dev: &Device, t: &mut Table) -> Res<()> {
         (60, 4, 256, 64, 0, 60, true),
     ];
     for (e, top, hidden, inter, first, local, norm) in cases {
-        for (dt, block, warp) in [(DType::BF16, &kb, &kw), (DType::F32, &kf, &kfw)] {
+        for (dt, block, warp, redux) in
+            [(DType::BF16, &kb, &kw, &kr), (DType::F32, &kf, &kfw, &kfr)]
+        {
             let (h, logits, gu, dn) = layer(dev, dt, (1, e), (hidden, inter, local))?;
             let how = (first, top, norm);
             let tiles: &[Option<usize>] = if dt == DType::BF16 {
@@ -252,6 +262,12 @@ fn route_one(dev: &Device, t: &mut Table) -> Res<()> {
                     rel(&a, &b)?,
                     0.0,
                 );
+                let (c, ..) = redux.moe_experts(&h, &logits, (&gu, &dn), how, (tile, 1))?;
+                t.check(
+                    format!("moe route by warp reductions = block: {dt:?} T1 E{e} top{top} h{hidden} experts {first}+{local} norm {norm} tile {tile:?}"),
+                    rel(&a, &c)?,
+                    0.0,
+                );
             }
         }
     }
@@ -260,10 +276,11 @@ fn route_one(dev: &Device, t: &mut Table) -> Res<()> {
     let how = (0, top, true);
     let (_, whole_b, each_b) = kb.moe_experts(&h, &logits, (&gu, &dn), how, (None, 20))?;
     let (_, whole_w, each_w) = kw.moe_experts(&h, &logits, (&gu, &dn), how, (None, 20))?;
+    let (_, whole_r, each_r) = kr.moe_experts(&h, &logits, (&gu, &dn), how, (None, 20))?;
     println!(
         "moe timing T1 routing: one warp {:.1} us alone ({whole_w:.1} us a layer's experts), \
-         block of 1,024 {:.1} ({whole_b:.1})",
-        each_w[0], each_b[0]
+         by warp reductions {:.1} ({whole_r:.1}), block of 1,024 {:.1} ({whole_b:.1})",
+        each_w[0], each_r[0], each_b[0]
     );
     Ok(())
 }

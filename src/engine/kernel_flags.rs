@@ -198,6 +198,9 @@ pub struct KernelFlags {
     /// `KernelOptions::moe_route_one` off).
     #[arg(long)]
     pub no_moe_route_one: bool,
+    /// The one-warp MoE routing picks by warp reductions (`KernelOptions::moe_route_redux`).
+    #[arg(long)]
+    pub moe_route_redux: bool,
     /// MoE one-pair tiles load the experts' gate|up rows as other loads (turns
     /// `KernelOptions::moe_gate_up_cs` off).
     #[arg(long)]
@@ -329,6 +332,7 @@ impl KernelFlags {
             moe_norm_router: self.moe_norm_router,
             moe_down_sum: !self.no_moe_down_sum,
             moe_route_one: !self.no_moe_route_one,
+            moe_route_redux: self.moe_route_redux,
             moe_gate_up_cs: !self.no_moe_gate_up_cs,
             moe_gate_up_nc: self.moe_gate_up_nc,
             moe_rank_sort: !self.no_moe_rank_sort,

@@ -331,6 +331,10 @@ pub struct KernelOptions {
     /// (`moe_route_one_*`: the same ids, weights and tiles as the block of 1,024 threads). On by
     /// default: on the H200 (30B-A3B shape) batch 1 +1.2%, ~1.3 us a layer (#29).
     pub moe_route_one: bool,
+    /// The one-warp routing picks each expert by two warp reductions (`redux.sync`) instead
+    /// of five shuffle rounds (`moe_route_one_rx_*`; the same picks). Default off (not yet
+    /// measured on the H200).
+    pub moe_route_redux: bool,
     /// MoE steps on one-pair tiles load the experts' gate|up rows evict-first
     /// (`moe_gate_up_t1_cs_bf16`; the same values). On by default: 30B-A3B shape batch 1 +1-2%.
     pub moe_gate_up_cs: bool,
@@ -430,6 +434,7 @@ impl Default for KernelOptions {
             moe_norm_router: false,
             moe_down_sum: true,
             moe_route_one: true,
+            moe_route_redux: false,
             moe_gate_up_cs: true,
             moe_gate_up_nc: false,
             moe_rank_sort: true,

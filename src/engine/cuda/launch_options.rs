@@ -135,6 +135,8 @@ pub struct LaunchOptions {
     /// A one-token MoE step (at most 128 experts) routes and aligns by one warp
     /// (`moe_route_one_*`) instead of a block of 1,024 threads.
     pub moe_route_one: bool,
+    /// The one-warp routing's picks by two warp reductions (`moe_route_one_rx_*`).
+    pub moe_route_redux: bool,
     /// MoE steps on one-pair tiles load the experts' gate|up rows evict-first (bf16).
     pub moe_gate_up_cs: bool,
     /// MoE one-pair tiles load gate|up cached in L2 only (over `moe_gate_up_cs`; bf16).
@@ -212,6 +214,7 @@ impl Default for LaunchOptions {
             moe_norm_router: false,
             moe_down_sum: true,
             moe_route_one: true,
+            moe_route_redux: false,
             moe_gate_up_cs: true,
             moe_gate_up_nc: false,
             moe_rank_sort: true,

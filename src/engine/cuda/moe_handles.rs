@@ -31,7 +31,7 @@ pub(super) struct MoeKernels {
     /// `LaunchOptions::moe_rank_sort`).
     pub(super) down_sum: Option<CudaFunction>,
     /// One token's routing and alignment by one warp, `[bf16, f32]`
-    /// (`LaunchOptions::moe_route_one`).
+    /// (`LaunchOptions::moe_route_one`; its picks by warp reductions with `moe_route_redux`).
     pub(super) route_one: Option<[CudaFunction; 2]>,
     /// The one-pair gate|up loading its weights evict-first (`LaunchOptions::moe_gate_up_cs`)
     /// or in L2 only (`moe_gate_up_nc`).
@@ -92,10 +92,10 @@ impl MoeKernels {
                     f(moe, &format!("moe_down_sum{rk}_bf16"))
                 })
                 .transpose()?,
-            route_one: if opts.moe_route_one {
-                Some(both(route, "moe_route_one")?)
-            } else {
-                None
+            route_one: match (opts.moe_route_one, opts.moe_route_redux) {
+                (true, false) => Some(both(route, "moe_route_one")?),
+                (true, true) => Some(both(route, "moe_route_one_rx")?),
+                (false, _) => None,
             },
             gate_up_hinted: match (bf16, opts.moe_gate_up_nc, opts.moe_gate_up_cs) {
                 (true, true, _) => Some(f(moe, "moe_gate_up_t1_nc_bf16")?),

@@ -188,7 +188,8 @@ fn kernel_flags_become_kernel_options() {
     assert!(d.kernels.moe_gate_up_cs && d.kernels.moe_rank_sort);
     assert!(!opts(&["x", "--no-moe-gate-up-cs"]).kernels.moe_gate_up_cs);
     // Their read-only-path forms: off unless asked.
-    assert!(!d.kernels.moe_gate_up_nc);
+    assert!(!d.kernels.moe_gate_up_nc && !d.kernels.moe_route_redux);
+    assert!(opts(&["x", "--moe-route-redux"]).kernels.moe_route_redux);
     assert!(opts(&["x", "--moe-gate-up-nc"]).kernels.moe_gate_up_nc);
     assert!(!opts(&["x", "--no-moe-rank-sort"]).kernels.moe_rank_sort);
     // The greedy tokens inside the graphs: on unless turned off.

@@ -108,6 +108,7 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         moe_norm_router: opts.moe_norm_router,
         moe_down_sum: opts.moe_down_sum,
         moe_route_one: opts.moe_route_one,
+        moe_route_redux: opts.moe_route_redux,
         moe_gate_up_cs: opts.moe_gate_up_cs,
         moe_gate_up_nc: opts.moe_gate_up_nc,
         moe_rank_sort: opts.moe_rank_sort,
