@@ -373,30 +373,19 @@ MOE_TILE_KERNELS(float, f32, 32)
 
 // One-pair tiles (steps of up to 64 pairs, LaunchOptions::moe_tile_one): gate|up a row pair a
 // warp, down four rows a warp.
-extern "C" __global__ void moe_gate_up_t1_bf16(const __nv_bfloat16* x, const __nv_bfloat16* gate_up,
-                                               const uint32_t* order, const uint32_t* tiles,
-                                               __nv_bfloat16* act, int hidden, int inter, int k,
-                                               int first, int local) {
-  moe_gate_up<__nv_bfloat16, 1>(x, gate_up, order, tiles, act, hidden, inter, k, first, local);
-}
-// The same with the gate and up rows loaded evict-first (LaunchOptions::moe_gate_up_cs).
-extern "C" __global__ void moe_gate_up_t1_cs_bf16(const __nv_bfloat16* x,
-                                                  const __nv_bfloat16* gate_up,
-                                                  const uint32_t* order, const uint32_t* tiles,
-                                                  __nv_bfloat16* act, int hidden, int inter,
-                                                  int k, int first, int local) {
-  moe_gate_up<__nv_bfloat16, 1, 1>(x, gate_up, order, tiles, act, hidden, inter, k, first,
-                                   local);
-}
-// The same cached in L2 only, no L1 line (LaunchOptions::moe_gate_up_nc).
-extern "C" __global__ void moe_gate_up_t1_nc_bf16(const __nv_bfloat16* x,
-                                                  const __nv_bfloat16* gate_up,
-                                                  const uint32_t* order, const uint32_t* tiles,
-                                                  __nv_bfloat16* act, int hidden, int inter,
-                                                  int k, int first, int local) {
-  moe_gate_up<__nv_bfloat16, 1, 2>(x, gate_up, order, tiles, act, hidden, inter, k, first,
-                                   local);
-}
+// LD (ld_weight): 0 plain loads; moe_gate_up_t1_cs_bf16 evict-first (LaunchOptions::
+// moe_gate_up_cs), moe_gate_up_t1_nc_bf16 cached in L2 only (LaunchOptions::moe_gate_up_nc).
+#define MOE_GATE_UP_T1(NAME, LD)                                                                \
+  extern "C" __global__ void NAME(const __nv_bfloat16* x, const __nv_bfloat16* gate_up,         \
+                                  const uint32_t* order, const uint32_t* tiles,                 \
+                                  __nv_bfloat16* act, int hidden, int inter, int k, int first,  \
+                                  int local) {                                                  \
+    moe_gate_up<__nv_bfloat16, 1, LD>(x, gate_up, order, tiles, act, hidden, inter, k, first,   \
+                                      local);                                                   \
+  }
+MOE_GATE_UP_T1(moe_gate_up_t1_bf16, 0)
+MOE_GATE_UP_T1(moe_gate_up_t1_cs_bf16, 1)
+MOE_GATE_UP_T1(moe_gate_up_t1_nc_bf16, 2)
 extern "C" __global__ void moe_down_t1_bf16(const __nv_bfloat16* act, const __nv_bfloat16* down,
                                             const uint32_t* order, const uint32_t* tiles,
                                             const float* w, __nv_bfloat16* y, int hidden, int inter,

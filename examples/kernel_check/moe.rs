@@ -83,30 +83,14 @@ fn gate_up_cs(dev: &Device, t: &mut Table) -> Res<()> {
         },
         0.0,
     );
-    let cases = [
-        (1, 128, 8, 2048, 768, 0, 128, true),
-        (2, 128, 8, 2048, 768, 0, 128, false),
-        (5, 128, 8, 2048, 768, 64, 64, true),
-        (8, 128, 8, 2048, 768, 0, 128, true),
-        (7, 8, 2, 256, 64, 4, 4, false),
-    ];
-    for (tokens, e, top, hidden, inter, first, local, norm) in cases {
-        let (h, logits, gu, dn) = layer(dev, DType::BF16, (tokens, e), (hidden, inter, local))?;
-        let how = (first, top, norm);
-        let (base, ..) = k.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
-        let (ours, ..) = kc.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
-        t.check(
-            format!("moe gate|up evict-first = plain: T{tokens} E{e} top{top} h{hidden} experts {first}+{local} norm {norm}"),
-            rel(&ours, &base)?,
-            0.0,
-        );
-        let (nc, ..) = kn.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
-        t.check(
-            format!("moe gate|up L2-only = plain: T{tokens} E{e} top{top} h{hidden} experts {first}+{local} norm {norm}"),
-            rel(&nc, &base)?,
-            0.0,
-        );
-    }
+    one_pair_bits(
+        dev,
+        t,
+        &[
+            ("moe gate|up evict-first = plain", &kc, &k),
+            ("moe gate|up L2-only = plain", &kn, &k),
+        ],
+    )?;
     let (e, top, hidden, inter) = (128, 8, 2048, 768);
     for tokens in [1usize, 8] {
         let (h, logits, gu, dn) = layer(dev, DType::BF16, (tokens, e), (hidden, inter, e))?;
@@ -118,6 +102,39 @@ fn gate_up_cs(dev: &Device, t: &mut Table) -> Res<()> {
             "moe timing T{tokens} gate|up evict-first (alone, L2-warm): plain {plain:.1} us (gate|up {:.1}), evict-first {cs:.1} ({:.1}), L2-only {nc:.1} ({:.1})",
             each[1], each_cs[1], each_nc[1]
         );
+    }
+    Ok(())
+}
+
+/// Each (label, ours, base) of `checks`: the experts' output of `ours` against `base`'s bit for
+/// bit on one-pair tiles, on the same inputs, at 1, 2, 5 (one rank's half of the experts) and 8
+/// tokens of the 30B-A3B shape and 7 tokens of a top-2 shape, both `norm_topk_prob`.
+fn one_pair_bits(
+    dev: &Device,
+    t: &mut Table,
+    checks: &[(&str, &CudaKernels, &CudaKernels)],
+) -> Res<()> {
+    let cases = [
+        (1, 128, 8, 2048, 768, 0, 128, true),
+        (2, 128, 8, 2048, 768, 0, 128, false),
+        (5, 128, 8, 2048, 768, 64, 64, true),
+        (8, 128, 8, 2048, 768, 0, 128, true),
+        (7, 8, 2, 256, 64, 4, 4, false),
+    ];
+    for (tokens, e, top, hidden, inter, first, local, norm) in cases {
+        let (h, logits, gu, dn) = layer(dev, DType::BF16, (tokens, e), (hidden, inter, local))?;
+        let how = (first, top, norm);
+        for &(label, ours, base) in checks {
+            let (a, ..) = ours.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
+            let (b, ..) = base.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
+            t.check(
+                format!(
+                    "{label}: T{tokens} E{e} top{top} h{hidden} experts {first}+{local} norm {norm}"
+                ),
+                rel(&a, &b)?,
+                0.0,
+            );
+        }
     }
     Ok(())
 }
@@ -172,30 +189,14 @@ fn down_sum(dev: &Device, t: &mut Table) -> Res<()> {
         },
         0.0,
     );
-    let cases = [
-        (1, 128, 8, 2048, 768, 0, 128, true),
-        (2, 128, 8, 2048, 768, 0, 128, false),
-        (5, 128, 8, 2048, 768, 64, 64, true),
-        (8, 128, 8, 2048, 768, 0, 128, true),
-        (7, 8, 2, 256, 64, 4, 4, false),
-    ];
-    for (tokens, e, top, hidden, inter, first, local, norm) in cases {
-        let (h, logits, gu, dn) = layer(dev, DType::BF16, (tokens, e), (hidden, inter, local))?;
-        let how = (first, top, norm);
-        let (two, ..) = k.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
-        let (one, ..) = kd.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
-        t.check(
-            format!("moe down+sum in one launch = two: T{tokens} E{e} top{top} h{hidden} experts {first}+{local}"),
-            rel(&one, &two)?,
-            0.0,
-        );
-        let (rk, ..) = kr.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 1))?;
-        t.check(
-            format!("moe down+sum ranked by a warp = sorted: T{tokens} E{e} top{top} h{hidden} experts {first}+{local}"),
-            rel(&rk, &one)?,
-            0.0,
-        );
-    }
+    one_pair_bits(
+        dev,
+        t,
+        &[
+            ("moe down+sum in one launch = two", &kd, &k),
+            ("moe down+sum ranked by a warp = sorted", &kr, &kd),
+        ],
+    )?;
     let (e, top, hidden, inter) = (128, 8, 2048, 768);
     let gu = (randn(&[e, 2 * inter, hidden], DType::BF16, dev)? * 0.02)?;
     let dn = (randn(&[e, hidden, inter], DType::BF16, dev)? * 0.02)?;

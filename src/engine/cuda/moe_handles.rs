@@ -92,16 +92,20 @@ impl MoeKernels {
                     f(moe, &format!("moe_down_sum{rk}_bf16"))
                 })
                 .transpose()?,
-            route_one: match (opts.moe_route_one, opts.moe_route_redux) {
-                (true, false) => Some(both(route, "moe_route_one")?),
-                (true, true) => Some(both(route, "moe_route_one_rx")?),
-                (false, _) => None,
-            },
-            gate_up_hinted: match (bf16, opts.moe_gate_up_nc, opts.moe_gate_up_cs) {
-                (true, true, _) => Some(f(moe, "moe_gate_up_t1_nc_bf16")?),
-                (true, false, true) => Some(f(moe, "moe_gate_up_t1_cs_bf16")?),
-                _ => None,
-            },
+            route_one: opts
+                .moe_route_one
+                .then(|| {
+                    let rx = if opts.moe_route_redux { "_rx" } else { "" };
+                    both(route, &format!("moe_route_one{rx}"))
+                })
+                .transpose()?,
+            // The L2-only loads over the evict-first ones.
+            gate_up_hinted: (bf16 && (opts.moe_gate_up_nc || opts.moe_gate_up_cs))
+                .then(|| {
+                    let hint = if opts.moe_gate_up_nc { "nc" } else { "cs" };
+                    f(moe, &format!("moe_gate_up_t1_{hint}_bf16"))
+                })
+                .transpose()?,
             _modules: [route.clone(), moe.clone(), mma.clone()],
         })
     }
