@@ -31,6 +31,21 @@ const KERNELS: &[&str] = &[
     "gemv_tma_sm90",
 ];
 
+/// Second builds of a kernel file with macros defined: (fatbin name, source file, macros).
+/// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`),
+/// the fused decode attention with its K/V evict-first (`LaunchOptions::kv_evict_first`) and
+/// with that the next layer's K/V prefetched into L2 (`LaunchOptions::kv_next_prefetch`).
+const VARIANTS: &[(&str, &str, &[&str])] = &[
+    ("gemv_ef", "gemv", &["WEIGHT_EVICT_FIRST"]),
+    ("gemv_mma_ef", "gemv_mma", &["WEIGHT_EVICT_FIRST"]),
+    ("fused_decode_kef", "fused_decode", &["KV_EVICT_FIRST"]),
+    (
+        "fused_decode_knp",
+        "fused_decode",
+        &["KV_EVICT_FIRST", "KV_NEXT_PREFETCH"],
+    ),
+];
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     for k in KERNELS {
@@ -65,25 +80,33 @@ fn main() {
         .and_then(|j| j.parse::<usize>().ok())
         .unwrap_or(1)
         .max(1);
-    let mut pending: Vec<&str> = KERNELS.to_vec();
+    let mut pending: Vec<(&str, &str, &[&str])> = KERNELS
+        .iter()
+        .map(|&k| (k, k, &[][..]))
+        .chain(VARIANTS.iter().copied())
+        .collect();
     // Longest first: the Hopper flash prefill, then the rest in order.
-    pending.sort_by_key(|k| !k.ends_with("_sm90"));
-    let mut running: Vec<(&str, std::process::Child)> = Vec::new();
+    pending.sort_by_key(|(k, ..)| !k.ends_with("_sm90"));
+    let mut running: Vec<(String, std::process::Child)> = Vec::new();
     while !pending.is_empty() || !running.is_empty() {
         while running.len() < jobs && !pending.is_empty() {
-            let k = pending.remove(0);
-            running.push((k, nvcc_command(&nvcc, k, &out)));
+            let (k, src, defs) = pending.remove(0);
+            let label = std::iter::once(format!("kernels/{src}.cu"))
+                .chain(defs.iter().map(|d| format!("-D{d}")))
+                .collect::<Vec<_>>()
+                .join(" ");
+            running.push((label, nvcc_command(&nvcc, (k, src, defs), &out)));
         }
         // Whichever finishes first frees its slot.
         let mut done = None;
         for (i, (k, child)) in running.iter_mut().enumerate() {
             if let Some(status) = child
                 .try_wait()
-                .unwrap_or_else(|e| panic!("cannot wait for nvcc on {k}.cu: {e}"))
+                .unwrap_or_else(|e| panic!("cannot wait for nvcc on {k}: {e}"))
             {
                 assert!(
                     status.success(),
-                    "nvcc failed on kernels/{k}.cu (see the errors above)"
+                    "nvcc failed on {k} (see the errors above)"
                 );
                 done = Some(i);
                 break;
@@ -96,12 +119,20 @@ fn main() {
     }
 }
 
-/// Starts nvcc on `kernels/{k}.cu`, writing `{out}/{k}.fatbin`.
-fn nvcc_command(nvcc: &Path, k: &str, out: &Path) -> std::process::Child {
-    let src = Path::new("kernels").join(format!("{k}.cu"));
+/// Starts nvcc on `kernels/{src}.cu` (with `-D{def}` for each of `defs`), writing
+/// `{out}/{k}.fatbin`.
+fn nvcc_command(
+    nvcc: &Path,
+    (k, src, defs): (&str, &str, &[&str]),
+    out: &Path,
+) -> std::process::Child {
+    let src = Path::new("kernels").join(format!("{src}.cu"));
     let dst = out.join(format!("{k}.fatbin"));
     let mut cmd = Command::new(nvcc);
     cmd.args(["-O3", "-std=c++17", "-fatbin", "-lineinfo"]);
+    for def in defs {
+        cmd.arg(format!("-D{def}"));
+    }
     if k.ends_with("_sm90") {
         // Hopper-only instructions (wgmma): sm_90a machine code and nothing else; the host
         // loads these only on sm_90 GPUs.

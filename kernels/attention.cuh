@@ -63,6 +63,28 @@ template <>
 struct KvRaw<fp8> {
   using type = uint2;
 };
+// One lane's piece of a K/V row. Built with KV_EVICT_FIRST (build.rs: fused_decode_kef,
+// LaunchOptions::kv_evict_first) the bf16 and fp8 pieces are marked evict-first in L2 (an L2
+// cache policy): the same values.
+template <typename Raw>
+__device__ __forceinline__ Raw ld_kv(const void* p) {
+#ifdef KV_EVICT_FIRST
+  uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  if constexpr (sizeof(Raw) == 16) {
+    uint4 v;
+    asm("ld.global.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "l"(pol));
+    return *reinterpret_cast<Raw*>(&v);
+  } else if constexpr (sizeof(Raw) == 8) {
+    uint2 v;
+    asm("ld.global.L2::cache_hint.v2.u32 {%0,%1}, [%2], %3;" : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(pol));
+    return *reinterpret_cast<Raw*>(&v);
+  }
+#endif
+  return *reinterpret_cast<const Raw*>(p);
+}
 // f32 caches (f32 compute): 8 floats.
 struct F32x8 {
   float4 a, b;
@@ -227,9 +249,14 @@ struct FusedDecodeParams {
   int stop;
   int kv_shift;  // log2 of the grid's KV heads per cache KV head (fused_decode.cu)
   int pad;
+  // The next layer's K/V caches (null: none), prefetched into L2 by builds with
+  // KV_NEXT_PREFETCH (fused_decode_knp, LaunchOptions::kv_next_prefetch).
+  const void* next_k;
+  const void* next_v;
 };
-static_assert(sizeof(FusedDecodeParams) == 168, "FusedDecodeParams layout");
-static_assert(offsetof(FusedDecodeParams, width) == 112 && offsetof(FusedDecodeParams, eps) == 152,
+static_assert(sizeof(FusedDecodeParams) == 184, "FusedDecodeParams layout");
+static_assert(offsetof(FusedDecodeParams, width) == 112 && offsetof(FusedDecodeParams, eps) == 152 &&
+                  offsetof(FusedDecodeParams, next_k) == 168,
               "FusedDecodeParams layout");
 
 struct PrefillParams {

@@ -41,6 +41,40 @@ constexpr int FETCH = 4;
 constexpr int CLUSTER_PART = 128;  // longest partition of a context one cluster covers
 constexpr int MERGE_STAGE = 32;    // partials a global merge stages in shared memory
 
+// Built with KV_NEXT_PREFETCH (build.rs: fused_decode_knp, with KV_EVICT_FIRST;
+// LaunchOptions::kv_next_prefetch): the next layer's K/V rows of tokens [start, end) of the
+// cache head at head_base, which the next layer's block of this (row, KV head, partition)
+// reads, prefetched into L2, one bulk prefetch a table block and cache by lane l of the
+// calling warp for blocks l, l + 32, ... The tables and contexts are the step's (every layer
+// reads the same slots of its own caches); the prefetch is a hint and writes nothing. With
+// this layer's K/V and the weights loaded evict-first, the prefetched lines (L2's normal
+// priority) outlive the rest of the layer's traffic.
+template <typename KT>
+__device__ __forceinline__ void prefetch_next_kv(const KT* nk, const KT* nv,
+                                                 const uint32_t* __restrict__ table, int start,
+                                                 int end, int block_size, size_t head_base,
+                                                 int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (end <= start) return;
+  const int first = start / block_size, last = (end - 1) / block_size;
+  for (int tb = first + lane; tb <= last; tb += 32) {
+    const int p0 = max(start, tb * block_size), p1 = min(end, (tb + 1) * block_size);
+    const size_t off = (head_base + (size_t)table[tb] * block_size + (p0 - tb * block_size)) * HD;
+    const unsigned bytes = (unsigned)((p1 - p0) * HD * sizeof(KT));
+    asm volatile(
+        "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
+        " cp.async.bulk.prefetch.L2.global [g], %1;\n}" ::"l"(nk + off),
+        "r"(bytes)
+        : "memory");
+    asm volatile(
+        "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
+        " cp.async.bulk.prefetch.L2.global [g], %1;\n}" ::"l"(nv + off),
+        "r"(bytes)
+        : "memory");
+  }
+#endif
+}
+
 // The last of `nparts` partials (index 0 .. nparts-1 of the `splits` slots of heads
 // hb .. hb+G-1, hb = b * nh + kh * G) to be written merges them into out (rows hb ..): each
 // writer calls this after writing its partial; the counter goes back to zero.
@@ -133,7 +167,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              __nv_bfloat16* __restrict__ out, float* part_acc, float* part_ml,
                              uint32_t* counters, int W, const uint32_t* __restrict__ width,
                              int block_size, long long num_slots, int nkv, int part_min,
-                             float ks, float vs, float eps, int stop, int kv_shift) {
+                             float ks, float vs, float eps, int stop, int kv_shift,
+                             const KT* next_k, const KT* next_v) {
   using T = __nv_bfloat16;
   using Raw = typename KvRaw<KT>::type;
   pdl_trigger();
@@ -176,8 +211,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
         const int to = bs_pow2 ? p & (block_size - 1) : p % block_size;
         const size_t slot = (size_t)table[tb] * block_size + to;
         const size_t off = (head_base + slot) * HD + lane * PER;
-        kr[u] = *reinterpret_cast<const Raw*>(k_cache + off);
-        vr[u] = *reinterpret_cast<const Raw*>(v_cache + off);
+        kr[u] = ld_kv<Raw>(k_cache + off);
+        vr[u] = ld_kv<Raw>(v_cache + off);
       }
     }
   };
@@ -200,6 +235,15 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   } else {
     fetch(start);
   }
+#ifdef KV_NEXT_PREFETCH
+  // The next layer's K/V of this block's share, while the qkv matmul before still runs (the
+  // first of a cache head's virtual heads only).
+  if (next_k != nullptr && threadIdx.x < 32 && (kh & ((1 << kv_shift) - 1)) == 0)
+    prefetch_next_kv<KT>(next_k, next_v, table, start, end, block_size, head_base, threadIdx.x);
+#else
+  (void)next_k;
+  (void)next_v;
+#endif
   pdl_wait();
   if (stop == 1) {
     if constexpr (MMA > 0) cp_async_wait<0>();
@@ -438,7 +482,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                                    (KT*)p.k_cache, (KT*)p.v_cache, p.block_tables, p.ctx_lens,   \
                                    p.out, p.part_acc, p.part_ml, p.counters, p.W, p.width,       \
                                    p.block_size, p.num_slots, p.nkv, p.part, p.k_scale,          \
-                                   p.v_scale, p.eps, p.stop, p.kv_shift);                        \
+                                   p.v_scale, p.eps, p.stop, p.kv_shift, (const KT*)p.next_k,    \
+                                   (const KT*)p.next_v);                                         \
   }
 #define PS_DECODE_FUSED_ALL(LEAN, MMA, BOUNDS, PRE)                  \
   PS_DECODE_FUSED(1, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \

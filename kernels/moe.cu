@@ -25,13 +25,14 @@ namespace {
 
 // A weight chunk of the experts' matmuls: LD 0 a plain load (cached in L1); 1 evict-first in
 // L1 and L2 (ld.global.cs: on the H200 the one-pair gate|up 1-2% faster a step on the 30B-A3B
-// shape, #29); 2 cached in L2 only, no L1 line (ld.global.cg, the intrinsic's form of the dense
-// skinny matmuls' ld.global.nc.L1::no_allocate). The down + sum's loads with either hint need
-// more than its 128 registers (88 bytes spilled; the evict-first form measured 2-6% slower).
+// shape, #29). Cached in L2 only at L2's normal priority (ld.global.cg) it measured as slow as
+// the plain loads (round 49), so the gain is L2's eviction priority. The down + sum's loads
+// with ld.global.cs need more than its 128 registers (88 bytes spilled; measured 2-6% slower);
+// evict-first in L2 by a cache policy with its act rows read as they are summed, it does not
+// spill but measured 3-14% slower (round 49).
 template <int LD>
 __device__ __forceinline__ uint4 ld_weight(const uint4* p) {
   if constexpr (LD == 1) return __ldcs(p);
-  if constexpr (LD == 2) return __ldcg(p);
   return *p;
 }
 
@@ -94,7 +95,7 @@ __device__ __forceinline__ void tile_dot(const T* const* wr, const T* const* row
 // Grid (ceil(inter / 8), tiles), 256 threads: warp w of block (bx, tile) takes row j = bx * 8
 // + w of the tile's expert's gate and of its up, for every pair of the tile. gate_up: [E_local,
 // 2 * inter, hidden]; act: [P, inter] by position in `order`.
-// LD: how the weight rows are loaded (ld_weight; LaunchOptions::moe_gate_up_cs / _nc).
+// LD: how the weight rows are loaded (ld_weight; LaunchOptions::moe_gate_up_cs).
 template <typename T, int TM, int LD = 0>
 __device__ void moe_gate_up(const T* __restrict__ x, const T* __restrict__ gate_up,
                             const uint32_t* __restrict__ order, const uint32_t* __restrict__ tiles,
@@ -374,7 +375,7 @@ MOE_TILE_KERNELS(float, f32, 32)
 // One-pair tiles (steps of up to 64 pairs, LaunchOptions::moe_tile_one): gate|up a row pair a
 // warp, down four rows a warp.
 // LD (ld_weight): 0 plain loads; moe_gate_up_t1_cs_bf16 evict-first (LaunchOptions::
-// moe_gate_up_cs), moe_gate_up_t1_nc_bf16 cached in L2 only (LaunchOptions::moe_gate_up_nc).
+// moe_gate_up_cs).
 #define MOE_GATE_UP_T1(NAME, LD)                                                                \
   extern "C" __global__ void NAME(const __nv_bfloat16* x, const __nv_bfloat16* gate_up,         \
                                   const uint32_t* order, const uint32_t* tiles,                 \
@@ -385,7 +386,6 @@ MOE_TILE_KERNELS(float, f32, 32)
   }
 MOE_GATE_UP_T1(moe_gate_up_t1_bf16, 0)
 MOE_GATE_UP_T1(moe_gate_up_t1_cs_bf16, 1)
-MOE_GATE_UP_T1(moe_gate_up_t1_nc_bf16, 2)
 extern "C" __global__ void moe_down_t1_bf16(const __nv_bfloat16* act, const __nv_bfloat16* down,
                                             const uint32_t* order, const uint32_t* tiles,
                                             const float* w, __nv_bfloat16* y, int hidden, int inter,

@@ -7,6 +7,10 @@
 //  * moe_route:   per token, softmax (f32) and top-k (ties to the lower id), weights
 //                 renormalized when asked and rounded to the compute dtype (as HF casts them);
 //                 ids [T * k] u32, w [T * k] f32.
+//  * moe_router_route: for one token over at most 128 experts (LaunchOptions::moe_router_route,
+//                 bf16, sm_90), the router's matmul and moe_route_one's routing in one launch:
+//                 a cluster of ceil(E / 8) blocks, the logits gathered in block 0's shared
+//                 memory.
 //  * moe_align:   one block (with the routing, `moe_route_align`, for up to 32 tokens): the
 //                 pairs (token, slot) grouped by expert, `order` [P] (pair indices, grouped by
 //                 expert), and tiles (start in order, count <= TM, expert) over each expert's
@@ -16,7 +20,9 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "cluster.cuh"
 #include "common.cuh"
+#include "gemv.cuh"
 
 namespace {
 
@@ -247,30 +253,37 @@ extern "C" __global__ void moe_align(const uint32_t* ids, uint32_t* order, uint3
 MOE_ROUTE_ALIGN(__nv_bfloat16, bf16)
 MOE_ROUTE_ALIGN(float, f32)
 
+// One token's tables from its k picks (lane s < k holds pick s's expert `mine`), what
+// moe_route_align writes for it: the picks are distinct experts, so each is a run (and a tile)
+// of one pair, in ascending expert order; pick s goes to position rank(s), the number of picks
+// with a lower expert; tiles past k are zeroed.
+__device__ __forceinline__ void one_token_tables(uint32_t mine, int k, uint32_t* order, uint32_t* tiles,
+                                                 int max_tiles, int lane) {
+  int rank = 0;
+  for (int s = 0; s < k; ++s) rank += __shfl_sync(0xffffffffu, mine, s) < mine ? 1 : 0;
+  if (lane < k) order[rank] = (uint32_t)lane;
+  if (lane < k && rank < max_tiles) {
+    tiles[3 * rank] = (uint32_t)rank;
+    tiles[3 * rank + 1] = 1u;
+    tiles[3 * rank + 2] = mine;
+  }
+  for (int i = k + lane; i < max_tiles; i += 32) {
+    tiles[3 * i] = 0u;
+    tiles[3 * i + 1] = 0u;
+    tiles[3 * i + 2] = 0u;
+  }
+}
+
 // One token over at most 128 experts (LaunchOptions::moe_route_one): the routing and the
-// alignment by one warp, what moe_route_align writes for it. The token's k experts are
-// distinct, so each is a run (and a tile) of one pair, in ascending expert order: pick s goes
-// to position rank(s), the number of picks with a lower expert; tiles past k are zeroed.
-// NAME_rx: the picks by redux_argmax (LaunchOptions::moe_route_redux).
+// alignment by one warp (one_token_tables). NAME_rx: the picks by redux_argmax
+// (LaunchOptions::moe_route_redux).
 #define MOE_ROUTE_ONE(T, NAME, RX)                                                              \
   extern "C" __global__ void NAME(const T* logits, uint32_t* ids, float* w, uint32_t* order,    \
                                   uint32_t* tiles, int e, int k, int norm, int max_tiles) {     \
     pdl_entry();                                                                                \
     const int lane = threadIdx.x & 31;                                                          \
     const uint32_t mine = route_small<T, RX>(logits, ids, w, 0, e, k, norm, lane);              \
-    int rank = 0;                                                                               \
-    for (int s = 0; s < k; ++s) rank += __shfl_sync(0xffffffffu, mine, s) < mine ? 1 : 0;       \
-    if (lane < k) order[rank] = (uint32_t)lane;                                                 \
-    if (lane < k && rank < max_tiles) {                                                         \
-      tiles[3 * rank] = (uint32_t)rank;                                                         \
-      tiles[3 * rank + 1] = 1u;                                                                 \
-      tiles[3 * rank + 2] = mine;                                                               \
-    }                                                                                           \
-    for (int i = k + lane; i < max_tiles; i += 32) {                                            \
-      tiles[3 * i] = 0u;                                                                        \
-      tiles[3 * i + 1] = 0u;                                                                    \
-      tiles[3 * i + 2] = 0u;                                                                    \
-    }                                                                                           \
+    one_token_tables(mine, k, order, tiles, max_tiles, lane);                                   \
   }
 MOE_ROUTE_ONE(__nv_bfloat16, moe_route_one_bf16, false)
 MOE_ROUTE_ONE(float, moe_route_one_f32, false)
@@ -385,3 +398,65 @@ __device__ void norm_router(const __nv_bfloat16* __restrict__ W, const __nv_bflo
   }
 MOE_NORM_ROUTER(1)
 MOE_NORM_ROUTER(2)
+
+// The router's matmul and one token's routing in one launch (LaunchOptions::moe_router_route;
+// bf16, one token, E <= 128, sm_90). Grid (1, 1, ceil(E / 8)) as one cluster (one block
+// without), 256 threads:
+// warp w of block z computes logit z * 8 + w as the skinny matmul gemv_t1_bf16 does (its
+// first batch of weight loads before the wait, dot_rows, rounded to bf16: the same bits),
+// writes it to `logits` and into block 0's shared memory; behind a cluster barrier warp 0 of
+// block 0 routes the token from there as moe_route_one does (route_small, one_token_tables):
+// the same ids, weights and tables, one launch and one trip of the logits through memory
+// fewer. RX: the picks by redux_argmax (LaunchOptions::moe_route_redux).
+template <bool RX>
+__device__ void router_route(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* h,
+                             __nv_bfloat16* __restrict__ logits, uint32_t* ids, float* w,
+                             uint32_t* order, uint32_t* tiles, int E, int K, int k, int norm,
+                             int max_tiles) {
+  __shared__ __nv_bfloat16 lg[128];
+  pdl_trigger();
+  // One block (E <= 8) is launched without a cluster: its own barrier then.
+  const bool cl = gridDim.z > 1;
+  // Every block has started before any writes block 0's shared memory (waited for below).
+  if (cl) cluster_arrive();
+  const int lane = threadIdx.x % 32;
+  int rows[1];
+  rows[0] = blockIdx.z * WARPS + threadIdx.x / 32;
+  const bool ok = rows[0] < E;
+  if (!ok) rows[0] = 0;
+  uint4 wb[1][BATCH];
+  if (ok) load_batch<1>(W, rows, K, lane, wb);
+  pdl_wait();
+  __nv_bfloat16 v = __float2bfloat16(0.f);
+  if (ok) {
+    float acc[1][1];
+    dot_rows<1, 1>(W, PlainX{h, K}, rows, K, lane, wb, acc);
+    v = __float2bfloat16(acc[0][0]);
+  }
+  if (cl) cluster_wait();
+  if (ok && lane == 0) {
+    logits[rows[0]] = v;
+    *cluster_peer(&lg[rows[0]], 0) = v;
+  }
+  // Release: the logits in block 0's shared memory before it reads them.
+  if (!cl) {
+    __syncthreads();
+  } else {
+    cluster_arrive();
+    if (blockIdx.z != 0) return;
+    cluster_wait();
+  }
+  if (threadIdx.x >= 32) return;
+  const uint32_t mine = route_small<__nv_bfloat16, RX>(lg, ids, w, 0, E, k, norm, lane);
+  one_token_tables(mine, k, order, tiles, max_tiles, lane);
+}
+
+#define MOE_ROUTER_ROUTE(NAME, RX)                                                              \
+  extern "C" __global__ void __launch_bounds__(256)                                             \
+      NAME(const __nv_bfloat16* W, const __nv_bfloat16* h, __nv_bfloat16* logits,               \
+           uint32_t* ids, float* w, uint32_t* order, uint32_t* tiles, int E, int K, int k,      \
+           int norm, int max_tiles) {                                                           \
+    router_route<RX>(W, h, logits, ids, w, order, tiles, E, K, k, norm, max_tiles);             \
+  }
+MOE_ROUTER_ROUTE(moe_router_route_bf16, false)
+MOE_ROUTER_ROUTE(moe_router_route_rx_bf16, true)

@@ -51,6 +51,10 @@ pub(crate) struct Args {
     /// Write the random model to this directory and exit.
     #[arg(long)]
     pub(crate) write_model: Option<PathBuf>,
+    /// Random weights of more than this many MiB are written as shards of about this size
+    /// with a `model.safetensors.index.json`, one shard in memory at a time.
+    #[arg(long, default_value_t = 4096)]
+    pub(crate) shard_mib: usize,
     /// Use the model in this directory instead of writing one.
     #[arg(long)]
     pub(crate) model_dir: Option<PathBuf>,

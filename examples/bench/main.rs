@@ -37,15 +37,30 @@ use policy_serve::engine::{DTypeChoice, select_device};
 use policy_serve::testing::{TensorRole, qwen3_tensor_specs};
 use policy_serve::{EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
 
+/// An engine on the model in `dir` under `opts`, with the registry that owns its weights: keep
+/// both while the engine runs, drop both before the next engine sizes its KV pool.
+pub(crate) fn engine_on(
+    dir: &Path,
+    opts: EngineOptions,
+) -> Result<(ModelRegistry, policy_serve::Engine), Box<dyn std::error::Error>> {
+    let registry =
+        ModelRegistry::new(vec![ModelSpec::local("bench", "bench", dir)])?.with_options(opts);
+    let engine = registry.model("bench")?.engine().clone();
+    Ok((registry, engine))
+}
+
 fn sync(dev: &Device) {
     dev.synchronize().expect("synchronize");
 }
 
-/// Writes config.json, tokenizer files and random weights (std 0.02, norms 1) to `dir`.
+/// Writes config.json, tokenizer files and random weights (std 0.02, norms 1) to `dir`: one
+/// `model.safetensors`, or past `shard_bytes` shards of about that size with a
+/// `model.safetensors.index.json` (the Hugging Face layout of large checkpoints), so that the
+/// writer holds one shard in memory, not the model (the 48-layer 30B-A3B shape is ~61 GB).
 fn write_random_model(
     dir: &Path,
     cfg: &serde_json::Value,
-    dtype: DType,
+    (dtype, shard_bytes): (DType, usize),
     dev: &Device,
 ) -> candle_core::Result<()> {
     std::fs::create_dir_all(dir)?;
@@ -60,8 +75,28 @@ fn write_random_model(
     let mcfg = policy_serve::engine::ModelConfig::from_json(&cfg.to_string())
         .map_err(|e| candle_core::Error::msg(e.to_string()))?;
     let h = mcfg.hidden_size;
+    let specs = qwen3_tensor_specs(&mcfg);
+    let total: usize = specs
+        .iter()
+        .map(|s| s.shape.iter().product::<usize>())
+        .sum::<usize>()
+        * dtype.size_in_bytes();
+    let sharded = total > shard_bytes;
     let mut t: HashMap<String, Tensor> = HashMap::new();
-    for spec in qwen3_tensor_specs(&mcfg) {
+    let (mut held, mut shard) = (0usize, 0usize);
+    let mut weight_map = serde_json::Map::new();
+    let mut flush =
+        |t: &mut HashMap<String, Tensor>, shard: &mut usize| -> candle_core::Result<()> {
+            *shard += 1;
+            let name = format!("model-{shard:05}.safetensors");
+            for k in t.keys() {
+                weight_map.insert(k.clone(), name.clone().into());
+            }
+            candle_core::safetensors::save(t, dir.join(&name))?;
+            t.clear();
+            Ok(())
+        };
+    for spec in specs {
         let tensor = match spec.role {
             TensorRole::Embedding => {
                 (Tensor::randn(0f32, 0.02, spec.shape, dev)? * (h as f64).sqrt())?
@@ -69,9 +104,25 @@ fn write_random_model(
             TensorRole::Matrix => Tensor::randn(0f32, 0.02, spec.shape, dev)?,
             TensorRole::Norm => Tensor::ones(spec.shape, DType::F32, dev)?,
         };
+        held += tensor.elem_count() * dtype.size_in_bytes();
         t.insert(spec.name, tensor.to_dtype(dtype)?.to_device(&Device::Cpu)?);
+        if sharded && held >= shard_bytes {
+            flush(&mut t, &mut shard)?;
+            held = 0;
+        }
     }
-    candle_core::safetensors::save(&t, dir.join("model.safetensors"))
+    if !sharded {
+        return candle_core::safetensors::save(&t, dir.join("model.safetensors"));
+    }
+    if !t.is_empty() {
+        flush(&mut t, &mut shard)?;
+    }
+    let index = serde_json::json!({
+        "metadata": { "total_size": total },
+        "weight_map": weight_map,
+    });
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string())?;
+    Ok(())
 }
 
 fn prompt(n: usize, salt: usize) -> Vec<u32> {
@@ -90,7 +141,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dtype = a.dtype.resolve(&dev, Some(DType::BF16));
     let write = |dir: &Path| -> Result<(), Box<dyn std::error::Error>> {
         let t0 = Instant::now();
-        write_random_model(dir, &cfg, dtype, &dev)?;
+        write_random_model(dir, &cfg, (dtype, a.shard_mib.max(1) << 20), &dev)?;
         let secs = t0.elapsed().as_secs_f64();
         println!(
             "# random {} weights ({dtype:?}) written in {secs:.1}s to {}",

@@ -10,10 +10,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use policy_serve::engine::{DraftReplay, SpeculativeMethod, SpeculativeOptions};
-use policy_serve::{Engine, EngineOptions, ModelRegistry, ModelSpec};
+use policy_serve::{Engine, EngineOptions, ModelRegistry};
 
-use crate::Args;
 use crate::rows::decode_round;
+use crate::{Args, engine_on};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -33,14 +33,12 @@ fn round(
 /// (`--spec-max-batch`), each dropped before the next.
 pub(crate) fn spec_sweep(dir: &Path, opts: &EngineOptions, a: &Args) -> Res<()> {
     let engine_with = |speculative: Option<SpeculativeOptions>| -> Res<(ModelRegistry, Engine)> {
-        let registry = ModelRegistry::new(vec![ModelSpec::local("spec", "spec", dir)])?
-            .with_options(EngineOptions {
-                speculative,
-                speculative_model: a.spec_draft.clone(),
-                ..opts.clone()
-            });
-        let engine = registry.model("spec")?.engine().clone();
-        Ok((registry, engine))
+        let o = EngineOptions {
+            speculative,
+            speculative_model: a.spec_draft.clone(),
+            ..opts.clone()
+        };
+        engine_on(dir, o)
     };
     let mut plain = Vec::new();
     {

@@ -9,7 +9,9 @@ use std::path::Path;
 
 use policy_serve::engine::{KvBudget, KvDiskOptions, KvLoad};
 use policy_serve::testing::synthetic_prompt;
-use policy_serve::{EngineOptions, GenerationRequest, ModelRegistry, ModelSpec};
+use policy_serve::{EngineOptions, GenerationRequest};
+
+use crate::engine_on;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -34,10 +36,7 @@ pub(crate) fn tiers_resume(
         let bytes = (len * per_token) as f64;
         let disk = std::env::temp_dir().join(format!("policy-serve-tiers-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&disk);
-        let o = engine_options(opts, bytes, &disk);
-        let registry =
-            ModelRegistry::new(vec![ModelSpec::local("bench", "bench", dir)])?.with_options(o);
-        let engine = registry.model("bench")?.engine().clone();
+        let (registry, engine) = engine_on(dir, engine_options(opts, bytes, &disk))?;
         let transcript = synthetic_prompt(len, 1);
         let run = |salt: usize, tail: usize| one(&engine, &transcript, len, salt, tail);
         let first = std::cell::RefCell::new(None::<Vec<u32>>);
@@ -105,12 +104,11 @@ pub(crate) fn tiers_resume(
         drop(engine);
         drop(registry);
         let _ = std::fs::remove_dir_all(&disk);
-        let registry = ModelRegistry::new(vec![ModelSpec::local("bench", "bench", dir)])?
-            .with_options(EngineOptions {
-                kv_load: KvLoad::Measured,
-                ..engine_options(opts, bytes, &disk)
-            });
-        let engine = registry.model("bench")?.engine().clone();
+        let measured = EngineOptions {
+            kv_load: KvLoad::Measured,
+            ..engine_options(opts, bytes, &disk)
+        };
+        let (registry, engine) = engine_on(dir, measured)?;
         let run = |salt: usize, tail: usize| one(&engine, &transcript, len, salt, tail);
         run(0, 1)?;
         for salt in 10..12 {

@@ -18,11 +18,11 @@ use std::path::Path;
 use std::time::Instant;
 
 use clap::Parser;
+use policy_serve::EngineOptions;
 use policy_serve::engine::{KernelFlags, KernelOptions};
-use policy_serve::{EngineOptions, ModelRegistry, ModelSpec};
 
-use crate::Args;
 use crate::rows::decode_round;
+use crate::{Args, engine_on};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -78,12 +78,13 @@ pub(crate) fn variant_sweep(
         let mut first: Vec<Vec<Vec<u32>>> = Vec::new();
         for (vi, (label, kernels)) in variants.iter().enumerate() {
             let t = Instant::now();
-            let registry = ModelRegistry::new(vec![ModelSpec::local("variant", "variant", dir)])?
-                .with_options(EngineOptions {
+            let (registry, engine) = engine_on(
+                dir,
+                EngineOptions {
                     kernels: *kernels,
                     ..opts.clone()
-                });
-            let engine = registry.model("variant")?.engine().clone();
+                },
+            )?;
             println!(
                 "variant [{label}] run {round} setup {:.1} s",
                 t.elapsed().as_secs_f64()

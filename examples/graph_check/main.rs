@@ -306,7 +306,7 @@ fn main() -> Res<()> {
     )?;
     if !a.profile.is_empty() {
         // The launch paths the model was loaded with.
-        let ours = policy_serve::engine::model::forward::launch_options(&a.kernels.options());
+        let ours = policy_serve::engine::model::forward::launch_options(&a.kernels.options(), &cfg);
         return profile::run(&m, &cfg, &dev, (&a.profile, &a.profile_skip), &ours);
     }
     let mut fails = 0u32;

@@ -128,8 +128,10 @@ pub(crate) fn case(
         &out1,
         (ref_splits, ref_part, ref_scratch.as_ref()),
     )?;
-    // Fused, twice (the second launch finds the counters the first left).
+    // Fused, twice (the second launch finds the counters the first left), with a next layer's
+    // caches for the kernels that prefetch them (`kv_next_prefetch`), which must not change.
     let (kc2, vc2) = (kc0.copy()?, vc0.copy()?);
+    let (kn, vn) = (kc0.copy()?, vc0.copy()?);
     let counters = k.decode_counters(b, nh)?;
     let mut worst = 0f32;
     for _ in 0..2 {
@@ -139,12 +141,20 @@ pub(crate) fn case(
             (&qw, &kw, 1e-6),
             &inv,
             (&pos, &slots_t),
-            KvRef {
-                k: &kc2,
-                v: &vc2,
-                scale,
-                fresh: None,
-            },
+            (
+                KvRef {
+                    k: &kc2,
+                    v: &vc2,
+                    scale,
+                    fresh: None,
+                },
+                Some(KvRef {
+                    k: &kn,
+                    v: &vn,
+                    scale,
+                    fresh: None,
+                }),
+            ),
             (&tables, Some(&width)),
             &ctx_t,
             bs,
@@ -159,6 +169,8 @@ pub(crate) fn case(
         });
     }
     let cache = max_abs_diff(&kc1, &kc2)?.max(max_abs_diff(&vc1, &vc2)?);
+    let next = max_abs_diff(&kn, &kc0)?.max(max_abs_diff(&vn, &vc0)?);
+    let cache = cache.max(next);
     let left = counters.sum_all()?.to_scalar::<u32>()?;
     Ok((worst, cache, left, exact))
 }
@@ -185,10 +197,16 @@ pub(crate) fn division_kernels(dev: &Device) -> Res<CudaKernels> {
 /// launch (`LaunchOptions::fused_mma`, no row bound) and the unfused tensor-core attention
 /// (`mma_decode`) it is held to.
 pub(crate) fn mma_kernels(dev: &Device, stages: u8) -> Res<CudaKernels> {
+    mma_kernels_with(dev, stages, false)
+}
+
+/// `mma_kernels` with the fused attention's K/V evict-first in L2 when `kv_evict_first`.
+fn mma_kernels_with(dev: &Device, stages: u8, kv_evict_first: bool) -> Res<CudaKernels> {
     let o = LaunchOptions {
         mma_decode: true,
         fused_mma: Some(stages),
         fused_mma_rows: usize::MAX,
+        kv_evict_first,
         ..cores()
     };
     Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
@@ -217,6 +235,56 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     // into its stage fails it); past one cluster (the CUDA-core loop) against the unfused
     // CUDA-core kernels.
     let (km1, km2) = (mma_kernels(dev, 1)?, mma_kernels(dev, 2)?);
+    // The K/V loaded evict-first in L2 (`LaunchOptions::kv_evict_first`: `fused_decode_kef`),
+    // every case once more on the CUDA-core loop and on the tensor-core one, held to the same
+    // references (a cache policy changes no value; a kernel of the second build out of step
+    // with the first fails it), after checking that the option's kernels were loaded.
+    let kef = CudaKernels::new(
+        dev,
+        DType::BF16,
+        &LaunchOptions {
+            kv_evict_first: true,
+            ..cores()
+        },
+    )?
+    .ok_or("no kernels")?;
+    let kmef = mma_kernels_with(dev, 2, true)?;
+    // The next layer's K/V prefetched before the wait (`LaunchOptions::kv_next_prefetch`:
+    // `fused_decode_knp`, its own K/V evict-first), every case once more on both loops (a
+    // prefetch is a hint: the same outputs; a parameter struct out of step with the kernel,
+    // or a prefetch that wrote, fails it: `case` passes a next layer's caches it checks).
+    let knp_opts = LaunchOptions {
+        kv_next_prefetch: true,
+        ..cores()
+    };
+    let knp = CudaKernels::new(dev, DType::BF16, &knp_opts)?.ok_or("no kernels")?;
+    let kmnp = CudaKernels::new(
+        dev,
+        DType::BF16,
+        &LaunchOptions {
+            mma_decode: true,
+            fused_mma: Some(2),
+            fused_mma_rows: usize::MAX,
+            ..knp_opts
+        },
+    )?
+    .ok_or("no kernels")?;
+    let prefetching = knp.kv_next_prefetch() && kmnp.kv_next_prefetch() && !kef.kv_next_prefetch();
+    t.check(
+        "decode_fused kv next-layer prefetch kernels loaded ?".into(),
+        if prefetching && knp.kv_evict_first() {
+            0.0
+        } else {
+            1.0
+        },
+        0.0,
+    );
+    let loaded = kef.kv_evict_first() && kmef.kv_evict_first() && !k.kv_evict_first();
+    t.check(
+        "decode_fused kv evict-first kernels loaded ?".into(),
+        if loaded { 0.0 } else { 1.0 },
+        0.0,
+    );
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),
@@ -251,7 +319,19 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         .chain(g8.map(|c| (&k8, &k8, c, " whole")))
         .chain(cases.iter().map(|c| (&kd, &kd, c, " division")))
         .chain(cases.iter().map(|c| (&km1, &k, c, " mma1")))
-        .chain(cases.iter().map(|c| (&km2, &k, c, " mma2")));
+        .chain(cases.iter().map(|c| (&km2, &k, c, " mma2")))
+        .chain(cases.iter().map(|c| (&kef, &kef, c, " kv evict-first")))
+        .chain(cases.iter().map(|c| (&kmef, &k, c, " mma2 kv evict-first")))
+        .chain(
+            cases
+                .iter()
+                .map(|c| (&knp, &knp, c, " kv next-layer prefetch")),
+        )
+        .chain(
+            cases
+                .iter()
+                .map(|c| (&kmnp, &k, c, " mma2 kv next-layer prefetch")),
+        );
     for (kf, kc, &(rows, heads, splits), how) in runs {
         let (out, cache, left, exact) = case((kf, kc), dev, rows, heads, splits, None)?;
         let name = format!(

@@ -56,7 +56,80 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     mma_plain_dispatch(dev, t)?;
     super::presum::checks(dev, t)?;
     tma_bits(dev, t)?;
+    evict_first_bits(dev, t)?;
     split_rows(dev, t)
+}
+
+/// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`,
+/// the `gemv_ef` / `gemv_mma_ef` builds) against the same kernels without, bit for bit
+/// (tolerance 0; a cache policy changes no value, so a kernel of the second build that reads
+/// its arguments or rows out of step with the first fails it): plain, SiLU*up and behind the
+/// fused norm, 1-8 rows (the CUDA-core and the tensor-core kernels), shapes of 0.6B, 1.7B and
+/// the 30B-A3B router. Both are built with the option named, and the check that the option's
+/// kernels were loaded keeps it from passing by falling back.
+fn evict_first_bits(dev: &Device, t: &mut Table) -> Res<()> {
+    let with = |weight_evict_first: bool| -> Res<CudaKernels> {
+        let opts = LaunchOptions {
+            gemv_mma: true,
+            weight_evict_first,
+            ..LaunchOptions::default()
+        };
+        Ok(CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?)
+    };
+    let (plain, ef) = (with(false)?, with(true)?);
+    let loaded = ef.weight_evict_first() && !plain.weight_evict_first();
+    t.check(
+        "gemv evict-first kernels loaded ?".into(),
+        if loaded { 0.0 } else { 1.0 },
+        0.0,
+    );
+    let shapes = [(1024, 2048), (6144, 1024), (128, 2048), (1000, 4096)];
+    let tag = " (weights evict-first)";
+    pair_bits(
+        (&plain, &ef),
+        (&[1, 2, 3, 5, 8], &shapes),
+        (true, tag),
+        dev,
+        t,
+    )
+}
+
+/// `b` against `a` bit for bit (tolerance 0) for each row count of `rows` and each `(n, k)` of
+/// `shapes` (random inputs and weights): the plain matmul, SiLU*up when `silu`, and behind the
+/// fused norm (output and residual sum), each check's name ending in `tag`.
+fn pair_bits(
+    (a, b): (&CudaKernels, &CudaKernels),
+    (rows, shapes): (&[usize], &[(usize, usize)]),
+    (silu, tag): (bool, &str),
+    dev: &Device,
+    t: &mut Table,
+) -> Res<()> {
+    let dt = DType::BF16;
+    let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
+    for &rows in rows {
+        for &(n, kk) in shapes {
+            let x = randn(&[rows, kk], dt, dev)?;
+            let w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;
+            let (o1, o2) = (zeros(rows, n)?, zeros(rows, n)?);
+            a.linear_into(&x, &w, &o1)?;
+            b.linear_into(&x, &w, &o2)?;
+            t.check(
+                format!("gemv rows {rows} n {n} k {kk}{tag}"),
+                max_diff(&o1, &o2)?,
+                0.0,
+            );
+            if silu {
+                let name = format!("gemv_silu rows {rows} n {n} k {kk}{tag}");
+                silu_bits((a, b), (&x, &w), name, dev, t)?;
+            }
+            let names = [
+                format!("norm_gemv rows {rows} n {n} k {kk}{tag}"),
+                format!("norm_gemv rows {rows} k {kk} residual sum{tag}"),
+            ];
+            norm_bits((a, b), &w, (rows, false), names, dev, t)?;
+        }
+    }
+    Ok(())
 }
 
 /// The streamed 1-row matmul (`LaunchOptions::gemv_tma`, sm_90) against the skinny matmuls
@@ -231,31 +304,15 @@ fn split_rows(dev: &Device, t: &mut Table) -> Res<()> {
 /// of one chunk for some lanes only (2,056), of half a batch (3,072), of a whole one (4,096),
 /// and five batches (10,240).
 fn double_bits(plain: &CudaKernels, k: &CudaKernels, dev: &Device, t: &mut Table) -> Res<()> {
-    let dt = DType::BF16;
-    let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
-    for rows in 1..=2usize {
-        for &(n, kk) in &[
-            (1000usize, 2056usize),
-            (1024, 3072),
-            (2048, 6144),
-            (1000, 4096),
-            (512, 10240),
-        ] {
-            let x = randn(&[rows, kk], dt, dev)?;
-            let w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;
-            let (o1, o2) = (zeros(rows, n)?, zeros(rows, n)?);
-            plain.linear_into(&x, &w, &o1)?;
-            k.linear_into(&x, &w, &o2)?;
-            let name = format!("gemv rows {rows} n {n} k {kk} (two batches in flight)");
-            t.check(name, max_diff(&o1, &o2)?, 0.0);
-            let names = [
-                format!("norm_gemv rows {rows} n {n} k {kk} (two batches in flight)"),
-                format!("norm_gemv rows {rows} k {kk} residual sum (two batches in flight)"),
-            ];
-            norm_bits((plain, k), &w, (rows, false), names, dev, t)?;
-        }
-    }
-    Ok(())
+    let shapes = [
+        (1000, 2056),
+        (1024, 3072),
+        (2048, 6144),
+        (1000, 4096),
+        (512, 10240),
+    ];
+    let tag = " (two batches in flight)";
+    pair_bits((plain, k), (&[1, 2], &shapes), (false, tag), dev, t)
 }
 
 /// The streamed-rows gate|up kernels (`LaunchOptions::gemv_stream`) against the default ones,

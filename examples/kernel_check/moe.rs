@@ -52,6 +52,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     norm_router(&k, dev, t)?;
     down_sum(dev, t)?;
     route_one(dev, t)?;
+    router_route(dev, t)?;
     gate_up_cs(dev, t)?;
     timings(&k, dev)
 }
@@ -63,44 +64,34 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
 /// then both timed alone. The baseline is built with the option off whatever the default, so
 /// it never meets itself; the check that the option's kernel is loaded keeps it from passing
 /// by falling back.
-/// Its loads cached in L2 only (`LaunchOptions::moe_gate_up_nc`) are checked the same way.
 fn gate_up_cs(dev: &Device, t: &mut Table) -> Res<()> {
-    let with = |moe_gate_up_cs: bool, moe_gate_up_nc: bool| -> Res<CudaKernels> {
+    let with = |moe_gate_up_cs: bool| -> Res<CudaKernels> {
         let opts = LaunchOptions {
             moe_gate_up_cs,
-            moe_gate_up_nc,
             ..LaunchOptions::default()
         };
         Ok(CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?)
     };
-    let (k, kc, kn) = (with(false, false)?, with(true, false)?, with(false, true)?);
+    let (k, kc) = (with(false)?, with(true)?);
     t.check(
-        "moe gate|up hinted kernels loaded ?".to_string(),
-        if kc.moe_gate_up_hinted() && kn.moe_gate_up_hinted() && !k.moe_gate_up_hinted() {
+        "moe gate|up evict-first kernel loaded ?".to_string(),
+        if kc.moe_gate_up_cs() && !k.moe_gate_up_cs() {
             0.0
         } else {
             1.0
         },
         0.0,
     );
-    one_pair_bits(
-        dev,
-        t,
-        &[
-            ("moe gate|up evict-first = plain", &kc, &k),
-            ("moe gate|up L2-only = plain", &kn, &k),
-        ],
-    )?;
+    one_pair_bits(dev, t, &[("moe gate|up evict-first = plain", &kc, &k)])?;
     let (e, top, hidden, inter) = (128, 8, 2048, 768);
     for tokens in [1usize, 8] {
         let (h, logits, gu, dn) = layer(dev, DType::BF16, (tokens, e), (hidden, inter, e))?;
         let how = (0, top, true);
         let (_, plain, each) = k.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
         let (_, cs, each_cs) = kc.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
-        let (_, nc, each_nc) = kn.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
         println!(
-            "moe timing T{tokens} gate|up evict-first (alone, L2-warm): plain {plain:.1} us (gate|up {:.1}), evict-first {cs:.1} ({:.1}), L2-only {nc:.1} ({:.1})",
-            each[1], each_cs[1], each_nc[1]
+            "moe timing T{tokens} gate|up evict-first (alone, L2-warm): plain {plain:.1} us (gate|up {:.1}), evict-first {cs:.1} ({:.1})",
+            each[1], each_cs[1]
         );
     }
     Ok(())
@@ -226,10 +217,16 @@ fn route_one(dev: &Device, t: &mut Table) -> Res<()> {
         ..LaunchOptions::default()
     };
     let kb = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
-    let kw = CudaKernels::new(dev, DType::BF16, &LaunchOptions::default())?.ok_or("no kernels")?;
+    // The one warp's picks by shuffle rounds, and by warp reductions
+    // (`LaunchOptions::moe_route_redux`), each named, so neither meets the default by accident.
+    let shuffles = LaunchOptions {
+        moe_route_one: true,
+        moe_route_redux: false,
+        ..LaunchOptions::default()
+    };
+    let kw = CudaKernels::new(dev, DType::BF16, &shuffles)?.ok_or("no kernels")?;
     let kf = CudaKernels::new(dev, DType::F32, &opts)?.ok_or("no kernels")?;
-    let kfw = CudaKernels::new(dev, DType::F32, &LaunchOptions::default())?.ok_or("no kernels")?;
-    // The one warp's picks by warp reductions (`LaunchOptions::moe_route_redux`), named on.
+    let kfw = CudaKernels::new(dev, DType::F32, &shuffles)?.ok_or("no kernels")?;
     let rx = LaunchOptions {
         moe_route_one: true,
         moe_route_redux: true,
@@ -283,6 +280,62 @@ fn route_one(dev: &Device, t: &mut Table) -> Res<()> {
          by warp reductions {:.1} ({whole_r:.1}), block of 1,024 {:.1} ({whole_b:.1})",
         each_w[0], each_r[0], each_b[0]
     );
+    Ok(())
+}
+
+/// One token's router matmul and routing in one cluster launch
+/// (`LaunchOptions::moe_router_route`) against the router's skinny matmul then the one-warp
+/// routing, both pick forms (shuffles, warp reductions): the logits and the experts' output
+/// bit for bit (the same dot products, the same picks feed the same tiles), with that the one
+/// launch served (so a fallback cannot pass), on the 30B-A3B shape (16 blocks, both
+/// `norm_topk_prob`, one rank's half of the experts), 60 experts (8 blocks) and a top-2 shape
+/// of 8 (one block); then both timed (the router and routing alone, L2-warm).
+fn router_route(dev: &Device, t: &mut Table) -> Res<()> {
+    for redux in [false, true] {
+        let base = LaunchOptions {
+            moe_route_one: true,
+            moe_route_redux: redux,
+            moe_router_route: false,
+            ..LaunchOptions::default()
+        };
+        let one = LaunchOptions {
+            moe_router_route: true,
+            ..base
+        };
+        let kb = CudaKernels::new(dev, DType::BF16, &base)?.ok_or("no kernels")?;
+        let ko = CudaKernels::new(dev, DType::BF16, &one)?.ok_or("no kernels")?;
+        let cases = [
+            (128, 8, 2048, 768, 0, 128, true),
+            (128, 8, 2048, 768, 0, 128, false),
+            (128, 8, 2048, 768, 64, 64, true),
+            (60, 4, 256, 64, 0, 60, true),
+            (8, 2, 256, 64, 4, 4, false),
+        ];
+        for (e, top, hidden, inter, first, local, norm) in cases {
+            let (h, _, gu, dn) = layer(dev, DType::BF16, (1, e), (hidden, inter, local))?;
+            let router = (randn(&[e, hidden], DType::BF16, dev)? * 0.05)?;
+            let how = (first, top, norm);
+            let (a, la, fa, _) = kb.moe_router_experts(&h, &router, (&gu, &dn), how, 1)?;
+            let (b, lb, fb, _) = ko.moe_router_experts(&h, &router, (&gu, &dn), how, 1)?;
+            let name = |what: &str| {
+                format!(
+                    "moe router+route in one launch (redux {redux}) E{e} top{top} h{hidden} experts {first}+{local} norm {norm}: {what}"
+                )
+            };
+            t.check(name("served"), if fb && !fa { 0.0 } else { 1.0 }, 0.0);
+            t.check(name("logits"), rel(&lb, &la)?, 0.0);
+            t.check(name("experts' output"), rel(&b, &a)?, 0.0);
+        }
+        let (e, top, hidden, inter) = (128, 8, 2048, 768);
+        let (h, _, gu, dn) = layer(dev, DType::BF16, (1, e), (hidden, inter, e))?;
+        let router = (randn(&[e, hidden], DType::BF16, dev)? * 0.05)?;
+        let how = (0, top, true);
+        let (.., us_b) = kb.moe_router_experts(&h, &router, (&gu, &dn), how, 50)?;
+        let (.., us_o) = ko.moe_router_experts(&h, &router, (&gu, &dn), how, 50)?;
+        println!(
+            "moe timing T1 router + routing (redux {redux}): one launch {us_o:.1} us, matmul then routing {us_b:.1} us"
+        );
+    }
     Ok(())
 }
 

@@ -68,6 +68,22 @@ pub struct KernelFlags {
     /// (`KernelOptions::gemv_split_k`).
     #[arg(long)]
     pub gemv_split_k: bool,
+    /// Skinny matmuls of dense models load their weights as other loads (turns
+    /// `KernelOptions::weight_evict_first` off).
+    #[arg(long)]
+    pub no_weight_evict_first: bool,
+    /// Skinny matmuls of MoE models load their weights evict-first in L2
+    /// (`KernelOptions::weight_evict_first_moe`).
+    #[arg(long)]
+    pub weight_evict_first_moe: bool,
+    /// The fused decode attention loads its K/V evict-first in L2
+    /// (`KernelOptions::kv_evict_first`).
+    #[arg(long)]
+    pub kv_evict_first: bool,
+    /// The fused decode attention prefetches the next layer's K/V into L2 and loads its own
+    /// evict-first (`KernelOptions::kv_next_prefetch`).
+    #[arg(long)]
+    pub kv_next_prefetch: bool,
     /// Skinny matmuls prefetch the next matmul's weights into L2
     /// (`KernelOptions::l2_prefetch`).
     #[arg(long)]
@@ -198,16 +214,18 @@ pub struct KernelFlags {
     /// `KernelOptions::moe_route_one` off).
     #[arg(long)]
     pub no_moe_route_one: bool,
-    /// The one-warp MoE routing picks by warp reductions (`KernelOptions::moe_route_redux`).
+    /// The one-warp MoE routing picks by five shuffle rounds a pick (turns
+    /// `KernelOptions::moe_route_redux` off).
     #[arg(long)]
-    pub moe_route_redux: bool,
+    pub no_moe_route_redux: bool,
+    /// One-token MoE steps run the router's matmul and the routing as one cluster launch
+    /// (`KernelOptions::moe_router_route`).
+    #[arg(long)]
+    pub moe_router_route: bool,
     /// MoE one-pair tiles load the experts' gate|up rows as other loads (turns
     /// `KernelOptions::moe_gate_up_cs` off).
     #[arg(long)]
     pub no_moe_gate_up_cs: bool,
-    /// MoE one-pair tiles load gate|up cached in L2 only (`KernelOptions::moe_gate_up_nc`).
-    #[arg(long)]
-    pub moe_gate_up_nc: bool,
     /// The MoE down + sum launch orders each token's experts by one thread's insertion sort
     /// (turns `KernelOptions::moe_rank_sort` off).
     #[arg(long)]
@@ -273,6 +291,10 @@ impl KernelFlags {
                 .map_or(super::options::GEMV_TMA_MIN_K, |k| k as usize),
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
+            weight_evict_first: !self.no_weight_evict_first,
+            weight_evict_first_moe: self.weight_evict_first_moe,
+            kv_evict_first: self.kv_evict_first,
+            kv_next_prefetch: self.kv_next_prefetch,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
             norm_deferred: (!self.no_norm_deferred).then(|| {
@@ -332,9 +354,9 @@ impl KernelFlags {
             moe_norm_router: self.moe_norm_router,
             moe_down_sum: !self.no_moe_down_sum,
             moe_route_one: !self.no_moe_route_one,
-            moe_route_redux: self.moe_route_redux,
+            moe_route_redux: !self.no_moe_route_redux,
+            moe_router_route: self.moe_router_route,
             moe_gate_up_cs: !self.no_moe_gate_up_cs,
-            moe_gate_up_nc: self.moe_gate_up_nc,
             moe_rank_sort: !self.no_moe_rank_sort,
             lora_overlap: !self.no_lora_overlap,
             lora_grouped: self.lora_grouped,

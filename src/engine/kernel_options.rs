@@ -173,6 +173,33 @@ pub struct KernelOptions {
     /// of the inputs each (`gemv.cu` `gemv_split_*`). Off by default: on the H200 1.7B batch 1
     /// 641 against 669 tok/s, 0.6B within noise (BENCHMARKS.md, #21).
     pub gemv_split_k: bool,
+    /// On dense models the skinny matmuls (`gemv.cu` 1-2 rows, `gemv_mma.cu` 3-8: qkv, o, the
+    /// MLP, the head of small steps) load their weights evict-first in L2 (an L2 cache policy
+    /// on each load; `build.rs` compiles both files again as `gemv_ef` / `gemv_mma_ef`; the
+    /// same values, so the same outputs). A step reads each weight once; so marked, the weights
+    /// streaming through L2 leave the lines other kernels read there. On by default: on the
+    /// H200 after 512-token prompts 0.6B batch 8 +11.6% (7,712-7,728 against 6,898-6,949
+    /// tok/s), 1.7B batch 8 +2.2%, batch 1 flat on both (#21).
+    pub weight_evict_first: bool,
+    /// The same on MoE models (their attention's matmuls, the router, the head of small
+    /// steps). Default off: on the
+    /// H200 (30B-A3B shape, 8 layers) batch 1 -0.4%, 4 layers batches 1-8 within -0.5..+0.3%.
+    pub weight_evict_first_moe: bool,
+    /// The fused decode attention loads the K/V cache evict-first in L2 (an L2 cache policy on
+    /// each load; `build.rs` compiles `fused_decode.cu` again as `fused_decode_kef`; the same
+    /// values). A step reads each K/V row once. Default off (not yet measured on the H200).
+    pub kv_evict_first: bool,
+    /// The fused decode attention of each layer but the last prefetches the next layer's K/V
+    /// rows of its share (its row, KV head and partition: what the next layer's block reads)
+    /// into L2 before its wait, while the qkv matmul before it runs, and loads its own K/V
+    /// evict-first (`build.rs` compiles `fused_decode.cu` with `-DKV_EVICT_FIRST
+    /// -DKV_NEXT_PREFETCH` as `fused_decode_knp`; implies `kv_evict_first`). With the weights
+    /// evict-first too (`weight_evict_first`), the prefetched rows, at L2's normal priority,
+    /// outlive the layer's other traffic, and the next attention reads them from L2 (at
+    /// batch 8 after 512-token prompts 0.6B's attention takes 14.9 us a layer in the chain
+    /// against 11.1 with its K/V in L2). The same values, so the same outputs. Default off
+    /// (not yet measured on the H200).
+    pub kv_next_prefetch: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
     pub l2_prefetch: bool,
@@ -332,16 +359,20 @@ pub struct KernelOptions {
     /// default: on the H200 (30B-A3B shape) batch 1 +1.2%, ~1.3 us a layer (#29).
     pub moe_route_one: bool,
     /// The one-warp routing picks each expert by two warp reductions (`redux.sync`) instead
-    /// of five shuffle rounds (`moe_route_one_rx_*`; the same picks). Default off (not yet
-    /// measured on the H200).
+    /// of five shuffle rounds (`moe_route_one_rx_*`; the same picks). On by default: on the
+    /// H200 (30B-A3B shape, batch 1) +0.6% on 8 layers, +0.2% on 4; batches 2 and 8 flat.
     pub moe_route_redux: bool,
+    /// One-token steps of MoE models run the router's matmul and the routing as one launch:
+    /// a cluster of ceil(E / 8) blocks (E <= 128) computes the logits as the skinny matmul
+    /// does and gathers them in one block's shared memory, which routes the token as
+    /// `moe_route_one` does (`kernels/moe_route.cu` `moe_router_route*_bf16`; bf16, sm_90,
+    /// with `moe_route_one`). The same logits, ids, weights and tiles (the experts' output bit
+    /// for bit), one launch and one trip of the logits through memory fewer a layer. Default
+    /// off (not yet measured on the H200).
+    pub moe_router_route: bool,
     /// MoE steps on one-pair tiles load the experts' gate|up rows evict-first
     /// (`moe_gate_up_t1_cs_bf16`; the same values). On by default: 30B-A3B shape batch 1 +1-2%.
     pub moe_gate_up_cs: bool,
-    /// MoE one-pair tiles load the experts' gate|up rows cached in L2 only instead
-    /// (`ld.global.cg`, `moe_gate_up_t1_nc_bf16`: no L1 line, as the dense skinny matmuls load
-    /// theirs; over `moe_gate_up_cs`). Default off (not yet measured on the H200).
-    pub moe_gate_up_nc: bool,
     /// The MoE down + sum launch orders each token's experts by one warp's ranks instead of
     /// thread 0's insertion sort (`moe_down_sum_rk_bf16`; the same order, so the same sums).
     /// On by default: 30B-A3B shape batches 1 / 2 / 8 +1.7% / +2.2% / +5.1% on the H200.
@@ -401,6 +432,10 @@ impl Default for KernelOptions {
             gemv_tma_min_k: GEMV_TMA_MIN_K,
             gemv_double_buffer: true,
             gemv_split_k: false,
+            weight_evict_first: true,
+            weight_evict_first_moe: false,
+            kv_evict_first: false,
+            kv_next_prefetch: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
@@ -434,9 +469,9 @@ impl Default for KernelOptions {
             moe_norm_router: false,
             moe_down_sum: true,
             moe_route_one: true,
-            moe_route_redux: false,
+            moe_route_redux: true,
+            moe_router_route: false,
             moe_gate_up_cs: true,
-            moe_gate_up_nc: false,
             moe_rank_sort: true,
             lora_overlap: true,
             lora_grouped: false,

@@ -323,6 +323,24 @@ impl CudaKernels {
         })
     }
 
+    /// Whether the skinny matmuls load their weights evict-first in L2
+    /// (`LaunchOptions::weight_evict_first`).
+    pub fn weight_evict_first(&self) -> bool {
+        self.evict_first.0
+    }
+
+    /// Whether the fused decode attention loads its K/V evict-first in L2
+    /// (`LaunchOptions::kv_evict_first`, or `kv_next_prefetch`).
+    pub fn kv_evict_first(&self) -> bool {
+        self.evict_first.1
+    }
+
+    /// Whether the fused decode attention prefetches the next layer's K/V into L2 before its
+    /// wait (`LaunchOptions::kv_next_prefetch`).
+    pub fn kv_next_prefetch(&self) -> bool {
+        self.evict_first.2
+    }
+
     /// Whether a plain matmul of `t` rows over a weight of `n` rows of `k` inputs runs on the
     /// tensor-core skinny-matmul kernels (3-8 rows; `gemv_mma_plain`'s bound).
     pub(super) fn mma_gemv_serves(&self, t: usize, (n, k): (usize, usize)) -> bool {

@@ -21,7 +21,6 @@ use crate::error::Result;
 
 static DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/decode.fatbin"));
 static DECODE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/decode_mma.fatbin"));
-static FUSED_DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fused_decode.fatbin"));
 static PREFILL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/prefill.fatbin"));
 static FLASH_PREFILL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/flash_prefill.fatbin"));
 static FLASH_PREFILL_SM90: &[u8] =
@@ -33,8 +32,6 @@ static LORA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora.fatbin"));
 static LORA_SILU: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_silu.fatbin"));
 static LORA_GROUPED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_grouped.fatbin"));
 static LORA_RUNS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_runs.fatbin"));
-static GEMV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv.fatbin"));
-static GEMV_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_mma.fatbin"));
 static MOE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe.fatbin"));
 static MOE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_mma.fatbin"));
 static MOE_ROUTE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_route.fatbin"));
@@ -140,6 +137,8 @@ pub struct CudaKernels {
     pub(super) gemv_presum: Option<[Vec<CudaFunction>; 3]>,
     /// Whether the skinny matmuls prefetch the next matmul's weights into L2.
     pub(super) l2_prefetch: bool,
+    /// `weight_evict_first`, `kv_evict_first` (or `kv_next_prefetch`), `kv_next_prefetch`.
+    pub(super) evict_first: (bool, bool, bool),
     /// Whether whole-vocabulary draws run on the device (`LaunchOptions::sample_full`).
     pub(super) sample_full_on: bool,
     pub(crate) blas: Blas,
@@ -223,7 +222,8 @@ impl CudaKernels {
         let wgmma = (major, minor) == (9, 0) && opts.wgmma_prefill;
         let decode_mod = load(DECODE, "decode")?;
         let mma_mod = load(DECODE_MMA, "decode_mma")?;
-        let fused_mod = load(FUSED_DECODE, "fused_decode")?;
+        let builds = super::builds::Builds::pick(opts);
+        let fused_mod = load(builds.fused_decode, "fused_decode")?;
         let prefill_mod = load(PREFILL, "prefill")?;
         let flash_mod = if wgmma {
             load(FLASH_PREFILL_SM90, "flash_prefill_sm90")?
@@ -231,14 +231,13 @@ impl CudaKernels {
             load(FLASH_PREFILL, "flash_prefill")?
         };
         let flash = match (wgmma, opts.wgmma_prefill_x2) {
-            (true, false) => "flash_prefill_sm90",
-            (true, true) => "flash_prefill_sm90_x2",
+            (true, x2) => ["flash_prefill_sm90", "flash_prefill_sm90_x2"][x2 as usize],
             _ => "flash_prefill",
         };
         let layer_ops = load(LAYER_OPS, "layer_ops")?;
         let kv_write = load(KV_WRITE, "kv_write")?;
         let logit_edits = load(LOGIT_EDITS, "logit_edits")?;
-        let gemv_mod = load(GEMV, "gemv")?;
+        let gemv_mod = load(builds.gemv, "gemv")?;
         let lora_mod = load(LORA, "lora")?;
         let moe_mod = load(MOE, "moe")?;
         let moe_mma_mod = load(MOE_MMA, "moe_mma")?;
@@ -253,7 +252,7 @@ impl CudaKernels {
             && opts.gemv
             && (opts.gemv_mma || opts.gemv_mma_plain.is_some())
         {
-            Some(load(GEMV_MMA, "gemv_mma")?)
+            Some(load(builds.gemv_mma, "gemv_mma")?)
         } else {
             None
         };
@@ -352,7 +351,7 @@ impl CudaKernels {
             gather_rows_f32: f(&layer_ops, "gather_rows_f32")?,
             moe: MoeKernels::load(
                 [&moe_route_mod, &moe_mod, &moe_mma_mod],
-                (opts, dtype == DType::BF16),
+                (opts, dtype == DType::BF16, hopper),
                 |m, name| f(m, name),
             )?,
             sample_topk: f(&layer_ops, "sample_topk_f32")?,
@@ -432,6 +431,7 @@ impl CudaKernels {
                 _ => None,
             },
             l2_prefetch: hopper && opts.l2_prefetch,
+            evict_first: builds.evict_first,
             gemv_tma: super::handles::TmaGemv::load(opts, (dtype, major == 9), &load)?,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,

@@ -45,7 +45,8 @@ impl<'a> Launch<'a> {
     }
 
     /// Launches in thread-block clusters of `c` blocks along the grid's z (sm_90; `c` must
-    /// divide the grid's z and be at most 8).
+    /// divide the grid's z and be at most 8, or 16 for a function allowed non-portable
+    /// cluster sizes).
     pub(crate) fn cluster_z(&mut self, c: u32) -> &mut Self {
         self.cluster_z = c;
         self

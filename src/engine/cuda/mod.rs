@@ -5,7 +5,7 @@
 //! the logits' draws, log-probs and penalty (`logits_ops.rs`), LoRA deltas (`lora_ops.rs`; grouped by
 //! slot: `lora_grouped_ops.rs`; by runs of the tile table: `lora_runs.rs`; beside the base
 //! matmuls: `lora_overlap.rs`; as extra columns of them: `lora_wide.rs`), matmuls
-//! (`gemm.rs`; the 1-row matmul with its weights streamed into shared memory: `gemv_tma.rs`), the experts of MoE layers (`moe_ops.rs`, their handles `moe_handles.rs`), the launcher (`launch.rs`, its options `launch_options.rs`), the fp8 KV
+//! (`gemm.rs`; the 1-row matmul with its weights streamed into shared memory: `gemv_tma.rs`), the experts of MoE layers (`moe_ops.rs`, their router `moe_router.rs`, their handles `moe_handles.rs`), the launcher (`launch.rs`, its options `launch_options.rs`), the fp8 KV
 //! kernels' handles (`fp8.rs`), output buffers and timing events (`buffers.rs`) and id read-back (`readback.rs`). It knows nothing of
 //! models or serving: the forward built from these launches is `model::kernel_forward`, the
 //! CUDA graphs that replay it are `runner::graphs`.
@@ -23,6 +23,7 @@ mod attention_choice;
 mod attention_handles;
 mod blas;
 mod buffers;
+mod builds;
 mod fp8;
 mod gemm;
 mod gemm_presum;
@@ -40,6 +41,7 @@ mod lora_runs;
 mod lora_wide;
 mod moe_handles;
 mod moe_ops;
+mod moe_router;
 mod params;
 mod prefill;
 mod readback;
@@ -60,4 +62,5 @@ pub use lora_overlap::LORA_OVERLAP_MAX_RANK;
 pub use lora_runs::LORA_RUNS_MIN_ROWS;
 pub(crate) use moe_ops::MoeScratch;
 pub use moe_ops::{MOE_TILE_ONE_MAX, MOE_TILES, moe_max_tiles, moe_tile};
+pub use moe_router::MOE_ROUTER_ROUTE_MAX_EXPERTS;
 pub use readback::PendingIds;

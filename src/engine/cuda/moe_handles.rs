@@ -3,9 +3,12 @@
 
 use std::sync::Arc;
 
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule};
 
+use super::launch::kernel_err;
 use super::launch_options::LaunchOptions;
+use crate::error::Result;
 
 /// The MoE kernels (`kernels/moe_route.cu`, `kernels/moe.cu`, `kernels/moe_mma.cu`): routing
 /// and sums `[bf16, f32]`;
@@ -33,28 +36,31 @@ pub(super) struct MoeKernels {
     /// One token's routing and alignment by one warp, `[bf16, f32]`
     /// (`LaunchOptions::moe_route_one`; its picks by warp reductions with `moe_route_redux`).
     pub(super) route_one: Option<[CudaFunction; 2]>,
-    /// The one-pair gate|up loading its weights evict-first (`LaunchOptions::moe_gate_up_cs`)
-    /// or in L2 only (`moe_gate_up_nc`).
-    pub(super) gate_up_hinted: Option<CudaFunction>,
+    /// The one-pair gate|up loading its weights evict-first (`LaunchOptions::moe_gate_up_cs`).
+    pub(super) gate_up_cs: Option<CudaFunction>,
+    /// One token's router matmul and routing in one cluster launch (bf16 on sm_90 with
+    /// `LaunchOptions::moe_router_route` and `moe_route_one`; its picks by warp reductions
+    /// with `moe_route_redux`).
+    pub(super) router_route: Option<CudaFunction>,
 }
 
 impl MoeKernels {
     /// The functions of the three modules (routing, experts on CUDA cores, experts on tensor
     /// cores) by name (`f` loads one), the variants `opts` asks for (those of bf16 only when
-    /// `bf16`).
-    pub(super) fn load<E>(
+    /// `bf16`, those in clusters only when `hopper`).
+    pub(super) fn load(
         [route, moe, mma]: [&Arc<CudaModule>; 3],
-        (opts, bf16): (&LaunchOptions, bool),
-        f: impl Fn(&Arc<CudaModule>, &str) -> Result<CudaFunction, E>,
-    ) -> Result<Self, E> {
-        let both = |m: &Arc<CudaModule>, name: &str| -> Result<[CudaFunction; 2], E> {
+        (opts, bf16, hopper): (&LaunchOptions, bool, bool),
+        f: impl Fn(&Arc<CudaModule>, &str) -> Result<CudaFunction>,
+    ) -> Result<Self> {
+        let both = |m: &Arc<CudaModule>, name: &str| -> Result<[CudaFunction; 2]> {
             Ok([
                 f(m, &format!("{name}_bf16"))?,
                 f(m, &format!("{name}_f32"))?,
             ])
         };
         // CUDA cores: [bf16 tile 8, f32 tile 8, f32 tile 32, bf16 tile 1].
-        let simt = |kind: &str| -> Result<[CudaFunction; 4], E> {
+        let simt = |kind: &str| -> Result<[CudaFunction; 4]> {
             Ok([
                 f(moe, &format!("moe_{kind}_t8_bf16"))?,
                 f(moe, &format!("moe_{kind}_t8_f32"))?,
@@ -62,7 +68,7 @@ impl MoeKernels {
                 f(moe, &format!("moe_{kind}_t1_bf16"))?,
             ])
         };
-        let tensor = |kind: &str| -> Result<[CudaFunction; 2], E> {
+        let tensor = |kind: &str| -> Result<[CudaFunction; 2]> {
             Ok([
                 f(mma, &format!("moe_{kind}_m16_bf16"))?,
                 f(mma, &format!("moe_{kind}_m64_bf16"))?,
@@ -99,11 +105,16 @@ impl MoeKernels {
                     both(route, &format!("moe_route_one{rx}"))
                 })
                 .transpose()?,
-            // The L2-only loads over the evict-first ones.
-            gate_up_hinted: (bf16 && (opts.moe_gate_up_nc || opts.moe_gate_up_cs))
-                .then(|| {
-                    let hint = if opts.moe_gate_up_nc { "nc" } else { "cs" };
-                    f(moe, &format!("moe_gate_up_t1_{hint}_bf16"))
+            gate_up_cs: (bf16 && opts.moe_gate_up_cs)
+                .then(|| f(moe, "moe_gate_up_t1_cs_bf16"))
+                .transpose()?,
+            router_route: (bf16 && hopper && opts.moe_router_route && opts.moe_route_one)
+                .then(|| -> Result<CudaFunction> {
+                    let rx = if opts.moe_route_redux { "_rx" } else { "" };
+                    let func = f(route, &format!("moe_router_route{rx}_bf16"))?;
+                    func.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+                        .map_err(|e| kernel_err("moe_router_route cluster size", e))?;
+                    Ok(func)
                 })
                 .transpose()?,
             _modules: [route.clone(), moe.clone(), mma.clone()],

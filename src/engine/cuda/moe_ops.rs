@@ -59,18 +59,18 @@ pub struct MoeScratch {
     /// Router logits `[T, E]` (compute dtype).
     pub(crate) logits: Tensor,
     /// Chosen experts `[T * k]` (u32).
-    ids: Tensor,
+    pub(super) ids: Tensor,
     /// Their weights `[T * k]` (f32).
-    w: Tensor,
+    pub(super) w: Tensor,
     /// Pair indices grouped by expert `[T * k]` (u32).
-    order: Tensor,
+    pub(super) order: Tensor,
     /// Tiles (start, count, expert) (u32, room for the one-pair tile's worst case).
-    tiles: Tensor,
+    pub(super) tiles: Tensor,
     /// SiLU(gate) * up per pair `[T * k, I]`.
-    act: Tensor,
+    pub(super) act: Tensor,
     /// Each pair's weighted expert output `[T * k, hidden]`.
-    y: Tensor,
-    top_k: usize,
+    pub(super) y: Tensor,
+    pub(super) top_k: usize,
 }
 
 impl MoeScratch {
@@ -179,31 +179,62 @@ impl CudaKernels {
         self.moe.down_sum.is_some()
     }
 
-    /// Whether one-pair tiles load the experts' gate|up with a cache hint: evict-first
-    /// (`LaunchOptions::moe_gate_up_cs`) or in L2 only (`LaunchOptions::moe_gate_up_nc`; bf16).
-    pub fn moe_gate_up_hinted(&self) -> bool {
-        self.moe.gate_up_hinted.is_some()
+    /// Whether one-pair tiles load the experts' gate|up evict-first
+    /// (`LaunchOptions::moe_gate_up_cs`; bf16).
+    pub fn moe_gate_up_cs(&self) -> bool {
+        self.moe.gate_up_cs.is_some()
     }
 
     /// One sparse layer's experts: `h` `[T, hidden]` (normed) with the router's logits
     /// already in `s.logits` (`[T, E]`) -> `out` `[T, hidden]`, this rank's experts
     /// `first..first + local` (the stacked `gate_up` `[local, 2I, hidden]` and `down`
-    /// `[local, hidden, I]`), top-`k` with the weights renormalized when `norm`.
+    /// `[local, hidden, I]`), top-`k` with the weights renormalized when `norm`. `routed`:
+    /// the token's routing tables are in `s` already (`moe_router_route_into` launched), so
+    /// the routing is not launched again.
     pub fn moe_experts_into(
         &self,
         h: &Tensor,
         experts: (&Tensor, &Tensor),
         how: (usize, bool),
         s: &MoeScratch,
-        out: &Tensor,
+        (out, routed): (&Tensor, bool),
     ) -> Result<()> {
-        self.moe_run(h, experts, how, s, out, (None, 0..4))
+        let stages = if routed { 1..4 } else { 0..4 };
+        self.moe_run(h, experts, how, s, out, (None, stages))
+    }
+
+    /// The tile (pairs of one expert) a step of `p` pairs over `e` experts of `hidden` x
+    /// `inter` takes — `tile` when given and the dtype and sizes have it, else
+    /// [`moe_tile`]'s — and the length of its tile table.
+    pub(super) fn moe_tiling(
+        &self,
+        p: usize,
+        e: usize,
+        (hidden, inter): (usize, usize),
+        tile: Option<usize>,
+    ) -> Result<(usize, usize)> {
+        let bf16 = self.dtype == DType::BF16;
+        let wide_ok = inter.is_multiple_of(64) && hidden.is_multiple_of(64);
+        let tm = match tile {
+            None => moe_tile(p, e, bf16, wide_ok, self.moe.tile_one),
+            Some(8) => 8,
+            Some(1) if bf16 => 1,
+            Some(32) if !bf16 => 32,
+            Some(t @ (16 | 64)) if bf16 && wide_ok => t,
+            Some(other) => {
+                return Err(kernel_err(
+                    "moe_experts",
+                    format!("no {other}-pair tile for this dtype and these sizes"),
+                ));
+            }
+        };
+        Ok((tm, moe_max_tiles(p, e, tm)))
     }
 
     /// [`Self::moe_experts_into`] on tiles of `tile` pairs when given, launching only the
     /// launches of `stages` (0 routing and alignment, 1 gate|up, 2 down, 3 sum; timing runs
     /// one at a time, over buffers a full run filled).
-    fn moe_run(
+    pub(super) fn moe_run(
         &self,
         h: &Tensor,
         (gate_up, down): (&Tensor, &Tensor),
@@ -221,21 +252,7 @@ impl CudaKernels {
         let (e, k) = (s.logits.dim(1)?, s.top_k);
         let p = t * k;
         let bf16 = self.dtype == DType::BF16;
-        let wide_ok = inter.is_multiple_of(64) && hidden.is_multiple_of(64);
-        let tm = match tile {
-            None => moe_tile(p, e, bf16, wide_ok, self.moe.tile_one),
-            Some(8) => 8,
-            Some(1) if bf16 => 1,
-            Some(32) if !bf16 => 32,
-            Some(t @ (16 | 64)) if bf16 && wide_ok => t,
-            Some(other) => {
-                return Err(kernel_err(
-                    "moe_experts",
-                    format!("no {other}-pair tile for this dtype and these sizes"),
-                ));
-            }
-        };
-        let max_tiles = moe_max_tiles(p, e, tm);
+        let (tm, max_tiles) = self.moe_tiling(p, e, (hidden, inter), tile)?;
         let fits = s.logits.dim(0)? == t
             && gate_up.dims3()? == (local, 2 * inter, hidden)
             && down.dims3()? == (local, hidden, inter)
@@ -327,9 +344,8 @@ impl CudaKernels {
             // SAFETY: as above (`moe_align`: 2 * e ints of dynamic shared memory).
             unsafe { b.launch(grid(1, 1, 1024, (2 * e * 4) as u32)) }.w()?;
         }
-        // One-pair tiles may load gate|up with a cache hint (`LaunchOptions::moe_gate_up_cs`,
-        // `moe_gate_up_nc`).
-        let cs = m.gate_up_hinted.as_ref().filter(|_| bf16 && tm == 1);
+        // One-pair tiles may load gate|up evict-first (`LaunchOptions::moe_gate_up_cs`).
+        let cs = m.gate_up_cs.as_ref().filter(|_| bf16 && tm == 1);
         if stages.contains(&1) {
             let mut b = self.launcher(match cs {
                 Some(f) => f,
@@ -338,7 +354,7 @@ impl CudaKernels {
             });
             b.arg(&ph).arg(&pgu).arg(&porder).arg(&ptiles).arg(&pact);
             b.arg(&h32).arg(&i32_).arg(&k32).arg(&f32_).arg(&l32);
-            // SAFETY: as above (`moe_gate_up_t*`; `moe_gate_up_t1_{cs,nc}_bf16` the same arguments;
+            // SAFETY: as above (`moe_gate_up_t*`; `moe_gate_up_t1_cs_bf16` the same arguments;
             // `moe_gate_up_m*_bf16`: 32 gate and 32 up rows a block of 128 threads).
             let cfg = if mma {
                 grid(inter / 32, max_tiles, 128, 0)
@@ -400,64 +416,5 @@ impl CudaKernels {
         // SAFETY: as above (`moe_sum_*`).
         unsafe { b.launch(grid(t, hidden.div_ceil(256), 256, 0)) }.w()?;
         Ok(())
-    }
-
-    /// `h = rmsnorm(res + delta) * norm_w` (the sum written to `res_out` when `delta` is
-    /// given) and `logits = h · routerᵀ` in one launch, for 1-2 rows of a hidden size of up
-    /// to 4,096 and with `LaunchOptions::moe_norm_router`; false, with nothing launched,
-    /// otherwise (the caller runs the norm and the matmul apart).
-    pub fn moe_norm_router_into(
-        &self,
-        (res, delta, res_out): (&Tensor, Option<&Tensor>, &Tensor),
-        (norm_w, eps): (&Tensor, f64),
-        h: &Tensor,
-        router: &Tensor,
-        logits: &Tensor,
-    ) -> Result<bool> {
-        let Some(fs) = &self.moe.norm_router else {
-            return Ok(false);
-        };
-        let (e, k) = router.dims2()?;
-        let t = res.elem_count() / k.max(1);
-        if !(1..=2).contains(&t) || k > 4096 || !k.is_multiple_of(8) {
-            return Ok(false);
-        }
-        for x in [res, res_out, norm_w, h, router, logits] {
-            self.check_dtype(x)?;
-        }
-        let fits = res.elem_count() == t * k
-            && res_out.elem_count() == t * k
-            && h.elem_count() == t * k
-            && norm_w.elem_count() == k
-            && logits.elem_count() == t * e
-            && delta.is_none_or(|d| d.elem_count() == t * k);
-        if !fits {
-            return Err(kernel_err("moe_norm_router", "shapes do not fit"));
-        }
-        let (pw, pr, pro, pnw, ph, pl) = (
-            self.ptr(router)?,
-            self.ptr(res)?,
-            self.ptr(res_out)?,
-            self.ptr(norm_w)?,
-            self.ptr(h)?,
-            self.ptr(logits)?,
-        );
-        let (pd, add) = match delta {
-            Some(d) => (self.ptr(d)?, 1i32),
-            None => (pr, 0i32),
-        };
-        let (e32, k32, eps32) = (e as i32, k as i32, eps as f32);
-        let cfg = LaunchConfig {
-            grid_dim: (e.div_ceil(8) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: (t * k * 2) as u32,
-        };
-        let mut b = self.launcher(&fs[t - 1]);
-        b.arg(&pw).arg(&pr).arg(&pd).arg(&pro).arg(&pnw).arg(&eps32);
-        b.arg(&add).arg(&ph).arg(&pl).arg(&e32).arg(&k32);
-        // SAFETY: argument types match `moe_norm_router_t*`; shapes checked above; t * k bf16
-        // of dynamic shared memory (at most 16 KB).
-        unsafe { b.launch(cfg) }.w()?;
-        Ok(true)
     }
 }

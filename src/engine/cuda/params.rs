@@ -91,6 +91,10 @@ pub(super) struct FusedDecodeParams {
     /// log2 of the grid's KV heads per cache KV head (`kernels/fused_decode.cu`).
     pub(super) kv_shift: i32,
     pub(super) pad: i32,
+    /// The next layer's K and V caches (0: none), prefetched into L2 by the kernels of
+    /// `LaunchOptions::kv_next_prefetch`.
+    pub(super) next_k: u64,
+    pub(super) next_v: u64,
 }
 
 /// `PrefillParams` of `kernels/attention.cuh`: the one parameter of `paged_prefill_*`.
@@ -121,13 +125,14 @@ pub(super) struct PrefillParams {
 // The sizes `kernels/attention.cuh` asserts for the same structs (a field added on one side
 // only fails the build).
 const _: () = assert!(std::mem::size_of::<DecodeParams>() == 104);
-const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 168);
+const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 184);
 const _: () = assert!(std::mem::size_of::<PrefillParams>() == 120);
 const _: () = {
     use std::mem::offset_of;
     assert!(offset_of!(DecodeParams, geometry) == 64);
     assert!(offset_of!(FusedDecodeParams, geometry) == 112);
     assert!(offset_of!(FusedDecodeParams, eps) == 152);
+    assert!(offset_of!(FusedDecodeParams, next_k) == 168);
     assert!(offset_of!(PrefillParams, num_slots) == 56);
     assert!(offset_of!(PrefillParams, nkv) == 68);
     assert!(offset_of!(PrefillParams, splits) == 88);

@@ -159,6 +159,22 @@ fn kernel_flags_become_kernel_options() {
     assert!(Cli::try_parse_from(["x", "--gemv-stream", "0"]).is_err());
     let n = opts(&["x", "--gemv-split-k"]);
     assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);
+    assert!(d.kernels.weight_evict_first && lib.kernels.weight_evict_first);
+    assert!(!d.kernels.weight_evict_first_moe && !lib.kernels.weight_evict_first_moe);
+    assert!(
+        !opts(&["x", "--no-weight-evict-first"])
+            .kernels
+            .weight_evict_first
+    );
+    assert!(
+        opts(&["x", "--weight-evict-first-moe"])
+            .kernels
+            .weight_evict_first_moe
+    );
+    assert!(!d.kernels.kv_evict_first && !lib.kernels.kv_evict_first);
+    assert!(opts(&["x", "--kv-evict-first"]).kernels.kv_evict_first);
+    assert!(!d.kernels.kv_next_prefetch && !lib.kernels.kv_next_prefetch);
+    assert!(opts(&["x", "--kv-next-prefetch"]).kernels.kv_next_prefetch);
     // The 1-2-row kernels' carveout: 100% unless told otherwise or off; 0-100 only.
     assert_eq!(d.kernels.smem_carveout, Some(100));
     assert_eq!(lib.kernels.smem_carveout, d.kernels.smem_carveout);
@@ -187,10 +203,12 @@ fn kernel_flags_become_kernel_options() {
     // The MoE gate|up's evict-first loads and the down + sum's ranked order: on.
     assert!(d.kernels.moe_gate_up_cs && d.kernels.moe_rank_sort);
     assert!(!opts(&["x", "--no-moe-gate-up-cs"]).kernels.moe_gate_up_cs);
-    // Their read-only-path forms: off unless asked.
-    assert!(!d.kernels.moe_gate_up_nc && !d.kernels.moe_route_redux);
-    assert!(opts(&["x", "--moe-route-redux"]).kernels.moe_route_redux);
-    assert!(opts(&["x", "--moe-gate-up-nc"]).kernels.moe_gate_up_nc);
+    // The routing's picks by warp reductions: on.
+    assert!(d.kernels.moe_route_redux);
+    assert!(!opts(&["x", "--no-moe-route-redux"]).kernels.moe_route_redux);
+    // The router's matmul and the routing in one launch: off unless asked.
+    assert!(!d.kernels.moe_router_route && !lib.kernels.moe_router_route);
+    assert!(opts(&["x", "--moe-router-route"]).kernels.moe_router_route);
     assert!(!opts(&["x", "--no-moe-rank-sort"]).kernels.moe_rank_sort);
     // The greedy tokens inside the graphs: on unless turned off.
     assert!(d.kernels.graph_argmax);

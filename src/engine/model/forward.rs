@@ -56,13 +56,13 @@ pub fn kernels_for(
     if cfg.head_dim() != 128 || cfg.attention_bias {
         return Ok(None);
     }
-    CudaKernels::new(device, dtype, &launch_options(opts))
+    CudaKernels::new(device, dtype, &launch_options(opts, cfg))
 }
 
-/// The launch paths `opts` asks for, as the kernels take them (also what
+/// The launch paths `opts` asks for on a model of `cfg`, as the kernels take them (also what
 /// `examples/graph_check`'s op profile launches with).
 #[cfg(feature = "cuda")]
-pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
+pub fn launch_options(opts: &KernelOptions, cfg: &ModelConfig) -> LaunchOptions {
     LaunchOptions {
         gemv: opts.gemv,
         gemv_mma: opts.gemv_mma,
@@ -76,6 +76,12 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         gemv_tma_any_rows: false,
         gemv_double_buffer: opts.gemv_double_buffer,
         gemv_split_k: opts.gemv_split_k,
+        weight_evict_first: match cfg.is_moe() {
+            true => opts.weight_evict_first_moe,
+            false => opts.weight_evict_first,
+        },
+        kv_evict_first: opts.kv_evict_first,
+        kv_next_prefetch: opts.kv_next_prefetch,
         l2_prefetch: opts.l2_prefetch,
         warp_norm: opts.warp_norm,
         norm_deferred: opts.norm_deferred,
@@ -109,8 +115,8 @@ pub fn launch_options(opts: &KernelOptions) -> LaunchOptions {
         moe_down_sum: opts.moe_down_sum,
         moe_route_one: opts.moe_route_one,
         moe_route_redux: opts.moe_route_redux,
+        moe_router_route: opts.moe_router_route,
         moe_gate_up_cs: opts.moe_gate_up_cs,
-        moe_gate_up_nc: opts.moe_gate_up_nc,
         moe_rank_sort: opts.moe_rank_sort,
         lora_overlap: opts.lora_overlap,
         lora_grouped: opts.lora_grouped,

@@ -207,12 +207,13 @@ impl KernelForward<'_> {
         let mut kv = cache.layer(li);
         kv.fresh = a.kv_new.as_ref().map(|(k, v)| (k, v));
         Ok(if fused {
+            let next = (li + 1 < m.layers.len()).then(|| cache.layer(li + 1)); // kv_next_prefetch
             k.decode_fused_into(
                 &a.qkv,
                 (&at.q_norm.weight, &at.k_norm.weight, at.q_norm.eps),
                 &m.inv_freq,
                 (&inputs.pos, &inputs.slots),
-                kv,
+                (kv, next),
                 (&inputs.tables, inputs.width.as_ref()),
                 &inputs.ctx_lens,
                 bs,
@@ -345,17 +346,22 @@ impl KernelForward<'_> {
                     // The experts read the normed state, which the dense fused norm +
                     // matmul keeps in shared memory: here the norm and the router's matmul
                     // run as one launch that writes it (`moe_norm_router`, 1-2 rows) or apart.
+                    // One token may route in the router's launch (`moe_router_route`).
                     let normw = (&norm.weight, norm.eps);
+                    let mut routed = false;
                     if !on(skip::ROUTER) {
                     } else if !k.moe_norm_router_into(res, normw, &a.h, &moe.router, &s.logits)? {
                         k.add_rmsnorm_to(res.1, res.0, res.2, &norm.weight, norm.eps, &a.h)?;
-                        k.linear_into(&a.h, &moe.router, &s.logits)?;
+                        routed = k.moe_router_route_into(&a.h, &moe.router, s, moe.norm_topk)?;
+                        if !routed {
+                            k.linear_into(&a.h, &moe.router, &s.logits)?;
+                        }
                     }
                     cur = 1 - cur;
                     let experts = (&moe.gate_up, &moe.down);
                     let how = (moe.first_expert, moe.norm_topk);
                     if on(skip::EXPERTS) {
-                        k.moe_experts_into(&a.h, experts, how, s, &a.down)?;
+                        k.moe_experts_into(&a.h, experts, how, s, (&a.down, routed))?;
                     }
                     delta = Some(reduce_at(&a.down, comm, inputs.reduce_in_place)?);
                     down_before = None;
