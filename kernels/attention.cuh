@@ -255,7 +255,8 @@ struct FusedDecodeParams {
   const void* next_v;
 };
 static_assert(sizeof(FusedDecodeParams) == 184, "FusedDecodeParams layout");
-static_assert(offsetof(FusedDecodeParams, width) == 112 && offsetof(FusedDecodeParams, eps) == 152 &&
+static_assert(offsetof(FusedDecodeParams, width) == 112 &&
+                  offsetof(FusedDecodeParams, eps) == 152 &&
                   offsetof(FusedDecodeParams, next_k) == 168,
               "FusedDecodeParams layout");
 

@@ -257,8 +257,8 @@ MOE_ROUTE_ALIGN(float, f32)
 // moe_route_align writes for it: the picks are distinct experts, so each is a run (and a tile)
 // of one pair, in ascending expert order; pick s goes to position rank(s), the number of picks
 // with a lower expert; tiles past k are zeroed.
-__device__ __forceinline__ void one_token_tables(uint32_t mine, int k, uint32_t* order, uint32_t* tiles,
-                                                 int max_tiles, int lane) {
+__device__ __forceinline__ void one_token_tables(uint32_t mine, int k, uint32_t* order,
+                                                 uint32_t* tiles, int max_tiles, int lane) {
   int rank = 0;
   for (int s = 0; s < k; ++s) rank += __shfl_sync(0xffffffffu, mine, s) < mine ? 1 : 0;
   if (lane < k) order[rank] = (uint32_t)lane;
@@ -401,13 +401,13 @@ MOE_NORM_ROUTER(2)
 
 // The router's matmul and one token's routing in one launch (LaunchOptions::moe_router_route;
 // bf16, one token, E <= 128, sm_90). Grid (1, 1, ceil(E / 8)) as one cluster (one block
-// without), 256 threads:
-// warp w of block z computes logit z * 8 + w as the skinny matmul gemv_t1_bf16 does (its
-// first batch of weight loads before the wait, dot_rows, rounded to bf16: the same bits),
-// writes it to `logits` and into block 0's shared memory; behind a cluster barrier warp 0 of
-// block 0 routes the token from there as moe_route_one does (route_small, one_token_tables):
-// the same ids, weights and tables, one launch and one trip of the logits through memory
-// fewer. RX: the picks by redux_argmax (LaunchOptions::moe_route_redux).
+// without), 256 threads: warp w of block z computes logit z * 8 + w as the skinny matmul
+// gemv_t1_bf16 does (its first batch of weight loads before the wait, dot_rows, rounded to
+// bf16: the same bits), writes it to `logits` and into block 0's shared memory; behind a
+// cluster barrier warp 0 of block 0 routes the token from there as moe_route_one does
+// (route_small, one_token_tables): the same ids, weights and tables, one launch and one trip
+// of the logits through memory fewer. RX: the picks by redux_argmax
+// (LaunchOptions::moe_route_redux).
 template <bool RX>
 __device__ void router_route(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* h,
                              __nv_bfloat16* __restrict__ logits, uint32_t* ids, float* w,
