@@ -182,7 +182,7 @@ pub(super) fn load_bare(
     let model = policy_serve::engine::model::loader::load_shard(
         "bench",
         &mcfg,
-        &[dir.join("model.safetensors")],
+        &policy_serve::engine::model::files::safetensors_in(dir)?,
         choice(dtype),
         dev,
         policy_serve::engine::model::shard::Shard::FULL,

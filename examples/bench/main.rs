@@ -427,10 +427,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     // Logits check vs candle-transformers on the same weights.
     let qcfg: qwen3::Config = serde_json::from_value(cfg.clone())?;
-    let files = [dir.join("model.safetensors")];
+    let files = policy_serve::engine::model::files::safetensors_in(&dir)?;
     let check_tokens = prompt(64, 7);
     let ours = engine.logits(check_tokens.clone())?;
-    // SAFETY: the file is ours and not modified while mapped.
+    // SAFETY: the files are ours and not modified while mapped.
     let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, &dev)? };
     let embed = vb.get(
         (qcfg.vocab_size, qcfg.hidden_size),

@@ -293,7 +293,7 @@ fn main() -> Res<()> {
     let a = Args::parse();
     let dev = select_device(DeviceChoice::Cuda(0))?;
     let cfg = ModelConfig::from_file(&a.model_dir.join("config.json"))?;
-    let weights = [a.model_dir.join("model.safetensors")];
+    let weights = policy_serve::engine::model::files::safetensors_in(&a.model_dir)?;
     let m = load_shard(
         "check",
         &cfg,

@@ -21,7 +21,7 @@ fn adapters(cfg: &ModelConfig) -> Res<Vec<std::path::PathBuf>> {
 
 pub(super) fn lora_model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
     let cfg = ModelConfig::from_file(&a.model_dir.join("config.json"))?;
-    let weights = [a.model_dir.join("model.safetensors")];
+    let weights = policy_serve::engine::model::files::safetensors_in(&a.model_dir)?;
     let dirs = adapters(&cfg)?;
     // The kernels as the flags say, with the shrinks beside the base matmuls, the candle ops,
     // and the candle ops in f32 (the reference: bf16 logits are held to their distance from

@@ -64,7 +64,7 @@ pub(super) fn trace(
 /// steps of 1 and 2 of them.
 pub(super) fn model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
     let cfg = ModelConfig::from_file(&a.model_dir.join("config.json"))?;
-    let weights = [a.model_dir.join("model.safetensors")];
+    let weights = policy_serve::engine::model::files::safetensors_in(&a.model_dir)?;
     let choice = dtype_choice(dt);
     let kopts = a.kernels.options();
     let fast = load_shard(
