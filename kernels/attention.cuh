@@ -248,7 +248,7 @@ struct FusedDecodeParams {
   float eps;
   int stop;
   int kv_shift;  // log2 of the grid's KV heads per cache KV head (fused_decode.cu)
-  int pad;
+  int next_late;  // KV_NEXT_PREFETCH builds: prefetch after the attention loop, not before the wait
   // The next layer's K/V caches (null: none), prefetched into L2 by builds with
   // KV_NEXT_PREFETCH (fused_decode_knp, LaunchOptions::kv_next_prefetch).
   const void* next_k;

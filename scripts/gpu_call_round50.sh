@@ -4,7 +4,8 @@
 #   after the skinny matmuls' weights evict-first went on by default for dense models (round 49:
 #   0.6B batch 8 +11.6%), and with it the next layer's K/V prefetched into L2 before the wait
 #   (--kv-next-prefetch: fused_decode_knp; at batch 8 the attention takes 14.9 us a layer in the
-#   chain against 11.1 with its K/V in L2): 0.6B and 1.7B at batches 1 and 8, two rounds each.
+#   chain against 11.1 with its K/V in L2), issued before the wait or after the attention loop
+#   (--kv-next-prefetch-late): 0.6B and 1.7B at batches 1 and 8, two rounds each.
 # - #29: one token's router matmul and routing in one cluster launch (--moe-router-route:
 #   moe_router_route*_bf16; one launch and one trip of the logits through memory fewer a layer):
 #   the 30B-A3B shape on 8 layers at batch 1 and on 4 at batches 1 / 2 / 8 (2 and 8 do not take it,
@@ -23,10 +24,10 @@ for w in "kv evict-first" "kv next-layer prefetch" "moe router+route"; do
 done
 grep -E "moe timing T1 (router|routing)" "$OUT/kcm.log"
 M=("" "--moe-router-route" "--moe-router-route --kv-next-prefetch")
+D=("" "--kv-evict-first" "--kv-next-prefetch" "--kv-next-prefetch --kv-next-prefetch-late")
+sweep d06 130 "--model-dir /tmp/m-0.6b --prompt 512 --batches 1,8 --new 128" "${D[@]}"
 sweep moe8 100 "--model-dir /tmp/m-moe8 --prompt 512 --batches 1 --new 128" "${M[@]}"
-D=("" "--kv-evict-first" "--kv-next-prefetch")
-sweep d06 90 "--model-dir /tmp/m-0.6b --prompt 512 --batches 1,8 --new 128" "${D[@]}"
-sweep d17 90 "--model-dir /tmp/m-1.7b --prompt 512 --batches 1,8 --new 128" "${D[@]}"
+sweep d17 130 "--model-dir /tmp/m-1.7b --prompt 512 --batches 1,8 --new 128" "${D[@]}"
 sweep moe4 90 "--model-dir /tmp/m-moe4 --prompt 512 --batches 1,2,8 --new 128" "${M[@]:0:2}"
 i=0
 for v in "" "--kv-next-prefetch"; do

@@ -202,14 +202,19 @@ pub(crate) fn mma_kernels(dev: &Device, stages: u8) -> Res<CudaKernels> {
 
 /// `mma_kernels` with the fused attention's K/V evict-first in L2 when `kv_evict_first`.
 fn mma_kernels_with(dev: &Device, stages: u8, kv_evict_first: bool) -> Res<CudaKernels> {
-    let o = LaunchOptions {
+    let o = mma_options(stages, kv_evict_first);
+    Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
+}
+
+/// The options of `mma_kernels_with`.
+fn mma_options(stages: u8, kv_evict_first: bool) -> LaunchOptions {
+    LaunchOptions {
         mma_decode: true,
         fused_mma: Some(stages),
         fused_mma_rows: usize::MAX,
         kv_evict_first,
         ..cores()
-    };
-    Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
+    }
 }
 
 pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
@@ -250,29 +255,30 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     .ok_or("no kernels")?;
     let kmef = mma_kernels_with(dev, 2, true)?;
     // The next layer's K/V prefetched before the wait (`LaunchOptions::kv_next_prefetch`:
-    // `fused_decode_knp`, its own K/V evict-first), every case once more on both loops (a
-    // prefetch is a hint: the same outputs; a parameter struct out of step with the kernel,
-    // or a prefetch that wrote, fails it: `case` passes a next layer's caches it checks).
-    let knp_opts = LaunchOptions {
-        kv_next_prefetch: true,
-        ..cores()
+    // `fused_decode_knp`, its own K/V evict-first) and after the loop
+    // (`kv_next_prefetch_late`), every case once more on both loops each (a prefetch is a
+    // hint: the same outputs; a parameter struct out of step with the kernel, or a prefetch
+    // that wrote, fails it: `case` passes a next layer's caches it checks).
+    let next_kernels = |late: bool, mma: bool| -> Res<CudaKernels> {
+        let base = if mma { mma_options(2, false) } else { cores() };
+        let o = LaunchOptions {
+            kv_next_prefetch: true,
+            kv_next_prefetch_late: late,
+            ..base
+        };
+        Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
     };
-    let knp = CudaKernels::new(dev, DType::BF16, &knp_opts)?.ok_or("no kernels")?;
-    let kmnp = CudaKernels::new(
-        dev,
-        DType::BF16,
-        &LaunchOptions {
-            mma_decode: true,
-            fused_mma: Some(2),
-            fused_mma_rows: usize::MAX,
-            ..knp_opts
-        },
-    )?
-    .ok_or("no kernels")?;
-    let prefetching = knp.kv_next_prefetch() && kmnp.kv_next_prefetch() && !kef.kv_next_prefetch();
+    let (knp, kmnp) = (next_kernels(false, false)?, next_kernels(false, true)?);
+    let (knpl, kmnpl) = (next_kernels(true, false)?, next_kernels(true, true)?);
+    let early = [&knp, &kmnp]
+        .iter()
+        .all(|x| x.kv_next_prefetch() && !x.kv_next_prefetch_late());
+    let late = [&knpl, &kmnpl]
+        .iter()
+        .all(|x| x.kv_next_prefetch_late() && x.kv_evict_first());
     t.check(
         "decode_fused kv next-layer prefetch kernels loaded ?".into(),
-        if prefetching && knp.kv_evict_first() {
+        if early && late && !kef.kv_next_prefetch() {
             0.0
         } else {
             1.0
@@ -312,26 +318,29 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         ((8, 700, true), (32, 4), Some(16)),
         ((8, 3000, true), (32, 4), Some(8)),
     ];
-    let g8 = cases.iter().filter(|c| c.1.0 / c.1.1 == 8);
-    let runs = cases
-        .iter()
-        .map(|c| (&k, &k, c, ""))
-        .chain(g8.map(|c| (&k8, &k8, c, " whole")))
-        .chain(cases.iter().map(|c| (&kd, &kd, c, " division")))
-        .chain(cases.iter().map(|c| (&km1, &k, c, " mma1")))
-        .chain(cases.iter().map(|c| (&km2, &k, c, " mma2")))
-        .chain(cases.iter().map(|c| (&kef, &kef, c, " kv evict-first")))
-        .chain(cases.iter().map(|c| (&kmef, &k, c, " mma2 kv evict-first")))
-        .chain(
-            cases
-                .iter()
-                .map(|c| (&knp, &knp, c, " kv next-layer prefetch")),
-        )
-        .chain(
-            cases
-                .iter()
-                .map(|c| (&kmnp, &k, c, " mma2 kv next-layer prefetch")),
-        );
+    // Every case on each kernel set, against its reference set (K/V = unfused, and the next
+    // layer's caches unchanged, both in `case`'s cache distance).
+    let sets: [(&CudaKernels, &CudaKernels, &str); 11] = [
+        (&k, &k, ""),
+        (&k8, &k8, " whole"),
+        (&kd, &kd, " division"),
+        (&km1, &k, " mma1"),
+        (&km2, &k, " mma2"),
+        (&kef, &kef, " kv evict-first"),
+        (&kmef, &k, " mma2 kv evict-first"),
+        (&knp, &knp, " kv next-layer prefetch"),
+        (&kmnp, &k, " mma2 kv next-layer prefetch"),
+        (&knpl, &knpl, " kv next-layer prefetch late"),
+        (&kmnpl, &k, " mma2 kv next-layer prefetch late"),
+    ];
+    let runs = sets.iter().flat_map(|&(kf, kc, how)| {
+        // The whole group-8 kernels only on the group-8 cases.
+        let only_g8 = how == " whole";
+        cases
+            .iter()
+            .filter(move |c| !only_g8 || c.1.0 / c.1.1 == 8)
+            .map(move |c| (kf, kc, c, how))
+    });
     for (kf, kc, &(rows, heads, splits), how) in runs {
         let (out, cache, left, exact) = case((kf, kc), dev, rows, heads, splits, None)?;
         let name = format!(

@@ -84,6 +84,10 @@ pub struct KernelFlags {
     /// evict-first (`KernelOptions::kv_next_prefetch`).
     #[arg(long)]
     pub kv_next_prefetch: bool,
+    /// With `--kv-next-prefetch`, the prefetch once the attention loop has read its own K/V
+    /// (`KernelOptions::kv_next_prefetch_late`).
+    #[arg(long)]
+    pub kv_next_prefetch_late: bool,
     /// Skinny matmuls prefetch the next matmul's weights into L2
     /// (`KernelOptions::l2_prefetch`).
     #[arg(long)]
@@ -295,6 +299,7 @@ impl KernelFlags {
             weight_evict_first_moe: self.weight_evict_first_moe,
             kv_evict_first: self.kv_evict_first,
             kv_next_prefetch: self.kv_next_prefetch,
+            kv_next_prefetch_late: self.kv_next_prefetch_late,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
             norm_deferred: (!self.no_norm_deferred).then(|| {

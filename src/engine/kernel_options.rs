@@ -189,17 +189,18 @@ pub struct KernelOptions {
     /// each load; `build.rs` compiles `fused_decode.cu` again as `fused_decode_kef`; the same
     /// values). A step reads each K/V row once. Default off (not yet measured on the H200).
     pub kv_evict_first: bool,
-    /// The fused decode attention of each layer but the last prefetches the next layer's K/V
-    /// rows of its share (its row, KV head and partition: what the next layer's block reads)
-    /// into L2 before its wait, while the qkv matmul before it runs, and loads its own K/V
-    /// evict-first (`build.rs` compiles `fused_decode.cu` with `-DKV_EVICT_FIRST
-    /// -DKV_NEXT_PREFETCH` as `fused_decode_knp`; implies `kv_evict_first`). With the weights
-    /// evict-first too (`weight_evict_first`), the prefetched rows, at L2's normal priority,
-    /// outlive the layer's other traffic, and the next attention reads them from L2 (at
-    /// batch 8 after 512-token prompts 0.6B's attention takes 14.9 us a layer in the chain
-    /// against 11.1 with its K/V in L2). The same values, so the same outputs. Default off
-    /// (not yet measured on the H200).
+    /// The fused decode attention of each layer but the last prefetches into L2, before its
+    /// wait, the next layer's K/V rows of its share (what the next layer's block of the same
+    /// row, KV head and partition reads), and loads its own evict-first (`fused_decode_knp`:
+    /// `fused_decode.cu` with `-DKV_EVICT_FIRST -DKV_NEXT_PREFETCH`). With the weights
+    /// evict-first too, the prefetched rows outlive the layer's other traffic in L2 (0.6B's
+    /// attention at batch 8: 14.9 us a layer in the chain, 11.1 with its K/V in L2). The same
+    /// outputs. Default off (not yet measured on the H200).
     pub kv_next_prefetch: bool,
+    /// With `kv_next_prefetch`: each block prefetches once its loop has read its own K/V, so
+    /// the prefetch meets the o and MLP matmuls (at batch 8 the memory mostly idle) instead of
+    /// the qkv matmul and its own K/V loads. Default off (not yet measured).
+    pub kv_next_prefetch_late: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
     pub l2_prefetch: bool,
@@ -436,6 +437,7 @@ impl Default for KernelOptions {
             weight_evict_first_moe: false,
             kv_evict_first: false,
             kv_next_prefetch: false,
+            kv_next_prefetch_late: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,

@@ -414,7 +414,7 @@ impl CudaKernels {
             eps: eps as f32,
             stop,
             kv_shift: kv_shift as i32,
-            pad: 0,
+            next_late: i32::from(self.kv_next_prefetch_late()),
             next_k,
             next_v,
         };

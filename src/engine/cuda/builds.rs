@@ -20,8 +20,30 @@ pub(super) struct Builds {
     pub(super) gemv: &'static [u8],
     pub(super) gemv_mma: &'static [u8],
     pub(super) fused_decode: &'static [u8],
-    /// Weights evict-first, K/V evict-first, the next layer's K/V prefetched.
-    pub(super) evict_first: (bool, bool, bool),
+    /// What they do with L2.
+    pub(super) hints: CacheHints,
+}
+
+/// The cache hints and prefetches of the builds the options picked.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CacheHints {
+    /// The skinny matmuls' weights evict-first (`LaunchOptions::weight_evict_first`).
+    pub(super) weights: bool,
+    /// The fused attention's K/V evict-first (`kv_evict_first`, or `kv_next_prefetch`).
+    pub(super) kv: bool,
+    /// Whether and when the fused attention prefetches the next layer's K/V.
+    pub(super) kv_next: KvNext,
+}
+
+/// When the fused decode attention prefetches the next layer's K/V into L2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum KvNext {
+    /// It does not.
+    Off,
+    /// Before its wait on the qkv matmul (`LaunchOptions::kv_next_prefetch`).
+    BeforeWait,
+    /// Once its attention loop has read its own K/V (`kv_next_prefetch_late`).
+    AfterLoop,
 }
 
 impl Builds {
@@ -37,7 +59,15 @@ impl Builds {
                 (true, false) => FUSED_KEF,
                 (false, false) => FUSED_DECODE,
             },
-            evict_first: (ef, kef, knp),
+            hints: CacheHints {
+                weights: ef,
+                kv: kef,
+                kv_next: match (knp, opts.kv_next_prefetch_late) {
+                    (false, _) => KvNext::Off,
+                    (true, false) => KvNext::BeforeWait,
+                    (true, true) => KvNext::AfterLoop,
+                },
+            },
         }
     }
 }

@@ -326,19 +326,25 @@ impl CudaKernels {
     /// Whether the skinny matmuls load their weights evict-first in L2
     /// (`LaunchOptions::weight_evict_first`).
     pub fn weight_evict_first(&self) -> bool {
-        self.evict_first.0
+        self.hints.weights
     }
 
     /// Whether the fused decode attention loads its K/V evict-first in L2
     /// (`LaunchOptions::kv_evict_first`, or `kv_next_prefetch`).
     pub fn kv_evict_first(&self) -> bool {
-        self.evict_first.1
+        self.hints.kv
     }
 
-    /// Whether the fused decode attention prefetches the next layer's K/V into L2 before its
-    /// wait (`LaunchOptions::kv_next_prefetch`).
+    /// Whether the fused decode attention prefetches the next layer's K/V into L2
+    /// (`LaunchOptions::kv_next_prefetch`).
     pub fn kv_next_prefetch(&self) -> bool {
-        self.evict_first.2
+        self.hints.kv_next != super::builds::KvNext::Off
+    }
+
+    /// Whether it does so once its attention loop has read its own K/V instead of before its
+    /// wait (`LaunchOptions::kv_next_prefetch_late`).
+    pub fn kv_next_prefetch_late(&self) -> bool {
+        self.hints.kv_next == super::builds::KvNext::AfterLoop
     }
 
     /// Whether a plain matmul of `t` rows over a weight of `n` rows of `k` inputs runs on the

@@ -137,8 +137,8 @@ pub struct CudaKernels {
     pub(super) gemv_presum: Option<[Vec<CudaFunction>; 3]>,
     /// Whether the skinny matmuls prefetch the next matmul's weights into L2.
     pub(super) l2_prefetch: bool,
-    /// `weight_evict_first`, `kv_evict_first` (or `kv_next_prefetch`), `kv_next_prefetch`.
-    pub(super) evict_first: (bool, bool, bool),
+    /// The cache hints and prefetches of the builds loaded (`super::builds::Builds`).
+    pub(super) hints: super::builds::CacheHints,
     /// Whether whole-vocabulary draws run on the device (`LaunchOptions::sample_full`).
     pub(super) sample_full_on: bool,
     pub(crate) blas: Blas,
@@ -431,7 +431,7 @@ impl CudaKernels {
                 _ => None,
             },
             l2_prefetch: hopper && opts.l2_prefetch,
-            evict_first: builds.evict_first,
+            hints: builds.hints,
             gemv_tma: super::handles::TmaGemv::load(opts, (dtype, major == 9), &load)?,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,

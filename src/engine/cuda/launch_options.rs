@@ -55,6 +55,8 @@ pub struct LaunchOptions {
     /// The fused decode attention prefetches the next layer's K/V into L2 before its wait,
     /// loading its own evict-first (`fused_decode_knp`; implies `kv_evict_first`).
     pub kv_next_prefetch: bool,
+    /// With `kv_next_prefetch`: after the attention loop instead of before the wait.
+    pub kv_next_prefetch_late: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
     /// while it runs (sm_90+).
     pub l2_prefetch: bool,
@@ -192,6 +194,7 @@ impl Default for LaunchOptions {
             weight_evict_first: true,
             kv_evict_first: false,
             kv_next_prefetch: false,
+            kv_next_prefetch_late: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,

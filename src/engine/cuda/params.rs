@@ -90,7 +90,9 @@ pub(super) struct FusedDecodeParams {
     pub(super) stop: i32,
     /// log2 of the grid's KV heads per cache KV head (`kernels/fused_decode.cu`).
     pub(super) kv_shift: i32,
-    pub(super) pad: i32,
+    /// With `next_k`: prefetch after the attention loop instead of before the wait
+    /// (`LaunchOptions::kv_next_prefetch_late`).
+    pub(super) next_late: i32,
     /// The next layer's K and V caches (0: none), prefetched into L2 by the kernels of
     /// `LaunchOptions::kv_next_prefetch`.
     pub(super) next_k: u64,

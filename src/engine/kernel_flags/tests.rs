@@ -175,6 +175,10 @@ fn kernel_flags_become_kernel_options() {
     assert!(opts(&["x", "--kv-evict-first"]).kernels.kv_evict_first);
     assert!(!d.kernels.kv_next_prefetch && !lib.kernels.kv_next_prefetch);
     assert!(opts(&["x", "--kv-next-prefetch"]).kernels.kv_next_prefetch);
+    let late = opts(&["x", "--kv-next-prefetch", "--kv-next-prefetch-late"]).kernels;
+    assert!(
+        late.kv_next_prefetch && late.kv_next_prefetch_late && !d.kernels.kv_next_prefetch_late
+    );
     // The 1-2-row kernels' carveout: 100% unless told otherwise or off; 0-100 only.
     assert_eq!(d.kernels.smem_carveout, Some(100));
     assert_eq!(lib.kernels.smem_carveout, d.kernels.smem_carveout);

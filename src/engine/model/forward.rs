@@ -82,6 +82,7 @@ pub fn launch_options(opts: &KernelOptions, cfg: &ModelConfig) -> LaunchOptions 
         },
         kv_evict_first: opts.kv_evict_first,
         kv_next_prefetch: opts.kv_next_prefetch,
+        kv_next_prefetch_late: opts.kv_next_prefetch_late,
         l2_prefetch: opts.l2_prefetch,
         warp_norm: opts.warp_norm,
         norm_deferred: opts.norm_deferred,
