@@ -7,7 +7,8 @@
 #   chain against 11.1 with its K/V in L2), issued before the wait or after the attention loop
 #   (--kv-next-prefetch-late): 0.6B and 1.7B at batches 1 and 8, two rounds each.
 # - #29: one token's router matmul and routing in one cluster launch (--moe-router-route:
-#   moe_router_route*_bf16; one launch and one trip of the logits through memory fewer a layer):
+#   moe_router_route*_bf16; one launch and one trip of the logits through memory fewer a layer),
+#   and the add+RMSNorm before them in it too (--moe-norm-router-route: two launches fewer):
 #   the 30B-A3B shape on 8 layers at batch 1 and on 4 at batches 1 / 2 / 8 (2 and 8 do not take it,
 #   so they must be flat).
 # kernel_check --model-only on the mixed MoE model checks both bit for bit (the fused cases on the
@@ -19,16 +20,16 @@ set -u
 source scripts/gpu_lib.sh
 model 0.6b; model 1.7b; moe_model 4; moe_model 8; mix_model; echo "models t=$((SECONDS - T0))"
 kc kcm 150 --model-only --model-dir /tmp/m-mix
-for w in "kv evict-first" "kv next-layer prefetch" "moe router+route"; do
+for w in "kv evict-first" "kv next-layer prefetch" "router+route"; do
   echo "$w checks: $(grep -c "$w" "$OUT/kcm.log"), failed: $(grep "$w" "$OUT/kcm.log" | grep -c FAIL)"
 done
 grep -E "moe timing T1 (router|routing)" "$OUT/kcm.log"
-M=("" "--moe-router-route" "--moe-router-route --kv-next-prefetch")
+M=("" "--moe-router-route" "--moe-norm-router-route" "--moe-norm-router-route --kv-next-prefetch")
 D=("" "--kv-evict-first" "--kv-next-prefetch" "--kv-next-prefetch --kv-next-prefetch-late")
 sweep d06 130 "--model-dir /tmp/m-0.6b --prompt 512 --batches 1,8 --new 128" "${D[@]}"
-sweep moe8 100 "--model-dir /tmp/m-moe8 --prompt 512 --batches 1 --new 128" "${M[@]}"
+sweep moe8 120 "--model-dir /tmp/m-moe8 --prompt 512 --batches 1 --new 128" "${M[@]}"
 sweep d17 130 "--model-dir /tmp/m-1.7b --prompt 512 --batches 1,8 --new 128" "${D[@]}"
-sweep moe4 90 "--model-dir /tmp/m-moe4 --prompt 512 --batches 1,2,8 --new 128" "${M[@]:0:2}"
+sweep moe4 90 "--model-dir /tmp/m-moe4 --prompt 512 --batches 1,2,8 --new 128" "${M[@]:0:3}"
 i=0
 for v in "" "--kv-next-prefetch"; do
   left 560 || break

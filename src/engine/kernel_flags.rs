@@ -226,6 +226,10 @@ pub struct KernelFlags {
     /// (`KernelOptions::moe_router_route`).
     #[arg(long)]
     pub moe_router_route: bool,
+    /// One-token MoE steps run the add+RMSNorm, the router's matmul and the routing as one
+    /// cluster launch (`KernelOptions::moe_norm_router_route`).
+    #[arg(long)]
+    pub moe_norm_router_route: bool,
     /// MoE one-pair tiles load the experts' gate|up rows as other loads (turns
     /// `KernelOptions::moe_gate_up_cs` off).
     #[arg(long)]
@@ -361,6 +365,7 @@ impl KernelFlags {
             moe_route_one: !self.no_moe_route_one,
             moe_route_redux: !self.no_moe_route_redux,
             moe_router_route: self.moe_router_route,
+            moe_norm_router_route: self.moe_norm_router_route,
             moe_gate_up_cs: !self.no_moe_gate_up_cs,
             moe_rank_sort: !self.no_moe_rank_sort,
             lora_overlap: !self.no_lora_overlap,

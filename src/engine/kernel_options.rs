@@ -371,6 +371,12 @@ pub struct KernelOptions {
     /// for bit), one launch and one trip of the logits through memory fewer a layer. Default
     /// off (not yet measured on the H200).
     pub moe_router_route: bool,
+    /// One-token steps of MoE models also fold the add+RMSNorm in front of the router into
+    /// that launch: every block of the cluster norms the row as `add_rmsnorm` does (its sums in
+    /// its order: the same bits), block 0 writes the sum and the normed row the experts read
+    /// (`moe_norm_router_route*_bf16`). Two launches fewer a sparse layer. Default off (not
+    /// yet measured on the H200).
+    pub moe_norm_router_route: bool,
     /// MoE steps on one-pair tiles load the experts' gate|up rows evict-first
     /// (`moe_gate_up_t1_cs_bf16`; the same values). On by default: 30B-A3B shape batch 1 +1-2%.
     pub moe_gate_up_cs: bool,
@@ -473,6 +479,7 @@ impl Default for KernelOptions {
             moe_route_one: true,
             moe_route_redux: true,
             moe_router_route: false,
+            moe_norm_router_route: false,
             moe_gate_up_cs: true,
             moe_rank_sort: true,
             lora_overlap: true,

@@ -149,6 +149,8 @@ pub struct LaunchOptions {
     /// One token's router matmul and routing in one cluster launch (`moe_router_route*_bf16`,
     /// sm_90, with `moe_route_one`).
     pub moe_router_route: bool,
+    /// The same behind the add+RMSNorm, in one launch (`moe_norm_router_route*_bf16`).
+    pub moe_norm_router_route: bool,
     /// MoE steps on one-pair tiles load the experts' gate|up rows evict-first (bf16).
     pub moe_gate_up_cs: bool,
     /// The MoE down + sum launch orders each token's experts by one warp's ranks instead of
@@ -230,6 +232,7 @@ impl Default for LaunchOptions {
             moe_route_one: true,
             moe_route_redux: true,
             moe_router_route: false,
+            moe_norm_router_route: false,
             moe_gate_up_cs: true,
             moe_rank_sort: true,
             lora_overlap: true,

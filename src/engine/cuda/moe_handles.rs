@@ -42,6 +42,8 @@ pub(super) struct MoeKernels {
     /// `LaunchOptions::moe_router_route` and `moe_route_one`; its picks by warp reductions
     /// with `moe_route_redux`).
     pub(super) router_route: Option<CudaFunction>,
+    /// The same behind the add+RMSNorm (`LaunchOptions::moe_norm_router_route`).
+    pub(super) norm_router_route: Option<CudaFunction>,
 }
 
 impl MoeKernels {
@@ -67,6 +69,15 @@ impl MoeKernels {
                 f(moe, &format!("moe_{kind}_t32_f32"))?,
                 f(moe, &format!("moe_{kind}_t1_bf16"))?,
             ])
+        };
+        // A routing kernel in clusters of up to 16 blocks (`moe_route_redux`: its `_rx` form).
+        let clusters = bf16 && hopper && opts.moe_route_one;
+        let cluster16 = |name: &str| -> Result<CudaFunction> {
+            let rx = if opts.moe_route_redux { "_rx" } else { "" };
+            let func = f(route, &format!("{name}{rx}_bf16"))?;
+            func.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+                .map_err(|e| kernel_err(&format!("{name} cluster size"), e))?;
+            Ok(func)
         };
         let tensor = |kind: &str| -> Result<[CudaFunction; 2]> {
             Ok([
@@ -108,14 +119,11 @@ impl MoeKernels {
             gate_up_cs: (bf16 && opts.moe_gate_up_cs)
                 .then(|| f(moe, "moe_gate_up_t1_cs_bf16"))
                 .transpose()?,
-            router_route: (bf16 && hopper && opts.moe_router_route && opts.moe_route_one)
-                .then(|| -> Result<CudaFunction> {
-                    let rx = if opts.moe_route_redux { "_rx" } else { "" };
-                    let func = f(route, &format!("moe_router_route{rx}_bf16"))?;
-                    func.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
-                        .map_err(|e| kernel_err("moe_router_route cluster size", e))?;
-                    Ok(func)
-                })
+            router_route: (clusters && opts.moe_router_route)
+                .then(|| cluster16("moe_router_route"))
+                .transpose()?,
+            norm_router_route: (clusters && opts.moe_norm_router_route)
+                .then(|| cluster16("moe_norm_router_route"))
                 .transpose()?,
             _modules: [route.clone(), moe.clone(), mma.clone()],
         })

@@ -189,7 +189,7 @@ impl CudaKernels {
     /// already in `s.logits` (`[T, E]`) -> `out` `[T, hidden]`, this rank's experts
     /// `first..first + local` (the stacked `gate_up` `[local, 2I, hidden]` and `down`
     /// `[local, hidden, I]`), top-`k` with the weights renormalized when `norm`. `routed`:
-    /// the token's routing tables are in `s` already (`moe_router_route_into` launched), so
+    /// the token's routing tables are in `s` already (`moe_router_into` said so), so
     /// the routing is not launched again.
     pub fn moe_experts_into(
         &self,

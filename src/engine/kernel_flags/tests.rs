@@ -213,6 +213,12 @@ fn kernel_flags_become_kernel_options() {
     // The router's matmul and the routing in one launch: off unless asked.
     assert!(!d.kernels.moe_router_route && !lib.kernels.moe_router_route);
     assert!(opts(&["x", "--moe-router-route"]).kernels.moe_router_route);
+    assert!(!d.kernels.moe_norm_router_route && !lib.kernels.moe_norm_router_route);
+    assert!(
+        opts(&["x", "--moe-norm-router-route"])
+            .kernels
+            .moe_norm_router_route
+    );
     assert!(!opts(&["x", "--no-moe-rank-sort"]).kernels.moe_rank_sort);
     // The greedy tokens inside the graphs: on unless turned off.
     assert!(d.kernels.graph_argmax);

@@ -117,6 +117,7 @@ pub fn launch_options(opts: &KernelOptions, cfg: &ModelConfig) -> LaunchOptions 
         moe_route_one: opts.moe_route_one,
         moe_route_redux: opts.moe_route_redux,
         moe_router_route: opts.moe_router_route,
+        moe_norm_router_route: opts.moe_norm_router_route,
         moe_gate_up_cs: opts.moe_gate_up_cs,
         moe_rank_sort: opts.moe_rank_sort,
         lora_overlap: opts.lora_overlap,

@@ -345,18 +345,11 @@ impl KernelForward<'_> {
                         .ok_or_else(|| crate::error::Error::Engine("MoE buffers missing".into()))?;
                     // The experts read the normed state, which the dense fused norm +
                     // matmul keeps in shared memory: here the norm and the router's matmul
-                    // run as one launch that writes it (`moe_norm_router`, 1-2 rows) or apart.
-                    // One token may route in the router's launch (`moe_router_route`).
+                    // write it, as few launches as the options allow, with one token's
+                    // routing (`moe_router_route`, `moe_norm_router_route`) or without.
                     let normw = (&norm.weight, norm.eps);
-                    let mut routed = false;
-                    if !on(skip::ROUTER) {
-                    } else if !k.moe_norm_router_into(res, normw, &a.h, &moe.router, &s.logits)? {
-                        k.add_rmsnorm_to(res.1, res.0, res.2, &norm.weight, norm.eps, &a.h)?;
-                        routed = k.moe_router_route_into(&a.h, &moe.router, s, moe.norm_topk)?;
-                        if !routed {
-                            k.linear_into(&a.h, &moe.router, &s.logits)?;
-                        }
-                    }
+                    let routed = on(skip::ROUTER)
+                        && k.moe_router_into(res, normw, &a.h, &moe.router, s, moe.norm_topk)?;
                     cur = 1 - cur;
                     let experts = (&moe.gate_up, &moe.down);
                     let how = (moe.first_expert, moe.norm_topk);
