@@ -16,10 +16,13 @@
 # one-warp routing, and that it served; the fused cases again on the next-layer prefetch build);
 # then the chain map of 0.6B at batches 1 and 8 with and without --kv-next-prefetch if time is
 # left.
+# Run as `export OUT BUDGET=...; bash scripts/gpu_call_round50.sh`, BUDGET the seconds the call
+# may spend (the device time left less a start, a minute or two): what matters most runs first
+# (each model written just before its first use), and no command runs past BUDGET + 30 s.
 set -u
 source scripts/gpu_lib.sh
-model 0.6b; model 1.7b; moe_model 4; moe_model 8; mix_model; echo "models t=$((SECONDS - T0))"
-kc kcm 150 --model-only --model-dir /tmp/m-mix
+model 0.6b; mix_model; echo "models t=$((SECONDS - T0))"
+kc kcm 120 --model-only --model-dir /tmp/m-mix
 for w in "kv evict-first" "kv next-layer prefetch" "router+route"; do
   echo "$w checks: $(grep -c "$w" "$OUT/kcm.log"), failed: $(grep "$w" "$OUT/kcm.log" | grep -c FAIL)"
 done
@@ -27,14 +30,17 @@ grep -E "moe timing T1 (router|routing)" "$OUT/kcm.log"
 M=("" "--moe-router-route" "--moe-norm-router-route" "--moe-norm-router-route --kv-next-prefetch")
 D=("" "--kv-evict-first" "--kv-next-prefetch" "--kv-next-prefetch --kv-next-prefetch-late")
 sweep d06 130 "--model-dir /tmp/m-0.6b --prompt 512 --batches 1,8 --new 128" "${D[@]}"
+left && moe_model 8
 sweep moe8 120 "--model-dir /tmp/m-moe8 --prompt 512 --batches 1 --new 128" "${M[@]}"
+left && model 1.7b
 sweep d17 130 "--model-dir /tmp/m-1.7b --prompt 512 --batches 1,8 --new 128" "${D[@]}"
+left && moe_model 4
 sweep moe4 90 "--model-dir /tmp/m-moe4 --prompt 512 --batches 1,2,8 --new 128" "${M[@]:0:3}"
 i=0
 for v in "" "--kv-next-prefetch"; do
-  left 560 || break
+  left || break
   i=$((i + 1))
-  timeout 35 .gpu/graph_check --model-dir /tmp/m-0.6b --profile 1,8 --profile-skip 2,4,8,16 $v > "$OUT/skip$i.log" 2>&1
+  timeout "$(cap 35)" .gpu/graph_check --model-dir /tmp/m-0.6b --profile 1,8 --profile-skip 2,4,8,16 $v > "$OUT/skip$i.log" 2>&1
   echo "== 0.6b profile-skip [$v] rc $? t=$((SECONDS - T0))"
   grep -E "^batch .* graph_pdl" "$OUT/skip$i.log" | sed 's/ back to back//; s/; with argmax.*//' | cut -c1-160
 done

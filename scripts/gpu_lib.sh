@@ -35,10 +35,17 @@ run() {
   grep -E "^ours (prefill|batched|mixed)" "$OUT/bench-$name.log" | sed "s/^/$name /" | tee -a "$S"
 }
 
-# left [S]: whether this call has run less than S seconds (540 by default) since gpu_lib.sh was
-# sourced (a call is cut at 600).
+# left [S]: whether this call has run less than S seconds (by default $BUDGET, else 540) since
+# gpu_lib.sh was sourced (a call is cut at 600, or sooner when less device time is left: set
+# BUDGET to what the call may spend, less a minute); cap S: S, or the seconds left before
+# BUDGET + 30 if fewer (a command's timeout that ends before the call is cut).
 T0=$SECONDS
-left() { [ $((SECONDS - T0)) -lt "${1:-540}" ]; }
+left() { [ $((SECONDS - T0)) -lt "${1:-${BUDGET:-540}}" ]; }
+cap() {
+  local rem=$(( ${BUDGET:-540} + 30 - (SECONDS - T0) ))
+  [ "$rem" -lt 5 ] && rem=5
+  echo $(( $1 < rem ? $1 : rem ))
+}
 
 # row LABEL ARGS...: one `bench --no-peer ARGS` (not started once `left` says no), its decode
 # and mixed rows (graphs and eager, with ms a step) on one line after LABEL and the call's time.
@@ -60,7 +67,7 @@ sweep() {
   local v=() x
   for x in "$@"; do v+=(--variant "$x"); done
   # shellcheck disable=SC2086 # the bench's arguments are words
-  timeout "$s" .gpu/bench --no-peer $args "${v[@]}" > "$OUT/sweep-$n.log" 2>&1
+  timeout "$(cap "$s")" .gpu/bench --no-peer $args "${v[@]}" > "$OUT/sweep-$n.log" 2>&1
   echo "== sweep $n rc $? t=$((SECONDS - T0))"
   grep -E "^variant .* decode|^variant .* run 1 setup|Error|panic" "$OUT/sweep-$n.log" \
     | sed 's/^variant //; s/ decode batch / b/; s/; prefill of batch [0-9]* ms//'
@@ -70,7 +77,7 @@ sweep() {
 # the call's time and the summary and failure lines.
 kc() {
   local n=$1 s=$2; shift 2
-  timeout "$s" .gpu/kernel_check "$@" > "$OUT/$n.log" 2>&1
+  timeout "$(cap "$s")" .gpu/kernel_check "$@" > "$OUT/$n.log" 2>&1
   echo "== $n rc $? t=$((SECONDS - T0))"
   grep -E "^kernel-check|FAIL|Error|panic" "$OUT/$n.log" | head -8
 }
