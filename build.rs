@@ -27,6 +27,7 @@ const KERNELS: &[&str] = &[
     "moe",
     "moe_mma",
     "moe_route",
+    "moe_router",
     "verify",
     "gemv_tma_sm90",
 ];
@@ -57,6 +58,7 @@ fn main() {
     println!("cargo:rerun-if-changed=kernels/flash.cuh");
     println!("cargo:rerun-if-changed=kernels/decode_mma.cuh");
     println!("cargo:rerun-if-changed=kernels/moe.cuh");
+    println!("cargo:rerun-if-changed=kernels/moe_route.cuh");
     println!("cargo:rerun-if-changed=kernels/lora.cuh");
     println!("cargo:rerun-if-changed=kernels/gemv.cuh");
     println!("cargo:rerun-if-env-changed=CUDA_ROOT");

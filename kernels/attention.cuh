@@ -85,6 +85,29 @@ __device__ __forceinline__ Raw ld_kv(const void* p) {
 #endif
   return *reinterpret_cast<const Raw*>(p);
 }
+// For the fused decode attention built with KV_NEXT_PREFETCH (build.rs: fused_decode_knp,
+// with KV_EVICT_FIRST; LaunchOptions::kv_next_prefetch): the next layer's K/V rows of tokens
+// [start, end) of the cache head at head_base, which the next layer's block of this (row, KV head, partition)
+// reads, prefetched into L2, one bulk prefetch a table block and cache by lane l of the
+// calling warp for blocks l, l + 32, ... The tables and contexts are the step's (every layer
+// reads the same slots of its own caches); the prefetch is a hint and writes nothing. With
+// this layer's K/V and the weights loaded evict-first, the prefetched lines (L2's normal
+// priority) outlive the rest of the layer's traffic.
+template <typename KT>
+__device__ __forceinline__ void prefetch_next_kv(const KT* nk, const KT* nv,
+                                                 const uint32_t* __restrict__ table, int start,
+                                                 int end, int block_size, size_t head_base,
+                                                 int lane) {
+  if (end <= start) return;
+  const int first = start / block_size, last = (end - 1) / block_size;
+  for (int tb = first + lane; tb <= last; tb += 32) {
+    const int p0 = max(start, tb * block_size), p1 = min(end, (tb + 1) * block_size);
+    const size_t off = (head_base + (size_t)table[tb] * block_size + (p0 - tb * block_size)) * HD;
+    const unsigned bytes = (unsigned)((p1 - p0) * HD * sizeof(KT));
+    l2_prefetch_bulk(nk + off, bytes);
+    l2_prefetch_bulk(nv + off, bytes);
+  }
+}
 // f32 caches (f32 compute): 8 floats.
 struct F32x8 {
   float4 a, b;

@@ -363,19 +363,14 @@ pub struct KernelOptions {
     /// of five shuffle rounds (`moe_route_one_rx_*`; the same picks). On by default: on the
     /// H200 (30B-A3B shape, batch 1) +0.6% on 8 layers, +0.2% on 4; batches 2 and 8 flat.
     pub moe_route_redux: bool,
-    /// One-token steps of MoE models run the router's matmul and the routing as one launch:
-    /// a cluster of ceil(E / 8) blocks (E <= 128) computes the logits as the skinny matmul
-    /// does and gathers them in one block's shared memory, which routes the token as
-    /// `moe_route_one` does (`kernels/moe_route.cu` `moe_router_route*_bf16`; bf16, sm_90,
-    /// with `moe_route_one`). The same logits, ids, weights and tiles (the experts' output bit
-    /// for bit), one launch and one trip of the logits through memory fewer a layer. Default
-    /// off (not yet measured on the H200).
+    /// One-token MoE steps run the router's matmul and the routing as one cluster launch
+    /// (E <= 128; `kernels/moe_router.cu` `moe_router_route*_bf16`; bf16, sm_90, with
+    /// `moe_route_one`): the same logits, ids, weights and tiles, one launch fewer a layer.
+    /// Default off (not yet measured on the H200).
     pub moe_router_route: bool,
-    /// One-token steps of MoE models also fold the add+RMSNorm in front of the router into
-    /// that launch: every block of the cluster norms the row as `add_rmsnorm` does (its sums in
-    /// its order: the same bits), block 0 writes the sum and the normed row the experts read
-    /// (`moe_norm_router_route*_bf16`). Two launches fewer a sparse layer. Default off (not
-    /// yet measured on the H200).
+    /// The same with the add+RMSNorm before the router in that launch, normed as `add_rmsnorm`
+    /// does it (the same bits; `moe_norm_router_route*_bf16`): two launches fewer a layer.
+    /// Default off (not yet measured on the H200).
     pub moe_norm_router_route: bool,
     /// MoE steps on one-pair tiles load the experts' gate|up rows evict-first
     /// (`moe_gate_up_t1_cs_bf16`; the same values). On by default: 30B-A3B shape batch 1 +1-2%.

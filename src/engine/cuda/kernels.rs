@@ -35,6 +35,7 @@ static LORA_RUNS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_runs.fa
 static MOE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe.fatbin"));
 static MOE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_mma.fatbin"));
 static MOE_ROUTE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_route.fatbin"));
+static MOE_ROUTER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_router.fatbin"));
 static VERIFY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/verify.fatbin"));
 
 /// Most token rows the CUDA-core skinny-matmul kernels (`kernels/gemv.cu`) take: where they
@@ -90,7 +91,7 @@ pub struct CudaKernels {
     /// without it.
     pub(super) lora_runs: Option<super::handles::LoraRuns>,
     pub(super) gather_rows_f32: CudaFunction,
-    /// The MoE layers' kernels (`kernels/moe_route.cu`, `kernels/moe.cu`, `kernels/moe_mma.cu`).
+    /// The MoE layers' kernels (`kernels/moe_route.cu`, `moe_router.cu`, `moe.cu`, `moe_mma.cu`).
     pub(super) moe: MoeKernels,
     pub(super) sample_topk: CudaFunction,
     pub(super) sample_full: CudaFunction,
@@ -231,7 +232,8 @@ impl CudaKernels {
             load(FLASH_PREFILL, "flash_prefill")?
         };
         let flash = match (wgmma, opts.wgmma_prefill_x2) {
-            (true, x2) => ["flash_prefill_sm90", "flash_prefill_sm90_x2"][x2 as usize],
+            (true, false) => "flash_prefill_sm90",
+            (true, true) => "flash_prefill_sm90_x2",
             _ => "flash_prefill",
         };
         let layer_ops = load(LAYER_OPS, "layer_ops")?;
@@ -242,6 +244,7 @@ impl CudaKernels {
         let moe_mod = load(MOE, "moe")?;
         let moe_mma_mod = load(MOE_MMA, "moe_mma")?;
         let moe_route_mod = load(MOE_ROUTE, "moe_route")?;
+        let moe_router_mod = load(MOE_ROUTER, "moe_router")?;
         let f = |m: &Arc<CudaModule>, name: &str| {
             m.load_function(name)
                 .map_err(|e| kernel_err(&format!("function {name}"), e))
@@ -350,7 +353,7 @@ impl CudaKernels {
                 .transpose()?,
             gather_rows_f32: f(&layer_ops, "gather_rows_f32")?,
             moe: MoeKernels::load(
-                [&moe_route_mod, &moe_mod, &moe_mma_mod],
+                [&moe_route_mod, &moe_router_mod, &moe_mod, &moe_mma_mod],
                 (opts, dtype == DType::BF16, hopper),
                 |m, name| f(m, name),
             )?,

@@ -10,12 +10,13 @@ use super::launch::kernel_err;
 use super::launch_options::LaunchOptions;
 use crate::error::Result;
 
-/// The MoE kernels (`kernels/moe_route.cu`, `kernels/moe.cu`, `kernels/moe_mma.cu`): routing
+/// The MoE kernels (`kernels/moe_route.cu`, `kernels/moe_router.cu`, `kernels/moe.cu`,
+/// `kernels/moe_mma.cu`): routing
 /// and sums `[bf16, f32]`;
 /// the experts' matmuls on CUDA cores `[bf16 tile 8, f32 tile 8, f32 tile 32, bf16 tile 1]`
 /// and on tensor cores (bf16) `[tile 16, tile 64]` (see `super::moe_ops::moe_tile`).
 pub(super) struct MoeKernels {
-    pub(super) _modules: [Arc<CudaModule>; 3],
+    pub(super) _modules: [Arc<CudaModule>; 4],
     pub(super) route: [CudaFunction; 2],
     pub(super) align: CudaFunction,
     pub(super) route_align: [CudaFunction; 2],
@@ -47,11 +48,11 @@ pub(super) struct MoeKernels {
 }
 
 impl MoeKernels {
-    /// The functions of the three modules (routing, experts on CUDA cores, experts on tensor
-    /// cores) by name (`f` loads one), the variants `opts` asks for (those of bf16 only when
+    /// The functions of the four modules (routing, the router's matmul in one launch with the
+    /// norm or the routing, experts on CUDA cores, experts on tensor cores) by name (`f` loads one), the variants `opts` asks for (those of bf16 only when
     /// `bf16`, those in clusters only when `hopper`).
     pub(super) fn load(
-        [route, moe, mma]: [&Arc<CudaModule>; 3],
+        [route, router, moe, mma]: [&Arc<CudaModule>; 4],
         (opts, bf16, hopper): (&LaunchOptions, bool, bool),
         f: impl Fn(&Arc<CudaModule>, &str) -> Result<CudaFunction>,
     ) -> Result<Self> {
@@ -74,7 +75,7 @@ impl MoeKernels {
         let clusters = bf16 && hopper && opts.moe_route_one;
         let cluster16 = |name: &str| -> Result<CudaFunction> {
             let rx = if opts.moe_route_redux { "_rx" } else { "" };
-            let func = f(route, &format!("{name}{rx}_bf16"))?;
+            let func = f(router, &format!("{name}{rx}_bf16"))?;
             func.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
                 .map_err(|e| kernel_err(&format!("{name} cluster size"), e))?;
             Ok(func)
@@ -97,8 +98,8 @@ impl MoeKernels {
             tile_one: opts.moe_tile_one,
             norm_router: if opts.moe_norm_router && bf16 {
                 Some([
-                    f(route, "moe_norm_router_t1")?,
-                    f(route, "moe_norm_router_t2")?,
+                    f(router, "moe_norm_router_t1")?,
+                    f(router, "moe_norm_router_t2")?,
                 ])
             } else {
                 None
@@ -125,7 +126,7 @@ impl MoeKernels {
             norm_router_route: (clusters && opts.moe_norm_router_route)
                 .then(|| cluster16("moe_norm_router_route"))
                 .transpose()?,
-            _modules: [route.clone(), moe.clone(), mma.clone()],
+            _modules: [route.clone(), router.clone(), moe.clone(), mma.clone()],
         })
     }
 }

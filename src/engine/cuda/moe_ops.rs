@@ -69,7 +69,7 @@ pub struct MoeScratch {
     /// SiLU(gate) * up per pair `[T * k, I]`.
     pub(super) act: Tensor,
     /// Each pair's weighted expert output `[T * k, hidden]`.
-    pub(super) y: Tensor,
+    y: Tensor,
     pub(super) top_k: usize,
 }
 

@@ -1,4 +1,4 @@
-//! Launches of a sparse layer's norm and router (`kernels/moe_route.cu`), in front of
+//! Launches of a sparse layer's norm and router (`kernels/moe_router.cu`), in front of
 //! `moe_ops.rs`' experts: [`CudaKernels::moe_router_into`] picks among the dense kernels' norm
 //! and matmul, the add+RMSNorm and the router's matmul in one launch
 //! (`LaunchOptions::moe_norm_router`), the router's matmul with one token's routing in one
