@@ -33,18 +33,10 @@ const KERNELS: &[&str] = &[
 ];
 
 /// Second builds of a kernel file with macros defined: (fatbin name, source file, macros).
-/// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`),
-/// the fused decode attention with its K/V evict-first (`LaunchOptions::kv_evict_first`) and
-/// with that the next layer's K/V prefetched into L2 (`LaunchOptions::kv_next_prefetch`).
+/// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`).
 const VARIANTS: &[(&str, &str, &[&str])] = &[
     ("gemv_ef", "gemv", &["WEIGHT_EVICT_FIRST"]),
     ("gemv_mma_ef", "gemv_mma", &["WEIGHT_EVICT_FIRST"]),
-    ("fused_decode_kef", "fused_decode", &["KV_EVICT_FIRST"]),
-    (
-        "fused_decode_knp",
-        "fused_decode",
-        &["KV_EVICT_FIRST", "KV_NEXT_PREFETCH"],
-    ),
 ];
 
 fn main() {

@@ -63,51 +63,6 @@ template <>
 struct KvRaw<fp8> {
   using type = uint2;
 };
-// One lane's piece of a K/V row. Built with KV_EVICT_FIRST (build.rs: fused_decode_kef,
-// LaunchOptions::kv_evict_first) the bf16 and fp8 pieces are marked evict-first in L2 (an L2
-// cache policy): the same values.
-template <typename Raw>
-__device__ __forceinline__ Raw ld_kv(const void* p) {
-#ifdef KV_EVICT_FIRST
-  uint64_t pol;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  if constexpr (sizeof(Raw) == 16) {
-    uint4 v;
-    asm("ld.global.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p), "l"(pol));
-    return *reinterpret_cast<Raw*>(&v);
-  } else if constexpr (sizeof(Raw) == 8) {
-    uint2 v;
-    asm("ld.global.L2::cache_hint.v2.u32 {%0,%1}, [%2], %3;" : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(pol));
-    return *reinterpret_cast<Raw*>(&v);
-  }
-#endif
-  return *reinterpret_cast<const Raw*>(p);
-}
-// For the fused decode attention built with KV_NEXT_PREFETCH (build.rs: fused_decode_knp,
-// with KV_EVICT_FIRST; LaunchOptions::kv_next_prefetch): the next layer's K/V rows of tokens
-// [start, end) of the cache head at head_base, which the next layer's block of this (row, KV head, partition)
-// reads, prefetched into L2, one bulk prefetch a table block and cache by lane l of the
-// calling warp for blocks l, l + 32, ... The tables and contexts are the step's (every layer
-// reads the same slots of its own caches); the prefetch is a hint and writes nothing. With
-// this layer's K/V and the weights loaded evict-first, the prefetched lines (L2's normal
-// priority) outlive the rest of the layer's traffic.
-template <typename KT>
-__device__ __forceinline__ void prefetch_next_kv(const KT* nk, const KT* nv,
-                                                 const uint32_t* __restrict__ table, int start,
-                                                 int end, int block_size, size_t head_base,
-                                                 int lane) {
-  if (end <= start) return;
-  const int first = start / block_size, last = (end - 1) / block_size;
-  for (int tb = first + lane; tb <= last; tb += 32) {
-    const int p0 = max(start, tb * block_size), p1 = min(end, (tb + 1) * block_size);
-    const size_t off = (head_base + (size_t)table[tb] * block_size + (p0 - tb * block_size)) * HD;
-    const unsigned bytes = (unsigned)((p1 - p0) * HD * sizeof(KT));
-    l2_prefetch_bulk(nk + off, bytes);
-    l2_prefetch_bulk(nv + off, bytes);
-  }
-}
 // f32 caches (f32 compute): 8 floats.
 struct F32x8 {
   float4 a, b;
@@ -271,16 +226,10 @@ struct FusedDecodeParams {
   float eps;
   int stop;
   int kv_shift;  // log2 of the grid's KV heads per cache KV head (fused_decode.cu)
-  int next_late;  // KV_NEXT_PREFETCH builds: prefetch after the attention loop, not before the wait
-  // The next layer's K/V caches (null: none), prefetched into L2 by builds with
-  // KV_NEXT_PREFETCH (fused_decode_knp, LaunchOptions::kv_next_prefetch).
-  const void* next_k;
-  const void* next_v;
+  int pad;
 };
-static_assert(sizeof(FusedDecodeParams) == 184, "FusedDecodeParams layout");
-static_assert(offsetof(FusedDecodeParams, width) == 112 &&
-                  offsetof(FusedDecodeParams, eps) == 152 &&
-                  offsetof(FusedDecodeParams, next_k) == 168,
+static_assert(sizeof(FusedDecodeParams) == 168, "FusedDecodeParams layout");
+static_assert(offsetof(FusedDecodeParams, width) == 112 && offsetof(FusedDecodeParams, eps) == 152,
               "FusedDecodeParams layout");
 
 struct PrefillParams {

@@ -35,18 +35,6 @@ __device__ __forceinline__ void pdl_entry() {
 // (sm_90+; nothing before): weights a later kernel of the step reads, streamed from memory
 // while this kernel runs, so that kernel finds them in L2. `bytes` is a multiple of 16 and `p`
 // 16-byte aligned (bf16 weight rows of a multiple of 8).
-// One bulk prefetch of `bytes` (a multiple of 16) at `p` (16-byte aligned) into L2 (sm_90+;
-// nothing before): a hint, it writes nothing.
-__device__ __forceinline__ void l2_prefetch_bulk(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
-      " cp.async.bulk.prefetch.L2.global [g], %1;\n}" ::"l"(p),
-      "r"(bytes)
-      : "memory");
-#endif
-}
-
 __device__ __forceinline__ void l2_prefetch_share(const void* p, unsigned long long bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (bytes == 0 || (threadIdx.x & 31) != 0) return;
@@ -55,7 +43,12 @@ __device__ __forceinline__ void l2_prefetch_share(const void* p, unsigned long l
   const unsigned long long part = ((bytes + parts - 1) / parts + 15) & ~15ull;
   const unsigned long long off = ((unsigned long long)blockIdx.x * warps + threadIdx.x / 32) * part;
   if (off >= bytes) return;
-  l2_prefetch_bulk((const char*)p + off, (unsigned)(bytes - off < part ? bytes - off : part));
+  const unsigned n = (unsigned)(bytes - off < part ? bytes - off : part);
+  asm volatile(
+      "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
+      " cp.async.bulk.prefetch.L2.global [g], %1;\n}" ::"l"((const char*)p + off),
+      "r"(n)
+      : "memory");
 #endif
 }
 

@@ -173,10 +173,10 @@ __device__ __forceinline__ void stage_load(unsigned char* st, const KT* __restri
     const int idx = lane + 32 * j, r = idx / P, pc = idx % P, p = base + r;
     const bool valid = p < end;
     const size_t row = valid ? (head_base + tb.slot(first, base, p)) * HD : 0;
-    cp_async16_kv(smem_addr(st + r * ROWB + k_phys(r, pc) * 16),
-                  reinterpret_cast<const unsigned char*>(kc + row) + pc * 16, valid);
-    cp_async16_kv(smem_addr(st + (CHUNK + r) * ROWB + v_phys(r, pc) * 16),
-                  reinterpret_cast<const unsigned char*>(vc + row) + pc * 16, valid);
+    cp_async16(smem_addr(st + r * ROWB + k_phys(r, pc) * 16),
+               reinterpret_cast<const unsigned char*>(kc + row) + pc * 16, valid);
+    cp_async16(smem_addr(st + (CHUNK + r) * ROWB + v_phys(r, pc) * 16),
+               reinterpret_cast<const unsigned char*>(vc + row) + pc * 16, valid);
   }
 }
 

@@ -45,19 +45,6 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
   int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
-// The same for K/V rows of the decode attention: built with KV_EVICT_FIRST (build.rs:
-// fused_decode_kef, LaunchOptions::kv_evict_first) the line is marked evict-first in L2.
-__device__ __forceinline__ void cp_async16_kv(uint32_t dst, const void* src, bool valid) {
-#ifdef KV_EVICT_FIRST
-  int n = valid ? 16 : 0;
-  uint64_t pol;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
-               "l"(src), "r"(n), "l"(pol));
-#else
-  cp_async16(dst, src, valid);
-#endif
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

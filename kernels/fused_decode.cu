@@ -133,8 +133,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              __nv_bfloat16* __restrict__ out, float* part_acc, float* part_ml,
                              uint32_t* counters, int W, const uint32_t* __restrict__ width,
                              int block_size, long long num_slots, int nkv, int part_min,
-                             float ks, float vs, float eps, int stop, int kv_shift,
-                             const KT* next_k, const KT* next_v, int next_late) {
+                             float ks, float vs, float eps, int stop, int kv_shift) {
   using T = __nv_bfloat16;
   using Raw = typename KvRaw<KT>::type;
   pdl_trigger();
@@ -177,8 +176,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
         const int to = bs_pow2 ? p & (block_size - 1) : p % block_size;
         const size_t slot = (size_t)table[tb] * block_size + to;
         const size_t off = (head_base + slot) * HD + lane * PER;
-        kr[u] = ld_kv<Raw>(k_cache + off);
-        vr[u] = ld_kv<Raw>(v_cache + off);
+        kr[u] = *reinterpret_cast<const Raw*>(k_cache + off);
+        vr[u] = *reinterpret_cast<const Raw*>(v_cache + off);
       }
     }
   };
@@ -201,19 +200,6 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   } else {
     fetch(start);
   }
-  // The next layer's K/V of this block's share (the first of a cache head's virtual heads
-  // only): here, while the qkv matmul before still runs, or (next_late) once this block's
-  // own K/V is read, below.
-#ifdef KV_NEXT_PREFETCH
-  const bool prefetch_next =
-      next_k != nullptr && threadIdx.x < 32 && (kh & ((1 << kv_shift) - 1)) == 0;
-  if (prefetch_next && !next_late)
-    prefetch_next_kv<KT>(next_k, next_v, table, start, end, block_size, head_base, threadIdx.x);
-#else
-  (void)next_k;
-  (void)next_v;
-  (void)next_late;
-#endif
   pdl_wait();
   if (stop == 1) {
     if constexpr (MMA > 0) cp_async_wait<0>();
@@ -363,10 +349,6 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     }
     store_groups<G>(m, l, acc, grp, lane, sm, sl, sacc);
   }
-#ifdef KV_NEXT_PREFETCH
-  if (prefetch_next && next_late)
-    prefetch_next_kv<KT>(next_k, next_v, table, start, end, block_size, head_base, threadIdx.x);
-#endif
   __syncthreads();
 
   // 4: the block's partial (M, L, A per head and dim) from its half-warps'; in a cluster it
@@ -456,8 +438,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                                    (KT*)p.k_cache, (KT*)p.v_cache, p.block_tables, p.ctx_lens,   \
                                    p.out, p.part_acc, p.part_ml, p.counters, p.W, p.width,       \
                                    p.block_size, p.num_slots, p.nkv, p.part, p.k_scale,          \
-                                   p.v_scale, p.eps, p.stop, p.kv_shift, (const KT*)p.next_k,    \
-                                   (const KT*)p.next_v, p.next_late);                            \
+                                   p.v_scale, p.eps, p.stop, p.kv_shift);                        \
   }
 #define PS_DECODE_FUSED_ALL(LEAN, MMA, BOUNDS, PRE)                  \
   PS_DECODE_FUSED(1, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \

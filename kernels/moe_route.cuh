@@ -1,7 +1,6 @@
-// One token's routing by one warp, shared by moe_route.cu (moe_route_one, moe_route) and
-// moe_router.cu (the router's matmul and the routing in one launch): the picks (warp_argmax,
-// redux_argmax, route_small) and the tables (one_token_tables). In an anonymous namespace, so
-// each kernel file has its own.
+// One token's routing by one warp, for moe_route.cu (moe_route_one, moe_route): the picks
+// (warp_argmax, redux_argmax, route_small) and the tables (one_token_tables). In an anonymous
+// namespace, so each kernel file that includes it has its own.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -114,7 +114,7 @@ pub fn run(
                     (&qn, &qn, 1e-6),
                     &inv_freq,
                     (&pos, &slots),
-                    (KvRef::plain(&kc, &vc), None),
+                    KvRef::plain(&kc, &vc),
                     (&tables, None),
                     &ctx_t,
                     16,

@@ -128,10 +128,8 @@ pub(crate) fn case(
         &out1,
         (ref_splits, ref_part, ref_scratch.as_ref()),
     )?;
-    // Fused, twice (the second launch finds the counters the first left), with a next layer's
-    // caches for the kernels that prefetch them (`kv_next_prefetch`), which must not change.
+    // Fused, twice (the second launch finds the counters the first left).
     let (kc2, vc2) = (kc0.copy()?, vc0.copy()?);
-    let (kn, vn) = (kc0.copy()?, vc0.copy()?);
     let counters = k.decode_counters(b, nh)?;
     let mut worst = 0f32;
     for _ in 0..2 {
@@ -141,20 +139,12 @@ pub(crate) fn case(
             (&qw, &kw, 1e-6),
             &inv,
             (&pos, &slots_t),
-            (
-                KvRef {
-                    k: &kc2,
-                    v: &vc2,
-                    scale,
-                    fresh: None,
-                },
-                Some(KvRef {
-                    k: &kn,
-                    v: &vn,
-                    scale,
-                    fresh: None,
-                }),
-            ),
+            KvRef {
+                k: &kc2,
+                v: &vc2,
+                scale,
+                fresh: None,
+            },
             (&tables, Some(&width)),
             &ctx_t,
             bs,
@@ -169,8 +159,6 @@ pub(crate) fn case(
         });
     }
     let cache = max_abs_diff(&kc1, &kc2)?.max(max_abs_diff(&vc1, &vc2)?);
-    let next = max_abs_diff(&kn, &kc0)?.max(max_abs_diff(&vn, &vc0)?);
-    let cache = cache.max(next);
     let left = counters.sum_all()?.to_scalar::<u32>()?;
     Ok((worst, cache, left, exact))
 }
@@ -197,24 +185,13 @@ pub(crate) fn division_kernels(dev: &Device) -> Res<CudaKernels> {
 /// launch (`LaunchOptions::fused_mma`, no row bound) and the unfused tensor-core attention
 /// (`mma_decode`) it is held to.
 pub(crate) fn mma_kernels(dev: &Device, stages: u8) -> Res<CudaKernels> {
-    mma_kernels_with(dev, stages, false)
-}
-
-/// `mma_kernels` with the fused attention's K/V evict-first in L2 when `kv_evict_first`.
-fn mma_kernels_with(dev: &Device, stages: u8, kv_evict_first: bool) -> Res<CudaKernels> {
-    let o = mma_options(stages, kv_evict_first);
-    Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
-}
-
-/// The options of `mma_kernels_with`.
-fn mma_options(stages: u8, kv_evict_first: bool) -> LaunchOptions {
-    LaunchOptions {
+    let o = LaunchOptions {
         mma_decode: true,
         fused_mma: Some(stages),
         fused_mma_rows: usize::MAX,
-        kv_evict_first,
         ..cores()
-    }
+    };
+    Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
 }
 
 pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
@@ -240,57 +217,6 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     // into its stage fails it); past one cluster (the CUDA-core loop) against the unfused
     // CUDA-core kernels.
     let (km1, km2) = (mma_kernels(dev, 1)?, mma_kernels(dev, 2)?);
-    // The K/V loaded evict-first in L2 (`LaunchOptions::kv_evict_first`: `fused_decode_kef`),
-    // every case once more on the CUDA-core loop and on the tensor-core one, held to the same
-    // references (a cache policy changes no value; a kernel of the second build out of step
-    // with the first fails it), after checking that the option's kernels were loaded.
-    let kef = CudaKernels::new(
-        dev,
-        DType::BF16,
-        &LaunchOptions {
-            kv_evict_first: true,
-            ..cores()
-        },
-    )?
-    .ok_or("no kernels")?;
-    let kmef = mma_kernels_with(dev, 2, true)?;
-    // The next layer's K/V prefetched before the wait (`LaunchOptions::kv_next_prefetch`:
-    // `fused_decode_knp`, its own K/V evict-first) and after the loop
-    // (`kv_next_prefetch_late`), every case once more on both loops each (a prefetch is a
-    // hint: the same outputs; a parameter struct out of step with the kernel, or a prefetch
-    // that wrote, fails it: `case` passes a next layer's caches it checks).
-    let next_kernels = |late: bool, mma: bool| -> Res<CudaKernels> {
-        let base = if mma { mma_options(2, false) } else { cores() };
-        let o = LaunchOptions {
-            kv_next_prefetch: true,
-            kv_next_prefetch_late: late,
-            ..base
-        };
-        Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
-    };
-    let (knp, kmnp) = (next_kernels(false, false)?, next_kernels(false, true)?);
-    let (knpl, kmnpl) = (next_kernels(true, false)?, next_kernels(true, true)?);
-    let early = [&knp, &kmnp]
-        .iter()
-        .all(|x| x.kv_next_prefetch() && !x.kv_next_prefetch_late());
-    let late = [&knpl, &kmnpl]
-        .iter()
-        .all(|x| x.kv_next_prefetch_late() && x.kv_evict_first());
-    t.check(
-        "decode_fused kv next-layer prefetch kernels loaded ?".into(),
-        if early && late && !kef.kv_next_prefetch() {
-            0.0
-        } else {
-            1.0
-        },
-        0.0,
-    );
-    let loaded = kef.kv_evict_first() && kmef.kv_evict_first() && !k.kv_evict_first();
-    t.check(
-        "decode_fused kv evict-first kernels loaded ?".into(),
-        if loaded { 0.0 } else { 1.0 },
-        0.0,
-    );
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),
@@ -318,29 +244,14 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         ((8, 700, true), (32, 4), Some(16)),
         ((8, 3000, true), (32, 4), Some(8)),
     ];
-    // Every case on each kernel set, against its reference set (K/V = unfused, and the next
-    // layer's caches unchanged, both in `case`'s cache distance).
-    let sets: [(&CudaKernels, &CudaKernels, &str); 11] = [
-        (&k, &k, ""),
-        (&k8, &k8, " whole"),
-        (&kd, &kd, " division"),
-        (&km1, &k, " mma1"),
-        (&km2, &k, " mma2"),
-        (&kef, &kef, " kv evict-first"),
-        (&kmef, &k, " mma2 kv evict-first"),
-        (&knp, &knp, " kv next-layer prefetch"),
-        (&kmnp, &k, " mma2 kv next-layer prefetch"),
-        (&knpl, &knpl, " kv next-layer prefetch late"),
-        (&kmnpl, &k, " mma2 kv next-layer prefetch late"),
-    ];
-    let runs = sets.iter().flat_map(|&(kf, kc, how)| {
-        // The whole group-8 kernels only on the group-8 cases.
-        let only_g8 = how == " whole";
-        cases
-            .iter()
-            .filter(move |c| !only_g8 || c.1.0 / c.1.1 == 8)
-            .map(move |c| (kf, kc, c, how))
-    });
+    let g8 = cases.iter().filter(|c| c.1.0 / c.1.1 == 8);
+    let runs = cases
+        .iter()
+        .map(|c| (&k, &k, c, ""))
+        .chain(g8.map(|c| (&k8, &k8, c, " whole")))
+        .chain(cases.iter().map(|c| (&kd, &kd, c, " division")))
+        .chain(cases.iter().map(|c| (&km1, &k, c, " mma1")))
+        .chain(cases.iter().map(|c| (&km2, &k, c, " mma2")));
     for (kf, kc, &(rows, heads, splits), how) in runs {
         let (out, cache, left, exact) = case((kf, kc), dev, rows, heads, splits, None)?;
         let name = format!(

@@ -52,7 +52,6 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     norm_router(&k, dev, t)?;
     down_sum(dev, t)?;
     route_one(dev, t)?;
-    router_route(dev, t)?;
     gate_up_cs(dev, t)?;
     timings(&k, dev)
 }
@@ -280,107 +279,6 @@ fn route_one(dev: &Device, t: &mut Table) -> Res<()> {
          by warp reductions {:.1} ({whole_r:.1}), block of 1,024 {:.1} ({whole_b:.1})",
         each_w[0], each_r[0], each_b[0]
     );
-    Ok(())
-}
-
-/// One token's router matmul and routing in one cluster launch
-/// (`LaunchOptions::moe_router_route`), and the add+RMSNorm in front of them in it too
-/// (`moe_norm_router_route`), against the norm launch, the router's skinny matmul and the
-/// one-warp routing, both pick forms (shuffles, warp reductions): the residual's sum, the normed
-/// row, the logits and the experts' output bit for bit (the same sums in the same orders feed
-/// the same picks and tiles), with that the one launch served (so a fallback cannot pass), on
-/// the 30B-A3B shape (16 blocks, both `norm_topk_prob`, one rank's half of the experts, with
-/// and without a delta to add), hidden sizes of 4,096 and 1,056 (the norm's ragged virtual
-/// threads), 60 experts (8 blocks) and a top-2 shape of 8 (one block, no cluster); then the
-/// three timed (the norm, router and routing alone, L2-warm).
-fn router_route(dev: &Device, t: &mut Table) -> Res<()> {
-    for redux in [false, true] {
-        let base = LaunchOptions {
-            moe_route_one: true,
-            moe_route_redux: redux,
-            moe_router_route: false,
-            moe_norm_router_route: false,
-            moe_norm_router: false,
-            ..LaunchOptions::default()
-        };
-        let kb = CudaKernels::new(dev, DType::BF16, &base)?.ok_or("no kernels")?;
-        let one = |router: bool, norm: bool| -> Res<CudaKernels> {
-            let o = LaunchOptions {
-                moe_router_route: router,
-                moe_norm_router_route: norm,
-                ..base
-            };
-            Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
-        };
-        let (kr, kn) = (one(true, false)?, one(false, true)?);
-        let loaded = kr.moe_router_route() && kn.moe_norm_router_route() && !kb.moe_router_route();
-        t.check(
-            format!("moe router+route one-launch kernels loaded (redux {redux}) ?"),
-            if loaded { 0.0 } else { 1.0 },
-            0.0,
-        );
-        // (experts, top-k, hidden, inter, first, local, norm_topk_prob, a delta to add)
-        let cases = [
-            (128, 8, 2048, 768, 0, 128, true, true),
-            (128, 8, 2048, 768, 0, 128, false, true),
-            (128, 8, 2048, 768, 0, 128, true, false),
-            (128, 8, 2048, 768, 64, 64, true, true),
-            (128, 8, 4096, 256, 0, 128, true, true),
-            (128, 8, 1056, 64, 0, 128, true, true),
-            (60, 4, 256, 64, 0, 60, true, true),
-            (8, 2, 256, 64, 4, 4, false, true),
-        ];
-        for (e, top, hidden, inter, first, local, norm, add) in cases {
-            let (res, _, gu, dn) = layer(dev, DType::BF16, (1, e), (hidden, inter, local))?;
-            let delta = randn(&[1, hidden], DType::BF16, dev)?;
-            let nw = randn(&[hidden], DType::BF16, dev)?.affine(0.1, 1.0)?;
-            let router = (randn(&[e, hidden], DType::BF16, dev)? * 0.05)?;
-            let d = add.then_some(&delta);
-            let how = (first, top, norm);
-            let run = |k: &CudaKernels| {
-                k.moe_norm_experts((&res, d), (&nw, 1e-6), &router, (&gu, &dn), how, 1)
-            };
-            let a = run(&kb)?;
-            for (kk, what) in [(&kr, "router+route"), (&kn, "norm+router+route")] {
-                let b = run(kk)?;
-                let name = |x: &str| {
-                    format!(
-                        "moe {what} in one launch (redux {redux}) E{e} top{top} h{hidden} experts {first}+{local} norm {norm} add {add}: {x}"
-                    )
-                };
-                t.check(name("served"), if b.4 && !a.4 { 0.0 } else { 1.0 }, 0.0);
-                t.check(name("normed row"), rel(&b.1, &a.1)?, 0.0);
-                if add {
-                    t.check(name("residual sum"), rel(&b.2, &a.2)?, 0.0);
-                }
-                t.check(name("logits"), rel(&b.3, &a.3)?, 0.0);
-                t.check(name("experts' output"), rel(&b.0, &a.0)?, 0.0);
-            }
-        }
-        let (e, top, hidden, inter) = (128, 8, 2048, 768);
-        let (res, _, gu, dn) = layer(dev, DType::BF16, (1, e), (hidden, inter, e))?;
-        let delta = randn(&[1, hidden], DType::BF16, dev)?;
-        let nw = randn(&[hidden], DType::BF16, dev)?.affine(0.1, 1.0)?;
-        let router = (randn(&[e, hidden], DType::BF16, dev)? * 0.05)?;
-        let how = (0, top, true);
-        let time = |k: &CudaKernels| -> Res<f64> {
-            let r = k.moe_norm_experts(
-                (&res, Some(&delta)),
-                (&nw, 1e-6),
-                &router,
-                (&gu, &dn),
-                how,
-                50,
-            )?;
-            Ok(r.5)
-        };
-        println!(
-            "moe timing T1 router + routing (redux {redux}): norm, matmul, routing {:.1} us; norm, then router+routing {:.1} us; all in one launch {:.1} us",
-            time(&kb)?,
-            time(&kr)?,
-            time(&kn)?
-        );
-    }
     Ok(())
 }
 

@@ -76,18 +76,6 @@ pub struct KernelFlags {
     /// (`KernelOptions::weight_evict_first_moe`).
     #[arg(long)]
     pub weight_evict_first_moe: bool,
-    /// The fused decode attention loads its K/V evict-first in L2
-    /// (`KernelOptions::kv_evict_first`).
-    #[arg(long)]
-    pub kv_evict_first: bool,
-    /// The fused decode attention prefetches the next layer's K/V into L2 and loads its own
-    /// evict-first (`KernelOptions::kv_next_prefetch`).
-    #[arg(long)]
-    pub kv_next_prefetch: bool,
-    /// With `--kv-next-prefetch`, the prefetch once the attention loop has read its own K/V
-    /// (`KernelOptions::kv_next_prefetch_late`).
-    #[arg(long)]
-    pub kv_next_prefetch_late: bool,
     /// Skinny matmuls prefetch the next matmul's weights into L2
     /// (`KernelOptions::l2_prefetch`).
     #[arg(long)]
@@ -222,14 +210,6 @@ pub struct KernelFlags {
     /// `KernelOptions::moe_route_redux` off).
     #[arg(long)]
     pub no_moe_route_redux: bool,
-    /// One-token MoE steps run the router's matmul and the routing as one cluster launch
-    /// (`KernelOptions::moe_router_route`).
-    #[arg(long)]
-    pub moe_router_route: bool,
-    /// One-token MoE steps run the add+RMSNorm, the router's matmul and the routing as one
-    /// cluster launch (`KernelOptions::moe_norm_router_route`).
-    #[arg(long)]
-    pub moe_norm_router_route: bool,
     /// MoE one-pair tiles load the experts' gate|up rows as other loads (turns
     /// `KernelOptions::moe_gate_up_cs` off).
     #[arg(long)]
@@ -301,9 +281,6 @@ impl KernelFlags {
             gemv_split_k: self.gemv_split_k,
             weight_evict_first: !self.no_weight_evict_first,
             weight_evict_first_moe: self.weight_evict_first_moe,
-            kv_evict_first: self.kv_evict_first,
-            kv_next_prefetch: self.kv_next_prefetch,
-            kv_next_prefetch_late: self.kv_next_prefetch_late,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
             norm_deferred: (!self.no_norm_deferred).then(|| {
@@ -364,8 +341,6 @@ impl KernelFlags {
             moe_down_sum: !self.no_moe_down_sum,
             moe_route_one: !self.no_moe_route_one,
             moe_route_redux: !self.no_moe_route_redux,
-            moe_router_route: self.moe_router_route,
-            moe_norm_router_route: self.moe_norm_router_route,
             moe_gate_up_cs: !self.no_moe_gate_up_cs,
             moe_rank_sort: !self.no_moe_rank_sort,
             lora_overlap: !self.no_lora_overlap,

@@ -185,22 +185,6 @@ pub struct KernelOptions {
     /// steps). Default off: on the
     /// H200 (30B-A3B shape, 8 layers) batch 1 -0.4%, 4 layers batches 1-8 within -0.5..+0.3%.
     pub weight_evict_first_moe: bool,
-    /// The fused decode attention loads the K/V cache evict-first in L2 (an L2 cache policy on
-    /// each load; `build.rs` compiles `fused_decode.cu` again as `fused_decode_kef`; the same
-    /// values). A step reads each K/V row once. Default off (not yet measured on the H200).
-    pub kv_evict_first: bool,
-    /// The fused decode attention of each layer but the last prefetches into L2, before its
-    /// wait, the next layer's K/V rows of its share (what the next layer's block of the same
-    /// row, KV head and partition reads), and loads its own evict-first (`fused_decode_knp`:
-    /// `fused_decode.cu` with `-DKV_EVICT_FIRST -DKV_NEXT_PREFETCH`). With the weights
-    /// evict-first too, the prefetched rows outlive the layer's other traffic in L2 (0.6B's
-    /// attention at batch 8: 14.9 us a layer in the chain, 11.1 with its K/V in L2). The same
-    /// outputs. Default off (not yet measured on the H200).
-    pub kv_next_prefetch: bool,
-    /// With `kv_next_prefetch`: each block prefetches once its loop has read its own K/V, so
-    /// the prefetch meets the o and MLP matmuls (at batch 8 the memory mostly idle) instead of
-    /// the qkv matmul and its own K/V loads. Default off (not yet measured).
-    pub kv_next_prefetch_late: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
     pub l2_prefetch: bool,
@@ -363,15 +347,6 @@ pub struct KernelOptions {
     /// of five shuffle rounds (`moe_route_one_rx_*`; the same picks). On by default: on the
     /// H200 (30B-A3B shape, batch 1) +0.6% on 8 layers, +0.2% on 4; batches 2 and 8 flat.
     pub moe_route_redux: bool,
-    /// One-token MoE steps run the router's matmul and the routing as one cluster launch
-    /// (E <= 128; `kernels/moe_router.cu` `moe_router_route*_bf16`; bf16, sm_90, with
-    /// `moe_route_one`): the same logits, ids, weights and tiles, one launch fewer a layer.
-    /// Default off (not yet measured on the H200).
-    pub moe_router_route: bool,
-    /// The same with the add+RMSNorm before the router in that launch, normed as `add_rmsnorm`
-    /// does it (the same bits; `moe_norm_router_route*_bf16`): two launches fewer a layer.
-    /// Default off (not yet measured on the H200).
-    pub moe_norm_router_route: bool,
     /// MoE steps on one-pair tiles load the experts' gate|up rows evict-first
     /// (`moe_gate_up_t1_cs_bf16`; the same values). On by default: 30B-A3B shape batch 1 +1-2%.
     pub moe_gate_up_cs: bool,
@@ -436,9 +411,6 @@ impl Default for KernelOptions {
             gemv_split_k: false,
             weight_evict_first: true,
             weight_evict_first_moe: false,
-            kv_evict_first: false,
-            kv_next_prefetch: false,
-            kv_next_prefetch_late: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
@@ -473,8 +445,6 @@ impl Default for KernelOptions {
             moe_down_sum: true,
             moe_route_one: true,
             moe_route_redux: true,
-            moe_router_route: false,
-            moe_norm_router_route: false,
             moe_gate_up_cs: true,
             moe_rank_sort: true,
             lora_overlap: true,

@@ -295,9 +295,7 @@ impl CudaKernels {
     /// [`CudaKernels::paged_decode_into`]. `short`: every context fits one cluster
     /// ([`CudaKernels::fused_short_context`]), so the tensor-core kernels of
     /// `LaunchOptions::fused_mma` may run (steps of up to `fused_mma_rows` rows); else the
-    /// CUDA-core ones. `caches`: this layer's K/V and the next layer's, if any, whose rows
-    /// of the same slots the kernels of `LaunchOptions::kv_next_prefetch` prefetch into L2
-    /// (a hint: nothing is written there, and without the option it is ignored).
+    /// CUDA-core ones.
     #[allow(clippy::too_many_arguments)]
     pub fn decode_fused_into(
         &self,
@@ -305,7 +303,7 @@ impl CudaKernels {
         norms: (&Tensor, &Tensor, f64),
         inv_freq: &Tensor,
         pos_slots: (&Tensor, &Tensor),
-        caches: (KvRef<'_>, Option<KvRef<'_>>),
+        caches: KvRef<'_>,
         tables: (&Tensor, Option<&Tensor>),
         ctx_lens: &Tensor,
         block_size: usize,
@@ -332,7 +330,7 @@ impl CudaKernels {
         (q_w, k_w, eps): (&Tensor, &Tensor, f64),
         inv_freq: &Tensor,
         (positions, slots): (&Tensor, &Tensor),
-        (kv, next): (KvRef<'_>, Option<KvRef<'_>>),
+        kv: KvRef<'_>,
         (block_tables, width): (&Tensor, Option<&Tensor>),
         ctx_lens: &Tensor,
         block_size: usize,
@@ -372,21 +370,6 @@ impl CudaKernels {
         let splits = splits.max(1);
         let (acc, ml) = partials(out, scratch, b * nh * splits * hd, splits, "decode_fused")?;
         let w = block_tables.elem_count() / b.max(1);
-        // The next layer's caches, whose rows the kernels of `kv_next_prefetch` prefetch.
-        let (next_k, next_v) = match next.filter(|_| self.kv_next_prefetch()) {
-            Some(n) => {
-                let same =
-                    |a: &Tensor, b: &Tensor| a.shape() == b.shape() && a.dtype() == b.dtype();
-                if !same(n.k, k_cache) || !same(n.v, v_cache) {
-                    return Err(kernel_err(
-                        "decode_fused",
-                        "the next layer's K/V caches differ from this layer's",
-                    ));
-                }
-                (self.ptr(n.k)?, self.ptr(n.v)?)
-            }
-            None => (0, 0),
-        };
         let params = FusedDecodeParams {
             qkv: self.ptr(qkv)?,
             q_w: self.ptr(q_w)?,
@@ -414,9 +397,7 @@ impl CudaKernels {
             eps: eps as f32,
             stop,
             kv_shift: kv_shift as i32,
-            next_late: i32::from(self.kv_next_prefetch_late()),
-            next_k,
-            next_v,
+            pad: 0,
         };
         let mut lb = self.launcher(func);
         if stop == 0 {

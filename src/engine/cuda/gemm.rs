@@ -329,24 +329,6 @@ impl CudaKernels {
         self.hints.weights
     }
 
-    /// Whether the fused decode attention loads its K/V evict-first in L2
-    /// (`LaunchOptions::kv_evict_first`, or `kv_next_prefetch`).
-    pub fn kv_evict_first(&self) -> bool {
-        self.hints.kv
-    }
-
-    /// Whether the fused decode attention prefetches the next layer's K/V into L2
-    /// (`LaunchOptions::kv_next_prefetch`).
-    pub fn kv_next_prefetch(&self) -> bool {
-        self.hints.kv_next != super::builds::KvNext::Off
-    }
-
-    /// Whether it does so once its attention loop has read its own K/V instead of before its
-    /// wait (`LaunchOptions::kv_next_prefetch_late`).
-    pub fn kv_next_prefetch_late(&self) -> bool {
-        self.hints.kv_next == super::builds::KvNext::AfterLoop
-    }
-
     /// Whether a plain matmul of `t` rows over a weight of `n` rows of `k` inputs runs on the
     /// tensor-core skinny-matmul kernels (3-8 rows; `gemv_mma_plain`'s bound).
     pub(super) fn mma_gemv_serves(&self, t: usize, (n, k): (usize, usize)) -> bool {

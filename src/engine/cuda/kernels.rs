@@ -21,6 +21,7 @@ use crate::error::Result;
 
 static DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/decode.fatbin"));
 static DECODE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/decode_mma.fatbin"));
+static FUSED_DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fused_decode.fatbin"));
 static PREFILL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/prefill.fatbin"));
 static FLASH_PREFILL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/flash_prefill.fatbin"));
 static FLASH_PREFILL_SM90: &[u8] =
@@ -138,7 +139,7 @@ pub struct CudaKernels {
     pub(super) gemv_presum: Option<[Vec<CudaFunction>; 3]>,
     /// Whether the skinny matmuls prefetch the next matmul's weights into L2.
     pub(super) l2_prefetch: bool,
-    /// The cache hints and prefetches of the builds loaded (`super::builds::Builds`).
+    /// The cache hints of the builds loaded (`super::builds::Builds`).
     pub(super) hints: super::builds::CacheHints,
     /// Whether whole-vocabulary draws run on the device (`LaunchOptions::sample_full`).
     pub(super) sample_full_on: bool,
@@ -224,7 +225,7 @@ impl CudaKernels {
         let decode_mod = load(DECODE, "decode")?;
         let mma_mod = load(DECODE_MMA, "decode_mma")?;
         let builds = super::builds::Builds::pick(opts);
-        let fused_mod = load(builds.fused_decode, "fused_decode")?;
+        let fused_mod = load(FUSED_DECODE, "fused_decode")?;
         let prefill_mod = load(PREFILL, "prefill")?;
         let flash_mod = if wgmma {
             load(FLASH_PREFILL_SM90, "flash_prefill_sm90")?
@@ -354,7 +355,7 @@ impl CudaKernels {
             gather_rows_f32: f(&layer_ops, "gather_rows_f32")?,
             moe: MoeKernels::load(
                 [&moe_route_mod, &moe_router_mod, &moe_mod, &moe_mma_mod],
-                (opts, dtype == DType::BF16, hopper),
+                (opts, dtype == DType::BF16),
                 |m, name| f(m, name),
             )?,
             sample_topk: f(&layer_ops, "sample_topk_f32")?,

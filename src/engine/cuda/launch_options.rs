@@ -50,13 +50,6 @@ pub struct LaunchOptions {
     pub gemv_split_k: bool,
     /// The skinny matmuls load their weights evict-first in L2 (`gemv_ef` / `gemv_mma_ef`).
     pub weight_evict_first: bool,
-    /// The fused decode attention loads its K/V evict-first in L2 (`fused_decode_kef`).
-    pub kv_evict_first: bool,
-    /// The fused decode attention prefetches the next layer's K/V into L2 before its wait,
-    /// loading its own evict-first (`fused_decode_knp`; implies `kv_evict_first`).
-    pub kv_next_prefetch: bool,
-    /// With `kv_next_prefetch`: after the attention loop instead of before the wait.
-    pub kv_next_prefetch_late: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
     /// while it runs (sm_90+).
     pub l2_prefetch: bool,
@@ -146,11 +139,6 @@ pub struct LaunchOptions {
     pub moe_route_one: bool,
     /// The one-warp routing's picks by two warp reductions (`moe_route_one_rx_*`).
     pub moe_route_redux: bool,
-    /// One token's router matmul and routing in one cluster launch (`moe_router_route*_bf16`,
-    /// sm_90, with `moe_route_one`).
-    pub moe_router_route: bool,
-    /// The same behind the add+RMSNorm, in one launch (`moe_norm_router_route*_bf16`).
-    pub moe_norm_router_route: bool,
     /// MoE steps on one-pair tiles load the experts' gate|up rows evict-first (bf16).
     pub moe_gate_up_cs: bool,
     /// The MoE down + sum launch orders each token's experts by one warp's ranks instead of
@@ -194,9 +182,6 @@ impl Default for LaunchOptions {
             gemv_double_buffer: true,
             gemv_split_k: false,
             weight_evict_first: true,
-            kv_evict_first: false,
-            kv_next_prefetch: false,
-            kv_next_prefetch_late: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
@@ -231,8 +216,6 @@ impl Default for LaunchOptions {
             moe_down_sum: true,
             moe_route_one: true,
             moe_route_redux: true,
-            moe_router_route: false,
-            moe_norm_router_route: false,
             moe_gate_up_cs: true,
             moe_rank_sort: true,
             lora_overlap: true,

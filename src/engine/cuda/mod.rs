@@ -62,5 +62,4 @@ pub use lora_overlap::LORA_OVERLAP_MAX_RANK;
 pub use lora_runs::LORA_RUNS_MIN_ROWS;
 pub(crate) use moe_ops::MoeScratch;
 pub use moe_ops::{MOE_TILE_ONE_MAX, MOE_TILES, moe_max_tiles, moe_tile};
-pub use moe_router::MOE_ROUTER_ROUTE_MAX_EXPERTS;
 pub use readback::PendingIds;

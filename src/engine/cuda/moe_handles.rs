@@ -3,17 +3,13 @@
 
 use std::sync::Arc;
 
-use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule};
 
-use super::launch::kernel_err;
 use super::launch_options::LaunchOptions;
 use crate::error::Result;
 
 /// The MoE kernels (`kernels/moe_route.cu`, `kernels/moe_router.cu`, `kernels/moe.cu`,
-/// `kernels/moe_mma.cu`): routing
-/// and sums `[bf16, f32]`;
-/// the experts' matmuls on CUDA cores `[bf16 tile 8, f32 tile 8, f32 tile 32, bf16 tile 1]`
+/// `kernels/moe_mma.cu`): routing and sums `[bf16, f32]`; the experts' matmuls on CUDA cores `[bf16 tile 8, f32 tile 8, f32 tile 32, bf16 tile 1]`
 /// and on tensor cores (bf16) `[tile 16, tile 64]` (see `super::moe_ops::moe_tile`).
 pub(super) struct MoeKernels {
     pub(super) _modules: [Arc<CudaModule>; 4],
@@ -39,21 +35,15 @@ pub(super) struct MoeKernels {
     pub(super) route_one: Option<[CudaFunction; 2]>,
     /// The one-pair gate|up loading its weights evict-first (`LaunchOptions::moe_gate_up_cs`).
     pub(super) gate_up_cs: Option<CudaFunction>,
-    /// One token's router matmul and routing in one cluster launch (bf16 on sm_90 with
-    /// `LaunchOptions::moe_router_route` and `moe_route_one`; its picks by warp reductions
-    /// with `moe_route_redux`).
-    pub(super) router_route: Option<CudaFunction>,
-    /// The same behind the add+RMSNorm (`LaunchOptions::moe_norm_router_route`).
-    pub(super) norm_router_route: Option<CudaFunction>,
 }
 
 impl MoeKernels {
     /// The functions of the four modules (routing, the router's matmul in one launch with the
-    /// norm or the routing, experts on CUDA cores, experts on tensor cores) by name (`f` loads one), the variants `opts` asks for (those of bf16 only when
-    /// `bf16`, those in clusters only when `hopper`).
+    /// norm, experts on CUDA cores, experts on tensor cores) by name (`f` loads one), the
+    /// variants `opts` asks for (those of bf16 only when `bf16`).
     pub(super) fn load(
         [route, router, moe, mma]: [&Arc<CudaModule>; 4],
-        (opts, bf16, hopper): (&LaunchOptions, bool, bool),
+        (opts, bf16): (&LaunchOptions, bool),
         f: impl Fn(&Arc<CudaModule>, &str) -> Result<CudaFunction>,
     ) -> Result<Self> {
         let both = |m: &Arc<CudaModule>, name: &str| -> Result<[CudaFunction; 2]> {
@@ -70,15 +60,6 @@ impl MoeKernels {
                 f(moe, &format!("moe_{kind}_t32_f32"))?,
                 f(moe, &format!("moe_{kind}_t1_bf16"))?,
             ])
-        };
-        // A routing kernel in clusters of up to 16 blocks (`moe_route_redux`: its `_rx` form).
-        let clusters = bf16 && hopper && opts.moe_route_one;
-        let cluster16 = |name: &str| -> Result<CudaFunction> {
-            let rx = if opts.moe_route_redux { "_rx" } else { "" };
-            let func = f(router, &format!("{name}{rx}_bf16"))?;
-            func.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
-                .map_err(|e| kernel_err(&format!("{name} cluster size"), e))?;
-            Ok(func)
         };
         let tensor = |kind: &str| -> Result<[CudaFunction; 2]> {
             Ok([
@@ -119,12 +100,6 @@ impl MoeKernels {
                 .transpose()?,
             gate_up_cs: (bf16 && opts.moe_gate_up_cs)
                 .then(|| f(moe, "moe_gate_up_t1_cs_bf16"))
-                .transpose()?,
-            router_route: (clusters && opts.moe_router_route)
-                .then(|| cluster16("moe_router_route"))
-                .transpose()?,
-            norm_router_route: (clusters && opts.moe_norm_router_route)
-                .then(|| cluster16("moe_norm_router_route"))
                 .transpose()?,
             _modules: [route.clone(), router.clone(), moe.clone(), mma.clone()],
         })

@@ -59,18 +59,18 @@ pub struct MoeScratch {
     /// Router logits `[T, E]` (compute dtype).
     pub(crate) logits: Tensor,
     /// Chosen experts `[T * k]` (u32).
-    pub(super) ids: Tensor,
+    ids: Tensor,
     /// Their weights `[T * k]` (f32).
-    pub(super) w: Tensor,
+    w: Tensor,
     /// Pair indices grouped by expert `[T * k]` (u32).
-    pub(super) order: Tensor,
+    order: Tensor,
     /// Tiles (start, count, expert) (u32, room for the one-pair tile's worst case).
-    pub(super) tiles: Tensor,
+    tiles: Tensor,
     /// SiLU(gate) * up per pair `[T * k, I]`.
-    pub(super) act: Tensor,
+    act: Tensor,
     /// Each pair's weighted expert output `[T * k, hidden]`.
     y: Tensor,
-    pub(super) top_k: usize,
+    top_k: usize,
 }
 
 impl MoeScratch {
@@ -188,25 +188,22 @@ impl CudaKernels {
     /// One sparse layer's experts: `h` `[T, hidden]` (normed) with the router's logits
     /// already in `s.logits` (`[T, E]`) -> `out` `[T, hidden]`, this rank's experts
     /// `first..first + local` (the stacked `gate_up` `[local, 2I, hidden]` and `down`
-    /// `[local, hidden, I]`), top-`k` with the weights renormalized when `norm`. `routed`:
-    /// the token's routing tables are in `s` already (`moe_router_into` said so), so
-    /// the routing is not launched again.
+    /// `[local, hidden, I]`), top-`k` with the weights renormalized when `norm`.
     pub fn moe_experts_into(
         &self,
         h: &Tensor,
         experts: (&Tensor, &Tensor),
         how: (usize, bool),
         s: &MoeScratch,
-        (out, routed): (&Tensor, bool),
+        out: &Tensor,
     ) -> Result<()> {
-        let stages = if routed { 1..4 } else { 0..4 };
-        self.moe_run(h, experts, how, s, out, (None, stages))
+        self.moe_run(h, experts, how, s, out, (None, 0..4))
     }
 
     /// The tile (pairs of one expert) a step of `p` pairs over `e` experts of `hidden` x
     /// `inter` takes — `tile` when given and the dtype and sizes have it, else
     /// [`moe_tile`]'s — and the length of its tile table.
-    pub(super) fn moe_tiling(
+    fn moe_tiling(
         &self,
         p: usize,
         e: usize,
@@ -234,7 +231,7 @@ impl CudaKernels {
     /// [`Self::moe_experts_into`] on tiles of `tile` pairs when given, launching only the
     /// launches of `stages` (0 routing and alignment, 1 gate|up, 2 down, 3 sum; timing runs
     /// one at a time, over buffers a full run filled).
-    pub(super) fn moe_run(
+    fn moe_run(
         &self,
         h: &Tensor,
         (gate_up, down): (&Tensor, &Tensor),

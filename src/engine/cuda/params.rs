@@ -90,13 +90,7 @@ pub(super) struct FusedDecodeParams {
     pub(super) stop: i32,
     /// log2 of the grid's KV heads per cache KV head (`kernels/fused_decode.cu`).
     pub(super) kv_shift: i32,
-    /// With `next_k`: prefetch after the attention loop instead of before the wait
-    /// (`LaunchOptions::kv_next_prefetch_late`).
-    pub(super) next_late: i32,
-    /// The next layer's K and V caches (0: none), prefetched into L2 by the kernels of
-    /// `LaunchOptions::kv_next_prefetch`.
-    pub(super) next_k: u64,
-    pub(super) next_v: u64,
+    pub(super) pad: i32,
 }
 
 /// `PrefillParams` of `kernels/attention.cuh`: the one parameter of `paged_prefill_*`.
@@ -127,14 +121,13 @@ pub(super) struct PrefillParams {
 // The sizes `kernels/attention.cuh` asserts for the same structs (a field added on one side
 // only fails the build).
 const _: () = assert!(std::mem::size_of::<DecodeParams>() == 104);
-const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 184);
+const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 168);
 const _: () = assert!(std::mem::size_of::<PrefillParams>() == 120);
 const _: () = {
     use std::mem::offset_of;
     assert!(offset_of!(DecodeParams, geometry) == 64);
     assert!(offset_of!(FusedDecodeParams, geometry) == 112);
     assert!(offset_of!(FusedDecodeParams, eps) == 152);
-    assert!(offset_of!(FusedDecodeParams, next_k) == 168);
     assert!(offset_of!(PrefillParams, num_slots) == 56);
     assert!(offset_of!(PrefillParams, nkv) == 68);
     assert!(offset_of!(PrefillParams, splits) == 88);

@@ -171,14 +171,6 @@ fn kernel_flags_become_kernel_options() {
             .kernels
             .weight_evict_first_moe
     );
-    assert!(!d.kernels.kv_evict_first && !lib.kernels.kv_evict_first);
-    assert!(opts(&["x", "--kv-evict-first"]).kernels.kv_evict_first);
-    assert!(!d.kernels.kv_next_prefetch && !lib.kernels.kv_next_prefetch);
-    assert!(opts(&["x", "--kv-next-prefetch"]).kernels.kv_next_prefetch);
-    let late = opts(&["x", "--kv-next-prefetch", "--kv-next-prefetch-late"]).kernels;
-    assert!(
-        late.kv_next_prefetch && late.kv_next_prefetch_late && !d.kernels.kv_next_prefetch_late
-    );
     // The 1-2-row kernels' carveout: 100% unless told otherwise or off; 0-100 only.
     assert_eq!(d.kernels.smem_carveout, Some(100));
     assert_eq!(lib.kernels.smem_carveout, d.kernels.smem_carveout);
@@ -210,15 +202,6 @@ fn kernel_flags_become_kernel_options() {
     // The routing's picks by warp reductions: on.
     assert!(d.kernels.moe_route_redux);
     assert!(!opts(&["x", "--no-moe-route-redux"]).kernels.moe_route_redux);
-    // The router's matmul and the routing in one launch: off unless asked.
-    assert!(!d.kernels.moe_router_route && !lib.kernels.moe_router_route);
-    assert!(opts(&["x", "--moe-router-route"]).kernels.moe_router_route);
-    assert!(!d.kernels.moe_norm_router_route && !lib.kernels.moe_norm_router_route);
-    assert!(
-        opts(&["x", "--moe-norm-router-route"])
-            .kernels
-            .moe_norm_router_route
-    );
     assert!(!opts(&["x", "--no-moe-rank-sort"]).kernels.moe_rank_sort);
     // The greedy tokens inside the graphs: on unless turned off.
     assert!(d.kernels.graph_argmax);

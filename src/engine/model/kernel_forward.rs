@@ -207,13 +207,12 @@ impl KernelForward<'_> {
         let mut kv = cache.layer(li);
         kv.fresh = a.kv_new.as_ref().map(|(k, v)| (k, v));
         Ok(if fused {
-            let next = (li + 1 < m.layers.len()).then(|| cache.layer(li + 1)); // kv_next_prefetch
             k.decode_fused_into(
                 &a.qkv,
                 (&at.q_norm.weight, &at.k_norm.weight, at.q_norm.eps),
                 &m.inv_freq,
                 (&inputs.pos, &inputs.slots),
-                (kv, next),
+                kv,
                 (&inputs.tables, inputs.width.as_ref()),
                 &inputs.ctx_lens,
                 bs,
@@ -345,16 +344,18 @@ impl KernelForward<'_> {
                         .ok_or_else(|| crate::error::Error::Engine("MoE buffers missing".into()))?;
                     // The experts read the normed state, which the dense fused norm +
                     // matmul keeps in shared memory: here the norm and the router's matmul
-                    // write it, as few launches as the options allow, with one token's
-                    // routing (`moe_router_route`, `moe_norm_router_route`) or without.
+                    // run as one launch that writes it (`moe_norm_router`, 1-2 rows) or apart.
                     let normw = (&norm.weight, norm.eps);
-                    let routed = on(skip::ROUTER)
-                        && k.moe_router_into(res, normw, &a.h, &moe.router, s, moe.norm_topk)?;
+                    if !on(skip::ROUTER) {
+                    } else if !k.moe_norm_router_into(res, normw, &a.h, &moe.router, &s.logits)? {
+                        k.add_rmsnorm_to(res.1, res.0, res.2, &norm.weight, norm.eps, &a.h)?;
+                        k.linear_into(&a.h, &moe.router, &s.logits)?;
+                    }
                     cur = 1 - cur;
                     let experts = (&moe.gate_up, &moe.down);
                     let how = (moe.first_expert, moe.norm_topk);
                     if on(skip::EXPERTS) {
-                        k.moe_experts_into(&a.h, experts, how, s, (&a.down, routed))?;
+                        k.moe_experts_into(&a.h, experts, how, s, &a.down)?;
                     }
                     delta = Some(reduce_at(&a.down, comm, inputs.reduce_in_place)?);
                     down_before = None;
