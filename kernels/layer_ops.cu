@@ -176,10 +176,13 @@ __device__ void to_f32(const T* __restrict__ x, float* __restrict__ out, long lo
 // above -inf), in one launch (LaunchOptions::graph_argmax): grid (rows, parts); block (r, p)
 // converts part p of row r and writes its best to pv/pi [rows, parts]; the row's last block to
 // finish (counters[r]: zero at allocation, reset by that block) merges the row's parts into
-// ids[r]. Which parts there are does not change the answer (the best value's lowest index).
+// ids[r], and into feed[r] when feed is given (a decode graph's input ids: the next pipelined
+// step's tokens, LaunchOptions::graph_feed). Which parts there are does not change the answer
+// (the best value's lowest index).
 template <typename T>
 __device__ void to_f32_argmax(const T* __restrict__ x, float* __restrict__ out, int n,
-                              float* pv, int* pi, uint32_t* counters, uint32_t* __restrict__ ids) {
+                              float* pv, int* pi, uint32_t* counters, uint32_t* __restrict__ ids,
+                              uint32_t* __restrict__ feed) {
   const int parts = gridDim.y, p = blockIdx.y, r = blockIdx.x;
   const int seg = ((n + parts - 1) / parts + 3) & ~3;
   const int start = min(n, p * seg), end = min(n, start + seg);
@@ -212,7 +215,9 @@ __device__ void to_f32_argmax(const T* __restrict__ x, float* __restrict__ out, 
   }
   argmax_block(best, idx);
   if (threadIdx.x == 0) {
-    ids[r] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
+    const uint32_t id = idx == 0x7fffffff ? 0u : (uint32_t)idx;
+    ids[r] = id;
+    if (feed != nullptr) feed[r] = id;
     counters[r] = 0;  // ready for the next launch (a graph's next replay)
   }
 }
@@ -294,9 +299,10 @@ __device__ void topk_rows(const float* __restrict__ x, int n, int k, float* __re
     to_f32<T>(x, out, n);                                                                       \
   }                                                                                             \
   extern "C" __global__ void to_f32_argmax_##NAME(const T* x, float* out, int n, float* pv,     \
-                                                  int* pi, uint32_t* counters, uint32_t* ids) { \
+                                                  int* pi, uint32_t* counters, uint32_t* ids,   \
+                                                  uint32_t* feed) {                             \
     pdl_entry();                                                                                \
-    to_f32_argmax<T>(x, out, n, pv, pi, counters, ids);                                         \
+    to_f32_argmax<T>(x, out, n, pv, pi, counters, ids, feed);                                   \
   }
 
 PS_LAYER_OPS(__nv_bfloat16, bf16)

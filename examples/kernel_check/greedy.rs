@@ -4,7 +4,8 @@
 //! of a vocabulary (whose maxima often tie), rows of one repeated value (ties to index 0), a
 //! row whose largest value sits at its last index and once more earlier, a row of -inf and
 //! NaN (token 0), at 1-64 rows and a row too short to split; each launched twice (the row
-//! counters the last block resets).
+//! counters the last block resets), the second time with a feed (`LaunchOptions::graph_feed`:
+//! a decode graph's input ids), which must get the same tokens.
 
 use super::*;
 
@@ -40,12 +41,25 @@ pub(super) fn checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
         for launch in 1..=2 {
             let o2 = Tensor::zeros((rows, n), DType::F32, dev)?;
             let ids = Tensor::zeros(rows, DType::U32, dev)?;
-            k.to_f32_argmax_into(&x, &o2, &ids, &scratch)?;
+            // The feed starts as a sentinel no row's token is.
+            let feed = (launch == 2)
+                .then(|| Tensor::from_vec(vec![u32::MAX; rows], rows, dev))
+                .transpose()?;
+            k.to_f32_argmax_into(&x, &o2, (&ids, feed.as_ref()), &scratch)?;
             let got: Vec<u32> = ids.to_vec1()?;
             let wrong = got.iter().zip(&want).filter(|(a, b)| a != b).count();
             let what = format!("to_f32_argmax {dt:?} rows {rows} x {n}, launch {launch}");
             t.check(format!("{what}: logits"), rel(&o2, &o1)?, 0.0);
             t.check(format!("{what}: tokens (rows wrong)"), wrong as f32, 0.0);
+            if let Some(f) = feed {
+                let fed: Vec<u32> = f.to_vec1()?;
+                let wrong = fed.iter().zip(&want).filter(|(a, b)| a != b).count();
+                t.check(
+                    format!("{what}: fed tokens (rows wrong)"),
+                    wrong as f32,
+                    0.0,
+                );
+            }
         }
     }
     Ok(())

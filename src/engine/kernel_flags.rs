@@ -32,6 +32,10 @@ pub struct KernelFlags {
     /// them with the f32 logits (turns `KernelOptions::graph_argmax` off).
     #[arg(long)]
     pub no_graph_argmax: bool,
+    /// The decode graphs' argmax also writes the next pipelined step's input ids
+    /// (`KernelOptions::graph_feed`).
+    #[arg(long)]
+    pub graph_feed: bool,
     /// Blocks per SM of the streamed-rows 1-2-row gate|up matmuls
     /// (`KernelOptions::gemv_stream`; default 2).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=8))]
@@ -262,6 +266,7 @@ impl KernelFlags {
             gemv_mma: self.gemv_mma,
             norm_presum: !self.no_norm_presum,
             graph_argmax: !self.no_graph_argmax,
+            graph_feed: self.graph_feed,
             gemv_mma_plain: (!self.no_gemv_mma_plain).then(|| {
                 self.gemv_mma_plain
                     .unwrap_or(super::options::GEMV_MMA_PLAIN_MAX_WEIGHT)

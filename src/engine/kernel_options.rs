@@ -133,6 +133,12 @@ pub struct KernelOptions {
     /// 1,371-1,372 tok/s, 1.7B 744 against 741-742, batch 8 unchanged (BENCHMARKS.md, #21);
     /// off: the argmax after the graph.
     pub graph_argmax: bool,
+    /// With `graph_argmax`: the decode graphs' argmax also writes each row's greedy token
+    /// into the graph's input ids, so a pipelined step fed with those tokens
+    /// (`EngineOptions::pipelined_decode`) needs no device-to-device copy of them in front of
+    /// its replay, and its upload leaves the ids alone (the same tokens in the same rows).
+    /// Default off (not yet measured).
+    pub graph_feed: bool,
     /// The 1-2-row gate|up matmuls (with SiLU, alone or behind the fused norm) on streamed
     /// rows (`kernels/gemv.cu` `sgemv_silu_*`): a grid of this many blocks per SM (1..=8), each
     /// warp taking every G-th pair, its weight loads in batches across pairs; bit for bit a
@@ -403,6 +409,7 @@ impl Default for KernelOptions {
             gemv_mma_plain: Some(GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
             graph_argmax: true,
+            graph_feed: false,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),

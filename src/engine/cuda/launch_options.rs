@@ -25,6 +25,8 @@ pub struct LaunchOptions {
     /// The greedy tokens computed with the f32 logits (`layer_ops.cu` `to_f32_argmax_*`),
     /// for the decode graphs.
     pub graph_argmax: bool,
+    /// With `graph_argmax`, the graphs' argmax also writes the graph's input ids.
+    pub graph_feed: bool,
     /// The 1-2-row gate|up matmuls on streamed rows, this many blocks per SM (`gemv.cu`
     /// `sgemv_silu_*`, `snorm_gemv_silu_*`; None: a block per eight row pairs; default 2).
     pub gemv_stream: Option<u8>,
@@ -174,6 +176,7 @@ impl Default for LaunchOptions {
             gemv_mma_plain: Some(crate::engine::options::GEMV_MMA_PLAIN_MAX_WEIGHT),
             norm_presum: true,
             graph_argmax: false,
+            graph_feed: false,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
             gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),

@@ -42,6 +42,12 @@ impl CudaKernels {
         self.to_f32_argmax.is_some()
     }
 
+    /// Whether the decode graphs' argmax also writes the graph's input ids
+    /// (`LaunchOptions::graph_feed`, with `graph_argmax`).
+    pub fn graph_feed(&self) -> bool {
+        self.graph_feed && self.to_f32_argmax.is_some()
+    }
+
     /// The buffers [`Self::to_f32_argmax_into`] needs for steps of up to `rows` rows of `n`
     /// logits.
     pub fn greedy_scratch(&self, rows: usize, n: usize) -> Result<GreedyScratch> {
@@ -59,12 +65,13 @@ impl CudaKernels {
     /// `out = x` in f32 (`[rows, n]`, as [`Self::to_f32_into`]) and `ids[r]` = row r's
     /// argmax of it, as [`Self::argmax`] gives it, in one launch (`layer_ops.cu`
     /// `to_f32_argmax_*`); `scratch` from [`Self::greedy_scratch`] for at least `rows` rows.
+    /// `feed` (u32 `[rows]`, e.g. a decode graph's input ids) gets the same ids too.
     /// An error when the kernel is not loaded (`LaunchOptions::graph_argmax` off).
     pub fn to_f32_argmax_into(
         &self,
         x: &Tensor,
         out: &Tensor,
-        ids: &Tensor,
+        (ids, feed): (&Tensor, Option<&Tensor>),
         scratch: &GreedyScratch,
     ) -> Result<()> {
         let f = (self.to_f32_argmax.as_ref())
@@ -76,6 +83,7 @@ impl CudaKernels {
             && out.elem_count() == rows * n
             && ids.dtype() == DType::U32
             && ids.elem_count() == rows
+            && feed.is_none_or(|f| f.dtype() == DType::U32 && f.elem_count() == rows)
             && scratch.counters.elem_count() >= rows
             && scratch.values.elem_count() >= rows * parts;
         if !fits {
@@ -90,6 +98,10 @@ impl CudaKernels {
         let (px, po, pid, n32) = (self.ptr(x)?, self.ptr(out)?, self.ptr(ids)?, n as i32);
         let (pv, pi) = (self.ptr(&scratch.values)?, self.ptr(&scratch.indices)?);
         let pc = self.ptr(&scratch.counters)?;
+        let pf = match feed {
+            Some(f) => self.ptr(f)?,
+            None => 0u64,
+        };
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, parts as u32, 1),
             block_dim: (256, 1, 1),
@@ -102,7 +114,8 @@ impl CudaKernels {
             .arg(&pv)
             .arg(&pi)
             .arg(&pc)
-            .arg(&pid);
+            .arg(&pid)
+            .arg(&pf);
         // SAFETY: argument types match `to_f32_argmax_*`; the buffers are sized above and the
         // counters are zero between launches (the kernel's last block a row resets its own).
         unsafe { b.launch(cfg) }.w()?;

@@ -206,4 +206,7 @@ fn kernel_flags_become_kernel_options() {
     // The greedy tokens inside the graphs: on unless turned off.
     assert!(d.kernels.graph_argmax);
     assert!(!opts(&["x", "--no-graph-argmax"]).kernels.graph_argmax);
+    // Their tokens also written into the graphs' input ids: off unless asked.
+    assert!(!d.kernels.graph_feed && !lib.kernels.graph_feed);
+    assert!(opts(&["x", "--graph-feed"]).kernels.graph_feed);
 }

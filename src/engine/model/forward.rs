@@ -69,6 +69,7 @@ pub fn launch_options(opts: &KernelOptions, cfg: &ModelConfig) -> LaunchOptions 
         gemv_mma_plain: opts.gemv_mma_plain,
         norm_presum: opts.norm_presum,
         graph_argmax: opts.graph_argmax,
+        graph_feed: opts.graph_feed,
         gemv_stream: opts.gemv_stream,
         smem_carveout: opts.smem_carveout,
         gemv_tma: opts.gemv_tma,

@@ -31,6 +31,7 @@
 //!   the same order, its all-reduces in place on the static buffers (NCCL calls in the graph),
 //!   and replays its own graph on the head's command; ranks above 0 compute no logits.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use candle_core::cuda_backend::cudarc::driver::{CudaGraph, CudaStream, result};
@@ -86,6 +87,10 @@ pub struct DecodeGraphs {
     /// With `KernelOptions::graph_argmax` (rank 0): each row's greedy token, computed with
     /// the f32 logits (`[max bucket]`), and the kernel's scratch.
     greedy: Option<(Tensor, GreedyScratch)>,
+    /// The bucket of the last replay when its argmax also wrote the input ids
+    /// (`KernelOptions::graph_feed`): a step fed with that replay's greedy tokens finds them
+    /// there already.
+    fed: Cell<Option<usize>>,
     max_width: usize,
     /// Decode-attention partitions per bucket.
     splits: Vec<usize>,
@@ -173,6 +178,7 @@ impl DecodeGraphs {
             logits_act,
             logits,
             greedy,
+            fed: Cell::new(None),
             max_width,
             splits,
             block_size,
@@ -239,12 +245,15 @@ impl DecodeGraphs {
 
     /// Writes a bucket's inputs: `rows` (token, position, slot, context length, run, block
     /// table) padded to `b` rows, tables `width` blocks wide.
-    fn upload(&self, b: usize, rows: &[Row<'_>], width: usize) -> Result<()> {
+    /// `keep_ids`: all but the first `b` words (the token ids, which the graph before wrote).
+    fn upload(&self, b: usize, rows: &[Row<'_>], width: usize, keep_ids: bool) -> Result<()> {
         let host = input_layout(b, rows, width);
-        let dst = self.input_ptr;
-        // SAFETY: `input` holds the largest bucket at the widest table, which bounds `host`;
-        // the copy is ordered on the stream before the graph that reads it.
-        unsafe { result::memcpy_htod_async(dst, &host, self.stream.cu_stream()) }
+        let skip = if keep_ids { b } else { 0 };
+        let dst = self.input_ptr + skip as u64 * 4;
+        // SAFETY: `input` holds the largest bucket at the widest table, which bounds `host`
+        // (and `skip` <= its length); the copy is ordered on the stream before the graph that
+        // reads it.
+        unsafe { result::memcpy_htod_async(dst, &host[skip..], self.stream.cu_stream()) }
             .map_err(|e| kernel_err("graph input upload", e))
     }
 
@@ -370,14 +379,25 @@ impl DecodeGraphs {
         let b = self.buckets[bi];
         let mut rows = step_rows(tokens, seqs, bs, model.qwen3.max_positions())?;
         rows.resize(b, padding());
-        self.upload(b, &rows, width)?;
+        // Fed with the last replay's greedy tokens, which its argmax also wrote into the ids
+        // of this bucket (`graph_feed`): they are in place, nothing to copy.
+        let fed_in_place = match (ids, &self.greedy, self.fed.get()) {
+            (Ids::Device(d), Some((g, _)), Some(last)) if last == b => {
+                let k = model.kernels.as_ref();
+                k.is_some_and(|k| k.ptr(d).ok() == k.ptr(g).ok())
+            }
+            _ => false,
+        };
+        self.upload(b, &rows, width, fed_in_place)?;
         if lora {
             let k = model.kernels.as_ref();
             let mut tiles = crate::engine::model::lora_slots::kernel_tiles(seqs, b, k);
             tiles.resize(3 * b, 0);
             self.upload_lora(&tiles)?;
         }
-        if let Ids::Device(d) = ids {
+        if let Ids::Device(d) = ids
+            && !fed_in_place
+        {
             let k = model
                 .kernels
                 .as_ref()
@@ -391,9 +411,15 @@ impl DecodeGraphs {
             }
             .map_err(|e| kernel_err("graph token ids", e))?;
         }
+        self.fed.set(None);
         graph
             .launch()
             .map_err(|e| Error::Engine(format!("CUDA graph launch (batch {b}): {e}")))?;
+        // (Profiling captures may leave the head, and with it the argmax, out.)
+        let feeds = self.greedy.is_some()
+            && self.profile_skip == 0
+            && model.kernels.as_ref().is_some_and(|k| k.graph_feed());
+        self.fed.set(feeds.then_some(b));
         Ok(Some(self.logits.narrow(0, 0, n)?))
     }
 }

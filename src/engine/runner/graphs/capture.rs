@@ -125,7 +125,9 @@ impl DecodeGraphs {
 
     /// One bucket's graph (after one eager run of its launches).
     fn capture_one(&self, on: OnRank<'_>, b: usize, variant: Variant) -> Result<CudaGraph> {
-        self.upload(b, &vec![padding(); b], 1)?;
+        // (The warm-up run and the capture write the input ids, with `graph_feed`.)
+        self.fed.set(None);
+        self.upload(b, &vec![padding(); b], 1, false)?;
         if variant == Variant::Lora {
             self.upload_lora(&vec![0; 3 * b])?;
         }
@@ -183,7 +185,14 @@ impl DecodeGraphs {
         let logits = self.logits.narrow(0, 0, b)?;
         match &self.greedy {
             Some((ids, scratch)) => {
-                k.to_f32_argmax_into(&logits_act, &logits, &ids.narrow(0, 0, b)?, scratch)
+                // With `graph_feed` the input ids get the tokens too: the next pipelined
+                // step's (`DecodeGraphs::replay_fed`).
+                let feed = k
+                    .graph_feed()
+                    .then(|| self.input.narrow(0, 0, b))
+                    .transpose()?;
+                let ids = (&ids.narrow(0, 0, b)?, feed.as_ref());
+                k.to_f32_argmax_into(&logits_act, &logits, ids, scratch)
             }
             None => k.to_f32_into(&logits_act, &logits),
         }
