@@ -388,6 +388,8 @@ impl DecodeGraphs {
             }
             _ => false,
         };
+        // Until this replay is launched the ids are not known to be any replay's tokens.
+        self.fed.set(None);
         self.upload(b, &rows, width, fed_in_place)?;
         if lora {
             let k = model.kernels.as_ref();
@@ -411,7 +413,6 @@ impl DecodeGraphs {
             }
             .map_err(|e| kernel_err("graph token ids", e))?;
         }
-        self.fed.set(None);
         graph
             .launch()
             .map_err(|e| Error::Engine(format!("CUDA graph launch (batch {b}): {e}")))?;
