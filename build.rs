@@ -52,6 +52,7 @@ fn main() {
     println!("cargo:rerun-if-changed=kernels/moe.cuh");
     println!("cargo:rerun-if-changed=kernels/moe_route.cuh");
     println!("cargo:rerun-if-changed=kernels/lora.cuh");
+    println!("cargo:rerun-if-changed=kernels/graph_rows.cuh");
     println!("cargo:rerun-if-changed=kernels/gemv.cuh");
     println!("cargo:rerun-if-env-changed=CUDA_ROOT");
     println!("cargo:rerun-if-env-changed=NVCC");

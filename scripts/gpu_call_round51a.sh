@@ -10,11 +10,12 @@ source scripts/gpu_lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout "$(cap 60)" .gpu/pdl_chain_bench s 2>&1 | tee "$OUT/steps.md"
 model 0.6b; echo "models t=$((SECONDS - T0))"
-sweep d06 100 "--model-dir /tmp/m-0.6b --prompt 512 --batches 1,8 --new 128" "" "--graph-feed"
+sweep d06 100 "--model-dir /tmp/m-0.6b --prompt 512 --batches 1,8 --new 128" "" "--graph-feed" "--graph-feed --graph-advance"
 left && mix_model
 kc kcm 120 --model-only --model-dir /tmp/m-mix
 kc kcg 100 --gemv-only --model-dir /tmp/m-0.6b
 echo "fed checks: $(grep -c "fed tokens" "$OUT/kcg.log"), failed: $(grep "fed tokens" "$OUT/kcg.log" | grep -c FAIL)"
+echo "moved-on checks: $(grep -c "moved on" "$OUT/kcg.log" 2>/dev/null), failed: $(grep "moved on" "$OUT/kcg.log" 2>/dev/null | grep -c FAIL)"
 left && moe_model 8
-sweep moe8 100 "--model-dir /tmp/m-moe8 --prompt 512 --batches 1 --new 128" "" "--graph-feed"
+sweep moe8 100 "--model-dir /tmp/m-moe8 --prompt 512 --batches 1 --new 128" "" "--graph-feed" "--graph-feed --graph-advance"
 echo "done t=$((SECONDS - T0))"

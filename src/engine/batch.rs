@@ -219,3 +219,41 @@ pub fn logit_rows(seqs: &[SeqInput<'_>]) -> Vec<u32> {
     }
     rows
 }
+
+/// A decode graph's input layout (`rows` rows: token, position, cache slot, context length
+/// and run, each a `[rows]` array, then the tables' width and each row's block table of
+/// `width` blocks) advanced one token as a pipelined continuation has it: every one-token row
+/// that writes the cache (slot not `u32::MAX`, run 1, a context) one position further, its
+/// context one longer and its slot the new position's in its table (left as it was when the
+/// table holds no block for it); tokens, tables and other rows as they are. The decode graphs'
+/// argmax does the same to their inputs on the device (`KernelOptions::graph_advance`), in
+/// u32 arithmetic that wraps as this does; a step whose layout equals this one needs no
+/// upload. A layout too short for `rows` is left alone.
+pub fn advance_decode_rows(layout: &mut [u32], rows: usize, block_size: usize) {
+    const FIELDS: usize = 5;
+    if rows == 0 || block_size == 0 || layout.len() <= FIELDS * rows {
+        return;
+    }
+    let width = layout[FIELDS * rows] as usize;
+    let bs = block_size as u32;
+    for r in 0..rows {
+        let (pos, slot, ctx, run) = (
+            layout[rows + r],
+            layout[2 * rows + r],
+            layout[3 * rows + r],
+            layout[4 * rows + r],
+        );
+        if slot == u32::MAX || run != 1 || ctx == 0 {
+            continue;
+        }
+        let p = pos.wrapping_add(1);
+        let blk = (p / bs) as usize;
+        if blk < width
+            && let Some(&block) = layout.get(FIELDS * rows + 1 + r * width + blk)
+        {
+            layout[2 * rows + r] = block.wrapping_mul(bs).wrapping_add(p % bs);
+        }
+        layout[rows + r] = p;
+        layout[3 * rows + r] = ctx.wrapping_add(1);
+    }
+}

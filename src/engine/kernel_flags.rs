@@ -36,6 +36,10 @@ pub struct KernelFlags {
     /// (`KernelOptions::graph_feed`).
     #[arg(long)]
     pub graph_feed: bool,
+    /// With `--graph-feed`, the argmax also moves the graph's one-token rows one position on
+    /// (`KernelOptions::graph_advance`).
+    #[arg(long, requires = "graph_feed")]
+    pub graph_advance: bool,
     /// Blocks per SM of the streamed-rows 1-2-row gate|up matmuls
     /// (`KernelOptions::gemv_stream`; default 2).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=8))]
@@ -267,6 +271,7 @@ impl KernelFlags {
             norm_presum: !self.no_norm_presum,
             graph_argmax: !self.no_graph_argmax,
             graph_feed: self.graph_feed,
+            graph_advance: self.graph_advance,
             gemv_mma_plain: (!self.no_gemv_mma_plain).then(|| {
                 self.gemv_mma_plain
                     .unwrap_or(super::options::GEMV_MMA_PLAIN_MAX_WEIGHT)

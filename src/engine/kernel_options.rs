@@ -139,6 +139,12 @@ pub struct KernelOptions {
     /// its replay, and its upload leaves the ids alone (the same tokens in the same rows).
     /// Default off (not yet measured).
     pub graph_feed: bool,
+    /// With `graph_feed`: the argmax also moves each one-token row of the graph's inputs one
+    /// position on (position, context, slot: `engine::batch::advance_decode_rows`), so a
+    /// pipelined step whose rows are those needs no upload at all (every step but the one that
+    /// enters a new KV block); the host keeps the same advance as a mirror and uploads when
+    /// the step's rows differ. Default off (not yet measured).
+    pub graph_advance: bool,
     /// The 1-2-row gate|up matmuls (with SiLU, alone or behind the fused norm) on streamed
     /// rows (`kernels/gemv.cu` `sgemv_silu_*`): a grid of this many blocks per SM (1..=8), each
     /// warp taking every G-th pair, its weight loads in batches across pairs; bit for bit a
@@ -410,6 +416,7 @@ impl Default for KernelOptions {
             norm_presum: true,
             graph_argmax: true,
             graph_feed: false,
+            graph_advance: false,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),

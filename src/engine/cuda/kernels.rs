@@ -100,8 +100,8 @@ pub struct CudaKernels {
     pub(super) to_f32: CudaFunction,
     /// `to_f32` with each row's argmax (`LaunchOptions::graph_argmax`), when asked for.
     pub(super) to_f32_argmax: Option<CudaFunction>,
-    /// The graphs' argmax writes their input ids too (`LaunchOptions::graph_feed`).
-    pub(super) graph_feed: bool,
+    /// What the graphs' argmax writes into their inputs (`LaunchOptions::graph_feed`).
+    pub(super) graph_feed: super::logits_ops::GraphFeed,
     /// The decode attention over caches of the compute dtype (`kernels/decode.cu`,
     /// `kernels/decode_mma.cu`).
     pub(super) decode: DecodeAttention,
@@ -367,7 +367,7 @@ impl CudaKernels {
             to_f32_argmax: (opts.graph_argmax)
                 .then(|| f(&layer_ops, &format!("to_f32_argmax_{s}")))
                 .transpose()?,
-            graph_feed: opts.graph_argmax && opts.graph_feed,
+            graph_feed: super::logits_ops::GraphFeed::of(opts),
             prefill: [
                 f(&prefill_mod, &format!("paged_prefill_g1_{s}"))?,
                 f(&prefill_mod, &format!("paged_prefill_g2_{s}"))?,

@@ -27,6 +27,8 @@ pub struct LaunchOptions {
     pub graph_argmax: bool,
     /// With `graph_argmax`, the graphs' argmax also writes the graph's input ids.
     pub graph_feed: bool,
+    /// With `graph_feed`, the argmax also moves the graph's one-token rows one position on.
+    pub graph_advance: bool,
     /// The 1-2-row gate|up matmuls on streamed rows, this many blocks per SM (`gemv.cu`
     /// `sgemv_silu_*`, `snorm_gemv_silu_*`; None: a block per eight row pairs; default 2).
     pub gemv_stream: Option<u8>,
@@ -177,6 +179,7 @@ impl Default for LaunchOptions {
             norm_presum: true,
             graph_argmax: false,
             graph_feed: false,
+            graph_advance: false,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
             gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),

@@ -70,6 +70,7 @@ pub fn launch_options(opts: &KernelOptions, cfg: &ModelConfig) -> LaunchOptions 
         norm_presum: opts.norm_presum,
         graph_argmax: opts.graph_argmax,
         graph_feed: opts.graph_feed,
+        graph_advance: opts.graph_advance,
         gemv_stream: opts.gemv_stream,
         smem_carveout: opts.smem_carveout,
         gemv_tma: opts.gemv_tma,

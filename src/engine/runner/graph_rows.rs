@@ -159,4 +159,65 @@ mod tests {
         };
         assert_eq!(step_kind(&[prefill]), None);
     }
+
+    /// The host's layout of a pipelined continuation equals the step before's advanced by
+    /// `advance_decode_rows` (what the graphs' argmax writes with `graph_advance`) while the
+    /// sequences stay inside their tables' blocks, padding rows included, so those steps skip
+    /// the upload; across a block boundary the width and the new block differ, so that step
+    /// uploads. Mutations: a context not lengthened, a slot not moved, padding advanced, or
+    /// the slot from the old block all fail the equalities.
+    #[test]
+    fn a_continuation_is_the_step_before_advanced() {
+        use crate::engine::batch::advance_decode_rows;
+        let bs = 4;
+        let (t1, t2) = ([7u32, 8, 2], [3u32, 9, 5]);
+        let layout = |c1: usize, c2: usize, width: usize| {
+            let seqs = [
+                SeqInput {
+                    q_len: 1,
+                    context_len: c1,
+                    block_table: &t1[..c1.div_ceil(bs)],
+                    logits: LogitRows::Last,
+                    adapter: None,
+                },
+                SeqInput {
+                    q_len: 1,
+                    context_len: c2,
+                    block_table: &t2[..c2.div_ceil(bs)],
+                    logits: LogitRows::Last,
+                    adapter: None,
+                },
+            ];
+            let mut rows = step_rows(&[11, 12], &seqs, bs, 100).unwrap();
+            rows.resize(4, padding());
+            input_layout(4, &rows, width)
+        };
+        // Contexts 5 and 6 -> 6 and 7: both inside their second block.
+        let mut adv = layout(5, 6, 2);
+        advance_decode_rows(&mut adv, 4, bs);
+        assert_eq!(adv[4..], layout(6, 7, 2)[4..]);
+        // 7 and 8 -> 8 and 9: the second crosses into its third block, which the step before's
+        // table did not hold: the width grows and the block appears, so that step uploads.
+        let mut adv = layout(7, 8, 2);
+        advance_decode_rows(&mut adv, 4, bs);
+        assert_ne!(adv[4..], layout(8, 9, 3)[4..]);
+        // The same crossing at a width that already had room: the new block still appears.
+        let mut adv = layout(8, 6, 3);
+        advance_decode_rows(&mut adv, 4, bs);
+        assert_ne!(adv[4..], layout(9, 7, 3)[4..]);
+        // Past the crossing, inside the third block: equal again.
+        let mut adv = layout(9, 7, 3);
+        advance_decode_rows(&mut adv, 4, bs);
+        assert_eq!(adv[4..], layout(10, 8, 3)[4..]);
+        // A verify row (run not 1: row 0 here) and the padding rows (2, 3) are left as they are;
+        // row 1 moves one position (fields: positions at 4.., slots 8.., contexts 12..).
+        let mut v = layout(5, 6, 2);
+        v[4 * 4] = (1 << 16) | 3;
+        let before = v.clone();
+        advance_decode_rows(&mut v, 4, bs);
+        for i in [4, 8, 12, 6, 7, 10, 11, 14, 15] {
+            assert_eq!(v[i], before[i], "word {i}");
+        }
+        assert_eq!((v[5], v[13]), (before[5] + 1, before[13] + 1));
+    }
 }
