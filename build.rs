@@ -50,7 +50,6 @@ fn main() {
     println!("cargo:rerun-if-changed=kernels/flash.cuh");
     println!("cargo:rerun-if-changed=kernels/decode_mma.cuh");
     println!("cargo:rerun-if-changed=kernels/moe.cuh");
-    println!("cargo:rerun-if-changed=kernels/moe_route.cuh");
     println!("cargo:rerun-if-changed=kernels/lora.cuh");
     println!("cargo:rerun-if-changed=kernels/graph_rows.cuh");
     println!("cargo:rerun-if-changed=kernels/gemv.cuh");

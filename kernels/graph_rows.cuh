@@ -1,6 +1,6 @@
 // A decode graph's input rows advanced one token on the device, for the next pipelined step
 // (LaunchOptions::graph_advance): the same words as the host's advance_decode_rows
-// (src/engine/batch.rs), whose layout this reads: token, position, slot, context and run
+// (src/engine/runner/graph_rows.rs), whose layout this reads: token, position, slot, context and run
 // arrays of `rows` each, the tables' width, then each row's table of `width` blocks.
 #pragma once
 

@@ -105,7 +105,7 @@ fn advanced(
     }
     let mut expect = layout.clone();
     expect[..rows].copy_from_slice(want);
-    policy_serve::engine::batch::advance_decode_rows(&mut expect, rows, bs as usize);
+    policy_serve::engine::runner::advance_decode_rows(&mut expect, rows, bs as usize);
     let moved = expect[rows..] != layout[rows..];
     let feed = Tensor::from_vec(layout, expect.len(), dev)?;
     let out = Tensor::zeros((rows, n), DType::F32, dev)?;

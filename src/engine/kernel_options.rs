@@ -140,7 +140,7 @@ pub struct KernelOptions {
     /// Default off (not yet measured).
     pub graph_feed: bool,
     /// With `graph_feed`: the argmax also moves each one-token row of the graph's inputs one
-    /// position on (position, context, slot: `engine::batch::advance_decode_rows`), so a
+    /// position on (position, context, slot: `engine::runner::advance_decode_rows`), so a
     /// pipelined step whose rows are those needs no upload at all (every step but the one that
     /// enters a new KV block); the host keeps the same advance as a mirror and uploads when
     /// the step's rows differ. Default off (not yet measured).
@@ -194,8 +194,8 @@ pub struct KernelOptions {
     /// tok/s), 1.7B batch 8 +2.2%, batch 1 flat on both (#21).
     pub weight_evict_first: bool,
     /// The same on MoE models (their attention's matmuls, the router, the head of small
-    /// steps). Default off: on the
-    /// H200 (30B-A3B shape, 8 layers) batch 1 -0.4%, 4 layers batches 1-8 within -0.5..+0.3%.
+    /// steps). Default off: on the H200 (30B-A3B shape, 8 layers) batch 1 -0.4%, 4 layers
+    /// batches 1-8 within -0.5..+0.3%.
     pub weight_evict_first_moe: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).

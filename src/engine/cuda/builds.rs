@@ -14,15 +14,8 @@ static GEMV_MMA_EF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_mma_e
 pub(super) struct Builds {
     pub(super) gemv: &'static [u8],
     pub(super) gemv_mma: &'static [u8],
-    /// What they do with L2.
-    pub(super) hints: CacheHints,
-}
-
-/// The cache hints of the builds the options picked.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct CacheHints {
-    /// The skinny matmuls' weights evict-first (`LaunchOptions::weight_evict_first`).
-    pub(super) weights: bool,
+    /// Whether they load their weights evict-first (`LaunchOptions::weight_evict_first`).
+    pub(super) weight_evict_first: bool,
 }
 
 impl Builds {
@@ -32,7 +25,7 @@ impl Builds {
         Self {
             gemv: if ef { GEMV_EF } else { GEMV },
             gemv_mma: if ef { GEMV_MMA_EF } else { GEMV_MMA },
-            hints: CacheHints { weights: ef },
+            weight_evict_first: ef,
         }
     }
 }

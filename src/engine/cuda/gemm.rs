@@ -326,7 +326,7 @@ impl CudaKernels {
     /// Whether the skinny matmuls load their weights evict-first in L2
     /// (`LaunchOptions::weight_evict_first`).
     pub fn weight_evict_first(&self) -> bool {
-        self.hints.weights
+        self.weight_evict_first
     }
 
     /// Whether a plain matmul of `t` rows over a weight of `n` rows of `k` inputs runs on the

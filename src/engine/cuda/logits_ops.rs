@@ -67,13 +67,13 @@ impl CudaKernels {
     /// Whether the decode graphs' argmax also writes the graph's input ids
     /// (`LaunchOptions::graph_feed`, with `graph_argmax`).
     pub fn graph_feed(&self) -> bool {
-        self.graph_feed != GraphFeed::Off && self.to_f32_argmax.is_some()
+        self.graph_feed != GraphFeed::Off
     }
 
     /// Whether it also moves the graph's one-token rows one position on
     /// (`LaunchOptions::graph_advance`, with `graph_feed`).
     pub fn graph_advance(&self) -> bool {
-        self.graph_feed == GraphFeed::Rows && self.to_f32_argmax.is_some()
+        self.graph_feed == GraphFeed::Rows
     }
 
     /// The buffers [`Self::to_f32_argmax_into`] needs for steps of up to `rows` rows of `n`
@@ -96,7 +96,7 @@ impl CudaKernels {
     /// `feed` (u32, at least `rows` words: e.g. a decode graph's inputs) gets the same ids in
     /// its first `rows` words too; with a block size (`Some((feed, bs))`, bs > 0) it is a
     /// graph's input layout of `rows` rows, whose one-token rows then move one position on as
-    /// [`crate::engine::batch::advance_decode_rows`] moves them (table reads past the tensor's
+    /// [`crate::engine::runner::advance_decode_rows`] moves them (table reads past the tensor's
     /// end are skipped, as the host's are past the layout's).
     /// An error when the kernel is not loaded (`LaunchOptions::graph_argmax` off).
     pub fn to_f32_argmax_into(

@@ -200,34 +200,6 @@ impl CudaKernels {
         self.moe_run(h, experts, how, s, out, (None, 0..4))
     }
 
-    /// The tile (pairs of one expert) a step of `p` pairs over `e` experts of `hidden` x
-    /// `inter` takes — `tile` when given and the dtype and sizes have it, else
-    /// [`moe_tile`]'s — and the length of its tile table.
-    fn moe_tiling(
-        &self,
-        p: usize,
-        e: usize,
-        (hidden, inter): (usize, usize),
-        tile: Option<usize>,
-    ) -> Result<(usize, usize)> {
-        let bf16 = self.dtype == DType::BF16;
-        let wide_ok = inter.is_multiple_of(64) && hidden.is_multiple_of(64);
-        let tm = match tile {
-            None => moe_tile(p, e, bf16, wide_ok, self.moe.tile_one),
-            Some(8) => 8,
-            Some(1) if bf16 => 1,
-            Some(32) if !bf16 => 32,
-            Some(t @ (16 | 64)) if bf16 && wide_ok => t,
-            Some(other) => {
-                return Err(kernel_err(
-                    "moe_experts",
-                    format!("no {other}-pair tile for this dtype and these sizes"),
-                ));
-            }
-        };
-        Ok((tm, moe_max_tiles(p, e, tm)))
-    }
-
     /// [`Self::moe_experts_into`] on tiles of `tile` pairs when given, launching only the
     /// launches of `stages` (0 routing and alignment, 1 gate|up, 2 down, 3 sum; timing runs
     /// one at a time, over buffers a full run filled).
@@ -249,7 +221,21 @@ impl CudaKernels {
         let (e, k) = (s.logits.dim(1)?, s.top_k);
         let p = t * k;
         let bf16 = self.dtype == DType::BF16;
-        let (tm, max_tiles) = self.moe_tiling(p, e, (hidden, inter), tile)?;
+        let wide_ok = inter.is_multiple_of(64) && hidden.is_multiple_of(64);
+        let tm = match tile {
+            None => moe_tile(p, e, bf16, wide_ok, self.moe.tile_one),
+            Some(8) => 8,
+            Some(1) if bf16 => 1,
+            Some(32) if !bf16 => 32,
+            Some(t @ (16 | 64)) if bf16 && wide_ok => t,
+            Some(other) => {
+                return Err(kernel_err(
+                    "moe_experts",
+                    format!("no {other}-pair tile for this dtype and these sizes"),
+                ));
+            }
+        };
+        let max_tiles = moe_max_tiles(p, e, tm);
         let fits = s.logits.dim(0)? == t
             && gate_up.dims3()? == (local, 2 * inter, hidden)
             && down.dims3()? == (local, hidden, inter)

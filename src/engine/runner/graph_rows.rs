@@ -37,6 +37,43 @@ pub(super) fn input_layout(b: usize, rows: &[Row<'_>], width: usize) -> Vec<u32>
     host
 }
 
+/// A decode graph's input layout (`rows` rows: token, position, cache slot, context length
+/// and run, each a `[rows]` array, then the tables' width and each row's block table of
+/// `width` blocks) advanced one token as a pipelined continuation has it: every one-token row
+/// that writes the cache (slot not `u32::MAX`, run 1, a context) one position further, its
+/// context one longer and its slot the new position's in its table (left as it was when the
+/// table holds no block for it); tokens, tables and other rows as they are. The decode graphs'
+/// argmax does the same to their inputs on the device (`KernelOptions::graph_advance`), in
+/// u32 arithmetic that wraps as this does; a step whose layout equals this one needs no
+/// upload. A layout too short for `rows` is left alone.
+pub fn advance_decode_rows(layout: &mut [u32], rows: usize, block_size: usize) {
+    if rows == 0 || block_size == 0 || layout.len() <= FIELDS * rows {
+        return;
+    }
+    let width = layout[FIELDS * rows] as usize;
+    let bs = block_size as u32;
+    for r in 0..rows {
+        let (pos, slot, ctx, run) = (
+            layout[rows + r],
+            layout[2 * rows + r],
+            layout[3 * rows + r],
+            layout[4 * rows + r],
+        );
+        if slot == u32::MAX || run != 1 || ctx == 0 {
+            continue;
+        }
+        let p = pos.wrapping_add(1);
+        let blk = (p / bs) as usize;
+        if blk < width
+            && let Some(&block) = layout.get(FIELDS * rows + 1 + r * width + blk)
+        {
+            layout[2 * rows + r] = block.wrapping_mul(bs).wrapping_add(p % bs);
+        }
+        layout[rows + r] = p;
+        layout[3 * rows + r] = ctx.wrapping_add(1);
+    }
+}
+
 /// A padding row: no KV write, no context.
 pub(super) fn padding() -> Row<'static> {
     Row {
@@ -168,7 +205,6 @@ mod tests {
     /// the slot from the old block all fail the equalities.
     #[test]
     fn a_continuation_is_the_step_before_advanced() {
-        use crate::engine::batch::advance_decode_rows;
         let bs = 4;
         let (t1, t2) = ([7u32, 8, 2], [3u32, 9, 5]);
         let layout = |c1: usize, c2: usize, width: usize| {
@@ -192,23 +228,21 @@ mod tests {
             rows.resize(4, padding());
             input_layout(4, &rows, width)
         };
+        // The layout of contexts c1 and c2 at `width`, moved on.
+        let moved = |c1: usize, c2: usize, width: usize| {
+            let mut l = layout(c1, c2, width);
+            advance_decode_rows(&mut l, 4, bs);
+            l
+        };
         // Contexts 5 and 6 -> 6 and 7: both inside their second block.
-        let mut adv = layout(5, 6, 2);
-        advance_decode_rows(&mut adv, 4, bs);
-        assert_eq!(adv[4..], layout(6, 7, 2)[4..]);
+        assert_eq!(moved(5, 6, 2)[4..], layout(6, 7, 2)[4..]);
         // 7 and 8 -> 8 and 9: the second crosses into its third block, which the step before's
         // table did not hold: the width grows and the block appears, so that step uploads.
-        let mut adv = layout(7, 8, 2);
-        advance_decode_rows(&mut adv, 4, bs);
-        assert_ne!(adv[4..], layout(8, 9, 3)[4..]);
+        assert_ne!(moved(7, 8, 2)[4..], layout(8, 9, 3)[4..]);
         // The same crossing at a width that already had room: the new block still appears.
-        let mut adv = layout(8, 6, 3);
-        advance_decode_rows(&mut adv, 4, bs);
-        assert_ne!(adv[4..], layout(9, 7, 3)[4..]);
+        assert_ne!(moved(8, 6, 3)[4..], layout(9, 7, 3)[4..]);
         // Past the crossing, inside the third block: equal again.
-        let mut adv = layout(9, 7, 3);
-        advance_decode_rows(&mut adv, 4, bs);
-        assert_eq!(adv[4..], layout(10, 8, 3)[4..]);
+        assert_eq!(moved(9, 7, 3)[4..], layout(10, 8, 3)[4..]);
         // A verify row (run not 1: row 0 here) and the padding rows (2, 3) are left as they are;
         // row 1 moves one position (fields: positions at 4.., slots 8.., contexts 12..).
         let mut v = layout(5, 6, 2);

@@ -38,8 +38,10 @@ use candle_core::cuda_backend::cudarc::driver::{CudaGraph, CudaStream, result};
 use candle_core::{DType, Tensor};
 
 use super::buckets::{bucket_for, graph_buckets};
-use super::graph_rows::{FIELDS, StepKind, input_layout, padding, step_kind, step_rows};
-use crate::engine::batch::{SeqInput, advance_decode_rows};
+use super::graph_rows::{
+    FIELDS, StepKind, advance_decode_rows, input_layout, padding, step_kind, step_rows,
+};
+use crate::engine::batch::SeqInput;
 use crate::engine::cuda::{CudaKernels, GreedyScratch, kernel_err};
 use crate::engine::model::Model;
 use crate::engine::model::kernel_forward::{Activations, KernelForward, StepInputs};
