@@ -90,7 +90,9 @@ pub(crate) fn variant_sweep(
                 t.elapsed().as_secs_f64()
             );
             for (bi, &b) in a.batches.iter().enumerate() {
+                let before = engine.stats();
                 let r = decode_round(&engine, a, b, &|_, _| {})?;
+                let after = engine.stats();
                 let tokens: Vec<Vec<u32>> = r.gens.into_iter().map(|g| g.tokens).collect();
                 let same = if vi == 0 {
                     first.push(tokens);
@@ -104,10 +106,12 @@ pub(crate) fn variant_sweep(
                     format!("{equal}/{b} as the first")
                 };
                 println!(
-                    "variant [{label}] run {round} decode batch {b}: {:.0} tok/s ({:.3} ms/step; prefill of batch {:.0} ms; tokens {same})",
+                    "variant [{label}] run {round} decode batch {b}: {:.0} tok/s ({:.3} ms/step; prefill of batch {:.0} ms; tokens {same}; steps {}, pipelined {})",
                     r.tps,
                     r.decode_s * 1e3 / (a.new_tokens - 1) as f64,
-                    r.first_s * 1e3
+                    r.first_s * 1e3,
+                    after.steps - before.steps,
+                    after.pipelined_steps - before.pipelined_steps
                 );
             }
             drop(engine);

@@ -32,13 +32,13 @@ pub struct KernelFlags {
     /// them with the f32 logits (turns `KernelOptions::graph_argmax` off).
     #[arg(long)]
     pub no_graph_argmax: bool,
-    /// The decode graphs' argmax also writes the next pipelined step's input ids
-    /// (`KernelOptions::graph_feed`).
+    /// The decode graphs' argmax no longer writes the next pipelined step's input ids: the
+    /// step copies them in front of its replay (turns `KernelOptions::graph_feed` off).
     #[arg(long)]
-    pub graph_feed: bool,
-    /// With `--graph-feed`, the argmax also moves the graph's one-token rows one position on
-    /// (`KernelOptions::graph_advance`).
-    #[arg(long, requires = "graph_feed")]
+    pub no_graph_feed: bool,
+    /// The argmax also moves the graph's one-token rows one position on
+    /// (`KernelOptions::graph_advance`; needs the feed).
+    #[arg(long, conflicts_with = "no_graph_feed")]
     pub graph_advance: bool,
     /// Blocks per SM of the streamed-rows 1-2-row gate|up matmuls
     /// (`KernelOptions::gemv_stream`; default 2).
@@ -270,7 +270,7 @@ impl KernelFlags {
             gemv_mma: self.gemv_mma,
             norm_presum: !self.no_norm_presum,
             graph_argmax: !self.no_graph_argmax,
-            graph_feed: self.graph_feed,
+            graph_feed: !self.no_graph_feed,
             graph_advance: self.graph_advance,
             gemv_mma_plain: (!self.no_gemv_mma_plain).then(|| {
                 self.gemv_mma_plain

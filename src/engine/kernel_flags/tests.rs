@@ -206,12 +206,12 @@ fn kernel_flags_become_kernel_options() {
     // The greedy tokens inside the graphs: on unless turned off.
     assert!(d.kernels.graph_argmax);
     assert!(!opts(&["x", "--no-graph-argmax"]).kernels.graph_argmax);
-    // Their tokens also written into the graphs' input ids: off unless asked.
-    assert!(!d.kernels.graph_feed && !lib.kernels.graph_feed);
-    assert!(opts(&["x", "--graph-feed"]).kernels.graph_feed);
+    // Their tokens also written into the graphs' input ids: on unless turned off.
+    assert!(d.kernels.graph_feed && lib.kernels.graph_feed);
+    assert!(!opts(&["x", "--no-graph-feed"]).kernels.graph_feed);
     // The rows moved on by the graphs too: off unless asked, and only with the feed.
     assert!(!d.kernels.graph_advance && !lib.kernels.graph_advance);
-    let both = opts(&["x", "--graph-feed", "--graph-advance"]).kernels;
+    let both = opts(&["x", "--graph-advance"]).kernels;
     assert!(both.graph_feed && both.graph_advance);
-    assert!(Cli::try_parse_from(["x", "--graph-advance"]).is_err());
+    assert!(Cli::try_parse_from(["x", "--no-graph-feed", "--graph-advance"]).is_err());
 }
