@@ -4,6 +4,7 @@
 //  * silu_mul:      out = silu(gate) * up over a [rows, 2I] gate|up matrix
 //  * argmax_rows:   index of the largest value of each row (greedy sampling on the device),
 //                   long rows in parts merged by argmax_merge
+//
 // Every reduction accumulates in f32. Each kernel reads only device memory it is given and
 // needs no host synchronization, so a decode forward built from them can be graph-captured.
 
@@ -11,7 +12,6 @@
 #include <stdint.h>
 
 #include "common.cuh"
-#include "graph_rows.cuh"
 
 namespace {
 
@@ -176,13 +176,13 @@ __device__ void to_f32(const T* __restrict__ x, float* __restrict__ out, long lo
 // above -inf), in one launch (LaunchOptions::graph_argmax): grid (rows, parts); block (r, p)
 // converts part p of row r and writes its best to pv/pi [rows, parts]; the row's last block to
 // finish (counters[r]: zero at allocation, reset by that block) merges the row's parts into
-// ids[r], and into feed[r] when feed is given (a decode graph's inputs: the next pipelined
-// step's tokens, LaunchOptions::graph_feed; with advance_bs > 0 the row then moves one
-// position, graph_rows.cuh). Which parts there are does not change the answer.
+// ids[r], and into feed[r] when feed is given (a decode graph's input ids: the next pipelined
+// step's tokens, LaunchOptions::graph_feed). Which parts there are does not change the answer
+// (the best value's lowest index).
 template <typename T>
 __device__ void to_f32_argmax(const T* __restrict__ x, float* __restrict__ out, int n,
                               float* pv, int* pi, uint32_t* counters, uint32_t* __restrict__ ids,
-                              uint32_t* __restrict__ feed, int advance_bs, int feed_len) {
+                              uint32_t* __restrict__ feed) {
   const int parts = gridDim.y, p = blockIdx.y, r = blockIdx.x;
   const int seg = ((n + parts - 1) / parts + 3) & ~3;
   const int start = min(n, p * seg), end = min(n, start + seg);
@@ -218,7 +218,6 @@ __device__ void to_f32_argmax(const T* __restrict__ x, float* __restrict__ out, 
     const uint32_t id = idx == 0x7fffffff ? 0u : (uint32_t)idx;
     ids[r] = id;
     if (feed != nullptr) feed[r] = id;
-    if (feed != nullptr && advance_bs > 0) advance_row(feed, feed_len, gridDim.x, r, advance_bs);
     counters[r] = 0;  // ready for the next launch (a graph's next replay)
   }
 }
@@ -301,9 +300,9 @@ __device__ void topk_rows(const float* __restrict__ x, int n, int k, float* __re
   }                                                                                             \
   extern "C" __global__ void to_f32_argmax_##NAME(const T* x, float* out, int n, float* pv,     \
                                                   int* pi, uint32_t* counters, uint32_t* ids,   \
-                                                  uint32_t* feed, int advance_bs, int feed_len) {\
+                                                  uint32_t* feed) {                             \
     pdl_entry();                                                                                \
-    to_f32_argmax<T>(x, out, n, pv, pi, counters, ids, feed, advance_bs, feed_len);             \
+    to_f32_argmax<T>(x, out, n, pv, pi, counters, ids, feed);                                   \
   }
 
 PS_LAYER_OPS(__nv_bfloat16, bf16)

@@ -5,10 +5,7 @@
 //! row whose largest value sits at its last index and once more earlier, a row of -inf and
 //! NaN (token 0), at 1-64 rows and a row too short to split; each launched twice (the row
 //! counters the last block resets), the second time with a feed (`LaunchOptions::graph_feed`:
-//! a decode graph's input ids), which must get the same tokens; then once more with a whole
-//! input layout as the feed, moved on (`LaunchOptions::graph_advance`), which must equal the
-//! host's `advance_decode_rows` word for word (padding, verify, in-block and past-the-table
-//! rows).
+//! a decode graph's input ids), which must get the same tokens.
 
 use super::*;
 
@@ -48,7 +45,7 @@ pub(super) fn checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
             let feed = (launch == 2)
                 .then(|| Tensor::from_vec(vec![u32::MAX; rows], rows, dev))
                 .transpose()?;
-            k.to_f32_argmax_into(&x, &o2, (&ids, feed.as_ref().map(|f| (f, 0))), &scratch)?;
+            k.to_f32_argmax_into(&x, &o2, (&ids, feed.as_ref()), &scratch)?;
             let got: Vec<u32> = ids.to_vec1()?;
             let wrong = got.iter().zip(&want).filter(|(a, b)| a != b).count();
             let what = format!("to_f32_argmax {dt:?} rows {rows} x {n}, launch {launch}");
@@ -64,63 +61,6 @@ pub(super) fn checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
                 );
             }
         }
-        advanced(&k, (&x, &want, &scratch), dev, t)?;
-    }
-    Ok(())
-}
-
-/// The argmax with a whole input layout of `want.len()` rows as its feed, moved on
-/// (`graph_advance`): rows of four kinds in turn (padding; a verify row; a one-token row
-/// inside its block; one whose next position lies past its table), tables 3 blocks wide of
-/// 16 tokens. The device's layout must equal the host's `advance_decode_rows` of it with the
-/// tokens in place, and (from 4 rows) that advance must have moved something.
-fn advanced(
-    k: &CudaKernels,
-    (x, want, scratch): (&Tensor, &[u32], &policy_serve::engine::cuda::GreedyScratch),
-    dev: &Device,
-    t: &mut Table,
-) -> Res<()> {
-    let rows = want.len();
-    let n = x.dim(1)?;
-    let (bs, width) = (16u32, 3u32);
-    let kind = |r: usize| r % 4;
-    let pos = |r: usize| {
-        if kind(r) == 3 {
-            47
-        } else {
-            (r as u32 * 7) % 40 + 3
-        }
-    };
-    let mut layout = vec![u32::MAX; rows];
-    layout.extend((0..rows).map(pos));
-    layout.extend((0..rows).map(|r| match kind(r) {
-        0 => u32::MAX,
-        _ => (r as u32 * 10 + 1) * bs + pos(r) % bs,
-    }));
-    layout.extend((0..rows).map(|r| if kind(r) == 0 { 0 } else { pos(r) + 1 }));
-    layout.extend((0..rows).map(|r| if kind(r) == 1 { (1 << 16) | 3 } else { 1 }));
-    layout.push(width);
-    for r in 0..rows as u32 {
-        layout.extend((0..width).map(|j| r * 10 + j + 1));
-    }
-    let mut expect = layout.clone();
-    expect[..rows].copy_from_slice(want);
-    policy_serve::engine::runner::advance_decode_rows(&mut expect, rows, bs as usize);
-    let moved = expect[rows..] != layout[rows..];
-    let feed = Tensor::from_vec(layout, expect.len(), dev)?;
-    let out = Tensor::zeros((rows, n), DType::F32, dev)?;
-    let ids = Tensor::zeros(rows, DType::U32, dev)?;
-    k.to_f32_argmax_into(x, &out, (&ids, Some((&feed, bs as usize))), scratch)?;
-    let got: Vec<u32> = feed.to_vec1()?;
-    let wrong = got.iter().zip(&expect).filter(|(a, b)| a != b).count();
-    let what = format!("to_f32_argmax rows {rows} x {n}, the layout moved on");
-    t.check(format!("{what}: words wrong"), wrong as f32, 0.0);
-    if rows >= 4 {
-        t.check(
-            format!("{what}: rows moved"),
-            if moved { 0.0 } else { 1.0 },
-            0.0,
-        );
     }
     Ok(())
 }

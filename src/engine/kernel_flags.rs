@@ -36,10 +36,6 @@ pub struct KernelFlags {
     /// step copies them in front of its replay (turns `KernelOptions::graph_feed` off).
     #[arg(long)]
     pub no_graph_feed: bool,
-    /// The argmax also moves the graph's one-token rows one position on
-    /// (`KernelOptions::graph_advance`; needs the feed).
-    #[arg(long, conflicts_with = "no_graph_feed")]
-    pub graph_advance: bool,
     /// Blocks per SM of the streamed-rows 1-2-row gate|up matmuls
     /// (`KernelOptions::gemv_stream`; default 2).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=8))]
@@ -226,6 +222,10 @@ pub struct KernelFlags {
     /// (turns `KernelOptions::moe_rank_sort` off).
     #[arg(long)]
     pub no_moe_rank_sort: bool,
+    /// The ranked MoE down + sum loads its act values as used, in 96 registers
+    /// (`KernelOptions::moe_down_lean`).
+    #[arg(long, conflicts_with = "no_moe_rank_sort")]
+    pub moe_down_lean: bool,
     /// LoRA steps launched one shrink and one expand per fused matmul, in order (turns
     /// `KernelOptions::lora_overlap` off: no second stream, no expands fused with the SiLU or
     /// the norms).
@@ -271,7 +271,6 @@ impl KernelFlags {
             norm_presum: !self.no_norm_presum,
             graph_argmax: !self.no_graph_argmax,
             graph_feed: !self.no_graph_feed,
-            graph_advance: self.graph_advance,
             gemv_mma_plain: (!self.no_gemv_mma_plain).then(|| {
                 self.gemv_mma_plain
                     .unwrap_or(super::options::GEMV_MMA_PLAIN_MAX_WEIGHT)
@@ -353,6 +352,7 @@ impl KernelFlags {
             moe_route_redux: !self.no_moe_route_redux,
             moe_gate_up_cs: !self.no_moe_gate_up_cs,
             moe_rank_sort: !self.no_moe_rank_sort,
+            moe_down_lean: self.moe_down_lean,
             lora_overlap: !self.no_lora_overlap,
             lora_grouped: self.lora_grouped,
             lora_runs: !self.no_lora_runs,

@@ -142,12 +142,6 @@ pub struct KernelOptions {
     /// 6,810-6,841, 1.7B 620 against 618, the 30B-A3B shape (8 layers) flat (BENCHMARKS.md
     /// round 52, #21); off: the ids copied in front of the replay.
     pub graph_feed: bool,
-    /// With `graph_feed`: the argmax also moves each one-token row of the graph's inputs one
-    /// position on (position, context, slot: `engine::runner::advance_decode_rows`), so a
-    /// pipelined step whose rows are those needs no upload at all (every step but the one that
-    /// enters a new KV block); the host keeps the same advance as a mirror and uploads when
-    /// the step's rows differ. Default off (not yet measured).
-    pub graph_advance: bool,
     /// The 1-2-row gate|up matmuls (with SiLU, alone or behind the fused norm) on streamed
     /// rows (`kernels/gemv.cu` `sgemv_silu_*`): a grid of this many blocks per SM (1..=8), each
     /// warp taking every G-th pair, its weight loads in batches across pairs; bit for bit a
@@ -369,6 +363,13 @@ pub struct KernelOptions {
     /// thread 0's insertion sort (`moe_down_sum_rk_bf16`; the same order, so the same sums).
     /// On by default: 30B-A3B shape batches 1 / 2 / 8 +1.7% / +2.2% / +5.1% on the H200.
     pub moe_rank_sort: bool,
+    /// The ranked MoE down + sum (`moe_rank_sort`) loads each act value as it uses it instead
+    /// of with the weights, in at most 96 registers (`build.rs` compiles `moe.cu` again with
+    /// `-DMOE_DOWN_LEAN` as `moe_ln`; the same sums in the same order). Its 128-register form
+    /// fills the register file with a token's 256 blocks, so the next layer's norm + qkv
+    /// blocks cannot start beside it and load their weights before their wait; at 96 one
+    /// block of 64 registers fits an SM beside two of it. Default off (not yet measured).
+    pub moe_down_lean: bool,
     /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
     /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
     /// input (on a second stream beside it above `lora_side_min_rows` rows), the gate|up
@@ -419,7 +420,6 @@ impl Default for KernelOptions {
             norm_presum: true,
             graph_argmax: true,
             graph_feed: true,
-            graph_advance: false,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),
@@ -464,6 +464,7 @@ impl Default for KernelOptions {
             moe_route_redux: true,
             moe_gate_up_cs: true,
             moe_rank_sort: true,
+            moe_down_lean: false,
             lora_overlap: true,
             lora_grouped: false,
             lora_runs: true,

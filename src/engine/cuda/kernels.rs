@@ -33,7 +33,6 @@ static LORA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora.fatbin"));
 static LORA_SILU: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_silu.fatbin"));
 static LORA_GROUPED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_grouped.fatbin"));
 static LORA_RUNS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_runs.fatbin"));
-static MOE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe.fatbin"));
 static MOE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_mma.fatbin"));
 static MOE_ROUTE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_route.fatbin"));
 static MOE_ROUTER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_router.fatbin"));
@@ -100,8 +99,8 @@ pub struct CudaKernels {
     pub(super) to_f32: CudaFunction,
     /// `to_f32` with each row's argmax (`LaunchOptions::graph_argmax`), when asked for.
     pub(super) to_f32_argmax: Option<CudaFunction>,
-    /// What the graphs' argmax writes into their inputs (`LaunchOptions::graph_feed`).
-    pub(super) graph_feed: super::logits_ops::GraphFeed,
+    /// The graphs' argmax writes their input ids too (`LaunchOptions::graph_feed`).
+    pub(super) graph_feed: bool,
     /// The decode attention over caches of the compute dtype (`kernels/decode.cu`,
     /// `kernels/decode_mma.cu`).
     pub(super) decode: DecodeAttention,
@@ -245,7 +244,7 @@ impl CudaKernels {
         let logit_edits = load(LOGIT_EDITS, "logit_edits")?;
         let gemv_mod = load(builds.gemv, "gemv")?;
         let lora_mod = load(LORA, "lora")?;
-        let moe_mod = load(MOE, "moe")?;
+        let moe_mod = load(builds.moe, "moe")?;
         let moe_mma_mod = load(MOE_MMA, "moe_mma")?;
         let moe_route_mod = load(MOE_ROUTE, "moe_route")?;
         let moe_router_mod = load(MOE_ROUTER, "moe_router")?;
@@ -368,7 +367,7 @@ impl CudaKernels {
             to_f32_argmax: (opts.graph_argmax)
                 .then(|| f(&layer_ops, &format!("to_f32_argmax_{s}")))
                 .transpose()?,
-            graph_feed: super::logits_ops::GraphFeed::of(opts),
+            graph_feed: opts.graph_argmax && opts.graph_feed,
             prefill: [
                 f(&prefill_mod, &format!("paged_prefill_g1_{s}"))?,
                 f(&prefill_mod, &format!("paged_prefill_g2_{s}"))?,

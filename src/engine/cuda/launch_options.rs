@@ -27,8 +27,6 @@ pub struct LaunchOptions {
     pub graph_argmax: bool,
     /// With `graph_argmax`, the graphs' argmax also writes the graph's input ids.
     pub graph_feed: bool,
-    /// With `graph_feed`, the argmax also moves the graph's one-token rows one position on.
-    pub graph_advance: bool,
     /// The 1-2-row gate|up matmuls on streamed rows, this many blocks per SM (`gemv.cu`
     /// `sgemv_silu_*`, `snorm_gemv_silu_*`; None: a block per eight row pairs; default 2).
     pub gemv_stream: Option<u8>,
@@ -148,6 +146,9 @@ pub struct LaunchOptions {
     /// The MoE down + sum launch orders each token's experts by one warp's ranks instead of
     /// one thread's insertion sort (the same order).
     pub moe_rank_sort: bool,
+    /// The ranked MoE down + sum loads its act values as it uses them, in 96 registers (the
+    /// `moe_ln` build; the same sums).
+    pub moe_down_lean: bool,
     /// LoRA steps of one-token tiles with each shrink before its base matmul (on a second
     /// stream beside it above `lora_side_min_rows` rows), the gate|up expand fused with the
     /// SiLU and the o/down expands with the next add+RMSNorm (`kernels/lora_silu.cu`).
@@ -179,7 +180,6 @@ impl Default for LaunchOptions {
             norm_presum: true,
             graph_argmax: false,
             graph_feed: false,
-            graph_advance: false,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
             gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),
@@ -224,6 +224,7 @@ impl Default for LaunchOptions {
             moe_route_redux: true,
             moe_gate_up_cs: true,
             moe_rank_sort: true,
+            moe_down_lean: false,
             lora_overlap: true,
             lora_grouped: false,
             lora_runs: true,

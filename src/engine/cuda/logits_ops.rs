@@ -22,28 +22,6 @@ fn argmax_parts(sms: usize, rows: usize, n: usize) -> usize {
     }
 }
 
-/// What the decode graphs' argmax writes into the graph's inputs besides its ids.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum GraphFeed {
-    /// Nothing.
-    Off,
-    /// The tokens (`LaunchOptions::graph_feed`).
-    Ids,
-    /// The tokens, and the one-token rows one position on (`LaunchOptions::graph_advance`).
-    Rows,
-}
-
-impl GraphFeed {
-    /// The form `opts` asks for (none without `graph_argmax`).
-    pub(super) fn of(opts: &super::LaunchOptions) -> Self {
-        match (opts.graph_argmax && opts.graph_feed, opts.graph_advance) {
-            (false, _) => Self::Off,
-            (true, false) => Self::Ids,
-            (true, true) => Self::Rows,
-        }
-    }
-}
-
 /// The buffers of [`CudaKernels::to_f32_argmax_into`] for up to `rows` rows: each block's best
 /// value and index, and a counter a row (zero between launches).
 pub struct GreedyScratch {
@@ -67,13 +45,7 @@ impl CudaKernels {
     /// Whether the decode graphs' argmax also writes the graph's input ids
     /// (`LaunchOptions::graph_feed`, with `graph_argmax`).
     pub fn graph_feed(&self) -> bool {
-        self.graph_feed != GraphFeed::Off
-    }
-
-    /// Whether it also moves the graph's one-token rows one position on
-    /// (`LaunchOptions::graph_advance`, with `graph_feed`).
-    pub fn graph_advance(&self) -> bool {
-        self.graph_feed == GraphFeed::Rows
+        self.graph_feed && self.to_f32_argmax.is_some()
     }
 
     /// The buffers [`Self::to_f32_argmax_into`] needs for steps of up to `rows` rows of `n`
@@ -93,17 +65,13 @@ impl CudaKernels {
     /// `out = x` in f32 (`[rows, n]`, as [`Self::to_f32_into`]) and `ids[r]` = row r's
     /// argmax of it, as [`Self::argmax`] gives it, in one launch (`layer_ops.cu`
     /// `to_f32_argmax_*`); `scratch` from [`Self::greedy_scratch`] for at least `rows` rows.
-    /// `feed` (u32, at least `rows` words: e.g. a decode graph's inputs) gets the same ids in
-    /// its first `rows` words too; with a block size (`Some((feed, bs))`, bs > 0) it is a
-    /// graph's input layout of `rows` rows, whose one-token rows then move one position on as
-    /// [`crate::engine::runner::advance_decode_rows`] moves them (table reads past the tensor's
-    /// end are skipped, as the host's are past the layout's).
+    /// `feed` (u32 `[rows]`, e.g. a decode graph's input ids) gets the same ids too.
     /// An error when the kernel is not loaded (`LaunchOptions::graph_argmax` off).
     pub fn to_f32_argmax_into(
         &self,
         x: &Tensor,
         out: &Tensor,
-        (ids, feed): (&Tensor, Option<(&Tensor, usize)>),
+        (ids, feed): (&Tensor, Option<&Tensor>),
         scratch: &GreedyScratch,
     ) -> Result<()> {
         let f = (self.to_f32_argmax.as_ref())
@@ -115,13 +83,7 @@ impl CudaKernels {
             && out.elem_count() == rows * n
             && ids.dtype() == DType::U32
             && ids.elem_count() == rows
-            && feed.is_none_or(|(f, bs)| {
-                let least = if bs > 0 { 5 * rows + 1 } else { rows };
-                f.dtype() == DType::U32
-                    && f.elem_count() >= least
-                    && f.elem_count() <= i32::MAX as usize
-                    && bs <= i32::MAX as usize
-            })
+            && feed.is_none_or(|f| f.dtype() == DType::U32 && f.elem_count() == rows)
             && scratch.counters.elem_count() >= rows
             && scratch.values.elem_count() >= rows * parts;
         if !fits {
@@ -136,9 +98,9 @@ impl CudaKernels {
         let (px, po, pid, n32) = (self.ptr(x)?, self.ptr(out)?, self.ptr(ids)?, n as i32);
         let (pv, pi) = (self.ptr(&scratch.values)?, self.ptr(&scratch.indices)?);
         let pc = self.ptr(&scratch.counters)?;
-        let (pf, advance, feed_len) = match feed {
-            Some((f, bs)) => (self.ptr(f)?, bs as i32, f.elem_count() as i32),
-            None => (0u64, 0i32, 0i32),
+        let pf = match feed {
+            Some(f) => self.ptr(f)?,
+            None => 0u64,
         };
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, parts as u32, 1),
@@ -153,9 +115,7 @@ impl CudaKernels {
             .arg(&pi)
             .arg(&pc)
             .arg(&pid)
-            .arg(&pf)
-            .arg(&advance)
-            .arg(&feed_len);
+            .arg(&pf);
         // SAFETY: argument types match `to_f32_argmax_*`; the buffers are sized above and the
         // counters are zero between launches (the kernel's last block a row resets its own).
         unsafe { b.launch(cfg) }.w()?;

@@ -203,15 +203,14 @@ fn kernel_flags_become_kernel_options() {
     assert!(d.kernels.moe_route_redux);
     assert!(!opts(&["x", "--no-moe-route-redux"]).kernels.moe_route_redux);
     assert!(!opts(&["x", "--no-moe-rank-sort"]).kernels.moe_rank_sort);
+    // The down + sum in 96 registers: off unless asked, and only for the ranked form.
+    assert!(!d.kernels.moe_down_lean && !lib.kernels.moe_down_lean);
+    assert!(opts(&["x", "--moe-down-lean"]).kernels.moe_down_lean);
+    assert!(Cli::try_parse_from(["x", "--no-moe-rank-sort", "--moe-down-lean"]).is_err());
     // The greedy tokens inside the graphs: on unless turned off.
     assert!(d.kernels.graph_argmax);
     assert!(!opts(&["x", "--no-graph-argmax"]).kernels.graph_argmax);
     // Their tokens also written into the graphs' input ids: on unless turned off.
     assert!(d.kernels.graph_feed && lib.kernels.graph_feed);
     assert!(!opts(&["x", "--no-graph-feed"]).kernels.graph_feed);
-    // The rows moved on by the graphs too: off unless asked, and only with the feed.
-    assert!(!d.kernels.graph_advance && !lib.kernels.graph_advance);
-    let both = opts(&["x", "--graph-advance"]).kernels;
-    assert!(both.graph_feed && both.graph_advance);
-    assert!(Cli::try_parse_from(["x", "--no-graph-feed", "--graph-advance"]).is_err());
 }

@@ -37,43 +37,6 @@ pub(super) fn input_layout(b: usize, rows: &[Row<'_>], width: usize) -> Vec<u32>
     host
 }
 
-/// A decode graph's input layout (`rows` rows: token, position, cache slot, context length
-/// and run, each a `[rows]` array, then the tables' width and each row's block table of
-/// `width` blocks) advanced one token as a pipelined continuation has it: every one-token row
-/// that writes the cache (slot not `u32::MAX`, run 1, a context) one position further, its
-/// context one longer and its slot the new position's in its table (left as it was when the
-/// table holds no block for it); tokens, tables and other rows as they are. The decode graphs'
-/// argmax does the same to their inputs on the device (`KernelOptions::graph_advance`), in
-/// u32 arithmetic that wraps as this does; a step whose layout equals this one needs no
-/// upload. A layout too short for `rows` is left alone.
-pub fn advance_decode_rows(layout: &mut [u32], rows: usize, block_size: usize) {
-    if rows == 0 || block_size == 0 || layout.len() <= FIELDS * rows {
-        return;
-    }
-    let width = layout[FIELDS * rows] as usize;
-    let bs = block_size as u32;
-    for r in 0..rows {
-        let (pos, slot, ctx, run) = (
-            layout[rows + r],
-            layout[2 * rows + r],
-            layout[3 * rows + r],
-            layout[4 * rows + r],
-        );
-        if slot == u32::MAX || run != 1 || ctx == 0 {
-            continue;
-        }
-        let p = pos.wrapping_add(1);
-        let blk = (p / bs) as usize;
-        if blk < width
-            && let Some(&block) = layout.get(FIELDS * rows + 1 + r * width + blk)
-        {
-            layout[2 * rows + r] = block.wrapping_mul(bs).wrapping_add(p % bs);
-        }
-        layout[rows + r] = p;
-        layout[3 * rows + r] = ctx.wrapping_add(1);
-    }
-}
-
 /// A padding row: no KV write, no context.
 pub(super) fn padding() -> Row<'static> {
     Row {
@@ -195,63 +158,5 @@ mod tests {
             ..seqs[1]
         };
         assert_eq!(step_kind(&[prefill]), None);
-    }
-
-    /// The host's layout of a pipelined continuation equals the step before's advanced by
-    /// `advance_decode_rows` (what the graphs' argmax writes with `graph_advance`) while the
-    /// sequences stay inside their tables' blocks, padding rows included, so those steps skip
-    /// the upload; across a block boundary the width and the new block differ, so that step
-    /// uploads. Mutations: a context not lengthened, a slot not moved, padding advanced, or
-    /// the slot from the old block all fail the equalities.
-    #[test]
-    fn a_continuation_is_the_step_before_advanced() {
-        let bs = 4;
-        let (t1, t2) = ([7u32, 8, 2], [3u32, 9, 5]);
-        let layout = |c1: usize, c2: usize, width: usize| {
-            let seqs = [
-                SeqInput {
-                    q_len: 1,
-                    context_len: c1,
-                    block_table: &t1[..c1.div_ceil(bs)],
-                    logits: LogitRows::Last,
-                    adapter: None,
-                },
-                SeqInput {
-                    q_len: 1,
-                    context_len: c2,
-                    block_table: &t2[..c2.div_ceil(bs)],
-                    logits: LogitRows::Last,
-                    adapter: None,
-                },
-            ];
-            let mut rows = step_rows(&[11, 12], &seqs, bs, 100).unwrap();
-            rows.resize(4, padding());
-            input_layout(4, &rows, width)
-        };
-        // The layout of contexts c1 and c2 at `width`, moved on.
-        let moved = |c1: usize, c2: usize, width: usize| {
-            let mut l = layout(c1, c2, width);
-            advance_decode_rows(&mut l, 4, bs);
-            l
-        };
-        // Contexts 5 and 6 -> 6 and 7: both inside their second block.
-        assert_eq!(moved(5, 6, 2)[4..], layout(6, 7, 2)[4..]);
-        // 7 and 8 -> 8 and 9: the second crosses into its third block, which the step before's
-        // table did not hold: the width grows and the block appears, so that step uploads.
-        assert_ne!(moved(7, 8, 2)[4..], layout(8, 9, 3)[4..]);
-        // The same crossing at a width that already had room: the new block still appears.
-        assert_ne!(moved(8, 6, 3)[4..], layout(9, 7, 3)[4..]);
-        // Past the crossing, inside the third block: equal again.
-        assert_eq!(moved(9, 7, 3)[4..], layout(10, 8, 3)[4..]);
-        // A verify row (run not 1: row 0 here) and the padding rows (2, 3) are left as they are;
-        // row 1 moves one position (fields: positions at 4.., slots 8.., contexts 12..).
-        let mut v = layout(5, 6, 2);
-        v[4 * 4] = (1 << 16) | 3;
-        let before = v.clone();
-        advance_decode_rows(&mut v, 4, bs);
-        for i in [4, 8, 12, 6, 7, 10, 11, 14, 15] {
-            assert_eq!(v[i], before[i], "word {i}");
-        }
-        assert_eq!((v[5], v[13]), (before[5] + 1, before[13] + 1));
     }
 }

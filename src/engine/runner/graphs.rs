@@ -31,16 +31,14 @@
 //!   the same order, its all-reduces in place on the static buffers (NCCL calls in the graph),
 //!   and replays its own graph on the head's command; ranks above 0 compute no logits.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::sync::Arc;
 
 use candle_core::cuda_backend::cudarc::driver::{CudaGraph, CudaStream, result};
 use candle_core::{DType, Tensor};
 
 use super::buckets::{bucket_for, graph_buckets};
-use super::graph_rows::{
-    FIELDS, StepKind, advance_decode_rows, input_layout, padding, step_kind, step_rows,
-};
+use super::graph_rows::{FIELDS, Row, StepKind, input_layout, padding, step_kind, step_rows};
 use crate::engine::batch::SeqInput;
 use crate::engine::cuda::{CudaKernels, GreedyScratch, kernel_err};
 use crate::engine::model::Model;
@@ -93,10 +91,6 @@ pub struct DecodeGraphs {
     /// (`KernelOptions::graph_feed`): a step fed with that replay's greedy tokens finds them
     /// there already.
     fed: Cell<Option<usize>>,
-    /// With `KernelOptions::graph_advance`: the last replay's bucket and its input layout as
-    /// its argmax left it (the rows moved on; the ids are `fed`'s concern): a step whose
-    /// layout equals it past the ids needs no upload.
-    advanced: RefCell<Option<(usize, Vec<u32>)>>,
     max_width: usize,
     /// Decode-attention partitions per bucket.
     splits: Vec<usize>,
@@ -185,7 +179,6 @@ impl DecodeGraphs {
             logits,
             greedy,
             fed: Cell::new(None),
-            advanced: RefCell::new(None),
             max_width,
             splits,
             block_size,
@@ -250,10 +243,11 @@ impl DecodeGraphs {
         })
     }
 
-    /// Writes a bucket's input layout (`input_layout`: its rows padded to `b`, then the
-    /// tables).
+    /// Writes a bucket's inputs: `rows` (token, position, slot, context length, run, block
+    /// table) padded to `b` rows, tables `width` blocks wide.
     /// `keep_ids`: all but the first `b` words (the token ids, which the graph before wrote).
-    fn upload(&self, b: usize, host: &[u32], keep_ids: bool) -> Result<()> {
+    fn upload(&self, b: usize, rows: &[Row<'_>], width: usize, keep_ids: bool) -> Result<()> {
+        let host = input_layout(b, rows, width);
         let skip = if keep_ids { b } else { 0 };
         let dst = self.input_ptr + skip as u64 * 4;
         // SAFETY: `input` holds the largest bucket at the widest table, which bounds `host`
@@ -394,16 +388,9 @@ impl DecodeGraphs {
             }
             _ => false,
         };
-        let host = input_layout(b, &rows, width);
-        // And with `graph_advance`, the rows too: the last replay moved them on.
-        let rows_in_place = fed_in_place
-            && (self.advanced.borrow().as_ref())
-                .is_some_and(|(ab, a)| *ab == b && a.get(b..) == host.get(b..));
-        // Until this replay is launched the inputs are not known to be any replay's.
-        self.forget_inputs();
-        if !rows_in_place {
-            self.upload(b, &host, fed_in_place)?;
-        }
+        // Until this replay is launched the ids are not known to be any replay's tokens.
+        self.fed.set(None);
+        self.upload(b, &rows, width, fed_in_place)?;
         if lora {
             let k = model.kernels.as_ref();
             let mut tiles = crate::engine::model::lora_slots::kernel_tiles(seqs, b, k);
@@ -434,19 +421,7 @@ impl DecodeGraphs {
             && self.profile_skip == 0
             && model.kernels.as_ref().is_some_and(|k| k.graph_feed());
         self.fed.set(feeds.then_some(b));
-        if feeds && model.kernels.as_ref().is_some_and(|k| k.graph_advance()) {
-            let mut moved = host;
-            advance_decode_rows(&mut moved, b, bs);
-            *self.advanced.borrow_mut() = Some((b, moved));
-        }
         Ok(Some(self.logits.narrow(0, 0, n)?))
-    }
-
-    /// Forgets what the last replay left in the inputs (`fed`, `advanced`), before anything
-    /// writes them.
-    fn forget_inputs(&self) {
-        self.fed.set(None);
-        *self.advanced.borrow_mut() = None;
     }
 }
 

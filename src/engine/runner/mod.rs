@@ -24,7 +24,6 @@ mod model_runner;
 pub mod sampler;
 pub mod worker;
 
-pub use graph_rows::advance_decode_rows;
 pub use load::Loaded;
 pub(crate) use model_runner::{GpuEvent, HostIds, ModelRunner};
 pub use sampler::RowDraw;

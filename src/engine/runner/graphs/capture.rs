@@ -6,7 +6,7 @@ use std::time::Instant;
 use candle_core::cuda_backend::cudarc::driver::{CudaGraph, sys};
 
 use super::super::buckets::bucket_for;
-use super::super::graph_rows::{Variant, input_layout, padding};
+use super::super::graph_rows::{Variant, padding};
 use super::{DecodeGraphs, OnRank, mem_info};
 use crate::engine::cuda::{CudaKernels, kernel_err};
 use crate::engine::model::Model;
@@ -125,9 +125,9 @@ impl DecodeGraphs {
 
     /// One bucket's graph (after one eager run of its launches).
     fn capture_one(&self, on: OnRank<'_>, b: usize, variant: Variant) -> Result<CudaGraph> {
-        // (The warm-up run and the capture write the inputs, with `graph_feed`.)
-        self.forget_inputs();
-        self.upload(b, &input_layout(b, &vec![padding(); b], 1), false)?;
+        // (The warm-up run and the capture write the input ids, with `graph_feed`.)
+        self.fed.set(None);
+        self.upload(b, &vec![padding(); b], 1, false)?;
         if variant == Variant::Lora {
             self.upload_lora(&vec![0; 3 * b])?;
         }
@@ -186,13 +186,12 @@ impl DecodeGraphs {
         match &self.greedy {
             Some((ids, scratch)) => {
                 // With `graph_feed` the input ids get the tokens too: the next pipelined
-                // step's (`DecodeGraphs::replay_fed`); with `graph_advance` the rows move on.
-                let feed = match (k.graph_feed(), k.graph_advance()) {
-                    (false, _) => None,
-                    (true, false) => Some((self.input.narrow(0, 0, b)?, 0)),
-                    (true, true) => Some((self.input.clone(), self.block_size)),
-                };
-                let ids = (&ids.narrow(0, 0, b)?, feed.as_ref().map(|(f, bs)| (f, *bs)));
+                // step's (`DecodeGraphs::replay_fed`).
+                let feed = k
+                    .graph_feed()
+                    .then(|| self.input.narrow(0, 0, b))
+                    .transpose()?;
+                let ids = (&ids.narrow(0, 0, b)?, feed.as_ref());
                 k.to_f32_argmax_into(&logits_act, &logits, ids, scratch)
             }
             None => k.to_f32_into(&logits_act, &logits),
