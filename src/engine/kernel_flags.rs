@@ -80,6 +80,10 @@ pub struct KernelFlags {
     /// (`KernelOptions::weight_evict_first_moe`).
     #[arg(long)]
     pub weight_evict_first_moe: bool,
+    /// The 1-2-row block norms load their weights before the wait
+    /// (`KernelOptions::norm_preload`).
+    #[arg(long)]
+    pub norm_preload: bool,
     /// Skinny matmuls prefetch the next matmul's weights into L2
     /// (`KernelOptions::l2_prefetch`).
     #[arg(long)]
@@ -290,6 +294,7 @@ impl KernelFlags {
             gemv_split_k: self.gemv_split_k,
             weight_evict_first: !self.no_weight_evict_first,
             weight_evict_first_moe: self.weight_evict_first_moe,
+            norm_preload: self.norm_preload,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
             norm_deferred: (!self.no_norm_deferred).then(|| {

@@ -194,6 +194,13 @@ pub struct KernelOptions {
     /// steps). Default off: on the H200 (30B-A3B shape, 8 layers) batch 1 -0.4%, 4 layers
     /// batches 1-8 within -0.5..+0.3%.
     pub weight_evict_first_moe: bool,
+    /// The 1-2-row matmuls behind the block-wide norm (`gemv.cu` `norm_gemv_*` without the
+    /// deferred scale: 1.7B's and the 30B-A3B shape's qkv) load the norm's weights of each
+    /// thread's first 2,048 inputs before they wait for the kernel before them, as bf16 pairs
+    /// (`build.rs` compiles `gemv.cu` again with `-DNORM_PRELOAD`), so the norm's second pass
+    /// no longer waits on a round trip for them. The same products, so the same bits (64
+    /// registers, as many blocks an SM). Default off (not yet measured).
+    pub norm_preload: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
     pub l2_prefetch: bool,
@@ -428,6 +435,7 @@ impl Default for KernelOptions {
             gemv_split_k: false,
             weight_evict_first: true,
             weight_evict_first_moe: false,
+            norm_preload: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,

@@ -52,6 +52,9 @@ pub struct LaunchOptions {
     pub gemv_split_k: bool,
     /// The skinny matmuls load their weights evict-first in L2 (`gemv_ef` / `gemv_mma_ef`).
     pub weight_evict_first: bool,
+    /// The 1-2-row block norms load their weights before the wait (the `gemv_pl` /
+    /// `gemv_ef_pl` builds; the same bits).
+    pub norm_preload: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
     /// while it runs (sm_90+).
     pub l2_prefetch: bool,
@@ -188,6 +191,7 @@ impl Default for LaunchOptions {
             gemv_double_buffer: true,
             gemv_split_k: false,
             weight_evict_first: true,
+            norm_preload: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,

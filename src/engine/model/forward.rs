@@ -81,6 +81,7 @@ pub fn launch_options(opts: &KernelOptions, cfg: &ModelConfig) -> LaunchOptions 
             true => opts.weight_evict_first_moe,
             false => opts.weight_evict_first,
         },
+        norm_preload: opts.norm_preload,
         l2_prefetch: opts.l2_prefetch,
         warp_norm: opts.warp_norm,
         norm_deferred: opts.norm_deferred,
