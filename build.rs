@@ -33,20 +33,10 @@ const KERNELS: &[&str] = &[
 ];
 
 /// Second builds of a kernel file with macros defined: (fatbin name, source file, macros).
-/// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`);
-/// the 1-2-row block norm's weights before the wait; the MoE down + sum in fewer registers.
+/// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`).
 const VARIANTS: &[(&str, &str, &[&str])] = &[
     ("gemv_ef", "gemv", &["WEIGHT_EVICT_FIRST"]),
     ("gemv_mma_ef", "gemv_mma", &["WEIGHT_EVICT_FIRST"]),
-    // The 1-2-row block norm's weights loaded before the wait (`LaunchOptions::norm_preload`).
-    ("gemv_pl", "gemv", &["NORM_PRELOAD"]),
-    (
-        "gemv_ef_pl",
-        "gemv",
-        &["WEIGHT_EVICT_FIRST", "NORM_PRELOAD"],
-    ),
-    // The MoE down + sum with its act values loaded as used (`LaunchOptions::moe_down_lean`).
-    ("moe_ln", "moe", &["MOE_DOWN_LEAN"]),
 ];
 
 fn main() {

@@ -139,63 +139,6 @@ __device__ __forceinline__ bool warp_rows(int N, int (&rows)[NR]) {
 // The whole kernel: triggers the next launch, prefetches this warp's first weight batch,
 // waits for the previous kernel, optionally norms the input rows into shared memory, then
 // runs the dot products. NR 2 is the gate/up pair with SiLU (N = I).
-#ifdef NORM_PRELOAD
-// The NORM_PRELOAD build (LaunchOptions::norm_preload): the block norm's weights of a thread's
-// first PW_PAIRS * 512 inputs, loaded before the wait as bf16 pairs (wp[i] = w[tid + 512 i],
-// w[tid + 512 i + 256]; zeros past K), so its second pass reads no global memory for them.
-constexpr int PW_PAIRS = 4;
-__device__ __forceinline__ void load_norm_pairs(const __nv_bfloat16* __restrict__ w, int K,
-                                                __nv_bfloat162 (&wp)[PW_PAIRS]) {
-  const __nv_bfloat16 zero = __float2bfloat16(0.f);
-#pragma unroll
-  for (int i = 0; i < PW_PAIRS; ++i) {
-    const int k0 = threadIdx.x + 2 * i * WARPS * 32, k1 = k0 + WARPS * 32;
-    wp[i] = __halves2bfloat162(k0 < K ? w[k0] : zero, k1 < K ? w[k1] : zero);
-  }
-}
-
-// norm_rows with the weights of wp (load_norm_pairs) for the inputs they hold and w for the
-// rest: the same first pass and the same products, so the same bits.
-template <int T>
-__device__ void norm_rows_pw(const __nv_bfloat16* __restrict__ res,
-                             const __nv_bfloat16* __restrict__ delta,
-                             __nv_bfloat16* __restrict__ res_out,
-                             const __nv_bfloat16* __restrict__ w,
-                             const __nv_bfloat162 (&wp)[PW_PAIRS], float eps, int add, int K,
-                             __nv_bfloat16* x_s) {
-  float part[T];
-#pragma unroll
-  for (int t = 0; t < T; ++t) part[t] = 0.f;
-  for (int k = threadIdx.x; k < K; k += WARPS * 32) {
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      float v = __bfloat162float(res[(size_t)t * K + k]);
-      if (add) v = __bfloat162float(__float2bfloat16(v + __bfloat162float(delta[(size_t)t * K + k])));
-      x_s[t * K + k] = __float2bfloat16(v);  // the summed residual, normed below
-      part[t] += v * v;
-    }
-  }
-  float inv[T];
-  block_inv_rms<T>(part, K, eps, inv);
-  auto scale = [&](int k, float wk) {
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      const __nv_bfloat16 r = x_s[t * K + k];
-      if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = r;
-      x_s[t * K + k] = __float2bfloat16(__bfloat162float(r) * inv[t] * wk);
-    }
-  };
-#pragma unroll
-  for (int e = 0; e < 2 * PW_PAIRS; ++e) {
-    const int k = threadIdx.x + e * WARPS * 32;
-    if (k < K) scale(k, e % 2 == 0 ? __low2float(wp[e / 2]) : __high2float(wp[e / 2]));
-  }
-  for (int k = threadIdx.x + 2 * PW_PAIRS * WARPS * 32; k < K; k += WARPS * 32)
-    scale(k, __bfloat162float(w[k]));
-  __syncthreads();
-}
-#endif
-
 // NORM: 0 none, 1 the block-wide norm into shared memory (norm_rows), 2 the per-warp norm
 // (WarpNorm), 3 the block-wide norm with its scale deferred to the sums (norm_rows_deferred).
 template <int T, int NR, int NORM, bool DB = false>
@@ -218,10 +161,6 @@ __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
   if constexpr (DB) {
     if (ok) load_batch<NR>(W, rows, K, lane + 32 * BATCH, w2);
   }
-#ifdef NORM_PRELOAD
-  __nv_bfloat162 wp[PW_PAIRS];
-  if (NORM == 1) load_norm_pairs(nw, K, wp);
-#endif
   pdl_wait();
   float acc[NR][T];
   if (NORM == 2) {
@@ -232,11 +171,7 @@ __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
   } else {
     float inv[T];
     if (NORM == 1) {
-#ifdef NORM_PRELOAD
-      norm_rows_pw<T>(x, delta, res_out, nw, wp, eps, add, K, x_s);
-#else
       norm_rows<T>(x, delta, res_out, nw, eps, add, K, x_s);
-#endif
       x = x_s;
     } else if (NORM == 3) {
       norm_rows_deferred<T>(x, delta, res_out, nw, eps, add, K, x_s, inv);

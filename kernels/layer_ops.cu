@@ -4,7 +4,6 @@
 //  * silu_mul:      out = silu(gate) * up over a [rows, 2I] gate|up matrix
 //  * argmax_rows:   index of the largest value of each row (greedy sampling on the device),
 //                   long rows in parts merged by argmax_merge
-//
 // Every reduction accumulates in f32. Each kernel reads only device memory it is given and
 // needs no host synchronization, so a decode forward built from them can be graph-captured.
 

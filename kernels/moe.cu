@@ -257,12 +257,7 @@ __device__ void moe_sum(const T* __restrict__ y, const uint32_t* __restrict__ id
 // moe_sum's bits without y's round trip or the second launch. act rows are found by the pair's
 // position in `order` (at most 32 pairs a token). (Its weights loaded evict-first spilled and
 // measured 2-6% slower on the H200 at batches 1-8: ld_weight.)
-// LEAN (LaunchOptions::moe_down_lean): the act values loaded as each is used instead of with
-// the weights (they sit in L1: every warp of an SM reads the token's same rows), so the kernel
-// fits 96 registers: a 2,048-wide token's 256 blocks then leave a quarter of the register file
-// to the next kernel's blocks, which load their weights before their wait (the next layer's
-// add+norm+qkv). The same sums in the same order, so the same bits.
-template <typename T, bool RANK = false, bool LEAN = false>
+template <typename T, bool RANK = false>
 __device__ void moe_down_sum(const T* __restrict__ act, const T* __restrict__ down,
                              const uint32_t* __restrict__ ids, const uint32_t* __restrict__ order,
                              const float* __restrict__ w, T* __restrict__ out, int hidden,
@@ -304,7 +299,7 @@ __device__ void moe_down_sum(const T* __restrict__ act, const T* __restrict__ do
           const int kk = k0 + u * 256;
           if (e0 + e < n && kk < inter) {
             wv[e][u] = *reinterpret_cast<const uint4*>(wr[e] + kk);
-            if (!LEAN) av[e][u] = *reinterpret_cast<const uint4*>(ar[e] + kk);
+            av[e][u] = *reinterpret_cast<const uint4*>(ar[e] + kk);
           }
         }
 #pragma unroll
@@ -314,7 +309,6 @@ __device__ void moe_down_sum(const T* __restrict__ act, const T* __restrict__ do
           if (e0 + e < n && k0 + u * 256 < inter) {
             float wf[8], xf[8];
             bf16x8_to_f32(wv[e][u], wf);
-            if (LEAN) av[e][u] = *reinterpret_cast<const uint4*>(ar[e] + k0 + u * 256);
             bf16x8_to_f32(av[e][u], xf);
 #pragma unroll
             for (int i = 0; i < 8; ++i) acc[e] += xf[i] * wf[i];
@@ -345,25 +339,12 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 }
 
 // The same with the tokens' expert order ranked by one warp (LaunchOptions::moe_rank_sort).
-// build.rs compiles this file again with MOE_DOWN_LEAN (LaunchOptions::moe_down_lean): this
-// kernel then loads the act values as it uses them, at most 96 registers, so two blocks an SM
-// leave room for a 256-thread block of 64 registers (the next layer's norm + qkv) beside them.
-#ifdef MOE_DOWN_LEAN
-#define DOWN_SUM_RK_BOUNDS __maxnreg__(96)
-#else
-#define DOWN_SUM_RK_BOUNDS __launch_bounds__(256, 2)
-#endif
-extern "C" __global__ void DOWN_SUM_RK_BOUNDS
+extern "C" __global__ void __launch_bounds__(256, 2)
     moe_down_sum_rk_bf16(const __nv_bfloat16* act, const __nv_bfloat16* down, const uint32_t* ids,
                          const uint32_t* order, const float* w, __nv_bfloat16* out, int hidden,
                          int inter, int k, int first, int local) {
-#ifdef MOE_DOWN_LEAN
-  moe_down_sum<__nv_bfloat16, true, true>(act, down, ids, order, w, out, hidden, inter, k, first,
-                                          local);
-#else
   moe_down_sum<__nv_bfloat16, true>(act, down, ids, order, w, out, hidden, inter, k, first,
                                     local);
-#endif
 }
 
 #define MOE_KERNELS(T, S)                                                                       \

@@ -57,49 +57,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     super::presum::checks(dev, t)?;
     tma_bits(dev, t)?;
     evict_first_bits(dev, t)?;
-    preload_bits(dev, t)?;
     split_rows(dev, t)
-}
-
-/// The 1-2-row block norms with their weights loaded before the wait
-/// (`LaunchOptions::norm_preload`, the `gemv_pl` / `gemv_ef_pl` builds) against the same
-/// kernels without, bit for bit (tolerance 0), every norm the block-wide scale-first one (no
-/// deferred scale): 1-2 rows (3-8 take the tensor-core kernels, unchanged), inputs of 1,024
-/// and 2,048 (all of a thread's weights preloaded) and 3,000 and 4,096 (the rest read after the
-/// wait), both weight builds. A weight pair in the wrong order or the tail's weights skipped
-/// fails it; the check that the option's kernels were loaded keeps it from passing by falling
-/// back.
-fn preload_bits(dev: &Device, t: &mut Table) -> Res<()> {
-    for weight_evict_first in [false, true] {
-        let with = |norm_preload: bool| -> Res<CudaKernels> {
-            let opts = LaunchOptions {
-                norm_deferred: None,
-                weight_evict_first,
-                norm_preload,
-                ..LaunchOptions::default()
-            };
-            Ok(CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?)
-        };
-        let (plain, pl) = (with(false)?, with(true)?);
-        let ef = if weight_evict_first {
-            ", evict-first"
-        } else {
-            ""
-        };
-        t.check(
-            format!("gemv norm-preload kernels loaded{ef} ?"),
-            if pl.norm_preload() && !plain.norm_preload() {
-                0.0
-            } else {
-                1.0
-            },
-            0.0,
-        );
-        let shapes = [(1024, 1024), (4096, 2048), (256, 3000), (1000, 4096)];
-        let tag = format!(" (norm weights preloaded{ef})");
-        pair_bits((&plain, &pl), (&[1, 2], &shapes), (true, &tag), dev, t)?;
-    }
-    Ok(())
 }
 
 /// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`,

@@ -160,20 +160,15 @@ fn down_sum(dev: &Device, t: &mut Table) -> Res<()> {
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
     // The one launch with the insertion sort (`kd`) and with the ranks (`kr`), whatever the
     // default.
-    let one = |moe_rank_sort: bool, moe_down_lean: bool| -> Res<CudaKernels> {
+    let one = |moe_rank_sort: bool| -> Res<CudaKernels> {
         let o = LaunchOptions {
             moe_down_sum: true,
             moe_rank_sort,
-            moe_down_lean,
             ..LaunchOptions::default()
         };
         Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
     };
-    let (kd, kr) = (one(false, false)?, one(true, false)?);
-    // The ranked one in 96 registers, its act values loaded as used (`moe_down_lean`, the
-    // `moe_ln` build): the same sums, so the ranked one's bits (a value of another expert's
-    // act row, or a chunk's act loaded at the wrong offset, fails it).
-    let kl = one(true, true)?;
+    let (kd, kr) = (one(false)?, one(true)?);
     // One-pair tiles (asked for below) take the one launch whenever it is loaded.
     t.check(
         "moe down+sum kernel loaded ?".to_string(),
@@ -190,7 +185,6 @@ fn down_sum(dev: &Device, t: &mut Table) -> Res<()> {
         &[
             ("moe down+sum in one launch = two", &kd, &k),
             ("moe down+sum ranked by a warp = sorted", &kr, &kd),
-            ("moe down+sum lean = ranked", &kl, &kr),
         ],
     )?;
     let (e, top, hidden, inter) = (128, 8, 2048, 768);
@@ -203,11 +197,9 @@ fn down_sum(dev: &Device, t: &mut Table) -> Res<()> {
         let (_, two, each) = k.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
         let (_, one, _) = kd.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
         let (_, rk, _) = kr.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
-        let (_, ln, _) = kl.moe_experts(&h, &logits, (&gu, &dn), how, (Some(1), 20))?;
         println!(
             "moe timing T{tokens} tile 1: down+sum in one launch {one:.1} us a layer's experts, \
-             ranked by a warp {rk:.1}, lean {ln:.1}, two launches {two:.1} (down {:.1} + sum \
-             {:.1} alone)",
+             ranked by a warp {rk:.1}, two launches {two:.1} (down {:.1} + sum {:.1} alone)",
             each[2], each[3]
         );
     }

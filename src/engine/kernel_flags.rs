@@ -80,10 +80,6 @@ pub struct KernelFlags {
     /// (`KernelOptions::weight_evict_first_moe`).
     #[arg(long)]
     pub weight_evict_first_moe: bool,
-    /// The 1-2-row block norms load their weights before the wait
-    /// (`KernelOptions::norm_preload`).
-    #[arg(long)]
-    pub norm_preload: bool,
     /// Skinny matmuls prefetch the next matmul's weights into L2
     /// (`KernelOptions::l2_prefetch`).
     #[arg(long)]
@@ -226,10 +222,6 @@ pub struct KernelFlags {
     /// (turns `KernelOptions::moe_rank_sort` off).
     #[arg(long)]
     pub no_moe_rank_sort: bool,
-    /// The ranked MoE down + sum loads its act values as used, in 96 registers
-    /// (`KernelOptions::moe_down_lean`).
-    #[arg(long, conflicts_with = "no_moe_rank_sort")]
-    pub moe_down_lean: bool,
     /// LoRA steps launched one shrink and one expand per fused matmul, in order (turns
     /// `KernelOptions::lora_overlap` off: no second stream, no expands fused with the SiLU or
     /// the norms).
@@ -294,7 +286,6 @@ impl KernelFlags {
             gemv_split_k: self.gemv_split_k,
             weight_evict_first: !self.no_weight_evict_first,
             weight_evict_first_moe: self.weight_evict_first_moe,
-            norm_preload: self.norm_preload,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
             norm_deferred: (!self.no_norm_deferred).then(|| {
@@ -357,7 +348,6 @@ impl KernelFlags {
             moe_route_redux: !self.no_moe_route_redux,
             moe_gate_up_cs: !self.no_moe_gate_up_cs,
             moe_rank_sort: !self.no_moe_rank_sort,
-            moe_down_lean: self.moe_down_lean,
             lora_overlap: !self.no_lora_overlap,
             lora_grouped: self.lora_grouped,
             lora_runs: !self.no_lora_runs,

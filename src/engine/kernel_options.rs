@@ -194,13 +194,6 @@ pub struct KernelOptions {
     /// steps). Default off: on the H200 (30B-A3B shape, 8 layers) batch 1 -0.4%, 4 layers
     /// batches 1-8 within -0.5..+0.3%.
     pub weight_evict_first_moe: bool,
-    /// The 1-2-row matmuls behind the block-wide norm (`gemv.cu` `norm_gemv_*` without the
-    /// deferred scale: 1.7B's and the 30B-A3B shape's qkv) load the norm's weights of each
-    /// thread's first 2,048 inputs before they wait for the kernel before them, as bf16 pairs
-    /// (`build.rs` compiles `gemv.cu` again with `-DNORM_PRELOAD`), so the norm's second pass
-    /// no longer waits on a round trip for them. The same products, so the same bits (64
-    /// registers, as many blocks an SM). Default off (not yet measured).
-    pub norm_preload: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
     pub l2_prefetch: bool,
@@ -370,13 +363,6 @@ pub struct KernelOptions {
     /// thread 0's insertion sort (`moe_down_sum_rk_bf16`; the same order, so the same sums).
     /// On by default: 30B-A3B shape batches 1 / 2 / 8 +1.7% / +2.2% / +5.1% on the H200.
     pub moe_rank_sort: bool,
-    /// The ranked MoE down + sum (`moe_rank_sort`) loads each act value as it uses it instead
-    /// of with the weights, in at most 96 registers (`build.rs` compiles `moe.cu` again with
-    /// `-DMOE_DOWN_LEAN` as `moe_ln`; the same sums in the same order). Its 128-register form
-    /// fills the register file with a token's 256 blocks, so the next layer's norm + qkv
-    /// blocks cannot start beside it and load their weights before their wait; at 96 one
-    /// block of 64 registers fits an SM beside two of it. Default off (not yet measured).
-    pub moe_down_lean: bool,
     /// LoRA steps of up to 64 rows (one-token tiles) with four LoRA launches a layer instead
     /// of eight plus the SiLU: each shrink goes before the base matmul that reads the same
     /// input (on a second stream beside it above `lora_side_min_rows` rows), the gate|up
@@ -435,7 +421,6 @@ impl Default for KernelOptions {
             gemv_split_k: false,
             weight_evict_first: true,
             weight_evict_first_moe: false,
-            norm_preload: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
@@ -472,7 +457,6 @@ impl Default for KernelOptions {
             moe_route_redux: true,
             moe_gate_up_cs: true,
             moe_rank_sort: true,
-            moe_down_lean: false,
             lora_overlap: true,
             lora_grouped: false,
             lora_runs: true,

@@ -326,13 +326,7 @@ impl CudaKernels {
     /// Whether the skinny matmuls load their weights evict-first in L2
     /// (`LaunchOptions::weight_evict_first`).
     pub fn weight_evict_first(&self) -> bool {
-        self.gemv_build.evict_first
-    }
-
-    /// Whether the 1-2-row block norms load their weights before the wait
-    /// (`LaunchOptions::norm_preload`).
-    pub fn norm_preload(&self) -> bool {
-        self.gemv_build.norm_preload
+        self.weight_evict_first
     }
 
     /// Whether a plain matmul of `t` rows over a weight of `n` rows of `k` inputs runs on the

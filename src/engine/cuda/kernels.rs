@@ -33,6 +33,7 @@ static LORA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora.fatbin"));
 static LORA_SILU: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_silu.fatbin"));
 static LORA_GROUPED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_grouped.fatbin"));
 static LORA_RUNS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lora_runs.fatbin"));
+static MOE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe.fatbin"));
 static MOE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_mma.fatbin"));
 static MOE_ROUTE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_route.fatbin"));
 static MOE_ROUTER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/moe_router.fatbin"));
@@ -140,8 +141,9 @@ pub struct CudaKernels {
     pub(super) gemv_presum: Option<[Vec<CudaFunction>; 3]>,
     /// Whether the skinny matmuls prefetch the next matmul's weights into L2.
     pub(super) l2_prefetch: bool,
-    /// Which build of the skinny matmuls is loaded (`super::builds::Builds`).
-    pub(super) gemv_build: super::builds::GemvBuild,
+    /// Whether the skinny matmuls' build loads their weights evict-first
+    /// (`super::builds::Builds`).
+    pub(super) weight_evict_first: bool,
     /// Whether whole-vocabulary draws run on the device (`LaunchOptions::sample_full`).
     pub(super) sample_full_on: bool,
     pub(crate) blas: Blas,
@@ -243,7 +245,7 @@ impl CudaKernels {
         let logit_edits = load(LOGIT_EDITS, "logit_edits")?;
         let gemv_mod = load(builds.gemv, "gemv")?;
         let lora_mod = load(LORA, "lora")?;
-        let moe_mod = load(builds.moe, "moe")?;
+        let moe_mod = load(MOE, "moe")?;
         let moe_mma_mod = load(MOE_MMA, "moe_mma")?;
         let moe_route_mod = load(MOE_ROUTE, "moe_route")?;
         let moe_router_mod = load(MOE_ROUTER, "moe_router")?;
@@ -437,7 +439,7 @@ impl CudaKernels {
                 _ => None,
             },
             l2_prefetch: hopper && opts.l2_prefetch,
-            gemv_build: builds.gemv_build,
+            weight_evict_first: builds.weight_evict_first,
             gemv_tma: super::handles::TmaGemv::load(opts, (dtype, major == 9), &load)?,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,

@@ -52,9 +52,6 @@ pub struct LaunchOptions {
     pub gemv_split_k: bool,
     /// The skinny matmuls load their weights evict-first in L2 (`gemv_ef` / `gemv_mma_ef`).
     pub weight_evict_first: bool,
-    /// The 1-2-row block norms load their weights before the wait (the `gemv_pl` /
-    /// `gemv_ef_pl` builds; the same bits).
-    pub norm_preload: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
     /// while it runs (sm_90+).
     pub l2_prefetch: bool,
@@ -149,9 +146,6 @@ pub struct LaunchOptions {
     /// The MoE down + sum launch orders each token's experts by one warp's ranks instead of
     /// one thread's insertion sort (the same order).
     pub moe_rank_sort: bool,
-    /// The ranked MoE down + sum loads its act values as it uses them, in 96 registers (the
-    /// `moe_ln` build; the same sums).
-    pub moe_down_lean: bool,
     /// LoRA steps of one-token tiles with each shrink before its base matmul (on a second
     /// stream beside it above `lora_side_min_rows` rows), the gate|up expand fused with the
     /// SiLU and the o/down expands with the next add+RMSNorm (`kernels/lora_silu.cu`).
@@ -191,7 +185,6 @@ impl Default for LaunchOptions {
             gemv_double_buffer: true,
             gemv_split_k: false,
             weight_evict_first: true,
-            norm_preload: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
@@ -228,7 +221,6 @@ impl Default for LaunchOptions {
             moe_route_redux: true,
             moe_gate_up_cs: true,
             moe_rank_sort: true,
-            moe_down_lean: false,
             lora_overlap: true,
             lora_grouped: false,
             lora_runs: true,

@@ -45,7 +45,8 @@ impl CudaKernels {
     /// Whether the decode graphs' argmax also writes the graph's input ids
     /// (`LaunchOptions::graph_feed`, with `graph_argmax`).
     pub fn graph_feed(&self) -> bool {
-        self.graph_feed && self.to_f32_argmax.is_some()
+        // (Set only with `graph_argmax`, which is what loads `to_f32_argmax`.)
+        self.graph_feed
     }
 
     /// The buffers [`Self::to_f32_argmax_into`] needs for steps of up to `rows` rows of `n`

@@ -203,13 +203,6 @@ fn kernel_flags_become_kernel_options() {
     assert!(d.kernels.moe_route_redux);
     assert!(!opts(&["x", "--no-moe-route-redux"]).kernels.moe_route_redux);
     assert!(!opts(&["x", "--no-moe-rank-sort"]).kernels.moe_rank_sort);
-    // The block norms' weights before the wait: off unless asked.
-    assert!(!d.kernels.norm_preload && !lib.kernels.norm_preload);
-    assert!(opts(&["x", "--norm-preload"]).kernels.norm_preload);
-    // The down + sum in 96 registers: off unless asked, and only for the ranked form.
-    assert!(!d.kernels.moe_down_lean && !lib.kernels.moe_down_lean);
-    assert!(opts(&["x", "--moe-down-lean"]).kernels.moe_down_lean);
-    assert!(Cli::try_parse_from(["x", "--no-moe-rank-sort", "--moe-down-lean"]).is_err());
     // The greedy tokens inside the graphs: on unless turned off.
     assert!(d.kernels.graph_argmax);
     assert!(!opts(&["x", "--no-graph-argmax"]).kernels.graph_argmax);
