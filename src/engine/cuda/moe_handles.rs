@@ -10,7 +10,8 @@ use crate::error::Result;
 
 /// The MoE kernels (`kernels/moe_route.cu`, `kernels/moe_router.cu`, `kernels/moe.cu`,
 /// `kernels/moe_mma.cu`): routing and sums `[bf16, f32]`; the experts' matmuls on CUDA cores
-/// `[bf16 tile 8, f32 tile 8, f32 tile 32, bf16 tile 1]` and on tensor cores (bf16) `[tile 16, tile 64]` (see `super::moe_ops::moe_tile`).
+/// `[bf16 tile 8, f32 tile 8, f32 tile 32, bf16 tile 1]` and on tensor cores (bf16)
+/// `[tile 16, tile 64]` (see `super::moe_ops::moe_tile`).
 pub(super) struct MoeKernels {
     pub(super) _modules: [Arc<CudaModule>; 4],
     pub(super) route: [CudaFunction; 2],

@@ -90,6 +90,7 @@ pub(super) struct FusedDecodeParams {
     pub(super) stop: i32,
     /// log2 of the grid's KV heads per cache KV head (`kernels/fused_decode.cu`).
     pub(super) kv_shift: i32,
+    /// Unused: the C side's last field, so both structs end alike (size asserted below).
     pub(super) pad: i32,
 }
 

@@ -346,8 +346,9 @@ impl KernelForward<'_> {
                     // matmul keeps in shared memory: here the norm and the router's matmul
                     // run as one launch that writes it (`moe_norm_router`, 1-2 rows) or apart.
                     let normw = (&norm.weight, norm.eps);
-                    if !on(skip::ROUTER) {
-                    } else if !k.moe_norm_router_into(res, normw, &a.h, &moe.router, &s.logits)? {
+                    if on(skip::ROUTER)
+                        && !k.moe_norm_router_into(res, normw, &a.h, &moe.router, &s.logits)?
+                    {
                         k.add_rmsnorm_to(res.1, res.0, res.2, &norm.weight, norm.eps, &a.h)?;
                         k.linear_into(&a.h, &moe.router, &s.logits)?;
                     }

@@ -384,7 +384,7 @@ impl DecodeGraphs {
         let fed_in_place = match (ids, &self.greedy, self.fed.get()) {
             (Ids::Device(d), Some((g, _)), Some(last)) if last == b => {
                 let k = model.kernels.as_ref();
-                k.is_some_and(|k| k.ptr(d).ok() == k.ptr(g).ok())
+                k.is_some_and(|k| matches!((k.ptr(d), k.ptr(g)), (Ok(a), Ok(b)) if a == b))
             }
             _ => false,
         };
