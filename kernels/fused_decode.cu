@@ -106,6 +106,32 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
   }
 }
 
+#ifdef FUSED_MERGE_WEIGHTS
+// The cluster merge's weights (FUSED_MERGE_WEIGHTS): by the first warp, lane g * CP + r, the
+// weight e^(M_r - M) of partial r of head g into wR, and each head's max M and sum L (by one
+// lane, in partition order: the sums of the per-output loop) into mG / lG. Not inlined: inlined
+// it cost the 1-row tensor-core kernel (mma1, group 2) 15 registers and a spill in ptxas.
+template <int G, int CP>
+__device__ __noinline__ void merge_weights(const float (&pM)[CP][G], const float (&pL)[CP][G],
+                                           int cused, float (&wR)[CP][G], float (&mG)[G],
+                                           float (&lG)[G]) {
+  const int g = threadIdx.x / CP, r = threadIdx.x % CP;
+  const bool mine = g < G && r < cused;
+  float M = mine ? pM[r][g] : -INFINITY;
+#pragma unroll
+  for (int o = CP / 2; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o, CP));
+  if (mine) wR[r][g] = M != -INFINITY ? __expf(pM[r][g] - M) : 0.f;
+  __syncwarp();
+  if (g < G && r == 0) {
+    float L = 0.f;
+    if (M != -INFINITY)
+      for (int k = 0; k < cused; ++k) L += pL[k][g] * wR[k][g];
+    mG[g] = M;
+    lG[g] = L;
+  }
+}
+#endif
+
 // KT: the caches' element type (bf16, or fp8 with the scales ks / vs: K's folded into q, the
 // new token's K/V kept in shared memory as stored, so both paths read the same values).
 // MMA (LaunchOptions::fused_mma; 0: off): for a context one cluster holds, step 3 on tensor
@@ -403,6 +429,25 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   cluster_wait();
   const int cl = split / C, cused = min(C, used - cl * C);
   const bool last_level = used <= C;
+#ifdef FUSED_MERGE_WEIGHTS
+  // Each partial's weight e^(M_r - M) and each head's max and sum once, by the first warp
+  // (lane g * CP + r: G * CP <= 32), instead of by every output's thread; then every output
+  // is one unrolled run of FMAs. The same sums in the same order (the max is exact; L by one
+  // lane in partition order).
+  static_assert(G * CP <= 32, "one warp forms the weights");
+  __shared__ float wR[CP][G], mG[G], lG[G];
+  if (threadIdx.x < 32) merge_weights<G, CP>(pM, pL, cused, wR, mG, lG);
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * HD; idx += THREADS) {
+    const int g = idx / HD, d = idx % HD;
+    const float M = mG[g], L = lG[g];
+    float A = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int r = 0; r < CP; ++r)
+        if (r < cused) A += pA[r][g][d] * wR[r][g];
+    }
+#else
   for (int idx = threadIdx.x; idx < G * HD; idx += THREADS) {
     const int g = idx / HD, d = idx % HD;
     float M = -INFINITY;
@@ -415,6 +460,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
         A += pA[r][g][d] * w;
       }
     }
+#endif
     if (last_level) {
       out[(hb + g) * HD + d] = (T)(L > 0.f ? A / L : 0.f);
     } else {
