@@ -106,11 +106,10 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
   }
 }
 
-#ifdef FUSED_MERGE_WEIGHTS
-// The cluster merge's weights (FUSED_MERGE_WEIGHTS): by the first warp, lane g * CP + r, the
-// weight e^(M_r - M) of partial r of head g into wR, and each head's max M and sum L (by one
-// lane, in partition order: the sums of the per-output loop) into mG / lG. Not inlined: inlined
-// it cost the 1-row tensor-core kernel (mma1, group 2) 15 registers and a spill in ptxas.
+// The cluster merge's weights, by the first warp: lane g * CP + r the weight e^(M_r - M) of
+// partial r of head g into wR, and each head's max M and sum L (by one lane, in partition
+// order: the sums of a loop over the partials) into mG / lG. Not inlined: inlined, it cost the
+// 1-row tensor-core kernel (mma1, group 2) 15 registers and a 52-byte spill in ptxas.
 template <int G, int CP>
 __device__ __noinline__ void merge_weights(const float (&pM)[CP][G], const float (&pL)[CP][G],
                                            int cused, float (&wR)[CP][G], float (&mG)[G],
@@ -130,7 +129,6 @@ __device__ __noinline__ void merge_weights(const float (&pM)[CP][G], const float
     lG[g] = L;
   }
 }
-#endif
 
 // KT: the caches' element type (bf16, or fp8 with the scales ks / vs: K's folded into q, the
 // new token's K/V kept in shared memory as stored, so both paths read the same values).
@@ -429,11 +427,12 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   cluster_wait();
   const int cl = split / C, cused = min(C, used - cl * C);
   const bool last_level = used <= C;
-#ifdef FUSED_MERGE_WEIGHTS
   // Each partial's weight e^(M_r - M) and each head's max and sum once, by the first warp
   // (lane g * CP + r: G * CP <= 32), instead of by every output's thread; then every output
-  // is one unrolled run of FMAs. The same sums in the same order (the max is exact; L by one
-  // lane in partition order).
+  // is one unrolled run of FMAs. The same sums in the same order as a loop over the partials
+  // an output (the max is exact; L by one lane in partition order): the same bits. Against
+  // that loop on the H100: the 30B-A3B shape (48 layers) batch 1 +0.9%, 0.6B batch 1 +0.3%
+  // (BENCHMARKS.md, round 53).
   static_assert(G * CP <= 32, "one warp forms the weights");
   __shared__ float wR[CP][G], mG[G], lG[G];
   if (threadIdx.x < 32) merge_weights<G, CP>(pM, pL, cused, wR, mG, lG);
@@ -447,20 +446,6 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       for (int r = 0; r < CP; ++r)
         if (r < cused) A += pA[r][g][d] * wR[r][g];
     }
-#else
-  for (int idx = threadIdx.x; idx < G * HD; idx += THREADS) {
-    const int g = idx / HD, d = idx % HD;
-    float M = -INFINITY;
-    for (int r = 0; r < cused; ++r) M = fmaxf(M, pM[r][g]);
-    float L = 0.f, A = 0.f;
-    if (M != -INFINITY) {
-      for (int r = 0; r < cused; ++r) {
-        const float w = __expf(pM[r][g] - M);
-        L += pL[r][g] * w;
-        A += pA[r][g][d] * w;
-      }
-    }
-#endif
     if (last_level) {
       out[(hb + g) * HD + d] = (T)(L > 0.f ? A / L : 0.f);
     } else {

@@ -241,13 +241,6 @@ pub struct KernelOptions {
     /// after 512-token prompts +2.1%, after 8k +8.4%, batch 1 +1-2.4%, 1.7B +1% (BENCHMARKS.md,
     /// #21); off: the division.
     pub fused_lean: bool,
-    /// The fused decode attention's cluster merge with each partial's weight e^(M_r - M) and
-    /// each head's max and sum formed once, by one warp, instead of by every output's thread
-    /// (a second build of `kernels/fused_decode.cu` with `FUSED_MERGE_WEIGHTS`; then every
-    /// output is one unrolled run of FMAs). The same sums in the same order: the same bits.
-    /// Off by default until measured (#21: the merge of a 1-row step's 16 partials is a
-    /// serial loop of ~16 shared-memory loads and exponentials an output).
-    pub fused_merge_weights: bool,
     /// The fused decode attention's loop over a context that fits one cluster (up to 2,048
     /// tokens at 1-4 rows, 1,024 at 5-16) on tensor cores (`kernels/fused_decode.cu`
     /// `decode_fused_mma*`: the loop of `kernels/decode_mma.cu`, a warp taking chunks of 16
@@ -439,7 +432,6 @@ impl Default for KernelOptions {
             graph_splits_few: Some(GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(GRAPH_SPLITS_MID),
             fused_lean: true,
-            fused_merge_weights: false,
             fused_mma: Some(FUSED_MMA_STAGES),
             fused_mma_rows: FUSED_MMA_ROWS,
             fused_mma_one: Some(FUSED_MMA_ONE),
