@@ -130,6 +130,54 @@ __device__ __noinline__ void merge_weights(const float (&pM)[CP][G], const float
   }
 }
 
+#ifdef FUSED_HEADS_AHEAD
+// norm_rope_head (common.cuh) for two heads of one warp at once, the second (s1, w1) only when
+// `two` (uniform in the warp): every load of both before either's arithmetic, then each
+// head's sums and rotation as norm_rope_head forms them (the same expressions: the same bits).
+template <typename T, int PER>
+__device__ __forceinline__ void norm_rope_two(const T* __restrict__ s0, const T* __restrict__ w0,
+                                              const T* __restrict__ s1, const T* __restrict__ w1,
+                                              bool two, const float* __restrict__ inv_freq,
+                                              float pos, float eps, int lane, float (&o0)[PER],
+                                              float (&o1)[PER]) {
+  constexpr int HDH = 32 * PER;
+  float v0[PER], v1[PER], g0[PER], g1[PER], fr[PER / 2];
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    v0[j] = to_f(s0[lane + 32 * j]);
+    g0[j] = to_f(w0[lane + 32 * j]);
+    v1[j] = two ? to_f(s1[lane + 32 * j]) : 0.f;
+    g1[j] = two ? to_f(w1[lane + 32 * j]) : 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < PER / 2; ++j) fr[j] = inv_freq[lane + 32 * j];
+  float ss0 = 0.f, ss1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    ss0 += v0[j] * v0[j];
+    ss1 += v1[j] * v1[j];
+  }
+  const float inv0 = rsqrtf(warp_sum(ss0) / HDH + eps);
+  const float inv1 = rsqrtf(warp_sum(ss1) / HDH + eps);
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    v0[j] = v0[j] * inv0 * g0[j];
+    v1[j] = v1[j] * inv1 * g1[j];
+  }
+#pragma unroll
+  for (int j = 0; j < PER / 2; ++j) {
+    float s, c;
+    sincosf(pos * fr[j], &s, &c);
+    const float a = v0[j], b = v0[j + PER / 2];
+    o0[j] = a * c - b * s;
+    o0[j + PER / 2] = b * c + a * s;
+    const float a1 = v1[j], b1 = v1[j + PER / 2];
+    o1[j] = a1 * c - b1 * s;
+    o1[j + PER / 2] = b1 * c + a1 * s;
+  }
+}
+#endif
+
 // KT: the caches' element type (bf16, or fp8 with the scales ks / vs: K's folded into q, the
 // new token's K/V kept in shared memory as stored, so both paths read the same values).
 // MMA (LaunchOptions::fused_mma; 0: off): for a context one cluster holds, step 3 on tensor
@@ -246,6 +294,49 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     const int warp = threadIdx.x / 32, wl = threadIdx.x % 32;
     const T* row = qkv + (size_t)b * (nh + 2 * nkr) * HD;
     const float pos = (float)positions[b];
+#ifdef FUSED_HEADS_AHEAD
+    // More heads than warps (group 4 and up: G q heads and the new key over 4 warps): a warp's
+    // heads h and h + 4 normed and rotated together (norm_rope_two), so the block holding the
+    // new key waits on one round of loads instead of two.
+    constexpr int NW = THREADS / 32;
+    if constexpr (G + 1 > NW) {
+      const int nheads = G + (holds_new ? 1 : 0);
+      auto src = [&](int h) {
+        return row + (size_t)(h < G ? kh * G + h : nh + rk) * HD;
+      };
+      auto emit = [&](int h, const float(&o)[HD / 32]) {
+        if (h < G) {
+#pragma unroll
+          for (int j = 0; j < HD / 32; ++j) qs[h][wl + 32 * j] = (T)o[j];
+        } else {
+          const T* vsrc = row + (size_t)(nh + nkr + rk) * HD;
+          const bool write = slots[b] != 0xffffffffu && (kh & ((1 << kv_shift) - 1)) == 0;
+          const size_t off = ((size_t)rk * num_slots + (write ? slots[b] : 0)) * HD;
+#pragma unroll
+          for (int j = 0; j < HD / 32; ++j) {
+            const KT kv = kv_store<KT>(o[j], 1.f / ks);
+            const KT vv = kv_store<KT>(to_f(vsrc[wl + 32 * j]), 1.f / vs);
+            knew[wl + 32 * j] = kv;
+            vnew[wl + 32 * j] = vv;
+            if (write) {
+              k_cache[off + wl + 32 * j] = kv;
+              v_cache[off + wl + 32 * j] = vv;
+            }
+          }
+        }
+      };
+      for (int h = warp; h < nheads; h += 2 * NW) {
+        const int h2 = h + NW;
+        const bool two = h2 < nheads;
+        float o[HD / 32], o2[HD / 32];
+        norm_rope_two<T, HD / 32>(src(h), h < G ? q_w : k_w, src(two ? h2 : h),
+                                  (two ? h2 : h) < G ? q_w : k_w, two, inv_freq, pos, eps, wl,
+                                  o, o2);
+        emit(h, o);
+        if (two) emit(h2, o2);
+      }
+    } else
+#endif
     for (int h = warp; h < G + (holds_new ? 1 : 0); h += THREADS / 32) {
       const bool is_q = h < G;
       float o[HD / 32];
