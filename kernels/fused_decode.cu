@@ -130,7 +130,6 @@ __device__ __noinline__ void merge_weights(const float (&pM)[CP][G], const float
   }
 }
 
-#ifdef FUSED_HEADS_AHEAD
 // norm_rope_head (common.cuh) for two heads of one warp at once, the second (s1, w1) only when
 // `two` (uniform in the warp): every load of both before either's arithmetic, then each
 // head's sums and rotation as norm_rope_head forms them (the same expressions: the same bits).
@@ -176,7 +175,6 @@ __device__ __forceinline__ void norm_rope_two(const T* __restrict__ s0, const T*
     o1[j + PER / 2] = b1 * c + a1 * s;
   }
 }
-#endif
 
 // KT: the caches' element type (bf16, or fp8 with the scales ks / vs: K's folded into q, the
 // new token's K/V kept in shared memory as stored, so both paths read the same values).
@@ -294,10 +292,11 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     const int warp = threadIdx.x / 32, wl = threadIdx.x % 32;
     const T* row = qkv + (size_t)b * (nh + 2 * nkr) * HD;
     const float pos = (float)positions[b];
-#ifdef FUSED_HEADS_AHEAD
     // More heads than warps (group 4 and up: G q heads and the new key over 4 warps): a warp's
     // heads h and h + 4 normed and rotated together (norm_rope_two), so the block holding the
-    // new key waits on one round of loads instead of two.
+    // new key, which the cluster's merge waits for, waits on one round of loads instead of two.
+    // Against one head at a time on the H100: the 30B-A3B shape (48 layers, group-4 halves)
+    // batch 1 +1.6-1.8% (BENCHMARKS.md, round 53).
     constexpr int NW = THREADS / 32;
     if constexpr (G + 1 > NW) {
       const int nheads = G + (holds_new ? 1 : 0);
@@ -310,6 +309,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
           for (int j = 0; j < HD / 32; ++j) qs[h][wl + 32 * j] = (T)o[j];
         } else {
           const T* vsrc = row + (size_t)(nh + nkr + rk) * HD;
+          // The first of a cache head's blocks writes its new row (the others keep their own
+          // copy in shared memory and never read that row from the cache).
           const bool write = slots[b] != 0xffffffffu && (kh & ((1 << kv_shift) - 1)) == 0;
           const size_t off = ((size_t)rk * num_slots + (write ? slots[b] : 0)) * HD;
 #pragma unroll
@@ -335,31 +336,33 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
         emit(h, o);
         if (two) emit(h2, o2);
       }
-    } else
-#endif
-    for (int h = warp; h < G + (holds_new ? 1 : 0); h += THREADS / 32) {
-      const bool is_q = h < G;
-      float o[HD / 32];
-      norm_rope_head<T, HD / 32>(row + (size_t)(is_q ? kh * G + h : nh + rk) * HD,
-                                 is_q ? q_w : k_w, inv_freq, pos, eps, wl, o);
-      if (is_q) {
+    } else {
+      // At most one head a warp (groups 1-2): the measured loop as it was (through `emit` above,
+      // ptxas gave these 14 kernels other machine code, not measured).
+      for (int h = warp; h < G + (holds_new ? 1 : 0); h += THREADS / 32) {
+        const bool is_q = h < G;
+        float o[HD / 32];
+        norm_rope_head<T, HD / 32>(row + (size_t)(is_q ? kh * G + h : nh + rk) * HD,
+                                   is_q ? q_w : k_w, inv_freq, pos, eps, wl, o);
+        if (is_q) {
 #pragma unroll
-        for (int j = 0; j < HD / 32; ++j) qs[h][wl + 32 * j] = (T)o[j];
-      } else {
-        const T* vsrc = row + (size_t)(nh + nkr + rk) * HD;
-        // The first of a cache head's blocks writes its new row (the others keep their own
-        // copy in shared memory and never read that row from the cache).
-        const bool write = slots[b] != 0xffffffffu && (kh & ((1 << kv_shift) - 1)) == 0;
-        const size_t off = ((size_t)rk * num_slots + (write ? slots[b] : 0)) * HD;
+          for (int j = 0; j < HD / 32; ++j) qs[h][wl + 32 * j] = (T)o[j];
+        } else {
+          const T* vsrc = row + (size_t)(nh + nkr + rk) * HD;
+          // The first of a cache head's blocks writes its new row (the others keep their own
+          // copy in shared memory and never read that row from the cache).
+          const bool write = slots[b] != 0xffffffffu && (kh & ((1 << kv_shift) - 1)) == 0;
+          const size_t off = ((size_t)rk * num_slots + (write ? slots[b] : 0)) * HD;
 #pragma unroll
-        for (int j = 0; j < HD / 32; ++j) {
-          const KT kv = kv_store<KT>(o[j], 1.f / ks);
-          const KT vv = kv_store<KT>(to_f(vsrc[wl + 32 * j]), 1.f / vs);
-          knew[wl + 32 * j] = kv;
-          vnew[wl + 32 * j] = vv;
-          if (write) {
-            k_cache[off + wl + 32 * j] = kv;
-            v_cache[off + wl + 32 * j] = vv;
+          for (int j = 0; j < HD / 32; ++j) {
+            const KT kv = kv_store<KT>(o[j], 1.f / ks);
+            const KT vv = kv_store<KT>(to_f(vsrc[wl + 32 * j]), 1.f / vs);
+            knew[wl + 32 * j] = kv;
+            vnew[wl + 32 * j] = vv;
+            if (write) {
+              k_cache[off + wl + 32 * j] = kv;
+              v_cache[off + wl + 32 * j] = vv;
+            }
           }
         }
       }

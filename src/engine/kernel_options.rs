@@ -241,14 +241,6 @@ pub struct KernelOptions {
     /// after 512-token prompts +2.1%, after 8k +8.4%, batch 1 +1-2.4%, 1.7B +1% (BENCHMARKS.md,
     /// #21); off: the division.
     pub fused_lean: bool,
-    /// The fused decode attention of GQA group 4 and up (the 30B-A3B shape runs group 8 as two
-    /// group-4 halves) with a warp's two heads normed and rotated together, every load of both
-    /// before either's arithmetic (a second build of `kernels/fused_decode.cu` with
-    /// `FUSED_HEADS_AHEAD`). A block has G q heads and, where its partition holds the new
-    /// token, the new key: at group 4 five heads over four warps, so that block (which the
-    /// cluster's merge waits for) ran two rounds of loads. The same sums: the same bits. Off
-    /// by default until measured (#29).
-    pub fused_heads_ahead: bool,
     /// The fused decode attention's loop over a context that fits one cluster (up to 2,048
     /// tokens at 1-4 rows, 1,024 at 5-16) on tensor cores (`kernels/fused_decode.cu`
     /// `decode_fused_mma*`: the loop of `kernels/decode_mma.cu`, a warp taking chunks of 16
@@ -440,7 +432,6 @@ impl Default for KernelOptions {
             graph_splits_few: Some(GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(GRAPH_SPLITS_MID),
             fused_lean: true,
-            fused_heads_ahead: false,
             fused_mma: Some(FUSED_MMA_STAGES),
             fused_mma_rows: FUSED_MMA_ROWS,
             fused_mma_one: Some(FUSED_MMA_ONE),
