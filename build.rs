@@ -49,6 +49,7 @@ fn main() {
     println!("cargo:rerun-if-changed=kernels/attention.cuh");
     println!("cargo:rerun-if-changed=kernels/flash.cuh");
     println!("cargo:rerun-if-changed=kernels/decode_mma.cuh");
+    println!("cargo:rerun-if-changed=kernels/fused_parts.cuh");
     println!("cargo:rerun-if-changed=kernels/moe.cuh");
     println!("cargo:rerun-if-changed=kernels/lora.cuh");
     println!("cargo:rerun-if-changed=kernels/gemv.cuh");
