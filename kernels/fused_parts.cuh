@@ -145,4 +145,35 @@ __device__ __forceinline__ void norm_rope_two(const T* __restrict__ s0, const T*
   }
 }
 
+#ifdef FUSED_BLOCK_WEIGHTS
+// The block's merge of its K states (the tensor-core loop's warps, EXP2: weights 2^(m - M) as
+// mma_merge_warps forms them; or the CUDA-core loop's half-warps: e^(m - M) as merge_groups),
+// by the first warp (FUSED_BLOCK_WEIGHTS, G * K <= 32): lane g * K + k the weight of state k of
+// head g into w[k * G + g], each head's max into mG and its sum, by one lane in state order,
+// into lG; m, l: the states' [K][G] maxima and sums. The sums of those helpers, in their order.
+template <int K, int G, bool EXP2>
+__device__ __noinline__ void block_weights(const float* m, const float* l, float* w, float* mG,
+                                           float* lG) {
+  static_assert(G * K <= 32, "one warp forms the weights");
+  const int g = threadIdx.x / K, k = threadIdx.x % K;
+  const bool mine = g < G;
+  float M = mine ? m[k * G + g] : -INFINITY;
+#pragma unroll
+  for (int o = K / 2; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o, K));
+  if (mine) {
+    const float x = m[k * G + g] - M;
+    w[k * G + g] = M != -INFINITY ? (EXP2 ? fast_exp2(x) : __expf(x)) : 0.f;
+  }
+  __syncwarp();
+  if (mine && k == 0) {
+    float L = 0.f;
+    if (M != -INFINITY)
+#pragma unroll
+      for (int j = 0; j < K; ++j) L += l[j * G + g] * w[j * G + g];
+    mG[g] = M;
+    lG[g] = L;
+  }
+}
+#endif
+
 }  // namespace
