@@ -353,17 +353,17 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   }
   const size_t hb = (size_t)b * nh + kh * G;
 #ifdef FUSED_BLOCK_WEIGHTS
-  // The states' weights and each head's max and sum once, by the first warp (block_weights),
+  // The states' weights and each head's max and sum once, by the first warp (merge_weights),
   // instead of by every output's thread; then every output is one unrolled run of FMAs.
   constexpr bool BW = G * GROUPS <= 32;  // MMA_WARPS <= GROUPS
-  __shared__ float bw[GROUPS * G], bM[G], bL[G];
+  __shared__ float bw[GROUPS][G], bwt[MMA_WARPS][G], bM[G], bL[G];
   if constexpr (BW) {
     if (threadIdx.x < 32) {
       if (tc) {
         const MmaWarps<G>& mw = *reinterpret_cast<const MmaWarps<G>*>(dsm);
-        block_weights<MMA_WARPS, G, true>(&mw.m[0][0], &mw.l[0][0], bw, bM, bL);
+        merge_weights<G, MMA_WARPS, true>(mw.m, mw.l, MMA_WARPS, bwt, bM, bL);
       } else {
-        block_weights<GROUPS, G, false>(&sm[0][0], &sl[0][0], bw, bM, bL);
+        merge_weights<G, GROUPS>(sm, sl, GROUPS, bw, bM, bL);
       }
     }
     __syncthreads();
@@ -381,12 +381,12 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
         const MmaWarps<G>& mw = *reinterpret_cast<const MmaWarps<G>*>(dsm);
         if (M != -INFINITY) {
 #pragma unroll
-          for (int k = 0; k < MMA_WARPS; ++k) A += mw.acc[k][g][d] * bw[k * G + g];
+          for (int k = 0; k < MMA_WARPS; ++k) A += mw.acc[k][g][d] * bwt[k][g];
           M *= LN2;  // the merges below weigh by e^(m - M)
         }
       } else if (M != -INFINITY) {
 #pragma unroll
-        for (int k = 0; k < GROUPS; ++k) A += sacc[k][g][d] * bw[k * G + g];
+        for (int k = 0; k < GROUPS; ++k) A += sacc[k][g][d] * bw[k][g];
       }
     } else
 #endif

@@ -75,11 +75,14 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
   }
 }
 
-// The cluster merge's weights, by the first warp: lane g * CP + r the weight e^(M_r - M) of
-// partial r of head g into wR, and each head's max M and sum L (by one lane, in partition
-// order: the sums of a loop over the partials) into mG / lG. Not inlined: inlined, it cost the
-// 1-row tensor-core kernel (mma1, group 2) 15 registers and a 52-byte spill in ptxas.
-template <int G, int CP>
+// A merge's weights, by the first warp: lane g * CP + r the weight e^(M_r - M) of state r
+// (of `cused`) of head g into wR, and each head's max M and sum L (by one lane, in state
+// order: the sums of a loop over the states) into mG / lG. The cluster merge's partials; with
+// FUSED_BLOCK_WEIGHTS also a block's states (EXP2: the tensor-core loop's warps, whose maxima
+// are in log2 units, weighed by 2^(m - M) as mma_merge_warps weighs them). Not inlined:
+// inlined, it cost the 1-row tensor-core kernel (mma1, group 2) 15 registers and a 52-byte
+// spill in ptxas.
+template <int G, int CP, bool EXP2 = false>
 __device__ __noinline__ void merge_weights(const float (&pM)[CP][G], const float (&pL)[CP][G],
                                            int cused, float (&wR)[CP][G], float (&mG)[G],
                                            float (&lG)[G]) {
@@ -88,7 +91,10 @@ __device__ __noinline__ void merge_weights(const float (&pM)[CP][G], const float
   float M = mine ? pM[r][g] : -INFINITY;
 #pragma unroll
   for (int o = CP / 2; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o, CP));
-  if (mine) wR[r][g] = M != -INFINITY ? __expf(pM[r][g] - M) : 0.f;
+  if (mine) {
+    const float x = pM[r][g] - M;
+    wR[r][g] = M != -INFINITY ? (EXP2 ? fast_exp2(x) : __expf(x)) : 0.f;
+  }
   __syncwarp();
   if (g < G && r == 0) {
     float L = 0.f;
@@ -144,36 +150,5 @@ __device__ __forceinline__ void norm_rope_two(const T* __restrict__ s0, const T*
     o1[j + PER / 2] = b1 * c + a1 * s;
   }
 }
-
-#ifdef FUSED_BLOCK_WEIGHTS
-// The block's merge of its K states (the tensor-core loop's warps, EXP2: weights 2^(m - M) as
-// mma_merge_warps forms them; or the CUDA-core loop's half-warps: e^(m - M) as merge_groups),
-// by the first warp (FUSED_BLOCK_WEIGHTS, G * K <= 32): lane g * K + k the weight of state k of
-// head g into w[k * G + g], each head's max into mG and its sum, by one lane in state order,
-// into lG; m, l: the states' [K][G] maxima and sums. The sums of those helpers, in their order.
-template <int K, int G, bool EXP2>
-__device__ __noinline__ void block_weights(const float* m, const float* l, float* w, float* mG,
-                                           float* lG) {
-  static_assert(G * K <= 32, "one warp forms the weights");
-  const int g = threadIdx.x / K, k = threadIdx.x % K;
-  const bool mine = g < G;
-  float M = mine ? m[k * G + g] : -INFINITY;
-#pragma unroll
-  for (int o = K / 2; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o, K));
-  if (mine) {
-    const float x = m[k * G + g] - M;
-    w[k * G + g] = M != -INFINITY ? (EXP2 ? fast_exp2(x) : __expf(x)) : 0.f;
-  }
-  __syncwarp();
-  if (mine && k == 0) {
-    float L = 0.f;
-    if (M != -INFINITY)
-#pragma unroll
-      for (int j = 0; j < K; ++j) L += l[j * G + g] * w[j * G + g];
-    mG[g] = M;
-    lG[g] = L;
-  }
-}
-#endif
 
 }  // namespace

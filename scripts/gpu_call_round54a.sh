@@ -14,13 +14,7 @@ kc kcbw 90 --model-only --model-dir /tmp/m-mix --fused-block-weights
 echo "fused checks: $(grep -ci "fused" "$OUT/kcbw.log"), failed: $(grep -i "fused" "$OUT/kcbw.log" | grep -c FAIL)"
 sweep d06 70 "--model-dir /tmp/m-0.6b --prompt 512 --batches 1,8 --new 128" "" "--fused-block-weights"
 sweep moe8 70 "--model-dir /tmp/m-moe8 --prompt 512 --batches 1,8 --new 128" "" "--fused-block-weights"
-if left 260; then
-  timeout "$(cap 200)" .gpu/bench --config tests/fixtures/qwen3/config-30b-a3b.json \
-    --write-model /dev/shm/m-moe48 > "$OUT/w48.log" 2>&1
-  echo "== write48 rc $? t=$((SECONDS - T0))"
-  sweep moe48 200 "--model-dir /dev/shm/m-moe48 --prompt 512 --batches 1 --new 128 --variant-rounds 3" "" "--fused-block-weights"
-  rm -rf /dev/shm/m-moe48
-fi
+left 260 && moe48_sweep 200 "--prompt 512 --batches 1 --new 128 --variant-rounds 3" "" "--fused-block-weights"
 case "$gpu" in
   *H200*) model 1.7b; sweep d17 40 "--model-dir /tmp/m-1.7b --prompt 512 --batches 1 --new 128" "" ;;
 esac

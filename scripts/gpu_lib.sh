@@ -11,6 +11,16 @@ model() {
     --write-model "/tmp/m-$1" > /dev/null 2>&1
 }
 
+# moe48_sweep SECONDS "BENCH ARGS" VARIANT...: the 30B-A3B shape whole (48 layers, ~61 GB)
+# written to /dev/shm, `sweep moe48` over it (BENCH ARGS after its --model-dir), then removed.
+moe48_sweep() {
+  local s=$1 args=$2; shift 2
+  timeout "$(cap 200)" .gpu/bench --config tests/fixtures/qwen3/config-30b-a3b.json \
+    --write-model /dev/shm/m-moe48 > "$OUT/w48.log" 2>&1
+  echo "== write48 rc $? t=$((SECONDS - T0))"
+  sweep moe48 "$s" "--model-dir /dev/shm/m-moe48 $args" "$@"
+  rm -rf /dev/shm/m-moe48
+}
 # moe_model LAYERS: a random model of the 30B-A3B shape with LAYERS layers in /tmp/m-moeLAYERS;
 # mix_model: its 3-layer variant with a dense layer among the sparse ones in /tmp/m-mix (once).
 moe_model() {
