@@ -33,13 +33,10 @@ const KERNELS: &[&str] = &[
 ];
 
 /// Second builds of a kernel file with macros defined: (fatbin name, source file, macros).
-/// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`);
-/// the fused decode attention with its block merge's weights formed once a state
-/// (`LaunchOptions::fused_block_weights`).
+/// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`).
 const VARIANTS: &[(&str, &str, &[&str])] = &[
     ("gemv_ef", "gemv", &["WEIGHT_EVICT_FIRST"]),
     ("gemv_mma_ef", "gemv_mma", &["WEIGHT_EVICT_FIRST"]),
-    ("fused_decode_bw", "fused_decode", &["FUSED_BLOCK_WEIGHTS"]),
 ];
 
 fn main() {

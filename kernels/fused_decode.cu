@@ -352,44 +352,9 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     dA = cluster_peer(&pA[rank][0][0], 0);
   }
   const size_t hb = (size_t)b * nh + kh * G;
-#ifdef FUSED_BLOCK_WEIGHTS
-  // The states' weights and each head's max and sum once, by the first warp (merge_weights),
-  // instead of by every output's thread; then every output is one unrolled run of FMAs.
-  constexpr bool BW = G * GROUPS <= 32;  // MMA_WARPS <= GROUPS
-  __shared__ float bw[GROUPS][G], bwt[MMA_WARPS][G], bM[G], bL[G];
-  if constexpr (BW) {
-    if (threadIdx.x < 32) {
-      if (tc) {
-        const MmaWarps<G>& mw = *reinterpret_cast<const MmaWarps<G>*>(dsm);
-        merge_weights<G, MMA_WARPS, true>(mw.m, mw.l, MMA_WARPS, bwt, bM, bL);
-      } else {
-        merge_weights<G, GROUPS>(sm, sl, GROUPS, bw, bM, bL);
-      }
-    }
-    __syncthreads();
-  }
-#endif
   for (int idx = threadIdx.x; idx < G * HD; idx += THREADS) {
     const int g = idx / HD, d = idx % HD;
     float M, L, A;
-#ifdef FUSED_BLOCK_WEIGHTS
-    if constexpr (BW) {
-      M = bM[g];
-      L = bL[g];
-      A = 0.f;
-      if (tc) {
-        const MmaWarps<G>& mw = *reinterpret_cast<const MmaWarps<G>*>(dsm);
-        if (M != -INFINITY) {
-#pragma unroll
-          for (int k = 0; k < MMA_WARPS; ++k) A += mw.acc[k][g][d] * bwt[k][g];
-          M *= LN2;  // the merges below weigh by e^(m - M)
-        }
-      } else if (M != -INFINITY) {
-#pragma unroll
-        for (int k = 0; k < GROUPS; ++k) A += sacc[k][g][d] * bw[k][g];
-      }
-    } else
-#endif
     if (tc) {
       mma_merge_warps<G>(*reinterpret_cast<const MmaWarps<G>*>(dsm), g, d, M, L, A);
       if (M != -INFINITY) M *= LN2;  // the merges below weigh by e^(m - M)

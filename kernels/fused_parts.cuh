@@ -75,14 +75,11 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
   }
 }
 
-// A merge's weights, by the first warp: lane g * CP + r the weight e^(M_r - M) of state r
-// (of `cused`) of head g into wR, and each head's max M and sum L (by one lane, in state
-// order: the sums of a loop over the states) into mG / lG. The cluster merge's partials; with
-// FUSED_BLOCK_WEIGHTS also a block's states (EXP2: the tensor-core loop's warps, whose maxima
-// are in log2 units, weighed by 2^(m - M) as mma_merge_warps weighs them). Not inlined:
-// inlined, it cost the 1-row tensor-core kernel (mma1, group 2) 15 registers and a 52-byte
-// spill in ptxas.
-template <int G, int CP, bool EXP2 = false>
+// The cluster merge's weights, by the first warp: lane g * CP + r the weight e^(M_r - M) of
+// partial r of head g into wR, and each head's max M and sum L (by one lane, in partition
+// order: the sums of a loop over the partials) into mG / lG. Not inlined: inlined, it cost the
+// 1-row tensor-core kernel (mma1, group 2) 15 registers and a 52-byte spill in ptxas.
+template <int G, int CP>
 __device__ __noinline__ void merge_weights(const float (&pM)[CP][G], const float (&pL)[CP][G],
                                            int cused, float (&wR)[CP][G], float (&mG)[G],
                                            float (&lG)[G]) {
@@ -91,10 +88,7 @@ __device__ __noinline__ void merge_weights(const float (&pM)[CP][G], const float
   float M = mine ? pM[r][g] : -INFINITY;
 #pragma unroll
   for (int o = CP / 2; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o, CP));
-  if (mine) {
-    const float x = pM[r][g] - M;
-    wR[r][g] = M != -INFINITY ? (EXP2 ? fast_exp2(x) : __expf(x)) : 0.f;
-  }
+  if (mine) wR[r][g] = M != -INFINITY ? __expf(pM[r][g] - M) : 0.f;
   __syncwarp();
   if (g < G && r == 0) {
     float L = 0.f;

@@ -241,14 +241,6 @@ pub struct KernelOptions {
     /// after 512-token prompts +2.1%, after 8k +8.4%, batch 1 +1-2.4%, 1.7B +1% (BENCHMARKS.md,
     /// #21); off: the division.
     pub fused_lean: bool,
-    /// The fused decode attention's merge of a block's states (the tensor-core loop's four
-    /// warps, the CUDA-core loop's eight half-warps) with each state's weight and each head's
-    /// max and sum formed once, by one warp, then every output one unrolled run of FMAs (a
-    /// second build of `kernels/fused_decode.cu` with `FUSED_BLOCK_WEIGHTS`), as the cluster
-    /// merge has done since round 53 (+0.9% on the 30B-A3B shape). Here the per-output form
-    /// is already unrolled, and the weights cost a block barrier. The same sums in the same
-    /// order: the same bits. Off by default until measured (#29, #21).
-    pub fused_block_weights: bool,
     /// The fused decode attention's loop over a context that fits one cluster (up to 2,048
     /// tokens at 1-4 rows, 1,024 at 5-16) on tensor cores (`kernels/fused_decode.cu`
     /// `decode_fused_mma*`: the loop of `kernels/decode_mma.cu`, a warp taking chunks of 16
@@ -440,7 +432,6 @@ impl Default for KernelOptions {
             graph_splits_few: Some(GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(GRAPH_SPLITS_MID),
             fused_lean: true,
-            fused_block_weights: false,
             fused_mma: Some(FUSED_MMA_STAGES),
             fused_mma_rows: FUSED_MMA_ROWS,
             fused_mma_one: Some(FUSED_MMA_ONE),

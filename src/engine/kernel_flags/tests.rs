@@ -29,13 +29,6 @@ fn kernel_flags_become_kernel_options() {
     assert!(d.kernels.fused_lean && lib.kernels.fused_lean);
     let l = opts(&["x", "--no-fused-lean"]);
     assert!(!l.kernels.fused_lean);
-    // The fused attention's block merge weights: off unless asked for.
-    assert!(!d.kernels.fused_block_weights && !lib.kernels.fused_block_weights);
-    assert!(
-        opts(&["x", "--fused-block-weights"])
-            .kernels
-            .fused_block_weights
-    );
     // The fused attention's tensor-core loop: one stage for steps of up to 2 rows unless
     // turned off; stages 1-2 only.
     let one = Some(crate::engine::options::FUSED_MMA_STAGES);
