@@ -97,6 +97,10 @@ pub struct KernelFlags {
     /// Every 1-2-row fused norm scales its inputs (turns `KernelOptions::norm_deferred` off).
     #[arg(long, conflicts_with = "norm_deferred_max_k")]
     pub no_norm_deferred: bool,
+    /// The deferred norm's qkv matmul with N output rows a warp, 2 or 4
+    /// (`KernelOptions::norm_gemv_rows`; default one).
+    #[arg(long, value_name = "N", value_parser = parse_norm_rows, conflicts_with_all = ["warp_norm", "no_norm_deferred"])]
+    pub norm_gemv_rows: Option<u8>,
     /// Run decode attention unfused (norm/RoPE/KV write, then attention).
     #[arg(long)]
     pub no_fused_decode: bool,
@@ -257,6 +261,15 @@ pub struct KernelFlags {
     pub kv_load_direct: bool,
 }
 
+/// `--norm-gemv-rows`: one of the rows a warp the kernels are built for.
+fn parse_norm_rows(s: &str) -> Result<u8, String> {
+    let rows = super::options::NORM_GEMV_ROWS;
+    s.parse::<u8>()
+        .ok()
+        .filter(|r| rows.contains(r))
+        .ok_or_else(|| format!("`{s}`: the kernels take {rows:?} rows a warp"))
+}
+
 impl KernelFlags {
     /// The kernel options these flags describe.
     pub fn options(&self) -> KernelOptions {
@@ -288,6 +301,7 @@ impl KernelFlags {
             weight_evict_first_moe: self.weight_evict_first_moe,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
+            norm_gemv_rows: self.norm_gemv_rows,
             norm_deferred: (!self.no_norm_deferred).then(|| {
                 self.norm_deferred_max_k
                     .unwrap_or(super::options::NORM_DEFERRED_MAX_K)

@@ -92,6 +92,10 @@ pub const GEMV_TMA_MIN_K: usize = 2048;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
 pub const GEMV_STREAM_BLOCKS: u8 = 2;
 
+/// Rows a warp that [`KernelOptions::norm_gemv_rows`] takes: the several-rows kernels built
+/// (`kernels/gemv.cu` `dnorm_gemv_r{R}_*`).
+pub const NORM_GEMV_ROWS: [u8; 2] = [2, 4];
+
 /// Which of the engine's own CUDA kernels a forward uses. Every switch is on by default and
 /// only takes effect where the hardware and dtype allow it; turning one off runs the slower
 /// path it replaces (for comparisons and debugging). Ignored without the `cuda` feature.
@@ -210,6 +214,13 @@ pub struct KernelOptions {
     /// two; the input rounded to bf16 once, at another scale; `warp_norm` takes precedence).
     /// Default `Some(NORM_DEFERRED_MAX_K)`; None: every norm scales its inputs.
     pub norm_deferred: Option<usize>,
+    /// The 1-2-row norm matmul without SiLU (qkv behind its add+RMSNorm) over the deferred
+    /// norm's inputs (`norm_deferred`: 0.6B's 1,024) with this many output rows a warp
+    /// (one of [`NORM_GEMV_ROWS`]; `kernels/gemv.cu` `dnorm_gemv_r{R}_*`): the same sums in the
+    /// same order, on a quarter or a half of the blocks and registers, so the decode
+    /// attention's blocks find room to start (PDL) and load their K/V while it runs. None (the
+    /// default): one row a warp. Not yet measured.
+    pub norm_gemv_rows: Option<u8>,
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge; bf16).
     pub fused_decode: bool,
     /// Merge fused decode attention in thread-block clusters (sm_90+).
@@ -425,6 +436,7 @@ impl Default for KernelOptions {
             sample_full: true,
             warp_norm: false,
             norm_deferred: Some(NORM_DEFERRED_MAX_K),
+            norm_gemv_rows: None,
             fused_decode: true,
             clusters: true,
             gqa8_split: true,

@@ -65,6 +65,9 @@ pub struct LaunchOptions {
     /// sums by 1/rms instead of the inputs (`gemv.cu` `dnorm_*`, `sdnorm_*`; with `warp_norm`
     /// off).
     pub norm_deferred: Option<usize>,
+    /// The deferred norm's matmul without SiLU with this many rows a warp (`gemv.cu`
+    /// `dnorm_gemv_r{R}_*`; R one of `NORM_GEMV_ROWS`); None: one.
+    pub norm_gemv_rows: Option<u8>,
     /// The fused decode attention (bf16).
     pub fused_decode: bool,
     /// Thread-block clusters in the fused decode attention (sm_90+).
@@ -189,6 +192,7 @@ impl Default for LaunchOptions {
             sample_full: true,
             warp_norm: false,
             norm_deferred: Some(crate::engine::options::NORM_DEFERRED_MAX_K),
+            norm_gemv_rows: None,
             fused_decode: true,
             clusters: true,
             gqa8_split: true,

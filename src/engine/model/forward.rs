@@ -84,6 +84,7 @@ pub fn launch_options(opts: &KernelOptions, cfg: &ModelConfig) -> LaunchOptions 
         l2_prefetch: opts.l2_prefetch,
         warp_norm: opts.warp_norm,
         norm_deferred: opts.norm_deferred,
+        norm_gemv_rows: opts.norm_gemv_rows,
         sample_full: opts.sample_full,
         fused_decode: opts.fused_decode,
         clusters: opts.clusters,
