@@ -173,7 +173,8 @@ fn pair_bits(
 }
 
 /// The streamed 1-row matmul (`LaunchOptions::gemv_tma`, sm_90) against the skinny matmuls
-/// (`gemv_tma` None), bit for bit (tolerance 0), at 1, 3, 4 and 10 pieces a warp, over shapes
+/// (`gemv_tma` None), bit for bit (tolerance 0), at 1, 3, 4 and 10 pieces a warp (3 and 4 also
+/// with the copy warp's sleeps, `gemv_tma_backoff`), over shapes
 /// where a warp takes several rows, one or none (7 rows), 0.6B's down and o among them (of any
 /// row count here: the engine gives it only 1,024-row weights). On a GPU without sm_90 both are
 /// the skinny matmuls.
@@ -184,10 +185,17 @@ fn tma_bits(dev: &Device, t: &mut Table) -> Res<()> {
         ..LaunchOptions::default()
     };
     let def = CudaKernels::new(dev, dt, &skinny)?.ok_or("no kernels")?;
-    for ns in [1u8, 3, 4, 10] {
+    for (ns, backoff) in [
+        (1u8, None),
+        (3, None),
+        (3, Some(256)),
+        (4, Some(32)),
+        (10, None),
+    ] {
         let opts = LaunchOptions {
             gemv_tma: Some(ns),
             gemv_tma_any_rows: true,
+            gemv_tma_backoff: backoff,
             ..LaunchOptions::default()
         };
         let k = CudaKernels::new(dev, dt, &opts)?.ok_or("no kernels")?;
@@ -208,7 +216,9 @@ fn tma_bits(dev: &Device, t: &mut Table) -> Res<()> {
             );
             def.linear_into(&x, &w, &o1)?;
             k.linear_into(&x, &w, &o2)?;
-            let name = format!("gemv_tma {ns} pieces a warp, n {n} k {kk} (bits of gemv.cu)");
+            let sleep = backoff.map_or(String::new(), |b| format!(", sleeps up to {b} ns"));
+            let name =
+                format!("gemv_tma {ns} pieces a warp{sleep}, n {n} k {kk} (bits of gemv.cu)");
             t.check(name, max_diff(&o1, &o2)?, 0.0);
         }
     }

@@ -64,6 +64,10 @@ pub struct KernelFlags {
     /// (`KernelOptions::gemv_tma_min_k`; default 2,048; 2,049 leaves 0.6B's o out).
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub gemv_tma_min_k: Option<u64>,
+    /// The streamed 1-row matmul's copy warp sleeps while its ring is full, up to NS ns a
+    /// round (`KernelOptions::gemv_tma_backoff`; default: it polls).
+    #[arg(long, value_name = "NS", value_parser = clap::value_parser!(u32).range(32..=100_000))]
+    pub gemv_tma_backoff: Option<u32>,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
@@ -292,6 +296,7 @@ impl KernelFlags {
                 .then(|| self.smem_carveout.unwrap_or(super::options::SMEM_CARVEOUT)),
             gemv_tma: (!self.no_gemv_tma)
                 .then(|| self.gemv_tma.unwrap_or(super::options::GEMV_TMA_PIECES)),
+            gemv_tma_backoff: self.gemv_tma_backoff,
             gemv_tma_min_k: self
                 .gemv_tma_min_k
                 .map_or(super::options::GEMV_TMA_MIN_K, |k| k as usize),

@@ -176,6 +176,12 @@ pub struct KernelOptions {
     /// Fewest inputs of the 1-row plain matmuls [`KernelOptions::gemv_tma`] takes (a multiple
     /// of 1,024 from here up to 4,096). Default `GEMV_TMA_MIN_K` (2,048: 0.6B's o and down).
     pub gemv_tma_min_k: usize,
+    /// The streamed 1-row matmul's copy warp ([`KernelOptions::gemv_tma`]) sleeps while its
+    /// ring is full, 32 ns doubling up to this many ns (`__nanosleep`), instead of polling.
+    /// The ring fills before the wait on the kernel before, so a polling copy warp takes
+    /// issue slots from the blocks beside it (0.6B's o beside the fused attention) for that
+    /// kernel's whole run. None (the default): it polls. Not yet measured.
+    pub gemv_tma_backoff: Option<u32>,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
     /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one
@@ -428,6 +434,7 @@ impl Default for KernelOptions {
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),
             gemv_tma_min_k: GEMV_TMA_MIN_K,
+            gemv_tma_backoff: None,
             gemv_double_buffer: true,
             gemv_split_k: false,
             weight_evict_first: true,

@@ -32,6 +32,9 @@ pub(crate) struct TmaGemv {
     pub(super) slots: usize,
     pub(super) min_k: usize,
     pub(super) any_rows: bool,
+    /// The copy warp's longest sleep while its ring is full, in ns (0: it polls;
+    /// `LaunchOptions::gemv_tma_backoff`).
+    pub(super) backoff: u32,
 }
 
 impl TmaGemv {
@@ -68,6 +71,7 @@ impl TmaGemv {
             slots: usize::from(n.clamp(1, GEMV_TMA_MAX_SLOTS)),
             min_k: opts.gemv_tma_min_k,
             any_rows: opts.gemv_tma_any_rows,
+            backoff: opts.gemv_tma_backoff.unwrap_or(0),
         }))
     }
 }

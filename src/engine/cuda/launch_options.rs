@@ -44,6 +44,9 @@ pub struct LaunchOptions {
     /// The streamed kernel takes weights of any row count, not only the 1,024-row ones it was
     /// measured faster on (`kernel_check`'s bit checks; the engine never sets it).
     pub gemv_tma_any_rows: bool,
+    /// The streamed kernel's copy warp sleeps while its ring is full, 32 ns doubling up to
+    /// this many, instead of polling; None: it polls.
+    pub gemv_tma_backoff: Option<u32>,
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
     pub gemv_double_buffer: bool,
@@ -185,6 +188,7 @@ impl Default for LaunchOptions {
             gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),
             gemv_tma_min_k: crate::engine::options::GEMV_TMA_MIN_K,
             gemv_tma_any_rows: false,
+            gemv_tma_backoff: None,
             gemv_double_buffer: true,
             gemv_split_k: false,
             weight_evict_first: true,

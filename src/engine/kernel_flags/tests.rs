@@ -157,6 +157,14 @@ fn kernel_flags_become_kernel_options() {
     assert!(!n.kernels.gemv_double_buffer && !n.kernels.gemv_split_k);
     assert!(Cli::try_parse_from(["x", "--gemv-stream", "2", "--no-gemv-stream"]).is_err());
     assert!(Cli::try_parse_from(["x", "--gemv-stream", "0"]).is_err());
+    // The streamed matmul's copy warp polls unless given a longest sleep (32 ns at least).
+    assert_eq!(
+        (d.kernels.gemv_tma_backoff, lib.kernels.gemv_tma_backoff),
+        (None, None)
+    );
+    let b = opts(&["x", "--gemv-tma-backoff", "256"]);
+    assert_eq!(b.kernels.gemv_tma_backoff, Some(256));
+    assert!(Cli::try_parse_from(["x", "--gemv-tma-backoff", "16"]).is_err());
     // The deferred norm's qkv one row a warp unless asked for 2 or 4 (the kernels built); not
     // beside the per-warp norm or with the deferred norm off.
     assert_eq!(

@@ -75,6 +75,7 @@ pub fn launch_options(opts: &KernelOptions, cfg: &ModelConfig) -> LaunchOptions 
         gemv_tma: opts.gemv_tma,
         gemv_tma_min_k: opts.gemv_tma_min_k,
         gemv_tma_any_rows: false,
+        gemv_tma_backoff: opts.gemv_tma_backoff,
         gemv_double_buffer: opts.gemv_double_buffer,
         gemv_split_k: opts.gemv_split_k,
         weight_evict_first: match cfg.is_moe() {
