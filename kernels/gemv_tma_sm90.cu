@@ -43,33 +43,15 @@ __device__ __forceinline__ bool mbar_done(uint64_t* b, uint32_t parity) {
 }
 
 // Lane w (< 8) of the copy warp: compute warp gw's pieces in order, each once its slot's
-// previous piece is summed. The eight lanes poll without blocking and stay converged. With
-// `backoff` (ns, LaunchOptions::gemv_tma_backoff) a round in which no lane issued puts the warp
-// to sleep, 32 ns doubling up to `backoff` while nothing frees, instead of polling on: the ring
-// fills before the wait on the kernel before, so without it the copy warp polls through that
-// kernel's whole run, taking issue slots from the blocks beside it on the SM.
+// previous piece is summed. The eight lanes poll without blocking and stay converged.
 __device__ void produce(const __nv_bfloat16* W, int N, int K, __nv_bfloat16* slots,
-                        uint64_t* full, uint64_t* empty, int ns, int gw, int NW,
-                        unsigned backoff) {
+                        uint64_t* full, uint64_t* empty, int ns, int gw, int NW) {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   const int P = K / PIECE;
   const int total = gw < N ? ((N - 1 - gw) / NW + 1) * P : 0;
   int issued = 0;
-  unsigned sleep = 32;
   while (__any_sync(0xffu, issued < total)) {
-    if (backoff) {
-      const int s = issued % ns;
-      const bool ready = issued < total &&
-          (issued < ns || mbar_done<false>(empty + s, (uint32_t)(issued / ns - 1) & 1u));
-      if (!__any_sync(0xffu, ready)) {
-        __nanosleep(sleep);
-        sleep = min(2 * sleep, backoff);
-        continue;
-      }
-      sleep = 32;
-      if (!ready) continue;
-    }
     if (issued >= total) continue;
     const int s = issued % ns;
     if (issued >= ns && !mbar_done<false>(empty + s, (uint32_t)(issued / ns - 1) & 1u)) continue;
@@ -89,7 +71,7 @@ __device__ void produce(const __nv_bfloat16* W, int N, int K, __nv_bfloat16* slo
 }
 
 __device__ void tma_gemv(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* x,
-                         __nv_bfloat16* out, int N, int K, int ns, unsigned backoff) {
+                         __nv_bfloat16* out, int N, int K, int ns) {
   extern __shared__ __align__(128) __nv_bfloat16 dyn[];
   __shared__ __align__(8) uint64_t full[WARPS][MAX_NS], empty[WARPS][MAX_NS];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -106,7 +88,7 @@ __device__ void tma_gemv(const __nv_bfloat16* __restrict__ W, const __nv_bfloat1
     __syncthreads();
     if (lane < WARPS)
       produce(W, N, K, dyn + (size_t)lane * ns * PIECE, full[lane], empty[lane], ns,
-              blockIdx.x * WARPS + lane, NW, backoff);
+              blockIdx.x * WARPS + lane, NW);
     return;
   }
   __syncthreads();  // the mbarriers are initialised
@@ -147,6 +129,6 @@ __device__ void tma_gemv(const __nv_bfloat16* __restrict__ W, const __nv_bfloat1
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32 + 32, 1)
     gemv_tma(const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,
-             int ns, unsigned backoff) {
-  tma_gemv(W, x, out, N, K, ns, backoff);
+             int ns) {
+  tma_gemv(W, x, out, N, K, ns);
 }

@@ -3,8 +3,7 @@
 //! fused add+RMSNorm, with the L2 prefetch of a next weight on, against f32 math on the same
 //! bf16 inputs. Shapes of Qwen3-0.6B/1.7B layers plus ragged ones (output rows not a multiple
 //! of a block's 16); the streamed-rows gate|up kernels and the double-buffered ones (the
-//! defaults) against the one-block-a-row-group, one-batch kernels, bit for bit; the deferred
-//! norm's matmul with several rows a warp against one row a warp, bit for bit.
+//! defaults) against the one-block-a-row-group, one-batch kernels, bit for bit.
 
 use super::*;
 
@@ -57,7 +56,6 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     mma_plain_dispatch(dev, t)?;
     super::presum::checks(dev, t)?;
     tma_bits(dev, t)?;
-    norm_rows_bits(dev, t)?;
     evict_first_bits(dev, t)?;
     split_rows(dev, t)
 }
@@ -94,44 +92,6 @@ fn evict_first_bits(dev: &Device, t: &mut Table) -> Res<()> {
         dev,
         t,
     )
-}
-
-/// The deferred norm's matmul with 2 and 4 rows a warp (`LaunchOptions::norm_gemv_rows`)
-/// against one row a warp, bit for bit (tolerance 0; output and residual sum), 1-2 rows: 0.6B's
-/// qkv (4,096 x 1,024), ragged row counts (a warp with some rows past the end, a block with
-/// none) and, with the deferred norm widened to 4,096 inputs in both sets, rows of several
-/// batches (2,048 and 3,072 inputs). The check that the option's kernels were loaded keeps it
-/// from passing by falling back.
-fn norm_rows_bits(dev: &Device, t: &mut Table) -> Res<()> {
-    let set = |norm_gemv_rows: Option<u8>, norm_deferred: usize| -> Res<CudaKernels> {
-        let opts = LaunchOptions {
-            norm_gemv_rows,
-            norm_deferred: Some(norm_deferred),
-            ..LaunchOptions::default()
-        };
-        Ok(CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?)
-    };
-    for r in [2u8, 4] {
-        for (max_k, shapes) in [
-            (
-                1024,
-                &[(4096usize, 1024usize), (1000, 1024), (7, 1024), (4096, 512)][..],
-            ),
-            (4096, &[(2048, 2048), (1001, 3072)][..]),
-        ] {
-            let (one, k) = (set(None, max_k)?, set(Some(r), max_k)?);
-            let loaded =
-                k.norm_gemv_rows() == Some(usize::from(r)) && one.norm_gemv_rows().is_none();
-            t.check(
-                format!("norm_gemv {r} rows a warp loaded (deferred to {max_k}) ?"),
-                if loaded { 0.0 } else { 1.0 },
-                0.0,
-            );
-            let tag = format!(" ({r} rows a warp)");
-            pair_bits((&one, &k), (&[1, 2], shapes), (false, &tag), dev, t)?;
-        }
-    }
-    Ok(())
 }
 
 /// `b` against `a` bit for bit (tolerance 0) for each row count of `rows` and each `(n, k)` of
@@ -173,8 +133,7 @@ fn pair_bits(
 }
 
 /// The streamed 1-row matmul (`LaunchOptions::gemv_tma`, sm_90) against the skinny matmuls
-/// (`gemv_tma` None), bit for bit (tolerance 0), at 1, 3, 4 and 10 pieces a warp (3 and 4 also
-/// with the copy warp's sleeps, `gemv_tma_backoff`), over shapes
+/// (`gemv_tma` None), bit for bit (tolerance 0), at 1, 3, 4 and 10 pieces a warp, over shapes
 /// where a warp takes several rows, one or none (7 rows), 0.6B's down and o among them (of any
 /// row count here: the engine gives it only 1,024-row weights). On a GPU without sm_90 both are
 /// the skinny matmuls.
@@ -185,17 +144,10 @@ fn tma_bits(dev: &Device, t: &mut Table) -> Res<()> {
         ..LaunchOptions::default()
     };
     let def = CudaKernels::new(dev, dt, &skinny)?.ok_or("no kernels")?;
-    for (ns, backoff) in [
-        (1u8, None),
-        (3, None),
-        (3, Some(256)),
-        (4, Some(32)),
-        (10, None),
-    ] {
+    for ns in [1u8, 3, 4, 10] {
         let opts = LaunchOptions {
             gemv_tma: Some(ns),
             gemv_tma_any_rows: true,
-            gemv_tma_backoff: backoff,
             ..LaunchOptions::default()
         };
         let k = CudaKernels::new(dev, dt, &opts)?.ok_or("no kernels")?;
@@ -216,9 +168,7 @@ fn tma_bits(dev: &Device, t: &mut Table) -> Res<()> {
             );
             def.linear_into(&x, &w, &o1)?;
             k.linear_into(&x, &w, &o2)?;
-            let sleep = backoff.map_or(String::new(), |b| format!(", sleeps up to {b} ns"));
-            let name =
-                format!("gemv_tma {ns} pieces a warp{sleep}, n {n} k {kk} (bits of gemv.cu)");
+            let name = format!("gemv_tma {ns} pieces a warp, n {n} k {kk} (bits of gemv.cu)");
             t.check(name, max_diff(&o1, &o2)?, 0.0);
         }
     }

@@ -64,10 +64,6 @@ pub struct KernelFlags {
     /// (`KernelOptions::gemv_tma_min_k`; default 2,048; 2,049 leaves 0.6B's o out).
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub gemv_tma_min_k: Option<u64>,
-    /// The streamed 1-row matmul's copy warp sleeps while its ring is full, up to NS ns a
-    /// round (`KernelOptions::gemv_tma_backoff`; default: it polls).
-    #[arg(long, value_name = "NS", value_parser = clap::value_parser!(u32).range(32..=100_000))]
-    pub gemv_tma_backoff: Option<u32>,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
@@ -101,10 +97,6 @@ pub struct KernelFlags {
     /// Every 1-2-row fused norm scales its inputs (turns `KernelOptions::norm_deferred` off).
     #[arg(long, conflicts_with = "norm_deferred_max_k")]
     pub no_norm_deferred: bool,
-    /// The deferred norm's qkv matmul with N output rows a warp, 2 or 4
-    /// (`KernelOptions::norm_gemv_rows`; default one).
-    #[arg(long, value_name = "N", value_parser = parse_norm_rows, conflicts_with_all = ["warp_norm", "no_norm_deferred"])]
-    pub norm_gemv_rows: Option<u8>,
     /// Run decode attention unfused (norm/RoPE/KV write, then attention).
     #[arg(long)]
     pub no_fused_decode: bool,
@@ -265,15 +257,6 @@ pub struct KernelFlags {
     pub kv_load_direct: bool,
 }
 
-/// `--norm-gemv-rows`: one of the rows a warp the kernels are built for.
-fn parse_norm_rows(s: &str) -> Result<u8, String> {
-    let rows = super::options::NORM_GEMV_ROWS;
-    s.parse::<u8>()
-        .ok()
-        .filter(|r| rows.contains(r))
-        .ok_or_else(|| format!("`{s}`: the kernels take {rows:?} rows a warp"))
-}
-
 impl KernelFlags {
     /// The kernel options these flags describe.
     pub fn options(&self) -> KernelOptions {
@@ -296,7 +279,6 @@ impl KernelFlags {
                 .then(|| self.smem_carveout.unwrap_or(super::options::SMEM_CARVEOUT)),
             gemv_tma: (!self.no_gemv_tma)
                 .then(|| self.gemv_tma.unwrap_or(super::options::GEMV_TMA_PIECES)),
-            gemv_tma_backoff: self.gemv_tma_backoff,
             gemv_tma_min_k: self
                 .gemv_tma_min_k
                 .map_or(super::options::GEMV_TMA_MIN_K, |k| k as usize),
@@ -306,7 +288,6 @@ impl KernelFlags {
             weight_evict_first_moe: self.weight_evict_first_moe,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
-            norm_gemv_rows: self.norm_gemv_rows,
             norm_deferred: (!self.no_norm_deferred).then(|| {
                 self.norm_deferred_max_k
                     .unwrap_or(super::options::NORM_DEFERRED_MAX_K)

@@ -92,10 +92,6 @@ pub const GEMV_TMA_MIN_K: usize = 2048;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
 pub const GEMV_STREAM_BLOCKS: u8 = 2;
 
-/// Rows a warp that [`KernelOptions::norm_gemv_rows`] takes: the several-rows kernels built
-/// (`kernels/gemv.cu` `dnorm_gemv_r{R}_*`).
-pub const NORM_GEMV_ROWS: [u8; 2] = [2, 4];
-
 /// Which of the engine's own CUDA kernels a forward uses. Every switch is on by default and
 /// only takes effect where the hardware and dtype allow it; turning one off runs the slower
 /// path it replaces (for comparisons and debugging). Ignored without the `cuda` feature.
@@ -176,12 +172,6 @@ pub struct KernelOptions {
     /// Fewest inputs of the 1-row plain matmuls [`KernelOptions::gemv_tma`] takes (a multiple
     /// of 1,024 from here up to 4,096). Default `GEMV_TMA_MIN_K` (2,048: 0.6B's o and down).
     pub gemv_tma_min_k: usize,
-    /// The streamed 1-row matmul's copy warp ([`KernelOptions::gemv_tma`]) sleeps while its
-    /// ring is full, 32 ns doubling up to this many ns (`__nanosleep`), instead of polling.
-    /// The ring fills before the wait on the kernel before, so a polling copy warp takes
-    /// issue slots from the blocks beside it (0.6B's o beside the fused attention) for that
-    /// kernel's whole run. None (the default): it polls. Not yet measured.
-    pub gemv_tma_backoff: Option<u32>,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
     /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one
@@ -220,13 +210,6 @@ pub struct KernelOptions {
     /// two; the input rounded to bf16 once, at another scale; `warp_norm` takes precedence).
     /// Default `Some(NORM_DEFERRED_MAX_K)`; None: every norm scales its inputs.
     pub norm_deferred: Option<usize>,
-    /// The 1-2-row norm matmul without SiLU (qkv behind its add+RMSNorm) over the deferred
-    /// norm's inputs (`norm_deferred`: 0.6B's 1,024) with this many output rows a warp
-    /// (one of [`NORM_GEMV_ROWS`]; `kernels/gemv.cu` `dnorm_gemv_r{R}_*`): the same sums in the
-    /// same order, on a quarter or a half of the blocks and registers, so the decode
-    /// attention's blocks find room to start (PDL) and load their K/V while it runs. None (the
-    /// default): one row a warp. Not yet measured.
-    pub norm_gemv_rows: Option<u8>,
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge; bf16).
     pub fused_decode: bool,
     /// Merge fused decode attention in thread-block clusters (sm_90+).
@@ -434,7 +417,6 @@ impl Default for KernelOptions {
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),
             gemv_tma_min_k: GEMV_TMA_MIN_K,
-            gemv_tma_backoff: None,
             gemv_double_buffer: true,
             gemv_split_k: false,
             weight_evict_first: true,
@@ -443,7 +425,6 @@ impl Default for KernelOptions {
             sample_full: true,
             warp_norm: false,
             norm_deferred: Some(NORM_DEFERRED_MAX_K),
-            norm_gemv_rows: None,
             fused_decode: true,
             clusters: true,
             gqa8_split: true,

@@ -45,7 +45,6 @@ impl CudaKernels {
         let (n32, k32, ns) = (n as i32, k as i32, g.slots as i32);
         let mut b = self.launcher(&g.f);
         b.arg(&pw).arg(&px).arg(&po).arg(&n32).arg(&k32).arg(&ns);
-        b.arg(&g.backoff);
         // SAFETY: the arguments match `gemv_tma` in kernels/gemv_tma_sm90.cu; the caller
         // checked the shapes (w `[n, k]`, x `[1, k]`, out `[1, n]`, contiguous bf16); k is a
         // multiple of 1,024 and the shared memory within the attribute set at load.

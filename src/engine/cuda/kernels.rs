@@ -409,7 +409,7 @@ impl CudaKernels {
                     opts.gemv_stream,
                     opts.gemv_double_buffer,
                     opts.gemv_split_k,
-                    (opts.warp_norm, opts.norm_deferred, opts.norm_gemv_rows),
+                    (opts.warp_norm, opts.norm_deferred),
                 );
                 let set = GemvSet::load(&gemv_mod, which, sms, GEMV_MAX_ROWS)?;
                 if let Some(c) = opts.smem_carveout {

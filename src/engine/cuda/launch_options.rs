@@ -44,9 +44,6 @@ pub struct LaunchOptions {
     /// The streamed kernel takes weights of any row count, not only the 1,024-row ones it was
     /// measured faster on (`kernel_check`'s bit checks; the engine never sets it).
     pub gemv_tma_any_rows: bool,
-    /// The streamed kernel's copy warp sleeps while its ring is full, 32 ns doubling up to
-    /// this many, instead of polling; None: it polls.
-    pub gemv_tma_backoff: Option<u32>,
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
     pub gemv_double_buffer: bool,
@@ -68,9 +65,6 @@ pub struct LaunchOptions {
     /// sums by 1/rms instead of the inputs (`gemv.cu` `dnorm_*`, `sdnorm_*`; with `warp_norm`
     /// off).
     pub norm_deferred: Option<usize>,
-    /// The deferred norm's matmul without SiLU with this many rows a warp (`gemv.cu`
-    /// `dnorm_gemv_r{R}_*`; R one of `NORM_GEMV_ROWS`); None: one.
-    pub norm_gemv_rows: Option<u8>,
     /// The fused decode attention (bf16).
     pub fused_decode: bool,
     /// Thread-block clusters in the fused decode attention (sm_90+).
@@ -188,7 +182,6 @@ impl Default for LaunchOptions {
             gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),
             gemv_tma_min_k: crate::engine::options::GEMV_TMA_MIN_K,
             gemv_tma_any_rows: false,
-            gemv_tma_backoff: None,
             gemv_double_buffer: true,
             gemv_split_k: false,
             weight_evict_first: true,
@@ -196,7 +189,6 @@ impl Default for LaunchOptions {
             sample_full: true,
             warp_norm: false,
             norm_deferred: Some(crate::engine::options::NORM_DEFERRED_MAX_K),
-            norm_gemv_rows: None,
             fused_decode: true,
             clusters: true,
             gqa8_split: true,

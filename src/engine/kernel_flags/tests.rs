@@ -157,36 +157,6 @@ fn kernel_flags_become_kernel_options() {
     assert!(!n.kernels.gemv_double_buffer && !n.kernels.gemv_split_k);
     assert!(Cli::try_parse_from(["x", "--gemv-stream", "2", "--no-gemv-stream"]).is_err());
     assert!(Cli::try_parse_from(["x", "--gemv-stream", "0"]).is_err());
-    // The streamed matmul's copy warp polls unless given a longest sleep (32 ns at least).
-    assert_eq!(
-        (d.kernels.gemv_tma_backoff, lib.kernels.gemv_tma_backoff),
-        (None, None)
-    );
-    let b = opts(&["x", "--gemv-tma-backoff", "256"]);
-    assert_eq!(b.kernels.gemv_tma_backoff, Some(256));
-    assert!(Cli::try_parse_from(["x", "--gemv-tma-backoff", "16"]).is_err());
-    // The deferred norm's qkv one row a warp unless asked for 2 or 4 (the kernels built); not
-    // beside the per-warp norm or with the deferred norm off.
-    assert_eq!(
-        (d.kernels.norm_gemv_rows, lib.kernels.norm_gemv_rows),
-        (None, None)
-    );
-    assert_eq!(
-        opts(&["x", "--norm-gemv-rows", "4"]).kernels.norm_gemv_rows,
-        Some(4)
-    );
-    assert_eq!(
-        opts(&["x", "--norm-gemv-rows", "2"]).kernels.norm_gemv_rows,
-        Some(2)
-    );
-    for bad in [
-        &["x", "--norm-gemv-rows", "3"][..],
-        &["x", "--norm-gemv-rows", "1"],
-        &["x", "--norm-gemv-rows", "2", "--warp-norm"],
-        &["x", "--norm-gemv-rows", "2", "--no-norm-deferred"],
-    ] {
-        assert!(Cli::try_parse_from(bad).is_err(), "{bad:?}");
-    }
     let n = opts(&["x", "--gemv-split-k"]);
     assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);
     assert!(d.kernels.weight_evict_first && lib.kernels.weight_evict_first);

@@ -75,7 +75,6 @@ pub fn launch_options(opts: &KernelOptions, cfg: &ModelConfig) -> LaunchOptions 
         gemv_tma: opts.gemv_tma,
         gemv_tma_min_k: opts.gemv_tma_min_k,
         gemv_tma_any_rows: false,
-        gemv_tma_backoff: opts.gemv_tma_backoff,
         gemv_double_buffer: opts.gemv_double_buffer,
         gemv_split_k: opts.gemv_split_k,
         weight_evict_first: match cfg.is_moe() {
@@ -85,7 +84,6 @@ pub fn launch_options(opts: &KernelOptions, cfg: &ModelConfig) -> LaunchOptions 
         l2_prefetch: opts.l2_prefetch,
         warp_norm: opts.warp_norm,
         norm_deferred: opts.norm_deferred,
-        norm_gemv_rows: opts.norm_gemv_rows,
         sample_full: opts.sample_full,
         fused_decode: opts.fused_decode,
         clusters: opts.clusters,
