@@ -33,13 +33,10 @@ const KERNELS: &[&str] = &[
 ];
 
 /// Second builds of a kernel file with macros defined: (fatbin name, source file, macros).
-/// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`);
-/// the fused decode attention letting the next launch in after its loop
-/// (`LaunchOptions::fused_late_trigger`).
+/// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`).
 const VARIANTS: &[(&str, &str, &[&str])] = &[
     ("gemv_ef", "gemv", &["WEIGHT_EVICT_FIRST"]),
     ("gemv_mma_ef", "gemv_mma", &["WEIGHT_EVICT_FIRST"]),
-    ("fused_decode_lt", "fused_decode", &["FUSED_LATE_TRIGGER"]),
 ];
 
 fn main() {

@@ -70,9 +70,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              float ks, float vs, float eps, int stop, int kv_shift) {
   using T = __nv_bfloat16;
   using Raw = typename KvRaw<KT>::type;
-#ifndef FUSED_LATE_TRIGGER
   pdl_trigger();
-#endif
   const int b = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int nh = nkv * G;
   // The cache's KV head of this block's heads, and the cache's KV head count (see kv_shift).
@@ -334,12 +332,6 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     store_groups<G>(m, l, acc, grp, lane, sm, sl, sacc);
   }
   __syncthreads();
-#ifdef FUSED_LATE_TRIGGER
-  // Built with FUSED_LATE_TRIGGER (LaunchOptions::fused_late_trigger): the next kernel (o) may
-  // launch only once every block is past its loop, so its blocks do not start (and load their
-  // weights) beside this kernel's while its loads are in flight.
-  pdl_trigger();
-#endif
 
   // 4: the block's partial (M, L, A per head and dim) from its half-warps'; in a cluster it
   // goes straight into block 0's shared memory (slot = this block's rank).

@@ -26,8 +26,6 @@
 //  * gemv_db_t{T}_bf16, norm_gemv_db_t{T}_bf16 (T = 1, 2): gemv/norm_gemv with two batches of
 //    weight loads in flight (dot_rows2), bit for bit.
 //  * gemv_split_t{T}_bf16 (T = 1, 2): gemv with two warps a row, a half of K each (below).
-//  * dnorm_gemv_r{R}[w|e]_t{T}_bf16 (R = 2, 4; T = 1, 2): dnorm_gemv with R rows a warp
-//    (below), the next launch let in at the start, past the wait or at the end.
 //  * the same four on tensor cores for 3..8 rows: gemv_mma.cu.
 //
 // Every kernel also takes (pf, pf_bytes): weights of a later kernel of the step, which its
@@ -334,80 +332,6 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
   }
 }
 
-// ---- Several rows a warp (LaunchOptions::norm_gemv_rows) --------------------------------
-//
-// The deferred-norm matmul without SiLU (gemv_kernel<T, 1, 3>: qkv behind its norm), bit for
-// bit, with R consecutive output rows a warp and NB chunks a lane of each row in a batch (a
-// lane's chunks lane, lane + 32, ... in order, then the warp's butterfly, then the deferred
-// scale: the same sums in the same order). A block takes 8 R rows. At NB 4 a batch holds a
-// whole row of up to 1,024 inputs: 0.6B's qkv (4,096 x 1,024) is all loaded before the wait
-// in 4,096 / 8 R blocks of 32 R weight registers a thread, where one row a warp takes 512
-// blocks of 64 registers, ~97% of the GPU's registers, and leaves the attention's blocks no
-// room to start (PDL) and load their K/V before the qkv ends.
-// TRIG: where the block lets the next kernel launch (LaunchOptions::norm_gemv_trigger): 0 at
-// its start (as every kernel here), 1 once past its wait, 2 before its stores. (Measured on the
-// H200 at 0 the 4-rows kernel took 3.1 us alone against 3.8 but lost 4.5% in the step, the
-// attention's share of the chain +70 us: BENCHMARKS.md round 54.)
-template <int T, int R, int NB, int TRIG>
-__device__ __forceinline__ void mrows_kernel(const __nv_bfloat16* __restrict__ W,
-                                             const __nv_bfloat16* x,
-                                             const __nv_bfloat16* __restrict__ delta,
-                                             __nv_bfloat16* __restrict__ res_out,
-                                             const __nv_bfloat16* __restrict__ nw, float eps,
-                                             int add, __nv_bfloat16* __restrict__ out, int N,
-                                             int K, __nv_bfloat16* x_s, const void* pf,
-                                             unsigned long long pf_bytes) {
-  if (TRIG == 0) pdl_trigger();
-  l2_prefetch_share(pf, pf_bytes);
-  const int lane = threadIdx.x % 32;
-  const int r0 = (blockIdx.x * WARPS + threadIdx.x / 32) * R;
-  const int chunks = K / 8;
-  uint4 w[R][NB];
-  // The batch of chunks c0, c0 + 32, ... of each of the warp's rows (zeros past the ends).
-  auto load = [&](int c0) {
-#pragma unroll
-    for (int i = 0; i < NB; ++i) {
-      const int c = c0 + 32 * i;
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        w[r][i] = c < chunks && r0 + r < N ? ld_stream(W + (size_t)(r0 + r) * K + c * 8)
-                                           : make_uint4(0, 0, 0, 0);
-    }
-  };
-  load(lane);
-  pdl_wait();
-  if (TRIG == 1) pdl_trigger();
-  float inv[T];
-  norm_rows_deferred<T>(x, delta, res_out, nw, eps, add, K, x_s, inv);
-  if (r0 >= N) return;
-  float acc[R][T];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
-  const PlainX xs{x_s, K};
-  for (int c0 = lane; c0 < chunks; c0 += 32 * NB) {
-    if (c0 != lane) load(c0);
-#pragma unroll
-    for (int i = 0; i < NB; ++i) {
-      const int c = c0 + 32 * i;
-      if (c >= chunks) break;
-      sum_chunk<T, R>(xs, c, w, i, acc);
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
-  scale_rows<T, R>(acc, inv);
-  if (TRIG == 2) pdl_trigger();
-#pragma unroll
-  for (int t = 0; t < T; ++t)
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (lane == t && r0 + r < N) out[(size_t)t * N + r0 + r] = __float2bfloat16(acc[r][t]);
-}
-
 // ---- Rows split in two (LaunchOptions::gemv_split_k) ---------------------------------------
 //
 // For rows of more than BATCH * 256 inputs (down): two warps a row, each over one half of K
@@ -491,15 +415,6 @@ __device__ __forceinline__ void gemv_split_kernel(const __nv_bfloat16* __restric
   NORM_ENTRY(dnorm_gemv_silu_t##T##_bf16, gemv_kernel<T, 2, 3>(NORM_ARGS))                   \
   NORM_ENTRY(dnorm_gemv_db_t##T##_bf16, gemv_kernel<T, 1, 3, true>(NORM_ARGS))
 
-// Several rows a warp behind the deferred norm (LaunchOptions::norm_gemv_rows): 2 and 4 rows,
-// four chunks a lane a row in a batch; the next launch let in at the start, past the wait (w)
-// or at the end (e: LaunchOptions::norm_gemv_trigger).
-#define DNORM_ROWS_R(R, T)                                                                   \
-  NORM_ENTRY(dnorm_gemv_r##R##_t##T##_bf16, mrows_kernel<T, R, 4, 0>(NORM_ARGS))             \
-  NORM_ENTRY(dnorm_gemv_r##R##w_t##T##_bf16, mrows_kernel<T, R, 4, 1>(NORM_ARGS))            \
-  NORM_ENTRY(dnorm_gemv_r##R##e_t##T##_bf16, mrows_kernel<T, R, 4, 2>(NORM_ARGS))
-#define DNORM_ROWS(T) DNORM_ROWS_R(2, T) DNORM_ROWS_R(4, T)
-
 // Rows split in two (LaunchOptions::gemv_split_k), plain only.
 #define GEMV_SPLIT(T) PLAIN_ENTRY(gemv_split_t##T##_bf16, gemv_split_kernel<T>(W, x, out, N, K))
 
@@ -513,5 +428,3 @@ GEMV_DB(1)
 GEMV_DB(2)
 GEMV_SPLIT(1)
 GEMV_SPLIT(2)
-DNORM_ROWS(1)
-DNORM_ROWS(2)

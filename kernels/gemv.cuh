@@ -59,10 +59,9 @@ struct PlainX {
   }
 };
 
-// acc[r][t] += W[rows[r]] . x[t] over chunk c (8 inputs), the weights in slot i of w (a batch
-// of NB slots a row).
-template <int T, int NR, typename X, int NB>
-__device__ __forceinline__ void sum_chunk(const X& xs, int c, const uint4 (&w)[NR][NB], int i,
+// acc[r][t] += W[rows[r]] . x[t] over chunk c (8 inputs), the weights in slot i of w.
+template <int T, int NR, typename X>
+__device__ __forceinline__ void sum_chunk(const X& xs, int c, const uint4 (&w)[NR][BATCH], int i,
                                           float (&acc)[NR][T]) {
   float wf[NR][8];
 #pragma unroll

@@ -3,8 +3,7 @@
 //! fused add+RMSNorm, with the L2 prefetch of a next weight on, against f32 math on the same
 //! bf16 inputs. Shapes of Qwen3-0.6B/1.7B layers plus ragged ones (output rows not a multiple
 //! of a block's 16); the streamed-rows gate|up kernels and the double-buffered ones (the
-//! defaults) against the one-block-a-row-group, one-batch kernels, bit for bit; the deferred
-//! norm's matmul with several rows a warp against one row a warp, bit for bit.
+//! defaults) against the one-block-a-row-group, one-batch kernels, bit for bit.
 
 use super::*;
 
@@ -57,7 +56,6 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     mma_plain_dispatch(dev, t)?;
     super::presum::checks(dev, t)?;
     tma_bits(dev, t)?;
-    norm_rows_bits(dev, t)?;
     evict_first_bits(dev, t)?;
     split_rows(dev, t)
 }
@@ -94,53 +92,6 @@ fn evict_first_bits(dev: &Device, t: &mut Table) -> Res<()> {
         dev,
         t,
     )
-}
-
-/// The deferred norm's matmul with 2 and 4 rows a warp (`LaunchOptions::norm_gemv_rows`)
-/// against one row a warp, bit for bit (tolerance 0; output and residual sum), 1-2 rows: 0.6B's
-/// qkv (4,096 x 1,024), ragged row counts (a warp with some rows past the end, a block with
-/// none) and, with the deferred norm widened to 4,096 inputs in both sets, rows of several
-/// batches (2,048 and 3,072 inputs); each with the next launch let in at the kernel's start,
-/// past its wait and at its end (`LaunchOptions::norm_gemv_trigger`). The check that the
-/// option's kernels were loaded keeps it from passing by falling back.
-fn norm_rows_bits(dev: &Device, t: &mut Table) -> Res<()> {
-    use policy_serve::engine::PdlTrigger;
-    let set = |rows: Option<(u8, PdlTrigger)>, norm_deferred: usize| -> Res<CudaKernels> {
-        let opts = LaunchOptions {
-            norm_gemv_rows: rows.map(|(r, _)| r),
-            norm_gemv_trigger: rows.map_or(PdlTrigger::Start, |(_, at)| at),
-            norm_deferred: Some(norm_deferred),
-            ..LaunchOptions::default()
-        };
-        Ok(CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?)
-    };
-    for (r, at) in [
-        (2u8, PdlTrigger::Start),
-        (4, PdlTrigger::Start),
-        (4, PdlTrigger::Wait),
-        (4, PdlTrigger::End),
-        (2, PdlTrigger::End),
-    ] {
-        for (max_k, shapes) in [
-            (
-                1024,
-                &[(4096usize, 1024usize), (1000, 1024), (7, 1024), (4096, 512)][..],
-            ),
-            (4096, &[(2048, 2048), (1001, 3072)][..]),
-        ] {
-            let (one, k) = (set(None, max_k)?, set(Some((r, at)), max_k)?);
-            let loaded =
-                k.norm_gemv_rows() == Some(usize::from(r)) && one.norm_gemv_rows().is_none();
-            t.check(
-                format!("norm_gemv {r} rows a warp ({at:?}) loaded (deferred to {max_k}) ?"),
-                if loaded { 0.0 } else { 1.0 },
-                0.0,
-            );
-            let tag = format!(" ({r} rows a warp, {at:?})");
-            pair_bits((&one, &k), (&[1, 2], shapes), (false, &tag), dev, t)?;
-        }
-    }
-    Ok(())
 }
 
 /// `b` against `a` bit for bit (tolerance 0) for each row count of `rows` and each `(n, k)` of

@@ -97,14 +97,6 @@ pub struct KernelFlags {
     /// Every 1-2-row fused norm scales its inputs (turns `KernelOptions::norm_deferred` off).
     #[arg(long, conflicts_with = "norm_deferred_max_k")]
     pub no_norm_deferred: bool,
-    /// The deferred norm's qkv matmul with N output rows a warp, 2 or 4
-    /// (`KernelOptions::norm_gemv_rows`; default one).
-    #[arg(long, value_name = "N", value_parser = parse_norm_rows, conflicts_with_all = ["warp_norm", "no_norm_deferred"])]
-    pub norm_gemv_rows: Option<u8>,
-    /// Where those several-rows kernels let the next launch in
-    /// (`KernelOptions::norm_gemv_trigger`; default start).
-    #[arg(long, value_enum, value_name = "AT", requires = "norm_gemv_rows")]
-    pub norm_gemv_trigger: Option<super::options::PdlTrigger>,
     /// Run decode attention unfused (norm/RoPE/KV write, then attention).
     #[arg(long)]
     pub no_fused_decode: bool,
@@ -130,10 +122,6 @@ pub struct KernelFlags {
     /// mask (turns `KernelOptions::fused_lean` off).
     #[arg(long)]
     pub no_fused_lean: bool,
-    /// The fused decode attention lets the next launch in after its loop
-    /// (`KernelOptions::fused_late_trigger`).
-    #[arg(long)]
-    pub fused_late_trigger: bool,
     /// The fused decode attention's loop on tensor cores with D stages a warp, 1 or 2
     /// (`KernelOptions::fused_mma`; default 1).
     #[arg(long, value_name = "D", value_parser = clap::value_parser!(u8).range(1..=2))]
@@ -269,15 +257,6 @@ pub struct KernelFlags {
     pub kv_load_direct: bool,
 }
 
-/// `--norm-gemv-rows`: one of the rows a warp the kernels are built for.
-fn parse_norm_rows(s: &str) -> Result<u8, String> {
-    let rows = super::options::NORM_GEMV_ROWS;
-    s.parse::<u8>()
-        .ok()
-        .filter(|r| rows.contains(r))
-        .ok_or_else(|| format!("`{s}`: the kernels take {rows:?} rows a warp"))
-}
-
 impl KernelFlags {
     /// The kernel options these flags describe.
     pub fn options(&self) -> KernelOptions {
@@ -309,8 +288,6 @@ impl KernelFlags {
             weight_evict_first_moe: self.weight_evict_first_moe,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
-            norm_gemv_rows: self.norm_gemv_rows,
-            norm_gemv_trigger: self.norm_gemv_trigger.unwrap_or_default(),
             norm_deferred: (!self.no_norm_deferred).then(|| {
                 self.norm_deferred_max_k
                     .unwrap_or(super::options::NORM_DEFERRED_MAX_K)
@@ -321,7 +298,6 @@ impl KernelFlags {
             gqa8_split: !self.no_gqa8_split,
             eager_graph_splits: !self.no_eager_graph_splits,
             fused_lean: !self.no_fused_lean,
-            fused_late_trigger: self.fused_late_trigger,
             fused_mma: (!self.no_fused_mma)
                 .then(|| self.fused_mma.unwrap_or(super::options::FUSED_MMA_STAGES)),
             fused_mma_rows: self

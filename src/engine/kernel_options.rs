@@ -92,24 +92,6 @@ pub const GEMV_TMA_MIN_K: usize = 2048;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
 pub const GEMV_STREAM_BLOCKS: u8 = 2;
 
-/// Rows a warp that [`KernelOptions::norm_gemv_rows`] takes: the several-rows kernels built
-/// (`kernels/gemv.cu` `dnorm_gemv_r{R}_*`).
-pub const NORM_GEMV_ROWS: [u8; 2] = [2, 4];
-
-/// Where a kernel lets the next kernel on its stream launch (programmatic dependent launch):
-/// [`KernelOptions::norm_gemv_trigger`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum PdlTrigger {
-    /// At its start, as every kernel of the engine: the next kernel's blocks start as soon as
-    /// there is room for them and sit at their wait.
-    #[default]
-    Start,
-    /// Once past its own wait on the kernel before it.
-    Wait,
-    /// At its end, before its stores.
-    End,
-}
-
 /// Which of the engine's own CUDA kernels a forward uses. Every switch is on by default and
 /// only takes effect where the hardware and dtype allow it; turning one off runs the slower
 /// path it replaces (for comparisons and debugging). Ignored without the `cuda` feature.
@@ -228,19 +210,6 @@ pub struct KernelOptions {
     /// two; the input rounded to bf16 once, at another scale; `warp_norm` takes precedence).
     /// Default `Some(NORM_DEFERRED_MAX_K)`; None: every norm scales its inputs.
     pub norm_deferred: Option<usize>,
-    /// The 1-2-row norm matmul without SiLU (qkv behind its add+RMSNorm) over the deferred
-    /// norm's inputs (`norm_deferred`: 0.6B's 1,024) with this many output rows a warp
-    /// (one of [`NORM_GEMV_ROWS`]; `kernels/gemv.cu` `dnorm_gemv_r{R}_*`): the same sums in the
-    /// same order, on a quarter or a half of the blocks and registers, so the decode
-    /// attention's blocks find room to start (PDL) and load their K/V while it runs. None (the
-    /// default): one row a warp. Not yet measured.
-    pub norm_gemv_rows: Option<u8>,
-    /// Where the several-rows kernels of [`KernelOptions::norm_gemv_rows`] let the next
-    /// launch (the fused attention) in. On the H200 the 4-rows qkv took 3.1 us alone against
-    /// 3.8 with the default (`Start`) but the step lost 4.5%, the attention's share of the
-    /// chain +70 us, as though the attention's blocks, started beside the qkv's, cost more
-    /// than they hide (BENCHMARKS.md round 54). Not yet measured at `Wait` or `End`.
-    pub norm_gemv_trigger: PdlTrigger,
     /// The fused decode attention (q/k norm + RoPE + KV write + attention + merge; bf16).
     pub fused_decode: bool,
     /// Merge fused decode attention in thread-block clusters (sm_90+).
@@ -272,12 +241,6 @@ pub struct KernelOptions {
     /// after 512-token prompts +2.1%, after 8k +8.4%, batch 1 +1-2.4%, 1.7B +1% (BENCHMARKS.md,
     /// #21); off: the division.
     pub fused_lean: bool,
-    /// The fused decode attention lets the next launch (o) in once each block is past its
-    /// attention loop instead of at its start (a second build of `kernels/fused_decode.cu`,
-    /// `FUSED_LATE_TRIGGER`; the same bits): o's blocks then do not start, and load their
-    /// weights, beside the attention's while its loads are in flight. Off by default; not yet
-    /// measured.
-    pub fused_late_trigger: bool,
     /// The fused decode attention's loop over a context that fits one cluster (up to 2,048
     /// tokens at 1-4 rows, 1,024 at 5-16) on tensor cores (`kernels/fused_decode.cu`
     /// `decode_fused_mma*`: the loop of `kernels/decode_mma.cu`, a warp taking chunks of 16
@@ -462,8 +425,6 @@ impl Default for KernelOptions {
             sample_full: true,
             warp_norm: false,
             norm_deferred: Some(NORM_DEFERRED_MAX_K),
-            norm_gemv_rows: None,
-            norm_gemv_trigger: PdlTrigger::Start,
             fused_decode: true,
             clusters: true,
             gqa8_split: true,
@@ -471,7 +432,6 @@ impl Default for KernelOptions {
             graph_splits_few: Some(GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(GRAPH_SPLITS_MID),
             fused_lean: true,
-            fused_late_trigger: false,
             fused_mma: Some(FUSED_MMA_STAGES),
             fused_mma_rows: FUSED_MMA_ROWS,
             fused_mma_one: Some(FUSED_MMA_ONE),

@@ -51,7 +51,7 @@ pub use model::files::ModelFiles;
 #[doc(hidden)]
 pub use options::DraftReplay;
 pub use options::{
-    EngineOptions, KernelOptions, KvCacheDtype, KvDiskOptions, KvLoad, LoraOptions, PdlTrigger,
+    EngineOptions, KernelOptions, KvCacheDtype, KvDiskOptions, KvLoad, LoraOptions,
     SpeculativeMethod, SpeculativeOptions,
 };
 pub use parallel::comm::{

@@ -276,15 +276,6 @@ impl CudaKernels {
                 Some((max_k, d)) if kind >= 2 && k <= *max_k => d.as_ref(),
                 _ => set,
             };
-            // The norm kernel without SiLU with several rows a warp (deferred set only).
-            if let Some((r, fs)) = set.rows.as_ref().filter(|_| kind == 2) {
-                return Some(Gemv {
-                    f: &fs[t - 1],
-                    rows_per_block: GEMV_WARPS * r,
-                    norm_smem: set.norm_smem,
-                    max_blocks: None,
-                });
-            }
             // Kinds 1 and 3 (gate|up) stream; the streamed norm kernel holds the norm weights
             // of K <= STREAM_NORM_MAX_K (wider ones take the kernel a block per eight pairs).
             let streams = kind == 1 || (kind == 3 && k <= STREAM_NORM_MAX_K);
@@ -330,13 +321,6 @@ impl CudaKernels {
             norm_smem: true,
             max_blocks: None,
         })
-    }
-
-    /// Rows a warp of the deferred norm's matmul without SiLU when its several-rows kernels
-    /// are loaded (`LaunchOptions::norm_gemv_rows`).
-    pub fn norm_gemv_rows(&self) -> Option<usize> {
-        let (_, d) = self.gemv.as_ref()?.deferred.as_ref()?;
-        d.rows.as_ref().map(|(r, _)| *r)
     }
 
     /// Whether the skinny matmuls load their weights evict-first in L2

@@ -11,7 +11,6 @@ use candle_core::{DType, Device, Tensor};
 
 use super::launch::kernel_err;
 use super::launch_options::LaunchOptions;
-use crate::engine::options::PdlTrigger;
 use crate::error::Result;
 
 /// Most ring slots (2 KB pieces in flight) a warp of the streamed 1-row matmul keeps
@@ -93,22 +92,19 @@ pub(crate) struct GemvSet {
     /// The same set with the norms' scale deferred (`dnorm_*`), for norm kinds over at most
     /// this many inputs (`LaunchOptions::norm_deferred`).
     pub(super) deferred: Option<(usize, Box<GemvSet>)>,
-    /// In the deferred set: its norm kernel without SiLU with this many rows a warp
-    /// (`LaunchOptions::norm_gemv_rows`, `dnorm_gemv_r{R}_*`).
-    pub(super) rows: Option<(usize, Vec<CudaFunction>)>,
 }
 
 impl GemvSet {
     /// The functions for 1..=`rows` rows that the launch options (`gemv_stream`,
-    /// `gemv_double_buffer`, `gemv_split_k`, `warp_norm`, `norm_deferred`, `norm_gemv_rows`)
-    /// ask for, from the loaded `gemv` module, for a GPU of `sms` SMs.
+    /// `gemv_double_buffer`, `gemv_split_k`, `warp_norm`, `norm_deferred`) ask for, from the
+    /// loaded `gemv` module, for a GPU of `sms` SMs.
     pub(super) fn load(
         m: &Arc<CudaModule>,
-        (gemv_stream, double, split, (warp_norm, deferred, norm_rows)): (
+        (gemv_stream, double, split, (warp_norm, deferred)): (
             Option<u8>,
             bool,
             bool,
-            (bool, Option<usize>, Option<(u8, PdlTrigger)>),
+            (bool, Option<usize>),
         ),
         sms: usize,
         rows: usize,
@@ -117,25 +113,7 @@ impl GemvSet {
         let norm = if warp_norm { "wnorm" } else { "norm" };
         let mut set = Self::named(m, which, norm, sms, rows)?;
         if let Some(max_k) = deferred.filter(|_| !warp_norm) {
-            let mut d = Self::named(m, which, "dnorm", sms, rows)?;
-            if let Some((r, trig)) = norm_rows {
-                if !crate::engine::options::NORM_GEMV_ROWS.contains(&r) {
-                    return Err(kernel_err(
-                        "norm_gemv_rows",
-                        format!(
-                            "{r} rows a warp: the kernels take {:?}",
-                            crate::engine::options::NORM_GEMV_ROWS
-                        ),
-                    ));
-                }
-                let x = match trig {
-                    PdlTrigger::Start => "",
-                    PdlTrigger::Wait => "w",
-                    PdlTrigger::End => "e",
-                };
-                let kind = format!("dnorm_gemv_r{r}{x}");
-                d.rows = Some((usize::from(r), functions(m, &kind, rows)?));
-            }
+            let d = Self::named(m, which, "dnorm", sms, rows)?;
             set.deferred = Some((max_k, Box::new(d)));
         }
         Ok(set)
@@ -168,7 +146,15 @@ impl GemvSet {
         sms: usize,
         rows: usize,
     ) -> Result<Self> {
-        let all = |kind: String| functions(m, &kind, rows);
+        let all = |kind: String| -> Result<Vec<CudaFunction>> {
+            (1..=rows)
+                .map(|t| {
+                    let name = format!("{kind}_t{t}_bf16");
+                    m.load_function(&name)
+                        .map_err(|e| kernel_err(&format!("function {name}"), e))
+                })
+                .collect()
+        };
         Ok(Self {
             fs: [
                 all("gemv".into())?,
@@ -200,20 +186,8 @@ impl GemvSet {
                 None
             },
             deferred: None,
-            rows: None,
         })
     }
-}
-
-/// The functions `{kind}_t{t}_bf16` of module `m` for `t` in 1..=`rows`.
-fn functions(m: &Arc<CudaModule>, kind: &str, rows: usize) -> Result<Vec<CudaFunction>> {
-    (1..=rows)
-        .map(|t| {
-            let name = format!("{kind}_t{t}_bf16");
-            m.load_function(&name)
-                .map_err(|e| kernel_err(&format!("function {name}"), e))
-        })
-        .collect()
 }
 
 /// One function per GQA group (1, 2, 4, 8) of module `m`: `{name}_g{G}_{dt}`.

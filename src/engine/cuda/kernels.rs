@@ -21,6 +21,7 @@ use crate::error::Result;
 
 static DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/decode.fatbin"));
 static DECODE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/decode_mma.fatbin"));
+static FUSED_DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fused_decode.fatbin"));
 static PREFILL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/prefill.fatbin"));
 static FLASH_PREFILL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/flash_prefill.fatbin"));
 static FLASH_PREFILL_SM90: &[u8] =
@@ -227,7 +228,7 @@ impl CudaKernels {
         let decode_mod = load(DECODE, "decode")?;
         let mma_mod = load(DECODE_MMA, "decode_mma")?;
         let builds = super::builds::Builds::pick(opts);
-        let fused_mod = load(builds.fused_decode, "fused_decode")?;
+        let fused_mod = load(FUSED_DECODE, "fused_decode")?;
         let prefill_mod = load(PREFILL, "prefill")?;
         let flash_mod = if wgmma {
             load(FLASH_PREFILL_SM90, "flash_prefill_sm90")?
@@ -408,11 +409,7 @@ impl CudaKernels {
                     opts.gemv_stream,
                     opts.gemv_double_buffer,
                     opts.gemv_split_k,
-                    (
-                        opts.warp_norm,
-                        opts.norm_deferred,
-                        opts.norm_gemv_rows.map(|r| (r, opts.norm_gemv_trigger)),
-                    ),
+                    (opts.warp_norm, opts.norm_deferred),
                 );
                 let set = GemvSet::load(&gemv_mod, which, sms, GEMV_MAX_ROWS)?;
                 if let Some(c) = opts.smem_carveout {

@@ -65,11 +65,6 @@ pub struct LaunchOptions {
     /// sums by 1/rms instead of the inputs (`gemv.cu` `dnorm_*`, `sdnorm_*`; with `warp_norm`
     /// off).
     pub norm_deferred: Option<usize>,
-    /// The deferred norm's matmul without SiLU with this many rows a warp (`gemv.cu`
-    /// `dnorm_gemv_r{R}_*`; R one of `NORM_GEMV_ROWS`); None: one.
-    pub norm_gemv_rows: Option<u8>,
-    /// Where those kernels let the next launch in.
-    pub norm_gemv_trigger: crate::engine::options::PdlTrigger,
     /// The fused decode attention (bf16).
     pub fused_decode: bool,
     /// Thread-block clusters in the fused decode attention (sm_90+).
@@ -88,9 +83,6 @@ pub struct LaunchOptions {
     /// The fused decode attention's lean kernels (`decode_fused_lean_*`: the same bits with
     /// fewer instructions a token).
     pub fused_lean: bool,
-    /// The fused decode attention built to let the next launch in after its loop instead of
-    /// at its start (`kernels/fused_decode.cu` with `FUSED_LATE_TRIGGER`: the same bits).
-    pub fused_late_trigger: bool,
     /// The fused decode attention's loop on tensor cores with this many K/V stages a warp (1
     /// or 2; `decode_fused_mma*`) for contexts that fit one cluster; None: the CUDA-core loop.
     pub fused_mma: Option<u8>,
@@ -197,8 +189,6 @@ impl Default for LaunchOptions {
             sample_full: true,
             warp_norm: false,
             norm_deferred: Some(crate::engine::options::NORM_DEFERRED_MAX_K),
-            norm_gemv_rows: None,
-            norm_gemv_trigger: crate::engine::options::PdlTrigger::Start,
             fused_decode: true,
             clusters: true,
             gqa8_split: true,
@@ -206,7 +196,6 @@ impl Default for LaunchOptions {
             graph_splits_few: Some(crate::engine::options::GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(crate::engine::options::GRAPH_SPLITS_MID),
             fused_lean: true,
-            fused_late_trigger: false,
             fused_mma: Some(crate::engine::options::FUSED_MMA_STAGES),
             fused_mma_rows: crate::engine::options::FUSED_MMA_ROWS,
             fused_mma_one: Some(crate::engine::options::FUSED_MMA_ONE),

@@ -29,13 +29,6 @@ fn kernel_flags_become_kernel_options() {
     assert!(d.kernels.fused_lean && lib.kernels.fused_lean);
     let l = opts(&["x", "--no-fused-lean"]);
     assert!(!l.kernels.fused_lean);
-    // The fused attention lets the next launch in at its start unless asked otherwise.
-    assert!(!d.kernels.fused_late_trigger && !lib.kernels.fused_late_trigger);
-    assert!(
-        opts(&["x", "--fused-late-trigger"])
-            .kernels
-            .fused_late_trigger
-    );
     // The fused attention's tensor-core loop: one stage for steps of up to 2 rows unless
     // turned off; stages 1-2 only.
     let one = Some(crate::engine::options::FUSED_MMA_STAGES);
@@ -164,36 +157,6 @@ fn kernel_flags_become_kernel_options() {
     assert!(!n.kernels.gemv_double_buffer && !n.kernels.gemv_split_k);
     assert!(Cli::try_parse_from(["x", "--gemv-stream", "2", "--no-gemv-stream"]).is_err());
     assert!(Cli::try_parse_from(["x", "--gemv-stream", "0"]).is_err());
-    // The deferred norm's qkv one row a warp unless asked for 2 or 4 (the kernels built); not
-    // beside the per-warp norm or with the deferred norm off.
-    assert_eq!(
-        (d.kernels.norm_gemv_rows, lib.kernels.norm_gemv_rows),
-        (None, None)
-    );
-    assert_eq!(
-        opts(&["x", "--norm-gemv-rows", "4"]).kernels.norm_gemv_rows,
-        Some(4)
-    );
-    assert_eq!(
-        opts(&["x", "--norm-gemv-rows", "2"]).kernels.norm_gemv_rows,
-        Some(2)
-    );
-    // Where those kernels let the next launch in: at their start unless asked, and only with
-    // several rows.
-    use crate::engine::options::PdlTrigger;
-    assert_eq!(d.kernels.norm_gemv_trigger, PdlTrigger::Start);
-    let e = opts(&["x", "--norm-gemv-rows", "4", "--norm-gemv-trigger", "end"]);
-    let e = (e.kernels.norm_gemv_rows, e.kernels.norm_gemv_trigger);
-    assert_eq!(e, (Some(4), PdlTrigger::End));
-    for bad in [
-        &["x", "--norm-gemv-trigger", "wait"][..],
-        &["x", "--norm-gemv-rows", "3"],
-        &["x", "--norm-gemv-rows", "1"],
-        &["x", "--norm-gemv-rows", "2", "--warp-norm"],
-        &["x", "--norm-gemv-rows", "2", "--no-norm-deferred"],
-    ] {
-        assert!(Cli::try_parse_from(bad).is_err(), "{bad:?}");
-    }
     let n = opts(&["x", "--gemv-split-k"]);
     assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);
     assert!(d.kernels.weight_evict_first && lib.kernels.weight_evict_first);
