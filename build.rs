@@ -127,6 +127,10 @@ fn nvcc_command(
     for def in defs {
         cmd.arg(format!("-D{def}"));
     }
+    // The `timeline` feature: every kernel records its blocks (kernels/common.cuh).
+    if std::env::var_os("CARGO_FEATURE_TIMELINE").is_some() {
+        cmd.arg("-DBLOCK_TIMELINE");
+    }
     if k.ends_with("_sm90") {
         // Hopper-only instructions (wgmma): sm_90a machine code and nothing else; the host
         // loads these only on sm_90 GPUs.

@@ -5,6 +5,34 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#ifdef BLOCK_TIMELINE
+// The block timeline (the `timeline` cargo feature, a profiling build: `examples/graph_check
+// --timeline`): thread 0 of each block of a kernel that calls pdl_trigger and then pdl_wait
+// takes a record slot at its start (one atomic on this module's counter, before the wait, so
+// the wait's side only reads the clock and stores) and writes {start ns, wait released ns, SM
+// << 32 | block, grid x | y << 16 | z << 24 | threads << 32} once past its wait. The host sets
+// tl_buf (null: off), tl_cap and tl_n per module (src/engine/cuda/timeline.rs).
+extern "C" {
+__device__ unsigned long long* tl_buf;
+__device__ unsigned int tl_cap;
+__device__ unsigned int tl_n;
+}
+__shared__ unsigned long long tl_t0;
+__shared__ unsigned int tl_i, tl_tag;
+
+__device__ __forceinline__ unsigned long long tl_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ bool tl_thread() {
+  return threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
+}
+__device__ __forceinline__ unsigned int tl_block() {
+  return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+}
+#endif
+
 namespace {
 
 // Programmatic dependent launch (see src/engine/cuda/launch.rs), in two halves:
@@ -14,6 +42,13 @@ namespace {
 // Before pdl_wait a kernel may only read memory no kernel of the step writes (weights);
 // nothing on GPUs before sm_90.
 __device__ __forceinline__ void pdl_trigger() {
+#ifdef BLOCK_TIMELINE
+  if (tl_thread()) {
+    tl_t0 = tl_now();
+    tl_i = tl_buf != nullptr ? atomicAdd(&tl_n, 1u) : 0xffffffffu;
+    tl_tag = tl_block() ^ 0x5a5a0000u;
+  }
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
@@ -22,6 +57,21 @@ __device__ __forceinline__ void pdl_trigger() {
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#ifdef BLOCK_TIMELINE
+  // Only a block whose thread 0 took its slot in pdl_trigger (the tag: not a slot left in
+  // shared memory by another block) records.
+  if (tl_thread() && tl_tag == (tl_block() ^ 0x5a5a0000u) && tl_i < tl_cap) {
+    unsigned int sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const unsigned long long grid =
+        gridDim.x | ((unsigned long long)gridDim.y << 16) | ((unsigned long long)gridDim.z << 24) |
+        ((unsigned long long)(blockDim.x * blockDim.y * blockDim.z) << 32);
+    ulonglong2* rec = reinterpret_cast<ulonglong2*>(tl_buf) + 2 * (size_t)tl_i;
+    rec[0] = make_ulonglong2(tl_t0, tl_now());
+    rec[1] = make_ulonglong2(((unsigned long long)sm << 32) | tl_block(), grid);
+    tl_tag = 0;
+  }
 #endif
 }
 

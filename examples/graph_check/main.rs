@@ -20,12 +20,17 @@
 //! cargo build --release --features cuda --example graph_check
 //! .gpu/bench --write-model /tmp/m && .gpu/graph_check --model-dir /tmp/m
 //! .gpu/graph_check --model-dir /tmp/m --profile 1,2,8   # where a step's GPU time goes
+//! # how a 1-row step's launches overlap, block by block (a profiling build):
+//! cargo build --release --features nccl,timeline --example graph_check
+//! .gpu/graph_check --model-dir /tmp/m --timeline /tmp/tl.csv
 //! ```
 
 mod lora_profile;
 mod profile;
 mod rows;
 mod stress;
+#[cfg(feature = "timeline")]
+mod timeline;
 mod verify;
 
 use stress::{engine_check, stress_check};
@@ -67,6 +72,10 @@ struct Args {
     /// the chain.
     #[arg(long, value_delimiter = ',')]
     profile_skip: Vec<u8>,
+    /// Only record two decode steps of the 1-row graph block by block into this CSV file and
+    /// print how its launches overlap (a build with the `timeline` feature), and exit.
+    #[arg(long, value_name = "FILE")]
+    timeline: Option<PathBuf>,
     /// Only the stress run (check 4).
     #[arg(long)]
     stress_only: bool,
@@ -304,6 +313,16 @@ fn main() -> Res<()> {
         &a.kernels.options(),
         || {},
     )?;
+    if let Some(file) = &a.timeline {
+        #[cfg(feature = "timeline")]
+        return timeline::run(&m, &cfg, &dev, 1, file);
+        #[cfg(not(feature = "timeline"))]
+        return Err(format!(
+            "--timeline {} needs a build with the timeline feature (--features nccl,timeline)",
+            file.display()
+        )
+        .into());
+    }
     if !a.profile.is_empty() {
         // The launch paths the model was loaded with.
         let ours = policy_serve::engine::model::forward::launch_options(&a.kernels.options(), &cfg);

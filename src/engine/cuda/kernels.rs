@@ -203,9 +203,13 @@ impl CudaKernels {
         };
         let stream = dev.cuda_stream();
         let ctx = stream.context().clone();
-        let load = |bytes: &[u8], name: &str| {
-            ctx.load_module(Ptx::from_binary(bytes.to_vec()))
-                .map_err(|e| kernel_err(&format!("module {name}"), e))
+        let load = |bytes: &[u8], name: &str| -> Result<_> {
+            let m = ctx
+                .load_module(Ptx::from_binary(bytes.to_vec()))
+                .map_err(|e| kernel_err(&format!("module {name}"), e))?;
+            #[cfg(feature = "timeline")]
+            super::timeline::register(name, &m);
+            Ok(m)
         };
         let (major, minor) = {
             use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute as A;

@@ -45,6 +45,8 @@ mod moe_router;
 mod params;
 mod prefill;
 mod readback;
+#[cfg(feature = "timeline")]
+pub mod timeline;
 mod upload;
 mod verify;
 
