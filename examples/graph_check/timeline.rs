@@ -64,10 +64,13 @@ pub fn run(
     dev.synchronize()?;
     // Two steps back to back, recorded: the second is the steady state (the first follows the
     // host's uploads).
-    let tl = timeline::arm(dev, 1 << 16)?;
+    let tl = timeline::arm(dev, 1 << 18)?;
     step(ctx + 10)?;
     step(ctx + 11)?;
-    let recs = tl.finish()?;
+    let (recs, full) = tl.finish()?;
+    if !full.is_empty() {
+        println!("timeline: records ran out in {full:?} (the second step is cut)");
+    }
     let mut f = std::fs::File::create(file)?;
     writeln!(
         f,
@@ -124,18 +127,14 @@ fn launches(recs: &[BlockRecord]) -> Vec<Launch> {
     out
 }
 
-/// Prints the launches of the second recorded step (its first launch: the first after the
-/// longest gap) and each kind's means.
+/// Prints the launches of the second recorded step (the second half of the launches: two
+/// steps of the same graph) and each kind's means.
 fn summary(ls: &[Launch], layers: usize) {
     if ls.len() < 2 {
         println!("timeline: too few launches recorded ({})", ls.len());
         return;
     }
-    // The second step starts after the largest gap between two releases.
-    let cut = (1..ls.len())
-        .max_by_key(|&i| ls[i].release.0.saturating_sub(ls[i - 1].release.0))
-        .unwrap_or(0);
-    let step = &ls[cut..];
+    let step = &ls[ls.len() / 2..];
     let t0 = step[0].release.0;
     let us = |t: u64| (t as f64 - t0 as f64) / 1e3;
     println!(

@@ -5,7 +5,7 @@
 //! its own while armed ([`arm`]); [`Timeline::finish`] reads them back. Used by
 //! `examples/graph_check --timeline` to see how the launches of a decode step overlap.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use candle_core::Device;
 use candle_core::cuda_backend::cudarc::driver::{CudaModule, CudaSlice, CudaStream};
@@ -13,13 +13,15 @@ use candle_core::cuda_backend::cudarc::driver::{CudaModule, CudaSlice, CudaStrea
 use super::launch::kernel_err;
 use crate::error::Result;
 
-/// Every module loaded by [`super::CudaKernels::new`] in this process, with its name.
-static MODULES: Mutex<Vec<(String, Arc<CudaModule>)>> = Mutex::new(Vec::new());
+/// Every module loaded by [`super::CudaKernels::new`] in this process, with its name (weak:
+/// a module dropped with its kernels is gone from the timeline too).
+static MODULES: Mutex<Vec<(String, Weak<CudaModule>)>> = Mutex::new(Vec::new());
 
 /// Remembers a loaded module for [`arm`].
 pub(super) fn register(name: &str, module: &Arc<CudaModule>) {
     if let Ok(mut m) = MODULES.lock() {
-        m.push((name.to_string(), module.clone()));
+        m.retain(|(_, w)| w.strong_count() > 0);
+        m.push((name.to_string(), Arc::downgrade(module)));
     }
 }
 
@@ -42,7 +44,8 @@ pub struct BlockRecord {
     pub threads: u32,
 }
 
-/// The armed buffers: one a module.
+/// The armed buffers: one a module. Dropped without [`Timeline::finish`], it disarms the
+/// modules (their kernels would otherwise go on writing into freed buffers).
 pub struct Timeline {
     parts: Vec<(String, Arc<CudaModule>, CudaSlice<u64>)>,
     cap: usize,
@@ -69,7 +72,14 @@ pub fn arm(dev: &Device, cap: usize) -> Result<Timeline> {
         return Err(kernel_err("timeline", "not a CUDA device"));
     };
     let stream = cd.cuda_stream();
-    let modules = MODULES.lock().map(|m| m.clone()).unwrap_or_default();
+    let modules: Vec<(String, Arc<CudaModule>)> = MODULES
+        .lock()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(n, w)| Some((n.clone(), w.upgrade()?)))
+                .collect()
+        })
+        .unwrap_or_default();
     let mut parts = Vec::with_capacity(modules.len());
     for (name, m) in modules {
         if m.get_global("tl_buf", &stream).is_err() {
@@ -91,12 +101,23 @@ pub fn arm(dev: &Device, cap: usize) -> Result<Timeline> {
     Ok(Timeline { parts, cap, stream })
 }
 
+impl Drop for Timeline {
+    fn drop(&mut self) {
+        for (_, m, _) in &self.parts {
+            // Best effort: the buffers are freed after this, in stream order.
+            let _ = set(m, &self.stream, "tl_buf", &0u64.to_le_bytes());
+        }
+    }
+}
+
 impl Timeline {
-    /// Waits for the stream, disarms every module and returns the records, in release order.
-    pub fn finish(self) -> Result<Vec<BlockRecord>> {
+    /// Waits for the stream, disarms every module and returns the records written, in release
+    /// order (a slot taken by a block that ended before its wait holds nothing and is left
+    /// out), with the modules whose `cap` ran out.
+    pub fn finish(self) -> Result<(Vec<BlockRecord>, Vec<String>)> {
         let s = &self.stream;
         s.synchronize().map_err(|e| kernel_err("timeline", e))?;
-        let mut out = Vec::new();
+        let (mut out, mut full) = (Vec::new(), Vec::new());
         for (name, m, buf) in &self.parts {
             set(m, s, "tl_buf", &0u64.to_le_bytes())?;
             let n = {
@@ -106,12 +127,15 @@ impl Timeline {
                 let b = s.clone_dtoh(&v).map_err(|e| kernel_err("timeline", e))?;
                 u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize
             };
+            if n > self.cap {
+                full.push(name.clone());
+            }
             let n = n.min(self.cap);
             if n == 0 {
                 continue;
             }
             let words = s.clone_dtoh(buf).map_err(|e| kernel_err("timeline", e))?;
-            for r in words[..4 * n].chunks_exact(4) {
+            for r in words[..4 * n].chunks_exact(4).filter(|r| r[1] != 0) {
                 out.push(BlockRecord {
                     module: name.clone(),
                     start_ns: r[0],
@@ -128,6 +152,6 @@ impl Timeline {
             }
         }
         out.sort_by_key(|r| r.release_ns);
-        Ok(out)
+        Ok((out, full))
     }
 }
