@@ -3,7 +3,10 @@
 //! `pdl_trigger` then `pdl_wait` writes when the block started and when its wait on the kernel
 //! before was released, with its SM and its grid. Each loaded module records into a buffer of
 //! its own while armed ([`arm`]); [`Timeline::finish`] reads them back. Used by
-//! `examples/graph_check --timeline` to see how the launches of a decode step overlap.
+//! `examples/graph_check --timeline` to see how the launches of a decode step overlap. The
+//! records cost each block's thread 0 an atomic before its wait and 16 bytes of static shared
+//! memory: timings shift a little, and a kernel sized to the shared-memory limit may not launch
+//! in this build (the decode steps' kernels do).
 
 use std::sync::{Arc, Mutex, Weak};
 
