@@ -10,15 +10,20 @@
 // --timeline`): thread 0 of each block of a kernel that calls pdl_trigger and then pdl_wait
 // takes a record slot at its start (one atomic on this module's counter, before the wait, so
 // the wait's side only reads the clock and stores) and writes {start ns, wait released ns, SM
-// << 32 | block, grid x | y << 16 | z << 24 | threads << 32} once past its wait. The host sets
-// tl_buf (null: off), tl_cap and tl_n per module (src/engine/cuda/timeline.rs).
+// << 32 | block, grid x | y << 16 | z << 24 | threads << 32} once past its wait. A file that
+// defines TL_SLOTS (> 1) before this header takes that many slots a block and marks phases
+// 1..TL_SLOTS-1 with tl_mark: {0, ns, SM << 32 | block, grid | 1 << 63 | phase << 56}. The host
+// sets tl_buf (null: off), tl_cap and tl_n per module (src/engine/cuda/timeline.rs).
+#ifndef TL_SLOTS
+#define TL_SLOTS 1
+#endif
 extern "C" {
 __device__ unsigned long long* tl_buf;
 __device__ unsigned int tl_cap;
 __device__ unsigned int tl_n;
 }
 __shared__ unsigned long long tl_t0;
-__shared__ unsigned int tl_i, tl_tag;
+__shared__ unsigned int tl_i, tl_tag, tl_ok;
 
 __device__ __forceinline__ unsigned long long tl_now() {
   unsigned long long t;
@@ -31,6 +36,27 @@ __device__ __forceinline__ bool tl_thread() {
 __device__ __forceinline__ unsigned int tl_block() {
   return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
 }
+__device__ __forceinline__ unsigned long long tl_grid() {
+  return gridDim.x | ((unsigned long long)gridDim.y << 16) | ((unsigned long long)gridDim.z << 24) |
+         ((unsigned long long)(blockDim.x * blockDim.y * blockDim.z) << 32);
+}
+__device__ __forceinline__ unsigned long long tl_where() {
+  unsigned int sm;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  return ((unsigned long long)sm << 32) | tl_block();
+}
+// Phase `p` (1..TL_SLOTS-1) of a block that recorded its wait: by thread 0, after whatever
+// barrier ends the phase.
+__device__ __forceinline__ void tl_mark(unsigned int p) {
+  if (tl_thread() && tl_ok == (tl_block() ^ 0xa5a50000u) && p < TL_SLOTS && tl_i + p < tl_cap) {
+    ulonglong2* rec = reinterpret_cast<ulonglong2*>(tl_buf) + 2 * (size_t)(tl_i + p);
+    rec[0] = make_ulonglong2(0ull, tl_now());
+    rec[1] = make_ulonglong2(tl_where(), tl_grid() | (1ull << 63) | ((unsigned long long)p << 56));
+  }
+}
+#define TL_MARK(p) tl_mark(p)
+#else
+#define TL_MARK(p)
 #endif
 
 namespace {
@@ -45,7 +71,8 @@ __device__ __forceinline__ void pdl_trigger() {
 #ifdef BLOCK_TIMELINE
   if (tl_thread()) {
     tl_t0 = tl_now();
-    tl_i = tl_buf != nullptr ? atomicAdd(&tl_n, 1u) : 0xffffffffu;
+    tl_i = tl_buf != nullptr ? atomicAdd(&tl_n, (unsigned int)TL_SLOTS) : 0xffffffffu;
+    tl_ok = 0;
     tl_tag = tl_block() ^ 0x5a5a0000u;
   }
 #endif
@@ -62,15 +89,11 @@ __device__ __forceinline__ void pdl_wait() {
   // Only a block whose thread 0 took its slot in pdl_trigger (the tag: not a slot left in
   // shared memory by another block) records.
   if (tl_thread() && tl_tag == (tl_block() ^ 0x5a5a0000u) && tl_i < tl_cap) {
-    unsigned int sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    const unsigned long long grid =
-        gridDim.x | ((unsigned long long)gridDim.y << 16) | ((unsigned long long)gridDim.z << 24) |
-        ((unsigned long long)(blockDim.x * blockDim.y * blockDim.z) << 32);
     ulonglong2* rec = reinterpret_cast<ulonglong2*>(tl_buf) + 2 * (size_t)tl_i;
     rec[0] = make_ulonglong2(tl_t0, tl_now());
-    rec[1] = make_ulonglong2(((unsigned long long)sm << 32) | tl_block(), grid);
+    rec[1] = make_ulonglong2(tl_where(), tl_grid());
     tl_tag = 0;
+    tl_ok = tl_block() ^ 0xa5a50000u;
   }
 #endif
 }

@@ -1,6 +1,10 @@
 // The fused decode attention: one launch per layer for pure decode steps of few sequences
 // (see the comment on decode_fused below).
 
+// The block timeline's phases of this kernel (the `timeline` feature only; TL_MARK is nothing
+// otherwise): 1 q/k normed and roped, 2 the loop done, 3 the cluster's blocks all running, 4
+// the partial pushed, 5 (block 0 of a cluster) every partial in, 6 the output written.
+#define TL_SLOTS 7
 #include "cluster.cuh"
 #include "decode_mma.cuh"
 #include "fused_parts.cuh"
@@ -233,6 +237,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     }
   }
   __syncthreads();
+  TL_MARK(1);
   if (stop == 2) return;
 
   // 3: paged_decode's loop (the same tokens in the same order), FETCH tokens at a time; or
@@ -332,6 +337,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     store_groups<G>(m, l, acc, grp, lane, sm, sl, sacc);
   }
   __syncthreads();
+  TL_MARK(2);
 
   // 4: the block's partial (M, L, A per head and dim) from its half-warps'; in a cluster it
   // goes straight into block 0's shared memory (slot = this block's rank).
@@ -347,6 +353,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   if (C > 1 && splits > 1 && stop == 0) {
     if (C > CP) __trap();
     cluster_wait();  // every block of the cluster runs: block 0's shared memory is there
+    TL_MARK(3);
     dM = cluster_peer(&pM[rank][0], 0);
     dL = cluster_peer(&pL[rank][0], 0);
     dA = cluster_peer(&pA[rank][0][0], 0);
@@ -380,9 +387,11 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   }
   // Block 0 merges the cluster's partials (those holding context, in partition order) from
   // its own shared memory once every block has pushed its own; the others are done.
+  TL_MARK(4);
   cluster_arrive();
   if (rank != 0) return;
   cluster_wait();
+  TL_MARK(5);
   const int cl = split / C, cused = min(C, used - cl * C);
   const bool last_level = used <= C;
   // Each partial's weight e^(M_r - M) and each head's max and sum once, by the first warp
@@ -412,6 +421,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       if (d == 0) { part_ml[pi * 2] = M; part_ml[pi * 2 + 1] = L; }
     }
   }
+  TL_MARK(6);
   if (last_level) return;
   __syncthreads();
   merge_global<G>(part_acc, part_ml, &counters[b * nkv + kh], (used + C - 1) / C, hb, splits,

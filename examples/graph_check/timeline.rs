@@ -74,12 +74,12 @@ pub fn run(
     let mut f = std::fs::File::create(file)?;
     writeln!(
         f,
-        "module,grid_x,grid_y,grid_z,threads,block,sm,start_ns,release_ns"
+        "module,grid_x,grid_y,grid_z,threads,block,sm,phase,start_ns,release_ns"
     )?;
     for r in &recs {
         writeln!(
             f,
-            "{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{}",
             r.module,
             r.grid[0],
             r.grid[1],
@@ -87,18 +87,62 @@ pub fn run(
             r.threads,
             r.block,
             r.sm,
+            r.phase,
             r.start_ns,
             r.release_ns
         )?;
     }
-    println!(
-        "timeline: {} block records into {}",
-        recs.len(),
-        file.display()
-    );
-    let launches = launches(&recs);
+    println!("timeline: {} records into {}", recs.len(), file.display());
+    let (blocks, phases): (Vec<BlockRecord>, Vec<BlockRecord>) =
+        recs.into_iter().partition(|r| r.phase == 0);
+    let launches = launches(&blocks);
     summary(&launches, cfg.num_hidden_layers);
+    phase_summary(&launches[launches.len() / 2..], &phases);
     Ok(())
+}
+
+/// The phases kernels mark (the fused attention's: `kernels/fused_decode.cu`), each phase's
+/// median over the step's launches of that kind: us after the launch's first release, the
+/// blocks that marked it.
+fn phase_summary(step: &[Launch], phases: &[BlockRecord]) {
+    let (Some(first), Some(last)) = (step.first(), step.last()) else {
+        return;
+    };
+    let mut by: std::collections::BTreeMap<(String, u8), Vec<f64>> = Default::default();
+    for p in phases {
+        if p.release_ns < first.release.0 || p.release_ns > last.release.1 + 1_000_000 {
+            continue;
+        }
+        let kind = format!(
+            "{} {}x{}x{} t{}",
+            p.module, p.grid[0], p.grid[1], p.grid[2], p.threads
+        );
+        // The launch of that kind released last before the mark.
+        let Some(l) = step
+            .iter()
+            .rev()
+            .find(|l| l.kind == kind && l.release.0 <= p.release_ns)
+        else {
+            continue;
+        };
+        by.entry((kind, p.phase))
+            .or_default()
+            .push((p.release_ns - l.release.0) as f64 / 1e3);
+    }
+    if by.is_empty() {
+        return;
+    }
+    println!("| launch kind | phase | marks | median us after the launch's first release | last |");
+    println!("|---|---|---|---|---|");
+    for ((kind, phase), mut v) in by {
+        v.sort_by(|a, b| a.total_cmp(b));
+        println!(
+            "| {kind} | {phase} | {} | {:.2} | {:.2} |",
+            v.len(),
+            v[v.len() / 2],
+            v[v.len() - 1]
+        );
+    }
 }
 
 /// The launches in release order: a launch's blocks are released together (the launch before

@@ -45,6 +45,9 @@ pub struct BlockRecord {
     pub grid: [u32; 3],
     /// Its kernel's threads a block.
     pub threads: u32,
+    /// 0: the block's record (start, release); 1 and up: a phase its kernel marks
+    /// (`TL_MARK` in `kernels/`), at `release_ns` (`start_ns` 0).
+    pub phase: u8,
 }
 
 /// The armed buffers: one a module. Dropped without [`Timeline::finish`], it disarms the
@@ -150,7 +153,12 @@ impl Timeline {
                         ((r[3] >> 16) & 0xff) as u32,
                         ((r[3] >> 24) & 0xff) as u32,
                     ],
-                    threads: (r[3] >> 32) as u32,
+                    threads: ((r[3] >> 32) & 0xff_ffff) as u32,
+                    phase: if r[3] >> 63 == 1 {
+                        ((r[3] >> 56) & 0x7f) as u8
+                    } else {
+                        0
+                    },
                 });
             }
         }
