@@ -316,6 +316,30 @@ pub fn run(
     Ok(())
 }
 
+/// `b` block tables of `per` blocks each, one after another in the cache.
+pub fn block_tables(b: usize, per: usize) -> Vec<Vec<u32>> {
+    (0..b)
+        .map(|i| ((i * per) as u32..((i + 1) * per) as u32).collect())
+        .collect()
+}
+
+/// One decode step replayed on `g`: a token (7) a sequence of `tables`, each at `ctx` tokens of
+/// context; the step's logits.
+pub fn replay_decode(m: &Model, g: &DecodeGraphs, tables: &[Vec<u32>], ctx: usize) -> Res<Tensor> {
+    let tokens = vec![7u32; tables.len()];
+    let seqs: Vec<SeqInput<'_>> = tables
+        .iter()
+        .map(|t| SeqInput {
+            q_len: 1,
+            context_len: ctx,
+            block_table: t,
+            logits: LogitRows::Last,
+            adapter: None,
+        })
+        .collect();
+    Ok(g.replay(m, &tokens, &seqs)?.ok_or("no replay")?)
+}
+
 /// Times whole steps of batch `b` replayed on `g` (captured with PDL in the graph when
 /// `graph_pdl` is "1"), back to back and with the sampled tokens read back each step.
 fn replay_steps(
@@ -327,23 +351,8 @@ fn replay_steps(
     per: usize,
     graph_pdl: &str,
 ) -> Res<()> {
-    let tables: Vec<Vec<u32>> = (0..b)
-        .map(|i| ((i * per) as u32..((i + 1) * per) as u32).collect())
-        .collect();
-    let tokens = vec![7u32; b];
-    let step = |ctx: usize| -> Res<Tensor> {
-        let seqs: Vec<SeqInput<'_>> = tables
-            .iter()
-            .map(|t| SeqInput {
-                q_len: 1,
-                context_len: ctx,
-                block_table: t,
-                logits: LogitRows::Last,
-                adapter: None,
-            })
-            .collect();
-        Ok(g.replay(m, &tokens, &seqs)?.ok_or("no replay")?)
-    };
+    let tables = block_tables(b, per);
+    let step = |ctx: usize| replay_decode(m, g, &tables, ctx);
     step(600)?;
     dev.synchronize()?;
     let t = Instant::now();

@@ -9,7 +9,6 @@ use std::io::Write;
 
 use candle_core::{DType, Device};
 use policy_serve::engine::ModelConfig;
-use policy_serve::engine::batch::{LogitRows, SeqInput};
 use policy_serve::engine::cuda::timeline::{self, BlockRecord};
 use policy_serve::engine::model::Model;
 use policy_serve::engine::model::kv_cache::PagedKvCache;
@@ -40,24 +39,8 @@ pub fn run(
     let mut g =
         DecodeGraphs::allocate(m, (b, b), served_context(cfg), bs, &[])?.ok_or("no kernels")?;
     g.capture(m, &cache, true, None)?;
-    let tables: Vec<Vec<u32>> = (0..b)
-        .map(|i| ((i * per) as u32..((i + 1) * per) as u32).collect())
-        .collect();
-    let tokens = vec![7u32; b];
-    let step = |c: usize| -> Res<()> {
-        let seqs: Vec<SeqInput<'_>> = tables
-            .iter()
-            .map(|t| SeqInput {
-                q_len: 1,
-                context_len: c,
-                block_table: t,
-                logits: LogitRows::Last,
-                adapter: None,
-            })
-            .collect();
-        g.replay(m, &tokens, &seqs)?.ok_or("no replay")?;
-        Ok(())
-    };
+    let tables = super::profile::block_tables(b, per);
+    let step = |c: usize| super::profile::replay_decode(m, &g, &tables, c).map(drop);
     for i in 0..10 {
         step(ctx + i)?;
     }
@@ -113,10 +96,7 @@ fn phase_summary(step: &[Launch], phases: &[BlockRecord]) {
         if p.release_ns < first.release.0 || p.release_ns > last.release.1 + 1_000_000 {
             continue;
         }
-        let kind = format!(
-            "{} {}x{}x{} t{}",
-            p.module, p.grid[0], p.grid[1], p.grid[2], p.threads
-        );
+        let kind = kind_of(p);
         // The launch of that kind released last before the mark.
         let Some(l) = step
             .iter()
@@ -145,15 +125,18 @@ fn phase_summary(step: &[Launch], phases: &[BlockRecord]) {
     }
 }
 
+/// A record's launch kind: its module, grid and threads a block.
+fn kind_of(r: &BlockRecord) -> String {
+    let [x, y, z] = r.grid;
+    format!("{} {x}x{y}x{z} t{}", r.module, r.threads)
+}
+
 /// The launches in release order: a launch's blocks are released together (the launch before
 /// has ended), and the next launch's only after all of them finished.
 fn launches(recs: &[BlockRecord]) -> Vec<Launch> {
     let mut out: Vec<Launch> = Vec::new();
     for r in recs {
-        let kind = format!(
-            "{} {}x{}x{} t{}",
-            r.module, r.grid[0], r.grid[1], r.grid[2], r.threads
-        );
+        let kind = kind_of(r);
         match out.last_mut() {
             Some(l) if l.kind == kind && r.release_ns < l.release.0 + 20_000 => {
                 l.blocks += 1;

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaModule, CudaStream, PinnedHostSlice,
 };
-use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::{CudaDevice, DType, Device};
 
 use super::attention_handles::{DecodeAttention, Fp8Kernels, FusedDecode};
@@ -203,14 +202,7 @@ impl CudaKernels {
         };
         let stream = dev.cuda_stream();
         let ctx = stream.context().clone();
-        let load = |bytes: &[u8], name: &str| -> Result<_> {
-            let m = ctx
-                .load_module(Ptx::from_binary(bytes.to_vec()))
-                .map_err(|e| kernel_err(&format!("module {name}"), e))?;
-            #[cfg(feature = "timeline")]
-            super::timeline::register(name, &m);
-            Ok(m)
-        };
+        let load = |bytes: &[u8], name: &str| launch::load_module(&ctx, bytes, name);
         let (major, minor) = {
             use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute as A;
             (

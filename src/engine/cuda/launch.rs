@@ -15,9 +15,12 @@
 use std::ffi::c_void;
 use std::marker::PhantomData;
 
+use std::sync::Arc;
+
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaStream, DriverError, LaunchConfig, sys,
+    CudaContext, CudaFunction, CudaModule, CudaStream, DriverError, LaunchConfig, sys,
 };
+use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 
 use crate::error::Error;
 
@@ -117,6 +120,21 @@ pub(crate) fn carve<'a>(fs: impl IntoIterator<Item = &'a CudaFunction>, c: u8) {
             tracing::warn!("shared-memory carveout {c}% not taken by a kernel: {e}");
         }
     }
+}
+
+/// Loads the module of an embedded fatbin (`name`: its kernel file, for errors); with the
+/// `timeline` feature also registers it for the block timeline.
+pub(super) fn load_module(
+    ctx: &Arc<CudaContext>,
+    bytes: &[u8],
+    name: &str,
+) -> Result<Arc<CudaModule>, Error> {
+    let m = ctx
+        .load_module(Ptx::from_binary(bytes.to_vec()))
+        .map_err(|e| kernel_err(&format!("module {name}"), e))?;
+    #[cfg(feature = "timeline")]
+    super::timeline::register(name, &m);
+    Ok(m)
 }
 
 /// An engine error naming the kernel step that failed.
