@@ -402,82 +402,120 @@ mod tiers {
         /// every block is free (refcounts consistent).
         #[test]
         fn tiers_keep_refcounts_pins_and_bytes_consistent(ops in prop::collection::vec(op(), 1..60), disk in any::<bool>()) {
-            let name = format!("prop-{}", rand_suffix());
-            let (mut kv, io) = manager(10, 6, disk.then_some((name.as_str(), 8)));
-            let ts = transcripts();
-            let mut running: Vec<Running> = vec![];
-            let mut pinned: HashMap<usize, u64> = HashMap::new();
-            let mut hog: Vec<u32> = vec![];
-            let mut swapped = 0usize;
-            // Pinned transcripts released (so whole in some tier) since they were pinned and
-            // since the last swap reservation (which may take the lowest tier's room).
-            let mut whole: std::collections::HashSet<usize> = Default::default();
-            let mut running_idx: Vec<usize> = vec![];
-            for op in ops {
-                match op {
-                    Op::Admit(i) => {
-                        if let Some((r, hit)) = admit(&mut kv, &io, &ts[i]) {
-                            // Pinned transcripts (at most 5 blocks each, 2 families sharing 2)
-                            // fit the lowest tier only when few are pinned.
-                            if whole.contains(&i) && pinned.len() == 1 {
-                                prop_assert_eq!(hit, ts[i].len() / BS * BS, "pinned {} lost blocks", i);
-                            }
-                            running.push(r);
-                            running_idx.push(i);
+            run_tier_ops(ops, disk)?;
+        }
+    }
+
+    /// One run of `tiers_keep_refcounts_pins_and_bytes_consistent` (above): `ops` on a manager
+    /// of 10 device blocks, 6 host blocks and, with `disk`, 8 on disk.
+    fn run_tier_ops(ops: Vec<Op>, disk: bool) -> Result<(), TestCaseError> {
+        let name = format!("prop-{}", rand_suffix());
+        let (mut kv, io) = manager(10, 6, disk.then_some((name.as_str(), 8)));
+        let ts = transcripts();
+        let mut running: Vec<Running> = vec![];
+        let mut pinned: HashMap<usize, u64> = HashMap::new();
+        let mut hog: Vec<u32> = vec![];
+        let mut swapped = 0usize;
+        // Pinned transcripts released (so whole in some tier) since they were pinned and
+        // since the last swap reservation (which may take the lowest tier's room), and
+        // without a disk only where the host's room beside the swap reservations still held
+        // takes all their blocks (a reservation made before the release keeps its room:
+        // the pinned blocks past it are dropped).
+        let mut whole: std::collections::HashSet<usize> = Default::default();
+        let mut running_idx: Vec<usize> = vec![];
+        for op in ops {
+            match op {
+                Op::Admit(i) => {
+                    if let Some((r, hit)) = admit(&mut kv, &io, &ts[i]) {
+                        // Pinned transcripts (at most 5 blocks each, 2 families sharing 2)
+                        // fit the lowest tier only when few are pinned.
+                        if whole.contains(&i) && pinned.len() == 1 {
+                            prop_assert_eq!(hit, ts[i].len() / BS * BS, "pinned {} lost blocks", i);
                         }
-                    }
-                    Op::Release(j) => {
-                        if j < running.len() {
-                            let r = running.remove(j);
-                            let i = running_idx.remove(j);
-                            release(&mut kv, r);
-                            if pinned.contains_key(&i) {
-                                whole.insert(i);
-                            }
-                        } else if !hog.is_empty() {
-                            kv.release_uncached(&std::mem::take(&mut hog), None);
-                        }
-                    }
-                    Op::Pin(i) => {
-                        if let std::collections::hash_map::Entry::Vacant(e) = pinned.entry(i) {
-                            let id = 10 + i as u64;
-                            kv.pin(id, 0, &ts[i]);
-                            e.insert(id);
-                        }
-                    }
-                    Op::Unpin(i) => {
-                        if let Some(id) = pinned.remove(&i) {
-                            kv.unpin(id);
-                            whole.remove(&i);
-                        }
-                    }
-                    Op::Hog(n) => {
-                        if let Some(b) = kv.allocate(n) {
-                            hog.extend(b);
-                        }
-                    }
-                    Op::Swap(n) => {
-                        if kv.reserve_swap(n) {
-                            swapped += n;
-                            whole.clear();
-                        } else if swapped > 0 {
-                            kv.unreserve_swap(swapped);
-                            swapped = 0;
-                        }
+                        running.push(r);
+                        running_idx.push(i);
                     }
                 }
-                let st = kv.stats();
-                let t = st.tiers.unwrap();
-                prop_assert!(t.host_bytes + st.swap_used_bytes <= 6 * BYTES, "{:?}", st);
-                prop_assert!(t.disk_bytes <= 8 * BYTES);
+                Op::Release(j) => {
+                    if j < running.len() {
+                        let r = running.remove(j);
+                        let i = running_idx.remove(j);
+                        release(&mut kv, r);
+                        if pinned.contains_key(&i) && (disk || swapped + ts[i].len() / BS <= 6) {
+                            whole.insert(i);
+                        }
+                    } else if !hog.is_empty() {
+                        kv.release_uncached(&std::mem::take(&mut hog), None);
+                    }
+                }
+                Op::Pin(i) => {
+                    if let std::collections::hash_map::Entry::Vacant(e) = pinned.entry(i) {
+                        let id = 10 + i as u64;
+                        kv.pin(id, 0, &ts[i]);
+                        e.insert(id);
+                    }
+                }
+                Op::Unpin(i) => {
+                    if let Some(id) = pinned.remove(&i) {
+                        kv.unpin(id);
+                        whole.remove(&i);
+                    }
+                }
+                Op::Hog(n) => {
+                    if let Some(b) = kv.allocate(n) {
+                        hog.extend(b);
+                    }
+                }
+                Op::Swap(n) => {
+                    if kv.reserve_swap(n) {
+                        swapped += n;
+                        whole.clear();
+                    } else if swapped > 0 {
+                        kv.unreserve_swap(swapped);
+                        swapped = 0;
+                    }
+                }
             }
-            for r in running.drain(..) {
-                release(&mut kv, r);
-            }
-            kv.release_uncached(&hog, None);
-            kv.reset_prefix_cache();
-            prop_assert_eq!(kv.num_free(), kv.capacity());
+            let st = kv.stats();
+            let t = st.tiers.unwrap();
+            prop_assert!(t.host_bytes + st.swap_used_bytes <= 6 * BYTES, "{:?}", st);
+            prop_assert!(t.disk_bytes <= 8 * BYTES);
         }
+        for r in running.drain(..) {
+            release(&mut kv, r);
+        }
+        kv.release_uncached(&hog, None);
+        kv.reset_prefix_cache();
+        prop_assert_eq!(kv.num_free(), kv.capacity());
+        Ok(())
+    }
+
+    /// A case proptest found (round 54): a transcript pinned and released while 3 of the
+    /// host's 6 blocks stayed reserved for swap cannot stay whole (5 blocks), and is not
+    /// expected to. Fails if the test expects it whole, or if the manager lets pinned
+    /// blocks into the reserved room (the host budget assertion).
+    #[test]
+    fn a_pinned_transcript_past_the_room_swap_leaves_is_not_expected_whole() {
+        use Op::*;
+        let ops = vec![
+            Admit(5),
+            Release(0),
+            Swap(1),
+            Admit(1),
+            Pin(4),
+            Release(0),
+            Admit(4),
+            Admit(0),
+            Swap(2),
+            Release(1),
+            Admit(2),
+            Release(0),
+            Admit(5),
+            Hog(3),
+            Release(0),
+            Admit(4),
+        ];
+        run_tier_ops(ops, false).unwrap();
     }
 
     fn rand_suffix() -> u64 {
