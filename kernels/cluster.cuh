@@ -42,4 +42,57 @@ __device__ __forceinline__ V* cluster_peer(V* p, int rank) {
 #endif
 }
 
+// The push of partials into block 0's shared memory by st.async (`fused_decode.cu`): each store signals block 0's mbarrier with its bytes, so block 0 waits
+// on its own barrier instead of a cluster barrier whose release fences every thread's memory
+// at GPU scope. `push_bar_init`: by one thread of block 0 before the cluster's first barrier
+// (which makes the initialisation visible to the cluster), expecting `bytes` in all.
+__device__ __forceinline__ void push_bar_init(uint64_t* bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(bar);
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(a) : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes)
+               : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
+// The shared::cluster address of block `rank`'s copy of p (a variable of this kernel's shared
+// memory).
+__device__ __forceinline__ uint32_t cluster_addr(const void* p, int rank) {
+  uint32_t r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(r)
+               : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank));
+#endif
+  return r;
+}
+
+// One float into another block's shared memory (`addr`, from cluster_addr), its 4 bytes
+// counted on that block's mbarrier `bar` (also from cluster_addr).
+__device__ __forceinline__ void push_f32(uint32_t addr, float v, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(
+                   addr),
+               "r"(__float_as_uint(v)), "r"(bar)
+               : "memory");
+#endif
+}
+
+// Waits until this block's push barrier has counted every byte it expects (its first phase).
+__device__ __forceinline__ void push_bar_wait(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(bar);
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
+        "0;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(a)
+        : "memory");
+  }
+#endif
+}
+
 }  // namespace

@@ -32,6 +32,14 @@ namespace {
 // Bits: without clusters, and for contexts one cluster holds, the output equals the unfused
 // kernels' at the same partitioning (the merge sums the same terms in the same order); across
 // clusters the merge is two-level and differs in rounding only.
+// The cluster's push (step 4): the peers store their partials into block 0 by st.async, each
+// store counted on block 0's mbarrier (set up by block 0 before the cluster's first barrier,
+// expecting every peer's bytes), and block 0 waits on that barrier, then merges with the
+// merge's weights inlined (groups 1-4). Against plain remote stores, a second cluster barrier
+// (whose release makes every thread wait for its earlier memory operations at GPU scope) and
+// the weights called: the same bits, on the H100 after 512-token prompts 0.6B batch 1 / 2 /
+// 8 +2.4% / +1.8% / +3.2%, 1.7B +2.1% / +2.1% / +1.5%; the block timeline's 1-row attention
+// 11.0 -> 9.7 us (BENCHMARKS.md, round 55).
 // kv_shift: the grid's KV heads are virtual, 2^kv_shift of them a head of the cache (GQA group
 // 8 runs as two group-4 halves a KV head, which merge in clusters; G is then 4): each reads
 // its cache head's K/V and norms its new key; the first writes the new row.
@@ -89,6 +97,11 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   // A cluster (or block) wholly past the context has nothing to write; the test is the same
   // for every block of a cluster, so none is left waiting at a cluster barrier.
   if (ctx > 0 && (split / C) * C * part >= ctx) return;
+  // Block 0's barrier for the partials its peers push (step 4), set up before the arrival
+  // below makes it visible to them: their bytes, G heads' A, M and L a peer.
+  __shared__ __align__(8) uint64_t push_bar;
+  if (C > 1 && splits > 1 && stop == 0 && split % C == 0 && threadIdx.x == 0)
+    push_bar_init(&push_bar, (uint32_t)((C - 1) * (G * HD + 2 * G) * sizeof(float)));
   // In a cluster: every block has started before any writes another's shared memory (step 4);
   // this arrival is waited for there.
   if (C > 1) cluster_arrive();
@@ -350,13 +363,24 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   float* dM = nullptr;
   float* dL = nullptr;
   float* dA = nullptr;
+  // A peer's slot and block 0's barrier as shared::cluster addresses (st.async).
+  bool pushing = false;
+  uint32_t rM = 0, rL = 0, rA = 0, rbar = 0;
   if (C > 1 && splits > 1 && stop == 0) {
     if (C > CP) __trap();
     cluster_wait();  // every block of the cluster runs: block 0's shared memory is there
     TL_MARK(3);
-    dM = cluster_peer(&pM[rank][0], 0);
-    dL = cluster_peer(&pL[rank][0], 0);
-    dA = cluster_peer(&pA[rank][0][0], 0);
+    if (rank != 0) {
+      pushing = true;
+      rM = cluster_addr(&pM[rank][0], 0);
+      rL = cluster_addr(&pL[rank][0], 0);
+      rA = cluster_addr(&pA[rank][0][0], 0);
+      rbar = cluster_addr(&push_bar, 0);
+    } else {
+      dM = &pM[0][0];
+      dL = &pL[0][0];
+      dA = &pA[0][0][0];
+    }
   }
   const size_t hb = (size_t)b * nh + kh * G;
   for (int idx = threadIdx.x; idx < G * HD; idx += THREADS) {
@@ -373,6 +397,12 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     } else if (dA != nullptr) {
       dA[g * HD + d] = A;
       if (d == 0) { dM[g] = M; dL[g] = L; }
+    } else if (pushing) {
+      push_f32(rA + (uint32_t)(g * HD + d) * 4u, A, rbar);
+      if (d == 0) {
+        push_f32(rM + (uint32_t)g * 4u, M, rbar);
+        push_f32(rL + (uint32_t)g * 4u, L, rbar);
+      }
     } else {
       const size_t pi = (hb + g) * splits + split;
       part_acc[pi * HD + d] = A;
@@ -381,16 +411,18 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   }
   if (splits == 1 || stop == 4) return;
   const int used = min(splits, (ctx + part - 1) / part);
-  if (dA == nullptr) {
+  if (dA == nullptr && !pushing) {
     merge_global<G>(part_acc, part_ml, &counters[b * nkv + kh], used, hb, splits, out);
     return;
   }
   // Block 0 merges the cluster's partials (those holding context, in partition order) from
   // its own shared memory once every block has pushed its own; the others are done.
   TL_MARK(4);
-  cluster_arrive();
+  // The peers' stores land on their own; block 0's slot is its threads' (the barrier below),
+  // the peers' are in once its push barrier has counted their bytes.
   if (rank != 0) return;
-  cluster_wait();
+  __syncthreads();
+  push_bar_wait(&push_bar);
   TL_MARK(5);
   const int cl = split / C, cused = min(C, used - cl * C);
   const bool last_level = used <= C;
@@ -402,7 +434,13 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   // (BENCHMARKS.md, round 53).
   static_assert(G * CP <= 32, "one warp forms the weights");
   __shared__ float wR[CP][G], mG[G], lG[G];
-  if (threadIdx.x < 32) merge_weights<G, CP>(pM, pL, cused, wR, mG, lG);
+  // Inlined where it spills nothing (groups 1-4; group 8's tensor-core kernels spill either
+  // way). Called, with the second cluster barrier in place of the push barrier, the group-2
+  // tensor-core kernel spilled.
+  if (threadIdx.x < 32) {
+    if constexpr (G <= 4) merge_weights_body<G, CP>(pM, pL, cused, wR, mG, lG);
+    else merge_weights<G, CP>(pM, pL, cused, wR, mG, lG);
+  }
   __syncthreads();
   for (int idx = threadIdx.x; idx < G * HD; idx += THREADS) {
     const int g = idx / HD, d = idx % HD;

@@ -77,12 +77,13 @@ __device__ void merge_global(const float* part_acc, const float* part_ml, uint32
 
 // The cluster merge's weights, by the first warp: lane g * CP + r the weight e^(M_r - M) of
 // partial r of head g into wR, and each head's max M and sum L (by one lane, in partition
-// order: the sums of a loop over the partials) into mG / lG. Not inlined: inlined, it cost the
-// 1-row tensor-core kernel (mma1, group 2) 15 registers and a 52-byte spill in ptxas.
+// order: the sums of a loop over the partials) into mG / lG. Inlined by the fused attention for
+// groups 1-4; merge_weights below is the same called (group 8).
 template <int G, int CP>
-__device__ __noinline__ void merge_weights(const float (&pM)[CP][G], const float (&pL)[CP][G],
-                                           int cused, float (&wR)[CP][G], float (&mG)[G],
-                                           float (&lG)[G]) {
+__device__ __forceinline__ void merge_weights_body(const float (&pM)[CP][G],
+                                                   const float (&pL)[CP][G], int cused,
+                                                   float (&wR)[CP][G], float (&mG)[G],
+                                                   float (&lG)[G]) {
   const int g = threadIdx.x / CP, r = threadIdx.x % CP;
   const bool mine = g < G && r < cused;
   float M = mine ? pM[r][g] : -INFINITY;
@@ -97,6 +98,13 @@ __device__ __noinline__ void merge_weights(const float (&pM)[CP][G], const float
     mG[g] = M;
     lG[g] = L;
   }
+}
+
+template <int G, int CP>
+__device__ __noinline__ void merge_weights(const float (&pM)[CP][G], const float (&pL)[CP][G],
+                                           int cused, float (&wR)[CP][G], float (&mG)[G],
+                                           float (&lG)[G]) {
+  merge_weights_body<G, CP>(pM, pL, cused, wR, mG, lG);
 }
 
 // norm_rope_head (common.cuh) for two heads of one warp at once, the second (s1, w1) only when

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Round 55, call 2 (#21): the fused attention's cluster merge without its second cluster
+# barrier. Call 1's block timeline (0.6B, H100) put block 0's "every partial in" 1.7 us after
+# the last block's push and its merge 2.3 us after that, of an ~11 us attention. Variants, all
+# the same bits: --fused-async-push (the peers' partials by st.async onto block 0's mbarrier),
+# --fused-inline-weights (the merge's weights inlined, not called), both. The timeline with
+# each, kernel_check --model-only (the fused cases with both builds, bit for bit), then
+# 0.6B and 1.7B batches 1, 2, 8 after 512-token prompts, two interleaved rounds.
+# Run as `export OUT BUDGET=...; bash scripts/gpu_call_round55a.sh` (with the build it ran on: both
+# variants were then folded into the default build and their flags removed).
+set -u
+source scripts/gpu_lib.sh
+nvidia-smi --query-gpu=name --format=csv,noheader
+model 0.6b; model 1.7b; echo "models t=$((SECONDS - T0))"
+i=0
+for v in "" "--fused-async-push" "--fused-async-push --fused-inline-weights"; do
+  i=$((i + 1))
+  # shellcheck disable=SC2086 # the flags are words
+  timeout "$(cap 60)" .gpu/graph_check_tl --model-dir /tmp/m-0.6b --timeline "/tmp/tl-$i.csv" $v \
+    > "$OUT/tl-$i.log" 2>&1
+  echo "== timeline 0.6b [$v] rc $? t=$((SECONDS - T0))"
+  grep "^| fused_decode" "$OUT/tl-$i.log" | tail -7
+  grep "releases span" "$OUT/tl-$i.log"
+  [ -f "/tmp/tl-$i.csv" ] && xz -c "/tmp/tl-$i.csv" > "$OUT/tl-$i.csv.xz"
+done
+kc kcm 150 --model-dir /tmp/m-0.6b --model-only
+echo "async checks: $(grep -c "decode_fused async" "$OUT/kcm.log"), failed: $(grep "decode_fused async" "$OUT/kcm.log" | grep -c FAIL)"
+sweep s06 200 "--model-dir /tmp/m-0.6b --prompt 512 --batches 1,2,8 --new 128" "" \
+  "--fused-async-push" "--fused-inline-weights" "--fused-async-push --fused-inline-weights"
+sweep s17 200 "--model-dir /tmp/m-1.7b --prompt 512 --batches 1,2,8 --new 128" "" \
+  "--fused-async-push" "--fused-async-push --fused-inline-weights"
+echo "done t=$((SECONDS - T0))"
