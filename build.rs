@@ -33,15 +33,10 @@ const KERNELS: &[&str] = &[
 ];
 
 /// Second builds of a kernel file with macros defined: (fatbin name, source file, macros).
-/// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`);
-/// the fused decode attention with its cluster merge scattered over the cluster's blocks
-/// (`LaunchOptions::fused_scatter_merge`) or block 0's merge code run by its peers too
-/// (`LaunchOptions::fused_warm_merge`).
+/// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`).
 const VARIANTS: &[(&str, &str, &[&str])] = &[
     ("gemv_ef", "gemv", &["WEIGHT_EVICT_FIRST"]),
     ("gemv_mma_ef", "gemv_mma", &["WEIGHT_EVICT_FIRST"]),
-    ("fused_decode_sm", "fused_decode", &["FUSED_SCATTER_MERGE"]),
-    ("fused_decode_wm", "fused_decode", &["FUSED_WARM_MERGE"]),
 ];
 
 fn main() {

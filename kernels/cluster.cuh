@@ -95,17 +95,4 @@ __device__ __forceinline__ void push_bar_wait(uint64_t* bar) {
 #endif
 }
 
-// push_bar_wait with the retry inside one asm block (a local label), so the loop stays where
-// it is called (`FUSED_SCATTER_MERGE`).
-__device__ __forceinline__ void push_bar_wait_inline(uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint32_t a = (uint32_t)__cvta_generic_to_shared(bar);
-  asm volatile(
-      "{\n .reg .pred p;\n WAIT:\n"
-      " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], 0;\n"
-      " @!p bra WAIT;\n}" ::"r"(a)
-      : "memory");
-#endif
-}
-
 }  // namespace

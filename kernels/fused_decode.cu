@@ -40,13 +40,6 @@ namespace {
 // the weights called: the same bits, on the H100 after 512-token prompts 0.6B batch 1 / 2 /
 // 8 +2.4% / +1.8% / +3.2%, 1.7B +2.1% / +2.1% / +1.5%; the block timeline's 1-row attention
 // 11.0 -> 9.7 us (BENCHMARKS.md, round 55).
-// FUSED_SCATTER_MERGE (a second build, LaunchOptions::fused_scatter_merge): where one cluster
-// holds the context, every block merges G * HD / C of the outputs instead of block 0 all of
-// them: a block pushes each A to the block merging it and its heads' M and L to every block,
-// and each waits on its own barrier (a loop in one asm block). The same sums: the same bits.
-// FUSED_WARM_MERGE (a second build, LaunchOptions::fused_warm_merge): the peers, once pushed,
-// run block 0's merge code with nothing to merge and no stores before they exit, so whichever
-// SM hosts a block 0 next has that code in its instruction cache (the outputs: the same).
 // kv_shift: the grid's KV heads are virtual, 2^kv_shift of them a head of the cache (GQA group
 // 8 runs as two group-4 halves a KV head, which merge in clusters; G is then 4): each reads
 // its cache head's K/V and norms its new key; the first writes the new row.
@@ -104,24 +97,9 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   // A cluster (or block) wholly past the context has nothing to write; the test is the same
   // for every block of a cluster, so none is left waiting at a cluster barrier.
   if (ctx > 0 && (split / C) * C * part >= ctx) return;
-#ifdef FUSED_SCATTER_MERGE
-  // Every block of the cluster merges a slice of G * HD / C outputs when the cluster holds the
-  // whole context (a one-level merge): its peers push it their A of that slice and every
-  // head's M and L (step 4).
-  const bool scatter =
-      C > 1 && splits > 1 && stop == 0 && ctx > 0 && min(splits, (ctx + part - 1) / part) <= C;
-#else
-  constexpr bool scatter = false;
-#endif
   // Block 0's barrier for the partials its peers push (step 4), set up before the arrival
-  // below makes it visible to them: their bytes, G heads' A, M and L a peer (scattered: every
-  // block's, a slice's A and every head's M and L a peer).
+  // below makes it visible to them: their bytes, G heads' A, M and L a peer.
   __shared__ __align__(8) uint64_t push_bar;
-#ifdef FUSED_SCATTER_MERGE
-  if (scatter && threadIdx.x == 0)
-    push_bar_init(&push_bar, (uint32_t)((C - 1) * (G * HD / C + 2 * G) * sizeof(float)));
-  else
-#endif
   if (C > 1 && splits > 1 && stop == 0 && split % C == 0 && threadIdx.x == 0)
     push_bar_init(&push_bar, (uint32_t)((C - 1) * (G * HD + 2 * G) * sizeof(float)));
   // In a cluster: every block has started before any writes another's shared memory (step 4);
@@ -392,9 +370,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     if (C > CP) __trap();
     cluster_wait();  // every block of the cluster runs: block 0's shared memory is there
     TL_MARK(3);
-    if (scatter) {
-      // Each store finds its block's slot and barrier (below).
-    } else if (rank != 0) {
+    if (rank != 0) {
       pushing = true;
       rM = cluster_addr(&pM[rank][0], 0);
       rL = cluster_addr(&pL[rank][0], 0);
@@ -418,23 +394,6 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     }
     if (splits == 1) {
       out[(hb + g) * HD + d] = (T)(L > 0.f ? A / L : 0.f);
-    } else if (scatter) {
-      // A to the block merging output idx; this head's M and L to block d (d < C <= HD).
-      const int own = idx / (G * HD / C);
-      if (own == rank)
-        pA[rank][g][d] = A;
-      else
-        push_f32(cluster_addr(&pA[rank][g][d], own), A, cluster_addr(&push_bar, own));
-      if (d < C) {
-        if (d == rank) {
-          pM[rank][g] = M;
-          pL[rank][g] = L;
-        } else {
-          const uint32_t bar = cluster_addr(&push_bar, d);
-          push_f32(cluster_addr(&pM[rank][g], d), M, bar);
-          push_f32(cluster_addr(&pL[rank][g], d), L, bar);
-        }
-      }
     } else if (dA != nullptr) {
       dA[g * HD + d] = A;
       if (d == 0) { dM[g] = M; dL[g] = L; }
@@ -452,36 +411,6 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   }
   if (splits == 1 || stop == 4) return;
   const int used = min(splits, (ctx + part - 1) / part);
-#ifdef FUSED_SCATTER_MERGE
-  if (scatter) {
-    // Every block: its slice once its own stores and every peer's are in, merged as block 0
-    // merges below (the same weights, the same sums in the same order: the same bits).
-    TL_MARK(4);
-    __syncthreads();
-    push_bar_wait_inline(&push_bar);
-    TL_MARK(5);
-    __shared__ float sR[CP][G], sM[G], sL[G];
-    if (threadIdx.x < 32) {
-      if constexpr (G <= 4) merge_weights_body<G, CP>(pM, pL, used, sR, sM, sL);
-      else merge_weights<G, CP>(pM, pL, used, sR, sM, sL);
-    }
-    __syncthreads();
-    const int S = G * HD / C;
-    for (int idx = rank * S + threadIdx.x; idx < (rank + 1) * S; idx += THREADS) {
-      const int g = idx / HD, d = idx % HD;
-      const float M = sM[g], L = sL[g];
-      float A = 0.f;
-      if (M != -INFINITY) {
-#pragma unroll
-        for (int r = 0; r < CP; ++r)
-          if (r < used) A += pA[r][g][d] * sR[r][g];
-      }
-      out[(hb + g) * HD + d] = (T)(L > 0.f ? A / L : 0.f);
-    }
-    TL_MARK(6);
-    return;
-  }
-#endif
   if (dA == nullptr && !pushing) {
     merge_global<G>(part_acc, part_ml, &counters[b * nkv + kh], used, hb, splits, out);
     return;
@@ -491,24 +420,21 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   TL_MARK(4);
   // The peers' stores land on their own; block 0's slot is its threads' (the barrier below),
   // the peers' are in once its push barrier has counted their bytes.
-#ifdef FUSED_WARM_MERGE
-  // The peers run block 0's merge below with nothing to merge and no stores (`dry`), so the
-  // SM that next hosts a block 0 has its code in the instruction cache.
-  const bool dry = rank != 0;
+  // With MMA (the 1-2-row kernels), the peers run block 0's merge below with nothing to merge
+  // and no stores (`dry`) before they exit, so the SM that next hosts a block 0 has its code
+  // in the instruction cache: block 0 runs on 8 of the SMs, a different 8 each layer, and
+  // this 127 KB kernel's merge was otherwise rarely cached there. On the H100's block timeline
+  // block 0's merge took 2.0 us instead of 3.1; 0.6B batch 1 / 2 +3.6% / +1.3%, 1.7B +0.4% /
+  // +0.3%, the 30B-A3B shape at 8 layers +0.3% (BENCHMARKS.md, round 55). The CUDA-core
+  // kernels (3+ rows) keep the peers' early exit: there the dry run lost 10-19% at batch 8.
+  const bool dry = MMA > 0 && rank != 0;
+  if (MMA == 0 && rank != 0) return;
   if (!dry) {
     __syncthreads();
     push_bar_wait(&push_bar);
     TL_MARK(5);
   }
   const int cl = split / C, cused = dry ? 0 : min(C, used - cl * C);
-#else
-  constexpr bool dry = false;
-  if (rank != 0) return;
-  __syncthreads();
-  push_bar_wait(&push_bar);
-  TL_MARK(5);
-  const int cl = split / C, cused = min(C, used - cl * C);
-#endif
   const bool last_level = used <= C;
   // Each partial's weight e^(M_r - M) and each head's max and sum once, by the first warp
   // (lane g * CP + r: G * CP <= 32), instead of by every output's thread; then every output

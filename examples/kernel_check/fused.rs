@@ -217,39 +217,6 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     // into its stage fails it); past one cluster (the CUDA-core loop) against the unfused
     // CUDA-core kernels.
     let (km1, km2) = (mma_kernels(dev, 1)?, mma_kernels(dev, 2)?);
-    // The one-cluster merge scattered over the cluster's blocks
-    // (`LaunchOptions::fused_scatter_merge`, a second build of the kernels), every case once
-    // more on both loops, held to the same bits (an output merged by no block or two, a slice
-    // pushed to the wrong block, or a byte count that lets a block merge before its peers'
-    // stores landed fails or hangs it).
-    let scatter = |o: LaunchOptions| -> Res<CudaKernels> {
-        let o = LaunchOptions {
-            fused_scatter_merge: true,
-            ..o
-        };
-        Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
-    };
-    let ksm = scatter(cores())?;
-    let ksm1 = scatter(LaunchOptions {
-        mma_decode: true,
-        fused_mma: Some(1),
-        fused_mma_rows: usize::MAX,
-        ..cores()
-    })?;
-    // Block 0's merge code run dry by its peers (`LaunchOptions::fused_warm_merge`): a store
-    // left in the dry run or a peer that waits on a barrier never set up fails or hangs it.
-    let kwm = CudaKernels::new(
-        dev,
-        DType::BF16,
-        &LaunchOptions {
-            fused_warm_merge: true,
-            mma_decode: true,
-            fused_mma: Some(2),
-            fused_mma_rows: usize::MAX,
-            ..cores()
-        },
-    )?
-    .ok_or("no kernels")?;
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),
@@ -284,10 +251,7 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         .chain(g8.map(|c| (&k8, &k8, c, " whole")))
         .chain(cases.iter().map(|c| (&kd, &kd, c, " division")))
         .chain(cases.iter().map(|c| (&km1, &k, c, " mma1")))
-        .chain(cases.iter().map(|c| (&km2, &k, c, " mma2")))
-        .chain(cases.iter().map(|c| (&ksm, &ksm, c, " scatter")))
-        .chain(cases.iter().map(|c| (&ksm1, &k, c, " scatter mma1")))
-        .chain(cases.iter().map(|c| (&kwm, &k, c, " warm mma2")));
+        .chain(cases.iter().map(|c| (&km2, &k, c, " mma2")));
     for (kf, kc, &(rows, heads, splits), how) in runs {
         let (out, cache, left, exact) = case((kf, kc), dev, rows, heads, splits, None)?;
         let name = format!(

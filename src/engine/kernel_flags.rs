@@ -122,14 +122,6 @@ pub struct KernelFlags {
     /// mask (turns `KernelOptions::fused_lean` off).
     #[arg(long)]
     pub no_fused_lean: bool,
-    /// The fused decode attention's cluster merge scattered over the cluster's blocks
-    /// (`KernelOptions::fused_scatter_merge`; the same bits).
-    #[arg(long)]
-    pub fused_scatter_merge: bool,
-    /// The fused decode attention's peers run block 0's merge code with nothing to merge
-    /// (`KernelOptions::fused_warm_merge`; the same bits).
-    #[arg(long)]
-    pub fused_warm_merge: bool,
     /// The fused decode attention's loop on tensor cores with D stages a warp, 1 or 2
     /// (`KernelOptions::fused_mma`; default 1).
     #[arg(long, value_name = "D", value_parser = clap::value_parser!(u8).range(1..=2))]
@@ -306,8 +298,6 @@ impl KernelFlags {
             gqa8_split: !self.no_gqa8_split,
             eager_graph_splits: !self.no_eager_graph_splits,
             fused_lean: !self.no_fused_lean,
-            fused_scatter_merge: self.fused_scatter_merge,
-            fused_warm_merge: self.fused_warm_merge,
             fused_mma: (!self.no_fused_mma)
                 .then(|| self.fused_mma.unwrap_or(super::options::FUSED_MMA_STAGES)),
             fused_mma_rows: self

@@ -241,22 +241,6 @@ pub struct KernelOptions {
     /// after 512-token prompts +2.1%, after 8k +8.4%, batch 1 +1-2.4%, 1.7B +1% (BENCHMARKS.md,
     /// #21); off: the division.
     pub fused_lean: bool,
-    /// The fused decode attention's merge, where one cluster holds the context, done by every
-    /// block of the cluster for G * HD / C of the outputs (each block pushes each of its
-    /// partial's values by st.async to the block merging it, and its heads' M and L to every
-    /// block; each waits on its own barrier) instead of by block 0 for all of them (a second
-    /// build of `kernels/fused_decode.cu` with `FUSED_SCATTER_MERGE`). The same sums in the
-    /// same order: the same bits. Off by default until measured (#21: on the H100's block
-    /// timeline block 0's merge took 2.4-3.1 us of the 1-row attention's ~9.7).
-    pub fused_scatter_merge: bool,
-    /// The fused decode attention's peers, once they have pushed their partials, run block 0's
-    /// merge code with nothing to merge and no stores before they exit (a second build of
-    /// `kernels/fused_decode.cu` with `FUSED_WARM_MERGE`), so the SM that next hosts a block 0
-    /// has that code in its instruction cache. The same outputs. Off by default until measured
-    /// (#21: block 0's merge, ~150 instructions a thread, took 2.4-3.1 us of the 1-row
-    /// attention on the H100's block timeline, where the same merge spread over every block,
-    /// `fused_scatter_merge`, took 1.2). No effect with `fused_scatter_merge`.
-    pub fused_warm_merge: bool,
     /// The fused decode attention's loop over a context that fits one cluster (up to 2,048
     /// tokens at 1-4 rows, 1,024 at 5-16) on tensor cores (`kernels/fused_decode.cu`
     /// `decode_fused_mma*`: the loop of `kernels/decode_mma.cu`, a warp taking chunks of 16
@@ -448,8 +432,6 @@ impl Default for KernelOptions {
             graph_splits_few: Some(GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(GRAPH_SPLITS_MID),
             fused_lean: true,
-            fused_scatter_merge: false,
-            fused_warm_merge: false,
             fused_mma: Some(FUSED_MMA_STAGES),
             fused_mma_rows: FUSED_MMA_ROWS,
             fused_mma_one: Some(FUSED_MMA_ONE),

@@ -83,13 +83,6 @@ pub struct LaunchOptions {
     /// The fused decode attention's lean kernels (`decode_fused_lean_*`: the same bits with
     /// fewer instructions a token).
     pub fused_lean: bool,
-    /// The fused decode attention built with its one-cluster merge scattered over the
-    /// cluster's blocks (`kernels/fused_decode.cu` with `FUSED_SCATTER_MERGE`: the same bits).
-    pub fused_scatter_merge: bool,
-    /// The fused decode attention built with block 0's merge code run by its peers too, with
-    /// nothing to merge (`FUSED_WARM_MERGE`: the same outputs; no effect with
-    /// `fused_scatter_merge`).
-    pub fused_warm_merge: bool,
     /// The fused decode attention's loop on tensor cores with this many K/V stages a warp (1
     /// or 2; `decode_fused_mma*`) for contexts that fit one cluster; None: the CUDA-core loop.
     pub fused_mma: Option<u8>,
@@ -203,8 +196,6 @@ impl Default for LaunchOptions {
             graph_splits_few: Some(crate::engine::options::GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(crate::engine::options::GRAPH_SPLITS_MID),
             fused_lean: true,
-            fused_scatter_merge: false,
-            fused_warm_merge: false,
             fused_mma: Some(crate::engine::options::FUSED_MMA_STAGES),
             fused_mma_rows: crate::engine::options::FUSED_MMA_ROWS,
             fused_mma_one: Some(crate::engine::options::FUSED_MMA_ONE),

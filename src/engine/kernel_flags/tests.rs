@@ -29,15 +29,6 @@ fn kernel_flags_become_kernel_options() {
     assert!(d.kernels.fused_lean && lib.kernels.fused_lean);
     let l = opts(&["x", "--no-fused-lean"]);
     assert!(!l.kernels.fused_lean);
-    // The fused attention's scattered merge: off unless asked for.
-    assert!(!d.kernels.fused_scatter_merge && !lib.kernels.fused_scatter_merge);
-    assert!(
-        opts(&["x", "--fused-scatter-merge"])
-            .kernels
-            .fused_scatter_merge
-    );
-    assert!(!d.kernels.fused_warm_merge && !lib.kernels.fused_warm_merge);
-    assert!(opts(&["x", "--fused-warm-merge"]).kernels.fused_warm_merge);
     // The fused attention's tensor-core loop: one stage for steps of up to 2 rows unless
     // turned off; stages 1-2 only.
     let one = Some(crate::engine::options::FUSED_MMA_STAGES);
