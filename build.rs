@@ -33,10 +33,13 @@ const KERNELS: &[&str] = &[
 ];
 
 /// Second builds of a kernel file with macros defined: (fatbin name, source file, macros).
-/// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`).
+/// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`);
+/// the fused decode attention with the new key normed by every block
+/// (`LaunchOptions::fused_warm_key`).
 const VARIANTS: &[(&str, &str, &[&str])] = &[
     ("gemv_ef", "gemv", &["WEIGHT_EVICT_FIRST"]),
     ("gemv_mma_ef", "gemv_mma", &["WEIGHT_EVICT_FIRST"]),
+    ("fused_decode_wk", "fused_decode", &["FUSED_WARM_KEY"]),
 ];
 
 fn main() {

@@ -40,6 +40,10 @@ namespace {
 // the weights called: the same bits, on the H100 after 512-token prompts 0.6B batch 1 / 2 /
 // 8 +2.4% / +1.8% / +3.2%, 1.7B +2.1% / +2.1% / +1.5%; the block timeline's 1-row attention
 // 11.0 -> 9.7 us (BENCHMARKS.md, round 55).
+// FUSED_WARM_KEY (a second build, LaunchOptions::fused_warm_key): in the tensor-core kernels
+// every active block norms and rotates the new key in step 2, not only the block holding the
+// new token (whose partition is the last to push), so that code is cached wherever that block
+// lands next; the others' copies are never read and only that block writes the cache.
 // kv_shift: the grid's KV heads are virtual, 2^kv_shift of them a head of the cache (GQA group
 // 8 runs as two group-4 halves a KV head, which merge in clusters; G is then 4): each reads
 // its cache head's K/V and norms its new key; the first writes the new row.
@@ -166,6 +170,16 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   // 2: q heads into shared memory; the new key and value into the cache and shared memory.
   const bool active = start < ctx;
   const bool holds_new = active && end == ctx;
+#ifdef FUSED_WARM_KEY
+  // With MMA, every active block norms and rotates the new key (into its own shared memory,
+  // which only the block holding the new token reads; only that block writes the cache), so
+  // the code is cached on the SM that next holds the new token.
+  const bool knorm = holds_new || MMA > 0;
+  constexpr bool warm_key = true;
+#else
+  const bool knorm = holds_new;
+  constexpr bool warm_key = false;
+#endif
   __shared__ __align__(16) T qs[G][HD];
   __shared__ __align__(16) KT knew[HD];
   __shared__ __align__(16) KT vnew[HD];
@@ -180,7 +194,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     // batch 1 +1.6-1.8% (BENCHMARKS.md, round 53).
     constexpr int NW = THREADS / 32;
     if constexpr (G + 1 > NW) {
-      const int nheads = G + (holds_new ? 1 : 0);
+      const int nheads = G + (knorm ? 1 : 0);
       auto src = [&](int h) {
         return row + (size_t)(h < G ? kh * G + h : nh + rk) * HD;
       };
@@ -192,7 +206,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
           const T* vsrc = row + (size_t)(nh + nkr + rk) * HD;
           // The first of a cache head's blocks writes its new row (the others keep their own
           // copy in shared memory and never read that row from the cache).
-          const bool write = slots[b] != 0xffffffffu && (kh & ((1 << kv_shift) - 1)) == 0;
+          const bool write = (!warm_key || holds_new) && slots[b] != 0xffffffffu &&
+                             (kh & ((1 << kv_shift) - 1)) == 0;
           const size_t off = ((size_t)rk * num_slots + (write ? slots[b] : 0)) * HD;
 #pragma unroll
           for (int j = 0; j < HD / 32; ++j) {
@@ -220,7 +235,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     } else {
       // At most one head a warp (groups 1-2): the measured loop as it was (through `emit` above,
       // ptxas gave these 14 kernels other machine code, not measured).
-      for (int h = warp; h < G + (holds_new ? 1 : 0); h += THREADS / 32) {
+      for (int h = warp; h < G + (knorm ? 1 : 0); h += THREADS / 32) {
         const bool is_q = h < G;
         float o[HD / 32];
         norm_rope_head<T, HD / 32>(row + (size_t)(is_q ? kh * G + h : nh + rk) * HD,
@@ -232,7 +247,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
           const T* vsrc = row + (size_t)(nh + nkr + rk) * HD;
           // The first of a cache head's blocks writes its new row (the others keep their own
           // copy in shared memory and never read that row from the cache).
-          const bool write = slots[b] != 0xffffffffu && (kh & ((1 << kv_shift) - 1)) == 0;
+          const bool write = (!warm_key || holds_new) && slots[b] != 0xffffffffu &&
+                             (kh & ((1 << kv_shift) - 1)) == 0;
           const size_t off = ((size_t)rk * num_slots + (write ? slots[b] : 0)) * HD;
 #pragma unroll
           for (int j = 0; j < HD / 32; ++j) {

@@ -217,6 +217,21 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     // into its stage fails it); past one cluster (the CUDA-core loop) against the unfused
     // CUDA-core kernels.
     let (km1, km2) = (mma_kernels(dev, 1)?, mma_kernels(dev, 2)?);
+    // The new key normed by every block of the tensor-core kernels
+    // (`LaunchOptions::fused_warm_key`, a second build), 1 and 2 stages, every case once more:
+    // a block other than the new token's that wrote the cache, or one that read its own copy
+    // of the new row, fails it.
+    let warm_key = |stages: u8| -> Res<CudaKernels> {
+        let o = LaunchOptions {
+            fused_warm_key: true,
+            mma_decode: true,
+            fused_mma: Some(stages),
+            fused_mma_rows: usize::MAX,
+            ..cores()
+        };
+        Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
+    };
+    let (kwk1, kwk2) = (warm_key(1)?, warm_key(2)?);
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),
@@ -251,7 +266,9 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         .chain(g8.map(|c| (&k8, &k8, c, " whole")))
         .chain(cases.iter().map(|c| (&kd, &kd, c, " division")))
         .chain(cases.iter().map(|c| (&km1, &k, c, " mma1")))
-        .chain(cases.iter().map(|c| (&km2, &k, c, " mma2")));
+        .chain(cases.iter().map(|c| (&km2, &k, c, " mma2")))
+        .chain(cases.iter().map(|c| (&kwk1, &k, c, " warm key mma1")))
+        .chain(cases.iter().map(|c| (&kwk2, &k, c, " warm key mma2")));
     for (kf, kc, &(rows, heads, splits), how) in runs {
         let (out, cache, left, exact) = case((kf, kc), dev, rows, heads, splits, None)?;
         let name = format!(

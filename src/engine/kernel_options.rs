@@ -241,6 +241,14 @@ pub struct KernelOptions {
     /// after 512-token prompts +2.1%, after 8k +8.4%, batch 1 +1-2.4%, 1.7B +1% (BENCHMARKS.md,
     /// #21); off: the division.
     pub fused_lean: bool,
+    /// The fused decode attention's 1-2-row (tensor-core) kernels norm and rotate the new key
+    /// in every block, not only in the block whose partition holds the new token (into its own
+    /// shared memory, which only that block reads; only that block writes the cache), so the
+    /// code is in the instruction cache of the SM that next holds the new token (a second build
+    /// of `kernels/fused_decode.cu` with `FUSED_WARM_KEY`). The same outputs. Off by default
+    /// until measured (#21: on the H100's block timeline that block finished its norms 0.7 us
+    /// after the others and pushed its partial last, which block 0's merge waits for).
+    pub fused_warm_key: bool,
     /// The fused decode attention's loop over a context that fits one cluster (up to 2,048
     /// tokens at 1-4 rows, 1,024 at 5-16) on tensor cores (`kernels/fused_decode.cu`
     /// `decode_fused_mma*`: the loop of `kernels/decode_mma.cu`, a warp taking chunks of 16
@@ -432,6 +440,7 @@ impl Default for KernelOptions {
             graph_splits_few: Some(GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(GRAPH_SPLITS_MID),
             fused_lean: true,
+            fused_warm_key: false,
             fused_mma: Some(FUSED_MMA_STAGES),
             fused_mma_rows: FUSED_MMA_ROWS,
             fused_mma_one: Some(FUSED_MMA_ONE),

@@ -1,6 +1,7 @@
 //! Which build of a kernel file the launch options pick: `build.rs` compiles some files a
 //! second time with a macro defined (its `VARIANTS`), machine code that differs from the
-//! default build only in cache hints, so the outputs are the same.
+//! default build in cache hints or in work whose results nothing reads, so the outputs are the
+//! same.
 
 use super::launch_options::LaunchOptions;
 
@@ -9,11 +10,15 @@ static GEMV_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_mma.fatb
 // The weights evict-first in L2 (`LaunchOptions::weight_evict_first`).
 static GEMV_EF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_ef.fatbin"));
 static GEMV_MMA_EF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_mma_ef.fatbin"));
+static FUSED_DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fused_decode.fatbin"));
+// The new key normed by every block (`LaunchOptions::fused_warm_key`).
+static FUSED_DECODE_WK: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fused_decode_wk.fatbin"));
 
-/// The builds of `gemv.cu` and `gemv_mma.cu` the options ask for.
+/// The builds of `gemv.cu`, `gemv_mma.cu` and `fused_decode.cu` the options ask for.
 pub(super) struct Builds {
     pub(super) gemv: &'static [u8],
     pub(super) gemv_mma: &'static [u8],
+    pub(super) fused_decode: &'static [u8],
     /// Whether they load their weights evict-first (`LaunchOptions::weight_evict_first`).
     pub(super) weight_evict_first: bool,
 }
@@ -25,6 +30,11 @@ impl Builds {
         Self {
             gemv: if ef { GEMV_EF } else { GEMV },
             gemv_mma: if ef { GEMV_MMA_EF } else { GEMV_MMA },
+            fused_decode: if opts.fused_warm_key {
+                FUSED_DECODE_WK
+            } else {
+                FUSED_DECODE
+            },
             weight_evict_first: ef,
         }
     }

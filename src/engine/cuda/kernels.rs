@@ -20,7 +20,6 @@ use crate::error::Result;
 
 static DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/decode.fatbin"));
 static DECODE_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/decode_mma.fatbin"));
-static FUSED_DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fused_decode.fatbin"));
 static PREFILL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/prefill.fatbin"));
 static FLASH_PREFILL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/flash_prefill.fatbin"));
 static FLASH_PREFILL_SM90: &[u8] =
@@ -224,7 +223,7 @@ impl CudaKernels {
         let decode_mod = load(DECODE, "decode")?;
         let mma_mod = load(DECODE_MMA, "decode_mma")?;
         let builds = super::builds::Builds::pick(opts);
-        let fused_mod = load(FUSED_DECODE, "fused_decode")?;
+        let fused_mod = load(builds.fused_decode, "fused_decode")?;
         let prefill_mod = load(PREFILL, "prefill")?;
         let flash_mod = if wgmma {
             load(FLASH_PREFILL_SM90, "flash_prefill_sm90")?

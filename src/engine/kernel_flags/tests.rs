@@ -29,6 +29,9 @@ fn kernel_flags_become_kernel_options() {
     assert!(d.kernels.fused_lean && lib.kernels.fused_lean);
     let l = opts(&["x", "--no-fused-lean"]);
     assert!(!l.kernels.fused_lean);
+    // The fused attention's new key normed by every block: off unless asked for.
+    assert!(!d.kernels.fused_warm_key && !lib.kernels.fused_warm_key);
+    assert!(opts(&["x", "--fused-warm-key"]).kernels.fused_warm_key);
     // The fused attention's tensor-core loop: one stage for steps of up to 2 rows unless
     // turned off; stages 1-2 only.
     let one = Some(crate::engine::options::FUSED_MMA_STAGES);
