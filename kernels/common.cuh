@@ -46,11 +46,14 @@ __device__ __forceinline__ unsigned long long tl_where() {
   return ((unsigned long long)sm << 32) | tl_block();
 }
 // Phase `p` (1..TL_SLOTS-1) of a block that recorded its wait: by thread 0, after whatever
-// barrier ends the phase.
+// barrier ends the phase. The clock is read first: the tests below load tl_cap, which after an
+// acquire (a cluster barrier's wait, an mbarrier's) misses L1 and took up to ~1 us (rounds
+// 54-55 read it before the clock).
 __device__ __forceinline__ void tl_mark(unsigned int p) {
+  const unsigned long long now = tl_now();
   if (tl_thread() && tl_ok == (tl_block() ^ 0xa5a50000u) && p < TL_SLOTS && tl_i + p < tl_cap) {
     ulonglong2* rec = reinterpret_cast<ulonglong2*>(tl_buf) + 2 * (size_t)(tl_i + p);
-    rec[0] = make_ulonglong2(0ull, tl_now());
+    rec[0] = make_ulonglong2(0ull, now);
     rec[1] = make_ulonglong2(tl_where(), tl_grid() | (1ull << 63) | ((unsigned long long)p << 56));
   }
 }
@@ -87,10 +90,11 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 #ifdef BLOCK_TIMELINE
   // Only a block whose thread 0 took its slot in pdl_trigger (the tag: not a slot left in
-  // shared memory by another block) records.
+  // shared memory by another block) records; the clock first (see tl_mark).
+  const unsigned long long now = tl_now();
   if (tl_thread() && tl_tag == (tl_block() ^ 0x5a5a0000u) && tl_i < tl_cap) {
     ulonglong2* rec = reinterpret_cast<ulonglong2*>(tl_buf) + 2 * (size_t)tl_i;
-    rec[0] = make_ulonglong2(tl_t0, tl_now());
+    rec[0] = make_ulonglong2(tl_t0, now);
     rec[1] = make_ulonglong2(tl_where(), tl_grid());
     tl_tag = 0;
     tl_ok = tl_block() ^ 0xa5a50000u;

@@ -5,7 +5,8 @@
 # (the fused cases with the scattered build, bit for bit), the timeline with and without it,
 # then 0.6B and 1.7B batches 1, 2, 8 after 512-token prompts and the 30B-A3B shape at 8 layers
 # batches 1 and 8, two interleaved rounds.
-# Run as `export OUT BUDGET=...; bash scripts/gpu_call_round55b.sh`.
+# Run as `export OUT BUDGET=...; bash scripts/gpu_call_round55b.sh` (with the build it ran on: its
+# variant flags were removed, or folded into the defaults, after it ran).
 set -u
 source scripts/gpu_lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader

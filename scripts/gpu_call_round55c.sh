@@ -5,7 +5,8 @@
 # The same bits: kernel_check --model-only (the fused cases with the warm build's two-stage
 # kernels, bit for bit), the 0.6B timeline with each, then 0.6B, 1.7B batches 1, 2, 8 and the
 # 30B-A3B shape at 8 layers batches 1, 8 after 512-token prompts, two interleaved rounds.
-# Run as `export OUT BUDGET=...; bash scripts/gpu_call_round55c.sh`.
+# Run as `export OUT BUDGET=...; bash scripts/gpu_call_round55c.sh` (with the build it ran on: its
+# variant flags were removed, or folded into the defaults, after it ran).
 set -u
 source scripts/gpu_lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
