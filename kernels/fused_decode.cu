@@ -32,18 +32,12 @@ namespace {
 // Bits: without clusters, and for contexts one cluster holds, the output equals the unfused
 // kernels' at the same partitioning (the merge sums the same terms in the same order); across
 // clusters the merge is two-level and differs in rounding only.
-// The cluster's push (step 4): the peers store their partials into block 0 by st.async, each
-// store counted on block 0's mbarrier (set up by block 0 before the cluster's first barrier,
-// expecting every peer's bytes), and block 0 waits on that barrier, then merges with the
-// merge's weights inlined (groups 1-4). Against plain remote stores, a second cluster barrier
-// (whose release makes every thread wait for its earlier memory operations at GPU scope) and
-// the weights called: the same bits, on the H100 after 512-token prompts 0.6B batch 1 / 2 /
-// 8 +2.4% / +1.8% / +3.2%, 1.7B +2.1% / +2.1% / +1.5%; the block timeline's 1-row attention
-// 11.0 -> 9.7 us (BENCHMARKS.md, round 55).
+// The cluster's push (step 4): the peers store their partials into block 0 by st.async, counted
+// on block 0's mbarrier, which block 0 waits on instead of a second cluster barrier (whose
+// release made every thread wait for its memory operations at GPU scope; round 55).
 // FUSED_WARM_KEY (a second build, LaunchOptions::fused_warm_key): in the tensor-core kernels
-// every active block norms and rotates the new key in step 2, not only the block holding the
-// new token (whose partition is the last to push), so that code is cached wherever that block
-// lands next; the others' copies are never read and only that block writes the cache.
+// every active block norms the new key in step 2, not only the one holding the new token (the
+// last to push), so that code is cached wherever that block lands next.
 // kv_shift: the grid's KV heads are virtual, 2^kv_shift of them a head of the cache (GQA group
 // 8 runs as two group-4 halves a KV head, which merge in clusters; G is then 4): each reads
 // its cache head's K/V and norms its new key; the first writes the new row.
@@ -51,9 +45,8 @@ namespace {
 // (profiling only; 0 in the engine, and no clusters) ends every block after phase 1-4
 // (phase 4: the block's partial formed), so `graph_check --profile` can time the phases.
 // FETCH: tokens per half-warp whose K/V loads are in flight together (a round of GROUPS *
-// FETCH tokens a block). Eight, and two rounds of four in two register sets, were measured on
-// the H200 (128 registers a thread against 96) and lost 14-36% after 8k-32k-token prompts
-// (BENCHMARKS.md, #21).
+// FETCH tokens a block). Eight, and two rounds of four, lost 14-36% after 8k-32k-token
+// prompts on the H200 (BENCHMARKS.md, #21).
 constexpr int FETCH = 4;
 constexpr int CLUSTER_PART = 128;  // longest partition of a context one cluster covers
 // KT: the caches' element type (bf16, or fp8 with the scales ks / vs: K's folded into q, the
@@ -68,9 +61,7 @@ constexpr int CLUSTER_PART = 128;  // longest partition of a context one cluster
 // registers the CUDA-core loop here lost 23-33% after 8k-32k tokens on the H200).
 // LEAN (LaunchOptions::fused_lean, on by default): the same sums in the same order with fewer
 // instructions a token: a power-of-two block size's table index and offset by shift and mask
-// instead of a division. (A round's FETCH scores computed before its softmax steps, measured
-// with it on the H200, took 123 registers a thread against 96 and lost 9-27% at batches 8-16
-// and after 8k-32k tokens, +2.5% at batch 1 after 512: BENCHMARKS.md, #21.)
+// instead of a division. (A round's scores before its softmax steps lost 9-27%: #21.)
 template <int G, typename KT, bool LEAN, int MMA>
 __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              const __nv_bfloat16* __restrict__ q_w,
@@ -171,9 +162,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   const bool active = start < ctx;
   const bool holds_new = active && end == ctx;
 #ifdef FUSED_WARM_KEY
-  // With MMA, every active block norms and rotates the new key (into its own shared memory,
-  // which only the block holding the new token reads; only that block writes the cache), so
-  // the code is cached on the SM that next holds the new token.
+  // With MMA, every active block norms the new key (only its holder reads it or writes it).
   const bool knorm = holds_new || MMA > 0;
   constexpr bool warm_key = true;
 #else
@@ -188,10 +177,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     const T* row = qkv + (size_t)b * (nh + 2 * nkr) * HD;
     const float pos = (float)positions[b];
     // More heads than warps (group 4 and up: G q heads and the new key over 4 warps): a warp's
-    // heads h and h + 4 normed and rotated together (norm_rope_two), so the block holding the
-    // new key, which the cluster's merge waits for, waits on one round of loads instead of two.
-    // Against one head at a time on the H100: the 30B-A3B shape (48 layers, group-4 halves)
-    // batch 1 +1.6-1.8% (BENCHMARKS.md, round 53).
+    // heads h and h + 4 normed and rotated together (norm_rope_two), so the new key's block
+    // waits on one round of loads instead of two (round 53: +1.6-1.8% on the 30B-A3B shape).
     constexpr int NW = THREADS / 32;
     if constexpr (G + 1 > NW) {
       const int nheads = G + (knorm ? 1 : 0);
@@ -432,17 +419,12 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     return;
   }
   // Block 0 merges the cluster's partials (those holding context, in partition order) from
-  // its own shared memory once every block has pushed its own; the others are done.
+  // its own shared memory: its slot by its threads (the barrier below), the peers' once its
+  // push barrier has counted their bytes. With MMA (1-2 rows) the peers run that merge with
+  // nothing to merge and no stores (`dry`) before they exit, so the SM that next hosts a block
+  // 0 has its code cached (round 55: its merge 3.1 -> 2.0 us; 0.6B batch 1 +3.6%); the
+  // CUDA-core kernels (3+ rows) exit at once (the dry run lost 10-19% at batch 8).
   TL_MARK(4);
-  // The peers' stores land on their own; block 0's slot is its threads' (the barrier below),
-  // the peers' are in once its push barrier has counted their bytes.
-  // With MMA (the 1-2-row kernels), the peers run block 0's merge below with nothing to merge
-  // and no stores (`dry`) before they exit, so the SM that next hosts a block 0 has its code
-  // in the instruction cache: block 0 runs on 8 of the SMs, a different 8 each layer, and
-  // this 127 KB kernel's merge was otherwise rarely cached there. On the H100's block timeline
-  // block 0's merge took 2.0 us instead of 3.1; 0.6B batch 1 / 2 +3.6% / +1.3%, 1.7B +0.4% /
-  // +0.3%, the 30B-A3B shape at 8 layers +0.3% (BENCHMARKS.md, round 55). The CUDA-core
-  // kernels (3+ rows) keep the peers' early exit: there the dry run lost 10-19% at batch 8.
   const bool dry = MMA > 0 && rank != 0;
   if (MMA == 0 && rank != 0) return;
   if (!dry) {
@@ -453,16 +435,11 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   const int cl = split / C, cused = dry ? 0 : min(C, used - cl * C);
   const bool last_level = used <= C;
   // Each partial's weight e^(M_r - M) and each head's max and sum once, by the first warp
-  // (lane g * CP + r: G * CP <= 32), instead of by every output's thread; then every output
-  // is one unrolled run of FMAs. The same sums in the same order as a loop over the partials
-  // an output (the max is exact; L by one lane in partition order): the same bits. Against
-  // that loop on the H100: the 30B-A3B shape (48 layers) batch 1 +0.9%, 0.6B batch 1 +0.3%
-  // (BENCHMARKS.md, round 53).
+  // (lane g * CP + r: G * CP <= 32); then every output is one unrolled run of FMAs: the sums of
+  // a loop over the partials an output, in the same order (round 53: +0.3-0.9%).
   static_assert(G * CP <= 32, "one warp forms the weights");
   __shared__ float wR[CP][G], mG[G], lG[G];
-  // Inlined where it spills nothing (groups 1-4; group 8's tensor-core kernels spill either
-  // way). Called, with the second cluster barrier in place of the push barrier, the group-2
-  // tensor-core kernel spilled.
+  // Inlined where it spills nothing (groups 1-4; group 8's tensor-core kernels spill anyway).
   if (threadIdx.x < 32) {
     if constexpr (G <= 4) merge_weights_body<G, CP>(pM, pL, cused, wR, mG, lG);
     else merge_weights<G, CP>(pM, pL, cused, wR, mG, lG);
