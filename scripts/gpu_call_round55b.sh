@@ -12,18 +12,8 @@ source scripts/gpu_lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 model 0.6b; model 1.7b; echo "models t=$((SECONDS - T0))"
 kc kcm 150 --model-dir /tmp/m-0.6b --model-only
-echo "scatter checks: $(grep -c "decode_fused scatter" "$OUT/kcm.log"), failed: $(grep "decode_fused scatter" "$OUT/kcm.log" | grep -c FAIL)"
-i=0
-for v in "" "--fused-scatter-merge"; do
-  i=$((i + 1))
-  # shellcheck disable=SC2086 # the flags are words
-  timeout "$(cap 60)" .gpu/graph_check_tl --model-dir /tmp/m-0.6b --timeline "/tmp/tl-$i.csv" $v \
-    > "$OUT/tl-$i.log" 2>&1
-  echo "== timeline 0.6b [$v] rc $? t=$((SECONDS - T0))"
-  grep "^| fused_decode" "$OUT/tl-$i.log" | tail -7
-  grep "releases span" "$OUT/tl-$i.log"
-  [ -f "/tmp/tl-$i.csv" ] && xz -c "/tmp/tl-$i.csv" > "$OUT/tl-$i.csv.xz"
-done
+counted "$OUT/kcm.log" "decode_fused scatter" "scatter"
+timelines 0.6b "" "--fused-scatter-merge"
 sweep s06 150 "--model-dir /tmp/m-0.6b --prompt 512 --batches 1,2,8 --new 128" "" \
   "--fused-scatter-merge"
 sweep s17 150 "--model-dir /tmp/m-1.7b --prompt 512 --batches 1,2,8 --new 128" "" \

@@ -9,7 +9,7 @@ source scripts/gpu_lib.sh
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$gpu"
 model 0.6b; model 1.7b; echo "models t=$((SECONDS - T0))"
 kc kcm 150 --model-dir /tmp/m-0.6b --model-only
-echo "fused checks: $(grep -c "decode_fused" "$OUT/kcm.log"), failed: $(grep "decode_fused" "$OUT/kcm.log" | grep -c FAIL)"
+counted "$OUT/kcm.log" "decode_fused" "fused"
 sweep d06 100 "--model-dir /tmp/m-0.6b --prompt 512 --batches 1,2,8 --new 128 --variant-rounds 3" ""
 sweep d17 100 "--model-dir /tmp/m-1.7b --prompt 512 --batches 1,2,8 --new 128 --variant-rounds 3" ""
 case $gpu in *H200*) moe48_sweep 150 "--prompt 512 --batches 1 --new 128 --variant-rounds 3" "" ;; esac

@@ -10,7 +10,7 @@ source scripts/gpu_lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 model 0.6b; model 1.7b; echo "models t=$((SECONDS - T0))"
 kc kcm 150 --model-dir /tmp/m-0.6b --model-only
-echo "warm key checks: $(grep -c "decode_fused warm key" "$OUT/kcm.log"), failed: $(grep "decode_fused warm key" "$OUT/kcm.log" | grep -c FAIL)"
+counted "$OUT/kcm.log" "decode_fused warm key" "warm key"
 sweep s06 150 "--model-dir /tmp/m-0.6b --prompt 512 --batches 1,2,8 --new 128 --variant-rounds 3" "" \
   "--fused-warm-key"
 sweep s17 150 "--model-dir /tmp/m-1.7b --prompt 512 --batches 1,2,8 --new 128 --variant-rounds 3" "" \

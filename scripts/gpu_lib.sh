@@ -92,6 +92,30 @@ kc() {
   grep -E "^kernel-check|FAIL|Error|panic" "$OUT/$n.log" | head -8
 }
 
+# counted LOG PATTERN LABEL: how many of LOG's lines match PATTERN, and how many of those failed.
+counted() {
+  echo "$3 checks: $(grep -c "$2" "$1"), failed: $(grep "$2" "$1" | grep -c FAIL)"
+}
+
+# timelines SHAPE FLAGS...: the block timeline of a decode step (.gpu/graph_check_tl
+# --timeline, the `timeline` feature's build) on /tmp/m-SHAPE once for each string of kernel
+# flags ("" for the defaults): log $OUT/tl-I.log, the fused attention's rows and the step's
+# span printed, the CSV xz'd into $OUT/tl-I.csv.xz.
+timelines() {
+  local m=$1 i=0 v
+  shift
+  for v in "$@"; do
+    i=$((i + 1))
+    # shellcheck disable=SC2086 # the flags are words
+    timeout "$(cap 60)" .gpu/graph_check_tl --model-dir "/tmp/m-$m" --timeline "/tmp/tl-$i.csv" \
+      $v > "$OUT/tl-$i.log" 2>&1
+    echo "== timeline $m [$v] rc $? t=$((SECONDS - T0))"
+    grep "^| fused_decode" "$OUT/tl-$i.log" | tail -7
+    grep "releases span" "$OUT/tl-$i.log"
+    [ -f "/tmp/tl-$i.csv" ] && xz -c "/tmp/tl-$i.csv" > "$OUT/tl-$i.csv.xz"
+  done
+}
+
 # tma_bits: kernel_check --gemv-only on /tmp/m-0.6b (log $OUT/gemv.log) and the count of its
 # streamed 1-row matmul checks (tma_bits) and their failures.
 tma_bits() {
