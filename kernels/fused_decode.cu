@@ -35,9 +35,7 @@ namespace {
 // The cluster's push (step 4): the peers store their partials into block 0 by st.async, counted
 // on block 0's mbarrier, which block 0 waits on instead of a second cluster barrier (whose
 // release made every thread wait for its memory operations at GPU scope; round 55).
-// FUSED_WARM_KEY (a second build, LaunchOptions::fused_warm_key): in the tensor-core kernels
-// every active block norms the new key in step 2, not only the one holding the new token (the
-// last to push), so that code is cached wherever that block lands next.
+// The builds with FUSED_WARM_KEY or FUSED_TC_ONLY: fused_parts.cuh.
 // kv_shift: the grid's KV heads are virtual, 2^kv_shift of them a head of the cache (GQA group
 // 8 runs as two group-4 halves a KV head, which merge in clusters; G is then 4): each reads
 // its cache head's K/V and norms its new key; the first writes the new row.
@@ -45,8 +43,7 @@ namespace {
 // (profiling only; 0 in the engine, and no clusters) ends every block after phase 1-4
 // (phase 4: the block's partial formed), so `graph_check --profile` can time the phases.
 // FETCH: tokens per half-warp whose K/V loads are in flight together (a round of GROUPS *
-// FETCH tokens a block). Eight, and two rounds of four, lost 14-36% after 8k-32k-token
-// prompts on the H200 (BENCHMARKS.md, #21).
+// FETCH tokens a block; eight, and two rounds of four, lost 14-36% at 8k-32k tokens: #21).
 constexpr int FETCH = 4;
 constexpr int CLUSTER_PART = 128;  // longest partition of a context one cluster covers
 // KT: the caches' element type (bf16, or fp8 with the scales ks / vs: K's folded into q, the
@@ -86,7 +83,10 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   // The step's inputs were uploaded before the step's first kernel: readable before the wait.
   const int ctx = (int)ctx_lens[b];
   if (width != nullptr) W = (int)*width;
-  const bool one_cluster = C > 1 && ctx <= C * CLUSTER_PART;
+  constexpr bool TCO = TC_ONLY_BUILD && MMA > 0;  // (fused_parts.cuh)
+  if constexpr (TCO) stop = 0;
+  if (TCO && !(C > 1 && ctx <= C * CLUSTER_PART)) __trap();  // the host's launch rule broken
+  const bool one_cluster = TCO || (C > 1 && ctx <= C * CLUSTER_PART);
   const int part = one_cluster ? decode_part(ctx, C, 16) : decode_part(ctx, splits, part_min);
   const int start = split * part;
   // A cluster (or block) wholly past the context has nothing to write; the test is the same
@@ -95,11 +95,12 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   // Block 0's barrier for the partials its peers push (step 4), set up before the arrival
   // below makes it visible to them: their bytes, G heads' A, M and L a peer.
   __shared__ __align__(8) uint64_t push_bar;
-  if (C > 1 && splits > 1 && stop == 0 && split % C == 0 && threadIdx.x == 0)
+  const bool clustered = TCO || (C > 1 && splits > 1 && stop == 0);
+  if (clustered && split % C == 0 && threadIdx.x == 0)
     push_bar_init(&push_bar, (uint32_t)((C - 1) * (G * HD + 2 * G) * sizeof(float)));
   // In a cluster: every block has started before any writes another's shared memory (step 4);
   // this arrival is waited for there.
-  if (C > 1) cluster_arrive();
+  if (TCO || C > 1) cluster_arrive();
   const int end = min(ctx, start + part);  // <= start for a partition past the context
   const int newp = ctx - 1;
   const int grp = threadIdx.x / LANES, lane = threadIdx.x % LANES;
@@ -146,6 +147,12 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   } else {
     fetch(start);
   }
+  // EARLY (groups 1-2, fused_parts.cuh): warp h <= G's factors of head h (G: the new key).
+  constexpr bool EARLY = EARLY_ROPE_BUILD && G + 1 <= THREADS / 32;
+  RopeFactors<HD / 32> rf;
+  if (EARLY && threadIdx.x / 32 <= G)
+    rope_factors<T, HD / 32>(threadIdx.x / 32 < G ? q_w : k_w, inv_freq, (float)positions[b],
+                             threadIdx.x % 32, rf);
   pdl_wait();
   if (stop == 1) {
     if constexpr (MMA > 0) cp_async_wait<0>();
@@ -161,14 +168,9 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   // 2: q heads into shared memory; the new key and value into the cache and shared memory.
   const bool active = start < ctx;
   const bool holds_new = active && end == ctx;
-#ifdef FUSED_WARM_KEY
-  // With MMA, every active block norms the new key (only its holder reads it or writes it).
-  const bool knorm = holds_new || MMA > 0;
-  constexpr bool warm_key = true;
-#else
-  const bool knorm = holds_new;
-  constexpr bool warm_key = false;
-#endif
+  // warm_key: every active block norms the new key (only its holder reads it or writes it).
+  constexpr bool warm_key = WARM_KEY_BUILD && MMA > 0;
+  const bool knorm = holds_new || warm_key;
   __shared__ __align__(16) T qs[G][HD];
   __shared__ __align__(16) KT knew[HD];
   __shared__ __align__(16) KT vnew[HD];
@@ -220,20 +222,18 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
         if (two) emit(h2, o2);
       }
     } else {
-      // At most one head a warp (groups 1-2): the measured loop as it was (through `emit` above,
-      // ptxas gave these 14 kernels other machine code, not measured).
+      // At most one head a warp (groups 1-2); through `emit` above ptxas gave other machine code.
       for (int h = warp; h < G + (knorm ? 1 : 0); h += THREADS / 32) {
         const bool is_q = h < G;
         float o[HD / 32];
-        norm_rope_head<T, HD / 32>(row + (size_t)(is_q ? kh * G + h : nh + rk) * HD,
-                                   is_q ? q_w : k_w, inv_freq, pos, eps, wl, o);
+        const T* src = row + (size_t)(is_q ? kh * G + h : nh + rk) * HD;
+        if constexpr (EARLY) norm_rope_with<T, HD / 32>(src, rf, eps, wl, o);
+        else norm_rope_head<T, HD / 32>(src, is_q ? q_w : k_w, inv_freq, pos, eps, wl, o);
         if (is_q) {
 #pragma unroll
           for (int j = 0; j < HD / 32; ++j) qs[h][wl + 32 * j] = (T)o[j];
         } else {
-          const T* vsrc = row + (size_t)(nh + nkr + rk) * HD;
-          // The first of a cache head's blocks writes its new row (the others keep their own
-          // copy in shared memory and never read that row from the cache).
+          const T* vsrc = row + (size_t)(nh + nkr + rk) * HD;  // as `emit` above
           const bool write = (!warm_key || holds_new) && slots[b] != 0xffffffffu &&
                              (kh & ((1 << kv_shift) - 1)) == 0;
           const size_t off = ((size_t)rk * num_slots + (write ? slots[b] : 0)) * HD;
@@ -369,7 +369,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   // A peer's slot and block 0's barrier as shared::cluster addresses (st.async).
   bool pushing = false;
   uint32_t rM = 0, rL = 0, rA = 0, rbar = 0;
-  if (C > 1 && splits > 1 && stop == 0) {
+  if (clustered) {
     if (C > CP) __trap();
     cluster_wait();  // every block of the cluster runs: block 0's shared memory is there
     TL_MARK(3);
@@ -395,12 +395,12 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     } else {
       merge_groups<G>(sm, sl, sacc, g, d, M, L, A);
     }
-    if (splits == 1) {
+    if (!TCO && splits == 1) {
       out[(hb + g) * HD + d] = (T)(L > 0.f ? A / L : 0.f);
     } else if (dA != nullptr) {
       dA[g * HD + d] = A;
       if (d == 0) { dM[g] = M; dL[g] = L; }
-    } else if (pushing) {
+    } else if (TCO || pushing) {
       push_f32(rA + (uint32_t)(g * HD + d) * 4u, A, rbar);
       if (d == 0) {
         push_f32(rM + (uint32_t)g * 4u, M, rbar);
@@ -412,9 +412,9 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       if (d == 0) { part_ml[pi * 2] = M; part_ml[pi * 2 + 1] = L; }
     }
   }
-  if (splits == 1 || stop == 4) return;
+  if (!TCO && (splits == 1 || stop == 4)) return;
   const int used = min(splits, (ctx + part - 1) / part);
-  if (dA == nullptr && !pushing) {
+  if (!TCO && dA == nullptr && !pushing) {
     merge_global<G>(part_acc, part_ml, &counters[b * nkv + kh], used, hb, splits, out);
     return;
   }
@@ -433,7 +433,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     TL_MARK(5);
   }
   const int cl = split / C, cused = dry ? 0 : min(C, used - cl * C);
-  const bool last_level = used <= C;
+  const bool last_level = TCO || used <= C;
   // Each partial's weight e^(M_r - M) and each head's max and sum once, by the first warp
   // (lane g * CP + r: G * CP <= 32); then every output is one unrolled run of FMAs: the sums of
   // a loop over the partials an output, in the same order (round 53: +0.3-0.9%).

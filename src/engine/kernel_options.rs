@@ -249,6 +249,22 @@ pub struct KernelOptions {
     /// until measured (#21: on the H100's block timeline that block finished its norms 0.7 us
     /// after the others and pushed its partial last, which block 0's merge waits for).
     pub fused_warm_key: bool,
+    /// The fused decode attention's tensor-core kernels built for the only launches the engine
+    /// makes of them (clusters whose contexts all fit one cluster): without the CUDA-core loop,
+    /// the one-partition output and the merge through global memory that the default build's
+    /// carry, ~40% of their machine code (a second build of `kernels/fused_decode.cu` with
+    /// `FUSED_TC_ONLY`). The same outputs. Off by default until measured (#21: the 1-row
+    /// chain's attention looked bound by instruction fetch on the H100's block timeline).
+    pub fused_tc_only: bool,
+    /// The fused decode attention at GQA groups 1-2 (a head a warp): each warp loads its head's
+    /// norm weights and forms its RoPE cos / sin before waiting on the qkv matmul, from the
+    /// weights and the step's positions, so after the wait only the head's own values, their
+    /// sums and products remain (a second build of `kernels/fused_decode.cu` with
+    /// `FUSED_EARLY_ROPE`). The same outputs. Off by default until measured (#21: the q/k
+    /// norms were ~1.8 us of the 1-row attention's ~9 us in the chain on the H100).
+    /// `fused_warm_key`, `fused_tc_only` and this are built each alone or all three together,
+    /// for sm_90 GPUs (H100, H200) only: elsewhere the engine refuses them at start-up.
+    pub fused_early_rope: bool,
     /// The fused decode attention's loop over a context that fits one cluster (up to 2,048
     /// tokens at 1-4 rows, 1,024 at 5-16) on tensor cores (`kernels/fused_decode.cu`
     /// `decode_fused_mma*`: the loop of `kernels/decode_mma.cu`, a warp taking chunks of 16
@@ -441,6 +457,8 @@ impl Default for KernelOptions {
             graph_splits_mid: Some(GRAPH_SPLITS_MID),
             fused_lean: true,
             fused_warm_key: false,
+            fused_tc_only: false,
+            fused_early_rope: false,
             fused_mma: Some(FUSED_MMA_STAGES),
             fused_mma_rows: FUSED_MMA_ROWS,
             fused_mma_one: Some(FUSED_MMA_ONE),

@@ -295,7 +295,8 @@ impl CudaKernels {
     /// [`CudaKernels::paged_decode_into`]. `short`: every context fits one cluster
     /// ([`CudaKernels::fused_short_context`]), so the tensor-core kernels of
     /// `LaunchOptions::fused_mma` may run (steps of up to `fused_mma_rows` rows); else the
-    /// CUDA-core ones.
+    /// CUDA-core ones. With `LaunchOptions::fused_tc_only` a context past one cluster in a
+    /// launch said to be `short` faults the device (those kernels have no other loop).
     #[allow(clippy::too_many_arguments)]
     pub fn decode_fused_into(
         &self,
@@ -364,7 +365,13 @@ impl CudaKernels {
         };
         // Group 8 may run as group 4 over twice the KV heads (`fused_group`).
         let (g, kv_shift) = self.fused_group(nh / nkv);
-        let (funcs, smem) = fused.chosen(b, short);
+        // Clusters only for the whole kernel; the tensor-core kernels only in clusters.
+        let cluster = if stop == 0 {
+            self.decode_cluster(b, nh / nkv, splits.max(1))
+        } else {
+            1
+        };
+        let (funcs, smem) = fused.chosen(b, short && cluster > 1, stop);
         let func = &funcs[g.trailing_zeros() as usize];
         let nkv_grid = nkv << kv_shift;
         let splits = splits.max(1);
@@ -401,7 +408,7 @@ impl CudaKernels {
         };
         let mut lb = self.launcher(func);
         if stop == 0 {
-            lb.cluster_z(self.decode_cluster(b, nh / nkv, splits) as u32);
+            lb.cluster_z(cluster as u32);
         }
         lb.arg(&params);
         // SAFETY: `FusedDecodeParams` is the kernel's one parameter (same layout, checked at
