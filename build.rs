@@ -2,8 +2,7 @@
 //! compiles each file to a fatbin holding machine code for sm_80 (A100) and sm_90 (H100/H200)
 //! plus PTX for newer GPUs; the fatbins are embedded in the binary (`include_bytes!`) and
 //! loaded from memory at run time, so a supported GPU runs them with no JIT. Files named
-//! `*_sm90.cu` use Hopper-only instructions and hold sm_90a machine code only; the builds of
-//! `SM90_ONLY` (for measurements on the H100 / H200) sm_90 machine code only.
+//! `*_sm90.cu` use Hopper-only instructions and hold sm_90a machine code only.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,7 +30,6 @@ const KERNELS: &[&str] = &[
     "moe_router",
     "verify",
     "gemv_tma_sm90",
-    "fused_qkv",
 ];
 
 /// Second builds of a kernel file with macros defined: (fatbin name, source file, macros).
@@ -60,7 +58,6 @@ const SM90_ONLY: &[&str] = &[
     "fused_decode_tc",
     "fused_decode_er",
     "fused_decode_all",
-    "fused_qkv",
 ];
 
 fn main() {
@@ -74,8 +71,6 @@ fn main() {
     println!("cargo:rerun-if-changed=kernels/flash.cuh");
     println!("cargo:rerun-if-changed=kernels/decode_mma.cuh");
     println!("cargo:rerun-if-changed=kernels/fused_parts.cuh");
-    println!("cargo:rerun-if-changed=kernels/fused_decode.cuh");
-    println!("cargo:rerun-if-changed=kernels/fused_qkv.cuh");
     println!("cargo:rerun-if-changed=kernels/moe.cuh");
     println!("cargo:rerun-if-changed=kernels/lora.cuh");
     println!("cargo:rerun-if-changed=kernels/gemv.cuh");

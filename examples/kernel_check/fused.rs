@@ -50,7 +50,12 @@ pub(crate) fn case(
         flat.extend_from_slice(&tb);
         flat.extend(std::iter::repeat_n(0u32, w - tb.len()));
     }
-    let inv = inv_freq(hd, dev)?;
+    let theta = 1_000_000f64;
+    let inv: Vec<f32> = (0..hd)
+        .step_by(2)
+        .map(|i| 1f32 / theta.powf(i as f64 / hd as f64) as f32)
+        .collect();
+    let inv = Tensor::new(inv.as_slice(), dev)?;
     let qkv = randn(&[b, (nh + 2 * nkv) * hd], dt, dev)?;
     let qw =
         (randn(&[hd], dt, dev)?.affine(0.1, 1.0)? * (1.0 / (hd as f64).sqrt()))?.to_dtype(dt)?;
@@ -163,16 +168,6 @@ pub(crate) fn case(
 
 /// (rows, longest context, row 1 padding), (nh, nkv), splits (None: an eager step's).
 type Case = ((usize, usize, bool), (usize, usize), Option<usize>);
-
-/// Qwen3's RoPE inverse frequencies (theta 1e6) for heads of `hd`, f32 on `dev`.
-pub(crate) fn inv_freq(hd: usize, dev: &Device) -> Res<Tensor> {
-    let theta = 1_000_000f64;
-    let inv: Vec<f32> = (0..hd)
-        .step_by(2)
-        .map(|i| 1f32 / theta.powf(i as f64 / hd as f64) as f32)
-        .collect();
-    Ok(Tensor::new(inv.as_slice(), dev)?)
-}
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> Res<f32> {
     let d = (a.to_dtype(DType::F32)? - b.to_dtype(DType::F32)?)?;

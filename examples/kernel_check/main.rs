@@ -9,7 +9,6 @@
 
 mod fp8;
 mod fused;
-mod fused_qkv;
 mod gemv;
 mod greedy;
 mod lora;
@@ -163,13 +162,11 @@ fn main() -> Res<()> {
     if a.model_only {
         // The fused decode attention too: MoE shapes (GQA group 8) run it.
         fused::checks(&dev, &mut t)?;
-        fused_qkv::checks(&dev, &mut t)?;
         moe::checks(&dev, &mut t)?;
         for dt in [DType::BF16, DType::F32] {
             model_checks(&a, &dev, dt, &mut t)?;
         }
         greedy_check(&a, &mut t)?;
-        fused_qkv::engine_check(&a, &mut t)?;
         return report(t);
     }
     if a.gemv_only {
@@ -208,7 +205,6 @@ fn main() -> Res<()> {
         return report(t);
     }
     fused::checks(&dev, &mut t)?;
-    fused_qkv::checks(&dev, &mut t)?;
     mma::checks(&dev, &mut t)?;
     verify::checks(&dev, &mut t)?;
     fp8::checks(&dev, &mut t)?;
@@ -223,7 +219,6 @@ fn main() -> Res<()> {
     }
     greedy_check(&a, &mut t)?;
     fp8::engine_check(&a, &mut t)?;
-    fused_qkv::engine_check(&a, &mut t)?;
     lora::lora_grouped_checks(&dev, &mut t)?;
     lora_runs::checks(&dev, &mut t)?;
     lora::lora_graph_check(&a, &mut t)?;

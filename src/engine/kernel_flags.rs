@@ -135,10 +135,6 @@ pub struct KernelFlags {
     /// --fused-tc-only).
     #[arg(long)]
     pub fused_early_rope: bool,
-    /// A 1-row step's add + RMSNorm + qkv matmul inside the fused decode attention
-    /// (`KernelOptions::fused_qkv`; the same bits; sm_90).
-    #[arg(long)]
-    pub fused_qkv: bool,
     /// The fused decode attention's loop on tensor cores with D stages a warp, 1 or 2
     /// (`KernelOptions::fused_mma`; default 1).
     #[arg(long, value_name = "D", value_parser = clap::value_parser!(u8).range(1..=2))]
@@ -318,7 +314,6 @@ impl KernelFlags {
             fused_warm_key: self.fused_warm_key,
             fused_tc_only: self.fused_tc_only,
             fused_early_rope: self.fused_early_rope,
-            fused_qkv: self.fused_qkv,
             fused_mma: (!self.no_fused_mma)
                 .then(|| self.fused_mma.unwrap_or(super::options::FUSED_MMA_STAGES)),
             fused_mma_rows: self

@@ -265,15 +265,6 @@ pub struct KernelOptions {
     /// `fused_warm_key`, `fused_tc_only` and this are built each alone or all three together,
     /// for sm_90 GPUs (H100, H200) only: elsewhere the engine refuses them at start-up.
     pub fused_early_rope: bool,
-    /// A 1-row decode step's layer runs its add + RMSNorm + qkv matmul inside the fused
-    /// attention (`kernels/fused_qkv.cu`): the cluster of each KV head copies its share of that
-    /// head's qkv weight rows into shared memory before the wait, forms the rows exactly as the
-    /// skinny matmul's norm kernel does, and exchanges them in the cluster, so the layer has
-    /// one launch and one dependent wait fewer (four instead of five). GQA group 2 (Qwen3-0.6B,
-    /// 1.7B), hidden size up to 2,048, contexts within one cluster, no LoRA, one GPU, sm_90
-    /// only. The same outputs. Off by default until measured (#21: on the H100's block
-    /// timeline the qkv launch and the attention were ~13 us of a ~26 us 0.6B layer).
-    pub fused_qkv: bool,
     /// The fused decode attention's loop over a context that fits one cluster (up to 2,048
     /// tokens at 1-4 rows, 1,024 at 5-16) on tensor cores (`kernels/fused_decode.cu`
     /// `decode_fused_mma*`: the loop of `kernels/decode_mma.cu`, a warp taking chunks of 16
@@ -468,7 +459,6 @@ impl Default for KernelOptions {
             fused_warm_key: false,
             fused_tc_only: false,
             fused_early_rope: false,
-            fused_qkv: false,
             fused_mma: Some(FUSED_MMA_STAGES),
             fused_mma_rows: FUSED_MMA_ROWS,
             fused_mma_one: Some(FUSED_MMA_ONE),

@@ -7,7 +7,7 @@ use candle_core::{DType, Tensor};
 
 use super::kernels::{CudaKernels, DECODE_PARTITION};
 use super::launch::kernel_err;
-use super::params::{DecodeGeometry, DecodeParams, FusedDecodeParams, FusedQkvParams, QkvIn};
+use super::params::{DecodeGeometry, DecodeParams, FusedDecodeParams};
 use crate::engine::kv_format::KvRef;
 use crate::error::Result;
 
@@ -341,46 +341,12 @@ impl CudaKernels {
         stop: i32,
     ) -> Result<()> {
         self.check_dtype(qkv)?;
-        self.fused_launch(
-            Some(qkv),
-            (q_w, k_w, eps),
-            inv_freq,
-            (positions, slots),
-            kv,
-            (block_tables, width),
-            ctx_lens,
-            block_size,
-            out,
-            (splits, part, scratch, counters),
-            (short, stop),
-            None,
-        )
-    }
-
-    /// [`CudaKernels::decode_fused_stage_into`]'s launch; with `qin` (checked by
-    /// `decode_fused_qkv_into`), the kernel with the qkv matmul inside: 16 partitions.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn fused_launch(
-        &self,
-        qkv: Option<&Tensor>,
-        (q_w, k_w, eps): (&Tensor, &Tensor, f64),
-        inv_freq: &Tensor,
-        (positions, slots): (&Tensor, &Tensor),
-        kv: KvRef<'_>,
-        (block_tables, width): (&Tensor, Option<&Tensor>),
-        ctx_lens: &Tensor,
-        block_size: usize,
-        out: &Tensor,
-        (splits, part, scratch, counters): (usize, usize, Option<&(Tensor, Tensor)>, &Tensor),
-        (short, stop): (bool, i32),
-        qin: Option<QkvIn>,
-    ) -> Result<()> {
         let (k_cache, v_cache) = (kv.k, kv.v);
         let (nkv, num_slots, hd) = k_cache.dims3()?;
         let b = ctx_lens.elem_count();
         let nh = out.elem_count() / (b * hd).max(1);
         if !self.fused_decode_serves(nh, nkv, hd)
-            || qkv.is_some_and(|q| q.elem_count() != b * (nh + 2 * nkv) * hd)
+            || qkv.elem_count() != b * (nh + 2 * nkv) * hd
             || out.elem_count() != b * nh * hd
             || counters.elem_count() < b * (nkv << self.fused_group(nh / nkv.max(1)).1)
         {
@@ -406,20 +372,13 @@ impl CudaKernels {
             1
         };
         let (funcs, smem) = fused.chosen(b, short && cluster > 1, stop);
-        let (func, smem, splits) = match (&qin, &fused.qkv) {
-            (None, _) => (&funcs[g.trailing_zeros() as usize], smem, splits.max(1)),
-            (Some(q), Some((f, base))) if b == 1 && cluster == DECODE_CLUSTER && stop == 0 => (
-                f,
-                base + super::attention_handles::qkv_smem(q.k as usize),
-                DECODE_CLUSTER,
-            ),
-            (Some(_), _) => return Err(kernel_err("decode_fused_qkv", "not served here")),
-        };
+        let func = &funcs[g.trailing_zeros() as usize];
         let nkv_grid = nkv << kv_shift;
+        let splits = splits.max(1);
         let (acc, ml) = partials(out, scratch, b * nh * splits * hd, splits, "decode_fused")?;
         let w = block_tables.elem_count() / b.max(1);
         let params = FusedDecodeParams {
-            qkv: qkv.map_or(Ok(0), |q| self.ptr(q))?,
+            qkv: self.ptr(qkv)?,
             q_w: self.ptr(q_w)?,
             k_w: self.ptr(k_w)?,
             inv_freq: self.ptr(inv_freq)?,
@@ -447,17 +406,13 @@ impl CudaKernels {
             kv_shift: kv_shift as i32,
             pad: 0,
         };
-        let with_qkv = qin.map(|q| FusedQkvParams { d: params, q });
         let mut lb = self.launcher(func);
         if stop == 0 {
             lb.cluster_z(cluster as u32);
         }
-        match &with_qkv {
-            Some(p) => lb.arg(p),
-            None => lb.arg(&params),
-        };
-        // SAFETY: `FusedDecodeParams` (`FusedQkvParams` with `qin`) is the kernel's one
-        // parameter (same layout, checked at compile time on both sides); buffers sized above.
+        lb.arg(&params);
+        // SAFETY: `FusedDecodeParams` is the kernel's one parameter (same layout, checked at
+        // compile time on both sides); the buffers are sized above.
         let cfg = LaunchConfig {
             shared_mem_bytes: smem,
             ..decode_grid(b, nkv_grid, splits)

@@ -32,30 +32,15 @@ pub(crate) struct FusedDecode {
     pub(super) mma_rows: usize,
     /// The tensor-core kernels serve clustered launches only (`LaunchOptions::fused_tc_only`).
     pub(super) tc_only: bool,
-    /// The 1-row kernel with the qkv matmul inside (`LaunchOptions::fused_qkv`, GQA group 2,
-    /// the stages of a 1-row launch) and its dynamic shared memory before the weights'.
-    pub(super) qkv: Option<(CudaFunction, u32)>,
 }
-
-/// The dynamic shared memory `kernels/fused_qkv.cuh` adds for inputs of `k` (its block's 32
-/// weight rows and the normed input row).
-pub(super) fn qkv_smem(k: usize) -> u32 {
-    ((FUSED_QKV_ROWS + 1) * k * 2) as u32
-}
-
-/// Weight rows a block of `kernels/fused_qkv.cuh` holds (GQA group 2: 4 heads of 128 rows over
-/// 16 blocks) and the widest input row it serves (`QKV_MAX_K`).
-pub(super) const FUSED_QKV_ROWS: usize = 32;
-pub(super) const FUSED_QKV_MAX_K: usize = 2048;
 
 impl FusedDecode {
     /// The kernels `opts` asks for over caches of `dt` ("bf16" or "fp8"): the lean kernels
     /// with `fused_lean`, else the division ones; with `fused_mma` also the tensor-core loop's
     /// (1 or 2 stages a warp; more are clamped to 2). On sm_90+ (`hopper`) they may run in
     /// clusters of 16 (non-portable).
-    /// With the `fused_qkv` module, also its 1-row kernel.
     pub(super) fn load(
-        (m, qkv_m): (&Arc<CudaModule>, Option<&Arc<CudaModule>>),
+        m: &Arc<CudaModule>,
         opts: &LaunchOptions,
         dt: &str,
         hopper: bool,
@@ -98,27 +83,6 @@ impl FusedDecode {
             Ok((fs, smem))
         };
         let mma = opts.fused_mma.map(mma_set).transpose()?;
-        // The qkv kernel of the stages a 1-row launch takes, for the widest input row.
-        let one = opts.fused_mma.and(opts.fused_mma_one.or(opts.fused_mma));
-        let qkv = match (qkv_m, one) {
-            (Some(qm), Some(d)) => {
-                let d = d.clamp(1, 2);
-                let elem = if dt == "fp8" { 1 } else { 2 };
-                let base = (4 * d as u32 * 2 * 16 * 128 * elem).max(33_280);
-                let f = qm
-                    .load_function(&format!("decode_fused_qkv_mma{d}_g2_{dt}"))
-                    .map_err(|e| kernel_err("decode_fused_qkv", e))?;
-                f.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
-                    .map_err(|e| kernel_err("decode_fused_qkv cluster size", e))?;
-                f.set_attribute(
-                    A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    (base + qkv_smem(FUSED_QKV_MAX_K)) as i32,
-                )
-                .map_err(|e| kernel_err("decode_fused_qkv shared memory", e))?;
-                Some((f, base))
-            }
-            _ => None,
-        };
         let mma_one = match (opts.fused_mma, opts.fused_mma_one) {
             (Some(d), Some(one)) if one.clamp(1, 2) != d.clamp(1, 2) => Some(mma_set(one)?),
             _ => None,
@@ -129,7 +93,6 @@ impl FusedDecode {
             mma_one,
             mma_rows: crate::engine::batch::bucket_bound(opts.fused_mma_rows),
             tc_only: opts.fused_tc_only,
-            qkv,
         })
     }
 

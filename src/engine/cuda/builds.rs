@@ -23,16 +23,12 @@ static FUSED_DECODE_ER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fused_
 // All three.
 static FUSED_DECODE_ALL: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/fused_decode_all.fatbin"));
-// The 1-row fused attention with the qkv matmul inside (`LaunchOptions::fused_qkv`).
-static FUSED_QKV: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fused_qkv.fatbin"));
 
 /// The builds of `gemv.cu`, `gemv_mma.cu` and `fused_decode.cu` the options ask for.
 pub(super) struct Builds {
     pub(super) gemv: &'static [u8],
     pub(super) gemv_mma: &'static [u8],
     pub(super) fused_decode: &'static [u8],
-    /// `kernels/fused_qkv.cu` with `LaunchOptions::fused_qkv`.
-    pub(super) fused_qkv: Option<&'static [u8]>,
     /// Whether they load their weights evict-first (`LaunchOptions::weight_evict_first`).
     pub(super) weight_evict_first: bool,
 }
@@ -40,16 +36,16 @@ pub(super) struct Builds {
 impl Builds {
     /// The builds of `opts` on a GPU of compute capability 9.0 or not (`sm90`); an error for a
     /// combination of the fused decode attention's build switches that has no build (each
-    /// alone, or all three), or for any of them or `fused_qkv` off sm_90 (`build.rs` compiles
-    /// them for sm_90 only: measurement builds).
+    /// alone, or all three), or for any of them off sm_90 (`build.rs` compiles them for sm_90
+    /// only: measurement builds).
     pub(super) fn pick(opts: &LaunchOptions, sm90: bool) -> Result<Self> {
         let ef = opts.weight_evict_first;
         let switches = opts.fused_warm_key || opts.fused_tc_only || opts.fused_early_rope;
-        if (switches || opts.fused_qkv) && !sm90 {
+        if switches && !sm90 {
             return Err(kernel_err(
                 "fused_decode",
-                "fused_warm_key, fused_tc_only, fused_early_rope and fused_qkv are built for \
-                 sm_90 GPUs (H100, H200) only; turn them off on this GPU",
+                "fused_warm_key, fused_tc_only and fused_early_rope are built for sm_90 GPUs \
+                 (H100, H200) only; turn them off on this GPU",
             ));
         }
         let fused_decode = match (
@@ -74,7 +70,6 @@ impl Builds {
             gemv: if ef { GEMV_EF } else { GEMV },
             gemv_mma: if ef { GEMV_MMA_EF } else { GEMV_MMA },
             fused_decode,
-            fused_qkv: opts.fused_qkv.then_some(FUSED_QKV),
             weight_evict_first: ef,
         })
     }

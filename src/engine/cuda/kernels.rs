@@ -282,9 +282,7 @@ impl CudaKernels {
             }
             Ok(())
         };
-        let qkv_mod = builds.fused_qkv.map(|b| load(b, "fused_qkv")).transpose()?;
-        let fused_decode =
-            |dt: &str| FusedDecode::load((&fused_mod, qkv_mod.as_ref()), opts, dt, hopper);
+        let fused_decode = |dt: &str| FusedDecode::load(&fused_mod, opts, dt, hopper);
         // fp8 KV: e4m3 conversions in hardware from sm_89, bf16 compute, the flash prefill.
         let fp8 = if dtype != DType::BF16 {
             Err(format!("fp8 KV needs bf16 compute, not {dtype:?}"))

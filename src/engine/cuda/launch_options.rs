@@ -95,11 +95,6 @@ pub struct LaunchOptions {
     /// head's norm weights and RoPE factors before the wait (`kernels/fused_decode.cu` with
     /// `FUSED_EARLY_ROPE`: the same bits).
     pub fused_early_rope: bool,
-    /// The 1-row fused decode attention (GQA group 2, contexts within one cluster) with the
-    /// layer's add + RMSNorm + qkv matmul inside (`kernels/fused_qkv.cu`: each cluster forms its
-    /// KV head's rows; the same bits), launched by
-    /// [`super::CudaKernels::decode_fused_qkv_into`].
-    pub fused_qkv: bool,
     /// The fused decode attention's loop on tensor cores with this many K/V stages a warp (1
     /// or 2; `decode_fused_mma*`) for contexts that fit one cluster; None: the CUDA-core loop.
     pub fused_mma: Option<u8>,
@@ -216,7 +211,6 @@ impl Default for LaunchOptions {
             fused_warm_key: false,
             fused_tc_only: false,
             fused_early_rope: false,
-            fused_qkv: false,
             fused_mma: Some(crate::engine::options::FUSED_MMA_STAGES),
             fused_mma_rows: crate::engine::options::FUSED_MMA_ROWS,
             fused_mma_one: Some(crate::engine::options::FUSED_MMA_ONE),

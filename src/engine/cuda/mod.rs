@@ -25,7 +25,6 @@ mod blas;
 mod buffers;
 mod builds;
 mod fp8;
-mod fused_qkv;
 mod gemm;
 mod gemm_presum;
 mod gemv_tma;

@@ -94,29 +94,6 @@ pub(super) struct FusedDecodeParams {
     pub(super) pad: i32,
 }
 
-/// `QkvIn` of `kernels/fused_qkv.cuh`: the qkv matmul's inputs of `decode_fused_qkv_*`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub(super) struct QkvIn {
-    pub(super) w: u64,
-    pub(super) res: u64,
-    pub(super) delta: u64,
-    pub(super) res_out: u64,
-    pub(super) nw: u64,
-    pub(super) eps: f32,
-    pub(super) k: i32,
-    pub(super) add: i32,
-    pub(super) deferred: i32,
-}
-
-/// `FusedQkvParams` of `kernels/fused_qkv.cuh`: the one parameter of `decode_fused_qkv_*`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub(super) struct FusedQkvParams {
-    pub(super) d: FusedDecodeParams,
-    pub(super) q: QkvIn,
-}
-
 /// `PrefillParams` of `kernels/attention.cuh`: the one parameter of `paged_prefill_*`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -147,15 +124,11 @@ pub(super) struct PrefillParams {
 const _: () = assert!(std::mem::size_of::<DecodeParams>() == 104);
 const _: () = assert!(std::mem::size_of::<FusedDecodeParams>() == 168);
 const _: () = assert!(std::mem::size_of::<PrefillParams>() == 120);
-const _: () = assert!(std::mem::size_of::<QkvIn>() == 56);
-const _: () = assert!(std::mem::size_of::<FusedQkvParams>() == 224);
 const _: () = {
     use std::mem::offset_of;
     assert!(offset_of!(DecodeParams, geometry) == 64);
     assert!(offset_of!(FusedDecodeParams, geometry) == 112);
     assert!(offset_of!(FusedDecodeParams, eps) == 152);
-    assert!(offset_of!(FusedQkvParams, q) == 168);
-    assert!(offset_of!(QkvIn, eps) == 40);
     assert!(offset_of!(PrefillParams, num_slots) == 56);
     assert!(offset_of!(PrefillParams, nkv) == 68);
     assert!(offset_of!(PrefillParams, splits) == 88);

@@ -38,9 +38,6 @@ fn kernel_flags_become_kernel_options() {
     // Its RoPE factors before the wait: off unless asked for.
     assert!(!d.kernels.fused_early_rope && !lib.kernels.fused_early_rope);
     assert!(opts(&["x", "--fused-early-rope"]).kernels.fused_early_rope);
-    // The qkv matmul inside the 1-row fused attention: off unless asked for.
-    assert!(!d.kernels.fused_qkv && !lib.kernels.fused_qkv);
-    assert!(opts(&["x", "--fused-qkv"]).kernels.fused_qkv);
     // The fused attention's tensor-core loop: one stage for steps of up to 2 rows unless
     // turned off; stages 1-2 only.
     let one = Some(crate::engine::options::FUSED_MMA_STAGES);

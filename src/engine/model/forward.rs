@@ -95,7 +95,6 @@ pub fn launch_options(opts: &KernelOptions, cfg: &ModelConfig) -> LaunchOptions 
         fused_warm_key: opts.fused_warm_key,
         fused_tc_only: opts.fused_tc_only,
         fused_early_rope: opts.fused_early_rope,
-        fused_qkv: opts.fused_qkv,
         fused_mma: opts.fused_mma,
         fused_mma_rows: opts.fused_mma_rows,
         fused_mma_one: opts.fused_mma_one,

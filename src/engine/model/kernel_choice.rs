@@ -2,13 +2,9 @@
 //! tensor-core loop for contexts that fit one cluster, or the unfused kernels (eager steps
 //! and the graphs of `crate::engine::runner::graphs` choose alike).
 
-use candle_core::Tensor;
-
 use super::attention::{AttnGroup, AttnPlan};
-use super::kernel_buffers::{Activations, StepInputs};
+use super::kernel_buffers::StepInputs;
 use super::kernel_forward::KernelForward;
-use super::kv_cache::PagedKvCache;
-use crate::error::Result;
 
 impl KernelForward<'_> {
     /// Whether a decode step of `rows` rows in `splits` partitions whose longest context is
@@ -39,56 +35,5 @@ impl KernelForward<'_> {
             && matches!(plan.groups.as_slice(),
             [AttnGroup::KernelDecode { n, first: 0 }] if *n == t)
             && self.fuses_decode(t)
-    }
-
-    /// Whether a fused decode step of `t` rows runs each layer's add + RMSNorm + qkv matmul
-    /// inside its fused attention (`KernelOptions::fused_qkv`,
-    /// [`crate::engine::cuda::CudaKernels::fused_qkv_serves`]): one row whose context fits one
-    /// cluster, on a model the kernel serves. The caller adds: no LoRA, one rank, no trace.
-    pub(crate) fn fuses_qkv(&self, inputs: &StepInputs, t: usize, cache: &PagedKvCache) -> bool {
-        inputs.short_ctx
-            && self.model.layers.first().is_some_and(|l| {
-                let at = &l.attn;
-                let k = at.qkv.weight().dims2().map_or(0, |d| d.1);
-                let fp8 = cache.dtype() == candle_core::DType::F8E4M3;
-                self.kernels.fused_qkv_serves(
-                    t,
-                    (at.num_heads, at.num_kv_heads, at.head_dim),
-                    k,
-                    fp8,
-                )
-            })
-    }
-
-    /// Layer `li`'s add + RMSNorm (`res`: residual, delta, the residual written), qkv matmul
-    /// and fused decode attention in one launch
-    /// ([`crate::engine::cuda::CudaKernels::decode_fused_qkv_into`]); returns the attention
-    /// output, as [`KernelForward::layer_attention`] does.
-    pub(crate) fn layer_attention_qkv(
-        &self,
-        li: usize,
-        res: (&Tensor, Option<&Tensor>, &Tensor),
-        (inputs, acts, cache): (&StepInputs, &Activations, &PagedKvCache),
-        part: usize,
-    ) -> Result<Tensor> {
-        let (m, a) = (self.model, acts);
-        let layer = &m.layers[li];
-        let at = &layer.attn;
-        let kv = cache.layer(li);
-        self.kernels.decode_fused_qkv_into(
-            res,
-            (&layer.input_norm.weight, layer.input_norm.eps),
-            at.qkv.weight(),
-            (&at.q_norm.weight, &at.k_norm.weight, at.q_norm.eps),
-            &m.inv_freq,
-            (&inputs.pos, &inputs.slots),
-            kv,
-            (&inputs.tables, inputs.width.as_ref()),
-            &inputs.ctx_lens,
-            cache.block_size(),
-            &a.attn,
-            (inputs.splits, part, a.scratch.as_ref(), &a.counters),
-        )?;
-        Ok(a.attn.clone())
     }
 }

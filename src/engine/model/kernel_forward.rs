@@ -270,9 +270,6 @@ impl KernelForward<'_> {
         let presum = lora.is_none() && comm.is_none() && trace.is_none();
         let mut presummed = false;
         let on = |op: u8| inputs.skip & op == 0;
-        // A 1-row step's qkv matmul inside the fused attention (`KernelOptions::fused_qkv`).
-        let plain = lora.is_none() && comm.is_none() && trace.is_none() && inputs.skip == 0;
-        let fuse_qkv = fused && plain && self.fuses_qkv(inputs, t, cache);
         for (li, layer) in m.layers.iter().enumerate() {
             let at = &layer.attn;
             let norm = &layer.input_norm;
@@ -280,9 +277,8 @@ impl KernelForward<'_> {
             // `l2_prefetch`): qkv -> o (across the attention), o -> gate|up, gate|up -> down,
             // down -> the next layer's qkv.
             let res = (&a.residual[cur], delta.as_ref(), &a.residual[1 - cur]);
-            let fq = fuse_qkv && !presummed;
             match &lora {
-                _ if !on(skip::QKV) || fq => {}
+                _ if !on(skip::QKV) => {}
                 Some(l) => self.norm_linear_lora(
                     res,
                     norm,
@@ -317,7 +313,6 @@ impl KernelForward<'_> {
                 cur = 1 - cur;
             }
             let out = match on(skip::ATTENTION) {
-                true if fq => self.layer_attention_qkv(li, res, (inputs, acts, cache), part)?,
                 true => self.layer_attention(li, (inputs, acts, plan, cache), (fused, part))?,
                 false => a.attn.clone(),
             };
