@@ -33,31 +33,10 @@ const KERNELS: &[&str] = &[
 ];
 
 /// Second builds of a kernel file with macros defined: (fatbin name, source file, macros).
-/// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`);
-/// the fused decode attention with the new key normed by every block
-/// (`LaunchOptions::fused_warm_key`), with its tensor-core kernels cut to the launches the host
-/// makes of them (`LaunchOptions::fused_tc_only`), with the RoPE factors formed before the
-/// wait (`LaunchOptions::fused_early_rope`), and with all three.
+/// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`).
 const VARIANTS: &[(&str, &str, &[&str])] = &[
     ("gemv_ef", "gemv", &["WEIGHT_EVICT_FIRST"]),
     ("gemv_mma_ef", "gemv_mma", &["WEIGHT_EVICT_FIRST"]),
-    ("fused_decode_wk", "fused_decode", &["FUSED_WARM_KEY"]),
-    ("fused_decode_tc", "fused_decode", &["FUSED_TC_ONLY"]),
-    ("fused_decode_er", "fused_decode", &["FUSED_EARLY_ROPE"]),
-    (
-        "fused_decode_all",
-        "fused_decode",
-        &["FUSED_WARM_KEY", "FUSED_TC_ONLY", "FUSED_EARLY_ROPE"],
-    ),
-];
-
-/// Second builds made for measurements on the H100 / H200 only: sm_90 machine code and nothing
-/// else (a third of the nvcc time and of the binary's bytes; the host refuses them elsewhere).
-const SM90_ONLY: &[&str] = &[
-    "fused_decode_wk",
-    "fused_decode_tc",
-    "fused_decode_er",
-    "fused_decode_all",
 ];
 
 fn main() {
@@ -156,8 +135,6 @@ fn nvcc_command(
         // Hopper-only instructions (wgmma): sm_90a machine code and nothing else; the host
         // loads these only on sm_90 GPUs.
         cmd.args(["-gencode", "arch=compute_90a,code=sm_90a"]);
-    } else if SM90_ONLY.contains(&k) {
-        cmd.args(["-gencode", "arch=compute_90,code=sm_90"]);
     } else {
         cmd.args(["-gencode", "arch=compute_80,code=sm_80"])
             .args(["-gencode", "arch=compute_90,code=sm_90"])

@@ -35,7 +35,11 @@ namespace {
 // The cluster's push (step 4): the peers store their partials into block 0 by st.async, counted
 // on block 0's mbarrier, which block 0 waits on instead of a second cluster barrier (whose
 // release made every thread wait for its memory operations at GPU scope; round 55).
-// The builds with FUSED_WARM_KEY or FUSED_TC_ONLY: fused_parts.cuh.
+// The tensor-core kernels (MMA > 0) are built for the only launches the host makes of them (in
+// clusters, every context within one, no profiling stop: `tc` below is then always true), so
+// they carry no CUDA-core loop, one-partition output or merge through global memory: ~40% of
+// the machine code they had, and on the H100 0.6B batch 1 / 2 +2.9% / +3.0%, 1.7B +2.2% /
+// +0.7%, the 30B-A3B shape +0.9% (round 56; BENCHMARKS.md). A launch that breaks the rule traps.
 // kv_shift: the grid's KV heads are virtual, 2^kv_shift of them a head of the cache (GQA group
 // 8 runs as two group-4 halves a KV head, which merge in clusters; G is then 4): each reads
 // its cache head's K/V and norms its new key; the first writes the new row.
@@ -83,7 +87,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   // The step's inputs were uploaded before the step's first kernel: readable before the wait.
   const int ctx = (int)ctx_lens[b];
   if (width != nullptr) W = (int)*width;
-  constexpr bool TCO = TC_ONLY_BUILD && MMA > 0;  // (fused_parts.cuh)
+  constexpr bool TCO = MMA > 0;  // the tensor-core kernels' launch rule (above)
   if constexpr (TCO) stop = 0;
   if (TCO && !(C > 1 && ctx <= C * CLUSTER_PART)) __trap();  // the host's launch rule broken
   const bool one_cluster = TCO || (C > 1 && ctx <= C * CLUSTER_PART);
@@ -147,12 +151,6 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   } else {
     fetch(start);
   }
-  // EARLY (groups 1-2, fused_parts.cuh): warp h <= G's factors of head h (G: the new key).
-  constexpr bool EARLY = EARLY_ROPE_BUILD && G + 1 <= THREADS / 32;
-  RopeFactors<HD / 32> rf;
-  if (EARLY && threadIdx.x / 32 <= G)
-    rope_factors<T, HD / 32>(threadIdx.x / 32 < G ? q_w : k_w, inv_freq, (float)positions[b],
-                             threadIdx.x % 32, rf);
   pdl_wait();
   if (stop == 1) {
     if constexpr (MMA > 0) cp_async_wait<0>();
@@ -168,9 +166,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   // 2: q heads into shared memory; the new key and value into the cache and shared memory.
   const bool active = start < ctx;
   const bool holds_new = active && end == ctx;
-  // warm_key: every active block norms the new key (only its holder reads it or writes it).
-  constexpr bool warm_key = WARM_KEY_BUILD && MMA > 0;
-  const bool knorm = holds_new || warm_key;
+  const bool knorm = holds_new;
   __shared__ __align__(16) T qs[G][HD];
   __shared__ __align__(16) KT knew[HD];
   __shared__ __align__(16) KT vnew[HD];
@@ -195,8 +191,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
           const T* vsrc = row + (size_t)(nh + nkr + rk) * HD;
           // The first of a cache head's blocks writes its new row (the others keep their own
           // copy in shared memory and never read that row from the cache).
-          const bool write = (!warm_key || holds_new) && slots[b] != 0xffffffffu &&
-                             (kh & ((1 << kv_shift) - 1)) == 0;
+          const bool write = slots[b] != 0xffffffffu && (kh & ((1 << kv_shift) - 1)) == 0;
           const size_t off = ((size_t)rk * num_slots + (write ? slots[b] : 0)) * HD;
 #pragma unroll
           for (int j = 0; j < HD / 32; ++j) {
@@ -226,16 +221,14 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       for (int h = warp; h < G + (knorm ? 1 : 0); h += THREADS / 32) {
         const bool is_q = h < G;
         float o[HD / 32];
-        const T* src = row + (size_t)(is_q ? kh * G + h : nh + rk) * HD;
-        if constexpr (EARLY) norm_rope_with<T, HD / 32>(src, rf, eps, wl, o);
-        else norm_rope_head<T, HD / 32>(src, is_q ? q_w : k_w, inv_freq, pos, eps, wl, o);
+        norm_rope_head<T, HD / 32>(row + (size_t)(is_q ? kh * G + h : nh + rk) * HD,
+                                   is_q ? q_w : k_w, inv_freq, pos, eps, wl, o);
         if (is_q) {
 #pragma unroll
           for (int j = 0; j < HD / 32; ++j) qs[h][wl + 32 * j] = (T)o[j];
         } else {
           const T* vsrc = row + (size_t)(nh + nkr + rk) * HD;  // as `emit` above
-          const bool write = (!warm_key || holds_new) && slots[b] != 0xffffffffu &&
-                             (kh & ((1 << kv_shift) - 1)) == 0;
+          const bool write = slots[b] != 0xffffffffu && (kh & ((1 << kv_shift) - 1)) == 0;
           const size_t off = ((size_t)rk * num_slots + (write ? slots[b] : 0)) * HD;
 #pragma unroll
           for (int j = 0; j < HD / 32; ++j) {

@@ -10,33 +10,6 @@ namespace {
 
 constexpr int MERGE_STAGE = 32;    // partials a global merge stages in shared memory
 
-// FUSED_WARM_KEY (a second build, LaunchOptions::fused_warm_key): in the tensor-core kernels
-// every active block norms the new key in step 2, not only the one holding the new token (the
-// last to push), so that code is cached wherever that block lands next; the same bits.
-#ifdef FUSED_WARM_KEY
-constexpr bool WARM_KEY_BUILD = true;
-#else
-constexpr bool WARM_KEY_BUILD = false;
-#endif
-// FUSED_TC_ONLY (a second build, LaunchOptions::fused_tc_only): the tensor-core kernels
-// compiled for the only launches the host makes of them (in clusters, every context within one
-// cluster, no profiling stop), without the CUDA-core loop, the one-partition output or the
-// merge through global memory: ~40% of the default build's machine code, the same bits.
-#ifdef FUSED_TC_ONLY
-constexpr bool TC_ONLY_BUILD = true;
-#else
-constexpr bool TC_ONLY_BUILD = false;
-#endif
-// FUSED_EARLY_ROPE (a second build, LaunchOptions::fused_early_rope): at GQA groups 1-2 (a
-// head a warp) each warp loads its head's norm weights and forms its RoPE factors (cos, sin)
-// before the wait, from inputs no kernel of the step writes (RopeFactors below), so after the
-// wait only the head's values, their sums and the products remain; the same bits.
-#ifdef FUSED_EARLY_ROPE
-constexpr bool EARLY_ROPE_BUILD = true;
-#else
-constexpr bool EARLY_ROPE_BUILD = false;
-#endif
-
 // The last of `nparts` partials (index 0 .. nparts-1 of the `splits` slots of heads
 // hb .. hb+G-1, hb = b * nh + kh * G) to be written merges them into out (rows hb ..): each
 // writer calls this after writing its partial; the counter goes back to zero.
@@ -132,47 +105,6 @@ __device__ __noinline__ void merge_weights(const float (&pM)[CP][G], const float
                                            int cused, float (&wR)[CP][G], float (&mG)[G],
                                            float (&lG)[G]) {
   merge_weights_body<G, CP>(pM, pL, cused, wR, mG, lG);
-}
-
-// What norm_rope_head (common.cuh) forms of a head from its weights and position only, lane
-// `lane`'s: its norm weights w[j] (element lane + 32 j) and the rotation's cos / sin for its
-// pairs (lane + 32 j, j < PER / 2), in the same expressions.
-template <int PER>
-struct RopeFactors {
-  float w[PER], c[PER / 2], s[PER / 2];
-};
-template <typename T, int PER>
-__device__ __forceinline__ void rope_factors(const T* __restrict__ w,
-                                             const float* __restrict__ inv_freq, float pos,
-                                             int lane, RopeFactors<PER>& f) {
-#pragma unroll
-  for (int j = 0; j < PER; ++j) f.w[j] = to_f(w[lane + 32 * j]);
-#pragma unroll
-  for (int j = 0; j < PER / 2; ++j) sincosf(pos * inv_freq[lane + 32 * j], &f.s[j], &f.c[j]);
-}
-
-// norm_rope_head over factors formed beforehand (rope_factors): the same bits.
-template <typename T, int PER>
-__device__ __forceinline__ void norm_rope_with(const T* __restrict__ src,
-                                               const RopeFactors<PER>& f, float eps, int lane,
-                                               float (&o)[PER]) {
-  constexpr int HDH = 32 * PER;
-  float v[PER];
-  float ss = 0.f;
-#pragma unroll
-  for (int j = 0; j < PER; ++j) {
-    v[j] = to_f(src[lane + 32 * j]);
-    ss += v[j] * v[j];
-  }
-  const float inv = rsqrtf(warp_sum(ss) / HDH + eps);
-#pragma unroll
-  for (int j = 0; j < PER; ++j) v[j] = v[j] * inv * f.w[j];
-#pragma unroll
-  for (int j = 0; j < PER / 2; ++j) {
-    const float a = v[j], b = v[j + PER / 2];
-    o[j] = a * f.c[j] - b * f.s[j];
-    o[j + PER / 2] = b * f.c[j] + a * f.s[j];
-  }
 }
 
 // norm_rope_head (common.cuh) for two heads of one warp at once, the second (s1, w1) only when

@@ -12,7 +12,7 @@ use policy_serve::engine::kv_format::{
     FP8_E4M3_MAX, FP8_STORAGE, KvRef, KvScale, dequantize, quantize,
 };
 
-use super::fused::{builds, case, division_kernels, mma_kernels};
+use super::fused::{case, division_kernels, mma_kernels};
 use super::{Args, Res, Table, cores, engine, randn, rel, tokens_of};
 use policy_serve::engine::{DTypeChoice, DeviceChoice, KvCacheDtype};
 use policy_serve::testing::synthetic_prompt;
@@ -281,25 +281,18 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     // (`LaunchOptions::fused_lean` off).
     let kd = division_kernels(dev)?;
     // And the tensor-core loop (`LaunchOptions::fused_mma`) against the unfused tensor-core
-    // kernels over fp8 (f16 MMAs), in the default build and the second builds (fused.rs's
-    // `builds`): without the paths the engine never launches them for, and all three.
-    let km = mma_kernels(dev, 2, cores())?;
-    let ktc = mma_kernels(dev, 2, builds((false, true, false)))?;
-    let kall = mma_kernels(dev, 2, builds((true, true, true)))?;
+    // kernels over fp8 (f16 MMAs).
+    let km = mma_kernels(dev, 2)?;
     for &(rows, heads, splits) in &[
         ((1, 600, false), (16, 8), Some(32)),
         ((4, 3000, true), (16, 8), Some(32)),
         ((8, 700, true), (32, 8), Some(16)),
         ((16, 900, false), (16, 8), None),
     ] {
-        let sets = [
-            (&k, &k, ""),
-            (&kd, &kd, " division"),
-            (&km, &k, " mma2"),
-            (&ktc, &k, " tc only mma2"),
-            (&kall, &k, " all builds mma2"),
-        ];
-        for ((kf, kc, how), s) in sets.into_iter().flat_map(|k| [(k, pow2), (k, odd)]) {
+        for ((kf, kc, how), s) in [(&k, &k, ""), (&kd, &kd, " division"), (&km, &k, " mma2")]
+            .into_iter()
+            .flat_map(|k| [(k, pow2), (k, odd)])
+        {
             let (out, cache, left, exact) = case((kf, kc), dev, rows, heads, splits, Some(s))?;
             let name = format!(
                 "fp8 decode_fused{how} B {} ctx {} nh {} nkv {} scales {s:?}",

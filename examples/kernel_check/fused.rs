@@ -16,7 +16,8 @@ use super::{Res, Table, cores, randn, rel};
 /// the context fits one cluster, else `cores`' (`fused_mma` kernels attend on tensor cores in
 /// one cluster only; `cores` is `k` for the others). The launch is `short` (the tensor-core
 /// kernels may run) exactly where the engine's would be
-/// (`CudaKernels::fused_short_context`: in clusters, every context within one).
+/// (`CudaKernels::fused_short_context`: in clusters, every context within one): those kernels
+/// have no other loop.
 pub(crate) fn case(
     (k, cores): (&CudaKernels, &CudaKernels),
     dev: &Device,
@@ -184,30 +185,17 @@ pub(crate) fn division_kernels(dev: &Device) -> Res<CudaKernels> {
     Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
 }
 
-/// `base` with the fused decode attention's tensor-core loop at `stages` a warp for every
+/// `cores()` with the fused decode attention's tensor-core loop at `stages` a warp for every
 /// launch (`LaunchOptions::fused_mma`, no row bound) and the unfused tensor-core attention
 /// (`mma_decode`) it is held to.
-pub(crate) fn mma_kernels(dev: &Device, stages: u8, base: LaunchOptions) -> Res<CudaKernels> {
+pub(crate) fn mma_kernels(dev: &Device, stages: u8) -> Res<CudaKernels> {
     let o = LaunchOptions {
         mma_decode: true,
         fused_mma: Some(stages),
         fused_mma_rows: usize::MAX,
-        ..base
+        ..cores()
     };
     Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
-}
-
-/// `cores()` with the fused decode attention's second builds: the new key normed by every
-/// block (`LaunchOptions::fused_warm_key`), the tensor-core kernels without the paths the
-/// engine never launches them for (`fused_tc_only`), the RoPE factors formed before the wait
-/// (`fused_early_rope`), each when asked for.
-pub(crate) fn builds((warm_key, tc_only, early_rope): (bool, bool, bool)) -> LaunchOptions {
-    LaunchOptions {
-        fused_warm_key: warm_key,
-        fused_tc_only: tc_only,
-        fused_early_rope: early_rope,
-        ..cores()
-    }
 }
 
 pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
@@ -230,32 +218,9 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     // once more: where a context fits one cluster against the unfused tensor-core kernels
     // (`mma_decode`), whose bits it must give at the same partitioning (a chunk of the wrong
     // table block, a stage refilled before it was read, or the new token's row not patched
-    // into its stage fails it); past one cluster (the CUDA-core loop) against the unfused
-    // CUDA-core kernels.
-    let (km1, km2) = (mma_kernels(dev, 1, cores())?, mma_kernels(dev, 2, cores())?);
-    // The second builds (`builds`), 1 and 2 stages, every case once more (past one cluster
-    // their CUDA-core kernels run, as in the engine's launches):
-    //  - the new key normed by every block of the tensor-core kernels (`fused_warm_key`): a
-    //    block other than the new token's that wrote the cache, or one that read its own copy
-    //    of the new row, fails it;
-    //  - the tensor-core kernels without the paths the engine never launches them for
-    //    (`fused_tc_only`): a build that dropped a path a clustered launch takes, or kept a
-    //    block's partial out of the merge, fails it;
-    //  - the RoPE factors formed before the wait (`fused_early_rope`; its CUDA-core kernels
-    //    once more at every case): factors of the wrong head or position fail it;
-    //  - all three together.
-    let two = |b| -> Res<(CudaKernels, CudaKernels)> {
-        Ok((
-            mma_kernels(dev, 1, builds(b))?,
-            mma_kernels(dev, 2, builds(b))?,
-        ))
-    };
-    let (kwk1, kwk2) = two((true, false, false))?;
-    let (ktc1, ktc2) = two((false, true, false))?;
-    let (ker1, ker2) = two((false, false, true))?;
-    let (kall1, kall2) = two((true, true, true))?;
-    let ker =
-        CudaKernels::new(dev, DType::BF16, &builds((false, false, true)))?.ok_or("no kernels")?;
+    // into its stage fails it); past one cluster the CUDA-core kernels run, as the engine
+    // launches them, against the unfused CUDA-core kernels.
+    let (km1, km2) = (mma_kernels(dev, 1)?, mma_kernels(dev, 2)?);
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),
@@ -290,16 +255,7 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         .chain(g8.map(|c| (&k8, &k8, c, " whole")))
         .chain(cases.iter().map(|c| (&kd, &kd, c, " division")))
         .chain(cases.iter().map(|c| (&km1, &k, c, " mma1")))
-        .chain(cases.iter().map(|c| (&km2, &k, c, " mma2")))
-        .chain(cases.iter().map(|c| (&kwk1, &k, c, " warm key mma1")))
-        .chain(cases.iter().map(|c| (&kwk2, &k, c, " warm key mma2")))
-        .chain(cases.iter().map(|c| (&ktc1, &k, c, " tc only mma1")))
-        .chain(cases.iter().map(|c| (&ktc2, &k, c, " tc only mma2")))
-        .chain(cases.iter().map(|c| (&ker, &ker, c, " early rope")))
-        .chain(cases.iter().map(|c| (&ker1, &k, c, " early rope mma1")))
-        .chain(cases.iter().map(|c| (&ker2, &k, c, " early rope mma2")))
-        .chain(cases.iter().map(|c| (&kall1, &k, c, " all builds mma1")))
-        .chain(cases.iter().map(|c| (&kall2, &k, c, " all builds mma2")));
+        .chain(cases.iter().map(|c| (&km2, &k, c, " mma2")));
     for (kf, kc, &(rows, heads, splits), how) in runs {
         let (out, cache, left, exact) = case((kf, kc), dev, rows, heads, splits, None)?;
         let name = format!(

@@ -122,19 +122,6 @@ pub struct KernelFlags {
     /// mask (turns `KernelOptions::fused_lean` off).
     #[arg(long)]
     pub no_fused_lean: bool,
-    /// The fused decode attention's 1-2-row kernels norm the new key in every block
-    /// (`KernelOptions::fused_warm_key`; the same bits).
-    #[arg(long)]
-    pub fused_warm_key: bool,
-    /// The fused decode attention's tensor-core kernels without the paths the engine never
-    /// launches them for (`KernelOptions::fused_tc_only`; the same bits).
-    #[arg(long)]
-    pub fused_tc_only: bool,
-    /// The fused decode attention's warps form their heads' RoPE factors before the wait
-    /// (`KernelOptions::fused_early_rope`; the same bits; alone, or with --fused-warm-key and
-    /// --fused-tc-only).
-    #[arg(long)]
-    pub fused_early_rope: bool,
     /// The fused decode attention's loop on tensor cores with D stages a warp, 1 or 2
     /// (`KernelOptions::fused_mma`; default 1).
     #[arg(long, value_name = "D", value_parser = clap::value_parser!(u8).range(1..=2))]
@@ -311,9 +298,6 @@ impl KernelFlags {
             gqa8_split: !self.no_gqa8_split,
             eager_graph_splits: !self.no_eager_graph_splits,
             fused_lean: !self.no_fused_lean,
-            fused_warm_key: self.fused_warm_key,
-            fused_tc_only: self.fused_tc_only,
-            fused_early_rope: self.fused_early_rope,
             fused_mma: (!self.no_fused_mma)
                 .then(|| self.fused_mma.unwrap_or(super::options::FUSED_MMA_STAGES)),
             fused_mma_rows: self

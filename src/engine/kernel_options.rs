@@ -241,30 +241,6 @@ pub struct KernelOptions {
     /// after 512-token prompts +2.1%, after 8k +8.4%, batch 1 +1-2.4%, 1.7B +1% (BENCHMARKS.md,
     /// #21); off: the division.
     pub fused_lean: bool,
-    /// The fused decode attention's 1-2-row (tensor-core) kernels norm and rotate the new key
-    /// in every block, not only in the block whose partition holds the new token (into its own
-    /// shared memory, which only that block reads; only that block writes the cache), so the
-    /// code is in the instruction cache of the SM that next holds the new token (a second build
-    /// of `kernels/fused_decode.cu` with `FUSED_WARM_KEY`). The same outputs. Off by default
-    /// until measured (#21: on the H100's block timeline that block finished its norms 0.7 us
-    /// after the others and pushed its partial last, which block 0's merge waits for).
-    pub fused_warm_key: bool,
-    /// The fused decode attention's tensor-core kernels built for the only launches the engine
-    /// makes of them (clusters whose contexts all fit one cluster): without the CUDA-core loop,
-    /// the one-partition output and the merge through global memory that the default build's
-    /// carry, ~40% of their machine code (a second build of `kernels/fused_decode.cu` with
-    /// `FUSED_TC_ONLY`). The same outputs. Off by default until measured (#21: the 1-row
-    /// chain's attention looked bound by instruction fetch on the H100's block timeline).
-    pub fused_tc_only: bool,
-    /// The fused decode attention at GQA groups 1-2 (a head a warp): each warp loads its head's
-    /// norm weights and forms its RoPE cos / sin before waiting on the qkv matmul, from the
-    /// weights and the step's positions, so after the wait only the head's own values, their
-    /// sums and products remain (a second build of `kernels/fused_decode.cu` with
-    /// `FUSED_EARLY_ROPE`). The same outputs. Off by default until measured (#21: the q/k
-    /// norms were ~1.8 us of the 1-row attention's ~9 us in the chain on the H100).
-    /// `fused_warm_key`, `fused_tc_only` and this are built each alone or all three together,
-    /// for sm_90 GPUs (H100, H200) only: elsewhere the engine refuses them at start-up.
-    pub fused_early_rope: bool,
     /// The fused decode attention's loop over a context that fits one cluster (up to 2,048
     /// tokens at 1-4 rows, 1,024 at 5-16) on tensor cores (`kernels/fused_decode.cu`
     /// `decode_fused_mma*`: the loop of `kernels/decode_mma.cu`, a warp taking chunks of 16
@@ -456,9 +432,6 @@ impl Default for KernelOptions {
             graph_splits_few: Some(GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(GRAPH_SPLITS_MID),
             fused_lean: true,
-            fused_warm_key: false,
-            fused_tc_only: false,
-            fused_early_rope: false,
             fused_mma: Some(FUSED_MMA_STAGES),
             fused_mma_rows: FUSED_MMA_ROWS,
             fused_mma_one: Some(FUSED_MMA_ONE),

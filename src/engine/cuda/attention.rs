@@ -295,8 +295,8 @@ impl CudaKernels {
     /// [`CudaKernels::paged_decode_into`]. `short`: every context fits one cluster
     /// ([`CudaKernels::fused_short_context`]), so the tensor-core kernels of
     /// `LaunchOptions::fused_mma` may run (steps of up to `fused_mma_rows` rows); else the
-    /// CUDA-core ones. With `LaunchOptions::fused_tc_only` a context past one cluster in a
-    /// launch said to be `short` faults the device (those kernels have no other loop).
+    /// CUDA-core ones. The tensor-core kernels have no other loop: a context past one cluster
+    /// in a launch said to be `short` faults the device (`kernels/fused_decode.cu`).
     #[allow(clippy::too_many_arguments)]
     pub fn decode_fused_into(
         &self,

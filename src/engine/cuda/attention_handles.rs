@@ -30,8 +30,6 @@ pub(crate) struct FusedDecode {
     pub(super) mma: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_one: Option<([CudaFunction; 4], u32)>,
     pub(super) mma_rows: usize,
-    /// The tensor-core kernels serve clustered launches only (`LaunchOptions::fused_tc_only`).
-    pub(super) tc_only: bool,
 }
 
 impl FusedDecode {
@@ -92,15 +90,14 @@ impl FusedDecode {
             mma,
             mma_one,
             mma_rows: crate::engine::batch::bucket_bound(opts.fused_mma_rows),
-            tc_only: opts.fused_tc_only,
         })
     }
 
     /// The kernels a launch of `rows` rows takes (the tensor-core ones only when `short`:
-    /// every context fits one cluster; with `tc_only` not for a profiling `stop`, which runs
+    /// every context fits one cluster; not for a profiling `stop`, which runs
     /// without clusters) and its dynamic shared memory in bytes.
     pub(super) fn chosen(&self, rows: usize, short: bool, stop: i32) -> (&[CudaFunction; 4], u32) {
-        let short = short && (stop == 0 || !self.tc_only);
+        let short = short && stop == 0;
         let mma = match &self.mma_one {
             Some(one) if rows == 1 => Some(one),
             _ => self.mma.as_ref(),

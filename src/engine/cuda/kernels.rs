@@ -222,7 +222,7 @@ impl CudaKernels {
         let wgmma = (major, minor) == (9, 0) && opts.wgmma_prefill;
         let decode_mod = load(DECODE, "decode")?;
         let mma_mod = load(DECODE_MMA, "decode_mma")?;
-        let builds = super::builds::Builds::pick(opts, (major, minor) == (9, 0))?;
+        let builds = super::builds::Builds::pick(opts);
         let fused_mod = load(builds.fused_decode, "fused_decode")?;
         let prefill_mod = load(PREFILL, "prefill")?;
         let flash_mod = if wgmma {

@@ -83,18 +83,6 @@ pub struct LaunchOptions {
     /// The fused decode attention's lean kernels (`decode_fused_lean_*`: the same bits with
     /// fewer instructions a token).
     pub fused_lean: bool,
-    /// The fused decode attention built with the new key normed and rotated by every block of
-    /// its 1-2-row kernels (`kernels/fused_decode.cu` with `FUSED_WARM_KEY`: the same bits).
-    pub fused_warm_key: bool,
-    /// The fused decode attention built with its tensor-core kernels cut to the launches the
-    /// host makes of them (`kernels/fused_decode.cu` with `FUSED_TC_ONLY`: no CUDA-core loop,
-    /// no merge through global memory; the same bits). Profiling stops then take the CUDA-core
-    /// kernels.
-    pub fused_tc_only: bool,
-    /// The fused decode attention built with each warp of its group 1-2 kernels forming its
-    /// head's norm weights and RoPE factors before the wait (`kernels/fused_decode.cu` with
-    /// `FUSED_EARLY_ROPE`: the same bits).
-    pub fused_early_rope: bool,
     /// The fused decode attention's loop on tensor cores with this many K/V stages a warp (1
     /// or 2; `decode_fused_mma*`) for contexts that fit one cluster; None: the CUDA-core loop.
     pub fused_mma: Option<u8>,
@@ -208,9 +196,6 @@ impl Default for LaunchOptions {
             graph_splits_few: Some(crate::engine::options::GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(crate::engine::options::GRAPH_SPLITS_MID),
             fused_lean: true,
-            fused_warm_key: false,
-            fused_tc_only: false,
-            fused_early_rope: false,
             fused_mma: Some(crate::engine::options::FUSED_MMA_STAGES),
             fused_mma_rows: crate::engine::options::FUSED_MMA_ROWS,
             fused_mma_one: Some(crate::engine::options::FUSED_MMA_ONE),

@@ -29,15 +29,6 @@ fn kernel_flags_become_kernel_options() {
     assert!(d.kernels.fused_lean && lib.kernels.fused_lean);
     let l = opts(&["x", "--no-fused-lean"]);
     assert!(!l.kernels.fused_lean);
-    // The fused attention's new key normed by every block: off unless asked for.
-    assert!(!d.kernels.fused_warm_key && !lib.kernels.fused_warm_key);
-    assert!(opts(&["x", "--fused-warm-key"]).kernels.fused_warm_key);
-    // Its tensor-core kernels cut to the engine's launches: off unless asked for.
-    assert!(!d.kernels.fused_tc_only && !lib.kernels.fused_tc_only);
-    assert!(opts(&["x", "--fused-tc-only"]).kernels.fused_tc_only);
-    // Its RoPE factors before the wait: off unless asked for.
-    assert!(!d.kernels.fused_early_rope && !lib.kernels.fused_early_rope);
-    assert!(opts(&["x", "--fused-early-rope"]).kernels.fused_early_rope);
     // The fused attention's tensor-core loop: one stage for steps of up to 2 rows unless
     // turned off; stages 1-2 only.
     let one = Some(crate::engine::options::FUSED_MMA_STAGES);
