@@ -44,8 +44,8 @@ namespace {
 // 8 runs as two group-4 halves a KV head, which merge in clusters; G is then 4): each reads
 // its cache head's K/V and norms its new key; the first writes the new row.
 // qkv rows hold q heads, k heads, v heads; a padding row (context 0) writes zeros. `stop`
-// (profiling only; 0 in the engine, and no clusters) ends every block after phase 1-4
-// (phase 4: the block's partial formed), so `graph_check --profile` can time the phases.
+// (profiling only, the CUDA-core kernels; 0 in the engine, and no clusters) ends every block
+// after phase 1-4 (4: the partial formed), so `graph_check --profile` can time the phases.
 // FETCH: tokens per half-warp whose K/V loads are in flight together (a round of GROUPS *
 // FETCH tokens a block; eight, and two rounds of four, lost 14-36% at 8k-32k tokens: #21).
 constexpr int FETCH = 4;
@@ -57,9 +57,9 @@ constexpr int CLUSTER_PART = 128;  // longest partition of a context one cluster
 // through MMA stages of dynamic shared memory a warp, issued before the wait; the new token's
 // row patched into its stage from shared memory) and its merge of the warps: the bits of the
 // unfused tensor-core kernels at the same partitioning, as the CUDA-core loop gives
-// paged_decode's. Longer contexts take the CUDA-core loop, its states in the same dynamic
-// shared memory; the host launches these kernels only for steps whose contexts all fit (at 113
-// registers the CUDA-core loop here lost 23-33% after 8k-32k tokens on the H200).
+// paged_decode's. The host launches these kernels only for steps whose contexts all fit (a
+// CUDA-core loop here, at 113 registers, lost 23-33% after 8k-32k tokens on the H200), and
+// since round 56 they hold no other loop (the paragraph above).
 // LEAN (LaunchOptions::fused_lean, on by default): the same sums in the same order with fewer
 // instructions a token: a power-of-two block size's table index and offset by shift and mask
 // instead of a division. (A round's scores before its softmax steps lost 9-27%: #21.)
