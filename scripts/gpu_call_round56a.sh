@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Round 56, call 1 (#21): the fused decode attention's second builds, each alone and all three
+# Round 56, call 5 (#21): the fused decode attention's second builds, each alone and all three
 # (--fused-warm-key: every block norms the new key; --fused-tc-only: the tensor-core kernels
 # without the paths the engine never launches them for, ~40% of their machine code;
 # --fused-early-rope: the RoPE factors and norm weights before the wait), and --fused-qkv (a
@@ -9,7 +9,7 @@
 # 0.6B and 1.7B batches 1, 2, 8 after 512-token prompts, three interleaved rounds (the
 # defaults' rows are the floors' rows when the card is an H200).
 # Run as `export OUT BUDGET=...; bash scripts/gpu_call_round56a.sh` on commit 6dc934e's build
-# (it ran so, call 3; its flags were removed after it: BENCHMARKS.md, round 56).
+# (it ran so, call 5; its flags were removed after it: BENCHMARKS.md, round 56).
 set -u
 source scripts/gpu_lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
