@@ -46,8 +46,9 @@ __device__ __forceinline__ V* cluster_peer(V* p, int rank) {
 // store signals block 0's mbarrier with its bytes, so block 0 waits on its own barrier instead
 // of a cluster barrier whose release fences every thread's memory at GPU scope. A peer exits
 // once its stores are issued: they carry their values, and block 0, whose memory they land
-// in, stays until its barrier has counted them all. `push_bar_init`: by one thread of block 0 before the cluster's first barrier
-// (which makes the initialisation visible to the cluster), expecting `bytes` in all.
+// in, stays until its barrier has counted them all. `push_bar_init`: by one thread of block 0
+// before the cluster's first barrier (which makes the initialisation visible to the cluster),
+// expecting `bytes` in all.
 __device__ __forceinline__ void push_bar_init(uint64_t* bar, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const uint32_t a = (uint32_t)__cvta_generic_to_shared(bar);

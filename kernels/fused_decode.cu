@@ -166,7 +166,6 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   // 2: q heads into shared memory; the new key and value into the cache and shared memory.
   const bool active = start < ctx;
   const bool holds_new = active && end == ctx;
-  const bool knorm = holds_new;
   __shared__ __align__(16) T qs[G][HD];
   __shared__ __align__(16) KT knew[HD];
   __shared__ __align__(16) KT vnew[HD];
@@ -179,7 +178,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     // waits on one round of loads instead of two (round 53: +1.6-1.8% on the 30B-A3B shape).
     constexpr int NW = THREADS / 32;
     if constexpr (G + 1 > NW) {
-      const int nheads = G + (knorm ? 1 : 0);
+      const int nheads = G + (holds_new ? 1 : 0);
       auto src = [&](int h) {
         return row + (size_t)(h < G ? kh * G + h : nh + rk) * HD;
       };
@@ -218,7 +217,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
       }
     } else {
       // At most one head a warp (groups 1-2); through `emit` above ptxas gave other machine code.
-      for (int h = warp; h < G + (knorm ? 1 : 0); h += THREADS / 32) {
+      for (int h = warp; h < G + (holds_new ? 1 : 0); h += THREADS / 32) {
         const bool is_q = h < G;
         float o[HD / 32];
         norm_rope_head<T, HD / 32>(row + (size_t)(is_q ? kh * G + h : nh + rk) * HD,

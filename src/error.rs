@@ -157,3 +157,10 @@ impl Error {
         }
     }
 }
+
+/// An engine error naming the CUDA kernel step that failed (`engine::cuda`: its launches, and
+/// the block timeline below them).
+#[cfg(feature = "cuda")]
+pub(crate) fn kernel_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Engine(format!("CUDA kernel {what}: {e}"))
+}

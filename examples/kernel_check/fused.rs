@@ -87,17 +87,9 @@ pub(crate) fn case(
     let c = k.decode_cluster(b, nh / nkv, splits);
     let exact = c == 1 || max_ctx <= c * 128;
     let short = c > 1 && max_ctx <= c * 128;
-    let (ref_splits, ref_part) = if c > 1 && max_ctx <= c * 128 {
-        (c, 16)
-    } else {
-        (splits, part)
-    };
+    let (ref_splits, ref_part) = if short { (c, 16) } else { (splits, part) };
     let ref_scratch = k.decode_scratch(b, nh, ref_splits)?;
-    let r = if c > 1 && max_ctx <= c * 128 {
-        k
-    } else {
-        cores
-    };
+    let r = if short { k } else { cores };
 
     // Unfused: norm + RoPE + KV write, then attention and its merge.
     let (kc1, vc1) = (kc0.copy()?, vc0.copy()?);

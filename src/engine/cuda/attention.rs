@@ -365,13 +365,14 @@ impl CudaKernels {
         };
         // Group 8 may run as group 4 over twice the KV heads (`fused_group`).
         let (g, kv_shift) = self.fused_group(nh / nkv);
-        // Clusters only for the whole kernel; the tensor-core kernels only in clusters.
+        // Clusters only for the whole kernel (not a profiling stop); the tensor-core kernels
+        // only in clusters.
         let cluster = if stop == 0 {
             self.decode_cluster(b, nh / nkv, splits.max(1))
         } else {
             1
         };
-        let (funcs, smem) = fused.chosen(b, short && cluster > 1, stop);
+        let (funcs, smem) = fused.chosen(b, short && cluster > 1);
         let func = &funcs[g.trailing_zeros() as usize];
         let nkv_grid = nkv << kv_shift;
         let splits = splits.max(1);

@@ -94,10 +94,8 @@ impl FusedDecode {
     }
 
     /// The kernels a launch of `rows` rows takes (the tensor-core ones only when `short`:
-    /// every context fits one cluster; not for a profiling `stop`, which runs
-    /// without clusters) and its dynamic shared memory in bytes.
-    pub(super) fn chosen(&self, rows: usize, short: bool, stop: i32) -> (&[CudaFunction; 4], u32) {
-        let short = short && stop == 0;
+    /// every context fits one cluster, in clusters) and its dynamic shared memory in bytes.
+    pub(super) fn chosen(&self, rows: usize, short: bool) -> (&[CudaFunction; 4], u32) {
         let mma = match &self.mma_one {
             Some(one) if rows == 1 => Some(one),
             _ => self.mma.as_ref(),

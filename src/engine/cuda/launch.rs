@@ -138,6 +138,4 @@ pub(super) fn load_module(
 }
 
 /// An engine error naming the kernel step that failed.
-pub(crate) fn kernel_err(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::Engine(format!("CUDA kernel {what}: {e}"))
-}
+pub(crate) use crate::error::kernel_err;

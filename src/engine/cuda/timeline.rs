@@ -13,13 +13,7 @@ use std::sync::{Arc, Mutex, Weak};
 use candle_core::Device;
 use candle_core::cuda_backend::cudarc::driver::{CudaModule, CudaSlice, CudaStream};
 
-use crate::error::{Error, Result};
-
-/// An error of the timeline's CUDA calls, worded as `launch::kernel_err` words a kernel's
-/// (not taken from there: `launch` registers modules here, and this room stays below it).
-fn kernel_err(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::Engine(format!("CUDA kernel {what}: {e}"))
-}
+use crate::error::{Result, kernel_err};
 
 /// Every module loaded by [`super::CudaKernels::new`] in this process, with its name (weak:
 /// a module dropped with its kernels is gone from the timeline too).
