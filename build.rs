@@ -36,6 +36,8 @@ const KERNELS: &[&str] = &[
 /// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`).
 const VARIANTS: &[(&str, &str, &[&str])] = &[
     ("gemv_ef", "gemv", &["WEIGHT_EVICT_FIRST"]),
+    // The streamed gate|up as a loop of whole rows (`LaunchOptions::gemv_stream_fit`).
+    ("gemv_ef_fit", "gemv", &["WEIGHT_EVICT_FIRST", "SGEMV_FIT"]),
     ("gemv_mma_ef", "gemv_mma", &["WEIGHT_EVICT_FIRST"]),
 ];
 

@@ -47,6 +47,24 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             t,
         )?;
     }
+    // The streamed gate|up as a loop of whole rows (`gemv_stream_fit`, the `gemv_ef_fit`
+    // build): 1 block an SM gives 1.7B's gate|up several batches a warp, 3 a last batch
+    // cut short at 1,024 inputs; 96 and 6,144 inputs run the general loop of that build.
+    for blocks in [1u8, 2, 3] {
+        let opts = LaunchOptions {
+            gemv_stream: Some(blocks),
+            gemv_stream_fit: true,
+            ..base
+        };
+        let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
+        t.check(
+            format!("gemv fit build loaded ({blocks} blocks an SM) ?"),
+            if k.gemv_stream_fit() { 0.0 } else { 1.0 },
+            0.0,
+        );
+        let tag = format!(" (streamed, whole rows, {blocks} blocks an SM)");
+        stream_bits(&plain, &k, &tag, dev, t)?;
+    }
     let opts = LaunchOptions {
         gemv_double_buffer: true,
         ..base
@@ -335,6 +353,8 @@ fn stream_bits(
             (2048, 6144),
             (12288, 2048),
             (6144, 1024),
+            (5002, 2048),
+            (3002, 1024),
         ] {
             let x = randn(&[rows, kk], dt, dev)?;
             let w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;

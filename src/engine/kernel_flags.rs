@@ -80,6 +80,10 @@ pub struct KernelFlags {
     /// (`KernelOptions::weight_evict_first_moe`).
     #[arg(long)]
     pub weight_evict_first_moe: bool,
+    /// The streamed gate|up over 1,024 or 2,048 inputs as a loop of whole rows
+    /// (`KernelOptions::gemv_stream_fit`).
+    #[arg(long)]
+    pub gemv_stream_fit: bool,
     /// Skinny matmuls prefetch the next matmul's weights into L2
     /// (`KernelOptions::l2_prefetch`).
     #[arg(long)]
@@ -286,6 +290,7 @@ impl KernelFlags {
             gemv_split_k: self.gemv_split_k,
             weight_evict_first: !self.no_weight_evict_first,
             weight_evict_first_moe: self.weight_evict_first_moe,
+            gemv_stream_fit: self.gemv_stream_fit,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
             norm_deferred: (!self.no_norm_deferred).then(|| {
