@@ -265,6 +265,32 @@ __device__ __forceinline__ void load_slots(const __nv_bfloat16* __restrict__ W, 
   }
 }
 
+#ifdef SGEMV_PIPE
+// ld_stream into v when `on` (else v unchanged): predicated, not branched around, so the
+// compiler keeps each half's refill between the sums around it (a branch let it merge both
+// halves' refills behind every sum); the memory clobber keeps the next half's activation
+// reads after it.
+__device__ __forceinline__ void ld_stream_if(const __nv_bfloat16* p, bool on, uint4& v) {
+#ifdef WEIGHT_EVICT_FIRST
+  uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.u32 q, %5, 0;\n"
+      " @q ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %6;\n}"
+      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+      : "l"(p), "r"((unsigned)on), "l"(pol)
+      : "memory");
+#else
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.u32 q, %5, 0;\n"
+      " @q ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n}"
+      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+      : "l"(p), "r"((unsigned)on)
+      : "memory");
+#endif
+}
+#endif
+
 // The fit form's loads: rows r0 .. r0 + BATCH / FIT - 1 of this warp's sequence (those below
 // R), FIT chunks each, into the slots load_slots would fill, in its order.
 template <int NR, int FIT>
@@ -329,6 +355,42 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
 #pragma unroll
     for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
   const PlainX xs{x, K};
+#ifdef SGEMV_PIPE
+  // One row a batch (FIT == BATCH; the SGEMV_PIPE build, LaunchOptions::gemv_stream_pipe): each
+  // half of the batch refilled with the next row's chunks as soon as it is summed, so a warp
+  // keeps loads in flight while it sums instead of a batch's round trip after its sums; two
+  // groups of loads outstanding at a time (a load refilled per chunk outran the warp's
+  // scoreboards, BENCHMARKS.md round 25). The same sums in the same order.
+  if constexpr (FIT == BATCH) {
+    constexpr int H = BATCH / 2;
+    for (int r0 = 0; r0 < R; ++r0) {
+      const bool more = r0 + 1 < R;
+      const size_t next = (size_t)gw + (size_t)(r0 + 1) * G;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int q = h * H; q < (h + 1) * H; ++q) sum_chunk<T, NR>(xs, lane + 32 * q, w, q, acc);
+#pragma unroll
+        for (int q = h * H; q < (h + 1) * H; ++q)
+#pragma unroll
+          for (int r = 0; r < NR; ++r)
+            ld_stream_if(W + (next + (size_t)r * N) * K + (lane + 32 * q) * 8, more, w[r][q]);
+        __syncwarp();  // no load or shared read moves across: the refill stays between the sums
+      }
+#pragma unroll
+      for (int r = 0; r < NR; ++r)
+#pragma unroll
+        for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
+      if (DEFER) scale_rows<T, NR>(acc, inv);
+      store_rows<T, NR>(acc, out, N, gw + r0 * G, lane);
+#pragma unroll
+      for (int r = 0; r < NR; ++r)
+#pragma unroll
+        for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
+    }
+    return;
+  }
+#endif
   if constexpr (FIT > 0) {
     constexpr int RB = BATCH / FIT;
     for (int r0 = 0; r0 < R; r0 += RB) {

@@ -50,19 +50,31 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     // The streamed gate|up as a loop of whole rows (`gemv_stream_fit`, the `gemv_ef_fit`
     // build): 1 block an SM gives 1.7B's gate|up several batches a warp, 3 a last batch
     // cut short at 1,024 inputs; 96 and 6,144 inputs run the general loop of that build.
-    for blocks in [1u8, 2, 3] {
+    // With `gemv_stream_pipe` (the `gemv_ef_pipe` build) the halves of 2,048-input rows are
+    // refilled as summed: rows the last of a warp's, and not, both at 1 block an SM.
+    for (blocks, pipe) in [(1u8, false), (2, false), (3, false), (1, true), (2, true)] {
         let opts = LaunchOptions {
             gemv_stream: Some(blocks),
             gemv_stream_fit: true,
+            gemv_stream_pipe: pipe,
             ..base
         };
         let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
+        let form = if pipe {
+            "whole rows, halves refilled"
+        } else {
+            "whole rows"
+        };
         t.check(
-            format!("gemv fit build loaded ({blocks} blocks an SM) ?"),
-            if k.gemv_stream_fit() { 0.0 } else { 1.0 },
+            format!("gemv fit build loaded ({form}, {blocks} blocks an SM) ?"),
+            if k.gemv_stream_fit() && k.gemv_stream_pipe() == pipe {
+                0.0
+            } else {
+                1.0
+            },
             0.0,
         );
-        let tag = format!(" (streamed, whole rows, {blocks} blocks an SM)");
+        let tag = format!(" (streamed, {form}, {blocks} blocks an SM)");
         stream_bits(&plain, &k, &tag, dev, t)?;
     }
     let opts = LaunchOptions {

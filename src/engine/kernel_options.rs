@@ -155,6 +155,11 @@ pub struct KernelOptions {
     /// `snorm_gemv_silu_t1` 54 KB -> ~29 KB of sm_90 code on its path); the same loads, sums and
     /// order, so the same bits. Off by default until measured (#21).
     pub gemv_stream_fit: bool,
+    /// [`KernelOptions::gemv_stream_fit`] with, at 2,048 inputs (one row pair a batch: 1.7B's
+    /// gate|up), each half of the batch refilled with the warp's next row as soon as it is
+    /// summed (the `SGEMV_PIPE` build), so a warp keeps loads in flight while it sums; the
+    /// same sums in the same order. Off by default until measured (#21).
+    pub gemv_stream_pipe: bool,
     /// The shared-memory carveout the kernels of 1-2-row decode steps ask for (the skinny
     /// matmuls of `gemv.cu` and the fused attention's tensor-core kernels; percent of the SM's
     /// unified L1 / shared memory, 0-100: `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`).
@@ -429,6 +434,7 @@ impl Default for KernelOptions {
             weight_evict_first: true,
             weight_evict_first_moe: false,
             gemv_stream_fit: false,
+            gemv_stream_pipe: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,

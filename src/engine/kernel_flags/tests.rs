@@ -163,6 +163,9 @@ fn kernel_flags_become_kernel_options() {
     assert!(!d.kernels.gemv_stream_fit && !lib.kernels.gemv_stream_fit);
     let n = opts(&["x", "--gemv-stream-fit"]);
     assert!(n.kernels.gemv_stream_fit && n.kernels.gemv_stream == Some(2));
+    assert!(!n.kernels.gemv_stream_pipe && !d.kernels.gemv_stream_pipe);
+    let n = opts(&["x", "--gemv-stream-pipe"]);
+    assert!(n.kernels.gemv_stream_pipe && n.kernels.gemv_stream_fit);
     assert!(d.kernels.weight_evict_first && lib.kernels.weight_evict_first);
     assert!(!d.kernels.weight_evict_first_moe && !lib.kernels.weight_evict_first_moe);
     assert!(
