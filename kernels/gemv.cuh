@@ -228,7 +228,7 @@ __device__ __forceinline__ void store_rows(const float (&acc)[NR][T], __nv_bfloa
 // The entries' launch bounds (a file may redefine it around some entries).
 #define ENTRY_BOUNDS __launch_bounds__(WARPS * 32)
 #define PLAIN_ENTRY(NAME, ...)                                                               \
-  extern "C" __global__ void ENTRY_BOUNDS NAME(                             \
+  extern "C" __global__ void ENTRY_BOUNDS NAME(                                              \
       const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
       const void* pf, unsigned long long pf_bytes) {                                         \
     (void)pf;                                                                                \
@@ -236,7 +236,7 @@ __device__ __forceinline__ void store_rows(const float (&acc)[NR][T], __nv_bfloa
     __VA_ARGS__;                                                                             \
   }
 #define NORM_ENTRY(NAME, ...)                                                                \
-  extern "C" __global__ void ENTRY_BOUNDS NAME(                             \
+  extern "C" __global__ void ENTRY_BOUNDS NAME(                                              \
       const __nv_bfloat16* W, const __nv_bfloat16* res, const __nv_bfloat16* delta,          \
       __nv_bfloat16* res_out, const __nv_bfloat16* nw, float eps, int add,                   \
       __nv_bfloat16* out, int N, int K, const void* pf, unsigned long long pf_bytes) {       \
