@@ -48,8 +48,9 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         )?;
     }
     // The streamed gate|up as a loop of whole rows (`gemv_stream_fit`, the `gemv_ef_fit`
-    // build): 1 block an SM gives 1.7B's gate|up several batches a warp, 3 a last batch
-    // cut short at 1,024 inputs; 96 and 6,144 inputs run the general loop of that build.
+    // build): 1 block an SM gives 1.7B's gate|up several batches a warp; at 1,024 inputs (two
+    // rows a batch) warps with an odd row count end on a batch cut short at every count; 96
+    // and 6,144 inputs run the general loop of that build.
     // With `gemv_stream_pipe` (the `gemv_ef_pipe` build) the halves of 2,048-input rows are
     // refilled as summed: rows the last of a warp's, and not, both at 1 block an SM.
     for (blocks, pipe) in [(1u8, false), (2, false), (3, false), (1, true), (2, true)] {

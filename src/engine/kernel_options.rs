@@ -155,7 +155,7 @@ pub struct KernelOptions {
     /// `snorm_gemv_silu_t1` 54 KB -> ~29 KB of sm_90 code on its path); the same loads, sums and
     /// order, so the same bits. Off by default until measured (#21).
     pub gemv_stream_fit: bool,
-    /// [`KernelOptions::gemv_stream_fit`] with, at 2,048 inputs (one row pair a batch: 1.7B's
+    /// [`KernelOptions::gemv_stream_fit`] (which it implies) with, at 2,048 inputs (one row pair a batch: 1.7B's
     /// gate|up), each half of the batch refilled with the warp's next row as soon as it is
     /// summed (the `SGEMV_PIPE` build), so a warp keeps loads in flight while it sums; the
     /// same sums in the same order. Off by default until measured (#21).
