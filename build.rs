@@ -61,6 +61,7 @@ fn main() {
     println!("cargo:rerun-if-changed=kernels/moe.cuh");
     println!("cargo:rerun-if-changed=kernels/lora.cuh");
     println!("cargo:rerun-if-changed=kernels/gemv.cuh");
+    println!("cargo:rerun-if-changed=kernels/gemv_stream.cuh");
     println!("cargo:rerun-if-env-changed=CUDA_ROOT");
     println!("cargo:rerun-if-env-changed=NVCC");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {

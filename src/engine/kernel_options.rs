@@ -143,9 +143,9 @@ pub struct KernelOptions {
     /// round 52, #21); off: the ids copied in front of the replay.
     pub graph_feed: bool,
     /// The 1-2-row gate|up matmuls (with SiLU, alone or behind the fused norm) on streamed
-    /// rows (`kernels/gemv.cu` `sgemv_silu_*`): a grid of this many blocks per SM (1..=8), each
-    /// warp taking every G-th pair, its weight loads in batches across pairs; bit for bit a
-    /// block per eight pairs (None). Default `Some(GEMV_STREAM_BLOCKS)`: with
+    /// rows (`kernels/gemv.cu` `sgemv_silu_*`, their loops in `kernels/gemv_stream.cuh`): a
+    /// grid of this many blocks per SM (1..=8), each warp taking every G-th pair, its weight
+    /// loads in batches across pairs; bit for bit a block per eight pairs (None). Default `Some(GEMV_STREAM_BLOCKS)`: with
     /// `gemv_double_buffer`, batch 1 +6% (0.6B) / +4.5% (1.7B) on the H200 (#21).
     pub gemv_stream: Option<u8>,
     /// With [`KernelOptions::gemv_stream`] and [`KernelOptions::weight_evict_first`], the

@@ -1,0 +1,264 @@
+// The gate|up kernels' loops on streamed rows (`gemv.cu` `sgemv_silu_*`, `snorm_gemv_silu_*`,
+// `sdnorm_gemv_silu_*`; LaunchOptions::gemv_stream, gemv_stream_fit, gemv_stream_pipe): one
+// family, apart from gemv.cu's other skinny matmuls, whose helpers (gemv.cuh) it shares.
+#pragma once
+
+#include "gemv.cuh"
+
+namespace {
+
+// The gate|up kernels (NR 2) of gemv.cu's gemv_kernel, bit for bit, on a grid sized to the GPU instead of
+// to the rows: warp gw of the G in the grid takes row pairs gw, gw + G, ..., and a lane's weight
+// loads run in batches of BATCH over its rows' chunks as one sequence (a row's chunks lane,
+// lane + 32, ..., as gemv_kernel sums them), so the batch issued before the wait covers up to
+// BATCH / ceil(K / 256) rows of each warp: all of a 1,024-wide gate|up at two pairs a warp. The
+// norm kernel loads the norm weights into registers before the wait too (K <= NW_REGS * 256).
+// (Loads refilled one at a time as each chunk is summed, and the plain and norm kernels of qkv,
+// o and down on such grids, were slower on the H200: BENCHMARKS.md, #21.)
+
+constexpr int NW_REGS = 16;  // norm weights a thread holds
+
+// norm_rows with the norm weights already in registers (wk[e] = w[threadIdx.x + 256 e], kept
+// as bf16): the same sums in the same order. DEFER: norm_rows_deferred's (x_s scaled by w
+// only, in one pass; the scale in inv for the caller).
+template <int T, bool DEFER = false>
+__device__ void norm_rows_pre(const __nv_bfloat16* __restrict__ res,
+                              const __nv_bfloat16* __restrict__ delta,
+                              __nv_bfloat16* __restrict__ res_out, const __nv_bfloat16 (&wk)[NW_REGS],
+                              float eps, int add, int K, __nv_bfloat16* x_s, float (&inv)[T]) {
+  float part[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) part[t] = 0.f;
+#pragma unroll
+  for (int e = 0; e < NW_REGS; ++e) {
+    const int k = threadIdx.x + e * WARPS * 32;
+    if (k < K) {
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        float v = __bfloat162float(res[(size_t)t * K + k]);
+        if (add) v = __bfloat162float(__float2bfloat16(v + __bfloat162float(delta[(size_t)t * K + k])));
+        if (DEFER) {
+          if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = __float2bfloat16(v);
+          x_s[t * K + k] = __float2bfloat16(v * __bfloat162float(wk[e]));
+        } else {
+          x_s[t * K + k] = __float2bfloat16(v);
+        }
+        part[t] += v * v;
+      }
+    }
+  }
+  block_inv_rms<T>(part, K, eps, inv);
+  if constexpr (!DEFER) {
+#pragma unroll
+    for (int e = 0; e < NW_REGS; ++e) {
+      const int k = threadIdx.x + e * WARPS * 32;
+      if (k < K) {
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+          const __nv_bfloat16 r = x_s[t * K + k];
+          if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = r;
+          x_s[t * K + k] = __float2bfloat16(__bfloat162float(r) * inv[t] * __bfloat162float(wk[e]));
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// Loads the next BATCH slots of this warp's sequence (row lr, chunk lane + 32 lp onwards) into
+// w, zeros past a row's end; advances (lr, lp).
+template <int NR>
+__device__ __forceinline__ void load_slots(const __nv_bfloat16* __restrict__ W, int N, int K,
+                                           int gw, int G, int R, int P, int lane, int& lr,
+                                           int& lp, uint4 (&w)[NR][BATCH]) {
+  const int chunks = K / 8;
+#pragma unroll
+  for (int i = 0; i < BATCH; ++i) {
+    if (lr < R) {
+      const int c = lane + 32 * lp;
+      const size_t row = (size_t)gw + (size_t)lr * G;
+#pragma unroll
+      for (int r = 0; r < NR; ++r)
+        w[r][i] = c < chunks ? ld_stream(W + (row + (size_t)r * N) * K + c * 8) : make_uint4(0, 0, 0, 0);
+      if (++lp == P) { lp = 0; ++lr; }
+    }
+  }
+}
+
+// A warp's last chunk of a row (pair): its sums reduced across the warp, scaled by inv with
+// DEFER, stored, and cleared for the warp's next row (the fit loops'; the general loop keeps
+// its own copy, through this function ptxas gave the default kernels other machine code).
+template <int T, int NR, bool DEFER>
+__device__ __forceinline__ void end_row(float (&acc)[NR][T], const float (&inv)[T],
+                                        __nv_bfloat16* __restrict__ out, int N, int row,
+                                        int lane) {
+#pragma unroll
+  for (int r = 0; r < NR; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
+  if (DEFER) scale_rows<T, NR>(acc, inv);
+  store_rows<T, NR>(acc, out, N, row, lane);
+#pragma unroll
+  for (int r = 0; r < NR; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
+}
+
+#ifdef SGEMV_PIPE
+// ld_stream into v when `on` (else v unchanged): predicated, not branched around, so the
+// compiler keeps each half's refill between the sums around it (a branch let it merge both
+// halves' refills behind every sum); the memory clobber keeps the next half's activation
+// reads after it.
+__device__ __forceinline__ void ld_stream_if(const __nv_bfloat16* p, bool on, uint4& v) {
+#ifdef WEIGHT_EVICT_FIRST
+  uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.u32 q, %5, 0;\n"
+      " @q ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %6;\n}"
+      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+      : "l"(p), "r"((unsigned)on), "l"(pol)
+      : "memory");
+#else
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.u32 q, %5, 0;\n"
+      " @q ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n}"
+      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+      : "l"(p), "r"((unsigned)on)
+      : "memory");
+#endif
+}
+#endif
+
+// The fit form's loads: rows r0 .. r0 + BATCH / FIT - 1 of this warp's sequence (those below
+// R), FIT chunks each, into the slots load_slots would fill, in its order.
+template <int NR, int FIT>
+__device__ __forceinline__ void fit_rows(const __nv_bfloat16* __restrict__ W, int N, int K, int gw,
+                                         int G, int R, int r0, int lane, uint4 (&w)[NR][BATCH]) {
+#pragma unroll
+  for (int j = 0; j < BATCH / FIT; ++j) {
+    if (r0 + j < R) {
+      const size_t row = (size_t)gw + (size_t)(r0 + j) * G;
+#pragma unroll
+      for (int q = 0; q < FIT; ++q)
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+          w[r][j * FIT + q] = ld_stream(W + (row + (size_t)r * N) * K + (lane + 32 * q) * 8);
+    }
+  }
+}
+
+// FIT > 0 (the SGEMV_FIT build, LaunchOptions::gemv_stream_fit): K is exactly 256 * FIT, so a
+// batch holds BATCH / FIT whole rows of the warp's sequence, each row's end on a fixed slot;
+// the loop runs a row at a time and its reduction and store are compiled BATCH / FIT times
+// instead of BATCH (1.7B's gate|up 52 KB of code). The same loads, sums and order.
+template <int T, int NR, bool NORM, bool DEFER = false, int FIT = 0>
+__device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W,
+                                             const __nv_bfloat16* x,
+                                             const __nv_bfloat16* __restrict__ delta,
+                                             __nv_bfloat16* __restrict__ res_out,
+                                             const __nv_bfloat16* __restrict__ nw, float eps,
+                                             int add, __nv_bfloat16* __restrict__ out, int N,
+                                             int K, __nv_bfloat16* x_s, const void* pf,
+                                             unsigned long long pf_bytes) {
+  pdl_trigger();
+  l2_prefetch_share(pf, pf_bytes);
+  const int lane = threadIdx.x % 32;
+  const int G = gridDim.x * WARPS;
+  const int gw = blockIdx.x * WARPS + threadIdx.x / 32;
+  const int chunks = K / 8;
+  const int P = (chunks + 31) / 32;                  // chunks of a row per lane (padded)
+  const int R = gw < N ? (N - 1 - gw) / G + 1 : 0;   // rows of this warp
+  const int total = R * P;
+  int lr = 0, lp = 0;  // the next slot to load
+  uint4 w[NR][BATCH];
+  if constexpr (FIT > 0) fit_rows<NR, FIT>(W, N, K, gw, G, R, 0, lane, w);
+  else load_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, w);
+  __nv_bfloat16 wk[NW_REGS];
+  if (NORM) {
+#pragma unroll
+    for (int e = 0; e < NW_REGS; ++e) {
+      const int k = threadIdx.x + e * WARPS * 32;
+      wk[e] = k < K ? nw[k] : __float2bfloat16(0.f);
+    }
+  }
+  pdl_wait();
+  float inv[T];
+  if (NORM) {
+    norm_rows_pre<T, DEFER>(x, delta, res_out, wk, eps, add, K, x_s, inv);
+    x = x_s;
+  }
+  float acc[NR][T];
+#pragma unroll
+  for (int r = 0; r < NR; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
+  const PlainX xs{x, K};
+#ifdef SGEMV_PIPE
+  // One row a batch (FIT == BATCH; the SGEMV_PIPE build, LaunchOptions::gemv_stream_pipe): each
+  // half of the batch refilled with the next row's chunks as soon as it is summed, so a warp
+  // keeps loads in flight while it sums instead of a batch's round trip after its sums; two
+  // groups of loads outstanding at a time (a load refilled per chunk outran the warp's
+  // scoreboards, BENCHMARKS.md round 25). The same sums in the same order.
+  if constexpr (FIT == BATCH) {
+    constexpr int H = BATCH / 2;
+    for (int r0 = 0; r0 < R; ++r0) {
+      const bool more = r0 + 1 < R;
+      const size_t next = (size_t)gw + (size_t)(r0 + 1) * G;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int q = h * H; q < (h + 1) * H; ++q) sum_chunk<T, NR>(xs, lane + 32 * q, w, q, acc);
+#pragma unroll
+        for (int q = h * H; q < (h + 1) * H; ++q)
+#pragma unroll
+          for (int r = 0; r < NR; ++r)
+            ld_stream_if(W + (next + (size_t)r * N) * K + (lane + 32 * q) * 8, more, w[r][q]);
+        __syncwarp();  // no load or shared read moves across: the refill stays between the sums
+      }
+      end_row<T, NR, DEFER>(acc, inv, out, N, gw + r0 * G, lane);
+    }
+    return;
+  }
+#endif
+  if constexpr (FIT > 0) {
+    constexpr int RB = BATCH / FIT;
+    for (int r0 = 0; r0 < R; r0 += RB) {
+      if (r0 != 0) fit_rows<NR, FIT>(W, N, K, gw, G, R, r0, lane, w);
+#pragma unroll
+      for (int j = 0; j < RB; ++j) {
+        if (r0 + j >= R) break;
+#pragma unroll
+        for (int q = 0; q < FIT; ++q) sum_chunk<T, NR>(xs, lane + 32 * q, w, j * FIT + q, acc);
+        end_row<T, NR, DEFER>(acc, inv, out, N, gw + (r0 + j) * G, lane);
+      }
+    }
+    return;
+  }
+  int cr = 0, cp = 0;  // the slot being summed: row cr, chunk lane + 32 * cp
+  for (int base = 0; base < total; base += BATCH) {
+    if (base != 0) load_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, w);
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i) {
+      if (base + i >= total) break;
+      const int c = lane + 32 * cp;
+      if (c < chunks) sum_chunk<T, NR>(xs, c, w, i, acc);
+      if (++cp == P) {  // the row's last chunk: reduce, store, next row
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+#pragma unroll
+          for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
+        if (DEFER) scale_rows<T, NR>(acc, inv);
+        store_rows<T, NR>(acc, out, N, gw + cr * G, lane);
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+#pragma unroll
+          for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
+        cp = 0;
+        ++cr;
+      }
+    }
+  }
+}
+
+}  // namespace
