@@ -36,14 +36,6 @@ const KERNELS: &[&str] = &[
 /// The skinny matmuls with their weights evict-first in L2 (`LaunchOptions::weight_evict_first`).
 const VARIANTS: &[(&str, &str, &[&str])] = &[
     ("gemv_ef", "gemv", &["WEIGHT_EVICT_FIRST"]),
-    // The streamed gate|up as a loop of whole rows (`LaunchOptions::gemv_stream_fit`).
-    ("gemv_ef_fit", "gemv", &["WEIGHT_EVICT_FIRST", "SGEMV_FIT"]),
-    // ... with a one-row batch's halves refilled as summed (`LaunchOptions::gemv_stream_pipe`).
-    (
-        "gemv_ef_pipe",
-        "gemv",
-        &["WEIGHT_EVICT_FIRST", "SGEMV_FIT", "SGEMV_PIPE"],
-    ),
     ("gemv_mma_ef", "gemv_mma", &["WEIGHT_EVICT_FIRST"]),
 ];
 

@@ -250,20 +250,19 @@ __device__ __forceinline__ void gemv_split_kernel(const __nv_bfloat16* __restric
   NORM_ENTRY(wnorm_gemv_silu_t##T##_bf16, gemv_kernel<T, 2, 2>(NORM_ARGS))
 
 // The gate|up kernels on streamed rows (LaunchOptions::gemv_stream), alone and behind the norm
-// (scale-first and deferred).
-// The SGEMV_FIT build takes the fit form at 1,024 and 2,048 inputs.
-#ifdef SGEMV_FIT
-#define SGEMV_AT(T, NORM, DEFER, ARGS)                                                       \
-  if (K == 2048) sgemv_kernel<T, 2, NORM, DEFER, 8>(ARGS);                                   \
-  else if (K == 1024) sgemv_kernel<T, 2, NORM, DEFER, 4>(ARGS);                              \
-  else sgemv_kernel<T, 2, NORM, DEFER>(ARGS)
-#else
-#define SGEMV_AT(T, NORM, DEFER, ARGS) sgemv_kernel<T, 2, NORM, DEFER>(ARGS)
-#endif
+// (scale-first and deferred). 1 row: the general loop. 2 rows: whole rows a loop at 1,024 and
+// 2,048 inputs, the 2,048 batch refilled by halves (on an H100 after 512-token prompts batch 2
+// 1.7B 1,146-1,147 against 1,092-1,094 tok/s, 0.6B 2,185-2,187 against 2,097-2,114; the same
+// forms at 1 row lost 2.4% / 1.0%: BENCHMARKS.md round 58, #21).
+#define SGEMV_1(NORM, DEFER, ARGS) sgemv_kernel<1, 2, NORM, DEFER>(ARGS)
+#define SGEMV_2(NORM, DEFER, ARGS)                                                           \
+  if (K == 2048) sgemv_kernel<2, 2, NORM, DEFER, 8, true>(ARGS);                             \
+  else if (K == 1024) sgemv_kernel<2, 2, NORM, DEFER, 4>(ARGS);                              \
+  else sgemv_kernel<2, 2, NORM, DEFER>(ARGS)
 #define SGEMV(T)                                                                             \
-  PLAIN_ENTRY(sgemv_silu_t##T##_bf16, SGEMV_AT(T, false, false, PLAIN_ARGS))                 \
-  NORM_ENTRY(snorm_gemv_silu_t##T##_bf16, SGEMV_AT(T, true, false, NORM_ARGS))               \
-  NORM_ENTRY(sdnorm_gemv_silu_t##T##_bf16, SGEMV_AT(T, true, true, NORM_ARGS))
+  PLAIN_ENTRY(sgemv_silu_t##T##_bf16, SGEMV_##T(false, false, PLAIN_ARGS))                   \
+  NORM_ENTRY(snorm_gemv_silu_t##T##_bf16, SGEMV_##T(true, false, NORM_ARGS))                 \
+  NORM_ENTRY(sdnorm_gemv_silu_t##T##_bf16, SGEMV_##T(true, true, NORM_ARGS))
 
 // Two batches in flight (LaunchOptions::gemv_double_buffer), plain and behind the norm, for
 // rows of more than BATCH * 256 inputs.
@@ -285,12 +284,10 @@ GEMV(1)
 GEMV(2)
 DNORM_GEMV(1)
 DNORM_GEMV(2)
-#ifdef SGEMV_FIT
-// The three forms in one function: held to 128 registers, two blocks an SM as the default's.
+SGEMV(1)
+// The three forms in one function: held to 128 registers, two blocks an SM as the 1-row's.
 #undef ENTRY_BOUNDS
 #define ENTRY_BOUNDS __launch_bounds__(WARPS * 32, 2)
-#endif
-SGEMV(1)
 SGEMV(2)
 #undef ENTRY_BOUNDS
 #define ENTRY_BOUNDS __launch_bounds__(WARPS * 32)

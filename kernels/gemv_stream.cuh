@@ -1,5 +1,5 @@
 // The gate|up kernels' loops on streamed rows (`gemv.cu` `sgemv_silu_*`, `snorm_gemv_silu_*`,
-// `sdnorm_gemv_silu_*`; LaunchOptions::gemv_stream, gemv_stream_fit, gemv_stream_pipe): one
+// `sdnorm_gemv_silu_*`; LaunchOptions::gemv_stream): one
 // family, apart from gemv.cu's other skinny matmuls, whose helpers (gemv.cuh) it shares.
 #pragma once
 
@@ -104,7 +104,6 @@ __device__ __forceinline__ void end_row(float (&acc)[NR][T], const float (&inv)[
     for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
 }
 
-#ifdef SGEMV_PIPE
 // ld_stream into v when `on` (else v unchanged): predicated, not branched around, so the
 // compiler keeps each half's refill between the sums around it (a branch let it merge both
 // halves' refills behind every sum); the memory clobber keeps the next half's activation
@@ -128,7 +127,6 @@ __device__ __forceinline__ void ld_stream_if(const __nv_bfloat16* p, bool on, ui
       : "memory");
 #endif
 }
-#endif
 
 // The fit form's loads: rows r0 .. r0 + BATCH / FIT - 1 of this warp's sequence (those below
 // R), FIT chunks each, into the slots load_slots would fill, in its order.
@@ -148,11 +146,12 @@ __device__ __forceinline__ void fit_rows(const __nv_bfloat16* __restrict__ W, in
   }
 }
 
-// FIT > 0 (the SGEMV_FIT build, LaunchOptions::gemv_stream_fit): K is exactly 256 * FIT, so a
+// FIT > 0 (gemv.cu's 2-row kernels at 1,024 and 2,048 inputs): K is exactly 256 * FIT, so a
 // batch holds BATCH / FIT whole rows of the warp's sequence, each row's end on a fixed slot;
 // the loop runs a row at a time and its reduction and store are compiled BATCH / FIT times
-// instead of BATCH (1.7B's gate|up 52 KB of code). The same loads, sums and order.
-template <int T, int NR, bool NORM, bool DEFER = false, int FIT = 0>
+// instead of BATCH. PIPE (with FIT == BATCH): the batch's halves refilled as summed, below.
+// The same loads, sums and order.
+template <int T, int NR, bool NORM, bool DEFER = false, int FIT = 0, bool PIPE = false>
 __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W,
                                              const __nv_bfloat16* x,
                                              const __nv_bfloat16* __restrict__ delta,
@@ -194,13 +193,12 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
 #pragma unroll
     for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
   const PlainX xs{x, K};
-#ifdef SGEMV_PIPE
-  // One row a batch (FIT == BATCH; the SGEMV_PIPE build, LaunchOptions::gemv_stream_pipe): each
-  // half of the batch refilled with the next row's chunks as soon as it is summed, so a warp
-  // keeps loads in flight while it sums instead of a batch's round trip after its sums; two
-  // groups of loads outstanding at a time (a load refilled per chunk outran the warp's
-  // scoreboards, BENCHMARKS.md round 25). The same sums in the same order.
-  if constexpr (FIT == BATCH) {
+  // PIPE, one row a batch (FIT == BATCH: 1.7B's 2-row gate|up): each half of the batch
+  // refilled with the next row's chunks as soon as it is summed, so a warp keeps loads in
+  // flight while it sums instead of a batch's round trip after its sums; two groups of loads
+  // outstanding at a time (a load refilled per chunk outran the warp's scoreboards,
+  // BENCHMARKS.md round 25). The same sums in the same order.
+  if constexpr (PIPE && FIT == BATCH) {
     constexpr int H = BATCH / 2;
     for (int r0 = 0; r0 < R; ++r0) {
       const bool more = r0 + 1 < R;
@@ -220,7 +218,6 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
     }
     return;
   }
-#endif
   if constexpr (FIT > 0) {
     constexpr int RB = BATCH / FIT;
     for (int r0 = 0; r0 < R; r0 += RB) {

@@ -33,7 +33,11 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         ..LaunchOptions::default()
     };
     let plain = CudaKernels::new(dev, DType::BF16, &base)?.ok_or("no kernels")?;
-    for blocks in [1u8, 2] {
+    // The streamed gate|up: 1 row the general loop; 2 rows a loop of whole rows at 1,024 and
+    // 2,048 inputs, the 2,048 batch refilled by halves as summed. 1 block an SM gives 1.7B's
+    // gate|up several batches a warp; at 1,024 inputs (two rows a batch) warps with an odd row
+    // count end on a batch cut short at every count; 96 and 6,144 inputs run the general loop.
+    for blocks in [1u8, 2, 3] {
         let opts = LaunchOptions {
             gemv_stream: Some(blocks),
             ..base
@@ -46,37 +50,6 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             dev,
             t,
         )?;
-    }
-    // The streamed gate|up as a loop of whole rows (`gemv_stream_fit`, the `gemv_ef_fit`
-    // build): 1 block an SM gives 1.7B's gate|up several batches a warp; at 1,024 inputs (two
-    // rows a batch) warps with an odd row count end on a batch cut short at every count; 96
-    // and 6,144 inputs run the general loop of that build.
-    // With `gemv_stream_pipe` (the `gemv_ef_pipe` build) the halves of 2,048-input rows are
-    // refilled as summed: rows the last of a warp's, and not, both at 1 block an SM.
-    for (blocks, pipe) in [(1u8, false), (2, false), (3, false), (1, true), (2, true)] {
-        let opts = LaunchOptions {
-            gemv_stream: Some(blocks),
-            gemv_stream_fit: true,
-            gemv_stream_pipe: pipe,
-            ..base
-        };
-        let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
-        let form = if pipe {
-            "whole rows, halves refilled"
-        } else {
-            "whole rows"
-        };
-        t.check(
-            format!("gemv fit build loaded ({form}, {blocks} blocks an SM) ?"),
-            if k.gemv_stream_fit() && k.gemv_stream_pipe() == pipe {
-                0.0
-            } else {
-                1.0
-            },
-            0.0,
-        );
-        let tag = format!(" (streamed, {form}, {blocks} blocks an SM)");
-        stream_bits(&plain, &k, &tag, dev, t)?;
     }
     let opts = LaunchOptions {
         gemv_double_buffer: true,

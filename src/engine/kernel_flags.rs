@@ -80,14 +80,6 @@ pub struct KernelFlags {
     /// (`KernelOptions::weight_evict_first_moe`).
     #[arg(long)]
     pub weight_evict_first_moe: bool,
-    /// The streamed gate|up over 1,024 or 2,048 inputs as a loop of whole rows
-    /// (`KernelOptions::gemv_stream_fit`).
-    #[arg(long)]
-    pub gemv_stream_fit: bool,
-    /// ... with each half of a one-row batch refilled as it is summed
-    /// (`KernelOptions::gemv_stream_pipe`; implies `--gemv-stream-fit`).
-    #[arg(long)]
-    pub gemv_stream_pipe: bool,
     /// Skinny matmuls prefetch the next matmul's weights into L2
     /// (`KernelOptions::l2_prefetch`).
     #[arg(long)]
@@ -294,8 +286,6 @@ impl KernelFlags {
             gemv_split_k: self.gemv_split_k,
             weight_evict_first: !self.no_weight_evict_first,
             weight_evict_first_moe: self.weight_evict_first_moe,
-            gemv_stream_fit: self.gemv_stream_fit || self.gemv_stream_pipe,
-            gemv_stream_pipe: self.gemv_stream_pipe,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,
             norm_deferred: (!self.no_norm_deferred).then(|| {

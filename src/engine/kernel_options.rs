@@ -148,18 +148,6 @@ pub struct KernelOptions {
     /// loads in batches across pairs; bit for bit a block per eight pairs (None). Default `Some(GEMV_STREAM_BLOCKS)`: with
     /// `gemv_double_buffer`, batch 1 +6% (0.6B) / +4.5% (1.7B) on the H200 (#21).
     pub gemv_stream: Option<u8>,
-    /// With [`KernelOptions::gemv_stream`] and [`KernelOptions::weight_evict_first`], the
-    /// streamed gate|up over 1,024 or 2,048 inputs runs a loop of whole rows (`kernels/gemv.cu`
-    /// built with `SGEMV_FIT`): a weight batch then holds whole rows, so each row's reduction
-    /// and store are compiled once a row of the batch instead of once a slot (1.7B's
-    /// `snorm_gemv_silu_t1` 54 KB -> ~29 KB of sm_90 code on its path); the same loads, sums and
-    /// order, so the same bits. Off by default until measured (#21).
-    pub gemv_stream_fit: bool,
-    /// [`KernelOptions::gemv_stream_fit`] (which it implies) with, at 2,048 inputs (one row pair a batch: 1.7B's
-    /// gate|up), each half of the batch refilled with the warp's next row as soon as it is
-    /// summed (the `SGEMV_PIPE` build), so a warp keeps loads in flight while it sums; the
-    /// same sums in the same order. Off by default until measured (#21).
-    pub gemv_stream_pipe: bool,
     /// The shared-memory carveout the kernels of 1-2-row decode steps ask for (the skinny
     /// matmuls of `gemv.cu` and the fused attention's tensor-core kernels; percent of the SM's
     /// unified L1 / shared memory, 0-100: `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`).
@@ -433,8 +421,6 @@ impl Default for KernelOptions {
             gemv_split_k: false,
             weight_evict_first: true,
             weight_evict_first_moe: false,
-            gemv_stream_fit: false,
-            gemv_stream_pipe: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,

@@ -329,18 +329,6 @@ impl CudaKernels {
         self.weight_evict_first
     }
 
-    /// Whether the streamed gate|up runs the build that loops over whole rows
-    /// (`LaunchOptions::gemv_stream_fit`).
-    pub fn gemv_stream_fit(&self) -> bool {
-        self.gemv_stream_fit
-    }
-
-    /// Whether that build refills a one-row batch's halves as they are summed
-    /// (`LaunchOptions::gemv_stream_pipe`).
-    pub fn gemv_stream_pipe(&self) -> bool {
-        self.gemv_stream_pipe
-    }
-
     /// Whether a plain matmul of `t` rows over a weight of `n` rows of `k` inputs runs on the
     /// tensor-core skinny-matmul kernels (3-8 rows; `gemv_mma_plain`'s bound).
     pub(super) fn mma_gemv_serves(&self, t: usize, (n, k): (usize, usize)) -> bool {

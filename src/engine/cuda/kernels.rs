@@ -142,10 +142,6 @@ pub struct CudaKernels {
     /// Whether the skinny matmuls' build loads their weights evict-first
     /// (`super::builds::Builds`).
     pub(super) weight_evict_first: bool,
-    /// Whether the streamed gate|up loops over whole rows (`super::builds::Builds`).
-    pub(super) gemv_stream_fit: bool,
-    /// Whether it refills a one-row batch's halves as summed (`super::builds::Builds`).
-    pub(super) gemv_stream_pipe: bool,
     /// Whether whole-vocabulary draws run on the device (`LaunchOptions::sample_full`).
     pub(super) sample_full_on: bool,
     pub(crate) blas: Blas,
@@ -439,8 +435,6 @@ impl CudaKernels {
             },
             l2_prefetch: hopper && opts.l2_prefetch,
             weight_evict_first: builds.weight_evict_first,
-            gemv_stream_fit: builds.gemv_stream_fit,
-            gemv_stream_pipe: builds.gemv_stream_pipe,
             gemv_tma: super::handles::TmaGemv::load(opts, (dtype, major == 9), &load)?,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,

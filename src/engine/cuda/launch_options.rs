@@ -30,12 +30,6 @@ pub struct LaunchOptions {
     /// The 1-2-row gate|up matmuls on streamed rows, this many blocks per SM (`gemv.cu`
     /// `sgemv_silu_*`, `snorm_gemv_silu_*`; None: a block per eight row pairs; default 2).
     pub gemv_stream: Option<u8>,
-    /// The streamed gate|up's loop of whole rows at 1,024 and 2,048 inputs (the `gemv_ef_fit`
-    /// build; with `weight_evict_first` only).
-    pub gemv_stream_fit: bool,
-    /// ... with the halves of a one-row batch refilled as they are summed (the `gemv_ef_pipe`
-    /// build; implies `gemv_stream_fit`).
-    pub gemv_stream_pipe: bool,
     /// The shared-memory carveout (percent of the SM's unified L1 / shared memory, 0-100; the
     /// driver rounds up to a size the GPU has) the kernels of 1-2-row decode steps ask for
     /// (the skinny matmuls of `gemv.cu`, the fused attention's tensor-core kernels); None:
@@ -184,8 +178,6 @@ impl Default for LaunchOptions {
             graph_argmax: false,
             graph_feed: false,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
-            gemv_stream_fit: false,
-            gemv_stream_pipe: false,
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
             gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),
             gemv_tma_min_k: crate::engine::options::GEMV_TMA_MIN_K,

@@ -159,13 +159,6 @@ fn kernel_flags_become_kernel_options() {
     assert!(Cli::try_parse_from(["x", "--gemv-stream", "0"]).is_err());
     let n = opts(&["x", "--gemv-split-k"]);
     assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);
-    // The streamed gate|up's loop of whole rows: off until measured, on by its switch alone.
-    assert!(!d.kernels.gemv_stream_fit && !lib.kernels.gemv_stream_fit);
-    let n = opts(&["x", "--gemv-stream-fit"]);
-    assert!(n.kernels.gemv_stream_fit && n.kernels.gemv_stream == Some(2));
-    assert!(!n.kernels.gemv_stream_pipe && !d.kernels.gemv_stream_pipe);
-    let n = opts(&["x", "--gemv-stream-pipe"]);
-    assert!(n.kernels.gemv_stream_pipe && n.kernels.gemv_stream_fit);
     assert!(d.kernels.weight_evict_first && lib.kernels.weight_evict_first);
     assert!(!d.kernels.weight_evict_first_moe && !lib.kernels.weight_evict_first_moe);
     assert!(
