@@ -4,8 +4,12 @@
 //! matmul's output and the residual's sum bit for bit (a sum rounded otherwise, or written
 //! to the wrong row, fails them); the matmul after the norm, which rounds its input at
 //! another scale (bf16(h * w), then 1 / rms on the dot products), against f32 math on the
-//! residual's sum within 5e-3 of the largest output, as the path it replaces (one block's
-//! partial sum left out moves every output by ~0.8%, the norm weight left out by far more).
+//! residual's sum, as the path it replaces: on average within 6e-3 of the outputs' mean size
+//! (bf16's rounding of the input and the output alone gives 2.7-4.3e-3 over random draws in
+//! a model of both paths; one of 66 column blocks' partial sums left out moves every
+//! output by ~0.8%, the norm weight left out by far more) and nowhere by more than 1e-2 of
+//! the largest output (rounding alone reached 5.1e-3 there on one draw: BENCHMARKS.md round
+//! 58).
 
 use super::*;
 
@@ -76,12 +80,14 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             t.check(format!("{what}: matmul before"), rel(&o2, &o1)?, 0.0);
             t.check(format!("{what}: residual sum"), rel(&r2, &r1)?, 0.0);
             let reference = normed_matmul(&r1, &nw, &wc, silu)?;
-            t.check(format!("{what}: matmul after"), rel(&y2, &reference)?, 5e-3);
-            t.check(
-                format!("{what}: (norm launch)"),
-                rel(&y1, &reference)?,
-                5e-3,
-            );
+            for (y, path) in [(&y2, "matmul after"), (&y1, "(norm launch)")] {
+                t.check(format!("{what}: {path}"), rel(y, &reference)?, 1e-2);
+                t.check(
+                    format!("{what}: {path}, mean"),
+                    rel_mean(y, &reference)?,
+                    6e-3,
+                );
+            }
         }
     }
     Ok(())
@@ -102,4 +108,14 @@ fn normed_matmul(h: &Tensor, nw: &Tensor, wc: &Tensor, silu: bool) -> Res<Tensor
     let (gate, up) = (y.narrow(1, 0, i)?, y.narrow(1, i, i)?);
     let sig = (gate.neg()?.exp()? + 1.0)?.recip()?;
     Ok(((gate * sig)? * up)?)
+}
+
+/// The mean |a - b| over the mean |b| (rounding spread over every output stays small; an
+/// error that moves every output does not).
+fn rel_mean(a: &Tensor, b: &Tensor) -> Res<f32> {
+    let a = a.to_dtype(DType::F32)?.flatten_all()?;
+    let b = b.to_dtype(DType::F32)?.flatten_all()?;
+    let d = (a - &b)?.abs()?.mean(0)?.to_scalar::<f32>()?;
+    let s = b.abs()?.mean(0)?.to_scalar::<f32>()?;
+    Ok(d / s.max(1e-6))
 }
