@@ -258,4 +258,93 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
   }
 }
 
+
+// ---- Rows taken from a queue (LaunchOptions::gemv_stream_queue) ----------------------------
+//
+// The gate|up at 2,048 inputs (one row pair a batch, refilled by halves as summed, as the
+// PIPE form) with each warp's rows after its first two taken from a counter instead of every
+// G-th: a block timeline of 1.7B's 1-row gate|up (BENCHMARKS.md round 58) has its blocks
+// ending over the last ~6 us of ~22, the warps of the late ones still holding whole rows while
+// the early ones' SMs sit idle. Rows 0 .. 2G - 1 go as before (warp gw: gw, gw + G); the rest,
+// 2G .. N - 1, in the order warps ask (q[0]: tickets; each warp asks one row ahead, so the
+// atomic's round trip overlaps a row's sums). A row is still one warp's, summed in the same
+// order: the same bits. The last warp out (q[1] counts them) sets both counters back to 0 for
+// the next launch; each entry has its own pair (a module's globals are zero at load). The
+// first ticket is taken after the wait, so a launch never reads a counter the launch before
+// has not yet reset (every kernel between them waits on the one before).
+__device__ __forceinline__ int queue_row(unsigned* q, int G, int N, int lane) {
+  unsigned t = 0;
+  if (lane == 0) t = atomicAdd(q, 1u);
+  t = __shfl_sync(0xffffffffu, t, 0);
+  const long long r = 2LL * G + t;
+  return r < N ? (int)r : -1;
+}
+
+template <int T, bool NORM, bool DEFER>
+__device__ __forceinline__ void sgemv_queue_kernel(const __nv_bfloat16* __restrict__ W,
+                                                   const __nv_bfloat16* x,
+                                                   const __nv_bfloat16* __restrict__ delta,
+                                                   __nv_bfloat16* __restrict__ res_out,
+                                                   const __nv_bfloat16* __restrict__ nw,
+                                                   float eps, int add,
+                                                   __nv_bfloat16* __restrict__ out, int N, int K,
+                                                   __nv_bfloat16* x_s, const void* pf,
+                                                   unsigned long long pf_bytes, unsigned* q) {
+  constexpr int NR = 2, H = BATCH / 2;
+  pdl_trigger();
+  l2_prefetch_share(pf, pf_bytes);
+  const int lane = threadIdx.x % 32;
+  const int G = gridDim.x * WARPS;
+  const int gw = blockIdx.x * WARPS + threadIdx.x / 32;
+  uint4 w[NR][BATCH];
+  int cur = gw < N ? gw : -1;
+  if (cur >= 0) fit_rows<NR, BATCH>(W, N, K, gw, G, 1, 0, lane, w);
+  __nv_bfloat16 wk[NW_REGS];
+  if (NORM) {
+#pragma unroll
+    for (int e = 0; e < NW_REGS; ++e) {
+      const int k = threadIdx.x + e * WARPS * 32;
+      wk[e] = k < K ? nw[k] : __float2bfloat16(0.f);
+    }
+  }
+  pdl_wait();
+  float inv[T];
+  if (NORM) {
+    norm_rows_pre<T, DEFER>(x, delta, res_out, wk, eps, add, K, x_s, inv);
+    x = x_s;
+  }
+  float acc[NR][T];
+#pragma unroll
+  for (int r = 0; r < NR; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
+  const PlainX xs{x, K};
+  // The row after cur: the static second, else a ticket (none once cur is none).
+  int nxt = cur < 0 ? -1 : gw + G < N ? gw + G : queue_row(q, G, N, lane);
+  while (cur >= 0) {
+    const int after = nxt < 0 ? -1 : queue_row(q, G, N, lane);
+    const bool more = nxt >= 0;
+    const size_t next = more ? (size_t)nxt : 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int c = h * H; c < (h + 1) * H; ++c) sum_chunk<T, NR>(xs, lane + 32 * c, w, c, acc);
+#pragma unroll
+      for (int c = h * H; c < (h + 1) * H; ++c)
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+          ld_stream_if(W + (next + (size_t)r * N) * K + (lane + 32 * c) * 8, more, w[r][c]);
+      __syncwarp();
+    }
+    end_row<T, NR, DEFER>(acc, inv, out, N, cur, lane);
+    cur = nxt;
+    nxt = after;
+  }
+  // The last warp out resets the queue: every warp's tickets came back before it counts.
+  if (lane == 0 && atomicAdd(q + 1, 1u) == (unsigned)G - 1) {
+    atomicExch(q, 0u);
+    atomicExch(q + 1, 0u);
+  }
+}
+
 }  // namespace
