@@ -254,26 +254,15 @@ __device__ __forceinline__ void gemv_split_kernel(const __nv_bfloat16* __restric
 // 2,048 inputs, the 2,048 batch refilled by halves (on an H100 after 512-token prompts batch 2
 // 1.7B 1,146-1,147 against 1,092-1,094 tok/s, 0.6B 2,185-2,187 against 2,097-2,114; the same
 // forms at 1 row lost 2.4% / 1.0%: BENCHMARKS.md round 58, #21).
-#define SGEMV_1(NORM, DEFER, ...) sgemv_kernel<1, 2, NORM, DEFER>(__VA_ARGS__)
-#define SGEMV_2(NORM, DEFER, ...)                                                            \
-  if (K == 2048) sgemv_kernel<2, 2, NORM, DEFER, 8, true>(__VA_ARGS__);                      \
-  else if (K == 1024) sgemv_kernel<2, 2, NORM, DEFER, 4>(__VA_ARGS__);                       \
-  else sgemv_kernel<2, 2, NORM, DEFER>(__VA_ARGS__)
+#define SGEMV_1(NORM, DEFER, ARGS) sgemv_kernel<1, 2, NORM, DEFER>(ARGS)
+#define SGEMV_2(NORM, DEFER, ARGS)                                                           \
+  if (K == 2048) sgemv_kernel<2, 2, NORM, DEFER, 8, true>(ARGS);                             \
+  else if (K == 1024) sgemv_kernel<2, 2, NORM, DEFER, 4>(ARGS);                              \
+  else sgemv_kernel<2, 2, NORM, DEFER>(ARGS)
 #define SGEMV(T)                                                                             \
   PLAIN_ENTRY(sgemv_silu_t##T##_bf16, SGEMV_##T(false, false, PLAIN_ARGS))                   \
   NORM_ENTRY(snorm_gemv_silu_t##T##_bf16, SGEMV_##T(true, false, NORM_ARGS))                 \
   NORM_ENTRY(sdnorm_gemv_silu_t##T##_bf16, SGEMV_##T(true, true, NORM_ARGS))
-
-// The same with the rows past each warp's first two at 2,048 inputs taken from a queue
-// (LaunchOptions::gemv_stream_queue; other widths as SGEMV), a counter pair an entry.
-__device__ unsigned g_queue[6][2];
-#define SGEMV_Q(T, NORM, DEFER, I, ...)                                                      \
-  if (K == 2048) sgemv_queue_kernel<T, NORM, DEFER>(__VA_ARGS__, g_queue[I]);                \
-  else SGEMV_##T(NORM, DEFER, __VA_ARGS__)
-#define SGEMV_QUEUE(T)                                                                       \
-  PLAIN_ENTRY(qsgemv_silu_t##T##_bf16, SGEMV_Q(T, false, false, 3 * T - 3, PLAIN_ARGS))      \
-  NORM_ENTRY(qsnorm_gemv_silu_t##T##_bf16, SGEMV_Q(T, true, false, 3 * T - 2, NORM_ARGS))    \
-  NORM_ENTRY(qsdnorm_gemv_silu_t##T##_bf16, SGEMV_Q(T, true, true, 3 * T - 1, NORM_ARGS))
 
 // Two batches in flight (LaunchOptions::gemv_double_buffer), plain and behind the norm, for
 // rows of more than BATCH * 256 inputs.
@@ -300,8 +289,6 @@ SGEMV(1)
 #undef ENTRY_BOUNDS
 #define ENTRY_BOUNDS __launch_bounds__(WARPS * 32, 2)
 SGEMV(2)
-SGEMV_QUEUE(1)
-SGEMV_QUEUE(2)
 #undef ENTRY_BOUNDS
 #define ENTRY_BOUNDS __launch_bounds__(WARPS * 32)
 GEMV_DB(1)

@@ -51,26 +51,6 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             t,
         )?;
     }
-    // Rows from a queue (`gemv_stream_queue`) at 2,048 inputs: 1-3 blocks an SM, run twice
-    // (the second launch reads the queue the first left reset), ragged and even row counts.
-    for blocks in [1u8, 2, 3] {
-        let opts = LaunchOptions {
-            gemv_stream: Some(blocks),
-            gemv_stream_queue: true,
-            ..base
-        };
-        let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
-        let on = k.gemv_stream_queue() && !plain.gemv_stream_queue();
-        t.check(
-            format!("gemv queue entries loaded ({blocks} blocks an SM) ?"),
-            if on { 0.0 } else { 1.0 },
-            0.0,
-        );
-        for pass in 1..=2 {
-            let tag = format!(" (streamed, queue, {blocks} blocks an SM, pass {pass})");
-            stream_bits(&plain, &k, &tag, dev, t)?;
-        }
-    }
     let opts = LaunchOptions {
         gemv_double_buffer: true,
         ..base

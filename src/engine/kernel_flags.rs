@@ -44,10 +44,6 @@ pub struct KernelFlags {
     /// `KernelOptions::gemv_stream` off).
     #[arg(long, conflicts_with = "gemv_stream")]
     pub no_gemv_stream: bool,
-    /// The streamed gate|up over 2,048 inputs takes the rows past each warp's first two from a
-    /// queue (`KernelOptions::gemv_stream_queue`).
-    #[arg(long, conflicts_with = "no_gemv_stream")]
-    pub gemv_stream_queue: bool,
     /// The shared-memory carveout, in percent of the SM's L1 / shared memory, of the kernels
     /// of 1-2-row decode steps (`KernelOptions::smem_carveout`; default 100).
     #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u8).range(0..=100))]
@@ -279,7 +275,6 @@ impl KernelFlags {
                 self.gemv_stream
                     .unwrap_or(super::options::GEMV_STREAM_BLOCKS)
             }),
-            gemv_stream_queue: self.gemv_stream_queue,
             smem_carveout: (!self.no_smem_carveout)
                 .then(|| self.smem_carveout.unwrap_or(super::options::SMEM_CARVEOUT)),
             gemv_tma: (!self.no_gemv_tma)

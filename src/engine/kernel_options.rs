@@ -148,14 +148,6 @@ pub struct KernelOptions {
     /// loads in batches across pairs; bit for bit a block per eight pairs (None). Default `Some(GEMV_STREAM_BLOCKS)`: with
     /// `gemv_double_buffer`, batch 1 +6% (0.6B) / +4.5% (1.7B) on the H200 (#21).
     pub gemv_stream: Option<u8>,
-    /// With [`KernelOptions::gemv_stream`], the streamed gate|up over 2,048 inputs (1.7B's)
-    /// hands each warp the rows past its first two from a queue, a counter the warps take
-    /// tickets from, instead of every G-th (`kernels/gemv_stream.cuh` `sgemv_queue_kernel`):
-    /// warps on SMs that finish early take the rows the late ones would have held at the end
-    /// (a block timeline has 1.7B's 1-row gate|up blocks ending over the last ~6 us of ~22).
-    /// A row is still summed by one warp in the same order: the same bits. Off by default
-    /// until measured (#21).
-    pub gemv_stream_queue: bool,
     /// The shared-memory carveout the kernels of 1-2-row decode steps ask for (the skinny
     /// matmuls of `gemv.cu` and the fused attention's tensor-core kernels; percent of the SM's
     /// unified L1 / shared memory, 0-100: `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`).
@@ -422,7 +414,6 @@ impl Default for KernelOptions {
             graph_argmax: true,
             graph_feed: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
-            gemv_stream_queue: false,
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),
             gemv_tma_min_k: GEMV_TMA_MIN_K,

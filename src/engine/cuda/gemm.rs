@@ -329,12 +329,6 @@ impl CudaKernels {
         self.weight_evict_first
     }
 
-    /// Whether the streamed gate|up kernels take rows from a queue
-    /// (`LaunchOptions::gemv_stream_queue`).
-    pub fn gemv_stream_queue(&self) -> bool {
-        self.gemv.as_ref().is_some_and(|s| s.queue)
-    }
-
     /// Whether a plain matmul of `t` rows over a weight of `n` rows of `k` inputs runs on the
     /// tensor-core skinny-matmul kernels (3-8 rows; `gemv_mma_plain`'s bound).
     pub(super) fn mma_gemv_serves(&self, t: usize, (n, k): (usize, usize)) -> bool {

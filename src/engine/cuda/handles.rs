@@ -83,9 +83,6 @@ pub(crate) struct GemvSet {
     /// The gate|up kernels (SiLU*up alone and behind the norm) on streamed rows
     /// (`LaunchOptions::gemv_stream`), and the most blocks a launch of them takes.
     pub(super) stream: Option<([Vec<CudaFunction>; 2], usize)>,
-    /// Whether `stream` holds the entries that take rows from a queue
-    /// (`LaunchOptions::gemv_stream_queue`).
-    pub(super) queue: bool,
     /// The plain and norm kernels with two batches of loads in flight, for rows of more than
     /// 2,048 inputs (`LaunchOptions::gemv_double_buffer`).
     pub(super) double: Option<[Vec<CudaFunction>; 2]>,
@@ -97,19 +94,14 @@ pub(crate) struct GemvSet {
     pub(super) deferred: Option<(usize, Box<GemvSet>)>,
 }
 
-/// The streamed gate|up's blocks an SM (`LaunchOptions::gemv_stream`) and whether its rows
-/// come from a queue (`LaunchOptions::gemv_stream_queue`).
-type StreamChoice = (Option<u8>, bool);
-
 impl GemvSet {
-    /// The functions for 1..=`rows` rows that the launch options (`gemv_stream` and
-    /// `gemv_stream_queue`,
+    /// The functions for 1..=`rows` rows that the launch options (`gemv_stream`,
     /// `gemv_double_buffer`, `gemv_split_k`, `warp_norm`, `norm_deferred`) ask for, from the
     /// loaded `gemv` module, for a GPU of `sms` SMs.
     pub(super) fn load(
         m: &Arc<CudaModule>,
         (gemv_stream, double, split, (warp_norm, deferred)): (
-            StreamChoice,
+            Option<u8>,
             bool,
             bool,
             (bool, Option<usize>),
@@ -149,12 +141,11 @@ impl GemvSet {
     /// [`GemvSet::load`] with the norm kernels named `{norm}_*`.
     fn named(
         m: &Arc<CudaModule>,
-        ((gemv_stream, queue), double, split, warp_norm): (StreamChoice, bool, bool, bool),
+        (gemv_stream, double, split, warp_norm): (Option<u8>, bool, bool, bool),
         norm: &str,
         sms: usize,
         rows: usize,
     ) -> Result<Self> {
-        let q = if queue { "q" } else { "" };
         let all = |kind: String| -> Result<Vec<CudaFunction>> {
             (1..=rows)
                 .map(|t| {
@@ -174,12 +165,11 @@ impl GemvSet {
             norm_smem: !warp_norm,
             // Only the gate|up kernels have streamed rows (the others measured slower on
             // them), and not beside the per-warp norm.
-            // With `queue`, the entries taking rows from a queue (`q` + the name).
             stream: match gemv_stream.filter(|_| !warp_norm) {
                 Some(b) => Some((
                     [
-                        all(format!("{q}sgemv_silu"))?,
-                        all(format!("{q}s{norm}_gemv_silu"))?,
+                        all("sgemv_silu".into())?,
+                        all(format!("s{norm}_gemv_silu"))?,
                     ],
                     sms * usize::from(b),
                 )),
@@ -195,7 +185,6 @@ impl GemvSet {
             } else {
                 None
             },
-            queue: queue && gemv_stream.is_some() && !warp_norm,
             deferred: None,
         })
     }

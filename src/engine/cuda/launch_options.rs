@@ -30,9 +30,6 @@ pub struct LaunchOptions {
     /// The 1-2-row gate|up matmuls on streamed rows, this many blocks per SM (`gemv.cu`
     /// `sgemv_silu_*`, `snorm_gemv_silu_*`; None: a block per eight row pairs; default 2).
     pub gemv_stream: Option<u8>,
-    /// With `gemv_stream`, the entries whose rows at 2,048 inputs past each warp's first two
-    /// come from a queue (`qsgemv_silu_*`, `qsnorm_gemv_silu_*`; the same bits).
-    pub gemv_stream_queue: bool,
     /// The shared-memory carveout (percent of the SM's unified L1 / shared memory, 0-100; the
     /// driver rounds up to a size the GPU has) the kernels of 1-2-row decode steps ask for
     /// (the skinny matmuls of `gemv.cu`, the fused attention's tensor-core kernels); None:
@@ -181,7 +178,6 @@ impl Default for LaunchOptions {
             graph_argmax: false,
             graph_feed: false,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
-            gemv_stream_queue: false,
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
             gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),
             gemv_tma_min_k: crate::engine::options::GEMV_TMA_MIN_K,

@@ -157,12 +157,6 @@ fn kernel_flags_become_kernel_options() {
     assert!(!n.kernels.gemv_double_buffer && !n.kernels.gemv_split_k);
     assert!(Cli::try_parse_from(["x", "--gemv-stream", "2", "--no-gemv-stream"]).is_err());
     assert!(Cli::try_parse_from(["x", "--gemv-stream", "0"]).is_err());
-    // The streamed gate|up's rows from a queue: off until measured, on by its switch alone,
-    // refused beside the switch that turns the streamed rows off.
-    assert!(!d.kernels.gemv_stream_queue && !lib.kernels.gemv_stream_queue);
-    let n = opts(&["x", "--gemv-stream-queue"]);
-    assert!(n.kernels.gemv_stream_queue && n.kernels.gemv_stream == Some(2));
-    assert!(Cli::try_parse_from(["x", "--gemv-stream-queue", "--no-gemv-stream"]).is_err());
     let n = opts(&["x", "--gemv-split-k"]);
     assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);
     assert!(d.kernels.weight_evict_first && lib.kernels.weight_evict_first);

@@ -71,7 +71,6 @@ pub fn launch_options(opts: &KernelOptions, cfg: &ModelConfig) -> LaunchOptions 
         graph_argmax: opts.graph_argmax,
         graph_feed: opts.graph_feed,
         gemv_stream: opts.gemv_stream,
-        gemv_stream_queue: opts.gemv_stream_queue,
         smem_carveout: opts.smem_carveout,
         gemv_tma: opts.gemv_tma,
         gemv_tma_min_k: opts.gemv_tma_min_k,
