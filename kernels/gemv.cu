@@ -253,7 +253,8 @@ __device__ __forceinline__ void gemv_split_kernel(const __nv_bfloat16* __restric
 // (scale-first and deferred). 1 row: the general loop. 2 rows: whole rows a loop at 1,024 and
 // 2,048 inputs, the 2,048 batch refilled by halves (on an H100 after 512-token prompts batch 2
 // 1.7B 1,146-1,147 against 1,092-1,094 tok/s, 0.6B 2,185-2,187 against 2,097-2,114; the same
-// forms at 1 row lost 2.4% / 1.0%: BENCHMARKS.md round 58, #21).
+// forms at 1 row lost 2.4% / 1.0%: BENCHMARKS.md round 58, #21). Measured in the evict-first
+// build (dense models' default); the plain build runs the same loops, not measured there.
 #define SGEMV_1(NORM, DEFER, ARGS) sgemv_kernel<1, 2, NORM, DEFER>(ARGS)
 #define SGEMV_2(NORM, DEFER, ARGS)                                                           \
   if (K == 2048) sgemv_kernel<2, 2, NORM, DEFER, 8, true>(ARGS);                             \

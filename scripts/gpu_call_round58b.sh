@@ -4,7 +4,8 @@
 # one-block-a-row-group kernels at 1-3 blocks an SM, two passes), the 1.7B rows after 512-token
 # prompts with it beside the defaults (batches 1, 2, 8, three interleaved rounds), graph_check's
 # stress run with it; on an H200 the 0.6B floors' rows and the 30B-A3B shape whole if time is
-# left. Run as `export OUT BUDGET=...; bash scripts/gpu_call_round58b.sh`.
+# left. Run as `export OUT BUDGET=...; bash scripts/gpu_call_round58b.sh` on the binaries of
+# 7a84a2d (the option was measured slower and removed after this call: BENCHMARKS.md round 58).
 set -u
 source scripts/gpu_lib.sh
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$gpu"
