@@ -1,6 +1,6 @@
 // The gate|up kernels' loops on streamed rows (`gemv.cu` `sgemv_silu_*`, `snorm_gemv_silu_*`,
-// `sdnorm_gemv_silu_*`; LaunchOptions::gemv_stream): one
-// family, apart from gemv.cu's other skinny matmuls, whose helpers (gemv.cuh) it shares.
+// `sdnorm_gemv_silu_*`; LaunchOptions::gemv_stream): one family, apart from gemv.cu's other
+// skinny matmuls, whose helpers (gemv.cuh) it shares.
 #pragma once
 
 #include "gemv.cuh"
@@ -160,6 +160,7 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
                                              int add, __nv_bfloat16* __restrict__ out, int N,
                                              int K, __nv_bfloat16* x_s, const void* pf,
                                              unsigned long long pf_bytes) {
+  static_assert(!PIPE || FIT == BATCH, "the halves are refilled only with one row a batch");
   pdl_trigger();
   l2_prefetch_share(pf, pf_bytes);
   const int lane = threadIdx.x % 32;

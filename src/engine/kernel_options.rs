@@ -145,8 +145,11 @@ pub struct KernelOptions {
     /// The 1-2-row gate|up matmuls (with SiLU, alone or behind the fused norm) on streamed
     /// rows (`kernels/gemv.cu` `sgemv_silu_*`, their loops in `kernels/gemv_stream.cuh`): a
     /// grid of this many blocks per SM (1..=8), each warp taking every G-th pair, its weight
-    /// loads in batches across pairs; bit for bit a block per eight pairs (None). Default `Some(GEMV_STREAM_BLOCKS)`: with
-    /// `gemv_double_buffer`, batch 1 +6% (0.6B) / +4.5% (1.7B) on the H200 (#21).
+    /// loads in batches across pairs; bit for bit a block per eight pairs (None). Default
+    /// `Some(GEMV_STREAM_BLOCKS)`: with `gemv_double_buffer`, batch 1 +6% (0.6B) / +4.5% (1.7B)
+    /// on the H200 (#21). 2-row steps over 1,024 or 2,048 inputs loop over whole rows, the
+    /// 2,048 batch refilled by halves as summed (batch 2 +4.8% on 1.7B, +3.8% on 0.6B on an
+    /// H100).
     pub gemv_stream: Option<u8>,
     /// The shared-memory carveout the kernels of 1-2-row decode steps ask for (the skinny
     /// matmuls of `gemv.cu` and the fused attention's tensor-core kernels; percent of the SM's
