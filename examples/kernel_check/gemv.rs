@@ -51,6 +51,46 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             t,
         )?;
     }
+    // The 1-row gate|up in 4-warp blocks, with its second batch staged in shared memory, and
+    // both (`gemv_stream_narrow`, `gemv_stream_stage`): 1-3 blocks an SM (1.7B's gate|up at 1
+    // has five batches a warp, so the loads after the stage run the loop's later rounds), the
+    // scale-first norm and the deferred one over every width the streamed norm takes.
+    for (narrow, stage) in [(true, false), (false, true), (true, true)] {
+        for (blocks, deferred) in [(1u8, None), (2, None), (3, None), (2, Some(1 << 20))] {
+            let opts = LaunchOptions {
+                gemv_stream: Some(blocks),
+                gemv_stream_narrow: narrow,
+                gemv_stream_stage: stage,
+                norm_deferred: deferred,
+                ..base
+            };
+            let reference = LaunchOptions {
+                norm_deferred: deferred,
+                ..base
+            };
+            let plain = CudaKernels::new(dev, DType::BF16, &reference)?.ok_or("no kernels")?;
+            let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
+            let warps = if narrow { 4 } else { 8 };
+            let want = (warps, if stage { warps * 8192 } else { 0 });
+            t.check(
+                format!("gemv 1-row narrow {narrow} stage {stage} entries loaded ?"),
+                if k.gemv_stream_one() == Some(want) {
+                    0.0
+                } else {
+                    1.0
+                },
+                0.0,
+            );
+            let d = if deferred.is_some() {
+                ", deferred norm"
+            } else {
+                ""
+            };
+            let tag =
+                format!(" (streamed, narrow {narrow}, stage {stage}, {blocks} blocks an SM{d})");
+            stream_bits(&plain, &k, &tag, dev, t)?;
+        }
+    }
     let opts = LaunchOptions {
         gemv_double_buffer: true,
         ..base

@@ -151,6 +151,21 @@ pub struct KernelOptions {
     /// 2,048 batch refilled by halves as summed (batch 2 +4.8% on 1.7B, +3.8% on 0.6B on an
     /// H100).
     pub gemv_stream: Option<u8>,
+    /// With [`KernelOptions::gemv_stream`], the 1-row gate|up runs in blocks of 4 warps, twice
+    /// as many, each warp taking the rows it takes in 8-warp blocks (the norm's sums in the
+    /// 8-warp order: the same bits). At 128 registers a block is 16K registers, which an SM
+    /// holding a 1-row step's attention block and two o blocks (~45K) still has: the gate|up's
+    /// first blocks start beside the attention and load their first weights while it runs,
+    /// where 8-warp blocks (31K) wait for o's blocks to leave (a block timeline on an H100,
+    /// BENCHMARKS.md round 58). Off by default until measured (#21).
+    pub gemv_stream_narrow: bool,
+    /// With [`KernelOptions::gemv_stream`], the 1-row gate|up copies each warp's second batch
+    /// of weights (1.7B: its second row pair, 8 KB) into shared memory by cp.async before its
+    /// wait, beside the first in registers, and issues the third batch's loads before it sums
+    /// the second: two of 1.7B's three batches a warp in flight before the wait instead of one,
+    /// and one round trip after it instead of two. The same sums in the same order. 64 KB of
+    /// shared memory a block (32 KB narrow). Off by default until measured (#21).
+    pub gemv_stream_stage: bool,
     /// The shared-memory carveout the kernels of 1-2-row decode steps ask for (the skinny
     /// matmuls of `gemv.cu` and the fused attention's tensor-core kernels; percent of the SM's
     /// unified L1 / shared memory, 0-100: `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`).
@@ -417,6 +432,8 @@ impl Default for KernelOptions {
             graph_argmax: true,
             graph_feed: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
+            gemv_stream_narrow: false,
+            gemv_stream_stage: false,
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),
             gemv_tma_min_k: GEMV_TMA_MIN_K,

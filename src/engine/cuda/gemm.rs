@@ -33,6 +33,10 @@ struct Gemv<'a> {
     norm_smem: bool,
     /// The most blocks its grid takes (streamed rows: each warp takes every G-th row).
     max_blocks: Option<usize>,
+    /// Warps a block.
+    warps: usize,
+    /// Dynamic shared memory a block takes before its normed rows (staged weights).
+    stage_bytes: usize,
 }
 
 impl Gemv<'_> {
@@ -244,8 +248,8 @@ impl CudaKernels {
         let (ppf, pf_bytes) = self.prefetch_of(next)?;
         let cfg = LaunchConfig {
             grid_dim: (g.blocks(n), 1, 1),
-            block_dim: (32 * GEMV_WARPS as u32, 1, 1),
-            shared_mem_bytes: if g.norm_smem { (t * k * 2) as u32 } else { 0 },
+            block_dim: (32 * g.warps as u32, 1, 1),
+            shared_mem_bytes: (g.stage_bytes + if g.norm_smem { t * k * 2 } else { 0 }) as u32,
         };
         let mut b = self.launcher(g.f);
         b.arg(&pw)
@@ -279,12 +283,24 @@ impl CudaKernels {
             // Kinds 1 and 3 (gate|up) stream; the streamed norm kernel holds the norm weights
             // of K <= STREAM_NORM_MAX_K (wider ones take the kernel a block per eight pairs).
             let streams = kind == 1 || (kind == 3 && k <= STREAM_NORM_MAX_K);
+            if let Some(one) = set.stream_one.as_ref().filter(|_| streams && t == 1) {
+                return Some(Gemv {
+                    f: &one.fs[kind / 2],
+                    rows_per_block: one.warps,
+                    norm_smem: set.norm_smem,
+                    max_blocks: Some(one.max_blocks),
+                    warps: one.warps,
+                    stage_bytes: one.stage_bytes,
+                });
+            }
             if let Some((s, max)) = set.stream.as_ref().filter(|_| streams) {
                 return Some(Gemv {
                     f: &s[kind / 2][t - 1],
                     rows_per_block: GEMV_WARPS,
                     norm_smem: set.norm_smem,
                     max_blocks: Some(*max),
+                    warps: GEMV_WARPS,
+                    stage_bytes: 0,
                 });
             }
             let long = k > DOUBLE_BUFFER_MIN_K;
@@ -295,6 +311,8 @@ impl CudaKernels {
                     rows_per_block: GEMV_WARPS / 2,
                     norm_smem: false,
                     max_blocks: None,
+                    warps: GEMV_WARPS,
+                    stage_bytes: 0,
                 });
             }
             let f = match &set.double {
@@ -306,6 +324,8 @@ impl CudaKernels {
                 rows_per_block: GEMV_WARPS,
                 norm_smem: set.norm_smem,
                 max_blocks: None,
+                warps: GEMV_WARPS,
+                stage_bytes: 0,
             });
         }
         let fs = self.gemv_mma.as_ref()?;
@@ -320,6 +340,8 @@ impl CudaKernels {
             rows_per_block: GEMV_MMA_ROWS,
             norm_smem: true,
             max_blocks: None,
+            warps: GEMV_WARPS,
+            stage_bytes: 0,
         })
     }
 
@@ -327,6 +349,13 @@ impl CudaKernels {
     /// (`LaunchOptions::weight_evict_first`).
     pub fn weight_evict_first(&self) -> bool {
         self.weight_evict_first
+    }
+
+    /// The 1-row streamed gate|up's warps a block and staged bytes a block when its narrow or
+    /// staged kernels are loaded (`LaunchOptions::gemv_stream_narrow`, `gemv_stream_stage`).
+    pub fn gemv_stream_one(&self) -> Option<(usize, usize)> {
+        let one = self.gemv.as_ref()?.stream_one.as_ref()?;
+        Some((one.warps, one.stage_bytes))
     }
 
     /// Whether a plain matmul of `t` rows over a weight of `n` rows of `k` inputs runs on the
@@ -360,8 +389,8 @@ impl CudaKernels {
         let (ppf, pf_bytes) = self.prefetch_of(next)?;
         let cfg = LaunchConfig {
             grid_dim: (g.blocks(n), 1, 1),
-            block_dim: (32 * GEMV_WARPS as u32, 1, 1),
-            shared_mem_bytes: 0,
+            block_dim: (32 * g.warps as u32, 1, 1),
+            shared_mem_bytes: g.stage_bytes as u32,
         };
         let mut b = self.launcher(g.f);
         b.arg(&pw)

@@ -83,6 +83,10 @@ pub(crate) struct GemvSet {
     /// The gate|up kernels (SiLU*up alone and behind the norm) on streamed rows
     /// (`LaunchOptions::gemv_stream`), and the most blocks a launch of them takes.
     pub(super) stream: Option<([Vec<CudaFunction>; 2], usize)>,
+    /// The 1-row gate|up kernels that take `stream`'s place at one row when the launch options
+    /// ask for narrow blocks or a staged batch (`LaunchOptions::gemv_stream_narrow`,
+    /// `gemv_stream_stage`).
+    pub(super) stream_one: Option<StreamOne>,
     /// The plain and norm kernels with two batches of loads in flight, for rows of more than
     /// 2,048 inputs (`LaunchOptions::gemv_double_buffer`).
     pub(super) double: Option<[Vec<CudaFunction>; 2]>,
@@ -94,6 +98,34 @@ pub(crate) struct GemvSet {
     pub(super) deferred: Option<(usize, Box<GemvSet>)>,
 }
 
+/// The streamed gate|up's blocks an SM (`LaunchOptions::gemv_stream`), and whether its 1-row
+/// kernels run in narrow blocks (`gemv_stream_narrow`) and stage a batch (`gemv_stream_stage`).
+type StreamChoice = (Option<u8>, bool, bool);
+
+/// The 1-row streamed gate|up kernels in narrow blocks or with a staged batch
+/// (`kernels/gemv.cu` `*_w4_*`, `*_st_*`, `*_w4st_*`) and how they launch.
+pub(crate) struct StreamOne {
+    /// SiLU*up alone and behind the norm.
+    pub(super) fs: [CudaFunction; 2],
+    /// Warps a block.
+    pub(super) warps: usize,
+    /// The most blocks a launch takes (the 8-warp grid's warps in all).
+    pub(super) max_blocks: usize,
+    /// Dynamic shared memory a block takes for its warps' stages, before the normed rows.
+    pub(super) stage_bytes: usize,
+}
+
+/// Shared memory one warp's staged batch takes (`kernels/gemv_stream.cuh` `STAGE_BYTES`:
+/// two rows of 8 chunks of 16 bytes for each of 32 lanes).
+pub(super) const STAGE_BYTES: usize = 2 * 8 * 32 * 16;
+
+/// Warps a block of the narrow 1-row gate|up kernels (`_w4`).
+const NARROW_WARPS: usize = 4;
+
+/// The widest normed row a staged kernel may hold beside its stages (`STREAM_NORM_MAX_K`
+/// bf16 of one row).
+const STAGE_NORM_BYTES: usize = 4096 * 2;
+
 impl GemvSet {
     /// The functions for 1..=`rows` rows that the launch options (`gemv_stream`,
     /// `gemv_double_buffer`, `gemv_split_k`, `warp_norm`, `norm_deferred`) ask for, from the
@@ -101,7 +133,7 @@ impl GemvSet {
     pub(super) fn load(
         m: &Arc<CudaModule>,
         (gemv_stream, double, split, (warp_norm, deferred)): (
-            Option<u8>,
+            StreamChoice,
             bool,
             bool,
             (bool, Option<usize>),
@@ -123,6 +155,7 @@ impl GemvSet {
     /// (`LaunchOptions::smem_carveout`: they serve 1-2-row steps only).
     pub(super) fn carve(&self, c: u8) {
         let stream = self.stream.iter().flat_map(|(s, _)| s.iter().flatten());
+        let stream = stream.chain(self.stream_one.iter().flat_map(|o| o.fs.iter()));
         let double = self.double.iter().flat_map(|d| d.iter().flatten());
         let split = self.split.iter().flatten();
         let fs = self
@@ -141,7 +174,7 @@ impl GemvSet {
     /// [`GemvSet::load`] with the norm kernels named `{norm}_*`.
     fn named(
         m: &Arc<CudaModule>,
-        (gemv_stream, double, split, warp_norm): (Option<u8>, bool, bool, bool),
+        ((gemv_stream, narrow, stage), double, split, warp_norm): (StreamChoice, bool, bool, bool),
         norm: &str,
         sms: usize,
         rows: usize,
@@ -175,6 +208,15 @@ impl GemvSet {
                 )),
                 None => None,
             },
+            stream_one: match gemv_stream.filter(|_| !warp_norm && (narrow || stage)) {
+                Some(b) => Some(StreamOne::load(
+                    m,
+                    norm,
+                    (narrow, stage),
+                    sms * usize::from(b),
+                )?),
+                None => None,
+            },
             double: if double && !warp_norm {
                 Some([all("gemv_db".into())?, all(format!("{norm}_gemv_db"))?])
             } else {
@@ -186,6 +228,46 @@ impl GemvSet {
                 None
             },
             deferred: None,
+        })
+    }
+}
+
+impl StreamOne {
+    /// The 1-row entries for `narrow` blocks and / or a `stage`, norm kernel `s{norm}_*`, for a
+    /// grid of `blocks8` 8-warp blocks.
+    fn load(
+        m: &Arc<CudaModule>,
+        norm: &str,
+        (narrow, stage): (bool, bool),
+        blocks8: usize,
+    ) -> Result<Self> {
+        use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
+        let tag = match (narrow, stage) {
+            (true, true) => "w4st",
+            (true, false) => "w4",
+            _ => "st",
+        };
+        let warps = if narrow { NARROW_WARPS } else { 8 };
+        let stage_bytes = if stage { warps * STAGE_BYTES } else { 0 };
+        let f = |name: String| -> Result<CudaFunction> {
+            let func = m
+                .load_function(&name)
+                .map_err(|e| kernel_err(&format!("function {name}"), e))?;
+            if stage_bytes > 0 {
+                let smem = (stage_bytes + STAGE_NORM_BYTES) as i32;
+                func.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+                    .map_err(|e| kernel_err(&format!("{name} shared memory"), e))?;
+            }
+            Ok(func)
+        };
+        Ok(Self {
+            fs: [
+                f(format!("sgemv_silu_{tag}_t1_bf16"))?,
+                f(format!("s{norm}_gemv_silu_{tag}_t1_bf16"))?,
+            ],
+            warps,
+            max_blocks: blocks8 * 8 / warps,
+            stage_bytes,
         })
     }
 }
