@@ -290,10 +290,10 @@ SGEMV(1)
 #undef ENTRY_BOUNDS
 #define ENTRY_BOUNDS __launch_bounds__(WARPS * 32, 2)
 SGEMV(2)
-// The 1-row streamed gate|up in narrow blocks (LaunchOptions::gemv_stream_narrow: 4 warps, a
-// block an SM fits beside the attention and o of a 1-row step) and with its second batch staged
-// in shared memory (LaunchOptions::gemv_stream_stage): `_w4`, `_st`, `_w4st`. Their dynamic
-// shared memory holds the stages, then the normed rows; the plain entry takes it as well.
+// The 1-row streamed gate|up with its second batch staged in shared memory
+// (LaunchOptions::gemv_stream_stage; `_st`), and with its third prefetched into L2 as well
+// (gemv_stream_stage_l2; `_stl2`). Their dynamic shared memory holds the stages, then the
+// normed rows; the plain entry takes it as well. Two blocks an SM, as the 1-row's.
 #define PLAIN_SMEM_ENTRY(NAME, ...)                                                          \
   extern "C" __global__ void ENTRY_BOUNDS NAME(                                              \
       const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
@@ -302,18 +302,15 @@ SGEMV(2)
     __VA_ARGS__;                                                                             \
   }
 #define PLAIN_SMEM_ARGS W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K, x_s, pf, pf_bytes
-#define SGEMV_ONE(TAG, BW, STAGE)                                                            \
+#define SGEMV_ONE(TAG, L2)                                                                   \
   PLAIN_SMEM_ENTRY(sgemv_silu_##TAG##_t1_bf16,                                               \
-                   sgemv_kernel<1, 2, false, false, 0, false, BW, STAGE>(PLAIN_SMEM_ARGS))   \
+                   sgemv_kernel<1, 2, false, false, 0, false, true, L2>(PLAIN_SMEM_ARGS))    \
   NORM_ENTRY(snorm_gemv_silu_##TAG##_t1_bf16,                                                \
-             sgemv_kernel<1, 2, true, false, 0, false, BW, STAGE>(NORM_ARGS))                \
+             sgemv_kernel<1, 2, true, false, 0, false, true, L2>(NORM_ARGS))                 \
   NORM_ENTRY(sdnorm_gemv_silu_##TAG##_t1_bf16,                                               \
-             sgemv_kernel<1, 2, true, true, 0, false, BW, STAGE>(NORM_ARGS))
-SGEMV_ONE(st, WARPS, true)
-#undef ENTRY_BOUNDS
-#define ENTRY_BOUNDS __launch_bounds__(4 * 32, 4)
-SGEMV_ONE(w4, 4, false)
-SGEMV_ONE(w4st, 4, true)
+             sgemv_kernel<1, 2, true, true, 0, false, true, L2>(NORM_ARGS))
+SGEMV_ONE(st, false)
+SGEMV_ONE(stl2, true)
 #undef ENTRY_BOUNDS
 #define ENTRY_BOUNDS __launch_bounds__(WARPS * 32)
 GEMV_DB(1)

@@ -128,80 +128,6 @@ __device__ __forceinline__ void ld_stream_if(const __nv_bfloat16* p, bool on, ui
 #endif
 }
 
-// norm_rows_pre for a block of BW < WARPS warps standing in for WARPS (the narrow entries,
-// LaunchOptions::gemv_stream_narrow): thread x plays threads x, x + 32 BW, ... of the 256-thread
-// block, each with its own norm weights (wk[j]) and its own partial sum, and the partials of the
-// WARPS warps it plays meet in shared memory in norm_rows_pre's order: the same inv and x_s.
-template <int T, bool DEFER, int BW>
-__device__ void norm_rows_pre_narrow(const __nv_bfloat16* __restrict__ res,
-                                     const __nv_bfloat16* __restrict__ delta,
-                                     __nv_bfloat16* __restrict__ res_out,
-                                     const __nv_bfloat16 (&wk)[WARPS / BW][NW_REGS], float eps,
-                                     int add, int K, __nv_bfloat16* x_s, float (&inv)[T]) {
-  constexpr int V = WARPS / BW;
-  __shared__ float ss[WARPS][T];
-  float part[V][T];
-#pragma unroll
-  for (int j = 0; j < V; ++j)
-#pragma unroll
-    for (int t = 0; t < T; ++t) part[j][t] = 0.f;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-#pragma unroll
-    for (int e = 0; e < NW_REGS; ++e) {
-      const int k = threadIdx.x + j * BW * 32 + e * WARPS * 32;
-      if (k < K) {
-#pragma unroll
-        for (int t = 0; t < T; ++t) {
-          float v = __bfloat162float(res[(size_t)t * K + k]);
-          if (add) v = __bfloat162float(__float2bfloat16(v + __bfloat162float(delta[(size_t)t * K + k])));
-          if (DEFER) {
-            if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = __float2bfloat16(v);
-            x_s[t * K + k] = __float2bfloat16(v * __bfloat162float(wk[j][e]));
-          } else {
-            x_s[t * K + k] = __float2bfloat16(v);
-          }
-          part[j][t] += v * v;
-        }
-      }
-    }
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-  for (int j = 0; j < V; ++j)
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      const float s = warp_sum(part[j][t]);
-      if (lane == 0) ss[warp + j * BW][t] = s;
-    }
-  __syncthreads();
-#pragma unroll
-  for (int t = 0; t < T; ++t) {
-    float tot = 0.f;
-#pragma unroll
-    for (int i = 0; i < WARPS; ++i) tot += ss[i][t];
-    inv[t] = rsqrtf(tot / K + eps);
-  }
-  if constexpr (!DEFER) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-#pragma unroll
-      for (int e = 0; e < NW_REGS; ++e) {
-        const int k = threadIdx.x + j * BW * 32 + e * WARPS * 32;
-        if (k < K) {
-#pragma unroll
-          for (int t = 0; t < T; ++t) {
-            const __nv_bfloat16 r = x_s[t * K + k];
-            if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = r;
-            x_s[t * K + k] = __float2bfloat16(__bfloat162float(r) * inv[t] * __bfloat162float(wk[j][e]));
-          }
-        }
-      }
-    }
-    __syncthreads();
-  }
-}
-
 // A 16-byte copy from global into shared memory by cp.async (L2 only; evict-first in L2 in
 // the WEIGHT_EVICT_FIRST build, as ld_stream).
 __device__ __forceinline__ void cp_async16(uint4* dst, const __nv_bfloat16* src) {
@@ -241,6 +167,28 @@ __device__ __forceinline__ void stage_slots(const __nv_bfloat16* __restrict__ W,
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
+// The next BATCH slots of this warp's sequence from (lr, lp) on prefetched into L2 (one
+// prefetch a slot and row; (lr, lp) not advanced: load_slots loads them later).
+template <int NR>
+__device__ __forceinline__ void prefetch_slots(const __nv_bfloat16* __restrict__ W, int N, int K,
+                                               int gw, int G, int R, int P, int lane, int lr,
+                                               int lp) {
+  const int chunks = K / 8;
+#pragma unroll
+  for (int i = 0; i < BATCH; ++i) {
+    if (lr < R) {
+      const int c = lane + 32 * lp;
+      const size_t row = (size_t)gw + (size_t)lr * G;
+      if (c < chunks) {
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(W + (row + (size_t)r * N) * K + c * 8));
+      }
+      if (++lp == P) { lp = 0; ++lr; }
+    }
+  }
+}
+
 // Shared memory a warp's stage takes (NR 2: the gate|up pairs).
 constexpr int STAGE_BYTES = 2 * BATCH * 32 * 16;
 
@@ -268,14 +216,13 @@ __device__ __forceinline__ void fit_rows(const __nv_bfloat16* __restrict__ W, in
 // instead of BATCH. PIPE (with FIT == BATCH): the batch's halves refilled as summed, below.
 // The same loads, sums and order.
 //
-// BW < WARPS (LaunchOptions::gemv_stream_narrow, the 1-row entries `*_w4*`): blocks of BW warps,
-// WARPS / BW times as many, each warp the rows it would take in the WARPS-warp grid; the norm
-// by norm_rows_pre_narrow. STAGE (LaunchOptions::gemv_stream_stage, 1 row, the general loop):
-// x_s is the dynamic shared memory, BW warp stages (STAGE_BYTES each) first and the normed rows
-// after; a warp's second batch goes into its stage by cp.async before the wait, and its third
-// batch's loads are issued before the second is summed. The same sums in the same order.
+// STAGE (LaunchOptions::gemv_stream_stage, 1 row, the general loop): x_s is the dynamic shared
+// memory, the WARPS warps' stages (STAGE_BYTES each) first and the normed rows after; a warp's
+// second batch goes into its stage by cp.async before the wait, and its third batch's loads are
+// issued before the second is summed. L2 (with STAGE): the third batch is prefetched into L2
+// before the wait as well. The same sums in the same order.
 template <int T, int NR, bool NORM, bool DEFER = false, int FIT = 0, bool PIPE = false,
-          int BW = WARPS, bool STAGE = false>
+          bool STAGE = false, bool L2 = false>
 __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W,
                                              const __nv_bfloat16* x,
                                              const __nv_bfloat16* __restrict__ delta,
@@ -285,17 +232,17 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
                                              int K, __nv_bfloat16* x_s, const void* pf,
                                              unsigned long long pf_bytes) {
   static_assert(!PIPE || FIT == BATCH, "the halves are refilled only with one row a batch");
-  static_assert(BW == WARPS || (WARPS % BW == 0 && FIT == 0), "narrow blocks: the general loop");
   static_assert(!STAGE || (FIT == 0 && NR == 2), "the stage: the general loop's gate|up");
+  static_assert(STAGE || !L2, "the L2 prefetch comes with the stage");
   pdl_trigger();
   l2_prefetch_share(pf, pf_bytes);
   const int lane = threadIdx.x % 32;
-  const int G = gridDim.x * BW;
-  const int gw = blockIdx.x * BW + threadIdx.x / 32;
+  const int G = gridDim.x * WARPS;
+  const int gw = blockIdx.x * WARPS + threadIdx.x / 32;
   uint4* st = nullptr;
   if constexpr (STAGE) {
     st = reinterpret_cast<uint4*>(x_s) + (threadIdx.x / 32) * (STAGE_BYTES / 16);
-    x_s += BW * STAGE_BYTES / 2;
+    x_s += WARPS * STAGE_BYTES / 2;
   }
   const int chunks = K / 8;
   const int P = (chunks + 31) / 32;                  // chunks of a row per lane (padded)
@@ -305,23 +252,22 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
   uint4 w[NR][BATCH];
   if constexpr (FIT > 0) fit_rows<NR, FIT>(W, N, K, gw, G, R, 0, lane, w);
   else load_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, w);
-  if constexpr (STAGE) stage_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, st);
-  constexpr int V = WARPS / BW;  // threads of the WARPS-warp block a thread plays
-  __nv_bfloat16 wk[V][NW_REGS];
+  if constexpr (STAGE) {
+    stage_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, st);
+    if constexpr (L2) prefetch_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp);
+  }
+  __nv_bfloat16 wk[NW_REGS];
   if (NORM) {
 #pragma unroll
-    for (int j = 0; j < V; ++j)
-#pragma unroll
-      for (int e = 0; e < NW_REGS; ++e) {
-        const int k = threadIdx.x + j * BW * 32 + e * WARPS * 32;
-        wk[j][e] = k < K ? nw[k] : __float2bfloat16(0.f);
-      }
+    for (int e = 0; e < NW_REGS; ++e) {
+      const int k = threadIdx.x + e * WARPS * 32;
+      wk[e] = k < K ? nw[k] : __float2bfloat16(0.f);
+    }
   }
   pdl_wait();
   float inv[T];
   if (NORM) {
-    if constexpr (BW == WARPS) norm_rows_pre<T, DEFER>(x, delta, res_out, wk[0], eps, add, K, x_s, inv);
-    else norm_rows_pre_narrow<T, DEFER, BW>(x, delta, res_out, wk, eps, add, K, x_s, inv);
+    norm_rows_pre<T, DEFER>(x, delta, res_out, wk, eps, add, K, x_s, inv);
     x = x_s;
   }
   float acc[NR][T];

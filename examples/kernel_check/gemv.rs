@@ -28,6 +28,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     // streamed 1-row matmul, which would take their 1-row plain matmuls of 2,048+ inputs).
     let base = LaunchOptions {
         gemv_stream: None,
+        gemv_stream_stage: false,
         gemv_double_buffer: false,
         gemv_tma: None,
         ..LaunchOptions::default()
@@ -51,16 +52,17 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             t,
         )?;
     }
-    // The 1-row gate|up in 4-warp blocks, with its second batch staged in shared memory, and
-    // both (`gemv_stream_narrow`, `gemv_stream_stage`): 1-3 blocks an SM (1.7B's gate|up at 1
-    // has five batches a warp, so the loads after the stage run the loop's later rounds), the
-    // scale-first norm and the deferred one over every width the streamed norm takes.
-    for (narrow, stage) in [(true, false), (false, true), (true, true)] {
+    // The 1-row gate|up with its second batch staged in shared memory, and with its third
+    // prefetched into L2 as well (`gemv_stream_stage`, `gemv_stream_stage_l2`): 1-3 blocks an
+    // SM (1.7B's gate|up at 1 has six batches a warp, so the loads after the stage run the
+    // loop's later rounds), the scale-first norm and the deferred one over every width the
+    // streamed norm takes. The base and the 1-3-block runs above have the stage off.
+    for l2 in [false, true] {
         for (blocks, deferred) in [(1u8, None), (2, None), (3, None), (2, Some(1 << 20))] {
             let opts = LaunchOptions {
                 gemv_stream: Some(blocks),
-                gemv_stream_narrow: narrow,
-                gemv_stream_stage: stage,
+                gemv_stream_stage: true,
+                gemv_stream_stage_l2: l2,
                 norm_deferred: deferred,
                 ..base
             };
@@ -70,15 +72,11 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             };
             let plain = CudaKernels::new(dev, DType::BF16, &reference)?.ok_or("no kernels")?;
             let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
-            let warps = if narrow { 4 } else { 8 };
-            let want = (warps, if stage { warps * 8192 } else { 0 });
+            let loaded = k.gemv_stream_stage_bytes() == Some(8 * 8192)
+                && plain.gemv_stream_stage_bytes().is_none();
             t.check(
-                format!("gemv 1-row narrow {narrow} stage {stage} entries loaded ?"),
-                if k.gemv_stream_one() == Some(want) {
-                    0.0
-                } else {
-                    1.0
-                },
+                format!("gemv 1-row stage (L2 {l2}) entries loaded ?"),
+                if loaded { 0.0 } else { 1.0 },
                 0.0,
             );
             let d = if deferred.is_some() {
@@ -86,8 +84,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             } else {
                 ""
             };
-            let tag =
-                format!(" (streamed, narrow {narrow}, stage {stage}, {blocks} blocks an SM{d})");
+            let tag = format!(" (streamed, stage, L2 {l2}, {blocks} blocks an SM{d})");
             stream_bits(&plain, &k, &tag, dev, t)?;
         }
     }

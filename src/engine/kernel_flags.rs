@@ -44,14 +44,15 @@ pub struct KernelFlags {
     /// `KernelOptions::gemv_stream` off).
     #[arg(long, conflicts_with = "gemv_stream")]
     pub no_gemv_stream: bool,
-    /// The streamed 1-row gate|up in blocks of 4 warps, twice as many
-    /// (`KernelOptions::gemv_stream_narrow`).
-    #[arg(long, conflicts_with = "no_gemv_stream")]
-    pub gemv_stream_narrow: bool,
-    /// The streamed 1-row gate|up stages each warp's second batch of weights in shared memory
-    /// before its wait (`KernelOptions::gemv_stream_stage`).
-    #[arg(long, conflicts_with = "no_gemv_stream")]
-    pub gemv_stream_stage: bool,
+    /// The streamed 1-row gate|up loads each warp's second batch of weights after its wait
+    /// instead of staging it in shared memory before (turns
+    /// `KernelOptions::gemv_stream_stage` off).
+    #[arg(long)]
+    pub no_gemv_stream_stage: bool,
+    /// The staged 1-row gate|up prefetches each warp's third batch into L2 before its wait
+    /// (`KernelOptions::gemv_stream_stage_l2`).
+    #[arg(long, conflicts_with_all = ["no_gemv_stream", "no_gemv_stream_stage"])]
+    pub gemv_stream_stage_l2: bool,
     /// The shared-memory carveout, in percent of the SM's L1 / shared memory, of the kernels
     /// of 1-2-row decode steps (`KernelOptions::smem_carveout`; default 100).
     #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u8).range(0..=100))]
@@ -283,8 +284,8 @@ impl KernelFlags {
                 self.gemv_stream
                     .unwrap_or(super::options::GEMV_STREAM_BLOCKS)
             }),
-            gemv_stream_narrow: self.gemv_stream_narrow,
-            gemv_stream_stage: self.gemv_stream_stage,
+            gemv_stream_stage: !self.no_gemv_stream_stage,
+            gemv_stream_stage_l2: self.gemv_stream_stage_l2,
             smem_carveout: (!self.no_smem_carveout)
                 .then(|| self.smem_carveout.unwrap_or(super::options::SMEM_CARVEOUT)),
             gemv_tma: (!self.no_gemv_tma)

@@ -151,21 +151,20 @@ pub struct KernelOptions {
     /// 2,048 batch refilled by halves as summed (batch 2 +4.8% on 1.7B, +3.8% on 0.6B on an
     /// H100).
     pub gemv_stream: Option<u8>,
-    /// With [`KernelOptions::gemv_stream`], the 1-row gate|up runs in blocks of 4 warps, twice
-    /// as many, each warp taking the rows it takes in 8-warp blocks (the norm's sums in the
-    /// 8-warp order: the same bits). At 128 registers a block is 16K registers, which an SM
-    /// holding a 1-row step's attention block and two o blocks (~45K) still has: the gate|up's
-    /// first blocks start beside the attention and load their first weights while it runs,
-    /// where 8-warp blocks (31K) wait for o's blocks to leave (a block timeline on an H100,
-    /// BENCHMARKS.md round 58). Off by default until measured (#21).
-    pub gemv_stream_narrow: bool,
     /// With [`KernelOptions::gemv_stream`], the 1-row gate|up copies each warp's second batch
     /// of weights (1.7B: its second row pair, 8 KB) into shared memory by cp.async before its
     /// wait, beside the first in registers, and issues the third batch's loads before it sums
     /// the second: two of 1.7B's three batches a warp in flight before the wait instead of one,
-    /// and one round trip after it instead of two. The same sums in the same order. 64 KB of
-    /// shared memory a block (32 KB narrow). Off by default until measured (#21).
+    /// and one round trip after it instead of two (`kernels/gemv.cu` `*_st_*`; 64 KB of shared
+    /// memory a block). Only where some warp has more than one batch (1.7B's gate|up, not
+    /// 0.6B's). The same sums in the same order. On by default: on an H100 after 512-token
+    /// prompts 1.7B batch 1 660-661 against 647-648 tok/s (+2.0%), batches 2 and 8 unchanged
+    /// (BENCHMARKS.md round 59, #21).
     pub gemv_stream_stage: bool,
+    /// With [`KernelOptions::gemv_stream_stage`], each warp's third batch is also prefetched
+    /// into L2 before the wait (`prefetch.global.L2`, `*_stl2_*`), so its loads after the
+    /// second batch's sums find it there. Off by default until measured (#21).
+    pub gemv_stream_stage_l2: bool,
     /// The shared-memory carveout the kernels of 1-2-row decode steps ask for (the skinny
     /// matmuls of `gemv.cu` and the fused attention's tensor-core kernels; percent of the SM's
     /// unified L1 / shared memory, 0-100: `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`).
@@ -432,8 +431,8 @@ impl Default for KernelOptions {
             graph_argmax: true,
             graph_feed: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
-            gemv_stream_narrow: false,
-            gemv_stream_stage: false,
+            gemv_stream_stage: true,
+            gemv_stream_stage_l2: false,
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),
             gemv_tma_min_k: GEMV_TMA_MIN_K,

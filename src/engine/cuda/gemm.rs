@@ -55,6 +55,10 @@ const STREAM_NORM_MAX_K: usize = 16 * 32 * GEMV_WARPS;
 /// than this take the double-buffered kernels when they are loaded.
 const DOUBLE_BUFFER_MIN_K: usize = 8 * 8 * 32;
 
+/// A lane's loads in one batch (`BATCH` of `kernels/gemv.cuh`): the 1-row gate|up stages a
+/// warp's second batch only where some warp has more slots than this.
+const STAGE_MIN_SLOTS: usize = 8;
+
 /// Widest weight (output rows) the skinny-matmul kernels take.
 const GEMV_MAX_N: usize = 1 << 15;
 
@@ -283,17 +287,24 @@ impl CudaKernels {
             // Kinds 1 and 3 (gate|up) stream; the streamed norm kernel holds the norm weights
             // of K <= STREAM_NORM_MAX_K (wider ones take the kernel a block per eight pairs).
             let streams = kind == 1 || (kind == 3 && k <= STREAM_NORM_MAX_K);
-            if let Some(one) = set.stream_one.as_ref().filter(|_| streams && t == 1) {
-                return Some(Gemv {
-                    f: &one.fs[kind / 2],
-                    rows_per_block: one.warps,
-                    norm_smem: set.norm_smem,
-                    max_blocks: Some(one.max_blocks),
-                    warps: one.warps,
-                    stage_bytes: one.stage_bytes,
-                });
-            }
             if let Some((s, max)) = set.stream.as_ref().filter(|_| streams) {
+                // One row with more than one batch of loads a warp (1.7B's gate|up): the
+                // staged kernels where loaded (a warp's second batch has nothing to stage
+                // otherwise).
+                if let Some(one) = set.stream_one.as_ref().filter(|_| t == 1) {
+                    let warps = n.div_ceil(GEMV_WARPS).min(*max) * GEMV_WARPS;
+                    let slots = n.div_ceil(warps) * (k / 8).div_ceil(32);
+                    if slots > STAGE_MIN_SLOTS {
+                        return Some(Gemv {
+                            f: &one.fs[kind / 2],
+                            rows_per_block: GEMV_WARPS,
+                            norm_smem: set.norm_smem,
+                            max_blocks: Some(*max),
+                            warps: GEMV_WARPS,
+                            stage_bytes: one.stage_bytes,
+                        });
+                    }
+                }
                 return Some(Gemv {
                     f: &s[kind / 2][t - 1],
                     rows_per_block: GEMV_WARPS,
@@ -351,11 +362,10 @@ impl CudaKernels {
         self.weight_evict_first
     }
 
-    /// The 1-row streamed gate|up's warps a block and staged bytes a block when its narrow or
-    /// staged kernels are loaded (`LaunchOptions::gemv_stream_narrow`, `gemv_stream_stage`).
-    pub fn gemv_stream_one(&self) -> Option<(usize, usize)> {
-        let one = self.gemv.as_ref()?.stream_one.as_ref()?;
-        Some((one.warps, one.stage_bytes))
+    /// The shared memory a block of the 1-row streamed gate|up's staged kernels takes for its
+    /// stages, when they are loaded (`LaunchOptions::gemv_stream_stage`).
+    pub fn gemv_stream_stage_bytes(&self) -> Option<usize> {
+        Some(self.gemv.as_ref()?.stream_one.as_ref()?.stage_bytes)
     }
 
     /// Whether a plain matmul of `t` rows over a weight of `n` rows of `k` inputs runs on the

@@ -83,9 +83,9 @@ pub(crate) struct GemvSet {
     /// The gate|up kernels (SiLU*up alone and behind the norm) on streamed rows
     /// (`LaunchOptions::gemv_stream`), and the most blocks a launch of them takes.
     pub(super) stream: Option<([Vec<CudaFunction>; 2], usize)>,
-    /// The 1-row gate|up kernels that take `stream`'s place at one row when the launch options
-    /// ask for narrow blocks or a staged batch (`LaunchOptions::gemv_stream_narrow`,
-    /// `gemv_stream_stage`).
+    /// The 1-row gate|up kernels that take `stream`'s place at one row where a warp has more
+    /// than one batch of loads, when the launch options ask for a staged batch
+    /// (`LaunchOptions::gemv_stream_stage`).
     pub(super) stream_one: Option<StreamOne>,
     /// The plain and norm kernels with two batches of loads in flight, for rows of more than
     /// 2,048 inputs (`LaunchOptions::gemv_double_buffer`).
@@ -99,18 +99,15 @@ pub(crate) struct GemvSet {
 }
 
 /// The streamed gate|up's blocks an SM (`LaunchOptions::gemv_stream`), and whether its 1-row
-/// kernels run in narrow blocks (`gemv_stream_narrow`) and stage a batch (`gemv_stream_stage`).
+/// kernels stage a batch (`gemv_stream_stage`) and prefetch the next into L2
+/// (`gemv_stream_stage_l2`).
 type StreamChoice = (Option<u8>, bool, bool);
 
-/// The 1-row streamed gate|up kernels in narrow blocks or with a staged batch
-/// (`kernels/gemv.cu` `*_w4_*`, `*_st_*`, `*_w4st_*`) and how they launch.
+/// The 1-row streamed gate|up kernels that stage a batch (`kernels/gemv.cu` `*_st_*`,
+/// `*_stl2_*`) and the shared memory they take.
 pub(crate) struct StreamOne {
     /// SiLU*up alone and behind the norm.
     pub(super) fs: [CudaFunction; 2],
-    /// Warps a block.
-    pub(super) warps: usize,
-    /// The most blocks a launch takes (the 8-warp grid's warps in all).
-    pub(super) max_blocks: usize,
     /// Dynamic shared memory a block takes for its warps' stages, before the normed rows.
     pub(super) stage_bytes: usize,
 }
@@ -118,9 +115,6 @@ pub(crate) struct StreamOne {
 /// Shared memory one warp's staged batch takes (`kernels/gemv_stream.cuh` `STAGE_BYTES`:
 /// two rows of 8 chunks of 16 bytes for each of 32 lanes).
 pub(super) const STAGE_BYTES: usize = 2 * 8 * 32 * 16;
-
-/// Warps a block of the narrow 1-row gate|up kernels (`_w4`).
-const NARROW_WARPS: usize = 4;
 
 /// The widest normed row a staged kernel may hold beside its stages (`STREAM_NORM_MAX_K`
 /// bf16 of one row).
@@ -174,7 +168,7 @@ impl GemvSet {
     /// [`GemvSet::load`] with the norm kernels named `{norm}_*`.
     fn named(
         m: &Arc<CudaModule>,
-        ((gemv_stream, narrow, stage), double, split, warp_norm): (StreamChoice, bool, bool, bool),
+        ((gemv_stream, stage, l2), double, split, warp_norm): (StreamChoice, bool, bool, bool),
         norm: &str,
         sms: usize,
         rows: usize,
@@ -208,14 +202,10 @@ impl GemvSet {
                 )),
                 None => None,
             },
-            stream_one: match gemv_stream.filter(|_| !warp_norm && (narrow || stage)) {
-                Some(b) => Some(StreamOne::load(
-                    m,
-                    norm,
-                    (narrow, stage),
-                    sms * usize::from(b),
-                )?),
-                None => None,
+            stream_one: if gemv_stream.is_some() && !warp_norm && stage {
+                Some(StreamOne::load(m, norm, l2)?)
+            } else {
+                None
             },
             double: if double && !warp_norm {
                 Some([all("gemv_db".into())?, all(format!("{norm}_gemv_db"))?])
@@ -233,31 +223,18 @@ impl GemvSet {
 }
 
 impl StreamOne {
-    /// The 1-row entries for `narrow` blocks and / or a `stage`, norm kernel `s{norm}_*`, for a
-    /// grid of `blocks8` 8-warp blocks.
-    fn load(
-        m: &Arc<CudaModule>,
-        norm: &str,
-        (narrow, stage): (bool, bool),
-        blocks8: usize,
-    ) -> Result<Self> {
+    /// The 1-row staged entries (with the L2 prefetch when `l2`), norm kernel `s{norm}_*`.
+    fn load(m: &Arc<CudaModule>, norm: &str, l2: bool) -> Result<Self> {
         use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
-        let tag = match (narrow, stage) {
-            (true, true) => "w4st",
-            (true, false) => "w4",
-            _ => "st",
-        };
-        let warps = if narrow { NARROW_WARPS } else { 8 };
-        let stage_bytes = if stage { warps * STAGE_BYTES } else { 0 };
+        let tag = if l2 { "stl2" } else { "st" };
+        let stage_bytes = super::gemm::GEMV_WARPS * STAGE_BYTES;
         let f = |name: String| -> Result<CudaFunction> {
             let func = m
                 .load_function(&name)
                 .map_err(|e| kernel_err(&format!("function {name}"), e))?;
-            if stage_bytes > 0 {
-                let smem = (stage_bytes + STAGE_NORM_BYTES) as i32;
-                func.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-                    .map_err(|e| kernel_err(&format!("{name} shared memory"), e))?;
-            }
+            let smem = (stage_bytes + STAGE_NORM_BYTES) as i32;
+            func.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+                .map_err(|e| kernel_err(&format!("{name} shared memory"), e))?;
             Ok(func)
         };
         Ok(Self {
@@ -265,8 +242,6 @@ impl StreamOne {
                 f(format!("sgemv_silu_{tag}_t1_bf16"))?,
                 f(format!("s{norm}_gemv_silu_{tag}_t1_bf16"))?,
             ],
-            warps,
-            max_blocks: blocks8 * 8 / warps,
             stage_bytes,
         })
     }

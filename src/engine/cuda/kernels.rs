@@ -403,8 +403,8 @@ impl CudaKernels {
                 let which = (
                     (
                         opts.gemv_stream,
-                        opts.gemv_stream_narrow,
                         opts.gemv_stream_stage,
+                        opts.gemv_stream_stage_l2,
                     ),
                     opts.gemv_double_buffer,
                     opts.gemv_split_k,

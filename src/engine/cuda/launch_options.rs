@@ -30,12 +30,13 @@ pub struct LaunchOptions {
     /// The 1-2-row gate|up matmuls on streamed rows, this many blocks per SM (`gemv.cu`
     /// `sgemv_silu_*`, `snorm_gemv_silu_*`; None: a block per eight row pairs; default 2).
     pub gemv_stream: Option<u8>,
-    /// With `gemv_stream`, the 1-row gate|up in blocks of 4 warps, twice as many (`_w4`
-    /// entries; each warp the rows it takes in 8-warp blocks: the same bits).
-    pub gemv_stream_narrow: bool,
     /// With `gemv_stream`, the 1-row gate|up copies each warp's second batch of weights into
-    /// shared memory by cp.async before its wait (`_st` entries; the same bits).
+    /// shared memory by cp.async before its wait where a warp has more than one batch (`_st`
+    /// entries; the same bits; default on).
     pub gemv_stream_stage: bool,
+    /// With `gemv_stream_stage`, the third batch is prefetched into L2 before the wait as well
+    /// (`_stl2` entries).
+    pub gemv_stream_stage_l2: bool,
     /// The shared-memory carveout (percent of the SM's unified L1 / shared memory, 0-100; the
     /// driver rounds up to a size the GPU has) the kernels of 1-2-row decode steps ask for
     /// (the skinny matmuls of `gemv.cu`, the fused attention's tensor-core kernels); None:
@@ -184,8 +185,8 @@ impl Default for LaunchOptions {
             graph_argmax: false,
             graph_feed: false,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
-            gemv_stream_narrow: false,
-            gemv_stream_stage: false,
+            gemv_stream_stage: true,
+            gemv_stream_stage_l2: false,
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
             gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),
             gemv_tma_min_k: crate::engine::options::GEMV_TMA_MIN_K,
