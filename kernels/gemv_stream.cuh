@@ -167,28 +167,6 @@ __device__ __forceinline__ void stage_slots(const __nv_bfloat16* __restrict__ W,
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
-// The next BATCH slots of this warp's sequence from (lr, lp) on prefetched into L2 (one
-// prefetch a slot and row; (lr, lp) not advanced: load_slots loads them later).
-template <int NR>
-__device__ __forceinline__ void prefetch_slots(const __nv_bfloat16* __restrict__ W, int N, int K,
-                                               int gw, int G, int R, int P, int lane, int lr,
-                                               int lp) {
-  const int chunks = K / 8;
-#pragma unroll
-  for (int i = 0; i < BATCH; ++i) {
-    if (lr < R) {
-      const int c = lane + 32 * lp;
-      const size_t row = (size_t)gw + (size_t)lr * G;
-      if (c < chunks) {
-#pragma unroll
-        for (int r = 0; r < NR; ++r)
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(W + (row + (size_t)r * N) * K + c * 8));
-      }
-      if (++lp == P) { lp = 0; ++lr; }
-    }
-  }
-}
-
 // Shared memory a warp's stage takes (NR 2: the gate|up pairs).
 constexpr int STAGE_BYTES = 2 * BATCH * 32 * 16;
 
@@ -219,10 +197,11 @@ __device__ __forceinline__ void fit_rows(const __nv_bfloat16* __restrict__ W, in
 // STAGE (LaunchOptions::gemv_stream_stage, 1 row, the general loop): x_s is the dynamic shared
 // memory, the WARPS warps' stages (STAGE_BYTES each) first and the normed rows after; a warp's
 // second batch goes into its stage by cp.async before the wait, and its third batch's loads are
-// issued before the second is summed. L2 (with STAGE): the third batch is prefetched into L2
-// before the wait as well. The same sums in the same order.
+// issued before the second is summed (on an H100 1.7B batch 1 +2.0%; the third prefetched
+// into L2 before the wait as well lost 2.8%: BENCHMARKS.md round 59). The same sums in the same
+// order.
 template <int T, int NR, bool NORM, bool DEFER = false, int FIT = 0, bool PIPE = false,
-          bool STAGE = false, bool L2 = false>
+          bool STAGE = false>
 __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W,
                                              const __nv_bfloat16* x,
                                              const __nv_bfloat16* __restrict__ delta,
@@ -233,7 +212,6 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
                                              unsigned long long pf_bytes) {
   static_assert(!PIPE || FIT == BATCH, "the halves are refilled only with one row a batch");
   static_assert(!STAGE || (FIT == 0 && NR == 2), "the stage: the general loop's gate|up");
-  static_assert(STAGE || !L2, "the L2 prefetch comes with the stage");
   pdl_trigger();
   l2_prefetch_share(pf, pf_bytes);
   const int lane = threadIdx.x % 32;
@@ -252,10 +230,7 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
   uint4 w[NR][BATCH];
   if constexpr (FIT > 0) fit_rows<NR, FIT>(W, N, K, gw, G, R, 0, lane, w);
   else load_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, w);
-  if constexpr (STAGE) {
-    stage_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, st);
-    if constexpr (L2) prefetch_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp);
-  }
+  if constexpr (STAGE) stage_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, st);
   __nv_bfloat16 wk[NW_REGS];
   if (NORM) {
 #pragma unroll

@@ -52,48 +52,59 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             t,
         )?;
     }
-    // The 1-row gate|up with its second batch staged in shared memory, and with its third
-    // prefetched into L2 as well (`gemv_stream_stage`, `gemv_stream_stage_l2`): 1-3 blocks an
-    // SM (1.7B's gate|up at 1 has six batches a warp, so the loads after the stage run the
-    // loop's later rounds), the scale-first norm and the deferred one over every width the
-    // streamed norm takes. The base and the 1-3-block runs above have the stage off.
-    for l2 in [false, true] {
-        for (blocks, deferred) in [(1u8, None), (2, None), (3, None), (2, Some(1 << 20))] {
-            let opts = LaunchOptions {
-                gemv_stream: Some(blocks),
-                gemv_stream_stage: true,
-                gemv_stream_stage_l2: l2,
-                norm_deferred: deferred,
-                ..base
-            };
-            let reference = LaunchOptions {
-                norm_deferred: deferred,
-                ..base
-            };
-            let plain = CudaKernels::new(dev, DType::BF16, &reference)?.ok_or("no kernels")?;
-            let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
-            let loaded = k.gemv_stream_stage_bytes() == Some(8 * 8192)
-                && plain.gemv_stream_stage_bytes().is_none();
-            t.check(
-                format!("gemv 1-row stage (L2 {l2}) entries loaded ?"),
-                if loaded { 0.0 } else { 1.0 },
-                0.0,
-            );
-            let d = if deferred.is_some() {
-                ", deferred norm"
-            } else {
-                ""
-            };
-            let tag = format!(" (streamed, stage, L2 {l2}, {blocks} blocks an SM{d})");
-            stream_bits(&plain, &k, &tag, dev, t)?;
-        }
+    // The 1-row gate|up with its second batch staged in shared memory (`gemv_stream_stage`):
+    // 1-3 blocks an SM (1.7B's gate|up at 1 has six batches a warp, so the loads after the
+    // stage run the loop's later rounds), the scale-first norm and the deferred one over every
+    // width the streamed norm takes. The base and the 1-3-block runs above have it off.
+    for (blocks, deferred) in [(1u8, None), (2, None), (3, None), (2, Some(1 << 20))] {
+        let opts = LaunchOptions {
+            gemv_stream: Some(blocks),
+            gemv_stream_stage: true,
+            norm_deferred: deferred,
+            ..base
+        };
+        let reference = LaunchOptions {
+            norm_deferred: deferred,
+            ..base
+        };
+        let plain = CudaKernels::new(dev, DType::BF16, &reference)?.ok_or("no kernels")?;
+        let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
+        let loaded = k.gemv_stream_stage_bytes() == Some(8 * 8192)
+            && plain.gemv_stream_stage_bytes().is_none();
+        t.check(
+            format!("gemv 1-row stage entries loaded ({blocks} blocks an SM) ?"),
+            if loaded { 0.0 } else { 1.0 },
+            0.0,
+        );
+        let d = if deferred.is_some() {
+            ", deferred norm"
+        } else {
+            ""
+        };
+        let tag = format!(" (streamed, stage, {blocks} blocks an SM{d})");
+        stream_bits(&plain, &k, &tag, dev, t)?;
     }
     let opts = LaunchOptions {
         gemv_double_buffer: true,
         ..base
     };
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
-    double_bits(&plain, &k, dev, t)?;
+    double_bits(&plain, &k, " (two batches in flight)", dev, t)?;
+    // The 1-row down with its third batch staged (`gemv_down_stage`): the same shapes, those
+    // of 4,104-6,144 inputs on it (two batches and some chunks of a third at 4,104).
+    let opts = LaunchOptions {
+        gemv_double_buffer: true,
+        gemv_down_stage: true,
+        ..base
+    };
+    let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
+    let on = k.gemv_down_stage() && !plain.gemv_down_stage();
+    t.check(
+        "gemv down stage entry loaded ?".to_string(),
+        if on { 0.0 } else { 1.0 },
+        0.0,
+    );
+    double_bits(&plain, &k, " (two batches in flight, third staged)", dev, t)?;
     mma_plain_dispatch(dev, t)?;
     super::presum::checks(dev, t)?;
     tma_bits(dev, t)?;
@@ -343,16 +354,22 @@ fn split_rows(dev: &Device, t: &mut Table) -> Res<()> {
 /// The double-buffered plain and norm kernels (`LaunchOptions::gemv_double_buffer`) against
 /// the default ones, bit for bit, on 1-2 rows over more than 2,048 inputs: a second batch
 /// of one chunk for some lanes only (2,056), of half a batch (3,072), of a whole one (4,096),
-/// and five batches (10,240).
-fn double_bits(plain: &CudaKernels, k: &CudaKernels, dev: &Device, t: &mut Table) -> Res<()> {
+/// a third of one chunk for some lanes (4,104), three whole ones (6,144) and five (10,240).
+fn double_bits(
+    plain: &CudaKernels,
+    k: &CudaKernels,
+    tag: &str,
+    dev: &Device,
+    t: &mut Table,
+) -> Res<()> {
     let shapes = [
         (1000, 2056),
         (1024, 3072),
         (2048, 6144),
         (1000, 4096),
+        (1000, 4104),
         (512, 10240),
     ];
-    let tag = " (two batches in flight)";
     pair_bits((plain, k), (&[1, 2], &shapes), (false, tag), dev, t)
 }
 

@@ -90,6 +90,9 @@ pub(crate) struct GemvSet {
     /// The plain and norm kernels with two batches of loads in flight, for rows of more than
     /// 2,048 inputs (`LaunchOptions::gemv_double_buffer`).
     pub(super) double: Option<[Vec<CudaFunction>; 2]>,
+    /// The 1-row plain kernel with its third batch staged, for rows of 4,104-6,144 inputs
+    /// (`LaunchOptions::gemv_down_stage`).
+    pub(super) down_stage: Option<CudaFunction>,
     /// The plain kernel with two warps a row, for rows of more than 2,048
     /// inputs, a multiple of 16 (`LaunchOptions::gemv_split_k`).
     pub(super) split: Option<Vec<CudaFunction>>,
@@ -99,12 +102,15 @@ pub(crate) struct GemvSet {
 }
 
 /// The streamed gate|up's blocks an SM (`LaunchOptions::gemv_stream`), and whether its 1-row
-/// kernels stage a batch (`gemv_stream_stage`) and prefetch the next into L2
-/// (`gemv_stream_stage_l2`).
-type StreamChoice = (Option<u8>, bool, bool);
+/// kernels stage a batch (`gemv_stream_stage`).
+type StreamChoice = (Option<u8>, bool);
 
-/// The 1-row streamed gate|up kernels that stage a batch (`kernels/gemv.cu` `*_st_*`,
-/// `*_stl2_*`) and the shared memory they take.
+/// Whether the long rows keep two batches in flight (`LaunchOptions::gemv_double_buffer`), and
+/// whether the 1-row plain one stages its third (`gemv_down_stage`).
+type DoubleChoice = (bool, bool);
+
+/// The 1-row streamed gate|up kernels that stage a batch (`kernels/gemv.cu` `*_st_*`) and the
+/// shared memory they take.
 pub(crate) struct StreamOne {
     /// SiLU*up alone and behind the norm.
     pub(super) fs: [CudaFunction; 2],
@@ -128,7 +134,7 @@ impl GemvSet {
         m: &Arc<CudaModule>,
         (gemv_stream, double, split, (warp_norm, deferred)): (
             StreamChoice,
-            bool,
+            DoubleChoice,
             bool,
             (bool, Option<usize>),
         ),
@@ -151,7 +157,7 @@ impl GemvSet {
         let stream = self.stream.iter().flat_map(|(s, _)| s.iter().flatten());
         let stream = stream.chain(self.stream_one.iter().flat_map(|o| o.fs.iter()));
         let double = self.double.iter().flat_map(|d| d.iter().flatten());
-        let split = self.split.iter().flatten();
+        let split = self.split.iter().flatten().chain(self.down_stage.iter());
         let fs = self
             .fs
             .iter()
@@ -168,7 +174,12 @@ impl GemvSet {
     /// [`GemvSet::load`] with the norm kernels named `{norm}_*`.
     fn named(
         m: &Arc<CudaModule>,
-        ((gemv_stream, stage, l2), double, split, warp_norm): (StreamChoice, bool, bool, bool),
+        ((gemv_stream, stage), (double, down_stage), split, warp_norm): (
+            StreamChoice,
+            DoubleChoice,
+            bool,
+            bool,
+        ),
         norm: &str,
         sms: usize,
         rows: usize,
@@ -203,12 +214,21 @@ impl GemvSet {
                 None => None,
             },
             stream_one: if gemv_stream.is_some() && !warp_norm && stage {
-                Some(StreamOne::load(m, norm, l2)?)
+                Some(StreamOne::load(m, norm)?)
             } else {
                 None
             },
             double: if double && !warp_norm {
                 Some([all("gemv_db".into())?, all(format!("{norm}_gemv_db"))?])
+            } else {
+                None
+            },
+            down_stage: if double && down_stage {
+                let name = "gemv_db3_t1_bf16";
+                let f = m
+                    .load_function(name)
+                    .map_err(|e| kernel_err(&format!("function {name}"), e))?;
+                Some(f)
             } else {
                 None
             },
@@ -223,10 +243,10 @@ impl GemvSet {
 }
 
 impl StreamOne {
-    /// The 1-row staged entries (with the L2 prefetch when `l2`), norm kernel `s{norm}_*`.
-    fn load(m: &Arc<CudaModule>, norm: &str, l2: bool) -> Result<Self> {
+    /// The 1-row staged entries, norm kernel `s{norm}_*`.
+    fn load(m: &Arc<CudaModule>, norm: &str) -> Result<Self> {
         use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
-        let tag = if l2 { "stl2" } else { "st" };
+        let tag = "st";
         let stage_bytes = super::gemm::GEMV_WARPS * STAGE_BYTES;
         let f = |name: String| -> Result<CudaFunction> {
             let func = m

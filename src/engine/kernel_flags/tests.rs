@@ -157,18 +157,16 @@ fn kernel_flags_become_kernel_options() {
     assert!(!n.kernels.gemv_double_buffer && !n.kernels.gemv_split_k);
     assert!(Cli::try_parse_from(["x", "--gemv-stream", "2", "--no-gemv-stream"]).is_err());
     assert!(Cli::try_parse_from(["x", "--gemv-stream", "0"]).is_err());
-    // The 1-row gate|up's staged batch on by default and off by its switch; its L2 prefetch
-    // off until measured, on by its own switch, refused beside either switch that turns off
-    // what it runs in.
+    // The 1-row gate|up's staged batch on by default and off by its switch; the 1-row down's
+    // staged third batch off until measured, on by its own switch, refused beside the switch
+    // that turns off the double-buffered kernels it stands for.
     assert!(d.kernels.gemv_stream_stage && lib.kernels.gemv_stream_stage);
-    assert!(!d.kernels.gemv_stream_stage_l2 && !lib.kernels.gemv_stream_stage_l2);
+    assert!(!d.kernels.gemv_down_stage && !lib.kernels.gemv_down_stage);
     let n = opts(&["x", "--no-gemv-stream-stage"]);
     assert!(!n.kernels.gemv_stream_stage && n.kernels.gemv_stream == Some(2));
-    let n = opts(&["x", "--gemv-stream-stage-l2"]);
-    assert!(n.kernels.gemv_stream_stage_l2 && n.kernels.gemv_stream_stage);
-    for f in ["--no-gemv-stream", "--no-gemv-stream-stage"] {
-        assert!(Cli::try_parse_from(["x", "--gemv-stream-stage-l2", f]).is_err());
-    }
+    let n = opts(&["x", "--gemv-down-stage"]);
+    assert!(n.kernels.gemv_down_stage && n.kernels.gemv_stream_stage);
+    assert!(Cli::try_parse_from(["x", "--gemv-down-stage", "--no-gemv-double-buffer"]).is_err());
     let n = opts(&["x", "--gemv-split-k"]);
     assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);
     assert!(d.kernels.weight_evict_first && lib.kernels.weight_evict_first);
