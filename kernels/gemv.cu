@@ -186,59 +186,6 @@ __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
   store_rows<T, NR>(acc, out, N, rows[0], lane);
 }
 
-// ---- The long rows' third batch staged (LaunchOptions::gemv_down_stage) ----------------------
-//
-// gemv_kernel<T, 1, 0, true> (a plain matmul, two batches of loads in flight) for rows of at
-// most three batches (K <= 3 * BATCH * 256: 1.7B's down, 6,144 inputs): the third batch goes
-// into the warp's 4 KB of dynamic shared memory by cp.async before the wait, beside the first
-// two in registers, so all of a row's weights are in flight before the wait. The same sums in
-// the same order (dot_rows2's: the batches one after another).
-template <int T>
-__device__ __forceinline__ void gemv_db3_kernel(const __nv_bfloat16* __restrict__ W,
-                                                const __nv_bfloat16* x,
-                                                __nv_bfloat16* __restrict__ out, int N, int K,
-                                                uint4* smem) {
-  pdl_trigger();
-  const int lane = threadIdx.x % 32;
-  int rows[1];
-  const bool ok = warp_rows<1>(N, rows);
-  const int chunks = K / 8;
-  uint4* st = smem + (threadIdx.x / 32) * BATCH * 32;
-  uint4 w[1][BATCH], w2[1][BATCH];
-  if (ok) {
-    load_batch<1>(W, rows, K, lane, w);
-    load_batch<1>(W, rows, K, lane + 32 * BATCH, w2);
-#pragma unroll
-    for (int i = 0; i < BATCH; ++i) {
-      const int c = lane + 32 * (2 * BATCH + i);
-      if (c < chunks) cp_async16(st + i * 32 + lane, W + (size_t)rows[0] * K + c * 8);
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-  }
-  pdl_wait();
-  if (!ok) return;
-  float acc[1][T];
-#pragma unroll
-  for (int t = 0; t < T; ++t) acc[0][t] = 0.f;
-  const PlainX xs{x, K};
-  // dot_rows2's loop (a straight-line form had ptxas hoist every batch's input loads: 128
-  // registers and spills), the third batch refilled from the stage instead of from global.
-  for (int c0 = lane; c0 < chunks; c0 += 2 * 32 * BATCH) {
-    const int c1 = c0 + 32 * BATCH, c2 = c1 + 32 * BATCH;
-    sum_batch<T, 1>(xs, c0, chunks, w, acc);
-    if (c1 >= chunks) break;
-    if (c2 < chunks) {
-      asm volatile("cp.async.wait_all;" ::: "memory");
-#pragma unroll
-      for (int i = 0; i < BATCH; ++i) w[0][i] = st[i * 32 + lane];
-    }
-    sum_batch<T, 1>(xs, c1, chunks, w2, acc);
-  }
-#pragma unroll
-  for (int t = 0; t < T; ++t) acc[0][t] = warp_sum(acc[0][t]);
-  store_rows<T, 1>(acc, out, N, rows[0], lane);
-}
-
 // ---- Rows split in two (LaunchOptions::gemv_split_k) ---------------------------------------
 //
 // For rows of more than BATCH * 256 inputs (down): two warps a row, each over one half of K
@@ -355,24 +302,19 @@ SGEMV(2)
   }
 #define PLAIN_SMEM_ARGS W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K, x_s, pf, pf_bytes
 PLAIN_SMEM_ENTRY(sgemv_silu_st_t1_bf16,
-                 sgemv_kernel<1, 2, false, false, 0, false, true>(PLAIN_SMEM_ARGS))
-NORM_ENTRY(snorm_gemv_silu_st_t1_bf16, sgemv_kernel<1, 2, true, false, 0, false, true>(NORM_ARGS))
-NORM_ENTRY(sdnorm_gemv_silu_st_t1_bf16, sgemv_kernel<1, 2, true, true, 0, false, true>(NORM_ARGS))
+                 sgemv_kernel<1, 2, false, false, 0, false, 1>(PLAIN_SMEM_ARGS))
+NORM_ENTRY(snorm_gemv_silu_st_t1_bf16, sgemv_kernel<1, 2, true, false, 0, false, 1>(NORM_ARGS))
+NORM_ENTRY(sdnorm_gemv_silu_st_t1_bf16, sgemv_kernel<1, 2, true, true, 0, false, 1>(NORM_ARGS))
+// The 1-row norm matmul (qkv) on streamed rows with three batches a warp staged
+// (LaunchOptions::gemv_qkv_stage; one block an SM, 96 KB of stages): held to 64 registers, so
+// a block fits an SM beside the down's two (1.7B: 24K registers each) and loads its rows while
+// the down runs.
+#undef ENTRY_BOUNDS
+#define ENTRY_BOUNDS __launch_bounds__(WARPS * 32, 4)
+NORM_ENTRY(snorm_gemv_st3_t1_bf16, sgemv_kernel<1, 1, true, false, 0, false, 3>(NORM_ARGS))
+NORM_ENTRY(sdnorm_gemv_st3_t1_bf16, sgemv_kernel<1, 1, true, true, 0, false, 3>(NORM_ARGS))
 #undef ENTRY_BOUNDS
 #define ENTRY_BOUNDS __launch_bounds__(WARPS * 32)
-// The 1-row plain matmul over rows of 4,104-6,144 inputs with its third batch staged
-// (LaunchOptions::gemv_down_stage; 4 KB of dynamic shared memory a warp). Two blocks an SM,
-// as gemv_db_t1.
-extern "C" __global__ void ENTRY_BOUNDS gemv_db3_t1_bf16(const __nv_bfloat16* W,
-                                                         const __nv_bfloat16* x,
-                                                         __nv_bfloat16* out, int N, int K,
-                                                         const void* pf,
-                                                         unsigned long long pf_bytes) {
-  extern __shared__ __align__(16) uint4 db3_s[];
-  (void)pf;
-  (void)pf_bytes;
-  gemv_db3_kernel<1>(W, x, out, N, K, db3_s);
-}
 GEMV_DB(1)
 GEMV_DB(2)
 GEMV_SPLIT(1)

@@ -89,22 +89,49 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         ..base
     };
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
-    double_bits(&plain, &k, " (two batches in flight)", dev, t)?;
-    // The 1-row down with its third batch staged (`gemv_down_stage`): the same shapes, those
-    // of 4,104-6,144 inputs on it (two batches and some chunks of a third at 4,104).
-    let opts = LaunchOptions {
-        gemv_double_buffer: true,
-        gemv_down_stage: true,
-        ..base
-    };
-    let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
-    let on = k.gemv_down_stage() && !plain.gemv_down_stage();
-    t.check(
-        "gemv down stage entry loaded ?".to_string(),
-        if on { 0.0 } else { 1.0 },
-        0.0,
-    );
-    double_bits(&plain, &k, " (two batches in flight, third staged)", dev, t)?;
+    double_bits(&plain, &k, dev, t)?;
+    // The 1-row norm matmuls on streamed rows with three batches a warp staged
+    // (`gemv_qkv_stage`), scale-first and deferred norm, over qkv shapes of both models and
+    // ragged ones: a warp with several rows, with more batches than the stage holds (4,096
+    // inputs: 1.7B's down width), and with none.
+    for deferred in [None, Some(1 << 20)] {
+        let reference = LaunchOptions {
+            norm_deferred: deferred,
+            ..base
+        };
+        let opts = LaunchOptions {
+            gemv_qkv_stage: true,
+            ..reference
+        };
+        let plain = CudaKernels::new(dev, DType::BF16, &reference)?.ok_or("no kernels")?;
+        let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
+        let on = k.gemv_qkv_stage() && !plain.gemv_qkv_stage();
+        let d = if deferred.is_some() {
+            ", deferred norm"
+        } else {
+            ""
+        };
+        t.check(
+            format!("gemv qkv stage entry loaded{d} ?"),
+            if on { 0.0 } else { 1.0 },
+            0.0,
+        );
+        let shapes = [
+            (4096, 2048),
+            (4096, 1024),
+            (5002, 2048),
+            (2048, 4096),
+            (1000, 96),
+        ];
+        for &(n, kk) in &shapes {
+            let w = (randn(&[n, kk], DType::BF16, dev)? * 0.05)?.to_dtype(DType::BF16)?;
+            let names = [
+                format!("norm_gemv rows 1 n {n} k {kk} (qkv stage{d})"),
+                format!("norm_gemv rows 1 k {kk} residual sum (qkv stage{d})"),
+            ];
+            norm_bits((&plain, &k), &w, (1, false), names, dev, t)?;
+        }
+    }
     mma_plain_dispatch(dev, t)?;
     super::presum::checks(dev, t)?;
     tma_bits(dev, t)?;
@@ -355,13 +382,7 @@ fn split_rows(dev: &Device, t: &mut Table) -> Res<()> {
 /// the default ones, bit for bit, on 1-2 rows over more than 2,048 inputs: a second batch
 /// of one chunk for some lanes only (2,056), of half a batch (3,072), of a whole one (4,096),
 /// a third of one chunk for some lanes (4,104), three whole ones (6,144) and five (10,240).
-fn double_bits(
-    plain: &CudaKernels,
-    k: &CudaKernels,
-    tag: &str,
-    dev: &Device,
-    t: &mut Table,
-) -> Res<()> {
+fn double_bits(plain: &CudaKernels, k: &CudaKernels, dev: &Device, t: &mut Table) -> Res<()> {
     let shapes = [
         (1000, 2056),
         (1024, 3072),
@@ -370,6 +391,7 @@ fn double_bits(
         (1000, 4104),
         (512, 10240),
     ];
+    let tag = " (two batches in flight)";
     pair_bits((plain, k), (&[1, 2], &shapes), (false, tag), dev, t)
 }
 

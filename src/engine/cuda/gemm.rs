@@ -55,14 +55,6 @@ const STREAM_NORM_MAX_K: usize = 16 * 32 * GEMV_WARPS;
 /// than this take the double-buffered kernels when they are loaded.
 const DOUBLE_BUFFER_MIN_K: usize = 8 * 8 * 32;
 
-/// Widest row the 1-row down with its third batch staged takes (three batches of a lane's
-/// loads: `gemv_db3_t1_bf16`, `LaunchOptions::gemv_down_stage`).
-const DOWN_STAGE_MAX_K: usize = 3 * DOUBLE_BUFFER_MIN_K;
-
-/// Shared memory a block of `gemv_db3_t1_bf16` takes: a batch (8 chunks of 16 bytes for
-/// each of 32 lanes) for each of its 8 warps.
-const DOWN_STAGE_BYTES: usize = GEMV_WARPS * 8 * 32 * 16;
-
 /// A lane's loads in one batch (`BATCH` of `kernels/gemv.cuh`): the 1-row gate|up stages a
 /// warp's second batch only where some warp has more slots than this.
 const STAGE_MIN_SLOTS: usize = 8;
@@ -334,17 +326,17 @@ impl CudaKernels {
                     stage_bytes: 0,
                 });
             }
-            // The 1-row plain one over at most three batches with its third staged, where
-            // loaded.
-            let three = long && k <= DOWN_STAGE_MAX_K && kind == 0 && t == 1;
-            if let Some(f) = set.down_stage.as_ref().filter(|_| three) {
+            // The 1-row norm matmuls (qkv) on streamed rows with three batches staged, where
+            // loaded (the norm weights in registers: K <= STREAM_NORM_MAX_K).
+            let qkv = kind == 2 && t == 1 && k <= STREAM_NORM_MAX_K;
+            if let Some((one, blocks)) = set.qkv_stage.as_ref().filter(|_| qkv) {
                 return Some(Gemv {
-                    f,
+                    f: &one.fs[0],
                     rows_per_block: GEMV_WARPS,
-                    norm_smem: false,
-                    max_blocks: None,
+                    norm_smem: set.norm_smem,
+                    max_blocks: Some(*blocks),
                     warps: GEMV_WARPS,
-                    stage_bytes: DOWN_STAGE_BYTES,
+                    stage_bytes: one.stage_bytes,
                 });
             }
             let f = match &set.double {
@@ -383,10 +375,10 @@ impl CudaKernels {
         self.weight_evict_first
     }
 
-    /// Whether the 1-row down with its third batch staged is loaded
-    /// (`LaunchOptions::gemv_down_stage`).
-    pub fn gemv_down_stage(&self) -> bool {
-        self.gemv.as_ref().is_some_and(|s| s.down_stage.is_some())
+    /// Whether the 1-row qkv kernel with three batches staged is loaded
+    /// (`LaunchOptions::gemv_qkv_stage`).
+    pub fn gemv_qkv_stage(&self) -> bool {
+        self.gemv.as_ref().is_some_and(|s| s.qkv_stage.is_some())
     }
 
     /// The shared memory a block of the 1-row streamed gate|up's staged kernels takes for its

@@ -157,16 +157,15 @@ fn kernel_flags_become_kernel_options() {
     assert!(!n.kernels.gemv_double_buffer && !n.kernels.gemv_split_k);
     assert!(Cli::try_parse_from(["x", "--gemv-stream", "2", "--no-gemv-stream"]).is_err());
     assert!(Cli::try_parse_from(["x", "--gemv-stream", "0"]).is_err());
-    // The 1-row gate|up's staged batch on by default and off by its switch; the 1-row down's
-    // staged third batch off until measured, on by its own switch, refused beside the switch
-    // that turns off the double-buffered kernels it stands for.
+    // The 1-row gate|up's staged batch on by default and off by its switch; the staged 1-row
+    // qkv off until measured, on by its own switch.
     assert!(d.kernels.gemv_stream_stage && lib.kernels.gemv_stream_stage);
-    assert!(!d.kernels.gemv_down_stage && !lib.kernels.gemv_down_stage);
+    assert!(!d.kernels.gemv_qkv_stage && !lib.kernels.gemv_qkv_stage);
     let n = opts(&["x", "--no-gemv-stream-stage"]);
     assert!(!n.kernels.gemv_stream_stage && n.kernels.gemv_stream == Some(2));
-    let n = opts(&["x", "--gemv-down-stage"]);
-    assert!(n.kernels.gemv_down_stage && n.kernels.gemv_stream_stage);
-    assert!(Cli::try_parse_from(["x", "--gemv-down-stage", "--no-gemv-double-buffer"]).is_err());
+    assert!(!n.kernels.gemv_qkv_stage);
+    let n = opts(&["x", "--gemv-qkv-stage"]);
+    assert!(n.kernels.gemv_qkv_stage && n.kernels.gemv_stream_stage);
     let n = opts(&["x", "--gemv-split-k"]);
     assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);
     assert!(d.kernels.weight_evict_first && lib.kernels.weight_evict_first);
