@@ -22,7 +22,8 @@
 //  * wnorm_gemv_t{T}_bf16, wnorm_gemv_silu_t{T}_bf16: the norm kernels with the per-warp norm
 //    (WarpNorm: no shared memory, no block barrier; warp 0 of block 0 writes res_out).
 //  * sgemv_silu_t{T}_bf16, snorm_gemv_silu_t{T}_bf16 (T = 1, 2): the gate|up kernels on
-//    streamed rows (their loops in gemv_stream.cuh), bit for bit.
+//    streamed rows (their loops in gemv_stream.cuh), bit for bit; `_st_t1`: at one row with
+//    each warp's second batch staged in shared memory before the wait.
 //  * gemv_db_t{T}_bf16, norm_gemv_db_t{T}_bf16 (T = 1, 2): gemv/norm_gemv with two batches of
 //    weight loads in flight (dot_rows2), bit for bit.
 //  * gemv_split_t{T}_bf16 (T = 1, 2): gemv with two warps a row, a half of K each (below).
@@ -302,17 +303,9 @@ SGEMV(2)
   }
 #define PLAIN_SMEM_ARGS W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K, x_s, pf, pf_bytes
 PLAIN_SMEM_ENTRY(sgemv_silu_st_t1_bf16,
-                 sgemv_kernel<1, 2, false, false, 0, false, 1>(PLAIN_SMEM_ARGS))
-NORM_ENTRY(snorm_gemv_silu_st_t1_bf16, sgemv_kernel<1, 2, true, false, 0, false, 1>(NORM_ARGS))
-NORM_ENTRY(sdnorm_gemv_silu_st_t1_bf16, sgemv_kernel<1, 2, true, true, 0, false, 1>(NORM_ARGS))
-// The 1-row norm matmul (qkv) on streamed rows with three batches a warp staged
-// (LaunchOptions::gemv_qkv_stage; one block an SM, 96 KB of stages): held to 64 registers, so
-// a block fits an SM beside the down's two (1.7B: 24K registers each) and loads its rows while
-// the down runs.
-#undef ENTRY_BOUNDS
-#define ENTRY_BOUNDS __launch_bounds__(WARPS * 32, 4)
-NORM_ENTRY(snorm_gemv_st3_t1_bf16, sgemv_kernel<1, 1, true, false, 0, false, 3>(NORM_ARGS))
-NORM_ENTRY(sdnorm_gemv_st3_t1_bf16, sgemv_kernel<1, 1, true, true, 0, false, 3>(NORM_ARGS))
+                 sgemv_kernel<1, 2, false, false, 0, false, true>(PLAIN_SMEM_ARGS))
+NORM_ENTRY(snorm_gemv_silu_st_t1_bf16, sgemv_kernel<1, 2, true, false, 0, false, true>(NORM_ARGS))
+NORM_ENTRY(sdnorm_gemv_silu_st_t1_bf16, sgemv_kernel<1, 2, true, true, 0, false, true>(NORM_ARGS))
 #undef ENTRY_BOUNDS
 #define ENTRY_BOUNDS __launch_bounds__(WARPS * 32)
 GEMV_DB(1)

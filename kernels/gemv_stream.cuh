@@ -167,6 +167,9 @@ __device__ __forceinline__ void stage_slots(const __nv_bfloat16* __restrict__ W,
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
+// Shared memory a warp's stage takes (NR 2: the gate|up pairs).
+constexpr int STAGE_BYTES = 2 * BATCH * 32 * 16;
+
 // The fit form's loads: rows r0 .. r0 + BATCH / FIT - 1 of this warp's sequence (those below
 // R), FIT chunks each, into the slots load_slots would fill, in its order.
 template <int NR, int FIT>
@@ -191,15 +194,14 @@ __device__ __forceinline__ void fit_rows(const __nv_bfloat16* __restrict__ W, in
 // instead of BATCH. PIPE (with FIT == BATCH): the batch's halves refilled as summed, below.
 // The same loads, sums and order.
 //
-// STAGE > 0 (1 row, the general loop; LaunchOptions::gemv_stream_stage, the gate|up at 1,
-// gemv_qkv_stage, the qkv at 3): x_s is the dynamic shared memory, the WARPS warps' stages
-// (STAGE batches of NR * BATCH * 32 * 16 bytes each) first and the normed rows after; a warp's batches
-// 2 .. STAGE + 1 go into its stage by cp.async before the wait, and the loads of the batch after
-// them are issued before the first staged one is summed (the gate|up: on an H100 1.7B batch 1
-// +2.0%; its third batch prefetched into L2 before the wait as well lost 2.8%: BENCHMARKS.md
-// round 59). The same sums in the same order.
+// STAGE (LaunchOptions::gemv_stream_stage, 1 row, the general loop): x_s is the dynamic shared
+// memory, the WARPS warps' stages (STAGE_BYTES each) first and the normed rows after; a warp's
+// second batch goes into its stage by cp.async before the wait, and its third batch's loads are
+// issued before the second is summed (on an H100 1.7B batch 1 +2.0%; the third prefetched into
+// L2 before the wait as well lost 2.8%, three batches staged in a qkv of one block an SM 10%:
+// BENCHMARKS.md round 59). The same sums in the same order.
 template <int T, int NR, bool NORM, bool DEFER = false, int FIT = 0, bool PIPE = false,
-          int STAGE = 0>
+          bool STAGE = false>
 __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W,
                                              const __nv_bfloat16* x,
                                              const __nv_bfloat16* __restrict__ delta,
@@ -209,17 +211,16 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
                                              int K, __nv_bfloat16* x_s, const void* pf,
                                              unsigned long long pf_bytes) {
   static_assert(!PIPE || FIT == BATCH, "the halves are refilled only with one row a batch");
-  static_assert(STAGE == 0 || FIT == 0, "the stage: the general loop");
+  static_assert(!STAGE || (FIT == 0 && NR == 2), "the stage: the general loop's gate|up");
   pdl_trigger();
   l2_prefetch_share(pf, pf_bytes);
   const int lane = threadIdx.x % 32;
   const int G = gridDim.x * WARPS;
   const int gw = blockIdx.x * WARPS + threadIdx.x / 32;
   uint4* st = nullptr;
-  constexpr int SB = NR * BATCH * 32 * 16;  // bytes of a staged batch
-  if constexpr (STAGE > 0) {
-    st = reinterpret_cast<uint4*>(x_s) + (threadIdx.x / 32) * (STAGE * SB / 16);
-    x_s += WARPS * STAGE * SB / 2;
+  if constexpr (STAGE) {
+    st = reinterpret_cast<uint4*>(x_s) + (threadIdx.x / 32) * (STAGE_BYTES / 16);
+    x_s += WARPS * STAGE_BYTES / 2;
   }
   const int chunks = K / 8;
   const int P = (chunks + 31) / 32;                  // chunks of a row per lane (padded)
@@ -229,8 +230,7 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
   uint4 w[NR][BATCH];
   if constexpr (FIT > 0) fit_rows<NR, FIT>(W, N, K, gw, G, R, 0, lane, w);
   else load_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, w);
-#pragma unroll
-  for (int b = 0; b < STAGE; ++b) stage_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, st + b * (SB / 16));
+  if constexpr (STAGE) stage_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, st);
   __nv_bfloat16 wk[NW_REGS];
   if (NORM) {
 #pragma unroll
@@ -291,7 +291,7 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
     return;
   }
   int cr = 0, cp = 0;  // the slot being summed: row cr, chunk lane + 32 * cp
-  if constexpr (STAGE == 1) {
+  if constexpr (STAGE) {
     // Slot i of the batch at `base`, its weights in v[.][i]: summed, and the row ended at its
     // last chunk (the general loop's steps below).
     auto slot = [&](const uint4 (&v)[NR][BATCH], int i) {
@@ -319,46 +319,6 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
         continue;
       }
       if (base > 2 * BATCH) load_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, w);
-#pragma unroll
-      for (int i = 0; i < BATCH; ++i) {
-        if (base + i >= total) break;
-        slot(w, i);
-      }
-    }
-  } else if constexpr (STAGE > 1) {
-    // The same with STAGE batches staged (the gate|up's form above kept apart: its machine code
-    // is what call 1 measured).
-    // Slot i of the batch at `base`, its weights in v[.][i]: summed, and the row ended at its
-    // last chunk (the general loop's steps below).
-    auto slot = [&](const uint4 (&v)[NR][BATCH], int i) {
-      const int c = lane + 32 * cp;
-      if (c < chunks) sum_chunk<T, NR>(xs, c, v, i, acc);
-      if (++cp == P) {
-        end_row<T, NR, DEFER>(acc, inv, out, N, gw + cr * G, lane);
-        cp = 0;
-        ++cr;
-      }
-    };
-    for (int base = 0; base < total; base += BATCH) {
-      const int b = base / BATCH;
-      if (b >= 1 && b <= STAGE) {
-        // A staged batch; at the first, the loads of the batch after the stage go out first.
-        if (b == 1) {
-          if ((STAGE + 1) * BATCH < total) load_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, w);
-          asm volatile("cp.async.wait_all;" ::: "memory");
-        }
-        const uint4* sb = st + (b - 1) * (SB / 16);
-#pragma unroll
-        for (int i = 0; i < BATCH; ++i) {
-          if (base + i >= total) break;
-          uint4 v[NR][BATCH];
-#pragma unroll
-          for (int r = 0; r < NR; ++r) v[r][i] = sb[(r * BATCH + i) * 32 + lane];
-          slot(v, i);
-        }
-        continue;
-      }
-      if (b > STAGE + 1) load_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, w);
 #pragma unroll
       for (int i = 0; i < BATCH; ++i) {
         if (base + i >= total) break;

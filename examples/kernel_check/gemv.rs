@@ -90,48 +90,6 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     };
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
     double_bits(&plain, &k, dev, t)?;
-    // The 1-row norm matmuls on streamed rows with three batches a warp staged
-    // (`gemv_qkv_stage`), scale-first and deferred norm, over qkv shapes of both models and
-    // ragged ones: a warp with several rows, with more batches than the stage holds (4,096
-    // inputs: 1.7B's down width), and with none.
-    for deferred in [None, Some(1 << 20)] {
-        let reference = LaunchOptions {
-            norm_deferred: deferred,
-            ..base
-        };
-        let opts = LaunchOptions {
-            gemv_qkv_stage: true,
-            ..reference
-        };
-        let plain = CudaKernels::new(dev, DType::BF16, &reference)?.ok_or("no kernels")?;
-        let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
-        let on = k.gemv_qkv_stage() && !plain.gemv_qkv_stage();
-        let d = if deferred.is_some() {
-            ", deferred norm"
-        } else {
-            ""
-        };
-        t.check(
-            format!("gemv qkv stage entry loaded{d} ?"),
-            if on { 0.0 } else { 1.0 },
-            0.0,
-        );
-        let shapes = [
-            (4096, 2048),
-            (4096, 1024),
-            (5002, 2048),
-            (2048, 4096),
-            (1000, 96),
-        ];
-        for &(n, kk) in &shapes {
-            let w = (randn(&[n, kk], DType::BF16, dev)? * 0.05)?.to_dtype(DType::BF16)?;
-            let names = [
-                format!("norm_gemv rows 1 n {n} k {kk} (qkv stage{d})"),
-                format!("norm_gemv rows 1 k {kk} residual sum (qkv stage{d})"),
-            ];
-            norm_bits((&plain, &k), &w, (1, false), names, dev, t)?;
-        }
-    }
     mma_plain_dispatch(dev, t)?;
     super::presum::checks(dev, t)?;
     tma_bits(dev, t)?;

@@ -161,15 +161,6 @@ pub struct KernelOptions {
     /// prompts 1.7B batch 1 660-661 against 647-648 tok/s (+2.0%), batches 2 and 8 unchanged
     /// (BENCHMARKS.md round 59, #21).
     pub gemv_stream_stage: bool,
-    /// The 1-row norm matmuls (qkv; rows of at most 4,096 inputs) run on streamed rows, one
-    /// block an SM held to 64 registers, each warp copying its second to fourth batches of
-    /// weights into shared memory by cp.async before its wait (`kernels/gemv.cu`
-    /// `snorm_gemv_st3_t1_bf16`, 96 KB of stages a block): on 1.7B a block fits an SM beside
-    /// the down's two (where the 512-block kernel's blocks start as the down's leave) and all
-    /// of a warp's rows are in flight before the wait, as the staged gate|up's
-    /// ([`KernelOptions::gemv_stream_stage`]) two of three. The same sums in the same order.
-    /// Off by default until measured (#21).
-    pub gemv_qkv_stage: bool,
     /// The shared-memory carveout the kernels of 1-2-row decode steps ask for (the skinny
     /// matmuls of `gemv.cu` and the fused attention's tensor-core kernels; percent of the SM's
     /// unified L1 / shared memory, 0-100: `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`).
@@ -437,7 +428,6 @@ impl Default for KernelOptions {
             graph_feed: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             gemv_stream_stage: true,
-            gemv_qkv_stage: false,
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),
             gemv_tma_min_k: GEMV_TMA_MIN_K,

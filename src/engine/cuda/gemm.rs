@@ -33,8 +33,6 @@ struct Gemv<'a> {
     norm_smem: bool,
     /// The most blocks its grid takes (streamed rows: each warp takes every G-th row).
     max_blocks: Option<usize>,
-    /// Warps a block.
-    warps: usize,
     /// Dynamic shared memory a block takes before its normed rows (staged weights).
     stage_bytes: usize,
 }
@@ -252,7 +250,7 @@ impl CudaKernels {
         let (ppf, pf_bytes) = self.prefetch_of(next)?;
         let cfg = LaunchConfig {
             grid_dim: (g.blocks(n), 1, 1),
-            block_dim: (32 * g.warps as u32, 1, 1),
+            block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: (g.stage_bytes + if g.norm_smem { t * k * 2 } else { 0 }) as u32,
         };
         let mut b = self.launcher(g.f);
@@ -300,7 +298,6 @@ impl CudaKernels {
                             rows_per_block: GEMV_WARPS,
                             norm_smem: set.norm_smem,
                             max_blocks: Some(*max),
-                            warps: GEMV_WARPS,
                             stage_bytes: one.stage_bytes,
                         });
                     }
@@ -310,7 +307,6 @@ impl CudaKernels {
                     rows_per_block: GEMV_WARPS,
                     norm_smem: set.norm_smem,
                     max_blocks: Some(*max),
-                    warps: GEMV_WARPS,
                     stage_bytes: 0,
                 });
             }
@@ -322,21 +318,7 @@ impl CudaKernels {
                     rows_per_block: GEMV_WARPS / 2,
                     norm_smem: false,
                     max_blocks: None,
-                    warps: GEMV_WARPS,
                     stage_bytes: 0,
-                });
-            }
-            // The 1-row norm matmuls (qkv) on streamed rows with three batches staged, where
-            // loaded (the norm weights in registers: K <= STREAM_NORM_MAX_K).
-            let qkv = kind == 2 && t == 1 && k <= STREAM_NORM_MAX_K;
-            if let Some((one, blocks)) = set.qkv_stage.as_ref().filter(|_| qkv) {
-                return Some(Gemv {
-                    f: &one.fs[0],
-                    rows_per_block: GEMV_WARPS,
-                    norm_smem: set.norm_smem,
-                    max_blocks: Some(*blocks),
-                    warps: GEMV_WARPS,
-                    stage_bytes: one.stage_bytes,
                 });
             }
             let f = match &set.double {
@@ -348,7 +330,6 @@ impl CudaKernels {
                 rows_per_block: GEMV_WARPS,
                 norm_smem: set.norm_smem,
                 max_blocks: None,
-                warps: GEMV_WARPS,
                 stage_bytes: 0,
             });
         }
@@ -364,7 +345,6 @@ impl CudaKernels {
             rows_per_block: GEMV_MMA_ROWS,
             norm_smem: true,
             max_blocks: None,
-            warps: GEMV_WARPS,
             stage_bytes: 0,
         })
     }
@@ -373,12 +353,6 @@ impl CudaKernels {
     /// (`LaunchOptions::weight_evict_first`).
     pub fn weight_evict_first(&self) -> bool {
         self.weight_evict_first
-    }
-
-    /// Whether the 1-row qkv kernel with three batches staged is loaded
-    /// (`LaunchOptions::gemv_qkv_stage`).
-    pub fn gemv_qkv_stage(&self) -> bool {
-        self.gemv.as_ref().is_some_and(|s| s.qkv_stage.is_some())
     }
 
     /// The shared memory a block of the 1-row streamed gate|up's staged kernels takes for its
@@ -418,7 +392,7 @@ impl CudaKernels {
         let (ppf, pf_bytes) = self.prefetch_of(next)?;
         let cfg = LaunchConfig {
             grid_dim: (g.blocks(n), 1, 1),
-            block_dim: (32 * g.warps as u32, 1, 1),
+            block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: g.stage_bytes as u32,
         };
         let mut b = self.launcher(g.f);

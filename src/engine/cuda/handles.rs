@@ -90,9 +90,6 @@ pub(crate) struct GemvSet {
     /// The plain and norm kernels with two batches of loads in flight, for rows of more than
     /// 2,048 inputs (`LaunchOptions::gemv_double_buffer`).
     pub(super) double: Option<[Vec<CudaFunction>; 2]>,
-    /// The 1-row norm kernel on streamed rows with three batches staged, one block an SM
-    /// (`LaunchOptions::gemv_qkv_stage`; `fs[1]` unused: `fs[0]` is the norm kernel).
-    pub(super) qkv_stage: Option<(StreamOne, usize)>,
     /// The plain kernel with two warps a row, for rows of more than 2,048
     /// inputs, a multiple of 16 (`LaunchOptions::gemv_split_k`).
     pub(super) split: Option<Vec<CudaFunction>>,
@@ -101,10 +98,9 @@ pub(crate) struct GemvSet {
     pub(super) deferred: Option<(usize, Box<GemvSet>)>,
 }
 
-/// The streamed gate|up's blocks an SM (`LaunchOptions::gemv_stream`), whether its 1-row
-/// kernels stage a batch (`gemv_stream_stage`), and whether the 1-row norm matmuls run on
-/// streamed rows with three batches staged (`gemv_qkv_stage`).
-type StreamChoice = (Option<u8>, bool, bool);
+/// The streamed gate|up's blocks an SM (`LaunchOptions::gemv_stream`), and whether its 1-row
+/// kernels stage a batch (`gemv_stream_stage`).
+type StreamChoice = (Option<u8>, bool);
 
 /// The 1-row streamed gate|up kernels that stage a batch (`kernels/gemv.cu` `*_st_*`) and the
 /// shared memory they take.
@@ -155,7 +151,6 @@ impl GemvSet {
         let stream = stream.chain(self.stream_one.iter().flat_map(|o| o.fs.iter()));
         let double = self.double.iter().flat_map(|d| d.iter().flatten());
         let split = self.split.iter().flatten();
-        let split = split.chain(self.qkv_stage.iter().flat_map(|(o, _)| o.fs.iter()));
         let fs = self
             .fs
             .iter()
@@ -172,12 +167,7 @@ impl GemvSet {
     /// [`GemvSet::load`] with the norm kernels named `{norm}_*`.
     fn named(
         m: &Arc<CudaModule>,
-        ((gemv_stream, stage, qkv_stage), double, split, warp_norm): (
-            StreamChoice,
-            bool,
-            bool,
-            bool,
-        ),
+        ((gemv_stream, stage), double, split, warp_norm): (StreamChoice, bool, bool, bool),
         norm: &str,
         sms: usize,
         rows: usize,
@@ -221,11 +211,6 @@ impl GemvSet {
             } else {
                 None
             },
-            qkv_stage: if qkv_stage && !warp_norm {
-                Some(StreamOne::load_qkv(m, norm, sms)?)
-            } else {
-                None
-            },
             split: if split {
                 Some(all("gemv_split".into())?)
             } else {
@@ -239,28 +224,11 @@ impl GemvSet {
 impl StreamOne {
     /// The 1-row staged gate|up entries, norm kernel `s{norm}_*`.
     fn load(m: &Arc<CudaModule>, norm: &str) -> Result<Self> {
-        let names = [
-            "sgemv_silu_st_t1_bf16".to_string(),
-            format!("s{norm}_gemv_silu_st_t1_bf16"),
-        ];
-        Self::named(m, names, super::gemm::GEMV_WARPS * STAGE_BYTES)
-    }
-
-    /// The 1-row staged qkv entry (`s{norm}_gemv_st3_t1_bf16`, in both slots), and its grid of
-    /// one block an SM.
-    fn load_qkv(m: &Arc<CudaModule>, norm: &str, sms: usize) -> Result<(Self, usize)> {
-        let name = format!("s{norm}_gemv_st3_t1_bf16");
-        // Three batches of one row's 8 chunks of 16 bytes for 32 lanes, a warp.
-        let bytes = super::gemm::GEMV_WARPS * 3 * (STAGE_BYTES / 2);
-        Ok((Self::named(m, [name.clone(), name], bytes)?, sms))
-    }
-
-    /// `names` with `stage_bytes` of stages a block (and the normed row beside them).
-    fn named(m: &Arc<CudaModule>, names: [String; 2], stage_bytes: usize) -> Result<Self> {
         use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
-        let f = |name: &String| -> Result<CudaFunction> {
+        let stage_bytes = super::gemm::GEMV_WARPS * STAGE_BYTES;
+        let f = |name: String| -> Result<CudaFunction> {
             let func = m
-                .load_function(name)
+                .load_function(&name)
                 .map_err(|e| kernel_err(&format!("function {name}"), e))?;
             let smem = (stage_bytes + STAGE_NORM_BYTES) as i32;
             func.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
@@ -268,7 +236,10 @@ impl StreamOne {
             Ok(func)
         };
         Ok(Self {
-            fs: [f(&names[0])?, f(&names[1])?],
+            fs: [
+                f("sgemv_silu_st_t1_bf16".into())?,
+                f(format!("s{norm}_gemv_silu_st_t1_bf16"))?,
+            ],
             stage_bytes,
         })
     }

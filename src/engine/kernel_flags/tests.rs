@@ -157,15 +157,11 @@ fn kernel_flags_become_kernel_options() {
     assert!(!n.kernels.gemv_double_buffer && !n.kernels.gemv_split_k);
     assert!(Cli::try_parse_from(["x", "--gemv-stream", "2", "--no-gemv-stream"]).is_err());
     assert!(Cli::try_parse_from(["x", "--gemv-stream", "0"]).is_err());
-    // The 1-row gate|up's staged batch on by default and off by its switch; the staged 1-row
-    // qkv off until measured, on by its own switch.
+    // The 1-row gate|up's staged batch on by default, off by its switch alone.
     assert!(d.kernels.gemv_stream_stage && lib.kernels.gemv_stream_stage);
-    assert!(!d.kernels.gemv_qkv_stage && !lib.kernels.gemv_qkv_stage);
     let n = opts(&["x", "--no-gemv-stream-stage"]);
     assert!(!n.kernels.gemv_stream_stage && n.kernels.gemv_stream == Some(2));
-    assert!(!n.kernels.gemv_qkv_stage);
-    let n = opts(&["x", "--gemv-qkv-stage"]);
-    assert!(n.kernels.gemv_qkv_stage && n.kernels.gemv_stream_stage);
+    assert!(n.kernels.gemv_double_buffer);
     let n = opts(&["x", "--gemv-split-k"]);
     assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);
     assert!(d.kernels.weight_evict_first && lib.kernels.weight_evict_first);
