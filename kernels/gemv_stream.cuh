@@ -170,47 +170,6 @@ __device__ __forceinline__ void stage_slots(const __nv_bfloat16* __restrict__ W,
 // Shared memory a warp's stage takes (NR 2: the gate|up pairs).
 constexpr int STAGE_BYTES = 2 * BATCH * 32 * 16;
 
-// stage_slots for the next NS slots only, into st2 (NR x NS x 32 uint4), one commit group.
-template <int NR, int NS>
-__device__ __forceinline__ void stage_slots_n(const __nv_bfloat16* __restrict__ W, int N, int K,
-                                              int gw, int G, int R, int P, int lane, int& lr,
-                                              int& lp, uint4* st2) {
-  const int chunks = K / 8;
-#pragma unroll
-  for (int i = 0; i < NS; ++i) {
-    if (lr < R) {
-      const int c = lane + 32 * lp;
-      const size_t row = (size_t)gw + (size_t)lr * G;
-      if (c < chunks) {
-#pragma unroll
-        for (int r = 0; r < NR; ++r)
-          cp_async16(st2 + (r * NS + i) * 32 + lane, W + (row + (size_t)r * N) * K + c * 8);
-      }
-      if (++lp == P) { lp = 0; ++lr; }
-    }
-  }
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-// load_slots for slots I0 .. BATCH - 1 of the batch (the first I0 are staged).
-template <int NR, int I0>
-__device__ __forceinline__ void load_slots_from(const __nv_bfloat16* __restrict__ W, int N, int K,
-                                                int gw, int G, int R, int P, int lane, int& lr,
-                                                int& lp, uint4 (&w)[NR][BATCH]) {
-  const int chunks = K / 8;
-#pragma unroll
-  for (int i = I0; i < BATCH; ++i) {
-    if (lr < R) {
-      const int c = lane + 32 * lp;
-      const size_t row = (size_t)gw + (size_t)lr * G;
-#pragma unroll
-      for (int r = 0; r < NR; ++r)
-        w[r][i] = c < chunks ? ld_stream(W + (row + (size_t)r * N) * K + c * 8) : make_uint4(0, 0, 0, 0);
-      if (++lp == P) { lp = 0; ++lr; }
-    }
-  }
-}
-
 // The fit form's loads: rows r0 .. r0 + BATCH / FIT - 1 of this warp's sequence (those below
 // R), FIT chunks each, into the slots load_slots would fill, in its order.
 template <int NR, int FIT>
@@ -239,12 +198,11 @@ __device__ __forceinline__ void fit_rows(const __nv_bfloat16* __restrict__ W, in
 // memory, the WARPS warps' stages (STAGE_BYTES each) first and the normed rows after; a warp's
 // second batch goes into its stage by cp.async before the wait, and its third batch's loads are
 // issued before the second is summed (on an H100 1.7B batch 1 +2.0%; the third prefetched into
-// L2 before the wait as well lost 2.8%, three batches staged in a qkv of one block an SM 10%:
-// BENCHMARKS.md round 59). S2 (with STAGE; LaunchOptions::gemv_stream_stage_half): the first
-// S2 slots of the third batch staged as well (a second stage after the first), the rest of it
-// loaded before the second is summed. The same sums in the same order.
+// L2 before the wait as well lost 2.8%, the third's first half staged too 3.2%, three batches
+// staged in a qkv of one block an SM 10%: BENCHMARKS.md round 59). The same sums in the same
+// order.
 template <int T, int NR, bool NORM, bool DEFER = false, int FIT = 0, bool PIPE = false,
-          bool STAGE = false, int S2 = 0>
+          bool STAGE = false>
 __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W,
                                              const __nv_bfloat16* x,
                                              const __nv_bfloat16* __restrict__ delta,
@@ -261,10 +219,9 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
   const int G = gridDim.x * WARPS;
   const int gw = blockIdx.x * WARPS + threadIdx.x / 32;
   uint4* st = nullptr;
-  constexpr int S2B = NR * S2 * 32 * 16;  // bytes of the second stage
   if constexpr (STAGE) {
-    st = reinterpret_cast<uint4*>(x_s) + (threadIdx.x / 32) * ((STAGE_BYTES + S2B) / 16);
-    x_s += WARPS * (STAGE_BYTES + S2B) / 2;
+    st = reinterpret_cast<uint4*>(x_s) + (threadIdx.x / 32) * (STAGE_BYTES / 16);
+    x_s += WARPS * STAGE_BYTES / 2;
   }
   const int chunks = K / 8;
   const int P = (chunks + 31) / 32;                  // chunks of a row per lane (padded)
@@ -275,8 +232,6 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
   if constexpr (FIT > 0) fit_rows<NR, FIT>(W, N, K, gw, G, R, 0, lane, w);
   else load_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, w);
   if constexpr (STAGE) stage_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, st);
-  if constexpr (STAGE && S2 > 0)
-    stage_slots_n<NR, S2>(W, N, K, gw, G, R, P, lane, lr, lp, st + STAGE_BYTES / 16);
   __nv_bfloat16 wk[NW_REGS];
   if (NORM) {
 #pragma unroll
@@ -352,11 +307,7 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
     for (int base = 0; base < total; base += BATCH) {
       if (base == BATCH) {
         // The staged batch: the next one's loads first, then the stage's slots as summed.
-        if constexpr (S2 > 0) {
-          if (2 * BATCH + S2 < total) load_slots_from<NR, S2>(W, N, K, gw, G, R, P, lane, lr, lp, w);
-        } else {
-          if (2 * BATCH < total) load_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, w);
-        }
+        if (2 * BATCH < total) load_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, w);
         asm volatile("cp.async.wait_all;" ::: "memory");
 #pragma unroll
         for (int i = 0; i < BATCH; ++i) {
@@ -367,25 +318,6 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
           slot(v, i);
         }
         continue;
-      }
-      if constexpr (S2 > 0) {
-        if (base == 2 * BATCH) {
-          // The third batch: its first S2 slots from the second stage, the rest from w.
-          const uint4* st2 = st + STAGE_BYTES / 16;
-#pragma unroll
-          for (int i = 0; i < BATCH; ++i) {
-            if (base + i >= total) break;
-            if (i < S2) {
-              uint4 v[NR][BATCH];
-#pragma unroll
-              for (int r = 0; r < NR; ++r) v[r][i] = st2[(r * S2 + i) * 32 + lane];
-              slot(v, i);
-            } else {
-              slot(w, i);
-            }
-          }
-          continue;
-        }
       }
       if (base > 2 * BATCH) load_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, w);
 #pragma unroll

@@ -56,12 +56,10 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     // 1-3 blocks an SM (1.7B's gate|up at 1 has six batches a warp, so the loads after the
     // stage run the loop's later rounds), the scale-first norm and the deferred one over every
     // width the streamed norm takes. The base and the 1-3-block runs above have it off.
-    let runs = [(1u8, None), (2, None), (3, None), (2, Some(1 << 20))];
-    for ((blocks, deferred), half) in runs.into_iter().flat_map(|r| [(r, false), (r, true)]) {
+    for (blocks, deferred) in [(1u8, None), (2, None), (3, None), (2, Some(1 << 20))] {
         let opts = LaunchOptions {
             gemv_stream: Some(blocks),
             gemv_stream_stage: true,
-            gemv_stream_stage_half: half,
             norm_deferred: deferred,
             ..base
         };
@@ -71,11 +69,10 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         };
         let plain = CudaKernels::new(dev, DType::BF16, &reference)?.ok_or("no kernels")?;
         let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
-        let want = if half { 8 * 12288 } else { 8 * 8192 };
-        let loaded =
-            k.gemv_stream_stage_bytes() == Some(want) && plain.gemv_stream_stage_bytes().is_none();
+        let loaded = k.gemv_stream_stage_bytes() == Some(8 * 8192)
+            && plain.gemv_stream_stage_bytes().is_none();
         t.check(
-            format!("gemv 1-row stage (half {half}) entries loaded ({blocks} blocks an SM) ?"),
+            format!("gemv 1-row stage entries loaded ({blocks} blocks an SM) ?"),
             if loaded { 0.0 } else { 1.0 },
             0.0,
         );
@@ -84,7 +81,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         } else {
             ""
         };
-        let tag = format!(" (streamed, stage, half {half}, {blocks} blocks an SM{d})");
+        let tag = format!(" (streamed, stage, {blocks} blocks an SM{d})");
         stream_bits(&plain, &k, &tag, dev, t)?;
     }
     let opts = LaunchOptions {

@@ -161,12 +161,6 @@ pub struct KernelOptions {
     /// prompts 1.7B batch 1 660-661 against 647-648 tok/s (+2.0%), batches 2 and 8 unchanged
     /// (BENCHMARKS.md round 59, #21).
     pub gemv_stream_stage: bool,
-    /// With [`KernelOptions::gemv_stream_stage`], the first half of each warp's third batch
-    /// is staged as well (a second stage of 4 KB a warp, 96 KB of stages a block: two blocks
-    /// an SM still fit), the rest of it loaded before the second batch is summed: on 1.7B a
-    /// warp's loads after its wait are half a batch instead of a batch (`*_sth_*`). The same
-    /// sums in the same order. Off by default until measured (#21).
-    pub gemv_stream_stage_half: bool,
     /// The shared-memory carveout the kernels of 1-2-row decode steps ask for (the skinny
     /// matmuls of `gemv.cu` and the fused attention's tensor-core kernels; percent of the SM's
     /// unified L1 / shared memory, 0-100: `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`).
@@ -434,7 +428,6 @@ impl Default for KernelOptions {
             graph_feed: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             gemv_stream_stage: true,
-            gemv_stream_stage_half: false,
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),
             gemv_tma_min_k: GEMV_TMA_MIN_K,

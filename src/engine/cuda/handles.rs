@@ -99,8 +99,8 @@ pub(crate) struct GemvSet {
 }
 
 /// The streamed gate|up's blocks an SM (`LaunchOptions::gemv_stream`), and whether its 1-row
-/// kernels stage a batch (`gemv_stream_stage`) and half the next (`gemv_stream_stage_half`).
-type StreamChoice = (Option<u8>, bool, bool);
+/// kernels stage a batch (`gemv_stream_stage`).
+type StreamChoice = (Option<u8>, bool);
 
 /// The 1-row streamed gate|up kernels that stage a batch (`kernels/gemv.cu` `*_st_*`) and the
 /// shared memory they take.
@@ -167,7 +167,7 @@ impl GemvSet {
     /// [`GemvSet::load`] with the norm kernels named `{norm}_*`.
     fn named(
         m: &Arc<CudaModule>,
-        ((gemv_stream, stage, half), double, split, warp_norm): (StreamChoice, bool, bool, bool),
+        ((gemv_stream, stage), double, split, warp_norm): (StreamChoice, bool, bool, bool),
         norm: &str,
         sms: usize,
         rows: usize,
@@ -202,7 +202,7 @@ impl GemvSet {
                 None => None,
             },
             stream_one: if gemv_stream.is_some() && !warp_norm && stage {
-                Some(StreamOne::load(m, norm, half)?)
+                Some(StreamOne::load(m, norm)?)
             } else {
                 None
             },
@@ -222,16 +222,10 @@ impl GemvSet {
 }
 
 impl StreamOne {
-    /// The 1-row staged gate|up entries (`_sth` with the third batch's first half staged
-    /// too when `half`), norm kernel `s{norm}_*`.
-    fn load(m: &Arc<CudaModule>, norm: &str, half: bool) -> Result<Self> {
+    /// The 1-row staged gate|up entries, norm kernel `s{norm}_*`.
+    fn load(m: &Arc<CudaModule>, norm: &str) -> Result<Self> {
         use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
-        let (tag, warp) = if half {
-            ("sth", STAGE_BYTES + STAGE_BYTES / 2)
-        } else {
-            ("st", STAGE_BYTES)
-        };
-        let stage_bytes = super::gemm::GEMV_WARPS * warp;
+        let stage_bytes = super::gemm::GEMV_WARPS * STAGE_BYTES;
         let f = |name: String| -> Result<CudaFunction> {
             let func = m
                 .load_function(&name)
@@ -243,8 +237,8 @@ impl StreamOne {
         };
         Ok(Self {
             fs: [
-                f(format!("sgemv_silu_{tag}_t1_bf16"))?,
-                f(format!("s{norm}_gemv_silu_{tag}_t1_bf16"))?,
+                f("sgemv_silu_st_t1_bf16".into())?,
+                f(format!("s{norm}_gemv_silu_st_t1_bf16"))?,
             ],
             stage_bytes,
         })
