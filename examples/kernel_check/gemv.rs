@@ -52,14 +52,16 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             t,
         )?;
     }
-    // The 1-row gate|up with its second batch staged in shared memory (`gemv_stream_stage`):
-    // 1-3 blocks an SM (1.7B's gate|up at 1 has six batches a warp, so the loads after the
+    // The 1-row gate|up with its second batch staged in shared memory (`gemv_stream_stage`),
+    // the copies before the wait and after it (`gemv_stream_stage_late`): 1-3 blocks an SM (1.7B's gate|up at 1 has six batches a warp, so the loads after the
     // stage run the loop's later rounds), the scale-first norm and the deferred one over every
     // width the streamed norm takes. The base and the 1-3-block runs above have it off.
-    for (blocks, deferred) in [(1u8, None), (2, None), (3, None), (2, Some(1 << 20))] {
+    let runs = [(1u8, None), (2, None), (3, None), (2, Some(1 << 20))];
+    for ((blocks, deferred), late) in runs.into_iter().flat_map(|r| [(r, false), (r, true)]) {
         let opts = LaunchOptions {
             gemv_stream: Some(blocks),
             gemv_stream_stage: true,
+            gemv_stream_stage_late: late,
             norm_deferred: deferred,
             ..base
         };
@@ -72,7 +74,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         let loaded = k.gemv_stream_stage_bytes() == Some(8 * 8192)
             && plain.gemv_stream_stage_bytes().is_none();
         t.check(
-            format!("gemv 1-row stage entries loaded ({blocks} blocks an SM) ?"),
+            format!("gemv 1-row stage (late {late}) entries loaded ({blocks} blocks an SM) ?"),
             if loaded { 0.0 } else { 1.0 },
             0.0,
         );
@@ -81,7 +83,7 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         } else {
             ""
         };
-        let tag = format!(" (streamed, stage, {blocks} blocks an SM{d})");
+        let tag = format!(" (streamed, stage, late {late}, {blocks} blocks an SM{d})");
         stream_bits(&plain, &k, &tag, dev, t)?;
     }
     let opts = LaunchOptions {

@@ -161,6 +161,13 @@ pub struct KernelOptions {
     /// prompts 1.7B batch 1 660-661 against 647-648 tok/s (+2.0%), batches 2 and 8 unchanged
     /// (BENCHMARKS.md round 59, #21).
     pub gemv_stream_stage: bool,
+    /// With [`KernelOptions::gemv_stream_stage`], each warp's copies of its second batch go
+    /// out right after its wait, before the norm, instead of before the wait (`*_stl_*`). A
+    /// block timeline (BENCHMARKS.md round 59) had the early copies shorten the gate|up by ~5
+    /// us a layer and lengthen o, whose late blocks still load their weights then, by ~4.4 us;
+    /// issued after o's end they cannot delay it, and still run ahead of the norm and the first
+    /// batch's sums. The same sums in the same order. Off by default until measured (#21).
+    pub gemv_stream_stage_late: bool,
     /// The shared-memory carveout the kernels of 1-2-row decode steps ask for (the skinny
     /// matmuls of `gemv.cu` and the fused attention's tensor-core kernels; percent of the SM's
     /// unified L1 / shared memory, 0-100: `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`).
@@ -428,6 +435,7 @@ impl Default for KernelOptions {
             graph_feed: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             gemv_stream_stage: true,
+            gemv_stream_stage_late: false,
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),
             gemv_tma_min_k: GEMV_TMA_MIN_K,

@@ -99,8 +99,9 @@ pub(crate) struct GemvSet {
 }
 
 /// The streamed gate|up's blocks an SM (`LaunchOptions::gemv_stream`), and whether its 1-row
-/// kernels stage a batch (`gemv_stream_stage`).
-type StreamChoice = (Option<u8>, bool);
+/// kernels stage a batch (`gemv_stream_stage`) with the copies after the wait
+/// (`gemv_stream_stage_late`).
+type StreamChoice = (Option<u8>, bool, bool);
 
 /// The 1-row streamed gate|up kernels that stage a batch (`kernels/gemv.cu` `*_st_*`) and the
 /// shared memory they take.
@@ -167,7 +168,7 @@ impl GemvSet {
     /// [`GemvSet::load`] with the norm kernels named `{norm}_*`.
     fn named(
         m: &Arc<CudaModule>,
-        ((gemv_stream, stage), double, split, warp_norm): (StreamChoice, bool, bool, bool),
+        ((gemv_stream, stage, late), double, split, warp_norm): (StreamChoice, bool, bool, bool),
         norm: &str,
         sms: usize,
         rows: usize,
@@ -202,7 +203,7 @@ impl GemvSet {
                 None => None,
             },
             stream_one: if gemv_stream.is_some() && !warp_norm && stage {
-                Some(StreamOne::load(m, norm)?)
+                Some(StreamOne::load(m, norm, late)?)
             } else {
                 None
             },
@@ -222,8 +223,10 @@ impl GemvSet {
 }
 
 impl StreamOne {
-    /// The 1-row staged gate|up entries, norm kernel `s{norm}_*`.
-    fn load(m: &Arc<CudaModule>, norm: &str) -> Result<Self> {
+    /// The 1-row staged gate|up entries (`_stl`, the copies after the wait, when `late`), norm
+    /// kernel `s{norm}_*`.
+    fn load(m: &Arc<CudaModule>, norm: &str, late: bool) -> Result<Self> {
+        let tag = if late { "stl" } else { "st" };
         use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
         let stage_bytes = super::gemm::GEMV_WARPS * STAGE_BYTES;
         let f = |name: String| -> Result<CudaFunction> {
@@ -237,8 +240,8 @@ impl StreamOne {
         };
         Ok(Self {
             fs: [
-                f("sgemv_silu_st_t1_bf16".into())?,
-                f(format!("s{norm}_gemv_silu_st_t1_bf16"))?,
+                f(format!("sgemv_silu_{tag}_t1_bf16"))?,
+                f(format!("s{norm}_gemv_silu_{tag}_t1_bf16"))?,
             ],
             stage_bytes,
         })
