@@ -53,9 +53,10 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         )?;
     }
     // The 1-row gate|up with its second batch staged in shared memory (`gemv_stream_stage`),
-    // the copies before the wait and after it (`gemv_stream_stage_late`): 1-3 blocks an SM (1.7B's gate|up at 1 has six batches a warp, so the loads after the
-    // stage run the loop's later rounds), the scale-first norm and the deferred one over every
-    // width the streamed norm takes. The base and the 1-3-block runs above have it off.
+    // the copies before the wait and after it (`gemv_stream_stage_late`): 1-3 blocks an SM
+    // (1.7B's gate|up at 1 has six batches a warp, so the loads after the stage run the loop's
+    // later rounds), the scale-first norm and the deferred one over every width the streamed
+    // norm takes. The base and the 1-3-block runs above have it off.
     let runs = [(1u8, None), (2, None), (3, None), (2, Some(1 << 20))];
     for ((blocks, deferred), late) in runs.into_iter().flat_map(|r| [(r, false), (r, true)]) {
         let opts = LaunchOptions {
@@ -71,8 +72,8 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         };
         let plain = CudaKernels::new(dev, DType::BF16, &reference)?.ok_or("no kernels")?;
         let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
-        let loaded = k.gemv_stream_stage_bytes() == Some(8 * 8192)
-            && plain.gemv_stream_stage_bytes().is_none();
+        let loaded =
+            k.gemv_stream_stage() == Some((8 * 8192, late)) && plain.gemv_stream_stage().is_none();
         t.check(
             format!("gemv 1-row stage (late {late}) entries loaded ({blocks} blocks an SM) ?"),
             if loaded { 0.0 } else { 1.0 },

@@ -110,6 +110,8 @@ pub(crate) struct StreamOne {
     pub(super) fs: [CudaFunction; 2],
     /// Dynamic shared memory a block takes for its warps' stages, before the normed rows.
     pub(super) stage_bytes: usize,
+    /// Whether these are the entries that copy after their wait (`_stl`).
+    pub(super) late: bool,
 }
 
 /// Shared memory one warp's staged batch takes (`kernels/gemv_stream.cuh` `STAGE_BYTES`:
@@ -244,6 +246,7 @@ impl StreamOne {
                 f(format!("s{norm}_gemv_silu_{tag}_t1_bf16"))?,
             ],
             stage_bytes,
+            late,
         })
     }
 }
