@@ -152,21 +152,16 @@ pub struct KernelOptions {
     /// H100).
     pub gemv_stream: Option<u8>,
     /// With [`KernelOptions::gemv_stream`], the 1-row gate|up copies each warp's second batch
-    /// of weights (1.7B: its second row pair, 8 KB) into shared memory by cp.async before its
-    /// wait, beside the first in registers, and issues the third batch's loads before it sums
-    /// the second: two of 1.7B's three batches a warp in flight before the wait instead of one,
-    /// and one round trip after it instead of two (`kernels/gemv.cu` `*_st_*`; 64 KB of shared
-    /// memory a block). Only where some warp has more than one batch (1.7B's gate|up, not
-    /// 0.6B's). The same sums in the same order. On by default: on an H100 after 512-token
-    /// prompts 1.7B batch 1 660-661 against 647-648 tok/s (+2.0%), batches 2 and 8 unchanged
-    /// (BENCHMARKS.md round 59, #21).
+    /// of weights into shared memory by cp.async before its wait and issues the third's loads
+    /// before it sums the second: one round trip after the wait instead of two
+    /// (`kernels/gemv.cu` `*_st_*`, 64 KB a block; only where a warp has more than one batch:
+    /// 1.7B, not 0.6B; the same bits). On by default: H100 1.7B batch 1 after 512-token
+    /// prompts 660-661 against 647-648 tok/s, batches 2 and 8 unchanged (BENCHMARKS.md, #21).
     pub gemv_stream_stage: bool,
-    /// With [`KernelOptions::gemv_stream_stage`], each warp's copies of its second batch go
-    /// out right after its wait, before the norm, instead of before the wait (`*_stl_*`). A
-    /// block timeline (BENCHMARKS.md round 59) had the early copies shorten the gate|up by ~5
-    /// us a layer and lengthen o, whose late blocks still load their weights then, by ~4.4 us;
-    /// issued after o's end they cannot delay it, and still run ahead of the norm and the first
-    /// batch's sums. The same sums in the same order. Off by default until measured (#21).
+    /// With [`KernelOptions::gemv_stream_stage`], the copies go out right after the wait,
+    /// before the norm (`*_stl_*`): a block timeline had the early ones lengthen o, whose late
+    /// blocks still load their weights, by ~4.4 us a layer (BENCHMARKS.md round 59). The same
+    /// bits. Off by default until measured (#21).
     pub gemv_stream_stage_late: bool,
     /// The shared-memory carveout the kernels of 1-2-row decode steps ask for (the skinny
     /// matmuls of `gemv.cu` and the fused attention's tensor-core kernels; percent of the SM's
