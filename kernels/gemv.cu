@@ -306,13 +306,6 @@ PLAIN_SMEM_ENTRY(sgemv_silu_st_t1_bf16,
                  sgemv_kernel<1, 2, false, false, 0, false, true>(PLAIN_SMEM_ARGS))
 NORM_ENTRY(snorm_gemv_silu_st_t1_bf16, sgemv_kernel<1, 2, true, false, 0, false, true>(NORM_ARGS))
 NORM_ENTRY(sdnorm_gemv_silu_st_t1_bf16, sgemv_kernel<1, 2, true, true, 0, false, true>(NORM_ARGS))
-// The same with the copies issued after the wait (LaunchOptions::gemv_stream_stage_late; `_stl`).
-PLAIN_SMEM_ENTRY(sgemv_silu_stl_t1_bf16,
-                 sgemv_kernel<1, 2, false, false, 0, false, true, true>(PLAIN_SMEM_ARGS))
-NORM_ENTRY(snorm_gemv_silu_stl_t1_bf16,
-           sgemv_kernel<1, 2, true, false, 0, false, true, true>(NORM_ARGS))
-NORM_ENTRY(sdnorm_gemv_silu_stl_t1_bf16,
-           sgemv_kernel<1, 2, true, true, 0, false, true, true>(NORM_ARGS))
 #undef ENTRY_BOUNDS
 #define ENTRY_BOUNDS __launch_bounds__(WARPS * 32)
 GEMV_DB(1)

@@ -200,11 +200,9 @@ __device__ __forceinline__ void fit_rows(const __nv_bfloat16* __restrict__ W, in
 // issued before the second is summed (on an H100 1.7B batch 1 +2.0%; the third prefetched into
 // L2 before the wait as well lost 2.8%, the third's first half staged too 3.2%, three batches
 // staged in a qkv of one block an SM 10%: BENCHMARKS.md round 59). The same sums in the same
-// order. LATE (with STAGE; LaunchOptions::gemv_stream_stage_late): the copies issued right
-// after the wait instead, before the norm (a block timeline had the early copies delay o's
-// end by ~4 us a layer).
+// order.
 template <int T, int NR, bool NORM, bool DEFER = false, int FIT = 0, bool PIPE = false,
-          bool STAGE = false, bool LATE = false>
+          bool STAGE = false>
 __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W,
                                              const __nv_bfloat16* x,
                                              const __nv_bfloat16* __restrict__ delta,
@@ -215,7 +213,6 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
                                              unsigned long long pf_bytes) {
   static_assert(!PIPE || FIT == BATCH, "the halves are refilled only with one row a batch");
   static_assert(!STAGE || (FIT == 0 && NR == 2), "the stage: the general loop's gate|up");
-  static_assert(STAGE || !LATE, "late copies come with the stage");
   pdl_trigger();
   l2_prefetch_share(pf, pf_bytes);
   const int lane = threadIdx.x % 32;
@@ -234,7 +231,7 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
   uint4 w[NR][BATCH];
   if constexpr (FIT > 0) fit_rows<NR, FIT>(W, N, K, gw, G, R, 0, lane, w);
   else load_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, w);
-  if constexpr (STAGE && !LATE) stage_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, st);
+  if constexpr (STAGE) stage_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, st);
   __nv_bfloat16 wk[NW_REGS];
   if (NORM) {
 #pragma unroll
@@ -244,7 +241,6 @@ __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W
     }
   }
   pdl_wait();
-  if constexpr (STAGE && LATE) stage_slots<NR>(W, N, K, gw, G, R, P, lane, lr, lp, st);
   float inv[T];
   if (NORM) {
     norm_rows_pre<T, DEFER>(x, delta, res_out, wk, eps, add, K, x_s, inv);

@@ -49,10 +49,6 @@ pub struct KernelFlags {
     /// `KernelOptions::gemv_stream_stage` off).
     #[arg(long)]
     pub no_gemv_stream_stage: bool,
-    /// The staged 1-row gate|up issues its copies right after its wait instead of before it
-    /// (`KernelOptions::gemv_stream_stage_late`).
-    #[arg(long, conflicts_with_all = ["no_gemv_stream", "no_gemv_stream_stage"])]
-    pub gemv_stream_stage_late: bool,
     /// The shared-memory carveout, in percent of the SM's L1 / shared memory, of the kernels
     /// of 1-2-row decode steps (`KernelOptions::smem_carveout`; default 100).
     #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u8).range(0..=100))]
@@ -285,7 +281,6 @@ impl KernelFlags {
                     .unwrap_or(super::options::GEMV_STREAM_BLOCKS)
             }),
             gemv_stream_stage: !self.no_gemv_stream_stage,
-            gemv_stream_stage_late: self.gemv_stream_stage_late,
             smem_carveout: (!self.no_smem_carveout)
                 .then(|| self.smem_carveout.unwrap_or(super::options::SMEM_CARVEOUT)),
             gemv_tma: (!self.no_gemv_tma)

@@ -158,11 +158,6 @@ pub struct KernelOptions {
     /// 1.7B, not 0.6B; the same bits). On by default: H100 1.7B batch 1 after 512-token
     /// prompts 660-661 against 647-648 tok/s, batches 2 and 8 unchanged (BENCHMARKS.md, #21).
     pub gemv_stream_stage: bool,
-    /// With [`KernelOptions::gemv_stream_stage`], the copies go out right after the wait,
-    /// before the norm (`*_stl_*`): a block timeline had the early ones lengthen o, whose late
-    /// blocks still load their weights, by ~4.4 us a layer (BENCHMARKS.md round 59). The same
-    /// bits. Off by default until measured (#21).
-    pub gemv_stream_stage_late: bool,
     /// The shared-memory carveout the kernels of 1-2-row decode steps ask for (the skinny
     /// matmuls of `gemv.cu` and the fused attention's tensor-core kernels; percent of the SM's
     /// unified L1 / shared memory, 0-100: `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`).
@@ -430,7 +425,6 @@ impl Default for KernelOptions {
             graph_feed: true,
             gemv_stream: Some(GEMV_STREAM_BLOCKS),
             gemv_stream_stage: true,
-            gemv_stream_stage_late: false,
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),
             gemv_tma_min_k: GEMV_TMA_MIN_K,

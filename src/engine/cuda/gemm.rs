@@ -356,11 +356,9 @@ impl CudaKernels {
     }
 
     /// The shared memory a block of the 1-row streamed gate|up's staged kernels takes for its
-    /// stages and whether they copy after their wait, when they are loaded
-    /// (`LaunchOptions::gemv_stream_stage`, `gemv_stream_stage_late`).
-    pub fn gemv_stream_stage(&self) -> Option<(usize, bool)> {
-        let one = self.gemv.as_ref()?.stream_one.as_ref()?;
-        Some((one.stage_bytes, one.late))
+    /// stages, when they are loaded (`LaunchOptions::gemv_stream_stage`).
+    pub fn gemv_stream_stage_bytes(&self) -> Option<usize> {
+        Some(self.gemv.as_ref()?.stream_one.as_ref()?.stage_bytes)
     }
 
     /// Whether a plain matmul of `t` rows over a weight of `n` rows of `k` inputs runs on the

@@ -99,9 +99,8 @@ pub(crate) struct GemvSet {
 }
 
 /// The streamed gate|up's blocks an SM (`LaunchOptions::gemv_stream`), and whether its 1-row
-/// kernels stage a batch (`gemv_stream_stage`) with the copies after the wait
-/// (`gemv_stream_stage_late`).
-type StreamChoice = (Option<u8>, bool, bool);
+/// kernels stage a batch (`gemv_stream_stage`).
+type StreamChoice = (Option<u8>, bool);
 
 /// The 1-row streamed gate|up kernels that stage a batch (`kernels/gemv.cu` `*_st_*`) and the
 /// shared memory they take.
@@ -110,8 +109,6 @@ pub(crate) struct StreamOne {
     pub(super) fs: [CudaFunction; 2],
     /// Dynamic shared memory a block takes for its warps' stages, before the normed rows.
     pub(super) stage_bytes: usize,
-    /// Whether these are the entries that copy after their wait (`_stl`).
-    pub(super) late: bool,
 }
 
 /// Shared memory one warp's staged batch takes (`kernels/gemv_stream.cuh` `STAGE_BYTES`:
@@ -170,7 +167,7 @@ impl GemvSet {
     /// [`GemvSet::load`] with the norm kernels named `{norm}_*`.
     fn named(
         m: &Arc<CudaModule>,
-        ((gemv_stream, stage, late), double, split, warp_norm): (StreamChoice, bool, bool, bool),
+        ((gemv_stream, stage), double, split, warp_norm): (StreamChoice, bool, bool, bool),
         norm: &str,
         sms: usize,
         rows: usize,
@@ -205,7 +202,7 @@ impl GemvSet {
                 None => None,
             },
             stream_one: if gemv_stream.is_some() && !warp_norm && stage {
-                Some(StreamOne::load(m, norm, late)?)
+                Some(StreamOne::load(m, norm)?)
             } else {
                 None
             },
@@ -225,10 +222,8 @@ impl GemvSet {
 }
 
 impl StreamOne {
-    /// The 1-row staged gate|up entries (`_stl`, the copies after the wait, when `late`), norm
-    /// kernel `s{norm}_*`.
-    fn load(m: &Arc<CudaModule>, norm: &str, late: bool) -> Result<Self> {
-        let tag = if late { "stl" } else { "st" };
+    /// The 1-row staged gate|up entries, norm kernel `s{norm}_*`.
+    fn load(m: &Arc<CudaModule>, norm: &str) -> Result<Self> {
         use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
         let stage_bytes = super::gemm::GEMV_WARPS * STAGE_BYTES;
         let f = |name: String| -> Result<CudaFunction> {
@@ -242,11 +237,10 @@ impl StreamOne {
         };
         Ok(Self {
             fs: [
-                f(format!("sgemv_silu_{tag}_t1_bf16"))?,
-                f(format!("s{norm}_gemv_silu_{tag}_t1_bf16"))?,
+                f("sgemv_silu_st_t1_bf16".into())?,
+                f(format!("s{norm}_gemv_silu_st_t1_bf16"))?,
             ],
             stage_bytes,
-            late,
         })
     }
 }

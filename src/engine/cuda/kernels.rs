@@ -401,11 +401,7 @@ impl CudaKernels {
             },
             gemv: if dtype == DType::BF16 && opts.gemv {
                 let which = (
-                    (
-                        opts.gemv_stream,
-                        opts.gemv_stream_stage,
-                        opts.gemv_stream_stage_late,
-                    ),
+                    (opts.gemv_stream, opts.gemv_stream_stage),
                     opts.gemv_double_buffer,
                     opts.gemv_split_k,
                     (opts.warp_norm, opts.norm_deferred),

@@ -34,9 +34,6 @@ pub struct LaunchOptions {
     /// shared memory by cp.async before its wait where a warp has more than one batch (`_st`
     /// entries; the same bits; default on).
     pub gemv_stream_stage: bool,
-    /// With `gemv_stream_stage`, the copies issued right after the wait instead of before it
-    /// (`_stl` entries; the same bits).
-    pub gemv_stream_stage_late: bool,
     /// The shared-memory carveout (percent of the SM's unified L1 / shared memory, 0-100; the
     /// driver rounds up to a size the GPU has) the kernels of 1-2-row decode steps ask for
     /// (the skinny matmuls of `gemv.cu`, the fused attention's tensor-core kernels); None:
@@ -186,7 +183,6 @@ impl Default for LaunchOptions {
             graph_feed: false,
             gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
             gemv_stream_stage: true,
-            gemv_stream_stage_late: false,
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
             gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),
             gemv_tma_min_k: crate::engine::options::GEMV_TMA_MIN_K,

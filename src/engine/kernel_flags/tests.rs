@@ -157,19 +157,11 @@ fn kernel_flags_become_kernel_options() {
     assert!(!n.kernels.gemv_double_buffer && !n.kernels.gemv_split_k);
     assert!(Cli::try_parse_from(["x", "--gemv-stream", "2", "--no-gemv-stream"]).is_err());
     assert!(Cli::try_parse_from(["x", "--gemv-stream", "0"]).is_err());
-    // The 1-row gate|up's staged batch on by default, off by its switch alone; its copies
-    // after the wait off until measured, on by their own switch, refused beside either switch
-    // that turns off what they run in.
+    // The 1-row gate|up's staged batch on by default, off by its switch alone.
     assert!(d.kernels.gemv_stream_stage && lib.kernels.gemv_stream_stage);
-    assert!(!d.kernels.gemv_stream_stage_late && !lib.kernels.gemv_stream_stage_late);
     let n = opts(&["x", "--no-gemv-stream-stage"]);
     assert!(!n.kernels.gemv_stream_stage && n.kernels.gemv_stream == Some(2));
     assert!(n.kernels.gemv_double_buffer);
-    let n = opts(&["x", "--gemv-stream-stage-late"]);
-    assert!(n.kernels.gemv_stream_stage_late && n.kernels.gemv_stream_stage);
-    for f in ["--no-gemv-stream", "--no-gemv-stream-stage"] {
-        assert!(Cli::try_parse_from(["x", "--gemv-stream-stage-late", f]).is_err());
-    }
     let n = opts(&["x", "--gemv-split-k"]);
     assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);
     assert!(d.kernels.weight_evict_first && lib.kernels.weight_evict_first);

@@ -72,7 +72,6 @@ pub fn launch_options(opts: &KernelOptions, cfg: &ModelConfig) -> LaunchOptions 
         graph_feed: opts.graph_feed,
         gemv_stream: opts.gemv_stream,
         gemv_stream_stage: opts.gemv_stream_stage,
-        gemv_stream_stage_late: opts.gemv_stream_stage_late,
         smem_carveout: opts.smem_carveout,
         gemv_tma: opts.gemv_tma,
         gemv_tma_min_k: opts.gemv_tma_min_k,
