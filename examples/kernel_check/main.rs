@@ -16,6 +16,7 @@ mod lora_runs;
 mod mma;
 mod model;
 mod moe;
+mod o_prefetch;
 mod ops;
 mod prefill;
 mod presum;
