@@ -27,8 +27,6 @@
 //  * gemv_db_t{T}_bf16, norm_gemv_db_t{T}_bf16 (T = 1, 2): gemv/norm_gemv with two batches of
 //    weight loads in flight (dot_rows2), bit for bit.
 //  * gemv_split_t{T}_bf16 (T = 1, 2): gemv with two warps a row, a half of K each (below).
-//  * gemv_pfm_t1_bf16: gemv_t1 prefetching two ranges into L2 after its own loads (o's matmul
-//    with LaunchOptions::o_prefetch_mlp: the gate|up's rows loaded after its wait).
 //  * the same four on tensor cores for 3..8 rows: gemv_mma.cu.
 //
 // Every kernel also takes (pf, pf_bytes): weights of a later kernel of the step, which its
@@ -145,10 +143,7 @@ __device__ __forceinline__ bool warp_rows(int N, int (&rows)[NR]) {
 // runs the dot products. NR 2 is the gate/up pair with SiLU (N = I).
 // NORM: 0 none, 1 the block-wide norm into shared memory (norm_rows), 2 the per-warp norm
 // (WarpNorm), 3 the block-wide norm with its scale deferred to the sums (norm_rows_deferred).
-// PF_LATE (o's 1-row matmul, LaunchOptions::o_prefetch_mlp; `gemv_pfm`): the prefetch goes out
-// after this warp's own weight loads, over two ranges of pf_bytes (pf and pf2: the rows of the
-// gate and up halves the gate|up loads after its wait), instead of one range before the loads.
-template <int T, int NR, int NORM, bool DB = false, bool PF_LATE = false>
+template <int T, int NR, int NORM, bool DB = false>
 __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
                                             const __nv_bfloat16* x,
                                             const __nv_bfloat16* __restrict__ delta,
@@ -156,10 +151,9 @@ __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
                                             const __nv_bfloat16* __restrict__ nw, float eps,
                                             int add, __nv_bfloat16* __restrict__ out, int N,
                                             int K, __nv_bfloat16* x_s, const void* pf,
-                                            unsigned long long pf_bytes,
-                                            const void* pf2 = nullptr) {
+                                            unsigned long long pf_bytes) {
   pdl_trigger();
-  if constexpr (!PF_LATE) l2_prefetch_share(pf, pf_bytes);
+  l2_prefetch_share(pf, pf_bytes);
   const int lane = threadIdx.x % 32;
   int rows[NR];
   const bool ok = warp_rows<NR>(N, rows);
@@ -168,10 +162,6 @@ __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
   if (ok) load_batch<NR>(W, rows, K, lane, w);
   if constexpr (DB) {
     if (ok) load_batch<NR>(W, rows, K, lane + 32 * BATCH, w2);
-  }
-  if constexpr (PF_LATE) {
-    l2_prefetch_share(pf, pf_bytes);
-    l2_prefetch_share(pf2, pf_bytes);
   }
   pdl_wait();
   float acc[NR][T];
@@ -318,16 +308,6 @@ NORM_ENTRY(snorm_gemv_silu_st_t1_bf16, sgemv_kernel<1, 2, true, false, 0, false,
 NORM_ENTRY(sdnorm_gemv_silu_st_t1_bf16, sgemv_kernel<1, 2, true, true, 0, false, true>(NORM_ARGS))
 #undef ENTRY_BOUNDS
 #define ENTRY_BOUNDS __launch_bounds__(WARPS * 32)
-// o's 1-row plain matmul prefetching into L2 the gate|up rows loaded after that kernel's wait
-// (LaunchOptions::o_prefetch_mlp; PF_LATE above): pf_bytes at pf (gate) and at pf2 (up).
-extern "C" __global__ void ENTRY_BOUNDS gemv_pfm_t1_bf16(const __nv_bfloat16* W,
-                                                         const __nv_bfloat16* x,
-                                                         __nv_bfloat16* out, int N, int K,
-                                                         const void* pf, const void* pf2,
-                                                         unsigned long long pf_bytes) {
-  gemv_kernel<1, 1, 0, false, true>(W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K, nullptr,
-                                    pf, pf_bytes, pf2);
-}
 GEMV_DB(1)
 GEMV_DB(2)
 GEMV_SPLIT(1)

@@ -96,7 +96,6 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     };
     let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
     double_bits(&plain, &k, dev, t)?;
-    super::o_prefetch::checks(dev, t)?;
     mma_plain_dispatch(dev, t)?;
     super::presum::checks(dev, t)?;
     tma_bits(dev, t)?;
@@ -417,7 +416,7 @@ fn silu_bits(
 }
 
 /// The largest |a - b| (0: bit for bit, up to the sign of zeros).
-pub(super) fn max_diff(a: &Tensor, b: &Tensor) -> Res<f32> {
+fn max_diff(a: &Tensor, b: &Tensor) -> Res<f32> {
     let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
     Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
 }

@@ -16,7 +16,6 @@ mod lora_runs;
 mod mma;
 mod model;
 mod moe;
-mod o_prefetch;
 mod ops;
 mod prefill;
 mod presum;

@@ -89,10 +89,6 @@ pub struct KernelFlags {
     /// (`KernelOptions::l2_prefetch`).
     #[arg(long)]
     pub l2_prefetch: bool,
-    /// o's 1-row matmul prefetches into L2 the gate|up rows loaded after that kernel's
-    /// wait, at most MIB MiB (`KernelOptions::o_prefetch_mlp`).
-    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u16).range(1..=1024))]
-    pub o_prefetch_mlp: Option<u16>,
     /// Draw whole-vocabulary samples on the host (turns `KernelOptions::sample_full` off).
     #[arg(long)]
     pub no_device_full_sampling: bool,
@@ -297,7 +293,6 @@ impl KernelFlags {
             weight_evict_first: !self.no_weight_evict_first,
             weight_evict_first_moe: self.weight_evict_first_moe,
             l2_prefetch: self.l2_prefetch,
-            o_prefetch_mlp: self.o_prefetch_mlp.map(usize::from),
             warp_norm: self.warp_norm,
             norm_deferred: (!self.no_norm_deferred).then(|| {
                 self.norm_deferred_max_k

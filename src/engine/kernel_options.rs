@@ -207,11 +207,6 @@ pub struct KernelOptions {
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
     /// it runs (sm_90+). Off by default: it loses 2-10% on the H200 (BENCHMARKS.md, #21).
     pub l2_prefetch: bool,
-    /// o's 1-row matmul prefetches into L2 the rows of the gate|up that kernel loads after
-    /// its wait (1.7B: its third batch, 2 x 7.9 MB), at most this many MiB, issued after o's
-    /// own weight loads while the attention runs with the memory nearly idle. Same bits. None
-    /// (default): off until measured (#21).
-    pub o_prefetch_mlp: Option<usize>,
     /// Rows sampled over the whole vocabulary (no top-k, top-p 1: RL trainers' default) are
     /// drawn on the device (the inverse CDF in token-id order; the host walks it by
     /// probability, so the two draw different, equally distributed tokens for one seed).
@@ -438,7 +433,6 @@ impl Default for KernelOptions {
             weight_evict_first: true,
             weight_evict_first_moe: false,
             l2_prefetch: false,
-            o_prefetch_mlp: None,
             sample_full: true,
             warp_norm: false,
             norm_deferred: Some(NORM_DEFERRED_MAX_K),

@@ -349,32 +349,6 @@ impl CudaKernels {
         })
     }
 
-    /// Whether a 1-row plain matmul over a weight of `n` rows of `k` inputs runs on the plain
-    /// skinny-matmul kernel (`gemv_t1`: not the streamed 1-row kernel, not the double-buffered
-    /// or split ones of longer rows).
-    pub(super) fn plain_one_row_serves(&self, n: usize, k: usize) -> bool {
-        n > 0
-            && n <= GEMV_MAX_N
-            && k > 0
-            && k <= DOUBLE_BUFFER_MIN_K
-            && k.is_multiple_of(8)
-            && self.gemv.is_some()
-            && !self.gemv_tma_serves(1, (n, k))
-    }
-
-    /// The first gate/up pair that the 1-row gate|up behind its norm, over `pairs` pairs of
-    /// `k` inputs, loads after its wait, when a streamed kernel serves it and some pair is
-    /// left: warp w of G takes pairs w, w + G, ..., and loads its first batch of `BATCH` slots
-    /// before the wait, its second too where staged.
-    pub(super) fn gate_up_after_wait(&self, pairs: usize, k: usize) -> Option<usize> {
-        let g = self.gemv_for(3, 1, (2 * pairs, k))?;
-        g.max_blocks?;
-        let warps = g.blocks(pairs) as usize * GEMV_WARPS;
-        let batches = if g.stage_bytes > 0 { 2 } else { 1 };
-        let first = warps * (batches * STAGE_MIN_SLOTS / (k / 8).div_ceil(32));
-        (first < pairs).then_some(first)
-    }
-
     /// Whether the skinny matmuls load their weights evict-first in L2
     /// (`LaunchOptions::weight_evict_first`).
     pub fn weight_evict_first(&self) -> bool {

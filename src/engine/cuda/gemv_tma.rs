@@ -24,18 +24,6 @@ const MAX_K: usize = 4096;
 const ROWS: usize = 1024;
 
 impl CudaKernels {
-    /// Whether the streamed kernel is loaded and serves `t` rows of `k` inputs and `n` outputs.
-    pub(super) fn gemv_tma_serves(&self, t: usize, (n, k): (usize, usize)) -> bool {
-        let Some(g) = self.gemv_tma.as_ref() else {
-            return false;
-        };
-        // The rings (8 warps) and the input row.
-        let smem = 8 * g.slots * PIECE * 2 + k * 2;
-        let rows = g.any_rows || n == ROWS;
-        let serves = t == 1 && k >= g.min_k && k <= MAX_K && k.is_multiple_of(PIECE) && rows;
-        serves && smem <= TMA_GEMV_MAX_SMEM && n != 0 && self.gemv.is_some()
-    }
-
     /// `out[0] = x[0] · wᵀ` on the streamed kernel when it serves the shape (`t` rows of `k`
     /// inputs, `n` outputs) and the skinny matmuls are on; false (nothing launched) when not.
     pub(super) fn gemv_tma_into(
@@ -44,15 +32,16 @@ impl CudaKernels {
         (n, k): (usize, usize),
         (pw, px, po): (u64, u64, u64),
     ) -> Result<bool> {
-        let Some(g) = self
-            .gemv_tma
-            .as_ref()
-            .filter(|_| self.gemv_tma_serves(t, (n, k)))
-        else {
+        let Some(g) = self.gemv_tma.as_ref() else {
             return Ok(false);
         };
         // The rings (8 warps) and the input row.
         let smem = 8 * g.slots * PIECE * 2 + k * 2;
+        let rows = g.any_rows || n == ROWS;
+        let serves = t == 1 && k >= g.min_k && k <= MAX_K && k.is_multiple_of(PIECE) && rows;
+        if !serves || smem > TMA_GEMV_MAX_SMEM || n == 0 || self.gemv.is_none() {
+            return Ok(false);
+        }
         let (n32, k32, ns) = (n as i32, k as i32, g.slots as i32);
         let mut b = self.launcher(&g.f);
         b.arg(&pw).arg(&px).arg(&po).arg(&n32).arg(&k32).arg(&ns);

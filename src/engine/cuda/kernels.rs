@@ -16,7 +16,6 @@ use super::handles::{GemvSet, LoraGrouped, SpecKernels, group_functions};
 use super::launch::{self, kernel_err};
 pub use super::launch_options::LaunchOptions;
 use super::moe_handles::MoeKernels;
-use super::o_prefetch::OPrefetch;
 use crate::error::Result;
 
 static DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/decode.fatbin"));
@@ -140,8 +139,6 @@ pub struct CudaKernels {
     pub(super) gemv_presum: Option<[Vec<CudaFunction>; 3]>,
     /// Whether the skinny matmuls prefetch the next matmul's weights into L2.
     pub(super) l2_prefetch: bool,
-    /// o's 1-row matmul prefetching the gate|up's late rows (`LaunchOptions::o_prefetch_mlp`).
-    pub(super) o_prefetch: Option<OPrefetch>,
     /// Whether the skinny matmuls' build loads their weights evict-first
     /// (`super::builds::Builds`).
     pub(super) weight_evict_first: bool,
@@ -437,7 +434,6 @@ impl CudaKernels {
                 _ => None,
             },
             l2_prefetch: hopper && opts.l2_prefetch,
-            o_prefetch: OPrefetch::load(&gemv_mod, opts, hopper && dtype == DType::BF16)?,
             weight_evict_first: builds.weight_evict_first,
             gemv_tma: super::handles::TmaGemv::load(opts, (dtype, major == 9), &load)?,
             blas: Blas::new(&stream)?,

@@ -59,10 +59,6 @@ pub struct LaunchOptions {
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
     /// while it runs (sm_90+).
     pub l2_prefetch: bool,
-    /// o's 1-row matmul prefetches into L2 the gate|up rows that kernel loads after its
-    /// wait, at most this many MiB, after its own weight loads (sm_90; `gemv_pfm_t1_bf16`;
-    /// the same bits). None: off.
-    pub o_prefetch_mlp: Option<usize>,
     /// Draw rows sampled over the whole vocabulary (no top-k, top-p off) on the device
     /// (`sample_full_f32`) instead of reading their logits to the host.
     pub sample_full: bool,
@@ -195,7 +191,6 @@ impl Default for LaunchOptions {
             gemv_split_k: false,
             weight_evict_first: true,
             l2_prefetch: false,
-            o_prefetch_mlp: None,
             sample_full: true,
             warp_norm: false,
             norm_deferred: Some(crate::engine::options::NORM_DEFERRED_MAX_K),

@@ -42,7 +42,6 @@ mod lora_wide;
 mod moe_handles;
 mod moe_ops;
 mod moe_router;
-mod o_prefetch;
 mod params;
 mod prefill;
 mod readback;

@@ -162,11 +162,6 @@ fn kernel_flags_become_kernel_options() {
     let n = opts(&["x", "--no-gemv-stream-stage"]);
     assert!(!n.kernels.gemv_stream_stage && n.kernels.gemv_stream == Some(2));
     assert!(n.kernels.gemv_double_buffer);
-    // o's prefetch of the gate|up's late rows off until measured, its MiB by its flag.
-    assert!(d.kernels.o_prefetch_mlp.is_none() && lib.kernels.o_prefetch_mlp.is_none());
-    let n = opts(&["x", "--o-prefetch-mlp", "16"]);
-    assert_eq!(n.kernels.o_prefetch_mlp, Some(16));
-    assert!(Cli::try_parse_from(["x", "--o-prefetch-mlp", "0"]).is_err());
     let n = opts(&["x", "--gemv-split-k"]);
     assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);
     assert!(d.kernels.weight_evict_first && lib.kernels.weight_evict_first);

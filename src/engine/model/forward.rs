@@ -83,7 +83,6 @@ pub fn launch_options(opts: &KernelOptions, cfg: &ModelConfig) -> LaunchOptions 
             false => opts.weight_evict_first,
         },
         l2_prefetch: opts.l2_prefetch,
-        o_prefetch_mlp: opts.o_prefetch_mlp,
         warp_norm: opts.warp_norm,
         norm_deferred: opts.norm_deferred,
         sample_full: opts.sample_full,

@@ -328,9 +328,6 @@ impl KernelForward<'_> {
             } else if presummed {
                 let sum = (&a.residual[cur], &a.residual[1 - cur]);
                 k.linear_res_into(o_w.0, o_w.1, o_w.2, sum, &a.ss)?;
-            } else if let (None, Ffn::Dense(mlp)) = (&lora, &layer.ffn)
-                && k.o_prefetch_mlp_into(o_w, mlp.gate_up.weight())?
-            {
             } else {
                 self.linear_lora(o_w, Some(ffn_w), lora.as_ref().map(|l| (l, li, 1)))?;
             }
