@@ -199,8 +199,8 @@ __device__ __forceinline__ void fit_rows(const __nv_bfloat16* __restrict__ W, in
 // second batch goes into its stage by cp.async before the wait, and its third batch's loads are
 // issued before the second is summed (on an H100 1.7B batch 1 +2.0%; the third prefetched into
 // L2 before the wait as well lost 2.8%, the third's first half staged too 3.2%, three batches
-// staged in a qkv of one block an SM 10%: BENCHMARKS.md round 59). The same sums in the same
-// order.
+// staged in a qkv of one block an SM 10%: BENCHMARKS.md round 59; the copies issued after the
+// wait instead 1.5%: round 60). The same sums in the same order.
 template <int T, int NR, bool NORM, bool DEFER = false, int FIT = 0, bool PIPE = false,
           bool STAGE = false>
 __device__ __forceinline__ void sgemv_kernel(const __nv_bfloat16* __restrict__ W,

@@ -156,7 +156,8 @@ pub struct KernelOptions {
     /// before it sums the second: one round trip after the wait instead of two
     /// (`kernels/gemv.cu` `*_st_*`, 64 KB a block; only where a warp has more than one batch:
     /// 1.7B, not 0.6B; the same bits). On by default: H100 1.7B batch 1 after 512-token
-    /// prompts 660-661 against 647-648 tok/s, batches 2 and 8 unchanged (BENCHMARKS.md, #21).
+    /// prompts 660-661 against 647-648 tok/s, batches 2 and 8 unchanged; H200 776-778 against
+    /// 770 (BENCHMARKS.md rounds 59-60, #21).
     pub gemv_stream_stage: bool,
     /// The shared-memory carveout the kernels of 1-2-row decode steps ask for (the skinny
     /// matmuls of `gemv.cu` and the fused attention's tensor-core kernels; percent of the SM's
