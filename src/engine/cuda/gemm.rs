@@ -47,7 +47,7 @@ impl Gemv<'_> {
 
 /// Widest input (K) of the streamed-rows norm kernel: the norm weights a thread holds in
 /// registers (`NW_REGS` of `kernels/gemv.cu`) times a block's 256 threads.
-const STREAM_NORM_MAX_K: usize = 16 * 32 * GEMV_WARPS;
+pub(super) const STREAM_NORM_MAX_K: usize = 16 * 32 * GEMV_WARPS;
 
 /// Inputs a lane's one batch of weight loads covers (8 loads of 8 bf16, 32 lanes): rows longer
 /// than this take the double-buffered kernels when they are loaded.

@@ -117,7 +117,7 @@ pub(super) const STAGE_BYTES: usize = 2 * 8 * 32 * 16;
 
 /// The widest normed row a staged kernel may hold beside its stages (`STREAM_NORM_MAX_K`
 /// bf16 of one row).
-const STAGE_NORM_BYTES: usize = 4096 * 2;
+const STAGE_NORM_BYTES: usize = super::gemm::STREAM_NORM_MAX_K * 2;
 
 impl GemvSet {
     /// The functions for 1..=`rows` rows that the launch options (`gemv_stream`,
