@@ -153,4 +153,54 @@ __device__ __forceinline__ void norm_rope_two(const T* __restrict__ s0, const T*
   }
 }
 
+// One lane's raw K/V slice (16 bytes of bf16, 8 of e4m3) global -> shared by cp.async (16
+// bytes past L1, as the loop's loads of a token read once; 8 bytes through it).
+template <typename R>
+__device__ __forceinline__ void cp_async_raw(R* dst, const void* src) {
+  static_assert(sizeof(R) == 16 || sizeof(R) == 8, "a K/V slice of 8 or 16 bytes");
+  if constexpr (sizeof(R) == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+
+// The fused attention's stage (its STG): this thread's slices of tokens base + grp + GROUPS * u
+// (u < F; those before `end`, not the new token `newp`, as its loop's fetch takes them) into
+// kst / vst [u][thread], one cp.async group; `off` gives a token's element offset.
+template <int F, typename Raw, typename KT, typename Off>
+__device__ __forceinline__ void stage_round(Raw (&kst)[F][THREADS], Raw (&vst)[F][THREADS],
+                                            const KT* k_cache, const KT* v_cache, int base,
+                                            int grp, int end, int newp, const Off& off) {
+#pragma unroll
+  for (int u = 0; u < F; ++u) {
+    const int p = base + grp + GROUPS * u;
+    if (p < end && p != newp) {
+      const size_t o = off(p);
+      cp_async_raw(&kst[u][threadIdx.x], k_cache + o);
+      cp_async_raw(&vst[u][threadIdx.x], v_cache + o);
+    }
+  }
+  cp_async_commit();
+}
+
 }  // namespace
+
+// The fused decode attention's entries, `decode_fused<PRE>_g<G>_<bf16|fp8>` (fused_decode.cu
+// instantiates them; the arguments after PRE are decode_fused's template arguments past MMA).
+#define PS_DECODE_FUSED(G, KT, NAME, LEAN, MMA, BOUNDS, PRE, ...)                               \
+  extern "C" __global__ void BOUNDS                                                             \
+      decode_fused##PRE##_g##G##_##NAME(const FusedDecodeParams p) {                            \
+    decode_fused<G, KT, LEAN, MMA __VA_OPT__(, ) __VA_ARGS__>(                                  \
+        p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots, (KT*)p.k_cache, (KT*)p.v_cache,        \
+        p.block_tables, p.ctx_lens, p.out, p.part_acc, p.part_ml, p.counters, p.W, p.width,     \
+        p.block_size, p.num_slots, p.nkv, p.part, p.k_scale, p.v_scale, p.eps, p.stop,          \
+        p.kv_shift);                                                                            \
+  }
+#define PS_DECODE_FUSED_KT(KT, NAME, ...) \
+  PS_DECODE_FUSED(1, KT, NAME, __VA_ARGS__)  \
+  PS_DECODE_FUSED(2, KT, NAME, __VA_ARGS__)  \
+  PS_DECODE_FUSED(4, KT, NAME, __VA_ARGS__)  \
+  PS_DECODE_FUSED(8, KT, NAME, __VA_ARGS__)
+#define PS_DECODE_FUSED_ALL(...)                       \
+  PS_DECODE_FUSED_KT(__nv_bfloat16, bf16, __VA_ARGS__) \
+  PS_DECODE_FUSED_KT(fp8, fp8, __VA_ARGS__)
