@@ -33,16 +33,19 @@ namespace {
 // kernels' at the same partitioning (the merge sums the same terms in the same order); across
 // clusters the merge is two-level and differs in rounding only.
 // The cluster's push (step 4): the peers store their partials into block 0 by st.async, counted
-// on block 0's mbarrier, which block 0 waits on instead of a second cluster barrier (round 55).
+// on block 0's mbarrier, which block 0 waits on instead of a second cluster barrier (whose
+// release made every thread wait for its memory operations at GPU scope; round 55).
 // The tensor-core kernels (MMA > 0) are built for the only launches the host makes of them (in
 // clusters, every context within one, no profiling stop: `tc` below is then always true), so
-// they carry no CUDA-core loop, one-partition output or global merge (round 56). A launch that
-// breaks the rule traps.
+// they carry no CUDA-core loop, one-partition output or merge through global memory: ~40% of
+// the machine code they had, and on the H100 0.6B batch 1 / 2 +2.9% / +3.0%, 1.7B +2.2% /
+// +0.7%, the 30B-A3B shape +0.9% (round 56; BENCHMARKS.md). A launch that breaks the rule traps.
 // kv_shift: the grid's KV heads are virtual, 2^kv_shift of them a head of the cache (GQA group
 // 8 runs as two group-4 halves a KV head, which merge in clusters; G is then 4): each reads
 // its cache head's K/V and norms its new key; the first writes the new row.
 // qkv rows hold q heads, k heads, v heads; a padding row (context 0) writes zeros. `stop`
-// (profiling only; 0 in the engine) ends every block after phase 1-4 for `graph_check --profile`.
+// (profiling only, the CUDA-core kernels; 0 in the engine, and no clusters) ends every block
+// after phase 1-4 (4: the partial formed), so `graph_check --profile` can time the phases.
 // FETCH: tokens per half-warp whose K/V loads are in flight together (a round of GROUPS *
 // FETCH tokens a block; eight, and two rounds of four, lost 14-36% at 8k-32k tokens: #21).
 constexpr int FETCH = 4;
@@ -54,14 +57,13 @@ constexpr int CLUSTER_PART = 128;  // longest partition of a context one cluster
 // through MMA stages of dynamic shared memory a warp, issued before the wait; the new token's
 // row patched into its stage from shared memory) and its merge of the warps: the bits of the
 // unfused tensor-core kernels at the same partitioning, as the CUDA-core loop gives
-// paged_decode's; only for steps whose contexts all fit (the paragraph above).
+// paged_decode's. The host launches these kernels only for steps whose contexts all fit (a
+// CUDA-core loop here, at 113 registers, lost 23-33% after 8k-32k tokens on the H200), and
+// since round 56 they hold no other loop (the paragraph above).
 // LEAN (LaunchOptions::fused_lean, on by default): the same sums in the same order with fewer
 // instructions a token: a power-of-two block size's table index and offset by shift and mask
 // instead of a division. (A round's scores before its softmax steps lost 9-27%: #21.)
-// STG (LaunchOptions::fused_stage; CUDA-core loop, groups 1-2): the second round's K/V copied
-// into shared memory before the wait (stage_round), the third's loads issued as the second is
-// summed: within three rounds no load is waited on after the wait. The same sums.
-template <int G, typename KT, bool LEAN, int MMA, bool STG = false>
+template <int G, typename KT, bool LEAN, int MMA>
 __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
                              const __nv_bfloat16* __restrict__ q_w,
                              const __nv_bfloat16* __restrict__ k_w,
@@ -116,27 +118,20 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   Raw kr[FETCH], vr[FETCH];
   const bool bs_pow2 = LEAN && (block_size & (block_size - 1)) == 0;
   const int bs_shift = 31 - __clz(block_size);
-  auto kv_off = [&](int p) {
-    const int tb = bs_pow2 ? p >> bs_shift : p / block_size;
-    const int to = bs_pow2 ? p & (block_size - 1) : p % block_size;
-    const size_t slot = (size_t)table[tb] * block_size + to;
-    return (head_base + slot) * HD + lane * PER;
-  };
   auto fetch = [&](int base) {
 #pragma unroll
     for (int u = 0; u < FETCH; ++u) {
       const int p = base + grp + GROUPS * u;
       if (p < end && p != newp) {
-        const size_t off = kv_off(p);
+        const int tb = bs_pow2 ? p >> bs_shift : p / block_size;
+        const int to = bs_pow2 ? p & (block_size - 1) : p % block_size;
+        const size_t slot = (size_t)table[tb] * block_size + to;
+        const size_t off = (head_base + slot) * HD + lane * PER;
         kr[u] = *reinterpret_cast<const Raw*>(k_cache + off);
         vr[u] = *reinterpret_cast<const Raw*>(v_cache + off);
       }
     }
   };
-  // STG: this thread's slices of round 2 (read back by it alone: its cp.async wait suffices).
-  constexpr bool S = STG && MMA == 0 && G <= 2;
-  __shared__ __align__(16) Raw kst[S ? FETCH : 1][S ? THREADS : 1];
-  __shared__ __align__(16) Raw vst[S ? FETCH : 1][S ? THREADS : 1];
   // With MMA, a context one cluster holds takes the tensor-core loop (uniform in a block).
   const bool tc = MMA > 0 && one_cluster;
   if (tc) {
@@ -155,13 +150,10 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     }
   } else {
     fetch(start);
-    if constexpr (S)
-      stage_round<FETCH>(kst, vst, k_cache, v_cache, start + GROUPS * FETCH, grp, end, newp,
-                         kv_off);
   }
   pdl_wait();
   if (stop == 1) {
-    if constexpr (MMA > 0 || S) cp_async_wait<0>();
+    if constexpr (MMA > 0) cp_async_wait<0>();
     return;
   }
   if (ctx == 0) {  // the same for the whole row b
@@ -254,10 +246,7 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
   }
   __syncthreads();
   TL_MARK(1);
-  if (stop == 2) {
-    if constexpr (S) cp_async_wait<0>();
-    return;
-  }
+  if (stop == 2) return;
 
   // 3: paged_decode's loop (the same tokens in the same order), FETCH tokens at a time; or
   // (tc) paged_decode_mma's. The CUDA-core loop's half-warp states: static shared memory, or
@@ -325,15 +314,8 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
     }
     float m[G], l[G], acc[G][PER];
     empty_groups<G>(m, l, acc);
-    for (int base = start, r = 0; base < end; base += GROUPS * FETCH, ++r) {
-      // S: round 1 from the stage, with round 2's loads out meanwhile; rounds 3+ as below.
-      const bool staged = S && r == 1;
-      if (S && r == 1) {
-        fetch(base + GROUPS * FETCH);
-        cp_async_wait<0>();
-      } else if (S ? r >= 3 : base != start) {
-        fetch(base);
-      }
+    for (int base = start; base < end; base += GROUPS * FETCH) {
+      if (base != start) fetch(base);
 #pragma unroll
       for (int u = 0; u < FETCH; ++u) {
         const int p = base + grp + GROUPS * u;
@@ -345,17 +327,16 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
         } else if (p == newp) {
           load8(&knew[lane * PER], 1.f, kv);
         } else {
-          raw8_to_f32(staged ? kst[u][threadIdx.x] : kr[u], 1.f, kv);
+          raw8_to_f32(kr[u], 1.f, kv);
         }
         float sc[G];
         head_scores<G>(qv, kv, sc);
         if (!valid) continue;
         if (p == newp) load8(&vnew[lane * PER], vs, kv);
-        else raw8_to_f32(staged ? vst[u][threadIdx.x] : vr[u], vs, kv);
+        else raw8_to_f32(vr[u], vs, kv);
         softmax_step<G>(sc, kv, m, l, acc);
       }
     }
-    if constexpr (S) cp_async_wait<0>();  // a partition of one round staged nothing
     if (stop == 3) {
       // Keep the loop's results live (a profiling stop must not let the compiler drop it).
       if (m[0] == 12345.f) out[0] = (T)(l[0] + acc[0][0]);
@@ -483,13 +464,27 @@ __device__ void decode_fused(const __nv_bfloat16* __restrict__ qkv,
 
 }  // namespace
 
-// The entries (their macros in fused_parts.cuh): the division kernels,
+#define PS_DECODE_FUSED(G, KT, NAME, LEAN, MMA, BOUNDS, PRE)                                    \
+  extern "C" __global__ void BOUNDS                                                             \
+      decode_fused##PRE##_g##G##_##NAME(const FusedDecodeParams p) {                            \
+    decode_fused<G, KT, LEAN, MMA>(p.qkv, p.q_w, p.k_w, p.inv_freq, p.pos, p.slots,             \
+                                   (KT*)p.k_cache, (KT*)p.v_cache, p.block_tables, p.ctx_lens,   \
+                                   p.out, p.part_acc, p.part_ml, p.counters, p.W, p.width,       \
+                                   p.block_size, p.num_slots, p.nkv, p.part, p.k_scale,          \
+                                   p.v_scale, p.eps, p.stop, p.kv_shift);                        \
+  }
+#define PS_DECODE_FUSED_ALL(LEAN, MMA, BOUNDS, PRE)                  \
+  PS_DECODE_FUSED(1, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \
+  PS_DECODE_FUSED(2, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \
+  PS_DECODE_FUSED(4, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \
+  PS_DECODE_FUSED(8, __nv_bfloat16, bf16, LEAN, MMA, BOUNDS, PRE)   \
+  PS_DECODE_FUSED(1, fp8, fp8, LEAN, MMA, BOUNDS, PRE)              \
+  PS_DECODE_FUSED(2, fp8, fp8, LEAN, MMA, BOUNDS, PRE)              \
+  PS_DECODE_FUSED(4, fp8, fp8, LEAN, MMA, BOUNDS, PRE)              \
+  PS_DECODE_FUSED(8, fp8, fp8, LEAN, MMA, BOUNDS, PRE)
 PS_DECODE_FUSED_ALL(false, 0, __launch_bounds__(THREADS), )
 // The same with LaunchOptions::fused_lean (the same bits).
 PS_DECODE_FUSED_ALL(true, 0, __launch_bounds__(THREADS), _lean)
-// The lean kernels with the second round staged (LaunchOptions::fused_stage; groups 1-2, the
-// others as _lean).
-PS_DECODE_FUSED_ALL(true, 0, __launch_bounds__(THREADS), _stage, true)
 // Step 3 on tensor cores where a context fits one cluster (LaunchOptions::fused_mma) with 1 or
 // 2 stages a warp: dynamic shared memory of max(MMA_WARPS * stages * stage_bytes,
 // MMA_STATES_BYTES) (attention_handles.rs).

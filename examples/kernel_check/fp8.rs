@@ -12,7 +12,7 @@ use policy_serve::engine::kv_format::{
     FP8_E4M3_MAX, FP8_STORAGE, KvRef, KvScale, dequantize, quantize,
 };
 
-use super::fused::{case, division_kernels, mma_kernels, stage_kernels};
+use super::fused::{case, division_kernels, mma_kernels};
 use super::{Args, Res, Table, cores, engine, randn, rel, tokens_of};
 use policy_serve::engine::{DTypeChoice, DeviceChoice, KvCacheDtype};
 use policy_serve::testing::synthetic_prompt;
@@ -283,22 +283,15 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     // And the tensor-core loop (`LaunchOptions::fused_mma`) against the unfused tensor-core
     // kernels over fp8 (f16 MMAs).
     let km = mma_kernels(dev, 2)?;
-    // And the staged CUDA-core loop (`LaunchOptions::fused_stage`: 8-byte copies of fp8).
-    let ks = stage_kernels(dev)?;
     for &(rows, heads, splits) in &[
         ((1, 600, false), (16, 8), Some(32)),
         ((4, 3000, true), (16, 8), Some(32)),
         ((8, 700, true), (32, 8), Some(16)),
         ((16, 900, false), (16, 8), None),
     ] {
-        for ((kf, kc, how), s) in [
-            (&k, &k, ""),
-            (&kd, &kd, " division"),
-            (&km, &k, " mma2"),
-            (&ks, &ks, " stage"),
-        ]
-        .into_iter()
-        .flat_map(|k| [(k, pow2), (k, odd)])
+        for ((kf, kc, how), s) in [(&k, &k, ""), (&kd, &kd, " division"), (&km, &k, " mma2")]
+            .into_iter()
+            .flat_map(|k| [(k, pow2), (k, odd)])
         {
             let (out, cache, left, exact) = case((kf, kc), dev, rows, heads, splits, Some(s))?;
             let name = format!(

@@ -177,16 +177,6 @@ pub(crate) fn division_kernels(dev: &Device) -> Res<CudaKernels> {
     Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
 }
 
-/// `cores()` with the lean CUDA-core loop's second round of K/V staged in shared memory before
-/// its wait (`LaunchOptions::fused_stage`; groups 1-2, the others as lean).
-pub(crate) fn stage_kernels(dev: &Device) -> Res<CudaKernels> {
-    let o = LaunchOptions {
-        fused_stage: true,
-        ..cores()
-    };
-    Ok(CudaKernels::new(dev, DType::BF16, &o)?.ok_or("no kernels")?)
-}
-
 /// `cores()` with the fused decode attention's tensor-core loop at `stages` a warp for every
 /// launch (`LaunchOptions::fused_mma`, no row bound) and the unfused tensor-core attention
 /// (`mma_decode`) it is held to.
@@ -223,11 +213,6 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
     // into its stage fails it); past one cluster the CUDA-core kernels run, as the engine
     // launches them, against the unfused CUDA-core kernels.
     let (km1, km2) = (mma_kernels(dev, 1)?, mma_kernels(dev, 2)?);
-    // The staged CUDA-core loop (`LaunchOptions::fused_stage`), every case once more: a round
-    // staged from the wrong tokens, read back before its copies landed, or the third round's
-    // loads not issued fails it (2-5 rounds a partition among the cases; 0 tolerance where the
-    // merge is one level).
-    let ks = stage_kernels(dev)?;
     let cases: &[Case] = &[
         ((1, 600, false), (16, 8), None),
         ((1, 600, false), (16, 8), Some(32)),
@@ -261,7 +246,6 @@ pub fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         .map(|c| (&k, &k, c, ""))
         .chain(g8.map(|c| (&k8, &k8, c, " whole")))
         .chain(cases.iter().map(|c| (&kd, &kd, c, " division")))
-        .chain(cases.iter().map(|c| (&ks, &ks, c, " stage")))
         .chain(cases.iter().map(|c| (&km1, &k, c, " mma1")))
         .chain(cases.iter().map(|c| (&km2, &k, c, " mma2")));
     for (kf, kc, &(rows, heads, splits), how) in runs {

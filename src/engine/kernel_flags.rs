@@ -127,10 +127,6 @@ pub struct KernelFlags {
     /// mask (turns `KernelOptions::fused_lean` off).
     #[arg(long)]
     pub no_fused_lean: bool,
-    /// The fused decode attention's CUDA-core loop with each partition's second round of K/V
-    /// staged in shared memory before its wait (`KernelOptions::fused_stage`; off by default).
-    #[arg(long)]
-    pub fused_stage: bool,
     /// The fused decode attention's loop on tensor cores with D stages a warp, 1 or 2
     /// (`KernelOptions::fused_mma`; default 1).
     #[arg(long, value_name = "D", value_parser = clap::value_parser!(u8).range(1..=2))]
@@ -308,7 +304,6 @@ impl KernelFlags {
             gqa8_split: !self.no_gqa8_split,
             eager_graph_splits: !self.no_eager_graph_splits,
             fused_lean: !self.no_fused_lean,
-            fused_stage: self.fused_stage,
             fused_mma: (!self.no_fused_mma)
                 .then(|| self.fused_mma.unwrap_or(super::options::FUSED_MMA_STAGES)),
             fused_mma_rows: self

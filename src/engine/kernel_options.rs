@@ -252,11 +252,6 @@ pub struct KernelOptions {
     /// after 512-token prompts +2.1%, after 8k +8.4%, batch 1 +1-2.4%, 1.7B +1% (BENCHMARKS.md,
     /// #21); off: the division.
     pub fused_lean: bool,
-    /// With `fused_lean`, the CUDA-core loop (3+ rows, or contexts past one cluster; GQA groups
-    /// 1-2) copies each partition's second round of K/V into shared memory by cp.async before
-    /// its wait and issues the third's loads as it sums the second (`decode_fused_stage_*`,
-    /// 16 KB a block; the same bits). Off by default: not yet measured (#21).
-    pub fused_stage: bool,
     /// The fused decode attention's loop over a context that fits one cluster (up to 2,048
     /// tokens at 1-4 rows, 1,024 at 5-16) on tensor cores (`kernels/fused_decode.cu`
     /// `decode_fused_mma*`: the loop of `kernels/decode_mma.cu`, a warp taking chunks of 16
@@ -266,8 +261,10 @@ pub struct KernelOptions {
     /// the MMA as in the unfused tensor-core kernel, whose bits it gives at the same
     /// partitioning. Only steps whose contexts all fit one cluster take these kernels (eager
     /// steps by their contexts; the graphs of those buckets are captured twice and replayed by
-    /// the longest context). Default `Some(FUSED_MMA_STAGES)` (1: four blocks an SM): on the
-    /// H200 after 512-token prompts 0.6B batch 1 / 2 +6% / +9%, 1.7B +4% / +5% (BENCHMARKS.md,
+    /// the longest context), so longer contexts run the CUDA-core kernels as before. Default
+    /// `Some(FUSED_MMA_STAGES)` (1: four blocks an SM): on the H200 after 512-token prompts
+    /// 0.6B batch 1 / 2 1,160 / 1,908 -> 1,234 / 2,076 tok/s (+6% / +9%), after 2k 938 / 1,552
+    /// -> 1,039 / 1,678, 1.7B 692 / 1,111 -> 721 / 1,170; after 8k-32k unchanged (BENCHMARKS.md,
     /// #21). None: the CUDA-core loop everywhere.
     pub fused_mma: Option<u8>,
     /// Most rows of a decode step whose fused attention takes the tensor-core loop of
@@ -447,7 +444,6 @@ impl Default for KernelOptions {
             graph_splits_few: Some(GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(GRAPH_SPLITS_MID),
             fused_lean: true,
-            fused_stage: false,
             fused_mma: Some(FUSED_MMA_STAGES),
             fused_mma_rows: FUSED_MMA_ROWS,
             fused_mma_one: Some(FUSED_MMA_ONE),

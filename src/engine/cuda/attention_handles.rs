@@ -34,7 +34,7 @@ pub(crate) struct FusedDecode {
 
 impl FusedDecode {
     /// The kernels `opts` asks for over caches of `dt` ("bf16" or "fp8"): the lean kernels
-    /// with `fused_lean` (their staged form with `fused_stage`), else the division ones; with `fused_mma` also the tensor-core loop's
+    /// with `fused_lean`, else the division ones; with `fused_mma` also the tensor-core loop's
     /// (1 or 2 stages a warp; more are clamped to 2). On sm_90+ (`hopper`) they may run in
     /// clusters of 16 (non-portable).
     pub(super) fn load(
@@ -61,9 +61,7 @@ impl FusedDecode {
             }
             Ok(fs)
         };
-        let cores = if opts.fused_lean && opts.fused_stage {
-            set("decode_fused_stage", 0)?
-        } else if opts.fused_lean {
+        let cores = if opts.fused_lean {
             set("decode_fused_lean", 0)?
         } else {
             set("decode_fused", 0)?

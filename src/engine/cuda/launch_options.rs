@@ -87,9 +87,6 @@ pub struct LaunchOptions {
     /// The fused decode attention's lean kernels (`decode_fused_lean_*`: the same bits with
     /// fewer instructions a token).
     pub fused_lean: bool,
-    /// The lean CUDA-core fused attention with each partition's second round of K/V staged in
-    /// shared memory before the wait (`decode_fused_stage_*`, groups 1-2).
-    pub fused_stage: bool,
     /// The fused decode attention's loop on tensor cores with this many K/V stages a warp (1
     /// or 2; `decode_fused_mma*`) for contexts that fit one cluster; None: the CUDA-core loop.
     pub fused_mma: Option<u8>,
@@ -204,7 +201,6 @@ impl Default for LaunchOptions {
             graph_splits_few: Some(crate::engine::options::GRAPH_SPLITS_FEW),
             graph_splits_mid: Some(crate::engine::options::GRAPH_SPLITS_MID),
             fused_lean: true,
-            fused_stage: false,
             fused_mma: Some(crate::engine::options::FUSED_MMA_STAGES),
             fused_mma_rows: crate::engine::options::FUSED_MMA_ROWS,
             fused_mma_one: Some(crate::engine::options::FUSED_MMA_ONE),

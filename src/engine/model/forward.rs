@@ -93,7 +93,6 @@ pub fn launch_options(opts: &KernelOptions, cfg: &ModelConfig) -> LaunchOptions 
         graph_splits_few: opts.graph_splits_few,
         graph_splits_mid: opts.graph_splits_mid,
         fused_lean: opts.fused_lean,
-        fused_stage: opts.fused_stage,
         fused_mma: opts.fused_mma,
         fused_mma_rows: opts.fused_mma_rows,
         fused_mma_one: opts.fused_mma_one,
