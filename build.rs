@@ -37,13 +37,6 @@ const KERNELS: &[&str] = &[
 const VARIANTS: &[(&str, &str, &[&str])] = &[
     ("gemv_ef", "gemv", &["WEIGHT_EVICT_FIRST"]),
     ("gemv_mma_ef", "gemv_mma", &["WEIGHT_EVICT_FIRST"]),
-    // And the inputs prefetched into L1 after the wait (`LaunchOptions::gemv_x_prefetch`).
-    ("gemv_ef_xp", "gemv", &["WEIGHT_EVICT_FIRST", "X_PREFETCH"]),
-    (
-        "gemv_mma_ef_xp",
-        "gemv_mma",
-        &["WEIGHT_EVICT_FIRST", "X_PREFETCH"],
-    ),
 ];
 
 fn main() {

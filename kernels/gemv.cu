@@ -180,7 +180,6 @@ __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
       x = x_s;
     }
     if (!ok) return;
-    if (NORM == 0) prefetch_rows<T>(x, K, lane);  // X_PREFETCH only (x in global memory)
     if constexpr (DB) dot_rows2<T, NR>(W, PlainX{x, K}, rows, K, lane, w, w2, acc);
     else dot_rows<T, NR>(W, PlainX{x, K}, rows, K, lane, w, acc);
     if (NORM == 3) scale_rows<T, NR>(acc, inv);

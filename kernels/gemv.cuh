@@ -34,26 +34,6 @@ __device__ __forceinline__ uint4 ld_stream(const __nv_bfloat16* p) {
   return v;
 }
 
-// Built with X_PREFETCH (build.rs: gemv_ef_xp / gemv_mma_ef_xp, LaunchOptions::gemv_x_prefetch):
-// right after its wait a warp asks L1 for every line of the input its dot products read from
-// global memory (prefetch.global.L1, no registers), so the loop's input loads, each behind the
-// branch of the chunk before, hit L1 instead of L2. Nothing else changes: the same values.
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-#ifdef X_PREFETCH
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-#endif
-}
-
-// The 1-2-row kernels' prefetch (X_PREFETCH): chunks lane, lane + 32, ... of T rows K apart.
-template <int T>
-__device__ __forceinline__ void prefetch_rows(const __nv_bfloat16* x, int K, int lane) {
-#ifdef X_PREFETCH
-  for (int c = lane; c < K / 8; c += 32)
-#pragma unroll
-    for (int t = 0; t < T; ++t) prefetch_l1(x + (size_t)t * K + c * 8);
-#endif
-}
-
 // w[r][i] = chunk c0 + 32 * i of row rows[r] (zeros past the row's end).
 template <int NR>
 __device__ __forceinline__ void load_batch(const __nv_bfloat16* __restrict__ W,

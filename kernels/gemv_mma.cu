@@ -92,22 +92,11 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
     }
   };
   load(warp);
-  // X_PREFETCH (gemv.cuh): the norm weight's lines before the wait (no kernel writes it), the
-  // input's after it; a norm's input is in shared memory.
-#ifdef X_PREFETCH
-  if constexpr (PS == 2)
-    for (int s = warp; s < steps; s += WARPS) prefetch_l1(ps.nw + s * 32 + 8 * c);
-#endif
   pdl_wait();
   if (NORM) {
     norm_rows<T>(x, delta, res_out, nw, eps, add, K, x_s);
     x = x_s;
   }
-#ifdef X_PREFETCH
-  else if (g < T) {
-    for (int s = warp; s < steps; s += WARPS) prefetch_l1(x + (size_t)g * K + s * 32 + 8 * c);
-  }
-#endif
   // PS 2: warp t's lanes hold row t's partial sums of squares (p = lane + 32 j); PS 1: threads
   // 0..127 the residual value of the column and row they store.
   float ssv[PS_PARTS / 32];

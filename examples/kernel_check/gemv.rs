@@ -134,34 +134,6 @@ fn evict_first_bits(dev: &Device, t: &mut Table) -> Res<()> {
         (true, tag),
         dev,
         t,
-    )?;
-    // The inputs prefetched into L1 after the wait (`gemv_x_prefetch`, the `gemv_ef_xp` /
-    // `gemv_mma_ef_xp` builds) against the evict-first build, bit for bit, with 1.7B's down
-    // (2,048 x 6,144) among the shapes: a prefetch changes no value, so a kernel that read a
-    // row out of step fails it.
-    let xp = CudaKernels::new(
-        dev,
-        DType::BF16,
-        &LaunchOptions {
-            gemv_mma: true,
-            gemv_x_prefetch: true,
-            ..LaunchOptions::default()
-        },
-    )?
-    .ok_or("no kernels")?;
-    let loaded = xp.gemv_x_prefetch() && !ef.gemv_x_prefetch();
-    t.check(
-        "gemv input-prefetch kernels loaded ?".into(),
-        if loaded { 0.0 } else { 1.0 },
-        0.0,
-    );
-    let shapes = [(1024, 2048), (2048, 6144), (6144, 1024), (1000, 4096)];
-    pair_bits(
-        (&ef, &xp),
-        (&[1, 2, 3, 5, 8], &shapes),
-        (true, " (input prefetched into L1)"),
-        dev,
-        t,
     )
 }
 

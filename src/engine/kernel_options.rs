@@ -201,11 +201,6 @@ pub struct KernelOptions {
     /// H200 after 512-token prompts 0.6B batch 8 +11.6% (7,712-7,728 against 6,898-6,949
     /// tok/s), 1.7B batch 8 +2.2%, batch 1 flat on both (#21).
     pub weight_evict_first: bool,
-    /// With `weight_evict_first`, the skinny matmuls that read their input from global memory
-    /// (1-2 rows: 1.7B's o and down; 3-8 rows: all four) ask L1 for its lines right after their
-    /// wait (`build.rs` `gemv_ef_xp`, `gemv_mma_ef_xp`: `prefetch.global.L1`), so the loop's
-    /// input loads, one behind another, hit L1. The same values. Off: not yet measured (#21).
-    pub gemv_x_prefetch: bool,
     /// The same on MoE models (their attention's matmuls, the router, the head of small
     /// steps). Default off: on the H200 (30B-A3B shape, 8 layers) batch 1 -0.4%, 4 layers
     /// batches 1-8 within -0.5..+0.3%.
@@ -437,7 +432,6 @@ impl Default for KernelOptions {
             gemv_double_buffer: true,
             gemv_split_k: false,
             weight_evict_first: true,
-            gemv_x_prefetch: false,
             weight_evict_first_moe: false,
             l2_prefetch: false,
             sample_full: true,

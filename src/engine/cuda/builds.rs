@@ -10,9 +10,6 @@ static GEMV_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_mma.fatb
 // The weights evict-first in L2 (`LaunchOptions::weight_evict_first`).
 static GEMV_EF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_ef.fatbin"));
 static GEMV_MMA_EF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_mma_ef.fatbin"));
-// With the inputs prefetched into L1 after the wait too (`LaunchOptions::gemv_x_prefetch`).
-static GEMV_EF_XP: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_ef_xp.fatbin"));
-static GEMV_MMA_EF_XP: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_mma_ef_xp.fatbin"));
 static FUSED_DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fused_decode.fatbin"));
 
 /// The builds of `gemv.cu`, `gemv_mma.cu` and `fused_decode.cu` the options ask for.
@@ -22,29 +19,17 @@ pub(super) struct Builds {
     pub(super) fused_decode: &'static [u8],
     /// Whether they load their weights evict-first (`LaunchOptions::weight_evict_first`).
     pub(super) weight_evict_first: bool,
-    /// Whether they prefetch their input into L1 (`LaunchOptions::gemv_x_prefetch`).
-    pub(super) x_prefetch: bool,
 }
 
 impl Builds {
     /// The builds of `opts`.
     pub(super) fn pick(opts: &LaunchOptions) -> Self {
         let ef = opts.weight_evict_first;
-        let xp = ef && opts.gemv_x_prefetch;
         Self {
-            gemv: match (ef, xp) {
-                (_, true) => GEMV_EF_XP,
-                (true, false) => GEMV_EF,
-                _ => GEMV,
-            },
-            gemv_mma: match (ef, xp) {
-                (_, true) => GEMV_MMA_EF_XP,
-                (true, false) => GEMV_MMA_EF,
-                _ => GEMV_MMA,
-            },
+            gemv: if ef { GEMV_EF } else { GEMV },
+            gemv_mma: if ef { GEMV_MMA_EF } else { GEMV_MMA },
             fused_decode: FUSED_DECODE,
             weight_evict_first: ef,
-            x_prefetch: xp,
         }
     }
 }

@@ -355,12 +355,6 @@ impl CudaKernels {
         self.weight_evict_first
     }
 
-    /// Whether the skinny matmuls prefetch their input into L1 after their wait
-    /// (`LaunchOptions::gemv_x_prefetch`).
-    pub fn gemv_x_prefetch(&self) -> bool {
-        self.gemv_x_prefetch
-    }
-
     /// The shared memory a block of the 1-row streamed gate|up's staged kernels takes for its
     /// stages, when they are loaded (`LaunchOptions::gemv_stream_stage`).
     pub fn gemv_stream_stage_bytes(&self) -> Option<usize> {

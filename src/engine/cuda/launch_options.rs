@@ -56,9 +56,6 @@ pub struct LaunchOptions {
     pub gemv_split_k: bool,
     /// The skinny matmuls load their weights evict-first in L2 (`gemv_ef` / `gemv_mma_ef`).
     pub weight_evict_first: bool,
-    /// With `weight_evict_first`, the skinny matmuls prefetch their global-memory input into
-    /// L1 after their wait (`gemv_ef_xp` / `gemv_mma_ef_xp`).
-    pub gemv_x_prefetch: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
     /// while it runs (sm_90+).
     pub l2_prefetch: bool,
@@ -193,7 +190,6 @@ impl Default for LaunchOptions {
             gemv_double_buffer: true,
             gemv_split_k: false,
             weight_evict_first: true,
-            gemv_x_prefetch: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
