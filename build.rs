@@ -37,6 +37,8 @@ const KERNELS: &[&str] = &[
 const VARIANTS: &[(&str, &str, &[&str])] = &[
     ("gemv_ef", "gemv", &["WEIGHT_EVICT_FIRST"]),
     ("gemv_mma_ef", "gemv_mma", &["WEIGHT_EVICT_FIRST"]),
+    // And the 1-2-row plain matmuls' input copied into shared memory (`gemv_x_shared`).
+    ("gemv_ef_xs", "gemv", &["WEIGHT_EVICT_FIRST", "X_SHARED"]),
 ];
 
 fn main() {

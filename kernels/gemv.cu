@@ -164,6 +164,15 @@ __device__ __forceinline__ void gemv_kernel(const __nv_bfloat16* __restrict__ W,
     if (ok) load_batch<NR>(W, rows, K, lane + 32 * BATCH, w2);
   }
   pdl_wait();
+#ifdef X_SHARED
+  // X_SHARED (gemv.cuh): the input into the entry's buffer by the whole block, then read there.
+  if (NORM == 0 && x_s != nullptr && T * K <= XS_MAX) {
+    for (int i = threadIdx.x; i < T * K / 8; i += WARPS * 32)
+      reinterpret_cast<uint4*>(x_s)[i] = reinterpret_cast<const uint4*>(x)[i];
+    __syncthreads();
+    x = x_s;
+  }
+#endif
   float acc[NR][T];
   if (NORM == 2) {
     WarpNorm<T> xs{x, delta, nw, add, K, {}};

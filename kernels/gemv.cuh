@@ -227,12 +227,24 @@ __device__ __forceinline__ void store_rows(const float (&acc)[NR][T], __nv_bfloa
 // SiLU kernels.
 // The entries' launch bounds (a file may redefine it around some entries).
 #define ENTRY_BOUNDS __launch_bounds__(WARPS * 32)
+// Built with X_SHARED (build.rs gemv_ef_xs, LaunchOptions::gemv_x_shared) a plain entry owns
+// XS_MAX bf16 of static shared memory, where gemv.cu's 1-2-row kernels copy their input right
+// after the wait (one round of loads) instead of loading it chunk by chunk in the loop.
+#ifdef X_SHARED
+constexpr int XS_MAX = 2 * 6144;
+#define PLAIN_XS                                        \
+  __shared__ __align__(16) __nv_bfloat16 xs_in[XS_MAX]; \
+  [[maybe_unused]] __nv_bfloat16* x_s = xs_in;
+#else
+#define PLAIN_XS [[maybe_unused]] __nv_bfloat16* x_s = nullptr;
+#endif
 #define PLAIN_ENTRY(NAME, ...)                                                               \
   extern "C" __global__ void ENTRY_BOUNDS NAME(                                              \
       const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,      \
       const void* pf, unsigned long long pf_bytes) {                                         \
     (void)pf;                                                                                \
     (void)pf_bytes;                                                                          \
+    PLAIN_XS                                                                                 \
     __VA_ARGS__;                                                                             \
   }
 #define NORM_ENTRY(NAME, ...)                                                                \
@@ -245,5 +257,5 @@ __device__ __forceinline__ void store_rows(const float (&acc)[NR][T], __nv_bfloa
     __VA_ARGS__;                                                                             \
   }
 // The arguments a body passes on: a plain matmul's (no norm) and a norm kernel's.
-#define PLAIN_ARGS W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K, nullptr, pf, pf_bytes
+#define PLAIN_ARGS W, x, nullptr, nullptr, nullptr, 0.f, 0, out, N, K, x_s, pf, pf_bytes
 #define NORM_ARGS W, res, delta, res_out, nw, eps, add, out, N, K, x_s, pf, pf_bytes

@@ -134,6 +134,34 @@ fn evict_first_bits(dev: &Device, t: &mut Table) -> Res<()> {
         (true, tag),
         dev,
         t,
+    )?;
+    // The 1-2-row plain matmuls' input in shared memory (`gemv_x_shared`, the `gemv_ef_xs`
+    // build) against the evict-first build, bit for bit, 1.7B's o and down (2,048 x 2,048 and
+    // 6,144: the double-buffered kernel) and a row past the buffer (2 x 8,192 inputs, read from
+    // global memory) among the shapes: a chunk copied to the wrong place fails it.
+    let xs = CudaKernels::new(
+        dev,
+        DType::BF16,
+        &LaunchOptions {
+            gemv_mma: true,
+            gemv_x_shared: true,
+            ..LaunchOptions::default()
+        },
+    )?
+    .ok_or("no kernels")?;
+    let loaded = xs.gemv_x_shared() && !ef.gemv_x_shared();
+    t.check(
+        "gemv shared-input kernels loaded ?".into(),
+        if loaded { 0.0 } else { 1.0 },
+        0.0,
+    );
+    let shapes = [(2048, 2048), (2048, 6144), (1000, 4096), (300, 8192)];
+    pair_bits(
+        (&ef, &xs),
+        (&[1, 2], &shapes),
+        (false, " (input in shared memory)"),
+        dev,
+        t,
     )
 }
 

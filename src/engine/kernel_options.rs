@@ -201,6 +201,11 @@ pub struct KernelOptions {
     /// H200 after 512-token prompts 0.6B batch 8 +11.6% (7,712-7,728 against 6,898-6,949
     /// tok/s), 1.7B batch 8 +2.2%, batch 1 flat on both (#21).
     pub weight_evict_first: bool,
+    /// With `weight_evict_first`, the 1-2-row plain matmuls (1.7B's o and down; 0.6B's at 2
+    /// rows) copy their input into shared memory right after their wait, one round of loads,
+    /// where their loop loaded it chunk by chunk, each load behind the chunk before (`build.rs`
+    /// `gemv_ef_xs`; the same values). Off: not yet measured (#21).
+    pub gemv_x_shared: bool,
     /// The same on MoE models (their attention's matmuls, the router, the head of small
     /// steps). Default off: on the H200 (30B-A3B shape, 8 layers) batch 1 -0.4%, 4 layers
     /// batches 1-8 within -0.5..+0.3%.
@@ -432,6 +437,7 @@ impl Default for KernelOptions {
             gemv_double_buffer: true,
             gemv_split_k: false,
             weight_evict_first: true,
+            gemv_x_shared: false,
             weight_evict_first_moe: false,
             l2_prefetch: false,
             sample_full: true,

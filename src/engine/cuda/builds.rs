@@ -10,6 +10,8 @@ static GEMV_MMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_mma.fatb
 // The weights evict-first in L2 (`LaunchOptions::weight_evict_first`).
 static GEMV_EF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_ef.fatbin"));
 static GEMV_MMA_EF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_mma_ef.fatbin"));
+// With the 1-2-row plain matmuls' input in shared memory (`LaunchOptions::gemv_x_shared`).
+static GEMV_EF_XS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_ef_xs.fatbin"));
 static FUSED_DECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fused_decode.fatbin"));
 
 /// The builds of `gemv.cu`, `gemv_mma.cu` and `fused_decode.cu` the options ask for.
@@ -19,17 +21,26 @@ pub(super) struct Builds {
     pub(super) fused_decode: &'static [u8],
     /// Whether they load their weights evict-first (`LaunchOptions::weight_evict_first`).
     pub(super) weight_evict_first: bool,
+    /// Whether the 1-2-row plain matmuls read their input from shared memory
+    /// (`LaunchOptions::gemv_x_shared`).
+    pub(super) x_shared: bool,
 }
 
 impl Builds {
     /// The builds of `opts`.
     pub(super) fn pick(opts: &LaunchOptions) -> Self {
         let ef = opts.weight_evict_first;
+        let xs = ef && opts.gemv_x_shared;
         Self {
-            gemv: if ef { GEMV_EF } else { GEMV },
+            gemv: match (ef, xs) {
+                (_, true) => GEMV_EF_XS,
+                (true, false) => GEMV_EF,
+                _ => GEMV,
+            },
             gemv_mma: if ef { GEMV_MMA_EF } else { GEMV_MMA },
             fused_decode: FUSED_DECODE,
             weight_evict_first: ef,
+            x_shared: xs,
         }
     }
 }

@@ -355,6 +355,12 @@ impl CudaKernels {
         self.weight_evict_first
     }
 
+    /// Whether the 1-2-row plain matmuls copy their input into shared memory after their wait
+    /// (`LaunchOptions::gemv_x_shared`).
+    pub fn gemv_x_shared(&self) -> bool {
+        self.gemv_x_shared
+    }
+
     /// The shared memory a block of the 1-row streamed gate|up's staged kernels takes for its
     /// stages, when they are loaded (`LaunchOptions::gemv_stream_stage`).
     pub fn gemv_stream_stage_bytes(&self) -> Option<usize> {

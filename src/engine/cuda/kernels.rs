@@ -142,6 +142,7 @@ pub struct CudaKernels {
     /// Whether the skinny matmuls' build loads their weights evict-first
     /// (`super::builds::Builds`).
     pub(super) weight_evict_first: bool,
+    pub(super) gemv_x_shared: bool,
     /// Whether whole-vocabulary draws run on the device (`LaunchOptions::sample_full`).
     pub(super) sample_full_on: bool,
     pub(crate) blas: Blas,
@@ -435,6 +436,7 @@ impl CudaKernels {
             },
             l2_prefetch: hopper && opts.l2_prefetch,
             weight_evict_first: builds.weight_evict_first,
+            gemv_x_shared: builds.x_shared,
             gemv_tma: super::handles::TmaGemv::load(opts, (dtype, major == 9), &load)?,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,

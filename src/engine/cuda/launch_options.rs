@@ -56,6 +56,9 @@ pub struct LaunchOptions {
     pub gemv_split_k: bool,
     /// The skinny matmuls load their weights evict-first in L2 (`gemv_ef` / `gemv_mma_ef`).
     pub weight_evict_first: bool,
+    /// With `weight_evict_first`, the 1-2-row plain matmuls copy their input into shared
+    /// memory after their wait (`gemv_ef_xs`).
+    pub gemv_x_shared: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
     /// while it runs (sm_90+).
     pub l2_prefetch: bool,
@@ -190,6 +193,7 @@ impl Default for LaunchOptions {
             gemv_double_buffer: true,
             gemv_split_k: false,
             weight_evict_first: true,
+            gemv_x_shared: false,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,
