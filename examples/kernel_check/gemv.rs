@@ -115,6 +115,7 @@ fn evict_first_bits(dev: &Device, t: &mut Table) -> Res<()> {
         let opts = LaunchOptions {
             gemv_mma: true,
             weight_evict_first,
+            gemv_x_shared: false,
             ..LaunchOptions::default()
         };
         Ok(CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?)

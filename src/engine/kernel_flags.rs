@@ -81,10 +81,10 @@ pub struct KernelFlags {
     /// `KernelOptions::weight_evict_first` off).
     #[arg(long)]
     pub no_weight_evict_first: bool,
-    /// The 1-2-row plain matmuls copy their input into shared memory after their wait
-    /// (`KernelOptions::gemv_x_shared`; off by default).
+    /// The 1-2-row plain matmuls load their input chunk by chunk in their loop (turns
+    /// `KernelOptions::gemv_x_shared` off).
     #[arg(long)]
-    pub gemv_x_shared: bool,
+    pub no_gemv_x_shared: bool,
     /// Skinny matmuls of MoE models load their weights evict-first in L2
     /// (`KernelOptions::weight_evict_first_moe`).
     #[arg(long)]
@@ -295,7 +295,7 @@ impl KernelFlags {
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
             weight_evict_first: !self.no_weight_evict_first,
-            gemv_x_shared: self.gemv_x_shared,
+            gemv_x_shared: !self.no_gemv_x_shared,
             weight_evict_first_moe: self.weight_evict_first_moe,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,

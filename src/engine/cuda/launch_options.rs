@@ -193,7 +193,7 @@ impl Default for LaunchOptions {
             gemv_double_buffer: true,
             gemv_split_k: false,
             weight_evict_first: true,
-            gemv_x_shared: false,
+            gemv_x_shared: true,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,

@@ -161,6 +161,9 @@ fn kernel_flags_become_kernel_options() {
     assert!(d.kernels.gemv_stream_stage && lib.kernels.gemv_stream_stage);
     let n = opts(&["x", "--no-gemv-stream-stage"]);
     assert!(!n.kernels.gemv_stream_stage && n.kernels.gemv_stream == Some(2));
+    // The 1-2-row plain matmuls' input in shared memory: on in both defaults, off by its flag.
+    assert!(d.kernels.gemv_x_shared && lib.kernels.gemv_x_shared);
+    assert!(!opts(&["x", "--no-gemv-x-shared"]).kernels.gemv_x_shared);
     assert!(n.kernels.gemv_double_buffer);
     let n = opts(&["x", "--gemv-split-k"]);
     assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);
