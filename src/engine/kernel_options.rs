@@ -204,8 +204,8 @@ pub struct KernelOptions {
     /// With `weight_evict_first`, the 1-2-row plain matmuls (1.7B's o and down; 0.6B's at 2
     /// rows) copy their input into shared memory right after their wait, one round of loads,
     /// where their loop loaded it chunk by chunk, each load behind the chunk before (`build.rs`
-    /// `gemv_ef_xs`; the same values). On by default: H100 after 512-token prompts 1.7B batch
-    /// 1 / 2 +6% / +6%, 0.6B batch 2 +3% (BENCHMARKS.md round 61, #21).
+    /// `gemv_ef_xs`; the same values). On by default: H200 after 512-token prompts 1.7B batch
+    /// 1 / 2 +8% / +6.7%, 0.6B batch 2 +2.8% (BENCHMARKS.md round 61, #21).
     pub gemv_x_shared: bool,
     /// The same on MoE models (their attention's matmuls, the router, the head of small
     /// steps). Default off: on the H200 (30B-A3B shape, 8 layers) batch 1 -0.4%, 4 layers
