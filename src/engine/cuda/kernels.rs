@@ -142,6 +142,8 @@ pub struct CudaKernels {
     /// Whether the skinny matmuls' build loads their weights evict-first
     /// (`super::builds::Builds`).
     pub(super) weight_evict_first: bool,
+    /// Whether the 1-2-row plain matmuls' build copies their input into shared memory
+    /// (`super::builds::Builds`).
     pub(super) gemv_x_shared: bool,
     /// Whether whole-vocabulary draws run on the device (`LaunchOptions::sample_full`).
     pub(super) sample_full_on: bool,
