@@ -32,10 +32,12 @@ impl Builds {
         let ef = opts.weight_evict_first;
         let xs = ef && opts.gemv_x_shared;
         Self {
-            gemv: match (ef, xs) {
-                (_, true) => GEMV_EF_XS,
-                (true, false) => GEMV_EF,
-                _ => GEMV,
+            gemv: if xs {
+                GEMV_EF_XS
+            } else if ef {
+                GEMV_EF
+            } else {
+                GEMV
             },
             gemv_mma: if ef { GEMV_MMA_EF } else { GEMV_MMA },
             fused_decode: FUSED_DECODE,
