@@ -39,6 +39,12 @@ const VARIANTS: &[(&str, &str, &[&str])] = &[
     ("gemv_mma_ef", "gemv_mma", &["WEIGHT_EVICT_FIRST"]),
     // And the 1-2-row plain matmuls' input copied into shared memory (`gemv_x_shared`).
     ("gemv_ef_xs", "gemv", &["WEIGHT_EVICT_FIRST", "X_SHARED"]),
+    // And the 3-8-row tensor-core matmuls' input staged in shared memory (`gemv_mma_x_stage`).
+    (
+        "gemv_mma_ef_xs",
+        "gemv_mma",
+        &["WEIGHT_EVICT_FIRST", "MMA_X_STAGE"],
+    ),
 ];
 
 fn main() {

@@ -54,6 +54,26 @@ __device__ __forceinline__ uint4 mul8(uint4 h, uint4 w) {
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
+// Built with MMA_X_STAGE (build.rs gemv_mma_ef_xs, LaunchOptions::gemv_mma_x_stage) a kernel
+// without the block-wide norm copies each batch's input chunks (and, PS 2, the norm weight's)
+// into its warp's part of a stage in shared memory by cp.async, one round of copies a batch,
+// and its loop reads them there: where the loop loaded step i's chunk behind step i - 1's
+// MMAs and branch. A lane reads back only the x chunk it copied; the norm weight's chunks of
+// a step, copied by lanes 0..3, are read by every lane after the warp's sync. Same values.
+#ifdef MMA_X_STAGE
+constexpr bool X_STAGE = true;
+#else
+constexpr bool X_STAGE = false;
+#endif
+
+// A 16-byte copy from global into shared memory by cp.async (L2 only), in commit groups the
+// caller closes.
+template <typename E>
+__device__ __forceinline__ void cp_async_x16(void* dst, const E* src) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+}
+
 template <int T, bool SILU, bool NORM, int PS = 0>
 __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict__ W,
                                                 const __nv_bfloat16* x,
@@ -80,6 +100,39 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
     wr[p][1] = W + (size_t)(min(row0 + g + 8, N - 1) + p * N) * K + 8 * c;
   }
   uint4 wv[P][2][B];
+  // MMA_X_STAGE: the warp's input chunks of a batch (step i, token row g, 32 inputs) and,
+  // PS 2, the norm weight's (step i, 32 inputs).
+  constexpr bool XS = X_STAGE && !NORM;
+  constexpr int XW = XS ? WARPS : 1, XB = XS ? B : 1, NWW = XS && PS == 2 ? WARPS : 1;
+  __shared__ __align__(16) __nv_bfloat16 xst[XW][XB][8][32];
+  __shared__ __align__(16) __nv_bfloat16 nwst[NWW][XB][32];
+  auto stage_nw = [&](int s0) {
+    if constexpr (XS && PS == 2) {
+      __syncwarp();  // every lane has read the batch before
+      if (g == 0) {
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+          const int s = s0 + WARPS * i;
+          if (s < steps) cp_async_x16(&nwst[warp][i][8 * c], ps.nw + s * 32 + 8 * c);
+        }
+      }
+    }
+  };
+  auto stage_x = [&](int s0) {
+    if constexpr (XS) {
+      if (g < T) {
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+          const int s = s0 + WARPS * i;
+          if (s < steps)
+            cp_async_x16(&xst[warp][i][g][8 * c], x + (size_t)g * K + s * 32 + 8 * c);
+        }
+      }
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+      if constexpr (PS == 2) __syncwarp();
+    }
+  };
   auto load = [&](int s0) {
 #pragma unroll
     for (int i = 0; i < B; ++i) {
@@ -92,7 +145,9 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
     }
   };
   load(warp);
+  if constexpr (XS) stage_nw(warp);
   pdl_wait();
+  if constexpr (XS) stage_x(warp);
   if (NORM) {
     norm_rows<T>(x, delta, res_out, nw, eps, add, K, x_s);
     x = x_s;
@@ -120,14 +175,25 @@ __device__ __forceinline__ void mma_gemv_kernel(const __nv_bfloat16* __restrict_
     for (int j = 0; j < 4; ++j) d[p][j] = 0.f;
   for (int s0 = warp; s0 < steps; s0 += WARPS * B) {
     if (s0 != warp) load(s0);
+    if constexpr (XS) {
+      if (s0 != warp) {
+        stage_nw(s0);
+        stage_x(s0);
+      }
+    }
 #pragma unroll
     for (int i = 0; i < B; ++i) {
       const int s = s0 + WARPS * i;
       if (s >= steps) break;
-      uint4 xv = g < T ? *reinterpret_cast<const uint4*>(x + (size_t)g * K + s * 32 + 8 * c)
-                       : make_uint4(0, 0, 0, 0);
+      const __nv_bfloat16* xp = x + (size_t)g * K + s * 32 + 8 * c;
+      const __nv_bfloat16* np = ps.nw + s * 32 + 8 * c;
+      if constexpr (XS) {
+        xp = &xst[warp][i][g][8 * c];
+        np = &nwst[warp][i][8 * c];
+      }
+      uint4 xv = g < T ? *reinterpret_cast<const uint4*>(xp) : make_uint4(0, 0, 0, 0);
       if constexpr (PS == 2) {
-        if (g < T) xv = mul8(xv, *reinterpret_cast<const uint4*>(ps.nw + s * 32 + 8 * c));
+        if (g < T) xv = mul8(xv, *reinterpret_cast<const uint4*>(np));
       }
 #pragma unroll
       for (int p = 0; p < P; ++p) {

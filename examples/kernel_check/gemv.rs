@@ -163,6 +163,41 @@ fn evict_first_bits(dev: &Device, t: &mut Table) -> Res<()> {
         (false, " (input in shared memory)"),
         dev,
         t,
+    )?;
+    // The 3-8-row tensor-core matmuls' input staged in shared memory (`gemv_mma_x_stage`, the
+    // `gemv_mma_ef_xs` build) against the evict-first build, bit for bit: plain and SiLU*up
+    // (the norm kernels are the same code), 0.6B's o and down (a warp's second batch cut
+    // short at 3,072 inputs), 1.7B's o and down (three batches a warp) and a ragged shape. A
+    // step's chunk staged in the wrong slot, or read before it landed, fails it; the
+    // presummed kernels are held to it in `presum::checks`.
+    let stage = |on: bool| -> Res<CudaKernels> {
+        let opts = LaunchOptions {
+            gemv_mma: true,
+            gemv_mma_x_stage: on,
+            ..LaunchOptions::default()
+        };
+        Ok(CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?)
+    };
+    let (unstaged, staged) = (stage(false)?, stage(true)?);
+    let loaded = staged.gemv_mma_x_stage() && !unstaged.gemv_mma_x_stage();
+    t.check(
+        "gemv_mma staged-input kernels loaded ?".into(),
+        if loaded { 0.0 } else { 1.0 },
+        0.0,
+    );
+    let shapes = [
+        (1024, 2048),
+        (1024, 3072),
+        (2048, 2048),
+        (2048, 6144),
+        (1000, 4096),
+    ];
+    pair_bits(
+        (&unstaged, &staged),
+        (&[3, 5, 8], &shapes),
+        (true, " (tensor-core input staged)"),
+        dev,
+        t,
     )
 }
 

@@ -22,6 +22,15 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         ..LaunchOptions::default()
     })?;
     let k = set(LaunchOptions::default())?;
+    // The input (and the norm weight) loaded step by step in the loop (`gemv_mma_x_stage`
+    // off, the `gemv_mma_ef` build): the same bits as `k`, which stages it, in every output.
+    let unstaged = set(LaunchOptions {
+        gemv_mma_x_stage: false,
+        ..LaunchOptions::default()
+    })?;
+    if !k.gemv_mma_x_stage() || unstaged.gemv_mma_x_stage() {
+        return Err("the presum check's kernel sets are not the staged and unstaged builds".into());
+    }
     let dt = DType::BF16;
     let zeros = |r: usize, c: usize| Tensor::zeros((r, c), dt, dev);
     // (hidden, producer inputs, consumer rows, SiLU): 0.6B's o -> gate|up and down -> qkv,
@@ -76,6 +85,25 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
             let what = format!(
                 "presum rows {rows} hidden {hidden} k {kp} -> {nc}{}",
                 if silu { " silu" } else { "" }
+            );
+            // The unstaged build on the same inputs, bit for bit against `k`'s.
+            let (o3, r3, y3) = (
+                zeros(rows, hidden)?,
+                zeros(rows, hidden)?,
+                zeros(rows, n_out)?,
+            );
+            let ss3 = ss.zeros_like()?;
+            unstaged.linear_res_into(&x, &wp, &o3, (&res, &r3), &ss3)?;
+            let gu3 = zeros(rows, nc)?;
+            let (out3, act3) = if silu { (&gu3, Some(&y3)) } else { (&y3, None) };
+            unstaged.presum_linear_into(&r3, (&nw, 1e-6), &ss3, &wc, out3, act3)?;
+            for (a, b, part) in [(&o3, &o2, "matmul before"), (&r3, &r2, "residual sum")] {
+                t.check(format!("{what}: {part} (unstaged)"), rel(a, b)?, 0.0);
+            }
+            t.check(
+                format!("{what}: matmul after (unstaged)"),
+                rel(&y3, &y2)?,
+                0.0,
             );
             t.check(format!("{what}: matmul before"), rel(&o2, &o1)?, 0.0);
             t.check(format!("{what}: residual sum"), rel(&r2, &r1)?, 0.0);

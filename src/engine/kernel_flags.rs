@@ -85,6 +85,10 @@ pub struct KernelFlags {
     /// `KernelOptions::gemv_x_shared` off).
     #[arg(long)]
     pub no_gemv_x_shared: bool,
+    /// The 3-8-row tensor-core matmuls load their input step by step in their loop (turns
+    /// `KernelOptions::gemv_mma_x_stage` off).
+    #[arg(long)]
+    pub no_gemv_mma_x_stage: bool,
     /// Skinny matmuls of MoE models load their weights evict-first in L2
     /// (`KernelOptions::weight_evict_first_moe`).
     #[arg(long)]
@@ -296,6 +300,7 @@ impl KernelFlags {
             gemv_split_k: self.gemv_split_k,
             weight_evict_first: !self.no_weight_evict_first,
             gemv_x_shared: !self.no_gemv_x_shared,
+            gemv_mma_x_stage: !self.no_gemv_mma_x_stage,
             weight_evict_first_moe: self.weight_evict_first_moe,
             l2_prefetch: self.l2_prefetch,
             warp_norm: self.warp_norm,

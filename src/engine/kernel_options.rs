@@ -137,10 +137,8 @@ pub struct KernelOptions {
     /// into the graph's input ids, so a pipelined step fed with those tokens
     /// (`EngineOptions::pipelined_decode`) needs no device-to-device copy of them in front of
     /// its replay, and its upload leaves the ids alone (the same tokens in the same rows).
-    /// On by default: on an H100 after 512-token prompts, four interleaved rounds over two
-    /// calls, 0.6B batch 1 1,211-1,219 against 1,209-1,213 tok/s, batch 8 6,845-6,865 against
-    /// 6,810-6,841, 1.7B 620 against 618, the 30B-A3B shape (8 layers) flat (BENCHMARKS.md
-    /// round 52, #21); off: the ids copied in front of the replay.
+    /// On by default: H100 0.6B batches 1 / 8 +0.3% / +0.4% (BENCHMARKS.md round 52, #21);
+    /// off: the ids copied in front of the replay.
     pub graph_feed: bool,
     /// The 1-2-row gate|up matmuls (with SiLU, alone or behind the fused norm) on streamed
     /// rows (`kernels/gemv.cu` `sgemv_silu_*`, their loops in `kernels/gemv_stream.cuh`): a
@@ -207,6 +205,13 @@ pub struct KernelOptions {
     /// `gemv_ef_xs`; the same values). On by default: H200 after 512-token prompts 1.7B batch
     /// 1 / 2 +8% / +6.7%, 0.6B batch 2 +2.8% (BENCHMARKS.md round 61, #21).
     pub gemv_x_shared: bool,
+    /// With `weight_evict_first`, the 3-8-row tensor-core matmuls without the block-wide
+    /// norm copy each batch's input (and the presummed norm's weight) into their warp's part
+    /// of a stage in shared memory by cp.async, one round of copies, where their loop loaded
+    /// each step's input behind the step before (`build.rs` `gemv_mma_ef_xs`, up to 42 KB a
+    /// block; the same values). On by default: H100 after 512-token prompts 0.6B batch 3 / 4
+    /// / 8 +8.5% / +7% / +4.3%, 1.7B batch 8 (its o alone) +0.5% (BENCHMARKS.md round 62, #21).
+    pub gemv_mma_x_stage: bool,
     /// The same on MoE models (their attention's matmuls, the router, the head of small
     /// steps). Default off: on the H200 (30B-A3B shape, 8 layers) batch 1 -0.4%, 4 layers
     /// batches 1-8 within -0.5..+0.3%.
@@ -439,6 +444,7 @@ impl Default for KernelOptions {
             gemv_split_k: false,
             weight_evict_first: true,
             gemv_x_shared: true,
+            gemv_mma_x_stage: true,
             weight_evict_first_moe: false,
             l2_prefetch: false,
             sample_full: true,

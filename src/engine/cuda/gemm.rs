@@ -352,13 +352,19 @@ impl CudaKernels {
     /// Whether the skinny matmuls load their weights evict-first in L2
     /// (`LaunchOptions::weight_evict_first`).
     pub fn weight_evict_first(&self) -> bool {
-        self.weight_evict_first
+        self.builds.weight_evict_first
     }
 
     /// Whether the 1-2-row plain matmuls copy their input into shared memory after their wait
     /// (`LaunchOptions::gemv_x_shared`).
     pub fn gemv_x_shared(&self) -> bool {
-        self.gemv_x_shared
+        self.builds.x_shared
+    }
+
+    /// Whether the 3-8-row tensor-core matmuls stage their input in shared memory
+    /// (`LaunchOptions::gemv_mma_x_stage`).
+    pub fn gemv_mma_x_stage(&self) -> bool {
+        self.builds.mma_x_stage
     }
 
     /// The shared memory a block of the 1-row streamed gate|up's staged kernels takes for its

@@ -139,12 +139,8 @@ pub struct CudaKernels {
     pub(super) gemv_presum: Option<[Vec<CudaFunction>; 3]>,
     /// Whether the skinny matmuls prefetch the next matmul's weights into L2.
     pub(super) l2_prefetch: bool,
-    /// Whether the skinny matmuls' build loads their weights evict-first
-    /// (`super::builds::Builds`).
-    pub(super) weight_evict_first: bool,
-    /// Whether the 1-2-row plain matmuls' build copies their input into shared memory
-    /// (`super::builds::Builds`).
-    pub(super) gemv_x_shared: bool,
+    /// Which second builds of the skinny matmuls were loaded (`super::builds::Builds`).
+    pub(super) builds: super::builds::Picked,
     /// Whether whole-vocabulary draws run on the device (`LaunchOptions::sample_full`).
     pub(super) sample_full_on: bool,
     pub(crate) blas: Blas,
@@ -437,8 +433,7 @@ impl CudaKernels {
                 _ => None,
             },
             l2_prefetch: hopper && opts.l2_prefetch,
-            weight_evict_first: builds.weight_evict_first,
-            gemv_x_shared: builds.x_shared,
+            builds: builds.picked,
             gemv_tma: super::handles::TmaGemv::load(opts, (dtype, major == 9), &load)?,
             blas: Blas::new(&stream)?,
             clusters: hopper && opts.clusters,

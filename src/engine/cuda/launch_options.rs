@@ -59,6 +59,9 @@ pub struct LaunchOptions {
     /// With `weight_evict_first`, the 1-2-row plain matmuls copy their input into shared
     /// memory after their wait (`gemv_ef_xs`).
     pub gemv_x_shared: bool,
+    /// With `weight_evict_first`, the 3-8-row tensor-core matmuls stage their input in shared
+    /// memory by cp.async (`gemv_mma_ef_xs`).
+    pub gemv_mma_x_stage: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2
     /// while it runs (sm_90+).
     pub l2_prefetch: bool,
@@ -194,6 +197,7 @@ impl Default for LaunchOptions {
             gemv_split_k: false,
             weight_evict_first: true,
             gemv_x_shared: true,
+            gemv_mma_x_stage: true,
             l2_prefetch: false,
             sample_full: true,
             warp_norm: false,

@@ -164,6 +164,12 @@ fn kernel_flags_become_kernel_options() {
     // The 1-2-row plain matmuls' input in shared memory: on in both defaults, off by its flag.
     assert!(d.kernels.gemv_x_shared && lib.kernels.gemv_x_shared);
     assert!(!opts(&["x", "--no-gemv-x-shared"]).kernels.gemv_x_shared);
+    assert!(d.kernels.gemv_mma_x_stage && lib.kernels.gemv_mma_x_stage);
+    assert!(
+        !opts(&["x", "--no-gemv-mma-x-stage"])
+            .kernels
+            .gemv_mma_x_stage
+    );
     assert!(n.kernels.gemv_double_buffer);
     let n = opts(&["x", "--gemv-split-k"]);
     assert!(n.kernels.gemv_split_k && n.kernels.gemv_double_buffer);

@@ -79,6 +79,7 @@ pub fn launch_options(opts: &KernelOptions, cfg: &ModelConfig) -> LaunchOptions 
         gemv_double_buffer: opts.gemv_double_buffer,
         gemv_split_k: opts.gemv_split_k,
         gemv_x_shared: opts.gemv_x_shared,
+        gemv_mma_x_stage: opts.gemv_mma_x_stage,
         weight_evict_first: match cfg.is_moe() {
             true => opts.weight_evict_first_moe,
             false => opts.weight_evict_first,
