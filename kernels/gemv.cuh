@@ -111,6 +111,9 @@ __device__ __forceinline__ void dot_rows(const __nv_bfloat16* __restrict__ W, co
     for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
 }
 
+// Elements a thread of the deferred norms loads before it sums and stores any of them.
+constexpr int NORM_LOADS = 4;
+
 // inv[t] = 1 / rms of row t over K inputs from each thread's partial sum of squares: the
 // warps' sums through shared memory behind one block barrier, added in one order by every
 // thread (the norms below all end their first pass here).
@@ -180,18 +183,36 @@ __device__ void norm_rows_deferred(const __nv_bfloat16* __restrict__ res,
   float part[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) part[t] = 0.f;
-  for (int k = threadIdx.x; k < K; k += WARPS * 32) {
-    const float wk = __bfloat162float(w[k]);
+  // NORM_LOADS elements a thread at a time: all their loads, then the sums and stores (the
+  // same order), so block 0's res_out stores do not hold each next load behind them.
+  for (int k0 = threadIdx.x; k0 < K; k0 += NORM_LOADS * WARPS * 32) {
+    float wk[NORM_LOADS], rv[NORM_LOADS][T], dv[NORM_LOADS][T];
 #pragma unroll
-    for (int t = 0; t < T; ++t) {
-      float v = __bfloat162float(res[(size_t)t * K + k]);
-      if (add) {
-        const __nv_bfloat16 s = __float2bfloat16(v + __bfloat162float(delta[(size_t)t * K + k]));
-        if (blockIdx.x == 0) res_out[(size_t)t * K + k] = s;
-        v = __bfloat162float(s);
+    for (int u = 0; u < NORM_LOADS; ++u) {
+      const int k = k0 + u * WARPS * 32;
+      const bool in = k < K;
+      wk[u] = in ? __bfloat162float(w[k]) : 0.f;
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        rv[u][t] = in ? __bfloat162float(res[(size_t)t * K + k]) : 0.f;
+        dv[u][t] = in && add ? __bfloat162float(delta[(size_t)t * K + k]) : 0.f;
       }
-      x_s[t * K + k] = __float2bfloat16(v * wk);
-      part[t] += v * v;
+    }
+#pragma unroll
+    for (int u = 0; u < NORM_LOADS; ++u) {
+      const int k = k0 + u * WARPS * 32;
+      if (k >= K) break;
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        float v = rv[u][t];
+        if (add) {
+          const __nv_bfloat16 s = __float2bfloat16(v + dv[u][t]);
+          if (blockIdx.x == 0) res_out[(size_t)t * K + k] = s;
+          v = __bfloat162float(s);
+        }
+        x_s[t * K + k] = __float2bfloat16(v * wk[u]);
+        part[t] += v * v;
+      }
     }
   }
   block_inv_rms<T>(part, K, eps, inv);

@@ -29,26 +29,52 @@ __device__ void norm_rows_pre(const __nv_bfloat16* __restrict__ res,
   float part[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) part[t] = 0.f;
+  if constexpr (DEFER) {
+    // NORM_LOADS elements at a time: all their loads, then the sums and stores (the same
+    // order), so block 0's res_out stores do not hold each next load behind them.
 #pragma unroll
-  for (int e = 0; e < NW_REGS; ++e) {
-    const int k = threadIdx.x + e * WARPS * 32;
-    if (k < K) {
+    for (int e0 = 0; e0 < NW_REGS; e0 += NORM_LOADS) {
+      if (threadIdx.x + e0 * WARPS * 32 >= K) break;
+      float rv[NORM_LOADS][T], dv[NORM_LOADS][T];
 #pragma unroll
-      for (int t = 0; t < T; ++t) {
-        float v = __bfloat162float(res[(size_t)t * K + k]);
-        if (add) v = __bfloat162float(__float2bfloat16(v + __bfloat162float(delta[(size_t)t * K + k])));
-        if (DEFER) {
+      for (int u = 0; u < NORM_LOADS; ++u) {
+        const int k = threadIdx.x + (e0 + u) * WARPS * 32;
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+          rv[u][t] = k < K ? __bfloat162float(res[(size_t)t * K + k]) : 0.f;
+          dv[u][t] = k < K && add ? __bfloat162float(delta[(size_t)t * K + k]) : 0.f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < NORM_LOADS; ++u) {
+        const int e = e0 + u, k = threadIdx.x + e * WARPS * 32;
+        if (k >= K) break;
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+          float v = rv[u][t];
+          if (add) v = __bfloat162float(__float2bfloat16(v + dv[u][t]));
           if (add && blockIdx.x == 0) res_out[(size_t)t * K + k] = __float2bfloat16(v);
           x_s[t * K + k] = __float2bfloat16(v * __bfloat162float(wk[e]));
-        } else {
-          x_s[t * K + k] = __float2bfloat16(v);
+          part[t] += v * v;
         }
-        part[t] += v * v;
       }
     }
-  }
-  block_inv_rms<T>(part, K, eps, inv);
-  if constexpr (!DEFER) {
+    block_inv_rms<T>(part, K, eps, inv);
+  } else {
+#pragma unroll
+    for (int e = 0; e < NW_REGS; ++e) {
+      const int k = threadIdx.x + e * WARPS * 32;
+      if (k < K) {
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+          float v = __bfloat162float(res[(size_t)t * K + k]);
+          if (add) v = __bfloat162float(__float2bfloat16(v + __bfloat162float(delta[(size_t)t * K + k])));
+          x_s[t * K + k] = __float2bfloat16(v);
+          part[t] += v * v;
+        }
+      }
+    }
+    block_inv_rms<T>(part, K, eps, inv);
 #pragma unroll
     for (int e = 0; e < NW_REGS; ++e) {
       const int k = threadIdx.x + e * WARPS * 32;
