@@ -163,11 +163,10 @@ pub struct KernelOptions {
     /// Left to the driver, the carveout follows each kernel's needs, so a 1-row step's
     /// kernels alternate between the matmuls' few KB and the attention's 84 KB a block, and an
     /// SM holds blocks of one carveout at a time. Default `Some(SMEM_CARVEOUT)` (100): on the
-    /// H200 after 512-token prompts, two interleaved runs, 0.6B batch 1 / 2 1,259-1,262 /
-    /// 2,129-2,145 against 1,230-1,251 / 2,072-2,080 tok/s, 1.7B 733-736 / 1,176-1,179
-    /// against 712-714 / 1,165, 0.6B batch 1 after 2k 1,062 against 1,017; batch 8 and after
-    /// 8k unchanged. The same carveout for every kernel of ours lost 21% at batch 8, whose
-    /// kernels then had 28 KB of L1 (BENCHMARKS.md, #21). None: the driver's choice.
+    /// H200 after 512-token prompts 0.6B batch 1 / 2 +1-3%, 1.7B +3% / +1%, 0.6B batch 1
+    /// after 2k +4%; batch 8 and after 8k unchanged. The same carveout for every kernel of
+    /// ours lost 21% at batch 8, whose kernels then had 28 KB of L1 (BENCHMARKS.md, #21).
+    /// None: the driver's choice.
     pub smem_carveout: Option<u8>,
     /// The 1-row plain matmuls of `gemv_tma_min_k`-4,096 inputs (a multiple of 1,024) and
     /// 1,024 rows (0.6B's o and down) run on `kernels/gemv_tma_sm90.cu` (H100/H200): one
@@ -181,6 +180,11 @@ pub struct KernelOptions {
     /// Fewest inputs of the 1-row plain matmuls [`KernelOptions::gemv_tma`] takes (a multiple
     /// of 1,024 from here up to 4,096). Default `GEMV_TMA_MIN_K` (2,048: 0.6B's o and down).
     pub gemv_tma_min_k: usize,
+    /// Shared memory (KiB) each block of [`KernelOptions::gemv_tma`] reserves beyond its rings
+    /// and input, so fewer blocks of the launches around it (the attention before it, the
+    /// norm + matmul after it, launched early by PDL) share its SM. Default 0; not yet
+    /// measured (round 62: the kernel at half its registers lost 16%, #21).
+    pub gemv_tma_pad_kib: usize,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
     /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one
@@ -440,6 +444,7 @@ impl Default for KernelOptions {
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),
             gemv_tma_min_k: GEMV_TMA_MIN_K,
+            gemv_tma_pad_kib: 0,
             gemv_double_buffer: true,
             gemv_split_k: false,
             weight_evict_first: true,
