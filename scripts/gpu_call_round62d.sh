@@ -3,7 +3,8 @@
 # tensor-core input and the deferred norms' loads first, both on): 0.6B batches 1 / 2 / 8 with
 # and without the staged input, 1.7B batches 1 / 8, three interleaved rounds; then 0.6B batch 1
 # with the streamed 1-row matmul reserving 32 / 64 / 128 KiB more shared memory a block
-# (`--gemv-tma-pad-kib`, fewer blocks of the launches around it on its SM).
+# (`--gemv-tma-pad-kib`, fewer blocks of the launches around it on its SM; 775e60a's flag, measured
+# slower on an H100 (call 11) and removed: run it on 775e60a's build).
 # Run as `export OUT BUDGET=...; bash scripts/gpu_call_round62d.sh`.
 set -u
 source scripts/gpu_lib.sh

@@ -69,10 +69,6 @@ pub struct KernelFlags {
     /// (`KernelOptions::gemv_tma_min_k`; default 2,048; 2,049 leaves 0.6B's o out).
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub gemv_tma_min_k: Option<u64>,
-    /// Extra shared memory (KiB) a block of the streamed 1-row matmul reserves
-    /// (`KernelOptions::gemv_tma_pad_kib`; default 0).
-    #[arg(long, value_name = "KIB", value_parser = clap::value_parser!(u64).range(0..=128))]
-    pub gemv_tma_pad_kib: Option<u64>,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
@@ -297,7 +293,6 @@ impl KernelFlags {
                 .then(|| self.smem_carveout.unwrap_or(super::options::SMEM_CARVEOUT)),
             gemv_tma: (!self.no_gemv_tma)
                 .then(|| self.gemv_tma.unwrap_or(super::options::GEMV_TMA_PIECES)),
-            gemv_tma_pad_kib: self.gemv_tma_pad_kib.unwrap_or(0) as usize,
             gemv_tma_min_k: self
                 .gemv_tma_min_k
                 .map_or(super::options::GEMV_TMA_MIN_K, |k| k as usize),

@@ -180,11 +180,6 @@ pub struct KernelOptions {
     /// Fewest inputs of the 1-row plain matmuls [`KernelOptions::gemv_tma`] takes (a multiple
     /// of 1,024 from here up to 4,096). Default `GEMV_TMA_MIN_K` (2,048: 0.6B's o and down).
     pub gemv_tma_min_k: usize,
-    /// Shared memory (KiB) each block of [`KernelOptions::gemv_tma`] reserves beyond its rings
-    /// and input, so fewer blocks of the launches around it (the attention before it, the
-    /// norm + matmul after it, launched early by PDL) share its SM. Default 0; not yet
-    /// measured (round 62: the kernel at half its registers lost 16%, #21).
-    pub gemv_tma_pad_kib: usize,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
     /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one
@@ -444,7 +439,6 @@ impl Default for KernelOptions {
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),
             gemv_tma_min_k: GEMV_TMA_MIN_K,
-            gemv_tma_pad_kib: 0,
             gemv_double_buffer: true,
             gemv_split_k: false,
             weight_evict_first: true,

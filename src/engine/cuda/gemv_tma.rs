@@ -35,8 +35,8 @@ impl CudaKernels {
         let Some(g) = self.gemv_tma.as_ref() else {
             return Ok(false);
         };
-        // The rings (8 warps), the input row and the reserve.
-        let smem = 8 * g.slots * PIECE * 2 + k * 2 + g.pad;
+        // The rings (8 warps) and the input row.
+        let smem = 8 * g.slots * PIECE * 2 + k * 2;
         let rows = g.any_rows || n == ROWS;
         let serves = t == 1 && k >= g.min_k && k <= MAX_K && k.is_multiple_of(PIECE) && rows;
         if !serves || smem > TMA_GEMV_MAX_SMEM || n == 0 || self.gemv.is_none() {

@@ -32,8 +32,6 @@ pub(crate) struct TmaGemv {
     pub(super) slots: usize,
     pub(super) min_k: usize,
     pub(super) any_rows: bool,
-    /// Extra shared memory a block reserves (`LaunchOptions::gemv_tma_pad_kib`, in bytes).
-    pub(super) pad: usize,
 }
 
 impl TmaGemv {
@@ -70,7 +68,6 @@ impl TmaGemv {
             slots: usize::from(n.clamp(1, GEMV_TMA_MAX_SLOTS)),
             min_k: opts.gemv_tma_min_k,
             any_rows: opts.gemv_tma_any_rows,
-            pad: opts.gemv_tma_pad_kib << 10,
         }))
     }
 }

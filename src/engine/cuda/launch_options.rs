@@ -45,8 +45,6 @@ pub struct LaunchOptions {
     pub gemv_tma: Option<u8>,
     /// Fewest inputs of the 1-row matmuls the streamed kernel takes.
     pub gemv_tma_min_k: usize,
-    /// Extra shared memory (KiB) a block of `gemv_tma` reserves.
-    pub gemv_tma_pad_kib: usize,
     /// The streamed kernel takes weights of any row count, not only the 1,024-row ones it was
     /// measured faster on (`kernel_check`'s bit checks; the engine never sets it).
     pub gemv_tma_any_rows: bool,
@@ -194,7 +192,6 @@ impl Default for LaunchOptions {
             smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
             gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),
             gemv_tma_min_k: crate::engine::options::GEMV_TMA_MIN_K,
-            gemv_tma_pad_kib: 0,
             gemv_tma_any_rows: false,
             gemv_double_buffer: true,
             gemv_split_k: false,

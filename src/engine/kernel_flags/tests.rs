@@ -165,14 +165,6 @@ fn kernel_flags_become_kernel_options() {
     assert!(d.kernels.gemv_x_shared && lib.kernels.gemv_x_shared);
     assert!(!opts(&["x", "--no-gemv-x-shared"]).kernels.gemv_x_shared);
     assert!(d.kernels.gemv_mma_x_stage && lib.kernels.gemv_mma_x_stage);
-    assert_eq!(
-        (d.kernels.gemv_tma_pad_kib, lib.kernels.gemv_tma_pad_kib),
-        (0, 0)
-    );
-    let padded = opts(&["x", "--gemv-tma-pad-kib", "64"])
-        .kernels
-        .gemv_tma_pad_kib;
-    assert_eq!(padded, 64);
     assert!(
         !opts(&["x", "--no-gemv-mma-x-stage"])
             .kernels

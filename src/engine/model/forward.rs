@@ -75,7 +75,6 @@ pub fn launch_options(opts: &KernelOptions, cfg: &ModelConfig) -> LaunchOptions 
         smem_carveout: opts.smem_carveout,
         gemv_tma: opts.gemv_tma,
         gemv_tma_min_k: opts.gemv_tma_min_k,
-        gemv_tma_pad_kib: opts.gemv_tma_pad_kib,
         gemv_tma_any_rows: false,
         gemv_double_buffer: opts.gemv_double_buffer,
         gemv_split_k: opts.gemv_split_k,
