@@ -128,10 +128,8 @@ pub struct KernelOptions {
     /// (`kernels/layer_ops.cu` `to_f32_argmax_*`: each block's best, the row's last block
     /// merging them), and a step whose rows are all greedy and whose logits nothing edited
     /// takes those tokens instead of launching the argmax after the graph (two launches a
-    /// step fewer). The same tokens: the best value's lowest index, whatever the parts.
-    /// On by default: on the H200 0.6B batch 1 after 512-token prompts 1,377-1,378 against
-    /// 1,371-1,372 tok/s, 1.7B 744 against 741-742, batch 8 unchanged (BENCHMARKS.md, #21);
-    /// off: the argmax after the graph.
+    /// step fewer). The same tokens: the best value's lowest index, whatever the parts. On by
+    /// default: H200 batch 1 +0.4% on both shapes (BENCHMARKS.md, #21); off: the argmax after.
     pub graph_argmax: bool,
     /// With `graph_argmax`: the decode graphs' argmax also writes each row's greedy token
     /// into the graph's input ids, so a pipelined step fed with those tokens
