@@ -142,10 +142,8 @@ pub struct KernelOptions {
     /// rows (`kernels/gemv.cu` `sgemv_silu_*`, their loops in `kernels/gemv_stream.cuh`): a
     /// grid of this many blocks per SM (1..=8), each warp taking every G-th pair, its weight
     /// loads in batches across pairs; bit for bit a block per eight pairs (None). Default
-    /// `Some(GEMV_STREAM_BLOCKS)`: with `gemv_double_buffer`, batch 1 +6% (0.6B) / +4.5% (1.7B)
-    /// on the H200 (#21). 2-row steps over 1,024 or 2,048 inputs loop over whole rows, the
-    /// 2,048 batch refilled by halves as summed (batch 2 +4.8% on 1.7B, +3.8% on 0.6B on an
-    /// H100).
+    /// `Some(GEMV_STREAM_BLOCKS)`: H200 batch 1 +6% (0.6B) / +4.5% (1.7B) (#21). 2-row steps
+    /// over 1,024 or 2,048 inputs loop over whole rows (H100 batch 2 +4-5%).
     pub gemv_stream: Option<u8>,
     /// With [`KernelOptions::gemv_stream`], the 1-row gate|up copies each warp's second batch
     /// of weights into shared memory by cp.async before its wait and issues the third's loads
