@@ -207,8 +207,8 @@ pub struct KernelOptions {
     /// block; the same values). On by default: H100 after 512-token prompts 0.6B batch 3 / 4
     /// / 8 +8.5% / +7% / +4.3%, 1.7B batch 8 (its o alone) +0.5% (BENCHMARKS.md round 62, #21).
     pub gemv_mma_x_stage: bool,
-    /// The same on MoE models (their attention's matmuls, the router, the head of small
-    /// steps). Default off: on the H200 (30B-A3B shape, 8 layers) batch 1 -0.4%, 4 layers
+    /// `weight_evict_first` on MoE models (their attention's matmuls, the router, the head of
+    /// small steps). Default off: on the H200 (30B-A3B shape, 8 layers) batch 1 -0.4%, 4 layers
     /// batches 1-8 within -0.5..+0.3%.
     pub weight_evict_first_moe: bool,
     /// Each skinny matmul of a decode step prefetches the next matmul's weights into L2 while
