@@ -9,23 +9,9 @@
 # Run as `export OUT BUDGET=...; bash scripts/gpu_call_round62c.sh`.
 set -u
 source scripts/gpu_lib.sh
-chmod +x .gpu/bench_prev
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$gpu"
 model 0.6b; model 1.7b; echo "models t=$((SECONDS - T0))"
 tma_bits
-# ab SHAPE BATCHES: bench_prev and bench in turn, three rounds, their decode rows.
-ab() {
-  local r b
-  for r in 1 2 3; do
-    for b in bench_prev bench; do
-      left || return
-      timeout "$(cap 60)" .gpu/$b --no-peer --model-dir "/tmp/m-$1" --prompt 512 --batches "$2" \
-        --new 128 > "$OUT/ab-$1-$b-$r.log" 2>&1
-      echo "$1 $b r$r: $(grep -E "^ours decode|Error|panic" "$OUT/ab-$1-$b-$r.log" \
-        | sed 's/ours decode batch / b/; s/; prefill of batch.*//' | paste -sd' ')"
-    done
-  done
-}
 ab 0.6b 1,2
 sweep f06 120 "--model-dir /tmp/m-0.6b --prompt 512 --batches 1,2,8 --new 128 --variant-rounds 3" "" "--no-gemv-mma-x-stage"
 sweep f17 80 "--model-dir /tmp/m-1.7b --prompt 512 --batches 1,8 --new 128 --variant-rounds 3" ""

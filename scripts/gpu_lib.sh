@@ -83,6 +83,26 @@ sweep() {
     | sed 's/^variant //; s/ decode batch / b/; s/; prefill of batch [0-9]* ms//'
 }
 
+# ab SHAPE BATCHES [PREV FLAGS]: .gpu/bench_prev (the build before a change, carried beside
+# .gpu/bench; PREV FLAGS given to it alone) and .gpu/bench in turn, one process each, three
+# rounds on /tmp/m-SHAPE (512-token prompts, 128 new tokens; not started once `left` says no):
+# their decode rows, a line a binary and round (logs $OUT/ab-SHAPE-BIN-ROUND.log).
+ab() {
+  local r b extra
+  chmod +x .gpu/bench_prev
+  for r in 1 2 3; do
+    for b in bench_prev bench; do
+      left || return
+      extra=""; [ "$b" = bench_prev ] && extra="${3:-}"
+      # shellcheck disable=SC2086 # the flags are words or nothing
+      timeout "$(cap 60)" .gpu/$b --no-peer --model-dir "/tmp/m-$1" --prompt 512 --batches "$2" \
+        --new 128 $extra > "$OUT/ab-$1-$b-$r.log" 2>&1
+      echo "$1 $b r$r: $(grep -E "^ours decode|Error|panic" "$OUT/ab-$1-$b-$r.log" \
+        | sed 's/ours decode batch / b/; s/; prefill of batch.*//' | paste -sd' ')"
+    done
+  done
+}
+
 # kc NAME SECONDS ARGS...: one `kernel_check ARGS` (log $OUT/NAME.log, cut at SECONDS): its rc,
 # the call's time and the summary and failure lines.
 kc() {
