@@ -116,6 +116,7 @@ fn evict_first_bits(dev: &Device, t: &mut Table) -> Res<()> {
             gemv_mma: true,
             weight_evict_first,
             gemv_x_shared: false,
+            gemv_mma_x_stage: false,
             ..LaunchOptions::default()
         };
         Ok(CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?)
@@ -136,26 +137,37 @@ fn evict_first_bits(dev: &Device, t: &mut Table) -> Res<()> {
         dev,
         t,
     )?;
-    // The 1-2-row plain matmuls' input in shared memory (`gemv_x_shared`, the `gemv_ef_xs`
-    // build) against the evict-first build, bit for bit, 1.7B's o and down (2,048 x 2,048 and
-    // 6,144: the double-buffered kernel) and a row past the buffer (2 x 8,192 inputs, read from
-    // global memory) among the shapes: a chunk copied to the wrong place fails it.
+    // The inputs in shared memory, the defaults' builds, against the evict-first builds
+    // (`ef`, the inputs loaded in the loops), bit for bit:
+    // - 1-2 rows (`gemv_x_shared`, `gemv_ef_xs`): 1.7B's o and down (2,048 x 2,048 and 6,144:
+    //   the double-buffered kernel) and a row past the buffer (2 x 8,192 inputs, read from
+    //   global memory): a chunk copied to the wrong place fails it.
+    // - 3-8 rows (`gemv_mma_x_stage`, `gemv_mma_ef_xs`): plain and SiLU*up (the norm kernels
+    //   are the same code), 0.6B's o and down (a warp's second batch cut short at 3,072
+    //   inputs), 1.7B's o and down (three batches a warp) and a ragged shape: a step's chunk
+    //   staged in the wrong slot, or read before it landed, fails it; the presummed kernels
+    //   are held to it in `presum::checks`.
     let xs = CudaKernels::new(
         dev,
         DType::BF16,
         &LaunchOptions {
             gemv_mma: true,
-            gemv_x_shared: true,
             ..LaunchOptions::default()
         },
     )?
     .ok_or("no kernels")?;
-    let loaded = xs.gemv_x_shared() && !ef.gemv_x_shared();
-    t.check(
-        "gemv shared-input kernels loaded ?".into(),
-        if loaded { 0.0 } else { 1.0 },
-        0.0,
-    );
+    for (name, loaded) in [
+        (
+            "gemv shared-input kernels loaded ?",
+            xs.gemv_x_shared() && !ef.gemv_x_shared(),
+        ),
+        (
+            "gemv_mma staged-input kernels loaded ?",
+            xs.gemv_mma_x_stage() && !ef.gemv_mma_x_stage(),
+        ),
+    ] {
+        t.check(name.into(), if loaded { 0.0 } else { 1.0 }, 0.0);
+    }
     let shapes = [(2048, 2048), (2048, 6144), (1000, 4096), (300, 8192)];
     pair_bits(
         (&ef, &xs),
@@ -164,27 +176,6 @@ fn evict_first_bits(dev: &Device, t: &mut Table) -> Res<()> {
         dev,
         t,
     )?;
-    // The 3-8-row tensor-core matmuls' input staged in shared memory (`gemv_mma_x_stage`, the
-    // `gemv_mma_ef_xs` build) against the evict-first build, bit for bit: plain and SiLU*up
-    // (the norm kernels are the same code), 0.6B's o and down (a warp's second batch cut
-    // short at 3,072 inputs), 1.7B's o and down (three batches a warp) and a ragged shape. A
-    // step's chunk staged in the wrong slot, or read before it landed, fails it; the
-    // presummed kernels are held to it in `presum::checks`.
-    let stage = |on: bool| -> Res<CudaKernels> {
-        let opts = LaunchOptions {
-            gemv_mma: true,
-            gemv_mma_x_stage: on,
-            ..LaunchOptions::default()
-        };
-        Ok(CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?)
-    };
-    let (unstaged, staged) = (stage(false)?, stage(true)?);
-    let loaded = staged.gemv_mma_x_stage() && !unstaged.gemv_mma_x_stage();
-    t.check(
-        "gemv_mma staged-input kernels loaded ?".into(),
-        if loaded { 0.0 } else { 1.0 },
-        0.0,
-    );
     let shapes = [
         (1024, 2048),
         (1024, 3072),
@@ -193,7 +184,7 @@ fn evict_first_bits(dev: &Device, t: &mut Table) -> Res<()> {
         (1000, 4096),
     ];
     pair_bits(
-        (&unstaged, &staged),
+        (&ef, &xs),
         (&[3, 5, 8], &shapes),
         (true, " (tensor-core input staged)"),
         dev,
