@@ -82,10 +82,9 @@ pub(super) fn checks(dev: &Device, t: &mut Table) -> Res<()> {
         let k = CudaKernels::new(dev, DType::BF16, &opts)?.ok_or("no kernels")?;
         let loaded = k.gemv_stream_stage_bytes() == Some(8 * 8192)
             && plain.gemv_stream_stage_bytes().is_none();
-        t.check(
+        t.holds(
             format!("gemv 1-row stage entries loaded ({blocks} blocks an SM{d}) ?"),
-            if loaded { 0.0 } else { 1.0 },
-            0.0,
+            loaded,
         );
         let tag = format!(" (streamed, stage, {blocks} blocks an SM{d})");
         stream_bits(plain, &k, &tag, dev, t)?;
@@ -123,11 +122,7 @@ fn evict_first_bits(dev: &Device, t: &mut Table) -> Res<()> {
     };
     let (plain, ef) = (with(false)?, with(true)?);
     let loaded = ef.weight_evict_first() && !plain.weight_evict_first();
-    t.check(
-        "gemv evict-first kernels loaded ?".into(),
-        if loaded { 0.0 } else { 1.0 },
-        0.0,
-    );
+    t.holds("gemv evict-first kernels loaded ?".into(), loaded);
     let shapes = [(1024, 2048), (6144, 1024), (128, 2048), (1000, 4096)];
     let tag = " (weights evict-first)";
     pair_bits(
@@ -166,7 +161,7 @@ fn evict_first_bits(dev: &Device, t: &mut Table) -> Res<()> {
             xs.gemv_mma_x_stage() && !ef.gemv_mma_x_stage(),
         ),
     ] {
-        t.check(name.into(), if loaded { 0.0 } else { 1.0 }, 0.0);
+        t.holds(name.into(), loaded);
     }
     let shapes = [(2048, 2048), (2048, 6144), (1000, 4096), (300, 8192)];
     pair_bits(

@@ -214,10 +214,9 @@ pub(super) fn lora_model_checks(a: &Args, dev: &Device, dt: DType, t: &mut Table
         Ok(fast.forward(&p, &s, &c, None)?.ok_or("logits")?)
     };
     let differ = rel(&run(Some(0))?, &run(None)?)?;
-    t.check(
+    t.holds(
         format!("lora {dt:?}: adapter changes the logits (rel {differ:.3}) ?"),
-        if differ > 1e-2 { 0.0 } else { 1.0 },
-        0.0,
+        differ > 1e-2,
     );
     for d in dirs {
         let _ = std::fs::remove_dir_all(d);
@@ -301,10 +300,9 @@ pub(super) fn lora_graph_check(a: &Args, t: &mut Table) -> Res<()> {
             _ => "",
         };
         println!("lora greedy graphs vs eager{how}: {equal}/{n} requests equal");
-        t.check(
+        t.holds(
             format!("lora graphs vs eager{how}: {equal}/{n} greedy answers equal ?"),
-            if equal == n { 0.0 } else { 1.0 },
-            0.0,
+            equal == n,
         );
         if n == N {
             eagers.push(eager);
@@ -322,10 +320,9 @@ pub(super) fn lora_graph_check(a: &Args, t: &mut Table) -> Res<()> {
     // two launches round): the answers are equal.
     let same = same_as_serial(1);
     println!("lora greedy overlap vs serial (eager): {same}/{N} requests equal");
-    t.check(
+    t.holds(
         format!("lora overlap vs serial: {same}/{N} greedy answers equal ?"),
-        if same == N { 0.0 } else { 1.0 },
-        0.0,
+        same == N,
     );
     // The grouped shrink rounds differently: printed, not held to equality (its logits are
     // held to the f32 reference in `lora_model_checks`).
@@ -491,10 +488,9 @@ pub(super) fn lora_grouped_checks(dev: &Device, t: &mut Table) -> Res<()> {
     let before = out.copy()?;
     grouped.lora_into(&x, (&a, &b, &[0, 1024]), (&tiles, 1), &y, &out)?;
     let moved = rel(&out, &before)?;
-    t.check(
+    t.holds(
         format!("lora grouped: the delta moves the output (rel {moved:.3}) ?"),
-        if moved > 1e-3 { 0.0 } else { 1.0 },
-        0.0,
+        moved > 1e-3,
     );
     Ok(())
 }

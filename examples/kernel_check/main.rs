@@ -93,6 +93,12 @@ impl Table {
         );
         self.rows.push((name, err, tol));
     }
+
+    /// A check of a fact rather than a distance: `ok` passes, anything else fails (printed
+    /// and counted as a check of error 0 or 1 at tolerance 0).
+    fn holds(&mut self, name: String, ok: bool) {
+        self.check(name, if ok { 0.0 } else { 1.0 }, 0.0);
+    }
 }
 
 fn rel(a: &Tensor, b: &Tensor) -> Res<f32> {

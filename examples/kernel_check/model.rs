@@ -262,10 +262,9 @@ pub(super) fn greedy_check(a: &Args, t: &mut Table) -> Res<()> {
             println!("{what}: MoE model, fewest equal leading tokens {min_equal} (not checked)");
             continue;
         }
-        t.check(
+        t.holds(
             format!("{what} 8 ragged x 64: fewest equal leading tokens < 32 ?"),
-            if min_equal >= 32 { 0.0 } else { 1.0 },
-            0.0,
+            min_equal >= 32,
         );
     }
     Ok(())
