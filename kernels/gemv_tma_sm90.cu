@@ -6,6 +6,13 @@
 // kernel before (weights only; PDL). The warp sums each row as gemv.cuh's dot_rows does (lane
 // l takes chunks l, l + 32, ... in order, then the warp's butterfly): the same bits as the
 // skinny matmuls of gemv.cu. K is a multiple of 1,024.
+//
+// gemv_tma_argmax (LaunchOptions::gemv_tma_head_argmax): the same matmul for a greedy step's
+// lm_head, which writes each logit as f32 (rounded to bf16 first, as the bf16 matmul then
+// to_f32 give it) and the row's argmax in the same launch: each warp keeps its best row, each
+// block its warps' best, and the block that finishes last merges the blocks' bests into
+// ids[0] (and feed[0]) as layer_ops.cu's to_f32_argmax does (the best value's lowest index;
+// NaN never wins; no finite or infinite value: 0).
 
 #include "gemv.cuh"
 
@@ -70,8 +77,72 @@ __device__ void produce(const __nv_bfloat16* W, int N, int K, __nv_bfloat16* slo
   }
 }
 
+// Whether (v, i) comes before (bv, bi): the larger value, then the lower index.
+__device__ __forceinline__ bool ahead(float v, int i, float bv, int bi) {
+  return v > bv || (v == bv && i < bi);
+}
+
+// The warp's first pair by `ahead` on every lane.
+__device__ __forceinline__ void warp_best(float& v, int& i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (ahead(ov, oi, v, i)) { v = ov; i = oi; }
+  }
+}
+
+// Where gemv_tma_argmax puts its answer: the f32 logits, the blocks' bests (gridDim.x each),
+// the counter of finished blocks (zero between launches), the ids and the feed (or null).
+struct Greedy {
+  float* logits;
+  float* pv;
+  int* pi;
+  uint32_t* counter;
+  uint32_t* ids;
+  uint32_t* feed;
+};
+
+// The compute warps' end of gemv_tma_argmax: (best, idx) is lane 0's pick of its warp's rows.
+__device__ void greedy_merge(float best, int idx, const Greedy& g) {
+  __shared__ float wv[WARPS];
+  __shared__ int wi[WARPS];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) { wv[warp] = best; wi[warp] = idx; }
+  asm volatile("bar.sync 1, %0;" ::"r"(ST) : "memory");
+  if (warp != 0) return;
+  float v = lane < WARPS ? wv[lane] : -INFINITY;
+  int i = lane < WARPS ? wi[lane] : 0x7fffffff;
+  warp_best(v, i);
+  uint32_t last = 0;
+  if (lane == 0) {
+    g.pv[blockIdx.x] = v;
+    g.pi[blockIdx.x] = i;
+    __threadfence();
+    last = atomicAdd(g.counter, 1u) == gridDim.x - 1;
+  }
+  if (!__shfl_sync(0xffffffffu, last, 0)) return;
+  __threadfence();
+  v = -INFINITY;
+  i = 0x7fffffff;
+  for (int q = lane; q < (int)gridDim.x; q += 32) {
+    const float qv = reinterpret_cast<volatile float*>(g.pv)[q];
+    const int qi = reinterpret_cast<volatile int*>(g.pi)[q];
+    if (ahead(qv, qi, v, i)) { v = qv; i = qi; }
+  }
+  warp_best(v, i);
+  if (lane == 0) {
+    const uint32_t id = i == 0x7fffffff ? 0u : (uint32_t)i;
+    g.ids[0] = id;
+    if (g.feed != nullptr) g.feed[0] = id;
+    *g.counter = 0;  // ready for the next launch (a graph's next replay)
+  }
+}
+
+// ARGMAX: out is unused and the logits and the argmax go to `greedy` (gemv_tma_argmax).
+template <bool ARGMAX>
 __device__ void tma_gemv(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* x,
-                         __nv_bfloat16* out, int N, int K, int ns) {
+                         __nv_bfloat16* out, int N, int K, int ns, const Greedy& greedy) {
   extern __shared__ __align__(128) __nv_bfloat16 dyn[];
   __shared__ __align__(8) uint64_t full[WARPS][MAX_NS], empty[WARPS][MAX_NS];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -99,6 +170,8 @@ __device__ void tma_gemv(const __nv_bfloat16* __restrict__ W, const __nv_bfloat1
   const int P = K / PIECE;
   __nv_bfloat16* slots = dyn + (size_t)warp * ns * PIECE;
   int used = 0;
+  float best = -INFINITY;
+  int idx = 0x7fffffff;
   for (int row = gw; row < N; row += NW) {
     float acc = 0.f;
     for (int pc = 0; pc < P; ++pc, ++used) {
@@ -121,8 +194,15 @@ __device__ void tma_gemv(const __nv_bfloat16* __restrict__ W, const __nv_bfloat1
                      : "memory");
     }
     acc = warp_sum(acc);
-    if (lane == 0) out[row] = __float2bfloat16(acc);
+    if (!ARGMAX) {
+      if (lane == 0) out[row] = __float2bfloat16(acc);
+    } else if (lane == 0) {
+      const float v = __bfloat162float(__float2bfloat16(acc));
+      greedy.logits[row] = v;
+      if (v > best) { best = v; idx = row; }  // rows ascend: ties keep the lowest
+    }
   }
+  if (ARGMAX) greedy_merge(best, idx, greedy);
 }
 
 }  // namespace
@@ -130,5 +210,12 @@ __device__ void tma_gemv(const __nv_bfloat16* __restrict__ W, const __nv_bfloat1
 extern "C" __global__ void __launch_bounds__(WARPS * 32 + 32, 1)
     gemv_tma(const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,
              int ns) {
-  tma_gemv(W, x, out, N, K, ns);
+  tma_gemv<false>(W, x, out, N, K, ns, Greedy{});
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32 + 32, 1)
+    gemv_tma_argmax(const __nv_bfloat16* W, const __nv_bfloat16* x, float* logits, int N, int K,
+                    int ns, float* pv, int* pi, uint32_t* counter, uint32_t* ids,
+                    uint32_t* feed) {
+  tma_gemv<true>(W, x, nullptr, N, K, ns, Greedy{logits, pv, pi, counter, ids, feed});
 }

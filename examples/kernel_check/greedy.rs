@@ -64,3 +64,77 @@ pub(super) fn checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
     }
     Ok(())
 }
+
+/// The lm_head of 1-row steps on the streamed kernel (`LaunchOptions::gemv_tma_head`, sm_90)
+/// and its one-launch head (`gemv_tma_head_argmax`): the head's logits within bf16 rounding of
+/// cuBLAS's (the default path; different sums), and the one launch's f32 logits bit for bit
+/// and its token equal to that lm_head then `to_f32` and `argmax`, at 0.6B's and 1.7B's
+/// shapes and one past the skinny matmuls' widest, at 2 and 10 pieces a warp; one weight has
+/// its two largest rows equal (a tie: the lower index wins; a merge that kept the later
+/// block's or warp's pick fails it), each launched twice (the counter the last block resets),
+/// the second time with a feed. On a GPU without sm_90 nothing is checked (printed).
+pub(super) fn head_checks(dev: &Device, t: &mut Table) -> Res<()> {
+    let dt = DType::BF16;
+    let blas = CudaKernels::new(dev, dt, &LaunchOptions::default())?.ok_or("no kernels")?;
+    for ns in [2u8, 10] {
+        let opts = LaunchOptions {
+            graph_argmax: true,
+            gemv_tma_head: Some(ns),
+            gemv_tma_head_argmax: true,
+            ..LaunchOptions::default()
+        };
+        let k = CudaKernels::new(dev, dt, &opts)?.ok_or("no kernels")?;
+        for &(n, kk, tie) in &[
+            (151_936usize, 1024usize, false),
+            (151_936, 2048, true),
+            (40_000, 1024, true),
+        ] {
+            let x = randn(&[1, kk], dt, dev)?;
+            let mut w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;
+            if tie {
+                // Rows 7,001 and n - 3 (in other warps and blocks): x's signs, the largest
+                // dot product by far, and equal.
+                let top = x.ge(0.0)?.to_dtype(DType::F32)?.affine(2.0, -1.0)?.to_dtype(dt)?;
+                for r in [7001, n - 3] {
+                    w = w.slice_assign(&[r..r + 1, 0..kk], &top)?;
+                }
+            }
+            let what = format!("lm_head streamed {ns} pieces, {n} x {kk}");
+            let act = Tensor::zeros((1, n), dt, dev)?;
+            let cublas = Tensor::zeros((1, n), dt, dev)?;
+            k.linear_into(&x, &w, &act)?;
+            blas.linear_into(&x, &w, &cublas)?;
+            t.check(format!("{what}: against cuBLAS"), rel(&act, &cublas)?, 1e-2);
+            let want_logits = Tensor::zeros((1, n), DType::F32, dev)?;
+            k.to_f32_into(&act, &want_logits)?;
+            let want: Vec<u32> = k.argmax(&want_logits)?.to_vec1()?;
+            if tie {
+                t.holds(
+                    format!("{what}: the tie's lower row is the argmax"),
+                    want == [7001],
+                );
+            }
+            let scratch = k.greedy_scratch(1, n)?;
+            for launch in 1..=2 {
+                let logits = Tensor::zeros((1, n), DType::F32, dev)?;
+                let ids = Tensor::zeros(1, DType::U32, dev)?;
+                let feed = (launch == 2)
+                    .then(|| Tensor::from_vec(vec![u32::MAX], 1, dev))
+                    .transpose()?;
+                let ran =
+                    k.lm_head_argmax_into(&x, &w, &logits, (&ids, feed.as_ref()), &scratch)?;
+                if !ran {
+                    println!("{what}: not served (no sm_90): not checked");
+                    return Ok(());
+                }
+                let what = format!("{what}, one launch, launch {launch}");
+                t.check(format!("{what}: logits"), rel(&logits, &want_logits)?, 0.0);
+                t.holds(format!("{what}: token"), ids.to_vec1::<u32>()? == want);
+                if let Some(f) = feed {
+                    t.holds(format!("{what}: fed token"), f.to_vec1::<u32>()? == want);
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -180,6 +180,7 @@ fn main() -> Res<()> {
             CudaKernels::new(&dev, DType::BF16, &LaunchOptions::default())?.ok_or("no kernels")?;
         ops::argmax_checks(&k, &dev, &mut t)?;
         greedy::checks(&dev, DType::BF16, &mut t)?;
+        greedy::head_checks(&dev, &mut t)?;
         gemv::checks(&dev, &mut t)?;
         model_checks(&a, &dev, DType::BF16, &mut t)?;
         greedy_check(&a, &mut t)?;

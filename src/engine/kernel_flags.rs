@@ -69,6 +69,15 @@ pub struct KernelFlags {
     /// (`KernelOptions::gemv_tma_min_k`; default 2,048; 2,049 leaves 0.6B's o out).
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub gemv_tma_min_k: Option<u64>,
+    /// The lm_head of 1-row steps on the streamed kernel too, N 2 KB pieces in flight a warp
+    /// (`KernelOptions::gemv_tma_head`; default off: cuBLAS).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=10))]
+    pub gemv_tma_head: Option<u8>,
+    /// That lm_head writes the f32 logits and takes the greedy token in the same launch in a
+    /// greedy 1-row decode graph (`KernelOptions::gemv_tma_head_argmax`; needs
+    /// --gemv-tma-head).
+    #[arg(long, requires = "gemv_tma_head")]
+    pub gemv_tma_head_argmax: bool,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
@@ -296,6 +305,8 @@ impl KernelFlags {
             gemv_tma_min_k: self
                 .gemv_tma_min_k
                 .map_or(super::options::GEMV_TMA_MIN_K, |k| k as usize),
+            gemv_tma_head: self.gemv_tma_head,
+            gemv_tma_head_argmax: self.gemv_tma_head_argmax,
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
             weight_evict_first: !self.no_weight_evict_first,

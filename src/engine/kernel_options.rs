@@ -178,6 +178,18 @@ pub struct KernelOptions {
     /// Fewest inputs of the 1-row plain matmuls [`KernelOptions::gemv_tma`] takes (a multiple
     /// of 1,024 from here up to 4,096). Default `GEMV_TMA_MIN_K` (2,048: 0.6B's o and down).
     pub gemv_tma_min_k: usize,
+    /// The lm_head of 1-row steps (the vocabulary's rows over 1,024-4,096 inputs) on the
+    /// streamed kernel of [`KernelOptions::gemv_tma`] too, this many 2 KB pieces in flight a
+    /// warp (1-10), where cuBLAS reads it at ~4.2 TB/s on the H200 but waits for the kernel
+    /// before to end (the streamed kernel copies its first pieces before its wait). Default
+    /// None (cuBLAS): not yet measured. Its sums are those of the skinny matmuls, not
+    /// cuBLAS's: the logits may differ in the last bit.
+    pub gemv_tma_head: Option<u8>,
+    /// With [`KernelOptions::gemv_tma_head`] and [`KernelOptions::graph_argmax`], a greedy
+    /// 1-row decode graph's lm_head launch also writes the f32 logits and takes the greedy
+    /// token (the same logits and token as the lm_head, then `to_f32_argmax`): one launch of
+    /// the head fewer. Default off: not yet measured.
+    pub gemv_tma_head_argmax: bool,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
     /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one

@@ -106,7 +106,8 @@ impl CudaKernels {
             return Ok(());
         }
         let (px, pw, po) = (self.ptr(x)?, self.ptr(w)?, self.ptr(out)?);
-        if n_out <= GEMV_MAX_N && self.gemv_tma_into(t, (n_out, k), (pw, px, po))? {
+        // (The streamed kernel takes an lm_head too with `gemv_tma_head`.)
+        if self.gemv_tma_into(t, (n_out, k), (pw, px, po))? {
             return Ok(());
         }
         // cuBLAS reads a wide matrix (lm_head) at least as fast (BENCHMARKS.md).

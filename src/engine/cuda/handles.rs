@@ -25,13 +25,16 @@ type ModuleLoad<'a> = &'a dyn Fn(&[u8], &str) -> Result<Arc<CudaModule>>;
 static GEMV_TMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_tma_sm90.fatbin"));
 
 /// The streamed 1-row matmul (`kernels/gemv_tma_sm90.cu`, `LaunchOptions::gemv_tma`; launched
-/// from `gemv_tma.rs`), its ring's slots a warp, the fewest inputs a row it takes and whether
-/// it takes weights of any row count (checks only).
+/// from `gemv_tma.rs`), its ring's slots a warp, the fewest inputs a row it takes, whether
+/// it takes weights of any row count (checks only), its ring's slots for the lm_head
+/// (`gemv_tma_head`) and its lm_head + argmax entry (`gemv_tma_head_argmax`).
 pub(crate) struct TmaGemv {
     pub(super) f: CudaFunction,
     pub(super) slots: usize,
     pub(super) min_k: usize,
     pub(super) any_rows: bool,
+    pub(super) head: Option<usize>,
+    pub(super) argmax: Option<CudaFunction>,
 }
 
 impl TmaGemv {
@@ -55,19 +58,29 @@ impl TmaGemv {
         let f = m
             .load_function("gemv_tma")
             .map_err(|e| kernel_err("function gemv_tma", e))?;
-        f.set_attribute(
-            A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            TMA_GEMV_MAX_SMEM as i32,
-        )
-        .map_err(|e| kernel_err("gemv_tma shared memory", e))?;
-        if let Some(c) = opts.smem_carveout {
-            super::launch::carve([&f], c);
+        let head = opts.gemv_tma_head;
+        let argmax = (head.is_some() && opts.gemv_tma_head_argmax && opts.graph_argmax)
+            .then(|| m.load_function("gemv_tma_argmax"))
+            .transpose()
+            .map_err(|e| kernel_err("function gemv_tma_argmax", e))?;
+        for g in std::iter::once(&f).chain(argmax.as_ref()) {
+            g.set_attribute(
+                A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                TMA_GEMV_MAX_SMEM as i32,
+            )
+            .map_err(|e| kernel_err("gemv_tma shared memory", e))?;
+            if let Some(c) = opts.smem_carveout {
+                super::launch::carve([g], c);
+            }
         }
+        let slots = |n: u8| usize::from(n.clamp(1, GEMV_TMA_MAX_SLOTS));
         Ok(Some(Self {
             f,
-            slots: usize::from(n.clamp(1, GEMV_TMA_MAX_SLOTS)),
+            slots: slots(n),
             min_k: opts.gemv_tma_min_k,
             any_rows: opts.gemv_tma_any_rows,
+            head: head.map(slots),
+            argmax,
         }))
     }
 }

@@ -48,6 +48,14 @@ pub struct LaunchOptions {
     /// The streamed kernel takes weights of any row count, not only the 1,024-row ones it was
     /// measured faster on (`kernel_check`'s bit checks; the engine never sets it).
     pub gemv_tma_any_rows: bool,
+    /// The lm_head of 1-row steps (more than 32,768 outputs, 1,024-4,096 inputs, a multiple
+    /// of 1,024) on the streamed kernel too, this many 2 KB pieces in flight a warp; None:
+    /// cuBLAS. Needs `gemv_tma`.
+    pub gemv_tma_head: Option<u8>,
+    /// A greedy 1-row decode graph's lm_head on the streamed kernel writes the f32 logits and
+    /// takes their argmax in the same launch (`gemv_tma_argmax`), in place of the lm_head then
+    /// `to_f32_argmax`. Needs `gemv_tma_head` and `graph_argmax`.
+    pub gemv_tma_head_argmax: bool,
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
     pub gemv_double_buffer: bool,
@@ -193,6 +201,8 @@ impl Default for LaunchOptions {
             gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),
             gemv_tma_min_k: crate::engine::options::GEMV_TMA_MIN_K,
             gemv_tma_any_rows: false,
+            gemv_tma_head: None,
+            gemv_tma_head_argmax: false,
             gemv_double_buffer: true,
             gemv_split_k: false,
             weight_evict_first: true,

@@ -30,6 +30,13 @@ pub struct GreedyScratch {
     counters: Tensor,
 }
 
+impl GreedyScratch {
+    /// The blocks' best values and indices and the rows' counters.
+    pub(super) fn parts(&self) -> (&Tensor, &Tensor, &Tensor) {
+        (&self.values, &self.indices, &self.counters)
+    }
+}
+
 impl CudaKernels {
     /// Whether rows sampled over the whole vocabulary are drawn on the device.
     pub fn samples_full(&self) -> bool {

@@ -18,6 +18,8 @@ impl Default for KernelOptions {
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),
             gemv_tma_min_k: GEMV_TMA_MIN_K,
+            gemv_tma_head: None,
+            gemv_tma_head_argmax: false,
             gemv_double_buffer: true,
             gemv_split_k: false,
             weight_evict_first: true,

@@ -76,6 +76,8 @@ pub fn launch_options(opts: &KernelOptions, cfg: &ModelConfig) -> LaunchOptions 
         gemv_tma: opts.gemv_tma,
         gemv_tma_min_k: opts.gemv_tma_min_k,
         gemv_tma_any_rows: false,
+        gemv_tma_head: opts.gemv_tma_head,
+        gemv_tma_head_argmax: opts.gemv_tma_head_argmax,
         gemv_double_buffer: opts.gemv_double_buffer,
         gemv_split_k: opts.gemv_split_k,
         gemv_x_shared: opts.gemv_x_shared,

@@ -181,7 +181,7 @@ impl DecodeGraphs {
             return Ok(());
         }
         let logits_act = self.logits_act.narrow(0, 0, b)?;
-        k.linear_into(&acts.h, model.qwen3.lm_head.weight(), &logits_act)?;
+        let w = model.qwen3.lm_head.weight();
         let logits = self.logits.narrow(0, 0, b)?;
         match &self.greedy {
             Some((ids, scratch)) => {
@@ -192,9 +192,18 @@ impl DecodeGraphs {
                     .then(|| self.input.narrow(0, 0, b))
                     .transpose()?;
                 let ids = (&ids.narrow(0, 0, b)?, feed.as_ref());
+                // One launch where the streamed lm_head takes the argmax too
+                // (`gemv_tma_head_argmax`, 1 row).
+                if k.lm_head_argmax_into(&acts.h, w, &logits, ids, scratch)? {
+                    return Ok(());
+                }
+                k.linear_into(&acts.h, w, &logits_act)?;
                 k.to_f32_argmax_into(&logits_act, &logits, ids, scratch)
             }
-            None => k.to_f32_into(&logits_act, &logits),
+            None => {
+                k.linear_into(&acts.h, w, &logits_act)?;
+                k.to_f32_into(&logits_act, &logits)
+            }
         }
     }
 }
