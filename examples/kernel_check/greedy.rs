@@ -94,7 +94,11 @@ pub(super) fn head_checks(dev: &Device, t: &mut Table) -> Res<()> {
             if tie {
                 // Rows 7,001 and n - 3 (in other warps and blocks): x's signs, the largest
                 // dot product by far, and equal.
-                let top = x.ge(0.0)?.to_dtype(DType::F32)?.affine(2.0, -1.0)?.to_dtype(dt)?;
+                let top = x
+                    .ge(0.0)?
+                    .to_dtype(DType::F32)?
+                    .affine(2.0, -1.0)?
+                    .to_dtype(dt)?;
                 for r in [7001, n - 3] {
                     w = w.slice_assign(&[r..r + 1, 0..kk], &top)?;
                 }
