@@ -2,7 +2,9 @@
 //! engine (`kernels/gemv_tma_sm90.cu`, `LaunchOptions::gemv_tma`, sm_90): one block per SM of
 //! 8 compute warps and a copy warp whose lanes keep each compute warp's ring of 2 KB weight
 //! pieces full, from before the wait on the kernel before. The same sums in the same order as
-//! the skinny matmuls of `kernels/gemv.cu` (the same bits).
+//! the skinny matmuls of `kernels/gemv.cu` (the same bits). With `LaunchOptions::gemv_tma_head`
+//! it takes a 1-row step's lm_head too, and with `gemv_tma_head_argmax` a greedy graph's head
+//! in one launch (the f32 logits and their argmax, `gemv_tma_argmax`).
 
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Tensor};
