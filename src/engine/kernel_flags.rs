@@ -71,7 +71,12 @@ pub struct KernelFlags {
     pub gemv_tma_min_k: Option<u64>,
     /// The lm_head of 1-row steps on the streamed kernel too, N 2 KB pieces in flight a warp
     /// (`KernelOptions::gemv_tma_head`; default off: cuBLAS).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=10))]
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = clap::value_parser!(u8).range(1..=10),
+        conflicts_with = "no_gemv_tma"
+    )]
     pub gemv_tma_head: Option<u8>,
     /// That lm_head writes the f32 logits and takes the greedy token in the same launch in a
     /// greedy 1-row decode graph (`KernelOptions::gemv_tma_head_argmax`; needs

@@ -219,6 +219,7 @@ fn kernel_flags_become_kernel_options() {
     assert!(head.gemv_tma_head_argmax);
     assert!(Cli::try_parse_from(["x", "--gemv-tma-head-argmax"]).is_err());
     assert!(Cli::try_parse_from(["x", "--gemv-tma-head", "0"]).is_err());
+    assert!(Cli::try_parse_from(["x", "--gemv-tma-head", "8", "--no-gemv-tma"]).is_err());
     // The MoE gate|up's evict-first loads and the down + sum's ranked order: on.
     assert!(d.kernels.moe_gate_up_cs && d.kernels.moe_rank_sort);
     assert!(!opts(&["x", "--no-moe-gate-up-cs"]).kernels.moe_gate_up_cs);
