@@ -64,6 +64,23 @@ __device__ __forceinline__ void tl_mark(unsigned int p) {
 
 namespace {
 
+// Whether (v, i) comes before (bv, bi) in an argmax's order: the larger value, then the lower
+// index.
+__device__ __forceinline__ bool before(float v, int i, float bv, int bi) {
+  return v > bv || (v == bv && i < bi);
+}
+
+// The warp's first (best, idx) in `before`'s order, in every lane. (The test is spelled out:
+// through `before`, ptxas gave moe_route.cu's and layer_ops.cu's kernels other machine code.)
+__device__ __forceinline__ void warp_argmax(float& best, int& idx) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (ob > best || (ob == best && oi < idx)) { best = ob; idx = oi; }
+  }
+}
+
 // Programmatic dependent launch (see src/engine/cuda/launch.rs), in two halves:
 //  * pdl_trigger: the next kernel on the stream may launch now (its blocks then sit at their
 //    own pdl_wait, or prefetch weights before it);

@@ -77,21 +77,6 @@ __device__ void produce(const __nv_bfloat16* W, int N, int K, __nv_bfloat16* slo
   }
 }
 
-// Whether (v, i) comes before (bv, bi): the larger value, then the lower index.
-__device__ __forceinline__ bool ahead(float v, int i, float bv, int bi) {
-  return v > bv || (v == bv && i < bi);
-}
-
-// The warp's first pair by `ahead` on every lane.
-__device__ __forceinline__ void warp_best(float& v, int& i) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (ahead(ov, oi, v, i)) { v = ov; i = oi; }
-  }
-}
-
 // Where gemv_tma_argmax puts its answer: the f32 logits, the blocks' bests (gridDim.x each),
 // the counter of finished blocks (zero between launches), the ids and the feed (or null).
 struct Greedy {
@@ -113,7 +98,7 @@ __device__ void greedy_merge(float best, int idx, const Greedy& g) {
   if (warp != 0) return;
   float v = lane < WARPS ? wv[lane] : -INFINITY;
   int i = lane < WARPS ? wi[lane] : 0x7fffffff;
-  warp_best(v, i);
+  warp_argmax(v, i);
   uint32_t last = 0;
   if (lane == 0) {
     g.pv[blockIdx.x] = v;
@@ -128,9 +113,9 @@ __device__ void greedy_merge(float best, int idx, const Greedy& g) {
   for (int q = lane; q < (int)gridDim.x; q += 32) {
     const float qv = reinterpret_cast<volatile float*>(g.pv)[q];
     const int qi = reinterpret_cast<volatile int*>(g.pi)[q];
-    if (ahead(qv, qi, v, i)) { v = qv; i = qi; }
+    if (before(qv, qi, v, i)) { v = qv; i = qi; }
   }
-  warp_best(v, i);
+  warp_argmax(v, i);
   if (lane == 0) {
     const uint32_t id = i == 0x7fffffff ? 0u : (uint32_t)i;
     g.ids[0] = id;

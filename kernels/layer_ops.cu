@@ -58,12 +58,7 @@ __device__ void silu_mul(const T* __restrict__ gu, T* __restrict__ out, long lon
 
 // (best, idx) of the block, in lane 0 of warp 0: the largest value, ties to the lowest index.
 __device__ __forceinline__ void argmax_block(float& best, int& idx) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    float ob = __shfl_xor_sync(0xffffffffu, best, o);
-    int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-    if (ob > best || (ob == best && oi < idx)) { best = ob; idx = oi; }
-  }
+  warp_argmax(best, idx);
   __shared__ float sb[32];
   __shared__ int si[32];
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -73,12 +68,7 @@ __device__ __forceinline__ void argmax_block(float& best, int& idx) {
     int nw = blockDim.x >> 5;
     best = lane < nw ? sb[lane] : -INFINITY;
     idx = lane < nw ? si[lane] : 0x7fffffff;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-      if (ob > best || (ob == best && oi < idx)) { best = ob; idx = oi; }
-    }
+    warp_argmax(best, idx);
   }
 }
 
@@ -224,10 +214,6 @@ __device__ void to_f32_argmax(const T* __restrict__ x, float* __restrict__ out, 
 // The k largest values of each f32 row with their indices, in order (value descending, index
 // ascending on ties): k rounds of a block-wide arg-max over the elements that come after the
 // previous round's pick in that order. One block per row; k is small (sampling's top-k).
-__device__ __forceinline__ bool before(float v, int i, float bv, int bi) {
-  return v > bv || (v == bv && i < bi);
-}
-
 __device__ void topk_rows(const float* __restrict__ x, int n, int k, float* __restrict__ vals,
                           uint32_t* __restrict__ idx) {
   const float* r = x + (size_t)blockIdx.x * n;

@@ -18,19 +18,6 @@
 
 namespace {
 
-// The warp's largest (best, best_id), ties to the lower id, in every lane.
-__device__ __forceinline__ void warp_argmax(float& best, int& best_id) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, best_id, o);
-    if (ob > best || (ob == best && oi < best_id)) {
-      best = ob;
-      best_id = oi;
-    }
-  }
-}
-
 // The same pick by two warp reductions (redux.sync, sm_80+) instead of five shuffle rounds:
 // the largest value as order-preserving bits (a float's bits with the sign bit set, or all
 // bits flipped when negative), then the lowest id among the lanes that hold it. The same
