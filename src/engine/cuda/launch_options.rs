@@ -1,6 +1,8 @@
 //! [`LaunchOptions`]: which launch paths the kernels take (the kernel half of the engine's
 //! `KernelOptions`).
 
+use crate::engine::options::KernelOptions;
+
 /// Stages of the tensor-core decode attention over bf16 caches unless asked otherwise: 2 (3
 /// takes 96 KB of shared memory a block, two blocks an SM, and was 5-16% slower on the H200).
 pub const MMA_STAGES_BF16: u8 = 2;
@@ -186,70 +188,90 @@ pub struct LaunchOptions {
     pub lora_wide: Option<usize>,
 }
 
+impl LaunchOptions {
+    /// The launch paths the engine's `opts` ask for, as the kernels take them; `moe`: the
+    /// model is a mixture of experts (its skinny matmuls' weights follow
+    /// `weight_evict_first_moe`, not `weight_evict_first`). Two paths have no switch there:
+    /// `gemv_tma_any_rows` (off: a check's own) and `wgmma_prefill_x2` (on).
+    pub fn from_kernel_options(opts: &KernelOptions, moe: bool) -> Self {
+        Self {
+            gemv: opts.gemv,
+            gemv_mma: opts.gemv_mma,
+            gemv_mma_plain: opts.gemv_mma_plain,
+            norm_presum: opts.norm_presum,
+            graph_argmax: opts.graph_argmax,
+            graph_feed: opts.graph_feed,
+            gemv_stream: opts.gemv_stream,
+            gemv_stream_stage: opts.gemv_stream_stage,
+            smem_carveout: opts.smem_carveout,
+            gemv_tma: opts.gemv_tma,
+            gemv_tma_min_k: opts.gemv_tma_min_k,
+            gemv_tma_any_rows: false,
+            gemv_tma_head: opts.gemv_tma_head,
+            gemv_tma_head_argmax: opts.gemv_tma_head_argmax,
+            gemv_double_buffer: opts.gemv_double_buffer,
+            gemv_split_k: opts.gemv_split_k,
+            gemv_x_shared: opts.gemv_x_shared,
+            gemv_mma_x_stage: opts.gemv_mma_x_stage,
+            weight_evict_first: match moe {
+                true => opts.weight_evict_first_moe,
+                false => opts.weight_evict_first,
+            },
+            l2_prefetch: opts.l2_prefetch,
+            warp_norm: opts.warp_norm,
+            norm_deferred: opts.norm_deferred,
+            sample_full: opts.sample_full,
+            fused_decode: opts.fused_decode,
+            clusters: opts.clusters,
+            gqa8_split: opts.gqa8_split,
+            graph_splits_one: opts.graph_splits_one,
+            graph_splits_few: opts.graph_splits_few,
+            graph_splits_mid: opts.graph_splits_mid,
+            fused_lean: opts.fused_lean,
+            fused_mma: opts.fused_mma,
+            fused_mma_rows: opts.fused_mma_rows,
+            fused_mma_one: opts.fused_mma_one,
+            fused_long_ctx: opts.fused_long_ctx,
+            fused_long_ctx_one: opts.fused_long_ctx_one,
+            fused_long_ctx_many: opts.fused_long_ctx_many,
+            fused_max_rows: opts.fused_max_rows,
+            eager_graph_splits: opts.eager_graph_splits,
+            blas_row_class: opts.blas_row_class,
+            flash_prefill: opts.flash_prefill,
+            wgmma_prefill: opts.wgmma_prefill,
+            split_kv: opts.split_kv,
+            pdl: opts.pdl,
+            shared_kv_verify: opts.shared_kv_verify,
+            mma_decode: opts.mma_decode,
+            mma_decode_stages: opts.mma_decode_stages,
+            mma_decode_split_p: opts.mma_decode_split_p,
+            moe_tile_one: opts.moe_tile_one,
+            moe_norm_router: opts.moe_norm_router,
+            moe_down_sum: opts.moe_down_sum,
+            moe_route_one: opts.moe_route_one,
+            moe_route_redux: opts.moe_route_redux,
+            moe_gate_up_cs: opts.moe_gate_up_cs,
+            moe_rank_sort: opts.moe_rank_sort,
+            lora_overlap: opts.lora_overlap,
+            lora_grouped: opts.lora_grouped,
+            lora_runs: opts.lora_runs,
+            lora_norm_preload: opts.lora_norm_preload,
+            lora_side_min_rows: opts.lora_side_min_rows,
+            lora_wide: opts.lora_wide,
+            wgmma_prefill_x2: true,
+        }
+    }
+}
+
 impl Default for LaunchOptions {
+    /// `KernelOptions::default()`'s paths on a dense model, but without the greedy tokens
+    /// inside the graphs (`graph_argmax`, `graph_feed`): the baseline `kernel_check` sets
+    /// what it checks against.
     fn default() -> Self {
         Self {
-            gemv: true,
-            gemv_mma: false,
-            gemv_mma_plain: Some(crate::engine::options::GEMV_MMA_PLAIN_MAX_WEIGHT),
-            norm_presum: true,
             graph_argmax: false,
             graph_feed: false,
-            gemv_stream: Some(crate::engine::options::GEMV_STREAM_BLOCKS),
-            gemv_stream_stage: true,
-            smem_carveout: Some(crate::engine::options::SMEM_CARVEOUT),
-            gemv_tma: Some(crate::engine::options::GEMV_TMA_PIECES),
-            gemv_tma_min_k: crate::engine::options::GEMV_TMA_MIN_K,
-            gemv_tma_any_rows: false,
-            gemv_tma_head: None,
-            gemv_tma_head_argmax: false,
-            gemv_double_buffer: true,
-            gemv_split_k: false,
-            weight_evict_first: true,
-            gemv_x_shared: true,
-            gemv_mma_x_stage: true,
-            l2_prefetch: false,
-            sample_full: true,
-            warp_norm: false,
-            norm_deferred: Some(crate::engine::options::NORM_DEFERRED_MAX_K),
-            fused_decode: true,
-            clusters: true,
-            gqa8_split: true,
-            graph_splits_one: Some(crate::engine::options::GRAPH_SPLITS_ONE),
-            graph_splits_few: Some(crate::engine::options::GRAPH_SPLITS_FEW),
-            graph_splits_mid: Some(crate::engine::options::GRAPH_SPLITS_MID),
-            fused_lean: true,
-            fused_mma: Some(crate::engine::options::FUSED_MMA_STAGES),
-            fused_mma_rows: crate::engine::options::FUSED_MMA_ROWS,
-            fused_mma_one: Some(crate::engine::options::FUSED_MMA_ONE),
-            fused_long_ctx: Some(crate::engine::options::FUSED_LONG_CTX),
-            fused_long_ctx_one: Some(crate::engine::options::FUSED_LONG_CTX_ONE),
-            fused_long_ctx_many: Some(crate::engine::options::FUSED_LONG_CTX_MANY),
-            fused_max_rows: crate::engine::options::FUSED_ROWS,
-            eager_graph_splits: true,
-            blas_row_class: true,
-            flash_prefill: true,
-            wgmma_prefill: true,
-            wgmma_prefill_x2: true,
-            split_kv: true,
-            pdl: true,
-            shared_kv_verify: false,
-            mma_decode: true,
-            mma_decode_stages: None,
-            mma_decode_split_p: false,
-            moe_tile_one: true,
-            moe_norm_router: false,
-            moe_down_sum: true,
-            moe_route_one: true,
-            moe_route_redux: true,
-            moe_gate_up_cs: true,
-            moe_rank_sort: true,
-            lora_overlap: true,
-            lora_grouped: false,
-            lora_runs: true,
-            lora_norm_preload: true,
-            lora_side_min_rows: crate::engine::options::LORA_SIDE_MIN_ROWS,
-            lora_wide: Some(crate::engine::options::LORA_WIDE_MIN_ROWS),
+            ..Self::from_kernel_options(&KernelOptions::default(), false)
         }
     }
 }
