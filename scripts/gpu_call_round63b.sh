@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Recorded as run in round 64, before --gemv-tma-head-argmax became the default and its flag
+# --no-gemv-tma-head-argmax: the variants below no longer parse.)
 # Round 63, call 2 (#21): the lm_head of 1-row steps on the streamed kernel
 # (--gemv-tma-head 8) and the one-launch greedy head (--gemv-tma-head-argmax) beside the
 # defaults, three interleaved rounds: 0.6B batches 1 / 8 (on an H200 also the floors' rows),
@@ -10,7 +12,7 @@ source scripts/gpu_lib.sh
 model 0.6b; model 1.7b; echo "models t=$((SECONDS - T0))"
 sweep h06 170 "--model-dir /tmp/m-0.6b --prompt 512 --batches 1,8 --new 128 --variant-rounds 3" "" \
   "--gemv-tma-head 8" "--gemv-tma-head 8 --gemv-tma-head-argmax"
-left && kc kc 150 --gemv-only && counted "$OUT/kc.log" "lm_head" "lm_head" \
+left && kc kc 150 --model-dir /tmp/m-0.6b --gemv-only && counted "$OUT/kc.log" "lm_head" "lm_head" \
   && grep -E "lm_head" "$OUT/kc.log" | head -24
 sweep h17 110 "--model-dir /tmp/m-1.7b --prompt 512 --batches 1,8 --new 128 --variant-rounds 3" "" \
   "--gemv-tma-head 8 --gemv-tma-head-argmax"

@@ -75,7 +75,11 @@ pub(super) fn checks(dev: &Device, dt: DType, t: &mut Table) -> Res<()> {
 /// the second time with a feed. On a GPU without sm_90 nothing is checked (printed).
 pub(super) fn head_checks(dev: &Device, t: &mut Table) -> Res<()> {
     let dt = DType::BF16;
-    let blas = CudaKernels::new(dev, dt, &LaunchOptions::default())?.ok_or("no kernels")?;
+    let cublas_head = LaunchOptions {
+        gemv_tma_head: None,
+        ..LaunchOptions::default()
+    };
+    let blas = CudaKernels::new(dev, dt, &cublas_head)?.ok_or("no kernels")?;
     for ns in [2u8, 10] {
         let opts = LaunchOptions {
             graph_argmax: true,

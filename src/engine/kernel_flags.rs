@@ -70,7 +70,7 @@ pub struct KernelFlags {
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub gemv_tma_min_k: Option<u64>,
     /// The lm_head of 1-row steps on the streamed kernel too, N 2 KB pieces in flight a warp
-    /// (`KernelOptions::gemv_tma_head`; default off: cuBLAS).
+    /// (`KernelOptions::gemv_tma_head`; default 8; off with --no-gemv-tma).
     #[arg(
         long,
         value_name = "N",
@@ -78,11 +78,15 @@ pub struct KernelFlags {
         conflicts_with = "no_gemv_tma"
     )]
     pub gemv_tma_head: Option<u8>,
-    /// That lm_head writes the f32 logits and takes the greedy token in the same launch in a
-    /// greedy 1-row decode graph (`KernelOptions::gemv_tma_head_argmax`; needs
-    /// --gemv-tma-head).
-    #[arg(long, requires = "gemv_tma_head")]
-    pub gemv_tma_head_argmax: bool,
+    /// The lm_head of 1-row steps on cuBLAS (turns `KernelOptions::gemv_tma_head` off, and
+    /// with it the one-launch argmax).
+    #[arg(long, conflicts_with = "gemv_tma_head")]
+    pub no_gemv_tma_head: bool,
+    /// The greedy 1-row decode graphs' lm_head without the f32 logits and the greedy token
+    /// in the same launch (turns `KernelOptions::gemv_tma_head_argmax` off: `to_f32_argmax`
+    /// after the lm_head).
+    #[arg(long)]
+    pub no_gemv_tma_head_argmax: bool,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
@@ -310,8 +314,11 @@ impl KernelFlags {
             gemv_tma_min_k: self
                 .gemv_tma_min_k
                 .map_or(super::options::GEMV_TMA_MIN_K, |k| k as usize),
-            gemv_tma_head: self.gemv_tma_head,
-            gemv_tma_head_argmax: self.gemv_tma_head_argmax,
+            gemv_tma_head: (!self.no_gemv_tma && !self.no_gemv_tma_head).then(|| {
+                self.gemv_tma_head
+                    .unwrap_or(super::options::GEMV_TMA_HEAD_PIECES)
+            }),
+            gemv_tma_head_argmax: !self.no_gemv_tma_head_argmax,
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
             weight_evict_first: !self.no_weight_evict_first,

@@ -49,7 +49,7 @@ impl TmaGemv {
         use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
         let Some(n) = opts.gemv_tma.filter(|_| dtype == DType::BF16) else {
             if opts.gemv_tma_head.is_some() {
-                tracing::warn!("gemv_tma_head needs gemv_tma on a bf16 model: lm_head on cuBLAS");
+                tracing::debug!("gemv_tma_head needs gemv_tma on a bf16 model: lm_head on cuBLAS");
             }
             return Ok(None);
         };

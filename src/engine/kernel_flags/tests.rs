@@ -210,16 +210,21 @@ fn kernel_flags_become_kernel_options() {
         .kernels
         .gemv_tma_min_k;
     assert_eq!(min_k, 2049);
-    // The lm_head on the streamed kernel and its one-launch argmax: off unless told; the
-    // argmax needs the head.
-    assert_eq!(d.kernels.gemv_tma_head, None);
-    assert!(!d.kernels.gemv_tma_head_argmax);
-    let head = opts(&["x", "--gemv-tma-head", "8", "--gemv-tma-head-argmax"]).kernels;
-    assert_eq!(head.gemv_tma_head, Some(8));
-    assert!(head.gemv_tma_head_argmax);
-    assert!(Cli::try_parse_from(["x", "--gemv-tma-head-argmax"]).is_err());
+    // The lm_head on the streamed kernel (8 pieces) and its one-launch argmax: on unless
+    // told; the head rides on the streamed kernel, so --no-gemv-tma takes it off too.
+    assert_eq!(d.kernels.gemv_tma_head, Some(8));
+    assert!(d.kernels.gemv_tma_head_argmax);
+    assert_eq!(
+        opts(&["x", "--gemv-tma-head", "4"]).kernels.gemv_tma_head,
+        Some(4)
+    );
+    let off = opts(&["x", "--no-gemv-tma-head", "--no-gemv-tma-head-argmax"]).kernels;
+    assert_eq!(off.gemv_tma_head, None);
+    assert!(!off.gemv_tma_head_argmax);
+    assert_eq!(opts(&["x", "--no-gemv-tma"]).kernels.gemv_tma_head, None);
     assert!(Cli::try_parse_from(["x", "--gemv-tma-head", "0"]).is_err());
     assert!(Cli::try_parse_from(["x", "--gemv-tma-head", "8", "--no-gemv-tma"]).is_err());
+    assert!(Cli::try_parse_from(["x", "--gemv-tma-head", "8", "--no-gemv-tma-head"]).is_err());
     // The MoE gate|up's evict-first loads and the down + sum's ranked order: on.
     assert!(d.kernels.moe_gate_up_cs && d.kernels.moe_rank_sort);
     assert!(!opts(&["x", "--no-moe-gate-up-cs"]).kernels.moe_gate_up_cs);
