@@ -70,7 +70,8 @@ pub struct KernelFlags {
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub gemv_tma_min_k: Option<u64>,
     /// The lm_head of 1-row steps on the streamed kernel too, N 2 KB pieces in flight a warp
-    /// (`KernelOptions::gemv_tma_head`; default 8; off with --no-gemv-tma).
+    /// (`KernelOptions::gemv_tma_head`; default 8; off with --no-gemv-tma-head or
+    /// --no-gemv-tma).
     #[arg(
         long,
         value_name = "N",
