@@ -15,16 +15,25 @@
 
 use candle_core::Tensor;
 
-use super::attention::{AttnGroup, AttnPlan, attend_group};
+use super::attention::AttnPlan;
 pub use super::kernel_buffers::skip;
 pub(crate) use super::kernel_buffers::{Activations, StepInputs};
 use super::kv_cache::PagedKvCache;
 use super::qwen3::{Ffn, Qwen3, reduce_at};
 use crate::engine::batch::{SeqInput, logit_rows, positions_and_slots};
 use crate::engine::cuda::CudaKernels;
-use crate::engine::kv_format::KvRef;
 use crate::engine::parallel::comm::CommBackend;
 use crate::error::Result;
+
+/// Where a step's layers run: its inputs, the activations, the attention plan, the KV cache and
+/// the tensor-parallel communicator (if any).
+pub(crate) type StepAt<'a> = (
+    &'a StepInputs,
+    &'a Activations,
+    &'a AttnPlan,
+    &'a PagedKvCache,
+    Option<&'a dyn CommBackend>,
+);
 
 /// The Qwen3 forward on the engine's own kernels: the same weights as [`Qwen3`], the same
 /// inputs and outputs as [`Qwen3::forward`].
@@ -247,8 +256,21 @@ impl KernelForward<'_> {
         plan: &AttnPlan,
         cache: &PagedKvCache,
         comm: Option<&dyn CommBackend>,
-        mut trace: Option<&mut Vec<(String, Tensor)>>,
+        trace: Option<&mut Vec<(String, Tensor)>>,
     ) -> Result<()> {
+        let at = (inputs, acts, plan, cache, comm);
+        self.layers_leaving_norm(at, trace, false).map(|_| ())
+    }
+
+    /// [`Self::layers_into`]; with `leave` and no LoRA step, all but the final add+RMSNorm,
+    /// whose inputs it returns (the index of `acts.residual` holding the stream and the last
+    /// layer's delta) for the head to form it (`gemv_tma_head_norm`); otherwise None.
+    pub(crate) fn layers_leaving_norm(
+        &self,
+        (inputs, acts, plan, cache, comm): StepAt<'_>,
+        mut trace: Option<&mut Vec<(String, Tensor)>>,
+        leave: bool,
+    ) -> Result<Option<(usize, Option<Tensor>)>> {
         let (m, k) = (self.model, self.kernels);
         let a = &acts;
         k.embedding_into(&m.embed, &inputs.ids, &a.residual[0])?;
@@ -401,95 +423,14 @@ impl KernelForward<'_> {
             delta = Some(reduce_at(&a.down, comm, inputs.reduce_in_place)?);
             self.trace_layer(trace.as_deref_mut(), li, &o, &a.residual[cur], &a.down)?;
         }
+        if leave && lora.is_none() {
+            return Ok(Some((cur, delta)));
+        }
         let res = (&a.residual[cur], delta.as_ref(), &a.residual[1 - cur]);
         match &lora {
-            Some(l) => self.lora_norm_into(res, &m.norm, &a.h, (l, down_before)),
-            None => k.add_rmsnorm_to(res.1, res.0, res.2, &m.norm.weight, m.norm.eps, &a.h),
+            Some(l) => self.lora_norm_into(res, &m.norm, &a.h, (l, down_before))?,
+            None => k.add_rmsnorm_to(res.1, res.0, res.2, &m.norm.weight, m.norm.eps, &a.h)?,
         }
-    }
-
-    /// One layer's attention on the kernels: every group writes its rows of one `[T, nh * hd]`
-    /// output (decode runs through the decode kernel, all prefill chunks through one prefill
-    /// launch); groups the kernels do not serve go through the gather path.
-    fn attend_kernels(
-        &self,
-        kv: KvRef<'_>,
-        plan: &AttnPlan,
-        inputs: &StepInputs,
-        acts: &Activations,
-        bs: usize,
-    ) -> Result<Tensor> {
-        let (m, k) = (self.model, self.kernels);
-        let (q, out) = (&acts.q, &acts.attn);
-        let (tiles, meta, ptables) = &inputs.prefill;
-        let (_, nh, hd) = q.dims3()?;
-        let nd = inputs.ctx_lens.elem_count();
-        let part = CudaKernels::decode_partition(nd);
-        // The rows `first..first + n` of the decode tables (all of them for a graph, whose
-        // width only the device knows).
-        let rows_of = |first: usize, n: usize| -> Result<(Tensor, Tensor)> {
-            let ctx = inputs.ctx_lens.narrow(0, first, n)?;
-            if first == 0 && n == nd {
-                return Ok((inputs.tables.clone(), ctx));
-            }
-            let w = inputs.tables.elem_count() / nd.max(1);
-            Ok((inputs.tables.narrow(0, first * w, n * w)?, ctx))
-        };
-        let all_kernel = plan.groups.iter().all(|g| {
-            matches!(
-                g,
-                AttnGroup::KernelDecode { .. } | AttnGroup::KernelPrefill { .. }
-            )
-        });
-        if all_kernel {
-            let mut t0 = 0;
-            let mut prefill = false;
-            for g in &plan.groups {
-                let n = g.tokens();
-                match g {
-                    AttnGroup::KernelDecode { n, first } => {
-                        let (tables, ctx) = rows_of(*first, *n)?;
-                        let (q, out) = (&q.narrow(0, t0, *n)?, &out.narrow(0, t0, *n)?);
-                        let tables = (&tables, inputs.width.as_ref());
-                        let splits = (inputs.splits, part, acts.scratch.as_ref());
-                        match inputs.runs.as_ref().filter(|_| inputs.verify) {
-                            Some(runs) => {
-                                let runs = runs.narrow(0, *first, *n)?;
-                                k.paged_verify_into(q, kv, tables, &ctx, &runs, bs, out, splits)?
-                            }
-                            None => k.paged_decode_into(q, kv, tables, &ctx, bs, out, splits)?,
-                        }
-                    }
-                    _ => prefill = true,
-                }
-                t0 += n;
-            }
-            if prefill {
-                let keys = inputs.prefill_keys;
-                k.paged_prefill_into(q, kv, tiles, meta, ptables, bs, keys, out)?;
-            }
-            return Ok(out.clone());
-        }
-        let a = &m.layers[0].attn;
-        let mut outs = Vec::with_capacity(plan.groups.len());
-        let mut t0 = 0;
-        for g in &plan.groups {
-            let n = g.tokens();
-            let qg = q.narrow(0, t0, n)?;
-            outs.push(match g {
-                AttnGroup::KernelDecode { n, first } => {
-                    let (tables, ctx) = rows_of(*first, *n)?;
-                    let w = tables.elem_count() / n;
-                    k.paged_decode(&qg, kv, &tables.reshape((*n, w))?, &ctx, bs)?
-                }
-                other => attend_group(&qg, kv, t0, other, nh, a.num_kv_heads, hd)?,
-            });
-            t0 += n;
-        }
-        Ok(if outs.len() == 1 {
-            outs.pop().expect("one group")
-        } else {
-            Tensor::cat(&outs, 0)?
-        })
+        Ok(None)
     }
 }

@@ -22,6 +22,8 @@ pub mod config;
 pub mod files;
 pub mod forward;
 #[cfg(feature = "cuda")]
+mod kernel_attend;
+#[cfg(feature = "cuda")]
 mod kernel_buffers;
 #[cfg(feature = "cuda")]
 mod kernel_choice;

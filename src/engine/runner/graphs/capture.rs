@@ -169,41 +169,49 @@ impl DecodeGraphs {
         let plan = AttnPlan {
             groups: vec![AttnGroup::KernelDecode { n: b, first: 0 }],
         };
-        KernelForward {
+        let w = model.qwen3.lm_head.weight();
+        // A greedy 1-row head that forms the final add+RMSNorm itself (`gemv_tma_head_norm`)
+        // gets the norm's inputs from the layers in place of its output.
+        let head = inputs.skip & skip::HEAD == 0 && model.qwen3.shard().rank == 0;
+        let leave = head && comm.is_none() && self.greedy.is_some();
+        let leave = leave && k.lm_head_norm_serves(b, w.dims2()?);
+        let kf = KernelForward {
             model: &model.qwen3,
             kernels: k,
-        }
-        .layers_into(&inputs, &acts, &plan, cache, comm, None)?;
-        if model.qwen3.shard().rank != 0 {
-            return Ok(());
-        }
-        if inputs.skip & skip::HEAD != 0 {
+        };
+        let left = kf.layers_leaving_norm((&inputs, &acts, &plan, cache, comm), None, leave)?;
+        if !head {
             return Ok(());
         }
         let logits_act = self.logits_act.narrow(0, 0, b)?;
-        let w = model.qwen3.lm_head.weight();
         let logits = self.logits.narrow(0, 0, b)?;
-        match &self.greedy {
-            Some((ids, scratch)) => {
-                // With `graph_feed` the input ids get the tokens too: the next pipelined
-                // step's (`DecodeGraphs::replay_fed`).
-                let feed = k
-                    .graph_feed()
-                    .then(|| self.input.narrow(0, 0, b))
-                    .transpose()?;
-                let ids = (&ids.narrow(0, 0, b)?, feed.as_ref());
-                // One launch where the streamed lm_head takes the argmax too
-                // (`gemv_tma_head_argmax`, 1 row).
-                if k.lm_head_argmax_into(&acts.h, w, &logits, ids, scratch)? {
-                    return Ok(());
-                }
-                k.linear_into(&acts.h, w, &logits_act)?;
-                k.to_f32_argmax_into(&logits_act, &logits, ids, scratch)
+        let Some((ids, scratch)) = &self.greedy else {
+            k.linear_into(&acts.h, w, &logits_act)?;
+            return k.to_f32_into(&logits_act, &logits);
+        };
+        // With `graph_feed` the input ids get the tokens too: the next pipelined step's
+        // (`DecodeGraphs::replay_fed`).
+        let feed = k
+            .graph_feed()
+            .then(|| self.input.narrow(0, 0, b))
+            .transpose()?;
+        let ids = (&ids.narrow(0, 0, b)?, feed.as_ref());
+        if let Some((cur, delta)) = left {
+            let (res, norm) = (&acts.residual[cur], &model.qwen3.norm);
+            let normed = (&norm.weight, norm.eps);
+            if k.lm_head_norm_argmax_into((res, delta.as_ref()), normed, w, &logits, ids, scratch)?
+            {
+                return Ok(());
             }
-            None => {
-                k.linear_into(&acts.h, w, &logits_act)?;
-                k.to_f32_into(&logits_act, &logits)
-            }
+            let out = &acts.residual[1 - cur];
+            k.add_rmsnorm_to(delta.as_ref(), res, out, &norm.weight, norm.eps, &acts.h)?;
         }
+        // One launch where the streamed lm_head takes the argmax too (`gemv_tma_head_argmax`,
+        // 1 row).
+        if k.lm_head_argmax_into(&acts.h, w, &logits, ids, scratch)? {
+            return Ok(());
+        }
+        k.linear_into(&acts.h, w, &logits_act)?;
+        k.to_f32_argmax_into(&logits_act, &logits, ids, scratch)
     }
 }
