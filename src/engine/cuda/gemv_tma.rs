@@ -91,28 +91,14 @@ impl CudaKernels {
         self.check_dtype(w)?;
         let (n, k) = w.dims2()?;
         let t = x.elem_count() / k.max(1);
-        let Some((slots, smem)) = self.tma_serves(t, (n, k)).filter(|_| n >= HEAD_MIN_ROWS) else {
+        let Some((slots, smem)) = self.head_serves(t, (n, k)) else {
             return Ok(false);
         };
-        let (values, indices, counters) = scratch.parts();
-        let fits = x.dim(candle_core::D::Minus1)? == k
-            && logits.dtype() == DType::F32
-            && logits.elem_count() == n
-            && ids.dtype() == DType::U32
-            && ids.elem_count() == 1
-            && feed.is_none_or(|f| f.dtype() == DType::U32 && f.elem_count() == 1)
-            && values.elem_count() >= self.sms
-            && counters.elem_count() >= 1;
-        if !fits {
-            return Err(kernel_err(
-                "gemv_tma_argmax",
-                "buffers of the wrong size or dtype",
-            ));
-        }
-        let (pw, px, po) = (self.ptr(w)?, self.ptr(x)?, self.ptr(logits)?);
-        let (pv, pi, pc) = (self.ptr(values)?, self.ptr(indices)?, self.ptr(counters)?);
-        let pid = self.ptr(ids)?;
-        let pf = feed.map(|f| self.ptr(f)).transpose()?.unwrap_or(0);
+        let name = "gemv_tma_argmax";
+        let fits = x.dim(candle_core::D::Minus1)? == k;
+        let [po, pv, pi, pc, pid, pf] =
+            self.greedy_outputs(name, fits, n, logits, (ids, feed), scratch)?;
+        let (pw, px) = (self.ptr(w)?, self.ptr(x)?);
         let (n32, k32, ns) = (n as i32, k as i32, slots as i32);
         let mut b = self.launcher(f);
         b.arg(&pw).arg(&px).arg(&po).arg(&n32).arg(&k32).arg(&ns);
@@ -132,7 +118,47 @@ impl CudaKernels {
             .gemv_tma
             .as_ref()
             .is_some_and(|g| g.argmax_norm.is_some());
-        loaded && n >= HEAD_MIN_ROWS && self.tma_serves(t, (n, k)).is_some()
+        loaded && self.head_serves(t, (n, k)).is_some()
+    }
+
+    /// [`Self::tma_serves`] for an lm_head (more than the skinny matmuls' rows).
+    fn head_serves(&self, t: usize, (n, k): (usize, usize)) -> Option<(usize, usize)> {
+        self.tma_serves(t, (n, k)).filter(|_| n >= HEAD_MIN_ROWS)
+    }
+
+    /// The greedy outputs of a one-launch head over `n` logits, checked (with the caller's
+    /// own `fits`; `name` in the error): the pointers of the f32 logits, the blocks' bests
+    /// (values, indices), the counter, the ids and the feed (0 without one).
+    fn greedy_outputs(
+        &self,
+        name: &str,
+        fits: bool,
+        n: usize,
+        logits: &Tensor,
+        (ids, feed): (&Tensor, Option<&Tensor>),
+        scratch: &GreedyScratch,
+    ) -> Result<[u64; 6]> {
+        let (values, indices, counters) = scratch.parts();
+        let fits = fits
+            && logits.dtype() == DType::F32
+            && logits.elem_count() == n
+            && ids.dtype() == DType::U32
+            && ids.elem_count() == 1
+            && feed.is_none_or(|f| f.dtype() == DType::U32 && f.elem_count() == 1)
+            && values.elem_count() >= self.sms
+            && counters.elem_count() >= 1;
+        if !fits {
+            return Err(kernel_err(name, "buffers of the wrong size or dtype"));
+        }
+        let pf = feed.map(|f| self.ptr(f)).transpose()?.unwrap_or(0);
+        Ok([
+            self.ptr(logits)?,
+            self.ptr(values)?,
+            self.ptr(indices)?,
+            self.ptr(counters)?,
+            self.ptr(ids)?,
+            pf,
+        ])
     }
 
     /// [`Self::lm_head_argmax_into`] on the final add+RMSNorm's inputs (`gemv_tma_head_norm`):
@@ -155,34 +181,20 @@ impl CudaKernels {
             self.check_dtype(t)?;
         }
         let (n, k) = w.dims2()?;
-        let Some((slots, smem)) = self.tma_serves(1, (n, k)).filter(|_| n >= HEAD_MIN_ROWS) else {
+        let Some((slots, smem)) = self.head_serves(1, (n, k)) else {
             return Ok(false);
         };
-        let (values, indices, counters) = scratch.parts();
+        let name = "gemv_tma_argmax_norm";
         let fits = res.elem_count() == k
             && delta.is_none_or(|d| d.elem_count() == k)
-            && norm_w.elem_count() == k
-            && logits.dtype() == DType::F32
-            && logits.elem_count() == n
-            && ids.dtype() == DType::U32
-            && ids.elem_count() == 1
-            && feed.is_none_or(|f| f.dtype() == DType::U32 && f.elem_count() == 1)
-            && values.elem_count() >= self.sms
-            && counters.elem_count() >= 1;
-        if !fits {
-            return Err(kernel_err(
-                "gemv_tma_argmax_norm",
-                "buffers of the wrong size or dtype",
-            ));
-        }
+            && norm_w.elem_count() == k;
+        let [po, pv, pi, pc, pid, pf] =
+            self.greedy_outputs(name, fits, n, logits, (ids, feed), scratch)?;
         let (pw, pr, pn) = (self.ptr(w)?, self.ptr(res)?, self.ptr(norm_w)?);
         let (pd, add) = match delta {
             Some(d) => (self.ptr(d)?, 1i32),
             None => (pr, 0i32),
         };
-        let (po, pv, pi) = (self.ptr(logits)?, self.ptr(values)?, self.ptr(indices)?);
-        let (pc, pid) = (self.ptr(counters)?, self.ptr(ids)?);
-        let pf = feed.map(|f| self.ptr(f)).transpose()?.unwrap_or(0);
         let (eps32, n32, k32, ns) = (eps as f32, n as i32, k as i32, slots as i32);
         let mut b = self.launcher(f);
         b.arg(&pw).arg(&pr).arg(&pd).arg(&pn).arg(&eps32).arg(&add);
