@@ -2,7 +2,8 @@
 # Round 64, call 2 (#21): the floors on the H200 with round 64's defaults (the streamed lm_head
 # and the one-launch greedy head on): 0.6B batches 1 / 8 and 1.7B batches 1 / 8, three
 # interleaved rounds each beside --no-gemv-tma-head and round 65's --gemv-tma-head-norm (flat on
-# an H100); then batches 64 / 256 / 512 of both shapes, one round. Stops at once on any card but an H200.
+# an H100); then batches 64 / 256 / 512 of both shapes, one round. Stops at once on any card but
+# an H200.
 # Run as `export OUT BUDGET=...; bash scripts/gpu_call_round64b.sh`.
 set -u
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$gpu"
