@@ -45,8 +45,6 @@ const VARIANTS: &[(&str, &str, &[&str])] = &[
         "gemv_mma",
         &["WEIGHT_EVICT_FIRST", "MMA_X_STAGE"],
     ),
-    // The streamed lm_head with the final add+RMSNorm in it (`gemv_tma_head_norm`).
-    ("gemv_tma_norm_sm90", "gemv_tma_sm90", &["HEAD_NORM"]),
 ];
 
 fn main() {

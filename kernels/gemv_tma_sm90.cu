@@ -13,12 +13,6 @@
 // block its warps' best, and the block that finishes last merges the blocks' bests into
 // ids[0] (and feed[0]) as layer_ops.cu's to_f32_argmax does (the best value's lowest index;
 // NaN never wins; no finite or infinite value: 0).
-//
-// gemv_tma_argmax_norm (LaunchOptions::gemv_tma_head_norm): gemv_tma_argmax with the final
-// add+RMSNorm in it: each block forms the normed row in shared memory from the residual, the
-// last layer's delta and the norm's weight, with add_rmsnorm's bits (layer_ops.cu: its block of
-// 1,024 threads, each summing the squares of its elements, the warps' sums by warp_sum and
-// their sum by warp 0's warp_sum, emulated four virtual threads a thread).
 
 #include "gemv.cuh"
 
@@ -130,54 +124,10 @@ __device__ void greedy_merge(float best, int idx, const Greedy& g) {
   }
 }
 
-// The final add+RMSNorm of gemv_tma_argmax_norm: res (+ delta when add), normed by w.
-struct HeadNorm {
-  const __nv_bfloat16* res;
-  const __nv_bfloat16* delta;
-  const __nv_bfloat16* w;
-  float eps;
-  int add;
-};
-
-// x_s = add_rmsnorm(res, delta, w) of one row of K (1,024-4,096) inputs, by the block's
-// compute warps, with add_rmsnorm's bits: its 1,024 threads (v = threadIdx.x + ST * j here)
-// each sum the squares of elements v, v + 1,024, ... in order, warp v / 32 sums its lanes'
-// by warp_sum (this warp's lanes, the same butterfly), and warp 0 sums the 32 warps' sums.
-__device__ void head_norm(const HeadNorm& hn, int K, __nv_bfloat16* x_s) {
-  constexpr int B = 1024, V = B / ST;
-  __shared__ float part[B / 32];
-  __shared__ float total;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int v = threadIdx.x + ST * j;
-    float ss = 0.f;
-    for (int i = v; i < K; i += B) {
-      float x = __bfloat162float(hn.res[i]);
-      if (hn.add) x = __bfloat162float(__float2bfloat16(x + __bfloat162float(hn.delta[i])));
-      x_s[i] = __float2bfloat16(x);
-      ss += x * x;
-    }
-    ss = warp_sum(ss);
-    if (lane == 0) part[v / 32] = ss;
-  }
-  asm volatile("bar.sync 1, %0;" ::"r"(ST) : "memory");
-  if (warp == 0) {
-    const float s = warp_sum(part[lane]);
-    if (lane == 0) total = s;
-  }
-  asm volatile("bar.sync 1, %0;" ::"r"(ST) : "memory");
-  const float inv = rsqrtf(total / K + hn.eps);
-  for (int i = threadIdx.x; i < K; i += ST)
-    x_s[i] = __float2bfloat16(__bfloat162float(x_s[i]) * inv * __bfloat162float(hn.w[i]));
-}
-
-// ARGMAX: out is unused and the logits and the argmax go to `greedy` (gemv_tma_argmax);
-// NORM (with ARGMAX): x is unused and the input is `hn`'s normed row (gemv_tma_argmax_norm).
-template <bool ARGMAX, bool NORM = false>
+// ARGMAX: out is unused and the logits and the argmax go to `greedy` (gemv_tma_argmax).
+template <bool ARGMAX>
 __device__ void tma_gemv(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* x,
-                         __nv_bfloat16* out, int N, int K, int ns, const Greedy& greedy,
-                         const HeadNorm& hn = HeadNorm{}) {
+                         __nv_bfloat16* out, int N, int K, int ns, const Greedy& greedy) {
   extern __shared__ __align__(128) __nv_bfloat16 dyn[];
   __shared__ __align__(8) uint64_t full[WARPS][MAX_NS], empty[WARPS][MAX_NS];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -199,12 +149,8 @@ __device__ void tma_gemv(const __nv_bfloat16* __restrict__ W, const __nv_bfloat1
   }
   __syncthreads();  // the mbarriers are initialised
   pdl_wait();
-  if constexpr (NORM) {
-    head_norm(hn, K, x_s);
-  } else {
-    for (int i = threadIdx.x; i < K / 8; i += ST)
-      reinterpret_cast<uint4*>(x_s)[i] = reinterpret_cast<const uint4*>(x)[i];
-  }
+  for (int i = threadIdx.x; i < K / 8; i += ST)
+    reinterpret_cast<uint4*>(x_s)[i] = reinterpret_cast<const uint4*>(x)[i];
   asm volatile("bar.sync 1, %0;" ::"r"(ST) : "memory");
   const int P = K / PIECE;
   __nv_bfloat16* slots = dyn + (size_t)warp * ns * PIECE;
@@ -246,9 +192,6 @@ __device__ void tma_gemv(const __nv_bfloat16* __restrict__ W, const __nv_bfloat1
 
 }  // namespace
 
-// Built twice (build.rs): gemv_tma and gemv_tma_argmax, and with HEAD_NORM
-// gemv_tma_argmax_norm alone (gemv_tma_norm_sm90), so that its code does not move theirs.
-#ifndef HEAD_NORM
 extern "C" __global__ void __launch_bounds__(WARPS * 32 + 32, 1)
     gemv_tma(const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* out, int N, int K,
              int ns) {
@@ -261,14 +204,3 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32 + 32, 1)
                     uint32_t* feed) {
   tma_gemv<true>(W, x, nullptr, N, K, ns, Greedy{logits, pv, pi, counter, ids, feed});
 }
-
-#else
-extern "C" __global__ void __launch_bounds__(WARPS * 32 + 32, 1)
-    gemv_tma_argmax_norm(const __nv_bfloat16* W, const __nv_bfloat16* res,
-                         const __nv_bfloat16* delta, const __nv_bfloat16* norm_w, float eps,
-                         int add, float* logits, int N, int K, int ns, float* pv, int* pi,
-                         uint32_t* counter, uint32_t* ids, uint32_t* feed) {
-  tma_gemv<true, true>(W, nullptr, nullptr, N, K, ns, Greedy{logits, pv, pi, counter, ids, feed},
-                       HeadNorm{res, delta, norm_w, eps, add});
-}
-#endif

@@ -1,19 +1,18 @@
 #!/usr/bin/env bash
 # Round 64, call 2 (#21): the floors on the H200 with round 64's defaults (the streamed lm_head
 # and the one-launch greedy head on): 0.6B batches 1 / 8 and 1.7B batches 1 / 8, three
-# interleaved rounds each beside --no-gemv-tma-head and round 65's --gemv-tma-head-norm (flat on
-# an H100); then batches 64 / 256 / 512 of both shapes, one round. Stops at once on any card but
-# an H200.
+# interleaved rounds each beside --no-gemv-tma-head; then batches 64 / 256 / 512 of both
+# shapes, one round. Stops at once on any card but an H200.
 # Run as `export OUT BUDGET=...; bash scripts/gpu_call_round64b.sh`.
 set -u
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$gpu"
 case $gpu in *H200*) ;; *) echo "stopped: not an H200"; exit 0 ;; esac
 source scripts/gpu_lib.sh
 model 0.6b; model 1.7b; echo "models t=$((SECONDS - T0))"
-sweep f06 190 "--model-dir /tmp/m-0.6b --prompt 512 --batches 1,8 --new 128 --variant-rounds 3" "" \
-  "--no-gemv-tma-head" "--gemv-tma-head-norm"
-sweep f17 130 "--model-dir /tmp/m-1.7b --prompt 512 --batches 1,8 --new 128 --variant-rounds 3" "" \
-  "--no-gemv-tma-head" "--gemv-tma-head-norm"
+sweep f06 130 "--model-dir /tmp/m-0.6b --prompt 512 --batches 1,8 --new 128 --variant-rounds 3" "" \
+  "--no-gemv-tma-head"
+sweep f17 90 "--model-dir /tmp/m-1.7b --prompt 512 --batches 1,8 --new 128 --variant-rounds 3" "" \
+  "--no-gemv-tma-head"
 sweep w06 60 "--model-dir /tmp/m-0.6b --prompt 512 --batches 64,256,512 --new 128 --variant-rounds 1" ""
 sweep w17 60 "--model-dir /tmp/m-1.7b --prompt 512 --batches 64,256,512 --new 128 --variant-rounds 1" ""
 echo "done t=$((SECONDS - T0))"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Round 65 (#21): the final add+RMSNorm inside the greedy graphs' one-launch head
+# Round 65 (#21; run once, with 0e895fd's build: the fold measured flat and removed): the final
+# add+RMSNorm inside the greedy graphs' one-launch head
 # (--gemv-tma-head-norm, built in round 64, off). 0.6B / 1.7B batch 1 beside the defaults, three
 # interleaved rounds, first (on an H200 these are also the floors' rows, then with batch 8);
 # then kernel_check --gemv-only (its head_norm_checks: the folded launch's logits bit for bit and

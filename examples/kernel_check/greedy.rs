@@ -136,57 +136,6 @@ pub(super) fn head_checks(dev: &Device, t: &mut Table) -> Res<()> {
     Ok(())
 }
 
-/// The one-launch head with the final add+RMSNorm in it (`LaunchOptions::gemv_tma_head_norm`,
-/// sm_90) against `add_rmsnorm` then that head: the f32 logits bit for bit (tolerance 0) and
-/// the same token, with and without the last layer's delta, at 0.6B's and 1.7B's widths (one
-/// and two elements a norm thread), at 2 and 10 pieces a warp. A norm whose sum of squares
-/// ran in another order than `add_rmsnorm`'s block_sum, or that rounded the sum to bf16 at
-/// another point, moves some logits by a last bit and fails.
-pub(super) fn head_norm_checks(dev: &Device, t: &mut Table) -> Res<()> {
-    let dt = DType::BF16;
-    let eps = 1e-6;
-    for ns in [2u8, 10] {
-        let opts = LaunchOptions {
-            graph_argmax: true,
-            gemv_tma_head: Some(ns),
-            gemv_tma_head_argmax: true,
-            gemv_tma_head_norm: true,
-            ..LaunchOptions::default()
-        };
-        let k = CudaKernels::new(dev, dt, &opts)?.ok_or("no kernels")?;
-        for &(n, kk) in &[(151_936usize, 1024usize), (151_936, 2048)] {
-            if !k.lm_head_norm_serves(1, (n, kk)) {
-                println!("lm_head + norm {n} x {kk}: not served (no sm_90): not checked");
-                return Ok(());
-            }
-            let w = (randn(&[n, kk], dt, dev)? * 0.05)?.to_dtype(dt)?;
-            let res = (randn(&[1, kk], dt, dev)? * 4.0)?.to_dtype(dt)?;
-            let delta = randn(&[1, kk], dt, dev)?;
-            let norm_w = randn(&[kk], dt, dev)?.affine(0.1, 1.0)?.to_dtype(dt)?;
-            let scratch = k.greedy_scratch(1, n)?;
-            for add in [true, false] {
-                let delta = add.then_some(&delta);
-                let what = format!("lm_head + norm {ns} pieces, {n} x {kk}, delta {add}");
-                // The reference: the norm's own launch, then the one-launch head.
-                let h = Tensor::zeros((1, kk), dt, dev)?;
-                let sum = Tensor::zeros((1, kk), dt, dev)?;
-                k.add_rmsnorm_to(delta, &res, &sum, &norm_w, eps, &h)?;
-                let want_logits = Tensor::zeros((1, n), DType::F32, dev)?;
-                let want_ids = Tensor::zeros(1, DType::U32, dev)?;
-                k.lm_head_argmax_into(&h, &w, &want_logits, (&want_ids, None), &scratch)?;
-                let want: Vec<u32> = want_ids.to_vec1()?;
-                let normed = (&norm_w, eps);
-                let served = twice(t, dev, &what, (&want_logits, &want), |logits, ids| {
-                    let res = (&res, delta);
-                    Ok(k.lm_head_norm_argmax_into(res, normed, &w, logits, ids, &scratch)?)
-                })?;
-                t.holds(format!("{what}: served"), served);
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Runs a greedy one-launch head (`launch` into the given logits and ids, with or without a
 /// feed) twice into fresh buffers, the second time with a feed (the counter its last block
 /// reset in between): each time its f32 logits against `want_logits` at tolerance 0 and its

@@ -88,10 +88,6 @@ pub struct KernelFlags {
     /// after the lm_head).
     #[arg(long)]
     pub no_gemv_tma_head_argmax: bool,
-    /// The greedy 1-row graphs' one-launch head forms the final add+RMSNorm too
-    /// (`KernelOptions::gemv_tma_head_norm`; default off).
-    #[arg(long, conflicts_with_all = ["no_gemv_tma_head", "no_gemv_tma_head_argmax", "no_gemv_tma"])]
-    pub gemv_tma_head_norm: bool,
     /// One batch of weight loads in flight in the 1-2-row matmuls over more than 2,048 inputs
     /// (turns `KernelOptions::gemv_double_buffer` off).
     #[arg(long)]
@@ -324,7 +320,6 @@ impl KernelFlags {
                     .unwrap_or(super::options::GEMV_TMA_HEAD_PIECES)
             }),
             gemv_tma_head_argmax: !self.no_gemv_tma_head_argmax,
-            gemv_tma_head_norm: self.gemv_tma_head_norm,
             gemv_double_buffer: !self.no_gemv_double_buffer,
             gemv_split_k: self.gemv_split_k,
             weight_evict_first: !self.no_weight_evict_first,

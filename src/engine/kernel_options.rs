@@ -199,11 +199,6 @@ pub struct KernelOptions {
     /// the head fewer (`kernel_check --gemv-only` holds both bit for bit, ties included).
     /// Default on.
     pub gemv_tma_head_argmax: bool,
-    /// With [`KernelOptions::gemv_tma_head_argmax`], that launch also forms the final
-    /// add+RMSNorm (`gemv_tma_argmax_norm`: each block norms the row in shared memory with
-    /// `add_rmsnorm`'s bits), so the norm's launch and its boundary go. Default off: not yet
-    /// measured.
-    pub gemv_tma_head_norm: bool,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`
     /// `gemv_db_*`, `norm_gemv_db_*`: the second issued before the wait too, each next one

@@ -4,8 +4,7 @@
 //! pieces full, from before the wait on the kernel before. The same sums in the same order as
 //! the skinny matmuls of `kernels/gemv.cu` (the same bits). With `LaunchOptions::gemv_tma_head`
 //! it takes a 1-row step's lm_head too, and with `gemv_tma_head_argmax` a greedy graph's head
-//! in one launch (the f32 logits and their argmax, `gemv_tma_argmax`), with
-//! `gemv_tma_head_norm` the final add+RMSNorm in that launch too (`gemv_tma_argmax_norm`).
+//! in one launch (the f32 logits and their argmax, `gemv_tma_argmax`).
 
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Tensor};
@@ -111,16 +110,6 @@ impl CudaKernels {
         Ok(true)
     }
 
-    /// Whether [`Self::lm_head_norm_argmax_into`] serves a `t`-row head of `n` x `k` weights
-    /// (`LaunchOptions::gemv_tma_head_norm`): the caller then leaves the final norm to it.
-    pub fn lm_head_norm_serves(&self, t: usize, (n, k): (usize, usize)) -> bool {
-        let loaded = self
-            .gemv_tma
-            .as_ref()
-            .is_some_and(|g| g.argmax_norm.is_some());
-        loaded && self.head_serves(t, (n, k)).is_some()
-    }
-
     /// [`Self::tma_serves`] for an lm_head (more than the skinny matmuls' rows).
     fn head_serves(&self, t: usize, (n, k): (usize, usize)) -> Option<(usize, usize)> {
         self.tma_serves(t, (n, k)).filter(|_| n >= HEAD_MIN_ROWS)
@@ -159,54 +148,6 @@ impl CudaKernels {
             self.ptr(ids)?,
             pf,
         ])
-    }
-
-    /// [`Self::lm_head_argmax_into`] on the final add+RMSNorm's inputs (`gemv_tma_head_norm`):
-    /// the head's input is `add_rmsnorm(res + delta) * norm_w` (no delta: `res` alone), formed
-    /// by each block with [`Self::add_rmsnorm_to`]'s bits; nothing is written to the residual.
-    /// False (nothing launched) where [`Self::lm_head_norm_serves`] says no.
-    pub fn lm_head_norm_argmax_into(
-        &self,
-        (res, delta): (&Tensor, Option<&Tensor>),
-        (norm_w, eps): (&Tensor, f64),
-        w: &Tensor,
-        logits: &Tensor,
-        (ids, feed): (&Tensor, Option<&Tensor>),
-        scratch: &GreedyScratch,
-    ) -> Result<bool> {
-        let Some(f) = self.gemv_tma.as_ref().and_then(|g| g.argmax_norm.as_ref()) else {
-            return Ok(false);
-        };
-        for t in [res, norm_w, w].into_iter().chain(delta) {
-            self.check_dtype(t)?;
-        }
-        let (n, k) = w.dims2()?;
-        let Some((slots, smem)) = self.head_serves(1, (n, k)) else {
-            return Ok(false);
-        };
-        let name = "gemv_tma_argmax_norm";
-        let fits = res.elem_count() == k
-            && delta.is_none_or(|d| d.elem_count() == k)
-            && norm_w.elem_count() == k;
-        let [po, pv, pi, pc, pid, pf] =
-            self.greedy_outputs(name, fits, n, logits, (ids, feed), scratch)?;
-        let (pw, pr, pn) = (self.ptr(w)?, self.ptr(res)?, self.ptr(norm_w)?);
-        let (pd, add) = match delta {
-            Some(d) => (self.ptr(d)?, 1i32),
-            None => (pr, 0i32),
-        };
-        let (eps32, n32, k32, ns) = (eps as f32, n as i32, k as i32, slots as i32);
-        let mut b = self.launcher(f);
-        b.arg(&pw).arg(&pr).arg(&pd).arg(&pn).arg(&eps32).arg(&add);
-        b.arg(&po).arg(&n32).arg(&k32).arg(&ns);
-        b.arg(&pv).arg(&pi).arg(&pc).arg(&pid).arg(&pf);
-        // SAFETY: the arguments match `gemv_tma_argmax_norm` in kernels/gemv_tma_sm90.cu
-        // (-DHEAD_NORM); the shapes and buffers are checked above, k is a multiple of 1,024
-        // (at most 4,096: its norm's virtual threads) and the shared memory within the
-        // attribute set at load; the counter is zero between launches.
-        unsafe { b.launch(self.tma_config(smem)) }
-            .map_err(|e| kernel_err("gemv_tma_argmax_norm", e))?;
-        Ok(true)
     }
 
     /// One block an SM of 8 compute warps and the copy warp.

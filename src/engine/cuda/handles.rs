@@ -23,15 +23,11 @@ pub(super) const TMA_GEMV_MAX_SMEM: usize = 200 << 10;
 type ModuleLoad<'a> = &'a dyn Fn(&[u8], &str) -> Result<Arc<CudaModule>>;
 
 static GEMV_TMA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gemv_tma_sm90.fatbin"));
-/// Its lm_head + argmax entry with the final add+RMSNorm in it (built apart, `-DHEAD_NORM`).
-static GEMV_TMA_NORM: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/gemv_tma_norm_sm90.fatbin"));
 
 /// The streamed 1-row matmul (`kernels/gemv_tma_sm90.cu`, `LaunchOptions::gemv_tma`; launched
 /// from `gemv_tma.rs`), its ring's slots a warp, the fewest inputs a row it takes, whether
 /// it takes weights of any row count (checks only), its ring's slots for the lm_head
-/// (`gemv_tma_head`), its lm_head + argmax entry (`gemv_tma_head_argmax`) and that entry with
-/// the final add+RMSNorm in it (`gemv_tma_head_norm`).
+/// (`gemv_tma_head`) and its lm_head + argmax entry (`gemv_tma_head_argmax`).
 pub(crate) struct TmaGemv {
     pub(super) f: CudaFunction,
     pub(super) slots: usize,
@@ -39,7 +35,6 @@ pub(crate) struct TmaGemv {
     pub(super) any_rows: bool,
     pub(super) head: Option<usize>,
     pub(super) argmax: Option<CudaFunction>,
-    pub(super) argmax_norm: Option<CudaFunction>,
 }
 
 impl TmaGemv {
@@ -71,16 +66,7 @@ impl TmaGemv {
             .then(|| m.load_function("gemv_tma_argmax"))
             .transpose()
             .map_err(|e| kernel_err("function gemv_tma_argmax", e))?;
-        let argmax_norm = match argmax.is_some() && opts.gemv_tma_head_norm {
-            true => Some(
-                load(GEMV_TMA_NORM, "gemv_tma_norm_sm90")?
-                    .load_function("gemv_tma_argmax_norm")
-                    .map_err(|e| kernel_err("function gemv_tma_argmax_norm", e))?,
-            ),
-            false => None,
-        };
-        let entries = std::iter::once(&f).chain(argmax.as_ref());
-        for g in entries.chain(argmax_norm.as_ref()) {
+        for g in std::iter::once(&f).chain(argmax.as_ref()) {
             g.set_attribute(
                 A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 TMA_GEMV_MAX_SMEM as i32,
@@ -98,7 +84,6 @@ impl TmaGemv {
             any_rows: opts.gemv_tma_any_rows,
             head: head.map(slots),
             argmax,
-            argmax_norm,
         }))
     }
 }

@@ -58,9 +58,6 @@ pub struct LaunchOptions {
     /// takes their argmax in the same launch (`gemv_tma_argmax`), in place of the lm_head then
     /// `to_f32_argmax`. Needs `gemv_tma_head` and `graph_argmax`.
     pub gemv_tma_head_argmax: bool,
-    /// With `gemv_tma_head_argmax`, that launch forms the final add+RMSNorm itself
-    /// (`gemv_tma_argmax_norm`, the same bits as `add_rmsnorm`): one launch fewer again.
-    pub gemv_tma_head_norm: bool,
     /// Two batches of weight loads in flight in the 1-2-row plain and norm matmuls over more
     /// than 2,048 inputs (`gemv.cu` `gemv_db_*`).
     pub gemv_double_buffer: bool,
@@ -212,7 +209,6 @@ impl LaunchOptions {
             gemv_tma_any_rows: false,
             gemv_tma_head: opts.gemv_tma_head,
             gemv_tma_head_argmax: opts.gemv_tma_head_argmax,
-            gemv_tma_head_norm: opts.gemv_tma_head_norm,
             gemv_double_buffer: opts.gemv_double_buffer,
             gemv_split_k: opts.gemv_split_k,
             gemv_x_shared: opts.gemv_x_shared,

@@ -225,20 +225,6 @@ fn kernel_flags_become_kernel_options() {
     assert!(Cli::try_parse_from(["x", "--gemv-tma-head", "0"]).is_err());
     assert!(Cli::try_parse_from(["x", "--gemv-tma-head", "8", "--no-gemv-tma"]).is_err());
     assert!(Cli::try_parse_from(["x", "--gemv-tma-head", "8", "--no-gemv-tma-head"]).is_err());
-    // The final norm inside that head: off unless told, and not without the head's argmax.
-    assert!(!d.kernels.gemv_tma_head_norm);
-    assert!(
-        opts(&["x", "--gemv-tma-head-norm"])
-            .kernels
-            .gemv_tma_head_norm
-    );
-    for off in [
-        "--no-gemv-tma-head",
-        "--no-gemv-tma-head-argmax",
-        "--no-gemv-tma",
-    ] {
-        assert!(Cli::try_parse_from(["x", "--gemv-tma-head-norm", off]).is_err());
-    }
     // The MoE gate|up's evict-first loads and the down + sum's ranked order: on.
     assert!(d.kernels.moe_gate_up_cs && d.kernels.moe_rank_sort);
     assert!(!opts(&["x", "--no-moe-gate-up-cs"]).kernels.moe_gate_up_cs);

@@ -20,7 +20,6 @@ impl Default for KernelOptions {
             gemv_tma_min_k: GEMV_TMA_MIN_K,
             gemv_tma_head: Some(GEMV_TMA_HEAD_PIECES),
             gemv_tma_head_argmax: true,
-            gemv_tma_head_norm: false,
             gemv_double_buffer: true,
             gemv_split_k: false,
             weight_evict_first: true,

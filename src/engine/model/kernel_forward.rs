@@ -25,16 +25,6 @@ use crate::engine::cuda::CudaKernels;
 use crate::engine::parallel::comm::CommBackend;
 use crate::error::Result;
 
-/// Where a step's layers run: its inputs, the activations, the attention plan, the KV cache and
-/// the tensor-parallel communicator (if any).
-pub(crate) type StepAt<'a> = (
-    &'a StepInputs,
-    &'a Activations,
-    &'a AttnPlan,
-    &'a PagedKvCache,
-    Option<&'a dyn CommBackend>,
-);
-
 /// The Qwen3 forward on the engine's own kernels: the same weights as [`Qwen3`], the same
 /// inputs and outputs as [`Qwen3::forward`].
 #[derive(Clone, Copy)]
@@ -256,21 +246,8 @@ impl KernelForward<'_> {
         plan: &AttnPlan,
         cache: &PagedKvCache,
         comm: Option<&dyn CommBackend>,
-        trace: Option<&mut Vec<(String, Tensor)>>,
-    ) -> Result<()> {
-        let at = (inputs, acts, plan, cache, comm);
-        self.layers_leaving_norm(at, trace, false).map(|_| ())
-    }
-
-    /// [`Self::layers_into`]; with `leave` and no LoRA step, all but the final add+RMSNorm,
-    /// whose inputs it returns (the index of `acts.residual` holding the stream and the last
-    /// layer's delta) for the head to form it (`gemv_tma_head_norm`); otherwise None.
-    pub(crate) fn layers_leaving_norm(
-        &self,
-        (inputs, acts, plan, cache, comm): StepAt<'_>,
         mut trace: Option<&mut Vec<(String, Tensor)>>,
-        leave: bool,
-    ) -> Result<Option<(usize, Option<Tensor>)>> {
+    ) -> Result<()> {
         let (m, k) = (self.model, self.kernels);
         let a = &acts;
         k.embedding_into(&m.embed, &inputs.ids, &a.residual[0])?;
@@ -423,14 +400,10 @@ impl KernelForward<'_> {
             delta = Some(reduce_at(&a.down, comm, inputs.reduce_in_place)?);
             self.trace_layer(trace.as_deref_mut(), li, &o, &a.residual[cur], &a.down)?;
         }
-        if leave && lora.is_none() {
-            return Ok(Some((cur, delta)));
-        }
         let res = (&a.residual[cur], delta.as_ref(), &a.residual[1 - cur]);
         match &lora {
-            Some(l) => self.lora_norm_into(res, &m.norm, &a.h, (l, down_before))?,
-            None => k.add_rmsnorm_to(res.1, res.0, res.2, &m.norm.weight, m.norm.eps, &a.h)?,
+            Some(l) => self.lora_norm_into(res, &m.norm, &a.h, (l, down_before)),
+            None => k.add_rmsnorm_to(res.1, res.0, res.2, &m.norm.weight, m.norm.eps, &a.h),
         }
-        Ok(None)
     }
 }

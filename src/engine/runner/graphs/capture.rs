@@ -169,20 +169,15 @@ impl DecodeGraphs {
         let plan = AttnPlan {
             groups: vec![AttnGroup::KernelDecode { n: b, first: 0 }],
         };
-        let w = model.qwen3.lm_head.weight();
-        // A greedy 1-row head that forms the final add+RMSNorm itself (`gemv_tma_head_norm`)
-        // gets the norm's inputs from the layers in place of its output.
-        let head = inputs.skip & skip::HEAD == 0 && model.qwen3.shard().rank == 0;
-        let leave = head && comm.is_none() && self.greedy.is_some();
-        let leave = leave && k.lm_head_norm_serves(b, w.dims2()?);
-        let kf = KernelForward {
+        KernelForward {
             model: &model.qwen3,
             kernels: k,
-        };
-        let left = kf.layers_leaving_norm((&inputs, &acts, &plan, cache, comm), None, leave)?;
-        if !head {
+        }
+        .layers_into(&inputs, &acts, &plan, cache, comm, None)?;
+        if inputs.skip & skip::HEAD != 0 || model.qwen3.shard().rank != 0 {
             return Ok(());
         }
+        let w = model.qwen3.lm_head.weight();
         let logits_act = self.logits_act.narrow(0, 0, b)?;
         let logits = self.logits.narrow(0, 0, b)?;
         let Some((ids, scratch)) = &self.greedy else {
@@ -196,16 +191,6 @@ impl DecodeGraphs {
             .then(|| self.input.narrow(0, 0, b))
             .transpose()?;
         let ids = (&ids.narrow(0, 0, b)?, feed.as_ref());
-        if let Some((cur, delta)) = left {
-            let (res, norm) = (&acts.residual[cur], &model.qwen3.norm);
-            let normed = (&norm.weight, norm.eps);
-            if k.lm_head_norm_argmax_into((res, delta.as_ref()), normed, w, &logits, ids, scratch)?
-            {
-                return Ok(());
-            }
-            let out = &acts.residual[1 - cur];
-            k.add_rmsnorm_to(delta.as_ref(), res, out, &norm.weight, norm.eps, &acts.h)?;
-        }
         // One launch where the streamed lm_head takes the argmax too (`gemv_tma_head_argmax`,
         // 1 row).
         if k.lm_head_argmax_into(&acts.h, w, &logits, ids, scratch)? {
