@@ -90,14 +90,28 @@ impl CudaKernels {
         self.check_dtype(w)?;
         let (n, k) = w.dims2()?;
         let t = x.elem_count() / k.max(1);
-        let Some((slots, smem)) = self.head_serves(t, (n, k)) else {
+        let Some((slots, smem)) = self.tma_serves(t, (n, k)).filter(|_| n >= HEAD_MIN_ROWS) else {
             return Ok(false);
         };
-        let name = "gemv_tma_argmax";
-        let fits = x.dim(candle_core::D::Minus1)? == k;
-        let [po, pv, pi, pc, pid, pf] =
-            self.greedy_outputs(name, fits, n, logits, (ids, feed), scratch)?;
-        let (pw, px) = (self.ptr(w)?, self.ptr(x)?);
+        let (values, indices, counters) = scratch.parts();
+        let fits = x.dim(candle_core::D::Minus1)? == k
+            && logits.dtype() == DType::F32
+            && logits.elem_count() == n
+            && ids.dtype() == DType::U32
+            && ids.elem_count() == 1
+            && feed.is_none_or(|f| f.dtype() == DType::U32 && f.elem_count() == 1)
+            && values.elem_count() >= self.sms
+            && counters.elem_count() >= 1;
+        if !fits {
+            return Err(kernel_err(
+                "gemv_tma_argmax",
+                "buffers of the wrong size or dtype",
+            ));
+        }
+        let (pw, px, po) = (self.ptr(w)?, self.ptr(x)?, self.ptr(logits)?);
+        let (pv, pi, pc) = (self.ptr(values)?, self.ptr(indices)?, self.ptr(counters)?);
+        let pid = self.ptr(ids)?;
+        let pf = feed.map(|f| self.ptr(f)).transpose()?.unwrap_or(0);
         let (n32, k32, ns) = (n as i32, k as i32, slots as i32);
         let mut b = self.launcher(f);
         b.arg(&pw).arg(&px).arg(&po).arg(&n32).arg(&k32).arg(&ns);
@@ -108,46 +122,6 @@ impl CudaKernels {
         // counter is zero between launches (the last block resets it).
         unsafe { b.launch(self.tma_config(smem)) }.map_err(|e| kernel_err("gemv_tma_argmax", e))?;
         Ok(true)
-    }
-
-    /// [`Self::tma_serves`] for an lm_head (more than the skinny matmuls' rows).
-    fn head_serves(&self, t: usize, (n, k): (usize, usize)) -> Option<(usize, usize)> {
-        self.tma_serves(t, (n, k)).filter(|_| n >= HEAD_MIN_ROWS)
-    }
-
-    /// The greedy outputs of a one-launch head over `n` logits, checked (with the caller's
-    /// own `fits`; `name` in the error): the pointers of the f32 logits, the blocks' bests
-    /// (values, indices), the counter, the ids and the feed (0 without one).
-    fn greedy_outputs(
-        &self,
-        name: &str,
-        fits: bool,
-        n: usize,
-        logits: &Tensor,
-        (ids, feed): (&Tensor, Option<&Tensor>),
-        scratch: &GreedyScratch,
-    ) -> Result<[u64; 6]> {
-        let (values, indices, counters) = scratch.parts();
-        let fits = fits
-            && logits.dtype() == DType::F32
-            && logits.elem_count() == n
-            && ids.dtype() == DType::U32
-            && ids.elem_count() == 1
-            && feed.is_none_or(|f| f.dtype() == DType::U32 && f.elem_count() == 1)
-            && values.elem_count() >= self.sms
-            && counters.elem_count() >= 1;
-        if !fits {
-            return Err(kernel_err(name, "buffers of the wrong size or dtype"));
-        }
-        let pf = feed.map(|f| self.ptr(f)).transpose()?.unwrap_or(0);
-        Ok([
-            self.ptr(logits)?,
-            self.ptr(values)?,
-            self.ptr(indices)?,
-            self.ptr(counters)?,
-            self.ptr(ids)?,
-            pf,
-        ])
     }
 
     /// One block an SM of 8 compute warps and the copy warp.
