@@ -123,47 +123,26 @@ pub(super) fn head_checks(dev: &Device, t: &mut Table) -> Res<()> {
                 );
             }
             let scratch = k.greedy_scratch(1, n)?;
-            let what = format!("{what}, one launch");
-            let served = twice(t, dev, &what, (&want_logits, &want), |logits, ids| {
-                Ok(k.lm_head_argmax_into(&x, &w, logits, ids, &scratch)?)
-            })?;
-            if !served {
-                println!("{what}: not served (no sm_90): not checked");
-                return Ok(());
+            for launch in 1..=2 {
+                let logits = Tensor::zeros((1, n), DType::F32, dev)?;
+                let ids = Tensor::zeros(1, DType::U32, dev)?;
+                let feed = (launch == 2)
+                    .then(|| Tensor::from_vec(vec![u32::MAX], 1, dev))
+                    .transpose()?;
+                let ran =
+                    k.lm_head_argmax_into(&x, &w, &logits, (&ids, feed.as_ref()), &scratch)?;
+                if !ran {
+                    println!("{what}: not served (no sm_90): not checked");
+                    return Ok(());
+                }
+                let what = format!("{what}, one launch, launch {launch}");
+                t.check(format!("{what}: logits"), rel(&logits, &want_logits)?, 0.0);
+                t.holds(format!("{what}: token"), ids.to_vec1::<u32>()? == want);
+                if let Some(f) = feed {
+                    t.holds(format!("{what}: fed token"), f.to_vec1::<u32>()? == want);
+                }
             }
         }
     }
     Ok(())
-}
-
-/// Runs a greedy one-launch head (`launch` into the given logits and ids, with or without a
-/// feed) twice into fresh buffers, the second time with a feed (the counter its last block
-/// reset in between): each time its f32 logits against `want_logits` at tolerance 0 and its
-/// token (and the fed one) against `want`. False, checking nothing more, at the first launch
-/// not served.
-fn twice(
-    t: &mut Table,
-    dev: &Device,
-    what: &str,
-    (want_logits, want): (&Tensor, &[u32]),
-    mut launch: impl FnMut(&Tensor, (&Tensor, Option<&Tensor>)) -> Res<bool>,
-) -> Res<bool> {
-    let n = want_logits.elem_count();
-    for round in 1..=2 {
-        let logits = Tensor::zeros((1, n), DType::F32, dev)?;
-        let ids = Tensor::zeros(1, DType::U32, dev)?;
-        let feed = (round == 2)
-            .then(|| Tensor::from_vec(vec![u32::MAX], 1, dev))
-            .transpose()?;
-        if !launch(&logits, (&ids, feed.as_ref()))? {
-            return Ok(false);
-        }
-        let what = format!("{what}, launch {round}");
-        t.check(format!("{what}: logits"), rel(&logits, want_logits)?, 0.0);
-        t.holds(format!("{what}: token"), ids.to_vec1::<u32>()? == want);
-        if let Some(f) = feed {
-            t.holds(format!("{what}: fed token"), f.to_vec1::<u32>()? == want);
-        }
-    }
-    Ok(true)
 }
