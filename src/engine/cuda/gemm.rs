@@ -15,13 +15,11 @@ use candle_core::cuda_backend::cudarc::cublas::{result as blas, sys};
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig};
 use candle_core::{DType, Tensor};
 
+use super::handles::{GEMV_WARPS, STREAM_NORM_MAX_K};
 use super::kernels::{CudaKernels, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS};
 use super::launch::kernel_err;
 use crate::error::Result;
 
-/// Warps per block of `kernels/gemv.cu` (`WARPS`); a warp takes one output row (or gate/up
-/// pair) in the CUDA-core kernels.
-pub(super) const GEMV_WARPS: usize = 8;
 /// Output rows of one block of the tensor-core kernels (one MMA's 16).
 pub(super) const GEMV_MMA_ROWS: usize = 16;
 
@@ -44,10 +42,6 @@ impl Gemv<'_> {
         self.max_blocks.map_or(b, |m| b.min(m)) as u32
     }
 }
-
-/// Widest input (K) of the streamed-rows norm kernel: the norm weights a thread holds in
-/// registers (`NW_REGS` of `kernels/gemv.cu`) times a block's 256 threads.
-pub(super) const STREAM_NORM_MAX_K: usize = 16 * 32 * GEMV_WARPS;
 
 /// Inputs a lane's one batch of weight loads covers (8 loads of 8 bf16, 32 lanes): rows longer
 /// than this take the double-buffered kernels when they are loaded.

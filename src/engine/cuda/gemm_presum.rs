@@ -13,7 +13,8 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig};
 use candle_core::{DType, Tensor};
 
-use super::gemm::{GEMV_MMA_ROWS, GEMV_WARPS};
+use super::gemm::GEMV_MMA_ROWS;
+use super::handles::GEMV_WARPS;
 use super::kernels::{CudaKernels, GEMV_MAX_ROWS};
 use super::launch::kernel_err;
 use crate::error::Result;

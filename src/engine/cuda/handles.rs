@@ -13,6 +13,12 @@ use super::launch::kernel_err;
 use super::launch_options::LaunchOptions;
 use crate::error::Result;
 
+/// Warps per block of `kernels/gemv.cu` (`WARPS`); a warp takes one output row (or gate/up
+/// pair) in the CUDA-core kernels.
+pub(super) const GEMV_WARPS: usize = 8;
+/// Widest input (K) of the streamed-rows norm kernel: the norm weights a thread holds in
+/// registers (`NW_REGS` of `kernels/gemv.cu`) times a block's 256 threads.
+pub(super) const STREAM_NORM_MAX_K: usize = 16 * 32 * GEMV_WARPS;
 /// Most ring slots (2 KB pieces in flight) a warp of the streamed 1-row matmul keeps
 /// (`MAX_NS` of `kernels/gemv_tma_sm90.cu`).
 pub const GEMV_TMA_MAX_SLOTS: u8 = 10;
@@ -133,7 +139,7 @@ pub(super) const STAGE_BYTES: usize = 2 * 8 * 32 * 16;
 
 /// The widest normed row a staged kernel may hold beside its stages (`STREAM_NORM_MAX_K`
 /// bf16 of one row).
-const STAGE_NORM_BYTES: usize = super::gemm::STREAM_NORM_MAX_K * 2;
+const STAGE_NORM_BYTES: usize = STREAM_NORM_MAX_K * 2;
 
 impl GemvSet {
     /// The functions for 1..=`rows` rows that the launch options (`gemv_stream`,
@@ -241,7 +247,7 @@ impl StreamOne {
     /// The 1-row staged gate|up entries, norm kernel `s{norm}_*`.
     fn load(m: &Arc<CudaModule>, norm: &str) -> Result<Self> {
         use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute as A;
-        let stage_bytes = super::gemm::GEMV_WARPS * STAGE_BYTES;
+        let stage_bytes = GEMV_WARPS * STAGE_BYTES;
         let f = |name: String| -> Result<CudaFunction> {
             let func = m
                 .load_function(&name)
