@@ -11,6 +11,6 @@ source scripts/gpu_lib.sh
 model 0.6b; echo "model 0.6b t=$((SECONDS - T0))"
 sweep f06 130 "--model-dir /tmp/m-0.6b --prompt 512 --batches 1,8 --new 128 --variant-rounds 3" ""
 left 200 && { model 1.7b; echo "model 1.7b t=$((SECONDS - T0))"; }
-sweep f17 90 "--model-dir /tmp/m-1.7b --prompt 512 --batches 1,8 --new 128 --variant-rounds 2" ""
+[ -d /tmp/m-1.7b ] && sweep f17 90 "--model-dir /tmp/m-1.7b --prompt 512 --batches 1,8 --new 128 --variant-rounds 2" ""
 sweep w06 60 "--model-dir /tmp/m-0.6b --prompt 512 --batches 64,256,512 --new 128 --variant-rounds 1" ""
 echo "done t=$((SECONDS - T0))"
