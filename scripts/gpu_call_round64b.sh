@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Round 64, call 2 (#21): the floors on the H200 with round 64's defaults (the streamed lm_head
-# and the one-launch greedy head on): 0.6B batches 1 / 8 and 1.7B batches 1 / 8, three
-# interleaved rounds each beside --no-gemv-tma-head; then batches 64 / 256 / 512 of both
+# Round 64, call 2 (#21): the floors on the H200 with the defaults (round 69: the lm_head of
+# 1-row steps on cuBLAS): 0.6B batches 1 / 8 and 1.7B batches 1 / 8, three interleaved rounds
+# each beside --gemv-tma-head 8 (the streamed head and one-launch greedy head, round 64-68's
+# default; until round 69 this ran --no-gemv-tma-head beside); then batches 64 / 256 / 512 of both
 # shapes, one round. Stops at once on any card but an H200. The 1.7B model is written only
 # after the 0.6B rows are in (round 68), so a call with ~250 s of device time left still
 # measures 0.6B's floors. With `lean` (for a session with little device time left) the
@@ -11,7 +12,7 @@ set -u
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$gpu"
 case $gpu in *H200*) ;; *) echo "stopped: not an H200"; exit 0 ;; esac
 source scripts/gpu_lib.sh
-V=(--no-gemv-tma-head); [ "${1:-}" = lean ] && V=()
+V=("--gemv-tma-head 8"); [ "${1:-}" = lean ] && V=()
 model 0.6b; echo "model 0.6b t=$((SECONDS - T0))"
 sweep f06 130 "--model-dir /tmp/m-0.6b --prompt 512 --batches 1,8 --new 128 --variant-rounds 3" "" "${V[@]}"
 left && { model 1.7b; echo "model 1.7b t=$((SECONDS - T0))"; }

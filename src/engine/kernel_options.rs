@@ -90,12 +90,6 @@ pub const GEMV_TMA_PIECES: u8 = 3;
 /// batch 1 after 512-token prompts 1,346 against 1,306-1,307 tok/s with the down alone).
 pub const GEMV_TMA_MIN_K: usize = 2048;
 
-/// Default pieces in flight a warp of the streamed lm_head of 1-row steps
-/// ([`KernelOptions::gemv_tma_head`]): eight (on an H100 0.6B batch 1 after 512-token prompts,
-/// with the one-launch argmax: 1,352-1,359 tok/s at eight, 1,347-1,352 at ten, 1,328-1,332 at
-/// four, against 1,339-1,348 on cuBLAS; BENCHMARKS.md round 64, #21).
-pub const GEMV_TMA_HEAD_PIECES: u8 = 8;
-
 /// Blocks per SM of the streamed-rows gate|up matmuls by default (`KernelOptions::gemv_stream`;
 /// 2 measured fastest of 1, 2 and 4 on the H200).
 pub const GEMV_STREAM_BLOCKS: u8 = 2;
@@ -188,16 +182,20 @@ pub struct KernelOptions {
     /// streamed kernel of [`KernelOptions::gemv_tma`] too, this many 2 KB pieces in flight a
     /// warp (1-10), where cuBLAS reads it at ~4.2 TB/s on the H200 but waits for the kernel
     /// before to end (the streamed kernel copies its first pieces before its wait). Default
-    /// `Some(GEMV_TMA_HEAD_PIECES)` (with [`KernelOptions::gemv_tma_head_argmax`] +0.7% at
-    /// 0.6B batch 1 and +0.4% at 1.7B on an H100); None: cuBLAS, as without
-    /// [`KernelOptions::gemv_tma`]. Its sums are those of the skinny matmuls, not cuBLAS's:
-    /// the logits may differ in the last bit.
+    /// None: cuBLAS, as without [`KernelOptions::gemv_tma`] (on the H200, the engine's card,
+    /// 0.6B batch 1 after 512-token prompts 1,516-1,517 tok/s on cuBLAS against 1,473-1,484
+    /// with `Some(8)` and [`KernelOptions::gemv_tma_head_argmax`], 1.7B 831-833 against
+    /// 809-814, BENCHMARKS.md round 69; ten pieces measured like eight there, four and six 3%
+    /// slower). Where it is turned on, give it eight: on an H100 0.6B batch 1 1,352-1,359
+    /// tok/s at eight, 1,347-1,352 at ten, 1,328-1,332 at four, against 1,339-1,348 on
+    /// cuBLAS; 1.7B +0.4-0.6% (round 64). Its sums are those of the skinny matmuls, not
+    /// cuBLAS's: the logits may differ in the last bit.
     pub gemv_tma_head: Option<u8>,
     /// With [`KernelOptions::gemv_tma_head`] and [`KernelOptions::graph_argmax`], a greedy
     /// 1-row decode graph's lm_head launch also writes the f32 logits and takes the greedy
     /// token (the same logits and token as the lm_head, then `to_f32_argmax`): one launch of
     /// the head fewer (`kernel_check --gemv-only` holds both bit for bit, ties included).
-    /// Default on.
+    /// Default on (it acts only where [`KernelOptions::gemv_tma_head`] is turned on).
     pub gemv_tma_head_argmax: bool,
     /// The 1-2-row skinny matmuls over rows of more than 2,048 inputs (down; the plain and
     /// norm kernels) keep two batches of weight loads in flight instead of one (`gemv.cu`

@@ -18,7 +18,7 @@ impl Default for KernelOptions {
             smem_carveout: Some(SMEM_CARVEOUT),
             gemv_tma: Some(GEMV_TMA_PIECES),
             gemv_tma_min_k: GEMV_TMA_MIN_K,
-            gemv_tma_head: Some(GEMV_TMA_HEAD_PIECES),
+            gemv_tma_head: None,
             gemv_tma_head_argmax: true,
             gemv_double_buffer: true,
             gemv_split_k: false,
